@@ -1,0 +1,15 @@
+"""autotune: find the fastest training configuration that fits a GPU's memory, by measuring it.
+
+Importing the package is cheap: torch and transformers load only where a probe, an estimate or a
+training run needs them.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from autotune.config import ProbeConfig
+from autotune.errors import AutotuneError
+from autotune.result import ProbeResult
+
+__all__ = ["AutotuneError", "ProbeConfig", "ProbeResult", "__version__"]

@@ -1,0 +1,81 @@
+"""ProbeConfig: one training configuration, the unit that autotune measures and ranks."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+
+from autotune.errors import BadInput
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+# Attention kernels by their transformers `attn_implementation` names. Others (flash_attention_2,
+# flex_attention, ...) are accepted when installed; the worker reports `skipped` where they are not.
+ATTENTIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
+OPTIMIZERS = ("adamw",)
+
+# Bump when the meaning of a field changes, so that stored keys of the old form are not reused.
+KEY_VERSION = "p1"
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeConfig:
+    """The levers of one training configuration of one model.
+
+    `grad_accum` micro-steps of `micro_batch` sequences of `block_size` tokens make one optimizer
+    step. Precision `fp16`/`bf16` is mixed precision (fp32 master weights, autocast; fp16 with a
+    gradient scaler), as `transformers.Trainer` does with `fp16=True`/`bf16=True`.
+    """
+
+    model: str
+    micro_batch: int
+    block_size: int
+    grad_accum: int = 1
+    precision: str = "fp32"
+    checkpointing: bool = False
+    attention: str = "sdpa"
+    optimizer: str = "adamw"
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.model:
+            problems.append("--model is empty; give a hub id, gpt2-family name or a local directory")
+        for name, flag in (("micro_batch", "--micro-batch"), ("block_size", "--block-size"), ("grad_accum", "--grad-accum")):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                problems.append(f"{flag} must be a whole number of at least 1 (got {value!r})")
+        if self.precision not in PRECISIONS:
+            problems.append(f"--precision {self.precision!r} is unknown; choose from {', '.join(PRECISIONS)}")
+        if self.attention not in ATTENTIONS:
+            problems.append(f"--attention {self.attention!r} is unknown; choose from {', '.join(ATTENTIONS)}")
+        if self.optimizer not in OPTIMIZERS:
+            problems.append(f"--optimizer {self.optimizer!r} is unknown; choose from {', '.join(OPTIMIZERS)}")
+        if problems:
+            raise BadInput("; ".join(problems) + ".")
+
+    @property
+    def effective_batch(self) -> int:
+        """Sequences per optimizer step."""
+        return self.micro_batch * self.grad_accum
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.effective_batch * self.block_size
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ProbeConfig":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def key(self) -> str:
+        """Stable identity: version prefix plus a hash of the canonical JSON of every field."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return f"{KEY_VERSION}-{hashlib.sha256(canonical.encode()).hexdigest()[:20]}"
+
+    def label(self) -> str:
+        """Short human text, e.g. 'mb4x2 blk512 bf16 ckpt sdpa'."""
+        ckpt = "ckpt" if self.checkpointing else "no-ckpt"
+        return f"mb{self.micro_batch}x{self.grad_accum} blk{self.block_size} {self.precision} {ckpt} {self.attention}"

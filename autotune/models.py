@@ -1,0 +1,156 @@
+"""Model references: from what a user types (hub id, gpt2-family name, local directory) to the
+architecture a probe builds. Probes need the architecture, not the weights, so a directory holding
+only `config.json` is a complete reference. Reads JSON only: no torch import here."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.errors import ModelNotFound
+
+# The GPT-2 family's architectures are public and fixed, so these names resolve offline.
+# Values are those of the hub's config.json files (GPT2Config() defaults are gpt2 124M).
+_GPT2_BASE = {
+    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 50257,
+    "n_positions": 1024, "n_ctx": 1024, "activation_function": "gelu_new",
+    "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "layer_norm_epsilon": 1e-5,
+    "initializer_range": 0.02, "bos_token_id": 50256, "eos_token_id": 50256,
+}
+KNOWN_ARCHITECTURES: dict[str, dict] = {
+    "gpt2": {**_GPT2_BASE, "n_layer": 12, "n_embd": 768, "n_head": 12},
+    "gpt2-medium": {**_GPT2_BASE, "n_layer": 24, "n_embd": 1024, "n_head": 16},
+    "gpt2-large": {**_GPT2_BASE, "n_layer": 36, "n_embd": 1280, "n_head": 20},
+    "gpt2-xl": {**_GPT2_BASE, "n_layer": 48, "n_embd": 1600, "n_head": 25},
+    "distilgpt2": {**_GPT2_BASE, "n_layer": 6, "n_embd": 768, "n_head": 12},
+}
+_ALIASES = {f"openai-community/{name}": name for name in ("gpt2", "gpt2-medium", "gpt2-large", "gpt2-xl")}
+_ALIASES["distilbert/distilgpt2"] = "distilgpt2"
+
+_MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length", "max_seq_len")
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A resolved model: its architecture (config.json contents) and where it came from."""
+
+    reference: str              # what the user typed
+    config: dict                # config.json contents
+    source: str                 # 'local', 'hf-cache', 'hub' or 'builtin'
+    path: str | None = None     # local directory or cached snapshot holding config.json (and maybe weights)
+
+    @property
+    def model_type(self) -> str:
+        return str(self.config.get("model_type", "?"))
+
+    @property
+    def max_positions(self) -> int | None:
+        for key in _MAX_POSITION_KEYS:
+            value = self.config.get(key)
+            if isinstance(value, int) and value > 0:
+                return value
+        return None
+
+    @property
+    def fingerprint(self) -> str:
+        """Hash of the architecture, so a stored probe is reused only for the same model shape."""
+        ignored = {"_name_or_path", "transformers_version", "torch_dtype", "dtype"}
+        canonical = json.dumps({k: v for k, v in self.config.items() if k not in ignored}, sort_keys=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    @property
+    def needs_remote_code(self) -> bool:
+        return "auto_map" in self.config
+
+
+def _read_config(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelNotFound(f"--model: cannot read {path} ({exc}); it must be a model's config.json.") from None
+    if not isinstance(data, dict) or "model_type" not in data:
+        raise ModelNotFound(f"--model: {path} has no 'model_type'; it must be a transformers config.json.")
+    return data
+
+
+def _from_hf_cache(repo_id: str) -> Path | None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - huggingface_hub comes with transformers
+        return None
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json")
+    except Exception:  # an id that is not a valid repo name is simply not in the cache
+        return None
+    return Path(found) if isinstance(found, str) else None
+
+
+def _offline() -> bool:
+    return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    """One quick connection attempt, so that an offline machine fails in seconds rather than after
+    huggingface_hub's retries with back-off (about 25 s)."""
+    import socket
+    from urllib.parse import urlparse
+
+    endpoint = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        with socket.create_connection((endpoint.hostname or "huggingface.co", endpoint.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _from_hub(repo_id: str) -> Path | None:
+    if _offline() or "/" not in repo_id and not repo_id.replace("-", "").replace("_", "").isalnum():
+        return None
+    if not _hub_reachable():
+        return None
+    try:
+        from huggingface_hub import hf_hub_download
+        return Path(hf_hub_download(repo_id, "config.json", etag_timeout=5))
+    except Exception:  # no network, no such repo, gated: all mean "not resolvable here"
+        return None
+
+
+def resolve_model(reference: str) -> ModelSpec:
+    """Resolve a model reference: local directory, Hugging Face cache, known family, then the hub."""
+    reference = (reference or "").strip()
+    if not reference:
+        raise ModelNotFound("--model is empty; give a hub id (gpt2), or a local directory with a config.json.")
+    local = Path(reference).expanduser()
+    if local.is_dir():
+        config_path = local / "config.json"
+        if not config_path.is_file():
+            raise ModelNotFound(f"--model: directory {local} has no config.json; point it at a model directory.")
+        return ModelSpec(reference, _read_config(config_path), "local", str(local.resolve()))
+    if local.is_file() and local.name.endswith(".json"):
+        return ModelSpec(reference, _read_config(local), "local", str(local.resolve().parent))
+
+    repo_id = reference
+    cached = _from_hf_cache(repo_id) or _from_hf_cache(_reverse_alias(repo_id))
+    if cached:
+        return ModelSpec(reference, _read_config(cached), "hf-cache", str(cached.parent))
+    builtin = KNOWN_ARCHITECTURES.get(_ALIASES.get(repo_id, repo_id))
+    if builtin is not None:
+        return ModelSpec(reference, dict(builtin), "builtin", None)
+    downloaded = _from_hub(repo_id)
+    if downloaded:
+        return ModelSpec(reference, _read_config(downloaded), "hub", str(downloaded.parent))
+    raise ModelNotFound(
+        f"--model: cannot resolve {reference!r}: not a local directory, not in the Hugging Face cache, "
+        f"and the hub is unreachable; pass a directory containing its config.json "
+        f"(offline, {', '.join(KNOWN_ARCHITECTURES)} are known)."
+    )
+
+
+def _reverse_alias(name: str) -> str:
+    for full, short in _ALIASES.items():
+        if short == name:
+            return full
+    return name

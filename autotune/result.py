@@ -1,0 +1,67 @@
+"""ProbeResult: what one probe measured, or why it measured nothing. Outcomes are data."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+# ok: ran and fits the budget. oom: out of memory against the budget. error: raised something else
+# (message tail kept). timeout: killed after its limit. crashed: the worker died without a result.
+# unstable: loss was not finite. skipped: not run (unsupported here, or ruled out by structure or
+# prediction; `error` says why).
+STATUSES = ("ok", "oom", "error", "timeout", "crashed", "unstable", "skipped")
+# A status that says the configuration does not fit: larger ones will not fit either.
+DOES_NOT_FIT = ("oom",)
+
+
+@dataclass(slots=True)
+class ProbeResult:
+    status: str
+    device: str = ""                      # e.g. 'NVIDIA H100 80GB HBM3' or 'cpu (AMD EPYC ...)'
+    device_total_bytes: int | None = None
+    budget_bytes: int | None = None
+    margin_bytes: int | None = None
+    cap_bytes: int | None = None          # what the allocator (or the CPU accountant) was allowed
+    peak_allocated_bytes: int | None = None
+    peak_reserved_bytes: int | None = None
+    context_bytes: int | None = None      # CUDA context and other memory outside the allocator; 0 on CPU
+    step_seconds: float | None = None     # per optimizer step, accumulation micro-steps included
+    tokens_per_s: float | None = None
+    samples_per_s: float | None = None
+    mfu: float | None = None              # model FLOP utilisation, where the device's peak is known
+    first_loss: float | None = None
+    last_loss: float | None = None
+    warmup_steps: int | None = None
+    measured_steps: int | None = None
+    build_seconds: float | None = None    # model build and optimizer set-up
+    measured_seconds: float | None = None # the timed window
+    wall_seconds: float | None = None     # the whole probe as the caller saw it, process start included
+    error: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"unknown probe status {self.status!r}")
+
+    @property
+    def fits(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def required_bytes(self) -> int | None:
+        """What this config needs of the card: peak reserved plus the context outside the allocator."""
+        if self.peak_reserved_bytes is None:
+            return None
+        return self.peak_reserved_bytes + (self.context_bytes or 0)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        # JSON has no NaN/inf; an unstable probe's loss becomes null.
+        for key, value in data.items():
+            if isinstance(value, float) and not math.isfinite(value):
+                data[key] = None
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ProbeResult":
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})

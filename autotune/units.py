@@ -1,0 +1,97 @@
+"""Parsing and printing of memory sizes and durations as users type them."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from autotune.errors import BadInput
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*([+-]?\d+(?:\.\d*)?|[+-]?\.\d+)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_size(text: str | int, *, flag: str = "--gpu-budget") -> int:
+    """Bytes in a size such as '8GiB', '8 GiB', '8192MiB', '7.5GiB', '8GB' (decimal) or '1024'."""
+    if isinstance(text, int):
+        value, unit = float(text), ""
+    else:
+        match = _SIZE_RE.match(str(text))
+        if not match:
+            raise BadInput(f"{flag}: cannot read {text!r} as a size; write it like 8GiB, 7.5GiB, 8192MiB or 8GB.")
+        value, unit = float(match.group(1)), match.group(2).lower()
+        if unit not in _SIZE_UNITS:
+            raise BadInput(f"{flag}: unknown unit {match.group(2)!r} in {text!r}; use B, KiB, MiB, GiB, TiB (binary) or KB, MB, GB, TB (decimal).")
+    size = value * _SIZE_UNITS[unit]
+    if not math.isfinite(size) or size <= 0:
+        raise BadInput(f"{flag}: {text!r} is not a positive size; give the memory to fit in, e.g. 8GiB.")
+    return int(size)
+
+
+def format_size(n: float | None) -> str:
+    """'8.00 GiB'-style text for a byte count (binary units, as nvidia-smi and PyTorch use)."""
+    if n is None:
+        return "-"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(s|sec|secs|m|min|mins|h|hr|hrs|)\s*$", re.IGNORECASE)
+_DURATION_SCALE = {"": 1, "s": 1, "sec": 1, "secs": 1, "m": 60, "min": 60, "mins": 60, "h": 3600, "hr": 3600, "hrs": 3600}
+
+
+def parse_duration(text: str | float, *, flag: str = "--timeout") -> float:
+    """Seconds in a duration such as '90', '90s', '15m', '1.5h'."""
+    if isinstance(text, (int, float)):
+        seconds = float(text)
+    else:
+        match = _DURATION_RE.match(str(text))
+        if not match:
+            raise BadInput(f"{flag}: cannot read {text!r} as a duration; write it like 90s, 15m or 2h.")
+        seconds = float(match.group(1)) * _DURATION_SCALE[match.group(2).lower()]
+    if seconds <= 0:
+        raise BadInput(f"{flag}: {text!r} must be a positive duration, e.g. 15m.")
+    return seconds
+
+
+def parse_int_list(text: str, *, flag: str, minimum: int = 1) -> tuple[int, ...]:
+    """(1, 2, 4) from '1,2,4'; every value at least `minimum`."""
+    values = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            value = int(part)
+        except ValueError:
+            raise BadInput(f"{flag}: {part!r} is not a whole number; give a comma-separated list like 1,2,4.") from None
+        if value < minimum:
+            raise BadInput(f"{flag}: {value} is below {minimum}; give values of at least {minimum}.")
+        values.append(value)
+    if not values:
+        raise BadInput(f"{flag}: the list is empty; give a comma-separated list like 1,2,4.")
+    return tuple(sorted(set(values)))
+
+
+def parse_choice_list(text: str, *, flag: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    """('fp32', 'bf16') from 'fp32,bf16', each checked against `allowed`."""
+    values = []
+    for part in str(text).split(","):
+        part = part.strip().lower()
+        if not part:
+            continue
+        if part not in allowed:
+            raise BadInput(f"{flag}: unknown value {part!r}; choose from {', '.join(allowed)}.")
+        if part not in values:
+            values.append(part)
+    if not values:
+        raise BadInput(f"{flag}: the list is empty; choose from {', '.join(allowed)}.")
+    return tuple(values)
