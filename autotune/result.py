@@ -33,6 +33,7 @@ class ProbeResult:
     last_loss: float | None = None
     warmup_steps: int | None = None
     measured_steps: int | None = None
+    startup_seconds: float | None = None  # worker process start and imports; 0 when a warm worker was reused
     build_seconds: float | None = None    # model build and optimizer set-up
     measured_seconds: float | None = None # the timed window
     wall_seconds: float | None = None     # the whole probe as the caller saw it, process start included
