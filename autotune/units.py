@@ -95,3 +95,19 @@ def parse_choice_list(text: str, *, flag: str, allowed: tuple[str, ...]) -> tupl
     if not values:
         raise BadInput(f"{flag}: the list is empty; choose from {', '.join(allowed)}.")
     return tuple(values)
+
+
+def parse_margin(text: str, *, flag: str = "--safety-margin") -> int | float:
+    """A safety margin: '5%' (a fraction of the budget, returned as 0.05) or a size ('256MiB')."""
+    text = str(text).strip()
+    if text.endswith("%"):
+        try:
+            percent = float(text[:-1])
+        except ValueError:
+            raise BadInput(f"{flag}: cannot read {text!r}; give a percentage like 5% or a size like 256MiB.") from None
+        if not 0 <= percent < 100:
+            raise BadInput(f"{flag}: {text!r} must be between 0% and 100%.")
+        return percent / 100
+    if text in ("0", "0B"):
+        return 0
+    return parse_size(text, flag=flag)

@@ -1,0 +1,12 @@
+"""Probes: short, real training runs of one configuration against a memory budget.
+
+`runner` is the parent side (no torch); `worker` is the child process that trains; `memory`
+accounts and caps memory; `oom` classifies failures; `devices` describes the hardware.
+"""
+
+from __future__ import annotations
+
+from autotune.probe.oom import classify_exception, is_oom
+from autotune.probe.runner import ProbeRunner, ProbeSettings, check_config, run_probe
+
+__all__ = ["ProbeRunner", "ProbeSettings", "check_config", "classify_exception", "is_oom", "run_probe"]

@@ -1,0 +1,114 @@
+"""Devices as probes see them: which one to use, what it is, and how fast it could be (for MFU).
+Imported only in the probe worker (it imports torch)."""
+
+from __future__ import annotations
+
+import os
+import platform
+
+import torch
+
+from autotune.environment import Environment, package_version
+from autotune.errors import DeviceError
+
+# Dense peak FLOP/s by precision, from the vendors' data sheets (no sparsity). fp32 is plain FP32,
+# not TF32: probes leave TF32 off as PyTorch does by default. Matched on the lower-cased device
+# name, first match wins, so the more specific names come first.
+PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("h100 pcie", {"bf16": 756e12, "fp16": 756e12, "fp32": 51e12}),
+    ("h100 nvl", {"bf16": 835e12, "fp16": 835e12, "fp32": 60e12}),
+    ("h100", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
+    ("h200", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
+    ("gh200", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}),
+    ("b200", {"bf16": 2250e12, "fp16": 2250e12, "fp32": 75e12}),
+    ("a100", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
+    ("a10g", {"bf16": 125e12, "fp16": 125e12, "fp32": 31.2e12}),
+    ("a10", {"bf16": 125e12, "fp16": 125e12, "fp32": 31.2e12}),
+    ("l40s", {"bf16": 362e12, "fp16": 362e12, "fp32": 91.6e12}),
+    ("l4", {"bf16": 121e12, "fp16": 121e12, "fp32": 30.3e12}),
+    ("rtx 4090", {"bf16": 165e12, "fp16": 165e12, "fp32": 82.6e12}),
+    ("rtx 3090", {"bf16": 71e12, "fp16": 71e12, "fp32": 35.6e12}),
+    ("v100", {"fp16": 125e12, "fp32": 15.7e12}),
+    ("t4", {"fp16": 65e12, "fp32": 8.1e12}),
+)
+
+
+def peak_flops(device_name: str, precision: str) -> float | None:
+    name = device_name.lower()
+    for fragment, table in PEAK_FLOPS:
+        if fragment in name:
+            return table.get(precision)
+    return None
+
+
+def resolve_device(spec: str) -> torch.device:
+    """'auto' | 'cpu' | 'cuda' | 'cuda:N' to a torch.device that exists here."""
+    spec = (spec or "auto").strip().lower()
+    if spec == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise DeviceError(f"--device {spec!r} is not a device; use auto, cpu, cuda or cuda:N.") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise DeviceError(f"--device {spec}: CUDA is not available here; use --device cpu (or auto).")
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index >= torch.cuda.device_count():
+            raise DeviceError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) here; use cuda:0..cuda:{torch.cuda.device_count() - 1}.")
+        return torch.device("cuda", index)
+    if device.type != "cpu":
+        raise DeviceError(f"--device {spec!r} is not supported; use auto, cpu, cuda or cuda:N.")
+    return device
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _host_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _driver_version() -> str | None:
+    try:
+        import pynvml  # optional; nvidia-ml-py
+
+        pynvml.nvmlInit()
+        version = pynvml.nvmlSystemGetDriverVersion()
+        return version.decode() if isinstance(version, bytes) else str(version)
+    except Exception:  # no NVML: the driver version is informative only
+        pass
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            return f.readline().split("Kernel Module")[-1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def describe(device: torch.device) -> Environment:
+    common = dict(torch_version=torch.__version__, transformers_version=package_version("transformers"))
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        return Environment(
+            device_type="cuda", device_name=props.name, device_total_bytes=props.total_memory,
+            cuda_version=torch.version.cuda, driver_version=_driver_version(), **common,
+        )
+    return Environment(device_type="cpu", device_name=f"cpu: {_cpu_name()}", device_total_bytes=_host_memory_bytes(), **common)
+
+
+def supports_precision(device: torch.device, precision: str) -> str | None:
+    """None when `precision` can run on `device`, else why not."""
+    if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        return f"bf16 is not supported on {torch.cuda.get_device_name(device)}"
+    return None
