@@ -55,3 +55,106 @@ def pytest_collection_modifyitems(config, items):
         for item in items:
             if "gpu" in item.keywords:
                 item.add_marker(skip)
+
+
+# -- PostgreSQL: a throwaway server for store tests (and later the distributed search) ---------------
+
+POSTGRES_BIN = Path(os.environ.get("AUTOTUNE_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
+
+
+class PostgresServer:
+    """A private PostgreSQL server on 127.0.0.1, trusting local connections as `postgres`."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql+psycopg://postgres@{self.host}:{self.port}/{database}"
+
+    def create_database(self, name: str) -> str:
+        """A new, empty database; returns its SQLAlchemy URL."""
+        import psycopg
+
+        with psycopg.connect(host=self.host, port=self.port, user="postgres", dbname="postgres", autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def drop_database(self, name: str) -> None:
+        import psycopg
+
+        with psycopg.connect(host=self.host, port=self.port, user="postgres", dbname="postgres", autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def _postgres_unavailable() -> str | None:
+    import importlib.util
+    import pwd
+
+    for tool in ("initdb", "pg_ctl", "postgres"):
+        if not (POSTGRES_BIN / tool).exists():
+            return f"PostgreSQL binaries not found in {POSTGRES_BIN} (set AUTOTUNE_TEST_PG_BIN)"
+    if os.geteuid() == 0:
+        try:
+            pwd.getpwnam("postgres")
+        except KeyError:
+            return "running as root and there is no 'postgres' user to run the server as"
+        if not shutil.which("runuser"):
+            return "running as root and runuser is missing"
+    if importlib.util.find_spec("psycopg") is None:
+        return "psycopg is not installed (pip install 'autotune[postgres]')"
+    return None
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """Start a throwaway PostgreSQL server for the session (skips where none can run).
+
+    PostgreSQL refuses to run as root, so as root the server runs as the `postgres` user, in a
+    temporary directory that user owns."""
+    import socket
+    import subprocess
+    import tempfile
+
+    reason = _postgres_unavailable()
+    if reason:
+        pytest.skip(reason)
+    as_postgres: list[str] = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    base = Path(tempfile.mkdtemp(prefix="autotune-pg-"))
+    if os.geteuid() == 0:
+        shutil.chown(base, user="postgres", group="postgres")
+    data, log = base / "data", base / "server.log"
+    with socket.socket() as probe:  # a free port; the tiny race with other processes is acceptable
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+
+    def run(*args: str) -> None:
+        subprocess.run([*as_postgres, *args], check=True, capture_output=True, text=True, timeout=120)
+
+    try:
+        run(str(POSTGRES_BIN / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
+            "--no-sync", "--no-instructions")
+        # Durability off: this server lives for one test session.
+        options = f"-h 127.0.0.1 -p {port} -k {base} -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+        run(str(POSTGRES_BIN / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60", "start")
+    except subprocess.CalledProcessError as exc:
+        server_log = log.read_text() if log.exists() else ""
+        shutil.rmtree(base, ignore_errors=True)
+        pytest.fail(f"could not start PostgreSQL: {exc.stderr or exc.stdout}\n{server_log}")
+    try:
+        yield PostgresServer("127.0.0.1", port)
+    finally:
+        subprocess.run([*as_postgres, str(POSTGRES_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+                       capture_output=True, timeout=60)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def postgres_url(postgres_server, request):
+    """A fresh, empty PostgreSQL database for one test, as a postgresql+psycopg:// URL."""
+    import re
+    import uuid
+
+    name = re.sub(r"[^a-z0-9_]", "_", request.node.name.lower())[:40] + "_" + uuid.uuid4().hex[:8]
+    url = postgres_server.create_database(name)
+    yield url
+    postgres_server.drop_database(name)

@@ -1,0 +1,109 @@
+"""Real probes of a tiny GPT-2 on CPU, through the real worker process."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from autotune.config import ProbeConfig
+from autotune.errors import BadInput, BudgetError
+from autotune.probe import ProbeRunner, ProbeSettings, run_probe
+
+MiB = 2**20
+GiB = 2**30
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def runner():
+    """One warm worker for the tests that expect clean probes (as the search uses it)."""
+    with ProbeRunner(ProbeSettings(device="cpu", measure_steps=2)) as r:
+        yield r
+
+
+def config(model: str, **levers) -> ProbeConfig:
+    return ProbeConfig(model=model, **{"micro_batch": 4, "block_size": 128, **levers})
+
+
+def test_ok_probe_measures_speed_and_peak(tiny_model):
+    result = run_probe(config(tiny_model), 1 * GiB, device="cpu")
+    assert result.status == "ok", result.error
+    assert result.tokens_per_s > 0 and result.samples_per_s > 0 and result.step_seconds > 0
+    assert result.tokens_per_s == pytest.approx(4 * 128 / result.step_seconds)
+    # 2 layers x 64 wide, vocab 1024: ~0.17M params; weights + grads + 2 Adam moments alone are ~2.7 MB.
+    assert 2.5 * MiB < result.peak_allocated_bytes <= result.peak_reserved_bytes < 1 * GiB
+    assert result.context_bytes == 0 and result.device.startswith("cpu")
+    assert result.first_loss == pytest.approx(6.93, abs=0.3)  # ln(1024) for an untrained model
+    assert result.wall_seconds >= result.measured_seconds > 0
+    assert result.startup_seconds > 0  # a fresh worker
+
+
+def test_budget_too_small_is_oom(tiny_model):
+    result = run_probe(config(tiny_model), 4 * MiB, device="cpu")
+    assert result.status == "oom"
+    assert "out of memory" in result.error
+    assert result.tokens_per_s is None
+
+
+def test_checkpointing_lowers_the_peak_at_the_same_shape(runner, tiny_model):
+    plain = runner.run(config(tiny_model, checkpointing=False), 1 * GiB)
+    ckpt = runner.run(config(tiny_model, checkpointing=True), 1 * GiB)
+    assert plain.status == ckpt.status == "ok"
+    assert ckpt.peak_allocated_bytes < 0.8 * plain.peak_allocated_bytes
+
+
+def test_peak_grows_with_micro_batch(runner, tiny_model):
+    small = runner.run(config(tiny_model, micro_batch=1), 1 * GiB)
+    large = runner.run(config(tiny_model, micro_batch=8), 1 * GiB)
+    assert small.peak_allocated_bytes < large.peak_allocated_bytes
+
+
+def test_warm_worker_measures_what_a_fresh_one_does(runner, tiny_model):
+    cfg = config(tiny_model, micro_batch=2, precision="bf16")
+    warm_first = runner.run(cfg, 1 * GiB)
+    warm_again = runner.run(cfg, 1 * GiB)
+    fresh = run_probe(cfg, 1 * GiB, settings=ProbeSettings(device="cpu", measure_steps=2))
+    assert warm_again.startup_seconds == 0  # reused
+    assert warm_first.peak_allocated_bytes == warm_again.peak_allocated_bytes == fresh.peak_allocated_bytes
+
+
+def test_worker_is_replaced_after_an_oom(runner, tiny_model):
+    assert runner.run(config(tiny_model), 4 * MiB).status == "oom"
+    after = runner.run(config(tiny_model), 1 * GiB)
+    assert after.status == "ok" and after.startup_seconds > 0
+
+
+def test_hung_worker_ends_as_timeout_within_its_limit(tiny_model, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_TEST_FAULT", "hang")
+    started = time.perf_counter()
+    result = run_probe(config(tiny_model), 1 * GiB, settings=ProbeSettings(device="cpu", timeout=25))
+    elapsed = time.perf_counter() - started
+    assert result.status == "timeout"
+    assert elapsed < 25 + 10
+
+
+def test_killed_worker_ends_as_crashed(tiny_model, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_TEST_FAULT", "kill")
+    result = run_probe(config(tiny_model), 1 * GiB, device="cpu")
+    assert result.status == "crashed"
+    assert "signal 9" in result.error
+
+
+def test_non_finite_loss_is_unstable(tiny_model, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_TEST_FAULT", "nan")
+    assert run_probe(config(tiny_model), 1 * GiB, device="cpu").status == "unstable"
+
+
+def test_unexpected_exception_is_error_with_its_message(tiny_model, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_TEST_FAULT", "error")
+    result = run_probe(config(tiny_model), 1 * GiB, device="cpu")
+    assert result.status == "error"
+    assert "injected failure" in result.error
+
+
+def test_user_errors_raise_before_or_from_the_worker(tiny_model):
+    with pytest.raises(BadInput, match="--block-size 512"):
+        run_probe(config(tiny_model, block_size=512), 1 * GiB, device="cpu")
+    with pytest.raises(BudgetError, match="larger than this machine"):
+        run_probe(config(tiny_model), 2**50, device="cpu")

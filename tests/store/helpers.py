@@ -1,0 +1,45 @@
+"""Small builders shared by the store tests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.config import ProbeConfig
+from autotune.environment import Environment
+from autotune.result import ProbeResult
+from autotune.store import Store, StudyRecord
+
+GiB = 2**30
+ENV = Environment("cuda", "NVIDIA H100 80GB HBM3", 80 * GiB, cuda_version="12.8", driver_version="570.86",
+                  torch_version="2.13.0", transformers_version="5.23.0")
+
+
+@dataclass(frozen=True)
+class FakeModel:
+    reference: str = "gpt2"
+    fingerprint: str = "31d84ffb8ce5f836"
+
+
+def make_study(store: Store, name: str = "s1", *, model: FakeModel = FakeModel(), budget: int = 8 * GiB,
+               margin: int = GiB // 4, environment: Environment = ENV) -> StudyRecord:
+    return store.get_or_create_study(name, model=model, environment=environment, budget_bytes=budget,
+                                     margin_bytes=margin, effective_batch=32, space={"micro_batch": [1, 2, 4, 8]})
+
+
+def config(micro_batch: int = 4, **changes: object) -> ProbeConfig:
+    values: dict = {"model": "gpt2", "micro_batch": micro_batch, "block_size": 512, "grad_accum": 32 // micro_batch}
+    values.update(changes)
+    return ProbeConfig(**values)
+
+
+def result(status: str = "ok", tokens_per_s: float | None = 1000.0, peak: int | None = 4 * GiB, **changes: object) -> ProbeResult:
+    fits = status == "ok"
+    values: dict = {
+        "status": status, "device": ENV.device_name, "device_total_bytes": ENV.device_total_bytes,
+        "budget_bytes": 8 * GiB, "margin_bytes": GiB // 4, "peak_reserved_bytes": peak,
+        "peak_allocated_bytes": None if peak is None else peak - GiB // 2,
+        "tokens_per_s": tokens_per_s if fits else None, "step_seconds": 16384 / tokens_per_s if fits and tokens_per_s else None,
+        "wall_seconds": 12.5,
+    }
+    values.update(changes)
+    return ProbeResult(**values)

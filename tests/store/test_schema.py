@@ -1,0 +1,114 @@
+"""The schema is Alembic's alone, upgrades cleanly from every earlier revision, and shares a
+database with Optuna."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, inspect, text
+
+from autotune.config import ProbeConfig
+from autotune.result import ProbeResult
+from autotune.store import SCHEMA_REVISION, open_store
+from autotune.store.migrate import compare_schema, head_revision, known_revisions, script_location
+from autotune.store.schema import VERSION_TABLE, Probe
+
+from .helpers import ENV, FakeModel, config, make_study, result
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def test_schema_revision_is_alembics_head():
+    # The store skips Alembic when a database is at SCHEMA_REVISION: it must be the real head.
+    assert head_revision() == SCHEMA_REVISION
+    assert "0001_initial" in known_revisions()
+
+
+def test_migrations_ship_as_a_package_without_alembic_ini():
+    location = script_location()
+    assert (location / "__init__.py").is_file() and (location / "env.py").is_file()
+    assert (location / "script.py.mako").is_file() and (location / "versions" / "0001_initial.py").is_file()
+    assert not (location / "alembic.ini").exists()
+
+
+def test_upgrading_an_empty_database_leaves_no_autogenerate_differences(tmp_path):
+    with open_store(tmp_path / "fresh.db") as store:
+        with store.engine.connect() as connection:
+            assert compare_schema(connection) == []
+            tables = set(inspect(connection).get_table_names())
+            version = connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar_one()
+    assert tables == {"autotune_studies", "autotune_probes", "autotune_runs", VERSION_TABLE}
+    assert "alembic_version" not in tables  # that name is Optuna's
+    assert version == SCHEMA_REVISION
+
+
+def test_every_config_and_result_field_has_a_column():
+    # A field added to ProbeConfig/ProbeResult without a column (and a revision) would not be stored.
+    columns = set(Probe.__table__.columns.keys())
+    missing = {f.name for f in (*fields(ProbeConfig), *fields(ProbeResult))} - columns
+    assert not missing, f"add columns (and a migration) for {sorted(missing)}"
+
+
+def test_the_model_change_check_catches_a_drift(tmp_path):
+    # The no-differences test is only worth something if a difference shows.
+    with open_store(tmp_path / "drift.db") as store:
+        with store.engine.begin() as connection:
+            connection.exec_driver_sql("DROP INDEX ix_autotune_probes_cache")
+            diffs = compare_schema(connection)
+    assert any(d[0] == "add_index" and d[1].name == "ix_autotune_probes_cache" for d in diffs)
+
+
+def test_database_written_by_revision_0001_upgrades_and_reads_back(tmp_path):
+    db = tmp_path / "autotune-0001.db"
+    shutil.copy(FIXTURES / "autotune-0001.db", db)
+    with open_store(db) as store:
+        with store.engine.connect() as connection:
+            assert compare_schema(connection) == []
+        [study] = store.studies()
+        assert (study.name, study.model_reference, study.status, study.budget_bytes) == ("fixture-0001", "gpt2", "finished", 8 * 2**30)
+        assert (study.probes_total, study.probes_ok, study.probes_oom, study.best_tokens_per_s) == (2, 1, 1, 18005.3)
+        ok, oom = store.probes("fixture-0001")
+        assert ok.config == ProbeConfig("gpt2", 8, 512, grad_accum=4, precision="bf16")
+        assert (ok.result.peak_reserved_bytes, ok.result.startup_seconds, ok.worker) == (5_600_000_000, 3.1, "gpu-host-1")
+        assert ok.finished_at.tzinfo is not None and ok.finished_at.isoformat().startswith("2026-01-02T03:05:20")
+        assert oom.result.status == "oom" and "out of memory" in oom.result.error
+        [top] = store.leaderboard()
+        assert top.label == "mb8x4 blk512 bf16 no-ckpt sdpa" and top.tokens_per_s == 18005.3
+        [run] = store.runs("fixture-0001")
+        assert (run.status, run.steps, run.summary) == ("finished", 500, {"epochs": 1})
+        # And the upgraded database takes new rows.
+        record = store.study("fixture-0001")
+        store.record_probe(record.id, config(2), result(), env_fingerprint=record.env_fingerprint)
+        assert len(store.probes("fixture-0001")) == 3
+
+
+def test_optuna_storage_and_ours_share_one_sqlite_file(tmp_path):
+    optuna = pytest.importorskip("optuna")
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+
+    def objective(trial):
+        return trial.suggest_int("micro_batch", 1, 8)
+
+    study = optuna.create_study(study_name="search", storage=optuna.storages.RDBStorage(url))
+    study.optimize(objective, n_trials=3)
+
+    with open_store(url) as store:  # upgrades: adds our tables beside Optuna's
+        record = make_study(store, model=FakeModel())
+        store.record_probe(record.id, config(), result(), env_fingerprint=ENV.fingerprint(), trial_number=0)
+        with store.engine.connect() as connection:
+            assert compare_schema(connection) == []  # Optuna's tables are not ours to drop
+
+    # Optuna still works on the same file, with our tables in it.
+    again = optuna.load_study(study_name="search", storage=optuna.storages.RDBStorage(url))
+    again.optimize(objective, n_trials=2)
+    assert len(again.trials) == 5
+    with open_store(url) as store:
+        assert [p.trial_number for p in store.probes(record.name)] == [0]
+
+    tables = set(inspect(create_engine(url)).get_table_names())
+    assert {"studies", "trials", "version_info", "alembic_version"} <= tables  # Optuna's
+    assert {"autotune_studies", "autotune_probes", VERSION_TABLE} <= tables  # ours

@@ -1,0 +1,59 @@
+"""`autotune probe` through a real subprocess: bad input is one line and exit status 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def autotune(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=300)
+
+
+BASE = ["probe", "--model", "gpt2", "--micro-batch", "1", "--block-size", "128", "--gpu-budget", "8GiB", "--device", "cpu"]
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"--gpu-budget": "8XB"}, "unknown unit"),
+    ({"--gpu-budget": "-1GiB"}, "not a positive size"),
+    ({"--block-size": "2048"}, "maximum of 1024"),
+    ({"--model": "nobody/no-such-model"}, "cannot resolve"),
+    ({"--micro-batch": "0"}, "--micro-batch"),
+    ({"--precision": "fp8"}, "--precision"),
+    ({"--device": "tpu"}, "--device"),
+    ({"--safety-margin": "120%"}, "--safety-margin"),
+])
+def test_bad_input_is_one_line_and_exit_2(change, needle):
+    args = list(BASE)
+    for flag, value in change.items():
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    proc = autotune(*args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_probe_json_on_cpu(tiny_model):
+    proc = autotune("probe", "--model", tiny_model, "--micro-batch", "2", "--block-size", "64",
+                    "--gpu-budget", "1GiB", "--device", "cpu", "--measure-steps", "1", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["status"] == "ok"
+    for key in ("tokens_per_s", "peak_allocated_bytes", "peak_reserved_bytes", "step_seconds", "wall_seconds"):
+        assert data[key] > 0
+
+
+@pytest.mark.slow
+def test_probe_that_does_not_fit_exits_1(tiny_model):
+    proc = autotune("probe", "--model", tiny_model, "--micro-batch", "2", "--block-size", "64",
+                    "--gpu-budget", "3MiB", "--device", "cpu")
+    assert proc.returncode == 1
+    assert "status  oom" in proc.stdout
