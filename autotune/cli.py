@@ -120,3 +120,59 @@ def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, 
     else:
         click.echo(format_probe_result(config, result))
     sys.exit(0 if result.fits else 1)
+
+
+# -- results store: studies, leaderboard, db ---------------------------------------------------
+# Read commands import autotune.store (SQLAlchemy) inside their bodies and never torch, so that
+# `autotune leaderboard` answers in a fraction of a second.
+
+def db_option(func):
+    return click.option("--db", metavar="URL", default=None, help=DB_HELP)(func)
+
+
+@cli.command()
+@db_option
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="A table for people, or a JSON list.")
+def studies(db, fmt):
+    """List the studies in the results database, with probe counts and best throughput."""
+    from autotune.report import render_studies
+    from autotune.store import open_store
+
+    with open_store(db) as store:
+        rows = store.studies()
+    click.echo(render_studies(rows, fmt))
+
+
+@cli.command()
+@click.option("--study", default=None, help="Study name [default: the most recent one].")
+@click.option("--top", type=click.IntRange(min=1), default=None, help="Show only the N fastest configurations.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True,
+              help="A table for people, a JSON list, or CSV with a header row.")
+@db_option
+def leaderboard(study, top, fmt, db):
+    """Rank a study's configurations that fit, fastest first."""
+    from autotune.report import render_leaderboard
+    from autotune.store import open_store
+
+    with open_store(db) as store:
+        rows = store.leaderboard(study, top=top)
+    click.echo(render_leaderboard(rows, fmt))
+
+
+@cli.group("db")
+def db_group():
+    """Manage the results database."""
+
+
+@db_group.command("upgrade")
+@db_option
+def db_upgrade(db):
+    """Upgrade the results database's schema to this version of autotune."""
+    from autotune.store import upgrade_database
+
+    report = upgrade_database(db)
+    if report.changed:
+        click.echo(f"{report.url}: upgraded from {report.before or 'empty'} to {report.after}")
+    else:
+        click.echo(f"{report.url}: already at {report.after}")

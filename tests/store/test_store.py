@@ -14,7 +14,7 @@ from autotune.errors import BadInput, DatabaseError, StudyNotFound
 from autotune.store import CACHEABLE_STATUSES, SCHEMA_REVISION, open_store, resolve_url, upgrade_database
 from autotune.store.schema import VERSION_TABLE
 
-from .helpers import ENV, GiB, FakeModel, config, make_study, result
+from .helpers import ENV, FakeModel, GiB, config, make_study, result
 
 
 @pytest.fixture
@@ -284,3 +284,10 @@ def test_records_are_detached_plain_values(store):
     for record in (study, probes[0], rows[0], summaries[0]):
         assert not hasattr(record, "_sa_instance_state")
         assert isinstance(record.to_dict(), dict)
+
+
+def test_an_in_memory_store_works_for_quick_tests():
+    with open_store("sqlite://") as memory:
+        study = make_study(memory)
+        memory.record_probe(study.id, config(2), result(), env_fingerprint=ENV.fingerprint())
+        assert [row.config.micro_batch for row in memory.leaderboard()] == [2]

@@ -1,0 +1,52 @@
+"""The results store: studies, probes and full runs in SQLite (default) or any SQLAlchemy database.
+
+    from autotune.store import open_store
+
+    with open_store() as store:                 # --db, else $AUTOTUNE_DB, else the user data dir
+        study = store.get_or_create_study("gpt2-8g", model=spec, environment=env,
+                                          budget_bytes=..., margin_bytes=..., effective_batch=32,
+                                          space={...})
+        cached = store.find_cached(config.key(), env.fingerprint(), spec.fingerprint, ...)
+        store.record_probe(study.id, config, result, env_fingerprint=env.fingerprint())
+        rows = store.leaderboard(study.name, top=10)
+
+Schema in `schema.py`, changed only through Alembic revisions in the top-level `migrations/`.
+Importing this package loads SQLAlchemy, not Alembic, torch or Optuna.
+"""
+
+from __future__ import annotations
+
+from autotune.store.engine import data_dir, default_url, resolve_url
+from autotune.store.records import (
+    CACHEABLE_STATUSES,
+    RUN_STATUSES,
+    STUDY_STATUSES,
+    LeaderboardRow,
+    ProbeRecord,
+    RunRecord,
+    StudyRecord,
+    StudySummary,
+    UpgradeReport,
+)
+from autotune.store.schema import SCHEMA_REVISION
+from autotune.store.store import ModelLike, Store, open_store, upgrade_database
+
+__all__ = [
+    "CACHEABLE_STATUSES",
+    "RUN_STATUSES",
+    "SCHEMA_REVISION",
+    "STUDY_STATUSES",
+    "LeaderboardRow",
+    "ModelLike",
+    "ProbeRecord",
+    "RunRecord",
+    "Store",
+    "StudyRecord",
+    "StudySummary",
+    "UpgradeReport",
+    "data_dir",
+    "default_url",
+    "open_store",
+    "resolve_url",
+    "upgrade_database",
+]

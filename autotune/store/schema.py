@@ -1,0 +1,201 @@
+"""The results database's tables, as SQLAlchemy 2.0 typed models.
+
+These models describe the schema; Alembic (top-level `migrations/`) is what creates and changes it.
+Never call `metadata.create_all` in the product: a table made that way has no revision, and the
+next upgrade would fail on it. A change here needs a new revision in `migrations/versions/`, and
+the schema test (autogenerate finds no differences after upgrading) fails until there is one.
+
+Every table carries the `autotune_` prefix so that Optuna's RDB storage (`studies`, `trials`,
+`version_info`, `alembic_version`, ...) can live in the same database.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Dialect,
+    Double,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+TABLE_PREFIX = "autotune_"
+VERSION_TABLE = "autotune_alembic_version"
+# The revision this code writes and reads. A test checks it is Alembic's head, so reading a
+# database already at this revision needs no Alembic import (start-up time of read commands).
+SCHEMA_REVISION = "0001_initial"
+
+# Deterministic constraint names: batch migrations on SQLite (which rebuild tables) and drops on
+# PostgreSQL need to name constraints, and unnamed ones get backend-chosen names.
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timestamps stored in UTC and read back timezone-aware.
+
+    SQLite keeps no zone and hands back naive values; PostgreSQL's `timestamptz` hands back aware
+    ones. Normalising here means callers compare and print one kind of datetime on every backend.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the results store; use datetime.now(timezone.utc)")
+        value = value.astimezone(timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {
+        int: Integer(),
+        float: Double(),
+        str: String(255),
+        bool: Boolean(),
+        datetime: UTCDateTime(),
+        dict[str, Any]: JSON(),
+    }
+
+
+# Byte counts exceed 2**31 on any GPU: every *_bytes column is a BIGINT.
+Bytes = BigInteger
+
+
+class Study(Base):
+    """One search: a model on a device under a budget. Probes and runs hang off it."""
+
+    __tablename__ = "autotune_studies"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    model_reference: Mapped[str] = mapped_column(String(1000))
+    model_fingerprint: Mapped[str] = mapped_column(String(64))
+    device_name: Mapped[str]
+    device_total_bytes: Mapped[int | None] = mapped_column(Bytes)
+    budget_bytes: Mapped[int] = mapped_column(Bytes)
+    margin_bytes: Mapped[int] = mapped_column(Bytes)
+    effective_batch: Mapped[int]
+    space: Mapped[dict[str, Any]]
+    env_fingerprint: Mapped[str] = mapped_column(String(64))
+    environment: Mapped[dict[str, Any]]
+    # running | finished | interrupted. Checked in Python, not by a CHECK constraint, so that a new
+    # status needs no table rebuild on SQLite.
+    status: Mapped[str] = mapped_column(String(20))
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+
+
+class Probe(Base):
+    """One short training probe of one ProbeConfig, and what it measured (a ProbeResult)."""
+
+    __tablename__ = "autotune_probes"
+    __table_args__ = (
+        # The leaderboard: ok probes of one study by throughput.
+        Index("ix_autotune_probes_leaderboard", "study_id", "status", "tokens_per_s"),
+        # The cache: the same config on the same environment.
+        Index("ix_autotune_probes_cache", "config_key", "env_fingerprint"),
+    )
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    # No separate index on study_id: the leaderboard index leads with it.
+    study_id: Mapped[int] = mapped_column(ForeignKey("autotune_studies.id", ondelete="CASCADE"))
+    trial_number: Mapped[int | None]
+    config_key: Mapped[str] = mapped_column(String(64))
+    # ProbeConfig, one column per field.
+    model: Mapped[str] = mapped_column(String(1000))
+    micro_batch: Mapped[int]
+    grad_accum: Mapped[int]
+    precision: Mapped[str] = mapped_column(String(16))
+    checkpointing: Mapped[bool]
+    block_size: Mapped[int]
+    attention: Mapped[str] = mapped_column(String(40))
+    optimizer: Mapped[str] = mapped_column(String(40))
+    # ProbeResult, one column per field.
+    status: Mapped[str] = mapped_column(String(16))
+    device: Mapped[str] = mapped_column(String(255))
+    device_total_bytes: Mapped[int | None] = mapped_column(Bytes)
+    budget_bytes: Mapped[int | None] = mapped_column(Bytes)
+    margin_bytes: Mapped[int | None] = mapped_column(Bytes)
+    cap_bytes: Mapped[int | None] = mapped_column(Bytes)
+    peak_allocated_bytes: Mapped[int | None] = mapped_column(Bytes)
+    peak_reserved_bytes: Mapped[int | None] = mapped_column(Bytes)
+    context_bytes: Mapped[int | None] = mapped_column(Bytes)
+    step_seconds: Mapped[float | None]
+    tokens_per_s: Mapped[float | None]
+    samples_per_s: Mapped[float | None]
+    mfu: Mapped[float | None]
+    first_loss: Mapped[float | None]
+    last_loss: Mapped[float | None]
+    warmup_steps: Mapped[int | None]
+    measured_steps: Mapped[int | None]
+    # Process start and imports before the model build. Not yet a ProbeResult field when this
+    # column was added; the probe runner measures it (issue 2), so the column is ready for it.
+    startup_seconds: Mapped[float | None]
+    build_seconds: Mapped[float | None]
+    measured_seconds: Mapped[float | None]
+    wall_seconds: Mapped[float | None]
+    error: Mapped[str | None] = mapped_column(Text)
+    # Whether another search may reuse this outcome instead of probing again (see Store.find_cached).
+    cacheable: Mapped[bool]
+    predicted_peak_bytes: Mapped[int | None] = mapped_column(Bytes)
+    worker: Mapped[str | None] = mapped_column(String(255))
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime]
+    env_fingerprint: Mapped[str] = mapped_column(String(64))
+
+
+class Run(Base):
+    """One full fine-tune, usually of the configuration a study chose."""
+
+    __tablename__ = "autotune_runs"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    # A run outlives the study or probe that chose it: deleting those keeps the run's own record.
+    study_id: Mapped[int | None] = mapped_column(
+        ForeignKey("autotune_studies.id", ondelete="SET NULL"), index=True
+    )
+    probe_id: Mapped[int | None] = mapped_column(ForeignKey("autotune_probes.id", ondelete="SET NULL"))
+    config: Mapped[dict[str, Any]]
+    status: Mapped[str] = mapped_column(String(20))  # running | finished | failed
+    output_dir: Mapped[str | None] = mapped_column(String(4096))
+    dataset: Mapped[str | None] = mapped_column(String(4096))
+    steps: Mapped[int | None]
+    tokens_per_s: Mapped[float | None]
+    peak_allocated_bytes: Mapped[int | None] = mapped_column(Bytes)
+    peak_reserved_bytes: Mapped[int | None] = mapped_column(Bytes)
+    final_loss: Mapped[float | None]
+    summary: Mapped[dict[str, Any] | None]
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime]
+    finished_at: Mapped[datetime | None]

@@ -1,0 +1,504 @@
+"""The results store: every study, probe and run, in SQLite or any SQLAlchemy database.
+
+Callers get plain dataclasses (records.py), never ORM objects bound to a closed session. Each write
+is one short transaction, so a process killed at any moment leaves only whole rows.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import fields
+from datetime import datetime, timedelta
+from typing import Any, Protocol, TypeVar
+
+from sqlalchemy import Engine, case, func, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from autotune.config import ProbeConfig
+from autotune.environment import Environment
+from autotune.errors import BadInput, StudyNotFound
+from autotune.result import ProbeResult
+from autotune.store import migrate
+from autotune.store.engine import display_url, make_engine, resolve_url, writer
+from autotune.store.records import (
+    CACHEABLE_STATUSES,
+    RUN_STATUSES,
+    STUDY_STATUSES,
+    LeaderboardRow,
+    ProbeRecord,
+    RunRecord,
+    StudyRecord,
+    StudySummary,
+    UpgradeReport,
+)
+from autotune.store.schema import Probe, Run, Study, utcnow
+
+T = TypeVar("T")
+
+_CONFIG_FIELDS = tuple(f.name for f in fields(ProbeConfig))
+# ProbeResult fields stored as columns. A field without a column is not stored (a test flags it:
+# it needs a new revision), rather than breaking every write.
+_RESULT_FIELDS = tuple(f.name for f in fields(ProbeResult) if f.name in Probe.__table__.columns)
+_STUDY_NAME_MAX = 200
+
+
+class ModelLike(Protocol):
+    """What a study needs of a model: autotune.models.ModelSpec fits."""
+
+    @property
+    def reference(self) -> str: ...
+
+    @property
+    def fingerprint(self) -> str: ...
+
+
+def open_store(url: str | os.PathLike[str] | None = None, *, upgrade: bool | None = None) -> Store:
+    """Open the results database: `url` (a SQLAlchemy URL or a file path), else `$AUTOTUNE_DB`, else
+    `autotune.db` in the user data directory (`$AUTOTUNE_HOME` when set).
+
+    A local SQLite database is created or upgraded to this code's schema; a server database is
+    created when it has none of our tables, and otherwise must be upgraded explicitly
+    (`autotune db upgrade`). `upgrade=True`/`False` forces either way. Raises DatabaseError for
+    a file that is not a database, a database newer than this autotune, or one that cannot be reached.
+    """
+    engine = make_engine(resolve_url(url))
+    try:
+        migrate.ensure_current(engine, auto_upgrade=upgrade)
+    except BaseException:
+        engine.dispose()
+        raise
+    return Store(engine)
+
+
+def upgrade_database(url: str | os.PathLike[str] | None = None) -> UpgradeReport:
+    """`autotune db upgrade`: bring the database to this code's schema (any backend)."""
+    resolved = resolve_url(url)
+    before, after = migrate.upgrade(resolved)
+    return UpgradeReport(url=display_url(resolved), before=before, after=after)
+
+
+class Store:
+    """Reads and writes studies, probes and runs. Use `open_store()` to get one; close it (or use
+    it as a context manager) to release its connections."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._read = sessionmaker(engine, expire_on_commit=False)
+        # Writes take SQLite's write lock at BEGIN, so concurrent writers queue (busy_timeout)
+        # instead of failing on a lock upgrade.
+        self._write = sessionmaker(writer(engine), expire_on_commit=False)
+
+    @property
+    def url(self) -> str:
+        """The database, for messages (password hidden)."""
+        return display_url(self.engine.url)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _writing(self) -> Iterator[Session]:
+        with self._write.begin() as session:
+            yield session
+
+    def _retry_on_conflict(self, work: Callable[[], T]) -> T:
+        """Run a get-or-create once more after a unique-key race lost to another process (possible
+        on PostgreSQL; on SQLite, BEGIN IMMEDIATE serialises writers)."""
+        try:
+            return work()
+        except IntegrityError:
+            return work()
+
+    # -- studies ---------------------------------------------------------------------------------
+
+    def get_or_create_study(
+        self,
+        name: str,
+        *,
+        model: ModelLike,
+        environment: Environment,
+        budget_bytes: int,
+        margin_bytes: int,
+        effective_batch: int,
+        space: Mapping[str, Any],
+    ) -> StudyRecord:
+        """The study called `name`, created if new. Resuming an existing study (same model by
+        fingerprint, budget, margin and effective batch) marks it running again and stores the
+        given search space. A name taken by a study of another model or budget raises BadInput."""
+        name = (name or "").strip()
+        if not name or len(name) > _STUDY_NAME_MAX:
+            raise BadInput(f"--study must be a name of 1 to {_STUDY_NAME_MAX} characters (got {name!r}).")
+
+        def work() -> StudyRecord:
+            with self._writing() as session:
+                study = session.scalars(select(Study).where(Study.name == name)).one_or_none()
+                now = utcnow()
+                if study is None:
+                    study = Study(
+                        name=name,
+                        model_reference=model.reference,
+                        model_fingerprint=model.fingerprint,
+                        device_name=environment.device_name,
+                        device_total_bytes=environment.device_total_bytes,
+                        budget_bytes=budget_bytes,
+                        margin_bytes=margin_bytes,
+                        effective_batch=effective_batch,
+                        space=dict(space),
+                        env_fingerprint=environment.fingerprint(),
+                        environment=environment.to_dict(),
+                        status="running",
+                        created_at=now,
+                        updated_at=now,
+                    )
+                    session.add(study)
+                else:
+                    _check_same_study(study, model, budget_bytes, margin_bytes, effective_batch)
+                    study.space = dict(space)
+                    study.status = "running"
+                    study.updated_at = now
+                session.flush()
+                return _study_record(study)
+
+        return self._retry_on_conflict(work)
+
+    def study(self, name: str | None = None) -> StudyRecord:
+        """The study called `name` (the most recent one when None); StudyNotFound if there is none."""
+        with self._read() as session:
+            return _study_record(self._find_study(session, name))
+
+    def latest_study_name(self) -> str | None:
+        """The study probed most recently (resumed studies count), or None in an empty database."""
+        with self._read() as session:
+            return session.scalars(select(Study.name).order_by(Study.updated_at.desc(), Study.id.desc()).limit(1)).first()
+
+    def set_study_status(self, study: int | str, status: str) -> None:
+        """Mark a study (by id or name) running, finished or interrupted."""
+        if status not in STUDY_STATUSES:
+            raise ValueError(f"study status must be one of {STUDY_STATUSES}, not {status!r}")
+        where = Study.id == study if isinstance(study, int) else Study.name == study
+        with self._writing() as session:
+            changed = session.execute(update(Study).where(where).values(status=status, updated_at=utcnow())).rowcount  # type: ignore[attr-defined]
+        if not changed:
+            raise StudyNotFound(self._not_found_message(str(study)))
+
+    def studies(self) -> list[StudySummary]:
+        """Every study, most recent first, with probe counts and the best throughput that fits."""
+        is_ok = Probe.status == "ok"
+        query = (
+            select(
+                Study,
+                func.count(Probe.id),
+                func.coalesce(func.sum(case((is_ok, 1), else_=0)), 0),
+                func.coalesce(func.sum(case((Probe.status == "oom", 1), else_=0)), 0),
+                func.coalesce(func.sum(case((Probe.status == "skipped", 1), else_=0)), 0),
+                func.max(case((is_ok, Probe.tokens_per_s))),
+            )
+            .outerjoin(Probe, Probe.study_id == Study.id)
+            .group_by(Study.id)
+            .order_by(Study.updated_at.desc(), Study.id.desc())
+        )
+        with self._read() as session:
+            return [
+                StudySummary(
+                    name=study.name,
+                    model_reference=study.model_reference,
+                    device_name=study.device_name,
+                    budget_bytes=study.budget_bytes,
+                    margin_bytes=study.margin_bytes,
+                    status=study.status,
+                    created_at=study.created_at,
+                    updated_at=study.updated_at,
+                    probes_total=int(total),
+                    probes_ok=int(ok),
+                    probes_oom=int(oom),
+                    probes_skipped=int(skipped),
+                    best_tokens_per_s=best,
+                )
+                for study, total, ok, oom, skipped, best in session.execute(query)
+            ]
+
+    # -- probes ----------------------------------------------------------------------------------
+
+    def record_probe(
+        self,
+        study_id: int,
+        config: ProbeConfig,
+        result: ProbeResult,
+        *,
+        env_fingerprint: str,
+        trial_number: int | None = None,
+        predicted_peak_bytes: int | None = None,
+        worker: str | None = None,
+        started_at: datetime | None = None,
+        cacheable: bool | None = None,
+    ) -> int:
+        """Store one probe in one transaction; returns its id.
+
+        `cacheable` says whether later searches may reuse this outcome (find_cached). By default
+        ok/oom/unstable/skipped are reusable; pass False for an outcome that was not measured on
+        this environment, such as a config skipped because the estimator predicted it too big.
+        `started_at` defaults to the finish time less the probe's wall time.
+        """
+        finished_at = utcnow()
+        if started_at is None and result.wall_seconds is not None:
+            started_at = finished_at - timedelta(seconds=result.wall_seconds)
+        measured = result.to_dict()  # non-finite floats (a diverged loss) become NULL
+        probe = Probe(
+            study_id=study_id,
+            trial_number=trial_number,
+            config_key=config.key(),
+            **{name: getattr(config, name) for name in _CONFIG_FIELDS},
+            **{name: measured[name] for name in _RESULT_FIELDS},
+            cacheable=(result.status in CACHEABLE_STATUSES) if cacheable is None else cacheable,
+            predicted_peak_bytes=predicted_peak_bytes,
+            worker=worker,
+            started_at=started_at,
+            finished_at=finished_at,
+            env_fingerprint=env_fingerprint,
+        )
+        with self._writing() as session:
+            session.add(probe)
+            # The study's "last touched" time orders `autotune studies` and picks the default study.
+            session.execute(update(Study).where(Study.id == study_id).values(updated_at=finished_at))
+            session.flush()
+            return probe.id
+
+    def find_cached(
+        self,
+        config_key: str,
+        env_fingerprint: str,
+        model_fingerprint: str,
+        budget_bytes: int,
+        margin_bytes: int,
+    ) -> ProbeResult | None:
+        """The latest reusable result for this config key on this environment, for the same model
+        architecture under the same budget and margin, from any study; None when there is none.
+        Timeouts, crashes and errors are never reused (see CACHEABLE_STATUSES)."""
+        query = (
+            select(Probe)
+            .join(Study, Study.id == Probe.study_id)
+            .where(
+                Probe.config_key == config_key,
+                Probe.env_fingerprint == env_fingerprint,
+                Probe.cacheable.is_(True),
+                Probe.status.in_(CACHEABLE_STATUSES),
+                Study.model_fingerprint == model_fingerprint,
+                Study.budget_bytes == budget_bytes,
+                Study.margin_bytes == margin_bytes,
+            )
+            .order_by(Probe.id.desc())
+            .limit(1)
+        )
+        with self._read() as session:
+            probe = session.scalars(query).first()
+            return _probe_result(probe) if probe is not None else None
+
+    def probes(self, study_name: str | None = None) -> list[ProbeRecord]:
+        """Every probe of a study (the most recent study when None), in the order they finished."""
+        with self._read() as session:
+            study = self._find_study(session, study_name)
+            rows = session.scalars(select(Probe).where(Probe.study_id == study.id).order_by(Probe.id))
+            return [_probe_record(probe) for probe in rows]
+
+    def leaderboard(self, study_name: str | None = None, top: int | None = None) -> list[LeaderboardRow]:
+        """The configurations of a study that fit (status ok), fastest first; ties go to the lower
+        peak reserved memory. A config probed more than once counts once, with its latest
+        measurement. `study_name` None means the most recent study; StudyNotFound if none."""
+        if top is not None and top < 1:
+            raise BadInput(f"--top must be at least 1 (got {top}).")
+        with self._read() as session:
+            study = self._find_study(session, study_name)
+            # The latest ok probe of each config: max(id) per key. (A window function reads the
+            # same, but materialises every ok row first: 5x slower over 10,000 probes.)
+            latest_ids = (
+                select(func.max(Probe.id))
+                .where(Probe.study_id == study.id, Probe.status == "ok")
+                .group_by(Probe.config_key)
+            )
+            probes = Probe.__table__
+            query = (
+                select(probes)
+                .where(probes.c.id.in_(latest_ids))
+                .order_by(
+                    probes.c.tokens_per_s.desc().nulls_last(),
+                    probes.c.peak_reserved_bytes.asc().nulls_last(),
+                    probes.c.id,
+                )
+                .limit(top)
+            )
+            rows = session.execute(query).mappings().all()
+            return [
+                LeaderboardRow(
+                    rank=rank,
+                    study=study.name,
+                    probe_id=row["id"],
+                    trial_number=row["trial_number"],
+                    config=ProbeConfig(**{name: row[name] for name in _CONFIG_FIELDS}),
+                    config_key=row["config_key"],
+                    status=row["status"],
+                    tokens_per_s=row["tokens_per_s"],
+                    step_seconds=row["step_seconds"],
+                    samples_per_s=row["samples_per_s"],
+                    mfu=row["mfu"],
+                    peak_allocated_bytes=row["peak_allocated_bytes"],
+                    peak_reserved_bytes=row["peak_reserved_bytes"],
+                    context_bytes=row["context_bytes"],
+                    budget_bytes=row["budget_bytes"] if row["budget_bytes"] is not None else study.budget_bytes,
+                    margin_bytes=row["margin_bytes"] if row["margin_bytes"] is not None else study.margin_bytes,
+                )
+                for rank, row in enumerate(rows, start=1)
+            ]
+
+    # -- runs ------------------------------------------------------------------------------------
+
+    def start_run(
+        self,
+        *,
+        config: ProbeConfig | Mapping[str, Any],
+        study_id: int | None = None,
+        probe_id: int | None = None,
+        output_dir: str | os.PathLike[str] | None = None,
+        dataset: str | None = None,
+    ) -> int:
+        """Record a full fine-tune as running; returns its id for finish_run/fail_run."""
+        config_data = config.to_dict() if isinstance(config, ProbeConfig) else dict(config)
+        run = Run(
+            study_id=study_id,
+            probe_id=probe_id,
+            config=config_data,
+            status="running",
+            output_dir=os.fspath(output_dir) if output_dir is not None else None,
+            dataset=dataset,
+            started_at=utcnow(),
+        )
+        with self._writing() as session:
+            session.add(run)
+            session.flush()
+            return run.id
+
+    def finish_run(
+        self,
+        run_id: int,
+        *,
+        steps: int | None = None,
+        tokens_per_s: float | None = None,
+        peak_allocated_bytes: int | None = None,
+        peak_reserved_bytes: int | None = None,
+        final_loss: float | None = None,
+        summary: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Mark a run finished, with what it measured."""
+        self._end_run(
+            run_id, status="finished", steps=steps, tokens_per_s=tokens_per_s,
+            peak_allocated_bytes=peak_allocated_bytes, peak_reserved_bytes=peak_reserved_bytes,
+            final_loss=final_loss, summary=dict(summary) if summary is not None else None,
+        )
+
+    def fail_run(self, run_id: int, error: str, *, summary: Mapping[str, Any] | None = None) -> None:
+        """Mark a run failed, keeping the error text (and whatever summary there is)."""
+        self._end_run(run_id, status="failed", error=error, summary=dict(summary) if summary is not None else None)
+
+    def _end_run(self, run_id: int, **values: Any) -> None:
+        assert values["status"] in RUN_STATUSES
+        with self._writing() as session:
+            run = session.get(Run, run_id)
+            if run is None:
+                raise LookupError(f"no run with id {run_id}")
+            for key, value in values.items():
+                setattr(run, key, value)
+            run.finished_at = utcnow()
+
+    def run(self, run_id: int) -> RunRecord:
+        """One run by id (LookupError when there is none)."""
+        with self._read() as session:
+            run = session.get(Run, run_id)
+            if run is None:
+                raise LookupError(f"no run with id {run_id}")
+            return _run_record(run)
+
+    def runs(self, study_name: str | None = None) -> list[RunRecord]:
+        """Every run, or those of one study, oldest first."""
+        with self._read() as session:
+            query = select(Run).order_by(Run.id)
+            if study_name is not None:
+                query = query.where(Run.study_id == self._find_study(session, study_name).id)
+            return [_run_record(run) for run in session.scalars(query)]
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _find_study(self, session: Session, name: str | None) -> Study:
+        if name is None:
+            study = session.scalars(select(Study).order_by(Study.updated_at.desc(), Study.id.desc()).limit(1)).first()
+            if study is None:
+                raise StudyNotFound(f"no studies in {self.url} yet; run `autotune search` first, or pass --db.")
+            return study
+        study = session.scalars(select(Study).where(Study.name == name)).one_or_none()
+        if study is None:
+            raise StudyNotFound(self._not_found_message(name))
+        return study
+
+    def _not_found_message(self, name: str) -> str:
+        return f"no study named {name!r} in {self.url}; list them with `autotune studies`."
+
+
+def _check_same_study(study: Study, model: ModelLike, budget_bytes: int, margin_bytes: int, effective_batch: int) -> None:
+    from autotune.units import format_size
+
+    differences = []
+    if study.model_fingerprint != model.fingerprint:
+        differences.append(f"model {study.model_reference!r} (not {model.reference!r})")
+    if study.budget_bytes != budget_bytes:
+        differences.append(f"budget {format_size(study.budget_bytes)} (not {format_size(budget_bytes)})")
+    if study.margin_bytes != margin_bytes:
+        differences.append(f"margin {format_size(study.margin_bytes)} (not {format_size(margin_bytes)})")
+    if study.effective_batch != effective_batch:
+        differences.append(f"effective batch {study.effective_batch} (not {effective_batch})")
+    if differences:
+        raise BadInput(
+            f"study {study.name!r} already exists with {', '.join(differences)}; pick another --study name, "
+            f"or resume it with the same settings."
+        )
+
+
+def _study_record(study: Study) -> StudyRecord:
+    return StudyRecord(
+        id=study.id, name=study.name, model_reference=study.model_reference,
+        model_fingerprint=study.model_fingerprint, device_name=study.device_name,
+        device_total_bytes=study.device_total_bytes, budget_bytes=study.budget_bytes,
+        margin_bytes=study.margin_bytes, effective_batch=study.effective_batch, space=dict(study.space),
+        env_fingerprint=study.env_fingerprint, environment=dict(study.environment), status=study.status,
+        created_at=study.created_at, updated_at=study.updated_at,
+    )
+
+
+def _probe_result(probe: Probe) -> ProbeResult:
+    return ProbeResult(**{name: getattr(probe, name) for name in _RESULT_FIELDS})
+
+
+def _probe_record(probe: Probe) -> ProbeRecord:
+    return ProbeRecord(
+        id=probe.id, study_id=probe.study_id, trial_number=probe.trial_number,
+        config=ProbeConfig(**{name: getattr(probe, name) for name in _CONFIG_FIELDS}),
+        config_key=probe.config_key, result=_probe_result(probe), cacheable=probe.cacheable,
+        predicted_peak_bytes=probe.predicted_peak_bytes, worker=probe.worker,
+        started_at=probe.started_at, finished_at=probe.finished_at, env_fingerprint=probe.env_fingerprint,
+    )
+
+
+def _run_record(run: Run) -> RunRecord:
+    return RunRecord(
+        id=run.id, study_id=run.study_id, probe_id=run.probe_id, config=dict(run.config), status=run.status,
+        output_dir=run.output_dir, dataset=run.dataset, steps=run.steps, tokens_per_s=run.tokens_per_s,
+        peak_allocated_bytes=run.peak_allocated_bytes, peak_reserved_bytes=run.peak_reserved_bytes,
+        final_loss=run.final_loss, summary=dict(run.summary) if run.summary is not None else None,
+        error=run.error, started_at=run.started_at, finished_at=run.finished_at,
+    )
