@@ -12,4 +12,13 @@ from autotune.config import ProbeConfig
 from autotune.errors import AutotuneError
 from autotune.result import ProbeResult
 
-__all__ = ["AutotuneError", "ProbeConfig", "ProbeResult", "__version__"]
+
+
+def best(study: str | None = None, db: str | None = None):
+    """The fastest configuration that fits in `study`: see autotune.handoff.BestConfig."""
+    from autotune.handoff import best as _best
+
+    return _best(study, db)
+
+
+__all__ = ["AutotuneError", "ProbeConfig", "ProbeResult", "__version__", "best"]

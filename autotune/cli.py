@@ -176,3 +176,110 @@ def db_upgrade(db):
         click.echo(f"{report.url}: upgraded from {report.before or 'empty'} to {report.after}")
     else:
         click.echo(f"{report.url}: already at {report.after}")
+
+
+# -- search and the hand-off -------------------------------------------------------------------
+@cli.command()
+@click.option("--model", required=True, help="Hub id, gpt2-family name, or a local directory with config.json.")
+@click.option("--gpu-budget", required=True, help="Memory to fit in: 8GiB, 7.5GiB, 8192MiB, 8GB or bytes.")
+@click.option("--effective-batch", type=int, default=None,
+              help="Sequences per optimizer step, kept fixed; accumulation = effective batch / micro-batch [default: 32].")
+@click.option("--effective-tokens", type=int, default=None,
+              help="Tokens per optimizer step, for several --block-sizes [default: 32 x the largest block].")
+@click.option("--micro-batches", default=None, help="Micro-batches to try [default: 1,2,4,8,16,32 up to the effective batch].")
+@click.option("--block-sizes", default=None, help="Block sizes to try [default: 512, or the model's maximum if smaller].")
+@click.option("--precisions", default="fp32,fp16,bf16", show_default=True, help="Precisions to try.")
+@click.option("--checkpointing", "checkpointing_", default="off,on", show_default=True, help="Gradient checkpointing: on, off or both.")
+@click.option("--attention", default="sdpa,eager", show_default=True, help="Attention implementations to try.")
+@click.option("--strategy", default="frontier", show_default=True, help="frontier, tpe, grid (OOM-pruned) or grid-full.")
+@click.option("--max-trials", type=int, default=None, help="Stop after this many probes (reused and skipped ones are free).")
+@click.option("--timeout", default=None, help="Start no new probe after this long (e.g. 30m).")
+@click.option("--patience", type=int, default=None, help="Stop after this many probes without a better config.")
+@click.option("--study", default=None, help="Study name; the same name resumes [default: MODEL-BUDGET].")
+@click.option("--fresh", is_flag=True, help="Probe again even where a stored result could be reused.")
+@probe_settings_options
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object (progress goes to stderr).")
+def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, block_sizes, precisions, checkpointing_,
+           attention, strategy, max_trials, timeout, patience, study, fresh, device, safety_margin, warmup_steps,
+           measure_steps, probe_timeout, trust_remote_code, db, as_json):
+    """Find the fastest configuration that fits the budget, by probing."""
+    from autotune import report
+    from autotune.config import ATTENTIONS, PRECISIONS
+    from autotune.search import SearchOptions
+    from autotune.search import search as run
+    from autotune.units import parse_choice_list, parse_duration, parse_int_list, parse_size
+
+    budget = parse_size(gpu_budget)
+    ckpt = parse_choice_list(checkpointing_, flag="--checkpointing", allowed=("off", "on", "false", "true"))
+    space_args = dict(
+        micro_batches=parse_int_list(micro_batches, flag="--micro-batches") if micro_batches else None,
+        block_sizes=parse_int_list(block_sizes, flag="--block-sizes") if block_sizes else None,
+        precisions=parse_choice_list(precisions, flag="--precisions", allowed=PRECISIONS),
+        checkpointing=tuple(dict.fromkeys(v in ("on", "true") for v in ckpt)),
+        attentions=parse_choice_list(attention, flag="--attention", allowed=ATTENTIONS),
+        effective_batch=effective_batch, effective_tokens=effective_tokens,
+    )
+    for flag, value in (("--effective-batch", effective_batch), ("--effective-tokens", effective_tokens)):
+        if value is not None and value < 1:
+            raise click.BadParameter(f"must be at least 1 (got {value})", param_hint=flag)
+    settings = make_settings(device, safety_margin, warmup_steps, measure_steps, probe_timeout, trust_remote_code)
+    options = SearchOptions(study=study, strategy=strategy, max_trials=max_trials, patience=patience, fresh=fresh,
+                            timeout=parse_duration(timeout) if timeout else None)
+    out = sys.stderr if as_json else sys.stdout
+    outcome = run(model, budget, settings=settings, options=options, db=db,
+                  on_start=lambda *a: click.echo(report.format_search_header(*a), file=out),
+                  on_event=lambda e: click.echo(report.format_event(e), file=out), **space_args)
+    if as_json:
+        echo_json(report.search_summary(outcome))
+    else:
+        if outcome.leaderboard:
+            click.echo("")
+            click.echo(report.render_leaderboard(outcome.leaderboard[:10], "table"))
+        click.echo("")
+        click.echo(report.explain_winner(outcome))
+        click.echo(report.format_search_footer(outcome))
+    if outcome.stop_reason == "interrupted":
+        sys.exit(130)
+
+
+@cli.command()
+@click.option("--study", default=None, help="Study name [default: the most recent one].")
+@click.option("--format", "fmt", type=click.Choice(["json", "yaml", "trainer-args", "cli"]), default="json", show_default=True,
+              help="json/yaml: the config and its measurements; trainer-args: TrainingArguments and model kwargs; "
+                   "cli: flags for the Hugging Face example scripts.")
+@db_option
+def best(study, fmt, db):
+    """Print a study's winning configuration for the fine-tune."""
+    from autotune.handoff import best as find_best
+
+    click.echo(find_best(study, db).render(fmt))
+
+
+# -- estimate ----------------------------------------------------------------------------------
+@cli.command()
+@config_options
+@click.option("--gpu-budget", default=None, help="Also say whether it fits in this much memory: 8GiB, 7.5GiB, 8192MiB, 8GB or bytes.")
+@click.option("--safety-margin", default="5%", show_default=True,
+              help="Room kept free under the budget: a percentage of it or a size (256MiB).")
+@click.option("--device-type", default="cuda", show_default=True,
+              help="cuda: predict a GPU run; cpu: predict what a CPU probe accounts.")
+@click.option("--timeout", "timeout_text", default="120s", show_default=True, help="Give up tracing after this long.")
+@click.option("--no-cache", is_flag=True, help="Trace again even if this estimate is cached.")
+@click.option("--json", "as_json", is_flag=True, help="Print the estimate as one JSON object.")
+def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, gpu_budget,
+             safety_margin, device_type, timeout_text, no_cache, as_json):
+    """Predict a configuration's training memory without a GPU; with --gpu-budget, exit 1 if it will not fit."""
+    from autotune.estimate import estimate_memory, margin_bytes, render_estimate
+    from autotune.units import parse_duration, parse_margin, parse_size
+
+    budget = parse_size(gpu_budget) if gpu_budget is not None else None
+    margin = margin_bytes(parse_margin(safety_margin), budget) if budget is not None else 0
+    timeout = parse_duration(timeout_text, flag="--timeout")
+    config = make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention)
+    result = estimate_memory(config, device_type=device_type.lower(), timeout=timeout, use_cache=not no_cache)
+    if as_json:
+        echo_json(result.to_dict(budget, margin))
+    else:
+        click.echo(render_estimate(result, budget, margin))
+    sys.exit(0 if budget is None or result.fits(budget, margin) else 1)

@@ -115,3 +115,87 @@ def render_studies(rows: Sequence[StudySummary], fmt: str = "table") -> str:
     ]
     headers = ["study", "model", "device", "budget", "probes", "ok", "oom", "skipped", "best tokens/s", "status", "updated"]
     return _table(headers, cells, right=(3, 4, 5, 6, 7, 8))
+
+
+# -- the search's live display and summary -------------------------------------------------------
+def format_event(event) -> str:
+    """One line per resolved candidate: progress, config, outcome, peak, speed."""
+    r = event.result
+    width = len(str(event.total))
+    progress = f"[{event.resolved:>{width}}/{event.total}]"
+    if event.how == "skipped":
+        detail = r.error or ""
+    elif r.status == "ok":
+        detail = f"peak {format_size(r.peak_reserved_bytes):>10}  {r.tokens_per_s:>10,.0f} tok/s"
+        if event.best:
+            detail += "  * best so far"
+    else:
+        last = (r.error or "").strip().splitlines()[-1:] or [""]
+        detail = f"peak {format_size(r.peak_reserved_bytes):>10}  {last[0][:80]}"
+    how = "" if event.how in ("probed", "skipped") else f" ({event.how})"
+    return f"{progress} {event.config.label():<34} {r.status:<8}{detail}{how}"
+
+
+def format_search_header(study, environment, candidates: int, already: int) -> str:
+    resumed = f", resuming with {already} already settled" if already else ""
+    return (f"study {study.name}: {study.model_reference} on {environment.device_name}, budget "
+            f"{format_size(study.budget_bytes)} (margin {format_size(study.margin_bytes)}); "
+            f"{candidates} candidate configs{resumed}")
+
+
+def explain_winner(outcome) -> str:
+    """Why the chosen config won: speed, memory against the budget, and the runner-up."""
+    best = outcome.best
+    if best is None:
+        return ("No configuration fits the budget. Try a larger --gpu-budget, smaller --micro-batches or "
+                "--block-sizes, --precisions bf16, or --checkpointing on.")
+    required = (best.peak_reserved_bytes or 0) + (best.context_bytes or 0)
+    headroom = best.budget_bytes - best.margin_bytes - required
+    lines = [
+        f"Chosen: {best.label}  (micro_batch={best.config.micro_batch}, grad_accum={best.config.grad_accum}, "
+        f"precision={best.config.precision}, checkpointing={best.config.checkpointing}, "
+        f"block_size={best.config.block_size}, attention={best.config.attention})",
+        f"  why: fastest that fits, {best.tokens_per_s:,.0f} tokens/s; needs {format_size(required)} "
+        f"(peak reserved {format_size(best.peak_reserved_bytes)} + context {format_size(best.context_bytes)}) "
+        f"of the {format_size(best.budget_bytes)} budget, {format_size(headroom)} to spare after the "
+        f"{format_size(best.margin_bytes)} margin",
+    ]
+    if len(outcome.leaderboard) > 1:
+        second = outcome.leaderboard[1]
+        lines.append(f"  runner-up: {second.label}, {best.tokens_per_s / second.tokens_per_s:.2f}x slower")
+    return "\n".join(lines)
+
+
+def format_search_footer(outcome) -> str:
+    if outcome.answered_from_database:
+        return (f"study {outcome.study.name} finished earlier ({outcome.study.device_name}); answered from the "
+                f"database without probing. --fresh re-probes.")
+    reasons = {
+        "exhausted": "every candidate settled",
+        "patience": "no better config for a while (--patience)",
+        "max-trials": "--max-trials reached; run the same command to go on",
+        "timeout": "--timeout reached; run the same command to go on",
+        "interrupted": "interrupted; run the same command to resume",
+    }
+    return (f"{outcome.probed} probes run, {outcome.reused} reused from earlier studies, {outcome.skipped} skipped "
+            f"by structure, of {outcome.candidates} candidates, in {outcome.seconds:.1f} s "
+            f"({reasons.get(outcome.stop_reason, outcome.stop_reason)}).")
+
+
+def search_summary(outcome) -> dict:
+    """`autotune search --json`: the chosen config, the leaderboard, and what the search cost."""
+    return {
+        "study": outcome.study.name,
+        "status": outcome.study.status,
+        "stop_reason": outcome.stop_reason,
+        "device": outcome.study.device_name,
+        "budget_bytes": outcome.study.budget_bytes,
+        "candidates": outcome.candidates,
+        "probed": outcome.probed,
+        "reused": outcome.reused,
+        "skipped": outcome.skipped,
+        "seconds": round(outcome.seconds, 3),
+        "answered_from_database": outcome.answered_from_database,
+        "best": outcome.best.to_dict() if outcome.best else None,
+        "leaderboard": [row.to_dict() for row in outcome.leaderboard],
+    }

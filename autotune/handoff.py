@@ -1,0 +1,113 @@
+"""The hand-off: a study's winning configuration in the forms a fine-tune consumes.
+
+    import autotune
+    best = autotune.best("gpt2-8GiB")
+    args = best.training_arguments(output_dir="out")       # a real transformers.TrainingArguments
+    model = AutoModelForCausalLM.from_pretrained("gpt2", **best.model_kwargs())
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+
+from autotune.errors import StudyNotFound
+from autotune.store import LeaderboardRow, open_store
+
+
+@dataclass(frozen=True, slots=True)
+class BestConfig:
+    row: LeaderboardRow
+
+    @property
+    def config(self):
+        return self.row.config
+
+    def to_dict(self) -> dict:
+        """Flat and JSON-ready; the keys of `autotune best --format json`."""
+        return self.row.to_dict()
+
+    def trainer_kwargs(self) -> dict:
+        """Keyword arguments for `transformers.TrainingArguments` (output_dir aside)."""
+        c = self.config
+        kwargs = {
+            "per_device_train_batch_size": c.micro_batch,
+            "gradient_accumulation_steps": c.grad_accum,
+            "fp16": c.precision == "fp16",
+            "bf16": c.precision == "bf16",
+            "gradient_checkpointing": c.checkpointing,
+            "optim": "adamw_torch_fused",
+        }
+        if c.checkpointing:
+            kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+        return kwargs
+
+    def model_kwargs(self) -> dict:
+        """Keyword arguments for `from_pretrained` / `from_config`."""
+        return {"attn_implementation": self.config.attention, "use_cache": False}
+
+    def training_arguments(self, output_dir: str, **overrides):
+        """A `transformers.TrainingArguments` with the winning levers (overrides win)."""
+        from transformers import TrainingArguments
+
+        return TrainingArguments(output_dir=output_dir, **{**self.trainer_kwargs(), **overrides})
+
+    def trainer_args_document(self) -> dict:
+        return {"training_arguments": self.trainer_kwargs(), "model_kwargs": self.model_kwargs(),
+                "block_size": self.config.block_size}
+
+    def cli_flags(self) -> str:
+        """The matching flags of the Hugging Face example scripts (run_clm.py)."""
+        c = self.config
+        flags = ["--per_device_train_batch_size", str(c.micro_batch), "--gradient_accumulation_steps", str(c.grad_accum),
+                 "--block_size", str(c.block_size), "--optim", "adamw_torch_fused"]
+        if c.precision in ("fp16", "bf16"):
+            flags.append(f"--{c.precision}")
+        if c.checkpointing:
+            flags += ["--gradient_checkpointing", "--gradient_checkpointing_kwargs", json.dumps({"use_reentrant": False})]
+        return shlex.join(flags)
+
+    def yaml(self) -> str:
+        """YAML without a YAML dependency: the document is flat scalars and one nested level."""
+        def scalar(value) -> str:
+            if isinstance(value, bool):
+                return "true" if value else "false"
+            if value is None:
+                return "null"
+            if isinstance(value, (int, float)):
+                return repr(value)
+            return json.dumps(str(value))
+
+        lines = []
+        for key, value in self.to_dict().items():
+            lines.append(f"{key}: {scalar(value)}")
+        lines.append("trainer_args:")
+        for key, value in self.trainer_kwargs().items():
+            lines.append(f"  {key}: {json.dumps(value) if isinstance(value, dict) else scalar(value)}")
+        lines.append("model_kwargs:")
+        for key, value in self.model_kwargs().items():
+            lines.append(f"  {key}: {scalar(value)}")
+        return "\n".join(lines)
+
+    def render(self, fmt: str) -> str:
+        if fmt == "json":
+            return json.dumps(self.to_dict(), indent=2)
+        if fmt == "yaml":
+            return self.yaml()
+        if fmt == "trainer-args":
+            return json.dumps(self.trainer_args_document(), indent=2)
+        if fmt == "cli":
+            return self.cli_flags()
+        raise ValueError(f"unknown format {fmt!r}")
+
+
+def best(study: str | None = None, db: str | None = None) -> BestConfig:
+    """The fastest configuration that fits in `study` (the most recent study when None)."""
+    with open_store(db) as store:
+        rows = store.leaderboard(study, top=1)
+        if not rows:
+            name = study or store.latest_study_name()
+            raise StudyNotFound(f"study {name!r} has no configuration that fits yet; run `autotune search` "
+                                f"(with a larger --gpu-budget if everything ran out of memory).")
+    return BestConfig(rows[0])

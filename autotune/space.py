@@ -1,0 +1,136 @@
+"""SearchSpace: the values a user allows for each lever, the fixed work per optimizer step, and the
+candidate configurations they span. Gradient accumulation is derived, never searched: every
+candidate does the same work per optimizer step, so their throughputs compare fairly."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.config import ATTENTIONS, PRECISIONS, ProbeConfig
+from autotune.errors import BadInput
+from autotune.models import ModelSpec
+
+DEFAULT_MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
+DEFAULT_EFFECTIVE_BATCH = 32           # sequences per optimizer step
+DEFAULT_BLOCK_SIZE = 512               # Trainer users' usual block; capped by the model's maximum
+DEFAULT_PRECISIONS = ("fp32", "fp16", "bf16")
+DEFAULT_CHECKPOINTING = (False, True)
+DEFAULT_ATTENTIONS = ("sdpa", "eager")
+
+
+@dataclass(frozen=True, slots=True)
+class SearchSpace:
+    model: str
+    micro_batches: tuple[int, ...] = DEFAULT_MICRO_BATCHES
+    block_sizes: tuple[int, ...] = (DEFAULT_BLOCK_SIZE,)
+    precisions: tuple[str, ...] = DEFAULT_PRECISIONS
+    checkpointing: tuple[bool, ...] = DEFAULT_CHECKPOINTING
+    attentions: tuple[str, ...] = DEFAULT_ATTENTIONS
+    effective_batch: int | None = DEFAULT_EFFECTIVE_BATCH   # sequences per optimizer step
+    effective_tokens: int | None = None                     # tokens per optimizer step (several block sizes)
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not self.micro_batches or min(self.micro_batches) < 1:
+            problems.append("--micro-batches needs values of at least 1")
+        if not self.block_sizes or min(self.block_sizes) < 1:
+            problems.append("--block-sizes needs values of at least 1")
+        for value in self.precisions:
+            if value not in PRECISIONS:
+                problems.append(f"--precisions: {value!r} is unknown; choose from {', '.join(PRECISIONS)}")
+        for value in self.attentions:
+            if value not in ATTENTIONS:
+                problems.append(f"--attention: {value!r} is unknown; choose from {', '.join(ATTENTIONS)}")
+        if (self.effective_batch is None) == (self.effective_tokens is None):
+            problems.append("give exactly one of --effective-batch and --effective-tokens")
+        if len(self.block_sizes) > 1 and self.effective_tokens is None:
+            problems.append("several --block-sizes need --effective-tokens, so that every candidate does the same work per optimizer step")
+        if problems:
+            raise BadInput("; ".join(problems) + ".")
+
+    @classmethod
+    def build(cls, spec: ModelSpec, *, micro_batches=None, block_sizes=None, precisions=None, checkpointing=None,
+              attentions=None, effective_batch=None, effective_tokens=None) -> "SearchSpace":
+        """A space for `spec` with documented defaults for whatever is not given, checked against
+        the model (block sizes within its maximum positions)."""
+        max_positions = spec.max_positions
+        if block_sizes is None:
+            block_sizes = (min(DEFAULT_BLOCK_SIZE, max_positions or DEFAULT_BLOCK_SIZE),)
+        too_long = [b for b in block_sizes if max_positions is not None and b > max_positions]
+        if too_long:
+            raise BadInput(f"--block-sizes {','.join(map(str, too_long))} exceed {spec.reference}'s maximum of "
+                           f"{max_positions} positions; use at most {max_positions}.")
+        if effective_batch is None and effective_tokens is None:
+            if len(block_sizes) > 1:
+                effective_tokens = DEFAULT_EFFECTIVE_BATCH * max(block_sizes)
+            else:
+                effective_batch = DEFAULT_EFFECTIVE_BATCH
+        micro_batches = tuple(micro_batches) if micro_batches is not None else DEFAULT_MICRO_BATCHES
+        if effective_batch is not None and micro_batches == DEFAULT_MICRO_BATCHES:
+            micro_batches = tuple(m for m in micro_batches if m <= effective_batch) or (effective_batch,)
+        return cls(
+            model=spec.reference,
+            micro_batches=tuple(sorted(set(micro_batches))),
+            block_sizes=tuple(sorted(set(block_sizes))),
+            precisions=tuple(precisions or DEFAULT_PRECISIONS),
+            checkpointing=tuple(checkpointing if checkpointing is not None else DEFAULT_CHECKPOINTING),
+            attentions=tuple(attentions or DEFAULT_ATTENTIONS),
+            effective_batch=effective_batch,
+            effective_tokens=effective_tokens,
+        )
+
+    def grad_accum(self, micro_batch: int, block_size: int) -> int | None:
+        """Accumulation that keeps the work per optimizer step fixed; None when it cannot."""
+        if self.effective_tokens is not None:
+            per_micro = micro_batch * block_size
+            return self.effective_tokens // per_micro if self.effective_tokens % per_micro == 0 else None
+        assert self.effective_batch is not None
+        return self.effective_batch // micro_batch if self.effective_batch % micro_batch == 0 else None
+
+    def candidates(self) -> list[ProbeConfig]:
+        """Every configuration of the space that keeps the effective batch exact."""
+        out = []
+        for precision in self.precisions:
+            for checkpointing in self.checkpointing:
+                for attention in self.attentions:
+                    for block in self.block_sizes:
+                        for micro in self.micro_batches:
+                            accum = self.grad_accum(micro, block)
+                            if accum is None:
+                                continue
+                            out.append(ProbeConfig(model=self.model, micro_batch=micro, block_size=block, grad_accum=accum,
+                                                   precision=precision, checkpointing=checkpointing, attention=attention))
+        if not out:
+            work = f"{self.effective_batch} sequences" if self.effective_batch else f"{self.effective_tokens} tokens"
+            raise BadInput(f"no micro-batch in --micro-batches divides the effective batch ({work}) exactly; "
+                           f"use micro-batches that divide it, or change --effective-batch/--effective-tokens.")
+        return out
+
+    def dropped_micro_batches(self) -> list[int]:
+        """Micro-batches the user asked for that no block size can use with an exact accumulation."""
+        return [m for m in self.micro_batches if all(self.grad_accum(m, b) is None for b in self.block_sizes)]
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model, "micro_batches": list(self.micro_batches), "block_sizes": list(self.block_sizes),
+            "precisions": list(self.precisions), "checkpointing": list(self.checkpointing),
+            "attentions": list(self.attentions), "effective_batch": self.effective_batch,
+            "effective_tokens": self.effective_tokens,
+        }
+
+    @property
+    def work_per_step(self) -> int:
+        """What the store records as the study's effective batch: sequences, or tokens when several block sizes."""
+        return self.effective_batch if self.effective_batch is not None else int(self.effective_tokens or 0)
+
+
+def group_key(config: ProbeConfig) -> tuple:
+    """Configurations that differ only in micro-batch: memory grows with it inside a group."""
+    return (config.precision, config.checkpointing, config.attention, config.block_size)
+
+
+def dominates_in_memory(small: ProbeConfig, large: ProbeConfig) -> bool:
+    """True when `large` needs at least the memory of `small`: same precision, checkpointing and
+    attention, and a micro-batch and block size each at least as large."""
+    return (small.precision, small.checkpointing, small.attention) == (large.precision, large.checkpointing, large.attention) \
+        and large.micro_batch >= small.micro_batch and large.block_size >= small.block_size
