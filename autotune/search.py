@@ -187,8 +187,8 @@ class FrontierStrategy:
         hi = min(tops) if tops else len(group)              # smallest index known not to fit
         between = [i for i in range(lo + 1, hi) if status[i] is None]
         if between:
-            # Upper middle: the best is usually the largest that fits, and an OOM costs little.
-            return group[between[len(between) // 2]], None
+            # Binary search; an OOM in the middle rules out everything above it unprobed.
+            return group[between[(len(between) - 1) // 2]], None
         if not fits:
             # Nothing fits, or what lies between failed for other reasons: nothing to learn here.
             return None

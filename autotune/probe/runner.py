@@ -97,11 +97,12 @@ class ProbeRunner:
         """The worker's next reply; None if it died; raises TimeoutError past `timeout`."""
         assert self._conn is not None
         try:
-            if not self._conn.poll(timeout):
-                raise TimeoutError
-            return self._conn.recv()
-        except (EOFError, ConnectionResetError, OSError):
+            ready = self._conn.poll(timeout)
+            if ready:
+                return self._conn.recv()
+        except (EOFError, ConnectionResetError, BrokenPipeError):
             return None
+        raise TimeoutError  # (outside the try: TimeoutError is an OSError)
 
     def close(self) -> None:
         """Stop the worker (politely, then by force)."""

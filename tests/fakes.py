@@ -1,0 +1,52 @@
+"""A scripted probe runner: search and store tests run in milliseconds without torch.
+
+Memory and speed follow a simple, monotone model of a transformer (memory grows with micro-batch
+and block size, less with checkpointing and half precision; throughput grows with micro-batch and
+saturates), or replay recorded results.
+"""
+
+from __future__ import annotations
+
+from autotune.config import ProbeConfig
+from autotune.environment import Environment
+from autotune.result import ProbeResult
+
+MiB = 2**20
+FAKE_ENV = Environment(device_type="cuda", device_name="Fake GPU 16GB", device_total_bytes=16 * 2**30,
+                       cuda_version="13.0", torch_version="2.13.0", transformers_version="5.23.0")
+
+
+def modelled_result(config: ProbeConfig, budget_bytes: int, margin_bytes: int) -> ProbeResult:
+    half = config.precision in ("fp16", "bf16")
+    per_token = (0.35 if config.checkpointing else 1.0) * (0.6 if half else 1.0) * (1.3 if config.attention == "eager" else 1.0)
+    peak = 500 * MiB + int(per_token * config.micro_batch * config.block_size * 64 * 1024)
+    if peak + margin_bytes > budget_bytes:
+        return ProbeResult(status="oom", peak_reserved_bytes=budget_bytes - margin_bytes, budget_bytes=budget_bytes,
+                           margin_bytes=margin_bytes, error="torch.OutOfMemoryError: CUDA out of memory (fake)", wall_seconds=1.0)
+    speed = 10_000 * (config.micro_batch / (config.micro_batch + 4)) * (2.0 if half else 1.0)
+    speed *= (0.75 if config.checkpointing else 1.0) * (0.85 if config.attention == "eager" else 1.0)
+    step = config.tokens_per_step / speed
+    return ProbeResult(status="ok", device=FAKE_ENV.device_name, peak_allocated_bytes=peak - 10 * MiB, peak_reserved_bytes=peak,
+                       context_bytes=0, budget_bytes=budget_bytes, margin_bytes=margin_bytes, step_seconds=step,
+                       tokens_per_s=speed, samples_per_s=config.effective_batch / step, wall_seconds=2.0)
+
+
+class ScriptedRunner:
+    """Answers probes from `table` (config key -> ProbeResult) or from the model above; records
+    every config it was asked to run."""
+
+    def __init__(self, table: dict[str, ProbeResult] | None = None, env: Environment = FAKE_ENV, margin_fraction: float = 0.05):
+        self.table, self.env, self.margin_fraction = table, env, margin_fraction
+        self.asked: list[ProbeConfig] = []
+
+    def environment(self) -> Environment:
+        return self.env
+
+    def run(self, config: ProbeConfig, budget_bytes: int, spec=None) -> ProbeResult:
+        self.asked.append(config)
+        if self.table is not None:
+            return ProbeResult.from_dict(self.table[config.key()].to_dict())
+        return modelled_result(config, budget_bytes, int(self.margin_fraction * budget_bytes))
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,132 @@
+"""The search driver with a scripted runner: strategies, skipping, resume, the stored study."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.errors import BadInput
+from autotune.models import resolve_model
+from autotune.search import SearchOptions, run_search
+from autotune.space import SearchSpace
+from autotune.store import open_store
+from tests.fakes import FAKE_ENV, ScriptedRunner
+
+GiB = 2**30
+BUDGET = 1 * GiB
+MARGIN = int(0.05 * BUDGET)
+
+
+@pytest.fixture
+def store():
+    with open_store() as s:
+        yield s
+
+
+def gpt2_space(**overrides) -> SearchSpace:
+    return SearchSpace.build(resolve_model("gpt2"), **{"micro_batches": (1, 2, 4, 8, 16, 32), "block_sizes": (512,), **overrides})
+
+
+def search(store, runner, space, **options):
+    return run_search(space, resolve_model("gpt2"), BUDGET, MARGIN, runner, store, SearchOptions(**options))
+
+
+def test_frontier_finds_the_exhaustive_best_with_fewer_probes(store):
+    space = gpt2_space()
+    grid = search(store, ScriptedRunner(), space, study="grid", strategy="grid-full")
+    frontier_runner = ScriptedRunner()
+    frontier = search(store, frontier_runner, space, study="frontier", fresh=True)
+    assert grid.probed == len(space.candidates()) == 72
+    assert frontier.best.config == grid.best.config
+    assert frontier.best.tokens_per_s == pytest.approx(grid.best.tokens_per_s)
+    assert frontier.probed <= grid.probed / 2
+    assert frontier.stop_reason == "exhausted" and frontier.study.status == "finished"
+
+
+def test_skipped_configs_are_stored_with_reasons_and_never_run(store):
+    runner = ScriptedRunner()
+    outcome = search(store, runner, gpt2_space(), study="s")
+    asked = {c.key() for c in runner.asked}
+    probes = store.probes("s")
+    skipped = [p for p in probes if p.result.status == "skipped"]
+    assert outcome.skipped == len(skipped) > 0
+    assert all(p.config_key not in asked for p in skipped)
+    assert all(p.result.error for p in skipped)
+    assert any("ran out of memory" in p.result.error for p in skipped)
+    assert any("without checkpointing" in p.result.error for p in skipped)
+    # Every candidate is settled exactly once.
+    assert len(probes) == len({p.config_key for p in probes}) == len(gpt2_space().candidates())
+
+
+def test_oom_is_a_completed_infeasible_optuna_trial(store):
+    import optuna
+
+    search(store, ScriptedRunner(), gpt2_space(), study="s")
+    study = optuna.load_study(study_name="autotune:s", storage=store.engine.url.render_as_string(hide_password=False))
+    oom_numbers = {p.trial_number for p in store.probes("s") if p.result.status == "oom"}
+    trials = {t.number: t for t in study.trials}
+    assert oom_numbers and all(trials[n].state == optuna.trial.TrialState.COMPLETE for n in oom_numbers)
+    assert all(trials[n].constraints == {"memory": 1.0} for n in oom_numbers)
+
+
+def test_interrupted_search_resumes_without_rerunning_anything(store):
+    first = ScriptedRunner()
+    partial = search(store, first, gpt2_space(), study="r", max_trials=3)
+    assert partial.stop_reason == "max-trials" and partial.study.status == "interrupted"
+    assert partial.probed == 3
+    second = ScriptedRunner()
+    done = search(store, second, gpt2_space(), study="r")
+    assert done.stop_reason == "exhausted"
+    assert not {c.key() for c in first.asked} & {c.key() for c in second.asked}
+    reference = search(store, ScriptedRunner(), gpt2_space(), study="ref", fresh=True)
+    assert done.best.config == reference.best.config
+
+
+def test_finished_search_answers_from_the_database(store):
+    search(store, ScriptedRunner(), gpt2_space(), study="f")
+    again = ScriptedRunner()
+    outcome = search(store, again, gpt2_space(), study="f")
+    assert outcome.answered_from_database and again.asked == []
+    assert outcome.best is not None
+
+
+def test_stored_results_are_reused_across_studies(store):
+    search(store, ScriptedRunner(), gpt2_space(), study="a")
+    runner = ScriptedRunner()
+    outcome = search(store, runner, gpt2_space(), study="b")
+    assert outcome.probed == 0 and outcome.reused > 0
+    assert runner.asked == []
+
+
+def test_tpe_strategy_also_reaches_the_best(store):
+    space = gpt2_space(precisions=("fp32", "bf16"), attentions=("sdpa",))
+    grid = search(store, ScriptedRunner(), space, study="g", strategy="grid-full")
+    tpe = search(store, ScriptedRunner(), space, study="t", strategy="tpe", fresh=True, patience=30)
+    assert tpe.best.config == grid.best.config
+
+
+def test_nothing_fits(store):
+    outcome = run_search(gpt2_space(), resolve_model("gpt2"), 520 * 2**20, 26 * 2**20, ScriptedRunner(), store,
+                         SearchOptions(study="tiny-budget"))
+    assert outcome.best is None and outcome.leaderboard == []
+    assert outcome.probed <= 2 * 12  # binary search: two OOMs settle each of the 12 groups
+
+
+def test_study_on_another_device_is_refused_before_writing(store):
+    search(store, ScriptedRunner(), gpt2_space(), study="d", max_trials=1)
+    other = ScriptedRunner(env=FAKE_ENV.__class__(**{**FAKE_ENV.to_dict(), "device_name": "Other GPU"}))
+    before = len(store.probes("d"))
+    with pytest.raises(BadInput, match="new --study"):
+        search(store, other, gpt2_space(), study="d")
+    assert len(store.probes("d")) == before and other.asked == []
+
+
+def test_several_block_sizes_need_effective_tokens():
+    with pytest.raises(BadInput, match="effective-tokens"):
+        SearchSpace.build(resolve_model("gpt2"), block_sizes=(256, 512), effective_batch=32)
+    space = SearchSpace.build(resolve_model("gpt2"), block_sizes=(256, 512))
+    assert {c.tokens_per_step for c in space.candidates()} == {32 * 512}
+
+
+def test_block_size_above_model_maximum_is_bad_input():
+    with pytest.raises(BadInput, match="maximum of 1024"):
+        SearchSpace.build(resolve_model("gpt2"), block_sizes=(2048,))
