@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
@@ -72,10 +73,16 @@ class ProbeConfig:
 
     def key(self) -> str:
         """Stable identity: version prefix plus a hash of the canonical JSON of every field."""
-        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
-        return f"{KEY_VERSION}-{hashlib.sha256(canonical.encode()).hexdigest()[:20]}"
+        return _config_key(self)
 
     def label(self) -> str:
         """Short human text, e.g. 'mb4x2 blk512 bf16 ckpt sdpa'."""
         ckpt = "ckpt" if self.checkpointing else "no-ckpt"
         return f"mb{self.micro_batch}x{self.grad_accum} blk{self.block_size} {self.precision} {ckpt} {self.attention}"
+
+
+@functools.lru_cache(maxsize=4096)
+def _config_key(config: ProbeConfig) -> str:
+    # Cached: the search asks for keys of the same few hundred configs many thousands of times.
+    canonical = json.dumps(config.to_dict(), sort_keys=True, separators=(",", ":"))
+    return f"{KEY_VERSION}-{hashlib.sha256(canonical.encode()).hexdigest()[:20]}"
