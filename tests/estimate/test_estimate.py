@@ -1,0 +1,217 @@
+"""estimate_memory through its real child process, against the CPU probe, and `autotune estimate`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from autotune.config import ProbeConfig
+from autotune.errors import BadInput, ModelNotFound
+from autotune.estimate import (
+    CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, EstimateError, MemoryEstimate, estimate_memories, estimate_memory,
+)
+from tests.conftest import TINY_GPT2, write_model_dir
+
+MiB, GiB = 2**20, 2**30
+# The CPU prediction traces the probe's own code; it has matched the CPU probe to the byte on every
+# configuration tried. The tolerance leaves room for the probe and the trace to drift apart a little.
+CPU_TOLERANCE = 0.02
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> str:
+    """A tiny GPT-2 (2 layers, 128 wide, vocabulary 1000) as a local directory with config.json."""
+    return str(write_model_dir(tmp_path_factory.mktemp("estimate") / "tiny-gpt2", n_embd=128, n_head=4,
+                               vocab_size=1000, n_positions=512, n_ctx=512))
+
+
+def cfg(model: str, **levers) -> ProbeConfig:
+    return ProbeConfig(model=model, **{"micro_batch": 4, "block_size": 128, **levers})
+
+
+CPU_CASES = [
+    {},
+    {"checkpointing": True},
+    {"precision": "bf16"},
+    {"precision": "fp16", "grad_accum": 3},
+    {"micro_batch": 8, "attention": "eager"},
+]
+
+
+@pytest.mark.slow
+def test_cpu_prediction_matches_the_cpu_probe(model_dir):
+    from autotune.probe import ProbeRunner, ProbeSettings
+
+    configs = [cfg(model_dir, **case) for case in CPU_CASES]
+    predicted = estimate_memories(configs, device_type="cpu", use_cache=False)
+    with ProbeRunner(ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1)) as runner:
+        measured = [runner.run(c, 4 * GiB) for c in configs]
+    for config, est, probe in zip(configs, predicted, measured):
+        assert probe.status == "ok", probe.error
+        assert est.peak_bytes == pytest.approx(probe.peak_allocated_bytes, rel=CPU_TOLERANCE), config.label()
+        assert est.reserved_bytes == pytest.approx(probe.peak_reserved_bytes, rel=CPU_TOLERANCE), config.label()
+        assert est.context_bytes == 0 and est.workspace == 0
+        assert sum(est.breakdown.values()) == est.peak_bytes
+
+
+@pytest.fixture(scope="module")
+def cuda_estimates(model_dir) -> dict:
+    """One child process traces every CUDA configuration the tests below compare."""
+    levers = {
+        "base": {}, "ckpt": {"checkpointing": True}, "bf16": {"precision": "bf16"},
+        "mb1": {"micro_batch": 1}, "mb2": {"micro_batch": 2}, "mb8": {"micro_batch": 8},
+    }
+    estimates = estimate_memories([cfg(model_dir, **v) for v in levers.values()], use_cache=False)
+    return dict(zip(levers, estimates))
+
+
+def test_checkpointing_predicts_less(cuda_estimates):
+    base, ckpt = cuda_estimates["base"], cuda_estimates["ckpt"]
+    assert ckpt.peak_bytes < base.peak_bytes
+    assert ckpt.activations < 0.7 * base.activations
+
+
+def test_peak_grows_about_linearly_with_micro_batch(cuda_estimates):
+    peaks = {mb: cuda_estimates[f"mb{mb}" if mb != 4 else "base"].peak_bytes for mb in (1, 2, 4, 8)}
+    per_sequence = [(peaks[b] - peaks[a]) / (b - a) for a, b in ((1, 2), (2, 4), (4, 8))]
+    assert all(step > 0 for step in per_sequence)
+    assert max(per_sequence) < 1.25 * min(per_sequence)  # activations are what grows, about linearly
+    fixed = cuda_estimates["base"]
+    assert fixed.params == cuda_estimates["mb8"].params and fixed.optimizer == pytest.approx(cuda_estimates["mb8"].optimizer, rel=0.05)
+
+
+def test_bf16_activations_below_fp32(cuda_estimates):
+    assert cuda_estimates["bf16"].activations < cuda_estimates["base"].activations
+
+
+def test_cuda_prediction_adds_allocator_workspace_and_context(cuda_estimates):
+    e = cuda_estimates["base"]
+    assert e.device_type == "cuda" and e.workspace == CUBLAS_WORKSPACE_BYTES and e.context_bytes == CUDA_CONTEXT_BYTES
+    assert e.reserved_bytes >= e.peak_bytes
+    assert e.reserved_bytes % (2 * MiB) == 0  # whole segments
+    assert sum(e.breakdown.values()) == e.peak_bytes
+    assert e.peak_phase in ("forward", "backward", "optimizer step")
+
+
+def test_repeats_come_from_the_cache(model_dir, hermetic_home):
+    cache = hermetic_home / "cache" / "estimates.json"
+    cache.parent.mkdir()
+    cache.write_text("{not json")  # a damaged cache file is simply replaced
+    config = cfg(model_dir, micro_batch=2)
+    first = estimate_memory(config, device_type="cpu")
+    started = time.perf_counter()
+    again = estimate_memory(config, device_type="cpu")
+    assert time.perf_counter() - started < 1.0
+    assert again.cached and not first.cached
+    assert again.breakdown == first.breakdown and again.reserved_bytes == first.reserved_bytes
+    assert json.loads(cache.read_text())["version"] == 1
+
+
+def test_bad_input_is_refused_before_any_process_starts(model_dir, monkeypatch):
+    def no_child(*args, **kwargs):
+        raise AssertionError("a child process was started")
+
+    monkeypatch.setattr(subprocess, "run", no_child)
+    with pytest.raises(BadInput, match="maximum of 512"):
+        estimate_memory(cfg(model_dir, block_size=1024))
+    with pytest.raises(BadInput, match="--device-type"):
+        estimate_memory(cfg(model_dir), device_type="tpu")
+    with pytest.raises(BadInput, match="no CPU kernel"):
+        estimate_memory(cfg(model_dir, attention="flash_attention_2", precision="bf16"), device_type="cpu")
+    with pytest.raises(ModelNotFound):
+        estimate_memory(cfg("/no/such/model/dir"))
+    with pytest.raises(BadInput, match="--micro-batch"):
+        cfg(model_dir, micro_batch=0)
+
+
+def test_a_failing_trace_is_a_clear_error(tmp_path):
+    broken = write_model_dir(tmp_path / "broken", model_type="no-such-architecture")
+    with pytest.raises(EstimateError, match="could not trace .*no-such-architecture"):
+        estimate_memory(cfg(str(broken)), use_cache=False)
+
+
+def test_a_slow_trace_times_out(model_dir):
+    with pytest.raises(EstimateError, match="longer than"):
+        estimate_memory(cfg(model_dir), timeout=0.5, use_cache=False)
+
+
+def test_fits_headroom_and_to_dict():
+    e = MemoryEstimate(config=cfg("gpt2"), device_type="cuda", params=100, grads=0, optimizer=200, activations=600,
+                       temporaries=50, workspace=50, peak_bytes=1000, reserved_bytes=1200, context_bytes=300, seconds=0.1)
+    assert e.required_bytes == 1500
+    assert e.fits(1600, 100) and not e.fits(1600, 101)
+    assert e.headroom(2000, 100) == 400 and e.headroom(1000) == -500
+    assert e.exceeds(1000, by_more_than=200) and not e.exceeds(1000, by_more_than=300)  # allocated + context = 1300
+    data = e.to_dict(budget_bytes=1400)
+    assert data["peak_bytes"] == 1000 and data["fits"] is False and data["headroom_bytes"] == -100
+    assert set(data["breakdown"]) >= {"params", "grads", "optimizer", "activations", "temporaries"}
+    json.dumps(data)
+
+
+def test_importing_the_estimator_does_not_import_torch():
+    code = "import sys, autotune.estimate, autotune.cli; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr
+
+
+# -- the command line -------------------------------------------------------------------------
+
+def autotune(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_estimate_json_then_table(model_dir):
+    args = ["estimate", "--model", model_dir, "--micro-batch", "2", "--block-size", "64", "--gpu-budget", "600MiB"]
+    proc = autotune(*args, "--json")
+    assert proc.returncode == 1, proc.stderr  # 500 MiB of assumed CUDA context + the margin leave too little
+    data = json.loads(proc.stdout)
+    assert set(data) >= {"peak_bytes", "breakdown", "reserved_bytes", "context_bytes", "fits", "headroom_bytes"}
+    assert set(data["breakdown"]) >= {"params", "grads", "optimizer", "activations", "temporaries"}
+    assert all(isinstance(v, int) and v >= 0 for v in data["breakdown"].values())
+    assert data["peak_bytes"] == sum(data["breakdown"].values())
+    assert data["fits"] is False and data["context_bytes"] == CUDA_CONTEXT_BYTES
+
+    proc = autotune(*args)  # the same estimate again, from the cache, as a table
+    assert proc.returncode == 1, proc.stderr
+    for label in ("parameters", "gradients", "optimizer state", "activations", "temporaries", "peak allocated",
+                  "peak reserved", "CUDA context", "does NOT fit", "from the cache"):
+        assert label in proc.stdout
+
+
+@pytest.mark.parametrize("change, needle", [
+    ({"--gpu-budget": "8XB"}, "unknown unit"),
+    ({"--block-size": "2048"}, "maximum of 1024"),
+    ({"--model": "nobody/no-such-model"}, "cannot resolve"),
+    ({"--micro-batch": "0"}, "--micro-batch"),
+    ({"--device-type": "tpu"}, "--device-type"),
+    ({"--precision": "fp8"}, "--precision"),
+])
+def test_estimate_bad_input_is_one_line_and_exit_2(change, needle):
+    args = ["estimate", "--model", "gpt2", "--micro-batch", "1", "--block-size", "128", "--gpu-budget", "8GiB"]
+    for flag, value in change.items():
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    proc = autotune(*args)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_gpt2_estimate_is_quick(hermetic_home):
+    started = time.perf_counter()
+    e = estimate_memory(ProbeConfig(model="gpt2", micro_batch=8, block_size=512))
+    cold = time.perf_counter() - started
+    assert cold < 15, f"{cold:.1f} s"
+    assert 124e6 * 4 <= e.params <= 126e6 * 4
+    assert 6 * GiB < e.peak_bytes < 10 * GiB  # the issue's "near 8-9 GiB" for Trainer's defaults
+    started = time.perf_counter()
+    assert estimate_memory(ProbeConfig(model="gpt2", micro_batch=8, block_size=512)).cached
+    assert time.perf_counter() - started < 1.0

@@ -1,0 +1,116 @@
+"""The estimator's tracing, in this process: CUDA emulation, the autocast lists, and the ledger
+against torch's own MemTracker. (The API and CLI tests go through the child process.)"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from autotune.config import ProbeConfig  # noqa: E402
+from autotune.estimate import cuda as emulation  # noqa: E402
+from autotune.estimate.trace import Ledger, replay, trace  # noqa: E402
+from tests.conftest import TINY_GPT2  # noqa: E402
+
+
+def run_trace(device_type: str, **levers) -> dict:
+    config = ProbeConfig(model="tiny", **{"micro_batch": 2, "block_size": 128, **levers})
+    return trace({"config": config.to_dict(), "model_config": TINY_GPT2, "model_path": None, "device_type": device_type})
+
+
+def test_cuda_emulation_picks_cuda_kernels():
+    fp32 = run_trace("cuda", precision="fp32")
+    bf16 = run_trace("cuda", precision="bf16")
+    eager = run_trace("cuda", precision="fp32", attention="eager")
+    # 2 steps x 2 layers: SDPA's memory-efficient kernel in fp32, flash in bf16; dropout fused
+    # (per step: embeddings once, then the attention output and the MLP output of each layer)
+    assert fp32["kernels"] == {"mem_efficient": 4, "native_dropout": 2 * (1 + 2 * 2)}
+    assert bf16["kernels"]["flash"] == 4 and "mem_efficient" not in bf16["kernels"]
+    assert "flash" not in eager["kernels"] and "mem_efficient" not in eager["kernels"]
+    assert eager["kernels"]["native_dropout"] == 2 * (1 + 2 * 3)  # the attention weights' dropout too
+
+
+def test_cuda_trace_is_below_cpu_trace_where_attention_matters():
+    # No S x S attention matrix and 1-byte dropout masks on CUDA
+    cpu = run_trace("cpu", block_size=256)
+    gpu = run_trace("cuda", block_size=256)
+    assert gpu["breakdown"]["activations"] < 0.8 * cpu["breakdown"]["activations"]
+
+
+def test_cuda_autocast_lists_run_norms_and_softmax_in_fp32():
+    x = torch.randn(4, 8)
+    w = torch.randn(8, 8)
+    lib = emulation.install_cuda_autocast()
+    try:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = torch.nn.functional.linear(x, w)
+            assert h.dtype == torch.bfloat16                      # lower-precision list, as on CPU
+            assert torch.nn.functional.layer_norm(h, (8,)).dtype == torch.float32
+            assert torch.softmax(h, -1).dtype == torch.float32
+            assert torch.log_softmax(h, -1).dtype == torch.float32
+            assert torch.pow(h, 3.0).dtype == torch.float32
+            assert h.sum().dtype == torch.float32
+            assert torch.cat([h, h]).dtype == torch.bfloat16      # CPU-only list entry: passed through
+    finally:
+        lib._destroy()
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # CPU's own lists are back
+        assert torch.nn.functional.layer_norm(torch.nn.functional.linear(x, w), (8,)).dtype == torch.bfloat16
+
+
+def _header_list(text: str, macro: str) -> set[str]:
+    body = re.search(rf"#define {macro}\(_\)(.*?)(?:\n\n|\n#)", text, re.S).group(1)
+    names = set()
+    for name, overload in re.findall(r"_\((\w+)(?:,\s*(\w+))?\)", body):
+        names.add(f"{name}.{overload}" if overload else name)
+    return names
+
+
+def test_autocast_lists_match_the_installed_header():
+    header = Path(torch.__file__).parent / "include" / "ATen" / "autocast_mode.h"
+    if not header.exists():
+        pytest.skip("this torch ships no C++ headers")
+    text = header.read_text()
+    assert _header_list(text, "AT_FORALL_LOWER_PRECISION_FP") == set(emulation.LOWER_PRECISION_FP)
+    assert _header_list(text, "AT_FORALL_FP32") == set(emulation.FP32) - {"norm.Scalar", "norm.ScalarOpt_dim"}
+    assert _header_list(text, "AT_FORALL_FP32_SET_OPT_DTYPE") == set(emulation.FP32_SET_OPT_DTYPE)
+    assert _header_list(text, "AT_FORALL_PROMOTE") == set(emulation.PROMOTE)
+
+
+def test_ledger_peak_agrees_with_memtracker():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = dict(TINY_GPT2)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(fields.pop("model_type"), **fields, use_cache=False))
+        model.train()
+        optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+        ids = torch.randint(0, 1024, (4, 64))
+        ledger = Ledger()
+        for p in model.parameters():
+            ledger._track(p)
+            ledger.set_role(p, "params")
+        ledger.started = True
+        tracker = MemTracker()
+        tracker.track_external(model, optimizer)
+        reset = register_optimizer_step_post_hook(lambda *a: tracker.reset_mod_stats())
+        try:
+            with tracker, ledger, ledger.watching_optimizer():
+                for _ in range(2):
+                    model(input_ids=ids, labels=ids).loss.backward()
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+        finally:
+            reset.remove()
+    theirs = sum(snap["Total"] for snap in tracker.get_tracker_snapshot("peak").values())
+    ours = replay(ledger.events, cuda=False)
+    assert ours["peak_bytes"] == theirs
+    parts = ours["breakdown"]
+    assert sum(parts.values()) == ours["peak_bytes"]
+    assert parts["params"] == sum(p.numel() * 4 for p in model.parameters())
+    assert parts["optimizer"] >= 2 * parts["params"]  # two Adam moments (plus step counters)
