@@ -19,6 +19,7 @@ from autotune.store import LeaderboardRow, open_store
 @dataclass(frozen=True, slots=True)
 class BestConfig:
     row: LeaderboardRow
+    device_type: str = "cuda"   # where the study measured: a CPU study hands off to a CPU run
 
     @property
     def config(self):
@@ -41,6 +42,8 @@ class BestConfig:
         }
         if c.checkpointing:
             kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+        if self.device_type == "cpu":
+            kwargs["use_cpu"] = True
         return kwargs
 
     def model_kwargs(self) -> dict:
@@ -49,9 +52,19 @@ class BestConfig:
 
     def training_arguments(self, output_dir: str, **overrides):
         """A `transformers.TrainingArguments` with the winning levers (overrides win)."""
+        import dataclasses
+
         from transformers import TrainingArguments
 
-        return TrainingArguments(output_dir=output_dir, **{**self.trainer_kwargs(), **overrides})
+        kwargs = {**self.trainer_kwargs(), **overrides}
+        names = {f.name for f in dataclasses.fields(TrainingArguments)}
+        # transformers 5.2x renamed gradient_* to activation_* (the old names warn until v6); the
+        # printed hand-off keeps the names every transformers 5 accepts, this one uses the newest.
+        for old, new in (("gradient_checkpointing", "activation_checkpointing"),
+                         ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
+            if old in kwargs and new in names and new not in kwargs:
+                kwargs[new] = kwargs.pop(old)
+        return TrainingArguments(output_dir=output_dir, **kwargs)
 
     def trainer_args_document(self) -> dict:
         return {"training_arguments": self.trainer_kwargs(), "model_kwargs": self.model_kwargs(),
@@ -110,4 +123,5 @@ def best(study: str | None = None, db: str | None = None) -> BestConfig:
             name = study or store.latest_study_name()
             raise StudyNotFound(f"study {name!r} has no configuration that fits yet; run `autotune search` "
                                 f"(with a larger --gpu-budget if everything ran out of memory).")
-    return BestConfig(rows[0])
+        device_type = store.study(rows[0].study).environment.get("device_type") or "cuda"
+    return BestConfig(rows[0], device_type)

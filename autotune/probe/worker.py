@@ -241,6 +241,10 @@ def _record_memory(result: ProbeResult, device: torch.device, accountant: CpuMem
 
 def serve(conn) -> None:
     """Worker main loop: answer requests on `conn` until told to stop or a probe ends unclean."""
+    # The imports made ~10^6 long-lived objects; freezing them keeps each probe's full
+    # gc.collect() (needed to free the last model before the next) at milliseconds, not ~0.4 s.
+    gc.collect()
+    gc.freeze()
     conn.send({"ready": True, "startup_seconds": _IMPORT_SECONDS})
     while True:
         try:

@@ -1,0 +1,120 @@
+"""The search with real probes of a tiny GPT-2 on CPU: the pick against an exhaustive grid, the
+structure-based skips, Ctrl-C and resume through the real command line, and the hand-off."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from autotune.models import resolve_model
+from autotune.probe import ProbeRunner, ProbeSettings
+from autotune.search import SearchOptions, run_search
+from autotune.space import SearchSpace
+from autotune.store import open_store
+from tests.fakes import ScriptedRunner
+
+pytestmark = pytest.mark.slow
+MiB = 2**20
+# Against this budget the tiny model (n_embd 64, block 128, effective batch 16) fits up to
+# micro-batch 4 without checkpointing and 8 with it: some configs run out of memory.
+BUDGET = 24 * MiB
+MARGIN = int(0.05 * BUDGET)
+
+
+def tiny_space(model: str) -> SearchSpace:
+    return SearchSpace.build(resolve_model(model), micro_batches=(1, 2, 4, 8, 16), block_sizes=(128,),
+                             precisions=("fp32",), checkpointing=(False, True), attentions=("sdpa",), effective_batch=16)
+
+
+def test_search_pick_equals_the_exhaustive_grid_best(tiny_model):
+    spec = resolve_model(tiny_model)
+    space = tiny_space(tiny_model)
+    with open_store() as store, ProbeRunner(ProbeSettings(device="cpu")) as runner:
+        grid = run_search(space, spec, BUDGET, MARGIN, runner, store, SearchOptions(study="grid", strategy="grid-full"))
+        assert grid.probed == len(space.candidates()) == 10
+        statuses = {p.config.label(): p.result.status for p in store.probes("grid")}
+        assert "oom" in statuses.values() and "ok" in statuses.values(), statuses
+
+        # The frontier search, answered with the grid's own measurements: the same numbers, so
+        # the comparison is of the strategy alone, not of timing noise between two runs.
+        table = {p.config_key: p.result for p in store.probes("grid")}
+        replay = ScriptedRunner(table)
+        replay.env = runner.environment()
+        frontier = run_search(space, spec, BUDGET, MARGIN, replay, store, SearchOptions(study="frontier", fresh=True))
+    assert frontier.best.config == grid.best.config
+    assert frontier.probed < grid.probed
+    skipped = [p for p in frontier_probes(frontier.study.name) if p.result.status == "skipped"]
+    assert skipped and not {p.config_key for p in skipped} & {c.key() for c in replay.asked}
+
+
+def frontier_probes(study: str):
+    with open_store() as store:
+        return store.probes(study)
+
+
+def _search_cmd(model: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "autotune", "search", "--model", model, "--gpu-budget", "24MiB", "--device", "cpu",
+            "--micro-batches", "1,2,4,8,16", "--block-sizes", "128", "--effective-batch", "16", "--precisions", "fp32",
+            "--attention", "sdpa", "--measure-steps", "2", "--study", "ctrl-c", *extra]
+
+
+def test_ctrl_c_stops_after_the_probe_and_the_same_command_resumes(tiny_model):
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(_search_cmd(tiny_model), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    for line in proc.stdout:  # wait until the first probe has been stored
+        if line.startswith("["):
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    assert "run the same command to resume" in out
+    with open_store() as store:
+        first = store.probes("ctrl-c")
+        assert store.study("ctrl-c").status == "interrupted"
+    assert 1 <= len(first) < 10
+
+    done = subprocess.run(_search_cmd(tiny_model, "--json"), capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["status"] == "finished" and summary["best"] is not None
+    with open_store() as store:
+        probes = store.probes("ctrl-c")
+    keys = [p.config_key for p in probes]
+    assert len(keys) == len(set(keys))  # nothing settled twice
+    assert {p.config_key for p in first} <= set(keys)
+    assert summary["probed"] + summary["skipped"] + summary["reused"] == len(probes) - len(first)
+
+
+def test_best_trainer_args_build_real_training_arguments(tiny_model, tmp_path):
+    spec = resolve_model(tiny_model)
+    with open_store() as store, ProbeRunner(ProbeSettings(device="cpu", measure_steps=1)) as runner:
+        space = SearchSpace.build(spec, micro_batches=(2, 4), block_sizes=(64,), precisions=("bf16",),
+                                  checkpointing=(True,), attentions=("eager",), effective_batch=4)
+        run_search(space, spec, BUDGET, MARGIN, runner, store, SearchOptions(study="handoff"))
+    proc = subprocess.run([sys.executable, "-m", "autotune", "best", "--study", "handoff", "--format", "trainer-args"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    from transformers import TrainingArguments
+
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), **doc["training_arguments"])
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 4
+    assert args.bf16 and args.use_cpu  # the study ran on CPU, so the hand-off trains there
+    assert getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing
+    assert doc["model_kwargs"] == {"attn_implementation": "eager", "use_cache": False}
+    assert doc["block_size"] == 64
+
+    import autotune
+
+    best = autotune.best("handoff")
+    assert best.training_arguments(output_dir=str(tmp_path / "o2")).per_device_train_batch_size == best.config.micro_batch
+    assert best.device_type == "cpu"
+    flags = subprocess.run([sys.executable, "-m", "autotune", "best", "--study", "handoff", "--format", "cli"],
+                           capture_output=True, text=True, timeout=60).stdout
+    assert "--bf16" in flags and "--gradient_checkpointing" in flags and "--block_size 64" in flags
