@@ -7,9 +7,9 @@ only by the trace worker; it imports torch):
    1-byte bool mask for backward; on CPU it multiplies by a noise tensor of the input's dtype
    (4 bytes in fp32). In-place dropout takes the unfused path on CUDA too, so it is left alone.
 2. SDPA. On CUDA, `scaled_dot_product_attention` runs the flash kernel (fp16/bf16, no mask) or the
-   memory-efficient kernel (fp32, or with a mask), which keep only a B x H x S fp32 logsumexp for
-   backward; CPU runs the math kernel during training (dropout rules its flash kernel out), which
-   keeps the S x S attention matrix. Both CUDA kernels are called through their own aten ops, so
+   memory-efficient kernel (fp32, or with a mask; no grouped query heads), which keep only a
+   B x H x S fp32 logsumexp for backward, else the math kernel; CPU runs the math kernel during
+   training (dropout rules its flash kernel out), which keeps the S x S attention matrix. Both CUDA kernels are called through their own aten ops, so
    their meta kernels give the shapes and their autograd formulas the saved tensors.
 3. Autocast. CUDA autocast has its own op lists (`pow`, `layer_norm`, `softmax`, `log_softmax`,
    `nll_loss`, `sum` ... run in fp32); CPU autocast another. The CUDA lists are copied below from
@@ -216,14 +216,16 @@ class CudaKernels:
         if not grouped and head_dim % 8 == 0 and q.dim() == 4:
             if mask is not None and mask.dtype == torch.bool:
                 # what SDPA's convert_boolean_attn_mask does before the kernel
-                mask = torch.zeros((), dtype=q.dtype).masked_fill(mask.logical_not(), float("-inf"))
+                mask = torch.zeros_like(mask, dtype=q.dtype).masked_fill_(mask.logical_not(), float("-inf"))
             if mask is not None:
                 mask = mask.expand(q.size(0), q.size(1), q.size(2), k.size(2))
             self._count("mem_efficient")
             need_lse = q.requires_grad or k.requires_grad or v.requires_grad
             return torch.ops.aten._scaled_dot_product_efficient_attention(
                 q, k, v, mask, need_lse, dropout_p, is_causal, scale=scale)[0]
-        # grouped heads in fp32, odd head sizes: CUDA falls back to the math kernel too
+        # Grouped query heads outside flash (the memory-efficient kernel has no GQA), odd head
+        # sizes: CUDA runs the math kernel. Called by name, because CPU's SDPA could pick its own
+        # flash kernel here. (Its dropout, if any, keeps CPU's mask dtype: a small overestimate.)
         self._count("math")
-        return self._orig_sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
-                               scale=scale, enable_gqa=enable_gqa)
+        return torch.ops.aten._scaled_dot_product_attention_math(
+            q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)[0]

@@ -114,3 +114,17 @@ def test_ledger_peak_agrees_with_memtracker():
     assert sum(parts.values()) == ours["peak_bytes"]
     assert parts["params"] == sum(p.numel() * 4 for p in model.parameters())
     assert parts["optimizer"] >= 2 * parts["params"]  # two Adam moments (plus step counters)
+
+
+@pytest.mark.parametrize("arch, precision, kernel", [
+    ({"model_type": "llama", "num_key_value_heads": 2}, "bf16", "flash"),           # flash has grouped heads
+    ({"model_type": "llama", "num_key_value_heads": 2}, "fp32", "math"),            # memory-efficient has not
+    ({"model_type": "mistral", "num_key_value_heads": 4, "sliding_window": 32}, "bf16", "mem_efficient"),  # a mask
+])
+def test_other_architectures_get_the_kernel_cuda_would_pick(arch, precision, kernel):
+    model_config = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
+                    "vocab_size": 256, "max_position_embeddings": 256, **arch}
+    config = ProbeConfig(model="tiny", micro_batch=2, block_size=64, precision=precision, checkpointing=True)
+    result = trace({"config": config.to_dict(), "model_config": model_config, "model_path": None, "device_type": "cuda"})
+    assert set(result["kernels"]) - {"native_dropout"} == {kernel}
+    assert result["peak_bytes"] == sum(result["breakdown"].values()) > 0

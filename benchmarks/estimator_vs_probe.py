@@ -1,0 +1,108 @@
+"""Estimator vs probe: predicted peak memory against what real probes measure, per configuration.
+
+Predicts each configuration with `estimate_memories` (device type from --device) and probes it
+for real with the probe runner, then prints the prediction error of the peak allocated, the peak
+reserved and the total the card needs (reserved + context). Meant for a GPU machine, where it
+checks the CUDA emulation, the allocator model and the assumed constants (CUDA context, cuBLAS
+workspaces); on CPU it checks the trace against the CPU accountant.
+
+    python -m benchmarks.estimator_vs_probe --device cuda            # gpt2, mb 1,4,8, blk 512, fp32/bf16, ckpt off/on
+    python -m benchmarks.estimator_vs_probe --device cpu --model DIR --micro-batches 1,2 --block-size 128
+    ... --json results.json                                          # also write every figure
+
+The budget is the whole device (uncapped probes, margin 0), so that the allocator's reserved
+memory is not shrunk by a cap the estimate does not model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from autotune.config import ProbeConfig
+from autotune.estimate import estimate_memories
+from autotune.probe import ProbeRunner, ProbeSettings
+from autotune.units import format_size, parse_choice_list, parse_int_list
+
+MiB = 2**20
+
+
+def _err(predicted: int | None, measured: int | None) -> str:
+    if not predicted or not measured:
+        return "      -"
+    return f"{100 * (predicted - measured) / measured:+6.1f}%"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
+    parser.add_argument("--model", default="gpt2")
+    parser.add_argument("--micro-batches", default="1,4,8")
+    parser.add_argument("--block-size", type=int, default=512)
+    parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--checkpointing", default="off,on")
+    parser.add_argument("--attention", default="sdpa")
+    parser.add_argument("--json", dest="json_path", default=None, help="write all figures to this file")
+    args = parser.parse_args()
+
+    device_type = "cpu" if args.device == "cpu" else "cuda"
+    configs = [
+        ProbeConfig(model=args.model, micro_batch=mb, block_size=args.block_size, precision=precision,
+                    checkpointing=ckpt == "on", attention=args.attention)
+        for precision in parse_choice_list(args.precisions, flag="--precisions", allowed=("fp32", "fp16", "bf16"))
+        for ckpt in parse_choice_list(args.checkpointing, flag="--checkpointing", allowed=("off", "on"))
+        for mb in parse_int_list(args.micro_batches, flag="--micro-batches")
+    ]
+
+    started = time.perf_counter()
+    estimates = estimate_memories(configs, device_type=device_type, use_cache=False)
+    estimate_seconds = time.perf_counter() - started
+
+    settings = ProbeSettings(device=args.device, warmup_steps=2, measure_steps=2, margin=0)
+    rows = []
+    with ProbeRunner(settings) as runner:
+        env = runner.environment()
+        # The whole device: probes run uncapped (on CPU, half the host's memory).
+        budget = env.device_total_bytes if device_type == "cuda" else (env.device_total_bytes or 2**36) // 2
+        for config, est in zip(configs, estimates):
+            probe = runner.run(config, budget)
+            rows.append((config, est, probe))
+
+    print(f"{env.device_name}; torch {env.torch_version}, transformers {env.transformers_version}; "
+          f"estimates for {device_type}: {estimate_seconds:.1f} s for {len(configs)} ({estimate_seconds / len(configs):.1f} s each)")
+    header = (f"{'config':34} {'status':>6} | {'alloc pred':>10} {'measured':>10} {'error':>7} | "
+              f"{'resv pred':>10} {'measured':>10} {'error':>7} | {'ctx pred':>9} {'measured':>9} | "
+              f"{'need pred':>10} {'measured':>10} {'error':>7}")
+    print(header)
+    print("-" * len(header))
+    alloc_errors, need_errors = [], []
+    for config, est, probe in rows:
+        need = probe.required_bytes
+        print(f"{config.label():34} {probe.status:>6} | "
+              f"{est.peak_bytes / MiB:10.0f} {(probe.peak_allocated_bytes or 0) / MiB:10.0f} {_err(est.peak_bytes, probe.peak_allocated_bytes)} | "
+              f"{est.reserved_bytes / MiB:10.0f} {(probe.peak_reserved_bytes or 0) / MiB:10.0f} {_err(est.reserved_bytes, probe.peak_reserved_bytes)} | "
+              f"{est.context_bytes / MiB:9.0f} {(probe.context_bytes or 0) / MiB:9.0f} | "
+              f"{est.required_bytes / MiB:10.0f} {(need or 0) / MiB:10.0f} {_err(est.required_bytes, need)}")
+        if probe.status == "ok" and probe.peak_allocated_bytes:
+            alloc_errors.append(abs(est.peak_bytes - probe.peak_allocated_bytes) / probe.peak_allocated_bytes)
+            if need:
+                need_errors.append(abs(est.required_bytes - need) / need)
+    if alloc_errors:
+        print(f"peak allocated: mean |error| {100 * sum(alloc_errors) / len(alloc_errors):.1f}%, "
+              f"max {100 * max(alloc_errors):.1f}% over {len(alloc_errors)} probes (MiB above)")
+    if need_errors:
+        print(f"needed on the card (reserved + context): mean |error| {100 * sum(need_errors) / len(need_errors):.1f}%, "
+              f"max {100 * max(need_errors):.1f}%")
+    if args.json_path:
+        with open(args.json_path, "w") as fh:
+            json.dump({"environment": env.to_dict(), "estimate_seconds": estimate_seconds,
+                       "rows": [{"config": c.to_dict(), "estimate": e.to_dict(), "probe": p.to_dict()} for c, e, p in rows]},
+                      fh, indent=2)
+        print(f"wrote {args.json_path}")
+    budget_text = format_size(budget)
+    print(f"(probed against a {budget_text} budget with no margin)")
+
+
+if __name__ == "__main__":
+    main()
