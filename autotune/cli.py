@@ -197,11 +197,15 @@ def db_upgrade(db):
 @click.option("--patience", type=int, default=None, help="Stop after this many probes without a better config.")
 @click.option("--study", default=None, help="Study name; the same name resumes [default: MODEL-BUDGET].")
 @click.option("--fresh", is_flag=True, help="Probe again even where a stored result could be reused.")
+@click.option("--predict/--no-predict", default=True, show_default=True,
+              help="Estimate every candidate's memory first (no GPU needed): skip hopeless ones, order the rest.")
+@click.option("--predict-margin", type=float, default=0.10, show_default=True,
+              help="Skip a config only if predicted over the budget by more than this share of it.")
 @probe_settings_options
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object (progress goes to stderr).")
 def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, block_sizes, precisions, checkpointing_,
-           attention, strategy, max_trials, timeout, patience, study, fresh, device, safety_margin, warmup_steps,
+           attention, strategy, max_trials, timeout, patience, study, fresh, predict, predict_margin, device, safety_margin, warmup_steps,
            measure_steps, probe_timeout, trust_remote_code, db, as_json):
     """Find the fastest configuration that fits the budget, by probing."""
     from autotune import report
@@ -225,6 +229,7 @@ def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, 
             raise click.BadParameter(f"must be at least 1 (got {value})", param_hint=flag)
     settings = make_settings(device, safety_margin, warmup_steps, measure_steps, probe_timeout, trust_remote_code)
     options = SearchOptions(study=study, strategy=strategy, max_trials=max_trials, patience=patience, fresh=fresh,
+                            predict=predict, predict_margin=predict_margin,
                             timeout=parse_duration(timeout) if timeout else None)
     out = sys.stderr if as_json else sys.stdout
     outcome = run(model, budget, settings=settings, options=options, db=db,
@@ -283,3 +288,53 @@ def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointin
     else:
         click.echo(render_estimate(result, budget, margin))
     sys.exit(0 if budget is None or result.fits(budget, margin) else 1)
+
+
+# -- train -------------------------------------------------------------------------------------
+@cli.command()
+@click.option("--study", default=None, help="A finished study whose winner to train with [default with --model: MODEL-BUDGET].")
+@click.option("--model", default=None, help="Model to train; with --gpu-budget and no finished study for them, a search runs first.")
+@click.option("--gpu-budget", default=None,
+              help="Memory to fit in (8GiB, 7.5GiB, 8192MiB, 8GB or bytes); with --study alone it overrides the study's budget.")
+@click.option("--dataset", required=True,
+              help="A local .txt, .json/.jsonl, .csv/.tsv or .parquet file (or directory), or a hub data set NAME[:CONFIG[:SPLIT]].")
+@click.option("--text-column", default=None, help="Column holding the text [default: 'text', or the only text column].")
+@click.option("--eval-split", default=None, help="Evaluation data: a split name, a file, or a share of the blocks held out (5%).")
+@click.option("--output-dir", default=None, help="Checkpoints, the model and autotune-run.json [default: ./autotune-runs/STUDY].")
+@click.option("--max-steps", type=int, default=None, help="Optimizer steps in all (a resumed run counts the earlier ones).")
+@click.option("--epochs", type=float, default=None, help="Passes over the data instead of --max-steps [default: 1].")
+@click.option("--device", default=None, help="auto, cpu, cuda or cuda:N [default: the device type the study measured on].")
+@click.option("--resume", is_flag=True, help="Go on from the latest checkpoint in --output-dir.")
+@click.option("--tokenizer", default=None, help="Tokenizer directory or hub id [default: the model's own].")
+@click.option("--learning-rate", type=float, default=5e-5, show_default=True, help="Peak learning rate (linear decay).")
+@click.option("--save-steps", type=int, default=500, show_default=True, help="Save a checkpoint every N optimizer steps.")
+@click.option("--random-init", is_flag=True, help="Start from random weights even where the model has trained ones.")
+@click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run.")
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print the run's summary as one JSON object (progress goes to stderr).")
+def train(study, model, gpu_budget, dataset, text_column, eval_split, output_dir, max_steps, epochs, device, resume,
+          tokenizer, learning_rate, save_steps, random_init, trust_remote_code, db, as_json):
+    """Train with a study's winning configuration under its budget; exit status 1 if it runs out of memory."""
+    from autotune import report
+    from autotune.train import TrainOptions, render_summary
+    from autotune.train import train as run
+    from autotune.units import parse_size
+
+    budget = parse_size(gpu_budget) if gpu_budget is not None else None
+    options = TrainOptions(dataset=dataset, output_dir=output_dir, max_steps=max_steps, epochs=epochs, device=device,
+                           text_column=text_column, eval_split=eval_split, resume=resume, tokenizer=tokenizer,
+                           learning_rate=learning_rate, save_steps=save_steps, random_init=random_init,
+                           trust_remote_code=trust_remote_code)
+    out = sys.stderr if as_json else sys.stdout
+    outcome = run(options, study=study, model=model, gpu_budget=budget, db=db,
+                  echo=lambda line: click.echo(line, file=out),
+                  on_search_start=lambda *a: click.echo(report.format_search_header(*a), file=out),
+                  on_search_event=lambda e: click.echo(report.format_event(e), file=out))
+    if as_json:
+        echo_json(outcome.summary)
+    else:
+        click.echo("")
+        click.echo(render_summary(outcome.summary))
+    if not outcome.finished:
+        click.echo(f"autotune: {outcome.message}", err=True)
+        sys.exit(1)

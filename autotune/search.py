@@ -35,6 +35,7 @@ from autotune.models import ModelSpec
 from autotune.result import ProbeResult
 from autotune.space import SearchSpace, dominates_in_memory, group_key
 from autotune.store import LeaderboardRow, Store, StudyRecord
+from autotune.units import format_size
 
 STRATEGIES = ("frontier", "tpe", "grid", "grid-full")
 # Statuses that say nothing about a config's memory need: the search may try it again on resume.
@@ -57,6 +58,8 @@ class SearchOptions:
     timeout: float | None = None       # seconds; no new probe starts after this
     patience: int | None = None        # stop after this many probes without a better config
     fresh: bool = False                # ignore stored results from other studies
+    predict: bool = True               # estimate memory first: skip hopeless configs, order the rest
+    predict_margin: float = 0.10       # skip only when predicted over the budget by more than this share
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -65,6 +68,8 @@ class SearchOptions:
             raise BadInput("--max-trials must be at least 1.")
         if self.patience is not None and self.patience < 1:
             raise BadInput("--patience must be at least 1.")
+        if not 0 <= self.predict_margin < 10:
+            raise BadInput("--predict-margin must be between 0 and 10 (a share of the budget, e.g. 0.1).")
 
 
 @dataclass(slots=True)
@@ -108,7 +113,9 @@ class Knowledge:
 
     candidates: list[ProbeConfig]
     outcomes: dict[str, ProbeResult] = field(default_factory=dict)   # by config key
-    skip_reasons: dict[str, str] = field(default_factory=dict)
+    predictions: dict[str, "Prediction"] = field(default_factory=dict)
+    allowed_bytes: int = 0          # budget less margin: what a config may need
+    skip_over_bytes: int = 0        # predicted need above which a config is not probed
 
     def resolved(self, config: ProbeConfig) -> bool:
         return config.key() in self.outcomes
@@ -135,7 +142,15 @@ class Knowledge:
                     and (other.precision, other.attention, other.block_size, other.micro_batch)
                     == (config.precision, config.attention, config.block_size, config.micro_batch)):
                 return f"{other.label()} fits without checkpointing, which only adds recomputation"
+        prediction = self.predictions.get(config.key())
+        if prediction is not None and prediction.floor_bytes > self.skip_over_bytes:
+            return (f"predicted to need at least {format_size(prediction.floor_bytes)}, over the "
+                    f"{format_size(self.allowed_bytes)} allowed by more than the prediction margin")
         return None
+
+    def predicted_to_fit(self, config: ProbeConfig) -> bool | None:
+        prediction = self.predictions.get(config.key())
+        return None if prediction is None else prediction.required_bytes <= self.allowed_bytes
 
     def unresolved(self) -> list[ProbeConfig]:
         return [c for c in self.candidates if not self.resolved(c)]
@@ -187,6 +202,10 @@ class FrontierStrategy:
         hi = min(tops) if tops else len(group)              # smallest index known not to fit
         between = [i for i in range(lo + 1, hi) if status[i] is None]
         if between:
+            predicted_fit = [i for i in between if k.predicted_to_fit(group[i])]
+            if predicted_fit and not fits:
+                # Start at the largest predicted to fit: usually the frontier itself.
+                return group[predicted_fit[-1]], None
             # Binary search; an OOM in the middle rules out everything above it unprobed.
             return group[between[(len(between) - 1) // 2]], None
         if not fits:
@@ -268,6 +287,41 @@ def _tell(optuna_study, trial, result: ProbeResult | None) -> None:
         optuna_study.tell(trial, 0.0)
 
 
+# -- predictions -------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    peak_bytes: int        # predicted peak allocated (stored beside the measurement)
+    floor_bytes: int       # peak allocated + context: a floor of what the config needs
+    required_bytes: int    # predicted peak reserved + context: what the probe's fit rule compares
+
+
+def predict(candidates: list[ProbeConfig], device_type: str) -> dict[str, Prediction]:
+    """Predicted memory of every candidate from two traces per group (smallest and largest
+    micro-batch), interpolated: inside a group the need is affine in the micro-batch (fixed
+    weights, gradients and optimizer state; activations per sequence)."""
+    from autotune.estimate import estimate_memories
+
+    groups: dict[tuple, list[ProbeConfig]] = {}
+    for config in candidates:
+        groups.setdefault(group_key(config), []).append(config)
+    ends = {}
+    for members in groups.values():
+        members.sort(key=lambda c: c.micro_batch)
+        ends[group_key(members[0])] = (members[0], members[-1])
+    to_trace = list(dict.fromkeys(c for pair in ends.values() for c in pair))
+    estimates = {e.config.key(): e for e in estimate_memories(to_trace, device_type=device_type)}
+    out: dict[str, Prediction] = {}
+    for key, (low, high) in ends.items():
+        a, b = estimates[low.key()], estimates[high.key()]
+        span = high.micro_batch - low.micro_batch
+        for config in groups[key]:
+            t = (config.micro_batch - low.micro_batch) / span if span else 0.0
+            peak = round(a.peak_bytes + t * (b.peak_bytes - a.peak_bytes))
+            reserved = round(a.reserved_bytes + t * (b.reserved_bytes - a.reserved_bytes))
+            out[config.key()] = Prediction(peak, peak + a.context_bytes, reserved + a.context_bytes)
+    return out
+
+
 # -- the driver --------------------------------------------------------------------------------
 @contextmanager
 def stop_on_first_interrupt() -> Iterator[threading.Event]:
@@ -343,6 +397,7 @@ def run_search(
     options: SearchOptions | None = None,
     on_event: Callable[[Event], None] | None = None,
     on_start: Callable[[StudyRecord, Environment, int, int], None] | None = None,
+    predictor: Callable[[list[ProbeConfig], str], dict[str, Prediction]] | None = None,
 ) -> SearchOutcome:
     """Search `space` for the fastest configuration of `spec` that fits `budget_bytes`.
 
@@ -365,13 +420,16 @@ def run_search(
     _check_resumable(store, name, environment)
     study = store.get_or_create_study(name, model=spec, environment=environment, budget_bytes=budget_bytes,
                                       margin_bytes=margin_bytes, effective_batch=space.work_per_step, space=space.to_dict())
-    knowledge = Knowledge(candidates)
+    knowledge = Knowledge(candidates, allowed_bytes=budget_bytes - margin_bytes,
+                          skip_over_bytes=int(budget_bytes * (1 + options.predict_margin)))
     keys = {c.key() for c in candidates}
     for record in store.probes(name):  # resume: everything this study already settled
         if record.config_key in keys and record.result.status not in RETRYABLE:
             knowledge.learn(record.config, record.result)
     if on_start is not None:
         on_start(study, environment, len(candidates), len(knowledge.outcomes))
+    if options.predict and options.strategy != "grid-full" and knowledge.unresolved():
+        knowledge.predictions = (predictor or predict)(knowledge.unresolved(), environment.device_type)
 
     optuna_study = _optuna_study(store.engine.url.render_as_string(hide_password=False), name)
     distributions = _distributions(space)
@@ -426,8 +484,10 @@ def run_search(
                     how = "probed"
                     outcome.probed += 1
                     outcome.probes_seconds += result.wall_seconds or 0.0
+            prediction = knowledge.predictions.get(config.key())
             store.record_probe(study.id, config, result, env_fingerprint=env_fp, trial_number=trial.number,
-                               cacheable=None if how != "skipped" else False)
+                               cacheable=None if how != "skipped" else False,
+                               predicted_peak_bytes=prediction.peak_bytes if prediction else None)
             _tell(optuna_study, trial, result)
             # Timeouts, crashes and errors are learnt too, so this run does not ask again; a
             # resumed search ignores them (RETRYABLE) and tries once more.

@@ -9,7 +9,8 @@ from autotune.models import resolve_model
 from autotune.search import SearchOptions, run_search
 from autotune.space import SearchSpace
 from autotune.store import open_store
-from tests.fakes import FAKE_ENV, ScriptedRunner
+from autotune.search import Prediction
+from tests.fakes import FAKE_ENV, ScriptedRunner, modelled_result
 
 GiB = 2**30
 BUDGET = 1 * GiB
@@ -26,8 +27,22 @@ def gpt2_space(**overrides) -> SearchSpace:
     return SearchSpace.build(resolve_model("gpt2"), **{"micro_batches": (1, 2, 4, 8, 16, 32), "block_sizes": (512,), **overrides})
 
 
-def search(store, runner, space, **options):
-    return run_search(space, resolve_model("gpt2"), BUDGET, MARGIN, runner, store, SearchOptions(**options))
+def search(store, runner, space, predictor=None, **options):
+    options.setdefault("predict", predictor is not None)
+    return run_search(space, resolve_model("gpt2"), BUDGET, MARGIN, runner, store, SearchOptions(**options),
+                      predictor=predictor)
+
+
+def modelled_predictor(error: float = 0.0):
+    """Predictions from the fake runner's own memory model, off by `error` (0.1 = 10% high)."""
+    def predict(candidates, device_type):
+        out = {}
+        for c in candidates:
+            peak = modelled_result(c, 10**15, 0).peak_reserved_bytes
+            need = int(peak * (1 + error))
+            out[c.key()] = Prediction(peak_bytes=need, floor_bytes=need, required_bytes=need)
+        return out
+    return predict
 
 
 def test_frontier_finds_the_exhaustive_best_with_fewer_probes(store):
@@ -106,7 +121,7 @@ def test_tpe_strategy_also_reaches_the_best(store):
 
 def test_nothing_fits(store):
     outcome = run_search(gpt2_space(), resolve_model("gpt2"), 520 * 2**20, 26 * 2**20, ScriptedRunner(), store,
-                         SearchOptions(study="tiny-budget"))
+                         SearchOptions(study="tiny-budget", predict=False))
     assert outcome.best is None and outcome.leaderboard == []
     assert outcome.probed <= 2 * 12  # binary search: two OOMs settle each of the 12 groups
 
@@ -130,3 +145,30 @@ def test_several_block_sizes_need_effective_tokens():
 def test_block_size_above_model_maximum_is_bad_input():
     with pytest.raises(BadInput, match="maximum of 1024"):
         SearchSpace.build(resolve_model("gpt2"), block_sizes=(2048,))
+
+
+def test_predictions_skip_hopeless_configs_and_cut_probes(store):
+    space = gpt2_space()
+    grid = search(store, ScriptedRunner(), space, study="grid", strategy="grid-full")
+    plain = search(store, ScriptedRunner(), space, study="plain", fresh=True)
+    runner = ScriptedRunner()
+    predicted = search(store, runner, space, predictor=modelled_predictor(), study="predicted", fresh=True)
+    assert predicted.best.config == grid.best.config
+    assert predicted.probed < plain.probed
+    probes = store.probes("predicted")
+    by_prediction = [p for p in probes if p.result.status == "skipped" and "predicted" in p.result.error]
+    assert by_prediction and not {p.config_key for p in by_prediction} & {c.key() for c in runner.asked}
+    assert all(p.predicted_peak_bytes for p in probes)  # stored beside each measurement
+
+
+@pytest.mark.parametrize("error", [-0.3, 0.3])
+def test_wrong_predictions_cost_probes_not_the_answer(store, error):
+    space = gpt2_space()
+    grid = search(store, ScriptedRunner(), space, study="grid", strategy="grid-full")
+    # 30% low: predicted fits that OOM are probed and found out. 30% high: beyond the 10% margin,
+    # so configs that fit are skipped; the answer may then differ, and the test says by how much.
+    outcome = search(store, ScriptedRunner(), space, predictor=modelled_predictor(error), study=f"wrong{error}", fresh=True)
+    if error < 0:
+        assert outcome.best.config == grid.best.config
+    else:
+        assert outcome.best.tokens_per_s >= 0.5 * grid.best.tokens_per_s
