@@ -5,8 +5,19 @@ BIN    := $(VENV)/bin
 # Machines without an NVIDIA driver (CI, the dev boxes) pin torch 2.13.0, which those machines
 # install from a local CPU wheel in seconds; with a driver, `make install` takes the normal torch
 # for the platform. Override with TORCH_SPEC=... (empty: let pip choose).
-TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 || echo torch==2.13.0)
-DEMO_ARGS ?= --model gpt2 --gpu-budget 8GiB
+HAVE_NVIDIA := $(shell command -v nvidia-smi >/dev/null 2>&1 && echo yes)
+TORCH_SPEC ?= $(if $(HAVE_NVIDIA),,torch==2.13.0)
+
+# The README's main command. With a GPU: the real question, gpt2 under 8 GiB. Without one, the
+# same search on CPU, sized to finish in a few minutes: shorter blocks, fp32, and a budget that
+# sits between configs (gpt2's weights, gradients and AdamW state alone take 1.85 GiB), so that
+# some probes run out of memory against it for real.
+GPU_DEMO_ARGS := --model gpt2 --gpu-budget 8GiB
+CPU_DEMO_ARGS := --model gpt2 --gpu-budget 2.3GiB --device cpu --block-sizes 64 --micro-batches 1,2,4,8 \
+                 --effective-batch 8 --precisions fp32 --checkpointing off,on --attention sdpa \
+                 --measure-steps 2 --timeout 4m
+DEMO_ARGS ?= $(if $(HAVE_NVIDIA),$(GPU_DEMO_ARGS),$(CPU_DEMO_ARGS))
+BENCH_ARGS ?=
 
 .PHONY: install test demo bench clean
 
@@ -25,8 +36,10 @@ test: install
 demo: install
 	$(BIN)/autotune search $(DEMO_ARGS)
 
+# On a GPU: gpt2 under 8 GiB and gpt2-medium under 16 GiB; without one: the same pipeline on a
+# tiny model. E.g. make bench BENCH_ARGS="--models gpt2 --out /tmp/bench"
 bench: install
-	$(BIN)/python -m benchmarks.run
+	$(BIN)/python -m benchmarks.run $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache
