@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 
-
-def autotune(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=300)
+from tests.cli import assert_usage_error, autotune, with_flags
 
 
 BASE = ["probe", "--model", "gpt2", "--micro-batch", "1", "--block-size", "128", "--gpu-budget", "8GiB", "--device", "cpu"]
@@ -27,17 +23,7 @@ BASE = ["probe", "--model", "gpt2", "--micro-batch", "1", "--block-size", "128",
     ({"--safety-margin": "120%"}, "--safety-margin"),
 ])
 def test_bad_input_is_one_line_and_exit_2(change, needle):
-    args = list(BASE)
-    for flag, value in change.items():
-        if flag in args:
-            args[args.index(flag) + 1] = value
-        else:
-            args += [flag, value]
-    proc = autotune(*args)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert_usage_error(autotune(*with_flags(BASE, change)), needle)
 
 
 @pytest.mark.slow

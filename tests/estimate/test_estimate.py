@@ -14,7 +14,8 @@ from autotune.errors import BadInput, ModelNotFound
 from autotune.estimate import (
     CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, EstimateError, MemoryEstimate, estimate_memories, estimate_memory,
 )
-from tests.conftest import TINY_GPT2, write_model_dir
+from tests.cli import assert_usage_error, autotune, with_flags
+from tests.conftest import write_model_dir
 
 MiB, GiB = 2**20, 2**30
 # The CPU prediction traces the probe's own code; it has matched the CPU probe to the byte on every
@@ -159,8 +160,6 @@ def test_importing_the_estimator_does_not_import_torch():
 
 # -- the command line -------------------------------------------------------------------------
 
-def autotune(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=300)
 
 
 def test_estimate_json_then_table(model_dir):
@@ -191,16 +190,7 @@ def test_estimate_json_then_table(model_dir):
 ])
 def test_estimate_bad_input_is_one_line_and_exit_2(change, needle):
     args = ["estimate", "--model", "gpt2", "--micro-batch", "1", "--block-size", "128", "--gpu-budget", "8GiB"]
-    for flag, value in change.items():
-        if flag in args:
-            args[args.index(flag) + 1] = value
-        else:
-            args += [flag, value]
-    proc = autotune(*args)
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0], proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert_usage_error(autotune(*with_flags(args, change)), needle)
 
 
 @pytest.mark.slow

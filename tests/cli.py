@@ -1,0 +1,32 @@
+"""Running the real command line in a subprocess, and the contract for mistakes a user can fix."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+
+def autotune(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m autotune ARGS` with this interpreter, output captured as text."""
+    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def with_flags(args: list[str], change: dict[str, str]) -> list[str]:
+    """`args` with each flag in `change` set to its value (replaced where present, else appended)."""
+    args = list(args)
+    for flag, value in change.items():
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    return args
+
+
+def assert_usage_error(proc: subprocess.CompletedProcess, needle: str) -> None:
+    """Exit status 2 and one line on stderr that contains `needle`; no traceback."""
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
