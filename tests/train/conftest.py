@@ -1,0 +1,95 @@
+"""Fixtures for training runs: a tiny GPT-2 with real (random) weights and a tokenizer trained here,
+a real English corpus from the standard library (`pydoc_data.topics`, no download), and a study
+chosen by a real search on CPU. Built once per module: the search alone takes seconds."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import TINY_GPT2
+
+SPECIAL = "<|endoftext|>"
+STUDY = "tiny-cpu"
+STUDY_BUDGET = 64 * 2**20
+
+
+@dataclass(frozen=True)
+class Workspace:
+    root: Path
+    model: Path          # config.json, model.safetensors and tokenizer files
+    corpus: Path         # ~460 KB of English prose
+    small_eval: Path     # a few KB of it, for evaluation
+    db: str              # SQLAlchemy URL holding the study
+    study: str
+
+
+def corpus_text() -> str:
+    import pydoc_data.topics
+
+    topics = pydoc_data.topics.topics
+    return "\n\n".join(topics[name] for name in sorted(topics))
+
+
+def write_tokenizer(text: str, directory: Path, vocab_size: int = 500) -> None:
+    """A byte-level BPE tokenizer trained on `text` in about a second, saved as transformers loads it."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator([text], vocab_size=vocab_size, min_frequency=2, special_tokens=[SPECIAL], show_progress=False)
+    fast = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token=SPECIAL, eos_token=SPECIAL, unk_token=SPECIAL)
+    fast.save_pretrained(directory)
+
+
+def write_weights(directory: Path, config: dict) -> None:
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields = dict(config)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(fields.pop("model_type"), **fields))
+    model.save_pretrained(directory)
+
+
+def datasets_cache(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep `datasets`' Arrow cache out of the user's home (it reads the variable at import)."""
+    import datasets
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(path))
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", path)
+
+
+@pytest.fixture(autouse=True)
+def _datasets_cache(tmp_path, monkeypatch):
+    datasets_cache(tmp_path / "hf-datasets", monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory) -> Workspace:
+    from autotune.probe import ProbeSettings
+    from autotune.search import SearchOptions, search
+
+    root = tmp_path_factory.mktemp("train")
+    text = corpus_text()
+    corpus = root / "corpus.txt"
+    corpus.write_text(text)
+    small_eval = root / "eval.txt"
+    small_eval.write_text(text[:1500])
+    model = root / "tiny-gpt2"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(TINY_GPT2))
+    write_tokenizer(text, model)
+    write_weights(model, TINY_GPT2)
+    db = f"sqlite:///{root / 'studies.db'}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        # A real search, kept small: two micro-batches of one block size, one probe step each.
+        outcome = search(str(model), STUDY_BUDGET, settings=ProbeSettings(device="cpu", measure_steps=1),
+                         options=SearchOptions(study=STUDY), db=db, micro_batches=(1, 2), block_sizes=(64,),
+                         precisions=("fp32",), checkpointing=(False,), attentions=("sdpa",), effective_batch=2)
+    assert outcome.best is not None and outcome.study.status == "finished"
+    return Workspace(root=root, model=model, corpus=corpus, small_eval=small_eval, db=db, study=STUDY)
