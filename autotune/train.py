@@ -395,15 +395,6 @@ def _meter_class():
     return RunMeter
 
 
-def _adopt(accountant, model) -> None:
-    """Count the model's weights on CPU. Weights read by from_pretrained come from safetensors
-    without passing through the dispatcher, so the accountant never saw them born; a probe's
-    from_config build is seen, and the two must compare. (Raises OutOfMemoryError past the cap.)"""
-    for tensor in (*model.parameters(), *model.buffers()):
-        if tensor.device.type == "cpu":
-            accountant._track(tensor.untyped_storage())
-
-
 def checkpoints(output_dir: str | os.PathLike[str]) -> list[Path]:
     """Trainer's checkpoint directories in `output_dir`, oldest step first."""
     path = Path(output_dir)
@@ -606,7 +597,9 @@ def _run(ctx: _RunContext, run_id: int, store: Store, args, tokenizer, echo: Cal
             # Built inside the guard: on CPU the accountant must see the weights born.
             model = build_model(ctx.spec, config.attention, limits.device, ctx.weights, ctx.options.trust_remote_code)
             if limits.accountant is not None:
-                _adopt(limits.accountant, model)
+                # Weights read by from_pretrained come from safetensors without passing through
+                # the dispatcher; a probe's from_config build is seen, and the two must compare.
+                limits.accountant.adopt(model)
             how = f"weights from {ctx.weights}" if ctx.weights else "random initialisation from its config (no weights found)"
             echo(f"model: {ctx.spec.reference}: {how}")
             trainer = Trainer(model=model, args=args, train_dataset=ctx.blocks.train, eval_dataset=ctx.blocks.eval,

@@ -49,6 +49,13 @@ class CpuMemoryAccountant(TorchDispatchMode):
                 self._track(item.untyped_storage())
         return out
 
+    def adopt(self, module: torch.nn.Module) -> None:
+        """Count the parameters and buffers of a module whose storages were created outside the
+        dispatcher (safetensors loading memory-maps them directly), as if born now."""
+        for tensor in (*module.parameters(), *module.buffers()):
+            if tensor.device.type == "cpu":
+                self._track(tensor.untyped_storage())
+
     def _track(self, storage: torch.UntypedStorage) -> None:
         ptr, nbytes = storage.data_ptr(), storage.nbytes()
         if nbytes == 0 or ptr in self._live:

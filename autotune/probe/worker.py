@@ -52,7 +52,10 @@ def build_model(model_config: dict, model_path: str | None, config: ProbeConfig,
         hf_config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     hf_config.use_cache = False  # the KV cache is for generation; in training it only costs memory
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=config.attention, trust_remote_code=trust_remote_code)
+        # fp32 master weights whatever dtype the checkpoint was saved in: mixed precision is
+        # autocast over fp32 weights, as Trainer does with fp16=True/bf16=True.
+        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=config.attention,
+                                                 trust_remote_code=trust_remote_code, dtype=torch.float32)
     model.train()
     if config.checkpointing:
         # Non-reentrant checkpointing is what PyTorch recommends and what Trainer uses by default.
