@@ -244,6 +244,10 @@ def lightning_binsearch(setting: Setting, dataset_size: int = 1 << 16) -> Altern
     outcome.tried, outcome.wall_seconds = prober.tried, time.perf_counter() - started
     outcome.note = (f"{package} {_version(package)}; tried micro-batches "
                     + ", ".join(str(c.micro_batch) for c, _ in prober.tried) + f"; picked {size}")
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        # The probes measure the card's memory outside their allocator as their context: a context
+        # this parent process opened would be counted against them.
+        outcome.note += "; warning: Lightning initialised CUDA in the benchmark's process, so its probes' budget was tighter"
     return _finish(outcome, config, result)
 
 
