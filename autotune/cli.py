@@ -202,11 +202,16 @@ def db_upgrade(db):
 @click.option("--predict-margin", type=float, default=0.10, show_default=True,
               help="Skip a config only if predicted over the budget by more than this share of it.")
 @probe_settings_options
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Search in N worker processes on this machine: one per GPU (each gets one CUDA_VISIBLE_DEVICES entry), "
+                   "or N CPU workers with --device cpu. Other machines join with `autotune worker`.")
+@click.option("--heartbeat", type=float, default=5.0, show_default=True,
+              help="Seconds between a worker's heartbeats; a worker silent for 3 of them is presumed dead and its probe retried.")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object (progress goes to stderr).")
 def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, block_sizes, precisions, checkpointing_,
            attention, strategy, max_trials, timeout, patience, study, fresh, predict, predict_margin, device, safety_margin, warmup_steps,
-           measure_steps, probe_timeout, trust_remote_code, db, as_json):
+           measure_steps, probe_timeout, trust_remote_code, workers, heartbeat, db, as_json):
     """Find the fastest configuration that fits the budget, by probing."""
     from autotune import report
     from autotune.config import ATTENTIONS, PRECISIONS
@@ -229,12 +234,14 @@ def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, 
             raise click.BadParameter(f"must be at least 1 (got {value})", param_hint=flag)
     settings = make_settings(device, safety_margin, warmup_steps, measure_steps, probe_timeout, trust_remote_code)
     options = SearchOptions(study=study, strategy=strategy, max_trials=max_trials, patience=patience, fresh=fresh,
-                            predict=predict, predict_margin=predict_margin,
+                            predict=predict, predict_margin=predict_margin, heartbeat_seconds=heartbeat,
                             timeout=parse_duration(timeout) if timeout else None)
     out = sys.stderr if as_json else sys.stdout
-    outcome = run(model, budget, settings=settings, options=options, db=db,
+    outcome = run(model, budget, settings=settings, options=options, db=db, workers=workers,
                   on_start=lambda *a: click.echo(report.format_search_header(*a), file=out),
                   on_event=lambda e: click.echo(report.format_event(e), file=out), **space_args)
+    for failure in outcome.failures:
+        click.echo(f"autotune: warning: {failure}", err=True)
     if as_json:
         echo_json(report.search_summary(outcome))
     else:
@@ -243,6 +250,37 @@ def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, 
             click.echo(report.render_leaderboard(outcome.leaderboard[:10], "table"))
         click.echo("")
         click.echo(report.explain_winner(outcome))
+        click.echo(report.format_search_footer(outcome))
+    if outcome.stop_reason == "interrupted":
+        sys.exit(130)
+
+
+@cli.command()
+@click.option("--study", required=True, help="The study to join, as `autotune search --study` named it.")
+@click.option("--device", default="auto", show_default=True, help=DEVICE_HELP)
+@click.option("--allow-other-device", is_flag=True,
+              help="Join even though this device (or its driver and library versions) differs from the study's.")
+@click.option("--max-trials", type=int, default=None, help="Stop this worker after this many probes.")
+@click.option("--timeout", default=None, help="Start no new probe on this worker after this long (e.g. 30m).")
+@click.option("--patience", type=int, default=None, help="Stop after this many probes without a better config [default: the study's].")
+@click.option("--probe-timeout", default=None, help="Kill a probe after this long [default: the study's].")
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print this worker's outcome as one JSON object (progress goes to stderr).")
+def worker(study, device, allow_other_device, max_trials, timeout, patience, probe_timeout, db, as_json):
+    """Join a study from this machine and probe its configurations until it is done or stopped."""
+    from autotune import report
+    from autotune.units import parse_duration
+    from autotune.workers import join_study
+
+    out = sys.stderr if as_json else sys.stdout
+    outcome = join_study(study, db=db, device=device, allow_other_device=allow_other_device, max_trials=max_trials,
+                         timeout=parse_duration(timeout) if timeout else None, patience=patience,
+                         probe_timeout=parse_duration(probe_timeout, flag="--probe-timeout") if probe_timeout else None,
+                         on_start=lambda *a: click.echo(report.format_search_header(*a), file=out),
+                         on_event=lambda e: click.echo(report.format_event(e), file=out))
+    if as_json:
+        echo_json(report.search_summary(outcome))
+    else:
         click.echo(report.format_search_footer(outcome))
     if outcome.stop_reason == "interrupted":
         sys.exit(130)

@@ -55,7 +55,7 @@ def format_probe_result(config: ProbeConfig, result: ProbeResult) -> str:
 LEADERBOARD_FIELDS = (
     "rank", "label", *(f.name for f in fields(ProbeConfig)), "status", "tokens_per_s", "step_seconds",
     "samples_per_s", "mfu", "peak_reserved_bytes", "peak_allocated_bytes", "context_bytes", "budget_bytes",
-    "margin_bytes", "study", "probe_id", "trial_number", "config_key",
+    "margin_bytes", "study", "probe_id", "trial_number", "config_key", "worker",
 )
 
 
@@ -96,7 +96,12 @@ def render_leaderboard(rows: Sequence[LeaderboardRow], fmt: str = "table") -> st
          _fmt_float(row.tokens_per_s, ",.0f"), _fmt_float(row.step_seconds, ".3f")]
         for row in rows
     ]
-    return _table(["rank", "config", "status", "peak reserved", "tokens/s", "step s"], cells, right=(0, 3, 4, 5))
+    headers = ["rank", "config", "status", "peak reserved", "tokens/s", "step s"]
+    if len({row.worker for row in rows}) > 1:  # a study probed by several workers says which ran what
+        headers.append("worker")
+        for cell, row in zip(cells, rows):
+            cell.append(row.worker or "-")
+    return _table(headers, cells, right=(0, 3, 4, 5))
 
 
 def render_studies(rows: Sequence[StudySummary], fmt: str = "table") -> str:
@@ -114,6 +119,11 @@ def render_studies(rows: Sequence[StudySummary], fmt: str = "table") -> str:
         for row in rows
     ]
     headers = ["study", "model", "device", "budget", "probes", "ok", "oom", "skipped", "best tokens/s", "status", "updated"]
+    if any(row.workers > 1 for row in rows):  # studies shared by several workers
+        headers.insert(8, "workers")
+        for cell, row in zip(cells, rows):
+            cell.insert(8, str(row.workers))
+        return _table(headers, cells, right=(3, 4, 5, 6, 7, 8, 9))
     return _table(headers, cells, right=(3, 4, 5, 6, 7, 8))
 
 
@@ -133,7 +143,8 @@ def format_event(event) -> str:
         last = (r.error or "").strip().splitlines()[-1:] or [""]
         detail = f"peak {format_size(r.peak_reserved_bytes):>10}  {last[0][:80]}"
     how = "" if event.how in ("probed", "skipped") else f" ({event.how})"
-    return f"{progress} {event.config.label():<34} {r.status:<8}{detail}{how}"
+    worker = f"  [{event.worker}]" if getattr(event, "worker", None) else ""
+    return f"{progress} {event.config.label():<34} {r.status:<8}{detail}{how}{worker}"
 
 
 def format_search_header(study, environment, candidates: int, already: int) -> str:
@@ -176,9 +187,13 @@ def format_search_footer(outcome) -> str:
         "max-trials": "--max-trials reached; run the same command to go on",
         "timeout": "--timeout reached; run the same command to go on",
         "interrupted": "interrupted; run the same command to resume",
+        "stopped": "the study was stopped; resume it with the search command that started it",
+        "finished": "the study is finished",
     }
+    workers = getattr(outcome, "workers", 1)
+    by = f" by {workers} workers" if workers > 1 else ""
     return (f"{outcome.probed} probes run, {outcome.reused} reused from earlier studies, {outcome.skipped} skipped "
-            f"by structure, of {outcome.candidates} candidates, in {outcome.seconds:.1f} s "
+            f"by structure, of {outcome.candidates} candidates, in {outcome.seconds:.1f} s{by} "
             f"({reasons.get(outcome.stop_reason, outcome.stop_reason)}).")
 
 
@@ -195,6 +210,7 @@ def search_summary(outcome) -> dict:
         "reused": outcome.reused,
         "skipped": outcome.skipped,
         "seconds": round(outcome.seconds, 3),
+        "workers": getattr(outcome, "workers", 1),
         "answered_from_database": outcome.answered_from_database,
         "best": outcome.best.to_dict() if outcome.best else None,
         "leaderboard": [row.to_dict() for row in outcome.leaderboard],

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from autotune.cli import cli
 from autotune.report import LEADERBOARD_FIELDS
 from autotune.store import open_store
-from autotune.store.schema import VERSION_TABLE
+from autotune.store.schema import SCHEMA_REVISION, VERSION_TABLE
 from tests.store.helpers import ENV, GiB, config, make_study, result
 
 
@@ -80,8 +80,8 @@ def test_empty_database(tmp_path):
 
 def test_db_upgrade_command(tmp_path):
     db = str(tmp_path / "up.db")
-    assert invoke("db", "upgrade", "--db", db).output.strip() == f"{db}: upgraded from empty to 0001_initial"
-    assert invoke("db", "upgrade", "--db", db).output.strip() == f"{db}: already at 0001_initial"
+    assert invoke("db", "upgrade", "--db", db).output.strip() == f"{db}: upgraded from empty to {SCHEMA_REVISION}"
+    assert invoke("db", "upgrade", "--db", db).output.strip() == f"{db}: already at {SCHEMA_REVISION}"
 
 
 def test_db_defaults_to_autotune_db(filled_db):

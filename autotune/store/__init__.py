@@ -10,6 +10,9 @@
         store.record_probe(study.id, config, result, env_fingerprint=env.fingerprint())
         rows = store.leaderboard(study.name, top=10)
 
+Several workers share a study through claims: `claim()` takes a config for probing (atomically, in
+the database), `heartbeat()` keeps it, `settle()` records its outcome once, whichever worker wins.
+
 Schema in `schema.py`, changed only through Alembic revisions in the top-level `migrations/`.
 Importing this package loads SQLAlchemy, not Alembic, torch or Optuna.
 """
@@ -19,8 +22,10 @@ from __future__ import annotations
 from autotune.store.engine import data_dir, default_url, resolve_url
 from autotune.store.records import (
     CACHEABLE_STATUSES,
+    CLAIM_STATES,
     RUN_STATUSES,
     STUDY_STATUSES,
+    ClaimRecord,
     LeaderboardRow,
     ProbeRecord,
     RunRecord,
@@ -29,13 +34,22 @@ from autotune.store.records import (
     UpgradeReport,
 )
 from autotune.store.schema import SCHEMA_REVISION
-from autotune.store.store import ModelLike, Store, open_store, upgrade_database
+from autotune.store.store import (
+    MAX_ATTEMPTS,
+    ModelLike,
+    Store,
+    open_store,
+    upgrade_database,
+)
 
 __all__ = [
     "CACHEABLE_STATUSES",
+    "CLAIM_STATES",
+    "MAX_ATTEMPTS",
     "RUN_STATUSES",
     "SCHEMA_REVISION",
     "STUDY_STATUSES",
+    "ClaimRecord",
     "LeaderboardRow",
     "ModelLike",
     "ProbeRecord",

@@ -15,6 +15,8 @@ RUN_STATUSES = ("running", "finished", "failed")
 # them instead of probing again. timeout, crashed and error may be transient (a busy machine, a
 # killed worker, a bug since fixed), so they are probed again.
 CACHEABLE_STATUSES = ("ok", "oom", "unstable", "skipped")
+# A claim is running while a worker probes its config; done or crashed once the config is settled.
+CLAIM_STATES = ("running", "done", "crashed")
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -40,6 +42,7 @@ class StudyRecord:
     status: str
     created_at: datetime
     updated_at: datetime
+    plan: dict[str, Any] | None = None   # what a joining worker needs (see Store.set_study_plan)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -49,6 +52,7 @@ class StudyRecord:
             "margin_bytes": self.margin_bytes, "effective_batch": self.effective_batch,
             "space": self.space, "env_fingerprint": self.env_fingerprint, "environment": self.environment,
             "status": self.status, "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at),
+            "plan": self.plan,
         }
 
 
@@ -69,6 +73,7 @@ class StudySummary:
     probes_oom: int
     probes_skipped: int
     best_tokens_per_s: float | None
+    workers: int = 0          # distinct workers that recorded probes
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -76,7 +81,7 @@ class StudySummary:
             "budget_bytes": self.budget_bytes, "margin_bytes": self.margin_bytes, "status": self.status,
             "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at),
             "probes": self.probes_total, "ok": self.probes_ok, "oom": self.probes_oom,
-            "skipped": self.probes_skipped, "best_tokens_per_s": self.best_tokens_per_s,
+            "skipped": self.probes_skipped, "best_tokens_per_s": self.best_tokens_per_s, "workers": self.workers,
         }
 
 
@@ -129,6 +134,7 @@ class LeaderboardRow:
     context_bytes: int | None
     budget_bytes: int
     margin_bytes: int
+    worker: str | None = None
 
     @property
     def label(self) -> str:
@@ -143,7 +149,28 @@ class LeaderboardRow:
             "peak_reserved_bytes": self.peak_reserved_bytes, "peak_allocated_bytes": self.peak_allocated_bytes,
             "context_bytes": self.context_bytes, "budget_bytes": self.budget_bytes,
             "margin_bytes": self.margin_bytes, "study": self.study, "probe_id": self.probe_id,
-            "trial_number": self.trial_number, "config_key": self.config_key,
+            "trial_number": self.trial_number, "config_key": self.config_key, "worker": self.worker,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRecord:
+    """Which worker holds or settled one configuration of a study, as last read."""
+
+    study_id: int
+    config_key: str
+    worker: str
+    state: str               # running | done | crashed
+    attempts: int            # probes started: 0 for a config settled without one (skipped, reused)
+    claimed_at: datetime
+    heartbeat_at: datetime
+    stale: bool              # running, but its worker has not heartbeaten within the stale period
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "study_id": self.study_id, "config_key": self.config_key, "worker": self.worker, "state": self.state,
+            "attempts": self.attempts, "claimed_at": _iso(self.claimed_at), "heartbeat_at": _iso(self.heartbeat_at),
+            "stale": self.stale,
         }
 
 

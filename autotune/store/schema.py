@@ -28,6 +28,7 @@ from sqlalchemy import (
     String,
     Text,
     TypeDecorator,
+    UniqueConstraint,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -35,7 +36,7 @@ TABLE_PREFIX = "autotune_"
 VERSION_TABLE = "autotune_alembic_version"
 # The revision this code writes and reads. A test checks it is Alembic's head, so reading a
 # database already at this revision needs no Alembic import (start-up time of read commands).
-SCHEMA_REVISION = "0001_initial"
+SCHEMA_REVISION = "0002_claims"
 
 # Deterministic constraint names: batch migrations on SQLite (which rebuild tables) and drops on
 # PostgreSQL need to name constraints, and unnamed ones get backend-chosen names.
@@ -114,6 +115,9 @@ class Study(Base):
     status: Mapped[str] = mapped_column(String(20))
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
+    # What a worker joining from another process or machine needs to search as the starter does:
+    # the strategy, how probes run, the heartbeat period, the memory predictions (0002_claims).
+    plan: Mapped[dict[str, Any] | None]
 
 
 class Probe(Base):
@@ -199,3 +203,27 @@ class Run(Base):
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime]
     finished_at: Mapped[datetime | None]
+
+
+class Claim(Base):
+    """Which worker is probing, or has settled, one configuration of a study (0002_claims).
+
+    The unique (study, config key) pair is what makes every configuration of a study settled once,
+    whichever worker takes it: a claim is an INSERT that loses on the constraint, or a conditional
+    UPDATE that takes over a claim whose worker stopped heartbeating. Skipped and reused configs
+    are claimed too (attempts 0), so that their rows are written once as well.
+    """
+
+    __tablename__ = "autotune_claims"
+    # Leads with study_id: it also serves reading a study's claims.
+    __table_args__ = (UniqueConstraint("study_id", "config_key"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    study_id: Mapped[int] = mapped_column(ForeignKey("autotune_studies.id", ondelete="CASCADE"))
+    config_key: Mapped[str] = mapped_column(String(64))
+    worker: Mapped[str]
+    # running | done | crashed. Checked in Python, as the study status is.
+    state: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int]           # probes started for this config: 0 for skipped or reused ones
+    claimed_at: Mapped[datetime]
+    heartbeat_at: Mapped[datetime]

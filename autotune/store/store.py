@@ -7,14 +7,15 @@ is one short transaction, so a process killed at any moment leaves only whole ro
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import fields
 from datetime import datetime, timedelta
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
-from sqlalchemy import Engine, case, func, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import Engine, case, delete, func, insert, select, update
+from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from autotune.config import ProbeConfig
@@ -27,6 +28,7 @@ from autotune.store.records import (
     CACHEABLE_STATUSES,
     RUN_STATUSES,
     STUDY_STATUSES,
+    ClaimRecord,
     LeaderboardRow,
     ProbeRecord,
     RunRecord,
@@ -34,7 +36,7 @@ from autotune.store.records import (
     StudySummary,
     UpgradeReport,
 )
-from autotune.store.schema import Probe, Run, Study, utcnow
+from autotune.store.schema import Claim, Probe, Run, Study, utcnow
 
 T = TypeVar("T")
 
@@ -43,6 +45,12 @@ _CONFIG_FIELDS = tuple(f.name for f in fields(ProbeConfig))
 # it needs a new revision), rather than breaking every write.
 _RESULT_FIELDS = tuple(f.name for f in fields(ProbeResult) if f.name in Probe.__table__.columns)
 _STUDY_NAME_MAX = 200
+# A write that fails because the connection dropped (a server restart, a proxy, a network blip) is
+# tried again after these pauses, so that a probe that took minutes is not lost to a moment's outage.
+TRANSIENT_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 15.0)
+# A configuration whose worker stopped heartbeating is taken over once: the second worker to lose it
+# records it as crashed (settle(..., how="abandoned")) rather than handing it on forever.
+MAX_ATTEMPTS = 2
 
 
 class ModelLike(Protocol):
@@ -109,6 +117,19 @@ class Store:
     def _writing(self) -> Iterator[Session]:
         with self._write.begin() as session:
             yield session
+
+    def _retry_transient(self, work: Callable[[], T]) -> T:
+        """Run a write, again after a pause when the connection was lost (pool_pre_ping replaces
+        the dead connection on the next checkout). Other errors propagate at once."""
+        for delay in (*TRANSIENT_RETRY_DELAYS, None):
+            try:
+                return work()
+            except (OperationalError, InterfaceError, DBAPIError) as exc:
+                transient = isinstance(exc, (OperationalError, InterfaceError)) or exc.connection_invalidated
+                if not transient or delay is None:
+                    raise
+                time.sleep(delay)
+        raise AssertionError("unreachable")
 
     def _retry_on_conflict(self, work: Callable[[], T]) -> T:
         """Run a get-or-create once more after a unique-key race lost to another process (possible
@@ -190,6 +211,11 @@ class Store:
         if not changed:
             raise StudyNotFound(self._not_found_message(str(study)))
 
+    def set_study_plan(self, study_id: int, plan: Mapping[str, Any]) -> None:
+        """Store what a worker needs to join the study (strategy, probe settings, predictions)."""
+        with self._writing() as session:
+            session.execute(update(Study).where(Study.id == study_id).values(plan=dict(plan)))
+
     def studies(self) -> list[StudySummary]:
         """Every study, most recent first, with probe counts and the best throughput that fits."""
         is_ok = Probe.status == "ok"
@@ -201,6 +227,7 @@ class Store:
                 func.coalesce(func.sum(case((Probe.status == "oom", 1), else_=0)), 0),
                 func.coalesce(func.sum(case((Probe.status == "skipped", 1), else_=0)), 0),
                 func.max(case((is_ok, Probe.tokens_per_s))),
+                func.count(func.distinct(Probe.worker)),
             )
             .outerjoin(Probe, Probe.study_id == Study.id)
             .group_by(Study.id)
@@ -222,8 +249,9 @@ class Store:
                     probes_oom=int(oom),
                     probes_skipped=int(skipped),
                     best_tokens_per_s=best,
+                    workers=int(workers),
                 )
-                for study, total, ok, oom, skipped, best in session.execute(query)
+                for study, total, ok, oom, skipped, best, workers in session.execute(query)
             ]
 
     # -- probes ----------------------------------------------------------------------------------
@@ -248,29 +276,148 @@ class Store:
         this environment, such as a config skipped because the estimator predicted it too big.
         `started_at` defaults to the finish time less the probe's wall time.
         """
-        finished_at = utcnow()
-        if started_at is None and result.wall_seconds is not None:
-            started_at = finished_at - timedelta(seconds=result.wall_seconds)
-        measured = result.to_dict()  # non-finite floats (a diverged loss) become NULL
-        probe = Probe(
-            study_id=study_id,
-            trial_number=trial_number,
-            config_key=config.key(),
-            **{name: getattr(config, name) for name in _CONFIG_FIELDS},
-            **{name: measured[name] for name in _RESULT_FIELDS},
-            cacheable=(result.status in CACHEABLE_STATUSES) if cacheable is None else cacheable,
-            predicted_peak_bytes=predicted_peak_bytes,
-            worker=worker,
-            started_at=started_at,
-            finished_at=finished_at,
-            env_fingerprint=env_fingerprint,
-        )
+        row = _probe_values(study_id, config, result, env_fingerprint=env_fingerprint, trial_number=trial_number,
+                            predicted_peak_bytes=predicted_peak_bytes, worker=worker, started_at=started_at,
+                            cacheable=cacheable)
+
+        def work() -> int:
+            with self._writing() as session:
+                return _add_probe(session, Probe(**row))
+
+        return self._retry_transient(work)
+
+    # -- claims: several workers on one study ----------------------------------------------------
+
+    def claim(self, study_id: int, config_key: str, worker: str, *, stale_after: float,
+              max_attempts: int = MAX_ATTEMPTS) -> int | None:
+        """Take a configuration of a study for probing; returns the attempt number (1 for a new
+        claim), or None when another worker holds it, it is settled, or it has had its attempts.
+
+        Atomic in the database, not in any worker's memory: a new claim is an INSERT that loses
+        on the unique (study, config key) constraint; taking over the claim of a worker that has
+        not heartbeaten for `stale_after` seconds is an UPDATE conditioned on that staleness. A
+        stale claim that has had `max_attempts` is left for settle(how="abandoned")."""
+        def work() -> int | None:
+            with self._writing() as session:
+                now = _db_now(session)
+                if _insert_claim(session, study_id=study_id, config_key=config_key, worker=worker, state="running",
+                                 attempts=1, claimed_at=now, heartbeat_at=now):
+                    return 1
+                taken = session.execute(
+                    update(Claim)
+                    .where(_claim_is(study_id, config_key), Claim.state == "running",
+                           Claim.heartbeat_at < now - timedelta(seconds=stale_after), Claim.attempts < max_attempts)
+                    .values(worker=worker, attempts=Claim.attempts + 1, claimed_at=now, heartbeat_at=now)
+                ).rowcount  # type: ignore[attr-defined]
+                if not taken:
+                    return None
+                return session.scalars(select(Claim.attempts).where(_claim_is(study_id, config_key))).one()
+
+        return self._retry_transient(work)
+
+    def heartbeat(self, study_id: int, config_key: str, worker: str) -> bool:
+        """Say that `worker` is still probing `config_key`; False when the claim is no longer its own
+        (settled, or taken over after this worker looked dead)."""
         with self._writing() as session:
-            session.add(probe)
-            # The study's "last touched" time orders `autotune studies` and picks the default study.
-            session.execute(update(Study).where(Study.id == study_id).values(updated_at=finished_at))
-            session.flush()
-            return probe.id
+            now = _db_now(session)
+            changed = session.execute(
+                update(Claim).where(_claim_is(study_id, config_key), Claim.worker == worker, Claim.state == "running")
+                .values(heartbeat_at=now)
+            ).rowcount  # type: ignore[attr-defined]
+        return bool(changed)
+
+    def release_claim(self, study_id: int, config_key: str, worker: str) -> None:
+        """Give back a claim this worker holds without settling it (its probe was aborted)."""
+        def work() -> None:
+            with self._writing() as session:
+                session.execute(delete(Claim).where(_claim_is(study_id, config_key), Claim.worker == worker,
+                                                    Claim.state == "running"))
+
+        self._retry_transient(work)
+
+    def settle(
+        self,
+        study_id: int,
+        config: ProbeConfig,
+        result: ProbeResult,
+        *,
+        how: Literal["claimed", "unclaimed", "abandoned"],
+        worker: str,
+        env_fingerprint: str,
+        trial_number: int | None = None,
+        predicted_peak_bytes: int | None = None,
+        started_at: datetime | None = None,
+        cacheable: bool | None = None,
+        stale_after: float | None = None,
+        max_attempts: int = MAX_ATTEMPTS,
+    ) -> int | None:
+        """Record the outcome of a configuration of a study once, whichever worker gets there
+        first; returns the probe id, or None when it was already settled (by another worker).
+
+        `how`: "claimed", the outcome of a probe this worker claimed (the first worker to settle
+        a running claim wins, the owner or one that took it over); "unclaimed", an outcome found
+        without a probe (a skip, a reused result: its claim is inserted already settled);
+        "abandoned", a crashed outcome for a claim whose worker stopped heartbeating after its
+        last attempt (`stale_after` seconds). The claim and the probe row change in one
+        transaction, retried when the connection drops."""
+        key = config.key()
+        state = "crashed" if result.status == "crashed" else "done"
+        row = _probe_values(study_id, config, result, env_fingerprint=env_fingerprint, trial_number=trial_number,
+                            predicted_peak_bytes=predicted_peak_bytes, worker=worker, started_at=started_at,
+                            cacheable=cacheable)
+
+        def work() -> int | None:
+            with self._writing() as session:
+                now = _db_now(session)
+                if how == "unclaimed":
+                    won = _insert_claim(session, study_id=study_id, config_key=key, worker=worker, state=state,
+                                        attempts=0, claimed_at=now, heartbeat_at=now)
+                else:
+                    where = [_claim_is(study_id, key), Claim.state == "running"]
+                    values: dict[str, Any] = {"state": state, "heartbeat_at": now}
+                    if how == "abandoned":
+                        assert stale_after is not None, "settle(how='abandoned') needs stale_after"
+                        where += [Claim.heartbeat_at < now - timedelta(seconds=stale_after), Claim.attempts >= max_attempts]
+                        values.update(state="crashed", worker=worker)
+                    elif how != "claimed":
+                        raise ValueError(f"how must be claimed, unclaimed or abandoned, not {how!r}")
+                    won = bool(session.execute(update(Claim).where(*where).values(**values)).rowcount)  # type: ignore[attr-defined]
+                if not won:
+                    return None
+                return _add_probe(session, Probe(**row))
+
+        return self._retry_transient(work)
+
+    def claims(self, study_id: int, *, stale_after: float) -> list[ClaimRecord]:
+        """Every claim of a study, each marked stale when it is running but its worker has not
+        heartbeaten for `stale_after` seconds (by the database's clock on a server, so that the
+        workers' clocks need not agree)."""
+        with self._read() as session:
+            now = _db_now(session)
+            cutoff = now - timedelta(seconds=stale_after)
+            return [
+                ClaimRecord(study_id=c.study_id, config_key=c.config_key, worker=c.worker, state=c.state,
+                            attempts=c.attempts, claimed_at=c.claimed_at, heartbeat_at=c.heartbeat_at,
+                            stale=c.state == "running" and c.heartbeat_at < cutoff)
+                for c in session.scalars(select(Claim).where(Claim.study_id == study_id).order_by(Claim.id))
+            ]
+
+    def reopen_claims(self, study_id: int, statuses: tuple[str, ...]) -> int:
+        """Release the settled claims of configs whose latest outcome has one of `statuses` (a
+        timeout or crash a resumed search tries once more); returns how many."""
+        with self._writing() as session:
+            latest = select(func.max(Probe.id)).where(Probe.study_id == study_id).group_by(Probe.config_key)
+            keys = list(session.scalars(select(Probe.config_key).where(Probe.id.in_(latest), Probe.status.in_(statuses))))
+            if not keys:
+                return 0
+            return session.execute(
+                delete(Claim).where(Claim.study_id == study_id, Claim.config_key.in_(keys), Claim.state != "running")
+            ).rowcount  # type: ignore[attr-defined]
+
+    def set_trial_number(self, probe_id: int, trial_number: int) -> None:
+        """Link a stored probe to its Optuna trial, made after the probe was settled."""
+        with self._writing() as session:
+            session.execute(update(Probe).where(Probe.id == probe_id).values(trial_number=trial_number))
 
     def find_cached(
         self,
@@ -302,11 +449,12 @@ class Store:
             probe = session.scalars(query).first()
             return _probe_result(probe) if probe is not None else None
 
-    def probes(self, study_name: str | None = None) -> list[ProbeRecord]:
-        """Every probe of a study (the most recent study when None), in the order they finished."""
+    def probes(self, study_name: str | None = None, *, after_id: int = 0) -> list[ProbeRecord]:
+        """Every probe of a study (the most recent study when None), in the order they were stored;
+        only those stored after probe `after_id` when given (a worker reading what others found)."""
         with self._read() as session:
             study = self._find_study(session, study_name)
-            rows = session.scalars(select(Probe).where(Probe.study_id == study.id).order_by(Probe.id))
+            rows = session.scalars(select(Probe).where(Probe.study_id == study.id, Probe.id > after_id).order_by(Probe.id))
             return [_probe_record(probe) for probe in rows]
 
     def leaderboard(self, study_name: str | None = None, top: int | None = None) -> list[LeaderboardRow]:
@@ -354,6 +502,7 @@ class Store:
                     context_bytes=row["context_bytes"],
                     budget_bytes=row["budget_bytes"] if row["budget_bytes"] is not None else study.budget_bytes,
                     margin_bytes=row["margin_bytes"] if row["margin_bytes"] is not None else study.margin_bytes,
+                    worker=row["worker"],
                 )
                 for rank, row in enumerate(rows, start=1)
             ]
@@ -477,7 +626,75 @@ def _study_record(study: Study) -> StudyRecord:
         margin_bytes=study.margin_bytes, effective_batch=study.effective_batch, space=dict(study.space),
         env_fingerprint=study.env_fingerprint, environment=dict(study.environment), status=study.status,
         created_at=study.created_at, updated_at=study.updated_at,
+        plan=dict(study.plan) if study.plan is not None else None,
     )
+
+
+def _db_now(session: Session) -> datetime:
+    """Now, by the database server's clock where there is one: claims compare heartbeats written by
+    workers on different machines, whose clocks may disagree. (SQLite is one machine's file.)"""
+    if session.get_bind().dialect.name == "postgresql":
+        return session.scalars(select(func.now())).one()
+    return utcnow()
+
+
+def _claim_is(study_id: int, config_key: str) -> Any:
+    return (Claim.study_id == study_id) & (Claim.config_key == config_key)
+
+
+def _insert_claim(session: Session, **values: Any) -> bool:
+    """INSERT a claim unless (study, config key) is taken; True when this one went in. Loses on the
+    unique constraint without aborting the transaction (ON CONFLICT DO NOTHING; a savepoint on
+    other databases)."""
+    dialect = session.get_bind().dialect.name
+    if dialect in ("postgresql", "sqlite"):
+        if dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert as dialect_insert
+        else:
+            from sqlalchemy.dialects.sqlite import insert as dialect_insert
+        claims = Claim.__table__
+        statement = (dialect_insert(claims).values(**values)
+                     .on_conflict_do_nothing(index_elements=["study_id", "config_key"]).returning(claims.c.id))
+        # RETURNING, not rowcount: drivers disagree on rowcount for a conflict that did nothing.
+        return session.execute(statement).first() is not None
+    try:
+        with session.begin_nested():
+            session.execute(insert(Claim.__table__).values(**values))
+        return True
+    except IntegrityError:
+        return False
+
+
+def _probe_values(study_id: int, config: ProbeConfig, result: ProbeResult, *, env_fingerprint: str,
+                  trial_number: int | None, predicted_peak_bytes: int | None, worker: str | None,
+                  started_at: datetime | None, cacheable: bool | None) -> dict[str, Any]:
+    """A probe row's columns. (A new Probe is made from them for each try of a write: an object
+    added in a rolled-back transaction is not safe to add again.)"""
+    finished_at = utcnow()
+    if started_at is None and result.wall_seconds is not None:
+        started_at = finished_at - timedelta(seconds=result.wall_seconds)
+    measured = result.to_dict()  # non-finite floats (a diverged loss) become NULL
+    return dict(
+        study_id=study_id,
+        trial_number=trial_number,
+        config_key=config.key(),
+        **{name: getattr(config, name) for name in _CONFIG_FIELDS},
+        **{name: measured[name] for name in _RESULT_FIELDS},
+        cacheable=(result.status in CACHEABLE_STATUSES) if cacheable is None else cacheable,
+        predicted_peak_bytes=predicted_peak_bytes,
+        worker=worker,
+        started_at=started_at,
+        finished_at=finished_at,
+        env_fingerprint=env_fingerprint,
+    )
+
+
+def _add_probe(session: Session, probe: Probe) -> int:
+    session.add(probe)
+    # The study's "last touched" time orders `autotune studies` and picks the default study.
+    session.execute(update(Study).where(Study.id == probe.study_id).values(updated_at=probe.finished_at))
+    session.flush()
+    return probe.id
 
 
 def _probe_result(probe: Probe) -> ProbeResult:

@@ -1,0 +1,369 @@
+"""Several workers on one study: one per GPU of a machine (`autotune search --workers N`), or one
+per GPU of many machines (`autotune worker --study NAME --db URL` on each).
+
+There is no scheduler: the database is the meeting point. Optuna's RDB storage and autotune's
+tables live in it; each worker claims a configuration there before probing it (Store.claim: an
+INSERT that loses on a unique key, or a conditional UPDATE taking over a claim whose worker stopped
+heartbeating), reads the study's probes before each pick, and records its outcome once
+(Store.settle). See autotune/search.py for the loop every worker runs.
+
+A study is pinned to one kind of card: its environment (device name and memory, driver and
+library versions) is stored with it, and a worker on anything else refuses to join unless told
+to (`--allow-other-device`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.environment import Environment
+from autotune.errors import AutotuneError, BadInput, DeviceError
+from autotune.models import ModelSpec
+from autotune.search import (
+    HEARTBEAT_SECONDS,
+    Event,
+    Knowledge,
+    Runner,
+    SearchOptions,
+    SearchOutcome,
+    _distributions,
+    _finished_study,
+    _predictions_from_plan,
+    _Trials,
+    _work,
+    _Worker,
+    default_study_name,
+    start_study,
+    stop_on_first_interrupt,
+    worker_label,
+)
+from autotune.space import SearchSpace
+from autotune.store import Store, StudyRecord
+from autotune.units import format_size
+
+# How often `autotune search --workers` reads the database for its progress display.
+POLL_SECONDS = 0.5
+
+
+# -- joining a study ---------------------------------------------------------------------------
+def join_study(
+    name: str,
+    *,
+    db: str | None = None,
+    device: str = "auto",
+    allow_other_device: bool = False,
+    max_trials: int | None = None,
+    timeout: float | None = None,
+    patience: int | None = None,
+    probe_timeout: float | None = None,
+    on_start: Callable[[StudyRecord, Environment, int, int], None] | None = None,
+    on_event: Callable[[Event], None] | None = None,
+) -> SearchOutcome:
+    """`autotune worker`: take probes of the study called `name` until its space is done, the
+    study is stopped, or one of this worker's limits is reached. The study's plan (stored by the
+    search that started it) says how: the strategy, the probe settings, the memory predictions."""
+    from autotune.probe import ProbeRunner, ProbeSettings
+    from autotune.probe.runner import DEFAULT_TIMEOUT
+    from autotune.store import open_store
+
+    started = time.perf_counter()
+    with open_store(db) as store:
+        study = _joinable_study(store, name)
+        if study.status == "finished":
+            return _already_finished(store, study, started)
+        probe = (study.plan or {}).get("probe") or {}
+        settings = ProbeSettings(device=device, margin=study.margin_bytes, warmup_steps=probe.get("warmup_steps", 2),
+                                 measure_steps=probe.get("measure_steps", 3),
+                                 timeout=probe_timeout or probe.get("timeout", DEFAULT_TIMEOUT),
+                                 trust_remote_code=probe.get("trust_remote_code", False))
+        with ProbeRunner(settings) as runner:
+            return run_worker(store, name, runner, allow_other_device=allow_other_device, max_trials=max_trials,
+                              timeout=timeout, patience=patience, on_start=on_start, on_event=on_event, started=started)
+
+
+def run_worker(
+    store: Store,
+    name: str,
+    runner: Runner,
+    *,
+    allow_other_device: bool = False,
+    max_trials: int | None = None,
+    timeout: float | None = None,
+    patience: int | None = None,
+    on_start: Callable[[StudyRecord, Environment, int, int], None] | None = None,
+    on_event: Callable[[Event], None] | None = None,
+    started: float | None = None,
+) -> SearchOutcome:
+    """Work on the study called `name` with `runner` (a ProbeRunner, or a scripted one in tests)
+    beside whatever other workers it has. Refuses, before writing anything, a study that is
+    stopped or a runner on another kind of device."""
+    from autotune.models import resolve_model
+
+    started = time.perf_counter() if started is None else started
+    study = _joinable_study(store, name)
+    if study.status == "finished":
+        return _already_finished(store, study, started)
+    plan = study.plan or {}
+    space = _space(study)
+    spec = resolve_model(study.model_reference)
+    _check_same_model(study, spec)
+    options = SearchOptions(study=name, strategy=plan["strategy"], fresh=bool(plan.get("fresh")), predict=False,
+                            predict_margin=plan.get("predict_margin", 0.10), max_trials=max_trials, timeout=timeout,
+                            patience=patience if patience is not None else plan.get("patience"),
+                            heartbeat_seconds=plan.get("heartbeat_seconds", HEARTBEAT_SECONDS))
+    environment = runner.environment()
+    check_joinable(study, environment, allow_other_device)
+    knowledge = Knowledge(space.candidates(), allowed_bytes=study.budget_bytes - study.margin_bytes,
+                          skip_over_bytes=int(study.budget_bytes * (1 + options.predict_margin)),
+                          predictions=_predictions_from_plan(plan))
+    settings = getattr(runner, "settings", None)
+    worker = _Worker(store, study, space, spec, study.budget_bytes, study.margin_bytes, environment, options,
+                     knowledge, worker_label(getattr(settings, "device", None)))
+    worker.refresh()
+    if on_start is not None:
+        on_start(study, environment, len(knowledge.candidates), len(knowledge.outcomes))
+    # Each worker its own TPE seed: with one seed, every worker would propose the same points.
+    trials = _Trials(store.engine.url.render_as_string(hide_password=False), name, _distributions(space), seed=None)
+    try:
+        return _work(worker, runner, trials, on_event, starter=False, started=started)
+    finally:
+        trials.close()
+
+
+def _joinable_study(store: Store, name: str) -> StudyRecord:
+    study = store.study(name)
+    if study.status == "interrupted":
+        raise BadInput(f"study {name!r} is stopped; resume it with the `autotune search` command that started it "
+                       f"(same --study and --db), then join it.")
+    if study.plan is None:
+        raise BadInput(f"study {name!r} was started by an older autotune and has no plan for workers; resume it once "
+                       f"with `autotune search ... --study {name}`, then join it.")
+    return study
+
+
+def _already_finished(store: Store, study: StudyRecord, started: float) -> SearchOutcome:
+    space = _space(study)
+    return SearchOutcome(study=study, space=space, leaderboard=store.leaderboard(study.name), candidates=len(space.candidates()),
+                         seconds=time.perf_counter() - started, answered_from_database=True, stop_reason="finished")
+
+
+def _space(study: StudyRecord) -> SearchSpace:
+    return SearchSpace(**{k: tuple(v) if isinstance(v, list) else v for k, v in study.space.items()})
+
+
+def check_joinable(study: StudyRecord, environment: Environment, allow_other_device: bool) -> None:
+    """One study, one kind of card: refuse a worker whose device or software differs from the
+    study's, unless allowed (its probes then compare with measurements from elsewhere)."""
+    if allow_other_device or study.env_fingerprint == environment.fingerprint():
+        return
+    if (study.device_name, study.device_total_bytes) != (environment.device_name, environment.device_total_bytes):
+        raise DeviceError(
+            f"study {study.name!r} is pinned to {study.device_name} ({format_size(study.device_total_bytes)}); this "
+            f"worker has {environment.device_name} ({format_size(environment.device_total_bytes)}). Join from a machine "
+            f"with the same card, or pass --allow-other-device to mix their measurements."
+        )
+    ours, theirs = environment.to_dict(), study.environment
+    differences = [f"{key.removesuffix('_version')} {ours.get(key)} here, {theirs.get(key)} in the study"
+                   for key in ours if ours.get(key) != theirs.get(key)]
+    raise DeviceError(f"study {study.name!r} was measured with other software ({'; '.join(differences)}); install the "
+                      f"same versions, or pass --allow-other-device.")
+
+
+def _check_same_model(study: StudyRecord, spec: ModelSpec) -> None:
+    if spec.fingerprint != study.model_fingerprint:
+        raise BadInput(f"the model {study.model_reference!r} found here is not the one study {study.name!r} measures "
+                       f"(its config differs); give this machine the same model files.")
+
+
+# -- one worker per GPU of this machine --------------------------------------------------------
+def visible_gpus() -> list[str]:
+    """This machine's GPUs as CUDA_VISIBLE_DEVICES entries: that variable's own entries when set,
+    else nvidia-smi's indices (torch is not imported here)."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        entries = [e.strip() for e in env.split(",") if e.strip()]
+        return [] if entries[:1] == ["-1"] else entries
+    try:
+        listing = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                                 text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in listing.splitlines() if line.strip()]
+
+
+def worker_devices(count: int, device: str) -> list[tuple[str, str]]:
+    """(--device, CUDA_VISIBLE_DEVICES) for each of `count` workers: one GPU each, or the CPU."""
+    if count < 1:
+        raise BadInput("--workers must be at least 1.")
+    device = (device or "auto").strip().lower()
+    if device == "cpu":
+        return [("cpu", "")] * count  # CPU workers see no GPU
+    if device not in ("auto", "cuda"):
+        raise BadInput(f"--workers gives each worker one GPU itself; use --device cuda (or auto) instead of {device}, "
+                       f"or --device cpu for CPU workers.")
+    gpus = visible_gpus()
+    if not gpus:
+        raise BadInput("--workers: no GPU is visible (CUDA_VISIBLE_DEVICES, nvidia-smi); pass --device cpu for CPU workers.")
+    if count > len(gpus):
+        raise BadInput(f"--workers {count}: only {len(gpus)} GPU(s) are visible ({','.join(gpus)}); use at most "
+                       f"{len(gpus)}, or --device cpu.")
+    return [("cuda", gpu) for gpu in gpus[:count]]
+
+
+@dataclass
+class _Process:
+    device: str
+    visible: str
+    popen: subprocess.Popen
+    stdout: Path
+    stderr: Path
+
+    def describe(self) -> str:
+        return f"worker {self.popen.pid} ({self.device}{':' + self.visible if self.visible else ''})"
+
+    def summary(self) -> dict | None:
+        try:
+            return json.loads(self.stdout.read_text() or "null")
+        except json.JSONDecodeError:
+            return None
+
+    def last_error(self) -> str:
+        lines = [line for line in self.stderr.read_text(errors="replace").splitlines() if line.strip()]
+        return lines[-1].removeprefix("autotune: error: ") if lines else f"exit status {self.popen.returncode}"
+
+
+def search_with_workers(
+    spec: ModelSpec,
+    space: SearchSpace,
+    budget_bytes: int,
+    margin_bytes: int,
+    *,
+    workers: int,
+    settings,
+    options: SearchOptions,
+    db: str | None = None,
+    on_start: Callable[[StudyRecord, Environment, int, int], None] | None = None,
+    on_event: Callable[[Event], None] | None = None,
+) -> SearchOutcome:
+    """`autotune search --workers N`: start (or resume) the study here, then run N `autotune worker`
+    processes on it, each with one GPU of this machine (or the CPU), and show their progress from
+    the database. --max-trials and --timeout hold for the study as a whole: when reached, the
+    study is stopped and the workers finish the probes in flight."""
+    from autotune.probe import ProbeRunner
+    from autotune.store import open_store
+
+    started = time.perf_counter()
+    devices = worker_devices(workers, settings.device)
+    name = options.study or default_study_name(spec, budget_bytes)
+    candidates = space.candidates()
+    with open_store(db) as store:
+        if not options.fresh:
+            finished = _finished_study(store, name, space)
+            if finished is not None:
+                return SearchOutcome(study=finished, space=space, leaderboard=store.leaderboard(name), candidates=len(candidates),
+                                     seconds=time.perf_counter() - started, answered_from_database=True, workers=0)
+        with ProbeRunner(settings) as runner:
+            worker, trials = start_study(space, spec, budget_bytes, margin_bytes, runner, store, options, on_start)
+            trials.close()
+        study = worker.study
+        with tempfile.TemporaryDirectory(prefix="autotune-workers-") as scratch:
+            processes = [_spawn(store, study.name, device, visible, Path(scratch), i)
+                         for i, (device, visible) in enumerate(devices)]
+            try:
+                reason = _watch(store, study, worker.knowledge, worker.seen_probe_id, processes, options, started, on_event)
+            finally:
+                for process in processes:  # a second Ctrl-C, or a bug here: do not leave workers behind
+                    if process.popen.poll() is None:
+                        try:
+                            process.popen.wait(timeout=30)
+                        except subprocess.TimeoutExpired:
+                            process.popen.kill()
+                            process.popen.wait()
+            return _gather(store, study, space, processes, reason, started)
+
+
+def _spawn(store: Store, study: str, device: str, visible: str, scratch: Path, index: int) -> _Process:
+    # How probes run (steps, time limit, remote code) comes from the study's plan.
+    command = [sys.executable, "-m", "autotune", "worker", "--study", study, "--device", device, "--json"]
+    # The URL travels in the environment, not on the command line, where `ps` would show a password.
+    env = {**os.environ, "AUTOTUNE_DB": store.engine.url.render_as_string(hide_password=False), "PYTHONUNBUFFERED": "1",
+           "CUDA_VISIBLE_DEVICES": visible}
+    stdout, stderr = scratch / f"worker{index}.json", scratch / f"worker{index}.err"
+    with stdout.open("w") as out, stderr.open("w") as err:
+        popen = subprocess.Popen(command, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
+    return _Process(device, visible, popen, stdout, stderr)
+
+
+def _watch(store: Store, study: StudyRecord, knowledge: Knowledge, seen: int, processes: list[_Process],
+           options: SearchOptions, started: float, on_event: Callable[[Event], None] | None) -> str | None:
+    """Show what the workers settle until they have all exited; stop the study on Ctrl-C or when a
+    study-wide limit is reached. Returns why this process stopped the study (None if it did not)."""
+    by_key = {c.key(): c for c in knowledge.candidates}
+    first = seen
+    probed = 0
+    reason: str | None = None
+    with stop_on_first_interrupt() as stop:
+        while True:
+            running = [p for p in processes if p.popen.poll() is None]
+            for row in store.probes(study.name, after_id=seen):
+                seen = row.id
+                config = by_key.get(row.config_key)
+                if config is None:
+                    continue
+                knowledge.learn(config, row.result)
+                probed += row.id > first and row.result.status != "skipped"
+                best = knowledge.best()
+                if on_event is not None:
+                    on_event(Event(config, row.result, "skipped" if row.result.status == "skipped" else "probed",
+                                   len(knowledge.outcomes), len(knowledge.candidates),
+                                   best is not None and best[0].key() == config.key() and row.result.status == "ok", row.worker))
+            if not running:
+                return reason
+            if reason is None:
+                if stop.is_set():
+                    reason = "interrupted"
+                elif options.max_trials is not None and probed >= options.max_trials:
+                    reason = "max-trials"
+                elif options.timeout is not None and time.perf_counter() - started >= options.timeout:
+                    reason = "timeout"
+                if reason is not None:
+                    # The workers see it before their next pick and stop after the probe in flight.
+                    store.set_study_status(study.id, "interrupted")
+            time.sleep(POLL_SECONDS)
+
+
+def _gather(store: Store, study: StudyRecord, space: SearchSpace, processes: list[_Process], reason: str | None,
+            started: float) -> SearchOutcome:
+    summaries, failures = [], []
+    for process in processes:
+        summary = process.summary()
+        if process.popen.returncode in (0, 130) and summary is not None:
+            summaries.append(summary)
+        else:
+            failures.append(f"{process.describe()}: {process.last_error()}")
+    if not summaries and failures:
+        if store.study(study.name).status == "running":
+            store.set_study_status(study.id, "interrupted")
+        raise AutotuneError(f"every worker failed; the first: {failures[0]}")
+    record = store.study(study.name)
+    if record.status == "finished":
+        stop_reason = "patience" if any(s.get("stop_reason") == "patience" for s in summaries) else "exhausted"
+    else:
+        stop_reason = reason or "interrupted"
+        if record.status == "running":  # every worker ended without finishing it (their own Ctrl-C, limits)
+            store.set_study_status(study.id, "interrupted")
+        record = store.study(study.name)
+    return SearchOutcome(
+        study=record, space=space, leaderboard=store.leaderboard(study.name), candidates=len(space.candidates()),
+        probed=sum(s.get("probed", 0) for s in summaries), reused=sum(s.get("reused", 0) for s in summaries),
+        skipped=sum(s.get("skipped", 0) for s in summaries), seconds=time.perf_counter() - started,
+        stop_reason=stop_reason, workers=len(processes), failures=failures,
+    )

@@ -1,0 +1,118 @@
+"""Several worker processes on one study, with real probes of a tiny GPT-2 on CPU: three workers on
+PostgreSQL, one of them killed mid-probe; two workers on one SQLite file."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from click.testing import CliRunner
+
+from autotune.cli import cli
+from autotune.environment import Environment
+from autotune.models import resolve_model
+from autotune.probe import ProbeRunner, ProbeSettings
+from autotune.search import SearchOptions, run_search, start_study
+from autotune.space import SearchSpace
+from autotune.store import open_store
+from tests.fakes import ScriptedRunner
+
+pytestmark = pytest.mark.slow
+MiB = 2**20
+# 8 candidates. Against 16 MiB the tiny model fits up to micro-batch 4 without checkpointing and 8
+# with it: one OOM, which rules out nothing else here but sends the search to checkpointing.
+SPACE = {"micro_batches": (1, 2, 4, 8), "block_sizes": (64,), "precisions": ("fp32",), "checkpointing": (False, True),
+         "attentions": ("sdpa",), "effective_batch": 8}
+FLAGS = ["--micro-batches", "1,2,4,8", "--block-sizes", "64", "--effective-batch", "8", "--precisions", "fp32",
+         "--checkpointing", "off,on", "--attention", "sdpa", "--measure-steps", "1", "--no-predict", "--device", "cpu",
+         "--heartbeat", "0.5"]
+
+
+def autotune(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=400,
+                          check=False, **kwargs)
+
+
+def wait_for(predicate, seconds: float = 120.0):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError("timed out waiting")
+
+
+def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_workers_probe(tiny_model, postgres_url):
+    spec, budget = resolve_model(tiny_model), 16 * MiB
+    space = SearchSpace.build(spec, **SPACE)
+    settings = ProbeSettings(device="cpu", measure_steps=1)
+    # Start the study (what `autotune search` does first), so that a doomed worker joins before the rest.
+    with open_store(postgres_url) as store, ProbeRunner(settings) as runner:
+        _, trials = start_study(space, spec, budget, settings.margin_bytes(budget), runner, store,
+                                SearchOptions(study="shared", predict=False, heartbeat_seconds=0.5))
+        trials.close()
+        study_id = store.study("shared").id
+
+        # A worker whose probe hangs is killed mid-probe, with its probe process (one session).
+        doomed = subprocess.Popen([sys.executable, "-m", "autotune", "worker", "--study", "shared", "--db", postgres_url,
+                                   "--device", "cpu"], env={**os.environ, "AUTOTUNE_TEST_FAULT": "hang"},
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        mine = f":{doomed.pid}:"
+        [held] = wait_for(lambda: [c for c in store.claims(study_id, stale_after=1.5) if mine in c.worker])
+        os.killpg(doomed.pid, signal.SIGKILL)
+        doomed.wait(timeout=30)
+
+    # The same search command resumes the study with three workers, which find the stale claim.
+    done = autotune("search", "--model", tiny_model, "--gpu-budget", "16MiB", *FLAGS, "--study", "shared",
+                    "--workers", "3", "--db", postgres_url, "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["status"] == "finished" and summary["workers"] == 3 and summary["best"] is not None
+
+    with open_store(postgres_url) as store:
+        probes = store.probes("shared")
+        claims = {c.config_key: c for c in store.claims(study_id, stale_after=1.5)}
+        environment = Environment.from_dict(store.study("shared").environment)
+    keys = [p.config_key for p in probes]
+    assert len(keys) == len(set(keys)) and set(keys) == {c.key() for c in space.candidates()}  # each probed once
+    retried = claims[held.config_key]
+    assert (retried.state, retried.attempts) == ("done", 2)  # taken over once, by another worker
+    [row] = [p for p in probes if p.config_key == held.config_key]
+    assert row.result.status in ("ok", "oom") and mine not in row.worker
+    assert not [p for p in probes if mine in (p.worker or "")]
+    assert len({p.worker for p in probes}) >= 2 and all(p.worker.endswith(":cpu") for p in probes)
+    assert {p.result.status for p in probes} >= {"ok", "oom", "skipped"}
+
+    # One worker, answered from the same measurements (timing on a shared 2-core machine is noise),
+    # picks the same configuration: the workers did all the work it would have done.
+    table = {p.config_key: p.result for p in probes if p.result.status != "skipped"}
+    with open_store() as local:
+        single = run_search(space, spec, budget, settings.margin_bytes(budget), ScriptedRunner(table, env=environment),
+                            local, SearchOptions(study="single", fresh=True, predict=False))
+    assert single.best.config.to_dict() == {k: summary["best"][k] for k in single.best.config.to_dict()}
+
+    board = CliRunner().invoke(cli, ["leaderboard", "--db", postgres_url, "--study", "shared", "--format", "json"])
+    assert all(":cpu" in row["worker"] for row in json.loads(board.output))
+
+
+def test_two_workers_share_one_sqlite_file(tiny_model, tmp_path):
+    db = str(tmp_path / "two.db")
+    done = autotune("search", "--model", tiny_model, "--gpu-budget", "24MiB", *FLAGS, "--study", "two",
+                    "--workers", "2", "--db", db)
+    assert done.returncode == 0, done.stderr
+    assert "by 2 workers (every candidate settled)" in done.stdout
+    with open_store(db) as store:
+        probes = store.probes("two")
+        study = store.study("two")
+        claims = store.claims(study.id, stale_after=60)
+    keys = [p.config_key for p in probes]
+    assert len(keys) == len(set(keys)) == 8 and study.status == "finished"
+    assert len({c.worker for c in claims}) == 2  # both took configurations
+    table = CliRunner().invoke(cli, ["studies", "--db", db]).output
+    assert "workers" in table.splitlines()[0]
