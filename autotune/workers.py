@@ -5,7 +5,7 @@ There is no scheduler: the database is the meeting point. Optuna's RDB storage a
 tables live in it; each worker claims a configuration there before probing it (Store.claim: an
 INSERT that loses on a unique key, or a conditional UPDATE taking over a claim whose worker stopped
 heartbeating), reads the study's probes before each pick, and records its outcome once
-(Store.settle). See autotune/search.py for the loop every worker runs.
+(Store.settle). See autotune/search/ for the loop every worker runs.
 
 A study is pinned to one kind of card: its environment (device name and memory, driver and
 library versions) is stored with it, and a worker on anything else refuses to join unless told
@@ -34,15 +34,15 @@ from autotune.search import (
     Runner,
     SearchOptions,
     SearchOutcome,
-    _distributions,
-    _finished_study,
-    _predictions_from_plan,
-    _Trials,
-    _work,
-    _Worker,
+    Trials,
+    WorkerState,
     default_study_name,
+    distributions_of,
+    finished_study,
+    predictions_from_plan,
     start_study,
     stop_on_first_interrupt,
+    work,
     worker_label,
 )
 from autotune.space import SearchSpace
@@ -123,17 +123,17 @@ def run_worker(
     check_joinable(study, environment, allow_other_device)
     knowledge = Knowledge(space.candidates(), allowed_bytes=study.budget_bytes - study.margin_bytes,
                           skip_over_bytes=int(study.budget_bytes * (1 + options.predict_margin)),
-                          predictions=_predictions_from_plan(plan))
+                          predictions=predictions_from_plan(plan))
     settings = getattr(runner, "settings", None)
-    worker = _Worker(store, study, space, spec, study.budget_bytes, study.margin_bytes, environment, options,
+    worker = WorkerState(store, study, space, spec, study.budget_bytes, study.margin_bytes, environment, options,
                      knowledge, worker_label(getattr(settings, "device", None)))
     worker.refresh()
     if on_start is not None:
         on_start(study, environment, len(knowledge.candidates), len(knowledge.outcomes))
     # Each worker its own TPE seed: with one seed, every worker would propose the same points.
-    trials = _Trials(store.engine.url.render_as_string(hide_password=False), name, _distributions(space), seed=None)
+    trials = Trials(store.engine.url.render_as_string(hide_password=False), name, distributions_of(space), seed=None)
     try:
-        return _work(worker, runner, trials, on_event, starter=False, started=started)
+        return work(worker, runner, trials, on_event, starter=False, started=started)
     finally:
         trials.close()
 
@@ -266,7 +266,7 @@ def search_with_workers(
     candidates = space.candidates()
     with open_store(db) as store:
         if not options.fresh:
-            finished = _finished_study(store, name, space)
+            finished = finished_study(store, name, space)
             if finished is not None:
                 return SearchOutcome(study=finished, space=space, leaderboard=store.leaderboard(name), candidates=len(candidates),
                                      seconds=time.perf_counter() - started, answered_from_database=True, workers=0)

@@ -1,0 +1,64 @@
+"""The search: which configurations to probe, in what order, and when to stop.
+
+An Optuna study (stored in the same database as autotune's tables) records every trial: a probe
+that fits is a completed trial valued by its tokens/s; an OOM is a completed trial that violates
+the memory constraint (Optuna's TPE ignores failed trials, so an OOM told as a failure would be
+proposed again). What to probe next is chosen by a strategy:
+
+- `frontier` (default): uses the structure of the problem. Inside a group of configs that differ
+  only in micro-batch, memory grows with the micro-batch, so a binary search finds the largest one
+  that fits; throughput grows with the micro-batch at a fixed effective batch, so the group's best
+  is at that frontier, which one more probe (the next smaller micro-batch) confirms. An OOM skips
+  every larger config of the same precision, checkpointing and attention; a config that fits
+  without checkpointing skips the same config with it (same memory need met, less work).
+- `tpe`: Optuna's TPE sampler with the memory constraint, plus the same OOM skipping.
+- `grid`: every candidate, smallest first, with OOM skipping; `grid-full` probes even those.
+
+`benchmarks/search_strategies.py` measures how many probes each needs to reach the exhaustive
+grid's best; that measurement is why `frontier` is the default.
+
+Several workers can share one study (`autotune worker`, `autotune search --workers N`; see
+autotune/workers.py): each claims a configuration in the database before probing it (Store.claim),
+so every configuration is probed once whichever worker takes it, and reads what the others found
+before each pick, so an OOM found by one prunes for all. Configurations in flight on other workers
+are unavailable to the strategies, and so are those an in-flight probe could rule out (speculative):
+a worker with nothing else to do waits for the results instead of probing what may prove needless.
+
+Where things live: `common.py` (options, events, outcomes), `knowledge.py` (what is known and what
+it rules out), `strategies.py`, `predictions.py` (the estimator's part), `trials.py` (Optuna),
+`worker_state.py` (claims' heartbeat, a worker's view of the others), `driver.py` (the loop).
+"""
+
+from __future__ import annotations
+
+from autotune.search.common import (
+    HEARTBEAT_SECONDS,
+    RETRYABLE,
+    STALE_BEATS,
+    STRATEGIES,
+    Event,
+    Runner,
+    SearchOptions,
+    SearchOutcome,
+)
+from autotune.search.driver import (
+    default_study_name,
+    finished_study,
+    run_search,
+    search,
+    start_study,
+    stop_on_first_interrupt,
+    work,
+)
+from autotune.search.knowledge import Knowledge
+from autotune.search.predictions import Prediction, predict, predictions_from_plan
+from autotune.search.strategies import FrontierStrategy, GridStrategy, TpeStrategy, make_strategy
+from autotune.search.trials import Trials, distributions_of
+from autotune.search.worker_state import Heartbeat, WorkerState, worker_label
+
+__all__ = [
+    "HEARTBEAT_SECONDS", "RETRYABLE", "STALE_BEATS", "STRATEGIES", "Event", "FrontierStrategy", "GridStrategy",
+    "Heartbeat", "Knowledge", "Prediction", "Runner", "SearchOptions", "SearchOutcome", "TpeStrategy", "Trials",
+    "WorkerState", "default_study_name", "distributions_of", "finished_study", "make_strategy", "predict",
+    "predictions_from_plan", "run_search", "search", "start_study", "stop_on_first_interrupt", "work", "worker_label",
+]

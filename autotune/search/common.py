@@ -1,0 +1,99 @@
+"""The search's vocabulary: its options, the runner it drives, what it reports as it goes and
+when it ends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from autotune.config import ProbeConfig
+from autotune.environment import Environment
+from autotune.errors import BadInput
+from autotune.models import ModelSpec
+from autotune.result import ProbeResult
+from autotune.space import SearchSpace
+from autotune.store import LeaderboardRow, StudyRecord
+
+STRATEGIES = ("frontier", "tpe", "grid", "grid-full")
+# Statuses that say nothing about a config's memory need: the search may try it again on resume.
+RETRYABLE = ("timeout", "crashed", "error")
+# A worker writes its claim's heartbeat this often; a claim is stale (its worker presumed dead, the
+# config handed to another) after STALE_BEATS periods without one.
+HEARTBEAT_SECONDS = 5.0
+STALE_BEATS = 3
+
+
+class Runner(Protocol):
+    """What the search needs of a probe runner (ProbeRunner, or a scripted fake in tests)."""
+
+    def environment(self) -> Environment: ...
+    def run(self, config: ProbeConfig, budget_bytes: int, spec: ModelSpec | None = None) -> ProbeResult: ...
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class SearchOptions:
+    study: str | None = None
+    strategy: str = "frontier"
+    max_trials: int | None = None      # probes actually run (reused and skipped ones are free)
+    timeout: float | None = None       # seconds; no new probe starts after this
+    patience: int | None = None        # stop after this many probes without a better config
+    fresh: bool = False                # ignore stored results from other studies
+    predict: bool = True               # estimate memory first: skip hopeless configs, order the rest
+    predict_margin: float = 0.10       # skip only when predicted over the budget by more than this share
+    heartbeat_seconds: float = HEARTBEAT_SECONDS  # claims' heartbeat period, for the whole study
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise BadInput(f"--strategy {self.strategy!r} is unknown; choose from {', '.join(STRATEGIES)}.")
+        if self.max_trials is not None and self.max_trials < 1:
+            raise BadInput("--max-trials must be at least 1.")
+        if self.patience is not None and self.patience < 1:
+            raise BadInput("--patience must be at least 1.")
+        if not 0 <= self.predict_margin < 10:
+            raise BadInput("--predict-margin must be between 0 and 10 (a share of the budget, e.g. 0.1).")
+        if not 0 < self.heartbeat_seconds <= 3600:
+            raise BadInput("--heartbeat must be between 0 and 3600 seconds (e.g. 5).")
+
+    @property
+    def stale_after(self) -> float:
+        return STALE_BEATS * self.heartbeat_seconds
+
+
+@dataclass(slots=True)
+class Event:
+    """One resolved candidate, for the live display."""
+
+    config: ProbeConfig
+    result: ProbeResult
+    how: str                 # 'probed', 'reused' (stored result) or 'skipped' (ruled out by structure)
+    resolved: int            # candidates resolved so far, this one included
+    total: int               # candidates in the space
+    best: bool               # the best config so far
+    worker: str | None = None  # the worker that settled it, when several share the study
+
+
+@dataclass(slots=True)
+class SearchOutcome:
+    study: StudyRecord
+    space: SearchSpace
+    leaderboard: list[LeaderboardRow]
+    probed: int = 0
+    reused: int = 0
+    skipped: int = 0
+    candidates: int = 0
+    seconds: float = 0.0
+    stop_reason: str = "exhausted"
+    answered_from_database: bool = False
+    probes_seconds: float = 0.0        # wall time of the probes actually run
+    workers: int = 1                   # worker processes that searched (autotune search --workers)
+    failures: list[str] = field(default_factory=list)  # workers that ended in error, one line each
+
+    @property
+    def best(self) -> LeaderboardRow | None:
+        return self.leaderboard[0] if self.leaderboard else None
+
+    @property
+    def finished(self) -> bool:
+        # 'finished': another worker of the study finished it (its patience ran out).
+        return self.stop_reason in ("exhausted", "patience", "finished")

@@ -1,0 +1,319 @@
+"""The driver: create or resume a study, then settle candidates one by one (probe, reuse, or skip)
+until none is left, a limit is reached, or Ctrl-C. Every settled candidate is stored as it
+finishes, so the same command resumes an interrupted search."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from autotune.config import ProbeConfig
+from autotune.environment import Environment
+from autotune.errors import BadInput
+from autotune.models import ModelSpec
+from autotune.result import ProbeResult
+from autotune.search.common import RETRYABLE, Event, Runner, SearchOptions, SearchOutcome
+from autotune.search.knowledge import Knowledge
+from autotune.search.predictions import Prediction, predict, predictions_from_plan
+from autotune.search.strategies import TpeStrategy, make_strategy
+from autotune.search.trials import Trials, distributions_of
+from autotune.search.worker_state import Heartbeat, WorkerState, worker_label
+from autotune.space import SearchSpace
+from autotune.store import Store, StudyRecord
+
+
+@contextmanager
+def stop_on_first_interrupt() -> Iterator[threading.Event]:
+    """The first Ctrl-C asks the search to stop after the probe in flight; a second one aborts it."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def handler(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def default_study_name(spec: ModelSpec, budget_bytes: int) -> str:
+    """'gpt2-8GiB', 'gpt2-2.3GiB', 'tiny-24MiB': the model's last path part and the budget, so that
+    the same command resumes the same study."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if budget_bytes >= scale:
+            return f"{spec.reference.rstrip('/').split('/')[-1]}-{budget_bytes / scale:.4g}{unit}"
+    return f"{spec.reference.rstrip('/').split('/')[-1]}-{budget_bytes}B"
+
+
+def run_search(
+    space: SearchSpace,
+    spec: ModelSpec,
+    budget_bytes: int,
+    margin_bytes: int,
+    runner: Runner,
+    store: Store,
+    options: SearchOptions | None = None,
+    on_event: Callable[[Event], None] | None = None,
+    on_start: Callable[[StudyRecord, Environment, int, int], None] | None = None,
+    predictor: Callable[[list[ProbeConfig], str], dict[str, Prediction]] | None = None,
+) -> SearchOutcome:
+    """Search `space` for the fastest configuration of `spec` that fits `budget_bytes`.
+
+    Every resolved candidate is stored as it finishes (one transaction each), so an interrupted
+    search resumes with the same study name and re-runs nothing it finished. This process is the
+    study's first worker; others may join it (autotune.workers.join_study) from any machine that
+    reaches the database.
+    """
+    options = options or SearchOptions()
+    started = time.perf_counter()
+    name = options.study or default_study_name(spec, budget_bytes)
+
+    # A finished study of the same space answers from the database: no worker, no torch.
+    if not options.fresh:
+        finished = finished_study(store, name, space)
+        if finished is not None:
+            return SearchOutcome(study=finished, space=space, leaderboard=store.leaderboard(name), candidates=len(space.candidates()),
+                                 seconds=time.perf_counter() - started, answered_from_database=True)
+    worker, trials = start_study(space, spec, budget_bytes, margin_bytes, runner, store, options, on_start, predictor)
+    try:
+        return work(worker, runner, trials, on_event, starter=True, started=started)
+    finally:
+        trials.close()
+
+
+def start_study(
+    space: SearchSpace,
+    spec: ModelSpec,
+    budget_bytes: int,
+    margin_bytes: int,
+    runner: Runner,
+    store: Store,
+    options: SearchOptions,
+    on_start: Callable[[StudyRecord, Environment, int, int], None] | None = None,
+    predictor: Callable[[list[ProbeConfig], str], dict[str, Prediction]] | None = None,
+) -> tuple[WorkerState, Trials]:
+    """Create or resume the study, predict memory, and store the plan that joining workers follow.
+    Returns the first worker's state (run_search goes on to search with it)."""
+    candidates = space.candidates()
+    name = options.study or default_study_name(spec, budget_bytes)
+    environment = runner.environment()
+    _check_resumable(store, name, environment)
+    study = store.get_or_create_study(name, model=spec, environment=environment, budget_bytes=budget_bytes,
+                                      margin_bytes=margin_bytes, effective_batch=space.work_per_step, space=space.to_dict())
+    store.reopen_claims(study.id, RETRYABLE)  # resume: timeouts and crashes get one more try
+    knowledge = Knowledge(candidates, allowed_bytes=budget_bytes - margin_bytes,
+                          skip_over_bytes=int(budget_bytes * (1 + options.predict_margin)))
+    settings = getattr(runner, "settings", None)
+    worker = WorkerState(store, study, space, spec, budget_bytes, margin_bytes, environment, options, knowledge,
+                     worker_label(getattr(settings, "device", None)))
+    worker.refresh()  # everything this study already settled
+    if on_start is not None:
+        on_start(study, environment, len(candidates), len(knowledge.outcomes))
+    stored = predictions_from_plan(study.plan) if not options.fresh else {}
+    if options.predict and options.strategy != "grid-full" and knowledge.unresolved():
+        missing = [c for c in knowledge.unresolved() if c.key() not in stored]
+        if missing:
+            stored.update((predictor or predict)(missing, environment.device_type))
+        knowledge.predictions = stored
+    # Optuna's tables and study exist before the plan does: a worker may join as soon as it is
+    # stored, and several processes creating Optuna's tables at once collide.
+    trials = Trials(store.engine.url.render_as_string(hide_password=False), name, distributions_of(space), seed=0)
+    store.set_study_plan(study.id, {
+        "strategy": options.strategy, "fresh": options.fresh, "predict_margin": options.predict_margin,
+        "patience": options.patience, "heartbeat_seconds": options.heartbeat_seconds,
+        "probe": None if settings is None else {
+            "warmup_steps": settings.warmup_steps, "measure_steps": settings.measure_steps,
+            "timeout": settings.timeout, "trust_remote_code": settings.trust_remote_code,
+        },
+        "predictions": {key: [p.peak_bytes, p.floor_bytes, p.required_bytes] for key, p in knowledge.predictions.items()},
+    })
+    worker.study = store.study(name)
+    if not any(c.state == "running" and not c.stale for c in store.claims(study.id, stale_after=options.stale_after)):
+        trials.close_running()  # (only when no other worker is in the middle of a trial)
+    return worker, trials
+
+
+
+
+
+
+def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Event], None] | None, *,
+          starter: bool, started: float) -> SearchOutcome:
+    """Take configurations of the study until none is left, the study is stopped, or a limit of
+    this worker is reached. The starter sets the study's status when it stops; a joining worker
+    marks it finished when the space is done and leaves it alone otherwise."""
+    store, k, options = w.store, w.knowledge, w.options
+    strategy = make_strategy(options, k, w.environment.device_type, trials)
+    patience = options.patience if options.patience is not None else (10 if options.strategy == "tpe" else None)
+    outcome = SearchOutcome(study=w.study, space=w.space, leaderboard=[], candidates=len(k.candidates))
+    since_improvement = 0
+    env_fp = w.environment.fingerprint()
+    heartbeat = Heartbeat(store, w.study.id, w.label, options.heartbeat_seconds)
+    try:
+        with stop_on_first_interrupt() as stop:
+            while True:
+                if stop.is_set():
+                    outcome.stop_reason = "interrupted"
+                    break
+                status = w.refresh(on_event)
+                if status != "running":
+                    outcome.stop_reason = "finished" if status == "finished" else "stopped"
+                    break
+                choice = strategy.next()
+                if choice is None:
+                    if not k.busy:
+                        outcome.stop_reason = "exhausted"
+                        break
+                    if options.timeout is not None and time.perf_counter() - started >= options.timeout:
+                        outcome.stop_reason = "timeout"
+                        break
+                    # Nothing to do until probes in flight on other workers report: wait for them.
+                    stop.wait(min(1.0, options.heartbeat_seconds))
+                    continue
+                config, skip_reason = choice
+                trial = getattr(strategy, "pending_trial", None)
+                if isinstance(strategy, TpeStrategy):
+                    strategy.pending_trial = None
+
+                previous_best = k.best()
+                prediction = k.predictions.get(config.key())
+                settle: dict[str, Any] = {"worker": w.label, "env_fingerprint": env_fp,
+                                          "trial_number": trial.number if trial is not None else None,
+                                          "predicted_peak_bytes": prediction.peak_bytes if prediction else None}
+                if skip_reason is not None:
+                    result = ProbeResult(status="skipped", budget_bytes=w.budget_bytes, margin_bytes=w.margin_bytes, error=skip_reason)
+                    how = "skipped"
+                    probe_id = store.settle(w.study.id, config, result, how="unclaimed", cacheable=False, **settle)
+                    outcome.skipped += probe_id is not None
+                else:
+                    cached = None if options.fresh else store.find_cached(config.key(), env_fp, w.spec.fingerprint, w.budget_bytes, w.margin_bytes)
+                    if cached is not None:
+                        result, how = cached, "reused"
+                        probe_id = store.settle(w.study.id, config, result, how="unclaimed", **settle)
+                        outcome.reused += probe_id is not None
+                    else:
+                        limit = ("max-trials" if options.max_trials is not None and outcome.probed >= options.max_trials
+                                 else "timeout" if options.timeout is not None and time.perf_counter() - started >= options.timeout
+                                 else None)
+                        if limit is not None:
+                            if trial is not None:
+                                trials.tell(trial, None)
+                            outcome.stop_reason = limit
+                            break
+                        if store.claim(w.study.id, config.key(), w.label, stale_after=options.stale_after) is None:
+                            # Another worker took it between our look and our claim: pick again.
+                            if trial is not None:
+                                trials.tell(trial, None)
+                            continue
+                        result = _probe(w, runner, heartbeat, config)
+                        how = "probed"
+                        outcome.probed += 1
+                        outcome.probes_seconds += result.wall_seconds or 0.0
+                        probe_id = store.settle(w.study.id, config, result, how="claimed", **settle)
+                if probe_id is None:
+                    # Settled by another worker first (the same skip found at once, or a claim taken
+                    # over from this worker while it looked dead): theirs is the stored outcome.
+                    if trial is not None:
+                        trials.tell(trial, None)
+                    continue
+                if trial is not None:
+                    trials.tell(trial, result)
+                else:
+                    number = trials.add(config, result)
+                    if number is not None:
+                        store.set_trial_number(probe_id, number)
+                # Timeouts, crashes and errors are learnt too, so this run does not ask again; a
+                # resumed search ignores them (RETRYABLE) and tries once more.
+                k.learn(config, result)
+                best = k.best()
+                improved = best is not None and (previous_best is None or best[0].key() != previous_best[0].key())
+                if how == "probed":
+                    since_improvement = 0 if improved else since_improvement + 1
+                if on_event is not None:
+                    on_event(Event(config, result, how, len(k.outcomes), len(k.candidates),
+                                   best is not None and best[0].key() == config.key(), w.label))
+                if patience is not None and since_improvement >= patience:
+                    outcome.stop_reason = "patience"
+                    break
+    finally:
+        heartbeat.close()
+
+    if starter:
+        store.set_study_status(w.study.id, "finished" if outcome.finished else "interrupted")
+    elif outcome.finished and outcome.stop_reason != "finished":
+        store.set_study_status(w.study.id, "finished")
+    outcome.study = store.study(w.study.name)
+    outcome.leaderboard = store.leaderboard(w.study.name)
+    outcome.seconds = time.perf_counter() - started
+    return outcome
+
+
+def _probe(w: WorkerState, runner: Runner, heartbeat: Heartbeat, config: ProbeConfig) -> ProbeResult:
+    """Run a claimed probe, heartbeating; a probe that does not end (a second Ctrl-C, a user error
+    raised by the runner) gives its claim back, so that it is not left to go stale."""
+    try:
+        with heartbeat.holding(config.key()):
+            return runner.run(config, w.budget_bytes, w.spec)
+    except BaseException:
+        w.store.release_claim(w.study.id, config.key(), w.label)
+        raise
+
+
+def _check_resumable(store: Store, name: str, environment: Environment) -> None:
+    """A study's probes compare only on one environment: refuse, before writing anything, to mix."""
+    from autotune.errors import StudyNotFound
+
+    try:
+        study = store.study(name)
+    except StudyNotFound:
+        return
+    if study.env_fingerprint != environment.fingerprint():
+        raise BadInput(f"study {name!r} was run on {study.device_name} (or with other library versions); "
+                       f"give a new --study name to search on {environment.device_name}.")
+
+
+def search(model: str, budget_bytes: int, *, settings, options: SearchOptions, db: str | None = None,
+           on_event: Callable[[Event], None] | None = None,
+           on_start: Callable[[StudyRecord, Environment, int, int], None] | None = None,
+           workers: int | None = None, **space_args) -> SearchOutcome:
+    """`autotune search`: resolve the model, build the space, open the store, start a probe runner,
+    search. Everything a user can get wrong is checked before the database is opened. With
+    `workers`, the search runs in that many worker processes (autotune.workers)."""
+    from autotune.models import resolve_model
+    from autotune.probe import ProbeRunner
+    from autotune.store import open_store
+    from autotune.units import format_size
+
+    spec = resolve_model(model)
+    space = SearchSpace.build(spec, **space_args)
+    space.candidates()  # raises BadInput when no micro-batch keeps the effective batch exact
+    margin = settings.margin_bytes(budget_bytes)
+    if margin >= budget_bytes:
+        raise BadInput(f"--safety-margin {format_size(margin)} leaves nothing of the {format_size(budget_bytes)} budget; use a smaller margin.")
+    if workers is not None:
+        from autotune.workers import search_with_workers
+
+        return search_with_workers(spec, space, budget_bytes, margin, workers=workers, settings=settings, options=options,
+                                   db=db, on_start=on_start, on_event=on_event)
+    with open_store(db) as store, ProbeRunner(settings) as runner:
+        return run_search(space, spec, budget_bytes, margin, runner, store, options, on_event, on_start)
+
+
+def finished_study(store: Store, name: str, space: SearchSpace) -> StudyRecord | None:
+    from autotune.errors import StudyNotFound
+
+    try:
+        study = store.study(name)
+    except StudyNotFound:
+        return None
+    return study if study.status == "finished" and study.space == space.to_dict() else None

@@ -1,0 +1,95 @@
+"""Knowledge: what a search knows of each candidate, and what that implies for the others."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from autotune.config import ProbeConfig
+from autotune.result import ProbeResult
+from autotune.search.predictions import Prediction
+from autotune.space import dominates_in_memory, group_key
+from autotune.units import format_size
+
+
+@dataclass(slots=True)
+class Knowledge:
+    """What is known about each candidate of the space, and what it implies for the others."""
+
+    candidates: list[ProbeConfig]
+    outcomes: dict[str, ProbeResult] = field(default_factory=dict)   # by config key
+    predictions: dict[str, Prediction] = field(default_factory=dict)
+    allowed_bytes: int = 0          # budget less margin: what a config may need
+    skip_over_bytes: int = 0        # predicted need above which a config is not probed
+    busy: dict[str, ProbeConfig] = field(default_factory=dict)  # in flight on other workers, by key
+
+    def resolved(self, config: ProbeConfig) -> bool:
+        return config.key() in self.outcomes
+
+    def available(self, config: ProbeConfig) -> bool:
+        """Not in flight on another worker."""
+        return config.key() not in self.busy
+
+    def speculative(self, config: ProbeConfig) -> bool:
+        """Whether probes in flight elsewhere could make probing `config` needless, so that it is
+        better left until they report: one of them could run out of memory and rule `config` out,
+        or `config` checkpoints and its twin without checkpointing, still undecided, is in a group
+        being searched (a twin that fits rules `config` out). A lone worker never waits on this."""
+        if not self.busy:
+            return False
+        fitting = [c for c, _ in self.ok()]
+        twin_group = None
+        if config.checkpointing:
+            twin = replace(config, checkpointing=False)
+            if twin.key() in {c.key() for c in self.candidates} and not self.resolved(twin):
+                twin_group = group_key(twin)
+        for other in self.busy.values():
+            if other.key() == config.key():
+                continue
+            if twin_group is not None and group_key(other) == twin_group:
+                return True
+            if (dominates_in_memory(other, config) and not any(dominates_in_memory(other, f) for f in fitting)
+                    and not any(dominates_in_memory(config, f) for f in fitting)):
+                return True  # `other` may not fit (nothing as large is known to), and then neither does `config`
+        return False
+
+    def open(self, config: ProbeConfig) -> bool:
+        """Unresolved, not in flight elsewhere, and not waiting on a result in flight: worth a probe now."""
+        return not self.resolved(config) and self.available(config) and not self.speculative(config)
+
+    def learn(self, config: ProbeConfig, result: ProbeResult) -> None:
+        self.outcomes[config.key()] = result
+
+    def ok(self) -> list[tuple[ProbeConfig, ProbeResult]]:
+        return [(c, self.outcomes[c.key()]) for c in self.candidates if c.key() in self.outcomes and self.outcomes[c.key()].status == "ok"]
+
+    def best(self) -> tuple[ProbeConfig, ProbeResult] | None:
+        fitting = self.ok()
+        return max(fitting, key=lambda item: item[1].tokens_per_s or 0.0) if fitting else None
+
+    def implied_skip(self, config: ProbeConfig) -> str | None:
+        """Why `config` need not be probed, from what is known of the others; None if it must be."""
+        for other in self.candidates:
+            result = self.outcomes.get(other.key())
+            if result is None or other.key() == config.key():
+                continue
+            if result.status == "oom" and dominates_in_memory(other, config):
+                return f"needs at least the memory of {other.label()}, which ran out of memory"
+            if (config.checkpointing and not other.checkpointing and result.status == "ok"
+                    and dominates_in_memory(replace(config, checkpointing=False), other)):
+                # Its twin without checkpointing fits (it is no larger than `other`, which does).
+                if (other.micro_batch, other.block_size) == (config.micro_batch, config.block_size):
+                    return f"{other.label()} fits without checkpointing, which only adds recomputation"
+                return (f"fits without checkpointing (the larger {other.label()} does), and checkpointing only "
+                        f"adds recomputation")
+        prediction = self.predictions.get(config.key())
+        if prediction is not None and prediction.floor_bytes > self.skip_over_bytes:
+            return (f"predicted to need at least {format_size(prediction.floor_bytes)}, over the "
+                    f"{format_size(self.allowed_bytes)} allowed by more than the prediction margin")
+        return None
+
+    def predicted_to_fit(self, config: ProbeConfig) -> bool | None:
+        prediction = self.predictions.get(config.key())
+        return None if prediction is None else prediction.required_bytes <= self.allowed_bytes
+
+    def unresolved(self) -> list[ProbeConfig]:
+        return [c for c in self.candidates if not self.resolved(c)]

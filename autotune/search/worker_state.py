@@ -1,0 +1,140 @@
+"""One search worker's part in a study: its label, the heartbeat that keeps its claim alive, and
+what it has read of the other workers' results."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from autotune.config import ProbeConfig
+from autotune.environment import Environment
+from autotune.models import ModelSpec
+from autotune.result import ProbeResult
+from autotune.search.common import RETRYABLE, Event, SearchOptions
+from autotune.search.knowledge import Knowledge
+from autotune.space import SearchSpace
+from autotune.store import MAX_ATTEMPTS, Store, StudyRecord
+
+log = logging.getLogger("autotune")
+
+
+def worker_label(device: str | None = None) -> str:
+    """'host:pid:device', stored with each probe: which worker ran it. A worker given one GPU by
+    CUDA_VISIBLE_DEVICES names that GPU."""
+    device = device or "auto"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if device in ("auto", "cuda", "cuda:0") and visible and "," not in visible and visible != "-1":
+        device = f"cuda:{visible}"
+    return f"{socket.gethostname()}:{os.getpid()}:{device}"
+
+
+class Heartbeat:
+    """A daemon thread that keeps this worker's claim alive while it probes: it writes the claim's
+    heartbeat every `interval` seconds. A worker killed mid-probe stops beating, and after
+    STALE_BEATS periods another worker takes the configuration over."""
+
+    def __init__(self, store: Store, study_id: int, worker: str, interval: float) -> None:
+        self.store, self.study_id, self.worker, self.interval = store, study_id, worker, interval
+        self._key: str | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="autotune-heartbeat", daemon=True)
+        self._thread.start()
+
+    @contextmanager
+    def holding(self, config_key: str) -> Iterator[None]:
+        self._key = config_key
+        try:
+            yield
+        finally:
+            self._key = None
+
+    def _run(self) -> None:
+        from sqlalchemy.exc import InterfaceError, OperationalError
+
+        while not self._stop.wait(self.interval):
+            key = self._key
+            if key is None:
+                continue
+            try:
+                self.store.heartbeat(self.study_id, key, self.worker)
+            except (OperationalError, InterfaceError) as exc:
+                # One missed beat is not fatal: a claim goes stale only after STALE_BEATS of them.
+                log.warning("heartbeat of %s failed: %s", key, exc)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+
+@dataclass(slots=True)
+class WorkerState:
+    """One worker's part in a study: what it searches, on what, and what it has read of the others."""
+
+    store: Store
+    study: StudyRecord
+    space: SearchSpace
+    spec: ModelSpec
+    budget_bytes: int
+    margin_bytes: int
+    environment: Environment
+    options: SearchOptions
+    knowledge: Knowledge
+    label: str
+    seen_probe_id: int = 0
+    by_key: dict[str, ProbeConfig] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.by_key = {c.key(): c for c in self.knowledge.candidates}
+
+    def refresh(self, on_event: Callable[[Event], None] | None = None) -> str:
+        """Learn what the study's workers settled since the last look, mark what is in flight on
+        others, record configs whose claims were abandoned once too often as crashed. Returns the
+        study's status (a worker stops when it is no longer running)."""
+        k = self.knowledge
+        # Probes before claims: a probe row and its claim's new state commit together, so a row
+        # read here has its claim settled in the read below.
+        rows = self.store.probes(self.study.name, after_id=self.seen_probe_id)
+        claims = {c.config_key: c for c in self.store.claims(self.study.id, stale_after=self.options.stale_after)}
+        for row in rows:
+            self.seen_probe_id = max(self.seen_probe_id, row.id)
+            config = self.by_key.get(row.config_key)
+            claim = claims.get(row.config_key)
+            # A claim settled, or (studies from before claims) an outcome a resumed search keeps.
+            settled = claim.state != "running" if claim is not None else row.result.status not in RETRYABLE
+            if config is None or not settled:
+                continue
+            new = not k.resolved(config)
+            k.learn(config, row.result)
+            if new and on_event is not None and row.worker != self.label:
+                on_event(self._event(config, row.result, "skipped" if row.result.status == "skipped" else "probed", row.worker))
+        k.busy = {}
+        for key, claim in claims.items():
+            config = self.by_key.get(key)
+            if config is None or claim.state != "running" or k.resolved(config):
+                continue
+            if not claim.stale:
+                k.busy[key] = config
+            elif claim.attempts >= MAX_ATTEMPTS:
+                self._abandon(config, claim, on_event)
+        return self.store.study(self.study.name).status
+
+    def _abandon(self, config: ProbeConfig, claim, on_event: Callable[[Event], None] | None) -> None:
+        result = ProbeResult(status="crashed", budget_bytes=self.budget_bytes, margin_bytes=self.margin_bytes,
+                             error=f"the worker probing it stopped heartbeating, {claim.attempts} times (last {claim.worker}); "
+                                   f"not retried")
+        probe_id = self.store.settle(self.study.id, config, result, how="abandoned", worker=self.label,
+                                     env_fingerprint=self.study.env_fingerprint, stale_after=self.options.stale_after)
+        if probe_id is not None:  # else another worker recorded it: the next refresh reads it
+            self.knowledge.learn(config, result)
+            if on_event is not None:
+                on_event(self._event(config, result, "probed", claim.worker))
+
+    def _event(self, config: ProbeConfig, result: ProbeResult, how: str, worker: str | None) -> Event:
+        best = self.knowledge.best()
+        return Event(config, result, how, len(self.knowledge.outcomes), len(self.knowledge.candidates),
+                     best is not None and best[0].key() == config.key() and result.status == "ok", worker)
