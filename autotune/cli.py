@@ -239,7 +239,8 @@ def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, 
     out = sys.stderr if as_json else sys.stdout
     outcome = run(model, budget, settings=settings, options=options, db=db, workers=workers,
                   on_start=lambda *a: click.echo(report.format_search_header(*a), file=out),
-                  on_event=lambda e: click.echo(report.format_event(e), file=out), **space_args)
+                  on_event=lambda e: click.echo(report.format_event(e, show_worker=workers is not None), file=out),
+                  **space_args)
     for failure in outcome.failures:
         click.echo(f"autotune: warning: {failure}", err=True)
     if as_json:
@@ -277,7 +278,7 @@ def worker(study, device, allow_other_device, max_trials, timeout, patience, pro
                          timeout=parse_duration(timeout) if timeout else None, patience=patience,
                          probe_timeout=parse_duration(probe_timeout, flag="--probe-timeout") if probe_timeout else None,
                          on_start=lambda *a: click.echo(report.format_search_header(*a), file=out),
-                         on_event=lambda e: click.echo(report.format_event(e), file=out))
+                         on_event=lambda e: click.echo(report.format_event(e, show_worker=True), file=out))
     if as_json:
         echo_json(report.search_summary(outcome))
     else:

@@ -128,7 +128,7 @@ def render_studies(rows: Sequence[StudySummary], fmt: str = "table") -> str:
 
 
 # -- the search's live display and summary -------------------------------------------------------
-def format_event(event) -> str:
+def format_event(event, show_worker: bool = False) -> str:
     """One line per resolved candidate: progress, config, outcome, peak, speed."""
     r = event.result
     width = len(str(event.total))
@@ -143,7 +143,7 @@ def format_event(event) -> str:
         last = (r.error or "").strip().splitlines()[-1:] or [""]
         detail = f"peak {format_size(r.peak_reserved_bytes):>10}  {last[0][:80]}"
     how = "" if event.how in ("probed", "skipped") else f" ({event.how})"
-    worker = f"  [{event.worker}]" if getattr(event, "worker", None) else ""
+    worker = f"  [{event.worker}]" if show_worker and getattr(event, "worker", None) else ""
     return f"{progress} {event.config.label():<34} {r.status:<8}{detail}{how}{worker}"
 
 

@@ -125,12 +125,22 @@ class SearchSpace:
 
 
 def group_key(config: ProbeConfig) -> tuple:
-    """Configurations that differ only in micro-batch: memory grows with it inside a group."""
-    return (config.precision, config.checkpointing, config.attention, config.block_size)
+    """Configurations whose memory need grows with the micro-batch: same precision, checkpointing,
+    attention and block size, and either all accumulating gradients or not at all.
+
+    A config that accumulates keeps every gradient alive through the next micro-step's forward and
+    backward, so it needs about one set of gradients more than the same work done in a single
+    micro-step (gpt2: +475 MiB). The micro-batch that equals the effective batch (no accumulation)
+    can therefore fit where a smaller, accumulating one does not: it gets a group of its own.
+    """
+    return (config.precision, config.checkpointing, config.attention, config.block_size, config.grad_accum > 1)
 
 
 def dominates_in_memory(small: ProbeConfig, large: ProbeConfig) -> bool:
     """True when `large` needs at least the memory of `small`: same precision, checkpointing and
-    attention, and a micro-batch and block size each at least as large."""
+    attention, a micro-batch and block size each at least as large, and not the one of the two
+    that escapes accumulation's extra set of gradients (see group_key)."""
+    if small.grad_accum > 1 and large.grad_accum == 1:
+        return False
     return (small.precision, small.checkpointing, small.attention) == (large.precision, large.checkpointing, large.attention) \
         and large.micro_batch >= small.micro_batch and large.block_size >= small.block_size

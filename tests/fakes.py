@@ -1,8 +1,8 @@
 """A scripted probe runner: search and store tests run in milliseconds without torch.
 
-Memory and speed follow a simple, monotone model of a transformer (memory grows with micro-batch
-and block size, less with checkpointing and half precision; throughput grows with micro-batch and
-saturates), or replay recorded results.
+Memory and speed follow a simple model of a transformer (memory grows with micro-batch and block
+size, less with checkpointing and half precision, and by a set of gradients when accumulating;
+throughput grows with micro-batch and saturates), or replay recorded results.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ def modelled_result(config: ProbeConfig, budget_bytes: int, margin_bytes: int) -
     half = config.precision in ("fp16", "bf16")
     per_token = (0.35 if config.checkpointing else 1.0) * (0.6 if half else 1.0) * (1.3 if config.attention == "eager" else 1.0)
     peak = 500 * MiB + int(per_token * config.micro_batch * config.block_size * 64 * 1024)
+    if config.grad_accum > 1:
+        peak += 125 * MiB  # accumulating keeps a full set of gradients alive through the next micro-step
     if peak + margin_bytes > budget_bytes:
         return ProbeResult(status="oom", peak_reserved_bytes=budget_bytes - margin_bytes, budget_bytes=budget_bytes,
                            margin_bytes=margin_bytes, error="torch.OutOfMemoryError: CUDA out of memory (fake)", wall_seconds=1.0)

@@ -59,7 +59,8 @@ def test_frontier_finds_the_exhaustive_best_with_fewer_probes(store):
 
 def test_skipped_configs_are_stored_with_reasons_and_never_run(store):
     runner = ScriptedRunner()
-    outcome = search(store, runner, gpt2_space(), study="s")
+    # Effective batch 64: every micro-batch accumulates, so one OOM rules out all larger ones.
+    outcome = search(store, runner, gpt2_space(effective_batch=64), study="s")
     asked = {c.key() for c in runner.asked}
     probes = store.probes("s")
     skipped = [p for p in probes if p.result.status == "skipped"]
@@ -69,7 +70,7 @@ def test_skipped_configs_are_stored_with_reasons_and_never_run(store):
     assert any("ran out of memory" in p.result.error for p in skipped)
     assert any("without checkpointing" in p.result.error for p in skipped)
     # Every candidate is settled exactly once.
-    assert len(probes) == len({p.config_key for p in probes}) == len(gpt2_space().candidates())
+    assert len(probes) == len({p.config_key for p in probes}) == len(gpt2_space(effective_batch=64).candidates())
 
 
 def test_oom_is_a_completed_infeasible_optuna_trial(store):
@@ -123,7 +124,9 @@ def test_nothing_fits(store):
     outcome = run_search(gpt2_space(), resolve_model("gpt2"), 520 * 2**20, 26 * 2**20, ScriptedRunner(), store,
                          SearchOptions(study="tiny-budget", predict=False))
     assert outcome.best is None and outcome.leaderboard == []
-    assert outcome.probed <= 2 * 12  # binary search: two OOMs settle each of the 12 groups
+    # Binary search: two OOMs settle each of the 12 accumulating groups, one each group of the
+    # micro-batch that does not accumulate.
+    assert outcome.probed <= 3 * 12
 
 
 def test_study_on_another_device_is_refused_before_writing(store):
@@ -172,3 +175,17 @@ def test_wrong_predictions_cost_probes_not_the_answer(store, error):
         assert outcome.best.config == grid.best.config
     else:
         assert outcome.best.tokens_per_s >= 0.5 * grid.best.tokens_per_s
+
+
+def test_the_micro_batch_that_does_not_accumulate_is_probed_despite_smaller_ooms(store):
+    # Accumulating keeps 125 MiB of gradients more than the same work in one micro-step: under this
+    # budget mb16x2 runs out of memory while mb32x1 fits; OOM-skipping across that line would miss it.
+    space = gpt2_space(precisions=("bf16",), checkpointing=(True,), attentions=("sdpa",))
+    budget = 725 * 2**20
+    grid = run_search(space, resolve_model("gpt2"), budget, 0, ScriptedRunner(margin_fraction=0), store,
+                      SearchOptions(study="g", strategy="grid-full", predict=False))
+    statuses = {p.config.micro_batch: p.result.status for p in store.probes("g")}
+    assert statuses[16] == "oom" and statuses[32] == "ok"
+    outcome = run_search(space, resolve_model("gpt2"), budget, 0, ScriptedRunner(margin_fraction=0), store,
+                         SearchOptions(study="f", fresh=True, predict=False))
+    assert outcome.best.config == grid.best.config and outcome.best.config.micro_batch == 32

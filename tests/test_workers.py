@@ -35,7 +35,8 @@ class SlowRunner(ScriptedRunner):
 
 
 def gpt2_space() -> SearchSpace:
-    return SearchSpace.build(resolve_model("gpt2"), micro_batches=(1, 2, 4, 8, 16, 32), block_sizes=(512,))
+    # Effective batch 64: every micro-batch accumulates, so one OOM rules out all larger ones.
+    return SearchSpace.build(resolve_model("gpt2"), micro_batches=(1, 2, 4, 8, 16, 32), block_sizes=(512,), effective_batch=64)
 
 
 def shared_search(db: str, study: str, strategy: str = "frontier", joiners: int = 2):

@@ -18,7 +18,7 @@ def _precision_order(device_type: str) -> dict[str, int]:
 
 def _group_priority(config: ProbeConfig, device_type: str) -> tuple:
     return (config.checkpointing, _precision_order(device_type).get(config.precision, 9),
-            config.attention != "sdpa", -config.block_size)
+            config.attention != "sdpa", -config.block_size, config.grad_accum > 1)
 
 
 class FrontierStrategy:
