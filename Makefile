@@ -13,7 +13,7 @@ TORCH_SPEC ?= $(if $(HAVE_NVIDIA),,torch==2.13.0)
 # sits between configs (gpt2's weights, gradients and AdamW state alone take 1.85 GiB), so that
 # some probes run out of memory against it for real.
 GPU_DEMO_ARGS := --model gpt2 --gpu-budget 8GiB
-CPU_DEMO_ARGS := --model gpt2 --gpu-budget 2.3GiB --device cpu --block-sizes 64 --micro-batches 1,2,4,8 \
+CPU_DEMO_ARGS := --model gpt2 --gpu-budget 2.45GiB --device cpu --block-sizes 64 --micro-batches 1,2,4,8 \
                  --effective-batch 8 --precisions fp32 --checkpointing off,on --attention sdpa \
                  --measure-steps 2 --timeout 4m
 DEMO_ARGS ?= $(if $(HAVE_NVIDIA),$(GPU_DEMO_ARGS),$(CPU_DEMO_ARGS))
