@@ -65,6 +65,16 @@ class ModelSpec:
     def needs_remote_code(self) -> bool:
         return "auto_map" in self.config
 
+    def hf_config(self, trust_remote_code: bool = False):
+        """The transformers config: read from the model's directory where there is one (so that
+        its own code can load when allowed), else built from the architecture alone."""
+        from transformers import AutoConfig
+
+        if self.path and (trust_remote_code or not self.needs_remote_code):
+            return AutoConfig.from_pretrained(self.path, trust_remote_code=trust_remote_code)
+        fields = dict(self.config)
+        return AutoConfig.for_model(fields.pop("model_type"), **fields)
+
 
 def _read_config(path: Path) -> dict:
     try:

@@ -217,17 +217,13 @@ def _tokenizes(tokenizer) -> bool:
 def build_model(spec: ModelSpec, attention: str, device: torch.device, weights: str | None, trust_remote_code: bool = False):
     """The causal LM to train, in fp32 (mixed precision keeps fp32 master weights, as the probes do)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     kwargs = {"attn_implementation": attention, "dtype": torch.float32, "trust_remote_code": trust_remote_code}
     if weights is not None:
         model = AutoModelForCausalLM.from_pretrained(weights, **kwargs)
     else:
-        if spec.path and (trust_remote_code or not spec.needs_remote_code):
-            hf_config = AutoConfig.from_pretrained(spec.path, trust_remote_code=trust_remote_code)
-        else:
-            fields_ = dict(spec.config)
-            hf_config = AutoConfig.for_model(fields_.pop("model_type"), **fields_)
+        hf_config = spec.hf_config(trust_remote_code)
         with torch.device(device):  # built where it trains: no host copy of a large model
             model = AutoModelForCausalLM.from_config(hf_config, **kwargs)
     model.config.use_cache = False  # the KV cache is for generation; in training it only costs memory

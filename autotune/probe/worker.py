@@ -24,6 +24,7 @@ import transformers  # noqa: E402,F401  (imported here so that its cost counts a
 
 from autotune.config import ProbeConfig  # noqa: E402
 from autotune.errors import AutotuneError  # noqa: E402
+from autotune.models import ModelSpec  # noqa: E402
 from autotune.probe.devices import describe, peak_flops, resolve_device, supports_precision  # noqa: E402
 from autotune.probe.memory import CpuMemoryAccountant, apply_cuda_budget, measure_cuda_context  # noqa: E402
 from autotune.probe.oom import classify_exception  # noqa: E402
@@ -43,13 +44,10 @@ FAULT_ENV = "AUTOTUNE_TEST_FAULT"
 def build_model(model_config: dict, model_path: str | None, config: ProbeConfig, device: torch.device, trust_remote_code: bool):
     """A randomly initialised causal LM built directly on `device`; memory and speed do not depend
     on the weights' values, so no checkpoint is read."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    if model_path and (trust_remote_code or "auto_map" not in model_config):
-        hf_config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
-    else:
-        fields = dict(model_config)
-        hf_config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    spec = ModelSpec(config.model, model_config, "probe", model_path)
+    hf_config = spec.hf_config(trust_remote_code)
     hf_config.use_cache = False  # the KV cache is for generation; in training it only costs memory
     with torch.device(device):
         # fp32 master weights whatever dtype the checkpoint was saved in: mixed precision is
