@@ -8,6 +8,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass
 from importlib import metadata
+from typing import Any
 
 from autotune import __version__
 
@@ -39,5 +40,5 @@ class Environment:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "Environment":
-        return cls(**{k: data.get(k) for k in cls.__dataclass_fields__ if k in data})
+    def from_dict(cls, data: dict[str, Any]) -> "Environment":
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})

@@ -634,6 +634,7 @@ def _run(ctx: _RunContext, run_id: int, store: Store, args, tokenizer, echo: Cal
         return TrainOutcome("oom", run_id, ctx.winner.study.name, str(ctx.output_dir), summary, message,
                             list(ctx.warnings), ctx.searched)
 
+    assert trainer is not None  # set before training, and training did not fail
     with _quiet_bars(args.disable_tqdm):
         trainer.save_model(str(ctx.output_dir))
         tokenizer.save_pretrained(str(ctx.output_dir))

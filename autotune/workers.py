@@ -22,6 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 from pathlib import Path
 
 from autotune.environment import Environment
@@ -156,7 +157,8 @@ def _already_finished(store: Store, study: StudyRecord, started: float) -> Searc
 
 
 def _space(study: StudyRecord) -> SearchSpace:
-    return SearchSpace(**{k: tuple(v) if isinstance(v, list) else v for k, v in study.space.items()})
+    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in study.space.items()}
+    return SearchSpace(**fields)
 
 
 def check_joinable(study: StudyRecord, environment: Environment, allow_other_device: bool) -> None:

@@ -29,6 +29,7 @@ import time
 import traceback
 import weakref
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -90,7 +91,10 @@ class Ledger(TorchDispatchMode):
             return
         entry = _Storage(nbytes, phase)
         events = self.events
-        ref = weakref.ref(storage, lambda _ref, entry=entry: events.append((-1, entry, "")))
+        def died(_ref: object, entry: _Storage = entry) -> None:
+            events.append((-1, entry, ""))
+
+        ref = weakref.ref(storage, died)
         self._known[storage] = (entry, ref)
         events.append((1, entry, phase))
 
@@ -199,7 +203,7 @@ def trace(request: dict) -> dict:
     started = time.perf_counter()
     config = ProbeConfig.from_dict(request["config"])
     cuda = request["device_type"] == "cuda"
-    emulation = contextlib.nullcontext()
+    emulation: Any = contextlib.nullcontext()  # CudaKernels when emulating CUDA
     keep = None
     if cuda:
         from autotune.estimate.cuda import CudaKernels, install_cuda_autocast

@@ -97,14 +97,16 @@ def _driver_version() -> str | None:
 
 
 def describe(device: torch.device) -> Environment:
-    common = dict(torch_version=torch.__version__, transformers_version=package_version("transformers"))
+    torch_version, transformers_version = torch.__version__, package_version("transformers")
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         return Environment(
             device_type="cuda", device_name=props.name, device_total_bytes=props.total_memory,
-            cuda_version=torch.version.cuda, driver_version=_driver_version(), **common,
+            cuda_version=torch.version.cuda, driver_version=_driver_version(),
+            torch_version=torch_version, transformers_version=transformers_version,
         )
-    return Environment(device_type="cpu", device_name=f"cpu: {_cpu_name()}", device_total_bytes=_host_memory_bytes(), **common)
+    return Environment(device_type="cpu", device_name=f"cpu: {_cpu_name()}", device_total_bytes=_host_memory_bytes(),
+                       torch_version=torch_version, transformers_version=transformers_version)
 
 
 def supports_precision(device: torch.device, precision: str) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
 from autotune import errors
 from autotune.config import ProbeConfig
@@ -71,9 +72,8 @@ class ProbeRunner:
         self.settings = settings or ProbeSettings()
         self.reuse_worker = reuse_worker
         self._ctx = mp.get_context("spawn")
-        self._process = None
-        self._conn = None
-        self._startup_seconds = 0.0
+        self._process: Any = None   # multiprocessing's SpawnProcess, while a worker is alive
+        self._conn: Any = None      # our end of the pipe to it
         self.workers_started = 0
 
     # -- worker lifecycle ----------------------------------------------------------------------

@@ -648,18 +648,18 @@ def _insert_claim(session: Session, **values: Any) -> bool:
     other databases)."""
     dialect = session.get_bind().dialect.name
     if dialect in ("postgresql", "sqlite"):
-        if dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert as dialect_insert
-        else:
-            from sqlalchemy.dialects.sqlite import insert as dialect_insert
-        claims = Claim.__table__
+        from sqlalchemy.dialects import postgresql, sqlite
+
+        # Both dialects' inserts have on_conflict_do_nothing; their types differ only in name.
+        dialect_insert: Any = postgresql.insert if dialect == "postgresql" else sqlite.insert
+        claims: Any = Claim.__table__
         statement = (dialect_insert(claims).values(**values)
                      .on_conflict_do_nothing(index_elements=["study_id", "config_key"]).returning(claims.c.id))
         # RETURNING, not rowcount: drivers disagree on rowcount for a conflict that did nothing.
         return session.execute(statement).first() is not None
     try:
         with session.begin_nested():
-            session.execute(insert(Claim.__table__).values(**values))
+            session.execute(insert(Claim).values(**values))
         return True
     except IntegrityError:
         return False
