@@ -90,7 +90,9 @@ class ProbeRunner:
         reply = self._receive(STARTUP_TIMEOUT)
         if reply is None or not reply.get("ready"):
             self.close()
-            raise RuntimeError(f"the probe worker did not start: {reply!r}")
+            raise RuntimeError(f"the probe worker did not start (exit code {process.exitcode}); a script that calls "
+                               f"run_probe or ProbeRunner must do so under `if __name__ == '__main__':`, since "
+                               f"workers are spawned and import the main module again")
         return time.perf_counter() - started
 
     def _receive(self, timeout: float) -> dict | None:
