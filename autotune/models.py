@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.errors import ModelNotFound
+from autotune.errors import BadInput, ModelNotFound
 
 # The GPT-2 family's architectures are public and fixed, so these names resolve offline.
 # Values are those of the hub's config.json files (GPT2Config() defaults are gpt2 124M).
@@ -53,6 +53,14 @@ class ModelSpec:
             if isinstance(value, int) and value > 0:
                 return value
         return None
+
+    def check_block_sizes(self, *block_sizes: int, flag: str = "--block-size") -> None:
+        """Refuse block sizes above the model's maximum positions (the one home of this check)."""
+        limit = self.max_positions
+        too_long = [b for b in block_sizes if limit is not None and b > limit]
+        if too_long:
+            raise BadInput(f"{flag} {','.join(map(str, too_long))} is above {self.reference}'s maximum of {limit} "
+                           f"positions; use at most {limit}.")
 
     @property
     def fingerprint(self) -> str:

@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from autotune.data import Blocks
     from autotune.models import ModelSpec
     from autotune.store import LeaderboardRow, Store, StudyRecord
+    from autotune.probe.budget import EnforcedBudget
 
 SUMMARY_FILE = "autotune-run.json"
 DEFAULT_OUTPUT_ROOT = "autotune-runs"
@@ -270,64 +271,13 @@ def _training_device(spec: str) -> torch.device:
     return resolve_device(f"cuda:{index}")
 
 
-@dataclass(slots=True)
-class _Budget:
-    """How the budget is enforced for this run."""
-
-    device: Any                  # torch.device
-    budget_bytes: int
-    margin_bytes: int
-    cap_bytes: int
-    context_bytes: int
-    accountant: Any = None       # CpuMemoryAccountant on CPU
-
-    def guard(self):
-        return self.accountant if self.accountant is not None else contextlib.nullcontext()
-
-    def peaks(self) -> tuple[int | None, int | None]:
-        import torch
-
-        if self.device.type == "cuda":
-            return torch.cuda.max_memory_allocated(self.device), torch.cuda.max_memory_reserved(self.device)
-        return self.accountant.peak_allocated, self.accountant.peak_reserved
-
-    def context_now(self) -> int:
-        if self.device.type != "cuda":
-            return 0
-        from autotune.probe.memory import measure_cuda_context
-
-        return max(self.context_bytes, measure_cuda_context(self.device))
-
-    def release(self) -> None:
-        import torch
-
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.set_per_process_memory_fraction(1.0, self.device)
-
-
-def _enforce_budget(device: torch.device, budget: int, margin: int) -> _Budget:
+def _enforce_budget(device: torch.device, budget: int, margin: int):
     """Cap memory as a probe does: CUDA allocator fraction, or the CPU accountant."""
-    import torch
+    from autotune.margin import checked_margin_bytes
+    from autotune.probe.budget import enforce_budget
 
-    from autotune.probe.memory import CpuMemoryAccountant, apply_cuda_budget
-
-    if margin >= budget:
-        raise BadInput(f"the {format_size(margin)} safety margin leaves nothing of the {format_size(budget)} budget; "
-                       f"give a larger --gpu-budget.")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-        applied = apply_cuda_budget(device, budget, margin)
-        torch.cuda.reset_peak_memory_stats(device)
-        return _Budget(device, budget, margin, applied.cap_bytes, applied.context_bytes)
-    from autotune.probe.devices import _host_memory_bytes
-
-    host = _host_memory_bytes()
-    if host and budget > host:
-        raise BudgetError(f"--gpu-budget {format_size(budget)} is larger than this machine's memory ({format_size(host)}); give less.")
-    cap = budget - margin
-    return _Budget(device, budget, margin, cap, 0, accountant=CpuMemoryAccountant(cap_bytes=cap))
+    checked_margin_bytes(margin, budget)
+    return enforce_budget(device, budget, margin)
 
 
 # -- measuring the run -------------------------------------------------------------------------
@@ -337,7 +287,7 @@ def _meter_class():
     class RunMeter(TrainerCallback):
         """Times each optimizer step (synchronised on CUDA), follows the loss, reads the peaks."""
 
-        def __init__(self, budget: _Budget, tokens_per_step: int, echo: Callable[[str], None] | None) -> None:
+        def __init__(self, budget: EnforcedBudget, tokens_per_step: int, echo: Callable[[str], None] | None) -> None:
             self.budget, self.tokens_per_step, self.echo = budget, tokens_per_step, echo
             self.step_seconds: list[float] = []
             self.first_step: int | None = None
@@ -553,7 +503,7 @@ def _search(spec: ModelSpec, budget: int | None, name: str, device: str | None, 
     return _Winner(outcome.study, outcome.best)
 
 
-def _describe_limits(limits: _Budget, device_name: str) -> str:
+def _describe_limits(limits: EnforcedBudget, device_name: str) -> str:
     if limits.device.type == "cuda":
         return (f"device: {device_name}; budget {format_size(limits.budget_bytes)}: allocator capped at "
                 f"{format_size(limits.cap_bytes)} (CUDA context {format_size(limits.context_bytes)}, margin "
@@ -570,7 +520,7 @@ class _RunContext:
     options: TrainOptions
     output_dir: Path
     blocks: Blocks
-    limits: _Budget
+    limits: EnforcedBudget
     weights: str | None
     resume_from: str | None
     warnings: list[str]

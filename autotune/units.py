@@ -111,3 +111,13 @@ def parse_margin(text: str, *, flag: str = "--safety-margin") -> int | float:
     if text in ("0", "0B"):
         return 0
     return parse_size(text, flag=flag)
+
+
+# The CUDA caching allocator hands out blocks in multiples of 512 bytes (at least 512). The CPU
+# accountant counts storages the same way, and the estimator's allocator model starts from it.
+CUDA_BLOCK_BYTES = 512
+
+
+def round_to_block(nbytes: int) -> int:
+    """A request as the CUDA caching allocator rounds it (0 stays 0: nothing is allocated)."""
+    return -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES

@@ -24,7 +24,7 @@ def run(model: str, device: str, probes: int, reuse: bool) -> dict:
     configs = [ProbeConfig(model=model, micro_batch=mb, block_size=128) for mb in (1, 2, 4, 8)][:probes]
     settings = ProbeSettings(device=device, measure_steps=2)
     started = time.perf_counter()
-    with ProbeRunner(settings, reuse_worker=reuse) as runner:
+    with ProbeRunner(settings, reuse_child=reuse) as runner:
         results = [runner.run(c, 2**34 if device != "cpu" else 8 * 2**30) for c in configs]
     wall = time.perf_counter() - started
     return {

@@ -24,7 +24,7 @@ def hermetic_home(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOTUNE_HOME", str(home))
     monkeypatch.setenv("AUTOTUNE_DB", f"sqlite:///{home / 'autotune.db'}")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # tests never reach for the hub
-    monkeypatch.delenv("AUTOTUNE_TEST_FAULT", raising=False)
+    monkeypatch.delenv("AUTOTUNE_INJECT_FAULT", raising=False)
     return home
 
 

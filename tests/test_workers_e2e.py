@@ -21,6 +21,7 @@ from autotune.search import SearchOptions, run_search, start_study
 from autotune.space import SearchSpace
 from autotune.store import open_store
 from tests.fakes import ScriptedRunner
+from tests.faults import fault_env
 
 pytestmark = pytest.mark.slow
 MiB = 2**20
@@ -61,7 +62,7 @@ def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_w
 
         # A worker whose probe hangs is killed mid-probe, with its probe process (one session).
         doomed = subprocess.Popen([sys.executable, "-m", "autotune", "worker", "--study", "shared", "--db", postgres_url,
-                                   "--device", "cpu"], env={**os.environ, "AUTOTUNE_TEST_FAULT": "hang"},
+                                   "--device", "cpu"], env=fault_env("hang"),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         mine = f":{doomed.pid}:"
         [held] = wait_for(lambda: [c for c in store.claims(study_id, stale_after=1.5) if mine in c.worker])

@@ -3,8 +3,8 @@ allocations. Runs in a child process (`python -m autotune.estimate.trace`, reque
 stdin, result as one JSON line on stdout), because it imports torch and transformers and because
 some fake-tensor paths abort the process.
 
-What is traced is the probe worker's code itself (`autotune.probe.worker`: `build_model`,
-`make_optimizer`, `Trainer.step`: fused AdamW, GradScaler for fp16, two prefetched batches, two
+What is traced is the probe's own step (`autotune.probe.step`: `build_model`,
+`make_optimizer`, `ProbeStep`: fused AdamW, GradScaler for fp16, two prefetched batches, two
 optimizer steps as the probe's warm-up), so the estimate predicts what a probe measures, and
 follows it when it changes. Under `torch._subclasses.fake_tensor.FakeTensorMode` nothing is
 allocated: every tensor is a CPU "fake" with shape, dtype and storage size only.
@@ -198,7 +198,7 @@ def trace(request: dict) -> dict:
     from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
     from autotune.config import ProbeConfig
-    from autotune.probe.worker import Trainer, build_model, make_optimizer
+    from autotune.probe.step import ProbeStep, build_model, make_optimizer
 
     started = time.perf_counter()
     config = ProbeConfig.from_dict(request["config"])
@@ -227,19 +227,19 @@ def trace(request: dict) -> dict:
                 if param.requires_grad:
                     param.register_post_accumulate_grad_hook(lambda p: ledger.set_role(p.grad, "grads"))
             optimizer = make_optimizer(model, device)
-            trainer = Trainer(model, optimizer, traced, device, hf_config.vocab_size, None)
+            step = ProbeStep(model, optimizer, traced, device, hf_config.vocab_size)
             built = time.perf_counter()
             ledger.started = True
             for _ in range(OPTIMIZER_STEPS):
                 steps_before = ledger.optimizer_steps
                 try:
-                    trainer.step()
+                    step()
                 except DataDependentOutputException:
-                    # Trainer.step ends by reading the loss (`.item()`), which a fake tensor cannot
+                    # ProbeStep ends by reading the loss (`.item()`), which a fake tensor cannot
                     # answer. Anything that reads a value before the step is done is a real failure.
                     if ledger.optimizer_steps == steps_before or any(p.grad is not None for p in model.parameters()):
                         raise
-            del trainer, optimizer, model
+            del step, optimizer, model
     finally:
         gc.enable()
     done = time.perf_counter()
@@ -259,10 +259,12 @@ def trace(request: dict) -> dict:
 def main() -> None:
     """Trace each requested configuration in turn; one line of answer per configuration."""
     request = json.loads(sys.stdin.read())
-    import autotune.probe.worker  # noqa: F401  (torch, transformers: the heavy imports, once)
+    import transformers  # noqa: F401  (with torch, above: the heavy imports, once)
+
+    import autotune.probe.step  # noqa: F401
 
     # Freeze the ~10^6 objects the imports made, so that each trace's gc.collect() takes
-    # milliseconds rather than ~0.4 s (as the probe worker does).
+    # milliseconds rather than ~0.4 s (as the probe child does).
     gc.collect()
     gc.freeze()
     for index, item in enumerate(request["items"]):

@@ -73,7 +73,7 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def _host_memory_bytes() -> int | None:
+def host_memory_bytes() -> int | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -105,7 +105,7 @@ def describe(device: torch.device) -> Environment:
             cuda_version=torch.version.cuda, driver_version=_driver_version(),
             torch_version=torch_version, transformers_version=transformers_version,
         )
-    return Environment(device_type="cpu", device_name=f"cpu: {_cpu_name()}", device_total_bytes=_host_memory_bytes(),
+    return Environment(device_type="cpu", device_name=f"cpu: {_cpu_name()}", device_total_bytes=host_memory_bytes(),
                        torch_version=torch_version, transformers_version=transformers_version)
 
 

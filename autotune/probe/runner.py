@@ -1,9 +1,9 @@
-"""The parent side of a probe: start a worker process, hand it a configuration, wait with a time
+"""The parent side of a probe: start a child process, hand it a configuration, wait with a time
 limit, and turn whatever happens (a result, a hang, a dead process) into a ProbeResult.
 
-The parent never imports torch. A worker that ended a probe cleanly is kept for the next one when
-`reuse_worker` is on (the default: it saves the interpreter start and the torch/transformers
-imports, several seconds a probe); after an OOM or any fault the worker exits and the next probe
+The parent never imports torch. A child that ended a probe cleanly is kept for the next one when
+`reuse_child` is on (the default: it saves the interpreter start and the torch/transformers
+imports, several seconds a probe); after an OOM or any fault the child exits and the next probe
 gets a fresh process.
 """
 
@@ -14,16 +14,24 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from autotune import errors
+from autotune import defaults, errors
 from autotune.config import ProbeConfig
 from autotune.environment import Environment
+from autotune.margin import checked_margin_bytes, margin_bytes
 from autotune.models import ModelSpec, resolve_model
+from autotune.probe.protocol import (
+    EnvironmentReply,
+    EnvironmentRequest,
+    ProbeRequest,
+    Ready,
+    Reply,
+    ResultReply,
+    UserErrorReply,
+)
 from autotune.result import ProbeResult
-from autotune.units import format_size
+from autotune.status import CLEAN, ProbeStatus
 
-DEFAULT_TIMEOUT = 600.0       # seconds for one probe, start-up included
-STARTUP_TIMEOUT = 300.0       # a worker that cannot import torch in this long is broken
-DEFAULT_MARGIN_FRACTION = 0.05
+STARTUP_TIMEOUT = 300.0       # a child that cannot import torch in this long is broken
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,10 +39,10 @@ class ProbeSettings:
     """How probes are run, as opposed to what they run (ProbeConfig)."""
 
     device: str = "auto"
-    warmup_steps: int = 2
-    measure_steps: int = 3
-    timeout: float = DEFAULT_TIMEOUT
-    margin: int | float = DEFAULT_MARGIN_FRACTION  # bytes, or a fraction of the budget when < 1
+    warmup_steps: int = defaults.WARMUP_STEPS
+    measure_steps: int = defaults.MEASURE_STEPS
+    timeout: float = defaults.PROBE_TIMEOUT_SECONDS
+    margin: int | float = defaults.SAFETY_MARGIN  # bytes, or a fraction of the budget when < 1
     trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
@@ -51,52 +59,48 @@ class ProbeSettings:
             raise errors.BadInput("; ".join(problems) + ".")
 
     def margin_bytes(self, budget_bytes: int) -> int:
-        return int(self.margin * budget_bytes) if self.margin < 1 else int(self.margin)
+        return margin_bytes(self.margin, budget_bytes)
 
 
 def check_config(config: ProbeConfig, spec: ModelSpec) -> None:
     """Problems a user must fix before any process starts."""
-    if spec.max_positions is not None and config.block_size > spec.max_positions:
-        raise errors.BadInput(
-            f"--block-size {config.block_size} is above {spec.reference}'s maximum of {spec.max_positions} positions; "
-            f"use at most {spec.max_positions}."
-        )
+    spec.check_block_sizes(config.block_size)
     if "vocab_size" not in spec.config:
         raise errors.ModelNotFound(f"--model {spec.reference}: its config has no vocab_size; is it a causal language model?")
 
 
 class ProbeRunner:
-    """Runs probes in worker processes. Use as a context manager so the worker is always stopped."""
+    """Runs probes in child processes. Use as a context manager so the child is always stopped."""
 
-    def __init__(self, settings: ProbeSettings | None = None, *, reuse_worker: bool = True) -> None:
+    def __init__(self, settings: ProbeSettings | None = None, *, reuse_child: bool = True) -> None:
         self.settings = settings or ProbeSettings()
-        self.reuse_worker = reuse_worker
+        self.reuse_child = reuse_child
         self._ctx = mp.get_context("spawn")
-        self._process: Any = None   # multiprocessing's SpawnProcess, while a worker is alive
+        self._process: Any = None   # multiprocessing's SpawnProcess, while a child is alive
         self._conn: Any = None      # our end of the pipe to it
-        self.workers_started = 0
+        self.children_started = 0
 
-    # -- worker lifecycle ----------------------------------------------------------------------
-    def _start_worker(self) -> float:
-        from autotune.probe import worker
+    # -- child lifecycle -----------------------------------------------------------------------
+    def _start_child(self) -> float:
+        from autotune.probe import child
 
         started = time.perf_counter()
         parent_conn, child_conn = self._ctx.Pipe()
-        process = self._ctx.Process(target=worker.main, args=(child_conn,), name="autotune-probe", daemon=True)
+        process = self._ctx.Process(target=child.main, args=(child_conn,), name="autotune-probe", daemon=True)
         process.start()
-        child_conn.close()  # so that the worker's death reads as EOF here
+        child_conn.close()  # so that the child's death reads as EOF here
         self._process, self._conn = process, parent_conn
-        self.workers_started += 1
+        self.children_started += 1
         reply = self._receive(STARTUP_TIMEOUT)
-        if reply is None or not reply.get("ready"):
+        if not isinstance(reply, Ready):
             self.close()
-            raise RuntimeError(f"the probe worker did not start (exit code {process.exitcode}); a script that calls "
+            raise RuntimeError(f"the probe child did not start (exit code {process.exitcode}); a script that calls "
                                f"run_probe or ProbeRunner must do so under `if __name__ == '__main__':`, since "
-                               f"workers are spawned and import the main module again")
+                               f"children are spawned and import the main module again")
         return time.perf_counter() - started
 
-    def _receive(self, timeout: float) -> dict | None:
-        """The worker's next reply; None if it died; raises TimeoutError past `timeout`."""
+    def _receive(self, timeout: float) -> Reply | None:
+        """The child's next reply; None if it died; raises TimeoutError past `timeout`."""
         assert self._conn is not None
         try:
             ready = self._conn.poll(timeout)
@@ -107,7 +111,7 @@ class ProbeRunner:
         raise TimeoutError  # (outside the try: TimeoutError is an OSError)
 
     def close(self) -> None:
-        """Stop the worker (politely, then by force)."""
+        """Stop the child (politely, then by force)."""
         if self._conn is not None:
             try:
                 self._conn.send(None)
@@ -140,46 +144,38 @@ class ProbeRunner:
         self.close()
 
     # -- requests ------------------------------------------------------------------------------
-    def _ensure_worker(self) -> float:
-        """Start a worker if none is alive; the seconds that took (0 when one was reused)."""
+    def _ensure_child(self) -> float:
+        """Start a child if none is alive; the seconds that took (0 when one was reused)."""
         if self._process is not None and self._process.is_alive():
             return 0.0
         self._kill()
-        return self._start_worker()
+        return self._start_child()
 
     def environment(self) -> Environment:
-        """The device the probes will run on, as the worker sees it."""
-        self._ensure_worker()
+        """The device the probes will run on, as the child sees it."""
+        self._ensure_child()
         assert self._conn is not None
-        self._conn.send({"op": "environment", "device": self.settings.device})
+        self._conn.send(EnvironmentRequest(self.settings.device))
         reply = self._receive(STARTUP_TIMEOUT)
         if reply is None:
-            raise RuntimeError("the probe worker died while describing its device")
-        if "user_error" in reply:
-            raise getattr(errors, reply["user_error"], errors.AutotuneError)(reply["message"])
-        return Environment.from_dict(reply["environment"])
+            raise RuntimeError("the probe child died while describing its device")
+        if isinstance(reply, UserErrorReply):
+            raise _user_error(reply)
+        assert isinstance(reply, EnvironmentReply)
+        return reply.environment
 
     def run(self, config: ProbeConfig, budget_bytes: int, spec: ModelSpec | None = None) -> ProbeResult:
-        """Probe `config` against `budget_bytes` in a worker; every outcome comes back as a status."""
+        """Probe `config` against `budget_bytes` in a child; every outcome comes back as a status."""
         spec = spec or resolve_model(config.model)
         check_config(config, spec)
-        margin = self.settings.margin_bytes(budget_bytes)
-        if margin >= budget_bytes:
-            raise errors.BadInput(f"--safety-margin {format_size(margin)} leaves nothing of the {format_size(budget_bytes)} budget; use a smaller margin.")
+        margin = checked_margin_bytes(self.settings.margin, budget_bytes)
         started = time.perf_counter()
-        startup = self._ensure_worker()
-        request = {
-            "op": "probe",
-            "config": config.to_dict(),
-            "model_config": spec.config,
-            "model_path": spec.path,
-            "trust_remote_code": self.settings.trust_remote_code,
-            "budget_bytes": budget_bytes,
-            "margin_bytes": margin,
-            "device": self.settings.device,
-            "warmup_steps": self.settings.warmup_steps,
-            "measure_steps": self.settings.measure_steps,
-        }
+        startup = self._ensure_child()
+        request = ProbeRequest(
+            config=config, model_config=spec.config, model_path=spec.path, budget_bytes=budget_bytes,
+            margin_bytes=margin, device=self.settings.device, warmup_steps=self.settings.warmup_steps,
+            measure_steps=self.settings.measure_steps, trust_remote_code=self.settings.trust_remote_code,
+        )
         assert self._conn is not None
         self._conn.send(request)
         remaining = max(1.0, self.settings.timeout - startup)
@@ -187,32 +183,41 @@ class ProbeRunner:
             reply = self._receive(remaining)
         except TimeoutError:
             self._kill()
-            return self._failed(config, budget_bytes, margin, "timeout", f"no result within {self.settings.timeout:.0f} s; the worker was killed", started, startup)
+            return self._failed(budget_bytes, margin, ProbeStatus.TIMEOUT,
+                                f"no result within {self.settings.timeout:.0f} s; the probe's process was killed", started, startup)
         if reply is None:
             exitcode = self._kill()
             how = f"signal {-exitcode}" if exitcode is not None and exitcode < 0 else f"exit code {exitcode}"
-            return self._failed(config, budget_bytes, margin, "crashed", f"the worker died without a result ({how})", started, startup)
-        if "user_error" in reply:
-            raise getattr(errors, reply["user_error"], errors.AutotuneError)(reply["message"])
-        result = ProbeResult.from_dict(reply["result"])
+            return self._failed(budget_bytes, margin, ProbeStatus.CRASHED,
+                                f"the probe's process died without a result ({how})", started, startup)
+        if isinstance(reply, UserErrorReply):
+            raise _user_error(reply)
+        assert isinstance(reply, ResultReply)
+        result = reply.result
         result.startup_seconds = startup
         result.wall_seconds = time.perf_counter() - started
-        if result.status not in ("ok", "skipped") or not self.reuse_worker:
-            # The worker exits by itself after an unclean probe; make sure, and reap it.
+        if result.status not in CLEAN or not self.reuse_child:
+            # The child exits by itself after an unclean probe; make sure, and reap it.
             self.close()
         return result
 
     @staticmethod
-    def _failed(config: ProbeConfig, budget: int, margin: int, status: str, why: str, started: float, startup: float) -> ProbeResult:
+    def _failed(budget: int, margin: int, status: ProbeStatus, why: str, started: float, startup: float) -> ProbeResult:
         return ProbeResult(status=status, budget_bytes=budget, margin_bytes=margin, error=why,
                            startup_seconds=startup, wall_seconds=time.perf_counter() - started)
 
 
+def _user_error(reply: UserErrorReply) -> errors.AutotuneError:
+    """The child's user error as the same class here."""
+    cls = getattr(errors, reply.error_class, errors.AutotuneError)
+    return cls(reply.message) if isinstance(cls, type) and issubclass(cls, errors.AutotuneError) else errors.AutotuneError(reply.message)
+
+
 def run_probe(config: ProbeConfig, budget: int, device: str | None = None, *, settings: ProbeSettings | None = None) -> ProbeResult:
-    """Probe one configuration in a fresh worker process and return what it measured.
+    """Probe one configuration in a fresh child process and return what it measured.
     `budget` is in bytes; `device` (auto, cpu, cuda, cuda:N) overrides `settings.device`."""
     settings = settings or ProbeSettings()
     if device is not None:
         settings = replace(settings, device=device)
-    with ProbeRunner(settings, reuse_worker=False) as runner:
+    with ProbeRunner(settings, reuse_child=False) as runner:
         return runner.run(config, budget)

@@ -1,4 +1,4 @@
-"""Real probes of a tiny GPT-2 on CPU, through the real worker process."""
+"""Real probes of a tiny GPT-2 on CPU, through the real child process."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import pytest
 from autotune.config import ProbeConfig
 from autotune.errors import BadInput, BudgetError
 from autotune.probe import ProbeRunner, ProbeSettings, run_probe
+from tests.faults import inject_fault
 
 MiB = 2**20
 GiB = 2**30
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def runner():
-    """One warm worker for the tests that expect clean probes (as the search uses it)."""
+    """One warm child for the tests that expect clean probes (as the search uses it)."""
     with ProbeRunner(ProbeSettings(device="cpu", measure_steps=2)) as r:
         yield r
 
@@ -36,7 +37,7 @@ def test_ok_probe_measures_speed_and_peak(tiny_model):
     assert result.context_bytes == 0 and result.device.startswith("cpu")
     assert result.first_loss == pytest.approx(6.93, abs=0.3)  # ln(1024) for an untrained model
     assert result.wall_seconds >= result.measured_seconds > 0
-    assert result.startup_seconds > 0  # a fresh worker
+    assert result.startup_seconds > 0  # a fresh child
 
 
 def test_budget_too_small_is_oom(tiny_model):
@@ -59,7 +60,7 @@ def test_peak_grows_with_micro_batch(runner, tiny_model):
     assert small.peak_allocated_bytes < large.peak_allocated_bytes
 
 
-def test_warm_worker_measures_what_a_fresh_one_does(runner, tiny_model):
+def test_warm_child_measures_what_a_fresh_one_does(runner, tiny_model):
     cfg = config(tiny_model, micro_batch=2, precision="bf16")
     warm_first = runner.run(cfg, 1 * GiB)
     warm_again = runner.run(cfg, 1 * GiB)
@@ -68,14 +69,14 @@ def test_warm_worker_measures_what_a_fresh_one_does(runner, tiny_model):
     assert warm_first.peak_allocated_bytes == warm_again.peak_allocated_bytes == fresh.peak_allocated_bytes
 
 
-def test_worker_is_replaced_after_an_oom(runner, tiny_model):
+def test_child_is_replaced_after_an_oom(runner, tiny_model):
     assert runner.run(config(tiny_model), 4 * MiB).status == "oom"
     after = runner.run(config(tiny_model), 1 * GiB)
     assert after.status == "ok" and after.startup_seconds > 0
 
 
-def test_hung_worker_ends_as_timeout_within_its_limit(tiny_model, monkeypatch):
-    monkeypatch.setenv("AUTOTUNE_TEST_FAULT", "hang")
+def test_hung_child_ends_as_timeout_within_its_limit(tiny_model, monkeypatch):
+    inject_fault(monkeypatch, "hang")
     started = time.perf_counter()
     result = run_probe(config(tiny_model), 1 * GiB, settings=ProbeSettings(device="cpu", timeout=12))
     elapsed = time.perf_counter() - started
@@ -83,26 +84,26 @@ def test_hung_worker_ends_as_timeout_within_its_limit(tiny_model, monkeypatch):
     assert elapsed < 12 + 10
 
 
-def test_killed_worker_ends_as_crashed(tiny_model, monkeypatch):
-    monkeypatch.setenv("AUTOTUNE_TEST_FAULT", "kill")
+def test_killed_child_ends_as_crashed(tiny_model, monkeypatch):
+    inject_fault(monkeypatch, "kill")
     result = run_probe(config(tiny_model), 1 * GiB, device="cpu")
     assert result.status == "crashed"
     assert "signal 9" in result.error
 
 
 def test_non_finite_loss_is_unstable(tiny_model, monkeypatch):
-    monkeypatch.setenv("AUTOTUNE_TEST_FAULT", "nan")
+    inject_fault(monkeypatch, "nan")
     assert run_probe(config(tiny_model), 1 * GiB, device="cpu").status == "unstable"
 
 
 def test_unexpected_exception_is_error_with_its_message(tiny_model, monkeypatch):
-    monkeypatch.setenv("AUTOTUNE_TEST_FAULT", "error")
+    inject_fault(monkeypatch, "error")
     result = run_probe(config(tiny_model), 1 * GiB, device="cpu")
     assert result.status == "error"
     assert "injected failure" in result.error
 
 
-def test_user_errors_raise_before_or_from_the_worker(tiny_model):
+def test_user_errors_raise_before_or_from_the_child(tiny_model):
     with pytest.raises(BadInput, match="--block-size 512"):
         run_probe(config(tiny_model, block_size=512), 1 * GiB, device="cpu")
     with pytest.raises(BudgetError, match="larger than this machine"):

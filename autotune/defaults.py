@@ -1,0 +1,29 @@
+"""One default per setting. The dataclasses that hold settings and the CLI's options both read
+them here, so that `--help`, the library and a stored study plan never disagree."""
+
+from __future__ import annotations
+
+# -- how a probe runs (ProbeSettings) --------------------------------------------------------
+WARMUP_STEPS = 2              # the peak needs the optimizer state, created by the first step
+MEASURE_STEPS = 3             # timed optimizer steps
+PROBE_TIMEOUT_SECONDS = 600.0  # one probe, process start-up included
+SAFETY_MARGIN = 0.05          # a fraction of the budget (or bytes when >= 1)
+SAFETY_MARGIN_TEXT = "5%"     # the same, as the CLI shows and parses it
+
+# -- what a probe runs (ProbeConfig) ---------------------------------------------------------
+PRECISION = "fp32"
+ATTENTION = "sdpa"
+OPTIMIZER = "adamw"
+
+# -- the search (SearchOptions) --------------------------------------------------------------
+STRATEGY = "frontier"
+PREDICT_MARGIN = 0.10         # skip a config only when predicted over the budget by more than this share
+HEARTBEAT_SECONDS = 5.0       # how often a worker writes its claim's heartbeat
+STALE_BEATS = 3               # a claim is stale after this many missed heartbeats
+TPE_PATIENCE = 10             # TPE stops after this many probes without a better config
+
+# -- the estimator ---------------------------------------------------------------------------
+ESTIMATE_TIMEOUT_SECONDS = 120.0  # per traced configuration
+
+# -- text kept of a failure ------------------------------------------------------------------
+ERROR_TAIL_CHARS = 2000       # characters of an error message kept in a result or a run

@@ -1,0 +1,178 @@
+"""The probe child: the process that builds a model and runs real training steps.
+
+This is the only place a probe touches torch or a device. It runs in a `spawn`ed process so that an
+OOM's leftovers, a fragmented allocator or a poisoned CUDA context die with it. The parent
+(`runner.py`) talks to it over a pipe (messages in `protocol.py`): one request, one reply, and the
+child exits after any probe that did not end cleanly so that the next one starts from a fresh
+process. The step it times is `step.py`'s.
+"""
+
+from __future__ import annotations
+
+import time
+
+_PROCESS_START = time.perf_counter()
+
+import gc  # noqa: E402  (the clock above must start before the heavy imports)
+import math  # noqa: E402
+import signal  # noqa: E402
+import traceback  # noqa: E402
+
+import torch  # noqa: E402
+import transformers  # noqa: E402,F401  (imported here so that its cost counts as start-up, not build)
+
+from autotune import errors  # noqa: E402
+from autotune.defaults import ERROR_TAIL_CHARS  # noqa: E402
+from autotune.probe.budget import EnforcedBudget, enforce_budget  # noqa: E402
+from autotune.probe.devices import describe, peak_flops, resolve_device, supports_precision  # noqa: E402
+from autotune.probe.oom import classify_exception  # noqa: E402
+from autotune.probe.protocol import (  # noqa: E402
+    EnvironmentReply,
+    EnvironmentRequest,
+    ProbeRequest,
+    Ready,
+    ResultReply,
+    UserErrorReply,
+)
+from autotune.probe.step import ProbeStep, build_model, flops_per_token, make_optimizer  # noqa: E402
+from autotune.result import ProbeResult  # noqa: E402
+from autotune.status import CLEAN, ProbeStatus  # noqa: E402
+
+_IMPORT_SECONDS = time.perf_counter() - _PROCESS_START
+# A random-init model warns about things irrelevant to a probe (unknown loss_type, token ids);
+# real errors still raise.
+transformers.logging.set_verbosity_error()
+
+
+def run_probe_in_process(request: ProbeRequest) -> ProbeResult:
+    """Run one probe in this process. Raises AutotuneError for problems the user must fix (a budget
+    larger than the card); every other outcome, OOM included, is returned as a status."""
+    config, budget_bytes, margin_bytes = request.config, request.budget_bytes, request.margin_bytes
+    device = resolve_device(request.device)
+    env = describe(device)
+    result = ProbeResult(
+        status=ProbeStatus.OK, device=env.device_name, device_total_bytes=env.device_total_bytes,
+        budget_bytes=budget_bytes, margin_bytes=margin_bytes, warmup_steps=request.warmup_steps,
+        measured_steps=request.measure_steps,
+    )
+    unsupported = supports_precision(device, config.precision)
+    if unsupported:
+        result.status, result.error = ProbeStatus.SKIPPED, unsupported
+        return result
+    budget = enforce_budget(device, budget_bytes, margin_bytes)
+    result.cap_bytes, result.context_bytes = budget.cap_bytes, budget.context_bytes
+
+    torch.manual_seed(0)
+    model = optimizer = step = None
+    losses: list[float] = []
+    try:
+        started = time.perf_counter()
+        # On CPU the accountant watches the build and the warm-up steps: after two optimizer steps
+        # weights, gradients, optimizer state and activations have all reached their steady size,
+        # and every later step repeats the same allocations. The timed window runs without it.
+        with budget.guard():
+            try:
+                model, hf_config = build_model(request.model_config, request.model_path, config, device,
+                                               request.trust_remote_code)
+            except (ImportError, ValueError) as exc:
+                if "attn" in str(exc).lower() or "attention" in str(exc).lower():
+                    result.status = ProbeStatus.SKIPPED
+                    result.error = f"attention {config.attention!r} is not available here: {exc}"[:ERROR_TAIL_CHARS]
+                    return result
+                raise
+            if config.block_size > (getattr(hf_config, "max_position_embeddings", None) or config.block_size):
+                result.status = ProbeStatus.SKIPPED
+                result.error = f"block size {config.block_size} exceeds the model's maximum positions"
+                return result
+            optimizer = make_optimizer(model, device)
+            step = ProbeStep(model, optimizer, config, device, hf_config.vocab_size)
+            result.build_seconds = time.perf_counter() - started
+            for _ in range(request.warmup_steps):
+                losses.append(step())
+
+        _synchronize(device)
+        window_start = time.perf_counter()
+        for _ in range(request.measure_steps):
+            losses.append(step())
+        _synchronize(device)
+        window = time.perf_counter() - window_start
+    except errors.AutotuneError:
+        raise
+    except Exception as exc:  # outcomes are data: OOM or not, the probe reports and the search goes on
+        result.status = classify_exception(exc)
+        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+        result.error = text[-ERROR_TAIL_CHARS:]
+        del exc  # its traceback holds the failing frames and their tensors
+    else:
+        result.measured_seconds = window
+        result.step_seconds = window / request.measure_steps
+        result.tokens_per_s = config.tokens_per_step / result.step_seconds
+        result.samples_per_s = config.effective_batch / result.step_seconds
+        peak = peak_flops(env.device_name, config.precision) if device.type == "cuda" else None
+        if peak:
+            result.mfu = result.tokens_per_s * flops_per_token(model, hf_config, config.block_size) / peak
+    finally:
+        _record_memory(result, budget)
+        if losses:
+            result.first_loss, result.last_loss = losses[0], losses[-1]
+        del model, optimizer, step
+        budget.release()
+
+    if result.status == ProbeStatus.OK and not all(math.isfinite(x) for x in losses):
+        result.status = ProbeStatus.UNSTABLE
+        result.error = f"non-finite loss in {sum(not math.isfinite(x) for x in losses)} of {len(losses)} steps"
+    if result.status == ProbeStatus.OK and result.required_bytes is not None and result.required_bytes + margin_bytes > budget_bytes:
+        # The allocator stayed under its cap, but the CUDA context grew while kernels loaded: on a
+        # card of the budget's size this configuration would not have fitted.
+        result.status = ProbeStatus.OOM
+        result.error = (f"peak reserved {result.peak_reserved_bytes} + context {result.context_bytes} + margin "
+                        f"{margin_bytes} bytes exceed the {budget_bytes}-byte budget")
+    return result
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _record_memory(result: ProbeResult, budget: EnforcedBudget) -> None:
+    result.peak_allocated_bytes, result.peak_reserved_bytes = budget.peaks()
+    if budget.device.type == "cuda":
+        result.context_bytes = max(result.context_bytes or 0, budget.context_now())
+
+
+def serve(conn) -> None:
+    """The child's main loop: answer requests on `conn` until told to stop or a probe ends unclean."""
+    # The imports made ~10^6 long-lived objects; freezing them keeps each probe's full
+    # gc.collect() (needed to free the last model before the next) at milliseconds, not ~0.4 s.
+    gc.collect()
+    gc.freeze()
+    conn.send(Ready(startup_seconds=_IMPORT_SECONDS))
+    while True:
+        try:
+            request = conn.recv()
+        except (EOFError, KeyboardInterrupt):
+            return
+        if request is None:
+            return
+        try:
+            if isinstance(request, EnvironmentRequest):
+                conn.send(EnvironmentReply(describe(resolve_device(request.device))))
+                continue
+            result = run_probe_in_process(request)
+        except errors.AutotuneError as exc:
+            conn.send(UserErrorReply(type(exc).__name__, str(exc)))
+            continue
+        conn.send(ResultReply(result))
+        if result.status not in CLEAN:
+            return  # after an OOM or a fault, this process's allocator or context cannot be trusted
+
+
+def main(conn) -> None:  # the spawn target
+    # Ctrl-C goes to the whole process group; the parent decides when a probe stops, so the
+    # child ignores SIGINT and finishes (or is killed by) the parent instead.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        serve(conn)
+    finally:
+        conn.close()

@@ -1,0 +1,61 @@
+"""What the probe runner (parent) and the probe child say to each other over their pipe: typed
+messages, pickled by multiprocessing. Torch-free, so both sides import it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from autotune.config import ProbeConfig
+from autotune.environment import Environment
+from autotune.result import ProbeResult
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeRequest:
+    """Probe one configuration against a budget (bytes)."""
+
+    config: ProbeConfig
+    model_config: dict          # the model's config.json contents
+    model_path: str | None      # its directory, for models that bring their own code
+    budget_bytes: int
+    margin_bytes: int
+    device: str                 # auto, cpu, cuda or cuda:N
+    warmup_steps: int
+    measure_steps: int
+    trust_remote_code: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class EnvironmentRequest:
+    """Describe the device `device` as the child sees it."""
+
+    device: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """The child imported torch and transformers and waits for requests."""
+
+    startup_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class EnvironmentReply:
+    environment: Environment
+
+
+@dataclass(frozen=True, slots=True)
+class ResultReply:
+    result: ProbeResult
+
+
+@dataclass(frozen=True, slots=True)
+class UserErrorReply:
+    """The request cannot be honoured for a reason the user can fix: the parent raises it again."""
+
+    error_class: str            # a class name in autotune.errors
+    message: str
+
+
+Request = ProbeRequest | EnvironmentRequest
+Reply = Ready | EnvironmentReply | ResultReply | UserErrorReply

@@ -1,0 +1,26 @@
+"""Make a probe misbehave on purpose: see sitecustomize.py beside this file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+FAULTS = ("hang", "kill", "error", "nan")
+FAULT_ENV = "AUTOTUNE_INJECT_FAULT"
+HERE = str(Path(__file__).resolve().parent)
+
+
+def fault_env(fault: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """An environment in which every autotune process's probe step misbehaves as `fault` says."""
+    assert fault in FAULTS, fault
+    env = dict(os.environ if base is None else base)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, env.get("PYTHONPATH")) if p)
+    env[FAULT_ENV] = fault
+    return env
+
+
+def inject_fault(monkeypatch, fault: str) -> None:
+    """For this test, the probe children it spawns misbehave as `fault` says."""
+    for key, value in fault_env(fault).items():
+        if os.environ.get(key) != value:
+            monkeypatch.setenv(key, value)
