@@ -6,12 +6,10 @@ training run needs them.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
 from autotune.config import ProbeConfig
 from autotune.errors import AutotuneError
 from autotune.result import ProbeResult
-
+from autotune.version import __version__
 
 
 def best(study: str | None = None, db: str | None = None):

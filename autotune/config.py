@@ -7,6 +7,7 @@ import hashlib
 import json
 from dataclasses import asdict, dataclass, fields
 
+from autotune import defaults
 from autotune.errors import BadInput
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -32,10 +33,10 @@ class ProbeConfig:
     micro_batch: int
     block_size: int
     grad_accum: int = 1
-    precision: str = "fp32"
+    precision: str = defaults.PRECISION
     checkpointing: bool = False
-    attention: str = "sdpa"
-    optimizer: str = "adamw"
+    attention: str = defaults.ATTENTION
+    optimizer: str = defaults.OPTIMIZER
 
     def __post_init__(self) -> None:
         problems = []

@@ -15,6 +15,14 @@ PRECISION = "fp32"
 ATTENTION = "sdpa"
 OPTIMIZER = "adamw"
 
+# -- the search space (SearchSpace) ---------------------------------------------------------
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32)   # those up to the effective batch
+EFFECTIVE_BATCH = 32                   # sequences per optimizer step
+BLOCK_SIZE = 512                       # Trainer users' usual block; capped by the model's maximum
+PRECISIONS = ("fp32", "fp16", "bf16")
+CHECKPOINTING = (False, True)
+ATTENTIONS = ("sdpa", "eager")
+
 # -- the search (SearchOptions) --------------------------------------------------------------
 STRATEGY = "frontier"
 PREDICT_MARGIN = 0.10         # skip a config only when predicted over the budget by more than this share

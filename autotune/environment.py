@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from importlib import metadata
 from typing import Any
 
-from autotune import __version__
+from autotune.version import __version__
 
 
 def package_version(name: str) -> str | None:

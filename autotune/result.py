@@ -5,18 +5,12 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
-# ok: ran and fits the budget. oom: out of memory against the budget. error: raised something else
-# (message tail kept). timeout: killed after its limit. crashed: the worker died without a result.
-# unstable: loss was not finite. skipped: not run (unsupported here, or ruled out by structure or
-# prediction; `error` says why).
-STATUSES = ("ok", "oom", "error", "timeout", "crashed", "unstable", "skipped")
-# A status that says the configuration does not fit: larger ones will not fit either.
-DOES_NOT_FIT = ("oom",)
+from autotune.status import ProbeStatus
 
 
 @dataclass(slots=True)
 class ProbeResult:
-    status: str
+    status: ProbeStatus                   # see autotune.status
     device: str = ""                      # e.g. 'NVIDIA H100 80GB HBM3' or 'cpu (AMD EPYC ...)'
     device_total_bytes: int | None = None
     budget_bytes: int | None = None
@@ -40,12 +34,12 @@ class ProbeResult:
     error: str | None = None
 
     def __post_init__(self) -> None:
-        if self.status not in STATUSES:
-            raise ValueError(f"unknown probe status {self.status!r}")
+        # Stored rows and JSON hand back plain strings: make them members, refusing unknown ones.
+        self.status = ProbeStatus(self.status)
 
     @property
     def fits(self) -> bool:
-        return self.status == "ok"
+        return self.status == ProbeStatus.OK
 
     @property
     def required_bytes(self) -> int | None:

@@ -6,27 +6,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotune import defaults
 from autotune.config import ATTENTIONS, PRECISIONS, ProbeConfig
 from autotune.errors import BadInput
 from autotune.models import ModelSpec
 
-DEFAULT_MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
-DEFAULT_EFFECTIVE_BATCH = 32           # sequences per optimizer step
-DEFAULT_BLOCK_SIZE = 512               # Trainer users' usual block; capped by the model's maximum
-DEFAULT_PRECISIONS = ("fp32", "fp16", "bf16")
-DEFAULT_CHECKPOINTING = (False, True)
-DEFAULT_ATTENTIONS = ("sdpa", "eager")
 
 
 @dataclass(frozen=True, slots=True)
 class SearchSpace:
     model: str
-    micro_batches: tuple[int, ...] = DEFAULT_MICRO_BATCHES
-    block_sizes: tuple[int, ...] = (DEFAULT_BLOCK_SIZE,)
-    precisions: tuple[str, ...] = DEFAULT_PRECISIONS
-    checkpointing: tuple[bool, ...] = DEFAULT_CHECKPOINTING
-    attentions: tuple[str, ...] = DEFAULT_ATTENTIONS
-    effective_batch: int | None = DEFAULT_EFFECTIVE_BATCH   # sequences per optimizer step
+    micro_batches: tuple[int, ...] = defaults.MICRO_BATCHES
+    block_sizes: tuple[int, ...] = (defaults.BLOCK_SIZE,)
+    precisions: tuple[str, ...] = defaults.PRECISIONS
+    checkpointing: tuple[bool, ...] = defaults.CHECKPOINTING
+    attentions: tuple[str, ...] = defaults.ATTENTIONS
+    effective_batch: int | None = defaults.EFFECTIVE_BATCH   # sequences per optimizer step
     effective_tokens: int | None = None                     # tokens per optimizer step (several block sizes)
 
     def __post_init__(self) -> None:
@@ -55,26 +50,26 @@ class SearchSpace:
         the model (block sizes within its maximum positions)."""
         max_positions = spec.max_positions
         if block_sizes is None:
-            block_sizes = (min(DEFAULT_BLOCK_SIZE, max_positions or DEFAULT_BLOCK_SIZE),)
+            block_sizes = (min(defaults.BLOCK_SIZE, max_positions or defaults.BLOCK_SIZE),)
         too_long = [b for b in block_sizes if max_positions is not None and b > max_positions]
         if too_long:
             raise BadInput(f"--block-sizes {','.join(map(str, too_long))} exceed {spec.reference}'s maximum of "
                            f"{max_positions} positions; use at most {max_positions}.")
         if effective_batch is None and effective_tokens is None:
             if len(block_sizes) > 1:
-                effective_tokens = DEFAULT_EFFECTIVE_BATCH * max(block_sizes)
+                effective_tokens = defaults.EFFECTIVE_BATCH * max(block_sizes)
             else:
-                effective_batch = DEFAULT_EFFECTIVE_BATCH
-        micro_batches = tuple(micro_batches) if micro_batches is not None else DEFAULT_MICRO_BATCHES
-        if effective_batch is not None and micro_batches == DEFAULT_MICRO_BATCHES:
+                effective_batch = defaults.EFFECTIVE_BATCH
+        micro_batches = tuple(micro_batches) if micro_batches is not None else defaults.MICRO_BATCHES
+        if effective_batch is not None and micro_batches == defaults.MICRO_BATCHES:
             micro_batches = tuple(m for m in micro_batches if m <= effective_batch) or (effective_batch,)
         return cls(
             model=spec.reference,
             micro_batches=tuple(sorted(set(micro_batches))),
             block_sizes=tuple(sorted(set(block_sizes))),
-            precisions=tuple(precisions or DEFAULT_PRECISIONS),
-            checkpointing=tuple(checkpointing if checkpointing is not None else DEFAULT_CHECKPOINTING),
-            attentions=tuple(attentions or DEFAULT_ATTENTIONS),
+            precisions=tuple(precisions or defaults.PRECISIONS),
+            checkpointing=tuple(checkpointing if checkpointing is not None else defaults.CHECKPOINTING),
+            attentions=tuple(attentions or defaults.ATTENTIONS),
             effective_batch=effective_batch,
             effective_tokens=effective_tokens,
         )

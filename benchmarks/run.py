@@ -40,7 +40,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from autotune import __version__
+from autotune.version import __version__
 from autotune.config import ProbeConfig
 from autotune.environment import Environment, package_version
 from autotune.errors import AutotuneError, BadInput

@@ -12,7 +12,7 @@ from alembic import context
 from sqlalchemy import Connection
 
 from autotune.store.schema import VERSION_TABLE, Base, UTCDateTime
-from migrations.filters import include_name, include_object
+from autotune.store.migrations.filters import include_name, include_object
 
 config = context.config
 target_metadata = Base.metadata

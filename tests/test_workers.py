@@ -14,7 +14,7 @@ from autotune.models import resolve_model
 from autotune.search import Knowledge, SearchOptions, run_search
 from autotune.space import SearchSpace
 from autotune.store import open_store
-from autotune.workers import check_joinable, run_worker, worker_devices
+from autotune.search.fleet import check_joinable, run_worker, worker_devices
 from tests.fakes import FAKE_ENV, ScriptedRunner
 
 GiB = 2**30

@@ -18,47 +18,42 @@ proposed again). What to probe next is chosen by a strategy:
 grid's best; that measurement is why `frontier` is the default.
 
 Several workers can share one study (`autotune worker`, `autotune search --workers N`; see
-autotune/workers.py): each claims a configuration in the database before probing it (Store.claim),
-so every configuration is probed once whichever worker takes it, and reads what the others found
-before each pick, so an OOM found by one prunes for all. Configurations in flight on other workers
-are unavailable to the strategies, and so are those an in-flight probe could rule out (speculative):
+fleet.py): each claims a configuration in the database before probing it (Store.claim), so every
+configuration is probed once whichever worker takes it, and reads what the others found before
+each pick, so an OOM found by one prunes for all. Configurations in flight on other workers are
+unavailable to the strategies, and so are those an in-flight probe could rule out (speculative):
 a worker with nothing else to do waits for the results instead of probing what may prove needless.
 
-Where things live: `common.py` (options, events, outcomes), `knowledge.py` (what is known and what
-it rules out), `strategies.py`, `predictions.py` (the estimator's part), `trials.py` (Optuna),
-`worker_state.py` (claims' heartbeat, a worker's view of the others), `driver.py` (the loop).
+Where things live, in the order data flows: `launch.py` (flags to a running search),
+`common.py` (options, events, outcomes), `plan.py` (what a study stores for joining workers),
+`predictions.py` (the estimator's part), `knowledge.py` (what is known and what it rules out),
+`strategies.py`, `trials.py` (Optuna), `worker_state.py` (claims' heartbeat, a worker's view of
+the others), `driver.py` (the loop every worker runs), `fleet.py` (several worker processes).
 """
 
 from __future__ import annotations
 
-from autotune.search.common import (
-    HEARTBEAT_SECONDS,
-    RETRYABLE,
-    STALE_BEATS,
-    STRATEGIES,
-    Event,
-    Runner,
-    SearchOptions,
-    SearchOutcome,
-)
+from autotune.search.common import STRATEGIES, Event, Runner, SearchOptions, SearchOutcome
 from autotune.search.driver import (
     default_study_name,
     finished_study,
     run_search,
-    search,
     start_study,
     stop_on_first_interrupt,
     work,
 )
+from autotune.search.fleet import join_study, run_worker, search_with_workers
 from autotune.search.knowledge import Knowledge
-from autotune.search.predictions import Prediction, predict, predictions_from_plan
+from autotune.search.launch import search
+from autotune.search.plan import ProbePlan, StudyPlan
+from autotune.search.predictions import Prediction, predict
 from autotune.search.strategies import FrontierStrategy, GridStrategy, TpeStrategy, make_strategy
 from autotune.search.trials import Trials, distributions_of
 from autotune.search.worker_state import Heartbeat, WorkerState, worker_label
 
 __all__ = [
-    "HEARTBEAT_SECONDS", "RETRYABLE", "STALE_BEATS", "STRATEGIES", "Event", "FrontierStrategy", "GridStrategy",
-    "Heartbeat", "Knowledge", "Prediction", "Runner", "SearchOptions", "SearchOutcome", "TpeStrategy", "Trials",
-    "WorkerState", "default_study_name", "distributions_of", "finished_study", "make_strategy", "predict",
-    "predictions_from_plan", "run_search", "search", "start_study", "stop_on_first_interrupt", "work", "worker_label",
+    "STRATEGIES", "Event", "FrontierStrategy", "GridStrategy", "Heartbeat", "Knowledge", "Prediction", "ProbePlan",
+    "Runner", "SearchOptions", "SearchOutcome", "StudyPlan", "TpeStrategy", "Trials", "WorkerState",
+    "default_study_name", "distributions_of", "finished_study", "join_study", "make_strategy", "predict", "run_search",
+    "run_worker", "search", "search_with_workers", "start_study", "stop_on_first_interrupt", "work", "worker_label",
 ]

@@ -6,21 +6,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from autotune import defaults
 from autotune.config import ProbeConfig
 from autotune.environment import Environment
 from autotune.errors import BadInput
 from autotune.models import ModelSpec
 from autotune.result import ProbeResult
 from autotune.space import SearchSpace
+from autotune.status import FINISHING, StopReason
 from autotune.store import LeaderboardRow, StudyRecord
 
 STRATEGIES = ("frontier", "tpe", "grid", "grid-full")
-# Statuses that say nothing about a config's memory need: the search may try it again on resume.
-RETRYABLE = ("timeout", "crashed", "error")
-# A worker writes its claim's heartbeat this often; a claim is stale (its worker presumed dead, the
-# config handed to another) after STALE_BEATS periods without one.
-HEARTBEAT_SECONDS = 5.0
-STALE_BEATS = 3
 
 
 class Runner(Protocol):
@@ -34,14 +30,14 @@ class Runner(Protocol):
 @dataclass(frozen=True, slots=True)
 class SearchOptions:
     study: str | None = None
-    strategy: str = "frontier"
+    strategy: str = defaults.STRATEGY
     max_trials: int | None = None      # probes actually run (reused and skipped ones are free)
     timeout: float | None = None       # seconds; no new probe starts after this
     patience: int | None = None        # stop after this many probes without a better config
     fresh: bool = False                # ignore stored results from other studies
     predict: bool = True               # estimate memory first: skip hopeless configs, order the rest
-    predict_margin: float = 0.10       # skip only when predicted over the budget by more than this share
-    heartbeat_seconds: float = HEARTBEAT_SECONDS  # claims' heartbeat period, for the whole study
+    predict_margin: float = defaults.PREDICT_MARGIN  # skip only when predicted over the budget by more than this share
+    heartbeat_seconds: float = defaults.HEARTBEAT_SECONDS  # claims' heartbeat period, for the whole study
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -57,7 +53,9 @@ class SearchOptions:
 
     @property
     def stale_after(self) -> float:
-        return STALE_BEATS * self.heartbeat_seconds
+        """A claim is stale (its worker presumed dead, the config handed to another) after this
+        many seconds without a heartbeat."""
+        return defaults.STALE_BEATS * self.heartbeat_seconds
 
 
 @dataclass(slots=True)
@@ -83,7 +81,7 @@ class SearchOutcome:
     skipped: int = 0
     candidates: int = 0
     seconds: float = 0.0
-    stop_reason: str = "exhausted"
+    stop_reason: StopReason = StopReason.EXHAUSTED
     answered_from_database: bool = False
     probes_seconds: float = 0.0        # wall time of the probes actually run
     workers: int = 1                   # worker processes that searched (autotune search --workers)
@@ -96,4 +94,4 @@ class SearchOutcome:
     @property
     def finished(self) -> bool:
         # 'finished': another worker of the study finished it (its patience ran out).
-        return self.stop_reason in ("exhausted", "patience", "finished")
+        return self.stop_reason in FINISHING

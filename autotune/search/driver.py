@@ -11,18 +11,21 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from autotune import defaults
 from autotune.config import ProbeConfig
 from autotune.environment import Environment
-from autotune.errors import BadInput
+from autotune.errors import BadInput, StudyNotFound
 from autotune.models import ModelSpec
 from autotune.result import ProbeResult
-from autotune.search.common import RETRYABLE, Event, Runner, SearchOptions, SearchOutcome
+from autotune.search.common import Event, Runner, SearchOptions, SearchOutcome
 from autotune.search.knowledge import Knowledge
-from autotune.search.predictions import Prediction, predict, predictions_from_plan
+from autotune.search.plan import ProbePlan, StudyPlan
+from autotune.search.predictions import Prediction, predict
 from autotune.search.strategies import TpeStrategy, make_strategy
 from autotune.search.trials import Trials, distributions_of
 from autotune.search.worker_state import Heartbeat, WorkerState, worker_label
 from autotune.space import SearchSpace
+from autotune.status import RETRYABLE, ClaimState, ProbeStatus, SettleHow, StopReason, StudyStatus
 from autotune.store import Store, StudyRecord
 
 
@@ -71,7 +74,7 @@ def run_search(
 
     Every resolved candidate is stored as it finishes (one transaction each), so an interrupted
     search resumes with the same study name and re-runs nothing it finished. This process is the
-    study's first worker; others may join it (autotune.workers.join_study) from any machine that
+    study's first worker; others may join it (autotune.search.fleet.join_study) from any machine that
     reaches the database.
     """
     options = options or SearchOptions()
@@ -110,7 +113,7 @@ def start_study(
     _check_resumable(store, name, environment)
     study = store.get_or_create_study(name, model=spec, environment=environment, budget_bytes=budget_bytes,
                                       margin_bytes=margin_bytes, effective_batch=space.work_per_step, space=space.to_dict())
-    store.reopen_claims(study.id, RETRYABLE)  # resume: timeouts and crashes get one more try
+    store.reopen_claims(study.id, tuple(RETRYABLE))  # resume: timeouts and crashes get one more try
     knowledge = Knowledge(candidates, allowed_bytes=budget_bytes - margin_bytes,
                           skip_over_bytes=int(budget_bytes * (1 + options.predict_margin)))
     settings = getattr(runner, "settings", None)
@@ -119,7 +122,7 @@ def start_study(
     worker.refresh()  # everything this study already settled
     if on_start is not None:
         on_start(study, environment, len(candidates), len(knowledge.outcomes))
-    stored = predictions_from_plan(study.plan) if not options.fresh else {}
+    stored = StudyPlan.from_dict(study.plan).predictions if not options.fresh else {}
     if options.predict and options.strategy != "grid-full" and knowledge.unresolved():
         missing = [c for c in knowledge.unresolved() if c.key() not in stored]
         if missing:
@@ -128,23 +131,17 @@ def start_study(
     # Optuna's tables and study exist before the plan does: a worker may join as soon as it is
     # stored, and several processes creating Optuna's tables at once collide.
     trials = Trials(store.engine.url.render_as_string(hide_password=False), name, distributions_of(space), seed=0)
-    store.set_study_plan(study.id, {
-        "strategy": options.strategy, "fresh": options.fresh, "predict_margin": options.predict_margin,
-        "patience": options.patience, "heartbeat_seconds": options.heartbeat_seconds,
-        "probe": None if settings is None else {
-            "warmup_steps": settings.warmup_steps, "measure_steps": settings.measure_steps,
-            "timeout": settings.timeout, "trust_remote_code": settings.trust_remote_code,
-        },
-        "predictions": {key: [p.peak_bytes, p.floor_bytes, p.required_bytes] for key, p in knowledge.predictions.items()},
-    })
+    probe_plan = ProbePlan() if settings is None else ProbePlan(
+        warmup_steps=settings.warmup_steps, measure_steps=settings.measure_steps, timeout=settings.timeout,
+        trust_remote_code=settings.trust_remote_code)
+    plan = StudyPlan(strategy=options.strategy, fresh=options.fresh, predict_margin=options.predict_margin,
+                     patience=options.patience, heartbeat_seconds=options.heartbeat_seconds, probe=probe_plan,
+                     predictions=dict(knowledge.predictions))
+    store.set_study_plan(study.id, plan.to_dict())
     worker.study = store.study(name)
-    if not any(c.state == "running" and not c.stale for c in store.claims(study.id, stale_after=options.stale_after)):
+    if not any(c.state == ClaimState.RUNNING and not c.stale for c in store.claims(study.id, stale_after=options.stale_after)):
         trials.close_running()  # (only when no other worker is in the middle of a trial)
     return worker, trials
-
-
-
-
 
 
 def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Event], None] | None, *,
@@ -154,7 +151,7 @@ def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Eve
     marks it finished when the space is done and leaves it alone otherwise."""
     store, k, options = w.store, w.knowledge, w.options
     strategy = make_strategy(options, k, w.environment.device_type, trials)
-    patience = options.patience if options.patience is not None else (10 if options.strategy == "tpe" else None)
+    patience = options.patience if options.patience is not None else (defaults.TPE_PATIENCE if options.strategy == "tpe" else None)
     outcome = SearchOutcome(study=w.study, space=w.space, leaderboard=[], candidates=len(k.candidates))
     since_improvement = 0
     env_fp = w.environment.fingerprint()
@@ -163,19 +160,19 @@ def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Eve
         with stop_on_first_interrupt() as stop:
             while True:
                 if stop.is_set():
-                    outcome.stop_reason = "interrupted"
+                    outcome.stop_reason = StopReason.INTERRUPTED
                     break
                 status = w.refresh(on_event)
-                if status != "running":
-                    outcome.stop_reason = "finished" if status == "finished" else "stopped"
+                if status != StudyStatus.RUNNING:
+                    outcome.stop_reason = StopReason.FINISHED if status == StudyStatus.FINISHED else StopReason.STOPPED
                     break
                 choice = strategy.next()
                 if choice is None:
                     if not k.busy:
-                        outcome.stop_reason = "exhausted"
+                        outcome.stop_reason = StopReason.EXHAUSTED
                         break
                     if options.timeout is not None and time.perf_counter() - started >= options.timeout:
-                        outcome.stop_reason = "timeout"
+                        outcome.stop_reason = StopReason.TIMEOUT
                         break
                     # Nothing to do until probes in flight on other workers report: wait for them.
                     stop.wait(min(1.0, options.heartbeat_seconds))
@@ -191,19 +188,19 @@ def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Eve
                                           "trial_number": trial.number if trial is not None else None,
                                           "predicted_peak_bytes": prediction.peak_bytes if prediction else None}
                 if skip_reason is not None:
-                    result = ProbeResult(status="skipped", budget_bytes=w.budget_bytes, margin_bytes=w.margin_bytes, error=skip_reason)
+                    result = ProbeResult(status=ProbeStatus.SKIPPED, budget_bytes=w.budget_bytes, margin_bytes=w.margin_bytes, error=skip_reason)
                     how = "skipped"
-                    probe_id = store.settle(w.study.id, config, result, how="unclaimed", cacheable=False, **settle)
+                    probe_id = store.settle(w.study.id, config, result, how=SettleHow.UNCLAIMED, cacheable=False, **settle)
                     outcome.skipped += probe_id is not None
                 else:
                     cached = None if options.fresh else store.find_cached(config.key(), env_fp, w.spec.fingerprint, w.budget_bytes, w.margin_bytes)
                     if cached is not None:
                         result, how = cached, "reused"
-                        probe_id = store.settle(w.study.id, config, result, how="unclaimed", **settle)
+                        probe_id = store.settle(w.study.id, config, result, how=SettleHow.UNCLAIMED, **settle)
                         outcome.reused += probe_id is not None
                     else:
-                        limit = ("max-trials" if options.max_trials is not None and outcome.probed >= options.max_trials
-                                 else "timeout" if options.timeout is not None and time.perf_counter() - started >= options.timeout
+                        limit = (StopReason.MAX_TRIALS if options.max_trials is not None and outcome.probed >= options.max_trials
+                                 else StopReason.TIMEOUT if options.timeout is not None and time.perf_counter() - started >= options.timeout
                                  else None)
                         if limit is not None:
                             if trial is not None:
@@ -219,7 +216,7 @@ def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Eve
                         how = "probed"
                         outcome.probed += 1
                         outcome.probes_seconds += result.wall_seconds or 0.0
-                        probe_id = store.settle(w.study.id, config, result, how="claimed", **settle)
+                        probe_id = store.settle(w.study.id, config, result, how=SettleHow.CLAIMED, **settle)
                 if probe_id is None:
                     # Settled by another worker first (the same skip found at once, or a claim taken
                     # over from this worker while it looked dead): theirs is the stored outcome.
@@ -243,15 +240,15 @@ def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Eve
                     on_event(Event(config, result, how, len(k.outcomes), len(k.candidates),
                                    best is not None and best[0].key() == config.key(), w.label))
                 if patience is not None and since_improvement >= patience:
-                    outcome.stop_reason = "patience"
+                    outcome.stop_reason = StopReason.PATIENCE
                     break
     finally:
         heartbeat.close()
 
     if starter:
-        store.set_study_status(w.study.id, "finished" if outcome.finished else "interrupted")
-    elif outcome.finished and outcome.stop_reason != "finished":
-        store.set_study_status(w.study.id, "finished")
+        store.set_study_status(w.study.id, StudyStatus.FINISHED if outcome.finished else StudyStatus.INTERRUPTED)
+    elif outcome.finished and outcome.stop_reason != StopReason.FINISHED:
+        store.set_study_status(w.study.id, StudyStatus.FINISHED)
     outcome.study = store.study(w.study.name)
     outcome.leaderboard = store.leaderboard(w.study.name)
     outcome.seconds = time.perf_counter() - started
@@ -271,8 +268,6 @@ def _probe(w: WorkerState, runner: Runner, heartbeat: Heartbeat, config: ProbeCo
 
 def _check_resumable(store: Store, name: str, environment: Environment) -> None:
     """A study's probes compare only on one environment: refuse, before writing anything, to mix."""
-    from autotune.errors import StudyNotFound
-
     try:
         study = store.study(name)
     except StudyNotFound:
@@ -282,38 +277,10 @@ def _check_resumable(store: Store, name: str, environment: Environment) -> None:
                        f"give a new --study name to search on {environment.device_name}.")
 
 
-def search(model: str, budget_bytes: int, *, settings, options: SearchOptions, db: str | None = None,
-           on_event: Callable[[Event], None] | None = None,
-           on_start: Callable[[StudyRecord, Environment, int, int], None] | None = None,
-           workers: int | None = None, **space_args) -> SearchOutcome:
-    """`autotune search`: resolve the model, build the space, open the store, start a probe runner,
-    search. Everything a user can get wrong is checked before the database is opened. With
-    `workers`, the search runs in that many worker processes (autotune.workers)."""
-    from autotune.models import resolve_model
-    from autotune.probe import ProbeRunner
-    from autotune.store import open_store
-    from autotune.units import format_size
-
-    spec = resolve_model(model)
-    space = SearchSpace.build(spec, **space_args)
-    space.candidates()  # raises BadInput when no micro-batch keeps the effective batch exact
-    margin = settings.margin_bytes(budget_bytes)
-    if margin >= budget_bytes:
-        raise BadInput(f"--safety-margin {format_size(margin)} leaves nothing of the {format_size(budget_bytes)} budget; use a smaller margin.")
-    if workers is not None:
-        from autotune.workers import search_with_workers
-
-        return search_with_workers(spec, space, budget_bytes, margin, workers=workers, settings=settings, options=options,
-                                   db=db, on_start=on_start, on_event=on_event)
-    with open_store(db) as store, ProbeRunner(settings) as runner:
-        return run_search(space, spec, budget_bytes, margin, runner, store, options, on_event, on_start)
-
-
 def finished_study(store: Store, name: str, space: SearchSpace) -> StudyRecord | None:
-    from autotune.errors import StudyNotFound
-
+    """The study called `name` if it is finished over the same space (the answer is stored)."""
     try:
         study = store.study(name)
     except StudyNotFound:
         return None
-    return study if study.status == "finished" and study.space == space.to_dict() else None
+    return study if study.status == StudyStatus.FINISHED and study.space == space.to_dict() else None

@@ -8,6 +8,7 @@ from autotune.config import ProbeConfig
 from autotune.result import ProbeResult
 from autotune.search.predictions import Prediction
 from autotune.space import dominates_in_memory, group_key
+from autotune.status import ProbeStatus
 from autotune.units import format_size
 
 
@@ -60,7 +61,7 @@ class Knowledge:
         self.outcomes[config.key()] = result
 
     def ok(self) -> list[tuple[ProbeConfig, ProbeResult]]:
-        return [(c, self.outcomes[c.key()]) for c in self.candidates if c.key() in self.outcomes and self.outcomes[c.key()].status == "ok"]
+        return [(c, self.outcomes[c.key()]) for c in self.candidates if c.key() in self.outcomes and self.outcomes[c.key()].status == ProbeStatus.OK]
 
     def best(self) -> tuple[ProbeConfig, ProbeResult] | None:
         fitting = self.ok()
@@ -72,9 +73,9 @@ class Knowledge:
             result = self.outcomes.get(other.key())
             if result is None or other.key() == config.key():
                 continue
-            if result.status == "oom" and dominates_in_memory(other, config):
+            if result.status == ProbeStatus.OOM and dominates_in_memory(other, config):
                 return f"needs at least the memory of {other.label()}, which ran out of memory"
-            if (config.checkpointing and not other.checkpointing and result.status == "ok"
+            if (config.checkpointing and not other.checkpointing and result.status == ProbeStatus.OK
                     and dominates_in_memory(replace(config, checkpointing=False), other)):
                 # Its twin without checkpointing fits (it is no larger than `other`, which does).
                 if (other.micro_batch, other.block_size) == (config.micro_batch, config.block_size):

@@ -40,7 +40,3 @@ def predict(candidates: list[ProbeConfig], device_type: str) -> dict[str, Predic
             reserved = round(a.reserved_bytes + t * (b.reserved_bytes - a.reserved_bytes))
             out[config.key()] = Prediction(peak, peak + a.context_bytes, reserved + a.context_bytes)
     return out
-
-
-def predictions_from_plan(plan: dict | None) -> dict[str, Prediction]:
-    return {key: Prediction(*values) for key, values in ((plan or {}).get("predictions") or {}).items()}

@@ -8,6 +8,7 @@ from autotune.search.common import SearchOptions
 from autotune.search.knowledge import Knowledge
 from autotune.search.trials import Trials, tell
 from autotune.space import group_key
+from autotune.status import ProbeStatus
 
 
 def _precision_order(device_type: str) -> dict[str, int]:
@@ -50,9 +51,9 @@ class FrontierStrategy:
                 if reason:
                     return config, reason
         status = [k.outcomes[c.key()].status if k.resolved(c) else None for c in group]
-        fits = [i for i, s in enumerate(status) if s == "ok"]
+        fits = [i for i, s in enumerate(status) if s == ProbeStatus.OK]
         lo = max(fits) if fits else -1                      # largest index known to fit
-        tops = [i for i, s in enumerate(status) if s == "oom" and i > lo]
+        tops = [i for i, s in enumerate(status) if s == ProbeStatus.OOM and i > lo]
         hi = min(tops) if tops else len(group)              # smallest index known not to fit
         between = [i for i in range(lo + 1, hi) if status[i] is None]
         if between:

@@ -5,13 +5,12 @@ trials, so an OOM told as a failure would be proposed again)."""
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
 from autotune.config import ProbeConfig
 from autotune.result import ProbeResult
-from autotune.search.common import RETRYABLE
+from autotune.status import RETRYABLE, ProbeStatus
 from autotune.space import SearchSpace
 
 log = logging.getLogger("autotune")
@@ -25,7 +24,7 @@ def tell(optuna_study, trial, result: ProbeResult | None) -> None:
     if result is None or result.status in RETRYABLE:
         optuna_study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
         return
-    if result.status == "ok":
+    if result.status == ProbeStatus.OK:
         trial.set_constraint("memory", -1.0)
         optuna_study.tell(trial, float(result.tokens_per_s or 0.0), skip_if_finished=True)
     else:  # oom, unstable, skipped: the sampler should move away from here
@@ -40,7 +39,7 @@ def frozen_trial(config: ProbeConfig, result: ProbeResult, distributions: dict):
     params = params_of(config)
     if result.status in RETRYABLE:
         return create_trial(state=TrialState.FAIL, params=params, distributions=distributions)
-    if result.status == "ok":
+    if result.status == ProbeStatus.OK:
         return create_trial(value=float(result.tokens_per_s or 0.0), params=params, distributions=distributions,
                             constraints={"memory": -1.0})
     return create_trial(value=0.0, params=params, distributions=distributions, constraints={"memory": 1.0})
@@ -112,17 +111,19 @@ class Trials:
 
 
 def optuna_retry(work: Callable[[], Any]) -> Any:
+    """Run an Optuna storage call under the store's retry policy; an Optuna trial that still
+    cannot be written is logged and dropped (autotune's own record of the probe is kept)."""
     from optuna.exceptions import StorageInternalError
-    from sqlalchemy.exc import InterfaceError, OperationalError
 
-    for delay in (0.5, 1.0, 2.0, 4.0, 8.0, None):
-        try:
-            return work()
-        except (StorageInternalError, OperationalError, InterfaceError) as exc:
-            if delay is None:
-                log.warning("could not record an Optuna trial (%s); autotune's own record is kept", exc)
-                return None
-            time.sleep(delay)
+    from autotune.store.base import is_transient, retry_transient
+
+    try:
+        return retry_transient(work, transient=lambda exc: isinstance(exc, StorageInternalError) or is_transient(exc))
+    except Exception as exc:
+        if not (isinstance(exc, StorageInternalError) or is_transient(exc)):
+            raise
+        log.warning("could not record an Optuna trial (%s); autotune's own record is kept", exc)
+        return None
 
 
 def distributions_of(space: SearchSpace) -> dict:

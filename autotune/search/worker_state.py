@@ -15,9 +15,10 @@ from autotune.config import ProbeConfig
 from autotune.environment import Environment
 from autotune.models import ModelSpec
 from autotune.result import ProbeResult
-from autotune.search.common import RETRYABLE, Event, SearchOptions
+from autotune.search.common import Event, SearchOptions
 from autotune.search.knowledge import Knowledge
 from autotune.space import SearchSpace
+from autotune.status import RETRYABLE, ClaimState, ProbeStatus, SettleHow
 from autotune.store import MAX_ATTEMPTS, Store, StudyRecord
 
 log = logging.getLogger("autotune")
@@ -36,7 +37,7 @@ def worker_label(device: str | None = None) -> str:
 class Heartbeat:
     """A daemon thread that keeps this worker's claim alive while it probes: it writes the claim's
     heartbeat every `interval` seconds. A worker killed mid-probe stops beating, and after
-    STALE_BEATS periods another worker takes the configuration over."""
+    defaults.STALE_BEATS periods another worker takes the configuration over."""
 
     def __init__(self, store: Store, study_id: int, worker: str, interval: float) -> None:
         self.store, self.study_id, self.worker, self.interval = store, study_id, worker, interval
@@ -63,7 +64,7 @@ class Heartbeat:
             try:
                 self.store.heartbeat(self.study_id, key, self.worker)
             except (OperationalError, InterfaceError) as exc:
-                # One missed beat is not fatal: a claim goes stale only after STALE_BEATS of them.
+                # One missed beat is not fatal: a claim goes stale only after defaults.STALE_BEATS of them.
                 log.warning("heartbeat of %s failed: %s", key, exc)
 
     def close(self) -> None:
@@ -105,7 +106,7 @@ class WorkerState:
             config = self.by_key.get(row.config_key)
             claim = claims.get(row.config_key)
             # A claim settled, or (studies from before claims) an outcome a resumed search keeps.
-            settled = claim.state != "running" if claim is not None else row.result.status not in RETRYABLE
+            settled = claim.state != ClaimState.RUNNING if claim is not None else row.result.status not in RETRYABLE
             if config is None or not settled:
                 continue
             new = not k.resolved(config)
@@ -115,7 +116,7 @@ class WorkerState:
         k.busy = {}
         for key, claim in claims.items():
             config = self.by_key.get(key)
-            if config is None or claim.state != "running" or k.resolved(config):
+            if config is None or claim.state != ClaimState.RUNNING or k.resolved(config):
                 continue
             if not claim.stale:
                 k.busy[key] = config
@@ -124,10 +125,10 @@ class WorkerState:
         return self.store.study(self.study.name).status
 
     def _abandon(self, config: ProbeConfig, claim, on_event: Callable[[Event], None] | None) -> None:
-        result = ProbeResult(status="crashed", budget_bytes=self.budget_bytes, margin_bytes=self.margin_bytes,
+        result = ProbeResult(status=ProbeStatus.CRASHED, budget_bytes=self.budget_bytes, margin_bytes=self.margin_bytes,
                              error=f"the worker probing it stopped heartbeating, {claim.attempts} times (last {claim.worker}); "
                                    f"not retried")
-        probe_id = self.store.settle(self.study.id, config, result, how="abandoned", worker=self.label,
+        probe_id = self.store.settle(self.study.id, config, result, how=SettleHow.ABANDONED, worker=self.label,
                                      env_fingerprint=self.study.env_fingerprint, stale_after=self.options.stale_after)
         if probe_id is not None:  # else another worker recorded it: the next refresh reads it
             self.knowledge.learn(config, result)
@@ -137,4 +138,4 @@ class WorkerState:
     def _event(self, config: ProbeConfig, result: ProbeResult, how: str, worker: str | None) -> Event:
         best = self.knowledge.best()
         return Event(config, result, how, len(self.knowledge.outcomes), len(self.knowledge.candidates),
-                     best is not None and best[0].key() == config.key() and result.status == "ok", worker)
+                     best is not None and best[0].key() == config.key() and result.status == ProbeStatus.OK, worker)

@@ -13,18 +13,17 @@
 Several workers share a study through claims: `claim()` takes a config for probing (atomically, in
 the database), `heartbeat()` keeps it, `settle()` records its outcome once, whichever worker wins.
 
-Schema in `schema.py`, changed only through Alembic revisions in the top-level `migrations/`.
+Schema in `schema.py`, changed only through Alembic revisions in the repository's top-level
+`migrations/` (installed as `autotune.store.migrations`). The Store is split by concern: `base.py`
+(sessions, the retry policy), `store.py` (studies, probes, leaderboard), `claims.py`, `runs.py`,
+`rows.py` (ORM rows to records).
 Importing this package loads SQLAlchemy, not Alembic, torch or Optuna.
 """
 
 from __future__ import annotations
 
-from autotune.store.engine import data_dir, default_url, resolve_url
+from autotune.store.engine import default_url, resolve_url
 from autotune.store.records import (
-    CACHEABLE_STATUSES,
-    CLAIM_STATES,
-    RUN_STATUSES,
-    STUDY_STATUSES,
     ClaimRecord,
     LeaderboardRow,
     ProbeRecord,
@@ -34,8 +33,8 @@ from autotune.store.records import (
     UpgradeReport,
 )
 from autotune.store.schema import SCHEMA_REVISION
+from autotune.store.claims import MAX_ATTEMPTS
 from autotune.store.store import (
-    MAX_ATTEMPTS,
     ModelLike,
     Store,
     open_store,
@@ -43,12 +42,8 @@ from autotune.store.store import (
 )
 
 __all__ = [
-    "CACHEABLE_STATUSES",
-    "CLAIM_STATES",
     "MAX_ATTEMPTS",
-    "RUN_STATUSES",
     "SCHEMA_REVISION",
-    "STUDY_STATUSES",
     "ClaimRecord",
     "LeaderboardRow",
     "ModelLike",
@@ -58,7 +53,6 @@ __all__ = [
     "StudyRecord",
     "StudySummary",
     "UpgradeReport",
-    "data_dir",
     "default_url",
     "open_store",
     "resolve_url",

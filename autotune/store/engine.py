@@ -16,6 +16,7 @@ from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
 from autotune.errors import DatabaseError
+from autotune.paths import data_dir
 
 DB_FILENAME = "autotune.db"
 # Writers wait this long for another process's write transaction before giving up. Probes take
@@ -23,16 +24,6 @@ DB_FILENAME = "autotune.db"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # The execution option that picks the SQLite BEGIN mode of a transaction (see make_engine).
 SQLITE_BEGIN_OPTION = "autotune_sqlite_begin"
-
-
-def data_dir() -> Path:
-    """autotune's own directory: `$AUTOTUNE_HOME`, else the platform's user data directory."""
-    home = os.environ.get("AUTOTUNE_HOME")
-    if home:
-        return Path(home).expanduser()
-    import platformdirs  # only when needed: it is the fallback of a fallback
-
-    return Path(platformdirs.user_data_dir("autotune"))
 
 
 def default_url() -> str:

@@ -28,8 +28,9 @@ UPGRADE_HINT = "pip install -U autotune"
 
 
 def script_location() -> Path:
-    """The installed `migrations` package directory."""
-    import migrations
+    """The migrations' directory, installed as `autotune.store.migrations` (the repository's
+    top-level migrations/ folder)."""
+    from autotune.store import migrations
 
     return Path(migrations.__file__).parent
 
@@ -175,7 +176,7 @@ def compare_schema(connection: Connection) -> list[Any]:
     from alembic.runtime.migration import MigrationContext
 
     from autotune.store.schema import Base
-    from migrations.filters import include_name, include_object
+    from autotune.store.migrations.filters import include_name, include_object
 
     context = MigrationContext.configure(
         connection,

@@ -9,16 +9,6 @@ from typing import Any
 from autotune.config import ProbeConfig
 from autotune.result import ProbeResult
 
-STUDY_STATUSES = ("running", "finished", "interrupted")
-RUN_STATUSES = ("running", "finished", "failed")
-# Outcomes that say something lasting about a config on an environment: another search may reuse
-# them instead of probing again. timeout, crashed and error may be transient (a busy machine, a
-# killed worker, a bug since fixed), so they are probed again.
-CACHEABLE_STATUSES = ("ok", "oom", "unstable", "skipped")
-# A claim is running while a worker probes its config; done or crashed once the config is settled.
-CLAIM_STATES = ("running", "done", "crashed")
-
-
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 

@@ -11,7 +11,7 @@ from sqlalchemy import event
 from sqlalchemy.exc import OperationalError
 
 from autotune.store import MAX_ATTEMPTS, open_store
-from autotune.store import store as store_module
+from autotune.store import base as store_base
 
 from .helpers import ENV, config, make_study, result
 
@@ -118,7 +118,7 @@ def test_a_resumed_search_reopens_timeouts_and_crashes_only(tmp_path):
 
 
 def test_a_finished_probe_survives_a_dropped_connection(tmp_path, monkeypatch):
-    monkeypatch.setattr(store_module, "TRANSIENT_RETRY_DELAYS", (0.05, 0.05))
+    monkeypatch.setattr(store_base, "TRANSIENT_RETRY_DELAYS", (0.05, 0.05))
     with open_store(tmp_path / "drop.db") as store:
         study = make_study(store)
         store.claim(study.id, config(4).key(), "w", stale_after=60)

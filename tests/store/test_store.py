@@ -11,7 +11,8 @@ import pytest
 from sqlalchemy import text
 
 from autotune.errors import BadInput, DatabaseError, StudyNotFound
-from autotune.store import CACHEABLE_STATUSES, SCHEMA_REVISION, open_store, resolve_url, upgrade_database
+from autotune.status import CACHEABLE
+from autotune.store import SCHEMA_REVISION, open_store, resolve_url, upgrade_database
 from autotune.store.schema import VERSION_TABLE
 
 from .helpers import ENV, FakeModel, GiB, config, make_study, result
@@ -187,7 +188,7 @@ def test_find_cached_reuses_only_lasting_outcomes_of_the_same_setting(store):
         store.record_probe(study.id, config(mb, grad_accum=1), result(status), env_fingerprint=env_fp)
     reused = {mb: store.find_cached(config(mb, grad_accum=1).key(), **key_args) for mb in (1, 2, 4, 8, 16, 32, 64)}
     assert {mb: r.status for mb, r in reused.items() if r} == {1: "ok", 2: "oom", 4: "unstable", 8: "skipped"}
-    assert set(CACHEABLE_STATUSES) == {"ok", "oom", "unstable", "skipped"}
+    assert set(CACHEABLE) == {"ok", "oom", "unstable", "skipped"}
     assert reused[1].tokens_per_s == 1000.0
 
     key = config(1, grad_accum=1).key()

@@ -5,7 +5,7 @@ There is no scheduler: the database is the meeting point. Optuna's RDB storage a
 tables live in it; each worker claims a configuration there before probing it (Store.claim: an
 INSERT that loses on a unique key, or a conditional UPDATE taking over a claim whose worker stopped
 heartbeating), reads the study's probes before each pick, and records its outcome once
-(Store.settle). See autotune/search/ for the loop every worker runs.
+(Store.settle). Every worker runs the driver's loop (driver.py: `work`).
 
 A study is pinned to one kind of card: its environment (device name and memory, driver and
 library versions) is stored with it, and a worker on anything else refuses to join unless told
@@ -28,25 +28,14 @@ from pathlib import Path
 from autotune.environment import Environment
 from autotune.errors import AutotuneError, BadInput, DeviceError
 from autotune.models import ModelSpec
-from autotune.search import (
-    HEARTBEAT_SECONDS,
-    Event,
-    Knowledge,
-    Runner,
-    SearchOptions,
-    SearchOutcome,
-    Trials,
-    WorkerState,
-    default_study_name,
-    distributions_of,
-    finished_study,
-    predictions_from_plan,
-    start_study,
-    stop_on_first_interrupt,
-    work,
-    worker_label,
-)
+from autotune.search.common import Event, Runner, SearchOptions, SearchOutcome
+from autotune.search.driver import default_study_name, finished_study, start_study, stop_on_first_interrupt, work
+from autotune.search.knowledge import Knowledge
+from autotune.search.plan import StudyPlan
+from autotune.search.trials import Trials, distributions_of
+from autotune.search.worker_state import WorkerState, worker_label
 from autotune.space import SearchSpace
+from autotune.status import ProbeStatus, StopReason, StudyStatus
 from autotune.store import Store, StudyRecord
 from autotune.units import format_size
 
@@ -72,19 +61,17 @@ def join_study(
     study is stopped, or one of this worker's limits is reached. The study's plan (stored by the
     search that started it) says how: the strategy, the probe settings, the memory predictions."""
     from autotune.probe import ProbeRunner, ProbeSettings
-    from autotune.probe.runner import DEFAULT_TIMEOUT
     from autotune.store import open_store
 
     started = time.perf_counter()
     with open_store(db) as store:
         study = _joinable_study(store, name)
-        if study.status == "finished":
+        if study.status == StudyStatus.FINISHED:
             return _already_finished(store, study, started)
-        probe = (study.plan or {}).get("probe") or {}
-        settings = ProbeSettings(device=device, margin=study.margin_bytes, warmup_steps=probe.get("warmup_steps", 2),
-                                 measure_steps=probe.get("measure_steps", 3),
-                                 timeout=probe_timeout or probe.get("timeout", DEFAULT_TIMEOUT),
-                                 trust_remote_code=probe.get("trust_remote_code", False))
+        probe = StudyPlan.from_dict(study.plan).probe
+        settings = ProbeSettings(device=device, margin=study.margin_bytes, warmup_steps=probe.warmup_steps,
+                                 measure_steps=probe.measure_steps, timeout=probe_timeout or probe.timeout,
+                                 trust_remote_code=probe.trust_remote_code)
         with ProbeRunner(settings) as runner:
             return run_worker(store, name, runner, allow_other_device=allow_other_device, max_trials=max_trials,
                               timeout=timeout, patience=patience, on_start=on_start, on_event=on_event, started=started)
@@ -110,21 +97,21 @@ def run_worker(
 
     started = time.perf_counter() if started is None else started
     study = _joinable_study(store, name)
-    if study.status == "finished":
+    if study.status == StudyStatus.FINISHED:
         return _already_finished(store, study, started)
-    plan = study.plan or {}
+    plan = StudyPlan.from_dict(study.plan)
     space = _space(study)
     spec = resolve_model(study.model_reference)
     _check_same_model(study, spec)
-    options = SearchOptions(study=name, strategy=plan["strategy"], fresh=bool(plan.get("fresh")), predict=False,
-                            predict_margin=plan.get("predict_margin", 0.10), max_trials=max_trials, timeout=timeout,
-                            patience=patience if patience is not None else plan.get("patience"),
-                            heartbeat_seconds=plan.get("heartbeat_seconds", HEARTBEAT_SECONDS))
+    options = SearchOptions(study=name, strategy=plan.strategy, fresh=plan.fresh, predict=False,
+                            predict_margin=plan.predict_margin, max_trials=max_trials, timeout=timeout,
+                            patience=patience if patience is not None else plan.patience,
+                            heartbeat_seconds=plan.heartbeat_seconds)
     environment = runner.environment()
     check_joinable(study, environment, allow_other_device)
     knowledge = Knowledge(space.candidates(), allowed_bytes=study.budget_bytes - study.margin_bytes,
                           skip_over_bytes=int(study.budget_bytes * (1 + options.predict_margin)),
-                          predictions=predictions_from_plan(plan))
+                          predictions=plan.predictions)
     settings = getattr(runner, "settings", None)
     worker = WorkerState(store, study, space, spec, study.budget_bytes, study.margin_bytes, environment, options,
                      knowledge, worker_label(getattr(settings, "device", None)))
@@ -141,7 +128,7 @@ def run_worker(
 
 def _joinable_study(store: Store, name: str) -> StudyRecord:
     study = store.study(name)
-    if study.status == "interrupted":
+    if study.status == StudyStatus.INTERRUPTED:
         raise BadInput(f"study {name!r} is stopped; resume it with the `autotune search` command that started it "
                        f"(same --study and --db), then join it.")
     if study.plan is None:
@@ -153,7 +140,7 @@ def _joinable_study(store: Store, name: str) -> StudyRecord:
 def _already_finished(store: Store, study: StudyRecord, started: float) -> SearchOutcome:
     space = _space(study)
     return SearchOutcome(study=study, space=space, leaderboard=store.leaderboard(study.name), candidates=len(space.candidates()),
-                         seconds=time.perf_counter() - started, answered_from_database=True, stop_reason="finished")
+                         seconds=time.perf_counter() - started, answered_from_database=True, stop_reason=StopReason.FINISHED)
 
 
 def _space(study: StudyRecord) -> SearchSpace:
@@ -305,13 +292,13 @@ def _spawn(store: Store, study: str, device: str, visible: str, scratch: Path, i
 
 
 def _watch(store: Store, study: StudyRecord, knowledge: Knowledge, seen: int, processes: list[_Process],
-           options: SearchOptions, started: float, on_event: Callable[[Event], None] | None) -> str | None:
+           options: SearchOptions, started: float, on_event: Callable[[Event], None] | None) -> StopReason | None:
     """Show what the workers settle until they have all exited; stop the study on Ctrl-C or when a
     study-wide limit is reached. Returns why this process stopped the study (None if it did not)."""
     by_key = {c.key(): c for c in knowledge.candidates}
     first = seen
     probed = 0
-    reason: str | None = None
+    reason: StopReason | None = None
     with stop_on_first_interrupt() as stop:
         while True:
             running = [p for p in processes if p.popen.poll() is None]
@@ -321,28 +308,29 @@ def _watch(store: Store, study: StudyRecord, knowledge: Knowledge, seen: int, pr
                 if config is None:
                     continue
                 knowledge.learn(config, row.result)
-                probed += row.id > first and row.result.status != "skipped"
+                probed += row.id > first and row.result.status != ProbeStatus.SKIPPED
                 best = knowledge.best()
                 if on_event is not None:
-                    on_event(Event(config, row.result, "skipped" if row.result.status == "skipped" else "probed",
+                    on_event(Event(config, row.result, "skipped" if row.result.status == ProbeStatus.SKIPPED else "probed",
                                    len(knowledge.outcomes), len(knowledge.candidates),
-                                   best is not None and best[0].key() == config.key() and row.result.status == "ok", row.worker))
+                                   best is not None and best[0].key() == config.key() and row.result.status == ProbeStatus.OK,
+                                   row.worker))
             if not running:
                 return reason
             if reason is None:
                 if stop.is_set():
-                    reason = "interrupted"
+                    reason = StopReason.INTERRUPTED
                 elif options.max_trials is not None and probed >= options.max_trials:
-                    reason = "max-trials"
+                    reason = StopReason.MAX_TRIALS
                 elif options.timeout is not None and time.perf_counter() - started >= options.timeout:
-                    reason = "timeout"
+                    reason = StopReason.TIMEOUT
                 if reason is not None:
                     # The workers see it before their next pick and stop after the probe in flight.
-                    store.set_study_status(study.id, "interrupted")
+                    store.set_study_status(study.id, StudyStatus.INTERRUPTED)
             time.sleep(POLL_SECONDS)
 
 
-def _gather(store: Store, study: StudyRecord, space: SearchSpace, processes: list[_Process], reason: str | None,
+def _gather(store: Store, study: StudyRecord, space: SearchSpace, processes: list[_Process], reason: StopReason | None,
             started: float) -> SearchOutcome:
     summaries, failures = [], []
     for process in processes:
@@ -352,16 +340,17 @@ def _gather(store: Store, study: StudyRecord, space: SearchSpace, processes: lis
         else:
             failures.append(f"{process.describe()}: {process.last_error()}")
     if not summaries and failures:
-        if store.study(study.name).status == "running":
-            store.set_study_status(study.id, "interrupted")
+        if store.study(study.name).status == StudyStatus.RUNNING:
+            store.set_study_status(study.id, StudyStatus.INTERRUPTED)
         raise AutotuneError(f"every worker failed; the first: {failures[0]}")
     record = store.study(study.name)
-    if record.status == "finished":
-        stop_reason = "patience" if any(s.get("stop_reason") == "patience" for s in summaries) else "exhausted"
+    if record.status == StudyStatus.FINISHED:
+        stop_reason = (StopReason.PATIENCE if any(s.get("stop_reason") == StopReason.PATIENCE for s in summaries)
+                       else StopReason.EXHAUSTED)
     else:
-        stop_reason = reason or "interrupted"
-        if record.status == "running":  # every worker ended without finishing it (their own Ctrl-C, limits)
-            store.set_study_status(study.id, "interrupted")
+        stop_reason = reason or StopReason.INTERRUPTED
+        if record.status == StudyStatus.RUNNING:  # every worker ended without finishing it (their own Ctrl-C, limits)
+            store.set_study_status(study.id, StudyStatus.INTERRUPTED)
         record = store.study(study.name)
     return SearchOutcome(
         study=record, space=space, leaderboard=store.leaderboard(study.name), candidates=len(space.candidates()),

@@ -1,0 +1,36 @@
+"""`autotune search` as a library call: from a user's flags to a running search, in this process
+(one worker) or in several worker processes (fleet.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from autotune.environment import Environment
+from autotune.margin import checked_margin_bytes
+from autotune.search.common import Event, SearchOptions, SearchOutcome
+from autotune.search.driver import run_search
+from autotune.search.fleet import search_with_workers
+from autotune.space import SearchSpace
+from autotune.store import StudyRecord
+
+
+def search(model: str, budget_bytes: int, *, settings, options: SearchOptions, db: str | None = None,
+           on_event: Callable[[Event], None] | None = None,
+           on_start: Callable[[StudyRecord, Environment, int, int], None] | None = None,
+           workers: int | None = None, **space_args) -> SearchOutcome:
+    """Resolve the model, build the space, open the store, start a probe runner, search.
+    Everything a user can get wrong is checked before the database is opened. With `workers`,
+    the search runs in that many worker processes."""
+    from autotune.models import resolve_model
+    from autotune.probe import ProbeRunner
+    from autotune.store import open_store
+
+    spec = resolve_model(model)
+    space = SearchSpace.build(spec, **space_args)
+    space.candidates()  # raises BadInput when no micro-batch keeps the effective batch exact
+    margin = checked_margin_bytes(settings.margin, budget_bytes)
+    if workers is not None:
+        return search_with_workers(spec, space, budget_bytes, margin, workers=workers, settings=settings, options=options,
+                                   db=db, on_start=on_start, on_event=on_event)
+    with open_store(db) as store, ProbeRunner(settings) as runner:
+        return run_search(space, spec, budget_bytes, margin, runner, store, options, on_event, on_start)

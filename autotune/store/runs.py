@@ -1,0 +1,93 @@
+"""Runs: full fine-tunes (`autotune train`) stored beside the probe that chose their config."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import select
+
+from autotune.config import ProbeConfig
+from autotune.status import RunStatus
+from autotune.store.base import StoreBase
+from autotune.store.records import RunRecord
+from autotune.store.rows import run_record
+from autotune.store.schema import Run, utcnow
+
+
+class RunsMixin(StoreBase):
+    """The Store's run operations."""
+
+    def start_run(
+        self,
+        *,
+        config: ProbeConfig | Mapping[str, Any],
+        study_id: int | None = None,
+        probe_id: int | None = None,
+        output_dir: str | os.PathLike[str] | None = None,
+        dataset: str | None = None,
+    ) -> int:
+        """Record a full fine-tune as running; returns its id for finish_run/fail_run."""
+        config_data = config.to_dict() if isinstance(config, ProbeConfig) else dict(config)
+        run = Run(
+            study_id=study_id,
+            probe_id=probe_id,
+            config=config_data,
+            status=RunStatus.RUNNING,
+            output_dir=os.fspath(output_dir) if output_dir is not None else None,
+            dataset=dataset,
+            started_at=utcnow(),
+        )
+        with self._writing() as session:
+            session.add(run)
+            session.flush()
+            return run.id
+
+    def finish_run(
+        self,
+        run_id: int,
+        *,
+        steps: int | None = None,
+        tokens_per_s: float | None = None,
+        peak_allocated_bytes: int | None = None,
+        peak_reserved_bytes: int | None = None,
+        final_loss: float | None = None,
+        summary: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Mark a run finished, with what it measured."""
+        self._end_run(
+            run_id, status=RunStatus.FINISHED, steps=steps, tokens_per_s=tokens_per_s,
+            peak_allocated_bytes=peak_allocated_bytes, peak_reserved_bytes=peak_reserved_bytes,
+            final_loss=final_loss, summary=dict(summary) if summary is not None else None,
+        )
+
+    def fail_run(self, run_id: int, error: str, *, summary: Mapping[str, Any] | None = None) -> None:
+        """Mark a run failed, keeping the error text (and whatever summary there is)."""
+        self._end_run(run_id, status=RunStatus.FAILED, error=error, summary=dict(summary) if summary is not None else None)
+
+    def _end_run(self, run_id: int, **values: Any) -> None:
+        assert values["status"] in RunStatus.__members__.values()
+        with self._writing() as session:
+            run = session.get(Run, run_id)
+            if run is None:
+                raise LookupError(f"no run with id {run_id}")
+            for key, value in values.items():
+                setattr(run, key, value)
+            run.finished_at = utcnow()
+
+    def run(self, run_id: int) -> RunRecord:
+        """One run by id (LookupError when there is none)."""
+        with self._read() as session:
+            run = session.get(Run, run_id)
+            if run is None:
+                raise LookupError(f"no run with id {run_id}")
+            return run_record(run)
+
+    def runs(self, study_name: str | None = None) -> list[RunRecord]:
+        """Every run, or those of one study, oldest first."""
+        with self._read() as session:
+            query = select(Run).order_by(Run.id)
+            if study_name is not None:
+                query = query.where(Run.study_id == self._find_study(session, study_name).id)
+            return [run_record(run) for run in session.scalars(query)]
