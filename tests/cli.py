@@ -7,9 +7,15 @@ import subprocess
 import sys
 
 
+def autotune_command(*args: str) -> list[str]:
+    """The argv of `python -m autotune ARGS` with this interpreter (for Popen)."""
+    return [sys.executable, "-m", "autotune", *args]
+
+
 def autotune(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -m autotune ARGS` with this interpreter, output captured as text."""
-    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=timeout,
+    """`python -m autotune ARGS` with this interpreter, output captured as text; `env` adds to
+    (or overrides) this process's environment."""
+    return subprocess.run(autotune_command(*args), capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from autotune.cli import cli
 from autotune.report import LEADERBOARD_FIELDS
 from autotune.store import open_store
 from autotune.store.schema import SCHEMA_REVISION, VERSION_TABLE
+from tests.cli import autotune
 from tests.store.helpers import ENV, GiB, config, make_study, result
 
 
@@ -36,11 +36,6 @@ def filled_db(tmp_path):
 
 def invoke(*args: str):
     return CliRunner().invoke(cli, list(args), catch_exceptions=False)
-
-
-def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=60,
-                          env={**os.environ, **(env or {})})
 
 
 def test_leaderboard_table_defaults_to_the_latest_study(filled_db):
@@ -85,7 +80,7 @@ def test_db_upgrade_command(tmp_path):
 
 
 def test_db_defaults_to_autotune_db(filled_db):
-    result_ = run_cli("leaderboard", "--format", "json", env={"AUTOTUNE_DB": filled_db})
+    result_ = autotune("leaderboard", "--format", "json", env={"AUTOTUNE_DB": filled_db})
     assert result_.returncode == 0 and len(json.loads(result_.stdout)) == 3
 
 
@@ -100,20 +95,20 @@ def _assert_one_line_error(proc: subprocess.CompletedProcess, *words: str) -> No
 
 
 def test_unknown_study_is_one_line_exit_2(filled_db):
-    _assert_one_line_error(run_cli("leaderboard", "--study", "nope", "--db", filled_db), "no study named 'nope'")
+    _assert_one_line_error(autotune("leaderboard", "--study", "nope", "--db", filled_db), "no study named 'nope'")
 
 
 def test_a_text_file_is_one_line_exit_2(tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("not a database\n" * 100)
-    _assert_one_line_error(run_cli("studies", "--db", str(notes)), "is not an SQLite database")
+    _assert_one_line_error(autotune("studies", "--db", str(notes)), "is not an SQLite database")
 
 
 def test_a_newer_database_is_one_line_exit_2(filled_db):
     with sqlite3.connect(filled_db) as raw:
         raw.execute(f"UPDATE {VERSION_TABLE} SET version_num = '0099_future'")
     for command in (["studies"], ["leaderboard"], ["db", "upgrade"]):
-        _assert_one_line_error(run_cli(*command, "--db", filled_db), "0099_future", "pip install -U autotune")
+        _assert_one_line_error(autotune(*command, "--db", filled_db), "0099_future", "pip install -U autotune")
 
 
 HEAVY = ("torch", "transformers", "optuna", "alembic")

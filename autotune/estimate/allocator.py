@@ -24,7 +24,9 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-MIN_BLOCK = 512                 # kMinBlockSize
+from autotune.units import CUDA_BLOCK_BYTES, round_to_block
+
+MIN_BLOCK = CUDA_BLOCK_BYTES    # kMinBlockSize
 SMALL_SIZE = 1 << 20            # kSmallSize: largest request served by the small pool
 SMALL_BUFFER = 2 << 20          # kSmallBuffer: small-pool segment
 LARGE_BUFFER = 20 << 20         # kLargeBuffer: segment for large requests under MIN_LARGE_ALLOC
@@ -34,9 +36,8 @@ ROUND_LARGE = 2 << 20           # kRoundLarge: rounding of large segments
 
 def round_size(nbytes: int) -> int:
     """Block size the allocator hands out for a request (what `memory_allocated` counts)."""
-    if nbytes < MIN_BLOCK:
-        return MIN_BLOCK
-    return -(-nbytes // MIN_BLOCK) * MIN_BLOCK
+    # round_to_block leaves 0 at 0 (nothing allocated); a block handed out is never below the minimum
+    return max(MIN_BLOCK, round_to_block(nbytes))
 
 
 def segment_size(rounded: int) -> int:

@@ -1,7 +1,7 @@
 """Make a trace on fake CPU tensors allocate what a CUDA run allocates.
 
 Three places where PyTorch's CPU and CUDA paths differ in memory, each emulated here (imported
-only by the trace worker; it imports torch):
+only by the trace child; it imports torch):
 
 1. Dropout. On CUDA, `F.dropout` in training runs the fused `native_dropout`, which keeps a
    1-byte bool mask for backward; on CPU it multiplies by a noise tensor of the input's dtype

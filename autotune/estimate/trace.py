@@ -1,7 +1,7 @@
-"""The estimator's worker: trace the probe's own training steps on fake tensors and replay the
-allocations. Runs in a child process (`python -m autotune.estimate.trace`, request as JSON on
-stdin, result as one JSON line on stdout), because it imports torch and transformers and because
-some fake-tensor paths abort the process.
+"""The estimator's trace child: trace the probe's own training steps on fake tensors and replay
+the allocations. Runs in a child process (`python -m autotune.estimate.trace`; a `TraceRequest`
+on stdin, one `TraceResult` line per configuration on stdout, see `protocol.py`), because it
+imports torch and transformers and because some fake-tensor paths abort the process.
 
 What is traced is the probe's own step (`autotune.probe.step`: `build_model`,
 `make_optimizer`, `ProbeStep`: fused AdamW, GradScaler for fp16, two prefetched batches, two
@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
-import json
 import sys
 import time
 import traceback
@@ -36,8 +35,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
-from autotune.estimate import ERROR_PREFIX, RESULT_PREFIX
-from autotune.estimate.allocator import CachingAllocatorModel, round_size
+from autotune.estimate.allocator import CachingAllocatorModel
+from autotune.estimate.protocol import TraceFailure, TraceItem, TraceRequest, TraceResult
+from autotune.units import round_to_block
 
 ROLES = ("params", "grads", "optimizer", "activations", "temporaries")
 # The probe's warm-up: the second step runs with optimizer state in place, as every later one does.
@@ -162,7 +162,7 @@ def replay(events: list, *, cuda: bool) -> dict:
                 entry.block = None
         else:
             size = entry.nbytes
-            rounded += sign * round_size(entry.nbytes)
+            rounded += sign * round_to_block(entry.nbytes)  # as the probe's CPU accountant counts
             peak_rounded = max(peak_rounded, rounded)
         totals[role if role in totals else "temporaries"] += sign * size
         total += sign * size
@@ -193,16 +193,16 @@ def _real_run_mask_rules() -> None:
         masking.find_packed_sequence_indices = lambda position_ids: None
 
 
-def trace(request: dict) -> dict:
-    """Trace the probe's build and warm-up steps for `request['config']` on fake tensors."""
+def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
+    """Trace the probe's build and warm-up steps for `item.config` on fake tensors, predicting
+    `device_type` (cuda or cpu); the result is numbered `index`."""
     from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
-    from autotune.config import ProbeConfig
     from autotune.probe.step import ProbeStep, build_model, make_optimizer
 
     started = time.perf_counter()
-    config = ProbeConfig.from_dict(request["config"])
-    cuda = request["device_type"] == "cuda"
+    config = item.config
+    cuda = device_type == "cuda"
     emulation: Any = contextlib.nullcontext()  # CudaKernels when emulating CUDA
     keep = None
     if cuda:
@@ -211,16 +211,15 @@ def trace(request: dict) -> dict:
         keep = install_cuda_autocast()
         emulation = CudaKernels()
     _real_run_mask_rules()
-    attention = request.get("trace_attention", config.attention)
     # Micro-steps after the second repeat the second one's allocations exactly.
-    traced = dataclasses.replace(config, grad_accum=min(config.grad_accum, 2), attention=attention)
+    traced = dataclasses.replace(config, grad_accum=min(config.grad_accum, 2), attention=item.attention)
     device = torch.device("cpu")
     ledger = Ledger()
     gc.collect()
     gc.disable()  # storages die when their last reference goes, as in the real step; no stray collections
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), ledger, ledger.watching_optimizer(), emulation:
-            model, hf_config = build_model(request["model_config"], request.get("model_path"), traced, device, False)
+            model, hf_config = build_model(item.model_config, item.model_path, traced, device, False)
             for tensor in (*model.parameters(), *model.buffers()):
                 ledger.set_role(tensor, "params")
             for param in model.parameters():
@@ -243,8 +242,10 @@ def trace(request: dict) -> dict:
     finally:
         gc.enable()
     done = time.perf_counter()
-    result = replay(ledger.events, cuda=cuda)
-    result.update(
+    replayed = replay(ledger.events, cuda=cuda)
+    result = TraceResult(
+        index=index,
+        **replayed,
         build_seconds=round(built - started, 3),
         trace_seconds=round(done - built, 3),
         replay_seconds=round(time.perf_counter() - done, 3),
@@ -258,7 +259,7 @@ def trace(request: dict) -> dict:
 
 def main() -> None:
     """Trace each requested configuration in turn; one line of answer per configuration."""
-    request = json.loads(sys.stdin.read())
+    request = TraceRequest.from_json(sys.stdin.read())
     import transformers  # noqa: F401  (with torch, above: the heavy imports, once)
 
     import autotune.probe.step  # noqa: F401
@@ -267,17 +268,18 @@ def main() -> None:
     # milliseconds rather than ~0.4 s (as the probe child does).
     gc.collect()
     gc.freeze()
-    for index, item in enumerate(request["items"]):
+    for index, item in enumerate(request.items):
         try:
-            result = trace({**item, "device_type": request["device_type"]})
+            result = trace(item, request.device_type, index)
         except Exception as exc:  # reported to the parent, which raises EstimateError with it
             sys.stderr.write(traceback.format_exc())
             first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
-            answer = {"index": index, "type": type(exc).__name__, "message": f"{type(exc).__name__}: {first}"[:400]}
-            sys.stdout.write(ERROR_PREFIX + json.dumps(answer) + "\n")
+            failure = TraceFailure(index=index, error_type=type(exc).__name__,
+                                   message=f"{type(exc).__name__}: {first}"[:400])
+            sys.stdout.write(failure.to_line() + "\n")
             sys.stdout.flush()
             sys.exit(1)
-        sys.stdout.write(RESULT_PREFIX + json.dumps({"index": index, **result}) + "\n")
+        sys.stdout.write(result.to_line() + "\n")
         sys.stdout.flush()
 
 

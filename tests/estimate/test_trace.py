@@ -12,13 +12,14 @@ torch = pytest.importorskip("torch")
 
 from autotune.config import ProbeConfig  # noqa: E402
 from autotune.estimate import cuda as emulation  # noqa: E402
+from autotune.estimate.protocol import TraceItem, TraceResult  # noqa: E402
 from autotune.estimate.trace import Ledger, replay, trace  # noqa: E402
 from tests.conftest import TINY_GPT2  # noqa: E402
 
 
-def run_trace(device_type: str, **levers) -> dict:
+def run_trace(device_type: str, **levers) -> TraceResult:
     config = ProbeConfig(model="tiny", **{"micro_batch": 2, "block_size": 128, **levers})
-    return trace({"config": config.to_dict(), "model_config": TINY_GPT2, "model_path": None, "device_type": device_type})
+    return trace(TraceItem(config=config, model_config=TINY_GPT2, model_path=None), device_type)
 
 
 def test_cuda_emulation_picks_cuda_kernels():
@@ -27,17 +28,17 @@ def test_cuda_emulation_picks_cuda_kernels():
     eager = run_trace("cuda", precision="fp32", attention="eager")
     # 2 steps x 2 layers: SDPA's memory-efficient kernel in fp32, flash in bf16; dropout fused
     # (per step: embeddings once, then the attention output and the MLP output of each layer)
-    assert fp32["kernels"] == {"mem_efficient": 4, "native_dropout": 2 * (1 + 2 * 2)}
-    assert bf16["kernels"]["flash"] == 4 and "mem_efficient" not in bf16["kernels"]
-    assert "flash" not in eager["kernels"] and "mem_efficient" not in eager["kernels"]
-    assert eager["kernels"]["native_dropout"] == 2 * (1 + 2 * 3)  # the attention weights' dropout too
+    assert fp32.kernels == {"mem_efficient": 4, "native_dropout": 2 * (1 + 2 * 2)}
+    assert bf16.kernels["flash"] == 4 and "mem_efficient" not in bf16.kernels
+    assert "flash" not in eager.kernels and "mem_efficient" not in eager.kernels
+    assert eager.kernels["native_dropout"] == 2 * (1 + 2 * 3)  # the attention weights' dropout too
 
 
 def test_cuda_trace_is_below_cpu_trace_where_attention_matters():
     # No S x S attention matrix and 1-byte dropout masks on CUDA
     cpu = run_trace("cpu", block_size=256)
     gpu = run_trace("cuda", block_size=256)
-    assert gpu["breakdown"]["activations"] < 0.8 * cpu["breakdown"]["activations"]
+    assert gpu.breakdown["activations"] < 0.8 * cpu.breakdown["activations"]
 
 
 def test_cuda_autocast_lists_run_norms_and_softmax_in_fp32():
@@ -125,6 +126,6 @@ def test_other_architectures_get_the_kernel_cuda_would_pick(arch, precision, ker
     model_config = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
                     "vocab_size": 256, "max_position_embeddings": 256, **arch}
     config = ProbeConfig(model="tiny", micro_batch=2, block_size=64, precision=precision, checkpointing=True)
-    result = trace({"config": config.to_dict(), "model_config": model_config, "model_path": None, "device_type": "cuda"})
-    assert set(result["kernels"]) - {"native_dropout"} == {kernel}
-    assert result["peak_bytes"] == sum(result["breakdown"].values()) > 0
+    result = trace(TraceItem(config=config, model_config=model_config, model_path=None), "cuda")
+    assert set(result.kernels) - {"native_dropout"} == {kernel}
+    assert result.peak_bytes == sum(result.breakdown.values()) > 0

@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 import pytest
 
@@ -16,6 +15,7 @@ from autotune.probe import ProbeRunner, ProbeSettings
 from autotune.search import SearchOptions, run_search
 from autotune.space import SearchSpace
 from autotune.store import open_store
+from tests.cli import autotune, autotune_command
 from tests.fakes import ScriptedRunner
 
 pytestmark = pytest.mark.slow
@@ -58,9 +58,9 @@ def frontier_probes(study: str):
 
 
 def _search_cmd(model: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "autotune", "search", "--model", model, "--gpu-budget", "24MiB", "--device", "cpu",
+    return autotune_command("search", "--model", model, "--gpu-budget", "24MiB", "--device", "cpu",
             "--micro-batches", "1,2,4,8,16", "--block-sizes", "128", "--effective-batch", "16", "--precisions", "fp32",
-            "--attention", "sdpa", "--measure-steps", "2", "--study", "ctrl-c", *extra]
+            "--attention", "sdpa", "--measure-steps", "2", "--study", "ctrl-c", *extra)
 
 
 def test_ctrl_c_stops_after_the_probe_and_the_same_command_resumes(tiny_model):
@@ -97,8 +97,7 @@ def test_best_trainer_args_build_real_training_arguments(tiny_model, tmp_path):
         space = SearchSpace.build(spec, micro_batches=(2, 4), block_sizes=(64,), precisions=("bf16",),
                                   checkpointing=(True,), attentions=("eager",), effective_batch=4)
         run_search(space, spec, BUDGET, MARGIN, runner, store, SearchOptions(study="handoff"))
-    proc = subprocess.run([sys.executable, "-m", "autotune", "best", "--study", "handoff", "--format", "trainer-args"],
-                          capture_output=True, text=True, timeout=120)
+    proc = autotune("best", "--study", "handoff", "--format", "trainer-args", timeout=120)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     from transformers import TrainingArguments
@@ -110,11 +109,10 @@ def test_best_trainer_args_build_real_training_arguments(tiny_model, tmp_path):
     assert doc["model_kwargs"] == {"attn_implementation": "eager", "use_cache": False}
     assert doc["block_size"] == 64
 
-    import autotune
+    from autotune import best as best_of
 
-    best = autotune.best("handoff")
+    best = best_of("handoff")
     assert best.training_arguments(output_dir=str(tmp_path / "o2")).per_device_train_batch_size == best.config.micro_batch
     assert best.device_type == "cpu"
-    flags = subprocess.run([sys.executable, "-m", "autotune", "best", "--study", "handoff", "--format", "cli"],
-                           capture_output=True, text=True, timeout=60).stdout
+    flags = autotune("best", "--study", "handoff", "--format", "cli", timeout=60).stdout
     assert "--bf16" in flags and "--gradient_checkpointing" in flags and "--block_size 64" in flags

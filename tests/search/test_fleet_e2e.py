@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -20,6 +19,7 @@ from autotune.probe import ProbeRunner, ProbeSettings
 from autotune.search import SearchOptions, run_search, start_study
 from autotune.space import SearchSpace
 from autotune.store import open_store
+from tests.cli import autotune, autotune_command
 from tests.fakes import ScriptedRunner
 from tests.faults import fault_env
 
@@ -32,11 +32,6 @@ SPACE = {"micro_batches": (1, 2, 4, 8), "block_sizes": (64,), "precisions": ("fp
 FLAGS = ["--micro-batches", "1,2,4,8", "--block-sizes", "64", "--effective-batch", "8", "--precisions", "fp32",
          "--checkpointing", "off,on", "--attention", "sdpa", "--measure-steps", "1", "--no-predict", "--device", "cpu",
          "--heartbeat", "0.5"]
-
-
-def autotune(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=400,
-                          check=False, **kwargs)
 
 
 def wait_for(predicate, seconds: float = 120.0):
@@ -61,8 +56,7 @@ def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_w
         study_id = store.study("shared").id
 
         # A worker whose probe hangs is killed mid-probe, with its probe process (one session).
-        doomed = subprocess.Popen([sys.executable, "-m", "autotune", "worker", "--study", "shared", "--db", postgres_url,
-                                   "--device", "cpu"], env=fault_env("hang"),
+        doomed = subprocess.Popen(autotune_command("worker", "--study", "shared", "--db", postgres_url, "--device", "cpu"), env=fault_env("hang"),
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         mine = f":{doomed.pid}:"
         [held] = wait_for(lambda: [c for c in store.claims(study_id, stale_after=1.5) if mine in c.worker])

@@ -1,0 +1,123 @@
+"""`estimate_memory` and `estimate_memories`: check the input, answer from the cache what it holds,
+trace the rest in one trace child, and add what a trace cannot see (cuBLAS workspaces, the CUDA
+context)."""
+
+from __future__ import annotations
+
+import time
+
+from autotune.config import ProbeConfig
+from autotune.defaults import ESTIMATE_TIMEOUT_SECONDS
+from autotune.errors import BadInput
+from autotune.estimate.cache import EstimateCache, cache_key
+from autotune.estimate.launch import trace_in_child
+from autotune.estimate.protocol import TraceItem, TraceRequest, TraceResult
+from autotune.estimate.result import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, DEVICE_TYPES, MemoryEstimate
+from autotune.models import ModelSpec, resolve_model
+from autotune.units import format_size
+
+_FLASH_FAMILY = ("flash_attention_2", "flash_attention_3")
+# Attention kernels with no CPU implementation: traced as SDPA's CUDA kernels instead.
+_TRACED_AS_SDPA = (*_FLASH_FAMILY, "flex_attention")
+
+
+def check_config(config: ProbeConfig, device_type: str, spec: ModelSpec) -> list[str]:
+    """Raise BadInput for what the user must change; return notes on approximations. Runs before
+    any process starts, so that a wrong flag costs no trace."""
+    if device_type not in DEVICE_TYPES:
+        raise BadInput(f"--device-type {device_type!r} is unknown; choose cuda (predict a GPU run) or cpu (predict a CPU probe).")
+    if spec.needs_remote_code:
+        raise BadInput(f"--model {spec.reference} needs custom code (auto_map); the estimator builds only "
+                       f"architectures transformers ships. Probe it instead.")
+    if "vocab_size" not in spec.config:
+        raise BadInput(f"--model {spec.reference}: its config has no vocab_size; the estimator handles causal language models.")
+    spec.check_block_sizes(config.block_size, flag="--block-size")
+    notes = []
+    if config.attention in _TRACED_AS_SDPA:
+        if device_type == "cpu":
+            raise BadInput(f"--attention {config.attention} has no CPU kernel; use sdpa or eager with --device-type cpu.")
+        if config.attention in _FLASH_FAMILY and config.precision == "fp32":
+            raise BadInput(f"--attention {config.attention} runs only in fp16/bf16; use --precision bf16 or fp16, or --attention sdpa.")
+        notes.append(f"{config.attention} approximated by SDPA's CUDA kernels (both keep no S x S matrix)")
+    if device_type == "cuda":
+        notes.append(f"CUDA context assumed {format_size(CUDA_CONTEXT_BYTES)} (not measured: a probe measures it on its card)")
+        notes.append(f"cuBLAS workspaces assumed {format_size(CUBLAS_WORKSPACE_BYTES)} (Hopper and later; about 16 MiB on older cards)")
+    return notes
+
+
+def estimate_memory(config: ProbeConfig, *, device_type: str = "cuda", timeout: float = ESTIMATE_TIMEOUT_SECONDS,
+                    use_cache: bool = True) -> MemoryEstimate:
+    """Predict the peak memory of training `config`, as a probe on `device_type` would measure it.
+
+    `device_type="cuda"` (the default) predicts a CUDA run: fused dropout masks, SDPA's flash and
+    memory-efficient kernels, CUDA's autocast op lists, the caching allocator's reserved memory,
+    cuBLAS workspaces and an assumed CUDA context. `"cpu"` predicts what the CPU probe accounts.
+    Raises BadInput/ModelNotFound for input the user must fix (checked before any process starts)
+    and EstimateError when tracing fails or takes longer than `timeout` seconds; repeats come from
+    a cache under $AUTOTUNE_HOME.
+    """
+    return estimate_memories([config], device_type=device_type, timeout=timeout, use_cache=use_cache)[0]
+
+
+def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", timeout: float = ESTIMATE_TIMEOUT_SECONDS,
+                      use_cache: bool = True) -> list[MemoryEstimate]:
+    """`estimate_memory` for several configurations, traced in one trace child (about 3 s of
+    imports saved per configuration); `timeout` applies to each. In the order given."""
+    started = time.perf_counter()
+    if not timeout or timeout <= 0:
+        raise BadInput(f"--timeout must be a positive number of seconds (got {timeout!r}).")
+    specs: dict[str, ModelSpec] = {}
+    plans: list[tuple[ProbeConfig, ModelSpec, list[str], str]] = []
+    for config in configs:
+        if not isinstance(config, ProbeConfig):
+            raise TypeError(f"config must be a ProbeConfig, not {type(config).__name__}")
+        spec = specs.get(config.model) or resolve_model(config.model)
+        specs[config.model] = spec
+        plans.append((config, spec, check_config(config, device_type, spec), cache_key(config, device_type, spec)))
+
+    cache = EstimateCache() if use_cache else None
+    out: list[MemoryEstimate | None] = [None] * len(plans)
+    todo = []
+    for i, (_, _, _, key) in enumerate(plans):
+        out[i] = cache.get(key, time.perf_counter() - started) if cache is not None else None
+        if out[i] is None:
+            todo.append(i)
+
+    if todo:
+        request = TraceRequest(device_type, tuple(_trace_item(plans[i][0], plans[i][1]) for i in todo))
+        traced_at = time.perf_counter()
+        results = trace_in_child(request, timeout)
+        per_config = (time.perf_counter() - traced_at) / len(todo)
+        for i, result in zip(todo, results):
+            config, _, notes, key = plans[i]
+            estimate = _from_trace(config, device_type, result, notes, seconds=time.perf_counter() - started,
+                                   trace_seconds=per_config)
+            out[i] = estimate
+            if cache is not None:
+                cache.put(key, estimate)
+    return [e for e in out if e is not None]
+
+
+def _trace_item(config: ProbeConfig, spec: ModelSpec) -> TraceItem:
+    return TraceItem(config=config, model_config=spec.config, model_path=spec.path,
+                     trace_attention="sdpa" if config.attention in _TRACED_AS_SDPA else None)
+
+
+def _from_trace(config: ProbeConfig, device_type: str, result: TraceResult, notes: list[str], *,
+                seconds: float, trace_seconds: float) -> MemoryEstimate:
+    """The estimate from a trace, with what the trace cannot see added on CUDA."""
+    cuda = device_type == "cuda"
+    workspace = CUBLAS_WORKSPACE_BYTES if cuda else 0
+    parts = result.breakdown
+    return MemoryEstimate(
+        config=config, device_type=device_type,
+        params=parts["params"], grads=parts["grads"], optimizer=parts["optimizer"],
+        activations=parts["activations"], temporaries=parts["temporaries"], workspace=workspace,
+        peak_bytes=result.peak_bytes + workspace,
+        reserved_bytes=result.reserved_bytes + workspace,  # the workspaces are segments of their own
+        context_bytes=CUDA_CONTEXT_BYTES if cuda else 0,
+        seconds=seconds,
+        trace_seconds=trace_seconds,
+        peak_phase=result.peak_phase,
+        notes=tuple(notes),
+    )
