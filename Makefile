@@ -19,7 +19,7 @@ CPU_DEMO_ARGS := --model gpt2 --gpu-budget 2.45GiB --device cpu --block-sizes 64
 DEMO_ARGS ?= $(if $(HAVE_NVIDIA),$(GPU_DEMO_ARGS),$(CPU_DEMO_ARGS))
 BENCH_ARGS ?=
 
-.PHONY: install test demo bench clean
+.PHONY: install test test-fast demo bench clean
 
 $(BIN)/autotune: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,16 @@ $(BIN)/autotune: pyproject.toml
 
 install: $(BIN)/autotune
 
+# Both cores: one pytest worker each; a file's tests stay on one worker, so a module's warm probe
+# child or PostgreSQL server is started once.
+PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile
+
 test: install
-	$(BIN)/python -m pytest -q
+	$(PYTEST)
+
+# No probe or estimator processes (tests marked `slow`; tests/conftest.py refuses them elsewhere).
+test-fast: install
+	$(PYTEST) -m "not slow"
 
 demo: install
 	$(BIN)/autotune search $(DEMO_ARGS)

@@ -8,8 +8,10 @@ import sys
 
 import click
 
-from autotune import __version__
+from autotune import defaults
 from autotune.errors import AutotuneError
+from autotune.status import StopReason
+from autotune.version import __version__
 
 DEVICE_HELP = "auto (CUDA if present, else CPU), cpu, cuda or cuda:N."
 DB_HELP = "SQLAlchemy URL of the results database [default: $AUTOTUNE_DB, else a SQLite file in the user data directory]."
@@ -57,9 +59,9 @@ def config_options(func):
         click.option("--micro-batch", type=int, required=True, help="Sequences per forward/backward pass."),
         click.option("--block-size", type=int, required=True, help="Tokens per sequence."),
         click.option("--grad-accum", type=int, default=1, show_default=True, help="Micro-steps per optimizer step."),
-        click.option("--precision", default="fp32", show_default=True, help="fp32, fp16 (with a gradient scaler) or bf16 (mixed precision)."),
+        click.option("--precision", default=defaults.PRECISION, show_default=True, help="fp32, fp16 (with a gradient scaler) or bf16 (mixed precision)."),
         click.option("--checkpointing/--no-checkpointing", default=False, show_default=True, help="Gradient (activation) checkpointing."),
-        click.option("--attention", default="sdpa", show_default=True, help="Attention implementation: sdpa, eager, flash_attention_2, ..."),
+        click.option("--attention", default=defaults.ATTENTION, show_default=True, help="Attention implementation: sdpa, eager, flash_attention_2, ..."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -77,12 +79,12 @@ def probe_settings_options(func):
     """How probes run, shared by `probe` and `search`."""
     options = [
         click.option("--device", default="auto", show_default=True, help=DEVICE_HELP),
-        click.option("--safety-margin", default="5%", show_default=True,
+        click.option("--safety-margin", default=defaults.SAFETY_MARGIN_TEXT, show_default=True,
                      help="Room kept free under the budget: a percentage of it or a size (256MiB). "
                           "A config fits when peak reserved + CUDA context + margin <= budget."),
-        click.option("--warmup-steps", type=int, default=2, show_default=True, help="Optimizer steps before timing (at least 2)."),
-        click.option("--measure-steps", type=int, default=3, show_default=True, help="Timed optimizer steps."),
-        click.option("--probe-timeout", default="10m", show_default=True, help="Kill a probe after this long (e.g. 90s, 10m)."),
+        click.option("--warmup-steps", type=int, default=defaults.WARMUP_STEPS, show_default=True, help="Optimizer steps before timing (at least 2)."),
+        click.option("--measure-steps", type=int, default=defaults.MEASURE_STEPS, show_default=True, help="Timed optimizer steps."),
+        click.option("--probe-timeout", default=f"{defaults.PROBE_TIMEOUT_SECONDS:.0f}s", show_default=True, help="Kill a probe after this long (e.g. 90s, 10m)."),
         click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run."),
     ]
     for option in reversed(options):
@@ -183,15 +185,19 @@ def db_upgrade(db):
 @click.option("--model", required=True, help="Hub id, gpt2-family name, or a local directory with config.json.")
 @click.option("--gpu-budget", required=True, help="Memory to fit in: 8GiB, 7.5GiB, 8192MiB, 8GB or bytes.")
 @click.option("--effective-batch", type=int, default=None,
-              help="Sequences per optimizer step, kept fixed; accumulation = effective batch / micro-batch [default: 32].")
+              help="Sequences per optimizer step, kept fixed; accumulation = effective batch / micro-batch "
+                   f"[default: {defaults.EFFECTIVE_BATCH}].")
 @click.option("--effective-tokens", type=int, default=None,
-              help="Tokens per optimizer step, for several --block-sizes [default: 32 x the largest block].")
-@click.option("--micro-batches", default=None, help="Micro-batches to try [default: 1,2,4,8,16,32 up to the effective batch].")
-@click.option("--block-sizes", default=None, help="Block sizes to try [default: 512, or the model's maximum if smaller].")
-@click.option("--precisions", default="fp32,fp16,bf16", show_default=True, help="Precisions to try.")
-@click.option("--checkpointing", "checkpointing_", default="off,on", show_default=True, help="Gradient checkpointing: on, off or both.")
-@click.option("--attention", default="sdpa,eager", show_default=True, help="Attention implementations to try.")
-@click.option("--strategy", default="frontier", show_default=True, help="frontier, tpe, grid (OOM-pruned) or grid-full.")
+              help=f"Tokens per optimizer step, for several --block-sizes [default: {defaults.EFFECTIVE_BATCH} x the largest block].")
+@click.option("--micro-batches", default=None,
+              help=f"Micro-batches to try [default: {','.join(map(str, defaults.MICRO_BATCHES))} up to the effective batch].")
+@click.option("--block-sizes", default=None,
+              help=f"Block sizes to try [default: {defaults.BLOCK_SIZE}, or the model's maximum if smaller].")
+@click.option("--precisions", default=",".join(defaults.PRECISIONS), show_default=True, help="Precisions to try.")
+@click.option("--checkpointing", "checkpointing_", default=",".join("on" if c else "off" for c in defaults.CHECKPOINTING),
+              show_default=True, help="Gradient checkpointing: on, off or both.")
+@click.option("--attention", default=",".join(defaults.ATTENTIONS), show_default=True, help="Attention implementations to try.")
+@click.option("--strategy", default=defaults.STRATEGY, show_default=True, help="frontier, tpe, grid (OOM-pruned) or grid-full.")
 @click.option("--max-trials", type=int, default=None, help="Stop after this many probes (reused and skipped ones are free).")
 @click.option("--timeout", default=None, help="Start no new probe after this long (e.g. 30m).")
 @click.option("--patience", type=int, default=None, help="Stop after this many probes without a better config.")
@@ -199,14 +205,15 @@ def db_upgrade(db):
 @click.option("--fresh", is_flag=True, help="Probe again even where a stored result could be reused.")
 @click.option("--predict/--no-predict", default=True, show_default=True,
               help="Estimate every candidate's memory first (no GPU needed): skip hopeless ones, order the rest.")
-@click.option("--predict-margin", type=float, default=0.10, show_default=True,
+@click.option("--predict-margin", type=float, default=defaults.PREDICT_MARGIN, show_default=True,
               help="Skip a config only if predicted over the budget by more than this share of it.")
 @probe_settings_options
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Search in N worker processes on this machine: one per GPU (each gets one CUDA_VISIBLE_DEVICES entry), "
                    "or N CPU workers with --device cpu. Other machines join with `autotune worker`.")
-@click.option("--heartbeat", type=float, default=5.0, show_default=True,
-              help="Seconds between a worker's heartbeats; a worker silent for 3 of them is presumed dead and its probe retried.")
+@click.option("--heartbeat", type=float, default=defaults.HEARTBEAT_SECONDS, show_default=True,
+              help=f"Seconds between a worker's heartbeats; a worker silent for {defaults.STALE_BEATS} of them is presumed "
+                   f"dead and its probe retried.")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object (progress goes to stderr).")
 def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, block_sizes, precisions, checkpointing_,
@@ -252,7 +259,7 @@ def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, 
         click.echo("")
         click.echo(report.explain_winner(outcome))
         click.echo(report.format_search_footer(outcome))
-    if outcome.stop_reason == "interrupted":
+    if outcome.stop_reason == StopReason.INTERRUPTED:
         sys.exit(130)
 
 
@@ -271,7 +278,7 @@ def worker(study, device, allow_other_device, max_trials, timeout, patience, pro
     """Join a study from this machine and probe its configurations until it is done or stopped."""
     from autotune import report
     from autotune.units import parse_duration
-    from autotune.workers import join_study
+    from autotune.search import join_study
 
     out = sys.stderr if as_json else sys.stdout
     outcome = join_study(study, db=db, device=device, allow_other_device=allow_other_device, max_trials=max_trials,
@@ -283,7 +290,7 @@ def worker(study, device, allow_other_device, max_trials, timeout, patience, pro
         echo_json(report.search_summary(outcome))
     else:
         click.echo(report.format_search_footer(outcome))
-    if outcome.stop_reason == "interrupted":
+    if outcome.stop_reason == StopReason.INTERRUPTED:
         sys.exit(130)
 
 
@@ -304,17 +311,20 @@ def best(study, fmt, db):
 @cli.command()
 @config_options
 @click.option("--gpu-budget", default=None, help="Also say whether it fits in this much memory: 8GiB, 7.5GiB, 8192MiB, 8GB or bytes.")
-@click.option("--safety-margin", default="5%", show_default=True,
+@click.option("--safety-margin", default=defaults.SAFETY_MARGIN_TEXT, show_default=True,
               help="Room kept free under the budget: a percentage of it or a size (256MiB).")
 @click.option("--device-type", default="cuda", show_default=True,
               help="cuda: predict a GPU run; cpu: predict what a CPU probe accounts.")
-@click.option("--timeout", "timeout_text", default="120s", show_default=True, help="Give up tracing after this long.")
+@click.option("--timeout", "timeout_text", default=f"{defaults.ESTIMATE_TIMEOUT_SECONDS:.0f}s", show_default=True,
+              help="Give up tracing after this long.")
 @click.option("--no-cache", is_flag=True, help="Trace again even if this estimate is cached.")
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as one JSON object.")
 def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, gpu_budget,
              safety_margin, device_type, timeout_text, no_cache, as_json):
     """Predict a configuration's training memory without a GPU; with --gpu-budget, exit 1 if it will not fit."""
-    from autotune.estimate import estimate_memory, margin_bytes, render_estimate
+    from autotune.estimate import estimate_memory
+    from autotune.margin import margin_bytes
+    from autotune.report import render_estimate
     from autotune.units import parse_duration, parse_margin, parse_size
 
     budget = parse_size(gpu_budget) if gpu_budget is not None else None
@@ -355,7 +365,7 @@ def train(study, model, gpu_budget, dataset, text_column, eval_split, output_dir
           tokenizer, learning_rate, save_steps, random_init, trust_remote_code, db, as_json):
     """Train with a study's winning configuration under its budget; exit status 1 if it runs out of memory."""
     from autotune import report
-    from autotune.train import TrainOptions, render_summary
+    from autotune.train import TrainOptions
     from autotune.train import train as run
     from autotune.units import parse_size
 
@@ -370,10 +380,10 @@ def train(study, model, gpu_budget, dataset, text_column, eval_split, output_dir
                   on_search_start=lambda *a: click.echo(report.format_search_header(*a), file=out),
                   on_search_event=lambda e: click.echo(report.format_event(e), file=out))
     if as_json:
-        echo_json(outcome.summary)
+        echo_json(outcome.summary.to_dict())
     else:
         click.echo("")
-        click.echo(render_summary(outcome.summary))
+        click.echo(report.render_run_summary(outcome.summary))
     if not outcome.finished:
         click.echo(f"autotune: {outcome.message}", err=True)
         sys.exit(1)

@@ -15,7 +15,9 @@ from autotune.result import ProbeResult
 from autotune.units import format_size
 
 if TYPE_CHECKING:
+    from autotune.estimate import MemoryEstimate
     from autotune.store import LeaderboardRow, StudySummary
+    from autotune.train import RunSummary
 
 
 def _fmt_float(value: float | None, spec: str) -> str:
@@ -215,3 +217,82 @@ def search_summary(outcome) -> dict:
         "best": outcome.best.to_dict() if outcome.best else None,
         "leaderboard": [row.to_dict() for row in outcome.leaderboard],
     }
+
+
+# -- a training run ------------------------------------------------------------------------------
+
+def render_run_summary(summary: RunSummary) -> str:
+    """`autotune train`'s closing lines: steps and speed, memory against the budget and the probe, loss."""
+    from autotune.train.summary import SUMMARY_FILE
+
+    s = summary
+    speed = f", {s.tokens_per_s:,.0f} tokens/s" if s.tokens_per_s else ""
+    took = f" in {s.train_seconds:.1f} s" if s.train_seconds else ""
+    lines = [f"run #{s.run_id} {s.status}: {s.steps} steps ({s.steps_this_run} this run){took}{speed}; "
+             f"{s.config.label()} on {s.device}"]
+    reached = "" if s.finished else " before it stopped"
+    memory = (f"memory: peak allocated {format_size(s.peak_allocated_bytes)}, reserved "
+              f"{format_size(s.peak_reserved_bytes)}{reached}")
+    if s.device_type == "cuda":
+        memory += f" + context {format_size(s.context_bytes)}"
+    memory += f" of the {format_size(s.budget_bytes)} budget (margin {format_size(s.margin_bytes)})"
+    required = s.required_bytes
+    if required is not None and s.finished:
+        spare = s.budget_bytes - s.margin_bytes - required
+        memory += f": fits, {format_size(spare)} to spare" if spare >= 0 else ": over the budget"
+    lines.append(memory)
+    probe, ratio = s.probe, s.peak_vs_probe
+    probe_speed = f", {probe.tokens_per_s:,.0f} tokens/s" if probe.tokens_per_s else ""
+    compared = f"; run/probe peak {ratio:.2f}" if ratio and s.finished else ""
+    lines.append(f"probe #{s.probe_id}: peak reserved {format_size(probe.peak_reserved_bytes)}{probe_speed}{compared}")
+    if s.final_loss is not None:
+        evaluation = ""
+        if s.eval_loss is not None:
+            perplexity = s.perplexity
+            evaluation = f", eval loss {s.eval_loss:.4f}" + (f" (perplexity {perplexity:,.1f})" if perplexity else "")
+        lines.append(f"loss: {s.final_loss:.4f}{evaluation}")
+    if s.finished:
+        lines.append(f"saved: {s.output_dir} (model, tokenizer, {SUMMARY_FILE})")
+    lines.extend(f"warning: {warning}" for warning in s.warnings)
+    return "\n".join(lines)
+
+
+# -- estimate ------------------------------------------------------------------------------------
+
+def render_estimate(estimate: MemoryEstimate, budget_bytes: int | None = None, margin_bytes: int = 0) -> str:
+    """The table `autotune estimate` prints."""
+    e = estimate
+    peak = e.peak_bytes or 1
+
+    def row(label: str, value: int, share: bool = True, note: str = "") -> str:
+        pct = f"{100 * value / peak:5.1f}%" if share else "      "
+        return f"  {label:<24}{format_size(value):>12}  {pct}  {note}".rstrip()
+
+    where = f"predicted for {e.device_type}, " + ("from the cache" if e.cached else f"traced in {e.trace_seconds:.1f} s")
+    lines = [f"{e.config.model}  {e.config.label()}  ({where})", ""]
+    lines.append(row("parameters", e.params))
+    lines.append(row("gradients", e.grads))
+    lines.append(row("optimizer state", e.optimizer))
+    lines.append(row("activations", e.activations))
+    lines.append(row("temporaries", e.temporaries))
+    if e.device_type == "cuda":
+        lines.append(row("cuBLAS workspaces", e.workspace))
+    lines.append(row("peak allocated", e.peak_bytes, note=f"at the peak: {e.peak_phase}" if e.peak_phase else ""))
+    over = e.reserved_bytes - e.peak_bytes
+    lines.append(row("peak reserved", e.reserved_bytes, share=False,
+                     note=f"+{format_size(over)} allocator overhead" if e.device_type == "cuda" else "512-byte rounding"))
+    if e.device_type == "cuda":
+        lines.append(row("CUDA context", e.context_bytes, share=False, note="assumed"))
+        lines.append(row("needed on the card", e.required_bytes, share=False, note="reserved + context"))
+    if budget_bytes is not None:
+        lines.append("")
+        room = e.headroom(budget_bytes, margin_bytes)
+        margin_text = f" with a {format_size(margin_bytes)} margin" if margin_bytes else ""
+        if room >= 0:
+            lines.append(f"  budget {format_size(budget_bytes)}{margin_text}: fits, {format_size(room)} to spare")
+        else:
+            lines.append(f"  budget {format_size(budget_bytes)}{margin_text}: does NOT fit, {format_size(-room)} over")
+    if e.notes:
+        lines.append("")
+        lines.extend(f"  note: {n}" for n in e.notes)
+    return "\n".join(lines)

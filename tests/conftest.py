@@ -28,6 +28,21 @@ def hermetic_home(tmp_path, monkeypatch):
     return home
 
 
+@pytest.fixture(autouse=True)
+def slow_means_processes(request, monkeypatch):
+    """`slow` is what `make test-fast` leaves out: tests that start probe children or estimator
+    children (seconds each). A test without the mark that starts one fails here, so the mark
+    cannot drift from what the test does."""
+    if request.node.get_closest_marker("slow") is not None:
+        return
+
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{request.node.nodeid} starts a probe or estimator process: mark it @pytest.mark.slow")
+
+    monkeypatch.setattr("autotune.probe.runner.ProbeRunner._start_child", refuse)
+    monkeypatch.setattr("autotune.estimate.predict.trace_in_child", refuse)
+
+
 def write_model_dir(path: Path, **overrides) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     (path / "config.json").write_text(json.dumps({**TINY_GPT2, **overrides}))

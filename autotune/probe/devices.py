@@ -1,5 +1,5 @@
-"""Devices as probes see them: which one to use, what it is, and how fast it could be (for MFU).
-Imported only in the probe worker (it imports torch)."""
+"""Devices as probes and training runs see them: which one to use, what it is, and how fast it
+could be (for MFU). Imported only where a probe or a training run starts (it imports torch)."""
 
 from __future__ import annotations
 
@@ -62,6 +62,42 @@ def resolve_device(spec: str) -> torch.device:
     return device
 
 
+def resolve_training_device(spec: str | None) -> torch.device:
+    """`resolve_device` for `autotune train`, where 'auto' is cuda:0 when there is a GPU.
+
+    Trainer trains on cuda:0 and wraps the model in DataParallel when it sees several GPUs, so with
+    several the chosen one is made the only one visible (CUDA_VISIBLE_DEVICES), as a probe ran on
+    one. CUDA reads that variable when it starts: GPUs are counted through NVML (which does not
+    start it) and `resolve_device`, which does, runs after the narrowing.
+    """
+    text = (spec or "auto").strip().lower()
+    count = torch.cuda.device_count()
+    if text == "auto":
+        text = "cuda" if count else "cpu"
+    if count > 1 and text.startswith("cuda"):
+        text = _only_visible_gpu(text, count)
+    return resolve_device(text)
+
+
+def _only_visible_gpu(text: str, count: int) -> str:
+    """The device string to resolve once the GPU `text` names is the only one CUDA will see."""
+    try:
+        index = torch.device(text).index or 0
+    except RuntimeError:
+        return text  # resolve_device says what is wrong with it
+    if index >= count:
+        return text  # likewise
+    if torch.cuda.is_initialized():
+        if index != 0:
+            raise DeviceError(f"--device {text}: CUDA already started in this process; select the GPU with "
+                              f"CUDA_VISIBLE_DEVICES={index} instead.")
+        return "cuda:0"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [v.strip() for v in visible.split(",")] if visible else [str(i) for i in range(count)]
+    os.environ["CUDA_VISIBLE_DEVICES"] = ids[index]
+    return "cuda:0"
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -82,7 +118,7 @@ def host_memory_bytes() -> int | None:
 
 def _driver_version() -> str | None:
     try:
-        import pynvml  # optional; nvidia-ml-py
+        import pynvml  # type: ignore[import-not-found]  # optional; nvidia-ml-py
 
         pynvml.nvmlInit()
         version = pynvml.nvmlSystemGetDriverVersion()

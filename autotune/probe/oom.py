@@ -3,6 +3,8 @@ message, so that it is testable on canned strings and usable in the parent on te
 
 from __future__ import annotations
 
+from autotune.status import ProbeStatus
+
 # Lower-cased fragments that mean the device ran out of memory, whatever library raised it.
 OOM_MESSAGES = (
     "out of memory",                          # torch.OutOfMemoryError, "CUDA error: out of memory", HIP
@@ -29,6 +31,6 @@ def is_oom(type_name: str, message: str) -> bool:
     return any(fragment in text for fragment in OOM_MESSAGES)
 
 
-def classify_exception(exc: BaseException) -> str:
-    """'oom' or 'error' for an exception raised while probing."""
-    return "oom" if is_oom(type(exc).__name__, str(exc)) else "error"
+def classify_exception(exc: BaseException) -> ProbeStatus:
+    """OOM or ERROR for an exception raised while probing."""
+    return ProbeStatus.OOM if is_oom(type(exc).__name__, str(exc)) else ProbeStatus.ERROR

@@ -2,8 +2,8 @@
 
 Alembic is imported only here and only when a database is not already at SCHEMA_REVISION, so that
 read commands on an up-to-date database start without it. The migration scripts live in the
-top-level `migrations` package (shipped in the wheel); the Alembic configuration is built in code,
-so no alembic.ini is needed at run time.
+repository's top-level `migrations/` folder, installed as `autotune.store.migrations`; the Alembic
+configuration is built in code, so no alembic.ini is needed at run time.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ UPGRADE_HINT = "pip install -U autotune"
 def script_location() -> Path:
     """The migrations' directory, installed as `autotune.store.migrations` (the repository's
     top-level migrations/ folder)."""
-    from autotune.store import migrations
+    import autotune.store.migrations as migrations
 
     return Path(migrations.__file__).parent
 

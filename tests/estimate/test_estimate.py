@@ -97,6 +97,7 @@ def test_cuda_prediction_adds_allocator_workspace_and_context(cuda_estimates):
     assert e.peak_phase in ("forward", "backward", "optimizer step")
 
 
+@pytest.mark.slow
 def test_repeats_come_from_the_cache(model_dir, hermetic_home):
     cache = hermetic_home / "cache" / "estimates.json"
     cache.parent.mkdir()
@@ -128,12 +129,14 @@ def test_bad_input_is_refused_before_any_process_starts(model_dir, monkeypatch):
         cfg(model_dir, micro_batch=0)
 
 
+@pytest.mark.slow
 def test_a_failing_trace_is_a_clear_error(tmp_path):
     broken = write_model_dir(tmp_path / "broken", model_type="no-such-architecture")
     with pytest.raises(EstimateError, match="could not trace .*no-such-architecture"):
         estimate_memory(cfg(str(broken)), use_cache=False)
 
 
+@pytest.mark.slow
 def test_a_slow_trace_times_out(model_dir):
     with pytest.raises(EstimateError, match="longer than"):
         estimate_memory(cfg(model_dir), timeout=0.5, use_cache=False)

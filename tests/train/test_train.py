@@ -84,8 +84,8 @@ def test_a_budget_the_run_cannot_meet_fails_it_and_keeps_the_checkpoints(workspa
     # The study's own budget holds it: resume goes on from the last checkpoint.
     resumed = train(TrainOptions(max_steps=3, resume=True, **base), study=workspace.study, db=workspace.db,
                     echo=lambda line: None)
-    assert resumed.finished and resumed.summary["resumed_from"].endswith("checkpoint-2")
-    assert resumed.summary["steps"] == 3 and resumed.summary["steps_this_run"] == 1
+    assert resumed.finished and resumed.summary.resumed_from.endswith("checkpoint-2")
+    assert resumed.summary.steps == 3 and resumed.summary.steps_this_run == 1
     assert runs(workspace.db)[-1].status == "finished"
 
 
@@ -180,7 +180,7 @@ def test_model_and_budget_without_a_study_search_first(workspace, tmp_path, monk
     assert asked == {"model": str(workspace.model), "budget": 32 * 2**20, "study": "tiny-gpt2-32MiB", "device": "cpu",
                      "space_args": {}}
     assert outcome.searched and outcome.finished and outcome.study == "tiny-gpt2-32MiB" and len(events) == 2
-    assert outcome.summary["weights"] == "random-init" and outcome.summary["config"]["block_size"] == 32
+    assert outcome.summary.weights == "random-init" and outcome.summary.config.block_size == 32
     assert any("random initialisation" in line for line in lines)
 
     # The same command again trains the finished study's winner without searching.

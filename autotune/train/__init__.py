@@ -1,0 +1,55 @@
+"""`autotune train`: the real fine-tune with a study's winning configuration, run under the same
+memory budget as the probes that chose it, so that finishing is the proof that it fits.
+
+    from autotune.train import TrainOptions, train
+    outcome = train(TrainOptions(dataset="corpus.txt", max_steps=1000), study="gpt2-8GiB")
+    outcome.status, outcome.summary.peak_reserved_bytes, outcome.summary.tokens_per_s
+
+The winner's levers go to `transformers.Trainer` (micro-batch, accumulation, fp16/bf16, gradient
+checkpointing) and to the model (attention implementation, `use_cache=False`); the data is packed
+into blocks of the winner's block size (`autotune.data`). The budget holds as it does for a probe
+(`autotune.probe.budget`): on CUDA the caching allocator is capped at budget - context - margin
+before the model is built; on CPU the model is built and trained inside `CpuMemoryAccountant`,
+which raises `torch.OutOfMemoryError` past the cap exactly where a card of that size would (at
+about 40% of the speed). The run is stored beside the probe that chose it, with its peaks and
+throughput, and its `RunSummary` is written to autotune-run.json.
+
+Everything a user can get wrong (study, model, tokenizer, data, device, budget, output directory)
+is checked before the run is recorded; an OOM during the run is an outcome (`status='oom'`), the
+run marked failed and its checkpoints kept.
+
+    winner     which study and configuration to train; a search first when none is settled
+    loading    weights location, tokenizer, the model built from them
+    run        TrainingArguments, the run through transformers.Trainer, checkpoints, output dir
+    meter      the Trainer callback timing steps and reading peaks (imports transformers)
+    summary    RunSummary, the typed record of a run, and its JSON form
+    options    TrainOptions in, TrainOutcome out
+    fine_tune  train(): the checks in order, then the recorded run
+
+Importing this package does not import torch or transformers; a run does.
+"""
+
+from __future__ import annotations
+
+from autotune.train.fine_tune import train
+from autotune.train.loading import WEIGHT_FILES, build_model, load_tokenizer, weights_location
+from autotune.train.options import TrainOptions, TrainOutcome
+from autotune.train.run import DEFAULT_OUTPUT_ROOT, checkpoints, default_output_dir
+from autotune.train.summary import PEAK_TOLERANCE, SUMMARY_FILE, ProbeMeasurement, RunSummary
+
+__all__ = [
+    "DEFAULT_OUTPUT_ROOT",
+    "PEAK_TOLERANCE",
+    "SUMMARY_FILE",
+    "WEIGHT_FILES",
+    "ProbeMeasurement",
+    "RunSummary",
+    "TrainOptions",
+    "TrainOutcome",
+    "build_model",
+    "checkpoints",
+    "default_output_dir",
+    "load_tokenizer",
+    "train",
+    "weights_location",
+]

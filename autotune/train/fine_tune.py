@@ -1,0 +1,119 @@
+"""`train()`: from a study (or a model and a budget) to a recorded run. Everything a user can get
+wrong is checked, in order, before the run is recorded; then `autotune.train.run` runs it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from autotune.errors import BadInput
+from autotune.status import StudyStatus
+from autotune.train.loading import check_vocabulary, load_tokenizer, weights_location
+from autotune.train.options import TrainOptions, TrainOutcome
+from autotune.train.run import (RunContext, checkpoints, default_output_dir, describe_limits, run_training,
+                                training_arguments)
+from autotune.train.winner import Winner, search_for_winner, settled_winner, study_model, study_winner
+from autotune.units import format_size
+
+
+def train(
+    options: TrainOptions,
+    *,
+    study: str | None = None,
+    model: str | None = None,
+    gpu_budget: int | None = None,
+    db: str | None = None,
+    echo: Callable[[str], None] = print,
+    on_search_start: Callable | None = None,
+    on_search_event: Callable | None = None,
+) -> TrainOutcome:
+    """Train with the winner of `study` (or, given `model` and `gpu_budget` without a finished
+    study for them, search first) and record the run beside the probe that chose it.
+
+    `gpu_budget` with a study overrides its budget for the proof. Raises AutotuneError for anything
+    the user must fix, before the run is recorded; an OOM during the run is `status='oom'`.
+    """
+    from autotune.data import load_text, pack_blocks
+    from autotune.margin import checked_margin_bytes
+    from autotune.models import resolve_model
+    from autotune.probe.budget import enforce_budget
+    from autotune.probe.devices import resolve_training_device
+    from autotune.search import default_study_name
+    from autotune.store import open_store
+
+    if study is None and model is None:
+        raise BadInput("give --study NAME (a finished search), or --model and --gpu-budget to search first.")
+    if model is not None and study is None and gpu_budget is None:
+        raise BadInput("--model needs --gpu-budget (the memory to fit in), or give --study NAME of a finished search.")
+
+    # 1. The configuration: a settled study, or a search to run once the data is known to be good.
+    spec = resolve_model(model) if model is not None else None
+    search_for: str | None = None
+    winner: Winner | None = None
+    with open_store(db) as store:
+        if spec is not None and gpu_budget is not None:
+            name = study or default_study_name(spec, gpu_budget)
+            winner = settled_winner(store, name, spec, gpu_budget)
+            if winner is None:
+                search_for = name
+        else:
+            winner = study_winner(store, study)
+            spec = study_model(winner, model)
+            name = winner.study.name
+    assert spec is not None
+
+    output_dir = Path(options.output_dir).expanduser() if options.output_dir else default_output_dir(name)
+    found = checkpoints(output_dir)
+    if found and not options.resume:
+        raise BadInput(f"{output_dir} holds checkpoints of an earlier run ({found[-1].name}); pass --resume to go on "
+                       f"from it, or another --output-dir.")
+
+    # 2. The data and the tokenizer, checked before anything is searched or recorded.
+    text = load_text(options.dataset, column=options.text_column, eval_split=options.eval_split)
+    echo(f"data: {text.describe()}")
+    tokenizer = load_tokenizer(spec, options.tokenizer, options.trust_remote_code)
+    check_vocabulary(spec, tokenizer)
+
+    # 3. Search if needed.
+    if search_for is not None:
+        assert gpu_budget is not None  # a search is only planned for a model and a budget
+        winner = search_for_winner(spec, gpu_budget, search_for, options.device, db, echo, on_search_start, on_search_event)
+    assert winner is not None
+    config, row, record = winner.row.config, winner.row, winner.study
+    echo(f"study {record.name}: {config.label()} (probe #{row.probe_id}: {row.tokens_per_s or 0:,.0f} tokens/s, "
+         f"peak reserved {format_size(row.peak_reserved_bytes)} of {format_size(row.budget_bytes)})")
+    warnings: list[str] = []
+    if record.status != StudyStatus.FINISHED:
+        warnings.append(f"study {record.name} is {record.status}: training with the best configuration found so far")
+
+    # 4. Blocks of the winner's size; the device and the budget; the Trainer's arguments.
+    blocks = pack_blocks(text, tokenizer, config.block_size, seed=options.seed)
+    echo(f"blocks: {blocks.describe()}")
+    budget = gpu_budget if gpu_budget is not None else record.budget_bytes
+    # Another budget keeps the study's margin as the same share of it.
+    margin = record.margin_bytes if budget == record.budget_bytes else round(record.margin_bytes * budget / record.budget_bytes)
+    study_device_type = record.environment.get("device_type")
+    device = resolve_training_device(options.device or str(study_device_type or "auto"))
+    if device.type != study_device_type:
+        warnings.append(f"study {record.name} measured on {record.device_name}, this run trains on {device.type}: "
+                        f"the probe's peak and speed do not compare")
+    args = training_arguments(winner, options, output_dir, device, blocks.eval is not None)
+    weights = weights_location(spec, options.random_init)
+    checked_margin_bytes(margin, budget)
+    limits = enforce_budget(device, budget, margin)
+    resume_from = str(found[-1]) if options.resume and found else None
+    if options.resume and not found:
+        echo(f"resume: no checkpoint in {output_dir}; starting from the beginning")
+    echo(describe_limits(limits, record.device_name if device.type == study_device_type else str(device)))
+    for warning in warnings:
+        echo(f"warning: {warning}")
+
+    # 5. The run, recorded from here on.
+    output_dir.mkdir(parents=True, exist_ok=True)
+    context = RunContext(spec=spec, winner=winner, options=options, output_dir=output_dir, blocks=blocks, limits=limits,
+                         weights=weights, resume_from=resume_from, warnings=warnings, searched=search_for is not None)
+    with open_store(db) as store:
+        run_id = store.start_run(config=config, study_id=record.id, probe_id=row.probe_id, output_dir=str(output_dir.resolve()),
+                                 dataset=options.dataset)
+        echo(f"run #{run_id}: {config.label()} -> {output_dir}")
+        return run_training(context, run_id, store, args, tokenizer, echo)

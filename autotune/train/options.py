@@ -1,0 +1,66 @@
+"""What `autotune train` is asked (`TrainOptions`) and what it answers (`TrainOutcome`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from autotune.errors import BadInput
+from autotune.status import RunStatus
+from autotune.train.summary import RunSummary
+
+
+@dataclass(frozen=True, slots=True)
+class TrainOptions:
+    """How to train, as opposed to what (the study's winner)."""
+
+    dataset: str
+    output_dir: str | None = None          # default: ./autotune-runs/<study>
+    max_steps: int | None = None           # optimizer steps in all (a resumed run counts earlier ones)
+    epochs: float | None = None            # default: 1 epoch when max_steps is not given
+    device: str | None = None              # default: the device type the study measured on
+    text_column: str | None = None
+    eval_split: str | None = None          # a split name, a file, or a share of the blocks ('5%')
+    resume: bool = False
+    tokenizer: str | None = None           # default: the model reference's own
+    learning_rate: float = 5e-5
+    save_steps: int = 500
+    logging_steps: int | None = None       # default: a tenth of max_steps, at most 50
+    random_init: bool = False              # ignore weights the model reference has
+    trust_remote_code: bool = False
+    seed: int = 42
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.max_steps is not None and self.epochs is not None:
+            problems.append("--max-steps and --epochs both given; choose one")
+        if self.max_steps is not None and self.max_steps < 1:
+            problems.append(f"--max-steps must be at least 1 (got {self.max_steps})")
+        if self.epochs is not None and not (self.epochs > 0 and math.isfinite(self.epochs)):
+            problems.append(f"--epochs must be positive (got {self.epochs})")
+        if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
+            problems.append(f"--learning-rate must be positive (got {self.learning_rate})")
+        if self.save_steps < 1:
+            problems.append(f"--save-steps must be at least 1 (got {self.save_steps})")
+        if self.logging_steps is not None and self.logging_steps < 1:
+            problems.append(f"--logging-steps must be at least 1 (got {self.logging_steps})")
+        if problems:
+            raise BadInput("; ".join(problems) + ".")
+
+
+@dataclass(slots=True)
+class TrainOutcome:
+    """What a run did. `status` is 'finished' or 'oom'; the summary is what autotune-run.json holds."""
+
+    status: str
+    run_id: int
+    study: str
+    output_dir: str
+    summary: RunSummary
+    message: str | None = None             # why the run stopped, when it did not finish
+    warnings: list[str] = field(default_factory=list)
+    searched: bool = False                 # a search ran first to choose the configuration
+
+    @property
+    def finished(self) -> bool:
+        return self.status == RunStatus.FINISHED

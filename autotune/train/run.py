@@ -1,0 +1,262 @@
+"""The run itself: the winner's TrainingArguments, `transformers.Trainer` inside the enforced
+budget, checkpoints and the output directory, and the `RunSummary` of what happened, stored and
+written whether the run finished or not. transformers is imported once a run starts."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import re
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.defaults import ERROR_TAIL_CHARS
+from autotune.errors import BadInput
+from autotune.status import RunStatus
+from autotune.train.options import TrainOptions, TrainOutcome
+from autotune.train.summary import ProbeMeasurement, RunSummary
+from autotune.train.winner import Winner
+from autotune.units import format_size
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainingArguments
+
+    from autotune.data import Blocks
+    from autotune.models import ModelSpec
+    from autotune.probe.budget import EnforcedBudget
+    from autotune.store import Store
+    from autotune.train.meter import RunMeter
+
+DEFAULT_OUTPUT_ROOT = "autotune-runs"
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+def default_output_dir(study: str) -> Path:
+    """./autotune-runs/<study>, the study's name made safe for a directory."""
+    return Path(DEFAULT_OUTPUT_ROOT) / re.sub(r"[^A-Za-z0-9._-]+", "_", study)
+
+
+def checkpoints(output_dir: str | os.PathLike[str]) -> list[Path]:
+    """Trainer's checkpoint directories in `output_dir`, oldest step first."""
+    path = Path(output_dir)
+    if not path.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in path.iterdir() if p.is_dir() and (m := _CHECKPOINT_RE.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def training_arguments(winner: Winner, options: TrainOptions, output_dir: Path, device: torch.device,
+                       has_eval: bool) -> TrainingArguments:
+    """The hand-off's TrainingArguments for the winner, with this run's length, saving and logging."""
+    from autotune.handoff import BestConfig
+
+    config = winner.row.config
+    logging_steps = options.logging_steps or (max(1, min(50, options.max_steps // 10)) if options.max_steps else 50)
+    overrides: dict[str, Any] = {
+        "max_steps": options.max_steps or -1,
+        "num_train_epochs": options.epochs or 1.0,
+        "learning_rate": options.learning_rate,
+        "save_strategy": "steps",
+        "save_steps": options.save_steps,
+        "logging_steps": logging_steps,
+        "logging_first_step": True,
+        "report_to": "none",
+        "disable_tqdm": not sys.stderr.isatty(),
+        "use_cpu": device.type == "cpu",
+        "dataloader_pin_memory": device.type == "cuda",
+        "per_device_eval_batch_size": config.micro_batch,
+        "prediction_loss_only": True,          # an evaluation keeps losses, not every logit
+        "seed": options.seed,
+    }
+    if has_eval:
+        overrides.update(eval_strategy="steps", eval_steps=options.save_steps)
+    try:
+        return BestConfig(winner.row, device.type).training_arguments(str(output_dir), **overrides)
+    except (ValueError, ImportError) as exc:
+        raise BadInput(f"transformers cannot train {config.label()} on {device}: {' '.join(str(exc).split())[:300]}") from None
+
+
+def describe_limits(limits: EnforcedBudget, device_name: str) -> str:
+    """One line on how the budget is held on this device."""
+    if limits.device.type == "cuda":
+        return (f"device: {device_name}; budget {format_size(limits.budget_bytes)}: allocator capped at "
+                f"{format_size(limits.cap_bytes)} (CUDA context {format_size(limits.context_bytes)}, margin "
+                f"{format_size(limits.margin_bytes)})")
+    return (f"device: {device_name}; budget {format_size(limits.budget_bytes)}: memory accountant capped at "
+            f"{format_size(limits.cap_bytes)} (margin {format_size(limits.margin_bytes)}); it counts every tensor, "
+            f"so CPU steps run slower than without it")
+
+
+@dataclass(slots=True)
+class RunContext:
+    """Everything checked before the run was recorded, which the run and its summary need."""
+
+    spec: ModelSpec
+    winner: Winner
+    options: TrainOptions
+    output_dir: Path
+    blocks: Blocks
+    limits: EnforcedBudget
+    weights: str | None
+    resume_from: str | None
+    warnings: list[str]
+    searched: bool
+
+
+def run_training(ctx: RunContext, run_id: int, store: Store, args: TrainingArguments, tokenizer: PreTrainedTokenizerBase,
+                 echo: Callable[[str], None]) -> TrainOutcome:
+    """Train run `run_id` (already recorded as running) and record how it ended. An OOM is an
+    outcome (`status='oom'`, checkpoints kept); any other failure is recorded and raised."""
+    from transformers import PrinterCallback, Trainer, default_data_collator
+
+    from autotune.probe.oom import classify_exception
+    from autotune.train.loading import build_model
+    from autotune.train.meter import RunMeter
+
+    config, limits = ctx.winner.row.config, ctx.limits
+    quiet = bool(args.disable_tqdm)  # no terminal: no progress bars, log lines through `echo` instead
+    meter = RunMeter(limits, config.tokens_per_step, echo if quiet else None)
+    trainer: Trainer | None = None
+    model: PreTrainedModel | None = None
+    started = time.perf_counter()
+    metrics: dict[str, Any] = {}
+    failure: str | None = None
+
+    def summarize(status: str, error: str | None) -> RunSummary:
+        return _summarize(ctx, run_id, status, meter, trainer, metrics, started, error)
+
+    try:
+        with limits.guard(), _quiet_bars(quiet):
+            # Built inside the guard: on CPU the accountant must see the weights born.
+            model = build_model(ctx.spec, config.attention, limits.device, ctx.weights, ctx.options.trust_remote_code)
+            if limits.accountant is not None:
+                # Weights read by from_pretrained come from safetensors without passing through
+                # the dispatcher; a probe's from_config build is seen, and the two must compare.
+                limits.accountant.adopt(model)
+            how = f"weights from {ctx.weights}" if ctx.weights else "random initialisation from its config (no weights found)"
+            echo(f"model: {ctx.spec.reference}: {how}")
+            trainer = Trainer(model=model, args=args, train_dataset=ctx.blocks.train, eval_dataset=ctx.blocks.eval,
+                              processing_class=tokenizer, data_collator=default_data_collator, callbacks=[meter])
+            if quiet:
+                trainer.remove_callback(PrinterCallback)  # the meter prints log lines through `echo`
+            output = trainer.train(resume_from_checkpoint=ctx.resume_from)
+            metrics.update(output.metrics)
+            if ctx.blocks.eval is not None:
+                metrics.update(trainer.evaluate())
+            meter.read_peaks()
+    except Exception as exc:
+        meter.read_peaks()
+        if classify_exception(exc) != "oom":
+            text = "".join(traceback.format_exception_only(type(exc), exc)).strip()[-ERROR_TAIL_CHARS:]
+            store.fail_run(run_id, text, summary=summarize("error", text).to_dict())
+            raise
+        failure = " ".join(str(exc).split())[:ERROR_TAIL_CHARS]
+        del exc  # its traceback holds the failing frames and their tensors
+    except BaseException:  # Ctrl-C: the run did not finish; say so, keep the checkpoints
+        store.fail_run(run_id, "interrupted", summary=summarize("interrupted", None).to_dict())
+        raise
+
+    if failure is not None:
+        step = trainer.state.global_step if trainer is not None else 0
+        kept = checkpoints(ctx.output_dir)
+        message = (f"out of memory at step {step}: {config.label()} needed more than the {format_size(limits.cap_bytes)} that "
+                   f"the {format_size(limits.budget_bytes)} budget leaves (after context and margin); run #{run_id} "
+                   f"is marked failed" + (f", checkpoints kept in {ctx.output_dir} ({kept[-1].name} is the latest)" if kept else ""))
+        summary = replace(summarize("oom", failure), message=message)
+        store.fail_run(run_id, f"out of memory: {failure}", summary=summary.to_dict())
+        summary.write(ctx.output_dir)
+        del trainer, model
+        limits.release()
+        return TrainOutcome("oom", run_id, ctx.winner.study.name, str(ctx.output_dir), summary, message,
+                            list(ctx.warnings), ctx.searched)
+
+    assert trainer is not None  # set before training, and training did not fail
+    with _quiet_bars(quiet):
+        trainer.save_model(str(ctx.output_dir))
+        tokenizer.save_pretrained(str(ctx.output_dir))
+    summary = summarize(RunStatus.FINISHED, None)
+    store.finish_run(run_id, steps=summary.steps, tokens_per_s=summary.tokens_per_s,
+                     peak_allocated_bytes=summary.peak_allocated_bytes, peak_reserved_bytes=summary.peak_reserved_bytes,
+                     final_loss=summary.final_loss, summary=summary.to_dict())
+    summary.write(ctx.output_dir)
+    del trainer, model
+    limits.release()
+    return TrainOutcome(RunStatus.FINISHED, run_id, ctx.winner.study.name, str(ctx.output_dir), summary, None,
+                        list(summary.warnings), ctx.searched)
+
+
+@contextlib.contextmanager
+def _quiet_bars(quiet: bool) -> Iterator[None]:
+    """Without a terminal, transformers' loading and saving bars are noise in a log."""
+    from transformers.utils import logging as hf_logging
+
+    enabled = hf_logging.is_progress_bar_enabled()
+    if quiet and enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if quiet and enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _summarize(ctx: RunContext, run_id: int, status: str, meter: RunMeter, trainer: Trainer | None,
+               metrics: dict[str, Any], started: float, error: str | None) -> RunSummary:
+    """The run so far, from the meter, the Trainer's state and its metrics."""
+    from autotune.handoff import BestConfig
+
+    row, record, limits = ctx.winner.row, ctx.winner.study, ctx.limits
+    config = row.config
+    state = trainer.state if trainer is not None else None
+    steps = state.global_step if state is not None else 0
+    first = meter.first_step if meter.first_step is not None else steps
+    runtime = metrics.get("train_runtime")
+    on_study_device = limits.device.type == record.environment.get("device_type")
+    summary = RunSummary(
+        status=status,
+        run_id=run_id,
+        study=record.name,
+        probe_id=row.probe_id,
+        model=ctx.spec.reference,
+        weights=ctx.weights or "random-init",
+        dataset=ctx.options.dataset,
+        output_dir=str(ctx.output_dir.resolve()),
+        device=record.device_name if on_study_device else str(limits.device),
+        device_type=limits.device.type,
+        config=config,
+        training_arguments=BestConfig(row, limits.device.type).trainer_kwargs(),
+        train_blocks=len(ctx.blocks.train),
+        eval_blocks=len(ctx.blocks.eval) if ctx.blocks.eval is not None else None,
+        resumed_from=ctx.resume_from,
+        steps=steps,
+        steps_this_run=max(0, steps - first) if state is not None else 0,
+        max_steps=state.max_steps if state is not None else ctx.options.max_steps,
+        tokens_per_s=_finite(meter.tokens_per_s),
+        wall_tokens_per_s=(meter.steps * config.tokens_per_step / runtime) if runtime else None,
+        train_seconds=runtime,
+        seconds=time.perf_counter() - started,
+        budget_bytes=limits.budget_bytes,
+        margin_bytes=limits.margin_bytes,
+        cap_bytes=limits.cap_bytes,
+        # Kernels load lazily and grow the context during the run: a finished run measures it again.
+        context_bytes=limits.context_now() if status == RunStatus.FINISHED else limits.context_bytes,
+        peak_allocated_bytes=meter.peak_allocated,
+        peak_reserved_bytes=meter.peak_reserved,
+        probe=ProbeMeasurement.of(row),
+        final_loss=_finite(meter.last_loss if meter.last_loss is not None else metrics.get("train_loss")),
+        eval_loss=_finite(meter.eval_loss if meter.eval_loss is not None else metrics.get("eval_loss")),
+        warnings=tuple(ctx.warnings),
+        error=error,
+    )
+    return summary.with_memory_warnings()

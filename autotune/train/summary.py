@@ -1,0 +1,179 @@
+"""What a training run did, as one typed record: `RunSummary`. Its `to_dict()` is the contract
+(autotune-run.json, `autotune train --json`, the store's run summary), so its keys do not change.
+No torch here: the summary is built in `autotune.train.run` and rendered by `autotune.report`."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.config import ProbeConfig
+from autotune.units import format_size
+
+if TYPE_CHECKING:
+    from autotune.store import LeaderboardRow
+
+SUMMARY_FILE = "autotune-run.json"
+# A run's peak this far above its probe's is reported: the probe missed something the run holds.
+PEAK_TOLERANCE = 0.05
+# exp() of a larger loss says nothing a person can use (and overflows soon after).
+_PERPLEXITY_MAX_LOSS = 50
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeMeasurement:
+    """What the probe that chose the configuration measured, to hold the run against."""
+
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    context_bytes: int | None
+    tokens_per_s: float | None
+
+    @classmethod
+    def of(cls, row: LeaderboardRow) -> ProbeMeasurement:
+        return cls(row.peak_allocated_bytes, row.peak_reserved_bytes, row.context_bytes, row.tokens_per_s)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"peak_allocated_bytes": self.peak_allocated_bytes, "peak_reserved_bytes": self.peak_reserved_bytes,
+                "context_bytes": self.context_bytes, "tokens_per_s": self.tokens_per_s}
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """One run of `autotune train`: what it trained, where, how far, how fast, in how much memory.
+
+    Figures that follow from others (block size, required bytes, run/probe ratio, perplexity) are
+    properties, so that they cannot disagree with what they follow from.
+    """
+
+    status: str                          # 'finished', or why it stopped: 'oom', 'error', 'interrupted'
+    run_id: int
+    study: str
+    probe_id: int                        # the probe that chose the configuration
+    model: str                           # the model reference
+    weights: str                         # where pretrained weights came from, or 'random-init'
+    dataset: str
+    output_dir: str                      # resolved
+    device: str                          # the study's device name when the run is on its device type
+    device_type: str
+    config: ProbeConfig
+    training_arguments: dict[str, Any]   # the hand-off's TrainingArguments levers
+    train_blocks: int
+    eval_blocks: int | None
+    resumed_from: str | None             # a checkpoint directory
+    steps: int                           # optimizer steps in all, earlier runs' included
+    steps_this_run: int
+    max_steps: int | None
+    tokens_per_s: float | None           # timed steps only, the first left out
+    wall_tokens_per_s: float | None      # over Trainer's whole runtime
+    train_seconds: float | None
+    seconds: float                       # the run, model build and saving included
+    budget_bytes: int
+    margin_bytes: int
+    cap_bytes: int                       # what the allocator (or the CPU accountant) could hold
+    context_bytes: int
+    peak_allocated_bytes: int | None
+    peak_reserved_bytes: int | None
+    probe: ProbeMeasurement
+    final_loss: float | None
+    eval_loss: float | None
+    warnings: tuple[str, ...] = ()
+    error: str | None = None             # the error's tail, when the run did not finish
+    message: str | None = None           # what the user is told when it ran out of memory
+
+    @property
+    def finished(self) -> bool:
+        return self.status == "finished"
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.config.tokens_per_step
+
+    @property
+    def required_bytes(self) -> int | None:
+        """What a card must hold besides the margin: the peak reserved plus the context."""
+        return self.peak_reserved_bytes + self.context_bytes if self.peak_reserved_bytes is not None else None
+
+    @property
+    def peak_vs_probe(self) -> float | None:
+        if self.peak_reserved_bytes and self.probe.peak_reserved_bytes:
+            return self.peak_reserved_bytes / self.probe.peak_reserved_bytes
+        return None
+
+    @property
+    def perplexity(self) -> float | None:
+        loss = self.eval_loss
+        return math.exp(loss) if loss is not None and loss < _PERPLEXITY_MAX_LOSS else None
+
+    def with_memory_warnings(self) -> RunSummary:
+        """This summary with a warning for each way the run's memory disagrees with its probe or budget."""
+        found = []
+        ratio = self.peak_vs_probe
+        if ratio is not None and ratio > 1 + PEAK_TOLERANCE:
+            found.append(f"run peak reserved {format_size(self.peak_reserved_bytes)} is {100 * (ratio - 1):.0f}% above the "
+                         f"probe's {format_size(self.probe.peak_reserved_bytes)}: the run holds something the probe did not "
+                         f"(evaluation, checkpoint saving, real data); keep the margin in mind")
+        required = self.required_bytes
+        if self.finished and required is not None and required + self.margin_bytes > self.budget_bytes:
+            found.append(f"peak reserved + context {format_size(required)} + margin {format_size(self.margin_bytes)} exceed "
+                         f"the {format_size(self.budget_bytes)} budget: the CUDA context grew during the run")
+        return replace(self, warnings=(*self.warnings, *found)) if found else self
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form, key for key as autotune-run.json has always held it."""
+        data: dict[str, Any] = {
+            "status": str(self.status),
+            "run_id": self.run_id,
+            "study": self.study,
+            "probe_id": self.probe_id,
+            "model": self.model,
+            "weights": self.weights,
+            "dataset": self.dataset,
+            "output_dir": self.output_dir,
+            "device": self.device,
+            "device_type": self.device_type,
+            "config": {**self.config.to_dict(), "label": self.config.label()},
+            "training_arguments": dict(self.training_arguments),
+            "block_size": self.block_size,
+            "tokens_per_step": self.tokens_per_step,
+            "train_blocks": self.train_blocks,
+            "eval_blocks": self.eval_blocks,
+            "resumed_from": self.resumed_from,
+            "steps": self.steps,
+            "steps_this_run": self.steps_this_run,
+            "max_steps": self.max_steps,
+            "tokens_per_s": self.tokens_per_s,
+            "wall_tokens_per_s": self.wall_tokens_per_s,
+            "train_seconds": self.train_seconds,
+            "seconds": self.seconds,
+            "budget_bytes": self.budget_bytes,
+            "margin_bytes": self.margin_bytes,
+            "cap_bytes": self.cap_bytes,
+            "context_bytes": self.context_bytes,
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "required_bytes": self.required_bytes,
+            "probe": self.probe.to_dict(),
+            "peak_vs_probe": self.peak_vs_probe,
+            "final_loss": self.final_loss,
+            "eval_loss": self.eval_loss,
+            "perplexity": self.perplexity,
+            "warnings": list(self.warnings),
+            "error": self.error,
+        }
+        if self.message is not None:  # only a run that ran out of memory has one
+            data["message"] = self.message
+        return data
+
+    def write(self, output_dir: Path) -> Path:
+        """Write autotune-run.json into `output_dir`; its path."""
+        path = output_dir / SUMMARY_FILE
+        path.write_text(json.dumps(self.to_dict(), indent=2, default=str) + "\n")
+        return path

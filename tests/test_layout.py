@@ -1,0 +1,157 @@
+"""The package's shape, checked from its source with `ast`: no import cycle inside `autotune/`,
+imports flow one way through the layers below, no file grows past a size a newcomer can read, and
+no test hook lives in production code.
+
+Every import counts, those inside functions too (a deferred import is still a dependency); those
+under `if TYPE_CHECKING:` do not (they never run).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "autotune"
+MAX_LINES = 500
+
+# Data flows down this list: a module may import modules of its own layer's unit (its subpackage,
+# or itself) and of any layer below, never of a layer above. Units of one layer do not import each
+# other unless listed in SIDEWAYS.
+LAYERS: list[set[str]] = [
+    {"__main__"},
+    {"cli"},                                     # parses flags, calls one function, prints
+    {"report"},                                  # renders what the layers below return
+    {"train"},                                   # the fine-tune (searching first if need be)
+    {"handoff"},                                 # a study's winner as Trainer arguments, CLI flags, YAML
+    {"search"},                                  # space -> strategies -> probe runner -> store
+    {"probe", "estimate", "store", "data"},      # measuring, predicting, keeping
+    {"space"},
+    {"models", "environment", "margin"},
+    {"config", "result", "units", "paths"},
+    {"errors", "defaults", "status", "version"},  # vocabulary everyone shares
+]
+# (importer unit, imported unit) pairs allowed within one layer: the estimator traces the probe's
+# own training step.
+SIDEWAYS = {("estimate", "probe"), ("config", "units")}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            for child in node.body:
+                lines.update(range(child.lineno, (child.end_lineno or child.lineno) + 1))
+    return lines
+
+
+def imports_of(name: str) -> set[str]:
+    """The autotune modules `name` imports at run time."""
+    path = MODULES[name]
+    tree = ast.parse(path.read_text(), str(path))
+    skip = _type_checking_lines(tree)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if getattr(node, "lineno", None) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+            # `from autotune.x import y` imports the module autotune.x.y when there is one.
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t in MODULES and t != name)
+    return found
+
+
+GRAPH = {name: imports_of(name) for name in MODULES}
+
+
+def unit(name: str) -> str:
+    return name.split(".")[1] if "." in name else "__init__"
+
+
+def layer(name: str) -> int:
+    u = unit(name)
+    for index, units in enumerate(LAYERS):
+        if u in units:
+            return index
+    raise AssertionError(f"{name}: its unit {u!r} is in no layer of tests/test_layout.py; give it one")
+
+
+def test_no_import_cycle_inside_the_package():
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[list[str]] = []
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(GRAPH[node]):
+            if state.get(nxt) == 1:
+                cycles.append(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
+            elif nxt not in state:
+                visit(nxt, path + [nxt])
+        state[node] = 2
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_imports_flow_down_the_layers():
+    wrong = []
+    for name, targets in GRAPH.items():
+        if name == "autotune":  # the package face re-exports from below
+            continue
+        for target in targets:
+            if target == "autotune":
+                wrong.append(f"{name} imports the package face `autotune` (import the module that defines the name)")
+                continue
+            same_unit = unit(name) == unit(target)
+            if same_unit or layer(target) > layer(name) or (unit(name), unit(target)) in SIDEWAYS:
+                continue
+            wrong.append(f"{name} (layer {layer(name)}) imports {target} (layer {layer(target)})")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_module_imports_the_face_of_its_own_package():
+    # A submodule importing its package's __init__ re-enters a half-initialised package.
+    wrong = [f"{name} imports {target}" for name, targets in GRAPH.items() for target in targets
+             if MODULES[target].name == "__init__.py" and name.startswith(target + ".")]
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_file_is_longer_than_a_newcomer_reads():
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in MODULES.values() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"split these: {long}"
+
+
+def test_no_test_hook_in_production_code():
+    hooks = [str(p) for p in MODULES.values() if "AUTOTUNE_TEST" in p.read_text() or "AUTOTUNE_INJECT" in p.read_text()]
+    assert not hooks, f"test hooks belong in tests/ (see tests/faults): {hooks}"
+
+
+def test_the_check_sees_a_cycle_and_an_upward_import(monkeypatch):
+    """The checks above can fail: a deliberately bad graph trips both."""
+    bad = {"autotune.store.store": {"autotune.search.driver"}, "autotune.search.driver": {"autotune.store.store"}}
+    monkeypatch.setattr(sys.modules[__name__], "GRAPH", {**GRAPH, **bad})
+
+    with pytest.raises(AssertionError, match="import cycles"):
+        test_no_import_cycle_inside_the_package()
+    with pytest.raises(AssertionError, match="autotune.store.store \\(layer 6\\) imports autotune.search.driver"):
+        test_imports_flow_down_the_layers()
