@@ -51,10 +51,7 @@ class SearchSpace:
         max_positions = spec.max_positions
         if block_sizes is None:
             block_sizes = (min(defaults.BLOCK_SIZE, max_positions or defaults.BLOCK_SIZE),)
-        too_long = [b for b in block_sizes if max_positions is not None and b > max_positions]
-        if too_long:
-            raise BadInput(f"--block-sizes {','.join(map(str, too_long))} exceed {spec.reference}'s maximum of "
-                           f"{max_positions} positions; use at most {max_positions}.")
+        spec.check_block_sizes(*block_sizes, flag="--block-sizes")
         if effective_batch is None and effective_tokens is None:
             if len(block_sizes) > 1:
                 effective_tokens = defaults.EFFECTIVE_BATCH * max(block_sizes)

@@ -41,6 +41,15 @@ class RunStatus(StrEnum):
     FAILED = "failed"
 
 
+class RunEnd(StrEnum):
+    """How a full fine-tune ended, as its summary says (the stored RunStatus is finished or failed)."""
+
+    FINISHED = "finished"
+    OOM = "oom"
+    ERROR = "error"
+    INTERRUPTED = "interrupted"
+
+
 class ClaimState(StrEnum):
     RUNNING = "running"     # a worker probes its config
     DONE = "done"           # the config is settled

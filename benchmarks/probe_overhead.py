@@ -1,4 +1,4 @@
-"""Probe overhead: a warm worker reused across clean probes vs a fresh process per probe.
+"""Probe overhead: a warm child process reused across clean probes vs a fresh process per probe.
 
 Runs the same sequence of probes both ways and reports, per mode, the wall time of the whole
 sequence and how much of it was the measured training window.
@@ -28,7 +28,7 @@ def run(model: str, device: str, probes: int, reuse: bool) -> dict:
         results = [runner.run(c, 2**34 if device != "cpu" else 8 * 2**30) for c in configs]
     wall = time.perf_counter() - started
     return {
-        "mode": "warm worker" if reuse else "process per probe",
+        "mode": "warm child" if reuse else "process per probe",
         "probes": len(results),
         "statuses": [r.status for r in results],
         "wall_s": round(wall, 2),
@@ -55,7 +55,7 @@ def main() -> None:
         share = row["measured_s"] / row["wall_s"]
         print(f"{row['mode']:>18}: {row['probes']} probes in {row['wall_s']:.2f} s wall "
               f"(start-up {row['startup_s']:.2f} s, build {row['build_s']:.2f} s, measured {row['measured_s']:.2f} s = {share:.0%}) on {row['device']}")
-    print(f"warm worker speed-up on the whole sequence: {rows[0]['wall_s'] / rows[1]['wall_s']:.2f}x")
+    print(f"warm child speed-up on the whole sequence: {rows[0]['wall_s'] / rows[1]['wall_s']:.2f}x")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """Probes: short, real training runs of one configuration against a memory budget.
 
-`runner` is the parent side (no torch); `worker` is the child process that trains; `memory`
+`runner` is the parent side (no torch); `child` is the process that trains, `step` the training
+step it times (and the estimator traces), `protocol` what the two say over their pipe; `budget`
+holds a process to a memory budget (probe and train alike); `memory`
 accounts and caps memory; `oom` classifies failures; `devices` describes the hardware.
 """
 

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from autotune.errors import BadInput
-from autotune.status import RunStatus
+from autotune.status import RunEnd
 from autotune.train.summary import RunSummary
 
 
@@ -50,9 +50,9 @@ class TrainOptions:
 
 @dataclass(slots=True)
 class TrainOutcome:
-    """What a run did. `status` is 'finished' or 'oom'; the summary is what autotune-run.json holds."""
+    """What a run did (finished or oom); the summary is what autotune-run.json holds."""
 
-    status: str
+    status: RunEnd
     run_id: int
     study: str
     output_dir: str
@@ -63,4 +63,4 @@ class TrainOutcome:
 
     @property
     def finished(self) -> bool:
-        return self.status == RunStatus.FINISHED
+        return self.status == RunEnd.FINISHED

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.defaults import ERROR_TAIL_CHARS
 from autotune.errors import BadInput
-from autotune.status import RunStatus
+from autotune.status import ProbeStatus, RunEnd
 from autotune.train.options import TrainOptions, TrainOutcome
 from autotune.train.summary import ProbeMeasurement, RunSummary
 from autotune.train.winner import Winner
@@ -129,7 +129,7 @@ def run_training(ctx: RunContext, run_id: int, store: Store, args: TrainingArgum
     metrics: dict[str, Any] = {}
     failure: str | None = None
 
-    def summarize(status: str, error: str | None) -> RunSummary:
+    def summarize(status: RunEnd, error: str | None) -> RunSummary:
         return _summarize(ctx, run_id, status, meter, trainer, metrics, started, error)
 
     try:
@@ -153,14 +153,14 @@ def run_training(ctx: RunContext, run_id: int, store: Store, args: TrainingArgum
             meter.read_peaks()
     except Exception as exc:
         meter.read_peaks()
-        if classify_exception(exc) != "oom":
+        if classify_exception(exc) != ProbeStatus.OOM:
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()[-ERROR_TAIL_CHARS:]
-            store.fail_run(run_id, text, summary=summarize("error", text).to_dict())
+            store.fail_run(run_id, text, summary=summarize(RunEnd.ERROR, text).to_dict())
             raise
         failure = " ".join(str(exc).split())[:ERROR_TAIL_CHARS]
         del exc  # its traceback holds the failing frames and their tensors
     except BaseException:  # Ctrl-C: the run did not finish; say so, keep the checkpoints
-        store.fail_run(run_id, "interrupted", summary=summarize("interrupted", None).to_dict())
+        store.fail_run(run_id, "interrupted", summary=summarize(RunEnd.INTERRUPTED, None).to_dict())
         raise
 
     if failure is not None:
@@ -169,26 +169,26 @@ def run_training(ctx: RunContext, run_id: int, store: Store, args: TrainingArgum
         message = (f"out of memory at step {step}: {config.label()} needed more than the {format_size(limits.cap_bytes)} that "
                    f"the {format_size(limits.budget_bytes)} budget leaves (after context and margin); run #{run_id} "
                    f"is marked failed" + (f", checkpoints kept in {ctx.output_dir} ({kept[-1].name} is the latest)" if kept else ""))
-        summary = replace(summarize("oom", failure), message=message)
+        summary = replace(summarize(RunEnd.OOM, failure), message=message)
         store.fail_run(run_id, f"out of memory: {failure}", summary=summary.to_dict())
         summary.write(ctx.output_dir)
         del trainer, model
         limits.release()
-        return TrainOutcome("oom", run_id, ctx.winner.study.name, str(ctx.output_dir), summary, message,
+        return TrainOutcome(RunEnd.OOM, run_id, ctx.winner.study.name, str(ctx.output_dir), summary, message,
                             list(ctx.warnings), ctx.searched)
 
     assert trainer is not None  # set before training, and training did not fail
     with _quiet_bars(quiet):
         trainer.save_model(str(ctx.output_dir))
         tokenizer.save_pretrained(str(ctx.output_dir))
-    summary = summarize(RunStatus.FINISHED, None)
+    summary = summarize(RunEnd.FINISHED, None)
     store.finish_run(run_id, steps=summary.steps, tokens_per_s=summary.tokens_per_s,
                      peak_allocated_bytes=summary.peak_allocated_bytes, peak_reserved_bytes=summary.peak_reserved_bytes,
                      final_loss=summary.final_loss, summary=summary.to_dict())
     summary.write(ctx.output_dir)
     del trainer, model
     limits.release()
-    return TrainOutcome(RunStatus.FINISHED, run_id, ctx.winner.study.name, str(ctx.output_dir), summary, None,
+    return TrainOutcome(RunEnd.FINISHED, run_id, ctx.winner.study.name, str(ctx.output_dir), summary, None,
                         list(summary.warnings), ctx.searched)
 
 
@@ -211,7 +211,7 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def _summarize(ctx: RunContext, run_id: int, status: str, meter: RunMeter, trainer: Trainer | None,
+def _summarize(ctx: RunContext, run_id: int, status: RunEnd, meter: RunMeter, trainer: Trainer | None,
                metrics: dict[str, Any], started: float, error: str | None) -> RunSummary:
     """The run so far, from the meter, the Trainer's state and its metrics."""
     from autotune.handoff import BestConfig
@@ -250,7 +250,7 @@ def _summarize(ctx: RunContext, run_id: int, status: str, meter: RunMeter, train
         margin_bytes=limits.margin_bytes,
         cap_bytes=limits.cap_bytes,
         # Kernels load lazily and grow the context during the run: a finished run measures it again.
-        context_bytes=limits.context_now() if status == RunStatus.FINISHED else limits.context_bytes,
+        context_bytes=limits.context_now() if status == RunEnd.FINISHED else limits.context_bytes,
         peak_allocated_bytes=meter.peak_allocated,
         peak_reserved_bytes=meter.peak_reserved,
         probe=ProbeMeasurement.of(row),

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.config import ProbeConfig
+from autotune.status import RunEnd
 from autotune.units import format_size
 
 if TYPE_CHECKING:
@@ -49,7 +50,7 @@ class RunSummary:
     properties, so that they cannot disagree with what they follow from.
     """
 
-    status: str                          # 'finished', or why it stopped: 'oom', 'error', 'interrupted'
+    status: RunEnd
     run_id: int
     study: str
     probe_id: int                        # the probe that chose the configuration
@@ -86,7 +87,7 @@ class RunSummary:
 
     @property
     def finished(self) -> bool:
-        return self.status == "finished"
+        return self.status == RunEnd.FINISHED
 
     @property
     def block_size(self) -> int:
