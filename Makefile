@@ -37,9 +37,10 @@ PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile
 test: install
 	$(PYTEST)
 
-# No probe or estimator processes (tests marked `slow`; tests/conftest.py refuses them elsewhere).
+# Under a minute: no probe or estimator processes (tests marked `slow`; tests/conftest.py refuses
+# them elsewhere). Spread test by test, since no module here shares a costly fixture.
 test-fast: install
-	$(PYTEST) -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 --dist load -m "not slow"
 
 demo: install
 	$(BIN)/autotune search $(DEMO_ARGS)

@@ -3,9 +3,11 @@ tmp_path, so nothing touches a user's real data."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+from unittest import mock
 from pathlib import Path
 
 import pytest
@@ -28,19 +30,33 @@ def hermetic_home(tmp_path, monkeypatch):
     return home
 
 
-@pytest.fixture(autouse=True)
-def slow_means_processes(request, monkeypatch):
+@contextlib.contextmanager
+def _no_processes_unless_slow(item):
     """`slow` is what `make test-fast` leaves out: tests that start probe children or estimator
-    children (seconds each). A test without the mark that starts one fails here, so the mark
-    cannot drift from what the test does."""
-    if request.node.get_closest_marker("slow") is not None:
+    children (seconds each). A test without the mark that starts one, in its body or in any of its
+    fixtures, fails here, so the mark cannot drift from what the test does."""
+    if item.get_closest_marker("slow") is not None:
+        yield
         return
 
     def refuse(*args, **kwargs):
-        raise AssertionError(f"{request.node.nodeid} starts a probe or estimator process: mark it @pytest.mark.slow")
+        raise AssertionError(f"{item.nodeid} starts a probe or estimator process: mark it @pytest.mark.slow")
 
-    monkeypatch.setattr("autotune.probe.runner.ProbeRunner._start_child", refuse)
-    monkeypatch.setattr("autotune.estimate.predict.trace_in_child", refuse)
+    with mock.patch("autotune.probe.runner.ProbeRunner._start_child", refuse), \
+            mock.patch("autotune.estimate.predict.trace_in_child", refuse):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    with _no_processes_unless_slow(item):
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    with _no_processes_unless_slow(item):
+        yield
 
 
 def write_model_dir(path: Path, **overrides) -> Path:

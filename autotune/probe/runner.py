@@ -10,6 +10,7 @@ gets a fresh process.
 from __future__ import annotations
 
 import multiprocessing as mp
+import re
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -47,6 +48,9 @@ class ProbeSettings:
 
     def __post_init__(self) -> None:
         problems = []
+        # The form is checked here, before a child starts; whether the device exists, in the child.
+        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", str(self.device).strip().lower()):
+            problems.append(f"--device {self.device!r} is not supported; use auto, cpu, cuda or cuda:N")
         if self.warmup_steps < 2:
             problems.append("--warmup-steps must be at least 2 (the peak needs the optimizer state, created by the first step)")
         if self.measure_steps < 1:

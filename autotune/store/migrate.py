@@ -16,6 +16,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
 from autotune.errors import DatabaseError
+from autotune.store.base import retry_transient
 from autotune.store.engine import display_url, is_sqlite, is_sqlite_file, make_engine, writer
 from autotune.store.schema import SCHEMA_REVISION, TABLE_PREFIX, VERSION_TABLE
 
@@ -138,6 +139,10 @@ def upgrade(url: URL, revision: str = "head", *, engine: Engine | None = None) -
     return before, after
 
 
+def _sqlite_busy(exc: BaseException) -> bool:
+    return isinstance(exc, sa_exc.OperationalError) and "database is locked" in str(exc)
+
+
 def ensure_current(engine: Engine, *, auto_upgrade: bool | None = None) -> str:
     """Make sure the database behind `engine` is at SCHEMA_REVISION, upgrading it when allowed.
 
@@ -147,10 +152,16 @@ def ensure_current(engine: Engine, *, auto_upgrade: bool | None = None) -> str:
     A database at an unknown (newer) revision is refused. Returns the revision.
     """
     url = engine.url
-    try:
+
+    def look() -> tuple[str | None, bool]:
         with engine.connect() as connection:
             revision = current_revision(connection)
-            ours = revision is not None or has_our_tables(connection)
+            return revision, revision is not None or has_our_tables(connection)
+
+    try:
+        # SQLite answers "database is locked" without waiting in a few cases (another process
+        # switching a new file to WAL, or recovering its WAL): those pass in a moment.
+        revision, ours = retry_transient(look, transient=_sqlite_busy)
     except (sa_exc.OperationalError, sa_exc.DatabaseError, sa_exc.InterfaceError) as exc:
         raise describe_failure(url, exc) from None
     if revision == SCHEMA_REVISION:

@@ -163,6 +163,7 @@ def test_real_cpu_pipeline_on_a_tiny_model(tmp_path, monkeypatch):
     assert list((tmp_path / "out").glob("cpu-*-tiny-gpt2-*.json")) and list((tmp_path / "out").glob("cpu-*-tiny-gpt2-*.png"))
 
 
+@pytest.mark.slow  # three benchmark runs over a scripted space
 def test_a_deadline_leaves_work_that_the_same_command_finishes_with_its_state(tmp_path, no_lightning):
     asked: list[str] = []
 

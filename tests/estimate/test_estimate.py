@@ -69,12 +69,14 @@ def cuda_estimates(model_dir) -> dict:
     return dict(zip(levers, estimates))
 
 
+@pytest.mark.slow
 def test_checkpointing_predicts_less(cuda_estimates):
     base, ckpt = cuda_estimates["base"], cuda_estimates["ckpt"]
     assert ckpt.peak_bytes < base.peak_bytes
     assert ckpt.activations < 0.7 * base.activations
 
 
+@pytest.mark.slow
 def test_peak_grows_about_linearly_with_micro_batch(cuda_estimates):
     peaks = {mb: cuda_estimates[f"mb{mb}" if mb != 4 else "base"].peak_bytes for mb in (1, 2, 4, 8)}
     per_sequence = [(peaks[b] - peaks[a]) / (b - a) for a, b in ((1, 2), (2, 4), (4, 8))]
@@ -84,10 +86,12 @@ def test_peak_grows_about_linearly_with_micro_batch(cuda_estimates):
     assert fixed.params == cuda_estimates["mb8"].params and fixed.optimizer == pytest.approx(cuda_estimates["mb8"].optimizer, rel=0.05)
 
 
+@pytest.mark.slow
 def test_bf16_activations_below_fp32(cuda_estimates):
     assert cuda_estimates["bf16"].activations < cuda_estimates["base"].activations
 
 
+@pytest.mark.slow
 def test_cuda_prediction_adds_allocator_workspace_and_context(cuda_estimates):
     e = cuda_estimates["base"]
     assert e.device_type == "cuda" and e.workspace == CUBLAS_WORKSPACE_BYTES and e.context_bytes == CUDA_CONTEXT_BYTES
@@ -165,6 +169,7 @@ def test_importing_the_estimator_does_not_import_torch():
 
 
 
+@pytest.mark.slow
 def test_estimate_json_then_table(model_dir):
     args = ["estimate", "--model", model_dir, "--micro-batch", "2", "--block-size", "64", "--gpu-budget", "600MiB"]
     proc = autotune(*args, "--json")

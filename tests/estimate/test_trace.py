@@ -16,6 +16,9 @@ from autotune.estimate.protocol import TraceItem, TraceResult  # noqa: E402
 from autotune.estimate.trace import Ledger, replay, trace  # noqa: E402
 from tests.conftest import TINY_GPT2  # noqa: E402
 
+# Each test traces real training steps on fake tensors in this process (torch and transformers).
+pytestmark = pytest.mark.slow
+
 
 def run_trace(device_type: str, **levers) -> TraceResult:
     config = ProbeConfig(model="tiny", **{"micro_batch": 2, "block_size": 128, **levers})
