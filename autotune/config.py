@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, fields
 
 from autotune import defaults
 from autotune.errors import BadInput
+from autotune.units import INT64_MAX
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 # Attention kernels by their transformers `attn_implementation` names. Others (flash_attention_2,
@@ -46,6 +47,8 @@ class ProbeConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 problems.append(f"{flag} must be a whole number of at least 1 (got {value!r})")
+            elif value > INT64_MAX:  # the database stores 64-bit integers
+                problems.append(f"{flag} {value} is too large (at most {INT64_MAX})")
         if self.precision not in PRECISIONS:
             problems.append(f"--precision {self.precision!r} is unknown; choose from {', '.join(PRECISIONS)}")
         if self.attention not in ATTENTIONS:

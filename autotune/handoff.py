@@ -116,8 +116,9 @@ class BestConfig:
 
 
 def best(study: str | None = None, db: str | None = None) -> BestConfig:
-    """The fastest configuration that fits in `study` (the most recent study when None)."""
-    with open_store(db) as store:
+    """The fastest configuration that fits in `study` (the most recent study when None). Reads
+    only: a missing or outdated database is refused, never created or upgraded."""
+    with open_store(db, read_only=True) as store:
         rows = store.leaderboard(study, top=1)
         if not rows:
             name = study or store.latest_study_name()

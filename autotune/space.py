@@ -10,6 +10,7 @@ from autotune import defaults
 from autotune.config import ATTENTIONS, PRECISIONS, ProbeConfig
 from autotune.errors import BadInput
 from autotune.models import ModelSpec
+from autotune.units import INT64_MAX
 
 
 
@@ -30,6 +31,13 @@ class SearchSpace:
             problems.append("--micro-batches needs values of at least 1")
         if not self.block_sizes or min(self.block_sizes) < 1:
             problems.append("--block-sizes needs values of at least 1")
+        # The database stores 64-bit integers: larger values would fail at the first write.
+        for list_flag, numbers in (("--micro-batches", self.micro_batches), ("--block-sizes", self.block_sizes)):
+            if numbers and max(numbers) > INT64_MAX:
+                problems.append(f"{list_flag}: {max(numbers)} is too large (at most {INT64_MAX})")
+        for work_flag, work in (("--effective-batch", self.effective_batch), ("--effective-tokens", self.effective_tokens)):
+            if work is not None and not 1 <= work <= INT64_MAX:
+                problems.append(f"{work_flag} must be a whole number from 1 to {INT64_MAX} (got {work})")
         for value in self.precisions:
             if value not in PRECISIONS:
                 problems.append(f"--precisions: {value!r} is unknown; choose from {', '.join(PRECISIONS)}")

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
-import math
 import re
+from decimal import Decimal
 
 from autotune.errors import BadInput
+
+# The largest whole number the database stores (SQLite INTEGER, PostgreSQL BIGINT): sizes and counts
+# past it are refused where they are parsed, not met as an OverflowError at the first write.
+INT64_MAX = 2**63 - 1
 
 _SIZE_UNITS = {
     "": 1,
@@ -20,18 +24,21 @@ _SIZE_RE = re.compile(r"^\s*([+-]?\d+(?:\.\d*)?|[+-]?\.\d+)\s*([a-zA-Z]*)\s*$")
 def parse_size(text: str | int, *, flag: str = "--gpu-budget") -> int:
     """Bytes in a size such as '8GiB', '8 GiB', '8192MiB', '7.5GiB', '8GB' (decimal) or '1024'."""
     if isinstance(text, int):
-        value, unit = float(text), ""
+        value, unit = Decimal(text), ""
     else:
         match = _SIZE_RE.match(str(text))
         if not match:
             raise BadInput(f"{flag}: cannot read {text!r} as a size; write it like 8GiB, 7.5GiB, 8192MiB or 8GB.")
-        value, unit = float(match.group(1)), match.group(2).lower()
+        # Decimal, not float: exact for every digit typed, however large, so the range check holds.
+        value, unit = Decimal(match.group(1)), match.group(2).lower()
         if unit not in _SIZE_UNITS:
             raise BadInput(f"{flag}: unknown unit {match.group(2)!r} in {text!r}; use B, KiB, MiB, GiB, TiB (binary) or KB, MB, GB, TB (decimal).")
-    size = value * _SIZE_UNITS[unit]
-    if not math.isfinite(size) or size <= 0:
+    size = int(value * _SIZE_UNITS[unit])
+    if size < 1:
         raise BadInput(f"{flag}: {text!r} is not a positive size; give the memory to fit in, e.g. 8GiB.")
-    return int(size)
+    if size > INT64_MAX:
+        raise BadInput(f"{flag}: {text!r} is too large; sizes go up to {INT64_MAX} bytes (8 EiB).")
+    return size
 
 
 def format_size(n: float | None) -> str:
@@ -63,7 +70,8 @@ def parse_duration(text: str | float, *, flag: str = "--timeout") -> float:
 
 
 def parse_int_list(text: str, *, flag: str, minimum: int = 1) -> tuple[int, ...]:
-    """(1, 2, 4) from '1,2,4'; every value at least `minimum`."""
+    """(1, 2, 4) from '1,2,4'; every value at least `minimum` and at most INT64_MAX. An empty or
+    blank text is refused: a flag given with no value must not quietly mean its default."""
     values = []
     for part in str(text).split(","):
         part = part.strip()
@@ -75,6 +83,8 @@ def parse_int_list(text: str, *, flag: str, minimum: int = 1) -> tuple[int, ...]
             raise BadInput(f"{flag}: {part!r} is not a whole number; give a comma-separated list like 1,2,4.") from None
         if value < minimum:
             raise BadInput(f"{flag}: {value} is below {minimum}; give values of at least {minimum}.")
+        if value > INT64_MAX:
+            raise BadInput(f"{flag}: {value} is too large; give values of at most {INT64_MAX}.")
         values.append(value)
     if not values:
         raise BadInput(f"{flag}: the list is empty; give a comma-separated list like 1,2,4.")

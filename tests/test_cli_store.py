@@ -68,7 +68,10 @@ def test_studies_table_and_json(filled_db):
 
 
 def test_empty_database(tmp_path):
+    # (Changed: `studies` used to create the missing file. It reads only now, so the database is
+    # made first, as `autotune search` or `autotune db upgrade` would.)
     db = str(tmp_path / "empty.db")
+    invoke("db", "upgrade", "--db", db)
     assert "No studies yet" in invoke("studies", "--db", db).output
     assert json.loads(invoke("studies", "--db", db, "--format", "json").output) == []
 
@@ -131,8 +134,16 @@ def _heavy_modules_loaded(*argv: str) -> list[str]:
     return json.loads(proc.stderr.strip().splitlines()[-1].replace("'", '"'))
 
 
+def test_a_missing_database_is_one_line_exit_2_and_not_created(tmp_path):
+    for command in (["studies"], ["leaderboard"], ["best"]):
+        _assert_one_line_error(autotune(*command, "--db", str(tmp_path / "typo" / "x.db")), "no results database at")
+    assert not (tmp_path / "typo").exists()
+
+
 def test_reading_commands_import_neither_torch_nor_transformers_nor_optuna(filled_db):
     # Alembic too: the database is already at this code's revision, so nothing needs migrating.
     assert _heavy_modules_loaded("leaderboard", "--db", filled_db) == ["sqlalchemy"]
     assert _heavy_modules_loaded("studies", "--db", filled_db) == ["sqlalchemy"]
     assert _heavy_modules_loaded("--help") == []
+    # Nor does refusing a database that is not there.
+    assert _heavy_modules_loaded("leaderboard", "--db", filled_db + ".missing") == ["sqlalchemy"]

@@ -15,14 +15,17 @@ the database), `heartbeat()` keeps it, `settle()` records its outcome once, whic
 
 Schema in `schema.py`, changed only through Alembic revisions in the repository's top-level
 `migrations/` (installed as `autotune.store.migrations`). The Store is split by concern: `base.py`
-(sessions, the retry policy), `store.py` (studies, probes, leaderboard), `claims.py`, `runs.py`,
-`rows.py` (ORM rows to records).
+(sessions, the retry policy, the one place writes start), `store.py` (studies, probes, leaderboard),
+`claims.py`, `runs.py`, `rows.py` (ORM rows to records); `failures.py` says which database errors
+pass with time and words the others; `names.py` checks study names.
+Read commands open with `open_store(db, read_only=True)`: nothing is created, upgraded or written.
 Importing this package loads SQLAlchemy, not Alembic, torch or Optuna.
 """
 
 from __future__ import annotations
 
-from autotune.store.engine import default_url, resolve_url
+from autotune.store.engine import PG_CONNECT_TIMEOUT_S, PG_STATEMENT_TIMEOUT_S, default_url, resolve_url
+from autotune.store.names import STUDY_NAME_MAX, check_study_name
 from autotune.store.records import (
     ClaimRecord,
     LeaderboardRow,
@@ -43,7 +46,10 @@ from autotune.store.store import (
 
 __all__ = [
     "MAX_ATTEMPTS",
+    "PG_CONNECT_TIMEOUT_S",
+    "PG_STATEMENT_TIMEOUT_S",
     "SCHEMA_REVISION",
+    "STUDY_NAME_MAX",
     "ClaimRecord",
     "LeaderboardRow",
     "ModelLike",
@@ -53,6 +59,7 @@ __all__ = [
     "StudyRecord",
     "StudySummary",
     "UpgradeReport",
+    "check_study_name",
     "default_url",
     "open_store",
     "resolve_url",

@@ -3,6 +3,7 @@ study by name. The Store (store.py) and its parts (claims.py, runs.py) build on 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -12,25 +13,19 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from autotune.errors import StudyNotFound
-from autotune.store.engine import display_url, writer
+from autotune.errors import BadInput, DatabaseError, StudyNotFound
+from autotune.store.engine import display_url, sqlite_path, writer
+from autotune.store.failures import describe_failure, is_database_failure, is_transient
 from autotune.store.schema import Study
+
+__all__ = ["TRANSIENT_RETRY_DELAYS", "StoreBase", "is_transient", "retry_transient"]
 
 T = TypeVar("T")
 
 # A write that fails because the connection dropped (a server restart, a proxy, a network blip) is
 # tried again after these pauses, so that a probe that took minutes is not lost to a moment's outage.
+# Only failures that pass with time are retried (failures.is_transient): a full disk is told at once.
 TRANSIENT_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 15.0)
-
-
-def is_transient(exc: BaseException) -> bool:
-    """A database error worth trying again: the connection was lost or the server was busy, as
-    opposed to a mistake in the statement or the data."""
-    from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-
-    if isinstance(exc, (OperationalError, InterfaceError)):
-        return True
-    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
 def retry_transient(work: Callable[[], T], *, transient: Callable[[BaseException], bool] = is_transient) -> T:
@@ -50,12 +45,18 @@ def retry_transient(work: Callable[[], T], *, transient: Callable[[BaseException
 class StoreBase:
     """Engine, sessions and shared helpers of the Store."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, *, read_only: bool = False) -> None:
         self.engine = engine
+        self.read_only = read_only
         self._read = sessionmaker(engine, expire_on_commit=False)
         # Writes take SQLite's write lock at BEGIN, so concurrent writers queue (busy_timeout)
         # instead of failing on a lock upgrade.
         self._write = sessionmaker(writer(engine), expire_on_commit=False)
+        # SQLite keeps writing to a file that was deleted (or moved, or replaced) under it: its open
+        # connections hold the old inode, so a search would end "finished" with nothing on disk.
+        # The file's identity when opened is checked before every write (_writing).
+        self._path = sqlite_path(engine.url)
+        self._file_id = _file_id(self._path) if self._path is not None else None
 
     @property
     def url(self) -> str:
@@ -67,11 +68,41 @@ class StoreBase:
 
     @contextmanager
     def _writing(self) -> Iterator[Session]:
-        with self._write.begin() as session:
-            yield session
+        """One write transaction: the one place writes start. A failure of the database itself
+        that waiting will not cure (a full disk, a read-only file) becomes one DatabaseError line;
+        a transient one propagates as it is, for retry_transient."""
+        if self.read_only:  # a programming error, not a user's
+            raise RuntimeError("this Store was opened read-only (open_store(read_only=True))")
+        self._check_same_file()
+        try:
+            with self._write.begin() as session:
+                yield session
+        except Exception as exc:
+            if not is_database_failure(exc) or is_transient(exc):
+                raise
+            raise describe_failure(self.engine.url, exc) from exc
+
+    def _check_same_file(self) -> None:
+        if self._path is None:
+            return
+        now = _file_id(self._path)
+        if self._file_id is None:  # a Store made on a file not created yet: the first write makes it
+            self._file_id = now
+        elif now != self._file_id:
+            raise DatabaseError(
+                f"the results database {self._path} was deleted or replaced while autotune was using it; nothing more "
+                f"is written there (what was, went with the old file). Restore it, or pass --db with its new place, "
+                f"and run the command again."
+            )
 
     def _retry_transient(self, work: Callable[[], T]) -> T:
-        return retry_transient(work)
+        """retry_transient, and a failure that outlasts the retries told as one DatabaseError line."""
+        try:
+            return retry_transient(work)
+        except Exception as exc:
+            if not (is_database_failure(exc) and is_transient(exc)):
+                raise
+            raise describe_failure(self.engine.url, exc, retried_s=sum(TRANSIENT_RETRY_DELAYS)) from exc
 
     def _retry_on_conflict(self, work: Callable[[], T]) -> T:
         """Run a get-or-create once more after a unique-key race lost to another process (possible
@@ -82,6 +113,10 @@ class StoreBase:
             return work()
 
     def _find_study(self, session: Session, name: str | None) -> Study:
+        if name is not None and not name.strip():
+            # No study is ever named so (check_study_name); an empty --study is a mistake, not "the latest".
+            raise BadInput("--study is empty; give a study name (list them with `autotune studies`), or leave "
+                           "--study out for the most recent one.")
         if name is None:
             study = session.scalars(select(Study).order_by(Study.updated_at.desc(), Study.id.desc()).limit(1)).first()
             if study is None:
@@ -95,3 +130,11 @@ class StoreBase:
     def _not_found_message(self, name: str) -> str:
         return f"no study named {name!r} in {self.url}; list them with `autotune studies`."
 
+
+def _file_id(path: os.PathLike[str] | str) -> tuple[int, int] | None:
+    """(device, inode) of the file at `path`; None when nothing is there."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_dev, stat.st_ino

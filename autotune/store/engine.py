@@ -2,7 +2,8 @@
 
 `--db URL`, else `$AUTOTUNE_DB`, else `autotune.db` in the user data directory (`$AUTOTUNE_HOME`
 when set). A value without `://` is a file path and becomes an SQLite URL. Any SQLAlchemy URL works;
-PostgreSQL (`postgresql+psycopg://...`) is the one teams use.
+PostgreSQL (`postgresql+psycopg://...`) is the one teams use. An in-memory SQLite database is
+refused: a search's results (and its Optuna study) must outlive the process and reach its workers.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
@@ -24,36 +26,61 @@ DB_FILENAME = "autotune.db"
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # The execution option that picks the SQLite BEGIN mode of a transaction (see make_engine).
 SQLITE_BEGIN_OPTION = "autotune_sqlite_begin"
+# PostgreSQL: a server that accepts connections and never answers (a hung host, a firewall that
+# drops packets, a proxy with no backend) must not hang every command. Connecting gives up after
+# PG_CONNECT_TIMEOUT_S; the server cancels any one statement after PG_STATEMENT_TIMEOUT_S (autotune's
+# statements take milliseconds; an upgrade waiting on another process's upgrade lock takes longer).
+# A URL that sets `connect_timeout` or `options` itself keeps its own.
+PG_CONNECT_TIMEOUT_S = 10
+PG_STATEMENT_TIMEOUT_S = 120
+
+_NO_MEMORY = ("an in-memory SQLite database is gone when this process ends, and the search's Optuna study and "
+              "results must outlive it and be shared with its probe workers; give a file path, e.g. --db results.db")
 
 
 def default_url() -> str:
     """The database used when no --db is given: `$AUTOTUNE_DB`, else a file in data_dir()."""
-    env = os.environ.get("AUTOTUNE_DB")
+    # An empty (or blank) variable counts as unset, as shells treat `AUTOTUNE_DB=`.
+    env = os.environ.get("AUTOTUNE_DB", "").strip()
     if env:
         return env
     return f"sqlite:///{(data_dir() / DB_FILENAME).resolve()}"
 
 
 def resolve_url(db: str | os.PathLike[str] | None = None) -> URL:
-    """The SQLAlchemy URL for a `--db` value (URL or file path), or for the default when None."""
-    text = os.fspath(db) if db is not None else ""
-    text = text.strip() or default_url()
+    """The SQLAlchemy URL for a `--db` value (URL or file path), or for the default when None.
+    An empty value given explicitly is refused rather than read as "the default": `--db "$VAR"`
+    with VAR unset must not write into the user's default database."""
+    if db is None:
+        text = default_url()
+        flag = "$AUTOTUNE_DB" if os.environ.get("AUTOTUNE_DB", "").strip() else "--db"
+    else:
+        text, flag = os.fspath(db).strip(), "--db"
+        if not text:
+            raise DatabaseError("--db is empty; give a file path or a database URL, or leave --db out for the default "
+                                "($AUTOTUNE_DB, else autotune.db in the user data directory).")
+    if text == ":memory:":
+        raise DatabaseError(f"{flag} {text}: {_NO_MEMORY}.")
     if "://" not in text:
         # A plain path: absolute, so that the database does not depend on the working directory.
         text = f"sqlite:///{Path(text).expanduser().resolve()}"
     try:
-        return make_url(text)
+        url = make_url(text)
     except ArgumentError:
         raise DatabaseError(
-            f"--db: cannot read {text!r} as a database URL; give a file path or a URL such as "
+            f"{flag}: cannot read {text!r} as a database URL; give a file path or a URL such as "
             f"sqlite:///path/autotune.db or postgresql+psycopg://user@host/db."
         ) from None
+    if is_sqlite(url) and not is_sqlite_file(url):
+        raise DatabaseError(f"{flag} {text}: {_NO_MEMORY}.")
+    return url
 
 
 def display_url(url: URL) -> str:
     """The URL for messages: a file path for SQLite, the password hidden otherwise."""
-    if is_sqlite_file(url):
-        return str(url.database)
+    path = sqlite_path(url)
+    if path is not None:
+        return str(path)
     return url.render_as_string(hide_password=True)
 
 
@@ -62,15 +89,32 @@ def is_sqlite(url: URL) -> bool:
 
 
 def is_sqlite_file(url: URL) -> bool:
-    return is_sqlite(url) and url.database not in (None, "", ":memory:") and url.query.get("mode") != "memory"
+    return is_sqlite(url) and url.database not in (None, "", ":memory:") and url.query.get("mode") != "memory" \
+        and not str(url.database).startswith("file::memory:")
 
 
-def make_engine(url: URL, *, foreign_keys: bool = True) -> Engine:
+def sqlite_path(url: URL) -> Path | None:
+    """The file behind an SQLite URL (None for another database): the path itself, or the path part
+    of a `file:` URI (`sqlite:///file:/data/a.db?mode=ro&uri=true`)."""
+    if not is_sqlite_file(url):
+        return None
+    database = str(url.database)
+    if url.query.get("uri") in ("true", "1") and database.startswith("file:"):
+        return Path(unquote(urlsplit(database).path))
+    return Path(database)
+
+
+def make_engine(url: URL, *, foreign_keys: bool = True, read_only: bool = False) -> Engine:
     """An engine with our connection settings.
 
     SQLite: WAL (readers never block the writer, so a leaderboard can be read during a search),
     a busy timeout (several processes write probes to one file), foreign keys on (off only for
-    migrations, where batch table rebuilds would otherwise cascade deletes).
+    migrations, where batch table rebuilds would otherwise cascade deletes). `read_only`: for
+    commands that only read, no directory is created and the file's journal mode is left as it is
+    (switching to WAL rewrites the file's header).
+
+    PostgreSQL: a connect timeout and a statement timeout (PG_CONNECT_TIMEOUT_S,
+    PG_STATEMENT_TIMEOUT_S), and dead pooled connections replaced quietly.
 
     Python's sqlite3 module starts transactions lazily and never for DDL, which makes migrations
     non-atomic and lets two writers deadlock on a read-to-write lock upgrade, where busy_timeout
@@ -82,8 +126,9 @@ def make_engine(url: URL, *, foreign_keys: bool = True) -> Engine:
     if url.get_backend_name() == "postgresql":
         # A connection dropped by the server or a proxy while a long probe ran is replaced quietly.
         kwargs["pool_pre_ping"] = True
-    if is_sqlite_file(url):
-        path = Path(str(url.database))
+        kwargs["connect_args"] = postgres_connect_args(url)
+    path = sqlite_path(url)
+    if path is not None and not read_only:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -97,11 +142,23 @@ def make_engine(url: URL, *, foreign_keys: bool = True) -> Engine:
         raise DatabaseError(f"--db: the database driver {exc.name!r} is not installed{hint}.") from None
 
     if is_sqlite(url):
-        _configure_sqlite(engine, foreign_keys=foreign_keys)
+        _configure_sqlite(engine, foreign_keys=foreign_keys, wal=not read_only)
     return engine
 
 
-def _configure_sqlite(engine: Engine, *, foreign_keys: bool) -> None:
+def postgres_connect_args(url: URL) -> dict[str, Any]:
+    """psycopg's connect arguments for the timeouts (see PG_CONNECT_TIMEOUT_S), unless the URL sets
+    `connect_timeout` or `options` itself. (PgBouncer refuses the `options` startup parameter unless
+    its `ignore_startup_parameters` lists it.) For any engine on a PostgreSQL URL, Optuna's included."""
+    args: dict[str, Any] = {}
+    if "connect_timeout" not in url.query:
+        args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
+    if "options" not in url.query:
+        args["options"] = f"-c statement_timeout={PG_STATEMENT_TIMEOUT_S * 1000}"
+    return args
+
+
+def _configure_sqlite(engine: Engine, *, foreign_keys: bool, wal: bool = True) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # we issue BEGIN ourselves; see make_engine
@@ -110,7 +167,7 @@ def _configure_sqlite(engine: Engine, *, foreign_keys: bool) -> None:
             # busy_timeout first: switching to WAL takes a lock another process may hold.
             cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
             cursor.execute(f"PRAGMA foreign_keys = {'ON' if foreign_keys else 'OFF'}")
-            if is_sqlite_file(engine.url):
+            if wal and is_sqlite_file(engine.url):
                 cursor.execute("PRAGMA journal_mode = WAL")
                 # With WAL, NORMAL is still crash-safe for the database (a power cut may lose the
                 # last commits, never corrupt), and saves an fsync per probe.

@@ -17,7 +17,8 @@ from sqlalchemy.engine import URL
 
 from autotune.errors import DatabaseError
 from autotune.store.base import retry_transient
-from autotune.store.engine import display_url, is_sqlite, is_sqlite_file, make_engine, writer
+from autotune.store.engine import display_url, is_sqlite, make_engine, writer
+from autotune.store.failures import describe_failure
 from autotune.store.schema import SCHEMA_REVISION, TABLE_PREFIX, VERSION_TABLE
 
 if TYPE_CHECKING:
@@ -89,34 +90,17 @@ def newer_error(url: URL, revision: str) -> DatabaseError:
     )
 
 
-def describe_failure(url: URL, exc: BaseException) -> DatabaseError:
-    """One line for a database that cannot be opened, from the driver's own first line."""
-    orig = getattr(exc, "orig", None) or exc
-    detail = (str(orig).strip().splitlines() or [type(orig).__name__])[0]
-    where = display_url(url)
-    if "file is not a database" in detail or "file is encrypted" in detail:
-        return DatabaseError(f"{where} is not an SQLite database; pass --db with another file, or move that one away.")
-    if "unable to open database file" in detail:
-        return DatabaseError(f"cannot open the results database {where} (unable to open the file); pass --db with a writable file path.")
-    return DatabaseError(f"cannot use the results database {where}: {detail}")
-
-
-def upgrade(url: URL, revision: str = "head", *, engine: Engine | None = None) -> tuple[str | None, str | None]:
+def upgrade(url: URL, revision: str = "head") -> tuple[str | None, str | None]:
     """Upgrade the database at `url` to `revision` in one transaction; returns (before, after).
 
     Concurrent upgrades of one database serialise: SQLite's BEGIN IMMEDIATE, PostgreSQL's advisory
     lock. The revision is read again under the lock, so the second process finds nothing to do.
-    `engine` is used only for an in-memory SQLite database, which exists in that engine alone.
     """
     from alembic import command
 
-    in_memory = is_sqlite(url) and not is_sqlite_file(url)
-    if in_memory and engine is not None:
-        migration_engine, owned = engine, False
-    else:
-        # Foreign keys off on SQLite: a batch migration rebuilds a table by dropping it, and with
-        # foreign keys on that drop would cascade into the rows referring to it.
-        migration_engine, owned = make_engine(url, foreign_keys=False), True
+    # Foreign keys off on SQLite: a batch migration rebuilds a table by dropping it, and with
+    # foreign keys on that drop would cascade into the rows referring to it.
+    migration_engine = make_engine(url, foreign_keys=False)
     try:
         with writer(migration_engine).begin() as connection:
             if connection.dialect.name == "postgresql":
@@ -134,8 +118,7 @@ def upgrade(url: URL, revision: str = "head", *, engine: Engine | None = None) -
     except (sa_exc.OperationalError, sa_exc.DatabaseError, sa_exc.InterfaceError) as exc:
         raise describe_failure(url, exc) from None
     finally:
-        if owned:
-            migration_engine.dispose()
+        migration_engine.dispose()
     return before, after
 
 
@@ -143,13 +126,14 @@ def _sqlite_busy(exc: BaseException) -> bool:
     return isinstance(exc, sa_exc.OperationalError) and "database is locked" in str(exc)
 
 
-def ensure_current(engine: Engine, *, auto_upgrade: bool | None = None) -> str:
+def ensure_current(engine: Engine, *, auto_upgrade: bool | None = None, read_only: bool = False) -> str:
     """Make sure the database behind `engine` is at SCHEMA_REVISION, upgrading it when allowed.
 
     `auto_upgrade=None` (the default) upgrades a local SQLite database, and creates the tables in
     a server database that has none of ours yet; a server database at an older revision is shared
     by a team, so it waits for an explicit `autotune db upgrade`. True always upgrades; False never.
-    A database at an unknown (newer) revision is refused. Returns the revision.
+    A database at an unknown (newer) revision is refused. `read_only`: never upgrade, and a
+    database without our tables is told apart (nothing was searched there). Returns the revision.
     """
     url = engine.url
 
@@ -168,13 +152,16 @@ def ensure_current(engine: Engine, *, auto_upgrade: bool | None = None) -> str:
         return revision
     if revision is not None and revision not in known_revisions():
         raise newer_error(url, revision)
-    allowed = auto_upgrade if auto_upgrade is not None else (is_sqlite(url) or not ours)
+    if read_only and not ours:
+        raise DatabaseError(f"the results database {display_url(url)} has no autotune tables; `autotune search` "
+                            f"creates them (or check --db).")
+    allowed = False if read_only else auto_upgrade if auto_upgrade is not None else (is_sqlite(url) or not ours)
     if not allowed:
         raise DatabaseError(
             f"the results database {display_url(url)} is at schema revision {revision!r}, older than this "
             f"autotune's {SCHEMA_REVISION!r}; upgrade it: autotune db upgrade --db {display_url(url)}"
         )
-    _, after = upgrade(url, engine=engine)
+    _, after = upgrade(url)
     if after != SCHEMA_REVISION:  # pragma: no cover - SCHEMA_REVISION out of step with the scripts
         raise RuntimeError(f"upgraded to {after!r}, but this code expects {SCHEMA_REVISION!r}")
     return after

@@ -15,18 +15,18 @@ from sqlalchemy import case, func, select, update
 
 from autotune.config import ProbeConfig
 from autotune.environment import Environment
-from autotune.errors import BadInput, StudyNotFound
+from autotune.errors import BadInput, DatabaseError, StudyNotFound
 from autotune.result import ProbeResult
 from autotune.status import CACHEABLE, StudyStatus
 from autotune.store import migrate
 from autotune.store.claims import ClaimsMixin
-from autotune.store.engine import display_url, make_engine, resolve_url
+from autotune.store.engine import display_url, make_engine, resolve_url, sqlite_path
+from autotune.store.names import check_study_name
 from autotune.store.records import LeaderboardRow, ProbeRecord, StudyRecord, StudySummary, UpgradeReport
 from autotune.store.rows import CONFIG_FIELDS, add_probe, probe_record, probe_result, probe_values, study_record
 from autotune.store.runs import RunsMixin
 from autotune.store.schema import Probe, Study, utcnow
-
-_STUDY_NAME_MAX = 200
+from autotune.units import INT64_MAX
 
 
 class ModelLike(Protocol):
@@ -39,7 +39,7 @@ class ModelLike(Protocol):
     def fingerprint(self) -> str: ...
 
 
-def open_store(url: str | os.PathLike[str] | None = None, *, upgrade: bool | None = None) -> Store:
+def open_store(url: str | os.PathLike[str] | None = None, *, upgrade: bool | None = None, read_only: bool = False) -> Store:
     """Open the results database: `url` (a SQLAlchemy URL or a file path), else `$AUTOTUNE_DB`, else
     `autotune.db` in the user data directory (`$AUTOTUNE_HOME` when set).
 
@@ -47,14 +47,23 @@ def open_store(url: str | os.PathLike[str] | None = None, *, upgrade: bool | Non
     created when it has none of our tables, and otherwise must be upgraded explicitly
     (`autotune db upgrade`). `upgrade=True`/`False` forces either way. Raises DatabaseError for
     a file that is not a database, a database newer than this autotune, or one that cannot be reached.
+
+    `read_only=True`, for commands that only read (studies, leaderboard, best, train --study):
+    nothing is created, upgraded or written. A missing SQLite file, a database without our tables
+    and one at an older revision are each refused with one line saying what to run.
     """
-    engine = make_engine(resolve_url(url))
+    resolved = resolve_url(url)
+    if read_only:
+        path = sqlite_path(resolved)
+        if path is not None and not path.exists():
+            raise DatabaseError(f"no results database at {path}; `autotune search` creates it (or check --db).")
+    engine = make_engine(resolved, read_only=read_only)
     try:
-        migrate.ensure_current(engine, auto_upgrade=upgrade)
+        migrate.ensure_current(engine, auto_upgrade=False if read_only else upgrade, read_only=read_only)
     except BaseException:
         engine.dispose()
         raise
-    return Store(engine)
+    return Store(engine, read_only=read_only)
 
 
 def upgrade_database(url: str | os.PathLike[str] | None = None) -> UpgradeReport:
@@ -90,9 +99,7 @@ class Store(ClaimsMixin, RunsMixin):
         """The study called `name`, created if new. Resuming an existing study (same model by
         fingerprint, budget, margin and effective batch) marks it running again and stores the
         given search space. A name taken by a study of another model or budget raises BadInput."""
-        name = (name or "").strip()
-        if not name or len(name) > _STUDY_NAME_MAX:
-            raise BadInput(f"--study must be a name of 1 to {_STUDY_NAME_MAX} characters (got {name!r}).")
+        name = check_study_name(name)
 
         def work() -> StudyRecord:
             with self._writing() as session:
@@ -268,8 +275,8 @@ class Store(ClaimsMixin, RunsMixin):
         """The configurations of a study that fit (status ok), fastest first; ties go to the lower
         peak reserved memory. A config probed more than once counts once, with its latest
         measurement. `study_name` None means the most recent study; StudyNotFound if none."""
-        if top is not None and top < 1:
-            raise BadInput(f"--top must be at least 1 (got {top}).")
+        if top is not None and not 1 <= top <= INT64_MAX:
+            raise BadInput(f"--top must be a whole number from 1 to {INT64_MAX} (got {top}).")
         with self._read() as session:
             study = self._find_study(session, study_name)
             # The latest ok probe of each config: max(id) per key. (A window function reads the

@@ -3,6 +3,7 @@ wrong is checked, in order, before the run is recorded; then `autotune.train.run
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,42 +34,53 @@ def train(
     `gpu_budget` with a study overrides its budget for the proof. Raises AutotuneError for anything
     the user must fix, before the run is recorded; an OOM during the run is `status='oom'`.
     """
-    from autotune.data import load_text, pack_blocks
-    from autotune.margin import checked_margin_bytes
     from autotune.models import resolve_model
-    from autotune.probe.budget import enforce_budget
-    from autotune.probe.devices import resolve_training_device
     from autotune.search import default_study_name
-    from autotune.store import open_store
+    from autotune.store import check_study_name, open_store, resolve_url
+    from autotune.store.engine import sqlite_path
 
     if study is None and model is None:
         raise BadInput("give --study NAME (a finished search), or --model and --gpu-budget to search first.")
     if model is not None and study is None and gpu_budget is None:
         raise BadInput("--model needs --gpu-budget (the memory to fit in), or give --study NAME of a finished search.")
+    if study is not None and not study.strip():
+        raise BadInput("--study is empty; give the name of a finished search (list them with `autotune studies`).")
 
     # 1. The configuration: a settled study, or a search to run once the data is known to be good.
+    # Read only: a refused command must leave the database as it was (the search creates or upgrades it).
     spec = resolve_model(model) if model is not None else None
     search_for: str | None = None
     winner: Winner | None = None
-    with open_store(db) as store:
-        if spec is not None and gpu_budget is not None:
-            name = study or default_study_name(spec, gpu_budget)
-            winner = settled_winner(store, name, spec, gpu_budget)
-            if winner is None:
-                search_for = name
-        else:
+    if spec is not None and gpu_budget is not None:
+        # The study may be created by the search below: its name is checked before anything runs.
+        name = check_study_name(study) if study is not None else default_study_name(spec, gpu_budget)
+        path = sqlite_path(resolve_url(db))
+        if path is None or path.exists():  # no database yet: nothing settled, the search makes it
+            with open_store(db, read_only=True) as store:
+                winner = settled_winner(store, name, spec, gpu_budget)
+        if winner is None:
+            search_for = name
+    else:
+        with open_store(db, read_only=True) as store:
             winner = study_winner(store, study)
-            spec = study_model(winner, model)
-            name = winner.study.name
+        spec = study_model(winner, model)
+        name = winner.study.name
     assert spec is not None
 
     output_dir = Path(options.output_dir).expanduser() if options.output_dir else default_output_dir(name)
+    check_output_dir(output_dir)
     found = checkpoints(output_dir)
     if found and not options.resume:
         raise BadInput(f"{output_dir} holds checkpoints of an earlier run ({found[-1].name}); pass --resume to go on "
                        f"from it, or another --output-dir.")
 
-    # 2. The data and the tokenizer, checked before anything is searched or recorded.
+    # 2. The data and the tokenizer, checked before anything is searched or recorded. (torch comes with
+    # autotune.probe's budget and devices: imported only now, so that the checks above answer at once.)
+    from autotune.data import load_text, pack_blocks
+    from autotune.margin import checked_margin_bytes
+    from autotune.probe.budget import enforce_budget
+    from autotune.probe.devices import resolve_training_device
+
     text = load_text(options.dataset, column=options.text_column, eval_split=options.eval_split)
     echo(f"data: {text.describe()}")
     tokenizer = load_tokenizer(spec, options.tokenizer, options.trust_remote_code)
@@ -109,7 +121,11 @@ def train(
         echo(f"warning: {warning}")
 
     # 5. The run, recorded from here on.
-    output_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # what check_output_dir cannot see (as root, a read-only mount, a full disk)
+        raise BadInput(f"--output-dir {output_dir}: cannot create it ({exc.strerror}); pass --output-dir with a "
+                       f"writable place.") from None
     context = RunContext(spec=spec, winner=winner, options=options, output_dir=output_dir, blocks=blocks, limits=limits,
                          weights=weights, resume_from=resume_from, warnings=warnings, searched=search_for is not None)
     with open_store(db) as store:
@@ -117,3 +133,21 @@ def train(
                                  dataset=options.dataset)
         echo(f"run #{run_id}: {config.label()} -> {output_dir}")
         return run_training(context, run_id, store, args, tokenizer, echo)
+
+
+def check_output_dir(output_dir: Path) -> None:
+    """BadInput unless `output_dir` is a directory, or can be made one, that this user can write:
+    checked before the run is recorded, so that a mistyped --output-dir costs nothing."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise BadInput(f"--output-dir {output_dir} is a file, not a directory; pass --output-dir with a directory "
+                       f"(new or holding earlier runs).")
+    # The nearest part of the path that exists must be a directory we may write into.
+    existing = output_dir.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise BadInput(f"--output-dir {output_dir}: {existing} is a file, so no directory can be made there; pass "
+                       f"--output-dir with another place.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise BadInput(f"--output-dir {output_dir}: {existing} cannot be written by this user; pass --output-dir with "
+                       f"a writable place.")

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from autotune.errors import BadInput
 from autotune.status import RunEnd
+from autotune.units import INT64_MAX
 from autotune.train.summary import RunSummary
 
 
@@ -32,6 +33,12 @@ class TrainOptions:
 
     def __post_init__(self) -> None:
         problems = []
+        # A flag given an empty value (`--output-dir "$OUT"` with OUT unset) must not mean its default.
+        for flag, text in (("--dataset", self.dataset), ("--output-dir", self.output_dir), ("--device", self.device),
+                           ("--text-column", self.text_column), ("--eval-split", self.eval_split),
+                           ("--tokenizer", self.tokenizer)):
+            if text is not None and not text.strip():
+                problems.append(f"{flag} is empty; give a value, or leave {flag} out")
         if self.max_steps is not None and self.epochs is not None:
             problems.append("--max-steps and --epochs both given; choose one")
         if self.max_steps is not None and self.max_steps < 1:
@@ -44,6 +51,10 @@ class TrainOptions:
             problems.append(f"--save-steps must be at least 1 (got {self.save_steps})")
         if self.logging_steps is not None and self.logging_steps < 1:
             problems.append(f"--logging-steps must be at least 1 (got {self.logging_steps})")
+        for flag, value in (("--max-steps", self.max_steps), ("--save-steps", self.save_steps),
+                            ("--logging-steps", self.logging_steps)):
+            if value is not None and value > INT64_MAX:  # stored, and handed to torch, as 64-bit integers
+                problems.append(f"{flag} {value} is too large (at most {INT64_MAX})")
         if problems:
             raise BadInput("; ".join(problems) + ".")
 

@@ -39,8 +39,13 @@ _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
 def default_output_dir(study: str) -> Path:
-    """./autotune-runs/<study>, the study's name made safe for a directory."""
-    return Path(DEFAULT_OUTPUT_ROOT) / re.sub(r"[^A-Za-z0-9._-]+", "_", study)
+    """./autotune-runs/<study>, the study's name made safe for a directory: one plain path part,
+    never `.`, `..` or empty, even for a name stored by an older autotune that allowed any name
+    (`..` would put the model in the working directory)."""
+    part = re.sub(r"[^A-Za-z0-9._-]+", "_", study)
+    if not part.strip("."):
+        part = part.replace(".", "_") or "_"
+    return Path(DEFAULT_OUTPUT_ROOT) / part
 
 
 def checkpoints(output_dir: str | os.PathLike[str]) -> list[Path]:

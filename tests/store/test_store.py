@@ -12,7 +12,7 @@ from sqlalchemy import text
 
 from autotune.errors import BadInput, DatabaseError, StudyNotFound
 from autotune.status import CACHEABLE
-from autotune.store import SCHEMA_REVISION, open_store, resolve_url, upgrade_database
+from autotune.store import SCHEMA_REVISION, check_study_name, open_store, resolve_url, upgrade_database
 from autotune.store.schema import VERSION_TABLE
 
 from .helpers import ENV, FakeModel, GiB, config, make_study, result
@@ -128,6 +128,31 @@ def test_a_study_name_taken_by_another_model_or_budget_is_refused(store, change,
 def test_study_names_are_checked(store):
     with pytest.raises(BadInput, match="--study"):
         make_study(store, name="  ")
+
+
+@pytest.mark.parametrize("name, needle", [
+    ("", "--study is empty"), (" \t", "--study is empty"), (".", "names a directory"), ("..", "names a directory"),
+    ("a/b", "characters a study name cannot have ('/')"), ("../x", "cannot have"), ("/abs", "cannot have"),
+    ("two words", "(' ')"), ("-rf", "starts with '-'"), ("x" * 201, "201 characters long"), ("é", "cannot have"),
+])
+def test_a_study_name_that_would_become_a_path_or_a_flag_is_refused_before_writing(store, name, needle):
+    with pytest.raises(BadInput, match="--study") as info:
+        make_study(store, name=name)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+    assert store.studies() == []
+
+
+@pytest.mark.parametrize("name", ["gpt2-8GiB", "tiny-gpt2-2.3GiB", "team:gpt2@h100+ckpt", "a_b.c", "x" * 200, "..-8GiB"])
+def test_study_names_users_write_are_accepted(store, name):
+    assert check_study_name(name) == name
+    assert make_study(store, name=name).name == name
+
+
+def test_an_empty_study_name_is_not_read_as_the_latest(store):
+    make_study(store, "s1")
+    for read in (store.study, store.leaderboard, store.probes):
+        with pytest.raises(BadInput, match="--study is empty"):
+            read("  ")
 
 
 def test_studies_list_counts_and_best(store):
@@ -287,8 +312,24 @@ def test_records_are_detached_plain_values(store):
         assert isinstance(record.to_dict(), dict)
 
 
-def test_an_in_memory_store_works_for_quick_tests():
-    with open_store("sqlite://") as memory:
-        study = make_study(memory)
-        memory.record_probe(study.id, config(2), result(), env_fingerprint=ENV.fingerprint())
-        assert [row.config.micro_batch for row in memory.leaderboard()] == [2]
+@pytest.mark.parametrize("db", ["sqlite://", "sqlite:///:memory:", ":memory:", "sqlite:///file:x?mode=memory&uri=true"])
+def test_an_in_memory_database_is_refused_with_the_reason(db):
+    # (This test used to open "sqlite://" and work in it. A search's results and Optuna study must
+    # outlive the process and reach its probe workers, so an in-memory database is refused everywhere.)
+    with pytest.raises(DatabaseError, match="in-memory SQLite database .* give a file path"):
+        open_store(db)
+    with pytest.raises(DatabaseError, match="in-memory"):
+        upgrade_database(db)
+
+
+@pytest.mark.parametrize("db", ["", "   "])
+def test_an_empty_db_is_refused_not_read_as_the_default(db, hermetic_home):
+    with pytest.raises(DatabaseError, match="--db is empty"):
+        open_store(db)
+    assert not (hermetic_home / "autotune.db").exists()
+
+
+def test_an_empty_autotune_db_variable_means_the_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("AUTOTUNE_DB", "  ")
+    monkeypatch.setenv("AUTOTUNE_HOME", str(tmp_path / "home"))
+    assert resolve_url(None).database == str(tmp_path / "home" / "autotune.db")

@@ -1,0 +1,272 @@
+"""Mistakes a careful user made, through the real command line: each is one line on stderr, exit
+status 2, no traceback, and the database exactly as it was (its bytes, or its absence: no file or
+directory created). See tests/cli.py for the contract."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.store import PG_CONNECT_TIMEOUT_S, open_store
+from tests.cli import assert_usage_error, autotune
+from tests.store.helpers import ENV, FakeModel, GiB, config, make_study, result
+
+BIG = "99999999999999999999"  # > 2**63 - 1: what SQLite and PostgreSQL store as an integer
+FIXTURE_0001 = Path(__file__).parent / "store" / "fixtures" / "autotune-0001.db"
+
+
+def snapshot(*roots: Path) -> dict[str, bytes | None]:
+    """Every file under `roots` with its bytes (directories as None): what "unchanged" compares.
+    SQLite's -wal/-shm files of a database nobody has open are gone once it is closed, so they
+    show here only if a command left them behind."""
+    found: dict[str, bytes | None] = {}
+    for root in roots:
+        if not root.exists():
+            found[str(root)] = b"<absent>"
+            continue
+        for path in sorted(root.rglob("*")):
+            found[str(path)] = None if path.is_dir() else path.read_bytes()
+    return found
+
+
+class Unchanged:
+    """`with Unchanged(folder): run a refused command`: the folder holds the same files, byte for byte."""
+
+    def __init__(self, *roots: Path) -> None:
+        self.roots = roots
+
+    def __enter__(self) -> Unchanged:
+        self.before = snapshot(*self.roots)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is None:
+            after = snapshot(*self.roots)
+            added = sorted(set(after) - set(self.before))
+            changed = sorted(k for k in set(after) & set(self.before) if after[k] != self.before[k])
+            assert not added and not changed and set(after) == set(self.before), \
+                f"database unchanged: no (added {added}, changed {changed}, removed {sorted(set(self.before) - set(after))})"
+
+
+def refused(proc, needle: str) -> None:
+    assert_usage_error(proc, needle)
+    assert proc.stderr.startswith("autotune: error: ") and proc.stdout == ""
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch, hermetic_home):
+    """A working directory holding a results database with one study (and an ok probe), also the
+    default database ($AUTOTUNE_DB), so that a mistake that falls back to the default shows."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    db = hermetic_home / "autotune.db"
+    with open_store(db) as store:
+        study = make_study(store, "s1")
+        store.record_probe(study.id, config(4), result(), env_fingerprint=ENV.fingerprint())
+    monkeypatch.chdir(folder)
+    return folder
+
+
+def run(*args: str, **kwargs):
+    return autotune(*args, timeout=120, **kwargs)
+
+
+def database(hermetic_home) -> str:
+    return str(hermetic_home / "autotune.db")
+
+
+# -- 1. numbers too large for the database ----------------------------------------------------------
+
+@pytest.mark.parametrize("args, needle", [
+    (["--gpu-budget", "9999999TiB"], "--gpu-budget: '9999999TiB' is too large"),
+    (["--gpu-budget", "8GiB", "--micro-batches", BIG], f"--micro-batches: {BIG} is too large"),
+    (["--gpu-budget", "8GiB", "--block-sizes", BIG], f"--block-sizes: {BIG} is too large"),
+    (["--gpu-budget", "8GiB", "--effective-batch", BIG], "--effective-batch must be a whole number from 1 to"),
+    (["--gpu-budget", "8GiB", "--effective-tokens", BIG, "--block-sizes", "32,64"], "--effective-tokens must be"),
+])
+def test_numbers_past_64_bits_are_refused_where_parsed(work, hermetic_home, tiny_model, args, needle):
+    # (Old code: OverflowError from SQLite at the first write, after a probe child had started.)
+    with Unchanged(work, hermetic_home):
+        refused(run("search", "--model", tiny_model, *args, "--device", "cpu"), needle)
+
+
+def test_a_top_past_64_bits_is_refused(work, hermetic_home):
+    with Unchanged(work, hermetic_home):
+        refused(run("leaderboard", "--top", BIG), "--top must be a whole number from 1 to")
+
+
+# -- 1. a read-only database, an in-memory one, a server that never answers -------------------------
+
+def test_a_read_only_database_is_one_line(work, hermetic_home):
+    db = work / "old.db"  # at an older revision: upgrading it writes
+    shutil.copy(FIXTURE_0001, db)
+    if os.geteuid() == 0:  # root ignores file modes: SQLite's read-only URI mode refuses writes the same way
+        url = f"sqlite:///file:{db}?mode=ro&uri=true"
+    else:
+        os.chmod(db, 0o444)
+        url = str(db)
+    try:
+        with Unchanged(work, hermetic_home):
+            refused(run("db", "upgrade", "--db", url), f"the results database {db} is read-only")
+    finally:
+        os.chmod(db, 0o644)
+
+
+@pytest.mark.parametrize("command, db", [(["studies"], "sqlite:///:memory:"), (["leaderboard"], "sqlite://"),
+                                         (["best"], ":memory:"), (["db", "upgrade"], "sqlite://")])
+def test_an_in_memory_database_is_refused_with_the_reason(work, hermetic_home, command, db):
+    with Unchanged(work, hermetic_home):
+        refused(run(*command, "--db", db), "in-memory SQLite database")
+
+
+def silent_server():
+    """A TCP server on 127.0.0.1 that accepts connections and never answers (loopback only)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    held: list[socket.socket] = []
+
+    def accept() -> None:
+        while True:
+            try:
+                held.append(server.accept()[0])
+            except OSError:  # closed
+                return
+
+    threading.Thread(target=accept, daemon=True).start()
+    return server, held
+
+
+def test_a_postgresql_server_that_never_answers_is_one_line_within_the_timeout(work, hermetic_home):
+    server, held = silent_server()
+    port = server.getsockname()[1]
+    started = time.monotonic()
+    try:
+        with Unchanged(work, hermetic_home):
+            proc = autotune("studies", "--db", f"postgresql+psycopg://u@127.0.0.1:{port}/db", timeout=PG_CONNECT_TIMEOUT_S + 20)
+    finally:
+        server.close()
+        for connection in held:
+            connection.close()
+    took = time.monotonic() - started
+    refused(proc, f"no answer within {PG_CONNECT_TIMEOUT_S} s")
+    assert took < PG_CONNECT_TIMEOUT_S + 8 and held  # (old code: hung until killed)
+
+
+# -- 2. empty values do not mean "the default" ------------------------------------------------------
+
+@pytest.mark.parametrize("command, db", [(["studies"], ""), (["leaderboard"], "  "), (["best"], ""), (["db", "upgrade"], "")])
+def test_an_empty_db_is_refused(work, hermetic_home, command, db):
+    with Unchanged(work, hermetic_home):
+        refused(run(*command, "--db", db), "--db is empty")
+
+
+@pytest.mark.parametrize("command", [["leaderboard"], ["best"]])
+@pytest.mark.parametrize("study", ["", " "])
+def test_an_empty_study_is_refused_not_read_as_the_latest(work, hermetic_home, command, study):
+    with Unchanged(work, hermetic_home):
+        refused(run(*command, "--study", study), "--study is empty")
+
+
+def test_train_refuses_an_empty_study_or_output_dir(work, hermetic_home):
+    with Unchanged(work, hermetic_home):
+        refused(run("train", "--study", "", "--dataset", "corpus.txt"), "--study is empty")
+        refused(run("train", "--study", "s1", "--dataset", "corpus.txt", "--output-dir", " "), "--output-dir is empty")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--micro-batches", ""], "--micro-batches"),
+    (["--block-sizes", ""], "--block-sizes"),
+    (["--study", ""], "--study is empty"),
+    (["--study", ".."], "--study '..' names a directory"),
+])
+def test_search_refuses_empty_lists_and_bad_study_names(work, hermetic_home, tmp_path, args, needle):
+    # A model that does not exist: old code, reading the empty value as "the default", stops there.
+    with Unchanged(work, hermetic_home):
+        refused(run("search", "--model", str(tmp_path / "no-model"), "--gpu-budget", "8GiB", *args), needle)
+
+
+# -- 3. study names that would become paths ---------------------------------------------------------
+
+@pytest.mark.parametrize("name, needle", [("..", "names a directory"), ("a/b", "cannot have"), ("-x", "starts with '-'")])
+def test_train_refuses_a_study_name_that_would_become_a_path(work, hermetic_home, tiny_model, name, needle):
+    (work / "corpus.txt").write_text("some text " * 100)
+    with Unchanged(work, hermetic_home):
+        refused(run("train", "--model", tiny_model, "--gpu-budget", "8GiB", "--study", name, "--dataset", "corpus.txt"),
+                f"--study {name!r} {needle}" if needle != "cannot have" else needle)
+
+
+# -- 4. read commands never create or upgrade a database --------------------------------------------
+
+@pytest.mark.parametrize("command", [["studies"], ["leaderboard"], ["best"], ["train", "--study", "s1", "--dataset", "c.txt"]])
+def test_read_commands_do_not_create_a_database(work, hermetic_home, command):
+    with Unchanged(work, hermetic_home):
+        refused(run(*command, "--db", "typo/x.db"), f"no results database at {work / 'typo' / 'x.db'}; `autotune search` creates it")
+    assert not (work / "typo").exists()
+
+
+def test_read_commands_on_the_default_database_do_not_create_it(work, hermetic_home):
+    os.remove(hermetic_home / "autotune.db")
+    with Unchanged(work, hermetic_home):
+        refused(run("leaderboard"), f"no results database at {hermetic_home / 'autotune.db'}")
+
+
+@pytest.mark.parametrize("command", [["studies"], ["leaderboard"], ["best"], ["train", "--study", "fixture-0001", "--dataset", "c.txt"]])
+def test_read_commands_do_not_upgrade_an_older_database(work, hermetic_home, command):
+    db = work / "old.db"
+    shutil.copy(FIXTURE_0001, db)
+    with Unchanged(work, hermetic_home):
+        refused(run(*command, "--db", str(db)), f"older than this autotune's '0002_claims'; upgrade it: autotune db upgrade --db {db}")
+
+
+def test_read_commands_refuse_a_database_with_no_autotune_tables(work, hermetic_home):
+    db = work / "other.db"
+    with sqlite3.connect(db) as raw:  # someone else's (rollback-journal) database: WAL would rewrite its header
+        raw.execute("CREATE TABLE notes (body TEXT)")
+    raw.close()
+    with Unchanged(work, hermetic_home):
+        refused(run("leaderboard", "--db", str(db)), "has no autotune tables; `autotune search` creates them")
+
+
+def test_db_upgrade_still_creates_and_upgrades(work):
+    db = work / "old.db"
+    shutil.copy(FIXTURE_0001, db)
+    assert run("db", "upgrade", "--db", str(db)).stdout.strip() == f"{db}: upgraded from 0001_initial to 0002_claims"
+    assert "fixture-0001" in run("studies", "--db", str(db)).stdout
+    assert run("db", "upgrade", "--db", "new/n.db").returncode == 0 and (work / "new" / "n.db").is_file()
+
+
+# -- 7. train --output-dir that cannot be one ---------------------------------------------------------
+
+@pytest.fixture
+def trainable(work, tiny_model, hermetic_home):
+    """A study of the tiny model with an ok probe, in the default database."""
+    from autotune.models import resolve_model
+
+    spec = resolve_model(tiny_model)
+    with open_store(hermetic_home / "autotune.db") as store:
+        study = make_study(store, "tiny", model=FakeModel(tiny_model, spec.fingerprint), budget=GiB)
+        store.record_probe(study.id, config(1, model=tiny_model, block_size=64, grad_accum=1), result(budget_bytes=GiB),
+                           env_fingerprint=ENV.fingerprint())
+    (work / "corpus.txt").write_text("some text " * 2000)
+    return "tiny"
+
+
+@pytest.mark.parametrize("make, needle", [
+    (lambda w: w / "notes.txt", "is a file, not a directory"),
+    (lambda w: w / "notes.txt" / "run", "is a file, so no directory can be made there"),
+])
+def test_train_refuses_an_output_dir_that_cannot_be_one_before_recording(work, hermetic_home, trainable, make, needle):
+    (work / "notes.txt").write_text("keep me\n")
+    with Unchanged(work, hermetic_home):
+        refused(run("train", "--study", trainable, "--dataset", "corpus.txt", "--device", "cpu",
+                    "--output-dir", str(make(work))), needle)
+    with open_store(hermetic_home / "autotune.db", read_only=True) as store:
+        assert store.runs() == []
