@@ -10,8 +10,15 @@ import click
 
 from autotune import defaults
 from autotune.errors import AutotuneError
+from autotune.processes import Terminated
 from autotune.status import StopReason
 from autotune.version import __version__
+
+# Exit statuses of `search` and `worker` (README, "Exit statuses"); 2 is a user's mistake throughout.
+EXIT_NOTHING_FITS = 1        # every candidate measured or ruled out, and none fits the budget
+EXIT_UNMEASURED = 3          # some candidates could not be measured (crashed, timed out, failed)
+EXIT_INTERRUPTED = 130       # Ctrl-C (128 + SIGINT)
+EXIT_TERMINATED = 143        # SIGTERM (128 + SIGTERM)
 
 DEVICE_HELP = "auto (CUDA if present, else CPU), cpu, cuda or cuda:N."
 DB_HELP = "SQLAlchemy URL of the results database [default: $AUTOTUNE_DB, else a SQLite file in the user data directory]."
@@ -30,9 +37,12 @@ def main() -> None:
     except AutotuneError as exc:
         click.echo(f"autotune: error: {exc}", err=True)
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
+    except click.exceptions.Abort as exc:
+        if isinstance(exc.__cause__, Terminated):
+            click.echo("autotune: terminated (SIGTERM); run the same command to resume", err=True)
+            sys.exit(EXIT_TERMINATED)
         click.echo("autotune: interrupted", err=True)
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except click.UsageError as exc:
         hint = f" (see: autotune {exc.ctx.command_path.partition(' ')[2]} --help)".replace("  ", " ") if exc.ctx else ""
         click.echo(f"autotune: error: {exc.format_message()}{hint}", err=True)
@@ -141,7 +151,7 @@ def studies(db, fmt):
     from autotune.report import render_studies
     from autotune.store import open_store
 
-    with open_store(db) as store:
+    with open_store(db, read_only=True) as store:
         rows = store.studies()
     click.echo(render_studies(rows, fmt))
 
@@ -157,7 +167,7 @@ def leaderboard(study, top, fmt, db):
     from autotune.report import render_leaderboard
     from autotune.store import open_store
 
-    with open_store(db) as store:
+    with open_store(db, read_only=True) as store:
         rows = store.leaderboard(study, top=top)
     click.echo(render_leaderboard(rows, fmt))
 
@@ -229,8 +239,8 @@ def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, 
     budget = parse_size(gpu_budget)
     ckpt = parse_choice_list(checkpointing_, flag="--checkpointing", allowed=("off", "on", "false", "true"))
     space_args = dict(
-        micro_batches=parse_int_list(micro_batches, flag="--micro-batches") if micro_batches else None,
-        block_sizes=parse_int_list(block_sizes, flag="--block-sizes") if block_sizes else None,
+        micro_batches=parse_int_list(micro_batches, flag="--micro-batches") if micro_batches is not None else None,
+        block_sizes=parse_int_list(block_sizes, flag="--block-sizes") if block_sizes is not None else None,
         precisions=parse_choice_list(precisions, flag="--precisions", allowed=PRECISIONS),
         checkpointing=tuple(dict.fromkeys(v in ("on", "true") for v in ckpt)),
         attentions=parse_choice_list(attention, flag="--attention", allowed=ATTENTIONS),
@@ -259,8 +269,19 @@ def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, 
         click.echo("")
         click.echo(report.explain_winner(outcome))
         click.echo(report.format_search_footer(outcome))
+    sys.exit(search_exit_status(outcome))
+
+
+def search_exit_status(outcome) -> int:
+    """0: a configuration fits and every candidate is settled (or a limit stopped the search as
+    asked); 1: nothing fits; 3: some candidates could not be measured; 130: interrupted."""
     if outcome.stop_reason == StopReason.INTERRUPTED:
-        sys.exit(130)
+        return EXIT_INTERRUPTED
+    if outcome.unmeasured:
+        return EXIT_UNMEASURED
+    if outcome.finished and outcome.best is None:
+        return EXIT_NOTHING_FITS
+    return 0
 
 
 @cli.command()
@@ -290,8 +311,7 @@ def worker(study, device, allow_other_device, max_trials, timeout, patience, pro
         echo_json(report.search_summary(outcome))
     else:
         click.echo(report.format_search_footer(outcome))
-    if outcome.stop_reason == StopReason.INTERRUPTED:
-        sys.exit(130)
+    sys.exit(search_exit_status(outcome))
 
 
 @cli.command()
@@ -318,9 +338,10 @@ def best(study, fmt, db):
 @click.option("--timeout", "timeout_text", default=f"{defaults.ESTIMATE_TIMEOUT_SECONDS:.0f}s", show_default=True,
               help="Give up tracing after this long.")
 @click.option("--no-cache", is_flag=True, help="Trace again even if this estimate is cached.")
+@click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as one JSON object.")
 def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, gpu_budget,
-             safety_margin, device_type, timeout_text, no_cache, as_json):
+             safety_margin, device_type, timeout_text, no_cache, trust_remote_code, as_json):
     """Predict a configuration's training memory without a GPU; with --gpu-budget, exit 1 if it will not fit."""
     from autotune.estimate import estimate_memory
     from autotune.margin import margin_bytes
@@ -331,7 +352,8 @@ def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointin
     margin = margin_bytes(parse_margin(safety_margin), budget) if budget is not None else 0
     timeout = parse_duration(timeout_text, flag="--timeout")
     config = make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention)
-    result = estimate_memory(config, device_type=device_type.lower(), timeout=timeout, use_cache=not no_cache)
+    result = estimate_memory(config, device_type=device_type.lower(), timeout=timeout, use_cache=not no_cache,
+                             trust_remote_code=trust_remote_code)
     if as_json:
         echo_json(result.to_dict(budget, margin))
     else:

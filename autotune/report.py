@@ -159,6 +159,9 @@ def format_search_header(study, environment, candidates: int, already: int) -> s
 def explain_winner(outcome) -> str:
     """Why the chosen config won: speed, memory against the budget, and the runner-up."""
     best = outcome.best
+    unmeasured = _unmeasured_lines(outcome)
+    if best is None and unmeasured:
+        return "\n".join(["No configuration measured so far fits the budget, and some could not be measured:", *unmeasured])
     if best is None:
         return ("No configuration fits the budget. Try a larger --gpu-budget, smaller --micro-batches or "
                 "--block-sizes, --precisions bf16, or --checkpointing on.")
@@ -176,7 +179,22 @@ def explain_winner(outcome) -> str:
     if len(outcome.leaderboard) > 1:
         second = outcome.leaderboard[1]
         lines.append(f"  runner-up: {second.label}, {best.tokens_per_s / second.tokens_per_s:.2f}x slower")
+    if unmeasured:
+        lines += ["Not a final answer: some configurations could not be measured (one of them may be faster):", *unmeasured]
     return "\n".join(lines)
+
+
+def _unmeasured_lines(outcome) -> list[str]:
+    """The candidates the search could not measure, with why, and what to do."""
+    unmeasured = getattr(outcome, "unmeasured", None) or []
+    if not unmeasured:
+        return []
+    lines = []
+    for config, result in unmeasured:
+        why = (result.error or "").strip().splitlines()[-1:] or [""]
+        lines.append(f"  {config.label()}  ({result.status}: {why[0][:160]})")
+    lines.append("  run the same command to try them again.")
+    return lines
 
 
 def format_search_footer(outcome) -> str:
@@ -184,7 +202,8 @@ def format_search_footer(outcome) -> str:
         return (f"study {outcome.study.name} finished earlier ({outcome.study.device_name}); answered from the "
                 f"database without probing. --fresh re-probes.")
     reasons = {
-        "exhausted": "every candidate settled",
+        "exhausted": "every candidate settled" if not getattr(outcome, "unmeasured", None)
+                     else f"searched through; {len(outcome.unmeasured)} could not be measured",
         "patience": "no better config for a while (--patience)",
         "max-trials": "--max-trials reached; run the same command to go on",
         "timeout": "--timeout reached; run the same command to go on",
@@ -214,6 +233,8 @@ def search_summary(outcome) -> dict:
         "seconds": round(outcome.seconds, 3),
         "workers": getattr(outcome, "workers", 1),
         "answered_from_database": outcome.answered_from_database,
+        "unmeasured": [{"config_key": c.key(), "label": c.label(), "status": r.status, "error": r.error}
+                       for c, r in getattr(outcome, "unmeasured", [])],
         "best": outcome.best.to_dict() if outcome.best else None,
         "leaderboard": [row.to_dict() for row in outcome.leaderboard],
     }

@@ -31,8 +31,9 @@ CLEAN = frozenset({ProbeStatus.OK, ProbeStatus.SKIPPED})
 
 class StudyStatus(StrEnum):
     RUNNING = "running"
-    FINISHED = "finished"
-    INTERRUPTED = "interrupted"
+    FINISHED = "finished"         # every candidate measured or ruled out
+    INCOMPLETE = "incomplete"     # searched through, but some candidates could not be measured
+    INTERRUPTED = "interrupted"   # stopped before the end (Ctrl-C, SIGTERM, a limit)
 
 
 class RunStatus(StrEnum):

@@ -44,6 +44,9 @@ class ScriptedRunner:
     def environment(self) -> Environment:
         return self.env
 
+    def check(self, spec, attentions) -> None:
+        """The scripted model always builds."""
+
     def run(self, config: ProbeConfig, budget_bytes: int, spec=None) -> ProbeResult:
         self.asked.append(config)
         if self.table is not None:

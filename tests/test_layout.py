@@ -31,7 +31,7 @@ LAYERS: list[set[str]] = [
     {"space"},
     {"models", "environment", "margin"},
     {"config", "result", "units", "paths"},
-    {"errors", "defaults", "status", "version"},  # vocabulary everyone shares
+    {"errors", "defaults", "status", "version", "processes"},  # vocabulary everyone shares; process lifelines
 ]
 # (importer unit, imported unit) pairs allowed within one layer: the estimator traces the probe's
 # own training step.

@@ -21,14 +21,14 @@ _FLASH_FAMILY = ("flash_attention_2", "flash_attention_3")
 _TRACED_AS_SDPA = (*_FLASH_FAMILY, "flex_attention")
 
 
-def check_config(config: ProbeConfig, device_type: str, spec: ModelSpec) -> list[str]:
+def check_config(config: ProbeConfig, device_type: str, spec: ModelSpec, trust_remote_code: bool = False) -> list[str]:
     """Raise BadInput for what the user must change; return notes on approximations. Runs before
     any process starts, so that a wrong flag costs no trace."""
     if device_type not in DEVICE_TYPES:
         raise BadInput(f"--device-type {device_type!r} is unknown; choose cuda (predict a GPU run) or cpu (predict a CPU probe).")
-    if spec.needs_remote_code:
-        raise BadInput(f"--model {spec.reference} needs custom code (auto_map); the estimator builds only "
-                       f"architectures transformers ships. Probe it instead.")
+    if spec.needs_remote_code and not trust_remote_code:
+        raise BadInput(f"--model {spec.reference} brings its own code (auto_map in its config.json); pass "
+                       f"--trust-remote-code to allow it to run, or choose another model.")
     if "vocab_size" not in spec.config:
         raise BadInput(f"--model {spec.reference}: its config has no vocab_size; the estimator handles causal language models.")
     spec.check_block_sizes(config.block_size, flag="--block-size")
@@ -46,7 +46,7 @@ def check_config(config: ProbeConfig, device_type: str, spec: ModelSpec) -> list
 
 
 def estimate_memory(config: ProbeConfig, *, device_type: str = "cuda", timeout: float = ESTIMATE_TIMEOUT_SECONDS,
-                    use_cache: bool = True) -> MemoryEstimate:
+                    use_cache: bool = True, trust_remote_code: bool = False) -> MemoryEstimate:
     """Predict the peak memory of training `config`, as a probe on `device_type` would measure it.
 
     `device_type="cuda"` (the default) predicts a CUDA run: fused dropout masks, SDPA's flash and
@@ -54,13 +54,15 @@ def estimate_memory(config: ProbeConfig, *, device_type: str = "cuda", timeout: 
     cuBLAS workspaces and an assumed CUDA context. `"cpu"` predicts what the CPU probe accounts.
     Raises BadInput/ModelNotFound for input the user must fix (checked before any process starts)
     and EstimateError when tracing fails or takes longer than `timeout` seconds; repeats come from
-    a cache under $AUTOTUNE_HOME.
+    a cache under $AUTOTUNE_HOME. `trust_remote_code` lets a model's own code (auto_map) run in
+    the trace child, as `--trust-remote-code` does for probes.
     """
-    return estimate_memories([config], device_type=device_type, timeout=timeout, use_cache=use_cache)[0]
+    return estimate_memories([config], device_type=device_type, timeout=timeout, use_cache=use_cache,
+                             trust_remote_code=trust_remote_code)[0]
 
 
 def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", timeout: float = ESTIMATE_TIMEOUT_SECONDS,
-                      use_cache: bool = True) -> list[MemoryEstimate]:
+                      use_cache: bool = True, trust_remote_code: bool = False) -> list[MemoryEstimate]:
     """`estimate_memory` for several configurations, traced in one trace child (about 3 s of
     imports saved per configuration); `timeout` applies to each. In the order given."""
     started = time.perf_counter()
@@ -73,7 +75,8 @@ def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", 
             raise TypeError(f"config must be a ProbeConfig, not {type(config).__name__}")
         spec = specs.get(config.model) or resolve_model(config.model)
         specs[config.model] = spec
-        plans.append((config, spec, check_config(config, device_type, spec), cache_key(config, device_type, spec)))
+        plans.append((config, spec, check_config(config, device_type, spec, trust_remote_code),
+                      cache_key(config, device_type, spec)))
 
     cache = EstimateCache() if use_cache else None
     out: list[MemoryEstimate | None] = [None] * len(plans)
@@ -84,7 +87,7 @@ def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", 
             todo.append(i)
 
     if todo:
-        request = TraceRequest(device_type, tuple(_trace_item(plans[i][0], plans[i][1]) for i in todo))
+        request = TraceRequest(device_type, tuple(_trace_item(plans[i][0], plans[i][1], trust_remote_code) for i in todo))
         traced_at = time.perf_counter()
         results = trace_in_child(request, timeout)
         per_config = (time.perf_counter() - traced_at) / len(todo)
@@ -98,9 +101,10 @@ def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", 
     return [e for e in out if e is not None]
 
 
-def _trace_item(config: ProbeConfig, spec: ModelSpec) -> TraceItem:
+def _trace_item(config: ProbeConfig, spec: ModelSpec, trust_remote_code: bool) -> TraceItem:
     return TraceItem(config=config, model_config=spec.config, model_path=spec.path,
-                     trace_attention="sdpa" if config.attention in _TRACED_AS_SDPA else None)
+                     trace_attention="sdpa" if config.attention in _TRACED_AS_SDPA else None,
+                     trust_remote_code=trust_remote_code and spec.needs_remote_code)
 
 
 def _from_trace(config: ProbeConfig, device_type: str, result: TraceResult, notes: list[str], *,

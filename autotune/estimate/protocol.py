@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 from autotune.config import ProbeConfig
 
@@ -27,6 +28,7 @@ class TraceItem:
     # The attention implementation to build instead of `config.attention`: kernels without a CPU
     # implementation (flash, flex) are traced as SDPA, which keeps no S x S matrix either.
     trace_attention: str | None = None
+    trust_remote_code: bool = False  # the model brings its own code (auto_map) and the user allowed it
 
     @property
     def attention(self) -> str:
@@ -34,15 +36,19 @@ class TraceItem:
         return self.trace_attention or self.config.attention
 
     def to_dict(self) -> dict:
-        data = {"config": self.config.to_dict(), "model_config": self.model_config, "model_path": self.model_path}
+        data: dict[str, Any] = {"config": self.config.to_dict(), "model_config": self.model_config,
+                                "model_path": self.model_path}
         if self.trace_attention is not None:
             data["trace_attention"] = self.trace_attention
+        if self.trust_remote_code:
+            data["trust_remote_code"] = True
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> TraceItem:
         return cls(config=ProbeConfig.from_dict(data["config"]), model_config=data["model_config"],
-                   model_path=data.get("model_path"), trace_attention=data.get("trace_attention"))
+                   model_path=data.get("model_path"), trace_attention=data.get("trace_attention"),
+                   trust_remote_code=bool(data.get("trust_remote_code", False)))
 
 
 @dataclass(frozen=True, slots=True)

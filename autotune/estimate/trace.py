@@ -219,7 +219,7 @@ def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
     gc.disable()  # storages die when their last reference goes, as in the real step; no stray collections
     try:
         with FakeTensorMode(allow_non_fake_inputs=True), ledger, ledger.watching_optimizer(), emulation:
-            model, hf_config = build_model(item.model_config, item.model_path, traced, device, False)
+            model, hf_config = build_model(item.model_config, item.model_path, traced, device, item.trust_remote_code)
             for tensor in (*model.parameters(), *model.buffers()):
                 ledger.set_role(tensor, "params")
             for param in model.parameters():

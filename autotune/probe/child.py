@@ -29,11 +29,14 @@ from autotune.probe.oom import classify_exception  # noqa: E402
 from autotune.probe.protocol import (  # noqa: E402
     EnvironmentReply,
     EnvironmentRequest,
+    ModelCheckReply,
+    ModelCheckRequest,
     ProbeRequest,
     Ready,
     ResultReply,
     UserErrorReply,
 )
+from autotune.models import ModelSpec  # noqa: E402
 from autotune.probe.step import ProbeStep, build_model, flops_per_token, make_optimizer  # noqa: E402
 from autotune.result import ProbeResult  # noqa: E402
 from autotune.status import CLEAN, ProbeStatus  # noqa: E402
@@ -130,6 +133,41 @@ def run_probe_in_process(request: ProbeRequest) -> ProbeResult:
     return result
 
 
+def check_model(request: ModelCheckRequest) -> ModelCheckReply:
+    """Build the model on the meta device with each attention kernel: raises a user error for a
+    config transformers cannot read, a model the probe cannot build, or a kernel missing here."""
+    from transformers import AutoModelForCausalLM
+
+    resolve_device(request.device)
+    spec = ModelSpec("--model", request.model_config, "probe", request.model_path)
+    what = f"the model ({spec.model_type})"
+    try:
+        hf_config = spec.hf_config(request.trust_remote_code)
+    except (ValueError, KeyError, TypeError, OSError, ImportError) as exc:
+        raise errors.ModelNotFound(f"{what}: transformers cannot read its config.json ({_first_line(exc)}); fix the "
+                                   f"config or pass another --model.") from None
+    parameters = 0
+    for attention in request.attentions:
+        try:
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=attention, dtype=torch.float32,
+                                                         trust_remote_code=request.trust_remote_code)
+        except (ImportError, ValueError, KeyError, TypeError, AttributeError, NotImplementedError, RuntimeError) as exc:
+            text = _first_line(exc)
+            if attention in text or "attn" in text.lower() or "attention" in text.lower():
+                raise errors.DeviceError(f"--attention {attention} cannot run here ({text[:300]}); leave it out of "
+                                         f"--attention.") from None
+            raise errors.ModelNotFound(f"{what} cannot be built as a causal language model ({text[:300]}); "
+                                       f"pass a causal LM to --model.") from None
+        parameters = sum(p.numel() for p in model.parameters())
+        del model
+    return ModelCheckReply(parameters=parameters)
+
+
+def _first_line(exc: BaseException) -> str:
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -158,6 +196,9 @@ def serve(conn) -> None:
         try:
             if isinstance(request, EnvironmentRequest):
                 conn.send(EnvironmentReply(describe(resolve_device(request.device))))
+                continue
+            if isinstance(request, ModelCheckRequest):
+                conn.send(check_model(request))
                 continue
             result = run_probe_in_process(request)
         except errors.AutotuneError as exc:

@@ -33,6 +33,26 @@ class EnvironmentRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ModelCheckRequest:
+    """Can the probe build this model, with each of these attention kernels, on this device?
+    Answered by building it on the meta device (no memory): a mistake found here is refused before
+    a study is written."""
+
+    model_config: dict
+    model_path: str | None
+    attentions: tuple[str, ...]
+    device: str
+    trust_remote_code: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCheckReply:
+    """The model builds with every attention asked for."""
+
+    parameters: int
+
+
+@dataclass(frozen=True, slots=True)
 class Ready:
     """The child imported torch and transformers and waits for requests."""
 
@@ -57,5 +77,5 @@ class UserErrorReply:
     message: str
 
 
-Request = ProbeRequest | EnvironmentRequest
-Reply = Ready | EnvironmentReply | ResultReply | UserErrorReply
+Request = ProbeRequest | EnvironmentRequest | ModelCheckRequest
+Reply = Ready | EnvironmentReply | ResultReply | ModelCheckReply | UserErrorReply

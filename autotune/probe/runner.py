@@ -10,6 +10,7 @@ gets a fresh process.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import re
 import time
 from dataclasses import dataclass, replace
@@ -20,9 +21,12 @@ from autotune.config import ProbeConfig
 from autotune.environment import Environment
 from autotune.margin import checked_margin_bytes, margin_bytes
 from autotune.models import ModelSpec, resolve_model
+from autotune.processes import run_as_child
 from autotune.probe.protocol import (
     EnvironmentReply,
     EnvironmentRequest,
+    ModelCheckReply,
+    ModelCheckRequest,
     ProbeRequest,
     Ready,
     Reply,
@@ -33,6 +37,7 @@ from autotune.result import ProbeResult
 from autotune.status import CLEAN, ProbeStatus
 
 STARTUP_TIMEOUT = 300.0       # a child that cannot import torch in this long is broken
+CHILD_MAIN = "autotune.probe.child:main"
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +71,19 @@ class ProbeSettings:
         return margin_bytes(self.margin, budget_bytes)
 
 
-def check_config(config: ProbeConfig, spec: ModelSpec) -> None:
-    """Problems a user must fix before any process starts."""
-    spec.check_block_sizes(config.block_size)
+def check_model(spec: ModelSpec, trust_remote_code: bool) -> None:
+    """What can be told of a model from its config.json alone, before any process starts."""
     if "vocab_size" not in spec.config:
         raise errors.ModelNotFound(f"--model {spec.reference}: its config has no vocab_size; is it a causal language model?")
+    if spec.needs_remote_code and not trust_remote_code:
+        raise errors.BadInput(f"--model {spec.reference} brings its own code (auto_map in its config.json); pass "
+                              f"--trust-remote-code to allow it to run, or choose another model.")
+
+
+def check_config(config: ProbeConfig, spec: ModelSpec, trust_remote_code: bool = False) -> None:
+    """Problems a user must fix before any process starts."""
+    spec.check_block_sizes(config.block_size)
+    check_model(spec, trust_remote_code)
 
 
 class ProbeRunner:
@@ -83,14 +96,15 @@ class ProbeRunner:
         self._process: Any = None   # multiprocessing's SpawnProcess, while a child is alive
         self._conn: Any = None      # our end of the pipe to it
         self.children_started = 0
+        self._checked: set[tuple[str, tuple[str, ...]]] = set()  # (model fingerprint, attentions) that build
 
     # -- child lifecycle -----------------------------------------------------------------------
     def _start_child(self) -> float:
-        from autotune.probe import child
-
         started = time.perf_counter()
         parent_conn, child_conn = self._ctx.Pipe()
-        process = self._ctx.Process(target=child.main, args=(child_conn,), name="autotune-probe", daemon=True)
+        # The child dies with this process however it ends (kill -9 included): autotune.processes.
+        process = self._ctx.Process(target=run_as_child, args=(os.getpid(), CHILD_MAIN, child_conn),
+                                    name="autotune-probe", daemon=True)
         process.start()
         child_conn.close()  # so that the child's death reads as EOF here
         self._process, self._conn = process, parent_conn
@@ -102,6 +116,10 @@ class ProbeRunner:
                                f"run_probe or ProbeRunner must do so under `if __name__ == '__main__':`, since "
                                f"children are spawned and import the main module again")
         return time.perf_counter() - started
+
+    def _send(self, request: object) -> None:
+        assert self._conn is not None
+        self._conn.send(request)
 
     def _receive(self, timeout: float) -> Reply | None:
         """The child's next reply; None if it died; raises TimeoutError past `timeout`."""
@@ -144,8 +162,11 @@ class ProbeRunner:
     def __enter__(self) -> "ProbeRunner":
         return self
 
-    def __exit__(self, *exc_info) -> None:
-        self.close()
+    def __exit__(self, exc_type, *exc_info) -> None:
+        if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
+            self._kill()  # Ctrl-C twice or SIGTERM: the probe in flight is abandoned, do not wait on it
+        else:
+            self.close()
 
     # -- requests ------------------------------------------------------------------------------
     def _ensure_child(self) -> float:
@@ -168,10 +189,30 @@ class ProbeRunner:
         assert isinstance(reply, EnvironmentReply)
         return reply.environment
 
+    def check(self, spec: ModelSpec, attentions: tuple[str, ...]) -> None:
+        """Refuse, with a user error, a model the probe cannot build here with these attention
+        kernels (built on the meta device: seconds, no memory). Run before anything is stored."""
+        check_model(spec, self.settings.trust_remote_code)
+        asked = (spec.fingerprint, tuple(attentions))
+        if asked in self._checked:
+            return
+        self._ensure_child()
+        assert self._conn is not None
+        self._conn.send(ModelCheckRequest(spec.config, spec.path, tuple(attentions), self.settings.device,
+                                          self.settings.trust_remote_code))
+        reply = self._receive(STARTUP_TIMEOUT)
+        if reply is None:
+            self._kill()
+            raise errors.ModelNotFound(f"--model {spec.reference}: building it killed the probe's process; check its config.json.")
+        if isinstance(reply, UserErrorReply):
+            raise _user_error(reply, spec.reference)
+        assert isinstance(reply, ModelCheckReply)
+        self._checked.add(asked)
+
     def run(self, config: ProbeConfig, budget_bytes: int, spec: ModelSpec | None = None) -> ProbeResult:
         """Probe `config` against `budget_bytes` in a child; every outcome comes back as a status."""
         spec = spec or resolve_model(config.model)
-        check_config(config, spec)
+        check_config(config, spec, self.settings.trust_remote_code)
         margin = checked_margin_bytes(self.settings.margin, budget_bytes)
         started = time.perf_counter()
         startup = self._ensure_child()
@@ -180,8 +221,14 @@ class ProbeRunner:
             margin_bytes=margin, device=self.settings.device, warmup_steps=self.settings.warmup_steps,
             measure_steps=self.settings.measure_steps, trust_remote_code=self.settings.trust_remote_code,
         )
-        assert self._conn is not None
-        self._conn.send(request)
+        try:
+            self._send(request)
+        except (BrokenPipeError, ConnectionResetError, EOFError):
+            # The warm child died while idle (killed from outside): not this probe's doing, so a
+            # fresh child takes the request.
+            self._kill()
+            startup += self._start_child()
+            self._send(request)
         remaining = max(1.0, self.settings.timeout - startup)
         try:
             reply = self._receive(remaining)
@@ -211,10 +258,12 @@ class ProbeRunner:
                            startup_seconds=startup, wall_seconds=time.perf_counter() - started)
 
 
-def _user_error(reply: UserErrorReply) -> errors.AutotuneError:
-    """The child's user error as the same class here."""
+def _user_error(reply: UserErrorReply, model_reference: str | None = None) -> errors.AutotuneError:
+    """The child's user error as the same class here (the child names the model `--model`: it
+    does not know what the user typed)."""
+    message = reply.message.replace("the model (", f"--model {model_reference} (", 1) if model_reference else reply.message
     cls = getattr(errors, reply.error_class, errors.AutotuneError)
-    return cls(reply.message) if isinstance(cls, type) and issubclass(cls, errors.AutotuneError) else errors.AutotuneError(reply.message)
+    return cls(message) if isinstance(cls, type) and issubclass(cls, errors.AutotuneError) else errors.AutotuneError(message)
 
 
 def run_probe(config: ProbeConfig, budget: int, device: str | None = None, *, settings: ProbeSettings | None = None) -> ProbeResult:

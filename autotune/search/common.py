@@ -14,7 +14,7 @@ from autotune.models import ModelSpec
 from autotune.result import ProbeResult
 from autotune.space import SearchSpace
 from autotune.status import FINISHING, StopReason
-from autotune.store import LeaderboardRow, StudyRecord
+from autotune.store import LeaderboardRow, StudyRecord, check_study_name
 
 STRATEGIES = ("frontier", "tpe", "grid", "grid-full")
 
@@ -23,6 +23,7 @@ class Runner(Protocol):
     """What the search needs of a probe runner (ProbeRunner, or a scripted fake in tests)."""
 
     def environment(self) -> Environment: ...
+    def check(self, spec: ModelSpec, attentions: tuple[str, ...]) -> None: ...
     def run(self, config: ProbeConfig, budget_bytes: int, spec: ModelSpec | None = None) -> ProbeResult: ...
     def close(self) -> None: ...
 
@@ -40,6 +41,8 @@ class SearchOptions:
     heartbeat_seconds: float = defaults.HEARTBEAT_SECONDS  # claims' heartbeat period, for the whole study
 
     def __post_init__(self) -> None:
+        if self.study is not None:
+            check_study_name(self.study)
         if self.strategy not in STRATEGIES:
             raise BadInput(f"--strategy {self.strategy!r} is unknown; choose from {', '.join(STRATEGIES)}.")
         if self.max_trials is not None and self.max_trials < 1:
@@ -86,10 +89,17 @@ class SearchOutcome:
     probes_seconds: float = 0.0        # wall time of the probes actually run
     workers: int = 1                   # worker processes that searched (autotune search --workers)
     failures: list[str] = field(default_factory=list)  # workers that ended in error, one line each
+    # Crashed, timed out or failed: not measurements. With their latest outcome, for the report.
+    unmeasured: list[tuple[ProbeConfig, ProbeResult]] = field(default_factory=list)
 
     @property
     def best(self) -> LeaderboardRow | None:
         return self.leaderboard[0] if self.leaderboard else None
+
+    @property
+    def complete(self) -> bool:
+        """Searched through, and every candidate measured or ruled out."""
+        return self.finished and not self.unmeasured
 
     @property
     def finished(self) -> bool:

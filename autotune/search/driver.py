@@ -4,6 +4,9 @@ finishes, so the same command resumes an interrupted search."""
 
 from __future__ import annotations
 
+import functools
+import logging
+import re
 import signal
 import threading
 import time
@@ -13,8 +16,9 @@ from typing import Any
 
 from autotune import defaults
 from autotune.config import ProbeConfig
+from autotune.processes import Terminated
 from autotune.environment import Environment
-from autotune.errors import BadInput, StudyNotFound
+from autotune.errors import BadInput, BudgetError, StudyNotFound
 from autotune.models import ModelSpec
 from autotune.result import ProbeResult
 from autotune.search.common import Event, Runner, SearchOptions, SearchOutcome
@@ -27,35 +31,52 @@ from autotune.search.worker_state import Heartbeat, WorkerState, worker_label
 from autotune.space import SearchSpace
 from autotune.status import RETRYABLE, ClaimState, ProbeStatus, SettleHow, StopReason, StudyStatus
 from autotune.store import Store, StudyRecord
+from autotune.units import format_size
+
+
+log = logging.getLogger("autotune")
+# Fresh-process retries of a probe whose process died without a result.
+CRASH_RETRIES = 2
 
 
 @contextmanager
 def stop_on_first_interrupt() -> Iterator[threading.Event]:
-    """The first Ctrl-C asks the search to stop after the probe in flight; a second one aborts it."""
+    """The first Ctrl-C asks the search to stop after the probe in flight; a second one aborts it.
+    SIGTERM (what Slurm, Kubernetes and systemd send, often with a short grace period) aborts at
+    once, as a second Ctrl-C does: the probe in flight is killed and its claim given back."""
     stop = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield stop
         return
 
-    def handler(signum, frame):
+    def on_interrupt(signum, frame):
         if stop.is_set():
             raise KeyboardInterrupt
         stop.set()
 
-    previous = signal.signal(signal.SIGINT, handler)
+    def on_terminate(signum, frame):
+        stop.set()
+        raise Terminated
+
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, on_interrupt),
+                signal.SIGTERM: signal.signal(signal.SIGTERM, on_terminate)}
     try:
         yield stop
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def default_study_name(spec: ModelSpec, budget_bytes: int) -> str:
     """'gpt2-8GiB', 'gpt2-2.3GiB', 'tiny-24MiB': the model's last path part and the budget, so that
     the same command resumes the same study."""
+    # A study name is kept to characters safe in paths and on command lines (check_study_name):
+    # anything else in a directory's name becomes '_'.
+    model = re.sub(r"[^A-Za-z0-9._:@+-]", "_", spec.reference.rstrip("/").split("/")[-1]).lstrip("-.") or "model"
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if budget_bytes >= scale:
-            return f"{spec.reference.rstrip('/').split('/')[-1]}-{budget_bytes / scale:.4g}{unit}"
-    return f"{spec.reference.rstrip('/').split('/')[-1]}-{budget_bytes}B"
+            return f"{model}-{budget_bytes / scale:.4g}{unit}"
+    return f"{model}-{budget_bytes}B"
 
 
 def run_search(
@@ -79,7 +100,7 @@ def run_search(
     """
     options = options or SearchOptions()
     started = time.perf_counter()
-    name = options.study or default_study_name(spec, budget_bytes)
+    name = options.study if options.study is not None else default_study_name(spec, budget_bytes)
 
     # A finished study of the same space answers from the database: no worker, no torch.
     if not options.fresh:
@@ -108,8 +129,8 @@ def start_study(
     """Create or resume the study, predict memory, and store the plan that joining workers follow.
     Returns the first worker's state (run_search goes on to search with it)."""
     candidates = space.candidates()
-    name = options.study or default_study_name(spec, budget_bytes)
-    environment = runner.environment()
+    name = options.study if options.study is not None else default_study_name(spec, budget_bytes)
+    environment = preflight(space, spec, budget_bytes, runner)
     _check_resumable(store, name, environment)
     study = store.get_or_create_study(name, model=spec, environment=environment, budget_bytes=budget_bytes,
                                       margin_bytes=margin_bytes, effective_batch=space.work_per_step, space=space.to_dict())
@@ -126,7 +147,8 @@ def start_study(
     if options.predict and options.strategy != "grid-full" and knowledge.unresolved():
         missing = [c for c in knowledge.unresolved() if c.key() not in stored]
         if missing:
-            stored.update((predictor or predict)(missing, environment.device_type))
+            trusted = bool(getattr(settings, "trust_remote_code", False))
+            stored.update((predictor or functools.partial(predict, trust_remote_code=trusted))(missing, environment.device_type))
         knowledge.predictions = stored
     # Optuna's tables and study exist before the plan does: a worker may join as soon as it is
     # stored, and several processes creating Optuna's tables at once collide.
@@ -242,13 +264,20 @@ def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Eve
                 if patience is not None and since_improvement >= patience:
                     outcome.stop_reason = StopReason.PATIENCE
                     break
+    except BaseException:
+        # Aborted (a second Ctrl-C, SIGTERM, a user error from the runner): the study is not
+        # left `running`, so that every later command sees it stopped and resumable.
+        if starter:
+            store.set_study_status(w.study.id, StudyStatus.INTERRUPTED)
+        raise
     finally:
         heartbeat.close()
 
+    outcome.unmeasured = w.unmeasured()
     if starter:
-        store.set_study_status(w.study.id, StudyStatus.FINISHED if outcome.finished else StudyStatus.INTERRUPTED)
+        store.set_study_status(w.study.id, w.settled_status() if outcome.finished else StudyStatus.INTERRUPTED)
     elif outcome.finished and outcome.stop_reason != StopReason.FINISHED:
-        store.set_study_status(w.study.id, StudyStatus.FINISHED)
+        store.set_study_status(w.study.id, w.settled_status())
     outcome.study = store.study(w.study.name)
     outcome.leaderboard = store.leaderboard(w.study.name)
     outcome.seconds = time.perf_counter() - started
@@ -256,14 +285,45 @@ def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Eve
 
 
 def _probe(w: WorkerState, runner: Runner, heartbeat: Heartbeat, config: ProbeConfig) -> ProbeResult:
-    """Run a claimed probe, heartbeating; a probe that does not end (a second Ctrl-C, a user error
-    raised by the runner) gives its claim back, so that it is not left to go stale."""
+    """Run a claimed probe, heartbeating. A crash (the child killed, a segfault, a CUDA fault) is
+    not a measurement: it is tried again in a fresh process, CRASH_RETRIES times. A probe that does
+    not end (a second Ctrl-C, SIGTERM, a user error raised by the runner) gives its claim back, so
+    that it is not left to go stale."""
     try:
         with heartbeat.holding(config.key()):
-            return runner.run(config, w.budget_bytes, w.spec)
+            result = runner.run(config, w.budget_bytes, w.spec)
+            for attempt in range(2, CRASH_RETRIES + 2):
+                if result.status != ProbeStatus.CRASHED:
+                    break
+                log.warning("%s crashed (%s); trying again in a fresh process (attempt %d)", config.label(), result.error, attempt)
+                result = runner.run(config, w.budget_bytes, w.spec)
+            else:
+                if result.status == ProbeStatus.CRASHED:
+                    result.error = f"crashed {CRASH_RETRIES + 1} times, each in a fresh process; last: {result.error}"
+            return result
     except BaseException:
         w.store.release_claim(w.study.id, config.key(), w.label)
         raise
+
+
+def preflight(space: SearchSpace, spec: ModelSpec, budget_bytes: int, runner: Runner) -> Environment:
+    """Everything about a search that can be refused before its study's first write: the device,
+    the budget against it, the model and every attention kernel built (on the meta device) by the
+    probe's own code. A mistake then leaves the database as it was, and the fixed command starts
+    cleanly. Returns the environment the probes run in."""
+    environment = runner.environment()
+    _check_budget(budget_bytes, environment)
+    runner.check(spec, space.attentions)
+    return environment
+
+
+def _check_budget(budget_bytes: int, environment: Environment) -> None:
+    """A budget larger than the device cannot be emulated on it."""
+    total = environment.device_total_bytes
+    if total and budget_bytes > total:
+        where = "this machine's memory" if environment.device_type == "cpu" else environment.device_name
+        raise BudgetError(f"--gpu-budget {format_size(budget_bytes)} is larger than {where} ({format_size(total)}); "
+                          f"give at most {format_size(total)}.")
 
 
 def _check_resumable(store: Store, name: str, environment: Environment) -> None:

@@ -14,26 +14,35 @@ to (`--allow-other-device`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
-import tempfile
+import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
-from pathlib import Path
 
 from autotune.environment import Environment
 from autotune.errors import AutotuneError, BadInput, DeviceError
 from autotune.models import ModelSpec
+from autotune.processes import kill_me_with_parent
 from autotune.search.common import Event, Runner, SearchOptions, SearchOutcome
-from autotune.search.driver import default_study_name, finished_study, start_study, stop_on_first_interrupt, work
+from autotune.search.driver import (
+    default_study_name,
+    finished_study,
+    preflight,
+    start_study,
+    stop_on_first_interrupt,
+    work,
+)
 from autotune.search.knowledge import Knowledge
 from autotune.search.plan import StudyPlan
 from autotune.search.trials import Trials, distributions_of
-from autotune.search.worker_state import WorkerState, worker_label
+from autotune.search.worker_state import WorkerState, unmeasured, worker_label
 from autotune.space import SearchSpace
 from autotune.status import ProbeStatus, StopReason, StudyStatus
 from autotune.store import Store, StudyRecord
@@ -41,6 +50,8 @@ from autotune.units import format_size
 
 # How often `autotune search --workers` reads the database for its progress display.
 POLL_SECONDS = 0.5
+# How long a worker told to stop (SIGTERM) has to give its claim back before it is killed.
+WORKER_STOP_GRACE_SECONDS = 10.0
 
 
 # -- joining a study ---------------------------------------------------------------------------
@@ -128,7 +139,7 @@ def run_worker(
 
 def _joinable_study(store: Store, name: str) -> StudyRecord:
     study = store.study(name)
-    if study.status == StudyStatus.INTERRUPTED:
+    if study.status in (StudyStatus.INTERRUPTED, StudyStatus.INCOMPLETE):
         raise BadInput(f"study {name!r} is stopped; resume it with the `autotune search` command that started it "
                        f"(same --study and --db), then join it.")
     if study.plan is None:
@@ -209,24 +220,49 @@ def worker_devices(count: int, device: str) -> list[tuple[str, str]]:
 
 @dataclass
 class _Process:
+    """A worker process and what it printed. Its output is read by threads into memory (no files
+    to leave behind when this process is killed): stdout is its JSON summary, stderr its progress,
+    of which the last lines are kept."""
+
     device: str
     visible: str
     popen: subprocess.Popen
-    stdout: Path
-    stderr: Path
+    stdout: list[str] = field(default_factory=list)
+    stderr: deque[str] = field(default_factory=lambda: deque(maxlen=50))
+    readers: list[threading.Thread] = field(default_factory=list)
+
+    def read_output(self) -> None:
+        assert self.popen.stdout is not None and self.popen.stderr is not None
+        for stream, sink in ((self.popen.stdout, self.stdout.append), (self.popen.stderr, self.stderr.append)):
+            thread = threading.Thread(target=lambda st=stream, add=sink: [add(line) for line in st], daemon=True)
+            thread.start()
+            self.readers.append(thread)
 
     def describe(self) -> str:
         return f"worker {self.popen.pid} ({self.device}{':' + self.visible if self.visible else ''})"
 
     def summary(self) -> dict | None:
+        for thread in self.readers:
+            thread.join(timeout=10)
         try:
-            return json.loads(self.stdout.read_text() or "null")
+            return json.loads("".join(self.stdout) or "null")
         except json.JSONDecodeError:
             return None
 
     def last_error(self) -> str:
-        lines = [line for line in self.stderr.read_text(errors="replace").splitlines() if line.strip()]
+        lines = [line.strip() for line in self.stderr if line.strip()]
         return lines[-1].removeprefix("autotune: error: ") if lines else f"exit status {self.popen.returncode}"
+
+    def stop(self, grace: float) -> None:
+        """SIGTERM (the worker gives its claim back and exits), then SIGKILL after `grace` seconds."""
+        if self.popen.poll() is not None:
+            return
+        self.popen.terminate()
+        try:
+            self.popen.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()
 
 
 def search_with_workers(
@@ -251,50 +287,57 @@ def search_with_workers(
 
     started = time.perf_counter()
     devices = worker_devices(workers, settings.device)
-    name = options.study or default_study_name(spec, budget_bytes)
+    name = options.study if options.study is not None else default_study_name(spec, budget_bytes)
     candidates = space.candidates()
-    with open_store(db) as store:
+    with contextlib.ExitStack() as stack:
+        runner = stack.enter_context(ProbeRunner(settings))
+        # Before the store is opened: a refused search creates no database and writes nothing.
+        preflight(space, spec, budget_bytes, runner)
+        store = stack.enter_context(open_store(db))
         if not options.fresh:
             finished = finished_study(store, name, space)
             if finished is not None:
-                return SearchOutcome(study=finished, space=space, leaderboard=store.leaderboard(name), candidates=len(candidates),
-                                     seconds=time.perf_counter() - started, answered_from_database=True, workers=0)
-        with ProbeRunner(settings) as runner:
-            worker, trials = start_study(space, spec, budget_bytes, margin_bytes, runner, store, options, on_start)
-            trials.close()
+                return SearchOutcome(study=finished, space=space, leaderboard=store.leaderboard(name),
+                                     candidates=len(candidates), seconds=time.perf_counter() - started,
+                                     answered_from_database=True, workers=0)
+        worker, trials = start_study(space, spec, budget_bytes, margin_bytes, runner, store, options, on_start)
+        trials.close()
+        runner.close()  # its child would hold a device (a CUDA context) while the workers probe
         study = worker.study
-        with tempfile.TemporaryDirectory(prefix="autotune-workers-") as scratch:
-            processes = [_spawn(store, study.name, device, visible, Path(scratch), i)
-                         for i, (device, visible) in enumerate(devices)]
-            try:
-                reason = _watch(store, study, worker.knowledge, worker.seen_probe_id, processes, options, started, on_event)
-            finally:
-                for process in processes:  # a second Ctrl-C, or a bug here: do not leave workers behind
-                    if process.popen.poll() is None:
-                        try:
-                            process.popen.wait(timeout=30)
-                        except subprocess.TimeoutExpired:
-                            process.popen.kill()
-                            process.popen.wait()
-            return _gather(store, study, space, processes, reason, started)
+        processes = [_spawn(store, study.name, device, visible) for device, visible in devices]
+        try:
+            reason, settled = _watch(store, study, worker.knowledge, worker.seen_probe_id, processes, options, started,
+                                     on_event)
+        except BaseException:
+            # A second Ctrl-C, SIGTERM, or a bug here: stop the workers now and leave the study resumable.
+            for process in processes:
+                process.stop(grace=WORKER_STOP_GRACE_SECONDS)
+            if store.study(study.name).status == StudyStatus.RUNNING:
+                store.set_study_status(study.id, StudyStatus.INTERRUPTED)
+            raise
+        return _gather(store, study, space, processes, reason, settled, started, worker.knowledge)
 
 
-def _spawn(store: Store, study: str, device: str, visible: str, scratch: Path, index: int) -> _Process:
+def _spawn(store: Store, study: str, device: str, visible: str) -> _Process:
     # How probes run (steps, time limit, remote code) comes from the study's plan.
     command = [sys.executable, "-m", "autotune", "worker", "--study", study, "--device", device, "--json"]
     # The URL travels in the environment, not on the command line, where `ps` would show a password.
     env = {**os.environ, "AUTOTUNE_DB": store.engine.url.render_as_string(hide_password=False), "PYTHONUNBUFFERED": "1",
            "CUDA_VISIBLE_DEVICES": visible}
-    stdout, stderr = scratch / f"worker{index}.json", scratch / f"worker{index}.err"
-    with stdout.open("w") as out, stderr.open("w") as err:
-        popen = subprocess.Popen(command, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env)
-    return _Process(device, visible, popen, stdout, stderr)
+    # kill_me_with_parent: a worker (and through its own lifeline, its probe child) dies with this
+    # process, kill -9 included.
+    popen = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
+                             text=True, errors="replace", preexec_fn=kill_me_with_parent)
+    process = _Process(device, visible, popen)
+    process.read_output()
+    return process
 
 
 def _watch(store: Store, study: StudyRecord, knowledge: Knowledge, seen: int, processes: list[_Process],
-           options: SearchOptions, started: float, on_event: Callable[[Event], None] | None) -> StopReason | None:
+           options: SearchOptions, started: float, on_event: Callable[[Event], None] | None) -> tuple[StopReason | None, int]:
     """Show what the workers settle until they have all exited; stop the study on Ctrl-C or when a
-    study-wide limit is reached. Returns why this process stopped the study (None if it did not)."""
+    study-wide limit is reached. Returns why this process stopped the study (None if it did not),
+    and how many outcomes the workers stored that were not skips."""
     by_key = {c.key(): c for c in knowledge.candidates}
     first = seen
     probed = 0
@@ -316,7 +359,7 @@ def _watch(store: Store, study: StudyRecord, knowledge: Knowledge, seen: int, pr
                                    best is not None and best[0].key() == config.key() and row.result.status == ProbeStatus.OK,
                                    row.worker))
             if not running:
-                return reason
+                return reason, probed
             if reason is None:
                 if stop.is_set():
                     reason = StopReason.INTERRUPTED
@@ -331,7 +374,7 @@ def _watch(store: Store, study: StudyRecord, knowledge: Knowledge, seen: int, pr
 
 
 def _gather(store: Store, study: StudyRecord, space: SearchSpace, processes: list[_Process], reason: StopReason | None,
-            started: float) -> SearchOutcome:
+            settled: int, started: float, knowledge: Knowledge) -> SearchOutcome:
     summaries, failures = [], []
     for process in processes:
         summary = process.summary()
@@ -343,8 +386,9 @@ def _gather(store: Store, study: StudyRecord, space: SearchSpace, processes: lis
         if store.study(study.name).status == StudyStatus.RUNNING:
             store.set_study_status(study.id, StudyStatus.INTERRUPTED)
         raise AutotuneError(f"every worker failed; the first: {failures[0]}")
+    reused = sum(s.get("reused", 0) for s in summaries)
     record = store.study(study.name)
-    if record.status == StudyStatus.FINISHED:
+    if record.status in (StudyStatus.FINISHED, StudyStatus.INCOMPLETE):
         stop_reason = (StopReason.PATIENCE if any(s.get("stop_reason") == StopReason.PATIENCE for s in summaries)
                        else StopReason.EXHAUSTED)
     else:
@@ -354,7 +398,9 @@ def _gather(store: Store, study: StudyRecord, space: SearchSpace, processes: lis
         record = store.study(study.name)
     return SearchOutcome(
         study=record, space=space, leaderboard=store.leaderboard(study.name), candidates=len(space.candidates()),
-        probed=sum(s.get("probed", 0) for s in summaries), reused=sum(s.get("reused", 0) for s in summaries),
+        # Counted from the database, not the workers' summaries: a worker killed mid-search prints
+        # none, yet its probes are stored.
+        probed=settled - reused, reused=reused,
         skipped=sum(s.get("skipped", 0) for s in summaries), seconds=time.perf_counter() - started,
-        stop_reason=stop_reason, workers=len(processes), failures=failures,
+        stop_reason=stop_reason, workers=len(processes), failures=failures, unmeasured=unmeasured(knowledge),
     )

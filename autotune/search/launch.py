@@ -8,7 +8,7 @@ from collections.abc import Callable
 from autotune.environment import Environment
 from autotune.margin import checked_margin_bytes
 from autotune.search.common import Event, SearchOptions, SearchOutcome
-from autotune.search.driver import run_search
+from autotune.search.driver import preflight, run_search
 from autotune.search.fleet import search_with_workers
 from autotune.space import SearchSpace
 from autotune.store import StudyRecord
@@ -23,14 +23,19 @@ def search(model: str, budget_bytes: int, *, settings, options: SearchOptions, d
     the search runs in that many worker processes."""
     from autotune.models import resolve_model
     from autotune.probe import ProbeRunner
+    from autotune.probe.runner import check_model
     from autotune.store import open_store
 
     spec = resolve_model(model)
     space = SearchSpace.build(spec, **space_args)
     space.candidates()  # raises BadInput when no micro-batch keeps the effective batch exact
+    check_model(spec, settings.trust_remote_code)
     margin = checked_margin_bytes(settings.margin, budget_bytes)
     if workers is not None:
         return search_with_workers(spec, space, budget_bytes, margin, workers=workers, settings=settings, options=options,
                                    db=db, on_start=on_start, on_event=on_event)
-    with open_store(db) as store, ProbeRunner(settings) as runner:
-        return run_search(space, spec, budget_bytes, margin, runner, store, options, on_event, on_start)
+    with ProbeRunner(settings) as runner:
+        # Before the store is opened: a refused search creates no database and writes nothing.
+        preflight(space, spec, budget_bytes, runner)
+        with open_store(db) as store:
+            return run_search(space, spec, budget_bytes, margin, runner, store, options, on_event, on_start)

@@ -15,7 +15,7 @@ class Prediction:
     required_bytes: int    # predicted peak reserved + context: what the probe's fit rule compares
 
 
-def predict(candidates: list[ProbeConfig], device_type: str) -> dict[str, Prediction]:
+def predict(candidates: list[ProbeConfig], device_type: str, *, trust_remote_code: bool = False) -> dict[str, Prediction]:
     """Predicted memory of every candidate from two traces per group (smallest and largest
     micro-batch), interpolated: inside a group the need is affine in the micro-batch (fixed
     weights, gradients and optimizer state; activations per sequence)."""
@@ -29,7 +29,8 @@ def predict(candidates: list[ProbeConfig], device_type: str) -> dict[str, Predic
         members.sort(key=lambda c: c.micro_batch)
         ends[group_key(members[0])] = (members[0], members[-1])
     to_trace = list(dict.fromkeys(c for pair in ends.values() for c in pair))
-    estimates = {e.config.key(): e for e in estimate_memories(to_trace, device_type=device_type)}
+    estimates = {e.config.key(): e for e in estimate_memories(to_trace, device_type=device_type,
+                                                              trust_remote_code=trust_remote_code)}
     out: dict[str, Prediction] = {}
     for key, (low, high) in ends.items():
         a, b = estimates[low.key()], estimates[high.key()]

@@ -57,9 +57,17 @@ def optuna_study(store_url: str, name: str, seed: int | None = 0, storage=None):
 def optuna_storage(store_url: str):
     import optuna
 
-    sqlite = store_url.startswith("sqlite")
-    # A server connection dropped while a long probe ran is replaced quietly, as in our own engine.
+    from sqlalchemy.engine import make_url
+
+    from autotune.store.engine import postgres_connect_args
+
+    url = make_url(store_url)
+    sqlite = url.get_backend_name() == "sqlite"
+    # A server connection dropped while a long probe ran is replaced quietly, as in our own engine;
+    # a server that never answers is given up on, with the same timeouts as ours.
     engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": 30}} if sqlite else {"pool_pre_ping": True}
+    if url.get_backend_name() == "postgresql":
+        engine_kwargs["connect_args"] = postgres_connect_args(url)
     storage = optuna.storages.RDBStorage(store_url, engine_kwargs=engine_kwargs)
     if sqlite:
         # Optuna commits several times per trial; in WAL mode synchronous=NORMAL still keeps every
@@ -111,17 +119,22 @@ class Trials:
 
 
 def optuna_retry(work: Callable[[], Any]) -> Any:
-    """Run an Optuna storage call under the store's retry policy; an Optuna trial that still
-    cannot be written is logged and dropped (autotune's own record of the probe is kept)."""
+    """Run an Optuna storage call under the store's retry policy (Optuna wraps the driver's error
+    in StorageInternalError: the cause decides whether waiting helps). A trial that cannot be
+    written is logged and dropped: autotune's own record of the probe is kept, and a database
+    that fails for good (a full disk) stops the search at autotune's next write, in one line."""
     from optuna.exceptions import StorageInternalError
+    from sqlalchemy.exc import SQLAlchemyError
 
     from autotune.store.base import is_transient, retry_transient
 
+    def transient(exc: BaseException) -> bool:
+        cause = exc.__cause__ if isinstance(exc, StorageInternalError) and exc.__cause__ is not None else exc
+        return is_transient(cause)
+
     try:
-        return retry_transient(work, transient=lambda exc: isinstance(exc, StorageInternalError) or is_transient(exc))
-    except Exception as exc:
-        if not (isinstance(exc, StorageInternalError) or is_transient(exc)):
-            raise
+        return retry_transient(work, transient=transient)
+    except (StorageInternalError, SQLAlchemyError) as exc:
         log.warning("could not record an Optuna trial (%s); autotune's own record is kept", exc)
         return None
 

@@ -18,10 +18,17 @@ from autotune.result import ProbeResult
 from autotune.search.common import Event, SearchOptions
 from autotune.search.knowledge import Knowledge
 from autotune.space import SearchSpace
-from autotune.status import RETRYABLE, ClaimState, ProbeStatus, SettleHow
+from autotune.status import RETRYABLE, ClaimState, ProbeStatus, SettleHow, StudyStatus
 from autotune.store import MAX_ATTEMPTS, Store, StudyRecord
 
 log = logging.getLogger("autotune")
+
+
+def unmeasured(knowledge: Knowledge) -> list[tuple[ProbeConfig, ProbeResult]]:
+    """The candidates `knowledge` holds an outcome for that is not a measurement (RETRYABLE)."""
+    outcomes = knowledge.outcomes
+    return [(c, outcomes[c.key()]) for c in knowledge.candidates
+            if c.key() in outcomes and outcomes[c.key()].status in RETRYABLE]
 
 
 def worker_label(device: str | None = None) -> str:
@@ -57,13 +64,15 @@ class Heartbeat:
     def _run(self) -> None:
         from sqlalchemy.exc import InterfaceError, OperationalError
 
+        from autotune.errors import DatabaseError
+
         while not self._stop.wait(self.interval):
             key = self._key
             if key is None:
                 continue
             try:
                 self.store.heartbeat(self.study_id, key, self.worker)
-            except (OperationalError, InterfaceError) as exc:
+            except (OperationalError, InterfaceError, DatabaseError) as exc:
                 # One missed beat is not fatal: a claim goes stale only after defaults.STALE_BEATS of them.
                 log.warning("heartbeat of %s failed: %s", key, exc)
 
@@ -124,10 +133,18 @@ class WorkerState:
                 self._abandon(config, claim, on_event)
         return self.store.study(self.study.name).status
 
+    def unmeasured(self) -> list[tuple[ProbeConfig, ProbeResult]]:
+        """Candidates whose latest outcome says nothing of their memory (a crash, a timeout, an
+        error), with that outcome: the study is not finished while there are any."""
+        return unmeasured(self.knowledge)
+
+    def settled_status(self) -> StudyStatus:
+        """The status of a study whose every candidate has an outcome."""
+        return StudyStatus.INCOMPLETE if self.unmeasured() else StudyStatus.FINISHED
+
     def _abandon(self, config: ProbeConfig, claim, on_event: Callable[[Event], None] | None) -> None:
         result = ProbeResult(status=ProbeStatus.CRASHED, budget_bytes=self.budget_bytes, margin_bytes=self.margin_bytes,
-                             error=f"the worker probing it stopped heartbeating, {claim.attempts} times (last {claim.worker}); "
-                                   f"not retried")
+                             error=f"the worker probing it stopped heartbeating, {claim.attempts} times (last {claim.worker})")
         probe_id = self.store.settle(self.study.id, config, result, how=SettleHow.ABANDONED, worker=self.label,
                                      env_fingerprint=self.study.env_fingerprint, stale_after=self.options.stale_after)
         if probe_id is not None:  # else another worker recorded it: the next refresh reads it

@@ -169,12 +169,14 @@ def test_a_deadline_leaves_work_that_the_same_command_finishes_with_its_state(tm
 
     class SlowRunner(ScriptedRunner):
         def run(self, config, budget_bytes, spec=None):
-            time.sleep(0.05)
+            time.sleep(0.4)
             asked.append(config.key())
             return super().run(config, budget_bytes, spec)
 
     state = tmp_path / "state"
-    first = run_fake(tmp_path, new_runner=SlowRunner, state_dir=state, deadline=run.Deadline(0.5))
+    # Probes of 0.4 s against a 4 s deadline: the ground truth (16 probes) cannot finish, and the
+    # set-up before its first probe (well under a second, seconds on a loaded 2-core machine) fits.
+    first = run_fake(tmp_path, new_runner=SlowRunner, state_dir=state, deadline=run.Deadline(4.0))
     (case,) = first["cases"]
     assert not first["complete"] and "ground-truth" in case["pending"]
     assert 0 < case["ground_truth"]["probed"] < case["candidates"]

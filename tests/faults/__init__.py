@@ -10,12 +10,14 @@ FAULT_ENV = "AUTOTUNE_INJECT_FAULT"
 HERE = str(Path(__file__).resolve().parent)
 
 
-def fault_env(fault: str, base: dict[str, str] | None = None) -> dict[str, str]:
-    """An environment in which every autotune process's probe step misbehaves as `fault` says."""
+def fault_env(fault: str, base: dict[str, str] | None = None, *, on_probe: int = 0) -> dict[str, str]:
+    """An environment in which every autotune process's probe step misbehaves as `fault` says (in
+    every probe, or only in the `on_probe`-th probe each child runs)."""
     assert fault in FAULTS, fault
     env = dict(os.environ if base is None else base)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, env.get("PYTHONPATH")) if p)
     env[FAULT_ENV] = fault
+    env[FAULT_ENV + "_ON_PROBE"] = str(on_probe)
     return env
 
 

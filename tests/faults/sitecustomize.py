@@ -7,7 +7,8 @@ start-up in every process of the test, the spawned probe children included; it w
 runner and search handle a real hang, SIGKILL, exception or non-finite loss.
 
 The fault fires on the third step, the first of the timed window after the two warm-up steps (the
-estimator traces only two steps, so its estimates are untouched).
+estimator traces only two steps, so its estimates are untouched), of every probe, or only of the
+Nth probe a child runs when AUTOTUNE_INJECT_FAULT_ON_PROBE=N (a warm child runs several).
 """
 
 from __future__ import annotations
@@ -20,17 +21,23 @@ import sys
 import time
 
 FAULT = os.environ.get("AUTOTUNE_INJECT_FAULT")
+ON_PROBE = int(os.environ.get("AUTOTUNE_INJECT_FAULT_ON_PROBE", "0"))  # 0: every probe
 TARGET = "autotune.probe.step"
 FIRES_ON_STEP = 3
 
 
 def _install(module) -> None:
-    original = module.ProbeStep.__call__
-    calls = {"n": 0}
+    original_init, original = module.ProbeStep.__init__, module.ProbeStep.__call__
+    count = {"probes": 0}
+
+    def counting_init(self, *args, **kwargs):
+        count["probes"] += 1
+        self._fault_probe, self._fault_steps = count["probes"], 0
+        original_init(self, *args, **kwargs)
 
     def faulty_call(self):
-        calls["n"] += 1
-        if calls["n"] < FIRES_ON_STEP:
+        self._fault_steps += 1
+        if self._fault_steps < FIRES_ON_STEP or (ON_PROBE and self._fault_probe != ON_PROBE):
             return original(self)
         if FAULT == "hang":
             time.sleep(10**6)
@@ -43,6 +50,7 @@ def _install(module) -> None:
             return float("nan")
         return original(self)
 
+    module.ProbeStep.__init__ = counting_init
     module.ProbeStep.__call__ = faulty_call
 
 

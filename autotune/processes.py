@@ -1,0 +1,64 @@
+"""Processes autotune starts die with it. A probe child left running by a killed search would keep
+its GPU memory while the resumed search probes, and every later OOM and timing would be wrong.
+
+Two guards, because neither covers every case alone:
+- Linux's parent-death signal (`prctl(PR_SET_PDEATHSIG, SIGKILL)`): the kernel kills the child
+  the moment its parent dies, kill -9 included, whatever the child is doing (a hung CUDA call too).
+- A watchdog thread that polls the parent's pid: on other platforms, and for a parent that died
+  in the instant before the signal was armed.
+Torch-free and cheap: spawned children arm both before their heavy imports.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import signal
+import sys
+import threading
+
+_PR_SET_PDEATHSIG = 1
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: stop now (what a second Ctrl-C does). A KeyboardInterrupt, so that every
+    `finally` and claim release on the way out runs as for Ctrl-C; the CLI exits 143 for it."""
+
+WATCHDOG_SECONDS = 1.0
+
+
+def kill_me_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent dies (Linux; elsewhere nothing).
+    Survives exec, so it is also what a Popen preexec_fn calls."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # no prctl here: the watchdog still holds
+        pass
+
+
+def watch_parent(parent_pid: int, interval: float = WATCHDOG_SECONDS) -> None:
+    """Exit at once (no cleanup: the parent that wanted the results is gone) when the parent dies."""
+
+    def watch() -> None:
+        stop = threading.Event()
+        while not stop.wait(interval):
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    if os.getppid() != parent_pid:  # died before we got here
+        os._exit(1)
+    threading.Thread(target=watch, name="autotune-parent-watchdog", daemon=True).start()
+
+
+def run_as_child(parent_pid: int, target: str, *args: object) -> None:
+    """A spawn target: tie this process to `parent_pid`, then import and call `target`
+    ('package.module:function') with `args`. The import comes after the guards, so a child killed
+    with its parent during torch's import leaves nothing behind either."""
+    kill_me_with_parent()
+    watch_parent(parent_pid)
+    module, _, function = target.partition(":")
+    getattr(importlib.import_module(module), function)(*args)

@@ -1,0 +1,261 @@
+"""What clusters and users do to a search, done for real: kill -9, SIGTERM, Ctrl-C twice, probes
+that crash every time, a fleet killed on PostgreSQL, and mistakes refused before anything is
+written. Real `autotune` processes, real signals, real probe children (tests/faults makes a probe
+hang or die on purpose). Each test asserts that no process of the search is left after 10 s, that
+no completed probe is lost, and that the same command resumes and measures what was not measured.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from autotune.status import ClaimState, ProbeStatus, StudyStatus
+from autotune.store import open_store
+from tests.cli import autotune, autotune_command
+from tests.conftest import write_model_dir
+from tests.faults import fault_env
+
+pytestmark = pytest.mark.slow
+
+# Two candidates (micro-batch 1 and 2 at an effective batch of 2): the first probe completes, the
+# second is where a fault strikes.
+SPACE = ["--gpu-budget", "64MiB", "--device", "cpu", "--micro-batches", "1,2", "--block-sizes", "64",
+         "--effective-batch", "2", "--precisions", "fp32", "--checkpointing", "off", "--attention", "sdpa",
+         "--measure-steps", "1", "--no-predict", "--strategy", "grid"]
+GONE_WITHIN = 10.0
+
+
+# -- processes -------------------------------------------------------------------------------------
+def _stat(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()  # fields after the command name: state, ppid, ...
+
+
+def alive(pid: int) -> bool:
+    fields = _stat(pid)
+    return fields is not None and fields[0] not in ("Z", "X")  # a zombie holds no memory and runs nothing
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (children, their children, ...)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _stat(int(entry))) is not None:
+            parents[int(entry)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return {p for p in found if alive(p)}
+
+
+def assert_all_gone(pids: set[int]) -> None:
+    deadline = time.monotonic() + GONE_WITHIN
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.2)
+    left = {p: Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")[:120] for p in pids if alive(p)}
+    assert not left, f"left running {GONE_WITHIN:.0f} s after the search ended: {left}"
+
+
+def wait_for(predicate, seconds: float = 180.0, what: str = "condition"):
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+# -- the database ----------------------------------------------------------------------------------
+def running_claims(db: str, study: str) -> list:
+    try:
+        with open_store(db) as store:
+            return [c for c in store.claims(store.study(study).id, stale_after=3600) if c.state == ClaimState.RUNNING]
+    except Exception:  # not created yet
+        return []
+
+
+def probes(db: str, study: str) -> list:
+    with open_store(db) as store:
+        return store.probes(study)
+
+
+def second_probe_running(db: str, study: str) -> bool:
+    """The first probe is stored and the second is claimed: the search is mid-probe."""
+    try:
+        return len(probes(db, study)) == 1 and bool(running_claims(db, study))
+    except Exception:  # the study is not created yet
+        return False
+
+
+def status(db: str, study: str) -> str:
+    with open_store(db) as store:
+        return store.study(study).status
+
+
+@pytest.fixture
+def model(tmp_path) -> str:
+    return str(write_model_dir(tmp_path / "tiny-gpt2"))
+
+
+def start_search(model: str, db: str, study: str, fault: str, *extra: str, on_probe: int = 0) -> subprocess.Popen:
+    return subprocess.Popen(autotune_command("search", "--model", model, *SPACE, "--db", db, "--study", study, *extra),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=fault_env(fault, on_probe=on_probe))
+
+
+def resume(model: str, db: str, study: str, *extra: str) -> subprocess.CompletedProcess:
+    return autotune("search", "--model", model, *SPACE, "--db", db, "--study", study, *extra, timeout=300)
+
+
+def assert_resumes_and_finishes(model: str, db: str, study: str, completed_before: list) -> None:
+    """The same command, fault gone: exit 0, the study finished, every candidate measured, and each
+    probe that had completed before kept as it was (not probed again)."""
+    done = resume(model, db, study)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert status(db, study) == StudyStatus.FINISHED
+    after = probes(db, study)
+    assert {p.config.micro_batch for p in after if p.result.status == ProbeStatus.OK} == {1, 2}
+    for before in completed_before:
+        again = [p for p in after if p.config_key == before.config_key]
+        assert [p.id for p in again] == [before.id], "a completed probe was lost or probed again"
+
+
+# -- the tests -------------------------------------------------------------------------------------
+def test_kill_9_mid_probe_leaves_no_process_and_loses_no_probe(model, tmp_path):
+    db = str(tmp_path / "kill9.db")
+    search = start_search(model, db, "kill9", "hang", on_probe=2)
+    try:
+        wait_for(lambda: second_probe_running(db, "kill9"), what="the second probe")
+        below = descendants(search.pid)
+        assert below, "the probe child should be running"
+        search.send_signal(signal.SIGKILL)
+        search.wait(timeout=30)
+        assert_all_gone(below)
+    finally:
+        search.kill()
+    completed = probes(db, "kill9")
+    assert [p.result.status for p in completed] == [ProbeStatus.OK]
+    assert status(db, "kill9") == StudyStatus.RUNNING  # kill -9 runs no code: the claim goes stale
+    assert_resumes_and_finishes(model, db, "kill9", completed)
+
+
+def test_sigterm_mid_probe_stops_marks_interrupted_and_releases_the_claim(model, tmp_path):
+    db = str(tmp_path / "term.db")
+    search = start_search(model, db, "term", "hang", on_probe=2)
+    try:
+        wait_for(lambda: second_probe_running(db, "term"), what="the second probe")
+        below = descendants(search.pid)
+        search.send_signal(signal.SIGTERM)
+        _, stderr = search.communicate(timeout=60)
+    finally:
+        search.kill()
+    assert search.returncode == 143, stderr
+    assert "terminated" in stderr.strip().splitlines()[-1]
+    assert "Traceback" not in stderr
+    assert_all_gone(below)
+    assert status(db, "term") == StudyStatus.INTERRUPTED
+    assert running_claims(db, "term") == []  # given back, not left to go stale
+    assert_resumes_and_finishes(model, db, "term", probes(db, "term"))
+
+
+def test_ctrl_c_twice_aborts_the_probe_and_leaves_the_study_interrupted(model, tmp_path):
+    db = str(tmp_path / "twice.db")
+    search = start_search(model, db, "twice", "hang", on_probe=2)
+    try:
+        wait_for(lambda: second_probe_running(db, "twice"), what="the second probe")
+        below = descendants(search.pid)
+        search.send_signal(signal.SIGINT)
+        time.sleep(1.0)
+        search.send_signal(signal.SIGINT)
+        _, stderr = search.communicate(timeout=60)
+    finally:
+        search.kill()
+    assert search.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert_all_gone(below)
+    assert status(db, "twice") == StudyStatus.INTERRUPTED
+    assert running_claims(db, "twice") == []
+
+
+def test_a_probe_that_crashes_every_time_is_not_a_finished_study(model, tmp_path):
+    db = str(tmp_path / "crash.db")
+    flags = ["--micro-batches", "2"]  # one candidate: the one that crashes
+    crashed = subprocess.run(autotune_command("search", "--model", model, *SPACE, *flags, "--db", db, "--study", "crash"),
+                             capture_output=True, text=True, timeout=300, env=fault_env("kill"))
+    assert crashed.returncode == 3, crashed.stdout + crashed.stderr
+    assert "could not be measured" in crashed.stdout and "mb2x1" in crashed.stdout
+    assert "No configuration fits" not in crashed.stdout
+    assert status(db, "crash") == StudyStatus.INCOMPLETE
+    [row] = probes(db, "crash")
+    assert row.result.status == ProbeStatus.CRASHED and "crashed 3 times" in row.result.error
+
+    # The same command without the fault measures it; --json says so.
+    done = resume(model, db, "crash", *flags, "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["status"] == StudyStatus.FINISHED and summary["unmeasured"] == []
+    assert summary["best"]["micro_batch"] == 2
+
+
+def test_a_fleet_killed_with_kill_9_on_postgresql_leaves_no_worker_and_no_files(model, postgres_url):
+    scratch_before = set(Path("/tmp").glob("autotune-workers-*"))
+    search = subprocess.Popen(autotune_command("search", "--model", model, *SPACE, "--db", postgres_url, "--study", "fleet",
+                                               "--workers", "2", "--heartbeat", "0.5"),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=fault_env("hang"))
+    try:
+        wait_for(lambda: len(running_claims(postgres_url, "fleet")) == 2, what="both workers probing")
+        below = descendants(search.pid)
+        assert len(below) >= 4, below  # two workers, each with its probe child
+        search.send_signal(signal.SIGKILL)
+        search.wait(timeout=30)
+        assert_all_gone(below)
+    finally:
+        search.kill()
+    assert set(Path("/tmp").glob("autotune-workers-*")) == scratch_before
+
+
+# -- mistakes: refused before the first write --------------------------------------------------------
+def _digest(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.exists() else None
+
+
+BAD_MODELS = {
+    "no-vocab": ({"vocab_size": None}, [], "no vocab_size"),
+    "unknown-type": ({"model_type": "no-such-architecture"}, [], "cannot read its config.json"),
+    "remote-code": ({"auto_map": {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}}, [], "--trust-remote-code"),
+    "not-causal": ({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "d_model": 64, "num_layers": 1,
+                    "num_heads": 2, "d_kv": 32, "d_ff": 128}, [], "cannot be built as a causal language model"),
+    "flash-on-cpu": ({}, ["--attention", "flash_attention_2", "--precisions", "bf16"], "--attention flash_attention_2"),
+    "budget-above-host": ({}, ["--gpu-budget", "100TiB"], "larger than this machine's memory"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_MODELS))
+def test_a_mistake_found_before_the_first_probe_leaves_the_database_as_it_was(case, tmp_path):
+    overrides, flags, needle = BAD_MODELS[case]
+    config = {k: v for k, v in {**json.loads(Path(write_model_dir(tmp_path / "m") / "config.json").read_text()),
+                                **overrides}.items() if v is not None}
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    existing, fresh = tmp_path / "existing.db", tmp_path / "fresh.db"
+    assert autotune("db", "upgrade", "--db", str(existing)).returncode == 0
+    before = _digest(existing)
+    for db in (existing, fresh):
+        proc = autotune("search", "--model", str(tmp_path / "m"), *SPACE, *flags, "--db", str(db), "--study", "bad")
+        assert proc.returncode == 2, proc.stdout + proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0] and "Traceback" not in proc.stderr, proc.stderr
+    assert _digest(existing) == before, "the refused search wrote to the database"
+    assert not fresh.exists(), "the refused search created a database"
