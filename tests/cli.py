@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 
 def autotune_command(*args: str) -> list[str]:
@@ -36,3 +37,14 @@ def assert_usage_error(proc: subprocess.CompletedProcess, needle: str) -> None:
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def wait_for(predicate, seconds: float = 180.0, what: str = "condition"):
+    """Poll `predicate` until it returns something true (returned), or fail after `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")

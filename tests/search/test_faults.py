@@ -19,7 +19,7 @@ import pytest
 
 from autotune.status import ClaimState, ProbeStatus, StudyStatus
 from autotune.store import open_store
-from tests.cli import autotune, autotune_command
+from tests.cli import autotune, autotune_command, wait_for
 from tests.conftest import write_model_dir
 from tests.faults import fault_env
 
@@ -66,16 +66,6 @@ def assert_all_gone(pids: set[int]) -> None:
         time.sleep(0.2)
     left = {p: Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")[:120] for p in pids if alive(p)}
     assert not left, f"left running {GONE_WITHIN:.0f} s after the search ended: {left}"
-
-
-def wait_for(predicate, seconds: float = 180.0, what: str = "condition"):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # -- the database ----------------------------------------------------------------------------------

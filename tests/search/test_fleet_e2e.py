@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import time
 
 import pytest
 from click.testing import CliRunner
@@ -19,7 +18,7 @@ from autotune.probe import ProbeRunner, ProbeSettings
 from autotune.search import SearchOptions, run_search, start_study
 from autotune.space import SearchSpace
 from autotune.store import open_store
-from tests.cli import autotune, autotune_command
+from tests.cli import autotune, autotune_command, wait_for
 from tests.fakes import ScriptedRunner
 from tests.faults import fault_env
 
@@ -32,16 +31,6 @@ SPACE = {"micro_batches": (1, 2, 4, 8), "block_sizes": (64,), "precisions": ("fp
 FLAGS = ["--micro-batches", "1,2,4,8", "--block-sizes", "64", "--effective-batch", "8", "--precisions", "fp32",
          "--checkpointing", "off,on", "--attention", "sdpa", "--measure-steps", "1", "--no-predict", "--device", "cpu",
          "--heartbeat", "0.5"]
-
-
-def wait_for(predicate, seconds: float = 120.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError("timed out waiting")
 
 
 def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_workers_probe(tiny_model, postgres_url):
