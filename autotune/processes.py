@@ -7,6 +7,9 @@ Two guards, because neither covers every case alone:
 - A watchdog thread that polls the parent's pid: on other platforms, and for a parent that died
   in the instant before the signal was armed.
 Torch-free and cheap: spawned children arm both before their heavy imports.
+
+Linux sends the parent-death signal when the *thread* that started the child ends, not only the
+process: start probe runners from a thread that outlives them (the main thread, as the CLI does).
 """
 
 from __future__ import annotations
