@@ -337,6 +337,24 @@ def _check_resumable(store: Store, name: str, environment: Environment) -> None:
                        f"give a new --study name to search on {environment.device_name}.")
 
 
+def stored_answer(db: str | None, name: str, space: SearchSpace, started: float, **outcome: Any) -> SearchOutcome | None:
+    """The outcome of a study finished earlier over the same space, read without creating or
+    upgrading anything and before any probe process starts (no torch): None when there is none."""
+    from autotune.errors import DatabaseError
+    from autotune.store import open_store
+
+    try:
+        with open_store(db, read_only=True) as store:
+            finished = finished_study(store, name, space)
+            if finished is None:
+                return None
+            return SearchOutcome(study=finished, space=space, leaderboard=store.leaderboard(name),
+                                 candidates=len(space.candidates()), seconds=time.perf_counter() - started,
+                                 answered_from_database=True, **outcome)
+    except DatabaseError:  # no database yet, or one the search will upgrade: nothing stored to answer with
+        return None
+
+
 def finished_study(store: Store, name: str, space: SearchSpace) -> StudyRecord | None:
     """The study called `name` if it is finished over the same space (the answer is stored)."""
     try:

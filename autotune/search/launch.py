@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from autotune.environment import Environment
 from autotune.margin import checked_margin_bytes
 from autotune.search.common import Event, SearchOptions, SearchOutcome
-from autotune.search.driver import preflight, run_search
+from autotune.search.driver import default_study_name, preflight, run_search, stored_answer
 from autotune.search.fleet import search_with_workers
 from autotune.space import SearchSpace
 from autotune.store import StudyRecord
@@ -31,6 +32,12 @@ def search(model: str, budget_bytes: int, *, settings, options: SearchOptions, d
     space.candidates()  # raises BadInput when no micro-batch keeps the effective batch exact
     check_model(spec, settings.trust_remote_code)
     margin = checked_margin_bytes(settings.margin, budget_bytes)
+    started = time.perf_counter()
+    name = options.study if options.study is not None else default_study_name(spec, budget_bytes)
+    if not options.fresh:
+        answer = stored_answer(db, name, space, started, workers=0 if workers is not None else 1)
+        if answer is not None:
+            return answer
     if workers is not None:
         return search_with_workers(spec, space, budget_bytes, margin, workers=workers, settings=settings, options=options,
                                    db=db, on_start=on_start, on_event=on_event)

@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -103,6 +104,16 @@ def test_ctrl_c_stops_after_the_probe_and_the_same_command_resumes(tiny_model):
     assert len(keys) == len(set(keys))  # nothing settled twice
     assert {p.config_key for p in first} <= set(keys)
     assert summary["probed"] + summary["skipped"] + summary["reused"] == len(probes) - len(first)
+
+    # Once more: a finished study answers from the database, without starting a probe process
+    # (no torch, no transformers in this process or any child).
+    code = ("import sys\nfrom autotune.cli import main\nsys.argv = ['autotune', *sys.argv[1:]]\n"
+            "try:\n    main()\nexcept SystemExit:\n    pass\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers'}), file=sys.stderr)")
+    again = subprocess.run([sys.executable, "-c", code, *_search_cmd(tiny_model, "--json")[3:]], capture_output=True,
+                           text=True, env=env, timeout=120)
+    assert json.loads(again.stdout)["answered_from_database"] is True, again.stderr
+    assert again.stderr.strip().splitlines()[-1] == "[]"
 
 
 def test_best_trainer_args_build_real_training_arguments(tiny_model, tmp_path):
