@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 _PR_SET_PDEATHSIG = 1
 
@@ -47,10 +48,9 @@ def watch_parent(parent_pid: int, interval: float = WATCHDOG_SECONDS) -> None:
     """Exit at once (no cleanup: the parent that wanted the results is gone) when the parent dies."""
 
     def watch() -> None:
-        stop = threading.Event()
-        while not stop.wait(interval):
-            if os.getppid() != parent_pid:
-                os._exit(1)
+        while os.getppid() == parent_pid:
+            time.sleep(interval)
+        os._exit(1)
 
     if os.getppid() != parent_pid:  # died before we got here
         os._exit(1)

@@ -103,11 +103,8 @@ def run_search(
     name = options.study if options.study is not None else default_study_name(spec, budget_bytes)
 
     # A finished study of the same space answers from the database: no worker, no torch.
-    if not options.fresh:
-        finished = finished_study(store, name, space)
-        if finished is not None:
-            return SearchOutcome(study=finished, space=space, leaderboard=store.leaderboard(name), candidates=len(space.candidates()),
-                                 seconds=time.perf_counter() - started, answered_from_database=True)
+    if not options.fresh and (answer := answer_from_store(store, name, space, started)) is not None:
+        return answer
     worker, trials = start_study(space, spec, budget_bytes, margin_bytes, runner, store, options, on_start, predictor)
     try:
         return work(worker, runner, trials, on_event, starter=True, started=started)
@@ -345,14 +342,18 @@ def stored_answer(db: str | None, name: str, space: SearchSpace, started: float,
 
     try:
         with open_store(db, read_only=True) as store:
-            finished = finished_study(store, name, space)
-            if finished is None:
-                return None
-            return SearchOutcome(study=finished, space=space, leaderboard=store.leaderboard(name),
-                                 candidates=len(space.candidates()), seconds=time.perf_counter() - started,
-                                 answered_from_database=True, **outcome)
+            return answer_from_store(store, name, space, started, **outcome)
     except DatabaseError:  # no database yet, or one the search will upgrade: nothing stored to answer with
         return None
+
+
+def answer_from_store(store: Store, name: str, space: SearchSpace, started: float, **outcome: Any) -> SearchOutcome | None:
+    """The outcome of the study called `name` if it finished over the same space; else None."""
+    finished = finished_study(store, name, space)
+    if finished is None:
+        return None
+    return SearchOutcome(study=finished, space=space, leaderboard=store.leaderboard(name), candidates=len(space.candidates()),
+                         seconds=time.perf_counter() - started, answered_from_database=True, **outcome)
 
 
 def finished_study(store: Store, name: str, space: SearchSpace) -> StudyRecord | None:

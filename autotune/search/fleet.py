@@ -33,10 +33,10 @@ from autotune.processes import kill_me_with_parent
 from autotune.search.common import Event, Runner, SearchOptions, SearchOutcome
 from autotune.search.driver import (
     default_study_name,
-    finished_study,
     preflight,
     start_study,
     stop_on_first_interrupt,
+    stored_answer,
     work,
 )
 from autotune.search.knowledge import Knowledge
@@ -288,18 +288,14 @@ def search_with_workers(
     started = time.perf_counter()
     devices = worker_devices(workers, settings.device)
     name = options.study if options.study is not None else default_study_name(spec, budget_bytes)
-    candidates = space.candidates()
+    # A finished study answers from the database before any process starts.
+    if not options.fresh and (answer := stored_answer(db, name, space, started, workers=0)) is not None:
+        return answer
     with contextlib.ExitStack() as stack:
         runner = stack.enter_context(ProbeRunner(settings))
         # Before the store is opened: a refused search creates no database and writes nothing.
         preflight(space, spec, budget_bytes, runner)
         store = stack.enter_context(open_store(db))
-        if not options.fresh:
-            finished = finished_study(store, name, space)
-            if finished is not None:
-                return SearchOutcome(study=finished, space=space, leaderboard=store.leaderboard(name),
-                                     candidates=len(candidates), seconds=time.perf_counter() - started,
-                                     answered_from_database=True, workers=0)
         worker, trials = start_study(space, spec, budget_bytes, margin_bytes, runner, store, options, on_start)
         trials.close()
         runner.close()  # its child would hold a device (a CUDA context) while the workers probe

@@ -32,15 +32,13 @@ def search(model: str, budget_bytes: int, *, settings, options: SearchOptions, d
     space.candidates()  # raises BadInput when no micro-batch keeps the effective batch exact
     check_model(spec, settings.trust_remote_code)
     margin = checked_margin_bytes(settings.margin, budget_bytes)
-    started = time.perf_counter()
-    name = options.study if options.study is not None else default_study_name(spec, budget_bytes)
-    if not options.fresh:
-        answer = stored_answer(db, name, space, started, workers=0 if workers is not None else 1)
-        if answer is not None:
-            return answer
     if workers is not None:
         return search_with_workers(spec, space, budget_bytes, margin, workers=workers, settings=settings, options=options,
                                    db=db, on_start=on_start, on_event=on_event)
+    # A finished study answers from the database before any process starts (no torch).
+    name = options.study if options.study is not None else default_study_name(spec, budget_bytes)
+    if not options.fresh and (answer := stored_answer(db, name, space, time.perf_counter())) is not None:
+        return answer
     with ProbeRunner(settings) as runner:
         # Before the store is opened: a refused search creates no database and writes nothing.
         preflight(space, spec, budget_bytes, runner)

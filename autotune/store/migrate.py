@@ -123,6 +123,8 @@ def upgrade(url: URL, revision: str = "head") -> tuple[str | None, str | None]:
 
 
 def _sqlite_busy(exc: BaseException) -> bool:
+    """Narrower than failures.is_transient on purpose: opening a database whose server refuses
+    the connection (a mistyped --db) should fail now, not after a minute of retries."""
     return isinstance(exc, sa_exc.OperationalError) and "database is locked" in str(exc)
 
 
