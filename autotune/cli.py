@@ -75,14 +75,37 @@ def config_options(func):
     ]
     for option in reversed(options):
         func = option(func)
+    return task_options(func)
+
+
+def task_options(func):
+    """What is trained (recipe levers, never searched), shared by probe, estimate, search and train."""
+    from autotune.tasks import TASK_HELP
+
+    options = [
+        click.option("--task", default=None, help=f"What is trained: {TASK_HELP}."),
+        click.option("--target-length", type=int, default=None,
+                     help="seq2seq: target tokens per example, from your data [default: 128, as run_summarization.py]."),
+        click.option("--num-labels", type=int, default=None,
+                     help="classification: labels of the head [default: the config's id2label, or 2]."),
+    ]
+    for option in reversed(options):
+        func = option(func)
     return func
 
 
-def make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention):
+def make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task, target_length,
+                num_labels):
     from autotune.config import ProbeConfig
+    from autotune.models import resolve_model
+    from autotune.space import single_config
 
-    return ProbeConfig(model=model, micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum,
-                       precision=precision.lower(), checkpointing=checkpointing, attention=attention.lower())
+    # The levers are checked before the model is looked for (a typo answers without a hub lookup).
+    ProbeConfig(model=model, micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum,
+                precision=precision.lower(), checkpointing=checkpointing, attention=attention.lower())
+    return single_config(resolve_model(model), micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum,
+                         precision=precision.lower(), checkpointing=checkpointing, attention=attention.lower(), task=task,
+                         target_length=target_length, num_labels=num_labels)
 
 
 def probe_settings_options(func):
@@ -116,19 +139,20 @@ def make_settings(device, safety_margin, warmup_steps, measure_steps, probe_time
 @click.option("--gpu-budget", required=True, help="Memory to fit in: 8GiB, 7.5GiB, 8192MiB, 8GB or bytes.")
 @probe_settings_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, gpu_budget,
-          device, safety_margin, warmup_steps, measure_steps, probe_timeout, trust_remote_code, as_json):
+def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task, target_length, num_labels,
+          gpu_budget, device, safety_margin, warmup_steps, measure_steps, probe_timeout, trust_remote_code, as_json):
     """Run one short, real training probe; exit status 0 if it fits, 1 if not."""
     from autotune.probe import run_probe
     from autotune.report import format_probe_result
     from autotune.units import parse_size
 
     budget = parse_size(gpu_budget)
-    config = make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention)
+    config = make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task,
+                         target_length, num_labels)
     settings = make_settings(device, safety_margin, warmup_steps, measure_steps, probe_timeout, trust_remote_code)
     result = run_probe(config, budget, settings=settings)
     if as_json:
-        echo_json({"config": config.to_dict(), "config_key": config.key(), **result.to_dict()})
+        echo_json({"config": config.to_dict(), "config_key": config.key(), "task": config.task, **result.to_dict()})
     else:
         click.echo(format_probe_result(config, result))
     sys.exit(0 if result.fits else 1)
@@ -226,8 +250,9 @@ def db_upgrade(db):
                    f"dead and its probe retried.")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object (progress goes to stderr).")
+@task_options
 def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, block_sizes, precisions, checkpointing_,
-           attention, strategy, max_trials, timeout, patience, study, fresh, predict, predict_margin, device, safety_margin, warmup_steps,
+           attention, task, target_length, num_labels, strategy, max_trials, timeout, patience, study, fresh, predict, predict_margin, device, safety_margin, warmup_steps,
            measure_steps, probe_timeout, trust_remote_code, workers, heartbeat, db, as_json):
     """Find the fastest configuration that fits the budget, by probing."""
     from autotune import report
@@ -245,6 +270,7 @@ def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, 
         checkpointing=tuple(dict.fromkeys(v in ("on", "true") for v in ckpt)),
         attentions=parse_choice_list(attention, flag="--attention", allowed=ATTENTIONS),
         effective_batch=effective_batch, effective_tokens=effective_tokens,
+        task=task, target_length=target_length, num_labels=num_labels,
     )
     for flag, value in (("--effective-batch", effective_batch), ("--effective-tokens", effective_tokens)):
         if value is not None and value < 1:
@@ -340,7 +366,8 @@ def best(study, fmt, db):
 @click.option("--no-cache", is_flag=True, help="Trace again even if this estimate is cached.")
 @click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as one JSON object.")
-def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, gpu_budget,
+def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task, target_length,
+             num_labels, gpu_budget,
              safety_margin, device_type, timeout_text, no_cache, trust_remote_code, as_json):
     """Predict a configuration's training memory without a GPU; with --gpu-budget, exit 1 if it will not fit."""
     from autotune.estimate import estimate_memory
@@ -351,7 +378,8 @@ def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointin
     budget = parse_size(gpu_budget) if gpu_budget is not None else None
     margin = margin_bytes(parse_margin(safety_margin), budget) if budget is not None else 0
     timeout = parse_duration(timeout_text, flag="--timeout")
-    config = make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention)
+    config = make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task,
+                         target_length, num_labels)
     result = estimate_memory(config, device_type=device_type.lower(), timeout=timeout, use_cache=not no_cache,
                              trust_remote_code=trust_remote_code)
     if as_json:

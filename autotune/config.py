@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, fields
 
 from autotune import defaults
 from autotune.errors import BadInput
+from autotune.tasks import TASKS, Task
 from autotune.units import INT64_MAX
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -19,6 +20,9 @@ OPTIMIZERS = ("adamw",)
 
 # Bump when the meaning of a field changes, so that stored keys of the old form are not reused.
 KEY_VERSION = "p1"
+# Fields added after KEY_VERSION p1, and the value that means what a p1 config meant: left out of
+# the key at that value, so that the keys (and stored probes) of causal-LM configs stay valid.
+_KEY_DEFAULTS = {"task": Task.CAUSAL_LM.value, "target_length": None, "num_labels": None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +32,10 @@ class ProbeConfig:
     `grad_accum` micro-steps of `micro_batch` sequences of `block_size` tokens make one optimizer
     step. Precision `fp16`/`bf16` is mixed precision (fp32 master weights, autocast; fp16 with a
     gradient scaler), as `transformers.Trainer` does with `fp16=True`/`bf16=True`.
+
+    `task` decides the model class and the batch (autotune.tasks): a seq2seq sequence is
+    `block_size` source tokens and `target_length` target tokens; a classification head has
+    `num_labels` outputs. Both are None for the tasks without them.
     """
 
     model: str
@@ -38,6 +46,9 @@ class ProbeConfig:
     checkpointing: bool = False
     attention: str = defaults.ATTENTION
     optimizer: str = defaults.OPTIMIZER
+    task: str = Task.CAUSAL_LM.value
+    target_length: int | None = None
+    num_labels: int | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -55,8 +66,23 @@ class ProbeConfig:
             problems.append(f"--attention {self.attention!r} is unknown; choose from {', '.join(ATTENTIONS)}")
         if self.optimizer not in OPTIMIZERS:
             problems.append(f"--optimizer {self.optimizer!r} is unknown; choose from {', '.join(OPTIMIZERS)}")
+        problems += self._task_problems()
         if problems:
             raise BadInput("; ".join(problems) + ".")
+
+    def _task_problems(self) -> list[str]:
+        if self.task not in TASKS:
+            return [f"--task {self.task!r} is unknown; choose from {', '.join(TASKS)}"]
+        problems = []
+        for name, flag, owner in (("target_length", "--target-length", Task.SEQ2SEQ),
+                                  ("num_labels", "--num-labels", Task.CLASSIFICATION)):
+            value = getattr(self, name)
+            if self.task != owner:
+                if value is not None:
+                    problems.append(f"{flag} is for --task {owner}, not {self.task}; leave it out")
+            elif not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= INT64_MAX:
+                problems.append(f"{flag} must be a whole number of at least 1 for --task {owner} (got {value!r})")
+        return problems
 
     @property
     def effective_batch(self) -> int:
@@ -64,11 +90,24 @@ class ProbeConfig:
         return self.micro_batch * self.grad_accum
 
     @property
+    def tokens_per_sequence(self) -> int:
+        """Tokens one sequence puts through the model: a seq2seq pair counts source and target."""
+        return self.block_size + (self.target_length or 0)
+
+    @property
     def tokens_per_step(self) -> int:
-        return self.effective_batch * self.block_size
+        return self.effective_batch * self.tokens_per_sequence
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def key_fields(self) -> dict:
+        """The fields that make the key: every field, less the later ones at their p1 meaning."""
+        data = self.to_dict()
+        for name, default in _KEY_DEFAULTS.items():
+            if data[name] == default:
+                del data[name]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict) -> "ProbeConfig":
@@ -80,13 +119,15 @@ class ProbeConfig:
         return _config_key(self)
 
     def label(self) -> str:
-        """Short human text, e.g. 'mb4x2 blk512 bf16 ckpt sdpa'."""
+        """Short human text, e.g. 'mb4x2 blk512 bf16 ckpt sdpa', 'mb4x2 blk512+128 bf16 ckpt sdpa'
+        (seq2seq: source + target tokens). The task is the study's, so it is not repeated here."""
         ckpt = "ckpt" if self.checkpointing else "no-ckpt"
-        return f"mb{self.micro_batch}x{self.grad_accum} blk{self.block_size} {self.precision} {ckpt} {self.attention}"
+        block = f"{self.block_size}+{self.target_length}" if self.target_length is not None else str(self.block_size)
+        return f"mb{self.micro_batch}x{self.grad_accum} blk{block} {self.precision} {ckpt} {self.attention}"
 
 
 @functools.lru_cache(maxsize=4096)
 def _config_key(config: ProbeConfig) -> str:
     # Cached: the search asks for keys of the same few hundred configs many thousands of times.
-    canonical = json.dumps(config.to_dict(), sort_keys=True, separators=(",", ":"))
+    canonical = json.dumps(config.key_fields(), sort_keys=True, separators=(",", ":"))
     return f"{KEY_VERSION}-{hashlib.sha256(canonical.encode()).hexdigest()[:20]}"

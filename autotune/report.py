@@ -27,8 +27,10 @@ def _fmt_float(value: float | None, spec: str) -> str:
 def format_probe_result(config: ProbeConfig, result: ProbeResult) -> str:
     """A short report of one probe for a terminal."""
     budget = result.budget_bytes or 0
+    parameters = f", {result.parameters:,} parameters" if result.parameters is not None else ""
     lines = [
         f"probe   {config.model}  {config.label()}",
+        f"task    {describe_task(config)}{parameters}",
         f"device  {result.device or '-'}",
         f"status  {result.status}" + (f"  ({result.error.splitlines()[-1]})" if result.error else ""),
         f"memory  peak allocated {format_size(result.peak_allocated_bytes)}, reserved {format_size(result.peak_reserved_bytes)}, "
@@ -149,9 +151,20 @@ def format_event(event, show_worker: bool = False) -> str:
     return f"{progress} {event.config.label():<34} {r.status:<8}{detail}{how}{worker}"
 
 
+def describe_task(config) -> str:
+    """'seq2seq (source 512 + target 128 tokens)', 'classification (3 labels)', 'causal-lm'."""
+    if config.target_length is not None:
+        return f"{config.task} (source {config.block_size} + target {config.target_length} tokens)"
+    if config.num_labels is not None:
+        return f"{config.task} ({config.num_labels} label{'s' if config.num_labels != 1 else ''})"
+    return str(config.task)
+
+
 def format_search_header(study, environment, candidates: int, already: int) -> str:
     resumed = f", resuming with {already} already settled" if already else ""
-    return (f"study {study.name}: {study.model_reference} on {environment.device_name}, budget "
+    task = study.space.get("task")
+    trained = f" ({task})" if task else ""
+    return (f"study {study.name}: {study.model_reference}{trained} on {environment.device_name}, budget "
             f"{format_size(study.budget_bytes)} (margin {format_size(study.margin_bytes)}); "
             f"{candidates} candidate configs{resumed}")
 

@@ -31,6 +31,7 @@ class ProbeResult:
     build_seconds: float | None = None    # model build and optimizer set-up
     measured_seconds: float | None = None # the timed window
     wall_seconds: float | None = None     # the whole probe as the caller saw it, process start included
+    parameters: int | None = None         # parameters of the model built (the task's whole class)
     error: str | None = None
 
     def __post_init__(self) -> None:

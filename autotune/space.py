@@ -10,8 +10,8 @@ from autotune import defaults
 from autotune.config import ATTENTIONS, PRECISIONS, ProbeConfig
 from autotune.errors import BadInput
 from autotune.models import ModelSpec
+from autotune.tasks import Task, task_fields
 from autotune.units import INT64_MAX
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +24,10 @@ class SearchSpace:
     attentions: tuple[str, ...] = defaults.ATTENTIONS
     effective_batch: int | None = defaults.EFFECTIVE_BATCH   # sequences per optimizer step
     effective_tokens: int | None = None                     # tokens per optimizer step (several block sizes)
+    # Recipe levers, fixed for a study (autotune.tasks): what is trained, never searched.
+    task: str = Task.CAUSAL_LM.value
+    target_length: int | None = None                        # seq2seq target tokens
+    num_labels: int | None = None                           # classification outputs
 
     def __post_init__(self) -> None:
         problems = []
@@ -53,10 +57,13 @@ class SearchSpace:
 
     @classmethod
     def build(cls, spec: ModelSpec, *, micro_batches=None, block_sizes=None, precisions=None, checkpointing=None,
-              attentions=None, effective_batch=None, effective_tokens=None) -> "SearchSpace":
+              attentions=None, effective_batch=None, effective_tokens=None, task=None, target_length=None,
+              num_labels=None) -> "SearchSpace":
         """A space for `spec` with documented defaults for whatever is not given, checked against
-        the model (block sizes within its maximum positions)."""
+        the model (block sizes within its maximum positions; the task from its architectures)."""
         max_positions = spec.max_positions
+        recipe = task_fields(spec.config, spec.reference, task=task, target_length=target_length, num_labels=num_labels,
+                             max_positions=max_positions)
         if block_sizes is None:
             block_sizes = (min(defaults.BLOCK_SIZE, max_positions or defaults.BLOCK_SIZE),)
         spec.check_block_sizes(*block_sizes, flag="--block-sizes")
@@ -77,6 +84,7 @@ class SearchSpace:
             attentions=tuple(attentions or defaults.ATTENTIONS),
             effective_batch=effective_batch,
             effective_tokens=effective_tokens,
+            **recipe,
         )
 
     def grad_accum(self, micro_batch: int, block_size: int) -> int | None:
@@ -99,7 +107,9 @@ class SearchSpace:
                             if accum is None:
                                 continue
                             out.append(ProbeConfig(model=self.model, micro_batch=micro, block_size=block, grad_accum=accum,
-                                                   precision=precision, checkpointing=checkpointing, attention=attention))
+                                                   precision=precision, checkpointing=checkpointing, attention=attention,
+                                                   task=self.task, target_length=self.target_length,
+                                                   num_labels=self.num_labels))
         if not out:
             work = f"{self.effective_batch} sequences" if self.effective_batch else f"{self.effective_tokens} tokens"
             raise BadInput(f"no micro-batch in --micro-batches divides the effective batch ({work}) exactly; "
@@ -111,12 +121,17 @@ class SearchSpace:
         return [m for m in self.micro_batches if all(self.grad_accum(m, b) is None for b in self.block_sizes)]
 
     def to_dict(self) -> dict:
-        return {
+        """As stored with a study. The recipe levers appear when not causal-lm's, so that a causal-LM
+        study stored before tasks existed still matches its space (and answers from the database)."""
+        data = {
             "model": self.model, "micro_batches": list(self.micro_batches), "block_sizes": list(self.block_sizes),
             "precisions": list(self.precisions), "checkpointing": list(self.checkpointing),
             "attentions": list(self.attentions), "effective_batch": self.effective_batch,
             "effective_tokens": self.effective_tokens,
         }
+        if self.task != Task.CAUSAL_LM:
+            data.update(task=self.task, target_length=self.target_length, num_labels=self.num_labels)
+        return data
 
     @property
     def work_per_step(self) -> int:
@@ -144,3 +159,14 @@ def dominates_in_memory(small: ProbeConfig, large: ProbeConfig) -> bool:
         return False
     return (small.precision, small.checkpointing, small.attention) == (large.precision, large.checkpointing, large.attention) \
         and large.micro_batch >= small.micro_batch and large.block_size >= small.block_size
+
+
+def single_config(spec: ModelSpec, *, micro_batch: int, block_size: int, grad_accum: int = 1,
+                  precision: str = defaults.PRECISION, checkpointing: bool = False, attention: str = defaults.ATTENTION,
+                  task: str | None = None, target_length: int | None = None, num_labels: int | None = None) -> ProbeConfig:
+    """One configuration of `spec`, as `autotune probe` and `autotune estimate` are given it: the
+    task told from the model's architectures when not given, with its defaults."""
+    recipe = task_fields(spec.config, spec.reference, task=task, target_length=target_length, num_labels=num_labels,
+                         max_positions=spec.max_positions)
+    return ProbeConfig(model=spec.reference, micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum,
+                       precision=precision, checkpointing=checkpointing, attention=attention, **recipe)

@@ -40,6 +40,8 @@ from autotune.estimate.protocol import TraceFailure, TraceItem, TraceRequest, Tr
 from autotune.units import round_to_block
 
 ROLES = ("params", "grads", "optimizer", "activations", "temporaries")
+_LAYER_NORM = torch.ops.aten.native_layer_norm.default
+_REDUCED = (torch.bfloat16, torch.float16)
 # The probe's warm-up: the second step runs with optimizer state in place, as every later one does.
 OPTIMIZER_STEPS = 2
 
@@ -50,6 +52,7 @@ class _Storage:
     phase: str
     role: str | None = None  # settled when known: params, grads, optimizer, host (not on the GPU)
     block: object = None     # the allocator model's block while replaying
+    corrected: bool = False  # its size is the real kernel's, not the fake storage's (see Ledger)
 
 
 class Ledger(TorchDispatchMode):
@@ -77,19 +80,19 @@ class Ledger(TorchDispatchMode):
         if known is not None:
             known[0].role = role
 
-    def _track(self, tensor: torch.Tensor) -> None:
+    def _track(self, tensor: torch.Tensor, nbytes: int | None = None) -> None:
         storage = tensor.untyped_storage()
         known = self._known.get(storage)
-        nbytes = storage.nbytes()
+        nbytes = storage.nbytes() if nbytes is None else nbytes
         phase = self.phase()
         if known is not None:
             entry = known[0]
-            if entry.nbytes != nbytes:  # resized in place: free the old size, allocate the new
+            if entry.nbytes != nbytes and not entry.corrected:  # resized in place: free the old size, allocate the new
                 self.events.append((-1, entry, phase))
                 entry.nbytes = nbytes
                 self.events.append((1, entry, phase))
             return
-        entry = _Storage(nbytes, phase)
+        entry = _Storage(nbytes, phase, corrected=nbytes != storage.nbytes())
         events = self.events
         def died(_ref: object, entry: _Storage = entry) -> None:
             events.append((-1, entry, ""))
@@ -100,6 +103,14 @@ class Ledger(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        if func is _LAYER_NORM and out[1].dtype in _REDUCED:
+            # The real CPU and CUDA kernels keep a bf16/fp16 input's mean and rstd in fp32 (the
+            # accumulation type, with fp32 weights); the fake kernel makes them in the input's
+            # dtype. Seen in a masked-LM head, whose LayerNorm gets autocast's bf16 output.
+            self._track(out[0])
+            for stat in out[1:]:
+                self._track(stat, stat.numel() * 4)
+            return out
         for leaf in tree_leaves(out):
             if isinstance(leaf, torch.Tensor):
                 self._track(leaf)
@@ -180,17 +191,34 @@ def replay(events: list, *, cuda: bool) -> dict:
 def _real_run_mask_rules() -> None:
     """Make transformers choose the attention mask it chooses on real tensors.
 
-    On a real batch of unpacked sequences `find_packed_sequence_indices` reads the position ids,
-    finds no packing and returns None, so SDPA gets `is_causal=True` and no mask. On fake tensors
-    it cannot read them and assumes packing, which builds an explicit B x 1 x S x S mask (and
-    would rule out CUDA's flash kernel). The probe feeds unpacked sequences, so answer as a real
-    run does."""
+    The probe feeds unpadded, unpacked sequences, and transformers answers from their values:
+    - `find_packed_sequence_indices` reads the position ids, finds no packing and returns None,
+      so SDPA gets `is_causal=True` and no mask. On fake tensors it cannot read them and assumes
+      packing, which builds an explicit B x 1 x S x S mask (and would rule out CUDA's flash kernel).
+    - an encoder-decoder's decoder (BART, Pegasus) makes a padding mask of ones itself; the SDPA
+      skip checks read it, find no padding and skip the mask. A fake padding mask counts as
+      "tracing", which keeps the B x 1 x T x T mask (bart at 2 x 64+128: 256 KiB more than measured).
+    So answer as a real run of the probe's batches does: no packing, and no padding."""
     try:
         import transformers.masking_utils as masking
     except ImportError:  # pragma: no cover - a transformers without the module builds masks otherwise
         return
+    from torch._subclasses.fake_tensor import FakeTensor
+
     if hasattr(masking, "find_packed_sequence_indices"):
         masking.find_packed_sequence_indices = lambda position_ids: None
+    for name in ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa"):
+        original = getattr(masking, name, None)
+        if original is None or getattr(original, "_autotune_unpadded", False):
+            continue
+
+        def unpadded(padding_mask, *args, _original=original, **kwargs):
+            if isinstance(padding_mask, FakeTensor):
+                padding_mask = None  # the probe's batches have no padding: this mask is all ones
+            return _original(padding_mask, *args, **kwargs)
+
+        unpadded._autotune_unpadded = True  # type: ignore[attr-defined]
+        setattr(masking, name, unpadded)
 
 
 def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:

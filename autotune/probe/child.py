@@ -13,7 +13,8 @@ import time
 
 _PROCESS_START = time.perf_counter()
 
-import gc  # noqa: E402  (the clock above must start before the heavy imports)
+import dataclasses  # noqa: E402  (the clock above must start before the heavy imports)
+import gc  # noqa: E402
 import math  # noqa: E402
 import signal  # noqa: E402
 import traceback  # noqa: E402
@@ -37,7 +38,14 @@ from autotune.probe.protocol import (  # noqa: E402
     UserErrorReply,
 )
 from autotune.models import ModelSpec  # noqa: E402
-from autotune.probe.step import ProbeStep, build_model, flops_per_token, make_optimizer  # noqa: E402
+from autotune.probe.step import (  # noqa: E402
+    ProbeStep,
+    build_model,
+    flops_per_token,
+    from_config,
+    make_optimizer,
+    task_config,
+)
 from autotune.result import ProbeResult  # noqa: E402
 from autotune.status import CLEAN, ProbeStatus  # noqa: E402
 
@@ -87,6 +95,7 @@ def run_probe_in_process(request: ProbeRequest) -> ProbeResult:
                 result.status = ProbeStatus.SKIPPED
                 result.error = f"block size {config.block_size} exceeds the model's maximum positions"
                 return result
+            result.parameters = sum(p.numel() for p in model.parameters())
             optimizer = make_optimizer(model, device)
             step = ProbeStep(model, optimizer, config, device, hf_config.vocab_size)
             result.build_seconds = time.perf_counter() - started
@@ -135,14 +144,13 @@ def run_probe_in_process(request: ProbeRequest) -> ProbeResult:
 
 def check_model(request: ModelCheckRequest) -> ModelCheckReply:
     """Build the model on the meta device with each attention kernel: raises a user error for a
-    config transformers cannot read, a model the probe cannot build, or a kernel missing here."""
-    from transformers import AutoModelForCausalLM
-
+    config transformers cannot read, a model with no class for the task, a model the probe cannot
+    build, or a kernel missing here."""
     resolve_device(request.device)
     spec = ModelSpec("--model", request.model_config, "probe", request.model_path)
     what = f"the model ({spec.model_type})"
     try:
-        hf_config = spec.hf_config(request.trust_remote_code)
+        hf_config = task_config(spec.hf_config(request.trust_remote_code), request.config)
     except (ValueError, KeyError, TypeError, OSError, ImportError) as exc:
         raise errors.ModelNotFound(f"{what}: transformers cannot read its config.json ({_first_line(exc)}); fix the "
                                    f"config or pass another --model.") from None
@@ -150,15 +158,17 @@ def check_model(request: ModelCheckRequest) -> ModelCheckReply:
     for attention in request.attentions:
         try:
             with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=attention, dtype=torch.float32,
-                                                         trust_remote_code=request.trust_remote_code)
+                model = from_config(hf_config, dataclasses.replace(request.config, attention=attention),
+                                    request.trust_remote_code, dtype=torch.float32)
+        except errors.AutotuneError:
+            raise
         except (ImportError, ValueError, KeyError, TypeError, AttributeError, NotImplementedError, RuntimeError) as exc:
             text = _first_line(exc)
             if attention in text or "attn" in text.lower() or "attention" in text.lower():
                 raise errors.DeviceError(f"--attention {attention} cannot run here ({text[:300]}); leave it out of "
                                          f"--attention.") from None
-            raise errors.ModelNotFound(f"{what} cannot be built as a causal language model ({text[:300]}); "
-                                       f"pass a causal LM to --model.") from None
+            raise errors.ModelNotFound(f"{what} cannot be built for {request.config.task} ({text[:300]}); "
+                                       f"pass another --model or --task.") from None
         parameters = sum(p.numel() for p in model.parameters())
         del model
     return ModelCheckReply(parameters=parameters)

@@ -40,6 +40,7 @@ class ModelCheckRequest:
 
     model_config: dict
     model_path: str | None
+    config: ProbeConfig             # the task and its head, as the probes will build them
     attentions: tuple[str, ...]
     device: str
     trust_remote_code: bool = False

@@ -74,7 +74,8 @@ class ProbeSettings:
 def check_model(spec: ModelSpec, trust_remote_code: bool) -> None:
     """What can be told of a model from its config.json alone, before any process starts."""
     if "vocab_size" not in spec.config:
-        raise errors.ModelNotFound(f"--model {spec.reference}: its config has no vocab_size; is it a causal language model?")
+        raise errors.ModelNotFound(f"--model {spec.reference}: its config has no vocab_size; is it a language model "
+                                   f"(text in, tokens or labels out)?")
     if spec.needs_remote_code and not trust_remote_code:
         raise errors.BadInput(f"--model {spec.reference} brings its own code (auto_map in its config.json); pass "
                               f"--trust-remote-code to allow it to run, or choose another model.")
@@ -83,6 +84,8 @@ def check_model(spec: ModelSpec, trust_remote_code: bool) -> None:
 def check_config(config: ProbeConfig, spec: ModelSpec, trust_remote_code: bool = False) -> None:
     """Problems a user must fix before any process starts."""
     spec.check_block_sizes(config.block_size)
+    if config.target_length is not None:
+        spec.check_block_sizes(config.target_length, flag="--target-length")
     check_model(spec, trust_remote_code)
 
 
@@ -96,7 +99,7 @@ class ProbeRunner:
         self._process: Any = None   # multiprocessing's SpawnProcess, while a child is alive
         self._conn: Any = None      # our end of the pipe to it
         self.children_started = 0
-        self._checked: set[tuple[str, tuple[str, ...]]] = set()  # (model fingerprint, attentions) that build
+        self._checked: set[tuple] = set()  # (model fingerprint, task, labels, attentions) that build
 
     # -- child lifecycle -----------------------------------------------------------------------
     def _start_child(self) -> float:
@@ -189,16 +192,17 @@ class ProbeRunner:
         assert isinstance(reply, EnvironmentReply)
         return reply.environment
 
-    def check(self, spec: ModelSpec, attentions: tuple[str, ...]) -> None:
-        """Refuse, with a user error, a model the probe cannot build here with these attention
-        kernels (built on the meta device: seconds, no memory). Run before anything is stored."""
+    def check(self, spec: ModelSpec, config: ProbeConfig, attentions: tuple[str, ...]) -> None:
+        """Refuse, with a user error, a model the probe cannot build here as `config`'s task with
+        these attention kernels (built on the meta device: seconds, no memory). Run before anything
+        is stored."""
         check_model(spec, self.settings.trust_remote_code)
-        asked = (spec.fingerprint, tuple(attentions))
+        asked = (spec.fingerprint, config.task, config.num_labels, tuple(attentions))
         if asked in self._checked:
             return
         self._ensure_child()
         assert self._conn is not None
-        self._conn.send(ModelCheckRequest(spec.config, spec.path, tuple(attentions), self.settings.device,
+        self._conn.send(ModelCheckRequest(spec.config, spec.path, config, tuple(attentions), self.settings.device,
                                           self.settings.trust_remote_code))
         reply = self._receive(STARTUP_TIMEOUT)
         if reply is None:

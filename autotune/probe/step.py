@@ -9,23 +9,56 @@ import contextlib
 import torch
 
 from autotune.config import ProbeConfig
+from autotune.errors import BadInput
 from autotune.models import ModelSpec
+from autotune.tasks import AUTO_CLASSES, MLM_PROBABILITY, Task
+
+
+def auto_class(task: str):
+    """The transformers Auto class that builds `task`'s model."""
+    import transformers
+
+    return getattr(transformers, AUTO_CLASSES[Task(task)])
+
+
+def task_config(hf_config, config: ProbeConfig):
+    """The transformers config as the task trains it (changed in place, and returned)."""
+    hf_config.use_cache = False  # the KV cache is for generation; in training it only costs memory
+    if config.num_labels is not None:
+        hf_config.num_labels = config.num_labels
+    if config.task == Task.CLASSIFICATION and getattr(hf_config, "pad_token_id", None) is None:
+        # Decoder classifiers (GPT2ForSequenceClassification) find each sequence's last token by
+        # its padding and refuse batches of several without a pad token; run_classification.py
+        # sets it to the end-of-text token the same way.
+        hf_config.pad_token_id = getattr(hf_config, "eos_token_id", None) or 0
+    return hf_config
+
+
+def from_config(hf_config, config: ProbeConfig, trust_remote_code: bool, **kwargs):
+    """`config.task`'s model built from `hf_config`: BadInput when transformers has no class of that
+    task for this model type (one line, rather than transformers' list of every class it knows)."""
+    cls = auto_class(config.task)
+    try:
+        return cls.from_config(hf_config, attn_implementation=config.attention, trust_remote_code=trust_remote_code,
+                               **kwargs)
+    except ValueError as exc:
+        if "Unrecognized configuration class" not in str(exc):
+            raise
+        raise BadInput(f"the model ({hf_config.model_type}) has no {config.task} class in transformers ({cls.__name__} "
+                       f"does not know model type {hf_config.model_type!r}); pass the --task it is made for.") from None
 
 
 def build_model(model_config: dict, model_path: str | None, config: ProbeConfig, device: torch.device,
                 trust_remote_code: bool):
-    """A randomly initialised causal LM built directly on `device`; memory and speed do not depend
-    on the weights' values, so no checkpoint is read. Returns (model, transformers config)."""
-    from transformers import AutoModelForCausalLM
-
+    """A randomly initialised model of `config.task`'s class (all its parameters: an encoder-decoder
+    is built whole), directly on `device`; memory and speed do not depend on the weights' values,
+    so no checkpoint is read. Returns (model, transformers config)."""
     spec = ModelSpec(config.model, model_config, "probe", model_path)
-    hf_config = spec.hf_config(trust_remote_code)
-    hf_config.use_cache = False  # the KV cache is for generation; in training it only costs memory
+    hf_config = task_config(spec.hf_config(trust_remote_code), config)
     with torch.device(device):
         # fp32 master weights whatever dtype the checkpoint was saved in: mixed precision is
         # autocast over fp32 weights, as Trainer does with fp16=True/bf16=True.
-        model = AutoModelForCausalLM.from_config(hf_config, attn_implementation=config.attention,
-                                                 trust_remote_code=trust_remote_code, dtype=torch.float32)
+        model = from_config(hf_config, config, trust_remote_code, dtype=torch.float32)
     model.train()
     if config.checkpointing:
         # Non-reentrant checkpointing is what PyTorch recommends and what Trainer uses by default.
@@ -46,6 +79,41 @@ def make_optimizer(model, device: torch.device) -> torch.optim.Optimizer:
         return torch.optim.AdamW(params, lr=5e-5, foreach=device.type == "cuda")
 
 
+def synthetic_batch(config: ProbeConfig, vocab_size: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """One micro-batch of random tokens shaped as `config.task` trains, with labels as the task's
+    own training builds them. Only elementwise ops (no boolean indexing), so that the estimator's
+    fake tensors trace it exactly.
+
+    - causal-lm: labels are the input ids (the model shifts them), as run_clm.py packs blocks.
+    - seq2seq: `block_size` source tokens and `target_length` label tokens; the model makes its
+      decoder inputs by shifting the labels right, as it does for DataCollatorForSeq2Seq.
+    - classification: one integer label per sequence (a float for a one-output regression head).
+    - masked-lm: BERT's masking of 15% of the tokens (80% become the mask token, 10% a random
+      token, 10% stay); the other labels are -100, as DataCollatorForLanguageModeling makes them.
+    """
+    shape = (config.micro_batch, config.block_size)
+    input_ids = torch.randint(0, vocab_size, shape, device=device)
+    task = Task(config.task)
+    if task == Task.CAUSAL_LM:
+        return {"input_ids": input_ids, "labels": input_ids}
+    if task == Task.SEQ2SEQ:
+        assert config.target_length is not None
+        labels = torch.randint(0, vocab_size, (config.micro_batch, config.target_length), device=device)
+        return {"input_ids": input_ids, "labels": labels}
+    if task == Task.CLASSIFICATION:
+        assert config.num_labels is not None
+        if config.num_labels == 1:
+            return {"input_ids": input_ids, "labels": torch.rand(config.micro_batch, device=device)}
+        return {"input_ids": input_ids, "labels": torch.randint(0, config.num_labels, (config.micro_batch,), device=device)}
+    # masked-lm. The mask token's id changes nothing measured: the last id of the vocabulary stands in.
+    chosen = torch.rand(shape, device=device) < MLM_PROBABILITY
+    labels = torch.where(chosen, input_ids, torch.full_like(input_ids, -100))
+    fate = torch.rand(shape, device=device)
+    masked = torch.where(chosen & (fate < 0.8), torch.full_like(input_ids, vocab_size - 1), input_ids)
+    randomised = torch.where(chosen & (fate >= 0.8) & (fate < 0.9), torch.randint_like(input_ids, 0, vocab_size), masked)
+    return {"input_ids": randomised, "labels": labels}
+
+
 def flops_per_token(model, hf_config, block_size: int) -> float:
     """Training FLOPs per token: 6N for the weights plus attention's 12*L*d*T (PaLM, appendix B).
     Recomputation under checkpointing is not counted: MFU measures useful work."""
@@ -63,18 +131,16 @@ class ProbeStep:
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
         self.autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else contextlib.nullcontext
         self.scaler = torch.amp.GradScaler(device.type) if config.precision == "fp16" else None
-        # Two synthetic batches of the right shape and vocabulary, alternated: like a data loader's
+        # Two synthetic batches of the task's shape and vocabulary, alternated: like a data loader's
         # prefetched batch, they are part of the memory a real run holds.
-        shape = (config.micro_batch, config.block_size)
-        self.batches = [torch.randint(0, vocab_size, shape, device=device) for _ in range(2)]
+        self.batches = [synthetic_batch(config, vocab_size, device) for _ in range(2)]
 
     def __call__(self) -> float:
         """Run the step; returns its loss (summed over micro-steps)."""
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(self.config.grad_accum):
-            input_ids = self.batches[micro % 2]
             with self.autocast():
-                loss = self.model(input_ids=input_ids, labels=input_ids).loss / self.config.grad_accum
+                loss = self.model(**self.batches[micro % 2]).loss / self.config.grad_accum
             if self.scaler is not None:
                 self.scaler.scale(loss).backward()
             else:

@@ -310,7 +310,7 @@ def preflight(space: SearchSpace, spec: ModelSpec, budget_bytes: int, runner: Ru
     cleanly. Returns the environment the probes run in."""
     environment = runner.environment()
     _check_budget(budget_bytes, environment)
-    runner.check(spec, space.attentions)
+    runner.check(spec, space.candidates()[0], space.attentions)
     return environment
 
 
