@@ -4,6 +4,7 @@
     best = autotune.best("gpt2-8GiB")
     args = best.training_arguments(output_dir="out")       # a real transformers.TrainingArguments
     model = AutoModelForCausalLM.from_pretrained("gpt2", **best.model_kwargs())
+    # the Auto class and example script of the study's task: best.task_document()
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 from autotune.errors import StudyNotFound
 from autotune.store import LeaderboardRow, open_store
+from autotune.tasks import AUTO_CLASSES, EXAMPLE_SCRIPTS, MLM_PROBABILITY, Task
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +49,27 @@ class BestConfig:
         return kwargs
 
     def model_kwargs(self) -> dict:
-        """Keyword arguments for `from_pretrained` / `from_config`."""
-        return {"attn_implementation": self.config.attention, "use_cache": False}
+        """Keyword arguments for `from_pretrained` / `from_config` of the task's Auto class."""
+        kwargs: dict = {"attn_implementation": self.config.attention, "use_cache": False}
+        if self.config.num_labels is not None:
+            kwargs["num_labels"] = self.config.num_labels
+        return kwargs
+
+    def task_document(self) -> dict:
+        """What is trained: the task, the Auto class that builds it, the example script it hands
+        off to, and the lengths the probes measured."""
+        c = self.config
+        task = Task(c.task)
+        document: dict = {"task": c.task, "auto_class": AUTO_CLASSES[task], "example_script": EXAMPLE_SCRIPTS[task]}
+        if task == Task.SEQ2SEQ:
+            document.update(max_source_length=c.block_size, max_target_length=c.target_length)
+        elif task == Task.CLASSIFICATION:
+            document.update(max_seq_length=c.block_size, num_labels=c.num_labels)
+        elif task == Task.MASKED_LM:
+            document.update(max_seq_length=c.block_size, mlm_probability=MLM_PROBABILITY)
+        else:
+            document.update(block_size=c.block_size)
+        return document
 
     def training_arguments(self, output_dir: str, **overrides):
         """A `transformers.TrainingArguments` with the winning levers (overrides win)."""
@@ -68,13 +89,26 @@ class BestConfig:
 
     def trainer_args_document(self) -> dict:
         return {"training_arguments": self.trainer_kwargs(), "model_kwargs": self.model_kwargs(),
-                "block_size": self.config.block_size}
+                "block_size": self.config.block_size, **self.task_document()}
 
     def cli_flags(self) -> str:
-        """The matching flags of the Hugging Face example scripts (run_clm.py)."""
+        """The matching flags of the task's Hugging Face example script (transformers/examples/pytorch):
+        run_clm.py, run_summarization.py, run_classification.py (run_glue.py takes the same
+        length flag) or run_mlm.py. The lengths are the ones the probes measured; the seq2seq and
+        classification scripts pad to them with --pad_to_max_length, as the probes' batches are full."""
         c = self.config
-        flags = ["--per_device_train_batch_size", str(c.micro_batch), "--gradient_accumulation_steps", str(c.grad_accum),
-                 "--block_size", str(c.block_size), "--optim", "adamw_torch_fused"]
+        task = Task(c.task)
+        flags = ["--per_device_train_batch_size", str(c.micro_batch), "--gradient_accumulation_steps", str(c.grad_accum)]
+        if task == Task.SEQ2SEQ:
+            flags += ["--max_source_length", str(c.block_size), "--max_target_length", str(c.target_length),
+                      "--pad_to_max_length"]
+        elif task == Task.CLASSIFICATION:
+            flags += ["--max_seq_length", str(c.block_size), "--pad_to_max_length"]
+        elif task == Task.MASKED_LM:
+            flags += ["--max_seq_length", str(c.block_size)]
+        else:
+            flags += ["--block_size", str(c.block_size)]
+        flags += ["--optim", "adamw_torch_fused"]
         if c.precision in ("fp16", "bf16"):
             flags.append(f"--{c.precision}")
         if c.checkpointing:
@@ -98,6 +132,9 @@ class BestConfig:
         lines.append("trainer_args:")
         for key, value in self.trainer_kwargs().items():
             lines.append(f"  {key}: {json.dumps(value) if isinstance(value, dict) else scalar(value)}")
+        lines.append("task:")
+        for key, value in self.task_document().items():
+            lines.append(f"  {key}: {scalar(value)}")
         lines.append("model_kwargs:")
         for key, value in self.model_kwargs().items():
             lines.append(f"  {key}: {scalar(value)}")

@@ -160,6 +160,15 @@ def describe_task(config) -> str:
     return str(config.task)
 
 
+def _task_levers(config) -> str:
+    """The recipe levers of a task other than causal-lm, as `explain_winner` lists levers."""
+    if config.task == "causal-lm":
+        return ""
+    extra = f", target_length={config.target_length}" if config.target_length is not None else ""
+    extra += f", num_labels={config.num_labels}" if config.num_labels is not None else ""
+    return f", task={config.task}{extra}"
+
+
 def format_search_header(study, environment, candidates: int, already: int) -> str:
     resumed = f", resuming with {already} already settled" if already else ""
     task = study.space.get("task")
@@ -183,7 +192,7 @@ def explain_winner(outcome) -> str:
     lines = [
         f"Chosen: {best.label}  (micro_batch={best.config.micro_batch}, grad_accum={best.config.grad_accum}, "
         f"precision={best.config.precision}, checkpointing={best.config.checkpointing}, "
-        f"block_size={best.config.block_size}, attention={best.config.attention})",
+        f"block_size={best.config.block_size}, attention={best.config.attention}{_task_levers(best.config)})",
         f"  why: fastest that fits, {best.tokens_per_s:,.0f} tokens/s; needs {format_size(required)} "
         f"(peak reserved {format_size(best.peak_reserved_bytes)} + context {format_size(best.context_bytes)}) "
         f"of the {format_size(best.budget_bytes)} budget, {format_size(headroom)} to spare after the "

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from autotune.store import PG_CONNECT_TIMEOUT_S, open_store
+from autotune.store.schema import SCHEMA_REVISION
 from tests.cli import assert_usage_error, autotune
 from tests.store.helpers import ENV, FakeModel, GiB, config, make_study, result
 
@@ -223,7 +224,7 @@ def test_read_commands_do_not_upgrade_an_older_database(work, hermetic_home, com
     db = work / "old.db"
     shutil.copy(FIXTURE_0001, db)
     with Unchanged(work, hermetic_home):
-        refused(run(*command, "--db", str(db)), f"older than this autotune's '0002_claims'; upgrade it: autotune db upgrade --db {db}")
+        refused(run(*command, "--db", str(db)), f"older than this autotune's '{SCHEMA_REVISION}'; upgrade it: autotune db upgrade --db {db}")
 
 
 def test_read_commands_refuse_a_database_with_no_autotune_tables(work, hermetic_home):
@@ -238,7 +239,7 @@ def test_read_commands_refuse_a_database_with_no_autotune_tables(work, hermetic_
 def test_db_upgrade_still_creates_and_upgrades(work):
     db = work / "old.db"
     shutil.copy(FIXTURE_0001, db)
-    assert run("db", "upgrade", "--db", str(db)).stdout.strip() == f"{db}: upgraded from 0001_initial to 0002_claims"
+    assert run("db", "upgrade", "--db", str(db)).stdout.strip() == f"{db}: upgraded from 0001_initial to {SCHEMA_REVISION}"
     assert "fixture-0001" in run("studies", "--db", str(db)).stdout
     assert run("db", "upgrade", "--db", "new/n.db").returncode == 0 and (work / "new" / "n.db").is_file()
 

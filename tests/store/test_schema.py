@@ -72,6 +72,9 @@ def test_database_written_by_revision_0001_upgrades_and_reads_back(tmp_path):
         assert (study.probes_total, study.probes_ok, study.probes_oom, study.best_tokens_per_s) == (2, 1, 1, 18005.3)
         ok, oom = store.probes("fixture-0001")
         assert ok.config == ProbeConfig("gpt2", 8, 512, grad_accum=4, precision="bf16")
+        # Rows from before tasks (0003_tasks) read as causal-LM probes.
+        assert (ok.config.task, ok.config.target_length, ok.config.num_labels, ok.result.parameters) == \
+            ("causal-lm", None, None, None)
         assert (ok.result.peak_reserved_bytes, ok.result.startup_seconds, ok.worker) == (5_600_000_000, 3.1, "gpu-host-1")
         assert ok.finished_at.tzinfo is not None and ok.finished_at.isoformat().startswith("2026-01-02T03:05:20")
         assert oom.result.status == "oom" and "out of memory" in oom.result.error
