@@ -44,8 +44,9 @@ class ScriptedRunner:
     def environment(self) -> Environment:
         return self.env
 
-    def check(self, spec, attentions) -> None:
-        """The scripted model always builds."""
+    def check(self, spec, config, attentions) -> dict[str, str]:
+        """The scripted model always builds, with every kernel."""
+        return {}
 
     def run(self, config: ProbeConfig, budget_bytes: int, spec=None) -> ProbeResult:
         self.asked.append(config)

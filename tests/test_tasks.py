@@ -167,7 +167,32 @@ def test_a_tiny_search_of_every_family_finishes_with_a_pick(models, tmp_path):
             assert outcome.best is not None, family
             assert outcome.best.config.task == TASK_OF[family] and outcome.study.status == "finished"
             assert len(store.probes(family)) == 4
+        # A model whose class lacks a kernel (deberta has no sdpa) and cannot be traced on fake
+        # tensors (it reads values): the kernel's probes are skipped with why, the search goes on
+        # without predictions and says so, and every config is settled.
+        spec = resolve_model(str(_write_config(tmp_path / "deberta", DEBERTA)))
+        space = SearchSpace.build(spec, micro_batches=(1,), block_sizes=(32,), precisions=("fp32",),
+                                  checkpointing=(False,), effective_batch=1)
+        assert space.attentions == ("sdpa", "eager")
+        preflight(space, spec, budget, runner)
+        outcome = run_search(space, spec, budget, budget // 20, runner, store, SearchOptions(study="deberta"))
+        assert outcome.best is not None and outcome.best.config.attention == "eager" and not outcome.unmeasured
+        skipped = [p for p in store.probes("deberta") if p.config.attention == "sdpa"]
+        assert [p.result.status for p in skipped] == ["skipped"]
+        assert "attention 'sdpa': this model does not implement it" in skipped[0].result.error
+        assert any("memory predictions unavailable" in line for line in outcome.failures)
         assert runner.children_started == 1
+
+
+DEBERTA = {"model_type": "deberta-v2", "architectures": ["DebertaV2ForSequenceClassification"], "vocab_size": 1024,
+           "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128,
+           "max_position_embeddings": 256}
+
+
+def _write_config(path, config: dict):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config))
+    return path
 
 
 # -- the command line -----------------------------------------------------------------------------

@@ -88,7 +88,8 @@ def run_probe_in_process(request: ProbeRequest) -> ProbeResult:
             except (ImportError, ValueError) as exc:
                 if "attn" in str(exc).lower() or "attention" in str(exc).lower():
                     result.status = ProbeStatus.SKIPPED
-                    result.error = f"attention {config.attention!r} is not available here: {exc}"[:ERROR_TAIL_CHARS]
+                    why = "this model does not implement it" if _model_lacks_kernel(str(exc)) else "not available here"
+                    result.error = f"attention {config.attention!r}: {why}: {_first_line(exc)}"[:ERROR_TAIL_CHARS]
                     return result
                 raise
             if config.block_size > (getattr(hf_config, "max_position_embeddings", None) or config.block_size):
@@ -155,6 +156,7 @@ def check_model(request: ModelCheckRequest) -> ModelCheckReply:
         raise errors.ModelNotFound(f"{what}: transformers cannot read its config.json ({_first_line(exc)}); fix the "
                                    f"config or pass another --model.") from None
     parameters = 0
+    unsupported: list[tuple[str, str]] = []
     for attention in request.attentions:
         try:
             with torch.device("meta"):
@@ -164,6 +166,11 @@ def check_model(request: ModelCheckRequest) -> ModelCheckReply:
             raise
         except (ImportError, ValueError, KeyError, TypeError, AttributeError, NotImplementedError, RuntimeError) as exc:
             text = _first_line(exc)
+            if _model_lacks_kernel(text):
+                # The model's class has no such kernel (deberta, led, gpt_neo and sdpa): the
+                # search goes on with the others, and this kernel's probes are skipped with why.
+                unsupported.append((attention, text[:300]))
+                continue
             if attention in text or "attn" in text.lower() or "attention" in text.lower():
                 raise errors.DeviceError(f"--attention {attention} cannot run here ({text[:300]}); leave it out of "
                                          f"--attention.") from None
@@ -171,7 +178,17 @@ def check_model(request: ModelCheckRequest) -> ModelCheckReply:
                                        f"pass another --model or --task.") from None
         parameters = sum(p.numel() for p in model.parameters())
         del model
-    return ModelCheckReply(parameters=parameters)
+    if len(unsupported) == len(request.attentions):
+        kernels = "; ".join(f"{attention}: {why}" for attention, why in unsupported)
+        raise errors.DeviceError(f"{what} supports none of the attention kernels asked for ({kernels[:400]}); pass "
+                                 f"--attention with another (eager is implemented by every model).")
+    return ModelCheckReply(parameters=parameters, unsupported=tuple(unsupported))
+
+
+def _model_lacks_kernel(text: str) -> bool:
+    """transformers' "X does not support an attention implementation through ..." (or "... Flash
+    Attention ... yet"): the model's class, not this machine, lacks the kernel."""
+    return "does not support" in text and ("attention" in text.lower() or "attn" in text.lower())
 
 
 def _first_line(exc: BaseException) -> str:

@@ -48,9 +48,11 @@ class ModelCheckRequest:
 
 @dataclass(frozen=True, slots=True)
 class ModelCheckReply:
-    """The model builds with every attention asked for."""
+    """The model builds with at least one attention asked for; the kernels the model's class does
+    not implement (deberta and sdpa), with the reason, are left to be skipped by their probes."""
 
     parameters: int
+    unsupported: tuple[tuple[str, str], ...] = ()   # (attention, why)
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,7 +99,8 @@ class ProbeRunner:
         self._process: Any = None   # multiprocessing's SpawnProcess, while a child is alive
         self._conn: Any = None      # our end of the pipe to it
         self.children_started = 0
-        self._checked: set[tuple] = set()  # (model fingerprint, task, labels, attentions) that build
+        # (model fingerprint, task, labels, attentions) that build -> the kernels the model lacks
+        self._checked: dict[tuple, dict[str, str]] = {}
 
     # -- child lifecycle -----------------------------------------------------------------------
     def _start_child(self) -> float:
@@ -192,14 +193,15 @@ class ProbeRunner:
         assert isinstance(reply, EnvironmentReply)
         return reply.environment
 
-    def check(self, spec: ModelSpec, config: ProbeConfig, attentions: tuple[str, ...]) -> None:
+    def check(self, spec: ModelSpec, config: ProbeConfig, attentions: tuple[str, ...]) -> dict[str, str]:
         """Refuse, with a user error, a model the probe cannot build here as `config`'s task with
         these attention kernels (built on the meta device: seconds, no memory). Run before anything
-        is stored."""
+        is stored. Returns the kernels the model's class does not implement, with why (their
+        probes are skipped); asked again, answers from memory."""
         check_model(spec, self.settings.trust_remote_code)
         asked = (spec.fingerprint, config.task, config.num_labels, tuple(attentions))
         if asked in self._checked:
-            return
+            return self._checked[asked]
         self._ensure_child()
         assert self._conn is not None
         self._conn.send(ModelCheckRequest(spec.config, spec.path, config, tuple(attentions), self.settings.device,
@@ -211,7 +213,8 @@ class ProbeRunner:
         if isinstance(reply, UserErrorReply):
             raise _user_error(reply, spec.reference)
         assert isinstance(reply, ModelCheckReply)
-        self._checked.add(asked)
+        self._checked[asked] = dict(reply.unsupported)
+        return self._checked[asked]
 
     def run(self, config: ProbeConfig, budget_bytes: int, spec: ModelSpec | None = None) -> ProbeResult:
         """Probe `config` against `budget_bytes` in a child; every outcome comes back as a status."""

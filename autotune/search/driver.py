@@ -19,6 +19,7 @@ from autotune.config import ProbeConfig
 from autotune.processes import Terminated
 from autotune.environment import Environment
 from autotune.errors import BadInput, BudgetError, StudyNotFound
+from autotune.estimate.launch import EstimateError
 from autotune.models import ModelSpec
 from autotune.result import ProbeResult
 from autotune.search.common import Event, Runner, SearchOptions, SearchOutcome
@@ -142,10 +143,18 @@ def start_study(
         on_start(study, environment, len(candidates), len(knowledge.outcomes))
     stored = StudyPlan.from_dict(study.plan).predictions if not options.fresh else {}
     if options.predict and options.strategy != "grid-full" and knowledge.unresolved():
-        missing = [c for c in knowledge.unresolved() if c.key() not in stored]
+        # Kernels the model does not implement cannot be traced either: their probes are skipped.
+        # (Answered from the runner's memory of the preflight check.)
+        lacking = runner.check(spec, candidates[0], space.attentions)
+        missing = [c for c in knowledge.unresolved() if c.key() not in stored and c.attention not in lacking]
         if missing:
             trusted = bool(getattr(settings, "trust_remote_code", False))
-            stored.update((predictor or functools.partial(predict, trust_remote_code=trusted))(missing, environment.device_type))
+            try:
+                stored.update((predictor or functools.partial(predict, trust_remote_code=trusted))(missing, environment.device_type))
+            except EstimateError as exc:
+                # Predictions only order and prune the probes: without them every config is probed.
+                # (Some models cannot be traced on fake tensors: deberta reads values, `nonzero`.)
+                worker.warnings.append(f"memory predictions unavailable, every config is probed: {exc}")
         knowledge.predictions = stored
     # Optuna's tables and study exist before the plan does: a worker may join as soon as it is
     # stored, and several processes creating Optuna's tables at once collide.
@@ -171,7 +180,8 @@ def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Eve
     store, k, options = w.store, w.knowledge, w.options
     strategy = make_strategy(options, k, w.environment.device_type, trials)
     patience = options.patience if options.patience is not None else (defaults.TPE_PATIENCE if options.strategy == "tpe" else None)
-    outcome = SearchOutcome(study=w.study, space=w.space, leaderboard=[], candidates=len(k.candidates))
+    outcome = SearchOutcome(study=w.study, space=w.space, leaderboard=[], candidates=len(k.candidates),
+                            failures=list(w.warnings))
     since_improvement = 0
     env_fp = w.environment.fingerprint()
     heartbeat = Heartbeat(store, w.study.id, w.label, options.heartbeat_seconds)

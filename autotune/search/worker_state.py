@@ -97,6 +97,7 @@ class WorkerState:
     label: str
     seen_probe_id: int = 0
     by_key: dict[str, ProbeConfig] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # said with the outcome (a prediction that failed)
 
     def __post_init__(self) -> None:
         self.by_key = {c.key(): c for c in self.knowledge.candidates}
