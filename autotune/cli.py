@@ -397,7 +397,13 @@ def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointin
               help="Memory to fit in (8GiB, 7.5GiB, 8192MiB, 8GB or bytes); with --study alone it overrides the study's budget.")
 @click.option("--dataset", required=True,
               help="A local .txt, .json/.jsonl, .csv/.tsv or .parquet file (or directory), or a hub data set NAME[:CONFIG[:SPLIT]].")
-@click.option("--text-column", default=None, help="Column holding the text [default: 'text', or the only text column].")
+@click.option("--text-column", default=None,
+              help="Column holding the text (seq2seq: the source) [default: 'text', or the only text column; seq2seq also "
+                   "'document', 'article', 'source', 'dialogue', 'input'; classification also 'sentence'].")
+@click.option("--target-column", default=None,
+              help="seq2seq: column holding the target text [default: 'summary', 'target', 'highlights' or 'output'].")
+@click.option("--label-column", default=None,
+              help="classification: column holding the labels, text or whole-number ids [default: 'label'].")
 @click.option("--eval-split", default=None, help="Evaluation data: a split name, a file, or a share of the blocks held out (5%).")
 @click.option("--output-dir", default=None, help="Checkpoints, the model and autotune-run.json [default: ./autotune-runs/STUDY].")
 @click.option("--max-steps", type=int, default=None, help="Optimizer steps in all (a resumed run counts the earlier ones).")
@@ -411,8 +417,10 @@ def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointin
 @click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run.")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the run's summary as one JSON object (progress goes to stderr).")
-def train(study, model, gpu_budget, dataset, text_column, eval_split, output_dir, max_steps, epochs, device, resume,
-          tokenizer, learning_rate, save_steps, random_init, trust_remote_code, db, as_json):
+@task_options
+def train(study, model, gpu_budget, dataset, text_column, target_column, label_column, eval_split, output_dir, max_steps,
+          epochs, device, resume, tokenizer, learning_rate, save_steps, random_init, trust_remote_code, db, as_json, task,
+          target_length, num_labels):
     """Train with a study's winning configuration under its budget; exit status 1 if it runs out of memory."""
     from autotune import report
     from autotune.train import TrainOptions
@@ -421,11 +429,13 @@ def train(study, model, gpu_budget, dataset, text_column, eval_split, output_dir
 
     budget = parse_size(gpu_budget) if gpu_budget is not None else None
     options = TrainOptions(dataset=dataset, output_dir=output_dir, max_steps=max_steps, epochs=epochs, device=device,
-                           text_column=text_column, eval_split=eval_split, resume=resume, tokenizer=tokenizer,
+                           text_column=text_column, target_column=target_column, label_column=label_column,
+                           eval_split=eval_split, resume=resume, tokenizer=tokenizer,
                            learning_rate=learning_rate, save_steps=save_steps, random_init=random_init,
                            trust_remote_code=trust_remote_code)
     out = sys.stderr if as_json else sys.stdout
-    outcome = run(options, study=study, model=model, gpu_budget=budget, db=db,
+    outcome = run(options, study=study, model=model, gpu_budget=budget, task=task, target_length=target_length,
+                  num_labels=num_labels, db=db,
                   echo=lambda line: click.echo(line, file=out),
                   on_search_start=lambda *a: click.echo(report.format_search_header(*a), file=out),
                   on_search_event=lambda e: click.echo(report.format_event(e), file=out))

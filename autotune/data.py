@@ -6,6 +6,9 @@ Loading is split in two so that a bad data set fails before anything expensive o
 tokenises and packs it into blocks once the block size is known (after a search, if one runs).
 Packing follows the Hugging Face `run_clm.py` example: concatenate every text, cut into blocks of
 `block_size` tokens, drop the remainder; labels are the input ids (the model shifts them).
+
+Tasks that read more than the text (a seq2seq target, a classification label) name their columns
+through `load_text(..., columns=...)`; `autotune.train.task_data` makes their examples.
 """
 
 from __future__ import annotations
@@ -13,8 +16,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +59,7 @@ class TextData:
     column: str
     eval: Any | None = None       # datasets.Dataset
     eval_fraction: float | None = None  # hold out this share of the packed blocks instead
+    others: dict[str, str] = field(default_factory=dict)  # other columns a task reads, by role ('target', 'label')
 
     def describe(self) -> str:
         evaluation = ""
@@ -64,7 +68,8 @@ class TextData:
         elif self.eval_fraction:
             evaluation = f", {self.eval_fraction:.0%} of the blocks held out for evaluation"
         rows = f"{len(self.train):,} row{'s' if len(self.train) != 1 else ''}"
-        return f"{self.source.spec}: {rows}, text in column {self.column!r}{evaluation}"
+        others = "".join(f", {role} in column {name!r}" for role, name in self.others.items())
+        return f"{self.source.spec}: {rows}, text in column {self.column!r}{others}{evaluation}"
 
 
 @dataclass(slots=True)
@@ -182,39 +187,54 @@ def _split(loaded, source: DatasetSource, split: str, *, flag: str):
     return loaded[split]
 
 
-def text_column(dataset, requested: str | None, spec: str) -> str:
-    """The column holding the text: `requested`, else 'text', else the only string column."""
+def text_column(dataset, requested: str | None, spec: str, *, flag: str = "--text-column",
+                names: tuple[str, ...] = (DEFAULT_TEXT_COLUMN,), role: str = "text", taken: tuple[str, ...] = (),
+                only: bool = True) -> str:
+    """The column holding `role`'s text: `requested`, else the first of `names` the data set has,
+    else (when `only`) its only text column that another role has not `taken`."""
     strings = [name for name, feature in dataset.features.items()
                if getattr(feature, "dtype", None) in ("string", "large_string")]
     columns = ", ".join(dataset.column_names) or "none"
     if requested is not None:
         if requested not in dataset.column_names:
-            raise DatasetError(f"--text-column {requested!r}: {spec} has no such column (it has: {columns}).")
+            raise DatasetError(f"{flag} {requested!r}: {spec} has no such column (it has: {columns}).")
         if requested not in strings:
-            raise DatasetError(f"--text-column {requested!r}: that column of {spec} does not hold text; "
+            raise DatasetError(f"{flag} {requested!r}: that column of {spec} does not hold text; "
                                f"give one of the text columns ({', '.join(strings) or 'none'}).")
+        if requested in taken:
+            raise DatasetError(f"{flag} {requested!r}: that column of {spec} is already read for another role; "
+                               f"give a column of its own.")
         return requested
-    if DEFAULT_TEXT_COLUMN in strings:
-        return DEFAULT_TEXT_COLUMN
-    if len(strings) == 1:
-        return strings[0]
-    if not strings:
-        raise DatasetError(f"--dataset {spec}: no text column (columns: {columns}); give a data set with a 'text' column.")
-    raise DatasetError(f"--dataset {spec}: no 'text' column and several text columns ({', '.join(strings)}); "
-                       f"choose one with --text-column.")
+    free = [name for name in strings if name not in taken]
+    for name in names:
+        if name in free:
+            return name
+    if only and len(free) == 1:
+        return free[0]
+    wanted = " or ".join(repr(name) for name in names)
+    if not free or not only:
+        named = f", or name it with {flag}" if free else ""
+        raise DatasetError(f"--dataset {spec}: no {role} column (columns: {columns}); give a data set with a {wanted} "
+                           f"column{named}.")
+    raise DatasetError(f"--dataset {spec}: no {wanted} column and several text columns ({', '.join(free)}); "
+                       f"choose one with {flag}.")
 
 
-def load_text(spec: str, *, column: str | None = None, eval_split: str | None = None) -> TextData:
+def load_text(spec: str, *, column: str | None = None, eval_split: str | None = None,
+              columns: Callable[[Any], dict[str, str]] | None = None) -> TextData:
     """Read and check a data set's raw text: it exists, has a text column, and is not empty.
-    `eval_split`: a split name of the same data set, a file, or a share of the blocks ('5%')."""
+    `eval_split`: a split name of the same data set, a file, or a share of the blocks ('5%').
+    `columns(train split)` names the columns a task reads by role, the text as 'text' (and then
+    `column` is not used); by default the text column alone. The evaluation split must have them all."""
     source = parse_source(spec)
     loaded = _load(source)
     train = _split(loaded, source, source.split, flag="--dataset")
-    name = text_column(train, column, spec)
+    roles = columns(train) if columns is not None else {"text": text_column(train, column, spec)}
+    name = roles.pop("text")
     # A small data set is checked whole here; a large one's emptiness shows when it is packed.
     if len(train) == 0 or (len(train) <= 1000 and not any(train[:1000][name])):
         raise DatasetError(f"--dataset {spec}: no text in column {name!r}; give a data set with some text.")
-    data = TextData(source=source, train=train, column=name)
+    data = TextData(source=source, train=train, column=name, others=roles)
     if eval_split:
         eval_split = eval_split.strip()
         if eval_split.endswith("%"):
@@ -231,14 +251,21 @@ def load_text(spec: str, *, column: str | None = None, eval_split: str | None = 
                 # A single local file has only a 'train' split: anything else must be another file.
                 raise DatasetError(f"--eval-split {eval_split!r}: {spec} is one file with no other splits; "
                                    f"give another file, or a share of the blocks like 5%.")
-            other_loaded = _load(other)
-            data.eval = _split(other_loaded, other, other.split, flag="--eval-split")
-            if name not in data.eval.column_names:
-                raise DatasetError(f"--eval-split {eval_split}: no column {name!r} as in the training data "
-                                   f"(it has: {', '.join(data.eval.column_names)}).")
+            data.eval = _with_columns(_split(_load(other), other, other.split, flag="--eval-split"), eval_split,
+                                      (name, *roles.values()))
         else:
-            data.eval = _split(loaded, source, eval_split, flag="--eval-split")
+            data.eval = _with_columns(_split(loaded, source, eval_split, flag="--eval-split"), eval_split,
+                                      (name, *roles.values()))
     return data
+
+
+def _with_columns(evaluation, eval_split: str, needed: tuple[str, ...]):
+    """The evaluation split, when it has every column the training data is read from."""
+    for column in needed:
+        if column not in evaluation.column_names:
+            raise DatasetError(f"--eval-split {eval_split}: no column {column!r} as in the training data "
+                               f"(it has: {', '.join(evaluation.column_names)}).")
+    return evaluation
 
 
 @contextlib.contextmanager

@@ -312,7 +312,7 @@ def render_estimate(estimate: MemoryEstimate, budget_bytes: int | None = None, m
         return f"  {label:<24}{format_size(value):>12}  {pct}  {note}".rstrip()
 
     where = f"predicted for {e.device_type}, " + ("from the cache" if e.cached else f"traced in {e.trace_seconds:.1f} s")
-    lines = [f"{e.config.model}  {e.config.label()}  ({where})", ""]
+    lines = [f"{e.config.model}  {e.config.label()}  ({where})", f"  task: {describe_task(e.config)}", ""]
     lines.append(row("parameters", e.params))
     lines.append(row("gradients", e.grads))
     lines.append(row("optimizer state", e.optimizer))

@@ -167,6 +167,14 @@ def test_a_tiny_search_of_every_family_finishes_with_a_pick(models, tmp_path):
             assert outcome.best is not None, family
             assert outcome.best.config.task == TASK_OF[family] and outcome.study.status == "finished"
             assert len(store.probes(family)) == 4
+        # A study is one task: searching it again as another is refused before anything is written.
+        spec = resolve_model(models["bert-mlm"])
+        space = SearchSpace.build(spec, micro_batches=(1, 2), block_sizes=(32,), precisions=("fp32",),
+                                  checkpointing=(False, True), attentions=("sdpa",), effective_batch=2,
+                                  task="classification")
+        with pytest.raises(BadInput, match="study 'bert-mlm' measured task masked-lm, not task classification, num_labels 2: its leaderboard"):
+            run_search(space, spec, budget, budget // 20, runner, store, SearchOptions(study="bert-mlm", predict=False))
+        assert len(store.probes("bert-mlm")) == 4
         # A model whose class lacks a kernel (deberta has no sdpa) and cannot be traced on fake
         # tensors (it reads values): the kernel's probes are skipped with why, the search goes on
         # without predictions and says so, and every config is settled.

@@ -129,7 +129,7 @@ def start_study(
     candidates = space.candidates()
     name = options.study if options.study is not None else default_study_name(spec, budget_bytes)
     environment = preflight(space, spec, budget_bytes, runner)
-    _check_resumable(store, name, environment)
+    _check_resumable(store, name, environment, space)
     study = store.get_or_create_study(name, model=spec, environment=environment, budget_bytes=budget_bytes,
                                       margin_bytes=margin_bytes, effective_batch=space.work_per_step, space=space.to_dict())
     store.reopen_claims(study.id, tuple(RETRYABLE))  # resume: timeouts and crashes get one more try
@@ -333,8 +333,9 @@ def _check_budget(budget_bytes: int, environment: Environment) -> None:
                           f"give at most {format_size(total)}.")
 
 
-def _check_resumable(store: Store, name: str, environment: Environment) -> None:
-    """A study's probes compare only on one environment: refuse, before writing anything, to mix."""
+def _check_resumable(store: Store, name: str, environment: Environment, space: SearchSpace) -> None:
+    """A study's probes compare only on one environment and one task (what is trained): refuse,
+    before writing anything, to mix."""
     try:
         study = store.study(name)
     except StudyNotFound:
@@ -342,6 +343,13 @@ def _check_resumable(store: Store, name: str, environment: Environment) -> None:
     if study.env_fingerprint != environment.fingerprint():
         raise BadInput(f"study {name!r} was run on {study.device_name} (or with other library versions); "
                        f"give a new --study name to search on {environment.device_name}.")
+    recipe = {k: space.to_dict().get(k) for k in ("task", "target_length", "num_labels")}
+    stored = {k: study.space.get(k) for k in recipe}
+    if recipe != stored:
+        def said(fields: dict) -> str:
+            return ", ".join(f"{k} {v}" for k, v in fields.items() if v is not None) or "task causal-lm"
+        raise BadInput(f"study {name!r} measured {said(stored)}, not {said(recipe)}: its leaderboard would mix what "
+                       f"is trained; give a new --study name.")
 
 
 def stored_answer(db: str | None, name: str, space: SearchSpace, started: float, **outcome: Any) -> SearchOutcome | None:

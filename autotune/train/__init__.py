@@ -6,8 +6,10 @@ memory budget as the probes that chose it, so that finishing is the proof that i
     outcome.status, outcome.summary.peak_reserved_bytes, outcome.summary.tokens_per_s
 
 The winner's levers go to `transformers.Trainer` (micro-batch, accumulation, fp16/bf16, gradient
-checkpointing) and to the model (attention implementation, `use_cache=False`); the data is packed
-into blocks of the winner's block size (`autotune.data`). The budget holds as it does for a probe
+checkpointing) and to the model (the task's class, attention implementation, `use_cache=False`); the
+data becomes examples of the probe's shapes: blocks of the winner's block size for the language
+models (`autotune.data`), padded sources and targets for seq2seq, padded texts and label ids for
+classification (`autotune.train.task_data`). The budget holds as it does for a probe
 (`autotune.probe.budget`): on CUDA the caching allocator is capped at budget - context - margin
 before the model is built; on CPU the model is built and trained inside `CpuMemoryAccountant`,
 which raises `torch.OutOfMemoryError` past the cap exactly where a card of that size would (at
@@ -19,7 +21,8 @@ is checked before the run is recorded; an OOM during the run is an outcome (`sta
 run marked failed and its checkpoints kept.
 
     winner     which study and configuration to train; a search first when none is settled
-    loading    weights location, tokenizer, the model built from them
+    loading    weights location, tokenizer, the model of the task built from them
+    task_data  each task's columns, labels, examples and collator (as the HF example scripts)
     run        TrainingArguments, the run through transformers.Trainer, checkpoints, output dir
     meter      the Trainer callback timing steps and reading peaks (imports transformers)
     summary    RunSummary, the typed record of a run, and its JSON form

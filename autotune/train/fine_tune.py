@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from autotune.errors import BadInput
 from autotune.status import StudyStatus
@@ -13,7 +14,8 @@ from autotune.train.loading import check_vocabulary, load_tokenizer, weights_loc
 from autotune.train.options import TrainOptions, TrainOutcome
 from autotune.train.run import (RunContext, checkpoints, default_output_dir, describe_limits, run_training,
                                 training_arguments)
-from autotune.train.winner import Winner, search_for_winner, settled_winner, study_model, study_winner
+from autotune.train.winner import (Recipe, Winner, matching_study, planned_recipe, search_for_winner, settled_winner,
+                                   study_model, study_winner)
 from autotune.units import format_size
 
 
@@ -23,6 +25,9 @@ def train(
     study: str | None = None,
     model: str | None = None,
     gpu_budget: int | None = None,
+    task: str | None = None,
+    target_length: int | None = None,
+    num_labels: int | None = None,
     db: str | None = None,
     echo: Callable[[str], None] = print,
     on_search_start: Callable | None = None,
@@ -31,13 +36,16 @@ def train(
     """Train with the winner of `study` (or, given `model` and `gpu_budget` without a finished
     study for them, search first) and record the run beside the probe that chose it.
 
-    `gpu_budget` with a study overrides its budget for the proof. Raises AutotuneError for anything
-    the user must fix, before the run is recorded; an OOM during the run is `status='oom'`.
+    `gpu_budget` with a study overrides its budget for the proof. `task`, `target_length` and
+    `num_labels` are the search's task fields (autotune.tasks); with a study, they may only repeat
+    what it measured. Raises AutotuneError for anything the user must fix, before the run is
+    recorded; an OOM during the run is `status='oom'`.
     """
     from autotune.models import resolve_model
     from autotune.search import default_study_name
     from autotune.store import check_study_name, open_store, resolve_url
     from autotune.store.engine import sqlite_path
+    from autotune.tasks import Task
 
     if study is None and model is None:
         raise BadInput("give --study NAME (a finished search), or --model and --gpu-budget to search first.")
@@ -51,13 +59,17 @@ def train(
     spec = resolve_model(model) if model is not None else None
     search_for: str | None = None
     winner: Winner | None = None
+    flags: dict[str, Any] = {"task": task, "target_length": target_length, "num_labels": num_labels}
     if spec is not None and gpu_budget is not None:
         # The study may be created by the search below: its name is checked before anything runs.
         name = check_study_name(study) if study is not None else default_study_name(spec, gpu_budget)
+        existing = None
         path = sqlite_path(resolve_url(db))
         if path is None or path.exists():  # no database yet: nothing settled, the search makes it
             with open_store(db, read_only=True) as store:
+                existing = matching_study(store, name, spec, gpu_budget)
                 winner = settled_winner(store, name, spec, gpu_budget)
+        recipe, search_recipe = planned_recipe(spec, name, existing, flags)
         if winner is None:
             search_for = name
     else:
@@ -65,7 +77,10 @@ def train(
             winner = study_winner(store, study)
         spec = study_model(winner, model)
         name = winner.study.name
+        recipe = Recipe.of_config(winner.row.config)
+        recipe.check(name, **flags)
     assert spec is not None
+    trains = Task(recipe.task)
 
     output_dir = Path(options.output_dir).expanduser() if options.output_dir else default_output_dir(name)
     check_output_dir(output_dir)
@@ -76,31 +91,42 @@ def train(
 
     # 2. The data and the tokenizer, checked before anything is searched or recorded. (torch comes with
     # autotune.probe's budget and devices: imported only now, so that the checks above answer at once.)
-    from autotune.data import load_text, pack_blocks
     from autotune.margin import checked_margin_bytes
     from autotune.probe.budget import enforce_budget
     from autotune.probe.devices import resolve_training_device
+    from autotune.train.task_data import Examples, check_tokenizer, load_task_data, prepare_examples
 
-    text = load_text(options.dataset, column=options.text_column, eval_split=options.eval_split)
-    echo(f"data: {text.describe()}")
+    data = load_task_data(trains, options)
+    echo(f"data: {data.describe()}")
     tokenizer = load_tokenizer(spec, options.tokenizer, options.trust_remote_code)
     check_vocabulary(spec, tokenizer)
+    check_tokenizer(trains, tokenizer, options.tokenizer or spec.reference)
 
-    # 3. Search if needed.
+    # 3. Search if needed: a new study's classifier is measured with the data's labels.
     if search_for is not None:
         assert gpu_budget is not None  # a search is only planned for a model and a budget
-        winner = search_for_winner(spec, gpu_budget, search_for, options.device, db, echo, on_search_start, on_search_event)
+        if trains == Task.CLASSIFICATION and data.labels is not None:
+            search_recipe.setdefault("num_labels", data.labels.count)
+        winner = search_for_winner(spec, gpu_budget, search_for, options.device, db, echo, on_search_start, on_search_event,
+                                   **search_recipe)
     assert winner is not None
     config, row, record = winner.row.config, winner.row, winner.study
+    if config.task != trains:  # a study's probes are all of its task; a mixed one cannot be trained from
+        raise BadInput(f"study {record.name}'s best configuration trains {config.task}, not {trains}; search again "
+                       f"under a new --study name.")
     echo(f"study {record.name}: {config.label()} (probe #{row.probe_id}: {row.tokens_per_s or 0:,.0f} tokens/s, "
          f"peak reserved {format_size(row.peak_reserved_bytes)} of {format_size(row.budget_bytes)})")
     warnings: list[str] = []
     if record.status != StudyStatus.FINISHED:
         warnings.append(f"study {record.name} is {record.status}: training with the best configuration found so far")
 
-    # 4. Blocks of the winner's size; the device and the budget; the Trainer's arguments.
-    blocks = pack_blocks(text, tokenizer, config.block_size, seed=options.seed)
-    echo(f"blocks: {blocks.describe()}")
+    # 4. Blocks (or examples) of the winner's size; the device and the budget; the Trainer's arguments.
+    blocks = prepare_examples(data, tokenizer, config, seed=options.seed)
+    echo(f"{'examples' if isinstance(blocks, Examples) else 'blocks'}: {blocks.describe()}")
+    if data.labels is not None and config.num_labels is not None and data.labels.count != config.num_labels:
+        warnings.append(f"the data has {data.labels.count} label{'s' if data.labels.count != 1 else ''} and the probe "
+                        f"measured a head of {config.num_labels}: the run's head has {data.labels.count} (its memory "
+                        f"differs by little)")
     budget = gpu_budget if gpu_budget is not None else record.budget_bytes
     # Another budget keeps the study's margin as the same share of it.
     margin = record.margin_bytes if budget == record.budget_bytes else round(record.margin_bytes * budget / record.budget_bytes)
@@ -127,7 +153,8 @@ def train(
         raise BadInput(f"--output-dir {output_dir}: cannot create it ({exc.strerror}); pass --output-dir with a "
                        f"writable place.") from None
     context = RunContext(spec=spec, winner=winner, options=options, output_dir=output_dir, blocks=blocks, limits=limits,
-                         weights=weights, resume_from=resume_from, warnings=warnings, searched=search_for is not None)
+                         weights=weights, resume_from=resume_from, warnings=warnings, searched=search_for is not None,
+                         labels=data.labels)
     with open_store(db) as store:
         run_id = store.start_run(config=config, study_id=record.id, probe_id=row.probe_id, output_dir=str(output_dir.resolve()),
                                  dataset=options.dataset)

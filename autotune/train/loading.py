@@ -1,5 +1,6 @@
 """The model and tokenizer to train: where the weights are, which tokenizer encodes the data, and
-the causal LM built from them. transformers is imported inside the functions that need it."""
+the model of the winner's task built from them. transformers is imported inside the functions that
+need it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from autotune.config import ProbeConfig
     from autotune.models import ModelSpec
+    from autotune.train.task_data import Labels
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -82,18 +85,38 @@ def check_vocabulary(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase) -> Non
                        f"ids past {vocab - 1} have no embedding; pass the model's own tokenizer with --tokenizer.")
 
 
-def build_model(spec: ModelSpec, attention: str, device: torch.device, weights: str | None,
-                trust_remote_code: bool = False) -> PreTrainedModel:
-    """The causal LM to train, in fp32 (mixed precision keeps fp32 master weights, as the probes do)."""
+def build_model(spec: ModelSpec, config: ProbeConfig, device: torch.device, weights: str | None,
+                trust_remote_code: bool = False, labels: Labels | None = None,
+                pad_token_id: int | None = None) -> PreTrainedModel:
+    """The model of `config.task` (the class the probe built) to train, in fp32 (mixed precision
+    keeps fp32 master weights, as the probes do). A classifier gets the data's `labels` and, where
+    its config has none, the tokenizer's `pad_token_id` (decoder classifiers find each sequence's
+    last token by it)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig
 
-    kwargs: dict[str, Any] = {"attn_implementation": attention, "dtype": torch.float32, "trust_remote_code": trust_remote_code}
+    from autotune.probe.step import auto_class, from_config, task_config
+    from autotune.tasks import Task
+
     if weights is not None:
-        model = AutoModelForCausalLM.from_pretrained(weights, **kwargs)
+        hf_config = AutoConfig.from_pretrained(weights, trust_remote_code=trust_remote_code)
     else:
         hf_config = spec.hf_config(trust_remote_code)
-        with torch.device(device):  # built where it trains: no host copy of a large model
-            model = AutoModelForCausalLM.from_config(hf_config, **kwargs)
-    model.config.use_cache = False  # the KV cache is for generation; in training it only costs memory
-    return model
+    if config.task == Task.CLASSIFICATION and getattr(hf_config, "pad_token_id", None) is None:
+        hf_config.pad_token_id = pad_token_id
+    task_config(hf_config, config)  # use_cache off; the probe's head size, and a pad token for classifiers
+    if labels is not None:
+        hf_config.num_labels = labels.count
+        id2label = labels.id2label()
+        if id2label is not None:
+            hf_config.id2label, hf_config.label2id = id2label, {name: i for i, name in id2label.items()}
+        if labels.regression:
+            hf_config.problem_type = "regression"
+    if weights is not None:
+        # A checkpoint's classifier of another size is replaced by a new one (run_classification.py's
+        # --ignore_mismatched_sizes); the body's weights load.
+        extra: dict[str, Any] = {"ignore_mismatched_sizes": True} if config.task == Task.CLASSIFICATION else {}
+        return auto_class(config.task).from_pretrained(weights, config=hf_config, attn_implementation=config.attention,
+                                                       dtype=torch.float32, trust_remote_code=trust_remote_code, **extra)
+    with torch.device(device):  # built where it trains: no host copy of a large model
+        return from_config(hf_config, config, trust_remote_code, dtype=torch.float32)

@@ -20,7 +20,9 @@ class TrainOptions:
     max_steps: int | None = None           # optimizer steps in all (a resumed run counts earlier ones)
     epochs: float | None = None            # default: 1 epoch when max_steps is not given
     device: str | None = None              # default: the device type the study measured on
-    text_column: str | None = None
+    text_column: str | None = None         # seq2seq: the source text
+    target_column: str | None = None       # seq2seq only
+    label_column: str | None = None        # classification only
     eval_split: str | None = None          # a split name, a file, or a share of the blocks ('5%')
     resume: bool = False
     tokenizer: str | None = None           # default: the model reference's own
@@ -35,7 +37,8 @@ class TrainOptions:
         problems = []
         # A flag given an empty value (`--output-dir "$OUT"` with OUT unset) must not mean its default.
         for flag, text in (("--dataset", self.dataset), ("--output-dir", self.output_dir), ("--device", self.device),
-                           ("--text-column", self.text_column), ("--eval-split", self.eval_split),
+                           ("--text-column", self.text_column), ("--target-column", self.target_column),
+                           ("--label-column", self.label_column), ("--eval-split", self.eval_split),
                            ("--tokenizer", self.tokenizer)):
             if text is not None and not text.strip():
                 problems.append(f"{flag} is empty; give a value, or leave {flag} out")

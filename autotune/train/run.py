@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from autotune.probe.budget import EnforcedBudget
     from autotune.store import Store
     from autotune.train.meter import RunMeter
+    from autotune.train.task_data import Examples, Labels
 
 DEFAULT_OUTPUT_ROOT = "autotune-runs"
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
@@ -107,23 +108,25 @@ class RunContext:
     winner: Winner
     options: TrainOptions
     output_dir: Path
-    blocks: Blocks
+    blocks: Blocks | Examples
     limits: EnforcedBudget
     weights: str | None
     resume_from: str | None
     warnings: list[str]
     searched: bool
+    labels: Labels | None = None         # a classifier's, from the data
 
 
 def run_training(ctx: RunContext, run_id: int, store: Store, args: TrainingArguments, tokenizer: PreTrainedTokenizerBase,
                  echo: Callable[[str], None]) -> TrainOutcome:
     """Train run `run_id` (already recorded as running) and record how it ended. An OOM is an
     outcome (`status='oom'`, checkpoints kept); any other failure is recorded and raised."""
-    from transformers import PrinterCallback, Trainer, default_data_collator
+    from transformers import PrinterCallback, Trainer
 
     from autotune.probe.oom import classify_exception
     from autotune.train.loading import build_model
     from autotune.train.meter import RunMeter
+    from autotune.train.task_data import task_collator
 
     config, limits = ctx.winner.row.config, ctx.limits
     quiet = bool(args.disable_tqdm)  # no terminal: no progress bars, log lines through `echo` instead
@@ -140,15 +143,17 @@ def run_training(ctx: RunContext, run_id: int, store: Store, args: TrainingArgum
     try:
         with limits.guard(), _quiet_bars(quiet):
             # Built inside the guard: on CPU the accountant must see the weights born.
-            model = build_model(ctx.spec, config.attention, limits.device, ctx.weights, ctx.options.trust_remote_code)
+            model = build_model(ctx.spec, config, limits.device, ctx.weights, ctx.options.trust_remote_code,
+                                labels=ctx.labels, pad_token_id=tokenizer.pad_token_id)
             if limits.accountant is not None:
                 # Weights read by from_pretrained come from safetensors without passing through
                 # the dispatcher; a probe's from_config build is seen, and the two must compare.
                 limits.accountant.adopt(model)
             how = f"weights from {ctx.weights}" if ctx.weights else "random initialisation from its config (no weights found)"
-            echo(f"model: {ctx.spec.reference}: {how}")
+            echo(f"model: {ctx.spec.reference} ({type(model).__name__}): {how}")
             trainer = Trainer(model=model, args=args, train_dataset=ctx.blocks.train, eval_dataset=ctx.blocks.eval,
-                              processing_class=tokenizer, data_collator=default_data_collator, callbacks=[meter])
+                              processing_class=tokenizer, data_collator=task_collator(config.task, tokenizer),
+                              callbacks=[meter])
             if quiet:
                 trainer.remove_callback(PrinterCallback)  # the meter prints log lines through `echo`
             output = trainer.train(resume_from_checkpoint=ctx.resume_from)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.config import ProbeConfig
 from autotune.status import RunEnd
+from autotune.tasks import Task
 from autotune.units import format_size
 
 if TYPE_CHECKING:
@@ -110,6 +111,9 @@ class RunSummary:
 
     @property
     def perplexity(self) -> float | None:
+        """exp(eval loss) for the tasks whose loss is per token; a classifier's loss is per sequence."""
+        if self.config.task == Task.CLASSIFICATION:
+            return None
         loss = self.eval_loss
         return math.exp(loss) if loss is not None and loss < _PERPLEXITY_MAX_LOSS else None
 

@@ -1,17 +1,20 @@
 """Which configuration to train: the best of a study, of a finished study of the same model and
-budget, or of a search run for the purpose."""
+budget, or of a search run for the purpose; and what it trains (its task), which flags given to
+`train` may repeat but not contradict."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import BadInput, BudgetError, ModelNotFound, StudyNotFound
 from autotune.status import StopReason, StudyStatus
+from autotune.tasks import Task, resolve_task, task_fields
 from autotune.units import format_size
 
 if TYPE_CHECKING:
+    from autotune.config import ProbeConfig
     from autotune.models import ModelSpec
     from autotune.store import LeaderboardRow, Store, StudyRecord
 
@@ -35,13 +38,66 @@ def study_winner(store: Store, name: str | None) -> Winner:
     return Winner(study, rows[0])
 
 
-def settled_winner(store: Store, name: str, spec: ModelSpec, budget: int) -> Winner | None:
-    """The winner of a finished study of this model and budget, or None (the search must run)."""
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """What a study trains (autotune.tasks): fixed for the study, so a flag may not contradict it."""
+
+    task: str
+    target_length: int | None = None
+    num_labels: int | None = None
+
+    @classmethod
+    def of_config(cls, config: ProbeConfig) -> Recipe:
+        return cls(config.task, config.target_length, config.num_labels)
+
+    @classmethod
+    def of_study(cls, study: StudyRecord) -> Recipe:
+        # A study stored before tasks existed (or a causal-LM one) has no task in its space.
+        space = study.space or {}
+        return cls(space.get("task") or Task.CAUSAL_LM.value, space.get("target_length"), space.get("num_labels"))
+
+    def check(self, study: str, *, task: str | None = None, target_length: int | None = None,
+              num_labels: int | None = None) -> None:
+        """BadInput for a flag that contradicts what study `study` measured."""
+        if task is not None and resolve_task({}, task, study) != self.task:
+            raise BadInput(f"--task {task} contradicts study {study!r}, which measured {self.task}; leave --task out to "
+                           f"train {self.task}, or search for {task.strip().lower()} under a new --study name.")
+        for flag, given, measured, owner in (("--target-length", target_length, self.target_length, Task.SEQ2SEQ),
+                                             ("--num-labels", num_labels, self.num_labels, Task.CLASSIFICATION)):
+            if given is None or given == measured:
+                continue
+            if measured is None:
+                raise BadInput(f"{flag} is for --task {owner}; study {study!r} trains {self.task}: leave it out.")
+            raise BadInput(f"{flag} {given} contradicts study {study!r}, which measured {measured}; leave it out, or "
+                           f"search again under a new --study name.")
+
+
+def planned_recipe(spec: ModelSpec, name: str, existing: StudyRecord | None,
+                   flags: dict[str, Any]) -> tuple[Recipe, dict[str, Any]]:
+    """What a run of `spec` under study `name` trains, and the task fields to ask its search for.
+    An `existing` study (finished, or to be resumed) decides: `flags` may repeat it, not contradict
+    it, and a resumed search keeps its space. Else the flags given, checked, with the task's defaults."""
+    if existing is not None:
+        recipe = Recipe.of_study(existing)
+        recipe.check(name, **flags)
+        return recipe, {field: value for field, value in asdict(recipe).items() if value is not None}
+    recipe = Recipe(**task_fields(spec.config, spec.reference, max_positions=spec.max_positions, **flags))
+    return recipe, {field: value for field, value in flags.items() if value is not None}
+
+
+def matching_study(store: Store, name: str, spec: ModelSpec, budget: int) -> StudyRecord | None:
+    """Study `name` when it measured this model under this budget (finished or not), else None."""
     try:
         study = store.study(name)
     except StudyNotFound:
         return None
-    if study.status != StudyStatus.FINISHED or study.model_fingerprint != spec.fingerprint or study.budget_bytes != budget:
+    return study if study.model_fingerprint == spec.fingerprint and study.budget_bytes == budget else None
+
+
+def settled_winner(store: Store, name: str, spec: ModelSpec, budget: int) -> Winner | None:
+    """The winner of a finished study of this model and budget, or None (the search must run)."""
+    study = matching_study(store, name, spec, budget)
+    if study is None or study.status != StudyStatus.FINISHED:
         return None
     rows = store.leaderboard(name, top=1)
     return Winner(study, rows[0]) if rows else None
@@ -67,15 +123,17 @@ def study_model(winner: Winner, model: str | None) -> ModelSpec:
 
 
 def search_for_winner(spec: ModelSpec, budget: int, name: str, device: str | None, db: str | None,
-                      echo: Callable[[str], None], on_start: Callable | None, on_event: Callable | None) -> Winner:
-    """Run `autotune search` with its defaults for this device; the winner, or BudgetError."""
+                      echo: Callable[[str], None], on_start: Callable | None, on_event: Callable | None,
+                      **recipe: Any) -> Winner:
+    """Run `autotune search` with its defaults for this device and the task fields in `recipe`
+    (task, target_length, num_labels); the winner, or BudgetError."""
     # Looked up at call time, not import time: tests narrow the search by replacing autotune.search.search.
     from autotune.probe import ProbeSettings
     from autotune.search import SearchOptions, search
 
     echo(f"no finished study {name!r} for {spec.reference} under {format_size(budget)}: searching first")
     outcome = search(spec.reference, budget, settings=ProbeSettings(device=device or "auto"), options=SearchOptions(study=name),
-                     db=db, on_start=on_start, on_event=on_event)
+                     db=db, on_start=on_start, on_event=on_event, **recipe)
     if outcome.stop_reason == StopReason.INTERRUPTED:
         raise KeyboardInterrupt
     if outcome.best is None:

@@ -45,6 +45,25 @@ def write_tokenizer(text: str, directory: Path, vocab_size: int = 500) -> None:
     fast.save_pretrained(directory)
 
 
+# The special tokens of the task tests' tokenizer, ids 0-5: T5's pad 0 and end 1, BERT's pad 0.
+TASK_SPECIALS = {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>", "cls_token": "[CLS]",
+                 "sep_token": "[SEP]", "mask_token": "[MASK]"}
+
+
+def write_task_tokenizer(text: str, directory: Path, vocab_size: int = 500, *, mask: bool = True) -> None:
+    """A word-level tokenizer trained on `text` in a fraction of a second, with the special tokens
+    of seq2seq, classification and (with `mask`) masked-LM models, saved as transformers loads it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = {name: token for name, token in TASK_SPECIALS.items() if mask or name != "mask_token"}
+    words = Tokenizer(models.WordLevel(unk_token=TASK_SPECIALS["unk_token"]))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    words.train_from_iterator([text], trainers.WordLevelTrainer(vocab_size=vocab_size, show_progress=False,
+                                                                special_tokens=list(specials.values())))
+    PreTrainedTokenizerFast(tokenizer_object=words, **specials).save_pretrained(directory)
+
+
 def write_weights(directory: Path, config: dict) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
