@@ -264,3 +264,30 @@ def test_flags_may_repeat_a_study_but_not_contradict_it():
         measured.check("s2s", num_labels=3)
     with pytest.raises(BadInput, match="--task 'nonsense' is unknown"):
         measured.check("s2s", task="nonsense")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, data, auto_class, class_name", [
+    ("pegasus", "pairs", "AutoModelForSeq2SeqLM", "PegasusForConditionalGeneration"),
+    ("bart", "pairs", "AutoModelForSeq2SeqLM", "BartForConditionalGeneration"),
+    ("distilbert", "plain", "AutoModelForMaskedLM", "DistilBertForMaskedLM"),
+    ("roberta", "plain", "AutoModelForMaskedLM", "RobertaForMaskedLM"),
+])
+def test_every_other_family_searches_trains_two_steps_and_saves_its_task_class(ws, tmp_path, monkeypatch, family, data,
+                                                                             auto_class, class_name):
+    """The families the tests above do not train: a search first (one configuration), two real
+    steps on CPU, and a saved model that the task's Auto class loads."""
+    import transformers
+
+    import autotune.search
+
+    model = write_tiny(tmp_path, family)
+    write_task_tokenizer(corpus_text()[:60_000], model)
+    monkeypatch.setattr(autotune.search, "search", narrow_search)
+    out = tmp_path / "run"
+    outcome = train(TrainOptions(dataset=str(getattr(ws, data)), output_dir=str(out), max_steps=2, device="cpu"),
+                    model=str(model), gpu_budget=BUDGET, db=f"sqlite:///{tmp_path / 'own.db'}", echo=quiet,
+                    **({"target_length": 16} if data == "pairs" else {}))
+    assert outcome.finished and outcome.searched and outcome.summary.steps == 2, outcome.message
+    assert 0.95 < outcome.summary.peak_vs_probe < 1.05, outcome.summary
+    assert type(getattr(transformers, auto_class).from_pretrained(out)).__name__ == class_name
