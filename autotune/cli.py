@@ -116,7 +116,10 @@ def probe_settings_options(func):
                      help="Room kept free under the budget: a percentage of it or a size (256MiB). "
                           "A config fits when peak reserved + CUDA context + margin <= budget."),
         click.option("--warmup-steps", type=int, default=defaults.WARMUP_STEPS, show_default=True, help="Optimizer steps before timing (at least 2)."),
-        click.option("--measure-steps", type=int, default=defaults.MEASURE_STEPS, show_default=True, help="Timed optimizer steps."),
+        click.option("--measure-steps", type=int, default=defaults.MEASURE_STEPS, show_default=True, help="Timed optimizer steps, at least."),
+        click.option("--measure-seconds", type=float, default=defaults.MEASURE_SECONDS, show_default=True,
+                     help=f"Time steps until the window is at least this long (up to {defaults.MAX_MEASURE_STEPS} steps), "
+                          f"so that fast configs are timed as steadily as slow ones."),
         click.option("--probe-timeout", default=f"{defaults.PROBE_TIMEOUT_SECONDS:.0f}s", show_default=True, help="Kill a probe after this long (e.g. 90s, 10m)."),
         click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run."),
     ]
@@ -125,13 +128,13 @@ def probe_settings_options(func):
     return func
 
 
-def make_settings(device, safety_margin, warmup_steps, measure_steps, probe_timeout, trust_remote_code):
+def make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code):
     from autotune.probe import ProbeSettings
     from autotune.units import parse_duration, parse_margin
 
     return ProbeSettings(device=device, margin=parse_margin(safety_margin), warmup_steps=warmup_steps,
-                         measure_steps=measure_steps, timeout=parse_duration(probe_timeout, flag="--probe-timeout"),
-                         trust_remote_code=trust_remote_code)
+                         measure_steps=measure_steps, measure_seconds=measure_seconds,
+                         timeout=parse_duration(probe_timeout, flag="--probe-timeout"), trust_remote_code=trust_remote_code)
 
 
 @cli.command()
@@ -140,7 +143,8 @@ def make_settings(device, safety_margin, warmup_steps, measure_steps, probe_time
 @probe_settings_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task, target_length, num_labels,
-          gpu_budget, device, safety_margin, warmup_steps, measure_steps, probe_timeout, trust_remote_code, as_json):
+          gpu_budget, device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
+          as_json):
     """Run one short, real training probe; exit status 0 if it fits, 1 if not."""
     from autotune.probe import run_probe
     from autotune.report import format_probe_result
@@ -149,7 +153,7 @@ def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, 
     budget = parse_size(gpu_budget)
     config = make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task,
                          target_length, num_labels)
-    settings = make_settings(device, safety_margin, warmup_steps, measure_steps, probe_timeout, trust_remote_code)
+    settings = make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code)
     result = run_probe(config, budget, settings=settings)
     if as_json:
         echo_json({"config": config.to_dict(), "config_key": config.key(), "task": config.task, **result.to_dict()})
@@ -239,6 +243,9 @@ def db_upgrade(db):
 @click.option("--fresh", is_flag=True, help="Probe again even where a stored result could be reused.")
 @click.option("--predict/--no-predict", default=True, show_default=True,
               help="Estimate every candidate's memory first (no GPU needed): skip hopeless ones, order the rest.")
+@click.option("--confirm/--no-confirm", default=True, show_default=True,
+              help="Before saying the pick, measure the configs within noise of the best again until it is told "
+                   "apart or declared a tie.")
 @click.option("--predict-margin", type=float, default=defaults.PREDICT_MARGIN, show_default=True,
               help="Skip a config only if predicted over the budget by more than this share of it.")
 @probe_settings_options
@@ -252,8 +259,9 @@ def db_upgrade(db):
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object (progress goes to stderr).")
 @task_options
 def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, block_sizes, precisions, checkpointing_,
-           attention, task, target_length, num_labels, strategy, max_trials, timeout, patience, study, fresh, predict, predict_margin, device, safety_margin, warmup_steps,
-           measure_steps, probe_timeout, trust_remote_code, workers, heartbeat, db, as_json):
+           attention, task, target_length, num_labels, strategy, max_trials, timeout, patience, study, fresh, predict, confirm,
+           predict_margin, device, safety_margin, warmup_steps,
+           measure_steps, measure_seconds, probe_timeout, trust_remote_code, workers, heartbeat, db, as_json):
     """Find the fastest configuration that fits the budget, by probing."""
     from autotune import report
     from autotune.config import ATTENTIONS, PRECISIONS
@@ -275,9 +283,9 @@ def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, 
     for flag, value in (("--effective-batch", effective_batch), ("--effective-tokens", effective_tokens)):
         if value is not None and value < 1:
             raise click.BadParameter(f"must be at least 1 (got {value})", param_hint=flag)
-    settings = make_settings(device, safety_margin, warmup_steps, measure_steps, probe_timeout, trust_remote_code)
+    settings = make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code)
     options = SearchOptions(study=study, strategy=strategy, max_trials=max_trials, patience=patience, fresh=fresh,
-                            predict=predict, predict_margin=predict_margin, heartbeat_seconds=heartbeat,
+                            predict=predict, predict_margin=predict_margin, heartbeat_seconds=heartbeat, confirm=confirm,
                             timeout=parse_duration(timeout) if timeout else None)
     out = sys.stderr if as_json else sys.stdout
     outcome = run(model, budget, settings=settings, options=options, db=db, workers=workers,

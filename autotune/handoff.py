@@ -22,14 +22,19 @@ from autotune.tasks import AUTO_CLASSES, EXAMPLE_SCRIPTS, MLM_PROBABILITY, Task
 class BestConfig:
     row: LeaderboardRow
     device_type: str = "cuda"   # where the study measured: a CPU study hands off to a CPU run
+    confirmation: dict | None = None  # the study's confirmation round (search/confirm.py), if one ran
 
     @property
     def config(self):
         return self.row.config
 
     def to_dict(self) -> dict:
-        """Flat and JSON-ready; the keys of `autotune best --format json`."""
-        return self.row.to_dict()
+        """Flat and JSON-ready; the keys of `autotune best --format json`. `margin`: the winner's
+        throughput over the runner-up's, minus 1; `confirmed`: told apart from the configs within
+        noise of it by measuring them again (False: a tie, or no confirmation round ran)."""
+        c = self.confirmation or {}
+        return {**self.row.to_dict(), "margin": c.get("margin"), "margin_noise": c.get("noise"),
+                "confirmed": bool(c.get("confirmed")) and c.get("winner") == self.row.config_key}
 
     def trainer_kwargs(self) -> dict:
         """Keyword arguments for `transformers.TrainingArguments` (output_dir aside)."""
@@ -161,5 +166,6 @@ def best(study: str | None = None, db: str | None = None) -> BestConfig:
             name = study or store.latest_study_name()
             raise StudyNotFound(f"study {name!r} has no configuration that fits yet; run `autotune search` "
                                 f"(with a larger --gpu-budget if everything ran out of memory).")
-        device_type = store.study(rows[0].study).environment.get("device_type") or "cuda"
-    return BestConfig(rows[0], device_type)
+        record = store.study(rows[0].study)
+        device_type = record.environment.get("device_type") or "cuda"
+    return BestConfig(rows[0], device_type, record.confirmation)

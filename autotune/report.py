@@ -57,7 +57,7 @@ def format_probe_result(config: ProbeConfig, result: ProbeResult) -> str:
 # CSV columns of `autotune leaderboard --format csv`: LeaderboardRow.to_dict()'s keys, in order (a
 # test keeps them in step), named here so that an empty leaderboard still prints its header.
 LEADERBOARD_FIELDS = (
-    "rank", "label", *(f.name for f in fields(ProbeConfig)), "status", "tokens_per_s", "step_seconds",
+    "rank", "label", *(f.name for f in fields(ProbeConfig)), "status", "tokens_per_s", "step_seconds", "step_spread",
     "samples_per_s", "mfu", "peak_reserved_bytes", "peak_allocated_bytes", "context_bytes", "budget_bytes",
     "margin_bytes", "study", "probe_id", "trial_number", "config_key", "worker",
 )
@@ -97,7 +97,7 @@ def render_leaderboard(rows: Sequence[LeaderboardRow], fmt: str = "table") -> st
         return "No configuration fits yet."
     cells = [
         [str(row.rank), row.label, row.status, format_size(row.peak_reserved_bytes),
-         _fmt_float(row.tokens_per_s, ",.0f"), _fmt_float(row.step_seconds, ".3f")]
+         _fmt_float(row.tokens_per_s, ",.0f") + _spread(row.step_spread), _fmt_float(row.step_seconds, ".3f")]
         for row in rows
     ]
     headers = ["rank", "config", "status", "peak reserved", "tokens/s", "step s"]
@@ -189,21 +189,46 @@ def explain_winner(outcome) -> str:
                 "--block-sizes, --precisions bf16, or --checkpointing on.")
     required = (best.peak_reserved_bytes or 0) + (best.context_bytes or 0)
     headroom = best.budget_bytes - best.margin_bytes - required
+    confirmation = getattr(outcome.study, "confirmation", None)
     lines = [
         f"Chosen: {best.label}  (micro_batch={best.config.micro_batch}, grad_accum={best.config.grad_accum}, "
         f"precision={best.config.precision}, checkpointing={best.config.checkpointing}, "
         f"block_size={best.config.block_size}, attention={best.config.attention}{_task_levers(best.config)})",
-        f"  why: fastest that fits, {best.tokens_per_s:,.0f} tokens/s; needs {format_size(required)} "
+        f"  why: {'tied for fastest' if (confirmation or {}).get('tied') else 'fastest'} that fits, "
+        f"{best.tokens_per_s:,.0f} tokens/s; needs {format_size(required)} "
         f"(peak reserved {format_size(best.peak_reserved_bytes)} + context {format_size(best.context_bytes)}) "
         f"of the {format_size(best.budget_bytes)} budget, {format_size(headroom)} to spare after the "
         f"{format_size(best.margin_bytes)} margin",
     ]
-    if len(outcome.leaderboard) > 1:
+    if confirmation:
+        lines.append(f"  {describe_confirmation(confirmation)}")
+    elif len(outcome.leaderboard) > 1:
         second = outcome.leaderboard[1]
         lines.append(f"  runner-up: {second.label}, {best.tokens_per_s / second.tokens_per_s:.2f}x slower")
     if unmeasured:
         lines += ["Not a final answer: some configurations could not be measured (one of them may be faster):", *unmeasured]
     return "\n".join(lines)
+
+
+def _spread(spread: float | None) -> str:
+    """' +-3%' after a throughput: half the interquartile range of its step times."""
+    return f" ±{100 * spread:.0f}%" if spread is not None else ""
+
+
+def describe_confirmation(c: dict) -> str:
+    """The confirmation round's verdict (search/confirm.py), in one line."""
+    cost = f" ({c['probes']} more probes, {c['seconds']:.1f} s)" if c.get("probes") else ""
+    margin, noise = c.get("margin"), c.get("noise") or 0.0
+    if c.get("runner_up") is None:
+        return f"confirmed: {c['winner_label']} is the only config that fits"
+    if c.get("tied"):
+        return (f"tie: {c['winner_label']} and {', '.join(c['tied'])} differ by {100 * (margin or 0):.0f}%, within the "
+                f"{100 * noise:.0f}% noise of their steps{cost}: chose the one with the most memory to spare")
+    if not c.get("confirmed"):
+        return f"unconfirmed: the contenders could not be measured again{cost}; runner-up {c['runner_up']}"
+    how = "measured again" if c.get("rounds") else "told apart by the first windows"
+    return (f"confirmed: {c['winner_label']} wins by {100 * (margin or 0):.0f}% ± {100 * noise:.0f}% over "
+            f"{c['runner_up']} ({how}{cost.replace(' (', ', ').rstrip(')') if cost else ''})")
 
 
 def _unmeasured_lines(outcome) -> list[str]:
@@ -258,6 +283,7 @@ def search_summary(outcome) -> dict:
         "unmeasured": [{"config_key": c.key(), "label": c.label(), "status": r.status, "error": r.error}
                        for c, r in getattr(outcome, "unmeasured", [])],
         "best": outcome.best.to_dict() if outcome.best else None,
+        "confirmation": getattr(outcome.study, "confirmation", None),
         "leaderboard": [row.to_dict() for row in outcome.leaderboard],
     }
 

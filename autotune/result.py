@@ -19,7 +19,8 @@ class ProbeResult:
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
     context_bytes: int | None = None      # CUDA context and other memory outside the allocator; 0 on CPU
-    step_seconds: float | None = None     # per optimizer step, accumulation micro-steps included
+    step_seconds: float | None = None     # per optimizer step (the median of the window), micro-steps included
+    step_spread: float | None = None      # half the interquartile range of the step times, over the median
     tokens_per_s: float | None = None
     samples_per_s: float | None = None
     mfu: float | None = None              # model FLOP utilisation, where the device's peak is known
@@ -32,6 +33,7 @@ class ProbeResult:
     measured_seconds: float | None = None # the timed window
     wall_seconds: float | None = None     # the whole probe as the caller saw it, process start included
     parameters: int | None = None         # parameters of the model built (the task's whole class)
+    step_times: list[float] | None = None # each timed step's seconds, in order (autotune.timing)
     error: str | None = None
 
     def __post_init__(self) -> None:

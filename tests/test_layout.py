@@ -30,7 +30,7 @@ LAYERS: list[set[str]] = [
     {"probe", "estimate", "store", "data"},      # measuring, predicting, keeping
     {"space"},
     {"models", "environment", "margin"},
-    {"config", "result", "units", "paths", "tasks"},
+    {"config", "result", "units", "paths", "tasks", "timing"},
     {"errors", "defaults", "status", "version", "processes"},  # vocabulary everyone shares; process lifelines
 ]
 # (importer unit, imported unit) pairs allowed within one layer: the estimator traces the probe's

@@ -208,9 +208,18 @@ def _write_config(path, config: dict):
 @pytest.mark.slow
 def test_probe_json_reports_the_task_and_the_parameters_built(models):
     proc = autotune("probe", "--model", models["bart"], "--micro-batch", "1", "--block-size", "32", "--target-length", "8",
-                    "--gpu-budget", "1GiB", "--device", "cpu", "--warmup-steps", "2", "--measure-steps", "1", "--json")
+                    "--gpu-budget", "1GiB", "--device", "cpu", "--warmup-steps", "2", "--measure-steps", "1",
+                    "--measure-seconds", "0.3", "--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
+    # The window is sized by time: at least 0.3 s of steps (a step here takes milliseconds), each timed,
+    # up to MAX_MEASURE_STEPS.
+    import statistics
+
+    from autotune.defaults import MAX_MEASURE_STEPS
+    assert 1 < data["measured_steps"] == len(data["step_times"]) <= MAX_MEASURE_STEPS
+    assert data["measured_seconds"] >= 0.3 or data["measured_steps"] == MAX_MEASURE_STEPS
+    assert data["step_seconds"] == statistics.median(data["step_times"]) and data["step_spread"] is not None
     assert data["task"] == "seq2seq" and data["config"]["target_length"] == 8 and data["status"] == "ok"
     assert data["parameters"] == _built_parameters(TINY["bart"], "seq2seq", None)
 

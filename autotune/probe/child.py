@@ -23,7 +23,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402,F401  (imported here so that its cost counts as start-up, not build)
 
 from autotune import errors  # noqa: E402
-from autotune.defaults import ERROR_TAIL_CHARS  # noqa: E402
+from autotune.defaults import ERROR_TAIL_CHARS, MAX_MEASURE_STEPS  # noqa: E402
 from autotune.probe.budget import EnforcedBudget, enforce_budget  # noqa: E402
 from autotune.probe.devices import describe, peak_flops, resolve_device, supports_precision  # noqa: E402
 from autotune.probe.oom import classify_exception  # noqa: E402
@@ -48,6 +48,7 @@ from autotune.probe.step import (  # noqa: E402
 )
 from autotune.result import ProbeResult  # noqa: E402
 from autotune.status import CLEAN, ProbeStatus  # noqa: E402
+from autotune.timing import median_seconds, relative_spread  # noqa: E402
 
 _IMPORT_SECONDS = time.perf_counter() - _PROCESS_START
 # A random-init model warns about things irrelevant to a probe (unknown loss_type, token ids);
@@ -104,10 +105,15 @@ def run_probe_in_process(request: ProbeRequest) -> ProbeResult:
                 losses.append(step())
 
         _synchronize(device)
+        # Each step ends by reading its loss (a host sync), so each duration is that step's own.
+        step_times: list[float] = []
         window_start = time.perf_counter()
-        for _ in range(request.measure_steps):
+        while len(step_times) < request.measure_steps or (
+                time.perf_counter() - window_start < request.measure_seconds and len(step_times) < MAX_MEASURE_STEPS):
+            step_started = time.perf_counter()
             losses.append(step())
-        _synchronize(device)
+            _synchronize(device)
+            step_times.append(time.perf_counter() - step_started)
         window = time.perf_counter() - window_start
     except errors.AutotuneError:
         raise
@@ -118,7 +124,9 @@ def run_probe_in_process(request: ProbeRequest) -> ProbeResult:
         del exc  # its traceback holds the failing frames and their tensors
     else:
         result.measured_seconds = window
-        result.step_seconds = window / request.measure_steps
+        result.measured_steps, result.step_times = len(step_times), step_times
+        result.step_seconds = median_seconds(step_times)
+        result.step_spread = relative_spread(step_times)
         result.tokens_per_s = config.tokens_per_step / result.step_seconds
         result.samples_per_s = config.effective_batch / result.step_seconds
         peak = peak_flops(env.device_name, config.precision) if device.type == "cuda" else None

@@ -23,6 +23,7 @@ class ProbeRequest:
     warmup_steps: int
     measure_steps: int
     trust_remote_code: bool = False
+    measure_seconds: float = 0.0  # time steps until the window is at least this long (up to MAX_MEASURE_STEPS)
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,6 +47,7 @@ class ProbeSettings:
     device: str = "auto"
     warmup_steps: int = defaults.WARMUP_STEPS
     measure_steps: int = defaults.MEASURE_STEPS
+    measure_seconds: float = defaults.MEASURE_SECONDS
     timeout: float = defaults.PROBE_TIMEOUT_SECONDS
     margin: int | float = defaults.SAFETY_MARGIN  # bytes, or a fraction of the budget when < 1
     trust_remote_code: bool = False
@@ -60,6 +61,8 @@ class ProbeSettings:
             problems.append("--warmup-steps must be at least 2 (the peak needs the optimizer state, created by the first step)")
         if self.measure_steps < 1:
             problems.append("--measure-steps must be at least 1")
+        if not 0 <= self.measure_seconds <= 3600:
+            problems.append("--measure-seconds must be from 0 to 3600")
         if self.timeout <= 0:
             problems.append("--probe-timeout must be positive")
         if self.margin < 0:
@@ -227,6 +230,7 @@ class ProbeRunner:
             config=config, model_config=spec.config, model_path=spec.path, budget_bytes=budget_bytes,
             margin_bytes=margin, device=self.settings.device, warmup_steps=self.settings.warmup_steps,
             measure_steps=self.settings.measure_steps, trust_remote_code=self.settings.trust_remote_code,
+            measure_seconds=self.settings.measure_seconds,
         )
         try:
             self._send(request)

@@ -4,7 +4,7 @@ when it ends."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from autotune import defaults
 from autotune.config import ProbeConfig
@@ -39,6 +39,7 @@ class SearchOptions:
     predict: bool = True               # estimate memory first: skip hopeless configs, order the rest
     predict_margin: float = defaults.PREDICT_MARGIN  # skip only when predicted over the budget by more than this share
     heartbeat_seconds: float = defaults.HEARTBEAT_SECONDS  # claims' heartbeat period, for the whole study
+    confirm: bool = True               # measure the contenders within noise of the best again (search/confirm.py)
 
     def __post_init__(self) -> None:
         if self.study is not None:
@@ -67,7 +68,8 @@ class Event:
 
     config: ProbeConfig
     result: ProbeResult
-    how: str                 # 'probed', 'reused' (stored result) or 'skipped' (ruled out by structure)
+    how: str                 # 'probed', 'reused' (stored result), 'skipped' (ruled out by structure) or
+                             # 'confirming' (a contender measured again, search/confirm.py)
     resolved: int            # candidates resolved so far, this one included
     total: int               # candidates in the space
     best: bool               # the best config so far
@@ -91,6 +93,8 @@ class SearchOutcome:
     failures: list[str] = field(default_factory=list)  # workers that ended in error, one line each
     # Crashed, timed out or failed: not measurements. With their latest outcome, for the report.
     unmeasured: list[tuple[ProbeConfig, ProbeResult]] = field(default_factory=list)
+    # The contenders measured again before the pick was said (search/confirm.py); None: no round ran.
+    confirmation: Any = None
 
     @property
     def best(self) -> LeaderboardRow | None:

@@ -25,13 +25,14 @@ from autotune.result import ProbeResult
 from autotune.search.common import Event, Runner, SearchOptions, SearchOutcome
 from autotune.search.knowledge import Knowledge
 from autotune.search.plan import ProbePlan, StudyPlan
+from autotune.search.confirm import Confirmation, confirm
 from autotune.search.predictions import Prediction, predict
 from autotune.search.strategies import TpeStrategy, make_strategy
 from autotune.search.trials import Trials, distributions_of
 from autotune.search.worker_state import Heartbeat, WorkerState, worker_label
 from autotune.space import SearchSpace
 from autotune.status import RETRYABLE, ClaimState, ProbeStatus, SettleHow, StopReason, StudyStatus
-from autotune.store import Store, StudyRecord
+from autotune.store import LeaderboardRow, Store, StudyRecord
 from autotune.units import format_size
 
 
@@ -161,7 +162,7 @@ def start_study(
     trials = Trials(store.engine.url.render_as_string(hide_password=False), name, distributions_of(space), seed=0)
     probe_plan = ProbePlan() if settings is None else ProbePlan(
         warmup_steps=settings.warmup_steps, measure_steps=settings.measure_steps, timeout=settings.timeout,
-        trust_remote_code=settings.trust_remote_code)
+        trust_remote_code=settings.trust_remote_code, measure_seconds=settings.measure_seconds)
     plan = StudyPlan(strategy=options.strategy, fresh=options.fresh, predict_margin=options.predict_margin,
                      patience=options.patience, heartbeat_seconds=options.heartbeat_seconds, probe=probe_plan,
                      predictions=dict(knowledge.predictions))
@@ -271,6 +272,9 @@ def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Eve
                 if patience is not None and since_improvement >= patience:
                     outcome.stop_reason = StopReason.PATIENCE
                     break
+            # (A search that probed nothing, every result reused from earlier studies, adds no probes.)
+            if starter and outcome.stop_reason == StopReason.EXHAUSTED and w.options.confirm and outcome.probed:
+                outcome.confirmation = _confirm(w, runner, on_event, stop.is_set)
     except BaseException:
         # Aborted (a second Ctrl-C, SIGTERM, a user error from the runner): the study is not
         # left `running`, so that every later command sees it stopped and resumable.
@@ -289,6 +293,18 @@ def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Eve
     outcome.leaderboard = store.leaderboard(w.study.name)
     outcome.seconds = time.perf_counter() - started
     return outcome
+
+
+def _confirm(w: WorkerState, runner: Runner, on_event: Callable[[Event], None] | None,
+             stop: Callable[[], bool]) -> Confirmation | None:
+    """Every candidate is settled: measure the contenders within noise of the best again."""
+    total = len(w.knowledge.candidates)
+
+    def said(row: LeaderboardRow, result: ProbeResult) -> None:
+        if on_event is not None:
+            on_event(Event(row.config, result, "confirming", total, total, False, w.label))
+
+    return confirm(w.store, w.study, runner, w.budget_bytes, on_probe=said, stop=stop)
 
 
 def _probe(w: WorkerState, runner: Runner, heartbeat: Heartbeat, config: ProbeConfig) -> ProbeResult:

@@ -81,7 +81,8 @@ def join_study(
             return _already_finished(store, study, started)
         probe = StudyPlan.from_dict(study.plan).probe
         settings = ProbeSettings(device=device, margin=study.margin_bytes, warmup_steps=probe.warmup_steps,
-                                 measure_steps=probe.measure_steps, timeout=probe_timeout or probe.timeout,
+                                 measure_steps=probe.measure_steps, measure_seconds=probe.measure_seconds,
+                                 timeout=probe_timeout or probe.timeout,
                                  trust_remote_code=probe.trust_remote_code)
         with ProbeRunner(settings) as runner:
             return run_worker(store, name, runner, allow_other_device=allow_other_device, max_trials=max_trials,

@@ -23,6 +23,8 @@ class ProbePlan:
     measure_steps: int = defaults.MEASURE_STEPS
     timeout: float = defaults.PROBE_TIMEOUT_SECONDS
     trust_remote_code: bool = False
+    # Plans stored before time-sized windows read as step-counted ones (0: no minimum length).
+    measure_seconds: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +42,8 @@ class StudyPlan:
             "strategy": self.strategy, "fresh": self.fresh, "predict_margin": self.predict_margin,
             "patience": self.patience, "heartbeat_seconds": self.heartbeat_seconds,
             "probe": {"warmup_steps": self.probe.warmup_steps, "measure_steps": self.probe.measure_steps,
-                      "timeout": self.probe.timeout, "trust_remote_code": self.probe.trust_remote_code},
+                      "timeout": self.probe.timeout, "trust_remote_code": self.probe.trust_remote_code,
+                      "measure_seconds": self.probe.measure_seconds},
             "predictions": {key: [p.peak_bytes, p.floor_bytes, p.required_bytes] for key, p in self.predictions.items()},
         }
 

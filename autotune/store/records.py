@@ -33,6 +33,7 @@ class StudyRecord:
     created_at: datetime
     updated_at: datetime
     plan: dict[str, Any] | None = None   # what a joining worker needs (see Store.set_study_plan)
+    confirmation: dict[str, Any] | None = None  # how the winner was told apart (search/confirm.py)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -42,7 +43,7 @@ class StudyRecord:
             "margin_bytes": self.margin_bytes, "effective_batch": self.effective_batch,
             "space": self.space, "env_fingerprint": self.env_fingerprint, "environment": self.environment,
             "status": self.status, "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at),
-            "plan": self.plan,
+            "plan": self.plan, "confirmation": self.confirmation,
         }
 
 
@@ -125,6 +126,7 @@ class LeaderboardRow:
     budget_bytes: int
     margin_bytes: int
     worker: str | None = None
+    step_spread: float | None = None     # the timed window's relative spread (autotune.timing)
 
     @property
     def label(self) -> str:
@@ -134,7 +136,7 @@ class LeaderboardRow:
         """Flat and JSON-ready; `autotune best --format json` relies on these names."""
         return {
             "rank": self.rank, "label": self.label, **self.config.to_dict(), "status": self.status,
-            "tokens_per_s": self.tokens_per_s, "step_seconds": self.step_seconds,
+            "tokens_per_s": self.tokens_per_s, "step_seconds": self.step_seconds, "step_spread": self.step_spread,
             "samples_per_s": self.samples_per_s, "mfu": self.mfu,
             "peak_reserved_bytes": self.peak_reserved_bytes, "peak_allocated_bytes": self.peak_allocated_bytes,
             "context_bytes": self.context_bytes, "budget_bytes": self.budget_bytes,

@@ -31,6 +31,7 @@ def study_record(study: Study) -> StudyRecord:
         env_fingerprint=study.env_fingerprint, environment=dict(study.environment), status=study.status,
         created_at=study.created_at, updated_at=study.updated_at,
         plan=dict(study.plan) if study.plan is not None else None,
+        confirmation=dict(study.confirmation) if study.confirmation is not None else None,
     )
 
 

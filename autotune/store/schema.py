@@ -36,7 +36,7 @@ TABLE_PREFIX = "autotune_"
 VERSION_TABLE = "autotune_alembic_version"
 # The revision this code writes and reads. A test checks it is Alembic's head, so reading a
 # database already at this revision needs no Alembic import (start-up time of read commands).
-SCHEMA_REVISION = "0003_tasks"
+SCHEMA_REVISION = "0004_timing"
 
 # Deterministic constraint names: batch migrations on SQLite (which rebuild tables) and drops on
 # PostgreSQL need to name constraints, and unnamed ones get backend-chosen names.
@@ -118,6 +118,8 @@ class Study(Base):
     # What a worker joining from another process or machine needs to search as the starter does:
     # the strategy, how probes run, the heartbeat period, the memory predictions (0002_claims).
     plan: Mapped[dict[str, Any] | None]
+    # How the winner was told apart from the runner-up, after the confirmation round (0004_timing).
+    confirmation: Mapped[dict[str, Any] | None]
 
 
 class Probe(Base):
@@ -160,6 +162,8 @@ class Probe(Base):
     peak_reserved_bytes: Mapped[int | None] = mapped_column(Bytes)
     context_bytes: Mapped[int | None] = mapped_column(Bytes)
     step_seconds: Mapped[float | None]
+    step_spread: Mapped[float | None]                 # 0004_timing: the window's relative spread
+    step_times: Mapped[list[float] | None] = mapped_column(JSON)  # 0004_timing: each timed step
     tokens_per_s: Mapped[float | None]
     samples_per_s: Mapped[float | None]
     mfu: Mapped[float | None]

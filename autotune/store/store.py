@@ -158,6 +158,20 @@ class Store(ClaimsMixin, RunsMixin):
         with self._writing() as session:
             session.execute(update(Study).where(Study.id == study_id).values(plan=dict(plan)))
 
+    def set_confirmation(self, study_id: int, confirmation: Mapping[str, Any]) -> None:
+        """Store how the study's winner was told apart from its contenders (search/confirm.py)."""
+        with self._writing() as session:
+            session.execute(update(Study).where(Study.id == study_id).values(confirmation=dict(confirmation)))
+
+    def update_timing(self, probe_id: int, result: ProbeResult) -> None:
+        """Replace a probe's timing with a longer measurement of the same config (its first window
+        and the confirmation round's, pooled); its memory stays as first measured."""
+        values = {name: getattr(result, name) for name in
+                  ("step_seconds", "step_spread", "step_times", "tokens_per_s", "samples_per_s", "measured_steps",
+                   "measured_seconds")}
+        with self._writing() as session:
+            session.execute(update(Probe).where(Probe.id == probe_id).values(**values))
+
     def studies(self) -> list[StudySummary]:
         """Every study, most recent first, with probe counts and the best throughput that fits."""
         is_ok = Probe.status == "ok"
@@ -295,9 +309,15 @@ class Store(ClaimsMixin, RunsMixin):
                     probes.c.peak_reserved_bytes.asc().nulls_last(),
                     probes.c.id,
                 )
-                .limit(top)
             )
-            rows = session.execute(query).mappings().all()
+            chosen = (study.confirmation or {}).get("winner")
+            # A confirmation round that found a tie chose the config with more memory to spare:
+            # it ranks first. (The limit then applies after the move.)
+            rows = list(session.execute(query if chosen else query.limit(top)).mappings().all())
+            first = next((i for i, row in enumerate(rows) if row["config_key"] == chosen), 0)
+            if first:
+                rows = [rows[first], *rows[:first], *rows[first + 1:]]
+            rows = rows[:top]
             return [
                 LeaderboardRow(
                     rank=rank,
@@ -317,6 +337,7 @@ class Store(ClaimsMixin, RunsMixin):
                     budget_bytes=row["budget_bytes"] if row["budget_bytes"] is not None else study.budget_bytes,
                     margin_bytes=row["margin_bytes"] if row["margin_bytes"] is not None else study.margin_bytes,
                     worker=row["worker"],
+                    step_spread=row["step_spread"],
                 )
                 for rank, row in enumerate(rows, start=1)
             ]

@@ -50,8 +50,9 @@ def test_search_pick_equals_the_exhaustive_grid_best(tiny_model):
         everything, replay = ScriptedRunner(table), ScriptedRunner(table)
         everything.env = replay.env = runner.environment()
         exhaustive = run_search(space, spec, BUDGET, MARGIN, everything, store,
-                                SearchOptions(study="grid-replay", strategy="grid-full", fresh=True))
-        frontier = run_search(space, spec, BUDGET, MARGIN, replay, store, SearchOptions(study="frontier", fresh=True))
+                                SearchOptions(study="grid-replay", strategy="grid-full", fresh=True, confirm=False))
+        frontier = run_search(space, spec, BUDGET, MARGIN, replay, store,
+                              SearchOptions(study="frontier", fresh=True, confirm=False))
     assert exhaustive.best is not None and frontier.best.config == exhaustive.best.config
     assert frontier.probed < exhaustive.probed == grid.probed
     skipped = [p for p in frontier_probes(frontier.study.name) if p.result.status == "skipped"]
@@ -64,7 +65,7 @@ def _modelled_speed(config, result):
         return result
     modelled = modelled_result(config, 2**62, 0)
     return dataclasses.replace(result, tokens_per_s=modelled.tokens_per_s, step_seconds=modelled.step_seconds,
-                               samples_per_s=modelled.samples_per_s)
+                               samples_per_s=modelled.samples_per_s, step_times=None, step_spread=None)
 
 
 def frontier_probes(study: str):

@@ -1,0 +1,173 @@
+"""The confirmation round: before a search says which config wins, the contenders whose throughput
+is within the noise of the best are measured again, alternating, in the same warm probe process,
+until the winner is told apart or the round declares a tie.
+
+Why: a search ranks on one short window per config, and on a shared machine (or between close
+GPU configs) the order of the top few can be noise. The user pastes the winner into a run of
+hours, so the pick is worth a few more windows of the configs that could have won.
+
+Each re-measurement is pooled with the config's earlier windows (all their step times), the
+probe row's timing is replaced by the pooled one, and the study keeps the verdict (margin over
+the runner-up, the noise it was judged against, confirmed or tied) in `confirmation`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from autotune.result import ProbeResult
+from autotune.search.common import Runner
+from autotune.status import ProbeStatus
+from autotune.store import LeaderboardRow, ProbeRecord, Store, StudyRecord
+from autotune.timing import median_seconds, noise, relative_spread
+
+MAX_CONTENDERS = 3   # besides the best: the closest ones within noise
+MAX_ROUNDS = 3       # windows of each contender at most, beyond the first
+# A window is measured again when within this of the best, or within the noise if wider: one
+# window on a busy machine can read several percent slow (a neighbour, a page fault storm) while
+# its own steps look steady. Telling apart still needs a margin above the steps' noise.
+CONTENDER_BAND = 0.05
+
+
+@dataclass(slots=True)
+class Contender:
+    row: LeaderboardRow
+    result: ProbeResult                       # pooled timing so far
+    step_times: list[float] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.result.tokens_per_s or 0.0
+
+
+@dataclass(slots=True)
+class Confirmation:
+    """The verdict, as stored with the study (`to_dict`) and said by `autotune search`."""
+
+    winner: str                    # config key of the chosen config
+    winner_label: str
+    runner_up: str | None          # its label
+    margin: float | None           # winner's tokens/s over the runner-up's, minus 1
+    noise: float | None            # the relative difference within which they are not told apart
+    confirmed: bool                # told apart (or alone); False: a tie, decided by memory to spare
+    rounds: int                    # extra windows of each contender
+    probes: int                    # probes the round ran
+    seconds: float                 # and their wall time
+    tied: list[str] = field(default_factory=list)  # labels of the configs tied with the winner
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"winner": self.winner, "winner_label": self.winner_label, "runner_up": self.runner_up,
+                "margin": self.margin, "noise": self.noise, "confirmed": self.confirmed, "rounds": self.rounds,
+                "probes": self.probes, "seconds": self.seconds, "tied": self.tied}
+
+
+def contenders_of(rows: list[LeaderboardRow]) -> list[LeaderboardRow]:
+    """The best and the configs whose throughput is within the noise of it (at most MAX_CONTENDERS)."""
+    best_speed = rows[0].tokens_per_s if rows else None
+    if best_speed is None:
+        return rows[:1]
+    best = rows[0]
+    close = [r for r in rows[1:] if r.tokens_per_s is not None
+             and r.tokens_per_s >= best_speed * (1 - max(CONTENDER_BAND, noise(best.step_spread, r.step_spread)))]
+    return [best, *close[:MAX_CONTENDERS]]
+
+
+def confirm(store: Store, study: StudyRecord, runner: Runner, budget_bytes: int,
+            on_probe: Callable[[LeaderboardRow, ProbeResult], None] | None = None,
+            stop: Callable[[], bool] = lambda: False) -> Confirmation | None:
+    """Measure the study's contenders again until the best is told apart or a tie is declared;
+    store the pooled timings and the verdict. None when nothing fits, or when `stop` says to stop
+    (Ctrl-C) before the verdict: the pick then stays unconfirmed."""
+    rows = store.leaderboard(study.name)
+    if not rows:
+        return None
+    stored = {p.id: p for p in store.probes(study.name)}
+    pool = [Contender(r, _as_result(r), _stored_step_times(stored[r.probe_id], r)) for r in contenders_of(rows)]
+    probes, seconds, rounds, remeasured = 0, 0.0, 0, 0
+    while len(pool) > 1 and rounds < MAX_ROUNDS and not _told_apart(pool):
+        if rounds and not remeasured:
+            break  # a round that measured nothing again (every window failed): another would not either
+        rounds += 1
+        for contender in list(pool):
+            if stop():
+                return None
+            result = runner.run(contender.row.config, budget_bytes)
+            probes += 1
+            seconds += result.wall_seconds or 0.0
+            if on_probe is not None:
+                on_probe(contender.row, result)
+            if result.status != ProbeStatus.OK or not result.step_times:
+                continue  # a window that failed now says nothing of speed: the first one stands
+            remeasured += 1
+            contender.step_times += result.step_times
+            contender.result = _pooled(contender.row, contender.step_times)
+        pool.sort(key=lambda c: -c.tokens_per_s)
+    for contender in pool if rounds else ():
+        store.update_timing(contender.row.probe_id, contender.result)
+    if rounds and not remeasured:
+        # Nothing could be measured again: the first windows' order stands, unconfirmed.
+        best, second = pool[0], pool[1]
+        verdict = Confirmation(best.row.config_key, best.row.label, second.row.label,
+                               best.tokens_per_s / second.tokens_per_s - 1 if second.tokens_per_s else None,
+                               noise(best.row.step_spread, second.row.step_spread), False, rounds, probes, seconds)
+    else:
+        verdict = _verdict(pool, rows, rounds, probes, seconds)
+    store.set_confirmation(study.id, verdict.to_dict())
+    return verdict
+
+
+def _told_apart(pool: list[Contender]) -> bool:
+    ranked = sorted(pool, key=lambda c: -c.tokens_per_s)
+    first, second = ranked[0], ranked[1]
+    return first.tokens_per_s > second.tokens_per_s * (1 + noise(first.result.step_spread, second.result.step_spread))
+
+
+def _verdict(pool: list[Contender], rows: list[LeaderboardRow], rounds: int, probes: int, seconds: float) -> Confirmation:
+    ranked = sorted(pool, key=lambda c: -c.tokens_per_s)
+    best = ranked[0]
+    if len(ranked) == 1:
+        # Alone within noise: the runner-up (if any) is already told apart by the first windows.
+        runner_up = rows[1] if len(rows) > 1 else None
+        margin = best.tokens_per_s / runner_up.tokens_per_s - 1 if runner_up and runner_up.tokens_per_s else None
+        return Confirmation(best.row.config_key, best.row.label, runner_up.label if runner_up else None, margin,
+                            noise(best.row.step_spread, runner_up.step_spread if runner_up else None), True, rounds,
+                            probes, seconds)
+    second = ranked[1]
+    within = noise(best.result.step_spread, second.result.step_spread)
+    margin = best.tokens_per_s / second.tokens_per_s - 1 if second.tokens_per_s else None
+    if _told_apart(ranked):
+        return Confirmation(best.row.config_key, best.row.label, second.row.label, margin, within, True, rounds,
+                            probes, seconds)
+    # A tie: of the configs within noise of the fastest, the one with the most memory to spare.
+    tied = [c for c in ranked if c.tokens_per_s >= best.tokens_per_s * (1 - noise(best.result.step_spread, c.result.step_spread))]
+    chosen = min(tied, key=lambda c: (_required(c.row), -c.tokens_per_s))
+    others = [c for c in tied if c is not chosen]
+    return Confirmation(chosen.row.config_key, chosen.row.label, others[0].row.label if others else None, margin, within,
+                        False, rounds, probes, seconds, tied=[c.row.label for c in others])
+
+
+def _required(row: LeaderboardRow) -> int:
+    return (row.peak_reserved_bytes or 0) + (row.context_bytes or 0)
+
+
+def _as_result(row: LeaderboardRow) -> ProbeResult:
+    return ProbeResult(status=ProbeStatus.OK, step_seconds=row.step_seconds, step_spread=row.step_spread,
+                       tokens_per_s=row.tokens_per_s, samples_per_s=row.samples_per_s)
+
+
+def _stored_step_times(record: ProbeRecord, row: LeaderboardRow) -> list[float]:
+    """The first window's step times (a probe stored before step times were kept: its mean step)."""
+    if record.result.step_times:
+        return list(record.result.step_times)
+    steps = record.result.measured_steps or 1
+    return [row.step_seconds] * steps if row.step_seconds else []
+
+
+def _pooled(row: LeaderboardRow, step_times: list[float]) -> ProbeResult:
+    median = median_seconds(step_times)
+    config = row.config
+    return replace(_as_result(row), step_seconds=median, step_spread=relative_spread(step_times), step_times=list(step_times),
+                   tokens_per_s=config.tokens_per_step / median, samples_per_s=config.effective_batch / median,
+                   measured_steps=len(step_times), measured_seconds=sum(step_times))

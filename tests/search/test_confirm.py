@@ -1,0 +1,126 @@
+"""Timing spread and the confirmation round: contenders within noise of the best are measured
+again until the winner is told apart or a tie is declared (search/confirm.py, autotune/timing.py)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from autotune.handoff import best as best_of
+from autotune.models import resolve_model
+from autotune.report import explain_winner
+from autotune.result import ProbeResult
+from autotune.search import SearchOptions, run_search
+from autotune.space import SearchSpace
+from autotune.store import open_store
+from autotune.timing import NOISE_FLOOR, noise, relative_spread
+from tests.fakes import ScriptedRunner, modelled_result
+
+GiB = 2**30
+BUDGET = 8 * GiB
+MARGIN = int(0.05 * BUDGET)
+
+
+def test_spread_is_half_the_interquartile_range_over_the_median():
+    assert relative_spread([1.0]) is None
+    assert relative_spread([1.0, 1.0, 1.0]) == 0.0
+    # Quartiles of 0.9, 1.0, 1.1, 1.2 (inclusive): 0.975 and 1.125; median 1.05.
+    assert relative_spread([1.1, 0.9, 1.2, 1.0]) == pytest.approx((1.125 - 0.975) / 2 / 1.05)
+    # One slow step (a page fault) barely moves it: the median and the middle half do not care.
+    assert relative_spread([1.0] * 9 + [5.0]) == 0.0
+    assert noise(None, None) == NOISE_FLOOR and noise(0.03, 0.04) == pytest.approx(0.07)
+
+
+class NoisyRunner(ScriptedRunner):
+    """The fake model's memory, with step times drawn around a speed set per micro-batch: each
+    window of `steps` steps spreads by `jitter` around the config's true step time."""
+
+    def __init__(self, speeds: dict[int, float], jitter: float = 0.05, steps: int = 5,
+                 slow_first: dict[int, float] | None = None):
+        super().__init__()
+        self.speeds, self.jitter, self.steps = speeds, jitter, steps
+        self.slow_first = dict(slow_first or {})  # micro-batch -> its first window runs this much slower
+        self.windows = itertools.count()
+
+    def run(self, config, budget_bytes, spec=None) -> ProbeResult:
+        self.asked.append(config)
+        result = modelled_result(config, budget_bytes, int(self.margin_fraction * budget_bytes))
+        true_step = config.tokens_per_step / self.speeds[config.micro_batch] * self.slow_first.pop(config.micro_batch, 1.0)
+        # Deterministic "noise": each window's steps spread evenly over +-jitter, in a shifting order.
+        offsets = [self.jitter * (2 * i / (self.steps - 1) - 1) for i in range(self.steps)]
+        shift = next(self.windows) % self.steps
+        times = [true_step * (1 + o) for o in offsets[shift:] + offsets[:shift]]
+        median = sorted(times)[len(times) // 2]
+        result.step_times, result.step_seconds, result.step_spread = times, median, relative_spread(times)
+        result.tokens_per_s = config.tokens_per_step / median
+        result.samples_per_s = config.effective_batch / median
+        return result
+
+
+def space() -> SearchSpace:
+    return SearchSpace.build(resolve_model("gpt2"), micro_batches=(1, 2, 4), block_sizes=(128,), precisions=("fp32",),
+                             checkpointing=(False,), attentions=("sdpa",), effective_batch=4)
+
+
+def search(store, runner, study):
+    return run_search(space(), resolve_model("gpt2"), BUDGET, MARGIN, runner, store, SearchOptions(study=study, predict=False))
+
+
+def test_a_clear_winner_is_confirmed_by_the_first_windows_without_more_probes(hermetic_home):
+    runner = NoisyRunner({1: 1000.0, 2: 2000.0, 4: 3000.0}, jitter=0.02)
+    with open_store() as store:
+        outcome = search(store, runner, "clear")
+    c = outcome.study.confirmation
+    assert c["confirmed"] and c["rounds"] == 0 and c["probes"] == 0 and len(runner.asked) == 3
+    assert c["margin"] == pytest.approx(0.5, rel=0.02) and outcome.best.config.micro_batch == 4
+    chosen = best_of("clear").to_dict()
+    assert chosen["confirmed"] is True and chosen["margin"] == pytest.approx(0.5, rel=0.02)
+    assert chosen["step_spread"] is not None
+
+
+def test_close_contenders_are_measured_again_and_a_tie_goes_to_the_one_with_memory_to_spare(hermetic_home):
+    # mb2x2 is 1% faster than mb4x1 but accumulates (a set of gradients more); 5% jitter: within
+    # noise however often measured, so the one with more memory to spare is chosen.
+    runner = NoisyRunner({1: 1000.0, 2: 3000.0, 4: 2970.0}, jitter=0.05)
+    with open_store() as store:
+        outcome = search(store, runner, "tie")
+        rows = store.leaderboard("tie")
+        probes = {p.config.micro_batch: p for p in store.probes("tie")}
+    c = outcome.study.confirmation
+    assert not c["confirmed"] and c["rounds"] == 3 and c["probes"] == 6 and len(runner.asked) == 3 + 6
+    assert outcome.best.config.micro_batch == 4 and rows[0].config.micro_batch == 4  # ranked first though slower
+    assert c["tied"] == [rows[1].label] and rows[1].config.micro_batch == 2
+    assert rows[0].peak_reserved_bytes < rows[1].peak_reserved_bytes
+    assert rows[0].tokens_per_s < rows[1].tokens_per_s
+    # The contenders' timings are their four windows pooled; the other config keeps its one window.
+    assert len(probes[2].result.step_times) == len(probes[4].result.step_times) == 4 * runner.steps
+    assert len(probes[1].result.step_times) == runner.steps
+    chosen = best_of("tie").to_dict()
+    assert chosen["micro_batch"] == 4 and chosen["confirmed"] is False
+    text = explain_winner(outcome)
+    assert "tie: mb4x1 blk128 fp32 no-ckpt sdpa and mb2x2 blk128 fp32 no-ckpt sdpa differ by 1%" in text
+    assert "chose the one with the most memory to spare" in text and "why: tied for fastest" in text
+
+
+def test_a_window_slowed_by_a_neighbour_is_measured_again_and_the_true_winner_confirmed(hermetic_home):
+    # mb4 is truly 3.4% faster than mb2x2, but its first window ran 5% slow (a busy machine) and
+    # ranked it second. Measured again, its pooled median is its own: it wins, confirmed.
+    runner = NoisyRunner({1: 1000.0, 2: 2900.0, 4: 3000.0}, jitter=0.01, slow_first={4: 1.05})
+    with open_store() as store:
+        outcome = search(store, runner, "apart")
+        first_windows = {p.config.micro_batch: p for p in store.probes("apart")}
+    c = outcome.study.confirmation
+    assert c["confirmed"] and c["rounds"] >= 1 and outcome.best.config.micro_batch == 4
+    assert c["margin"] > c["noise"] and c["runner_up"] == "mb2x2 blk128 fp32 no-ckpt sdpa"
+    assert "confirmed: mb4x1 blk128 fp32 no-ckpt sdpa wins by 3%" in explain_winner(outcome)
+    assert len(first_windows[4].result.step_times) > runner.steps
+
+
+def test_no_confirmation_when_asked_not_to(hermetic_home):
+    runner = NoisyRunner({1: 1000.0, 2: 2970.0, 4: 3000.0})
+    with open_store() as store:
+        outcome = run_search(space(), resolve_model("gpt2"), BUDGET, MARGIN, runner, store,
+                             SearchOptions(study="off", predict=False, confirm=False))
+    assert outcome.study.confirmation is None and len(runner.asked) == 3 and outcome.best.config.micro_batch == 4
+    assert best_of("off").to_dict()["confirmed"] is False
