@@ -6,7 +6,7 @@ from __future__ import annotations
 # -- how a probe runs (ProbeSettings) --------------------------------------------------------
 WARMUP_STEPS = 2              # the peak needs the optimizer state, created by the first step
 MEASURE_STEPS = 3             # timed optimizer steps, at least
-MEASURE_SECONDS = 0.25        # and at least this long a window (a tiny step is timed many times)...$
+MEASURE_SECONDS = 0.25        # and at least this long a window (a tiny step is timed many times)...
 MAX_MEASURE_STEPS = 50        # ...up to this many steps
 PROBE_TIMEOUT_SECONDS = 600.0  # one probe, process start-up included
 SAFETY_MARGIN = 0.05          # a fraction of the budget (or bytes when >= 1)
