@@ -3,6 +3,7 @@ No SQL, sessions, Optuna or torch here: those live in the modules the commands c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
@@ -265,6 +266,7 @@ def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, 
     """Find the fastest configuration that fits the budget, by probing."""
     from autotune import report
     from autotune.config import ATTENTIONS, PRECISIONS
+    from autotune.live import LiveLine
     from autotune.search import SearchOptions
     from autotune.search import search as run
     from autotune.units import parse_choice_list, parse_duration, parse_int_list, parse_size
@@ -288,10 +290,14 @@ def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, 
                             predict=predict, predict_margin=predict_margin, heartbeat_seconds=heartbeat, confirm=confirm,
                             timeout=parse_duration(timeout) if timeout else None)
     out = sys.stderr if as_json else sys.stdout
-    outcome = run(model, budget, settings=settings, options=options, db=db, workers=workers,
-                  on_start=lambda *a: click.echo(report.format_search_header(*a), file=out),
-                  on_event=lambda e: click.echo(report.format_event(e, show_worker=workers is not None), file=out),
-                  **space_args)
+    # On a terminal, the probe in flight is shown live (replaced by its result line); not in a log.
+    live = LiveLine(out) if out.isatty() and workers is None else None
+    say = live.print if live is not None else (lambda line: click.echo(line, file=out))
+    with live or contextlib.nullcontext():
+        outcome = run(model, budget, settings=settings, options=options, db=db, workers=workers,
+                      on_start=lambda *a: say(report.format_search_header(*a)),
+                      on_event=lambda e: say(report.format_event(e, show_worker=workers is not None)),
+                      on_progress=live.progress if live is not None else None, **space_args)
     for failure in outcome.failures:
         click.echo(f"autotune: warning: {failure}", err=True)
     if as_json:

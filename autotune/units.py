@@ -131,3 +131,15 @@ CUDA_BLOCK_BYTES = 512
 def round_to_block(nbytes: int) -> int:
     """A request as the CUDA caching allocator rounds it (0 stays 0: nothing is allocated)."""
     return -(-nbytes // CUDA_BLOCK_BYTES) * CUDA_BLOCK_BYTES
+
+
+def format_duration(seconds: float) -> str:
+    """'45 s', '3m10s', '1h05m': a duration for people."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"

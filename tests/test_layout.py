@@ -23,7 +23,7 @@ MAX_LINES = 500
 LAYERS: list[set[str]] = [
     {"__main__"},
     {"cli"},                                     # parses flags, calls one function, prints
-    {"report"},                                  # renders what the layers below return
+    {"report", "live"},                          # renders what the layers below return
     {"train"},                                   # the fine-tune (searching first if need be)
     {"handoff"},                                 # a study's winner as Trainer arguments, CLI flags, YAML
     {"search"},                                  # space -> strategies -> probe runner -> store

@@ -18,6 +18,7 @@ import gc  # noqa: E402
 import math  # noqa: E402
 import signal  # noqa: E402
 import traceback  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 
 import torch  # noqa: E402
 import transformers  # noqa: E402,F401  (imported here so that its cost counts as start-up, not build)
@@ -32,6 +33,7 @@ from autotune.probe.protocol import (  # noqa: E402
     EnvironmentRequest,
     ModelCheckReply,
     ModelCheckRequest,
+    Phase,
     ProbeRequest,
     Ready,
     ResultReply,
@@ -56,7 +58,7 @@ _IMPORT_SECONDS = time.perf_counter() - _PROCESS_START
 transformers.logging.set_verbosity_error()
 
 
-def run_probe_in_process(request: ProbeRequest) -> ProbeResult:
+def run_probe_in_process(request: ProbeRequest, report: Callable[[str], None] = lambda phase: None) -> ProbeResult:
     """Run one probe in this process. Raises AutotuneError for problems the user must fix (a budget
     larger than the card); every other outcome, OOM included, is returned as a status."""
     config, budget_bytes, margin_bytes = request.config, request.budget_bytes, request.margin_bytes
@@ -83,6 +85,7 @@ def run_probe_in_process(request: ProbeRequest) -> ProbeResult:
         # weights, gradients, optimizer state and activations have all reached their steady size,
         # and every later step repeats the same allocations. The timed window runs without it.
         with budget.guard():
+            report("build")
             try:
                 model, hf_config = build_model(request.model_config, request.model_path, config, device,
                                                request.trust_remote_code)
@@ -101,10 +104,12 @@ def run_probe_in_process(request: ProbeRequest) -> ProbeResult:
             optimizer = make_optimizer(model, device)
             step = ProbeStep(model, optimizer, config, device, hf_config.vocab_size)
             result.build_seconds = time.perf_counter() - started
+            report("warm-up")
             for _ in range(request.warmup_steps):
                 losses.append(step())
 
         _synchronize(device)
+        report("timing")
         # Each step ends by reading its loss (a host sync), so each duration is that step's own.
         step_times: list[float] = []
         window_start = time.perf_counter()
@@ -235,7 +240,7 @@ def serve(conn) -> None:
             if isinstance(request, ModelCheckRequest):
                 conn.send(check_model(request))
                 continue
-            result = run_probe_in_process(request)
+            result = run_probe_in_process(request, lambda phase: conn.send(Phase(phase)))
         except errors.AutotuneError as exc:
             conn.send(UserErrorReply(type(exc).__name__, str(exc)))
             continue

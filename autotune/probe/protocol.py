@@ -82,4 +82,12 @@ class UserErrorReply:
 
 
 Request = ProbeRequest | EnvironmentRequest | ModelCheckRequest
-Reply = Ready | EnvironmentReply | ResultReply | ModelCheckReply | UserErrorReply
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """The probe in flight reached a phase ('build', 'warm-up', 'timing'): sent before its reply,
+    for the live display."""
+
+    name: str
+
+
+Reply = Ready | EnvironmentReply | ResultReply | ModelCheckReply | UserErrorReply | Phase

@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -27,6 +28,7 @@ from autotune.probe.protocol import (
     EnvironmentRequest,
     ModelCheckReply,
     ModelCheckRequest,
+    Phase,
     ProbeRequest,
     Ready,
     Reply,
@@ -104,6 +106,8 @@ class ProbeRunner:
         self.children_started = 0
         # (model fingerprint, task, labels, attentions) that build -> the kernels the model lacks
         self._checked: dict[tuple, dict[str, str]] = {}
+        # Called with each phase of the probe in flight ('start-up', 'build', 'warm-up', 'timing').
+        self.on_phase: Callable[[str], None] | None = None
 
     # -- child lifecycle -----------------------------------------------------------------------
     def _start_child(self) -> float:
@@ -225,6 +229,8 @@ class ProbeRunner:
         check_config(config, spec, self.settings.trust_remote_code)
         margin = checked_margin_bytes(self.settings.margin, budget_bytes)
         started = time.perf_counter()
+        if self.on_phase is not None and not (self._process is not None and self._process.is_alive()):
+            self.on_phase("start-up")
         startup = self._ensure_child()
         request = ProbeRequest(
             config=config, model_config=spec.config, model_path=spec.path, budget_bytes=budget_bytes,
@@ -240,9 +246,13 @@ class ProbeRunner:
             self._kill()
             startup += self._start_child()
             self._send(request)
-        remaining = max(1.0, self.settings.timeout - startup)
+        deadline = time.perf_counter() + max(1.0, self.settings.timeout - startup)
         try:
-            reply = self._receive(remaining)
+            reply = self._receive(max(0.0, deadline - time.perf_counter()))
+            while isinstance(reply, Phase):
+                if self.on_phase is not None:
+                    self.on_phase(reply.name)
+                reply = self._receive(max(0.0, deadline - time.perf_counter()))
         except TimeoutError:
             self._kill()
             return self._failed(budget_bytes, margin, ProbeStatus.TIMEOUT,

@@ -76,6 +76,19 @@ class Event:
     worker: str | None = None  # the worker that settled it, when several share the study
 
 
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """The probe in flight, for the live display: its config and the phase it reached
+    ('starting', 'start-up', 'build', 'warm-up', 'timing')."""
+
+    config: ProbeConfig
+    phase: str
+    resolved: int            # candidates settled before this one
+    total: int
+    started: float           # time.monotonic() when the probe started
+    confirming: bool = False  # measured again by the confirmation round
+
+
 @dataclass(slots=True)
 class SearchOutcome:
     study: StudyRecord

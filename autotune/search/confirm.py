@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from autotune.result import ProbeResult
-from autotune.search.common import Runner
+from autotune.config import ProbeConfig
 from autotune.status import ProbeStatus
 from autotune.store import LeaderboardRow, ProbeRecord, Store, StudyRecord
 from autotune.timing import median_seconds, noise, relative_spread
@@ -74,7 +74,7 @@ def contenders_of(rows: list[LeaderboardRow]) -> list[LeaderboardRow]:
     return [best, *close[:MAX_CONTENDERS]]
 
 
-def confirm(store: Store, study: StudyRecord, runner: Runner, budget_bytes: int,
+def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, int], ProbeResult], budget_bytes: int,
             on_probe: Callable[[LeaderboardRow, ProbeResult], None] | None = None,
             stop: Callable[[], bool] = lambda: False) -> Confirmation | None:
     """Measure the study's contenders again until the best is told apart or a tie is declared;
@@ -93,7 +93,7 @@ def confirm(store: Store, study: StudyRecord, runner: Runner, budget_bytes: int,
         for contender in list(pool):
             if stop():
                 return None
-            result = runner.run(contender.row.config, budget_bytes)
+            result = run(contender.row.config, budget_bytes)
             probes += 1
             seconds += result.wall_seconds or 0.0
             if on_probe is not None:

@@ -4,6 +4,7 @@ finishes, so the same command resumes an interrupted search."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import re
@@ -22,7 +23,7 @@ from autotune.errors import BadInput, BudgetError, StudyNotFound
 from autotune.estimate.launch import EstimateError
 from autotune.models import ModelSpec
 from autotune.result import ProbeResult
-from autotune.search.common import Event, Runner, SearchOptions, SearchOutcome
+from autotune.search.common import Event, Progress, Runner, SearchOptions, SearchOutcome
 from autotune.search.knowledge import Knowledge
 from autotune.search.plan import ProbePlan, StudyPlan
 from autotune.search.confirm import Confirmation, confirm
@@ -92,6 +93,7 @@ def run_search(
     on_event: Callable[[Event], None] | None = None,
     on_start: Callable[[StudyRecord, Environment, int, int], None] | None = None,
     predictor: Callable[[list[ProbeConfig], str], dict[str, Prediction]] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
 ) -> SearchOutcome:
     """Search `space` for the fastest configuration of `spec` that fits `budget_bytes`.
 
@@ -109,7 +111,7 @@ def run_search(
         return answer
     worker, trials = start_study(space, spec, budget_bytes, margin_bytes, runner, store, options, on_start, predictor)
     try:
-        return work(worker, runner, trials, on_event, starter=True, started=started)
+        return work(worker, runner, trials, on_event, starter=True, started=started, on_progress=on_progress)
     finally:
         trials.close()
 
@@ -174,7 +176,7 @@ def start_study(
 
 
 def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Event], None] | None, *,
-          starter: bool, started: float) -> SearchOutcome:
+          starter: bool, started: float, on_progress: Callable[[Progress], None] | None = None) -> SearchOutcome:
     """Take configurations of the study until none is left, the study is stopped, or a limit of
     this worker is reached. The starter sets the study's status when it stops; a joining worker
     marks it finished when the space is done and leaves it alone otherwise."""
@@ -242,7 +244,8 @@ def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Eve
                             if trial is not None:
                                 trials.tell(trial, None)
                             continue
-                        result = _probe(w, runner, heartbeat, config)
+                        with _showing_phases(runner, on_progress, config, len(k.outcomes), len(k.candidates)):
+                            result = _probe(w, runner, heartbeat, config)
                         how = "probed"
                         outcome.probed += 1
                         outcome.probes_seconds += result.wall_seconds or 0.0
@@ -274,7 +277,7 @@ def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Eve
                     break
             # (A search that probed nothing, every result reused from earlier studies, adds no probes.)
             if starter and outcome.stop_reason == StopReason.EXHAUSTED and w.options.confirm and outcome.probed:
-                outcome.confirmation = _confirm(w, runner, on_event, stop.is_set)
+                outcome.confirmation = _confirm(w, runner, on_event, stop.is_set, on_progress)
     except BaseException:
         # Aborted (a second Ctrl-C, SIGTERM, a user error from the runner): the study is not
         # left `running`, so that every later command sees it stopped and resumable.
@@ -296,7 +299,7 @@ def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Eve
 
 
 def _confirm(w: WorkerState, runner: Runner, on_event: Callable[[Event], None] | None,
-             stop: Callable[[], bool]) -> Confirmation | None:
+             stop: Callable[[], bool], on_progress: Callable[[Progress], None] | None) -> Confirmation | None:
     """Every candidate is settled: measure the contenders within noise of the best again."""
     total = len(w.knowledge.candidates)
 
@@ -304,7 +307,34 @@ def _confirm(w: WorkerState, runner: Runner, on_event: Callable[[Event], None] |
         if on_event is not None:
             on_event(Event(row.config, result, "confirming", total, total, False, w.label))
 
-    return confirm(w.store, w.study, runner, w.budget_bytes, on_probe=said, stop=stop)
+    def run(config: ProbeConfig, budget_bytes: int) -> ProbeResult:
+        with _showing_phases(runner, on_progress, config, total, total, confirming=True):
+            return runner.run(config, budget_bytes)
+
+    return confirm(w.store, w.study, run, w.budget_bytes, on_probe=said, stop=stop)
+
+
+@contextlib.contextmanager
+def _showing_phases(runner: Runner, on_progress: Callable[[Progress], None] | None, config: ProbeConfig,
+                    resolved: int, total: int, confirming: bool = False) -> Iterator[None]:
+    """Tell `on_progress` that a probe of `config` starts, and each phase it reaches."""
+    if on_progress is None:
+        yield
+        return
+    started = time.monotonic()
+
+    def said(phase: str) -> None:
+        on_progress(Progress(config, phase, resolved, total, started, confirming))
+
+    said("starting")
+    has_phases = hasattr(runner, "on_phase")
+    if has_phases:
+        runner.on_phase = said  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        if has_phases:
+            runner.on_phase = None  # type: ignore[attr-defined]
 
 
 def _probe(w: WorkerState, runner: Runner, heartbeat: Heartbeat, config: ProbeConfig) -> ProbeResult:

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from autotune.environment import Environment
 from autotune.margin import checked_margin_bytes
-from autotune.search.common import Event, SearchOptions, SearchOutcome
+from autotune.search.common import Event, Progress, SearchOptions, SearchOutcome
 from autotune.search.driver import default_study_name, preflight, run_search, stored_answer
 from autotune.search.fleet import search_with_workers
 from autotune.space import SearchSpace
@@ -18,10 +18,12 @@ from autotune.store import StudyRecord
 def search(model: str, budget_bytes: int, *, settings, options: SearchOptions, db: str | None = None,
            on_event: Callable[[Event], None] | None = None,
            on_start: Callable[[StudyRecord, Environment, int, int], None] | None = None,
-           workers: int | None = None, **space_args) -> SearchOutcome:
+           workers: int | None = None, on_progress: Callable[[Progress], None] | None = None,
+           **space_args) -> SearchOutcome:
     """Resolve the model, build the space, open the store, start a probe runner, search.
     Everything a user can get wrong is checked before the database is opened. With `workers`,
-    the search runs in that many worker processes."""
+    the search runs in that many worker processes. `on_progress` hears of the probe in flight and
+    its phases (one worker only: a fleet's probes run in other processes)."""
     from autotune.models import resolve_model
     from autotune.probe import ProbeRunner
     from autotune.probe.runner import check_model
@@ -43,4 +45,5 @@ def search(model: str, budget_bytes: int, *, settings, options: SearchOptions, d
         # Before the store is opened: a refused search creates no database and writes nothing.
         preflight(space, spec, budget_bytes, runner)
         with open_store(db) as store:
-            return run_search(space, spec, budget_bytes, margin, runner, store, options, on_event, on_start)
+            return run_search(space, spec, budget_bytes, margin, runner, store, options, on_event, on_start,
+                              on_progress=on_progress)
