@@ -49,7 +49,10 @@ def shared_search(db: str, study: str, strategy: str = "frontier", joiners: int 
         try:
             with open_store(db) as store:
                 outcomes[0] = run_search(space, spec, BUDGET, MARGIN, runners[0], store,
-                                         SearchOptions(study=study, strategy=strategy, predict=False, heartbeat_seconds=0.2),
+                                         # (No confirmation round: what is checked is that the claims
+                                         # let each config be probed once; tests/search/test_confirm.py.)
+                                         SearchOptions(study=study, strategy=strategy, predict=False, heartbeat_seconds=0.2,
+                                                       confirm=False),
                                          on_start=lambda *a: planned.set())
         except Exception as exc:  # noqa: BLE001 - surfaced below, in the test's own thread
             errors.append(exc)
@@ -84,7 +87,8 @@ def test_three_workers_settle_every_config_once_and_pick_what_one_worker_picks(t
     with open_store(db) as store:
         probes = store.probes("shared")
         single = run_search(gpt2_space(), resolve_model("gpt2"), BUDGET, MARGIN, ScriptedRunner(), store,
-                            SearchOptions(study="single", strategy=strategy, fresh=True, predict=False, patience=30))
+                            SearchOptions(study="single", strategy=strategy, fresh=True, predict=False, patience=30,
+                                          confirm=False))
         claims = store.claims(store.study("shared").id, stale_after=60)
     keys = [p.config_key for p in probes]
     assert len(keys) == len(set(keys))  # each settled once
