@@ -1,6 +1,8 @@
-"""The confirmation round: before a search says which config wins, the contenders whose throughput
-is within the noise of the best are measured again, alternating, in the same warm probe process,
-until the winner is told apart or the round declares a tie.
+"""The confirmation round: before a search says which config wins, the best, the runner-up and
+the configs within noise of the best are measured again, alternating, in the same warm probe
+process, until the winner is told apart or the round declares a tie. Each config's noise is the
+spread of its steps or of its windows' throughputs, whichever is wider: one more window of each is
+always measured, since a single window cannot show how much whole windows vary.
 
 Why: a search ranks on one short window per config, and on a shared machine (or between close
 GPU configs) the order of the top few can be noise. The user pastes the winner into a run of
@@ -14,6 +16,7 @@ the runner-up, the noise it was judged against, confirmed or tied) in `confirmat
 from __future__ import annotations
 
 from collections.abc import Callable
+import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,10 +39,22 @@ class Contender:
     row: LeaderboardRow
     result: ProbeResult                       # pooled timing so far
     step_times: list[float] = field(default_factory=list)
+    windows: list[float] = field(default_factory=list)  # each window's own tokens/s
 
     @property
     def tokens_per_s(self) -> float:
         return self.result.tokens_per_s or 0.0
+
+    @property
+    def spread(self) -> float:
+        """Its noise: the spread of its steps, or of its windows' throughputs if wider. On a shared
+        machine a whole window can run slow while its steps look steady (seen here: the same config
+        at 979 and 12,091 tokens/s); only measuring it again shows that."""
+        steps = self.result.step_spread or 0.0
+        if len(self.windows) < 2:
+            return steps
+        middle = statistics.median(self.windows)
+        return max(steps, (max(self.windows) - min(self.windows)) / (2 * middle)) if middle > 0 else steps
 
 
 @dataclass(slots=True)
@@ -71,7 +86,8 @@ def contenders_of(rows: list[LeaderboardRow]) -> list[LeaderboardRow]:
     best = rows[0]
     close = [r for r in rows[1:] if r.tokens_per_s is not None
              and r.tokens_per_s >= best_speed * (1 - max(CONTENDER_BAND, noise(best.step_spread, r.step_spread)))]
-    return [best, *close[:MAX_CONTENDERS]]
+    # The runner-up always: one window each tells nothing of how much a window varies.
+    return [best, *(close[:MAX_CONTENDERS] or rows[1:2])]
 
 
 def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, int], ProbeResult], budget_bytes: int,
@@ -84,9 +100,11 @@ def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, int], 
     if not rows:
         return None
     stored = {p.id: p for p in store.probes(study.name)}
-    pool = [Contender(r, _as_result(r), _stored_step_times(stored[r.probe_id], r)) for r in contenders_of(rows)]
+    pool = [Contender(r, _as_result(r), _stored_step_times(stored[r.probe_id], r), [r.tokens_per_s or 0.0])
+            for r in contenders_of(rows)]
     probes, seconds, rounds, remeasured = 0, 0.0, 0, 0
-    while len(pool) > 1 and rounds < MAX_ROUNDS and not _told_apart(pool):
+    # At least one more window each: the verdict needs to see how much windows vary.
+    while len(pool) > 1 and rounds < MAX_ROUNDS and (rounds == 0 or not _told_apart(pool)):
         if rounds and not remeasured:
             break  # a round that measured nothing again (every window failed): another would not either
         rounds += 1
@@ -101,6 +119,7 @@ def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, int], 
             if result.status != ProbeStatus.OK or not result.step_times:
                 continue  # a window that failed now says nothing of speed: the first one stands
             remeasured += 1
+            contender.windows.append(result.tokens_per_s or 0.0)
             contender.step_times += result.step_times
             contender.result = _pooled(contender.row, contender.step_times)
         pool.sort(key=lambda c: -c.tokens_per_s)
@@ -121,7 +140,7 @@ def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, int], 
 def _told_apart(pool: list[Contender]) -> bool:
     ranked = sorted(pool, key=lambda c: -c.tokens_per_s)
     first, second = ranked[0], ranked[1]
-    return first.tokens_per_s > second.tokens_per_s * (1 + noise(first.result.step_spread, second.result.step_spread))
+    return first.tokens_per_s > second.tokens_per_s * (1 + noise(first.spread, second.spread))
 
 
 def _verdict(pool: list[Contender], rows: list[LeaderboardRow], rounds: int, probes: int, seconds: float) -> Confirmation:
@@ -135,13 +154,13 @@ def _verdict(pool: list[Contender], rows: list[LeaderboardRow], rounds: int, pro
                             noise(best.row.step_spread, runner_up.step_spread if runner_up else None), True, rounds,
                             probes, seconds)
     second = ranked[1]
-    within = noise(best.result.step_spread, second.result.step_spread)
+    within = noise(best.spread, second.spread)
     margin = best.tokens_per_s / second.tokens_per_s - 1 if second.tokens_per_s else None
     if _told_apart(ranked):
         return Confirmation(best.row.config_key, best.row.label, second.row.label, margin, within, True, rounds,
                             probes, seconds)
     # A tie: of the configs within noise of the fastest, the one with the most memory to spare.
-    tied = [c for c in ranked if c.tokens_per_s >= best.tokens_per_s * (1 - noise(best.result.step_spread, c.result.step_spread))]
+    tied = [c for c in ranked if c.tokens_per_s >= best.tokens_per_s * (1 - noise(best.spread, c.spread))]
     chosen = min(tied, key=lambda c: (_required(c.row), -c.tokens_per_s))
     others = [c for c in tied if c is not chosen]
     return Confirmation(chosen.row.config_key, chosen.row.label, others[0].row.label if others else None, margin, within,

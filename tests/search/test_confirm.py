@@ -67,12 +67,13 @@ def search(store, runner, study):
     return run_search(space(), resolve_model("gpt2"), BUDGET, MARGIN, runner, store, SearchOptions(study=study, predict=False))
 
 
-def test_a_clear_winner_is_confirmed_by_the_first_windows_without_more_probes(hermetic_home):
+def test_a_clear_winner_is_confirmed_by_one_more_window_of_it_and_the_runner_up(hermetic_home):
     runner = NoisyRunner({1: 1000.0, 2: 2000.0, 4: 3000.0}, jitter=0.02)
     with open_store() as store:
         outcome = search(store, runner, "clear")
     c = outcome.study.confirmation
-    assert c["confirmed"] and c["rounds"] == 0 and c["probes"] == 0 and len(runner.asked) == 3
+    assert c["confirmed"] and c["rounds"] == 1 and c["probes"] == 2 and len(runner.asked) == 3 + 2
+    assert [cfg.micro_batch for cfg in runner.asked[3:]] == [4, 2]
     assert c["margin"] == pytest.approx(0.5, rel=0.02) and outcome.best.config.micro_batch == 4
     chosen = best_of("clear").to_dict()
     assert chosen["confirmed"] is True and chosen["margin"] == pytest.approx(0.5, rel=0.02)
@@ -124,3 +125,23 @@ def test_no_confirmation_when_asked_not_to(hermetic_home):
                              SearchOptions(study="off", predict=False, confirm=False))
     assert outcome.study.confirmation is None and len(runner.asked) == 3 and outcome.best.config.micro_batch == 4
     assert best_of("off").to_dict()["confirmed"] is False
+
+
+def test_windows_that_disagree_widen_the_noise_and_make_a_tie(hermetic_home):
+    """Steady steps, but whole windows that vary (a busy machine): a 10% lead in the first windows
+    is not a win when the config's own windows differ by more."""
+
+    class Busy(NoisyRunner):
+        def run(self, config, budget_bytes, spec=None):
+            result = super().run(config, budget_bytes, spec)
+            if config.micro_batch == 4 and len([c for c in self.asked if c.micro_batch == 4]) % 2 == 0:
+                slow = [t * 1.25 for t in result.step_times]   # every second window of it runs 25% slow
+                result.step_times, result.step_seconds = slow, result.step_seconds * 1.25
+                result.tokens_per_s /= 1.25
+            return result
+
+    runner = Busy({1: 1000.0, 2: 2700.0, 4: 3000.0}, jitter=0.01)
+    with open_store() as store:
+        outcome = search(store, runner, "busy")
+    c = outcome.study.confirmation
+    assert not c["confirmed"] and c["tied"] and c["noise"] > 0.1
