@@ -224,18 +224,23 @@ def run_search_phase(case: Case, space: SearchSpace, budget: int, margin: int, n
         extra["predictor"] = predictor
     with fresh_home(casedir / f"home-{phase}"), closing(new_runner()) as runner, \
             open_store(f"sqlite:///{casedir / f'{phase}.db'}") as store:
+        # The ground truth is every config probed once: no confirmation round there. The search's
+        # round is part of what it costs, and counted in its probes.
         outcome = run_search(space, spec, budget, margin, runner, store,
-                             SearchOptions(study=phase, strategy=strategy, fresh=True, timeout=timeout),
+                             SearchOptions(study=phase, strategy=strategy, fresh=True, timeout=timeout,
+                                           confirm=phase != "ground-truth"),
                              on_event=None if quiet else _progress_printer(case, phase), **extra)
         records = store.probes(phase)
+        confirmation = store.study(phase).confirmation or {}
     measured = [r for r in records if r.result.status != "skipped"]
     rows = [report.result_row(r.config, r.result) for r in measured]
     data = {
         "strategy": strategy, "complete": outcome.finished, "stop_reason": outcome.stop_reason,
-        "probed": len(measured), "skipped": len(records) - len(measured), "candidates": outcome.candidates,
+        "probed": len(measured) + confirmation.get("probes", 0), "confirmation_probes": confirmation.get("probes", 0),
+        "skipped": len(records) - len(measured), "candidates": outcome.candidates,
         "skipped_by_prediction": sum((r.result.error or "").startswith("predicted") for r in records if r.result.status == "skipped"),
         # Summed over the stored probes, so that a search resumed across commands counts them all.
-        "gpu_seconds": sum(r.result.wall_seconds or 0.0 for r in measured),
+        "gpu_seconds": sum(r.result.wall_seconds or 0.0 for r in measured) + confirmation.get("seconds", 0.0),
         "wall_seconds": previous_wall + outcome.seconds,
     }
     if strategy == GROUND_TRUTH_STRATEGY:
