@@ -153,7 +153,9 @@ def test_real_cpu_pipeline_on_a_tiny_model(tmp_path, monkeypatch):
     assert all(r["tokens_per_s"] > 0 and r["peak_allocated_bytes"] > 0 for r in rows if r["status"] == "ok")
     ok_keys = {r["key"] for r in rows if r["status"] == "ok"}
     assert case_doc["autotune"]["pick"]["key"] in ok_keys
-    assert case_doc["autotune"]["probed"] <= case_doc["ground_truth"]["probed"]
+    # The search probes no more configs than the grid; its confirmation round measures a few again.
+    search = case_doc["autotune"]
+    assert search["probed"] - search["confirmation_probes"] <= case_doc["ground_truth"]["probed"]
     alts = {a["name"]: a for a in case_doc["alternatives"]}
     assert alts["trainer-defaults"]["status"] == "oom"
     assert alts["auto-find-batch-size"]["status"] == "ok" and alts["auto-find-batch-size"]["pick"]["micro_batch"] < 8
