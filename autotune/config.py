@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, fields
 
 from autotune import defaults
 from autotune.errors import BadInput
-from autotune.tasks import TASKS, Task
+from autotune.tasks import RECIPE_DEFAULTS, TASKS, Task
 from autotune.units import INT64_MAX
 
 PRECISIONS = ("fp32", "fp16", "bf16")
@@ -20,9 +20,8 @@ OPTIMIZERS = ("adamw",)
 
 # Bump when the meaning of a field changes, so that stored keys of the old form are not reused.
 KEY_VERSION = "p1"
-# Fields added after KEY_VERSION p1, and the value that means what a p1 config meant: left out of
-# the key at that value, so that the keys (and stored probes) of causal-LM configs stay valid.
-_KEY_DEFAULTS = {"task": Task.CAUSAL_LM.value, "target_length": None, "num_labels": None}
+# Fields added after KEY_VERSION p1 (the recipe fields) are left out of the key at the value that
+# means what a p1 config meant, so that the keys (and stored probes) of causal-LM configs stay valid.
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +103,7 @@ class ProbeConfig:
     def key_fields(self) -> dict:
         """The fields that make the key: every field, less the later ones at their p1 meaning."""
         data = self.to_dict()
-        for name, default in _KEY_DEFAULTS.items():
+        for name, default in RECIPE_DEFAULTS.items():
             if data[name] == default:
                 del data[name]
         return data

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from autotune.errors import BadInput, ModelNotFound
+from autotune.tasks import task_fields
 
 # The GPT-2 family's architectures are public and fixed, so these names resolve offline.
 # Values are those of the hub's config.json files (GPT2Config() defaults are gpt2 124M).
@@ -61,6 +62,12 @@ class ModelSpec:
         if too_long:
             raise BadInput(f"{flag} {','.join(map(str, too_long))} is above {self.reference}'s maximum of {limit} "
                            f"positions; use at most {limit}.")
+
+    def task_fields(self, *, task: str | None = None, target_length: int | None = None,
+                    num_labels: int | None = None) -> dict:
+        """The recipe fields of a config of this model, checked (autotune.tasks.task_fields)."""
+        return task_fields(self.config, self.reference, task=task, target_length=target_length,
+                           num_labels=num_labels, max_positions=self.max_positions)
 
     @property
     def fingerprint(self) -> str:

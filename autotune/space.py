@@ -10,7 +10,7 @@ from autotune import defaults
 from autotune.config import ATTENTIONS, PRECISIONS, ProbeConfig
 from autotune.errors import BadInput
 from autotune.models import ModelSpec
-from autotune.tasks import Task, task_fields
+from autotune.tasks import RECIPE_DEFAULTS, Task
 from autotune.units import INT64_MAX
 
 
@@ -62,8 +62,7 @@ class SearchSpace:
         """A space for `spec` with documented defaults for whatever is not given, checked against
         the model (block sizes within its maximum positions; the task from its architectures)."""
         max_positions = spec.max_positions
-        recipe = task_fields(spec.config, spec.reference, task=task, target_length=target_length, num_labels=num_labels,
-                             max_positions=max_positions)
+        recipe = spec.task_fields(task=task, target_length=target_length, num_labels=num_labels)
         if block_sizes is None:
             block_sizes = (min(defaults.BLOCK_SIZE, max_positions or defaults.BLOCK_SIZE),)
         spec.check_block_sizes(*block_sizes, flag="--block-sizes")
@@ -130,8 +129,13 @@ class SearchSpace:
             "effective_tokens": self.effective_tokens,
         }
         if self.task != Task.CAUSAL_LM:
-            data.update(task=self.task, target_length=self.target_length, num_labels=self.num_labels)
+            data.update(self.recipe)
         return data
+
+    @property
+    def recipe(self) -> dict:
+        """What is trained: the task and its fields (compare with tasks.stored_recipe of a study)."""
+        return {name: getattr(self, name) for name in RECIPE_DEFAULTS}
 
     @property
     def work_per_step(self) -> int:
@@ -166,7 +170,6 @@ def single_config(spec: ModelSpec, *, micro_batch: int, block_size: int, grad_ac
                   task: str | None = None, target_length: int | None = None, num_labels: int | None = None) -> ProbeConfig:
     """One configuration of `spec`, as `autotune probe` and `autotune estimate` are given it: the
     task told from the model's architectures when not given, with its defaults."""
-    recipe = task_fields(spec.config, spec.reference, task=task, target_length=target_length, num_labels=num_labels,
-                         max_positions=spec.max_positions)
+    recipe = spec.task_fields(task=task, target_length=target_length, num_labels=num_labels)
     return ProbeConfig(model=spec.reference, micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum,
                        precision=precision, checkpointing=checkpointing, attention=attention, **recipe)

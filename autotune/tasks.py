@@ -42,6 +42,10 @@ EXAMPLE_SCRIPTS = {
     Task.MASKED_LM: "run_mlm.py",
 }
 
+# The recipe fields of a ProbeConfig and of a study's space, at what a causal-LM config has: the
+# meaning of a config or a study stored before tasks existed, which has none of them.
+RECIPE_DEFAULTS = {"task": Task.CAUSAL_LM.value, "target_length": None, "num_labels": None}
+
 # run_summarization.py's default --max_target_length: the target length when the user fixes none.
 DEFAULT_TARGET_LENGTH = 128
 # The share of tokens masked in a masked-LM batch (BERT; DataCollatorForLanguageModeling's default).
@@ -84,6 +88,11 @@ def resolve_task(config: dict, requested: str | None, reference: str) -> Task:
         raise BadInput(f"--model {reference}: cannot tell its task from its config.json ({named}); pass --task "
                        f"({', '.join(TASKS)}).")
     return task
+
+
+def stored_recipe(stored: dict) -> dict:
+    """The recipe fields of a stored space (a study's), those it lacks at RECIPE_DEFAULTS."""
+    return {name: stored[name] if stored.get(name) is not None else default for name, default in RECIPE_DEFAULTS.items()}
 
 
 def config_num_labels(config: dict) -> int:

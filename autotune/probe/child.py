@@ -175,8 +175,6 @@ def check_model(request: ModelCheckRequest) -> ModelCheckReply:
             with torch.device("meta"):
                 model = from_config(hf_config, dataclasses.replace(request.config, attention=attention),
                                     request.trust_remote_code, dtype=torch.float32)
-        except errors.AutotuneError:
-            raise
         except (ImportError, ValueError, KeyError, TypeError, AttributeError, NotImplementedError, RuntimeError) as exc:
             text = _first_line(exc)
             if _model_lacks_kernel(text):

@@ -4,7 +4,7 @@ when it ends."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from autotune import defaults
 from autotune.config import ProbeConfig
@@ -106,8 +106,6 @@ class SearchOutcome:
     failures: list[str] = field(default_factory=list)  # workers that ended in error, one line each
     # Crashed, timed out or failed: not measurements. With their latest outcome, for the report.
     unmeasured: list[tuple[ProbeConfig, ProbeResult]] = field(default_factory=list)
-    # The contenders measured again before the pick was said (search/confirm.py); None: no round ran.
-    confirmation: Any = None
 
     @property
     def best(self) -> LeaderboardRow | None:

@@ -130,9 +130,9 @@ def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, int], 
         best, second = pool[0], pool[1]
         verdict = Confirmation(best.row.config_key, best.row.label, second.row.label,
                                best.tokens_per_s / second.tokens_per_s - 1 if second.tokens_per_s else None,
-                               noise(best.row.step_spread, second.row.step_spread), False, rounds, probes, seconds)
+                               noise(best.spread, second.spread), False, rounds, probes, seconds)
     else:
-        verdict = _verdict(pool, rows, rounds, probes, seconds)
+        verdict = _verdict(pool, rounds, probes, seconds)
     store.set_confirmation(study.id, verdict.to_dict())
     return verdict
 
@@ -143,16 +143,11 @@ def _told_apart(pool: list[Contender]) -> bool:
     return first.tokens_per_s > second.tokens_per_s * (1 + noise(first.spread, second.spread))
 
 
-def _verdict(pool: list[Contender], rows: list[LeaderboardRow], rounds: int, probes: int, seconds: float) -> Confirmation:
+def _verdict(pool: list[Contender], rounds: int, probes: int, seconds: float) -> Confirmation:
     ranked = sorted(pool, key=lambda c: -c.tokens_per_s)
     best = ranked[0]
-    if len(ranked) == 1:
-        # Alone within noise: the runner-up (if any) is already told apart by the first windows.
-        runner_up = rows[1] if len(rows) > 1 else None
-        margin = best.tokens_per_s / runner_up.tokens_per_s - 1 if runner_up and runner_up.tokens_per_s else None
-        return Confirmation(best.row.config_key, best.row.label, runner_up.label if runner_up else None, margin,
-                            noise(best.row.step_spread, runner_up.step_spread if runner_up else None), True, rounds,
-                            probes, seconds)
+    if len(ranked) == 1:  # the only config that fits (contenders_of adds the runner-up when there is one)
+        return Confirmation(best.row.config_key, best.row.label, None, None, None, True, rounds, probes, seconds)
     second = ranked[1]
     within = noise(best.spread, second.spread)
     margin = best.tokens_per_s / second.tokens_per_s - 1 if second.tokens_per_s else None

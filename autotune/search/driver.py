@@ -32,6 +32,7 @@ from autotune.search.strategies import TpeStrategy, make_strategy
 from autotune.search.trials import Trials, distributions_of
 from autotune.search.worker_state import Heartbeat, WorkerState, worker_label
 from autotune.space import SearchSpace
+from autotune.tasks import stored_recipe
 from autotune.status import RETRYABLE, ClaimState, ProbeStatus, SettleHow, StopReason, StudyStatus
 from autotune.store import LeaderboardRow, Store, StudyRecord
 from autotune.units import format_size
@@ -277,7 +278,7 @@ def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Eve
                     break
             # (A search that probed nothing, every result reused from earlier studies, adds no probes.)
             if starter and outcome.stop_reason == StopReason.EXHAUSTED and w.options.confirm and outcome.probed:
-                outcome.confirmation = _confirm(w, runner, on_event, stop.is_set, on_progress)
+                _confirm(w, runner, on_event, stop.is_set, on_progress)  # the verdict is stored with the study
     except BaseException:
         # Aborted (a second Ctrl-C, SIGTERM, a user error from the runner): the study is not
         # left `running`, so that every later command sees it stopped and resumable.
@@ -389,12 +390,11 @@ def _check_resumable(store: Store, name: str, environment: Environment, space: S
     if study.env_fingerprint != environment.fingerprint():
         raise BadInput(f"study {name!r} was run on {study.device_name} (or with other library versions); "
                        f"give a new --study name to search on {environment.device_name}.")
-    recipe = {k: space.to_dict().get(k) for k in ("task", "target_length", "num_labels")}
-    stored = {k: study.space.get(k) for k in recipe}
-    if recipe != stored:
+    stored = stored_recipe(study.space)
+    if space.recipe != stored:
         def said(fields: dict) -> str:
-            return ", ".join(f"{k} {v}" for k, v in fields.items() if v is not None) or "task causal-lm"
-        raise BadInput(f"study {name!r} measured {said(stored)}, not {said(recipe)}: its leaderboard would mix what "
+            return ", ".join(f"{k} {v}" for k, v in fields.items() if v is not None)
+        raise BadInput(f"study {name!r} measured {said(stored)}, not {said(space.recipe)}: its leaderboard would mix what "
                        f"is trained; give a new --study name.")
 
 

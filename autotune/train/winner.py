@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import BadInput, BudgetError, ModelNotFound, StudyNotFound
 from autotune.status import StopReason, StudyStatus
-from autotune.tasks import Task, resolve_task, task_fields
+from autotune.tasks import Task, resolve_task, stored_recipe
 from autotune.units import format_size
 
 if TYPE_CHECKING:
@@ -53,8 +53,7 @@ class Recipe:
     @classmethod
     def of_study(cls, study: StudyRecord) -> Recipe:
         # A study stored before tasks existed (or a causal-LM one) has no task in its space.
-        space = study.space or {}
-        return cls(space.get("task") or Task.CAUSAL_LM.value, space.get("target_length"), space.get("num_labels"))
+        return cls(**stored_recipe(study.space or {}))
 
     def check(self, study: str, *, task: str | None = None, target_length: int | None = None,
               num_labels: int | None = None) -> None:
@@ -81,7 +80,7 @@ def planned_recipe(spec: ModelSpec, name: str, existing: StudyRecord | None,
         recipe = Recipe.of_study(existing)
         recipe.check(name, **flags)
         return recipe, {field: value for field, value in asdict(recipe).items() if value is not None}
-    recipe = Recipe(**task_fields(spec.config, spec.reference, max_positions=spec.max_positions, **flags))
+    recipe = Recipe(**spec.task_fields(**flags))
     return recipe, {field: value for field, value in flags.items() if value is not None}
 
 
