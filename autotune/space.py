@@ -173,3 +173,17 @@ def single_config(spec: ModelSpec, *, micro_batch: int, block_size: int, grad_ac
     recipe = spec.task_fields(task=task, target_length=target_length, num_labels=num_labels)
     return ProbeConfig(model=spec.reference, micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum,
                        precision=precision, checkpointing=checkpointing, attention=attention, **recipe)
+
+
+def _precision_order(device_type: str) -> dict[str, int]:
+    # Tensor cores make half precision fastest on GPUs; CPUs without AMX are often faster in fp32.
+    order = ("bf16", "fp16", "fp32") if device_type == "cuda" else ("fp32", "bf16", "fp16")
+    return {p: i for i, p in enumerate(order)}
+
+
+def group_priority(config: ProbeConfig, device_type: str) -> tuple:
+    """The order in which the search visits groups (and the estimator traces them): without
+    checkpointing first (their results rule checkpointed configs out), likely-fast precisions and
+    SDPA first, larger blocks first, the micro-batch that does not accumulate before those that do."""
+    return (config.checkpointing, _precision_order(device_type).get(config.precision, 9),
+            config.attention != "sdpa", -config.block_size, config.grad_accum > 1)

@@ -42,8 +42,8 @@ def _no_processes_unless_slow(item):
     def refuse(*args, **kwargs):
         raise AssertionError(f"{item.nodeid} starts a probe or estimator process: mark it @pytest.mark.slow")
 
-    with mock.patch("autotune.probe.runner.ProbeRunner._start_child", refuse), \
-            mock.patch("autotune.estimate.predict.trace_in_child", refuse):
+    with mock.patch("autotune.probe.runner.ProbeRunner._spawn", refuse), \
+            mock.patch("autotune.estimate.launch.TraceChild.start", refuse):
         yield
 
 

@@ -1,16 +1,25 @@
 """Running the trace child: `python -m autotune.estimate.trace`, one process for a whole request,
-so that torch and transformers are imported once. Failures of the child become `EstimateError`."""
+so that torch and transformers are imported once; it may be started ahead of its request
+(`TraceChild`), and several may share a request (`TraceChildren`). Failures of a child become
+`EstimateError`."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 from autotune.config import ProbeConfig
 from autotune.errors import AutotuneError
+from autotune.processes import kill_me_with_parent
 from autotune.estimate.protocol import TraceFailure, TraceRequest, TraceResult, read_answer
 
 
@@ -22,44 +31,195 @@ def _describe(config: ProbeConfig) -> str:
     return f"{config.model} {config.label()}"
 
 
-def trace_in_child(request: TraceRequest, timeout: float) -> list[TraceResult]:
-    """The child's results for every item of `request`, in order; `timeout` seconds per item."""
-    package_root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ)
-    # The child must import this very autotune, also when it runs from a checkout.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TRANSFORMERS_VERBOSITY="error",
-               OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    limit = timeout * len(request.items)
-    returncode: int | None
-    try:
-        proc = subprocess.run([sys.executable, "-m", "autotune.estimate.trace"], input=request.to_json(),
-                              capture_output=True, text=True, timeout=limit, env=env)
-        stdout, stderr, returncode = proc.stdout, proc.stderr, proc.returncode
-    except subprocess.TimeoutExpired as exc:  # subprocess.run has killed the child
-        stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        stderr, returncode = "", None
-    results: list[TraceResult] = []
-    for line in stdout.splitlines():
-        answer = read_answer(line)
-        if isinstance(answer, TraceFailure):
-            raise EstimateError(f"could not trace {_describe(request.items[answer.index].config)}: {answer.message}; "
-                                f"probe the configuration instead.")
-        if answer is not None:
-            results.append(answer)
-    if len(results) == len(request.items):
-        return results
-    what = _describe(request.items[len(results)].config)  # the item the child was tracing when it stopped
-    if returncode is None:
-        raise EstimateError(f"estimating {what} took longer than {timeout:.0f} s and was stopped; "
-                            f"allow more time (--timeout) or probe the configuration instead.")
-    if returncode < 0:
+class TraceChild:
+    """The trace child's process, which may be started before its request is known: it imports
+    torch and transformers first and reads its request afterwards, so a search that starts it
+    alongside the probe's own child overlaps the two start-ups. It answers one request. It dies
+    with this process (kill -9 included) and, unused, is killed on `close`."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen[str] | None = None
+        self._stderr: Any = None
+        self._answering = False
+
+    def start(self) -> "TraceChild":
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ)
+        # The child must import this very autotune, also when it runs from a checkout.
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TRANSFORMERS_VERBOSITY="error",
+                   OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+        # Its stderr goes to a file, read when it is done: a chatty child cannot fill a pipe and stall.
+        self._stderr = tempfile.TemporaryFile("w+")
+        self._process = subprocess.Popen([sys.executable, "-m", "autotune.estimate.trace"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env,
+                                         preexec_fn=kill_me_with_parent)
+        return self
+
+    @property
+    def started(self) -> bool:
+        return self._process is not None
+
+    def answer(self, request: TraceRequest, timeout: float,
+               on_result: Callable[[TraceResult], None] | None = None) -> list[TraceResult]:
+        """The child's results for every item of `request`, in order; each also given to
+        `on_result` as soon as it is read. `timeout` seconds per item: a child silent for longer
+        is killed."""
+        if self._process is None:
+            self.start()
+        process = self._process
+        assert process is not None and process.stdin is not None and process.stdout is not None
+        self._answering = True
+        results: list[TraceResult] = []
+        failure: TraceFailure | None = None
+        timed_out = threading.Event()
+
+        def expire() -> None:
+            timed_out.set()
+            process.kill()
+
+        timer = threading.Timer(timeout, expire)
+        timer.start()
         try:
-            how = f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            how = f"killed by signal {-returncode}"
-    else:
-        how = f"exit status {returncode}"
-    tail = [line for line in stderr.strip().splitlines() if line.strip()][-1:] or ["no message"]
-    raise EstimateError(f"the estimator's process died while tracing {what} ({how}: {tail[0][:300]}); "
-                        f"probe the configuration instead.")
+            with contextlib.suppress(BrokenPipeError):  # (a child that died first is reported below)
+                process.stdin.write(request.to_json())
+                process.stdin.close()
+            for line in process.stdout:
+                answer = read_answer(line)
+                if isinstance(answer, TraceFailure):
+                    failure = answer
+                elif answer is not None:
+                    results.append(answer)
+                    timer.cancel()  # the next item has its own `timeout`
+                    timer = threading.Timer(timeout, expire)
+                    timer.start()
+                    if on_result is not None:
+                        on_result(answer)
+            process.wait()
+        finally:
+            timer.cancel()
+            process.stdout.close()
+            stderr = self._read_stderr()
+            self._process, self._answering = None, False  # spent: one request per process
+        if failure is not None:
+            raise EstimateError(f"could not trace {_describe(request.items[failure.index].config)}: {failure.message}; "
+                                f"probe the configuration instead.")
+        if len(results) == len(request.items):
+            return results
+        what = _describe(request.items[len(results)].config)  # the item the child was tracing when it stopped
+        if timed_out.is_set():
+            raise EstimateError(f"estimating {what} took longer than {timeout:.0f} s and was stopped; "
+                                f"allow more time (--timeout) or probe the configuration instead.")
+        returncode = process.returncode
+        if returncode < 0:
+            try:
+                how = f"killed by {signal.Signals(-returncode).name}"
+            except ValueError:
+                how = f"killed by signal {-returncode}"
+        else:
+            how = f"exit status {returncode}"
+        tail = [line for line in stderr.strip().splitlines() if line.strip()][-1:] or ["no message"]
+        raise EstimateError(f"the estimator's process died while tracing {what} ({how}: {tail[0][:300]}); "
+                            f"probe the configuration instead.")
+
+    def _read_stderr(self) -> str:
+        if self._stderr is None:
+            return ""
+        self._stderr.seek(0)
+        text = self._stderr.read()
+        self._stderr.close()
+        self._stderr = None
+        return text
+
+    def signal(self, signum: int) -> None:
+        """Send `signum` to the process if it is still running (SIGSTOP/SIGCONT: see TraceChildren)."""
+        if self._process is not None and self._process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self._process.pid, signum)
+
+    def close(self) -> None:
+        """Kill the process; one answering in another thread is reaped there (its answer fails)."""
+        process, self._process = self._process, None
+        if process is not None:
+            process.kill()
+            if not self._answering:
+                process.communicate()
+                self._read_stderr()
+
+    def __enter__(self) -> "TraceChild":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class TraceChildren:
+    """Trace children that share a request: each traces its share in parallel (traces are
+    independent, and on a multi-core host they are the search's longest wait before its first
+    probe). Started ahead with `start`, or on demand; unused ones are killed on `close`."""
+
+    def __init__(self, count: int = 1) -> None:
+        self.children = [TraceChild() for _ in range(max(1, count))]
+
+    def start(self) -> "TraceChildren":
+        for child in self.children:
+            child.start()
+        return self
+
+    def answer(self, request: TraceRequest, timeout: float,
+               on_result: Callable[[TraceResult], None] | None = None) -> list[TraceResult]:
+        """The results for every item of `request`, in order; each also given to `on_result` (one
+        call at a time) as soon as it is in. `timeout` seconds per item. Children started ahead are
+        used first, so that a small request starts no new process; each takes every n-th item, so
+        that items given in the order they are wanted arrive about in that order."""
+        ready = sorted(self.children, key=lambda child: not child.started)
+        workers = ready[:max(1, min(len(ready), len(request.items)))]
+        shares = [list(range(len(request.items)))[i::len(workers)] for i in range(len(workers))]
+        results: list[TraceResult | None] = [None] * len(request.items)
+        failures: list[EstimateError] = []
+        lock = threading.Lock()
+
+        def trace_share(child: TraceChild, share: list[int]) -> None:
+            def arrived(result: TraceResult) -> None:
+                result = dataclasses.replace(result, index=share[result.index])
+                with lock:
+                    results[result.index] = result
+                    if on_result is not None:
+                        on_result(result)
+
+            try:
+                child.answer(TraceRequest(request.device_type, tuple(request.items[i] for i in share)), timeout, arrived)
+            except EstimateError as exc:
+                failures.append(exc)
+
+        if len(workers) == 1:
+            trace_share(workers[0], shares[0])
+        else:
+            threads = [threading.Thread(target=trace_share, args=pair, daemon=True) for pair in zip(workers, shares)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        if failures:
+            raise failures[0]
+        return [result for result in results if result is not None]
+
+    def pause(self) -> None:
+        """Stop the children where they are (SIGSTOP), so that a probe's timed window does not share
+        the host's cores with them; `resume` lets them go on."""
+        for child in self.children:
+            child.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        for child in self.children:
+            child.signal(signal.SIGCONT)
+
+    def close(self) -> None:
+        for child in self.children:
+            child.close()
+
+    def __enter__(self) -> "TraceChildren":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

@@ -1,16 +1,17 @@
 """`estimate_memory` and `estimate_memories`: check the input, answer from the cache what it holds,
-trace the rest in one trace child, and add what a trace cannot see (cuBLAS workspaces, the CUDA
+trace the rest in trace children, and add what a trace cannot see (cuBLAS workspaces, the CUDA
 context)."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 from autotune.config import ProbeConfig
 from autotune.defaults import ESTIMATE_TIMEOUT_SECONDS
 from autotune.errors import BadInput
 from autotune.estimate.cache import EstimateCache, cache_key
-from autotune.estimate.launch import trace_in_child
+from autotune.estimate.launch import TraceChildren
 from autotune.estimate.protocol import TraceItem, TraceRequest, TraceResult
 from autotune.estimate.result import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, DEVICE_TYPES, MemoryEstimate
 from autotune.models import ModelSpec, resolve_model
@@ -62,9 +63,13 @@ def estimate_memory(config: ProbeConfig, *, device_type: str = "cuda", timeout: 
 
 
 def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", timeout: float = ESTIMATE_TIMEOUT_SECONDS,
-                      use_cache: bool = True, trust_remote_code: bool = False) -> list[MemoryEstimate]:
+                      use_cache: bool = True, trust_remote_code: bool = False,
+                      children: TraceChildren | None = None,
+                      on_estimate: Callable[[MemoryEstimate], None] | None = None) -> list[MemoryEstimate]:
     """`estimate_memory` for several configurations, traced in one trace child (about 3 s of
-    imports saved per configuration); `timeout` applies to each. In the order given."""
+    imports saved per configuration), or shared among `children` (started ahead, tracing in
+    parallel); `timeout` applies to each. In the order given; each estimate is also given to
+    `on_estimate` as soon as it is known (cached ones first)."""
     started = time.perf_counter()
     if not timeout or timeout <= 0:
         raise BadInput(f"--timeout must be a positive number of seconds (got {timeout!r}).")
@@ -86,18 +91,25 @@ def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", 
         if out[i] is None:
             todo.append(i)
 
+    if on_estimate is not None:
+        for estimate in out:
+            if estimate is not None:
+                on_estimate(estimate)
     if todo:
         request = TraceRequest(device_type, tuple(_trace_item(plans[i][0], plans[i][1], trust_remote_code) for i in todo))
-        traced_at = time.perf_counter()
-        results = trace_in_child(request, timeout)
-        per_config = (time.perf_counter() - traced_at) / len(todo)
-        for i, result in zip(todo, results):
+
+        def arrived(result: TraceResult) -> None:
+            i = todo[result.index]
             config, _, notes, key = plans[i]
             estimate = _from_trace(config, device_type, result, notes, seconds=time.perf_counter() - started,
-                                   trace_seconds=per_config)
+                                   trace_seconds=result.build_seconds + result.trace_seconds + result.replay_seconds)
             out[i] = estimate
             if cache is not None:
                 cache.put(key, estimate)
+            if on_estimate is not None:
+                on_estimate(estimate)
+
+        (children or TraceChildren()).answer(request, timeout, arrived)
     return [e for e in out if e is not None]
 
 

@@ -26,6 +26,7 @@ import transformers  # noqa: E402,F401  (imported here so that its cost counts a
 from autotune import errors  # noqa: E402
 from autotune.defaults import ERROR_TAIL_CHARS, MAX_MEASURE_STEPS  # noqa: E402
 from autotune.probe.budget import EnforcedBudget, enforce_budget  # noqa: E402
+from autotune.probe.memory import BUDGET_OOM  # noqa: E402
 from autotune.probe.devices import describe, peak_flops, resolve_device, supports_precision  # noqa: E402
 from autotune.probe.oom import classify_exception  # noqa: E402
 from autotune.probe.protocol import (  # noqa: E402
@@ -238,13 +239,32 @@ def serve(conn) -> None:
             if isinstance(request, ModelCheckRequest):
                 conn.send(check_model(request))
                 continue
-            result = run_probe_in_process(request, lambda phase: conn.send(Phase(phase)))
+            result = run_probe_in_process(request, lambda phase: _report(conn, request, phase))
         except errors.AutotuneError as exc:
             conn.send(UserErrorReply(type(exc).__name__, str(exc)))
             continue
-        conn.send(ResultReply(result))
-        if result.status not in CLEAN:
-            return  # after an OOM or a fault, this process's allocator or context cannot be trusted
+        goes_on = trusted_after(result, request.device)
+        conn.send(ResultReply(result, child_goes_on=goes_on))
+        if not goes_on:
+            return
+
+
+def trusted_after(result: ProbeResult, device: str) -> bool:
+    """Whether this process may run the next probe after `result`. After a CUDA OOM or any fault
+    it may not: the caching allocator stays fragmented, a traceback may hold tensors, a device-side
+    assert poisons the context. The CPU accountant's OOM is an exception of our own, raised as the
+    allocation is counted, with every frame released on the way out: nothing is left to distrust,
+    and the restart (seconds of imports) is saved. A real host OOM still gets a fresh process."""
+    if result.status in CLEAN:
+        return True
+    return result.status == ProbeStatus.OOM and BUDGET_OOM in (result.error or "") and resolve_device(device).type == "cpu"
+
+
+def _report(conn, request: ProbeRequest, phase: str) -> None:
+    """Tell the parent the probe reached `phase`; before a held window, wait for its Go."""
+    conn.send(Phase(phase))
+    if phase == "timing" and request.hold_before_timing:
+        conn.recv()
 
 
 def main(conn) -> None:  # the spawn target

@@ -18,6 +18,9 @@ from torch.utils._pytree import tree_flatten
 # of what the same tensors would reserve on CUDA.
 from autotune.units import round_to_block
 
+# How the accountant's own OOM begins (the probe child tells it from a real one by this).
+BUDGET_OOM = "CPU budget emulation: out of memory"
+
 
 class CpuMemoryAccountant(TorchDispatchMode):
     """Counts live tensor storages created while active; raises torch.OutOfMemoryError past `cap_bytes`.
@@ -64,7 +67,7 @@ class CpuMemoryAccountant(TorchDispatchMode):
                 wanted = nbytes
                 self._free(ptr, nbytes)
                 raise torch.OutOfMemoryError(
-                    f"CPU budget emulation: out of memory. Tried to allocate {wanted} bytes with "
+                    f"{BUDGET_OOM}. Tried to allocate {wanted} bytes with "
                     f"{self.reserved} bytes in use of a {self.cap_bytes}-byte cap."
                 )
             self.peak_reserved = self.reserved

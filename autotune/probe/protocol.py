@@ -24,6 +24,8 @@ class ProbeRequest:
     measure_steps: int
     trust_remote_code: bool = False
     measure_seconds: float = 0.0  # time steps until the window is at least this long (up to MAX_MEASURE_STEPS)
+    # Wait, after saying 'timing', for the parent's Go: it pauses the search's other processes first.
+    hold_before_timing: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,7 @@ class EnvironmentReply:
 @dataclass(frozen=True, slots=True)
 class ResultReply:
     result: ProbeResult
+    child_goes_on: bool = True  # False: the child exits after this reply (its process is not trusted)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +91,11 @@ class Phase:
     for the live display."""
 
     name: str
+
+
+@dataclass(frozen=True, slots=True)
+class Go:
+    """The parent's answer to a held 'timing' phase: the window may start."""
 
 
 Reply = Ready | EnvironmentReply | ResultReply | ModelCheckReply | UserErrorReply | Phase

@@ -3,19 +3,22 @@ limit, and turn whatever happens (a result, a hang, a dead process) into a Probe
 
 The parent never imports torch. A child that ended a probe cleanly is kept for the next one when
 `reuse_child` is on (the default: it saves the interpreter start and the torch/transformers
-imports, several seconds a probe); after an OOM or any fault the child exits and the next probe
-gets a fresh process.
+imports, several seconds a probe), and so is a CPU child after the accountant's OOM; after a CUDA
+OOM or any fault the child exits and the next probe gets a fresh process. On CUDA a standby child
+is started while a probe runs (it imports torch on the host's spare cores, touching no GPU), so
+that the fresh process after an OOM is ready at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from autotune import defaults, errors
 from autotune.config import ProbeConfig
@@ -26,6 +29,7 @@ from autotune.processes import run_as_child
 from autotune.probe.protocol import (
     EnvironmentReply,
     EnvironmentRequest,
+    Go,
     ModelCheckReply,
     ModelCheckRequest,
     Phase,
@@ -94,39 +98,75 @@ def check_config(config: ProbeConfig, spec: ModelSpec, trust_remote_code: bool =
     check_model(spec, trust_remote_code)
 
 
+class Neighbours(Protocol):
+    """Processes a runner pauses while a probe times its window (see ProbeRunner.neighbours)."""
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+
 class ProbeRunner:
     """Runs probes in child processes. Use as a context manager so the child is always stopped."""
 
-    def __init__(self, settings: ProbeSettings | None = None, *, reuse_child: bool = True) -> None:
+    def __init__(self, settings: ProbeSettings | None = None, *, reuse_child: bool = True,
+                 standby: bool | None = None) -> None:
         self.settings = settings or ProbeSettings()
         self.reuse_child = reuse_child
+        # A standby child, started while a probe runs, takes over when the probe leaves its
+        # process untrusted. None: on CUDA only (on a CPU device its imports would share the
+        # cores the probe is timed on; there a CPU OOM keeps its child anyway).
+        self.standby = standby
         self._ctx = mp.get_context("spawn")
         self._process: Any = None   # multiprocessing's SpawnProcess, while a child is alive
         self._conn: Any = None      # our end of the pipe to it
+        self._spare: tuple[Any, Any] | None = None  # (process, pipe) of the standby child
+        self._device_type: str | None = None         # cpu or cuda, once the child has said
         self.children_started = 0
         # (model fingerprint, task, labels, attentions) that build -> the kernels the model lacks
         self._checked: dict[tuple, dict[str, str]] = {}
         # Called with each phase of the probe in flight ('start-up', 'build', 'warm-up', 'timing').
         self.on_phase: Callable[[str], None] | None = None
+        # Other processes of this search that would share the host's cores with a timed window (the
+        # estimator's trace children, predicting while the first probes run): paused during it.
+        self.neighbours: Neighbours | None = None
 
     # -- child lifecycle -----------------------------------------------------------------------
-    def _start_child(self) -> float:
-        started = time.perf_counter()
+    def _spawn(self) -> tuple[Any, Any]:
+        """Start a child process; it says Ready once its imports are done."""
         parent_conn, child_conn = self._ctx.Pipe()
         # The child dies with this process however it ends (kill -9 included): autotune.processes.
         process = self._ctx.Process(target=run_as_child, args=(os.getpid(), CHILD_MAIN, child_conn),
                                     name="autotune-probe", daemon=True)
         process.start()
         child_conn.close()  # so that the child's death reads as EOF here
-        self._process, self._conn = process, parent_conn
         self.children_started += 1
+        return process, parent_conn
+
+    def _start_child(self) -> float:
+        """Make a ready child the current one: the standby if there is one, else a new process.
+        Returns the seconds waited for it."""
+        started = time.perf_counter()
+        spare, self._spare = self._spare, None
+        if spare is not None and not spare[0].is_alive():
+            _stop(*spare)
+            spare = None
+        self._process, self._conn = spare or self._spawn()
         reply = self._receive(STARTUP_TIMEOUT)
         if not isinstance(reply, Ready):
+            exitcode = self._process.exitcode
             self.close()
-            raise RuntimeError(f"the probe child did not start (exit code {process.exitcode}); a script that calls "
+            raise RuntimeError(f"the probe child did not start (exit code {exitcode}); a script that calls "
                                f"run_probe or ProbeRunner must do so under `if __name__ == '__main__':`, since "
                                f"children are spawned and import the main module again")
         return time.perf_counter() - started
+
+    def _keep_spare(self) -> None:
+        """Start the standby child if this runner keeps one and has none."""
+        device_type = self._device_type or ("cuda" if self.settings.device.strip().lower().startswith("cuda") else None)
+        wanted = self.standby if self.standby is not None else device_type == "cuda"
+        if wanted and self.reuse_child and self._spare is None:
+            self._spare = self._spawn()
 
     def _send(self, request: object) -> None:
         assert self._conn is not None
@@ -144,7 +184,10 @@ class ProbeRunner:
         raise TimeoutError  # (outside the try: TimeoutError is an OSError)
 
     def close(self) -> None:
-        """Stop the child (politely, then by force)."""
+        """Stop the child (politely, then by force) and the standby (at once: it holds nothing)."""
+        if self._spare is not None:
+            _stop(*self._spare)
+            self._spare = None
         if self._conn is not None:
             try:
                 self._conn.send(None)
@@ -160,6 +203,7 @@ class ProbeRunner:
         self._process = self._conn = None
 
     def _kill(self) -> int | None:
+        """Kill the current child at once; its exit code."""
         if self._process is not None and self._process.is_alive():
             self._process.kill()
         if self._process is not None:
@@ -176,8 +220,7 @@ class ProbeRunner:
     def __exit__(self, exc_type, *exc_info) -> None:
         if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
             self._kill()  # Ctrl-C twice or SIGTERM: the probe in flight is abandoned, do not wait on it
-        else:
-            self.close()
+        self.close()
 
     # -- requests ------------------------------------------------------------------------------
     def _ensure_child(self) -> float:
@@ -198,6 +241,7 @@ class ProbeRunner:
         if isinstance(reply, UserErrorReply):
             raise _user_error(reply)
         assert isinstance(reply, EnvironmentReply)
+        self._device_type = reply.environment.device_type
         return reply.environment
 
     def check(self, spec: ModelSpec, config: ProbeConfig, attentions: tuple[str, ...]) -> dict[str, str]:
@@ -236,7 +280,7 @@ class ProbeRunner:
             config=config, model_config=spec.config, model_path=spec.path, budget_bytes=budget_bytes,
             margin_bytes=margin, device=self.settings.device, warmup_steps=self.settings.warmup_steps,
             measure_steps=self.settings.measure_steps, trust_remote_code=self.settings.trust_remote_code,
-            measure_seconds=self.settings.measure_seconds,
+            measure_seconds=self.settings.measure_seconds, hold_before_timing=self.neighbours is not None,
         )
         try:
             self._send(request)
@@ -246,10 +290,18 @@ class ProbeRunner:
             self._kill()
             startup += self._start_child()
             self._send(request)
+        self._keep_spare()  # while this probe runs, so that a restart after it costs nothing
         deadline = time.perf_counter() + max(1.0, self.settings.timeout - startup)
+        paused = False
         try:
             reply = self._receive(max(0.0, deadline - time.perf_counter()))
             while isinstance(reply, Phase):
+                if reply.name == "timing" and request.hold_before_timing:
+                    assert self.neighbours is not None
+                    self.neighbours.pause()
+                    paused = True
+                    with contextlib.suppress(OSError):  # (a child dead by now reads as EOF below)
+                        self._send(Go())  # the child holds its window until the neighbours are stopped
                 if self.on_phase is not None:
                     self.on_phase(reply.name)
                 reply = self._receive(max(0.0, deadline - time.perf_counter()))
@@ -257,6 +309,9 @@ class ProbeRunner:
             self._kill()
             return self._failed(budget_bytes, margin, ProbeStatus.TIMEOUT,
                                 f"no result within {self.settings.timeout:.0f} s; the probe's process was killed", started, startup)
+        finally:
+            if paused:
+                self.neighbours.resume()  # type: ignore[union-attr]
         if reply is None:
             exitcode = self._kill()
             how = f"signal {-exitcode}" if exitcode is not None and exitcode < 0 else f"exit code {exitcode}"
@@ -268,8 +323,8 @@ class ProbeRunner:
         result = reply.result
         result.startup_seconds = startup
         result.wall_seconds = time.perf_counter() - started
-        if result.status not in CLEAN or not self.reuse_child:
-            # The child exits by itself after an unclean probe; make sure, and reap it.
+        if not reply.child_goes_on or not self.reuse_child:
+            # The child exits by itself after a probe that leaves it untrusted; make sure, and reap it.
             self.close()
         return result
 
@@ -277,6 +332,14 @@ class ProbeRunner:
     def _failed(budget: int, margin: int, status: ProbeStatus, why: str, started: float, startup: float) -> ProbeResult:
         return ProbeResult(status=status, budget_bytes=budget, margin_bytes=margin, error=why,
                            startup_seconds=startup, wall_seconds=time.perf_counter() - started)
+
+
+def _stop(process: Any, conn: Any) -> None:
+    """Kill a child that holds nothing (a standby) and reap it."""
+    if process.is_alive():
+        process.kill()
+    process.join(timeout=10)
+    conn.close()
 
 
 def _user_error(reply: UserErrorReply, model_reference: str | None = None) -> errors.AutotuneError:

@@ -40,6 +40,9 @@ class SearchOptions:
     predict_margin: float = defaults.PREDICT_MARGIN  # skip only when predicted over the budget by more than this share
     heartbeat_seconds: float = defaults.HEARTBEAT_SECONDS  # claims' heartbeat period, for the whole study
     confirm: bool = True               # measure the contenders within noise of the best again (search/confirm.py)
+    # Probe while memory is predicted rather than after: the predictions join the search when
+    # ready. Only where the trace children are paused during each timed window (launch.search).
+    predict_in_background: bool = False
 
     def __post_init__(self) -> None:
         if self.study is not None:

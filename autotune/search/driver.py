@@ -5,6 +5,7 @@ finishes, so the same command resumes an interrupted search."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import re
@@ -27,7 +28,7 @@ from autotune.search.common import Event, Progress, Runner, SearchOptions, Searc
 from autotune.search.knowledge import Knowledge
 from autotune.search.plan import ProbePlan, StudyPlan
 from autotune.search.confirm import Confirmation, confirm
-from autotune.search.predictions import Prediction, predict
+from autotune.search.predictions import Prediction, Predicting, predict
 from autotune.search.strategies import TpeStrategy, make_strategy
 from autotune.search.trials import Trials, distributions_of
 from autotune.search.worker_state import Heartbeat, WorkerState, worker_label
@@ -145,35 +146,58 @@ def start_study(
     worker.refresh()  # everything this study already settled
     if on_start is not None:
         on_start(study, environment, len(candidates), len(knowledge.outcomes))
-    stored = StudyPlan.from_dict(study.plan).predictions if not options.fresh else {}
+    knowledge.predictions = StudyPlan.from_dict(study.plan).predictions if not options.fresh else {}
     if options.predict and options.strategy != "grid-full" and knowledge.unresolved():
         # Kernels the model does not implement cannot be traced either: their probes are skipped.
         # (Answered from the runner's memory of the preflight check.)
         lacking = runner.check(spec, candidates[0], space.attentions)
-        missing = [c for c in knowledge.unresolved() if c.key() not in stored and c.attention not in lacking]
+        missing = [c for c in knowledge.unresolved() if c.key() not in knowledge.predictions and c.attention not in lacking]
         if missing:
             trusted = bool(getattr(settings, "trust_remote_code", False))
-            try:
-                stored.update((predictor or functools.partial(predict, trust_remote_code=trusted))(missing, environment.device_type))
-            except EstimateError as exc:
-                # Predictions only order and prune the probes: without them every config is probed.
-                # (Some models cannot be traced on fake tensors: deberta reads values, `nonzero`.)
-                worker.warnings.append(f"memory predictions unavailable, every config is probed: {exc}")
-        knowledge.predictions = stored
+            compute = predictor or functools.partial(predict, trust_remote_code=trusted)
+            # The estimator's predictions arrive group by group (streaming); a predictor given by a
+            # caller answers at once, unless it is launch.search's (the estimator, in background).
+            worker.predicting = Predicting(functools.partial(compute, missing, environment.device_type), missing,
+                                           streaming=predictor is None or options.predict_in_background)
+            if not options.predict_in_background:
+                worker.predicting.wait()
+                if worker.predicting.error is not None and not isinstance(worker.predicting.error, EstimateError):
+                    raise worker.predicting.error
     # Optuna's tables and study exist before the plan does: a worker may join as soon as it is
     # stored, and several processes creating Optuna's tables at once collide.
     trials = Trials(store.engine.url.render_as_string(hide_password=False), name, distributions_of(space), seed=0)
     probe_plan = ProbePlan() if settings is None else ProbePlan(
         warmup_steps=settings.warmup_steps, measure_steps=settings.measure_steps, timeout=settings.timeout,
         trust_remote_code=settings.trust_remote_code, measure_seconds=settings.measure_seconds)
-    plan = StudyPlan(strategy=options.strategy, fresh=options.fresh, predict_margin=options.predict_margin,
-                     patience=options.patience, heartbeat_seconds=options.heartbeat_seconds, probe=probe_plan,
-                     predictions=dict(knowledge.predictions))
-    store.set_study_plan(study.id, plan.to_dict())
+    worker.plan = StudyPlan(strategy=options.strategy, fresh=options.fresh, predict_margin=options.predict_margin,
+                            patience=options.patience, heartbeat_seconds=options.heartbeat_seconds, probe=probe_plan)
+    _take_predictions(worker)
+    store.set_study_plan(study.id, worker.plan.to_dict())
     worker.study = store.study(name)
     if not any(c.state == ClaimState.RUNNING and not c.stale for c in store.claims(study.id, stale_after=options.stale_after)):
         trials.close_running()  # (only when no other worker is in the middle of a trial)
     return worker, trials
+
+
+def _take_predictions(w: WorkerState) -> bool:
+    """Let the search use the predictions that arrived since the last look, and keep them in the
+    study's plan (for workers that join later). True when any were taken."""
+    predicting = w.predicting
+    if predicting is None:
+        return False
+    ready = predicting.ready  # (looked at first: whatever arrived before is taken below)
+    arrived = predicting.take()
+    if ready:
+        w.predicting = None
+        if predicting.error is not None:
+            # Predictions only order and prune the probes: without them every config is probed.
+            # (Some models cannot be traced on fake tensors: deberta reads values, `nonzero`.)
+            w.warnings.append(f"memory predictions unavailable, every config is probed: {predicting.error}")
+    if not arrived:
+        return False
+    w.knowledge.predictions = {**w.knowledge.predictions, **arrived}
+    w.plan = dataclasses.replace(w.plan, predictions=dict(w.knowledge.predictions))
+    return True
 
 
 def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Event], None] | None, *,
@@ -184,8 +208,7 @@ def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Eve
     store, k, options = w.store, w.knowledge, w.options
     strategy = make_strategy(options, k, w.environment.device_type, trials)
     patience = options.patience if options.patience is not None else (defaults.TPE_PATIENCE if options.strategy == "tpe" else None)
-    outcome = SearchOutcome(study=w.study, space=w.space, leaderboard=[], candidates=len(k.candidates),
-                            failures=list(w.warnings))
+    outcome = SearchOutcome(study=w.study, space=w.space, leaderboard=[], candidates=len(k.candidates))
     since_improvement = 0
     env_fp = w.environment.fingerprint()
     heartbeat = Heartbeat(store, w.study.id, w.label, options.heartbeat_seconds)
@@ -196,6 +219,10 @@ def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Eve
                     outcome.stop_reason = StopReason.INTERRUPTED
                     break
                 status = w.refresh(on_event)
+                if _take_predictions(w):
+                    store.set_study_plan(w.study.id, w.plan.to_dict())
+                    store.fill_predicted_peaks(w.study.id, {key: k.predictions[key].peak_bytes
+                                                            for key in k.outcomes if key in k.predictions})
                 if status != StudyStatus.RUNNING:
                     outcome.stop_reason = StopReason.FINISHED if status == StudyStatus.FINISHED else StopReason.STOPPED
                     break
@@ -214,6 +241,11 @@ def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Eve
                 trial = getattr(strategy, "pending_trial", None)
                 if isinstance(strategy, TpeStrategy):
                     strategy.pending_trial = None
+                if skip_reason is None and trial is None and w.predicting is not None and w.predicting.expects(config):
+                    # Predicting in the background: groups arrive in the order the search visits
+                    # them, so this wait is short; then choose again with the group's predictions.
+                    w.predicting.wait_for(config)
+                    continue
 
                 previous_best = k.best()
                 prediction = k.predictions.get(config.key())
@@ -289,6 +321,7 @@ def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Eve
         heartbeat.close()
 
     outcome.unmeasured = w.unmeasured()
+    outcome.failures = list(w.warnings)
     if starter:
         store.set_study_status(w.study.id, w.settled_status() if outcome.finished else StudyStatus.INTERRUPTED)
     elif outcome.finished and outcome.stop_reason != StopReason.FINISHED:

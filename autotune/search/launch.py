@@ -3,16 +3,28 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
+import os
 import time
 from collections.abc import Callable
 
 from autotune.environment import Environment
+from autotune.estimate.launch import TraceChildren
 from autotune.margin import checked_margin_bytes
 from autotune.search.common import Event, Progress, SearchOptions, SearchOutcome
 from autotune.search.driver import default_study_name, preflight, run_search, stored_answer
 from autotune.search.fleet import search_with_workers
+from autotune.search.predictions import predict
 from autotune.space import SearchSpace
 from autotune.store import StudyRecord
+
+
+def trace_processes() -> int:
+    """How many trace children predict a search's memory: one per core, up to 4 (each holds a
+    model on fake tensors, a few hundred MB of host memory for a 7B model)."""
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 def search(model: str, budget_bytes: int, *, settings, options: SearchOptions, db: str | None = None,
@@ -41,9 +53,20 @@ def search(model: str, budget_bytes: int, *, settings, options: SearchOptions, d
     name = options.study if options.study is not None else default_study_name(spec, budget_bytes)
     if not options.fresh and (answer := stored_answer(db, name, space, time.perf_counter())) is not None:
         return answer
-    with ProbeRunner(settings) as runner:
+    # The estimator's processes are started first, so that their imports overlap the probe child's
+    # start-up and the preflight, and the traces share the host's cores; unused, they are killed.
+    tracers = TraceChildren(trace_processes()).start() if options.predict and options.strategy != "grid-full" else None
+    with tracers or contextlib.nullcontext(), ProbeRunner(settings) as runner:
         # Before the store is opened: a refused search creates no database and writes nothing.
-        preflight(space, spec, budget_bytes, runner)
+        environment = preflight(space, spec, budget_bytes, runner)
+        if tracers is not None and environment.device_type == "cuda":
+            # On a GPU the first probes run while memory is predicted, on host cores the probes
+            # hardly use; each timed window pauses the tracers all the same. (On a CPU device they
+            # would share the cores the probes compute on: OpenMP threads that spin while others
+            # hold their cores slowed a warm-up 30x on 2 cores. There predictions come first.)
+            runner.neighbours = tracers
+            options = dataclasses.replace(options, predict_in_background=True)
         with open_store(db) as store:
+            predictor = functools.partial(predict, trust_remote_code=settings.trust_remote_code, children=tracers)
             return run_search(space, spec, budget_bytes, margin, runner, store, options, on_event, on_start,
-                              on_progress=on_progress)
+                              predictor=predictor, on_progress=on_progress)

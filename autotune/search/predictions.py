@@ -1,11 +1,16 @@
-"""Predicted memory of the candidates, from the estimator, before anything is probed."""
+"""Predicted memory of the candidates, from the estimator: before anything is probed, or in the
+background while the first probes run (`Predicting`)."""
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from autotune.config import ProbeConfig
-from autotune.space import group_key
+from autotune.errors import AutotuneError
+from autotune.estimate.launch import TraceChildren
+from autotune.space import group_key, group_priority
 
 
 @dataclass(frozen=True, slots=True)
@@ -15,29 +20,109 @@ class Prediction:
     required_bytes: int    # predicted peak reserved + context: what the probe's fit rule compares
 
 
-def predict(candidates: list[ProbeConfig], device_type: str, *, trust_remote_code: bool = False) -> dict[str, Prediction]:
+def predict(candidates: list[ProbeConfig], device_type: str, *, trust_remote_code: bool = False,
+            children: TraceChildren | None = None,
+            on_predictions: Callable[[dict[str, Prediction]], None] | None = None) -> dict[str, Prediction]:
     """Predicted memory of every candidate from two traces per group (smallest and largest
     micro-batch), interpolated: inside a group the need is affine in the micro-batch (fixed
-    weights, gradients and optimizer state; activations per sequence)."""
-    from autotune.estimate import estimate_memories
+    weights, gradients and optimizer state; activations per sequence). Traced by `children` when
+    they were started ahead, groups in the order the search visits them; each group's
+    predictions are also given to `on_predictions` as soon as both its traces are in."""
+    from autotune.estimate import MemoryEstimate, estimate_memories
 
     groups: dict[tuple, list[ProbeConfig]] = {}
-    for config in candidates:
+    for config in sorted(candidates, key=lambda c: group_priority(c, device_type)):
         groups.setdefault(group_key(config), []).append(config)
     ends = {}
     for members in groups.values():
         members.sort(key=lambda c: c.micro_batch)
         ends[group_key(members[0])] = (members[0], members[-1])
-    to_trace = list(dict.fromkeys(c for pair in ends.values() for c in pair))
-    estimates = {e.config.key(): e for e in estimate_memories(to_trace, device_type=device_type,
-                                                              trust_remote_code=trust_remote_code)}
+    estimates: dict[str, MemoryEstimate] = {}
     out: dict[str, Prediction] = {}
-    for key, (low, high) in ends.items():
-        a, b = estimates[low.key()], estimates[high.key()]
-        span = high.micro_batch - low.micro_batch
-        for config in groups[key]:
-            t = (config.micro_batch - low.micro_batch) / span if span else 0.0
-            peak = round(a.peak_bytes + t * (b.peak_bytes - a.peak_bytes))
-            reserved = round(a.reserved_bytes + t * (b.reserved_bytes - a.reserved_bytes))
-            out[config.key()] = Prediction(peak, peak + a.context_bytes, reserved + a.context_bytes)
+
+    def arrived(estimate: MemoryEstimate) -> None:
+        estimates[estimate.config.key()] = estimate
+        for key, (low, high) in ends.items():
+            if groups[key][0].key() not in out and low.key() in estimates and high.key() in estimates:
+                predicted = _interpolate(groups[key], estimates[low.key()], estimates[high.key()])
+                out.update(predicted)
+                if on_predictions is not None:
+                    on_predictions(predicted)
+
+    to_trace = list(dict.fromkeys(c for pair in ends.values() for c in pair))
+    estimate_memories(to_trace, device_type=device_type, trust_remote_code=trust_remote_code, children=children,
+                      on_estimate=arrived)
     return out
+
+
+def _interpolate(members: list[ProbeConfig], a, b) -> dict[str, Prediction]:
+    """Predictions of a group's members (by micro-batch) between its ends' estimates `a` and `b`."""
+    low, high = members[0], members[-1]
+    span = high.micro_batch - low.micro_batch
+    out = {}
+    for config in members:
+        t = (config.micro_batch - low.micro_batch) / span if span else 0.0
+        peak = round(a.peak_bytes + t * (b.peak_bytes - a.peak_bytes))
+        reserved = round(a.reserved_bytes + t * (b.reserved_bytes - a.reserved_bytes))
+        out[config.key()] = Prediction(peak, peak + a.context_bytes, reserved + a.context_bytes)
+    return out
+
+
+class Predicting:
+    """Predictions of `configs` computed in a thread while the search goes on. With `streaming`, `compute` is
+    given `on_predictions` and each group's predictions can be taken as soon as they are in
+    (`take`); `wait_for` a config's. A user error or a failed trace comes back as `error`
+    (predictions only order and prune the probes)."""
+
+    def __init__(self, compute: Callable[..., dict[str, Prediction]], configs: list[ProbeConfig],
+                 streaming: bool = False) -> None:
+        self.error: AutotuneError | None = None
+        self._wanted = {c.key() for c in configs}
+        self._delivered: dict[str, Prediction] = {}
+        self._taken: set[str] = set()
+        self._done = False
+        self._arrival = threading.Condition()
+        self._thread = threading.Thread(target=self._run, args=(compute, streaming), name="autotune-predictions",
+                                        daemon=True)
+        self._thread.start()
+
+    def _run(self, compute: Callable[..., dict[str, Prediction]], streaming: bool) -> None:
+        try:
+            self._deliver(compute(on_predictions=self._deliver) if streaming else compute())
+        except AutotuneError as exc:
+            self.error = exc
+        finally:
+            with self._arrival:
+                self._done = True
+                self._arrival.notify_all()
+
+    def _deliver(self, predictions: dict[str, Prediction]) -> None:
+        with self._arrival:
+            self._delivered.update(predictions)
+            self._arrival.notify_all()
+
+    @property
+    def ready(self) -> bool:
+        """Every prediction is in (or failed)."""
+        with self._arrival:
+            return self._done
+
+    def take(self) -> dict[str, Prediction]:
+        """The predictions that arrived since the last take."""
+        with self._arrival:
+            new = {key: p for key, p in self._delivered.items() if key not in self._taken}
+            self._taken.update(new)
+        return new
+
+    def expects(self, config: ProbeConfig) -> bool:
+        """`config`'s prediction is being computed and not yet in."""
+        with self._arrival:
+            return config.key() in self._wanted and config.key() not in self._delivered and not self._done
+
+    def wait_for(self, config: ProbeConfig) -> None:
+        """Until `config`'s prediction is in, or no more will come."""
+        with self._arrival:
+            self._arrival.wait_for(lambda: config.key() in self._delivered or self._done)
+
+    def wait(self) -> None:
+        self._thread.join()

@@ -7,19 +7,8 @@ from autotune.config import ProbeConfig
 from autotune.search.common import SearchOptions
 from autotune.search.knowledge import Knowledge
 from autotune.search.trials import Trials, tell
-from autotune.space import group_key
+from autotune.space import group_key, group_priority
 from autotune.status import ProbeStatus
-
-
-def _precision_order(device_type: str) -> dict[str, int]:
-    # Tensor cores make half precision fastest on GPUs; CPUs without AMX are often faster in fp32.
-    order = ("bf16", "fp16", "fp32") if device_type == "cuda" else ("fp32", "bf16", "fp16")
-    return {p: i for i, p in enumerate(order)}
-
-
-def _group_priority(config: ProbeConfig, device_type: str) -> tuple:
-    return (config.checkpointing, _precision_order(device_type).get(config.precision, 9),
-            config.attention != "sdpa", -config.block_size, config.grad_accum > 1)
 
 
 class FrontierStrategy:
@@ -32,7 +21,7 @@ class FrontierStrategy:
         for config in knowledge.candidates:
             groups.setdefault(group_key(config), []).append(config)
         self.groups = sorted((sorted(g, key=lambda c: c.micro_batch) for g in groups.values()),
-                             key=lambda g: _group_priority(g[0], device_type))
+                             key=lambda g: group_priority(g[0], device_type))
 
     def next(self) -> tuple[ProbeConfig, str | None] | None:
         """(config, None) to probe it, (config, reason) to record it skipped, None when there is

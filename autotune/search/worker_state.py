@@ -17,6 +17,8 @@ from autotune.models import ModelSpec
 from autotune.result import ProbeResult
 from autotune.search.common import Event, SearchOptions
 from autotune.search.knowledge import Knowledge
+from autotune.search.plan import StudyPlan
+from autotune.search.predictions import Predicting
 from autotune.space import SearchSpace
 from autotune.status import RETRYABLE, ClaimState, ProbeStatus, SettleHow, StudyStatus
 from autotune.store import MAX_ATTEMPTS, Store, StudyRecord
@@ -98,6 +100,8 @@ class WorkerState:
     seen_probe_id: int = 0
     by_key: dict[str, ProbeConfig] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # said with the outcome (a prediction that failed)
+    plan: StudyPlan = field(default_factory=StudyPlan)  # how the study searches (stored for joining workers)
+    predicting: Predicting | None = None                # memory predictions still being computed
 
     def __post_init__(self) -> None:
         self.by_key = {c.key(): c for c in self.knowledge.candidates}

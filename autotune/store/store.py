@@ -247,6 +247,14 @@ class Store(ClaimsMixin, RunsMixin):
         with self._writing() as session:
             session.execute(update(Probe).where(Probe.id == probe_id).values(trial_number=trial_number))
 
+    def fill_predicted_peaks(self, study_id: int, peaks: Mapping[str, int]) -> None:
+        """Record predictions that arrived after their configs were settled (the search probes
+        while predicting): only where none is stored yet."""
+        with self._writing() as session:
+            for config_key, peak in peaks.items():
+                session.execute(update(Probe).where(Probe.study_id == study_id, Probe.config_key == config_key,
+                                                    Probe.predicted_peak_bytes.is_(None)).values(predicted_peak_bytes=peak))
+
     def find_cached(
         self,
         config_key: str,

@@ -9,7 +9,7 @@ import pytest
 from autotune.config import ProbeConfig
 from autotune.errors import BadInput, BudgetError
 from autotune.probe import ProbeRunner, ProbeSettings, run_probe
-from tests.faults import inject_fault
+from tests.faults import fault_env, inject_fault
 
 MiB = 2**20
 GiB = 2**30
@@ -69,10 +69,34 @@ def test_warm_child_measures_what_a_fresh_one_does(runner, tiny_model):
     assert warm_first.peak_allocated_bytes == warm_again.peak_allocated_bytes == fresh.peak_allocated_bytes
 
 
-def test_child_is_replaced_after_an_oom(runner, tiny_model):
-    assert runner.run(config(tiny_model), 4 * MiB).status == "oom"
+def test_cpu_child_goes_on_after_the_accountants_oom_and_measures_what_a_fresh_one_does(runner, tiny_model):
+    # The CPU accountant's OOM is an exception of our own: the child is kept (no restart to pay)
+    # and the next probe in it measures the same peak, to the byte, as a fresh process.
+    runner.run(config(tiny_model), 1 * GiB)  # a warm child
+    started = runner.children_started
+    assert runner.run(config(tiny_model, micro_batch=8), 4 * MiB).status == "oom"
     after = runner.run(config(tiny_model), 1 * GiB)
-    assert after.status == "ok" and after.startup_seconds > 0
+    fresh = run_probe(config(tiny_model), 1 * GiB, settings=ProbeSettings(device="cpu", measure_steps=2))
+    assert after.status == "ok" and after.startup_seconds == 0 and runner.children_started == started
+    assert (after.peak_allocated_bytes, after.peak_reserved_bytes) == (fresh.peak_allocated_bytes, fresh.peak_reserved_bytes)
+
+
+def test_a_standby_child_takes_over_after_a_probe_kills_its_own(tiny_model, monkeypatch):
+    # On CUDA a standby child is started while each probe runs; forced here on CPU. The first
+    # child's second probe is killed (SIGKILL); the next probe runs in the standby, already
+    # imported, instead of waiting seconds for a new process.
+    for key, value in fault_env("kill", on_probe=2).items():
+        monkeypatch.setenv(key, value)
+    with ProbeRunner(ProbeSettings(device="cpu", measure_steps=2), standby=True) as standby_runner:
+        first = standby_runner.run(config(tiny_model), 1 * GiB)
+        assert first.status == "ok" and first.startup_seconds > 0
+        assert standby_runner.run(config(tiny_model), 1 * GiB).status == "crashed"
+        spare = standby_runner._spare
+        assert spare is not None and spare[1].poll(120)  # the standby said Ready
+        after = standby_runner.run(config(tiny_model), 1 * GiB)
+        assert after.status == "ok" and after.startup_seconds < 0.5 < first.startup_seconds
+        assert standby_runner.children_started == 3  # first, its standby, and the next standby
+    assert standby_runner._spare is None and standby_runner._process is None  # both stopped on close
 
 
 def test_hung_child_ends_as_timeout_within_its_limit(tiny_model, monkeypatch):

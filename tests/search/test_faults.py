@@ -60,12 +60,19 @@ def descendants(pid: int) -> set[int]:
     return {p for p in found if alive(p)}
 
 
-def assert_all_gone(pids: set[int]) -> None:
-    deadline = time.monotonic() + GONE_WITHIN
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def assert_all_gone(pids: set[int], within: float = GONE_WITHIN) -> None:
+    deadline = time.monotonic() + within
     while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.2)
-    left = {p: Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ")[:120] for p in pids if alive(p)}
-    assert not left, f"left running {GONE_WITHIN:.0f} s after the search ended: {left}"
+    left = {p: _cmdline(p).replace(b"\0", b" ")[:120] for p in pids if alive(p)}
+    assert not left, f"left running {within:.0f} s after the search ended: {left}"
 
 
 # -- the database ----------------------------------------------------------------------------------
@@ -140,6 +147,25 @@ def test_kill_9_mid_probe_leaves_no_process_and_loses_no_probe(model, tmp_path):
     assert [p.result.status for p in completed] == [ProbeStatus.OK]
     assert status(db, "kill9") == StudyStatus.RUNNING  # kill -9 runs no code: the claim goes stale
     assert_resumes_and_finishes(model, db, "kill9", completed)
+
+
+def test_kill_9_while_predicting_leaves_no_estimator_process(model, tmp_path):
+    # The estimator's trace children start with the search, before its probe child is up.
+    db = str(tmp_path / "kill9-predicting.db")
+    search = subprocess.Popen(autotune_command("search", "--model", model, *SPACE[:-3], "--predict", "--db", db),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def tracing() -> set[int]:
+            return {p for p in descendants(search.pid) if b"autotune.estimate.trace" in _cmdline(p)}
+
+        wait_for(lambda: bool(tracing()), what="a trace child")
+        below = descendants(search.pid)
+        search.send_signal(signal.SIGKILL)
+        search.wait(timeout=30)
+        # At once: a trace child is not left to finish its imports and notice its stdin closed.
+        assert_all_gone(below, within=2.0)
+    finally:
+        search.kill()
 
 
 def test_sigterm_mid_probe_stops_marks_interrupted_and_releases_the_claim(model, tmp_path):
