@@ -1,61 +1,95 @@
-"""Probe overhead: a warm child process reused across clean probes vs a fresh process per probe.
+"""Probe overhead, before and after: the same search run by an earlier autotune (a git ref of this
+repository) and by this checkout, side by side in one run, each from an empty database and an
+empty estimate cache.
 
-Runs the same sequence of probes both ways and reports, per mode, the wall time of the whole
-sequence and how much of it was the measured training window.
+Overhead per probe = (the command's wall time - the sum of the probes' timed windows) / probes
+run: everything a user waits for that is not measurement (process start, imports, model builds,
+warm-up steps, memory predictions, restarts after OOMs, the database).
 
-    python -m benchmarks.probe_overhead [--model gpt2] [--device cpu] [--probes 4]
+    python -m benchmarks.probe_overhead [--baseline REF] [--repeats N] [--out FILE.json]
+
+The default space is a tiny GPT-2 on CPU whose budget makes some configs run out of memory (as
+budgets do): 40 candidates, 17-18 probes by the frontier search.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
+import sqlite3
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from autotune.config import ProbeConfig
-from autotune.probe import ProbeRunner, ProbeSettings
+REPO = Path(__file__).resolve().parents[1]
+# The last commit before the overhead work of issue 17 (a probe child restarted after every OOM,
+# predictions traced in one process after the probe child's start-up, before the first probe).
+BASELINE = "2d23d11"
+TINY = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 64, "n_head": 2,
+        "vocab_size": 1024, "n_positions": 256, "n_ctx": 256, "bos_token_id": 0, "eos_token_id": 0}
+SPACE = ["--gpu-budget", "34MiB", "--device", "cpu", "--micro-batches", "1,2,4,8,16", "--block-sizes", "128",
+         "--effective-batch", "16", "--precisions", "fp32,bf16", "--checkpointing", "off,on", "--attention", "sdpa,eager",
+         "--no-confirm"]
 
-TINY = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1024, "n_positions": 256}
+
+def export_tree(ref: str, into: Path) -> Path:
+    """The files of `ref` (git archive), to run that autotune from."""
+    archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
+    into.mkdir(parents=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
 
 
-def run(model: str, device: str, probes: int, reuse: bool) -> dict:
-    configs = [ProbeConfig(model=model, micro_batch=mb, block_size=128) for mb in (1, 2, 4, 8)][:probes]
-    settings = ProbeSettings(device=device, measure_steps=2)
+def run_search(tree: Path, model: Path, work: Path) -> dict:
+    """One search by the autotune in `tree`, from nothing: its wall time and its probes' windows."""
+    work.mkdir(parents=True)
+    db = work / "autotune.db"
+    env = {**os.environ, "AUTOTUNE_HOME": str(work), "PYTHONPATH": str(tree)}
     started = time.perf_counter()
-    with ProbeRunner(settings, reuse_child=reuse) as runner:
-        results = [runner.run(c, 2**34 if device != "cpu" else 8 * 2**30) for c in configs]
+    done = subprocess.run([sys.executable, "-m", "autotune", "search", "--model", str(model), *SPACE,
+                           "--db", f"sqlite:///{db}", "--json"], cwd=tree, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - started
-    return {
-        "mode": "warm child" if reuse else "process per probe",
-        "probes": len(results),
-        "statuses": [r.status for r in results],
-        "wall_s": round(wall, 2),
-        "startup_s": round(sum(r.startup_seconds or 0 for r in results), 2),
-        "build_s": round(sum(r.build_seconds or 0 for r in results), 2),
-        "measured_s": round(sum(r.measured_seconds or 0 for r in results), 2),
-        "device": results[0].device,
-    }
+    if done.returncode != 0:
+        raise SystemExit(f"the search in {tree} failed ({done.returncode}): {done.stderr[-2000:]}")
+    outcome = json.loads(done.stdout)
+    with sqlite3.connect(db) as connection:
+        statuses = [row[0] for row in connection.execute("select status from autotune_probes where status != 'skipped'")]
+        windows = connection.execute("select coalesce(sum(measured_seconds), 0) from autotune_probes").fetchone()[0]
+    probes = outcome["probed"]
+    return {"wall_s": round(wall, 2), "probes": probes, "ooms": statuses.count("oom"), "windows_s": round(windows, 2),
+            "overhead_per_probe_s": round((wall - windows) / probes, 3), "search_s": round(outcome["seconds"], 2),
+            "best": outcome["best"]["label"] if outcome.get("best") else None}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", default=None, help="default: a tiny 2-layer GPT-2")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--probes", type=int, default=4)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--baseline", default=BASELINE, help=f"git ref of the autotune to compare with [default: {BASELINE}]")
+    parser.add_argument("--repeats", type=int, default=1, help="runs of each, alternating [default: 1]")
+    parser.add_argument("--out", type=Path, default=None, help="also write the figures here as JSON")
     args = parser.parse_args()
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        model = args.model
-        if model is None:
-            Path(tmp, "config.json").write_text(json.dumps(TINY))
-            model = tmp
-        rows = [run(model, args.device, args.probes, reuse) for reuse in (False, True)]
-    for row in rows:
-        share = row["measured_s"] / row["wall_s"]
-        print(f"{row['mode']:>18}: {row['probes']} probes in {row['wall_s']:.2f} s wall "
-              f"(start-up {row['startup_s']:.2f} s, build {row['build_s']:.2f} s, measured {row['measured_s']:.2f} s = {share:.0%}) on {row['device']}")
-    print(f"warm child speed-up on the whole sequence: {rows[0]['wall_s'] / rows[1]['wall_s']:.2f}x")
+        model = Path(tmp, "tiny-gpt2")
+        model.mkdir()
+        (model / "config.json").write_text(json.dumps(TINY))
+        trees = {f"before ({args.baseline})": export_tree(args.baseline, Path(tmp, "before")), "after (this checkout)": REPO}
+        for repeat in range(args.repeats):
+            for name, tree in trees.items():
+                row = {"version": name, "repeat": repeat + 1, **run_search(tree, model, Path(tmp, f"run-{len(rows)}"))}
+                rows.append(row)
+                print(f"{name:>24} #{row['repeat']}: {row['wall_s']:6.2f} s wall, {row['probes']} probes "
+                      f"({row['ooms']} OOM), windows {row['windows_s']:.2f} s -> {row['overhead_per_probe_s']:.3f} s "
+                      f"overhead a probe; picked {row['best']}", flush=True)
+    by_version = {name: [r["overhead_per_probe_s"] for r in rows if r["version"] == name] for name in trees}
+    before, after = (min(values) for values in by_version.values())
+    print(f"overhead a probe, best of {args.repeats}: {before:.3f} s before, {after:.3f} s after: {before / after:.2f}x lower")
+    if args.out is not None:
+        args.out.write_text(json.dumps({"device": f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+                                        "space": SPACE, "rows": rows, "ratio": round(before / after, 2)}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import importlib
+import os
 import sys
 import time
 import traceback
@@ -36,6 +38,7 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 from autotune.estimate.allocator import CachingAllocatorModel
+from autotune.estimate.launch import PRELOAD_ENV
 from autotune.estimate.protocol import TraceFailure, TraceItem, TraceRequest, TraceResult
 from autotune.units import round_to_block
 
@@ -293,6 +296,12 @@ def main() -> None:
 
     with contextlib.suppress(ImportError):  # (older transformers build masks elsewhere)
         import transformers.masking_utils  # noqa: F401
+    model_type = os.environ.get(PRELOAD_ENV, "").replace("-", "_")
+    if model_type.isidentifier():
+        # The model's code, which the first trace would import (a hint: a model type without a
+        # module of that name in transformers is simply imported by its trace).
+        with contextlib.suppress(ImportError):
+            importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
 
     import autotune.probe.step  # noqa: F401
 
@@ -314,6 +323,8 @@ def main() -> None:
             sys.exit(1)
         sys.stdout.write(result.to_line() + "\n")
         sys.stdout.flush()
+        gc.collect()
+        gc.freeze()  # what the first trace imported lazily (model code), out of every later collection
 
 
 if __name__ == "__main__":

@@ -247,6 +247,10 @@ def serve(conn) -> None:
         conn.send(ResultReply(result, child_goes_on=goes_on))
         if not goes_on:
             return
+        # The first probe imports transformers' model code lazily: ~10^5 more long-lived objects.
+        # Freezing what survived this probe (its model is collected by now) keeps the next one's
+        # gc.collect() at milliseconds (measured: 0.19 s a probe otherwise, tiny GPT-2).
+        gc.freeze()
 
 
 def trusted_after(result: ProbeResult, device: str) -> bool:

@@ -55,7 +55,8 @@ def search(model: str, budget_bytes: int, *, settings, options: SearchOptions, d
         return answer
     # The estimator's processes are started first, so that their imports overlap the probe child's
     # start-up and the preflight, and the traces share the host's cores; unused, they are killed.
-    tracers = TraceChildren(trace_processes()).start() if options.predict and options.strategy != "grid-full" else None
+    tracers = (TraceChildren(trace_processes()).start(None if spec.needs_remote_code else spec.model_type)
+               if options.predict and options.strategy != "grid-full" else None)
     with tracers or contextlib.nullcontext(), ProbeRunner(settings) as runner:
         # Before the store is opened: a refused search creates no database and writes nothing.
         environment = preflight(space, spec, budget_bytes, runner)

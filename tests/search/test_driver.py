@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from autotune.errors import BadInput
 from autotune.models import resolve_model
 from autotune.search import SearchOptions, run_search
-from autotune.space import SearchSpace
+from autotune.space import SearchSpace, group_key, group_priority
 from autotune.store import open_store
 from autotune.search import Prediction
 from tests.fakes import FAKE_ENV, ScriptedRunner, modelled_result
@@ -189,3 +192,43 @@ def test_the_micro_batch_that_does_not_accumulate_is_probed_despite_smaller_ooms
     outcome = run_search(space, resolve_model("gpt2"), budget, 0, ScriptedRunner(margin_fraction=0), store,
                          SearchOptions(study="f", fresh=True, predict=False))
     assert outcome.best.config == grid.best.config and outcome.best.config.micro_batch == 32
+
+
+def test_predictions_in_the_background_arrive_group_by_group_and_match_waiting_for_them(store):
+    # As on a GPU: probes start while predicting. Each group's predictions land when both its
+    # traces are in (here: one group every 0.1 s, in the order the search visits them); a probe of
+    # a group not yet predicted waits for it, so the search prunes as if it had waited for all.
+    space = gpt2_space()
+    delivered: set[str] = set()
+    lock = threading.Lock()
+
+    def streaming(candidates, device_type, on_predictions):
+        everything = modelled_predictor()(candidates, device_type)
+        groups: dict[tuple, dict] = {}
+        for c in sorted(candidates, key=lambda c: group_priority(c, device_type)):
+            groups.setdefault(group_key(c), {})[c.key()] = everything[c.key()]
+        for group in groups.values():
+            time.sleep(0.1)
+            with lock:
+                delivered.update(group)
+            on_predictions(group)
+        return everything
+
+    class Watching(ScriptedRunner):
+        early: list[str] = []
+
+        def run(self, config, budget_bytes, spec=None):
+            with lock:
+                if config.key() not in delivered:
+                    self.early.append(config.label())
+            return super().run(config, budget_bytes, spec)
+
+    waited = search(store, ScriptedRunner(), space, predictor=modelled_predictor(), study="waited")
+    runner = Watching()
+    background = search(store, runner, space, predictor=streaming, study="background", fresh=True,
+                        predict_in_background=True)
+    assert runner.early == []  # no probe ran before its group's predictions were in
+    assert background.best.config == waited.best.config and background.probed == waited.probed
+    assert all(p.predicted_peak_bytes for p in store.probes("background"))  # filled in as they land
+    assert {p.config_key for p in store.probes("background") if "predicted" in (p.result.error or "")} == \
+           {p.config_key for p in store.probes("waited") if "predicted" in (p.result.error or "")}
