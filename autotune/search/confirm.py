@@ -90,19 +90,64 @@ def contenders_of(rows: list[LeaderboardRow]) -> list[LeaderboardRow]:
     return [best, *(close[:MAX_CONTENDERS] or rows[1:2])]
 
 
+def suspects_of(rows: list[LeaderboardRow], contenders: list[LeaderboardRow]) -> list[LeaderboardRow]:
+    """Configs measured slower than a smaller micro-batch of the same recipe that contends: more
+    sequences per micro-step is not slower per token unless something slowed that window, so
+    each is measured again (at most one per contender)."""
+    def family(row: LeaderboardRow) -> tuple:
+        c = row.config
+        return (c.model, c.block_size, c.precision, c.checkpointing, c.attention, c.task, c.target_length, c.num_labels)
+
+    taken = {r.config_key for r in contenders}
+    out = []
+    for leader in contenders:
+        slower_larger = [r for r in rows if r.config_key not in taken and family(r) == family(leader)
+                         and r.config.micro_batch > leader.config.micro_batch
+                         and (r.tokens_per_s or 0.0) * (1 + CONTENDER_BAND) < (leader.tokens_per_s or 0.0)]
+        if slower_larger:
+            suspect = max(slower_larger, key=lambda r: r.config.micro_batch)
+            taken.add(suspect.config_key)
+            out.append(suspect)
+    return out
+
+
 def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, int], ProbeResult], budget_bytes: int,
             on_probe: Callable[[LeaderboardRow, ProbeResult], None] | None = None,
             stop: Callable[[], bool] = lambda: False) -> Confirmation | None:
-    """Measure the study's contenders again until the best is told apart or a tie is declared;
-    store the pooled timings and the verdict. None when nothing fits, or when `stop` says to stop
+    """Measure the study's suspects (suspects_of) and contenders again until the best is told
+    apart or a tie is declared; store the pooled timings and the verdict. None when nothing fits, or when `stop` says to stop
     (Ctrl-C) before the verdict: the pick then stays unconfirmed."""
     rows = store.leaderboard(study.name)
     if not rows:
         return None
     stored = {p.id: p for p in store.probes(study.name)}
-    pool = [Contender(r, _as_result(r), _stored_step_times(stored[r.probe_id], r), [r.tokens_per_s or 0.0])
-            for r in contenders_of(rows)]
+
+    def contending(row: LeaderboardRow) -> Contender:
+        return Contender(row, _as_result(row), _stored_step_times(stored[row.probe_id], row), [row.tokens_per_s or 0.0])
+
+    pool = [contending(r) for r in contenders_of(rows)]
     probes, seconds, rounds, remeasured = 0, 0.0, 0, 0
+    # Suspects first: a window slowed a lot by a neighbour (steady steps, 3x slow) falls far outside
+    # the band and would never be measured again. Measured once more; within the band now, it
+    # contends like the others.
+    band = pool[0].tokens_per_s * (1 - CONTENDER_BAND)
+    for row in suspects_of(rows, [c.row for c in pool]):
+        if stop():
+            return None
+        suspect = contending(row)
+        result = run(row.config, budget_bytes)
+        probes += 1
+        seconds += result.wall_seconds or 0.0
+        if on_probe is not None:
+            on_probe(row, result)
+        if result.status != ProbeStatus.OK or not result.step_times:
+            continue
+        suspect.windows.append(result.tokens_per_s or 0.0)
+        suspect.step_times += result.step_times
+        suspect.result = _pooled(row, suspect.step_times)
+        store.update_timing(row.probe_id, suspect.result)
+        if (result.tokens_per_s or 0.0) >= band:
+            pool.append(suspect)
     # At least one more window each: the verdict needs to see how much windows vary.
     while len(pool) > 1 and rounds < MAX_ROUNDS and (rounds == 0 or not _told_apart(pool)):
         if rounds and not remeasured:

@@ -207,3 +207,17 @@ def test_lightning_binsearch_runs_the_real_finder_over_probes():
     assert outcome.status == "ok" and outcome.result.status == "ok"
     assert outcome.config.micro_batch < 8 and outcome.config.precision == "fp32"
     assert "oom" in [r.status for _, r in outcome.tried]
+
+
+def test_repeated_picks_agree_when_equal_or_found_tied_by_a_run_that_saw_both():
+    from benchmarks.agreement import agree
+
+    def run(pick, tied=(), within=()):
+        return {"pick": pick, "tied_with": list(tied), "within_noise": list(within)}
+
+    assert agree([run("a"), run("a"), run("a")])
+    assert agree([run("a"), run("b", tied=["a"]), run("a")])
+    assert agree([run("a", within=["b"]), run("b")])
+    assert not agree([run("a", within=["b"]), run("b"), run("a")])  # the third run told b from a
+    assert not agree([run("a"), run("b"), run("a")])
+    assert not agree([run("a", tied=["c"]), run("b", tied=["c"])])

@@ -12,6 +12,7 @@ from autotune.models import resolve_model
 from autotune.report import explain_winner
 from autotune.result import ProbeResult
 from autotune.search import SearchOptions, run_search
+from autotune.search.confirm import contenders_of, suspects_of
 from autotune.space import SearchSpace
 from autotune.store import open_store
 from autotune.timing import NOISE_FLOOR, noise, relative_spread
@@ -145,3 +146,25 @@ def test_windows_that_disagree_widen_the_noise_and_make_a_tie(hermetic_home):
         outcome = search(store, runner, "busy")
     c = outcome.study.confirmation
     assert not c["confirmed"] and c["tied"] and c["noise"] > 0.1
+
+
+def test_a_window_slowed_far_outside_the_band_is_measured_again_and_can_still_win(hermetic_home):
+    # mb4's first window runs 4x slow with steady steps (a neighbour took the cores): 750 tokens/s,
+    # slower than mb2 and mb1, far outside the contender band. A larger micro-batch slower than a
+    # smaller one that contends is a suspect: measured again at 3000 tokens/s, it contends and wins.
+    runner = NoisyRunner({1: 1000.0, 2: 2000.0, 4: 3000.0}, jitter=0.02, slow_first={4: 4.0})
+    with open_store() as store:
+        outcome = search(store, runner, "slowed")
+    assert sorted(cfg.micro_batch for cfg in runner.asked[:3]) == [1, 2, 4]
+    assert runner.asked[3].micro_batch == 4  # the suspect, before the contenders' round
+    c = outcome.study.confirmation
+    assert outcome.best.config.micro_batch == 4 and c["winner_label"].startswith("mb4x1")
+    assert c["probes"] == len(runner.asked) - 3
+
+
+def test_no_suspect_when_larger_micro_batches_are_faster(hermetic_home):
+    runner = NoisyRunner({1: 1000.0, 2: 2000.0, 4: 3000.0}, jitter=0.02)
+    with open_store() as store:
+        search(store, runner, "monotone")
+        rows = store.leaderboard("monotone")
+    assert suspects_of(rows, contenders_of(rows)) == []
