@@ -22,6 +22,10 @@ EXIT_INTERRUPTED = 130       # Ctrl-C (128 + SIGINT)
 EXIT_TERMINATED = 143        # SIGTERM (128 + SIGTERM)
 
 DEVICE_HELP = "auto (CUDA if present, else CPU), cpu, cuda or cuda:N."
+# (Written out rather than read from autotune.recipes: `--help` imports nothing heavy either way.)
+OPTIMIZER_HELP = ("adamw (fused AdamW), adafactor, sgd (momentum 0.9), adamw_8bit or paged_adamw_8bit (bitsandbytes): "
+                  "TrainingArguments' optim names.")
+WEIGHTS_HELP = "fp32 (master weights; mixed precision autocasts) or bf16 (pure bf16: weights, gradients, optimizer state)."
 DB_HELP = "SQLAlchemy URL of the results database [default: $AUTOTUNE_DB, else a SQLite file in the user data directory]."
 
 
@@ -73,6 +77,8 @@ def config_options(func):
         click.option("--precision", default=defaults.PRECISION, show_default=True, help="fp32, fp16 (with a gradient scaler) or bf16 (mixed precision)."),
         click.option("--checkpointing/--no-checkpointing", default=False, show_default=True, help="Gradient (activation) checkpointing."),
         click.option("--attention", default=defaults.ATTENTION, show_default=True, help="Attention implementation: sdpa, eager, flash_attention_2, ..."),
+        click.option("--optimizer", default=defaults.OPTIMIZER, show_default=True, help=OPTIMIZER_HELP),
+        click.option("--weights", default="fp32", show_default=True, help=WEIGHTS_HELP),
     ]
     for option in reversed(options):
         func = option(func)
@@ -89,6 +95,13 @@ def task_options(func):
                      help="seq2seq: target tokens per example, from your data [default: 128, as run_summarization.py]."),
         click.option("--num-labels", type=int, default=None,
                      help="classification: labels of the head [default: the config's id2label, or 2]."),
+        click.option("--peft", default=None, help="lora: LoRA adapters on a frozen base (needs peft); qlora: a 4-bit base "
+                                                  "too (CUDA and bitsandbytes) [default: full fine-tuning]."),
+        click.option("--lora-rank", type=int, default=None, help="LoRA rank r [default: 8]."),
+        click.option("--lora-alpha", type=int, default=None, help="LoRA alpha [default: 16]."),
+        click.option("--lora-dropout", type=float, default=None, help="LoRA dropout [default: 0.05]."),
+        click.option("--lora-targets", default=None,
+                     help="Modules that get adapters: all-linear, or names such as q_proj,v_proj [default: all-linear]."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -96,17 +109,24 @@ def task_options(func):
 
 
 def make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task, target_length,
-                num_labels):
+                num_labels, optimizer=defaults.OPTIMIZER, weights="fp32", peft=None):
     from autotune.config import ProbeConfig
     from autotune.models import resolve_model
     from autotune.space import single_config
 
     # The levers are checked before the model is looked for (a typo answers without a hub lookup).
-    ProbeConfig(model=model, micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum,
-                precision=precision.lower(), checkpointing=checkpointing, attention=attention.lower())
-    return single_config(resolve_model(model), micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum,
-                         precision=precision.lower(), checkpointing=checkpointing, attention=attention.lower(), task=task,
-                         target_length=target_length, num_labels=num_labels)
+    levers = dict(micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum, precision=precision.lower(),
+                  checkpointing=checkpointing, attention=attention.lower(), optimizer=optimizer.strip().lower(),
+                  weights=weights.strip().lower(), peft=peft)
+    ProbeConfig(model=model, **levers)
+    return single_config(resolve_model(model), task=task, target_length=target_length, num_labels=num_labels, **levers)
+
+
+def peft_flags(peft, lora_rank, lora_alpha, lora_dropout, lora_targets) -> str | None:
+    """The --peft flags as a config stores them (autotune.recipes.PeftSpec), checked."""
+    from autotune.recipes import peft_text
+
+    return peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets)
 
 
 def probe_settings_options(func):
@@ -143,7 +163,8 @@ def make_settings(device, safety_margin, warmup_steps, measure_steps, measure_se
 @click.option("--gpu-budget", required=True, help="Memory to fit in: 8GiB, 7.5GiB, 8192MiB, 8GB or bytes.")
 @probe_settings_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task, target_length, num_labels,
+def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, optimizer, weights, task,
+          target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets,
           gpu_budget, device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
           as_json):
     """Run one short, real training probe; exit status 0 if it fits, 1 if not."""
@@ -153,7 +174,8 @@ def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, 
 
     budget = parse_size(gpu_budget)
     config = make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task,
-                         target_length, num_labels)
+                         target_length, num_labels, optimizer, weights,
+                         peft_flags(peft, lora_rank, lora_alpha, lora_dropout, lora_targets))
     settings = make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code)
     result = run_probe(config, budget, settings=settings)
     if as_json:
@@ -236,6 +258,10 @@ def db_upgrade(db):
 @click.option("--checkpointing", "checkpointing_", default=",".join("on" if c else "off" for c in defaults.CHECKPOINTING),
               show_default=True, help="Gradient checkpointing: on, off or both.")
 @click.option("--attention", default=",".join(defaults.ATTENTIONS), show_default=True, help="Attention implementations to try.")
+@click.option("--optimizers", default=defaults.OPTIMIZER, show_default=True,
+              help="Optimizers the search may choose among (a recipe lever: list only those you accept): " + OPTIMIZER_HELP)
+@click.option("--weights", "weights_", default="fp32", show_default=True,
+              help="Weights dtypes the search may choose among (fp32, bf16: a recipe lever).")
 @click.option("--strategy", default=defaults.STRATEGY, show_default=True, help="frontier, tpe, grid (OOM-pruned) or grid-full.")
 @click.option("--max-trials", type=int, default=None, help="Stop after this many probes (reused and skipped ones are free).")
 @click.option("--timeout", default=None, help="Start no new probe after this long (e.g. 30m).")
@@ -260,13 +286,15 @@ def db_upgrade(db):
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object (progress goes to stderr).")
 @task_options
 def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, block_sizes, precisions, checkpointing_,
-           attention, task, target_length, num_labels, strategy, max_trials, timeout, patience, study, fresh, predict, confirm,
+           attention, optimizers, weights_, task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout,
+           lora_targets, strategy, max_trials, timeout, patience, study, fresh, predict, confirm,
            predict_margin, device, safety_margin, warmup_steps,
            measure_steps, measure_seconds, probe_timeout, trust_remote_code, workers, heartbeat, db, as_json):
     """Find the fastest configuration that fits the budget, by probing."""
     from autotune import report
-    from autotune.config import ATTENTIONS, PRECISIONS
+    from autotune.config import ATTENTIONS, OPTIMIZERS, PRECISIONS
     from autotune.live import LiveLine
+    from autotune.recipes import WEIGHTS
     from autotune.search import SearchOptions
     from autotune.search import search as run
     from autotune.units import parse_choice_list, parse_duration, parse_int_list, parse_size
@@ -281,6 +309,9 @@ def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, 
         attentions=parse_choice_list(attention, flag="--attention", allowed=ATTENTIONS),
         effective_batch=effective_batch, effective_tokens=effective_tokens,
         task=task, target_length=target_length, num_labels=num_labels,
+        optimizers=parse_choice_list(optimizers, flag="--optimizers", allowed=OPTIMIZERS),
+        weights=parse_choice_list(weights_, flag="--weights", allowed=WEIGHTS),
+        peft=peft_flags(peft, lora_rank, lora_alpha, lora_dropout, lora_targets),
     )
     for flag, value in (("--effective-batch", effective_batch), ("--effective-tokens", effective_tokens)):
         if value is not None and value < 1:
@@ -380,8 +411,8 @@ def best(study, fmt, db):
 @click.option("--no-cache", is_flag=True, help="Trace again even if this estimate is cached.")
 @click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as one JSON object.")
-def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task, target_length,
-             num_labels, gpu_budget,
+def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, optimizer, weights, task,
+             target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets, gpu_budget,
              safety_margin, device_type, timeout_text, no_cache, trust_remote_code, as_json):
     """Predict a configuration's training memory without a GPU; with --gpu-budget, exit 1 if it will not fit."""
     from autotune.estimate import estimate_memory
@@ -393,7 +424,8 @@ def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointin
     margin = margin_bytes(parse_margin(safety_margin), budget) if budget is not None else 0
     timeout = parse_duration(timeout_text, flag="--timeout")
     config = make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task,
-                         target_length, num_labels)
+                         target_length, num_labels, optimizer, weights,
+                         peft_flags(peft, lora_rank, lora_alpha, lora_dropout, lora_targets))
     result = estimate_memory(config, device_type=device_type.lower(), timeout=timeout, use_cache=not no_cache,
                              trust_remote_code=trust_remote_code)
     if as_json:
@@ -428,13 +460,15 @@ def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointin
 @click.option("--learning-rate", type=float, default=5e-5, show_default=True, help="Peak learning rate (linear decay).")
 @click.option("--save-steps", type=int, default=500, show_default=True, help="Save a checkpoint every N optimizer steps.")
 @click.option("--random-init", is_flag=True, help="Start from random weights even where the model has trained ones.")
+@click.option("--merge", is_flag=True,
+              help="LoRA: after training, also save the base with the adapters merged in, a whole model, in OUTPUT_DIR/merged.")
 @click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run.")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the run's summary as one JSON object (progress goes to stderr).")
 @task_options
 def train(study, model, gpu_budget, dataset, text_column, target_column, label_column, eval_split, output_dir, max_steps,
-          epochs, device, resume, tokenizer, learning_rate, save_steps, random_init, trust_remote_code, db, as_json, task,
-          target_length, num_labels):
+          epochs, device, resume, tokenizer, learning_rate, save_steps, random_init, merge, trust_remote_code, db, as_json,
+          task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets):
     """Train with a study's winning configuration under its budget; exit status 1 if it runs out of memory."""
     from autotune import report
     from autotune.train import TrainOptions
@@ -445,11 +479,11 @@ def train(study, model, gpu_budget, dataset, text_column, target_column, label_c
     options = TrainOptions(dataset=dataset, output_dir=output_dir, max_steps=max_steps, epochs=epochs, device=device,
                            text_column=text_column, target_column=target_column, label_column=label_column,
                            eval_split=eval_split, resume=resume, tokenizer=tokenizer,
-                           learning_rate=learning_rate, save_steps=save_steps, random_init=random_init,
+                           learning_rate=learning_rate, save_steps=save_steps, random_init=random_init, merge=merge,
                            trust_remote_code=trust_remote_code)
     out = sys.stderr if as_json else sys.stdout
     outcome = run(options, study=study, model=model, gpu_budget=budget, task=task, target_length=target_length,
-                  num_labels=num_labels, db=db,
+                  num_labels=num_labels, peft=peft_flags(peft, lora_rank, lora_alpha, lora_dropout, lora_targets), db=db,
                   echo=lambda line: click.echo(line, file=out),
                   on_search_start=lambda *a: click.echo(report.format_search_header(*a), file=out),
                   on_search_event=lambda e: click.echo(report.format_event(e), file=out))

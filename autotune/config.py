@@ -8,6 +8,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 
 from autotune import defaults
+from autotune import recipes
 from autotune.errors import BadInput
 from autotune.tasks import RECIPE_DEFAULTS, TASKS, Task
 from autotune.units import INT64_MAX
@@ -16,12 +17,14 @@ PRECISIONS = ("fp32", "fp16", "bf16")
 # Attention kernels by their transformers `attn_implementation` names. Others (flash_attention_2,
 # flex_attention, ...) are accepted when installed; the worker reports `skipped` where they are not.
 ATTENTIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
-OPTIMIZERS = ("adamw",)
+OPTIMIZERS = tuple(recipes.OPTIMIZERS)
 
 # Bump when the meaning of a field changes, so that stored keys of the old form are not reused.
 KEY_VERSION = "p1"
-# Fields added after KEY_VERSION p1 (the recipe fields) are left out of the key at the value that
-# means what a p1 config meant, so that the keys (and stored probes) of causal-LM configs stay valid.
+# Fields added after KEY_VERSION p1 (the recipe fields, the weights' dtype) are left out of the key
+# at the value that means what a p1 config meant, so that the keys (and stored probes) of causal-LM
+# configs stay valid.
+_LATER_FIELDS = {**RECIPE_DEFAULTS, "weights": recipes.DEFAULT_WEIGHTS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +51,8 @@ class ProbeConfig:
     task: str = Task.CAUSAL_LM.value
     target_length: int | None = None
     num_labels: int | None = None
+    weights: str = recipes.DEFAULT_WEIGHTS   # fp32 master weights, or pure bf16 (autotune.recipes)
+    peft: str | None = None                  # LoRA/QLoRA adapters on a frozen base: recipes.PeftSpec's text
 
     def __post_init__(self) -> None:
         problems = []
@@ -65,6 +70,15 @@ class ProbeConfig:
             problems.append(f"--attention {self.attention!r} is unknown; choose from {', '.join(ATTENTIONS)}")
         if self.optimizer not in OPTIMIZERS:
             problems.append(f"--optimizer {self.optimizer!r} is unknown; choose from {', '.join(OPTIMIZERS)}")
+        if self.weights not in recipes.WEIGHTS:
+            problems.append(f"--weights {self.weights!r} is unknown; choose from {', '.join(recipes.WEIGHTS)}")
+        elif self.weights == "bf16" and self.precision == "fp16":
+            problems.append("--weights bf16 trains in bf16: use --precision bf16 (or fp32: no autocast), not fp16")
+        if self.peft is not None:
+            try:
+                recipes.PeftSpec.from_text(self.peft)
+            except (ValueError, KeyError) as exc:
+                problems.append(f"--peft {self.peft!r} cannot be read ({exc})")
         problems += self._task_problems()
         if problems:
             raise BadInput("; ".join(problems) + ".")
@@ -103,7 +117,7 @@ class ProbeConfig:
     def key_fields(self) -> dict:
         """The fields that make the key: every field, less the later ones at their p1 meaning."""
         data = self.to_dict()
-        for name, default in RECIPE_DEFAULTS.items():
+        for name, default in _LATER_FIELDS.items():
             if data[name] == default:
                 del data[name]
         return data
@@ -122,7 +136,15 @@ class ProbeConfig:
         (seq2seq: source + target tokens). The task is the study's, so it is not repeated here."""
         ckpt = "ckpt" if self.checkpointing else "no-ckpt"
         block = f"{self.block_size}+{self.target_length}" if self.target_length is not None else str(self.block_size)
-        return f"mb{self.micro_batch}x{self.grad_accum} blk{block} {self.precision} {ckpt} {self.attention}"
+        label = f"mb{self.micro_batch}x{self.grad_accum} blk{block} {self.precision} {ckpt} {self.attention}"
+        # Recipe levers, when not the plain recipe's: 'mb4x2 blk512 bf16 ckpt sdpa adafactor w-bf16 lora-r8'.
+        if self.optimizer != recipes.DEFAULT_OPTIMIZER:
+            label += f" {self.optimizer}"
+        if self.weights != recipes.DEFAULT_WEIGHTS:
+            label += f" w-{self.weights}"
+        if self.peft is not None:
+            label += f" {recipes.PeftSpec.from_text(self.peft).label()}"
+        return label
 
 
 @functools.lru_cache(maxsize=4096)

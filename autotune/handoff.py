@@ -14,6 +14,7 @@ import shlex
 from dataclasses import dataclass
 
 from autotune.errors import StudyNotFound
+from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec
 from autotune.store import LeaderboardRow, open_store
 from autotune.tasks import AUTO_CLASSES, EXAMPLE_SCRIPTS, MLM_PROBABILITY, Task
 
@@ -34,7 +35,8 @@ class BestConfig:
         noise of it by measuring them again (False: a tie, or no confirmation round ran)."""
         c = self.confirmation or {}
         return {**self.row.to_dict(), "margin": c.get("margin"), "margin_noise": c.get("noise"),
-                "confirmed": bool(c.get("confirmed")) and c.get("winner") == self.row.config_key}
+                "confirmed": bool(c.get("confirmed")) and c.get("winner") == self.row.config_key,
+                **({"lora_config": self.lora_kwargs()} if self.config.peft is not None else {})}
 
     def trainer_kwargs(self) -> dict:
         """Keyword arguments for `transformers.TrainingArguments` (output_dir aside)."""
@@ -45,8 +47,10 @@ class BestConfig:
             "fp16": c.precision == "fp16",
             "bf16": c.precision == "bf16",
             "gradient_checkpointing": c.checkpointing,
-            "optim": "adamw_torch_fused",
+            "optim": OPTIMIZERS[c.optimizer].optim,
         }
+        if OPTIMIZERS[c.optimizer].optim_args:
+            kwargs["optim_args"] = OPTIMIZERS[c.optimizer].optim_args
         if c.checkpointing:
             kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
         if self.device_type == "cpu":
@@ -58,7 +62,26 @@ class BestConfig:
         kwargs: dict = {"attn_implementation": self.config.attention, "use_cache": False}
         if self.config.num_labels is not None:
             kwargs["num_labels"] = self.config.num_labels
+        if self.config.weights == "bf16":
+            kwargs["dtype"] = "bfloat16"  # pure bf16, as the probes loaded it (torch.bfloat16 in Python)
         return kwargs
+
+    def lora_kwargs(self) -> dict | None:
+        """`peft.LoraConfig`'s arguments for a LoRA/QLoRA winner (None for full fine-tuning)."""
+        if self.config.peft is None:
+            return None
+        spec = PeftSpec.from_text(self.config.peft)
+        return {"task_type": PEFT_TASK_TYPES.get(self.config.task), **spec.lora_kwargs()}
+
+    def lora_config(self):
+        """A ready `peft.LoraConfig` for a LoRA winner (None for full fine-tuning): pass it to
+        `peft.get_peft_model(model, ...)`."""
+        kwargs = self.lora_kwargs()
+        if kwargs is None:
+            return None
+        from peft import LoraConfig
+
+        return LoraConfig(**kwargs)
 
     def task_document(self) -> dict:
         """What is trained: the task, the Auto class that builds it, the example script it hands
@@ -93,8 +116,11 @@ class BestConfig:
         return TrainingArguments(output_dir=output_dir, **kwargs)
 
     def trainer_args_document(self) -> dict:
-        return {"training_arguments": self.trainer_kwargs(), "model_kwargs": self.model_kwargs(),
-                "block_size": self.config.block_size, **self.task_document()}
+        document = {"training_arguments": self.trainer_kwargs(), "model_kwargs": self.model_kwargs(),
+                    "block_size": self.config.block_size, **self.task_document()}
+        if self.config.peft is not None:
+            document["lora_config"] = self.lora_kwargs()
+        return document
 
     def cli_flags(self) -> str:
         """The matching flags of the task's Hugging Face example script (transformers/examples/pytorch):
@@ -113,7 +139,9 @@ class BestConfig:
             flags += ["--max_seq_length", str(c.block_size)]
         else:
             flags += ["--block_size", str(c.block_size)]
-        flags += ["--optim", "adamw_torch_fused"]
+        flags += ["--optim", OPTIMIZERS[c.optimizer].optim]
+        if OPTIMIZERS[c.optimizer].optim_args:
+            flags += ["--optim_args", str(OPTIMIZERS[c.optimizer].optim_args)]
         if c.precision in ("fp16", "bf16"):
             flags.append(f"--{c.precision}")
         if c.checkpointing:

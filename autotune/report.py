@@ -28,6 +28,8 @@ def format_probe_result(config: ProbeConfig, result: ProbeResult) -> str:
     """A short report of one probe for a terminal."""
     budget = result.budget_bytes or 0
     parameters = f", {result.parameters:,} parameters" if result.parameters is not None else ""
+    if result.trainable_parameters is not None and result.trainable_parameters != result.parameters:
+        parameters += f" ({result.trainable_parameters:,} trainable)"
     lines = [
         f"probe   {config.model}  {config.label()}",
         f"task    {describe_task(config)}{parameters}",
@@ -321,7 +323,10 @@ def render_run_summary(summary: RunSummary) -> str:
             evaluation = f", eval loss {s.eval_loss:.4f}" + (f" (perplexity {perplexity:,.1f})" if perplexity else "")
         lines.append(f"loss: {s.final_loss:.4f}{evaluation}")
     if s.finished:
-        lines.append(f"saved: {s.output_dir} (model, tokenizer, {SUMMARY_FILE})")
+        saved = "LoRA adapter" if s.config.peft is not None else "model"
+        lines.append(f"saved: {s.output_dir} ({saved}, tokenizer, {SUMMARY_FILE})")
+        if s.merged_dir is not None:
+            lines.append(f"merged: {s.merged_dir} (the base with the adapters merged in, whole)")
     lines.extend(f"warning: {warning}" for warning in s.warnings)
     return "\n".join(lines)
 

@@ -33,6 +33,7 @@ class ProbeResult:
     measured_seconds: float | None = None # the timed window
     wall_seconds: float | None = None     # the whole probe as the caller saw it, process start included
     parameters: int | None = None         # parameters of the model built (the task's whole class)
+    trainable_parameters: int | None = None  # of which train (fewer under LoRA: the adapters)
     step_times: list[float] | None = None # each timed step's seconds, in order (autotune.timing)
     error: str | None = None
 

@@ -4,9 +4,10 @@ candidate does the same work per optimizer step, so their throughputs compare fa
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
-from autotune import defaults
+from autotune import defaults, recipes
 from autotune.config import ATTENTIONS, PRECISIONS, ProbeConfig
 from autotune.errors import BadInput
 from autotune.models import ModelSpec
@@ -28,6 +29,10 @@ class SearchSpace:
     task: str = Task.CAUSAL_LM.value
     target_length: int | None = None                        # seq2seq target tokens
     num_labels: int | None = None                           # classification outputs
+    peft: str | None = None                                 # LoRA/QLoRA (recipes.PeftSpec's text)
+    # Recipe levers the user allows the search to choose among (autotune.recipes).
+    optimizers: tuple[str, ...] = (recipes.DEFAULT_OPTIMIZER,)
+    weights: tuple[str, ...] = (recipes.DEFAULT_WEIGHTS,)
 
     def __post_init__(self) -> None:
         problems = []
@@ -48,6 +53,16 @@ class SearchSpace:
         for value in self.attentions:
             if value not in ATTENTIONS:
                 problems.append(f"--attention: {value!r} is unknown; choose from {', '.join(ATTENTIONS)}")
+        for value in self.optimizers:
+            if value not in recipes.OPTIMIZERS:
+                problems.append(f"--optimizers: {value!r} is unknown; choose from {', '.join(recipes.OPTIMIZERS)}")
+        for value in self.weights:
+            if value not in recipes.WEIGHTS:
+                problems.append(f"--weights: {value!r} is unknown; choose from {', '.join(recipes.WEIGHTS)}")
+        if not self.optimizers or not self.weights:
+            problems.append("--optimizers and --weights need at least one value")
+        if "bf16" in self.weights and self.precisions and set(self.precisions) == {"fp16"}:
+            problems.append("--weights bf16 trains in bf16: add bf16 or fp32 to --precisions")
         if (self.effective_batch is None) == (self.effective_tokens is None):
             problems.append("give exactly one of --effective-batch and --effective-tokens")
         if len(self.block_sizes) > 1 and self.effective_tokens is None:
@@ -58,7 +73,7 @@ class SearchSpace:
     @classmethod
     def build(cls, spec: ModelSpec, *, micro_batches=None, block_sizes=None, precisions=None, checkpointing=None,
               attentions=None, effective_batch=None, effective_tokens=None, task=None, target_length=None,
-              num_labels=None) -> "SearchSpace":
+              num_labels=None, optimizers=None, weights=None, peft=None) -> "SearchSpace":
         """A space for `spec` with documented defaults for whatever is not given, checked against
         the model (block sizes within its maximum positions; the task from its architectures)."""
         max_positions = spec.max_positions
@@ -83,6 +98,9 @@ class SearchSpace:
             attentions=tuple(attentions or defaults.ATTENTIONS),
             effective_batch=effective_batch,
             effective_tokens=effective_tokens,
+            optimizers=tuple(dict.fromkeys(optimizers or (recipes.DEFAULT_OPTIMIZER,))),
+            weights=tuple(dict.fromkeys(weights or (recipes.DEFAULT_WEIGHTS,))),
+            peft=peft,
             **recipe,
         )
 
@@ -97,18 +115,19 @@ class SearchSpace:
     def candidates(self) -> list[ProbeConfig]:
         """Every configuration of the space that keeps the effective batch exact."""
         out = []
-        for precision in self.precisions:
-            for checkpointing in self.checkpointing:
-                for attention in self.attentions:
-                    for block in self.block_sizes:
-                        for micro in self.micro_batches:
-                            accum = self.grad_accum(micro, block)
-                            if accum is None:
-                                continue
-                            out.append(ProbeConfig(model=self.model, micro_batch=micro, block_size=block, grad_accum=accum,
-                                                   precision=precision, checkpointing=checkpointing, attention=attention,
-                                                   task=self.task, target_length=self.target_length,
-                                                   num_labels=self.num_labels))
+        for optimizer, weights in itertools.product(self.optimizers, self.weights):
+            for precision in self.precisions:
+                if weights == "bf16" and precision == "fp16":
+                    continue  # pure bf16 does not train in fp16
+                for checkpointing, attention, block, micro in itertools.product(
+                        self.checkpointing, self.attentions, self.block_sizes, self.micro_batches):
+                    accum = self.grad_accum(micro, block)
+                    if accum is None:
+                        continue
+                    out.append(ProbeConfig(model=self.model, micro_batch=micro, block_size=block, grad_accum=accum,
+                                           precision=precision, checkpointing=checkpointing, attention=attention,
+                                           optimizer=optimizer, weights=weights, task=self.task,
+                                           target_length=self.target_length, num_labels=self.num_labels, peft=self.peft))
         if not out:
             work = f"{self.effective_batch} sequences" if self.effective_batch else f"{self.effective_tokens} tokens"
             raise BadInput(f"no micro-batch in --micro-batches divides the effective batch ({work}) exactly; "
@@ -128,8 +147,12 @@ class SearchSpace:
             "attentions": list(self.attentions), "effective_batch": self.effective_batch,
             "effective_tokens": self.effective_tokens,
         }
-        if self.task != Task.CAUSAL_LM:
-            data.update(self.recipe)
+        if self.task != Task.CAUSAL_LM or self.peft is not None:
+            data.update({k: v for k, v in self.recipe.items() if k != "peft" or v is not None})
+        if self.optimizers != (recipes.DEFAULT_OPTIMIZER,):
+            data["optimizers"] = list(self.optimizers)
+        if self.weights != (recipes.DEFAULT_WEIGHTS,):
+            data["weights"] = list(self.weights)
         return data
 
     @property
@@ -152,27 +175,32 @@ def group_key(config: ProbeConfig) -> tuple:
     micro-step (gpt2: +475 MiB). The micro-batch that equals the effective batch (no accumulation)
     can therefore fit where a smaller, accumulating one does not: it gets a group of its own.
     """
-    return (config.precision, config.checkpointing, config.attention, config.block_size, config.grad_accum > 1)
+    return (config.precision, config.checkpointing, config.attention, config.block_size, config.grad_accum > 1,
+            config.optimizer, config.weights)
 
 
 def dominates_in_memory(small: ProbeConfig, large: ProbeConfig) -> bool:
-    """True when `large` needs at least the memory of `small`: same precision, checkpointing and
-    attention, a micro-batch and block size each at least as large, and not the one of the two
+    """True when `large` needs at least the memory of `small`: same precision, checkpointing,
+    attention, optimizer and weights, a micro-batch and block size each at least as large, and not the one of the two
     that escapes accumulation's extra set of gradients (see group_key)."""
     if small.grad_accum > 1 and large.grad_accum == 1:
         return False
-    return (small.precision, small.checkpointing, small.attention) == (large.precision, large.checkpointing, large.attention) \
+    same = ("precision", "checkpointing", "attention", "optimizer", "weights")
+    return all(getattr(small, name) == getattr(large, name) for name in same) \
         and large.micro_batch >= small.micro_batch and large.block_size >= small.block_size
 
 
 def single_config(spec: ModelSpec, *, micro_batch: int, block_size: int, grad_accum: int = 1,
                   precision: str = defaults.PRECISION, checkpointing: bool = False, attention: str = defaults.ATTENTION,
-                  task: str | None = None, target_length: int | None = None, num_labels: int | None = None) -> ProbeConfig:
+                  task: str | None = None, target_length: int | None = None, num_labels: int | None = None,
+                  optimizer: str = recipes.DEFAULT_OPTIMIZER, weights: str = recipes.DEFAULT_WEIGHTS,
+                  peft: str | None = None) -> ProbeConfig:
     """One configuration of `spec`, as `autotune probe` and `autotune estimate` are given it: the
     task told from the model's architectures when not given, with its defaults."""
     recipe = spec.task_fields(task=task, target_length=target_length, num_labels=num_labels)
     return ProbeConfig(model=spec.reference, micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum,
-                       precision=precision, checkpointing=checkpointing, attention=attention, **recipe)
+                       precision=precision, checkpointing=checkpointing, attention=attention, optimizer=optimizer,
+                       weights=weights, peft=peft, **recipe)
 
 
 def _precision_order(device_type: str) -> dict[str, int]:
@@ -186,4 +214,4 @@ def group_priority(config: ProbeConfig, device_type: str) -> tuple:
     checkpointing first (their results rule checkpointed configs out), likely-fast precisions and
     SDPA first, larger blocks first, the micro-batch that does not accumulate before those that do."""
     return (config.checkpointing, _precision_order(device_type).get(config.precision, 9),
-            config.attention != "sdpa", -config.block_size, config.grad_accum > 1)
+            config.attention != "sdpa", -config.block_size, config.grad_accum > 1, config.optimizer, config.weights)

@@ -44,7 +44,7 @@ EXAMPLE_SCRIPTS = {
 
 # The recipe fields of a ProbeConfig and of a study's space, at what a causal-LM config has: the
 # meaning of a config or a study stored before tasks existed, which has none of them.
-RECIPE_DEFAULTS = {"task": Task.CAUSAL_LM.value, "target_length": None, "num_labels": None}
+RECIPE_DEFAULTS = {"task": Task.CAUSAL_LM.value, "target_length": None, "num_labels": None, "peft": None}
 
 # run_summarization.py's default --max_target_length: the target length when the user fixes none.
 DEFAULT_TARGET_LENGTH = 128

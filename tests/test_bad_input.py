@@ -271,3 +271,32 @@ def test_train_refuses_an_output_dir_that_cannot_be_one_before_recording(work, h
                     "--output-dir", str(make(work))), needle)
     with open_store(hermetic_home / "autotune.db", read_only=True) as store:
         assert store.runs() == []
+
+
+# -- recipe levers (autotune.recipes) ---------------------------------------------------------------
+
+@pytest.mark.parametrize("args, needle", [
+    (["--optimizers", "adamw,adam"], "--optimizers: unknown value 'adam'"),
+    (["--weights", "fp8"], "--weights: unknown value 'fp8'"),
+    (["--lora-rank", "4"], "--lora-rank only apply with --peft"),
+    (["--peft", "ia3"], "--peft 'ia3' is unknown"),
+])
+def test_recipe_mistakes_are_refused_before_anything_starts(work, hermetic_home, tiny_model, args, needle):
+    with Unchanged(work, hermetic_home):
+        refused(run("search", "--model", tiny_model, "--gpu-budget", "1GiB", "--device", "cpu", *args), needle)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args, needle", [
+    (["--peft", "qlora"], "--peft qlora quantizes the base to 4 bits"),
+    (["--peft", "lora", "--lora-targets", "q_proj,v_proj"], "--lora-targets q_proj,v_proj: Target modules"),
+])
+def test_recipes_this_model_or_machine_cannot_train_are_one_line_and_write_nothing(work, hermetic_home, tiny_model,
+                                                                                   args, needle):
+    # Told by building the model (meta device) in the probe child, before the study is written.
+    with Unchanged(work, hermetic_home):
+        refused(run("search", "--model", tiny_model, "--gpu-budget", "1GiB", "--device", "cpu", "--micro-batches", "1",
+                    "--effective-batch", "1", *args), needle)
+    with Unchanged(work, hermetic_home):
+        refused(run("estimate", "--model", tiny_model, "--micro-batch", "1", "--block-size", "32", *args),
+                needle.split(":")[0] if "targets" in needle else "--peft qlora")

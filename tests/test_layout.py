@@ -30,12 +30,12 @@ LAYERS: list[set[str]] = [
     {"probe", "estimate", "store", "data"},      # measuring, predicting, keeping
     {"space"},
     {"models", "environment", "margin"},
-    {"config", "result", "units", "paths", "tasks", "timing"},
+    {"config", "result", "units", "paths", "tasks", "timing", "recipes"},
     {"errors", "defaults", "status", "version", "processes"},  # vocabulary everyone shares; process lifelines
 ]
 # (importer unit, imported unit) pairs allowed within one layer: the estimator traces the probe's
 # own training step.
-SIDEWAYS = {("estimate", "probe"), ("config", "units"), ("config", "tasks")}
+SIDEWAYS = {("estimate", "probe"), ("config", "units"), ("config", "tasks"), ("config", "recipes")}
 
 
 def module_name(path: Path) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 from pathlib import Path
 
 from autotune.config import ProbeConfig
-from autotune.errors import AutotuneError
+from autotune.errors import AutotuneError, BadInput
 from autotune.processes import kill_me_with_parent
 from autotune.estimate.protocol import TraceFailure, TraceRequest, TraceResult, read_answer
 
@@ -109,6 +109,10 @@ class TraceChild:
             process.stdout.close()
             stderr = self._read_stderr()
             self._process, self._answering = None, False  # spent: one request per process
+        if failure is not None and failure.error_type == "BadInput":
+            # Something the user must change that only the model's build could tell (LoRA targets
+            # that match no module): one line, as a flag's mistake.
+            raise BadInput(failure.message.removeprefix("BadInput: "))
         if failure is not None:
             raise EstimateError(f"could not trace {_describe(request.items[failure.index].config)}: {failure.message}; "
                                 f"probe the configuration instead.")

@@ -15,6 +15,7 @@ from autotune.estimate.launch import TraceChildren
 from autotune.estimate.protocol import TraceItem, TraceRequest, TraceResult
 from autotune.estimate.result import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, DEVICE_TYPES, MemoryEstimate
 from autotune.models import ModelSpec, resolve_model
+from autotune.recipes import PeftSpec
 from autotune.units import format_size
 
 _FLASH_FAMILY = ("flash_attention_2", "flash_attention_3")
@@ -33,6 +34,9 @@ def check_config(config: ProbeConfig, device_type: str, spec: ModelSpec, trust_r
     if "vocab_size" not in spec.config:
         raise BadInput(f"--model {spec.reference}: its config has no vocab_size; the estimator handles causal language models.")
     spec.check_block_sizes(config.block_size, flag="--block-size")
+    if config.peft is not None and PeftSpec.from_text(config.peft).kind == "qlora":
+        raise BadInput("--peft qlora: the estimator does not model bitsandbytes' 4-bit weights yet; estimate --peft lora "
+                       "--weights bf16 for an upper bound, or probe --peft qlora on a GPU.")
     notes = []
     if config.attention in _TRACED_AS_SDPA:
         if device_type == "cpu":

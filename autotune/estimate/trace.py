@@ -58,12 +58,18 @@ class _Storage:
     corrected: bool = False  # its size is the real kernel's, not the fake storage's (see Ledger)
 
 
+def _fp32_weight(args: tuple) -> bool:
+    weight = args[2] if len(args) > 2 else None
+    return isinstance(weight, torch.Tensor) and weight.dtype == torch.float32
+
+
 class Ledger(TorchDispatchMode):
     """Records, in order, every storage an op creates and the moment it is freed, with the phase
     of the step it happened in: build, forward, backward, recompute (checkpointing) or optimizer."""
 
-    def __init__(self) -> None:
+    def __init__(self, cuda: bool = False) -> None:
         super().__init__()
+        self.cuda = cuda             # predicting CUDA kernels (else CPU ones)
         self.started = False         # False while the model is being built
         self.in_optimizer = False
         self.optimizer_steps = 0
@@ -106,10 +112,11 @@ class Ledger(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func is _LAYER_NORM and out[1].dtype in _REDUCED:
-            # The real CPU and CUDA kernels keep a bf16/fp16 input's mean and rstd in fp32 (the
-            # accumulation type, with fp32 weights); the fake kernel makes them in the input's
-            # dtype. Seen in a masked-LM head, whose LayerNorm gets autocast's bf16 output.
+        if func is _LAYER_NORM and out[1].dtype in _REDUCED and (self.cuda or _fp32_weight(args)):
+            # The real kernels keep a bf16/fp16 input's mean and rstd in fp32, the accumulation
+            # type (CUDA always; CPU with fp32 weights, not with bf16 ones: pure bf16); the fake
+            # kernel makes them in the input's dtype. Seen in a masked-LM head, whose LayerNorm
+            # gets autocast's bf16 output.
             self._track(out[0])
             for stat in out[1:]:
                 self._track(stat, stat.numel() * 4)
@@ -224,6 +231,34 @@ def _real_run_mask_rules() -> None:
         setattr(masking, name, unpadded)
 
 
+@contextlib.contextmanager
+def _adapters_left_in_place():
+    """peft moves each new adapter to its base layer's device and dtype with `Module.to`. On fake
+    tensors (a tensor subclass) `Module._apply` always swaps the parameters, and cannot: fake
+    tensors carry weak references. Where the trace runs the adapters are created on that device
+    already, so `.to(device)` converts nothing (a fake alias of the same storage), and keeping the
+    parameter is what the real run does. They are also created in fp32, where they end on the real run too (a bf16
+    base's adapters are cast to bf16 and back, `autocast_adapter_dtype`, the copies gone before
+    the first step), so peft's dtype move is skipped."""
+    try:
+        from peft.tuners.tuners_utils import BaseTunerLayer
+    except ImportError:  # no peft: no adapters
+        yield
+        return
+    swap, move = torch.utils.swap_tensors, BaseTunerLayer._move_adapter_to_device_of_base_layer
+
+    def swap_unless_same(t1, t2):
+        if (t1.device, t1.dtype, t1.shape) != (t2.device, t2.dtype, t2.shape):
+            swap(t1, t2)
+
+    torch.utils.swap_tensors = swap_unless_same
+    BaseTunerLayer._move_adapter_to_device_of_base_layer = lambda self, adapter_name, device=None: None
+    try:
+        yield
+    finally:
+        torch.utils.swap_tensors, BaseTunerLayer._move_adapter_to_device_of_base_layer = swap, move
+
+
 def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
     """Trace the probe's build and warm-up steps for `item.config` on fake tensors, predicting
     `device_type` (cuda or cpu); the result is numbered `index`."""
@@ -245,18 +280,20 @@ def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
     # Micro-steps after the second repeat the second one's allocations exactly.
     traced = dataclasses.replace(config, grad_accum=min(config.grad_accum, 2), attention=item.attention)
     device = torch.device("cpu")
-    ledger = Ledger()
+    ledger = Ledger(cuda=cuda)
     gc.collect()
     gc.disable()  # storages die when their last reference goes, as in the real step; no stray collections
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True), ledger, ledger.watching_optimizer(), emulation:
+        # (peft is imported outside the ledger: importing it makes tensors that live on.)
+        with _adapters_left_in_place(), FakeTensorMode(allow_non_fake_inputs=True), ledger, \
+                ledger.watching_optimizer(), emulation:
             model, hf_config = build_model(item.model_config, item.model_path, traced, device, item.trust_remote_code)
             for tensor in (*model.parameters(), *model.buffers()):
                 ledger.set_role(tensor, "params")
             for param in model.parameters():
                 if param.requires_grad:
                     param.register_post_accumulate_grad_hook(lambda p: ledger.set_role(p.grad, "grads"))
-            optimizer = make_optimizer(model, device)
+            optimizer = make_optimizer(model, device, traced.optimizer)
             step = ProbeStep(model, optimizer, traced, device, hf_config.vocab_size)
             built = time.perf_counter()
             ledger.started = True

@@ -42,12 +42,15 @@ from autotune.probe.protocol import (  # noqa: E402
 )
 from autotune.models import ModelSpec  # noqa: E402
 from autotune.probe.step import (  # noqa: E402
+    OptimizerUnavailable,
     ProbeStep,
+    check_recipe,
     build_model,
     flops_per_token,
     from_config,
     make_optimizer,
     task_config,
+    with_adapters,
 )
 from autotune.result import ProbeResult  # noqa: E402
 from autotune.status import CLEAN, ProbeStatus  # noqa: E402
@@ -70,6 +73,7 @@ def run_probe_in_process(request: ProbeRequest, report: Callable[[str], None] = 
         budget_bytes=budget_bytes, margin_bytes=margin_bytes, warmup_steps=request.warmup_steps,
         measured_steps=request.measure_steps,
     )
+    check_recipe(config, device)
     unsupported = supports_precision(device, config.precision)
     if unsupported:
         result.status, result.error = ProbeStatus.SKIPPED, unsupported
@@ -102,7 +106,12 @@ def run_probe_in_process(request: ProbeRequest, report: Callable[[str], None] = 
                 result.error = f"block size {config.block_size} exceeds the model's maximum positions"
                 return result
             result.parameters = sum(p.numel() for p in model.parameters())
-            optimizer = make_optimizer(model, device)
+            result.trainable_parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            try:
+                optimizer = make_optimizer(model, device, config.optimizer)
+            except OptimizerUnavailable as exc:
+                result.status, result.error = ProbeStatus.SKIPPED, f"optimizer {config.optimizer}: {exc}"
+                return result
             step = ProbeStep(model, optimizer, config, device, hf_config.vocab_size)
             result.build_seconds = time.perf_counter() - started
             report("warm-up")
@@ -161,7 +170,7 @@ def check_model(request: ModelCheckRequest) -> ModelCheckReply:
     """Build the model on the meta device with each attention kernel: raises a user error for a
     config transformers cannot read, a model with no class for the task, a model the probe cannot
     build, or a kernel missing here."""
-    resolve_device(request.device)
+    check_recipe(request.config, resolve_device(request.device))
     spec = ModelSpec("--model", request.model_config, "probe", request.model_path)
     what = f"the model ({spec.model_type})"
     try:
@@ -189,6 +198,9 @@ def check_model(request: ModelCheckRequest) -> ModelCheckReply:
             raise errors.ModelNotFound(f"{what} cannot be built for {request.config.task} ({text[:300]}); "
                                        f"pass another --model or --task.") from None
         parameters = sum(p.numel() for p in model.parameters())
+        if request.config.peft is not None:
+            with torch.device("meta"):
+                with_adapters(model, request.config)  # LoRA targets that match nothing: a user error
         del model
     if len(unsupported) == len(request.attentions):
         kernels = "; ".join(f"{attention}: {why}" for attention, why in unsupported)

@@ -7,10 +7,14 @@ from __future__ import annotations
 import contextlib
 
 import torch
+# Imported with the module, not when the optimizer is made: importing it makes a tensor that lives
+# on, which a probe's accountant (or the estimator's ledger) would count as the probe's.
+from transformers.optimization import Adafactor
 
 from autotune.config import ProbeConfig
 from autotune.errors import BadInput
 from autotune.models import ModelSpec
+from autotune.recipes import PEFT_TASK_TYPES, PeftSpec
 from autotune.tasks import AUTO_CLASSES, MLM_PROBABILITY, Task
 
 
@@ -57,8 +61,9 @@ def build_model(model_config: dict, model_path: str | None, config: ProbeConfig,
     hf_config = task_config(spec.hf_config(trust_remote_code), config)
     with torch.device(device):
         # fp32 master weights whatever dtype the checkpoint was saved in: mixed precision is
-        # autocast over fp32 weights, as Trainer does with fp16=True/bf16=True.
-        model = from_config(hf_config, config, trust_remote_code, dtype=torch.float32)
+        # autocast over fp32 weights, as Trainer does with fp16=True/bf16=True. Pure bf16
+        # (--weights bf16) is the model loaded with dtype=torch.bfloat16.
+        model = from_config(hf_config, config, trust_remote_code, dtype=weights_dtype(config))
     model.train()
     if config.checkpointing:
         # Non-reentrant checkpointing is what PyTorch recommends and what Trainer uses by default.
@@ -67,12 +72,81 @@ def build_model(model_config: dict, model_path: str | None, config: ProbeConfig,
             model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    if config.peft is not None:
+        model = with_adapters(model, config)
     return model, hf_config
 
 
-def make_optimizer(model, device: torch.device) -> torch.optim.Optimizer:
-    """AdamW as Trainer uses it (`adamw_torch_fused` where the device has the fused kernel)."""
+def weights_dtype(config: ProbeConfig) -> torch.dtype:
+    return torch.bfloat16 if config.weights == "bf16" else torch.float32
+
+
+def lora_config(config: ProbeConfig):
+    """The `peft.LoraConfig` of `config.peft` (BadInput when peft is not installed)."""
+    try:
+        from peft import LoraConfig
+    except ImportError:
+        raise BadInput("--peft needs the peft package: pip install 'autotune[peft]' (or pip install peft).") from None
+    assert config.peft is not None
+    spec = PeftSpec.from_text(config.peft)
+    return LoraConfig(task_type=PEFT_TASK_TYPES.get(config.task), **spec.lora_kwargs())
+
+
+def with_adapters(model, config: ProbeConfig):
+    """`model` with LoRA adapters on its frozen base (peft): only the adapters (and a classifier's
+    head) train, so the base has no gradients and no optimizer state."""
+    from peft import get_peft_model
+
+    lora = lora_config(config)
+    try:
+        return get_peft_model(model, lora)
+    except ValueError as exc:
+        text = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        if "target" in text.lower() or "not found" in text.lower():
+            raise BadInput(f"--lora-targets {PeftSpec.from_text(config.peft or '').targets}: {text[:300]}; name modules "
+                           f"of this model (e.g. q_proj,v_proj or c_attn) or use all-linear.") from None
+        raise
+
+
+def check_recipe(config: ProbeConfig, device: torch.device) -> None:
+    """BadInput for a recipe this machine cannot train at all: PEFT without peft installed, QLoRA
+    (a 4-bit base through bitsandbytes) without CUDA or bitsandbytes."""
+    if config.peft is None:
+        return
+    lora_config(config)  # (peft installed)
+    if PeftSpec.from_text(config.peft).kind == "qlora":
+        if device.type != "cuda":
+            raise BadInput("--peft qlora quantizes the base to 4 bits with bitsandbytes' CUDA kernels: it needs a "
+                           "CUDA device; use --peft lora (with --weights bf16 for a lean base) here.")
+        try:
+            import bitsandbytes  # noqa: F401
+        except ImportError:
+            raise BadInput("--peft qlora needs bitsandbytes: pip install bitsandbytes, or use --peft lora.") from None
+        raise BadInput("--peft qlora: building a 4-bit base for a probe is not implemented yet; use --peft lora with "
+                       "--weights bf16.")
+
+
+class OptimizerUnavailable(Exception):
+    """The optimizer cannot run here (a package or a device kernel is missing): its probe is skipped."""
+
+
+def make_optimizer(model, device: torch.device, name: str = "adamw") -> torch.optim.Optimizer:
+    """The optimizer `name` (autotune.recipes.OPTIMIZERS) over the trainable parameters, as Trainer
+    makes it for the matching `optim`: AdamW fused where the device has the kernel, Adafactor
+    with scale_parameter and relative_step off, SGD with momentum 0.9, bitsandbytes' 8-bit AdamW."""
     params = [p for p in model.parameters() if p.requires_grad]
+    if name == "adafactor":
+        return Adafactor(params, lr=5e-5, scale_parameter=False, relative_step=False, warmup_init=False)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=5e-5, momentum=0.9)
+    if name in ("adamw_8bit", "paged_adamw_8bit"):
+        if name.startswith("paged") and device.type != "cuda":
+            raise OptimizerUnavailable(f"{name} pages its state through CUDA unified memory: CUDA only")
+        try:
+            import bitsandbytes as bnb
+        except ImportError:
+            raise OptimizerUnavailable(f"{name} needs bitsandbytes (pip install bitsandbytes)") from None
+        return (bnb.optim.PagedAdamW8bit if name.startswith("paged") else bnb.optim.AdamW8bit)(params, lr=5e-5)
     try:
         return torch.optim.AdamW(params, lr=5e-5, fused=True)
     except (RuntimeError, TypeError, ValueError):

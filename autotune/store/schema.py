@@ -36,7 +36,7 @@ TABLE_PREFIX = "autotune_"
 VERSION_TABLE = "autotune_alembic_version"
 # The revision this code writes and reads. A test checks it is Alembic's head, so reading a
 # database already at this revision needs no Alembic import (start-up time of read commands).
-SCHEMA_REVISION = "0004_timing"
+SCHEMA_REVISION = "0005_recipes"
 
 # Deterministic constraint names: batch migrations on SQLite (which rebuild tables) and drops on
 # PostgreSQL need to name constraints, and unnamed ones get backend-chosen names.
@@ -151,6 +151,8 @@ class Probe(Base):
     task: Mapped[str] = mapped_column(String(32), server_default="causal-lm")
     target_length: Mapped[int | None]
     num_labels: Mapped[int | None]
+    weights: Mapped[str] = mapped_column(String(16), server_default="fp32")
+    peft: Mapped[str | None] = mapped_column(String(255))
     # ProbeResult, one column per field.
     status: Mapped[str] = mapped_column(String(16))
     device: Mapped[str] = mapped_column(String(255))
@@ -179,6 +181,7 @@ class Probe(Base):
     wall_seconds: Mapped[float | None]
     error: Mapped[str | None] = mapped_column(Text)
     parameters: Mapped[int | None] = mapped_column(BigInteger)
+    trainable_parameters: Mapped[int | None] = mapped_column(BigInteger)
     # Whether another search may reuse this outcome instead of probing again (see Store.find_cached).
     cacheable: Mapped[bool]
     predicted_peak_bytes: Mapped[int | None] = mapped_column(Bytes)

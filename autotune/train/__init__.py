@@ -6,7 +6,9 @@ memory budget as the probes that chose it, so that finishing is the proof that i
     outcome.status, outcome.summary.peak_reserved_bytes, outcome.summary.tokens_per_s
 
 The winner's levers go to `transformers.Trainer` (micro-batch, accumulation, fp16/bf16, gradient
-checkpointing) and to the model (the task's class, attention implementation, `use_cache=False`); the
+checkpointing, the optimizer) and to the model (the task's class, attention implementation,
+`use_cache=False`, pure bf16 weights, LoRA adapters: the adapter is saved, `--merge` also saves the
+merged model); the
 data becomes examples of the probe's shapes: blocks of the winner's block size for the language
 models (`autotune.data`), padded sources and targets for seq2seq, padded texts and label ids for
 classification (`autotune.train.task_data`). The budget holds as it does for a probe

@@ -28,6 +28,7 @@ def train(
     task: str | None = None,
     target_length: int | None = None,
     num_labels: int | None = None,
+    peft: str | None = None,
     db: str | None = None,
     echo: Callable[[str], None] = print,
     on_search_start: Callable | None = None,
@@ -37,9 +38,10 @@ def train(
     study for them, search first) and record the run beside the probe that chose it.
 
     `gpu_budget` with a study overrides its budget for the proof. `task`, `target_length` and
-    `num_labels` are the search's task fields (autotune.tasks); with a study, they may only repeat
-    what it measured. Raises AutotuneError for anything the user must fix, before the run is
-    recorded; an OOM during the run is `status='oom'`.
+    `num_labels` are the search's task fields (autotune.tasks), `peft` its LoRA adapters (the
+    --peft flags' text, autotune.recipes.peft_text); with a study, they may only repeat what it
+    measured. Raises AutotuneError for anything the user must fix, before the run is recorded; an
+    OOM during the run is `status='oom'`.
     """
     from autotune.models import resolve_model
     from autotune.search import default_study_name
@@ -59,7 +61,7 @@ def train(
     spec = resolve_model(model) if model is not None else None
     search_for: str | None = None
     winner: Winner | None = None
-    flags: dict[str, Any] = {"task": task, "target_length": target_length, "num_labels": num_labels}
+    flags: dict[str, Any] = {"task": task, "target_length": target_length, "num_labels": num_labels, "peft": peft}
     if spec is not None and gpu_budget is not None:
         # The study may be created by the search below: its name is checked before anything runs.
         name = check_study_name(study) if study is not None else default_study_name(spec, gpu_budget)
@@ -81,6 +83,9 @@ def train(
         recipe.check(name, **flags)
     assert spec is not None
     trains = Task(recipe.task)
+    if options.merge and recipe.peft is None:
+        raise BadInput(f"--merge merges LoRA adapters into the base, but study {name!r} fine-tunes the whole model "
+                       f"(no --peft): leave --merge out, or train adapters with --peft lora (a study of their own).")
 
     output_dir = Path(options.output_dir).expanduser() if options.output_dir else default_output_dir(name)
     check_output_dir(output_dir)
@@ -94,6 +99,7 @@ def train(
     from autotune.margin import checked_margin_bytes
     from autotune.probe.budget import enforce_budget
     from autotune.probe.devices import resolve_training_device
+    from autotune.probe.step import check_recipe
     from autotune.train.task_data import Examples, check_tokenizer, load_task_data, prepare_examples
 
     data = load_task_data(trains, options)
@@ -135,6 +141,7 @@ def train(
     if device.type != study_device_type:
         warnings.append(f"study {record.name} measured on {record.device_name}, this run trains on {device.type}: "
                         f"the probe's peak and speed do not compare")
+    check_recipe(config, device)  # peft installed; no QLoRA off CUDA
     args = training_arguments(winner, options, output_dir, device, blocks.eval is not None)
     weights = weights_location(spec, options.random_init)
     checked_margin_bytes(margin, budget)

@@ -88,14 +88,16 @@ def check_vocabulary(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase) -> Non
 def build_model(spec: ModelSpec, config: ProbeConfig, device: torch.device, weights: str | None,
                 trust_remote_code: bool = False, labels: Labels | None = None,
                 pad_token_id: int | None = None) -> PreTrainedModel:
-    """The model of `config.task` (the class the probe built) to train, in fp32 (mixed precision
-    keeps fp32 master weights, as the probes do). A classifier gets the data's `labels` and, where
-    its config has none, the tokenizer's `pad_token_id` (decoder classifiers find each sequence's
-    last token by it)."""
+    """The model of `config.task` (the class the probe built) to train, as the probe built it: in
+    fp32 (mixed precision keeps fp32 master weights), or in bf16 for pure bf16 (`weights` bf16);
+    with LoRA adapters on its frozen base when `config.peft` (a peft.PeftModel, which answers as
+    the model it wraps). A classifier gets the data's `labels`
+    and, where its config has none, the tokenizer's `pad_token_id` (decoder classifiers find each
+    sequence's last token by it)."""
     import torch
     from transformers import AutoConfig
 
-    from autotune.probe.step import auto_class, from_config, task_config
+    from autotune.probe.step import auto_class, from_config, task_config, weights_dtype, with_adapters
     from autotune.tasks import Task
 
     if weights is not None:
@@ -112,11 +114,31 @@ def build_model(spec: ModelSpec, config: ProbeConfig, device: torch.device, weig
             hf_config.id2label, hf_config.label2id = id2label, {name: i for i, name in id2label.items()}
         if labels.regression:
             hf_config.problem_type = "regression"
+    dtype = weights_dtype(config)
     if weights is not None:
         # A checkpoint's classifier of another size is replaced by a new one (run_classification.py's
         # --ignore_mismatched_sizes); the body's weights load.
         extra: dict[str, Any] = {"ignore_mismatched_sizes": True} if config.task == Task.CLASSIFICATION else {}
-        return auto_class(config.task).from_pretrained(weights, config=hf_config, attn_implementation=config.attention,
-                                                       dtype=torch.float32, trust_remote_code=trust_remote_code, **extra)
-    with torch.device(device):  # built where it trains: no host copy of a large model
-        return from_config(hf_config, config, trust_remote_code, dtype=torch.float32)
+        model = auto_class(config.task).from_pretrained(weights, config=hf_config, attn_implementation=config.attention,
+                                                        dtype=dtype, trust_remote_code=trust_remote_code, **extra)
+    else:
+        with torch.device(device):  # built where it trains: no host copy of a large model
+            model = from_config(hf_config, config, trust_remote_code, dtype=dtype)
+    if config.peft is None:
+        return model  # Trainer turns checkpointing on from its arguments
+    if config.checkpointing:
+        # The probe's order: checkpointing on the base, then the adapters (peft, seeing it, makes the
+        # embeddings' output require grad, which a frozen base needs under reentrant checkpointing).
+        # Trainer turning it on again from its arguments changes nothing.
+        enable_checkpointing(model)
+    return with_adapters(model, config)
+
+
+def enable_checkpointing(model: PreTrainedModel) -> None:
+    """Non-reentrant activation checkpointing, as the probe and Trainer's arguments have it."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+

@@ -32,6 +32,7 @@ class TrainOptions:
     random_init: bool = False              # ignore weights the model reference has
     trust_remote_code: bool = False
     seed: int = 42
+    merge: bool = False                    # LoRA: also save the base with the adapters merged, in <output_dir>/merged
 
     def __post_init__(self) -> None:
         problems = []

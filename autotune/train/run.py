@@ -5,6 +5,7 @@ written whether the run finished or not. transformers is imported once a run sta
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import math
 import os
 import re
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.defaults import ERROR_TAIL_CHARS
 from autotune.errors import BadInput
+from autotune.recipes import OPTIMIZERS
 from autotune.status import ProbeStatus, RunEnd
 from autotune.train.options import TrainOptions, TrainOutcome
 from autotune.train.summary import ProbeMeasurement, RunSummary
@@ -28,6 +30,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainingArguments
 
+    from autotune.config import ProbeConfig
     from autotune.data import Blocks
     from autotune.models import ModelSpec
     from autotune.probe.budget import EnforcedBudget
@@ -36,6 +39,7 @@ if TYPE_CHECKING:
     from autotune.train.task_data import Examples, Labels
 
 DEFAULT_OUTPUT_ROOT = "autotune-runs"
+MERGED_DIR = "merged"  # --merge: <output_dir>/merged holds the base with the LoRA adapters merged in
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -58,12 +62,28 @@ def checkpoints(output_dir: str | os.PathLike[str]) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 
+def check_optimizer_available(config: ProbeConfig, device: torch.device) -> None:
+    """BadInput, before the run is recorded, for a winner's optimizer that cannot run here (Trainer
+    would fail only once the run started)."""
+    optimizer = OPTIMIZERS[config.optimizer]
+    if optimizer.needs is not None and importlib.util.find_spec(optimizer.needs) is None:
+        raise BadInput(f"the winner's optimizer {config.optimizer} needs {optimizer.needs}: pip install {optimizer.needs}, "
+                       f"or search again without it in --optimizers under a new --study name.")
+    if optimizer.optim.startswith("paged") and device.type != "cuda":
+        raise BadInput(f"the winner's optimizer {config.optimizer} pages its state through CUDA memory: train on a CUDA "
+                       f"device, or search again without it in --optimizers under a new --study name.")
+
+
 def training_arguments(winner: Winner, options: TrainOptions, output_dir: Path, device: torch.device,
                        has_eval: bool) -> TrainingArguments:
-    """The hand-off's TrainingArguments for the winner, with this run's length, saving and logging."""
+    """The hand-off's TrainingArguments for the winner, with this run's length, saving and logging. The
+    hand-off carries the recipe the probe measured: the optimizer as Trainer's `optim` (and
+    `optim_args`), and bf16=True only for --precision bf16 (pure bf16 weights with fp32 precision
+    train without an autocast flag; the weights' dtype is the model's, autotune.train.loading)."""
     from autotune.handoff import BestConfig
 
     config = winner.row.config
+    check_optimizer_available(config, device)
     logging_steps = options.logging_steps or (max(1, min(50, options.max_steps // 10)) if options.max_steps else 50)
     overrides: dict[str, Any] = {
         "max_steps": options.max_steps or -1,
@@ -151,6 +171,8 @@ def run_training(ctx: RunContext, run_id: int, store: Store, args: TrainingArgum
                 limits.accountant.adopt(model)
             how = f"weights from {ctx.weights}" if ctx.weights else "random initialisation from its config (no weights found)"
             echo(f"model: {ctx.spec.reference} ({type(model).__name__}): {how}")
+            if config.peft is not None:
+                echo(f"adapters: {config.peft}; {describe_trainable(model)}")
             trainer = Trainer(model=model, args=args, train_dataset=ctx.blocks.train, eval_dataset=ctx.blocks.eval,
                               processing_class=tokenizer, data_collator=task_collator(config.task, tokenizer),
                               callbacks=[meter])
@@ -187,11 +209,21 @@ def run_training(ctx: RunContext, run_id: int, store: Store, args: TrainingArgum
         return TrainOutcome(RunEnd.OOM, run_id, ctx.winner.study.name, str(ctx.output_dir), summary, message,
                             list(ctx.warnings), ctx.searched)
 
-    assert trainer is not None  # set before training, and training did not fail
+    assert trainer is not None and model is not None  # set before training, and training did not fail
+    merged_dir: Path | None = None
     with _quiet_bars(quiet):
+        # A PeftModel saves its adapters alone (adapter_config.json, adapter_model.safetensors).
         trainer.save_model(str(ctx.output_dir))
         tokenizer.save_pretrained(str(ctx.output_dir))
+        if config.peft is not None:
+            echo(f"saved: LoRA adapters in {ctx.output_dir} (load them with peft.PeftModel.from_pretrained(base model, "
+                 f"that directory))")
+            if ctx.options.merge:
+                merged_dir = save_merged(model, tokenizer, ctx.output_dir / MERGED_DIR)
+                echo(f"merged: the base with the adapters merged in, a whole model, saved in {merged_dir}")
     summary = summarize(RunEnd.FINISHED, None)
+    if merged_dir is not None:
+        summary = replace(summary, merged_dir=str(merged_dir.resolve()))
     store.finish_run(run_id, steps=summary.steps, tokens_per_s=summary.tokens_per_s,
                      peak_allocated_bytes=summary.peak_allocated_bytes, peak_reserved_bytes=summary.peak_reserved_bytes,
                      final_loss=summary.final_loss, summary=summary.to_dict())
@@ -200,6 +232,26 @@ def run_training(ctx: RunContext, run_id: int, store: Store, args: TrainingArgum
     limits.release()
     return TrainOutcome(RunEnd.FINISHED, run_id, ctx.winner.study.name, str(ctx.output_dir), summary, None,
                         list(summary.warnings), ctx.searched)
+
+
+def describe_trainable(model: PreTrainedModel) -> str:
+    """'N of M parameters train (P%)': a LoRA run's adapters (and a classifier's head) against all."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return f"{trainable:,} of {total:,} parameters train ({100 * trainable / max(total, 1):.2g}%)"
+
+
+def save_merged(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, directory: Path) -> Path:
+    """--merge: the LoRA adapters of `model` (a PeftModel) merged into its base, saved with the
+    tokenizer as a whole model that the task's Auto class loads without peft. After the adapters
+    are saved: merging replaces the adapter layers of `model` in place."""
+    from peft import PeftModel
+
+    assert isinstance(model, PeftModel)  # build_model wraps the base of a LoRA config
+    merged = model.merge_and_unload()
+    merged.save_pretrained(str(directory))
+    tokenizer.save_pretrained(str(directory))
+    return directory
 
 
 @contextlib.contextmanager

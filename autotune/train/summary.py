@@ -85,6 +85,7 @@ class RunSummary:
     warnings: tuple[str, ...] = ()
     error: str | None = None             # the error's tail, when the run did not finish
     message: str | None = None           # what the user is told when it ran out of memory
+    merged_dir: str | None = None        # --merge: the base with the LoRA adapters merged in, saved whole
 
     @property
     def finished(self) -> bool:
@@ -175,6 +176,8 @@ class RunSummary:
         }
         if self.message is not None:  # only a run that ran out of memory has one
             data["message"] = self.message
+        if self.merged_dir is not None:  # only a LoRA run with --merge has one
+            data["merged_dir"] = self.merged_dir
         return data
 
     def write(self, output_dir: Path) -> Path:

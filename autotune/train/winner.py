@@ -45,10 +45,11 @@ class Recipe:
     task: str
     target_length: int | None = None
     num_labels: int | None = None
+    peft: str | None = None
 
     @classmethod
     def of_config(cls, config: ProbeConfig) -> Recipe:
-        return cls(config.task, config.target_length, config.num_labels)
+        return cls(config.task, config.target_length, config.num_labels, config.peft)
 
     @classmethod
     def of_study(cls, study: StudyRecord) -> Recipe:
@@ -56,8 +57,9 @@ class Recipe:
         return cls(**stored_recipe(study.space or {}))
 
     def check(self, study: str, *, task: str | None = None, target_length: int | None = None,
-              num_labels: int | None = None) -> None:
-        """BadInput for a flag that contradicts what study `study` measured."""
+              num_labels: int | None = None, peft: str | None = None) -> None:
+        """BadInput for a flag that contradicts what study `study` measured. `peft` is the --peft
+        flags' stored text (autotune.recipes.peft_text): the adapters are part of what is trained."""
         if task is not None and resolve_task({}, task, study) != self.task:
             raise BadInput(f"--task {task} contradicts study {study!r}, which measured {self.task}; leave --task out to "
                            f"train {self.task}, or search for {task.strip().lower()} under a new --study name.")
@@ -69,18 +71,25 @@ class Recipe:
                 raise BadInput(f"{flag} is for --task {owner}; study {study!r} trains {self.task}: leave it out.")
             raise BadInput(f"{flag} {given} contradicts study {study!r}, which measured {measured}; leave it out, or "
                            f"search again under a new --study name.")
+        if peft is not None and peft != self.peft:
+            trained = self.peft if self.peft is not None else "full fine-tuning (no --peft)"
+            raise BadInput(f"--peft {peft} contradicts study {study!r}, which measured {trained}; leave --peft and "
+                           f"the --lora-* flags out to train what it measured, or search again under a new --study name.")
 
 
 def planned_recipe(spec: ModelSpec, name: str, existing: StudyRecord | None,
                    flags: dict[str, Any]) -> tuple[Recipe, dict[str, Any]]:
-    """What a run of `spec` under study `name` trains, and the task fields to ask its search for.
-    An `existing` study (finished, or to be resumed) decides: `flags` may repeat it, not contradict
-    it, and a resumed search keeps its space. Else the flags given, checked, with the task's defaults."""
+    """What a run of `spec` under study `name` trains, and the recipe fields (the task's, and
+    `peft`) to ask its search for. An `existing` study (finished, or to be resumed) decides: `flags`
+    may repeat it, not contradict it, and a resumed search keeps its space. Else the flags given,
+    checked, with the task's defaults."""
     if existing is not None:
         recipe = Recipe.of_study(existing)
         recipe.check(name, **flags)
         return recipe, {field: value for field, value in asdict(recipe).items() if value is not None}
-    recipe = Recipe(**spec.task_fields(**flags))
+    task_flags = {field: value for field, value in flags.items() if field != "peft"}
+    # The adapters are the user's choice alone (no default from the model): as given, or none.
+    recipe = Recipe(**spec.task_fields(**task_flags), peft=flags.get("peft"))
     return recipe, {field: value for field, value in flags.items() if value is not None}
 
 
@@ -124,8 +133,8 @@ def study_model(winner: Winner, model: str | None) -> ModelSpec:
 def search_for_winner(spec: ModelSpec, budget: int, name: str, device: str | None, db: str | None,
                       echo: Callable[[str], None], on_start: Callable | None, on_event: Callable | None,
                       **recipe: Any) -> Winner:
-    """Run `autotune search` with its defaults for this device and the task fields in `recipe`
-    (task, target_length, num_labels); the winner, or BudgetError."""
+    """Run `autotune search` with its defaults for this device and the recipe fields in `recipe`
+    (task, target_length, num_labels, peft); the winner, or BudgetError."""
     # Looked up at call time, not import time: tests narrow the search by replacing autotune.search.search.
     from autotune.probe import ProbeSettings
     from autotune.search import SearchOptions, search

@@ -10,6 +10,7 @@ import time
 import pytest
 
 from autotune.config import ProbeConfig
+from autotune.recipes import peft_text
 from autotune.errors import BadInput, ModelNotFound
 from autotune.estimate import (
     CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, EstimateError, MemoryEstimate, estimate_memories, estimate_memory,
@@ -39,6 +40,12 @@ CPU_CASES = [
     {"checkpointing": True},
     {"precision": "bf16"},
     {"precision": "fp16", "grad_accum": 3, "attention": "eager"},
+    # Recipe levers (autotune.recipes): the optimizer, pure bf16 weights, LoRA on a frozen base.
+    {"optimizer": "adafactor"},
+    {"optimizer": "sgd"},
+    {"weights": "bf16", "precision": "bf16"},
+    {"peft": peft_text("lora")},
+    {"peft": peft_text("lora", rank=4, targets="c_attn"), "weights": "bf16", "precision": "bf16", "checkpointing": True},
 ]
 
 
@@ -56,6 +63,17 @@ def test_cpu_prediction_matches_the_cpu_probe(model_dir):
         assert est.reserved_bytes == pytest.approx(probe.peak_reserved_bytes, rel=CPU_TOLERANCE), config.label()
         assert est.context_bytes == 0 and est.workspace == 0
         assert sum(est.breakdown.values()) == est.peak_bytes
+        # In fact to the byte (the tolerance above is room for drift, not needed today).
+        assert (est.peak_bytes, est.reserved_bytes) == (probe.peak_allocated_bytes, probe.peak_reserved_bytes), config.label()
+
+    # What the recipe levers are for: each lowers the peak of the same work (the probes above).
+    peak = {json.dumps(case, sort_keys=True): probe.peak_allocated_bytes for case, probe in zip(CPU_CASES, measured)}
+    adamw = peak["{}"]
+    for case in ({"optimizer": "adafactor"}, {"optimizer": "sgd"}, {"weights": "bf16", "precision": "bf16"},
+                 {"peft": peft_text("lora")}):
+        assert peak[json.dumps(case, sort_keys=True)] < adamw, case
+    lora = measured[CPU_CASES.index({"peft": peft_text("lora")})]
+    assert lora.trainable_parameters < lora.parameters / 10  # the adapters alone train
 
 
 @pytest.fixture(scope="module")
@@ -219,3 +237,27 @@ def test_gpt2_estimate_is_quick(hermetic_home):
     started = time.perf_counter()
     assert estimate_memory(ProbeConfig(model="gpt2", micro_batch=8, block_size=512)).cached
     assert time.perf_counter() - started < 1.0
+
+
+# Llama-2-7B's public architecture (its config.json on the hub), written out: no download.
+LLAMA_2_7B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
+              "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "hidden_act": "silu", "bos_token_id": 1,
+              "eos_token_id": 2, "tie_word_embeddings": False, "rope_theta": 10000.0}
+
+
+@pytest.mark.slow
+def test_a_llama_2_7b_shaped_lora_in_pure_bf16_is_predicted_to_fit_24gib_within_a_minute(tmp_path):
+    # What single-GPU fine-tunes of 7B models do; full fine-tuning with fp32 master weights would
+    # need 110 GiB at the same micro-batch and block.
+    folder = tmp_path / "llama-2-7b"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(LLAMA_2_7B))
+    config = ProbeConfig(model=str(folder), micro_batch=1, block_size=2048, precision="bf16", checkpointing=True,
+                         weights="bf16", peft=peft_text("lora"))
+    started = time.perf_counter()
+    estimate = estimate_memory(config, use_cache=False)
+    assert time.perf_counter() - started < 60
+    assert estimate.reserved_bytes + estimate.context_bytes < 24 * GiB
+    assert estimate.params > 12 * GiB  # the 6.7B base in bf16, there whole
+    assert estimate.grads + estimate.optimizer < 1 * GiB  # but frozen: only the adapters train

@@ -142,3 +142,33 @@ def test_best_trainer_args_build_real_training_arguments(tiny_model, tmp_path):
     assert best.device_type == "cpu"
     flags = autotune("best", "--study", "handoff", "--format", "cli", timeout=60).stdout
     assert "--bf16" in flags and "--gradient_checkpointing" in flags and "--block_size 64" in flags
+
+
+def test_a_lora_search_over_two_optimizers_hands_off_trainer_arguments_and_a_lora_config(tiny_model, tmp_path):
+    # Recipe levers the user allows: two optimizers to choose between, LoRA fixed for the study.
+    from peft import LoraConfig
+    from transformers import TrainingArguments
+
+    from autotune import best as best_of
+    from autotune.recipes import peft_text
+
+    spec = resolve_model(tiny_model)
+    with open_store() as store, ProbeRunner(ProbeSettings(device="cpu", measure_steps=1)) as runner:
+        space = SearchSpace.build(spec, micro_batches=(2, 4), block_sizes=(64,), precisions=("fp32",), checkpointing=(False,),
+                                  attentions=("sdpa",), effective_batch=4, optimizers=("adamw", "adafactor"),
+                                  peft=peft_text("lora", rank=4))
+        outcome = run_search(space, spec, BUDGET, MARGIN, runner, store, SearchOptions(study="lora", confirm=False))
+        probes = store.probes("lora")
+    assert outcome.finished and outcome.best is not None
+    assert {p.config.optimizer for p in probes if p.result.status == "ok"} == {"adamw", "adafactor"}
+    assert all(p.config.peft == peft_text("lora", rank=4) and p.result.trainable_parameters < p.result.parameters
+               for p in probes if p.result.status == "ok")
+    assert all(p.predicted_peak_bytes for p in probes)  # the estimator traced the adapters too
+
+    doc = json.loads(autotune("best", "--study", "lora", "--format", "trainer-args", timeout=120).stdout)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), **doc["training_arguments"])
+    assert args.optim == {"adamw": "adamw_torch_fused", "adafactor": "adafactor"}[outcome.best.config.optimizer]
+    lora = LoraConfig(**doc["lora_config"])
+    assert (lora.r, lora.lora_alpha, lora.task_type) == (4, 16, "CAUSAL_LM")
+    assert isinstance(best_of("lora").lora_config(), LoraConfig)
+    assert "lora-r4" in autotune("leaderboard", "--study", "lora", timeout=60).stdout

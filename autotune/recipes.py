@@ -1,0 +1,114 @@
+"""Recipe levers beyond the task: the optimizer, the weights' dtype and PEFT (LoRA, QLoRA).
+
+They change what is trained, not only how fast, so the user allows them (`--optimizers`,
+`--weights`, `--peft`) and autotune never switches one by itself. Torch-free: the CLI and the
+store read these names; `autotune.probe.step` builds what they name.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from autotune.errors import BadInput
+
+
+@dataclass(frozen=True, slots=True)
+class Optimizer:
+    optim: str             # TrainingArguments(optim=...): the hand-off is exact
+    optim_args: str | None  # TrainingArguments(optim_args=...)
+    needs: str | None      # the package it needs beyond torch and transformers
+    what: str
+
+
+# Names are TrainingArguments' `optim` values, but for "adamw": the name probes stored before this
+# lever existed (their keys hold it), meaning Trainer's adamw_torch_fused.
+OPTIMIZERS = {
+    "adamw": Optimizer("adamw_torch_fused", None, None, "AdamW (fused where the device has the kernel)"),
+    "adafactor": Optimizer("adafactor", None, None, "Adafactor (factored second moments, no first)"),
+    "sgd": Optimizer("sgd", "momentum=0.9", None, "SGD with momentum 0.9"),
+    "adamw_8bit": Optimizer("adamw_8bit", None, "bitsandbytes", "AdamW with 8-bit states (bitsandbytes)"),
+    "paged_adamw_8bit": Optimizer("paged_adamw_8bit", None, "bitsandbytes",
+                                  "AdamW with 8-bit states in paged memory (bitsandbytes)"),
+}
+DEFAULT_OPTIMIZER = "adamw"
+# fp32: master weights in fp32 (mixed precision autocasts over them); bf16: pure bf16, weights,
+# gradients and optimizer state (a model loaded with dtype=torch.bfloat16 and trained so).
+WEIGHTS = ("fp32", "bf16")
+DEFAULT_WEIGHTS = "fp32"
+PEFT_KINDS = ("lora", "qlora")
+# peft's task types, by task: the wrapper's forward and which head stays trainable (SEQ_CLS keeps
+# the classifier's head). A masked LM has none: the base model's forward is called as it is.
+PEFT_TASK_TYPES = {"causal-lm": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM", "classification": "SEQ_CLS"}
+
+
+def check_optimizer(name: str, flag: str = "--optimizer") -> str:
+    if name not in OPTIMIZERS:
+        raise BadInput(f"{flag} {name!r} is unknown; choose from {', '.join(OPTIMIZERS)}.")
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class PeftSpec:
+    """LoRA adapters on a frozen base (`qlora`: the base in 4 bits through bitsandbytes, CUDA only).
+    Stored and keyed as its text, e.g. 'lora r=8 alpha=16 dropout=0.05 targets=all-linear'."""
+
+    kind: str = "lora"
+    rank: int = 8
+    alpha: int = 16
+    dropout: float = 0.05
+    targets: str = "all-linear"  # peft's target_modules: 'all-linear' or comma-separated names
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.kind not in PEFT_KINDS:
+            problems.append(f"--peft {self.kind!r} is unknown; choose from {', '.join(PEFT_KINDS)}")
+        if not isinstance(self.rank, int) or not 1 <= self.rank <= 4096:
+            problems.append(f"--lora-rank must be from 1 to 4096 (got {self.rank!r})")
+        if not isinstance(self.alpha, int) or not 1 <= self.alpha <= 1 << 20:
+            problems.append(f"--lora-alpha must be a whole number of at least 1 (got {self.alpha!r})")
+        if not 0 <= self.dropout < 1:
+            problems.append(f"--lora-dropout must be from 0 to below 1 (got {self.dropout!r})")
+        if not re.fullmatch(r"[A-Za-z0-9_.\-]+(,[A-Za-z0-9_.\-]+)*", self.targets or ""):
+            problems.append(f"--lora-targets {self.targets!r}: give all-linear or module names separated by commas")
+        if problems:
+            raise BadInput("; ".join(problems) + ".")
+
+    @property
+    def target_modules(self) -> str | list[str]:
+        return self.targets if self.targets == "all-linear" else self.targets.split(",")
+
+    def text(self) -> str:
+        return f"{self.kind} r={self.rank} alpha={self.alpha} dropout={self.dropout:g} targets={self.targets}"
+
+    def label(self) -> str:
+        return f"{self.kind}-r{self.rank}"
+
+    def lora_kwargs(self) -> dict:
+        """peft.LoraConfig's arguments (task_type is the caller's: it depends on the task)."""
+        return {"r": self.rank, "lora_alpha": self.alpha, "lora_dropout": self.dropout,
+                "target_modules": self.target_modules}
+
+    @classmethod
+    def from_text(cls, text: str) -> PeftSpec:
+        kind, *pairs = text.split()
+        values = dict(pair.split("=", 1) for pair in pairs)
+        return cls(kind=kind, rank=int(values["r"]), alpha=int(values["alpha"]), dropout=float(values["dropout"]),
+                   targets=values["targets"])
+
+
+def peft_text(kind: str | None, rank: int | None = None, alpha: int | None = None, dropout: float | None = None,
+              targets: str | None = None) -> str | None:
+    """The stored form of the user's --peft flags (None without --peft); BadInput for bad values,
+    and for LoRA flags given without --peft."""
+    given = {"--lora-rank": rank, "--lora-alpha": alpha, "--lora-dropout": dropout, "--lora-targets": targets}
+    if kind is None:
+        stray = [flag for flag, value in given.items() if value is not None]
+        if stray:
+            raise BadInput(f"{', '.join(stray)} only apply with --peft lora or qlora; add --peft or leave them out.")
+        return None
+    default = PeftSpec()
+    return PeftSpec(kind=kind.strip().lower(), rank=rank if rank is not None else default.rank,
+                    alpha=alpha if alpha is not None else default.alpha,
+                    dropout=dropout if dropout is not None else default.dropout,
+                    targets=(targets or default.targets).replace(" ", "")).text()
