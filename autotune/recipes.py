@@ -20,6 +20,11 @@ class Optimizer:
     needs: str | None      # the package it needs beyond torch and transformers
     what: str
 
+    @property
+    def traceable(self) -> bool:
+        """Whether the estimator can trace its step on fake tensors (bitsandbytes' reads a value)."""
+        return self.needs is None
+
 
 # Names are TrainingArguments' `optim` values, but for "adamw": the name probes stored before this
 # lever existed (their keys hold it), meaning Trainer's adamw_torch_fused.

@@ -132,3 +132,11 @@ def test_user_errors_raise_before_or_from_the_child(tiny_model):
         run_probe(config(tiny_model, block_size=512), 1 * GiB, device="cpu")
     with pytest.raises(BudgetError, match="larger than this machine"):
         run_probe(config(tiny_model), 2**50, device="cpu")
+
+
+def test_8_bit_adamw_runs_on_cpu_with_less_memory_than_adamw(runner, tiny_model):
+    # bitsandbytes' 8-bit AdamW (optim="adamw_8bit") keeps two 8-bit states per parameter where AdamW keeps two fp32.
+    adamw = runner.run(config(tiny_model), 1 * GiB)
+    eight_bit = runner.run(config(tiny_model, optimizer="adamw_8bit"), 1 * GiB)
+    assert eight_bit.status == "ok", eight_bit.error
+    assert eight_bit.peak_allocated_bytes < adamw.peak_allocated_bytes
