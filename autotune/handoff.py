@@ -10,13 +10,18 @@
 from __future__ import annotations
 
 import json
-import shlex
+import re
 from dataclasses import dataclass
 
 from autotune.errors import StudyNotFound
 from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec
 from autotune.store import LeaderboardRow, open_store
 from autotune.tasks import AUTO_CLASSES, EXAMPLE_SCRIPTS, MLM_PROBABILITY, Task
+
+
+# Words that an unquoted `$(...)` in bash or zsh passes on unchanged: no space to split at, no
+# glob character, no quote or `$` the shell would keep literally where the user expected it read.
+_SPLITS_AS_ONE_WORD = re.compile(r'[A-Za-z0-9_.,:=/+{}"-]+')
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,8 +150,30 @@ class BestConfig:
         if c.precision in ("fp16", "bf16"):
             flags.append(f"--{c.precision}")
         if c.checkpointing:
-            flags += ["--gradient_checkpointing", "--gradient_checkpointing_kwargs", json.dumps({"use_reentrant": False})]
-        return shlex.join(flags)
+            # Compact JSON: one word with no space, so that `$(autotune best --format cli)` splits
+            # it as the script expects (quotes inside a substitution are not the shell's).
+            flags += ["--gradient_checkpointing", "--gradient_checkpointing_kwargs",
+                      json.dumps({"use_reentrant": False}, separators=(",", ":"))]
+        if self.device_type == "cpu":
+            flags.append("--use_cpu")  # the study measured a CPU run
+        assert all(_SPLITS_AS_ONE_WORD.fullmatch(flag) for flag in flags), flags
+        return " ".join(flags)
+
+    def cli_caveats(self) -> list[str]:
+        """What the example script's flags cannot say about the winner (for stderr, beside `cli`)."""
+        c = self.config
+        script = EXAMPLE_SCRIPTS[Task(c.task)]
+        caveats = []
+        if c.attention != "sdpa":
+            caveats.append(f"attention {c.attention}: {script} has no flag for it (it loads sdpa); load the model with "
+                           f"attn_implementation={c.attention!r}, or train with `autotune train --study {self.row.study}`")
+        if c.weights == "bf16":
+            caveats.append(f"pure bf16 weights: load the model with dtype=torch.bfloat16 ({script}: --torch_dtype "
+                           f"bfloat16 where it has the flag)")
+        if c.peft is not None:
+            caveats.append(f"{PeftSpec.from_text(c.peft).text()}: {script} has no PEFT flags; wrap the model with "
+                           f"`autotune.best(...).lora_config()`, or train with `autotune train --study {self.row.study}`")
+        return caveats
 
     def yaml(self) -> str:
         """YAML without a YAML dependency: the document is flat scalars and one nested level."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from autotune.config import ProbeConfig
 from autotune.search.common import SearchOptions
 from autotune.search.knowledge import Knowledge
-from autotune.search.trials import Trials, tell
+from autotune.search.trials import Trials, params_of, tell
 from autotune.space import group_key, group_priority
 from autotune.status import ProbeStatus
 
@@ -123,8 +123,7 @@ class TpeStrategy:
 
 def _config_fromparams_of(candidates: list[ProbeConfig], params: dict) -> ProbeConfig | None:
     for c in candidates:
-        if (c.micro_batch, c.block_size, c.precision, c.checkpointing, c.attention) == (
-                params["micro_batch"], params["block_size"], params["precision"], params["checkpointing"], params["attention"]):
+        if params_of(c) == params:
             return c
     return None  # a micro-batch/block pair that cannot keep the effective batch exact
 

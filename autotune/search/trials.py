@@ -148,9 +148,12 @@ def distributions_of(space: SearchSpace) -> dict:
         "precision": CategoricalDistribution(list(space.precisions)),
         "checkpointing": CategoricalDistribution(list(space.checkpointing)),
         "attention": CategoricalDistribution(list(space.attentions)),
+        "optimizer": CategoricalDistribution(list(space.optimizers)),
+        "weights": CategoricalDistribution(list(space.weights)),
     }
 
 
 def params_of(config: ProbeConfig) -> dict:
     return {"micro_batch": config.micro_batch, "block_size": config.block_size, "precision": config.precision,
-            "checkpointing": config.checkpointing, "attention": config.attention}
+            "checkpointing": config.checkpointing, "attention": config.attention, "optimizer": config.optimizer,
+            "weights": config.weights}

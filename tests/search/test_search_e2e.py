@@ -140,8 +140,29 @@ def test_best_trainer_args_build_real_training_arguments(tiny_model, tmp_path):
     best = best_of("handoff")
     assert best.training_arguments(output_dir=str(tmp_path / "o2")).per_device_train_batch_size == best.config.micro_batch
     assert best.device_type == "cpu"
-    flags = autotune("best", "--study", "handoff", "--format", "cli", timeout=60).stdout
-    assert "--bf16" in flags and "--gradient_checkpointing" in flags and "--block_size 64" in flags
+    proc = autotune("best", "--study", "handoff", "--format", "cli", timeout=60)
+    flags = proc.stdout
+    assert "--bf16" in flags and "--gradient_checkpointing" in flags and "--block_size 64" in flags and "--use_cpu" in flags
+    assert "attention eager" in proc.stderr  # what run_clm.py has no flag for is said, on stderr
+
+    # Pasted as users do, `script.py ... $(autotune best --format cli)`: the words an example
+    # script's HfArgumentParser gets (run_clm.py's own block_size beside TrainingArguments).
+    parse = (
+        "import dataclasses, sys\n"
+        "from transformers import HfArgumentParser, TrainingArguments\n"
+        "@dataclasses.dataclass\n"
+        "class Data:\n"
+        "    block_size: int = None\n"
+        "args, data = HfArgumentParser((TrainingArguments, Data)).parse_args_into_dataclasses()\n"
+        "kwargs = getattr(args, 'activation_checkpointing_kwargs', None) or args.gradient_checkpointing_kwargs\n"
+        "print(args.per_device_train_batch_size * args.gradient_accumulation_steps, data.block_size, args.bf16, kwargs, args.use_cpu, sep='|')\n"
+    )
+    (tmp_path / "parse.py").write_text(parse)
+    command = " ".join(autotune_command("best", "--study", "handoff", "--format", "cli"))
+    pasted = subprocess.run(["bash", "-c", f"{sys.executable} {tmp_path / 'parse.py'} --output_dir {tmp_path / 'o3'} $({command})"],
+                            capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert pasted.returncode == 0, pasted.stderr[-2000:]
+    assert pasted.stdout.strip().split("|") == ["4", "64", "True", "{'use_reentrant': False}", "True"]
 
 
 def test_a_lora_search_over_two_optimizers_hands_off_trainer_arguments_and_a_lora_config(tiny_model, tmp_path):
