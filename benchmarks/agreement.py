@@ -22,10 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.probe_overhead import REPO, TINY
+from benchmarks.probe_overhead import REPO, TINY_SPACE, write_tiny_model
 
-SPACE = ["--gpu-budget", "34MiB", "--device", "cpu", "--micro-batches", "1,2,4,8,16", "--block-sizes", "128",
-         "--effective-batch", "16", "--precisions", "fp32,bf16", "--checkpointing", "off,on", "--attention", "sdpa,eager"]
+SPACE = TINY_SPACE  # confirmation round on, as users search
 
 
 def search_once(model: Path, work: Path) -> dict:
@@ -65,9 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     runs = []
     with tempfile.TemporaryDirectory() as tmp:
-        model = Path(tmp, "tiny-gpt2")
-        model.mkdir()
-        (model / "config.json").write_text(json.dumps(TINY))
+        model = write_tiny_model(Path(tmp, "tiny-gpt2"))
         for i in range(args.repeats):
             run = search_once(model, Path(tmp, f"run-{i}"))
             runs.append(run)

@@ -31,9 +31,18 @@ REPO = Path(__file__).resolve().parents[1]
 BASELINE = "2d23d11"
 TINY = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 64, "n_head": 2,
         "vocab_size": 1024, "n_positions": 256, "n_ctx": 256, "bos_token_id": 0, "eos_token_id": 0}
-SPACE = ["--gpu-budget", "34MiB", "--device", "cpu", "--micro-batches", "1,2,4,8,16", "--block-sizes", "128",
-         "--effective-batch", "16", "--precisions", "fp32,bf16", "--checkpointing", "off,on", "--attention", "sdpa,eager",
-         "--no-confirm"]
+# The space of the tiny GPT-2 (40 candidates; the budget makes some run out of memory), shared with
+# benchmarks/agreement.py. Overhead is timed without the confirmation round (the same for both).
+TINY_SPACE = ["--gpu-budget", "34MiB", "--device", "cpu", "--micro-batches", "1,2,4,8,16", "--block-sizes", "128",
+              "--effective-batch", "16", "--precisions", "fp32,bf16", "--checkpointing", "off,on", "--attention", "sdpa,eager"]
+SPACE = [*TINY_SPACE, "--no-confirm"]
+
+
+def write_tiny_model(folder: Path) -> Path:
+    """A directory with the tiny GPT-2's config.json (no weights: probes build from config)."""
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY))
+    return folder
 
 
 def export_tree(ref: str, into: Path) -> Path:
@@ -73,9 +82,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        model = Path(tmp, "tiny-gpt2")
-        model.mkdir()
-        (model / "config.json").write_text(json.dumps(TINY))
+        model = write_tiny_model(Path(tmp, "tiny-gpt2"))
         trees = {f"before ({args.baseline})": export_tree(args.baseline, Path(tmp, "before")), "after (this checkout)": REPO}
         for repeat in range(args.repeats):
             for name, tree in trees.items():
