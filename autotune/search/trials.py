@@ -50,8 +50,23 @@ def optuna_study(store_url: str, name: str, seed: int | None = 0, storage=None):
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = storage or optuna_storage(store_url)
-    return optuna.create_study(storage=storage, study_name=f"autotune:{name}", direction="maximize",
+    return optuna.create_study(storage=storage, study_name=optuna_study_name(storage, name), direction="maximize",
                                load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=5))
+
+
+# Studies created before this release named their Optuna study with this prefix; they keep it.
+LEGACY_PREFIX = "autotune:"
+
+
+def optuna_study_name(storage, name: str) -> str:
+    """The Optuna study of autotune study `name`: the same name, so that
+    `optuna.load_study(study_name=name, storage=URL)` finds it (an older study keeps its
+    'autotune:' name, which its trials are stored under)."""
+    try:
+        storage.get_study_id_from_name(LEGACY_PREFIX + name)
+    except KeyError:
+        return name
+    return LEGACY_PREFIX + name
 
 
 def optuna_storage(store_url: str):

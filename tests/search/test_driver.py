@@ -80,7 +80,7 @@ def test_oom_is_a_completed_infeasible_optuna_trial(store):
     import optuna
 
     search(store, ScriptedRunner(), gpt2_space(), study="s")
-    study = optuna.load_study(study_name="autotune:s", storage=store.engine.url.render_as_string(hide_password=False))
+    study = optuna.load_study(study_name="s", storage=store.engine.url.render_as_string(hide_password=False))  # the same name
     oom_numbers = {p.trial_number for p in store.probes("s") if p.result.status == "oom"}
     trials = {t.number: t for t in study.trials}
     assert oom_numbers and all(trials[n].state == optuna.trial.TrialState.COMPLETE for n in oom_numbers)
@@ -232,3 +232,18 @@ def test_predictions_in_the_background_arrive_group_by_group_and_match_waiting_f
     assert all(p.predicted_peak_bytes for p in store.probes("background"))  # filled in as they land
     assert {p.config_key for p in store.probes("background") if "predicted" in (p.result.error or "")} == \
            {p.config_key for p in store.probes("waited") if "predicted" in (p.result.error or "")}
+
+
+def test_a_study_made_before_optuna_studies_took_its_name_keeps_its_prefixed_one(store):
+    # Older autotune named the Optuna study 'autotune:NAME': resuming such a study goes on adding
+    # to it (its trials are there), rather than starting a second Optuna study beside it.
+    import optuna
+
+    from autotune.search.trials import optuna_storage
+
+    url = store.engine.url.render_as_string(hide_password=False)
+    optuna.create_study(storage=optuna_storage(url), study_name="autotune:old", direction="maximize")
+    search(store, ScriptedRunner(), gpt2_space(), study="old")
+    search(store, ScriptedRunner(), gpt2_space(), study="new")
+    names = {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(storage=url)}
+    assert names["autotune:old"] > 0 and "old" not in names and names["new"] > 0

@@ -106,7 +106,7 @@ def test_three_workers_settle_every_config_once_and_pick_what_one_worker_picks(t
     # Optuna: one trial per probed config, whichever worker ran it, and its number stored with it.
     import optuna
 
-    trials = optuna.load_study(study_name="autotune:shared", storage=f"sqlite:///{db}").trials
+    trials = optuna.load_study(study_name="shared", storage=f"sqlite:///{db}").trials
     numbers = [p.trial_number for p in probes if p.result.status != "skipped"]
     assert None not in numbers and len(set(numbers)) == len(numbers)
     by_number = {t.number: t for t in trials}
