@@ -12,6 +12,7 @@ import click
 from autotune import defaults
 from autotune.errors import AutotuneError
 from autotune.processes import Terminated
+from autotune.recipes import peft_text  # (torch-free: the --peft flags as a config stores them)
 from autotune.status import StopReason
 from autotune.version import __version__
 
@@ -22,7 +23,6 @@ EXIT_INTERRUPTED = 130       # Ctrl-C (128 + SIGINT)
 EXIT_TERMINATED = 143        # SIGTERM (128 + SIGTERM)
 
 DEVICE_HELP = "auto (CUDA if present, else CPU), cpu, cuda or cuda:N."
-# (Written out rather than read from autotune.recipes: `--help` imports nothing heavy either way.)
 OPTIMIZER_HELP = ("adamw (fused AdamW), adafactor, sgd (momentum 0.9), adamw_8bit or paged_adamw_8bit (bitsandbytes): "
                   "TrainingArguments' optim names.")
 WEIGHTS_HELP = "fp32 (master weights; mixed precision autocasts) or bf16 (pure bf16: weights, gradients, optimizer state)."
@@ -122,12 +122,6 @@ def make_config(model, micro_batch, block_size, grad_accum, precision, checkpoin
     return single_config(resolve_model(model), task=task, target_length=target_length, num_labels=num_labels, **levers)
 
 
-def peft_flags(peft, lora_rank, lora_alpha, lora_dropout, lora_targets) -> str | None:
-    """The --peft flags as a config stores them (autotune.recipes.PeftSpec), checked."""
-    from autotune.recipes import peft_text
-
-    return peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets)
-
 
 def probe_settings_options(func):
     """How probes run, shared by `probe` and `search`."""
@@ -175,7 +169,7 @@ def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, 
     budget = parse_size(gpu_budget)
     config = make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task,
                          target_length, num_labels, optimizer, weights,
-                         peft_flags(peft, lora_rank, lora_alpha, lora_dropout, lora_targets))
+                         peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets))
     settings = make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code)
     result = run_probe(config, budget, settings=settings)
     if as_json:
@@ -311,7 +305,7 @@ def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, 
         task=task, target_length=target_length, num_labels=num_labels,
         optimizers=parse_choice_list(optimizers, flag="--optimizers", allowed=OPTIMIZERS),
         weights=parse_choice_list(weights_, flag="--weights", allowed=WEIGHTS),
-        peft=peft_flags(peft, lora_rank, lora_alpha, lora_dropout, lora_targets),
+        peft=peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets),
     )
     for flag, value in (("--effective-batch", effective_batch), ("--effective-tokens", effective_tokens)):
         if value is not None and value < 1:
@@ -432,7 +426,7 @@ def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointin
     timeout = parse_duration(timeout_text, flag="--timeout")
     config = make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task,
                          target_length, num_labels, optimizer, weights,
-                         peft_flags(peft, lora_rank, lora_alpha, lora_dropout, lora_targets))
+                         peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets))
     result = estimate_memory(config, device_type=device_type.lower(), timeout=timeout, use_cache=not no_cache,
                              trust_remote_code=trust_remote_code)
     if as_json:
@@ -490,7 +484,7 @@ def train(study, model, gpu_budget, dataset, text_column, target_column, label_c
                            trust_remote_code=trust_remote_code)
     out = sys.stderr if as_json else sys.stdout
     outcome = run(options, study=study, model=model, gpu_budget=budget, task=task, target_length=target_length,
-                  num_labels=num_labels, peft=peft_flags(peft, lora_rank, lora_alpha, lora_dropout, lora_targets), db=db,
+                  num_labels=num_labels, peft=peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets), db=db,
                   echo=lambda line: click.echo(line, file=out),
                   on_search_start=lambda *a: click.echo(report.format_search_header(*a), file=out),
                   on_search_event=lambda e: click.echo(report.format_event(e), file=out))

@@ -26,6 +26,9 @@ def hermetic_home(tmp_path, monkeypatch):
     monkeypatch.setenv("AUTOTUNE_HOME", str(home))
     monkeypatch.setenv("AUTOTUNE_DB", f"sqlite:///{home / 'autotune.db'}")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # tests never reach for the hub
+    # Two pytest workers already share the cores: a search's estimator traces in one process here
+    # (one per core otherwise; the benchmarks measure that).
+    monkeypatch.setenv("AUTOTUNE_TRACE_PROCESSES", "1")
     monkeypatch.delenv("AUTOTUNE_INJECT_FAULT", raising=False)
     return home
 

@@ -21,9 +21,16 @@ from autotune.space import SearchSpace
 from autotune.store import StudyRecord
 
 
+TRACE_PROCESSES_ENV = "AUTOTUNE_TRACE_PROCESSES"
+
+
 def trace_processes() -> int:
-    """How many trace children predict a search's memory: one per core, up to 4 (each holds a
-    model on fake tensors, a few hundred MB of host memory for a 7B model)."""
+    """How many trace children predict a search's memory: $AUTOTUNE_TRACE_PROCESSES, else one per
+    core up to 4 (each holds a model on fake tensors, a few hundred MB of host memory for a 7B
+    model). Fewer where other work shares the cores (a test suite running searches side by side)."""
+    text = os.environ.get(TRACE_PROCESSES_ENV, "").strip()
+    if text.isdigit() and int(text) >= 1:
+        return min(int(text), 16)
     return max(1, min(4, os.cpu_count() or 1))
 
 
