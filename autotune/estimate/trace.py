@@ -232,7 +232,7 @@ def _real_run_mask_rules() -> None:
 
 
 @contextlib.contextmanager
-def _adapters_left_in_place():
+def _adapters_left_in_place(adapters: bool):
     """peft moves each new adapter to its base layer's device and dtype with `Module.to`. On fake
     tensors (a tensor subclass) `Module._apply` always swaps the parameters, and cannot: fake
     tensors carry weak references. Where the trace runs the adapters are created on that device
@@ -240,11 +240,10 @@ def _adapters_left_in_place():
     parameter is what the real run does. They are also created in fp32, where they end on the real run too (a bf16
     base's adapters are cast to bf16 and back, `autocast_adapter_dtype`, the copies gone before
     the first step), so peft's dtype move is skipped."""
-    try:
-        from peft.tuners.tuners_utils import BaseTunerLayer
-    except ImportError:  # no peft: no adapters
+    if not adapters:
         yield
         return
+    from peft.tuners.tuners_utils import BaseTunerLayer
     swap, move = torch.utils.swap_tensors, BaseTunerLayer._move_adapter_to_device_of_base_layer
 
     def swap_unless_same(t1, t2):
@@ -252,11 +251,12 @@ def _adapters_left_in_place():
             swap(t1, t2)
 
     torch.utils.swap_tensors = swap_unless_same
-    BaseTunerLayer._move_adapter_to_device_of_base_layer = lambda self, adapter_name, device=None: None
+    BaseTunerLayer._move_adapter_to_device_of_base_layer = lambda self, adapter_name, device=None: None  # type: ignore[method-assign]
     try:
         yield
     finally:
-        torch.utils.swap_tensors, BaseTunerLayer._move_adapter_to_device_of_base_layer = swap, move
+        torch.utils.swap_tensors = swap
+        BaseTunerLayer._move_adapter_to_device_of_base_layer = move  # type: ignore[method-assign]
 
 
 def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
@@ -264,7 +264,7 @@ def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
     `device_type` (cuda or cpu); the result is numbered `index`."""
     from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
-    from autotune.probe.step import ProbeStep, build_model, make_optimizer
+    from autotune.probe.step import ProbeStep, build_model, import_recipe_code, make_optimizer
 
     started = time.perf_counter()
     config = item.config
@@ -277,6 +277,7 @@ def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
         keep = install_cuda_autocast()
         emulation = CudaKernels()
     _real_run_mask_rules()
+    import_recipe_code(config)  # outside the ledger: those imports make tensors that live on
     # Micro-steps after the second repeat the second one's allocations exactly.
     traced = dataclasses.replace(config, grad_accum=min(config.grad_accum, 2), attention=item.attention)
     device = torch.device("cpu")
@@ -284,8 +285,7 @@ def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
     gc.collect()
     gc.disable()  # storages die when their last reference goes, as in the real step; no stray collections
     try:
-        # (peft is imported outside the ledger: importing it makes tensors that live on.)
-        with _adapters_left_in_place(), FakeTensorMode(allow_non_fake_inputs=True), ledger, \
+        with _adapters_left_in_place(config.peft is not None), FakeTensorMode(allow_non_fake_inputs=True), ledger, \
                 ledger.watching_optimizer(), emulation:
             model, hf_config = build_model(item.model_config, item.model_path, traced, device, item.trust_remote_code)
             for tensor in (*model.parameters(), *model.buffers()):

@@ -45,6 +45,7 @@ from autotune.probe.step import (  # noqa: E402
     OptimizerUnavailable,
     ProbeStep,
     check_recipe,
+    import_recipe_code,
     build_model,
     flops_per_token,
     from_config,
@@ -74,6 +75,7 @@ def run_probe_in_process(request: ProbeRequest, report: Callable[[str], None] = 
         measured_steps=request.measure_steps,
     )
     check_recipe(config, device)
+    import_recipe_code(config)
     unsupported = supports_precision(device, config.precision)
     if unsupported:
         result.status, result.error = ProbeStatus.SKIPPED, unsupported

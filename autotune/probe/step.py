@@ -7,14 +7,11 @@ from __future__ import annotations
 import contextlib
 
 import torch
-# Imported with the module, not when the optimizer is made: importing it makes a tensor that lives
-# on, which a probe's accountant (or the estimator's ledger) would count as the probe's.
-from transformers.optimization import Adafactor
 
 from autotune.config import ProbeConfig
 from autotune.errors import BadInput
 from autotune.models import ModelSpec
-from autotune.recipes import PEFT_TASK_TYPES, PeftSpec
+from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec
 from autotune.tasks import AUTO_CLASSES, MLM_PROBABILITY, Task
 
 
@@ -108,6 +105,20 @@ def with_adapters(model, config: ProbeConfig):
         raise
 
 
+def import_recipe_code(config: ProbeConfig) -> None:
+    """Import what building `config` imports beyond the model (peft for LoRA; transformers'
+    optimizers, which import peft and bitsandbytes, for Adafactor): before a probe's accountant or
+    the estimator's ledger starts counting, since those imports make tensors that live on (16
+    bytes, counted as the probe's), and only for the configs that need them (seconds each)."""
+    if config.peft is not None:
+        import peft  # noqa: F401
+    if config.optimizer == "adafactor":
+        import transformers.optimization  # noqa: F401
+    if OPTIMIZERS[config.optimizer].needs == "bitsandbytes":
+        with contextlib.suppress(ImportError):  # (reported as the probe's skip reason)
+            import bitsandbytes  # noqa: F401
+
+
 def check_recipe(config: ProbeConfig, device: torch.device) -> None:
     """BadInput for a recipe this machine cannot train at all: PEFT without peft installed, QLoRA
     (a 4-bit base through bitsandbytes) without CUDA or bitsandbytes."""
@@ -136,6 +147,8 @@ def make_optimizer(model, device: torch.device, name: str = "adamw") -> torch.op
     with scale_parameter and relative_step off, SGD with momentum 0.9, bitsandbytes' 8-bit AdamW."""
     params = [p for p in model.parameters() if p.requires_grad]
     if name == "adafactor":
+        from transformers.optimization import Adafactor
+
         return Adafactor(params, lr=5e-5, scale_parameter=False, relative_step=False, warmup_init=False)
     if name == "sgd":
         return torch.optim.SGD(params, lr=5e-5, momentum=0.9)
