@@ -5,6 +5,7 @@ tensors, so that an estimate follows the probe whenever this file changes."""
 from __future__ import annotations
 
 import contextlib
+import logging
 
 import torch
 
@@ -13,6 +14,10 @@ from autotune.errors import BadInput
 from autotune.models import ModelSpec
 from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec
 from autotune.tasks import AUTO_CLASSES, MLM_PROBABILITY, Task
+
+# bitsandbytes (imported by peft and by transformers' optimizers) warns on import about optional
+# CPU kernels nobody asked for: on a user error that would be a second line before the one that matters.
+logging.getLogger("bitsandbytes").setLevel(logging.ERROR)
 
 
 def auto_class(task: str):

@@ -47,8 +47,8 @@ def run_on_a_terminal(args: list[str], timeout: float = 180) -> list[tuple[float
 
 @pytest.mark.slow
 def test_a_search_on_a_terminal_shows_the_probe_in_flight_and_replaces_it_with_the_result(tiny_model, tmp_path):
-    # A timed window of 300 steps (seconds), so that the live line is redrawn while the probe runs.
-    chunks = run_on_a_terminal(["search", "--model", tiny_model, *SPACE, "--measure-steps", "300",
+    # A timed window of 120 steps (seconds), so that the live line is redrawn while the probe runs.
+    chunks = run_on_a_terminal(["search", "--model", tiny_model, *SPACE, "--measure-steps", "120",
                                 "--db", str(tmp_path / "a.db")])
     text = "".join(t for _, t in chunks)
     drawn = [line for line in re.split(r"\r\x1b\[K|\r\n", text) if line.startswith("[1/2] mb")]
