@@ -50,6 +50,9 @@ def export_tree(ref: str, into: Path) -> Path:
     archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
     into.mkdir(parents=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    # The installed package finds `autotune.store.migrations` in this checkout's top-level
+    # migrations/ (pyproject's package-dir); the exported autotune must find its own.
+    (into / "autotune" / "store" / "migrations").symlink_to(into / "migrations", target_is_directory=True)
     return into
 
 
