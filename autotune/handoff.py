@@ -34,6 +34,21 @@ class BestConfig:
     def config(self):
         return self.row.config
 
+    # What a training script reads besides TrainingArguments, without reaching into `config`.
+    @property
+    def block_size(self) -> int:
+        """Tokens per sequence (seq2seq: source tokens; classification and masked LM: max_seq_length)."""
+        return self.config.block_size
+
+    @property
+    def target_length(self) -> int | None:
+        """seq2seq: target tokens (max_target_length); None for the other tasks."""
+        return self.config.target_length
+
+    @property
+    def task(self) -> str:
+        return self.config.task
+
     def to_dict(self) -> dict:
         """Flat and JSON-ready; the keys of `autotune best --format json`. `margin`: the winner's
         throughput over the runner-up's, minus 1; `confirmed`: told apart from the configs within

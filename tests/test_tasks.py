@@ -287,5 +287,7 @@ def test_the_hand_off_names_the_tasks_script_class_and_lengths(hermetic_home, ch
                                       "run_mlm.py": "AutoModelForMaskedLM"}[script]
     assert document.get("max_target_length") == changes.get("target_length")
     assert chosen.model_kwargs().get("num_labels") == changes.get("num_labels")
+    assert (chosen.block_size, chosen.target_length, chosen.task) == (512, changes.get("target_length"),
+                                                                      changes.get("task", "causal-lm"))
     assert f"  example_script: \"{script}\"" in chosen.yaml()
     assert json.loads(chosen.render("json"))["task"] == changes.get("task", "causal-lm")
