@@ -39,7 +39,7 @@ class TraceChild:
     """The trace child's process, which may be started before its request is known: it imports
     torch and transformers first and reads its request afterwards, so a search that starts it
     alongside the probe's own child overlaps the two start-ups. It answers one request. It dies
-    with this process (kill -9 included) and, unused, is killed on `close`."""
+    with this process (kill -9 included) and, unused, is killed on `close` (TraceChildren's, which owns it)."""
 
     def __init__(self) -> None:
         self._process: subprocess.Popen[str] | None = None
@@ -157,12 +157,6 @@ class TraceChild:
             if not self._answering:
                 process.communicate()
                 self._read_stderr()
-
-    def __enter__(self) -> "TraceChild":
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 class TraceChildren:
