@@ -1,0 +1,62 @@
+"""The `autotune` command group and its entry point: user mistakes become one line and exit 2.
+The commands live beside this module, one per concept (measure, search, results, train); each
+parses its flags, calls one library function, prints. No SQL, sessions, Optuna or torch in this
+package: those live in the modules the commands call."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from autotune.errors import AutotuneError
+from autotune.processes import Terminated
+from autotune.version import __version__
+
+# Exit statuses of `search` and `worker` (README, "Exit statuses"); 2 is a user's mistake throughout.
+EXIT_NOTHING_FITS = 1        # every candidate measured or ruled out, and none fits the budget
+EXIT_UNMEASURED = 3          # some candidates could not be measured (crashed, timed out, failed)
+EXIT_INTERRUPTED = 130       # Ctrl-C (128 + SIGINT)
+EXIT_TERMINATED = 143        # SIGTERM (128 + SIGTERM)
+
+DEVICE_HELP = "auto (CUDA if present, else CPU), cpu, cuda or cuda:N."
+OPTIMIZER_HELP = ("adamw (fused AdamW), adafactor, sgd (momentum 0.9), adamw_8bit or paged_adamw_8bit (bitsandbytes): "
+                  "TrainingArguments' optim names.")
+WEIGHTS_HELP = "fp32 (master weights; mixed precision autocasts) or bf16 (pure bf16: weights, gradients, optimizer state)."
+DB_HELP = "SQLAlchemy URL of the results database [default: $AUTOTUNE_DB, else a SQLite file in the user data directory]."
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="autotune")
+def cli() -> None:
+    """Find the fastest training configuration that fits your GPU, by measuring it."""
+
+
+def main() -> None:
+    """Entry point: user mistakes become one line on stderr and exit status 2; bugs keep tracebacks."""
+    try:
+        cli.main(standalone_mode=False)
+    except AutotuneError as exc:
+        click.echo(f"autotune: error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort as exc:
+        if isinstance(exc.__cause__, Terminated):
+            click.echo("autotune: terminated (SIGTERM); run the same command to resume", err=True)
+            sys.exit(EXIT_TERMINATED)
+        click.echo("autotune: interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except click.UsageError as exc:
+        hint = f" (see: autotune {exc.ctx.command_path.partition(' ')[2]} --help)".replace("  ", " ") if exc.ctx else ""
+        click.echo(f"autotune: error: {exc.format_message()}{hint}", err=True)
+        sys.exit(2)
+    except click.ClickException as exc:
+        click.echo(f"autotune: error: {exc.format_message()}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+
+
+def echo_json(data: object) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+

@@ -1,0 +1,77 @@
+"""`autotune probe` (one real training probe) and `autotune estimate` (its memory, predicted)."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from autotune import defaults
+from autotune.cli.app import cli, echo_json
+from autotune.cli.options import config_options, make_config, make_settings, probe_settings_options
+from autotune.recipes import peft_text  # (torch-free: the --peft flags as a config stores them)
+
+
+@cli.command()
+@config_options
+@click.option("--gpu-budget", required=True, help="Memory to fit in: 8GiB, 7.5GiB, 8192MiB, 8GB or bytes.")
+@probe_settings_options
+@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, optimizer, weights, task,
+          target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets,
+          gpu_budget, device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
+          as_json):
+    """Run one short, real training probe; exit status 0 if it fits, 1 if not."""
+    from autotune.probe import run_probe
+    from autotune.report import format_probe_result
+    from autotune.units import parse_size
+
+    budget = parse_size(gpu_budget)
+    config = make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task,
+                         target_length, num_labels, optimizer, weights,
+                         peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets))
+    settings = make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code)
+    result = run_probe(config, budget, settings=settings)
+    if as_json:
+        echo_json({"config": config.to_dict(), "config_key": config.key(), "task": config.task, **result.to_dict()})
+    else:
+        click.echo(format_probe_result(config, result))
+    sys.exit(0 if result.fits else 1)
+
+
+
+@cli.command()
+@config_options
+@click.option("--gpu-budget", default=None, help="Also say whether it fits in this much memory: 8GiB, 7.5GiB, 8192MiB, 8GB or bytes.")
+@click.option("--safety-margin", default=defaults.SAFETY_MARGIN_TEXT, show_default=True,
+              help="Room kept free under the budget: a percentage of it or a size (256MiB).")
+@click.option("--device-type", default="cuda", show_default=True,
+              help="cuda: predict a GPU run; cpu: predict what a CPU probe accounts.")
+@click.option("--timeout", "timeout_text", default=f"{defaults.ESTIMATE_TIMEOUT_SECONDS:.0f}s", show_default=True,
+              help="Give up tracing after this long.")
+@click.option("--no-cache", is_flag=True, help="Trace again even if this estimate is cached.")
+@click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run.")
+@click.option("--json", "as_json", is_flag=True, help="Print the estimate as one JSON object.")
+def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, optimizer, weights, task,
+             target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets, gpu_budget,
+             safety_margin, device_type, timeout_text, no_cache, trust_remote_code, as_json):
+    """Predict a configuration's training memory without a GPU; with --gpu-budget, exit 1 if it will not fit."""
+    from autotune.estimate import estimate_memory
+    from autotune.margin import margin_bytes
+    from autotune.report import render_estimate
+    from autotune.units import parse_duration, parse_margin, parse_size
+
+    budget = parse_size(gpu_budget) if gpu_budget is not None else None
+    margin = margin_bytes(parse_margin(safety_margin), budget) if budget is not None else 0
+    timeout = parse_duration(timeout_text, flag="--timeout")
+    config = make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task,
+                         target_length, num_labels, optimizer, weights,
+                         peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets))
+    result = estimate_memory(config, device_type=device_type.lower(), timeout=timeout, use_cache=not no_cache,
+                             trust_remote_code=trust_remote_code)
+    if as_json:
+        echo_json(result.to_dict(budget, margin))
+    else:
+        click.echo(render_estimate(result, budget, margin))
+    sys.exit(0 if budget is None or result.fits(budget, margin) else 1)
+

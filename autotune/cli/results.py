@@ -1,0 +1,80 @@
+"""Commands that read the results database: studies, leaderboard, best, db upgrade.
+They import autotune.store (SQLAlchemy) inside their bodies and never torch, so that
+`autotune leaderboard` answers in a fraction of a second."""
+
+from __future__ import annotations
+
+import click
+
+from autotune.cli.app import cli
+from autotune.cli.options import db_option
+
+
+@cli.command()
+@db_option
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="A table for people, or a JSON list.")
+def studies(db, fmt):
+    """List the studies in the results database, with probe counts and best throughput."""
+    from autotune.report import render_studies
+    from autotune.store import open_store
+
+    with open_store(db, read_only=True) as store:
+        rows = store.studies()
+    click.echo(render_studies(rows, fmt))
+
+
+@cli.command()
+@click.option("--study", default=None, help="Study name [default: the most recent one].")
+@click.option("--top", type=click.IntRange(min=1), default=None, help="Show only the N fastest configurations.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True,
+              help="A table for people, a JSON list, or CSV with a header row.")
+@db_option
+def leaderboard(study, top, fmt, db):
+    """Rank a study's configurations that fit, fastest first."""
+    from autotune.report import render_leaderboard
+    from autotune.store import open_store
+
+    with open_store(db, read_only=True) as store:
+        rows = store.leaderboard(study, top=top)
+    click.echo(render_leaderboard(rows, fmt))
+
+
+@cli.group("db")
+def db_group():
+    """Manage the results database."""
+
+
+@db_group.command("upgrade")
+@db_option
+def db_upgrade(db):
+    """Upgrade the results database's schema to this version of autotune."""
+    from autotune.store import upgrade_database
+
+    report = upgrade_database(db)
+    if report.changed:
+        click.echo(f"{report.url}: upgraded from {report.before or 'empty'} to {report.after}")
+    else:
+        click.echo(f"{report.url}: already at {report.after}")
+
+
+
+@cli.command()
+@click.option("--study", default=None, help="Study name [default: the most recent one].")
+@click.option("--format", "fmt", type=click.Choice(["json", "yaml", "trainer-args", "cli"]), default="json", show_default=True,
+              help="json/yaml: the config and its measurements; trainer-args: TrainingArguments and model kwargs; "
+                   "cli: flags for the Hugging Face example scripts.")
+@db_option
+def best(study, fmt, db):
+    """Print a study's winning configuration for the fine-tune."""
+    from autotune.handoff import best as find_best
+
+    chosen = find_best(study, db)
+    # On stderr, so that `$(autotune best --format cli)` takes the flags alone.
+    if study is None:
+        click.echo(f"autotune: the most recent study, {chosen.row.study!r} (--model {chosen.config.model})", err=True)
+    if fmt == "cli":
+        for caveat in chosen.cli_caveats():
+            click.echo(f"autotune: note: {caveat}", err=True)
+    click.echo(chosen.render(fmt))
+

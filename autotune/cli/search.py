@@ -1,0 +1,158 @@
+"""`autotune search` (a study, on this machine's workers) and `autotune worker` (joining one)."""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import click
+
+from autotune import defaults
+from autotune.cli.app import (DEVICE_HELP, EXIT_INTERRUPTED, EXIT_NOTHING_FITS, EXIT_UNMEASURED, OPTIMIZER_HELP, cli,
+                              echo_json)
+from autotune.cli.options import db_option, make_settings, probe_settings_options, task_options
+from autotune.recipes import peft_text
+from autotune.status import StopReason
+
+
+@cli.command()
+@click.option("--model", required=True, help="Hub id, gpt2-family name, or a local directory with config.json.")
+@click.option("--gpu-budget", required=True, help="Memory to fit in: 8GiB, 7.5GiB, 8192MiB, 8GB or bytes.")
+@click.option("--effective-batch", type=int, default=None,
+              help="Sequences per optimizer step, kept fixed; accumulation = effective batch / micro-batch "
+                   f"[default: {defaults.EFFECTIVE_BATCH}].")
+@click.option("--effective-tokens", type=int, default=None,
+              help=f"Tokens per optimizer step, for several --block-sizes [default: {defaults.EFFECTIVE_BATCH} x the largest block].")
+@click.option("--micro-batches", default=None,
+              help=f"Micro-batches to try [default: {','.join(map(str, defaults.MICRO_BATCHES))} up to the effective batch].")
+@click.option("--block-sizes", default=None,
+              help=f"Block sizes to try [default: {defaults.BLOCK_SIZE}, or the model's maximum if smaller].")
+@click.option("--precisions", default=",".join(defaults.PRECISIONS), show_default=True, help="Precisions to try.")
+@click.option("--checkpointing", "checkpointing_", default=",".join("on" if c else "off" for c in defaults.CHECKPOINTING),
+              show_default=True, help="Gradient checkpointing: on, off or both.")
+@click.option("--attention", default=",".join(defaults.ATTENTIONS), show_default=True, help="Attention implementations to try.")
+@click.option("--optimizers", default=defaults.OPTIMIZER, show_default=True,
+              help="Optimizers the search may choose among (a recipe lever: list only those you accept): " + OPTIMIZER_HELP)
+@click.option("--weights", "weights_", default="fp32", show_default=True,
+              help="Weights dtypes the search may choose among (fp32, bf16: a recipe lever).")
+@click.option("--strategy", default=defaults.STRATEGY, show_default=True, help="frontier, tpe, grid (OOM-pruned) or grid-full.")
+@click.option("--max-trials", type=int, default=None, help="Stop after this many probes (reused and skipped ones are free).")
+@click.option("--timeout", default=None, help="Start no new probe after this long (e.g. 30m).")
+@click.option("--patience", type=int, default=None, help="Stop after this many probes without a better config.")
+@click.option("--study", default=None, help="Study name; the same name resumes [default: MODEL-BUDGET].")
+@click.option("--fresh", is_flag=True, help="Probe again even where a stored result could be reused.")
+@click.option("--predict/--no-predict", default=True, show_default=True,
+              help="Estimate every candidate's memory first (no GPU needed): skip hopeless ones, order the rest.")
+@click.option("--confirm/--no-confirm", default=True, show_default=True,
+              help="Before saying the pick, measure the configs within noise of the best again until it is told "
+                   "apart or declared a tie.")
+@click.option("--predict-margin", type=float, default=defaults.PREDICT_MARGIN, show_default=True,
+              help="Skip a config only if predicted over the budget by more than this share of it.")
+@probe_settings_options
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Search in N worker processes on this machine: one per GPU (each gets one CUDA_VISIBLE_DEVICES entry), "
+                   "or N CPU workers with --device cpu. Other machines join with `autotune worker`.")
+@click.option("--heartbeat", type=float, default=defaults.HEARTBEAT_SECONDS, show_default=True,
+              help=f"Seconds between a worker's heartbeats; a worker silent for {defaults.STALE_BEATS} of them is presumed "
+                   f"dead and its probe retried.")
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object (progress goes to stderr).")
+@task_options
+def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, block_sizes, precisions, checkpointing_,
+           attention, optimizers, weights_, task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout,
+           lora_targets, strategy, max_trials, timeout, patience, study, fresh, predict, confirm,
+           predict_margin, device, safety_margin, warmup_steps,
+           measure_steps, measure_seconds, probe_timeout, trust_remote_code, workers, heartbeat, db, as_json):
+    """Find the fastest configuration that fits the budget, by probing."""
+    from autotune import report
+    from autotune.config import ATTENTIONS, OPTIMIZERS, PRECISIONS
+    from autotune.live import LiveLine
+    from autotune.recipes import WEIGHTS
+    from autotune.search import SearchOptions
+    from autotune.search import search as run
+    from autotune.units import parse_choice_list, parse_duration, parse_int_list, parse_size
+
+    budget = parse_size(gpu_budget)
+    ckpt = parse_choice_list(checkpointing_, flag="--checkpointing", allowed=("off", "on", "false", "true"))
+    space_args = dict(
+        micro_batches=parse_int_list(micro_batches, flag="--micro-batches") if micro_batches is not None else None,
+        block_sizes=parse_int_list(block_sizes, flag="--block-sizes") if block_sizes is not None else None,
+        precisions=parse_choice_list(precisions, flag="--precisions", allowed=PRECISIONS),
+        checkpointing=tuple(dict.fromkeys(v in ("on", "true") for v in ckpt)),
+        attentions=parse_choice_list(attention, flag="--attention", allowed=ATTENTIONS),
+        effective_batch=effective_batch, effective_tokens=effective_tokens,
+        task=task, target_length=target_length, num_labels=num_labels,
+        optimizers=parse_choice_list(optimizers, flag="--optimizers", allowed=OPTIMIZERS),
+        weights=parse_choice_list(weights_, flag="--weights", allowed=WEIGHTS),
+        peft=peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets),
+    )
+    for flag, value in (("--effective-batch", effective_batch), ("--effective-tokens", effective_tokens)):
+        if value is not None and value < 1:
+            raise click.BadParameter(f"must be at least 1 (got {value})", param_hint=flag)
+    settings = make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code)
+    options = SearchOptions(study=study, strategy=strategy, max_trials=max_trials, patience=patience, fresh=fresh,
+                            predict=predict, predict_margin=predict_margin, heartbeat_seconds=heartbeat, confirm=confirm,
+                            timeout=parse_duration(timeout) if timeout else None)
+    out = sys.stderr if as_json else sys.stdout
+    # On a terminal, the probe in flight is shown live (replaced by its result line); not in a log.
+    live = LiveLine(out) if out.isatty() and workers is None else None
+    say = live.print if live is not None else (lambda line: click.echo(line, file=out))
+    with live or contextlib.nullcontext():
+        outcome = run(model, budget, settings=settings, options=options, db=db, workers=workers,
+                      on_start=lambda *a: say(report.format_search_header(*a)),
+                      on_event=lambda e: say(report.format_event(e, show_worker=workers is not None)),
+                      on_progress=live.progress if live is not None else None, **space_args)
+    for failure in outcome.failures:
+        click.echo(f"autotune: warning: {failure}", err=True)
+    if as_json:
+        echo_json(report.search_summary(outcome))
+    else:
+        if outcome.leaderboard:
+            click.echo("")
+            click.echo(report.render_leaderboard(outcome.leaderboard[:10], "table"))
+        click.echo("")
+        click.echo(report.explain_winner(outcome))
+        click.echo(report.format_search_footer(outcome))
+    sys.exit(search_exit_status(outcome))
+
+
+def search_exit_status(outcome) -> int:
+    """0: a configuration fits and every candidate is settled (or a limit stopped the search as
+    asked); 1: nothing fits; 3: some candidates could not be measured; 130: interrupted."""
+    if outcome.stop_reason == StopReason.INTERRUPTED:
+        return EXIT_INTERRUPTED
+    if outcome.unmeasured:
+        return EXIT_UNMEASURED
+    if outcome.finished and outcome.best is None:
+        return EXIT_NOTHING_FITS
+    return 0
+
+
+@cli.command()
+@click.option("--study", required=True, help="The study to join, as `autotune search --study` named it.")
+@click.option("--device", default="auto", show_default=True, help=DEVICE_HELP)
+@click.option("--allow-other-device", is_flag=True,
+              help="Join even though this device (or its driver and library versions) differs from the study's.")
+@click.option("--max-trials", type=int, default=None, help="Stop this worker after this many probes.")
+@click.option("--timeout", default=None, help="Start no new probe on this worker after this long (e.g. 30m).")
+@click.option("--patience", type=int, default=None, help="Stop after this many probes without a better config [default: the study's].")
+@click.option("--probe-timeout", default=None, help="Kill a probe after this long [default: the study's].")
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="Print this worker's outcome as one JSON object (progress goes to stderr).")
+def worker(study, device, allow_other_device, max_trials, timeout, patience, probe_timeout, db, as_json):
+    """Join a study from this machine and probe its configurations until it is done or stopped."""
+    from autotune import report
+    from autotune.units import parse_duration
+    from autotune.search import join_study
+
+    out = sys.stderr if as_json else sys.stdout
+    outcome = join_study(study, db=db, device=device, allow_other_device=allow_other_device, max_trials=max_trials,
+                         timeout=parse_duration(timeout) if timeout else None, patience=patience,
+                         probe_timeout=parse_duration(probe_timeout, flag="--probe-timeout") if probe_timeout else None,
+                         on_start=lambda *a: click.echo(report.format_search_header(*a), file=out),
+                         on_event=lambda e: click.echo(report.format_event(e, show_worker=True), file=out))
+    if as_json:
+        echo_json(report.search_summary(outcome))
+    else:
+        click.echo(report.format_search_footer(outcome))
+    sys.exit(search_exit_status(outcome))
