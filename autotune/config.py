@@ -8,12 +8,14 @@ import json
 from dataclasses import asdict, dataclass, fields
 
 from autotune import defaults
-from autotune import recipes
+from autotune import recipes, speed
 from autotune.errors import BadInput
 from autotune.tasks import RECIPE_DEFAULTS, TASKS, Task
 from autotune.units import INT64_MAX
 
-PRECISIONS = ("fp32", "fp16", "bf16")
+# tf32: fp32 weights and math, matmuls and convolutions on TF32 tensor cores (NVIDIA Ampere and
+# newer), as TrainingArguments(tf32=True) sets; the memory of fp32.
+PRECISIONS = ("fp32", "fp16", "bf16", "tf32")
 # Attention kernels by their transformers `attn_implementation` names. Others (flash_attention_2,
 # flex_attention, ...) are accepted when installed; the worker reports `skipped` where they are not.
 ATTENTIONS = ("sdpa", "eager", "flash_attention_2", "flash_attention_3", "flex_attention")
@@ -21,10 +23,11 @@ OPTIMIZERS = tuple(recipes.OPTIMIZERS)
 
 # Bump when the meaning of a field changes, so that stored keys of the old form are not reused.
 KEY_VERSION = "p1"
-# Fields added after KEY_VERSION p1 (the recipe fields, the weights' dtype) are left out of the key
+# Fields added after KEY_VERSION p1 (the recipe fields, the weights' dtype, the speed levers) are left out of the key
 # at the value that means what a p1 config meant, so that the keys (and stored probes) of causal-LM
 # configs stay valid.
-_LATER_FIELDS = {**RECIPE_DEFAULTS, "weights": recipes.DEFAULT_WEIGHTS}
+_LATER_FIELDS = {**RECIPE_DEFAULTS, "weights": recipes.DEFAULT_WEIGHTS, "compile": False,
+                 "allocator": speed.DEFAULT_ALLOCATOR, "liger": False}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +56,10 @@ class ProbeConfig:
     num_labels: int | None = None
     weights: str = recipes.DEFAULT_WEIGHTS   # fp32 master weights, or pure bf16 (autotune.recipes)
     peft: str | None = None                  # LoRA/QLoRA adapters on a frozen base: recipes.PeftSpec's text
+    # Speed levers that keep the math (autotune.speed).
+    compile: bool = False                    # torch.compile (inductor) of the model
+    allocator: str = speed.DEFAULT_ALLOCATOR  # the CUDA caching allocator's setting
+    liger: bool = False                      # Liger's kernels, fused linear + cross-entropy among them
 
     def __post_init__(self) -> None:
         problems = []
@@ -74,6 +81,11 @@ class ProbeConfig:
             problems.append(f"--weights {self.weights!r} is unknown; choose from {', '.join(recipes.WEIGHTS)}")
         elif self.weights == "bf16" and self.precision == "fp16":
             problems.append("--weights bf16 trains in bf16: use --precision bf16 (or fp32: no autocast), not fp16")
+        if self.allocator not in speed.ALLOCATORS:
+            problems.append(f"--allocator {self.allocator!r} is unknown; choose from {', '.join(speed.ALLOCATORS)}")
+        for name in ("compile", "liger"):
+            if not isinstance(getattr(self, name), bool):
+                problems.append(f"{name} must be true or false (got {getattr(self, name)!r})")
         if self.peft is not None:
             try:
                 recipes.PeftSpec.from_text(self.peft)
@@ -144,6 +156,13 @@ class ProbeConfig:
             label += f" w-{self.weights}"
         if self.peft is not None:
             label += f" {recipes.PeftSpec.from_text(self.peft).label()}"
+        # Speed levers, when on: 'mb8x1 blk512 bf16 no-ckpt sdpa compiled expandable liger'.
+        if self.compile:
+            label += " compiled"
+        if self.allocator != speed.DEFAULT_ALLOCATOR:
+            label += f" {self.allocator}"
+        if self.liger:
+            label += " liger"
         return label
 
 

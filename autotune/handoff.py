@@ -13,6 +13,7 @@ import json
 import re
 from dataclasses import dataclass
 
+from autotune import speed
 from autotune.errors import StudyNotFound
 from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec
 from autotune.store import LeaderboardRow, open_store
@@ -73,9 +74,22 @@ class BestConfig:
             kwargs["optim_args"] = OPTIMIZERS[c.optimizer].optim_args
         if c.checkpointing:
             kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+        # Speed levers (autotune.speed); the allocator's is an environment variable (`environment`).
+        if c.precision == "tf32":
+            kwargs["tf32"] = True
+        if c.compile:
+            kwargs["torch_compile"] = True
+        if c.liger:
+            kwargs["use_liger_kernel"] = True
         if self.device_type == "cpu":
             kwargs["use_cpu"] = True
         return kwargs
+
+    def environment(self) -> dict[str, str]:
+        """Environment variables the training process must start with: the CUDA allocator's
+        setting, read once when CUDA initialises (`autotune train` sets it itself)."""
+        value = speed.alloc_conf(self.config.allocator)
+        return {} if value is None else {speed.ALLOC_CONF_VAR: value}
 
     def model_kwargs(self) -> dict:
         """Keyword arguments for `from_pretrained` / `from_config` of the task's Auto class."""
@@ -140,6 +154,8 @@ class BestConfig:
                     "block_size": self.config.block_size, **self.task_document()}
         if self.config.peft is not None:
             document["lora_config"] = self.lora_kwargs()
+        if self.environment():
+            document["environment"] = self.environment()
         return document
 
     def cli_flags(self) -> str:
@@ -164,11 +180,21 @@ class BestConfig:
             flags += ["--optim_args", str(OPTIMIZERS[c.optimizer].optim_args)]
         if c.precision in ("fp16", "bf16"):
             flags.append(f"--{c.precision}")
+        elif c.precision == "tf32":
+            flags += ["--tf32", "true"]  # TrainingArguments' tf32 takes a value (a bare --tf32 is refused)
+        if c.weights == "bf16" and task == Task.CAUSAL_LM:
+            # Pure bf16: run_clm.py loads the model in the dtype it is given (--torch_dtype before
+            # transformers 4.56, rejected by the scripts of transformers 5); the others have no flag.
+            flags += ["--dtype", "bfloat16"]
         if c.checkpointing:
             # Compact JSON: one word with no space, so that `$(autotune best --format cli)` splits
             # it as the script expects (quotes inside a substitution are not the shell's).
             flags += ["--gradient_checkpointing", "--gradient_checkpointing_kwargs",
                       json.dumps({"use_reentrant": False}, separators=(",", ":"))]
+        if c.compile:
+            flags.append("--torch_compile")
+        if c.liger:
+            flags.append("--use_liger_kernel")
         if self.device_type == "cpu":
             flags.append("--use_cpu")  # the study measured a CPU run
         assert all(_SPLITS_AS_ONE_WORD.fullmatch(flag) for flag in flags), flags
@@ -182,12 +208,15 @@ class BestConfig:
         if c.attention != "sdpa":
             caveats.append(f"attention {c.attention}: {script} has no flag for it (it loads sdpa); load the model with "
                            f"attn_implementation={c.attention!r}, or train with `autotune train --study {self.row.study}`")
-        if c.weights == "bf16":
-            caveats.append(f"pure bf16 weights: load the model with dtype=torch.bfloat16 ({script}: --torch_dtype "
-                           f"bfloat16 where it has the flag)")
+        if c.weights == "bf16" and Task(c.task) != Task.CAUSAL_LM:  # run_clm.py takes --dtype (cli_flags)
+            caveats.append(f"pure bf16 weights: {script} has no flag to load the model in bf16; load it with "
+                           f"dtype=torch.bfloat16, or train with `autotune train --study {self.row.study}`")
         if c.peft is not None:
             caveats.append(f"{PeftSpec.from_text(c.peft).text()}: {script} has no PEFT flags; wrap the model with "
                            f"`autotune.best(...).lora_config()`, or train with `autotune train --study {self.row.study}`")
+        for name, value in self.environment().items():  # read once, when CUDA starts: no flag can set it
+            caveats.append(f"allocator {c.allocator}: start {script} with {name}={value} in its environment "
+                           f"(`{name}={value} python {script} ...`)")
         return caveats
 
     def yaml(self) -> str:

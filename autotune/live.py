@@ -16,7 +16,7 @@ from autotune.units import format_duration
 
 REDRAW_SECONDS = 0.5
 _PHASES = {"starting": "starting", "start-up": "starting a probe process", "build": "building the model",
-           "warm-up": "warm-up steps", "timing": "timing steps"}
+           "warm-up": "warm-up steps", "compile": "compiling (torch.compile)", "timing": "timing steps"}
 
 
 class LiveLine:

@@ -57,11 +57,17 @@ def watch_parent(parent_pid: int, interval: float = WATCHDOG_SECONDS) -> None:
     threading.Thread(target=watch, name="autotune-parent-watchdog", daemon=True).start()
 
 
-def run_as_child(parent_pid: int, target: str, *args: object) -> None:
+def run_as_child(parent_pid: int, target: str, *args: object, environment: dict[str, str | None] | None = None) -> None:
     """A spawn target: tie this process to `parent_pid`, then import and call `target`
     ('package.module:function') with `args`. The import comes after the guards, so a child killed
-    with its parent during torch's import leaves nothing behind either."""
+    with its parent during torch's import leaves nothing behind either. `environment` is set (None:
+    unset) before the import, for settings read once at start-up (the CUDA allocator's)."""
     kill_me_with_parent()
     watch_parent(parent_pid)
+    for name, value in (environment or {}).items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
     module, _, function = target.partition(":")
     getattr(importlib.import_module(module), function)(*args)

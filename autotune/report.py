@@ -48,7 +48,9 @@ def format_probe_result(config: ProbeConfig, result: ProbeResult) -> str:
     if result.first_loss is not None:
         lines.append(f"loss    {_fmt_float(result.first_loss, '.4f')} -> {_fmt_float(result.last_loss, '.4f')}")
     lines.append(f"time    wall {_fmt_float(result.wall_seconds, '.2f')} s = start-up {_fmt_float(result.startup_seconds, '.2f')} s "
-                 f"+ build {_fmt_float(result.build_seconds, '.2f')} s + steps (measured window {_fmt_float(result.measured_seconds, '.2f')} s)")
+                 f"+ build {_fmt_float(result.build_seconds, '.2f')} s"
+                 + (f" + compile {result.compile_seconds:.2f} s" if result.compile_seconds is not None else "")
+                 + f" + steps (measured window {_fmt_float(result.measured_seconds, '.2f')} s)")
     return "\n".join(lines)
 
 
@@ -61,7 +63,7 @@ def format_probe_result(config: ProbeConfig, result: ProbeResult) -> str:
 LEADERBOARD_FIELDS = (
     "rank", "label", *(f.name for f in fields(ProbeConfig)), "status", "tokens_per_s", "step_seconds", "step_spread",
     "samples_per_s", "mfu", "peak_reserved_bytes", "peak_allocated_bytes", "context_bytes", "budget_bytes",
-    "margin_bytes", "study", "probe_id", "trial_number", "config_key", "worker",
+    "margin_bytes", "study", "probe_id", "trial_number", "config_key", "worker", "compile_seconds",
 )
 
 

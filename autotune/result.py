@@ -30,6 +30,7 @@ class ProbeResult:
     measured_steps: int | None = None
     startup_seconds: float | None = None  # worker process start and imports; 0 when a warm worker was reused
     build_seconds: float | None = None    # model build and optimizer set-up
+    compile_seconds: float | None = None  # torch.compile's one-off cost: the first compiled step less a timed one
     measured_seconds: float | None = None # the timed window
     wall_seconds: float | None = None     # the whole probe as the caller saw it, process start included
     parameters: int | None = None         # parameters of the model built (the task's whole class)

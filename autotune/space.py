@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from autotune import defaults, recipes
+from autotune import defaults, recipes, speed
 from autotune.config import ATTENTIONS, PRECISIONS, ProbeConfig
 from autotune.errors import BadInput
 from autotune.models import ModelSpec
@@ -33,6 +33,10 @@ class SearchSpace:
     # Recipe levers the user allows the search to choose among (autotune.recipes).
     optimizers: tuple[str, ...] = (recipes.DEFAULT_OPTIMIZER,)
     weights: tuple[str, ...] = (recipes.DEFAULT_WEIGHTS,)
+    # Speed levers the search chooses among (autotune.speed): they keep the math.
+    compiles: tuple[bool, ...] = (False,)
+    allocators: tuple[str, ...] = (speed.DEFAULT_ALLOCATOR,)
+    ligers: tuple[bool, ...] = (False,)
 
     def __post_init__(self) -> None:
         problems = []
@@ -61,6 +65,11 @@ class SearchSpace:
                 problems.append(f"--weights: {value!r} is unknown; choose from {', '.join(recipes.WEIGHTS)}")
         if not self.optimizers or not self.weights:
             problems.append("--optimizers and --weights need at least one value")
+        for value in self.allocators:
+            if value not in speed.ALLOCATORS:
+                problems.append(f"--allocators: {value!r} is unknown; choose from {', '.join(speed.ALLOCATORS)}")
+        if not self.compiles or not self.allocators or not self.ligers:
+            problems.append("--compile, --allocators and --liger need at least one value")
         if "bf16" in self.weights and self.precisions and set(self.precisions) == {"fp16"}:
             problems.append("--weights bf16 trains in bf16: add bf16 or fp32 to --precisions")
         if (self.effective_batch is None) == (self.effective_tokens is None):
@@ -73,7 +82,8 @@ class SearchSpace:
     @classmethod
     def build(cls, spec: ModelSpec, *, micro_batches=None, block_sizes=None, precisions=None, checkpointing=None,
               attentions=None, effective_batch=None, effective_tokens=None, task=None, target_length=None,
-              num_labels=None, optimizers=None, weights=None, peft=None) -> "SearchSpace":
+              num_labels=None, optimizers=None, weights=None, peft=None, compiles=None, allocators=None,
+              ligers=None) -> "SearchSpace":
         """A space for `spec` with documented defaults for whatever is not given, checked against
         the model (block sizes within its maximum positions; the task from its architectures)."""
         max_positions = spec.max_positions
@@ -101,6 +111,9 @@ class SearchSpace:
             optimizers=tuple(dict.fromkeys(optimizers or (recipes.DEFAULT_OPTIMIZER,))),
             weights=tuple(dict.fromkeys(weights or (recipes.DEFAULT_WEIGHTS,))),
             peft=peft,
+            compiles=tuple(dict.fromkeys(compiles or (False,))),
+            allocators=tuple(dict.fromkeys(allocators or (speed.DEFAULT_ALLOCATOR,))),
+            ligers=tuple(dict.fromkeys(ligers or (False,))),
             **recipe,
         )
 
@@ -115,7 +128,8 @@ class SearchSpace:
     def candidates(self) -> list[ProbeConfig]:
         """Every configuration of the space that keeps the effective batch exact."""
         out = []
-        for optimizer, weights in itertools.product(self.optimizers, self.weights):
+        for optimizer, weights, compiled, allocator, liger in itertools.product(
+                self.optimizers, self.weights, self.compiles, self.allocators, self.ligers):
             for precision in self.precisions:
                 if weights == "bf16" and precision == "fp16":
                     continue  # pure bf16 does not train in fp16
@@ -127,7 +141,8 @@ class SearchSpace:
                     out.append(ProbeConfig(model=self.model, micro_batch=micro, block_size=block, grad_accum=accum,
                                            precision=precision, checkpointing=checkpointing, attention=attention,
                                            optimizer=optimizer, weights=weights, task=self.task,
-                                           target_length=self.target_length, num_labels=self.num_labels, peft=self.peft))
+                                           target_length=self.target_length, num_labels=self.num_labels, peft=self.peft,
+                                           compile=compiled, allocator=allocator, liger=liger))
         if not out:
             work = f"{self.effective_batch} sequences" if self.effective_batch else f"{self.effective_tokens} tokens"
             raise BadInput(f"no micro-batch in --micro-batches divides the effective batch ({work}) exactly; "
@@ -153,6 +168,9 @@ class SearchSpace:
             data["optimizers"] = list(self.optimizers)
         if self.weights != (recipes.DEFAULT_WEIGHTS,):
             data["weights"] = list(self.weights)
+        for name, plain in (("compiles", (False,)), ("allocators", (speed.DEFAULT_ALLOCATOR,)), ("ligers", (False,))):
+            if getattr(self, name) != plain:
+                data[name] = list(getattr(self, name))
         return data
 
     @property
@@ -176,16 +194,18 @@ def group_key(config: ProbeConfig) -> tuple:
     can therefore fit where a smaller, accumulating one does not: it gets a group of its own.
     """
     return (config.precision, config.checkpointing, config.attention, config.block_size, config.grad_accum > 1,
-            config.optimizer, config.weights)
+            config.optimizer, config.weights, config.compile, config.allocator, config.liger)
 
 
 def dominates_in_memory(small: ProbeConfig, large: ProbeConfig) -> bool:
     """True when `large` needs at least the memory of `small`: same precision, checkpointing,
     attention, optimizer and weights, a micro-batch and block size each at least as large, and not the one of the two
-    that escapes accumulation's extra set of gradients (see group_key)."""
+    that escapes accumulation's extra set of gradients (see group_key). Configs that differ in a
+    speed lever are never compared: compile, the allocator and Liger change the memory need, but
+    not in a direction known for every model, so each of their values is searched as its own group."""
     if small.grad_accum > 1 and large.grad_accum == 1:
         return False
-    same = ("precision", "checkpointing", "attention", "optimizer", "weights")
+    same = ("precision", "checkpointing", "attention", "optimizer", "weights", "compile", "allocator", "liger")
     return all(getattr(small, name) == getattr(large, name) for name in same) \
         and large.micro_batch >= small.micro_batch and large.block_size >= small.block_size
 
@@ -194,18 +214,19 @@ def single_config(spec: ModelSpec, *, micro_batch: int, block_size: int, grad_ac
                   precision: str = defaults.PRECISION, checkpointing: bool = False, attention: str = defaults.ATTENTION,
                   task: str | None = None, target_length: int | None = None, num_labels: int | None = None,
                   optimizer: str = recipes.DEFAULT_OPTIMIZER, weights: str = recipes.DEFAULT_WEIGHTS,
-                  peft: str | None = None) -> ProbeConfig:
+                  peft: str | None = None, compile: bool = False, allocator: str = speed.DEFAULT_ALLOCATOR,
+                  liger: bool = False) -> ProbeConfig:
     """One configuration of `spec`, as `autotune probe` and `autotune estimate` are given it: the
     task told from the model's architectures when not given, with its defaults."""
     recipe = spec.task_fields(task=task, target_length=target_length, num_labels=num_labels)
     return ProbeConfig(model=spec.reference, micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum,
                        precision=precision, checkpointing=checkpointing, attention=attention, optimizer=optimizer,
-                       weights=weights, peft=peft, **recipe)
+                       weights=weights, peft=peft, compile=compile, allocator=allocator, liger=liger, **recipe)
 
 
 def _precision_order(device_type: str) -> dict[str, int]:
     # Tensor cores make half precision fastest on GPUs; CPUs without AMX are often faster in fp32.
-    order = ("bf16", "fp16", "fp32") if device_type == "cuda" else ("fp32", "bf16", "fp16")
+    order = ("bf16", "fp16", "tf32", "fp32") if device_type == "cuda" else ("fp32", "bf16", "fp16", "tf32")
     return {p: i for i, p in enumerate(order)}
 
 
@@ -214,4 +235,5 @@ def group_priority(config: ProbeConfig, device_type: str) -> tuple:
     checkpointing first (their results rule checkpointed configs out), likely-fast precisions and
     SDPA first, larger blocks first, the micro-batch that does not accumulate before those that do."""
     return (config.checkpointing, _precision_order(device_type).get(config.precision, 9),
-            config.attention != "sdpa", -config.block_size, config.grad_accum > 1, config.optimizer, config.weights)
+            config.attention != "sdpa", -config.block_size, config.grad_accum > 1, config.optimizer, config.weights,
+            config.compile, config.allocator != speed.DEFAULT_ALLOCATOR, config.liger)

@@ -187,6 +187,9 @@ def test_train_refuses_an_empty_study_or_output_dir(work, hermetic_home):
     (["--block-sizes", ""], "--block-sizes"),
     (["--study", ""], "--study is empty"),
     (["--study", ".."], "--study '..' names a directory"),
+    (["--allocators", "default,huge"], "--allocators: unknown value 'huge'"),
+    (["--compile", "sometimes"], "--compile: unknown value 'sometimes'"),
+    (["--liger", "yes"], "--liger: unknown value 'yes'"),
 ])
 def test_search_refuses_empty_lists_and_bad_study_names(work, hermetic_home, tmp_path, args, needle):
     # A model that does not exist: old code, reading the empty value as "the default", stops there.
@@ -284,6 +287,17 @@ def test_train_refuses_an_output_dir_that_cannot_be_one_before_recording(work, h
 def test_recipe_mistakes_are_refused_before_anything_starts(work, hermetic_home, tiny_model, args, needle):
     with Unchanged(work, hermetic_home):
         refused(run("search", "--model", tiny_model, "--gpu-budget", "1GiB", "--device", "cpu", *args), needle)
+
+
+@pytest.mark.parametrize("command, args, needle", [
+    ("probe", ["--allocator", "huge"], "--allocator 'huge' is unknown"),
+    ("probe", ["--precision", "tf16"], "--precision 'tf16' is unknown"),
+    ("estimate", ["--liger"], "--liger: the estimator cannot trace Liger's Triton kernels"),
+])
+def test_speed_lever_mistakes_are_one_line(work, hermetic_home, tiny_model, command, args, needle):
+    budget = ["--gpu-budget", "1GiB"] + (["--device", "cpu"] if command == "probe" else [])
+    with Unchanged(work, hermetic_home):
+        refused(run(command, "--model", tiny_model, "--micro-batch", "2", "--block-size", "32", *budget, *args), needle)
 
 
 @pytest.mark.slow

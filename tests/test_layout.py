@@ -23,19 +23,20 @@ MAX_LINES = 500
 LAYERS: list[set[str]] = [
     {"__main__"},
     {"cli"},                                     # parses flags, calls one function, prints
-    {"report", "live"},                          # renders what the layers below return
+    {"report", "live", "plot", "markdown"},      # renders what the layers below return
     {"train"},                                   # the fine-tune (searching first if need be)
     {"handoff"},                                 # a study's winner as Trainer arguments, CLI flags, YAML
     {"search"},                                  # space -> strategies -> probe runner -> store
     {"probe", "estimate", "store", "data"},      # measuring, predicting, keeping
     {"space"},
     {"models", "environment", "margin"},
-    {"config", "result", "units", "paths", "tasks", "timing", "recipes"},
+    {"config", "result", "units", "paths", "tasks", "timing", "recipes", "speed"},
     {"errors", "defaults", "status", "version", "processes"},  # vocabulary everyone shares; process lifelines
 ]
 # (importer unit, imported unit) pairs allowed within one layer: the estimator traces the probe's
-# own training step.
-SIDEWAYS = {("estimate", "probe"), ("config", "units"), ("config", "tasks"), ("config", "recipes")}
+# own training step; the Markdown report says why as `autotune search` does and embeds the plot.
+SIDEWAYS = {("estimate", "probe"), ("config", "units"), ("config", "tasks"), ("config", "recipes"), ("config", "speed"),
+            ("markdown", "report"), ("markdown", "plot")}
 
 
 def module_name(path: Path) -> str:

@@ -71,11 +71,15 @@ def test_task_fields_defaults_and_refusals():
 def test_a_causal_lm_config_keeps_the_key_it_had_before_tasks():
     """Stored probes are found by key: the task fields at their causal-LM values leave it as it was."""
     config = ProbeConfig("gpt2", 8, 512, grad_accum=4, precision="bf16")
-    before = {k: v for k, v in config.to_dict().items() if k not in ("task", "target_length", "num_labels", "weights", "peft")}
+    later = ("task", "target_length", "num_labels", "weights", "peft", "compile", "allocator", "liger")
+    before = {k: v for k, v in config.to_dict().items() if k not in later}
     canonical = json.dumps(before, sort_keys=True, separators=(",", ":"))
     assert config.key() == "p1-" + hashlib.sha256(canonical.encode()).hexdigest()[:20]
     seq2seq = ProbeConfig("t5", 8, 512, task="seq2seq", target_length=128)
     assert len({config.key(), seq2seq.key(), replace(seq2seq, target_length=64).key()}) == 3
+    # A speed lever switched on is another config; off, the key is the one it always was.
+    assert len({config.key(), replace(config, compile=True).key(), replace(config, allocator="expandable").key(),
+                replace(config, liger=True).key(), replace(config, precision="tf32").key()}) == 5
 
 
 def test_a_config_refuses_fields_its_task_has_no_use_for():

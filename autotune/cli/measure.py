@@ -17,10 +17,10 @@ from autotune.recipes import peft_text  # (torch-free: the --peft flags as a con
 @click.option("--gpu-budget", required=True, help="Memory to fit in: 8GiB, 7.5GiB, 8192MiB, 8GB or bytes.")
 @probe_settings_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
-def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, optimizer, weights, task,
-          target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets,
+def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, optimizer, weights, compile_,
+          allocator, liger, task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets,
           gpu_budget, device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
-          as_json):
+          max_compile_seconds, as_json):
     """Run one short, real training probe; exit status 0 if it fits, 1 if not."""
     from autotune.probe import run_probe
     from autotune.report import format_probe_result
@@ -29,8 +29,9 @@ def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, 
     budget = parse_size(gpu_budget)
     config = make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task,
                          target_length, num_labels, optimizer, weights,
-                         peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets))
-    settings = make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code)
+                         peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets), compile_, allocator, liger)
+    settings = make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
+                             max_compile_seconds)
     result = run_probe(config, budget, settings=settings)
     if as_json:
         echo_json({"config": config.to_dict(), "config_key": config.key(), "task": config.task, **result.to_dict()})
@@ -52,8 +53,8 @@ def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, 
 @click.option("--no-cache", is_flag=True, help="Trace again even if this estimate is cached.")
 @click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as one JSON object.")
-def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, optimizer, weights, task,
-             target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets, gpu_budget,
+def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, optimizer, weights, compile_,
+             allocator, liger, task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets, gpu_budget,
              safety_margin, device_type, timeout_text, no_cache, trust_remote_code, as_json):
     """Predict a configuration's training memory without a GPU; with --gpu-budget, exit 1 if it will not fit."""
     from autotune.estimate import estimate_memory
@@ -66,7 +67,7 @@ def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointin
     timeout = parse_duration(timeout_text, flag="--timeout")
     config = make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task,
                          target_length, num_labels, optimizer, weights,
-                         peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets))
+                         peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets), compile_, allocator, liger)
     result = estimate_memory(config, device_type=device_type.lower(), timeout=timeout, use_cache=not no_cache,
                              trust_remote_code=trust_remote_code)
     if as_json:

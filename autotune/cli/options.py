@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from autotune import defaults
-from autotune.cli.app import DB_HELP, DEVICE_HELP, OPTIMIZER_HELP, WEIGHTS_HELP
+from autotune.cli.app import ALLOCATOR_HELP, DB_HELP, DEVICE_HELP, LIGER_HELP, OPTIMIZER_HELP, WEIGHTS_HELP
 
 def config_options(func):
     """The levers of one configuration, shared by `probe` and `estimate`."""
@@ -14,11 +14,15 @@ def config_options(func):
         click.option("--micro-batch", type=int, required=True, help="Sequences per forward/backward pass."),
         click.option("--block-size", type=int, required=True, help="Tokens per sequence."),
         click.option("--grad-accum", type=int, default=1, show_default=True, help="Micro-steps per optimizer step."),
-        click.option("--precision", default=defaults.PRECISION, show_default=True, help="fp32, fp16 (with a gradient scaler) or bf16 (mixed precision)."),
+        click.option("--precision", default=defaults.PRECISION, show_default=True, help="fp32, fp16 (with a gradient scaler), bf16 (mixed precision) or tf32 (fp32 with TF32 matmuls, CUDA)."),
         click.option("--checkpointing/--no-checkpointing", default=False, show_default=True, help="Gradient (activation) checkpointing."),
         click.option("--attention", default=defaults.ATTENTION, show_default=True, help="Attention implementation: sdpa, eager, flash_attention_2, ..."),
         click.option("--optimizer", default=defaults.OPTIMIZER, show_default=True, help=OPTIMIZER_HELP),
         click.option("--weights", default="fp32", show_default=True, help=WEIGHTS_HELP),
+        click.option("--compile/--no-compile", "compile_", default=False, show_default=True,
+                     help="torch.compile the model (inductor); its compile time is reported apart from the timing."),
+        click.option("--allocator", default="default", show_default=True, help=ALLOCATOR_HELP),
+        click.option("--liger/--no-liger", default=False, show_default=True, help=LIGER_HELP),
     ]
     for option in reversed(options):
         func = option(func)
@@ -49,7 +53,8 @@ def task_options(func):
 
 
 def make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task, target_length,
-                num_labels, optimizer=defaults.OPTIMIZER, weights="fp32", peft=None):
+                num_labels, optimizer=defaults.OPTIMIZER, weights="fp32", peft=None, compile_=False, allocator="default",
+                liger=False):
     from autotune.config import ProbeConfig
     from autotune.models import resolve_model
     from autotune.space import single_config
@@ -57,7 +62,8 @@ def make_config(model, micro_batch, block_size, grad_accum, precision, checkpoin
     # The levers are checked before the model is looked for (a typo answers without a hub lookup).
     levers = dict(micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum, precision=precision.lower(),
                   checkpointing=checkpointing, attention=attention.lower(), optimizer=optimizer.strip().lower(),
-                  weights=weights.strip().lower(), peft=peft)
+                  weights=weights.strip().lower(), peft=peft, compile=compile_, allocator=allocator.strip().lower(),
+                  liger=liger)
     ProbeConfig(model=model, **levers)
     return single_config(resolve_model(model), task=task, target_length=target_length, num_labels=num_labels, **levers)
 
@@ -77,19 +83,23 @@ def probe_settings_options(func):
                           f"so that fast configs are timed as steadily as slow ones."),
         click.option("--probe-timeout", default=f"{defaults.PROBE_TIMEOUT_SECONDS:.0f}s", show_default=True, help="Kill a probe after this long (e.g. 90s, 10m)."),
         click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run."),
+        click.option("--max-compile-seconds", type=float, default=None,
+                     help="--compile: skip a config whose compilation takes longer than this [default: no bound]."),
     ]
     for option in reversed(options):
         func = option(func)
     return func
 
 
-def make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code):
+def make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
+                  max_compile_seconds=None):
     from autotune.probe import ProbeSettings
     from autotune.units import parse_duration, parse_margin
 
     return ProbeSettings(device=device, margin=parse_margin(safety_margin), warmup_steps=warmup_steps,
                          measure_steps=measure_steps, measure_seconds=measure_seconds,
-                         timeout=parse_duration(probe_timeout, flag="--probe-timeout"), trust_remote_code=trust_remote_code)
+                         timeout=parse_duration(probe_timeout, flag="--probe-timeout"), trust_remote_code=trust_remote_code,
+                         max_compile_seconds=max_compile_seconds)
 
 
 

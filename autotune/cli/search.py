@@ -35,6 +35,11 @@ from autotune.status import StopReason
               help="Optimizers the search may choose among (a recipe lever: list only those you accept): " + OPTIMIZER_HELP)
 @click.option("--weights", "weights_", default="fp32", show_default=True,
               help="Weights dtypes the search may choose among (fp32, bf16: a recipe lever).")
+@click.option("--compile", "compile_", default="off", show_default=True,
+              help="torch.compile: off, on, or off,on to let the search choose (compile time is reported apart).")
+@click.option("--allocators", default="default", show_default=True,
+              help="CUDA allocator settings to try: default, expandable (expandable_segments:True), or both.")
+@click.option("--liger", default="off", show_default=True, help="Liger's kernels (CUDA, liger-kernel): off, on or off,on.")
 @click.option("--strategy", default=defaults.STRATEGY, show_default=True, help="frontier, tpe, grid (OOM-pruned) or grid-full.")
 @click.option("--max-trials", type=int, default=None, help="Stop after this many probes (reused and skipped ones are free).")
 @click.option("--timeout", default=None, help="Start no new probe after this long (e.g. 30m).")
@@ -59,37 +64,43 @@ from autotune.status import StopReason
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object (progress goes to stderr).")
 @task_options
 def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, block_sizes, precisions, checkpointing_,
-           attention, optimizers, weights_, task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout,
+           attention, optimizers, weights_, compile_, allocators, liger, task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout,
            lora_targets, strategy, max_trials, timeout, patience, study, fresh, predict, confirm,
            predict_margin, device, safety_margin, warmup_steps,
-           measure_steps, measure_seconds, probe_timeout, trust_remote_code, workers, heartbeat, db, as_json):
+           measure_steps, measure_seconds, probe_timeout, trust_remote_code, max_compile_seconds, workers, heartbeat, db,
+           as_json):
     """Find the fastest configuration that fits the budget, by probing."""
     from autotune import report
     from autotune.config import ATTENTIONS, OPTIMIZERS, PRECISIONS
     from autotune.live import LiveLine
     from autotune.recipes import WEIGHTS
+    from autotune.speed import ALLOCATORS
     from autotune.search import SearchOptions
     from autotune.search import search as run
     from autotune.units import parse_choice_list, parse_duration, parse_int_list, parse_size
 
     budget = parse_size(gpu_budget)
-    ckpt = parse_choice_list(checkpointing_, flag="--checkpointing", allowed=("off", "on", "false", "true"))
+    ckpt = on_off_list(checkpointing_, "--checkpointing")
     space_args = dict(
         micro_batches=parse_int_list(micro_batches, flag="--micro-batches") if micro_batches is not None else None,
         block_sizes=parse_int_list(block_sizes, flag="--block-sizes") if block_sizes is not None else None,
         precisions=parse_choice_list(precisions, flag="--precisions", allowed=PRECISIONS),
-        checkpointing=tuple(dict.fromkeys(v in ("on", "true") for v in ckpt)),
+        checkpointing=ckpt,
         attentions=parse_choice_list(attention, flag="--attention", allowed=ATTENTIONS),
         effective_batch=effective_batch, effective_tokens=effective_tokens,
         task=task, target_length=target_length, num_labels=num_labels,
         optimizers=parse_choice_list(optimizers, flag="--optimizers", allowed=OPTIMIZERS),
         weights=parse_choice_list(weights_, flag="--weights", allowed=WEIGHTS),
         peft=peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets),
+        compiles=on_off_list(compile_, "--compile"),
+        allocators=parse_choice_list(allocators, flag="--allocators", allowed=tuple(ALLOCATORS)),
+        ligers=on_off_list(liger, "--liger"),
     )
     for flag, value in (("--effective-batch", effective_batch), ("--effective-tokens", effective_tokens)):
         if value is not None and value < 1:
             raise click.BadParameter(f"must be at least 1 (got {value})", param_hint=flag)
-    settings = make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code)
+    settings = make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
+                             max_compile_seconds)
     options = SearchOptions(study=study, strategy=strategy, max_trials=max_trials, patience=patience, fresh=fresh,
                             predict=predict, predict_margin=predict_margin, heartbeat_seconds=heartbeat, confirm=confirm,
                             timeout=parse_duration(timeout) if timeout else None)
@@ -114,6 +125,14 @@ def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, 
         click.echo(report.explain_winner(outcome))
         click.echo(report.format_search_footer(outcome))
     sys.exit(search_exit_status(outcome))
+
+
+def on_off_list(text: str, flag: str) -> tuple[bool, ...]:
+    """'off', 'on' or 'off,on' (true/false too) as the booleans a space holds, in the order given."""
+    from autotune.units import parse_choice_list
+
+    values = parse_choice_list(text, flag=flag, allowed=("off", "on", "false", "true"))
+    return tuple(dict.fromkeys(v in ("on", "true") for v in values))
 
 
 def search_exit_status(outcome) -> int:

@@ -4,9 +4,11 @@ context)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
+from autotune import speed
 from autotune.config import ProbeConfig
 from autotune.defaults import ESTIMATE_TIMEOUT_SECONDS
 from autotune.errors import BadInput
@@ -37,11 +39,19 @@ def check_config(config: ProbeConfig, device_type: str, spec: ModelSpec, trust_r
     if config.peft is not None and PeftSpec.from_text(config.peft).kind == "qlora":
         raise BadInput("--peft qlora: the estimator does not model bitsandbytes' 4-bit weights yet; estimate --peft lora "
                        "--weights bf16 for an upper bound, or probe --peft qlora on a GPU.")
+    if config.liger:
+        raise BadInput("--liger: the estimator cannot trace Liger's Triton kernels; estimate without --liger for an "
+                       "upper bound (Liger's fused loss keeps no logits), or probe --liger on a GPU.")
     notes = []
+    if config.compile:
+        notes.append("torch.compile traced as the eager step (inductor frees intermediates no later: an upper bound)")
+    if config.allocator != speed.DEFAULT_ALLOCATOR:
+        notes.append(f"allocator {config.allocator} modelled as the default allocator (expandable segments fragment "
+                     f"less: reserved is an upper bound)")
     if config.attention in _TRACED_AS_SDPA:
         if device_type == "cpu":
             raise BadInput(f"--attention {config.attention} has no CPU kernel; use sdpa or eager with --device-type cpu.")
-        if config.attention in _FLASH_FAMILY and config.precision == "fp32":
+        if config.attention in _FLASH_FAMILY and config.precision in ("fp32", "tf32"):
             raise BadInput(f"--attention {config.attention} runs only in fp16/bf16; use --precision bf16 or fp16, or --attention sdpa.")
         notes.append(f"{config.attention} approximated by SDPA's CUDA kernels (both keep no S x S matrix)")
     if device_type == "cuda":
@@ -85,36 +95,49 @@ def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", 
         spec = specs.get(config.model) or resolve_model(config.model)
         specs[config.model] = spec
         plans.append((config, spec, check_config(config, device_type, spec, trust_remote_code),
-                      cache_key(config, device_type, spec)))
+                      cache_key(traced_as(config), device_type, spec)))
 
     cache = EstimateCache() if use_cache else None
     out: list[MemoryEstimate | None] = [None] * len(plans)
     todo = []
+    twins: dict[str, list[int]] = {}  # configs traced as one (traced_as): the first is traced, the rest share it
     for i, (_, _, _, key) in enumerate(plans):
         out[i] = cache.get(key, time.perf_counter() - started) if cache is not None else None
         if out[i] is None:
-            todo.append(i)
+            if key not in twins:
+                todo.append(i)
+            twins.setdefault(key, []).append(i)
 
     if on_estimate is not None:
         for estimate in out:
             if estimate is not None:
                 on_estimate(estimate)
     if todo:
-        request = TraceRequest(device_type, tuple(_trace_item(plans[i][0], plans[i][1], trust_remote_code) for i in todo))
+        request = TraceRequest(device_type, tuple(_trace_item(traced_as(plans[i][0]), plans[i][1], trust_remote_code)
+                                                  for i in todo))
 
         def arrived(result: TraceResult) -> None:
-            i = todo[result.index]
-            config, _, notes, key = plans[i]
-            estimate = _from_trace(config, device_type, result, notes, seconds=time.perf_counter() - started,
-                                   trace_seconds=result.build_seconds + result.trace_seconds + result.replay_seconds)
-            out[i] = estimate
-            if cache is not None:
-                cache.put(key, estimate)
-            if on_estimate is not None:
-                on_estimate(estimate)
+            key = plans[todo[result.index]][3]
+            for i in twins[key]:
+                config, _, notes, _ = plans[i]
+                estimate = _from_trace(config, device_type, result, notes, seconds=time.perf_counter() - started,
+                                       trace_seconds=result.build_seconds + result.trace_seconds + result.replay_seconds)
+                out[i] = estimate
+                if cache is not None and i == todo[result.index]:
+                    cache.put(key, estimate)
+                if on_estimate is not None:
+                    on_estimate(estimate)
 
         (children or TraceChildren()).answer(request, timeout, arrived)
     return [e for e in out if e is not None]
+
+
+def traced_as(config: ProbeConfig) -> ProbeConfig:
+    """The config whose trace answers for `config`: speed levers that leave the eager step's memory
+    an upper bound are traced without them (compile, the allocator setting), and tf32 as fp32 (the
+    same tensors; only the matmuls' arithmetic differs)."""
+    return dataclasses.replace(config, compile=False, allocator=speed.DEFAULT_ALLOCATOR,
+                               precision="fp32" if config.precision == "tf32" else config.precision)
 
 
 def _trace_item(config: ProbeConfig, spec: ModelSpec, trust_remote_code: bool) -> TraceItem:

@@ -29,6 +29,7 @@ from autotune.probe.budget import EnforcedBudget, enforce_budget  # noqa: E402
 from autotune.probe.memory import BUDGET_OOM  # noqa: E402
 from autotune.probe.devices import describe, peak_flops, resolve_device, supports_precision  # noqa: E402
 from autotune.probe.oom import classify_exception  # noqa: E402
+from autotune.probe import speedups  # noqa: E402
 from autotune.probe.protocol import (  # noqa: E402
     EnvironmentReply,
     EnvironmentRequest,
@@ -76,13 +77,14 @@ def run_probe_in_process(request: ProbeRequest, report: Callable[[str], None] = 
     )
     check_recipe(config, device)
     import_recipe_code(config)
-    unsupported = supports_precision(device, config.precision)
+    unsupported = supports_precision(device, config.precision) or speedups.unavailable(config, device)
     if unsupported:
         result.status, result.error = ProbeStatus.SKIPPED, unsupported
         return result
     budget = enforce_budget(device, budget_bytes, margin_bytes)
     result.cap_bytes, result.context_bytes = budget.cap_bytes, budget.context_bytes
 
+    speedups.set_tf32(config)
     torch.manual_seed(0)
     model = optimizer = step = None
     losses: list[float] = []
@@ -107,6 +109,11 @@ def run_probe_in_process(request: ProbeRequest, report: Callable[[str], None] = 
                 result.status = ProbeStatus.SKIPPED
                 result.error = f"block size {config.block_size} exceeds the model's maximum positions"
                 return result
+            if config.liger:
+                why_not = speedups.apply_liger(model, hf_config.model_type)
+                if why_not:
+                    result.status, result.error = ProbeStatus.SKIPPED, why_not
+                    return result
             result.parameters = sum(p.numel() for p in model.parameters())
             result.trainable_parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
             try:
@@ -116,10 +123,16 @@ def run_probe_in_process(request: ProbeRequest, report: Callable[[str], None] = 
                 return result
             step = ProbeStep(model, optimizer, config, device, hf_config.vocab_size)
             result.build_seconds = time.perf_counter() - started
+            # On CUDA a compiled step is accounted like any other: compile first, then warm up.
+            # On CPU the accountant cannot see inside one (speedups.py): warm up eagerly, then compile.
+            if config.compile and device.type == "cuda" and not _compile(step, losses, result, request, report):
+                return result
             report("warm-up")
             for _ in range(request.warmup_steps):
                 losses.append(step())
 
+        if config.compile and device.type != "cuda" and not _compile(step, losses, result, request, report):
+            return result
         _synchronize(device)
         report("timing")
         # Each step ends by reading its loss (a host sync), so each duration is that step's own.
@@ -144,6 +157,8 @@ def run_probe_in_process(request: ProbeRequest, report: Callable[[str], None] = 
         result.measured_steps, result.step_times = len(step_times), step_times
         result.step_seconds = median_seconds(step_times)
         result.step_spread = relative_spread(step_times)
+        if result.compile_seconds is not None:  # the first compiled step, less what a step costs anyway
+            result.compile_seconds = max(0.0, result.compile_seconds - result.step_seconds)
         result.tokens_per_s = config.tokens_per_step / result.step_seconds
         result.samples_per_s = config.effective_batch / result.step_seconds
         peak = peak_flops(env.device_name, config.precision) if device.type == "cuda" else None
@@ -166,6 +181,33 @@ def run_probe_in_process(request: ProbeRequest, report: Callable[[str], None] = 
         result.error = (f"peak reserved {result.peak_reserved_bytes} + context {result.context_bytes} + margin "
                         f"{margin_bytes} bytes exceed the {budget_bytes}-byte budget")
     return result
+
+
+def _compile(step: ProbeStep, losses: list[float], result: ProbeResult, request: ProbeRequest,
+             report: Callable[[str], None]) -> bool:
+    """Compile the step's model and run its first compiled step, which compiles it: its time goes to
+    `result.compile_seconds` (less a step's own, once the window has timed one), never to the
+    window. False, with the result skipped and why, when compiling fails or takes longer than
+    --max-compile-seconds; an OOM or any other error of the step propagates as usual."""
+    report("compile")
+    step.compile_forward()
+    started = time.perf_counter()
+    try:
+        losses.append(step())
+        _synchronize(step.device)
+    except Exception as exc:
+        if not speedups.is_compile_failure(exc):
+            raise
+        result.status = ProbeStatus.SKIPPED
+        result.error = f"torch.compile failed: {_first_line(exc)}"[:ERROR_TAIL_CHARS]
+        return False
+    result.compile_seconds = time.perf_counter() - started
+    bound = request.max_compile_seconds
+    if bound is not None and result.compile_seconds > bound:
+        result.status = ProbeStatus.SKIPPED
+        result.error = f"torch.compile took {result.compile_seconds:.1f} s, over --max-compile-seconds {bound:g}"
+        return False
+    return True
 
 
 def check_model(request: ModelCheckRequest) -> ModelCheckReply:

@@ -26,6 +26,8 @@ class ProbeRequest:
     measure_seconds: float = 0.0  # time steps until the window is at least this long (up to MAX_MEASURE_STEPS)
     # Wait, after saying 'timing', for the parent's Go: it pauses the search's other processes first.
     hold_before_timing: bool = False
+    # --compile: a config whose first compiled step takes longer than this is skipped (None: no bound).
+    max_compile_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

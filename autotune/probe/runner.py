@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from autotune import defaults, errors
+from autotune import defaults, errors, speed
 from autotune.config import ProbeConfig
 from autotune.environment import Environment
 from autotune.margin import checked_margin_bytes, margin_bytes
@@ -57,6 +57,7 @@ class ProbeSettings:
     timeout: float = defaults.PROBE_TIMEOUT_SECONDS
     margin: int | float = defaults.SAFETY_MARGIN  # bytes, or a fraction of the budget when < 1
     trust_remote_code: bool = False
+    max_compile_seconds: float | None = None  # skip a --compile config whose compilation takes longer
 
     def __post_init__(self) -> None:
         problems = []
@@ -73,6 +74,8 @@ class ProbeSettings:
             problems.append("--probe-timeout must be positive")
         if self.margin < 0:
             problems.append("--safety-margin must not be negative")
+        if self.max_compile_seconds is not None and self.max_compile_seconds <= 0:
+            problems.append("--max-compile-seconds must be positive")
         if problems:
             raise errors.BadInput("; ".join(problems) + ".")
 
@@ -122,6 +125,9 @@ class ProbeRunner:
         self._conn: Any = None      # our end of the pipe to it
         self._spare: tuple[Any, Any] | None = None  # (process, pipe) of the standby child
         self._device_type: str | None = None         # cpu or cuda, once the child has said
+        # The CUDA allocator setting the child (and the standby) were started with: the allocator
+        # reads it once, so a config with another setting gets new processes (autotune.speed).
+        self._allocator = speed.DEFAULT_ALLOCATOR
         self.children_started = 0
         # (model fingerprint, task, labels, attentions) that build -> the kernels the model lacks
         self._checked: dict[tuple, dict[str, str]] = {}
@@ -137,6 +143,7 @@ class ProbeRunner:
         parent_conn, child_conn = self._ctx.Pipe()
         # The child dies with this process however it ends (kill -9 included): autotune.processes.
         process = self._ctx.Process(target=run_as_child, args=(os.getpid(), CHILD_MAIN, child_conn),
+                                    kwargs={"environment": {speed.ALLOC_CONF_VAR: speed.alloc_conf(self._allocator)}},
                                     name="autotune-probe", daemon=True)
         process.start()
         child_conn.close()  # so that the child's death reads as EOF here
@@ -223,6 +230,16 @@ class ProbeRunner:
         self.close()
 
     # -- requests ------------------------------------------------------------------------------
+    def _use_allocator(self, allocator: str) -> None:
+        """Make the next child one started with `allocator`'s setting, on CUDA (a CPU child answers
+        any allocator with a skip: it has no CUDA allocator to set)."""
+        cuda = (self._device_type or self.settings.device.strip().lower()).startswith("cuda") or (
+            self._device_type is None and self.settings.device.strip().lower() == "auto" and _cuda_visible())
+        if not cuda or allocator == self._allocator:
+            return
+        self.close()
+        self._allocator = allocator
+
     def _ensure_child(self) -> float:
         """Start a child if none is alive; the seconds that took (0 when one was reused)."""
         if self._process is not None and self._process.is_alive():
@@ -273,6 +290,7 @@ class ProbeRunner:
         check_config(config, spec, self.settings.trust_remote_code)
         margin = checked_margin_bytes(self.settings.margin, budget_bytes)
         started = time.perf_counter()
+        self._use_allocator(config.allocator)
         if self.on_phase is not None and not (self._process is not None and self._process.is_alive()):
             self.on_phase("start-up")
         startup = self._ensure_child()
@@ -281,6 +299,7 @@ class ProbeRunner:
             margin_bytes=margin, device=self.settings.device, warmup_steps=self.settings.warmup_steps,
             measure_steps=self.settings.measure_steps, trust_remote_code=self.settings.trust_remote_code,
             measure_seconds=self.settings.measure_seconds, hold_before_timing=self.neighbours is not None,
+            max_compile_seconds=self.settings.max_compile_seconds,
         )
         try:
             self._send(request)
@@ -332,6 +351,11 @@ class ProbeRunner:
     def _failed(budget: int, margin: int, status: ProbeStatus, why: str, started: float, startup: float) -> ProbeResult:
         return ProbeResult(status=status, budget_bytes=budget, margin_bytes=margin, error=why,
                            startup_seconds=startup, wall_seconds=time.perf_counter() - started)
+
+
+def _cuda_visible() -> bool:
+    """Whether `--device auto` may mean CUDA here, told without importing torch in this process."""
+    return os.environ.get("CUDA_VISIBLE_DEVICES", "unset") not in ("", "-1") and os.path.exists("/dev/nvidiactl")
 
 
 def _stop(process: Any, conn: Any) -> None:

@@ -220,6 +220,7 @@ class ProbeStep:
 
     def __init__(self, model, optimizer, config: ProbeConfig, device: torch.device, vocab_size: int):
         self.model, self.optimizer, self.config, self.device = model, optimizer, config, device
+        self.forward = model  # compile_forward() swaps in the compiled model (--compile)
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
         self.autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else contextlib.nullcontext
         self.scaler = torch.amp.GradScaler(device.type) if config.precision == "fp16" else None
@@ -227,12 +228,18 @@ class ProbeStep:
         # prefetched batch, they are part of the memory a real run holds.
         self.batches = [synthetic_batch(config, vocab_size, device) for _ in range(2)]
 
+    def compile_forward(self) -> None:
+        """Run the model compiled from the next step on (the first compiled step compiles it)."""
+        from autotune.probe.speedups import compiled
+
+        self.forward = compiled(self.model)
+
     def __call__(self) -> float:
         """Run the step; returns its loss (summed over micro-steps)."""
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(self.config.grad_accum):
             with self.autocast():
-                loss = self.model(**self.batches[micro % 2]).loss / self.config.grad_accum
+                loss = self.forward(**self.batches[micro % 2]).loss / self.config.grad_accum
             if self.scaler is not None:
                 self.scaler.scale(loss).backward()
             else:

@@ -152,9 +152,10 @@ def start_study(
         # Kernels the model does not implement cannot be traced either: their probes are skipped.
         # (Answered from the runner's memory of the preflight check.)
         lacking = runner.check(spec, candidates[0], space.attentions)
-        # (Nor can bitsandbytes' optimizers: their step reads a value. Those configs are probed unpredicted.)
+        # (Nor can bitsandbytes' optimizers, whose step reads a value, or Liger's Triton kernels. Those
+        # configs are probed unpredicted.)
         missing = [c for c in knowledge.unresolved() if c.key() not in knowledge.predictions and c.attention not in lacking
-                   and OPTIMIZERS[c.optimizer].traceable]
+                   and OPTIMIZERS[c.optimizer].traceable and not c.liger]
         if missing:
             trusted = bool(getattr(settings, "trust_remote_code", False))
             compute = predictor or functools.partial(predict, trust_remote_code=trusted)
@@ -168,7 +169,8 @@ def start_study(
                     raise worker.predicting.error
     # Optuna's tables and study exist before the plan does: a worker may join as soon as it is
     # stored, and several processes creating Optuna's tables at once collide.
-    trials = Trials(store.engine.url.render_as_string(hide_password=False), name, distributions_of(space), seed=0)
+    trials = Trials(store.engine.url.render_as_string(hide_password=False), name, distributions_of(space), seed=0,
+                    about={"model": spec.reference, "budget_bytes": budget_bytes, "margin_bytes": margin_bytes})
     probe_plan = ProbePlan() if settings is None else ProbePlan(
         warmup_steps=settings.warmup_steps, measure_steps=settings.measure_steps, timeout=settings.timeout,
         trust_remote_code=settings.trust_remote_code, measure_seconds=settings.measure_seconds)
@@ -293,7 +295,7 @@ def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Eve
                         trials.tell(trial, None)
                     continue
                 if trial is not None:
-                    trials.tell(trial, result)
+                    trials.tell(trial, result, config)
                 else:
                     number = trials.add(config, result)
                     if number is not None:

@@ -1,11 +1,24 @@
 """Optuna's record of a study, in the same database as autotune's tables: one trial per settled
-configuration. An OOM is a completed trial that violates the memory constraint (TPE ignores failed
-trials, so an OOM told as a failure would be proposed again)."""
+configuration, which Optuna's own tools open (`optuna.load_study`, optuna-dashboard).
+
+- a config that fits: a COMPLETE trial valued by its tokens/s, feasible;
+- an OOM (or an unstable loss): a COMPLETE trial valued 0 that violates the constraint (TPE ignores
+  failed trials, so an OOM told as a failure would be proposed again);
+- a config ruled out without a probe: a PRUNED trial, also infeasible, its reason a user attribute
+  (TPE ranks an unconstrained pruned trial above every infeasible one: the sampler would be drawn
+  to the configs larger than an OOM);
+- a timeout, crash or error: a FAILED trial (a resumed search probes it again).
+
+Each trial carries what was measured as user attributes (USER_ATTRS; a repeat TPE proposed, only
+its status) and the probe's real start and end."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import math
+import warnings
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
 from typing import Any
 
 from autotune.config import ProbeConfig
@@ -15,34 +28,111 @@ from autotune.space import SearchSpace
 
 log = logging.getLogger("autotune")
 
+OBJECTIVE = "tokens_per_s"
+# The one constraint, in the list form that both Optuna (as constraint "0") and optuna-dashboard
+# 0.21 show: Optuna 5's set_constraint writes "constraints:NAME" keys, which the dashboard does not
+# read (it showed every list empty), and Optuna 4 has no set_constraint at all.
+CONSTRAINTS_KEY = "constraints"
+FEASIBLE, INFEASIBLE = -1.0, 1.0
+CONSTRAINT_MEANING = "constraint 0 > 0: not usable (out of memory, unstable, or ruled out without a probe)"
+# The result fields kept on each trial (where the result has them).
+USER_ATTRS = ("tokens_per_s", "step_spread", "mfu", "peak_allocated_bytes", "peak_reserved_bytes", "required_bytes",
+              "budget_bytes", "device")
+ERROR_LINES, ERROR_CHARS = 5, 1000
 
-def tell(optuna_study, trial, result: ProbeResult | None) -> None:
-    """Report an outcome to Optuna: fits -> tokens/s, feasible; OOM or ruled out -> infeasible."""
+
+def outcome(result: ProbeResult | None) -> tuple[Any, float | None, float | None]:
+    """The (TrialState, value, constraint) of a settled outcome."""
     from optuna.trial import TrialState
 
-    # skip_if_finished: a search starting beside running workers may have closed this trial.
     if result is None or result.status in RETRYABLE:
-        optuna_study.tell(trial, state=TrialState.FAIL, skip_if_finished=True)
-        return
+        return TrialState.FAIL, None, None
     if result.status == ProbeStatus.OK:
-        trial.set_constraint("memory", -1.0)
-        optuna_study.tell(trial, float(result.tokens_per_s or 0.0), skip_if_finished=True)
-    else:  # oom, unstable, skipped: the sampler should move away from here
-        trial.set_constraint("memory", 1.0)
-        optuna_study.tell(trial, 0.0, skip_if_finished=True)
+        return TrialState.COMPLETE, float(result.tokens_per_s or 0.0), FEASIBLE
+    if result.status == ProbeStatus.SKIPPED:
+        return TrialState.PRUNED, None, INFEASIBLE
+    return TrialState.COMPLETE, 0.0, INFEASIBLE  # oom, unstable: ran and cannot be used
 
 
-def frozen_trial(config: ProbeConfig, result: ProbeResult, distributions: dict):
-    """The Optuna trial of a settled config, made after the fact, as _tell would have told it."""
-    from optuna.trial import TrialState, create_trial
+def user_attrs(result: ProbeResult, config: ProbeConfig | None = None) -> dict[str, Any]:
+    """What a trial shows of its probe: status, measurements, the skip's reason or the error's tail."""
+    attrs: dict[str, Any] = {"status": str(result.status)}
+    if config is not None:
+        attrs.update(label=config.label(), key=config.key())
+    for name in USER_ATTRS:
+        value = getattr(result, name)
+        if value is not None and value != "" and not (isinstance(value, float) and not math.isfinite(value)):
+            attrs[name] = value
+    if result.error:
+        if result.status == ProbeStatus.SKIPPED:
+            attrs["reason"] = result.error[:ERROR_CHARS]
+        else:
+            attrs["error"] = error_tail(result.error)
+    return attrs
 
-    params = params_of(config)
-    if result.status in RETRYABLE:
-        return create_trial(state=TrialState.FAIL, params=params, distributions=distributions)
-    if result.status == ProbeStatus.OK:
-        return create_trial(value=float(result.tokens_per_s or 0.0), params=params, distributions=distributions,
-                            constraints={"memory": -1.0})
-    return create_trial(value=0.0, params=params, distributions=distributions, constraints={"memory": 1.0})
+
+def error_tail(error: str) -> str:
+    """The last lines of an error (a traceback ends with what went wrong), bounded."""
+    lines = [line for line in error.strip().splitlines() if line.strip()]
+    return "\n".join(lines[-ERROR_LINES:])[-ERROR_CHARS:]
+
+
+def tell(optuna_study, trial, result: ProbeResult | None, config: ProbeConfig | None = None, *,
+         repeat: bool = True) -> None:
+    """Report an outcome to Optuna (see the module's docstring). The trial of a config settled
+    here gets every user attribute; a repeat (TPE proposing a config already settled, answered from
+    what is known) only its status, marked as a repeat: Optuna writes each attribute in a commit of
+    its own, and TPE may repeat itself many times."""
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    state, value, constraint = outcome(result)
+    try:
+        if result is not None:
+            attrs = {"status": str(result.status), "repeat": True} if repeat else user_attrs(result, config)
+            for key, attr in attrs.items():
+                trial.set_user_attr(key, attr)
+        if constraint is not None:
+            # (Trial has no public way to write the list form; optuna-dashboard reads _trial_id too.)
+            trial.storage.set_trial_system_attr(trial._trial_id, CONSTRAINTS_KEY, [constraint])
+    except UpdateFinishedTrialError:
+        return  # a search starting beside running workers closed this trial: it stays as they left it
+    # skip_if_finished: the same race, between the attributes and the tell.
+    optuna_study.tell(trial, value, state=state, skip_if_finished=True)
+
+
+def frozen_trial(config: ProbeConfig, result: ProbeResult, distributions: dict, end: datetime | None = None):
+    """The Optuna trial of a settled config, made after the fact, as `tell` would have told it.
+    It ends at `end` (now: it is added as the outcome is settled) and started the probe's wall
+    time before (a skip takes none)."""
+    from optuna.trial import FrozenTrial
+
+    state, value, constraint = outcome(result)
+    end = end or datetime.now()  # naive local time, as Optuna's own trials
+    wall = result.wall_seconds
+    start = end - timedelta(seconds=wall) if wall is not None and math.isfinite(wall) and wall > 0 else end
+    # (create_trial sets both times to now and has no arguments for them.)
+    return FrozenTrial(number=-1, trial_id=-1, state=state, value=value, datetime_start=start, datetime_complete=end,
+                       params=params_of(config), distributions=distributions, user_attrs=user_attrs(result, config),
+                       system_attrs={} if constraint is None else {CONSTRAINTS_KEY: [constraint]},
+                       intermediate_values={})
+
+
+def describe(optuna_study, distributions: dict, about: Mapping[str, Any] | None = None) -> None:
+    """Label the study for Optuna's tools: the objective's name, what the constraint means, the
+    space searched, and `about` (model, budget) as user attributes. Writes only what changed, so
+    each joining worker does not rewrite them."""
+    from optuna.exceptions import ExperimentalWarning
+
+    if optuna_study.metric_names != [OBJECTIVE]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ExperimentalWarning)
+            optuna_study.set_metric_names([OBJECTIVE])
+    wanted = {"objective": f"{OBJECTIVE} of a config that fits (0 when it does not)", "constraints": CONSTRAINT_MEANING,
+              "space": {name: list(d.choices) for name, d in distributions.items()}, **(about or {})}
+    current = optuna_study.user_attrs
+    for key, value in wanted.items():
+        if current.get(key) != value:
+            optuna_study.set_user_attr(key, value)
 
 
 def optuna_study(store_url: str, name: str, seed: int | None = 0, storage=None):
@@ -104,11 +194,13 @@ class Trials:
     record is secondary to autotune's own tables, so a write that fails even after retries is
     logged and the search goes on."""
 
-    def __init__(self, store_url: str, name: str, distributions: dict, seed: int | None) -> None:
+    def __init__(self, store_url: str, name: str, distributions: dict, seed: int | None,
+                 about: Mapping[str, Any] | None = None) -> None:
         self.storage = optuna_storage(store_url)
         self.study = optuna_study(store_url, name, seed, storage=self.storage)
         self.study_id = self.storage.get_study_id_from_name(self.study.study_name)
         self.distributions = distributions
+        optuna_retry(lambda: describe(self.study, distributions, about))
 
     def add(self, config: ProbeConfig, result: ProbeResult) -> int | None:
         """Record a settled config as a finished trial; returns its number."""
@@ -118,8 +210,9 @@ class Trials:
 
         return optuna_retry(work)
 
-    def tell(self, trial, result: ProbeResult | None) -> None:
-        optuna_retry(lambda: tell(self.study, trial, result))
+    def tell(self, trial, result: ProbeResult | None, config: ProbeConfig | None = None) -> None:
+        """Tell the trial TPE proposed for `config` its outcome, settled here."""
+        optuna_retry(lambda: tell(self.study, trial, result, config, repeat=False))
 
     def close_running(self) -> None:
         """Trials left running by an interrupted search will never be told: close them so they do
@@ -165,10 +258,13 @@ def distributions_of(space: SearchSpace) -> dict:
         "attention": CategoricalDistribution(list(space.attentions)),
         "optimizer": CategoricalDistribution(list(space.optimizers)),
         "weights": CategoricalDistribution(list(space.weights)),
+        "compile": CategoricalDistribution(list(space.compiles)),
+        "allocator": CategoricalDistribution(list(space.allocators)),
+        "liger": CategoricalDistribution(list(space.ligers)),
     }
 
 
 def params_of(config: ProbeConfig) -> dict:
     return {"micro_batch": config.micro_batch, "block_size": config.block_size, "precision": config.precision,
             "checkpointing": config.checkpointing, "attention": config.attention, "optimizer": config.optimizer,
-            "weights": config.weights}
+            "weights": config.weights, "compile": config.compile, "allocator": config.allocator, "liger": config.liger}

@@ -127,6 +127,7 @@ class LeaderboardRow:
     margin_bytes: int
     worker: str | None = None
     step_spread: float | None = None     # the timed window's relative spread (autotune.timing)
+    compile_seconds: float | None = None  # --compile: torch.compile's one-off cost, apart from the timing
 
     @property
     def label(self) -> str:
@@ -142,6 +143,7 @@ class LeaderboardRow:
             "context_bytes": self.context_bytes, "budget_bytes": self.budget_bytes,
             "margin_bytes": self.margin_bytes, "study": self.study, "probe_id": self.probe_id,
             "trial_number": self.trial_number, "config_key": self.config_key, "worker": self.worker,
+            "compile_seconds": self.compile_seconds,
         }
 
 

@@ -29,6 +29,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -36,7 +37,7 @@ TABLE_PREFIX = "autotune_"
 VERSION_TABLE = "autotune_alembic_version"
 # The revision this code writes and reads. A test checks it is Alembic's head, so reading a
 # database already at this revision needs no Alembic import (start-up time of read commands).
-SCHEMA_REVISION = "0005_recipes"
+SCHEMA_REVISION = "0006_speed_levers"
 
 # Deterministic constraint names: batch migrations on SQLite (which rebuild tables) and drops on
 # PostgreSQL need to name constraints, and unnamed ones get backend-chosen names.
@@ -153,6 +154,10 @@ class Probe(Base):
     num_labels: Mapped[int | None]
     weights: Mapped[str] = mapped_column(String(16), server_default="fp32")
     peft: Mapped[str | None] = mapped_column(String(255))
+    # Speed levers (0006_speed_levers); rows before them ran without any.
+    compile: Mapped[bool] = mapped_column(server_default=false())
+    allocator: Mapped[str] = mapped_column(String(16), server_default="default")
+    liger: Mapped[bool] = mapped_column(server_default=false())
     # ProbeResult, one column per field.
     status: Mapped[str] = mapped_column(String(16))
     device: Mapped[str] = mapped_column(String(255))
@@ -177,6 +182,7 @@ class Probe(Base):
     # column was added; the probe runner measures it (issue 2), so the column is ready for it.
     startup_seconds: Mapped[float | None]
     build_seconds: Mapped[float | None]
+    compile_seconds: Mapped[float | None]             # 0006_speed_levers
     measured_seconds: Mapped[float | None]
     wall_seconds: Mapped[float | None]
     error: Mapped[str | None] = mapped_column(Text)

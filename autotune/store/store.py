@@ -346,6 +346,7 @@ class Store(ClaimsMixin, RunsMixin):
                     margin_bytes=row["margin_bytes"] if row["margin_bytes"] is not None else study.margin_bytes,
                     worker=row["worker"],
                     step_spread=row["step_spread"],
+                    compile_seconds=row["compile_seconds"],
                 )
                 for rank, row in enumerate(rows, start=1)
             ]

@@ -99,6 +99,7 @@ def train(
     from autotune.margin import checked_margin_bytes
     from autotune.probe.budget import enforce_budget
     from autotune.probe.devices import resolve_training_device
+    from autotune.probe.speedups import use_allocator
     from autotune.probe.step import check_recipe
     from autotune.train.task_data import Examples, check_tokenizer, load_task_data, prepare_examples
 
@@ -137,6 +138,9 @@ def train(
     # Another budget keeps the study's margin as the same share of it.
     margin = record.margin_bytes if budget == record.budget_bytes else round(record.margin_bytes * budget / record.budget_bytes)
     study_device_type = record.environment.get("device_type")
+    allocator = use_allocator(config.allocator)  # before CUDA starts: the allocator reads it once
+    if allocator:
+        echo(f"allocator: {allocator}")
     device = resolve_training_device(options.device or str(study_device_type or "auto"))
     if device.type != study_device_type:
         warnings.append(f"study {record.name} measured on {record.device_name}, this run trains on {device.type}: "

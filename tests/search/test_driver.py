@@ -74,6 +74,13 @@ def test_skipped_configs_are_stored_with_reasons_and_never_run(store):
     assert any("without checkpointing" in p.result.error for p in skipped)
     # Every candidate is settled exactly once.
     assert len(probes) == len({p.config_key for p in probes}) == len(gpt2_space(effective_batch=64).candidates())
+    # In Optuna's study a skip is a pruned trial, its reason a user attribute.
+    import optuna
+
+    study = optuna.load_study(study_name="s", storage=store.engine.url.render_as_string(hide_password=False))
+    trials = {t.number: t for t in study.trials}
+    assert all(trials[p.trial_number].state == optuna.trial.TrialState.PRUNED for p in skipped)
+    assert all(trials[p.trial_number].user_attrs["reason"] == p.result.error for p in skipped)
 
 
 def test_oom_is_a_completed_infeasible_optuna_trial(store):
@@ -84,7 +91,8 @@ def test_oom_is_a_completed_infeasible_optuna_trial(store):
     oom_numbers = {p.trial_number for p in store.probes("s") if p.result.status == "oom"}
     trials = {t.number: t for t in study.trials}
     assert oom_numbers and all(trials[n].state == optuna.trial.TrialState.COMPLETE for n in oom_numbers)
-    assert all(trials[n].constraints == {"memory": 1.0} for n in oom_numbers)
+    # (The list form of constraints, which optuna-dashboard shows, is Optuna's constraint "0".)
+    assert all(trials[n].constraints == {"0": 1.0} and trials[n].user_attrs["status"] == "oom" for n in oom_numbers)
 
 
 def test_interrupted_search_resumes_without_rerunning_anything(store):
