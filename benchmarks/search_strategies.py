@@ -7,11 +7,16 @@ grid (`grid-full`) gives the best; each strategy then runs from an empty databas
 probes it ran before first probing that best, the probes it ran in all, and whether its final pick
 is the best.
 
+Then what the speed levers cost the default strategy: the same budgets with `--compile off,on`,
+`--allocators default,expandable` and both, whose values the frontier searches as groups of
+their own (memory does not move in one known direction with them), against the default space.
+
     python -m benchmarks.search_strategies
 """
 
 from __future__ import annotations
 
+import re
 import statistics
 import tempfile
 from pathlib import Path
@@ -49,7 +54,7 @@ def run_one(store, space, budget: int, study: str, **kw) -> tuple[object, list]:
     predict_fn = kw.pop("predictor", None)
     order: list = []
     outcome = run_search(space, resolve_model("gpt2"), budget, int(0.05 * budget), ScriptedRunner(), store,
-                         SearchOptions(study=study, fresh=True, predict=predict_fn is not None or kw.pop("predict", True), **kw),
+                         SearchOptions(study=re.sub(r"[^\w.:@+-]", "_", study), fresh=True, predict=predict_fn is not None or kw.pop("predict", True), **kw),
                          on_event=lambda e: order.append(e) if e.how == "probed" else None, predictor=predict_fn)
     return outcome, order
 
@@ -80,5 +85,34 @@ def main() -> None:
         print(f"{name:<32} {to_best:>15.1f} {total:>14.1f} {hits:>12}/{len(results)}")
 
 
+LEVER_SPACES = {
+    "default space": {},
+    "+ --compile off,on": {"compiles": (False, True)},
+    "+ --allocators default,expandable": {"allocators": ("default", "expandable")},
+    "+ both": {"compiles": (False, True), "allocators": ("default", "expandable")},
+}
+
+
+def speed_lever_costs() -> None:
+    """Probes the frontier strategy spends as the speed levers multiply the space."""
+    print(f"\n{'space':<36} {'candidates':>10} {'probes in all':>14} {'vs default':>11} {'picks the best':>15}")
+    base = None
+    with tempfile.TemporaryDirectory() as tmp:
+        with open_store(f"sqlite:///{Path(tmp) / 'levers.db'}") as store:
+            for name, levers in LEVER_SPACES.items():
+                space = SearchSpace.build(resolve_model("gpt2"), **levers)
+                probes, hits = [], 0
+                for gib in BUDGETS:
+                    budget = int(gib * GiB)
+                    grid, _ = run_one(store, space, budget, f"grid-{name}-{gib}", strategy="grid-full", predict=False)
+                    outcome, _ = run_one(store, space, budget, f"frontier-{name}-{gib}", strategy="frontier", predict=False)
+                    probes.append(outcome.probed)
+                    hits += (outcome.best.config if outcome.best else None) == (grid.best.config if grid.best else None)
+                mean = statistics.mean(probes)
+                base = base or mean
+                print(f"{name:<36} {len(space.candidates()):>10} {mean:>14.1f} {mean / base:>10.2f}x {hits:>12}/{len(BUDGETS)}")
+
+
 if __name__ == "__main__":
     main()
+    speed_lever_costs()

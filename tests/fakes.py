@@ -19,6 +19,8 @@ FAKE_ENV = Environment(device_type="cuda", device_name="Fake GPU 16GB", device_t
 def modelled_result(config: ProbeConfig, budget_bytes: int, margin_bytes: int) -> ProbeResult:
     half = config.precision in ("fp16", "bf16")
     per_token = (0.35 if config.checkpointing else 1.0) * (0.6 if half else 1.0) * (1.3 if config.attention == "eager" else 1.0)
+    # Speed levers: inductor fuses away some activations; expandable segments fragment less.
+    per_token *= (0.85 if config.compile else 1.0) * (0.93 if config.allocator == "expandable" else 1.0)
     peak = 500 * MiB + int(per_token * config.micro_batch * config.block_size * 64 * 1024)
     if config.grad_accum > 1:
         peak += 125 * MiB  # accumulating keeps a full set of gradients alive through the next micro-step
@@ -27,6 +29,7 @@ def modelled_result(config: ProbeConfig, budget_bytes: int, margin_bytes: int) -
                            margin_bytes=margin_bytes, error="torch.OutOfMemoryError: CUDA out of memory (fake)", wall_seconds=1.0)
     speed = 10_000 * (config.micro_batch / (config.micro_batch + 4)) * (2.0 if half else 1.0)
     speed *= (0.75 if config.checkpointing else 1.0) * (0.85 if config.attention == "eager" else 1.0)
+    speed *= 1.3 if config.compile else 1.0
     step = config.tokens_per_step / speed
     return ProbeResult(status="ok", device=FAKE_ENV.device_name, peak_allocated_bytes=peak - 10 * MiB, peak_reserved_bytes=peak,
                        context_bytes=0, budget_bytes=budget_bytes, margin_bytes=margin_bytes, step_seconds=step,

@@ -146,6 +146,9 @@ def train(
         warnings.append(f"study {record.name} measured on {record.device_name}, this run trains on {device.type}: "
                         f"the probe's peak and speed do not compare")
     check_recipe(config, device)  # peft installed; no QLoRA off CUDA
+    if config.compile and device.type == "cpu":
+        warnings.append("torch.compile does not run under the CPU memory accountant (a dispatch mode, which "
+                        "TorchDynamo does not trace under): this CPU run trains the compiled winner eagerly")
     args = training_arguments(winner, options, output_dir, device, blocks.eval is not None)
     weights = weights_location(spec, options.random_init)
     checked_margin_bytes(margin, budget)

@@ -4,9 +4,13 @@ for a winner with activation checkpointing and one without, and the Trainer's ow
 saved TrainingArguments, the tokens it saw, the dtype of the weights it saved) shows the winner's
 levers reached it.
 
-The scripts live in tests/examples/ (see its README.md for their version and origin), or in the
-directory AUTOTUNE_EXAMPLE_SCRIPTS names: they must match the installed transformers, whose
-`check_min_version` they call. A test whose script is missing skips, saying so."""
+The scripts are third-party code and are not committed here: a developer with a network puts
+them, unmodified, in tests/examples/ (git ignores it) or in the directory AUTOTUNE_EXAMPLE_SCRIPTS
+names, from the transformers tag that matches the installed version (their `check_min_version`
+must pass), e.g. `git clone --depth 1 -b v5.17.0 https://github.com/huggingface/transformers t`
+and `cp t/examples/pytorch/{language-modeling/run_clm,summarization/run_summarization,
+text-classification/run_classification}.py tests/examples/`. A test whose script is missing skips,
+saying so."""
 
 from __future__ import annotations
 
