@@ -1,0 +1,330 @@
+"""`autotune plot`: a study's probes as tokens/s against the memory each config needs, with the
+budget, the feasible frontier, what ran out of memory or was ruled out, and the pick.
+
+`plot_points` is the pure part (records in, points and frontier out); `write_plot` draws them
+(matplotlib for PNG/SVG/PDF, plotly for HTML, each imported only there); `plot_study` reads a
+study from the store and does both. No torch here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from autotune.errors import BadInput
+from autotune.units import format_size
+
+if TYPE_CHECKING:
+    from autotune.store import ProbeRecord, StudyRecord
+
+MATPLOTLIB_MISSING = "autotune plot needs matplotlib: pip install 'autotune[plot]'"
+PLOTLY_MISSING = "an HTML plot needs plotly: pip install plotly (or write a PNG: --out FILE.png)"
+IMAGE_SUFFIXES = (".png", ".svg", ".pdf")
+PRECISION_COLORS = {"fp32": "tab:gray", "fp16": "tab:green", "bf16": "tab:orange"}
+DPI = 100  # the README's figure stays well under 150 KB
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    """One configuration as drawn: its latest outcome, at the memory it needs where known."""
+
+    label: str
+    config_key: str
+    status: str
+    precision: str
+    checkpointing: bool
+    required_bytes: int | None   # peak reserved + context: what autotune compares with the budget
+    tokens_per_s: float | None
+    predicted: bool = False      # required_bytes is the estimator's prediction, not a measurement
+
+
+@dataclass(frozen=True, slots=True)
+class PlotData:
+    budget_bytes: int
+    margin_bytes: int
+    fits: list[Point]           # ok: measured memory and throughput
+    frontier: list[Point]       # of `fits`, the fastest at each memory level, by increasing memory
+    oom: list[Point]            # out of memory, where a memory figure is known
+    skipped: list[Point]        # ruled out without a probe, where predicted memory is known
+    failed: list[Point]         # timeout, crash, error, unstable, where a memory figure is known
+    unplaced: dict[str, int]    # status -> configs with no memory figure at all (not drawn)
+    pick: Point | None
+
+    @property
+    def limit_bytes(self) -> int:
+        """A config fits when it needs at most this: the budget less the safety margin."""
+        return self.budget_bytes - self.margin_bytes
+
+
+def have_matplotlib() -> bool:
+    return _installed("matplotlib")
+
+
+def _installed(name: str) -> bool:
+    # find_spec answers None for a module hidden as sys.modules[name] = None (as the tests do).
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def latest_outcomes(probes: Sequence[ProbeRecord]) -> list[ProbeRecord]:
+    """One probe per configuration, as the leaderboard counts them: its latest ok measurement, else
+    its latest outcome. In the order the configurations were first settled."""
+    chosen: dict[str, ProbeRecord] = {}
+    for probe in sorted(probes, key=lambda p: p.id):
+        held = chosen.get(probe.config_key)
+        if held is None or probe.result.status == "ok" or held.result.status != "ok":
+            chosen[probe.config_key] = probe
+    return list(chosen.values())
+
+
+def frontier(points: Sequence[Point]) -> list[Point]:
+    """The points nothing beats with less memory: the fastest for each memory limit, by increasing
+    memory (a step line through them is the best throughput each budget buys)."""
+    ranked = sorted((p for p in points if p.required_bytes is not None and p.tokens_per_s is not None),
+                    key=lambda p: (p.required_bytes, -(p.tokens_per_s or 0.0)))
+    out: list[Point] = []
+    for point in ranked:
+        if not out or (point.tokens_per_s or 0.0) > (out[-1].tokens_per_s or 0.0):
+            out.append(point)
+    return out
+
+
+def plot_points(probes: Sequence[ProbeRecord], *, budget_bytes: int, margin_bytes: int, pick_key: str | None = None,
+                predicted_required: Mapping[str, int] | None = None) -> PlotData:
+    """What the plot shows, from a study's stored probes. `pick_key`: the chosen config (the
+    leaderboard's first, which a confirmation round may have reordered; default the fastest that
+    fits). `predicted_required`: the estimator's predicted need (reserved + context) by config key,
+    from the study's plan; where a failed or skipped config has none, its stored predicted peak
+    allocated stands in, and an OOM without either is drawn where it failed."""
+    predicted_required = predicted_required or {}
+    fits: list[Point] = []
+    oom: list[Point] = []
+    skipped: list[Point] = []
+    failed: list[Point] = []
+    unplaced: Counter[str] = Counter()
+    for probe in latest_outcomes(probes):
+        r, status = probe.result, str(probe.result.status)
+        predicted = predicted_required.get(probe.config_key, probe.predicted_peak_bytes)
+        if status == "ok" and r.required_bytes is not None and r.tokens_per_s is not None:
+            required, is_prediction = r.required_bytes, False
+        elif status == "ok":
+            unplaced[status] += 1
+            continue
+        elif predicted is not None:
+            # An OOM's measured peak is where it failed (about the cap), not what it needs.
+            required, is_prediction = predicted, True
+        elif status != "skipped" and r.required_bytes is not None:
+            required, is_prediction = r.required_bytes, False
+        else:
+            unplaced[status] += 1
+            continue
+        point = Point(label=probe.config.label(), config_key=probe.config_key, status=status,
+                      precision=probe.config.precision, checkpointing=probe.config.checkpointing,
+                      required_bytes=required, tokens_per_s=r.tokens_per_s if status == "ok" else None,
+                      predicted=is_prediction)
+        {"ok": fits, "oom": oom, "skipped": skipped}.get(status, failed).append(point)
+    if pick_key is None:
+        fastest = max(fits, key=lambda p: p.tokens_per_s or 0.0, default=None)
+        pick_key = fastest.config_key if fastest else None
+    pick = next((p for p in fits if p.config_key == pick_key), None)
+    return PlotData(budget_bytes=budget_bytes, margin_bytes=margin_bytes, fits=fits, frontier=frontier(fits),
+                    oom=oom, skipped=skipped, failed=failed, unplaced=dict(unplaced), pick=pick)
+
+
+def probe_device(probes: Sequence[ProbeRecord], study: StudyRecord) -> str:
+    """The device the probes ran on, as they reported it (the study's own name for it otherwise)."""
+    devices = Counter(p.result.device for p in probes if p.result.device)
+    return devices.most_common(1)[0][0] if devices else study.device_name
+
+
+def plot_title(study: StudyRecord, device: str) -> str:
+    return (f"{study.model_reference} under {format_size(study.budget_bytes)} "
+            f"(margin {format_size(study.margin_bytes)}), study {study.name}\n{device}")
+
+
+def predicted_needs(study: StudyRecord) -> dict[str, int]:
+    """The estimator's predicted need (reserved + context) of each config, from the study's plan."""
+    from autotune.search.plan import StudyPlan
+
+    return {key: p.required_bytes for key, p in StudyPlan.from_dict(study.plan).predictions.items()}
+
+
+def plot_study(study: str | None, db: str | None, out: str | os.PathLike[str] | None = None) -> Path:
+    """Draw a study (the most recent when None) to `out` (default `<study>.png` here); returns the
+    path. Reads only. Raises BadInput when the drawing library is missing."""
+    suffix = Path(out).suffix.lower() if out is not None else ".png"
+    check_writer(suffix)
+    from autotune.store import open_store
+
+    with open_store(db, read_only=True) as store:
+        record = store.study(study)
+        probes = store.probes(record.name)
+        top = store.leaderboard(record.name, top=1)
+    data = plot_points(probes, budget_bytes=record.budget_bytes, margin_bytes=record.margin_bytes,
+                       pick_key=top[0].config_key if top else None, predicted_required=predicted_needs(record))
+    path = Path(out) if out is not None else Path(f"{record.name}.png")
+    return write_plot(data, plot_title(record, probe_device(probes, record)), path)
+
+
+def check_writer(suffix: str) -> None:
+    """Refuse, before any work, a file type that cannot be written here."""
+    if suffix == ".html":
+        if not _installed("plotly"):
+            raise BadInput(PLOTLY_MISSING)
+    elif suffix not in IMAGE_SUFFIXES:
+        raise BadInput(f"--out: cannot draw a {suffix or 'suffix-less'} file; name it .png, .svg, .pdf or .html")
+    elif not have_matplotlib():
+        raise BadInput(MATPLOTLIB_MISSING)
+
+
+def write_plot(data: PlotData, title: str, path: Path) -> Path:
+    """Draw `data` to `path`: HTML with plotly, else an image with matplotlib (by the suffix)."""
+    check_writer(path.suffix.lower())
+    if path.parent != Path(""):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() == ".html":
+        _plotly(data, title, path)
+    else:
+        _matplotlib(data, title, path)
+    return path
+
+
+def _scale(budget_bytes: int) -> tuple[float, str]:
+    return (2**30, "GiB") if budget_bytes >= 2**30 else (2**20, "MiB")
+
+
+def _x_range(data: PlotData) -> tuple[float, float]:
+    """From 0, unless every config needs most of the budget: then from just left of the smallest,
+    so that configs a few MiB apart do not sit on one another."""
+    drawn = [p.required_bytes or 0 for p in (*data.fits, *data.oom, *data.skipped, *data.failed)]
+    right = max([data.budget_bytes * 1.08, *(x * 1.04 for x in drawn)])
+    low = min([*drawn, data.limit_bytes])
+    if low < 0.6 * data.budget_bytes:
+        return 0.0, right
+    return low - 0.15 * (right - low), right
+
+
+def _unplaced_note(data: PlotData) -> str | None:
+    if not data.unplaced:
+        return None
+    counts = ", ".join(f"{n} {status}" for status, n in sorted(data.unplaced.items()))
+    return f"not drawn (no memory figure): {counts}"
+
+
+def _strip_groups(data: PlotData) -> list[tuple[list[Point], dict[str, Any]]]:
+    """The bottom strip's series (no throughput): each with its matplotlib style."""
+    measured_oom = [p for p in data.oom if not p.predicted]
+    return [
+        ([p for p in data.oom if p.predicted], dict(marker="x", color="tab:red", s=46, label="OOM (at its predicted need)")),
+        (measured_oom, dict(marker="x", color="darkred", s=46, label="OOM (where it failed)")),
+        (data.skipped, dict(marker="d", facecolors="none", edgecolors="tab:gray", s=40,
+                            label="skipped (at its predicted need)")),
+        (data.failed, dict(marker="v", color="tab:purple", s=36, label="not measured (timeout, crash, error, unstable)")),
+    ]
+
+
+def _matplotlib(data: PlotData, title: str, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: draws to files only
+    import matplotlib.pyplot as plt
+
+    scale, unit = _scale(data.budget_bytes)
+    fig, (ax, strip) = plt.subplots(2, 1, sharex=True, figsize=(8.4, 6.6),
+                                    gridspec_kw={"height_ratios": [6, 1], "hspace": 0.06})
+    for precision, color in PRECISION_COLORS.items():
+        for ckpt in (False, True):
+            pts = [p for p in data.fits if p.precision == precision and p.checkpointing == ckpt]
+            if pts:
+                ax.scatter([(p.required_bytes or 0) / scale for p in pts], [p.tokens_per_s or 0.0 for p in pts], s=34,
+                           color=color if not ckpt else "none", edgecolors=color, zorder=3,
+                           label=f"fits: {precision}{', checkpointing' if ckpt else ''}")
+    if data.frontier:
+        xs = [(p.required_bytes or 0) / scale for p in data.frontier] + [data.limit_bytes / scale]
+        ys = [p.tokens_per_s or 0.0 for p in data.frontier] + [data.frontier[-1].tokens_per_s or 0.0]
+        ax.step(xs, ys, where="post", color="tab:blue", alpha=0.5, linewidth=1.5, zorder=2, label="feasible frontier")
+    for axis in (ax, strip):
+        axis.axvline(data.budget_bytes / scale, color="black", linestyle="--", linewidth=1.2,
+                     label=f"budget {format_size(data.budget_bytes)}" if axis is ax else None)
+        axis.axvline(data.limit_bytes / scale, color="black", linestyle=":", linewidth=1.0,
+                     label=f"budget - {format_size(data.margin_bytes)} margin: fits left of it" if axis is ax else None)
+        axis.grid(alpha=0.3)
+    if data.pick is not None:
+        x, y = (data.pick.required_bytes or 0) / scale, data.pick.tokens_per_s or 0.0
+        ax.scatter([x], [y], marker="*", s=260, color="gold", edgecolors="black", linewidths=0.8, zorder=4,
+                   label="pick")
+        left, right = _x_range(data)
+        on_left = (data.pick.required_bytes or 0) < left + 0.4 * (right - left)  # then the label goes right of it
+        ax.annotate(f"pick: {data.pick.label}\n{y:,.0f} tokens/s, needs {format_size(data.pick.required_bytes)}",
+                    (x, y), xytext=(12 if on_left else -12, -14), textcoords="offset points",
+                    ha="left" if on_left else "right", va="top", fontsize=8,
+                    bbox=dict(boxstyle="round,pad=0.3", facecolor="white", alpha=0.85, edgecolor="0.7"))
+    for points, style in _strip_groups(data):
+        if points:
+            # Spread within the strip so that configs needing the same memory stay apart.
+            ys = [0.25 + 0.5 * (i % 3) / 2 for i in range(len(points))]
+            strip.scatter([(p.required_bytes or 0) / scale for p in points], ys, zorder=3, **style)
+    note = _unplaced_note(data)
+    if note:
+        ax.text(0.01, 0.98, note, transform=ax.transAxes, va="top", fontsize=8)
+    top = max([p.tokens_per_s or 0.0 for p in data.fits], default=1.0)
+    ax.set_ylim(bottom=0, top=top * 1.15)
+    left, right = _x_range(data)
+    ax.set_xlim(left=left / scale, right=right / scale)
+    ax.set_ylabel("tokens/s")
+    ax.set_title(title, fontsize=10)
+    strip.set_ylim(0, 1)
+    strip.set_yticks([])
+    strip.set_ylabel("no\nthroughput", rotation=0, ha="right", va="center", fontsize=8)
+    strip.set_xlabel(f"memory needed: peak reserved + context ({unit})")
+    handles, labels = ax.get_legend_handles_labels()
+    strip_handles, strip_labels = strip.get_legend_handles_labels()
+    fig.legend(handles + strip_handles, labels + strip_labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.subplots_adjust(left=0.11, right=0.97, top=0.91, bottom=0.22)
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+
+
+def _plotly(data: PlotData, title: str, path: Path) -> None:
+    import plotly.graph_objects as go  # type: ignore[import-not-found,import-untyped,unused-ignore]
+    from plotly.subplots import make_subplots  # type: ignore[import-not-found,import-untyped,unused-ignore]
+
+    scale, unit = _scale(data.budget_bytes)
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, row_heights=[0.85, 0.15], vertical_spacing=0.03)
+
+    def x(points: Sequence[Point]) -> list[float]:
+        return [(p.required_bytes or 0) / scale for p in points]
+
+    fig.add_trace(go.Scatter(x=x(data.fits), y=[p.tokens_per_s for p in data.fits], mode="markers", name="fits",
+                             text=[p.label for p in data.fits], marker=dict(size=9)), row=1, col=1)
+    if data.frontier:
+        fig.add_trace(go.Scatter(x=x(data.frontier) + [data.limit_bytes / scale],
+                                 y=[p.tokens_per_s for p in data.frontier] + [data.frontier[-1].tokens_per_s],
+                                 mode="lines", line=dict(shape="hv"), name="feasible frontier"), row=1, col=1)
+    if data.pick is not None:
+        fig.add_trace(go.Scatter(x=x([data.pick]), y=[data.pick.tokens_per_s], mode="markers+text",
+                                 text=[f"pick: {data.pick.label}"], textposition="bottom left",
+                                 marker=dict(symbol="star", size=18, color="gold", line=dict(width=1)), name="pick"),
+                      row=1, col=1)
+    symbols = {"oom": "x", "skipped": "diamond-open", "failed": "triangle-down"}
+    for name, points in (("oom", data.oom), ("skipped", data.skipped), ("failed", data.failed)):
+        if points:
+            fig.add_trace(go.Scatter(x=x(points), y=[0.5] * len(points), mode="markers", name=name,
+                                     text=[p.label for p in points], marker=dict(symbol=symbols[name], size=10)),
+                          row=2, col=1)
+    for bytes_, dash, text in ((data.budget_bytes, "dash", f"budget {format_size(data.budget_bytes)}"),
+                               (data.limit_bytes, "dot", "budget - margin")):
+        fig.add_vline(x=bytes_ / scale, line_dash=dash, annotation_text=text)
+    fig.update_yaxes(title_text="tokens/s", rangemode="tozero", row=1, col=1)
+    fig.update_yaxes(showticklabels=False, range=[0, 1], row=2, col=1)
+    fig.update_xaxes(title_text=f"memory needed: peak reserved + context ({unit})", range=[x / scale for x in _x_range(data)],
+                     row=2, col=1)
+    fig.update_layout(title=title.replace("\n", "<br>"), template="plotly_white")
+    fig.write_html(path, include_plotlyjs="cdn")
