@@ -21,6 +21,7 @@ from autotune.units import format_size
 
 if TYPE_CHECKING:
     from autotune.store import ProbeRecord, StudyRecord
+    from autotune.planner import Plan
 
 MATPLOTLIB_MISSING = "autotune plot needs matplotlib: pip install 'autotune[plot]'"
 PLOTLY_MISSING = "an HTML plot needs plotly: pip install plotly (or write a PNG: --out FILE.png)"
@@ -328,3 +329,27 @@ def _plotly(data: PlotData, title: str, path: Path) -> None:
                      row=2, col=1)
     fig.update_layout(title=title.replace("\n", "<br>"), template="plotly_white")
     fig.write_html(path, include_plotlyjs="cdn")
+
+
+def save_plan_plot(plan: Plan, out: str | os.PathLike[str]) -> Path:
+    """Draw a plan's predicted points (autotune plan --plot) as a study's are drawn: what fits at its
+    predicted need and speed, what does not on the bottom strip; every point a prediction."""
+    path = Path(out)
+    check_writer(path.suffix.lower())
+    fits: list[Point] = []
+    over: list[Point] = []
+    unplaced: Counter[str] = Counter()
+    for item in plan.planned:
+        if item.estimate is None or (item.fits and item.tokens_per_s is None):
+            unplaced["not predicted" if item.estimate is None else "no speed predicted"] += 1
+            continue
+        point = Point(label=item.config.label(), config_key=item.config.key(), status="ok" if item.fits else "oom",
+                      precision=item.config.precision, checkpointing=item.config.checkpointing,
+                      required_bytes=item.need_bytes, tokens_per_s=item.tokens_per_s if item.fits else None,
+                      predicted=True)
+        (fits if item.fits else over).append(point)
+    pick = max(fits, key=lambda p: p.tokens_per_s or 0.0, default=None)
+    data = PlotData(budget_bytes=plan.target.budget_bytes, margin_bytes=plan.target.margin_bytes, fits=fits,
+                    frontier=frontier(fits), oom=over, skipped=[], failed=[], unplaced=dict(unplaced), pick=pick)
+    title = f"{plan.model} on {plan.target.name}: predicted by autotune plan (no probe ran)"
+    return write_plot(data, title, path)

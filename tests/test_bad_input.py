@@ -300,6 +300,17 @@ def test_speed_lever_mistakes_are_one_line(work, hermetic_home, tiny_model, comm
         refused(run(command, "--model", tiny_model, "--micro-batch", "2", "--block-size", "32", *budget, *args), needle)
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["--gpu", "h1000"], "--gpu 'h1000' is unknown; choose from"),
+    (["--gpu", "rtx4090", "--gpu-budget", "30GiB"], "--gpu-budget 30.00 GiB is more than the"),
+    (["--gpu", "cpu"], "--gpu cpu needs --gpu-budget"),
+    (["--gpu", "h100", "--allocators", "big"], "--allocators: unknown value 'big'"),
+])
+def test_plan_mistakes_are_one_line(work, hermetic_home, tiny_model, args, needle):
+    with Unchanged(work, hermetic_home):
+        refused(run("plan", "--model", tiny_model, *args), needle)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("args, needle", [
     (["--peft", "qlora"], "--peft qlora quantizes the base to 4 bits"),

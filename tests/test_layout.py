@@ -25,12 +25,12 @@ LAYERS: list[set[str]] = [
     {"cli"},                                     # parses flags, calls one function, prints
     {"report", "live", "plot", "markdown"},      # renders what the layers below return
     {"train"},                                   # the fine-tune (searching first if need be)
-    {"handoff"},                                 # a study's winner as Trainer arguments, CLI flags, YAML
+    {"handoff", "planner"},                      # a study's winner handed off; a space predicted for a card (plan)
     {"search"},                                  # space -> strategies -> probe runner -> store
     {"probe", "estimate", "store", "data"},      # measuring, predicting, keeping
     {"space"},
     {"models", "environment", "margin"},
-    {"config", "result", "units", "paths", "tasks", "timing", "recipes", "speed"},
+    {"config", "result", "units", "paths", "tasks", "timing", "recipes", "speed", "cards"},
     {"errors", "defaults", "status", "version", "processes"},  # vocabulary everyone shares; process lifelines
 ]
 # (importer unit, imported unit) pairs allowed within one layer: the estimator traces the probe's

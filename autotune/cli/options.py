@@ -107,3 +107,69 @@ def db_option(func):
     return click.option("--db", metavar="URL", default=None, help=DB_HELP)(func)
 
 
+def space_options(func):
+    """The search space's flags, shared by `search` and `plan`; the recipe levers come with them."""
+    options = [
+        click.option("--effective-batch", type=int, default=None,
+                     help="Sequences per optimizer step, kept fixed; accumulation = effective batch / micro-batch "
+                          f"[default: {defaults.EFFECTIVE_BATCH}]."),
+        click.option("--effective-tokens", type=int, default=None,
+                     help=f"Tokens per optimizer step, for several --block-sizes [default: {defaults.EFFECTIVE_BATCH} x the largest block]."),
+        click.option("--micro-batches", default=None,
+                     help=f"Micro-batches to try [default: {','.join(map(str, defaults.MICRO_BATCHES))} up to the effective batch]."),
+        click.option("--block-sizes", default=None,
+                     help=f"Block sizes to try [default: {defaults.BLOCK_SIZE}, or the model's maximum if smaller]."),
+        click.option("--precisions", default=",".join(defaults.PRECISIONS), show_default=True, help="Precisions to try."),
+        click.option("--checkpointing", "checkpointing_", default=",".join("on" if c else "off" for c in defaults.CHECKPOINTING),
+                     show_default=True, help="Gradient checkpointing: on, off or both."),
+        click.option("--attention", default=",".join(defaults.ATTENTIONS), show_default=True, help="Attention implementations to try."),
+        click.option("--optimizers", default=defaults.OPTIMIZER, show_default=True,
+                     help="Optimizers the search may choose among (a recipe lever: list only those you accept): " + OPTIMIZER_HELP),
+        click.option("--weights", "weights_", default="fp32", show_default=True,
+                     help="Weights dtypes the search may choose among (fp32, bf16: a recipe lever)."),
+        click.option("--compile", "compile_", default="off", show_default=True,
+                     help="torch.compile: off, on, or off,on to let the search choose (compile time is reported apart)."),
+        click.option("--allocators", default="default", show_default=True,
+                     help="CUDA allocator settings to try: default, expandable (expandable_segments:True), or both."),
+        click.option("--liger", default="off", show_default=True, help="Liger's kernels (CUDA, liger-kernel): off, on or off,on."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return task_options(func)
+
+
+def on_off_list(text: str, flag: str) -> tuple[bool, ...]:
+    """'off', 'on' or 'off,on' (true/false too) as the booleans a space holds, in the order given."""
+    from autotune.units import parse_choice_list
+
+    values = parse_choice_list(text, flag=flag, allowed=("off", "on", "false", "true"))
+    return tuple(dict.fromkeys(v in ("on", "true") for v in values))
+
+
+def space_arguments(*, micro_batches, block_sizes, precisions, checkpointing_, attention, optimizers, weights_,
+                    compile_, allocators, liger, effective_batch, effective_tokens, task, target_length, num_labels,
+                    peft, lora_rank, lora_alpha, lora_dropout, lora_targets) -> dict:
+    """space_options' flags, parsed, as SearchSpace.build's keyword arguments."""
+    from autotune.config import ATTENTIONS, OPTIMIZERS, PRECISIONS
+    from autotune.recipes import WEIGHTS, peft_text
+    from autotune.speed import ALLOCATORS
+    from autotune.units import parse_choice_list, parse_int_list
+
+    for flag, value in (("--effective-batch", effective_batch), ("--effective-tokens", effective_tokens)):
+        if value is not None and value < 1:
+            raise click.BadParameter(f"must be at least 1 (got {value})", param_hint=flag)
+    return dict(
+        micro_batches=parse_int_list(micro_batches, flag="--micro-batches") if micro_batches is not None else None,
+        block_sizes=parse_int_list(block_sizes, flag="--block-sizes") if block_sizes is not None else None,
+        precisions=parse_choice_list(precisions, flag="--precisions", allowed=PRECISIONS),
+        checkpointing=on_off_list(checkpointing_, "--checkpointing"),
+        attentions=parse_choice_list(attention, flag="--attention", allowed=ATTENTIONS),
+        effective_batch=effective_batch, effective_tokens=effective_tokens,
+        task=task, target_length=target_length, num_labels=num_labels,
+        optimizers=parse_choice_list(optimizers, flag="--optimizers", allowed=OPTIMIZERS),
+        weights=parse_choice_list(weights_, flag="--weights", allowed=WEIGHTS),
+        peft=peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets),
+        compiles=on_off_list(compile_, "--compile"),
+        allocators=parse_choice_list(allocators, flag="--allocators", allowed=tuple(ALLOCATORS)),
+        ligers=on_off_list(liger, "--liger"),
+    )

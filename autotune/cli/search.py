@@ -8,38 +8,15 @@ import sys
 import click
 
 from autotune import defaults
-from autotune.cli.app import (DEVICE_HELP, EXIT_INTERRUPTED, EXIT_NOTHING_FITS, EXIT_UNMEASURED, OPTIMIZER_HELP, cli,
-                              echo_json)
-from autotune.cli.options import db_option, make_settings, probe_settings_options, task_options
-from autotune.recipes import peft_text
+from autotune.cli.app import DEVICE_HELP, EXIT_INTERRUPTED, EXIT_NOTHING_FITS, EXIT_UNMEASURED, cli, echo_json
+from autotune.cli.options import db_option, make_settings, probe_settings_options, space_arguments, space_options
 from autotune.status import StopReason
 
 
 @cli.command()
 @click.option("--model", required=True, help="Hub id, gpt2-family name, or a local directory with config.json.")
 @click.option("--gpu-budget", required=True, help="Memory to fit in: 8GiB, 7.5GiB, 8192MiB, 8GB or bytes.")
-@click.option("--effective-batch", type=int, default=None,
-              help="Sequences per optimizer step, kept fixed; accumulation = effective batch / micro-batch "
-                   f"[default: {defaults.EFFECTIVE_BATCH}].")
-@click.option("--effective-tokens", type=int, default=None,
-              help=f"Tokens per optimizer step, for several --block-sizes [default: {defaults.EFFECTIVE_BATCH} x the largest block].")
-@click.option("--micro-batches", default=None,
-              help=f"Micro-batches to try [default: {','.join(map(str, defaults.MICRO_BATCHES))} up to the effective batch].")
-@click.option("--block-sizes", default=None,
-              help=f"Block sizes to try [default: {defaults.BLOCK_SIZE}, or the model's maximum if smaller].")
-@click.option("--precisions", default=",".join(defaults.PRECISIONS), show_default=True, help="Precisions to try.")
-@click.option("--checkpointing", "checkpointing_", default=",".join("on" if c else "off" for c in defaults.CHECKPOINTING),
-              show_default=True, help="Gradient checkpointing: on, off or both.")
-@click.option("--attention", default=",".join(defaults.ATTENTIONS), show_default=True, help="Attention implementations to try.")
-@click.option("--optimizers", default=defaults.OPTIMIZER, show_default=True,
-              help="Optimizers the search may choose among (a recipe lever: list only those you accept): " + OPTIMIZER_HELP)
-@click.option("--weights", "weights_", default="fp32", show_default=True,
-              help="Weights dtypes the search may choose among (fp32, bf16: a recipe lever).")
-@click.option("--compile", "compile_", default="off", show_default=True,
-              help="torch.compile: off, on, or off,on to let the search choose (compile time is reported apart).")
-@click.option("--allocators", default="default", show_default=True,
-              help="CUDA allocator settings to try: default, expandable (expandable_segments:True), or both.")
-@click.option("--liger", default="off", show_default=True, help="Liger's kernels (CUDA, liger-kernel): off, on or off,on.")
+@space_options
 @click.option("--strategy", default=defaults.STRATEGY, show_default=True, help="frontier, tpe, grid (OOM-pruned) or grid-full.")
 @click.option("--max-trials", type=int, default=None, help="Stop after this many probes (reused and skipped ones are free).")
 @click.option("--timeout", default=None, help="Start no new probe after this long (e.g. 30m).")
@@ -62,43 +39,18 @@ from autotune.status import StopReason
                    f"dead and its probe retried.")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object (progress goes to stderr).")
-@task_options
-def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, block_sizes, precisions, checkpointing_,
-           attention, optimizers, weights_, compile_, allocators, liger, task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout,
-           lora_targets, strategy, max_trials, timeout, patience, study, fresh, predict, confirm,
-           predict_margin, device, safety_margin, warmup_steps,
-           measure_steps, measure_seconds, probe_timeout, trust_remote_code, max_compile_seconds, workers, heartbeat, db,
-           as_json):
+def search(model, gpu_budget, strategy, max_trials, timeout, patience, study, fresh, predict, confirm, predict_margin,
+           device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
+           max_compile_seconds, workers, heartbeat, db, as_json, **space_flags):
     """Find the fastest configuration that fits the budget, by probing."""
     from autotune import report
-    from autotune.config import ATTENTIONS, OPTIMIZERS, PRECISIONS
     from autotune.live import LiveLine
-    from autotune.recipes import WEIGHTS
-    from autotune.speed import ALLOCATORS
     from autotune.search import SearchOptions
     from autotune.search import search as run
-    from autotune.units import parse_choice_list, parse_duration, parse_int_list, parse_size
+    from autotune.units import parse_duration, parse_size
 
     budget = parse_size(gpu_budget)
-    ckpt = on_off_list(checkpointing_, "--checkpointing")
-    space_args = dict(
-        micro_batches=parse_int_list(micro_batches, flag="--micro-batches") if micro_batches is not None else None,
-        block_sizes=parse_int_list(block_sizes, flag="--block-sizes") if block_sizes is not None else None,
-        precisions=parse_choice_list(precisions, flag="--precisions", allowed=PRECISIONS),
-        checkpointing=ckpt,
-        attentions=parse_choice_list(attention, flag="--attention", allowed=ATTENTIONS),
-        effective_batch=effective_batch, effective_tokens=effective_tokens,
-        task=task, target_length=target_length, num_labels=num_labels,
-        optimizers=parse_choice_list(optimizers, flag="--optimizers", allowed=OPTIMIZERS),
-        weights=parse_choice_list(weights_, flag="--weights", allowed=WEIGHTS),
-        peft=peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets),
-        compiles=on_off_list(compile_, "--compile"),
-        allocators=parse_choice_list(allocators, flag="--allocators", allowed=tuple(ALLOCATORS)),
-        ligers=on_off_list(liger, "--liger"),
-    )
-    for flag, value in (("--effective-batch", effective_batch), ("--effective-tokens", effective_tokens)):
-        if value is not None and value < 1:
-            raise click.BadParameter(f"must be at least 1 (got {value})", param_hint=flag)
+    space_args = space_arguments(**space_flags)
     settings = make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
                              max_compile_seconds)
     options = SearchOptions(study=study, strategy=strategy, max_trials=max_trials, patience=patience, fresh=fresh,
@@ -125,14 +77,6 @@ def search(model, gpu_budget, effective_batch, effective_tokens, micro_batches, 
         click.echo(report.explain_winner(outcome))
         click.echo(report.format_search_footer(outcome))
     sys.exit(search_exit_status(outcome))
-
-
-def on_off_list(text: str, flag: str) -> tuple[bool, ...]:
-    """'off', 'on' or 'off,on' (true/false too) as the booleans a space holds, in the order given."""
-    from autotune.units import parse_choice_list
-
-    values = parse_choice_list(text, flag=flag, allowed=("off", "on", "false", "true"))
-    return tuple(dict.fromkeys(v in ("on", "true") for v in values))
 
 
 def search_exit_status(outcome) -> int:

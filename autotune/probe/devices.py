@@ -8,29 +8,16 @@ import platform
 
 import torch
 
+from autotune.cards import DEVICE_FRAGMENTS
 from autotune.environment import Environment, package_version
 from autotune.errors import DeviceError
 
-# Dense peak FLOP/s by precision, from the vendors' data sheets (no sparsity). fp32 is plain FP32
-# (probes leave TF32 off for it, as PyTorch does by default); tf32 is the TF32 tensor cores'.
-# Matched on the lower-cased device name, first match wins, so the more specific names come first.
-PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
-    ("h100 pcie", {"bf16": 756e12, "fp16": 756e12, "fp32": 51e12, "tf32": 378e12}),
-    ("h100 nvl", {"bf16": 835e12, "fp16": 835e12, "fp32": 60e12, "tf32": 417e12}),
-    ("h100", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12, "tf32": 495e12}),
-    ("h200", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12, "tf32": 495e12}),
-    ("gh200", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12, "tf32": 495e12}),
-    ("b200", {"bf16": 2250e12, "fp16": 2250e12, "fp32": 75e12, "tf32": 1100e12}),
-    ("a100", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12, "tf32": 156e12}),
-    ("a10g", {"bf16": 125e12, "fp16": 125e12, "fp32": 31.2e12, "tf32": 62.5e12}),
-    ("a10", {"bf16": 125e12, "fp16": 125e12, "fp32": 31.2e12, "tf32": 62.5e12}),
-    ("l40s", {"bf16": 362e12, "fp16": 362e12, "fp32": 91.6e12, "tf32": 183e12}),
-    ("l4", {"bf16": 121e12, "fp16": 121e12, "fp32": 30.3e12, "tf32": 60e12}),
-    ("rtx 4090", {"bf16": 165e12, "fp16": 165e12, "fp32": 82.6e12, "tf32": 82.6e12}),
-    ("rtx 3090", {"bf16": 71e12, "fp16": 71e12, "fp32": 35.6e12, "tf32": 35.6e12}),
-    ("v100", {"fp16": 125e12, "fp32": 15.7e12}),
-    ("t4", {"fp16": 65e12, "fp32": 8.1e12}),
-)
+# Dense peak FLOP/s by precision, from the card table (autotune.cards, the one source): fp32 is plain
+# FP32 (probes leave TF32 off for it, as PyTorch does by default); tf32 is the TF32 tensor cores'.
+# Matched on the lower-cased device name, first match wins: the longer, more specific fragments
+# come first ("h100 pcie" before "h100").
+PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = tuple(
+    (fragment, card.peak_flops) for fragment, card in DEVICE_FRAGMENTS)
 
 
 def peak_flops(device_name: str, precision: str) -> float | None:

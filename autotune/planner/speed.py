@@ -1,0 +1,344 @@
+"""A cost model of training speed: seconds per optimizer step, and tokens/s, of a configuration on
+a card that is not here (`autotune plan`). It is a model, not a measurement: the constants below
+are first figures from published sources, to be calibrated against measured studies; a probe on
+the real card has the last word.
+
+One optimizer step is `grad_accum` micro-steps, then the optimizer:
+
+    step = grad_accum * (compute + memory + overhead) + optimizer
+
+compute: the micro-step's matmul FLOPs / (the card's dense peak for the precision * utilisation).
+  FLOPs per token, for N parameters (Nt of them trained), L layers, hidden size d, T tokens of
+  context (the block size, as `autotune.probe.step.flops_per_token` has it):
+      forward              2N + 4*L*d*T   one multiply-add per weight; QK^T and AV, 2*d*T each per layer
+      backward, inputs     2N + 8*L*d*T   the activations' gradients: the forward's matmuls again
+                                          (attention's twice: the scores' and the values' sides)
+      backward, weights    2Nt            weight gradients, for trained weights only: a frozen LoRA
+                                          base skips them, so LoRA costs about 4N instead of 6N
+      recompute            2N + 4*L*d*T   gradient checkpointing runs the forward again (6N -> 8N)
+  A full fine-tune without checkpointing is 6N + 12*L*d*T: 6N from Kaplan et al. 2020 ("Scaling
+  Laws for Neural Language Models", sec. 2.1), 12*L*d*T from PaLM (Chowdhery et al. 2022),
+  appendix B; the same count as `autotune.probe.step.flops_per_token`, the numerator of measured
+  MFU, so predicted and measured MFU compare (for a full fine-tune: that one counts 6N under LoRA
+  too). Recomputation is work the card does, not useful work: it is in `flops_per_step`, not in
+  `model_flops_per_token`.
+  The peak is the card's for the precision the matmuls run in: fp32 on CUDA cores, tf32 on TF32
+  tensor cores, fp16/bf16 on half-precision ones; pure bf16 weights (`--weights bf16`) run bf16.
+utilisation: u(t) = U_MAX * t / (t + T_HALF_TOKENS), t = micro_batch * tokens per sequence: a small
+  micro-step leaves the card's multiprocessors idle and spends more of its time outside matmuls.
+  torch.compile and Liger raise it, never past U_MAX.
+memory: passes bound by memory bandwidth that the FLOPs do not count: eager attention's S x S score
+  matrices (fused kernels never write them), and the logits' cross-entropy (Liger's fused
+  linear cross-entropy never writes the logits).
+overhead: kernel launches, a fixed time per kernel per layer, paid whatever the micro-step's size.
+optimizer: one memory-bound pass over the trained parameters, their gradients and their state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from autotune.cards import Card
+from autotune.config import ProbeConfig
+from autotune.recipes import PeftSpec
+from autotune.tasks import Task
+
+if TYPE_CHECKING:
+    from autotune.estimate import MemoryEstimate
+    from autotune.models import ModelSpec
+
+# --- Utilisation -------------------------------------------------------------------------------
+# Share of the tensor cores' peak a large, well-fed micro-step reaches: single-GPU training of
+# transformers reports MFU of 0.4-0.6 (PaLM 46%, Megatron-LM on A100s 52%, nanoGPT about 50% with
+# torch.compile on A100).
+U_MAX_TENSOR_CORES = 0.55
+# Share of the plain FP32 (CUDA core) peak: fp32 matmuls are so much slower that the rest of the
+# step (memory-bound element-wise work) is small beside them, so more of the step is matmuls.
+U_MAX_CUDA_CORES = 0.70
+# Tokens per micro-step at which utilisation is half its ceiling: below about a thousand tokens the
+# matmuls are too small to fill a data-centre card. One figure for every card and model; the first
+# constant to calibrate against measured studies (a bigger card needs more tokens to fill).
+T_HALF_TOKENS = 1024
+
+# --- Speed levers ------------------------------------------------------------------------------
+# torch.compile (inductor) fuses element-wise work: PyTorch 2.0's launch reported 1.2x (fp32) to
+# 1.5x (AMP) training speed-ups over 163 models on an A100; matmul-bound LLM fine-tunes gain less.
+COMPILE_SPEEDUP = 1.15
+# Share of kernel launches left after compile's fusion.
+COMPILE_KERNEL_SHARE = 0.5
+# Liger's fused RMSNorm, RoPE and SwiGLU kernels (its fused cross-entropy is the logits term below):
+# a small gain; Liger's README reports about 20% for a whole Llama 3 8B run, logits included.
+LIGER_SPEEDUP = 1.05
+# QLoRA dequantises its 4-bit base in every matmul: about 39% more time than LoRA (S. Raschka,
+# "Practical Tips for Finetuning LLMs Using LoRA", 2023: 33% less memory, 39% more time).
+QLORA_SLOWDOWN = 1.39
+
+# --- Memory-bound passes -----------------------------------------------------------------------
+# Share of the data sheet's bandwidth a streaming kernel reaches (STREAM-like copies: 80-90%).
+MEMORY_EFFICIENCY = 0.8
+# Eager attention writes each layer's S x S scores per head and reads them back: element-sized
+# accesses per score in the forward (QK^T written; mask, softmax and the cast each read and write;
+# AV reads) and in the backward (AV's reads, the softmax's backward, dQ's and dK's reads).
+EAGER_SCORE_ACCESSES_FORWARD = 8
+EAGER_SCORE_ACCESSES_BACKWARD = 7
+# Head size assumed where the model's head count is not known (GPT-2, BERT: 64; Llama: 128).
+HEAD_DIM_GUESS = 64
+# Bytes moved per logit for the cross-entropy: fp32 upcast, log-softmax, its backward and the cast
+# back, about 8 fp32-sized accesses. Liger's fused linear cross-entropy writes no logits.
+LOGIT_BYTES = 32
+
+# --- Overhead ----------------------------------------------------------------------------------
+# GPU time lost per kernel launched in eager PyTorch (launch latency and the gaps between dependent
+# kernels; CPU dispatch of an op costs 5-20 us and hides only behind large kernels).
+KERNEL_SECONDS = 10e-6
+# Kernels per transformer layer in one forward pass (norms, projections, attention, activation,
+# residual adds); a backward launches about twice as many, a recompute as many again.
+KERNELS_PER_LAYER = 10
+
+# --- Optimizer step ----------------------------------------------------------------------------
+# Bytes one optimizer step moves per trained parameter (read + written), with fp32 weights and with
+# pure bf16 weights (--weights bf16: weights, gradients and state in bf16).
+OPTIMIZER_BYTES: dict[str, tuple[int, int]] = {
+    "adamw": (28, 14),             # fused: reads weight, grad, m, v (16); writes weight, m, v (12)
+    "adamw_8bit": (16, 10),        # weight and grad at their size, m and v one byte each
+    "paged_adamw_8bit": (16, 10),  # as adamw_8bit while the state stays on the card
+    "sgd": (24, 12),               # foreach, momentum: buf = m*buf + g, then w -= lr*buf (6 accesses)
+    "adafactor": (60, 60),         # transformers' Adafactor: ~15 unfused fp32 passes (it upcasts bf16);
+}                                  # its factored second moment is negligible
+# fp16's gradient scaler unscales every fp32 gradient once (read and write; the inf check is fused).
+GRAD_SCALER_BYTES = 8
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDims:
+    """The model's sizes the cost model needs.
+
+    `trainable_parameters` None: derived from the config (all of them for a full fine-tune, the
+    LoRA adapters' estimate under --peft). `heads` None: hidden // HEAD_DIM_GUESS.
+    """
+
+    parameters: int
+    layers: int
+    hidden: int
+    vocab: int
+    heads: int | None = None
+    trainable_parameters: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedPrediction:
+    """A configuration's predicted speed and its parts, per optimizer step (seconds):
+    `step_seconds == compute_seconds + memory_seconds + overhead_seconds + optimizer_seconds`."""
+
+    step_seconds: float
+    tokens_per_s: float
+    compute_seconds: float       # matmuls, at `utilisation` of `peak_flops`
+    memory_seconds: float        # eager attention's scores and the logits' cross-entropy
+    overhead_seconds: float      # kernel launches
+    optimizer_seconds: float     # the optimizer's pass over the trained parameters' state
+    utilisation: float           # share of the peak the matmuls run at
+    peak_flops: float            # the card's dense peak for the precision the matmuls run in
+    flops_per_step: float        # what the card computes, recomputation included
+    model_flops_per_token: float  # useful work per token, no recomputation (probe.step.flops_per_token)
+
+    @property
+    def mfu(self) -> float:
+        """Model FLOPs utilisation as a probe measures it."""
+        return self.tokens_per_s * self.model_flops_per_token / self.peak_flops
+
+    def describe(self) -> str:
+        parts = (("compute", self.compute_seconds), ("memory", self.memory_seconds),
+                 ("launches", self.overhead_seconds), ("optimizer", self.optimizer_seconds))
+        spent = ", ".join(f"{name} {seconds / self.step_seconds:.0%}" for name, seconds in parts if seconds > 0)
+        return (f"{self.tokens_per_s:,.0f} tokens/s, {self.step_seconds * 1e3:,.1f} ms/step ({spent}); "
+                f"matmuls at {self.utilisation:.0%} of peak, MFU {self.mfu:.0%} (predicted)")
+
+
+def matmul_precision(config: ProbeConfig) -> str:
+    """The precision the matmuls run in: pure bf16 weights run bf16 whatever --precision says."""
+    return "bf16" if config.weights == "bf16" else config.precision
+
+
+def why_unsupported(config: ProbeConfig, card: Card) -> str | None:
+    """None when `config` can run on `card`, else why not (one line)."""
+    precision = matmul_precision(config)
+    if precision not in card.peak_flops:
+        what = "--weights bf16" if precision != config.precision else f"--precision {precision}"
+        return f"{what}: the {card.name} has no {precision} (it needs compute capability 8.0, Ampere or newer)"
+    if config.attention == "flash_attention_2" and not card.has_flash_attention:
+        return f"flash_attention_2 needs compute capability 8.0 (Ampere) or newer, not the {card.name}"
+    if config.attention == "flash_attention_3" and card.compute_capability[0] != 9:
+        return f"flash_attention_3 runs on Hopper (compute capability 9.0) only, not the {card.name}"
+    return None
+
+
+def utilisation(tokens_per_micro_step: int, tensor_cores: bool) -> float:
+    """u(t) = U_MAX * t / (t + T_HALF_TOKENS): the share of the peak a micro-step's matmuls reach."""
+    ceiling = U_MAX_TENSOR_CORES if tensor_cores else U_MAX_CUDA_CORES
+    return ceiling * tokens_per_micro_step / (tokens_per_micro_step + T_HALF_TOKENS)
+
+
+def lora_parameters(dims: ModelDims, rank: int) -> int:
+    """About how many parameters LoRA adapters of `rank` add on every linear layer: a d x d
+    weight's adapter has 2*r*d, i.e. 2r/d of the weight; the embeddings get none."""
+    linear = max(dims.parameters - dims.vocab * dims.hidden, 0)
+    return round(linear * 2 * rank / dims.hidden)
+
+
+def flops_per_token(config: ProbeConfig, dims: ModelDims, *, recompute: bool = True) -> float:
+    """Training FLOPs per token (see the module's docstring); `recompute=False` leaves out
+    checkpointing's second forward (the useful work, for MFU)."""
+    n, trained = dims.parameters, _trained(config, dims)
+    attention = dims.layers * dims.hidden * config.block_size
+    forward = 2 * n + 4 * attention
+    total = forward + (2 * n + 8 * attention) + 2 * trained
+    if recompute and config.checkpointing:
+        total += forward
+    return float(total)
+
+
+def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card) -> SpeedPrediction:
+    """Seconds per optimizer step of `config` on `card`, with the parts that make them up.
+    ValueError when the card cannot run the config (check `why_unsupported` first)."""
+    problem = why_unsupported(config, card)
+    if problem is not None:
+        raise ValueError(problem)
+    precision = matmul_precision(config)
+    peak = card.peak_flops[precision]
+    half = precision in ("fp16", "bf16")
+    tokens = config.micro_batch * config.tokens_per_sequence  # per micro-step
+
+    ceiling = U_MAX_TENSOR_CORES if precision != "fp32" else U_MAX_CUDA_CORES
+    u = utilisation(tokens, tensor_cores=precision != "fp32")
+    u = min(ceiling, u * (COMPILE_SPEEDUP if config.compile else 1.0) * (LIGER_SPEEDUP if config.liger else 1.0))
+    flops = tokens * flops_per_token(config, dims)
+    compute = flops / (peak * u)
+    if config.peft is not None and PeftSpec.from_text(config.peft).kind == "qlora":
+        compute *= QLORA_SLOWDOWN
+
+    bandwidth = card.memory_bandwidth * MEMORY_EFFICIENCY
+    memory = (_eager_score_bytes(config, dims, element=2 if half else 4) + _logit_bytes(config, dims)) / bandwidth
+
+    passes = 3 + (1 if config.checkpointing else 0)  # forward, backward (twice the kernels), recompute
+    kernels = dims.layers * KERNELS_PER_LAYER * passes * (COMPILE_KERNEL_SHARE if config.compile else 1.0)
+    overhead = kernels * KERNEL_SECONDS
+
+    per_parameter = OPTIMIZER_BYTES[config.optimizer][1 if config.weights == "bf16" else 0]
+    per_parameter += GRAD_SCALER_BYTES if config.precision == "fp16" else 0
+    optimizer = _trained(config, dims) * per_parameter / bandwidth
+
+    accum = config.grad_accum
+    step = accum * (compute + memory + overhead) + optimizer
+    return SpeedPrediction(
+        step_seconds=step, tokens_per_s=config.tokens_per_step / step,
+        compute_seconds=accum * compute, memory_seconds=accum * memory, overhead_seconds=accum * overhead,
+        optimizer_seconds=optimizer, utilisation=u, peak_flops=peak, flops_per_step=accum * flops,
+        model_flops_per_token=flops_per_token(config, dims, recompute=False),
+    )
+
+
+def predict_tokens_per_s(config: ProbeConfig, dims: ModelDims, card: Card) -> float:
+    return predict_step_seconds(config, dims, card).tokens_per_s
+
+
+def predict_speed(config: ProbeConfig, dims: ModelDims, card: Card,
+                  estimate: MemoryEstimate | None = None) -> SpeedPrediction | None:
+    """The planner's entry: None where the card cannot run `config`; with the config's memory
+    estimate, the parameter count is the one the estimator traced (its weights' bytes over the
+    bytes of one weight), not the count from config.json."""
+    if why_unsupported(config, card) is not None:
+        return None
+    if estimate is not None and estimate.params > 0:
+        kind = PeftSpec.from_text(config.peft).kind if config.peft is not None else None
+        if kind != "qlora":  # a 4-bit base has no whole bytes per weight to divide by
+            counted = estimate.params // (2 if config.weights == "bf16" else 4)
+            dims = ModelDims(counted, dims.layers, dims.hidden, dims.vocab, dims.heads, dims.trainable_parameters)
+    return predict_step_seconds(config, dims, card)
+
+
+def _trained(config: ProbeConfig, dims: ModelDims) -> int:
+    if dims.trainable_parameters is not None:
+        return dims.trainable_parameters
+    if config.peft is None:
+        return dims.parameters
+    return lora_parameters(dims, PeftSpec.from_text(config.peft).rank)
+
+
+def _eager_score_bytes(config: ProbeConfig, dims: ModelDims, element: int) -> float:
+    """Bytes eager attention moves for its S x S scores in one micro-step (0 for fused kernels)."""
+    if config.attention != "eager":
+        return 0.0
+    heads = dims.heads or max(1, dims.hidden // HEAD_DIM_GUESS)
+    accesses = EAGER_SCORE_ACCESSES_FORWARD * (2 if config.checkpointing else 1) + EAGER_SCORE_ACCESSES_BACKWARD
+    return float(config.micro_batch * dims.layers * heads * config.block_size ** 2 * accesses * element)
+
+
+def _logit_bytes(config: ProbeConfig, dims: ModelDims) -> float:
+    """Bytes the cross-entropy moves over the vocabulary's logits in one micro-step: every token
+    of a causal or masked LM, the target's of seq2seq, none for classification (a small head)."""
+    if config.liger or config.task == Task.CLASSIFICATION:
+        return 0.0
+    positions = config.target_length if config.task == Task.SEQ2SEQ else config.block_size
+    return float(config.micro_batch * (positions or 0) * dims.vocab * LOGIT_BYTES)
+
+
+# --- From config.json --------------------------------------------------------------------------
+# Families whose MLP is gated (SwiGLU / GeGLU: three matrices instead of two).
+_GATED = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
+          "gemma3_text", "phi3", "olmo", "olmo2", "granite", "cohere", "starcoder2", "internlm2", "deepseek_v2",
+          "deepseek_v3", "smollm3", "exaone", "yi"}
+# Families with learned position embeddings (a max_positions x d table).
+_LEARNED_POSITIONS = {"gpt2", "gpt_neo", "opt", "bert", "roberta", "distilbert", "xlm-roberta", "electra",
+                      "bart", "mbart", "biogpt"}
+
+
+def _first(config: dict, *keys: str) -> int | None:
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def dims_from_config(config: dict) -> ModelDims | None:
+    """Sizes read from a config.json (torch-free), None where it lacks them: the parameter count
+    from the usual transformer shapes (attention with grouped K/V heads, a plain or gated MLP,
+    embeddings, tied or not; norms and biases left out, under 1%). Multimodal configs: their text
+    model's. Mixture-of-experts models are not modelled: they count as one dense MLP."""
+    text = config.get("text_config")
+    if _first(config, "hidden_size", "n_embd", "d_model", "dim") is None and isinstance(text, dict):
+        # The outer config's tying governs the model built (transformers reads it there) where it has one.
+        tied = config.get("tie_word_embeddings", text.get("tie_word_embeddings", True))
+        config = {**text, "tie_word_embeddings": tied}
+    hidden = _first(config, "hidden_size", "n_embd", "d_model", "dim") or 0
+    heads = _first(config, "num_attention_heads", "n_head", "num_heads", "encoder_attention_heads")
+    kv_heads = _first(config, "num_key_value_heads", "num_kv_heads", "multi_query_group_num") or heads
+    head_dim = _first(config, "head_dim", "d_kv") or (hidden // heads if heads else hidden)
+    ffn = _first(config, "intermediate_size", "n_inner", "d_ff", "ffn_dim", "encoder_ffn_dim") or 4 * hidden
+    vocab = _first(config, "vocab_size", "padded_vocab_size") or 0
+    model_type = str(config.get("model_type", ""))
+    gated = model_type in _GATED or str(config.get("feed_forward_proj", "")).startswith("gated")
+
+    q = (heads or 1) * head_dim
+    attention = hidden * q + 2 * hidden * (kv_heads or 1) * head_dim + q * hidden
+    mlp = (3 if gated else 2) * hidden * ffn
+    encoder = _first(config, "encoder_layers", "num_layers") if config.get("is_encoder_decoder") else None
+    if encoder:
+        decoder = _first(config, "decoder_layers", "num_decoder_layers") or encoder
+        layers = encoder + decoder
+        body = encoder * (attention + mlp) + decoder * (2 * attention + mlp)  # decoders add cross-attention
+    else:
+        layers = _first(config, "num_hidden_layers", "n_layer", "num_layers", "n_layers") or 0
+        body = layers * (attention + mlp)
+    embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", True) else 2)
+    if model_type in _LEARNED_POSITIONS:
+        embeddings += (_first(config, "max_position_embeddings", "n_positions") or 0) * hidden
+    if not (hidden and layers and vocab):
+        return None
+    return ModelDims(parameters=body + embeddings, layers=layers, hidden=hidden, vocab=vocab, heads=heads)
+
+
+def model_dims_of(spec: ModelSpec) -> ModelDims | None:
+    """`dims_from_config` of a resolved model's config.json."""
+    return dims_from_config(spec.config)

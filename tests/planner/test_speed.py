@@ -1,0 +1,180 @@
+import dataclasses
+
+import pytest
+
+from autotune.cards import CARDS, find_card
+from autotune.config import ProbeConfig
+from autotune.estimate.result import MemoryEstimate
+from autotune.models import KNOWN_ARCHITECTURES
+from autotune.planner import speed
+from autotune.planner.speed import (
+    ModelDims,
+    dims_from_config,
+    flops_per_token,
+    predict_speed,
+    predict_step_seconds,
+    predict_tokens_per_s,
+    why_unsupported,
+)
+
+LLAMA_3_8B = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
+              "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "tie_word_embeddings": False}
+T5_SMALL = {"model_type": "t5", "d_model": 512, "d_ff": 2048, "d_kv": 64, "num_heads": 8, "num_layers": 6,
+            "vocab_size": 32128, "feed_forward_proj": "relu", "is_encoder_decoder": True}
+LORA = "lora r=8 alpha=16 dropout=0.05 targets=all-linear"
+GPT2 = ModelDims(124_318_464, layers=12, hidden=768, vocab=50257, heads=12)   # what dims_from_config reads
+LLAMA = ModelDims(8_029_995_008, layers=32, hidden=4096, vocab=128256, heads=32)
+H100, T4 = find_card("h100"), find_card("t4")
+
+
+def config(**fields) -> ProbeConfig:
+    base = {"model": "m", "micro_batch": 4, "grad_accum": 4, "block_size": 1024, "precision": "bf16"}
+    return ProbeConfig(**{**base, **fields})
+
+
+@pytest.mark.parametrize("config_json, parameters", [
+    (KNOWN_ARCHITECTURES["gpt2"], 124_439_808),   # GPT2LMHeadModel's own count
+    (LLAMA_3_8B, 8_030_261_248),                  # Meta-Llama-3-8B
+    (T5_SMALL, 60_506_624),                       # t5-small
+])
+def test_the_parameter_count_from_config_json_is_within_a_percent(config_json, parameters):
+    dims = dims_from_config(config_json)
+    assert dims is not None and dims.parameters == pytest.approx(parameters, rel=0.01)
+
+
+def test_config_json_sizes_and_what_lacks_them():
+    assert dims_from_config(KNOWN_ARCHITECTURES["gpt2"]) == GPT2
+    assert dims_from_config(LLAMA_3_8B) == LLAMA
+    t5 = dims_from_config(T5_SMALL)
+    assert t5 is not None and (t5.layers, t5.hidden, t5.heads) == (12, 512, 8)   # encoder and decoder layers
+    assert dims_from_config({"model_type": "llava", "text_config": LLAMA_3_8B}) == LLAMA
+    assert dims_from_config({"model_type": "mystery", "vocab_size": 10}) is None
+
+
+def test_flops_agree_with_the_probes_mfu_count_without_recomputation():
+    # autotune.probe.step.flops_per_token: 6N + 12*L*d*T.
+    n, layers, hidden, block = GPT2.parameters, GPT2.layers, GPT2.hidden, 1024
+    c = config(checkpointing=True, block_size=block)
+    assert flops_per_token(c, GPT2, recompute=False) == 6 * n + 12 * layers * hidden * block
+    assert predict_step_seconds(c, GPT2, H100).model_flops_per_token == 6 * n + 12 * layers * hidden * block
+    assert flops_per_token(c, GPT2) == 8 * n + 16 * layers * hidden * block
+
+
+@pytest.mark.parametrize("dims, card", [(GPT2, H100), (GPT2, T4), (LLAMA, H100), (LLAMA, find_card("a100"))])
+def test_tokens_per_s_grow_with_the_micro_batch_at_a_fixed_effective_batch(dims, card):
+    splits = [(1, 16), (2, 8), (4, 4), (8, 2), (16, 1)]
+    rates = [predict_tokens_per_s(config(micro_batch=mb, grad_accum=ga, precision="fp16"), dims, card)
+             for mb, ga in splits]
+    assert rates == sorted(rates) and len(set(rates)) == len(rates)
+
+
+def test_checkpointing_costs_about_a_third_more_for_a_large_model():
+    plain = predict_step_seconds(config(micro_batch=4, block_size=2048), LLAMA, H100)
+    ckpt = predict_step_seconds(config(micro_batch=4, block_size=2048, checkpointing=True), LLAMA, H100)
+    assert 1.28 < ckpt.step_seconds / plain.step_seconds < 1.40    # 8N/6N = 1.33
+    assert ckpt.flops_per_step / plain.flops_per_step == pytest.approx(4 / 3, rel=0.01)
+
+
+def test_bf16_is_several_times_faster_than_fp32_on_an_h100():
+    fp32 = predict_tokens_per_s(config(precision="fp32"), LLAMA, H100)
+    bf16 = predict_tokens_per_s(config(precision="bf16"), LLAMA, H100)
+    tf32 = predict_tokens_per_s(config(precision="tf32"), LLAMA, H100)
+    assert bf16 > 4 * fp32
+    assert fp32 < tf32 < bf16
+
+
+def test_pure_bf16_weights_run_at_the_bf16_peak_even_under_fp32():
+    c = config(precision="fp32", weights="bf16")
+    assert predict_step_seconds(c, LLAMA, H100).peak_flops == H100.peak_flops["bf16"]
+
+
+def test_lora_does_fewer_flops_and_a_smaller_optimizer_step():
+    full = predict_step_seconds(config(), LLAMA, H100)
+    lora = predict_step_seconds(config(peft=LORA), LLAMA, H100)
+    assert 0.62 < lora.model_flops_per_token / full.model_flops_per_token < 0.75   # about 4N / 6N
+    assert lora.optimizer_seconds < full.optimizer_seconds / 100
+    assert lora.tokens_per_s > full.tokens_per_s
+    qlora = predict_step_seconds(config(peft=LORA.replace("lora", "qlora", 1)), LLAMA, H100)
+    assert qlora.tokens_per_s < lora.tokens_per_s
+
+
+def test_a_t4_is_slower_than_an_h100_and_every_card_has_a_prediction():
+    c = config(precision="fp16")
+    assert predict_tokens_per_s(c, GPT2, T4) < predict_tokens_per_s(c, GPT2, H100) / 5
+    assert all(predict_tokens_per_s(c, GPT2, card) > 0 for card in CARDS)
+
+
+@pytest.mark.parametrize("lever", ["compile", "liger"])
+def test_the_speed_levers_are_faster(lever):
+    for dims, mb in ((GPT2, 1), (GPT2, 16), (LLAMA, 2)):
+        plain = predict_tokens_per_s(config(micro_batch=mb), dims, H100)
+        assert predict_tokens_per_s(config(micro_batch=mb, **{lever: True}), dims, H100) > plain
+
+
+def test_eager_attention_costs_more_the_longer_the_block():
+    def penalty(block: int) -> float:
+        sdpa = predict_step_seconds(config(block_size=block), GPT2, H100).step_seconds
+        return predict_step_seconds(config(block_size=block, attention="eager"), GPT2, H100).step_seconds / sdpa
+
+    assert 1.0 < penalty(256) < penalty(1024)
+
+
+def test_the_optimizer_step_is_paid_once_per_step_and_depends_on_the_optimizer():
+    one = predict_step_seconds(config(grad_accum=1), LLAMA, H100)
+    eight = predict_step_seconds(config(grad_accum=8), LLAMA, H100)
+    assert one.optimizer_seconds == eight.optimizer_seconds
+    at_full_bandwidth = LLAMA.parameters * 28 / H100.memory_bandwidth   # AdamW: 28 bytes a parameter
+    assert at_full_bandwidth < one.optimizer_seconds < 1.5 * at_full_bandwidth
+    assert eight.tokens_per_s > one.tokens_per_s
+    small = predict_step_seconds(config(grad_accum=1, optimizer="adamw_8bit"), LLAMA, H100)
+    assert small.optimizer_seconds < one.optimizer_seconds
+
+
+def test_the_parts_add_up_and_the_mfu_stays_under_the_ceiling():
+    for c in (config(), config(micro_batch=64, block_size=2048, compile=True, liger=True), config(checkpointing=True),
+              config(peft=LORA, compile=True), config(attention="eager", micro_batch=1), config(precision="fp32")):
+        for dims in (GPT2, LLAMA):
+            p = predict_step_seconds(c, dims, H100)
+            parts = p.compute_seconds + p.memory_seconds + p.overhead_seconds + p.optimizer_seconds
+            assert parts == pytest.approx(p.step_seconds)
+            assert p.tokens_per_s == pytest.approx(c.tokens_per_step / p.step_seconds)
+            ceiling = speed.U_MAX_CUDA_CORES if c.precision == "fp32" else speed.U_MAX_TENSOR_CORES
+            assert 0 < p.mfu <= p.utilisation <= ceiling
+            assert "tokens/s" in p.describe() and "\n" not in p.describe()
+
+
+def test_what_a_card_cannot_run_is_said_not_predicted():
+    assert "bf16" in why_unsupported(config(precision="bf16"), T4)
+    assert "bf16" in why_unsupported(config(precision="fp32", weights="bf16"), T4)
+    assert "flash_attention_2" in why_unsupported(config(precision="fp16", attention="flash_attention_2"), T4)
+    assert "Hopper" in why_unsupported(config(attention="flash_attention_3"), find_card("a100"))
+    assert why_unsupported(config(attention="flash_attention_3"), H100) is None
+    assert why_unsupported(config(precision="fp16"), T4) is None
+    with pytest.raises(ValueError, match="bf16"):
+        predict_step_seconds(config(), GPT2, T4)
+    assert predict_speed(config(), GPT2, T4) is None
+
+
+def _estimate(c: ProbeConfig, params_bytes: int) -> MemoryEstimate:
+    return MemoryEstimate(config=c, device_type="cuda", params=params_bytes, grads=0, optimizer=0, activations=0,
+                          temporaries=0, workspace=0, peak_bytes=params_bytes, reserved_bytes=params_bytes,
+                          context_bytes=0, seconds=0.0)
+
+
+def test_the_planner_entry_counts_parameters_as_the_estimator_traced_them():
+    c = config()
+    plain = predict_speed(c, GPT2, H100)
+    doubled = predict_speed(c, GPT2, H100, _estimate(c, params_bytes=4 * 2 * GPT2.parameters))
+    assert plain == predict_step_seconds(c, GPT2, H100)
+    assert doubled.model_flops_per_token > 1.8 * plain.model_flops_per_token
+    bf16 = config(weights="bf16")  # two bytes a weight
+    two_bytes_a_weight = _estimate(bf16, 2 * GPT2.parameters)
+    assert predict_speed(bf16, GPT2, H100, two_bytes_a_weight) == predict_step_seconds(bf16, GPT2, H100)
+    qlora = config(peft=LORA.replace("lora", "qlora", 1))  # a 4-bit base: the count from config.json stands
+    assert predict_speed(qlora, GPT2, H100, _estimate(qlora, 12345)) == predict_step_seconds(qlora, GPT2, H100)
+
+
+def test_an_explicit_trainable_count_is_used():
+    frozen_half = dataclasses.replace(GPT2, trainable_parameters=GPT2.parameters // 2)
+    assert flops_per_token(config(), frozen_half) < flops_per_token(config(), GPT2)
+    assert isinstance(frozen_half, ModelDims)

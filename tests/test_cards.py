@@ -1,0 +1,111 @@
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from autotune import cards
+from autotune.cards import CARDS, card_for_device, card_names, find_card
+from autotune.errors import BadInput
+
+
+def test_no_alias_or_display_name_names_two_cards():
+    names = Counter(key for card in CARDS for key in {*card.aliases, card.name.lower()})
+    assert [name for name, count in names.items() if count > 1] == []
+    assert all(alias == alias.lower() and " " not in alias for card in CARDS for alias in card.aliases)
+
+
+def test_the_cards_the_planner_offers_are_all_there():
+    wanted = {"h100", "h100-pcie", "h100-nvl", "h200", "gh200", "b200", "a100", "a100-40gb", "a10g", "a10", "l40s",
+              "l4", "rtx4090", "rtx3090", "a6000", "v100-32gb", "v100", "t4"}
+    assert set(card_names()) == wanted
+    assert card_names() == sorted(card_names())
+
+
+@pytest.mark.parametrize("typed, expected", [
+    ("h100", "NVIDIA H100 80GB HBM3 (SXM)"),
+    ("H100-SXM", "NVIDIA H100 80GB HBM3 (SXM)"),
+    ("h100 pcie", "NVIDIA H100 PCIe"),          # spaces read as dashes
+    ("NVIDIA H100 PCIe", "NVIDIA H100 PCIe"),   # the display name, any case
+    ("nvidia geforce rtx 4090", "NVIDIA GeForce RTX 4090"),
+    ("4090", "NVIDIA GeForce RTX 4090"),
+    ("A100", "NVIDIA A100 80GB"),
+    ("a100_40gb", "NVIDIA A100 40GB"),
+    ("  T4 ", "NVIDIA Tesla T4"),
+])
+def test_find_card_by_alias_display_name_and_case(typed, expected):
+    assert find_card(typed).name == expected
+
+
+def test_an_unknown_card_is_one_line_naming_the_choices():
+    with pytest.raises(BadInput) as caught:
+        find_card("h1000")
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.startswith("--gpu 'h1000' is unknown; choose from a10, a100, a100-40gb, ")
+    assert all(name in message for name in card_names())
+
+
+def test_memory_is_what_cuda_reports_not_the_marketing_figure():
+    assert find_card("h100").memory_bytes == 85_029_158_912          # 79.19 GiB
+    assert find_card("rtx4090").memory_bytes == 25_386_352_640       # 23.64 GiB
+    for card in CARDS:
+        assert 14 * 2**30 < card.memory_bytes < 180 * 2**30, card.name
+    assert find_card("a100").memory_bytes < 80 * 2**30 < find_card("h100-nvl").memory_bytes
+
+
+def test_features_follow_the_compute_capability():
+    for name in ("t4", "v100", "v100-32gb"):
+        card = find_card(name)
+        assert not (card.has_bf16 or card.has_tf32 or card.has_flash_attention)
+        assert "bf16" not in card.peak_flops and "tf32" not in card.peak_flops and card.peak_flops["fp16"] > 0
+    for card in CARDS:
+        if card.compute_capability >= (8, 0):
+            assert card.has_bf16 and card.has_flash_attention
+            assert set(card.peak_flops) == {"bf16", "fp16", "fp32", "tf32"}
+            assert card.peak_flops["bf16"] > card.peak_flops["fp32"]
+
+
+def test_context_is_the_estimators():
+    from autotune.estimate.result import CUDA_CONTEXT_BYTES
+
+    assert all(card.context_bytes == CUDA_CONTEXT_BYTES for card in CARDS)
+
+
+@pytest.mark.parametrize("device, card", [
+    ("NVIDIA H100 80GB HBM3", "h100"), ("NVIDIA H100 PCIe", "h100-pcie"), ("NVIDIA H100 NVL", "h100-nvl"),
+    ("NVIDIA H200", "h200"), ("NVIDIA GH200 480GB", "gh200"), ("NVIDIA B200", "b200"),
+    ("NVIDIA A100-SXM4-80GB", "a100"), ("NVIDIA A100 80GB PCIe", "a100"), ("NVIDIA A100-SXM4-40GB", "a100-40gb"),
+    ("NVIDIA A10G", "a10g"), ("NVIDIA A10", "a10"), ("NVIDIA L40S", "l40s"), ("NVIDIA L4", "l4"),
+    ("NVIDIA GeForce RTX 4090", "rtx4090"), ("NVIDIA GeForce RTX 3090", "rtx3090"), ("NVIDIA RTX A6000", "a6000"),
+    ("Tesla V100-SXM2-32GB", "v100-32gb"), ("Tesla V100-SXM2-16GB", "v100"), ("Tesla T4", "t4"),
+])
+def test_cuda_device_names_find_their_card_the_specific_before_the_general(device, card):
+    assert card_for_device(device) is find_card(card)
+
+
+def test_every_fragment_finds_its_own_card():
+    # A shorter fragment listed before a longer one that contains it would shadow it.
+    for card in CARDS:
+        for fragment in card.name_fragments:
+            assert card_for_device(f"NVIDIA {fragment.upper()}") is card, fragment
+    assert card_for_device("Some Future GPU") is None
+
+
+def test_peak_flops_of_the_probes_come_from_the_cards():
+    pytest.importorskip("torch")
+    from autotune.probe import devices
+
+    assert devices.peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989e12
+    assert devices.peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12
+    assert devices.peak_flops("NVIDIA A100-SXM4-80GB", "fp32") == 19.5e12
+    assert devices.peak_flops("NVIDIA GH200 480GB", "tf32") == 495e12
+    assert devices.peak_flops("Tesla T4", "bf16") is None
+    assert devices.peak_flops("Some Future GPU", "bf16") is None
+    assert [fragment for fragment, _ in devices.PEAK_FLOPS] == [fragment for fragment, _ in cards.DEVICE_FRAGMENTS]
+
+
+def test_importing_the_cards_does_not_import_torch():
+    out = subprocess.run([sys.executable, "-c", "import autotune.cards, sys; print('torch' in sys.modules)"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
