@@ -45,6 +45,8 @@ def check_config(config: ProbeConfig, device_type: str, spec: ModelSpec, trust_r
     notes = []
     if config.compile:
         notes.append("torch.compile traced as the eager step (inductor frees intermediates no later: an upper bound)")
+    if config.precision == "fp16" and device_type == "cuda":
+        notes.append("fp16 traced as bf16: the same tensors, GradScaler's few scalars aside")
     if config.allocator != speed.DEFAULT_ALLOCATOR:
         notes.append(f"allocator {config.allocator} modelled as the default allocator (expandable segments fragment "
                      f"less: reserved is an upper bound)")
@@ -95,7 +97,7 @@ def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", 
         spec = specs.get(config.model) or resolve_model(config.model)
         specs[config.model] = spec
         plans.append((config, spec, check_config(config, device_type, spec, trust_remote_code),
-                      cache_key(traced_as(config), device_type, spec)))
+                      cache_key(traced_as(config, device_type), device_type, spec)))
 
     cache = EstimateCache() if use_cache else None
     out: list[MemoryEstimate | None] = [None] * len(plans)
@@ -113,7 +115,7 @@ def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", 
             if estimate is not None:
                 on_estimate(estimate)
     if todo:
-        request = TraceRequest(device_type, tuple(_trace_item(traced_as(plans[i][0]), plans[i][1], trust_remote_code)
+        request = TraceRequest(device_type, tuple(_trace_item(traced_as(plans[i][0], device_type), plans[i][1], trust_remote_code)
                                                   for i in todo))
 
         def arrived(result: TraceResult) -> None:
@@ -132,12 +134,16 @@ def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", 
     return [e for e in out if e is not None]
 
 
-def traced_as(config: ProbeConfig) -> ProbeConfig:
+def traced_as(config: ProbeConfig, device_type: str) -> ProbeConfig:
     """The config whose trace answers for `config`: speed levers that leave the eager step's memory
-    an upper bound are traced without them (compile, the allocator setting), and tf32 as fp32 (the
-    same tensors; only the matmuls' arithmetic differs)."""
-    return dataclasses.replace(config, compile=False, allocator=speed.DEFAULT_ALLOCATOR,
-                               precision="fp32" if config.precision == "tf32" else config.precision)
+    an upper bound are traced without them (compile, the allocator setting), tf32 as fp32 (the
+    same tensors; only the matmuls' arithmetic differs), and on CUDA fp16 as bf16: the same
+    tensors of the same sizes under the same autocast lists, but for GradScaler's few scalars
+    (bytes, against the caching allocator's 512-byte blocks). On CPU fp16 is traced as itself, so
+    that the estimate equals what the CPU probe accounts to the byte."""
+    precision = {"tf32": "fp32", **({"fp16": "bf16"} if device_type == "cuda" else {})}.get(config.precision,
+                                                                                         config.precision)
+    return dataclasses.replace(config, compile=False, allocator=speed.DEFAULT_ALLOCATOR, precision=precision)
 
 
 def _trace_item(config: ProbeConfig, spec: ModelSpec, trust_remote_code: bool) -> TraceItem:

@@ -3,8 +3,8 @@
 Every candidate's memory comes from the estimator (autotune.estimate), which traces the probe's
 own training step on fake tensors: within a group of configs that differ only in micro-batch
 (space.group_key) the need grows piecewise affinely with the micro-batch, so the group's ends
-(and its middle, for four or more) are traced and the members between them interpolated
-(`traced_members`; `exact` traces every config). Traces are cached under $AUTOTUNE_HOME (estimate/cache.py), keyed as the search's are,
+(and its middle, for four or more) are traced and the members between them interpolated, as the
+search's predictions are (estimate/interpolate.py; `exact` traces every config). Traces are cached under $AUTOTUNE_HOME (estimate/cache.py), keyed as the search's are,
 so a search after a plan of the same space and device type starts with every prediction in hand.
 
 Speed comes from a documented cost model (planner/speed.py), labelled "predicted" throughout: a
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.cards import Card
 from autotune.config import ProbeConfig
+from autotune.estimate.interpolate import between, traced_members
 from autotune.errors import BadInput
 from autotune.models import ModelSpec
 from autotune.recipes import OPTIMIZERS
@@ -225,41 +226,21 @@ def _estimates(configs: list[ProbeConfig], device_type: str, *, exact: bool, tim
     for members in groups.values():
         ends = [by_key[c.key()] for c in traced_members(members) if c.key() in by_key]
         for config in members:
-            if config.key() in out or len(ends) < 2:
-                continue
-            # Between the nearest traced micro-batches on either side.
-            high = next((e for e in ends if e.config.micro_batch > config.micro_batch), ends[-1])
-            low = max((e for e in ends if e.config.micro_batch < high.config.micro_batch),
-                      key=lambda e: e.config.micro_batch)
-            out[config.key()] = interpolated(config, low, high)
+            if config.key() not in out and len(ends) >= 2:
+                out[config.key()] = interpolated(config, *between(config, ends))
     return out, set(by_key), traces
 
 
-def traced_members(members: list[ProbeConfig]) -> list[ProbeConfig]:
-    """The members of a group (by micro-batch) a plan traces: the smallest, the largest, and for
-    four or more the middle one too. The peak is the largest of a few phases' needs (the forward's
-    saved activations, the backward's gradients, the optimizer step's state), each affine in the
-    micro-batch; their maximum is convex, so a chord between two traces never predicts less than a
-    trace would, and a third trace keeps the chords within about 1% where the phase of the peak
-    changes inside the group."""
-    if len(members) < 4:
-        return [members[0], members[-1]]
-    return [members[0], members[len(members) // 2], members[-1]]
-
-
-def interpolated(config: ProbeConfig, low: MemoryEstimate, high: MemoryEstimate) -> MemoryEstimate:
-    """`config`'s estimate between its group's ends: what grows with the micro-batch (activations,
-    temporaries, the peak and reserved) linearly, the rest (weights, gradients, optimizer state,
-    workspaces, context) as the ends have it."""
-    span = high.config.micro_batch - low.config.micro_batch
-    t = (config.micro_batch - low.config.micro_batch) / span if span else 0.0
-
-    def between(name: str) -> int:
+def interpolated(config: ProbeConfig, low: MemoryEstimate, high: MemoryEstimate, t: float) -> MemoryEstimate:
+    """`config`'s estimate a share `t` of the way from trace `low` to trace `high`: what grows with
+    the micro-batch (activations, temporaries, the peak and reserved) linearly, the rest (weights,
+    gradients, optimizer state, workspaces, context) as the traces have it."""
+    def part(name: str) -> int:
         return round(getattr(low, name) + t * (getattr(high, name) - getattr(low, name)))
 
-    return dataclasses.replace(low, config=config, activations=between("activations"),
-                               temporaries=between("temporaries"), peak_bytes=between("peak_bytes"),
-                               reserved_bytes=between("reserved_bytes"), seconds=0.0, trace_seconds=0.0, cached=False,
+    return dataclasses.replace(low, config=config, activations=part("activations"), temporaries=part("temporaries"),
+                               peak_bytes=part("peak_bytes"), reserved_bytes=part("reserved_bytes"), seconds=0.0,
+                               trace_seconds=0.0, cached=False,
                                notes=(*low.notes, "interpolated between the group's traced micro-batches"))
 
 

@@ -49,8 +49,8 @@ def render_plan(plan: Plan, top: int | None = None) -> str:
                      f"{format_size(t.budget_bytes)}; measure it with `autotune search` on the card")
     fitting = sum(p.fits for p in plan.planned)
     unplanned = [p for p in plan.planned if p.estimate is None]
-    lines.append(f"{fitting} of {len(plan.planned)} fit (predicted); {plan.traces} traced now, the rest cached or "
-                 f"interpolated; {plan.seconds:.1f} s")
+    lines.append(f"{fitting} of {len(plan.planned)} fit (predicted); {plan.traces} estimated now (configs that trace "
+                 f"alike share one trace), the rest cached or interpolated; {plan.seconds:.1f} s")
     if unplanned:
         reasons = sorted({p.why_not or "not predicted" for p in unplanned})
         lines.append(f"{len(unplanned)} not predicted: " + "; ".join(reasons))

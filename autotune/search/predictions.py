@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from autotune.config import ProbeConfig
 from autotune.errors import AutotuneError
+from autotune.estimate.interpolate import between, traced_members
 from autotune.estimate.launch import TraceChildren
 from autotune.space import group_key, group_priority
 
@@ -23,9 +24,10 @@ class Prediction:
 def predict(candidates: list[ProbeConfig], device_type: str, *, trust_remote_code: bool = False,
             children: TraceChildren | None = None,
             on_predictions: Callable[[dict[str, Prediction]], None] | None = None) -> dict[str, Prediction]:
-    """Predicted memory of every candidate from two traces per group (smallest and largest
-    micro-batch), interpolated: inside a group the need is affine in the micro-batch (fixed
-    weights, gradients and optimizer state; activations per sequence). Traced by `children` when
+    """Predicted memory of every candidate from two or three traces per group (smallest, largest,
+    and middle micro-batch: estimate/interpolate.py), interpolated between: inside a group the
+    need grows piecewise affinely with the micro-batch (fixed weights, gradients and optimizer
+    state; activations per sequence). Traced by `children` when
     they were started ahead, groups in the order the search visits them; each group's
     predictions are also given to `on_predictions` as soon as both its traces are in."""
     from autotune.estimate import MemoryEstimate, estimate_memories
@@ -36,32 +38,30 @@ def predict(candidates: list[ProbeConfig], device_type: str, *, trust_remote_cod
     ends = {}
     for members in groups.values():
         members.sort(key=lambda c: c.micro_batch)
-        ends[group_key(members[0])] = (members[0], members[-1])
+        ends[group_key(members[0])] = traced_members(members)
     estimates: dict[str, MemoryEstimate] = {}
     out: dict[str, Prediction] = {}
 
     def arrived(estimate: MemoryEstimate) -> None:
         estimates[estimate.config.key()] = estimate
-        for key, (low, high) in ends.items():
-            if groups[key][0].key() not in out and low.key() in estimates and high.key() in estimates:
-                predicted = _interpolate(groups[key], estimates[low.key()], estimates[high.key()])
+        for key, traced in ends.items():
+            if groups[key][0].key() not in out and all(c.key() in estimates for c in traced):
+                predicted = _interpolate(groups[key], [estimates[c.key()] for c in traced])
                 out.update(predicted)
                 if on_predictions is not None:
                     on_predictions(predicted)
 
-    to_trace = list(dict.fromkeys(c for pair in ends.values() for c in pair))
+    to_trace = list(dict.fromkeys(c for traced in ends.values() for c in traced))
     estimate_memories(to_trace, device_type=device_type, trust_remote_code=trust_remote_code, children=children,
                       on_estimate=arrived)
     return out
 
 
-def _interpolate(members: list[ProbeConfig], a, b) -> dict[str, Prediction]:
-    """Predictions of a group's members (by micro-batch) between its ends' estimates `a` and `b`."""
-    low, high = members[0], members[-1]
-    span = high.micro_batch - low.micro_batch
+def _interpolate(members: list[ProbeConfig], traced: list) -> dict[str, Prediction]:
+    """Predictions of a group's members (by micro-batch) between its traced members' estimates."""
     out = {}
     for config in members:
-        t = (config.micro_batch - low.micro_batch) / span if span else 0.0
+        a, b, t = between(config, traced)
         peak = round(a.peak_bytes + t * (b.peak_bytes - a.peak_bytes))
         reserved = round(a.reserved_bytes + t * (b.reserved_bytes - a.reserved_bytes))
         out[config.key()] = Prediction(peak, peak + a.context_bytes, reserved + a.context_bytes)

@@ -82,6 +82,14 @@ def test_on_cpu_the_plan_equals_every_real_probe_and_interpolates_within_one_per
         # small, 96 KiB of rounding is 2% (see the next test for a model of some size).
         assert real <= item.need_bytes < 1.03 * real, (item.config.label(), item.need_bytes, real)
         assert 0 <= item.measured["need_error"] < 0.03
+    # A search of the same space afterwards predicts from the plan's traces: each group's traced
+    # members are those the search traces, and all are in the cache (no trace process starts).
+    from autotune.estimate import estimate_memories
+    from autotune.search.predictions import predict
+
+    predictions = predict(space.candidates(), "cpu")
+    assert {key: p.required_bytes for key, p in predictions.items()} == {p.config.key(): p.need_bytes for p in plan.planned}
+    assert all(e.cached for e in estimate_memories([p.config for p in plan.planned if p.traced], device_type="cpu"))
     text = render_plan(plan)
     assert "all figures predicted" in text and "measured beside them from study 'measured'" in text
     document = json.loads(json.dumps(plan.to_dict()))

@@ -1,0 +1,42 @@
+"""Which members of a group (configs that differ only in micro-batch, space.group_key) to trace,
+and how the others are told from them: shared by the search's predictions and `autotune plan`,
+so that a search after a plan of the same space finds every trace it needs in the cache.
+
+The peak is the largest of a few phases' needs (the forward's saved activations, the backward's
+gradients, the optimizer step's state), each affine in the micro-batch: their maximum is convex,
+so a chord between two traces never predicts less than a trace would. Where the phase of the peak
+changes inside a group, a third trace in the middle keeps the chords within about 1%
+(tests/planner/test_plan.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
+
+from autotune.config import ProbeConfig
+
+
+class Traced(Protocol):
+    @property
+    def config(self) -> ProbeConfig: ...
+
+
+T = TypeVar("T", bound=Traced)
+
+
+def traced_members(members: Sequence[ProbeConfig]) -> list[ProbeConfig]:
+    """Of a group sorted by micro-batch, those to trace: the smallest, the largest, and for four or
+    more the middle one too."""
+    if len(members) < 4:
+        return list(dict.fromkeys((members[0], members[-1])))
+    return list(dict.fromkeys((members[0], members[len(members) // 2], members[-1])))
+
+
+def between(config: ProbeConfig, traced: Sequence[T]) -> tuple[T, T, float]:
+    """The traced estimates on either side of `config` (sorted by micro-batch, at least one) and
+    where `config` lies between them, from 0 (the lower) to 1 (the upper)."""
+    high = next((e for e in traced if e.config.micro_batch > config.micro_batch), traced[-1])
+    lower = [e for e in traced if e.config.micro_batch < high.config.micro_batch]
+    low = max(lower, key=lambda e: e.config.micro_batch) if lower else high
+    span = high.config.micro_batch - low.config.micro_batch
+    return low, high, (config.micro_batch - low.config.micro_batch) / span if span else 0.0
