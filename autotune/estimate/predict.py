@@ -103,8 +103,10 @@ def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", 
     out: list[MemoryEstimate | None] = [None] * len(plans)
     todo = []
     twins: dict[str, list[int]] = {}  # configs traced as one (traced_as): the first is traced, the rest share it
-    for i, (_, _, _, key) in enumerate(plans):
-        out[i] = cache.get(key, time.perf_counter() - started) if cache is not None else None
+    for i, (config, _, notes, key) in enumerate(plans):
+        cached = cache.get(key, time.perf_counter() - started) if cache is not None else None
+        # The cache is keyed by the config traced (traced_as): a twin's estimate is this config's.
+        out[i] = None if cached is None else dataclasses.replace(cached, config=config, notes=tuple(notes))
         if out[i] is None:
             if key not in twins:
                 todo.append(i)

@@ -106,15 +106,18 @@ def test_interpolation_stays_within_one_percent_of_a_real_trace_on_a_card(tmp_pa
     model = str(write_model_dir(tmp_path / "gpt2-small-ish", n_layer=4, n_embd=256, n_head=4, vocab_size=8192,
                                 n_positions=256))
     spec = resolve_model(model)
-    space = SearchSpace.build(spec, micro_batches=(1, 2, 4, 8, 16), block_sizes=(128,), precisions=("bf16",),
+    space = SearchSpace.build(spec, micro_batches=(1, 2, 4, 8, 16), block_sizes=(128,), precisions=("bf16", "fp16"),
                               checkpointing=(False, True), attentions=("sdpa",), effective_batch=16)
     target = Target.of(find_card("h100"), None, 0.05)
     with TraceChildren(1) as children:
         children.start(spec.model_type)
         exact = {p.config.key(): p for p in make_plan(spec, space, target, exact=True, timeout=120, children=children).planned}
         plan = make_plan(spec, space, target, timeout=120, children=children)
+    # fp16 is traced as bf16 on CUDA, and the second plan reads the first's traces from the cache:
+    # each estimate is still its own config's.
+    assert all(p.estimate is not None and p.estimate.config == p.config for p in plan.planned)
     interpolated = [p for p in plan.planned if not p.traced]
-    assert len(interpolated) == 2  # micro-batch 2 of each accumulating group
+    assert len(interpolated) == 4  # micro-batch 2 of each accumulating group
     for item in interpolated:
         real = exact[item.config.key()].need_bytes
         assert real <= item.need_bytes < 1.01 * real, (item.config.label(), item.need_bytes, real)
