@@ -51,7 +51,7 @@ def shared_search(db: str, study: str, strategy: str = "frontier", joiners: int 
                 outcomes[0] = run_search(space, spec, BUDGET, MARGIN, runners[0], store,
                                          # (No confirmation round: what is checked is that the claims
                                          # let each config be probed once; tests/search/test_confirm.py.)
-                                         SearchOptions(study=study, strategy=strategy, predict=False, heartbeat_seconds=0.2,
+                                         SearchOptions(study=study, strategy=strategy, predict=False, heartbeat_seconds=0.5,
                                                        confirm=False),
                                          on_start=lambda *a: planned.set())
         except Exception as exc:  # noqa: BLE001 - surfaced below, in the test's own thread
