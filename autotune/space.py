@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Any
 
 from autotune import defaults, recipes, speed
 from autotune.config import ATTENTIONS, PRECISIONS, ProbeConfig
@@ -116,6 +117,12 @@ class SearchSpace:
             ligers=tuple(dict.fromkeys(ligers or (False,))),
             **recipe,
         )
+
+    @classmethod
+    def from_stored(cls, stored: dict) -> "SearchSpace":
+        """The space a study stored (`to_dict`, its lists read back from JSON)."""
+        fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}
+        return cls(**fields)
 
     def grad_accum(self, micro_batch: int, block_size: int) -> int | None:
         """Accumulation that keeps the work per optimizer step fixed; None when it cannot."""

@@ -47,10 +47,10 @@ def plan(model, gpu_name, gpu_budget, safety_margin, exact, study, top, plot_fil
         return
     if gpu_name is None and gpu_budget is None:
         raise click.UsageError("give --gpu NAME (a card to plan for) or --gpu-budget SIZE (a CUDA card of that size)")
-    card = None if gpu_name is not None and gpu_name.strip().lower() == "cpu" else (
-        find_card(gpu_name) if gpu_name is not None else None)
+    cpu = gpu_name is not None and gpu_name.strip().lower() == "cpu"
+    card = find_card(gpu_name) if gpu_name is not None and not cpu else None
     target = Target.of(card, parse_size(gpu_budget) if gpu_budget is not None else None, parse_margin(safety_margin),
-                       cpu=gpu_name is not None and card is None)
+                       cpu=cpu)
     space_args = space_arguments(**space_flags)
     progress = None if as_json or not sys.stderr.isatty() else (
         lambda done, total: click.echo(f"\rtraced {done} of {total}", err=True, nl=done == total))

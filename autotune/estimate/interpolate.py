@@ -10,10 +10,14 @@ changes inside a group, a third trace in the middle keeps the chords within abou
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from autotune.config import ProbeConfig
+
+if TYPE_CHECKING:
+    from autotune.estimate.result import MemoryEstimate
 
 
 class Traced(Protocol):
@@ -40,3 +44,16 @@ def between(config: ProbeConfig, traced: Sequence[T]) -> tuple[T, T, float]:
     low = max(lower, key=lambda e: e.config.micro_batch) if lower else high
     span = high.config.micro_batch - low.config.micro_batch
     return low, high, (config.micro_batch - low.config.micro_batch) / span if span else 0.0
+
+
+def interpolated(config: ProbeConfig, low: MemoryEstimate, high: MemoryEstimate, t: float) -> MemoryEstimate:
+    """`config`'s estimate a share `t` of the way from trace `low` to trace `high`: what grows with
+    the micro-batch (activations, temporaries, the peak and reserved) linearly, the rest (weights,
+    gradients, optimizer state, workspaces, context) as the traces have it."""
+    def part(name: str) -> int:
+        return round(getattr(low, name) + t * (getattr(high, name) - getattr(low, name)))
+
+    return dataclasses.replace(low, config=config, activations=part("activations"), temporaries=part("temporaries"),
+                               peak_bytes=part("peak_bytes"), reserved_bytes=part("reserved_bytes"), seconds=0.0,
+                               trace_seconds=0.0, cached=False,
+                               notes=(*low.notes, "interpolated between the group's traced micro-batches"))

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.cards import Card
 from autotune.config import ProbeConfig
-from autotune.estimate.interpolate import between, traced_members
+from autotune.estimate.interpolate import between, interpolated, traced_members
 from autotune.errors import BadInput
 from autotune.models import ModelSpec
 from autotune.recipes import OPTIMIZERS
@@ -94,10 +94,9 @@ class Planned:
         e = self.estimate
         if e is None:
             return {}
-        parts = {"weights": e.params, "grads": e.grads, "optimizer": e.optimizer, "activations": e.activations,
-                 "temporaries": e.temporaries, "workspace": e.workspace,
-                 "allocator_slack": e.reserved_bytes - e.peak_bytes, "context": e.context_bytes}
-        return parts
+        return {"weights": e.params, "grads": e.grads, "optimizer": e.optimizer, "activations": e.activations,
+                "temporaries": e.temporaries, "workspace": e.workspace,
+                "allocator_slack": e.reserved_bytes - e.peak_bytes, "context": e.context_bytes}
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -231,19 +230,6 @@ def _estimates(configs: list[ProbeConfig], device_type: str, *, exact: bool, tim
     return out, set(by_key), traces
 
 
-def interpolated(config: ProbeConfig, low: MemoryEstimate, high: MemoryEstimate, t: float) -> MemoryEstimate:
-    """`config`'s estimate a share `t` of the way from trace `low` to trace `high`: what grows with
-    the micro-batch (activations, temporaries, the peak and reserved) linearly, the rest (weights,
-    gradients, optimizer state, workspaces, context) as the traces have it."""
-    def part(name: str) -> int:
-        return round(getattr(low, name) + t * (getattr(high, name) - getattr(low, name)))
-
-    return dataclasses.replace(low, config=config, activations=part("activations"), temporaries=part("temporaries"),
-                               peak_bytes=part("peak_bytes"), reserved_bytes=part("reserved_bytes"), seconds=0.0,
-                               trace_seconds=0.0, cached=False,
-                               notes=(*low.notes, "interpolated between the group's traced micro-batches"))
-
-
 def _ranked(planned: list[Planned], target: Target) -> list[Planned]:
     """Fitting configs fastest first (by need where no speed is predicted: on CPU), then the rest
     by need, then the unpredicted."""
@@ -275,7 +261,7 @@ def _compare(plan: Plan, store: Store, spec: ModelSpec, study: str | None) -> st
                 continue
             same_kind = candidate.environment.get("device_type") == plan.target.device_type
             if same_kind and _card_matches(plan.target.card, candidate.device_name) \
-                    and {c.key() for c in SearchSpace(**_space_fields(candidate.space)).candidates()} \
+                    and {c.key() for c in SearchSpace.from_stored(candidate.space).candidates()} \
                     >= {p.config.key() for p in plan.planned}:
                 record = candidate
                 break
@@ -304,6 +290,3 @@ def _card_matches(card: Card | None, device_name: str) -> bool:
     name = device_name.lower()
     return any(fragment in name for fragment in card.name_fragments)
 
-
-def _space_fields(stored: dict[str, Any]) -> dict[str, Any]:
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in stored.items()}

@@ -24,7 +24,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from autotune.environment import Environment
 from autotune.errors import AutotuneError, BadInput, DeviceError
@@ -156,8 +155,7 @@ def _already_finished(store: Store, study: StudyRecord, started: float) -> Searc
 
 
 def _space(study: StudyRecord) -> SearchSpace:
-    fields: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in study.space.items()}
-    return SearchSpace(**fields)
+    return SearchSpace.from_stored(study.space)
 
 
 def check_joinable(study: StudyRecord, environment: Environment, allow_other_device: bool) -> None:

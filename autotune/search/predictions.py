@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from autotune.config import ProbeConfig
 from autotune.errors import AutotuneError
-from autotune.estimate.interpolate import between, traced_members
+from autotune.estimate.interpolate import between, interpolated, traced_members
 from autotune.estimate.launch import TraceChildren
 from autotune.space import group_key, group_priority
 
@@ -61,10 +61,8 @@ def _interpolate(members: list[ProbeConfig], traced: list) -> dict[str, Predicti
     """Predictions of a group's members (by micro-batch) between its traced members' estimates."""
     out = {}
     for config in members:
-        a, b, t = between(config, traced)
-        peak = round(a.peak_bytes + t * (b.peak_bytes - a.peak_bytes))
-        reserved = round(a.reserved_bytes + t * (b.reserved_bytes - a.reserved_bytes))
-        out[config.key()] = Prediction(peak, peak + a.context_bytes, reserved + a.context_bytes)
+        e = interpolated(config, *between(config, traced))
+        out[config.key()] = Prediction(e.peak_bytes, e.peak_bytes + e.context_bytes, e.reserved_bytes + e.context_bytes)
     return out
 
 
