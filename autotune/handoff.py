@@ -3,7 +3,8 @@
     import autotune
     best = autotune.best("gpt2-8GiB")
     args = best.training_arguments(output_dir="out")       # a real transformers.TrainingArguments
-    model = AutoModelForCausalLM.from_pretrained("gpt2", **best.model_kwargs())
+    model = AutoModelForCausalLM.from_pretrained("gpt2", **best.model_kwargs())  # dtype; a QLoRA base's quantization
+    model = peft.get_peft_model(model, best.lora_config())  # LoRA and QLoRA winners
     # the Auto class and example script of the study's task: best.task_document()
 """
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 from autotune import speed
 from autotune.errors import StudyNotFound
-from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec
+from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec, bnb_4bit_kwargs, is_qlora
 from autotune.store import LeaderboardRow, open_store
 from autotune.tasks import AUTO_CLASSES, EXAMPLE_SCRIPTS, MLM_PROBABILITY, Task
 
@@ -92,13 +93,26 @@ class BestConfig:
         return {} if value is None else {speed.ALLOC_CONF_VAR: value}
 
     def model_kwargs(self) -> dict:
-        """Keyword arguments for `from_pretrained` / `from_config` of the task's Auto class."""
-        kwargs: dict = {"attn_implementation": self.config.attention, "use_cache": False}
+        """Keyword arguments for `from_pretrained` of the task's Auto class (config fields ride along). The
+        dtype always: transformers 5 loads a checkpoint in its saved dtype by default ("auto"), and
+        a bf16 checkpoint trained so is pure bf16, not the fp32 master weights the probes measured.
+        QLoRA's base: `quantization_config`, BitsAndBytesConfig's arguments (from_pretrained takes
+        them as a dict; `quantization_config()` is the object)."""
+        kwargs: dict = {"attn_implementation": self.config.attention, "use_cache": False,
+                        "dtype": "bfloat16" if self.config.weights == "bf16" else "float32"}
         if self.config.num_labels is not None:
             kwargs["num_labels"] = self.config.num_labels
-        if self.config.weights == "bf16":
-            kwargs["dtype"] = "bfloat16"  # pure bf16, as the probes loaded it (torch.bfloat16 in Python)
+        if is_qlora(self.config.peft):
+            kwargs["quantization_config"] = bnb_4bit_kwargs(self.config.precision)
         return kwargs
+
+    def quantization_config(self):
+        """A ready `transformers.BitsAndBytesConfig` for a QLoRA winner's 4-bit base (None otherwise)."""
+        if not is_qlora(self.config.peft):
+            return None
+        from transformers import BitsAndBytesConfig
+
+        return BitsAndBytesConfig(**bnb_4bit_kwargs(self.config.precision))
 
     def lora_kwargs(self) -> dict | None:
         """`peft.LoraConfig`'s arguments for a LoRA/QLoRA winner (None for full fine-tuning)."""
@@ -214,6 +228,9 @@ class BestConfig:
         if c.peft is not None:
             caveats.append(f"{PeftSpec.from_text(c.peft).text()}: {script} has no PEFT flags; wrap the model with "
                            f"`autotune.best(...).lora_config()`, or train with `autotune train --study {self.row.study}`")
+        if is_qlora(c.peft):
+            caveats.append(f"4-bit base: {script} cannot quantize; load the model with quantization_config="
+                           f"`autotune.best(...).quantization_config()`, or train with `autotune train --study {self.row.study}`")
         for name, value in self.environment().items():  # read once, when CUDA starts: no flag can set it
             caveats.append(f"allocator {c.allocator}: start {script} with {name}={value} in its environment "
                            f"(`{name}={value} python {script} ...`)")
@@ -241,7 +258,7 @@ class BestConfig:
             lines.append(f"  {key}: {scalar(value)}")
         lines.append("model_kwargs:")
         for key, value in self.model_kwargs().items():
-            lines.append(f"  {key}: {scalar(value)}")
+            lines.append(f"  {key}: {json.dumps(value) if isinstance(value, dict) else scalar(value)}")
         return "\n".join(lines)
 
     def render(self, fmt: str) -> str:

@@ -19,11 +19,8 @@ class Optimizer:
     optim_args: str | None  # TrainingArguments(optim_args=...)
     needs: str | None      # the package it needs beyond torch and transformers
     what: str
-
-    @property
-    def traceable(self) -> bool:
-        """Whether the estimator can trace its step on fake tensors (bitsandbytes' reads a value)."""
-        return self.needs is None
+    # Why the estimator cannot trace its step on fake tensors (None: it can).
+    untraceable: str | None = None
 
 
 # Names are TrainingArguments' `optim` values, but for "adamw": the name probes stored before this
@@ -34,7 +31,8 @@ OPTIMIZERS = {
     "sgd": Optimizer("sgd", "momentum=0.9", None, "SGD with momentum 0.9"),
     "adamw_8bit": Optimizer("adamw_8bit", None, "bitsandbytes", "AdamW with 8-bit states (bitsandbytes)"),
     "paged_adamw_8bit": Optimizer("paged_adamw_8bit", None, "bitsandbytes",
-                                  "AdamW with 8-bit states in paged memory (bitsandbytes)"),
+                                  "AdamW with 8-bit states in paged memory (bitsandbytes)",
+                                  untraceable="its state lives in CUDA unified memory, outside PyTorch's allocator"),
 }
 DEFAULT_OPTIMIZER = "adamw"
 # fp32: master weights in fp32 (mixed precision autocasts over them); bf16: pure bf16, weights,
@@ -47,6 +45,14 @@ PEFT_KINDS = ("lora", "qlora")
 PEFT_TASK_TYPES = {"causal-lm": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM", "classification": "SEQ_CLS"}
 
 
+def bnb_4bit_kwargs(precision: str) -> dict:
+    """`transformers.BitsAndBytesConfig`'s arguments for QLoRA's base (--peft qlora), as the QLoRA
+    paper trains it: NF4 with double quantization; the 4-bit layers compute in the precision's
+    dtype (bf16 mixed precision: bfloat16; fp16: float16; else float32)."""
+    return {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+            "bnb_4bit_compute_dtype": {"bf16": "bfloat16", "fp16": "float16"}.get(precision, "float32")}
+
+
 def check_optimizer(name: str, flag: str = "--optimizer") -> str:
     if name not in OPTIMIZERS:
         raise BadInput(f"{flag} {name!r} is unknown; choose from {', '.join(OPTIMIZERS)}.")
@@ -55,7 +61,7 @@ def check_optimizer(name: str, flag: str = "--optimizer") -> str:
 
 @dataclass(frozen=True, slots=True)
 class PeftSpec:
-    """LoRA adapters on a frozen base (`qlora`: the base in 4 bits through bitsandbytes, CUDA only).
+    """LoRA adapters on a frozen base (`qlora`: the base's linear layers in 4 bits through bitsandbytes, CUDA only).
     Stored and keyed as its text, e.g. 'lora r=8 alpha=16 dropout=0.05 targets=all-linear'."""
 
     kind: str = "lora"
@@ -100,6 +106,11 @@ class PeftSpec:
         values = dict(pair.split("=", 1) for pair in pairs)
         return cls(kind=kind, rank=int(values["r"]), alpha=int(values["alpha"]), dropout=float(values["dropout"]),
                    targets=values["targets"])
+
+
+def is_qlora(peft: str | None) -> bool:
+    """Whether the stored --peft text (None: full fine-tuning) is QLoRA: a 4-bit base."""
+    return peft is not None and PeftSpec.from_text(peft).kind == "qlora"
 
 
 def peft_text(kind: str | None, rank: int | None = None, alpha: int | None = None, dropout: float | None = None,

@@ -19,10 +19,10 @@ predicted not to fit and to order probes. `render_estimate` is in `autotune.repo
 from __future__ import annotations
 
 from autotune.estimate.launch import EstimateError
-from autotune.estimate.predict import estimate_memories, estimate_memory
+from autotune.estimate.predict import estimate_memories, estimate_memory, untraceable
 from autotune.estimate.result import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, DEVICE_TYPES, MemoryEstimate
 
 __all__ = [
     "CUBLAS_WORKSPACE_BYTES", "CUDA_CONTEXT_BYTES", "DEVICE_TYPES", "EstimateError", "MemoryEstimate",
-    "estimate_memories", "estimate_memory",
+    "estimate_memories", "estimate_memory", "untraceable",
 ]

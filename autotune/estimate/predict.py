@@ -5,6 +5,7 @@ context)."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import time
 from collections.abc import Callable
 
@@ -17,7 +18,7 @@ from autotune.estimate.launch import TraceChildren
 from autotune.estimate.protocol import TraceItem, TraceRequest, TraceResult
 from autotune.estimate.result import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, DEVICE_TYPES, MemoryEstimate
 from autotune.models import ModelSpec, resolve_model
-from autotune.recipes import PeftSpec
+from autotune.recipes import OPTIMIZERS, is_qlora
 from autotune.units import format_size
 
 _FLASH_FAMILY = ("flash_attention_2", "flash_attention_3")
@@ -36,12 +37,15 @@ def check_config(config: ProbeConfig, device_type: str, spec: ModelSpec, trust_r
     if "vocab_size" not in spec.config:
         raise BadInput(f"--model {spec.reference}: its config has no vocab_size; the estimator handles causal language models.")
     spec.check_block_sizes(config.block_size, flag="--block-size")
-    if config.peft is not None and PeftSpec.from_text(config.peft).kind == "qlora":
-        raise BadInput("--peft qlora: the estimator does not model bitsandbytes' 4-bit weights yet; estimate --peft lora "
-                       "--weights bf16 for an upper bound, or probe --peft qlora on a GPU.")
     if config.liger:
         raise BadInput("--liger: the estimator cannot trace Liger's Triton kernels; estimate without --liger for an "
                        "upper bound (Liger's fused loss keeps no logits), or probe --liger on a GPU.")
+    if OPTIMIZERS[config.optimizer].untraceable:
+        raise BadInput(f"--optimizer {config.optimizer}: {OPTIMIZERS[config.optimizer].untraceable}, where no trace "
+                       f"sees it; estimate --optimizer adamw_8bit (the same 8-bit state, allocated by PyTorch), or probe it.")
+    needs_bitsandbytes = _needs_bitsandbytes(config)
+    if needs_bitsandbytes:
+        raise BadInput(f"{needs_bitsandbytes} needs bitsandbytes to be traced: pip install bitsandbytes.")
     notes = []
     if config.compile:
         notes.append("torch.compile traced as the eager step (inductor frees intermediates no later: an upper bound)")
@@ -60,6 +64,24 @@ def check_config(config: ProbeConfig, device_type: str, spec: ModelSpec, trust_r
         notes.append(f"CUDA context assumed {format_size(CUDA_CONTEXT_BYTES)} (not measured: a probe measures it on its card)")
         notes.append(f"cuBLAS workspaces assumed {format_size(CUBLAS_WORKSPACE_BYTES)} (Hopper and later; about 16 MiB on older cards)")
     return notes
+
+
+def untraceable(config: ProbeConfig) -> str | None:
+    """Why the estimator cannot predict `config` on this machine (None: it can); a search probes
+    such configurations unpredicted."""
+    if config.liger:
+        return "liger: the estimator cannot trace Liger's Triton kernels"
+    if OPTIMIZERS[config.optimizer].untraceable:
+        return f"{config.optimizer}: {OPTIMIZERS[config.optimizer].untraceable}"
+    needs_bitsandbytes = _needs_bitsandbytes(config)
+    return f"{needs_bitsandbytes}: bitsandbytes is not installed here" if needs_bitsandbytes else None
+
+
+def _needs_bitsandbytes(config: ProbeConfig) -> str | None:
+    """The flag whose tracing runs bitsandbytes' code, when bitsandbytes is not installed."""
+    flag = ("--peft qlora" if is_qlora(config.peft)
+            else f"--optimizer {config.optimizer}" if OPTIMIZERS[config.optimizer].needs == "bitsandbytes" else None)
+    return flag if flag and importlib.util.find_spec("bitsandbytes") is None else None
 
 
 def estimate_memory(config: ProbeConfig, *, device_type: str = "cuda", timeout: float = ESTIMATE_TIMEOUT_SECONDS,

@@ -89,7 +89,16 @@ class Ledger(TorchDispatchMode):
         if known is not None:
             known[0].role = role
 
+    def settle_build(self) -> None:
+        """What the build made and still holds is the model's, whether or not it is a parameter
+        or a buffer (a 4-bit layer's quantization statistics hang off its weight)."""
+        for entry, _ref in self._known.values():
+            if entry.phase == "build" and entry.role is None:
+                entry.role = "params"
+
     def _track(self, tensor: torch.Tensor, nbytes: int | None = None) -> None:
+        if tensor.device.type == "meta":  # a shape only (QLoRA's base is built from meta parameters)
+            return
         storage = tensor.untyped_storage()
         known = self._known.get(storage)
         nbytes = storage.nbytes() if nbytes is None else nbytes
@@ -259,6 +268,32 @@ def _adapters_left_in_place(adapters: bool):
         BaseTunerLayer._move_adapter_to_device_of_base_layer = move  # type: ignore[method-assign]
 
 
+@contextlib.contextmanager
+def _bitsandbytes_maps_made_real(config):
+    """bitsandbytes' 8-bit optimizers make their quantization maps (256 values) from Python
+    lists, reading tensors' values, which fake tensors cannot answer. The maps are the same for
+    every run: make them for real once, and give each optimizer a fake copy (allocated where the
+    real run allocates it)."""
+    from autotune.recipes import OPTIMIZERS
+
+    if OPTIMIZERS[config.optimizer].needs != "bitsandbytes":
+        yield
+        return
+    import bitsandbytes.functional as functional
+
+    make = functional.create_dynamic_map
+    made = {signed: make(signed=signed) for signed in (True, False)}  # (the optimizers' two maps)
+
+    def copy_of_real(signed=True, *args, **kwargs):
+        return make(signed, *args, **kwargs) if args or kwargs else made[signed].clone()
+
+    functional.create_dynamic_map = copy_of_real
+    try:
+        yield
+    finally:
+        functional.create_dynamic_map = make
+
+
 def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
     """Trace the probe's build and warm-up steps for `item.config` on fake tensors, predicting
     `device_type` (cuda or cpu); the result is numbered `index`."""
@@ -285,11 +320,10 @@ def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
     gc.collect()
     gc.disable()  # storages die when their last reference goes, as in the real step; no stray collections
     try:
-        with _adapters_left_in_place(config.peft is not None), FakeTensorMode(allow_non_fake_inputs=True), ledger, \
-                ledger.watching_optimizer(), emulation:
+        with _adapters_left_in_place(config.peft is not None), _bitsandbytes_maps_made_real(config), \
+                FakeTensorMode(allow_non_fake_inputs=True), ledger, ledger.watching_optimizer(), emulation:
             model, hf_config = build_model(item.model_config, item.model_path, traced, device, item.trust_remote_code)
-            for tensor in (*model.parameters(), *model.buffers()):
-                ledger.set_role(tensor, "params")
+            ledger.settle_build()
             for param in model.parameters():
                 if param.requires_grad:
                     param.register_post_accumulate_grad_hook(lambda p: ledger.set_role(p.grad, "grads"))

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.cards import Card
 from autotune.config import ProbeConfig
+from autotune.estimate import untraceable
 from autotune.estimate.interpolate import between, interpolated, traced_members
 from autotune.errors import BadInput
 from autotune.models import ModelSpec
-from autotune.recipes import OPTIMIZERS
 from autotune.space import SearchSpace, group_key, group_priority
 from autotune.units import format_size
 
@@ -188,11 +188,7 @@ def unplannable(config: ProbeConfig, target: Target) -> str | None:
             return f"tf32: not on the {card.name}"
         if config.attention.startswith("flash_attention") and not card.has_flash_attention:
             return f"{config.attention}: not on the {card.name}"
-    if config.liger:
-        return "liger: the estimator cannot trace Liger's Triton kernels"
-    if not OPTIMIZERS[config.optimizer].traceable:
-        return f"{config.optimizer}: the estimator cannot trace bitsandbytes' step"
-    return None
+    return untraceable(config)
 
 
 def _estimates(configs: list[ProbeConfig], device_type: str, *, exact: bool, timeout: float, use_cache: bool,

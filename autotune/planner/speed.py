@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 
 from autotune.cards import Card
 from autotune.config import ProbeConfig
-from autotune.recipes import PeftSpec
+from autotune.recipes import PeftSpec, is_qlora
 from autotune.tasks import Task
 
 if TYPE_CHECKING:
@@ -214,7 +214,7 @@ def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card) -> Sp
     u = min(ceiling, u * (COMPILE_SPEEDUP if config.compile else 1.0) * (LIGER_SPEEDUP if config.liger else 1.0))
     flops = tokens * flops_per_token(config, dims)
     compute = flops / (peak * u)
-    if config.peft is not None and PeftSpec.from_text(config.peft).kind == "qlora":
+    if is_qlora(config.peft):
         compute *= QLORA_SLOWDOWN
 
     bandwidth = card.memory_bandwidth * MEMORY_EFFICIENCY
@@ -250,8 +250,7 @@ def predict_speed(config: ProbeConfig, dims: ModelDims, card: Card,
     if why_unsupported(config, card) is not None:
         return None
     if estimate is not None and estimate.params > 0:
-        kind = PeftSpec.from_text(config.peft).kind if config.peft is not None else None
-        if kind != "qlora":  # a 4-bit base has no whole bytes per weight to divide by
+        if not is_qlora(config.peft):  # a 4-bit base has no whole bytes per weight to divide by
             counted = estimate.params // (2 if config.weights == "bf16" else 4)
             dims = ModelDims(counted, dims.layers, dims.hidden, dims.vocab, dims.heads, dims.trainable_parameters)
     return predict_step_seconds(config, dims, card)

@@ -51,6 +51,7 @@ from autotune.probe.step import (  # noqa: E402
     flops_per_token,
     from_config,
     make_optimizer,
+    parameter_count,
     task_config,
     with_adapters,
 )
@@ -114,8 +115,8 @@ def run_probe_in_process(request: ProbeRequest, report: Callable[[str], None] = 
                 if why_not:
                     result.status, result.error = ProbeStatus.SKIPPED, why_not
                     return result
-            result.parameters = sum(p.numel() for p in model.parameters())
-            result.trainable_parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            result.parameters = parameter_count(model)
+            result.trainable_parameters = parameter_count(model, trainable=True)
             try:
                 optimizer = make_optimizer(model, device, config.optimizer)
             except OptimizerUnavailable as exc:

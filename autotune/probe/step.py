@@ -5,14 +5,16 @@ tensors, so that an estimate follows the probe whenever this file changes."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
+import math
 
 import torch
 
 from autotune.config import ProbeConfig
 from autotune.errors import BadInput
 from autotune.models import ModelSpec
-from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec
+from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec, is_qlora
 from autotune.tasks import AUTO_CLASSES, MLM_PROBABILITY, Task
 
 # bitsandbytes (imported by peft and by transformers' optimizers) warns on import about optional
@@ -61,11 +63,17 @@ def build_model(model_config: dict, model_path: str | None, config: ProbeConfig,
     so no checkpoint is read. Returns (model, transformers config)."""
     spec = ModelSpec(config.model, model_config, "probe", model_path)
     hf_config = task_config(spec.hf_config(trust_remote_code), config)
-    with torch.device(device):
-        # fp32 master weights whatever dtype the checkpoint was saved in: mixed precision is
-        # autocast over fp32 weights, as Trainer does with fp16=True/bf16=True. Pure bf16
-        # (--weights bf16) is the model loaded with dtype=torch.bfloat16.
-        model = from_config(hf_config, config, trust_remote_code, dtype=weights_dtype(config))
+    # fp32 master weights whatever dtype the checkpoint was saved in: mixed precision is autocast
+    # over fp32 weights, as Trainer does with fp16=True/bf16=True. Pure bf16 (--weights bf16) is the
+    # model loaded with dtype=torch.bfloat16.
+    dtype = weights_dtype(config)
+    if is_qlora(config.peft):  # the linear layers in 4 bits, the rest in `dtype`
+        from autotune.probe.qlora import build_4bit
+
+        model = build_4bit(lambda: from_config(hf_config, config, trust_remote_code, dtype=dtype), config, device, dtype)
+    else:
+        with torch.device(device):
+            model = from_config(hf_config, config, trust_remote_code, dtype=dtype)
     model.train()
     if config.checkpointing:
         # Non-reentrant checkpointing is what PyTorch recommends and what Trainer uses by default.
@@ -117,6 +125,10 @@ def import_recipe_code(config: ProbeConfig) -> None:
     bytes, counted as the probe's), and only for the configs that need them (seconds each)."""
     if config.peft is not None:
         import peft  # noqa: F401
+    if is_qlora(config.peft):
+        from autotune.probe.qlora import import_quantizer
+
+        import_quantizer()
     if config.optimizer == "adafactor":
         import transformers.optimization  # noqa: F401
     if OPTIMIZERS[config.optimizer].needs == "bitsandbytes":
@@ -126,20 +138,18 @@ def import_recipe_code(config: ProbeConfig) -> None:
 
 def check_recipe(config: ProbeConfig, device: torch.device) -> None:
     """BadInput for a recipe this machine cannot train at all: PEFT without peft installed, QLoRA
-    (a 4-bit base through bitsandbytes) without CUDA or bitsandbytes."""
+    (a 4-bit base through bitsandbytes) without bitsandbytes or CUDA. (bitsandbytes also has CPU
+    kernels for 4 bits, and tests build QLoRA's base on CPU with this check lifted; but a QLoRA
+    fine-tune is a GPU's job, and what its probe measured on a CPU would tell no card anything.)"""
     if config.peft is None:
         return
     lora_config(config)  # (peft installed)
-    if PeftSpec.from_text(config.peft).kind == "qlora":
+    if is_qlora(config.peft):
+        if importlib.util.find_spec("bitsandbytes") is None:
+            raise BadInput("--peft qlora needs bitsandbytes: pip install bitsandbytes, or use --peft lora.")
         if device.type != "cuda":
-            raise BadInput("--peft qlora quantizes the base to 4 bits with bitsandbytes' CUDA kernels: it needs a "
-                           "CUDA device; use --peft lora (with --weights bf16 for a lean base) here.")
-        try:
-            import bitsandbytes  # noqa: F401
-        except ImportError:
-            raise BadInput("--peft qlora needs bitsandbytes: pip install bitsandbytes, or use --peft lora.") from None
-        raise BadInput("--peft qlora: building a 4-bit base for a probe is not implemented yet; use --peft lora with "
-                       "--weights bf16.")
+            raise BadInput("--peft qlora quantizes the base to 4 bits for a GPU: it needs a CUDA device; use --peft lora "
+                           "(with --weights bf16 for a lean base) here, or estimate --peft qlora for a card.")
 
 
 class OptimizerUnavailable(Exception):
@@ -206,10 +216,20 @@ def synthetic_batch(config: ProbeConfig, vocab_size: int, device: torch.device) 
     return {"input_ids": randomised, "labels": labels}
 
 
+def parameter_count(model, trainable: bool = False) -> int:
+    """The model's parameters (only those that train, with `trainable`), a 4-bit weight counted as
+    the values it holds rather than its packed bytes (two values to a byte)."""
+    def values(p) -> int:
+        state = getattr(p, "quant_state", None) if getattr(p, "bnb_quantized", False) else None
+        return math.prod(state.shape) if state is not None else p.numel()
+
+    return sum(values(p) for p in model.parameters() if p.requires_grad or not trainable)
+
+
 def flops_per_token(model, hf_config, block_size: int) -> float:
     """Training FLOPs per token: 6N for the weights plus attention's 12*L*d*T (PaLM, appendix B).
     Recomputation under checkpointing is not counted: MFU measures useful work."""
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = parameter_count(model)
     layers = getattr(hf_config, "num_hidden_layers", 0) or 0
     hidden = getattr(hf_config, "hidden_size", 0) or 0
     return 6 * n_params + 12 * layers * hidden * block_size

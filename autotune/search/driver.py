@@ -21,6 +21,7 @@ from autotune.config import ProbeConfig
 from autotune.processes import Terminated
 from autotune.environment import Environment
 from autotune.errors import BadInput, BudgetError, StudyNotFound
+from autotune.estimate import untraceable
 from autotune.estimate.launch import EstimateError
 from autotune.models import ModelSpec
 from autotune.result import ProbeResult
@@ -33,7 +34,6 @@ from autotune.search.strategies import TpeStrategy, make_strategy
 from autotune.search.trials import Trials, distributions_of
 from autotune.search.worker_state import Heartbeat, WorkerState, worker_label
 from autotune.space import SearchSpace
-from autotune.recipes import OPTIMIZERS
 from autotune.tasks import stored_recipe
 from autotune.status import RETRYABLE, ClaimState, ProbeStatus, SettleHow, StopReason, StudyStatus
 from autotune.store import LeaderboardRow, Store, StudyRecord
@@ -152,10 +152,9 @@ def start_study(
         # Kernels the model does not implement cannot be traced either: their probes are skipped.
         # (Answered from the runner's memory of the preflight check.)
         lacking = runner.check(spec, candidates[0], space.attentions)
-        # (Nor can bitsandbytes' optimizers, whose step reads a value, or Liger's Triton kernels. Those
-        # configs are probed unpredicted.)
+        # (Nor can Liger's Triton kernels, or paged optimizer state. Those configs are probed unpredicted.)
         missing = [c for c in knowledge.unresolved() if c.key() not in knowledge.predictions and c.attention not in lacking
-                   and OPTIMIZERS[c.optimizer].traceable and not c.liger]
+                   and untraceable(c) is None]
         if missing:
             trusted = bool(getattr(settings, "trust_remote_code", False))
             compute = predictor or functools.partial(predict, trust_remote_code=trusted)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import BadInput
+from autotune.recipes import is_qlora
 from autotune.status import StudyStatus
 from autotune.train.loading import check_vocabulary, load_tokenizer, weights_location
 from autotune.train.options import TrainOptions, TrainOutcome
@@ -86,6 +87,11 @@ def train(
     if options.merge and recipe.peft is None:
         raise BadInput(f"--merge merges LoRA adapters into the base, but study {name!r} fine-tunes the whole model "
                        f"(no --peft): leave --merge out, or train adapters with --peft lora (a study of their own).")
+    if options.merge and is_qlora(recipe.peft):
+        # Merged into 4-bit weights, the adapters' small update would be rounded away.
+        raise BadInput(f"--merge: study {name!r} trains QLoRA adapters on a 4-bit base, and merging them into 4-bit weights "
+                       f"would round their update away; leave --merge out and merge the saved adapters into the "
+                       f"full-precision base (peft: PeftModel.from_pretrained(base, adapters).merge_and_unload()).")
 
     output_dir = Path(options.output_dir).expanduser() if options.output_dir else default_output_dir(name)
     check_output_dir(output_dir)

@@ -91,13 +91,14 @@ def build_model(spec: ModelSpec, config: ProbeConfig, device: torch.device, weig
     """The model of `config.task` (the class the probe built) to train, as the probe built it: in
     fp32 (mixed precision keeps fp32 master weights), or in bf16 for pure bf16 (`weights` bf16);
     with LoRA adapters on its frozen base when `config.peft` (a peft.PeftModel, which answers as
-    the model it wraps). A classifier gets the data's `labels`
+    the model it wraps), the base's linear layers in 4 bits for QLoRA. A classifier gets the data's `labels`
     and, where its config has none, the tokenizer's `pad_token_id` (decoder classifiers find each
     sequence's last token by it)."""
     import torch
-    from transformers import AutoConfig
+    from transformers import AutoConfig, BitsAndBytesConfig
 
     from autotune.probe.step import auto_class, from_config, task_config, weights_dtype, with_adapters
+    from autotune.recipes import bnb_4bit_kwargs, is_qlora
     from autotune.tasks import Task
 
     if weights is not None:
@@ -119,8 +120,15 @@ def build_model(spec: ModelSpec, config: ProbeConfig, device: torch.device, weig
         # A checkpoint's classifier of another size is replaced by a new one (run_classification.py's
         # --ignore_mismatched_sizes); the body's weights load.
         extra: dict[str, Any] = {"ignore_mismatched_sizes": True} if config.task == Task.CLASSIFICATION else {}
+        if is_qlora(config.peft):  # quantized as each weight arrives, onto the device it trains on
+            extra.update(quantization_config=BitsAndBytesConfig(**bnb_4bit_kwargs(config.precision)),
+                         device_map={"": device})
         model = auto_class(config.task).from_pretrained(weights, config=hf_config, attn_implementation=config.attention,
                                                         dtype=dtype, trust_remote_code=trust_remote_code, **extra)
+    elif is_qlora(config.peft):
+        from autotune.probe.qlora import build_4bit
+
+        model = build_4bit(lambda: from_config(hf_config, config, trust_remote_code, dtype=dtype), config, device, dtype)
     else:
         with torch.device(device):  # built where it trains: no host copy of a large model
             model = from_config(hf_config, config, trust_remote_code, dtype=dtype)

@@ -236,8 +236,9 @@ def run_training(ctx: RunContext, run_id: int, store: Store, args: TrainingArgum
 
 def describe_trainable(model: PreTrainedModel) -> str:
     """'N of M parameters train (P%)': a LoRA run's adapters (and a classifier's head) against all."""
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    total = sum(p.numel() for p in model.parameters())
+    from autotune.probe.step import parameter_count
+
+    trainable, total = parameter_count(model, trainable=True), parameter_count(model)
     return f"{trainable:,} of {total:,} parameters train ({100 * trainable / max(total, 1):.2g}%)"
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from autotune.cards import find_card
 from autotune.config import ProbeConfig
+from autotune.recipes import peft_text
 from autotune.errors import BadInput
 from autotune.models import resolve_model
 from autotune.planner import Target, make_plan, unplannable
@@ -34,7 +35,8 @@ def test_a_budget_above_the_card_and_a_cpu_without_budget_are_one_line_mistakes(
     ({"precision": "tf32"}, "v100", "tf32: not on the"),
     ({"attention": "flash_attention_2", "precision": "fp16"}, "t4", "flash_attention_2: not on the"),
     ({"liger": True}, "h100", "cannot trace Liger"),
-    ({"optimizer": "adamw_8bit"}, "h100", "cannot trace bitsandbytes"),
+    ({"optimizer": "paged_adamw_8bit"}, "h100", "CUDA unified memory"),
+    ({"optimizer": "adamw_8bit", "peft": peft_text("qlora")}, "h100", None),
     ({"precision": "bf16"}, "h100", None),
 ])
 def test_what_a_card_lacks_or_the_estimator_cannot_trace_is_said_not_predicted(levers, card, reason):

@@ -39,7 +39,7 @@ def test_best_trainer_args_build_real_training_arguments(tiny_model, tmp_path):
     assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 4
     assert args.bf16 and args.use_cpu  # the study ran on CPU, so the hand-off trains there
     assert getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing
-    assert doc["model_kwargs"] == {"attn_implementation": "eager", "use_cache": False}
+    assert doc["model_kwargs"] == {"attn_implementation": "eager", "use_cache": False, "dtype": "float32"}
     assert doc["block_size"] == 64
 
     from autotune import best as best_of
