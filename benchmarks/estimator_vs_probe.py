@@ -10,6 +10,11 @@ workspaces); on CPU it checks the trace against the CPU accountant.
     python -m benchmarks.estimator_vs_probe --device cpu --model DIR --micro-batches 1,2 --block-size 128
     ... --json results.json                                          # also write every figure
 
+Recipe levers (issue 15's GPU check: 8-bit AdamW and QLoRA on a ~1B model, TinyLlama-1.1B's shape):
+
+    python -m benchmarks.estimator_vs_probe --device cuda --model tinyllama-1.1b --block-size 1024 \
+        --micro-batches 1,4 --precisions bf16 --checkpointing on --optimizers adamw,adamw_8bit --peft none,lora,qlora
+
 The budget is the whole device (uncapped probes, margin 0), so that the allocator's reserved
 memory is not shrunk by a cap the estimate does not model.
 """
@@ -18,14 +23,32 @@ from __future__ import annotations
 
 import argparse
 import json
+import tempfile
 import time
+from pathlib import Path
 
 from autotune.config import ProbeConfig
+from autotune.recipes import OPTIMIZERS, peft_text
 from autotune.estimate import estimate_memories
 from autotune.probe import ProbeRunner, ProbeSettings
 from autotune.units import format_size, parse_choice_list, parse_int_list
 
 MiB = 2**20
+# TinyLlama-1.1B's config.json (public architecture numbers): a ~1B Llama for the recipe levers' GPU check.
+TINYLLAMA_1_1B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
+                  "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
+                  "vocab_size": 32000, "max_position_embeddings": 2048, "rms_norm_eps": 1e-05, "hidden_act": "silu",
+                  "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False, "rope_theta": 10000.0}
+
+
+def _model(name: str) -> str:
+    """`name`, or a directory holding the config.json of a shape named here (no hub access needed)."""
+    if name != "tinyllama-1.1b":
+        return name
+    folder = Path(tempfile.mkdtemp(prefix="autotune-bench-")) / name
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINYLLAMA_1_1B))
+    return str(folder)
 
 
 def _err(predicted: int | None, measured: int | None) -> str:
@@ -43,13 +66,20 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--checkpointing", default="off,on")
     parser.add_argument("--attention", default="sdpa")
+    parser.add_argument("--optimizers", default="adamw", help=f"comma list of {', '.join(OPTIMIZERS)}")
+    parser.add_argument("--peft", default="none", help="comma list of none, lora, qlora (default rank 8, all-linear)")
+    parser.add_argument("--weights", default="fp32", help="fp32 or bf16 (pure bf16)")
     parser.add_argument("--json", dest="json_path", default=None, help="write all figures to this file")
     args = parser.parse_args()
 
     device_type = "cpu" if args.device == "cpu" else "cuda"
+    model = _model(args.model)
     configs = [
-        ProbeConfig(model=args.model, micro_batch=mb, block_size=args.block_size, precision=precision,
-                    checkpointing=ckpt == "on", attention=args.attention)
+        ProbeConfig(model=model, micro_batch=mb, block_size=args.block_size, precision=precision,
+                    checkpointing=ckpt == "on", attention=args.attention, optimizer=optimizer, weights=args.weights,
+                    peft=None if peft == "none" else peft_text(peft))
+        for peft in parse_choice_list(args.peft, flag="--peft", allowed=("none", "lora", "qlora"))
+        for optimizer in parse_choice_list(args.optimizers, flag="--optimizers", allowed=tuple(OPTIMIZERS))
         for precision in parse_choice_list(args.precisions, flag="--precisions", allowed=("fp32", "fp16", "bf16"))
         for ckpt in parse_choice_list(args.checkpointing, flag="--checkpointing", allowed=("off", "on"))
         for mb in parse_int_list(args.micro_batches, flag="--micro-batches")
@@ -71,7 +101,7 @@ def main() -> None:
 
     print(f"{env.device_name}; torch {env.torch_version}, transformers {env.transformers_version}; "
           f"estimates for {device_type}: {estimate_seconds:.1f} s for {len(configs)} ({estimate_seconds / len(configs):.1f} s each)")
-    header = (f"{'config':34} {'status':>6} | {'alloc pred':>10} {'measured':>10} {'error':>7} | "
+    header = (f"{'config':52} {'status':>6} | {'alloc pred':>10} {'measured':>10} {'error':>7} | "
               f"{'resv pred':>10} {'measured':>10} {'error':>7} | {'ctx pred':>9} {'measured':>9} | "
               f"{'need pred':>10} {'measured':>10} {'error':>7}")
     print(header)
@@ -79,7 +109,7 @@ def main() -> None:
     alloc_errors, need_errors = [], []
     for config, est, probe in rows:
         need = probe.required_bytes
-        print(f"{config.label():34} {probe.status:>6} | "
+        print(f"{config.label():52} {probe.status:>6} | "
               f"{est.peak_bytes / MiB:10.0f} {(probe.peak_allocated_bytes or 0) / MiB:10.0f} {_err(est.peak_bytes, probe.peak_allocated_bytes)} | "
               f"{est.reserved_bytes / MiB:10.0f} {(probe.peak_reserved_bytes or 0) / MiB:10.0f} {_err(est.reserved_bytes, probe.peak_reserved_bytes)} | "
               f"{est.context_bytes / MiB:9.0f} {(probe.context_bytes or 0) / MiB:9.0f} | "

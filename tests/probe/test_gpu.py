@@ -33,3 +33,28 @@ def test_bf16_with_checkpointing_fits_8gib():
     assert result.status == "ok", result.error
     assert result.required_bytes + result.margin_bytes <= 8 * GiB
     assert result.mfu is not None and 0 < result.mfu < 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("levers", [
+    {"optimizer": "adamw_8bit"},
+    {"optimizer": "adamw_8bit", "weights": "bf16"},
+    {"peft": "qlora"},
+])
+def test_recipe_levers_of_a_1b_llama_probe_on_the_card_as_estimated(tmp_path, levers):
+    # Issue 15's GPU check: bitsandbytes' 8-bit AdamW and QLoRA's 4-bit base on a ~1B model.
+    import json
+
+    from autotune.estimate import estimate_memory
+    from autotune.recipes import peft_text
+    from benchmarks.estimator_vs_probe import TINYLLAMA_1_1B
+
+    (tmp_path / "config.json").write_text(json.dumps(TINYLLAMA_1_1B))
+    peft = levers.get("peft")
+    config = ProbeConfig(model=str(tmp_path), micro_batch=4, block_size=1024, precision="bf16", checkpointing=True,
+                         **{**levers, "peft": peft_text(peft) if peft else None})
+    result = run_probe(config, _card_bytes(), settings=ProbeSettings(device="cuda", margin=0))
+    assert result.status == "ok", result.error
+    estimate = estimate_memory(config, use_cache=False)
+    assert estimate.peak_bytes == pytest.approx(result.peak_allocated_bytes, rel=0.10)
+    assert estimate.required_bytes == pytest.approx(result.required_bytes, rel=0.15)
