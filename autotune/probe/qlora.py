@@ -93,7 +93,7 @@ def _in_4_bits(values: torch.Tensor, module, quantization) -> torch.nn.Parameter
     how = {"blocksize": BLOCK_SIZE, "compress_statistics": quantization.bnb_4bit_use_double_quant,
            "quant_type": quantization.bnb_4bit_quant_type, "quant_storage": torch.uint8}
     if not is_fake(values):
-        return bnb.nn.Params4bit(values, requires_grad=False, module=module, **how).to(values.device)  # quantizes
+        return bnb.nn.Params4bit(values, requires_grad=False, module=module, **how).to(values.device)  # type: ignore[misc]  # (quantizes)
     packed, state = bnb.functional.quantize_4bit(values, **how)
     weight = torch.nn.Parameter(packed, requires_grad=False)
     for name, value in {**how, "quant_state": state, "bnb_quantized": True, "module": module}.items():

@@ -56,7 +56,7 @@ def test_a_4bit_base_on_cpu_matches_its_estimate_to_the_byte_and_needs_less_than
              {"peft": peft_text("lora")}]
     configs = [cfg(model_dir, **case) for case in cases]
     measured = [probe_on_cpu(config, monkeypatch) for config in configs]
-    predicted = estimate_memories(configs[:2], device_type="cpu", use_cache=False)
+    predicted = estimate_memories(configs, device_type="cpu", use_cache=False)
     for config, probe, estimate in zip(configs, measured, predicted):
         assert probe.status == "ok", probe.error
         assert (estimate.peak_bytes, estimate.reserved_bytes) == (probe.peak_allocated_bytes, probe.peak_reserved_bytes), \
@@ -66,7 +66,7 @@ def test_a_4bit_base_on_cpu_matches_its_estimate_to_the_byte_and_needs_less_than
     # The same adapters train on the same model: only the base's bytes differ. Parameters count
     # the values a 4-bit weight holds, not its packed bytes.
     assert qlora.trainable_parameters == lora.trainable_parameters and qlora.parameters == lora.parameters
-    assert predicted[0].params < estimate_memories([configs[2]], device_type="cpu", use_cache=False)[0].params / 1.5
+    assert predicted[0].params < predicted[2].params / 1.5
     assert 0 < qlora.last_loss < 20  # an ordinary, finite loss
 
 
