@@ -103,7 +103,7 @@ class BestConfig:
         if self.config.num_labels is not None:
             kwargs["num_labels"] = self.config.num_labels
         if is_qlora(self.config.peft):
-            kwargs["quantization_config"] = bnb_4bit_kwargs(self.config.precision)
+            kwargs["quantization_config"] = bnb_4bit_kwargs(self.config.precision, self.config.task)
         return kwargs
 
     def quantization_config(self):
@@ -112,7 +112,7 @@ class BestConfig:
             return None
         from transformers import BitsAndBytesConfig
 
-        return BitsAndBytesConfig(**bnb_4bit_kwargs(self.config.precision))
+        return BitsAndBytesConfig(**bnb_4bit_kwargs(self.config.precision, self.config.task))
 
     def lora_kwargs(self) -> dict | None:
         """`peft.LoraConfig`'s arguments for a LoRA/QLoRA winner (None for full fine-tuning)."""

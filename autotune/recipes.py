@@ -45,12 +45,21 @@ PEFT_KINDS = ("lora", "qlora")
 PEFT_TASK_TYPES = {"causal-lm": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM", "classification": "SEQ_CLS"}
 
 
-def bnb_4bit_kwargs(precision: str) -> dict:
+# The heads peft trains whole for a task (its SEQ_CLS modules_to_save): a 4-bit base keeps them unquantized.
+WHOLE_HEADS = {"classification": ["classifier", "score"]}
+
+
+def bnb_4bit_kwargs(precision: str, task: str = "causal-lm") -> dict:
     """`transformers.BitsAndBytesConfig`'s arguments for QLoRA's base (--peft qlora), as the QLoRA
     paper trains it: NF4 with double quantization; the 4-bit layers compute in the precision's
-    dtype (bf16 mixed precision: bfloat16; fp16: float16; else float32)."""
-    return {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
-            "bnb_4bit_compute_dtype": {"bf16": "bfloat16", "fp16": "float16"}.get(precision, "float32")}
+    dtype (bf16 mixed precision: bfloat16; fp16: float16; else float32). A classifier's head,
+    which trains whole, stays unquantized (`llm_int8_skip_modules`, which replaces transformers'
+    default list: the output embeddings, which a classifier does not have)."""
+    kwargs: dict = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
+                    "bnb_4bit_compute_dtype": {"bf16": "bfloat16", "fp16": "float16"}.get(precision, "float32")}
+    if task in WHOLE_HEADS:
+        kwargs["llm_int8_skip_modules"] = WHOLE_HEADS[task]
+    return kwargs
 
 
 def check_optimizer(name: str, flag: str = "--optimizer") -> str:

@@ -37,10 +37,6 @@ def import_quantizer() -> None:
     bitsandbytes.functional.name2qmap.setdefault("dynamic", bitsandbytes.functional.create_dynamic_map())
 
 
-def compute_dtype(config: ProbeConfig) -> torch.dtype:
-    return getattr(torch, bnb_4bit_kwargs(config.precision)["bnb_4bit_compute_dtype"])
-
-
 def build_4bit(build, config: ProbeConfig, device: torch.device, dtype: torch.dtype):
     """The model `build()` makes (under `torch.device(device)`, parameters in `dtype`), with its
     linear layers in 4 bits on `device`."""
@@ -52,10 +48,13 @@ def build_4bit(build, config: ProbeConfig, device: torch.device, dtype: torch.dt
 
     with _parameters_on_meta(), torch.device(device):
         model = build()
-    # What transformers' 4-bit quantizer keeps whole: the output embeddings, tied weights, the last
-    # module, and the model's own fp32 modules.
-    keep = [*get_keys_to_not_convert(model), *(getattr(model, "_keep_in_fp32_modules", None) or [])]
-    quantization = BitsAndBytesConfig(**{**bnb_4bit_kwargs(config.precision), "bnb_4bit_compute_dtype": compute_dtype(config)})
+    quantization = BitsAndBytesConfig(**bnb_4bit_kwargs(config.precision, config.task))
+    # What transformers' 4-bit quantizer keeps whole (HfQuantizer.get_modules_to_not_convert): the
+    # skip list, else the output embeddings, tied weights and the last module; and the model's own
+    # fp32 modules.
+    skip = quantization.llm_int8_skip_modules
+    keep = [*(get_keys_to_not_convert(model) if skip is None else skip),
+            *(getattr(model, "_keep_in_fp32_modules", None) or [])]
     # Linear4bit's weight is a Params4bit over a meta tensor, which cannot be made over a fake one:
     # in the estimator's trace, the new layers' (shape-only) parameters are made outside it.
     with unset_fake_temporarily():

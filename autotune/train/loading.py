@@ -121,7 +121,7 @@ def build_model(spec: ModelSpec, config: ProbeConfig, device: torch.device, weig
         # --ignore_mismatched_sizes); the body's weights load.
         extra: dict[str, Any] = {"ignore_mismatched_sizes": True} if config.task == Task.CLASSIFICATION else {}
         if is_qlora(config.peft):  # quantized as each weight arrives, onto the device it trains on
-            extra.update(quantization_config=BitsAndBytesConfig(**bnb_4bit_kwargs(config.precision)),
+            extra.update(quantization_config=BitsAndBytesConfig(**bnb_4bit_kwargs(config.precision, config.task)),
                          device_map={"": device})
         model = auto_class(config.task).from_pretrained(weights, config=hf_config, attn_implementation=config.attention,
                                                         dtype=dtype, trust_remote_code=trust_remote_code, **extra)

@@ -32,6 +32,13 @@ def model_dir(tmp_path_factory) -> str:
                                n_positions=512, n_ctx=512))
 
 
+@pytest.fixture(scope="module")
+def classifier_dir(tmp_path_factory) -> str:
+    from tests.tiny_tasks import write_tiny
+
+    return str(write_tiny(tmp_path_factory.mktemp("qlora-classifier"), "bert-classification"))
+
+
 def cfg(model: str, **levers) -> ProbeConfig:
     return ProbeConfig(model=model, **{"micro_batch": 4, "block_size": 128, **levers})
 
@@ -49,19 +56,22 @@ def probe_on_cpu(config: ProbeConfig, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_4bit_base_on_cpu_matches_its_estimate_to_the_byte_and_needs_less_than_lora(model_dir, monkeypatch):
+def test_a_4bit_base_on_cpu_matches_its_estimate_to_the_byte_and_needs_less_than_lora(model_dir, classifier_dir,
+                                                                                     monkeypatch):
     from autotune.estimate import estimate_memories
 
     cases = [{"peft": QLORA}, {"peft": QLORA, "precision": "bf16", "weights": "bf16", "checkpointing": True},
              {"peft": peft_text("lora")}]
     configs = [cfg(model_dir, **case) for case in cases]
+    # A model of another task: a BERT classifier, whose head trains whole and so stays unquantized.
+    configs.append(cfg(classifier_dir, peft=QLORA, task="classification", num_labels=3))
     measured = [probe_on_cpu(config, monkeypatch) for config in configs]
     predicted = estimate_memories(configs, device_type="cpu", use_cache=False)
     for config, probe, estimate in zip(configs, measured, predicted):
         assert probe.status == "ok", probe.error
         assert (estimate.peak_bytes, estimate.reserved_bytes) == (probe.peak_allocated_bytes, probe.peak_reserved_bytes), \
             config.label()
-    qlora, _, lora = measured
+    qlora, _, lora, _ = measured
     assert qlora.peak_allocated_bytes < lora.peak_allocated_bytes
     # The same adapters train on the same model: only the base's bytes differ. Parameters count
     # the values a 4-bit weight holds, not its packed bytes.
@@ -138,3 +148,23 @@ def test_the_hand_off_loads_the_base_in_4_bits():
     assert document["model_kwargs"]["quantization_config"]["load_in_4bit"] is True
     assert any(line.startswith("4-bit base:") for line in best.cli_caveats())
     assert "quantization_config" not in BestConfig(leaderboard_row(cfg("gpt2", peft=peft_text("lora"))), "cuda").model_kwargs()
+
+
+def test_a_classifiers_head_stays_whole_and_trains_on_a_4bit_base(classifier_dir):
+    import bitsandbytes as bnb
+    import torch
+
+    from autotune.models import resolve_model
+    from autotune.probe.step import build_model
+
+    config = cfg(classifier_dir, micro_batch=2, block_size=32, peft=QLORA, task="classification", num_labels=3)
+    model, _ = build_model(resolve_model(classifier_dir).config, classifier_dir, config, torch.device("cpu"), False)
+    head = model.get_base_model().classifier
+    assert not any(isinstance(m, bnb.nn.Linear4bit) for m in head.modules())
+    assert any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())  # the encoder's layers are 4-bit
+    assert all(p.requires_grad for p in head.modules_to_save.parameters())  # peft trains the head whole
+    from autotune.handoff import BestConfig
+    from tests.train.test_peft import leaderboard_row
+
+    assert BestConfig(leaderboard_row(config), "cuda").model_kwargs()["quantization_config"]["llm_int8_skip_modules"] \
+        == ["classifier", "score"]
