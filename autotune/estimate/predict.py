@@ -40,12 +40,9 @@ def check_config(config: ProbeConfig, device_type: str, spec: ModelSpec, trust_r
     if config.liger:
         raise BadInput("--liger: the estimator cannot trace Liger's Triton kernels; estimate without --liger for an "
                        "upper bound (Liger's fused loss keeps no logits), or probe --liger on a GPU.")
-    if OPTIMIZERS[config.optimizer].untraceable:
-        raise BadInput(f"--optimizer {config.optimizer}: {OPTIMIZERS[config.optimizer].untraceable}, where no trace "
-                       f"sees it; estimate --optimizer adamw_8bit (the same 8-bit state, allocated by PyTorch), or probe it.")
-    needs_bitsandbytes = _needs_bitsandbytes(config)
-    if needs_bitsandbytes:
-        raise BadInput(f"{needs_bitsandbytes} needs bitsandbytes to be traced: pip install bitsandbytes.")
+    why = untraceable(config)
+    if why:
+        raise BadInput(f"{why}.")
     notes = []
     if config.compile:
         notes.append("torch.compile traced as the eager step (inductor frees intermediates no later: an upper bound)")
@@ -68,20 +65,18 @@ def check_config(config: ProbeConfig, device_type: str, spec: ModelSpec, trust_r
 
 def untraceable(config: ProbeConfig) -> str | None:
     """Why the estimator cannot predict `config` on this machine (None: it can); a search probes
-    such configurations unpredicted."""
+    such configurations unpredicted, a plan says why, `estimate` refuses with it."""
     if config.liger:
         return "liger: the estimator cannot trace Liger's Triton kernels"
-    if OPTIMIZERS[config.optimizer].untraceable:
-        return f"{config.optimizer}: {OPTIMIZERS[config.optimizer].untraceable}"
-    needs_bitsandbytes = _needs_bitsandbytes(config)
-    return f"{needs_bitsandbytes}: bitsandbytes is not installed here" if needs_bitsandbytes else None
-
-
-def _needs_bitsandbytes(config: ProbeConfig) -> str | None:
-    """The flag whose tracing runs bitsandbytes' code, when bitsandbytes is not installed."""
+    optimizer = OPTIMIZERS[config.optimizer]
+    if optimizer.untraceable:
+        return (f"--optimizer {config.optimizer}: {optimizer.untraceable}, where no trace sees it (estimate adamw_8bit: "
+                f"the same 8-bit state, allocated by PyTorch)")
     flag = ("--peft qlora" if is_qlora(config.peft)
-            else f"--optimizer {config.optimizer}" if OPTIMIZERS[config.optimizer].needs == "bitsandbytes" else None)
-    return flag if flag and importlib.util.find_spec("bitsandbytes") is None else None
+            else f"--optimizer {config.optimizer}" if optimizer.needs == "bitsandbytes" else None)
+    if flag and importlib.util.find_spec("bitsandbytes") is None:
+        return f"{flag} needs bitsandbytes to be traced: pip install bitsandbytes"
+    return None
 
 
 def estimate_memory(config: ProbeConfig, *, device_type: str = "cuda", timeout: float = ESTIMATE_TIMEOUT_SECONDS,

@@ -40,6 +40,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from autotune.estimate.allocator import CachingAllocatorModel
 from autotune.estimate.launch import PRELOAD_ENV
 from autotune.estimate.protocol import TraceFailure, TraceItem, TraceRequest, TraceResult
+from autotune.recipes import OPTIMIZERS
 from autotune.units import round_to_block
 
 ROLES = ("params", "grads", "optimizer", "activations", "temporaries")
@@ -274,8 +275,6 @@ def _bitsandbytes_maps_made_real(config):
     lists, reading tensors' values, which fake tensors cannot answer. The maps are the same for
     every run: make them for real once, and give each optimizer a fake copy (allocated where the
     real run allocates it)."""
-    from autotune.recipes import OPTIMIZERS
-
     if OPTIMIZERS[config.optimizer].needs != "bitsandbytes":
         yield
         return

@@ -40,7 +40,7 @@ from autotune.probe.protocol import (
     UserErrorReply,
 )
 from autotune.result import ProbeResult
-from autotune.status import CLEAN, ProbeStatus
+from autotune.status import ProbeStatus
 
 STARTUP_TIMEOUT = 300.0       # a child that cannot import torch in this long is broken
 CHILD_MAIN = "autotune.probe.child:main"
