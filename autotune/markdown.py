@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.budget import Budget, required_bytes
 from autotune.plot import MATPLOTLIB_MISSING, have_matplotlib, latest_outcomes, plot_study, probe_device
 from autotune.report import explain_winner
-from autotune.status import RETRYABLE
+from autotune.status import RETRYABLE, ProbeStatus
 from autotune.units import format_size
 
 if TYPE_CHECKING:
@@ -27,8 +28,9 @@ if TYPE_CHECKING:
 
 TOP = 10
 # How the probes' sentence words each outcome, in this order.
-OUTCOME_WORDS = {"ok": "fit", "oom": "ran out of memory", "skipped": "skipped", "timeout": "timed out",
-                 "crashed": "crashed", "error": "failed", "unstable": "diverged"}
+OUTCOME_WORDS: dict[str, str] = {ProbeStatus.OK: "fit", ProbeStatus.OOM: "ran out of memory", ProbeStatus.SKIPPED: "skipped",
+                 ProbeStatus.TIMEOUT: "timed out", ProbeStatus.CRASHED: "crashed", ProbeStatus.ERROR: "failed",
+                 ProbeStatus.UNSTABLE: "diverged"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +48,8 @@ class Counts:
         latest = latest_outcomes(probes)
         # A config settled without a probe of its own has a claim with no attempts (Store.settle).
         unclaimed = {c.config_key for c in claims if c.attempts == 0}
-        skipped = sum(p.result.status == "skipped" for p in latest)
-        reused = sum(p.config_key in unclaimed and p.result.status != "skipped" for p in latest)
+        skipped = sum(p.result.status == ProbeStatus.SKIPPED for p in latest)
+        reused = sum(p.config_key in unclaimed and p.result.status != ProbeStatus.SKIPPED for p in latest)
         statuses = Counter(str(p.result.status) for p in latest)
         return cls(configs=len(latest), probed=len(latest) - skipped - reused, reused=reused, skipped=skipped,
                    statuses=dict(statuses))
@@ -91,8 +93,8 @@ def leaderboard_table(rows: Sequence[LeaderboardRow], top: int = TOP) -> str:
     lines = ["| rank | config | tokens/s | step s | peak reserved | needs | of the budget |",
              "|---:|---|---:|---:|---:|---:|---:|"]
     for row in rows[:top]:
-        needs = (row.peak_reserved_bytes or 0) + (row.context_bytes or 0) if row.peak_reserved_bytes is not None else None
-        share = f"{100 * needs / row.budget_bytes:.0f}%" if needs is not None and row.budget_bytes else "-"
+        needs = required_bytes(row.peak_reserved_bytes, row.context_bytes)
+        share = f"{100 * Budget(row.budget_bytes, row.margin_bytes).share(needs):.0f}%" if needs is not None else "-"
         speed = f"{row.tokens_per_s:,.0f}{_spread(row)}" if row.tokens_per_s is not None else "-"
         step = f"{row.step_seconds:.3f}" if row.step_seconds is not None else "-"
         lines.append(f"| {row.rank} | `{_cell(row.label)}` | {speed} | {step} | {format_size(row.peak_reserved_bytes)} "

@@ -16,7 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.budget import Budget
 from autotune.errors import BadInput
+from autotune.ranking import Standing, ranked
+from autotune.status import ProbeStatus
 from autotune.units import format_size
 
 if TYPE_CHECKING:
@@ -59,7 +62,7 @@ class PlotData:
     @property
     def limit_bytes(self) -> int:
         """A config fits when it needs at most this: the budget less the safety margin."""
-        return self.budget_bytes - self.margin_bytes
+        return Budget(self.budget_bytes, self.margin_bytes).allowed_bytes
 
 
 def have_matplotlib() -> bool:
@@ -80,7 +83,7 @@ def latest_outcomes(probes: Sequence[ProbeRecord]) -> list[ProbeRecord]:
     chosen: dict[str, ProbeRecord] = {}
     for probe in sorted(probes, key=lambda p: p.id):
         held = chosen.get(probe.config_key)
-        if held is None or probe.result.status == "ok" or held.result.status != "ok":
+        if held is None or probe.result.status == ProbeStatus.OK or held.result.status != ProbeStatus.OK:
             chosen[probe.config_key] = probe
     return list(chosen.values())
 
@@ -111,29 +114,29 @@ def plot_points(probes: Sequence[ProbeRecord], *, budget_bytes: int, margin_byte
     failed: list[Point] = []
     unplaced: Counter[str] = Counter()
     for probe in latest_outcomes(probes):
-        r, status = probe.result, str(probe.result.status)
+        r, status = probe.result, ProbeStatus(probe.result.status)
         predicted = predicted_required.get(probe.config_key, probe.predicted_peak_bytes)
-        if status == "ok" and r.required_bytes is not None and r.tokens_per_s is not None:
+        if status == ProbeStatus.OK and r.required_bytes is not None and r.tokens_per_s is not None:
             required, is_prediction = r.required_bytes, False
-        elif status == "ok":
+        elif status == ProbeStatus.OK:
             unplaced[status] += 1
             continue
         elif predicted is not None:
             # An OOM's measured peak is where it failed (about the cap), not what it needs.
             required, is_prediction = predicted, True
-        elif status != "skipped" and r.required_bytes is not None:
+        elif status != ProbeStatus.SKIPPED and r.required_bytes is not None:
             required, is_prediction = r.required_bytes, False
         else:
             unplaced[status] += 1
             continue
         point = Point(label=probe.config.label(), config_key=probe.config_key, status=status,
                       precision=probe.config.precision, checkpointing=probe.config.checkpointing,
-                      required_bytes=required, tokens_per_s=r.tokens_per_s if status == "ok" else None,
+                      required_bytes=required, tokens_per_s=r.tokens_per_s if status == ProbeStatus.OK else None,
                       predicted=is_prediction)
-        {"ok": fits, "oom": oom, "skipped": skipped}.get(status, failed).append(point)
+        {ProbeStatus.OK: fits, ProbeStatus.OOM: oom, ProbeStatus.SKIPPED: skipped}.get(status, failed).append(point)
     if pick_key is None:
-        fastest = max(fits, key=lambda p: p.tokens_per_s or 0.0, default=None)
-        pick_key = fastest.config_key if fastest else None
+        order = ranked(fits, lambda p: Standing(p.config_key, p.tokens_per_s, p.required_bytes, fits.index(p)))
+        pick_key = order[0].config_key if order else None
     pick = next((p for p in fits if p.config_key == pick_key), None)
     return PlotData(budget_bytes=budget_bytes, margin_bytes=margin_bytes, fits=fits, frontier=frontier(fits),
                     oom=oom, skipped=skipped, failed=failed, unplaced=dict(unplaced), pick=pick)
@@ -343,13 +346,13 @@ def save_plan_plot(plan: Plan, out: str | os.PathLike[str]) -> Path:
         if item.estimate is None or (item.fits and item.tokens_per_s is None):
             unplaced["not predicted" if item.estimate is None else "no speed predicted"] += 1
             continue
-        point = Point(label=item.config.label(), config_key=item.config.key(), status="ok" if item.fits else "oom",
+        point = Point(label=item.config.label(), config_key=item.config.key(), status=ProbeStatus.OK if item.fits else ProbeStatus.OOM,
                       precision=item.config.precision, checkpointing=item.config.checkpointing,
                       required_bytes=item.need_bytes, tokens_per_s=item.tokens_per_s if item.fits else None,
                       predicted=True)
         (fits if item.fits else over).append(point)
     pick = max(fits, key=lambda p: p.tokens_per_s or 0.0, default=None)
-    data = PlotData(budget_bytes=plan.target.budget_bytes, margin_bytes=plan.target.margin_bytes, fits=fits,
+    data = PlotData(budget_bytes=plan.target.budget.total_bytes, margin_bytes=plan.target.budget.margin_bytes, fits=fits,
                     frontier=frontier(fits), oom=over, skipped=[], failed=[], unplaced=dict(unplaced), pick=pick)
     title = f"{plan.model} on {plan.target.name}: predicted by autotune plan (no probe ran)"
     return write_plot(data, title, path)

@@ -10,8 +10,10 @@ from dataclasses import fields
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from autotune.budget import Budget, required_bytes
 from autotune.config import ProbeConfig
 from autotune.result import ProbeResult
+from autotune.status import ProbeStatus, Settled
 from autotune.units import format_size
 
 if TYPE_CHECKING:
@@ -39,8 +41,9 @@ def format_probe_result(config: ProbeConfig, result: ProbeResult) -> str:
         f"context {format_size(result.context_bytes)}, margin {format_size(result.margin_bytes)}, budget {format_size(budget)}",
     ]
     if result.required_bytes is not None and budget:
-        headroom = budget - (result.margin_bytes or 0) - result.required_bytes
-        lines.append(f"        headroom {format_size(headroom)} ({100 * result.required_bytes / budget:.1f}% of the budget used)")
+        held = Budget(budget, result.margin_bytes or 0)
+        lines.append(f"        headroom {format_size(held.headroom(result.required_bytes))} "
+                     f"({100 * held.share(result.required_bytes):.1f}% of the budget used)")
     if result.tokens_per_s is not None:
         mfu = f", MFU {100 * result.mfu:.1f}%" if result.mfu is not None else ""
         lines.append(f"speed   {result.tokens_per_s:,.0f} tokens/s, {result.samples_per_s:.2f} samples/s, "
@@ -141,16 +144,16 @@ def format_event(event, show_worker: bool = False) -> str:
     r = event.result
     width = len(str(event.total))
     progress = f"[{event.resolved:>{width}}/{event.total}]"
-    if event.how == "skipped":
+    if event.how == Settled.SKIPPED:
         detail = r.error or ""
-    elif r.status == "ok":
+    elif r.status == ProbeStatus.OK:
         detail = f"peak {format_size(r.peak_reserved_bytes):>10}  {r.tokens_per_s:>10,.0f} tok/s"
         if event.best:
             detail += "  * best so far"
     else:
         last = (r.error or "").strip().splitlines()[-1:] or [""]
         detail = f"peak {format_size(r.peak_reserved_bytes):>10}  {last[0][:80]}"
-    how = "" if event.how in ("probed", "skipped") else f" ({event.how})"
+    how = "" if event.how in (Settled.PROBED, Settled.SKIPPED) else f" ({event.how})"
     worker = f"  [{event.worker}]" if show_worker and getattr(event, "worker", None) else ""
     return f"{progress} {event.config.label():<34} {r.status:<8}{detail}{how}{worker}"
 
@@ -191,8 +194,8 @@ def explain_winner(outcome) -> str:
     if best is None:
         return ("No configuration fits the budget. Try a larger --gpu-budget, smaller --micro-batches or "
                 "--block-sizes, --precisions bf16, or --checkpointing on.")
-    required = (best.peak_reserved_bytes or 0) + (best.context_bytes or 0)
-    headroom = best.budget_bytes - best.margin_bytes - required
+    required = required_bytes(best.peak_reserved_bytes, best.context_bytes) or 0
+    headroom = Budget(best.budget_bytes, best.margin_bytes).headroom(required)
     confirmation = getattr(outcome.study, "confirmation", None)
     lines = [
         f"Chosen: {best.label}  (micro_batch={best.config.micro_batch}, grad_accum={best.config.grad_accum}, "
@@ -311,7 +314,7 @@ def render_run_summary(summary: RunSummary) -> str:
     memory += f" of the {format_size(s.budget_bytes)} budget (margin {format_size(s.margin_bytes)})"
     required = s.required_bytes
     if required is not None and s.finished:
-        spare = s.budget_bytes - s.margin_bytes - required
+        spare = s.budget.headroom(required)
         memory += f": fits, {format_size(spare)} to spare" if spare >= 0 else ": over the budget"
     lines.append(memory)
     probe, ratio = s.probe, s.peak_vs_probe
@@ -335,7 +338,7 @@ def render_run_summary(summary: RunSummary) -> str:
 
 # -- estimate ------------------------------------------------------------------------------------
 
-def render_estimate(estimate: MemoryEstimate, budget_bytes: int | None = None, margin_bytes: int = 0) -> str:
+def render_estimate(estimate: MemoryEstimate, budget: Budget | None = None) -> str:
     """The table `autotune estimate` prints."""
     e = estimate
     peak = e.peak_bytes or 1
@@ -360,14 +363,14 @@ def render_estimate(estimate: MemoryEstimate, budget_bytes: int | None = None, m
     if e.device_type == "cuda":
         lines.append(row("CUDA context", e.context_bytes, share=False, note="assumed"))
         lines.append(row("needed on the card", e.required_bytes, share=False, note="reserved + context"))
-    if budget_bytes is not None:
+    if budget is not None:
         lines.append("")
-        room = e.headroom(budget_bytes, margin_bytes)
-        margin_text = f" with a {format_size(margin_bytes)} margin" if margin_bytes else ""
+        room = budget.headroom(e.required_bytes)
+        margin_text = f" with a {format_size(budget.margin_bytes)} margin" if budget.margin_bytes else ""
         if room >= 0:
-            lines.append(f"  budget {format_size(budget_bytes)}{margin_text}: fits, {format_size(room)} to spare")
+            lines.append(f"  budget {format_size(budget.total_bytes)}{margin_text}: fits, {format_size(room)} to spare")
         else:
-            lines.append(f"  budget {format_size(budget_bytes)}{margin_text}: does NOT fit, {format_size(-room)} over")
+            lines.append(f"  budget {format_size(budget.total_bytes)}{margin_text}: does NOT fit, {format_size(-room)} over")
     if e.notes:
         lines.append("")
         lines.extend(f"  note: {n}" for n in e.notes)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, fields
 
+from autotune.budget import required_bytes
 from autotune.status import ProbeStatus
 
 
@@ -49,9 +50,7 @@ class ProbeResult:
     @property
     def required_bytes(self) -> int | None:
         """What this config needs of the card: peak reserved plus the context outside the allocator."""
-        if self.peak_reserved_bytes is None:
-            return None
-        return self.peak_reserved_bytes + (self.context_bytes or 0)
+        return required_bytes(self.peak_reserved_bytes, self.context_bytes)
 
     def to_dict(self) -> dict:
         data = asdict(self)

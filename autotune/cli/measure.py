@@ -57,13 +57,12 @@ def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointin
              allocator, liger, task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets, gpu_budget,
              safety_margin, device_type, timeout_text, no_cache, trust_remote_code, as_json):
     """Predict a configuration's training memory without a GPU; with --gpu-budget, exit 1 if it will not fit."""
+    from autotune.budget import Budget
     from autotune.estimate import estimate_memory
-    from autotune.margin import margin_bytes
     from autotune.report import render_estimate
     from autotune.units import parse_duration, parse_margin, parse_size
 
-    budget = parse_size(gpu_budget) if gpu_budget is not None else None
-    margin = margin_bytes(parse_margin(safety_margin), budget) if budget is not None else 0
+    budget = Budget.of(parse_size(gpu_budget), parse_margin(safety_margin)) if gpu_budget is not None else None
     timeout = parse_duration(timeout_text, flag="--timeout")
     config = make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task,
                          target_length, num_labels, optimizer, weights,
@@ -71,8 +70,8 @@ def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointin
     result = estimate_memory(config, device_type=device_type.lower(), timeout=timeout, use_cache=not no_cache,
                              trust_remote_code=trust_remote_code)
     if as_json:
-        echo_json(result.to_dict(budget, margin))
+        echo_json(result.to_dict(budget))
     else:
-        click.echo(render_estimate(result, budget, margin))
-    sys.exit(0 if budget is None or result.fits(budget, margin) else 1)
+        click.echo(render_estimate(result, budget))
+    sys.exit(0 if budget is None or budget.fits(result.required_bytes) else 1)
 

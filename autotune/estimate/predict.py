@@ -26,16 +26,12 @@ _FLASH_FAMILY = ("flash_attention_2", "flash_attention_3")
 _TRACED_AS_SDPA = (*_FLASH_FAMILY, "flex_attention")
 
 
-def check_config(config: ProbeConfig, device_type: str, spec: ModelSpec, trust_remote_code: bool = False) -> list[str]:
-    """Raise BadInput for what the user must change; return notes on approximations. Runs before
-    any process starts, so that a wrong flag costs no trace."""
+def check_traceable(config: ProbeConfig, device_type: str, spec: ModelSpec, trust_remote_code: bool = False) -> None:
+    """BadInput for what the user must change before a trace; runs before any process starts, so
+    that a wrong flag costs no trace."""
     if device_type not in DEVICE_TYPES:
         raise BadInput(f"--device-type {device_type!r} is unknown; choose cuda (predict a GPU run) or cpu (predict a CPU probe).")
-    if spec.needs_remote_code and not trust_remote_code:
-        raise BadInput(f"--model {spec.reference} brings its own code (auto_map in its config.json); pass "
-                       f"--trust-remote-code to allow it to run, or choose another model.")
-    if "vocab_size" not in spec.config:
-        raise BadInput(f"--model {spec.reference}: its config has no vocab_size; the estimator handles causal language models.")
+    spec.check_usable(trust_remote_code)
     spec.check_block_sizes(config.block_size, flag="--block-size")
     if config.liger:
         raise BadInput("--liger: the estimator cannot trace Liger's Triton kernels; estimate without --liger for an "
@@ -43,6 +39,15 @@ def check_config(config: ProbeConfig, device_type: str, spec: ModelSpec, trust_r
     why = untraceable(config)
     if why:
         raise BadInput(f"{why}.")
+    if config.attention in _TRACED_AS_SDPA:
+        if device_type == "cpu":
+            raise BadInput(f"--attention {config.attention} has no CPU kernel; use sdpa or eager with --device-type cpu.")
+        if config.attention in _FLASH_FAMILY and config.precision in ("fp32", "tf32"):
+            raise BadInput(f"--attention {config.attention} runs only in fp16/bf16; use --precision bf16 or fp16, or --attention sdpa.")
+
+
+def approximations(config: ProbeConfig, device_type: str) -> list[str]:
+    """What an estimate of `config` approximates rather than traces, one note each."""
     notes = []
     if config.compile:
         notes.append("torch.compile traced as the eager step (inductor frees intermediates no later: an upper bound)")
@@ -52,10 +57,6 @@ def check_config(config: ProbeConfig, device_type: str, spec: ModelSpec, trust_r
         notes.append(f"allocator {config.allocator} modelled as the default allocator (expandable segments fragment "
                      f"less: reserved is an upper bound)")
     if config.attention in _TRACED_AS_SDPA:
-        if device_type == "cpu":
-            raise BadInput(f"--attention {config.attention} has no CPU kernel; use sdpa or eager with --device-type cpu.")
-        if config.attention in _FLASH_FAMILY and config.precision in ("fp32", "tf32"):
-            raise BadInput(f"--attention {config.attention} runs only in fp16/bf16; use --precision bf16 or fp16, or --attention sdpa.")
         notes.append(f"{config.attention} approximated by SDPA's CUDA kernels (both keep no S x S matrix)")
     if device_type == "cuda":
         notes.append(f"CUDA context assumed {format_size(CUDA_CONTEXT_BYTES)} (not measured: a probe measures it on its card)")
@@ -113,7 +114,8 @@ def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", 
             raise TypeError(f"config must be a ProbeConfig, not {type(config).__name__}")
         spec = specs.get(config.model) or resolve_model(config.model)
         specs[config.model] = spec
-        plans.append((config, spec, check_config(config, device_type, spec, trust_remote_code),
+        check_traceable(config, device_type, spec, trust_remote_code)
+        plans.append((config, spec, approximations(config, device_type),
                       cache_key(traced_as(config, device_type), device_type, spec)))
 
     cache = EstimateCache() if use_cache else None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from autotune.budget import Budget
 from autotune.config import ProbeConfig
 from autotune.units import CUDA_BLOCK_BYTES
 
@@ -64,22 +65,14 @@ class MemoryEstimate:
     def reserved_method(self) -> str:
         return RESERVED_METHOD[self.device_type]
 
-    def headroom(self, budget_bytes: int, margin_bytes: int = 0) -> int:
-        """Bytes to spare within the budget after the margin; negative when over."""
-        return budget_bytes - margin_bytes - self.required_bytes
+    @property
+    def floor_bytes(self) -> int:
+        """The least the configuration needs: peak *allocated* plus the context. Under a cap the
+        allocator frees cached blocks before it fails, so the reserved figure (traced uncapped) can
+        shrink; the allocated one cannot. A search skips a config unprobed only on this."""
+        return self.peak_bytes + self.context_bytes
 
-    def fits(self, budget_bytes: int, margin_bytes: int = 0) -> bool:
-        """True if peak reserved + context + margin is within the budget (the probe's rule)."""
-        return self.headroom(budget_bytes, margin_bytes) >= 0
-
-    def exceeds(self, budget_bytes: int, by_more_than: int = 0) -> bool:
-        """True if even the peak *allocated* plus the context is over the budget by more than
-        `by_more_than` bytes: the test for skipping a configuration without probing it. Allocated
-        memory is a floor (under a cap the allocator frees cached blocks before it fails, so the
-        reserved figure, measured uncapped, can shrink; the allocated one cannot)."""
-        return self.peak_bytes + self.context_bytes - budget_bytes > by_more_than
-
-    def to_dict(self, budget_bytes: int | None = None, margin_bytes: int = 0) -> dict:
+    def to_dict(self, budget: Budget | None = None) -> dict:
         data = {
             "model": self.config.model,
             "config": self.config.to_dict(),
@@ -96,7 +89,7 @@ class MemoryEstimate:
             "cached": self.cached,
             "notes": list(self.notes),
         }
-        if budget_bytes is not None:
-            data.update(budget_bytes=budget_bytes, margin_bytes=margin_bytes, fits=self.fits(budget_bytes, margin_bytes),
-                        headroom_bytes=self.headroom(budget_bytes, margin_bytes))
+        if budget is not None:
+            data.update(budget_bytes=budget.total_bytes, margin_bytes=budget.margin_bytes,
+                        fits=budget.fits(self.required_bytes), headroom_bytes=budget.headroom(self.required_bytes))
         return data

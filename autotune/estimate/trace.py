@@ -3,7 +3,7 @@ the allocations. Runs in a child process (`python -m autotune.estimate.trace`; a
 on stdin, one `TraceResult` line per configuration on stdout, see `protocol.py`), because it
 imports torch and transformers and because some fake-tensor paths abort the process.
 
-What is traced is the probe's own step (`autotune.probe.step`: `build_model`,
+What is traced is the probe's own step (`autotune.probe.step`: `build_random_model`,
 `make_optimizer`, `ProbeStep`: fused AdamW, GradScaler for fp16, two prefetched batches, two
 optimizer steps as the probe's warm-up), so the estimate predicts what a probe measures, and
 follows it when it changes. Under `torch._subclasses.fake_tensor.FakeTensorMode` nothing is
@@ -298,7 +298,8 @@ def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
     `device_type` (cuda or cpu); the result is numbered `index`."""
     from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
-    from autotune.probe.step import ProbeStep, build_model, import_recipe_code, make_optimizer
+    from autotune.models import ModelSpec
+    from autotune.probe.step import ProbeStep, build_random_model, import_recipe_code, make_optimizer
 
     started = time.perf_counter()
     config = item.config
@@ -321,7 +322,8 @@ def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
     try:
         with _adapters_left_in_place(config.peft is not None), _bitsandbytes_maps_made_real(config), \
                 FakeTensorMode(allow_non_fake_inputs=True), ledger, ledger.watching_optimizer(), emulation:
-            model, hf_config = build_model(item.model_config, item.model_path, traced, device, item.trust_remote_code)
+            model, hf_config = build_random_model(ModelSpec(traced.model, item.model_config, "trace", item.model_path), traced,
+                                                  device, item.trust_remote_code)
             ledger.settle_build()
             for param in model.parameters():
                 if param.requires_grad:

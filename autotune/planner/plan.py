@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from autotune.budget import Budget
 from autotune.cards import Card
 from autotune.config import ProbeConfig
 from autotune.estimate import untraceable
@@ -26,6 +27,7 @@ from autotune.estimate.interpolate import between, interpolated, traced_members
 from autotune.errors import BadInput
 from autotune.models import ModelSpec
 from autotune.space import SearchSpace, group_key, group_priority
+from autotune.status import ProbeStatus
 from autotune.units import format_size
 
 if TYPE_CHECKING:
@@ -43,20 +45,17 @@ class Target:
 
     card: Card | None
     device_type: str           # cuda or cpu
-    budget_bytes: int
-    margin_bytes: int
+    budget: Budget
 
     @property
     def name(self) -> str:
         if self.card is not None:
             return self.card.name
-        return "cpu" if self.device_type == "cpu" else f"a CUDA card with {format_size(self.budget_bytes)}"
+        return "cpu" if self.device_type == "cpu" else f"a CUDA card with {format_size(self.budget.total_bytes)}"
 
     @classmethod
     def of(cls, card: Card | None, budget_bytes: int | None, margin: int | float, *, cpu: bool = False) -> "Target":
         """Check a budget against the card: above its memory is a user's mistake (one line)."""
-        from autotune.margin import margin_bytes
-
         if card is None and budget_bytes is None:
             raise BadInput("--gpu cpu needs --gpu-budget: the CPU has no memory size of its own to plan for."
                            if cpu else "give --gpu NAME or --gpu-budget SIZE.")
@@ -64,7 +63,7 @@ class Target:
             raise BadInput(f"--gpu-budget {format_size(budget_bytes)} is more than the {card.name}'s memory "
                            f"({format_size(card.memory_bytes)}); give at most that, or leave --gpu-budget out.")
         budget = budget_bytes if budget_bytes is not None else card.memory_bytes  # type: ignore[union-attr]
-        return cls(card, "cpu" if cpu else "cuda", budget, margin_bytes(margin, budget))
+        return cls(card, "cpu" if cpu else "cuda", Budget.of(budget, margin))
 
 
 @dataclass(slots=True)
@@ -128,7 +127,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         return {"model": self.model, "target": self.target.name, "device_type": self.target.device_type,
-                "budget_bytes": self.target.budget_bytes, "margin_bytes": self.target.margin_bytes,
+                "budget_bytes": self.target.budget.total_bytes, "margin_bytes": self.target.budget.margin_bytes,
                 "space": self.space.to_dict(), "seconds": self.seconds, "traces": self.traces,
                 "compared_with_study": self.study, "notes": self.notes,
                 "candidates": [p.to_dict() for p in self.planned]}
@@ -160,7 +159,7 @@ def make_plan(spec: ModelSpec, space: SearchSpace, target: Target, *, exact: boo
             continue
         if target.card is not None and target.card.context_bytes:
             item.estimate = dataclasses.replace(item.estimate, context_bytes=target.card.context_bytes)
-        item.fits = item.estimate.required_bytes + target.margin_bytes <= target.budget_bytes
+        item.fits = target.budget.fits(item.estimate.required_bytes)
         if target.card is not None and dims is not None:
             from autotune.planner.speed import predict_speed
 
@@ -272,7 +271,7 @@ def _compare(plan: Plan, store: Store, spec: ModelSpec, study: str | None) -> st
         need = result.required_bytes
         item.measured = {
             "status": str(result.status), "need_bytes": need, "tokens_per_s": result.tokens_per_s,
-            "need_error": None if need in (None, 0) or item.need_bytes is None or result.status != "ok"
+            "need_error": None if need in (None, 0) or item.need_bytes is None or result.status != ProbeStatus.OK
             else (item.need_bytes - need) / need,
             "speed_error": None if not result.tokens_per_s or item.tokens_per_s is None
             else (item.tokens_per_s - result.tokens_per_s) / result.tokens_per_s,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from autotune.planner.plan import Plan, Planned
+from autotune.status import ProbeStatus
 from autotune.units import format_size
 
 # Columns of the breakdown, in the order a reader adds them up.
@@ -22,8 +23,8 @@ def render_plan(plan: Plan, top: int | None = None) -> str:
     """The plan as a table: what fits, fastest first (predicted), with the need's breakdown; the
     measured figures beside when a study of such a card exists."""
     t = plan.target
-    lines = [f"plan: {len(plan.planned)} candidates on {t.name}, budget {format_size(t.budget_bytes)} "
-             f"(margin {format_size(t.margin_bytes)}); all figures predicted"
+    lines = [f"plan: {len(plan.planned)} candidates on {t.name}, budget {format_size(t.budget.total_bytes)} "
+             f"(margin {format_size(t.budget.margin_bytes)}); all figures predicted"
              + (f", measured beside them from study {plan.study!r}" if plan.study else ""),
              ""]
     header = ["#", "config", "fits", "need", "tokens/s", *(short for _, short in _PARTS)]
@@ -46,7 +47,7 @@ def render_plan(plan: Plan, top: int | None = None) -> str:
     else:
         speed = f", {best.tokens_per_s:,.0f} tokens/s" if best.tokens_per_s else ""
         lines.append(f"predicted pick: {best.config.label()}{speed}, needs {format_size(best.need_bytes or 0)} of "
-                     f"{format_size(t.budget_bytes)}; measure it with `autotune search` on the card")
+                     f"{format_size(t.budget.total_bytes)}; measure it with `autotune search` on the card")
     fitting = sum(p.fits for p in plan.planned)
     unplanned = [p for p in plan.planned if p.estimate is None]
     lines.append(f"{fitting} of {len(plan.planned)} fit (predicted); {plan.traces} estimated now (configs that trace "
@@ -66,9 +67,9 @@ def _row(rank: int, item: Planned, with_measured: bool) -> list[str]:
            *(_size(parts.get(name)) if parts else "-" for name, _ in _PARTS)]
     if with_measured:
         m = item.measured or {}
-        measured_need = m.get("need_bytes") if m.get("status") == "ok" else None
+        measured_need = m.get("need_bytes") if m.get("status") == ProbeStatus.OK else None
         row += [_size(measured_need) if m else "-", _percent(m.get("need_error")),
                 "-" if not m.get("tokens_per_s") else f"{m['tokens_per_s']:,.0f}"]
-        if m and m.get("status") != "ok":
+        if m and m.get("status") != ProbeStatus.OK:
             row[-3] = str(m.get("status"))
     return row

@@ -8,20 +8,9 @@ One optimizer step is `grad_accum` micro-steps, then the optimizer:
     step = grad_accum * (compute + memory + overhead) + optimizer
 
 compute: the micro-step's matmul FLOPs / (the card's dense peak for the precision * utilisation).
-  FLOPs per token, for N parameters (Nt of them trained), L layers, hidden size d, T tokens of
-  context (the block size, as `autotune.probe.step.flops_per_token` has it):
-      forward              2N + 4*L*d*T   one multiply-add per weight; QK^T and AV, 2*d*T each per layer
-      backward, inputs     2N + 8*L*d*T   the activations' gradients: the forward's matmuls again
-                                          (attention's twice: the scores' and the values' sides)
-      backward, weights    2Nt            weight gradients, for trained weights only: a frozen LoRA
-                                          base skips them, so LoRA costs about 4N instead of 6N
-      recompute            2N + 4*L*d*T   gradient checkpointing runs the forward again (6N -> 8N)
-  A full fine-tune without checkpointing is 6N + 12*L*d*T: 6N from Kaplan et al. 2020 ("Scaling
-  Laws for Neural Language Models", sec. 2.1), 12*L*d*T from PaLM (Chowdhery et al. 2022),
-  appendix B; the same count as `autotune.probe.step.flops_per_token`, the numerator of measured
-  MFU, so predicted and measured MFU compare (for a full fine-tune: that one counts 6N under LoRA
-  too). Recomputation is work the card does, not useful work: it is in `flops_per_step`, not in
-  `model_flops_per_token`.
+  FLOPs per token are `autotune.flops.flops_per_token`'s (the count a probe's measured MFU uses,
+  so that predicted and measured MFU compare), with checkpointing's recomputation, which is work
+  the card does: it is in `flops_per_step`, not in `model_flops_per_token`.
   The peak is the card's for the precision the matmuls run in: fp32 on CUDA cores, tf32 on TF32
   tensor cores, fp16/bf16 on half-precision ones; pure bf16 weights (`--weights bf16`) run bf16.
 utilisation: u(t) = U_MAX * t / (t + T_HALF_TOKENS), t = micro_batch * tokens per sequence: a small
@@ -41,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from autotune.cards import Card
 from autotune.config import ProbeConfig
+from autotune.flops import flops_per_token
 from autotune.recipes import PeftSpec, is_qlora
 from autotune.tasks import Task
 
@@ -140,7 +130,7 @@ class SpeedPrediction:
     utilisation: float           # share of the peak the matmuls run at
     peak_flops: float            # the card's dense peak for the precision the matmuls run in
     flops_per_step: float        # what the card computes, recomputation included
-    model_flops_per_token: float  # useful work per token, no recomputation (probe.step.flops_per_token)
+    model_flops_per_token: float  # useful work per token, no recomputation (autotune.flops)
 
     @property
     def mfu(self) -> float:
@@ -186,16 +176,11 @@ def lora_parameters(dims: ModelDims, rank: int) -> int:
     return round(linear * 2 * rank / dims.hidden)
 
 
-def flops_per_token(config: ProbeConfig, dims: ModelDims, *, recompute: bool = True) -> float:
-    """Training FLOPs per token (see the module's docstring); `recompute=False` leaves out
+def config_flops_per_token(config: ProbeConfig, dims: ModelDims, *, recompute: bool = True) -> float:
+    """Training FLOPs per token of `config` (autotune.flops); `recompute=False` leaves out
     checkpointing's second forward (the useful work, for MFU)."""
-    n, trained = dims.parameters, _trained(config, dims)
-    attention = dims.layers * dims.hidden * config.block_size
-    forward = 2 * n + 4 * attention
-    total = forward + (2 * n + 8 * attention) + 2 * trained
-    if recompute and config.checkpointing:
-        total += forward
-    return float(total)
+    return flops_per_token(dims.parameters, _trained(config, dims), dims.layers, dims.hidden, config.block_size,
+                           recompute=recompute and config.checkpointing)
 
 
 def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card) -> SpeedPrediction:
@@ -212,7 +197,7 @@ def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card) -> Sp
     ceiling = U_MAX_TENSOR_CORES if precision != "fp32" else U_MAX_CUDA_CORES
     u = utilisation(tokens, tensor_cores=precision != "fp32")
     u = min(ceiling, u * (COMPILE_SPEEDUP if config.compile else 1.0) * (LIGER_SPEEDUP if config.liger else 1.0))
-    flops = tokens * flops_per_token(config, dims)
+    flops = tokens * config_flops_per_token(config, dims)
     compute = flops / (peak * u)
     if is_qlora(config.peft):
         compute *= QLORA_SLOWDOWN
@@ -234,7 +219,7 @@ def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card) -> Sp
         step_seconds=step, tokens_per_s=config.tokens_per_step / step,
         compute_seconds=accum * compute, memory_seconds=accum * memory, overhead_seconds=accum * overhead,
         optimizer_seconds=optimizer, utilisation=u, peak_flops=peak, flops_per_step=accum * flops,
-        model_flops_per_token=flops_per_token(config, dims, recompute=False),
+        model_flops_per_token=config_flops_per_token(config, dims, recompute=False),
     )
 
 

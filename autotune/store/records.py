@@ -63,8 +63,9 @@ class StudySummary:
     probes_ok: int
     probes_oom: int
     probes_skipped: int
-    best_tokens_per_s: float | None
+    best_tokens_per_s: float | None       # of its best config that fits (autotune.ranking), the leaderboard's first
     workers: int = 0          # distinct workers that recorded probes
+    best_label: str | None = None         # that config
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -72,7 +73,8 @@ class StudySummary:
             "budget_bytes": self.budget_bytes, "margin_bytes": self.margin_bytes, "status": self.status,
             "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at),
             "probes": self.probes_total, "ok": self.probes_ok, "oom": self.probes_oom,
-            "skipped": self.probes_skipped, "best_tokens_per_s": self.best_tokens_per_s, "workers": self.workers,
+            "skipped": self.probes_skipped, "best_tokens_per_s": self.best_tokens_per_s, "best": self.best_label,
+            "workers": self.workers,
         }
 
 

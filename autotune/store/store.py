@@ -17,7 +17,9 @@ from autotune.config import ProbeConfig
 from autotune.environment import Environment
 from autotune.errors import BadInput, DatabaseError, StudyNotFound
 from autotune.result import ProbeResult
-from autotune.status import CACHEABLE, StudyStatus
+from autotune.budget import required_bytes
+from autotune.ranking import Standing, ranked
+from autotune.status import CACHEABLE, ProbeStatus, StudyStatus
 from autotune.store import migrate
 from autotune.store.claims import ClaimsMixin
 from autotune.store.engine import display_url, make_engine, resolve_url, sqlite_path
@@ -173,25 +175,23 @@ class Store(ClaimsMixin, RunsMixin):
             session.execute(update(Probe).where(Probe.id == probe_id).values(**values))
 
     def studies(self) -> list[StudySummary]:
-        """Every study, most recent first, with probe counts and the best throughput that fits."""
-        is_ok = Probe.status == "ok"
+        """Every study, most recent first, with probe counts and its best config that fits (the
+        leaderboard's first)."""
+        def count(status: ProbeStatus) -> Any:
+            return func.coalesce(func.sum(case((Probe.status == status, 1), else_=0)), 0)
+
         query = (
-            select(
-                Study,
-                func.count(Probe.id),
-                func.coalesce(func.sum(case((is_ok, 1), else_=0)), 0),
-                func.coalesce(func.sum(case((Probe.status == "oom", 1), else_=0)), 0),
-                func.coalesce(func.sum(case((Probe.status == "skipped", 1), else_=0)), 0),
-                func.max(case((is_ok, Probe.tokens_per_s))),
-                func.count(func.distinct(Probe.worker)),
-            )
+            select(Study, func.count(Probe.id), count(ProbeStatus.OK), count(ProbeStatus.OOM), count(ProbeStatus.SKIPPED),
+                   func.count(func.distinct(Probe.worker)))
             .outerjoin(Probe, Probe.study_id == Study.id)
             .group_by(Study.id)
             .order_by(Study.updated_at.desc(), Study.id.desc())
         )
         with self._read() as session:
-            return [
-                StudySummary(
+            summaries = []
+            for study, total, ok, oom, skipped, workers in session.execute(query).all():
+                best = self._ranked_fits(session, study)[:1] if ok else []
+                summaries.append(StudySummary(
                     name=study.name,
                     model_reference=study.model_reference,
                     device_name=study.device_name,
@@ -204,11 +204,11 @@ class Store(ClaimsMixin, RunsMixin):
                     probes_ok=int(ok),
                     probes_oom=int(oom),
                     probes_skipped=int(skipped),
-                    best_tokens_per_s=best,
+                    best_tokens_per_s=best[0]["tokens_per_s"] if best else None,
                     workers=int(workers),
-                )
-                for study, total, ok, oom, skipped, best, workers in session.execute(query)
-            ]
+                    best_label=_config_of(best[0]).label() if best else None,
+                ))
+            return summaries
 
     # -- probes ----------------------------------------------------------------------------------
 
@@ -294,45 +294,21 @@ class Store(ClaimsMixin, RunsMixin):
             return [probe_record(probe) for probe in rows]
 
     def leaderboard(self, study_name: str | None = None, top: int | None = None) -> list[LeaderboardRow]:
-        """The configurations of a study that fit (status ok), fastest first; ties go to the lower
-        peak reserved memory. A config probed more than once counts once, with its latest
-        measurement. `study_name` None means the most recent study; StudyNotFound if none."""
+        """The configurations of a study that fit (status ok), best first as autotune.ranking ranks
+        them. A config probed more than once counts once, with its latest measurement.
+        `study_name` None means the most recent study; StudyNotFound if none."""
         if top is not None and not 1 <= top <= INT64_MAX:
             raise BadInput(f"--top must be a whole number from 1 to {INT64_MAX} (got {top}).")
         with self._read() as session:
             study = self._find_study(session, study_name)
-            # The latest ok probe of each config: max(id) per key. (A window function reads the
-            # same, but materialises every ok row first: 5x slower over 10,000 probes.)
-            latest_ids = (
-                select(func.max(Probe.id))
-                .where(Probe.study_id == study.id, Probe.status == "ok")
-                .group_by(Probe.config_key)
-            )
-            probes = Probe.__table__
-            query = (
-                select(probes)
-                .where(probes.c.id.in_(latest_ids))
-                .order_by(
-                    probes.c.tokens_per_s.desc().nulls_last(),
-                    probes.c.peak_reserved_bytes.asc().nulls_last(),
-                    probes.c.id,
-                )
-            )
-            chosen = (study.confirmation or {}).get("winner")
-            # A confirmation round that found a tie chose the config with more memory to spare:
-            # it ranks first. (The limit then applies after the move.)
-            rows = list(session.execute(query if chosen else query.limit(top)).mappings().all())
-            first = next((i for i, row in enumerate(rows) if row["config_key"] == chosen), 0)
-            if first:
-                rows = [rows[first], *rows[:first], *rows[first + 1:]]
-            rows = rows[:top]
+            rows = self._ranked_fits(session, study)[:top]
             return [
                 LeaderboardRow(
                     rank=rank,
                     study=study.name,
                     probe_id=row["id"],
                     trial_number=row["trial_number"],
-                    config=ProbeConfig(**{name: row[name] for name in CONFIG_FIELDS}),
+                    config=_config_of(row),
                     config_key=row["config_key"],
                     status=row["status"],
                     tokens_per_s=row["tokens_per_s"],
@@ -351,6 +327,41 @@ class Store(ClaimsMixin, RunsMixin):
                 for rank, row in enumerate(rows, start=1)
             ]
 
+    @staticmethod
+    def _ranked_fits(session: Any, study: Study) -> list[Any]:
+        """The latest ok probe of each config of `study` (as row mappings), ranked."""
+        # The latest ok probe of each config: max(id) per key. (A window function reads the same,
+        # but materialises every ok row first: 5x slower over 10,000 probes.)
+        latest_ids = (
+            select(func.max(Probe.id))
+            .where(Probe.study_id == study.id, Probe.status == ProbeStatus.OK)
+            .group_by(Probe.config_key)
+        )
+        probes = Probe.__table__
+        rows = list(session.execute(select(probes).where(probes.c.id.in_(latest_ids))).mappings().all())
+        chosen, tied = _verdict(study.confirmation, rows)
+        return ranked(rows, _standing, chosen, tied)
+
+
+def _standing(row: Any) -> Standing:
+    return Standing(row["config_key"], row["tokens_per_s"], required_bytes(row["peak_reserved_bytes"], row["context_bytes"]),
+                    row["id"])
+
+
+def _config_of(row: Any) -> ProbeConfig:
+    return ProbeConfig(**{name: row[name] for name in CONFIG_FIELDS})
+
+
+def _verdict(confirmation: Mapping[str, Any] | None, rows: list[Any]) -> tuple[str | None, set[str]]:
+    """The config a study's confirmation round chose, and the keys of those it tied with (a verdict
+    stored before keys were kept names them by label)."""
+    if not confirmation or not confirmation.get("winner"):
+        return None, set()
+    tied = set(confirmation.get("tied_keys") or ())
+    if not tied and confirmation.get("tied"):
+        labels = set(confirmation["tied"])
+        tied = {row["config_key"] for row in rows if _config_of(row).label() in labels}
+    return confirmation["winner"], tied
 
 
 def _check_same_study(study: Study, model: ModelLike, budget_bytes: int, margin_bytes: int, effective_batch: int) -> None:

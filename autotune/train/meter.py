@@ -11,13 +11,13 @@ from typing import TYPE_CHECKING, Any
 from transformers import TrainerCallback
 
 if TYPE_CHECKING:
-    from autotune.probe.budget import EnforcedBudget
+    from autotune.probe.cap import MemoryCap
 
 
 class RunMeter(TrainerCallback):
     """Times each optimizer step (synchronised on CUDA), follows the loss, reads the peaks."""
 
-    def __init__(self, budget: EnforcedBudget, tokens_per_step: int, echo: Callable[[str], None] | None) -> None:
+    def __init__(self, budget: MemoryCap, tokens_per_step: int, echo: Callable[[str], None] | None) -> None:
         self.budget, self.tokens_per_step, self.echo = budget, tokens_per_step, echo
         self.step_seconds: list[float] = []
         self.first_step: int | None = None

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from autotune.config import ProbeConfig
     from autotune.data import Blocks
     from autotune.models import ModelSpec
-    from autotune.probe.budget import EnforcedBudget
+    from autotune.probe.cap import MemoryCap
     from autotune.store import Store
     from autotune.train.meter import RunMeter
     from autotune.train.task_data import Examples, Labels
@@ -109,14 +109,14 @@ def training_arguments(winner: Winner, options: TrainOptions, output_dir: Path, 
         raise BadInput(f"transformers cannot train {config.label()} on {device}: {' '.join(str(exc).split())[:300]}") from None
 
 
-def describe_limits(limits: EnforcedBudget, device_name: str) -> str:
+def describe_limits(limits: MemoryCap, device_name: str) -> str:
     """One line on how the budget is held on this device."""
     if limits.device.type == "cuda":
-        return (f"device: {device_name}; budget {format_size(limits.budget_bytes)}: allocator capped at "
+        return (f"device: {device_name}; budget {format_size(limits.budget.total_bytes)}: allocator capped at "
                 f"{format_size(limits.cap_bytes)} (CUDA context {format_size(limits.context_bytes)}, margin "
-                f"{format_size(limits.margin_bytes)})")
-    return (f"device: {device_name}; budget {format_size(limits.budget_bytes)}: memory accountant capped at "
-            f"{format_size(limits.cap_bytes)} (margin {format_size(limits.margin_bytes)}); it counts every tensor, "
+                f"{format_size(limits.budget.margin_bytes)})")
+    return (f"device: {device_name}; budget {format_size(limits.budget.total_bytes)}: memory accountant capped at "
+            f"{format_size(limits.cap_bytes)} (margin {format_size(limits.budget.margin_bytes)}); it counts every tensor, "
             f"so CPU steps run slower than without it")
 
 
@@ -129,7 +129,7 @@ class RunContext:
     options: TrainOptions
     output_dir: Path
     blocks: Blocks | Examples
-    limits: EnforcedBudget
+    limits: MemoryCap
     weights: str | None
     resume_from: str | None
     warnings: list[str]
@@ -199,7 +199,7 @@ def run_training(ctx: RunContext, run_id: int, store: Store, args: TrainingArgum
         step = trainer.state.global_step if trainer is not None else 0
         kept = checkpoints(ctx.output_dir)
         message = (f"out of memory at step {step}: {config.label()} needed more than the {format_size(limits.cap_bytes)} that "
-                   f"the {format_size(limits.budget_bytes)} budget leaves (after context and margin); run #{run_id} "
+                   f"the {format_size(limits.budget.total_bytes)} budget leaves (after context and margin); run #{run_id} "
                    f"is marked failed" + (f", checkpoints kept in {ctx.output_dir} ({kept[-1].name} is the latest)" if kept else ""))
         summary = replace(summarize(RunEnd.OOM, failure), message=message)
         store.fail_run(run_id, f"out of memory: {failure}", summary=summary.to_dict())
@@ -309,8 +309,8 @@ def _summarize(ctx: RunContext, run_id: int, status: RunEnd, meter: RunMeter, tr
         wall_tokens_per_s=(meter.steps * config.tokens_per_step / runtime) if runtime else None,
         train_seconds=runtime,
         seconds=time.perf_counter() - started,
-        budget_bytes=limits.budget_bytes,
-        margin_bytes=limits.margin_bytes,
+        budget_bytes=limits.budget.total_bytes,
+        margin_bytes=limits.budget.margin_bytes,
         cap_bytes=limits.cap_bytes,
         # Kernels load lazily and grow the context during the run: a finished run measures it again.
         context_bytes=limits.context_now() if status == RunEnd.FINISHED else limits.context_bytes,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from autotune.budget import Budget, required_bytes
 from autotune.config import ProbeConfig
 from autotune.status import RunEnd
 from autotune.tasks import Task
@@ -100,9 +101,13 @@ class RunSummary:
         return self.config.tokens_per_step
 
     @property
+    def budget(self) -> Budget:
+        return Budget(self.budget_bytes, self.margin_bytes)
+
+    @property
     def required_bytes(self) -> int | None:
         """What a card must hold besides the margin: the peak reserved plus the context."""
-        return self.peak_reserved_bytes + self.context_bytes if self.peak_reserved_bytes is not None else None
+        return required_bytes(self.peak_reserved_bytes, self.context_bytes)
 
     @property
     def peak_vs_probe(self) -> float | None:
@@ -127,7 +132,7 @@ class RunSummary:
                          f"probe's {format_size(self.probe.peak_reserved_bytes)}: the run holds something the probe did not "
                          f"(evaluation, checkpoint saving, real data); keep the margin in mind")
         required = self.required_bytes
-        if self.finished and required is not None and required + self.margin_bytes > self.budget_bytes:
+        if self.finished and required is not None and not self.budget.fits(required):
             found.append(f"peak reserved + context {format_size(required)} + margin {format_size(self.margin_bytes)} exceed "
                          f"the {format_size(self.budget_bytes)} budget: the CUDA context grew during the run")
         return replace(self, warnings=(*self.warnings, *found)) if found else self

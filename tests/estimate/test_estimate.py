@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from autotune.budget import Budget
 from autotune.config import ProbeConfig
 from autotune.recipes import peft_text
 from autotune.errors import BadInput, ModelNotFound
@@ -58,7 +59,7 @@ def test_cpu_prediction_matches_the_cpu_probe(model_dir):
     configs = [cfg(model_dir, **case) for case in CPU_CASES]
     predicted = estimate_memories(configs, device_type="cpu", use_cache=False)
     with ProbeRunner(ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1)) as runner:
-        measured = [runner.run(c, 4 * GiB) for c in configs]
+        measured = [runner.run(c, runner.settings.budget(4 * GiB)) for c in configs]
     for config, est, probe in zip(configs, predicted, measured):
         assert probe.status == "ok", probe.error
         assert est.peak_bytes == pytest.approx(probe.peak_allocated_bytes, rel=CPU_TOLERANCE), config.label()
@@ -169,11 +170,10 @@ def test_a_slow_trace_times_out(model_dir):
 def test_fits_headroom_and_to_dict():
     e = MemoryEstimate(config=cfg("gpt2"), device_type="cuda", params=100, grads=0, optimizer=200, activations=600,
                        temporaries=50, workspace=50, peak_bytes=1000, reserved_bytes=1200, context_bytes=300, seconds=0.1)
-    assert e.required_bytes == 1500
-    assert e.fits(1600, 100) and not e.fits(1600, 101)
-    assert e.headroom(2000, 100) == 400 and e.headroom(1000) == -500
-    assert e.exceeds(1000, by_more_than=200) and not e.exceeds(1000, by_more_than=300)  # allocated + context = 1300
-    data = e.to_dict(budget_bytes=1400)
+    assert e.required_bytes == 1500 and e.floor_bytes == 1300  # reserved + context; allocated + context
+    assert Budget(1600, 100).fits(e.required_bytes) and not Budget(1600, 101).fits(e.required_bytes)
+    assert Budget(2000, 100).headroom(e.required_bytes) == 400 and Budget(1000, 0).headroom(e.required_bytes) == -500
+    data = e.to_dict(Budget(1400, 0))
     assert data["peak_bytes"] == 1000 and data["fits"] is False and data["headroom_bytes"] == -100
     assert set(data["breakdown"]) >= {"params", "grads", "optimizer", "activations", "temporaries"}
     json.dumps(data)

@@ -15,6 +15,7 @@ from autotune.errors import BadInput
 from autotune.models import resolve_model
 from autotune.planner import Target, make_plan, unplannable
 from autotune.planner.render import render_plan
+from tests.fakes import request
 from autotune.space import SearchSpace
 
 MiB = 2**20
@@ -27,7 +28,8 @@ def test_a_budget_above_the_card_and_a_cpu_without_budget_are_one_line_mistakes(
     with pytest.raises(BadInput, match="--gpu cpu needs --gpu-budget"):
         Target.of(None, None, 0.05, cpu=True)
     target = Target.of(find_card("h100"), None, 0.05)
-    assert target.budget_bytes == find_card("h100").memory_bytes and target.margin_bytes == int(0.05 * target.budget_bytes)
+    assert target.budget.total_bytes == find_card("h100").memory_bytes
+    assert target.budget.margin_bytes == int(0.05 * target.budget.total_bytes)
 
 
 @pytest.mark.parametrize("levers, card, reason", [
@@ -61,8 +63,8 @@ def test_on_cpu_the_plan_equals_every_real_probe_and_interpolates_within_one_per
     db = f"sqlite:///{tmp_path / 'plan.db'}"
     with open_store(db) as store:
         with ProbeRunner(ProbeSettings(device="cpu", measure_steps=1, measure_seconds=0.0)) as runner:
-            run_search(space, spec, budget, 50 * MiB, runner, store,
-                       SearchOptions(study="measured", predict=False, confirm=False, strategy="grid-full"))
+            run_search(request(space, spec, budget, 50 * MiB,
+                               SearchOptions(study="measured", predict=False, confirm=False, strategy="grid-full")), runner, store)
         target = Target.of(None, budget, 50 * MiB, cpu=True)
         with TraceChildren(1) as children:
             children.start(spec.model_type)

@@ -10,7 +10,7 @@ from autotune.planner import speed
 from autotune.planner.speed import (
     ModelDims,
     dims_from_config,
-    flops_per_token,
+    config_flops_per_token,
     predict_speed,
     predict_step_seconds,
     predict_tokens_per_s,
@@ -55,9 +55,9 @@ def test_flops_agree_with_the_probes_mfu_count_without_recomputation():
     # autotune.probe.step.flops_per_token: 6N + 12*L*d*T.
     n, layers, hidden, block = GPT2.parameters, GPT2.layers, GPT2.hidden, 1024
     c = config(checkpointing=True, block_size=block)
-    assert flops_per_token(c, GPT2, recompute=False) == 6 * n + 12 * layers * hidden * block
+    assert config_flops_per_token(c, GPT2, recompute=False) == 6 * n + 12 * layers * hidden * block
     assert predict_step_seconds(c, GPT2, H100).model_flops_per_token == 6 * n + 12 * layers * hidden * block
-    assert flops_per_token(c, GPT2) == 8 * n + 16 * layers * hidden * block
+    assert config_flops_per_token(c, GPT2) == 8 * n + 16 * layers * hidden * block
 
 
 @pytest.mark.parametrize("dims, card", [(GPT2, H100), (GPT2, T4), (LLAMA, H100), (LLAMA, find_card("a100"))])
@@ -176,5 +176,5 @@ def test_the_planner_entry_counts_parameters_as_the_estimator_traced_them():
 
 def test_an_explicit_trainable_count_is_used():
     frozen_half = dataclasses.replace(GPT2, trainable_parameters=GPT2.parameters // 2)
-    assert flops_per_token(config(), frozen_half) < flops_per_token(config(), GPT2)
+    assert config_flops_per_token(config(), frozen_half) < config_flops_per_token(config(), GPT2)
     assert isinstance(frozen_half, ModelDims)

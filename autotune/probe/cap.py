@@ -1,5 +1,5 @@
-"""Holding a training process to a memory budget: the one place where a budget is enforced, for
-a probe and for `autotune train` alike.
+"""Holding a training process to a memory budget (autotune.budget): the one place where a budget is
+enforced, for a probe and for `autotune train` alike.
 
 On CUDA the caching allocator does the accounting: `set_per_process_memory_fraction` caps what it
 may reserve at budget - context - margin, and its peak statistics say what was used. On CPU,
@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from autotune.budget import Budget
 from autotune.errors import BudgetError
 from autotune.probe.devices import host_memory_bytes
 from autotune.probe.memory import CpuMemoryAccountant
@@ -29,12 +30,11 @@ def measure_cuda_context(device: torch.device) -> int:
 
 
 @dataclass(slots=True)
-class EnforcedBudget:
+class MemoryCap:
     """A budget as applied to this process: what the allocator (or the accountant) may hold."""
 
     device: torch.device
-    budget_bytes: int
-    margin_bytes: int
+    budget: Budget
     cap_bytes: int
     context_bytes: int                       # measured at start on CUDA; 0 on CPU
     accountant: CpuMemoryAccountant | None = None
@@ -64,16 +64,17 @@ class EnforcedBudget:
             torch.cuda.set_per_process_memory_fraction(1.0, self.device)
 
 
-def enforce_budget(device: torch.device, budget_bytes: int, margin_bytes: int) -> EnforcedBudget:
-    """Emulate a card of `budget_bytes` on `device`. Raises BudgetError when the budget cannot be
+def cap_memory(device: torch.device, budget: Budget) -> MemoryCap:
+    """Emulate a card of `budget`'s size on `device`. Raises BudgetError when the budget cannot be
     honoured here (larger than the card or the host, or nothing left after the context)."""
+    budget_bytes, margin_bytes = budget.total_bytes, budget.margin_bytes
     if device.type != "cuda":
         host = host_memory_bytes()
         if host and budget_bytes > host:
             raise BudgetError(f"--gpu-budget {format_size(budget_bytes)} is larger than this machine's memory "
                               f"({format_size(host)}); give less.")
-        cap = budget_bytes - margin_bytes
-        return EnforcedBudget(device, budget_bytes, margin_bytes, cap, 0, CpuMemoryAccountant(cap_bytes=cap))
+        cap = budget.allowed_bytes
+        return MemoryCap(device, budget, cap, 0, CpuMemoryAccountant(cap_bytes=cap))
 
     torch.cuda.set_device(device)
     gc.collect()
@@ -87,10 +88,10 @@ def enforce_budget(device: torch.device, budget_bytes: int, margin_bytes: int) -
         raise BudgetError(f"--gpu-budget {format_size(budget_bytes)} is larger than {torch.cuda.get_device_name(device)} "
                           f"({format_size(total)}); give at most {format_size(total)}.")
     context = measure_cuda_context(device)
-    cap = budget_bytes - context - margin_bytes
+    cap = budget.allowed_bytes - context
     if cap <= 0:
         raise BudgetError(f"--gpu-budget {format_size(budget_bytes)} leaves nothing for training after the CUDA context "
                           f"({format_size(context)}) and the safety margin ({format_size(margin_bytes)}); give a larger budget.")
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
     torch.cuda.reset_peak_memory_stats(device)
-    return EnforcedBudget(device, budget_bytes, margin_bytes, cap, context)
+    return MemoryCap(device, budget, cap, context)
