@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, fields
 from autotune import defaults
 from autotune import recipes, speed
 from autotune.errors import BadInput
-from autotune.tasks import RECIPE_DEFAULTS, TASKS, Task
+from autotune.tasks import FIXED_RECIPE, TASKS, Task
 from autotune.units import INT64_MAX
 
 # tf32: fp32 weights and math, matmuls and convolutions on TF32 tensor cores (NVIDIA Ampere and
@@ -26,7 +26,7 @@ KEY_VERSION = "p1"
 # Fields added after KEY_VERSION p1 (the recipe fields, the weights' dtype, the speed levers) are left out of the key
 # at the value that means what a p1 config meant, so that the keys (and stored probes) of causal-LM
 # configs stay valid.
-_LATER_FIELDS = {**RECIPE_DEFAULTS, "weights": recipes.DEFAULT_WEIGHTS, "compile": False,
+_LATER_FIELDS = {**FIXED_RECIPE, "weights": recipes.DEFAULT_WEIGHTS, "compile": False,
                  "allocator": speed.DEFAULT_ALLOCATOR, "liger": False}
 
 
@@ -149,7 +149,7 @@ class ProbeConfig:
         ckpt = "ckpt" if self.checkpointing else "no-ckpt"
         block = f"{self.block_size}+{self.target_length}" if self.target_length is not None else str(self.block_size)
         label = f"mb{self.micro_batch}x{self.grad_accum} blk{block} {self.precision} {ckpt} {self.attention}"
-        # Recipe levers, when not the plain recipe's: 'mb4x2 blk512 bf16 ckpt sdpa adafactor w-bf16 lora-r8'.
+        # FixedRecipe levers, when not the plain recipe's: 'mb4x2 blk512 bf16 ckpt sdpa adafactor w-bf16 lora-r8'.
         if self.optimizer != recipes.DEFAULT_OPTIMIZER:
             label += f" {self.optimizer}"
         if self.weights != recipes.DEFAULT_WEIGHTS:

@@ -69,6 +69,16 @@ class ModelSpec:
         return task_fields(self.config, self.reference, task=task, target_length=target_length,
                            num_labels=num_labels, max_positions=self.max_positions)
 
+    def check_usable(self, trust_remote_code: bool = False) -> None:
+        """Refuse what can be told of the model from its config.json alone, before any process
+        starts: no vocabulary (not a language model), or its own code without leave to run it."""
+        if "vocab_size" not in self.config:
+            raise ModelNotFound(f"--model {self.reference}: its config has no vocab_size; is it a language model "
+                                f"(text in, tokens or labels out)?")
+        if self.needs_remote_code and not trust_remote_code:
+            raise BadInput(f"--model {self.reference} brings its own code (auto_map in its config.json); pass "
+                           f"--trust-remote-code to allow it to run, or choose another model.")
+
     @property
     def fingerprint(self) -> str:
         """Hash of the architecture, so a stored probe is reused only for the same model shape."""

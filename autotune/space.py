@@ -12,7 +12,7 @@ from autotune import defaults, recipes, speed
 from autotune.config import ATTENTIONS, PRECISIONS, ProbeConfig
 from autotune.errors import BadInput
 from autotune.models import ModelSpec
-from autotune.tasks import RECIPE_DEFAULTS, Task
+from autotune.tasks import FIXED_RECIPE, Task
 from autotune.units import INT64_MAX
 
 
@@ -26,12 +26,12 @@ class SearchSpace:
     attentions: tuple[str, ...] = defaults.ATTENTIONS
     effective_batch: int | None = defaults.EFFECTIVE_BATCH   # sequences per optimizer step
     effective_tokens: int | None = None                     # tokens per optimizer step (several block sizes)
-    # Recipe levers, fixed for a study (autotune.tasks): what is trained, never searched.
+    # FixedRecipe levers, fixed for a study (autotune.tasks): what is trained, never searched.
     task: str = Task.CAUSAL_LM.value
     target_length: int | None = None                        # seq2seq target tokens
     num_labels: int | None = None                           # classification outputs
     peft: str | None = None                                 # LoRA/QLoRA (recipes.PeftSpec's text)
-    # Recipe levers the user allows the search to choose among (autotune.recipes).
+    # FixedRecipe levers the user allows the search to choose among (autotune.recipes).
     optimizers: tuple[str, ...] = (recipes.DEFAULT_OPTIMIZER,)
     weights: tuple[str, ...] = (recipes.DEFAULT_WEIGHTS,)
     # Speed levers the search chooses among (autotune.speed): they keep the math.
@@ -170,7 +170,7 @@ class SearchSpace:
             "effective_tokens": self.effective_tokens,
         }
         if self.task != Task.CAUSAL_LM or self.peft is not None:
-            data.update({k: v for k, v in self.recipe.items() if k != "peft" or v is not None})
+            data.update({k: v for k, v in self.fixed_recipe.items() if k != "peft" or v is not None})
         if self.optimizers != (recipes.DEFAULT_OPTIMIZER,):
             data["optimizers"] = list(self.optimizers)
         if self.weights != (recipes.DEFAULT_WEIGHTS,):
@@ -181,9 +181,9 @@ class SearchSpace:
         return data
 
     @property
-    def recipe(self) -> dict:
-        """What is trained: the task and its fields (compare with tasks.stored_recipe of a study)."""
-        return {name: getattr(self, name) for name in RECIPE_DEFAULTS}
+    def fixed_recipe(self) -> dict:
+        """What is trained: the task and its fields (compare with tasks.stored_fixed_recipe of a study)."""
+        return {name: getattr(self, name) for name in FIXED_RECIPE}
 
     @property
     def work_per_step(self) -> int:

@@ -73,6 +73,15 @@ class StopReason(StrEnum):
 FINISHING = frozenset({StopReason.EXHAUSTED, StopReason.PATIENCE, StopReason.FINISHED})
 
 
+class Settled(StrEnum):
+    """How a search settled a candidate, as its progress line says."""
+
+    PROBED = "probed"           # measured by a probe of this search (or of another worker of the study)
+    REUSED = "reused"           # a stored result of an earlier study, same config and environment
+    SKIPPED = "skipped"         # ruled out without a probe (structure, prediction, unsupported)
+    CONFIRMING = "confirming"   # a contender measured again by the confirmation round (search/confirm.py)
+
+
 class SettleHow(StrEnum):
     """How an outcome reached the store (Store.settle)."""
 

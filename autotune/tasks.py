@@ -42,9 +42,11 @@ EXAMPLE_SCRIPTS = {
     Task.MASKED_LM: "run_mlm.py",
 }
 
-# The recipe fields of a ProbeConfig and of a study's space, at what a causal-LM config has: the
-# meaning of a config or a study stored before tasks existed, which has none of them.
-RECIPE_DEFAULTS = {"task": Task.CAUSAL_LM.value, "target_length": None, "num_labels": None, "peft": None}
+# The fixed recipe: the recipe levers a study holds fixed (what is trained: the task and its
+# fields, the adapters), at what a causal-LM config has: the meaning of a config or a study stored
+# before tasks existed, which has none of them. (The levers a search may choose among, optimizer
+# and weights, are autotune.recipes'.)
+FIXED_RECIPE = {"task": Task.CAUSAL_LM.value, "target_length": None, "num_labels": None, "peft": None}
 
 # run_summarization.py's default --max_target_length: the target length when the user fixes none.
 DEFAULT_TARGET_LENGTH = 128
@@ -90,9 +92,9 @@ def resolve_task(config: dict, requested: str | None, reference: str) -> Task:
     return task
 
 
-def stored_recipe(stored: dict) -> dict:
-    """The recipe fields of a stored space (a study's), those it lacks at RECIPE_DEFAULTS."""
-    return {name: stored[name] if stored.get(name) is not None else default for name, default in RECIPE_DEFAULTS.items()}
+def stored_fixed_recipe(stored: dict) -> dict:
+    """The fixed recipe of a stored space (a study's), the fields it lacks at FIXED_RECIPE."""
+    return {name: stored[name] if stored.get(name) is not None else default for name, default in FIXED_RECIPE.items()}
 
 
 def config_num_labels(config: dict) -> int:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
 
+from autotune.budget import Budget
 from autotune.config import ProbeConfig
 from autotune.models import ModelSpec
 from autotune.result import ProbeResult
@@ -40,7 +41,7 @@ class Setting:
 
     spec: ModelSpec
     space: SearchSpace
-    budget_bytes: int
+    budget: Budget                         # the case's budget and the margin its probes keep
     device_type: str                       # 'cuda' or 'cpu': picks the OOM wording the libraries expect
     new_runner: Callable[[], object]       # a fresh probe runner (ProbeRunner or a scripted fake)
 
@@ -95,7 +96,7 @@ class _Prober:
         for known, result in self.tried:
             if known.key() == config.key():
                 return result
-        result = self.runner.run(config, self.setting.budget_bytes, self.setting.spec)
+        result = self.runner.run(config, self.setting.budget, self.setting.spec)
         self.tried.append((config, result))
         return result
 

@@ -96,7 +96,7 @@ def main() -> None:
         # The whole device: probes run uncapped (on CPU, half the host's memory).
         budget = env.device_total_bytes if device_type == "cuda" else (env.device_total_bytes or 2**36) // 2
         for config, est in zip(configs, estimates):
-            probe = runner.run(config, budget)
+            probe = runner.run(config, settings.budget(budget))
             rows.append((config, est, probe))
 
     print(f"{env.device_name}; torch {env.torch_version}, transformers {env.transformers_version}; "

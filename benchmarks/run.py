@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from autotune.budget import Budget
 from autotune.version import __version__
 from autotune.config import ProbeConfig
 from autotune.environment import Environment, package_version
@@ -214,7 +215,7 @@ def run_search_phase(case: Case, space: SearchSpace, budget: int, margin: int, n
     """One search with the options a user gets by default, a fresh probe worker and its own
     database in `casedir` (empty the first time; a search cut short by `timeout` resumes from it).
     `predictor` replaces the search's memory prediction (tests give one matching their fake runner)."""
-    from autotune.search import SearchOptions, run_search
+    from autotune.search import SearchOptions, SearchRequest, run_search
     from autotune.store import open_store
 
     spec = resolve_model(case.model)
@@ -226,9 +227,8 @@ def run_search_phase(case: Case, space: SearchSpace, budget: int, margin: int, n
             open_store(f"sqlite:///{casedir / f'{phase}.db'}") as store:
         # The ground truth is every config probed once: no confirmation round there. The search's
         # round is part of what it costs, and counted in its probes.
-        outcome = run_search(space, spec, budget, margin, runner, store,
-                             SearchOptions(study=phase, strategy=strategy, fresh=True, timeout=timeout,
-                                           confirm=phase != "ground-truth"),
+        options = SearchOptions(study=phase, strategy=strategy, fresh=True, timeout=timeout, confirm=phase != "ground-truth")
+        outcome = run_search(SearchRequest.of(space, spec, Budget(budget, margin), options), runner, store,
                              on_event=None if quiet else _progress_printer(case, phase), **extra)
         records = store.probes(phase)
         confirmation = store.study(phase).confirmation or {}
@@ -337,7 +337,8 @@ def run_case(case: Case, *, env: Environment, new_runner: Callable, margin_of: C
     if "search" in phases:
         search("search", "autotune", SEARCH_STRATEGY, search_predictor)
     if "alternatives" in phases:
-        setting = Setting(spec=spec, space=space, budget_bytes=case.budget_bytes, device_type=env.device_type, new_runner=new_runner)
+        setting = Setting(spec=spec, space=space, budget=Budget(case.budget_bytes, margin), device_type=env.device_type,
+                          new_runner=new_runner)
         records = []
         for name in alternatives:
             record = state.load(f"alternative-{name}")
@@ -551,7 +552,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       "margin": settings.margin, "probe_timeout": settings.timeout, "search_strategy": SEARCH_STRATEGY,
                       "ground_truth_strategy": GROUND_TRUTH_STRATEGY,
                       "command": "python -m benchmarks.run " + " ".join(sys.argv[1:] if argv is None else argv)}
-            doc = run_benchmark(cases, new_runner=lambda: ProbeRunner(settings), margin_of=settings.margin_bytes,
+            doc = run_benchmark(cases, new_runner=lambda: ProbeRunner(settings),
+                                margin_of=lambda budget: settings.budget(budget).margin_bytes,
                                 out_dir=Path(args.out), settings=record, phases=phases, alternatives=alternatives,
                                 estimator=estimator, estimate_jobs=args.estimate_jobs, merge=merge, quiet=args.quiet,
                                 env=env, state_dir=Path(args.state) if args.state else None, deadline=deadline)

@@ -25,7 +25,7 @@ from autotune.models import resolve_model
 from autotune.search import Prediction, SearchOptions, run_search
 from autotune.space import SearchSpace
 from autotune.store import open_store
-from tests.fakes import ScriptedRunner, modelled_result
+from tests.fakes import ScriptedRunner, modelled_result, request
 
 GiB = 2**30
 BUDGETS = (0.75, 1, 1.5, 2, 3, 4)           # GiB, against the fake model's 0.5 GiB fixed + activations
@@ -53,8 +53,9 @@ STRATEGIES = {
 def run_one(store, space, budget: int, study: str, **kw) -> tuple[object, list]:
     predict_fn = kw.pop("predictor", None)
     order: list = []
-    outcome = run_search(space, resolve_model("gpt2"), budget, int(0.05 * budget), ScriptedRunner(), store,
-                         SearchOptions(study=re.sub(r"[^\w.:@+-]", "_", study), fresh=True, predict=predict_fn is not None or kw.pop("predict", True), **kw),
+    options = SearchOptions(study=re.sub(r"[^\w.:@+-]", "_", study), fresh=True,
+                            predict=predict_fn is not None or kw.pop("predict", True), **kw)
+    outcome = run_search(request(space, resolve_model("gpt2"), budget, int(0.05 * budget), options), ScriptedRunner(), store,
                          on_event=lambda e: order.append(e) if e.how == "probed" else None, predictor=predict_fn)
     return outcome, order
 

@@ -7,6 +7,7 @@ throughput grows with micro-batch and saturates), or replay recorded results.
 
 from __future__ import annotations
 
+from autotune.budget import Budget
 from autotune.config import ProbeConfig
 from autotune.environment import Environment
 from autotune.result import ProbeResult
@@ -40,9 +41,11 @@ class ScriptedRunner:
     """Answers probes from `table` (config key -> ProbeResult) or from the model above; records
     every config it was asked to run."""
 
-    def __init__(self, table: dict[str, ProbeResult] | None = None, env: Environment = FAKE_ENV, margin_fraction: float = 0.05):
-        self.table, self.env, self.margin_fraction = table, env, margin_fraction
+    def __init__(self, table: dict[str, ProbeResult] | None = None, env: Environment = FAKE_ENV):
+        self.table, self.env = table, env
         self.asked: list[ProbeConfig] = []
+        self.on_phase = None
+        self.neighbours = None
 
     def environment(self) -> Environment:
         return self.env
@@ -51,11 +54,18 @@ class ScriptedRunner:
         """The scripted model always builds, with every kernel."""
         return {}
 
-    def run(self, config: ProbeConfig, budget_bytes: int, spec=None) -> ProbeResult:
+    def run(self, config: ProbeConfig, budget: Budget, spec=None) -> ProbeResult:
         self.asked.append(config)
         if self.table is not None:
             return ProbeResult.from_dict(self.table[config.key()].to_dict())
-        return modelled_result(config, budget_bytes, int(self.margin_fraction * budget_bytes))
+        return modelled_result(config, budget.total_bytes, budget.margin_bytes)
 
     def close(self) -> None:
         pass
+
+
+def request(space, spec, budget_bytes: int, margin_bytes: int, options=None, settings=None):
+    """A SearchRequest of `space` under a budget with a margin in bytes (the search's own)."""
+    from autotune.search import SearchRequest
+
+    return SearchRequest.of(space, spec, Budget(budget_bytes, margin_bytes), options, settings)

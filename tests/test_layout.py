@@ -29,13 +29,15 @@ LAYERS: list[set[str]] = [
     {"search"},                                  # space -> strategies -> probe runner -> store
     {"probe", "estimate", "store", "data"},      # measuring, predicting, keeping
     {"space"},
-    {"models", "environment", "margin"},
-    {"config", "result", "units", "paths", "tasks", "timing", "recipes", "speed", "cards"},
+    {"models", "environment"},
+    {"config", "result", "paths", "tasks", "timing", "recipes", "speed", "cards", "ranking", "flops"},
+    {"budget"},                                  # what "fits" means
+    {"units"},
     {"errors", "defaults", "status", "version", "processes"},  # vocabulary everyone shares; process lifelines
 ]
 # (importer unit, imported unit) pairs allowed within one layer: the estimator traces the probe's
 # own training step; the Markdown report says why as `autotune search` does and embeds the plot.
-SIDEWAYS = {("estimate", "probe"), ("config", "units"), ("config", "tasks"), ("config", "recipes"), ("config", "speed"),
+SIDEWAYS = {("estimate", "probe"), ("config", "tasks"), ("config", "recipes"), ("config", "speed"),
             ("markdown", "report"), ("markdown", "plot")}
 
 
@@ -156,3 +158,73 @@ def test_the_check_sees_a_cycle_and_an_upward_import(monkeypatch):
         test_no_import_cycle_inside_the_package()
     with pytest.raises(AssertionError, match="autotune.store.store \\(layer 6\\) imports autotune.search.driver"):
         test_imports_flow_down_the_layers()
+
+
+MAX_FUNCTION_LINES = 100
+
+
+def _functions():
+    for name, path in MODULES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield name, node
+
+
+def test_no_function_is_longer_than_a_newcomer_reads():
+    long = {f"{name}.{node.name}": node.end_lineno - node.lineno + 1 for name, node in _functions()
+            if node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES}
+    assert not long, f"split these into named steps: {long}"
+
+
+STATUS_WORDS = {"ok", "oom", "error", "timeout", "crashed", "unstable", "skipped"}
+
+
+def _names_a_status(node: ast.AST) -> bool:
+    text = ast.unparse(node)
+    return "status" in text.split("(")[0].lower()
+
+
+def status_literals(tree: ast.AST) -> list[str]:
+    """Comparisons of a status with a string literal (`result.status == "ok"`), as source text."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        sides = [node.left, *node.comparators]
+        literals = [s for s in sides if isinstance(s, ast.Constant) and s.value in STATUS_WORDS]
+        literals += [e for s in sides if isinstance(s, (ast.Tuple, ast.List, ast.Set)) for e in s.elts
+                     if isinstance(e, ast.Constant) and e.value in STATUS_WORDS]
+        if literals and any(_names_a_status(s) for s in sides):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_statuses_are_compared_as_members_not_as_strings():
+    # `result.status == "ok"` reads the same as ProbeStatus.OK until a status is renamed; one
+    # vocabulary (autotune/status.py), used by name.
+    found = [f"{name}:{line}" for name, path in MODULES.items() for line in status_literals(ast.parse(path.read_text()))]
+    assert not found, "compare with autotune.status members:\n" + "\n".join(found)
+    assert status_literals(ast.parse('ok = row["status"] in ("ok", "oom") or result.status != "skipped"')) == \
+        ['1: row[\'status\'] in (\'ok\', \'oom\')', "1: result.status != 'skipped'"]
+
+
+def test_every_probe_setting_reaches_a_joining_worker():
+    """A study's plan carries every probe setting but the worker's own (device) and the study's
+    (margin): derived from ProbeSettings' fields, it cannot drop one, and this shows it through
+    the whole trip (the plan stored as JSON, read back by a worker)."""
+    import dataclasses
+    import json
+
+    from autotune.probe.settings import ProbeSettings
+    from autotune.search.plan import StudyPlan
+
+    changed = ProbeSettings(device="cuda:1", warmup_steps=3, measure_steps=4, measure_seconds=1.5, timeout=77.0,
+                            margin=123, trust_remote_code=True, max_compile_seconds=9.0)
+    untouched = [f.name for f in dataclasses.fields(ProbeSettings)
+                 if getattr(changed, f.name) == getattr(ProbeSettings(), f.name)]
+    assert not untouched, f"give these a non-default value above: {untouched}"
+    stored = json.loads(json.dumps(StudyPlan(probe=changed.to_plan()).to_dict()))
+    joined = ProbeSettings.from_plan(StudyPlan.from_dict(stored).probe, device="cuda:1", margin=123)
+    assert joined == changed
+    assert set(changed.to_plan()) | ProbeSettings.WORKER_OWN == {f.name for f in dataclasses.fields(ProbeSettings)}

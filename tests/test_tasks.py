@@ -128,7 +128,7 @@ def test_every_family_probes_as_its_task_class_and_the_estimate_matches_to_the_b
                for i, family in enumerate(sorted(TINY))]
     predicted = estimate_memories(configs, device_type="cpu", use_cache=False)
     with ProbeRunner(ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1)) as runner:
-        measured = [runner.run(c, 2 * GiB) for c in configs]
+        measured = [runner.run(c, runner.settings.budget(2 * GiB)) for c in configs]
     for family, config, estimate, probe in zip(sorted(TINY), configs, predicted, measured):
         assert probe.status == "ok", (family, probe.error)
         assert config.task == TASK_OF[family]
@@ -155,7 +155,8 @@ def test_a_tiny_search_of_every_family_finishes_with_a_pick(models, tmp_path):
     """One probe process for all seven searches: each a real search, stored, with a winner."""
     from autotune.probe import ProbeRunner, ProbeSettings
     from autotune.search import SearchOptions
-    from autotune.search.driver import preflight, run_search
+    from autotune.search import preflight, run_search
+    from tests.fakes import request
     from autotune.store import open_store
 
     budget = 1 * GiB
@@ -166,8 +167,8 @@ def test_a_tiny_search_of_every_family_finishes_with_a_pick(models, tmp_path):
             space = SearchSpace.build(spec, micro_batches=(1, 2), block_sizes=(32,), precisions=("fp32",),
                                       checkpointing=(False, True), attentions=("sdpa",), effective_batch=2,
                                       **({"target_length": 16} if TASK_OF[family] == "seq2seq" else {}))
-            preflight(space, spec, budget, runner)
-            outcome = run_search(space, spec, budget, budget // 20, runner, store, SearchOptions(study=family, predict=False))
+            searched = preflight(request(space, spec, budget, budget // 20, SearchOptions(study=family, predict=False)), runner)
+            outcome = run_search(searched, runner, store)
             assert outcome.best is not None, family
             assert outcome.best.config.task == TASK_OF[family] and outcome.study.status == "finished"
             assert len(store.probes(family)) == 4
@@ -177,7 +178,7 @@ def test_a_tiny_search_of_every_family_finishes_with_a_pick(models, tmp_path):
                                   checkpointing=(False, True), attentions=("sdpa",), effective_batch=2,
                                   task="classification")
         with pytest.raises(BadInput, match="study 'bert-mlm' measured task masked-lm, not task classification, num_labels 2: its leaderboard"):
-            run_search(space, spec, budget, budget // 20, runner, store, SearchOptions(study="bert-mlm", predict=False))
+            run_search(request(space, spec, budget, budget // 20, SearchOptions(study="bert-mlm", predict=False)), runner, store)
         assert len(store.probes("bert-mlm")) == 4
         # A model whose class lacks a kernel (deberta has no sdpa) and cannot be traced on fake
         # tensors (it reads values): the kernel's probes are skipped with why, the search goes on
@@ -186,8 +187,8 @@ def test_a_tiny_search_of_every_family_finishes_with_a_pick(models, tmp_path):
         space = SearchSpace.build(spec, micro_batches=(1,), block_sizes=(32,), precisions=("fp32",),
                                   checkpointing=(False,), effective_batch=1)
         assert space.attentions == ("sdpa", "eager")
-        preflight(space, spec, budget, runner)
-        outcome = run_search(space, spec, budget, budget // 20, runner, store, SearchOptions(study="deberta"))
+        searched = preflight(request(space, spec, budget, budget // 20, SearchOptions(study="deberta")), runner)
+        outcome = run_search(searched, runner, store)
         assert outcome.best is not None and outcome.best.config.attention == "eager" and not outcome.unmeasured
         skipped = [p for p in store.probes("deberta") if p.config.attention == "sdpa"]
         assert [p.result.status for p in skipped] == ["skipped"]

@@ -19,13 +19,15 @@ import math  # noqa: E402
 import signal  # noqa: E402
 import traceback  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
 import transformers  # noqa: E402,F401  (imported here so that its cost counts as start-up, not build)
 
 from autotune import errors  # noqa: E402
+from autotune.config import ProbeConfig  # noqa: E402
 from autotune.defaults import ERROR_TAIL_CHARS, MAX_MEASURE_STEPS  # noqa: E402
-from autotune.probe.budget import EnforcedBudget, enforce_budget  # noqa: E402
+from autotune.probe.cap import MemoryCap, cap_memory  # noqa: E402
 from autotune.probe.memory import BUDGET_OOM  # noqa: E402
 from autotune.probe.devices import describe, peak_flops, resolve_device, supports_precision  # noqa: E402
 from autotune.probe.oom import classify_exception  # noqa: E402
@@ -41,16 +43,15 @@ from autotune.probe.protocol import (  # noqa: E402
     ResultReply,
     UserErrorReply,
 )
-from autotune.models import ModelSpec  # noqa: E402
 from autotune.probe.step import (  # noqa: E402
     OptimizerUnavailable,
     ProbeStep,
+    build_random_model,
     check_recipe,
-    import_recipe_code,
-    build_model,
-    flops_per_token,
     from_config,
+    import_recipe_code,
     make_optimizer,
+    model_flops_per_token,
     parameter_count,
     task_config,
     with_adapters,
@@ -65,159 +66,213 @@ _IMPORT_SECONDS = time.perf_counter() - _PROCESS_START
 transformers.logging.set_verbosity_error()
 
 
+@dataclasses.dataclass(slots=True)
+class _Probe:
+    """One probe as it goes through its steps: what it runs on, what it built, what it measured."""
+
+    request: ProbeRequest
+    device: torch.device
+    device_name: str
+    result: ProbeResult
+    cap: MemoryCap | None = None         # the budget applied (None for a probe skipped before it)
+    model: Any = None
+    hf_config: Any = None
+    step: ProbeStep | None = None
+    losses: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def config(self) -> ProbeConfig:
+        return self.request.config
+
+    def skip(self, why: str) -> bool:
+        """End the probe as skipped, with why; False (for `return probe.skip(...)` in a step)."""
+        self.result.status, self.result.error = ProbeStatus.SKIPPED, why[:ERROR_TAIL_CHARS]
+        return False
+
+
 def run_probe_in_process(request: ProbeRequest, report: Callable[[str], None] = lambda phase: None) -> ProbeResult:
     """Run one probe in this process. Raises AutotuneError for problems the user must fix (a budget
     larger than the card); every other outcome, OOM included, is returned as a status."""
-    config, budget_bytes, margin_bytes = request.config, request.budget_bytes, request.margin_bytes
-    device = resolve_device(request.device)
-    env = describe(device)
-    result = ProbeResult(
-        status=ProbeStatus.OK, device=env.device_name, device_total_bytes=env.device_total_bytes,
-        budget_bytes=budget_bytes, margin_bytes=margin_bytes, warmup_steps=request.warmup_steps,
-        measured_steps=request.measure_steps,
-    )
-    check_recipe(config, device)
-    import_recipe_code(config)
-    unsupported = supports_precision(device, config.precision) or speedups.unavailable(config, device)
-    if unsupported:
-        result.status, result.error = ProbeStatus.SKIPPED, unsupported
-        return result
-    budget = enforce_budget(device, budget_bytes, margin_bytes)
-    result.cap_bytes, result.context_bytes = budget.cap_bytes, budget.context_bytes
-
-    speedups.set_tf32(config)
+    probe = _start(request)
+    if probe.cap is None:
+        return probe.result
+    speedups.set_tf32(probe.config)
     torch.manual_seed(0)
-    model = optimizer = step = None
-    losses: list[float] = []
     try:
-        started = time.perf_counter()
         # On CPU the accountant watches the build and the warm-up steps: after two optimizer steps
         # weights, gradients, optimizer state and activations have all reached their steady size,
         # and every later step repeats the same allocations. The timed window runs without it.
-        with budget.guard():
-            report("build")
-            try:
-                model, hf_config = build_model(request.model_config, request.model_path, config, device,
-                                               request.trust_remote_code)
-            except (ImportError, ValueError) as exc:
-                if "attn" in str(exc).lower() or "attention" in str(exc).lower():
-                    result.status = ProbeStatus.SKIPPED
-                    why = "this model does not implement it" if _model_lacks_kernel(str(exc)) else "not available here"
-                    result.error = f"attention {config.attention!r}: {why}: {_first_line(exc)}"[:ERROR_TAIL_CHARS]
-                    return result
-                raise
-            if config.block_size > (getattr(hf_config, "max_position_embeddings", None) or config.block_size):
-                result.status = ProbeStatus.SKIPPED
-                result.error = f"block size {config.block_size} exceeds the model's maximum positions"
-                return result
-            if config.liger:
-                why_not = speedups.apply_liger(model, hf_config.model_type)
-                if why_not:
-                    result.status, result.error = ProbeStatus.SKIPPED, why_not
-                    return result
-            result.parameters = parameter_count(model)
-            result.trainable_parameters = parameter_count(model, trainable=True)
-            try:
-                optimizer = make_optimizer(model, device, config.optimizer)
-            except OptimizerUnavailable as exc:
-                result.status, result.error = ProbeStatus.SKIPPED, f"optimizer {config.optimizer}: {exc}"
-                return result
-            step = ProbeStep(model, optimizer, config, device, hf_config.vocab_size)
-            result.build_seconds = time.perf_counter() - started
-            # On CUDA a compiled step is accounted like any other: compile first, then warm up.
-            # On CPU the accountant cannot see inside one (speedups.py): warm up eagerly, then compile.
-            if config.compile and device.type == "cuda" and not _compile(step, losses, result, request, report):
-                return result
-            report("warm-up")
-            for _ in range(request.warmup_steps):
-                losses.append(step())
-
-        if config.compile and device.type != "cuda" and not _compile(step, losses, result, request, report):
-            return result
-        _synchronize(device)
-        report("timing")
-        # Each step ends by reading its loss (a host sync), so each duration is that step's own.
-        step_times: list[float] = []
-        window_start = time.perf_counter()
-        while len(step_times) < request.measure_steps or (
-                time.perf_counter() - window_start < request.measure_seconds and len(step_times) < MAX_MEASURE_STEPS):
-            step_started = time.perf_counter()
-            losses.append(step())
-            _synchronize(device)
-            step_times.append(time.perf_counter() - step_started)
-        window = time.perf_counter() - window_start
+        with probe.cap.guard():
+            if not _build(probe, report) or not _warm_up(probe, report):
+                return probe.result
+        if probe.config.compile and probe.device.type != "cuda" and not _compile(probe, report):
+            return probe.result
+        _time_window(probe, report)
     except errors.AutotuneError:
         raise
     except Exception as exc:  # outcomes are data: OOM or not, the probe reports and the search goes on
-        result.status = classify_exception(exc)
-        text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-        result.error = text[-ERROR_TAIL_CHARS:]
+        probe.result.status = classify_exception(exc)
+        probe.result.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()[-ERROR_TAIL_CHARS:]
         del exc  # its traceback holds the failing frames and their tensors
-    else:
-        result.measured_seconds = window
-        result.measured_steps, result.step_times = len(step_times), step_times
-        result.step_seconds = median_seconds(step_times)
-        result.step_spread = relative_spread(step_times)
-        if result.compile_seconds is not None:  # the first compiled step, less what a step costs anyway
-            result.compile_seconds = max(0.0, result.compile_seconds - result.step_seconds)
-        result.tokens_per_s = config.tokens_per_step / result.step_seconds
-        result.samples_per_s = config.effective_batch / result.step_seconds
-        peak = peak_flops(env.device_name, config.precision) if device.type == "cuda" else None
-        if peak:
-            result.mfu = result.tokens_per_s * flops_per_token(model, hf_config, config.block_size) / peak
     finally:
-        _record_memory(result, budget)
-        if losses:
-            result.first_loss, result.last_loss = losses[0], losses[-1]
-        del model, optimizer, step
-        budget.release()
+        _release(probe)
+    _judge(probe)
+    return probe.result
 
-    if result.status == ProbeStatus.OK and not all(math.isfinite(x) for x in losses):
+
+def _start(request: ProbeRequest) -> _Probe:
+    """The device, the recipe checked against it, and the budget applied: a probe ready to build,
+    or one already skipped (a precision or speed lever this device cannot run)."""
+    config, budget = request.config, request.budget
+    device = resolve_device(request.settings.device)
+    env = describe(device)
+    result = ProbeResult(
+        status=ProbeStatus.OK, device=env.device_name, device_total_bytes=env.device_total_bytes,
+        budget_bytes=budget.total_bytes, margin_bytes=budget.margin_bytes, warmup_steps=request.settings.warmup_steps,
+        measured_steps=request.settings.measure_steps,
+    )
+    check_recipe(config, device)
+    import_recipe_code(config)
+    probe = _Probe(request, device, env.device_name, result)
+    unsupported = supports_precision(device, config.precision) or speedups.unavailable(config, device)
+    if unsupported:
+        probe.skip(unsupported)
+        return probe
+    probe.cap = cap_memory(device, budget)
+    result.cap_bytes, result.context_bytes = probe.cap.cap_bytes, probe.cap.context_bytes
+    return probe
+
+
+def _build(probe: _Probe, report: Callable[[str], None]) -> bool:
+    """Build the model, its optimizer and the step (Liger patched in where asked). False when the
+    probe ends skipped: a kernel this model or machine lacks, a block past its positions, an
+    optimizer that cannot run here."""
+    request, config, result = probe.request, probe.config, probe.result
+    started = time.perf_counter()
+    report("build")
+    try:
+        probe.model, probe.hf_config = build_random_model(request.model, config, probe.device,
+                                                          request.settings.trust_remote_code)
+    except (ImportError, ValueError) as exc:
+        if "attn" in str(exc).lower() or "attention" in str(exc).lower():
+            why = "this model does not implement it" if _model_lacks_kernel(str(exc)) else "not available here"
+            return probe.skip(f"attention {config.attention!r}: {why}: {_first_line(exc)}")
+        raise
+    if config.block_size > (getattr(probe.hf_config, "max_position_embeddings", None) or config.block_size):
+        return probe.skip(f"block size {config.block_size} exceeds the model's maximum positions")
+    if config.liger:
+        why_not = speedups.apply_liger(probe.model, probe.hf_config.model_type)
+        if why_not:
+            return probe.skip(why_not)
+    result.parameters = parameter_count(probe.model)
+    result.trainable_parameters = parameter_count(probe.model, trainable=True)
+    try:
+        optimizer = make_optimizer(probe.model, probe.device, config.optimizer)
+    except OptimizerUnavailable as exc:
+        return probe.skip(f"optimizer {config.optimizer}: {exc}")
+    probe.step = ProbeStep(probe.model, optimizer, config, probe.device, probe.hf_config.vocab_size)
+    result.build_seconds = time.perf_counter() - started
+    return True
+
+
+def _warm_up(probe: _Probe, report: Callable[[str], None]) -> bool:
+    """The warm-up steps that bring memory to its steady peak. On CUDA a compiled step is accounted
+    like any other: compile first, then warm up. On CPU the accountant cannot see inside one
+    (speedups.py): it warms up eagerly and compiles after (run_probe_in_process)."""
+    if probe.config.compile and probe.device.type == "cuda" and not _compile(probe, report):
+        return False
+    report("warm-up")
+    assert probe.step is not None
+    for _ in range(probe.request.settings.warmup_steps):
+        probe.losses.append(probe.step())
+    return True
+
+
+def _time_window(probe: _Probe, report: Callable[[str], None]) -> None:
+    """Time steps until the window has both its steps and its seconds; each step ends by reading
+    its loss (a host sync), so each duration is that step's own. Then the throughput and MFU."""
+    settings, config, result, step = probe.request.settings, probe.config, probe.result, probe.step
+    assert step is not None
+    _synchronize(probe.device)
+    report("timing")
+    step_times: list[float] = []
+    window_start = time.perf_counter()
+    while len(step_times) < settings.measure_steps or (
+            time.perf_counter() - window_start < settings.measure_seconds and len(step_times) < MAX_MEASURE_STEPS):
+        step_started = time.perf_counter()
+        probe.losses.append(step())
+        _synchronize(probe.device)
+        step_times.append(time.perf_counter() - step_started)
+    result.measured_seconds = time.perf_counter() - window_start
+    result.measured_steps, result.step_times = len(step_times), step_times
+    result.step_seconds = median_seconds(step_times)
+    result.step_spread = relative_spread(step_times)
+    if result.compile_seconds is not None:  # the first compiled step, less what a step costs anyway
+        result.compile_seconds = max(0.0, result.compile_seconds - result.step_seconds)
+    result.tokens_per_s = config.tokens_per_step / result.step_seconds
+    result.samples_per_s = config.effective_batch / result.step_seconds
+    peak = peak_flops(probe.device_name, config.precision) if probe.device.type == "cuda" else None
+    if peak:
+        result.mfu = result.tokens_per_s * model_flops_per_token(probe.model, probe.hf_config, config) / peak
+
+
+def _release(probe: _Probe) -> None:
+    """Read the peaks and the losses, then free the model and the step before the next probe."""
+    assert probe.cap is not None
+    _record_memory(probe.result, probe.cap)
+    if probe.losses:
+        probe.result.first_loss, probe.result.last_loss = probe.losses[0], probe.losses[-1]
+    probe.model = probe.step = probe.hf_config = None
+    probe.cap.release()
+
+
+def _judge(probe: _Probe) -> None:
+    """An OK probe is unstable if a loss was not finite, and out of memory if, with the CUDA
+    context grown as kernels loaded, it would not have fitted a card of the budget's size even
+    though the allocator stayed under its cap."""
+    result, budget = probe.result, probe.request.budget
+    if result.status != ProbeStatus.OK:
+        return
+    if not all(math.isfinite(x) for x in probe.losses):
         result.status = ProbeStatus.UNSTABLE
-        result.error = f"non-finite loss in {sum(not math.isfinite(x) for x in losses)} of {len(losses)} steps"
-    if result.status == ProbeStatus.OK and result.required_bytes is not None and result.required_bytes + margin_bytes > budget_bytes:
-        # The allocator stayed under its cap, but the CUDA context grew while kernels loaded: on a
-        # card of the budget's size this configuration would not have fitted.
+        result.error = f"non-finite loss in {sum(not math.isfinite(x) for x in probe.losses)} of {len(probe.losses)} steps"
+    elif result.required_bytes is not None and not budget.fits(result.required_bytes):
         result.status = ProbeStatus.OOM
         result.error = (f"peak reserved {result.peak_reserved_bytes} + context {result.context_bytes} + margin "
-                        f"{margin_bytes} bytes exceed the {budget_bytes}-byte budget")
-    return result
+                        f"{budget.margin_bytes} bytes exceed the {budget.total_bytes}-byte budget")
 
 
-def _compile(step: ProbeStep, losses: list[float], result: ProbeResult, request: ProbeRequest,
-             report: Callable[[str], None]) -> bool:
+def _compile(probe: _Probe, report: Callable[[str], None]) -> bool:
     """Compile the step's model and run its first compiled step, which compiles it: its time goes to
     `result.compile_seconds` (less a step's own, once the window has timed one), never to the
     window. False, with the result skipped and why, when compiling fails or takes longer than
     --max-compile-seconds; an OOM or any other error of the step propagates as usual."""
+    step, result = probe.step, probe.result
+    assert step is not None
     report("compile")
     step.compile_forward()
     started = time.perf_counter()
     try:
-        losses.append(step())
+        probe.losses.append(step())
         _synchronize(step.device)
     except Exception as exc:
         if not speedups.is_compile_failure(exc):
             raise
-        result.status = ProbeStatus.SKIPPED
-        result.error = f"torch.compile failed: {_first_line(exc)}"[:ERROR_TAIL_CHARS]
-        return False
+        return probe.skip(f"torch.compile failed: {_first_line(exc)}")
     result.compile_seconds = time.perf_counter() - started
-    bound = request.max_compile_seconds
+    bound = probe.request.settings.max_compile_seconds
     if bound is not None and result.compile_seconds > bound:
-        result.status = ProbeStatus.SKIPPED
-        result.error = f"torch.compile took {result.compile_seconds:.1f} s, over --max-compile-seconds {bound:g}"
-        return False
+        return probe.skip(f"torch.compile took {result.compile_seconds:.1f} s, over --max-compile-seconds {bound:g}")
     return True
 
 
-def check_model(request: ModelCheckRequest) -> ModelCheckReply:
+def check_buildable(request: ModelCheckRequest) -> ModelCheckReply:
     """Build the model on the meta device with each attention kernel: raises a user error for a
     config transformers cannot read, a model with no class for the task, a model the probe cannot
     build, or a kernel missing here."""
     check_recipe(request.config, resolve_device(request.device))
-    spec = ModelSpec("--model", request.model_config, "probe", request.model_path)
-    what = f"the model ({spec.model_type})"
+    spec = request.model
+    what = f"--model {spec.reference} ({spec.model_type})"
     try:
         hf_config = task_config(spec.hf_config(request.trust_remote_code), request.config)
     except (ValueError, KeyError, TypeError, OSError, ImportError) as exc:
@@ -269,10 +324,10 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _record_memory(result: ProbeResult, budget: EnforcedBudget) -> None:
-    result.peak_allocated_bytes, result.peak_reserved_bytes = budget.peaks()
-    if budget.device.type == "cuda":
-        result.context_bytes = max(result.context_bytes or 0, budget.context_now())
+def _record_memory(result: ProbeResult, cap: MemoryCap) -> None:
+    result.peak_allocated_bytes, result.peak_reserved_bytes = cap.peaks()
+    if cap.device.type == "cuda":
+        result.context_bytes = max(result.context_bytes or 0, cap.context_now())
 
 
 def serve(conn) -> None:
@@ -294,13 +349,13 @@ def serve(conn) -> None:
                 conn.send(EnvironmentReply(describe(resolve_device(request.device))))
                 continue
             if isinstance(request, ModelCheckRequest):
-                conn.send(check_model(request))
+                conn.send(check_buildable(request))
                 continue
             result = run_probe_in_process(request, lambda phase: _report(conn, request, phase))
         except errors.AutotuneError as exc:
-            conn.send(UserErrorReply(type(exc).__name__, str(exc)))
+            conn.send(UserErrorReply(exc))
             continue
-        goes_on = trusted_after(result, request.device)
+        goes_on = trusted_after(result, request.settings.device)
         conn.send(ResultReply(result, child_goes_on=goes_on))
         if not goes_on:
             return

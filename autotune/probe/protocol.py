@@ -5,29 +5,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from autotune.budget import Budget
 from autotune.config import ProbeConfig
 from autotune.environment import Environment
+from autotune.errors import AutotuneError
+from autotune.models import ModelSpec
+from autotune.probe.settings import ProbeSettings
 from autotune.result import ProbeResult
 
 
 @dataclass(frozen=True, slots=True)
 class ProbeRequest:
-    """Probe one configuration against a budget (bytes)."""
+    """Probe one configuration of a model against a budget, run as the settings say."""
 
     config: ProbeConfig
-    model_config: dict          # the model's config.json contents
-    model_path: str | None      # its directory, for models that bring their own code
-    budget_bytes: int
-    margin_bytes: int
-    device: str                 # auto, cpu, cuda or cuda:N
-    warmup_steps: int
-    measure_steps: int
-    trust_remote_code: bool = False
-    measure_seconds: float = 0.0  # time steps until the window is at least this long (up to MAX_MEASURE_STEPS)
+    model: ModelSpec            # its config.json contents, and its directory for models with their own code
+    budget: Budget
+    settings: ProbeSettings
     # Wait, after saying 'timing', for the parent's Go: it pauses the search's other processes first.
     hold_before_timing: bool = False
-    # --compile: a config whose first compiled step takes longer than this is skipped (None: no bound).
-    max_compile_seconds: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +39,7 @@ class ModelCheckRequest:
     Answered by building it on the meta device (no memory): a mistake found here is refused before
     a study is written."""
 
-    model_config: dict
-    model_path: str | None
+    model: ModelSpec
     config: ProbeConfig             # the task and its head, as the probes will build them
     attentions: tuple[str, ...]
     device: str
@@ -80,10 +75,10 @@ class ResultReply:
 
 @dataclass(frozen=True, slots=True)
 class UserErrorReply:
-    """The request cannot be honoured for a reason the user can fix: the parent raises it again."""
+    """The request cannot be honoured for a reason the user can fix: the parent raises the same
+    error (its class and message travel pickled; the child names the model as the user typed it)."""
 
-    error_class: str            # a class name in autotune.errors
-    message: str
+    error: AutotuneError
 
 
 Request = ProbeRequest | EnvironmentRequest | ModelCheckRequest

@@ -14,16 +14,15 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
-import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
-from autotune import defaults, errors, speed
+from autotune import errors, speed
+from autotune.budget import Budget
 from autotune.config import ProbeConfig
 from autotune.environment import Environment
-from autotune.margin import checked_margin_bytes, margin_bytes
 from autotune.models import ModelSpec, resolve_model
 from autotune.processes import run_as_child
 from autotune.probe.protocol import (
@@ -39,66 +38,12 @@ from autotune.probe.protocol import (
     ResultReply,
     UserErrorReply,
 )
+from autotune.probe.settings import ProbeSettings
 from autotune.result import ProbeResult
 from autotune.status import ProbeStatus
 
 STARTUP_TIMEOUT = 300.0       # a child that cannot import torch in this long is broken
 CHILD_MAIN = "autotune.probe.child:main"
-
-
-@dataclass(frozen=True, slots=True)
-class ProbeSettings:
-    """How probes are run, as opposed to what they run (ProbeConfig)."""
-
-    device: str = "auto"
-    warmup_steps: int = defaults.WARMUP_STEPS
-    measure_steps: int = defaults.MEASURE_STEPS
-    measure_seconds: float = defaults.MEASURE_SECONDS
-    timeout: float = defaults.PROBE_TIMEOUT_SECONDS
-    margin: int | float = defaults.SAFETY_MARGIN  # bytes, or a fraction of the budget when < 1
-    trust_remote_code: bool = False
-    max_compile_seconds: float | None = None  # skip a --compile config whose compilation takes longer
-
-    def __post_init__(self) -> None:
-        problems = []
-        # The form is checked here, before a child starts; whether the device exists, in the child.
-        if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", str(self.device).strip().lower()):
-            problems.append(f"--device {self.device!r} is not supported; use auto, cpu, cuda or cuda:N")
-        if self.warmup_steps < 2:
-            problems.append("--warmup-steps must be at least 2 (the peak needs the optimizer state, created by the first step)")
-        if self.measure_steps < 1:
-            problems.append("--measure-steps must be at least 1")
-        if not 0 <= self.measure_seconds <= 3600:
-            problems.append("--measure-seconds must be from 0 to 3600")
-        if self.timeout <= 0:
-            problems.append("--probe-timeout must be positive")
-        if self.margin < 0:
-            problems.append("--safety-margin must not be negative")
-        if self.max_compile_seconds is not None and self.max_compile_seconds <= 0:
-            problems.append("--max-compile-seconds must be positive")
-        if problems:
-            raise errors.BadInput("; ".join(problems) + ".")
-
-    def margin_bytes(self, budget_bytes: int) -> int:
-        return margin_bytes(self.margin, budget_bytes)
-
-
-def check_model(spec: ModelSpec, trust_remote_code: bool) -> None:
-    """What can be told of a model from its config.json alone, before any process starts."""
-    if "vocab_size" not in spec.config:
-        raise errors.ModelNotFound(f"--model {spec.reference}: its config has no vocab_size; is it a language model "
-                                   f"(text in, tokens or labels out)?")
-    if spec.needs_remote_code and not trust_remote_code:
-        raise errors.BadInput(f"--model {spec.reference} brings its own code (auto_map in its config.json); pass "
-                              f"--trust-remote-code to allow it to run, or choose another model.")
-
-
-def check_config(config: ProbeConfig, spec: ModelSpec, trust_remote_code: bool = False) -> None:
-    """Problems a user must fix before any process starts."""
-    spec.check_block_sizes(config.block_size)
-    if config.target_length is not None:
-        spec.check_block_sizes(config.target_length, flag="--target-length")
-    check_model(spec, trust_remote_code)
 
 
 class Neighbours(Protocol):
@@ -170,7 +115,7 @@ class ProbeRunner:
 
     def _keep_spare(self) -> None:
         """Start the standby child if this runner keeps one and has none."""
-        device_type = self._device_type or ("cuda" if self.settings.device.strip().lower().startswith("cuda") else None)
+        device_type = self._device_type or (self.settings.device_kind if self.settings.device_kind != "auto" else None)
         wanted = self.standby if self.standby is not None else device_type == "cuda"
         if wanted and self.reuse_child and self._spare is None:
             self._spare = self._spawn()
@@ -233,8 +178,8 @@ class ProbeRunner:
     def _use_allocator(self, allocator: str) -> None:
         """Make the next child one started with `allocator`'s setting, on CUDA (a CPU child answers
         any allocator with a skip: it has no CUDA allocator to set)."""
-        cuda = (self._device_type or self.settings.device.strip().lower()).startswith("cuda") or (
-            self._device_type is None and self.settings.device.strip().lower() == "auto" and _cuda_visible())
+        kind = self._device_type or self.settings.device_kind
+        cuda = kind == "cuda" or (kind == "auto" and _cuda_visible())
         if not cuda or allocator == self._allocator:
             return
         self.close()
@@ -256,7 +201,7 @@ class ProbeRunner:
         if reply is None:
             raise RuntimeError("the probe child died while describing its device")
         if isinstance(reply, UserErrorReply):
-            raise _user_error(reply)
+            raise reply.error
         assert isinstance(reply, EnvironmentReply)
         self._device_type = reply.environment.device_type
         return reply.environment
@@ -266,41 +211,36 @@ class ProbeRunner:
         these attention kernels (built on the meta device: seconds, no memory). Run before anything
         is stored. Returns the kernels the model's class does not implement, with why (their
         probes are skipped); asked again, answers from memory."""
-        check_model(spec, self.settings.trust_remote_code)
+        spec.check_usable(self.settings.trust_remote_code)
         asked = (spec.fingerprint, config.task, config.num_labels, tuple(attentions))
         if asked in self._checked:
             return self._checked[asked]
         self._ensure_child()
         assert self._conn is not None
-        self._conn.send(ModelCheckRequest(spec.config, spec.path, config, tuple(attentions), self.settings.device,
+        self._conn.send(ModelCheckRequest(spec, config, tuple(attentions), self.settings.device,
                                           self.settings.trust_remote_code))
         reply = self._receive(STARTUP_TIMEOUT)
         if reply is None:
             self._kill()
             raise errors.ModelNotFound(f"--model {spec.reference}: building it killed the probe's process; check its config.json.")
         if isinstance(reply, UserErrorReply):
-            raise _user_error(reply, spec.reference)
+            raise reply.error
         assert isinstance(reply, ModelCheckReply)
         self._checked[asked] = dict(reply.unsupported)
         return self._checked[asked]
 
-    def run(self, config: ProbeConfig, budget_bytes: int, spec: ModelSpec | None = None) -> ProbeResult:
-        """Probe `config` against `budget_bytes` in a child; every outcome comes back as a status."""
+    def run(self, config: ProbeConfig, budget: Budget, spec: ModelSpec | None = None) -> ProbeResult:
+        """Probe `config` of the model `spec` (resolved from `config.model` when not given) against
+        `budget` in a child; every outcome comes back as a status. The config is trusted: it was
+        checked against the model once, before (check_probe_config, or a search's resolution)."""
         spec = spec or resolve_model(config.model)
-        check_config(config, spec, self.settings.trust_remote_code)
-        margin = checked_margin_bytes(self.settings.margin, budget_bytes)
         started = time.perf_counter()
         self._use_allocator(config.allocator)
         if self.on_phase is not None and not (self._process is not None and self._process.is_alive()):
             self.on_phase("start-up")
         startup = self._ensure_child()
-        request = ProbeRequest(
-            config=config, model_config=spec.config, model_path=spec.path, budget_bytes=budget_bytes,
-            margin_bytes=margin, device=self.settings.device, warmup_steps=self.settings.warmup_steps,
-            measure_steps=self.settings.measure_steps, trust_remote_code=self.settings.trust_remote_code,
-            measure_seconds=self.settings.measure_seconds, hold_before_timing=self.neighbours is not None,
-            max_compile_seconds=self.settings.max_compile_seconds,
-        )
+        request = ProbeRequest(config=config, model=spec, budget=budget, settings=self.settings,
+                               hold_before_timing=self.neighbours is not None)
         try:
             self._send(request)
         except (BrokenPipeError, ConnectionResetError, EOFError):
@@ -326,7 +266,7 @@ class ProbeRunner:
                 reply = self._receive(max(0.0, deadline - time.perf_counter()))
         except TimeoutError:
             self._kill()
-            return self._failed(budget_bytes, margin, ProbeStatus.TIMEOUT,
+            return self._failed(budget, ProbeStatus.TIMEOUT,
                                 f"no result within {self.settings.timeout:.0f} s; the probe's process was killed", started, startup)
         finally:
             if paused:
@@ -334,10 +274,10 @@ class ProbeRunner:
         if reply is None:
             exitcode = self._kill()
             how = f"signal {-exitcode}" if exitcode is not None and exitcode < 0 else f"exit code {exitcode}"
-            return self._failed(budget_bytes, margin, ProbeStatus.CRASHED,
-                                f"the probe's process died without a result ({how})", started, startup)
+            return self._failed(budget, ProbeStatus.CRASHED, f"the probe's process died without a result ({how})",
+                                started, startup)
         if isinstance(reply, UserErrorReply):
-            raise _user_error(reply)
+            raise reply.error
         assert isinstance(reply, ResultReply)
         result = reply.result
         result.startup_seconds = startup
@@ -348,8 +288,8 @@ class ProbeRunner:
         return result
 
     @staticmethod
-    def _failed(budget: int, margin: int, status: ProbeStatus, why: str, started: float, startup: float) -> ProbeResult:
-        return ProbeResult(status=status, budget_bytes=budget, margin_bytes=margin, error=why,
+    def _failed(budget: Budget, status: ProbeStatus, why: str, started: float, startup: float) -> ProbeResult:
+        return ProbeResult(status=status, budget_bytes=budget.total_bytes, margin_bytes=budget.margin_bytes, error=why,
                            startup_seconds=startup, wall_seconds=time.perf_counter() - started)
 
 
@@ -366,12 +306,13 @@ def _stop(process: Any, conn: Any) -> None:
     conn.close()
 
 
-def _user_error(reply: UserErrorReply, model_reference: str | None = None) -> errors.AutotuneError:
-    """The child's user error as the same class here (the child names the model `--model`: it
-    does not know what the user typed)."""
-    message = reply.message.replace("the model (", f"--model {model_reference} (", 1) if model_reference else reply.message
-    cls = getattr(errors, reply.error_class, errors.AutotuneError)
-    return cls(message) if isinstance(cls, type) and issubclass(cls, errors.AutotuneError) else errors.AutotuneError(message)
+def check_probe_config(config: ProbeConfig, spec: ModelSpec, trust_remote_code: bool = False) -> None:
+    """What a probe of `config` needs of the model, told from its config.json before any process
+    starts: a language model, leave to run its own code, lengths within its positions."""
+    spec.check_usable(trust_remote_code)
+    spec.check_block_sizes(config.block_size)
+    if config.target_length is not None:
+        spec.check_block_sizes(config.target_length, flag="--target-length")
 
 
 def run_probe(config: ProbeConfig, budget: int, device: str | None = None, *, settings: ProbeSettings | None = None) -> ProbeResult:
@@ -380,5 +321,8 @@ def run_probe(config: ProbeConfig, budget: int, device: str | None = None, *, se
     settings = settings or ProbeSettings()
     if device is not None:
         settings = replace(settings, device=device)
+    spec = resolve_model(config.model)
+    check_probe_config(config, spec, settings.trust_remote_code)
+    checked = settings.budget(budget)
     with ProbeRunner(settings, reuse_child=False) as runner:
-        return runner.run(config, budget)
+        return runner.run(config, checked, spec)

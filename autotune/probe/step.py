@@ -13,6 +13,7 @@ import torch
 
 from autotune.config import ProbeConfig
 from autotune.errors import BadInput
+from autotune.flops import flops_per_token
 from autotune.models import ModelSpec
 from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec, is_qlora
 from autotune.tasks import AUTO_CLASSES, MLM_PROBABILITY, Task
@@ -56,12 +57,10 @@ def from_config(hf_config, config: ProbeConfig, trust_remote_code: bool, **kwarg
                        f"does not know model type {hf_config.model_type!r}); pass the --task it is made for.") from None
 
 
-def build_model(model_config: dict, model_path: str | None, config: ProbeConfig, device: torch.device,
-                trust_remote_code: bool):
+def build_random_model(spec: ModelSpec, config: ProbeConfig, device: torch.device, trust_remote_code: bool):
     """A randomly initialised model of `config.task`'s class (all its parameters: an encoder-decoder
     is built whole), directly on `device`; memory and speed do not depend on the weights' values,
     so no checkpoint is read. Returns (model, transformers config)."""
-    spec = ModelSpec(config.model, model_config, "probe", model_path)
     hf_config = task_config(spec.hf_config(trust_remote_code), config)
     # fp32 master weights whatever dtype the checkpoint was saved in: mixed precision is autocast
     # over fp32 weights, as Trainer does with fp16=True/bf16=True. Pure bf16 (--weights bf16) is the
@@ -226,13 +225,12 @@ def parameter_count(model, trainable: bool = False) -> int:
     return sum(values(p) for p in model.parameters() if p.requires_grad or not trainable)
 
 
-def flops_per_token(model, hf_config, block_size: int) -> float:
-    """Training FLOPs per token: 6N for the weights plus attention's 12*L*d*T (PaLM, appendix B).
-    Recomputation under checkpointing is not counted: MFU measures useful work."""
-    n_params = parameter_count(model)
+def model_flops_per_token(model, hf_config, config: ProbeConfig) -> float:
+    """Useful training FLOPs per token of the model built (autotune.flops, as the planner counts
+    them: a frozen LoRA base has no weight gradients), for MFU: no recomputation."""
     layers = getattr(hf_config, "num_hidden_layers", 0) or 0
     hidden = getattr(hf_config, "hidden_size", 0) or 0
-    return 6 * n_params + 12 * layers * hidden * block_size
+    return flops_per_token(parameter_count(model), parameter_count(model, trainable=True), layers, hidden, config.block_size)
 
 
 class ProbeStep:

@@ -25,35 +25,34 @@ unavailable to the strategies, and so are those an in-flight probe could rule ou
 a worker with nothing else to do waits for the results instead of probing what may prove needless.
 
 Where things live, in the order data flows: `launch.py` (flags to a running search),
-`common.py` (options, events, outcomes), `plan.py` (what a study stores for joining workers),
-`predictions.py` (the estimator's part), `knowledge.py` (what is known and what it rules out),
-`strategies.py`, `trials.py` (Optuna), `worker_state.py` (claims' heartbeat, a worker's view of
-the others), `driver.py` (the loop every worker runs), `fleet.py` (several worker processes).
+`request.py` (the search resolved once: `SearchRequest`, preflight, stored answers), `common.py`
+(options, events, outcomes, the Runner protocol), `plan.py` (what a study stores for joining
+workers), `predictions.py` (the estimator's part), `knowledge.py` (what is known and what it rules
+out), `strategies.py`, `trials.py` (Optuna), `worker_state.py` (claims' heartbeat, a worker's view
+of the others), `driver.py` (starting or resuming a study), `loop.py` (choose, settle, learn: the
+loop every worker runs), `confirm.py` (the confirmation round), `fleet.py` (several worker
+processes).
 """
 
 from __future__ import annotations
 
 from autotune.search.common import STRATEGIES, Event, Runner, SearchOptions, SearchOutcome
-from autotune.search.driver import (
-    default_study_name,
-    finished_study,
-    run_search,
-    start_study,
-    stop_on_first_interrupt,
-    work,
-)
-from autotune.search.fleet import join_study, run_worker, search_with_workers
+from autotune.search.driver import run_search, start_study
+from autotune.search.fleet import join_study, run_worker, search_with_workers, worker_settings
 from autotune.search.knowledge import Knowledge
 from autotune.search.launch import search
-from autotune.search.plan import ProbePlan, StudyPlan
+from autotune.search.loop import SearchLoop, stop_on_first_interrupt, work
+from autotune.search.plan import StudyPlan
 from autotune.search.predictions import Prediction, predict
+from autotune.search.request import SearchRequest, default_study_name, finished_study, preflight, resolve_search
 from autotune.search.strategies import FrontierStrategy, GridStrategy, TpeStrategy, make_strategy
 from autotune.search.trials import Trials, distributions_of
 from autotune.search.worker_state import Heartbeat, WorkerState, worker_label
 
 __all__ = [
-    "STRATEGIES", "Event", "FrontierStrategy", "GridStrategy", "Heartbeat", "Knowledge", "Prediction", "ProbePlan",
-    "Runner", "SearchOptions", "SearchOutcome", "StudyPlan", "TpeStrategy", "Trials", "WorkerState",
-    "default_study_name", "distributions_of", "finished_study", "join_study", "make_strategy", "predict", "run_search",
-    "run_worker", "search", "search_with_workers", "start_study", "stop_on_first_interrupt", "work", "worker_label",
+    "STRATEGIES", "Event", "FrontierStrategy", "GridStrategy", "Heartbeat", "Knowledge", "Prediction", "Runner",
+    "SearchLoop", "SearchOptions", "SearchOutcome", "SearchRequest", "StudyPlan", "TpeStrategy", "Trials", "WorkerState",
+    "default_study_name", "distributions_of", "finished_study", "join_study", "make_strategy", "predict", "preflight",
+    "resolve_search", "run_search", "run_worker", "search", "search_with_workers", "start_study",
+    "stop_on_first_interrupt", "work", "worker_label", "worker_settings",
 ]

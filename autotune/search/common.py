@@ -3,28 +3,37 @@ when it ends."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from autotune import defaults
+from autotune.budget import Budget
 from autotune.config import ProbeConfig
 from autotune.environment import Environment
 from autotune.errors import BadInput
 from autotune.models import ModelSpec
+from autotune.probe.runner import Neighbours
 from autotune.result import ProbeResult
 from autotune.space import SearchSpace
-from autotune.status import FINISHING, StopReason
+from autotune.status import FINISHING, Settled, StopReason
 from autotune.store import LeaderboardRow, StudyRecord, check_study_name
 
 STRATEGIES = ("frontier", "tpe", "grid", "grid-full")
 
 
 class Runner(Protocol):
-    """What the search needs of a probe runner (ProbeRunner, or a scripted fake in tests)."""
+    """What the search needs of a probe runner (ProbeRunner, or a scripted fake in tests): the
+    whole contract, so that the search never reaches past it."""
+
+    # Told each phase of the probe in flight ('start-up', 'build', 'warm-up', 'timing'), when set.
+    on_phase: Callable[[str], None] | None
+    # Processes of this search paused while a probe times its window (the estimator's tracers), when set.
+    neighbours: Neighbours | None
 
     def environment(self) -> Environment: ...
     def check(self, spec: ModelSpec, config: ProbeConfig, attentions: tuple[str, ...]) -> dict[str, str]: ...
-    def run(self, config: ProbeConfig, budget_bytes: int, spec: ModelSpec | None = None) -> ProbeResult: ...
+    def run(self, config: ProbeConfig, budget: Budget, spec: ModelSpec | None = None) -> ProbeResult: ...
     def close(self) -> None: ...
 
 
@@ -71,8 +80,7 @@ class Event:
 
     config: ProbeConfig
     result: ProbeResult
-    how: str                 # 'probed', 'reused' (stored result), 'skipped' (ruled out by structure) or
-                             # 'confirming' (a contender measured again, search/confirm.py)
+    how: Settled
     resolved: int            # candidates resolved so far, this one included
     total: int               # candidates in the space
     best: bool               # the best config so far

@@ -20,8 +20,9 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autotune.result import ProbeResult
+from autotune.budget import Budget, required_bytes
 from autotune.config import ProbeConfig
+from autotune.result import ProbeResult
 from autotune.status import ProbeStatus
 from autotune.store import LeaderboardRow, ProbeRecord, Store, StudyRecord
 from autotune.timing import median_seconds, noise, relative_spread
@@ -71,11 +72,12 @@ class Confirmation:
     probes: int                    # probes the round ran
     seconds: float                 # and their wall time
     tied: list[str] = field(default_factory=list)  # labels of the configs tied with the winner
+    tied_keys: list[str] = field(default_factory=list)  # and their config keys (autotune.ranking reads them)
 
     def to_dict(self) -> dict[str, Any]:
         return {"winner": self.winner, "winner_label": self.winner_label, "runner_up": self.runner_up,
                 "margin": self.margin, "noise": self.noise, "confirmed": self.confirmed, "rounds": self.rounds,
-                "probes": self.probes, "seconds": self.seconds, "tied": self.tied}
+                "probes": self.probes, "seconds": self.seconds, "tied": self.tied, "tied_keys": self.tied_keys}
 
 
 def contenders_of(rows: list[LeaderboardRow]) -> list[LeaderboardRow]:
@@ -111,7 +113,7 @@ def suspects_of(rows: list[LeaderboardRow], contenders: list[LeaderboardRow]) ->
     return out
 
 
-def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, int], ProbeResult], budget_bytes: int,
+def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, Budget], ProbeResult], budget: Budget,
             on_probe: Callable[[LeaderboardRow, ProbeResult], None] | None = None,
             stop: Callable[[], bool] = lambda: False) -> Confirmation | None:
     """Measure the study's suspects (suspects_of) and contenders again until the best is told
@@ -135,7 +137,7 @@ def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, int], 
         if stop():
             return None
         suspect = contending(row)
-        result = run(row.config, budget_bytes)
+        result = run(row.config, budget)
         probes += 1
         seconds += result.wall_seconds or 0.0
         if on_probe is not None:
@@ -156,7 +158,7 @@ def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, int], 
         for contender in list(pool):
             if stop():
                 return None
-            result = run(contender.row.config, budget_bytes)
+            result = run(contender.row.config, budget)
             probes += 1
             seconds += result.wall_seconds or 0.0
             if on_probe is not None:
@@ -201,14 +203,11 @@ def _verdict(pool: list[Contender], rounds: int, probes: int, seconds: float) ->
                             probes, seconds)
     # A tie: of the configs within noise of the fastest, the one with the most memory to spare.
     tied = [c for c in ranked if c.tokens_per_s >= best.tokens_per_s * (1 - noise(best.spread, c.spread))]
-    chosen = min(tied, key=lambda c: (_required(c.row), -c.tokens_per_s))
+    chosen = min(tied, key=lambda c: (required_bytes(c.row.peak_reserved_bytes, c.row.context_bytes) or 0, -c.tokens_per_s))
     others = [c for c in tied if c is not chosen]
     return Confirmation(chosen.row.config_key, chosen.row.label, others[0].row.label if others else None, margin, within,
-                        False, rounds, probes, seconds, tied=[c.row.label for c in others])
-
-
-def _required(row: LeaderboardRow) -> int:
-    return (row.peak_reserved_bytes or 0) + (row.context_bytes or 0)
+                        False, rounds, probes, seconds, tied=[c.row.label for c in others],
+                        tied_keys=[c.row.config_key for c in others])
 
 
 def _as_result(row: LeaderboardRow) -> ProbeResult:

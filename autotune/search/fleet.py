@@ -15,6 +15,7 @@ to (`--allow-other-device`).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -25,25 +26,22 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from autotune.budget import Budget
 from autotune.environment import Environment
 from autotune.errors import AutotuneError, BadInput, DeviceError
 from autotune.models import ModelSpec
+from autotune.probe.settings import ProbeSettings
 from autotune.processes import kill_me_with_parent
 from autotune.search.common import Event, Runner, SearchOptions, SearchOutcome
-from autotune.search.driver import (
-    default_study_name,
-    preflight,
-    start_study,
-    stop_on_first_interrupt,
-    stored_answer,
-    work,
-)
+from autotune.search.driver import start_study
 from autotune.search.knowledge import Knowledge
+from autotune.search.loop import stop_on_first_interrupt, work
 from autotune.search.plan import StudyPlan
+from autotune.search.request import SearchRequest, preflight, stored_answer
 from autotune.search.trials import Trials, distributions_of
 from autotune.search.worker_state import WorkerState, unmeasured, worker_label
 from autotune.space import SearchSpace
-from autotune.status import ProbeStatus, StopReason, StudyStatus
+from autotune.status import ProbeStatus, Settled, StopReason, StudyStatus
 from autotune.store import Store, StudyRecord
 from autotune.units import format_size
 
@@ -70,7 +68,7 @@ def join_study(
     """`autotune worker`: take probes of the study called `name` until its space is done, the
     study is stopped, or one of this worker's limits is reached. The study's plan (stored by the
     search that started it) says how: the strategy, the probe settings, the memory predictions."""
-    from autotune.probe import ProbeRunner, ProbeSettings
+    from autotune.probe import ProbeRunner
     from autotune.store import open_store
 
     started = time.perf_counter()
@@ -78,14 +76,17 @@ def join_study(
         study = _joinable_study(store, name)
         if study.status == StudyStatus.FINISHED:
             return _already_finished(store, study, started)
-        probe = StudyPlan.from_dict(study.plan).probe
-        settings = ProbeSettings(device=device, margin=study.margin_bytes, warmup_steps=probe.warmup_steps,
-                                 measure_steps=probe.measure_steps, measure_seconds=probe.measure_seconds,
-                                 timeout=probe_timeout or probe.timeout,
-                                 trust_remote_code=probe.trust_remote_code)
+        settings = worker_settings(study, device, probe_timeout)
         with ProbeRunner(settings) as runner:
-            return run_worker(store, name, runner, allow_other_device=allow_other_device, max_trials=max_trials,
+            return run_worker(store, name, runner, settings=settings, allow_other_device=allow_other_device, max_trials=max_trials,
                               timeout=timeout, patience=patience, on_start=on_start, on_event=on_event, started=started)
+
+
+def worker_settings(study: StudyRecord, device: str, probe_timeout: float | None = None) -> ProbeSettings:
+    """How a worker joining `study` probes: the study's plan, on this worker's device, with the
+    study's margin (and its own probe timeout, when given)."""
+    settings = ProbeSettings.from_plan(StudyPlan.from_dict(study.plan).probe, device=device, margin=study.margin_bytes)
+    return dataclasses.replace(settings, timeout=probe_timeout) if probe_timeout else settings
 
 
 def run_worker(
@@ -93,6 +94,7 @@ def run_worker(
     name: str,
     runner: Runner,
     *,
+    settings: ProbeSettings | None = None,
     allow_other_device: bool = False,
     max_trials: int | None = None,
     timeout: float | None = None,
@@ -101,8 +103,8 @@ def run_worker(
     on_event: Callable[[Event], None] | None = None,
     started: float | None = None,
 ) -> SearchOutcome:
-    """Work on the study called `name` with `runner` (a ProbeRunner, or a scripted one in tests)
-    beside whatever other workers it has. Refuses, before writing anything, a study that is
+    """Work on the study called `name` with `runner` (a ProbeRunner made with `settings`, or a
+    scripted one in tests) beside whatever other workers it has. Refuses, before writing anything, a study that is
     stopped or a runner on another kind of device."""
     from autotune.models import resolve_model
 
@@ -111,26 +113,24 @@ def run_worker(
     if study.status == StudyStatus.FINISHED:
         return _already_finished(store, study, started)
     plan = StudyPlan.from_dict(study.plan)
-    space = _space(study)
     spec = resolve_model(study.model_reference)
     _check_same_model(study, spec)
     options = SearchOptions(study=name, strategy=plan.strategy, fresh=plan.fresh, predict=False,
                             predict_margin=plan.predict_margin, max_trials=max_trials, timeout=timeout,
                             patience=patience if patience is not None else plan.patience,
                             heartbeat_seconds=plan.heartbeat_seconds)
+    settings = settings or worker_settings(study, "auto")
+    request = SearchRequest.of(_space(study), spec, Budget(study.budget_bytes, study.margin_bytes), options, settings)
     environment = runner.environment()
     check_joinable(study, environment, allow_other_device)
-    knowledge = Knowledge(space.candidates(), allowed_bytes=study.budget_bytes - study.margin_bytes,
-                          skip_over_bytes=int(study.budget_bytes * (1 + options.predict_margin)),
-                          predictions=plan.predictions)
-    settings = getattr(runner, "settings", None)
-    worker = WorkerState(store, study, space, spec, study.budget_bytes, study.margin_bytes, environment, options,
-                     knowledge, worker_label(getattr(settings, "device", None)))
+    request = request.with_environment(environment)
+    knowledge = Knowledge.of(list(request.candidates), request.budget, options.predict_margin, plan.predictions)
+    worker = WorkerState(store, request, study, knowledge, worker_label(settings.device))
     worker.refresh()
     if on_start is not None:
         on_start(study, environment, len(knowledge.candidates), len(knowledge.outcomes))
     # Each worker its own TPE seed: with one seed, every worker would propose the same points.
-    trials = Trials(store.engine.url.render_as_string(hide_password=False), name, distributions_of(space), seed=None)
+    trials = Trials(store.engine.url.render_as_string(hide_password=False), name, distributions_of(request.space), seed=None)
     try:
         return work(worker, runner, trials, on_event, starter=False, started=started)
     finally:
@@ -265,14 +265,9 @@ class _Process:
 
 
 def search_with_workers(
-    spec: ModelSpec,
-    space: SearchSpace,
-    budget_bytes: int,
-    margin_bytes: int,
+    request: SearchRequest,
     *,
     workers: int,
-    settings,
-    options: SearchOptions,
     db: str | None = None,
     on_start: Callable[[StudyRecord, Environment, int, int], None] | None = None,
     on_event: Callable[[Event], None] | None = None,
@@ -285,24 +280,23 @@ def search_with_workers(
     from autotune.store import open_store
 
     started = time.perf_counter()
-    devices = worker_devices(workers, settings.device)
-    name = options.study if options.study is not None else default_study_name(spec, budget_bytes)
+    devices = worker_devices(workers, request.settings.device)
     # A finished study answers from the database before any process starts.
-    if not options.fresh and (answer := stored_answer(db, name, space, started, workers=0)) is not None:
+    if (answer := stored_answer(db, request, started, workers=0)) is not None:
         return answer
     with contextlib.ExitStack() as stack:
-        runner = stack.enter_context(ProbeRunner(settings))
+        runner = stack.enter_context(ProbeRunner(request.settings))
         # Before the store is opened: a refused search creates no database and writes nothing.
-        preflight(space, spec, budget_bytes, runner)
+        request = preflight(request, runner)
         store = stack.enter_context(open_store(db))
-        worker, trials = start_study(space, spec, budget_bytes, margin_bytes, runner, store, options, on_start)
+        worker, trials = start_study(request, runner, store, on_start)
         trials.close()
         runner.close()  # its child would hold a device (a CUDA context) while the workers probe
         study = worker.study
         processes = [_spawn(store, study.name, device, visible) for device, visible in devices]
         try:
-            reason, settled = _watch(store, study, worker.knowledge, worker.seen_probe_id, processes, options, started,
-                                     on_event)
+            reason, settled = _watch(store, study, worker.knowledge, worker.seen_probe_id, processes, request.options,
+                                     started, on_event)
         except BaseException:
             # A second Ctrl-C, SIGTERM, or a bug here: stop the workers now and leave the study resumable.
             for process in processes:
@@ -310,7 +304,7 @@ def search_with_workers(
             if store.study(study.name).status == StudyStatus.RUNNING:
                 store.set_study_status(study.id, StudyStatus.INTERRUPTED)
             raise
-        return _gather(store, study, space, processes, reason, settled, started, worker.knowledge)
+        return _gather(store, study, request.space, processes, reason, settled, started, worker.knowledge)
 
 
 def _spawn(store: Store, study: str, device: str, visible: str) -> _Process:
@@ -349,7 +343,7 @@ def _watch(store: Store, study: StudyRecord, knowledge: Knowledge, seen: int, pr
                 probed += row.id > first and row.result.status != ProbeStatus.SKIPPED
                 best = knowledge.best()
                 if on_event is not None:
-                    on_event(Event(config, row.result, "skipped" if row.result.status == ProbeStatus.SKIPPED else "probed",
+                    on_event(Event(config, row.result, Settled.SKIPPED if row.result.status == ProbeStatus.SKIPPED else Settled.PROBED,
                                    len(knowledge.outcomes), len(knowledge.candidates),
                                    best is not None and best[0].key() == config.key() and row.result.status == ProbeStatus.OK,
                                    row.worker))

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from autotune.budget import Budget
 from autotune.config import ProbeConfig
+from autotune.ranking import Standing, ranked
 from autotune.result import ProbeResult
 from autotune.search.predictions import Prediction
 from autotune.space import dominates_in_memory, group_key
@@ -22,6 +24,15 @@ class Knowledge:
     allowed_bytes: int = 0          # budget less margin: what a config may need
     skip_over_bytes: int = 0        # predicted need above which a config is not probed
     busy: dict[str, ProbeConfig] = field(default_factory=dict)  # in flight on other workers, by key
+
+    @classmethod
+    def of(cls, candidates: list[ProbeConfig], budget: Budget, predict_margin: float,
+           predictions: dict[str, Prediction] | None = None) -> Knowledge:
+        """What a search of `candidates` under `budget` starts knowing: a config may need what the
+        budget allows less its margin, and is skipped unprobed only when predicted over the
+        budget by more than `predict_margin` of it."""
+        return cls(list(candidates), predictions=dict(predictions or {}), allowed_bytes=budget.allowed_bytes,
+                   skip_over_bytes=int(budget.total_bytes * (1 + predict_margin)))
 
     def resolved(self, config: ProbeConfig) -> bool:
         return config.key() in self.outcomes
@@ -64,8 +75,15 @@ class Knowledge:
         return [(c, self.outcomes[c.key()]) for c in self.candidates if c.key() in self.outcomes and self.outcomes[c.key()].status == ProbeStatus.OK]
 
     def best(self) -> tuple[ProbeConfig, ProbeResult] | None:
-        fitting = self.ok()
-        return max(fitting, key=lambda item: item[1].tokens_per_s or 0.0) if fitting else None
+        """The best config that fits so far, as autotune.ranking ranks (no confirmation yet)."""
+        learnt = {key: i for i, key in enumerate(self.outcomes)}  # the order they were learnt in
+
+        def standing(item: tuple[ProbeConfig, ProbeResult]) -> Standing:
+            config, result = item
+            return Standing(config.key(), result.tokens_per_s, result.required_bytes, learnt[config.key()])
+
+        fitting = ranked(self.ok(), standing)
+        return fitting[0] if fitting else None
 
     def implied_skip(self, config: ProbeConfig) -> str | None:
         """Why `config` need not be probed, from what is known of the others; None if it must be."""

@@ -12,12 +12,12 @@ from collections.abc import Callable
 
 from autotune.environment import Environment
 from autotune.estimate.launch import TraceChildren
-from autotune.margin import checked_margin_bytes
+from autotune.probe.settings import ProbeSettings
 from autotune.search.common import Event, Progress, SearchOptions, SearchOutcome
-from autotune.search.driver import default_study_name, preflight, run_search, stored_answer
+from autotune.search.driver import run_search
 from autotune.search.fleet import search_with_workers
 from autotune.search.predictions import predict
-from autotune.space import SearchSpace
+from autotune.search.request import preflight, resolve_search, stored_answer
 from autotune.store import StudyRecord
 
 
@@ -34,47 +34,38 @@ def trace_processes() -> int:
     return max(1, min(4, os.cpu_count() or 1))
 
 
-def search(model: str, budget_bytes: int, *, settings, options: SearchOptions, db: str | None = None,
+def search(model: str, budget_bytes: int, *, settings: ProbeSettings, options: SearchOptions, db: str | None = None,
            on_event: Callable[[Event], None] | None = None,
            on_start: Callable[[StudyRecord, Environment, int, int], None] | None = None,
            workers: int | None = None, on_progress: Callable[[Progress], None] | None = None,
            **space_args) -> SearchOutcome:
-    """Resolve the model, build the space, open the store, start a probe runner, search.
-    Everything a user can get wrong is checked before the database is opened. With `workers`,
-    the search runs in that many worker processes. `on_progress` hears of the probe in flight and
-    its phases (one worker only: a fleet's probes run in other processes)."""
-    from autotune.models import resolve_model
+    """Resolve the search once (the model, the space, the budget, the study's name), then search:
+    in this process, or with `workers` worker processes. Everything a user can get wrong is checked
+    before the database is opened. `on_progress` hears of the probe in flight and its phases (one
+    worker only: a fleet's probes run in other processes)."""
     from autotune.probe import ProbeRunner
-    from autotune.probe.runner import check_model
     from autotune.store import open_store
 
-    spec = resolve_model(model)
-    space = SearchSpace.build(spec, **space_args)
-    space.candidates()  # raises BadInput when no micro-batch keeps the effective batch exact
-    check_model(spec, settings.trust_remote_code)
-    margin = checked_margin_bytes(settings.margin, budget_bytes)
+    request = resolve_search(model, budget_bytes, settings=settings, options=options, **space_args)
     if workers is not None:
-        return search_with_workers(spec, space, budget_bytes, margin, workers=workers, settings=settings, options=options,
-                                   db=db, on_start=on_start, on_event=on_event)
+        return search_with_workers(request, workers=workers, db=db, on_start=on_start, on_event=on_event)
     # A finished study answers from the database before any process starts (no torch).
-    name = options.study if options.study is not None else default_study_name(spec, budget_bytes)
-    if not options.fresh and (answer := stored_answer(db, name, space, time.perf_counter())) is not None:
+    if (answer := stored_answer(db, request, time.perf_counter())) is not None:
         return answer
     # The estimator's processes are started first, so that their imports overlap the probe child's
     # start-up and the preflight, and the traces share the host's cores; unused, they are killed.
-    tracers = (TraceChildren(trace_processes()).start(None if spec.needs_remote_code else spec.model_type)
+    tracers = (TraceChildren(trace_processes()).start(None if request.spec.needs_remote_code else request.spec.model_type)
                if options.predict and options.strategy != "grid-full" else None)
     with tracers or contextlib.nullcontext(), ProbeRunner(settings) as runner:
         # Before the store is opened: a refused search creates no database and writes nothing.
-        environment = preflight(space, spec, budget_bytes, runner)
-        if tracers is not None and environment.device_type == "cuda":
+        request = preflight(request, runner)
+        if tracers is not None and request.device_type == "cuda":
             # On a GPU the first probes run while memory is predicted, on host cores the probes
             # hardly use; each timed window pauses the tracers all the same. (On a CPU device they
             # would share the cores the probes compute on: OpenMP threads that spin while others
             # hold their cores slowed a warm-up 30x on 2 cores. There predictions come first.)
             runner.neighbours = tracers
-            options = dataclasses.replace(options, predict_in_background=True)
+            request = dataclasses.replace(request, options=dataclasses.replace(options, predict_in_background=True))
         with open_store(db) as store:
             predictor = functools.partial(predict, trust_remote_code=settings.trust_remote_code, children=tracers)
-            return run_search(space, spec, budget_bytes, margin, runner, store, options, on_event, on_start,
-                              predictor=predictor, on_progress=on_progress)
+            return run_search(request, runner, store, on_event, on_start, predictor=predictor, on_progress=on_progress)

@@ -62,7 +62,7 @@ def _interpolate(members: list[ProbeConfig], traced: list) -> dict[str, Predicti
     out = {}
     for config in members:
         e = interpolated(config, *between(config, traced))
-        out[config.key()] = Prediction(e.peak_bytes, e.peak_bytes + e.context_bytes, e.reserved_bytes + e.context_bytes)
+        out[config.key()] = Prediction(e.peak_bytes, e.floor_bytes, e.required_bytes)
     return out
 
 

@@ -11,16 +11,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from autotune.budget import Budget
 from autotune.config import ProbeConfig
 from autotune.environment import Environment
-from autotune.models import ModelSpec
 from autotune.result import ProbeResult
 from autotune.search.common import Event, SearchOptions
 from autotune.search.knowledge import Knowledge
 from autotune.search.plan import StudyPlan
 from autotune.search.predictions import Predicting
-from autotune.space import SearchSpace
-from autotune.status import RETRYABLE, ClaimState, ProbeStatus, SettleHow, StudyStatus
+from autotune.search.request import SearchRequest
+from autotune.status import RETRYABLE, ClaimState, ProbeStatus, SettleHow, Settled, StudyStatus
 from autotune.store import MAX_ATTEMPTS, Store, StudyRecord
 
 log = logging.getLogger("autotune")
@@ -85,16 +85,12 @@ class Heartbeat:
 
 @dataclass(slots=True)
 class WorkerState:
-    """One worker's part in a study: what it searches, on what, and what it has read of the others."""
+    """One worker's part in a study: what it searches (the request, preflighted), and what it has
+    read of the others."""
 
     store: Store
+    request: SearchRequest
     study: StudyRecord
-    space: SearchSpace
-    spec: ModelSpec
-    budget_bytes: int
-    margin_bytes: int
-    environment: Environment
-    options: SearchOptions
     knowledge: Knowledge
     label: str
     seen_probe_id: int = 0
@@ -105,6 +101,19 @@ class WorkerState:
 
     def __post_init__(self) -> None:
         self.by_key = {c.key(): c for c in self.knowledge.candidates}
+
+    @property
+    def options(self) -> SearchOptions:
+        return self.request.options
+
+    @property
+    def budget(self) -> Budget:
+        return self.request.budget
+
+    @property
+    def environment(self) -> Environment:
+        assert self.request.environment is not None
+        return self.request.environment
 
     def refresh(self, on_event: Callable[[Event], None] | None = None) -> str:
         """Learn what the study's workers settled since the last look, mark what is in flight on
@@ -126,7 +135,8 @@ class WorkerState:
             new = not k.resolved(config)
             k.learn(config, row.result)
             if new and on_event is not None and row.worker != self.label:
-                on_event(self._event(config, row.result, "skipped" if row.result.status == "skipped" else "probed", row.worker))
+                how = Settled.SKIPPED if row.result.status == ProbeStatus.SKIPPED else Settled.PROBED
+                on_event(self._event(config, row.result, how, row.worker))
         k.busy = {}
         for key, claim in claims.items():
             config = self.by_key.get(key)
@@ -148,16 +158,16 @@ class WorkerState:
         return StudyStatus.INCOMPLETE if self.unmeasured() else StudyStatus.FINISHED
 
     def _abandon(self, config: ProbeConfig, claim, on_event: Callable[[Event], None] | None) -> None:
-        result = ProbeResult(status=ProbeStatus.CRASHED, budget_bytes=self.budget_bytes, margin_bytes=self.margin_bytes,
+        result = ProbeResult(status=ProbeStatus.CRASHED, budget_bytes=self.budget.total_bytes, margin_bytes=self.budget.margin_bytes,
                              error=f"the worker probing it stopped heartbeating, {claim.attempts} times (last {claim.worker})")
         probe_id = self.store.settle(self.study.id, config, result, how=SettleHow.ABANDONED, worker=self.label,
                                      env_fingerprint=self.study.env_fingerprint, stale_after=self.options.stale_after)
         if probe_id is not None:  # else another worker recorded it: the next refresh reads it
             self.knowledge.learn(config, result)
             if on_event is not None:
-                on_event(self._event(config, result, "probed", claim.worker))
+                on_event(self._event(config, result, Settled.PROBED, claim.worker))
 
-    def _event(self, config: ProbeConfig, result: ProbeResult, how: str, worker: str | None) -> Event:
+    def _event(self, config: ProbeConfig, result: ProbeResult, how: Settled, worker: str | None) -> Event:
         best = self.knowledge.best()
         return Event(config, result, how, len(self.knowledge.outcomes), len(self.knowledge.candidates),
                      best is not None and best[0].key() == config.key() and result.status == ProbeStatus.OK, worker)

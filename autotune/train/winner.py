@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import BadInput, BudgetError, ModelNotFound, StudyNotFound
 from autotune.status import StopReason, StudyStatus
-from autotune.tasks import Task, resolve_task, stored_recipe
+from autotune.tasks import Task, resolve_task, stored_fixed_recipe
 from autotune.units import format_size
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def study_winner(store: Store, name: str | None) -> Winner:
 
 
 @dataclass(frozen=True, slots=True)
-class Recipe:
+class FixedRecipe:
     """What a study trains (autotune.tasks): fixed for the study, so a flag may not contradict it."""
 
     task: str
@@ -48,13 +48,13 @@ class Recipe:
     peft: str | None = None
 
     @classmethod
-    def of_config(cls, config: ProbeConfig) -> Recipe:
+    def of_config(cls, config: ProbeConfig) -> FixedRecipe:
         return cls(config.task, config.target_length, config.num_labels, config.peft)
 
     @classmethod
-    def of_study(cls, study: StudyRecord) -> Recipe:
+    def of_study(cls, study: StudyRecord) -> FixedRecipe:
         # A study stored before tasks existed (or a causal-LM one) has no task in its space.
-        return cls(**stored_recipe(study.space or {}))
+        return cls(**stored_fixed_recipe(study.space or {}))
 
     def check(self, study: str, *, task: str | None = None, target_length: int | None = None,
               num_labels: int | None = None, peft: str | None = None) -> None:
@@ -77,19 +77,19 @@ class Recipe:
                            f"the --lora-* flags out to train what it measured, or search again under a new --study name.")
 
 
-def planned_recipe(spec: ModelSpec, name: str, existing: StudyRecord | None,
-                   flags: dict[str, Any]) -> tuple[Recipe, dict[str, Any]]:
+def planned_fixed_recipe(spec: ModelSpec, name: str, existing: StudyRecord | None,
+                   flags: dict[str, Any]) -> tuple[FixedRecipe, dict[str, Any]]:
     """What a run of `spec` under study `name` trains, and the recipe fields (the task's, and
     `peft`) to ask its search for. An `existing` study (finished, or to be resumed) decides: `flags`
     may repeat it, not contradict it, and a resumed search keeps its space. Else the flags given,
     checked, with the task's defaults."""
     if existing is not None:
-        recipe = Recipe.of_study(existing)
+        recipe = FixedRecipe.of_study(existing)
         recipe.check(name, **flags)
         return recipe, {field: value for field, value in asdict(recipe).items() if value is not None}
     task_flags = {field: value for field, value in flags.items() if field != "peft"}
     # The adapters are the user's choice alone (no default from the model): as given, or none.
-    recipe = Recipe(**spec.task_fields(**task_flags), peft=flags.get("peft"))
+    recipe = FixedRecipe(**spec.task_fields(**task_flags), peft=flags.get("peft"))
     return recipe, {field: value for field, value in flags.items() if value is not None}
 
 

@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from autotune.budget import Budget
 from autotune.errors import BadInput
 from autotune.probe import ProbeRunner, ProbeSettings
 from benchmarks import alternatives, report, run
@@ -116,7 +117,8 @@ def test_oom_wording_is_what_accelerate_and_lightning_recognise():
 
     config = ProbeConfig(model="gpt2", micro_batch=8, block_size=512)
     for device_type in ("cuda", "cpu"):
-        setting = alternatives.Setting(resolve_model("gpt2"), SearchSpace.build(resolve_model("gpt2")), BUDGET, device_type, ScriptedRunner)
+        setting = alternatives.Setting(resolve_model("gpt2"), SearchSpace.build(resolve_model("gpt2")),
+                                       Budget(BUDGET, int(0.05 * BUDGET)), device_type, ScriptedRunner)
         assert should_reduce_batch_size(setting.oom_error(config))
     assert setting.trainer_config(8).grad_accum == 4 and setting.trainer_config(7).grad_accum == 5
 
@@ -143,7 +145,7 @@ def test_real_cpu_pipeline_on_a_tiny_model(tmp_path, monkeypatch):
     space = dict(micro_batches=(2, 4, 8), block_sizes=(64,), precisions=("fp32",), checkpointing=(False, True),
                  attentions=("sdpa",), effective_batch=8)
     case = run.Case("tiny-gpt2", model, 16 * MiB, space, tiny=True)
-    doc = run.run_benchmark([case], new_runner=lambda: ProbeRunner(settings), margin_of=settings.margin_bytes,
+    doc = run.run_benchmark([case], new_runner=lambda: ProbeRunner(settings), margin_of=lambda b: settings.budget(b).margin_bytes,
                             out_dir=tmp_path / "out", alternatives=("trainer-defaults", "auto-find-batch-size"), quiet=True,
                             estimator=None)  # the estimator column is tested above; its traces cost 10 s here
     (case_doc,) = doc["cases"]
@@ -170,10 +172,10 @@ def test_a_deadline_leaves_work_that_the_same_command_finishes_with_its_state(tm
     asked: list[str] = []
 
     class SlowRunner(ScriptedRunner):
-        def run(self, config, budget_bytes, spec=None):
+        def run(self, config, budget, spec=None):
             time.sleep(0.4)
             asked.append(config.key())
-            return super().run(config, budget_bytes, spec)
+            return super().run(config, budget, spec)
 
     state = tmp_path / "state"
     # Probes of 0.4 s against a 4 s deadline: the ground truth (16 probes) cannot finish, and the
@@ -200,7 +202,8 @@ def test_lightning_binsearch_runs_the_real_finder_over_probes():
     from autotune.space import SearchSpace
 
     spec = resolve_model("gpt2")
-    setting = alternatives.Setting(spec, SearchSpace.build(spec, **SPACE), BUDGET, "cuda", ScriptedRunner)
+    setting = alternatives.Setting(spec, SearchSpace.build(spec, **SPACE), Budget(BUDGET, int(0.05 * BUDGET)), "cuda",
+                                   ScriptedRunner)
     outcome = alternatives.lightning_binsearch(setting)
     sizes = [c.micro_batch for c, _ in outcome.tried]
     assert sizes[:3] == [2, 4, 8]  # Lightning starts at 2 and doubles until out of memory

@@ -49,10 +49,13 @@ def probe_on_cpu(config: ProbeConfig, monkeypatch):
     from autotune.probe import child
     from autotune.probe.protocol import ProbeRequest
 
+    from autotune.budget import Budget
+    from autotune.probe.settings import ProbeSettings
+
     monkeypatch.setattr(child, "check_recipe", lambda config, device: None)
     return child.run_probe_in_process(ProbeRequest(
-        config=config, model_config=resolve_model(config.model).config, model_path=config.model, budget_bytes=4 * GiB,
-        margin_bytes=0, device="cpu", warmup_steps=2, measure_steps=1))
+        config=config, model=resolve_model(config.model), budget=Budget(4 * GiB, 0),
+        settings=ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1)))
 
 
 @pytest.mark.slow
@@ -116,20 +119,20 @@ def test_train_builds_the_probes_4bit_base_and_its_adapters_save_and_load(model_
 def test_qlora_is_refused_off_cuda_and_without_bitsandbytes_in_one_line(monkeypatch):
     import torch
 
-    from autotune.estimate.predict import check_config
+    from autotune.estimate.predict import check_traceable
     from autotune.models import resolve_model
     from autotune.probe.step import check_recipe
 
     config = cfg("gpt2", peft=QLORA)
     with pytest.raises(BadInput, match="it needs a CUDA device"):
         check_recipe(config, torch.device("cpu"))
-    check_config(config, "cuda", resolve_model("gpt2"))  # the estimator predicts it for a card
+    check_traceable(config, "cuda", resolve_model("gpt2"))  # the estimator predicts it for a card
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
     with pytest.raises(BadInput, match="--peft qlora needs bitsandbytes"):
         check_recipe(config, torch.device("cuda"))
     with pytest.raises(BadInput, match="--peft qlora needs bitsandbytes to be traced"):
-        check_config(config, "cuda", resolve_model("gpt2"))
+        check_traceable(config, "cuda", resolve_model("gpt2"))
 
 
 def test_the_hand_off_loads_the_base_in_4_bits():
@@ -155,10 +158,10 @@ def test_a_classifiers_head_stays_whole_and_trains_on_a_4bit_base(classifier_dir
     import torch
 
     from autotune.models import resolve_model
-    from autotune.probe.step import build_model
+    from autotune.probe.step import build_random_model
 
     config = cfg(classifier_dir, micro_batch=2, block_size=32, peft=QLORA, task="classification", num_labels=3)
-    model, _ = build_model(resolve_model(classifier_dir).config, classifier_dir, config, torch.device("cpu"), False)
+    model, _ = build_random_model(resolve_model(classifier_dir), config, torch.device("cpu"), False)
     head = model.get_base_model().classifier
     assert not any(isinstance(m, bnb.nn.Linear4bit) for m in head.modules())
     assert any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())  # the encoder's layers are 4-bit

@@ -48,22 +48,22 @@ def test_budget_too_small_is_oom(tiny_model):
 
 
 def test_checkpointing_lowers_the_peak_at_the_same_shape(runner, tiny_model):
-    plain = runner.run(config(tiny_model, checkpointing=False), 1 * GiB)
-    ckpt = runner.run(config(tiny_model, checkpointing=True), 1 * GiB)
+    plain = runner.run(config(tiny_model, checkpointing=False), runner.settings.budget(1 * GiB))
+    ckpt = runner.run(config(tiny_model, checkpointing=True), runner.settings.budget(1 * GiB))
     assert plain.status == ckpt.status == "ok"
     assert ckpt.peak_allocated_bytes < 0.8 * plain.peak_allocated_bytes
 
 
 def test_peak_grows_with_micro_batch(runner, tiny_model):
-    small = runner.run(config(tiny_model, micro_batch=1), 1 * GiB)
-    large = runner.run(config(tiny_model, micro_batch=8), 1 * GiB)
+    small = runner.run(config(tiny_model, micro_batch=1), runner.settings.budget(1 * GiB))
+    large = runner.run(config(tiny_model, micro_batch=8), runner.settings.budget(1 * GiB))
     assert small.peak_allocated_bytes < large.peak_allocated_bytes
 
 
 def test_warm_child_measures_what_a_fresh_one_does(runner, tiny_model):
     cfg = config(tiny_model, micro_batch=2, precision="bf16")
-    warm_first = runner.run(cfg, 1 * GiB)
-    warm_again = runner.run(cfg, 1 * GiB)
+    warm_first = runner.run(cfg, runner.settings.budget(1 * GiB))
+    warm_again = runner.run(cfg, runner.settings.budget(1 * GiB))
     fresh = run_probe(cfg, 1 * GiB, settings=ProbeSettings(device="cpu", measure_steps=2))
     assert warm_again.startup_seconds == 0  # reused
     assert warm_first.peak_allocated_bytes == warm_again.peak_allocated_bytes == fresh.peak_allocated_bytes
@@ -72,10 +72,10 @@ def test_warm_child_measures_what_a_fresh_one_does(runner, tiny_model):
 def test_cpu_child_goes_on_after_the_accountants_oom_and_measures_what_a_fresh_one_does(runner, tiny_model):
     # The CPU accountant's OOM is an exception of our own: the child is kept (no restart to pay)
     # and the next probe in it measures the same peak, to the byte, as a fresh process.
-    runner.run(config(tiny_model), 1 * GiB)  # a warm child
+    runner.run(config(tiny_model), runner.settings.budget(1 * GiB))  # a warm child
     started = runner.children_started
-    assert runner.run(config(tiny_model, micro_batch=8), 4 * MiB).status == "oom"
-    after = runner.run(config(tiny_model), 1 * GiB)
+    assert runner.run(config(tiny_model, micro_batch=8), runner.settings.budget(4 * MiB)).status == "oom"
+    after = runner.run(config(tiny_model), runner.settings.budget(1 * GiB))
     fresh = run_probe(config(tiny_model), 1 * GiB, settings=ProbeSettings(device="cpu", measure_steps=2))
     assert after.status == "ok" and after.startup_seconds == 0 and runner.children_started == started
     assert (after.peak_allocated_bytes, after.peak_reserved_bytes) == (fresh.peak_allocated_bytes, fresh.peak_reserved_bytes)
@@ -88,12 +88,12 @@ def test_a_standby_child_takes_over_after_a_probe_kills_its_own(tiny_model, monk
     for key, value in fault_env("kill", on_probe=2).items():
         monkeypatch.setenv(key, value)
     with ProbeRunner(ProbeSettings(device="cpu", measure_steps=2), standby=True) as standby_runner:
-        first = standby_runner.run(config(tiny_model), 1 * GiB)
+        first = standby_runner.run(config(tiny_model), standby_runner.settings.budget(1 * GiB))
         assert first.status == "ok" and first.startup_seconds > 0
-        assert standby_runner.run(config(tiny_model), 1 * GiB).status == "crashed"
+        assert standby_runner.run(config(tiny_model), standby_runner.settings.budget(1 * GiB)).status == "crashed"
         spare = standby_runner._spare
         assert spare is not None and spare[1].poll(120)  # the standby said Ready
-        after = standby_runner.run(config(tiny_model), 1 * GiB)
+        after = standby_runner.run(config(tiny_model), standby_runner.settings.budget(1 * GiB))
         assert after.status == "ok" and after.startup_seconds < 0.5 < first.startup_seconds
         assert standby_runner.children_started == 3  # first, its standby, and the next standby
     assert standby_runner._spare is None and standby_runner._process is None  # both stopped on close
@@ -136,7 +136,7 @@ def test_user_errors_raise_before_or_from_the_child(tiny_model):
 
 def test_8_bit_adamw_runs_on_cpu_with_less_memory_than_adamw(runner, tiny_model):
     # bitsandbytes' 8-bit AdamW (optim="adamw_8bit") keeps two 8-bit states per parameter where AdamW keeps two fp32.
-    adamw = runner.run(config(tiny_model), 1 * GiB)
-    eight_bit = runner.run(config(tiny_model, optimizer="adamw_8bit"), 1 * GiB)
+    adamw = runner.run(config(tiny_model), runner.settings.budget(1 * GiB))
+    eight_bit = runner.run(config(tiny_model, optimizer="adamw_8bit"), runner.settings.budget(1 * GiB))
     assert eight_bit.status == "ok", eight_bit.error
     assert eight_bit.peak_allocated_bytes < adamw.peak_allocated_bytes

@@ -18,6 +18,7 @@ from autotune.search import SearchOptions, run_search
 from autotune.space import SearchSpace
 from autotune.store import open_store
 from tests.cli import autotune
+from tests.fakes import request
 
 pytestmark = pytest.mark.slow
 MiB = 2**20
@@ -35,8 +36,8 @@ def config(model: str, **levers) -> ProbeConfig:
 
 
 def test_a_compiled_probe_times_compiled_steps_and_reports_the_compile_apart(runner, tiny_model):
-    eager = runner.run(config(tiny_model), 1 * GiB)
-    compiled = runner.run(config(tiny_model, compile=True), 1 * GiB)
+    eager = runner.run(config(tiny_model), runner.settings.budget(1 * GiB))
+    compiled = runner.run(config(tiny_model, compile=True), runner.settings.budget(1 * GiB))
     assert eager.status == compiled.status == "ok", compiled.error
     assert eager.compile_seconds is None
     # The first compiled step compiles (seconds even from inductor's cache): reported, not timed.
@@ -50,7 +51,7 @@ def test_a_compiled_probe_times_compiled_steps_and_reports_the_compile_apart(run
 
     runner.settings = dataclasses.replace(runner.settings, max_compile_seconds=0.01)
     try:
-        bounded = runner.run(config(tiny_model, compile=True), 1 * GiB)
+        bounded = runner.run(config(tiny_model, compile=True), runner.settings.budget(1 * GiB))
     finally:
         runner.settings = dataclasses.replace(runner.settings, max_compile_seconds=None)
     assert bounded.status == "skipped" and "over --max-compile-seconds 0.01" in bounded.error
@@ -62,7 +63,7 @@ def test_a_compiled_probe_times_compiled_steps_and_reports_the_compile_apart(run
     ({"liger": True}, "none run on CPU"),
 ])
 def test_levers_this_machine_lacks_are_skipped_with_the_reason(runner, tiny_model, levers, reason):
-    result = runner.run(config(tiny_model, **levers), 1 * GiB)
+    result = runner.run(config(tiny_model, **levers), runner.settings.budget(1 * GiB))
     assert result.status == "skipped" and reason in result.error
     assert result.tokens_per_s is None
 
@@ -73,7 +74,8 @@ def test_a_search_over_compile_off_and_on_settles_both_and_hands_off_the_lever(t
     with open_store(db) as store, ProbeRunner(ProbeSettings(device="cpu", measure_steps=2)) as runner:
         space = SearchSpace.build(spec, micro_batches=(2,), block_sizes=(32,), precisions=("fp32",),
                                   checkpointing=(False,), attentions=("sdpa",), effective_batch=2, compiles=(False, True))
-        outcome = run_search(space, spec, 1 * GiB, 50 * MiB, runner, store, SearchOptions(study="compile", confirm=False))
+        outcome = run_search(request(space, spec, 1 * GiB, 50 * MiB, SearchOptions(study="compile", confirm=False)), runner,
+                             store)
     assert outcome.finished and not outcome.unmeasured
     rows = {row.config.compile: row for row in outcome.leaderboard}
     assert set(rows) == {False, True}

@@ -16,7 +16,7 @@ from autotune.search.confirm import contenders_of, suspects_of
 from autotune.space import SearchSpace
 from autotune.store import open_store
 from autotune.timing import NOISE_FLOOR, noise, relative_spread
-from tests.fakes import ScriptedRunner, modelled_result
+from tests.fakes import ScriptedRunner, modelled_result, request
 
 GiB = 2**30
 BUDGET = 8 * GiB
@@ -44,9 +44,9 @@ class NoisyRunner(ScriptedRunner):
         self.slow_first = dict(slow_first or {})  # micro-batch -> its first window runs this much slower
         self.windows = itertools.count()
 
-    def run(self, config, budget_bytes, spec=None) -> ProbeResult:
+    def run(self, config, budget, spec=None) -> ProbeResult:
         self.asked.append(config)
-        result = modelled_result(config, budget_bytes, int(self.margin_fraction * budget_bytes))
+        result = modelled_result(config, budget.total_bytes, budget.margin_bytes)
         true_step = config.tokens_per_step / self.speeds[config.micro_batch] * self.slow_first.pop(config.micro_batch, 1.0)
         # Deterministic "noise": each window's steps spread evenly over +-jitter, in a shifting order.
         offsets = [self.jitter * (2 * i / (self.steps - 1) - 1) for i in range(self.steps)]
@@ -65,7 +65,8 @@ def space() -> SearchSpace:
 
 
 def search(store, runner, study):
-    return run_search(space(), resolve_model("gpt2"), BUDGET, MARGIN, runner, store, SearchOptions(study=study, predict=False))
+    return run_search(request(space(), resolve_model("gpt2"), BUDGET, MARGIN, SearchOptions(study=study, predict=False)),
+                      runner, store)
 
 
 def test_a_clear_winner_is_confirmed_by_one_more_window_of_it_and_the_runner_up(hermetic_home):
@@ -122,8 +123,8 @@ def test_a_window_slowed_by_a_neighbour_is_measured_again_and_the_true_winner_co
 def test_no_confirmation_when_asked_not_to(hermetic_home):
     runner = NoisyRunner({1: 1000.0, 2: 2970.0, 4: 3000.0})
     with open_store() as store:
-        outcome = run_search(space(), resolve_model("gpt2"), BUDGET, MARGIN, runner, store,
-                             SearchOptions(study="off", predict=False, confirm=False))
+        outcome = run_search(request(space(), resolve_model("gpt2"), BUDGET, MARGIN,
+                                     SearchOptions(study="off", predict=False, confirm=False)), runner, store)
     assert outcome.study.confirmation is None and len(runner.asked) == 3 and outcome.best.config.micro_batch == 4
     assert best_of("off").to_dict()["confirmed"] is False
 
@@ -133,8 +134,8 @@ def test_windows_that_disagree_widen_the_noise_and_make_a_tie(hermetic_home):
     is not a win when the config's own windows differ by more."""
 
     class Busy(NoisyRunner):
-        def run(self, config, budget_bytes, spec=None):
-            result = super().run(config, budget_bytes, spec)
+        def run(self, config, budget, spec=None):
+            result = super().run(config, budget, spec)
             if config.micro_batch == 4 and len([c for c in self.asked if c.micro_batch == 4]) % 2 == 0:
                 slow = [t * 1.25 for t in result.step_times]   # every second window of it runs 25% slow
                 result.step_times, result.step_seconds = slow, result.step_seconds * 1.25
@@ -168,3 +169,33 @@ def test_no_suspect_when_larger_micro_batches_are_faster(hermetic_home):
         search(store, runner, "monotone")
         rows = store.leaderboard("monotone")
     assert suspects_of(rows, contenders_of(rows)) == []
+
+
+def test_a_tie_names_one_winner_everywhere_a_study_is_read(hermetic_home):
+    """The confirmation round finds mb4 and mb2 tied (their steps spread by 15% each, their speeds
+    differ by 11%) and chooses mb2, which needs less memory, though its speed is lower: the
+    leaderboard, `best`, `studies`, `report` and the search's own "Chosen:" line all name mb2."""
+    from autotune.markdown import study_report
+    from autotune.store import open_store as reopen
+
+    both_accumulate = SearchSpace.build(resolve_model("gpt2"), micro_batches=(2, 4), block_sizes=(128,),
+                                        precisions=("fp32",), checkpointing=(False,), attentions=("sdpa",),
+                                        effective_batch=8)
+    runner = NoisyRunner({2: 2700.0, 4: 3000.0}, jitter=0.3)
+    with open_store() as store:
+        outcome = run_search(request(both_accumulate, resolve_model("gpt2"), BUDGET, MARGIN,
+                                     SearchOptions(study="tie", predict=False)), runner, store)
+    c = outcome.study.confirmation
+    assert not c["confirmed"] and c["winner_label"].startswith("mb2x4") and c["tied"] == ["mb4x2 blk128 fp32 no-ckpt sdpa"]
+    with reopen() as store:
+        board = store.leaderboard("tie")
+        summary = next(s for s in store.studies() if s.name == "tie")
+    pooled = {row.config.micro_batch: row.tokens_per_s for row in board}
+    assert pooled[4] > pooled[2]  # by speed alone mb4 would rank first: the tie's choice moves mb2 up
+    winner = board[0]
+    assert winner.config.micro_batch == 2
+    assert best_of("tie").row.config_key == winner.config_key
+    assert (summary.best_label, summary.best_tokens_per_s) == (winner.label, winner.tokens_per_s)
+    assert f"**`{winner.label}`**" in study_report("tie", None)
+    assert explain_winner(outcome).startswith(f"Chosen: {winner.label} ")
+    assert outcome.best.config_key == winner.config_key

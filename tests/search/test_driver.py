@@ -13,7 +13,7 @@ from autotune.search import SearchOptions, run_search
 from autotune.space import SearchSpace, group_key, group_priority
 from autotune.store import open_store
 from autotune.search import Prediction
-from tests.fakes import FAKE_ENV, ScriptedRunner, modelled_result
+from tests.fakes import FAKE_ENV, ScriptedRunner, modelled_result, request
 
 GiB = 2**30
 BUDGET = 1 * GiB
@@ -32,7 +32,7 @@ def gpt2_space(**overrides) -> SearchSpace:
 
 def search(store, runner, space, predictor=None, **options):
     options.setdefault("predict", predictor is not None)
-    return run_search(space, resolve_model("gpt2"), BUDGET, MARGIN, runner, store, SearchOptions(**options),
+    return run_search(request(space, resolve_model("gpt2"), BUDGET, MARGIN, SearchOptions(**options)), runner, store,
                       predictor=predictor)
 
 
@@ -109,11 +109,15 @@ def test_interrupted_search_resumes_without_rerunning_anything(store):
 
 
 def test_finished_search_answers_from_the_database(store):
-    search(store, ScriptedRunner(), gpt2_space(), study="f")
-    again = ScriptedRunner()
-    outcome = search(store, again, gpt2_space(), study="f")
-    assert outcome.answered_from_database and again.asked == []
-    assert outcome.best is not None
+    from autotune.search.request import answer_from_store
+
+    first = search(store, ScriptedRunner(), gpt2_space(), study="f")
+    again = request(gpt2_space(), resolve_model("gpt2"), BUDGET, MARGIN, SearchOptions(study="f"))
+    outcome = answer_from_store(store, again, 0.0)
+    assert outcome is not None and outcome.answered_from_database
+    assert outcome.best is not None and outcome.best.config_key == first.best.config_key
+    assert answer_from_store(store, request(gpt2_space(precisions=("bf16",)), resolve_model("gpt2"), BUDGET, MARGIN,
+                                            SearchOptions(study="f")), 0.0) is None  # another space: searched again
 
 
 def test_stored_results_are_reused_across_studies(store):
@@ -132,8 +136,8 @@ def test_tpe_strategy_also_reaches_the_best(store):
 
 
 def test_nothing_fits(store):
-    outcome = run_search(gpt2_space(), resolve_model("gpt2"), 520 * 2**20, 26 * 2**20, ScriptedRunner(), store,
-                         SearchOptions(study="tiny-budget", predict=False))
+    outcome = run_search(request(gpt2_space(), resolve_model("gpt2"), 520 * 2**20, 26 * 2**20,
+                                 SearchOptions(study="tiny-budget", predict=False)), ScriptedRunner(), store)
     assert outcome.best is None and outcome.leaderboard == []
     # Binary search: two OOMs settle each of the 12 accumulating groups, one each group of the
     # micro-batch that does not accumulate.
@@ -193,12 +197,12 @@ def test_the_micro_batch_that_does_not_accumulate_is_probed_despite_smaller_ooms
     # budget mb16x2 runs out of memory while mb32x1 fits; OOM-skipping across that line would miss it.
     space = gpt2_space(precisions=("bf16",), checkpointing=(True,), attentions=("sdpa",))
     budget = 725 * 2**20
-    grid = run_search(space, resolve_model("gpt2"), budget, 0, ScriptedRunner(margin_fraction=0), store,
-                      SearchOptions(study="g", strategy="grid-full", predict=False))
+    grid = run_search(request(space, resolve_model("gpt2"), budget, 0,
+                              SearchOptions(study="g", strategy="grid-full", predict=False)), ScriptedRunner(), store)
     statuses = {p.config.micro_batch: p.result.status for p in store.probes("g")}
     assert statuses[16] == "oom" and statuses[32] == "ok"
-    outcome = run_search(space, resolve_model("gpt2"), budget, 0, ScriptedRunner(margin_fraction=0), store,
-                         SearchOptions(study="f", fresh=True, predict=False))
+    outcome = run_search(request(space, resolve_model("gpt2"), budget, 0, SearchOptions(study="f", fresh=True, predict=False)),
+                         ScriptedRunner(), store)
     assert outcome.best.config == grid.best.config and outcome.best.config.micro_batch == 32
 
 
@@ -225,11 +229,11 @@ def test_predictions_in_the_background_arrive_group_by_group_and_match_waiting_f
     class Watching(ScriptedRunner):
         early: list[str] = []
 
-        def run(self, config, budget_bytes, spec=None):
+        def run(self, config, budget, spec=None):
             with lock:
                 if config.key() not in delivered:
                     self.early.append(config.label())
-            return super().run(config, budget_bytes, spec)
+            return super().run(config, budget, spec)
 
     waited = search(store, ScriptedRunner(), space, predictor=modelled_predictor(), study="waited")
     runner = Watching()

@@ -15,7 +15,8 @@ from autotune.search import Knowledge, SearchOptions, run_search
 from autotune.space import SearchSpace
 from autotune.store import open_store
 from autotune.search.fleet import check_joinable, run_worker, worker_devices
-from tests.fakes import FAKE_ENV, ScriptedRunner
+from autotune.budget import Budget
+from tests.fakes import FAKE_ENV, ScriptedRunner, request
 
 GiB = 2**30
 BUDGET = 1 * GiB
@@ -29,9 +30,9 @@ class SlowRunner(ScriptedRunner):
         super().__init__(**kwargs)
         self.seconds = seconds
 
-    def run(self, config, budget_bytes, spec=None):
+    def run(self, config, budget, spec=None):
         time.sleep(self.seconds)
-        return super().run(config, budget_bytes, spec)
+        return super().run(config, budget, spec)
 
 
 def gpt2_space() -> SearchSpace:
@@ -48,11 +49,10 @@ def shared_search(db: str, study: str, strategy: str = "frontier", joiners: int 
     def starter() -> None:
         try:
             with open_store(db) as store:
-                outcomes[0] = run_search(space, spec, BUDGET, MARGIN, runners[0], store,
-                                         # (No confirmation round: what is checked is that the claims
-                                         # let each config be probed once; tests/search/test_confirm.py.)
-                                         SearchOptions(study=study, strategy=strategy, predict=False, heartbeat_seconds=0.5,
-                                                       confirm=False),
+                # (No confirmation round: what is checked is that the claims let each config be
+                # probed once; tests/search/test_confirm.py.)
+                options = SearchOptions(study=study, strategy=strategy, predict=False, heartbeat_seconds=0.5, confirm=False)
+                outcomes[0] = run_search(request(space, spec, BUDGET, MARGIN, options), runners[0], store,
                                          on_start=lambda *a: planned.set())
         except Exception as exc:  # noqa: BLE001 - surfaced below, in the test's own thread
             errors.append(exc)
@@ -86,9 +86,9 @@ def test_three_workers_settle_every_config_once_and_pick_what_one_worker_picks(t
     assert len(asked) == len(set(asked))  # no config probed twice, whichever worker took it
     with open_store(db) as store:
         probes = store.probes("shared")
-        single = run_search(gpt2_space(), resolve_model("gpt2"), BUDGET, MARGIN, ScriptedRunner(), store,
-                            SearchOptions(study="single", strategy=strategy, fresh=True, predict=False, patience=30,
-                                          confirm=False))
+        single = run_search(request(gpt2_space(), resolve_model("gpt2"), BUDGET, MARGIN,
+                                    SearchOptions(study="single", strategy=strategy, fresh=True, predict=False, patience=30,
+                                                  confirm=False)), ScriptedRunner(), store)
         claims = store.claims(store.study("shared").id, stale_after=60)
     keys = [p.config_key for p in probes]
     assert len(keys) == len(set(keys))  # each settled once
@@ -130,7 +130,7 @@ def test_configs_in_flight_are_unavailable_and_what_they_may_rule_out_waits():
     assert FrontierStrategy(knowledge, "cuda").next() == (by[1, False], None)
     knowledge.busy[by[1, False].key()] = by[1, False]
     assert FrontierStrategy(knowledge, "cuda").next() is None  # nothing worth doing: wait for the others
-    knowledge.learn(by[2, False], ScriptedRunner().run(by[2, False], BUDGET))
+    knowledge.learn(by[2, False], ScriptedRunner().run(by[2, False], Budget(BUDGET, MARGIN)))
     knowledge.busy.pop(by[2, False].key())
     assert not knowledge.speculative(by[4, False])   # mb1 in flight cannot rule out more than mb2 already fits
 
@@ -138,8 +138,8 @@ def test_configs_in_flight_are_unavailable_and_what_they_may_rule_out_waits():
 def test_a_study_is_pinned_to_its_device(tmp_path):
     db = str(tmp_path / "pinned.db")
     with open_store(db) as store:
-        run_search(gpt2_space(), resolve_model("gpt2"), BUDGET, MARGIN, ScriptedRunner(), store,
-                   SearchOptions(study="p", predict=False, max_trials=1))
+        run_search(request(gpt2_space(), resolve_model("gpt2"), BUDGET, MARGIN,
+                           SearchOptions(study="p", predict=False, max_trials=1)), ScriptedRunner(), store)
         store.set_study_status("p", "running")  # as if the starter were still at work
         other = Environment(**{**FAKE_ENV.to_dict(), "device_name": "Other GPU 24GB", "device_total_bytes": 24 * GiB})
         newer = Environment(**{**FAKE_ENV.to_dict(), "torch_version": "2.14.0"})
@@ -159,8 +159,8 @@ def test_a_study_is_pinned_to_its_device(tmp_path):
 def test_a_stopped_study_is_not_joined(tmp_path):
     db = str(tmp_path / "stopped.db")
     with open_store(db) as store:
-        run_search(gpt2_space(), resolve_model("gpt2"), BUDGET, MARGIN, ScriptedRunner(), store,
-                   SearchOptions(study="s", predict=False, max_trials=1))
+        run_search(request(gpt2_space(), resolve_model("gpt2"), BUDGET, MARGIN,
+                           SearchOptions(study="s", predict=False, max_trials=1)), ScriptedRunner(), store)
         with pytest.raises(BadInput, match="is stopped; resume it"):
             run_worker(store, "s", ScriptedRunner())
 
@@ -176,3 +176,20 @@ def test_workers_get_one_gpu_each(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(BadInput, match="--device cpu"):
         worker_devices(1, "auto")
+
+
+def test_a_joining_worker_probes_with_every_setting_the_search_was_given(tmp_path):
+    # --max-compile-seconds (and every other probe setting) reaches `autotune worker` through the
+    # study's plan; its device is its own, its margin the study's.
+    from autotune.probe import ProbeSettings
+    from autotune.search.fleet import worker_settings
+
+    settings = ProbeSettings(device="cpu", measure_steps=2, measure_seconds=0.5, timeout=90, max_compile_seconds=7.0,
+                             margin=0.1)
+    with open_store(str(tmp_path / "plan.db")) as store:
+        run_search(request(gpt2_space(), resolve_model("gpt2"), BUDGET, MARGIN,
+                           SearchOptions(study="plan", predict=False, max_trials=1), settings), ScriptedRunner(), store)
+        joined = worker_settings(store.study("plan"), "cuda")
+        timed = worker_settings(store.study("plan"), "cuda", probe_timeout=30)
+    assert (joined.max_compile_seconds, joined.measure_steps, joined.measure_seconds, joined.timeout) == (7.0, 2, 0.5, 90)
+    assert (joined.device, joined.margin) == ("cuda", MARGIN) and timed.timeout == 30

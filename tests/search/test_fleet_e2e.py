@@ -19,7 +19,7 @@ from autotune.search import SearchOptions, run_search, start_study
 from autotune.space import SearchSpace
 from autotune.store import open_store
 from tests.cli import autotune, autotune_command, wait_for
-from tests.fakes import ScriptedRunner
+from tests.fakes import ScriptedRunner, request
 from tests.faults import fault_env
 
 pytestmark = pytest.mark.slow
@@ -39,8 +39,9 @@ def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_w
     settings = ProbeSettings(device="cpu", measure_steps=1)
     # Start the study (what `autotune search` does first), so that a doomed worker joins before the rest.
     with open_store(postgres_url) as store, ProbeRunner(settings) as runner:
-        _, trials = start_study(space, spec, budget, settings.margin_bytes(budget), runner, store,
-                                SearchOptions(study="shared", predict=False, heartbeat_seconds=0.5))
+        _, trials = start_study(request(space, spec, budget, settings.budget(budget).margin_bytes,
+                                        SearchOptions(study="shared", predict=False, heartbeat_seconds=0.5), settings),
+                                runner, store)
         trials.close()
         study_id = store.study("shared").id
 
@@ -78,10 +79,10 @@ def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_w
     table = {p.config_key: p.result for p in probes if p.result.status != "skipped"}
     with open_store() as local:
         replay = ScriptedRunner(table, env=environment)
-        single = run_search(space, spec, budget, settings.margin_bytes(budget), replay,
-                            # (no confirmation round: a fleet runs none, and the replay would pool
-                            # the table's windows with themselves)
-                            local, SearchOptions(study="single", fresh=True, predict=False, confirm=False))
+        # (no confirmation round: a fleet runs none, and the replay would pool the table's windows
+        # with themselves)
+        single = run_search(request(space, spec, budget, settings.budget(budget).margin_bytes,
+                                    SearchOptions(study="single", fresh=True, predict=False, confirm=False)), replay, local)
     # Every config the one worker probed, the workers had probed (the replay has no other answers),
     # so their pick is at least as fast as its pick; the same config unless the CPU's timing noise
     # made a smaller micro-batch faster, which the frontier (throughput grows with the micro-batch)

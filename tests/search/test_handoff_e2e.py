@@ -17,6 +17,7 @@ from autotune.search import SearchOptions, run_search
 from autotune.space import SearchSpace
 from autotune.store import open_store
 from tests.cli import autotune, autotune_command
+from tests.fakes import request
 
 pytestmark = pytest.mark.slow
 MiB = 2**20
@@ -29,7 +30,7 @@ def test_best_trainer_args_build_real_training_arguments(tiny_model, tmp_path):
     with open_store() as store, ProbeRunner(ProbeSettings(device="cpu", measure_steps=1)) as runner:
         space = SearchSpace.build(spec, micro_batches=(2, 4), block_sizes=(64,), precisions=("bf16",),
                                   checkpointing=(True,), attentions=("eager",), effective_batch=4)
-        run_search(space, spec, BUDGET, MARGIN, runner, store, SearchOptions(study="handoff"))
+        run_search(request(space, spec, BUDGET, MARGIN, SearchOptions(study="handoff")), runner, store)
     proc = autotune("best", "--study", "handoff", "--format", "trainer-args", timeout=120)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -85,7 +86,7 @@ def test_a_lora_search_over_two_optimizers_hands_off_trainer_arguments_and_a_lor
         space = SearchSpace.build(spec, micro_batches=(2, 4), block_sizes=(64,), precisions=("fp32",), checkpointing=(False,),
                                   attentions=("sdpa",), effective_batch=4, optimizers=("adamw", "adafactor"),
                                   peft=peft_text("lora", rank=4))
-        outcome = run_search(space, spec, BUDGET, MARGIN, runner, store, SearchOptions(study="lora", confirm=False))
+        outcome = run_search(request(space, spec, BUDGET, MARGIN, SearchOptions(study="lora", confirm=False)), runner, store)
         probes = store.probes("lora")
     assert outcome.finished and outcome.best is not None
     assert {p.config.optimizer for p in probes if p.result.status == "ok"} == {"adamw", "adafactor"}

@@ -18,7 +18,7 @@ from autotune.search import SearchOptions, run_search
 from autotune.space import SearchSpace
 from autotune.store import open_store
 from tests.cli import autotune_command
-from tests.fakes import ScriptedRunner, modelled_result
+from tests.fakes import ScriptedRunner, modelled_result, request
 
 pytestmark = pytest.mark.slow
 MiB = 2**20
@@ -37,7 +37,8 @@ def test_search_pick_equals_the_exhaustive_grid_best(tiny_model):
     spec = resolve_model(tiny_model)
     space = tiny_space(tiny_model)
     with open_store() as store, ProbeRunner(ProbeSettings(device="cpu")) as runner:
-        grid = run_search(space, spec, BUDGET, MARGIN, runner, store, SearchOptions(study="grid", strategy="grid-full"))
+        grid = run_search(request(space, spec, BUDGET, MARGIN, SearchOptions(study="grid", strategy="grid-full")), runner,
+                          store)
         assert grid.probed == len(space.candidates()) == 10
         statuses = {p.config.label(): p.result.status for p in store.probes("grid")}
         assert "oom" in statuses.values() and "ok" in statuses.values(), statuses
@@ -49,10 +50,11 @@ def test_search_pick_equals_the_exhaustive_grid_best(tiny_model):
         table = {p.config_key: _modelled_speed(p.config, p.result) for p in store.probes("grid")}
         everything, replay = ScriptedRunner(table), ScriptedRunner(table)
         everything.env = replay.env = runner.environment()
-        exhaustive = run_search(space, spec, BUDGET, MARGIN, everything, store,
-                                SearchOptions(study="grid-replay", strategy="grid-full", fresh=True, confirm=False))
-        frontier = run_search(space, spec, BUDGET, MARGIN, replay, store,
-                              SearchOptions(study="frontier", fresh=True, confirm=False))
+        exhaustive = run_search(request(space, spec, BUDGET, MARGIN,
+                                        SearchOptions(study="grid-replay", strategy="grid-full", fresh=True, confirm=False)),
+                                everything, store)
+        frontier = run_search(request(space, spec, BUDGET, MARGIN, SearchOptions(study="frontier", fresh=True, confirm=False)),
+                              replay, store)
     assert exhaustive.best is not None and frontier.best.config == exhaustive.best.config
     assert frontier.probed < exhaustive.probed == grid.probed
     skipped = [p for p in frontier_probes(frontier.study.name) if p.result.status == "skipped"]

@@ -21,7 +21,7 @@ from autotune.store import open_store
 from autotune.tasks import Task
 from autotune.train import SUMMARY_FILE, TrainOptions, train
 from autotune.train.task_data import load_task_data
-from autotune.train.winner import Recipe
+from autotune.train.winner import FixedRecipe
 from tests.cli import assert_usage_error, autotune
 from tests.tiny_tasks import write_tiny
 from tests.train.conftest import corpus_text, write_task_tokenizer
@@ -256,7 +256,7 @@ def test_seq2seq_columns_are_found_or_named(tmp_path):
 
 
 def test_flags_may_repeat_a_study_but_not_contradict_it():
-    measured = Recipe("seq2seq", target_length=128)
+    measured = FixedRecipe("seq2seq", target_length=128)
     measured.check("s2s", task="SEQ2SEQ", target_length=128)  # repeating it is fine
     with pytest.raises(BadInput, match="--target-length 64 contradicts study 's2s', which measured 128"):
         measured.check("s2s", target_length=64)

@@ -1,0 +1,345 @@
+"""The loop every search worker runs (`work`): choose a candidate, settle it (probe, reuse, or skip),
+learn from the outcome, until none is left, the study is stopped, or a limit is reached. Every
+settled candidate is stored as it finishes, so the same command resumes an interrupted search."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from autotune import defaults
+from autotune.budget import Budget
+from autotune.config import ProbeConfig
+from autotune.processes import Terminated
+from autotune.result import ProbeResult
+from autotune.search.common import Event, Progress, Runner, SearchOutcome
+from autotune.search.confirm import Confirmation, confirm
+from autotune.search.strategies import make_strategy
+from autotune.search.trials import Trials
+from autotune.search.worker_state import Heartbeat, WorkerState
+from autotune.status import ProbeStatus, Settled, SettleHow, StopReason, StudyStatus
+from autotune.store import LeaderboardRow
+
+log = logging.getLogger("autotune")
+# Fresh-process retries of a probe whose process died without a result.
+CRASH_RETRIES = 2
+
+
+@contextlib.contextmanager
+def stop_on_first_interrupt() -> Iterator[threading.Event]:
+    """The first Ctrl-C asks the search to stop after the probe in flight; a second one aborts it.
+    SIGTERM (what Slurm, Kubernetes and systemd send, often with a short grace period) aborts at
+    once, as a second Ctrl-C does: the probe in flight is killed and its claim given back."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def on_interrupt(signum, frame):
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    def on_terminate(signum, frame):
+        stop.set()
+        raise Terminated
+
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, on_interrupt),
+                signal.SIGTERM: signal.signal(signal.SIGTERM, on_terminate)}
+    try:
+        yield stop
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    """The candidate to settle next: probe it, or record it skipped with `skip_reason`."""
+
+    config: ProbeConfig
+    skip_reason: str | None
+    trial: Any = None           # TPE's trial for it, when TPE proposed it
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """A candidate's outcome as stored (probe_id None: another worker stored one first)."""
+
+    choice: Choice
+    result: ProbeResult
+    how: Settled
+    probe_id: int | None
+
+
+class SearchLoop:
+    """One worker's loop over a study (see the module's docstring). The starter (the process that
+    started the study) sets the study's status when it stops; a joining worker marks it finished
+    when the space is done and leaves it alone otherwise."""
+
+    def __init__(self, w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Event], None] | None, *,
+                 starter: bool, started: float, on_progress: Callable[[Progress], None] | None = None) -> None:
+        self.w, self.runner, self.trials, self.on_event, self.on_progress = w, runner, trials, on_event, on_progress
+        self.starter, self.started = starter, started
+        options = w.options
+        self.strategy = make_strategy(options, w.knowledge, w.environment.device_type, trials)
+        self.patience = options.patience if options.patience is not None else (
+            defaults.TPE_PATIENCE if options.strategy == "tpe" else None)
+        self.outcome = SearchOutcome(study=w.study, space=w.request.space, leaderboard=[],
+                                     candidates=len(w.knowledge.candidates))
+        self.since_improvement = 0
+        self.env_fingerprint = w.environment.fingerprint()
+        self.stop_reason: StopReason | None = None  # set where a reason to stop is found
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def run(self) -> SearchOutcome:
+        w, outcome = self.w, self.outcome
+        heartbeat = Heartbeat(w.store, w.study.id, w.label, w.options.heartbeat_seconds)
+        try:
+            with stop_on_first_interrupt() as stop:
+                while (reason := self._stop_reason(stop)) is None:
+                    choice = self._choose(stop)
+                    settled = self._settle(choice, heartbeat) if choice is not None else None
+                    if settled is not None:
+                        self._learn(settled)
+                outcome.stop_reason = reason
+                # (A search that probed nothing, every result reused from earlier studies, adds no probes.)
+                if self.starter and outcome.stop_reason == StopReason.EXHAUSTED and w.options.confirm and outcome.probed:
+                    self._confirm(stop.is_set)  # the verdict is stored with the study
+        except BaseException:
+            # Aborted (a second Ctrl-C, SIGTERM, a user error from the runner): the study is not
+            # left `running`, so that every later command sees it stopped and resumable.
+            if self.starter:
+                w.store.set_study_status(w.study.id, StudyStatus.INTERRUPTED)
+            raise
+        finally:
+            heartbeat.close()
+        return self._finish()
+
+    def _stop_reason(self, stop: threading.Event) -> StopReason | None:
+        """Why to stop before choosing again (one found while choosing, settling or learning, or
+        now), having read what the study's other workers settled and the predictions that arrived."""
+        w = self.w
+        if self.stop_reason is not None:
+            return self.stop_reason
+        if stop.is_set():
+            return StopReason.INTERRUPTED
+        status = w.refresh(self.on_event)
+        if take_predictions(w):
+            k = w.knowledge
+            w.store.set_study_plan(w.study.id, w.plan.to_dict())
+            w.store.fill_predicted_peaks(w.study.id, {key: k.predictions[key].peak_bytes
+                                                      for key in k.outcomes if key in k.predictions})
+        if status != StudyStatus.RUNNING:
+            return StopReason.FINISHED if status == StudyStatus.FINISHED else StopReason.STOPPED
+        return None
+
+    def _choose(self, stop: threading.Event) -> Choice | None:
+        """The strategy's next candidate; None to look again (after waiting for probes in flight on
+        other workers, or for the candidate's memory prediction)."""
+        w = self.w
+        proposed = self.strategy.next()
+        if proposed is None:
+            if not w.knowledge.busy:
+                self.stop_reason = StopReason.EXHAUSTED
+                return None
+            if self._over_time():
+                self.stop_reason = StopReason.TIMEOUT
+                return None
+            # Nothing to do until probes in flight on other workers report: wait for them.
+            stop.wait(min(1.0, w.options.heartbeat_seconds))
+            return None
+        config, skip_reason = proposed
+        trial = getattr(self.strategy, "pending_trial", None)
+        if trial is not None:
+            self.strategy.pending_trial = None  # type: ignore[attr-defined]
+        if skip_reason is None and trial is None and w.predicting is not None and w.predicting.expects(config):
+            # Predicting in the background: groups arrive in the order the search visits them, so
+            # this wait is short; then choose again with the group's predictions.
+            w.predicting.wait_for(config)
+            return None
+        return Choice(config, skip_reason, trial)
+
+    def _settle(self, choice: Choice, heartbeat: Heartbeat) -> Settlement | None:
+        """Skip, reuse or probe the chosen candidate and store its outcome; None when nothing was
+        stored (a limit reached before its probe, or another worker claimed it first)."""
+        w, config, outcome = self.w, choice.config, self.outcome
+        if choice.skip_reason is not None:
+            result = ProbeResult(status=ProbeStatus.SKIPPED, budget_bytes=w.budget.total_bytes,
+                                 margin_bytes=w.budget.margin_bytes, error=choice.skip_reason)
+            probe_id = self._store(choice, result, SettleHow.UNCLAIMED, cacheable=False)
+            outcome.skipped += probe_id is not None
+            return Settlement(choice, result, Settled.SKIPPED, probe_id)
+        cached = None if w.options.fresh else w.store.find_cached(
+            config.key(), self.env_fingerprint, w.request.spec.fingerprint, w.budget.total_bytes, w.budget.margin_bytes)
+        if cached is not None:
+            probe_id = self._store(choice, cached, SettleHow.UNCLAIMED)
+            outcome.reused += probe_id is not None
+            return Settlement(choice, cached, Settled.REUSED, probe_id)
+        self.stop_reason = self._limit()
+        if self.stop_reason is not None or w.store.claim(w.study.id, config.key(), w.label,
+                                                         stale_after=w.options.stale_after) is None:
+            # A limit, or another worker took it between our look and our claim (then: pick again).
+            self._give_back(choice)
+            return None
+        with showing_phases(self.runner, self.on_progress, config, len(w.knowledge.outcomes), len(w.knowledge.candidates)):
+            result = probe_claimed(w, self.runner, heartbeat, config)
+        outcome.probed += 1
+        outcome.probes_seconds += result.wall_seconds or 0.0
+        probe_id = self._store(choice, result, SettleHow.CLAIMED)
+        return Settlement(choice, result, Settled.PROBED, probe_id)
+
+    def _store(self, choice: Choice, result: ProbeResult, how: SettleHow, cacheable: bool | None = None) -> int | None:
+        """Store a candidate's outcome once for the study (None: another worker's came first)."""
+        w = self.w
+        prediction = w.knowledge.predictions.get(choice.config.key())
+        return w.store.settle(w.study.id, choice.config, result, how=how, worker=w.label,
+                              env_fingerprint=self.env_fingerprint, cacheable=cacheable,
+                              trial_number=choice.trial.number if choice.trial is not None else None,
+                              predicted_peak_bytes=prediction.peak_bytes if prediction else None)
+
+    def _learn(self, settled: Settlement) -> None:
+        """Tell Optuna and the knowledge, and say it; stop when the search's patience has run out."""
+        w, k, config, result = self.w, self.w.knowledge, settled.choice.config, settled.result
+        if settled.probe_id is None:
+            # Settled by another worker first (the same skip found at once, or a claim taken over
+            # from this worker while it looked dead): theirs is the stored outcome.
+            self._give_back(settled.choice)
+            return
+        if settled.choice.trial is not None:
+            self.trials.tell(settled.choice.trial, result, config)
+        elif (number := self.trials.add(config, result)) is not None:
+            w.store.set_trial_number(settled.probe_id, number)
+        previous_best = k.best()
+        # Timeouts, crashes and errors are learnt too, so this run does not ask again; a resumed
+        # search ignores them (RETRYABLE) and tries once more.
+        k.learn(config, result)
+        best = k.best()
+        improved = best is not None and (previous_best is None or best[0].key() != previous_best[0].key())
+        if settled.how == Settled.PROBED:
+            self.since_improvement = 0 if improved else self.since_improvement + 1
+        if self.on_event is not None:
+            self.on_event(Event(config, result, settled.how, len(k.outcomes), len(k.candidates),
+                                best is not None and best[0].key() == config.key(), w.label))
+        if self.patience is not None and self.since_improvement >= self.patience:
+            self.stop_reason = StopReason.PATIENCE
+
+    # -- limits, confirmation, the end ---------------------------------------------------------------
+    def _over_time(self) -> bool:
+        timeout = self.w.options.timeout
+        return timeout is not None and time.perf_counter() - self.started >= timeout
+
+    def _limit(self) -> StopReason | None:
+        """A limit of this worker that forbids starting another probe."""
+        max_trials = self.w.options.max_trials
+        if max_trials is not None and self.outcome.probed >= max_trials:
+            return StopReason.MAX_TRIALS
+        return StopReason.TIMEOUT if self._over_time() else None
+
+    def _give_back(self, choice: Choice) -> None:
+        if choice.trial is not None:
+            self.trials.tell(choice.trial, None)
+
+    def _confirm(self, stop: Callable[[], bool]) -> Confirmation | None:
+        """Every candidate is settled: measure the contenders within noise of the best again."""
+        w, total = self.w, len(self.w.knowledge.candidates)
+
+        def measured_again(row: LeaderboardRow, result: ProbeResult) -> None:
+            if self.on_event is not None:
+                self.on_event(Event(row.config, result, Settled.CONFIRMING, total, total, False, w.label))
+
+        def run(config: ProbeConfig, budget: Budget) -> ProbeResult:
+            with showing_phases(self.runner, self.on_progress, config, total, total, confirming=True):
+                return self.runner.run(config, budget, w.request.spec)
+
+        return confirm(w.store, w.study, run, w.budget, on_probe=measured_again, stop=stop)
+
+    def _finish(self) -> SearchOutcome:
+        w, outcome = self.w, self.outcome
+        outcome.unmeasured = w.unmeasured()
+        outcome.failures = list(w.warnings)
+        if self.starter:
+            w.store.set_study_status(w.study.id, w.settled_status() if outcome.finished else StudyStatus.INTERRUPTED)
+        elif outcome.finished and outcome.stop_reason != StopReason.FINISHED:
+            w.store.set_study_status(w.study.id, w.settled_status())
+        outcome.study = w.store.study(w.study.name)
+        outcome.leaderboard = w.store.leaderboard(w.study.name)
+        outcome.seconds = time.perf_counter() - self.started
+        return outcome
+
+
+def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Event], None] | None, *,
+         starter: bool, started: float, on_progress: Callable[[Progress], None] | None = None) -> SearchOutcome:
+    """Take configurations of the study until none is left, the study is stopped, or a limit of
+    this worker is reached (SearchLoop)."""
+    return SearchLoop(w, runner, trials, on_event, starter=starter, started=started, on_progress=on_progress).run()
+
+
+def take_predictions(w: WorkerState) -> bool:
+    """Let the search use the predictions that arrived since the last look, and keep them in the
+    study's plan (for workers that join later). True when any were taken."""
+    predicting = w.predicting
+    if predicting is None:
+        return False
+    ready = predicting.ready  # (looked at first: whatever arrived before is taken below)
+    arrived = predicting.take()
+    if ready:
+        w.predicting = None
+        if predicting.error is not None:
+            # Predictions only order and prune the probes: without them every config is probed.
+            # (Some models cannot be traced on fake tensors: deberta reads values, `nonzero`.)
+            w.warnings.append(f"memory predictions unavailable, every config is probed: {predicting.error}")
+    if not arrived:
+        return False
+    w.knowledge.predictions = {**w.knowledge.predictions, **arrived}
+    w.plan = dataclasses.replace(w.plan, predictions=dict(w.knowledge.predictions))
+    return True
+
+
+@contextlib.contextmanager
+def showing_phases(runner: Runner, on_progress: Callable[[Progress], None] | None, config: ProbeConfig,
+                   resolved: int, total: int, confirming: bool = False) -> Iterator[None]:
+    """Tell `on_progress` that a probe of `config` starts, and each phase it reaches."""
+    if on_progress is None:
+        yield
+        return
+    started = time.monotonic()
+
+    def reached(phase: str) -> None:
+        on_progress(Progress(config, phase, resolved, total, started, confirming))
+
+    reached("starting")
+    runner.on_phase = reached
+    try:
+        yield
+    finally:
+        runner.on_phase = None
+
+
+def probe_claimed(w: WorkerState, runner: Runner, heartbeat: Heartbeat, config: ProbeConfig) -> ProbeResult:
+    """Run a claimed probe, heartbeating. A crash (the child killed, a segfault, a CUDA fault) is
+    not a measurement: it is tried again in a fresh process, CRASH_RETRIES times. A probe that does
+    not end (a second Ctrl-C, SIGTERM, a user error raised by the runner) gives its claim back, so
+    that it is not left to go stale."""
+    try:
+        with heartbeat.holding(config.key()):
+            result = runner.run(config, w.budget, w.request.spec)
+            for attempt in range(2, CRASH_RETRIES + 2):
+                if result.status != ProbeStatus.CRASHED:
+                    break
+                log.warning("%s crashed (%s); trying again in a fresh process (attempt %d)", config.label(), result.error, attempt)
+                result = runner.run(config, w.budget, w.request.spec)
+            else:
+                if result.status == ProbeStatus.CRASHED:
+                    result.error = f"crashed {CRASH_RETRIES + 1} times, each in a fresh process; last: {result.error}"
+            return result
+    except BaseException:
+        w.store.release_claim(w.study.id, config.key(), w.label)
+        raise
