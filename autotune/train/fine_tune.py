@@ -1,23 +1,37 @@
 """`train()`: from a study (or a model and a budget) to a recorded run. Everything a user can get
-wrong is checked, in order, before the run is recorded; then `autotune.train.run` runs it."""
+wrong is checked, in order, before the run is recorded; then `autotune.train.run` runs it.
+
+`train()` is five steps, each a function below: `_plan_run` (the configuration: a settled study, or
+a search to run), `_load_data` (the data and tokenizer), `_find_winner` (the search, if needed),
+`_prepare_run` (examples, device, budget, Trainer's arguments) and `_record_run` (the run,
+recorded). Nothing is recorded before the last, bar the study that a search in the third makes."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from autotune.errors import BadInput
 from autotune.recipes import is_qlora
 from autotune.status import StudyStatus
+from autotune.tasks import Task
 from autotune.train.loading import check_vocabulary, load_tokenizer, weights_location
 from autotune.train.options import TrainOptions, TrainOutcome
 from autotune.train.run import (RunContext, checkpoints, default_output_dir, describe_limits, run_training,
                                 training_arguments)
-from autotune.train.winner import (Recipe, Winner, matching_study, planned_recipe, search_for_winner, settled_winner,
+from autotune.train.winner import (FixedRecipe, Winner, matching_study, planned_fixed_recipe, search_for_winner, settled_winner,
                                    study_model, study_winner)
 from autotune.units import format_size
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase, TrainingArguments
+
+    from autotune.models import ModelSpec
+    from autotune.train.task_data import TaskData
 
 
 def train(
@@ -44,12 +58,65 @@ def train(
     measured. Raises AutotuneError for anything the user must fix, before the run is recorded; an
     OOM during the run is `status='oom'`.
     """
-    from autotune.models import resolve_model
-    from autotune.search import default_study_name
-    from autotune.store import check_study_name, open_store, resolve_url
-    from autotune.store.engine import sqlite_path
-    from autotune.tasks import Task
+    flags: dict[str, Any] = {"task": task, "target_length": target_length, "num_labels": num_labels, "peft": peft}
+    plan = _plan_run(options, study, model, gpu_budget, flags, db)
+    data, tokenizer = _load_data(plan, options, echo)
+    winner = _find_winner(plan, data, options, db, echo, on_search_start, on_search_event)
+    context, args = _prepare_run(plan, winner, data, tokenizer, options, echo)
+    return _record_run(context, args, tokenizer, db, echo)
 
+
+@dataclass(frozen=True, slots=True)
+class RunPlan:
+    """What step 1 settles, handed down so that no later step works it out again."""
+
+    spec: ModelSpec
+    name: str                           # the study's: settled, or the one the search will create
+    task: Task                          # what the study trains, so what the data must be
+    winner: Winner | None               # None: the search finds it, once the data is known to be good
+    search_fixed_recipe: dict[str, Any]       # the recipe fields to search with (empty for a settled study)
+    gpu_budget: int | None              # as given; None keeps the study's
+    output_dir: Path
+    checkpoints: tuple[Path, ...]       # an earlier run's there, oldest first: --resume goes on from the last
+
+    @property
+    def searches(self) -> bool:
+        """Whether the winner is still to be found (the run then says it searched first)."""
+        return self.winner is None
+
+
+@dataclass(frozen=True, slots=True)
+class _Choice:
+    """The configuration before its task and output directory are checked: one of two ways to it."""
+
+    spec: ModelSpec
+    name: str
+    recipe: FixedRecipe
+    winner: Winner | None
+    search_fixed_recipe: dict[str, Any]
+
+
+def _plan_run(options: TrainOptions, study: str | None, model: str | None, gpu_budget: int | None,
+              flags: dict[str, Any], db: str | None) -> RunPlan:
+    """What to train and where, checked before anything slow runs, so that a mistake costs nothing."""
+    from autotune.models import resolve_model
+
+    _check_request(study, model, gpu_budget)
+    spec = resolve_model(model) if model is not None else None
+    if spec is not None and gpu_budget is not None:
+        choice = _choose_for_budget(spec, gpu_budget, study, flags, db)
+    else:
+        choice = _choose_study(study, model, flags, db)
+    trains = Task(choice.recipe.task)
+    _check_merge(options, choice.recipe, choice.name)
+    output_dir = Path(options.output_dir).expanduser() if options.output_dir else default_output_dir(choice.name)
+    found = _checked_checkpoints(output_dir, options.resume)
+    return RunPlan(spec=choice.spec, name=choice.name, task=trains, winner=choice.winner,
+                   search_fixed_recipe=choice.search_fixed_recipe, gpu_budget=gpu_budget, output_dir=output_dir, checkpoints=found)
+
+
+def _check_request(study: str | None, model: str | None, gpu_budget: int | None) -> None:
+    """BadInput unless the flags name a configuration: a study, or a model and a budget to search."""
     if study is None and model is None:
         raise BadInput("give --study NAME (a finished search), or --model and --gpu-budget to search first.")
     if model is not None and study is None and gpu_budget is None:
@@ -57,33 +124,42 @@ def train(
     if study is not None and not study.strip():
         raise BadInput("--study is empty; give the name of a finished search (list them with `autotune studies`).")
 
-    # 1. The configuration: a settled study, or a search to run once the data is known to be good.
-    # Read only: a refused command must leave the database as it was (the search creates or upgrades it).
-    spec = resolve_model(model) if model is not None else None
-    search_for: str | None = None
-    winner: Winner | None = None
-    flags: dict[str, Any] = {"task": task, "target_length": target_length, "num_labels": num_labels, "peft": peft}
-    if spec is not None and gpu_budget is not None:
-        # The study may be created by the search below: its name is checked before anything runs.
-        name = check_study_name(study) if study is not None else default_study_name(spec, gpu_budget)
-        existing = None
-        path = sqlite_path(resolve_url(db))
-        if path is None or path.exists():  # no database yet: nothing settled, the search makes it
-            with open_store(db, read_only=True) as store:
-                existing = matching_study(store, name, spec, gpu_budget)
-                winner = settled_winner(store, name, spec, gpu_budget)
-        recipe, search_recipe = planned_recipe(spec, name, existing, flags)
-        if winner is None:
-            search_for = name
-    else:
+
+def _choose_for_budget(spec: ModelSpec, gpu_budget: int, study: str | None, flags: dict[str, Any],
+                       db: str | None) -> _Choice:
+    """A finished study of this model and budget, else the search to run: read only, because a refused
+    command must leave the database as it was (the search creates or upgrades it)."""
+    from autotune.search import default_study_name
+    from autotune.store import check_study_name, open_store, resolve_url
+    from autotune.store.engine import sqlite_path
+
+    # The study may be created by the search: its name is checked before anything runs.
+    name = check_study_name(study) if study is not None else default_study_name(spec, gpu_budget)
+    existing, winner = None, None
+    path = sqlite_path(resolve_url(db))
+    if path is None or path.exists():  # no database yet: nothing settled, the search makes it
         with open_store(db, read_only=True) as store:
-            winner = study_winner(store, study)
-        spec = study_model(winner, model)
-        name = winner.study.name
-        recipe = Recipe.of_config(winner.row.config)
-        recipe.check(name, **flags)
-    assert spec is not None
-    trains = Task(recipe.task)
+            existing = matching_study(store, name, spec, gpu_budget)
+            winner = settled_winner(store, name, spec, gpu_budget)
+    recipe, search_fixed_recipe = planned_fixed_recipe(spec, name, existing, flags)
+    return _Choice(spec, name, recipe, winner, search_fixed_recipe)
+
+
+def _choose_study(study: str | None, model: str | None, flags: dict[str, Any], db: str | None) -> _Choice:
+    """The named (or latest) study's winner, read only for the same reason; the flags may only repeat it."""
+    from autotune.store import open_store
+
+    with open_store(db, read_only=True) as store:
+        winner = study_winner(store, study)
+    spec = study_model(winner, model)
+    name = winner.study.name
+    recipe = FixedRecipe.of_config(winner.row.config)
+    recipe.check(name, **flags)
+    return _Choice(spec, name, recipe, winner, {})
+
+
+def _check_merge(options: TrainOptions, recipe: FixedRecipe, name: str) -> None:
+    """BadInput for a --merge that has no adapters to merge, or whose merge would be lost."""
     if options.merge and recipe.peft is None:
         raise BadInput(f"--merge merges LoRA adapters into the base, but study {name!r} fine-tunes the whole model "
                        f"(no --peft): leave --merge out, or train adapters with --peft lora (a study of their own).")
@@ -93,92 +169,124 @@ def train(
                        f"would round their update away; leave --merge out and merge the saved adapters into the "
                        f"full-precision base (peft: PeftModel.from_pretrained(base, adapters).merge_and_unload()).")
 
-    output_dir = Path(options.output_dir).expanduser() if options.output_dir else default_output_dir(name)
+
+def _checked_checkpoints(output_dir: Path, resume: bool) -> tuple[Path, ...]:
+    """The checkpoints in `output_dir`, refused unless --resume: a new run must not overwrite an old one."""
     check_output_dir(output_dir)
-    found = checkpoints(output_dir)
-    if found and not options.resume:
+    found = tuple(checkpoints(output_dir))
+    if found and not resume:
         raise BadInput(f"{output_dir} holds checkpoints of an earlier run ({found[-1].name}); pass --resume to go on "
                        f"from it, or another --output-dir.")
+    return found
 
-    # 2. The data and the tokenizer, checked before anything is searched or recorded. (torch comes with
-    # autotune.probe's budget and devices: imported only now, so that the checks above answer at once.)
-    from autotune.margin import checked_margin_bytes
-    from autotune.probe.budget import enforce_budget
-    from autotune.probe.devices import resolve_training_device
-    from autotune.probe.speedups import use_allocator
-    from autotune.probe.step import check_recipe
-    from autotune.train.task_data import Examples, check_tokenizer, load_task_data, prepare_examples
 
-    data = load_task_data(trains, options)
+def _load_data(plan: RunPlan, options: TrainOptions,
+               echo: Callable[[str], None]) -> tuple[TaskData, PreTrainedTokenizerBase]:
+    """The data and the tokenizer, checked before anything is searched or recorded: a bad file costs no search."""
+    from autotune.train.task_data import check_tokenizer, load_task_data
+
+    data = load_task_data(plan.task, options)
     echo(f"data: {data.describe()}")
-    tokenizer = load_tokenizer(spec, options.tokenizer, options.trust_remote_code)
-    check_vocabulary(spec, tokenizer)
-    check_tokenizer(trains, tokenizer, options.tokenizer or spec.reference)
+    tokenizer = load_tokenizer(plan.spec, options.tokenizer, options.trust_remote_code)
+    check_vocabulary(plan.spec, tokenizer)
+    check_tokenizer(plan.task, tokenizer, options.tokenizer or plan.spec.reference)
+    return data, tokenizer
 
-    # 3. Search if needed: a new study's classifier is measured with the data's labels.
-    if search_for is not None:
-        assert gpu_budget is not None  # a search is only planned for a model and a budget
-        if trains == Task.CLASSIFICATION and data.labels is not None:
-            search_recipe.setdefault("num_labels", data.labels.count)
-        winner = search_for_winner(spec, gpu_budget, search_for, options.device, db, echo, on_search_start, on_search_event,
-                                   **search_recipe)
-    assert winner is not None
+
+def _find_winner(plan: RunPlan, data: TaskData, options: TrainOptions, db: str | None, echo: Callable[[str], None],
+                 on_search_start: Callable | None, on_search_event: Callable | None) -> Winner:
+    """The configuration to train, searched for only now that the data is known, and checked to train its task."""
+    winner = plan.winner
+    if winner is None:
+        assert plan.gpu_budget is not None  # a search is only planned for a model and a budget
+        search_fixed_recipe = dict(plan.search_fixed_recipe)
+        # A new study's classifier is measured with the data's labels.
+        if plan.task == Task.CLASSIFICATION and data.labels is not None:
+            search_fixed_recipe.setdefault("num_labels", data.labels.count)
+        winner = search_for_winner(plan.spec, plan.gpu_budget, plan.name, options.device, db, echo, on_search_start,
+                                   on_search_event, **search_fixed_recipe)
     config, row, record = winner.row.config, winner.row, winner.study
-    if config.task != trains:  # a study's probes are all of its task; a mixed one cannot be trained from
-        raise BadInput(f"study {record.name}'s best configuration trains {config.task}, not {trains}; search again "
+    if config.task != plan.task:  # a study's probes are all of its task; a mixed one cannot be trained from
+        raise BadInput(f"study {record.name}'s best configuration trains {config.task}, not {plan.task}; search again "
                        f"under a new --study name.")
     echo(f"study {record.name}: {config.label()} (probe #{row.probe_id}: {row.tokens_per_s or 0:,.0f} tokens/s, "
          f"peak reserved {format_size(row.peak_reserved_bytes)} of {format_size(row.budget_bytes)})")
-    warnings: list[str] = []
-    if record.status != StudyStatus.FINISHED:
-        warnings.append(f"study {record.name} is {record.status}: training with the best configuration found so far")
+    return winner
 
-    # 4. Blocks (or examples) of the winner's size; the device and the budget; the Trainer's arguments.
+
+def _prepare_run(plan: RunPlan, winner: Winner, data: TaskData, tokenizer: PreTrainedTokenizerBase,
+                 options: TrainOptions, echo: Callable[[str], None]) -> tuple[RunContext, TrainingArguments]:
+    """The examples, device, memory cap and Trainer's arguments, checked here before the run is recorded."""
+    # torch comes with autotune.probe: imported only now, so that the checks of step 1 answer at once.
+    from autotune.budget import Budget
+    from autotune.probe.cap import cap_memory
+    from autotune.probe.devices import resolve_training_device
+    from autotune.probe.speedups import use_allocator
+    from autotune.probe.step import check_recipe
+    from autotune.train.task_data import Examples, prepare_examples
+
+    config, record = winner.row.config, winner.study
     blocks = prepare_examples(data, tokenizer, config, seed=options.seed)
     echo(f"{'examples' if isinstance(blocks, Examples) else 'blocks'}: {blocks.describe()}")
-    if data.labels is not None and config.num_labels is not None and data.labels.count != config.num_labels:
-        warnings.append(f"the data has {data.labels.count} label{'s' if data.labels.count != 1 else ''} and the probe "
-                        f"measured a head of {config.num_labels}: the run's head has {data.labels.count} (its memory "
-                        f"differs by little)")
-    budget = gpu_budget if gpu_budget is not None else record.budget_bytes
     # Another budget keeps the study's margin as the same share of it.
-    margin = record.margin_bytes if budget == record.budget_bytes else round(record.margin_bytes * budget / record.budget_bytes)
+    budget = Budget(record.budget_bytes, record.margin_bytes).scaled_to(plan.gpu_budget or record.budget_bytes)
     study_device_type = record.environment.get("device_type")
     allocator = use_allocator(config.allocator)  # before CUDA starts: the allocator reads it once
     if allocator:
         echo(f"allocator: {allocator}")
     device = resolve_training_device(options.device or str(study_device_type or "auto"))
-    if device.type != study_device_type:
+    check_recipe(config, device)  # peft installed; no QLoRA off CUDA
+    args = training_arguments(winner, options, plan.output_dir, device, blocks.eval is not None)
+    weights = weights_location(plan.spec, options.random_init)
+    limits = cap_memory(device, budget)
+    found = plan.checkpoints
+    resume_from = str(found[-1]) if options.resume and found else None
+    if options.resume and not found:
+        echo(f"resume: no checkpoint in {plan.output_dir}; starting from the beginning")
+    echo(describe_limits(limits, record.device_name if device.type == study_device_type else str(device)))
+    warnings = _warnings(winner, data, device)
+    for warning in warnings:
+        echo(f"warning: {warning}")
+    context = RunContext(spec=plan.spec, winner=winner, options=options, output_dir=plan.output_dir, blocks=blocks,
+                         limits=limits, weights=weights, resume_from=resume_from, warnings=warnings,
+                         searched=plan.searches, labels=data.labels)
+    return context, args
+
+
+def _warnings(winner: Winner, data: TaskData, device: torch.device) -> list[str]:
+    """Where this run will not compare with the probe that chose it: said before it, and kept with it."""
+    config, record = winner.row.config, winner.study
+    warnings: list[str] = []
+    if record.status != StudyStatus.FINISHED:
+        warnings.append(f"study {record.name} is {record.status}: training with the best configuration found so far")
+    if data.labels is not None and config.num_labels is not None and data.labels.count != config.num_labels:
+        warnings.append(f"the data has {data.labels.count} label{'s' if data.labels.count != 1 else ''} and the probe "
+                        f"measured a head of {config.num_labels}: the run's head has {data.labels.count} (its memory "
+                        f"differs by little)")
+    if device.type != record.environment.get("device_type"):
         warnings.append(f"study {record.name} measured on {record.device_name}, this run trains on {device.type}: "
                         f"the probe's peak and speed do not compare")
-    check_recipe(config, device)  # peft installed; no QLoRA off CUDA
     if config.compile and device.type == "cpu":
         warnings.append("torch.compile does not run under the CPU memory accountant (a dispatch mode, which "
                         "TorchDynamo does not trace under): this CPU run trains the compiled winner eagerly")
-    args = training_arguments(winner, options, output_dir, device, blocks.eval is not None)
-    weights = weights_location(spec, options.random_init)
-    checked_margin_bytes(margin, budget)
-    limits = enforce_budget(device, budget, margin)
-    resume_from = str(found[-1]) if options.resume and found else None
-    if options.resume and not found:
-        echo(f"resume: no checkpoint in {output_dir}; starting from the beginning")
-    echo(describe_limits(limits, record.device_name if device.type == study_device_type else str(device)))
-    for warning in warnings:
-        echo(f"warning: {warning}")
+    return warnings
 
-    # 5. The run, recorded from here on.
+
+def _record_run(context: RunContext, args: TrainingArguments, tokenizer: PreTrainedTokenizerBase, db: str | None,
+                echo: Callable[[str], None]) -> TrainOutcome:
+    """The run, recorded beside the probe that chose it before it starts, so that one that dies leaves its row."""
+    from autotune.store import open_store
+
+    output_dir, winner = context.output_dir, context.winner
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # what check_output_dir cannot see (as root, a read-only mount, a full disk)
         raise BadInput(f"--output-dir {output_dir}: cannot create it ({exc.strerror}); pass --output-dir with a "
                        f"writable place.") from None
-    context = RunContext(spec=spec, winner=winner, options=options, output_dir=output_dir, blocks=blocks, limits=limits,
-                         weights=weights, resume_from=resume_from, warnings=warnings, searched=search_for is not None,
-                         labels=data.labels)
     with open_store(db) as store:
-        run_id = store.start_run(config=config, study_id=record.id, probe_id=row.probe_id, output_dir=str(output_dir.resolve()),
-                                 dataset=options.dataset)
-        echo(f"run #{run_id}: {config.label()} -> {output_dir}")
+        run_id = store.start_run(config=winner.row.config, study_id=winner.study.id, probe_id=winner.row.probe_id,
+                                 output_dir=str(output_dir.resolve()), dataset=context.options.dataset)
+        echo(f"run #{run_id}: {winner.row.config.label()} -> {output_dir}")
         return run_training(context, run_id, store, args, tokenizer, echo)
 
 
