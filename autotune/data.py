@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -95,6 +96,9 @@ def parse_source(spec: str, *, flag: str = "--dataset") -> DatasetSource:
         raise DatasetError(f"{flag} is empty; give a text file (.txt, .jsonl, .csv, .parquet) or a hub data set name.")
     path = Path(spec).expanduser()
     if path.is_dir():
+        if not _holds_data_files(path):
+            raise DatasetError(f"{flag} {spec}: the directory holds no {KNOWN} file; give a data file, or a directory "
+                               f"of such files.")
         return DatasetSource(spec, "directory", str(path.resolve()))
     suffixes = [s.lower() for s in path.suffixes]
     if suffixes and suffixes[-1] in _COMPRESSION:
@@ -124,6 +128,20 @@ def parse_source(spec: str, *, flag: str = "--dataset") -> DatasetSource:
     return DatasetSource(spec, "hub", name, config=config or None, split=split or "train")
 
 
+def _holds_data_files(directory: Path) -> bool:
+    """Whether `datasets` finds a data file of a known kind in `directory` (as it does, skipping
+    hidden files and folders and those starting with '__')."""
+    for path in directory.rglob("*"):
+        if any(part.startswith((".", "__")) for part in path.relative_to(directory).parts) or not path.is_file():
+            continue
+        suffixes = [s.lower() for s in path.suffixes]
+        if suffixes and suffixes[-1] in _COMPRESSION:
+            suffixes = suffixes[:-1]
+        if suffixes and suffixes[-1] in BUILDERS:
+            return True
+    return False
+
+
 def _looks_like_hub_id(spec: str) -> bool:
     # 'owner/name' or 'owner/name:config' is a hub id even though it contains a slash.
     name = spec.split(":", 1)[0]
@@ -138,12 +156,13 @@ def _load(source: DatasetSource):
     if not sys.stderr.isatty():
         datasets.disable_progress_bars()   # one bar per file and map is noise in a log
     try:
-        if source.kind == "file":
-            return datasets.load_dataset(source.path, data_files=source.data_files, **dict(source.builder_kwargs))
-        if source.kind == "directory":
-            return datasets.load_dataset(source.path)
-        with _hub_access():
-            return datasets.load_dataset(source.path, source.config)
+        with _held_logs():
+            if source.kind == "file":
+                return datasets.load_dataset(source.path, data_files=source.data_files, **dict(source.builder_kwargs))
+            if source.kind == "directory":
+                return datasets.load_dataset(source.path)
+            with _hub_access():
+                return datasets.load_dataset(source.path, source.config)
     except DatasetError:
         raise
     except Exception as exc:  # datasets raises many types (FileNotFoundError, ArrowInvalid, DatasetNotFoundError, ...)
@@ -151,15 +170,61 @@ def _load(source: DatasetSource):
         if source.kind == "hub":
             raise DatasetError(f"--dataset {source.spec}: cannot load it from the hub or the local cache ({reason}); "
                                f"offline, give a local {KNOWN} file.") from None
-        raise DatasetError(f"--dataset {source.spec}: cannot read it ({reason}).") from None
+        hint = _FORMAT_HINTS.get(source.path, "") if source.kind == "file" else ""
+        raise DatasetError(f"--dataset {source.spec}: cannot read it ({reason}){hint}.") from None
+
+
+# What a file of each builder must hold, said when one cannot be read.
+_FORMAT_HINTS = {
+    "json": "; a .json or .jsonl file holds JSON objects, one per line (or one list of them)",
+    "csv": "; give comma- (or, for .tsv, tab-) separated values with a header row",
+    "text": "; give UTF-8 text",
+}
+
+
+@contextlib.contextmanager
+def _held_logs() -> Iterator[None]:
+    """Hold back what `datasets` logs and warns while it loads: a file it cannot read is logged
+    ("Failed to load JSON from file ...") before the error is raised, and the error becomes our one
+    line. After a load that succeeds, what was held is passed on."""
+    logger = logging.getLogger("datasets")
+    handlers, propagate = logger.handlers[:], logger.propagate
+    held = _Holder()
+    logger.handlers, logger.propagate = [held], False
+    try:
+        with warnings.catch_warnings(record=True) as warned:
+            warnings.simplefilter("default")
+            yield
+    finally:
+        logger.handlers, logger.propagate = handlers, propagate
+    for record in held.records:
+        logger.handle(record)
+    for warning in warned:  # (through the filters in force outside)
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+
+
+class _Holder(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 def _root_reason(exc: BaseException) -> str:
-    """The innermost cause's message: datasets wraps a parse error in "An error occurred while
-    generating the dataset", which says nothing a user can act on."""
-    while (exc.__cause__ or exc.__context__) is not None:
+    """The message of the first error under datasets' wrappers ("An error occurred while
+    generating the dataset" says nothing a user can act on): the parser's own complaint, rather
+    than the fallback parser's (pandas' "Trailing data", after pyarrow's "JSON parse error")."""
+    while isinstance(exc, _wrappers()) and (exc.__cause__ or exc.__context__) is not None:
         exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
     return " ".join(str(exc).split())[:300] or type(exc).__name__
+
+
+def _wrappers() -> tuple[type[BaseException], ...]:
+    from datasets.exceptions import DatasetGenerationError
+
+    return (DatasetGenerationError,)
 
 
 @contextlib.contextmanager

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.budget import Budget, required_bytes
-from autotune.plot import MATPLOTLIB_MISSING, have_matplotlib, latest_outcomes, plot_study, probe_device
+from autotune.plot import (MATPLOTLIB_MISSING, check_out_file, check_out_path, have_matplotlib, latest_outcomes, plot_study,
+                           probe_device)
 from autotune.report import explain_winner
 from autotune.status import RETRYABLE, ProbeStatus
 from autotune.units import format_size
@@ -167,9 +168,17 @@ def study_report(study: str | None, db: str | None, out: str | os.PathLike[str] 
                  plot: str | os.PathLike[str] | None = None) -> str:
     """The Markdown report of `study` (the most recent when None), written to `out` when given, and
     returned. The plot goes to `plot`, else beside `out` (same name, .png); with neither, or
-    without matplotlib, the report says there is none. Reads the database only."""
+    without matplotlib, the report says there is none. Reads the database only; refuses, before
+    reading it, a file that cannot be written (a missing directory is not made)."""
     from autotune.store import open_store
 
+    if out is not None:
+        check_out_path(Path(out), "--out")
+    if plot is not None:
+        if have_matplotlib():
+            check_out_file(plot, "--plot")
+        else:
+            check_out_path(Path(plot), "--plot")
     with open_store(db, read_only=True) as store:
         record = store.study(study)
         probes = store.probes(record.name)
@@ -187,7 +196,5 @@ def study_report(study: str | None, db: str | None, out: str | os.PathLike[str] 
     text = render_report(record, probes, board, claims=claims, device=probe_device(probes, record), image=image,
                          image_note=note)
     if out_path is not None:
-        if out_path.parent != Path(""):
-            out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(text + "\n")
     return text

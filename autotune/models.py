@@ -12,6 +12,7 @@ from pathlib import Path
 
 from autotune.errors import BadInput, ModelNotFound
 from autotune.tasks import task_fields
+from autotune.units import format_size
 
 # The GPT-2 family's architectures are public and fixed, so these names resolve offline.
 # Values are those of the hub's config.json files (GPT2Config() defaults are gpt2 124M).
@@ -32,6 +33,22 @@ _ALIASES = {f"openai-community/{name}": name for name in ("gpt2", "gpt2-medium",
 _ALIASES["distilbert/distilgpt2"] = "distilgpt2"
 
 _MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_length", "max_seq_len")
+# A model's sizes under the names config.json files give them (GPT-2, BERT/Llama, T5/BART, DistilBERT,
+# ALBERT): none may be zero or negative. The widths also size the embedding table.
+_WIDTH_KEYS = ("embedding_size", "hidden_size", "n_embd", "d_model", "dim")
+_SIZE_KEYS = (
+    *_WIDTH_KEYS,
+    "num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers", "decoder_layers", "num_decoder_layers",
+    "num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads", "decoder_attention_heads",
+)
+# The fewest tokens a vocabulary can have and still train something: the probe feeds random token
+# ids in [0, vocab_size), so with one token every input and every label is the same.
+MIN_VOCAB = 2
+# No device holds this much (the largest cards hold a few hundred GiB, the largest hosts some TiB).
+MAX_DEVICE_BYTES = 2**50
+# The fewest bytes an embedding weight takes in any recipe (bf16 weights; fp32 otherwise): an
+# embedding table is refused only when it cannot fit even so.
+_MIN_WEIGHT_BYTES = 2
 
 
 @dataclass(frozen=True)
@@ -69,15 +86,55 @@ class ModelSpec:
         return task_fields(self.config, self.reference, task=task, target_length=target_length,
                            num_labels=num_labels, max_positions=self.max_positions)
 
-    def check_usable(self, trust_remote_code: bool = False) -> None:
+    def check_usable(self, trust_remote_code: bool = False, *, budget_bytes: int | None = None) -> None:
         """Refuse what can be told of the model from its config.json alone, before any process
-        starts: no vocabulary (not a language model), or its own code without leave to run it."""
-        if "vocab_size" not in self.config:
+        starts: no vocabulary (not a language model), shapes nothing can train (check_shapes), or
+        its own code without leave to run it."""
+        if self.config.get("vocab_size") is None:
             raise ModelNotFound(f"--model {self.reference}: its config has no vocab_size; is it a language model "
                                 f"(text in, tokens or labels out)?")
+        self.check_shapes(budget_bytes)
         if self.needs_remote_code and not trust_remote_code:
             raise BadInput(f"--model {self.reference} brings its own code (auto_map in its config.json); pass "
                            f"--trust-remote-code to allow it to run, or choose another model.")
+
+    def check_shapes(self, budget_bytes: int | None = None) -> None:
+        """Refuse a config.json whose shapes no probe should build (the one home of this check):
+
+        - a size (layers, hidden width, heads) that is zero or negative: a model of no layers or
+          no width trains nothing, and transformers builds some of them without complaint;
+        - a vocab_size that is not a whole number of at least MIN_VOCAB (2): the probe trains on
+          random token ids in [0, vocab_size), so one token leaves nothing to predict;
+        - an embedding table that cannot fit: vocab_size x width x 2 bytes (bf16, the smallest any
+          recipe keeps it in) above `budget_bytes` where a budget is given, and above
+          MAX_DEVICE_BYTES (1 PiB, more than any device holds) always. A probe would otherwise
+          try to allocate it (petabytes, for a mistyped vocab_size) before any budget applies."""
+        name = f"--model {self.reference}"
+        for key in _SIZE_KEYS:
+            value = self.config.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+                raise BadInput(f"{name}: its config.json has {key} {value}; a model needs at least 1, so this one "
+                               f"trains nothing: fix {key} in the config.")
+        vocab = self.config["vocab_size"]
+        if not isinstance(vocab, int) or isinstance(vocab, bool):
+            raise BadInput(f"{name}: its config.json has vocab_size {vocab!r}, not a whole number; give the number "
+                           f"of tokens of its vocabulary.")
+        if vocab < MIN_VOCAB:
+            raise BadInput(f"{name}: its config.json has vocab_size {vocab}; training needs at least {MIN_VOCAB} tokens "
+                           f"(the probe feeds random token ids below vocab_size, so with {vocab} there is nothing "
+                           f"to predict): give the model's real vocabulary size.")
+        widths = [(key, value) for key in _WIDTH_KEYS if isinstance(value := self.config.get(key), int)]
+        if not widths:
+            return
+        width_key, width = min(widths, key=lambda item: item[1])
+        table = vocab * width * _MIN_WEIGHT_BYTES
+        limit = MAX_DEVICE_BYTES if budget_bytes is None else min(budget_bytes, MAX_DEVICE_BYTES)
+        by_budget = limit < MAX_DEVICE_BYTES
+        if table > limit:
+            where = f"the --gpu-budget {format_size(limit)}" if by_budget else "any device holds (1 PiB)"
+            raise BadInput(f"{name}: its embedding table alone (vocab_size {vocab:,} x {width_key} {width:,}) needs at "
+                           f"least {format_size(table)}, more than {where}; check vocab_size and {width_key} in its "
+                           f"config.json" + (", or give a larger --gpu-budget." if by_budget else "."))
 
     @property
     def fingerprint(self) -> str:
@@ -102,12 +159,25 @@ class ModelSpec:
 
 
 def _read_config(path: Path) -> dict:
+    """A config.json's contents, checked enough to be read by the rest: a JSON object of UTF-8 text
+    with a model_type, its `architectures` a list of class names (one name alone becomes a list of
+    one, as its writer meant)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
+        data = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ModelNotFound(f"--model: cannot read {path}: it is not UTF-8 text (byte {exc.object[exc.start]:#04x} at "
+                            f"position {exc.start}); it must be a model's config.json, saved as UTF-8.") from None
+    except (OSError, ValueError, RecursionError) as exc:  # (json.JSONDecodeError is a ValueError)
         raise ModelNotFound(f"--model: cannot read {path} ({exc}); it must be a model's config.json.") from None
     if not isinstance(data, dict) or "model_type" not in data:
         raise ModelNotFound(f"--model: {path} has no 'model_type'; it must be a transformers config.json.")
+    architectures = data.get("architectures")
+    if isinstance(architectures, str):
+        data["architectures"] = [architectures]
+    elif architectures is not None and not (isinstance(architectures, list)
+                                            and all(isinstance(name, str) for name in architectures)):
+        raise ModelNotFound(f"--model: {path} has 'architectures' {json.dumps(architectures)[:80]}; it must be a list "
+                            f"of class names, e.g. [\"GPT2LMHeadModel\"].")
     return data
 
 

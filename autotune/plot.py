@@ -162,9 +162,9 @@ def predicted_needs(study: StudyRecord) -> dict[str, int]:
 
 def plot_study(study: str | None, db: str | None, out: str | os.PathLike[str] | None = None) -> Path:
     """Draw a study (the most recent when None) to `out` (default `<study>.png` here); returns the
-    path. Reads only. Raises BadInput when the drawing library is missing."""
-    suffix = Path(out).suffix.lower() if out is not None else ".png"
-    check_writer(suffix)
+    path. Reads only. Raises BadInput, before reading anything, when the drawing library is missing
+    or `out` cannot be written (check_out_file)."""
+    check_out_file(out if out is not None else "plot.png")
     from autotune.store import open_store
 
     with open_store(db, read_only=True) as store:
@@ -177,22 +177,40 @@ def plot_study(study: str | None, db: str | None, out: str | os.PathLike[str] | 
     return write_plot(data, plot_title(record, probe_device(probes, record)), path)
 
 
-def check_writer(suffix: str) -> None:
+def check_writer(suffix: str, flag: str = "--out") -> None:
     """Refuse, before any work, a file type that cannot be written here."""
     if suffix == ".html":
         if not _installed("plotly"):
             raise BadInput(PLOTLY_MISSING)
     elif suffix not in IMAGE_SUFFIXES:
-        raise BadInput(f"--out: cannot draw a {suffix or 'suffix-less'} file; name it .png, .svg, .pdf or .html")
+        raise BadInput(f"{flag}: cannot draw a {suffix or 'suffix-less'} file; name it .png, .svg, .pdf or .html")
     elif not have_matplotlib():
         raise BadInput(MATPLOTLIB_MISSING)
 
 
+def check_out_file(out: str | os.PathLike[str], flag: str = "--out") -> Path:
+    """Refuse, before any work, a figure that cannot be written: a file type this machine cannot
+    draw (check_writer), or a place no file can go (check_out_path). Returns the path."""
+    path = Path(out)
+    check_writer(path.suffix.lower(), flag)
+    check_out_path(path, flag)
+    return path
+
+
+def check_out_path(path: Path, flag: str) -> None:
+    """Refuse a file to write whose directory does not exist (rather than make one from a typo:
+    nothing is created for a refused command), or that is a directory."""
+    folder = path.parent
+    if not folder.is_dir():
+        what = "is not a directory" if folder.exists() else "does not exist"
+        raise BadInput(f"{flag} {path}: the directory {folder} {what}; create it first, or write the file elsewhere.")
+    if path.is_dir():
+        raise BadInput(f"{flag} {path}: that is a directory; give a file name, e.g. {path / 'plot.png'}.")
+
+
 def write_plot(data: PlotData, title: str, path: Path) -> Path:
     """Draw `data` to `path`: HTML with plotly, else an image with matplotlib (by the suffix)."""
-    check_writer(path.suffix.lower())
-    if path.parent != Path(""):
-        path.parent.mkdir(parents=True, exist_ok=True)
+    check_out_file(path)
     if path.suffix.lower() == ".html":
         _plotly(data, title, path)
     else:
@@ -337,8 +355,7 @@ def _plotly(data: PlotData, title: str, path: Path) -> None:
 def save_plan_plot(plan: Plan, out: str | os.PathLike[str]) -> Path:
     """Draw a plan's predicted points (autotune plan --plot) as a study's are drawn: what fits at its
     predicted need and speed, what does not on the bottom strip; every point a prediction."""
-    path = Path(out)
-    check_writer(path.suffix.lower())
+    path = check_out_file(out, "--plot")
     fits: list[Point] = []
     over: list[Point] = []
     unplaced: Counter[str] = Counter()

@@ -41,6 +41,21 @@ def parse_size(text: str | int, *, flag: str = "--gpu-budget") -> int:
     return size
 
 
+# The smallest memory budget a command takes: a smaller one holds no model worth probing, and is a
+# slip (`1.5`, `8` or `1B` for 8 GiB or 1 GB, a missing unit) rather than a question.
+MIN_BUDGET_BYTES = 2**20
+
+
+def parse_budget(text: str | int, *, flag: str = "--gpu-budget") -> int:
+    """A memory budget: a size (parse_size) of at least MIN_BUDGET_BYTES (1 MiB). Every command's
+    --gpu-budget is read here."""
+    size = parse_size(text, flag=flag)
+    if size < MIN_BUDGET_BYTES:
+        raise BadInput(f"{flag}: {text!r} is {format_size(size)}, too small to train anything in; budgets start at "
+                       f"1 MiB: give the memory to fit in with its unit, e.g. 8GiB or 512MiB.")
+    return size
+
+
 def format_size(n: float | None) -> str:
     """'8.00 GiB'-style text for a byte count (binary units, as nvidia-smi and PyTorch use)."""
     if n is None:
@@ -49,6 +64,16 @@ def format_size(n: float | None) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f} {unit}"
     return f"{int(n)} B"
+
+
+def size_as_read(n: int) -> str:
+    """A size as the user typed it and as it is read: '16GB = 14.90 GiB' where it is a whole number of
+    decimal megabytes that is no whole number of MiB (typed in decimal units: GB, MB, or bytes), else
+    '14.90 GiB'. Told from the bytes alone, so a stored budget reads the same as a typed one."""
+    if n <= 0 or n % 10**6 or not n % 2**20:
+        return format_size(n)
+    unit, scale = ("GB", 10**9) if n >= 10**9 else ("MB", 10**6)
+    return f"{(Decimal(n) / scale).normalize():f}{unit} = {format_size(n)}"
 
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(s|sec|secs|m|min|mins|h|hr|hrs|)\s*$", re.IGNORECASE)

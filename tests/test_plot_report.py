@@ -88,6 +88,7 @@ def test_frontier_of_nothing_and_of_ties():
 
 def test_plot_writes_a_png(study_db, tmp_path):
     out = tmp_path / "figs" / "study.png"
+    out.parent.mkdir()  # (a missing folder is refused, not made: tests/test_bad_input_round3.py)
     proc = invoke("plot", "--db", study_db, "--out", str(out))
     assert proc.exit_code == 0 and proc.output.strip() == f"wrote {out}"
     data = out.read_bytes()
@@ -127,6 +128,7 @@ def test_unknown_study_and_unknown_suffix_are_one_line_exit_2(study_db, tmp_path
 
 def test_report_markdown_has_the_setup_table_pick_counts_and_image(study_db, tmp_path):
     out = tmp_path / "report" / "study.md"
+    out.parent.mkdir()
     assert invoke("report", "--db", study_db, "--out", str(out)).exit_code == 0
     text = out.read_text()
     assert "| rank | config | tokens/s | step s | peak reserved | needs | of the budget |" in text

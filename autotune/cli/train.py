@@ -48,9 +48,9 @@ def train(study, model, gpu_budget, dataset, text_column, target_column, label_c
     from autotune import report
     from autotune.train import TrainOptions
     from autotune.train import train as run
-    from autotune.units import parse_size
+    from autotune.units import parse_budget
 
-    budget = parse_size(gpu_budget) if gpu_budget is not None else None
+    budget = parse_budget(gpu_budget) if gpu_budget is not None else None
     options = TrainOptions(dataset=dataset, output_dir=output_dir, max_steps=max_steps, epochs=epochs, device=device,
                            text_column=text_column, target_column=target_column, label_column=label_column,
                            eval_split=eval_split, resume=resume, tokenizer=tokenizer,

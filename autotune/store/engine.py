@@ -1,14 +1,19 @@
 """Where the results database is, and how to connect to it.
 
 `--db URL`, else `$AUTOTUNE_DB`, else `autotune.db` in the user data directory (`$AUTOTUNE_HOME`
-when set). A value without `://` is a file path and becomes an SQLite URL. Any SQLAlchemy URL works;
+when set). A value without `://` is a file path and becomes an SQLite URL: a path ending in .db,
+.sqlite, .sqlite3 or .db3, or an existing file (a stray word such as `AUTOTUNE_DB=garbage` is
+refused rather than made a database in the working directory). Any SQLAlchemy URL works;
 PostgreSQL (`postgresql+psycopg://...`) is the one teams use. An in-memory SQLite database is
 refused: a search's results (and its Optuna study) must outlive the process and reach its workers.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import stat
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -33,6 +38,9 @@ SQLITE_BEGIN_OPTION = "autotune_sqlite_begin"
 # A URL that sets `connect_timeout` or `options` itself keeps its own.
 PG_CONNECT_TIMEOUT_S = 10
 PG_STATEMENT_TIMEOUT_S = 120
+
+# What a plain path (no `scheme://`) must end in to name a new SQLite file.
+SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3", ".db3")
 
 _NO_MEMORY = ("an in-memory SQLite database is gone when this process ends, and the search's Optuna study and "
               "results must outlive it and be shared with its probe workers; give a file path, e.g. --db results.db")
@@ -63,17 +71,51 @@ def resolve_url(db: str | os.PathLike[str] | None = None) -> URL:
         raise DatabaseError(f"{flag} {text}: {_NO_MEMORY}.")
     if "://" not in text:
         # A plain path: absolute, so that the database does not depend on the working directory.
-        text = f"sqlite:///{Path(text).expanduser().resolve()}"
+        text = f"sqlite:///{_plain_path(text, flag)}"
     try:
         url = make_url(text)
-    except ArgumentError:
+    except (ArgumentError, ValueError):  # (a port that is not a number, an unclosed [IPv6 address] ...)
+        shown = re.sub(r"(//[^:/@]*):[^@/]*@", r"\1:***@", text)  # a password stays off the screen
         raise DatabaseError(
-            f"{flag}: cannot read {text!r} as a database URL; give a file path or a URL such as "
+            f"{flag}: cannot read {shown!r} as a database URL; give a file path or a URL such as "
             f"sqlite:///path/autotune.db or postgresql+psycopg://user@host/db."
         ) from None
     if is_sqlite(url) and not is_sqlite_file(url):
         raise DatabaseError(f"{flag} {text}: {_NO_MEMORY}.")
+    path = sqlite_path(url)
+    if path is not None:
+        _stat(path, flag)
     return url
+
+
+def _plain_path(text: str, flag: str) -> Path:
+    """The absolute path of a --db value given without a scheme, when it names an SQLite file: an
+    existing file, or a name ending in one of SQLITE_SUFFIXES."""
+    path = Path(text).expanduser()
+    found = _stat(path, flag)
+    if found is not None and not stat.S_ISDIR(found.st_mode):
+        return path.resolve()
+    if found is not None:
+        raise DatabaseError(f"{flag} {text}: that is a directory; give a file in it, e.g. {path / DB_FILENAME}.")
+    if path.suffix.lower() not in SQLITE_SUFFIXES:
+        raise DatabaseError(f"{flag} {text!r}: neither a database URL (scheme://..., e.g. postgresql+psycopg://user@host/db) "
+                            f"nor an SQLite file (an existing file, or a path ending in {', '.join(SQLITE_SUFFIXES)}); "
+                            f"name the file {path.name or 'results'}.db, or write sqlite:///{text} to use the name as it is.")
+    return path.resolve()
+
+
+def _stat(path: Path, flag: str) -> os.stat_result | None:
+    """The file's status, None when there is none yet; DatabaseError when the path cannot name a
+    file (a name past the file system's limit, a directory that cannot be searched), so that
+    nothing is created on the way to finding out."""
+    try:
+        return path.stat()
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENOTDIR):
+            return None
+        hint = "give a shorter path" if exc.errno == errno.ENAMETOOLONG else "give a path you can read and write"
+        raise DatabaseError(f"{flag}: cannot use {str(path)[:120]}{'...' if len(str(path)) > 120 else ''} as the "
+                            f"results database ({exc.strerror}); {hint}.") from None
 
 
 def display_url(url: URL) -> str:
