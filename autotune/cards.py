@@ -122,6 +122,75 @@ CARDS: tuple[Card, ...] = (
          _gib(15.77), _peaks(None, 15.7e12, None, fp16=125e12), 900e9, (7, 0), ("v100",)),
     Card("NVIDIA Tesla T4", ("t4", "tesla-t4"),
          _gib(14.75), _peaks(None, 8.1e12, None, fp16=65e12), 320e9, (7, 5), ("t4",)),
+    # Consumer and workstation cards of 6-16 GB. Peaks and bandwidth from NVIDIA's data sheets and
+    # architecture whitepapers (Turing TU102/TU104, Ampere GA102/GA104/GA106 and Ada AD102-AD107: the
+    # "Peak FP16 Tensor TFLOPS with FP32 Accumulate" row, dense, at the reference boost clock), as
+    # recalled (the sheets were not at hand when this was written): where a card is not in a table, its peak is
+    # the same rule worked out from its SM count and boost clock (GeForce Ampere and Ada per SM and
+    # clock: 256 FP32 FLOPs, 256 TF32 tensor FLOPs, 512 FP16/BF16 tensor FLOPs with FP32
+    # accumulation, half the FP16-accumulate rate; RTX A-series workstation cards run the full rate,
+    # 1024, and TF32 at 512; Turing GeForce: 128 FP32, 512 FP16 tensor with FP32 accumulation).
+    # Bandwidth is the memory's data rate times its bus width. Memory totals are what PyTorch's
+    # out-of-memory message reported for the card on Linux in public bug reports (RTX 3060 12GB
+    # 11.75 GiB, RTX 3070 7.78, RTX 3080 9.78, RTX 2080 Ti 10.76, RTX 4060 7.72, RTX 4070 Ti 11.73,
+    # RTX A4000 15.61); the others (marked "est.") are a card of the same memory and generation's
+    # figure: within about 0.1 GiB, as the driver also moves it. Windows (WDDM) reports other totals.
+    # memory est.; also matches a 4080 SUPER (7% faster)
+    Card("NVIDIA GeForce RTX 4080", ("rtx4080", "rtx-4080", "4080", "geforce-rtx-4080"),
+         _gib(15.70), _peaks(97.5e12, 48.7e12, 48.7e12), 716.8e9, (8, 9), ("rtx 4080",)),
+    # 66 SMs, 2610 MHz; memory est.
+    Card("NVIDIA GeForce RTX 4070 Ti SUPER", ("rtx4070tisuper", "rtx-4070-ti-super", "4070-ti-super",
+                                               "geforce-rtx-4070-ti-super"),
+         _gib(15.70), _peaks(88.2e12, 44.1e12, 44.1e12), 672e9, (8, 9), ("rtx 4070 ti super",)),
+    # 60 SMs, 2610 MHz
+    Card("NVIDIA GeForce RTX 4070 Ti", ("rtx4070ti", "rtx-4070-ti", "4070-ti", "geforce-rtx-4070-ti"),
+         _gib(11.73), _peaks(80.2e12, 40.1e12, 40.1e12), 504e9, (8, 9), ("rtx 4070 ti",)),
+    # 46 SMs, 2475 MHz; memory est.
+    Card("NVIDIA GeForce RTX 4070", ("rtx4070", "rtx-4070", "4070", "geforce-rtx-4070"),
+         _gib(11.73), _peaks(58.3e12, 29.1e12, 29.1e12), 504e9, (8, 9), ("rtx 4070",)),
+    # 34 SMs, 2535 MHz; memory est.; CUDA names it as the 8GB
+    Card("NVIDIA GeForce RTX 4060 Ti 16GB", ("rtx4060ti-16gb", "rtx-4060-ti-16gb", "4060-ti-16gb"),
+         _gib(15.70), _peaks(44.1e12, 22.1e12, 22.1e12), 288e9, (8, 9), ()),
+    # memory est.
+    Card("NVIDIA GeForce RTX 4060 Ti 8GB", ("rtx4060ti", "rtx-4060-ti", "4060-ti", "rtx4060ti-8gb",
+                                             "geforce-rtx-4060-ti"),
+         _gib(7.72), _peaks(44.1e12, 22.1e12, 22.1e12), 288e9, (8, 9), ("rtx 4060 ti",)),
+    # 24 SMs, 2460 MHz
+    Card("NVIDIA GeForce RTX 4060", ("rtx4060", "rtx-4060", "4060", "geforce-rtx-4060"),
+         _gib(7.72), _peaks(30.2e12, 15.1e12, 15.1e12), 272e9, (8, 9), ("rtx 4060",)),
+    # 80 SMs, 1665 MHz; memory est.
+    Card("NVIDIA GeForce RTX 3080 Ti", ("rtx3080ti", "rtx-3080-ti", "3080-ti", "geforce-rtx-3080-ti"),
+         _gib(11.75), _peaks(68.2e12, 34.1e12, 34.1e12), 912e9, (8, 6), ("rtx 3080 ti",)),
+    # 70 SMs, 1710 MHz; memory est.; CUDA names it as the 10GB
+    Card("NVIDIA GeForce RTX 3080 12GB", ("rtx3080-12gb", "rtx-3080-12gb", "3080-12gb"),
+         _gib(11.75), _peaks(61.3e12, 30.6e12, 30.6e12), 912e9, (8, 6), ()),
+    Card("NVIDIA GeForce RTX 3080 10GB", ("rtx3080", "rtx-3080", "3080", "rtx3080-10gb", "geforce-rtx-3080"),
+         _gib(9.78), _peaks(59.5e12, 29.8e12, 29.8e12), 760e9, (8, 6), ("rtx 3080",)),
+    # 48 SMs, 1770 MHz; memory est.
+    Card("NVIDIA GeForce RTX 3070 Ti", ("rtx3070ti", "rtx-3070-ti", "3070-ti", "geforce-rtx-3070-ti"),
+         _gib(7.78), _peaks(43.5e12, 21.7e12, 21.7e12), 608e9, (8, 6), ("rtx 3070 ti",)),
+    Card("NVIDIA GeForce RTX 3070", ("rtx3070", "rtx-3070", "3070", "geforce-rtx-3070"),
+         _gib(7.78), _peaks(40.6e12, 20.3e12, 20.3e12), 448e9, (8, 6), ("rtx 3070",)),
+    # 38 SMs, 1665 MHz; memory est.
+    Card("NVIDIA GeForce RTX 3060 Ti", ("rtx3060ti", "rtx-3060-ti", "3060-ti", "geforce-rtx-3060-ti"),
+         _gib(7.78), _peaks(32.4e12, 16.2e12, 16.2e12), 448e9, (8, 6), ("rtx 3060 ti",)),
+    # 28 SMs, 1777 MHz
+    Card("NVIDIA GeForce RTX 3060 12GB", ("rtx3060", "rtx-3060", "3060", "rtx3060-12gb", "geforce-rtx-3060"),
+         _gib(11.75), _peaks(25.5e12, 12.7e12, 12.7e12), 360e9, (8, 6), ("rtx 3060",)),
+    Card("NVIDIA GeForce RTX 2080 Ti", ("rtx2080ti", "rtx-2080-ti", "2080-ti", "geforce-rtx-2080-ti"),
+         _gib(10.76), _peaks(None, 13.4e12, None, fp16=53.8e12), 616e9, (7, 5), ("rtx 2080 ti",)),
+    # memory est.; also matches a 2080 SUPER
+    Card("NVIDIA GeForce RTX 2080", ("rtx2080", "rtx-2080", "2080", "geforce-rtx-2080"),
+         _gib(7.78), _peaks(None, 10.1e12, None, fp16=40.3e12), 448e9, (7, 5), ("rtx 2080",)),
+    # data sheet: 19.2 FP32, 153.4 sparse tensor
+    Card("NVIDIA RTX A4000", ("a4000", "rtx-a4000", "rtxa4000"),
+         _gib(15.61), _peaks(76.7e12, 19.2e12, 38.4e12), 448e9, (8, 6), ("rtx a4000",)),
+    # data sheet: 8.0 FP32, 63.9 sparse tensor; memory est.
+    Card("NVIDIA RTX A2000 12GB", ("a2000-12gb", "rtx-a2000-12gb", "rtxa2000-12gb"),
+         _gib(11.75), _peaks(32.0e12, 8.0e12, 16.0e12), 288e9, (8, 6), ("rtx a2000 12gb",)),
+    # the 6GB; memory est.
+    Card("NVIDIA RTX A2000", ("a2000", "rtx-a2000", "rtxa2000", "a2000-6gb"),
+         _gib(5.79), _peaks(32.0e12, 8.0e12, 16.0e12), 288e9, (8, 6), ("rtx a2000",)),
 )
 
 # Every alias and display name names one card (tests/test_cards.py checks that none is shared).

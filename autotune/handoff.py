@@ -2,23 +2,57 @@
 
     import autotune
     best = autotune.best("gpt2-8GiB")
+    print(best)                                            # what won, what it needs, how to hand it off
     args = best.training_arguments(output_dir="out")       # a real transformers.TrainingArguments
-    model = AutoModelForCausalLM.from_pretrained("gpt2", **best.model_kwargs())  # dtype; a QLoRA base's quantization
-    model = peft.get_peft_model(model, best.lora_config())  # LoRA and QLoRA winners
-    # the Auto class and example script of the study's task: best.task_document()
+    model = best.load_model("gpt2")                        # the task's Auto class: from_pretrained (hub id or
+                                                           # directory) or from_config (a PretrainedConfig)
+    model = peft.get_peft_model(model, best.lora_config())  # LoRA and QLoRA winners (load_model adds no adapters)
+
+By hand: `from_pretrained(name, **best.model_kwargs())` (load arguments and config fields together, as
+from_pretrained takes them), or `from_config(config, **best.load_kwargs())` after
+`config.update(best.config_overrides())` (transformers 5's from_config passes no config field through).
+The Auto class and example script of the study's task: `best.task_document()`.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
+import importlib.metadata
 import json
 import re
 from dataclasses import dataclass
 
 from autotune import speed
-from autotune.errors import StudyNotFound
+from autotune.budget import Budget, required_bytes
+from autotune.errors import BadInput, StudyNotFound
 from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec, bnb_4bit_kwargs, is_qlora
 from autotune.store import LeaderboardRow, open_store
 from autotune.tasks import AUTO_CLASSES, EXAMPLE_SCRIPTS, MLM_PROBABILITY, Task
+from autotune.units import format_size
+
+
+# TrainingArguments' names for activation checkpointing: transformers 5.23 renamed
+# gradient_checkpointing(_kwargs) to activation_checkpointing(_kwargs); the old names still parse
+# (the example scripts' --gradient_checkpointing included) but warn "deprecated and will be removed in v6".
+_CHECKPOINTING_RENAMED_IN = (5, 23)
+_HUB_ARGUMENTS = ("revision", "token", "cache_dir", "local_files_only", "trust_remote_code", "subfolder",
+                  "force_download", "proxies")
+
+
+@functools.cache
+def checkpointing_argument_names() -> tuple[str, str]:
+    """(flag, kwargs) names of activation checkpointing in the installed transformers' TrainingArguments,
+    read from its version (importlib.metadata: transformers is not imported, so `autotune best` stays
+    fast); the old names when transformers is not installed here (every transformers 5 takes them)."""
+    try:
+        version = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return "gradient_checkpointing", "gradient_checkpointing_kwargs"
+    numbers = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
+    if numbers >= _CHECKPOINTING_RENAMED_IN:
+        return "activation_checkpointing", "activation_checkpointing_kwargs"
+    return "gradient_checkpointing", "gradient_checkpointing_kwargs"
 
 
 # Words that an unquoted `$(...)` in bash or zsh passes on unchanged: no space to split at, no
@@ -51,33 +85,102 @@ class BestConfig:
     def task(self) -> str:
         return self.config.task
 
+    @property
+    def confirmed(self) -> bool:
+        """Told apart from the configs within noise of it by measuring them again (False: a tie, or no
+        confirmation round ran, or the round chose another config)."""
+        c = self.confirmation or {}
+        return bool(c.get("confirmed")) and c.get("winner") == self.row.config_key
+
+    def __str__(self) -> str:
+        """What won, how fast, what it needs of the budget, whether it was confirmed, how to hand it off."""
+        c, row = self.config, self.row
+        needed = required_bytes(row.peak_reserved_bytes, row.context_bytes) or 0
+        spare = Budget(row.budget_bytes, row.margin_bytes).headroom(needed)
+        speed = "-" if row.tokens_per_s is None else f"{row.tokens_per_s:,.0f} tokens/s"
+        if row.step_seconds is not None:
+            speed += f" ({row.step_seconds:.3f} s per optimizer step)"
+        verdict = self._verdict()
+        task = c.task if c.target_length is None and c.num_labels is None else (
+            f"{c.task}, target {c.target_length} tokens" if c.target_length is not None else f"{c.task}, {c.num_labels} labels")
+        context = "" if row.context_bytes is None else f" + context {format_size(row.context_bytes)}"
+        lora = ["             model = peft.get_peft_model(model, best.lora_config())"] if c.peft is not None else []
+        return "\n".join([
+            f"autotune.best({row.study!r}): {row.label}",
+            f"  model:     {c.model} ({task}), measured on {self.device_type}",
+            f"  levers:    micro_batch={c.micro_batch}, grad_accum={c.grad_accum}, precision={c.precision}, "
+            f"checkpointing={c.checkpointing}, block_size={c.block_size}, attention={c.attention}, optimizer={c.optimizer}"
+            + (f", weights={c.weights}" if c.weights != "fp32" else "") + (f", peft={c.peft}" if c.peft else ""),
+            f"  speed:     {speed}",
+            f"  memory:    needs {format_size(needed)} of the {format_size(row.budget_bytes)} budget (peak reserved "
+            f"{format_size(row.peak_reserved_bytes)}{context}), "
+            + (f"{format_size(spare)} to spare after the {format_size(row.margin_bytes)} margin" if spare >= 0
+               else f"{format_size(-spare)} over once the {format_size(row.margin_bytes)} margin is kept"),
+            f"  confirmed: {verdict}",
+            "  hand-off:  args = best.training_arguments(output_dir=\"out\")",
+            f"             model = best.load_model({json.dumps(c.model)})  # or a PretrainedConfig: from_config, random weights",
+            *lora,
+            f"             or `autotune train --study {row.study} --dataset ...`; flags for {EXAMPLE_SCRIPTS[Task(c.task)]}: "
+            f"`autotune best --study {row.study} --format cli`",
+        ])
+
+    def __repr__(self) -> str:
+        return str(self)
+
+    def _verdict(self) -> str:
+        """The confirmation round's verdict on this winner (search/confirm.py), in words."""
+        c = self.confirmation
+        if c is None:
+            return "no: no confirmation round ran (a search stopped early, or --no-confirm)"
+        if c.get("winner") not in (None, self.row.config_key):
+            return f"no: the confirmation round chose {c.get('winner_label')}"
+        if c.get("runner_up") is None:
+            return "yes: the only config that fits"
+        margin, noise = 100 * (c.get("margin") or 0), 100 * (c.get("noise") or 0)
+        if c.get("tied"):
+            return (f"no, a tie: within the {noise:.0f}% noise of {', '.join(c['tied'])}; chosen for the most "
+                    f"memory to spare")
+        if not self.confirmed:
+            return f"no: the contenders could not be measured again; runner-up {c['runner_up']}"
+        return f"yes: {margin:.0f}% ± {noise:.0f}% faster than the runner-up, {c['runner_up']}"
+
+    @property
+    def reliable(self) -> bool:
+        """Whether the study's confirmation round could tell the pick apart from its contenders
+        beyond the timing noise (True where no round ran: nothing said otherwise)."""
+        return bool((self.confirmation or {}).get("reliable", True))
+
     def to_dict(self) -> dict:
         """Flat and JSON-ready; the keys of `autotune best --format json`. `margin`: the winner's
         throughput over the runner-up's, minus 1; `confirmed`: told apart from the configs within
-        noise of it by measuring them again (False: a tie, or no confirmation round ran)."""
+        noise of it by measuring them again (False: a tie, or no confirmation round ran);
+        `reliable`: False when the timing could not tell the contenders apart beyond its noise."""
         c = self.confirmation or {}
         return {**self.row.to_dict(), "margin": c.get("margin"), "margin_noise": c.get("noise"),
-                "confirmed": bool(c.get("confirmed")) and c.get("winner") == self.row.config_key,
+                "confirmed": self.confirmed, "reliable": self.reliable,
                 **({"lora_config": self.lora_kwargs()} if self.config.peft is not None else {})}
 
     def trainer_kwargs(self) -> dict:
-        """Keyword arguments for `transformers.TrainingArguments` (output_dir aside)."""
+        """Keyword arguments for `transformers.TrainingArguments` (output_dir aside), named as the
+        installed transformers names them (activation_checkpointing from 5.23 on). `tf32` is always
+        given: transformers turns TF32 on with torch_compile unless it is, through torch's new TF32
+        API, which torch.compile 2.10/2.11 refuses beside the legacy flag; only a tf32 winner has it on."""
         c = self.config
+        checkpointing, checkpointing_kwargs = checkpointing_argument_names()
         kwargs = {
             "per_device_train_batch_size": c.micro_batch,
             "gradient_accumulation_steps": c.grad_accum,
             "fp16": c.precision == "fp16",
             "bf16": c.precision == "bf16",
-            "gradient_checkpointing": c.checkpointing,
+            "tf32": c.precision == "tf32",
+            checkpointing: c.checkpointing,
             "optim": OPTIMIZERS[c.optimizer].optim,
         }
         if OPTIMIZERS[c.optimizer].optim_args:
             kwargs["optim_args"] = OPTIMIZERS[c.optimizer].optim_args
         if c.checkpointing:
-            kwargs["gradient_checkpointing_kwargs"] = {"use_reentrant": False}
+            kwargs[checkpointing_kwargs] = {"use_reentrant": False}
         # Speed levers (autotune.speed); the allocator's is an environment variable (`environment`).
-        if c.precision == "tf32":
-            kwargs["tf32"] = True
         if c.compile:
             kwargs["torch_compile"] = True
         if c.liger:
@@ -93,18 +196,66 @@ class BestConfig:
         return {} if value is None else {speed.ALLOC_CONF_VAR: value}
 
     def model_kwargs(self) -> dict:
-        """Keyword arguments for `from_pretrained` of the task's Auto class (config fields ride along). The
-        dtype always: transformers 5 loads a checkpoint in its saved dtype by default ("auto"), and
-        a bf16 checkpoint trained so is pure bf16, not the fp32 master weights the probes measured.
-        QLoRA's base: `quantization_config`, BitsAndBytesConfig's arguments (from_pretrained takes
-        them as a dict; `quantization_config()` is the object)."""
-        kwargs: dict = {"attn_implementation": self.config.attention, "use_cache": False,
+        """Keyword arguments for `from_pretrained` of the task's Auto class: `load_kwargs()` and
+        `config_overrides()` together, as from_pretrained takes them (it sets the config fields). Not
+        for `from_config`, which takes no config field: there, `load_kwargs()` after the overrides."""
+        load, overrides = self.load_kwargs(), self.config_overrides()
+        kwargs: dict = {"attn_implementation": load["attn_implementation"], "use_cache": overrides["use_cache"],
+                        "dtype": load["dtype"]}
+        if "num_labels" in overrides:
+            kwargs["num_labels"] = overrides["num_labels"]
+        if "quantization_config" in load:
+            kwargs["quantization_config"] = load["quantization_config"]
+        return kwargs
+
+    def load_kwargs(self) -> dict:
+        """Loading arguments of the task's Auto class (from_pretrained and from_config): the attention
+        kernel, and the dtype always: transformers 5 loads a checkpoint in its saved dtype by default
+        ("auto"), and a bf16 checkpoint trained so is pure bf16, not the fp32 master weights the probes
+        measured. QLoRA's base: `quantization_config`, BitsAndBytesConfig's arguments (from_pretrained
+        takes them as a dict; `quantization_config()` is the object)."""
+        kwargs: dict = {"attn_implementation": self.config.attention,
                         "dtype": "bfloat16" if self.config.weights == "bf16" else "float32"}
-        if self.config.num_labels is not None:
-            kwargs["num_labels"] = self.config.num_labels
         if is_qlora(self.config.peft):
             kwargs["quantization_config"] = bnb_4bit_kwargs(self.config.precision, self.config.task)
         return kwargs
+
+    def config_overrides(self) -> dict:
+        """The model config's fields as the probes trained it: no KV cache (it is for generation), and
+        a classifier's head size. `config.update(best.config_overrides())` before `from_config`."""
+        overrides: dict = {"use_cache": False}
+        if self.config.num_labels is not None:
+            overrides["num_labels"] = self.config.num_labels
+        return overrides
+
+    def load_model(self, model, **extra):
+        """The study's task model (its Auto class, `task_document()["auto_class"]`) built as the probes
+        built it: `from_pretrained` for a hub id or a local directory (its weights), `from_config` for a
+        `PretrainedConfig` (random weights; the given config is not changed). The config gets
+        `config_overrides()`, a classifier a pad token where it has none, a seq2seq model its decoder's
+        start token where it has none (autotune.probe.step.task_config, what the probes and `autotune
+        train` use). `extra` goes to the Auto class (revision, token, trust_remote_code and the like to
+        the config's loading too). No LoRA adapters: `peft.get_peft_model(model, best.lora_config())`
+        follows for a LoRA or QLoRA winner."""
+        import transformers
+
+        from autotune.probe.step import task_config
+
+        cls = getattr(transformers, AUTO_CLASSES[Task(self.config.task)])
+        load = self.load_kwargs()
+        if isinstance(model, transformers.PretrainedConfig):
+            if "quantization_config" in load:
+                raise BadInput("a QLoRA base is a pretrained checkpoint quantized to 4 bits as it loads: pass its hub id or "
+                               "directory to load_model, not a config.")
+            config = task_config(copy.deepcopy(model), self.config)
+            return cls.from_config(config, **{**load, **extra})
+        hub = {name: extra[name] for name in _HUB_ARGUMENTS if name in extra}
+        config = task_config(transformers.AutoConfig.from_pretrained(model, **hub), self.config)
+        if self.config.task == Task.CLASSIFICATION:
+            # A checkpoint's classifier of another size is replaced by a new one, as `autotune train`
+            # and run_classification.py's --ignore_mismatched_sizes do.
+            extra.setdefault("ignore_mismatched_sizes", True)
+        return cls.from_pretrained(model, config=config, **{**load, **extra})
 
     def quantization_config(self):
         """A ready `transformers.BitsAndBytesConfig` for a QLoRA winner's 4-bit base (None otherwise)."""
@@ -155,8 +306,8 @@ class BestConfig:
 
         kwargs = {**self.trainer_kwargs(), **overrides}
         names = {f.name for f in dataclasses.fields(TrainingArguments)}
-        # transformers 5.2x renamed gradient_* to activation_* (the old names warn until v6); the
-        # printed hand-off keeps the names every transformers 5 accepts, this one uses the newest.
+        # transformers 5.23 renamed gradient_* to activation_* (the old names warn until v6):
+        # trainer_kwargs names them from the installed version; overrides may use either name.
         for old, new in (("gradient_checkpointing", "activation_checkpointing"),
                          ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
             if old in kwargs and new in names and new not in kwargs:

@@ -9,6 +9,7 @@ the task is asked where the model is built (the probe child), since that import 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from enum import StrEnum
 
 from autotune.errors import BadInput
@@ -63,33 +64,120 @@ _ARCHITECTURE_ENDINGS = (
 )
 
 
-def infer_task(config: dict) -> Task | None:
-    """The task a config.json names through its `architectures`; None when it cannot be told.
+# Model types that are one task to everyone who writes a config of them without `architectures`
+# (`GPT2Config(...).save_pretrained(dir)` writes none): decoder-only language models are trained as
+# causal LMs, encoder-decoders as seq2seq. A type with classes of several tasks that people really
+# train (BERT-like encoders: masked LM, classification, and a causal LM head too) is in neither,
+# and is refused without --task (ENCODER_MODEL_TYPES says why).
+CAUSAL_LM_MODEL_TYPES = frozenset({
+    "apertus", "arcee", "bamba", "biogpt", "bitnet", "bloom", "codegen", "cohere", "cohere2", "ctrl", "dbrx",
+    "deepseek_v2", "deepseek_v3", "diffllama", "doge", "dots1", "ernie4_5", "ernie4_5_moe", "exaone4", "falcon",
+    "falcon_h1", "falcon_mamba", "gemma", "gemma2", "gemma3_text", "glm", "glm4", "gpt-sw3", "gpt2", "gpt_bigcode",
+    "gpt_neo", "gpt_neox", "gpt_neox_japanese", "gpt_oss", "gptj", "granite", "granitemoe", "granitemoehybrid",
+    "granitemoeshared", "helium", "hunyuan_v1_dense", "hunyuan_v1_moe", "jamba", "jetmoe", "lfm2", "llama",
+    "llama4_text", "mamba", "mamba2", "minimax", "ministral", "mistral", "mixtral", "mpt", "nemotron", "olmo", "olmo2",
+    "olmo3", "olmoe", "openai-gpt", "opt", "persimmon", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3",
+    "qwen3_moe", "qwen3_next", "recurrent_gemma", "rwkv", "seed_oss", "smollm3", "stablelm", "starcoder2",
+    "vaultgemma", "xglm", "zamba", "zamba2",
+})
+SEQ2SEQ_MODEL_TYPES = frozenset({
+    "bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "fsmt", "led", "longt5", "m2m_100", "marian", "mbart",
+    "mt5", "mvp", "nllb-moe", "pegasus", "pegasus_x", "plbart", "prophetnet", "switch_transformers", "t5", "t5gemma",
+    "umt5",
+})
+# Encoders trained as masked LMs and as classifiers alike (most also have a causal-LM head class):
+# their config without architectures does not say which.
+ENCODER_MODEL_TYPES = frozenset({
+    "albert", "bert", "big_bird", "camembert", "convbert", "data2vec-text", "deberta", "deberta-v2", "distilbert",
+    "electra", "ernie", "flaubert", "funnel", "ibert", "longformer", "luke", "megatron-bert", "mobilebert",
+    "modernbert", "mpnet", "nezha", "nystromformer", "rembert", "roberta", "roberta-prelayernorm", "roc_bert",
+    "roformer", "squeezebert", "xlm", "xlm-roberta", "xlm-roberta-xl", "xlnet", "xmod", "yoso",
+})
 
-    An encoder-decoder config (`is_encoder_decoder`) is seq2seq whatever its architectures say:
-    old T5 configs name `T5WithLMHeadModel`, and bart-large's names the bare `BartModel`.
+
+@dataclass(frozen=True, slots=True)
+class TaskInference:
+    """The task a config.json tells, and from what: `architectures`, `is_encoder_decoder`, or the model
+    type (`assumed`: the config names no head, and its model type is one task to everyone); `task`
+    None when it cannot be told, with `why` for the refusal."""
+
+    task: Task | None
+    source: str = ""          # "architectures", "is_encoder_decoder", "model type", or "" (not told)
+    model_type: str = ""
+    why: str = ""             # why it cannot be told (task None)
+
+    @property
+    def assumed(self) -> bool:
+        """True when the task was assumed from the model type alone (no head named in the config)."""
+        return self.source == "model type"
+
+    def note(self) -> str | None:
+        """One line for the search header or a probe's output where the task was assumed; None otherwise."""
+        if not self.assumed or self.task is None:
+            return None
+        return (f"task {self.task} assumed from model type {self.model_type!r} (its config.json names no task head); "
+                f"pass --task to train it as another")
+
+
+def tell_task(config: dict) -> TaskInference:
+    """The task a config.json tells, and from what (TaskInference).
+
+    An encoder-decoder config (`is_encoder_decoder`) is seq2seq whatever its architectures say: old T5
+    configs name `T5WithLMHeadModel`, and bart-large's names the bare `BartModel`. Otherwise the
+    architectures' class names tell it (`*ForCausalLM`, `*ForConditionalGeneration`, ...); where they
+    name no head (none at all, as `GPT2Config(...).save_pretrained(dir)` writes, or only the bare
+    `*Model`), the model type does for the types that are one task to everyone (CAUSAL_LM_MODEL_TYPES,
+    SEQ2SEQ_MODEL_TYPES). Architectures naming two tasks, or another head, are not told.
     """
+    model_type = str(config.get("model_type") or "")
     if config.get("is_encoder_decoder") is True:
-        return Task.SEQ2SEQ
-    architectures = config.get("architectures") or []
-    found = {task for name in architectures if isinstance(name, str)
-             for ending, task in _ARCHITECTURE_ENDINGS if name.endswith(ending)}
-    return found.pop() if len(found) == 1 else None
+        return TaskInference(Task.SEQ2SEQ, "is_encoder_decoder", model_type)
+    named = config.get("architectures") or []
+    architectures = [named] if isinstance(named, str) else [name for name in named if isinstance(name, str)]
+    found = {task for name in architectures for ending, task in _ARCHITECTURE_ENDINGS if name.endswith(ending)}
+    if len(found) == 1:
+        return TaskInference(found.pop(), "architectures", model_type)
+    if found:
+        return TaskInference(None, "", model_type, f"its architectures name {len(found)} tasks")
+    if any(not name.endswith("Model") for name in architectures):  # another head: a token classifier, a QA model...
+        return TaskInference(None, "", model_type, "no task autotune trains")
+    if model_type in CAUSAL_LM_MODEL_TYPES:
+        return TaskInference(Task.CAUSAL_LM, "model type", model_type)
+    if model_type in SEQ2SEQ_MODEL_TYPES:
+        return TaskInference(Task.SEQ2SEQ, "model type", model_type)
+    head = "no task head" if architectures else "no architectures"
+    if model_type in ENCODER_MODEL_TYPES:
+        return TaskInference(None, "", model_type, f"{head}, and a {model_type} model is trained as masked-lm or "
+                                                   f"classification alike")
+    return TaskInference(None, "", model_type, f"{head}, and model type {model_type or '?'!r} does not tell one")
+
+
+def infer_task(config: dict) -> Task | None:
+    """The task a config.json tells (tell_task); None when it cannot be told."""
+    return tell_task(config).task
+
+
+def task_note(config: dict, requested: str | None = None) -> str | None:
+    """The line to show (search header, probe and estimate output) when the task was assumed from the
+    model type: None when --task was given or the config names its task."""
+    return None if requested is not None else tell_task(config).note()
 
 
 def resolve_task(config: dict, requested: str | None, reference: str) -> Task:
-    """`requested` (checked), else the task the config names; BadInput when neither tells."""
+    """`requested` (checked), else the task the config tells; BadInput, with why, when neither tells."""
     if requested is not None:
         requested = requested.strip().lower()
         if requested not in TASKS:
             raise BadInput(f"--task {requested!r} is unknown; choose from {', '.join(TASKS)}.")
         return Task(requested)
-    task = infer_task(config)
-    if task is None:
-        named = ", ".join(str(a) for a in config.get("architectures") or []) or "no architectures"
-        raise BadInput(f"--model {reference}: cannot tell its task from its config.json ({named}); pass --task "
+    told = tell_task(config)
+    if told.task is None:
+        architectures = config.get("architectures") or []
+        named = architectures if isinstance(architectures, str) else ", ".join(str(a) for a in architectures)
+        detail = f"{named}: {told.why}" if named else told.why
+        raise BadInput(f"--model {reference}: cannot tell its task from its config.json ({detail}); pass --task "
                        f"({', '.join(TASKS)}).")
-    return task
+    return told.task
 
 
 def stored_fixed_recipe(stored: dict) -> dict:

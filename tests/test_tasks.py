@@ -14,7 +14,7 @@ from autotune.config import ProbeConfig
 from autotune.errors import BadInput
 from autotune.models import resolve_model
 from autotune.space import SearchSpace, single_config
-from autotune.tasks import Task, infer_task, task_fields
+from autotune.tasks import Task, infer_task, task_fields, task_note, tell_task
 from tests.cli import assert_usage_error, autotune
 from tests.conftest import TINY_GPT2, write_model_dir
 from tests.tiny_tasks import TASK_OF, TINY, write_tiny
@@ -44,9 +44,72 @@ def test_the_task_comes_from_the_architectures(family):
     ({"architectures": ["BertForTokenClassification"]}, None),
     ({"architectures": ["BertForMaskedLM", "BertForSequenceClassification"]}, None),
     ({}, None),
+    # No head named: the model type tells where it is one task to everyone, and only there.
+    ({"model_type": "gpt2"}, Task.CAUSAL_LM),
+    ({"model_type": "llama", "architectures": ["LlamaModel"]}, Task.CAUSAL_LM),
+    ({"model_type": "t5"}, Task.SEQ2SEQ),
+    ({"model_type": "bert"}, None),
+    ({"model_type": "roberta", "architectures": ["RobertaModel"]}, None),
+    ({"model_type": "gpt2", "architectures": ["GPT2ForTokenClassification"]}, None),
 ])
 def test_what_the_architectures_cannot_tell_is_none(config, task):
     assert infer_task(config) == task
+
+
+def test_a_config_saved_without_architectures_is_searched_as_its_model_types_task(tmp_path):
+    # As GPT2Config(...).save_pretrained(dir) writes it: no architectures (checked against transformers
+    # itself in the T5 test below, which imports it anyway).
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(json.dumps({k: v for k, v in TINY_GPT2.items() if k != "architectures"}))
+    spec = resolve_model(str(gpt2))
+    space = SearchSpace.build(spec, block_sizes=(64,))
+    assert {c.task for c in space.candidates()} == {"causal-lm"} and "task" not in space.to_dict()
+    assert single_config(spec, micro_batch=1, block_size=64).task == "causal-lm"
+    told = tell_task(spec.config)
+    assert (told.task, told.assumed) == (Task.CAUSAL_LM, True)
+    assert task_note(spec.config) == ("task causal-lm assumed from model type 'gpt2' (its config.json names no task "
+                                      "head); pass --task to train it as another")
+    assert task_note(spec.config, requested="causal-lm") is None  # said by the user: nothing assumed
+    assert task_note(TINY_GPT2) is None and not tell_task(TINY_GPT2).assumed  # its architectures say it
+    # A BERT-like config is trained as several tasks: still refused, with why.
+    with pytest.raises(BadInput, match=r"cannot tell its task from its config.json \(no architectures, and a bert model "
+                                       r"is trained as masked-lm or classification alike\); pass --task"):
+        single_config(resolve_model(str(write_tiny(tmp_path, "bert-mlm", architectures=None))), micro_batch=1,
+                      block_size=32)
+
+
+@pytest.mark.slow  # (no process: seconds of imports and two real steps)
+def test_a_t5_config_written_by_transformers_trains_with_a_decoder_start_token(tmp_path):
+    """transformers 5.24's T5Config(...) has no decoder_start_token_id: the probe's config starts the
+    decoder at the pad token, as T5 does, and two real steps run (the estimator and `autotune train`
+    build through the same task_config)."""
+    import torch
+    from transformers import GPT2Config, T5Config
+
+    GPT2Config(n_layer=1).save_pretrained(tmp_path / "gpt2")  # what the test above writes by hand
+    assert tell_task(json.loads((tmp_path / "gpt2" / "config.json").read_text())).assumed
+
+    from autotune.probe.step import ProbeStep, build_random_model, make_optimizer
+
+    T5Config(vocab_size=1024, d_model=64, d_kv=32, d_ff=128, num_layers=2, num_heads=2,
+             pad_token_id=5).save_pretrained(tmp_path / "t5")
+    spec = resolve_model(str(tmp_path / "t5"))
+    assert "decoder_start_token_id" not in spec.config
+    config = single_config(spec, micro_batch=2, block_size=32, target_length=8)
+    assert (config.task, config.target_length) == ("seq2seq", 8)
+    cpu = torch.device("cpu")
+    model, hf_config = build_random_model(spec, config, cpu, False)
+    assert hf_config.decoder_start_token_id == 5 and model.config.decoder_start_token_id == 5
+    step = ProbeStep(model, make_optimizer(model, cpu), config, cpu, hf_config.vocab_size)
+    losses = [step(), step()]
+    assert all(loss > 0 for loss in losses)
+    # No pad token: the bos token, else 0.
+    from autotune.probe.step import task_config
+
+    assert task_config(T5Config(pad_token_id=None, bos_token_id=3), config).decoder_start_token_id == 3
+    assert task_config(T5Config(pad_token_id=None), config).decoder_start_token_id == 0
+    assert task_config(T5Config(decoder_start_token_id=7), config).decoder_start_token_id == 7
 
 
 def test_task_fields_defaults_and_refusals():
@@ -262,7 +325,8 @@ def test_a_model_whose_task_cannot_be_told_needs_task(tmp_path, hermetic_home):
     bert.mkdir()
     (bert / "config.json").write_text(json.dumps({k: v for k, v in TINY["bert-mlm"].items() if k != "architectures"}))
     proc = autotune("search", "--model", str(bert), "--gpu-budget", "1GiB", "--device", "cpu")
-    assert_usage_error(proc, "cannot tell its task from its config.json (no architectures); pass --task")
+    assert_usage_error(proc, "cannot tell its task from its config.json (no architectures, and a bert model is trained "
+                             "as masked-lm or classification alike); pass --task")
     assert not (hermetic_home / "autotune.db").exists()
 
 

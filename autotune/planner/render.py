@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 from autotune.planner.plan import Plan, Planned
 from autotune.status import ProbeStatus
-from autotune.units import format_size
+from autotune.units import format_size, size_as_read
 
 # Columns of the breakdown, in the order a reader adds them up.
 _PARTS = (("weights", "weights"), ("grads", "grads"), ("optimizer", "optim"), ("activations", "activ"),
@@ -21,25 +23,28 @@ def _percent(value: float | None) -> str:
 
 def render_plan(plan: Plan, top: int | None = None) -> str:
     """The plan as a table: what fits, fastest first (predicted), with the need's breakdown; the
-    measured figures beside when a study of such a card exists."""
+    measured figures beside when a study of such a card exists. Candidates without a prediction (a
+    lever the card lacks, or one the estimator cannot trace) are no rows: one line says which and why."""
     t = plan.target
-    lines = [f"plan: {len(plan.planned)} candidates on {t.name}, budget {format_size(t.budget.total_bytes)} "
+    lines = [f"plan: {len(plan.planned)} candidates on {t.name}, budget {size_as_read(t.budget.total_bytes)} "
              f"(margin {format_size(t.budget.margin_bytes)}); all figures predicted"
              + (f", measured beside them from study {plan.study!r}" if plan.study else ""),
              ""]
     header = ["#", "config", "fits", "need", "tokens/s", *(short for _, short in _PARTS)]
     if plan.study:
         header += ["measured need", "error", "measured tok/s"]
+    predicted = [p for p in plan.planned if p.estimate is not None]
     rows = []
-    shown = plan.planned if top is None else plan.planned[:top]
+    shown = predicted if top is None else predicted[:top]
     for rank, item in enumerate(shown, start=1):
         rows.append(_row(rank, item, plan.study is not None))
-    widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
-    for row in (header, *rows):
-        lines.append("  ".join(str(cell).rjust(w) if i not in (1,) else str(cell).ljust(w)
-                               for i, (cell, w) in enumerate(zip(row, widths))).rstrip())
-    if top is not None and len(plan.planned) > top:
-        lines.append(f"... and {len(plan.planned) - top} more (--top, or --json for all)")
+    if rows:
+        widths = [max(len(str(cell)) for cell in column) for column in zip(header, *rows)]
+        for row in (header, *rows):
+            lines.append("  ".join(str(cell).rjust(w) if i not in (1,) else str(cell).ljust(w)
+                                   for i, (cell, w) in enumerate(zip(row, widths))).rstrip())
+    if top is not None and len(predicted) > top:
+        lines.append(f"... and {len(predicted) - top} more (--top, or --json for all)")
     lines.append("")
     best = plan.best
     if best is None:
@@ -53,8 +58,9 @@ def render_plan(plan: Plan, top: int | None = None) -> str:
     lines.append(f"{fitting} of {len(plan.planned)} fit (predicted); {plan.traces} estimated now (configs that trace "
                  f"alike share one trace), the rest cached or interpolated; {plan.seconds:.1f} s")
     if unplanned:
-        reasons = sorted({p.why_not or "not predicted" for p in unplanned})
-        lines.append(f"{len(unplanned)} not predicted: " + "; ".join(reasons))
+        reasons = Counter(p.why_not or "not predicted" for p in unplanned)
+        lines.append(f"{len(unplanned)} not predicted, not shown: "
+                     + "; ".join(f"{why} ({count})" if len(reasons) > 1 else why for why, count in sorted(reasons.items())))
     lines += [f"note: {note}" for note in plan.notes]
     return "\n".join(lines)
 

@@ -40,6 +40,13 @@ def task_config(hf_config, config: ProbeConfig):
         # its padding and refuse batches of several without a pad token; run_classification.py
         # sets it to the end-of-text token the same way.
         hf_config.pad_token_id = getattr(hf_config, "eos_token_id", None) or 0
+    if config.task == Task.SEQ2SEQ and getattr(hf_config, "decoder_start_token_id", None) is None:
+        # The decoder's inputs are the labels shifted right behind this token. transformers 5.24's
+        # T5Config(...) no longer has one (T5's _shift_right then fails with AttributeError); start
+        # as transformers' own seq2seq training and generation fall back: the pad token (T5's
+        # convention), else the bos token, else 0.
+        pad, bos = getattr(hf_config, "pad_token_id", None), getattr(hf_config, "bos_token_id", None)
+        hf_config.decoder_start_token_id = pad if pad is not None else bos if bos is not None else 0
     return hf_config
 
 

@@ -126,3 +126,50 @@ def test_interpolation_stays_within_one_percent_of_a_real_trace_on_a_card(tmp_pa
         real = exact[item.config.key()].need_bytes
         assert real <= item.need_bytes < 1.01 * real, (item.config.label(), item.need_bytes, real)
     assert plan.best is not None and plan.best.tokens_per_s > 0  # ranked by the cost model
+
+
+def _estimate(config: ProbeConfig, need: int):
+    from autotune.estimate import MemoryEstimate
+
+    return MemoryEstimate(config=config, device_type="cuda", params=need // 8, grads=0, optimizer=need // 4,
+                          activations=need // 2, temporaries=need // 8, workspace=0, peak_bytes=need,
+                          reserved_bytes=need + 64 * MiB, context_bytes=500 * MiB, seconds=0.0)
+
+
+def test_a_lever_the_card_lacks_is_said_once_not_drawn_as_rows_of_dashes():
+    """`plan --gpu t4 --precisions fp32,bf16`: the T4 has no bf16, so its configs are no rows (they used to
+    be rows of dashes); the footer says how many and why."""
+    from autotune.planner import Plan, Planned
+
+    space = SearchSpace.build(resolve_model("gpt2"), micro_batches=(2, 4), block_sizes=(512,), precisions=("fp32", "bf16"),
+                              checkpointing=(False,), attentions=("sdpa",), effective_batch=4)
+    target = Target.of(find_card("t4"), None, 0.05)
+    planned = []
+    for config in space.candidates():
+        item = Planned(config, why_not=unplannable(config, target))
+        if item.why_not is None:
+            item.estimate, item.fits = _estimate(config, config.micro_batch * GiB), True
+        planned.append(item)
+    text = render_plan(Plan("gpt2", target, space, sorted(planned, key=lambda p: p.estimate is None)))
+    rows = [line for line in text.splitlines() if line[:3].strip().isdigit()]
+    assert [row.split()[1] for row in rows] == ["mb2x2", "mb4x1"] and not any("bf16" in row for row in rows)
+    assert "2 not predicted, not shown: bf16: not on the NVIDIA Tesla T4" in text
+    assert text.startswith("plan: 4 candidates on NVIDIA Tesla T4, budget 14.75 GiB (margin")
+    # Another reason beside it: each with its count.
+    planned[-1].why_not = "cannot trace Liger's kernels"
+    text = render_plan(Plan("gpt2", target, space, planned))
+    assert "2 not predicted, not shown: bf16: not on the NVIDIA Tesla T4 (1); cannot trace Liger's kernels (1)" in text
+
+
+def test_a_budget_typed_in_decimal_units_is_shown_as_typed_and_as_read():
+    from autotune.planner import Plan
+    from autotune.units import size_as_read
+
+    assert size_as_read(16 * 10**9) == "16GB = 14.90 GiB" and size_as_read(500 * 10**6) == "500MB = 476.84 MiB"
+    assert size_as_read(int(7.5 * 10**9)) == "7.5GB = 6.98 GiB"
+    assert size_as_read(8 * GiB) == "8.00 GiB" and size_as_read(8192 * MiB) == "8.00 GiB"  # binary: as it is
+    assert size_as_read(find_card("t4").memory_bytes) == "14.75 GiB"   # a card's total: binary
+    space = SearchSpace.build(resolve_model("gpt2"), micro_batches=(2,), block_sizes=(512,), precisions=("fp32",),
+                              checkpointing=(False,), attentions=("sdpa",), effective_batch=2)
+    text = render_plan(Plan("gpt2", Target.of(find_card("rtx4080"), 16 * 10**9, 0.05), space, []))
+    assert text.startswith("plan: 0 candidates on NVIDIA GeForce RTX 4080, budget 16GB = 14.90 GiB (margin 762.94 MiB)")

@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 import sys
+import warnings
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +19,7 @@ from autotune.search import SearchOptions, run_search
 from autotune.space import SearchSpace
 from autotune.store import open_store
 from tests.cli import autotune, autotune_command
+from tests.conftest import TINY_GPT2
 from tests.fakes import request
 
 pytestmark = pytest.mark.slow
@@ -101,3 +104,85 @@ def test_a_lora_search_over_two_optimizers_hands_off_trainer_arguments_and_a_lor
     assert (lora.r, lora.lora_alpha, lora.task_type) == (4, 16, "CAUSAL_LM")
     assert isinstance(best_of("lora").lora_config(), LoraConfig)
     assert "lora-r4" in autotune("leaderboard", "--study", "lora", timeout=60).stdout
+
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def readme_hand_off() -> str:
+    """The README's Python block up to `trainer.train()`: the hand-off as a newcomer copies it."""
+    block = README.read_text().split("```python\n", 1)[1].split("```", 1)[0]
+    return block[: block.index("trainer.train()") + len("trainer.train()")] + "\n"
+
+
+def as_run_here(script: str, study: str) -> str:
+    """The README's block with this test's study and model, and two steps: nothing else changed."""
+    for old, new in (('autotune.best("gpt2-8GiB")', f"autotune.best({study!r})"),
+                     ('best.load_model("gpt2")', "best.load_model(MODEL)"),
+                     ('best.training_arguments(output_dir="out")',
+                      'best.training_arguments(output_dir="out", max_steps=2, report_to="none")')):
+        assert old in script, f"README.md's Python block no longer has {old}"
+        script = script.replace(old, new)
+    return script
+
+
+def test_the_readme_hand_off_trains_with_trainer_from_a_directory_and_from_a_config(tmp_path, monkeypatch, capsys):
+    """The README's Python block, run as written, on a study stored by hand (one fitting CPU probe with
+    checkpointing): a real Trainer takes two steps, once with the model loaded from a saved directory
+    (from_pretrained) and once built from a config object (from_config, which refuses config fields
+    such as use_cache as keyword arguments)."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from autotune.environment import Environment
+    from tests.store.helpers import config, make_study, result
+
+    cpu = Environment("cpu", "cpu: test", 8 * 2**30, torch_version=torch.__version__)
+    with open_store() as store:
+        study = make_study(store, "tiny-cpu", environment=cpu)
+        store.record_probe(study.id, config(2, block_size=32, grad_accum=1, checkpointing=True), result(),
+                           env_fingerprint=cpu.fingerprint())
+    fields = {k: v for k, v in TINY_GPT2.items() if k not in ("model_type", "architectures")}
+    saved = tmp_path / "saved-gpt2"
+    GPT2LMHeadModel(GPT2Config(**fields)).save_pretrained(saved)
+    blocks = torch.randint(0, TINY_GPT2["vocab_size"], (8, 32)).tolist()
+    train_dataset = [{"input_ids": ids, "labels": ids} for ids in blocks]
+    monkeypatch.chdir(tmp_path)
+    script = as_run_here(readme_hand_off(), "tiny-cpu")
+
+    user_config = GPT2Config(**fields)
+    for model in (str(saved), user_config):
+        namespace = {"__name__": "readme", "MODEL": model, "train_dataset": train_dataset}
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            exec(compile(script, str(README), "exec"), namespace)
+        trainer = namespace["trainer"]
+        assert trainer.state.global_step == 2 and trainer.args.use_cpu
+        assert trainer.args.per_device_train_batch_size == 2 and trainer.args.tf32 is False
+        assert trainer.model.config.use_cache is False and trainer.model.config._attn_implementation == "sdpa"
+        checkpointed = getattr(trainer.model, "is_activation_checkpointing", None)  # transformers >= 5.23
+        assert checkpointed if checkpointed is not None else trainer.model.is_gradient_checkpointing
+        assert trainer.model.name_or_path == (str(saved) if isinstance(model, str) else "")
+        assert not [w for w in caught if "checkpointing" in str(w.message) and "deprecated" in str(w.message)]
+        losses = [entry["train_loss"] for entry in trainer.state.log_history if "train_loss" in entry]
+        assert losses and all(loss == loss and loss > 0 for loss in losses)
+    assert user_config.use_cache is True  # load_model changed a copy
+    # By hand, as the README's comment says: the overrides on the config, the load arguments to from_config.
+    from transformers import AutoModelForCausalLM
+
+    from autotune import best as best_of
+
+    best = best_of("tiny-cpu")
+    user_config.update(best.config_overrides())
+    assert AutoModelForCausalLM.from_config(user_config, **best.load_kwargs()).config.use_cache is False
+    # A QLoRA base is a checkpoint quantized as it loads: from a config, refused with what to pass.
+    from autotune.errors import BadInput
+    from autotune.handoff import BestConfig
+    from autotune.recipes import peft_text
+    from tests.train.test_peft import leaderboard_row
+
+    qlora = BestConfig(leaderboard_row(config(2, precision="bf16", peft=peft_text("qlora"))), "cuda")
+    with pytest.raises(BadInput, match="pass its hub id or directory to load_model, not a config"):
+        qlora.load_model(user_config)
+    printed = capsys.readouterr().out
+    assert "autotune.best('tiny-cpu'): mb2x1 blk32 fp32 ckpt sdpa" in printed and "of the 8.00 GiB budget" in printed
