@@ -8,7 +8,7 @@ WARMUP_STEPS = 2              # the peak needs the optimizer state, created by t
 MEASURE_STEPS = 3             # timed optimizer steps, at least
 MEASURE_SECONDS = 0.25        # and at least this long a window (a tiny step is timed many times)...
 MAX_MEASURE_STEPS = 50        # ...up to this many steps
-PROBE_TIMEOUT_SECONDS = 600.0  # one probe, process start-up included
+PROBE_TIMEOUT_SECONDS = 600.0  # one probe, from a ready child; starting a child is held to it too (at least 60 s)
 SAFETY_MARGIN = 0.05          # a fraction of the budget (or bytes when >= 1)
 SAFETY_MARGIN_TEXT = "5%"     # the same, as the CLI shows and parses it
 
@@ -19,7 +19,7 @@ OPTIMIZER = "adamw"
 
 # -- the search space (SearchSpace) ---------------------------------------------------------
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)   # those up to the effective batch
-EFFECTIVE_BATCH = 32                   # sequences per optimizer step
+EFFECTIVE_BATCH = 8                    # sequences per optimizer step: Trainer's (micro-batch 8, no accumulation)
 BLOCK_SIZE = 512                       # Trainer users' usual block; capped by the model's maximum
 PRECISIONS = ("fp32", "fp16", "bf16")
 CHECKPOINTING = (False, True)

@@ -18,6 +18,7 @@ import ctypes
 import importlib
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -30,6 +31,36 @@ class Terminated(KeyboardInterrupt):
     `finally` and claim release on the way out runs as for Ctrl-C; the CLI exits 143 for it."""
 
 WATCHDOG_SECONDS = 1.0
+
+
+def owner_label() -> str:
+    """'host:pid': this process, as the owner of a running study or training run (stored, so that
+    a later command can tell whether it is still there)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def owner_gone(owner: str | None) -> bool:
+    """Whether the process an owner label names is gone, as far as this machine can tell: False
+    for another host's process (its heartbeat tells), or a label of another form."""
+    host, _, pid = (owner or "").rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # another user's process of that pid: alive
+        return False
+    return _zombie(int(pid))
+
+
+def _zombie(pid: int) -> bool:
+    """A process that exited but was not reaped yet (Linux): gone for our purposes."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return False
 
 
 def kill_me_with_parent() -> None:

@@ -11,14 +11,15 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from autotune.budget import Budget, required_bytes
+from autotune.defaults import EFFECTIVE_BATCH as TRAINER_EFFECTIVE_BATCH
 from autotune.config import ProbeConfig
 from autotune.result import ProbeResult
 from autotune.status import ProbeStatus, Settled
-from autotune.units import format_size
+from autotune.units import format_size, size_as_read
 
 if TYPE_CHECKING:
     from autotune.estimate import MemoryEstimate
-    from autotune.store import LeaderboardRow, StudySummary
+    from autotune.store import LeaderboardRow, RunRecord, StudySummary
     from autotune.train import RunSummary
 
 
@@ -38,7 +39,7 @@ def format_probe_result(config: ProbeConfig, result: ProbeResult) -> str:
         f"device  {result.device or '-'}",
         f"status  {result.status}" + (f"  ({result.error.splitlines()[-1]})" if result.error else ""),
         f"memory  peak allocated {format_size(result.peak_allocated_bytes)}, reserved {format_size(result.peak_reserved_bytes)}, "
-        f"context {format_size(result.context_bytes)}, margin {format_size(result.margin_bytes)}, budget {format_size(budget)}",
+        f"context {format_size(result.context_bytes)}, margin {format_size(result.margin_bytes)}, budget {size_as_read(budget)}",
     ]
     if result.required_bytes is not None and budget:
         held = Budget(budget, result.margin_bytes or 0)
@@ -66,7 +67,7 @@ def format_probe_result(config: ProbeConfig, result: ProbeResult) -> str:
 LEADERBOARD_FIELDS = (
     "rank", "label", *(f.name for f in fields(ProbeConfig)), "status", "tokens_per_s", "step_seconds", "step_spread",
     "samples_per_s", "mfu", "peak_reserved_bytes", "peak_allocated_bytes", "context_bytes", "budget_bytes",
-    "margin_bytes", "study", "probe_id", "trial_number", "config_key", "worker", "compile_seconds",
+    "margin_bytes", "study", "probe_id", "trial_number", "config_key", "worker", "compile_seconds", "host_load",
 )
 
 
@@ -92,8 +93,9 @@ def _local_time(value: datetime | None) -> str:
     return "-" if value is None else value.astimezone().strftime("%Y-%m-%d %H:%M")
 
 
-def render_leaderboard(rows: Sequence[LeaderboardRow], fmt: str = "table") -> str:
-    """The ranked configs that fit, as a table for people, a JSON list, or CSV (header + rows)."""
+def render_leaderboard(rows: Sequence[LeaderboardRow], fmt: str = "table", confirmation: dict | None = None) -> str:
+    """The ranked configs that fit, as a table for people, a JSON list, or CSV (header + rows);
+    the table says under it when the study's confirmation found the order not reliable."""
     if fmt == "json":
         return json.dumps([row.to_dict() for row in rows], indent=2)
     if fmt == "csv":
@@ -112,7 +114,34 @@ def render_leaderboard(rows: Sequence[LeaderboardRow], fmt: str = "table") -> st
         headers.append("worker")
         for cell, row in zip(cells, rows):
             cell.append(row.worker or "-")
-    return _table(headers, cells, right=(0, 3, 4, 5))
+    table = _table(headers, cells, right=(0, 3, 4, 5))
+    warning = unreliable_warning(confirmation)
+    return table if warning is None else f"{table}\nwarning: {warning}"
+
+
+def render_runs(rows: Sequence[RunRecord], fmt: str = "table") -> str:
+    """Full fine-tunes (`autotune train`) with how each ended, as a table or a JSON list."""
+    if fmt == "json":
+        return json.dumps([row.to_dict() for row in rows], indent=2)
+    if fmt != "table":
+        raise ValueError(f"unknown format {fmt!r}")
+    if not rows:
+        return "No runs yet: `autotune train` makes one."
+    cells = [
+        [str(row.id), str((row.summary or {}).get("study") or "-"), str(row.config.get("label") or _label(row.config)),
+         row.status, str(row.steps if row.steps is not None else "-"), _fmt_float(row.tokens_per_s, ",.0f"),
+         format_size(row.peak_reserved_bytes), _local_time(row.started_at), row.output_dir or "-"]
+        for row in rows
+    ]
+    headers = ["run", "study", "config", "status", "steps", "tokens/s", "peak reserved", "started", "output dir"]
+    return _table(headers, cells, right=(0, 4, 5, 6))
+
+
+def _label(config: dict) -> str:
+    try:
+        return ProbeConfig.from_dict(config).label()
+    except (TypeError, ValueError):
+        return "-"
 
 
 def render_studies(rows: Sequence[StudySummary], fmt: str = "table") -> str:
@@ -176,13 +205,22 @@ def _task_levers(config) -> str:
     return f", task={config.task}{extra}"
 
 
-def format_search_header(study, environment, candidates: int, already: int) -> str:
+def format_search_header(study, environment, candidates: int, already: int, notes: Sequence[str] = ()) -> str:
     resumed = f", resuming with {already} already settled" if already else ""
     task = study.space.get("task")
     trained = f" ({task})" if task else ""
-    return (f"study {study.name}: {study.model_reference}{trained} on {environment.device_name}, budget "
-            f"{format_size(study.budget_bytes)} (margin {format_size(study.margin_bytes)}); "
-            f"{candidates} candidate configs{resumed}")
+    header = (f"study {study.name}: {study.model_reference}{trained} on {environment.device_name}, budget "
+              f"{size_as_read(study.budget_bytes)} (margin {format_size(study.margin_bytes)}); "
+              f"{_effective_batch(study.space)}; {candidates} candidate configs{resumed}")
+    return "\n".join([header, *(f"note: {note}" for note in notes)])
+
+
+def _effective_batch(space: dict) -> str:
+    """The work per optimizer step every candidate keeps: the user's recipe, never searched."""
+    if space.get("effective_tokens"):
+        return f"{space['effective_tokens']:,} tokens per optimizer step (your recipe: --effective-tokens)"
+    return (f"{space.get('effective_batch')} sequences per optimizer step (your recipe: --effective-batch; Trainer's "
+            f"default is {TRAINER_EFFECTIVE_BATCH})")
 
 
 def explain_winner(outcome) -> str:
@@ -209,12 +247,31 @@ def explain_winner(outcome) -> str:
     ]
     if confirmation:
         lines.append(f"  {describe_confirmation(confirmation)}")
+        if (warning := unreliable_warning(confirmation)) is not None:
+            lines.append(f"  warning: {warning}")
     elif len(outcome.leaderboard) > 1:
         second = outcome.leaderboard[1]
         lines.append(f"  runner-up: {second.label}, {best.tokens_per_s / second.tokens_per_s:.2f}x slower")
+    if (hint := _larger_batch_hint(best, required)) is not None:
+        lines.append(f"  hint: {hint}")
     if unmeasured:
         lines += ["Not a final answer: some configurations could not be measured (one of them may be faster):", *unmeasured]
     return "\n".join(lines)
+
+
+# A winner that needs at most this share of what the budget allows leaves room for larger micro-batches.
+ROOM_FOR_LARGER_BATCH = 0.6
+
+
+def _larger_batch_hint(best, required: int) -> str | None:
+    """When the winner runs its whole effective batch in one micro-step (no larger micro-batch is
+    in the space) and uses little of the budget, a larger effective batch would likely be faster:
+    said as a hint, since the effective batch is the user's recipe and the pick keeps it."""
+    allowed = Budget(best.budget_bytes, best.margin_bytes).allowed_bytes
+    if best.config.grad_accum != 1 or not allowed or required > ROOM_FOR_LARGER_BATCH * allowed:
+        return None
+    return (f"{best.label} needs {100 * required / allowed:.0f}% of what the budget allows; a larger --effective-batch "
+            f"(your recipe: it changes the optimization) would let larger micro-batches run, usually faster per token")
 
 
 def _spread(spread: float | None) -> str:
@@ -229,13 +286,26 @@ def describe_confirmation(c: dict) -> str:
     if c.get("runner_up") is None:
         return f"confirmed: {c['winner_label']} is the only config that fits"
     if c.get("tied"):
-        return (f"tie: {c['winner_label']} and {', '.join(c['tied'])} differ by {100 * (margin or 0):.0f}%, within the "
-                f"{100 * noise:.0f}% noise of their steps{cost}: chose the one with the most memory to spare")
+        chose = ("chose the one with the most memory to spare that none of them was clearly faster than"
+                 if c.get("reliable", True) else "kept the fastest measured")
+        return (f"tie: {c['winner_label']} and {', '.join(c['tied'])} differ by {100 * (margin or 0):.0f}%, not told "
+                f"apart (±{100 * noise:.0f}% of noise, or a round lost){cost}: {chose}")
     if not c.get("confirmed"):
         return f"unconfirmed: the contenders could not be measured again{cost}; runner-up {c['runner_up']}"
     how = "measured again" if c.get("rounds") else "told apart by the first windows"
     return (f"confirmed: {c['winner_label']} wins by {100 * (margin or 0):.0f}% ± {100 * noise:.0f}% over "
             f"{c['runner_up']} ({how}{cost.replace(' (', ', ').rstrip(')') if cost else ''})")
+
+
+def unreliable_warning(confirmation: dict | None) -> str | None:
+    """One line when the confirmation round could not tell the contenders apart beyond the timing
+    noise: the pick is not reliable, and what to do. None for a reliable (or unconfirmed) pick."""
+    if not confirmation or confirmation.get("reliable", True):
+        return None
+    load = confirmation.get("host_load")
+    busy = f", on a host loaded {load:.1f} per core" if load is not None else ""
+    return (f"the pick is not reliable: its contenders' timings disagree by up to ±{100 * (confirmation.get('noise') or 0):.0f}%"
+            f"{busy}; search again when the machine is quiet, or with a longer --measure-seconds (--fresh measures anew)")
 
 
 def _unmeasured_lines(outcome) -> list[str]:
@@ -260,7 +330,7 @@ def format_search_footer(outcome) -> str:
                      else f"searched through; {len(outcome.unmeasured)} could not be measured",
         "patience": "no better config for a while (--patience)",
         "max-trials": "--max-trials reached; run the same command to go on",
-        "timeout": "--timeout reached; run the same command to go on",
+        "timeout": f"--timeout reached{_deadline_detail(outcome)}; run the same command to go on from where it stopped",
         "interrupted": "interrupted; run the same command to resume",
         "stopped": "the study was stopped; resume it with the search command that started it",
         "finished": "the study is finished",
@@ -270,6 +340,16 @@ def format_search_footer(outcome) -> str:
     return (f"{outcome.probed} probes run, {outcome.reused} reused from earlier studies, {outcome.skipped} skipped "
             f"by structure, of {outcome.candidates} candidates, in {outcome.seconds:.1f} s{by} "
             f"({reasons.get(outcome.stop_reason, outcome.stop_reason)}).")
+
+
+def _deadline_detail(outcome) -> str:
+    """What the --timeout deadline stopped, and what is left to do."""
+    note = getattr(outcome, "deadline_note", None)
+    settled = getattr(outcome, "settled", None)
+    parts = [note] if note else []
+    if settled is not None and settled < outcome.candidates:
+        parts.append(f"{outcome.candidates - settled} of {outcome.candidates} candidates not settled yet")
+    return f": {'; '.join(parts)}" if parts else ""
 
 
 def search_summary(outcome) -> dict:
@@ -289,6 +369,7 @@ def search_summary(outcome) -> dict:
         "answered_from_database": outcome.answered_from_database,
         "unmeasured": [{"config_key": c.key(), "label": c.label(), "status": r.status, "error": r.error}
                        for c, r in getattr(outcome, "unmeasured", [])],
+        "deadline_note": getattr(outcome, "deadline_note", None),
         "best": outcome.best.to_dict() if outcome.best else None,
         "confirmation": getattr(outcome.study, "confirmation", None),
         "leaderboard": [row.to_dict() for row in outcome.leaderboard],
@@ -363,14 +444,37 @@ def render_estimate(estimate: MemoryEstimate, budget: Budget | None = None) -> s
     if e.device_type == "cuda":
         lines.append(row("CUDA context", e.context_bytes, share=False, note="assumed"))
         lines.append(row("needed on the card", e.required_bytes, share=False, note="reserved + context"))
+
+    # What is alive at the peak, and what is not and why, from the estimate's own figures: a
+    # gradients row of 0 B is no omission, the peak falls where none exists.
+    phase = e.peak_phase or "the step"
+    backward, accumulates = phase.startswith("backward"), e.config.grad_accum > 1
+    grads = ("gradients (the previous micro-steps', kept for accumulation)" if phase == "forward" and accumulates
+             else "gradients (accumulating over the micro-steps)" if backward and accumulates
+             else "gradients (made by this backward so far)" if backward
+             else "gradients (the optimizer step reads them; freed after it)" if phase == "optimizer step" else "gradients")
+    alive = [name for name, value in (("weights", e.params), (grads, e.grads), ("optimizer state", e.optimizer),
+                                      ("activations", e.activations), ("temporaries", e.temporaries),
+                                      ("cuBLAS workspaces", e.workspace)) if value > 0]
+    absent = []
+    if e.grads == 0:
+        absent.append("gradients are not made yet: the peak comes early in the backward, before its first gradient"
+                      if backward else "no gradients: this micro-step's backward has not made them yet"
+                      if phase == "forward" else "no gradients")
+        absent[-1] += " (they are freed after each optimizer step: zero_grad(set_to_none=True))"
+    if e.optimizer == 0:
+        absent.append("no optimizer state (the optimizer makes it at its first step)")
+    if e.activations == 0:
+        absent.append("no activations (the backward has freed them)")
+    lines += ["", f"  at the peak ({phase}): " + ", ".join(alive) + "".join(f"; {text}" for text in absent)]
     if budget is not None:
         lines.append("")
         room = budget.headroom(e.required_bytes)
         margin_text = f" with a {format_size(budget.margin_bytes)} margin" if budget.margin_bytes else ""
         if room >= 0:
-            lines.append(f"  budget {format_size(budget.total_bytes)}{margin_text}: fits, {format_size(room)} to spare")
+            lines.append(f"  budget {size_as_read(budget.total_bytes)}{margin_text}: fits, {format_size(room)} to spare")
         else:
-            lines.append(f"  budget {format_size(budget.total_bytes)}{margin_text}: does NOT fit, {format_size(-room)} over")
+            lines.append(f"  budget {size_as_read(budget.total_bytes)}{margin_text}: does NOT fit, {format_size(-room)} over")
     if e.notes:
         lines.append("")
         lines.extend(f"  note: {n}" for n in e.notes)

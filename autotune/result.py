@@ -37,6 +37,8 @@ class ProbeResult:
     parameters: int | None = None         # parameters of the model built (the task's whole class)
     trainable_parameters: int | None = None  # of which train (fewer under LoRA: the adapters)
     step_times: list[float] | None = None # each timed step's seconds, in order (autotune.timing)
+    host_load: float | None = None        # the host's load average per core as the probe ended: what it was timed beside
+    gpu_processes: int | None = None      # other processes on its GPU (NVML), where it can be told
     error: str | None = None
 
     def __post_init__(self) -> None:

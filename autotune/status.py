@@ -40,6 +40,7 @@ class RunStatus(StrEnum):
     RUNNING = "running"
     FINISHED = "finished"
     FAILED = "failed"
+    INTERRUPTED = "interrupted"   # Ctrl-C, SIGTERM, or its process gone (read so: store/liveness.py)
 
 
 class RunEnd(StrEnum):

@@ -47,14 +47,14 @@ class ScriptedRunner:
         self.on_phase = None
         self.neighbours = None
 
-    def environment(self) -> Environment:
+    def environment(self, deadline=None) -> Environment:
         return self.env
 
-    def check(self, spec, config, attentions) -> dict[str, str]:
+    def check(self, spec, config, attentions, deadline=None) -> dict[str, str]:
         """The scripted model always builds, with every kernel."""
         return {}
 
-    def run(self, config: ProbeConfig, budget: Budget, spec=None) -> ProbeResult:
+    def run(self, config: ProbeConfig, budget: Budget, spec=None, deadline=None) -> ProbeResult:
         self.asked.append(config)
         if self.table is not None:
             return ProbeResult.from_dict(self.table[config.key()].to_dict())

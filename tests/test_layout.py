@@ -29,11 +29,11 @@ LAYERS: list[set[str]] = [
     {"search"},                                  # space -> strategies -> probe runner -> store
     {"probe", "estimate", "store", "data"},      # measuring, predicting, keeping
     {"space"},
-    {"models", "environment"},
-    {"config", "result", "paths", "tasks", "timing", "recipes", "speed", "cards", "ranking", "flops"},
+    {"models", "environment", "cpu_speed"},
+    {"config", "result", "paths", "tasks", "timing", "recipes", "speed", "cards", "ranking", "flops", "shapes"},
     {"budget"},                                  # what "fits" means
     {"units"},
-    {"errors", "defaults", "status", "version", "processes"},  # vocabulary everyone shares; process lifelines
+    {"errors", "defaults", "status", "version", "processes", "deadline"},  # vocabulary everyone shares; process lifelines, deadlines
 ]
 # (importer unit, imported unit) pairs allowed within one layer: the estimator traces the probe's
 # own training step; the Markdown report says why as `autotune search` does and embeds the plot.

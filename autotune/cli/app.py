@@ -6,6 +6,7 @@ package: those live in the modules the commands call."""
 from __future__ import annotations
 
 import json
+import signal
 import sys
 
 import click
@@ -36,8 +37,22 @@ def cli() -> None:
     """Find the fastest training configuration that fits your GPU, by measuring it."""
 
 
+def stop_on_signals() -> None:
+    """Ctrl-C (SIGINT) and SIGTERM stop every command at once, its children with it (they die with
+    their parent: autotune.processes), whatever the shell left set: a job started in the background
+    by a non-interactive shell inherits SIGINT ignored, and would otherwise run on. (`search` and
+    `worker` install their own handlers while they search: the first Ctrl-C lets the probe in flight
+    finish.)"""
+    def terminate(signum, frame):
+        raise Terminated
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, terminate)
+
+
 def main() -> None:
     """Entry point: user mistakes become one line on stderr and exit status 2; bugs keep tracebacks."""
+    stop_on_signals()
     try:
         cli.main(standalone_mode=False)
     except AutotuneError as exc:

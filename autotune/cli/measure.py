@@ -9,7 +9,9 @@ import click
 from autotune import defaults
 from autotune.cli.app import cli, echo_json
 from autotune.cli.options import config_options, make_config, make_settings, probe_settings_options
+from autotune.errors import BadInput
 from autotune.recipes import peft_text  # (torch-free: the --peft flags as a config stores them)
+from autotune.status import ProbeStatus
 
 
 @cli.command()
@@ -24,15 +26,22 @@ def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, 
     """Run one short, real training probe; exit status 0 if it fits, 1 if not."""
     from autotune.probe import run_probe
     from autotune.report import format_probe_result
-    from autotune.units import parse_size
+    from autotune.units import parse_budget
 
-    budget = parse_size(gpu_budget)
+    budget = parse_budget(gpu_budget)
     config = make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task,
                          target_length, num_labels, optimizer, weights,
                          peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets), compile_, allocator, liger)
     settings = make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
                              max_compile_seconds)
     result = run_probe(config, budget, settings=settings)
+    if result.status == ProbeStatus.SKIPPED:
+        # A search skips what this device cannot run and goes on; here it is the one config asked
+        # for (a precision, kernel, optimizer or speed lever this machine lacks, a compile over
+        # --max-compile-seconds): a mistake of the command, whatever the reason.
+        raise BadInput(f"the config asked for ({config.label()}) cannot be probed here: "
+                       f"{(result.error or '').rstrip('.')}; change or leave out the flag that asks for it, or probe "
+                       f"on a device that runs it.")
     if as_json:
         echo_json({"config": config.to_dict(), "config_key": config.key(), "task": config.task, **result.to_dict()})
     else:
@@ -59,16 +68,18 @@ def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointin
     """Predict a configuration's training memory without a GPU; with --gpu-budget, exit 1 if it will not fit."""
     from autotune.budget import Budget
     from autotune.estimate import estimate_memory
+    from autotune.live import trace_progress
     from autotune.report import render_estimate
-    from autotune.units import parse_duration, parse_margin, parse_size
+    from autotune.units import parse_budget, parse_duration, parse_margin
 
-    budget = Budget.of(parse_size(gpu_budget), parse_margin(safety_margin)) if gpu_budget is not None else None
+    budget = Budget.of(parse_budget(gpu_budget), parse_margin(safety_margin)) if gpu_budget is not None else None
     timeout = parse_duration(timeout_text, flag="--timeout")
     config = make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task,
                          target_length, num_labels, optimizer, weights,
                          peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets), compile_, allocator, liger)
-    result = estimate_memory(config, device_type=device_type.lower(), timeout=timeout, use_cache=not no_cache,
-                             trust_remote_code=trust_remote_code)
+    with trace_progress(quiet=as_json, what=f"tracing {config.label()}"):
+        result = estimate_memory(config, device_type=device_type.lower(), timeout=timeout, use_cache=not no_cache,
+                                 trust_remote_code=trust_remote_code)
     if as_json:
         echo_json(result.to_dict(budget))
     else:

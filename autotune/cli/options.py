@@ -65,7 +65,19 @@ def make_config(model, micro_batch, block_size, grad_accum, precision, checkpoin
                   weights=weights.strip().lower(), peft=peft, compile=compile_, allocator=allocator.strip().lower(),
                   liger=liger)
     ProbeConfig(model=model, **levers)
-    return single_config(resolve_model(model), task=task, target_length=target_length, num_labels=num_labels, **levers)
+    spec = resolve_model(model)
+    config = single_config(spec, task=task, target_length=target_length, num_labels=num_labels, **levers)
+    say_task_assumed(spec.config, task)
+    return config
+
+
+def say_task_assumed(model_config: dict, task: str | None) -> None:
+    """A note on stderr when the task was assumed from the model type (no --task, no head named in
+    its config.json): stdout stays the command's answer."""
+    from autotune.tasks import task_note
+
+    if (note := task_note(model_config, task)) is not None:
+        click.echo(f"autotune: note: {note}", err=True)
 
 
 

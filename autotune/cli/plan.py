@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from autotune import defaults
@@ -38,9 +36,10 @@ def plan(model, gpu_name, gpu_budget, safety_margin, exact, study, top, plot_fil
          trust_remote_code, db, as_json, **space_flags):
     """Predict every candidate's memory and speed on a card, without one: what fits, ranked (predicted)."""
     from autotune.cards import card_names, find_card
+    from autotune.live import trace_progress
     from autotune.planner import Target, plan_for
     from autotune.planner.render import render_plan
-    from autotune.units import parse_duration, parse_margin, parse_size
+    from autotune.units import parse_budget, parse_duration, parse_margin
 
     if gpu_name is not None and gpu_name.strip().lower() == "list":
         click.echo("\n".join(card_names()))
@@ -49,14 +48,18 @@ def plan(model, gpu_name, gpu_budget, safety_margin, exact, study, top, plot_fil
         raise click.UsageError("give --gpu NAME (a card to plan for) or --gpu-budget SIZE (a CUDA card of that size)")
     cpu = gpu_name is not None and gpu_name.strip().lower() == "cpu"
     card = find_card(gpu_name) if gpu_name is not None and not cpu else None
-    target = Target.of(card, parse_size(gpu_budget) if gpu_budget is not None else None, parse_margin(safety_margin),
+    target = Target.of(card, parse_budget(gpu_budget) if gpu_budget is not None else None, parse_margin(safety_margin),
                        cpu=cpu)
     space_args = space_arguments(**space_flags)
-    progress = None if as_json or not sys.stderr.isatty() else (
-        lambda done, total: click.echo(f"\rtraced {done} of {total}", err=True, nl=done == total))
-    result = plan_for(model, target, space_args, exact=exact, timeout=parse_duration(timeout_text, flag="--timeout"),
-                      use_cache=not no_cache, trust_remote_code=trust_remote_code, db=db, study=study,
-                      on_progress=progress)
+    if plot_file:
+        from autotune.plot import check_out_file
+
+        check_out_file(plot_file, "--plot")  # before the traces (seconds to minutes), not after
+    # A line on stderr as the traces land: redrawn on a terminal, every few seconds in a pipe.
+    with trace_progress(quiet=as_json) as progress:
+        result = plan_for(model, target, space_args, exact=exact, timeout=parse_duration(timeout_text, flag="--timeout"),
+                          use_cache=not no_cache, trust_remote_code=trust_remote_code, db=db, study=study,
+                          on_progress=progress)
     if plot_file:
         from autotune.plot import save_plan_plot
 

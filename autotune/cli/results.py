@@ -25,6 +25,21 @@ def studies(db, fmt):
 
 
 @cli.command()
+@click.option("--study", default=None, help="Only the runs of this study.")
+@db_option
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="A table for people, or a JSON list.")
+def runs(study, db, fmt):
+    """List the full fine-tunes (`autotune train`) and how each ended."""
+    from autotune.report import render_runs
+    from autotune.store import open_store
+
+    with open_store(db, read_only=True) as store:
+        rows = store.runs(study)
+    click.echo(render_runs(rows, fmt))
+
+
+@cli.command()
 @click.option("--study", default=None, help="Study name [default: the most recent one].")
 @click.option("--top", type=click.IntRange(min=1), default=None, help="Show only the N fastest configurations.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True,
@@ -37,7 +52,8 @@ def leaderboard(study, top, fmt, db):
 
     with open_store(db, read_only=True) as store:
         rows = store.leaderboard(study, top=top)
-    click.echo(render_leaderboard(rows, fmt))
+        confirmation = store.study(rows[0].study).confirmation if rows else None
+    click.echo(render_leaderboard(rows, fmt, confirmation))
 
 
 @cli.group("db")
@@ -68,6 +84,7 @@ def db_upgrade(db):
 def best(study, fmt, db):
     """Print a study's winning configuration for the fine-tune."""
     from autotune.handoff import best as find_best
+    from autotune.report import unreliable_warning
 
     chosen = find_best(study, db)
     # On stderr, so that `$(autotune best --format cli)` takes the flags alone.
@@ -76,5 +93,7 @@ def best(study, fmt, db):
     if fmt == "cli":
         for caveat in chosen.cli_caveats():
             click.echo(f"autotune: note: {caveat}", err=True)
+    if (warning := unreliable_warning(chosen.confirmation)) is not None:
+        click.echo(f"autotune: warning: {warning}", err=True)
     click.echo(chosen.render(fmt))
 

@@ -19,7 +19,9 @@ from autotune.status import StopReason
 @space_options
 @click.option("--strategy", default=defaults.STRATEGY, show_default=True, help="frontier, tpe, grid (OOM-pruned) or grid-full.")
 @click.option("--max-trials", type=int, default=None, help="Stop after this many probes (reused and skipped ones are free).")
-@click.option("--timeout", default=None, help="Start no new probe after this long (e.g. 30m).")
+@click.option("--timeout", default=None,
+              help="End the whole command within this long (e.g. 30m), confirmation included: the probe in flight is "
+                   "stopped at the deadline, none starts that could not end before it; the same command goes on.")
 @click.option("--patience", type=int, default=None, help="Stop after this many probes without a better config.")
 @click.option("--study", default=None, help="Study name; the same name resumes [default: MODEL-BUDGET].")
 @click.option("--fresh", is_flag=True, help="Probe again even where a stored result could be reused.")
@@ -33,7 +35,9 @@ from autotune.status import StopReason
 @probe_settings_options
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Search in N worker processes on this machine: one per GPU (each gets one CUDA_VISIBLE_DEVICES entry), "
-                   "or N CPU workers with --device cpu. Other machines join with `autotune worker`.")
+                   "or N CPU workers with --device cpu (at most one per core). Other machines join with `autotune worker`.")
+@click.option("--oversubscribe", is_flag=True,
+              help="Allow more CPU workers than cores (up to 4 per core): their timings then share the cores.")
 @click.option("--heartbeat", type=float, default=defaults.HEARTBEAT_SECONDS, show_default=True,
               help=f"Seconds between a worker's heartbeats; a worker silent for {defaults.STALE_BEATS} of them is presumed "
                    f"dead and its probe retried.")
@@ -41,15 +45,15 @@ from autotune.status import StopReason
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object (progress goes to stderr).")
 def search(model, gpu_budget, strategy, max_trials, timeout, patience, study, fresh, predict, confirm, predict_margin,
            device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
-           max_compile_seconds, workers, heartbeat, db, as_json, **space_flags):
+           max_compile_seconds, workers, oversubscribe, heartbeat, db, as_json, **space_flags):
     """Find the fastest configuration that fits the budget, by probing."""
     from autotune import report
     from autotune.live import LiveLine
     from autotune.search import SearchOptions
     from autotune.search import search as run
-    from autotune.units import parse_duration, parse_size
+    from autotune.units import parse_budget, parse_duration
 
-    budget = parse_size(gpu_budget)
+    budget = parse_budget(gpu_budget)
     space_args = space_arguments(**space_flags)
     settings = make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
                              max_compile_seconds)
@@ -61,7 +65,7 @@ def search(model, gpu_budget, strategy, max_trials, timeout, patience, study, fr
     live = LiveLine(out) if out.isatty() and workers is None else None
     say = live.print if live is not None else (lambda line: click.echo(line, file=out))
     with live or contextlib.nullcontext():
-        outcome = run(model, budget, settings=settings, options=options, db=db, workers=workers,
+        outcome = run(model, budget, settings=settings, options=options, db=db, workers=workers, oversubscribe=oversubscribe,
                       on_start=lambda *a: say(report.format_search_header(*a)),
                       on_event=lambda e: say(report.format_event(e, show_worker=workers is not None)),
                       on_progress=live.progress if live is not None else None, **space_args)
@@ -97,7 +101,8 @@ def search_exit_status(outcome) -> int:
 @click.option("--allow-other-device", is_flag=True,
               help="Join even though this device (or its driver and library versions) differs from the study's.")
 @click.option("--max-trials", type=int, default=None, help="Stop this worker after this many probes.")
-@click.option("--timeout", default=None, help="Start no new probe on this worker after this long (e.g. 30m).")
+@click.option("--timeout", default=None,
+              help="End this worker within this long (e.g. 30m): its probe in flight is stopped at the deadline.")
 @click.option("--patience", type=int, default=None, help="Stop after this many probes without a better config [default: the study's].")
 @click.option("--probe-timeout", default=None, help="Kill a probe after this long [default: the study's].")
 @db_option

@@ -29,6 +29,8 @@ def plan_for(model: str, target: Target, space_args: dict[str, Any], *, exact: b
 
     spec = resolve_model(model)
     space = SearchSpace.build(spec, **space_args)
+    # Refused before any trace child starts: a model nothing can train, or its own code unasked.
+    spec.check_usable(trust_remote_code, budget_bytes=target.budget.total_bytes)
     store = _measurements(db, study)
     try:
         if store is not None and study is not None:

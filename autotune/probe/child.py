@@ -29,7 +29,13 @@ from autotune.config import ProbeConfig  # noqa: E402
 from autotune.defaults import ERROR_TAIL_CHARS, MAX_MEASURE_STEPS  # noqa: E402
 from autotune.probe.cap import MemoryCap, cap_memory  # noqa: E402
 from autotune.probe.memory import BUDGET_OOM  # noqa: E402
-from autotune.probe.devices import describe, peak_flops, resolve_device, supports_precision  # noqa: E402
+from autotune.probe.devices import (  # noqa: E402
+    describe,
+    other_gpu_processes,
+    peak_flops,
+    resolve_device,
+    supports_precision,
+)
 from autotune.probe.oom import classify_exception  # noqa: E402
 from autotune.probe import speedups  # noqa: E402
 from autotune.probe.protocol import (  # noqa: E402
@@ -129,7 +135,7 @@ def _start(request: ProbeRequest) -> _Probe:
     result = ProbeResult(
         status=ProbeStatus.OK, device=env.device_name, device_total_bytes=env.device_total_bytes,
         budget_bytes=budget.total_bytes, margin_bytes=budget.margin_bytes, warmup_steps=request.settings.warmup_steps,
-        measured_steps=request.settings.measure_steps,
+        measured_steps=request.settings.measure_steps, gpu_processes=other_gpu_processes(device),
     )
     check_recipe(config, device)
     import_recipe_code(config)

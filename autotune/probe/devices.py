@@ -142,3 +142,29 @@ def supports_precision(device: torch.device, precision: str) -> str | None:
         if torch.cuda.get_device_capability(device) < (8, 0):
             return f"tf32 needs an NVIDIA GPU of compute capability 8.0 or newer, not {torch.cuda.get_device_name(device)}"
     return None
+
+
+def gpu_processes(device: torch.device) -> list[tuple[int, int | None]] | None:
+    """The processes on `device`'s GPU as NVML sees them, (pid, bytes it holds) each, or None where
+    NVML cannot tell (no pynvml / nvidia-ml-py, no driver, a CPU device). NVML names GPUs by UUID,
+    so CUDA_VISIBLE_DEVICES' renumbering does not matter."""
+    if device.type != "cuda":
+        return None
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid if uuid.startswith("GPU-") else f"GPU-{uuid}")
+        found = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+    except (pynvml.NVMLError, AttributeError, RuntimeError):
+        return None
+    return [(int(p.pid), int(p.usedGpuMemory) if isinstance(p.usedGpuMemory, int) else None) for p in found]
+
+
+def other_gpu_processes(device: torch.device) -> int | None:
+    """How many other processes share `device`'s GPU (None where NVML cannot tell)."""
+    listed = gpu_processes(device)
+    return None if listed is None else sum(1 for pid, _ in listed if pid != os.getpid())

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from autotune import errors, speed
 from autotune.budget import Budget
 from autotune.config import ProbeConfig
+from autotune.deadline import NO_DEADLINE, Deadline, DeadlineReached
 from autotune.environment import Environment
 from autotune.models import ModelSpec, resolve_model
 from autotune.processes import run_as_child
@@ -42,7 +43,9 @@ from autotune.probe.settings import ProbeSettings
 from autotune.result import ProbeResult
 from autotune.status import ProbeStatus
 
-STARTUP_TIMEOUT = 300.0       # a child that cannot import torch in this long is broken
+# A child must be ready (torch and transformers imported) and answer the preflight's questions
+# within the probe timeout, and never less than this: imports take seconds, more on a busy host.
+STARTUP_FLOOR_SECONDS = 60.0
 CHILD_MAIN = "autotune.probe.child:main"
 
 
@@ -95,16 +98,20 @@ class ProbeRunner:
         self.children_started += 1
         return process, parent_conn
 
-    def _start_child(self) -> float:
+    def _start_child(self, limit: float) -> float:
         """Make a ready child the current one: the standby if there is one, else a new process.
-        Returns the seconds waited for it."""
+        Returns the seconds waited for it; TimeoutError (the child killed) past `limit` seconds."""
         started = time.perf_counter()
         spare, self._spare = self._spare, None
         if spare is not None and not spare[0].is_alive():
             _stop(*spare)
             spare = None
         self._process, self._conn = spare or self._spawn()
-        reply = self._receive(STARTUP_TIMEOUT)
+        try:
+            reply = self._receive(limit)
+        except TimeoutError:
+            self._kill()
+            raise
         if not isinstance(reply, Ready):
             exitcode = self._process.exitcode
             self.close()
@@ -179,25 +186,45 @@ class ProbeRunner:
         """Make the next child one started with `allocator`'s setting, on CUDA (a CPU child answers
         any allocator with a skip: it has no CUDA allocator to set)."""
         kind = self._device_type or self.settings.device_kind
-        cuda = kind == "cuda" or (kind == "auto" and _cuda_visible())
+        cuda = kind == "cuda" or (kind == "auto" and cuda_may_be_visible())
         if not cuda or allocator == self._allocator:
             return
         self.close()
         self._allocator = allocator
 
-    def _ensure_child(self) -> float:
+    def _ensure_child(self, limit: float) -> float:
         """Start a child if none is alive; the seconds that took (0 when one was reused)."""
         if self._process is not None and self._process.is_alive():
             return 0.0
         self._kill()
-        return self._start_child()
+        return self._start_child(limit)
 
-    def environment(self) -> Environment:
+    @property
+    def _preflight_limit(self) -> float:
+        return max(self.settings.timeout, STARTUP_FLOOR_SECONDS)
+
+    def _ask(self, request: object, what: str, deadline: Deadline) -> Reply | None:
+        """Send a preflight question to a ready child and wait for its answer, both within the
+        preflight's limit (and the command's deadline); a child that does not answer in time,
+        whatever its state (stopped, wedged, swapping), is killed and said so in one line."""
+        limit = deadline.bound(self._preflight_limit)
+        started = time.perf_counter()
+        try:
+            self._ensure_child(limit)
+            assert self._conn is not None
+            self._conn.send(request)
+            return self._receive(max(0.0, limit - (time.perf_counter() - started)))
+        except TimeoutError:
+            self._kill()
+            if deadline.expired():
+                raise DeadlineReached from None
+            raise errors.DeviceError(f"the probe's process did not answer within {limit:.0f} s while {what} (stopped, "
+                                     f"wedged, or the machine is overloaded); it was killed. Run the command again "
+                                     f"(a larger --probe-timeout allows more).") from None
+
+    def environment(self, deadline: Deadline = NO_DEADLINE) -> Environment:
         """The device the probes will run on, as the child sees it."""
-        self._ensure_child()
-        assert self._conn is not None
-        self._conn.send(EnvironmentRequest(self.settings.device))
-        reply = self._receive(STARTUP_TIMEOUT)
+        reply = self._ask(EnvironmentRequest(self.settings.device), "describing its device", deadline)
         if reply is None:
             raise RuntimeError("the probe child died while describing its device")
         if isinstance(reply, UserErrorReply):
@@ -206,7 +233,8 @@ class ProbeRunner:
         self._device_type = reply.environment.device_type
         return reply.environment
 
-    def check(self, spec: ModelSpec, config: ProbeConfig, attentions: tuple[str, ...]) -> dict[str, str]:
+    def check(self, spec: ModelSpec, config: ProbeConfig, attentions: tuple[str, ...],
+              deadline: Deadline = NO_DEADLINE) -> dict[str, str]:
         """Refuse, with a user error, a model the probe cannot build here as `config`'s task with
         these attention kernels (built on the meta device: seconds, no memory). Run before anything
         is stored. Returns the kernels the model's class does not implement, with why (their
@@ -215,11 +243,8 @@ class ProbeRunner:
         asked = (spec.fingerprint, config.task, config.num_labels, tuple(attentions))
         if asked in self._checked:
             return self._checked[asked]
-        self._ensure_child()
-        assert self._conn is not None
-        self._conn.send(ModelCheckRequest(spec, config, tuple(attentions), self.settings.device,
-                                          self.settings.trust_remote_code))
-        reply = self._receive(STARTUP_TIMEOUT)
+        reply = self._ask(ModelCheckRequest(spec, config, tuple(attentions), self.settings.device,
+                                            self.settings.trust_remote_code), "building the model on the meta device", deadline)
         if reply is None:
             self._kill()
             raise errors.ModelNotFound(f"--model {spec.reference}: building it killed the probe's process; check its config.json.")
@@ -229,31 +254,43 @@ class ProbeRunner:
         self._checked[asked] = dict(reply.unsupported)
         return self._checked[asked]
 
-    def run(self, config: ProbeConfig, budget: Budget, spec: ModelSpec | None = None) -> ProbeResult:
+    def run(self, config: ProbeConfig, budget: Budget, spec: ModelSpec | None = None,
+            deadline: Deadline = NO_DEADLINE) -> ProbeResult:
         """Probe `config` of the model `spec` (resolved from `config.model` when not given) against
         `budget` in a child; every outcome comes back as a status. The config is trusted: it was
-        checked against the model once, before (check_probe_config, or a search's resolution)."""
+        checked against the model once, before (check_probe_config, or a search's resolution).
+
+        The probe's timeout is held by the wall clock from when a ready child has the request,
+        whatever the child is doing (computing, stopped, wedged); starting a fresh child is held to
+        the same limit, and never less than STARTUP_FLOOR_SECONDS (imports take seconds). The
+        command's `deadline` holds both: it stops the probe and raises DeadlineReached (what it
+        would have measured is unknown, so it is not a result)."""
         spec = spec or resolve_model(config.model)
         started = time.perf_counter()
+        timed_from = started
+
+        def left() -> float:
+            return max(0.0, min(self.settings.timeout - (time.perf_counter() - timed_from), deadline.remaining()))
+
         self._use_allocator(config.allocator)
         if self.on_phase is not None and not (self._process is not None and self._process.is_alive()):
             self.on_phase("start-up")
-        startup = self._ensure_child()
         request = ProbeRequest(config=config, model=spec, budget=budget, settings=self.settings,
                                hold_before_timing=self.neighbours is not None)
+        startup, paused = 0.0, False
         try:
-            self._send(request)
-        except (BrokenPipeError, ConnectionResetError, EOFError):
-            # The warm child died while idle (killed from outside): not this probe's doing, so a
-            # fresh child takes the request.
-            self._kill()
-            startup += self._start_child()
-            self._send(request)
-        self._keep_spare()  # while this probe runs, so that a restart after it costs nothing
-        deadline = time.perf_counter() + max(1.0, self.settings.timeout - startup)
-        paused = False
-        try:
-            reply = self._receive(max(0.0, deadline - time.perf_counter()))
+            startup = self._ensure_child(deadline.bound(self._preflight_limit))
+            try:
+                self._send(request)
+            except (BrokenPipeError, ConnectionResetError, EOFError):
+                # The warm child died while idle (killed from outside): not this probe's doing, so a
+                # fresh child takes the request.
+                self._kill()
+                startup += self._start_child(deadline.bound(self._preflight_limit))
+                self._send(request)
+            timed_from = time.perf_counter()
+            self._keep_spare()  # while this probe runs, so that a restart after it costs nothing
+            reply = self._receive(left())
             while isinstance(reply, Phase):
                 if reply.name == "timing" and request.hold_before_timing:
                     assert self.neighbours is not None
@@ -263,9 +300,11 @@ class ProbeRunner:
                         self._send(Go())  # the child holds its window until the neighbours are stopped
                 if self.on_phase is not None:
                     self.on_phase(reply.name)
-                reply = self._receive(max(0.0, deadline - time.perf_counter()))
+                reply = self._receive(left())
         except TimeoutError:
             self._kill()
+            if deadline.expired():
+                raise DeadlineReached(f"{config.label()} was stopped at the command's deadline") from None
             return self._failed(budget, ProbeStatus.TIMEOUT,
                                 f"no result within {self.settings.timeout:.0f} s; the probe's process was killed", started, startup)
         finally:
@@ -282,6 +321,7 @@ class ProbeRunner:
         result = reply.result
         result.startup_seconds = startup
         result.wall_seconds = time.perf_counter() - started
+        result.host_load = host_load()
         if not reply.child_goes_on or not self.reuse_child:
             # The child exits by itself after a probe that leaves it untrusted; make sure, and reap it.
             self.close()
@@ -293,8 +333,18 @@ class ProbeRunner:
                            startup_seconds=startup, wall_seconds=time.perf_counter() - started)
 
 
-def _cuda_visible() -> bool:
-    """Whether `--device auto` may mean CUDA here, told without importing torch in this process."""
+def host_load() -> float | None:
+    """The host's one-minute load average per core (the probe's own threads included): what a
+    probe's timing was measured beside. None where the platform has no load average."""
+    try:
+        return os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        return None
+
+
+def cuda_may_be_visible() -> bool:
+    """Whether `--device auto` may mean CUDA here, told without importing torch in this process
+    (an NVIDIA device node, and CUDA_VISIBLE_DEVICES not hiding every GPU)."""
     return os.environ.get("CUDA_VISIBLE_DEVICES", "unset") not in ("", "-1") and os.path.exists("/dev/nvidiactl")
 
 
@@ -306,10 +356,12 @@ def _stop(process: Any, conn: Any) -> None:
     conn.close()
 
 
-def check_probe_config(config: ProbeConfig, spec: ModelSpec, trust_remote_code: bool = False) -> None:
+def check_probe_config(config: ProbeConfig, spec: ModelSpec, trust_remote_code: bool = False,
+                       budget_bytes: int | None = None) -> None:
     """What a probe of `config` needs of the model, told from its config.json before any process
-    starts: a language model, leave to run its own code, lengths within its positions."""
-    spec.check_usable(trust_remote_code)
+    starts: a language model of shapes that train (within `budget_bytes` where given), leave to run
+    its own code, lengths within its positions."""
+    spec.check_usable(trust_remote_code, budget_bytes=budget_bytes)
     spec.check_block_sizes(config.block_size)
     if config.target_length is not None:
         spec.check_block_sizes(config.target_length, flag="--target-length")
@@ -322,7 +374,7 @@ def run_probe(config: ProbeConfig, budget: int, device: str | None = None, *, se
     if device is not None:
         settings = replace(settings, device=device)
     spec = resolve_model(config.model)
-    check_probe_config(config, spec, settings.trust_remote_code)
+    check_probe_config(config, spec, settings.trust_remote_code, budget)
     checked = settings.budget(budget)
     with ProbeRunner(settings, reuse_child=False) as runner:
         return runner.run(config, checked, spec)

@@ -10,6 +10,7 @@ from typing import Protocol
 from autotune import defaults
 from autotune.budget import Budget
 from autotune.config import ProbeConfig
+from autotune.deadline import NO_DEADLINE, Deadline
 from autotune.environment import Environment
 from autotune.errors import BadInput
 from autotune.models import ModelSpec
@@ -21,6 +22,10 @@ from autotune.store import LeaderboardRow, StudyRecord, check_study_name
 
 STRATEGIES = ("frontier", "tpe", "grid", "grid-full")
 
+# Told when a search (or a worker) starts on its study: (study, environment, candidates, those
+# already settled, notes on what it assumed).
+OnStart = Callable[[StudyRecord, Environment, int, int, tuple[str, ...]], None]
+
 
 class Runner(Protocol):
     """What the search needs of a probe runner (ProbeRunner, or a scripted fake in tests): the
@@ -31,9 +36,11 @@ class Runner(Protocol):
     # Processes of this search paused while a probe times its window (the estimator's tracers), when set.
     neighbours: Neighbours | None
 
-    def environment(self) -> Environment: ...
-    def check(self, spec: ModelSpec, config: ProbeConfig, attentions: tuple[str, ...]) -> dict[str, str]: ...
-    def run(self, config: ProbeConfig, budget: Budget, spec: ModelSpec | None = None) -> ProbeResult: ...
+    def environment(self, deadline: Deadline = NO_DEADLINE) -> Environment: ...
+    def check(self, spec: ModelSpec, config: ProbeConfig, attentions: tuple[str, ...],
+              deadline: Deadline = NO_DEADLINE) -> dict[str, str]: ...
+    def run(self, config: ProbeConfig, budget: Budget, spec: ModelSpec | None = None,
+            deadline: Deadline = NO_DEADLINE) -> ProbeResult: ...
     def close(self) -> None: ...
 
 
@@ -42,7 +49,7 @@ class SearchOptions:
     study: str | None = None
     strategy: str = defaults.STRATEGY
     max_trials: int | None = None      # probes actually run (reused and skipped ones are free)
-    timeout: float | None = None       # seconds; no new probe starts after this
+    timeout: float | None = None       # seconds: the whole command's deadline, confirmation included
     patience: int | None = None        # stop after this many probes without a better config
     fresh: bool = False                # ignore stored results from other studies
     predict: bool = True               # estimate memory first: skip hopeless configs, order the rest
@@ -117,6 +124,10 @@ class SearchOutcome:
     failures: list[str] = field(default_factory=list)  # workers that ended in error, one line each
     # Crashed, timed out or failed: not measurements. With their latest outcome, for the report.
     unmeasured: list[tuple[ProbeConfig, ProbeResult]] = field(default_factory=list)
+    # What the --timeout deadline stopped, when it did: the probe in flight, or a probe not started
+    # because it could not end in time, or the confirmation round (said with the footer).
+    deadline_note: str | None = None
+    settled: int | None = None         # candidates with an outcome when the search stopped
 
     @property
     def best(self) -> LeaderboardRow | None:

@@ -27,12 +27,20 @@ from autotune.status import ProbeStatus
 from autotune.store import LeaderboardRow, ProbeRecord, Store, StudyRecord
 from autotune.timing import median_seconds, noise, relative_spread
 
+class RoundStopped(Exception):
+    """The round was told to stop (Ctrl-C, or no time left before the command's deadline) before
+    its verdict: the pick stays unconfirmed."""
+
+
 MAX_CONTENDERS = 3   # besides the best: the closest ones within noise
 MAX_ROUNDS = 3       # windows of each contender at most, beyond the first
 # A window is measured again when within this of the best, or within the noise if wider: one
 # window on a busy machine can read several percent slow (a neighbour, a page fault storm) while
 # its own steps look steady. Telling apart still needs a margin above the steps' noise.
 CONTENDER_BAND = 0.05
+# A tie among configs whose noise is within this is a real one (they are as fast as each other);
+# beyond it the timing cannot tell them apart, and the pick is not reliable (said, with what to do).
+RELIABLE_NOISE = 0.10
 
 
 @dataclass(slots=True)
@@ -41,6 +49,7 @@ class Contender:
     result: ProbeResult                       # pooled timing so far
     step_times: list[float] = field(default_factory=list)
     windows: list[float] = field(default_factory=list)  # each window's own tokens/s
+    by_round: dict[int, float] = field(default_factory=dict)  # the windows of the round's alternating passes
 
     @property
     def tokens_per_s(self) -> float:
@@ -56,6 +65,28 @@ class Contender:
             return steps
         middle = statistics.median(self.windows)
         return max(steps, (max(self.windows) - min(self.windows)) / (2 * middle)) if middle > 0 else steps
+
+    def measured_again(self, result: ProbeResult, round_number: int | None = None) -> None:
+        """Pool another window into this contender: its steps with the others', its throughput as a
+        window of its own (kept by round when it was one of a round's alternating passes), and a
+        spread that shows how much whole windows disagree (a stored "±0%" must not hide windows of
+        979 and 12,091 tokens/s)."""
+        self.windows.append(result.tokens_per_s or 0.0)
+        if round_number is not None:
+            self.by_round[round_number] = result.tokens_per_s or 0.0
+        self.step_times += result.step_times or []
+        self.result = _pooled(self.row, self.step_times)
+        self.result = replace(self.result, step_spread=self.spread)
+
+
+def clearly_faster(a: Contender, b: Contender) -> bool:
+    """`a`'s pooled speed beats `b`'s by more than their noise, and `a` won every round in which the
+    two were measured back to back (so under the same load): then the order is no accident of a
+    busy moment. (A window measured long apart, the search's first, may be an outlier: it counts
+    in the pooled speed and the noise, not as a round.)"""
+    rounds = a.by_round.keys() & b.by_round.keys()
+    return (a.tokens_per_s > b.tokens_per_s * (1 + noise(a.spread, b.spread))
+            and all(a.by_round[r] > b.by_round[r] for r in rounds))
 
 
 @dataclass(slots=True)
@@ -73,11 +104,16 @@ class Confirmation:
     seconds: float                 # and their wall time
     tied: list[str] = field(default_factory=list)  # labels of the configs tied with the winner
     tied_keys: list[str] = field(default_factory=list)  # and their config keys (autotune.ranking reads them)
+    # False: the timing could not tell the contenders apart (a tie beyond RELIABLE_NOISE, or nothing
+    # measured again): the pick is not reliable, and every command that shows it says so.
+    reliable: bool = True
+    host_load: float | None = None  # the highest host load per core the round's windows saw
 
     def to_dict(self) -> dict[str, Any]:
         return {"winner": self.winner, "winner_label": self.winner_label, "runner_up": self.runner_up,
                 "margin": self.margin, "noise": self.noise, "confirmed": self.confirmed, "rounds": self.rounds,
-                "probes": self.probes, "seconds": self.seconds, "tied": self.tied, "tied_keys": self.tied_keys}
+                "probes": self.probes, "seconds": self.seconds, "tied": self.tied, "tied_keys": self.tied_keys,
+                "reliable": self.reliable, "host_load": self.host_load}
 
 
 def contenders_of(rows: list[LeaderboardRow]) -> list[LeaderboardRow]:
@@ -117,8 +153,9 @@ def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, Budget
             on_probe: Callable[[LeaderboardRow, ProbeResult], None] | None = None,
             stop: Callable[[], bool] = lambda: False) -> Confirmation | None:
     """Measure the study's suspects (suspects_of) and contenders again until the best is told
-    apart or a tie is declared; store the pooled timings and the verdict. None when nothing fits, or when `stop` says to stop
-    (Ctrl-C) before the verdict: the pick then stays unconfirmed."""
+    apart or a tie is declared; store the pooled timings and the verdict. None when nothing fits;
+    RoundStopped when `stop` says to stop (Ctrl-C, the deadline) before the verdict: the pick then
+    stays unconfirmed."""
     rows = store.leaderboard(study.name)
     if not rows:
         return None
@@ -129,24 +166,24 @@ def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, Budget
 
     pool = [contending(r) for r in contenders_of(rows)]
     probes, seconds, rounds, remeasured = 0, 0.0, 0, 0
+    loads: list[float | None] = [row.host_load for row in rows[:1]]
     # Suspects first: a window slowed a lot by a neighbour (steady steps, 3x slow) falls far outside
     # the band and would never be measured again. Measured once more; within the band now, it
     # contends like the others.
     band = pool[0].tokens_per_s * (1 - CONTENDER_BAND)
     for row in suspects_of(rows, [c.row for c in pool]):
         if stop():
-            return None
+            raise RoundStopped
         suspect = contending(row)
         result = run(row.config, budget)
+        loads.append(result.host_load)
         probes += 1
         seconds += result.wall_seconds or 0.0
         if on_probe is not None:
             on_probe(row, result)
         if result.status != ProbeStatus.OK or not result.step_times:
             continue
-        suspect.windows.append(result.tokens_per_s or 0.0)
-        suspect.step_times += result.step_times
-        suspect.result = _pooled(row, suspect.step_times)
+        suspect.measured_again(result)
         store.update_timing(row.probe_id, suspect.result)
         if (result.tokens_per_s or 0.0) >= band:
             pool.append(suspect)
@@ -154,11 +191,14 @@ def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, Budget
     while len(pool) > 1 and rounds < MAX_ROUNDS and (rounds == 0 or not _told_apart(pool)):
         if rounds and not remeasured:
             break  # a round that measured nothing again (every window failed): another would not either
+        if rounds and _split(pool):
+            break  # each of the first two won a round: no further round can tell them apart
         rounds += 1
         for contender in list(pool):
             if stop():
-                return None
+                raise RoundStopped
             result = run(contender.row.config, budget)
+            loads.append(result.host_load)
             probes += 1
             seconds += result.wall_seconds or 0.0
             if on_probe is not None:
@@ -166,9 +206,7 @@ def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, Budget
             if result.status != ProbeStatus.OK or not result.step_times:
                 continue  # a window that failed now says nothing of speed: the first one stands
             remeasured += 1
-            contender.windows.append(result.tokens_per_s or 0.0)
-            contender.step_times += result.step_times
-            contender.result = _pooled(contender.row, contender.step_times)
+            contender.measured_again(result, rounds)
         pool.sort(key=lambda c: -c.tokens_per_s)
     for contender in pool if rounds else ():
         store.update_timing(contender.row.probe_id, contender.result)
@@ -177,17 +215,25 @@ def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, Budget
         best, second = pool[0], pool[1]
         verdict = Confirmation(best.row.config_key, best.row.label, second.row.label,
                                best.tokens_per_s / second.tokens_per_s - 1 if second.tokens_per_s else None,
-                               noise(best.spread, second.spread), False, rounds, probes, seconds)
+                               noise(best.spread, second.spread), False, rounds, probes, seconds, reliable=False)
     else:
         verdict = _verdict(pool, rounds, probes, seconds)
+    verdict.host_load = max((load for load in loads if load is not None), default=None)
     store.set_confirmation(study.id, verdict.to_dict())
     return verdict
 
 
+def _split(pool: list[Contender]) -> bool:
+    """The two fastest each won a round against the other: neither can ever be clearly faster."""
+    first, second = sorted(pool, key=lambda c: -c.tokens_per_s)[:2]
+    rounds = first.by_round.keys() & second.by_round.keys()
+    return any(first.by_round[r] > second.by_round[r] for r in rounds) and \
+        any(second.by_round[r] > first.by_round[r] for r in rounds)
+
+
 def _told_apart(pool: list[Contender]) -> bool:
     ranked = sorted(pool, key=lambda c: -c.tokens_per_s)
-    first, second = ranked[0], ranked[1]
-    return first.tokens_per_s > second.tokens_per_s * (1 + noise(first.spread, second.spread))
+    return clearly_faster(ranked[0], ranked[1])
 
 
 def _verdict(pool: list[Contender], rounds: int, probes: int, seconds: float) -> Confirmation:
@@ -198,16 +244,22 @@ def _verdict(pool: list[Contender], rounds: int, probes: int, seconds: float) ->
     second = ranked[1]
     within = noise(best.spread, second.spread)
     margin = best.tokens_per_s / second.tokens_per_s - 1 if second.tokens_per_s else None
-    if _told_apart(ranked):
+    if clearly_faster(best, second):
         return Confirmation(best.row.config_key, best.row.label, second.row.label, margin, within, True, rounds,
                             probes, seconds)
-    # A tie: of the configs within noise of the fastest, the one with the most memory to spare.
-    tied = [c for c in ranked if c.tokens_per_s >= best.tokens_per_s * (1 - noise(best.spread, c.spread))]
-    chosen = min(tied, key=lambda c: (required_bytes(c.row.peak_reserved_bytes, c.row.context_bytes) or 0, -c.tokens_per_s))
+    # A tie: the configs the fastest is not clearly faster than. Within a small noise they are as
+    # fast as each other, and the one with the most memory to spare is chosen (never one another of
+    # them was clearly faster than). Beyond it the timing cannot tell them apart: the fastest
+    # measured stays first, and the pick is marked not reliable.
+    tied = [c for c in ranked if not clearly_faster(best, c)]
+    reliable = max(noise(best.spread, c.spread) for c in tied if c is not best) <= RELIABLE_NOISE
+    eligible = [c for c in tied if not any(clearly_faster(other, c) for other in tied)] if reliable else [best]
+    chosen = min(eligible, key=lambda c: (required_bytes(c.row.peak_reserved_bytes, c.row.context_bytes) or 0,
+                                          -c.tokens_per_s))
     others = [c for c in tied if c is not chosen]
     return Confirmation(chosen.row.config_key, chosen.row.label, others[0].row.label if others else None, margin, within,
                         False, rounds, probes, seconds, tied=[c.row.label for c in others],
-                        tied_keys=[c.row.config_key for c in others])
+                        tied_keys=[c.row.config_key for c in others], reliable=reliable)
 
 
 def _as_result(row: LeaderboardRow) -> ProbeResult:

@@ -9,11 +9,10 @@ import time
 from collections.abc import Callable
 
 from autotune.config import ProbeConfig
-from autotune.environment import Environment
 from autotune.errors import BadInput, StudyNotFound
 from autotune.estimate import untraceable
 from autotune.estimate.launch import EstimateError
-from autotune.search.common import Event, Progress, Runner, SearchOutcome
+from autotune.search.common import OnStart, Event, Progress, Runner, SearchOutcome
 from autotune.search.knowledge import Knowledge
 from autotune.search.loop import take_predictions, work
 from autotune.search.plan import StudyPlan
@@ -22,7 +21,7 @@ from autotune.search.request import SearchRequest, preflight
 from autotune.search.trials import Trials, distributions_of
 from autotune.search.worker_state import WorkerState, worker_label
 from autotune.status import RETRYABLE, ClaimState
-from autotune.store import Store, StudyRecord
+from autotune.store import Store
 from autotune.tasks import stored_fixed_recipe
 
 Predictor = Callable[[list[ProbeConfig], str], dict[str, Prediction]]
@@ -33,7 +32,7 @@ def run_search(
     runner: Runner,
     store: Store,
     on_event: Callable[[Event], None] | None = None,
-    on_start: Callable[[StudyRecord, Environment, int, int], None] | None = None,
+    on_start: OnStart | None = None,
     predictor: Predictor | None = None,
     on_progress: Callable[[Progress], None] | None = None,
 ) -> SearchOutcome:
@@ -58,7 +57,7 @@ def start_study(
     request: SearchRequest,
     runner: Runner,
     store: Store,
-    on_start: Callable[[StudyRecord, Environment, int, int], None] | None = None,
+    on_start: OnStart | None = None,
     predictor: Predictor | None = None,
 ) -> tuple[WorkerState, Trials]:
     """Create or resume the study, predict memory, and store the plan that joining workers follow.
@@ -77,7 +76,7 @@ def start_study(
     worker = WorkerState(store, request, study, knowledge, worker_label(request.settings.device))
     worker.refresh()  # everything this study already settled
     if on_start is not None:
-        on_start(study, request.environment, len(request.candidates), len(knowledge.outcomes))
+        on_start(study, request.environment, len(request.candidates), len(knowledge.outcomes), request.notes)
     _start_predicting(worker, runner, predictor)
     # Optuna's tables and study exist before the plan does: a worker may join as soon as it is
     # stored, and several processes creating Optuna's tables at once collide.
@@ -117,8 +116,9 @@ def _start_predicting(worker: WorkerState, runner: Runner, predictor: Predictor 
     worker.predicting = Predicting(functools.partial(compute, missing, worker.environment.device_type), missing,
                                    streaming=predictor is None or options.predict_in_background)
     if not options.predict_in_background:
-        worker.predicting.wait()
-        if worker.predicting.error is not None and not isinstance(worker.predicting.error, EstimateError):
+        # (Held to the command's deadline: past it, the search loop stops before its first probe.)
+        if worker.predicting.wait(request.deadline.remaining()) and worker.predicting.error is not None \
+                and not isinstance(worker.predicting.error, EstimateError):
             raise worker.predicting.error
 
 

@@ -27,26 +27,29 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from autotune.budget import Budget
+from autotune.deadline import Deadline
 from autotune.environment import Environment
 from autotune.errors import AutotuneError, BadInput, DeviceError
 from autotune.models import ModelSpec
 from autotune.probe.settings import ProbeSettings
 from autotune.processes import kill_me_with_parent
-from autotune.search.common import Event, Runner, SearchOptions, SearchOutcome
+from autotune.search.common import OnStart, Event, Runner, SearchOptions, SearchOutcome
 from autotune.search.driver import start_study
 from autotune.search.knowledge import Knowledge
 from autotune.search.loop import stop_on_first_interrupt, work
 from autotune.search.plan import StudyPlan
-from autotune.search.request import SearchRequest, preflight, stored_answer
+from autotune.search.request import SearchRequest, check_device_chosen, preflight, stored_answer
 from autotune.search.trials import Trials, distributions_of
 from autotune.search.worker_state import WorkerState, unmeasured, worker_label
 from autotune.space import SearchSpace
-from autotune.status import ProbeStatus, Settled, StopReason, StudyStatus
+from autotune.status import ClaimState, ProbeStatus, Settled, StopReason, StudyStatus
 from autotune.store import Store, StudyRecord
 from autotune.units import format_size
 
 # How often `autotune search --workers` reads the database for its progress display.
 POLL_SECONDS = 0.5
+# CPU workers per core allowed with --oversubscribe (one per core without it).
+OVERSUBSCRIBE_PER_CORE = 4
 # How long a worker told to stop (SIGTERM) has to give its claim back before it is killed.
 WORKER_STOP_GRACE_SECONDS = 10.0
 
@@ -62,7 +65,7 @@ def join_study(
     timeout: float | None = None,
     patience: int | None = None,
     probe_timeout: float | None = None,
-    on_start: Callable[[StudyRecord, Environment, int, int], None] | None = None,
+    on_start: OnStart | None = None,
     on_event: Callable[[Event], None] | None = None,
 ) -> SearchOutcome:
     """`autotune worker`: take probes of the study called `name` until its space is done, the
@@ -99,7 +102,7 @@ def run_worker(
     max_trials: int | None = None,
     timeout: float | None = None,
     patience: int | None = None,
-    on_start: Callable[[StudyRecord, Environment, int, int], None] | None = None,
+    on_start: OnStart | None = None,
     on_event: Callable[[Event], None] | None = None,
     started: float | None = None,
 ) -> SearchOutcome:
@@ -128,7 +131,7 @@ def run_worker(
     worker = WorkerState(store, request, study, knowledge, worker_label(settings.device))
     worker.refresh()
     if on_start is not None:
-        on_start(study, environment, len(knowledge.candidates), len(knowledge.outcomes))
+        on_start(study, environment, len(knowledge.candidates), len(knowledge.outcomes), ())
     # Each worker its own TPE seed: with one seed, every worker would propose the same points.
     trials = Trials(store.engine.url.render_as_string(hide_password=False), name, distributions_of(request.space), seed=None)
     try:
@@ -198,12 +201,21 @@ def visible_gpus() -> list[str]:
     return [line.strip() for line in listing.splitlines() if line.strip()]
 
 
-def worker_devices(count: int, device: str) -> list[tuple[str, str]]:
-    """(--device, CUDA_VISIBLE_DEVICES) for each of `count` workers: one GPU each, or the CPU."""
+def worker_devices(count: int, device: str, *, oversubscribe: bool = False) -> list[tuple[str, str]]:
+    """(--device, CUDA_VISIBLE_DEVICES) for each of `count` workers: one GPU each, or the CPU, at
+    most one worker per core (OVERSUBSCRIBE_PER_CORE with `oversubscribe`). Checked before any
+    process starts."""
     if count < 1:
         raise BadInput("--workers must be at least 1.")
     device = (device or "auto").strip().lower()
     if device == "cpu":
+        cores = os.cpu_count() or 1
+        most = cores * (OVERSUBSCRIBE_PER_CORE if oversubscribe else 1)
+        if count > most:
+            more = ("" if oversubscribe else
+                    f", or --oversubscribe for up to {cores * OVERSUBSCRIBE_PER_CORE} (their timings then share the cores)")
+            raise BadInput(f"--workers {count}: this machine has {cores} core{'s' if cores != 1 else ''}, and each CPU "
+                           f"worker's probes compute on them; give --workers {most} or fewer{more}.")
         return [("cpu", "")] * count  # CPU workers see no GPU
     if device not in ("auto", "cuda"):
         raise BadInput(f"--workers gives each worker one GPU itself; use --device cuda (or auto) instead of {device}, "
@@ -268,8 +280,9 @@ def search_with_workers(
     request: SearchRequest,
     *,
     workers: int,
+    oversubscribe: bool = False,
     db: str | None = None,
-    on_start: Callable[[StudyRecord, Environment, int, int], None] | None = None,
+    on_start: OnStart | None = None,
     on_event: Callable[[Event], None] | None = None,
 ) -> SearchOutcome:
     """`autotune search --workers N`: start (or resume) the study here, then run N `autotune worker`
@@ -280,7 +293,7 @@ def search_with_workers(
     from autotune.store import open_store
 
     started = time.perf_counter()
-    devices = worker_devices(workers, request.settings.device)
+    devices = worker_devices(workers, request.settings.device, oversubscribe=oversubscribe)
     # A finished study answers from the database before any process starts.
     if (answer := stored_answer(db, request, started, workers=0)) is not None:
         return answer
@@ -288,15 +301,16 @@ def search_with_workers(
         runner = stack.enter_context(ProbeRunner(request.settings))
         # Before the store is opened: a refused search creates no database and writes nothing.
         request = preflight(request, runner)
+        check_device_chosen(request)
         store = stack.enter_context(open_store(db))
         worker, trials = start_study(request, runner, store, on_start)
         trials.close()
         runner.close()  # its child would hold a device (a CUDA context) while the workers probe
         study = worker.study
-        processes = [_spawn(store, study.name, device, visible) for device, visible in devices]
+        processes = [_spawn(store, study.name, device, visible, request.deadline) for device, visible in devices]
         try:
-            reason, settled = _watch(store, study, worker.knowledge, worker.seen_probe_id, processes, request.options,
-                                     started, on_event)
+            reason, settled = _watch(store, study, worker.knowledge, worker.seen_probe_id, processes, request,
+                                     on_event)
         except BaseException:
             # A second Ctrl-C, SIGTERM, or a bug here: stop the workers now and leave the study resumable.
             for process in processes:
@@ -307,9 +321,12 @@ def search_with_workers(
         return _gather(store, study, request.space, processes, reason, settled, started, worker.knowledge)
 
 
-def _spawn(store: Store, study: str, device: str, visible: str) -> _Process:
-    # How probes run (steps, time limit, remote code) comes from the study's plan.
+def _spawn(store: Store, study: str, device: str, visible: str, deadline: Deadline) -> _Process:
+    # How probes run (steps, time limit, remote code) comes from the study's plan; the search's
+    # deadline is each worker's own, so that it stops its probe in flight when the deadline comes.
     command = [sys.executable, "-m", "autotune", "worker", "--study", study, "--device", device, "--json"]
+    if deadline.at is not None:
+        command += ["--timeout", f"{max(deadline.remaining(), 0.001):.3f}s"]
     # The URL travels in the environment, not on the command line, where `ps` would show a password.
     env = {**os.environ, "AUTOTUNE_DB": store.engine.url.render_as_string(hide_password=False), "PYTHONUNBUFFERED": "1",
            "CUDA_VISIBLE_DEVICES": visible}
@@ -323,16 +340,26 @@ def _spawn(store: Store, study: str, device: str, visible: str) -> _Process:
 
 
 def _watch(store: Store, study: StudyRecord, knowledge: Knowledge, seen: int, processes: list[_Process],
-           options: SearchOptions, started: float, on_event: Callable[[Event], None] | None) -> tuple[StopReason | None, int]:
+           request: SearchRequest, on_event: Callable[[Event], None] | None) -> tuple[StopReason | None, int]:
     """Show what the workers settle until they have all exited; stop the study on Ctrl-C or when a
     study-wide limit is reached. Returns why this process stopped the study (None if it did not),
-    and how many outcomes the workers stored that were not skips."""
+    and how many outcomes the workers stored that were not skips.
+
+    Every worker is held to the wall clock: one whose claim stops heartbeating (stopped, wedged) is
+    killed, its configuration taken over by another; and past the deadline, or once the study is
+    stopped, a worker has WORKER_STOP_GRACE_SECONDS to end its probe in flight before it is killed."""
+    options, deadline = request.options, request.deadline
     by_key = {c.key(): c for c in knowledge.candidates}
     first = seen
     probed = 0
     reason: StopReason | None = None
+    stopped_at: float | None = None   # when the study was stopped, or the deadline passed
+    beaten = time.monotonic()
     with stop_on_first_interrupt() as stop:
         while True:
+            if time.monotonic() - beaten >= options.heartbeat_seconds:
+                store.beat_study(study.id)  # this process owns the study: it is alive
+                beaten = time.monotonic()
             running = [p for p in processes if p.popen.poll() is None]
             for row in store.probes(study.name, after_id=seen):
                 seen = row.id
@@ -354,12 +381,30 @@ def _watch(store: Store, study: StudyRecord, knowledge: Knowledge, seen: int, pr
                     reason = StopReason.INTERRUPTED
                 elif options.max_trials is not None and probed >= options.max_trials:
                     reason = StopReason.MAX_TRIALS
-                elif options.timeout is not None and time.perf_counter() - started >= options.timeout:
+                elif deadline.expired():
                     reason = StopReason.TIMEOUT
                 if reason is not None:
-                    # The workers see it before their next pick and stop after the probe in flight.
+                    # The workers see it before their next pick and stop after the probe in flight
+                    # (at the deadline, their own --timeout stops that probe too).
                     store.set_study_status(study.id, StudyStatus.INTERRUPTED)
+            if stopped_at is None and (reason is not None or store.study(study.name).status != StudyStatus.RUNNING):
+                stopped_at = time.monotonic()
+            _kill_silent_workers(store, study, running, options.stale_after)
+            if stopped_at is not None and time.monotonic() - stopped_at > WORKER_STOP_GRACE_SECONDS:
+                for process in running:
+                    process.stop(grace=0)
             time.sleep(POLL_SECONDS)
+
+
+def _kill_silent_workers(store: Store, study: StudyRecord, running: list[_Process], stale_after: float) -> None:
+    """Kill a worker of ours whose claim went stale: it stopped heartbeating while it held a
+    configuration (stopped with SIGSTOP, wedged in a kernel): another worker takes it over, and
+    the search cannot end while the silent one lives."""
+    silent = {claim.worker for claim in store.claims(study.id, stale_after=stale_after)
+              if claim.state == ClaimState.RUNNING and claim.stale}
+    for process in running:
+        if any(f":{process.popen.pid}:" in label for label in silent):
+            process.stop(grace=0)
 
 
 def _gather(store: Store, study: StudyRecord, space: SearchSpace, processes: list[_Process], reason: StopReason | None,

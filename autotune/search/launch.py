@@ -10,15 +10,13 @@ import os
 import time
 from collections.abc import Callable
 
-from autotune.environment import Environment
 from autotune.estimate.launch import TraceChildren
 from autotune.probe.settings import ProbeSettings
-from autotune.search.common import Event, Progress, SearchOptions, SearchOutcome
+from autotune.search.common import OnStart, Event, Progress, SearchOptions, SearchOutcome
 from autotune.search.driver import run_search
 from autotune.search.fleet import search_with_workers
 from autotune.search.predictions import predict
-from autotune.search.request import preflight, resolve_search, stored_answer
-from autotune.store import StudyRecord
+from autotune.search.request import check_device_chosen, preflight, resolve_search, stored_answer
 
 
 TRACE_PROCESSES_ENV = "AUTOTUNE_TRACE_PROCESSES"
@@ -36,9 +34,9 @@ def trace_processes() -> int:
 
 def search(model: str, budget_bytes: int, *, settings: ProbeSettings, options: SearchOptions, db: str | None = None,
            on_event: Callable[[Event], None] | None = None,
-           on_start: Callable[[StudyRecord, Environment, int, int], None] | None = None,
-           workers: int | None = None, on_progress: Callable[[Progress], None] | None = None,
-           **space_args) -> SearchOutcome:
+           on_start: OnStart | None = None,
+           workers: int | None = None, oversubscribe: bool = False,
+           on_progress: Callable[[Progress], None] | None = None, **space_args) -> SearchOutcome:
     """Resolve the search once (the model, the space, the budget, the study's name), then search:
     in this process, or with `workers` worker processes. Everything a user can get wrong is checked
     before the database is opened. `on_progress` hears of the probe in flight and its phases (one
@@ -48,7 +46,8 @@ def search(model: str, budget_bytes: int, *, settings: ProbeSettings, options: S
 
     request = resolve_search(model, budget_bytes, settings=settings, options=options, **space_args)
     if workers is not None:
-        return search_with_workers(request, workers=workers, db=db, on_start=on_start, on_event=on_event)
+        return search_with_workers(request, workers=workers, oversubscribe=oversubscribe, db=db, on_start=on_start,
+                                   on_event=on_event)
     # A finished study answers from the database before any process starts (no torch).
     if (answer := stored_answer(db, request, time.perf_counter())) is not None:
         return answer
@@ -59,6 +58,7 @@ def search(model: str, budget_bytes: int, *, settings: ProbeSettings, options: S
     with tracers or contextlib.nullcontext(), ProbeRunner(settings) as runner:
         # Before the store is opened: a refused search creates no database and writes nothing.
         request = preflight(request, runner)
+        check_device_chosen(request)
         if tracers is not None and request.device_type == "cuda":
             # On a GPU the first probes run while memory is predicted, on host cores the probes
             # hardly use; each timed window pauses the tracers all the same. (On a CPU device they

@@ -17,10 +17,14 @@ from typing import Any
 from autotune import defaults
 from autotune.budget import Budget
 from autotune.config import ProbeConfig
+from autotune.deadline import DeadlineReached
+from autotune.errors import DatabaseError
 from autotune.processes import Terminated
+from autotune.timing import median_seconds
+from autotune.units import format_duration
 from autotune.result import ProbeResult
 from autotune.search.common import Event, Progress, Runner, SearchOutcome
-from autotune.search.confirm import Confirmation, confirm
+from autotune.search.confirm import Confirmation, RoundStopped, confirm
 from autotune.search.strategies import make_strategy
 from autotune.search.trials import Trials
 from autotune.search.worker_state import Heartbeat, WorkerState
@@ -97,11 +101,13 @@ class SearchLoop:
         self.since_improvement = 0
         self.env_fingerprint = w.environment.fingerprint()
         self.stop_reason: StopReason | None = None  # set where a reason to stop is found
+        self.deadline = w.request.deadline
+        self.probe_walls: list[float] = []          # each probe's wall time, to tell whether another fits the deadline
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> SearchOutcome:
         w, outcome = self.w, self.outcome
-        heartbeat = Heartbeat(w.store, w.study.id, w.label, w.options.heartbeat_seconds)
+        heartbeat = Heartbeat(w.store, w.study.id, w.label, w.options.heartbeat_seconds, owns_study=self.starter)
         try:
             with stop_on_first_interrupt() as stop:
                 while (reason := self._stop_reason(stop)) is None:
@@ -110,14 +116,16 @@ class SearchLoop:
                     if settled is not None:
                         self._learn(settled)
                 outcome.stop_reason = reason
-                # (A search that probed nothing, every result reused from earlier studies, adds no probes.)
-                if self.starter and outcome.stop_reason == StopReason.EXHAUSTED and w.options.confirm and outcome.probed:
+                if self._should_confirm():
                     self._confirm(stop.is_set)  # the verdict is stored with the study
         except BaseException:
-            # Aborted (a second Ctrl-C, SIGTERM, a user error from the runner): the study is not
-            # left `running`, so that every later command sees it stopped and resumable.
+            # Aborted (a second Ctrl-C, SIGTERM, a user error from the runner, a full disk): the study
+            # is not left `running`, so that every later command sees it stopped and resumable. (A
+            # database that just failed may fail again: then the study reads as interrupted anyway,
+            # its owner gone: store/liveness.py.)
             if self.starter:
-                w.store.set_study_status(w.study.id, StudyStatus.INTERRUPTED)
+                with contextlib.suppress(DatabaseError):
+                    w.store.set_study_status(w.study.id, StudyStatus.INTERRUPTED)
             raise
         finally:
             heartbeat.close()
@@ -131,6 +139,9 @@ class SearchLoop:
             return self.stop_reason
         if stop.is_set():
             return StopReason.INTERRUPTED
+        if self.deadline.expired():
+            self.outcome.deadline_note = self.outcome.deadline_note or "it came before the next candidate"
+            return StopReason.TIMEOUT
         status = w.refresh(self.on_event)
         if take_predictions(w):
             k = w.knowledge
@@ -150,7 +161,7 @@ class SearchLoop:
             if not w.knowledge.busy:
                 self.stop_reason = StopReason.EXHAUSTED
                 return None
-            if self._over_time():
+            if self.deadline.expired():
                 self.stop_reason = StopReason.TIMEOUT
                 return None
             # Nothing to do until probes in flight on other workers report: wait for them.
@@ -163,7 +174,7 @@ class SearchLoop:
         if skip_reason is None and trial is None and w.predicting is not None and w.predicting.expects(config):
             # Predicting in the background: groups arrive in the order the search visits them, so
             # this wait is short; then choose again with the group's predictions.
-            w.predicting.wait_for(config)
+            w.predicting.wait_for(config, timeout=self.deadline.remaining())
             return None
         return Choice(config, skip_reason, trial)
 
@@ -189,8 +200,16 @@ class SearchLoop:
             # A limit, or another worker took it between our look and our claim (then: pick again).
             self._give_back(choice)
             return None
-        with showing_phases(self.runner, self.on_progress, config, len(w.knowledge.outcomes), len(w.knowledge.candidates)):
-            result = probe_claimed(w, self.runner, heartbeat, config)
+        try:
+            with showing_phases(self.runner, self.on_progress, config, len(w.knowledge.outcomes), len(w.knowledge.candidates)):
+                result = probe_claimed(w, self.runner, heartbeat, config)
+        except DeadlineReached:
+            # Not a measurement: nothing is stored for it, its claim was given back, and the same
+            # command probes it again.
+            self.stop_reason = StopReason.TIMEOUT
+            outcome.deadline_note = f"the probe of {config.label()} in flight was stopped"
+            return None
+        self.probe_walls.append(result.wall_seconds or 0.0)
         outcome.probed += 1
         outcome.probes_seconds += result.wall_seconds or 0.0
         probe_id = self._store(choice, result, SettleHow.CLAIMED)
@@ -232,16 +251,40 @@ class SearchLoop:
             self.stop_reason = StopReason.PATIENCE
 
     # -- limits, confirmation, the end ---------------------------------------------------------------
-    def _over_time(self) -> bool:
-        timeout = self.w.options.timeout
-        return timeout is not None and time.perf_counter() - self.started >= timeout
-
     def _limit(self) -> StopReason | None:
-        """A limit of this worker that forbids starting another probe."""
+        """A limit of this worker that forbids starting another probe: --max-trials, or --timeout
+        when the deadline has passed or another probe (as long as this run's have taken) could
+        not end before it."""
         max_trials = self.w.options.max_trials
         if max_trials is not None and self.outcome.probed >= max_trials:
             return StopReason.MAX_TRIALS
-        return StopReason.TIMEOUT if self._over_time() else None
+        expected = self.expected_probe_seconds()
+        if self.deadline.expired() or not self.deadline.allows(expected):
+            self.outcome.deadline_note = (f"no probe was started with {format_duration(self.deadline.remaining())} left: "
+                                          f"a probe takes about {format_duration(expected)} here")
+            return StopReason.TIMEOUT
+        return None
+
+    def expected_probe_seconds(self) -> float:
+        """How long the next probe should take: the median of this run's probes (0 before the first,
+        which the deadline stops if it must)."""
+        return median_seconds(self.probe_walls) if self.probe_walls else 0.0
+
+    def _may_start(self) -> bool:
+        return self.deadline.allows(self.expected_probe_seconds()) and not self.deadline.expired()
+
+    def _should_confirm(self) -> bool:
+        """The starter confirms a search that settled every candidate, unless told not to: when it
+        probed something, or when the study's own probes were never confirmed (a confirmation
+        round the deadline cut short). A study answered wholly from other studies' probes is not."""
+        w = self.w
+        if not (self.starter and self.outcome.stop_reason == StopReason.EXHAUSTED and w.options.confirm):
+            return False
+        if self.outcome.probed:
+            return True
+        if w.store.study(w.study.name).confirmation is not None:
+            return False
+        return any(claim.attempts > 0 for claim in w.store.claims(w.study.id, stale_after=w.options.stale_after))
 
     def _give_back(self, choice: Choice) -> None:
         if choice.trial is not None:
@@ -257,14 +300,26 @@ class SearchLoop:
 
         def run(config: ProbeConfig, budget: Budget) -> ProbeResult:
             with showing_phases(self.runner, self.on_progress, config, total, total, confirming=True):
-                return self.runner.run(config, budget, w.request.spec)
+                result = self.runner.run(config, budget, w.request.spec, self.deadline)
+            self.probe_walls.append(result.wall_seconds or 0.0)
+            return result
 
-        return confirm(w.store, w.study, run, w.budget, on_probe=measured_again, stop=stop)
+        try:
+            return confirm(w.store, w.study, run, w.budget, on_probe=measured_again,
+                           stop=lambda: stop() or not self._may_start())
+        except (RoundStopped, DeadlineReached):
+            if not stop():
+                # The deadline ended the round before its verdict: the pick stays unconfirmed, the
+                # study is not finished, and the same command confirms it.
+                self.outcome.stop_reason = StopReason.TIMEOUT
+                self.outcome.deadline_note = "the confirmation round was cut short: the pick is not confirmed yet"
+            return None
 
     def _finish(self) -> SearchOutcome:
         w, outcome = self.w, self.outcome
         outcome.unmeasured = w.unmeasured()
         outcome.failures = list(w.warnings)
+        outcome.settled = len(w.knowledge.outcomes)
         if self.starter:
             w.store.set_study_status(w.study.id, w.settled_status() if outcome.finished else StudyStatus.INTERRUPTED)
         elif outcome.finished and outcome.stop_reason != StopReason.FINISHED:
@@ -330,12 +385,12 @@ def probe_claimed(w: WorkerState, runner: Runner, heartbeat: Heartbeat, config: 
     that it is not left to go stale."""
     try:
         with heartbeat.holding(config.key()):
-            result = runner.run(config, w.budget, w.request.spec)
+            result = runner.run(config, w.budget, w.request.spec, w.request.deadline)
             for attempt in range(2, CRASH_RETRIES + 2):
                 if result.status != ProbeStatus.CRASHED:
                     break
                 log.warning("%s crashed (%s); trying again in a fresh process (attempt %d)", config.label(), result.error, attempt)
-                result = runner.run(config, w.budget, w.request.spec)
+                result = runner.run(config, w.budget, w.request.spec, w.request.deadline)
             else:
                 if result.status == ProbeStatus.CRASHED:
                     result.error = f"crashed {CRASH_RETRIES + 1} times, each in a fresh process; last: {result.error}"

@@ -3,6 +3,7 @@ background while the first probes run (`Predicting`)."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -117,10 +118,13 @@ class Predicting:
         with self._arrival:
             return config.key() in self._wanted and config.key() not in self._delivered and not self._done
 
-    def wait_for(self, config: ProbeConfig) -> None:
-        """Until `config`'s prediction is in, or no more will come."""
+    def wait_for(self, config: ProbeConfig, timeout: float | None = None) -> None:
+        """Until `config`'s prediction is in, no more will come, or `timeout` seconds have passed."""
         with self._arrival:
-            self._arrival.wait_for(lambda: config.key() in self._delivered or self._done)
+            self._arrival.wait_for(lambda: config.key() in self._delivered or self._done,
+                                   timeout=None if timeout is None or timeout == math.inf else timeout)
 
-    def wait(self) -> None:
-        self._thread.join()
+    def wait(self, timeout: float | None = None) -> bool:
+        """Until every prediction is in, or `timeout` seconds have passed; whether they are."""
+        self._thread.join(None if timeout is None or timeout == math.inf else timeout)
+        return not self._thread.is_alive()

@@ -14,14 +14,16 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.budget import Budget
 from autotune.config import ProbeConfig
+from autotune.deadline import Deadline
 from autotune.environment import Environment
-from autotune.errors import BudgetError, DatabaseError, StudyNotFound
+from autotune.errors import BudgetError, DatabaseError, DeviceError, StudyNotFound
 from autotune.models import ModelSpec
 from autotune.probe.settings import ProbeSettings
 from autotune.search.common import SearchOptions, SearchOutcome
 from autotune.space import SearchSpace
 from autotune.status import StudyStatus
-from autotune.units import format_size
+from autotune.tasks import task_note
+from autotune.units import format_duration, format_size
 
 if TYPE_CHECKING:
     from autotune.search.common import Runner
@@ -51,15 +53,19 @@ class SearchRequest:
     options: SearchOptions
     settings: ProbeSettings
     candidates: tuple[ProbeConfig, ...]
+    deadline: Deadline                        # --timeout, by the wall clock, from the request's making
     environment: Environment | None = None    # the device the probes run on, once preflight has asked
+    notes: tuple[str, ...] = ()               # what the search assumed, said with its header (the task)
 
     @classmethod
     def of(cls, space: SearchSpace, spec: ModelSpec, budget: Budget, options: SearchOptions | None = None,
            settings: ProbeSettings | None = None) -> SearchRequest:
-        """A request over `space`; BadInput when no candidate keeps the effective batch exact."""
+        """A request over `space`, its deadline `options.timeout` from now; BadInput when no
+        candidate keeps the effective batch exact."""
         options = options or SearchOptions()
         name = options.study if options.study is not None else default_study_name(spec, budget.total_bytes)
-        return cls(name, spec, space, budget, options, settings or ProbeSettings(), tuple(space.candidates()))
+        return cls(name, spec, space, budget, options, settings or ProbeSettings(), tuple(space.candidates()),
+                   Deadline.after(options.timeout))
 
     def with_environment(self, environment: Environment) -> SearchRequest:
         return dataclasses.replace(self, environment=environment)
@@ -73,13 +79,48 @@ class SearchRequest:
 def resolve_search(model: str, budget_bytes: int, *, settings: ProbeSettings, options: SearchOptions,
                    **space_args: Any) -> SearchRequest:
     """`autotune search`'s flags as a request, checked without starting a process: the model
-    resolved and usable, the space built against it, the margin within the budget."""
+    resolved and usable, the space built against it, the margin within the budget, and a device
+    that can search it (no CUDA to be seen and no --device cpu: refused, with what the CPU would cost)."""
     from autotune.models import resolve_model
+    from autotune.probe.runner import cuda_may_be_visible
 
     spec = resolve_model(model)
     space = SearchSpace.build(spec, **space_args)
-    spec.check_usable(settings.trust_remote_code)
-    return SearchRequest.of(space, spec, settings.budget(budget_bytes), options, settings)
+    spec.check_usable(settings.trust_remote_code, budget_bytes=budget_bytes)
+    request = SearchRequest.of(space, spec, settings.budget(budget_bytes), options, settings)
+    if (note := task_note(spec.config, space_args.get("task"))) is not None:
+        request = dataclasses.replace(request, notes=(note,))
+    if settings.device_kind == "auto" and not cuda_may_be_visible():
+        raise DeviceError(no_gpu_message(request))
+    return request
+
+
+def check_device_chosen(request: SearchRequest) -> None:
+    """A search whose --device auto found no CUDA device (the probe child asked torch) is refused:
+    the CPU is searched only when asked for (autotune search's flags; `resolve_search` refuses
+    sooner where no NVIDIA device is to be seen at all)."""
+    if request.settings.device_kind == "auto" and request.device_type == "cpu":
+        raise DeviceError(no_gpu_message(request))
+
+
+def no_gpu_message(request: SearchRequest) -> str:
+    """Why a search of --device auto is refused on a machine without CUDA, with what the CPU would
+    take (predicted from the model's FLOPs and this CPU's measured speed) and the two ways on."""
+    from autotune.cpu_speed import cpu_cost, matmul_flops_per_s
+    from autotune.shapes import dims_from_config
+
+    model = request.spec.reference
+    cost = ""
+    if (dims := dims_from_config(request.spec.config)) is not None:
+        speed = matmul_flops_per_s()
+        steps = request.settings.warmup_steps + request.settings.measure_steps
+        probes = [cpu_cost(c, dims, speed).step_seconds * steps for c in request.candidates]
+        cost = (f", about {format_duration(probes[0])} a probe ({steps} optimizer steps of "
+                f"{request.candidates[0].tokens_per_step:,} tokens), up to {format_duration(sum(probes))} for its "
+                f"{len(probes)} candidates (predicted from this CPU's measured speed)")
+    return (f"no CUDA device here: --device auto would search {model} on the CPU{cost}; pass --device cpu to search on "
+            f"the CPU anyway, or run `autotune plan --model {model} --gpu NAME` to predict the search for a card "
+            f"(`autotune plan --gpu list` names them).")
 
 
 def preflight(request: SearchRequest, runner: Runner) -> SearchRequest:
@@ -87,9 +128,9 @@ def preflight(request: SearchRequest, runner: Runner) -> SearchRequest:
     the budget against it, the model and every attention kernel built (on the meta device) by the
     probe's own code. A mistake then leaves the database as it was, and the fixed command starts
     cleanly. Returns the request with the environment the probes run in."""
-    environment = runner.environment()
+    environment = runner.environment(request.deadline)
     _check_budget(request.budget, environment)
-    runner.check(request.spec, request.candidates[0], request.space.attentions)
+    runner.check(request.spec, request.candidates[0], request.space.attentions, request.deadline)
     return request.with_environment(environment)
 
 
@@ -106,8 +147,9 @@ def stored_answer(db: str | None, request: SearchRequest, started: float, **outc
     """The outcome of the study finished earlier over the same space, read without creating or
     upgrading anything and before any probe process starts (no torch): None when there is none,
     or when the request asks for fresh probes."""
-    from autotune.store import open_store
+    from autotune.store import open_store, resolve_url
 
+    resolve_url(db)  # a --db that is no database is refused here, before any process starts
     if request.options.fresh:
         return None
     try:

@@ -46,10 +46,13 @@ def worker_label(device: str | None = None) -> str:
 class Heartbeat:
     """A daemon thread that keeps this worker's claim alive while it probes: it writes the claim's
     heartbeat every `interval` seconds. A worker killed mid-probe stops beating, and after
-    defaults.STALE_BEATS periods another worker takes the configuration over."""
+    defaults.STALE_BEATS periods another worker takes the configuration over. The worker that owns
+    the study (its starter) beats the study too: a running study whose owner is gone reads as
+    interrupted (store/liveness.py)."""
 
-    def __init__(self, store: Store, study_id: int, worker: str, interval: float) -> None:
+    def __init__(self, store: Store, study_id: int, worker: str, interval: float, *, owns_study: bool = False) -> None:
         self.store, self.study_id, self.worker, self.interval = store, study_id, worker, interval
+        self.owns_study = owns_study
         self._key: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="autotune-heartbeat", daemon=True)
@@ -70,10 +73,13 @@ class Heartbeat:
 
         while not self._stop.wait(self.interval):
             key = self._key
-            if key is None:
+            if key is None and not self.owns_study:
                 continue
             try:
-                self.store.heartbeat(self.study_id, key, self.worker)
+                if self.owns_study:
+                    self.store.beat_study(self.study_id)
+                if key is not None:
+                    self.store.heartbeat(self.study_id, key, self.worker)
             except (OperationalError, InterfaceError, DatabaseError) as exc:
                 # One missed beat is not fatal: a claim goes stale only after defaults.STALE_BEATS of them.
                 log.warning("heartbeat of %s failed: %s", key, exc)

@@ -130,6 +130,7 @@ class LeaderboardRow:
     worker: str | None = None
     step_spread: float | None = None     # the timed window's relative spread (autotune.timing)
     compile_seconds: float | None = None  # --compile: torch.compile's one-off cost, apart from the timing
+    host_load: float | None = None        # the host's load average per core as the probe ended
 
     @property
     def label(self) -> str:
@@ -145,7 +146,7 @@ class LeaderboardRow:
             "context_bytes": self.context_bytes, "budget_bytes": self.budget_bytes,
             "margin_bytes": self.margin_bytes, "study": self.study, "probe_id": self.probe_id,
             "trial_number": self.trial_number, "config_key": self.config_key, "worker": self.worker,
-            "compile_seconds": self.compile_seconds,
+            "compile_seconds": self.compile_seconds, "host_load": self.host_load,
         }
 
 

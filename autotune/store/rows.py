@@ -12,7 +12,8 @@ from sqlalchemy.orm import Session
 
 from autotune.config import ProbeConfig
 from autotune.result import ProbeResult
-from autotune.status import CACHEABLE
+from autotune.status import CACHEABLE, RunStatus, StudyStatus
+from autotune.store.liveness import effective_status
 from autotune.store.records import ProbeRecord, RunRecord, StudyRecord
 from autotune.store.schema import Probe, Run, Study, utcnow
 
@@ -28,7 +29,8 @@ def study_record(study: Study) -> StudyRecord:
         model_fingerprint=study.model_fingerprint, device_name=study.device_name,
         device_total_bytes=study.device_total_bytes, budget_bytes=study.budget_bytes,
         margin_bytes=study.margin_bytes, effective_batch=study.effective_batch, space=dict(study.space),
-        env_fingerprint=study.env_fingerprint, environment=dict(study.environment), status=study.status,
+        env_fingerprint=study.env_fingerprint, environment=dict(study.environment),
+        status=effective_status(study.status, study.owner, study.heartbeat_at, interrupted=StudyStatus.INTERRUPTED),
         created_at=study.created_at, updated_at=study.updated_at,
         plan=dict(study.plan) if study.plan is not None else None,
         confirmation=dict(study.confirmation) if study.confirmation is not None else None,
@@ -83,7 +85,8 @@ def probe_record(probe: Probe) -> ProbeRecord:
 
 def run_record(run: Run) -> RunRecord:
     return RunRecord(
-        id=run.id, study_id=run.study_id, probe_id=run.probe_id, config=dict(run.config), status=run.status,
+        id=run.id, study_id=run.study_id, probe_id=run.probe_id, config=dict(run.config),
+        status=effective_status(run.status, run.owner, run.heartbeat_at, interrupted=RunStatus.INTERRUPTED),
         output_dir=run.output_dir, dataset=run.dataset, steps=run.steps, tokens_per_s=run.tokens_per_s,
         peak_allocated_bytes=run.peak_allocated_bytes, peak_reserved_bytes=run.peak_reserved_bytes,
         final_loss=run.final_loss, summary=dict(run.summary) if run.summary is not None else None,

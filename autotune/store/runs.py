@@ -6,9 +6,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from autotune.config import ProbeConfig
+from autotune.processes import owner_label
 from autotune.status import RunStatus
 from autotune.store.base import StoreBase
 from autotune.store.records import RunRecord
@@ -38,6 +39,8 @@ class RunsMixin(StoreBase):
             output_dir=os.fspath(output_dir) if output_dir is not None else None,
             dataset=dataset,
             started_at=utcnow(),
+            owner=owner_label(),
+            heartbeat_at=utcnow(),
         )
         with self._writing() as session:
             session.add(run)
@@ -65,6 +68,28 @@ class RunsMixin(StoreBase):
     def fail_run(self, run_id: int, error: str, *, summary: Mapping[str, Any] | None = None) -> None:
         """Mark a run failed, keeping the error text (and whatever summary there is)."""
         self._end_run(run_id, status=RunStatus.FAILED, error=error, summary=dict(summary) if summary is not None else None)
+
+    def interrupt_run(self, run_id: int, *, summary: Mapping[str, Any] | None = None) -> None:
+        """Mark a run interrupted (Ctrl-C, SIGTERM): it did not finish, and --resume goes on from
+        its latest checkpoint."""
+        self._end_run(run_id, status=RunStatus.INTERRUPTED, error="interrupted",
+                      summary=dict(summary) if summary is not None else None)
+
+    def beat_run(self, run_id: int) -> None:
+        """The run's process is alive (a running run whose process is gone reads as interrupted)."""
+        with self._writing() as session:
+            session.execute(update(Run).where(Run.id == run_id).values(heartbeat_at=utcnow()))
+
+    def interrupt_abandoned_runs(self, output_dir: str | os.PathLike[str]) -> list[int]:
+        """Mark interrupted, for good, the runs into `output_dir` stored as running whose process is
+        gone (a `train --resume` takes their directory over); their ids."""
+        with self._writing() as session:
+            rows = session.scalars(select(Run).where(Run.output_dir == os.fspath(output_dir),
+                                                     Run.status == RunStatus.RUNNING)).all()
+            gone = [run for run in rows if run_record(run).status == RunStatus.INTERRUPTED]
+            for run in gone:
+                run.status, run.error, run.finished_at = RunStatus.INTERRUPTED, "its process was gone", utcnow()
+            return [run.id for run in gone]
 
     def _end_run(self, run_id: int, **values: Any) -> None:
         assert values["status"] in RunStatus.__members__.values()

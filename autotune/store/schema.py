@@ -37,7 +37,7 @@ TABLE_PREFIX = "autotune_"
 VERSION_TABLE = "autotune_alembic_version"
 # The revision this code writes and reads. A test checks it is Alembic's head, so reading a
 # database already at this revision needs no Alembic import (start-up time of read commands).
-SCHEMA_REVISION = "0006_speed_levers"
+SCHEMA_REVISION = "0007_liveness"
 
 # Deterministic constraint names: batch migrations on SQLite (which rebuild tables) and drops on
 # PostgreSQL need to name constraints, and unnamed ones get backend-chosen names.
@@ -121,6 +121,10 @@ class Study(Base):
     plan: Mapped[dict[str, Any] | None]
     # How the winner was told apart from the runner-up, after the confirmation round (0004_timing).
     confirmation: Mapped[dict[str, Any] | None]
+    # The process searching it (host:pid) and when it last beat: a running study whose process is
+    # gone reads as interrupted (0007_liveness; autotune/store/liveness.py).
+    owner: Mapped[str | None] = mapped_column(String(255))
+    heartbeat_at: Mapped[datetime | None]
 
 
 class Probe(Base):
@@ -185,6 +189,8 @@ class Probe(Base):
     compile_seconds: Mapped[float | None]             # 0006_speed_levers
     measured_seconds: Mapped[float | None]
     wall_seconds: Mapped[float | None]
+    host_load: Mapped[float | None]                   # 0007_liveness: load average per core over the probe
+    gpu_processes: Mapped[int | None]                 # 0007_liveness: other processes on its GPU (NVML)
     error: Mapped[str | None] = mapped_column(Text)
     parameters: Mapped[int | None] = mapped_column(BigInteger)
     trainable_parameters: Mapped[int | None] = mapped_column(BigInteger)
@@ -209,7 +215,7 @@ class Run(Base):
     )
     probe_id: Mapped[int | None] = mapped_column(ForeignKey("autotune_probes.id", ondelete="SET NULL"))
     config: Mapped[dict[str, Any]]
-    status: Mapped[str] = mapped_column(String(20))  # running | finished | failed
+    status: Mapped[str] = mapped_column(String(20))  # running | finished | failed | interrupted
     output_dir: Mapped[str | None] = mapped_column(String(4096))
     dataset: Mapped[str | None] = mapped_column(String(4096))
     steps: Mapped[int | None]
@@ -221,6 +227,8 @@ class Run(Base):
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime]
     finished_at: Mapped[datetime | None]
+    owner: Mapped[str | None] = mapped_column(String(255))  # 0007_liveness: the training process, host:pid
+    heartbeat_at: Mapped[datetime | None]
 
 
 class Claim(Base):

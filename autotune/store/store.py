@@ -22,7 +22,9 @@ from autotune.ranking import Standing, ranked
 from autotune.status import CACHEABLE, ProbeStatus, StudyStatus
 from autotune.store import migrate
 from autotune.store.claims import ClaimsMixin
+from autotune.processes import owner_label
 from autotune.store.engine import display_url, make_engine, resolve_url, sqlite_path
+from autotune.store.liveness import effective_status
 from autotune.store.names import check_study_name
 from autotune.store.records import LeaderboardRow, ProbeRecord, StudyRecord, StudySummary, UpgradeReport
 from autotune.store.rows import CONFIG_FIELDS, add_probe, probe_record, probe_result, probe_values, study_record
@@ -123,6 +125,8 @@ class Store(ClaimsMixin, RunsMixin):
                         status=StudyStatus.RUNNING,
                         created_at=now,
                         updated_at=now,
+                        owner=owner_label(),
+                        heartbeat_at=now,
                     )
                     session.add(study)
                 else:
@@ -130,6 +134,7 @@ class Store(ClaimsMixin, RunsMixin):
                     study.space = dict(space)
                     study.status = StudyStatus.RUNNING
                     study.updated_at = now
+                    study.owner, study.heartbeat_at = owner_label(), now
                 session.flush()
                 return study_record(study)
 
@@ -154,6 +159,12 @@ class Store(ClaimsMixin, RunsMixin):
             changed = session.execute(update(Study).where(where).values(status=status, updated_at=utcnow())).rowcount  # type: ignore[attr-defined]
         if not changed:
             raise StudyNotFound(self._not_found_message(str(study)))
+
+    def beat_study(self, study_id: int) -> None:
+        """The study's owner is alive: its heartbeat (a running study whose owner stops beating
+        reads as interrupted, store/liveness.py)."""
+        with self._writing() as session:
+            session.execute(update(Study).where(Study.id == study_id).values(heartbeat_at=utcnow()))
 
     def set_study_plan(self, study_id: int, plan: Mapping[str, Any]) -> None:
         """Store what a worker needs to join the study (strategy, probe settings, predictions)."""
@@ -197,7 +208,8 @@ class Store(ClaimsMixin, RunsMixin):
                     device_name=study.device_name,
                     budget_bytes=study.budget_bytes,
                     margin_bytes=study.margin_bytes,
-                    status=study.status,
+                    status=effective_status(study.status, study.owner, study.heartbeat_at,
+                                            interrupted=StudyStatus.INTERRUPTED),
                     created_at=study.created_at,
                     updated_at=study.updated_at,
                     probes_total=int(total),
@@ -323,6 +335,7 @@ class Store(ClaimsMixin, RunsMixin):
                     worker=row["worker"],
                     step_spread=row["step_spread"],
                     compile_seconds=row["compile_seconds"],
+                    host_load=row["host_load"],
                 )
                 for rank, row in enumerate(rows, start=1)
             ]

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase, TrainingArguments
 
+    from autotune.budget import Budget
     from autotune.models import ModelSpec
     from autotune.train.task_data import TaskData
 
@@ -171,12 +172,16 @@ def _check_merge(options: TrainOptions, recipe: FixedRecipe, name: str) -> None:
 
 
 def _checked_checkpoints(output_dir: Path, resume: bool) -> tuple[Path, ...]:
-    """The checkpoints in `output_dir`, refused unless --resume: a new run must not overwrite an old one."""
+    """The checkpoints in `output_dir`, refused unless --resume (a new run must not overwrite an
+    old one); --resume with none is refused too (it would quietly train from scratch)."""
     check_output_dir(output_dir)
     found = tuple(checkpoints(output_dir))
     if found and not resume:
         raise BadInput(f"{output_dir} holds checkpoints of an earlier run ({found[-1].name}); pass --resume to go on "
                        f"from it, or another --output-dir.")
+    if resume and not found:
+        raise BadInput(f"--resume: {output_dir} holds no checkpoint to go on from; leave --resume out to train from the "
+                       f"beginning, or pass the --output-dir of the run to resume.")
     return found
 
 
@@ -241,10 +246,8 @@ def _prepare_run(plan: RunPlan, winner: Winner, data: TaskData, tokenizer: PreTr
     limits = cap_memory(device, budget)
     found = plan.checkpoints
     resume_from = str(found[-1]) if options.resume and found else None
-    if options.resume and not found:
-        echo(f"resume: no checkpoint in {plan.output_dir}; starting from the beginning")
     echo(describe_limits(limits, record.device_name if device.type == study_device_type else str(device)))
-    warnings = _warnings(winner, data, device)
+    warnings = _warnings(winner, data, device) + _other_budget(winner, budget)
     for warning in warnings:
         echo(f"warning: {warning}")
     context = RunContext(spec=plan.spec, winner=winner, options=options, output_dir=plan.output_dir, blocks=blocks,
@@ -272,6 +275,23 @@ def _warnings(winner: Winner, data: TaskData, device: torch.device) -> list[str]
     return warnings
 
 
+def _other_budget(winner: Winner, budget: Budget) -> list[str]:
+    """--gpu-budget with --study trains under another budget than the study measured (to see the
+    winner on a smaller card, say): legal, but never silent, and plain when it cannot fit."""
+    from autotune.budget import required_bytes
+
+    row, record = winner.row, winner.study
+    if budget.total_bytes == record.budget_bytes:
+        return []
+    need = required_bytes(row.peak_reserved_bytes, row.context_bytes)
+    said = (f"training under --gpu-budget {format_size(budget.total_bytes)}, not the {format_size(record.budget_bytes)} "
+            f"study {record.name} measured under")
+    if need is not None and not budget.fits(need):
+        return [f"{said}: its winner needs {format_size(need)} with a {format_size(budget.margin_bytes)} margin, more than "
+                f"that, and will run out of memory (search under {format_size(budget.total_bytes)} for a winner that fits)"]
+    return [f"{said}: the winner fits it, but was chosen as the fastest under the study's budget"]
+
+
 def _record_run(context: RunContext, args: TrainingArguments, tokenizer: PreTrainedTokenizerBase, db: str | None,
                 echo: Callable[[str], None]) -> TrainOutcome:
     """The run, recorded beside the probe that chose it before it starts, so that one that dies leaves its row."""
@@ -284,6 +304,8 @@ def _record_run(context: RunContext, args: TrainingArguments, tokenizer: PreTrai
         raise BadInput(f"--output-dir {output_dir}: cannot create it ({exc.strerror}); pass --output-dir with a "
                        f"writable place.") from None
     with open_store(db) as store:
+        for abandoned in store.interrupt_abandoned_runs(str(output_dir.resolve())):
+            echo(f"run #{abandoned} into {output_dir} was still marked running, its process gone: marked interrupted")
         run_id = store.start_run(config=winner.row.config, study_id=winner.study.id, probe_id=winner.row.probe_id,
                                  output_dir=str(output_dir.resolve()), dataset=context.options.dataset)
         echo(f"run #{run_id}: {winner.row.config.label()} -> {output_dir}")

@@ -10,6 +10,7 @@ import math
 import os
 import re
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator
@@ -141,12 +142,9 @@ def run_training(ctx: RunContext, run_id: int, store: Store, args: TrainingArgum
                  echo: Callable[[str], None]) -> TrainOutcome:
     """Train run `run_id` (already recorded as running) and record how it ended. An OOM is an
     outcome (`status='oom'`, checkpoints kept); any other failure is recorded and raised."""
-    from transformers import PrinterCallback, Trainer
 
     from autotune.probe.oom import classify_exception
-    from autotune.train.loading import build_model
     from autotune.train.meter import RunMeter
-    from autotune.train.task_data import task_collator
 
     config, limits = ctx.winner.row.config, ctx.limits
     quiet = bool(args.disable_tqdm)  # no terminal: no progress bars, log lines through `echo` instead
@@ -161,23 +159,10 @@ def run_training(ctx: RunContext, run_id: int, store: Store, args: TrainingArgum
         return _summarize(ctx, run_id, status, meter, trainer, metrics, started, error)
 
     try:
-        with limits.guard(), _quiet_bars(quiet):
+        with limits.guard(), _quiet_bars(quiet), beating(store, run_id):
             # Built inside the guard: on CPU the accountant must see the weights born.
-            model = build_model(ctx.spec, config, limits.device, ctx.weights, ctx.options.trust_remote_code,
-                                labels=ctx.labels, pad_token_id=tokenizer.pad_token_id)
-            if limits.accountant is not None:
-                # Weights read by from_pretrained come from safetensors without passing through
-                # the dispatcher; a probe's from_config build is seen, and the two must compare.
-                limits.accountant.adopt(model)
-            how = f"weights from {ctx.weights}" if ctx.weights else "random initialisation from its config (no weights found)"
-            echo(f"model: {ctx.spec.reference} ({type(model).__name__}): {how}")
-            if config.peft is not None:
-                echo(f"adapters: {config.peft}; {describe_trainable(model)}")
-            trainer = Trainer(model=model, args=args, train_dataset=ctx.blocks.train, eval_dataset=ctx.blocks.eval,
-                              processing_class=tokenizer, data_collator=task_collator(config.task, tokenizer),
-                              callbacks=[meter])
-            if quiet:
-                trainer.remove_callback(PrinterCallback)  # the meter prints log lines through `echo`
+            model = _built_model(ctx, tokenizer, echo)
+            trainer = _trainer(ctx, model, args, tokenizer, meter, quiet)
             output = trainer.train(resume_from_checkpoint=ctx.resume_from)
             metrics.update(output.metrics)
             if ctx.blocks.eval is not None:
@@ -191,23 +176,15 @@ def run_training(ctx: RunContext, run_id: int, store: Store, args: TrainingArgum
             raise
         failure = " ".join(str(exc).split())[:ERROR_TAIL_CHARS]
         del exc  # its traceback holds the failing frames and their tensors
-    except BaseException:  # Ctrl-C: the run did not finish; say so, keep the checkpoints
-        store.fail_run(run_id, "interrupted", summary=summarize(RunEnd.INTERRUPTED, None).to_dict())
+    except BaseException:  # Ctrl-C, SIGTERM: the run did not finish; say so, keep the checkpoints
+        store.interrupt_run(run_id, summary=summarize(RunEnd.INTERRUPTED, None).to_dict())
         raise
 
     if failure is not None:
         step = trainer.state.global_step if trainer is not None else 0
-        kept = checkpoints(ctx.output_dir)
-        message = (f"out of memory at step {step}: {config.label()} needed more than the {format_size(limits.cap_bytes)} that "
-                   f"the {format_size(limits.budget.total_bytes)} budget leaves (after context and margin); run #{run_id} "
-                   f"is marked failed" + (f", checkpoints kept in {ctx.output_dir} ({kept[-1].name} is the latest)" if kept else ""))
-        summary = replace(summarize(RunEnd.OOM, failure), message=message)
-        store.fail_run(run_id, f"out of memory: {failure}", summary=summary.to_dict())
-        summary.write(ctx.output_dir)
-        del trainer, model
-        limits.release()
-        return TrainOutcome(RunEnd.OOM, run_id, ctx.winner.study.name, str(ctx.output_dir), summary, message,
-                            list(ctx.warnings), ctx.searched)
+        summary = summarize(RunEnd.OOM, failure)
+        del trainer, model  # (before the memory is released)
+        return _ended_out_of_memory(ctx, run_id, store, step, failure, summary)
 
     assert trainer is not None and model is not None  # set before training, and training did not fail
     merged_dir: Path | None = None
@@ -232,6 +209,102 @@ def run_training(ctx: RunContext, run_id: int, store: Store, args: TrainingArgum
     limits.release()
     return TrainOutcome(RunEnd.FINISHED, run_id, ctx.winner.study.name, str(ctx.output_dir), summary, None,
                         list(summary.warnings), ctx.searched)
+
+
+def _built_model(ctx: RunContext, tokenizer: PreTrainedTokenizerBase, echo: Callable[[str], None]) -> PreTrainedModel:
+    """The winner's model as the run trains it (weights loaded where there are some), said."""
+    from autotune.train.loading import build_model
+
+    config, limits = ctx.winner.row.config, ctx.limits
+    model = build_model(ctx.spec, config, limits.device, ctx.weights, ctx.options.trust_remote_code,
+                        labels=ctx.labels, pad_token_id=tokenizer.pad_token_id)
+    if limits.accountant is not None:
+        # Weights read by from_pretrained come from safetensors without passing through the
+        # dispatcher; a probe's from_config build is seen, and the two must compare.
+        limits.accountant.adopt(model)
+    how = f"weights from {ctx.weights}" if ctx.weights else "random initialisation from its config (no weights found)"
+    echo(f"model: {ctx.spec.reference} ({type(model).__name__}): {how}")
+    if config.peft is not None:
+        echo(f"adapters: {config.peft}; {describe_trainable(model)}")
+    return model
+
+
+def _trainer(ctx: RunContext, model: PreTrainedModel, args: TrainingArguments, tokenizer: PreTrainedTokenizerBase,
+             meter: Any, quiet: bool) -> Trainer:
+    """Trainer, with the meter, and the accumulation's loss scaling right for every model."""
+    from transformers import PrinterCallback, Trainer
+
+    from autotune.train.task_data import task_collator
+
+    trainer = Trainer(model=model, args=args, train_dataset=ctx.blocks.train, eval_dataset=ctx.blocks.eval,
+                      processing_class=tokenizer, data_collator=task_collator(ctx.winner.row.config.task, tokenizer),
+                      callbacks=[meter])
+    if quiet:
+        trainer.remove_callback(PrinterCallback)  # the meter prints log lines through `echo`
+    if loss_ignores_item_count(model):
+        # transformers 5 hands such a model `num_items_in_batch` (its forward takes **kwargs) and then
+        # leaves its loss unscaled for accumulation, though the model averages each micro-batch
+        # itself: the logged loss and the gradients come out grad_accum times too large (2 x ln 2 =
+        # 1.39 for 2 labels at random init, accumulating 2). Trainer's own path for models without
+        # loss kwargs divides by the accumulation, as intended.
+        trainer.model_accepts_loss_kwargs = False
+    return trainer
+
+
+def _ended_out_of_memory(ctx: RunContext, run_id: int, store: Store, step: int, failure: str,
+                         summary: RunSummary) -> TrainOutcome:
+    """An out-of-memory run: an outcome, recorded with the checkpoints it kept, not an error."""
+    config, limits = ctx.winner.row.config, ctx.limits
+    kept = checkpoints(ctx.output_dir)
+    message = (f"out of memory at step {step}: {config.label()} needed more than the {format_size(limits.cap_bytes)} that "
+               f"the {format_size(limits.budget.total_bytes)} budget leaves (after context and margin); run #{run_id} "
+               f"is marked failed" + (f", checkpoints kept in {ctx.output_dir} ({kept[-1].name} is the latest)" if kept else ""))
+    summary = replace(summary, message=message)
+    store.fail_run(run_id, f"out of memory: {failure}", summary=summary.to_dict())
+    summary.write(ctx.output_dir)
+    limits.release()
+    return TrainOutcome(RunEnd.OOM, run_id, ctx.winner.study.name, str(ctx.output_dir), summary, message,
+                        list(ctx.warnings), ctx.searched)
+
+
+def loss_ignores_item_count(model: Any) -> bool:
+    """Whether the model's forward computes its loss without transformers' `loss_function` (which
+    takes `num_items_in_batch`): BERT's classifiers and masked LM, T5, ... average each micro-batch
+    themselves with a plain CrossEntropyLoss."""
+    import inspect
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # (a PeftModel's base)
+    try:
+        source = inspect.getsource(type(base).forward)
+    except (OSError, TypeError):
+        return False
+    return "loss_function" not in source and "num_items_in_batch" not in source
+
+
+@contextlib.contextmanager
+def beating(store: Store, run_id: int) -> Iterator[None]:
+    """The run's heartbeat while it trains, from a thread: a run whose process is gone (kill -9, a
+    lost machine) stops beating and reads as interrupted (autotune/store/liveness.py)."""
+    from sqlalchemy.exc import InterfaceError, OperationalError
+
+    from autotune.errors import DatabaseError
+    from autotune.store.liveness import RUN_HEARTBEAT_SECONDS
+
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(RUN_HEARTBEAT_SECONDS):
+            # A missed beat is not fatal: the run reads as gone only after several.
+            with contextlib.suppress(OperationalError, InterfaceError, DatabaseError):
+                store.beat_run(run_id)
+
+    thread = threading.Thread(target=beat, name="autotune-run-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
 
 
 def describe_trainable(model: PreTrainedModel) -> str:
@@ -322,4 +395,4 @@ def _summarize(ctx: RunContext, run_id: int, status: RunEnd, meter: RunMeter, tr
         warnings=tuple(ctx.warnings),
         error=error,
     )
-    return summary.with_memory_warnings()
+    return summary.with_warnings()

@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 SUMMARY_FILE = "autotune-run.json"
 # A run's peak this far above its probe's is reported: the probe missed something the run holds.
 PEAK_TOLERANCE = 0.05
+# A run this much slower than its probe is reported, with the reasons that apply.
+SPEED_TOLERANCE = 0.20
+# Below this many timed steps, warm-up (the optimizer state's creation, kernels loading) weighs in.
+FEW_STEPS = 10
 # exp() of a larger loss says nothing a person can use (and overflows soon after).
 _PERPLEXITY_MAX_LOSS = 50
 
@@ -122,6 +126,30 @@ class RunSummary:
             return None
         loss = self.eval_loss
         return math.exp(loss) if loss is not None and loss < _PERPLEXITY_MAX_LOSS else None
+
+    def with_warnings(self) -> RunSummary:
+        """This summary with a warning for each way the run disagrees with its probe or budget."""
+        return self.with_memory_warnings()._with_speed_warning()
+
+    def _with_speed_warning(self) -> RunSummary:
+        """The run's speed against its probe's, with why when it is more than SPEED_TOLERANCE slower:
+        a probe times steps on synthetic batches already on the device; a run's steps also load,
+        collate, pad and move real batches, and log; a short run's steps include warm-up."""
+        run, probe = self.tokens_per_s, self.probe.tokens_per_s
+        if not self.finished or not run or not probe or run >= probe * (1 - SPEED_TOLERANCE):
+            return self
+        reasons = ["its batches are real data, loaded, collated and moved to the device in the step, where the "
+                   "probe's are synthetic and already there"]
+        if self.steps_this_run < FEW_STEPS:
+            reasons.append(f"it timed {self.steps_this_run} step{'s' if self.steps_this_run != 1 else ''}, whose first "
+                           f"ones include warm-up")
+        if self.config.task in (Task.CLASSIFICATION, Task.SEQ2SEQ):
+            reasons.append("its examples are padded to the block size as the example scripts pad them")
+        if self.eval_blocks:
+            reasons.append("evaluation ran beside it")
+        warning = (f"the run trained at {run:,.0f} tokens/s, {probe / run:.1f}x below its probe's {probe:,.0f}: "
+                   + "; ".join(reasons))
+        return replace(self, warnings=(*self.warnings, warning))
 
     def with_memory_warnings(self) -> RunSummary:
         """This summary with a warning for each way the run's memory disagrees with its probe or budget."""

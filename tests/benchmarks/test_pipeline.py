@@ -19,7 +19,7 @@ MiB = 2**20
 # Under 768 MiB the fake model runs out of memory at Trainer's defaults (micro-batch 8, fp32) but
 # fits smaller micro-batches and half precision.
 BUDGET = 768 * MiB
-SPACE = dict(precisions=("fp32", "bf16"), attentions=("sdpa",))
+SPACE = dict(precisions=("fp32", "bf16"), attentions=("sdpa",), effective_batch=32)
 
 
 def fake_estimator(configs, device_type):
@@ -117,7 +117,7 @@ def test_oom_wording_is_what_accelerate_and_lightning_recognise():
 
     config = ProbeConfig(model="gpt2", micro_batch=8, block_size=512)
     for device_type in ("cuda", "cpu"):
-        setting = alternatives.Setting(resolve_model("gpt2"), SearchSpace.build(resolve_model("gpt2")),
+        setting = alternatives.Setting(resolve_model("gpt2"), SearchSpace.build(resolve_model("gpt2"), effective_batch=32),
                                        Budget(BUDGET, int(0.05 * BUDGET)), device_type, ScriptedRunner)
         assert should_reduce_batch_size(setting.oom_error(config))
     assert setting.trainer_config(8).grad_accum == 4 and setting.trainer_config(7).grad_accum == 5
@@ -172,10 +172,10 @@ def test_a_deadline_leaves_work_that_the_same_command_finishes_with_its_state(tm
     asked: list[str] = []
 
     class SlowRunner(ScriptedRunner):
-        def run(self, config, budget, spec=None):
+        def run(self, config, budget, spec=None, deadline=None):
             time.sleep(0.4)
             asked.append(config.key())
-            return super().run(config, budget, spec)
+            return super().run(config, budget, spec, deadline)
 
     state = tmp_path / "state"
     # Probes of 0.4 s against a 4 s deadline: the ground truth (16 probes) cannot finish, and the

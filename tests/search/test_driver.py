@@ -27,7 +27,9 @@ def store():
 
 
 def gpt2_space(**overrides) -> SearchSpace:
-    return SearchSpace.build(resolve_model("gpt2"), **{"micro_batches": (1, 2, 4, 8, 16, 32), "block_sizes": (512,), **overrides})
+    # 72 candidates: six micro-batches up to an effective batch of 32 sequences.
+    return SearchSpace.build(resolve_model("gpt2"), **{"micro_batches": (1, 2, 4, 8, 16, 32), "block_sizes": (512,),
+                                                       "effective_batch": 32, **overrides})
 
 
 def search(store, runner, space, predictor=None, **options):
@@ -157,7 +159,7 @@ def test_several_block_sizes_need_effective_tokens():
     with pytest.raises(BadInput, match="effective-tokens"):
         SearchSpace.build(resolve_model("gpt2"), block_sizes=(256, 512), effective_batch=32)
     space = SearchSpace.build(resolve_model("gpt2"), block_sizes=(256, 512))
-    assert {c.tokens_per_step for c in space.candidates()} == {32 * 512}
+    assert {c.tokens_per_step for c in space.candidates()} == {8 * 512}  # the default effective batch, in tokens
 
 
 def test_block_size_above_model_maximum_is_bad_input():
@@ -229,11 +231,11 @@ def test_predictions_in_the_background_arrive_group_by_group_and_match_waiting_f
     class Watching(ScriptedRunner):
         early: list[str] = []
 
-        def run(self, config, budget, spec=None):
+        def run(self, config, budget, spec=None, deadline=None):
             with lock:
                 if config.key() not in delivered:
                     self.early.append(config.label())
-            return super().run(config, budget, spec)
+            return super().run(config, budget, spec, deadline)
 
     waited = search(store, ScriptedRunner(), space, predictor=modelled_predictor(), study="waited")
     runner = Watching()

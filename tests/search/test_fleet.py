@@ -30,9 +30,9 @@ class SlowRunner(ScriptedRunner):
         super().__init__(**kwargs)
         self.seconds = seconds
 
-    def run(self, config, budget, spec=None):
+    def run(self, config, budget, spec=None, deadline=None):
         time.sleep(self.seconds)
-        return super().run(config, budget, spec)
+        return super().run(config, budget, spec, deadline)
 
 
 def gpt2_space() -> SearchSpace:
@@ -117,7 +117,7 @@ def test_three_workers_settle_every_config_once_and_pick_what_one_worker_picks(t
 
 def test_configs_in_flight_are_unavailable_and_what_they_may_rule_out_waits():
     space = SearchSpace.build(resolve_model("gpt2"), micro_batches=(1, 2, 4, 8), block_sizes=(512,), precisions=("fp32",),
-                              attentions=("sdpa",))
+                              attentions=("sdpa",), effective_batch=32)  # every micro-batch accumulates
     knowledge = Knowledge(space.candidates())
     by = {(c.micro_batch, c.checkpointing): c for c in space.candidates()}
     knowledge.busy = {by[2, False].key(): by[2, False]}
@@ -165,10 +165,16 @@ def test_a_stopped_study_is_not_joined(tmp_path):
             run_worker(store, "s", ScriptedRunner())
 
 
-def test_workers_get_one_gpu_each(monkeypatch):
+def test_workers_get_one_gpu_each_or_one_core_each(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5,7")
     assert worker_devices(2, "auto") == [("cuda", "2"), ("cuda", "5")]
+    monkeypatch.setattr("os.cpu_count", lambda: 3)
     assert worker_devices(3, "cpu") == [("cpu", "")] * 3
+    with pytest.raises(BadInput, match="--workers 1000: this machine has 3 cores.*--workers 3 or fewer, or --oversubscribe for up to 12"):
+        worker_devices(1000, "cpu")
+    assert len(worker_devices(12, "cpu", oversubscribe=True)) == 12
+    with pytest.raises(BadInput, match="give --workers 12 or fewer"):
+        worker_devices(13, "cpu", oversubscribe=True)
     with pytest.raises(BadInput, match="only 3 GPU"):
         worker_devices(4, "cuda")
     with pytest.raises(BadInput, match="--device cuda"):

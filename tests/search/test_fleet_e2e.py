@@ -55,7 +55,7 @@ def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_w
 
     # The same search command resumes the study with three workers, which find the stale claim.
     done = autotune("search", "--model", tiny_model, "--gpu-budget", "16MiB", *FLAGS, "--study", "shared",
-                    "--workers", "3", "--db", postgres_url, "--json")
+                    "--workers", "3", "--oversubscribe", "--db", postgres_url, "--json")
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["status"] == "finished" and summary["workers"] == 3 and summary["best"] is not None

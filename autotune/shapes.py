@@ -1,0 +1,79 @@
+"""A model's sizes, read from its config.json without torch: enough to count its parameters and
+its FLOPs per token (autotune.flops) for the planner's speed model and for telling how long a
+CPU run would take."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDims:
+    """The model's sizes the cost model needs.
+
+    `trainable_parameters` None: derived from the config (all of them for a full fine-tune, the
+    LoRA adapters' estimate under --peft). `heads` None: hidden // HEAD_DIM_GUESS.
+    """
+
+    parameters: int
+    layers: int
+    hidden: int
+    vocab: int
+    heads: int | None = None
+    trainable_parameters: int | None = None
+
+
+# Read from config.json.
+# Families whose MLP is gated (SwiGLU / GeGLU: three matrices instead of two).
+_GATED = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
+          "gemma3_text", "phi3", "olmo", "olmo2", "granite", "cohere", "starcoder2", "internlm2", "deepseek_v2",
+          "deepseek_v3", "smollm3", "exaone", "yi"}
+# Families with learned position embeddings (a max_positions x d table).
+_LEARNED_POSITIONS = {"gpt2", "gpt_neo", "opt", "bert", "roberta", "distilbert", "xlm-roberta", "electra",
+                      "bart", "mbart", "biogpt"}
+
+
+def _first(config: dict, *keys: str) -> int | None:
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def dims_from_config(config: dict) -> ModelDims | None:
+    """Sizes read from a config.json (torch-free), None where it lacks them: the parameter count
+    from the usual transformer shapes (attention with grouped K/V heads, a plain or gated MLP,
+    embeddings, tied or not; norms and biases left out, under 1%). Multimodal configs: their text
+    model's. Mixture-of-experts models are not modelled: they count as one dense MLP."""
+    text = config.get("text_config")
+    if _first(config, "hidden_size", "n_embd", "d_model", "dim") is None and isinstance(text, dict):
+        # The outer config's tying governs the model built (transformers reads it there) where it has one.
+        tied = config.get("tie_word_embeddings", text.get("tie_word_embeddings", True))
+        config = {**text, "tie_word_embeddings": tied}
+    hidden = _first(config, "hidden_size", "n_embd", "d_model", "dim") or 0
+    heads = _first(config, "num_attention_heads", "n_head", "num_heads", "encoder_attention_heads")
+    kv_heads = _first(config, "num_key_value_heads", "num_kv_heads", "multi_query_group_num") or heads
+    head_dim = _first(config, "head_dim", "d_kv") or (hidden // heads if heads else hidden)
+    ffn = _first(config, "intermediate_size", "n_inner", "d_ff", "ffn_dim", "encoder_ffn_dim") or 4 * hidden
+    vocab = _first(config, "vocab_size", "padded_vocab_size") or 0
+    model_type = str(config.get("model_type", ""))
+    gated = model_type in _GATED or str(config.get("feed_forward_proj", "")).startswith("gated")
+
+    q = (heads or 1) * head_dim
+    attention = hidden * q + 2 * hidden * (kv_heads or 1) * head_dim + q * hidden
+    mlp = (3 if gated else 2) * hidden * ffn
+    encoder = _first(config, "encoder_layers", "num_layers") if config.get("is_encoder_decoder") else None
+    if encoder:
+        decoder = _first(config, "decoder_layers", "num_decoder_layers") or encoder
+        layers = encoder + decoder
+        body = encoder * (attention + mlp) + decoder * (2 * attention + mlp)  # decoders add cross-attention
+    else:
+        layers = _first(config, "num_hidden_layers", "n_layer", "num_layers", "n_layers") or 0
+        body = layers * (attention + mlp)
+    embeddings = vocab * hidden * (1 if config.get("tie_word_embeddings", True) else 2)
+    if model_type in _LEARNED_POSITIONS:
+        embeddings += (_first(config, "max_position_embeddings", "n_positions") or 0) * hidden
+    if not (hidden and layers and vocab):
+        return None
+    return ModelDims(parameters=body + embeddings, layers=layers, hidden=hidden, vocab=vocab, heads=heads)
