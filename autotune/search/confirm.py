@@ -38,9 +38,10 @@ MAX_ROUNDS = 3       # windows of each contender at most, beyond the first
 # window on a busy machine can read several percent slow (a neighbour, a page fault storm) while
 # its own steps look steady. Telling apart still needs a margin above the steps' noise.
 CONTENDER_BAND = 0.05
-# A tie among configs whose noise is within this is a real one (they are as fast as each other);
-# beyond it the timing cannot tell them apart, and the pick is not reliable (said, with what to do).
-RELIABLE_NOISE = 0.10
+# A tie among configs whose noise (the two spreads together) is within this is a real one: they are
+# as fast as each other. Beyond it the timing cannot tell them apart, and the pick is not reliable
+# (said, with what to do). Windows of a few seconds on an idle 2-core CPU spread by about 5% each.
+RELIABLE_NOISE = 0.15
 
 
 @dataclass(slots=True)
