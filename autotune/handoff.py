@@ -27,7 +27,8 @@ from autotune import speed
 from autotune.budget import Budget, required_bytes
 from autotune.errors import BadInput, StudyNotFound
 from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec, bnb_4bit_kwargs, is_qlora
-from autotune.store import LeaderboardRow, open_store
+from autotune.status import ProbeStatus, StudyStatus
+from autotune.store import LeaderboardRow, ProbeRecord, StudyRecord, open_store
 from autotune.tasks import AUTO_CLASSES, EXAMPLE_SCRIPTS, MLM_PROBABILITY, Task
 from autotune.units import format_size
 
@@ -424,15 +425,26 @@ class BestConfig:
         raise ValueError(f"unknown format {fmt!r}")
 
 
+def _nothing_fits(study: StudyRecord, probes: list[ProbeRecord]) -> str:
+    """Why a study has no winner yet, and what to do: it stopped before its first probe, it stopped
+    before any config that fits, or it searched through and nothing fits its budget."""
+    measured = [p for p in probes if p.result.status != ProbeStatus.SKIPPED]
+    if study.status != StudyStatus.FINISHED:
+        so_far = f"none of its {len(measured)} probes so far fits" if measured else "it has no probe yet"
+        return (f"study {study.name!r} is {study.status} and {so_far}; run the same `autotune search` command to go on "
+                f"from where it stopped.")
+    return (f"study {study.name!r} searched every candidate and none fits its {format_size(study.budget_bytes)} budget; "
+            f"search again with a larger --gpu-budget, or with --checkpointing on, smaller --micro-batches or "
+            f"--block-sizes, or --precisions bf16.")
+
+
 def best(study: str | None = None, db: str | None = None) -> BestConfig:
     """The fastest configuration that fits in `study` (the most recent study when None). Reads
     only: a missing or outdated database is refused, never created or upgraded."""
     with open_store(db, read_only=True) as store:
         rows = store.leaderboard(study, top=1)
         if not rows:
-            name = study or store.latest_study_name()
-            raise StudyNotFound(f"study {name!r} has no configuration that fits yet; run `autotune search` "
-                                f"(with a larger --gpu-budget if everything ran out of memory).")
+            raise StudyNotFound(_nothing_fits(store.study(study), store.probes(study)))
         record = store.study(rows[0].study)
         device_type = record.environment.get("device_type") or "cuda"
     return BestConfig(rows[0], device_type, record.confirmation)

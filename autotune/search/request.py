@@ -88,8 +88,9 @@ def resolve_search(model: str, budget_bytes: int, *, settings: ProbeSettings, op
     space = SearchSpace.build(spec, **space_args)
     spec.check_usable(settings.trust_remote_code, budget_bytes=budget_bytes)
     request = SearchRequest.of(space, spec, settings.budget(budget_bytes), options, settings)
-    if (note := task_note(spec.config, space_args.get("task"))) is not None:
-        request = dataclasses.replace(request, notes=(note,))
+    notes = [note for note in (shadowing_note(spec), task_note(spec.config, space_args.get("task"))) if note]
+    if notes:
+        request = dataclasses.replace(request, notes=tuple(notes))
     if settings.device_kind == "auto" and not cuda_may_be_visible():
         raise DeviceError(no_gpu_message(request))
     return request
@@ -101,6 +102,18 @@ def check_device_chosen(request: SearchRequest) -> None:
     sooner where no NVIDIA device is to be seen at all)."""
     if request.settings.device_kind == "auto" and request.device_type == "cpu":
         raise DeviceError(no_gpu_message(request))
+
+
+def shadowing_note(spec: ModelSpec) -> str | None:
+    """A local directory read for a name that is also a known model's (./gpt2 for gpt2): said, with
+    the config.json read, since the user may have meant the other."""
+    from autotune.models import KNOWN_ARCHITECTURES
+
+    if spec.source == "local" and spec.reference.strip().rstrip("/") in KNOWN_ARCHITECTURES and spec.path:
+        name = spec.reference.strip().rstrip("/")
+        return (f"--model {spec.reference} read {spec.path}/config.json, a local directory of that name, not the "
+                f"known {name}; for that one pass the hub's name with its owner (e.g. openai-community/{name})")
+    return None
 
 
 def no_gpu_message(request: SearchRequest) -> str:
