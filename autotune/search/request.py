@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.budget import Budget
 from autotune.config import ProbeConfig
-from autotune.deadline import Deadline
+from autotune.deadline import Deadline, DeadlineReached
 from autotune.environment import Environment
-from autotune.errors import BudgetError, DatabaseError, DeviceError, StudyNotFound
+from autotune.errors import BadInput, BudgetError, DatabaseError, DeviceError, StudyNotFound
 from autotune.models import ModelSpec
 from autotune.probe.settings import ProbeSettings
 from autotune.search.common import SearchOptions, SearchOutcome
@@ -141,9 +141,16 @@ def preflight(request: SearchRequest, runner: Runner) -> SearchRequest:
     the budget against it, the model and every attention kernel built (on the meta device) by the
     probe's own code. A mistake then leaves the database as it was, and the fixed command starts
     cleanly. Returns the request with the environment the probes run in."""
-    environment = runner.environment(request.deadline)
-    _check_budget(request.budget, environment)
-    runner.check(request.spec, request.candidates[0], request.space.attentions, request.deadline)
+    try:
+        environment = runner.environment(request.deadline)
+        _check_budget(request.budget, environment)
+        runner.check(request.spec, request.candidates[0], request.space.attentions, request.deadline)
+    except DeadlineReached:
+        # Nothing is written yet, so there is no study to go on with: a --timeout shorter than the
+        # probe process's start-up is a mistake in the command, said as one.
+        timeout = request.options.timeout or 0.0
+        raise BadInput(f"--timeout {format_duration(timeout)} ran out while the probe process started and checked "
+                       f"the model, before any probe (nothing was written); give a longer --timeout.") from None
     return request.with_environment(environment)
 
 

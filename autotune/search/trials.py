@@ -235,6 +235,7 @@ def optuna_retry(work: Callable[[], Any]) -> Any:
     from sqlalchemy.exc import SQLAlchemyError
 
     from autotune.store.base import is_transient, retry_transient
+    from autotune.store.failures import fails_for_good
 
     def transient(exc: BaseException) -> bool:
         cause = exc.__cause__ if isinstance(exc, StorageInternalError) and exc.__cause__ is not None else exc
@@ -243,7 +244,8 @@ def optuna_retry(work: Callable[[], Any]) -> Any:
     try:
         return retry_transient(work, transient=transient)
     except (StorageInternalError, SQLAlchemyError) as exc:
-        log.warning("could not record an Optuna trial (%s); autotune's own record is kept", exc)
+        level = logging.DEBUG if fails_for_good(exc) else logging.WARNING  # a full disk: said by the next write
+        log.log(level, "could not record an Optuna trial (%s); autotune's own record is kept", exc)
         return None
 
 

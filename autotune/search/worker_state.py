@@ -70,6 +70,7 @@ class Heartbeat:
         from sqlalchemy.exc import InterfaceError, OperationalError
 
         from autotune.errors import DatabaseError
+        from autotune.store.failures import fails_for_good
 
         while not self._stop.wait(self.interval):
             key = self._key
@@ -82,7 +83,8 @@ class Heartbeat:
                     self.store.heartbeat(self.study_id, key, self.worker)
             except (OperationalError, InterfaceError, DatabaseError) as exc:
                 # One missed beat is not fatal: a claim goes stale only after defaults.STALE_BEATS of them.
-                log.warning("heartbeat of %s failed: %s", key, exc)
+                # A full disk is said once, by the search's own next write.
+                log.log(logging.DEBUG if fails_for_good(exc) else logging.WARNING, "heartbeat of %s failed: %s", key, exc)
 
     def close(self) -> None:
         self._stop.set()

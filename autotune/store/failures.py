@@ -72,6 +72,14 @@ def is_transient(exc: BaseException) -> bool:
     return any(fragment in message for fragment in TRANSIENT_MESSAGES)
 
 
+def fails_for_good(exc: BaseException) -> bool:
+    """A full disk or a read-only file: every later write fails the same way, and the next write of
+    autotune's own record says so in one line (so a side write, such as a heartbeat, stays quiet)."""
+    cause = exc.__cause__ if exc.__cause__ is not None and not hasattr(exc, "orig") else exc
+    low = detail_of(cause).lower()
+    return any(fragment in low for fragment in FULL_MESSAGES + READ_ONLY_MESSAGES)
+
+
 def is_database_failure(exc: BaseException) -> bool:
     """An error of the database itself (its file, disk, server or connection), as opposed to a
     statement or data that autotune got wrong (IntegrityError, ProgrammingError, DataError: bugs)."""

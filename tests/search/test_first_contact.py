@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli.app import main
 from autotune.models import resolve_model
 from autotune.probe.runner import cuda_may_be_visible
 from autotune.report import explain_winner, format_search_header
@@ -49,7 +48,7 @@ def test_the_effective_batch_is_trainers_by_default_said_as_the_users_recipe_wit
     assert space.effective_batch == 8 and max(c.micro_batch for c in space.candidates()) == 8
     headers: list[str] = []
     with open_store() as store:
-        outcome = run_search(request(space, resolve_model("gpt2"), 16 * GiB, GiB, SearchOptions(study="roomy")),
+        outcome = run_search(request(space, resolve_model("gpt2"), 16 * GiB, GiB, SearchOptions(study="roomy", predict=False)),
                              ScriptedRunner(), store, on_start=lambda *a: headers.append(format_search_header(*a)))
     assert "8 sequences per optimizer step (your recipe: --effective-batch; Trainer's default is 8)" in headers[0]
     said = explain_winner(outcome)
@@ -76,7 +75,7 @@ def test_best_says_why_a_study_has_no_winner_and_what_to_do(tmp_path):
     space = SearchSpace.build(resolve_model("gpt2"), block_sizes=(512,), precisions=("bf16",), attentions=("sdpa",))
     with open_store(db) as store:
         # Searched through, and nothing fits a budget below the weights.
-        run_search(request(space, resolve_model("gpt2"), 520 * 2**20, 26 * 2**20, SearchOptions(study="tiny")),
+        run_search(request(space, resolve_model("gpt2"), 520 * 2**20, 26 * 2**20, SearchOptions(study="tiny", predict=False)),
                    ScriptedRunner(), store)
     with pytest.raises(StudyNotFound, match="searched every candidate and none fits its 520.00 MiB budget; search again with a larger --gpu-budget"):
         best("tiny", db)
