@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 SUMMARY_FILE = "autotune-run.json"
 # A run's peak this far above its probe's is reported: the probe missed something the run holds.
 PEAK_TOLERANCE = 0.05
+# ...when the excess also takes this share of the room the probe left under the budget.
+HEADROOM_SHARE = 0.25
 # A run this much slower than its probe is reported, with the reasons that apply.
 SPEED_TOLERANCE = 0.20
 # Below this many timed steps, warm-up (the optimizer state's creation, kernels loading) weighs in.
@@ -155,7 +157,7 @@ class RunSummary:
         """This summary with a warning for each way the run's memory disagrees with its probe or budget."""
         found = []
         ratio = self.peak_vs_probe
-        if ratio is not None and ratio > 1 + PEAK_TOLERANCE:
+        if ratio is not None and ratio > 1 + PEAK_TOLERANCE and self._eats_into_headroom():
             found.append(f"run peak reserved {format_size(self.peak_reserved_bytes)} is {100 * (ratio - 1):.0f}% above the "
                          f"probe's {format_size(self.probe.peak_reserved_bytes)}: the run holds something the probe did not "
                          f"(evaluation, checkpoint saving, real data); keep the margin in mind")
@@ -164,6 +166,15 @@ class RunSummary:
             found.append(f"peak reserved + context {format_size(required)} + margin {format_size(self.margin_bytes)} exceed "
                          f"the {format_size(self.budget_bytes)} budget: the CUDA context grew during the run")
         return replace(self, warnings=(*self.warnings, *found)) if found else self
+
+    def _eats_into_headroom(self) -> bool:
+        """Whether what the run holds beyond its probe takes a real share (a quarter) of the room the
+        probe left under the budget: a few MiB more with hundreds to spare is no news."""
+        probe_peak = self.probe.peak_reserved_bytes
+        if self.peak_reserved_bytes is None or probe_peak is None:
+            return False
+        room = self.budget.headroom(probe_peak + (self.probe.context_bytes or self.context_bytes or 0))
+        return self.peak_reserved_bytes - probe_peak > HEADROOM_SHARE * max(room, 0)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form, key for key as autotune-run.json has always held it."""

@@ -70,6 +70,9 @@ def test_memory_warnings():
     assert finished_run(peak_reserved_bytes=420 * MiB).with_memory_warnings().warnings == ()  # 5% over: tolerated
     over_probe = finished_run(peak_reserved_bytes=440 * MiB).with_memory_warnings()
     assert len(over_probe.warnings) == 1 and "10% above the probe's 400.00 MiB" in over_probe.warnings[0]
+    # 40 MiB over the probe with 1.5 GiB to spare after it: no news.
+    roomy = finished_run(peak_reserved_bytes=440 * MiB, budget_bytes=2560 * MiB).with_memory_warnings()
+    assert roomy.warnings == ()
     # 420 + 560 context + 51 margin > 1024: the context grew past what the budget allows.
     grown = finished_run(context_bytes=560 * MiB, warnings=("earlier",)).with_memory_warnings()
     assert grown.warnings[0] == "earlier" and "the CUDA context grew" in grown.warnings[1]
