@@ -12,6 +12,11 @@ from pathlib import Path
 
 import pytest
 
+# Two test workers share the machine's cores, and each probe or training step they start would run
+# one OpenMP thread per core: threads that spin while the other worker holds their core slow a step
+# many times over. One thread each (set before torch is imported here or in any child).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 # A 2-layer GPT-2, small enough that a CPU probe takes about a second of steps.
 TINY_GPT2 = {
     "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 64, "n_head": 2,
