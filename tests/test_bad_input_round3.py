@@ -127,6 +127,16 @@ def test_a_database_value_that_names_no_database_is_one_line(work, hermetic_home
     assert proc.stderr.startswith(f"autotune: error: {'$AUTOTUNE_DB' if env else '--db'}")
 
 
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "17"])
+@pytest.mark.parametrize("command", [["plan", "--gpu", "h100"], ["search", "--gpu-budget", "64MiB", "--device", "cpu"]])
+def test_a_trace_process_count_that_is_no_count_is_one_line_before_any_process(work, hermetic_home, tiny_model,
+                                                                                command, value):
+    name, *args = command
+    with Unchanged(work, hermetic_home):
+        refused(invoke(name, "--model", tiny_model, *args, env={"AUTOTUNE_TRACE_PROCESSES": value}),
+                f"$AUTOTUNE_TRACE_PROCESSES {value!r}: give a whole number of trace processes from 1 to 16")
+
+
 @pytest.mark.slow
 def test_search_into_a_stray_word_creates_no_database(work, hermetic_home, tiny_model):
     # (Old code: ./garbage created, and the search's results written into it.)

@@ -10,6 +10,7 @@ import os
 import time
 from collections.abc import Callable
 
+from autotune.errors import BadInput
 from autotune.estimate.launch import TraceChildren
 from autotune.probe.settings import ProbeSettings
 from autotune.search.common import OnStart, Event, Progress, SearchOptions, SearchOutcome
@@ -20,6 +21,7 @@ from autotune.search.request import check_device_chosen, preflight, resolve_sear
 
 
 TRACE_PROCESSES_ENV = "AUTOTUNE_TRACE_PROCESSES"
+MAX_TRACE_PROCESSES = 16
 
 
 def trace_processes() -> int:
@@ -27,9 +29,12 @@ def trace_processes() -> int:
     core up to 4 (each holds a model on fake tensors, a few hundred MB of host memory for a 7B
     model). Fewer where other work shares the cores (a test suite running searches side by side)."""
     text = os.environ.get(TRACE_PROCESSES_ENV, "").strip()
-    if text.isdigit() and int(text) >= 1:
-        return min(int(text), 16)
-    return max(1, min(4, os.cpu_count() or 1))
+    if not text:
+        return max(1, min(4, os.cpu_count() or 1))
+    if not text.isdigit() or not 1 <= int(text) <= MAX_TRACE_PROCESSES:
+        raise BadInput(f"${TRACE_PROCESSES_ENV} {text!r}: give a whole number of trace processes from 1 to "
+                       f"{MAX_TRACE_PROCESSES}, or unset it (one per core, up to 4).")
+    return int(text)
 
 
 def search(model: str, budget_bytes: int, *, settings: ProbeSettings, options: SearchOptions, db: str | None = None,
