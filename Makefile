@@ -42,7 +42,7 @@ PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile
 test: install
 	$(PYTEST)
 
-# Under a minute: no probe or estimator processes (tests marked `slow`; tests/conftest.py refuses
+# About a minute: no probe or estimator processes (tests marked `slow`; tests/conftest.py refuses
 # them elsewhere). Spread test by test, since no module here shares a costly fixture.
 test-fast: install
 	$(BIN)/python -m pytest -q -n 2 --dist load -m "not slow"
