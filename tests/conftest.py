@@ -89,6 +89,11 @@ def cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config, items):
+    # A GPU test starts probe or training processes; unmarked `slow`, it would be refused when it
+    # runs (see _no_processes_unless_slow), which a machine without CUDA never shows: say it here.
+    unmarked = [item.nodeid for item in items if "gpu" in item.keywords and "slow" not in item.keywords]
+    if unmarked:
+        raise pytest.UsageError(f"GPU tests must also be marked slow: {', '.join(unmarked)}")
     if any("gpu" in item.keywords for item in items) and not cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA device")
         for item in items:

@@ -11,7 +11,7 @@ import pytest
 from tests.cli import autotune
 from tests.train.conftest import corpus_text, write_tokenizer
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.slow]  # (it starts probe and training processes)
 GiB = 2**30
 
 
