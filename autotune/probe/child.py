@@ -28,14 +28,15 @@ from autotune import errors  # noqa: E402
 from autotune.config import ProbeConfig  # noqa: E402
 from autotune.defaults import ERROR_TAIL_CHARS, MAX_MEASURE_STEPS  # noqa: E402
 from autotune.probe.cap import MemoryCap, cap_memory  # noqa: E402
-from autotune.probe.memory import BUDGET_OOM  # noqa: E402
 from autotune.probe.devices import (  # noqa: E402
     describe,
     other_gpu_processes,
     peak_flops,
     resolve_device,
+    supports_attention_dtype,
     supports_precision,
 )
+from autotune.probe.hygiene import CodeWatch, allocated_bytes, why_not_reused  # noqa: E402
 from autotune.probe.oom import classify_exception  # noqa: E402
 from autotune.probe import speedups  # noqa: E402
 from autotune.probe.protocol import (  # noqa: E402
@@ -63,13 +64,15 @@ from autotune.probe.step import (  # noqa: E402
     with_adapters,
 )
 from autotune.result import ProbeResult  # noqa: E402
-from autotune.status import CLEAN, ProbeStatus  # noqa: E402
+from autotune.status import ProbeStatus  # noqa: E402
 from autotune.timing import median_seconds, relative_spread  # noqa: E402
 
 _IMPORT_SECONDS = time.perf_counter() - _PROCESS_START
 # A random-init model warns about things irrelevant to a probe (unknown loss_type, token ids);
 # real errors still raise.
 transformers.logging.set_verbosity_error()
+# The modules a patching library (Liger) replaces code in, as they were before any probe patched them.
+_CODE = CodeWatch()
 
 
 @dataclasses.dataclass(slots=True)
@@ -85,6 +88,8 @@ class _Probe:
     hf_config: Any = None
     step: ProbeStep | None = None
     losses: list[float] = dataclasses.field(default_factory=list)
+    start_allocated: int = 0             # what the accounting held as the probe began (cuBLAS workspaces on CUDA)
+    leftover_bytes: int = 0              # what it still held after the probe released everything
 
     @property
     def config(self) -> ProbeConfig:
@@ -99,9 +104,15 @@ class _Probe:
 def run_probe_in_process(request: ProbeRequest, report: Callable[[str], None] = lambda phase: None) -> ProbeResult:
     """Run one probe in this process. Raises AutotuneError for problems the user must fix (a budget
     larger than the card); every other outcome, OOM included, is returned as a status."""
+    return _probe_in_process(request, report).result
+
+
+def _probe_in_process(request: ProbeRequest, report: Callable[[str], None]) -> _Probe:
+    """run_probe_in_process, returning the whole probe (what it left behind decides whether this
+    process runs the next one)."""
     probe = _start(request)
     if probe.cap is None:
-        return probe.result
+        return probe
     speedups.set_tf32(probe.config)
     torch.manual_seed(0)
     try:
@@ -110,20 +121,31 @@ def run_probe_in_process(request: ProbeRequest, report: Callable[[str], None] = 
         # and every later step repeats the same allocations. The timed window runs without it.
         with probe.cap.guard():
             if not _build(probe, report) or not _warm_up(probe, report):
-                return probe.result
+                return probe
         if probe.config.compile and probe.device.type != "cuda" and not _compile(probe, report):
-            return probe.result
+            return probe
         _time_window(probe, report)
     except errors.AutotuneError:
         raise
     except Exception as exc:  # outcomes are data: OOM or not, the probe reports and the search goes on
-        probe.result.status = classify_exception(exc)
-        probe.result.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()[-ERROR_TAIL_CHARS:]
+        _failed(probe, exc)
         del exc  # its traceback holds the failing frames and their tensors
     finally:
-        _release(probe)
+        try:
+            _release(probe)
+        except Exception as exc:
+            # After a device-side assert or an illegal access every CUDA call raises again: the
+            # probe's own error stays the one reported (this process is not reused after it).
+            if probe.result.status == ProbeStatus.OK:
+                _failed(probe, exc)
+            del exc
     _judge(probe)
-    return probe.result
+    return probe
+
+
+def _failed(probe: _Probe, exc: BaseException) -> None:
+    probe.result.status = classify_exception(exc)
+    probe.result.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()[-ERROR_TAIL_CHARS:]
 
 
 def _start(request: ProbeRequest) -> _Probe:
@@ -140,12 +162,14 @@ def _start(request: ProbeRequest) -> _Probe:
     check_recipe(config, device)
     import_recipe_code(config)
     probe = _Probe(request, device, env.device_name, result)
-    unsupported = supports_precision(device, config.precision) or speedups.unavailable(config, device)
+    unsupported = (supports_precision(device, config.precision) or speedups.unavailable(config, device)
+                   or supports_attention_dtype(config.attention, config.precision, config.weights))
     if unsupported:
         probe.skip(unsupported)
         return probe
     probe.cap = cap_memory(device, budget)
     result.cap_bytes, result.context_bytes = probe.cap.cap_bytes, probe.cap.context_bytes
+    probe.start_allocated = allocated_bytes(probe.cap)
     return probe
 
 
@@ -166,6 +190,7 @@ def _build(probe: _Probe, report: Callable[[str], None]) -> bool:
         raise
     if config.block_size > (getattr(probe.hf_config, "max_position_embeddings", None) or config.block_size):
         return probe.skip(f"block size {config.block_size} exceeds the model's maximum positions")
+    _CODE.note()  # the modules this model's build imported, as they are before anything patches them
     if config.liger:
         why_not = speedups.apply_liger(probe.model, probe.hf_config.model_type)
         if why_not:
@@ -230,6 +255,7 @@ def _release(probe: _Probe) -> None:
         probe.result.first_loss, probe.result.last_loss = probe.losses[0], probe.losses[-1]
     probe.model = probe.step = probe.hf_config = None
     probe.cap.release()
+    probe.leftover_bytes = max(0, allocated_bytes(probe.cap) - probe.start_allocated)
 
 
 def _judge(probe: _Probe) -> None:
@@ -342,6 +368,7 @@ def serve(conn) -> None:
     # gc.collect() (needed to free the last model before the next) at milliseconds, not ~0.4 s.
     gc.collect()
     gc.freeze()
+    _CODE.note()
     conn.send(Ready(startup_seconds=_IMPORT_SECONDS))
     while True:
         try:
@@ -357,13 +384,20 @@ def serve(conn) -> None:
             if isinstance(request, ModelCheckRequest):
                 conn.send(check_buildable(request))
                 continue
-            result = run_probe_in_process(request, lambda phase: _report(conn, request, phase))
+            probe = _probe_in_process(request, lambda phase: _report(conn, request, phase))
         except errors.AutotuneError as exc:
             conn.send(UserErrorReply(exc))
             continue
-        goes_on = trusted_after(result, request.settings.device)
-        conn.send(ResultReply(result, child_goes_on=goes_on))
-        if not goes_on:
+        except Exception as exc:
+            if not isinstance(request, ProbeRequest):
+                raise
+            # Something the probe's own handling did not catch: its message still reaches the
+            # parent (not a bare exit code), and this process ends.
+            conn.send(ResultReply(_unexpected(request, exc), why_not_reused="the probe failed outside its steps"))
+            return
+        why = why_not_reused(probe.result, probe.device, probe.leftover_bytes, _CODE.replaced())
+        conn.send(ResultReply(probe.result, why_not_reused=why))
+        if why is not None:
             return
         # The first probe imports transformers' model code lazily: ~10^5 more long-lived objects.
         # Freezing what survived this probe (its model is collected by now) keeps the next one's
@@ -371,15 +405,11 @@ def serve(conn) -> None:
         gc.freeze()
 
 
-def trusted_after(result: ProbeResult, device: str) -> bool:
-    """Whether this process may run the next probe after `result`. After a CUDA OOM or any fault
-    it may not: the caching allocator stays fragmented, a traceback may hold tensors, a device-side
-    assert poisons the context. The CPU accountant's OOM is an exception of our own, raised as the
-    allocation is counted, with every frame released on the way out: nothing is left to distrust,
-    and the restart (seconds of imports) is saved. A real host OOM still gets a fresh process."""
-    if result.status in CLEAN:
-        return True
-    return result.status == ProbeStatus.OOM and BUDGET_OOM in (result.error or "") and resolve_device(device).type == "cpu"
+def _unexpected(request: ProbeRequest, exc: BaseException) -> ProbeResult:
+    """A probe that failed where it does not catch failures (its start, its release), as its result."""
+    budget = request.budget
+    return ProbeResult(status=classify_exception(exc), budget_bytes=budget.total_bytes, margin_bytes=budget.margin_bytes,
+                       error="".join(traceback.format_exception_only(type(exc), exc)).strip()[-ERROR_TAIL_CHARS:])
 
 
 def _report(conn, request: ProbeRequest, phase: str) -> None:

@@ -70,7 +70,11 @@ class EnvironmentReply:
 @dataclass(frozen=True, slots=True)
 class ResultReply:
     result: ProbeResult
-    child_goes_on: bool = True  # False: the child exits after this reply (its process is not trusted)
+    why_not_reused: str | None = None  # set: the child exits after this reply (probe/hygiene.py says why)
+
+    @property
+    def child_goes_on(self) -> bool:
+        return self.why_not_reused is None
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,6 +77,7 @@ class ProbeRunner:
         # reads it once, so a config with another setting gets new processes (autotune.speed).
         self._allocator = speed.DEFAULT_ALLOCATOR
         self.children_started = 0
+        self.retired: list[str] = []  # why each child that ended after its probe was not reused (hygiene.py)
         # (model fingerprint, task, labels, attentions) that build -> the kernels the model lacks
         self._checked: dict[tuple, dict[str, str]] = {}
         # Called with each phase of the probe in flight ('start-up', 'build', 'warm-up', 'timing').
@@ -91,7 +92,7 @@ class ProbeRunner:
         parent_conn, child_conn = self._ctx.Pipe()
         # The child dies with this process however it ends (kill -9 included): autotune.processes.
         process = self._ctx.Process(target=run_as_child, args=(os.getpid(), CHILD_MAIN, child_conn),
-                                    kwargs={"environment": {speed.ALLOC_CONF_VAR: speed.alloc_conf(self._allocator)}},
+                                    kwargs={"environment": speed.allocator_environment(self._allocator)},
                                     name="autotune-probe", daemon=True)
         process.start()
         child_conn.close()  # so that the child's death reads as EOF here
@@ -114,7 +115,7 @@ class ProbeRunner:
             raise
         if not isinstance(reply, Ready):
             exitcode = self._process.exitcode
-            self.close()
+            self._retire()
             raise RuntimeError(f"the probe child did not start (exit code {exitcode}); a script that calls "
                                f"run_probe or ProbeRunner must do so under `if __name__ == '__main__':`, since "
                                f"children are spawned and import the main module again")
@@ -160,6 +161,13 @@ class ProbeRunner:
         if self._conn is not None:
             self._conn.close()
         self._process = self._conn = None
+
+    def _retire(self) -> None:
+        """End the current child (after a probe that leaves it unfit it exits by itself: make sure,
+        and reap it), keeping the standby: it is the next probe's process, started already."""
+        spare, self._spare = self._spare, None
+        self.close()
+        self._spare = spare
 
     def _kill(self) -> int | None:
         """Kill the current child at once; its exit code."""
@@ -322,9 +330,10 @@ class ProbeRunner:
         result.startup_seconds = startup
         result.wall_seconds = time.perf_counter() - started
         result.host_load = host_load()
+        if reply.why_not_reused is not None:
+            self.retired.append(reply.why_not_reused)
         if not reply.child_goes_on or not self.reuse_child:
-            # The child exits by itself after a probe that leaves it untrusted; make sure, and reap it.
-            self.close()
+            self._retire()
         return result
 
     @staticmethod

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-FAULTS = ("hang", "kill", "error", "nan")
+FAULTS = ("hang", "kill", "error", "nan", "patch-module", "leak", "poison")
 FAULT_ENV = "AUTOTUNE_INJECT_FAULT"
 HERE = str(Path(__file__).resolve().parent)
 

@@ -9,6 +9,12 @@ runner and search handle a real hang, SIGKILL, exception or non-finite loss.
 The fault fires on the third step, the first of the timed window after the two warm-up steps (the
 estimator traces only two steps, so its estimates are untouched), of every probe, or only of the
 Nth probe a child runs when AUTOTUNE_INJECT_FAULT_ON_PROBE=N (a warm child runs several).
+
+Three faults leave the probe's process unfit for the next probe rather than failing the probe
+(autotune/probe/hygiene.py): `patch-module` replaces a function in GPT-2's modeling module, as Liger
+does in Llama's; `leak` keeps a tensor alive in a global (on the first warm-up step, while the CPU
+accountant watches); `poison` fails the step as an illegal memory access does and makes the
+probe's cleanup raise again, as every CUDA call does after one.
 """
 
 from __future__ import annotations
@@ -24,6 +30,9 @@ FAULT = os.environ.get("AUTOTUNE_INJECT_FAULT")
 ON_PROBE = int(os.environ.get("AUTOTUNE_INJECT_FAULT_ON_PROBE", "0"))  # 0: every probe
 TARGET = "autotune.probe.step"
 FIRES_ON_STEP = 3
+LEAK_BYTES = 4 << 20
+ILLEGAL_ACCESS = "CUDA error: an illegal memory access was encountered (test fault)"
+_LEAKED: list = []
 
 
 def _install(module) -> None:
@@ -37,6 +46,10 @@ def _install(module) -> None:
 
     def faulty_call(self):
         self._fault_steps += 1
+        if FAULT == "leak" and self._fault_steps == 1 and (not ON_PROBE or self._fault_probe == ON_PROBE):
+            import torch
+
+            _LEAKED.append(torch.ones(LEAK_BYTES, dtype=torch.uint8))
         if self._fault_steps < FIRES_ON_STEP or (ON_PROBE and self._fault_probe != ON_PROBE):
             return original(self)
         if FAULT == "hang":
@@ -45,6 +58,16 @@ def _install(module) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         if FAULT == "error":
             raise RuntimeError("injected failure (test fault)")
+        if FAULT == "patch-module":
+            gpt2 = sys.modules["transformers.models.gpt2.modeling_gpt2"]
+            original_attention = gpt2.eager_attention_forward
+            gpt2.eager_attention_forward = lambda *a, **kw: original_attention(*a, **kw)
+        if FAULT == "poison":
+            def release_again(cap):
+                raise RuntimeError(ILLEGAL_ACCESS + " (raised again by the cleanup)")
+
+            sys.modules["autotune.probe.cap"].MemoryCap.release = release_again
+            raise RuntimeError(ILLEGAL_ACCESS)
         if FAULT == "nan":
             original(self)
             return float("nan")
