@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from autotune import speed
 from autotune.budget import Budget, required_bytes
 from autotune.errors import BadInput, StudyNotFound
-from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec, bnb_4bit_kwargs, is_qlora
+from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec, bnb_4bit_kwargs, is_qlora, memory_caveats
 from autotune.status import ProbeStatus, StudyStatus
 from autotune.store import LeaderboardRow, ProbeRecord, StudyRecord, open_store
 from autotune.tasks import AUTO_CLASSES, EXAMPLE_SCRIPTS, MLM_PROBABILITY, Task
@@ -118,6 +118,7 @@ class BestConfig:
             + (f"{format_size(spare)} to spare after the {format_size(row.margin_bytes)} margin" if spare >= 0
                else f"{format_size(-spare)} over once the {format_size(row.margin_bytes)} margin is kept"),
             f"  confirmed: {verdict}",
+            *(f"  note:      {caveat}" for caveat in memory_caveats(c.optimizer)),
             "  hand-off:  args = best.training_arguments(output_dir=\"out\")",
             f"             model = best.load_model({json.dumps(c.model)})  # or a PretrainedConfig: from_config, random weights",
             *lora,
@@ -194,7 +195,7 @@ class BestConfig:
         """Environment variables the training process must start with: the CUDA allocator's
         setting, read once when CUDA initialises (`autotune train` sets it itself)."""
         value = speed.alloc_conf(self.config.allocator)
-        return {} if value is None else {speed.ALLOC_CONF_VAR: value}
+        return {} if value is None else {name: value for name in speed.ALLOC_CONF_VARS}
 
     def model_kwargs(self) -> dict:
         """Keyword arguments for `from_pretrained` of the task's Auto class: `load_kwargs()` and
@@ -359,6 +360,10 @@ class BestConfig:
                       json.dumps({"use_reentrant": False}, separators=(",", ":"))]
         if c.compile:
             flags.append("--torch_compile")
+            if c.precision != "tf32":
+                # Said explicitly, as in trainer_args(): left unset, transformers turns TF32 on for a
+                # compiled run, through the API torch.compile 2.10/2.11 refuses beside the legacy one.
+                flags += ["--tf32", "false"]
         if c.liger:
             flags.append("--use_liger_kernel")
         if self.device_type == "cpu":
@@ -383,9 +388,10 @@ class BestConfig:
         if is_qlora(c.peft):
             caveats.append(f"4-bit base: {script} cannot quantize; load the model with quantization_config="
                            f"`autotune.best(...).quantization_config()`, or train with `autotune train --study {self.row.study}`")
-        for name, value in self.environment().items():  # read once, when CUDA starts: no flag can set it
-            caveats.append(f"allocator {c.allocator}: start {script} with {name}={value} in its environment "
-                           f"(`{name}={value} python {script} ...`)")
+        if environment := self.environment():  # read once, when CUDA starts: no flag can set it
+            settings = " ".join(f"{name}={value}" for name, value in environment.items())
+            caveats.append(f"allocator {c.allocator}: start {script} with {settings} in its environment "
+                           f"(`{settings} python {script} ...`)")
         return caveats
 
     def yaml(self) -> str:

@@ -21,6 +21,8 @@ class Optimizer:
     what: str
     # Why the estimator cannot trace its step on fake tensors (None: it can).
     untraceable: str | None = None
+    # Memory it holds that the budget's cap cannot hold (None: none), said wherever its result is shown.
+    outside_cap: str | None = None
 
 
 # Names are TrainingArguments' `optim` values, but for "adamw": the name probes stored before this
@@ -32,9 +34,21 @@ OPTIMIZERS = {
     "adamw_8bit": Optimizer("adamw_8bit", None, "bitsandbytes", "AdamW with 8-bit states (bitsandbytes)"),
     "paged_adamw_8bit": Optimizer("paged_adamw_8bit", None, "bitsandbytes",
                                   "AdamW with 8-bit states in paged memory (bitsandbytes)",
-                                  untraceable="its state lives in CUDA unified memory, outside PyTorch's allocator"),
+                                  untraceable="its state lives in CUDA unified memory, outside PyTorch's allocator",
+                                  outside_cap="its 8-bit state (about 2 bytes per trainable parameter) lives in CUDA "
+                                              "unified memory, outside PyTorch's allocator: the cap does not hold it and "
+                                              "the peak shown leaves it out; the driver pages it to host memory when the "
+                                              "card is full, so the run slows down rather than failing"),
 }
 DEFAULT_OPTIMIZER = "adamw"
+
+
+def memory_caveats(optimizer: str) -> list[str]:
+    """What a result's memory figures leave out for this optimizer, one line each (none for most)."""
+    outside = OPTIMIZERS[optimizer].outside_cap if optimizer in OPTIMIZERS else None
+    return [f"{optimizer}: {outside}"] if outside else []
+
+
 # fp32: master weights in fp32 (mixed precision autocasts over them); bf16: pure bf16, weights,
 # gradients and optimizer state (a model loaded with dtype=torch.bfloat16 and trained so).
 WEIGHTS = ("fp32", "bf16")

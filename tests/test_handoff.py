@@ -63,6 +63,9 @@ def test_checkpointing_is_named_as_the_installed_transformers_names_it(transform
 def test_trainer_args_always_name_tf32(precision, tf32):
     document = json.loads(best_of(ProbeConfig("gpt2", 2, 64, precision=precision, compile=True)).render("trainer-args"))
     assert document["training_arguments"]["tf32"] is tf32 and document["training_arguments"]["torch_compile"] is True
+    # The example scripts' flags say it too: left out, transformers would turn TF32 on for a compiled run.
+    flags = best_of(ProbeConfig("gpt2", 2, 64, precision=precision, compile=True)).cli_flags()
+    assert f"--tf32 {'true' if tf32 else 'false'}" in flags
 
 
 def test_load_arguments_and_config_overrides_split_what_model_kwargs_holds():

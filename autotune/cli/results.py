@@ -84,6 +84,7 @@ def db_upgrade(db):
 def best(study, fmt, db):
     """Print a study's winning configuration for the fine-tune."""
     from autotune.handoff import best as find_best
+    from autotune.recipes import memory_caveats
     from autotune.report import unreliable_warning
 
     chosen = find_best(study, db)
@@ -95,5 +96,7 @@ def best(study, fmt, db):
             click.echo(f"autotune: note: {caveat}", err=True)
     if (warning := unreliable_warning(chosen.confirmation)) is not None:
         click.echo(f"autotune: warning: {warning}", err=True)
+    for caveat in memory_caveats(chosen.config.optimizer):
+        click.echo(f"autotune: note: {caveat}", err=True)
     click.echo(chosen.render(fmt))
 
