@@ -25,8 +25,8 @@ DEVICE_HELP = "auto (CUDA if present, else CPU), cpu, cuda or cuda:N."
 OPTIMIZER_HELP = ("adamw (fused AdamW), adafactor, sgd (momentum 0.9), adamw_8bit or paged_adamw_8bit (bitsandbytes): "
                   "TrainingArguments' optim names.")
 WEIGHTS_HELP = "fp32 (master weights; mixed precision autocasts) or bf16 (pure bf16: weights, gradients, optimizer state)."
-ALLOCATOR_HELP = ("The CUDA caching allocator's setting: default, or expandable (PYTORCH_CUDA_ALLOC_CONF="
-                  "expandable_segments:True: less fragmentation, so reserved stays near allocated).")
+ALLOCATOR_HELP = ("The CUDA caching allocator's setting: default, or expandable (expandable_segments:True in "
+                  "PYTORCH_ALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF: less fragmentation, so reserved stays near allocated).")
 LIGER_HELP = "Liger's Triton kernels (fused linear + cross-entropy, RMSNorm, RoPE, SwiGLU): CUDA and liger-kernel only."
 DB_HELP = "SQLAlchemy URL of the results database [default: $AUTOTUNE_DB, else a SQLite file in the user data directory]."
 

@@ -11,6 +11,7 @@ compiled steps are both measured and accounted.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 
@@ -26,11 +27,11 @@ def unavailable(config: ProbeConfig, device: torch.device) -> str | None:
     if config.allocator != speed.DEFAULT_ALLOCATOR:
         if device.type != "cuda":
             return (f"allocator {config.allocator}: a setting of the CUDA caching allocator "
-                    f"({speed.ALLOC_CONF_VAR}); CPU memory has no such allocator")
+                    f"({speed.ALLOC_CONF_VARS[0]}); CPU memory has no such allocator")
         wanted = speed.alloc_conf(config.allocator)
-        if wanted and wanted not in os.environ.get(speed.ALLOC_CONF_VAR, ""):
+        if wanted and wanted not in speed.effective_alloc_conf(os.environ):
             # The runner starts a child per setting; a child started otherwise must not measure.
-            return f"allocator {config.allocator}: this process was not started with {speed.ALLOC_CONF_VAR}={wanted}"
+            return f"allocator {config.allocator}: this process was not started with {speed.ALLOC_CONF_VARS[0]}={wanted}"
     if config.liger:
         if device.type != "cuda":
             return "liger: Liger's kernels are written in Triton for CUDA devices; none run on CPU"
@@ -40,17 +41,25 @@ def unavailable(config: ProbeConfig, device: torch.device) -> str | None:
 
 
 def use_allocator(allocator: str) -> str | None:
-    """Give this process the CUDA allocator setting `allocator` (a training run: `autotune train`);
-    returns the setting made, or None for the default. Set in the environment before CUDA starts;
-    once it has, through the allocator's own runtime switch."""
+    """Give this process (a training run: `autotune train`) the CUDA allocator setting its probe
+    measured, `allocator`; returns what was done, to be said, or None when nothing was. Both
+    variable names are set (or, for the default, unset: a user's setting would otherwise run in
+    place of the default the probe measured), and where CUDA can be used the setting is also applied
+    through the allocator's runtime switch: whether torch read the variables at import or reads them
+    when CUDA starts, the run gets the probe's allocator."""
     value = speed.alloc_conf(allocator)
-    if value is None:
-        return None
-    if torch.cuda.is_initialized():
-        torch.cuda.memory._set_allocator_settings(value)
-    else:
-        os.environ[speed.ALLOC_CONF_VAR] = value
-    return f"{speed.ALLOC_CONF_VAR}={value}"
+    before = speed.effective_alloc_conf(os.environ)
+    for name, setting in speed.allocator_environment(allocator).items():
+        if setting is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = setting
+    if torch.cuda.is_available():
+        with contextlib.suppress(AttributeError, RuntimeError):  # (a private switch: the variables stay)
+            torch.cuda.memory._set_allocator_settings(value or "expandable_segments:False")
+    if value is not None:
+        return f"{speed.ALLOC_CONF_VARS[0]}={value}"
+    return f"{speed.ALLOC_CONF_VARS[0]}={before} unset (its probe measured the default allocator)" if before else None
 
 
 def set_tf32(config: ProbeConfig) -> None:

@@ -233,5 +233,5 @@ def test_the_speed_levers_are_flags_and_the_allocator_a_caveat(hermetic_home):
                            result(), env_fingerprint=ENV.fingerprint())
     chosen = best("fast")
     assert chosen.cli_flags().endswith("--optim adamw_torch_fused --tf32 true --torch_compile --use_liger_kernel")
-    assert ("allocator expandable: start run_clm.py with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in its "
-            "environment") in "\n".join(chosen.cli_caveats())
+    assert ("allocator expandable: start run_clm.py with PYTORCH_ALLOC_CONF=expandable_segments:True "
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in its environment") in "\n".join(chosen.cli_caveats())
