@@ -18,15 +18,32 @@ import torch
 
 from autotune.budget import Budget
 from autotune.errors import BudgetError
-from autotune.probe.devices import host_memory_bytes
+from autotune.probe.devices import host_memory_bytes, own_gpu_bytes
 from autotune.probe.memory import CpuMemoryAccountant
 from autotune.units import format_size
 
 
 def measure_cuda_context(device: torch.device) -> int:
-    """Device memory in use outside PyTorch's caching allocator (CUDA context, cuBLAS handles, ...)."""
+    """Device memory this process holds outside PyTorch's caching allocator (the CUDA context, its
+    loaded kernels, cuBLAS handles). From NVML's figure for this process where NVML lists it;
+    otherwise from the card's used memory, which also counts every other process on the card (a
+    killed child not yet released, another job): the cap is then smaller than it should be, never
+    larger, and the probe records how many other processes there were (`gpu_processes`)."""
+    reserved = torch.cuda.memory_reserved(device)
+    own = own_gpu_bytes(device)
+    if own is not None:
+        return context_bytes(reserved, own_bytes=own)
     free, total = torch.cuda.mem_get_info(device)
-    return max(0, total - free - torch.cuda.memory_reserved(device))
+    return context_bytes(reserved, card_used_bytes=total - free)
+
+
+def context_bytes(reserved_bytes: int, *, own_bytes: int | None = None, card_used_bytes: int | None = None) -> int:
+    """The memory outside the allocator: what this process holds (NVML) less what its allocator
+    reserved, else what the whole card holds less that (an upper bound, with other processes in it)."""
+    used = own_bytes if own_bytes is not None else card_used_bytes
+    if used is None:
+        raise ValueError("context_bytes needs this process's usage or the card's")
+    return max(0, used - reserved_bytes)
 
 
 @dataclass(slots=True)

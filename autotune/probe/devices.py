@@ -132,6 +132,19 @@ def describe(device: torch.device) -> Environment:
                        torch_version=torch_version, transformers_version=transformers_version)
 
 
+# The FlashAttention kernels take fp16 and bf16 tensors only.
+FLASH_ATTENTIONS = ("flash_attention_2", "flash_attention_3")
+
+
+def supports_attention_dtype(attention: str, precision: str, weights: str) -> str | None:
+    """None when the attention kernel can run the tensors `precision` and `weights` make, else why
+    not: a lasting skip (the same on every machine), not an error probed again on each resume."""
+    if attention in FLASH_ATTENTIONS and precision in ("fp32", "tf32") and weights == "fp32":
+        return (f"attention {attention} runs fp16 and bf16 tensors only; {precision} with fp32 weights keeps them "
+                f"fp32 (use --precisions bf16 or fp16, or --weights bf16)")
+    return None
+
+
 def supports_precision(device: torch.device, precision: str) -> str | None:
     """None when `precision` can run on `device`, else why not."""
     if precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
@@ -168,3 +181,15 @@ def other_gpu_processes(device: torch.device) -> int | None:
     """How many other processes share `device`'s GPU (None where NVML cannot tell)."""
     listed = gpu_processes(device)
     return None if listed is None else sum(1 for pid, _ in listed if pid != os.getpid())
+
+
+def own_gpu_bytes(device: torch.device) -> int | None:
+    """What this process holds on `device`'s GPU as NVML counts it (context and allocator together),
+    or None where NVML cannot tell: not importable, or this process not listed under its pid (a
+    container's own PID namespace hides it)."""
+    return process_bytes(gpu_processes(device), os.getpid())
+
+
+def process_bytes(processes: list[tuple[int, int | None]] | None, pid: int) -> int | None:
+    """`pid`'s bytes in an NVML process list (None: no list, not listed, or no figure for it)."""
+    return next((used for listed, used in processes or () if listed == pid), None)
