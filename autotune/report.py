@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.budget import Budget, required_bytes
 from autotune.defaults import EFFECTIVE_BATCH as TRAINER_EFFECTIVE_BATCH
 from autotune.config import ProbeConfig
+from autotune.recipes import memory_caveats
 from autotune.result import ProbeResult
 from autotune.status import ProbeStatus, Settled
 from autotune.units import format_size, size_as_read
@@ -55,6 +56,7 @@ def format_probe_result(config: ProbeConfig, result: ProbeResult) -> str:
                  f"+ build {_fmt_float(result.build_seconds, '.2f')} s"
                  + (f" + compile {result.compile_seconds:.2f} s" if result.compile_seconds is not None else "")
                  + f" + steps (measured window {_fmt_float(result.measured_seconds, '.2f')} s)")
+    lines += [f"note    {caveat}" for caveat in memory_caveats(config.optimizer)]
     return "\n".join(lines)
 
 
@@ -254,6 +256,7 @@ def explain_winner(outcome) -> str:
         lines.append(f"  runner-up: {second.label}, {best.tokens_per_s / second.tokens_per_s:.2f}x slower")
     if (hint := _larger_batch_hint(best, required)) is not None:
         lines.append(f"  hint: {hint}")
+    lines += [f"  note: {caveat}" for caveat in memory_caveats(best.config.optimizer)]
     if unmeasured:
         lines += ["Not a final answer: some configurations could not be measured (one of them may be faster):", *unmeasured]
     return "\n".join(lines)
@@ -419,6 +422,13 @@ def render_run_summary(summary: RunSummary) -> str:
 
 # -- estimate ------------------------------------------------------------------------------------
 
+def _context_note() -> str:
+    """'assumed', or 'measured' where a GPU evidence run recorded the figure (estimate/cuda_constants.py)."""
+    from autotune.estimate import cuda_constants
+
+    return "measured" if cuda_constants.load()[cuda_constants.CONTEXT].measured else "assumed"
+
+
 def render_estimate(estimate: MemoryEstimate, budget: Budget | None = None) -> str:
     """The table `autotune estimate` prints."""
     e = estimate
@@ -442,7 +452,7 @@ def render_estimate(estimate: MemoryEstimate, budget: Budget | None = None) -> s
     lines.append(row("peak reserved", e.reserved_bytes, share=False,
                      note=f"+{format_size(over)} allocator overhead" if e.device_type == "cuda" else "512-byte rounding"))
     if e.device_type == "cuda":
-        lines.append(row("CUDA context", e.context_bytes, share=False, note="assumed"))
+        lines.append(row("CUDA context", e.context_bytes, share=False, note=_context_note()))
         lines.append(row("needed on the card", e.required_bytes, share=False, note="reserved + context"))
 
     # What is alive at the peak, and what is not and why, from the estimate's own figures: a

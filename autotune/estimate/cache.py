@@ -17,6 +17,7 @@ from pathlib import Path
 from autotune.config import ProbeConfig
 from autotune.environment import package_version
 from autotune.errors import AutotuneError
+from autotune.estimate import cuda_constants
 from autotune.estimate.result import MemoryEstimate
 from autotune.models import ModelSpec
 from autotune.paths import cache_dir
@@ -35,6 +36,8 @@ def cache_key(config: ProbeConfig, device_type: str, spec: ModelSpec) -> str:
         "config": config.key(), "model": spec.fingerprint, "device_type": device_type,
         "torch": package_version("torch"), "transformers": package_version("transformers"),
         "autotune": __version__, "estimator": ESTIMATOR_VERSION,
+        # A figure a GPU evidence run measured replaces its assumption: estimates made with it go.
+        "cuda_constants": [figure.bytes for figure in cuda_constants.load().values()],
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
 

@@ -16,7 +16,14 @@ from autotune.errors import BadInput
 from autotune.estimate.cache import EstimateCache, cache_key
 from autotune.estimate.launch import TraceChildren
 from autotune.estimate.protocol import TraceItem, TraceRequest, TraceResult
-from autotune.estimate.result import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, DEVICE_TYPES, MemoryEstimate
+from autotune.estimate import cuda_constants
+from autotune.estimate.result import (
+    CUBLAS_WORKSPACE_BYTES,
+    CUDA_CONSTANTS,
+    CUDA_CONTEXT_BYTES,
+    DEVICE_TYPES,
+    MemoryEstimate,
+)
 from autotune.models import ModelSpec, resolve_model
 from autotune.recipes import OPTIMIZERS, is_qlora
 from autotune.units import format_size
@@ -59,8 +66,9 @@ def approximations(config: ProbeConfig, device_type: str) -> list[str]:
     if config.attention in _TRACED_AS_SDPA:
         notes.append(f"{config.attention} approximated by SDPA's CUDA kernels (both keep no S x S matrix)")
     if device_type == "cuda":
-        notes.append(f"CUDA context assumed {format_size(CUDA_CONTEXT_BYTES)} (not measured: a probe measures it on its card)")
-        notes.append(f"cuBLAS workspaces assumed {format_size(CUBLAS_WORKSPACE_BYTES)} (Hopper and later; about 16 MiB on older cards)")
+        for what, name in (("CUDA context", cuda_constants.CONTEXT), ("cuBLAS workspaces", cuda_constants.CUBLAS_WORKSPACES)):
+            figure = CUDA_CONSTANTS[name]
+            notes.append(f"{what} {format_size(figure.bytes)}, {figure.source}")
     return notes
 
 

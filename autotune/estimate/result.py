@@ -6,18 +6,16 @@ from dataclasses import dataclass, field
 
 from autotune.budget import Budget
 from autotune.config import ProbeConfig
+from autotune.estimate import cuda_constants
 from autotune.units import CUDA_BLOCK_BYTES
 
 DEVICE_TYPES = ("cuda", "cpu")
-# Memory a CUDA process holds outside PyTorch's allocator: the context with its loaded kernels
-# (0.3-0.7 GiB depending on driver, card and libraries; DESIGN.md). Assumed, not measured: a probe
-# measures the real figure on its card. 0 on CPU.
-CUDA_CONTEXT_BYTES = 500 * 2**20
-# cuBLAS workspaces, taken from the caching allocator and held for the whole run, so they count as
-# allocated: one per (thread, stream) that runs matmuls, i.e. the training thread and autograd's
-# device thread; 32 MiB each on Hopper and later (torch's default CUBLAS_WORKSPACE_CONFIG, 8 MiB +
-# 128 KiB on older cards).
-CUBLAS_WORKSPACE_BYTES = 2 * 32 * 2**20
+# Memory a CUDA process holds outside PyTorch's allocator (the context with its loaded kernels), and
+# cuBLAS's workspaces, taken from the caching allocator and held for the whole run (so counted as
+# allocated): assumed, or measured on a card (estimate/cuda_constants.py says which). 0 on CPU.
+CUDA_CONSTANTS = cuda_constants.load()
+CUDA_CONTEXT_BYTES = CUDA_CONSTANTS[cuda_constants.CONTEXT].bytes
+CUBLAS_WORKSPACE_BYTES = CUDA_CONSTANTS[cuda_constants.CUBLAS_WORKSPACES].bytes
 
 RESERVED_METHOD = {
     "cuda": "CUDA caching allocator replayed over the traced allocations (default settings, one stream)",
