@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 
 from autotune import defaults
-from autotune import recipes, speed
+from autotune import evaluation, recipes, speed
 from autotune.errors import BadInput
 from autotune.tasks import FIXED_RECIPE, TASKS, Task
 from autotune.units import INT64_MAX
@@ -60,6 +60,12 @@ class ProbeConfig:
     compile: bool = False                    # torch.compile (inductor) of the model
     allocator: str = speed.DEFAULT_ALLOCATOR  # the CUDA caching allocator's setting
     liger: bool = False                      # Liger's kernels, fused linear + cross-entropy among them
+    # The run's evaluation (autotune.evaluation), as TrainingArguments names it: None, no eval phase.
+    eval_batch: int | None = None            # per_device_eval_batch_size
+    eval_logits: str = evaluation.LOSS_ONLY  # loss-only, or kept: logits held on the card...
+    eval_accumulation_steps: int | None = None  # ...for this many eval batches, then moved to the host
+    generation_max_length: int | None = None  # seq2seq: predict_with_generate up to this many tokens
+    generation_num_beams: int = 1
 
     def __post_init__(self) -> None:
         problems = []
@@ -92,6 +98,8 @@ class ProbeConfig:
             except (ValueError, KeyError) as exc:
                 problems.append(f"--peft {self.peft!r} cannot be read ({exc})")
         problems += self._task_problems()
+        if self.task in TASKS:
+            problems += evaluation.eval_problems({name: getattr(self, name) for name in evaluation.EVAL_RECIPE}, self.task)
         if problems:
             raise BadInput("; ".join(problems) + ".")
 
@@ -163,7 +171,7 @@ class ProbeConfig:
             label += f" {self.allocator}"
         if self.liger:
             label += " liger"
-        return label
+        return label + evaluation.label(self)
 
 
 @functools.lru_cache(maxsize=4096)

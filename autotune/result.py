@@ -39,6 +39,10 @@ class ProbeResult:
     step_times: list[float] | None = None # each timed step's seconds, in order (autotune.timing)
     host_load: float | None = None        # the host's load average per core as the probe ended: what it was timed beside
     gpu_processes: int | None = None      # other processes on its GPU (NVML), where it can be told
+    # Each phase's peaks, {"train": {"allocated": .., "reserved": ..}, "eval": .., "generate": ..}, for
+    # the phases the config's run has (autotune.evaluation); the peaks above are their maximum.
+    phase_peaks: dict[str, dict[str, int]] | None = None
+    failed_phase: str | None = None       # the phase that ran out of memory or failed (None: all ran, or train only)
     error: str | None = None
 
     def __post_init__(self) -> None:

@@ -8,7 +8,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from autotune import defaults, recipes, speed
+from autotune import defaults, evaluation, recipes, speed
 from autotune.config import ATTENTIONS, PRECISIONS, ProbeConfig
 from autotune.errors import BadInput
 from autotune.models import ModelSpec
@@ -31,6 +31,12 @@ class SearchSpace:
     target_length: int | None = None                        # seq2seq target tokens
     num_labels: int | None = None                           # classification outputs
     peft: str | None = None                                 # LoRA/QLoRA (recipes.PeftSpec's text)
+    # How the run evaluates (autotune.evaluation): every candidate's probe runs these phases too.
+    eval_batch: int | None = None
+    eval_logits: str = evaluation.LOSS_ONLY
+    eval_accumulation_steps: int | None = None
+    generation_max_length: int | None = None
+    generation_num_beams: int = 1
     # FixedRecipe levers the user allows the search to choose among (autotune.recipes).
     optimizers: tuple[str, ...] = (recipes.DEFAULT_OPTIMIZER,)
     weights: tuple[str, ...] = (recipes.DEFAULT_WEIGHTS,)
@@ -77,6 +83,7 @@ class SearchSpace:
             problems.append("give exactly one of --effective-batch and --effective-tokens")
         if len(self.block_sizes) > 1 and self.effective_tokens is None:
             problems.append("several --block-sizes need --effective-tokens, so that every candidate does the same work per optimizer step")
+        problems += evaluation.eval_problems(self.evaluation, self.task)
         if problems:
             raise BadInput("; ".join(problems) + ".")
 
@@ -84,7 +91,7 @@ class SearchSpace:
     def build(cls, spec: ModelSpec, *, micro_batches=None, block_sizes=None, precisions=None, checkpointing=None,
               attentions=None, effective_batch=None, effective_tokens=None, task=None, target_length=None,
               num_labels=None, optimizers=None, weights=None, peft=None, compiles=None, allocators=None,
-              ligers=None) -> "SearchSpace":
+              ligers=None, evaluation: dict | None = None) -> "SearchSpace":
         """A space for `spec` with documented defaults for whatever is not given, checked against
         the model (block sizes within its maximum positions; the task from its architectures)."""
         max_positions = spec.max_positions
@@ -116,6 +123,7 @@ class SearchSpace:
             allocators=tuple(dict.fromkeys(allocators or (speed.DEFAULT_ALLOCATOR,))),
             ligers=tuple(dict.fromkeys(ligers or (False,))),
             **recipe,
+            **(evaluation or {}),
         )
 
     @classmethod
@@ -149,7 +157,7 @@ class SearchSpace:
                                            precision=precision, checkpointing=checkpointing, attention=attention,
                                            optimizer=optimizer, weights=weights, task=self.task,
                                            target_length=self.target_length, num_labels=self.num_labels, peft=self.peft,
-                                           compile=compiled, allocator=allocator, liger=liger))
+                                           compile=compiled, allocator=allocator, liger=liger, **self.evaluation))
         if not out:
             work = f"{self.effective_batch} sequences" if self.effective_batch else f"{self.effective_tokens} tokens"
             raise BadInput(f"no micro-batch in --micro-batches divides the effective batch ({work}) exactly; "
@@ -170,7 +178,9 @@ class SearchSpace:
             "effective_tokens": self.effective_tokens,
         }
         if self.task != Task.CAUSAL_LM or self.peft is not None:
-            data.update({k: v for k, v in self.fixed_recipe.items() if k != "peft" or v is not None})
+            data.update({k: v for k, v in self.fixed_recipe.items() if k not in evaluation.EVAL_RECIPE
+                         and (k != "peft" or v is not None)})
+        data.update({k: v for k, v in self.evaluation.items() if v != evaluation.EVAL_RECIPE[k]})
         if self.optimizers != (recipes.DEFAULT_OPTIMIZER,):
             data["optimizers"] = list(self.optimizers)
         if self.weights != (recipes.DEFAULT_WEIGHTS,):
@@ -184,6 +194,11 @@ class SearchSpace:
     def fixed_recipe(self) -> dict:
         """What is trained: the task and its fields (compare with tasks.stored_fixed_recipe of a study)."""
         return {name: getattr(self, name) for name in FIXED_RECIPE}
+
+    @property
+    def evaluation(self) -> dict:
+        """How the run evaluates: the fields of autotune.evaluation.EVAL_RECIPE."""
+        return {name: getattr(self, name) for name in evaluation.EVAL_RECIPE}
 
     @property
     def work_per_step(self) -> int:
@@ -222,13 +237,14 @@ def single_config(spec: ModelSpec, *, micro_batch: int, block_size: int, grad_ac
                   task: str | None = None, target_length: int | None = None, num_labels: int | None = None,
                   optimizer: str = recipes.DEFAULT_OPTIMIZER, weights: str = recipes.DEFAULT_WEIGHTS,
                   peft: str | None = None, compile: bool = False, allocator: str = speed.DEFAULT_ALLOCATOR,
-                  liger: bool = False) -> ProbeConfig:
+                  liger: bool = False, evaluation: dict | None = None) -> ProbeConfig:
     """One configuration of `spec`, as `autotune probe` and `autotune estimate` are given it: the
     task told from the model's architectures when not given, with its defaults."""
     recipe = spec.task_fields(task=task, target_length=target_length, num_labels=num_labels)
     return ProbeConfig(model=spec.reference, micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum,
                        precision=precision, checkpointing=checkpointing, attention=attention, optimizer=optimizer,
-                       weights=weights, peft=peft, compile=compile, allocator=allocator, liger=liger, **recipe)
+                       weights=weights, peft=peft, compile=compile, allocator=allocator, liger=liger, **recipe,
+                       **(evaluation or {}))
 
 
 def _precision_order(device_type: str) -> dict[str, int]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from autotune.errors import BadInput
+from autotune.evaluation import EVAL_RECIPE
 
 
 class Task(StrEnum):
@@ -45,9 +46,9 @@ EXAMPLE_SCRIPTS = {
 
 # The fixed recipe: the recipe levers a study holds fixed (what is trained: the task and its
 # fields, the adapters), at what a causal-LM config has: the meaning of a config or a study stored
-# before tasks existed, which has none of them. (The levers a search may choose among, optimizer
-# and weights, are autotune.recipes'.)
-FIXED_RECIPE = {"task": Task.CAUSAL_LM.value, "target_length": None, "num_labels": None, "peft": None}
+# before tasks existed, which has none of them; with them, how the run evaluates (autotune.evaluation).
+# (The levers a search may choose among, optimizer and weights, are autotune.recipes'.)
+FIXED_RECIPE = {"task": Task.CAUSAL_LM.value, "target_length": None, "num_labels": None, "peft": None, **EVAL_RECIPE}
 
 # run_summarization.py's default --max_target_length: the target length when the user fixes none.
 DEFAULT_TARGET_LENGTH = 128

@@ -31,7 +31,7 @@ LAYERS: list[set[str]] = [
     {"space"},
     {"models", "environment", "cpu_speed"},
     {"config", "result", "paths", "tasks", "timing", "recipes", "speed", "cards", "ranking", "flops", "shapes"},
-    {"budget"},                                  # what "fits" means
+    {"budget", "evaluation"},                    # what "fits" means, and which phases of the run it covers
     {"units"},
     {"errors", "defaults", "status", "version", "processes", "deadline"},  # vocabulary everyone shares; process lifelines, deadlines
 ]

@@ -68,6 +68,13 @@ class MemoryCap:
             return self.accountant.peak_allocated, self.accountant.peak_reserved
         return None, None
 
+    def reset_peaks(self) -> None:
+        """Start the peaks over from what is held now: the next phase's peaks are its own."""
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        elif self.accountant is not None:
+            self.accountant.reset_peaks()
+
     def context_now(self) -> int:
         """The context outside the allocator: it grows as kernels load lazily, so measure again."""
         if self.device.type != "cuda":

@@ -24,7 +24,7 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402,F401  (imported here so that its cost counts as start-up, not build)
 
-from autotune import errors  # noqa: E402
+from autotune import errors, evaluation  # noqa: E402
 from autotune.config import ProbeConfig  # noqa: E402
 from autotune.defaults import ERROR_TAIL_CHARS, MAX_MEASURE_STEPS  # noqa: E402
 from autotune.probe.cap import MemoryCap, cap_memory  # noqa: E402
@@ -38,6 +38,7 @@ from autotune.probe.devices import (  # noqa: E402
 )
 from autotune.probe.hygiene import CodeWatch, allocated_bytes, why_not_reused  # noqa: E402
 from autotune.probe.oom import classify_exception  # noqa: E402
+from autotune.probe.phases import LaterPhases  # noqa: E402
 from autotune.probe import speedups  # noqa: E402
 from autotune.probe.protocol import (  # noqa: E402
     EnvironmentReply,
@@ -89,6 +90,8 @@ class _Probe:
     step: ProbeStep | None = None
     losses: list[float] = dataclasses.field(default_factory=list)
     start_allocated: int = 0             # what the accounting held as the probe began (cuBLAS workspaces on CUDA)
+    phase: str = evaluation.TRAIN        # the run's phase in progress (autotune.evaluation)
+    phase_peaks: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)  # of the phases ended
     leftover_bytes: int = 0              # what it still held after the probe released everything
 
     @property
@@ -125,6 +128,9 @@ def _probe_in_process(request: ProbeRequest, report: Callable[[str], None]) -> _
         if probe.config.compile and probe.device.type != "cuda" and not _compile(probe, report):
             return probe
         _time_window(probe, report)
+        if evaluation.evaluates(probe.config):
+            with probe.cap.guard():  # (on CPU the accountant counts, and caps, what these phases hold)
+                _later_phases(probe, report)
     except errors.AutotuneError:
         raise
     except Exception as exc:  # outcomes are data: OOM or not, the probe reports and the search goes on
@@ -145,7 +151,35 @@ def _probe_in_process(request: ProbeRequest, report: Callable[[str], None]) -> _
 
 def _failed(probe: _Probe, exc: BaseException) -> None:
     probe.result.status = classify_exception(exc)
-    probe.result.error = "".join(traceback.format_exception_only(type(exc), exc)).strip()[-ERROR_TAIL_CHARS:]
+    message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    if probe.phase != evaluation.TRAIN:  # the training steps fitted: say which later phase did not
+        probe.result.failed_phase = probe.phase
+        message = f"{probe.phase} phase: {message}"
+    probe.result.error = message[-ERROR_TAIL_CHARS:]
+
+
+def _later_phases(probe: _Probe, report: Callable[[str], None]) -> None:
+    """Evaluation (and generation) after the training steps, as Trainer runs them between optimizer
+    steps (probe/phases.py); each phase's peaks are its own, the training state resident in all."""
+    assert probe.step is not None and probe.cap is not None
+    phases = LaterPhases(probe.step, probe.hf_config.vocab_size)
+    for phase, run in ((evaluation.EVAL, phases.evaluate), (evaluation.GENERATE, phases.generate)):
+        if phase not in evaluation.phases(probe.config):
+            continue
+        _end_phase(probe)
+        probe.phase = phase
+        report(phase)
+        run()
+        _synchronize(probe.device)
+
+
+def _end_phase(probe: _Probe) -> None:
+    """Record the phase in progress's peaks and start the next phase's from what is held now."""
+    assert probe.cap is not None
+    allocated, reserved = probe.cap.peaks()
+    if allocated is not None and reserved is not None:
+        probe.phase_peaks[probe.phase] = {"allocated": allocated, "reserved": reserved}
+    probe.cap.reset_peaks()
 
 
 def _start(request: ProbeRequest) -> _Probe:
@@ -250,7 +284,7 @@ def _time_window(probe: _Probe, report: Callable[[str], None]) -> None:
 def _release(probe: _Probe) -> None:
     """Read the peaks and the losses, then free the model and the step before the next probe."""
     assert probe.cap is not None
-    _record_memory(probe.result, probe.cap)
+    _record_memory(probe)
     if probe.losses:
         probe.result.first_loss, probe.result.last_loss = probe.losses[0], probe.losses[-1]
     probe.model = probe.step = probe.hf_config = None
@@ -272,6 +306,12 @@ def _judge(probe: _Probe) -> None:
         result.status = ProbeStatus.OOM
         result.error = (f"peak reserved {result.peak_reserved_bytes} + context {result.context_bytes} + margin "
                         f"{budget.margin_bytes} bytes exceed the {budget.total_bytes}-byte budget")
+        # The first phase over the budget is the one that does not fit.
+        over = [phase for phase, peaks in (result.phase_peaks or {}).items()
+                if not budget.fits(peaks["reserved"] + (result.context_bytes or 0))]
+        if over and over[0] != evaluation.TRAIN:
+            result.failed_phase = over[0]
+            result.error = f"{over[0]} phase: {result.error}"
 
 
 def _compile(probe: _Probe, report: Callable[[str], None]) -> bool:
@@ -356,8 +396,18 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _record_memory(result: ProbeResult, cap: MemoryCap) -> None:
-    result.peak_allocated_bytes, result.peak_reserved_bytes = cap.peaks()
+def _record_memory(probe: _Probe) -> None:
+    """The peaks of the phase in progress, and the probe's: the largest of its phases'."""
+    result, cap = probe.result, probe.cap
+    assert cap is not None
+    if not evaluation.evaluates(probe.config):
+        result.peak_allocated_bytes, result.peak_reserved_bytes = cap.peaks()
+    else:
+        _end_phase(probe)
+        result.phase_peaks = dict(probe.phase_peaks)
+        if probe.phase_peaks:
+            result.peak_allocated_bytes = max(p["allocated"] for p in probe.phase_peaks.values())
+            result.peak_reserved_bytes = max(p["reserved"] for p in probe.phase_peaks.values())
     if cap.device.type == "cuda":
         result.context_bytes = max(result.context_bytes or 0, cap.context_now())
 

@@ -46,6 +46,10 @@ class CpuMemoryAccountant(TorchDispatchMode):
                 self._track(item.untyped_storage())
         return out
 
+    def reset_peaks(self) -> None:
+        """The peaks from now on (as torch.cuda.reset_peak_memory_stats): what is live is their start."""
+        self.peak_allocated, self.peak_reserved = self.allocated, self.reserved
+
     def adopt(self, module: torch.nn.Module) -> None:
         """Count the parameters and buffers of a module whose storages were created outside the
         dispatcher (safetensors loading memory-maps them directly), as if born now."""

@@ -22,6 +22,7 @@ from autotune.search.trials import Trials, distributions_of
 from autotune.search.worker_state import WorkerState, worker_label
 from autotune.status import RETRYABLE, ClaimState
 from autotune.store import Store
+from autotune.evaluation import EVAL_RECIPE
 from autotune.tasks import stored_fixed_recipe
 
 Predictor = Callable[[list[ProbeConfig], str], dict[str, Prediction]]
@@ -137,6 +138,8 @@ def _check_resumable(store: Store, request: SearchRequest) -> None:
     stored = stored_fixed_recipe(study.space)
     if request.space.fixed_recipe != stored:
         def listed(fields: dict) -> str:
-            return ", ".join(f"{k} {v}" for k, v in fields.items() if v is not None)
+            # The fields at the plain recipe's value (no evaluation) go unsaid.
+            return ", ".join(f"{k} {v}" for k, v in fields.items() if v is not None and
+                             (k not in EVAL_RECIPE or v != EVAL_RECIPE[k]))
         raise BadInput(f"study {name!r} measured {listed(stored)}, not {listed(request.space.fixed_recipe)}: its leaderboard "
                        f"would mix what is trained; give a new --study name.")

@@ -37,7 +37,7 @@ TABLE_PREFIX = "autotune_"
 VERSION_TABLE = "autotune_alembic_version"
 # The revision this code writes and reads. A test checks it is Alembic's head, so reading a
 # database already at this revision needs no Alembic import (start-up time of read commands).
-SCHEMA_REVISION = "0007_liveness"
+SCHEMA_REVISION = "0008_phases"
 
 # Deterministic constraint names: batch migrations on SQLite (which rebuild tables) and drops on
 # PostgreSQL need to name constraints, and unnamed ones get backend-chosen names.
@@ -162,6 +162,12 @@ class Probe(Base):
     compile: Mapped[bool] = mapped_column(server_default=false())
     allocator: Mapped[str] = mapped_column(String(16), server_default="default")
     liger: Mapped[bool] = mapped_column(server_default=false())
+    # How the run evaluates (0008_phases); rows before it ran the training phase only.
+    eval_batch: Mapped[int | None]
+    eval_logits: Mapped[str] = mapped_column(String(16), server_default="loss-only")
+    eval_accumulation_steps: Mapped[int | None]
+    generation_max_length: Mapped[int | None]
+    generation_num_beams: Mapped[int] = mapped_column(server_default="1")
     # ProbeResult, one column per field.
     status: Mapped[str] = mapped_column(String(16))
     device: Mapped[str] = mapped_column(String(255))
@@ -191,6 +197,8 @@ class Probe(Base):
     wall_seconds: Mapped[float | None]
     host_load: Mapped[float | None]                   # 0007_liveness: load average per core over the probe
     gpu_processes: Mapped[int | None]                 # 0007_liveness: other processes on its GPU (NVML)
+    phase_peaks: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # 0008_phases: each phase's peaks
+    failed_phase: Mapped[str | None] = mapped_column(String(16))     # 0008_phases
     error: Mapped[str | None] = mapped_column(Text)
     parameters: Mapped[int | None] = mapped_column(BigInteger)
     trainable_parameters: Mapped[int | None] = mapped_column(BigInteger)

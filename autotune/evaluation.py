@@ -1,0 +1,105 @@
+"""The run's phases after the training step: evaluation and generation, as recipe levers.
+
+A fine-tune that fits its training steps can still run out of memory at its first evaluation: the
+weights and the optimizer state stay resident (Trainer evaluates between optimizer steps, with the
+gradients freed), and the eval batch comes on top: its forward without gradients, the logits
+Trainer keeps on the card until `eval_accumulation_steps` moves them to the host, and for seq2seq
+with `predict_with_generate` a `generate` call (beams, the KV cache). A probe runs these phases
+after its timed training steps when the study asks for them, and a config fits only when every
+phase does.
+
+These are the user's recipe (what the run evaluates, and how), named after TrainingArguments'
+fields; autotune never changes them. Torch-free: the CLI, the store and the hand-off read this.
+"""
+
+from __future__ import annotations
+
+from autotune.units import INT64_MAX
+
+# Phases of a run a probe measures, in the order it runs them.
+TRAIN, EVAL, GENERATE = "train", "eval", "generate"
+PHASES = (TRAIN, EVAL, GENERATE)
+
+# What Trainer keeps of an eval batch: only its loss (no compute_metrics, or prediction_loss_only),
+# or its logits too, concatenated on the card until eval_accumulation_steps moves them to the host.
+LOSS_ONLY, KEPT = "loss-only", "kept"
+EVAL_LOGITS = (LOSS_ONLY, KEPT)
+
+# The recipe's fields at what a study without evaluation has: every config stored before these
+# existed means exactly this (ProbeConfig's key leaves them out at these values).
+EVAL_RECIPE = {"eval_batch": None, "eval_logits": LOSS_ONLY, "eval_accumulation_steps": None,
+               "generation_max_length": None, "generation_num_beams": 1}
+# TrainingArguments' default per_device_eval_batch_size: the eval batch when evaluation is asked for
+# without one.
+DEFAULT_EVAL_BATCH = 8
+
+
+def eval_problems(fields: dict, task: str) -> list[str]:
+    """What is wrong with the evaluation fields of a config of `task` (one phrase each)."""
+    problems = []
+    for name, flag in (("eval_batch", "--eval-batch"), ("eval_accumulation_steps", "--eval-accumulation-steps"),
+                       ("generation_max_length", "--generation-max-length")):
+        value = fields.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= INT64_MAX):
+            problems.append(f"{flag} must be a whole number of at least 1 (got {value!r})")
+    beams = fields.get("generation_num_beams", 1)
+    if not isinstance(beams, int) or isinstance(beams, bool) or not 1 <= beams <= 1024:
+        problems.append(f"--num-beams must be a whole number from 1 to 1024 (got {beams!r})")
+    logits = fields.get("eval_logits", LOSS_ONLY)
+    if logits not in EVAL_LOGITS:
+        problems.append(f"--eval-logits {logits!r} is unknown; choose from {', '.join(EVAL_LOGITS)}")
+    evaluates = fields.get("eval_batch") is not None
+    if not evaluates:
+        asked = [flag for name, flag in (("eval_accumulation_steps", "--eval-accumulation-steps"),
+                                         ("generation_max_length", "--generate"))
+                 if fields.get(name) is not None]
+        asked += ["--eval-logits kept"] if logits == KEPT else []
+        asked += ["--num-beams"] if beams != 1 else []
+        if asked:
+            problems.append(f"{', '.join(asked)} describe evaluation: give --eval-batch too")
+    elif logits == LOSS_ONLY and fields.get("eval_accumulation_steps") is not None:
+        problems.append("--eval-accumulation-steps moves kept logits to the host: it needs --eval-logits kept")
+    elif logits == KEPT and fields.get("eval_accumulation_steps") is None:
+        # Trainer's default (None) keeps every eval batch's logits on the card to the end of the eval
+        # set: no probe can promise that fits, so the run is handed the number its probe kept.
+        problems.append("--eval-logits kept needs --eval-accumulation-steps (eval batches kept on the card)")
+    if fields.get("generation_max_length") is None and beams != 1 and evaluates:
+        problems.append("--num-beams is generation's: give --generate too")
+    if fields.get("generation_max_length") is not None and task != "seq2seq":
+        problems.append(f"--generate is for --task seq2seq (predict_with_generate), not {task}")
+    return problems
+
+
+def evaluates(config) -> bool:
+    """Whether a config's run evaluates (its probe runs the eval phase)."""
+    return config.eval_batch is not None
+
+
+def generates(config) -> bool:
+    """Whether a config's evaluation generates (its probe runs the generate phase)."""
+    return config.eval_batch is not None and config.generation_max_length is not None
+
+
+def phases(config) -> tuple[str, ...]:
+    """The phases a probe of `config` runs."""
+    return (TRAIN,) + ((EVAL,) if evaluates(config) else ()) + ((GENERATE,) if generates(config) else ())
+
+
+def eval_steps(config) -> int:
+    """Eval batches a probe runs: as many as Trainer piles up on the card before it moves kept
+    logits to the host (eval_accumulation_steps), and two for loss only (the second shows that the
+    first's memory is given back)."""
+    return config.eval_accumulation_steps if config.eval_logits == KEPT else 2
+
+
+def label(config) -> str:
+    """The evaluation part of a config's label: '' without evaluation, else e.g. ' eval8',
+    ' eval8-kept4', ' eval4 gen128x4' (generation: max length x beams)."""
+    if not evaluates(config):
+        return ""
+    text = f" eval{config.eval_batch}"
+    if config.eval_logits == KEPT:
+        text += f"-kept{config.eval_accumulation_steps}"
+    if generates(config):
+        text += f" gen{config.generation_max_length}x{config.generation_num_beams}"
+    return text
