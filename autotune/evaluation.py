@@ -14,6 +14,7 @@ fields; autotune never changes them. Torch-free: the CLI, the store and the hand
 
 from __future__ import annotations
 
+from autotune.errors import BadInput
 from autotune.units import INT64_MAX
 
 # Phases of a run a probe measures, in the order it runs them.
@@ -32,6 +33,27 @@ EVAL_RECIPE = {"eval_batch": None, "eval_logits": LOSS_ONLY, "eval_accumulation_
 # TrainingArguments' default per_device_eval_batch_size: the eval batch when evaluation is asked for
 # without one.
 DEFAULT_EVAL_BATCH = 8
+
+
+def recipe_fields(asked: dict | None, target_length: int | None) -> dict:
+    """The EVAL_RECIPE fields of what the command line asked (`eval_batch`, `eval_logits`,
+    `eval_accumulation_steps`, `generate`, `generation_max_length`, `num_beams`; any may be left
+    out): kept logits move to the host every batch unless told otherwise, and generation runs to
+    the task's target length unless given one (Seq2SeqTrainingArguments' generation_max_length
+    falls back to the model's max_length; run_summarization.py passes its target length)."""
+    asked = {k: v for k, v in (asked or {}).items() if v is not None}
+    fields = dict(EVAL_RECIPE)
+    fields.update({k: asked[k] for k in ("eval_batch", "eval_logits", "eval_accumulation_steps") if k in asked})
+    if fields["eval_logits"] == KEPT and fields["eval_accumulation_steps"] is None and fields["eval_batch"] is not None:
+        fields["eval_accumulation_steps"] = 1
+    if asked.get("generate"):
+        if asked.get("generation_max_length") is None and target_length is None:
+            raise BadInput("--generate is for --task seq2seq (predict_with_generate); leave it out for this task.")
+        fields["generation_max_length"] = asked.get("generation_max_length") or target_length
+        fields["generation_num_beams"] = asked.get("num_beams", 1)
+    elif "generation_max_length" in asked or asked.get("num_beams", 1) != 1:
+        raise BadInput("--generation-max-length and --num-beams are generation's: give --generate too.")
+    return fields
 
 
 def eval_problems(fields: dict, task: str) -> list[str]:

@@ -11,6 +11,7 @@ from typing import Any
 from autotune import defaults, evaluation, recipes, speed
 from autotune.config import ATTENTIONS, PRECISIONS, ProbeConfig
 from autotune.errors import BadInput
+from autotune.evaluation import recipe_fields
 from autotune.models import ModelSpec
 from autotune.tasks import FIXED_RECIPE, Task
 from autotune.units import INT64_MAX
@@ -92,6 +93,7 @@ class SearchSpace:
               attentions=None, effective_batch=None, effective_tokens=None, task=None, target_length=None,
               num_labels=None, optimizers=None, weights=None, peft=None, compiles=None, allocators=None,
               ligers=None, evaluation: dict | None = None) -> "SearchSpace":
+        # `evaluation`: what the command line asked of the run's evaluation (evaluation.recipe_fields).
         """A space for `spec` with documented defaults for whatever is not given, checked against
         the model (block sizes within its maximum positions; the task from its architectures)."""
         max_positions = spec.max_positions
@@ -123,7 +125,7 @@ class SearchSpace:
             allocators=tuple(dict.fromkeys(allocators or (speed.DEFAULT_ALLOCATOR,))),
             ligers=tuple(dict.fromkeys(ligers or (False,))),
             **recipe,
-            **(evaluation or {}),
+            **recipe_fields(evaluation, recipe.get("target_length")),
         )
 
     @classmethod
@@ -244,7 +246,7 @@ def single_config(spec: ModelSpec, *, micro_batch: int, block_size: int, grad_ac
     return ProbeConfig(model=spec.reference, micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum,
                        precision=precision, checkpointing=checkpointing, attention=attention, optimizer=optimizer,
                        weights=weights, peft=peft, compile=compile, allocator=allocator, liger=liger, **recipe,
-                       **(evaluation or {}))
+                       **recipe_fields(evaluation, recipe.get("target_length")))
 
 
 def _precision_order(device_type: str) -> dict[str, int]:

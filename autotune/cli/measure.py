@@ -8,7 +8,7 @@ import click
 
 from autotune import defaults
 from autotune.cli.app import cli, echo_json
-from autotune.cli.options import config_options, make_config, make_settings, probe_settings_options
+from autotune.cli.options import config_options, evaluation_asked, make_config, make_settings, probe_settings_options
 from autotune.errors import BadInput
 from autotune.recipes import peft_text  # (torch-free: the --peft flags as a config stores them)
 from autotune.status import ProbeStatus
@@ -21,7 +21,7 @@ from autotune.status import ProbeStatus
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, optimizer, weights, compile_,
           allocator, liger, task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets,
-          gpu_budget, device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
+          eval_batch, eval_logits, eval_accumulation_steps, generate, generation_max_length, num_beams, gpu_budget, device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
           max_compile_seconds, as_json):
     """Run one short, real training probe; exit status 0 if it fits, 1 if not."""
     from autotune.probe import run_probe
@@ -31,7 +31,9 @@ def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, 
     budget = parse_budget(gpu_budget)
     config = make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task,
                          target_length, num_labels, optimizer, weights,
-                         peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets), compile_, allocator, liger)
+                         peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets), compile_, allocator, liger,
+                         evaluation_asked(eval_batch, eval_logits, eval_accumulation_steps, generate, generation_max_length,
+                                          num_beams))
     settings = make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
                              max_compile_seconds)
     result = run_probe(config, budget, settings=settings)
@@ -63,7 +65,8 @@ def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, 
 @click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run.")
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as one JSON object.")
 def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, optimizer, weights, compile_,
-             allocator, liger, task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets, gpu_budget,
+             allocator, liger, task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets,
+             eval_batch, eval_logits, eval_accumulation_steps, generate, generation_max_length, num_beams, gpu_budget,
              safety_margin, device_type, timeout_text, no_cache, trust_remote_code, as_json):
     """Predict a configuration's training memory without a GPU; with --gpu-budget, exit 1 if it will not fit."""
     from autotune.budget import Budget
@@ -76,7 +79,9 @@ def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointin
     timeout = parse_duration(timeout_text, flag="--timeout")
     config = make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task,
                          target_length, num_labels, optimizer, weights,
-                         peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets), compile_, allocator, liger)
+                         peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets), compile_, allocator, liger,
+                         evaluation_asked(eval_batch, eval_logits, eval_accumulation_steps, generate, generation_max_length,
+                                          num_beams))
     # One trace: a line every 30 s in a pipe (a 7B model traces in about 15), so that a mistake the
     # trace finds (LoRA targets that match nothing) is still the one line a script reads.
     with trace_progress(quiet=as_json, what=f"tracing {config.label()}", every=30.0):

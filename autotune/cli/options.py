@@ -46,15 +46,38 @@ def task_options(func):
         click.option("--lora-dropout", type=float, default=None, help="LoRA dropout [default: 0.05]."),
         click.option("--lora-targets", default=None,
                      help="Modules that get adapters: all-linear, or names such as q_proj,v_proj [default: all-linear]."),
+        # How the run evaluates (autotune.evaluation): its probes run these phases too.
+        click.option("--eval-batch", type=int, default=None,
+                     help="Evaluate with this per_device_eval_batch_size: each probe runs eval batches after its "
+                          "training steps, and fits only if they fit too [default: no evaluation]."),
+        click.option("--eval-logits", default=None, type=click.Choice(["loss-only", "kept"], case_sensitive=False),
+                     help="What evaluation keeps: loss-only (no compute_metrics), or kept logits (compute_metrics), "
+                          "held on the card for --eval-accumulation-steps batches [default: loss-only]."),
+        click.option("--eval-accumulation-steps", type=int, default=None,
+                     help="Eval batches whose kept logits stay on the card before moving to the host (handed off as "
+                          "eval_accumulation_steps) [default: 1 with --eval-logits kept]."),
+        click.option("--generate", is_flag=True, default=False,
+                     help="seq2seq: evaluation generates (predict_with_generate): each probe runs generate too."),
+        click.option("--generation-max-length", type=int, default=None,
+                     help="--generate: tokens generated, the whole length [default: the target length]."),
+        click.option("--num-beams", type=int, default=None, help="--generate: beams of the beam search [default: 1]."),
     ]
     for option in reversed(options):
         func = option(func)
     return func
 
 
+def evaluation_asked(eval_batch=None, eval_logits=None, eval_accumulation_steps=None, generate=False,
+                     generation_max_length=None, num_beams=None) -> dict:
+    """task_options' evaluation flags, as evaluation.recipe_fields reads them."""
+    return dict(eval_batch=eval_batch, eval_logits=eval_logits.lower() if eval_logits else None,
+                eval_accumulation_steps=eval_accumulation_steps, generate=generate,
+                generation_max_length=generation_max_length, num_beams=num_beams)
+
+
 def make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task, target_length,
                 num_labels, optimizer=defaults.OPTIMIZER, weights="fp32", peft=None, compile_=False, allocator="default",
-                liger=False):
+                liger=False, evaluation=None):
     from autotune.config import ProbeConfig
     from autotune.models import resolve_model
     from autotune.space import single_config
@@ -66,7 +89,8 @@ def make_config(model, micro_batch, block_size, grad_accum, precision, checkpoin
                   liger=liger)
     ProbeConfig(model=model, **levers)
     spec = resolve_model(model)
-    config = single_config(spec, task=task, target_length=target_length, num_labels=num_labels, **levers)
+    config = single_config(spec, task=task, target_length=target_length, num_labels=num_labels, evaluation=evaluation,
+                           **levers)
     say_task_assumed(spec.config, task)
     return config
 
@@ -160,7 +184,8 @@ def on_off_list(text: str, flag: str) -> tuple[bool, ...]:
 
 def space_arguments(*, micro_batches, block_sizes, precisions, checkpointing_, attention, optimizers, weights_,
                     compile_, allocators, liger, effective_batch, effective_tokens, task, target_length, num_labels,
-                    peft, lora_rank, lora_alpha, lora_dropout, lora_targets) -> dict:
+                    peft, lora_rank, lora_alpha, lora_dropout, lora_targets, eval_batch=None, eval_logits=None,
+                    eval_accumulation_steps=None, generate=False, generation_max_length=None, num_beams=None) -> dict:
     """space_options' flags, parsed, as SearchSpace.build's keyword arguments."""
     from autotune.config import ATTENTIONS, OPTIMIZERS, PRECISIONS
     from autotune.recipes import WEIGHTS, peft_text
@@ -184,4 +209,6 @@ def space_arguments(*, micro_batches, block_sizes, precisions, checkpointing_, a
         compiles=on_off_list(compile_, "--compile"),
         allocators=parse_choice_list(allocators, flag="--allocators", allowed=tuple(ALLOCATORS)),
         ligers=on_off_list(liger, "--liger"),
+        evaluation=evaluation_asked(eval_batch, eval_logits, eval_accumulation_steps, generate, generation_max_length,
+                                    num_beams),
     )

@@ -43,7 +43,8 @@ from autotune.recipes import peft_text
 @task_options
 def train(study, model, gpu_budget, dataset, text_column, target_column, label_column, eval_split, output_dir, max_steps,
           epochs, device, resume, tokenizer, learning_rate, save_steps, random_init, merge, trust_remote_code, db, as_json,
-          task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets):
+          task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets, eval_batch, eval_logits,
+          eval_accumulation_steps, generate, generation_max_length, num_beams):
     """Train with a study's winning configuration under its budget; exit status 1 if it runs out of memory."""
     from autotune import report
     from autotune.train import TrainOptions
