@@ -78,7 +78,8 @@ def eval_problems(fields: dict, task: str) -> list[str]:
         asked += ["--eval-logits kept"] if logits == KEPT else []
         asked += ["--num-beams"] if beams != 1 else []
         if asked:
-            problems.append(f"{', '.join(asked)} describe evaluation: give --eval-batch too")
+            verb = "describes" if len(asked) == 1 else "describe"
+            problems.append(f"{', '.join(asked)} {verb} evaluation: give --eval-batch too")
     elif logits == LOSS_ONLY and fields.get("eval_accumulation_steps") is not None:
         problems.append("--eval-accumulation-steps moves kept logits to the host: it needs --eval-logits kept")
     elif logits == KEPT and fields.get("eval_accumulation_steps") is None:
