@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.budget import Budget, required_bytes
 from autotune.defaults import EFFECTIVE_BATCH as TRAINER_EFFECTIVE_BATCH
+from autotune.evaluation import phases
 from autotune.config import ProbeConfig
 from autotune.recipes import memory_caveats
 from autotune.result import ProbeResult
@@ -42,6 +43,8 @@ def format_probe_result(config: ProbeConfig, result: ProbeResult) -> str:
         f"memory  peak allocated {format_size(result.peak_allocated_bytes)}, reserved {format_size(result.peak_reserved_bytes)}, "
         f"context {format_size(result.context_bytes)}, margin {format_size(result.margin_bytes)}, budget {size_as_read(budget)}",
     ]
+    if result.phase_peaks:
+        lines.append(f"phases  {describe_phases(config, result.phase_peaks, result.failed_phase)}")
     if result.required_bytes is not None and budget:
         held = Budget(budget, result.margin_bytes or 0)
         lines.append(f"        headroom {format_size(held.headroom(result.required_bytes))} "
@@ -60,6 +63,19 @@ def format_probe_result(config: ProbeConfig, result: ProbeResult) -> str:
     return "\n".join(lines)
 
 
+def describe_phases(config: ProbeConfig, phase_peaks: dict[str, dict[str, int]], failed_phase: str | None = None) -> str:
+    """Each phase's peak reserved, in the order the run has them: 'peak reserved: train 10.56 MiB,
+    eval 18.43 MiB (stopped here)'; a phase the probe did not reach, not reached (the status says why)."""
+    parts = []
+    for phase in phases(config):
+        if phase in phase_peaks:
+            parts.append(f"{phase} {format_size(phase_peaks[phase]['reserved'])}"
+                         + (" (stopped here)" if phase == failed_phase else ""))
+        else:
+            parts.append(f"{phase} not reached")
+    return "peak reserved: " + ", ".join(parts)
+
+
 # -- stored results: leaderboard and studies -------------------------------------------------------
 # Rows come from autotune.store (LeaderboardRow, StudySummary); only their attributes and to_dict()
 # are used here, so rendering needs no database and importing this module loads no SQLAlchemy.
@@ -70,6 +86,7 @@ LEADERBOARD_FIELDS = (
     "rank", "label", *(f.name for f in fields(ProbeConfig)), "status", "tokens_per_s", "step_seconds", "step_spread",
     "samples_per_s", "mfu", "peak_reserved_bytes", "peak_allocated_bytes", "context_bytes", "budget_bytes",
     "margin_bytes", "study", "probe_id", "trial_number", "config_key", "worker", "compile_seconds", "host_load",
+    "phase_peaks",
 )
 
 
@@ -100,8 +117,9 @@ def render_leaderboard(rows: Sequence[LeaderboardRow], fmt: str = "table", confi
     the table says under it when the study's confirmation found the order not reliable."""
     if fmt == "json":
         return json.dumps([row.to_dict() for row in rows], indent=2)
-    if fmt == "csv":
-        return _csv(LEADERBOARD_FIELDS, [row.to_dict() for row in rows])
+    if fmt == "csv":  # (a nested value, the phases' peaks, as its JSON text in its cell)
+        return _csv(LEADERBOARD_FIELDS, [{k: json.dumps(v) if isinstance(v, dict) else v for k, v in row.to_dict().items()}
+                                         for row in rows])
     if fmt != "table":
         raise ValueError(f"unknown format {fmt!r}")
     if not rows:
@@ -232,8 +250,11 @@ def explain_winner(outcome) -> str:
     if best is None and unmeasured:
         return "\n".join(["No configuration measured so far fits the budget, and some could not be measured:", *unmeasured])
     if best is None:
+        space = getattr(outcome.study, "space", None) or {}
+        evaluating = (" Evaluation runs too: a smaller --eval-batch, fewer --eval-accumulation-steps or "
+                      "--eval-logits loss-only (your recipe) lower its need." if space.get("eval_batch") else "")
         return ("No configuration fits the budget. Try a larger --gpu-budget, smaller --micro-batches or "
-                "--block-sizes, --precisions bf16, or --checkpointing on.")
+                "--block-sizes, --precisions bf16, or --checkpointing on." + evaluating)
     required = required_bytes(best.peak_reserved_bytes, best.context_bytes) or 0
     headroom = Budget(best.budget_bytes, best.margin_bytes).headroom(required)
     confirmation = getattr(outcome.study, "confirmation", None)
@@ -256,6 +277,8 @@ def explain_winner(outcome) -> str:
         lines.append(f"  runner-up: {second.label}, {best.tokens_per_s / second.tokens_per_s:.2f}x slower")
     if (hint := _larger_batch_hint(best, required)) is not None:
         lines.append(f"  hint: {hint}")
+    if best.phase_peaks:
+        lines.append(f"  phases: {describe_phases(best.config, best.phase_peaks)} (every phase of the run fits)")
     lines += [f"  note: {caveat}" for caveat in memory_caveats(best.config.optimizer)]
     if unmeasured:
         lines += ["Not a final answer: some configurations could not be measured (one of them may be faster):", *unmeasured]

@@ -131,6 +131,7 @@ class LeaderboardRow:
     step_spread: float | None = None     # the timed window's relative spread (autotune.timing)
     compile_seconds: float | None = None  # --compile: torch.compile's one-off cost, apart from the timing
     host_load: float | None = None        # the host's load average per core as the probe ended
+    phase_peaks: dict[str, dict[str, int]] | None = None  # each phase's peaks, where the run evaluates (ProbeResult)
 
     @property
     def label(self) -> str:
@@ -146,7 +147,7 @@ class LeaderboardRow:
             "context_bytes": self.context_bytes, "budget_bytes": self.budget_bytes,
             "margin_bytes": self.margin_bytes, "study": self.study, "probe_id": self.probe_id,
             "trial_number": self.trial_number, "config_key": self.config_key, "worker": self.worker,
-            "compile_seconds": self.compile_seconds, "host_load": self.host_load,
+            "compile_seconds": self.compile_seconds, "host_load": self.host_load, "phase_peaks": self.phase_peaks,
         }
 
 

@@ -336,6 +336,7 @@ class Store(ClaimsMixin, RunsMixin):
                     step_spread=row["step_spread"],
                     compile_seconds=row["compile_seconds"],
                     host_load=row["host_load"],
+                    phase_peaks=row["phase_peaks"],
                 )
                 for rank, row in enumerate(rows, start=1)
             ]

@@ -205,6 +205,21 @@ def test_probe_round_trip_keeps_every_field(store):
     assert stored.to_dict()["label"] == "mb4x8 blk512 bf16 ckpt sdpa"
 
 
+def test_an_evaluating_probe_keeps_its_recipe_and_each_phases_peaks(store):
+    study = make_study(store)
+    evaluating = config(4, eval_batch=16, eval_logits="kept", eval_accumulation_steps=2)
+    peaks = {"train": {"allocated": 3 * GiB, "reserved": 4 * GiB}, "eval": {"allocated": 5 * GiB, "reserved": 6 * GiB}}
+    measured = result("oom", peak=6 * GiB, phase_peaks=peaks, failed_phase="eval", error="eval phase: out of memory")
+    store.record_probe(study.id, evaluating, measured, env_fingerprint=ENV.fingerprint())
+    ok = result(peak=4 * GiB, phase_peaks={**peaks, "eval": {"allocated": GiB, "reserved": 2 * GiB}})
+    store.record_probe(study.id, config(2, eval_batch=16, eval_logits="kept", eval_accumulation_steps=2), ok,
+                       env_fingerprint=ENV.fingerprint())
+    stored = store.probes("s1")
+    assert stored[0].config == evaluating and stored[0].result.to_dict() == measured.to_dict()
+    [row] = store.leaderboard("s1")
+    assert row.phase_peaks == ok.phase_peaks and row.to_dict()["phase_peaks"] == ok.phase_peaks
+
+
 def test_find_cached_reuses_only_lasting_outcomes_of_the_same_setting(store):
     study = make_study(store)
     env_fp = ENV.fingerprint()
