@@ -61,7 +61,8 @@ class ProbeConfig:
     allocator: str = speed.DEFAULT_ALLOCATOR  # the CUDA caching allocator's setting
     liger: bool = False                      # Liger's kernels, fused linear + cross-entropy among them
     # The run's evaluation (autotune.evaluation), as TrainingArguments names it: None, no eval phase.
-    eval_batch: int | None = None            # per_device_eval_batch_size
+    eval_batch: int | None = None            # per_device_eval_batch_size (with auto_eval_batch: the largest tried)
+    auto_eval_batch: bool = False            # the probe finds the largest eval batch that fits (result.eval_batch_found)
     eval_logits: str = evaluation.LOSS_ONLY  # loss-only, or kept: logits held on the card...
     eval_accumulation_steps: int | None = None  # ...for this many eval batches, then moved to the host
     generation_max_length: int | None = None  # seq2seq: predict_with_generate up to this many tokens

@@ -28,11 +28,22 @@ EVAL_LOGITS = (LOSS_ONLY, KEPT)
 
 # The recipe's fields at what a study without evaluation has: every config stored before these
 # existed means exactly this (ProbeConfig's key leaves them out at these values).
-EVAL_RECIPE = {"eval_batch": None, "eval_logits": LOSS_ONLY, "eval_accumulation_steps": None,
+EVAL_RECIPE = {"eval_batch": None, "auto_eval_batch": False, "eval_logits": LOSS_ONLY, "eval_accumulation_steps": None,
                "generation_max_length": None, "generation_num_beams": 1}
-# TrainingArguments' default per_device_eval_batch_size: the eval batch when evaluation is asked for
-# without one.
-DEFAULT_EVAL_BATCH = 8
+# `--eval-batch auto`: the probe finds the largest eval batch, doubling from 1, that fits beside the
+# training state (evaluation takes less time per sample as the batch grows), up to this many.
+# Doubling keeps the attempts few (7 up to 64); a power of two is what Trainer users pass anyway.
+AUTO_EVAL_BATCH_MAX = 64
+AUTO = "auto"
+
+
+def auto_eval_batches(config) -> list[int]:
+    """The eval batches `--eval-batch auto` tries, smallest first: 1, 2, 4, ... up to its bound."""
+    sizes, size = [], 1
+    while size <= config.eval_batch:
+        sizes.append(size)
+        size *= 2
+    return sizes
 
 
 def recipe_fields(asked: dict | None, target_length: int | None) -> dict:
@@ -44,6 +55,8 @@ def recipe_fields(asked: dict | None, target_length: int | None) -> dict:
     asked = {k: v for k, v in (asked or {}).items() if v is not None}
     fields = dict(EVAL_RECIPE)
     fields.update({k: asked[k] for k in ("eval_batch", "eval_logits", "eval_accumulation_steps") if k in asked})
+    if fields["eval_batch"] == AUTO:
+        fields["eval_batch"], fields["auto_eval_batch"] = AUTO_EVAL_BATCH_MAX, True
     if fields["eval_logits"] == KEPT and fields["eval_accumulation_steps"] is None and fields["eval_batch"] is not None:
         fields["eval_accumulation_steps"] = 1
     if asked.get("generate"):
@@ -67,6 +80,10 @@ def eval_problems(fields: dict, task: str) -> list[str]:
     beams = fields.get("generation_num_beams", 1)
     if not isinstance(beams, int) or isinstance(beams, bool) or not 1 <= beams <= 1024:
         problems.append(f"--num-beams must be a whole number from 1 to 1024 (got {beams!r})")
+    if not isinstance(fields.get("auto_eval_batch", False), bool):
+        problems.append(f"auto_eval_batch must be true or false (got {fields['auto_eval_batch']!r})")
+    elif fields.get("auto_eval_batch") and fields.get("eval_batch") is None:
+        problems.append("an eval batch found by the probe needs the largest to try (--eval-batch auto sets 64)")
     logits = fields.get("eval_logits", LOSS_ONLY)
     if logits not in EVAL_LOGITS:
         problems.append(f"--eval-logits {logits!r} is unknown; choose from {', '.join(EVAL_LOGITS)}")
@@ -117,10 +134,11 @@ def eval_steps(config) -> int:
 
 def label(config) -> str:
     """The evaluation part of a config's label: '' without evaluation, else e.g. ' eval8',
-    ' eval8-kept4', ' eval4 gen128x4' (generation: max length x beams)."""
+    ' eval8-kept4', ' eval4 gen128x4' (generation: max length x beams), ' eval-auto64' (the largest
+    eval batch up to 64 that fits, found by the probe)."""
     if not evaluates(config):
         return ""
-    text = f" eval{config.eval_batch}"
+    text = f" eval-auto{config.eval_batch}" if config.auto_eval_batch else f" eval{config.eval_batch}"
     if config.eval_logits == KEPT:
         text += f"-kept{config.eval_accumulation_steps}"
     if generates(config):

@@ -44,7 +44,7 @@ def format_probe_result(config: ProbeConfig, result: ProbeResult) -> str:
         f"context {format_size(result.context_bytes)}, margin {format_size(result.margin_bytes)}, budget {size_as_read(budget)}",
     ]
     if result.phase_peaks:
-        lines.append(f"phases  {describe_phases(config, result.phase_peaks, result.failed_phase)}")
+        lines.append(f"phases  {describe_phases(config, result.phase_peaks, result.failed_phase, result.eval_batch_found)}")
     if result.required_bytes is not None and budget:
         held = Budget(budget, result.margin_bytes or 0)
         lines.append(f"        headroom {format_size(held.headroom(result.required_bytes))} "
@@ -63,7 +63,8 @@ def format_probe_result(config: ProbeConfig, result: ProbeResult) -> str:
     return "\n".join(lines)
 
 
-def describe_phases(config: ProbeConfig, phase_peaks: dict[str, dict[str, int]], failed_phase: str | None = None) -> str:
+def describe_phases(config: ProbeConfig, phase_peaks: dict[str, dict[str, int]], failed_phase: str | None = None,
+                    eval_batch_found: int | None = None) -> str:
     """Each phase's peak reserved, in the order the run has them: 'peak reserved: train 10.56 MiB,
     eval 18.43 MiB (stopped here)'; a phase the probe did not reach, not reached (the status says why)."""
     parts = []
@@ -73,7 +74,8 @@ def describe_phases(config: ProbeConfig, phase_peaks: dict[str, dict[str, int]],
                          + (" (stopped here)" if phase == failed_phase else ""))
         else:
             parts.append(f"{phase} not reached")
-    return "peak reserved: " + ", ".join(parts)
+    found = f" at eval batch {eval_batch_found}, the largest up to {config.eval_batch} that fits" if eval_batch_found else ""
+    return "peak reserved: " + ", ".join(parts) + found
 
 
 # -- stored results: leaderboard and studies -------------------------------------------------------
@@ -86,7 +88,7 @@ LEADERBOARD_FIELDS = (
     "rank", "label", *(f.name for f in fields(ProbeConfig)), "status", "tokens_per_s", "step_seconds", "step_spread",
     "samples_per_s", "mfu", "peak_reserved_bytes", "peak_allocated_bytes", "context_bytes", "budget_bytes",
     "margin_bytes", "study", "probe_id", "trial_number", "config_key", "worker", "compile_seconds", "host_load",
-    "phase_peaks",
+    "phase_peaks", "eval_batch_found",
 )
 
 
@@ -278,7 +280,8 @@ def explain_winner(outcome) -> str:
     if (hint := _larger_batch_hint(best, required)) is not None:
         lines.append(f"  hint: {hint}")
     if best.phase_peaks:
-        lines.append(f"  phases: {describe_phases(best.config, best.phase_peaks)} (every phase of the run fits)")
+        lines.append(f"  phases: {describe_phases(best.config, best.phase_peaks, None, best.eval_batch_found)} "
+                     f"(every phase of the run fits)")
     lines += [f"  note: {caveat}" for caveat in memory_caveats(best.config.optimizer)]
     if unmeasured:
         lines += ["Not a final answer: some configurations could not be measured (one of them may be faster):", *unmeasured]

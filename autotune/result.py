@@ -43,6 +43,7 @@ class ProbeResult:
     # the phases the config's run has (autotune.evaluation); the peaks above are their maximum.
     phase_peaks: dict[str, dict[str, int]] | None = None
     failed_phase: str | None = None       # the phase that ran out of memory or failed (None: all ran, or train only)
+    eval_batch_found: int | None = None   # --eval-batch auto: the largest eval batch that fitted (the phases' peaks are its)
     error: str | None = None
 
     def __post_init__(self) -> None:

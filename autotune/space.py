@@ -34,6 +34,7 @@ class SearchSpace:
     peft: str | None = None                                 # LoRA/QLoRA (recipes.PeftSpec's text)
     # How the run evaluates (autotune.evaluation): every candidate's probe runs these phases too.
     eval_batch: int | None = None
+    auto_eval_batch: bool = False
     eval_logits: str = evaluation.LOSS_ONLY
     eval_accumulation_steps: int | None = None
     generation_max_length: int | None = None

@@ -47,9 +47,10 @@ def task_options(func):
         click.option("--lora-targets", default=None,
                      help="Modules that get adapters: all-linear, or names such as q_proj,v_proj [default: all-linear]."),
         # How the run evaluates (autotune.evaluation): its probes run these phases too.
-        click.option("--eval-batch", type=int, default=None,
-                     help="Evaluate with this per_device_eval_batch_size: each probe runs eval batches after its "
-                          "training steps, and fits only if they fit too [default: no evaluation]."),
+        click.option("--eval-batch", default=None,
+                     help="Evaluate with this per_device_eval_batch_size, or auto: the largest up to 64 that fits beside "
+                          "the training state (each probe finds it). Each probe runs eval batches after its training "
+                          "steps, and fits only if they fit too [default: no evaluation]."),
         click.option("--eval-logits", default=None, type=click.Choice(["loss-only", "kept"], case_sensitive=False),
                      help="What evaluation keeps: loss-only (no compute_metrics), or kept logits (compute_metrics), "
                           "held on the card for --eval-accumulation-steps batches [default: loss-only]."),
@@ -70,9 +71,21 @@ def task_options(func):
 def evaluation_asked(eval_batch=None, eval_logits=None, eval_accumulation_steps=None, generate=False,
                      generation_max_length=None, num_beams=None) -> dict:
     """task_options' evaluation flags, as evaluation.recipe_fields reads them."""
-    return dict(eval_batch=eval_batch, eval_logits=eval_logits.lower() if eval_logits else None,
+    return dict(eval_batch=_eval_batch(eval_batch), eval_logits=eval_logits.lower() if eval_logits else None,
                 eval_accumulation_steps=eval_accumulation_steps, generate=generate,
                 generation_max_length=generation_max_length, num_beams=num_beams)
+
+
+def _eval_batch(text: str | None) -> int | str | None:
+    """--eval-batch: a whole number, or auto."""
+    from autotune.evaluation import AUTO
+
+    if text is None or text.strip().lower() == AUTO:
+        return None if text is None else AUTO
+    try:
+        return int(text)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is neither a whole number nor auto", param_hint="--eval-batch") from None
 
 
 def make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task, target_length,

@@ -83,16 +83,20 @@ def allocated_bytes(cap: MemoryCap) -> int:
     return cap.accountant.allocated if cap.accountant is not None else 0
 
 
-def why_not_reused(result: ProbeResult, device: torch.device, leftover_bytes: int, replaced: list[str]) -> str | None:
+def why_not_reused(result: ProbeResult, device: torch.device, leftover_bytes: int, replaced: list[str],
+                   caught_oom: bool = False) -> str | None:
     """Why this process may not run the next probe after `result`, or None when it may.
 
-    After a CUDA OOM or any fault it may not (see the module's docstring). The CPU accountant's OOM
+    After a CUDA OOM or any fault it may not (see the module's docstring), nor after a CUDA OOM the
+    probe caught and went on from (`--eval-batch auto` doubling its eval batch until one fails). The CPU accountant's OOM
     is an exception of our own, raised as the allocation is counted, with every frame released on
     the way out: nothing is left to distrust, and the restart (seconds of imports) is saved. A real
     host OOM still gets a fresh process."""
     if result.status not in CLEAN and not (result.status == ProbeStatus.OOM and BUDGET_OOM in (result.error or "")
                                            and device.type == "cpu"):
         return f"the probe ended {result.status}"
+    if caught_oom and device.type == "cuda":
+        return "the probe went on after a CUDA OOM (the largest eval batch found)"
     if replaced:
         shown = ", ".join(replaced[:3]) + (f" and {len(replaced) - 3} more" if len(replaced) > 3 else "")
         return f"the probe replaced module code ({shown})"

@@ -31,11 +31,13 @@ from autotune.probe.step import ProbeStep, synthetic_batch
 class LaterPhases:
     """The eval and generate phases of one probe's run, over its built model and training step."""
 
-    def __init__(self, step: ProbeStep, vocab_size: int):
+    def __init__(self, step: ProbeStep, vocab_size: int, eval_batch: int | None = None):
+        """`eval_batch`: the eval batch to run (default: the config's; --eval-batch auto tries several)."""
         self.step = step
         self.config = step.config
-        assert self.config.eval_batch is not None
-        self.eval_config = replace(self.config, micro_batch=self.config.eval_batch, grad_accum=1)
+        self.eval_batch = eval_batch or self.config.eval_batch
+        assert self.eval_batch is not None
+        self.eval_config = replace(self.config, micro_batch=self.eval_batch, grad_accum=1)
         self.vocab_size = vocab_size
         model_config = getattr(step.model, "config", None)
         # What Trainer leaves out of the kept outputs: the loss, and the model's own list (T5's past_key_values).
@@ -60,7 +62,7 @@ class LaterPhases:
                 with torch.no_grad(), self.step.autocast():
                     outputs = self.step.forward(**batch)
                 loss = outputs["loss"].detach().mean()
-                losses.add(loss.repeat(self.config.eval_batch))
+                losses.add(loss.repeat(self.eval_batch))
                 if kept:
                     logits = nested_detach(tuple(v for k, v in outputs.items() if k not in self.ignore_keys))
                     predictions.add(logits[0] if len(logits) == 1 else logits)

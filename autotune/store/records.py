@@ -132,6 +132,7 @@ class LeaderboardRow:
     compile_seconds: float | None = None  # --compile: torch.compile's one-off cost, apart from the timing
     host_load: float | None = None        # the host's load average per core as the probe ended
     phase_peaks: dict[str, dict[str, int]] | None = None  # each phase's peaks, where the run evaluates (ProbeResult)
+    eval_batch_found: int | None = None   # --eval-batch auto: the eval batch its probe found (ProbeResult)
 
     @property
     def label(self) -> str:
@@ -148,6 +149,7 @@ class LeaderboardRow:
             "margin_bytes": self.margin_bytes, "study": self.study, "probe_id": self.probe_id,
             "trial_number": self.trial_number, "config_key": self.config_key, "worker": self.worker,
             "compile_seconds": self.compile_seconds, "host_load": self.host_load, "phase_peaks": self.phase_peaks,
+            "eval_batch_found": self.eval_batch_found,
         }
 
 

@@ -164,6 +164,7 @@ class Probe(Base):
     liger: Mapped[bool] = mapped_column(server_default=false())
     # How the run evaluates (0008_phases); rows before it ran the training phase only.
     eval_batch: Mapped[int | None]
+    auto_eval_batch: Mapped[bool] = mapped_column(server_default=false())
     eval_logits: Mapped[str] = mapped_column(String(16), server_default="loss-only")
     eval_accumulation_steps: Mapped[int | None]
     generation_max_length: Mapped[int | None]
@@ -199,6 +200,7 @@ class Probe(Base):
     gpu_processes: Mapped[int | None]                 # 0007_liveness: other processes on its GPU (NVML)
     phase_peaks: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # 0008_phases: each phase's peaks
     failed_phase: Mapped[str | None] = mapped_column(String(16))     # 0008_phases
+    eval_batch_found: Mapped[int | None]                             # 0008_phases: --eval-batch auto's pick
     error: Mapped[str | None] = mapped_column(Text)
     parameters: Mapped[int | None] = mapped_column(BigInteger)
     trainable_parameters: Mapped[int | None] = mapped_column(BigInteger)

@@ -337,6 +337,7 @@ class Store(ClaimsMixin, RunsMixin):
                     compile_seconds=row["compile_seconds"],
                     host_load=row["host_load"],
                     phase_peaks=row["phase_peaks"],
+                    eval_batch_found=row["eval_batch_found"],
                 )
                 for rank, row in enumerate(rows, start=1)
             ]

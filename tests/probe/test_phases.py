@@ -98,3 +98,25 @@ def test_evaluation_flags_are_checked_as_the_recipe_they_are():
         ProbeConfig(model="gpt2", micro_batch=1, block_size=8, eval_batch=8, eval_logits="kept")
     with pytest.raises(BadInput, match="--generate is for --task seq2seq"):
         ProbeConfig(model="gpt2", micro_batch=1, block_size=8, eval_batch=8, generation_max_length=16)
+
+
+def test_eval_batch_auto_finds_the_largest_eval_batch_that_fits_in_one_probe(runner, models):
+    # Kept logits grow with the eval batch: the roomier budget holds a larger one, and the phase's
+    # peak is the found batch's (within the budget), not the failed attempt's.
+    config = gpt2(models["gpt2"], **recipe_fields({"eval_batch": "auto", "eval_logits": "kept",
+                                                    "eval_accumulation_steps": 2}, None))
+    assert config.auto_eval_batch and config.eval_batch == 64 and "eval-auto64-kept2" in config.label()
+    found = {}
+    for mib in (20, 64):
+        budget = runner.settings.budget(mib * MiB)
+        result = runner.run(config, budget)
+        assert result.status == "ok" and result.failed_phase is None, result.error
+        assert budget.fits(result.phase_peaks["eval"]["reserved"])
+        found[mib] = result.eval_batch_found
+    assert 1 <= found[20] < found[64] < 64
+    # The found batch, fixed, fits the same budget; the next larger one does not.
+    fixed = runner.run(gpt2(models["gpt2"], eval_batch=found[20], eval_logits="kept", eval_accumulation_steps=2),
+                       runner.settings.budget(20 * MiB))
+    larger = runner.run(gpt2(models["gpt2"], eval_batch=2 * found[20], eval_logits="kept", eval_accumulation_steps=2),
+                        runner.settings.budget(20 * MiB))
+    assert fixed.status == "ok" and larger.status == "oom" and larger.failed_phase == "eval"
