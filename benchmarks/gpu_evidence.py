@@ -1,0 +1,1402 @@
+"""Every CUDA claim of autotune measured on a real card, into one JSON, under a wall-clock deadline.
+
+    python -m benchmarks.gpu_evidence --out DIR [--state DIR] [--deadline SECONDS] [--sections a,b,...] [--cpu]
+
+Sections run in order (SECTIONS below); the JSON (`DIR/gpu-evidence.json`) is rewritten after each
+one, so a command killed midway keeps what it finished. A section already `measured` or `skipped`
+in `--state` is not run again; a failed one is retried; one the deadline did not reach (or cut
+short) stays `pending` and the same command goes on with it. Exit status: 0 every selected section
+done, 3 some pending, 1 some failed, 2 a mistake in the command or no CUDA without --cpu.
+
+`--cpu` runs the same sections on a tiny GPT-2 with MiB budgets, CUDA-only ones skipped, so that
+the script is known to work before device minutes are spent on it (tests/benchmarks/test_gpu_evidence.py).
+On the GPU machine: benchmarks/gpu_evidence.sh and docs/gpu-evidence.md.
+
+The orchestrator never imports torch: everything that touches torch or the card runs in a child
+process (a section's command, or one of the HELPERS below through `Run.helper`), in its own process
+group, killed with its children when the deadline arrives.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import IO, Any, NoReturn
+
+from autotune.speed import ALLOC_CONF_VARS, allocator_environment
+from autotune.version import __version__
+from benchmarks.estimator_vs_probe import TINYLLAMA_1_1B
+from benchmarks.run import TINY_GPT2, Deadline
+
+REPO = Path(__file__).resolve().parent.parent
+EVIDENCE_FILE = "gpu-evidence.json"
+LOG_FILE = "gpu-evidence.log"
+STATE_TAR = "gpu-evidence-state.tar.gz"
+RESULT_MARK = "GPU_EVIDENCE_RESULT "
+EXIT_DONE, EXIT_FAILED, EXIT_USAGE, EXIT_PENDING = 0, 1, 2, 3
+# A child told to stop (SIGTERM: autotune marks its study interrupted) gets this long before SIGKILL.
+KILL_GRACE_SECONDS = 10.0
+# What a command that ends itself (search --timeout, benchmarks.run --deadline) is told to leave
+# free before our deadline: its own wrap-up, and our kill's grace.
+WRAP_UP_SECONDS = 45.0
+MiB, GiB = 2**20, 2**30
+# The public reference the forum config is held against (DESIGN.md): gpt2, Trainer defaults.
+FORUM_PEAK_ALLOCATED_GIB, FORUM_PEAK_RESERVED_GIB = 8.06, 8.73
+PACKAGES = ("torch", "transformers", "accelerate", "tokenizers", "optuna", "sqlalchemy", "alembic", "datasets", "peft",
+            "bitsandbytes", "liger_kernel", "pynvml")
+# Kept out of the state's tarball: a full model checkpoint of the training run, caches, scratch.
+NOT_TARRED = ("train-run", "cache", "tmp")
+MAX_TARRED_FILE_BYTES = 8 * MiB
+
+
+class SectionEnd(Exception):
+    """How a section ends other than measured: the message is the status's reason; `figures` what
+    it measured on the way (kept, and read back by the next attempt)."""
+
+    prefix = ""
+
+    def __init__(self, reason: str, figures: Mapping[str, Any] | None = None) -> None:
+        super().__init__(reason)
+        self.figures = dict(figures or {})
+
+    @property
+    def status(self) -> str:
+        return f"{self.prefix}: {one_line(str(self))}"
+
+
+class Skip(SectionEnd):
+    prefix = "skipped"
+
+
+class Pending(SectionEnd):
+    prefix = "pending"
+
+
+class Failed(SectionEnd):
+    prefix = "failed"
+
+
+class Interrupted(BaseException):
+    """SIGTERM: stop now, as if the deadline had come (a BaseException, as KeyboardInterrupt is, so
+    that no section's error handling records it as the section's failure)."""
+
+
+class UsageError(Exception):
+    """A mistake in the command: one line, exit status 2, nothing written."""
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
+    line = lines[0] if lines else ""
+    return line if len(line) <= limit else line[:limit - 3] + "..."
+
+
+def last_line(text: str, limit: int = 300) -> str:
+    lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
+    return one_line(lines[-1] if lines else "", limit)
+
+
+def is_done(status: str | None) -> bool:
+    return bool(status) and (status == "measured" or str(status).startswith("skipped"))
+
+
+# -- running children -------------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    """A finished child: its exit status (None when it had to be killed), stdout, wall time, and
+    whether the deadline (`cut`) or its own timeout (`timed_out`) ended it."""
+
+    argv: list[str]
+    returncode: int | None
+    stdout: str
+    seconds: float
+    cut: bool = False
+    timed_out: bool = False
+
+    def json(self, accept: Sequence[int] = (0,), what: str = "") -> dict:
+        """Its stdout as one JSON object; Pending when the deadline cut it, Failed otherwise."""
+        what = what or Path(self.argv[2] if len(self.argv) > 2 else self.argv[0]).name
+        if self.cut:
+            raise Pending(f"{what} was stopped at the deadline; the same command goes on")
+        if self.timed_out or self.returncode not in accept:
+            status = "timed out" if self.timed_out else f"exit status {self.returncode}"
+            raise Failed(f"{what}: {status}: {last_line(self.stdout) or 'see the log'}")
+        try:
+            data = json.loads(self.stdout)
+        except json.JSONDecodeError:
+            raise Failed(f"{what}: no JSON on stdout: {last_line(self.stdout)!r}") from None
+        if not isinstance(data, dict):
+            raise Failed(f"{what}: stdout is not a JSON object")
+        return data
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """End `process` and everything it started (its process group): SIGTERM, then SIGKILL."""
+    for sig, wait in ((signal.SIGTERM, KILL_GRACE_SECONDS), (signal.SIGKILL, None)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=wait)
+            if sig == signal.SIGTERM:
+                # The leader is gone; a child that ignored SIGTERM must not outlive it.
+                os.killpg(process.pid, signal.SIGKILL)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def run_child(argv: Sequence[str], *, log: IO[str], scratch: Path, deadline: Deadline, timeout: float | None = None,
+              env: Mapping[str, str] | None = None) -> Outcome:
+    """Run `argv` from the repository root in a process group of its own (not a session of its own:
+    the GPU machine ends leftover processes of a command, except those in a new session), stderr
+    straight into `log` as it comes, stdout into a file then the log. Killed, with its group, at
+    the deadline or after `timeout` seconds; its group is ended afterwards anyway, so nothing it
+    started is left running."""
+    argv = [str(a) for a in argv]
+    log.write(f"\n$ {shlex.join(argv)}\n")
+    log.flush()
+    scratch.mkdir(parents=True, exist_ok=True)
+    out_path = scratch / f"stdout-{os.getpid()}-{time.monotonic_ns()}.txt"
+    started = time.monotonic()
+    left = deadline.left()
+    limits = [t for t in (timeout, left) if t is not None]
+    limit = min(limits) if limits else None
+    cut = timed_out = False
+    with open(out_path, "w+") as out:
+        process = subprocess.Popen(argv, cwd=REPO, env=dict(env) if env is not None else None, stdout=out, stderr=log,
+                                   stdin=subprocess.DEVNULL, process_group=0)
+        try:
+            process.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            cut = left is not None and (timeout is None or left <= timeout)
+            timed_out = not cut
+        finally:
+            kill_group(process)
+        out.seek(0)
+        stdout = out.read()
+    out_path.unlink(missing_ok=True)
+    seconds = time.monotonic() - started
+    returncode = None if cut or timed_out else process.returncode
+    if stdout:
+        log.write(f"--- stdout ---\n{stdout}{'' if stdout.endswith(chr(10)) else chr(10)}")
+    ending = "stopped at the deadline" if cut else "timed out" if timed_out else f"exit status {returncode}"
+    log.write(f"--- {ending}, {seconds:.1f} s ---\n")
+    log.flush()
+    return Outcome(argv, returncode, stdout, seconds, cut, timed_out)
+
+
+# -- a run: where things go, the deadline, the document ------------------------------------------------
+
+@dataclass
+class Run:
+    """One invocation: its directories, mode, deadline, log, and the evidence document it writes."""
+
+    out: Path
+    state: Path
+    mode: str                     # "cuda" or "cpu"
+    deadline: Deadline
+    log: IO[str]
+    doc: dict
+    python: str = sys.executable
+
+    @property
+    def cuda(self) -> bool:
+        return self.mode == "cuda"
+
+    @property
+    def sections(self) -> dict[str, dict]:
+        return self.doc["sections"]
+
+    def previous(self, name: str) -> dict:
+        """What an earlier attempt of section `name` left (pending or failed ones included)."""
+        return dict(self.sections.get(name) or {})
+
+    def say(self, line: str) -> None:
+        stamp = datetime.now(timezone.utc).strftime("%H:%M:%S")
+        self.log.write(f"[{stamp}] {line}\n")
+        self.log.flush()
+        print(line, file=sys.stderr, flush=True)
+
+    def env(self, overrides: Mapping[str, str | None] | None = None) -> dict[str, str]:
+        """The children's environment: autotune's files and the HF caches inside the state, no hub,
+        this repository importable; `overrides` set (None: unset) what a child needs besides."""
+        env = dict(os.environ)
+        home = self.state / "home"
+        env.update({
+            "AUTOTUNE_HOME": str(home), "AUTOTUNE_DB": f"sqlite:///{home / 'autotune.db'}",
+            "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(self.state / "cache" / "hf-datasets"),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        })
+        if not self.cuda:
+            # Two cores: one OpenMP thread per process, or children spin against each other.
+            env.setdefault("OMP_NUM_THREADS", "1")
+        for name, value in (overrides or {}).items():
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
+        return env
+
+    def command(self, argv: Sequence[str], *, timeout: float | None = None,
+                env: Mapping[str, str | None] | None = None) -> Outcome:
+        return run_child(argv, log=self.log, scratch=self.state / "tmp", deadline=self.deadline, timeout=timeout,
+                         env=self.env(env))
+
+    def autotune(self, *args: str, timeout: float | None = None) -> Outcome:
+        return self.command([self.python, "-m", "autotune", *args], timeout=timeout)
+
+    def helper(self, name: str, *, timeout: float = 300.0, env: Mapping[str, str | None] | None = None,
+               **kwargs: Any) -> dict:
+        """Run HELPERS[name](**kwargs) in a fresh Python process; its figures."""
+        code = "import sys; from benchmarks.gpu_evidence import helper_main; helper_main(sys.argv[1:])"
+        outcome = self.command([self.python, "-c", code, name, json.dumps(kwargs)], timeout=timeout, env=env)
+        if outcome.cut:
+            raise Pending(f"{name} was stopped at the deadline")
+        lines = [line for line in outcome.stdout.splitlines() if line.startswith(RESULT_MARK)]
+        if outcome.timed_out or not lines:
+            why = f"timed out after {timeout:.0f} s" if outcome.timed_out else f"exit status {outcome.returncode}, no result"
+            raise Failed(f"{name}: {why} (see {LOG_FILE})")
+        return json.loads(lines[-1][len(RESULT_MARK):])
+
+    def timeout_flag(self, flag: str, unit: str = "") -> list[str]:
+        """`flag SECONDS` for a command that ends itself before our deadline (none without one)."""
+        left = self.deadline.left()
+        if left is None:
+            return []
+        return [flag, f"{max(30, int(left - WRAP_UP_SECONDS))}{unit}"]
+
+    def db(self, name: str) -> str:
+        return f"sqlite:///{self.state / name}"
+
+    @property
+    def tiny_model(self) -> Path:
+        return self.state / "tiny-gpt2"
+
+    def save(self) -> None:
+        """The document into --out and --state (written whole, then renamed: a kill leaves the
+        previous one), and, where they differ, the state packed into --out so that a fresh machine
+        can be given it back (docs/gpu-evidence.md)."""
+        self.doc["updated"] = utc_now()
+        text = json.dumps(self.doc, indent=1, default=str) + "\n"
+        for directory in dict.fromkeys([self.out, self.state]):
+            tmp = directory / f".{EVIDENCE_FILE}.tmp"
+            tmp.write_text(text)
+            os.replace(tmp, directory / EVIDENCE_FILE)
+        if self.out.resolve() != self.state.resolve():
+            pack_state(self.state, self.out / STATE_TAR)
+
+
+def pack_state(state: Path, target: Path) -> None:
+    """The state directory as a tarball (its model checkpoints, caches and scratch left out)."""
+    def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+        parts = Path(info.name).parts
+        if any(part in NOT_TARRED for part in parts[1:]) or info.name.endswith(".tmp"):
+            return None
+        if info.isfile() and info.size > MAX_TARRED_FILE_BYTES:
+            return None
+        return info
+
+    tmp = target.with_name(target.name + ".tmp")
+    with tarfile.open(tmp, "w:gz") as tar:
+        tar.add(state, arcname=state.name, filter=keep)
+    os.replace(tmp, target)
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+# -- sections -----------------------------------------------------------------------------------------
+
+def section_versions(run: Run) -> dict:
+    """Versions of what the evidence depends on, and what nvidia-smi says about the card."""
+    # On CPU an import says nothing about CUDA libraries and costs 7 s of the CPU mode's minute
+    # (peft, bitsandbytes): there the versions come from the installed metadata.
+    figures: dict[str, Any] = {"packages": run.helper("versions", timeout=180, packages=list(PACKAGES), load=run.cuda)}
+    if shutil.which("nvidia-smi") is None:
+        figures["nvidia_smi"] = "skipped: nvidia-smi not found"
+    else:
+        query = run.command(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap",
+                             "--format=csv,noheader"], timeout=60)
+        full = run.command(["nvidia-smi"], timeout=60)
+        figures["nvidia_smi"] = {"query": query.stdout.strip(), "output": full.stdout.strip(),
+                                 "exit_status": full.returncode}
+    return figures
+
+
+# Each micro-check: a name, what it runs, and the seconds it needs at least (it is not started with less).
+MicroCheck = tuple[str, Callable[["Run"], dict], float]
+
+
+def check_cap_oom(allocator: str) -> Callable[[Run], dict]:
+    def check(run: Run) -> dict:
+        return run.helper("cap_oom", timeout=120, env=allocator_environment(allocator))
+    return check
+
+
+def check_allocator_var_priority(run: Run) -> dict:
+    """Which of the two variables torch reads when both are set, each way round, with the two
+    single-variable cases as controls that the detection itself works."""
+    cases: dict[str, dict[str, str | None]] = {
+        "alloc_false_cuda_true": {"PYTORCH_ALLOC_CONF": "expandable_segments:False",
+                                  "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+        "alloc_true_cuda_false": {"PYTORCH_ALLOC_CONF": "expandable_segments:True",
+                                  "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"},
+        "cuda_true_only": {"PYTORCH_ALLOC_CONF": None, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+        "neither": {"PYTORCH_ALLOC_CONF": None, "PYTORCH_CUDA_ALLOC_CONF": None},
+    }
+    results = {name: run.helper("allocator_settings", timeout=120, env=env) for name, env in cases.items()}
+    a, b = results["alloc_false_cuda_true"]["expandable"], results["alloc_true_cuda_false"]["expandable"]
+    controls_ok = results["cuda_true_only"]["expandable"] is True and results["neither"]["expandable"] is False
+    winner = ("PYTORCH_ALLOC_CONF" if (a, b) == (False, True) else
+              "PYTORCH_CUDA_ALLOC_CONF" if (a, b) == (True, False) else "neither consistently")
+    return {"cases": results, "winner": winner, "detection_controls_ok": controls_ok,
+            "autotune_assumes": ALLOC_CONF_VARS[0]}
+
+
+def check_handoff_compile(run: Run) -> dict:
+    """The hand-off's TrainingArguments for a compiled fp32 winner, 2 Trainer steps of a tiny model;
+    and the same without `tf32`, which is what transformers would do without the hand-off's word."""
+    out = run.state / "tmp" / "handoff"
+    return {"handoff": run.helper("handoff_compile", timeout=420, model_dir=str(run.tiny_model),
+                                  output_dir=str(out / "with-tf32"), drop_tf32=False),
+            "without_tf32_key": run.helper("handoff_compile", timeout=420, model_dir=str(run.tiny_model),
+                                           output_dir=str(out / "without-tf32"), drop_tf32=True)}
+
+
+def check_bitsandbytes_import(run: Run) -> dict:
+    if importlib.util.find_spec("bitsandbytes") is None:
+        raise Skip("bitsandbytes is not installed (../shared/gpu/wheels.sh bitsandbytes==0.50.2)")
+    return run.helper("bitsandbytes_import", timeout=120)
+
+
+MICRO_CHECKS: tuple[MicroCheck, ...] = (
+    ("cap_oom_default", check_cap_oom("default"), 30),
+    ("cap_oom_expandable", check_cap_oom("expandable"), 30),
+    ("context_after_step", lambda run: run.helper("context_after_step", timeout=180), 60),
+    ("context_with_other_process", lambda run: run.helper("context_with_other_process", timeout=180), 60),
+    ("device_assert_then_mem_get_info", lambda run: run.helper("device_assert", timeout=120), 30),
+    ("allocator_var_priority", check_allocator_var_priority, 90),
+    ("cublas_workspace", lambda run: run.helper("cublas_workspace", timeout=120), 30),
+    ("bitsandbytes_import", check_bitsandbytes_import, 30),
+    ("tf32_compile_handoff", check_handoff_compile, 240),
+)
+
+
+def section_micro_checks(run: Run) -> dict:
+    """The CUDA facts DESIGN.md took from reading sources, each in a process of its own; a check
+    already measured by an earlier attempt is kept, a failed one tried again."""
+    earlier = run.previous("micro_checks").get("checks", {})
+    checks: dict[str, dict] = {}
+    for name, check, needs in MICRO_CHECKS:
+        if is_done(earlier.get(name, {}).get("status")):
+            checks[name] = earlier[name]
+            continue
+        left = run.deadline.left()
+        if left is not None and left < needs:
+            checks[name] = {"status": f"pending: {left:.0f} s left of the {needs:.0f} it needs"}
+            continue
+        started = time.monotonic()
+        try:
+            figures, status = check(run), "measured"
+        except SectionEnd as end:
+            figures, status = end.figures, end.status
+        except Exception as exc:  # an answer the check did not expect: this check fails, the others go on
+            run.log.write(traceback.format_exc())
+            figures, status = {}, f"failed: {type(exc).__name__}: {one_line(str(exc))}"
+        checks[name] = {"status": status, "seconds": round(time.monotonic() - started, 1), **figures}
+        run.say(f"  micro_checks.{name}: {status}")
+        if status.startswith("pending"):
+            break
+    failed = [name for name, c in checks.items() if c["status"].startswith("failed")]
+    pending = [name for name, c in checks.items() if c["status"].startswith("pending")]
+    figures = {"checks": checks}
+    if failed:
+        raise Failed(f"checks {', '.join(failed)} failed (the next run tries them again)", figures)
+    if pending or len(checks) < len(MICRO_CHECKS):
+        raise Pending(f"checks {', '.join(pending) or 'left'} not reached", figures)
+    return figures
+
+
+def gpu_test_files() -> list[str]:
+    """The test files that carry the gpu mark: collecting only these is 0.5 s on CPU against 7 s for
+    the whole suite, where every GPU test skips anyway."""
+    return sorted(str(p.relative_to(REPO)) for p in (REPO / "tests").rglob("test_*.py") if "mark.gpu" in p.read_text())
+
+
+PYTEST_COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
+
+
+def pytest_counts(text: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for number, word in PYTEST_COUNT.findall(text):
+        key = "error" if word.startswith("error") else word
+        counts[key] = counts.get(key, 0) + int(number)
+    return counts
+
+
+def node_outcome(outcome: Outcome) -> dict:
+    """One GPU test's result from its pytest run's output."""
+    counts = pytest_counts("\n".join(outcome.stdout.splitlines()[-5:]))
+    result: dict[str, Any] = {"seconds": round(outcome.seconds, 1)}
+    if outcome.returncode not in (0, 1):
+        result["outcome"] = "error"
+    elif counts.get("failed") or counts.get("error"):
+        result["outcome"] = "failed"
+    elif counts.get("passed"):
+        result["outcome"] = "passed"
+    elif counts.get("skipped"):
+        result["outcome"] = "skipped"
+    else:
+        result["outcome"] = "unknown"
+    if result["outcome"] in ("failed", "error", "unknown"):
+        summary = [line for line in outcome.stdout.splitlines() if line.startswith(("FAILED", "ERROR", "E "))]
+        result["message"] = one_line(summary[0] if summary else last_line(outcome.stdout), 500)
+    return result
+
+
+def section_pytest_gpu(run: Run) -> dict:
+    """`pytest -m gpu`, one test per pytest run, so that a deadline costs only the test in flight
+    and the next run goes on from there. Every test runs even after one fails (unlike -x): each is
+    its own evidence, and a rerun would otherwise repeat the failure to reach the others."""
+    base = [run.python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "gpu"]
+    # A test module that cannot be imported here (a dev-only package the GPU image lacks) must not
+    # hide the GPU tests of the others.
+    collect = [run.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "--collect-only",
+               "--continue-on-collection-errors"]
+    # On a card the whole suite is collected (a GPU test outside the files that say so would be
+    # missed otherwise); on CPU only the files with the mark, to keep the CPU mode short.
+    paths = [] if run.cuda else gpu_test_files()
+    collected = run.command([*collect, *paths], timeout=300)
+    if collected.cut:
+        raise Pending("collection was stopped at the deadline")
+    nodes = [line.strip() for line in collected.stdout.splitlines() if "::" in line and not line.startswith(" ")]
+    if not nodes:
+        raise Failed(f"pytest -m gpu collected no test: {last_line(collected.stdout)}")
+    earlier = run.previous("pytest_gpu").get("tests", {})
+    tests: dict[str, dict] = {}
+    for node in nodes:
+        before = earlier.get(node, {})
+        if before.get("outcome") in ("passed", "failed", "skipped", "error"):
+            tests[node] = before
+            continue
+        left = run.deadline.left()
+        if left is not None and left < 60:
+            break
+        outcome = run.command([*base, node], timeout=900)
+        if outcome.cut:
+            cuts = before.get("cut_by_deadline", 0) + 1
+            # A test longer than a whole call never ends: say so after the second cut.
+            tests[node] = ({"outcome": "error", "message": "stopped at the deadline twice: longer than one call"}
+                           if cuts >= 2 else {"outcome": "cut", "cut_by_deadline": cuts})
+            break
+        tests[node] = node_outcome(outcome)
+        run.say(f"  {node}: {tests[node]['outcome']}")
+    counts: dict[str, int] = {}
+    for result in tests.values():
+        counts[result["outcome"]] = counts.get(result["outcome"], 0) + 1
+    unimportable = [line.split()[1] for line in collected.stdout.splitlines() if line.startswith("ERROR ") and len(line.split()) > 1]
+    figures = {"collected": len(nodes), "counts": counts, "tests": tests, "modules_not_collected": unimportable,
+               "command": shlex.join(["python", *base[1:]]) + " NODE (each)"}
+    if len(tests) < len(nodes) or counts.get("cut"):
+        raise Pending(f"{len(nodes) - len(tests) + counts.get('cut', 0)} tests not run before the deadline", figures)
+    return figures
+
+
+def readme_search_args(run: Run) -> list[str]:
+    """The README's command: gpt2 under 8 GiB; on CPU a tiny GPT-2 under 12 MiB, a two-config space,
+    without the memory prediction (its trace child is 5 s of the CPU mode's minute; estimator_vs_probe
+    runs the estimator anyway)."""
+    if run.cuda:
+        return ["--model", "gpt2", "--gpu-budget", "8GiB"]
+    return ["--model", str(run.tiny_model), "--gpu-budget", "12MiB", "--device", "cpu", "--no-predict", "--micro-batches", "1,2",
+            "--effective-batch", "2", "--block-sizes", "64", "--precisions", "fp32", "--checkpointing", "off",
+            "--attention", "sdpa", "--measure-seconds", "0.2"]
+
+
+def search_figures(summary: dict, outcome: Outcome, earlier: dict) -> dict:
+    """What a `search --json` said, its wall time added to the earlier attempts' (a search the
+    deadline cut short resumes from its database)."""
+    best = summary.get("best") or {}
+    return {
+        "exit_status": outcome.returncode, "study": summary.get("study"), "study_status": summary.get("status"),
+        "stop_reason": summary.get("stop_reason"), "candidates": summary.get("candidates"),
+        "probes": summary.get("probed"), "reused": summary.get("reused"), "skipped": summary.get("skipped"),
+        "unmeasured": summary.get("unmeasured"),
+        "attempts": earlier.get("attempts", 0) + 1,
+        "wall_seconds": round(earlier.get("wall_seconds", 0.0) + outcome.seconds, 1),
+        "search_seconds": round(earlier.get("search_seconds", 0.0) + float(summary.get("seconds") or 0.0), 1),
+        "pick": {key: best.get(key) for key in ("label", "tokens_per_s", "step_seconds", "peak_allocated_bytes",
+                                                  "peak_reserved_bytes", "context_bytes", "mfu")} if best else None,
+        "leaderboard": [{key: row.get(key) for key in ("label", "tokens_per_s", "peak_reserved_bytes", "context_bytes")}
+                        for row in summary.get("leaderboard", [])],
+    }
+
+
+def run_search(run: Run, section: str, args: list[str], db: str) -> dict:
+    """One `autotune search --json` that resumes across calls: Pending while the deadline cuts it."""
+    earlier = run.previous(section)
+    # Said by the first attempt: a search resumed from its own database is still the one from empty.
+    empty = earlier.get("database_was_empty", not Path(db.removeprefix("sqlite:///")).exists())
+    argv = ["search", *args, "--db", db, "--json", *run.timeout_flag("--timeout", "s")]
+    outcome = run.autotune(*argv)
+    if outcome.cut:
+        raise Pending("the search was stopped at the deadline; the same command goes on",
+                      {**earlier, "database_was_empty": empty, "attempts": earlier.get("attempts", 0) + 1,
+                       "wall_seconds": round(earlier.get("wall_seconds", 0.0) + outcome.seconds, 1)})
+    summary = outcome.json(accept=(0, 1, 3), what="autotune search")
+    figures = {"database_was_empty": empty, "command": "autotune " + shlex.join(argv),
+               **search_figures(summary, outcome, earlier)}
+    if summary.get("stop_reason") in ("timeout", "interrupted"):
+        raise Pending("the search stopped at its --timeout; the same command goes on", figures)
+    figures["probes_stored"] = run.helper("study_probes", timeout=120, db=db)["probes"]
+    return figures
+
+
+def section_readme_command(run: Run) -> dict:
+    """The README's search from an empty database, then `autotune best --format json`."""
+    db = run.db("readme.db")
+    figures = run_search(run, "readme_command", readme_search_args(run), db)
+    best = run.autotune("best", "--db", db, "--format", "json", timeout=120)
+    figures["best"] = best.json(what="autotune best") if best.returncode == 0 else {"exit_status": best.returncode}
+    return figures
+
+
+def forum_probes(run: Run) -> dict[str, list[str]]:
+    """The forum user's config (Trainer defaults) on the whole card and under 8 GiB; on CPU the same
+    levers on the tiny model at block 128, under 1 GiB (room) and 12 MiB (too little)."""
+    if run.cuda:
+        model, block, device = "gpt2", "512", "cuda"
+        budgets = {"whole_card": str(run.doc["device_total_bytes"]), "budget_8GiB": "8GiB"}
+        extra: list[str] = []
+    else:
+        model, block, device = str(run.tiny_model), "128", "cpu"
+        budgets = {"whole_card": "1GiB", "budget_8GiB": "12MiB"}
+        extra = ["--measure-seconds", "0.2"]
+    config = ["--model", model, "--micro-batch", "8", "--block-size", block, "--precision", "fp32", "--attention", "sdpa",
+              "--optimizer", "adamw", "--no-checkpointing", "--device", device, *extra]
+    return {name: ["probe", *config, "--gpu-budget", budget, "--json"] for name, budget in budgets.items()}
+
+
+def section_forum_config(run: Run) -> dict:
+    """gpt2, micro-batch 8, block 512, fp32, sdpa, AdamW, no checkpointing: the whole card (the
+    user measured 8.06 GiB allocated, 8.73 GiB reserved), and under 8 GiB (expected: oom)."""
+    earlier = run.previous("forum_config").get("probes", {})
+    probes: dict[str, dict] = {}
+    for name, argv in forum_probes(run).items():
+        if name in earlier:
+            probes[name] = earlier[name]
+            continue
+        try:
+            # Exit 1 is a measurement too: the config does not fit.
+            result = run.autotune(*argv, timeout=900).json(accept=(0, 1), what=f"autotune probe ({name})")
+        except SectionEnd as end:
+            end.figures = {"probes": probes}  # the probe that finished is kept for the next attempt
+            raise
+        probes[name] = {"command": "autotune " + shlex.join(argv), "status": result.get("status"),
+                        **{k: result.get(k) for k in ("peak_allocated_bytes", "peak_reserved_bytes", "context_bytes",
+                                                      "budget_bytes", "margin_bytes", "cap_bytes", "tokens_per_s",
+                                                      "step_seconds", "wall_seconds")},
+                        "error": one_line(result.get("error") or "") or None}
+    whole = probes["whole_card"]
+    figures: dict[str, Any] = {"probes": probes, "small_budget_ooms_as_expected": probes["budget_8GiB"]["status"] == "oom"}
+    if run.cuda and whole.get("peak_allocated_bytes"):
+        figures["vs_forum"] = {
+            "forum_peak_allocated_gib": FORUM_PEAK_ALLOCATED_GIB, "forum_peak_reserved_gib": FORUM_PEAK_RESERVED_GIB,
+            "peak_allocated_ratio": round(whole["peak_allocated_bytes"] / GiB / FORUM_PEAK_ALLOCATED_GIB, 3),
+            "peak_reserved_ratio": round((whole.get("peak_reserved_bytes") or 0) / GiB / FORUM_PEAK_RESERVED_GIB, 3)}
+    return figures
+
+
+def benchmark_args(run: Run) -> list[str]:
+    if run.cuda:
+        return ["--models", "gpt2"]
+    # benchmarks.run's tiny case, cut to two configs and the two phases that give its figures.
+    return ["--device", "cpu", "--models", "tiny:12MiB", "--micro-batches", "1,2", "--precisions", "fp32",
+            "--checkpointing", "off", "--effective-batch", "2", "--phases", "ground-truth,search", "--no-estimate"]
+
+
+def benchmark_summary(doc: dict) -> dict:
+    cases = []
+    for case in doc.get("cases", []):
+        search, truth = case.get("autotune") or {}, case.get("ground_truth") or {}
+        cases.append({
+            "model": case.get("model"), "budget_bytes": case.get("budget_bytes"), "candidates": case.get("candidates"),
+            "figures": case.get("figures"), "pending": case.get("pending"),
+            "search_pick": (search.get("pick") or {}).get("label"), "search_probes": search.get("probed"),
+            "search_gpu_seconds": search.get("gpu_seconds"), "ground_truth_probes": truth.get("probed"),
+            "ground_truth_gpu_seconds": truth.get("gpu_seconds"),
+            "alternatives": [{k: a.get(k) for k in ("name", "status", "probed")} | {"pick": (a.get("pick") or {}).get("label")}
+                             for a in case.get("alternatives") or []],
+        })
+    return {"device": doc.get("device"), "date": doc.get("date"), "complete": doc.get("complete"), "cases": cases}
+
+
+def section_benchmark(run: Run) -> dict:
+    """benchmarks.run with its own state: exit 3 means it went as far as the deadline let it."""
+    out = run.state / "bench-out"
+    argv = [run.python, "-m", "benchmarks.run", *benchmark_args(run), "--state", str(run.state / "bench"),
+            "--out", str(out), "--brief", *run.timeout_flag("--deadline")]
+    earlier = run.previous("benchmark")
+    outcome = run.command(argv)
+    attempts = {"attempts": earlier.get("attempts", 0) + 1,
+                "wall_seconds": round(earlier.get("wall_seconds", 0.0) + outcome.seconds, 1),
+                "command": "python -m benchmarks.run " + shlex.join(argv[3:])}
+    if outcome.cut or outcome.returncode == 3:
+        raise Pending("benchmarks.run has phases left; the same command goes on", attempts)
+    if outcome.returncode != 0:
+        raise Failed(f"benchmarks.run: exit status {outcome.returncode}: {last_line(outcome.stdout)}", attempts)
+    written = sorted(out.glob("*.json"), key=lambda p: p.stat().st_mtime)
+    if not written:
+        raise Failed(f"benchmarks.run wrote no JSON into {out}", attempts)
+    return {**attempts, "json": str(written[-1].relative_to(run.state)),
+            **benchmark_summary(json.loads(written[-1].read_text()))}
+
+
+def section_estimator_vs_probe(run: Run) -> dict:
+    """The estimator's prediction against every config the README's search probed."""
+    device_type = "cuda" if run.cuda else "cpu"
+    return run.helper("estimates", timeout=900, db=run.db("readme.db"), device_type=device_type)
+
+
+def section_train_200_steps(run: Run) -> dict:
+    """`autotune train` with the README search's winner under its budget: the run's peak and speed
+    against its probe's."""
+    study = run.sections["readme_command"].get("study")
+    if not study:
+        raise Failed("readme_command recorded no study name")
+    data = run.state / "train-data"
+    run.helper("train_data", timeout=300, directory=str(data))
+    steps = 200 if run.cuda else 5
+    output = run.state / "train-run"
+    # A fresh directory each attempt: an earlier one's checkpoints would make this a resumed run.
+    shutil.rmtree(output, ignore_errors=True)
+    argv = ["train", "--study", study, "--dataset", str(data / "corpus.txt"), "--tokenizer", str(data / "tokenizer"),
+            "--max-steps", str(steps), "--save-steps", str(steps * 10), "--device", run.mode,
+            "--output-dir", str(output), "--db", run.db("readme.db"), "--json"]
+    summary = run.autotune(*argv, timeout=1200).json(accept=(0, 1), what="autotune train")
+    probe = summary.get("probe") or {}
+    speed, probe_speed = summary.get("tokens_per_s"), probe.get("tokens_per_s")
+    required = (summary.get("peak_reserved_bytes") or 0) + (summary.get("context_bytes") or 0)
+    return {
+        "command": "autotune " + shlex.join(argv),
+        "run_status": summary.get("status"),
+        **{k: summary.get(k) for k in ("steps", "tokens_per_s", "wall_tokens_per_s", "train_seconds",
+                                       "peak_allocated_bytes", "peak_reserved_bytes", "context_bytes", "budget_bytes",
+                                       "margin_bytes", "cap_bytes", "peak_vs_probe", "final_loss", "warnings", "error")},
+        "config": (summary.get("config") or {}).get("label"),
+        "probe": probe,
+        "tokens_per_s_vs_probe": round(speed / probe_speed, 3) if speed and probe_speed else None,
+        "within_budget": bool(summary.get("budget_bytes")) and required <= summary["budget_bytes"],
+    }
+
+
+def section_liger_allocator_search(run: Run) -> dict:
+    """A search on TinyLlama-1.1B's shape with Liger's kernels and the allocator's expandable
+    segments as levers: what each buys in speed and memory on the card."""
+    if importlib.util.find_spec("liger_kernel") is None:
+        raise Skip("liger_kernel is not installed (../shared/gpu/wheels.sh bitsandbytes==0.50.2 liger-kernel)")
+    model = run.state / "llama-1b"
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "config.json").write_text(json.dumps(TINYLLAMA_1_1B))
+    db = run.db("liger.db")
+    args = ["--model", str(model), "--gpu-budget", "32GiB", "--micro-batches", "2,4,8", "--effective-batch", "8",
+            "--block-sizes", "1024", "--precisions", "bf16", "--checkpointing", "off", "--attention", "sdpa",
+            "--liger", "off,on", "--allocators", "default,expandable"]
+    figures = run_search(run, "liger_allocator_search", args, db)
+    figures["levers"] = lever_effects(figures["probes_stored"])
+    return figures
+
+
+def lever_effects(probes: list[dict]) -> list[dict]:
+    """Per config apart from the two levers: tokens/s and peak reserved with each lever value."""
+    groups: dict[str, dict[str, dict]] = {}
+    for p in probes:
+        if p.get("status") != "ok":
+            continue
+        rest = {k: v for k, v in p["config"].items() if k not in ("liger", "allocator")}
+        key = json.dumps(rest, sort_keys=True)
+        groups.setdefault(key, {})[f"liger={'on' if p['config'].get('liger') else 'off'} allocator={p['config'].get('allocator')}"] = {
+            "tokens_per_s": p.get("tokens_per_s"), "peak_reserved_bytes": p.get("peak_reserved_bytes")}
+    return [{"config": json.loads(key), "by_lever": values} for key, values in groups.items()]
+
+
+def section_cuda_constants(run: Run) -> dict:
+    """The context and the cuBLAS workspaces that micro_checks measured, recorded where the
+    estimator reads them (autotune/estimate/cuda_constants.json) and copied into --out, since the
+    GPU machine's working tree does not come back."""
+    from autotune.estimate.cuda_constants import CONTEXT, CUBLAS_WORKSPACES, FILE, record_measured
+
+    checks = run.sections["micro_checks"]["checks"]
+    context = checks["context_after_step"]["after_bf16_step"]["measure_cuda_context_bytes"]
+    workspace = checks["cublas_workspace"]["workspace_bytes"]
+    where = f"{run.doc['device']}, driver {run.doc['driver']}, torch {run.doc['torch']}, {utc_now()[:10]}"
+    record_measured(CONTEXT, int(context), where)
+    record_measured(CUBLAS_WORKSPACES, int(workspace), where)
+    shutil.copy(FILE, run.out / FILE.name)
+    readme = run.sections.get("readme_command", {})
+    probe_contexts = [p["context_bytes"] for p in readme.get("probes_stored", []) if p.get("context_bytes")]
+    return {"recorded": {CONTEXT: int(context), CUBLAS_WORKSPACES: int(workspace)}, "where": where,
+            "file": str(FILE.relative_to(REPO)), "copied_to": FILE.name,
+            "readme_probe_context_bytes": {"min": min(probe_contexts), "max": max(probe_contexts)} if probe_contexts else None}
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    function: Callable[[Run], dict]
+    cuda_seconds: float           # at least this long left, or it is not started (CUDA mode)
+    cpu_seconds: float            # the same in CPU mode
+    cuda_only: bool = False
+    needs: tuple[str, ...] = ()   # sections that must be measured first
+
+    def min_seconds(self, mode: str) -> float:
+        return self.cuda_seconds if mode == "cuda" else self.cpu_seconds
+
+
+SECTIONS: tuple[Section, ...] = (
+    Section("versions", section_versions, 60, 10),
+    Section("micro_checks", section_micro_checks, 120, 0, cuda_only=True),
+    Section("pytest_gpu", section_pytest_gpu, 120, 10),
+    Section("readme_command", section_readme_command, 120, 30),
+    Section("forum_config", section_forum_config, 90, 15),
+    Section("benchmark", section_benchmark, 120, 30),
+    Section("estimator_vs_probe", section_estimator_vs_probe, 60, 15, needs=("readme_command",)),
+    Section("train_200_steps", section_train_200_steps, 180, 20, needs=("readme_command",)),
+    Section("liger_allocator_search", section_liger_allocator_search, 240, 0, cuda_only=True),
+    Section("cuda_constants", section_cuda_constants, 5, 0, cuda_only=True, needs=("micro_checks",)),
+)
+SECTION_NAMES = tuple(s.name for s in SECTIONS)
+
+
+def attempt(run: Run, section: Section) -> dict:
+    """Run one section; its record (status, seconds, figures)."""
+    earlier = run.previous(section.name)
+    started = time.monotonic()
+    figures: dict[str, Any] = {}
+    try:
+        if section.cuda_only and not run.cuda:
+            raise Skip("needs CUDA")
+        for need in section.needs:
+            status = run.sections.get(need, {}).get("status", "pending")
+            if status.startswith("skipped"):
+                raise Skip(f"{need} was skipped")
+            if status != "measured":
+                raise Pending(f"waits for {need} ({status.split(':')[0]})", earlier)
+        left = run.deadline.left()
+        needs = section.min_seconds(run.mode)
+        if left is not None and left < needs:
+            raise Pending(f"not reached: {left:.0f} s left of the {needs:.0f} it needs", earlier)
+        figures, status = section.function(run), "measured"
+    except SectionEnd as end:
+        figures, status = end.figures, end.status
+    except Exception as exc:  # a section's bug or an output it did not expect: recorded, the next goes on
+        run.log.write(traceback.format_exc())
+        status = f"failed: {type(exc).__name__}: {one_line(str(exc))}"
+    # Summed over the attempts: a section that resumes across commands costs all of them.
+    seconds = earlier.get("seconds", 0.0) + time.monotonic() - started
+    return {"status": status, "seconds": round(seconds, 1), **{k: v for k, v in figures.items() if k not in ("status", "seconds")}}
+
+
+def run_sections(run: Run, selected: Sequence[str]) -> int:
+    """Each selected section not already done, in order; the exit status."""
+    try:
+        for section in SECTIONS:
+            if section.name not in selected:
+                continue
+            status = str(run.sections.get(section.name, {}).get("status"))
+            if is_done(status):
+                run.say(f"{section.name}: already {status.split(':')[0]} (in {run.state / EVIDENCE_FILE}); not run again")
+                continue
+            run.say(f"{section.name}: starting" + (f" ({run.deadline.left():.0f} s left)" if run.deadline.left() is not None else ""))
+            run.sections[section.name] = attempt(run, section)
+            run.say(f"{section.name}: {run.sections[section.name]['status']} ({run.sections[section.name]['seconds']} s)")
+            run.save()
+    except (Interrupted, KeyboardInterrupt):
+        run.say("stopped (SIGTERM or Ctrl-C): the section in flight stays pending; the same command goes on")
+        run.save()
+        return EXIT_PENDING
+    statuses = [run.sections[name]["status"] for name in selected]
+    if any(s.startswith("failed") for s in statuses):
+        return EXIT_FAILED
+    return EXIT_DONE if all(is_done(s) for s in statuses) else EXIT_PENDING
+
+
+# -- the document -------------------------------------------------------------------------------------
+
+def package_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def nvidia_driver() -> str | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                              text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None
+
+
+def cuda_device() -> dict:
+    """The card as torch sees it, asked in a child (the orchestrator does not import torch). Raises
+    UsageError when there is none: no driver, or torch without CUDA."""
+    if not (shutil.which("nvidia-smi") or os.path.exists("/proc/driver/nvidia")):
+        raise UsageError("no CUDA device here (no NVIDIA driver); run on the GPU machine, or give --cpu for the CPU mode")
+    code = "import sys; from benchmarks.gpu_evidence import helper_main; helper_main(['device_info', '{}'])"
+    try:
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
+    except subprocess.TimeoutExpired:
+        raise UsageError("asking torch for the CUDA device took over 5 minutes; is the card healthy? (nvidia-smi)") from None
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_MARK)]
+    info = json.loads(lines[-1][len(RESULT_MARK):]) if lines else {}
+    if not info.get("cuda_available"):
+        raise UsageError(f"torch sees no CUDA device here ({info.get('why') or last_line(done.stderr) or 'no answer'}); "
+                         f"give --cpu for the CPU mode")
+    return info
+
+
+def new_document(mode: str, device: dict, argv: Sequence[str]) -> dict:
+    from benchmarks.report import slug
+
+    today = utc_now()[:10]
+    return {
+        "evidence": "autotune's CUDA claims, measured (benchmarks/gpu_evidence.py)",
+        "mode": mode,
+        "device": device.get("device"), "device_total_bytes": device.get("device_total_bytes"),
+        "compute_capability": device.get("compute_capability"),
+        "driver": nvidia_driver(), "cuda": device.get("cuda"),
+        "torch": package_version("torch"), "transformers": package_version("transformers"),
+        "python": sys.version.split()[0], "autotune_version": __version__,
+        "date": utc_now(), "updated": utc_now(), "host_cpus": os.cpu_count(),
+        "command": "python -m benchmarks.gpu_evidence " + shlex.join(argv),
+        # Where this document is committed (docs/gpu-evidence.md).
+        "results_file": f"benchmarks/results/{slug(str(device.get('device')))}-gpu-evidence-{today}.json",
+        "sections": {},
+    }
+
+
+def load_document(state: Path, fresh: dict) -> dict:
+    """The earlier run's document from the state (its sections and first date kept), else `fresh`.
+    A state measured on another device or in the other mode is refused: mixing them is not evidence."""
+    path = state / EVIDENCE_FILE
+    if not path.exists():
+        return fresh
+    try:
+        earlier = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        raise UsageError(f"{path} is not JSON; move it away or give another --state") from None
+    for key in ("mode", "device"):
+        if earlier.get(key) != fresh[key]:
+            raise UsageError(f"{path} holds a run with {key} {earlier.get(key)!r}, not {fresh[key]!r}; give another --state")
+    kept = {key: earlier[key] for key in ("date", "results_file") if key in earlier}
+    return {**fresh, **kept, "sections": earlier.get("sections", {})}
+
+
+def pending_sections(doc: dict) -> None:
+    """Every section named in the document, those never run as pending."""
+    sections = doc["sections"]
+    doc["sections"] = {name: sections.get(name) or {"status": "pending: not run yet", "seconds": 0.0} for name in SECTION_NAMES}
+
+
+# -- command line ---------------------------------------------------------------------------------------
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = Parser(prog="python -m benchmarks.gpu_evidence", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help=f"directory for {EVIDENCE_FILE} and {LOG_FILE}")
+    p.add_argument("--state", help="directory keeping finished work between commands [default: --out]")
+    p.add_argument("--deadline", type=float, help="seconds this command may take; no section starts that cannot end in them")
+    p.add_argument("--sections", help=f"comma list of {', '.join(SECTION_NAMES)} [default: all]")
+    p.add_argument("--cpu", action="store_true", help="the CPU mode: a tiny GPT-2, MiB budgets, CUDA-only sections skipped")
+    return p
+
+
+def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    args = build_parser().parse_args(argv)
+    selected = [s.strip() for s in (args.sections or ",".join(SECTION_NAMES)).split(",") if s.strip()]
+    unknown = [s for s in selected if s not in SECTION_NAMES]
+    if unknown or not selected:
+        raise UsageError(f"--sections: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(SECTION_NAMES)}")
+    if args.deadline is not None and args.deadline <= 0:
+        raise UsageError(f"--deadline must be a positive number of seconds (got {args.deadline:g})")
+    return args, selected
+
+
+def prepare_state(run: Run) -> None:
+    """Directories and the model configs every mode uses (their paths are part of probe keys, so
+    they stay in the state, at the same place across commands)."""
+    (run.state / "home").mkdir(parents=True, exist_ok=True)
+    run.tiny_model.mkdir(parents=True, exist_ok=True)
+    (run.tiny_model / "config.json").write_text(json.dumps(TINY_GPT2))
+
+
+def on_sigterm(signum: int, frame: Any) -> None:
+    raise Interrupted
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    deadline_start = time.monotonic()
+    try:
+        args, selected = parse(argv)
+        mode = "cpu" if args.cpu else "cuda"
+        device = {"device": f"cpu: {cpu_name()}"} if args.cpu else cuda_device()
+        out = Path(args.out).resolve()
+        state = Path(args.state).resolve() if args.state else out
+        doc = load_document(state, new_document(mode, device, argv))
+    except UsageError as exc:
+        print(f"gpu_evidence: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    seconds = None if args.deadline is None else args.deadline - (time.monotonic() - deadline_start)
+    out.mkdir(parents=True, exist_ok=True)
+    state.mkdir(parents=True, exist_ok=True)
+    pending_sections(doc)
+    signal.signal(signal.SIGTERM, on_sigterm)
+    with open(out / LOG_FILE, "a") as log:
+        run = Run(out=out, state=state, mode=mode, deadline=Deadline(seconds), log=log, doc=doc)
+        run.say(f"gpu_evidence {utc_now()}: {mode} mode on {doc['device']}; sections {', '.join(selected)}; "
+                f"state {state}" + (f"; deadline {seconds:.0f} s" if seconds is not None else ""))
+        prepare_state(run)
+        run.save()
+        status = run_sections(run, selected)
+        summary = ", ".join(f"{name} {run.sections[name]['status'].split(':')[0]}" for name in selected)
+        run.say(f"done (exit {status}): {summary}")
+    return status
+
+
+# -- helpers: what runs in a child process (torch is imported here only) ---------------------------------
+
+def helper_main(argv: Sequence[str]) -> None:
+    """Entry of a helper child: HELPERS[argv[0]](**json(argv[1])), its figures as the last line."""
+    name, kwargs = argv[0], json.loads(argv[1])
+    figures = HELPERS[name](**kwargs)
+    print(RESULT_MARK + json.dumps(figures, default=str), flush=True)
+
+
+def error_figures(exc: BaseException) -> dict:
+    from autotune.probe.oom import is_oom
+
+    text = str(exc)
+    return {"error_type": f"{type(exc).__module__}.{type(exc).__name__}", "message": one_line(text, 500),
+            "autotune_says_oom": is_oom(type(exc).__name__, text)}
+
+
+def helper_device_info() -> dict:
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"cuda_available": False, "why": f"torch {torch.__version__} built for CUDA {torch.version.cuda}"}
+    props = torch.cuda.get_device_properties(0)
+    return {"cuda_available": True, "device": props.name, "device_total_bytes": props.total_memory,
+            "compute_capability": f"{props.major}.{props.minor}", "cuda": torch.version.cuda,
+            "device_count": torch.cuda.device_count()}
+
+
+def helper_versions(packages: list[str], load: bool) -> dict:
+    """Each package's version, imported (`load`) or from its installed metadata; "missing: why" if not."""
+    import importlib
+
+    found: dict[str, str] = {}
+    for name in packages:
+        if not load:
+            found[name] = package_version(name.replace("_", "-")) or package_version(name) or (
+                "installed, no version" if importlib.util.find_spec(name) else "missing: not installed")
+            continue
+        try:
+            module = importlib.import_module(name)
+        except Exception as exc:  # a package that fails to import is the finding (bitsandbytes without its CUDA library)
+            found[name] = f"missing: {type(exc).__name__}: {one_line(str(exc), 200)}"
+            continue
+        found[name] = str(getattr(module, "__version__", None) or package_version(name) or "imported, no version")
+    return found
+
+
+def helper_cap_oom() -> dict:
+    """set_per_process_memory_fraction to 2 GiB, 1 GiB taken, then 1.5 GiB more asked for."""
+    import torch
+
+    device = torch.device("cuda", 0)
+    total = torch.cuda.get_device_properties(device).total_memory
+    cap = 2 * GiB
+    torch.cuda.set_per_process_memory_fraction(cap / total, device)
+    figures: dict[str, Any] = {"alloc_conf": {name: os.environ.get(name) for name in ALLOC_CONF_VARS},
+                               "cap_bytes": cap, "first_bytes": GiB, "second_bytes": int(1.5 * GiB)}
+    first = torch.empty(GiB, dtype=torch.uint8, device=device)
+    try:
+        second = torch.empty(int(1.5 * GiB), dtype=torch.uint8, device=device)
+        figures["raised"] = False
+        del second
+    except Exception as exc:  # what it raises, if anything, is the measurement
+        figures.update(raised=True, is_torch_oom=isinstance(exc, torch.OutOfMemoryError), **error_figures(exc))
+    figures["max_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
+    del first
+    return figures
+
+
+def context_figures(device: Any) -> dict:
+    """The context three ways: NVML's figure for this process, the card's used memory, and
+    autotune's own measure_cuda_context (which prefers NVML's); each less the allocator's reserve."""
+    import torch
+
+    from autotune.probe.cap import context_bytes, measure_cuda_context
+    from autotune.probe.devices import gpu_processes, own_gpu_bytes
+
+    reserved = torch.cuda.memory_reserved(device)
+    free, total = torch.cuda.mem_get_info(device)
+    own = own_gpu_bytes(device)
+    return {"reserved_bytes": reserved, "card_used_bytes": total - free, "nvml_own_bytes": own,
+            "context_nvml_bytes": None if own is None else context_bytes(reserved, own_bytes=own),
+            "context_card_bytes": context_bytes(reserved, card_used_bytes=total - free),
+            "measure_cuda_context_bytes": measure_cuda_context(device),
+            "gpu_processes": gpu_processes(device), "pid": os.getpid(),
+            "pynvml": importlib.util.find_spec("pynvml") is not None}
+
+
+def gpt2_training_step(device: Any, block: int = 128) -> Callable[[str], float]:
+    """gpt2 (124M, random weights) on `device` with fused AdamW: a function doing one optimizer step
+    in the precision it is given (fp32, or bf16/fp16 under autocast)."""
+    import contextlib
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from autotune.models import KNOWN_ARCHITECTURES
+
+    fields = {k: v for k, v in KNOWN_ARCHITECTURES["gpt2"].items() if k not in ("model_type", "architectures")}
+    model = GPT2LMHeadModel(GPT2Config(**fields)).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+    ids = torch.randint(0, fields["vocab_size"], (1, block), device=device)
+
+    def step(precision: str) -> float:
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+        with torch.autocast("cuda", dtype=dtype) if dtype is not None else contextlib.nullcontext():
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        torch.cuda.synchronize(device)
+        return float(loss)
+
+    return step
+
+
+def helper_context_after_step() -> dict:
+    """One gpt2 training step in fp32, then one under bf16 autocast (more kernels loaded): the
+    context after each."""
+    import torch
+
+    device = torch.device("cuda", 0)
+    step = gpt2_training_step(device)
+    step("fp32")
+    after_fp32 = context_figures(device)
+    step("bf16")
+    return {"after_fp32_step": after_fp32, "after_bf16_step": context_figures(device)}
+
+
+HOLDER = ("import sys, torch; x = torch.empty(2**30, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize(); "
+          "print('ready', flush=True); sys.stdin.read()")
+
+
+def helper_context_with_other_process() -> dict:
+    """A second process holds 1 GiB on the card; is it counted in this one's context?"""
+    import torch
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None
+        ready = holder.stdout.readline().strip()
+        if ready != "ready":
+            raise RuntimeError(f"the holding process did not start (exit {holder.poll()})")
+        device = torch.device("cuda", 0)
+        warm = torch.ones(256, 256, device=device)
+        (warm @ warm).sum().item()
+        figures = context_figures(device)
+    finally:
+        if holder.stdin is not None:
+            holder.stdin.close()
+        try:
+            holder.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            holder.kill()
+    other = GiB
+    figures.update(other_process_bytes=other, holder_pid=holder.pid,
+                   counts_other_process=figures["measure_cuda_context_bytes"] >= other)
+    return figures
+
+
+def helper_device_assert() -> dict:
+    """An out-of-range index on CUDA (a device-side assert), then torch.cuda.mem_get_info."""
+    import torch
+
+    x = torch.zeros(8, device="cuda")
+    index = torch.tensor([1000], device="cuda")
+    figures: dict[str, Any] = {}
+    try:
+        x[index].sum().item()
+        torch.cuda.synchronize()
+        figures["assert_raised"] = False
+    except Exception as exc:  # the device-side assert is expected here
+        figures.update(assert_raised=True, assert_error=error_figures(exc))
+    try:
+        free, total = torch.cuda.mem_get_info()
+        figures["mem_get_info"] = {"raises": False, "free_bytes": free, "total_bytes": total}
+    except Exception as exc:  # whether it raises is the question
+        figures["mem_get_info"] = {"raises": True, **error_figures(exc)}
+    try:
+        figures["memory_reserved_after"] = {"raises": False, "bytes": torch.cuda.memory_reserved()}
+    except Exception as exc:  # the allocator's own counters need no device call: do they still answer?
+        figures["memory_reserved_after"] = {"raises": True, **error_figures(exc)}
+    return figures
+
+
+def helper_allocator_settings() -> dict:
+    """Whether this process's allocator runs expandable segments: the snapshot's `is_expandable`
+    where torch reports it, else 8 large blocks in one segment (expandable) or eight."""
+    import torch
+
+    device = torch.device("cuda", 0)
+    blocks = [torch.empty(32 * MiB, dtype=torch.uint8, device=device) for _ in range(8)]
+    segments = torch.cuda.memory_snapshot()
+    large = [s for s in segments if s.get("segment_type") == "large"]
+    flags = sorted({bool(s["is_expandable"]) for s in segments if "is_expandable" in s})
+    getter = getattr(torch._C, "_accelerator_getAllocatorSettings", None)
+    settings = None
+    if getter is not None:
+        try:
+            settings = str(getter())
+        except Exception as exc:  # a private API: record what it said
+            settings = f"raised {type(exc).__name__}: {one_line(str(exc))}"
+    del blocks
+    return {"env": {name: os.environ.get(name) for name in ALLOC_CONF_VARS}, "large_segments": len(large),
+            "is_expandable_flags": flags, "allocator_settings": settings,
+            "expandable": flags == [True] if flags else len(large) == 1}
+
+
+def helper_cublas_workspace() -> dict:
+    """cuBLAS's workspaces in a fresh process: allocated bytes a first fp32 matmul and its backward
+    add beyond their tensors, and what clearing the workspaces gives back."""
+    import torch
+
+    device = torch.device("cuda", 0)
+    a = torch.randn(1024, 1024, device=device, requires_grad=True)
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    c = a @ a
+    torch.cuda.synchronize(device)
+    forward = torch.cuda.memory_allocated(device) - before - c.numel() * c.element_size()
+    c.sum().backward()
+    torch.cuda.synchronize(device)
+    assert a.grad is not None
+    live = c.numel() * c.element_size() + a.grad.numel() * a.grad.element_size()
+    after_backward = torch.cuda.memory_allocated(device) - before - live
+    # What the estimator adds is what is allocated beyond the tensors once a step's forward and
+    # backward have run (two threads, two handles); clearing the workspaces is the cross-check.
+    figures: dict[str, Any] = {"forward_workspace_bytes": forward, "after_backward_workspace_bytes": after_backward,
+                               "workspace_bytes": after_backward}
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        held = torch.cuda.memory_allocated(device)
+        clear()
+        figures["cleared_bytes"] = held - torch.cuda.memory_allocated(device)
+    figures["cublas_workspace_config"] = os.environ.get("CUBLAS_WORKSPACE_CONFIG")
+    return figures
+
+
+def helper_bitsandbytes_import() -> dict:
+    """Does importing bitsandbytes start CUDA in this process (a context of its own)?"""
+    import torch
+
+    before = torch.cuda.is_initialized()
+    import bitsandbytes
+
+    figures: dict[str, Any] = {"bitsandbytes": getattr(bitsandbytes, "__version__", None),
+                               "cuda_initialized_before": before, "cuda_initialized_after": torch.cuda.is_initialized()}
+    try:  # NVML by index: asking torch for the device's UUID would start CUDA itself
+        import pynvml  # type: ignore[import-not-found]  # optional: nvidia-ml-py
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        listed = {p.pid: p.usedGpuMemory for p in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)}
+        figures.update(nvml_lists_this_process=os.getpid() in listed, nvml_own_bytes=listed.get(os.getpid()))
+    except Exception as exc:  # no NVML here: the torch flag above is the answer
+        figures["nvml"] = f"unavailable: {type(exc).__name__}: {one_line(str(exc))}"
+    return figures
+
+
+def helper_handoff_compile(model_dir: str, output_dir: str, drop_tf32: bool) -> dict:
+    """Two Trainer steps of the tiny GPT-2 with the hand-off's TrainingArguments for a compiled fp32
+    winner (drop_tf32: without the `tf32` the hand-off always names)."""
+    import torch
+    import transformers
+    from transformers import AutoConfig, Trainer, TrainingArguments
+
+    from autotune.config import ProbeConfig
+    from autotune.handoff import BestConfig
+    from autotune.store import LeaderboardRow
+
+    config = ProbeConfig(model=model_dir, micro_batch=2, block_size=64, precision="fp32", compile=True)
+    row = LeaderboardRow(rank=1, study="gpu-evidence", probe_id=0, trial_number=None, config=config,
+                         config_key=config.key(), status="ok", tokens_per_s=None, step_seconds=None, samples_per_s=None,
+                         mfu=None, peak_allocated_bytes=None, peak_reserved_bytes=None, context_bytes=None,
+                         budget_bytes=8 * GiB, margin_bytes=0)
+    best = BestConfig(row, device_type="cuda")
+    kwargs = best.trainer_kwargs()
+    if drop_tf32:
+        kwargs.pop("tf32", None)
+    figures: dict[str, Any] = {"trainer_kwargs": kwargs, "transformers": transformers.__version__, "torch": torch.__version__}
+    args = TrainingArguments(output_dir=output_dir, max_steps=2, report_to="none", save_strategy="no", logging_steps=1,
+                             **kwargs)
+    model = best.load_model(AutoConfig.from_pretrained(model_dir))
+    vocab = model.config.vocab_size
+    data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, vocab, (8, 64))]
+    try:
+        result = Trainer(model=model, args=args, train_dataset=data).train()
+        figures.update(ok=True, train_loss=result.training_loss)
+    except Exception as exc:  # the error (torch.compile refusing mixed TF32 APIs) is the finding
+        figures.update(ok=False, **error_figures(exc), message_tail=last_line(str(exc), 500))
+    for name in ("fp32_precision", "allow_tf32"):
+        try:
+            figures[f"matmul_{name}"] = str(getattr(torch.backends.cuda.matmul, name))
+        except Exception as exc:  # reading the legacy flag beside the new API can raise
+            figures[f"matmul_{name}"] = f"raised {type(exc).__name__}: {one_line(str(exc))}"
+    return figures
+
+
+def helper_study_probes(db: str) -> dict:
+    """Every probe stored in `db`, compact."""
+    from autotune.store import open_store
+
+    with open_store(db, read_only=True) as store:
+        records = store.probes()
+    return {"probes": [{
+        "label": r.config.label(), "config": r.config.to_dict(), "status": str(r.result.status),
+        "tokens_per_s": r.result.tokens_per_s, "peak_allocated_bytes": r.result.peak_allocated_bytes,
+        "peak_reserved_bytes": r.result.peak_reserved_bytes, "context_bytes": r.result.context_bytes,
+        "wall_seconds": r.result.wall_seconds, "error": one_line(r.result.error or "") or None,
+    } for r in records]}
+
+
+def ratio_error(predicted: int | None, measured: int | None) -> float | None:
+    return None if not predicted or not measured else round((predicted - measured) / measured, 4)
+
+
+def helper_estimates(db: str, device_type: str) -> dict:
+    """Estimate vs probe for every distinct config measured in `db` (as benchmarks/estimator_vs_probe.py
+    compares them, from stored probes instead of new ones)."""
+    from autotune.estimate import estimate_memories
+    from autotune.store import open_store
+
+    with open_store(db, read_only=True) as store:
+        records = [r for r in store.probes() if str(r.result.status) in ("ok", "oom") and r.result.peak_allocated_bytes]
+    measured = {r.config_key: r for r in records}
+    started = time.perf_counter()
+    estimates = estimate_memories([r.config for r in measured.values()], device_type=device_type, use_cache=False)
+    rows: list[dict[str, Any]] = []
+    for record, estimate in zip(measured.values(), estimates):
+        result = record.result
+        rows.append({
+            "label": record.config.label(), "status": str(result.status),
+            "measured": {"peak_allocated_bytes": result.peak_allocated_bytes, "peak_reserved_bytes": result.peak_reserved_bytes,
+                         "context_bytes": result.context_bytes, "required_bytes": result.required_bytes},
+            "estimate": {"peak_bytes": estimate.peak_bytes, "reserved_bytes": estimate.reserved_bytes,
+                         "context_bytes": estimate.context_bytes, "required_bytes": estimate.required_bytes,
+                         "breakdown": estimate.breakdown},
+            "error_allocated": ratio_error(estimate.peak_bytes, result.peak_allocated_bytes),
+            "error_reserved": ratio_error(estimate.reserved_bytes, result.peak_reserved_bytes),
+            "error_required": ratio_error(estimate.required_bytes, result.required_bytes),
+        })
+
+    def spread(key: str) -> dict | None:
+        # An OOM's peaks are where it stopped, not the config's need: only configs that ran count.
+        errors = [abs(row[key]) for row in rows if row["status"] == "ok" and row[key] is not None]
+        return {"mean_abs": round(sum(errors) / len(errors), 4), "max_abs": round(max(errors), 4), "n": len(errors)} if errors else None
+
+    return {"device_type": device_type, "configs": len(rows), "estimate_seconds": round(time.perf_counter() - started, 1),
+            "allocated": spread("error_allocated"), "reserved": spread("error_reserved"),
+            "required": spread("error_required"), "rows": rows}
+
+
+def helper_train_data(directory: str) -> dict:
+    """A corpus (the standard library's pydoc topics, ~460 KB of English) and a 500-token byte-level
+    BPE tokenizer trained on it, as tests/train/conftest.py makes them (within any GPT-2 vocabulary)."""
+    import pydoc_data.topics
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    root = Path(directory)
+    corpus, tokenizer = root / "corpus.txt", root / "tokenizer"
+    if not (corpus.exists() and (tokenizer / "tokenizer.json").exists()):
+        root.mkdir(parents=True, exist_ok=True)
+        topics = pydoc_data.topics.topics
+        text = "\n\n".join(topics[name] for name in sorted(topics))
+        corpus.write_text(text)
+        special = "<|endoftext|>"
+        bpe = ByteLevelBPETokenizer()
+        bpe.train_from_iterator([text], vocab_size=500, min_frequency=2, special_tokens=[special], show_progress=False)
+        PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token=special, eos_token=special,
+                                unk_token=special).save_pretrained(tokenizer)
+    return {"corpus_bytes": corpus.stat().st_size, "tokenizer": str(tokenizer)}
+
+
+HELPERS: dict[str, Callable[..., dict]] = {
+    "device_info": helper_device_info,
+    "versions": helper_versions,
+    "cap_oom": helper_cap_oom,
+    "context_after_step": helper_context_after_step,
+    "context_with_other_process": helper_context_with_other_process,
+    "device_assert": helper_device_assert,
+    "allocator_settings": helper_allocator_settings,
+    "cublas_workspace": helper_cublas_workspace,
+    "bitsandbytes_import": helper_bitsandbytes_import,
+    "handoff_compile": helper_handoff_compile,
+    "study_probes": helper_study_probes,
+    "estimates": helper_estimates,
+    "train_data": helper_train_data,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,279 @@
+"""benchmarks/gpu_evidence.py, the script that spends the scarce GPU minutes: its CPU mode end to end
+(every section measured or skipped, a second run redoing nothing), the one-line refusal without
+CUDA, resuming after failures and deadlines, and children killed with their group at the deadline."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks import gpu_evidence
+from benchmarks.gpu_evidence import EVIDENCE_FILE, LOG_FILE, SECTION_NAMES, Failed, Pending, Run, Section, Skip
+from benchmarks.run import Deadline
+from tests.conftest import cuda_available
+
+CUDA_ONLY = {"micro_checks", "liger_allocator_search", "cuda_constants"}
+CONSTANTS = Path(gpu_evidence.REPO, "autotune", "estimate", "cuda_constants.json")
+
+
+def evidence_command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "benchmarks.gpu_evidence", *args]
+
+
+def run_evidence(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run(evidence_command(*args), capture_output=True, text=True, timeout=timeout, cwd=gpu_evidence.REPO)
+
+
+@pytest.fixture(scope="module")
+def cpu_runs(tmp_path_factory):
+    """The CPU mode run twice on one state: the first measures, the second must find it all done."""
+    out = tmp_path_factory.mktemp("evidence")
+    constants = CONSTANTS.read_text()
+    # About 50 s of work on 2 idle cores; the deadline leaves room for a busy machine.
+    first = run_evidence("--out", str(out), "--cpu", "--deadline", "420")
+    doc = json.loads((out / EVIDENCE_FILE).read_text()) if (out / EVIDENCE_FILE).exists() else None
+    started = time.monotonic()
+    second = run_evidence("--out", str(out), "--cpu", "--deadline", "420")
+    again = time.monotonic() - started
+    return out, first, doc, second, again, constants
+
+
+@pytest.mark.slow
+def test_cpu_mode_measures_every_section_or_says_why_not(cpu_runs):
+    out, first, doc, _, _, constants = cpu_runs
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert doc["mode"] == "cpu" and doc["torch"] and doc["transformers"] and doc["date"] and doc["host_cpus"] >= 1
+    assert doc["autotune_version"] and doc["python"] and doc["device"].startswith("cpu")
+    sections = doc["sections"]
+    assert list(sections) == list(SECTION_NAMES)
+    for name, record in sections.items():
+        expected = "skipped: needs CUDA" if name in CUDA_ONLY else "measured"
+        assert record["status"] == expected, (name, record)
+        assert isinstance(record["seconds"], float)
+
+    assert sections["versions"]["packages"]["torch"] == doc["torch"]
+    assert sections["versions"]["nvidia_smi"].startswith("skipped: ")
+    pytest_gpu = sections["pytest_gpu"]
+    assert pytest_gpu["collected"] >= 1 and pytest_gpu["counts"] == {"skipped": pytest_gpu["collected"]}
+
+    readme = sections["readme_command"]
+    assert readme["database_was_empty"] and readme["probes"] >= 1 and readme["exit_status"] == 0
+    assert readme["pick"]["label"] and readme["pick"]["tokens_per_s"] > 0 and readme["pick"]["peak_reserved_bytes"] > 0
+    assert readme["best"]["label"] == readme["pick"]["label"]
+    assert {p["status"] for p in readme["probes_stored"]} == {"ok"}
+
+    forum = sections["forum_config"]["probes"]
+    assert forum["whole_card"]["status"] == "ok" and forum["whole_card"]["peak_reserved_bytes"] > 0
+    assert forum["budget_8GiB"]["status"] == "oom" and sections["forum_config"]["small_budget_ooms_as_expected"]
+
+    bench = sections["benchmark"]
+    assert bench["complete"] and (out / bench["json"]).exists()
+    (case,) = bench["cases"]
+    assert case["figures"]["pick_quality"] > 0.5 and case["search_pick"]
+
+    estimates = sections["estimator_vs_probe"]
+    assert estimates["configs"] == readme["probes"] and estimates["allocated"]["n"] >= 1
+    # An error ratio for every config that ran (how close is the estimator's own tests' business).
+    assert 0 <= estimates["allocated"]["max_abs"] < 1 and len(estimates["rows"]) == estimates["configs"]
+
+    train = sections["train_200_steps"]
+    assert train["run_status"] == "finished" and train["steps"] == 5 and train["within_budget"]
+    assert train["peak_reserved_bytes"] > 0 and train["tokens_per_s"] > 0 and train["config"] == readme["pick"]["label"]
+
+    log = (out / LOG_FILE).read_text()
+    assert "autotune search" in log and "--- exit status 0" in log
+    assert CONSTANTS.read_text() == constants, "the CPU mode must not record CUDA constants"
+
+
+@pytest.mark.slow
+def test_a_second_run_on_the_same_state_runs_nothing_again(cpu_runs):
+    out, first, doc, second, again, _ = cpu_runs
+    assert first.returncode == 0
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert again < 15, again
+    redone = json.loads((out / EVIDENCE_FILE).read_text())
+    assert {n: (r["status"], r["seconds"]) for n, r in redone["sections"].items()} == \
+           {n: (r["status"], r["seconds"]) for n, r in doc["sections"].items()}
+    assert redone["date"] == doc["date"]
+    for name in SECTION_NAMES:
+        assert f"{name}: already " in second.stderr
+
+
+def assert_one_line_refusal(proc: subprocess.CompletedProcess, needle: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.skipif(cuda_available(), reason="this machine has CUDA")
+def test_without_cuda_and_without_cpu_it_refuses_in_one_line_and_writes_nothing(tmp_path):
+    out = tmp_path / "out"
+    assert_one_line_refusal(run_evidence("--out", str(out), "--deadline", "60"), "--cpu")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--sections", "versions,nope"], "nope"),
+    (["--deadline", "0"], "--deadline"),
+    (["--deadline", "soon"], "--deadline"),
+])
+def test_bad_arguments_are_one_line_and_write_nothing(tmp_path, args, needle):
+    out = tmp_path / "out"
+    assert_one_line_refusal(run_evidence("--out", str(out), "--cpu", *args), needle)
+    assert not out.exists()
+
+
+def test_missing_out_is_one_line():
+    assert_one_line_refusal(run_evidence("--cpu"), "--out")
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_the_deadline_kills_a_child_and_what_it_started(tmp_path):
+    # The child starts a grandchild and both would sleep a minute: the deadline ends both.
+    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "print(p.pid, flush=True); time.sleep(60)")
+    with open(tmp_path / "log", "w") as log:
+        started = time.monotonic()
+        outcome = gpu_evidence.run_child([sys.executable, "-c", code], log=log, scratch=tmp_path / "tmp",
+                                         deadline=Deadline(2.0), timeout=30)
+    assert outcome.cut and not outcome.timed_out and outcome.returncode is None
+    assert time.monotonic() - started < 15
+    grandchild = int(outcome.stdout.split()[0])
+    deadline = time.monotonic() + 5
+    while alive(grandchild) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(grandchild)
+    assert "stopped at the deadline" in (tmp_path / "log").read_text()
+
+
+def test_a_child_over_its_own_timeout_has_timed_out_not_been_cut(tmp_path):
+    with open(tmp_path / "log", "w") as log:
+        outcome = gpu_evidence.run_child([sys.executable, "-c", "import time; time.sleep(30)"], log=log,
+                                         scratch=tmp_path / "tmp", deadline=Deadline(None), timeout=1)
+    assert outcome.timed_out and not outcome.cut
+
+
+def fake_run(tmp_path: Path, deadline: float | None = None) -> Run:
+    log = open(tmp_path / LOG_FILE, "a")
+    doc = {"mode": "cpu", "device": "cpu: test", "date": "2026-01-01", "sections": {}}
+    if (tmp_path / EVIDENCE_FILE).exists():
+        doc["sections"] = json.loads((tmp_path / EVIDENCE_FILE).read_text())["sections"]
+    gpu_evidence.pending_sections(doc)
+    return Run(out=tmp_path, state=tmp_path, mode="cpu", deadline=Deadline(deadline), log=log, doc=doc)
+
+
+def test_sections_resume_failed_and_pending_ones_only(tmp_path, monkeypatch):
+    calls: list[str] = []
+    outcomes: dict[str, object] = {}
+
+    def section(name):
+        def run(run):
+            calls.append(name)
+            outcome = outcomes[name]
+            if isinstance(outcome, Exception):
+                raise outcome
+            return dict(outcome)
+        return run
+
+    fakes = tuple(Section(name, section(name), 0, 0) for name in SECTION_NAMES)
+    monkeypatch.setattr(gpu_evidence, "SECTIONS", fakes)
+    outcomes.update({name: {"figure": 1} for name in SECTION_NAMES})
+    outcomes["versions"] = Failed("broken", {"partial": 1})
+    outcomes["pytest_gpu"] = Pending("cut short")
+    outcomes["benchmark"] = Skip("not here")
+    first = fake_run(tmp_path)
+    assert gpu_evidence.run_sections(first, SECTION_NAMES) == gpu_evidence.EXIT_FAILED
+    assert first.sections["versions"] == {"status": "failed: broken", "seconds": 0.0, "partial": 1}
+    assert first.sections["pytest_gpu"]["status"] == "pending: cut short"
+    assert first.sections["benchmark"]["status"] == "skipped: not here"
+    assert calls == list(SECTION_NAMES)
+
+    calls.clear()
+    outcomes.update(versions={"figure": 2}, pytest_gpu=Pending("still cut"))
+    second = fake_run(tmp_path)
+    assert gpu_evidence.run_sections(second, SECTION_NAMES) == gpu_evidence.EXIT_PENDING
+    assert calls == ["versions", "pytest_gpu"]
+    assert second.sections["versions"]["status"] == "measured" and second.sections["versions"]["figure"] == 2
+
+    calls.clear()
+    outcomes.update(pytest_gpu={"figure": 3})
+    third = fake_run(tmp_path)
+    assert gpu_evidence.run_sections(third, SECTION_NAMES) == gpu_evidence.EXIT_DONE
+    assert calls == ["pytest_gpu"]
+
+
+def test_a_section_is_not_started_without_its_time_and_a_dependent_waits(tmp_path, monkeypatch):
+    ran: list[str] = []
+    fakes = (Section("readme_command", lambda run: ran.append("readme") or {}, 0, 3600),
+             Section("train_200_steps", lambda run: ran.append("train") or {}, 0, 0, needs=("readme_command",)))
+    monkeypatch.setattr(gpu_evidence, "SECTIONS", fakes)
+    run = fake_run(tmp_path, deadline=60)
+    assert gpu_evidence.run_sections(run, ["readme_command", "train_200_steps"]) == gpu_evidence.EXIT_PENDING
+    assert ran == []
+    assert run.sections["readme_command"]["status"].startswith("pending: not reached")
+    assert run.sections["train_200_steps"]["status"] == "pending: waits for readme_command (pending)"
+
+
+def test_sigterm_leaves_the_section_in_flight_pending_and_the_document_saved(tmp_path, monkeypatch):
+    import signal
+
+    def killed(run):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        return {}
+
+    monkeypatch.setattr(gpu_evidence, "SECTIONS", (Section("versions", killed, 0, 0),))
+    previous = signal.signal(signal.SIGTERM, gpu_evidence.on_sigterm)
+    try:
+        run = fake_run(tmp_path)
+        started = time.monotonic()
+        assert gpu_evidence.run_sections(run, ["versions"]) == gpu_evidence.EXIT_PENDING
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert time.monotonic() - started < 4
+    saved = json.loads((tmp_path / EVIDENCE_FILE).read_text())
+    assert saved["sections"]["versions"]["status"].startswith("pending")
+
+
+def test_pytest_counts_read_the_summary_line():
+    assert gpu_evidence.pytest_counts("1 failed, 2 passed, 3 skipped, 1 error in 4.2s") == \
+           {"failed": 1, "passed": 2, "skipped": 3, "error": 1}
+    assert gpu_evidence.pytest_counts("6 skipped, 720 deselected in 7.05s") == {"skipped": 6, "deselected": 720}
+
+
+def test_the_state_tarball_leaves_out_checkpoints_caches_and_large_files(tmp_path):
+    state = tmp_path / "state"
+    for name in ("readme.db", "train-run/model.safetensors", "cache/x", "tmp/y", "bench/gt.db"):
+        (state / name).parent.mkdir(parents=True, exist_ok=True)
+        (state / name).write_text("x")
+    (state / "big.bin").write_bytes(b"\0" * (gpu_evidence.MAX_TARRED_FILE_BYTES + 1))
+    gpu_evidence.pack_state(state, tmp_path / "state.tar.gz")
+    import tarfile
+
+    with tarfile.open(tmp_path / "state.tar.gz") as tar:
+        names = {member.name for member in tar.getmembers() if member.isfile()}
+    assert names == {"state/readme.db", "state/bench/gt.db"}
+
+
+def test_the_wrapper_starts_with_the_gpu_machines_preamble():
+    wrapper = (gpu_evidence.REPO / "benchmarks" / "gpu_evidence.sh").read_text().splitlines()
+    commands = [line for line in wrapper if line.strip() and not line.startswith("#")]
+    preamble = gpu_evidence.REPO.parent / "shared" / "gpu" / "preamble.sh"
+    if preamble.exists():
+        assert commands[0].strip() == preamble.read_text().strip()
+    assert "python3 -m benchmarks.gpu_evidence" in commands[-1] and '"$@"' in commands[-1]
+    assert os.access(gpu_evidence.REPO / "benchmarks" / "gpu_evidence.sh", os.X_OK)
