@@ -12,6 +12,9 @@ By hand: `from_pretrained(name, **best.model_kwargs())` (load arguments and conf
 from_pretrained takes them), or `from_config(config, **best.load_kwargs())` after
 `config.update(best.config_overrides())` (transformers 5's from_config passes no config field through).
 The Auto class and example script of the study's task: `best.task_document()`.
+
+A study that measured the run's evaluation hands it off too (handoff/later_phases.py); one that
+generates, as a `Seq2SeqTrainingArguments` for a `Seq2SeqTrainer`.
 """
 
 from __future__ import annotations
@@ -23,15 +26,17 @@ import json
 import re
 from dataclasses import dataclass
 
-from autotune import speed
+from autotune import evaluation, speed
 from autotune.budget import Budget, required_bytes
 from autotune.errors import BadInput, StudyNotFound
+from autotune.handoff import later_phases
 from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec, bnb_4bit_kwargs, is_qlora, memory_caveats
 from autotune.status import ProbeStatus, StudyStatus
 from autotune.store import LeaderboardRow, ProbeRecord, StudyRecord, open_store
 from autotune.tasks import AUTO_CLASSES, EXAMPLE_SCRIPTS, MLM_PROBABILITY, Task
 from autotune.units import format_size
 
+__all__ = ["BestConfig", "best", "checkpointing_argument_names"]
 
 # TrainingArguments' names for activation checkpointing: transformers 5.23 renamed
 # gradient_checkpointing(_kwargs) to activation_checkpointing(_kwargs); the old names still parse
@@ -83,6 +88,14 @@ class BestConfig:
         return self.config.target_length
 
     @property
+    def eval_batch(self) -> int | None:
+        """The run's per_device_eval_batch_size (None: the study measured no evaluation): for
+        `--eval-batch auto`, the largest its probe found to fit; else the config's."""
+        # getattr: --eval-batch auto's fields are newer than the store rows and configs some callers build.
+        found = getattr(self.row, "eval_batch_found", None)
+        return found if found and getattr(self.config, "auto_eval_batch", False) else self.config.eval_batch
+
+    @property
     def task(self) -> str:
         return self.config.task
 
@@ -106,20 +119,24 @@ class BestConfig:
             f"{c.task}, target {c.target_length} tokens" if c.target_length is not None else f"{c.task}, {c.num_labels} labels")
         context = "" if row.context_bytes is None else f" + context {format_size(row.context_bytes)}"
         lora = ["             model = peft.get_peft_model(model, best.lora_config())"] if c.peft is not None else []
+        settings, phases = later_phases.evaluation_lines(c, self.eval_batch, row.phase_peaks)
+        args_class = "" if not evaluation.generates(c) else "  # Seq2SeqTrainingArguments: train with Seq2SeqTrainer"
         return "\n".join([
             f"autotune.best({row.study!r}): {row.label}",
             f"  model:     {c.model} ({task}), measured on {self.device_type}",
             f"  levers:    micro_batch={c.micro_batch}, grad_accum={c.grad_accum}, precision={c.precision}, "
             f"checkpointing={c.checkpointing}, block_size={c.block_size}, attention={c.attention}, optimizer={c.optimizer}"
             + (f", weights={c.weights}" if c.weights != "fp32" else "") + (f", peft={c.peft}" if c.peft else ""),
+            *settings,
             f"  speed:     {speed}",
             f"  memory:    needs {format_size(needed)} of the {format_size(row.budget_bytes)} budget (peak reserved "
             f"{format_size(row.peak_reserved_bytes)}{context}), "
             + (f"{format_size(spare)} to spare after the {format_size(row.margin_bytes)} margin" if spare >= 0
                else f"{format_size(-spare)} over once the {format_size(row.margin_bytes)} margin is kept"),
+            *phases,
             f"  confirmed: {verdict}",
             *(f"  note:      {caveat}" for caveat in memory_caveats(c.optimizer)),
-            "  hand-off:  args = best.training_arguments(output_dir=\"out\")",
+            f"  hand-off:  args = best.training_arguments(output_dir=\"out\"){args_class}",
             f"             model = best.load_model({json.dumps(c.model)})  # or a PretrainedConfig: from_config, random weights",
             *lora,
             f"             or `autotune train --study {row.study} --dataset ...`; flags for {EXAMPLE_SCRIPTS[Task(c.task)]}: "
@@ -189,7 +206,16 @@ class BestConfig:
             kwargs["use_liger_kernel"] = True
         if self.device_type == "cpu":
             kwargs["use_cpu"] = True
+        kwargs.update(self.eval_kwargs())
         return kwargs
+
+    def eval_kwargs(self) -> dict:
+        """TrainingArguments' evaluation fields as the probe measured them (later_phases.eval_kwargs)."""
+        return later_phases.eval_kwargs(self.config, self.eval_batch)
+
+    def training_arguments_class(self) -> str:
+        """`TrainingArguments`, or `Seq2SeqTrainingArguments` where the run generates."""
+        return later_phases.arguments_class(self.config)
 
     def environment(self) -> dict[str, str]:
         """Environment variables the training process must start with: the CUDA allocator's
@@ -301,20 +327,26 @@ class BestConfig:
         return document
 
     def training_arguments(self, output_dir: str, **overrides):
-        """A `transformers.TrainingArguments` with the winning levers (overrides win)."""
+        """A `transformers.TrainingArguments` with the winning levers (overrides win): a
+        `Seq2SeqTrainingArguments` where the run generates (`training_arguments_class()`), or where the
+        overrides name one of its own fields."""
         import dataclasses
 
-        from transformers import TrainingArguments
+        import transformers
 
         kwargs = {**self.trainer_kwargs(), **overrides}
-        names = {f.name for f in dataclasses.fields(TrainingArguments)}
+        cls = getattr(transformers, self.training_arguments_class())
+        seq2seq = transformers.Seq2SeqTrainingArguments
+        if {f.name for f in dataclasses.fields(seq2seq)}.difference(f.name for f in dataclasses.fields(cls)) & set(kwargs):
+            cls = seq2seq
+        names = {f.name for f in dataclasses.fields(cls)}
         # transformers 5.23 renamed gradient_* to activation_* (the old names warn until v6):
         # trainer_kwargs names them from the installed version; overrides may use either name.
         for old, new in (("gradient_checkpointing", "activation_checkpointing"),
                          ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
             if old in kwargs and new in names and new not in kwargs:
                 kwargs[new] = kwargs.pop(old)
-        return TrainingArguments(output_dir=output_dir, **kwargs)
+        return cls(output_dir=output_dir, **kwargs)
 
     def trainer_args_document(self) -> dict:
         document = {"training_arguments": self.trainer_kwargs(), "model_kwargs": self.model_kwargs(),
@@ -323,6 +355,9 @@ class BestConfig:
             document["lora_config"] = self.lora_kwargs()
         if self.environment():
             document["environment"] = self.environment()
+        if evaluation.generates(self.config):
+            # predict_with_generate is none of TrainingArguments', and only Seq2SeqTrainer generates.
+            document.update(training_arguments_class=self.training_arguments_class(), trainer_class="Seq2SeqTrainer")
         return document
 
     def cli_flags(self) -> str:
@@ -342,6 +377,7 @@ class BestConfig:
             flags += ["--max_seq_length", str(c.block_size)]
         else:
             flags += ["--block_size", str(c.block_size)]
+        flags += later_phases.eval_flags(self.eval_kwargs())
         flags += ["--optim", OPTIMIZERS[c.optimizer].optim]
         if OPTIMIZERS[c.optimizer].optim_args:
             flags += ["--optim_args", str(OPTIMIZERS[c.optimizer].optim_args)]
@@ -388,6 +424,7 @@ class BestConfig:
         if is_qlora(c.peft):
             caveats.append(f"4-bit base: {script} cannot quantize; load the model with quantization_config="
                            f"`autotune.best(...).quantization_config()`, or train with `autotune train --study {self.row.study}`")
+        caveats += later_phases.loss_only_caveat(c, self.eval_kwargs(), script)
         if environment := self.environment():  # read once, when CUDA starts: no flag can set it
             settings = " ".join(f"{name}={value}" for name, value in environment.items())
             caveats.append(f"allocator {c.allocator}: start {script} with {settings} in its environment "
@@ -407,7 +444,10 @@ class BestConfig:
 
         lines = []
         for key, value in self.to_dict().items():
-            lines.append(f"{key}: {scalar(value)}")
+            # A mapping or a list (phase_peaks, lora_config) in JSON's flow style, which YAML reads.
+            lines.append(f"{key}: {json.dumps(value) if isinstance(value, (dict, list)) else scalar(value)}")
+        if evaluation.generates(self.config):
+            lines.append(f"training_arguments_class: {scalar(self.training_arguments_class())}")
         lines.append("trainer_args:")
         for key, value in self.trainer_kwargs().items():
             lines.append(f"  {key}: {json.dumps(value) if isinstance(value, dict) else scalar(value)}")
