@@ -15,7 +15,7 @@ fields; autotune never changes them. Torch-free: the CLI, the store and the hand
 from __future__ import annotations
 
 from autotune.errors import BadInput
-from autotune.units import INT64_MAX
+from autotune.units import INT64_MAX, format_size
 
 # Phases of a run a probe measures, in the order it runs them.
 TRAIN, EVAL, GENERATE = "train", "eval", "generate"
@@ -35,6 +35,9 @@ EVAL_RECIPE = {"eval_batch": None, "auto_eval_batch": False, "eval_logits": LOSS
 # Doubling keeps the attempts few (7 up to 64); a power of two is what Trainer users pass anyway.
 AUTO_EVAL_BATCH_MAX = 64
 AUTO = "auto"
+# Said when nothing fits a study that evaluates.
+LOWER_EVAL_NEED = ("Evaluation runs too: a smaller --eval-batch, fewer --eval-accumulation-steps or --eval-logits "
+                   "loss-only (your recipe) lower its need.")
 
 
 def auto_eval_batches(config) -> list[int]:
@@ -144,3 +147,18 @@ def label(config) -> str:
     if generates(config):
         text += f" gen{config.generation_max_length}x{config.generation_num_beams}"
     return text
+
+
+def describe_phases(config, phase_peaks: dict[str, dict[str, int]], failed_phase: str | None = None,
+                    eval_batch_found: int | None = None) -> str:
+    """Each phase's peak reserved, in the order the run has them: 'peak reserved: train 10.56 MiB,
+    eval 18.43 MiB (stopped here)'; a phase the probe did not reach, not reached (the status says why)."""
+    parts = []
+    for phase in phases(config):
+        if phase in phase_peaks:
+            parts.append(f"{phase} {format_size(phase_peaks[phase]['reserved'])}"
+                         + (" (stopped here)" if phase == failed_phase else ""))
+        else:
+            parts.append(f"{phase} not reached")
+    found = f" at eval batch {eval_batch_found}, the largest up to {config.eval_batch} that fits" if eval_batch_found else ""
+    return "peak reserved: " + ", ".join(parts) + found

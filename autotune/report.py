@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.budget import Budget, required_bytes
 from autotune.defaults import EFFECTIVE_BATCH as TRAINER_EFFECTIVE_BATCH
-from autotune.evaluation import phases
+from autotune.evaluation import LOWER_EVAL_NEED, describe_phases
 from autotune.config import ProbeConfig
 from autotune.recipes import memory_caveats
 from autotune.result import ProbeResult
@@ -61,21 +61,6 @@ def format_probe_result(config: ProbeConfig, result: ProbeResult) -> str:
                  + f" + steps (measured window {_fmt_float(result.measured_seconds, '.2f')} s)")
     lines += [f"note    {caveat}" for caveat in memory_caveats(config.optimizer)]
     return "\n".join(lines)
-
-
-def describe_phases(config: ProbeConfig, phase_peaks: dict[str, dict[str, int]], failed_phase: str | None = None,
-                    eval_batch_found: int | None = None) -> str:
-    """Each phase's peak reserved, in the order the run has them: 'peak reserved: train 10.56 MiB,
-    eval 18.43 MiB (stopped here)'; a phase the probe did not reach, not reached (the status says why)."""
-    parts = []
-    for phase in phases(config):
-        if phase in phase_peaks:
-            parts.append(f"{phase} {format_size(phase_peaks[phase]['reserved'])}"
-                         + (" (stopped here)" if phase == failed_phase else ""))
-        else:
-            parts.append(f"{phase} not reached")
-    found = f" at eval batch {eval_batch_found}, the largest up to {config.eval_batch} that fits" if eval_batch_found else ""
-    return "peak reserved: " + ", ".join(parts) + found
 
 
 # -- stored results: leaderboard and studies -------------------------------------------------------
@@ -252,11 +237,9 @@ def explain_winner(outcome) -> str:
     if best is None and unmeasured:
         return "\n".join(["No configuration measured so far fits the budget, and some could not be measured:", *unmeasured])
     if best is None:
-        space = getattr(outcome.study, "space", None) or {}
-        evaluating = (" Evaluation runs too: a smaller --eval-batch, fewer --eval-accumulation-steps or "
-                      "--eval-logits loss-only (your recipe) lower its need." if space.get("eval_batch") else "")
+        evaluating = (getattr(outcome.study, "space", None) or {}).get("eval_batch")
         return ("No configuration fits the budget. Try a larger --gpu-budget, smaller --micro-batches or "
-                "--block-sizes, --precisions bf16, or --checkpointing on." + evaluating)
+                "--block-sizes, --precisions bf16, or --checkpointing on." + (f" {LOWER_EVAL_NEED}" if evaluating else ""))
     required = required_bytes(best.peak_reserved_bytes, best.context_bytes) or 0
     headroom = Budget(best.budget_bytes, best.margin_bytes).headroom(required)
     confirmation = getattr(outcome.study, "confirmation", None)
@@ -280,8 +263,7 @@ def explain_winner(outcome) -> str:
     if (hint := _larger_batch_hint(best, required)) is not None:
         lines.append(f"  hint: {hint}")
     if best.phase_peaks:
-        lines.append(f"  phases: {describe_phases(best.config, best.phase_peaks, None, best.eval_batch_found)} "
-                     f"(every phase of the run fits)")
+        lines.append(f"  phases: {describe_phases(best.config, best.phase_peaks, None, best.eval_batch_found)} (all fit)")
     lines += [f"  note: {caveat}" for caveat in memory_caveats(best.config.optimizer)]
     if unmeasured:
         lines += ["Not a final answer: some configurations could not be measured (one of them may be faster):", *unmeasured]

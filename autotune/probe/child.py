@@ -38,7 +38,7 @@ from autotune.probe.devices import (  # noqa: E402
 )
 from autotune.probe.hygiene import CodeWatch, allocated_bytes, why_not_reused  # noqa: E402
 from autotune.probe.oom import classify_exception  # noqa: E402
-from autotune.probe.phases import LaterPhases  # noqa: E402
+from autotune.probe.phase_run import LaterPhaseRun, PhaseMeter  # noqa: E402
 from autotune.probe import speedups  # noqa: E402
 from autotune.probe.protocol import (  # noqa: E402
     EnvironmentReply,
@@ -90,8 +90,7 @@ class _Probe:
     step: ProbeStep | None = None
     losses: list[float] = dataclasses.field(default_factory=list)
     start_allocated: int = 0             # what the accounting held as the probe began (cuBLAS workspaces on CUDA)
-    phase: str | None = evaluation.TRAIN  # the run's phase in progress (autotune.evaluation; None: all ended)
-    phase_peaks: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)  # of the phases ended
+    meter: PhaseMeter | None = None      # the run's phases and each one's peaks (with the cap)
     caught_oom: bool = False             # an OOM was caught and the probe went on (--eval-batch auto)
     leftover_bytes: int = 0              # what it still held after the probe released everything
 
@@ -153,73 +152,21 @@ def _probe_in_process(request: ProbeRequest, report: Callable[[str], None]) -> _
 def _failed(probe: _Probe, exc: BaseException) -> None:
     probe.result.status = classify_exception(exc)
     message = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-    if probe.phase not in (evaluation.TRAIN, None):  # the training steps fitted: say which later phase did not
-        probe.result.failed_phase = probe.phase
-        message = f"{probe.phase} phase: {message}"
+    phase = probe.meter.phase if probe.meter is not None else None
+    if phase not in (evaluation.TRAIN, None):  # the training steps fitted: say which later phase did not
+        probe.result.failed_phase = phase
+        message = f"{phase} phase: {message}"
     probe.result.error = message[-ERROR_TAIL_CHARS:]
 
 
 def _later_phases(probe: _Probe, report: Callable[[str], None]) -> None:
-    """Evaluation (and generation) after the training steps, as Trainer runs them between optimizer
-    steps (probe/phases.py); each phase's peaks are its own, the training state resident in all.
-    With `--eval-batch auto`, the largest eval batch whose phases all fit: see _find_eval_batch."""
-    if probe.config.auto_eval_batch:
-        _find_eval_batch(probe, report)
-    else:
-        _run_later_phases(probe, report, probe.config.eval_batch)
-
-
-def _run_later_phases(probe: _Probe, report: Callable[[str], None], eval_batch: int | None) -> None:
-    assert probe.step is not None and probe.cap is not None
-    phases = LaterPhases(probe.step, probe.hf_config.vocab_size, eval_batch)
-    for phase, run in ((evaluation.EVAL, phases.evaluate), (evaluation.GENERATE, phases.generate)):
-        if phase not in evaluation.phases(probe.config):
-            continue
-        _end_phase(probe)
-        probe.phase = phase
-        report(phase)
-        run()
-        _synchronize(probe.device)
-    _end_phase(probe)
-    probe.phase = None
-
-
-def _find_eval_batch(probe: _Probe, report: Callable[[str], None]) -> None:
-    """Run the later phases at eval batches 1, 2, 4, ... up to the config's, and keep the largest
-    whose every phase fits the budget (peak reserved + context + margin), with its peaks: one probe
-    finds what a search over eval batches would, since the training state is the same for all. An
-    OOM ends the doubling; at eval batch 1 it is the probe's (the phase does not fit at all). On
-    CUDA the process is not reused after an OOM it caught (the allocator's cache is fragmented)."""
-    assert probe.cap is not None
-    budget, found, kept_peaks = probe.request.budget, None, dict(probe.phase_peaks)
-    for size in evaluation.auto_eval_batches(probe.config):
-        try:
-            _run_later_phases(probe, report, size)
-        except Exception as exc:
-            if classify_exception(exc) != ProbeStatus.OOM or found is None:
-                raise
-            del exc
-            probe.caught_oom = True
-            break
-        context = probe.cap.context_now()
-        if not all(budget.fits(peaks["reserved"] + context) for phase, peaks in probe.phase_peaks.items()
-                   if phase != evaluation.TRAIN):
-            if found is None:
-                return  # (the probe's judgement names the phase over the budget)
-            break
-        found, kept_peaks = size, dict(probe.phase_peaks)
-    gc.collect()
-    probe.phase_peaks, probe.phase = kept_peaks, None  # (the found batch's peaks; no phase in progress)
-    probe.result.eval_batch_found = found
-
-
-def _end_phase(probe: _Probe) -> None:
-    """Record the phase in progress's peaks and start the next phase's from what is held now."""
-    assert probe.cap is not None
-    allocated, reserved = probe.cap.peaks()
-    if probe.phase is not None and allocated is not None and reserved is not None:
-        probe.phase_peaks[probe.phase] = {"allocated": allocated, "reserved": reserved}
-    probe.cap.reset_peaks()
+    """Evaluation (and generation) after the training steps (probe/phase_run.py)."""
+    assert probe.step is not None and probe.meter is not None
+    run = LaterPhaseRun(probe.step, probe.hf_config.vocab_size, probe.meter, report, lambda: _synchronize(probe.device))
+    try:
+        probe.result.eval_batch_found = run.run(probe.request.budget)
+    finally:
+        probe.caught_oom = run.caught_oom
 
 
 def _start(request: ProbeRequest) -> _Probe:
@@ -242,6 +189,7 @@ def _start(request: ProbeRequest) -> _Probe:
         probe.skip(unsupported)
         return probe
     probe.cap = cap_memory(device, budget)
+    probe.meter = PhaseMeter(probe.cap)
     result.cap_bytes, result.context_bytes = probe.cap.cap_bytes, probe.cap.context_bytes
     probe.start_allocated = allocated_bytes(probe.cap)
     return probe
@@ -438,16 +386,14 @@ def _synchronize(device: torch.device) -> None:
 
 def _record_memory(probe: _Probe) -> None:
     """The peaks of the phase in progress, and the probe's: the largest of its phases'."""
-    result, cap = probe.result, probe.cap
-    assert cap is not None
+    result, cap, meter = probe.result, probe.cap, probe.meter
+    assert cap is not None and meter is not None
     if not evaluation.evaluates(probe.config):
         result.peak_allocated_bytes, result.peak_reserved_bytes = cap.peaks()
     else:
-        _end_phase(probe)
-        result.phase_peaks = dict(probe.phase_peaks)
-        if probe.phase_peaks:
-            result.peak_allocated_bytes = max(p["allocated"] for p in probe.phase_peaks.values())
-            result.peak_reserved_bytes = max(p["reserved"] for p in probe.phase_peaks.values())
+        meter.end()
+        result.phase_peaks = dict(meter.peaks) or None
+        result.peak_allocated_bytes, result.peak_reserved_bytes = meter.largest()
     if cap.device.type == "cuda":
         result.context_bytes = max(result.context_bytes or 0, cap.context_now())
 
