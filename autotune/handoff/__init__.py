@@ -91,7 +91,6 @@ class BestConfig:
     def eval_batch(self) -> int | None:
         """The run's per_device_eval_batch_size (None: the study measured no evaluation): for
         `--eval-batch auto`, the largest its probe found to fit; else the config's."""
-        # getattr: --eval-batch auto's fields are newer than the store rows and configs some callers build.
         found = self.row.eval_batch_found
         return found if found and self.config.auto_eval_batch else self.config.eval_batch
 
