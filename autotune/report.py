@@ -20,7 +20,6 @@ from autotune.status import ProbeStatus, Settled
 from autotune.units import format_size, size_as_read
 
 if TYPE_CHECKING:
-    from autotune.estimate import MemoryEstimate
     from autotune.store import LeaderboardRow, RunRecord, StudySummary
     from autotune.train import RunSummary
 
@@ -413,6 +412,11 @@ def render_run_summary(summary: RunSummary) -> str:
     probe_speed = f", {probe.tokens_per_s:,.0f} tokens/s" if probe.tokens_per_s else ""
     compared = f"; run/probe peak {ratio:.2f}" if ratio and s.finished else ""
     lines.append(f"probe #{s.probe_id}: peak reserved {format_size(probe.peak_reserved_bytes)}{probe_speed}{compared}")
+    for phase in s.phases:  # (a run or a probe that evaluated)
+        stopped = " (stopped here)" if phase.phase == s.failed_phase else ""
+        ratio_text = f"; run/probe {phase.ratio:.2f}" if phase.ratio else ""
+        lines.append(f"  {phase.phase} phase: peak reserved {format_size(phase.run_bytes)}{stopped}, "
+                     f"probe's {format_size(phase.probe_bytes)}{ratio_text}")
     if s.final_loss is not None:
         evaluation = ""
         if s.eval_loss is not None:
@@ -425,75 +429,4 @@ def render_run_summary(summary: RunSummary) -> str:
         if s.merged_dir is not None:
             lines.append(f"merged: {s.merged_dir} (the base with the adapters merged in, whole)")
     lines.extend(f"warning: {warning}" for warning in s.warnings)
-    return "\n".join(lines)
-
-
-# -- estimate ------------------------------------------------------------------------------------
-
-def _context_note() -> str:
-    """'assumed', or 'measured' where a GPU evidence run recorded the figure (estimate/cuda_constants.py)."""
-    from autotune.estimate import cuda_constants
-
-    return "measured" if cuda_constants.load()[cuda_constants.CONTEXT].measured else "assumed"
-
-
-def render_estimate(estimate: MemoryEstimate, budget: Budget | None = None) -> str:
-    """The table `autotune estimate` prints."""
-    e = estimate
-    peak = e.peak_bytes or 1
-
-    def row(label: str, value: int, share: bool = True, note: str = "") -> str:
-        pct = f"{100 * value / peak:5.1f}%" if share else "      "
-        return f"  {label:<24}{format_size(value):>12}  {pct}  {note}".rstrip()
-
-    where = f"predicted for {e.device_type}, " + ("from the cache" if e.cached else f"traced in {e.trace_seconds:.1f} s")
-    lines = [f"{e.config.model}  {e.config.label()}  ({where})", f"  task: {describe_task(e.config)}", ""]
-    lines.append(row("parameters", e.params))
-    lines.append(row("gradients", e.grads))
-    lines.append(row("optimizer state", e.optimizer))
-    lines.append(row("activations", e.activations))
-    lines.append(row("temporaries", e.temporaries))
-    if e.device_type == "cuda":
-        lines.append(row("cuBLAS workspaces", e.workspace))
-    lines.append(row("peak allocated", e.peak_bytes, note=f"at the peak: {e.peak_phase}" if e.peak_phase else ""))
-    over = e.reserved_bytes - e.peak_bytes
-    lines.append(row("peak reserved", e.reserved_bytes, share=False,
-                     note=f"+{format_size(over)} allocator overhead" if e.device_type == "cuda" else "512-byte rounding"))
-    if e.device_type == "cuda":
-        lines.append(row("CUDA context", e.context_bytes, share=False, note=_context_note()))
-        lines.append(row("needed on the card", e.required_bytes, share=False, note="reserved + context"))
-
-    # What is alive at the peak, and what is not and why, from the estimate's own figures: a
-    # gradients row of 0 B is no omission, the peak falls where none exists.
-    phase = e.peak_phase or "the step"
-    backward, accumulates = phase.startswith("backward"), e.config.grad_accum > 1
-    grads = ("gradients (the previous micro-steps', kept for accumulation)" if phase == "forward" and accumulates
-             else "gradients (accumulating over the micro-steps)" if backward and accumulates
-             else "gradients (made by this backward so far)" if backward
-             else "gradients (the optimizer step reads them; freed after it)" if phase == "optimizer step" else "gradients")
-    alive = [name for name, value in (("weights", e.params), (grads, e.grads), ("optimizer state", e.optimizer),
-                                      ("activations", e.activations), ("temporaries", e.temporaries),
-                                      ("cuBLAS workspaces", e.workspace)) if value > 0]
-    absent = []
-    if e.grads == 0:
-        absent.append("gradients are not made yet: the peak comes early in the backward, before its first gradient"
-                      if backward else "no gradients: this micro-step's backward has not made them yet"
-                      if phase == "forward" else "no gradients")
-        absent[-1] += " (they are freed after each optimizer step: zero_grad(set_to_none=True))"
-    if e.optimizer == 0:
-        absent.append("no optimizer state (the optimizer makes it at its first step)")
-    if e.activations == 0:
-        absent.append("no activations (the backward has freed them)")
-    lines += ["", f"  at the peak ({phase}): " + ", ".join(alive) + "".join(f"; {text}" for text in absent)]
-    if budget is not None:
-        lines.append("")
-        room = budget.headroom(e.required_bytes)
-        margin_text = f" with a {format_size(budget.margin_bytes)} margin" if budget.margin_bytes else ""
-        if room >= 0:
-            lines.append(f"  budget {size_as_read(budget.total_bytes)}{margin_text}: fits, {format_size(room)} to spare")
-        else:
-            lines.append(f"  budget {size_as_read(budget.total_bytes)}{margin_text}: does NOT fit, {format_size(-room)} over")
-    if e.notes:
-        lines.append("")
-        lines.extend(f"  note: {n}" for n in e.notes)
     return "\n".join(lines)

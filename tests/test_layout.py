@@ -23,7 +23,7 @@ MAX_LINES = 500
 LAYERS: list[set[str]] = [
     {"__main__"},
     {"cli"},                                     # parses flags, calls one function, prints
-    {"report", "live", "plot", "markdown"},      # renders what the layers below return
+    {"report", "live", "plot", "markdown", "estimate_report"},  # renders what the layers below return
     {"train"},                                   # the fine-tune (searching first if need be)
     {"handoff", "planner"},                      # a study's winner handed off; a space predicted for a card (plan)
     {"search"},                                  # space -> strategies -> probe runner -> store
@@ -38,7 +38,7 @@ LAYERS: list[set[str]] = [
 # (importer unit, imported unit) pairs allowed within one layer: the estimator traces the probe's
 # own training step; the Markdown report says why as `autotune search` does and embeds the plot.
 SIDEWAYS = {("estimate", "probe"), ("config", "tasks"), ("config", "recipes"), ("config", "speed"),
-            ("markdown", "report"), ("markdown", "plot")}
+            ("markdown", "report"), ("markdown", "plot"), ("estimate_report", "report")}
 
 
 def module_name(path: Path) -> str:

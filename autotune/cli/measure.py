@@ -72,7 +72,7 @@ def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointin
     from autotune.budget import Budget
     from autotune.estimate import estimate_memory
     from autotune.live import trace_progress
-    from autotune.report import render_estimate
+    from autotune.estimate_report import render_estimate
     from autotune.units import parse_budget, parse_duration, parse_margin
 
     budget = Budget.of(parse_budget(gpu_budget), parse_margin(safety_margin)) if gpu_budget is not None else None

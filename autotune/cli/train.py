@@ -7,7 +7,7 @@ import sys
 import click
 
 from autotune.cli.app import cli, echo_json
-from autotune.cli.options import db_option, task_options
+from autotune.cli.options import db_option, evaluation_asked, task_options
 from autotune.recipes import peft_text
 
 
@@ -59,7 +59,9 @@ def train(study, model, gpu_budget, dataset, text_column, target_column, label_c
                            trust_remote_code=trust_remote_code)
     out = sys.stderr if as_json else sys.stdout
     outcome = run(options, study=study, model=model, gpu_budget=budget, task=task, target_length=target_length,
-                  num_labels=num_labels, peft=peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets), db=db,
+                  num_labels=num_labels, peft=peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets),
+                  evaluation=evaluation_asked(eval_batch, eval_logits, eval_accumulation_steps, generate,
+                                              generation_max_length, num_beams), db=db,
                   echo=lambda line: click.echo(line, file=out),
                   on_search_start=lambda *a: click.echo(report.format_search_header(*a), file=out),
                   on_search_event=lambda e: click.echo(report.format_event(e), file=out))

@@ -275,14 +275,18 @@ class BestConfig:
                 raise BadInput("a QLoRA base is a pretrained checkpoint quantized to 4 bits as it loads: pass its hub id or "
                                "directory to load_model, not a config.")
             config = task_config(copy.deepcopy(model), self.config)
-            return cls.from_config(config, **{**load, **extra})
+            built = cls.from_config(config, **{**load, **extra})
+            later_phases.generate_with_cache(built, self.config)
+            return built
         hub = {name: extra[name] for name in _HUB_ARGUMENTS if name in extra}
         config = task_config(transformers.AutoConfig.from_pretrained(model, **hub), self.config)
         if self.config.task == Task.CLASSIFICATION:
             # A checkpoint's classifier of another size is replaced by a new one, as `autotune train`
             # and run_classification.py's --ignore_mismatched_sizes do.
             extra.setdefault("ignore_mismatched_sizes", True)
-        return cls.from_pretrained(model, config=config, **{**load, **extra})
+        built = cls.from_pretrained(model, config=config, **{**load, **extra})
+        later_phases.generate_with_cache(built, self.config)
+        return built
 
     def quantization_config(self):
         """A ready `transformers.BitsAndBytesConfig` for a QLoRA winner's 4-bit base (None otherwise)."""

@@ -92,3 +92,12 @@ def evaluation_lines(config, eval_batch: int | None, phase_peaks: dict | None) -
                         + ("" if config.eval_logits == evaluation.KEPT else f" (tokens moved to the host {every(1)})"))
     return ([f"  eval:      {', '.join(settings)}"],
             [f"  phases:    {evaluation.describe_phases(config, phase_peaks)}"] if phase_peaks else [])
+
+
+def generate_with_cache(model, config) -> None:
+    """A model that trains without a KV cache (use_cache=False, as probed) generates with one, as
+    its probe did (probe/phases.py): generate() takes its default from the model's config, and
+    without a cache runs the whole prefix again for every token (slower, and another memory)."""
+    if evaluation.generates(config):
+        base = getattr(model, "get_base_model", lambda: model)()  # (a PeftModel's base)
+        base.generation_config.use_cache = True

@@ -18,6 +18,12 @@ which raises `torch.OutOfMemoryError` past the cap exactly where a card of that 
 about 40% of the speed). The run is stored beside the probe that chose it, with its peaks and
 throughput, and its `RunSummary` is written to autotune-run.json.
 
+With an --eval-split the run evaluates as its probe measured (autotune.evaluation: the eval batch,
+loss only or logits kept for eval_accumulation_steps, Seq2SeqTrainer's generation), every
+--save-steps and at its end, under the same cap; the evaluation flags go into the search that runs
+first, and a settled study's evaluation decides (a flag may repeat it, not contradict it). Each
+phase's peak is measured on its own and held against the probe's (`RunSummary.phases`).
+
 Everything a user can get wrong (study, model, tokenizer, data, device, budget, output directory)
 is checked before the run is recorded; an OOM during the run is an outcome (`status='oom'`), the
 run marked failed and its checkpoints kept.
@@ -26,7 +32,8 @@ run marked failed and its checkpoints kept.
     loading    weights location, tokenizer, the model of the task built from them
     task_data  each task's columns, labels, examples and collator (as the HF example scripts)
     run        TrainingArguments, the run through transformers.Trainer, checkpoints, output dir
-    meter      the Trainer callback timing steps and reading peaks (imports transformers)
+    meter      the Trainer callback timing steps and reading each phase's peaks, and the Trainers
+               that tell it when an evaluation runs (imports transformers)
     summary    RunSummary, the typed record of a run, and its JSON form
     options    TrainOptions in, TrainOutcome out
     fine_tune  train(): the checks in order, then the recorded run
@@ -40,13 +47,14 @@ from autotune.train.fine_tune import train
 from autotune.train.loading import WEIGHT_FILES, build_model, load_tokenizer, weights_location
 from autotune.train.options import TrainOptions, TrainOutcome
 from autotune.train.run import DEFAULT_OUTPUT_ROOT, checkpoints, default_output_dir
-from autotune.train.summary import PEAK_TOLERANCE, SUMMARY_FILE, ProbeMeasurement, RunSummary
+from autotune.train.summary import PEAK_TOLERANCE, SUMMARY_FILE, PhasePeak, ProbeMeasurement, RunSummary
 
 __all__ = [
     "DEFAULT_OUTPUT_ROOT",
     "PEAK_TOLERANCE",
     "SUMMARY_FILE",
     "WEIGHT_FILES",
+    "PhasePeak",
     "ProbeMeasurement",
     "RunSummary",
     "TrainOptions",

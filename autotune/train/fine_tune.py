@@ -22,8 +22,8 @@ from autotune.train.loading import check_vocabulary, load_tokenizer, weights_loc
 from autotune.train.options import TrainOptions, TrainOutcome
 from autotune.train.run import (RunContext, checkpoints, default_output_dir, describe_limits, run_training,
                                 training_arguments)
-from autotune.train.winner import (FixedRecipe, Winner, matching_study, planned_fixed_recipe, search_for_winner, settled_winner,
-                                   study_model, study_winner)
+from autotune.train.winner import (FixedRecipe, Winner, asks_evaluation, matching_study, planned_fixed_recipe,
+                                   search_for_winner, settled_winner, study_model, study_winner)
 from autotune.units import format_size
 
 if TYPE_CHECKING:
@@ -31,8 +31,9 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, TrainingArguments
 
     from autotune.budget import Budget
+    from autotune.data import Blocks
     from autotune.models import ModelSpec
-    from autotune.train.task_data import TaskData
+    from autotune.train.task_data import Examples, TaskData
 
 
 def train(
@@ -45,6 +46,7 @@ def train(
     target_length: int | None = None,
     num_labels: int | None = None,
     peft: str | None = None,
+    evaluation: dict[str, Any] | None = None,
     db: str | None = None,
     echo: Callable[[str], None] = print,
     on_search_start: Callable | None = None,
@@ -56,10 +58,13 @@ def train(
     `gpu_budget` with a study overrides its budget for the proof. `task`, `target_length` and
     `num_labels` are the search's task fields (autotune.tasks), `peft` its LoRA adapters (the
     --peft flags' text, autotune.recipes.peft_text); with a study, they may only repeat what it
-    measured. Raises AutotuneError for anything the user must fix, before the run is recorded; an
-    OOM during the run is `status='oom'`.
+    measured. `evaluation` is how the run evaluates (the evaluation flags, as
+    autotune.cli.options.evaluation_asked gives them): the search measures it, a study's must be it,
+    and a run with an --eval-split evaluates so, under the same cap. Raises AutotuneError for
+    anything the user must fix, before the run is recorded; an OOM during the run is `status='oom'`.
     """
-    flags: dict[str, Any] = {"task": task, "target_length": target_length, "num_labels": num_labels, "peft": peft}
+    flags: dict[str, Any] = {"task": task, "target_length": target_length, "num_labels": num_labels, "peft": peft,
+                             "evaluation": evaluation}
     plan = _plan_run(options, study, model, gpu_budget, flags, db)
     data, tokenizer = _load_data(plan, options, echo)
     winner = _find_winner(plan, data, options, db, echo, on_search_start, on_search_event)
@@ -103,6 +108,10 @@ def _plan_run(options: TrainOptions, study: str | None, model: str | None, gpu_b
     from autotune.models import resolve_model
 
     _check_request(study, model, gpu_budget)
+    if asks_evaluation(flags.get("evaluation")) and options.eval_split is None:
+        raise BadInput("the evaluation flags (--eval-batch, --generate, ...) describe the run's evaluation, and it has "
+                       "no data to evaluate on: give --eval-split (a split name, a file, or a share such as 5%), or "
+                       "leave them out.")
     spec = resolve_model(model) if model is not None else None
     if spec is not None and gpu_budget is not None:
         choice = _choose_for_budget(spec, gpu_budget, study, flags, db)
@@ -247,7 +256,7 @@ def _prepare_run(plan: RunPlan, winner: Winner, data: TaskData, tokenizer: PreTr
     found = plan.checkpoints
     resume_from = str(found[-1]) if options.resume and found else None
     echo(describe_limits(limits, record.device_name if device.type == study_device_type else str(device)))
-    warnings = _warnings(winner, data, device) + _other_budget(winner, budget)
+    warnings = _warnings(winner, data, device) + _evaluation_warnings(winner, blocks) + _other_budget(winner, budget)
     for warning in warnings:
         echo(f"warning: {warning}")
     context = RunContext(spec=plan.spec, winner=winner, options=options, output_dir=plan.output_dir, blocks=blocks,
@@ -273,6 +282,23 @@ def _warnings(winner: Winner, data: TaskData, device: torch.device) -> list[str]
         warnings.append("torch.compile does not run under the CPU memory accountant (a dispatch mode, which "
                         "TorchDynamo does not trace under): this CPU run trains the compiled winner eagerly")
     return warnings
+
+
+def _evaluation_warnings(winner: Winner, blocks: Blocks | Examples) -> list[str]:
+    """Where the run's evaluation is not what its probe measured: evaluation data for a winner whose
+    probe ran none (the run evaluates as train always did, unmeasured), or a winner measured
+    evaluating with no data to evaluate on (the run only trains)."""
+    from autotune.evaluation import evaluates, label
+
+    config, record = winner.row.config, winner.study
+    if blocks.eval is not None and not evaluates(config):
+        return [f"study {record.name}'s probes ran no evaluation: this run evaluates at its micro-batch "
+                f"({config.micro_batch}), loss only, in memory no probe measured; search with --eval-batch under a "
+                f"new --study name to have it measured"]
+    if blocks.eval is None and evaluates(config):
+        return [f"study {record.name} measured its run evaluating ({label(config).strip()}), but no --eval-split gives "
+                f"this run data to evaluate on: it only trains"]
+    return []
 
 
 def _other_budget(winner: Winner, budget: Budget) -> list[str]:

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.defaults import ERROR_TAIL_CHARS
 from autotune.errors import BadInput
+from autotune.evaluation import EVAL, GENERATE, KEPT, evaluates, generates
+from autotune.handoff.later_phases import generate_with_cache
 from autotune.recipes import OPTIMIZERS
 from autotune.status import ProbeStatus, RunEnd
 from autotune.train.options import TrainOptions, TrainOutcome
@@ -79,8 +81,17 @@ def training_arguments(winner: Winner, options: TrainOptions, output_dir: Path, 
                        has_eval: bool) -> TrainingArguments:
     """The hand-off's TrainingArguments for the winner, with this run's length, saving and logging. The
     hand-off carries the recipe the probe measured: the optimizer as Trainer's `optim` (and
-    `optim_args`), and bf16=True only for --precision bf16 (pure bf16 weights with fp32 precision
-    train without an autocast flag; the weights' dtype is the model's, autotune.train.loading)."""
+    `optim_args`), bf16=True only for --precision bf16 (pure bf16 weights with fp32 precision
+    train without an autocast flag; the weights' dtype is the model's, autotune.train.loading), and
+    the evaluation its probe ran (the eval batch, the one it found for --eval-batch auto, loss only
+    or logits kept for eval_accumulation_steps, Seq2SeqTrainingArguments' generation:
+    `BestConfig.eval_kwargs`).
+
+    With evaluation data the run evaluates every `save_steps` optimizer steps, at its checkpoints,
+    and at its end (Trainer's DefaultFlowCallback adds the last step): the first evaluation comes
+    with the optimizer state resident, as in the probe, and the end one gives the final eval loss.
+    A winner whose probe ran no evaluation evaluates as autotune train always did, at its
+    micro-batch with the loss only: memory no probe measured (said in the run's warnings)."""
     from autotune.handoff import BestConfig
 
     config = winner.row.config
@@ -98,10 +109,11 @@ def training_arguments(winner: Winner, options: TrainOptions, output_dir: Path, 
         "disable_tqdm": not sys.stderr.isatty(),
         "use_cpu": device.type == "cpu",
         "dataloader_pin_memory": device.type == "cuda",
-        "per_device_eval_batch_size": config.micro_batch,
-        "prediction_loss_only": True,          # an evaluation keeps losses, not every logit
         "seed": options.seed,
     }
+    if not evaluates(config):
+        # An evaluation keeps losses, not every logit, in batches the training step is known to hold.
+        overrides.update(per_device_eval_batch_size=config.micro_batch, prediction_loss_only=True)
     if has_eval:
         overrides.update(eval_strategy="steps", eval_steps=options.save_steps)
     try:
@@ -148,7 +160,10 @@ def run_training(ctx: RunContext, run_id: int, store: Store, args: TrainingArgum
 
     config, limits = ctx.winner.row.config, ctx.limits
     quiet = bool(args.disable_tqdm)  # no terminal: no progress bars, log lines through `echo` instead
-    meter = RunMeter(limits, config.tokens_per_step, echo if quiet else None)
+    # A generating evaluation is the probe's generate phase (generate, then the loss forward, on
+    # each eval batch); a run has no other evaluation then.
+    meter = RunMeter(limits, config.tokens_per_step, echo if quiet else None,
+                     eval_phase=GENERATE if generates(config) else EVAL)
     trainer: Trainer | None = None
     model: PreTrainedModel | None = None
     started = time.perf_counter()
@@ -165,7 +180,8 @@ def run_training(ctx: RunContext, run_id: int, store: Store, args: TrainingArgum
             trainer = _trainer(ctx, model, args, tokenizer, meter, quiet)
             output = trainer.train(resume_from_checkpoint=ctx.resume_from)
             metrics.update(output.metrics)
-            if ctx.blocks.eval is not None:
+            if ctx.blocks.eval is not None and meter.evaluated_at != trainer.state.global_step:
+                # (Trainer evaluates at the last step itself; not when a resumed run had no step left.)
                 metrics.update(trainer.evaluate())
             meter.read_peaks()
     except Exception as exc:
@@ -222,6 +238,7 @@ def _built_model(ctx: RunContext, tokenizer: PreTrainedTokenizerBase, echo: Call
         # Weights read by from_pretrained come from safetensors without passing through the
         # dispatcher; a probe's from_config build is seen, and the two must compare.
         limits.accountant.adopt(model)
+    generate_with_cache(model, config)
     how = f"weights from {ctx.weights}" if ctx.weights else "random initialisation from its config (no weights found)"
     echo(f"model: {ctx.spec.reference} ({type(model).__name__}): {how}")
     if config.peft is not None:
@@ -230,15 +247,22 @@ def _built_model(ctx: RunContext, tokenizer: PreTrainedTokenizerBase, echo: Call
 
 
 def _trainer(ctx: RunContext, model: PreTrainedModel, args: TrainingArguments, tokenizer: PreTrainedTokenizerBase,
-             meter: Any, quiet: bool) -> Trainer:
-    """Trainer, with the meter, and the accumulation's loss scaling right for every model."""
-    from transformers import PrinterCallback, Trainer
+             meter: RunMeter, quiet: bool) -> Trainer:
+    """Trainer (Seq2SeqTrainer where the evaluation generates), with the meter, the metrics that
+    make Trainer keep what the probe kept, and the accumulation's loss scaling right for every model."""
+    from transformers import PrinterCallback, Seq2SeqTrainingArguments
 
-    from autotune.train.task_data import task_collator
+    from autotune.train.meter import MeteredSeq2SeqTrainer, MeteredTrainer
+    from autotune.train.task_data import task_collator, task_metrics
 
-    trainer = Trainer(model=model, args=args, train_dataset=ctx.blocks.train, eval_dataset=ctx.blocks.eval,
-                      processing_class=tokenizer, data_collator=task_collator(ctx.winner.row.config.task, tokenizer),
-                      callbacks=[meter])
+    config = ctx.winner.row.config
+    # Trainer.evaluate keeps the logits (or generates) only when it has a compute_metrics: a run
+    # whose probe kept them, or generated, must have one; a loss-only run must not.
+    keeps = ctx.blocks.eval is not None and (config.eval_logits == KEPT or generates(config))
+    cls = MeteredSeq2SeqTrainer if isinstance(args, Seq2SeqTrainingArguments) else MeteredTrainer
+    trainer = cls(model=model, args=args, train_dataset=ctx.blocks.train, eval_dataset=ctx.blocks.eval,
+                  processing_class=tokenizer, data_collator=task_collator(config.task, tokenizer), meter=meter,
+                  compute_metrics=task_metrics(config, tokenizer) if keeps else None)
     if quiet:
         trainer.remove_callback(PrinterCallback)  # the meter prints log lines through `echo`
     if loss_ignores_item_count(model):
@@ -256,7 +280,8 @@ def _ended_out_of_memory(ctx: RunContext, run_id: int, store: Store, step: int, 
     """An out-of-memory run: an outcome, recorded with the checkpoints it kept, not an error."""
     config, limits = ctx.winner.row.config, ctx.limits
     kept = checkpoints(ctx.output_dir)
-    message = (f"out of memory at step {step}: {config.label()} needed more than the {format_size(limits.cap_bytes)} that "
+    where = f" in its {summary.failed_phase} phase" if summary.failed_phase is not None else ""
+    message = (f"out of memory at step {step}{where}: {config.label()} needed more than the {format_size(limits.cap_bytes)} that "
                f"the {format_size(limits.budget.total_bytes)} budget leaves (after context and margin); run #{run_id} "
                f"is marked failed" + (f", checkpoints kept in {ctx.output_dir} ({kept[-1].name} is the latest)" if kept else ""))
     summary = replace(summary, message=message)
@@ -389,6 +414,8 @@ def _summarize(ctx: RunContext, run_id: int, status: RunEnd, meter: RunMeter, tr
         context_bytes=limits.context_now() if status == RunEnd.FINISHED else limits.context_bytes,
         peak_allocated_bytes=meter.peak_allocated,
         peak_reserved_bytes=meter.peak_reserved,
+        phase_peaks=meter.phase_peaks,
+        failed_phase=meter.failed_phase if status != RunEnd.FINISHED else None,
         probe=ProbeMeasurement.of(row),
         final_loss=_finite(meter.last_loss if meter.last_loss is not None else metrics.get("train_loss")),
         eval_loss=_finite(meter.eval_loss if meter.eval_loss is not None else metrics.get("eval_loss")),

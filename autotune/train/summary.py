@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.budget import Budget, required_bytes
 from autotune.config import ProbeConfig
+from autotune.evaluation import PHASES
 from autotune.status import RunEnd
 from autotune.tasks import Task
 from autotune.units import format_size
@@ -40,14 +41,40 @@ class ProbeMeasurement:
     peak_reserved_bytes: int | None
     context_bytes: int | None
     tokens_per_s: float | None
+    # Each phase's peaks where the probe ran the run's evaluation (ProbeResult.phase_peaks), else None.
+    phase_peaks: dict[str, dict[str, int]] | None = None
 
     @classmethod
     def of(cls, row: LeaderboardRow) -> ProbeMeasurement:
-        return cls(row.peak_allocated_bytes, row.peak_reserved_bytes, row.context_bytes, row.tokens_per_s)
+        return cls(row.peak_allocated_bytes, row.peak_reserved_bytes, row.context_bytes, row.tokens_per_s,
+                   row.phase_peaks)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"peak_allocated_bytes": self.peak_allocated_bytes, "peak_reserved_bytes": self.peak_reserved_bytes,
-                "context_bytes": self.context_bytes, "tokens_per_s": self.tokens_per_s}
+        data: dict[str, Any] = {"peak_allocated_bytes": self.peak_allocated_bytes,
+                                "peak_reserved_bytes": self.peak_reserved_bytes, "context_bytes": self.context_bytes,
+                                "tokens_per_s": self.tokens_per_s}
+        if self.phase_peaks is not None:  # only a probe that ran the evaluation has them
+            data["phase_peaks"] = self.phase_peaks
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class PhasePeak:
+    """One phase of a run (autotune.evaluation.PHASES) against the same phase of its probe: peak
+    reserved bytes each (None where that side did not run it, or measured nothing)."""
+
+    phase: str
+    run_bytes: int | None
+    probe_bytes: int | None
+
+    @property
+    def ratio(self) -> float | None:
+        """run / probe; above 1 + PEAK_TOLERANCE, the probe missed something this phase holds."""
+        return self.run_bytes / self.probe_bytes if self.run_bytes and self.probe_bytes else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"phase": self.phase, "run_peak_reserved_bytes": self.run_bytes,
+                "probe_peak_reserved_bytes": self.probe_bytes, "run_vs_probe": self.ratio}
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +120,10 @@ class RunSummary:
     error: str | None = None             # the error's tail, when the run did not finish
     message: str | None = None           # what the user is told when it ran out of memory
     merged_dir: str | None = None        # --merge: the base with the LoRA adapters merged in, saved whole
+    # Each phase's peaks, as a probe's result holds them ({"train": {"allocated": .., "reserved": ..},
+    # "eval": ..} or "generate": ..), where the run evaluated; None when it only trained.
+    phase_peaks: dict[str, dict[str, int]] | None = None
+    failed_phase: str | None = None      # the phase in progress when a run that did not finish stopped, if not train
 
     @property
     def finished(self) -> bool:
@@ -120,6 +151,19 @@ class RunSummary:
         if self.peak_reserved_bytes and self.probe.peak_reserved_bytes:
             return self.peak_reserved_bytes / self.probe.peak_reserved_bytes
         return None
+
+    @property
+    def phases(self) -> tuple[PhasePeak, ...]:
+        """Each phase's peak reserved against its probe's, in the order a run has them, for the phases
+        either side ran: () when neither evaluated (the run's peak is then its training's, compared
+        by `peak_vs_probe`). A run evaluating without its probe having measured it has its eval row
+        with no probe figure; a generating run's evaluation is its generate phase, so the probe's
+        eval phase has no run figure."""
+        run, probe = self.phase_peaks or {}, self.probe.phase_peaks or {}
+        if not run and not probe:
+            return ()
+        return tuple(PhasePeak(phase, run.get(phase, {}).get("reserved"), probe.get(phase, {}).get("reserved"))
+                     for phase in PHASES if phase in run or phase in probe)
 
     @property
     def perplexity(self) -> float | None:
@@ -222,6 +266,11 @@ class RunSummary:
             data["message"] = self.message
         if self.merged_dir is not None:  # only a LoRA run with --merge has one
             data["merged_dir"] = self.merged_dir
+        if self.phases:  # only where the run or its probe evaluated
+            data["phase_peaks"] = self.phase_peaks
+            data["phases"] = [phase.to_dict() for phase in self.phases]
+        if self.failed_phase is not None:  # only a run stopped in its evaluation
+            data["failed_phase"] = self.failed_phase
         return data
 
     def write(self, output_dir: Path) -> Path:

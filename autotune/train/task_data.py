@@ -13,17 +13,20 @@ them, in the shapes the probe measured (so that the run's peak honours the probe
 
 Columns are checked (`load_task_data`) before anything is searched or recorded; the examples are
 made (`prepare_examples`) once the winner's block size is known. transformers is imported only by
-`task_collator`, at the start of a run.
+`task_collator`, at the start of a run. A run whose evaluation keeps its predictions computes the
+task's metrics from them (`task_metrics`).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from autotune.data import DEFAULT_TEXT_COLUMN, Blocks, TextData, load_text, pack_blocks, text_column
 from autotune.errors import BadInput, DatasetError
+from autotune.evaluation import generates
 from autotune.tasks import MLM_PROBABILITY, Task
 
 if TYPE_CHECKING:
@@ -263,3 +266,34 @@ def task_collator(task: str, tokenizer: PreTrainedTokenizerBase):
     if task == Task.MASKED_LM:
         return DataCollatorForLanguageModeling(tokenizer, mlm_probability=MLM_PROBABILITY)
     return default_data_collator
+
+
+def task_metrics(config: ProbeConfig, tokenizer: PreTrainedTokenizerBase) -> Callable[[Any], dict[str, float]]:
+    """Trainer's `compute_metrics` for a run that keeps what its evaluation predicts (logits kept, or
+    generated tokens), as the task's example script computes them from what it kept: the accuracy
+    of the most likely token (run_clm.py: the next one; run_mlm.py: the masked ones), of the label
+    (run_classification.py; a one-output head's mean squared error), and the generated length
+    (run_summarization.py's gen_len; ROUGE needs packages these runs do not). On the host, from
+    numpy arrays: none of it is on the card."""
+    import numpy as np
+
+    task, generated = Task(config.task), generates(config)
+    pad = tokenizer.pad_token_id
+
+    def compute(prediction: Any) -> dict[str, float]:
+        predictions, labels = prediction.predictions, prediction.label_ids
+        if isinstance(predictions, (tuple, list)):  # the logits first, then the model's other outputs kept
+            predictions = predictions[0]
+        if generated:
+            tokens = np.asarray(predictions)
+            counted = (tokens != -100) & (tokens != pad) if pad is not None else tokens != -100
+            return {"gen_len": float(counted.sum(axis=-1).mean())}
+        if task == Task.CLASSIFICATION and predictions.shape[-1] == 1:
+            return {"mse": float(((predictions[..., 0] - labels) ** 2).mean())}
+        guesses = predictions.argmax(axis=-1)
+        if task == Task.CAUSAL_LM:  # the logits at each position predict the next token
+            guesses, labels = guesses[:, :-1], labels[:, 1:]
+        scored = labels != -100
+        return {"accuracy": float((guesses[scored] == labels[scored]).mean()) if scored.any() else 0.0}
+
+    return compute

@@ -1,14 +1,15 @@
 """Which configuration to train: the best of a study, of a finished study of the same model and
-budget, or of a search run for the purpose; and what it trains (its task), which flags given to
-`train` may repeat but not contradict."""
+budget, or of a search run for the purpose; and what it trains (its task) and how its run evaluates,
+which flags given to `train` may repeat but not contradict."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from autotune.errors import BadInput, BudgetError, ModelNotFound, StudyNotFound
+from autotune.evaluation import AUTO, EVAL_RECIPE, LOSS_ONLY, eval_problems, recipe_fields
 from autotune.status import StopReason, StudyStatus
 from autotune.tasks import Task, resolve_task, stored_fixed_recipe
 from autotune.units import format_size
@@ -40,26 +41,44 @@ def study_winner(store: Store, name: str | None) -> Winner:
 
 @dataclass(frozen=True, slots=True)
 class FixedRecipe:
-    """What a study trains (autotune.tasks): fixed for the study, so a flag may not contradict it."""
+    """What a study trains (autotune.tasks) and how its run evaluates (autotune.evaluation): fixed for
+    the study, so a flag may not contradict it."""
 
     task: str
     target_length: int | None = None
     num_labels: int | None = None
     peft: str | None = None
+    # autotune.evaluation.EVAL_RECIPE's fields, as the study's probes measured them.
+    evaluation: dict[str, Any] = field(default_factory=lambda: dict(EVAL_RECIPE))
 
     @classmethod
     def of_config(cls, config: ProbeConfig) -> FixedRecipe:
-        return cls(config.task, config.target_length, config.num_labels, config.peft)
+        return cls(config.task, config.target_length, config.num_labels, config.peft,
+                   {name: getattr(config, name) for name in EVAL_RECIPE})
 
     @classmethod
     def of_study(cls, study: StudyRecord) -> FixedRecipe:
-        # A study stored before tasks existed (or a causal-LM one) has no task in its space.
-        return cls(**stored_fixed_recipe(study.space or {}))
+        # A study stored before tasks existed (or a causal-LM one) has no task in its space; one
+        # without evaluation has none of its fields.
+        fields = stored_fixed_recipe(study.space or {})
+        return cls(**{name: fields[name] for name in _TASK_FIELDS},
+                   evaluation={name: fields.get(name, default) for name, default in EVAL_RECIPE.items()})
+
+    def search_fields(self) -> dict[str, Any]:
+        """The recipe as `search_for_winner` takes it: the task's fields and `peft` where set, and
+        `evaluation` (the command line's form, evaluation.recipe_fields) where the run evaluates."""
+        fields: dict[str, Any] = {name: getattr(self, name) for name in _TASK_FIELDS if getattr(self, name) is not None}
+        asked = evaluation_flags(self.evaluation)
+        if asked is not None:
+            fields["evaluation"] = asked
+        return fields
 
     def check(self, study: str, *, task: str | None = None, target_length: int | None = None,
-              num_labels: int | None = None, peft: str | None = None) -> None:
+              num_labels: int | None = None, peft: str | None = None, evaluation: dict[str, Any] | None = None) -> None:
         """BadInput for a flag that contradicts what study `study` measured. `peft` is the --peft
-        flags' stored text (autotune.recipes.peft_text): the adapters are part of what is trained."""
+        flags' stored text (autotune.recipes.peft_text): the adapters are part of what is trained.
+        `evaluation`: the evaluation flags as given (cli.options.evaluation_asked); those left out
+        take the study's."""
         if task is not None and resolve_task({}, task, study) != self.task:
             raise BadInput(f"--task {task} contradicts study {study!r}, which measured {self.task}; leave --task out to "
                            f"train {self.task}, or search for {task.strip().lower()} under a new --study name.")
@@ -75,22 +94,91 @@ class FixedRecipe:
             trained = self.peft if self.peft is not None else "full fine-tuning (no --peft)"
             raise BadInput(f"--peft {peft} contradicts study {study!r}, which measured {trained}; leave --peft and "
                            f"the --lora-* flags out to train what it measured, or search again under a new --study name.")
+        self._check_evaluation(study, evaluation)
+
+    def _check_evaluation(self, study: str, asked: dict[str, Any] | None) -> None:
+        """BadInput for an evaluation flag given that is not what the study's probes measured (their
+        memory holds only for the evaluation they ran); a flag left out takes the study's value."""
+        given = {name: value for name, value in (asked or {}).items() if value is not None and value is not False}
+        if not given:
+            return
+        recipe_fields(given, self.target_length)  # the flags' own mistakes first, said as search says them
+        measured = self.evaluation
+        if measured.get("eval_batch") is None:
+            flag = _EVAL_FLAGS[next(iter(given))]
+            raise BadInput(f"{flag} contradicts study {study!r}, whose probes measured no evaluation; leave the "
+                           f"evaluation flags out (the run then evaluates unmeasured, at its micro-batch), or search "
+                           f"again with them under a new --study name.")
+        studied = evaluation_flags(measured) or {}
+        for name, value in given.items():
+            if name == "eval_logits":
+                value = str(value).lower()
+            elif name == "eval_batch" and str(value).lower() == AUTO:
+                value = AUTO
+            had = studied.get(name, False if name == "generate" else None)
+            if name == "num_beams" and had is None:
+                had = 1
+            if value == had:
+                continue
+            said = "" if value is True else f" {value}"
+            if name == "generate":
+                what = "generation" if had else "no generation"
+            else:
+                what = f"{_EVAL_FLAGS[name]} {had}" if had is not None else f"no {_EVAL_FLAGS[name]}"
+            raise BadInput(f"{_EVAL_FLAGS[name]}{said} contradicts study {study!r}, which measured {what}; leave it "
+                           f"out to evaluate as the study measured, or search again under a new --study name.")
+
+
+# FixedRecipe's fields of what is trained (the rest of autotune.tasks.FIXED_RECIPE is the evaluation's).
+_TASK_FIELDS = ("task", "target_length", "num_labels", "peft")
+# The evaluation flags (cli.options.evaluation_asked's keys), as the command line spells them.
+_EVAL_FLAGS = {"eval_batch": "--eval-batch", "eval_logits": "--eval-logits",
+               "eval_accumulation_steps": "--eval-accumulation-steps", "generate": "--generate",
+               "generation_max_length": "--generation-max-length", "num_beams": "--num-beams"}
+
+
+def asks_evaluation(asked: dict[str, Any] | None) -> bool:
+    """Whether any evaluation flag was given (cli.options.evaluation_asked's form)."""
+    return any(value is not None and value is not False for value in (asked or {}).values())
+
+
+def evaluation_flags(fields: dict[str, Any]) -> dict[str, Any] | None:
+    """EVAL_RECIPE's fields as the flags that ask for them (evaluation.recipe_fields reads them back
+    to the same fields); None for a recipe without evaluation."""
+    if fields.get("eval_batch") is None:
+        return None
+    asked: dict[str, Any] = {"eval_batch": AUTO if fields.get("auto_eval_batch") else fields["eval_batch"],
+                             "eval_logits": fields.get("eval_logits", LOSS_ONLY),
+                             "eval_accumulation_steps": fields.get("eval_accumulation_steps")}
+    if fields.get("generation_max_length") is not None:
+        asked.update(generate=True, generation_max_length=fields["generation_max_length"],
+                     num_beams=fields.get("generation_num_beams", 1))
+    return asked
 
 
 def planned_fixed_recipe(spec: ModelSpec, name: str, existing: StudyRecord | None,
                    flags: dict[str, Any]) -> tuple[FixedRecipe, dict[str, Any]]:
-    """What a run of `spec` under study `name` trains, and the recipe fields (the task's, and
-    `peft`) to ask its search for. An `existing` study (finished, or to be resumed) decides: `flags`
-    may repeat it, not contradict it, and a resumed search keeps its space. Else the flags given,
-    checked, with the task's defaults."""
+    """What a run of `spec` under study `name` trains, and the recipe fields (the task's, `peft` and
+    `evaluation`) to ask its search for. An `existing` study (finished, or to be resumed) decides:
+    `flags` may repeat it, not contradict it, and a resumed search keeps its space. Else the flags
+    given, checked, with the task's defaults."""
     if existing is not None:
         recipe = FixedRecipe.of_study(existing)
         recipe.check(name, **flags)
-        return recipe, {field: value for field, value in asdict(recipe).items() if value is not None}
-    task_flags = {field: value for field, value in flags.items() if field != "peft"}
-    # The adapters are the user's choice alone (no default from the model): as given, or none.
-    recipe = FixedRecipe(**spec.task_fields(**task_flags), peft=flags.get("peft"))
-    return recipe, {field: value for field, value in flags.items() if value is not None}
+        return recipe, recipe.search_fields()
+    task_flags = {field: value for field, value in flags.items() if field not in ("peft", "evaluation")}
+    task = spec.task_fields(**task_flags)
+    # The adapters and the evaluation are the user's choice alone (no default from the model): as given, or none.
+    asked = flags.get("evaluation") if asks_evaluation(flags.get("evaluation")) else None
+    fields = recipe_fields(asked, task.get("target_length"))
+    problems = eval_problems(fields, task["task"])
+    if problems:
+        raise BadInput("; ".join(problems) + ".")
+    recipe = FixedRecipe(**task, peft=flags.get("peft"), evaluation=fields)
+    search = {field: value for field, value in flags.items() if value is not None and field != "evaluation"}
+    if asked is not None:
+        search["evaluation"] = asked
+    return recipe, search
 
 
 def matching_study(store: Store, name: str, spec: ModelSpec, budget: int) -> StudyRecord | None:
@@ -134,7 +222,7 @@ def search_for_winner(spec: ModelSpec, budget: int, name: str, device: str | Non
                       echo: Callable[[str], None], on_start: Callable | None, on_event: Callable | None,
                       **recipe: Any) -> Winner:
     """Run `autotune search` with its defaults for this device and the recipe fields in `recipe`
-    (task, target_length, num_labels, peft); the winner, or BudgetError."""
+    (task, target_length, num_labels, peft, evaluation); the winner, or BudgetError."""
     # Looked up at call time, not import time: tests narrow the search by replacing autotune.search.search.
     from autotune.probe import ProbeSettings
     from autotune.search import SearchOptions, search

@@ -273,7 +273,7 @@ def test_a_llama_2_7b_shaped_lora_in_pure_bf16_and_its_qlora_are_predicted_to_fi
     ("optimizer step", 1, 100, 200, "gradients (the optimizer step reads them; freed after it)"),
 ])
 def test_the_table_says_what_is_alive_at_the_peak_and_why_the_rest_is_not(phase, grad_accum, grads, optimizer, says):
-    from autotune.report import render_estimate
+    from autotune.estimate_report import render_estimate
 
     e = MemoryEstimate(config=cfg("gpt2", micro_batch=8, block_size=512, grad_accum=grad_accum), device_type="cpu",
                        params=100, grads=grads, optimizer=optimizer, activations=600, temporaries=50, workspace=0,
