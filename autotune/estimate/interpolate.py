@@ -53,7 +53,13 @@ def interpolated(config: ProbeConfig, low: MemoryEstimate, high: MemoryEstimate,
     def part(name: str) -> int:
         return round(getattr(low, name) + t * (getattr(high, name) - getattr(low, name)))
 
+    def between_peaks(phase: str) -> dict[str, int]:
+        a, b = low.phase_peaks[phase], high.phase_peaks[phase]
+        return {name: round(a[name] + t * (b[name] - a[name])) for name in a}
+
+    # Each phase's peaks too (the eval phase's grow only with the training batches held: nearly flat).
+    phase_peaks = {phase: between_peaks(phase) for phase in low.phase_peaks if phase in high.phase_peaks}
     return dataclasses.replace(low, config=config, activations=part("activations"), temporaries=part("temporaries"),
                                peak_bytes=part("peak_bytes"), reserved_bytes=part("reserved_bytes"), seconds=0.0,
-                               trace_seconds=0.0, cached=False,
+                               trace_seconds=0.0, cached=False, phase_peaks=phase_peaks,
                                notes=(*low.notes, "interpolated between the group's traced micro-batches"))

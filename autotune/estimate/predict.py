@@ -72,6 +72,12 @@ def approximations(config: ProbeConfig, device_type: str) -> list[str]:
     return notes
 
 
+def with_unestimated(notes: list[str], unestimated: dict[str, str]) -> tuple[str, ...]:
+    """An estimate's notes: what it approximates, then each phase it could not estimate, and why."""
+    return (*notes, *(f"{phase} phase not estimated: {why}; the peaks are the other phases'"
+                      for phase, why in unestimated.items()))
+
+
 def untraceable(config: ProbeConfig) -> str | None:
     """Why the estimator cannot predict `config` on this machine (None: it can); a search probes
     such configurations unpredicted, a plan says why, `estimate` refuses with it."""
@@ -133,7 +139,8 @@ def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", 
     for i, (config, _, notes, key) in enumerate(plans):
         cached = cache.get(key, time.perf_counter() - started) if cache is not None else None
         # The cache is keyed by the config traced (traced_as): a twin's estimate is this config's.
-        out[i] = None if cached is None else dataclasses.replace(cached, config=config, notes=tuple(notes))
+        out[i] = None if cached is None else dataclasses.replace(
+            cached, config=config, notes=with_unestimated(notes, cached.unestimated_phases))
         if out[i] is None:
             if key not in twins:
                 todo.append(i)
@@ -187,6 +194,9 @@ def _from_trace(config: ProbeConfig, device_type: str, result: TraceResult, note
     cuda = device_type == "cuda"
     workspace = CUBLAS_WORKSPACE_BYTES if cuda else 0
     parts = result.breakdown
+    # The cuBLAS workspaces are held from the first matmul on: in every phase.
+    phase_peaks = {phase: {name: value + workspace for name, value in peaks.items()}
+                   for phase, peaks in result.phase_peaks.items()}
     return MemoryEstimate(
         config=config, device_type=device_type,
         params=parts["params"], grads=parts["grads"], optimizer=parts["optimizer"],
@@ -197,5 +207,7 @@ def _from_trace(config: ProbeConfig, device_type: str, result: TraceResult, note
         seconds=seconds,
         trace_seconds=trace_seconds,
         peak_phase=result.peak_phase,
-        notes=tuple(notes),
+        notes=with_unestimated(notes, result.unestimated),
+        phase_peaks=phase_peaks,
+        unestimated_phases=dict(result.unestimated),
     )

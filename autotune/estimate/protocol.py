@@ -9,7 +9,7 @@ transformers or a model's code print. Torch-free, so both sides import it.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from autotune.config import ProbeConfig
@@ -84,6 +84,11 @@ class TraceResult:
     events: int                     # allocations and frees recorded
     kernels: dict[str, int]         # CUDA kernels emulated, by name, and how often
     torch_version: str
+    # Each phase's peaks (autotune.evaluation: train, and eval, generate where the run has them):
+    # {"allocated", "reserved"}, each from what was held as the phase began; the peaks above are
+    # their largest.
+    phase_peaks: dict[str, dict[str, int]] = field(default_factory=dict)
+    unestimated: dict[str, str] = field(default_factory=dict)  # phases not traced to their end, and why
 
     def to_line(self) -> str:
         return RESULT_PREFIX + json.dumps(asdict(self))

@@ -30,6 +30,12 @@ class MemoryEstimate:
     `params + grads + optimizer + activations + temporaries + workspace == peak_bytes`: what was
     live at the moment of the peak. `reserved_bytes` is what the allocator would hold at its peak
     (`torch.cuda.max_memory_reserved()`); `context_bytes` what the process needs outside it.
+
+    `phase_peaks` has each phase of the run the probe measures (autotune.evaluation: "train", and
+    "eval", "generate" where the run has them) as {"allocated", "reserved"}, in the form of
+    ProbeResult.phase_peaks: each phase's peaks from what was held as it began, the training state
+    resident in all. `peak_bytes` and `reserved_bytes` are their largest. A phase in
+    `unestimated_phases` (with why) could not be traced: it is in neither.
     """
 
     config: ProbeConfig
@@ -48,6 +54,8 @@ class MemoryEstimate:
     peak_phase: str = ""           # where in the step the peak falls: forward, backward, optimizer step
     cached: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
+    phase_peaks: dict[str, dict[str, int]] = field(default_factory=dict, hash=False)
+    unestimated_phases: dict[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def breakdown(self) -> dict[str, int]:
@@ -58,6 +66,11 @@ class MemoryEstimate:
     def required_bytes(self) -> int:
         """What the configuration needs of the card: peak reserved plus the context."""
         return self.reserved_bytes + self.context_bytes
+
+    def phase_required_bytes(self, phase: str) -> int | None:
+        """What `phase` needs of the card: its peak reserved plus the context (None: not estimated)."""
+        peaks = self.phase_peaks.get(phase)
+        return None if peaks is None else peaks["reserved"] + self.context_bytes
 
     @property
     def reserved_method(self) -> str:
@@ -82,6 +95,8 @@ class MemoryEstimate:
             "context_bytes": self.context_bytes,
             "required_bytes": self.required_bytes,
             "peak_phase": self.peak_phase,
+            "phase_peaks": {phase: dict(peaks) for phase, peaks in self.phase_peaks.items()},
+            "unestimated_phases": dict(self.unestimated_phases),
             "seconds": round(self.seconds, 3),
             "trace_seconds": round(self.trace_seconds, 3),
             "cached": self.cached,

@@ -5,8 +5,10 @@ imports torch and transformers and because some fake-tensor paths abort the proc
 
 What is traced is the probe's own step (`autotune.probe.step`: `build_random_model`,
 `make_optimizer`, `ProbeStep`: fused AdamW, GradScaler for fp16, two prefetched batches, two
-optimizer steps as the probe's warm-up), so the estimate predicts what a probe measures, and
-follows it when it changes. Under `torch._subclasses.fake_tensor.FakeTensorMode` nothing is
+optimizer steps as the probe's warm-up), then, where the run evaluates, the probe's own later
+phases (`autotune.probe.phases.LaterPhases`: evaluation, generation) with the training state
+resident, so the estimate predicts what a probe measures, phase by phase, and follows it when it
+changes. Under `torch._subclasses.fake_tensor.FakeTensorMode` nothing is
 allocated: every tensor is a CPU "fake" with shape, dtype and storage size only.
 
 Why a ledger of our own rather than `torch.distributed._tools.mem_tracker.MemTracker`: MemTracker
@@ -38,13 +40,16 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
 from autotune.estimate.allocator import CachingAllocatorModel
+from autotune.estimate.generation import GenerationReads, UnansweredRead
 from autotune.estimate.launch import PRELOAD_ENV
 from autotune.estimate.protocol import TraceFailure, TraceItem, TraceRequest, TraceResult
+from autotune.evaluation import EVAL, GENERATE, TRAIN, evaluates, generates
 from autotune.recipes import OPTIMIZERS
 from autotune.units import round_to_block
 
 ROLES = ("params", "grads", "optimizer", "activations", "temporaries")
 _LAYER_NORM = torch.ops.aten.native_layer_norm.default
+_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _REDUCED = (torch.bfloat16, torch.float16)
 # The probe's warm-up: the second step runs with optimizer state in place, as every later one does.
 OPTIMIZER_STEPS = 2
@@ -66,7 +71,9 @@ def _fp32_weight(args: tuple) -> bool:
 
 class Ledger(TorchDispatchMode):
     """Records, in order, every storage an op creates and the moment it is freed, with the phase
-    of the step it happened in: build, forward, backward, recompute (checkpointing) or optimizer."""
+    of the step it happened in: build, forward, backward, recompute (checkpointing) or optimizer;
+    after the training steps, the run's later phases (autotune.evaluation: eval, generate), each
+    begun with `begin`, so that the replay can tell each one's peaks."""
 
     def __init__(self, cuda: bool = False) -> None:
         super().__init__()
@@ -75,9 +82,19 @@ class Ledger(TorchDispatchMode):
         self.in_optimizer = False
         self.optimizer_steps = 0
         self.events: list[tuple[int, _Storage, str]] = []  # (+1 born / -1 freed, storage, phase)
+        self.stage = TRAIN           # the run's phase (autotune.evaluation) in progress
+        self.stages: list[tuple[int, str]] = []  # (index of its first event, phase) for each later phase
+        self.reads: GenerationReads | None = None  # answers value reads (generate) while set
         self._known = WeakIdKeyDictionary()
 
+    def begin(self, stage: str) -> None:
+        """The run's next phase starts: its peaks start from what is held now."""
+        self.stage = stage
+        self.stages.append((len(self.events), stage))
+
     def phase(self) -> str:
+        if self.stage != TRAIN:
+            return self.stage
         if self.in_optimizer:
             return "optimizer step"
         if torch._C._current_graph_task_id() != -1:  # inside the autograd engine
@@ -121,6 +138,13 @@ class Ledger(TorchDispatchMode):
         events.append((1, entry, phase))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is _LOCAL_SCALAR and self.reads is not None:
+            from torch._subclasses.fake_tensor import DataDependentOutputException
+
+            try:
+                return func(*args, **(kwargs or {}))  # (a fake tensor made from a Python number knows its value)
+            except DataDependentOutputException:
+                return self.reads.answer(args[0])
         out = func(*args, **(kwargs or {}))
         if func is _LAYER_NORM and out[1].dtype in _REDUCED and (self.cuda or _fp32_weight(args)):
             # The real kernels keep a bf16/fp16 input's mean and rstd in fp32, the accumulation
@@ -165,21 +189,41 @@ class Ledger(TorchDispatchMode):
 def _role(entry: _Storage) -> str:
     if entry.role is not None:
         return entry.role
-    return "activations" if entry.phase in ("forward", "recompute") else "temporaries"
+    # (what the eval and generate phases make is their forward's: outputs, kept logits, KV cache)
+    return "activations" if entry.phase in ("forward", "recompute", EVAL, GENERATE) else "temporaries"
 
 
-_PHASE_TEXT = {"recompute": "backward (recomputing a checkpointed layer)", "build": "model build"}
+_PHASE_TEXT = {"recompute": "backward (recomputing a checkpointed layer)", "build": "model build",
+               EVAL: "evaluation", GENERATE: "generation"}
 
 
-def replay(events: list, *, cuda: bool) -> dict:
+def replay(events: list, *, cuda: bool, stages: list[tuple[int, str]] | tuple = (),
+           left_out: frozenset | set = frozenset()) -> dict:
     """Peak allocated with its breakdown, and the peak reserved: on CUDA by the caching allocator
-    model; on CPU as the probe's accountant counts it (each storage rounded up to 512 bytes)."""
+    model; on CPU as the probe's accountant counts it (each storage rounded up to 512 bytes).
+
+    `stages` marks where the run's later phases begin (index of their first event, phase; the
+    training phase begins at 0): each phase's peaks start from what is allocated and reserved as it
+    begins, as torch.cuda.reset_peak_memory_stats (and the probe's CPU accountant) start them, and
+    the peaks are the largest of the phases'. Phases in `left_out` (not traced to their end) are
+    replayed, for what they leave behind, but not counted."""
     allocator = CachingAllocatorModel() if cuda else None
     totals = dict.fromkeys(ROLES, 0)
-    total = peak = rounded = peak_rounded = 0
+    total = peak = rounded = 0
     at_peak = dict(totals)
     peak_phase = "forward"
-    for sign, entry, phase in events:
+    begins = dict(stages)
+    stage = TRAIN
+    phase_peaks: dict[str, dict[str, int]] = {}
+    stage_peaks = {"allocated": 0, "reserved": 0}
+
+    def reserved_now() -> int:
+        return allocator.reserved if allocator is not None else rounded
+
+    for index, (sign, entry, phase) in enumerate(events):
+        if index in begins:
+            phase_peaks[stage] = stage_peaks
+            stage, stage_peaks = begins[index], {"allocated": total, "reserved": reserved_now()}
         role = _role(entry)
         if (cuda and role == "host") or entry.nbytes == 0:
             continue
@@ -194,17 +238,24 @@ def replay(events: list, *, cuda: bool) -> dict:
         else:
             size = entry.nbytes
             rounded += sign * round_to_block(entry.nbytes)  # as the probe's CPU accountant counts
-            peak_rounded = max(peak_rounded, rounded)
         totals[role if role in totals else "temporaries"] += sign * size
         total += sign * size
-        if total > peak:
+        stage_peaks["allocated"] = max(stage_peaks["allocated"], total)
+        stage_peaks["reserved"] = max(stage_peaks["reserved"], reserved_now())
+        if total > peak and stage not in left_out:
             peak, at_peak, peak_phase = total, dict(totals), phase
+    phase_peaks[stage] = stage_peaks
+    for index, later in stages:  # (a phase that made nothing: its peaks are what it began with)
+        if later not in phase_peaks:
+            phase_peaks[later] = {"allocated": total, "reserved": reserved_now()}
+    phase_peaks = {name: peaks for name, peaks in phase_peaks.items() if name not in left_out}
     return {
         "peak_bytes": peak,
         "breakdown": at_peak,
         "peak_phase": _PHASE_TEXT.get(peak_phase, peak_phase),
-        "reserved_bytes": allocator.peak_reserved if allocator is not None else peak_rounded,
+        "reserved_bytes": max(peaks["reserved"] for peaks in phase_peaks.values()),
         "segments": allocator.segments if allocator is not None else 0,
+        "phase_peaks": phase_peaks,
     }
 
 
@@ -294,8 +345,9 @@ def _bitsandbytes_maps_made_real(config):
 
 
 def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
-    """Trace the probe's build and warm-up steps for `item.config` on fake tensors, predicting
-    `device_type` (cuda or cpu); the result is numbered `index`."""
+    """Trace the probe's build and warm-up steps for `item.config` on fake tensors, then the run's
+    later phases the probe runs after them (evaluation, generation), predicting `device_type`
+    (cuda or cpu); the result is numbered `index`."""
     from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
     from autotune.models import ModelSpec
@@ -341,11 +393,12 @@ def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
                     # answer. Anything that reads a value before the step is done is a real failure.
                     if ledger.optimizer_steps == steps_before or any(p.grad is not None for p in model.parameters()):
                         raise
+            unestimated = _later_phases(ledger, step, hf_config.vocab_size) if evaluates(config) else {}
             del step, optimizer, model
     finally:
         gc.enable()
     done = time.perf_counter()
-    replayed = replay(ledger.events, cuda=cuda)
+    replayed = replay(ledger.events, cuda=cuda, stages=ledger.stages, left_out=set(unestimated))
     result = TraceResult(
         index=index,
         **replayed,
@@ -355,9 +408,43 @@ def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
         events=len(ledger.events),
         kernels=dict(emulation.kernels) if cuda else {},
         torch_version=torch.__version__,
+        unestimated=unestimated,
     )
     del keep
     return result
+
+
+def _later_phases(ledger: Ledger, step, vocab_size: int) -> dict[str, str]:
+    """Trace the phases the probe runs after its training steps, with the training state resident
+    (`LaterPhases`, the probe's own code): evaluation, and where the run generates, generation,
+    its value reads answered (estimate/generation.py). Returns the phases left unestimated, with
+    why: a generate that reads a value no rule answers, or runs an op whose output fake tensors
+    cannot know (a shape that depends on values); evaluation is the training forward without
+    gradients, and a failure there fails the trace as the training steps' would."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
+    from autotune.probe.phases import LaterPhases
+
+    config = step.config
+    # --eval-batch auto: the probe settles for eval batch 1 when nothing larger fits, so batch 1's
+    # need is the least a fit takes (a skip on the estimate stays a lower bound, never a wrong one).
+    later = LaterPhases(step, vocab_size, 1 if config.auto_eval_batch else None)
+    ledger.begin(EVAL)
+    later.evaluate()
+    unestimated: dict[str, str] = {}
+    if generates(config):
+        ledger.begin(GENERATE)
+        assert config.generation_max_length is not None
+        ledger.reads = GenerationReads(config.generation_max_length)
+        try:
+            later.generate()
+        except UnansweredRead as exc:
+            unestimated[GENERATE] = str(exc)
+        except (DataDependentOutputException, DynamicOutputShapeException) as exc:
+            unestimated[GENERATE] = f"generate runs {exc.func}, whose output a trace on fake tensors cannot know"
+        finally:
+            ledger.reads = None
+    return unestimated
 
 
 def main() -> None:

@@ -15,7 +15,8 @@ Generation is `Seq2SeqTrainer.prediction_step`'s: `generate` with the eval batch
 labels), `max_length` and `num_beams` from the recipe, then the loss forward. The probe asks for
 the whole length (`min_length` too): a random model would stop at an end-of-sequence token
 whenever it drew one, and a trained one writes summaries up to the length it was given; the KV
-cache at full length is the worst case a run meets.
+cache at full length is the worst case a run meets. (The estimator relies on this: its trace
+answers generate's stopping reads as a run to the whole length, estimate/generation.py.)
 """
 
 from __future__ import annotations
