@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autotune.budget import Budget
+from autotune.evaluation import describe_phases, phases
 from autotune.report import describe_task
 from autotune.units import format_size, size_as_read
 
@@ -42,6 +43,10 @@ def render_estimate(estimate: MemoryEstimate, budget: Budget | None = None) -> s
     over = e.reserved_bytes - e.peak_bytes
     lines.append(row("peak reserved", e.reserved_bytes, share=False,
                      note=f"+{format_size(over)} allocator overhead" if e.device_type == "cuda" else "512-byte rounding"))
+    if len(phases(e.config)) > 1:  # a run that evaluates: each phase's need (the peak is the largest)
+        at_least = " (eval batch 1: the least --eval-batch auto settles for)" if e.config.auto_eval_batch else ""
+        unestimated = {phase: "not estimated" for phase in e.unestimated_phases}
+        lines.append(f"  phases: {describe_phases(e.config, e.phase_peaks, absent=unestimated)}{at_least}")
     if e.device_type == "cuda":
         lines.append(row("CUDA context", e.context_bytes, share=False, note=_context_note()))
         lines.append(row("needed on the card", e.required_bytes, share=False, note="reserved + context"))

@@ -150,15 +150,16 @@ def label(config) -> str:
 
 
 def describe_phases(config, phase_peaks: dict[str, dict[str, int]], failed_phase: str | None = None,
-                    eval_batch_found: int | None = None) -> str:
+                    eval_batch_found: int | None = None, absent: dict[str, str] | None = None) -> str:
     """Each phase's peak reserved, in the order the run has them: 'peak reserved: train 10.56 MiB,
-    eval 18.43 MiB (stopped here)'; a phase the probe did not reach, not reached (the status says why)."""
+    eval 18.43 MiB (stopped here)'; a phase without figures as `absent` says why (an estimate's
+    unestimated phase), else as not reached (a probe's: its status says why)."""
     parts = []
     for phase in phases(config):
         if phase in phase_peaks:
             parts.append(f"{phase} {format_size(phase_peaks[phase]['reserved'])}"
                          + (" (stopped here)" if phase == failed_phase else ""))
         else:
-            parts.append(f"{phase} not reached")
+            parts.append(f"{phase} {(absent or {}).get(phase, 'not reached')}")
     found = f" at eval batch {eval_batch_found}, the largest up to {config.eval_batch} that fits" if eval_batch_found else ""
     return "peak reserved: " + ", ".join(parts) + found
