@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from autotune.evaluation import LOWER_EVAL_NEED
 from autotune.planner.plan import Plan, Planned
 from autotune.status import ProbeStatus
 from autotune.units import format_size, size_as_read
@@ -48,7 +49,8 @@ def render_plan(plan: Plan, top: int | None = None) -> str:
     lines.append("")
     best = plan.best
     if best is None:
-        lines.append("predicted: nothing fits; try checkpointing, a smaller block, LoRA or pure bf16 weights")
+        evaluating = f" {LOWER_EVAL_NEED}" if plan.space.eval_batch is not None else ""
+        lines.append(f"predicted: nothing fits; try checkpointing, a smaller block, LoRA or pure bf16 weights.{evaluating}")
     else:
         speed = f", {best.tokens_per_s:,.0f} tokens/s" if best.tokens_per_s else ""
         lines.append(f"predicted pick: {best.config.label()}{speed}, needs {format_size(best.need_bytes or 0)} of "

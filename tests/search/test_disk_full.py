@@ -44,10 +44,12 @@ def test_a_disk_filling_mid_search_leaves_the_study_interrupted_and_resumable(ti
                 "--block-sizes", "64", "--effective-batch", "8", "--precisions", "fp32", "--checkpointing", "off",
                 "--attention", "sdpa", "--no-predict", "--measure-seconds", "0.5", "--measure-steps", "1", "--study", "full",
                 "--db", db]
-        search = subprocess.Popen(autotune_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        wait_for(lambda: _stored(db, "full") >= 1, what="the first probe")
-        with open(disk / "filler", "wb") as filler:  # every byte left
-            with pytest.raises(OSError):
+        # The filler is created while there is room (on a full tmpfs even an empty file's creation
+        # fails), then filled once the first probe is stored.
+        with open(disk / "filler", "wb") as filler:
+            search = subprocess.Popen(autotune_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            wait_for(lambda: _stored(db, "full") >= 1, what="the first probe")
+            with pytest.raises(OSError):  # every byte left
                 while True:
                     filler.write(b"\0" * 65536)
                     filler.flush()
