@@ -16,7 +16,6 @@ import pytest
 from autotune.config import ProbeConfig
 from autotune.errors import BadInput
 from autotune.evaluation import EVAL_RECIPE, recipe_fields
-from autotune.search import SearchOptions
 from autotune.search import search as real_search
 from autotune.store import open_store
 from autotune.train import SUMMARY_FILE, PEAK_TOLERANCE, ProbeMeasurement, RunSummary, TrainOptions, train
