@@ -21,6 +21,20 @@ def package_version(name: str) -> str | None:
         return None
 
 
+def cpu_name() -> str:
+    """The host CPU's model name (/proc/cpuinfo), else what `platform` says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
 @dataclass(frozen=True, slots=True)
 class Environment:
     device_type: str                 # 'cuda' or 'cpu'

@@ -20,7 +20,6 @@ group, killed with its children when the deadline arrives.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -39,6 +38,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
+from autotune.environment import cpu_name, package_version
 from autotune.speed import ALLOC_CONF_VARS, allocator_environment
 from autotune.version import __version__
 from benchmarks.estimator_vs_probe import TINYLLAMA_1_1B
@@ -845,25 +845,6 @@ def run_sections(run: Run, selected: Sequence[str]) -> int:
 
 
 # -- the document -------------------------------------------------------------------------------------
-
-def package_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
-
 
 def nvidia_driver() -> str | None:
     if shutil.which("nvidia-smi") is None:

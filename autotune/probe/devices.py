@@ -4,12 +4,11 @@ could be (for MFU). Imported only where a probe or a training run starts (it imp
 from __future__ import annotations
 
 import os
-import platform
 
 import torch
 
 from autotune.cards import DEVICE_FRAGMENTS
-from autotune.environment import Environment, package_version
+from autotune.environment import Environment, cpu_name, package_version
 from autotune.errors import DeviceError
 
 # Dense peak FLOP/s by precision, from the card table (autotune.cards, the one source): fp32 is plain
@@ -85,17 +84,6 @@ def _only_visible_gpu(text: str, count: int) -> str:
     return "cuda:0"
 
 
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def host_memory_bytes() -> int | None:
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
@@ -128,7 +116,7 @@ def describe(device: torch.device) -> Environment:
             cuda_version=torch.version.cuda, driver_version=_driver_version(),
             torch_version=torch_version, transformers_version=transformers_version,
         )
-    return Environment(device_type="cpu", device_name=f"cpu: {_cpu_name()}", device_total_bytes=host_memory_bytes(),
+    return Environment(device_type="cpu", device_name=f"cpu: {cpu_name()}", device_total_bytes=host_memory_bytes(),
                        torch_version=torch_version, transformers_version=transformers_version)
 
 
