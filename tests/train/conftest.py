@@ -74,6 +74,15 @@ def write_weights(directory: Path, config: dict) -> None:
     model.save_pretrained(directory)
 
 
+def write_pretrained_gpt2(text: str, directory: Path) -> Path:
+    """A tiny GPT-2 as a user's directory holds one: config.json, a tokenizer trained on `text`, weights."""
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(TINY_GPT2))
+    write_tokenizer(text, directory)
+    write_weights(directory, TINY_GPT2)
+    return directory
+
+
 def datasets_cache(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Keep `datasets`' Arrow cache out of the user's home (it reads the variable at import)."""
     import datasets
@@ -98,11 +107,7 @@ def workspace(tmp_path_factory) -> Workspace:
     corpus.write_text(text)
     small_eval = root / "eval.txt"
     small_eval.write_text(text[:1500])
-    model = root / "tiny-gpt2"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(TINY_GPT2))
-    write_tokenizer(text, model)
-    write_weights(model, TINY_GPT2)
+    model = write_pretrained_gpt2(text, root / "tiny-gpt2")
     db = f"sqlite:///{root / 'studies.db'}"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")

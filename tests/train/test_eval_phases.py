@@ -21,9 +21,8 @@ from autotune.store import open_store
 from autotune.train import SUMMARY_FILE, PEAK_TOLERANCE, ProbeMeasurement, RunSummary, TrainOptions, train
 from autotune.train.winner import FixedRecipe, evaluation_flags
 from tests.cli import assert_usage_error, autotune
-from tests.conftest import TINY_GPT2
 from tests.tiny_tasks import write_tiny
-from tests.train.conftest import corpus_text, write_task_tokenizer, write_tokenizer, write_weights
+from tests.train.conftest import corpus_text, write_pretrained_gpt2, write_task_tokenizer
 
 BUDGET = 64 * 2**20
 # One candidate per search (a probe child's start, its steps and its later phases: seconds), no estimator.
@@ -62,11 +61,7 @@ def evaluated(tmp_path_factory) -> Evaluated:
     text = corpus_text()
     corpus = root / "corpus.txt"
     corpus.write_text(text[:40_000])
-    model = root / "tiny-gpt2"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(TINY_GPT2))
-    write_tokenizer(text, model)
-    write_weights(model, TINY_GPT2)
+    model = write_pretrained_gpt2(text, root / "tiny-gpt2")
     db = f"sqlite:///{root / 'studies.db'}"
     searched: list[dict] = []
     with pytest.MonkeyPatch.context() as mp:
