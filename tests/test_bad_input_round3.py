@@ -218,3 +218,27 @@ def test_a_file_that_cannot_be_written_is_refused_before_any_work(work, hermetic
     with Unchanged(work, hermetic_home):
         refused(invoke(*[part.format(model=tiny_model, work=work) for part in command]), needle.format(work=work))
     assert not (work / "no").exists()
+
+
+# -- the run's evaluation (autotune/evaluation.py): refused before any process, nothing written -----
+
+EVAL_MISTAKES = {
+    "not-a-number": (["--eval-batch", "abc"], "'abc' is neither a whole number nor auto"),
+    "zero": (["--eval-batch", "0"], "--eval-batch must be a whole number of at least 1 (got 0)"),
+    "unknown-logits": (["--eval-batch", "4", "--eval-logits", "maybe"], "'maybe' is not one of 'loss-only', 'kept'"),
+    "kept-without-batch": (["--eval-logits", "kept"], "--eval-logits kept describes evaluation: give --eval-batch too"),
+    "accumulation-0": (["--eval-batch", "4", "--eval-logits", "kept", "--eval-accumulation-steps", "0"],
+                       "--eval-accumulation-steps must be a whole number of at least 1 (got 0)"),
+    "accumulation-loss-only": (["--eval-batch", "4", "--eval-accumulation-steps", "2"], "it needs --eval-logits kept"),
+    "generate-causal-lm": (["--eval-batch", "4", "--generate"], "--generate is for --task seq2seq"),
+    "beams-without-generate": (["--eval-batch", "4", "--num-beams", "4"], "are generation's: give --generate too"),
+}
+
+
+@pytest.mark.parametrize("case", EVAL_MISTAKES)
+@pytest.mark.parametrize("command", ("search", "estimate"))
+def test_an_evaluation_flag_that_makes_no_sense_is_one_line_before_any_process(work, hermetic_home, case, command):
+    model = str(write_model_dir(work / "tiny"))
+    flags, needle = EVAL_MISTAKES[case]
+    with Unchanged(work, hermetic_home):
+        refused(invoke(*COMMANDS[command], "--model", model, *flags), needle)
