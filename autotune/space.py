@@ -4,6 +4,7 @@ candidate does the same work per optimizer step, so their throughputs compare fa
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 from typing import Any
@@ -220,6 +221,17 @@ def group_key(config: ProbeConfig) -> tuple:
     """
     return (config.precision, config.checkpointing, config.attention, config.block_size, config.grad_accum > 1,
             config.optimizer, config.weights, config.compile, config.allocator, config.liger)
+
+
+def micro_batch_family(config: ProbeConfig) -> tuple:
+    """Configurations that differ only in how the effective batch is split (micro-batch and
+    accumulation): the same work per optimizer step, the same math. Within a family a larger
+    micro-batch is not slower per token (fewer, fuller micro-steps): the search's speed model
+    caps a smaller one's prediction by a larger one measured, and the confirmation round measures
+    again a larger one measured slower (a window a neighbour slowed)."""
+    fields = dataclasses.asdict(config)
+    del fields["micro_batch"], fields["grad_accum"]
+    return tuple(sorted(fields.items()))
 
 
 def dominates_in_memory(small: ProbeConfig, large: ProbeConfig) -> bool:

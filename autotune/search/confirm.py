@@ -23,6 +23,7 @@ from typing import Any
 from autotune.budget import Budget, required_bytes
 from autotune.config import ProbeConfig
 from autotune.result import ProbeResult
+from autotune.space import micro_batch_family
 from autotune.status import ProbeStatus
 from autotune.store import LeaderboardRow, ProbeRecord, Store, StudyRecord
 from autotune.timing import median_seconds, noise, relative_spread
@@ -134,8 +135,7 @@ def suspects_of(rows: list[LeaderboardRow], contenders: list[LeaderboardRow]) ->
     sequences per micro-step is not slower per token unless something slowed that window, so
     each is measured again (at most one per contender)."""
     def family(row: LeaderboardRow) -> tuple:
-        c = row.config
-        return (c.model, c.block_size, c.precision, c.checkpointing, c.attention, c.task, c.target_length, c.num_labels)
+        return micro_batch_family(row.config)
 
     taken = {r.config_key for r in contenders}
     out = []

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from autotune.budget import Budget
 from autotune.config import ProbeConfig
 from autotune.ranking import Standing, ranked
+from autotune.speed import DEFAULT_ALLOCATOR
 from autotune.result import ProbeResult
 from autotune.search.predictions import Prediction
 from autotune.space import dominates_in_memory, group_key
@@ -24,6 +25,13 @@ class Knowledge:
     allowed_bytes: int = 0          # budget less margin: what a config may need
     skip_over_bytes: int = 0        # predicted need above which a config is not probed
     busy: dict[str, ProbeConfig] = field(default_factory=dict)  # in flight on other workers, by key
+    _keyed: list[tuple[str, ProbeConfig]] = field(default_factory=list, repr=False)  # (key, config), in order
+    _sans_allocator: dict[str, str] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._keyed = [(c.key(), c) for c in self.candidates]
+        # Each config's key with the default allocator: twins that differ only in it share one.
+        self._sans_allocator = {key: replace(c, allocator=DEFAULT_ALLOCATOR).key() for key, c in self._keyed}
 
     @classmethod
     def of(cls, candidates: list[ProbeConfig], budget: Budget, predict_margin: float,
@@ -52,7 +60,7 @@ class Knowledge:
         twin_group = None
         if config.checkpointing:
             twin = replace(config, checkpointing=False)
-            if twin.key() in {c.key() for c in self.candidates} and not self.resolved(twin):
+            if any(twin.key() == key for key, _ in self._keyed) and not self.resolved(twin):
                 twin_group = group_key(twin)
         for other in self.busy.values():
             if other.key() == config.key():
@@ -72,7 +80,7 @@ class Knowledge:
         self.outcomes[config.key()] = result
 
     def ok(self) -> list[tuple[ProbeConfig, ProbeResult]]:
-        return [(c, self.outcomes[c.key()]) for c in self.candidates if c.key() in self.outcomes and self.outcomes[c.key()].status == ProbeStatus.OK]
+        return [(c, self.outcomes[key]) for key, c in self._keyed if key in self.outcomes and self.outcomes[key].status == ProbeStatus.OK]
 
     def best(self) -> tuple[ProbeConfig, ProbeResult] | None:
         """The best config that fits so far, as autotune.ranking ranks (no confirmation yet)."""
@@ -87,19 +95,26 @@ class Knowledge:
 
     def implied_skip(self, config: ProbeConfig) -> str | None:
         """Why `config` need not be probed, from what is known of the others; None if it must be."""
-        for other in self.candidates:
-            result = self.outcomes.get(other.key())
-            if result is None or other.key() == config.key():
+        key = config.key()
+        without_checkpointing = replace(config, checkpointing=False) if config.checkpointing else None
+        for other_key, other in self._keyed:  # (in the candidates' order: the first reason found is said)
+            result = self.outcomes.get(other_key)
+            if result is None or other_key == key:
                 continue
             if result.status == ProbeStatus.OOM and dominates_in_memory(other, config):
                 return f"needs at least the memory of {other.label()}, which ran out of memory"
-            if (config.checkpointing and not other.checkpointing and result.status == ProbeStatus.OK
-                    and dominates_in_memory(replace(config, checkpointing=False), other)):
+            if (without_checkpointing is not None and not other.checkpointing and result.status == ProbeStatus.OK
+                    and dominates_in_memory(without_checkpointing, other)):
                 # Its twin without checkpointing fits (it is no larger than `other`, which does).
                 if (other.micro_batch, other.block_size) == (config.micro_batch, config.block_size):
                     return f"{other.label()} fits without checkpointing, which only adds recomputation"
                 return (f"fits without checkpointing (the larger {other.label()} does), and checkpointing only "
                         f"adds recomputation")
+            if (config.allocator != other.allocator and result.status == ProbeStatus.OK
+                    and self._sans_allocator[key] == self._sans_allocator[other_key]):
+                # The allocator setting decides where memory goes, not which kernels run: where the
+                # other setting fits too, it is as fast (searched only for what it lets fit).
+                return f"{other.label()} fits with the {other.allocator} allocator, which runs the same kernels"
         prediction = self.predictions.get(config.key())
         if prediction is not None and prediction.floor_bytes > self.skip_over_bytes:
             return (f"predicted to need at least {format_size(prediction.floor_bytes)}, over the "
@@ -111,4 +126,4 @@ class Knowledge:
         return None if prediction is None else prediction.required_bytes <= self.allowed_bytes
 
     def unresolved(self) -> list[ProbeConfig]:
-        return [c for c in self.candidates if not self.resolved(c)]
+        return [c for key, c in self._keyed if key not in self.outcomes]
