@@ -20,7 +20,7 @@ from autotune.space import SearchSpace
 from autotune.status import FINISHING, Settled, StopReason
 from autotune.store import LeaderboardRow, StudyRecord, check_study_name
 
-STRATEGIES = ("frontier", "tpe", "grid", "grid-full")
+STRATEGIES = ("predictive", "frontier", "tpe", "grid", "grid-full")
 
 # Told when a search (or a worker) starts on its study: (study, environment, candidates, those
 # already settled, notes on what it assumed).

@@ -78,7 +78,7 @@ def shared_search(db: str, study: str, strategy: str = "frontier", joiners: int 
 
 
 @pytest.mark.slow  # three worker threads over a whole space: seconds each
-@pytest.mark.parametrize("strategy", ["frontier", "grid", "tpe"])
+@pytest.mark.parametrize("strategy", ["predictive", "frontier", "grid", "tpe"])
 def test_three_workers_settle_every_config_once_and_pick_what_one_worker_picks(tmp_path, strategy):
     db = str(tmp_path / "shared.db")
     outcomes, runners = shared_search(db, "shared", strategy)
