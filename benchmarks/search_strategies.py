@@ -1,91 +1,69 @@
-"""Which search strategy reaches the exhaustive grid's best with the fewest probes?
+"""Which search strategy decides a space in the fewest probes, and picks as well as probing it all?
 
-The problem is modelled (tests/fakes.py: memory affine in micro-batch x block, lower with
-checkpointing and half precision; throughput rising with micro-batch and saturating), so that many
-budgets can be tried in seconds and every strategy faces the same numbers. For each budget the
-grid (`grid-full`) gives the best; each strategy then runs from an empty database and we count the
-probes it ran before first probing that best, the probes it ran in all, and whether its final pick
-is the best.
+Every strategy runs, from nothing known, against problems whose every candidate is known in
+advance (benchmarks/problems.py): modelled fine-tunes of three sizes on a CUDA card, over eight
+budgets each, and replays of real studies measured on this project's CPUs (every configuration
+probed once), over five budgets each. For each run: the probes it ran (before the confirmation
+round, which measures the contenders again whichever strategy found them), their probe-seconds
+(each probe's wall time, as modelled or as measured), and its pick's quality: the pick's tokens/s
+over the best of every config that fits (1.0: it found the best).
 
-Then what the speed levers cost the default strategy: the same budgets with `--compile off,on`,
-`--allocators default,expandable` and both, whose values the frontier searches as groups of
-their own (memory does not move in one known direction with them), against the default space.
+Memory predictions are the estimator's part of a search: exact (on a CPU the estimator equals the
+probe to the byte), off by up to 5% either way per config (about what published CUDA figures
+show), 20% low (a bad day), or none (`--no-predict`), with the default prediction margin (10%).
+A lever the estimator does not trace (compile, the allocator) is predicted as its plain twin, as
+the estimator does: an upper bound.
 
-    python -m benchmarks.search_strategies
+Then what the speed levers cost: the modelled problems' default space against the same with
+`--compile off,on`, `--allocators default,expandable` and both.
+
+Each search is driven through the same objects the search loop uses (`Knowledge`, the
+strategies), without the database and Optuna's record, so that the ~700 searches take a minute or
+two; tests/search/test_predictive.py checks that a search through the store probes the same
+configs in the same order.
+
+    python -m benchmarks.search_strategies [--quick] [--out benchmarks/results]
 """
 
 from __future__ import annotations
 
-import re
+import argparse
+import hashlib
+import json
 import statistics
-import tempfile
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import date
 from pathlib import Path
 
+from autotune import defaults
+from autotune.budget import Budget
+from autotune.config import ProbeConfig
 from autotune.models import resolve_model
-from autotune.search import Prediction, SearchOptions, run_search
+from autotune.result import ProbeResult
+from autotune.search import Knowledge, Prediction, SearchOptions, TpeStrategy, make_strategy
+from autotune.search.strategies import plain_twin
+from autotune.search.trials import distributions_of, tell
 from autotune.space import SearchSpace
-from autotune.store import open_store
-from tests.fakes import ScriptedRunner, modelled_result, request
-
-GiB = 2**30
-BUDGETS = (0.75, 1, 1.5, 2, 3, 4)           # GiB, against the fake model's 0.5 GiB fixed + activations
+from autotune.status import ProbeStatus
+from benchmarks.problems import Problem, budget_of, modelled, replays
 
 
-def predictor(error: float):
-    def predict(candidates, device_type):
-        out = {}
-        for c in candidates:
-            need = int(modelled_result(c, 10**15, 0).peak_reserved_bytes * (1 + error))
-            out[c.key()] = Prediction(need, need, need)
-        return out
-    return predict
+def scattered(share: float) -> Callable[[ProbeConfig], float]:
+    """Each config's prediction off by up to `share` either way (fixed per config)."""
+    def error(config: ProbeConfig) -> float:
+        digest = int(hashlib.sha256(("prediction" + config.key()).encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+        return share * (2 * digest - 1)
+    return error
 
 
-STRATEGIES = {
-    "frontier": dict(strategy="frontier", predict=False),
-    "frontier + exact predictions": dict(strategy="frontier", predictor=predictor(0.0)),
-    "frontier + predictions 20% low": dict(strategy="frontier", predictor=predictor(-0.2)),
-    "tpe (patience 10)": dict(strategy="tpe", predict=False, patience=10),
-    "grid, OOM-pruned": dict(strategy="grid", predict=False),
-}
-
-
-def run_one(store, space, budget: int, study: str, **kw) -> tuple[object, list]:
-    predict_fn = kw.pop("predictor", None)
-    order: list = []
-    options = SearchOptions(study=re.sub(r"[^\w.:@+-]", "_", study), fresh=True,
-                            predict=predict_fn is not None or kw.pop("predict", True), **kw)
-    outcome = run_search(request(space, resolve_model("gpt2"), budget, int(0.05 * budget), options), ScriptedRunner(), store,
-                         on_event=lambda e: order.append(e) if e.how == "probed" else None, predictor=predict_fn)
-    return outcome, order
-
-
-def main() -> None:
-    space = SearchSpace.build(resolve_model("gpt2"))
-    rows: dict[str, list[tuple[int, int, bool]]] = {name: [] for name in STRATEGIES}
-    grid_probes = []
-    with tempfile.TemporaryDirectory() as tmp:
-        with open_store(f"sqlite:///{Path(tmp) / 'strategies.db'}") as store:
-            for gib in BUDGETS:
-                budget = int(gib * GiB)
-                grid, _ = run_one(store, space, budget, f"grid-{gib}", strategy="grid-full", predict=False)
-                grid_probes.append(grid.probed)
-                best = grid.best.config if grid.best else None
-                for name, kw in STRATEGIES.items():
-                    outcome, order = run_one(store, space, budget, f"{name}-{gib}", **dict(kw))
-                    to_best = next((i + 1 for i, e in enumerate(order) if e.config == best), None)
-                    picked = (outcome.best.config if outcome.best else None) == best
-                    rows[name].append((to_best or outcome.probed, outcome.probed, picked))
-    print(f"{len(space.candidates())} candidates (gpt2 default space), budgets {', '.join(f'{b:g}' for b in BUDGETS)} GiB; "
-          f"the exhaustive grid probes {statistics.mean(grid_probes):.0f} on average")
-    print(f"{'strategy':<32} {'probes to best':>15} {'probes in all':>14} {'picks the best':>15}")
-    for name, results in rows.items():
-        to_best = statistics.mean(r[0] for r in results)
-        total = statistics.mean(r[1] for r in results)
-        hits = sum(r[2] for r in results)
-        print(f"{name:<32} {to_best:>15.1f} {total:>14.1f} {hits:>12}/{len(results)}")
-
-
+PREDICTIONS: dict[str, float | Callable | None] = {"exact": 0.0, "+-5%": scattered(0.05), "20% low": -0.2, "none": None}
+# (strategy, predictions): the rows of the table.
+RUNS = [("predictive", "exact"), ("predictive", "+-5%"), ("predictive", "20% low"), ("predictive", "none"),
+        ("frontier", "exact"), ("frontier", "+-5%"), ("frontier", "none"), ("tpe", "exact"), ("grid", "exact")]
+QUICK_RUNS = [("predictive", "exact"), ("frontier", "exact")]
 LEVER_SPACES = {
     "default space": {},
     "+ --compile off,on": {"compiles": (False, True)},
@@ -94,26 +72,159 @@ LEVER_SPACES = {
 }
 
 
-def speed_lever_costs() -> None:
-    """Probes the frontier strategy spends as the speed levers multiply the space."""
-    print(f"\n{'space':<36} {'candidates':>10} {'probes in all':>14} {'vs default':>11} {'picks the best':>15}")
-    base = None
-    with tempfile.TemporaryDirectory() as tmp:
-        with open_store(f"sqlite:///{Path(tmp) / 'levers.db'}") as store:
-            for name, levers in LEVER_SPACES.items():
-                space = SearchSpace.build(resolve_model("gpt2"), **levers)
-                probes, hits = [], 0
-                for gib in BUDGETS:
-                    budget = int(gib * GiB)
-                    grid, _ = run_one(store, space, budget, f"grid-{name}-{gib}", strategy="grid-full", predict=False)
-                    outcome, _ = run_one(store, space, budget, f"frontier-{name}-{gib}", strategy="frontier", predict=False)
-                    probes.append(outcome.probed)
-                    hits += (outcome.best.config if outcome.best else None) == (grid.best.config if grid.best else None)
-                mean = statistics.mean(probes)
-                base = base or mean
-                print(f"{name:<36} {len(space.candidates()):>10} {mean:>14.1f} {mean / base:>10.2f}x {hits:>12}/{len(BUDGETS)}")
+@dataclass
+class Run:
+    problem: str
+    kind: str
+    budget: int
+    strategy: str
+    predictions: str
+    probes: int
+    probe_seconds: float
+    quality: float | None     # pick's tokens/s over the best's; None when nothing fits (and nothing was picked)
+    grid_probes: int
+    grid_seconds: float
+    space: str = "default space"
+    order: list[str] | None = None  # the configs probed, in order (labels)
+
+
+def predictions_of(problem: Problem, space: SearchSpace, name: str) -> dict[str, Prediction]:
+    """The estimator's predictions of `space` as `name` says (a speed lever traced as its plain twin)."""
+    error = PREDICTIONS[name]
+    if error is None:
+        return {}
+    table = problem.predictions(error, space)
+    return {c.key(): table[plain_twin(c).key()] for c in space.candidates()}
+
+
+def decide(problem: Problem, space: SearchSpace, budget_bytes: int, strategy: str, predictions: str) -> Run:
+    """One search of `space` from nothing known, as the search loop runs it for a lone worker:
+    the strategy's next choice skipped or probed (the problem answers), learnt, until it has none."""
+    budget = budget_of(budget_bytes)
+    knowledge = Knowledge.of(space.candidates(), budget, defaults.PREDICT_MARGIN, predictions_of(problem, space, predictions))
+    study = None
+    if strategy == "tpe":
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=5))
+        chooser = TpeStrategy(knowledge, study, distributions_of(space))
+    else:
+        chooser = make_strategy(SearchOptions(strategy=strategy), knowledge, problem.device_type, None)  # type: ignore[arg-type]
+    order: list[str] = []
+    seconds, since_better = 0.0, 0
+    while (choice := chooser.next()) is not None:
+        config, reason = choice
+        trial = getattr(chooser, "pending_trial", None)
+        if trial is not None:
+            chooser.pending_trial = None  # type: ignore[union-attr]
+        before = knowledge.best()
+        if reason is not None:
+            result = ProbeResult(status=ProbeStatus.SKIPPED, error=reason)
+        else:
+            result = problem.answer(config, budget)
+            order.append(config.label())
+            seconds += result.wall_seconds or 0.0
+        knowledge.learn(config, result)
+        if trial is not None:
+            tell(study, trial, result, config, repeat=False)
+        if reason is None:
+            after = knowledge.best()
+            since_better = 0 if after is not None and (before is None or after[0] != before[0]) else since_better + 1
+            if strategy == "tpe" and since_better >= defaults.TPE_PATIENCE:
+                break
+    best, picked = problem.best(budget, space), knowledge.best()
+    quality = None if best is None and picked is None else (picked[1].tokens_per_s or 0.0) / best[1] if best and picked else 0.0
+    grid = [problem.answer(c, budget) for c in space.candidates()]
+    return Run(problem.name, problem.kind, budget_bytes, strategy, predictions, len(order), seconds, quality, len(grid),
+               sum(r.wall_seconds or 0.0 for r in grid), order=order)
+
+
+def summary(runs: list[Run], keys: tuple[str, ...]) -> list[dict]:
+    """Mean probes and probe-seconds (and their share of the exhaustive grid's), worst and mean quality, by `keys`."""
+    groups: dict[tuple, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(tuple(getattr(run, k) for k in keys), []).append(run)
+    rows = []
+    for key, members in groups.items():
+        qualities = [r.quality for r in members if r.quality is not None]
+        rows.append({**dict(zip(keys, key)), "runs": len(members),
+                     "probes": statistics.mean(r.probes for r in members),
+                     "probe_seconds": statistics.mean(r.probe_seconds for r in members),
+                     "grid_probes": statistics.mean(r.grid_probes for r in members),
+                     "probe_share": statistics.mean(r.probes / r.grid_probes for r in members),
+                     "seconds_share": statistics.mean(r.probe_seconds / r.grid_seconds for r in members if r.grid_seconds),
+                     "worst_quality": min(qualities) if qualities else None,
+                     "mean_quality": statistics.mean(qualities) if qualities else None,
+                     "best_found": sum(q >= 0.999 for q in qualities), "with_answer": len(qualities)})
+    return rows
+
+
+def markdown(rows: list[dict], first: tuple[str, ...]) -> str:
+    head = [*first, "probes (mean)", "of the grid's", "probe-s (mean)", "of the grid's", "quality (worst)", "quality (mean)",
+            "found the best"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        cells = [str(r[k]) for k in first] + [
+            f"{r['probes']:.1f}", f"{r['probe_share']:.0%}", f"{r['probe_seconds']:,.0f}", f"{r['seconds_share']:.0%}",
+            f"{r['worst_quality']:.3f}" if r["worst_quality"] is not None else "-",
+            f"{r['mean_quality']:.3f}" if r["mean_quality"] is not None else "-", f"{r['best_found']}/{r['with_answer']}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="benchmarks/results", help="directory for search-strategies.json and .md")
+    parser.add_argument("--quick", action="store_true", help="predictive and frontier with exact predictions only")
+    args = parser.parse_args(argv)
+    started = time.perf_counter()
+    default_space = lambda **levers: SearchSpace.build(resolve_model("gpt2"), **levers)  # noqa: E731
+    problems = modelled(default_space) + replays()
+    runs: list[Run] = []
+    lever_runs: list[Run] = []
+    for problem in problems:
+        for budget in problem.budgets:
+            for strategy, predictions in QUICK_RUNS if args.quick else RUNS:
+                runs.append(decide(problem, problem.space, budget, strategy, predictions))
+        print(f"{problem.name}: {len(problem.budgets)} budgets, {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    for problem in (p for p in problems if p.kind == "modelled"):
+        for name, levers in LEVER_SPACES.items():
+            space = default_space(**levers)
+            for budget in problem.budgets:
+                for strategy in ("predictive", "frontier"):
+                    lever_runs.append(replace(decide(problem, space, budget, strategy, "exact"), space=name))
+        print(f"{problem.name}: speed levers, {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    by_strategy = summary(runs, ("kind", "strategy", "predictions"))
+    by_problem = summary(runs, ("problem", "strategy", "predictions"))
+    by_levers = summary(lever_runs, ("space", "strategy"))
+    base = {r["strategy"]: r["probes"] for r in by_levers if r["space"] == "default space"}
+    for r in by_levers:
+        r["vs_default_space"] = r["probes"] / base[r["strategy"]]
+    text = "\n\n".join([
+        f"Search strategies against {len(problems)} problems ({sum(len(p.budgets) for p in problems)} budgets), "
+        f"from nothing known, probes before the confirmation round (`python -m benchmarks.search_strategies`, "
+        f"{date.today()}).",
+        "By kind of problem:\n\n" + markdown(by_strategy, ("kind", "strategy", "predictions")),
+        "By problem:\n\n" + markdown(by_problem, ("problem", "strategy", "predictions")),
+        "Speed levers (modelled problems, exact predictions):\n\n" + markdown(by_levers, ("space", "strategy")) + "\n\n"
+        + "\n".join(f"- {r['space']}, {r['strategy']}: {r['vs_default_space']:.2f}x the probes of the default space"
+                    for r in by_levers),
+        "Problems:\n\n" + "\n".join(f"- {p.name} ({p.kind}{', ' + p.source if p.source else ''}): "
+                                    f"{len(p.space.candidates())} candidates, budgets "
+                                    + ", ".join(f"{b / 2**20:,.0f} MiB" for b in p.budgets) for p in problems),
+    ])
+    print(text)
+    if not args.quick:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "search-strategies.md").write_text(text + "\n")
+        (out / "search-strategies.json").write_text(json.dumps(
+            {"date": str(date.today()), "by_kind": by_strategy, "by_problem": by_problem, "speed_levers": by_levers,
+             "runs": [{k: v for k, v in vars(r).items() if k != "order"} for r in runs + lever_runs]}) + "\n")
+    print(f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
-    speed_lever_costs()
+    sys.exit(main())

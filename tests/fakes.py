@@ -7,6 +7,8 @@ throughput grows with micro-batch and saturates), or replay recorded results.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from autotune.budget import Budget
 from autotune.config import ProbeConfig
 from autotune.environment import Environment
@@ -38,11 +40,12 @@ def modelled_result(config: ProbeConfig, budget_bytes: int, margin_bytes: int) -
 
 
 class ScriptedRunner:
-    """Answers probes from `table` (config key -> ProbeResult) or from the model above; records
-    every config it was asked to run."""
+    """Answers probes from `table` (config key -> ProbeResult), `answer` (config, budget ->
+    ProbeResult) or the model above; records every config it was asked to run."""
 
-    def __init__(self, table: dict[str, ProbeResult] | None = None, env: Environment = FAKE_ENV):
-        self.table, self.env = table, env
+    def __init__(self, table: dict[str, ProbeResult] | None = None, env: Environment = FAKE_ENV,
+                 answer: Callable[[ProbeConfig, Budget], ProbeResult] | None = None):
+        self.table, self.env, self.answer = table, env, answer
         self.asked: list[ProbeConfig] = []
         self.on_phase = None
         self.neighbours = None
@@ -58,6 +61,8 @@ class ScriptedRunner:
         self.asked.append(config)
         if self.table is not None:
             return ProbeResult.from_dict(self.table[config.key()].to_dict())
+        if self.answer is not None:
+            return self.answer(config, budget)
         return modelled_result(config, budget.total_bytes, budget.margin_bytes)
 
     def close(self) -> None:
