@@ -26,7 +26,7 @@ CHECKPOINTING = (False, True)
 ATTENTIONS = ("sdpa", "eager")
 
 # -- the search (SearchOptions) --------------------------------------------------------------
-STRATEGY = "frontier"
+STRATEGY = "predictive"
 PREDICT_MARGIN = 0.10         # skip a config only when predicted over the budget by more than this share
 HEARTBEAT_SECONDS = 5.0       # how often a worker writes its claim's heartbeat
 STALE_BEATS = 3               # a claim is stale after this many missed heartbeats

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+from autotune import defaults
 from autotune.budget import Budget
 from autotune.version import __version__
 from autotune.config import ProbeConfig
@@ -70,7 +71,7 @@ TINY_SPACE = dict(micro_batches=(1, 2, 4, 8), block_sizes=(64,), precisions=("fp
                   attentions=("sdpa",), effective_batch=8)
 # A tiny model's step takes tens of milliseconds: time more of them than on a GPU, or noise decides.
 CPU_MEASURE_STEPS = 5
-SEARCH_STRATEGY = "frontier"
+SEARCH_STRATEGY = defaults.STRATEGY  # autotune's search as a user runs it
 GROUND_TRUTH_STRATEGY = "grid-full"
 
 

@@ -17,7 +17,8 @@ from autotune.status import StopReason
 @click.option("--model", required=True, help="Hub id, gpt2-family name, or a local directory with config.json.")
 @click.option("--gpu-budget", required=True, help="Memory to fit in: 8GiB, 7.5GiB, 8192MiB, 8GB or bytes.")
 @space_options
-@click.option("--strategy", default=defaults.STRATEGY, show_default=True, help="frontier, tpe, grid (OOM-pruned) or grid-full.")
+@click.option("--strategy", default=defaults.STRATEGY, show_default=True,
+              help="predictive (a speed model refitted after each probe), frontier, tpe, grid (OOM-pruned) or grid-full.")
 @click.option("--max-trials", type=int, default=None, help="Stop after this many probes (reused and skipped ones are free).")
 @click.option("--timeout", default=None,
               help="End the whole command within this long (e.g. 30m), confirmation included: the probe in flight is "

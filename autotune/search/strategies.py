@@ -1,5 +1,5 @@
-"""Strategies: which candidate to settle next. See the package docstring for why `frontier` is the
-default."""
+"""Strategies: which candidate to settle next. See the package docstring for what each does and why
+`predictive` is the default."""
 
 from __future__ import annotations
 

@@ -21,6 +21,10 @@ from tests.fakes import ScriptedRunner, modelled_result, request
 GiB = 2**30
 BUDGET = 8 * GiB
 MARGIN = int(0.05 * BUDGET)
+# What is checked here is the round itself, over every config the scripted timings describe: the
+# grid measures them all (the default strategy would not measure a smaller micro-batch that a
+# larger one already outruns).
+STRATEGY = "grid"
 
 
 def test_spread_is_half_the_interquartile_range_over_the_median():
@@ -65,7 +69,7 @@ def space() -> SearchSpace:
 
 
 def search(store, runner, study):
-    return run_search(request(space(), resolve_model("gpt2"), BUDGET, MARGIN, SearchOptions(study=study, predict=False)),
+    return run_search(request(space(), resolve_model("gpt2"), BUDGET, MARGIN, SearchOptions(study=study, predict=False, strategy=STRATEGY)),
                       runner, store)
 
 
@@ -124,7 +128,7 @@ def test_no_confirmation_when_asked_not_to(hermetic_home):
     runner = NoisyRunner({1: 1000.0, 2: 2970.0, 4: 3000.0})
     with open_store() as store:
         outcome = run_search(request(space(), resolve_model("gpt2"), BUDGET, MARGIN,
-                                     SearchOptions(study="off", predict=False, confirm=False)), runner, store)
+                                     SearchOptions(study="off", predict=False, confirm=False, strategy=STRATEGY)), runner, store)
     assert outcome.study.confirmation is None and len(runner.asked) == 3 and outcome.best.config.micro_batch == 4
     assert best_of("off").to_dict()["confirmed"] is False
 
@@ -184,7 +188,7 @@ def test_a_tie_names_one_winner_everywhere_a_study_is_read(hermetic_home):
     runner = NoisyRunner({2: 2900.0, 4: 3000.0}, jitter=0.08)
     with open_store() as store:
         outcome = run_search(request(both_accumulate, resolve_model("gpt2"), BUDGET, MARGIN,
-                                     SearchOptions(study="tie", predict=False)), runner, store)
+                                     SearchOptions(study="tie", predict=False, strategy=STRATEGY)), runner, store)
     c = outcome.study.confirmation
     assert not c["confirmed"] and c["winner_label"].startswith("mb2x4") and c["tied"] == ["mb4x2 blk128 fp32 no-ckpt sdpa"]
     with reopen() as store:
@@ -215,7 +219,7 @@ def test_a_noisy_study_says_its_pick_is_not_reliable_and_never_picks_against_the
     runner = NoisyRunner({2: 2660.0, 4: 3140.0}, jitter=0.5)
     with open_store() as store:
         outcome = run_search(request(both_accumulate, resolve_model("gpt2"), BUDGET, MARGIN,
-                                     SearchOptions(study="noisy", predict=False)), runner, store)
+                                     SearchOptions(study="noisy", predict=False, strategy=STRATEGY)), runner, store)
         board = store.leaderboard("noisy")
     c = outcome.study.confirmation
     assert not c["confirmed"] and c["reliable"] is False and c["noise"] > 0.4

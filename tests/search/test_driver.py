@@ -54,7 +54,7 @@ def test_frontier_finds_the_exhaustive_best_with_fewer_probes(store):
     space = gpt2_space()
     grid = search(store, ScriptedRunner(), space, study="grid", strategy="grid-full")
     frontier_runner = ScriptedRunner()
-    frontier = search(store, frontier_runner, space, study="frontier", fresh=True)
+    frontier = search(store, frontier_runner, space, study="frontier", fresh=True, strategy="frontier")
     assert grid.probed == len(space.candidates()) == 72
     assert frontier.best.config == grid.best.config
     assert frontier.best.tokens_per_s == pytest.approx(grid.best.tokens_per_s)
@@ -173,7 +173,7 @@ def test_predictions_skip_hopeless_configs_and_cut_probes(store):
     plain = search(store, ScriptedRunner(), space, study="plain", fresh=True)
     runner = ScriptedRunner()
     predicted = search(store, runner, space, predictor=modelled_predictor(), study="predicted", fresh=True)
-    assert predicted.best.config == grid.best.config
+    assert predicted.best.tokens_per_s == grid.best.tokens_per_s  # (fp16 and bf16 are as fast in the fake)
     assert predicted.probed < plain.probed
     probes = store.probes("predicted")
     by_prediction = [p for p in probes if p.result.status == "skipped" and "predicted" in p.result.error]
@@ -189,7 +189,7 @@ def test_wrong_predictions_cost_probes_not_the_answer(store, error):
     # so configs that fit are skipped; the answer may then differ, and the test says by how much.
     outcome = search(store, ScriptedRunner(), space, predictor=modelled_predictor(error), study=f"wrong{error}", fresh=True)
     if error < 0:
-        assert outcome.best.config == grid.best.config
+        assert outcome.best.tokens_per_s == grid.best.tokens_per_s
     else:
         assert outcome.best.tokens_per_s >= 0.5 * grid.best.tokens_per_s
 
