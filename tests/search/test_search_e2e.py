@@ -44,21 +44,21 @@ def test_search_pick_equals_the_exhaustive_grid_best(tiny_model):
         statuses = {p.config.label(): p.result.status for p in store.probes("grid")}
         assert "oom" in statuses.values() and "ok" in statuses.values(), statuses
 
-        # Both strategies answered from the grid's real probes: which configs fit is what the CPU
+        # Both searches answered from the grid's real probes: which configs fit is what the CPU
         # measured; their speed is the fakes' noise-free model, because two test workers sharing
         # two cores can make a checkpointed config time faster than the same one without, which
-        # the frontier rightly never probes. So the comparison is of the strategy alone.
+        # the search rightly never probes. So the comparison is of the (default) strategy alone.
         table = {p.config_key: _modelled_speed(p.config, p.result) for p in store.probes("grid")}
         everything, replay = ScriptedRunner(table), ScriptedRunner(table)
         everything.env = replay.env = runner.environment()
         exhaustive = run_search(request(space, spec, BUDGET, MARGIN,
                                         SearchOptions(study="grid-replay", strategy="grid-full", fresh=True, confirm=False)),
                                 everything, store)
-        frontier = run_search(request(space, spec, BUDGET, MARGIN, SearchOptions(study="frontier", fresh=True, confirm=False)),
+        searched = run_search(request(space, spec, BUDGET, MARGIN, SearchOptions(study="searched", fresh=True, confirm=False)),
                               replay, store)
-    assert exhaustive.best is not None and frontier.best.config == exhaustive.best.config
-    assert frontier.probed < exhaustive.probed == grid.probed
-    skipped = [p for p in frontier_probes(frontier.study.name) if p.result.status == "skipped"]
+    assert exhaustive.best is not None and searched.best.config == exhaustive.best.config
+    assert searched.probed < exhaustive.probed == grid.probed
+    skipped = [p for p in study_probes(searched.study.name) if p.result.status == "skipped"]
     assert skipped and not {p.config_key for p in skipped} & {c.key() for c in replay.asked}
 
 
@@ -71,7 +71,7 @@ def _modelled_speed(config, result):
                                samples_per_s=modelled.samples_per_s, step_times=None, step_spread=None)
 
 
-def frontier_probes(study: str):
+def study_probes(study: str):
     with open_store() as store:
         return store.probes(study)
 
