@@ -101,7 +101,8 @@ def decide(problem: Problem, space: SearchSpace, budget_bytes: int, strategy: st
     """One search of `space` from nothing known, as the search loop runs it for a lone worker:
     the strategy's next choice skipped or probed (the problem answers), learnt, until it has none."""
     budget = budget_of(budget_bytes)
-    knowledge = Knowledge.of(space.candidates(), budget, defaults.PREDICT_MARGIN, predictions_of(problem, space, predictions))
+    knowledge = Knowledge.of(space.candidates(), budget, defaults.PREDICT_MARGINS[problem.device_type],
+                             predictions_of(problem, space, predictions))
     study = None
     if strategy == "tpe":
         import optuna

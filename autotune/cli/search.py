@@ -31,8 +31,9 @@ from autotune.status import StopReason
 @click.option("--confirm/--no-confirm", default=True, show_default=True,
               help="Before saying the pick, measure the configs within noise of the best again until it is told "
                    "apart or declared a tie.")
-@click.option("--predict-margin", type=float, default=defaults.PREDICT_MARGIN, show_default=True,
-              help="Skip a config only if predicted over the budget by more than this share of it.")
+@click.option("--predict-margin", type=float, default=None,
+              help="Skip a config only if predicted over the budget by more than this share of it; within it, a "
+                   "probe decides [default: 0.1 on CUDA; 0 on CPU, where the estimate equals the probe to the byte].")
 @probe_settings_options
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Search in N worker processes on this machine: one per GPU (each gets one CUDA_VISIBLE_DEVICES entry), "

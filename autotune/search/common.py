@@ -53,7 +53,9 @@ class SearchOptions:
     patience: int | None = None        # stop after this many probes without a better config
     fresh: bool = False                # ignore stored results from other studies
     predict: bool = True               # estimate memory first: skip hopeless configs, order the rest
-    predict_margin: float = defaults.PREDICT_MARGIN  # skip only when predicted over the budget by more than this share
+    # Skip only when predicted over the budget by more than this share; None: the device type's
+    # (defaults.PREDICT_MARGINS, resolved by `margin_for`).
+    predict_margin: float | None = None
     heartbeat_seconds: float = defaults.HEARTBEAT_SECONDS  # claims' heartbeat period, for the whole study
     confirm: bool = True               # measure the contenders within noise of the best again (search/confirm.py)
     # Probe while memory is predicted rather than after: the predictions join the search when
@@ -69,10 +71,16 @@ class SearchOptions:
             raise BadInput("--max-trials must be at least 1.")
         if self.patience is not None and self.patience < 1:
             raise BadInput("--patience must be at least 1.")
-        if not 0 <= self.predict_margin < 10:
+        if self.predict_margin is not None and not 0 <= self.predict_margin < 10:
             raise BadInput("--predict-margin must be between 0 and 10 (a share of the budget, e.g. 0.1).")
         if not 0 < self.heartbeat_seconds <= 3600:
             raise BadInput("--heartbeat must be between 0 and 3600 seconds (e.g. 5).")
+
+    def margin_for(self, device_type: str) -> float:
+        """The prediction margin a search on `device_type` uses: the one given, or the device's."""
+        if self.predict_margin is not None:
+            return self.predict_margin
+        return defaults.PREDICT_MARGINS.get(device_type, defaults.PREDICT_MARGIN)
 
     @property
     def stale_after(self) -> float:

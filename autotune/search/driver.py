@@ -73,7 +73,8 @@ def start_study(
                                       effective_batch=request.space.work_per_step, space=request.space.to_dict())
     store.reopen_claims(study.id, tuple(RETRYABLE))  # resume: timeouts and crashes get one more try
     stored = StudyPlan.from_dict(study.plan).predictions if not options.fresh else {}
-    knowledge = Knowledge.of(list(request.candidates), request.budget, options.predict_margin, stored)
+    margin = options.margin_for(request.environment.device_type)
+    knowledge = Knowledge.of(list(request.candidates), request.budget, margin, stored)
     worker = WorkerState(store, request, study, knowledge, worker_label(request.settings.device))
     worker.refresh()  # everything this study already settled
     if on_start is not None:
@@ -85,7 +86,7 @@ def start_study(
                     distributions_of(request.space), seed=0,
                     about={"model": request.spec.reference, "budget_bytes": request.budget.total_bytes,
                            "margin_bytes": request.budget.margin_bytes})
-    worker.plan = StudyPlan(strategy=options.strategy, fresh=options.fresh, predict_margin=options.predict_margin,
+    worker.plan = StudyPlan(strategy=options.strategy, fresh=options.fresh, predict_margin=margin,
                             patience=options.patience, heartbeat_seconds=options.heartbeat_seconds,
                             probe=request.settings.to_plan())
     take_predictions(worker)

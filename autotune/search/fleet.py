@@ -127,7 +127,7 @@ def run_worker(
     environment = runner.environment()
     check_joinable(study, environment, allow_other_device)
     request = request.with_environment(environment)
-    knowledge = Knowledge.of(list(request.candidates), request.budget, options.predict_margin, plan.predictions)
+    knowledge = Knowledge.of(list(request.candidates), request.budget, plan.predict_margin, plan.predictions)
     worker = WorkerState(store, request, study, knowledge, worker_label(settings.device))
     worker.refresh()
     if on_start is not None:
