@@ -24,8 +24,7 @@ def problems():
     return {"modelled": (gpt2, gpt2.budgets[1]), "replayed": (tiny, tiny.budgets[2])}
 
 
-@pytest.mark.parametrize("kind", ["modelled", "replayed"])
-@pytest.mark.parametrize("strategy", ["predictive", "frontier"])
+@pytest.mark.parametrize("kind, strategy", [("modelled", "predictive"), ("replayed", "predictive"), ("modelled", "frontier")])
 def test_the_harness_probes_what_a_search_through_the_store_probes(kind, strategy):
     problem, budget_bytes = problems()[kind]
     decided = decide(problem, problem.space, budget_bytes, strategy, "exact")
