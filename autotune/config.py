@@ -69,6 +69,8 @@ class ProbeConfig:
     generation_num_beams: int = 1
 
     def __post_init__(self) -> None:
+        if isinstance(self.optimizer, str):  # (TrainingArguments' names for the same optimizers)
+            object.__setattr__(self, "optimizer", recipes.canonical_optimizer(self.optimizer))
         problems = []
         if not self.model:
             problems.append("--model is empty; give a hub id, gpt2-family name or a local directory")
@@ -83,7 +85,7 @@ class ProbeConfig:
         if self.attention not in ATTENTIONS:
             problems.append(f"--attention {self.attention!r} is unknown; choose from {', '.join(ATTENTIONS)}")
         if self.optimizer not in OPTIMIZERS:
-            problems.append(f"--optimizer {self.optimizer!r} is unknown; choose from {', '.join(OPTIMIZERS)}")
+            problems.append(f"--optimizer {self.optimizer!r} is unknown; choose from {recipes.optimizer_names()}")
         if self.weights not in recipes.WEIGHTS:
             problems.append(f"--weights {self.weights!r} is unknown; choose from {', '.join(recipes.WEIGHTS)}")
         elif self.weights == "bf16" and self.precision == "fp16":

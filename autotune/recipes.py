@@ -29,6 +29,10 @@ class Optimizer:
 # lever existed (their keys hold it), meaning Trainer's adamw_torch_fused.
 OPTIMIZERS = {
     "adamw": Optimizer("adamw_torch_fused", None, None, "AdamW (fused where the device has the kernel)"),
+    # torch's default AdamW, as Trainer's adamw_torch and most custom loops make it: on CUDA its
+    # foreach step allocates temporaries as large as the parameters (sqrt of the second moments,
+    # then the update) for each parameter group, which the fused kernel does not.
+    "adamw_torch": Optimizer("adamw_torch", None, None, "AdamW, torch's default (foreach on CUDA: full-size temporaries in the step)"),
     "adafactor": Optimizer("adafactor", None, None, "Adafactor (factored second moments, no first)"),
     "sgd": Optimizer("sgd", "momentum=0.9", None, "SGD with momentum 0.9"),
     "adamw_8bit": Optimizer("adamw_8bit", None, "bitsandbytes", "AdamW with 8-bit states (bitsandbytes)"),
@@ -41,6 +45,21 @@ OPTIMIZERS = {
                                               "card is full, so the run slows down rather than failing"),
 }
 DEFAULT_OPTIMIZER = "adamw"
+# TrainingArguments' other names for the same optimizers: accepted, and stored under autotune's
+# name (so that a study keyed by one is found by the other).
+OPTIMIZER_ALIASES = {"adamw_torch_fused": "adamw", "adamw_bnb_8bit": "adamw_8bit"}
+
+
+def canonical_optimizer(name: str) -> str:
+    """autotune's name for an optimizer given by TrainingArguments' name or its own (unknown names
+    are returned as they are, for the caller's check to refuse)."""
+    name = name.strip().lower()
+    return OPTIMIZER_ALIASES.get(name, name)
+
+
+def optimizer_names() -> str:
+    """What `--optimizer` accepts, for messages and help."""
+    return ", ".join([*OPTIMIZERS, *OPTIMIZER_ALIASES])
 
 
 def memory_caveats(optimizer: str) -> list[str]:
@@ -77,9 +96,10 @@ def bnb_4bit_kwargs(precision: str, task: str = "causal-lm") -> dict:
 
 
 def check_optimizer(name: str, flag: str = "--optimizer") -> str:
-    if name not in OPTIMIZERS:
-        raise BadInput(f"{flag} {name!r} is unknown; choose from {', '.join(OPTIMIZERS)}.")
-    return name
+    canonical = canonical_optimizer(name)
+    if canonical not in OPTIMIZERS:
+        raise BadInput(f"{flag} {name!r} is unknown; choose from {optimizer_names()}.")
+    return canonical
 
 
 @dataclass(frozen=True, slots=True)

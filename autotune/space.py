@@ -69,7 +69,7 @@ class SearchSpace:
                 problems.append(f"--attention: {value!r} is unknown; choose from {', '.join(ATTENTIONS)}")
         for value in self.optimizers:
             if value not in recipes.OPTIMIZERS:
-                problems.append(f"--optimizers: {value!r} is unknown; choose from {', '.join(recipes.OPTIMIZERS)}")
+                problems.append(f"--optimizers: {value!r} is unknown; choose from {recipes.optimizer_names()}")
         for value in self.weights:
             if value not in recipes.WEIGHTS:
                 problems.append(f"--weights: {value!r} is unknown; choose from {', '.join(recipes.WEIGHTS)}")
@@ -120,7 +120,7 @@ class SearchSpace:
             attentions=tuple(attentions or defaults.ATTENTIONS),
             effective_batch=effective_batch,
             effective_tokens=effective_tokens,
-            optimizers=tuple(dict.fromkeys(optimizers or (recipes.DEFAULT_OPTIMIZER,))),
+            optimizers=tuple(dict.fromkeys(recipes.canonical_optimizer(o) for o in optimizers or (recipes.DEFAULT_OPTIMIZER,))),
             weights=tuple(dict.fromkeys(weights or (recipes.DEFAULT_WEIGHTS,))),
             peft=peft,
             compiles=tuple(dict.fromkeys(compiles or (False,))),

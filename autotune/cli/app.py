@@ -22,8 +22,9 @@ EXIT_INTERRUPTED = 130       # Ctrl-C (128 + SIGINT)
 EXIT_TERMINATED = 143        # SIGTERM (128 + SIGTERM)
 
 DEVICE_HELP = "auto (CUDA if present, else CPU), cpu, cuda or cuda:N."
-OPTIMIZER_HELP = ("adamw (fused AdamW), adafactor, sgd (momentum 0.9), adamw_8bit or paged_adamw_8bit (bitsandbytes): "
-                  "TrainingArguments' optim names.")
+OPTIMIZER_HELP = ("adamw (fused AdamW; also adamw_torch_fused), adamw_torch (torch's default: foreach on CUDA, full-size "
+                  "temporaries in the step), adafactor, sgd (momentum 0.9), adamw_8bit (also adamw_bnb_8bit) or "
+                  "paged_adamw_8bit (bitsandbytes): TrainingArguments' optim names.")
 WEIGHTS_HELP = "fp32 (master weights; mixed precision autocasts) or bf16 (pure bf16: weights, gradients, optimizer state)."
 ALLOCATOR_HELP = ("The CUDA caching allocator's setting: default, or expandable (expandable_segments:True in "
                   "PYTORCH_ALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF: less fragmentation, so reserved stays near allocated).")

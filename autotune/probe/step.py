@@ -162,11 +162,16 @@ class OptimizerUnavailable(Exception):
     """The optimizer cannot run here (a package or a device kernel is missing): its probe is skipped."""
 
 
-def make_optimizer(model, device: torch.device, name: str = "adamw") -> torch.optim.Optimizer:
+def make_optimizer(model, device: torch.device, name: str = "adamw", device_type: str | None = None) -> torch.optim.Optimizer:
     """The optimizer `name` (autotune.recipes.OPTIMIZERS) over the trainable parameters, as Trainer
-    makes it for the matching `optim`: AdamW fused where the device has the kernel, Adafactor
-    with scale_parameter and relative_step off, SGD with momentum 0.9, bitsandbytes' 8-bit AdamW."""
+    makes it for the matching `optim`: AdamW fused where the device has the kernel, torch's
+    default AdamW (foreach on CUDA, as torch picks it for CUDA tensors; the single-tensor loop on
+    a CPU), Adafactor with scale_parameter and relative_step off, SGD with momentum 0.9,
+    bitsandbytes' 8-bit AdamW. `device_type` is the device the run is for, where it differs from
+    `device` (the estimator traces a CUDA run on CPU fake tensors)."""
     params = [p for p in model.parameters() if p.requires_grad]
+    if name == "adamw_torch":
+        return torch.optim.AdamW(params, lr=5e-5, foreach=(device_type or device.type) == "cuda")
     if name == "adafactor":
         from transformers.optimization import Adafactor
 
