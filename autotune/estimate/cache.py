@@ -15,6 +15,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from autotune.config import ProbeConfig
+from autotune.estimate.stack import Stack
 from autotune.environment import package_version
 from autotune.errors import AutotuneError
 from autotune.estimate import cuda_constants
@@ -29,12 +30,13 @@ CACHE_FORMAT = 1
 MAX_ENTRIES = 512
 
 
-def cache_key(config: ProbeConfig, device_type: str, spec: ModelSpec) -> str:
+def cache_key(config: ProbeConfig, device_type: str, spec: ModelSpec, stack: Stack | None = None) -> str:
     """Identity of an estimate: the configuration, the model's architecture, the device type and
-    every version that can change the answer."""
+    every version that can change the answer (`stack`: the run's, where not the installed ones)."""
     parts = {
         "config": config.key(), "model": spec.fingerprint, "device_type": device_type,
         "torch": package_version("torch"), "transformers": package_version("transformers"),
+        "bitsandbytes": package_version("bitsandbytes"), "stack": (stack or Stack()).to_dict(),
         "autotune": __version__, "estimator": ESTIMATOR_VERSION,
         # A figure a GPU evidence run measured replaces its assumption: estimates made with it go.
         "cuda_constants": [figure.bytes for figure in cuda_constants.load().values()],

@@ -24,6 +24,7 @@ from autotune.estimate.result import (
     DEVICE_TYPES,
     MemoryEstimate,
 )
+from autotune.estimate.stack import Stack
 from autotune.models import ModelSpec, resolve_model
 from autotune.recipes import OPTIMIZERS, is_qlora
 from autotune.units import format_size
@@ -53,9 +54,9 @@ def check_traceable(config: ProbeConfig, device_type: str, spec: ModelSpec, trus
             raise BadInput(f"--attention {config.attention} runs only in fp16/bf16; use --precision bf16 or fp16, or --attention sdpa.")
 
 
-def approximations(config: ProbeConfig, device_type: str) -> list[str]:
+def approximations(config: ProbeConfig, device_type: str, stack: Stack | None = None) -> list[str]:
     """What an estimate of `config` approximates rather than traces, one note each."""
-    notes = []
+    notes = [f"predicted for {note}" for note in (stack or Stack()).differences()]
     if config.compile:
         notes.append("torch.compile traced as the eager step (inductor frees intermediates no later: an upper bound)")
     if config.precision == "fp16" and device_type == "cuda":
@@ -95,7 +96,7 @@ def untraceable(config: ProbeConfig) -> str | None:
 
 
 def estimate_memory(config: ProbeConfig, *, device_type: str = "cuda", timeout: float = ESTIMATE_TIMEOUT_SECONDS,
-                    use_cache: bool = True, trust_remote_code: bool = False) -> MemoryEstimate:
+                    use_cache: bool = True, trust_remote_code: bool = False, stack: Stack | None = None) -> MemoryEstimate:
     """Predict the peak memory of training `config`, as a probe on `device_type` would measure it.
 
     `device_type="cuda"` (the default) predicts a CUDA run: fused dropout masks, SDPA's flash and
@@ -104,16 +105,18 @@ def estimate_memory(config: ProbeConfig, *, device_type: str = "cuda", timeout: 
     Raises BadInput/ModelNotFound for input the user must fix (checked before any process starts)
     and EstimateError when tracing fails or takes longer than `timeout` seconds; repeats come from
     a cache under $AUTOTUNE_HOME. `trust_remote_code` lets a model's own code (auto_map) run in
-    the trace child, as `--trust-remote-code` does for probes.
+    the trace child, as `--trust-remote-code` does for probes. `stack` predicts a run on older
+    library versions than the installed ones (estimate/stack.py: what they did differently).
     """
     return estimate_memories([config], device_type=device_type, timeout=timeout, use_cache=use_cache,
-                             trust_remote_code=trust_remote_code)[0]
+                             trust_remote_code=trust_remote_code, stack=stack)[0]
 
 
 def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", timeout: float = ESTIMATE_TIMEOUT_SECONDS,
                       use_cache: bool = True, trust_remote_code: bool = False,
                       children: TraceChildren | None = None,
-                      on_estimate: Callable[[MemoryEstimate], None] | None = None) -> list[MemoryEstimate]:
+                      on_estimate: Callable[[MemoryEstimate], None] | None = None,
+                      stack: Stack | None = None) -> list[MemoryEstimate]:
     """`estimate_memory` for several configurations, traced in one trace child (about 3 s of
     imports saved per configuration), or shared among `children` (started ahead, tracing in
     parallel); `timeout` applies to each. In the order given; each estimate is also given to
@@ -129,8 +132,8 @@ def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", 
         spec = specs.get(config.model) or resolve_model(config.model)
         specs[config.model] = spec
         check_traceable(config, device_type, spec, trust_remote_code)
-        plans.append((config, spec, approximations(config, device_type),
-                      cache_key(traced_as(config, device_type), device_type, spec)))
+        plans.append((config, spec, approximations(config, device_type, stack),
+                      cache_key(traced_as(config, device_type), device_type, spec, stack)))
 
     cache = EstimateCache() if use_cache else None
     out: list[MemoryEstimate | None] = [None] * len(plans)
@@ -151,7 +154,7 @@ def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", 
             if estimate is not None:
                 on_estimate(estimate)
     if todo:
-        request = TraceRequest(device_type, tuple(_trace_item(traced_as(plans[i][0], device_type), plans[i][1], trust_remote_code)
+        request = TraceRequest(device_type, tuple(_trace_item(traced_as(plans[i][0], device_type), plans[i][1], trust_remote_code, stack)
                                                   for i in todo))
 
         def arrived(result: TraceResult) -> None:
@@ -182,10 +185,10 @@ def traced_as(config: ProbeConfig, device_type: str) -> ProbeConfig:
     return dataclasses.replace(config, compile=False, allocator=speed.DEFAULT_ALLOCATOR, precision=precision)
 
 
-def _trace_item(config: ProbeConfig, spec: ModelSpec, trust_remote_code: bool) -> TraceItem:
+def _trace_item(config: ProbeConfig, spec: ModelSpec, trust_remote_code: bool, stack: Stack | None = None) -> TraceItem:
     return TraceItem(config=config, model_config=spec.config, model_path=spec.path,
                      trace_attention="sdpa" if config.attention in _TRACED_AS_SDPA else None,
-                     trust_remote_code=trust_remote_code and spec.needs_remote_code)
+                     trust_remote_code=trust_remote_code and spec.needs_remote_code, stack=stack or Stack())
 
 
 def _from_trace(config: ProbeConfig, device_type: str, result: TraceResult, notes: list[str], *,

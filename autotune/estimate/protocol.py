@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from autotune.config import ProbeConfig
+from autotune.estimate.stack import Stack
 
 RESULT_PREFIX = "AUTOTUNE-ESTIMATE-RESULT "
 ERROR_PREFIX = "AUTOTUNE-ESTIMATE-ERROR "
@@ -29,6 +30,9 @@ class TraceItem:
     # implementation (flash, flex) are traced as SDPA, which keeps no S x S matrix either.
     trace_attention: str | None = None
     trust_remote_code: bool = False  # the model brings its own code (auto_map) and the user allowed it
+    # The run's library versions where they are not the installed ones (estimate/stack.py): the
+    # trace makes the installed libraries behave as those did where that changes memory.
+    stack: Stack = Stack()
 
     @property
     def attention(self) -> str:
@@ -42,13 +46,16 @@ class TraceItem:
             data["trace_attention"] = self.trace_attention
         if self.trust_remote_code:
             data["trust_remote_code"] = True
+        if self.stack != Stack():
+            data["stack"] = self.stack.to_dict()
         return data
 
     @classmethod
     def from_dict(cls, data: dict) -> TraceItem:
         return cls(config=ProbeConfig.from_dict(data["config"]), model_config=data["model_config"],
                    model_path=data.get("model_path"), trace_attention=data.get("trace_attention"),
-                   trust_remote_code=bool(data.get("trust_remote_code", False)))
+                   trust_remote_code=bool(data.get("trust_remote_code", False)),
+                   stack=Stack.from_dict(data.get("stack")))
 
 
 @dataclass(frozen=True, slots=True)

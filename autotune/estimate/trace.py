@@ -39,6 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.weak import WeakIdKeyDictionary
 
+from autotune.estimate import older_stacks
 from autotune.estimate.allocator import CachingAllocatorModel
 from autotune.estimate.generation import GenerationReads, UnansweredRead
 from autotune.estimate.launch import PRELOAD_ENV
@@ -373,14 +374,18 @@ def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
     gc.disable()  # storages die when their last reference goes, as in the real step; no stray collections
     try:
         with _adapters_left_in_place(config.peft is not None), _bitsandbytes_maps_made_real(config), \
-                FakeTensorMode(allow_non_fake_inputs=True), ledger, ledger.watching_optimizer(), emulation:
+                older_stacks.four_bit_inputs_kept(item.stack.keeps_4bit_inputs), \
+                FakeTensorMode(allow_non_fake_inputs=True), ledger, older_stacks.softmax_inputs_kept(item.stack), \
+                ledger.watching_optimizer(), emulation:
             model, hf_config = build_random_model(ModelSpec(traced.model, item.model_config, "trace", item.model_path), traced,
                                                   device, item.trust_remote_code)
             ledger.settle_build()
             for param in model.parameters():
                 if param.requires_grad:
                     param.register_post_accumulate_grad_hook(lambda p: ledger.set_role(p.grad, "grads"))
-            optimizer = make_optimizer(model, device, traced.optimizer)
+            optimizer = make_optimizer(model, device, traced.optimizer, device_type)
+            if item.stack.keeps_zeroed_grads:
+                older_stacks.zeroing_grads_in_place(optimizer)
             step = ProbeStep(model, optimizer, traced, device, hf_config.vocab_size)
             built = time.perf_counter()
             ledger.started = True
@@ -391,7 +396,9 @@ def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
                 except DataDependentOutputException:
                     # ProbeStep ends by reading the loss (`.item()`), which a fake tensor cannot
                     # answer. Anything that reads a value before the step is done is a real failure.
-                    if ledger.optimizer_steps == steps_before or any(p.grad is not None for p in model.parameters()):
+                    # (the step ends with zero_grad: freed gradients, or zeroed ones on a stack that keeps them)
+                    freed = item.stack.keeps_zeroed_grads or all(p.grad is None for p in model.parameters())
+                    if ledger.optimizer_steps == steps_before or not freed:
                         raise
             unestimated = _later_phases(ledger, step, hf_config.vocab_size) if evaluates(config) else {}
             del step, optimizer, model

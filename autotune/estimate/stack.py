@@ -1,0 +1,80 @@
+"""The library versions a predicted run uses, where they are not the installed ones, and what they
+did differently in memory. The trace runs the installed libraries; a run on an older stack is
+predicted by making them behave as the older ones did where that changes memory. Needed to hold
+the estimator to measurements published over the years (benchmarks/published), and for a user whose
+training machine runs an older bitsandbytes than the machine that predicts.
+
+Each behaviour is a fact of the libraries' history, with where it changed:
+- bitsandbytes before 0.43.2 kept each 4-bit layer's input A on its autograd context for a backward
+  that never read it (`ctx.tensors = (A, B)` in MatMul4Bit; PR #1270, July 2024, "fix QLoRA mem bug:
+  delete useless buffered activation"). A plain attribute, not a saved tensor: gradient
+  checkpointing (non-reentrant) does not free it either.
+- torch before 1.11 saved softmax's and log-softmax's input for backward beside the output, which
+  alone the backward reads (pytorch#64000, fixed by #65242 for 1.11): every attention layer's
+  scores, a language model's logits, held until backward.
+- torch before 2.0 zeroed gradients in place by default (`zero_grad(set_to_none=False)`), and
+  Trainer called `model.zero_grad()`: the gradients stayed allocated from one step to the next,
+  through the next forward. Since 2.0 they are freed after each optimizer step.
+
+Torch-free: the estimator's parent reads it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+KEEPS_4BIT_INPUTS_BEFORE = "0.43.2"   # bitsandbytes
+FREES_GRADS_FROM = "2.0"              # torch
+FREES_SOFTMAX_INPUTS_FROM = "1.11"    # torch
+
+
+def _older(version: str | None, than: str) -> bool:
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        return version is not None and Version(version) < Version(than)
+    except InvalidVersion:
+        return False
+
+
+@dataclass(frozen=True, slots=True)
+class Stack:
+    """Versions of the run's libraries (None: the installed one's behaviour)."""
+
+    torch: str | None = None
+    bitsandbytes: str | None = None
+
+    @property
+    def keeps_4bit_inputs(self) -> bool:
+        """Whether each 4-bit layer keeps its input until backward (bitsandbytes before 0.43.2)."""
+        return _older(self.bitsandbytes, KEEPS_4BIT_INPUTS_BEFORE)
+
+    @property
+    def keeps_zeroed_grads(self) -> bool:
+        """Whether the gradients stay allocated, zeroed, between optimizer steps (torch before 2.0)."""
+        return _older(self.torch, FREES_GRADS_FROM)
+
+    @property
+    def keeps_softmax_inputs(self) -> bool:
+        """Whether softmax and log-softmax keep their input until backward (torch before 1.11)."""
+        return _older(self.torch, FREES_SOFTMAX_INPUTS_FROM)
+
+    def differences(self) -> list[str]:
+        """What this stack does differently from the installed libraries, one note each."""
+        notes = []
+        if self.keeps_4bit_inputs:
+            notes.append(f"bitsandbytes {self.bitsandbytes}: each 4-bit layer keeps its input for backward "
+                         f"(before {KEEPS_4BIT_INPUTS_BEFORE})")
+        if self.keeps_softmax_inputs:
+            notes.append(f"torch {self.torch}: softmax and log-softmax keep their input for backward "
+                         f"(before {FREES_SOFTMAX_INPUTS_FROM})")
+        if self.keeps_zeroed_grads:
+            notes.append(f"torch {self.torch}: gradients zeroed in place, kept between steps (before {FREES_GRADS_FROM})")
+        return notes
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, data: dict | None) -> Stack:
+        return cls(**(data or {}))
