@@ -21,6 +21,9 @@ def _context_note() -> str:
     return "measured" if cuda_constants.load()[cuda_constants.CONTEXT].measured else "assumed"
 
 
+STATED_LABELS = {"allocated": "peak allocated", "reserved": "peak reserved", "nvidia-smi": "needed on the card"}
+
+
 def render_estimate(estimate: MemoryEstimate, budget: Budget | None = None) -> str:
     """The table `autotune estimate` prints."""
     e = estimate
@@ -73,14 +76,21 @@ def render_estimate(estimate: MemoryEstimate, budget: Budget | None = None) -> s
     if e.activations == 0:
         absent.append("no activations (the backward has freed them)")
     lines += ["", f"  at the peak ({phase}): " + ", ".join(alive) + "".join(f"; {text}" for text in absent)]
+    errors = e.stated_errors()
+    if errors:
+        lines += ["", "  stated error (benchmarks/published: this estimator against memory measured on real cards):"]
+        lines += [f"    {STATED_LABELS[kind]:<20}{error.text()}" for kind, error in errors.items()]
     if budget is not None:
         lines.append("")
         room = budget.headroom(e.required_bytes)
         margin_text = f" with a {format_size(budget.margin_bytes)} margin" if budget.margin_bytes else ""
+        need = errors.get("nvidia-smi")
+        near = (need is not None and abs(room) <= need.worst * e.required_bytes
+                and f" (inside the stated error of {need.worst:.0%}: a probe decides)" or "")
         if room >= 0:
-            lines.append(f"  budget {size_as_read(budget.total_bytes)}{margin_text}: fits, {format_size(room)} to spare")
+            lines.append(f"  budget {size_as_read(budget.total_bytes)}{margin_text}: fits, {format_size(room)} to spare{near}")
         else:
-            lines.append(f"  budget {size_as_read(budget.total_bytes)}{margin_text}: does NOT fit, {format_size(-room)} over")
+            lines.append(f"  budget {size_as_read(budget.total_bytes)}{margin_text}: does NOT fit, {format_size(-room)} over{near}")
     if e.notes:
         lines.append("")
         lines.extend(f"  note: {n}" for n in e.notes)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from autotune.budget import Budget
 from autotune.config import ProbeConfig
-from autotune.estimate import cuda_constants
+from autotune.estimate import cuda_constants, stated_error
 from autotune.units import CUDA_BLOCK_BYTES
 
 DEVICE_TYPES = ("cuda", "cpu")
@@ -83,6 +83,16 @@ class MemoryEstimate:
         shrink; the allocated one cannot. A search skips a config unprobed only on this."""
         return self.peak_bytes + self.context_bytes
 
+    def stated_errors(self) -> dict[str, stated_error.StatedError]:
+        """How far predictions of this kind were from published GPU measurements, by kind of figure
+        (allocated, reserved, nvidia-smi: reserved + context); none for a CPU prediction, which
+        equals the CPU probe to the byte."""
+        if self.device_type != "cuda":
+            return {}
+        errors = stated_error.load()
+        found = {kind: stated_error.stated(kind, self.config.peft, errors) for kind in stated_error.KINDS}
+        return {kind: error for kind, error in found.items() if error is not None}
+
     def to_dict(self, budget: Budget | None = None) -> dict:
         data = {
             "model": self.config.model,
@@ -101,6 +111,8 @@ class MemoryEstimate:
             "trace_seconds": round(self.trace_seconds, 3),
             "cached": self.cached,
             "notes": list(self.notes),
+            "stated_error": {kind: {"method": e.method, "count": e.count, "median": e.median, "worst": e.worst}
+                             for kind, e in self.stated_errors().items()},
         }
         if budget is not None:
             data.update(budget_bytes=budget.total_bytes, margin_bytes=budget.margin_bytes,

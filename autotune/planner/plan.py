@@ -23,7 +23,9 @@ from autotune.budget import Budget
 from autotune.cards import Card
 from autotune.config import ProbeConfig
 from autotune.estimate import untraceable
+from autotune.estimate import stated_error
 from autotune.estimate.interpolate import between, interpolated, traced_members
+from autotune.estimate.stated_error import StatedError
 from autotune.errors import BadInput
 from autotune.models import ModelSpec
 from autotune.space import SearchSpace, group_key, group_priority
@@ -125,11 +127,21 @@ class Plan:
     def best(self) -> Planned | None:
         return next((p for p in self.planned if p.fits), None)
 
+    @property
+    def stated_error(self) -> StatedError | None:
+        """How far a need predicted for a card (reserved + context: what nvidia-smi shows) was from
+        published GPU measurements of this method (None on a CPU, which the estimate equals)."""
+        return stated_error.stated("nvidia-smi", self.space.peft) if self.target.device_type == "cuda" else None
+
     def to_dict(self) -> dict[str, Any]:
+        error = self.stated_error
         return {"model": self.model, "target": self.target.name, "device_type": self.target.device_type,
                 "budget_bytes": self.target.budget.total_bytes, "margin_bytes": self.target.budget.margin_bytes,
                 "space": self.space.to_dict(), "seconds": self.seconds, "traces": self.traces,
                 "compared_with_study": self.study, "notes": self.notes,
+                "stated_error": None if error is None else {"kind": error.kind, "method": error.method,
+                                                            "count": error.count, "median": error.median,
+                                                            "worst": error.worst},
                 "candidates": [p.to_dict() for p in self.planned]}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+from autotune.estimate.stated_error import skip_margin
 from autotune.evaluation import LOWER_EVAL_NEED
 from autotune.planner.plan import Plan, Planned
 from autotune.status import ProbeStatus
@@ -63,6 +64,12 @@ def render_plan(plan: Plan, top: int | None = None) -> str:
         reasons = Counter(p.why_not or "not predicted" for p in unplanned)
         lines.append(f"{len(unplanned)} not predicted, not shown: "
                      + "; ".join(f"{why} ({count})" if len(reasons) > 1 else why for why, count in sorted(reasons.items())))
+    error = plan.stated_error
+    margin = skip_margin(plan.space.peft)
+    if error is not None and margin is not None:
+        lines.append(f"stated error of a need: {error.text()} (benchmarks/published); a search skips a config as too "
+                     f"big only when predicted over the budget by more than {margin:.0%} (its peak allocated's worst "
+                     f"error), and probes the rest")
     lines += [f"note: {note}" for note in plan.notes]
     return "\n".join(lines)
 

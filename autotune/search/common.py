@@ -76,10 +76,20 @@ class SearchOptions:
         if not 0 < self.heartbeat_seconds <= 3600:
             raise BadInput("--heartbeat must be between 0 and 3600 seconds (e.g. 5).")
 
-    def margin_for(self, device_type: str) -> float:
-        """The prediction margin a search on `device_type` uses: the one given, or the device's."""
+    def margin_for(self, device_type: str, peft: str | None = None) -> float:
+        """The prediction margin a search on `device_type` of a model trained with `peft` (None:
+        full fine-tuning) uses: the one given; on CUDA the estimator's stated error of the peak
+        allocated for that method, measured against published GPU figures
+        (estimate/stated_error.py), so that a config is skipped only beyond it; else the device
+        type's default (a CPU prediction equals the probe to the byte)."""
         if self.predict_margin is not None:
             return self.predict_margin
+        if device_type == "cuda":
+            from autotune.estimate.stated_error import skip_margin
+
+            stated = skip_margin(peft)
+            if stated is not None:
+                return stated
         return defaults.PREDICT_MARGINS.get(device_type, defaults.PREDICT_MARGIN)
 
     @property

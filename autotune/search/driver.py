@@ -73,7 +73,7 @@ def start_study(
                                       effective_batch=request.space.work_per_step, space=request.space.to_dict())
     store.reopen_claims(study.id, tuple(RETRYABLE))  # resume: timeouts and crashes get one more try
     stored = StudyPlan.from_dict(study.plan).predictions if not options.fresh else {}
-    margin = options.margin_for(request.environment.device_type)
+    margin = options.margin_for(request.environment.device_type, request.space.peft)
     knowledge = Knowledge.of(list(request.candidates), request.budget, margin, stored)
     worker = WorkerState(store, request, study, knowledge, worker_label(request.settings.device))
     worker.refresh()  # everything this study already settled
