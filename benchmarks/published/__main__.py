@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.published import main
+
+sys.exit(main())
