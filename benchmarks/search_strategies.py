@@ -10,7 +10,8 @@ over the best of every config that fits (1.0: it found the best).
 
 Memory predictions are the estimator's part of a search: exact (on a CPU the estimator equals the
 probe to the byte), off by up to 5% either way per config (about what published CUDA figures
-show), 20% low (a bad day), or none (`--no-predict`), with the default prediction margin (10%).
+show), 20% low (a bad day), or none (`--no-predict`), with the prediction margin a search uses
+(on CUDA the estimator's stated error against published GPU measurements, on a CPU none).
 A lever the estimator does not trace (compile, the allocator) is predicted as its plain twin, as
 the estimator does: an upper bound.
 
@@ -101,7 +102,7 @@ def decide(problem: Problem, space: SearchSpace, budget_bytes: int, strategy: st
     """One search of `space` from nothing known, as the search loop runs it for a lone worker:
     the strategy's next choice skipped or probed (the problem answers), learnt, until it has none."""
     budget = budget_of(budget_bytes)
-    knowledge = Knowledge.of(space.candidates(), budget, defaults.PREDICT_MARGINS[problem.device_type],
+    knowledge = Knowledge.of(space.candidates(), budget, SearchOptions().margin_for(problem.device_type, space.peft),
                              predictions_of(problem, space, predictions))
     study = None
     if strategy == "tpe":
