@@ -31,6 +31,7 @@ def test_the_wheel_holds_autotune_alone_with_its_migrations_inside(wheel):
         assert f"autotune/store/migrations/versions/{revision.name}" in names
     assert "autotune/store/migrations/env.py" in names and "autotune/store/migrations/script.py.mako" in names
     assert "autotune/estimate/cuda_constants.json" in names  # the estimator reads it at import
+    assert "autotune/estimate/stated_error.json" in names    # estimate, plan and the search state it
     # Every package of the source tree is listed in pyproject.toml's `packages`.
     for init in (ROOT / "autotune").rglob("__init__.py"):
         assert init.relative_to(ROOT).as_posix() in names
