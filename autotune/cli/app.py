@@ -25,6 +25,9 @@ DEVICE_HELP = "auto (CUDA if present, else CPU), cpu, cuda or cuda:N."
 OPTIMIZER_HELP = ("adamw (fused AdamW; also adamw_torch_fused), adamw_torch (torch's default: foreach on CUDA, full-size "
                   "temporaries in the step), adafactor, sgd (momentum 0.9), adamw_8bit (also adamw_bnb_8bit) or "
                   "paged_adamw_8bit (bitsandbytes): TrainingArguments' optim names.")
+STACK_HELP = ("Predict a run on older library versions than the installed ones, where they allocated differently: "
+              "torch=1.13,bitsandbytes=0.41.1 (torch before 1.11 kept softmax's input, before 2.0 the zeroed "
+              "gradients; bitsandbytes before 0.43.2 each 4-bit layer's input) [default: the installed ones].")
 WEIGHTS_HELP = "fp32 (master weights; mixed precision autocasts) or bf16 (pure bf16: weights, gradients, optimizer state)."
 ALLOCATOR_HELP = ("The CUDA caching allocator's setting: default, or expandable (expandable_segments:True in "
                   "PYTORCH_ALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF: less fragmentation, so reserved stays near allocated).")

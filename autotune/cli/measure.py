@@ -7,7 +7,7 @@ import sys
 import click
 
 from autotune import defaults
-from autotune.cli.app import cli, echo_json
+from autotune.cli.app import STACK_HELP, cli, echo_json
 from autotune.cli.options import config_options, evaluation_asked, make_config, make_settings, probe_settings_options
 from autotune.errors import BadInput
 from autotune.recipes import peft_text  # (torch-free: the --peft flags as a config stores them)
@@ -63,11 +63,12 @@ def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, 
               help="Give up tracing after this long.")
 @click.option("--no-cache", is_flag=True, help="Trace again even if this estimate is cached.")
 @click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run.")
+@click.option("--stack", "stack_text", default=None, help=STACK_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as one JSON object.")
 def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, optimizer, weights, compile_,
              allocator, liger, task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets,
              eval_batch, eval_logits, eval_accumulation_steps, generate, generation_max_length, num_beams, gpu_budget,
-             safety_margin, device_type, timeout_text, no_cache, trust_remote_code, as_json):
+             safety_margin, device_type, timeout_text, no_cache, trust_remote_code, stack_text, as_json):
     """Predict a configuration's training memory without a GPU; with --gpu-budget, exit 1 if it will not fit."""
     from autotune.budget import Budget
     from autotune.estimate import estimate_memory
@@ -75,7 +76,10 @@ def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointin
     from autotune.estimate_report import render_estimate
     from autotune.units import parse_budget, parse_duration, parse_margin
 
+    from autotune.estimate.stack import Stack
+
     budget = Budget.of(parse_budget(gpu_budget), parse_margin(safety_margin)) if gpu_budget is not None else None
+    stack = Stack.parse(stack_text)
     timeout = parse_duration(timeout_text, flag="--timeout")
     config = make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task,
                          target_length, num_labels, optimizer, weights,
@@ -86,7 +90,7 @@ def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointin
     # trace finds (LoRA targets that match nothing) is still the one line a script reads.
     with trace_progress(quiet=as_json, what=f"tracing {config.label()}", every=30.0):
         result = estimate_memory(config, device_type=device_type.lower(), timeout=timeout, use_cache=not no_cache,
-                                 trust_remote_code=trust_remote_code)
+                                 trust_remote_code=trust_remote_code, stack=stack)
     if as_json:
         echo_json(result.to_dict(budget))
     else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from autotune import defaults
-from autotune.cli.app import cli, echo_json
+from autotune.cli.app import STACK_HELP, cli, echo_json
 from autotune.cli.options import db_option, space_arguments, space_options
 
 
@@ -30,12 +30,14 @@ from autotune.cli.options import db_option, space_arguments, space_options
               help="Give up tracing one configuration after this long.")
 @click.option("--no-cache", is_flag=True, help="Trace again even where an estimate is cached.")
 @click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run.")
+@click.option("--stack", "stack_text", default=None, help=STACK_HELP)
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
 def plan(model, gpu_name, gpu_budget, safety_margin, exact, study, top, plot_file, timeout_text, no_cache,
-         trust_remote_code, db, as_json, **space_flags):
+         trust_remote_code, stack_text, db, as_json, **space_flags):
     """Predict every candidate's memory and speed on a card, without one: what fits, ranked (predicted)."""
     from autotune.cards import card_names, find_card
+    from autotune.estimate.stack import Stack
     from autotune.live import trace_progress
     from autotune.planner import Target, plan_for
     from autotune.planner.render import render_plan
@@ -51,6 +53,7 @@ def plan(model, gpu_name, gpu_budget, safety_margin, exact, study, top, plot_fil
     target = Target.of(card, parse_budget(gpu_budget) if gpu_budget is not None else None, parse_margin(safety_margin),
                        cpu=cpu)
     space_args = space_arguments(**space_flags)
+    stack = Stack.parse(stack_text)
     if plot_file:
         from autotune.plot import check_out_file
 
@@ -59,7 +62,7 @@ def plan(model, gpu_name, gpu_budget, safety_margin, exact, study, top, plot_fil
     with trace_progress(quiet=as_json) as progress:
         result = plan_for(model, target, space_args, exact=exact, timeout=parse_duration(timeout_text, flag="--timeout"),
                           use_cache=not no_cache, trust_remote_code=trust_remote_code, db=db, study=study,
-                          on_progress=progress)
+                          on_progress=progress, stack=stack)
     if plot_file:
         from autotune.plot import save_plan_plot
 

@@ -23,9 +23,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from autotune.errors import BadInput
+
 KEEPS_4BIT_INPUTS_BEFORE = "0.43.2"   # bitsandbytes
 FREES_GRADS_FROM = "2.0"              # torch
 FREES_SOFTMAX_INPUTS_FROM = "1.11"    # torch
+LIBRARIES = ("torch", "bitsandbytes")
 
 
 def _older(version: str | None, than: str) -> bool:
@@ -78,3 +81,24 @@ class Stack:
     @classmethod
     def from_dict(cls, data: dict | None) -> Stack:
         return cls(**(data or {}))
+
+    @classmethod
+    def parse(cls, text: str | None, flag: str = "--stack") -> Stack:
+        """`torch=1.13,bitsandbytes=0.41.1` (either, or both) as a Stack; BadInput for anything else."""
+        from packaging.version import InvalidVersion, Version
+
+        if text is None or not text.strip():
+            return cls()
+        versions: dict[str, str] = {}
+        for part in text.split(","):
+            name, sep, version = part.strip().partition("=")
+            name, version = name.strip().lower(), version.strip()
+            if not sep or name not in LIBRARIES:
+                raise BadInput(f"{flag} {text!r}: give library=version pairs of {' and '.join(LIBRARIES)}, e.g. "
+                               f"torch=1.13,bitsandbytes=0.41.1.")
+            try:
+                Version(version)
+            except InvalidVersion:
+                raise BadInput(f"{flag}: {version!r} is not a version of {name} (e.g. 1.13 or 0.41.1).") from None
+            versions[name] = version
+        return cls(**versions)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from autotune.estimate.stack import Stack
 from autotune.planner.plan import Plan, Planned, Target, make_plan, unplannable
 
 __all__ = ["Plan", "Planned", "Target", "make_plan", "plan_for", "unplannable"]
@@ -18,10 +19,11 @@ __all__ = ["Plan", "Planned", "Target", "make_plan", "plan_for", "unplannable"]
 
 def plan_for(model: str, target: Target, space_args: dict[str, Any], *, exact: bool = False, timeout: float,
              use_cache: bool = True, trust_remote_code: bool = False, db: str | None = None, study: str | None = None,
-             on_progress: Callable[[int, int], None] | None = None) -> Plan:
+             on_progress: Callable[[int, int], None] | None = None, stack: Stack | None = None) -> Plan:
     """Resolve `model`, build the space as `autotune search` would, trace it in parallel trace
     children, and put the measurements of a matching study beside the predictions (from `db`, or
-    the default database when there is one)."""
+    the default database when there is one). `stack`: the run's library versions, where older than
+    the installed ones (estimate/stack.py)."""
     from autotune.estimate.launch import TraceChildren
     from autotune.models import resolve_model
     from autotune.search.launch import trace_processes
@@ -39,7 +41,7 @@ def plan_for(model: str, target: Target, space_args: dict[str, Any], *, exact: b
             children.start(spec.model_type)
             return make_plan(spec, space, target, exact=exact, timeout=timeout, use_cache=use_cache,
                              trust_remote_code=trust_remote_code, children=children, store=store, study=study,
-                             on_progress=on_progress)
+                             on_progress=on_progress, stack=stack)
     finally:
         if store is not None:
             store.close()

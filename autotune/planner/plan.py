@@ -25,6 +25,7 @@ from autotune.config import ProbeConfig
 from autotune.estimate import untraceable
 from autotune.estimate import stated_error
 from autotune.estimate.interpolate import between, interpolated, traced_members
+from autotune.estimate.stack import Stack
 from autotune.estimate.stated_error import StatedError
 from autotune.errors import BadInput
 from autotune.models import ModelSpec
@@ -148,7 +149,7 @@ class Plan:
 def make_plan(spec: ModelSpec, space: SearchSpace, target: Target, *, exact: bool = False, timeout: float,
               use_cache: bool = True, trust_remote_code: bool = False, children: TraceChildren | None = None,
               store: Store | None = None, study: str | None = None,
-              on_progress: Callable[[int, int], None] | None = None) -> Plan:
+              on_progress: Callable[[int, int], None] | None = None, stack: Stack | None = None) -> Plan:
     """Predict every candidate of `space` on `target`; measurements of a matching study in `store`
     (or the study named) stand beside them."""
     started = time.perf_counter()
@@ -158,7 +159,7 @@ def make_plan(spec: ModelSpec, space: SearchSpace, target: Target, *, exact: boo
     traceable = [p.config for p in planned if p.why_not is None]
     estimates, traced, traces = _estimates(traceable, target.device_type, exact=exact, timeout=timeout,
                                            use_cache=use_cache, trust_remote_code=trust_remote_code,
-                                           children=children, on_progress=on_progress)
+                                           children=children, on_progress=on_progress, stack=stack)
     dims = None
     if target.card is not None:
         from autotune.planner.speed import model_dims_of
@@ -176,7 +177,8 @@ def make_plan(spec: ModelSpec, space: SearchSpace, target: Target, *, exact: boo
             from autotune.planner.speed import predict_speed
 
             item.speed = predict_speed(item.config, dims, target.card, item.estimate)
-    plan = Plan(spec.reference, target, space, _ranked(planned, target), traces=traces)
+    plan = Plan(spec.reference, target, space, _ranked(planned, target), traces=traces,
+                notes=[f"predicted for {note}" for note in (stack or Stack()).differences()])
     if store is not None:
         plan.study = _compare(plan, store, spec, study)
     plan.seconds = time.perf_counter() - started
@@ -204,7 +206,8 @@ def unplannable(config: ProbeConfig, target: Target) -> str | None:
 
 def _estimates(configs: list[ProbeConfig], device_type: str, *, exact: bool, timeout: float, use_cache: bool,
                trust_remote_code: bool, children: TraceChildren | None,
-               on_progress: Callable[[int, int], None] | None) -> tuple[dict[str, MemoryEstimate], set[str], int]:
+               on_progress: Callable[[int, int], None] | None,
+               stack: Stack | None = None) -> tuple[dict[str, MemoryEstimate], set[str], int]:
     """Estimates of `configs` by key: traced (every config with `exact`, else each group's
     smallest and largest micro-batch) and the rest interpolated; the keys traced; how many traces
     ran now (not from the cache)."""
@@ -225,7 +228,7 @@ def _estimates(configs: list[ProbeConfig], device_type: str, *, exact: bool, tim
             on_progress(done[0], len(to_trace))
 
     found = estimate_memories(to_trace, device_type=device_type, timeout=timeout, use_cache=use_cache,
-                              trust_remote_code=trust_remote_code, children=children, on_estimate=arrived)
+                              trust_remote_code=trust_remote_code, children=children, on_estimate=arrived, stack=stack)
     by_key = {e.config.key(): e for e in found}
     traces = sum(not e.cached for e in found)
     out = dict(by_key)

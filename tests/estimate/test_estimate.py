@@ -212,6 +212,8 @@ def test_estimate_json_then_table(model_dir):
     ({"--micro-batch": "0"}, "--micro-batch"),
     ({"--device-type": "tpu"}, "--device-type"),
     ({"--precision": "fp8"}, "--precision"),
+    ({"--stack": "jax=0.4"}, "library=version pairs of torch and bitsandbytes"),
+    ({"--stack": "torch=recent"}, "not a version of torch"),
 ])
 def test_estimate_bad_input_is_one_line_and_exit_2(change, needle):
     args = ["estimate", "--model", "gpt2", "--micro-batch", "1", "--block-size", "128", "--gpu-budget", "8GiB"]

@@ -9,6 +9,7 @@ import pytest
 
 from autotune.config import ProbeConfig
 from autotune.estimate import estimate_memories
+from autotune.errors import BadInput
 from autotune.estimate.stack import Stack
 from autotune.recipes import peft_text
 from tests.conftest import write_model_dir
@@ -28,6 +29,15 @@ def test_each_behaviour_belongs_to_the_versions_before_its_change(stack, softmax
     assert (stack.keeps_softmax_inputs, stack.keeps_zeroed_grads, stack.keeps_4bit_inputs) == (softmax, grads, four_bit)
     assert len(stack.differences()) == softmax + grads + four_bit
     assert Stack.from_dict(stack.to_dict()) == stack
+
+
+def test_a_stack_is_read_from_library_version_pairs():
+    assert Stack.parse("torch=1.13, bitsandbytes=0.41.1") == Stack(torch="1.13", bitsandbytes="0.41.1")
+    assert Stack.parse("Torch=2.4") == Stack(torch="2.4")
+    assert Stack.parse(None) == Stack.parse("") == Stack()
+    for bad in ("torch", "jax=0.4", "torch=new", "torch=1.13;bitsandbytes=0.41"):
+        with pytest.raises(BadInput, match="--stack"):
+            Stack.parse(bad)
 
 
 QLORA_TRACEABLE = importlib.util.find_spec("bitsandbytes") is not None and importlib.util.find_spec("peft") is not None

@@ -173,3 +173,24 @@ def test_a_budget_typed_in_decimal_units_is_shown_as_typed_and_as_read():
                               checkpointing=(False,), attentions=("sdpa",), effective_batch=2)
     text = render_plan(Plan("gpt2", Target.of(find_card("rtx4080"), 16 * 10**9, 0.05), space, []))
     assert text.startswith("plan: 0 candidates on NVIDIA GeForce RTX 4080, budget 16GB = 14.90 GiB (margin 762.94 MiB)")
+
+
+def test_a_plan_for_an_older_stack_traces_with_it_and_says_so(monkeypatch):
+    from autotune.estimate.stack import Stack
+    from autotune.models import resolve_model
+    from autotune.planner import plan as planner_plan
+    from autotune.planner.plan import Target, make_plan
+    from autotune.space import SearchSpace
+
+    asked = {}
+
+    def no_traces(configs, device_type, **kwargs):
+        asked.update(kwargs)
+        return {}, set(), 0
+
+    monkeypatch.setattr(planner_plan, "_estimates", no_traces)
+    spec = resolve_model("gpt2")
+    plan = make_plan(spec, SearchSpace.build(spec, precisions=("fp32",)), Target.of(None, 8 * 2**30, 0), timeout=60,
+                     stack=Stack(torch="1.13"))
+    assert asked["stack"] == Stack(torch="1.13")
+    assert plan.notes == ["predicted for torch 1.13: gradients zeroed in place, kept between steps (before 2.0)"]
