@@ -73,10 +73,9 @@ def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointin
     from autotune.budget import Budget
     from autotune.estimate import estimate_memory
     from autotune.live import trace_progress
+    from autotune.estimate.stack import Stack
     from autotune.estimate_report import render_estimate
     from autotune.units import parse_budget, parse_duration, parse_margin
-
-    from autotune.estimate.stack import Stack
 
     budget = Budget.of(parse_budget(gpu_budget), parse_margin(safety_margin)) if gpu_budget is not None else None
     stack = Stack.parse(stack_text)

@@ -201,7 +201,7 @@ def space_arguments(*, micro_batches, block_sizes, precisions, checkpointing_, a
                     eval_accumulation_steps=None, generate=False, generation_max_length=None, num_beams=None) -> dict:
     """space_options' flags, parsed, as SearchSpace.build's keyword arguments."""
     from autotune.config import ATTENTIONS, OPTIMIZERS, PRECISIONS
-    from autotune.recipes import OPTIMIZER_ALIASES, WEIGHTS, canonical_optimizer, peft_text
+    from autotune.recipes import OPTIMIZER_ALIASES, WEIGHTS, peft_text
     from autotune.speed import ALLOCATORS
     from autotune.units import parse_choice_list, parse_int_list
 
@@ -216,8 +216,8 @@ def space_arguments(*, micro_batches, block_sizes, precisions, checkpointing_, a
         attentions=parse_choice_list(attention, flag="--attention", allowed=ATTENTIONS),
         effective_batch=effective_batch, effective_tokens=effective_tokens,
         task=task, target_length=target_length, num_labels=num_labels,
-        optimizers=tuple(dict.fromkeys(canonical_optimizer(o) for o in parse_choice_list(
-            optimizers, flag="--optimizers", allowed=(*OPTIMIZERS, *OPTIMIZER_ALIASES)))),
+        # (Trainer's names too: SearchSpace.build stores each under autotune's)
+        optimizers=parse_choice_list(optimizers, flag="--optimizers", allowed=(*OPTIMIZERS, *OPTIMIZER_ALIASES)),
         weights=parse_choice_list(weights_, flag="--weights", allowed=WEIGHTS),
         peft=peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets),
         compiles=on_off_list(compile_, "--compile"),

@@ -15,10 +15,10 @@ from dataclasses import asdict, fields
 from pathlib import Path
 
 from autotune.config import ProbeConfig
-from autotune.estimate.stack import Stack
 from autotune.environment import package_version
 from autotune.errors import AutotuneError
 from autotune.estimate import cuda_constants
+from autotune.estimate.stack import Stack
 from autotune.estimate.result import MemoryEstimate
 from autotune.models import ModelSpec
 from autotune.paths import cache_dir

@@ -56,7 +56,7 @@ def check_traceable(config: ProbeConfig, device_type: str, spec: ModelSpec, trus
 
 def approximations(config: ProbeConfig, device_type: str, stack: Stack | None = None) -> list[str]:
     """What an estimate of `config` approximates rather than traces, one note each."""
-    notes = [f"predicted for {note}" for note in (stack or Stack()).differences()]
+    notes = (stack or Stack()).notes()
     if config.compile:
         notes.append("torch.compile traced as the eager step (inductor frees intermediates no later: an upper bound)")
     if config.precision == "fp16" and device_type == "cuda":

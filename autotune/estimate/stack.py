@@ -75,6 +75,10 @@ class Stack:
             notes.append(f"torch {self.torch}: gradients zeroed in place, kept between steps (before {FREES_GRADS_FROM})")
         return notes
 
+    def notes(self) -> list[str]:
+        """The differences as an estimate's or a plan's notes."""
+        return [f"predicted for {difference}" for difference in self.differences()]
+
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None}
 

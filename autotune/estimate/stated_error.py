@@ -14,6 +14,7 @@ suite checks it). Torch-free: `estimate`, `plan` and the search read it.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -48,7 +49,12 @@ class StatedError:
 
 def load(path: Path = FILE) -> dict[tuple[str, str], StatedError]:
     """Every stated error, by (kind, method); empty where the file is missing (a source checkout
-    before the validation set was first run)."""
+    before the validation set was first run). Read once per process."""
+    return dict(_read(path))
+
+
+@functools.cache
+def _read(path: Path) -> dict[tuple[str, str], StatedError]:
     if not path.exists():
         return {}
     data = json.loads(path.read_text())

@@ -178,7 +178,7 @@ def make_plan(spec: ModelSpec, space: SearchSpace, target: Target, *, exact: boo
 
             item.speed = predict_speed(item.config, dims, target.card, item.estimate)
     plan = Plan(spec.reference, target, space, _ranked(planned, target), traces=traces,
-                notes=[f"predicted for {note}" for note in (stack or Stack()).differences()])
+                notes=(stack or Stack()).notes())
     if store is not None:
         plan.study = _compare(plan, store, spec, study)
     plan.seconds = time.perf_counter() - started

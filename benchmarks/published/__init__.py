@@ -34,6 +34,7 @@ from datetime import date
 from pathlib import Path
 
 from autotune.estimate.stated_error import ALL, KINDS, METHODS
+from autotune.tasks import TASKS
 from autotune.units import format_size, parse_size
 
 HERE = Path(__file__).resolve().parent
@@ -41,7 +42,6 @@ RESULTS = HERE.parent / "results"
 GOAL_MEDIAN, GOAL_WORST = 0.05, 0.10  # the goal: per kind, on Hugging Face-stack rows
 REQUIRED = ("id", "source", "quote", "figure", "measures", "gpu", "stack", "model", "task", "method", "micro_batch",
             "block_size", "precision", "optimizer")
-TASKS = ("causal-lm", "seq2seq", "classification", "masked-lm")
 
 # Optimizers a published run used that autotune does not build, each predicted by a stand-in:
 # (autotune's optimizer traced, whether its state is subtracted, why).
@@ -127,13 +127,9 @@ def load_rows(folder: Path = HERE) -> list[Row]:
             if missing or unknown:
                 raise SystemExit(f"{where}: missing {missing}, unknown fields {unknown}")
             row = Row(**raw, file=path.name)
-            problems = []
-            if row.measures not in KINDS:
-                problems.append(f"measures {row.measures!r} is not one of {KINDS}")
-            if row.method not in METHODS:
-                problems.append(f"method {row.method!r} is not one of {METHODS}")
-            if row.task not in TASKS:
-                problems.append(f"task {row.task!r} is not one of {TASKS}")
+            problems = [f"{name} {getattr(row, name)!r} is not one of {allowed}"
+                        for name, allowed in (("measures", KINDS), ("method", METHODS), ("task", TASKS))
+                        if getattr(row, name) not in allowed]
             if not (folder / "models" / row.model / "config.json").exists():
                 problems.append(f"no models/{row.model}/config.json")
             try:
