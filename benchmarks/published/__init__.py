@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -301,8 +302,15 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for r in rows if r.id in wanted]
     started = time.perf_counter()
     todo = [r for r in rows if not r.skip]
-    with ThreadPoolExecutor(max(1, args.workers)) as pool:
+    pool = ThreadPoolExecutor(max(1, args.workers))
+    try:
         done = {o.row.id: o for o in pool.map(predict, todo)}
+    except KeyboardInterrupt:
+        # Nothing is written before every row is in; the traces in flight die with this process
+        # (their parent-death signal), without waiting for them.
+        print("interrupted: nothing written", file=sys.stderr)
+        os._exit(130)
+    pool.shutdown()
     outcomes = [done.get(r.id) or Outcome(r) for r in rows]
     for o in outcomes:
         state = "skipped" if o.row.skip else o.failed or f"{_pct(o.error)}"
