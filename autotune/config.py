@@ -8,7 +8,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 
 from autotune import defaults
-from autotune import evaluation, recipes, speed
+from autotune import evaluation, recipes, sharding, speed
 from autotune.errors import BadInput
 from autotune.tasks import FIXED_RECIPE, TASKS, Task
 from autotune.units import INT64_MAX
@@ -27,7 +27,7 @@ KEY_VERSION = "p1"
 # at the value that means what a p1 config meant, so that the keys (and stored probes) of causal-LM
 # configs stay valid.
 _LATER_FIELDS = {**FIXED_RECIPE, "weights": recipes.DEFAULT_WEIGHTS, "compile": False,
-                 "allocator": speed.DEFAULT_ALLOCATOR, "liger": False}
+                 "allocator": speed.DEFAULT_ALLOCATOR, "liger": False, "gpus": 1, "strategy": None}
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,10 +67,15 @@ class ProbeConfig:
     eval_accumulation_steps: int | None = None  # ...for this many eval batches, then moved to the host
     generation_max_length: int | None = None  # seq2seq: predict_with_generate up to this many tokens
     generation_num_beams: int = 1
+    # Ranks (one GPU each) sharing the run, and how they share it (autotune.sharding): a free lever.
+    gpus: int = 1
+    strategy: str | None = None              # ddp, fsdp, ...; None on one GPU
 
     def __post_init__(self) -> None:
         if isinstance(self.optimizer, str):  # (TrainingArguments' names for the same optimizers)
             object.__setattr__(self, "optimizer", recipes.canonical_optimizer(self.optimizer))
+        if self.strategy is None and isinstance(self.gpus, int) and self.gpus > 1:
+            object.__setattr__(self, "strategy", sharding.DEFAULT_STRATEGY)
         problems = []
         if not self.model:
             problems.append("--model is empty; give a hub id, gpt2-family name or a local directory")
@@ -100,6 +105,9 @@ class ProbeConfig:
                 recipes.PeftSpec.from_text(self.peft)
             except (ValueError, KeyError) as exc:
                 problems.append(f"--peft {self.peft!r} cannot be read ({exc})")
+        problems += sharding.strategy_problems(self.gpus, self.strategy)
+        if self.gpus > 1 and self.peft is not None:
+            problems.append("--peft with --gpus 2 or more is not supported yet: LoRA and QLoRA runs are probed on one GPU")
         problems += self._task_problems()
         if self.task in TASKS:
             problems += evaluation.eval_problems({name: getattr(self, name) for name in evaluation.EVAL_RECIPE}, self.task)
@@ -122,8 +130,8 @@ class ProbeConfig:
 
     @property
     def effective_batch(self) -> int:
-        """Sequences per optimizer step."""
-        return self.micro_batch * self.grad_accum
+        """Sequences per optimizer step, over all ranks."""
+        return self.micro_batch * self.grad_accum * self.gpus
 
     @property
     def tokens_per_sequence(self) -> int:
@@ -174,6 +182,7 @@ class ProbeConfig:
             label += f" {self.allocator}"
         if self.liger:
             label += " liger"
+        label += sharding.label(self.gpus, self.strategy)
         return label + evaluation.label(self)
 
 

@@ -44,6 +44,9 @@ class ProbeResult:
     phase_peaks: dict[str, dict[str, int]] | None = None
     failed_phase: str | None = None       # the phase that ran out of memory or failed (None: all ran, or train only)
     eval_batch_found: int | None = None   # --eval-batch auto: the largest eval batch that fitted (the phases' peaks are its)
+    # On several ranks: each rank's peaks, [{"allocated": .., "reserved": ..}, ...] by rank; the
+    # peaks above are the largest rank's (what must fit each card).
+    rank_peaks: list[dict[str, int]] | None = None
     error: str | None = None
 
     def __post_init__(self) -> None:

@@ -252,14 +252,15 @@ def single_config(spec: ModelSpec, *, micro_batch: int, block_size: int, grad_ac
                   task: str | None = None, target_length: int | None = None, num_labels: int | None = None,
                   optimizer: str = recipes.DEFAULT_OPTIMIZER, weights: str = recipes.DEFAULT_WEIGHTS,
                   peft: str | None = None, compile: bool = False, allocator: str = speed.DEFAULT_ALLOCATOR,
-                  liger: bool = False, evaluation: dict | None = None) -> ProbeConfig:
+                  liger: bool = False, evaluation: dict | None = None, gpus: int = 1,
+                  strategy: str | None = None) -> ProbeConfig:
     """One configuration of `spec`, as `autotune probe` and `autotune estimate` are given it: the
     task told from the model's architectures when not given, with its defaults."""
     recipe = spec.task_fields(task=task, target_length=target_length, num_labels=num_labels)
     return ProbeConfig(model=spec.reference, micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum,
                        precision=precision, checkpointing=checkpointing, attention=attention, optimizer=optimizer,
-                       weights=weights, peft=peft, compile=compile, allocator=allocator, liger=liger, **recipe,
-                       **recipe_fields(evaluation, recipe.get("target_length")))
+                       weights=weights, peft=peft, compile=compile, allocator=allocator, liger=liger, gpus=gpus,
+                       strategy=strategy, **recipe, **recipe_fields(evaluation, recipe.get("target_length")))
 
 
 def _precision_order(device_type: str) -> dict[str, int]:

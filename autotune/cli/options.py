@@ -7,6 +7,12 @@ import click
 from autotune import defaults
 from autotune.cli.app import ALLOCATOR_HELP, DB_HELP, DEVICE_HELP, LIGER_HELP, OPTIMIZER_HELP, WEIGHTS_HELP
 
+GPUS_HELP = ("Ranks (one GPU each, or one CPU process each on --device cpu) that share the run, started by "
+             "torchrun; each holds --micro-batch sequences per micro-step, the budget is each card's.")
+STRATEGY_HELP = ("How --gpus 2 or more share the run: ddp (a whole copy per rank), fsdp (FSDP2, everything sharded), "
+                 "fsdp-grad-op (parameters kept gathered from forward to backward), fsdp-offload (sharded state on "
+                 "the host) [default: ddp].")
+
 def config_options(func):
     """The levers of one configuration, shared by `probe` and `estimate`."""
     options = [
@@ -23,6 +29,8 @@ def config_options(func):
                      help="torch.compile the model (inductor); its compile time is reported apart from the timing."),
         click.option("--allocator", default="default", show_default=True, help=ALLOCATOR_HELP),
         click.option("--liger/--no-liger", default=False, show_default=True, help=LIGER_HELP),
+        click.option("--gpus", type=int, default=1, show_default=True, help=GPUS_HELP),
+        click.option("--strategy", default=None, help=STRATEGY_HELP),
     ]
     for option in reversed(options):
         func = option(func)
@@ -90,7 +98,7 @@ def _eval_batch(text: str | None) -> int | str | None:
 
 def make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task, target_length,
                 num_labels, optimizer=defaults.OPTIMIZER, weights="fp32", peft=None, compile_=False, allocator="default",
-                liger=False, evaluation=None):
+                liger=False, evaluation=None, gpus=1, strategy=None):
     from autotune.config import ProbeConfig
     from autotune.models import resolve_model
     from autotune.space import single_config
@@ -99,7 +107,7 @@ def make_config(model, micro_batch, block_size, grad_accum, precision, checkpoin
     levers = dict(micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum, precision=precision.lower(),
                   checkpointing=checkpointing, attention=attention.lower(), optimizer=optimizer.strip().lower(),
                   weights=weights.strip().lower(), peft=peft, compile=compile_, allocator=allocator.strip().lower(),
-                  liger=liger)
+                  liger=liger, gpus=gpus, strategy=strategy.strip().lower() if strategy else None)
     ProbeConfig(model=model, **levers)
     spec = resolve_model(model)
     config = single_config(spec, task=task, target_length=target_length, num_labels=num_labels, evaluation=evaluation,

@@ -39,7 +39,7 @@ from autotune.probe.devices import (  # noqa: E402
 from autotune.probe.hygiene import CodeWatch, allocated_bytes, why_not_reused  # noqa: E402
 from autotune.probe.oom import classify_exception  # noqa: E402
 from autotune.probe.phase_run import LaterPhaseRun, PhaseMeter  # noqa: E402
-from autotune.probe import speedups  # noqa: E402
+from autotune.probe import distributed, speedups  # noqa: E402
 from autotune.probe.protocol import (  # noqa: E402
     EnvironmentReply,
     EnvironmentRequest,
@@ -184,7 +184,8 @@ def _start(request: ProbeRequest) -> _Probe:
     import_recipe_code(config)
     probe = _Probe(request, device, env.device_name, result)
     unsupported = (supports_precision(device, config.precision) or speedups.unavailable(config, device)
-                   or supports_attention_dtype(config.attention, config.precision, config.weights))
+                   or supports_attention_dtype(config.attention, config.precision, config.weights)
+                   or distributed.unavailable(config, device))
     if unsupported:
         probe.skip(unsupported)
         return probe
@@ -203,8 +204,8 @@ def _build(probe: _Probe, report: Callable[[str], None]) -> bool:
     started = time.perf_counter()
     report("build")
     try:
-        probe.model, probe.hf_config = build_random_model(request.model, config, probe.device,
-                                                          request.settings.trust_remote_code)
+        build = distributed.build_model if config.gpus > 1 else build_random_model
+        probe.model, probe.hf_config = build(request.model, config, probe.device, request.settings.trust_remote_code)
     except (ImportError, ValueError) as exc:
         if "attn" in str(exc).lower() or "attention" in str(exc).lower():
             why = "this model does not implement it" if _model_lacks_kernel(str(exc)) else "not available here"

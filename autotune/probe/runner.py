@@ -274,6 +274,8 @@ class ProbeRunner:
         command's `deadline` holds both: it stops the probe and raises DeadlineReached (what it
         would have measured is unknown, so it is not a result)."""
         spec = spec or resolve_model(config.model)
+        if config.gpus > 1:
+            return self._run_ranks(config, budget, spec, deadline)
         started = time.perf_counter()
         timed_from = started
 
@@ -334,6 +336,27 @@ class ProbeRunner:
             self.retired.append(reply.why_not_reused)
         if not reply.child_goes_on or not self.reuse_child:
             self._retire()
+        return result
+
+    def _run_ranks(self, config: ProbeConfig, budget: Budget, spec: ModelSpec, deadline: Deadline) -> ProbeResult:
+        """A probe on several ranks: torchrun's processes, not this runner's child (probe/torchrun.py).
+        On CUDA the child and the standby are stopped first: their CUDA contexts would sit on the
+        ranks' cards. The search's other processes (neighbours) are paused throughout."""
+        from autotune.probe.torchrun import run_ranks
+
+        kind = self._device_type or self.settings.device_kind
+        if kind == "cuda" or (kind == "auto" and cuda_may_be_visible()):
+            self.close()
+        request = ProbeRequest(config=config, model=spec, budget=budget, settings=self.settings)
+        if self.neighbours is not None:
+            self.neighbours.pause()
+        try:
+            result = run_ranks(request, deadline, on_phase=self.on_phase,
+                               environment=speed.allocator_environment(config.allocator))
+        finally:
+            if self.neighbours is not None:
+                self.neighbours.resume()
+        result.host_load = host_load()
         return result
 
     @staticmethod

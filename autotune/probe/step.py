@@ -245,6 +245,22 @@ def model_flops_per_token(model, hf_config, config: ProbeConfig) -> float:
     return flops_per_token(parameter_count(model), parameter_count(model, trainable=True), layers, hidden, config.block_size)
 
 
+def deferred_sync(model):
+    """A context for the micro-steps before the last of an optimizer step on several ranks: the
+    gradients stay on each rank and the last micro-step synchronises them (Trainer's
+    `accelerator.no_sync`): DDP's `no_sync`, FSDP2's `set_requires_gradient_sync(False)`."""
+    if hasattr(model, "set_requires_gradient_sync"):  # an FSDP2 module
+        @contextlib.contextmanager
+        def no_sync():
+            model.set_requires_gradient_sync(False)
+            try:
+                yield
+            finally:
+                model.set_requires_gradient_sync(True)
+        return no_sync
+    return getattr(model, "no_sync", None)  # DistributedDataParallel's
+
+
 class ProbeStep:
     """One optimizer step of a probe: `grad_accum` micro-steps, then the optimizer."""
 
@@ -257,6 +273,9 @@ class ProbeStep:
         # Two synthetic batches of the task's shape and vocabulary, alternated: like a data loader's
         # prefetched batch, they are part of the memory a real run holds.
         self.batches = [synthetic_batch(config, vocab_size, device) for _ in range(2)]
+        # On several ranks the micro-steps before the last keep their gradients on the rank, and the
+        # last one synchronises them (as Trainer does with accelerate's no_sync).
+        self.deferred_sync = deferred_sync(model) if config.gpus > 1 else None
 
     def compile_forward(self) -> None:
         """Run the model compiled from the next step on (the first compiled step compiles it)."""
@@ -268,12 +287,14 @@ class ProbeStep:
         """Run the step; returns its loss (summed over micro-steps)."""
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(self.config.grad_accum):
-            with self.autocast():
-                loss = self.forward(**self.batches[micro % 2]).loss / self.config.grad_accum
-            if self.scaler is not None:
-                self.scaler.scale(loss).backward()
-            else:
-                loss.backward()
+            last = micro == self.config.grad_accum - 1
+            with (self.deferred_sync() if self.deferred_sync is not None and not last else contextlib.nullcontext()):
+                with self.autocast():
+                    loss = self.forward(**self.batches[micro % 2]).loss / self.config.grad_accum
+                if self.scaler is not None:
+                    self.scaler.scale(loss).backward()
+                else:
+                    loss.backward()
             loss_sum += loss.detach()
         if self.scaler is not None:
             self.scaler.step(self.optimizer)

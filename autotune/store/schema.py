@@ -37,7 +37,7 @@ TABLE_PREFIX = "autotune_"
 VERSION_TABLE = "autotune_alembic_version"
 # The revision this code writes and reads. A test checks it is Alembic's head, so reading a
 # database already at this revision needs no Alembic import (start-up time of read commands).
-SCHEMA_REVISION = "0008_phases"
+SCHEMA_REVISION = "0009_ranks"
 
 # Deterministic constraint names: batch migrations on SQLite (which rebuild tables) and drops on
 # PostgreSQL need to name constraints, and unnamed ones get backend-chosen names.
@@ -169,6 +169,9 @@ class Probe(Base):
     eval_accumulation_steps: Mapped[int | None]
     generation_max_length: Mapped[int | None]
     generation_num_beams: Mapped[int] = mapped_column(server_default="1")
+    # Ranks and how they share the run (0009_ranks); rows before it ran on one GPU.
+    gpus: Mapped[int] = mapped_column(server_default="1")
+    strategy: Mapped[str | None] = mapped_column(String(16))
     # ProbeResult, one column per field.
     status: Mapped[str] = mapped_column(String(16))
     device: Mapped[str] = mapped_column(String(255))
@@ -201,6 +204,7 @@ class Probe(Base):
     phase_peaks: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # 0008_phases: each phase's peaks
     failed_phase: Mapped[str | None] = mapped_column(String(16))     # 0008_phases
     eval_batch_found: Mapped[int | None]                             # 0008_phases: --eval-batch auto's pick
+    rank_peaks: Mapped[list[dict[str, int]] | None] = mapped_column(JSON)  # 0009_ranks: each rank's peaks
     error: Mapped[str | None] = mapped_column(Text)
     parameters: Mapped[int | None] = mapped_column(BigInteger)
     trainable_parameters: Mapped[int | None] = mapped_column(BigInteger)

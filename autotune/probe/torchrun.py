@@ -1,0 +1,199 @@
+"""The parent side of a multi-rank probe: start the config's ranks through torchrun
+(`python -m torch.distributed.run`, the launcher Trainer and accelerate runs use), wait for them
+with the probe's time limit, and make one ProbeResult of theirs.
+
+- The result is the largest rank's peaks (what must fit each card), each rank's peaks beside them
+  (`rank_peaks`), and the global throughput: every rank's step moves `micro_batch x grad_accum`
+  sequences, the slowest rank's step time is the step's.
+- A rank that runs out of memory (or fails in any way) leaves at once and torchrun's agent stops
+  the others; the probe is the failing rank's outcome, out of memory before a crash it caused.
+- Nothing outlives the probe: the agent dies with autotune (parent-death signal), each rank with
+  the agent (rank_main.py), and after any ending the launcher kills whatever rank is still alive
+  by the pid it wrote. The probe's timeout and the command's deadline are held by the wall clock.
+
+Torch-free, as the runner is.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from autotune.deadline import Deadline, DeadlineReached
+from autotune.probe.protocol import ProbeRequest
+from autotune.probe.rank_main import RUN_DIR_ENV, write_whole
+from autotune.processes import kill_me_with_parent
+from autotune.result import ProbeResult
+from autotune.status import ProbeStatus
+
+POLL_SECONDS = 0.1
+# Which rank's outcome the probe reports when ranks differ: the cause before its consequences (a
+# rank out of memory makes the others' collectives fail: they read as crashed).
+_CAUSES = (ProbeStatus.OOM, ProbeStatus.UNSTABLE, ProbeStatus.SKIPPED, ProbeStatus.TIMEOUT, ProbeStatus.CRASHED)
+
+
+@dataclass(frozen=True, slots=True)
+class Rendezvous:
+    """Where this node's ranks meet the others' (torchrun's c10d rendezvous): one node alone
+    (`standalone`) unless a run spans several."""
+
+    nodes: int = 1
+    node_rank: int = 0
+    endpoint: str | None = None   # host:port of the rendezvous (the first node's), for several nodes
+    run_id: str = "autotune"
+
+    def arguments(self) -> list[str]:
+        if self.nodes == 1 and self.endpoint is None:
+            return ["--standalone"]
+        return ["--nnodes", str(self.nodes), "--node-rank", str(self.node_rank), "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", str(self.endpoint), "--rdzv-id", self.run_id]
+
+
+def torchrun_command(ranks_per_node: int, rendezvous: Rendezvous = Rendezvous()) -> list[str]:
+    """The command that starts this node's ranks of a probe."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks_per_node),
+            "--max-restarts", "0", "--monitor-interval", "0.1", *rendezvous.arguments(),
+            "-m", "autotune.probe.rank_main"]
+
+
+def run_ranks(request: ProbeRequest, deadline: Deadline, *, rendezvous: Rendezvous = Rendezvous(),
+              on_phase: Callable[[str], None] | None = None, environment: dict[str, str | None] | None = None) -> ProbeResult:
+    """Probe `request.config` on its `gpus` ranks (all on this node unless `rendezvous` spans
+    several); `environment` is set (None: unset) for the ranks. Every outcome comes back as a
+    status, and a user error as AutotuneError. Raises
+    DeadlineReached at the command's deadline (the ranks killed first)."""
+    config, budget, settings = request.config, request.budget, request.settings
+    ranks_here = config.gpus // rendezvous.nodes
+    started = time.perf_counter()
+    run_dir = tempfile.mkdtemp(prefix="autotune-ranks-")
+    agent = None
+    try:
+        write_whole(os.path.join(run_dir, "request.pickle"), pickle.dumps(replace(request, hold_before_timing=False)))
+        env = {**os.environ, RUN_DIR_ENV: run_dir}
+        for name, value in (environment or {}).items():  # (None: unset, as the CUDA allocator's settings need)
+            if value is None:
+                env.pop(name, None)
+            else:
+                env[name] = value
+        # (torchrun sets one OpenMP thread per rank where several share a host, unless told otherwise)
+        with open(os.path.join(run_dir, "torchrun.log"), "wb") as log:
+            agent = subprocess.Popen(torchrun_command(ranks_here, rendezvous), env=env, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, preexec_fn=kill_me_with_parent, start_new_session=True)
+        if on_phase is not None:
+            on_phase("start-up")
+        limit = started + settings.timeout
+        phase = ""
+        while agent.poll() is None:
+            if deadline.expired():
+                _stop(agent, run_dir)
+                raise DeadlineReached(f"{config.label()} was stopped at the command's deadline")
+            if time.perf_counter() > limit:
+                _stop(agent, run_dir)
+                return _failed(request, ProbeStatus.TIMEOUT, f"no result from {config.gpus} ranks within "
+                               f"{settings.timeout:.0f} s; every rank was killed", started)
+            now = _read(os.path.join(run_dir, "phase"))
+            if now and now != phase and on_phase is not None:
+                on_phase(now)
+            phase = now or phase
+            time.sleep(POLL_SECONDS)
+        _stop(agent, run_dir)  # (ranks the agent left: none, unless it was killed)
+        return _gather(request, run_dir, ranks_here, agent.returncode, started)
+    except BaseException:
+        if agent is not None:
+            _stop(agent, run_dir)
+        raise
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _gather(request: ProbeRequest, run_dir: str, ranks: int, returncode: int, started: float) -> ProbeResult:
+    """One result of the ranks' results, or a user error one of them raised."""
+    results: list[ProbeResult | None] = []
+    for rank in range(ranks):
+        error = os.path.join(run_dir, f"rank-{rank}.error")
+        if os.path.exists(error):
+            with open(error, "rb") as source:
+                raise pickle.load(source)
+        path = os.path.join(run_dir, f"rank-{rank}.result")
+        if os.path.exists(path):
+            with open(path, "rb") as source:
+                results.append(pickle.load(source))
+        else:
+            results.append(None)
+    known = [result for result in results if result is not None]
+    if not known:
+        return _failed(request, ProbeStatus.CRASHED, f"torchrun ended (exit code {returncode}) with no rank's result: "
+                       f"{_log_tail(run_dir)}", started)
+    reported = next((result for status in _CAUSES for result in known if result.status == status), known[0])
+    if reported.status == ProbeStatus.OK and len(known) < ranks:
+        reported = replace(reported, status=ProbeStatus.CRASHED, error=f"{ranks - len(known)} of {ranks} ranks died "
+                           f"without a result (torchrun's exit code {returncode}): {_log_tail(run_dir)}")
+    merged = replace(reported)
+    peaks = [{"allocated": r.peak_allocated_bytes, "reserved": r.peak_reserved_bytes} if r is not None else None
+             for r in results]
+    merged.rank_peaks = peaks  # type: ignore[assignment]
+    if all(r is not None and r.peak_reserved_bytes is not None for r in results):
+        merged.peak_allocated_bytes = max(r.peak_allocated_bytes or 0 for r in known)
+        merged.peak_reserved_bytes = max(r.peak_reserved_bytes or 0 for r in known)
+    if merged.status == ProbeStatus.OK:
+        slowest = max(known, key=lambda r: r.step_seconds or 0.0)
+        merged.step_seconds, merged.step_spread, merged.step_times = slowest.step_seconds, slowest.step_spread, slowest.step_times
+        assert slowest.step_seconds
+        merged.tokens_per_s = request.config.tokens_per_step / slowest.step_seconds
+        merged.samples_per_s = request.config.effective_batch / slowest.step_seconds
+    else:
+        merged.error = f"rank {results.index(reported)} of {ranks}: {reported.error}"
+    merged.wall_seconds = time.perf_counter() - started
+    return merged
+
+
+def _stop(agent: subprocess.Popen, run_dir: str) -> None:
+    """Kill the agent (if alive) and any rank still alive, by the pids they wrote; reap the agent."""
+    if agent.poll() is None:
+        agent.kill()
+        agent.wait(timeout=10)
+    for name in os.listdir(run_dir):
+        if name.startswith("rank-") and name.endswith(".pid"):
+            pid = _read(os.path.join(run_dir, name))
+            if pid.isdigit() and _is_rank(int(pid)):
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass  # gone (or the pid reused by someone else's process: not ours to kill)
+
+
+def _is_rank(pid: int) -> bool:
+    """Whether `pid` is still a probe rank (not a process that took the pid of one that ended)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as source:
+            return b"autotune.probe.rank_main" in source.read()
+    except OSError:
+        return sys.platform != "linux"  # (elsewhere the pid is all there is to go by)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as source:
+            return source.read().strip()
+    except OSError:
+        return ""
+
+
+def _log_tail(run_dir: str, chars: int = 600) -> str:
+    text = _read(os.path.join(run_dir, "torchrun.log"))
+    lines = [line for line in text.splitlines() if line.strip() and not line.startswith(("W", "*"))]
+    return " | ".join(lines)[-chars:] or "(torchrun printed nothing)"
+
+
+def _failed(request: ProbeRequest, status: ProbeStatus, why: str, started: float) -> ProbeResult:
+    return ProbeResult(status=status, budget_bytes=request.budget.total_bytes, margin_bytes=request.budget.margin_bytes,
+                       error=why, wall_seconds=time.perf_counter() - started)
+

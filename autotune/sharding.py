@@ -1,0 +1,59 @@
+"""Data-parallel strategies across ranks: how N processes (one GPU each) share a training run.
+
+A free lever: every strategy trains the same math (each rank takes `micro_batch` sequences per
+micro-step, the gradients are averaged over ranks before the optimizer steps), so the search may
+choose among those the user allows (`--strategies ddp,fsdp`). What differs is what each rank keeps:
+
+- `ddp`: DistributedDataParallel. Every rank holds the whole model, its gradients (and DDP's
+  gradient buckets beside them) and the whole optimizer state; one all-reduce of the gradients.
+- `fsdp`: FSDP2 `fully_shard`, parameters resharded after forward (ZeRO-3): each rank keeps
+  1/N of parameters, gradients and optimizer state, and all-gathers a layer's parameters for its
+  forward and again for its backward; gradients are reduce-scattered.
+- `fsdp-grad-op`: the same, parameters kept gathered from forward to backward (ZeRO-2-like,
+  `reshard_after_forward=False`): more memory, one all-gather fewer.
+- `fsdp-offload`: `fsdp` with parameters, gradients and optimizer state on the host
+  (CPUOffloadPolicy): the device holds only the layers being computed; the optimizer steps on CPU.
+
+The model is wrapped as accelerate's FSDP2 path wraps it (each transformer layer a unit, the
+input embedding a unit when untied, the final norm and output head one unit kept gathered, then
+the root), so that the probe measures what the hand-off (`accelerate launch`, Trainer) runs.
+Torch-free: the CLI, the store and the hand-off read these names; `autotune.probe.distributed`
+applies them.
+"""
+
+from __future__ import annotations
+
+STRATEGIES = ("ddp", "fsdp", "fsdp-grad-op", "fsdp-offload")
+FSDP_STRATEGIES = ("fsdp", "fsdp-grad-op", "fsdp-offload")
+# The default for a run on several GPUs: what Trainer and accelerate do without an FSDP config.
+DEFAULT_STRATEGY = "ddp"
+
+
+def is_fsdp(strategy: str | None) -> bool:
+    return strategy in FSDP_STRATEGIES
+
+
+def reshards_after_forward(strategy: str) -> bool:
+    """Whether a unit's parameters are freed after its forward (and gathered again for backward)."""
+    return strategy in ("fsdp", "fsdp-offload")
+
+
+def offloads(strategy: str | None) -> bool:
+    return strategy == "fsdp-offload"
+
+
+def strategy_problems(gpus: int, strategy: str | None) -> list[str]:
+    """What is wrong with this pair, as one-line problems (empty: fine)."""
+    problems = []
+    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
+        problems.append(f"--gpus must be a whole number of at least 1 (got {gpus!r})")
+    elif gpus == 1 and strategy is not None:
+        problems.append(f"--strategy {strategy} shares a run across ranks: give --gpus 2 or more, or leave it out")
+    if strategy is not None and strategy not in STRATEGIES:
+        problems.append(f"--strategy {strategy!r} is unknown; choose from {', '.join(STRATEGIES)}")
+    return problems
+
+
+def label(gpus: int, strategy: str | None) -> str:
+    """' 2xfsdp' for a run on several ranks, '' for one."""
+    return f" {gpus}x{strategy}" if gpus > 1 else ""
