@@ -77,9 +77,11 @@ def db_upgrade(db):
 
 @cli.command()
 @click.option("--study", default=None, help="Study name [default: the most recent one].")
-@click.option("--format", "fmt", type=click.Choice(["json", "yaml", "trainer-args", "cli"]), default="json", show_default=True,
+@click.option("--format", "fmt", type=click.Choice(["json", "yaml", "trainer-args", "cli", "accelerate"]), default="json",
+              show_default=True,
               help="json/yaml: the config and its measurements; trainer-args: TrainingArguments and model kwargs; "
-                   "cli: flags for the Hugging Face example scripts.")
+                   "cli: flags for the Hugging Face example scripts; accelerate: the config file for "
+                   "`accelerate launch --config_file` (processes, FSDP or DDP, mixed precision).")
 @db_option
 def best(study, fmt, db):
     """Print a study's winning configuration for the fine-tune."""

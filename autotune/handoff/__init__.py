@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from autotune import evaluation, speed
 from autotune.budget import Budget, required_bytes
 from autotune.errors import BadInput, StudyNotFound
-from autotune.handoff import later_phases
+from autotune.handoff import later_phases, ranks, scripts
 from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec, bnb_4bit_kwargs, is_qlora, memory_caveats
 from autotune.status import ProbeStatus, StudyStatus
 from autotune.store import LeaderboardRow, ProbeRecord, StudyRecord, open_store
@@ -59,11 +59,6 @@ def checkpointing_argument_names() -> tuple[str, str]:
     if numbers >= _CHECKPOINTING_RENAMED_IN:
         return "activation_checkpointing", "activation_checkpointing_kwargs"
     return "gradient_checkpointing", "gradient_checkpointing_kwargs"
-
-
-# Words that an unquoted `$(...)` in bash or zsh passes on unchanged: no space to split at, no
-# glob character, no quote or `$` the shell would keep literally where the user expected it read.
-_SPLITS_AS_ONE_WORD = re.compile(r'[A-Za-z0-9_.,:=/+{}"-]+')
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +122,7 @@ class BestConfig:
             f"checkpointing={c.checkpointing}, block_size={c.block_size}, attention={c.attention}, optimizer={c.optimizer}"
             + (f", weights={c.weights}" if c.weights != "fp32" else "") + (f", peft={c.peft}" if c.peft else ""),
             *settings,
+            *ranks.summary_lines(c, row.study, self.device_type),
             f"  speed:     {speed}",
             f"  memory:    needs {format_size(needed)} of the {format_size(row.budget_bytes)} budget (peak reserved "
             f"{format_size(row.peak_reserved_bytes)}{context}), "
@@ -205,8 +201,25 @@ class BestConfig:
             kwargs["use_liger_kernel"] = True
         if self.device_type == "cpu":
             kwargs["use_cpu"] = True
+        kwargs.update(ranks.trainer_kwargs(c))  # several GPUs: fsdp/fsdp_config, or DDP's setting
         kwargs.update(self.eval_kwargs())
         return kwargs
+
+    def accelerate_config(self) -> dict:
+        """The run's processes as accelerate's config file has them (handoff/ranks.py); `accelerate_yaml()`
+        is the file. Batch size and accumulation are the script's: `trainer_kwargs()`."""
+        return ranks.accelerate_config(self.config, self.device_type)
+
+    def accelerate_yaml(self) -> str:
+        """The file for `accelerate launch --config_file` (`autotune best --format accelerate`)."""
+        return ranks.accelerate_yaml(self.config, self.device_type, self.row.study)
+
+    def launch_command(self, script: str = "train.py", launcher: str = "accelerate",
+                       config_file: str = ranks.ACCELERATE_CONFIG_FILE) -> str:
+        """The command that starts the run: `accelerate launch --config_file F script` (any script), or
+        launcher="torchrun" (`torchrun --nproc-per-node N script`, a Trainer script given `trainer_kwargs()`)."""
+        return ranks.launch_command(self.config, script, launcher=launcher, config_file=config_file,
+                                    device_type=self.device_type)
 
     def eval_kwargs(self) -> dict:
         """TrainingArguments' evaluation fields as the probe measured them (later_phases.eval_kwargs)."""
@@ -358,81 +371,21 @@ class BestConfig:
             document["lora_config"] = self.lora_kwargs()
         if self.environment():
             document["environment"] = self.environment()
+        if self.config.gpus > 1:  # per_device_train_batch_size x accumulation x processes
+            document.update(effective_batch=self.config.effective_batch, launch={
+                launcher: self.launch_command(launcher=launcher) for launcher in ("accelerate", "torchrun")})
         if evaluation.generates(self.config):
             # predict_with_generate is none of TrainingArguments', and only Seq2SeqTrainer generates.
             document.update(training_arguments_class=self.training_arguments_class(), trainer_class="Seq2SeqTrainer")
         return document
 
     def cli_flags(self) -> str:
-        """The matching flags of the task's Hugging Face example script (transformers/examples/pytorch):
-        run_clm.py, run_summarization.py, run_classification.py (run_glue.py takes the same
-        length flag) or run_mlm.py. The lengths are the ones the probes measured; the seq2seq and
-        classification scripts pad to them with --pad_to_max_length, as the probes' batches are full."""
-        c = self.config
-        task = Task(c.task)
-        flags = ["--per_device_train_batch_size", str(c.micro_batch), "--gradient_accumulation_steps", str(c.grad_accum)]
-        if task == Task.SEQ2SEQ:
-            flags += ["--max_source_length", str(c.block_size), "--max_target_length", str(c.target_length),
-                      "--pad_to_max_length"]
-        elif task == Task.CLASSIFICATION:
-            flags += ["--max_seq_length", str(c.block_size), "--pad_to_max_length"]
-        elif task == Task.MASKED_LM:
-            flags += ["--max_seq_length", str(c.block_size)]
-        else:
-            flags += ["--block_size", str(c.block_size)]
-        flags += later_phases.eval_flags(self.eval_kwargs())
-        flags += ["--optim", OPTIMIZERS[c.optimizer].optim]
-        if OPTIMIZERS[c.optimizer].optim_args:
-            flags += ["--optim_args", str(OPTIMIZERS[c.optimizer].optim_args)]
-        if c.precision in ("fp16", "bf16"):
-            flags.append(f"--{c.precision}")
-        elif c.precision == "tf32":
-            flags += ["--tf32", "true"]  # TrainingArguments' tf32 takes a value (a bare --tf32 is refused)
-        if c.weights == "bf16" and task == Task.CAUSAL_LM:
-            # Pure bf16: run_clm.py loads the model in the dtype it is given (--torch_dtype before
-            # transformers 4.56, rejected by the scripts of transformers 5); the others have no flag.
-            flags += ["--dtype", "bfloat16"]
-        if c.checkpointing:
-            # Compact JSON: one word with no space, so that `$(autotune best --format cli)` splits
-            # it as the script expects (quotes inside a substitution are not the shell's).
-            flags += ["--gradient_checkpointing", "--gradient_checkpointing_kwargs",
-                      json.dumps({"use_reentrant": False}, separators=(",", ":"))]
-        if c.compile:
-            flags.append("--torch_compile")
-            if c.precision != "tf32":
-                # Said explicitly, as in trainer_args(): left unset, transformers turns TF32 on for a
-                # compiled run, through the API torch.compile 2.10/2.11 refuses beside the legacy one.
-                flags += ["--tf32", "false"]
-        if c.liger:
-            flags.append("--use_liger_kernel")
-        if self.device_type == "cpu":
-            flags.append("--use_cpu")  # the study measured a CPU run
-        assert all(_SPLITS_AS_ONE_WORD.fullmatch(flag) for flag in flags), flags
-        return " ".join(flags)
+        """The matching flags of the task's Hugging Face example script (handoff/scripts.py)."""
+        return scripts.cli_flags(self)
 
     def cli_caveats(self) -> list[str]:
         """What the example script's flags cannot say about the winner (for stderr, beside `cli`)."""
-        c = self.config
-        script = EXAMPLE_SCRIPTS[Task(c.task)]
-        caveats = []
-        if c.attention != "sdpa":
-            caveats.append(f"attention {c.attention}: {script} has no flag for it (it loads sdpa); load the model with "
-                           f"attn_implementation={c.attention!r}, or train with `autotune train --study {self.row.study}`")
-        if c.weights == "bf16" and Task(c.task) != Task.CAUSAL_LM:  # run_clm.py takes --dtype (cli_flags)
-            caveats.append(f"pure bf16 weights: {script} has no flag to load the model in bf16; load it with "
-                           f"dtype=torch.bfloat16, or train with `autotune train --study {self.row.study}`")
-        if c.peft is not None:
-            caveats.append(f"{PeftSpec.from_text(c.peft).text()}: {script} has no PEFT flags; wrap the model with "
-                           f"`autotune.best(...).lora_config()`, or train with `autotune train --study {self.row.study}`")
-        if is_qlora(c.peft):
-            caveats.append(f"4-bit base: {script} cannot quantize; load the model with quantization_config="
-                           f"`autotune.best(...).quantization_config()`, or train with `autotune train --study {self.row.study}`")
-        caveats += later_phases.loss_only_caveat(c, self.eval_kwargs(), script)
-        if environment := self.environment():  # read once, when CUDA starts: no flag can set it
-            settings = " ".join(f"{name}={value}" for name, value in environment.items())
-            caveats.append(f"allocator {c.allocator}: start {script} with {settings} in its environment "
-                           f"(`{settings} python {script} ...`)")
-        return caveats
+        return scripts.cli_caveats(self)
 
     def yaml(self) -> str:
         """YAML without a YAML dependency: the document is flat scalars and one nested level."""
@@ -471,6 +424,8 @@ class BestConfig:
             return json.dumps(self.trainer_args_document(), indent=2)
         if fmt == "cli":
             return self.cli_flags()
+        if fmt == "accelerate":
+            return self.accelerate_yaml()
         raise ValueError(f"unknown format {fmt!r}")
 
 
