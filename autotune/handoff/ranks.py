@@ -46,8 +46,8 @@ LAYER_CLASSES: dict[str, tuple[str, ...]] = {
     "qwen2": ("Qwen2DecoderLayer",), "qwen3": ("Qwen3DecoderLayer",), "gemma": ("GemmaDecoderLayer",),
     "gemma2": ("Gemma2DecoderLayer",), "phi": ("PhiDecoderLayer",), "phi3": ("Phi3DecoderLayer",),
     "falcon": ("FalconDecoderLayer",), "olmo2": ("Olmo2DecoderLayer",), "smollm3": ("SmolLM3DecoderLayer",),
-    "t5": ("T5Block",), "bert": ("BertEmbeddings", "BertLayer"), "roberta": ("RobertaEmbeddings", "RobertaLayer"),
-}
+    "t5": ("T5Block",),
+}  # (not BERT's nor RoBERTa's: their task classes have none, only their base models, so nothing is wrapped)
 _MIXED_PRECISION = {"fp16": "fp16", "bf16": "bf16"}  # fp32 and tf32 train without autocast: "no"
 # Saved as one Hugging Face checkpoint (Trainer's default), gathered to the host on save: the probe
 # measures no save, and a sharded one could not be loaded by from_pretrained.
