@@ -48,6 +48,10 @@ def format_probe_result(config: ProbeConfig, result: ProbeResult) -> str:
         held = Budget(budget, result.margin_bytes or 0)
         lines.append(f"        headroom {format_size(held.headroom(result.required_bytes))} "
                      f"({100 * held.share(result.required_bytes):.1f}% of the budget used)")
+    if result.rank_peaks:
+        each = ", ".join(f"{rank}: {format_size(peaks['reserved'])}" if peaks else f"{rank}: -"
+                         for rank, peaks in enumerate(result.rank_peaks))
+        lines.append(f"ranks   {config.gpus} x {config.strategy}, peak reserved per rank {each} (the budget is each card's)")
     if result.tokens_per_s is not None:
         mfu = f", MFU {100 * result.mfu:.1f}%" if result.mfu is not None else ""
         lines.append(f"speed   {result.tokens_per_s:,.0f} tokens/s, {result.samples_per_s:.2f} samples/s, "

@@ -9,7 +9,7 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-from autotune import defaults, evaluation, recipes, speed
+from autotune import defaults, evaluation, recipes, sharding, speed
 from autotune.config import ATTENTIONS, PRECISIONS, ProbeConfig
 from autotune.errors import BadInput
 from autotune.evaluation import recipe_fields
@@ -47,9 +47,23 @@ class SearchSpace:
     compiles: tuple[bool, ...] = (False,)
     allocators: tuple[str, ...] = (speed.DEFAULT_ALLOCATOR,)
     ligers: tuple[bool, ...] = (False,)
+    # Ranks (one GPU each) and how they may share the run (autotune.sharding): a free lever, searched.
+    gpus: int = 1
+    strategies: tuple[str, ...] = ()   # () on one GPU
 
     def __post_init__(self) -> None:
         problems = []
+        if not isinstance(self.gpus, int) or isinstance(self.gpus, bool) or self.gpus < 1:
+            problems.append(f"--gpus must be a whole number of at least 1 (got {self.gpus!r})")
+        elif self.gpus == 1 and self.strategies:
+            problems.append("--strategies share a run across ranks: give --gpus 2 or more, or leave them out")
+        elif self.gpus > 1 and not self.strategies:
+            problems.append("--strategies needs at least one value")
+        elif self.gpus > 1 and self.peft is not None:
+            problems.append("--peft with --gpus 2 or more is not supported yet: LoRA and QLoRA runs are searched on one GPU")
+        for value in self.strategies:
+            if value not in sharding.STRATEGIES:
+                problems.append(f"--strategies: {value!r} is unknown; choose from {', '.join(sharding.STRATEGIES)}")
         if not self.micro_batches or min(self.micro_batches) < 1:
             problems.append("--micro-batches needs values of at least 1")
         if not self.block_sizes or min(self.block_sizes) < 1:
@@ -94,7 +108,7 @@ class SearchSpace:
     def build(cls, spec: ModelSpec, *, micro_batches=None, block_sizes=None, precisions=None, checkpointing=None,
               attentions=None, effective_batch=None, effective_tokens=None, task=None, target_length=None,
               num_labels=None, optimizers=None, weights=None, peft=None, compiles=None, allocators=None,
-              ligers=None, evaluation: dict | None = None) -> "SearchSpace":
+              ligers=None, evaluation: dict | None = None, gpus: int = 1, strategies=None) -> "SearchSpace":
         # `evaluation`: what the command line asked of the run's evaluation (evaluation.recipe_fields).
         """A space for `spec` with documented defaults for whatever is not given, checked against
         the model (block sizes within its maximum positions; the task from its architectures)."""
@@ -110,7 +124,11 @@ class SearchSpace:
                 effective_batch = defaults.EFFECTIVE_BATCH
         micro_batches = tuple(micro_batches) if micro_batches is not None else defaults.MICRO_BATCHES
         if effective_batch is not None and micro_batches == defaults.MICRO_BATCHES:
-            micro_batches = tuple(m for m in micro_batches if m <= effective_batch) or (effective_batch,)
+            # (each of the ranks takes a micro-batch: the effective batch is micro-batch x accumulation x ranks)
+            per_rank = max(1, effective_batch // max(1, gpus))
+            micro_batches = tuple(m for m in micro_batches if m <= per_rank) or (per_rank,)
+        if strategies is None:
+            strategies = sharding.STRATEGIES if gpus > 1 else ()
         return cls(
             model=spec.reference,
             micro_batches=tuple(sorted(set(micro_batches))),
@@ -126,6 +144,8 @@ class SearchSpace:
             compiles=tuple(dict.fromkeys(compiles or (False,))),
             allocators=tuple(dict.fromkeys(allocators or (speed.DEFAULT_ALLOCATOR,))),
             ligers=tuple(dict.fromkeys(ligers or (False,))),
+            gpus=gpus,
+            strategies=tuple(dict.fromkeys(strategies)),
             **recipe,
             **recipe_fields(evaluation, recipe.get("target_length")),
         )
@@ -137,18 +157,20 @@ class SearchSpace:
         return cls(**fields)
 
     def grad_accum(self, micro_batch: int, block_size: int) -> int | None:
-        """Accumulation that keeps the work per optimizer step fixed; None when it cannot."""
+        """Accumulation that keeps the work per optimizer step fixed (every rank taking a micro-batch
+        per micro-step); None when it cannot."""
         if self.effective_tokens is not None:
-            per_micro = micro_batch * block_size
+            per_micro = micro_batch * block_size * self.gpus
             return self.effective_tokens // per_micro if self.effective_tokens % per_micro == 0 else None
         assert self.effective_batch is not None
-        return self.effective_batch // micro_batch if self.effective_batch % micro_batch == 0 else None
+        per_micro = micro_batch * self.gpus
+        return self.effective_batch // per_micro if self.effective_batch % per_micro == 0 else None
 
     def candidates(self) -> list[ProbeConfig]:
         """Every configuration of the space that keeps the effective batch exact."""
         out = []
-        for optimizer, weights, compiled, allocator, liger in itertools.product(
-                self.optimizers, self.weights, self.compiles, self.allocators, self.ligers):
+        for optimizer, weights, compiled, allocator, liger, strategy in itertools.product(
+                self.optimizers, self.weights, self.compiles, self.allocators, self.ligers, self.strategies or (None,)):
             for precision in self.precisions:
                 if weights == "bf16" and precision == "fp16":
                     continue  # pure bf16 does not train in fp16
@@ -161,10 +183,12 @@ class SearchSpace:
                                            precision=precision, checkpointing=checkpointing, attention=attention,
                                            optimizer=optimizer, weights=weights, task=self.task,
                                            target_length=self.target_length, num_labels=self.num_labels, peft=self.peft,
-                                           compile=compiled, allocator=allocator, liger=liger, **self.evaluation))
+                                           compile=compiled, allocator=allocator, liger=liger, gpus=self.gpus,
+                                           strategy=strategy, **self.evaluation))
         if not out:
             work = f"{self.effective_batch} sequences" if self.effective_batch else f"{self.effective_tokens} tokens"
-            raise BadInput(f"no micro-batch in --micro-batches divides the effective batch ({work}) exactly; "
+            ranks = f" x {self.gpus} ranks" if self.gpus > 1 else ""
+            raise BadInput(f"no micro-batch in --micro-batches{ranks} divides the effective batch ({work}) exactly; "
                            f"use micro-batches that divide it, or change --effective-batch/--effective-tokens.")
         return out
 
@@ -192,6 +216,8 @@ class SearchSpace:
         for name, plain in (("compiles", (False,)), ("allocators", (speed.DEFAULT_ALLOCATOR,)), ("ligers", (False,))):
             if getattr(self, name) != plain:
                 data[name] = list(getattr(self, name))
+        if self.gpus > 1:
+            data.update(gpus=self.gpus, strategies=list(self.strategies))
         return data
 
     @property
@@ -220,7 +246,7 @@ def group_key(config: ProbeConfig) -> tuple:
     can therefore fit where a smaller, accumulating one does not: it gets a group of its own.
     """
     return (config.precision, config.checkpointing, config.attention, config.block_size, config.grad_accum > 1,
-            config.optimizer, config.weights, config.compile, config.allocator, config.liger)
+            config.optimizer, config.weights, config.compile, config.allocator, config.liger, config.strategy)
 
 
 def micro_batch_family(config: ProbeConfig) -> tuple:
@@ -242,7 +268,8 @@ def dominates_in_memory(small: ProbeConfig, large: ProbeConfig) -> bool:
     not in a direction known for every model, so each of their values is searched as its own group."""
     if small.grad_accum > 1 and large.grad_accum == 1:
         return False
-    same = ("precision", "checkpointing", "attention", "optimizer", "weights", "compile", "allocator", "liger")
+    same = ("precision", "checkpointing", "attention", "optimizer", "weights", "compile", "allocator", "liger", "gpus",
+            "strategy")
     return all(getattr(small, name) == getattr(large, name) for name in same) \
         and large.micro_batch >= small.micro_batch and large.block_size >= small.block_size
 
@@ -275,4 +302,10 @@ def group_priority(config: ProbeConfig, device_type: str) -> tuple:
     SDPA first, larger blocks first, the micro-batch that does not accumulate before those that do."""
     return (config.checkpointing, _precision_order(device_type).get(config.precision, 9),
             config.attention != "sdpa", -config.block_size, config.grad_accum > 1, config.optimizer, config.weights,
-            config.compile, config.allocator != speed.DEFAULT_ALLOCATOR, config.liger)
+            config.compile, config.allocator != speed.DEFAULT_ALLOCATOR, config.liger,
+            _STRATEGY_ORDER.get(config.strategy, 0))
+
+
+# Likely fastest first: DDP moves the fewest bytes, keeping parameters gathered saves an all-gather,
+# offload steps the optimizer on the host.
+_STRATEGY_ORDER = {name: i for i, name in enumerate(("ddp", "fsdp-grad-op", "fsdp", "fsdp-offload"))}

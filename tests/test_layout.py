@@ -30,14 +30,14 @@ LAYERS: list[set[str]] = [
     {"probe", "estimate", "store", "data"},      # measuring, predicting, keeping
     {"space"},
     {"models", "environment", "cpu_speed"},
-    {"config", "result", "paths", "tasks", "timing", "recipes", "speed", "cards", "ranking", "flops", "shapes"},
+    {"config", "result", "paths", "tasks", "timing", "recipes", "speed", "sharding", "cards", "ranking", "flops", "shapes"},
     {"budget", "evaluation"},                    # what "fits" means, and which phases of the run it covers
     {"units"},
     {"errors", "defaults", "status", "version", "processes", "deadline"},  # vocabulary everyone shares; process lifelines, deadlines
 ]
 # (importer unit, imported unit) pairs allowed within one layer: the estimator traces the probe's
 # own training step; the Markdown report says why as `autotune search` does and embeds the plot.
-SIDEWAYS = {("estimate", "probe"), ("config", "tasks"), ("config", "recipes"), ("config", "speed"),
+SIDEWAYS = {("estimate", "probe"), ("config", "tasks"), ("config", "recipes"), ("config", "speed"), ("config", "sharding"),
             ("markdown", "report"), ("markdown", "plot"), ("estimate_report", "report")}
 
 

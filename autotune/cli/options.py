@@ -189,6 +189,10 @@ def space_options(func):
         click.option("--allocators", default="default", show_default=True,
                      help="CUDA allocator settings to try: default, expandable (expandable_segments:True), or both."),
         click.option("--liger", default="off", show_default=True, help="Liger's kernels (CUDA, liger-kernel): off, on or off,on."),
+        click.option("--gpus", type=int, default=1, show_default=True, help=GPUS_HELP),
+        click.option("--strategies", default=None,
+                     help="With --gpus 2 or more: how the ranks may share the run, among ddp, fsdp, fsdp-grad-op and "
+                          "fsdp-offload (they keep the math: searched) [default: all four]."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -206,10 +210,12 @@ def on_off_list(text: str, flag: str) -> tuple[bool, ...]:
 def space_arguments(*, micro_batches, block_sizes, precisions, checkpointing_, attention, optimizers, weights_,
                     compile_, allocators, liger, effective_batch, effective_tokens, task, target_length, num_labels,
                     peft, lora_rank, lora_alpha, lora_dropout, lora_targets, eval_batch=None, eval_logits=None,
-                    eval_accumulation_steps=None, generate=False, generation_max_length=None, num_beams=None) -> dict:
+                    eval_accumulation_steps=None, generate=False, generation_max_length=None, num_beams=None, gpus=1,
+                    strategies=None) -> dict:
     """space_options' flags, parsed, as SearchSpace.build's keyword arguments."""
     from autotune.config import ATTENTIONS, OPTIMIZERS, PRECISIONS
     from autotune.recipes import OPTIMIZER_ALIASES, WEIGHTS, peft_text
+    from autotune.sharding import STRATEGIES
     from autotune.speed import ALLOCATORS
     from autotune.units import parse_choice_list, parse_int_list
 
@@ -233,4 +239,6 @@ def space_arguments(*, micro_batches, block_sizes, precisions, checkpointing_, a
         ligers=on_off_list(liger, "--liger"),
         evaluation=evaluation_asked(eval_batch, eval_logits, eval_accumulation_steps, generate, generation_max_length,
                                     num_beams),
+        gpus=gpus,
+        strategies=parse_choice_list(strategies, flag="--strategies", allowed=STRATEGIES) if strategies is not None else None,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-FAULTS = ("hang", "kill", "error", "nan", "patch-module", "leak", "poison")
+FAULTS = ("hang", "kill", "error", "nan", "patch-module", "leak", "poison", "oom-on-rank-1")
 FAULT_ENV = "AUTOTUNE_INJECT_FAULT"
 HERE = str(Path(__file__).resolve().parent)
 

@@ -15,6 +15,10 @@ Three faults leave the probe's process unfit for the next probe rather than fail
 does in Llama's; `leak` keeps a tensor alive in a global (on the first warm-up step, while the CPU
 accountant watches); `poison` fails the step as an illegal memory access does and makes the
 probe's cleanup raise again, as every CUDA call does after one.
+
+`oom-on-rank-1` makes rank 1 of a multi-rank probe (and no other) allocate past its budget in its
+second warm-up step, while the CPU accountant watches: a real out-of-memory on one rank, raised
+by the accountant, while rank 0 goes on into the step's collectives.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ ON_PROBE = int(os.environ.get("AUTOTUNE_INJECT_FAULT_ON_PROBE", "0"))  # 0: ever
 TARGET = "autotune.probe.step"
 FIRES_ON_STEP = 3
 LEAK_BYTES = 4 << 20
+LARGER_THAN_ANY_TEST_BUDGET = 3 << 30
 ILLEGAL_ACCESS = "CUDA error: an illegal memory access was encountered (test fault)"
 _LEAKED: list = []
 
@@ -50,6 +55,10 @@ def _install(module) -> None:
             import torch
 
             _LEAKED.append(torch.ones(LEAK_BYTES, dtype=torch.uint8))
+        if FAULT == "oom-on-rank-1" and self._fault_steps == 2 and os.environ.get("RANK") == "1":
+            import torch
+
+            torch.empty(LARGER_THAN_ANY_TEST_BUDGET, dtype=torch.uint8)  # (virtual memory: never touched)
         if self._fault_steps < FIRES_ON_STEP or (ON_PROBE and self._fault_probe != ON_PROBE):
             return original(self)
         if FAULT == "hang":

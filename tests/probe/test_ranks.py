@@ -1,0 +1,124 @@
+"""Multi-rank probes, done for real: two CPU ranks over gloo, started by torchrun, on a tiny GPT-2
+(tied embeddings) and a tiny Llama (untied). Each rank's peaks come back; FSDP holds less than
+DDP; a rank that runs out of memory ends the probe as `oom` with no rank left waiting in a
+collective; a timeout and kill -9 of the search leave no rank behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from autotune.budget import Budget
+from autotune.config import ProbeConfig
+from autotune.models import resolve_model
+from autotune.probe.runner import ProbeRunner
+from autotune.probe.settings import ProbeSettings
+from autotune.status import ProbeStatus
+from tests.cli import wait_for
+from tests.conftest import TINY_GPT2
+from tests.faults import inject_fault
+from tests.search.test_faults import _cmdline, assert_all_gone, descendants
+
+pytestmark = pytest.mark.slow
+
+TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
+              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
+              "max_position_embeddings": 256, "tie_word_embeddings": False}
+GiB = 1 << 30
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("rank-models")
+    out = {}
+    for name, config in (("gpt2", TINY_GPT2), ("llama", TINY_LLAMA)):
+        (root / name).mkdir()
+        (root / name / "config.json").write_text(json.dumps(config))
+        out[name] = str(root / name)
+    return out
+
+
+def _config(model: str, strategy: str) -> ProbeConfig:
+    return ProbeConfig(model=model, micro_batch=2, block_size=64, grad_accum=2, gpus=2, strategy=strategy)
+
+
+def _probe(config: ProbeConfig, budget_bytes: int, timeout: float = 120.0):
+    settings = ProbeSettings(device="cpu", measure_seconds=0.0, margin=0, timeout=timeout)
+    with ProbeRunner(settings, reuse_child=False) as runner:
+        return runner.run(config, settings.budget(budget_bytes), resolve_model(config.model))
+
+
+def _ranks_below_us() -> set[int]:
+    """torchrun's agents and ranks this test process started, still alive."""
+    return {p for p in descendants(os.getpid()) if b"autotune.probe.rank_main" in _cmdline(p)
+            or b"torch.distributed.run" in _cmdline(p)}
+
+
+@pytest.fixture(scope="module")
+def llama_probes(models):
+    """ddp and fsdp of the tiny Llama under a budget that fits both: their results."""
+    return {strategy: _probe(_config(models["llama"], strategy), GiB) for strategy in ("ddp", "fsdp")}
+
+
+def test_ddp_and_fsdp_probes_report_each_ranks_peaks(llama_probes):
+    for strategy, result in llama_probes.items():
+        assert result.status == ProbeStatus.OK, (strategy, result.error)
+        assert len(result.rank_peaks) == 2
+        assert result.peak_reserved_bytes == max(rank["reserved"] for rank in result.rank_peaks)
+        assert result.peak_allocated_bytes == max(rank["allocated"] for rank in result.rank_peaks)
+        assert result.tokens_per_s and result.tokens_per_s > 0
+        assert result.first_loss is not None and result.last_loss is not None
+    # Sharding holds half the parameters, gradients and optimizer state per rank (and no DDP buckets).
+    assert llama_probes["fsdp"].peak_reserved_bytes < llama_probes["ddp"].peak_reserved_bytes
+    assert _ranks_below_us() == set()
+
+
+def test_a_budget_under_the_ranks_peak_is_oom(models, llama_probes):
+    result = _probe(_config(models["llama"], "fsdp"), llama_probes["fsdp"].peak_reserved_bytes - 1)
+    assert result.status == ProbeStatus.OOM, result.error
+    assert _ranks_below_us() == set()
+
+
+def test_one_rank_out_of_memory_ends_the_probe_as_oom_and_no_rank_is_left_waiting(models, monkeypatch):
+    # Rank 1 alone runs out of memory in its second step; rank 0 goes on into the step's
+    # collectives, where it would wait for rank 1 forever (tests/faults: oom-on-rank-1).
+    inject_fault(monkeypatch, "oom-on-rank-1")
+    started = time.monotonic()
+    result = _probe(_config(models["llama"], "fsdp"), GiB)
+    assert result.status == ProbeStatus.OOM, result.error
+    assert result.error.startswith("rank 1 of 2: ") and "out of memory" in result.error
+    assert time.monotonic() - started < 60  # (the ranks' collective timeout is 120 s: nobody waited for it)
+    assert _ranks_below_us() == set()
+
+
+def test_a_probe_past_its_timeout_kills_every_rank(models):
+    result = _probe(_config(models["gpt2"], "ddp"), GiB, timeout=2.0)  # (the ranks' imports alone take longer)
+    assert result.status == ProbeStatus.TIMEOUT
+    assert "every rank was killed" in result.error
+    assert_all_gone(_ranks_below_us(), within=2.0)
+
+
+def test_kill_9_of_a_search_mid_probe_leaves_no_rank(models, tmp_path):
+    search = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "search", "--model", models["gpt2"], "--gpu-budget", "1GiB", "--device", "cpu",
+         "--gpus", "2", "--strategies", "ddp,fsdp", "--block-sizes", "64", "--micro-batches", "1,2",
+         "--effective-batch", "4", "--precisions", "fp32", "--checkpointing", "off", "--attention", "sdpa",
+         "--no-predict", "--db", f"sqlite:///{tmp_path / 'ranks.db'}"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def ranks() -> set[int]:
+            return {p for p in descendants(search.pid) if b"autotune.probe.rank_main" in _cmdline(p)}
+
+        wait_for(lambda: len(ranks()) == 2, seconds=120, what="two ranks")
+        below = descendants(search.pid)
+        search.send_signal(signal.SIGKILL)
+        search.wait(timeout=30)
+        assert_all_gone(below, within=5.0)
+    finally:
+        search.kill()
