@@ -201,21 +201,22 @@ def visible_gpus() -> list[str]:
     return [line.strip() for line in listing.splitlines() if line.strip()]
 
 
-def worker_devices(count: int, device: str, *, oversubscribe: bool = False) -> list[tuple[str, str]]:
-    """(--device, CUDA_VISIBLE_DEVICES) for each of `count` workers: one GPU each, or the CPU, at
-    most one worker per core (OVERSUBSCRIBE_PER_CORE with `oversubscribe`). Checked before any
-    process starts."""
+def worker_devices(count: int, device: str, *, oversubscribe: bool = False, ranks: int = 1) -> list[tuple[str, str]]:
+    """(--device, CUDA_VISIBLE_DEVICES) for each of `count` workers: `ranks` GPUs each (a study on
+    several GPUs probes on that many ranks), no GPU in two workers; or the CPU, at most one rank
+    per core (OVERSUBSCRIBE_PER_CORE with `oversubscribe`). Checked before any process starts."""
     if count < 1:
         raise BadInput("--workers must be at least 1.")
     device = (device or "auto").strip().lower()
+    each = f" of {ranks} ranks each" if ranks > 1 else ""
     if device == "cpu":
         cores = os.cpu_count() or 1
-        most = cores * (OVERSUBSCRIBE_PER_CORE if oversubscribe else 1)
+        most = cores * (OVERSUBSCRIBE_PER_CORE if oversubscribe else 1) // ranks
         if count > most:
             more = ("" if oversubscribe else
-                    f", or --oversubscribe for up to {cores * OVERSUBSCRIBE_PER_CORE} (their timings then share the cores)")
-            raise BadInput(f"--workers {count}: this machine has {cores} core{'s' if cores != 1 else ''}, and each CPU "
-                           f"worker's probes compute on them; give --workers {most} or fewer{more}.")
+                    f", or --oversubscribe for up to {cores * OVERSUBSCRIBE_PER_CORE // ranks} (their timings then share the cores)")
+            raise BadInput(f"--workers {count}{each}: this machine has {cores} core{'s' if cores != 1 else ''}, and each CPU "
+                           f"rank's probes compute on them; give --workers {max(most, 1)} or fewer{more}.")
         return [("cpu", "")] * count  # CPU workers see no GPU
     if device not in ("auto", "cuda"):
         raise BadInput(f"--workers gives each worker one GPU itself; use --device cuda (or auto) instead of {device}, "
@@ -223,10 +224,10 @@ def worker_devices(count: int, device: str, *, oversubscribe: bool = False) -> l
     gpus = visible_gpus()
     if not gpus:
         raise BadInput("--workers: no GPU is visible (CUDA_VISIBLE_DEVICES, nvidia-smi); pass --device cpu for CPU workers.")
-    if count > len(gpus):
-        raise BadInput(f"--workers {count}: only {len(gpus)} GPU(s) are visible ({','.join(gpus)}); use at most "
-                       f"{len(gpus)}, or --device cpu.")
-    return [("cuda", gpu) for gpu in gpus[:count]]
+    if count * ranks > len(gpus):
+        raise BadInput(f"--workers {count}{each} need {count * ranks} GPUs: only {len(gpus)} are visible "
+                       f"({','.join(gpus)}); use at most {len(gpus) // ranks} workers, or --device cpu.")
+    return [("cuda", ",".join(gpus[i * ranks:(i + 1) * ranks])) for i in range(count)]
 
 
 @dataclass
@@ -293,7 +294,7 @@ def search_with_workers(
     from autotune.store import open_store
 
     started = time.perf_counter()
-    devices = worker_devices(workers, request.settings.device, oversubscribe=oversubscribe)
+    devices = worker_devices(workers, request.settings.device, oversubscribe=oversubscribe, ranks=request.space.gpus)
     # A finished study answers from the database before any process starts.
     if (answer := stored_answer(db, request, started, workers=0)) is not None:
         return answer

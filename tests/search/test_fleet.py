@@ -175,13 +175,25 @@ def test_workers_get_one_gpu_each_or_one_core_each(monkeypatch):
     assert len(worker_devices(12, "cpu", oversubscribe=True)) == 12
     with pytest.raises(BadInput, match="give --workers 12 or fewer"):
         worker_devices(13, "cpu", oversubscribe=True)
-    with pytest.raises(BadInput, match="only 3 GPU"):
+    with pytest.raises(BadInput, match="only 3 are visible"):
         worker_devices(4, "cuda")
     with pytest.raises(BadInput, match="--device cuda"):
         worker_devices(2, "cuda:1")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(BadInput, match="--device cpu"):
         worker_devices(1, "auto")
+
+
+def test_workers_of_a_multi_gpu_study_share_a_nodes_gpus_without_overlap(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+    assert worker_devices(2, "auto", ranks=4) == [("cuda", "0,1,2,3"), ("cuda", "4,5,6,7")]
+    assert worker_devices(3, "cuda", ranks=2) == [("cuda", "0,1"), ("cuda", "2,3"), ("cuda", "4,5")]
+    with pytest.raises(BadInput, match="--workers 3 of 4 ranks each need 12 GPUs: only 8 are visible.*at most 2 workers"):
+        worker_devices(3, "cuda", ranks=4)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert worker_devices(1, "cpu", ranks=2) == [("cpu", "")]
+    with pytest.raises(BadInput, match="--workers 2 of 2 ranks each: this machine has 2 cores"):
+        worker_devices(2, "cpu", ranks=2)
 
 
 def test_a_joining_worker_probes_with_every_setting_the_search_was_given(tmp_path):
