@@ -25,7 +25,7 @@ from autotune.paths import cache_dir
 from autotune.version import __version__
 
 # Bump when the estimator's method changes, so that cached estimates of the old method are not reused.
-ESTIMATOR_VERSION = "e2"  # e2: the eval and generate phases traced, their peaks per phase
+ESTIMATOR_VERSION = "e3"  # e2: the eval and generate phases traced, their peaks per phase; e3: per rank
 CACHE_FORMAT = 1
 MAX_ENTRIES = 512
 

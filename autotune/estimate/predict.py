@@ -9,7 +9,7 @@ import importlib.util
 import time
 from collections.abc import Callable
 
-from autotune import speed
+from autotune import sharding, speed
 from autotune.config import ProbeConfig
 from autotune.defaults import ESTIMATE_TIMEOUT_SECONDS
 from autotune.errors import BadInput
@@ -47,6 +47,9 @@ def check_traceable(config: ProbeConfig, device_type: str, spec: ModelSpec, trus
     why = untraceable(config)
     if why:
         raise BadInput(f"{why}.")
+    if device_type == "cpu" and sharding.offloads(config.strategy):
+        raise BadInput("--strategy fsdp-offload saves device memory by moving state to the host: a CPU probe skips it, "
+                       "so there is nothing to predict with --device-type cpu; estimate it for cuda, or use fsdp.")
     if config.attention in _TRACED_AS_SDPA:
         if device_type == "cpu":
             raise BadInput(f"--attention {config.attention} has no CPU kernel; use sdpa or eager with --device-type cpu.")
@@ -66,6 +69,12 @@ def approximations(config: ProbeConfig, device_type: str, stack: Stack | None = 
                      f"less: reserved is an upper bound)")
     if config.attention in _TRACED_AS_SDPA:
         notes.append(f"{config.attention} approximated by SDPA's CUDA kernels (both keep no S x S matrix)")
+    if config.gpus > 1:
+        notes.append(f"one rank of {config.gpus} ({config.strategy}): the largest rank's memory, traced in a fake "
+                     f"process group; collectives' buffers inside the communication library are not seen")
+    if device_type == "cuda" and sharding.offloads(config.strategy):
+        notes.append("fsdp-offload: parameters, gradients and optimizer state are on the host and not counted; the "
+                     "device copies of a unit's shards made to gather it are not traced")
     if device_type == "cuda":
         for what, name in (("CUDA context", cuda_constants.CONTEXT), ("cuBLAS workspaces", cuda_constants.CUBLAS_WORKSPACES)):
             figure = CUDA_CONSTANTS[name]
@@ -213,4 +222,6 @@ def _from_trace(config: ProbeConfig, device_type: str, result: TraceResult, note
         notes=with_unestimated(notes, result.unestimated),
         phase_peaks=phase_peaks,
         unestimated_phases=dict(result.unestimated),
+        rank_peaks={rank: {name: value + workspace for name, value in peaks.items()}
+                    for rank, peaks in result.rank_peaks.items()},
     )

@@ -96,6 +96,9 @@ class TraceResult:
     # their largest.
     phase_peaks: dict[str, dict[str, int]] = field(default_factory=dict)
     unestimated: dict[str, str] = field(default_factory=dict)  # phases not traced to their end, and why
+    # On several GPUs, each rank traced (by number) -> {"allocated", "reserved"} peaks; the peaks
+    # above are the largest rank's. Empty on one GPU.
+    rank_peaks: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_line(self) -> str:
         return RESULT_PREFIX + json.dumps(asdict(self))

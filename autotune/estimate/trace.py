@@ -30,234 +30,23 @@ import os
 import sys
 import time
 import traceback
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
-from torch.utils.weak import WeakIdKeyDictionary
 
+from autotune import sharding
 from autotune.estimate import older_stacks
-from autotune.estimate.allocator import CachingAllocatorModel
 from autotune.estimate.generation import GenerationReads, UnansweredRead
 from autotune.estimate.launch import PRELOAD_ENV
+from autotune.estimate.ledger import Ledger, replay
 from autotune.estimate.protocol import TraceFailure, TraceItem, TraceRequest, TraceResult
-from autotune.evaluation import EVAL, GENERATE, TRAIN, evaluates, generates
+from autotune.evaluation import EVAL, GENERATE, evaluates, generates
+from autotune.probe.step import import_recipe_code
 from autotune.recipes import OPTIMIZERS
-from autotune.units import round_to_block
 
-ROLES = ("params", "grads", "optimizer", "activations", "temporaries")
-_LAYER_NORM = torch.ops.aten.native_layer_norm.default
-_LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
-_REDUCED = (torch.bfloat16, torch.float16)
 # The probe's warm-up: the second step runs with optimizer state in place, as every later one does.
 OPTIMIZER_STEPS = 2
-
-
-@dataclass(eq=False, slots=True)
-class _Storage:
-    nbytes: int
-    phase: str
-    role: str | None = None  # settled when known: params, grads, optimizer, host (not on the GPU)
-    block: object = None     # the allocator model's block while replaying
-    corrected: bool = False  # its size is the real kernel's, not the fake storage's (see Ledger)
-
-
-def _fp32_weight(args: tuple) -> bool:
-    weight = args[2] if len(args) > 2 else None
-    return isinstance(weight, torch.Tensor) and weight.dtype == torch.float32
-
-
-class Ledger(TorchDispatchMode):
-    """Records, in order, every storage an op creates and the moment it is freed, with the phase
-    of the step it happened in: build, forward, backward, recompute (checkpointing) or optimizer;
-    after the training steps, the run's later phases (autotune.evaluation: eval, generate), each
-    begun with `begin`, so that the replay can tell each one's peaks."""
-
-    def __init__(self, cuda: bool = False) -> None:
-        super().__init__()
-        self.cuda = cuda             # predicting CUDA kernels (else CPU ones)
-        self.started = False         # False while the model is being built
-        self.in_optimizer = False
-        self.optimizer_steps = 0
-        self.events: list[tuple[int, _Storage, str]] = []  # (+1 born / -1 freed, storage, phase)
-        self.stage = TRAIN           # the run's phase (autotune.evaluation) in progress
-        self.stages: list[tuple[int, str]] = []  # (index of its first event, phase) for each later phase
-        self.reads: GenerationReads | None = None  # answers value reads (generate) while set
-        self._known = WeakIdKeyDictionary()
-
-    def begin(self, stage: str) -> None:
-        """The run's next phase starts: its peaks start from what is held now."""
-        self.stage = stage
-        self.stages.append((len(self.events), stage))
-
-    def phase(self) -> str:
-        if self.stage != TRAIN:
-            return self.stage
-        if self.in_optimizer:
-            return "optimizer step"
-        if torch._C._current_graph_task_id() != -1:  # inside the autograd engine
-            # checkpointing reruns the forward with grad mode on; backward proper runs without
-            return "recompute" if torch.is_grad_enabled() else "backward"
-        return "forward" if self.started else "build"
-
-    def set_role(self, tensor: torch.Tensor, role: str) -> None:
-        known = self._known.get(tensor.untyped_storage())
-        if known is not None:
-            known[0].role = role
-
-    def settle_build(self) -> None:
-        """What the build made and still holds is the model's, whether or not it is a parameter
-        or a buffer (a 4-bit layer's quantization statistics hang off its weight)."""
-        for entry, _ref in self._known.values():
-            if entry.phase == "build" and entry.role is None:
-                entry.role = "params"
-
-    def _track(self, tensor: torch.Tensor, nbytes: int | None = None) -> None:
-        if tensor.device.type == "meta":  # a shape only (QLoRA's base is built from meta parameters)
-            return
-        storage = tensor.untyped_storage()
-        known = self._known.get(storage)
-        nbytes = storage.nbytes() if nbytes is None else nbytes
-        phase = self.phase()
-        if known is not None:
-            entry = known[0]
-            if entry.nbytes != nbytes and not entry.corrected:  # resized in place: free the old size, allocate the new
-                self.events.append((-1, entry, phase))
-                entry.nbytes = nbytes
-                self.events.append((1, entry, phase))
-            return
-        entry = _Storage(nbytes, phase, corrected=nbytes != storage.nbytes())
-        events = self.events
-        def died(_ref: object, entry: _Storage = entry) -> None:
-            events.append((-1, entry, ""))
-
-        ref = weakref.ref(storage, died)
-        self._known[storage] = (entry, ref)
-        events.append((1, entry, phase))
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is _LOCAL_SCALAR and self.reads is not None:
-            from torch._subclasses.fake_tensor import DataDependentOutputException
-
-            try:
-                return func(*args, **(kwargs or {}))  # (a fake tensor made from a Python number knows its value)
-            except DataDependentOutputException:
-                return self.reads.answer(args[0])
-        out = func(*args, **(kwargs or {}))
-        if func is _LAYER_NORM and out[1].dtype in _REDUCED and (self.cuda or _fp32_weight(args)):
-            # The real kernels keep a bf16/fp16 input's mean and rstd in fp32, the accumulation
-            # type (CUDA always; CPU with fp32 weights, not with bf16 ones: pure bf16); the fake
-            # kernel makes them in the input's dtype. Seen in a masked-LM head, whose LayerNorm
-            # gets autocast's bf16 output.
-            self._track(out[0])
-            for stat in out[1:]:
-                self._track(stat, stat.numel() * 4)
-            return out
-        for leaf in tree_leaves(out):
-            if isinstance(leaf, torch.Tensor):
-                self._track(leaf)
-        return out
-
-    @contextlib.contextmanager
-    def watching_optimizer(self):
-        """Global optimizer hooks: mark the step's allocations, then settle the state's roles."""
-        from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
-
-        def pre(optimizer, args, kwargs):
-            self.in_optimizer = True
-
-        def post(optimizer, args, kwargs):
-            self.in_optimizer = False
-            self.optimizer_steps += 1
-            fused = bool(optimizer.defaults.get("fused"))
-            for state in optimizer.state.values():
-                for key, value in state.items():
-                    if isinstance(value, torch.Tensor):
-                        # AdamW keeps `step` on the host unless fused or capturable
-                        self.set_role(value, "optimizer" if fused or key != "step" else "host")
-
-        handles = (register_optimizer_step_pre_hook(pre), register_optimizer_step_post_hook(post))
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
-
-
-def _role(entry: _Storage) -> str:
-    if entry.role is not None:
-        return entry.role
-    # (what the eval and generate phases make is their forward's: outputs, kept logits, KV cache)
-    return "activations" if entry.phase in ("forward", "recompute", EVAL, GENERATE) else "temporaries"
-
-
-_PHASE_TEXT = {"recompute": "backward (recomputing a checkpointed layer)", "build": "model build",
-               EVAL: "evaluation", GENERATE: "generation"}
-
-
-def replay(events: list, *, cuda: bool, stages: list[tuple[int, str]] | tuple = (),
-           left_out: frozenset | set = frozenset()) -> dict:
-    """Peak allocated with its breakdown, and the peak reserved: on CUDA by the caching allocator
-    model; on CPU as the probe's accountant counts it (each storage rounded up to 512 bytes).
-
-    `stages` marks where the run's later phases begin (index of their first event, phase; the
-    training phase begins at 0): each phase's peaks start from what is allocated and reserved as it
-    begins, as torch.cuda.reset_peak_memory_stats (and the probe's CPU accountant) start them, and
-    the peaks are the largest of the phases'. Phases in `left_out` (not traced to their end) are
-    replayed, for what they leave behind, but not counted."""
-    allocator = CachingAllocatorModel() if cuda else None
-    totals = dict.fromkeys(ROLES, 0)
-    total = peak = rounded = 0
-    at_peak = dict(totals)
-    peak_phase = "forward"
-    begins = dict(stages)
-    stage = TRAIN
-    phase_peaks: dict[str, dict[str, int]] = {}
-    stage_peaks = {"allocated": 0, "reserved": 0}
-
-    def reserved_now() -> int:
-        return allocator.reserved if allocator is not None else rounded
-
-    for index, (sign, entry, phase) in enumerate(events):
-        if index in begins:
-            phase_peaks[stage] = stage_peaks
-            stage, stage_peaks = begins[index], {"allocated": total, "reserved": reserved_now()}
-        role = _role(entry)
-        if (cuda and role == "host") or entry.nbytes == 0:
-            continue
-        if allocator is not None:
-            if sign > 0:
-                entry.block = allocator.malloc(entry.nbytes)
-                size = entry.block.size
-            else:
-                size = entry.block.size
-                allocator.free(entry.block)
-                entry.block = None
-        else:
-            size = entry.nbytes
-            rounded += sign * round_to_block(entry.nbytes)  # as the probe's CPU accountant counts
-        totals[role if role in totals else "temporaries"] += sign * size
-        total += sign * size
-        stage_peaks["allocated"] = max(stage_peaks["allocated"], total)
-        stage_peaks["reserved"] = max(stage_peaks["reserved"], reserved_now())
-        if total > peak and stage not in left_out:
-            peak, at_peak, peak_phase = total, dict(totals), phase
-    phase_peaks[stage] = stage_peaks
-    for index, later in stages:  # (a phase that made nothing: its peaks are what it began with)
-        if later not in phase_peaks:
-            phase_peaks[later] = {"allocated": total, "reserved": reserved_now()}
-    phase_peaks = {name: peaks for name, peaks in phase_peaks.items() if name not in left_out}
-    return {
-        "peak_bytes": peak,
-        "breakdown": at_peak,
-        "peak_phase": _PHASE_TEXT.get(peak_phase, peak_phase),
-        "reserved_bytes": max(peaks["reserved"] for peaks in phase_peaks.values()),
-        "segments": allocator.segments if allocator is not None else 0,
-        "phase_peaks": phase_peaks,
-    }
 
 
 def _real_run_mask_rules() -> None:
@@ -345,45 +134,105 @@ def _bitsandbytes_maps_made_real(config):
         functional.create_dynamic_map = make
 
 
+@dataclass(slots=True)
+class _RankTrace:
+    """One rank's trace (the only one on a single GPU): its replayed peaks and what it took."""
+
+    rank: int
+    replayed: dict
+    unestimated: dict[str, str]
+    built: float                  # perf_counter when the build was done
+    events: int
+    kernels: dict[str, int]
+    ranks_differ: bool = False    # FSDP2 shards some parameter unevenly: the last rank differs
+
+
 def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
     """Trace the probe's build and warm-up steps for `item.config` on fake tensors, then the run's
     later phases the probe runs after them (evaluation, generation), predicting `device_type`
-    (cuda or cpu); the result is numbered `index`."""
-    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
-
-    from autotune.models import ModelSpec
-    from autotune.probe.step import ProbeStep, build_random_model, import_recipe_code, make_optimizer
-
+    (cuda or cpu); the result is numbered `index`. On several GPUs, one rank's (the largest's:
+    estimate/ranks.py)."""
     started = time.perf_counter()
     config = item.config
     cuda = device_type == "cuda"
-    emulation: Any = contextlib.nullcontext()  # CudaKernels when emulating CUDA
     keep = None
     if cuda:
-        from autotune.estimate.cuda import CudaKernels, install_cuda_autocast
+        from autotune.estimate.cuda import install_cuda_autocast
 
         keep = install_cuda_autocast()
-        emulation = CudaKernels()
     _real_run_mask_rules()
     import_recipe_code(config)  # outside the ledger: those imports make tensors that live on
+    if config.gpus == 1:
+        traces = [_trace_rank(item, cuda, None)]
+    else:
+        traces = [_trace_rank(item, cuda, 0)]
+        if traces[0].ranks_differ:
+            traces.append(_trace_rank(item, cuda, config.gpus - 1))
+    largest = max(traces, key=lambda t: (t.replayed["reserved_bytes"], t.replayed["peak_bytes"]))
+    done = time.perf_counter()
+    result = TraceResult(
+        index=index,
+        **largest.replayed,
+        build_seconds=round(traces[0].built - started, 3),
+        trace_seconds=round(done - traces[0].built, 3),
+        replay_seconds=0.0,  # (in the trace's seconds: each rank is replayed as soon as traced)
+        events=largest.events,
+        kernels=largest.kernels,
+        torch_version=torch.__version__,
+        unestimated=largest.unestimated,
+        rank_peaks={str(t.rank): {"allocated": t.replayed["peak_bytes"], "reserved": t.replayed["reserved_bytes"]}
+                    for t in traces if config.gpus > 1},
+    )
+    del keep
+    return result
+
+
+def _trace_rank(item: TraceItem, cuda: bool, rank: int | None) -> _RankTrace:
+    """Trace and replay one rank (`rank` of a fake process group; None: a single-GPU run)."""
+    from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
+
+    from autotune.estimate import ranks
+    from autotune.models import ModelSpec
+    from autotune.probe.step import ProbeStep, build_random_model, make_optimizer
+
+    config = item.config
+    emulation: Any = contextlib.nullcontext()  # CudaKernels when emulating CUDA
+    if cuda:
+        from autotune.estimate.cuda import CudaKernels
+
+        emulation = CudaKernels()
     # Micro-steps after the second repeat the second one's allocations exactly.
     traced = dataclasses.replace(config, grad_accum=min(config.grad_accum, 2), attention=item.attention)
     device = torch.device("cpu")
     ledger = Ledger(cuda=cuda)
+    # fsdp-offload keeps parameters, gradients and optimizer state on the host: not the card's.
+    held = "host" if cuda and sharding.offloads(config.strategy) else None
+    spec = ModelSpec(traced.model, item.model_config, "trace", item.model_path)
+    differ = False
     gc.collect()
     gc.disable()  # storages die when their last reference goes, as in the real step; no stray collections
     try:
-        with _adapters_left_in_place(config.peft is not None), _bitsandbytes_maps_made_real(config), \
+        with (ranks.fake_process_group(rank, config.gpus) if rank is not None else contextlib.nullcontext()), \
+                _adapters_left_in_place(config.peft is not None), _bitsandbytes_maps_made_real(config), \
                 older_stacks.four_bit_inputs_kept(item.stack.keeps_4bit_inputs), \
-                FakeTensorMode(allow_non_fake_inputs=True), ledger, older_stacks.softmax_inputs_kept(item.stack), \
-                ledger.watching_optimizer(), emulation:
-            model, hf_config = build_random_model(ModelSpec(traced.model, item.model_config, "trace", item.model_path), traced,
-                                                  device, item.trust_remote_code)
+                FakeTensorMode(allow_non_fake_inputs=True), ledger, ledger.watching_resizes(), \
+                (ranks.fake_tensor_rules(ledger) if rank is not None else contextlib.nullcontext()), \
+                older_stacks.softmax_inputs_kept(item.stack), ledger.watching_optimizer(held, held or "grads"), emulation:
+            if rank is None:
+                model, hf_config = build_random_model(spec, traced, device, item.trust_remote_code)
+            else:
+                from autotune.probe.distributed import build_model
+
+                model, hf_config = build_model(spec, traced, device, item.trust_remote_code)
+                ranks.all_reduce_in_place(model)
+                differ = ranks.ranks_differ(model, traced)
             ledger.settle_build()
             for param in model.parameters():
+                if held is not None:
+                    ledger.set_role(param, held)
                 if param.requires_grad:
-                    param.register_post_accumulate_grad_hook(lambda p: ledger.set_role(p.grad, "grads"))
-            optimizer = make_optimizer(model, device, traced.optimizer, device_type)
+                    param.register_post_accumulate_grad_hook(lambda p: ledger.set_role(p.grad, held or "grads"))
+            optimizer = make_optimizer(model, device, traced.optimizer, "cuda" if cuda else "cpu")
             if item.stack.keeps_zeroed_grads:
                 older_stacks.zeroing_grads_in_place(optimizer)
             step = ProbeStep(model, optimizer, traced, device, hf_config.vocab_size)
@@ -404,21 +253,9 @@ def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
             del step, optimizer, model
     finally:
         gc.enable()
-    done = time.perf_counter()
     replayed = replay(ledger.events, cuda=cuda, stages=ledger.stages, left_out=set(unestimated))
-    result = TraceResult(
-        index=index,
-        **replayed,
-        build_seconds=round(built - started, 3),
-        trace_seconds=round(done - built, 3),
-        replay_seconds=round(time.perf_counter() - done, 3),
-        events=len(ledger.events),
-        kernels=dict(emulation.kernels) if cuda else {},
-        torch_version=torch.__version__,
-        unestimated=unestimated,
-    )
-    del keep
-    return result
+    return _RankTrace(rank or 0, replayed, unestimated, built, len(ledger.events),
+                      dict(emulation.kernels) if cuda else {}, differ)
 
 
 def _later_phases(ledger: Ledger, step, vocab_size: int) -> dict[str, str]:

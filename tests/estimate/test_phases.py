@@ -93,7 +93,7 @@ def test_what_each_phase_holds(estimated_and_measured):
 
 def _events(*sizes: int):
     """Allocation events of storages of `sizes` (a negative size frees the storage of that size)."""
-    from autotune.estimate.trace import _Storage
+    from autotune.estimate.ledger import _Storage
 
     live: dict[int, _Storage] = {}
     events = []
@@ -108,7 +108,7 @@ def _events(*sizes: int):
 
 def test_replay_starts_each_phase_from_what_is_held():
     pytest.importorskip("torch")
-    from autotune.estimate.trace import replay
+    from autotune.estimate.ledger import replay
 
     # train: 1000 + 3000 live, then 3000 freed; eval from 1000: + 600; generate from 1600: + 2000, partly
     events = _events(1000, 3000, -3000, 600, 2000, -2000)
@@ -133,7 +133,7 @@ def test_generate_reads_are_answered_only_where_the_real_run_is_known():
     from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
     from autotune.estimate.generation import GenerationReads, UnansweredRead
-    from autotune.estimate.trace import Ledger
+    from autotune.estimate.ledger import Ledger
 
     # Named and written as transformers' own readers are (generation/utils.py).
     def _get_logits_processor(encoder_input_ids):

@@ -13,7 +13,8 @@ torch = pytest.importorskip("torch")
 from autotune.config import ProbeConfig  # noqa: E402
 from autotune.estimate import cuda as emulation  # noqa: E402
 from autotune.estimate.protocol import TraceItem, TraceResult  # noqa: E402
-from autotune.estimate.trace import Ledger, replay, trace  # noqa: E402
+from autotune.estimate.ledger import Ledger, replay  # noqa: E402
+from autotune.estimate.trace import trace  # noqa: E402
 from tests.conftest import TINY_GPT2  # noqa: E402
 
 # Each test traces real training steps on fake tensors in this process (torch and transformers).
