@@ -34,7 +34,12 @@ def render_estimate(estimate: MemoryEstimate, budget: Budget | None = None) -> s
         return f"  {label:<24}{format_size(value):>12}  {pct}  {note}".rstrip()
 
     where = f"predicted for {e.device_type}, " + ("from the cache" if e.cached else f"traced in {e.trace_seconds:.1f} s")
-    lines = [f"{e.config.model}  {e.config.label()}  ({where})", f"  task: {describe_task(e.config)}", ""]
+    lines = [f"{e.config.model}  {e.config.label()}  ({where})", f"  task: {describe_task(e.config)}"]
+    if e.per_rank:
+        ranks = ", ".join(f"rank {rank}: {format_size(peaks['allocated'])}" for rank, peaks in e.rank_peaks.items())
+        lines.append(f"  per rank: one of {e.config.gpus} ranks ({e.config.strategy}), the largest; each rank needs "
+                     f"this on its own GPU" + (f" ({ranks})" if len(e.rank_peaks) > 1 else ""))
+    lines.append("")
     lines.append(row("parameters", e.params))
     lines.append(row("gradients", e.grads))
     lines.append(row("optimizer state", e.optimizer))

@@ -1,0 +1,100 @@
+"""The estimate of one rank of a multi-GPU run (estimate/ranks.py, estimate/ledger.py) against
+real 2-rank CPU probes (gloo), on a tiny GPT-2 (tied embeddings) and a tiny Llama (untied)."""
+
+from __future__ import annotations
+
+import pytest
+
+from autotune.config import ProbeConfig
+from autotune.errors import BadInput
+from autotune.estimate import estimate_memories, estimate_memory
+from tests.conftest import write_model_dir
+
+GiB = 2**30
+CASES = [("gpt2", "ddp"), ("gpt2", "fsdp"), ("llama", "fsdp-grad-op"), ("llama", "fsdp")]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("ranks")
+    gpt2 = write_model_dir(root / "gpt2", n_layer=2, n_embd=64, n_head=2, vocab_size=1000, n_positions=128)
+    llama = root / "llama"
+    llama.mkdir()
+    (llama / "config.json").write_text(
+        '{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64, '
+        '"intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, '
+        '"max_position_embeddings": 256, "tie_word_embeddings": false}')
+    return {"gpt2": str(gpt2), "llama": str(llama)}
+
+
+def cfg(model: str, strategy: str, gpus: int = 2) -> ProbeConfig:
+    return ProbeConfig(model=model, micro_batch=2, block_size=64, grad_accum=2, gpus=gpus, strategy=strategy)
+
+
+@pytest.fixture(scope="module")
+def estimates(models) -> dict[tuple[str, str], object]:
+    """Every case's estimate, and gpt2's ddp beside them, from one trace child."""
+    keys = sorted({*CASES, ("gpt2", "ddp"), ("gpt2", "fsdp")})
+    found = estimate_memories([cfg(models[m], s) for m, s in keys], device_type="cpu", use_cache=False)
+    return dict(zip(keys, found))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,strategy", CASES)
+def test_a_rank_is_predicted_to_the_byte(models, estimates, model, strategy):
+    from autotune.probe import ProbeRunner, ProbeSettings
+
+    config = cfg(models[model], strategy)
+    with ProbeRunner(ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1)) as runner:
+        probe = runner.run(config, runner.settings.budget(GiB))
+    assert probe.status == "ok", probe.error
+    estimate = estimates[(model, strategy)]
+    predicted = (estimate.peak_bytes, estimate.reserved_bytes)
+    ranks = sorted((peaks["allocated"], peaks["reserved"]) for peaks in probe.rank_peaks)
+    # The ranks hold the same here (every shard even), and the estimate is every rank's to the byte.
+    # One exception, a race in the CPU probe itself: gloo reduce-scatters a copy of the input that
+    # its worker thread frees, sometimes after the rank's main thread has gone on (seen on one rank
+    # in about one run of three, one unit's gradients more); then the other rank is the one to meet.
+    assert predicted == (ranks[-1] if ranks[0] == ranks[-1] else ranks[0]), (model, strategy, ranks)
+    assert predicted == (probe.peak_allocated_bytes, probe.peak_reserved_bytes) or ranks[0] != ranks[-1]
+    assert estimate.per_rank and set(estimate.rank_peaks) == {"0"}  # (even shards: one rank traced)
+    assert sum(estimate.breakdown.values()) == estimate.peak_bytes
+
+
+@pytest.mark.slow
+def test_fsdp_holds_half_the_state_of_ddp_on_two_ranks(models, estimates):
+    ddp, fsdp = estimates[("gpt2", "ddp")], estimates[("gpt2", "fsdp")]
+    assert fsdp.params + fsdp.optimizer == pytest.approx((ddp.params + ddp.optimizer) / 2, rel=0.01)
+    assert fsdp.peak_bytes < ddp.peak_bytes
+    data = fsdp.to_dict()
+    assert (data["gpus"], data["strategy"], data["per_rank"]) == (2, "fsdp", True)
+
+
+@pytest.mark.slow
+def test_uneven_shards_trace_the_last_rank_too(tmp_path):
+    # 3 ranks: a vocabulary of 1000 and 64-wide layers do not divide by 3.
+    model = write_model_dir(tmp_path / "gpt2", n_layer=1, n_embd=64, n_head=2, vocab_size=1000, n_positions=128)
+    estimate = estimate_memory(cfg(str(model), "fsdp", gpus=3), device_type="cpu", use_cache=False)
+    assert set(estimate.rank_peaks) == {"0", "2"}
+    largest = max(estimate.rank_peaks.values(), key=lambda peaks: (peaks["reserved"], peaks["allocated"]))
+    assert (estimate.peak_bytes, estimate.reserved_bytes) == (largest["allocated"], largest["reserved"])
+    assert estimate.rank_peaks["0"]["allocated"] >= estimate.rank_peaks["2"]["allocated"]
+
+
+def test_fsdp_offload_is_refused_for_a_cpu_prediction(models, monkeypatch):
+    monkeypatch.setattr("autotune.estimate.predict.TraceChildren", None)  # no process may start
+    with pytest.raises(BadInput, match="fsdp-offload"):
+        estimate_memory(cfg(models["gpt2"], "fsdp-offload"), device_type="cpu", use_cache=False)
+
+
+def test_replay_counts_a_storage_at_each_of_its_sizes():
+    pytest.importorskip("torch")
+    from autotune.estimate.ledger import _Storage, replay
+
+    # A gathered parameter: born at 4096, freed in place (resize to 0), gathered again, then dead.
+    gathered, other = _Storage(0, "forward"), _Storage(1000, "forward")
+    events = [(1, gathered, "forward", 4096), (-1, gathered, "forward", 4096), (1, gathered, "forward", 0),
+              (1, other, "forward", 1000), (-1, gathered, "backward", 0), (1, gathered, "backward", 4096),
+              (-1, gathered, "", 4096)]
+    assert replay(events, cuda=False)["peak_bytes"] == 5096
+    assert replay(events, cuda=True)["peak_bytes"] > 0
