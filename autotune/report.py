@@ -76,7 +76,7 @@ LEADERBOARD_FIELDS = (
     "rank", "label", *(f.name for f in fields(ProbeConfig)), "status", "tokens_per_s", "step_seconds", "step_spread",
     "samples_per_s", "mfu", "peak_reserved_bytes", "peak_allocated_bytes", "context_bytes", "budget_bytes",
     "margin_bytes", "study", "probe_id", "trial_number", "config_key", "worker", "compile_seconds", "host_load",
-    "phase_peaks", "eval_batch_found",
+    "phase_peaks", "eval_batch_found", "rank_peaks",
 )
 
 
@@ -416,6 +416,10 @@ def render_run_summary(summary: RunSummary) -> str:
     probe_speed = f", {probe.tokens_per_s:,.0f} tokens/s" if probe.tokens_per_s else ""
     compared = f"; run/probe peak {ratio:.2f}" if ratio and s.finished else ""
     lines.append(f"probe #{s.probe_id}: peak reserved {format_size(probe.peak_reserved_bytes)}{probe_speed}{compared}")
+    for rank in s.ranks:  # (a run on several ranks)
+        ratio_text = f"; run/probe {rank.ratio:.2f}" if rank.ratio else ""
+        lines.append(f"  {rank.phase}: peak reserved {format_size(rank.run_bytes)}, probe's {format_size(rank.probe_bytes)}"
+                     f"{ratio_text}")
     for phase in s.phases:  # (a run or a probe that evaluated)
         stopped = " (stopped here)" if phase.phase == s.failed_phase else ""
         ratio_text = f"; run/probe {phase.ratio:.2f}" if phase.ratio else ""

@@ -303,7 +303,7 @@ def group_priority(config: ProbeConfig, device_type: str) -> tuple:
     return (config.checkpointing, _precision_order(device_type).get(config.precision, 9),
             config.attention != "sdpa", -config.block_size, config.grad_accum > 1, config.optimizer, config.weights,
             config.compile, config.allocator != speed.DEFAULT_ALLOCATOR, config.liger,
-            _STRATEGY_ORDER.get(config.strategy, 0))
+            _STRATEGY_ORDER.get(config.strategy or "", 0))
 
 
 # Likely fastest first: DDP moves the fewest bytes, keeping parameters gathered saves an all-gather,

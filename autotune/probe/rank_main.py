@@ -33,15 +33,21 @@ def write_whole(path: str, data: bytes) -> None:
     os.replace(partial, path)
 
 
-def main() -> None:
-    # Die with torchrun's agent, which dies with autotune (the agent starts ranks in sessions of
-    # their own, so a signal to its group would not reach them).
+def tie_to_agent() -> tuple[str, int]:
+    """Make this rank die with torchrun's agent, which dies with autotune (the agent starts ranks
+    in sessions of their own, so a signal to its group would not reach them), and say its pid to
+    the launcher. (run directory, rank); call first, before the heavy imports."""
     agent = os.getppid()
     kill_me_with_parent()
     watch_parent(agent)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when a probe stops
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when the ranks stop
     run_dir, rank = os.environ[RUN_DIR_ENV], int(os.environ["RANK"])
     write_whole(os.path.join(run_dir, f"rank-{rank}.pid"), str(os.getpid()).encode())
+    return run_dir, rank
+
+
+def main() -> None:
+    run_dir, rank = tie_to_agent()
 
     import pickle
     from dataclasses import replace

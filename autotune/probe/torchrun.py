@@ -16,6 +16,7 @@ Torch-free, as the runner is.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import shutil
@@ -26,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Any
 
 from autotune.deadline import Deadline, DeadlineReached
 from autotune.probe.protocol import ProbeRequest
@@ -57,11 +59,32 @@ class Rendezvous:
                 "--rdzv-endpoint", str(self.endpoint), "--rdzv-id", self.run_id]
 
 
-def torchrun_command(ranks_per_node: int, rendezvous: Rendezvous = Rendezvous()) -> list[str]:
-    """The command that starts this node's ranks of a probe."""
+def torchrun_command(ranks_per_node: int, rendezvous: Rendezvous = Rendezvous(),
+                     module: str = "autotune.probe.rank_main") -> list[str]:
+    """The command that starts this node's ranks running `module` (a probe's, by default)."""
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks_per_node),
-            "--max-restarts", "0", "--monitor-interval", "0.1", *rendezvous.arguments(),
-            "-m", "autotune.probe.rank_main"]
+            "--max-restarts", "0", "--monitor-interval", "0.1", *rendezvous.arguments(), "-m", module]
+
+
+def start_ranks(module: str, ranks_here: int, run_dir: str, *, rendezvous: Rendezvous = Rendezvous(),
+                environment: dict[str, str | None] | None = None, output: Any = None) -> subprocess.Popen:
+    """Start torchrun's agent for this node's ranks of `module`, which talk to us through files in
+    `run_dir` (RUN_DIR_ENV); `environment` is set (None: unset) for them, their output goes to
+    `output` (a file; torchrun.log in `run_dir` when None). The agent dies with this process, and
+    each rank with the agent (rank_main.tie_to_agent); `stop_ranks` ends them all."""
+    env = {**os.environ, RUN_DIR_ENV: run_dir}
+    for name, value in (environment or {}).items():  # (None: unset, as the CUDA allocator's settings need)
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    # (torchrun sets one OpenMP thread per rank where several share a host, unless told otherwise)
+    with contextlib.ExitStack() as files:
+        if output is None:
+            output = files.enter_context(open(os.path.join(run_dir, "torchrun.log"), "wb"))
+        return subprocess.Popen(torchrun_command(ranks_here, rendezvous, module), env=env, stdout=output,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=kill_me_with_parent,
+                                start_new_session=True)
 
 
 def run_ranks(request: ProbeRequest, deadline: Deadline, *, rendezvous: Rendezvous = Rendezvous(),
@@ -77,26 +100,17 @@ def run_ranks(request: ProbeRequest, deadline: Deadline, *, rendezvous: Rendezvo
     agent = None
     try:
         write_whole(os.path.join(run_dir, "request.pickle"), pickle.dumps(replace(request, hold_before_timing=False)))
-        env = {**os.environ, RUN_DIR_ENV: run_dir}
-        for name, value in (environment or {}).items():  # (None: unset, as the CUDA allocator's settings need)
-            if value is None:
-                env.pop(name, None)
-            else:
-                env[name] = value
-        # (torchrun sets one OpenMP thread per rank where several share a host, unless told otherwise)
-        with open(os.path.join(run_dir, "torchrun.log"), "wb") as log:
-            agent = subprocess.Popen(torchrun_command(ranks_here, rendezvous), env=env, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, preexec_fn=kill_me_with_parent, start_new_session=True)
+        agent = start_ranks("autotune.probe.rank_main", ranks_here, run_dir, rendezvous=rendezvous, environment=environment)
         if on_phase is not None:
             on_phase("start-up")
         limit = started + settings.timeout
         phase = ""
         while agent.poll() is None:
             if deadline.expired():
-                _stop(agent, run_dir)
+                stop_ranks(agent, run_dir)
                 raise DeadlineReached(f"{config.label()} was stopped at the command's deadline")
             if time.perf_counter() > limit:
-                _stop(agent, run_dir)
+                stop_ranks(agent, run_dir)
                 return _failed(request, ProbeStatus.TIMEOUT, f"no result from {config.gpus} ranks within "
                                f"{settings.timeout:.0f} s; every rank was killed", started)
             now = _read(os.path.join(run_dir, "phase"))
@@ -104,11 +118,11 @@ def run_ranks(request: ProbeRequest, deadline: Deadline, *, rendezvous: Rendezvo
                 on_phase(now)
             phase = now or phase
             time.sleep(POLL_SECONDS)
-        _stop(agent, run_dir)  # (ranks the agent left: none, unless it was killed)
+        stop_ranks(agent, run_dir)  # (ranks the agent left: none, unless it was killed)
         return _gather(request, run_dir, ranks_here, agent.returncode, started)
     except BaseException:
         if agent is not None:
-            _stop(agent, run_dir)
+            stop_ranks(agent, run_dir)
         raise
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -155,7 +169,7 @@ def _gather(request: ProbeRequest, run_dir: str, ranks: int, returncode: int, st
     return merged
 
 
-def _stop(agent: subprocess.Popen, run_dir: str) -> None:
+def stop_ranks(agent: subprocess.Popen, run_dir: str) -> None:
     """Kill the agent (if alive) and any rank still alive, by the pids they wrote; reap the agent."""
     if agent.poll() is None:
         agent.kill()

@@ -133,6 +133,7 @@ class LeaderboardRow:
     host_load: float | None = None        # the host's load average per core as the probe ended
     phase_peaks: dict[str, dict[str, int]] | None = None  # each phase's peaks, where the run evaluates (ProbeResult)
     eval_batch_found: int | None = None   # --eval-batch auto: the eval batch its probe found (ProbeResult)
+    rank_peaks: list[dict[str, int]] | None = None  # on several ranks: each rank's peaks (ProbeResult)
 
     @property
     def label(self) -> str:
@@ -149,7 +150,7 @@ class LeaderboardRow:
             "margin_bytes": self.margin_bytes, "study": self.study, "probe_id": self.probe_id,
             "trial_number": self.trial_number, "config_key": self.config_key, "worker": self.worker,
             "compile_seconds": self.compile_seconds, "host_load": self.host_load, "phase_peaks": self.phase_peaks,
-            "eval_batch_found": self.eval_batch_found,
+            "eval_batch_found": self.eval_batch_found, "rank_peaks": self.rank_peaks,
         }
 
 

@@ -338,6 +338,7 @@ class Store(ClaimsMixin, RunsMixin):
                     host_load=row["host_load"],
                     phase_peaks=row["phase_peaks"],
                     eval_batch_found=row["eval_batch_found"],
+                    rank_peaks=row["rank_peaks"],
                 )
                 for rank, row in enumerate(rows, start=1)
             ]

@@ -20,7 +20,7 @@ from autotune.status import StudyStatus
 from autotune.tasks import Task
 from autotune.train.loading import check_vocabulary, load_tokenizer, weights_location
 from autotune.train.options import TrainOptions, TrainOutcome
-from autotune.train.run import (RunContext, checkpoints, default_output_dir, describe_limits, run_training,
+from autotune.train.run import (RunContext, StoreRecorder, checkpoints, default_output_dir, describe_limits, run_training,
                                 training_arguments)
 from autotune.train.winner import (FixedRecipe, Winner, asks_evaluation, matching_study, planned_fixed_recipe,
                                    search_for_winner, settled_winner, study_model, study_winner)
@@ -68,8 +68,33 @@ def train(
     plan = _plan_run(options, study, model, gpu_budget, flags, db)
     data, tokenizer = _load_data(plan, options, echo)
     winner = _find_winner(plan, data, options, db, echo, on_search_start, on_search_event)
+    if winner.row.config.gpus > 1:
+        return _train_on_ranks(plan, winner, options, flags, db, echo)
     context, args = _prepare_run(plan, winner, data, tokenizer, options, echo)
     return _record_run(context, args, tokenizer, db, echo)
+
+
+def _train_on_ranks(plan: RunPlan, winner: Winner, options: TrainOptions, flags: dict[str, Any], db: str | None,
+                    echo: Callable[[str], None]) -> TrainOutcome:
+    """A winner probed on several ranks trains on as many (autotune.train.ranks): each rank plans,
+    prepares and runs as `run_rank` says, and this process keeps the run."""
+    from autotune.train.ranks import check_trainable_on_ranks, train_on_ranks
+
+    device_type = (options.device or str(winner.study.environment.get("device_type") or "auto")).split(":")[0]
+    check_trainable_on_ranks(winner, device_type)
+    _make_output_dir(plan.output_dir)
+    return train_on_ranks(winner, options, plan.output_dir, plan.gpu_budget, flags, db, echo, plan.searches)
+
+
+def run_rank(options: TrainOptions, study: str, gpu_budget: int | None, flags: dict[str, Any], db: str | None,
+             recorder: Any, run_id: int, echo: Callable[[str], None]) -> TrainOutcome:
+    """One rank of a run on several GPUs (started by train_on_ranks): the same plan, data, winner and
+    preparation as a run on one GPU, on this rank's device under the same cap, its end kept by `recorder`."""
+    plan = _plan_run(options, study, None, gpu_budget, flags, db)
+    data, tokenizer = _load_data(plan, options, echo)
+    winner = _find_winner(plan, data, options, db, echo, None, None)
+    context, args = _prepare_run(plan, winner, data, tokenizer, options, echo)
+    return run_training(context, run_id, recorder, args, tokenizer, echo)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,18 +349,22 @@ def _record_run(context: RunContext, args: TrainingArguments, tokenizer: PreTrai
     from autotune.store import open_store
 
     output_dir, winner = context.output_dir, context.winner
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:  # what check_output_dir cannot see (as root, a read-only mount, a full disk)
-        raise BadInput(f"--output-dir {output_dir}: cannot create it ({exc.strerror}); pass --output-dir with a "
-                       f"writable place.") from None
+    _make_output_dir(output_dir)
     with open_store(db) as store:
         for abandoned in store.interrupt_abandoned_runs(str(output_dir.resolve())):
             echo(f"run #{abandoned} into {output_dir} was still marked running, its process gone: marked interrupted")
         run_id = store.start_run(config=winner.row.config, study_id=winner.study.id, probe_id=winner.row.probe_id,
                                  output_dir=str(output_dir.resolve()), dataset=context.options.dataset)
         echo(f"run #{run_id}: {winner.row.config.label()} -> {output_dir}")
-        return run_training(context, run_id, store, args, tokenizer, echo)
+        return run_training(context, run_id, StoreRecorder(store, run_id, output_dir), args, tokenizer, echo)
+
+
+def _make_output_dir(output_dir: Path) -> None:
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # what check_output_dir cannot see (as root, a read-only mount, a full disk)
+        raise BadInput(f"--output-dir {output_dir}: cannot create it ({exc.strerror}); pass --output-dir with a "
+                       f"writable place.") from None
 
 
 def check_output_dir(output_dir: Path) -> None:

@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from autotune.defaults import ERROR_TAIL_CHARS
 from autotune.errors import BadInput
@@ -150,10 +150,53 @@ class RunContext:
     labels: Labels | None = None         # a classifier's, from the data
 
 
-def run_training(ctx: RunContext, run_id: int, store: Store, args: TrainingArguments, tokenizer: PreTrainedTokenizerBase,
-                 echo: Callable[[str], None]) -> TrainOutcome:
-    """Train run `run_id` (already recorded as running) and record how it ended. An OOM is an
-    outcome (`status='oom'`, checkpoints kept); any other failure is recorded and raised."""
+class Recorder(Protocol):
+    """Where a run's end is kept (StoreRecorder; a rank's: autotune.train.ranks.RankRecorder)."""
+
+    def alive(self) -> contextlib.AbstractContextManager: ...
+
+    def failed(self, error: str, summary: RunSummary) -> None: ...
+
+    def interrupted(self, summary: RunSummary) -> None: ...
+
+    def out_of_memory(self, failure: str, summary: RunSummary) -> None: ...
+
+    def finished(self, summary: RunSummary) -> None: ...
+
+
+class StoreRecorder:
+    """How a run's end is kept: its row in the store (recorded as running before it started) and
+    autotune-run.json in its output directory. A rank of a run on several GPUs keeps its end
+    otherwise (autotune.train.ranks); the process that started the ranks keeps the run's here."""
+
+    def __init__(self, store: Store, run_id: int, output_dir: Path) -> None:
+        self.store, self.run_id, self.output_dir = store, run_id, output_dir
+
+    def alive(self) -> contextlib.AbstractContextManager:
+        return beating(self.store, self.run_id)
+
+    def failed(self, error: str, summary: RunSummary) -> None:
+        self.store.fail_run(self.run_id, error, summary=summary.to_dict())
+
+    def interrupted(self, summary: RunSummary) -> None:
+        self.store.interrupt_run(self.run_id, summary=summary.to_dict())
+
+    def out_of_memory(self, failure: str, summary: RunSummary) -> None:
+        self.store.fail_run(self.run_id, f"out of memory: {failure}", summary=summary.to_dict())
+        summary.write(self.output_dir)
+
+    def finished(self, summary: RunSummary) -> None:
+        self.store.finish_run(self.run_id, steps=summary.steps, tokens_per_s=summary.tokens_per_s,
+                              peak_allocated_bytes=summary.peak_allocated_bytes,
+                              peak_reserved_bytes=summary.peak_reserved_bytes, final_loss=summary.final_loss,
+                              summary=summary.to_dict())
+        summary.write(self.output_dir)
+
+
+def run_training(ctx: RunContext, run_id: int, recorder: Recorder, args: TrainingArguments,
+                 tokenizer: PreTrainedTokenizerBase, echo: Callable[[str], None]) -> TrainOutcome:
+    """Train run `run_id` (already recorded as running) and keep how it ended (`recorder`). An OOM
+    is an outcome (`status='oom'`, checkpoints kept); any other failure is kept and raised."""
 
     from autotune.probe.oom import classify_exception
     from autotune.train.meter import RunMeter
@@ -174,7 +217,7 @@ def run_training(ctx: RunContext, run_id: int, store: Store, args: TrainingArgum
         return _summarize(ctx, run_id, status, meter, trainer, metrics, started, error)
 
     try:
-        with limits.guard(), _quiet_bars(quiet), beating(store, run_id):
+        with limits.guard(), _quiet_bars(quiet), recorder.alive():
             # Built inside the guard: on CPU the accountant must see the weights born.
             model = _built_model(ctx, tokenizer, echo)
             trainer = _trainer(ctx, model, args, tokenizer, meter, quiet)
@@ -188,26 +231,27 @@ def run_training(ctx: RunContext, run_id: int, store: Store, args: TrainingArgum
         meter.read_peaks()
         if classify_exception(exc) != ProbeStatus.OOM:
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()[-ERROR_TAIL_CHARS:]
-            store.fail_run(run_id, text, summary=summarize(RunEnd.ERROR, text).to_dict())
+            recorder.failed(text, summarize(RunEnd.ERROR, text))
             raise
         failure = " ".join(str(exc).split())[:ERROR_TAIL_CHARS]
         del exc  # its traceback holds the failing frames and their tensors
     except BaseException:  # Ctrl-C, SIGTERM: the run did not finish; say so, keep the checkpoints
-        store.interrupt_run(run_id, summary=summarize(RunEnd.INTERRUPTED, None).to_dict())
+        recorder.interrupted(summarize(RunEnd.INTERRUPTED, None))
         raise
 
     if failure is not None:
         step = trainer.state.global_step if trainer is not None else 0
         summary = summarize(RunEnd.OOM, failure)
         del trainer, model  # (before the memory is released)
-        return _ended_out_of_memory(ctx, run_id, store, step, failure, summary)
+        return _ended_out_of_memory(ctx, run_id, recorder, step, failure, summary)
 
     assert trainer is not None and model is not None  # set before training, and training did not fail
     merged_dir: Path | None = None
     with _quiet_bars(quiet):
         # A PeftModel saves its adapters alone (adapter_config.json, adapter_model.safetensors).
-        trainer.save_model(str(ctx.output_dir))
-        tokenizer.save_pretrained(str(ctx.output_dir))
+        trainer.save_model(str(ctx.output_dir))  # (every rank takes part: FSDP gathers the weights)
+        if trainer.is_world_process_zero():
+            tokenizer.save_pretrained(str(ctx.output_dir))
         if config.peft is not None:
             echo(f"saved: LoRA adapters in {ctx.output_dir} (load them with peft.PeftModel.from_pretrained(base model, "
                  f"that directory))")
@@ -217,10 +261,7 @@ def run_training(ctx: RunContext, run_id: int, store: Store, args: TrainingArgum
     summary = summarize(RunEnd.FINISHED, None)
     if merged_dir is not None:
         summary = replace(summary, merged_dir=str(merged_dir.resolve()))
-    store.finish_run(run_id, steps=summary.steps, tokens_per_s=summary.tokens_per_s,
-                     peak_allocated_bytes=summary.peak_allocated_bytes, peak_reserved_bytes=summary.peak_reserved_bytes,
-                     final_loss=summary.final_loss, summary=summary.to_dict())
-    summary.write(ctx.output_dir)
+    recorder.finished(summary)
     del trainer, model
     limits.release()
     return TrainOutcome(RunEnd.FINISHED, run_id, ctx.winner.study.name, str(ctx.output_dir), summary, None,
@@ -275,7 +316,7 @@ def _trainer(ctx: RunContext, model: PreTrainedModel, args: TrainingArguments, t
     return trainer
 
 
-def _ended_out_of_memory(ctx: RunContext, run_id: int, store: Store, step: int, failure: str,
+def _ended_out_of_memory(ctx: RunContext, run_id: int, recorder: Recorder, step: int, failure: str,
                          summary: RunSummary) -> TrainOutcome:
     """An out-of-memory run: an outcome, recorded with the checkpoints it kept, not an error."""
     config, limits = ctx.winner.row.config, ctx.limits
@@ -285,8 +326,7 @@ def _ended_out_of_memory(ctx: RunContext, run_id: int, store: Store, step: int, 
                f"the {format_size(limits.budget.total_bytes)} budget leaves (after context and margin); run #{run_id} "
                f"is marked failed" + (f", checkpoints kept in {ctx.output_dir} ({kept[-1].name} is the latest)" if kept else ""))
     summary = replace(summary, message=message)
-    store.fail_run(run_id, f"out of memory: {failure}", summary=summary.to_dict())
-    summary.write(ctx.output_dir)
+    recorder.out_of_memory(failure, summary)
     limits.release()
     return TrainOutcome(RunEnd.OOM, run_id, ctx.winner.study.name, str(ctx.output_dir), summary, message,
                         list(ctx.warnings), ctx.searched)

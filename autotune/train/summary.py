@@ -43,11 +43,12 @@ class ProbeMeasurement:
     tokens_per_s: float | None
     # Each phase's peaks where the probe ran the run's evaluation (ProbeResult.phase_peaks), else None.
     phase_peaks: dict[str, dict[str, int]] | None = None
+    rank_peaks: list[dict[str, int]] | None = None  # on several ranks: each rank's peaks, by rank
 
     @classmethod
     def of(cls, row: LeaderboardRow) -> ProbeMeasurement:
         return cls(row.peak_allocated_bytes, row.peak_reserved_bytes, row.context_bytes, row.tokens_per_s,
-                   row.phase_peaks)
+                   row.phase_peaks, row.rank_peaks)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"peak_allocated_bytes": self.peak_allocated_bytes,
@@ -55,6 +56,8 @@ class ProbeMeasurement:
                                 "tokens_per_s": self.tokens_per_s}
         if self.phase_peaks is not None:  # only a probe that ran the evaluation has them
             data["phase_peaks"] = self.phase_peaks
+        if self.rank_peaks is not None:  # only a probe on several ranks has them
+            data["rank_peaks"] = self.rank_peaks
         return data
 
 
@@ -124,6 +127,9 @@ class RunSummary:
     # "eval": ..} or "generate": ..), where the run evaluated; None when it only trained.
     phase_peaks: dict[str, dict[str, int]] | None = None
     failed_phase: str | None = None      # the phase in progress when a run that did not finish stopped, if not train
+    # On several ranks: each rank's peaks ({"allocated": .., "reserved": ..} by rank; None for a rank
+    # that ended without saying); the peaks above are the largest rank's.
+    rank_peaks: list[dict[str, int | None] | None] | None = None
 
     @property
     def finished(self) -> bool:
@@ -164,6 +170,15 @@ class RunSummary:
             return ()
         return tuple(PhasePeak(phase, run.get(phase, {}).get("reserved"), probe.get(phase, {}).get("reserved"))
                      for phase in PHASES if phase in run or phase in probe)
+
+    @property
+    def ranks(self) -> tuple[PhasePeak, ...]:
+        """Each rank's peak reserved against its probe's same rank, as rows named 'rank N': () on one GPU."""
+        run, probe = self.rank_peaks or [], self.probe.rank_peaks or []
+        count = max(len(run), len(probe))
+        return tuple(PhasePeak(f"rank {rank}", (run[rank] or {}).get("reserved") if rank < len(run) else None,
+                               (probe[rank] or {}).get("reserved") if rank < len(probe) else None)
+                     for rank in range(count))
 
     @property
     def perplexity(self) -> float | None:
@@ -271,6 +286,9 @@ class RunSummary:
             data["phases"] = [phase.to_dict() for phase in self.phases]
         if self.failed_phase is not None:  # only a run stopped in its evaluation
             data["failed_phase"] = self.failed_phase
+        if self.rank_peaks is not None:  # only a run on several ranks
+            data["rank_peaks"] = self.rank_peaks
+            data["ranks"] = [rank.to_dict() for rank in self.ranks]
         return data
 
     def write(self, output_dir: Path) -> Path:

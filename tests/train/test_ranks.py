@@ -1,0 +1,98 @@
+"""`autotune train` of a winner probed on two ranks: a real search over strategies on two CPU ranks
+(gloo), then Trainer on two ranks started by torchrun, under the same cap per rank, each rank's
+peak held against the probe's same rank. An fsdp winner on CPU is refused: accelerate shards with
+FSDP on GPUs only."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from autotune.errors import BadInput
+from autotune.status import RunEnd
+from tests.train.conftest import corpus_text, write_pretrained_gpt2
+
+pytestmark = pytest.mark.slow
+
+BUDGET = 64 * 2**20
+
+
+@pytest.fixture(scope="module")
+def ranked(tmp_path_factory):
+    """A tiny GPT-2 with weights and a tokenizer, and a finished 2-rank study of it on CPU."""
+    from autotune.probe import ProbeSettings
+    from autotune.search import SearchOptions, search
+
+    root = tmp_path_factory.mktemp("train-ranks")
+    text = corpus_text()
+    corpus = root / "corpus.txt"
+    corpus.write_text(text)
+    model = write_pretrained_gpt2(text, root / "tiny-gpt2")
+    db = f"sqlite:///{root / 'ranks.db'}"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        outcome = search(str(model), BUDGET, settings=ProbeSettings(device="cpu", measure_steps=1),
+                         options=SearchOptions(study="two-ranks", predict=False), db=db, micro_batches=(2,),
+                         block_sizes=(64,), precisions=("fp32",), checkpointing=(False,), attentions=("sdpa",),
+                         effective_batch=4, gpus=2, strategies=("ddp", "fsdp"))
+    assert outcome.best is not None, outcome
+    return {"root": root, "model": model, "corpus": corpus, "db": db, "outcome": outcome}
+
+
+def test_a_search_over_strategies_finishes_with_a_pick(ranked):
+    outcome = ranked["outcome"]
+    assert outcome.study.status == "finished"
+    best = outcome.best.config
+    assert (best.gpus, best.micro_batch, best.grad_accum) == (2, 2, 1)  # 2 ranks x 2 sequences = the effective batch 4
+    assert best.strategy in ("ddp", "fsdp")
+    assert len(outcome.best.rank_peaks) == 2
+
+
+def test_train_runs_the_ddp_winner_on_two_ranks_and_holds_each_ranks_peak_to_the_probes(ranked, tmp_path, monkeypatch):
+    from autotune.search import SearchOptions, search
+    from autotune.probe import ProbeSettings
+    from autotune.train import TrainOptions, train
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    db = ranked["db"]
+    # The ddp winner as a study of its own (on CPU, Trainer can run ddp on ranks, not fsdp).
+    search(str(ranked["model"]), BUDGET, settings=ProbeSettings(device="cpu", measure_steps=1),
+           options=SearchOptions(study="ddp", predict=False), db=db, micro_batches=(2,), block_sizes=(64,),
+           precisions=("fp32",), checkpointing=(False,), attentions=("sdpa",), effective_batch=4, gpus=2,
+           strategies=("ddp",))
+    lines: list[str] = []
+    outcome = train(TrainOptions(dataset=str(ranked["corpus"]), output_dir=str(tmp_path / "run"), max_steps=4,
+                                 device="cpu"), study="ddp", db=db, echo=lines.append)
+    assert outcome.status == RunEnd.FINISHED, outcome.message
+    summary = outcome.summary
+    assert summary.config.gpus == 2 and summary.config.strategy == "ddp"
+    assert summary.steps == 4 and summary.final_loss is not None
+    ranks = summary.ranks
+    assert [rank.phase for rank in ranks] == ["rank 0", "rank 1"]
+    for rank in ranks:
+        assert rank.run_bytes and rank.probe_bytes
+        # Trainer's DDP holds what the probe's held, real batches beside (measured: 6,983,680 bytes
+        # against the probe's 6,978,560 on each rank).
+        assert 0.99 < rank.ratio < 1.05, rank
+    saved = json.loads((tmp_path / "run" / "autotune-run.json").read_text())
+    assert saved["status"] == "finished" and len(saved["rank_peaks"]) == 2 and len(saved["probe"]["rank_peaks"]) == 2
+    assert (tmp_path / "run" / "model.safetensors").exists()
+    assert any("on 2 ranks" in line for line in lines)
+
+
+def test_an_fsdp_winner_on_cpu_is_refused_before_anything_runs(ranked, tmp_path, monkeypatch):
+    from autotune.search import SearchOptions, search
+    from autotune.probe import ProbeSettings
+    from autotune.train import TrainOptions, train
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    db = ranked["db"]
+    search(str(ranked["model"]), BUDGET, settings=ProbeSettings(device="cpu", measure_steps=1),
+           options=SearchOptions(study="fsdp", predict=False), db=db, micro_batches=(2,), block_sizes=(64,),
+           precisions=("fp32",), checkpointing=(False,), attentions=("sdpa",), effective_batch=4, gpus=2,
+           strategies=("fsdp",))
+    with pytest.raises(BadInput, match="shards with FSDP on GPUs only"):
+        train(TrainOptions(dataset=str(ranked["corpus"]), output_dir=str(tmp_path / "run"), max_steps=2, device="cpu"),
+              study="fsdp", db=db, echo=lambda line: None)
+    assert not (tmp_path / "run").exists()
