@@ -31,6 +31,9 @@ ROLES = ("params", "grads", "optimizer", "activations", "temporaries")
 _LAYER_NORM = torch.ops.aten.native_layer_norm.default
 _LOCAL_SCALAR = torch.ops.aten._local_scalar_dense.default
 _REDUCED = (torch.bfloat16, torch.float16)
+# Fake tensors cannot be pinned (fsdp-offload pins its host shards): a copy stands in, as pinning makes one.
+_PIN = torch.ops.aten._pin_memory.default
+_IS_PINNED = torch.ops.aten.is_pinned.default
 
 
 @dataclass(eq=False, slots=True)
@@ -141,6 +144,10 @@ class Ledger(TorchDispatchMode):
                 return func(*args, **(kwargs or {}))  # (a fake tensor made from a Python number knows its value)
             except DataDependentOutputException:
                 return self.reads.answer(args[0])
+        if func is _PIN:
+            func, args, kwargs = torch.ops.aten.clone.default, args[:1], {}
+        elif func is _IS_PINNED and _any_fake((args, kwargs)):
+            return True
         if not self.cuda and _is_reduce_scatter(func):
             # gloo has no reduce-scatter of its own: it reduces a copy of the input (made on the
             # calling thread, as the CPU probe's accountant sees) and scatters from it.
