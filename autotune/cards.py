@@ -46,6 +46,10 @@ class Card:
     compute_capability: tuple[int, int]
     name_fragments: tuple[str, ...]       # lower-case pieces of CUDA's device name(s) for this card
     context_bytes: int = DEFAULT_CONTEXT_BYTES
+    # Bytes/s one GPU sends to its peers in one direction (NVLink on SXM boards, else PCIe through
+    # the host), and to the host (PCIe): half the data sheet's bidirectional figure (see _LINKS).
+    interconnect_bandwidth: float = 0.0
+    host_bandwidth: float = 0.0
 
     @property
     def short_name(self) -> str:
@@ -192,6 +196,31 @@ CARDS: tuple[Card, ...] = (
     Card("NVIDIA RTX A2000", ("a2000", "rtx-a2000", "rtxa2000", "a2000-6gb"),
          _gib(5.79), _peaks(32.0e12, 8.0e12, 16.0e12), 288e9, (8, 6), ("rtx a2000",)),
 )
+
+# Links by card, from NVIDIA's data sheets (bidirectional totals, GB/s): NVLink 4 on H100/H200 SXM
+# and GH200 900, PCIe Gen5 128 (H100 SXM/PCIe/NVL, H200 data sheets); H100 NVL's NVLink bridge 600;
+# B200 NVLink 5 1800 (HGX B200 data sheet), PCIe Gen5 128; A100 SXM NVLink 3 600, PCIe Gen4 64
+# (A100 data sheet; the "a100" entry is the SXM board); V100 SXM2 NVLink 2 300, PCIe Gen3 32 (V100
+# data sheet). Cards without NVLink talk through PCIe: Gen4 x16 64 (A10, A10G, L4, L40S, RTX 30/40
+# series and RTX A-series data sheets), Gen4 x8 32 (RTX 4060, 4060 Ti), Gen3 x16 32 (T4, RTX 20
+# series). (NVLink bridges of PCIe cards, optional, are not assumed.)
+_NVLINK_GBS = {"h100": 900, "h200": 900, "gh200": 900, "h100-nvl": 600, "b200": 1800, "a100": 600, "a100-40gb": 600,
+               "v100-32gb": 300, "v100": 300}
+_PCIE_GBS = {"h100": 128, "h100-pcie": 128, "h100-nvl": 128, "h200": 128, "gh200": 128, "b200": 128,
+             "v100-32gb": 32, "v100": 32, "t4": 32, "rtx2080ti": 32, "rtx2080": 32, "rtx4060ti": 32,
+             "rtx4060ti-16gb": 32, "rtx4060": 32}
+PCIE_GEN4_GBS = 64
+
+
+def _linked(card: Card) -> Card:
+    from dataclasses import replace
+
+    pcie = _PCIE_GBS.get(card.short_name, PCIE_GEN4_GBS) * 1e9 / 2
+    nvlink = _NVLINK_GBS.get(card.short_name)
+    return replace(card, interconnect_bandwidth=nvlink * 1e9 / 2 if nvlink else pcie, host_bandwidth=pcie)
+
+
+CARDS = tuple(_linked(card) for card in CARDS)
 
 # Every alias and display name names one card (tests/test_cards.py checks that none is shared).
 _BY_NAME = {key: card for card in CARDS for key in (*card.aliases, card.name.lower())}

@@ -153,3 +153,13 @@ def test_importing_the_cards_does_not_import_torch():
     out = subprocess.run([sys.executable, "-c", "import autotune.cards, sys; print('torch' in sys.modules)"],
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_every_card_has_its_links():
+    from autotune.cards import CARDS, find_card
+
+    for card in CARDS:
+        assert card.interconnect_bandwidth >= card.host_bandwidth > 0, card.name
+    assert find_card("h100").interconnect_bandwidth == 450e9     # NVLink 4: 900 GB/s both ways
+    assert find_card("a100").interconnect_bandwidth == 300e9
+    assert find_card("l4").interconnect_bandwidth == find_card("l4").host_bandwidth == 32e9  # PCIe Gen4 x16

@@ -8,7 +8,9 @@ search's predictions are (estimate/interpolate.py; `exact` traces every config).
 so a search after a plan of the same space and device type starts with every prediction in hand.
 
 Speed comes from a documented cost model (planner/speed.py), labelled "predicted" throughout: a
-plan ranks what fits, a search measures it.
+plan ranks what fits, a search measures it. On several GPUs (`--gpus N`, `--strategies`) each
+candidate's memory is one rank's (the largest's; every rank needs it on its own card) and its speed
+the whole run's, the collectives of its strategy counted over the card's link (cards.py).
 """
 
 from __future__ import annotations
@@ -107,6 +109,7 @@ class Planned:
             "peak_allocated_bytes": None if self.estimate is None else self.estimate.peak_bytes,
             "peak_reserved_bytes": None if self.estimate is None else self.estimate.reserved_bytes,
             "need_bytes": self.need_bytes, "breakdown": self.breakdown(),
+            "gpus": self.config.gpus, "strategy": self.config.strategy, "per_rank": self.config.gpus > 1,
             "tokens_per_s": self.tokens_per_s,
             "speed": None if self.speed is None else dataclasses.asdict(self.speed),
             "measured": self.measured,

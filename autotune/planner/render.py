@@ -29,10 +29,13 @@ def render_plan(plan: Plan, top: int | None = None) -> str:
     lever the card lacks, or one the estimator cannot trace) are no rows: one line says which and why."""
     t = plan.target
     lines = [f"plan: {len(plan.planned)} candidates on {t.name}, budget {size_as_read(t.budget.total_bytes)} "
-             f"(margin {format_size(t.budget.margin_bytes)}); all figures predicted"
+             f"(margin {format_size(t.budget.margin_bytes)}"
+             + (f", each of {plan.space.gpus} ranks; memory per rank, tokens/s of the whole run" if plan.space.gpus > 1 else "")
+             + "); all figures predicted"
              + (f", measured beside them from study {plan.study!r}" if plan.study else ""),
              ""]
-    header = ["#", "config", "fits", "need", "tokens/s", *(short for _, short in _PARTS)]
+    per_rank = plan.space.gpus > 1
+    header = ["#", "config", "fits", "need/rank" if per_rank else "need", "tokens/s", *(short for _, short in _PARTS)]
     if plan.study:
         header += ["measured need", "error", "measured tok/s"]
     predicted = [p for p in plan.planned if p.estimate is not None]

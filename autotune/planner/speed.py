@@ -20,7 +20,20 @@ memory: passes bound by memory bandwidth that the FLOPs do not count: eager atte
   matrices (fused kernels never write them), and the logits' cross-entropy (Liger's fused
   linear cross-entropy never writes the logits).
 overhead: kernel launches, a fixed time per kernel per layer, paid whatever the micro-step's size.
-optimizer: one memory-bound pass over the trained parameters, their gradients and their state.
+optimizer: one memory-bound pass over the trained parameters, their gradients and their state
+  (on several ranks under FSDP, each rank's shard: 1/N of it).
+communication, on N ranks (autotune.sharding), per optimizer step (the micro-steps before the last
+  keep their gradients on the rank, as Trainer's no_sync does), ring collectives over the card's
+  link (cards.py: NVLink on SXM boards, else PCIe), P the parameters' bytes as gathered, G the
+  gradients' bytes as reduced:
+    ddp: one all-reduce of the gradients, 2*(N-1)/N * G;
+    fsdp: an all-gather of the parameters in each micro-step's forward, and again in its backward
+      (resharded after forward), (N-1)/N * P each; one reduce-scatter, (N-1)/N * G;
+    fsdp-grad-op: the same without the backward's all-gather;
+    fsdp-offload: fsdp, plus each gather's shards copied from the host (P/N) and the gradients'
+      shards back (G/N) over PCIe, and the optimizer step on the host's CPU.
+  Collectives run on their own stream: they hide behind up to COMM_OVERLAP of the compute; the
+  rest is exposed (`comm_seconds` is the exposed part).
 """
 
 from __future__ import annotations
@@ -28,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from autotune import sharding
 from autotune.cards import Card
 from autotune.config import ProbeConfig
 from autotune.flops import flops_per_token
@@ -100,11 +114,24 @@ OPTIMIZER_BYTES: dict[str, tuple[int, int]] = {
 # fp16's gradient scaler unscales every fp32 gradient once (read and write; the inf check is fused).
 GRAD_SCALER_BYTES = 8
 
+# --- Communication (several ranks) -----------------------------------------------------------------
+# Share of the link's bandwidth a large NCCL ring collective reaches (nccl-tests' bus bandwidth on
+# 8 x H100 SXM: about 360-370 of NVLink's 450 GB/s a direction).
+LINK_EFFICIENCY = 0.8
+# Share of a step's compute the collectives can hide behind: DDP overlaps its buckets' all-reduce
+# with the rest of the backward, FSDP prefetches the next unit's all-gather under this unit's
+# compute; the first gather and the last reduction are always exposed. A first figure to calibrate.
+COMM_OVERLAP = 0.5
+# Bytes/s the host's CPU steps an offloaded optimizer at (torch's CPU AdamW over the shards of a
+# rank: memory-bound at a few tens of GB/s on a server's socket shared by its ranks).
+HOST_OPTIMIZER_BANDWIDTH = 20e9
+
 
 @dataclass(frozen=True, slots=True)
 class SpeedPrediction:
     """A configuration's predicted speed and its parts, per optimizer step (seconds):
-    `step_seconds == compute_seconds + memory_seconds + overhead_seconds + optimizer_seconds`."""
+    `step_seconds == compute_seconds + memory_seconds + overhead_seconds + optimizer_seconds
+    + comm_seconds`."""
 
     step_seconds: float
     tokens_per_s: float
@@ -116,15 +143,18 @@ class SpeedPrediction:
     peak_flops: float            # the card's dense peak for the precision the matmuls run in
     flops_per_step: float        # what the card computes, recomputation included
     model_flops_per_token: float  # useful work per token, no recomputation (autotune.flops)
+    comm_seconds: float = 0.0    # collectives (and fsdp-offload's host copies) not hidden behind compute
+    gpus: int = 1                # ranks: tokens_per_s is the whole run's
 
     @property
     def mfu(self) -> float:
-        """Model FLOPs utilisation as a probe measures it."""
-        return self.tokens_per_s * self.model_flops_per_token / self.peak_flops
+        """Model FLOPs utilisation as a probe measures it (per GPU)."""
+        return self.tokens_per_s * self.model_flops_per_token / self.peak_flops / self.gpus
 
     def describe(self) -> str:
         parts = (("compute", self.compute_seconds), ("memory", self.memory_seconds),
-                 ("launches", self.overhead_seconds), ("optimizer", self.optimizer_seconds))
+                 ("launches", self.overhead_seconds), ("optimizer", self.optimizer_seconds),
+                 ("communication", self.comm_seconds))
         spent = ", ".join(f"{name} {seconds / self.step_seconds:.0%}" for name, seconds in parts if seconds > 0)
         return (f"{self.tokens_per_s:,.0f} tokens/s, {self.step_seconds * 1e3:,.1f} ms/step ({spent}); "
                 f"matmuls at {self.utilisation:.0%} of peak, MFU {self.mfu:.0%} (predicted)")
@@ -196,16 +226,53 @@ def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card) -> Sp
 
     per_parameter = OPTIMIZER_BYTES[config.optimizer][1 if config.weights == "bf16" else 0]
     per_parameter += GRAD_SCALER_BYTES if config.precision == "fp16" else 0
-    optimizer = _trained(config, dims) * per_parameter / bandwidth
+    sharded = sharding.is_fsdp(config.strategy)
+    stepped = _trained(config, dims) / (config.gpus if sharded else 1)  # each rank steps its shard
+    optimizer = stepped * per_parameter / (HOST_OPTIMIZER_BANDWIDTH if sharding.offloads(config.strategy) else bandwidth)
 
     accum = config.grad_accum
-    step = accum * (compute + memory + overhead) + optimizer
+    comm = communication_seconds(config, dims, card)
+    exposed = max(0.0, comm - COMM_OVERLAP * accum * compute)
+    step = accum * (compute + memory + overhead) + optimizer + exposed
     return SpeedPrediction(
         step_seconds=step, tokens_per_s=config.tokens_per_step / step,
         compute_seconds=accum * compute, memory_seconds=accum * memory, overhead_seconds=accum * overhead,
         optimizer_seconds=optimizer, utilisation=u, peak_flops=peak, flops_per_step=accum * flops,
         model_flops_per_token=config_flops_per_token(config, dims, recompute=False),
+        comm_seconds=exposed, gpus=config.gpus,
     )
+
+
+def collective_bytes(config: ProbeConfig, dims: ModelDims) -> dict[str, float]:
+    """Bytes each rank sends per optimizer step, by collective (module docstring): a ring moves
+    (N-1)/N of the buffer per all-gather or reduce-scatter, twice that per all-reduce; for
+    fsdp-offload also the bytes over PCIe to and from the host ("host")."""
+    n = config.gpus
+    if n <= 1 or config.strategy is None:
+        return {}
+    weight = 2 if config.weights == "bf16" else 4
+    # FSDP's mixed precision gathers parameters and reduces gradients in the autocast dtype; DDP
+    # reduces the fp32 master weights' gradients.
+    moved = 2 if config.precision in ("fp16", "bf16") and sharding.is_fsdp(config.strategy) else weight
+    params, grads = dims.parameters * moved, _trained(config, dims) * moved
+    ring = (n - 1) / n
+    if config.strategy == "ddp":
+        return {"all-reduce": 2 * ring * _trained(config, dims) * weight}
+    gathers = config.grad_accum * (2 if sharding.reshards_after_forward(config.strategy) else 1)
+    out = {"all-gather": gathers * ring * params, "reduce-scatter": ring * grads}
+    if sharding.offloads(config.strategy):
+        out["host"] = gathers * dims.parameters * weight / n + grads / n
+    return out
+
+
+def communication_seconds(config: ProbeConfig, dims: ModelDims, card: Card) -> float:
+    """Seconds per optimizer step the collectives (and offload's host copies) take, hidden or not."""
+    moved = collective_bytes(config, dims)
+    if not moved:
+        return 0.0
+    link = (card.interconnect_bandwidth or card.memory_bandwidth) * LINK_EFFICIENCY
+    host = (card.host_bandwidth or link) * LINK_EFFICIENCY
+    return sum(nbytes / (host if kind == "host" else link) for kind, nbytes in moved.items())
 
 
 def predict_tokens_per_s(config: ProbeConfig, dims: ModelDims, card: Card) -> float:
@@ -219,7 +286,8 @@ def predict_speed(config: ProbeConfig, dims: ModelDims, card: Card,
     bytes of one weight), not the count from config.json."""
     if why_unsupported(config, card) is not None:
         return None
-    if estimate is not None and estimate.params > 0:
+    # (on several ranks the estimate is one rank's: its weights are a shard, or on the host)
+    if estimate is not None and estimate.params > 0 and config.gpus == 1:
         if not is_qlora(config.peft):  # a 4-bit base has no whole bytes per weight to divide by
             counted = estimate.params // (2 if config.weights == "bf16" else 4)
             dims = ModelDims(counted, dims.layers, dims.hidden, dims.vocab, dims.heads, dims.trainable_parameters)

@@ -178,3 +178,46 @@ def test_an_explicit_trainable_count_is_used():
     frozen_half = dataclasses.replace(GPT2, trainable_parameters=GPT2.parameters // 2)
     assert config_flops_per_token(config(), frozen_half) < config_flops_per_token(config(), GPT2)
     assert isinstance(frozen_half, ModelDims)
+
+
+# -- several GPUs -----------------------------------------------------------------------------------
+
+def _ranked(strategy: str, gpus: int = 8, **levers):
+    from autotune.config import ProbeConfig
+
+    return ProbeConfig(model="m", micro_batch=1, block_size=512, precision="bf16", gpus=gpus, strategy=strategy, **levers)
+
+
+def test_collectives_per_optimizer_step_follow_the_ring_formulas():
+    from autotune.planner.speed import collective_bytes
+    from autotune.shapes import ModelDims
+
+    dims = ModelDims(7_000_000_000, 32, 4096, 32000, 32)
+    ring = 7 / 8
+    assert collective_bytes(_ranked("ddp"), dims) == {"all-reduce": 2 * ring * 7e9 * 4}  # fp32 gradients
+    fsdp = collective_bytes(_ranked("fsdp", grad_accum=2), dims)
+    # bf16 gathers: forward and backward of each micro-step; one reduce-scatter per optimizer step
+    assert fsdp == {"all-gather": 2 * 2 * ring * 7e9 * 2, "reduce-scatter": ring * 7e9 * 2}
+    grad_op = collective_bytes(_ranked("fsdp-grad-op", grad_accum=2), dims)
+    assert grad_op["all-gather"] == fsdp["all-gather"] / 2
+    assert collective_bytes(_ranked("fsdp-offload"), dims)["host"] > 0
+    assert collective_bytes(_ranked(None, gpus=1), dims) == {}
+
+
+def test_a_slower_link_costs_speed_on_several_gpus():
+    from autotune.cards import find_card
+    from autotune.planner.speed import predict_step_seconds
+    from autotune.shapes import ModelDims
+
+    dims = ModelDims(7_000_000_000, 32, 4096, 32000, 32)
+    sxm, pcie = find_card("h100"), find_card("h100-pcie")
+    assert sxm.interconnect_bandwidth > pcie.interconnect_bandwidth == pcie.host_bandwidth
+    on_sxm = predict_step_seconds(_ranked("ddp"), dims, sxm)
+    assert on_sxm.step_seconds == pytest.approx(on_sxm.compute_seconds + on_sxm.memory_seconds + on_sxm.overhead_seconds
+                                                + on_sxm.optimizer_seconds + on_sxm.comm_seconds)
+    assert predict_step_seconds(_ranked("ddp"), dims, pcie).comm_seconds > on_sxm.comm_seconds
+    # The whole run's tokens: eight ranks' micro-batches per step.
+    assert on_sxm.tokens_per_s == pytest.approx(8 * 512 / on_sxm.step_seconds)
+    # Offload steps the optimizer on the host: slower than fsdp's on the card.
+    assert (predict_step_seconds(_ranked("fsdp-offload"), dims, sxm).optimizer_seconds
+            > predict_step_seconds(_ranked("fsdp"), dims, sxm).optimizer_seconds)
