@@ -38,11 +38,15 @@ from autotune.recipes import peft_text
 @click.option("--merge", is_flag=True,
               help="LoRA: after training, also save the base with the adapters merged in, a whole model, in OUTPUT_DIR/merged.")
 @click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run.")
+@click.option("--gpus", type=int, default=None,
+              help="Ranks (one GPU each) to train on, started by torchrun: a study's winner trains on the ranks it was "
+                   "probed on (this must repeat them); with --model and --gpu-budget the search runs on as many "
+                   "[default: the winner's].")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the run's summary as one JSON object (progress goes to stderr).")
 @task_options
 def train(study, model, gpu_budget, dataset, text_column, target_column, label_column, eval_split, output_dir, max_steps,
-          epochs, device, resume, tokenizer, learning_rate, save_steps, random_init, merge, trust_remote_code, db, as_json,
+          epochs, device, resume, tokenizer, learning_rate, save_steps, random_init, merge, trust_remote_code, gpus, db, as_json,
           task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets, eval_batch, eval_logits,
           eval_accumulation_steps, generate, generation_max_length, num_beams):
     """Train with a study's winning configuration under its budget; exit status 1 if it runs out of memory."""
@@ -61,7 +65,7 @@ def train(study, model, gpu_budget, dataset, text_column, target_column, label_c
     outcome = run(options, study=study, model=model, gpu_budget=budget, task=task, target_length=target_length,
                   num_labels=num_labels, peft=peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets),
                   evaluation=evaluation_asked(eval_batch, eval_logits, eval_accumulation_steps, generate,
-                                              generation_max_length, num_beams), db=db,
+                                              generation_max_length, num_beams), gpus=gpus, db=db,
                   echo=lambda line: click.echo(line, file=out),
                   on_search_start=lambda *a: click.echo(report.format_search_header(*a), file=out),
                   on_search_event=lambda e: click.echo(report.format_event(e), file=out))

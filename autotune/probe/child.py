@@ -251,8 +251,15 @@ def _time_window(probe: _Probe, report: Callable[[str], None]) -> None:
     report("timing")
     step_times: list[float] = []
     window_start = time.perf_counter()
-    while len(step_times) < settings.measure_steps or (
-            time.perf_counter() - window_start < settings.measure_seconds and len(step_times) < MAX_MEASURE_STEPS):
+
+    def wants_more() -> bool:
+        return len(step_times) < settings.measure_steps or (
+            time.perf_counter() - window_start < settings.measure_seconds and len(step_times) < MAX_MEASURE_STEPS)
+
+    # Ranks step together: each would judge the window by its own clock, and one that stopped
+    # while another took a step more would leave it waiting in that step's collectives.
+    go_on = distributed.all_agree if config.gpus > 1 else (lambda wanted, device: wanted)
+    while go_on(wants_more(), probe.device):
         step_started = time.perf_counter()
         probe.losses.append(step())
         _synchronize(probe.device)

@@ -51,6 +51,15 @@ def join_process_group(rank: Rank, device: torch.device) -> None:
                             timeout=COLLECTIVE_TIMEOUT, device_id=device if cuda else None)
 
 
+def all_agree(wanted: bool, device: torch.device) -> bool:
+    """True when any rank wants it (one small all-reduce): the ranks decide together."""
+    import torch.distributed as dist
+
+    flag = torch.tensor([1 if wanted else 0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
 def leave_process_group() -> None:
     import torch.distributed as dist
 

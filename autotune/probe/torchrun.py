@@ -147,9 +147,12 @@ def _gather(request: ProbeRequest, run_dir: str, ranks: int, returncode: int, st
         return _failed(request, ProbeStatus.CRASHED, f"torchrun ended (exit code {returncode}) with no rank's result: "
                        f"{_log_tail(run_dir)}", started)
     reported = next((result for status in _CAUSES for result in known if result.status == status), known[0])
-    if reported.status == ProbeStatus.OK and len(known) < ranks:
-        reported = replace(reported, status=ProbeStatus.CRASHED, error=f"{ranks - len(known)} of {ranks} ranks died "
-                           f"without a result (torchrun's exit code {returncode}): {_log_tail(run_dir)}")
+    if reported.status not in _CAUSES[:-1] and len(known) < ranks:
+        # A rank died without a word (a signal, the host's OOM killer): the others' failing
+        # collectives are its consequence; what it printed is the cause.
+        dead = [rank for rank, result in enumerate(results) if result is None]
+        reported = replace(reported, status=ProbeStatus.CRASHED, error=f"rank {dead[0]} of {ranks} died without a "
+                           f"result (torchrun's exit code {returncode}): {_log_tail(run_dir)}")
     merged = replace(reported)
     peaks = [{"allocated": r.peak_allocated_bytes, "reserved": r.peak_reserved_bytes} if r is not None else None
              for r in results]
@@ -163,8 +166,8 @@ def _gather(request: ProbeRequest, run_dir: str, ranks: int, returncode: int, st
         assert slowest.step_seconds
         merged.tokens_per_s = request.config.tokens_per_step / slowest.step_seconds
         merged.samples_per_s = request.config.effective_batch / slowest.step_seconds
-    else:
-        merged.error = f"rank {results.index(reported)} of {ranks}: {reported.error}"
+    elif (which := next((rank for rank, r in enumerate(results) if r is reported), None)) is not None:
+        merged.error = f"rank {which} of {ranks}: {reported.error}"
     merged.wall_seconds = time.perf_counter() - started
     return merged
 

@@ -30,16 +30,17 @@ if TYPE_CHECKING:
     from autotune.store import Store, StudyRecord
 
 
-def default_study_name(spec: ModelSpec, budget_bytes: int) -> str:
-    """'gpt2-8GiB', 'gpt2-2.3GiB', 'tiny-24MiB': the model's last path part and the budget, so that
-    the same command resumes the same study."""
+def default_study_name(spec: ModelSpec, budget_bytes: int, gpus: int = 1) -> str:
+    """'gpt2-8GiB', 'gpt2-2.3GiB', 'tiny-24MiB', 'gpt2-80GiB-x8': the model's last path part, the
+    budget and the ranks beyond one, so that the same command resumes the same study."""
     # A study name is kept to characters safe in paths and on command lines (check_study_name):
     # anything else in a directory's name becomes '_'.
     model = re.sub(r"[^A-Za-z0-9._:@+-]", "_", spec.reference.rstrip("/").split("/")[-1]).lstrip("-.") or "model"
+    ranks = f"-x{gpus}" if gpus > 1 else ""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if budget_bytes >= scale:
-            return f"{model}-{budget_bytes / scale:.4g}{unit}"
-    return f"{model}-{budget_bytes}B"
+            return f"{model}-{budget_bytes / scale:.4g}{unit}{ranks}"
+    return f"{model}-{budget_bytes}B{ranks}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +64,7 @@ class SearchRequest:
         """A request over `space`, its deadline `options.timeout` from now; BadInput when no
         candidate keeps the effective batch exact."""
         options = options or SearchOptions()
-        name = options.study if options.study is not None else default_study_name(spec, budget.total_bytes)
+        name = options.study if options.study is not None else default_study_name(spec, budget.total_bytes, space.gpus)
         return cls(name, spec, space, budget, options, settings or ProbeSettings(), tuple(space.candidates()),
                    Deadline.after(options.timeout))
 

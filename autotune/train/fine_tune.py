@@ -47,6 +47,7 @@ def train(
     num_labels: int | None = None,
     peft: str | None = None,
     evaluation: dict[str, Any] | None = None,
+    gpus: int | None = None,
     db: str | None = None,
     echo: Callable[[str], None] = print,
     on_search_start: Callable | None = None,
@@ -65,7 +66,7 @@ def train(
     """
     flags: dict[str, Any] = {"task": task, "target_length": target_length, "num_labels": num_labels, "peft": peft,
                              "evaluation": evaluation}
-    plan = _plan_run(options, study, model, gpu_budget, flags, db)
+    plan = _plan_run(options, study, model, gpu_budget, flags, db, gpus)
     data, tokenizer = _load_data(plan, options, echo)
     winner = _find_winner(plan, data, options, db, echo, on_search_start, on_search_event)
     if winner.row.config.gpus > 1:
@@ -128,20 +129,29 @@ class _Choice:
 
 
 def _plan_run(options: TrainOptions, study: str | None, model: str | None, gpu_budget: int | None,
-              flags: dict[str, Any], db: str | None) -> RunPlan:
-    """What to train and where, checked before anything slow runs, so that a mistake costs nothing."""
+              flags: dict[str, Any], db: str | None, gpus: int | None = None) -> RunPlan:
+    """What to train and where, checked before anything slow runs, so that a mistake costs nothing.
+    `gpus`: the ranks asked for (--gpus): a study's winner must have been probed on as many, and a
+    search runs on as many."""
     from autotune.models import resolve_model
 
     _check_request(study, model, gpu_budget)
+    if gpus is not None and gpus < 1:
+        raise BadInput(f"--gpus must be a whole number of at least 1 (got {gpus}).")
     if asks_evaluation(flags.get("evaluation")) and options.eval_split is None:
         raise BadInput("the evaluation flags (--eval-batch, --generate, ...) describe the run's evaluation, and it has "
                        "no data to evaluate on: give --eval-split (a split name, a file, or a share such as 5%), or "
                        "leave them out.")
     spec = resolve_model(model) if model is not None else None
     if spec is not None and gpu_budget is not None:
-        choice = _choose_for_budget(spec, gpu_budget, study, flags, db)
+        choice = _choose_for_budget(spec, gpu_budget, study, flags, db, gpus or 1)
     else:
         choice = _choose_study(study, model, flags, db)
+    if gpus is not None and choice.winner is not None and choice.winner.row.config.gpus != gpus:
+        probed = choice.winner.row.config.gpus
+        raise BadInput(f"--gpus {gpus} contradicts study {choice.name!r}, whose winner was probed on {probed} "
+                       f"GPU{'s' if probed != 1 else ''}; leave --gpus out to train it on {probed}, or search on {gpus} "
+                       f"under a new --study name.")
     trains = Task(choice.recipe.task)
     _check_merge(options, choice.recipe, choice.name)
     output_dir = Path(options.output_dir).expanduser() if options.output_dir else default_output_dir(choice.name)
@@ -161,7 +171,7 @@ def _check_request(study: str | None, model: str | None, gpu_budget: int | None)
 
 
 def _choose_for_budget(spec: ModelSpec, gpu_budget: int, study: str | None, flags: dict[str, Any],
-                       db: str | None) -> _Choice:
+                       db: str | None, gpus: int = 1) -> _Choice:
     """A finished study of this model and budget, else the search to run: read only, because a refused
     command must leave the database as it was (the search creates or upgrades it)."""
     from autotune.search import default_study_name
@@ -169,7 +179,7 @@ def _choose_for_budget(spec: ModelSpec, gpu_budget: int, study: str | None, flag
     from autotune.store.engine import sqlite_path
 
     # The study may be created by the search: its name is checked before anything runs.
-    name = check_study_name(study) if study is not None else default_study_name(spec, gpu_budget)
+    name = check_study_name(study) if study is not None else default_study_name(spec, gpu_budget, gpus)
     existing, winner = None, None
     path = sqlite_path(resolve_url(db))
     if path is None or path.exists():  # no database yet: nothing settled, the search makes it
@@ -177,6 +187,8 @@ def _choose_for_budget(spec: ModelSpec, gpu_budget: int, study: str | None, flag
             existing = matching_study(store, name, spec, gpu_budget)
             winner = settled_winner(store, name, spec, gpu_budget)
     recipe, search_fixed_recipe = planned_fixed_recipe(spec, name, existing, flags)
+    if gpus > 1 and existing is None:
+        search_fixed_recipe = {**search_fixed_recipe, "gpus": gpus}  # (the ranks: searched on as many)
     return _Choice(spec, name, recipe, winner, search_fixed_recipe)
 
 

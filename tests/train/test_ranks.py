@@ -42,7 +42,7 @@ def ranked(tmp_path_factory):
 
 def test_a_search_over_strategies_finishes_with_a_pick(ranked):
     outcome = ranked["outcome"]
-    assert outcome.study.status == "finished"
+    assert outcome.study.status == "finished", (outcome.stop_reason, [(c.label(), r.status, r.error) for c, r in outcome.unmeasured])
     best = outcome.best.config
     assert (best.gpus, best.micro_batch, best.grad_accum) == (2, 2, 1)  # 2 ranks x 2 sequences = the effective batch 4
     assert best.strategy in ("ddp", "fsdp")
@@ -96,3 +96,11 @@ def test_an_fsdp_winner_on_cpu_is_refused_before_anything_runs(ranked, tmp_path,
         train(TrainOptions(dataset=str(ranked["corpus"]), output_dir=str(tmp_path / "run"), max_steps=2, device="cpu"),
               study="fsdp", db=db, echo=lambda line: None)
     assert not (tmp_path / "run").exists()
+
+
+def test_gpus_given_with_a_study_must_repeat_its_winners(ranked, tmp_path):
+    from autotune.train import TrainOptions, train
+
+    with pytest.raises(BadInput, match="--gpus 4 contradicts study 'two-ranks', whose winner was probed on 2 GPUs"):
+        train(TrainOptions(dataset=str(ranked["corpus"]), output_dir=str(tmp_path / "run"), max_steps=2, device="cpu"),
+              study="two-ranks", gpus=4, db=ranked["db"], echo=lambda line: None)
