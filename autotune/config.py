@@ -27,7 +27,7 @@ KEY_VERSION = "p1"
 # at the value that means what a p1 config meant, so that the keys (and stored probes) of causal-LM
 # configs stay valid.
 _LATER_FIELDS = {**FIXED_RECIPE, "weights": recipes.DEFAULT_WEIGHTS, "compile": False,
-                 "allocator": speed.DEFAULT_ALLOCATOR, "liger": False, "gpus": 1, "strategy": None}
+                 "allocator": speed.DEFAULT_ALLOCATOR, "liger": False, "gpus": 1, "strategy": None, "nodes": 1}
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +68,14 @@ class ProbeConfig:
     generation_max_length: int | None = None  # seq2seq: predict_with_generate up to this many tokens
     generation_num_beams: int = 1
     # Ranks (one GPU each) sharing the run, and how they share it (autotune.sharding): a free lever.
-    gpus: int = 1
+    gpus: int = 1                            # ranks on each node
     strategy: str | None = None              # ddp, fsdp, ...; None on one GPU
+    nodes: int = 1                           # machines of `gpus` ranks each (torchrun's rendezvous)
 
     def __post_init__(self) -> None:
         if isinstance(self.optimizer, str):  # (TrainingArguments' names for the same optimizers)
             object.__setattr__(self, "optimizer", recipes.canonical_optimizer(self.optimizer))
-        if self.strategy is None and isinstance(self.gpus, int) and self.gpus > 1:
+        if self.strategy is None and isinstance(self.gpus, int) and isinstance(self.nodes, int) and self.gpus * self.nodes > 1:
             object.__setattr__(self, "strategy", sharding.DEFAULT_STRATEGY)
         problems = []
         if not self.model:
@@ -105,8 +106,8 @@ class ProbeConfig:
                 recipes.PeftSpec.from_text(self.peft)
             except (ValueError, KeyError) as exc:
                 problems.append(f"--peft {self.peft!r} cannot be read ({exc})")
-        problems += sharding.strategy_problems(self.gpus, self.strategy)
-        if self.gpus > 1 and self.peft is not None:
+        problems += sharding.strategy_problems(self.gpus, self.strategy, self.nodes)
+        if self.ranks > 1 and self.peft is not None:
             problems.append("--peft with --gpus 2 or more is not supported yet: LoRA and QLoRA runs are probed on one GPU")
         problems += self._task_problems()
         if self.task in TASKS:
@@ -131,7 +132,12 @@ class ProbeConfig:
     @property
     def effective_batch(self) -> int:
         """Sequences per optimizer step, over all ranks."""
-        return self.micro_batch * self.grad_accum * self.gpus
+        return self.micro_batch * self.grad_accum * self.ranks
+
+    @property
+    def ranks(self) -> int:
+        """Processes (one GPU each) the run has in all: the world size."""
+        return self.gpus * self.nodes
 
     @property
     def tokens_per_sequence(self) -> int:
@@ -182,7 +188,7 @@ class ProbeConfig:
             label += f" {self.allocator}"
         if self.liger:
             label += " liger"
-        label += sharding.label(self.gpus, self.strategy)
+        label += sharding.label(self.gpus, self.strategy, self.nodes)
         return label + evaluation.label(self)
 
 

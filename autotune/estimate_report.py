@@ -37,7 +37,7 @@ def render_estimate(estimate: MemoryEstimate, budget: Budget | None = None) -> s
     lines = [f"{e.config.model}  {e.config.label()}  ({where})", f"  task: {describe_task(e.config)}"]
     if e.per_rank:
         ranks = ", ".join(f"rank {rank}: {format_size(peaks['allocated'])}" for rank, peaks in e.rank_peaks.items())
-        lines.append(f"  per rank: one of {e.config.gpus} ranks ({e.config.strategy}), the largest; each rank needs "
+        lines.append(f"  per rank: one of {e.config.ranks} ranks ({e.config.strategy}), the largest; each rank needs "
                      f"this on its own GPU" + (f" ({ranks})" if len(e.rank_peaks) > 1 else ""))
     lines.append("")
     lines.append(row("parameters", e.params))

@@ -51,7 +51,7 @@ def format_probe_result(config: ProbeConfig, result: ProbeResult) -> str:
     if result.rank_peaks:
         each = ", ".join(f"{rank}: {format_size(peaks['reserved'])}" if peaks else f"{rank}: -"
                          for rank, peaks in enumerate(result.rank_peaks))
-        lines.append(f"ranks   {config.gpus} x {config.strategy}, peak reserved per rank {each} (the budget is each card's)")
+        lines.append(f"ranks   {config.ranks} x {config.strategy}, peak reserved per rank {each} (the budget is each card's)")
     if result.tokens_per_s is not None:
         mfu = f", MFU {100 * result.mfu:.1f}%" if result.mfu is not None else ""
         lines.append(f"speed   {result.tokens_per_s:,.0f} tokens/s, {result.samples_per_s:.2f} samples/s, "

@@ -42,18 +42,21 @@ def offloads(strategy: str | None) -> bool:
     return strategy == "fsdp-offload"
 
 
-def strategy_problems(gpus: int, strategy: str | None) -> list[str]:
-    """What is wrong with this pair, as one-line problems (empty: fine)."""
+def strategy_problems(gpus: int, strategy: str | None, nodes: int = 1) -> list[str]:
+    """What is wrong with these ranks and strategy, as one-line problems (empty: fine)."""
     problems = []
-    if not isinstance(gpus, int) or isinstance(gpus, bool) or gpus < 1:
-        problems.append(f"--gpus must be a whole number of at least 1 (got {gpus!r})")
-    elif gpus == 1 and strategy is not None:
+    for flag, value in (("--gpus", gpus), ("--nodes", nodes)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            problems.append(f"{flag} must be a whole number of at least 1 (got {value!r})")
+    if not problems and gpus * nodes == 1 and strategy is not None:
         problems.append(f"--strategy {strategy} shares a run across ranks: give --gpus 2 or more, or leave it out")
     if strategy is not None and strategy not in STRATEGIES:
         problems.append(f"--strategy {strategy!r} is unknown; choose from {', '.join(STRATEGIES)}")
     return problems
 
 
-def label(gpus: int, strategy: str | None) -> str:
-    """' 2xfsdp' for a run on several ranks, '' for one."""
-    return f" {gpus}x{strategy}" if gpus > 1 else ""
+def label(gpus: int, strategy: str | None, nodes: int = 1) -> str:
+    """' 2xfsdp' for a run on several ranks, ' 2x4xfsdp' on 2 nodes of 4, '' for one."""
+    if gpus * nodes == 1:
+        return ""
+    return f" {nodes}x{gpus}x{strategy}" if nodes > 1 else f" {gpus}x{strategy}"

@@ -48,18 +48,22 @@ class SearchSpace:
     allocators: tuple[str, ...] = (speed.DEFAULT_ALLOCATOR,)
     ligers: tuple[bool, ...] = (False,)
     # Ranks (one GPU each) and how they may share the run (autotune.sharding): a free lever, searched.
-    gpus: int = 1
+    gpus: int = 1                      # on each node
     strategies: tuple[str, ...] = ()   # () on one GPU
+    nodes: int = 1
 
     def __post_init__(self) -> None:
         problems = []
-        if not isinstance(self.gpus, int) or isinstance(self.gpus, bool) or self.gpus < 1:
-            problems.append(f"--gpus must be a whole number of at least 1 (got {self.gpus!r})")
-        elif self.gpus == 1 and self.strategies:
+        for flag, count in (("--gpus", self.gpus), ("--nodes", self.nodes)):
+            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+                problems.append(f"{flag} must be a whole number of at least 1 (got {count!r})")
+        if problems:
+            pass
+        elif self.ranks == 1 and self.strategies:
             problems.append("--strategies share a run across ranks: give --gpus 2 or more, or leave them out")
-        elif self.gpus > 1 and not self.strategies:
+        elif self.ranks > 1 and not self.strategies:
             problems.append("--strategies needs at least one value")
-        elif self.gpus > 1 and self.peft is not None:
+        elif self.ranks > 1 and self.peft is not None:
             problems.append("--peft with --gpus 2 or more is not supported yet: LoRA and QLoRA runs are searched on one GPU")
         for value in self.strategies:
             if value not in sharding.STRATEGIES:
@@ -108,7 +112,7 @@ class SearchSpace:
     def build(cls, spec: ModelSpec, *, micro_batches=None, block_sizes=None, precisions=None, checkpointing=None,
               attentions=None, effective_batch=None, effective_tokens=None, task=None, target_length=None,
               num_labels=None, optimizers=None, weights=None, peft=None, compiles=None, allocators=None,
-              ligers=None, evaluation: dict | None = None, gpus: int = 1, strategies=None) -> "SearchSpace":
+              ligers=None, evaluation: dict | None = None, gpus: int = 1, strategies=None, nodes: int = 1) -> "SearchSpace":
         # `evaluation`: what the command line asked of the run's evaluation (evaluation.recipe_fields).
         """A space for `spec` with documented defaults for whatever is not given, checked against
         the model (block sizes within its maximum positions; the task from its architectures)."""
@@ -125,10 +129,10 @@ class SearchSpace:
         micro_batches = tuple(micro_batches) if micro_batches is not None else defaults.MICRO_BATCHES
         if effective_batch is not None and micro_batches == defaults.MICRO_BATCHES:
             # (each of the ranks takes a micro-batch: the effective batch is micro-batch x accumulation x ranks)
-            per_rank = max(1, effective_batch // max(1, gpus))
+            per_rank = max(1, effective_batch // max(1, gpus * nodes))
             micro_batches = tuple(m for m in micro_batches if m <= per_rank) or (per_rank,)
         if strategies is None:
-            strategies = sharding.STRATEGIES if gpus > 1 else ()
+            strategies = sharding.STRATEGIES if gpus * nodes > 1 else ()
         return cls(
             model=spec.reference,
             micro_batches=tuple(sorted(set(micro_batches))),
@@ -145,6 +149,7 @@ class SearchSpace:
             allocators=tuple(dict.fromkeys(allocators or (speed.DEFAULT_ALLOCATOR,))),
             ligers=tuple(dict.fromkeys(ligers or (False,))),
             gpus=gpus,
+            nodes=nodes,
             strategies=tuple(dict.fromkeys(strategies)),
             **recipe,
             **recipe_fields(evaluation, recipe.get("target_length")),
@@ -160,10 +165,10 @@ class SearchSpace:
         """Accumulation that keeps the work per optimizer step fixed (every rank taking a micro-batch
         per micro-step); None when it cannot."""
         if self.effective_tokens is not None:
-            per_micro = micro_batch * block_size * self.gpus
+            per_micro = micro_batch * block_size * self.ranks
             return self.effective_tokens // per_micro if self.effective_tokens % per_micro == 0 else None
         assert self.effective_batch is not None
-        per_micro = micro_batch * self.gpus
+        per_micro = micro_batch * self.ranks
         return self.effective_batch // per_micro if self.effective_batch % per_micro == 0 else None
 
     def candidates(self) -> list[ProbeConfig]:
@@ -184,10 +189,10 @@ class SearchSpace:
                                            optimizer=optimizer, weights=weights, task=self.task,
                                            target_length=self.target_length, num_labels=self.num_labels, peft=self.peft,
                                            compile=compiled, allocator=allocator, liger=liger, gpus=self.gpus,
-                                           strategy=strategy, **self.evaluation))
+                                           strategy=strategy, nodes=self.nodes, **self.evaluation))
         if not out:
             work = f"{self.effective_batch} sequences" if self.effective_batch else f"{self.effective_tokens} tokens"
-            ranks = f" x {self.gpus} ranks" if self.gpus > 1 else ""
+            ranks = f" x {self.ranks} ranks" if self.ranks > 1 else ""
             raise BadInput(f"no micro-batch in --micro-batches{ranks} divides the effective batch ({work}) exactly; "
                            f"use micro-batches that divide it, or change --effective-batch/--effective-tokens.")
         return out
@@ -216,9 +221,16 @@ class SearchSpace:
         for name, plain in (("compiles", (False,)), ("allocators", (speed.DEFAULT_ALLOCATOR,)), ("ligers", (False,))):
             if getattr(self, name) != plain:
                 data[name] = list(getattr(self, name))
-        if self.gpus > 1:
+        if self.ranks > 1:
             data.update(gpus=self.gpus, strategies=list(self.strategies))
+        if self.nodes > 1:
+            data.update(nodes=self.nodes)
         return data
+
+    @property
+    def ranks(self) -> int:
+        """Processes (one GPU each) each candidate runs on, in all."""
+        return self.gpus * self.nodes
 
     @property
     def fixed_recipe(self) -> dict:
@@ -269,7 +281,7 @@ def dominates_in_memory(small: ProbeConfig, large: ProbeConfig) -> bool:
     if small.grad_accum > 1 and large.grad_accum == 1:
         return False
     same = ("precision", "checkpointing", "attention", "optimizer", "weights", "compile", "allocator", "liger", "gpus",
-            "strategy")
+            "strategy", "nodes")
     return all(getattr(small, name) == getattr(large, name) for name in same) \
         and large.micro_batch >= small.micro_batch and large.block_size >= small.block_size
 
@@ -280,14 +292,14 @@ def single_config(spec: ModelSpec, *, micro_batch: int, block_size: int, grad_ac
                   optimizer: str = recipes.DEFAULT_OPTIMIZER, weights: str = recipes.DEFAULT_WEIGHTS,
                   peft: str | None = None, compile: bool = False, allocator: str = speed.DEFAULT_ALLOCATOR,
                   liger: bool = False, evaluation: dict | None = None, gpus: int = 1,
-                  strategy: str | None = None) -> ProbeConfig:
+                  strategy: str | None = None, nodes: int = 1) -> ProbeConfig:
     """One configuration of `spec`, as `autotune probe` and `autotune estimate` are given it: the
     task told from the model's architectures when not given, with its defaults."""
     recipe = spec.task_fields(task=task, target_length=target_length, num_labels=num_labels)
     return ProbeConfig(model=spec.reference, micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum,
                        precision=precision, checkpointing=checkpointing, attention=attention, optimizer=optimizer,
                        weights=weights, peft=peft, compile=compile, allocator=allocator, liger=liger, gpus=gpus,
-                       strategy=strategy, **recipe, **recipe_fields(evaluation, recipe.get("target_length")))
+                       strategy=strategy, nodes=nodes, **recipe, **recipe_fields(evaluation, recipe.get("target_length")))
 
 
 def _precision_order(device_type: str) -> dict[str, int]:

@@ -136,7 +136,7 @@ def test_a_causal_lm_config_keeps_the_key_it_had_before_tasks():
     config = ProbeConfig("gpt2", 8, 512, grad_accum=4, precision="bf16")
     later = ("task", "target_length", "num_labels", "weights", "peft", "compile", "allocator", "liger",
              "eval_batch", "auto_eval_batch", "eval_logits", "eval_accumulation_steps", "generation_max_length",
-             "generation_num_beams", "gpus", "strategy")
+             "generation_num_beams", "gpus", "strategy", "nodes")
     before = {k: v for k, v in config.to_dict().items() if k not in later}
     canonical = json.dumps(before, sort_keys=True, separators=(",", ":"))
     assert config.key() == "p1-" + hashlib.sha256(canonical.encode()).hexdigest()[:20]
@@ -146,7 +146,8 @@ def test_a_causal_lm_config_keeps_the_key_it_had_before_tasks():
     assert len({config.key(), replace(config, compile=True).key(), replace(config, allocator="expandable").key(),
                 replace(config, liger=True).key(), replace(config, precision="tf32").key()}) == 5
     # So is a run on several ranks, and each way of sharing it.
-    assert len({config.key(), replace(config, gpus=2).key(), replace(config, gpus=2, strategy="fsdp").key()}) == 3
+    assert len({config.key(), replace(config, gpus=2).key(), replace(config, gpus=2, strategy="fsdp").key(),
+                replace(config, gpus=2, nodes=2).key()}) == 4
     # So is an evaluation: another run, another key.
     assert len({config.key(), replace(config, eval_batch=8).key(),
                 replace(config, eval_batch=8, eval_logits="kept", eval_accumulation_steps=1).key()}) == 3

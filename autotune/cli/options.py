@@ -7,8 +7,10 @@ import click
 from autotune import defaults
 from autotune.cli.app import ALLOCATOR_HELP, DB_HELP, DEVICE_HELP, LIGER_HELP, OPTIMIZER_HELP, WEIGHTS_HELP
 
-GPUS_HELP = ("Ranks (one GPU each, or one CPU process each on --device cpu) that share the run, started by "
-             "torchrun; each holds --micro-batch sequences per micro-step, the budget is each card's.")
+GPUS_HELP = ("Ranks on each node (one GPU each, or one CPU process each on --device cpu) that share the run, "
+             "started by torchrun; each holds --micro-batch sequences per micro-step, the budget is each card's.")
+NODES_HELP = ("Machines of --gpus ranks each (torchrun's rendezvous at --rendezvous; the others run `autotune node`): "
+              "the run has gpus x nodes ranks.")
 STRATEGY_HELP = ("How --gpus 2 or more share the run: ddp (a whole copy per rank), fsdp (FSDP2, everything sharded), "
                  "fsdp-grad-op (parameters kept gathered from forward to backward), fsdp-offload (sharded state on "
                  "the host) [default: ddp].")
@@ -31,6 +33,7 @@ def config_options(func):
         click.option("--liger/--no-liger", default=False, show_default=True, help=LIGER_HELP),
         click.option("--gpus", type=int, default=1, show_default=True, help=GPUS_HELP),
         click.option("--strategy", default=None, help=STRATEGY_HELP),
+        click.option("--nodes", type=int, default=1, show_default=True, help=NODES_HELP),
     ]
     for option in reversed(options):
         func = option(func)
@@ -98,7 +101,7 @@ def _eval_batch(text: str | None) -> int | str | None:
 
 def make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task, target_length,
                 num_labels, optimizer=defaults.OPTIMIZER, weights="fp32", peft=None, compile_=False, allocator="default",
-                liger=False, evaluation=None, gpus=1, strategy=None):
+                liger=False, evaluation=None, gpus=1, strategy=None, nodes=1):
     from autotune.config import ProbeConfig
     from autotune.models import resolve_model
     from autotune.space import single_config
@@ -107,7 +110,7 @@ def make_config(model, micro_batch, block_size, grad_accum, precision, checkpoin
     levers = dict(micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum, precision=precision.lower(),
                   checkpointing=checkpointing, attention=attention.lower(), optimizer=optimizer.strip().lower(),
                   weights=weights.strip().lower(), peft=peft, compile=compile_, allocator=allocator.strip().lower(),
-                  liger=liger, gpus=gpus, strategy=strategy.strip().lower() if strategy else None)
+                  liger=liger, gpus=gpus, strategy=strategy.strip().lower() if strategy else None, nodes=nodes)
     ProbeConfig(model=model, **levers)
     spec = resolve_model(model)
     config = single_config(spec, task=task, target_length=target_length, num_labels=num_labels, evaluation=evaluation,
@@ -142,6 +145,9 @@ def probe_settings_options(func):
         click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run."),
         click.option("--max-compile-seconds", type=float, default=None,
                      help="--compile: skip a config whose compilation takes longer than this [default: no bound]."),
+        click.option("--rendezvous", default=None, metavar="HOST:PORT",
+                     help="With --nodes 2 or more: this node's address and a free port, where torchrun's ranks meet; "
+                          "start `autotune node --rendezvous HOST:PORT` on each other node."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -149,14 +155,14 @@ def probe_settings_options(func):
 
 
 def make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
-                  max_compile_seconds=None):
+                  max_compile_seconds=None, rendezvous=None):
     from autotune.probe import ProbeSettings
     from autotune.units import parse_duration, parse_margin
 
     return ProbeSettings(device=device, margin=parse_margin(safety_margin), warmup_steps=warmup_steps,
                          measure_steps=measure_steps, measure_seconds=measure_seconds,
                          timeout=parse_duration(probe_timeout, flag="--probe-timeout"), trust_remote_code=trust_remote_code,
-                         max_compile_seconds=max_compile_seconds)
+                         max_compile_seconds=max_compile_seconds, rendezvous=rendezvous)
 
 
 
@@ -190,6 +196,7 @@ def space_options(func):
                      help="CUDA allocator settings to try: default, expandable (expandable_segments:True), or both."),
         click.option("--liger", default="off", show_default=True, help="Liger's kernels (CUDA, liger-kernel): off, on or off,on."),
         click.option("--gpus", type=int, default=1, show_default=True, help=GPUS_HELP),
+        click.option("--nodes", type=int, default=1, show_default=True, help=NODES_HELP),
         click.option("--strategies", default=None,
                      help="With --gpus 2 or more: how the ranks may share the run, among ddp, fsdp, fsdp-grad-op and "
                           "fsdp-offload (they keep the math: searched) [default: all four]."),
@@ -211,7 +218,7 @@ def space_arguments(*, micro_batches, block_sizes, precisions, checkpointing_, a
                     compile_, allocators, liger, effective_batch, effective_tokens, task, target_length, num_labels,
                     peft, lora_rank, lora_alpha, lora_dropout, lora_targets, eval_batch=None, eval_logits=None,
                     eval_accumulation_steps=None, generate=False, generation_max_length=None, num_beams=None, gpus=1,
-                    strategies=None) -> dict:
+                    strategies=None, nodes=1) -> dict:
     """space_options' flags, parsed, as SearchSpace.build's keyword arguments."""
     from autotune.config import ATTENTIONS, OPTIMIZERS, PRECISIONS
     from autotune.recipes import OPTIMIZER_ALIASES, WEIGHTS, peft_text
@@ -240,5 +247,6 @@ def space_arguments(*, micro_batches, block_sizes, precisions, checkpointing_, a
         evaluation=evaluation_asked(eval_batch, eval_logits, eval_accumulation_steps, generate, generation_max_length,
                                     num_beams),
         gpus=gpus,
+        nodes=nodes,
         strategies=parse_choice_list(strategies, flag="--strategies", allowed=STRATEGIES) if strategies is not None else None,
     )

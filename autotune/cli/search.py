@@ -47,7 +47,7 @@ from autotune.status import StopReason
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object (progress goes to stderr).")
 def search(model, gpu_budget, strategy, max_trials, timeout, patience, study, fresh, predict, confirm, predict_margin,
            device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
-           max_compile_seconds, workers, oversubscribe, heartbeat, db, as_json, **space_flags):
+           max_compile_seconds, rendezvous, workers, oversubscribe, heartbeat, db, as_json, **space_flags):
     """Find the fastest configuration that fits the budget, by probing."""
     from autotune import report
     from autotune.live import LiveLine
@@ -58,7 +58,7 @@ def search(model, gpu_budget, strategy, max_trials, timeout, patience, study, fr
     budget = parse_budget(gpu_budget)
     space_args = space_arguments(**space_flags)
     settings = make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
-                             max_compile_seconds)
+                             max_compile_seconds, rendezvous)
     options = SearchOptions(study=study, strategy=strategy, max_trials=max_trials, patience=patience, fresh=fresh,
                             predict=predict, predict_margin=predict_margin, heartbeat_seconds=heartbeat, confirm=confirm,
                             timeout=parse_duration(timeout) if timeout else None)

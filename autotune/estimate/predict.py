@@ -69,8 +69,8 @@ def approximations(config: ProbeConfig, device_type: str, stack: Stack | None = 
                      f"less: reserved is an upper bound)")
     if config.attention in _TRACED_AS_SDPA:
         notes.append(f"{config.attention} approximated by SDPA's CUDA kernels (both keep no S x S matrix)")
-    if config.gpus > 1:
-        notes.append(f"one rank of {config.gpus} ({config.strategy}): the largest rank's memory, traced in a fake "
+    if config.ranks > 1:
+        notes.append(f"one rank of {config.ranks} ({config.strategy}): the largest rank's memory, traced in a fake "
                      f"process group; collectives' buffers inside the communication library are not seen")
     if device_type == "cuda" and sharding.offloads(config.strategy):
         notes.append("fsdp-offload: parameters, gradients and optimizer state are on the host and not counted; the "

@@ -89,4 +89,4 @@ def ranks_differ(model, config: ProbeConfig) -> bool:
     """Whether FSDP2 shards some parameter unevenly among the ranks (the last ranks' shards smaller)."""
     if not sharding.is_fsdp(config.strategy):
         return False
-    return any(p.dim() > 0 and p.shape[0] % config.gpus for p in model.parameters())
+    return any(p.dim() > 0 and p.shape[0] % config.ranks for p in model.parameters())

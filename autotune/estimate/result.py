@@ -56,13 +56,13 @@ class MemoryEstimate:
     notes: tuple[str, ...] = field(default_factory=tuple)
     phase_peaks: dict[str, dict[str, int]] = field(default_factory=dict, hash=False)
     unestimated_phases: dict[str, str] = field(default_factory=dict, hash=False)
-    # On several GPUs (config.gpus > 1) every figure above is one rank's, the largest's; each rank
+    # On several GPUs (config.ranks > 1) every figure above is one rank's, the largest's; each rank
     # traced by number -> {"allocated", "reserved"} (ranks not traced hold what one of these holds).
     rank_peaks: dict[str, dict[str, int]] = field(default_factory=dict, hash=False)
 
     @property
     def per_rank(self) -> bool:
-        return self.config.gpus > 1
+        return self.config.ranks > 1
 
     @property
     def breakdown(self) -> dict[str, int]:
@@ -113,7 +113,7 @@ class MemoryEstimate:
             "required_bytes": self.required_bytes,
             "peak_phase": self.peak_phase,
             "phase_peaks": {phase: dict(peaks) for phase, peaks in self.phase_peaks.items()},
-            "gpus": self.config.gpus,
+            "gpus": self.config.gpus, "nodes": self.config.nodes,
             "strategy": self.config.strategy,
             "per_rank": self.per_rank,
             "rank_peaks": {rank: dict(peaks) for rank, peaks in self.rank_peaks.items()},

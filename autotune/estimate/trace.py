@@ -162,12 +162,12 @@ def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
         keep = install_cuda_autocast()
     _real_run_mask_rules()
     import_recipe_code(config)  # outside the ledger: those imports make tensors that live on
-    if config.gpus == 1:
+    if config.ranks == 1:
         traces = [_trace_rank(item, cuda, None)]
     else:
         traces = [_trace_rank(item, cuda, 0)]
         if traces[0].ranks_differ:
-            traces.append(_trace_rank(item, cuda, config.gpus - 1))
+            traces.append(_trace_rank(item, cuda, config.ranks - 1))
     largest = max(traces, key=lambda t: (t.replayed["reserved_bytes"], t.replayed["peak_bytes"]))
     done = time.perf_counter()
     result = TraceResult(
@@ -181,7 +181,7 @@ def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
         torch_version=torch.__version__,
         unestimated=largest.unestimated,
         rank_peaks={str(t.rank): {"allocated": t.replayed["peak_bytes"], "reserved": t.replayed["reserved_bytes"]}
-                    for t in traces if config.gpus > 1},
+                    for t in traces if config.ranks > 1},
     )
     del keep
     return result
@@ -212,7 +212,7 @@ def _trace_rank(item: TraceItem, cuda: bool, rank: int | None) -> _RankTrace:
     gc.collect()
     gc.disable()  # storages die when their last reference goes, as in the real step; no stray collections
     try:
-        with (ranks.fake_process_group(rank, config.gpus) if rank is not None else contextlib.nullcontext()), \
+        with (ranks.fake_process_group(rank, config.ranks) if rank is not None else contextlib.nullcontext()), \
                 _adapters_left_in_place(config.peft is not None), _bitsandbytes_maps_made_real(config), \
                 older_stacks.four_bit_inputs_kept(item.stack.keeps_4bit_inputs), \
                 FakeTensorMode(allow_non_fake_inputs=True), ledger, ledger.watching_resizes(), \

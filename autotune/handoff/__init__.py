@@ -371,7 +371,7 @@ class BestConfig:
             document["lora_config"] = self.lora_kwargs()
         if self.environment():
             document["environment"] = self.environment()
-        if self.config.gpus > 1:  # per_device_train_batch_size x accumulation x processes
+        if self.config.ranks > 1:  # per_device_train_batch_size x accumulation x processes
             document.update(effective_batch=self.config.effective_batch, launch={
                 launcher: self.launch_command(launcher=launcher) for launcher in ("accelerate", "torchrun")})
         if evaluation.generates(self.config):

@@ -88,15 +88,15 @@ def layer_classes(config: ProbeConfig) -> tuple[str, ...] | None:
 
 def accelerate_config(config: ProbeConfig, device_type: str = "cuda") -> dict:
     """The winner as accelerate's config file (ClusterConfig's fields), for `accelerate launch --config_file`."""
-    if config.gpus == 1:
+    if config.ranks == 1:
         distributed = "NO"
     else:
         distributed = "FSDP" if sharding.is_fsdp(config.strategy) else "MULTI_GPU"
     document: dict = {
         "compute_environment": "LOCAL_MACHINE", "debug": False, "distributed_type": distributed,
         "downcast_bf16": "no", "machine_rank": 0, "main_training_function": "main",
-        "mixed_precision": _MIXED_PRECISION.get(config.precision, "no"), "num_machines": 1,
-        "num_processes": config.gpus, "rdzv_backend": "static", "same_network": True, "use_cpu": device_type == "cpu",
+        "mixed_precision": _MIXED_PRECISION.get(config.precision, "no"), "num_machines": config.nodes,
+        "num_processes": config.ranks, "rdzv_backend": "static", "same_network": True, "use_cpu": device_type == "cpu",
     }
     if sharding.is_fsdp(config.strategy):
         strategy = config.strategy or ""
@@ -135,7 +135,7 @@ def accelerate_yaml(config: ProbeConfig, device_type: str = "cuda", study: str |
     lines = [f"# autotune: the winner of study {study!r}: {config.label().strip()}" if study else
              f"# autotune: {config.label().strip()}",
              f"# Launch: {launch_command(config, 'train.py', device_type=device_type)}",
-             f"# Effective batch: micro_batch {config.micro_batch} x grad_accum {config.grad_accum} x {config.gpus} "
+             f"# Effective batch: micro_batch {config.micro_batch} x grad_accum {config.grad_accum} x {config.ranks} "
              f"processes = {config.effective_batch} sequences per optimizer step.",
              f"# Per process: batch size {config.micro_batch}, gradient accumulation {config.grad_accum}: the script's "
              "(TrainingArguments' or Accelerator's), not this file's."]
@@ -162,17 +162,20 @@ def launch_command(config: ProbeConfig, script: str = "train.py", *, launcher: s
     which carry the FSDP settings themselves). On CPU, accelerate's ranks are told so by
     ACCELERATE_USE_CPU: its multi-process launcher does not pass the file's use_cpu on to them."""
     if launcher == "torchrun":
+        if config.nodes > 1:  # (run on every node, each with its --node-rank; the first node's address)
+            return (f"torchrun --nnodes {config.nodes} --node-rank NODE_RANK --nproc-per-node {config.gpus} "
+                    f"--master-addr FIRST_NODE --master-port 29500 {script}")
         return f"torchrun --nproc-per-node {config.gpus} {script}" if config.gpus > 1 else f"python {script}"
     if launcher != "accelerate":
         raise ValueError(f"unknown launcher {launcher!r}")
-    cpu = "ACCELERATE_USE_CPU=true " if device_type == "cpu" and config.gpus > 1 else ""
+    cpu = "ACCELERATE_USE_CPU=true " if device_type == "cpu" and config.ranks > 1 else ""
     return f"{cpu}accelerate launch --config_file {config_file} {script}"
 
 
 def trainer_kwargs(config: ProbeConfig) -> dict:
     """TrainingArguments' fields for a run on several GPUs (none for one): `fsdp` and `fsdp_config`
     (the keys transformers 5.24 reads, FSDP2) for an FSDP winner, `ddp_find_unused_parameters` for DDP."""
-    if config.gpus == 1:
+    if config.ranks == 1:
         return {}
     if not sharding.is_fsdp(config.strategy):
         return {"ddp_find_unused_parameters": False}
@@ -191,11 +194,12 @@ def trainer_kwargs(config: ProbeConfig) -> dict:
 
 def summary_lines(config: ProbeConfig, study: str, device_type: str = "cuda") -> list[str]:
     """What `print(autotune.best(...))` says of the ranks: how many, how they share, how to launch."""
-    if config.gpus == 1:
+    if config.ranks == 1:
         return []
+    nodes = f" on {config.nodes} nodes of {config.gpus}" if config.nodes > 1 else ""
     return [
-        f"  ranks:     {config.gpus} processes, one GPU each, {config.strategy}; effective batch = micro_batch "
-        f"{config.micro_batch} x grad_accum {config.grad_accum} x {config.gpus} = {config.effective_batch}",
+        f"  ranks:     {config.ranks} processes{nodes}, one GPU each, {config.strategy}; effective batch = micro_batch "
+        f"{config.micro_batch} x grad_accum {config.grad_accum} x {config.ranks} = {config.effective_batch}",
         f"  launch:    {launch_command(config, 'train.py', device_type=device_type)}   "
         f"# `autotune best --study {study} --format accelerate > {ACCELERATE_CONFIG_FILE}`",
         f"             or, for a Trainer script given best.training_arguments(...): "

@@ -87,10 +87,10 @@ def cli_caveats(best: BestConfig) -> list[str]:
         caveats.append(f"4-bit base: {script} cannot quantize; load the model with quantization_config="
                        f"`autotune.best(...).quantization_config()`, or train with `autotune train --study {best.row.study}`")
     caveats += later_phases.loss_only_caveat(c, best.eval_kwargs(), script)
-    if c.gpus > 1:  # the flags are per process; the processes and their sharing are the launcher's
-        caveats.append(f"{c.gpus} GPUs, {c.strategy}: start {script} with `{best.launch_command(script)}` (the file: "
+    if c.ranks > 1:  # the flags are per process; the processes and their sharing are the launcher's
+        caveats.append(f"{c.ranks} GPUs, {c.strategy}: start {script} with `{best.launch_command(script)}` (the file: "
                        f"`autotune best --study {best.row.study} --format accelerate > {ranks.ACCELERATE_CONFIG_FILE}`); "
-                       f"effective batch = {c.micro_batch} x {c.grad_accum} x {c.gpus} = {c.effective_batch}")
+                       f"effective batch = {c.micro_batch} x {c.grad_accum} x {c.ranks} = {c.effective_batch}")
     if environment := best.environment():  # read once, when CUDA starts: no flag can set it
         settings = " ".join(f"{name}={value}" for name, value in environment.items())
         caveats.append(f"allocator {c.allocator}: start {script} with {settings} in its environment "

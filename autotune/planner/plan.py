@@ -109,7 +109,7 @@ class Planned:
             "peak_allocated_bytes": None if self.estimate is None else self.estimate.peak_bytes,
             "peak_reserved_bytes": None if self.estimate is None else self.estimate.reserved_bytes,
             "need_bytes": self.need_bytes, "breakdown": self.breakdown(),
-            "gpus": self.config.gpus, "strategy": self.config.strategy, "per_rank": self.config.gpus > 1,
+            "gpus": self.config.gpus, "strategy": self.config.strategy, "nodes": self.config.nodes, "per_rank": self.config.ranks > 1,
             "tokens_per_s": self.tokens_per_s,
             "speed": None if self.speed is None else dataclasses.asdict(self.speed),
             "measured": self.measured,

@@ -30,11 +30,11 @@ def render_plan(plan: Plan, top: int | None = None) -> str:
     t = plan.target
     lines = [f"plan: {len(plan.planned)} candidates on {t.name}, budget {size_as_read(t.budget.total_bytes)} "
              f"(margin {format_size(t.budget.margin_bytes)}"
-             + (f", each of {plan.space.gpus} ranks; memory per rank, tokens/s of the whole run" if plan.space.gpus > 1 else "")
+             + (f", each of {plan.space.ranks} ranks; memory per rank, tokens/s of the whole run" if plan.space.ranks > 1 else "")
              + "); all figures predicted"
              + (f", measured beside them from study {plan.study!r}" if plan.study else ""),
              ""]
-    per_rank = plan.space.gpus > 1
+    per_rank = plan.space.ranks > 1
     header = ["#", "config", "fits", "need/rank" if per_rank else "need", "tokens/s", *(short for _, short in _PARTS)]
     if plan.study:
         header += ["measured need", "error", "measured tok/s"]

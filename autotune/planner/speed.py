@@ -227,7 +227,7 @@ def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card) -> Sp
     per_parameter = OPTIMIZER_BYTES[config.optimizer][1 if config.weights == "bf16" else 0]
     per_parameter += GRAD_SCALER_BYTES if config.precision == "fp16" else 0
     sharded = sharding.is_fsdp(config.strategy)
-    stepped = _trained(config, dims) / (config.gpus if sharded else 1)  # each rank steps its shard
+    stepped = _trained(config, dims) / (config.ranks if sharded else 1)  # each rank steps its shard
     optimizer = stepped * per_parameter / (HOST_OPTIMIZER_BANDWIDTH if sharding.offloads(config.strategy) else bandwidth)
 
     accum = config.grad_accum
@@ -239,7 +239,7 @@ def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card) -> Sp
         compute_seconds=accum * compute, memory_seconds=accum * memory, overhead_seconds=accum * overhead,
         optimizer_seconds=optimizer, utilisation=u, peak_flops=peak, flops_per_step=accum * flops,
         model_flops_per_token=config_flops_per_token(config, dims, recompute=False),
-        comm_seconds=exposed, gpus=config.gpus,
+        comm_seconds=exposed, gpus=config.ranks,
     )
 
 
@@ -247,7 +247,7 @@ def collective_bytes(config: ProbeConfig, dims: ModelDims) -> dict[str, float]:
     """Bytes each rank sends per optimizer step, by collective (module docstring): a ring moves
     (N-1)/N of the buffer per all-gather or reduce-scatter, twice that per all-reduce; for
     fsdp-offload also the bytes over PCIe to and from the host ("host")."""
-    n = config.gpus
+    n = config.ranks
     if n <= 1 or config.strategy is None:
         return {}
     weight = 2 if config.weights == "bf16" else 4
@@ -287,7 +287,7 @@ def predict_speed(config: ProbeConfig, dims: ModelDims, card: Card,
     if why_unsupported(config, card) is not None:
         return None
     # (on several ranks the estimate is one rank's: its weights are a shard, or on the host)
-    if estimate is not None and estimate.params > 0 and config.gpus == 1:
+    if estimate is not None and estimate.params > 0 and config.ranks == 1:
         if not is_qlora(config.peft):  # a 4-bit base has no whole bytes per weight to divide by
             counted = estimate.params // (2 if config.weights == "bf16" else 4)
             dims = ModelDims(counted, dims.layers, dims.hidden, dims.vocab, dims.heads, dims.trainable_parameters)

@@ -204,7 +204,7 @@ def _build(probe: _Probe, report: Callable[[str], None]) -> bool:
     started = time.perf_counter()
     report("build")
     try:
-        build = distributed.build_model if config.gpus > 1 else build_random_model
+        build = distributed.build_model if config.ranks > 1 else build_random_model
         probe.model, probe.hf_config = build(request.model, config, probe.device, request.settings.trust_remote_code)
     except (ImportError, ValueError) as exc:
         if "attn" in str(exc).lower() or "attention" in str(exc).lower():
@@ -258,7 +258,7 @@ def _time_window(probe: _Probe, report: Callable[[str], None]) -> None:
 
     # Ranks step together: each would judge the window by its own clock, and one that stopped
     # while another took a step more would leave it waiting in that step's collectives.
-    go_on = distributed.all_agree if config.gpus > 1 else (lambda wanted, device: wanted)
+    go_on = distributed.all_agree if config.ranks > 1 else (lambda wanted, device: wanted)
     while go_on(wants_more(), probe.device):
         step_started = time.perf_counter()
         probe.losses.append(step())

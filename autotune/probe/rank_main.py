@@ -22,7 +22,9 @@ import sys
 from autotune.processes import kill_me_with_parent, watch_parent
 
 RUN_DIR_ENV = "AUTOTUNE_RANK_DIR"
+DEVICE_ENV = "AUTOTUNE_RANK_DEVICE"   # cpu, cuda or auto: the device kind the ranks probe on
 FAILED_EXIT = 3
+STORE_PREFIX = "autotune/result/"
 
 
 def write_whole(path: str, data: bytes) -> None:
@@ -52,45 +54,89 @@ def main() -> None:
     import pickle
     from dataclasses import replace
 
+    import torch
+
     from autotune import errors
     from autotune.probe.child import run_probe_in_process
-    from autotune.probe.distributed import Rank, join_process_group
+    from autotune.probe.distributed import Rank, join_process_group, leave_process_group
     from autotune.status import ProbeStatus
 
-    with open(os.path.join(run_dir, "request.pickle"), "rb") as source:
-        request = pickle.load(source)
     place = Rank.from_environment()
     assert place is not None
     # One GPU per rank: the launcher's CUDA_VISIBLE_DEVICES are this node's share, LOCAL_RANK picks one.
-    settings = request.settings
-    if settings.device_kind in ("cuda", "auto"):
-        import torch
-
-        if torch.cuda.is_available():
-            settings = replace(settings, device=f"cuda:{place.local_rank}")
-        elif settings.device_kind == "auto":
-            settings = replace(settings, device="cpu")
-    request = replace(request, settings=settings, hold_before_timing=False)
+    kind = os.environ.get(DEVICE_ENV, "auto")
+    cuda = kind in ("cuda", "auto") and torch.cuda.is_available()
+    device = torch.device("cuda", place.local_rank) if cuda else torch.device("cpu")
+    join_process_group(place, device)
+    # On the first node the request is in the run's directory; the other nodes' ranks (`autotune
+    # node`) have it from rank 0, sent over the process group.
+    shared = [None]
+    if os.path.exists(path := os.path.join(run_dir, "request.pickle")):  # (every rank of the first node)
+        with open(path, "rb") as source:
+            shared = [pickle.load(source)]
+    if several_nodes():
+        torch.distributed.broadcast_object_list(shared, src=0)
+    request = shared[0]
+    assert request is not None
+    request = replace(request, settings=replace(request.settings, device=str(device)), hold_before_timing=False)
 
     def report(phase: str) -> None:
         if place.rank == 0:
             write_whole(os.path.join(run_dir, "phase"), phase.encode())
 
     try:
-        import torch
-
-        join_process_group(place, torch.device(settings.device if settings.device_kind != "auto" else "cpu"))
         result = run_probe_in_process(request, report)
     except errors.AutotuneError as exc:
         write_whole(os.path.join(run_dir, f"rank-{rank}.error"), pickle.dumps(exc))
         os._exit(FAILED_EXIT)
     write_whole(os.path.join(run_dir, f"rank-{rank}.result"), pickle.dumps(result))
     if result.status != ProbeStatus.OK:
+        if several_nodes():
+            _tell_the_first_node(rank, result)
+            if place.rank == 0:  # (what other nodes' ranks told before this one's collectives broke)
+                for other, told in results_told(place.world_size, rank).items():
+                    write_whole(os.path.join(run_dir, f"rank-{other}.result"), told)
         sys.stdout.flush()
         os._exit(FAILED_EXIT)  # (no goodbye collective: the other ranks may be waiting in one)
-    from autotune.probe.distributed import leave_process_group
-
+    if several_nodes():
+        # Every rank's result to rank 0, whose run directory the first node's launcher reads.
+        results: list = [None] * place.world_size
+        torch.distributed.all_gather_object(results, result)
+        if place.rank == 0:
+            for other, outcome in enumerate(results):
+                write_whole(os.path.join(run_dir, f"rank-{other}.result"), pickle.dumps(outcome))
     leave_process_group()
+
+
+def several_nodes() -> bool:
+    """Whether this run's ranks span more than this node (torchrun's LOCAL_WORLD_SIZE < WORLD_SIZE)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"])) < int(os.environ["WORLD_SIZE"])
+
+
+def _tell_the_first_node(rank: int, result) -> None:
+    """Leave a failed result in the rendezvous's store, hosted by the first node, so that its
+    launcher reports this rank's out of memory rather than the broken collectives it caused there."""
+    import pickle
+
+    import torch.distributed as dist
+
+    try:
+        dist.distributed_c10d._get_default_store().set(f"{STORE_PREFIX}{rank}", pickle.dumps(result))  # type: ignore[arg-type]
+    except Exception:  # (the store gone with its node: the first node reports what it saw)
+        pass
+
+
+def results_told(world_size: int, own_rank: int) -> dict[int, bytes]:
+    """Other nodes' failed results left in the store (see _tell_the_first_node), by rank."""
+    import torch.distributed as dist
+
+    store = dist.distributed_c10d._get_default_store()
+    told = {}
+    for other in range(world_size):
+        key = f"{STORE_PREFIX}{other}"
+        if other != own_rank and store.check([key]):
+            told[other] = store.get(key)
+    return told
 
 
 if __name__ == "__main__":

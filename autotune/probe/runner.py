@@ -274,7 +274,7 @@ class ProbeRunner:
         command's `deadline` holds both: it stops the probe and raises DeadlineReached (what it
         would have measured is unknown, so it is not a result)."""
         spec = spec or resolve_model(config.model)
-        if config.gpus > 1:
+        if config.ranks > 1:
             return self._run_ranks(config, budget, spec, deadline)
         started = time.perf_counter()
         timed_from = started

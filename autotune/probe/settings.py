@@ -25,10 +25,14 @@ class ProbeSettings:
     margin: int | float = defaults.SAFETY_MARGIN  # bytes, or a fraction of the budget when < 1
     trust_remote_code: bool = False
     max_compile_seconds: float | None = None  # skip a --compile config whose compilation takes longer
+    # Where a run on several nodes meets (host:port of torchrun's c10d rendezvous, on this node):
+    # the other nodes run `autotune node` with the same address.
+    rendezvous: str | None = None
 
-    # Not part of a study's plan: each worker probes on its own device, and the margin is the
-    # study's (stored in its row, in bytes). Every other field travels to joining workers.
-    WORKER_OWN: ClassVar[frozenset[str]] = frozenset({"device", "margin"})
+    # Not part of a study's plan: each worker probes on its own device (and meets its own nodes),
+    # and the margin is the study's (stored in its row, in bytes). Every other field travels to
+    # joining workers.
+    WORKER_OWN: ClassVar[frozenset[str]] = frozenset({"device", "margin", "rendezvous"})
     # What a plan stored by an older autotune means by a setting it lacks: plans stored before
     # time-sized windows were step-counted (no minimum length).
     OLDER_PLANS: ClassVar[dict[str, Any]] = {"measure_seconds": 0.0}
@@ -50,6 +54,8 @@ class ProbeSettings:
             problems.append("--safety-margin must not be negative")
         if self.max_compile_seconds is not None and self.max_compile_seconds <= 0:
             problems.append("--max-compile-seconds must be positive")
+        if self.rendezvous is not None and not re.fullmatch(r"[A-Za-z0-9._\-\[\]:]+:\d{1,5}", self.rendezvous.strip()):
+            problems.append(f"--rendezvous {self.rendezvous!r} is not HOST:PORT (the first node's address and a free port)")
         if problems:
             raise errors.BadInput("; ".join(problems) + ".")
 

@@ -275,7 +275,7 @@ class ProbeStep:
         self.batches = [synthetic_batch(config, vocab_size, device) for _ in range(2)]
         # On several ranks the micro-steps before the last keep their gradients on the rank, and the
         # last one synchronises them (as Trainer does with accelerate's no_sync).
-        self.deferred_sync = deferred_sync(model) if config.gpus > 1 else None
+        self.deferred_sync = deferred_sync(model) if config.ranks > 1 else None
 
     def compile_forward(self) -> None:
         """Run the model compiled from the next step on (the first compiled step compiles it)."""

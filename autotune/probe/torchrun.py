@@ -31,7 +31,7 @@ from typing import Any
 
 from autotune.deadline import Deadline, DeadlineReached
 from autotune.probe.protocol import ProbeRequest
-from autotune.probe.rank_main import RUN_DIR_ENV, write_whole
+from autotune.probe.rank_main import DEVICE_ENV, RUN_DIR_ENV, write_whole
 from autotune.processes import kill_me_with_parent
 from autotune.result import ProbeResult
 from autotune.status import ProbeStatus
@@ -44,8 +44,8 @@ _CAUSES = (ProbeStatus.OOM, ProbeStatus.UNSTABLE, ProbeStatus.SKIPPED, ProbeStat
 
 @dataclass(frozen=True, slots=True)
 class Rendezvous:
-    """Where this node's ranks meet the others' (torchrun's c10d rendezvous): one node alone
-    (`standalone`) unless a run spans several."""
+    """Where this node's ranks meet the others': one node alone (torchrun's `standalone`), or the
+    first node's address and port, where the nodes of a run on several meet."""
 
     nodes: int = 1
     node_rank: int = 0
@@ -55,8 +55,12 @@ class Rendezvous:
     def arguments(self) -> list[str]:
         if self.nodes == 1 and self.endpoint is None:
             return ["--standalone"]
-        return ["--nnodes", str(self.nodes), "--node-rank", str(self.node_rank), "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", str(self.endpoint), "--rdzv-id", self.run_id]
+        # torchrun's static rendezvous: the node ranks are the ones given (the first node's ranks
+        # come first, rank 0 among them, which holds the probe), and the first node hosts the
+        # store. (c10d's dynamic rendezvous numbers nodes by arrival.)
+        host, _, port = str(self.endpoint).rpartition(":")
+        return ["--nnodes", str(self.nodes), "--node-rank", str(self.node_rank), "--rdzv-backend", "static",
+                "--master-addr", host.strip("[]"), "--master-port", port, "--rdzv-id", self.run_id]
 
 
 def torchrun_command(ranks_per_node: int, rendezvous: Rendezvous = Rendezvous(),
@@ -87,20 +91,21 @@ def start_ranks(module: str, ranks_here: int, run_dir: str, *, rendezvous: Rende
                                 start_new_session=True)
 
 
-def run_ranks(request: ProbeRequest, deadline: Deadline, *, rendezvous: Rendezvous = Rendezvous(),
-              on_phase: Callable[[str], None] | None = None, environment: dict[str, str | None] | None = None) -> ProbeResult:
-    """Probe `request.config` on its `gpus` ranks (all on this node unless `rendezvous` spans
-    several); `environment` is set (None: unset) for the ranks. Every outcome comes back as a
-    status, and a user error as AutotuneError. Raises
-    DeadlineReached at the command's deadline (the ranks killed first)."""
-    config, budget, settings = request.config, request.budget, request.settings
-    ranks_here = config.gpus // rendezvous.nodes
+def run_ranks(request: ProbeRequest, deadline: Deadline, *, on_phase: Callable[[str], None] | None = None,
+              environment: dict[str, str | None] | None = None) -> ProbeResult:
+    """Probe `request.config` on its ranks: `gpus` on this node, and as many on each of its other
+    `nodes` (`autotune node`, meeting at `settings.rendezvous`); `environment` is set (None:
+    unset) for this node's ranks. Every outcome comes back as a status, and a user error as
+    AutotuneError. Raises DeadlineReached at the command's deadline (the ranks killed first)."""
+    config, settings = request.config, request.settings
+    rendezvous = Rendezvous(config.nodes, 0, settings.rendezvous) if config.nodes > 1 else Rendezvous()
     started = time.perf_counter()
     run_dir = tempfile.mkdtemp(prefix="autotune-ranks-")
     agent = None
     try:
         write_whole(os.path.join(run_dir, "request.pickle"), pickle.dumps(replace(request, hold_before_timing=False)))
-        agent = start_ranks("autotune.probe.rank_main", ranks_here, run_dir, rendezvous=rendezvous, environment=environment)
+        agent = start_ranks("autotune.probe.rank_main", config.gpus, run_dir, rendezvous=rendezvous,
+                            environment={**(environment or {}), DEVICE_ENV: settings.device_kind})
         if on_phase is not None:
             on_phase("start-up")
         limit = started + settings.timeout
@@ -111,7 +116,7 @@ def run_ranks(request: ProbeRequest, deadline: Deadline, *, rendezvous: Rendezvo
                 raise DeadlineReached(f"{config.label()} was stopped at the command's deadline")
             if time.perf_counter() > limit:
                 stop_ranks(agent, run_dir)
-                return _failed(request, ProbeStatus.TIMEOUT, f"no result from {config.gpus} ranks within "
+                return _failed(request, ProbeStatus.TIMEOUT, f"no result from {config.ranks} ranks within "
                                f"{settings.timeout:.0f} s; every rank was killed", started)
             now = _read(os.path.join(run_dir, "phase"))
             if now and now != phase and on_phase is not None:
@@ -119,7 +124,7 @@ def run_ranks(request: ProbeRequest, deadline: Deadline, *, rendezvous: Rendezvo
             phase = now or phase
             time.sleep(POLL_SECONDS)
         stop_ranks(agent, run_dir)  # (ranks the agent left: none, unless it was killed)
-        return _gather(request, run_dir, ranks_here, agent.returncode, started)
+        return _gather(request, run_dir, config.ranks, agent.returncode, started)
     except BaseException:
         if agent is not None:
             stop_ranks(agent, run_dir)

@@ -172,6 +172,7 @@ class Probe(Base):
     # Ranks and how they share the run (0009_ranks); rows before it ran on one GPU.
     gpus: Mapped[int] = mapped_column(server_default="1")
     strategy: Mapped[str | None] = mapped_column(String(16))
+    nodes: Mapped[int] = mapped_column(server_default="1")
     # ProbeResult, one column per field.
     status: Mapped[str] = mapped_column(String(16))
     device: Mapped[str] = mapped_column(String(255))

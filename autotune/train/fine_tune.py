@@ -69,7 +69,7 @@ def train(
     plan = _plan_run(options, study, model, gpu_budget, flags, db, gpus)
     data, tokenizer = _load_data(plan, options, echo)
     winner = _find_winner(plan, data, options, db, echo, on_search_start, on_search_event)
-    if winner.row.config.gpus > 1:
+    if winner.row.config.ranks > 1:
         return _train_on_ranks(plan, winner, options, flags, db, echo)
     context, args = _prepare_run(plan, winner, data, tokenizer, options, echo)
     return _record_run(context, args, tokenizer, db, echo)

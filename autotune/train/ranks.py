@@ -95,6 +95,10 @@ def check_trainable_on_ranks(winner: Winner, device_type: str) -> None:
     it was probed: accelerate (and so Trainer) shards with FSDP on GPUs only, and on a CPU device
     would train an fsdp winner as plain data-parallel, which is not what was measured."""
     config = winner.row.config
+    if config.nodes > 1:
+        raise BadInput(f"study {winner.study.name}'s winner runs on {config.nodes} nodes, and autotune train runs on one: "
+                       f"start the run on every node with the hand-off (`autotune best --study {winner.study.name} "
+                       f"--format accelerate`, then accelerate launch with each node's machine_rank).")
     if device_type != "cuda" and is_fsdp(config.strategy):
         raise BadInput(f"study {winner.study.name}'s winner shares its run with {config.strategy}, and Trainer "
                        f"(accelerate) shards with FSDP on GPUs only: on {device_type} it would train as DDP, not as "
@@ -114,7 +118,7 @@ def train_on_ranks(winner: Winner, options: TrainOptions, output_dir: Path, gpu_
         run_id = store.start_run(config=config, study_id=winner.study.id, probe_id=winner.row.probe_id,
                                  output_dir=str(output_dir.resolve()), dataset=options.dataset)
         recorder = StoreRecorder(store, run_id, output_dir)
-        echo(f"run #{run_id}: {config.label()} on {config.gpus} ranks (torchrun) -> {output_dir}")
+        echo(f"run #{run_id}: {config.label()} on {config.ranks} ranks (torchrun) -> {output_dir}")
         job = RankJob(options, winner.study.name, gpu_budget, flags, db, run_id)
         run_dir = tempfile.mkdtemp(prefix="autotune-train-ranks-")
         agent = None
@@ -125,11 +129,11 @@ def train_on_ranks(winner: Winner, options: TrainOptions, output_dir: Path, gpu_
                 agent = start_ranks("autotune.train.rank_main", config.gpus, run_dir, output=sys.stderr)
                 agent.wait()
                 stop_ranks(agent, run_dir)
-            ends = _ends(run_dir, config.gpus)
+            ends = _ends(run_dir, config.ranks)
         except BaseException:  # Ctrl-C, SIGTERM: every rank stops, the run reads as interrupted
             if agent is not None:
                 stop_ranks(agent, run_dir)
-            ends = _ends(run_dir, config.gpus)
+            ends = _ends(run_dir, config.ranks)
             summary = _run_summary(ends, winner)
             if summary is not None:
                 recorder.interrupted(summary)

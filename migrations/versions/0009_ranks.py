@@ -4,8 +4,8 @@ Revision ID: 0009_ranks
 Revises: 0008_phases
 Create Date: 2026-11-25
 
-`autotune_probes` gains the config's `gpus` (ranks, one GPU each) and `strategy` (ddp, fsdp,
-fsdp-grad-op, fsdp-offload; autotune/sharding.py), and what a multi-rank probe measured on each
+`autotune_probes` gains the config's `gpus` (ranks on each node, one GPU each), `nodes` (machines)
+and `strategy` (ddp, fsdp, fsdp-grad-op, fsdp-offload; autotune/sharding.py), and what a multi-rank probe measured on each
 rank: `rank_peaks` (JSON, each rank's peak allocated and reserved; the probe's peaks are the
 largest). Rows written before were one-GPU probes: one rank, no strategy, which the defaults say.
 """
@@ -27,10 +27,11 @@ def upgrade() -> None:
     with op.batch_alter_table("autotune_probes") as batch_op:
         batch_op.add_column(sa.Column("gpus", sa.Integer(), server_default="1", nullable=False))
         batch_op.add_column(sa.Column("strategy", sa.String(length=16), nullable=True))
+        batch_op.add_column(sa.Column("nodes", sa.Integer(), server_default="1", nullable=False))
         batch_op.add_column(sa.Column("rank_peaks", sa.JSON(), nullable=True))
 
 
 def downgrade() -> None:
     with op.batch_alter_table("autotune_probes") as batch_op:
-        for column in ("rank_peaks", "strategy", "gpus"):
+        for column in ("rank_peaks", "nodes", "strategy", "gpus"):
             batch_op.drop_column(column)

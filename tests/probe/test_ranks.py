@@ -20,9 +20,10 @@ from autotune.models import resolve_model
 from autotune.probe.runner import ProbeRunner
 from autotune.probe.settings import ProbeSettings
 from autotune.status import ProbeStatus
+from autotune.units import format_size
 from tests.cli import wait_for
 from tests.conftest import TINY_GPT2
-from tests.faults import inject_fault
+from tests.faults import fault_env, inject_fault
 from tests.search.test_faults import _cmdline, assert_all_gone, descendants
 
 pytestmark = pytest.mark.slow
@@ -122,3 +123,52 @@ def test_kill_9_of_a_search_mid_probe_leaves_no_rank(models, tmp_path):
         assert_all_gone(below, within=5.0)
     finally:
         search.kill()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe_socket:
+        probe_socket.bind(("127.0.0.1", 0))
+        return probe_socket.getsockname()[1]
+
+
+def _start_node(port: int, env: dict | None = None) -> subprocess.Popen:
+    """`autotune node` as the second of two single-rank "nodes" on this machine (loopback only)."""
+    return subprocess.Popen([sys.executable, "-m", "autotune", "node", "--rendezvous", f"127.0.0.1:{port}", "--nodes", "2",
+                             "--node-rank", "1", "--gpus", "1", "--device", "cpu", "--rounds", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _multi_node_probe(model: str, port: int):
+    config = ProbeConfig(model=model, micro_batch=2, block_size=64, gpus=1, nodes=2, strategy="fsdp")
+    settings = ProbeSettings(device="cpu", measure_seconds=0.0, margin=0, timeout=120.0, rendezvous=f"127.0.0.1:{port}")
+    with ProbeRunner(settings, reuse_child=False) as runner:
+        return runner.run(config, settings.budget(GiB), resolve_model(model))
+
+
+def test_two_single_rank_nodes_meet_through_torchruns_rendezvous(models):
+    port = _free_port()
+    node = _start_node(port)
+    try:
+        result = _multi_node_probe(models["llama"], port)
+        out, err = node.communicate(timeout=60)
+    finally:
+        node.kill()
+    assert result.status == ProbeStatus.OK, result.error
+    assert len(result.rank_peaks) == 2 and all(rank["reserved"] > 0 for rank in result.rank_peaks)
+    assert node.returncode == 0, err
+    assert out.strip() == f"probe 1: rank 1 ok peak {format_size(result.rank_peaks[1]['reserved'])}"
+    assert _ranks_below_us() == set()
+
+
+def test_a_rank_out_of_memory_on_another_node_is_the_probes_oom(models):
+    port = _free_port()
+    node = _start_node(port, env=fault_env("oom-on-rank-1"))
+    try:
+        result = _multi_node_probe(models["llama"], port)
+        node.communicate(timeout=60)
+    finally:
+        node.kill()
+    assert result.status == ProbeStatus.OOM, result.error
+    assert result.error.startswith("rank 1 of 2: ") and "out of memory" in result.error
