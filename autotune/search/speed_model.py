@@ -72,9 +72,17 @@ SPEED_LEVERS = ("compile", "allocator", "liger")
 
 # Levers the model describes a configuration by, with their reference value (the factor 1) when
 # the space has it; otherwise the first value found is the reference.
-LEVERS = ("precision", "checkpointing", "attention", "optimizer", "weights", *SPEED_LEVERS)
+LEVERS = ("precision", "checkpointing", "attention", "optimizer", "weights", *SPEED_LEVERS, "strategy")
 REFERENCE = {"precision": "fp32", "checkpointing": False, "attention": "sdpa", "optimizer": "adamw",
-             "weights": "fp32", "compile": False, "allocator": "default", "liger": False}
+             "weights": "fp32", "compile": False, "allocator": "default", "liger": False, "strategy": "ddp"}
+# How much slower than DDP each sharing of a run across ranks is expected, on the log, before any is
+# measured: FSDP gathers each layer's parameters in forward (and again in backward when it
+# reshards) where DDP all-reduces the gradients once, and overlaps most of it with compute over
+# NVLink (planner/speed.py counts the bytes); offload adds host copies and steps the optimizer on
+# the CPU. Wide spreads: over PCIe, gloo or a slow host these change several-fold (measured on 2 CPU
+# ranks over gloo: fsdp 2.8x slower than ddp on a tiny GPT-2).
+STRATEGY_PRIORS = {"fsdp-grad-op": Prior(math.log(1.05), 0.5), "fsdp": Prior(math.log(1.15), 0.6),
+                   "fsdp-offload": Prior(math.log(2.0), 0.8)}
 # Tokens per micro-step at which a card's matmuls reach half their ceiling (planner/speed.py's
 # T_HALF_TOKENS); on a CPU far fewer fill the cores. Only the prior of the micro-batch's effect.
 HALF_FILL_TOKENS = {"cuda": 1024, "cpu": 256}
@@ -102,6 +110,8 @@ def lever_prior(lever: str, value: object, device_type: str) -> Prior:
         return Prior(0.0, 0.02)  # the same kernels: only where memory is allocated differs
     if lever == "liger":
         return Prior(-0.05, 0.2)
+    if lever == "strategy":
+        return STRATEGY_PRIORS.get(str(value), Prior(0.0, 0.6))
     return Prior(0.0, 0.3)
 
 

@@ -96,3 +96,22 @@ def test_results_without_a_throughput_are_not_fitted(candidates):
     model = SpeedModel(candidates, "cuda")
     oom = ProbeResult(status="oom")
     assert model.fit([(candidates[0], oom)]).measured == 0
+
+
+def test_each_strategy_is_a_lever_of_its_own():
+    # Before: the model described a config without its strategy, so that fsdp-grad-op took the
+    # average of ddp's and fsdp's measurements. Each strategy is a factor learnt from its probes.
+    space = SearchSpace.build(resolve_model("gpt2"), micro_batches=(4,), precisions=("bf16",), checkpointing=(False,),
+                              attentions=("sdpa",), effective_batch=8, gpus=2)
+    candidates = space.candidates()
+    assert {c.strategy for c in candidates} == {"ddp", "fsdp", "fsdp-grad-op", "fsdp-offload"}
+    by = {c.strategy: c for c in candidates}
+    slower = {"ddp": 1.0, "fsdp": 3.0}  # measured on 2 CPU ranks over gloo: fsdp about 2.8x slower
+    fitted = SpeedModel(candidates, "cpu").fit(
+        [(by[s], ProbeResult(status="ok", tokens_per_s=10_000 / f, step_seconds=TOKENS * f / 10_000, step_spread=0.01))
+         for s, f in slower.items()])
+    assert fitted.guess(by["fsdp"]).tokens_per_s == pytest.approx(10_000 / 3, rel=0.05)
+    assert fitted.guess(by["ddp"]).tokens_per_s == pytest.approx(10_000, rel=0.05)
+    # Unmeasured, fsdp-grad-op is not fsdp's twin: it may still be faster than what fsdp measured.
+    grad_op = fitted.guess(by["fsdp-grad-op"])
+    assert grad_op.optimistic_tokens_per_s > 10_000 / 3 * 1.5
