@@ -3,6 +3,8 @@ settled once, OOMs pruning for all, the same pick as one worker, a study pinned 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import threading
 import time
 
@@ -98,7 +100,12 @@ def test_three_workers_settle_every_config_once_and_pick_what_one_worker_picks(t
     assert sum(o.probed for o in outcomes.values()) == len(asked)
     if strategy != "tpe":  # (TPE stops on its patience, wherever its samplers wandered)
         assert len(keys) == len(gpt2_space().candidates())
-        assert outcomes[0].best.config == single.best.config
+        # The same pick, up to an exact tie: the scripted fp16 and bf16 are equally fast and large,
+        # and a tie goes to the config probed first, which among workers is whichever came first.
+        shared_best = outcomes[0].best
+        assert (shared_best.tokens_per_s, shared_best.peak_reserved_bytes) == (single.best.tokens_per_s,
+                                                                                single.best.peak_reserved_bytes)
+        assert replace(shared_best.config, precision="bf16") == replace(single.best.config, precision="bf16")
         # An OOM found by one worker skips the larger configs for all: not many more probes than
         # alone (the extra ones are the micro-batches below one in flight, probed meanwhile).
         assert len(asked) <= 1.4 * single.probed, (len(asked), single.probed)
