@@ -33,7 +33,8 @@ def ranked(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
         outcome = search(str(model), BUDGET, settings=ProbeSettings(device="cpu", measure_steps=1),
-                         options=SearchOptions(study="two-ranks", predict=False), db=db, micro_batches=(2,),
+                         # (no confirmation round: tests/search/test_confirm.py; here it would time both again)
+                         options=SearchOptions(study="two-ranks", predict=False, confirm=False), db=db, micro_batches=(2,),
                          block_sizes=(64,), precisions=("fp32",), checkpointing=(False,), attentions=("sdpa",),
                          effective_batch=4, gpus=2, strategies=("ddp", "fsdp"))
     assert outcome.best is not None, outcome
