@@ -55,6 +55,17 @@ def strategy_problems(gpus: int, strategy: str | None, nodes: int = 1) -> list[s
     return problems
 
 
+def check_rendezvous(nodes: int, rendezvous: str | None) -> None:
+    """BadInput unless a run on several nodes says where they meet, and only such a run does."""
+    from autotune.errors import BadInput
+
+    if nodes > 1 and rendezvous is None:
+        raise BadInput(f"--nodes {nodes} needs --rendezvous HOST:PORT: this node's address and a free port, where the "
+                       f"other nodes' `autotune node` meet it.")
+    if nodes == 1 and rendezvous is not None:
+        raise BadInput("--rendezvous is where several nodes meet: give --nodes 2 or more, or leave it out.")
+
+
 def label(gpus: int, strategy: str | None, nodes: int = 1) -> str:
     """' 2xfsdp' for a run on several ranks, ' 2x4xfsdp' on 2 nodes of 4, '' for one."""
     if gpus * nodes == 1:

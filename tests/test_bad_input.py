@@ -326,3 +326,18 @@ def test_recipes_this_model_or_machine_cannot_train_are_one_line_and_write_nothi
         with Unchanged(work, hermetic_home):
             refused(run("estimate", "--model", tiny_model, "--micro-batch", "1", "--block-size", "32", *args),
                     needle.split(":")[0])
+
+
+@pytest.mark.parametrize("command, args, needle", [
+    ("search", ["--gpus", "0"], "--gpus must be a whole number of at least 1"),
+    ("search", ["--gpus", "2", "--strategies", "zero3"], "--strategies: unknown value 'zero3'"),
+    ("search", ["--gpus", "2", "--peft", "lora"], "--peft with --gpus 2 or more is not supported yet"),
+    ("search", ["--gpus", "2", "--nodes", "2"], "--nodes 2 needs --rendezvous HOST:PORT"),
+    ("search", ["--rendezvous", "127.0.0.1:29500"], "--rendezvous is where several nodes meet"),
+    ("search", ["--gpus", "2", "--nodes", "2", "--rendezvous", "nope"], "--rendezvous 'nope' is not HOST:PORT"),
+    ("probe", ["--micro-batch", "2", "--block-size", "64", "--strategy", "fsdp"], "--strategy fsdp shares a run across ranks"),
+    ("probe", ["--micro-batch", "2", "--block-size", "64", "--nodes", "2"], "--nodes 2 needs --rendezvous"),
+])
+def test_ranks_and_nodes_given_wrong_are_one_line_and_write_nothing(work, hermetic_home, tiny_model, command, args, needle):
+    with Unchanged(work, hermetic_home):
+        refused(run(command, "--model", tiny_model, "--gpu-budget", "1GiB", *args, "--device", "cpu"), needle)

@@ -41,6 +41,7 @@ from autotune.probe.protocol import (
 )
 from autotune.probe.settings import ProbeSettings
 from autotune.result import ProbeResult
+from autotune.sharding import check_rendezvous
 from autotune.status import ProbeStatus
 
 # A child must be ready (torch and transformers imported) and answer the preflight's questions
@@ -407,6 +408,7 @@ def run_probe(config: ProbeConfig, budget: int, device: str | None = None, *, se
         settings = replace(settings, device=device)
     spec = resolve_model(config.model)
     check_probe_config(config, spec, settings.trust_remote_code, budget)
+    check_rendezvous(config.nodes, settings.rendezvous)
     checked = settings.budget(budget)
     with ProbeRunner(settings, reuse_child=False) as runner:
         return runner.run(config, checked, spec)

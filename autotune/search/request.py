@@ -20,6 +20,7 @@ from autotune.errors import BadInput, BudgetError, DatabaseError, DeviceError, S
 from autotune.models import ModelSpec
 from autotune.probe.settings import ProbeSettings
 from autotune.search.common import SearchOptions, SearchOutcome
+from autotune.sharding import check_rendezvous
 from autotune.space import SearchSpace
 from autotune.status import StudyStatus
 from autotune.tasks import task_note
@@ -87,6 +88,7 @@ def resolve_search(model: str, budget_bytes: int, *, settings: ProbeSettings, op
 
     spec = resolve_model(model)
     space = SearchSpace.build(spec, **space_args)
+    check_rendezvous(space.nodes, settings.rendezvous)
     spec.check_usable(settings.trust_remote_code, budget_bytes=budget_bytes)
     request = SearchRequest.of(space, spec, settings.budget(budget_bytes), options, settings)
     notes = [note for note in (shadowing_note(spec), task_note(spec.config, space_args.get("task"))) if note]
