@@ -99,23 +99,14 @@ def accelerate_config(config: ProbeConfig, device_type: str = "cuda") -> dict:
         "num_processes": config.ranks, "rdzv_backend": "static", "same_network": True, "use_cpu": device_type == "cpu",
     }
     if sharding.is_fsdp(config.strategy):
-        strategy = config.strategy or ""
-        fsdp: dict = {
-            "fsdp_version": 2,
-            "fsdp_reshard_after_forward": sharding.reshards_after_forward(strategy),
-            "fsdp_offload_params": sharding.offloads(strategy),
-            "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
-        }
-        if (layers := layer_classes(config)) is not None:
-            fsdp["fsdp_transformer_layer_cls_to_wrap"] = ",".join(layers)
-        fsdp.update({
-            "fsdp_activation_checkpointing": False,  # transformers' checkpointing instead: see the module's docstring
-            # Rank 0 loads the checkpoint, the others start on the meta device and receive their shards:
-            # no rank holds the whole model, as in the probe (built on meta, then sharded). `accelerate
-            # launch` refuses it without fsdp_sync_module_states, which FSDP2 itself ignores.
-            "fsdp_cpu_ram_efficient_loading": True, "fsdp_sync_module_states": True,
-            "fsdp_state_dict_type": _STATE_DICT_TYPE,
-        })
+        fsdp: dict = {}
+        for key, value in _fsdp_settings(config).items():  # (Trainer's names, as accelerate's file names them)
+            if key == "transformer_layer_cls_to_wrap":
+                value = ",".join(value)
+            fsdp[_ACCELERATE_NAMES.get(key, f"fsdp_{key}")] = value
+            if key == "cpu_ram_efficient_loading":
+                # `accelerate launch` refuses it without fsdp_sync_module_states, which FSDP2 itself ignores.
+                fsdp["fsdp_sync_module_states"] = True
         document["fsdp_config"] = fsdp
     if config.compile:
         document["dynamo_config"] = {"dynamo_backend": "INDUCTOR"}
@@ -179,17 +170,30 @@ def trainer_kwargs(config: ProbeConfig) -> dict:
         return {}
     if not sharding.is_fsdp(config.strategy):
         return {"ddp_find_unused_parameters": False}
+    return {"fsdp": True, "fsdp_config": _fsdp_settings(config)}
+
+
+# accelerate's file names each setting "fsdp_" + Trainer's name, but for these.
+_ACCELERATE_NAMES = {"cpu_offload": "fsdp_offload_params"}
+
+
+def _fsdp_settings(config: ProbeConfig) -> dict:
+    """The FSDP2 settings of an FSDP winner, as TrainingArguments' `fsdp_config` names them (the one
+    home of what the probe measured: accelerate's file is made from these)."""
     strategy = config.strategy or ""
-    fsdp_config: dict = {
+    settings: dict = {
         "version": 2,
         "reshard_after_forward": sharding.reshards_after_forward(strategy),
         "cpu_offload": sharding.offloads(strategy),
         "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
     }
     if (layers := layer_classes(config)) is not None:
-        fsdp_config["transformer_layer_cls_to_wrap"] = list(layers)
-    fsdp_config.update(activation_checkpointing=False, cpu_ram_efficient_loading=True, state_dict_type=_STATE_DICT_TYPE)
-    return {"fsdp": True, "fsdp_config": fsdp_config}
+        settings["transformer_layer_cls_to_wrap"] = list(layers)
+    # transformers' checkpointing instead of FSDP's (see the module's docstring). Rank 0 loads the
+    # checkpoint, the others start on the meta device and receive their shards: no rank holds the
+    # whole model, as in the probe (built on meta, then sharded).
+    settings.update(activation_checkpointing=False, cpu_ram_efficient_loading=True, state_dict_type=_STATE_DICT_TYPE)
+    return settings
 
 
 def summary_lines(config: ProbeConfig, study: str, device_type: str = "cuda") -> list[str]:

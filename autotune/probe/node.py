@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 
 from autotune.probe.rank_main import DEVICE_ENV
-from autotune.probe.torchrun import Rendezvous, start_ranks, stop_ranks
+from autotune.probe.torchrun import RankLaunch, Rendezvous
 from autotune.result import ProbeResult
 from autotune.units import format_size
 
@@ -32,28 +30,17 @@ def serve_node(rendezvous: str, nodes: int, node_rank: int, gpus: int, device_ki
     until interrupted). Every rank is stopped on the way out, however it ends."""
     done = 0
     while rounds is None or done < rounds:
-        run_dir = tempfile.mkdtemp(prefix="autotune-node-")
-        agent = None
         started = time.monotonic()
-        try:
-            with open(os.path.join(run_dir, "torchrun.log"), "wb") as log:
-                agent = start_ranks("autotune.probe.rank_main", gpus, run_dir,
-                                    rendezvous=Rendezvous(nodes, node_rank, rendezvous),
-                                    environment={DEVICE_ENV: device_kind}, output=log)
-            agent.wait()
-            stop_ranks(agent, run_dir)
-            results = _results(run_dir)
-            if results:
-                done += 1
-                echo(_round_line(done, results))
-            elif time.monotonic() - started < RETRY_SECONDS:
-                time.sleep(RETRY_SECONDS)
-        except BaseException:
-            if agent is not None:
-                stop_ranks(agent, run_dir)
-            raise
-        finally:
-            shutil.rmtree(run_dir, ignore_errors=True)
+        with RankLaunch("autotune-node-") as launch:
+            launch.start("autotune.probe.rank_main", gpus, rendezvous=Rendezvous(nodes, node_rank, rendezvous),
+                         environment={DEVICE_ENV: device_kind}).wait()
+            launch.stop()
+            results = _results(launch.run_dir)
+        if results:
+            done += 1
+            echo(_round_line(done, results))
+        elif time.monotonic() - started < RETRY_SECONDS:
+            time.sleep(RETRY_SECONDS)
 
 
 def _results(run_dir: str) -> dict[int, ProbeResult]:

@@ -91,6 +91,36 @@ def start_ranks(module: str, ranks_here: int, run_dir: str, *, rendezvous: Rende
                                 start_new_session=True)
 
 
+class RankLaunch:
+    """A run directory and the torchrun agent started on it. However its `with` ends (a result, a
+    timeout, Ctrl-C, an error), every rank is stopped and the directory removed on the way out."""
+
+    def __init__(self, prefix: str) -> None:
+        self.run_dir = tempfile.mkdtemp(prefix=prefix)
+        self.agent: subprocess.Popen | None = None
+
+    def write(self, name: str, data: bytes) -> None:
+        write_whole(os.path.join(self.run_dir, name), data)
+
+    def start(self, module: str, ranks_here: int, **kwargs: Any) -> subprocess.Popen:
+        self.agent = start_ranks(module, ranks_here, self.run_dir, **kwargs)
+        return self.agent
+
+    def stop(self) -> None:
+        """Stop the agent and every rank still alive (none left once the agent has ended them)."""
+        if self.agent is not None:
+            stop_ranks(self.agent, self.run_dir)
+
+    def __enter__(self) -> "RankLaunch":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        try:
+            self.stop()
+        finally:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
 def run_ranks(request: ProbeRequest, deadline: Deadline, *, on_phase: Callable[[str], None] | None = None,
               environment: dict[str, str | None] | None = None) -> ProbeResult:
     """Probe `request.config` on its ranks: `gpus` on this node, and as many on each of its other
@@ -100,22 +130,19 @@ def run_ranks(request: ProbeRequest, deadline: Deadline, *, on_phase: Callable[[
     config, settings = request.config, request.settings
     rendezvous = Rendezvous(config.nodes, 0, settings.rendezvous) if config.nodes > 1 else Rendezvous()
     started = time.perf_counter()
-    run_dir = tempfile.mkdtemp(prefix="autotune-ranks-")
-    agent = None
-    try:
-        write_whole(os.path.join(run_dir, "request.pickle"), pickle.dumps(replace(request, hold_before_timing=False)))
-        agent = start_ranks("autotune.probe.rank_main", config.gpus, run_dir, rendezvous=rendezvous,
-                            environment={**(environment or {}), DEVICE_ENV: settings.device_kind})
+    with RankLaunch("autotune-ranks-") as launch:
+        run_dir = launch.run_dir
+        launch.write("request.pickle", pickle.dumps(replace(request, hold_before_timing=False)))
+        agent = launch.start("autotune.probe.rank_main", config.gpus, rendezvous=rendezvous,
+                             environment={**(environment or {}), DEVICE_ENV: settings.device_kind})
         if on_phase is not None:
             on_phase("start-up")
         limit = started + settings.timeout
         phase = ""
         while agent.poll() is None:
             if deadline.expired():
-                stop_ranks(agent, run_dir)
                 raise DeadlineReached(f"{config.label()} was stopped at the command's deadline")
             if time.perf_counter() > limit:
-                stop_ranks(agent, run_dir)
                 return _failed(request, ProbeStatus.TIMEOUT, f"no result from {config.ranks} ranks within "
                                f"{settings.timeout:.0f} s; every rank was killed", started)
             now = _read(os.path.join(run_dir, "phase"))
@@ -123,14 +150,8 @@ def run_ranks(request: ProbeRequest, deadline: Deadline, *, on_phase: Callable[[
                 on_phase(now)
             phase = now or phase
             time.sleep(POLL_SECONDS)
-        stop_ranks(agent, run_dir)  # (ranks the agent left: none, unless it was killed)
+        launch.stop()  # (ranks the agent left: none, unless it was killed)
         return _gather(request, run_dir, config.ranks, agent.returncode, started)
-    except BaseException:
-        if agent is not None:
-            stop_ranks(agent, run_dir)
-        raise
-    finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _gather(request: ProbeRequest, run_dir: str, ranks: int, returncode: int, started: float) -> ProbeResult:

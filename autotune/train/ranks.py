@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import os
 import pickle
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, replace
@@ -25,7 +23,7 @@ from typing import Any
 
 from autotune.errors import AutotuneError, BadInput
 from autotune.probe.rank_main import write_whole
-from autotune.probe.torchrun import start_ranks, stop_ranks
+from autotune.probe.torchrun import RankLaunch
 from autotune.sharding import is_fsdp
 from autotune.status import RunEnd
 from autotune.train.options import TrainOptions, TrainOutcome
@@ -120,29 +118,23 @@ def train_on_ranks(winner: Winner, options: TrainOptions, output_dir: Path, gpu_
         recorder = StoreRecorder(store, run_id, output_dir)
         echo(f"run #{run_id}: {config.label()} on {config.ranks} ranks (torchrun) -> {output_dir}")
         job = RankJob(options, winner.study.name, gpu_budget, flags, db, run_id)
-        run_dir = tempfile.mkdtemp(prefix="autotune-train-ranks-")
-        agent = None
-        try:
-            write_whole(os.path.join(run_dir, JOB_FILE), pickle.dumps(job))
-            with recorder.alive():
-                # Rank 0 says how the run goes (on stderr: stdout stays the command's answer).
-                agent = start_ranks("autotune.train.rank_main", config.gpus, run_dir, output=sys.stderr)
-                agent.wait()
-                stop_ranks(agent, run_dir)
-            ends = _ends(run_dir, config.ranks)
-        except BaseException:  # Ctrl-C, SIGTERM: every rank stops, the run reads as interrupted
-            if agent is not None:
-                stop_ranks(agent, run_dir)
-            ends = _ends(run_dir, config.ranks)
-            summary = _run_summary(ends, winner)
-            if summary is not None:
-                recorder.interrupted(summary)
-            else:
-                store.interrupt_run(run_id)
-            raise
-        finally:
-            shutil.rmtree(run_dir, ignore_errors=True)
-        return _keep_end(ends, recorder, winner, run_id, output_dir, agent.returncode, searched)
+        with RankLaunch("autotune-train-ranks-") as launch:
+            launch.write(JOB_FILE, pickle.dumps(job))
+            try:
+                with recorder.alive():
+                    # Rank 0 says how the run goes (on stderr: stdout stays the command's answer).
+                    returncode = launch.start("autotune.train.rank_main", config.gpus, output=sys.stderr).wait()
+                    launch.stop()
+            except BaseException:  # Ctrl-C, SIGTERM: every rank stops, the run reads as interrupted
+                launch.stop()
+                summary = _run_summary(_ends(launch.run_dir, config.ranks), winner)
+                if summary is not None:
+                    recorder.interrupted(summary)
+                else:
+                    store.interrupt_run(run_id)
+                raise
+            ends = _ends(launch.run_dir, config.ranks)
+        return _keep_end(ends, recorder, winner, run_id, output_dir, returncode, searched)
 
 
 def _ends(run_dir: str, ranks: int) -> list[RankEnd | None]:
