@@ -42,12 +42,15 @@ def offloads(strategy: str | None) -> bool:
     return strategy == "fsdp-offload"
 
 
+def count_problems(gpus: object, nodes: object = 1) -> list[str]:
+    """What is wrong with these counts of ranks per node and of nodes (empty: fine)."""
+    return [f"{flag} must be a whole number of at least 1 (got {value!r})" for flag, value in (("--gpus", gpus), ("--nodes", nodes))
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1]
+
+
 def strategy_problems(gpus: int, strategy: str | None, nodes: int = 1) -> list[str]:
     """What is wrong with these ranks and strategy, as one-line problems (empty: fine)."""
-    problems = []
-    for flag, value in (("--gpus", gpus), ("--nodes", nodes)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            problems.append(f"{flag} must be a whole number of at least 1 (got {value!r})")
+    problems = count_problems(gpus, nodes)
     if not problems and gpus * nodes == 1 and strategy is not None:
         problems.append(f"--strategy {strategy} shares a run across ranks: give --gpus 2 or more, or leave it out")
     if strategy is not None and strategy not in STRATEGIES:

@@ -53,10 +53,7 @@ class SearchSpace:
     nodes: int = 1
 
     def __post_init__(self) -> None:
-        problems = []
-        for flag, count in (("--gpus", self.gpus), ("--nodes", self.nodes)):
-            if not isinstance(count, int) or isinstance(count, bool) or count < 1:
-                problems.append(f"{flag} must be a whole number of at least 1 (got {count!r})")
+        problems = sharding.count_problems(self.gpus, self.nodes)
         if problems:
             pass
         elif self.ranks == 1 and self.strategies:

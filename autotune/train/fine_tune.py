@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import BadInput
 from autotune.recipes import is_qlora
+from autotune.sharding import count_problems
 from autotune.status import StudyStatus
 from autotune.tasks import Task
 from autotune.train.loading import check_vocabulary, load_tokenizer, weights_location
@@ -136,8 +137,8 @@ def _plan_run(options: TrainOptions, study: str | None, model: str | None, gpu_b
     from autotune.models import resolve_model
 
     _check_request(study, model, gpu_budget)
-    if gpus is not None and gpus < 1:
-        raise BadInput(f"--gpus must be a whole number of at least 1 (got {gpus}).")
+    if gpus is not None and (problems := count_problems(gpus)):
+        raise BadInput("; ".join(problems) + ".")
     if asks_evaluation(flags.get("evaluation")) and options.eval_split is None:
         raise BadInput("the evaluation flags (--eval-batch, --generate, ...) describe the run's evaluation, and it has "
                        "no data to evaluate on: give --eval-split (a split name, a file, or a share such as 5%), or "

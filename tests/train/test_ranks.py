@@ -41,6 +41,18 @@ def ranked(tmp_path_factory):
     return {"root": root, "model": model, "corpus": corpus, "db": db, "outcome": outcome}
 
 
+def _study_of_one_strategy(ranked, strategy: str) -> None:
+    """A study named `strategy` whose one candidate is the fixture's config under that strategy (its
+    probe reused from the fixture's study: the same config on the same machine)."""
+    from autotune.probe import ProbeSettings
+    from autotune.search import SearchOptions, search
+
+    search(str(ranked["model"]), BUDGET, settings=ProbeSettings(device="cpu", measure_steps=1),
+           options=SearchOptions(study=strategy, predict=False), db=ranked["db"], micro_batches=(2,),
+           block_sizes=(64,), precisions=("fp32",), checkpointing=(False,), attentions=("sdpa",), effective_batch=4,
+           gpus=2, strategies=(strategy,))
+
+
 def test_a_search_over_strategies_finishes_with_a_pick(ranked):
     outcome = ranked["outcome"]
     assert outcome.study.status == "finished", (outcome.stop_reason, [(c.label(), r.status, r.error) for c, r in outcome.unmeasured])
@@ -51,17 +63,11 @@ def test_a_search_over_strategies_finishes_with_a_pick(ranked):
 
 
 def test_train_runs_the_ddp_winner_on_two_ranks_and_holds_each_ranks_peak_to_the_probes(ranked, tmp_path, monkeypatch):
-    from autotune.search import SearchOptions, search
-    from autotune.probe import ProbeSettings
     from autotune.train import TrainOptions, train
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     db = ranked["db"]
-    # The ddp winner as a study of its own (on CPU, Trainer can run ddp on ranks, not fsdp).
-    search(str(ranked["model"]), BUDGET, settings=ProbeSettings(device="cpu", measure_steps=1),
-           options=SearchOptions(study="ddp", predict=False), db=db, micro_batches=(2,), block_sizes=(64,),
-           precisions=("fp32",), checkpointing=(False,), attentions=("sdpa",), effective_batch=4, gpus=2,
-           strategies=("ddp",))
+    _study_of_one_strategy(ranked, "ddp")  # (on CPU, Trainer can run ddp on ranks, not fsdp)
     lines: list[str] = []
     outcome = train(TrainOptions(dataset=str(ranked["corpus"]), output_dir=str(tmp_path / "run"), max_steps=4,
                                  device="cpu"), study="ddp", db=db, echo=lines.append)
@@ -83,16 +89,11 @@ def test_train_runs_the_ddp_winner_on_two_ranks_and_holds_each_ranks_peak_to_the
 
 
 def test_an_fsdp_winner_on_cpu_is_refused_before_anything_runs(ranked, tmp_path, monkeypatch):
-    from autotune.search import SearchOptions, search
-    from autotune.probe import ProbeSettings
     from autotune.train import TrainOptions, train
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     db = ranked["db"]
-    search(str(ranked["model"]), BUDGET, settings=ProbeSettings(device="cpu", measure_steps=1),
-           options=SearchOptions(study="fsdp", predict=False), db=db, micro_batches=(2,), block_sizes=(64,),
-           precisions=("fp32",), checkpointing=(False,), attentions=("sdpa",), effective_batch=4, gpus=2,
-           strategies=("fsdp",))
+    _study_of_one_strategy(ranked, "fsdp")
     with pytest.raises(BadInput, match="shards with FSDP on GPUs only"):
         train(TrainOptions(dataset=str(ranked["corpus"]), output_dir=str(tmp_path / "run"), max_steps=2, device="cpu"),
               study="fsdp", db=db, echo=lambda line: None)
