@@ -55,6 +55,70 @@ DEFAULT_TARGET_LENGTH = 128
 # The share of tokens masked in a masked-LM batch (BERT; DataCollatorForLanguageModeling's default).
 MLM_PROBABILITY = 0.15
 
+# Tasks whose examples are padded (each batch to its longest row, with an attention mask): those
+# whose example scripts tokenise one example per row. Causal and masked LMs pack text into full
+# blocks (run_clm.py, run_mlm.py's group_texts): no padding, no mask.
+PADDED_TASKS = frozenset({Task.SEQ2SEQ, Task.CLASSIFICATION})
+
+
+@dataclass(frozen=True, slots=True)
+class DataShape:
+    """The longest example of a data set, in tokens as the run's encoder makes them (special tokens
+    included): the longest batch a run of it can form (autotune.data.shape measures it).
+
+    A padded task (PADDED_TASKS) trains on batches no longer than its longest example: probing a
+    block size above it measures memory and time the run never spends, and can call a config that
+    fits too big. So the block sizes (and a seq2seq target length) are capped at it; truncation at
+    the capped length cuts nothing the longer one kept, so what is trained does not change.
+    `longest` None: a packed task, whose every block is full whatever the data."""
+
+    dataset: str
+    task: str
+    examples: int
+    longest: int | None = None             # source (classification: text) tokens
+    longest_target: int | None = None      # seq2seq target tokens
+    labels: int | None = None              # classification: the labels the data holds (the head's outputs)
+
+    def block_sizes(self, asked: tuple[int, ...]) -> tuple[int, ...]:
+        """`asked`, each capped at the longest example (the same once capped: one)."""
+        if self.longest is None:
+            return tuple(asked)
+        return tuple(sorted({min(block, self.longest) for block in asked}))
+
+    def target_length(self, asked: int | None) -> int | None:
+        if asked is None or self.longest_target is None:
+            return asked
+        return min(asked, self.longest_target)
+
+    def note(self, asked_blocks: tuple[int, ...], asked_target: int | None) -> str:
+        """The line a search's header and a plan say: which shape was probed, from what."""
+        if self.longest is None:
+            return (f"--dataset {self.dataset}: {self.task} packs its text into full blocks, so every batch has the "
+                    f"block size whatever the data")
+        blocks, target = self.block_sizes(asked_blocks), self.target_length(asked_target)
+        longest = f"{self.longest:,} tokens" + (f" + {self.longest_target:,} target tokens"
+                                                 if self.longest_target is not None else "")
+        probed = "/".join(str(b) for b in blocks) + (f"+{target}" if target is not None else "")
+        changed = blocks != tuple(asked_blocks) or target != asked_target
+        asked = "/".join(str(b) for b in asked_blocks) + (f"+{asked_target}" if asked_target is not None else "")
+        how = (f"probing batches of {probed} tokens (not {asked}: no batch of this data is longer)" if changed
+               else f"probing batches of {probed} tokens")
+        return (f"--dataset {self.dataset}: the longest of its {self.examples:,} examples is {longest}; {how}, "
+                f"padded with their attention mask as the run's collator pads them")
+
+
+def padded_lengths(rows: int, longest: int) -> list[int]:
+    """The tokens of each row of the batch a probe of a padded task measures: the worst batch of a
+    run whose examples hold at most `longest` tokens, padded either to the batch's longest row
+    (DataCollatorWithPadding, DataCollatorForSeq2Seq) or to `longest` (padding="max_length", as
+    run_classification.py and autotune train pad). The batch has `longest` positions and carries
+    padding in its last row, so that its mask cannot be dropped: transformers skips an all-ones
+    mask where it can, and a mask with zeros costs memory (eager attention expands it and masks the
+    softmax) and rules CUDA's flash kernel out. How much of the row is padding changes no memory:
+    half. (A one-row batch padded to its own length carries none; the probe's is no smaller.)"""
+    return [longest] * (rows - 1) + [max(1, longest // 2)]
+
+
 # Class-name endings in `architectures`, most specific first.
 _ARCHITECTURE_ENDINGS = (
     ("ForConditionalGeneration", Task.SEQ2SEQ),

@@ -30,6 +30,7 @@ import os
 import sys
 import time
 import traceback
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,37 +50,82 @@ from autotune.recipes import OPTIMIZERS
 OPTIMIZER_STEPS = 2
 
 
+_mask_rules_applied = False  # (once per process: a trace child traces many configs)
+
+
 def _real_run_mask_rules() -> None:
     """Make transformers choose the attention mask it chooses on real tensors.
 
-    The probe feeds unpadded, unpacked sequences, and transformers answers from their values:
+    transformers answers from the values of the tensors it is given, which fake tensors do not have:
     - `find_packed_sequence_indices` reads the position ids, finds no packing and returns None,
       so SDPA gets `is_causal=True` and no mask. On fake tensors it cannot read them and assumes
       packing, which builds an explicit B x 1 x S x S mask (and would rule out CUDA's flash kernel).
-    - an encoder-decoder's decoder (BART, Pegasus) makes a padding mask of ones itself; the SDPA
-      skip checks read it, find no padding and skip the mask. A fake padding mask counts as
-      "tracing", which keeps the B x 1 x T x T mask (bart at 2 x 64+128: 256 KiB more than measured).
-    So answer as a real run of the probe's batches does: no packing, and no padding."""
+    - the SDPA skip checks read a padding mask and drop it when it holds no padding. A fake mask
+      counts as "tracing", which keeps it. The probe's padded batches carry padding
+      (autotune.probe.step.padding_mask): their masks, and what transformers makes of them, are
+      kept, as on the real run. Every other mask is all ones (an encoder-decoder's decoder makes
+      one itself: BART, Pegasus) and is dropped, as the real run drops it (bart at 2 x 64+128: 256
+      KiB more than measured otherwise).
+    So answer as a real run of the probe's batches does: no packing, padding only where the batch has it."""
     try:
         import transformers.masking_utils as masking
     except ImportError:  # pragma: no cover - a transformers without the module builds masks otherwise
         return
     from torch._subclasses.fake_tensor import FakeTensor
 
+    from autotune.probe import step
+
+    global _mask_rules_applied
+    if _mask_rules_applied:
+        return
+    _mask_rules_applied = True
+    padded = _TensorSet()  # the batches' masks with padding, and the masks made from them
+    make_mask = step.padding_mask
+
+    def registered_padding_mask(*args, **kwargs):
+        mask = make_mask(*args, **kwargs)
+        padded.add(mask)
+        return mask
+
+    step.padding_mask = registered_padding_mask
     if hasattr(masking, "find_packed_sequence_indices"):
         masking.find_packed_sequence_indices = lambda position_ids: None
+    preprocess = getattr(masking, "_preprocess_mask_arguments", None)
+    if preprocess is not None:
+        def preprocess_keeping_padding(config, inputs_embeds, attention_mask, *args, **kwargs):
+            result = preprocess(config, inputs_embeds, attention_mask, *args, **kwargs)
+            if isinstance(attention_mask, torch.Tensor) and attention_mask in padded \
+                    and isinstance(result[1], torch.Tensor):
+                padded.add(result[1])  # the 2-D mask as a boolean: still the batch's padding
+            return result
+
+        masking._preprocess_mask_arguments = preprocess_keeping_padding
     for name in ("_ignore_causal_mask_sdpa", "_ignore_bidirectional_mask_sdpa"):
         original = getattr(masking, name, None)
-        if original is None or getattr(original, "_autotune_unpadded", False):
+        if original is None:
             continue
 
         def unpadded(padding_mask, *args, _original=original, **kwargs):
-            if isinstance(padding_mask, FakeTensor):
-                padding_mask = None  # the probe's batches have no padding: this mask is all ones
+            if isinstance(padding_mask, FakeTensor) and padding_mask not in padded:
+                padding_mask = None  # all ones: the real run drops it
             return _original(padding_mask, *args, **kwargs)
 
-        unpadded._autotune_unpadded = True  # type: ignore[attr-defined]
         setattr(masking, name, unpadded)
+
+
+class _TensorSet:
+    """Tensors by identity, each left out once it is freed (a WeakSet compares tensors by value)."""
+
+    def __init__(self) -> None:
+        self._ids: set[int] = set()
+
+    def add(self, tensor: torch.Tensor) -> None:
+        if id(tensor) not in self._ids:
+            self._ids.add(id(tensor))
+            weakref.finalize(tensor, self._ids.discard, id(tensor))
+
+    def __contains__(self, tensor: object) -> bool:
+        return id(tensor) in self._ids
 
 
 @contextlib.contextmanager

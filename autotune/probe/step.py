@@ -16,7 +16,7 @@ from autotune.errors import BadInput
 from autotune.flops import flops_per_token
 from autotune.models import ModelSpec
 from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec, is_qlora
-from autotune.tasks import AUTO_CLASSES, MLM_PROBABILITY, Task
+from autotune.tasks import AUTO_CLASSES, MLM_PROBABILITY, Task, padded_lengths
 
 # bitsandbytes (imported by peft and by transformers' optimizers) warns on import about optional
 # CPU kernels nobody asked for: on a user error that would be a second line before the one that matters.
@@ -197,12 +197,19 @@ def synthetic_batch(config: ProbeConfig, vocab_size: int, device: torch.device) 
     own training builds them. Only elementwise ops (no boolean indexing), so that the estimator's
     fake tensors trace it exactly.
 
-    - causal-lm: labels are the input ids (the model shifts them), as run_clm.py packs blocks.
+    - causal-lm: labels are the input ids (the model shifts them), as run_clm.py packs blocks: no
+      padding, so no attention mask.
     - seq2seq: `block_size` source tokens and `target_length` label tokens; the model makes its
       decoder inputs by shifting the labels right, as it does for DataCollatorForSeq2Seq.
     - classification: one integer label per sequence (a float for a one-output regression head).
     - masked-lm: BERT's masking of 15% of the tokens (80% become the mask token, 10% a random
       token, 10% stay); the other labels are -100, as DataCollatorForLanguageModeling makes them.
+      Packed blocks, as run_mlm.py groups texts: no padding.
+
+    Padded tasks (autotune.tasks.PADDED_TASKS: seq2seq, classification) carry the attention mask of
+    their worst padded batch (autotune.tasks.padded_lengths): a mask is not free (eager attention
+    expands it to a float mask per layer and masks the softmax; on CUDA it rules the flash kernel
+    out), so a probe without one measured less than the run needs.
     """
     shape = (config.micro_batch, config.block_size)
     input_ids = torch.randint(0, vocab_size, shape, device=device)
@@ -212,12 +219,17 @@ def synthetic_batch(config: ProbeConfig, vocab_size: int, device: torch.device) 
     if task == Task.SEQ2SEQ:
         assert config.target_length is not None
         labels = torch.randint(0, vocab_size, (config.micro_batch, config.target_length), device=device)
-        return {"input_ids": input_ids, "labels": labels}
+        # Padding of the target carries no loss (DataCollatorForSeq2Seq pads labels with -100).
+        target_kept = padding_mask(config.micro_batch, config.target_length, device)
+        labels = torch.where(target_kept.bool(), labels, torch.full_like(labels, -100))
+        return {"input_ids": input_ids, "attention_mask": padding_mask(*shape, device), "labels": labels}
     if task == Task.CLASSIFICATION:
         assert config.num_labels is not None
+        mask = padding_mask(*shape, device)
         if config.num_labels == 1:
-            return {"input_ids": input_ids, "labels": torch.rand(config.micro_batch, device=device)}
-        return {"input_ids": input_ids, "labels": torch.randint(0, config.num_labels, (config.micro_batch,), device=device)}
+            return {"input_ids": input_ids, "attention_mask": mask, "labels": torch.rand(config.micro_batch, device=device)}
+        labels = torch.randint(0, config.num_labels, (config.micro_batch,), device=device)
+        return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
     # masked-lm. The mask token's id changes nothing measured: the last id of the vocabulary stands in.
     chosen = torch.rand(shape, device=device) < MLM_PROBABILITY
     labels = torch.where(chosen, input_ids, torch.full_like(input_ids, -100))
@@ -225,6 +237,13 @@ def synthetic_batch(config: ProbeConfig, vocab_size: int, device: torch.device) 
     masked = torch.where(chosen & (fate < 0.8), torch.full_like(input_ids, vocab_size - 1), input_ids)
     randomised = torch.where(chosen & (fate >= 0.8) & (fate < 0.9), torch.randint_like(input_ids, 0, vocab_size), masked)
     return {"input_ids": randomised, "labels": labels}
+
+
+def padding_mask(rows: int, length: int, device: torch.device) -> torch.Tensor:
+    """The attention mask (1: a token, 0: padding) of the worst padded batch of `rows` examples of
+    at most `length` tokens (autotune.tasks.padded_lengths), elementwise for the estimator's trace."""
+    lengths = torch.tensor(padded_lengths(rows, length), device=device)
+    return (torch.arange(length, device=device)[None, :] < lengths[:, None]).long()
 
 
 def parameter_count(model, trainable: bool = False) -> int:

@@ -33,6 +33,11 @@ CASES = {
                                 "evaluation": {"eval_batch": 4}}),
     "bert classification": ("bert-classification", {"micro_batch": 2, "block_size": 64, "evaluation": {
         "eval_batch": 4, "eval_logits": "kept", "eval_accumulation_steps": 2}}),
+    # padded batches with their attention mask, expanded by eager attention (autotune.tasks.padded_lengths)
+    "bert classification eager": ("bert-classification", {"micro_batch": 3, "block_size": 64, "attention": "eager",
+                                                          "evaluation": {"eval_batch": 2}}),
+    "pegasus eager, one row": ("pegasus", {"micro_batch": 1, "block_size": 64, "target_length": 16,
+                                           "attention": "eager", "evaluation": {"eval_batch": 1}}),
     # beam search to the whole length, then the loss forward
     "t5 beams": ("t5", {"micro_batch": 2, "block_size": 64, "target_length": 16, "evaluation": {
         "eval_batch": 2, "generate": True, "num_beams": 3}}),
@@ -206,3 +211,27 @@ def test_per_phase_figures_travel_with_the_estimate(tmp_path):
     middle = interpolated(dataclasses.replace(config, micro_batch=3), cpu, high, 0.5)
     assert isinstance(middle, MemoryEstimate)
     assert middle.phase_peaks == {"train": {"allocated": 1200, "reserved": 1536}, "eval": {"allocated": 1000, "reserved": 1280}}
+
+
+@pytest.mark.slow
+def test_a_group_whose_peak_changes_phase_is_interpolated_phase_by_phase(tmp_path):
+    """Micro-batch 1 of a tiny GPT-2 with --eval-batch 8 peaks in its eval phase, micro-batch 4 in
+    training: the chord of the largest phase put micro-batch 2 15% over its trace, a false skip on
+    CPU (benchmarks/interpolation.py). Each phase's chord follows it; a search's floor stays under."""
+    from autotune.estimate.interpolate import INTERPOLATION_OVERSHOOT, between
+    from autotune.search.predictions import predict
+
+    model = str(write_model_dir(tmp_path / "gpt2"))
+    group = [ProbeConfig(model, mb, 64, grad_accum=8 // mb, eval_batch=8) for mb in (1, 2, 4)]
+    exact = {e.config.micro_batch: e for e in estimate_memories(group, device_type="cpu", use_cache=False)}
+    assert exact[1].phase_peaks["eval"]["allocated"] > exact[1].phase_peaks["train"]["allocated"]
+    assert exact[4].phase_peaks["train"]["allocated"] > exact[4].phase_peaks["eval"]["allocated"]
+    low, high, t = between(group[1], [exact[1], exact[4]])
+    chord = low.peak_bytes + t * (high.peak_bytes - low.peak_bytes)
+    assert chord > 1.10 * exact[2].peak_bytes  # the old interpolation's overshoot
+    middle = interpolated(group[1], low, high, t)
+    assert exact[2].peak_bytes <= middle.peak_bytes < 1.01 * exact[2].peak_bytes
+    assert exact[2].reserved_bytes <= middle.reserved_bytes < 1.01 * exact[2].reserved_bytes
+    assert sum(middle.breakdown.values()) == middle.peak_bytes
+    floor = predict(group, "cpu")[group[1].key()].floor_bytes
+    assert floor <= exact[2].floor_bytes and floor >= (1 - 2 * INTERPOLATION_OVERSHOOT) * exact[2].floor_bytes
