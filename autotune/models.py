@@ -41,6 +41,8 @@ _SIZE_KEYS = (
     "num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers", "decoder_layers", "num_decoder_layers",
     "num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads", "decoder_attention_heads",
 )
+# The files from_pretrained reads a model's weights from: a directory without any holds only its architecture.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 # The fewest tokens a vocabulary can have and still train something: the probe feeds random token
 # ids in [0, vocab_size), so with one token every input and every label is the same.
 MIN_VOCAB = 2
@@ -63,6 +65,12 @@ class ModelSpec:
     @property
     def model_type(self) -> str:
         return str(self.config.get("model_type", "?"))
+
+    @property
+    def recorded(self) -> str:
+        """The reference a study and its configs keep: a local directory's absolute path, so that
+        `train`, `best.load_model` and a worker find it from any directory; else as typed."""
+        return str(Path(self.reference).expanduser().resolve()) if self.source == "local" else self.reference
 
     @property
     def max_positions(self) -> int | None:

@@ -14,7 +14,7 @@ from autotune.config import ATTENTIONS, PRECISIONS, ProbeConfig
 from autotune.errors import BadInput
 from autotune.evaluation import recipe_fields
 from autotune.models import ModelSpec
-from autotune.tasks import FIXED_RECIPE, Task
+from autotune.tasks import FIXED_RECIPE, DataShape, Task
 from autotune.units import INT64_MAX
 
 
@@ -51,6 +51,9 @@ class SearchSpace:
     gpus: int = 1                      # on each node
     strategies: tuple[str, ...] = ()   # () on one GPU
     nodes: int = 1
+    # What building the space assumed, said with a search's header and a plan (the data's shape):
+    # not part of what the space is, so neither stored nor compared.
+    notes: tuple[str, ...] = dataclasses.field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         problems = sharding.count_problems(self.gpus, self.nodes)
@@ -109,15 +112,33 @@ class SearchSpace:
     def build(cls, spec: ModelSpec, *, micro_batches=None, block_sizes=None, precisions=None, checkpointing=None,
               attentions=None, effective_batch=None, effective_tokens=None, task=None, target_length=None,
               num_labels=None, optimizers=None, weights=None, peft=None, compiles=None, allocators=None,
-              ligers=None, evaluation: dict | None = None, gpus: int = 1, strategies=None, nodes: int = 1) -> "SearchSpace":
+              ligers=None, evaluation: dict | None = None, gpus: int = 1, strategies=None, nodes: int = 1,
+              data_shape: DataShape | None = None) -> "SearchSpace":
         # `evaluation`: what the command line asked of the run's evaluation (evaluation.recipe_fields).
         """A space for `spec` with documented defaults for whatever is not given, checked against
-        the model (block sizes within its maximum positions; the task from its architectures)."""
+        the model (block sizes within its maximum positions; the task from its architectures).
+        `data_shape`: the user's data (autotune.tasks.DataShape), whose longest example caps the block
+        sizes and the target length of a padded task."""
         max_positions = spec.max_positions
         recipe = spec.task_fields(task=task, target_length=target_length, num_labels=num_labels)
         if block_sizes is None:
             block_sizes = (min(defaults.BLOCK_SIZE, max_positions or defaults.BLOCK_SIZE),)
         spec.check_block_sizes(*block_sizes, flag="--block-sizes")
+        notes: tuple[str, ...] = ()
+        # Generation runs to the target length asked (a recipe lever), whatever length the data caps
+        # its batches at: a shorter generation would change what the evaluation does.
+        asked_target = recipe.get("target_length")
+        if data_shape is not None:
+            notes = (data_shape.note(tuple(sorted(set(block_sizes))), asked_target),)
+            capped = data_shape.block_sizes(tuple(block_sizes))
+            if effective_tokens is not None and capped != tuple(sorted(set(block_sizes))):
+                raise BadInput(f"--effective-tokens {effective_tokens} was meant for blocks of "
+                               f"{'/'.join(map(str, sorted(set(block_sizes))))} tokens, but no example of --dataset "
+                               f"{data_shape.dataset} is longer than {data_shape.longest}: give --effective-batch "
+                               f"(sequences per optimizer step) instead.")
+            block_sizes = capped
+            if asked_target is not None:
+                recipe["target_length"] = data_shape.target_length(asked_target)
         if effective_batch is None and effective_tokens is None:
             if len(block_sizes) > 1:
                 effective_tokens = defaults.EFFECTIVE_BATCH * max(block_sizes)
@@ -131,7 +152,7 @@ class SearchSpace:
         if strategies is None:
             strategies = sharding.STRATEGIES if gpus * nodes > 1 else ()
         return cls(
-            model=spec.reference,
+            model=spec.recorded,
             micro_batches=tuple(sorted(set(micro_batches))),
             block_sizes=tuple(sorted(set(block_sizes))),
             precisions=tuple(precisions or defaults.PRECISIONS),
@@ -148,8 +169,9 @@ class SearchSpace:
             gpus=gpus,
             nodes=nodes,
             strategies=tuple(dict.fromkeys(strategies)),
+            notes=notes,
             **recipe,
-            **recipe_fields(evaluation, recipe.get("target_length")),
+            **recipe_fields(evaluation, asked_target),
         )
 
     @classmethod
@@ -293,7 +315,7 @@ def single_config(spec: ModelSpec, *, micro_batch: int, block_size: int, grad_ac
     """One configuration of `spec`, as `autotune probe` and `autotune estimate` are given it: the
     task told from the model's architectures when not given, with its defaults."""
     recipe = spec.task_fields(task=task, target_length=target_length, num_labels=num_labels)
-    return ProbeConfig(model=spec.reference, micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum,
+    return ProbeConfig(model=spec.recorded, micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum,
                        precision=precision, checkpointing=checkpointing, attention=attention, optimizer=optimizer,
                        weights=weights, peft=peft, compile=compile, allocator=allocator, liger=liger, gpus=gpus,
                        strategy=strategy, nodes=nodes, **recipe, **recipe_fields(evaluation, recipe.get("target_length")))

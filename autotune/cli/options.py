@@ -170,6 +170,50 @@ def db_option(func):
     return click.option("--db", metavar="URL", default=None, help=DB_HELP)(func)
 
 
+def data_options(*, required: bool):
+    """Where the data is and which columns hold what: train's data (`required`), and search's and
+    plan's, whose longest example is the longest batch to probe (autotune.data.shape)."""
+    what = ("A local .txt, .json/.jsonl, .csv/.tsv or .parquet file (or directory), or a hub data set "
+            "NAME[:CONFIG[:SPLIT]].")
+    if not required:
+        what += (" Seq2seq and classification: its longest example caps the block sizes and the target length "
+                 "(no batch of it is longer), and gives a classifier its labels.")
+    options = [
+        click.option("--dataset", required=required, default=None, help=what),
+        click.option("--text-column", default=None,
+                     help="Column holding the text (seq2seq: the source) [default: 'text', or the only text column; "
+                          "seq2seq also 'document', 'article', 'source', 'dialogue', 'input'; classification also "
+                          "'sentence']."),
+        click.option("--target-column", default=None,
+                     help="seq2seq: column holding the target text [default: 'summary', 'target', 'highlights' or "
+                          "'output']."),
+        click.option("--label-column", default=None,
+                     help="classification: column holding the labels, text or whole-number ids [default: 'label']."),
+        click.option("--tokenizer", default=None, help="Tokenizer directory or hub id [default: the model's own]."),
+    ]
+
+    def decorate(func):
+        for option in reversed(options):
+            func = option(func)
+        return func
+
+    return decorate
+
+
+def data_arguments(dataset, text_column, target_column, label_column, tokenizer):
+    """data_options' flags as the DataOptions of search and plan (None without --dataset); a column
+    flag without --dataset is a mistake."""
+    from autotune.data.shape import DataOptions
+
+    if dataset is None:
+        for flag, value in (("--text-column", text_column), ("--target-column", target_column),
+                            ("--label-column", label_column), ("--tokenizer", tokenizer)):
+            if value is not None:
+                raise click.UsageError(f"{flag} describes the data: give --dataset too, or leave {flag} out")
+        return None
+    return DataOptions(dataset, text_column, target_column, label_column, tokenizer=tokenizer)
+
+
 def space_options(func):
     """The search space's flags, shared by `search` and `plan`; the recipe levers come with them."""
     options = [
@@ -203,7 +247,7 @@ def space_options(func):
     ]
     for option in reversed(options):
         func = option(func)
-    return task_options(func)
+    return data_options(required=False)(task_options(func))
 
 
 def on_off_list(text: str, flag: str) -> tuple[bool, ...]:
@@ -218,7 +262,8 @@ def space_arguments(*, micro_batches, block_sizes, precisions, checkpointing_, a
                     compile_, allocators, liger, effective_batch, effective_tokens, task, target_length, num_labels,
                     peft, lora_rank, lora_alpha, lora_dropout, lora_targets, eval_batch=None, eval_logits=None,
                     eval_accumulation_steps=None, generate=False, generation_max_length=None, num_beams=None, gpus=1,
-                    strategies=None, nodes=1) -> dict:
+                    strategies=None, nodes=1, dataset=None, text_column=None, target_column=None, label_column=None,
+                    tokenizer=None) -> dict:
     """space_options' flags, parsed, as SearchSpace.build's keyword arguments."""
     from autotune.config import ATTENTIONS, OPTIMIZERS, PRECISIONS
     from autotune.recipes import OPTIMIZER_ALIASES, WEIGHTS, peft_text
@@ -249,4 +294,5 @@ def space_arguments(*, micro_batches, block_sizes, precisions, checkpointing_, a
         gpus=gpus,
         nodes=nodes,
         strategies=parse_choice_list(strategies, flag="--strategies", allowed=STRATEGIES) if strategies is not None else None,
+        data=data_arguments(dataset, text_column, target_column, label_column, tokenizer),
     )

@@ -7,7 +7,7 @@ import sys
 import click
 
 from autotune.cli.app import cli, echo_json
-from autotune.cli.options import db_option, evaluation_asked, task_options
+from autotune.cli.options import data_options, db_option, evaluation_asked, task_options
 from autotune.recipes import peft_text
 
 
@@ -16,22 +16,13 @@ from autotune.recipes import peft_text
 @click.option("--model", default=None, help="Model to train; with --gpu-budget and no finished study for them, a search runs first.")
 @click.option("--gpu-budget", default=None,
               help="Memory to fit in (8GiB, 7.5GiB, 8192MiB, 8GB or bytes); with --study alone it overrides the study's budget.")
-@click.option("--dataset", required=True,
-              help="A local .txt, .json/.jsonl, .csv/.tsv or .parquet file (or directory), or a hub data set NAME[:CONFIG[:SPLIT]].")
-@click.option("--text-column", default=None,
-              help="Column holding the text (seq2seq: the source) [default: 'text', or the only text column; seq2seq also "
-                   "'document', 'article', 'source', 'dialogue', 'input'; classification also 'sentence'].")
-@click.option("--target-column", default=None,
-              help="seq2seq: column holding the target text [default: 'summary', 'target', 'highlights' or 'output'].")
-@click.option("--label-column", default=None,
-              help="classification: column holding the labels, text or whole-number ids [default: 'label'].")
+@data_options(required=True)
 @click.option("--eval-split", default=None, help="Evaluation data: a split name, a file, or a share of the blocks held out (5%).")
 @click.option("--output-dir", default=None, help="Checkpoints, the model and autotune-run.json [default: ./autotune-runs/STUDY].")
 @click.option("--max-steps", type=int, default=None, help="Optimizer steps in all (a resumed run counts the earlier ones).")
 @click.option("--epochs", type=float, default=None, help="Passes over the data instead of --max-steps [default: 1].")
 @click.option("--device", default=None, help="auto, cpu, cuda or cuda:N [default: the device type the study measured on].")
 @click.option("--resume", is_flag=True, help="Go on from the latest checkpoint in --output-dir.")
-@click.option("--tokenizer", default=None, help="Tokenizer directory or hub id [default: the model's own].")
 @click.option("--learning-rate", type=float, default=5e-5, show_default=True, help="Peak learning rate (linear decay).")
 @click.option("--save-steps", type=int, default=500, show_default=True, help="Save a checkpoint every N optimizer steps.")
 @click.option("--random-init", is_flag=True, help="Start from random weights even where the model has trained ones.")

@@ -29,10 +29,12 @@ def plan_for(model: str, target: Target, space_args: dict[str, Any], *, exact: b
     from autotune.search.launch import trace_processes
     from autotune.space import SearchSpace
 
+    from autotune.data.shape import shaped_space_args
+
     spec = resolve_model(model)
-    space = SearchSpace.build(spec, **space_args)
     # Refused before any trace child starts: a model nothing can train, or its own code unasked.
     spec.check_usable(trust_remote_code, budget_bytes=target.budget.total_bytes)
+    space = SearchSpace.build(spec, **shaped_space_args(spec, space_args, trust_remote_code))
     store = _measurements(db, study)
     try:
         if store is not None and study is not None:

@@ -86,12 +86,15 @@ def resolve_search(model: str, budget_bytes: int, *, settings: ProbeSettings, op
     from autotune.models import resolve_model
     from autotune.probe.runner import cuda_may_be_visible
 
+    from autotune.data.shape import shaped_space_args
+
     spec = resolve_model(model)
-    space = SearchSpace.build(spec, **space_args)
-    check_rendezvous(space.nodes, settings.rendezvous)
     spec.check_usable(settings.trust_remote_code, budget_bytes=budget_bytes)
+    space = SearchSpace.build(spec, **shaped_space_args(spec, space_args, settings.trust_remote_code))
+    check_rendezvous(space.nodes, settings.rendezvous)
     request = SearchRequest.of(space, spec, settings.budget(budget_bytes), options, settings)
-    notes = [note for note in (shadowing_note(spec), task_note(spec.config, space_args.get("task"))) if note]
+    notes = [note for note in (shadowing_note(spec), task_note(spec.config, space_args.get("task")), *space.notes)
+             if note]
     if notes:
         request = dataclasses.replace(request, notes=tuple(notes))
     if settings.device_kind == "auto" and not cuda_may_be_visible():

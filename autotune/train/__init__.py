@@ -11,7 +11,7 @@ checkpointing, the optimizer) and to the model (the task's class, attention impl
 merged model); the
 data becomes examples of the probe's shapes: blocks of the winner's block size for the language
 models (`autotune.data`), padded sources and targets for seq2seq, padded texts and label ids for
-classification (`autotune.train.task_data`). The budget holds as it does for a probe
+classification (`autotune.data.task_data`). The budget holds as it does for a probe
 (`autotune.probe.budget`): on CUDA the caching allocator is capped at budget - context - margin
 before the model is built; on CPU the model is built and trained inside `CpuMemoryAccountant`,
 which raises `torch.OutOfMemoryError` past the cap exactly where a card of that size would (at
@@ -44,7 +44,9 @@ Importing this package does not import torch or transformers; a run does.
 from __future__ import annotations
 
 from autotune.train.fine_tune import train
-from autotune.train.loading import WEIGHT_FILES, build_model, load_tokenizer, weights_location
+from autotune.data.tokenizer import load_tokenizer
+from autotune.models import WEIGHT_FILES
+from autotune.train.loading import build_model, weights_location
 from autotune.train.options import TrainOptions, TrainOutcome
 from autotune.train.run import DEFAULT_OUTPUT_ROOT, checkpoints, default_output_dir
 from autotune.train.summary import PEAK_TOLERANCE, SUMMARY_FILE, PhasePeak, ProbeMeasurement, RunSummary

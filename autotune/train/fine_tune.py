@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -18,8 +18,9 @@ from autotune.errors import BadInput
 from autotune.recipes import is_qlora
 from autotune.sharding import count_problems
 from autotune.status import StudyStatus
-from autotune.tasks import Task
-from autotune.train.loading import check_vocabulary, load_tokenizer, weights_location
+from autotune.tasks import PADDED_TASKS, Task
+from autotune.data.tokenizer import check_vocabulary, load_tokenizer
+from autotune.train.loading import weights_location
 from autotune.train.options import TrainOptions, TrainOutcome
 from autotune.train.run import (RunContext, StoreRecorder, checkpoints, default_output_dir, describe_limits, run_training,
                                 training_arguments)
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from autotune.budget import Budget
     from autotune.data import Blocks
     from autotune.models import ModelSpec
-    from autotune.train.task_data import Examples, TaskData
+    from autotune.data.task_data import Examples, TaskData
 
 
 def train(
@@ -69,7 +70,7 @@ def train(
                              "evaluation": evaluation}
     plan = _plan_run(options, study, model, gpu_budget, flags, db, gpus)
     data, tokenizer = _load_data(plan, options, echo)
-    winner = _find_winner(plan, data, options, db, echo, on_search_start, on_search_event)
+    winner = _find_winner(plan, data, tokenizer, options, db, echo, on_search_start, on_search_event)
     if winner.row.config.ranks > 1:
         return _train_on_ranks(plan, winner, options, flags, db, echo)
     context, args = _prepare_run(plan, winner, data, tokenizer, options, echo)
@@ -85,16 +86,18 @@ def _train_on_ranks(plan: RunPlan, winner: Winner, options: TrainOptions, flags:
     device_type = (options.device or str(winner.study.environment.get("device_type") or "auto")).split(":")[0]
     check_trainable_on_ranks(winner, device_type)
     _make_output_dir(plan.output_dir)
-    return train_on_ranks(winner, options, plan.output_dir, plan.gpu_budget, flags, db, echo, plan.searches)
+    return train_on_ranks(winner, options, plan.output_dir, plan.gpu_budget, flags, db, echo, plan.searches,
+                          model=plan.spec.recorded)
 
 
-def run_rank(options: TrainOptions, study: str, gpu_budget: int | None, flags: dict[str, Any], db: str | None,
-             recorder: Any, run_id: int, echo: Callable[[str], None]) -> TrainOutcome:
+def run_rank(options: TrainOptions, study: str, model: str | None, gpu_budget: int | None, flags: dict[str, Any],
+             db: str | None, recorder: Any, run_id: int, echo: Callable[[str], None]) -> TrainOutcome:
     """One rank of a run on several GPUs (started by train_on_ranks): the same plan, data, winner and
     preparation as a run on one GPU, on this rank's device under the same cap, its end kept by `recorder`."""
-    plan = _plan_run(options, study, None, gpu_budget, flags, db)
+    # The study is settled by now: its winner, on the model the starter found (`model`), under its budget.
+    plan = replace(_plan_run(options, study, model, None, flags, db), gpu_budget=gpu_budget)
     data, tokenizer = _load_data(plan, options, echo)
-    winner = _find_winner(plan, data, options, db, echo, None, None)
+    winner = _find_winner(plan, data, tokenizer, options, db, echo, None, None)
     context, args = _prepare_run(plan, winner, data, tokenizer, options, echo)
     return run_training(context, run_id, recorder, args, tokenizer, echo)
 
@@ -235,9 +238,9 @@ def _checked_checkpoints(output_dir: Path, resume: bool) -> tuple[Path, ...]:
 def _load_data(plan: RunPlan, options: TrainOptions,
                echo: Callable[[str], None]) -> tuple[TaskData, PreTrainedTokenizerBase]:
     """The data and the tokenizer, checked before anything is searched or recorded: a bad file costs no search."""
-    from autotune.train.task_data import check_tokenizer, load_task_data
+    from autotune.data.task_data import check_tokenizer, load_task_data
 
-    data = load_task_data(plan.task, options)
+    data = load_task_data(plan.task, options.data)
     echo(f"data: {data.describe()}")
     tokenizer = load_tokenizer(plan.spec, options.tokenizer, options.trust_remote_code)
     check_vocabulary(plan.spec, tokenizer)
@@ -245,16 +248,22 @@ def _load_data(plan: RunPlan, options: TrainOptions,
     return data, tokenizer
 
 
-def _find_winner(plan: RunPlan, data: TaskData, options: TrainOptions, db: str | None, echo: Callable[[str], None],
-                 on_search_start: Callable | None, on_search_event: Callable | None) -> Winner:
+def _find_winner(plan: RunPlan, data: TaskData, tokenizer: PreTrainedTokenizerBase, options: TrainOptions,
+                 db: str | None, echo: Callable[[str], None], on_search_start: Callable | None,
+                 on_search_event: Callable | None) -> Winner:
     """The configuration to train, searched for only now that the data is known, and checked to train its task."""
+    from autotune.data.task_data import example_lengths
+
     winner = plan.winner
     if winner is None:
         assert plan.gpu_budget is not None  # a search is only planned for a model and a budget
         search_fixed_recipe = dict(plan.search_fixed_recipe)
-        # A new study's classifier is measured with the data's labels.
+        # A new study's classifier is measured with the data's labels, and a padded task's probes
+        # with the data's longest example (autotune.tasks.DataShape): the longest batch the run forms.
         if plan.task == Task.CLASSIFICATION and data.labels is not None:
             search_fixed_recipe.setdefault("num_labels", data.labels.count)
+        if plan.task in PADDED_TASKS:
+            search_fixed_recipe["data_shape"] = example_lengths(data, tokenizer)
         winner = search_for_winner(plan.spec, plan.gpu_budget, plan.name, options.device, db, echo, on_search_start,
                                    on_search_event, **search_fixed_recipe)
     config, row, record = winner.row.config, winner.row, winner.study
@@ -275,7 +284,7 @@ def _prepare_run(plan: RunPlan, winner: Winner, data: TaskData, tokenizer: PreTr
     from autotune.probe.devices import resolve_training_device
     from autotune.probe.speedups import use_allocator
     from autotune.probe.step import check_recipe
-    from autotune.train.task_data import Examples, prepare_examples
+    from autotune.data.task_data import Examples, prepare_examples
 
     config, record = winner.row.config, winner.study
     blocks = prepare_examples(data, tokenizer, config, seed=options.seed)

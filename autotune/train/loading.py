@@ -1,29 +1,23 @@
-"""The model and tokenizer to train: where the weights are, which tokenizer encodes the data, and
-the model of the winner's task built from them. transformers is imported inside the functions that
-need it."""
+"""The model to train: where the weights are, and the model of the winner's task built from them
+(the tokenizer that encodes the data: autotune.data.tokenizer). transformers is imported inside the
+functions that need it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import BadInput, ModelNotFound
+from autotune.data.tokenizer import hub_usable
+from autotune.models import WEIGHT_FILES
 
 if TYPE_CHECKING:
     import torch
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import PreTrainedModel
 
     from autotune.config import ProbeConfig
     from autotune.models import ModelSpec
-    from autotune.train.task_data import Labels
+    from autotune.data.task_data import Labels
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
-
-
-def _hub_usable() -> bool:
-    from autotune.models import _hub_reachable, _offline
-
-    return not _offline() and _hub_reachable()
 
 
 def weights_location(spec: ModelSpec, random_init: bool = False) -> str | None:
@@ -32,57 +26,9 @@ def weights_location(spec: ModelSpec, random_init: bool = False) -> str | None:
         return None
     if spec.path and any((Path(spec.path) / name).is_file() for name in WEIGHT_FILES):
         return spec.path
-    if spec.source == "hub" and _hub_usable():
+    if spec.source == "hub" and hub_usable():
         return spec.reference  # from_pretrained downloads them
     return None
-
-
-def load_tokenizer(spec: ModelSpec, explicit: str | None = None,
-                   trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
-    """The tokenizer of `explicit`, else of the model reference; ModelNotFound saying what to pass."""
-    from transformers import AutoTokenizer
-
-    local_only = not _hub_usable()  # offline, ask only the local cache rather than wait for timeouts
-    candidates = [explicit] if explicit else list(dict.fromkeys(c for c in (spec.path, spec.reference) if c))
-    reasons = []
-    for candidate in candidates:
-        local = Path(candidate).expanduser()
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(str(local) if local.exists() else candidate,
-                                                      local_files_only=local_only, trust_remote_code=trust_remote_code)
-        except Exception as exc:  # OSError, ValueError, TypeError...: all mean "no usable tokenizer there"
-            reasons.append(f"{candidate}: {' '.join(str(exc).split())[:160]}")
-            continue
-        if _tokenizes(tokenizer):
-            return tokenizer
-        # transformers 5 builds an empty tokenizer (no vocabulary) from a directory holding only
-        # config.json rather than failing; packing text with it would make blocks of unknown tokens.
-        reasons.append(f"{candidate}: no tokenizer files (an empty vocabulary)")
-    if explicit:
-        raise ModelNotFound(f"--tokenizer {explicit}: cannot load a tokenizer from it ({'; '.join(reasons)}); "
-                            f"give a directory holding tokenizer files, or a hub id.")
-    where = f"{spec.path} has no tokenizer files" if spec.path else f"{spec.reference} is not in the Hugging Face cache"
-    raise ModelNotFound(f"no tokenizer for {spec.reference}: {where}"
-                        f"{' and the hub is unreachable' if local_only else ''}; pass --tokenizer PATH "
-                        f"(a directory saved with tokenizer.save_pretrained, or a hub id).")
-
-
-def _tokenizes(tokenizer: PreTrainedTokenizerBase) -> bool:
-    """True when the tokenizer has a vocabulary: plain English becomes known tokens."""
-    try:
-        ids = tokenizer("The quick brown fox jumps over the lazy dog.", add_special_tokens=False)["input_ids"]
-    except Exception:  # a tokenizer that cannot even encode English is as good as none
-        return False
-    unknown = getattr(tokenizer, "unk_token_id", None)
-    return len(tokenizer) > 1 and bool(ids) and any(i != unknown for i in ids)
-
-
-def check_vocabulary(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase) -> None:
-    """BadInput when the tokenizer makes ids that the model has no embedding for."""
-    vocab = spec.config.get("vocab_size")
-    if isinstance(vocab, int) and len(tokenizer) > vocab:
-        raise BadInput(f"the tokenizer has {len(tokenizer):,} tokens but {spec.reference}'s vocabulary has {vocab:,}: "
-                       f"ids past {vocab - 1} have no embedding; pass the model's own tokenizer with --tokenizer.")
 
 
 def build_model(spec: ModelSpec, config: ProbeConfig, device: torch.device, weights: str | None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from autotune.data.shape import DataOptions
 from autotune.errors import BadInput
 from autotune.status import RunEnd
 from autotune.units import INT64_MAX
@@ -33,6 +34,12 @@ class TrainOptions:
     trust_remote_code: bool = False
     seed: int = 42
     merge: bool = False                    # LoRA: also save the base with the adapters merged, in <output_dir>/merged
+
+    @property
+    def data(self) -> DataOptions:
+        """Where the data is and what its columns hold, as search and plan take them too."""
+        return DataOptions(self.dataset, self.text_column, self.target_column, self.label_column, self.eval_split,
+                           self.tokenizer)
 
     def __post_init__(self) -> None:
         problems = []

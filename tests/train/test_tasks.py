@@ -20,7 +20,7 @@ from autotune.search import search as real_search
 from autotune.store import open_store
 from autotune.tasks import Task
 from autotune.train import SUMMARY_FILE, TrainOptions, train
-from autotune.train.task_data import load_task_data
+from autotune.data.task_data import load_task_data
 from autotune.train.winner import FixedRecipe
 from tests.cli import assert_usage_error, autotune
 from tests.tiny_tasks import write_tiny

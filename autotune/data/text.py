@@ -8,7 +8,7 @@ Packing follows the Hugging Face `run_clm.py` example: concatenate every text, c
 `block_size` tokens, drop the remainder; labels are the input ids (the model shifts them).
 
 Tasks that read more than the text (a seq2seq target, a classification label) name their columns
-through `load_text(..., columns=...)`; `autotune.train.task_data` makes their examples.
+through `load_text(..., columns=...)`; `autotune.data.task_data` makes their examples.
 """
 
 from __future__ import annotations

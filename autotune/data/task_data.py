@@ -24,16 +24,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from autotune.data import DEFAULT_TEXT_COLUMN, Blocks, TextData, load_text, pack_blocks, text_column
+from autotune.data.text import DEFAULT_TEXT_COLUMN, Blocks, TextData, load_text, pack_blocks, text_column
 from autotune.errors import BadInput, DatasetError
 from autotune.evaluation import generates
-from autotune.tasks import MLM_PROBABILITY, Task
+from autotune.tasks import MLM_PROBABILITY, DataShape, Task
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from autotune.config import ProbeConfig
-    from autotune.train.options import TrainOptions
+    from autotune.data.shape import DataOptions
 
 # Column names looked for when no --text-column/--target-column is given, in this order (those of
 # run_summarization.py's known data sets: xsum, cnn_dailymail, samsum, ...).
@@ -95,7 +95,7 @@ class Examples:
         return f"{len(self.train):,} training examples of {self.shape}{evaluation}"
 
 
-def load_task_data(task: Task, options: TrainOptions) -> TaskData:
+def load_task_data(task: Task, options: DataOptions) -> TaskData:
     """Read `options.dataset` and check that it holds what `task` trains on; DatasetError naming
     the columns when it does not, BadInput for a column flag the task has no use for."""
     for flag, value, owner in (("--target-column", options.target_column, Task.SEQ2SEQ),
@@ -256,6 +256,39 @@ def _classification_encoder(tokenizer, column: str, label: str, labels: Labels, 
                 "labels": [labels.encode(v) for v in batch[label]]}
 
     return encode
+
+
+def example_lengths(data: TaskData, tokenizer: PreTrainedTokenizerBase) -> DataShape:
+    """The shape of a padded task's data (autotune.tasks.DataShape): its longest example's tokens, as the
+    encoders above make them before they truncate (special tokens included), over the training and
+    evaluation rows: the longest batch the run can form, the one its probe must measure."""
+    text = data.text
+    source, target = text.column, text.others.get("target")
+
+    def lengths(batch: dict[str, list]) -> dict[str, list]:
+        if target is None:
+            encoded = tokenizer([t or "" for t in batch[source]], truncation=False)
+            return {"source": [len(ids) for ids in encoded["input_ids"]], "target": [0] * len(encoded["input_ids"])}
+        keep = [i for i, (s, t) in enumerate(zip(batch[source], batch[target])) if s and t]  # as _seq2seq_encoder
+        sources = tokenizer([batch[source][i] for i in keep], truncation=False)["input_ids"] if keep else []
+        targets = tokenizer(text_target=[batch[target][i] for i in keep], truncation=False)["input_ids"] if keep else []
+        return {"source": [len(ids) for ids in sources], "target": [len(ids) for ids in targets]}
+
+    longest, longest_target, examples = 0, 0, 0
+    for split in (text.train, text.eval):
+        if split is None:
+            continue
+        measured = split.map(lengths, batched=True, remove_columns=split.column_names, desc="Measuring lengths")
+        if len(measured):
+            examples += len(measured)
+            longest = max(longest, max(measured["source"]))
+            longest_target = max(longest_target, max(measured["target"]))
+    if examples == 0 or longest == 0:
+        raise DatasetError(f"--dataset {text.source.spec}: no row has text to train on; give rows with text in every "
+                           f"column read.")
+    return DataShape(text.source.spec, data.task.value, examples, longest,
+                     longest_target if target is not None else None,
+                     data.labels.count if data.labels is not None else None)
 
 
 def task_collator(task: str, tokenizer: PreTrainedTokenizerBase):

@@ -1,0 +1,67 @@
+"""The shape of the user's data (`--dataset` of search and plan): its longest example, measured as
+the run's encoder makes it, so that the longest batch the run can form is what is probed
+(autotune.tasks.DataShape says how it caps the space).
+
+Torch-free: `measure_data_shape` imports transformers and datasets only when it runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from autotune.errors import BadInput
+from autotune.tasks import PADDED_TASKS, DataShape, Task
+
+if TYPE_CHECKING:
+    from autotune.models import ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class DataOptions:
+    """Where the data is and which columns hold what (`--dataset` and its column flags), as search,
+    plan and train are given them."""
+
+    dataset: str
+    text_column: str | None = None         # seq2seq: the source text
+    target_column: str | None = None       # seq2seq only
+    label_column: str | None = None        # classification only
+    eval_split: str | None = None          # a split name, a file, or a share of the examples ('5%')
+    tokenizer: str | None = None           # default: the model reference's own
+
+    def __post_init__(self) -> None:
+        for flag, text in (("--dataset", self.dataset), ("--text-column", self.text_column),
+                           ("--target-column", self.target_column), ("--label-column", self.label_column),
+                           ("--eval-split", self.eval_split), ("--tokenizer", self.tokenizer)):
+            if text is not None and not text.strip():
+                raise BadInput(f"{flag} is empty; give a value, or leave {flag} out.")
+
+
+def measure_data_shape(spec: ModelSpec, task: str, data: DataOptions, trust_remote_code: bool = False) -> DataShape:
+    """The shape of `data` for `task`, tokenised by `data.tokenizer` (else the model's own): the data
+    and the tokenizer checked as train checks them (DatasetError, BadInput, ModelNotFound)."""
+    from autotune.data.task_data import check_tokenizer, example_lengths, load_task_data
+    from autotune.data.tokenizer import load_tokenizer
+
+    loaded = load_task_data(Task(task), data)
+    if Task(task) not in PADDED_TASKS:
+        return DataShape(data.dataset, task, len(loaded.text.train))
+    tokenizer = load_tokenizer(spec, data.tokenizer, trust_remote_code)
+    check_tokenizer(Task(task), tokenizer, data.tokenizer or spec.reference)
+    return example_lengths(loaded, tokenizer)
+
+
+def shaped_space_args(spec: ModelSpec, space_args: dict, trust_remote_code: bool = False) -> dict:
+    """SearchSpace.build's arguments with the `data` a user gave (DataOptions) measured into its
+    `data_shape`, and a classifier's labels taken from it where --num-labels was not given (as
+    train measures a new study's classifier)."""
+    data = space_args.get("data")
+    args = {name: value for name, value in space_args.items() if name != "data"}
+    if data is None:
+        return args
+    task = spec.task_fields(task=args.get("task"), target_length=args.get("target_length"),
+                            num_labels=args.get("num_labels"))["task"]
+    shape = measure_data_shape(spec, task, data, trust_remote_code)
+    if shape.labels is not None and args.get("num_labels") is None:
+        args["num_labels"] = shape.labels
+    return {**args, "data_shape": shape}
