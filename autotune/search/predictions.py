@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from autotune.config import ProbeConfig
 from autotune.errors import AutotuneError
-from autotune.estimate.interpolate import between, interpolated, traced_members
+from autotune.estimate.interpolate import INTERPOLATION_OVERSHOOT, between, interpolated, traced_members
 from autotune.estimate.launch import TraceChildren
 from autotune.space import group_key, group_priority
 
@@ -59,11 +59,17 @@ def predict(candidates: list[ProbeConfig], device_type: str, *, trust_remote_cod
 
 
 def _interpolate(members: list[ProbeConfig], traced: list) -> dict[str, Prediction]:
-    """Predictions of a group's members (by micro-batch) between its traced members' estimates."""
+    """Predictions of a group's members (by micro-batch) between its traced members' estimates. A
+    floor must not overstate: an interpolated one is lowered by the interpolation's stated overshoot
+    (a chord of convex needs lies above them)."""
     out = {}
+    traced_keys = {estimate.config.key() for estimate in traced}
     for config in members:
         e = interpolated(config, *between(config, traced))
-        out[config.key()] = Prediction(e.peak_bytes, e.floor_bytes, e.required_bytes)
+        floor = e.floor_bytes
+        if config.key() not in traced_keys:
+            floor = e.context_bytes + math.floor(e.peak_bytes * (1 - INTERPOLATION_OVERSHOOT))
+        out[config.key()] = Prediction(e.peak_bytes, floor, e.required_bytes)
     return out
 
 
