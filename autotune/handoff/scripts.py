@@ -8,6 +8,7 @@ import re
 from typing import TYPE_CHECKING
 
 from autotune.handoff import later_phases, ranks
+from autotune.handoff.loss_scaling import loss_fix_note
 from autotune.recipes import OPTIMIZERS, PeftSpec, is_qlora
 from autotune.tasks import EXAMPLE_SCRIPTS, Task
 
@@ -87,6 +88,9 @@ def cli_caveats(best: BestConfig) -> list[str]:
         caveats.append(f"4-bit base: {script} cannot quantize; load the model with quantization_config="
                        f"`autotune.best(...).quantization_config()`, or train with `autotune train --study {best.row.study}`")
     caveats += later_phases.loss_only_caveat(c, best.eval_kwargs(), script)
+    if (note := loss_fix_note(c.task, c.grad_accum)) is not None:
+        caveats.append(f"loss under accumulation: {script} has no flag for it; {note}, or train with "
+                       f"`autotune train --study {best.row.study}`")
     if c.ranks > 1:  # the flags are per process; the processes and their sharing are the launcher's
         caveats.append(f"{c.ranks} GPUs, {c.strategy}: start {script} with `{best.launch_command(script)}` (the file: "
                        f"`autotune best --study {best.row.study} --format accelerate > {ranks.ACCELERATE_CONFIG_FILE}`); "

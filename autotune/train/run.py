@@ -22,6 +22,7 @@ from autotune.defaults import ERROR_TAIL_CHARS
 from autotune.errors import BadInput
 from autotune.evaluation import EVAL, GENERATE, KEPT, evaluates, generates
 from autotune.handoff.later_phases import generate_with_cache
+from autotune.handoff.loss_scaling import fix_loss_scaling
 from autotune.recipes import OPTIMIZERS
 from autotune.status import ProbeStatus, RunEnd
 from autotune.train.options import TrainOptions, TrainOutcome
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from autotune.probe.cap import MemoryCap
     from autotune.store import Store
     from autotune.train.meter import RunMeter
-    from autotune.train.task_data import Examples, Labels
+    from autotune.data.task_data import Examples, Labels
 
 DEFAULT_OUTPUT_ROOT = "autotune-runs"
 MERGED_DIR = "merged"  # --merge: <output_dir>/merged holds the base with the LoRA adapters merged in
@@ -290,29 +291,24 @@ def _built_model(ctx: RunContext, tokenizer: PreTrainedTokenizerBase, echo: Call
 def _trainer(ctx: RunContext, model: PreTrainedModel, args: TrainingArguments, tokenizer: PreTrainedTokenizerBase,
              meter: RunMeter, quiet: bool) -> Trainer:
     """Trainer (Seq2SeqTrainer where the evaluation generates), with the meter, the metrics that
-    make Trainer keep what the probe kept, and the accumulation's loss scaling right for every model."""
+    make Trainer keep what the probe kept, and the accumulation's loss scaling right for every model
+    (autotune.handoff.loss_scaling)."""
     from transformers import PrinterCallback, Seq2SeqTrainingArguments
 
     from autotune.train.meter import MeteredSeq2SeqTrainer, MeteredTrainer
-    from autotune.train.task_data import task_collator, task_metrics
+    from autotune.data.task_data import task_collator, task_metrics
 
     config = ctx.winner.row.config
     # Trainer.evaluate keeps the logits (or generates) only when it has a compute_metrics: a run
     # whose probe kept them, or generated, must have one; a loss-only run must not.
     keeps = ctx.blocks.eval is not None and (config.eval_logits == KEPT or generates(config))
     cls = MeteredSeq2SeqTrainer if isinstance(args, Seq2SeqTrainingArguments) else MeteredTrainer
+    fix_loss_scaling(model)  # as the hand-off's load_model does: the loss right under accumulation
     trainer = cls(model=model, args=args, train_dataset=ctx.blocks.train, eval_dataset=ctx.blocks.eval,
                   processing_class=tokenizer, data_collator=task_collator(config.task, tokenizer), meter=meter,
                   compute_metrics=task_metrics(config, tokenizer) if keeps else None)
     if quiet:
         trainer.remove_callback(PrinterCallback)  # the meter prints log lines through `echo`
-    if loss_ignores_item_count(model):
-        # transformers 5 hands such a model `num_items_in_batch` (its forward takes **kwargs) and then
-        # leaves its loss unscaled for accumulation, though the model averages each micro-batch
-        # itself: the logged loss and the gradients come out grad_accum times too large (2 x ln 2 =
-        # 1.39 for 2 labels at random init, accumulating 2). Trainer's own path for models without
-        # loss kwargs divides by the accumulation, as intended.
-        trainer.model_accepts_loss_kwargs = False
     return trainer
 
 
@@ -330,20 +326,6 @@ def _ended_out_of_memory(ctx: RunContext, run_id: int, recorder: Recorder, step:
     limits.release()
     return TrainOutcome(RunEnd.OOM, run_id, ctx.winner.study.name, str(ctx.output_dir), summary, message,
                         list(ctx.warnings), ctx.searched)
-
-
-def loss_ignores_item_count(model: Any) -> bool:
-    """Whether the model's forward computes its loss without transformers' `loss_function` (which
-    takes `num_items_in_batch`): BERT's classifiers and masked LM, T5, ... average each micro-batch
-    themselves with a plain CrossEntropyLoss."""
-    import inspect
-
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # (a PeftModel's base)
-    try:
-        source = inspect.getsource(type(base).forward)
-    except (OSError, TypeError):
-        return False
-    return "loss_function" not in source and "num_items_in_batch" not in source
 
 
 @contextlib.contextmanager
