@@ -266,7 +266,7 @@ def _compare(plan: Plan, store: Store, spec: ModelSpec, study: str | None) -> st
         record = store.study(study)
     else:
         for summary in store.studies():
-            if summary.model_reference != spec.reference:
+            if summary.model_reference not in (spec.reference, spec.recorded):
                 continue
             try:
                 candidate = store.study(summary.name)

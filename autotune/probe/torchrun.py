@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -91,6 +92,29 @@ def start_ranks(module: str, ranks_here: int, run_dir: str, *, rendezvous: Rende
                                 start_new_session=True)
 
 
+class RanksOutput(threading.Thread):
+    """The ranks' output relayed to `to` (a text stream) as it comes, less torchrun's own: its
+    OpenMP banner, and once a rank has failed, the agent's report of it (an `E... torch/distributed/
+    elastic` log line, then a 40-line traceback of ChildFailedError): the ranks have said what went
+    wrong above it, and the caller says how the run ended."""
+
+    def __init__(self, source: Any, to: Any) -> None:
+        super().__init__(name="autotune-ranks-output", daemon=True)
+        self.source, self.to = source, to
+
+    def run(self) -> None:
+        reporting = False
+        for raw in iter(self.source.readline, b""):
+            line = raw.decode(errors="replace")
+            reporting = reporting or "torch/distributed/elastic/" in line or "ChildFailedError" in line
+            if reporting or line.startswith("*****") or line.startswith("Setting OMP_NUM_THREADS"):
+                continue
+            with contextlib.suppress(OSError, ValueError):
+                self.to.write(line)
+                self.to.flush()
+        self.source.close()
+
+
 class RankLaunch:
     """A run directory and the torchrun agent started on it. However its `with` ends (a result, a
     timeout, Ctrl-C, an error), every rank is stopped and the directory removed on the way out."""
@@ -98,18 +122,27 @@ class RankLaunch:
     def __init__(self, prefix: str) -> None:
         self.run_dir = tempfile.mkdtemp(prefix=prefix)
         self.agent: subprocess.Popen | None = None
+        self.relay: RanksOutput | None = None
 
     def write(self, name: str, data: bytes) -> None:
         write_whole(os.path.join(self.run_dir, name), data)
 
-    def start(self, module: str, ranks_here: int, **kwargs: Any) -> subprocess.Popen:
+    def start(self, module: str, ranks_here: int, *, relay_to: Any = None, **kwargs: Any) -> subprocess.Popen:
+        """Start the agent; `relay_to`: a text stream the ranks' output goes to as it comes (RanksOutput)."""
+        if relay_to is not None:
+            kwargs["output"] = subprocess.PIPE
         self.agent = start_ranks(module, ranks_here, self.run_dir, **kwargs)
+        if relay_to is not None:
+            self.relay = RanksOutput(self.agent.stdout, relay_to)
+            self.relay.start()
         return self.agent
 
     def stop(self) -> None:
         """Stop the agent and every rank still alive (none left once the agent has ended them)."""
         if self.agent is not None:
             stop_ranks(self.agent, self.run_dir)
+        if self.relay is not None:
+            self.relay.join(timeout=5)  # (the pipe closes with the last rank)
 
     def __enter__(self) -> "RankLaunch":
         return self
@@ -217,7 +250,8 @@ def _is_rank(pid: int) -> bool:
     """Whether `pid` is still a probe rank (not a process that took the pid of one that ended)."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as source:
-            return b"autotune.probe.rank_main" in source.read()
+            command = source.read()
+        return b"autotune.probe.rank_main" in command or b"autotune.train.rank_main" in command
     except OSError:
         return sys.platform != "linux"  # (elsewhere the pid is all there is to go by)
 

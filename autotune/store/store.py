@@ -40,6 +40,9 @@ class ModelLike(Protocol):
     def reference(self) -> str: ...
 
     @property
+    def recorded(self) -> str: ...   # the reference the study keeps (a local directory made absolute)
+
+    @property
     def fingerprint(self) -> str: ...
 
 
@@ -112,7 +115,7 @@ class Store(ClaimsMixin, RunsMixin):
                 if study is None:
                     study = Study(
                         name=name,
-                        model_reference=model.reference,
+                        model_reference=model.recorded,
                         model_fingerprint=model.fingerprint,
                         device_name=environment.device_name,
                         device_total_bytes=environment.device_total_bytes,

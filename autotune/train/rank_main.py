@@ -36,7 +36,7 @@ def main() -> None:
 
     recorder = RankRecorder(run_dir, rank)
     try:
-        outcome = run_rank(options, job.study, job.gpu_budget, job.flags, job.db, recorder, job.run_id, echo)
+        outcome = run_rank(options, job.study, job.model, job.gpu_budget, job.flags, job.db, recorder, job.run_id, echo)
     except AutotuneError as exc:
         print(f"autotune: rank {rank}: {exc}", file=sys.stderr, flush=True)
         os._exit(FAILED_EXIT)

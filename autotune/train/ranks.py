@@ -47,6 +47,7 @@ class RankJob:
 
     options: TrainOptions
     study: str
+    model: str | None                 # the model as the starter found it (--model, or the study's, made absolute)
     gpu_budget: int | None
     flags: dict[str, Any]
     db: str | None
@@ -104,9 +105,11 @@ def check_trainable_on_ranks(winner: Winner, device_type: str) -> None:
 
 
 def train_on_ranks(winner: Winner, options: TrainOptions, output_dir: Path, gpu_budget: int | None,
-                   flags: dict[str, Any], db: str | None, echo: Callable[[str], None], searched: bool) -> TrainOutcome:
+                   flags: dict[str, Any], db: str | None, echo: Callable[[str], None], searched: bool,
+                   model: str | None = None) -> TrainOutcome:
     """Train `winner` on its `gpus` ranks and keep the run: recorded as running before the ranks
-    start, ended as its ranks ended."""
+    start, ended as its ranks ended. Every rank is asked what this process was (`model` as it
+    found it, the study, the budget, the flags and options), so that each plans the same run."""
     from autotune.store import open_store
 
     config = winner.row.config
@@ -117,13 +120,13 @@ def train_on_ranks(winner: Winner, options: TrainOptions, output_dir: Path, gpu_
                                  output_dir=str(output_dir.resolve()), dataset=options.dataset)
         recorder = StoreRecorder(store, run_id, output_dir)
         echo(f"run #{run_id}: {config.label()} on {config.ranks} ranks (torchrun) -> {output_dir}")
-        job = RankJob(options, winner.study.name, gpu_budget, flags, db, run_id)
+        job = RankJob(options, winner.study.name, model, gpu_budget, flags, db, run_id)
         with RankLaunch("autotune-train-ranks-") as launch:
             launch.write(JOB_FILE, pickle.dumps(job))
             try:
                 with recorder.alive():
                     # Rank 0 says how the run goes (on stderr: stdout stays the command's answer).
-                    returncode = launch.start("autotune.train.rank_main", config.gpus, output=sys.stderr).wait()
+                    returncode = launch.start("autotune.train.rank_main", config.gpus, relay_to=sys.stderr).wait()
                     launch.stop()
             except BaseException:  # Ctrl-C, SIGTERM: every rank stops, the run reads as interrupted
                 launch.stop()

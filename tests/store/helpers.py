@@ -19,6 +19,10 @@ class FakeModel:
     reference: str = "gpt2"
     fingerprint: str = "31d84ffb8ce5f836"
 
+    @property
+    def recorded(self) -> str:
+        return self.reference
+
 
 def make_study(store: Store, name: str = "s1", *, model: FakeModel = FakeModel(), budget: int = 8 * GiB,
                margin: int = GiB // 4, environment: Environment = ENV) -> StudyRecord:

@@ -68,9 +68,16 @@ def test_train_runs_the_ddp_winner_on_two_ranks_and_holds_each_ranks_peak_to_the
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     db = ranked["db"]
     _study_of_one_strategy(ranked, "ddp")  # (on CPU, Trainer can run ddp on ranks, not fsdp)
+    # Run from another directory, the study's model as an older autotune stored it (as typed, relative
+    # to where the search ran): --model says where it is, and every rank must be told it too.
+    from sqlalchemy import create_engine, text
+
+    with create_engine(db).begin() as connection:
+        connection.execute(text("UPDATE autotune_studies SET model_reference = 'tiny-gpt2' WHERE name = 'ddp'"))
+    monkeypatch.chdir(tmp_path)
     lines: list[str] = []
-    outcome = train(TrainOptions(dataset=str(ranked["corpus"]), output_dir=str(tmp_path / "run"), max_steps=4,
-                                 device="cpu"), study="ddp", db=db, echo=lines.append)
+    outcome = train(TrainOptions(dataset=str(ranked["corpus"]), output_dir="run", max_steps=4, device="cpu"),
+                    study="ddp", model=str(ranked["model"]), db=db, echo=lines.append)
     assert outcome.status == RunEnd.FINISHED, outcome.message
     summary = outcome.summary
     assert summary.config.gpus == 2 and summary.config.strategy == "ddp"
@@ -106,3 +113,20 @@ def test_gpus_given_with_a_study_must_repeat_its_winners(ranked, tmp_path):
     with pytest.raises(BadInput, match="--gpus 4 contradicts study 'two-ranks', whose winner was probed on 2 GPUs"):
         train(TrainOptions(dataset=str(ranked["corpus"]), output_dir=str(tmp_path / "run"), max_steps=2, device="cpu"),
               study="two-ranks", gpus=4, db=ranked["db"], echo=lambda line: None)
+
+
+def test_the_ranks_output_is_relayed_without_torchruns_own_report():
+    import io
+
+    from autotune.probe.torchrun import RanksOutput
+
+    lines = [b"*****************************************\n",
+             b"Setting OMP_NUM_THREADS environment variable for each process to be 1 in default\n",
+             b"step 1/4: loss 6.9\n", b"autotune: rank 0: pass --model\n",
+             b"E1126 14:54:09.763000 6119 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 3)\n",
+             b"Traceback (most recent call last):\n", b"torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n",
+             b"Root Cause (first observed failure):\n"]
+    out = io.StringIO()
+    relay = RanksOutput(io.BytesIO(b"".join(lines)), out)
+    relay.run()
+    assert out.getvalue() == "step 1/4: loss 6.9\nautotune: rank 0: pass --model\n"
