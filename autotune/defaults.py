@@ -8,6 +8,11 @@ WARMUP_STEPS = 2              # the peak needs the optimizer state, created by t
 MEASURE_STEPS = 3             # timed optimizer steps, at least
 MEASURE_SECONDS = 0.25        # and at least this long a window (a tiny step is timed many times)...
 MAX_MEASURE_STEPS = 50        # ...up to this many steps
+# A window whose steps spread by more than this (half the interquartile range over the median: a
+# busy machine) grows, up to WINDOW_GROWTH times its seconds, before it is taken: one noisy window
+# cannot resolve the decision it is for (search/confirm.py measures again what stays noisy).
+NOISY_WINDOW = 0.10
+WINDOW_GROWTH = 2
 PROBE_TIMEOUT_SECONDS = 600.0  # one probe, from a ready child; starting a child is held to it too (at least 60 s)
 SAFETY_MARGIN = 0.05          # a fraction of the budget (or bytes when >= 1)
 SAFETY_MARGIN_TEXT = "5%"     # the same, as the CLI shows and parses it

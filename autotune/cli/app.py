@@ -12,7 +12,7 @@ import sys
 import click
 
 from autotune.errors import AutotuneError
-from autotune.processes import Terminated
+from autotune.processes import Terminated, quiet_openmp
 from autotune.version import __version__
 
 # Exit statuses of `search` and `worker` (README, "Exit statuses"); 2 is a user's mistake throughout.
@@ -57,6 +57,7 @@ def stop_on_signals() -> None:
 def main() -> None:
     """Entry point: user mistakes become one line on stderr and exit status 2; bugs keep tracebacks."""
     stop_on_signals()
+    quiet_openmp()  # (before anything imports torch: train does, in this process)
     try:
         cli.main(standalone_mode=False)
     except AutotuneError as exc:

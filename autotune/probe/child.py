@@ -13,7 +13,8 @@ import time
 
 _PROCESS_START = time.perf_counter()
 
-import dataclasses  # noqa: E402  (the clock above must start before the heavy imports)
+import contextlib  # noqa: E402  (the clock above must start before the heavy imports)
+import dataclasses  # noqa: E402
 import gc  # noqa: E402
 import math  # noqa: E402
 import signal  # noqa: E402
@@ -26,7 +27,7 @@ import transformers  # noqa: E402,F401  (imported here so that its cost counts a
 
 from autotune import errors, evaluation  # noqa: E402
 from autotune.config import ProbeConfig  # noqa: E402
-from autotune.defaults import ERROR_TAIL_CHARS, MAX_MEASURE_STEPS  # noqa: E402
+from autotune.defaults import ERROR_TAIL_CHARS, MAX_MEASURE_STEPS, NOISY_WINDOW, WINDOW_GROWTH  # noqa: E402
 from autotune.probe.cap import MemoryCap, cap_memory  # noqa: E402
 from autotune.probe.devices import (  # noqa: E402
     describe,
@@ -121,14 +122,15 @@ def _probe_in_process(request: ProbeRequest, report: Callable[[str], None]) -> _
     try:
         # On CPU the accountant watches the build and the warm-up steps: after two optimizer steps
         # weights, gradients, optimizer state and activations have all reached their steady size,
-        # and every later step repeats the same allocations. The timed window runs without it.
-        with probe.cap.guard():
+        # and every later step repeats the same allocations. The timed window runs without it. (A
+        # window for its timing alone, of a config measured before, needs no accounting.)
+        with probe.cap.guard() if not request.timing_only else contextlib.nullcontext():
             if not _build(probe, report) or not _warm_up(probe, report):
                 return probe
         if probe.config.compile and probe.device.type != "cuda" and not _compile(probe, report):
             return probe
         _time_window(probe, report)
-        if evaluation.evaluates(probe.config):
+        if evaluation.evaluates(probe.config) and not request.timing_only:
             with probe.cap.guard():  # (on CPU the accountant counts, and caps, what these phases hold)
                 _later_phases(probe, report)
     except errors.AutotuneError:
@@ -237,7 +239,9 @@ def _warm_up(probe: _Probe, report: Callable[[str], None]) -> bool:
         return False
     report("warm-up")
     assert probe.step is not None
-    for _ in range(probe.request.settings.warmup_steps):
+    # The first step makes the optimizer state; a window for its timing alone needs no second one
+    # (the second is for the memory peak with that state in place).
+    for _ in range(1 if probe.request.timing_only else probe.request.settings.warmup_steps):
         probe.losses.append(probe.step())
     return True
 
@@ -253,8 +257,18 @@ def _time_window(probe: _Probe, report: Callable[[str], None]) -> None:
     window_start = time.perf_counter()
 
     def wants_more() -> bool:
-        return len(step_times) < settings.measure_steps or (
-            time.perf_counter() - window_start < settings.measure_seconds and len(step_times) < MAX_MEASURE_STEPS)
+        if len(step_times) < settings.measure_steps:
+            return True
+        if len(step_times) >= MAX_MEASURE_STEPS:
+            return False
+        elapsed = time.perf_counter() - window_start
+        if elapsed < settings.measure_seconds:
+            return True
+        # A probe's noisy window (a busy machine) grows before it is taken, within WINDOW_GROWTH
+        # times its seconds (the probe's timeout and the command's deadline still hold it: runner.py).
+        # A window of the confirmation round does not: the round repeats windows instead.
+        return (not probe.request.timing_only and (relative_spread(step_times) or 0.0) > NOISY_WINDOW
+                and elapsed < WINDOW_GROWTH * settings.measure_seconds)
 
     # Ranks step together: each would judge the window by its own clock, and one that stopped
     # while another took a step more would leave it waiting in that step's collectives.
@@ -396,7 +410,9 @@ def _record_memory(probe: _Probe) -> None:
     """The peaks of the phase in progress, and the probe's: the largest of its phases'."""
     result, cap, meter = probe.result, probe.cap, probe.meter
     assert cap is not None and meter is not None
-    if not evaluation.evaluates(probe.config):
+    if probe.request.timing_only and cap.device.type != "cuda":
+        return  # nothing was accounted (its memory is the earlier probe's)
+    if not evaluation.evaluates(probe.config) or probe.request.timing_only:
         result.peak_allocated_bytes, result.peak_reserved_bytes = cap.peaks()
     else:
         meter.end()

@@ -264,7 +264,7 @@ class ProbeRunner:
         return self._checked[asked]
 
     def run(self, config: ProbeConfig, budget: Budget, spec: ModelSpec | None = None,
-            deadline: Deadline = NO_DEADLINE) -> ProbeResult:
+            deadline: Deadline = NO_DEADLINE, timing_only: bool = False) -> ProbeResult:
         """Probe `config` of the model `spec` (resolved from `config.model` when not given) against
         `budget` in a child; every outcome comes back as a status. The config is trusted: it was
         checked against the model once, before (check_probe_config, or a search's resolution).
@@ -273,7 +273,8 @@ class ProbeRunner:
         whatever the child is doing (computing, stopped, wedged); starting a fresh child is held to
         the same limit, and never less than STARTUP_FLOOR_SECONDS (imports take seconds). The
         command's `deadline` holds both: it stops the probe and raises DeadlineReached (what it
-        would have measured is unknown, so it is not a result)."""
+        would have measured is unknown, so it is not a result). `timing_only`: another window of a
+        config measured before (ProbeRequest.timing_only), for its timing alone."""
         spec = spec or resolve_model(config.model)
         if config.ranks > 1:
             return self._run_ranks(config, budget, spec, deadline)
@@ -287,7 +288,7 @@ class ProbeRunner:
         if self.on_phase is not None and not (self._process is not None and self._process.is_alive()):
             self.on_phase("start-up")
         request = ProbeRequest(config=config, model=spec, budget=budget, settings=self.settings,
-                               hold_before_timing=self.neighbours is not None)
+                               hold_before_timing=self.neighbours is not None, timing_only=timing_only)
         startup, paused = 0.0, False
         try:
             startup = self._ensure_child(deadline.bound(self._preflight_limit))

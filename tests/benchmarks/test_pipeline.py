@@ -172,7 +172,7 @@ def test_a_deadline_leaves_work_that_the_same_command_finishes_with_its_state(tm
     asked: list[str] = []
 
     class SlowRunner(ScriptedRunner):
-        def run(self, config, budget, spec=None, deadline=None):
+        def run(self, config, budget, spec=None, deadline=None, timing_only=False):
             time.sleep(0.4)
             asked.append(config.key())
             return super().run(config, budget, spec, deadline)
