@@ -53,6 +53,18 @@ MAX_DEVICE_BYTES = 2**50
 _MIN_WEIGHT_BYTES = 2
 
 
+def shown_reference(reference: str) -> str:
+    """A recorded model reference as a command shows it: a local directory under the working
+    directory relative to it (`.venv/demo-gpt2`), anything else as recorded."""
+    if not reference.startswith(os.sep):
+        return reference
+    try:
+        relative = os.path.relpath(reference)
+    except ValueError:
+        return reference
+    return reference if relative.startswith("..") else relative
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """A resolved model: its architecture (config.json contents) and where it came from."""
@@ -67,7 +79,7 @@ class ModelSpec:
         return str(self.config.get("model_type", "?"))
 
     @property
-    def recorded(self) -> str:
+    def recorded(self) -> str:  # (shown_reference says it back relative to where a command runs)
         """The reference a study and its configs keep: a local directory's absolute path, so that
         `train`, `best.load_model` and a worker find it from any directory; else as typed."""
         return str(Path(self.reference).expanduser().resolve()) if self.source == "local" else self.reference

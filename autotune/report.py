@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import fields
 from datetime import datetime
@@ -13,11 +14,13 @@ from typing import TYPE_CHECKING, Any
 from autotune.budget import Budget, required_bytes
 from autotune.defaults import EFFECTIVE_BATCH as TRAINER_EFFECTIVE_BATCH
 from autotune.evaluation import LOWER_EVAL_NEED, describe_phases
+from autotune.models import shown_reference
 from autotune.config import ProbeConfig
 from autotune.recipes import memory_caveats
 from autotune.result import ProbeResult
 from autotune.status import ProbeStatus, Settled
 from autotune.units import format_size, size_as_read
+from autotune import verdict
 
 if TYPE_CHECKING:
     from autotune.store import LeaderboardRow, RunRecord, StudySummary
@@ -44,10 +47,13 @@ def format_probe_result(config: ProbeConfig, result: ProbeResult) -> str:
     ]
     if result.phase_peaks:
         lines.append(f"phases  {describe_phases(config, result.phase_peaks, result.failed_phase, result.eval_batch_found)}")
-    if result.required_bytes is not None and budget:
+    if result.required_bytes is not None and budget and result.status == ProbeStatus.OK:
         held = Budget(budget, result.margin_bytes or 0)
         lines.append(f"        headroom {format_size(held.headroom(result.required_bytes))} "
                      f"({100 * held.share(result.required_bytes):.1f}% of the budget used)")
+    elif result.status == ProbeStatus.OOM and result.cap_bytes:
+        lines.append(f"        needs more than the {format_size(result.cap_bytes)} the budget leaves it "
+                     f"(the peak above is where it stopped)")
     if result.rank_peaks:
         each = ", ".join(f"{rank}: {format_size(peaks['reserved'])}" if peaks else f"{rank}: -"
                          for rank, peaks in enumerate(result.rank_peaks))
@@ -125,7 +131,7 @@ def render_leaderboard(rows: Sequence[LeaderboardRow], fmt: str = "table", confi
         for cell, row in zip(cells, rows):
             cell.append(row.worker or "-")
     table = _table(headers, cells, right=(0, 3, 4, 5))
-    warning = unreliable_warning(confirmation)
+    warning = verdict.unreliable_warning(confirmation)
     return table if warning is None else f"{table}\nwarning: {warning}"
 
 
@@ -190,11 +196,28 @@ def format_event(event, show_worker: bool = False) -> str:
         if event.best:
             detail += "  * best so far"
     else:
-        last = (r.error or "").strip().splitlines()[-1:] or [""]
-        detail = f"peak {format_size(r.peak_reserved_bytes):>10}  {last[0][:80]}"
+        detail = f"peak {format_size(r.peak_reserved_bytes):>10}  {error_gist(r.error)}"
     how = "" if event.how in (Settled.PROBED, Settled.SKIPPED) else f" ({event.how})"
     worker = f"  [{event.worker}]" if show_worker and getattr(event, "worker", None) else ""
     return f"{progress} {event.config.label():<34} {r.status:<8}{detail}{how}{worker}"
+
+
+_TRIED = re.compile(r"Tried to allocate ([\d.]+) ?(bytes|[KMGT]iB|B)\b")
+_UNITS = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def error_gist(error: str | None, width: int = 80) -> str:
+    """An outcome's error in one line of at most `width` characters: an out-of-memory error as what
+    it tried to allocate (whole numbers, never cut mid-figure), else its last line, cut at a word."""
+    text = (error or "").strip()
+    last = text.splitlines()[-1] if text else ""
+    if (found := _TRIED.search(text)) is not None and "out of memory" in text.lower():
+        tried = format_size(int(float(found.group(1)) * _UNITS[found.group(2)]))
+        return f"out of memory: tried to allocate {tried} more"[:width]
+    if len(last) <= width:
+        return last
+    cut = last[: width - 1].rsplit(" ", 1)[0]
+    return cut + "…"
 
 
 def describe_task(config) -> str:
@@ -219,7 +242,7 @@ def format_search_header(study, environment, candidates: int, already: int, note
     resumed = f", resuming with {already} already settled" if already else ""
     task = study.space.get("task")
     trained = f" ({task})" if task else ""
-    header = (f"study {study.name}: {study.model_reference}{trained} on {environment.device_name}, budget "
+    header = (f"study {study.name}: {shown_reference(study.model_reference)}{trained} on {environment.device_name}, budget "
               f"{size_as_read(study.budget_bytes)} (margin {format_size(study.margin_bytes)}); "
               f"{_effective_batch(study.space)}; {candidates} candidate configs{resumed}")
     return "\n".join([header, *(f"note: {note}" for note in notes)])
@@ -250,15 +273,15 @@ def explain_winner(outcome) -> str:
         f"Chosen: {best.label}  (micro_batch={best.config.micro_batch}, grad_accum={best.config.grad_accum}, "
         f"precision={best.config.precision}, checkpointing={best.config.checkpointing}, "
         f"block_size={best.config.block_size}, attention={best.config.attention}{_task_levers(best.config)})",
-        f"  why: {'tied for fastest' if (confirmation or {}).get('tied') else 'fastest'} that fits, "
+        f"  why: {verdict.ranked_as(confirmation)} that fits, "
         f"{best.tokens_per_s:,.0f} tokens/s; needs {format_size(required)} "
         f"(peak reserved {format_size(best.peak_reserved_bytes)} + context {format_size(best.context_bytes)}) "
         f"of the {format_size(best.budget_bytes)} budget, {format_size(headroom)} to spare after the "
         f"{format_size(best.margin_bytes)} margin",
     ]
     if confirmation:
-        lines.append(f"  {describe_confirmation(confirmation)}")
-        if (warning := unreliable_warning(confirmation)) is not None:
+        lines.append(f"  {verdict.describe(confirmation)}")
+        if (warning := verdict.unreliable_warning(confirmation)) is not None:
             lines.append(f"  warning: {warning}")
     elif len(outcome.leaderboard) > 1:
         second = outcome.leaderboard[1]
@@ -293,35 +316,6 @@ def _spread(spread: float | None) -> str:
     return f" ±{100 * spread:.0f}%" if spread is not None else ""
 
 
-def describe_confirmation(c: dict) -> str:
-    """The confirmation round's verdict (search/confirm.py), in one line."""
-    cost = f" ({c['probes']} more probes, {c['seconds']:.1f} s)" if c.get("probes") else ""
-    margin, noise = c.get("margin"), c.get("noise") or 0.0
-    if c.get("runner_up") is None:
-        return f"confirmed: {c['winner_label']} is the only config that fits"
-    if c.get("tied"):
-        chose = ("chose the one with the most memory to spare that none of them was clearly faster than"
-                 if c.get("reliable", True) else "kept the fastest measured")
-        return (f"tie: {c['winner_label']} and {', '.join(c['tied'])} differ by {100 * (margin or 0):.0f}%, not told "
-                f"apart (±{100 * noise:.0f}% of noise, or a round lost){cost}: {chose}")
-    if not c.get("confirmed"):
-        return f"unconfirmed: the contenders could not be measured again{cost}; runner-up {c['runner_up']}"
-    how = "measured again" if c.get("rounds") else "told apart by the first windows"
-    return (f"confirmed: {c['winner_label']} wins by {100 * (margin or 0):.0f}% ± {100 * noise:.0f}% over "
-            f"{c['runner_up']} ({how}{cost.replace(' (', ', ').rstrip(')') if cost else ''})")
-
-
-def unreliable_warning(confirmation: dict | None) -> str | None:
-    """One line when the confirmation round could not tell the contenders apart beyond the timing
-    noise: the pick is not reliable, and what to do. None for a reliable (or unconfirmed) pick."""
-    if not confirmation or confirmation.get("reliable", True):
-        return None
-    load = confirmation.get("host_load")
-    busy = f", on a host loaded {load:.1f} per core" if load is not None else ""
-    return (f"the pick is not reliable: its contenders' timings disagree by up to ±{100 * (confirmation.get('noise') or 0):.0f}%"
-            f"{busy}; search again when the machine is quiet, or with a longer --measure-seconds (--fresh measures anew)")
-
-
 def _unmeasured_lines(outcome) -> list[str]:
     """The candidates the search could not measure, with why, and what to do."""
     unmeasured = getattr(outcome, "unmeasured", None) or []
@@ -351,9 +345,33 @@ def format_search_footer(outcome) -> str:
     }
     workers = getattr(outcome, "workers", 1)
     by = f" by {workers} workers" if workers > 1 else ""
-    return (f"{outcome.probed} probes run, {outcome.reused} reused from earlier studies, {outcome.skipped} skipped "
-            f"by structure, of {outcome.candidates} candidates, in {outcome.seconds:.1f} s{by} "
+    tally = getattr(outcome, "round", None)
+    confirming = tally.probes if tally is not None else 0
+    probes = outcome.probed + confirming
+    said = [f"{probes} probe{'s' if probes != 1 else ''} run"
+            + (f" ({confirming} in the confirmation round)" if confirming else "")]
+    if tally is not None and tally.reused_windows:
+        said.append(f"{tally.reused_windows} window{'s' if tally.reused_windows != 1 else ''} of an earlier "
+                    f"unfinished round reused")
+    said.append(f"{outcome.reused} reused from earlier studies")
+    said.append(describe_skips(getattr(outcome, "skips", None), outcome.skipped))
+    if revisited := getattr(outcome, "revisited", 0):
+        said.append(f"{revisited} skipped for speed decided again after the round lowered the figure they rested on")
+    return (f"{', '.join(said)}, of {outcome.candidates} candidates, in {outcome.seconds:.1f} s{by} "
             f"({reasons.get(outcome.stop_reason, outcome.stop_reason)}).")
+
+
+def describe_skips(skips, skipped: int) -> str:
+    """'3 skipped by structure, 29 by the speed model, 2 as predicted too big': each kind of skip
+    counted for what it is (search.knowledge.SkipKind)."""
+    if not skips:
+        return f"{skipped} skipped"
+    words = {"structure": "by structure", "speed": "by the speed model", "memory": "as predicted too big"}
+    parts = [f"{count} {words.get(kind, kind)}" for kind, count in skips.items() if count]
+    if not parts:
+        return "0 skipped"
+    return parts[0].replace(" ", " skipped ", 1) if len(parts) == 1 else \
+        ", ".join([parts[0].replace(" ", " skipped ", 1), *parts[1:]])
 
 
 def _deadline_detail(outcome) -> str:
@@ -378,6 +396,9 @@ def search_summary(outcome) -> dict:
         "probed": outcome.probed,
         "reused": outcome.reused,
         "skipped": outcome.skipped,
+        "skips": dict(getattr(outcome, "skips", {}) or {}),
+        "confirming_probes": outcome.round.probes if getattr(outcome, "round", None) is not None else 0,
+        "reused_windows": outcome.round.reused_windows if getattr(outcome, "round", None) is not None else 0,
         "seconds": round(outcome.seconds, 3),
         "workers": getattr(outcome, "workers", 1),
         "answered_from_database": outcome.answered_from_database,

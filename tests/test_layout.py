@@ -30,7 +30,7 @@ LAYERS: list[set[str]] = [
     {"probe", "estimate", "store", "data"},      # measuring, predicting, keeping
     {"space"},
     {"models", "environment", "cpu_speed"},
-    {"config", "result", "paths", "tasks", "timing", "recipes", "speed", "sharding", "cards", "ranking", "flops", "shapes"},
+    {"config", "result", "paths", "tasks", "timing", "recipes", "speed", "sharding", "cards", "ranking", "verdict", "flops", "shapes"},
     {"budget", "evaluation"},                    # what "fits" means, and which phases of the run it covers
     {"units"},
     {"errors", "defaults", "status", "version", "processes", "deadline"},  # vocabulary everyone shares; process lifelines, deadlines

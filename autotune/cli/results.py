@@ -87,12 +87,14 @@ def best(study, fmt, db):
     """Print a study's winning configuration for the fine-tune."""
     from autotune.handoff import best as find_best
     from autotune.recipes import memory_caveats
-    from autotune.report import unreliable_warning
+    from autotune.models import shown_reference
+    from autotune.verdict import unreliable_warning
 
     chosen = find_best(study, db)
     # On stderr, so that `$(autotune best --format cli)` takes the flags alone.
     if study is None:
-        click.echo(f"autotune: the most recent study, {chosen.row.study!r} (--model {chosen.config.model})", err=True)
+        click.echo(f"autotune: the most recent study, {chosen.row.study!r} (--model {shown_reference(chosen.config.model)})",
+                   err=True)
     if fmt == "cli":
         for caveat in chosen.cli_caveats():
             click.echo(f"autotune: note: {caveat}", err=True)

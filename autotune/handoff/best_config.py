@@ -13,7 +13,7 @@ import re
 import warnings
 from dataclasses import dataclass
 
-from autotune import evaluation, speed
+from autotune import evaluation, speed, verdict
 from autotune.budget import Budget, required_bytes
 from autotune.errors import BadInput, StudyNotFound
 from autotune.handoff import later_phases, loss_scaling, ranks, scripts
@@ -82,8 +82,7 @@ class BestConfig:
     def confirmed(self) -> bool:
         """Told apart from the configs within noise of it by measuring them again (False: a tie, or no
         confirmation round ran, or the round chose another config)."""
-        c = self.confirmation or {}
-        return bool(c.get("confirmed")) and c.get("winner") == self.row.config_key
+        return verdict.confirmed(self.confirmation, self.row.config_key)
 
     def __str__(self) -> str:
         """What won, how fast, what it needs of the budget, whether it was confirmed, how to hand it off."""
@@ -93,7 +92,7 @@ class BestConfig:
         speed = "-" if row.tokens_per_s is None else f"{row.tokens_per_s:,.0f} tokens/s"
         if row.step_seconds is not None:
             speed += f" ({row.step_seconds:.3f} s per optimizer step)"
-        verdict = self._verdict()
+        said = self._verdict()
         task = c.task if c.target_length is None and c.num_labels is None else (
             f"{c.task}, target {c.target_length} tokens" if c.target_length is not None else f"{c.task}, {c.num_labels} labels")
         context = "" if row.context_bytes is None else f" + context {format_size(row.context_bytes)}"
@@ -114,7 +113,7 @@ class BestConfig:
             + (f"{format_size(spare)} to spare after the {format_size(row.margin_bytes)} margin" if spare >= 0
                else f"{format_size(-spare)} over once the {format_size(row.margin_bytes)} margin is kept"),
             *phases,
-            f"  confirmed: {verdict}",
+            f"  confirmed: {said}",
             *(f"  note:      {caveat}" for caveat in memory_caveats(c.optimizer)),
             *(f"  note:      {note}" for note in [loss_scaling.loss_fix_note(c.task, c.grad_accum)] if note),
             f"  hand-off:  args = best.training_arguments(output_dir=\"out\"){args_class}",
@@ -128,27 +127,14 @@ class BestConfig:
         return str(self)
 
     def _verdict(self) -> str:
-        """The confirmation round's verdict on this winner (search/confirm.py), in words."""
-        c = self.confirmation
-        if c is None:
-            return "no: no confirmation round ran (a search stopped early, or --no-confirm)"
-        if c.get("winner") not in (None, self.row.config_key):
-            return f"no: the confirmation round chose {c.get('winner_label')}"
-        if c.get("runner_up") is None:
-            return "yes: the only config that fits"
-        margin, noise = 100 * (c.get("margin") or 0), 100 * (c.get("noise") or 0)
-        if c.get("tied"):
-            return (f"no, a tie: within the {noise:.0f}% noise of {', '.join(c['tied'])}; chosen for the most "
-                    f"memory to spare")
-        if not self.confirmed:
-            return f"no: the contenders could not be measured again; runner-up {c['runner_up']}"
-        return f"yes: {margin:.0f}% ± {noise:.0f}% faster than the runner-up, {c['runner_up']}"
+        """The study's decision on this winner, in words (autotune.verdict: what the search said)."""
+        return verdict.answer(self.confirmation, self.row.config_key)
 
     @property
     def reliable(self) -> bool:
         """Whether the study's confirmation round could tell the pick apart from its contenders
         beyond the timing noise (True where no round ran: nothing said otherwise)."""
-        return bool((self.confirmation or {}).get("reliable", True))
+        return verdict.reliable(self.confirmation)
 
     def to_dict(self) -> dict:
         """Flat and JSON-ready; the keys of `autotune best --format json`. `margin`: the winner's

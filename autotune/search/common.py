@@ -16,6 +16,7 @@ from autotune.errors import BadInput
 from autotune.models import ModelSpec
 from autotune.probe.runner import Neighbours
 from autotune.result import ProbeResult
+from autotune.search.confirm import RoundTally
 from autotune.space import SearchSpace
 from autotune.status import FINISHING, Settled, StopReason
 from autotune.store import LeaderboardRow, StudyRecord, check_study_name
@@ -40,7 +41,7 @@ class Runner(Protocol):
     def check(self, spec: ModelSpec, config: ProbeConfig, attentions: tuple[str, ...],
               deadline: Deadline = NO_DEADLINE) -> dict[str, str]: ...
     def run(self, config: ProbeConfig, budget: Budget, spec: ModelSpec | None = None,
-            deadline: Deadline = NO_DEADLINE) -> ProbeResult: ...
+            deadline: Deadline = NO_DEADLINE, timing_only: bool = False) -> ProbeResult: ...
     def close(self) -> None: ...
 
 
@@ -146,6 +147,11 @@ class SearchOutcome:
     # because it could not end in time, or the confirmation round (said with the footer).
     deadline_note: str | None = None
     settled: int | None = None         # candidates with an outcome when the search stopped
+    # What the confirmation round did in this run (its windows are probes too), and the windows it
+    # took over from a round an earlier run left unfinished.
+    round: RoundTally = field(default_factory=RoundTally)
+    skips: dict[str, int] = field(default_factory=dict)  # `skipped` by kind (search.knowledge.SkipReason)
+    revisited: int = 0                 # speed skips decided again once the figure they rested on fell
 
     @property
     def best(self) -> LeaderboardRow | None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from autotune.budget import Budget, required_bytes
 from autotune.config import ProbeConfig
+from autotune.ranking import Standing, ranked
 from autotune.result import ProbeResult
 from autotune.space import micro_batch_family
 from autotune.status import ProbeStatus
@@ -102,7 +103,7 @@ class Confirmation:
     noise: float | None            # the relative difference within which they are not told apart
     confirmed: bool                # told apart (or alone); False: a tie, decided by memory to spare
     rounds: int                    # extra windows of each contender
-    probes: int                    # probes the round ran
+    probes: int                    # probes the study's rounds ran (every round, earlier runs' too)
     seconds: float                 # and their wall time
     tied: list[str] = field(default_factory=list)  # labels of the configs tied with the winner
     tied_keys: list[str] = field(default_factory=list)  # and their config keys (autotune.ranking reads them)
@@ -110,12 +111,13 @@ class Confirmation:
     # measured again): the pick is not reliable, and every command that shows it says so.
     reliable: bool = True
     host_load: float | None = None  # the highest host load per core the round's windows saw
+    reused: bool = False            # no round: every window was measured by earlier studies (judged_as_measured)
 
     def to_dict(self) -> dict[str, Any]:
         return {"winner": self.winner, "winner_label": self.winner_label, "runner_up": self.runner_up,
                 "margin": self.margin, "noise": self.noise, "confirmed": self.confirmed, "rounds": self.rounds,
                 "probes": self.probes, "seconds": self.seconds, "tied": self.tied, "tied_keys": self.tied_keys,
-                "reliable": self.reliable, "host_load": self.host_load}
+                "reliable": self.reliable, "host_load": self.host_load, "reused": self.reused}
 
 
 def contenders_of(rows: list[LeaderboardRow]) -> list[LeaderboardRow]:
@@ -150,78 +152,236 @@ def suspects_of(rows: list[LeaderboardRow], contenders: list[LeaderboardRow]) ->
     return out
 
 
+@dataclass(slots=True)
+class RoundTally:
+    """What a confirmation round did in this run, for the search's footer: the windows it measured
+    and those it took over from a round an earlier run left unfinished."""
+
+    probes: int = 0
+    seconds: float = 0.0
+    reused_windows: int = 0
+
+
+@dataclass(slots=True)
+class _Earlier:
+    """A round an earlier run left unfinished (a deadline, Ctrl-C): its windows, kept as they were
+    measured in the study's `confirmation` (`partial`), so that the same command goes on with them."""
+
+    rounds: int = 0
+    probes: int = 0
+    seconds: float = 0.0
+    windows: dict[str, list[float]] = field(default_factory=dict)
+    by_round: dict[str, dict[int, float]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, confirmation: dict[str, Any] | None) -> _Earlier:
+        if not confirmation:
+            return cls()
+        if not confirmation.get("partial"):
+            # A finished round's windows are pooled in the leaderboard now; what it cost stays the
+            # study's (a search that revisits confirms twice; a study resumed later confirms again).
+            return cls(probes=int(confirmation.get("probes") or 0), seconds=float(confirmation.get("seconds") or 0.0))
+        return cls(int(confirmation.get("rounds") or 0), int(confirmation.get("probes") or 0),
+                   float(confirmation.get("seconds") or 0.0),
+                   {key: [float(v) for v in values] for key, values in (confirmation.get("windows") or {}).items()},
+                   {key: {int(r): float(v) for r, v in rounds.items()}
+                    for key, rounds in (confirmation.get("by_round") or {}).items()})
+
+
+def partial_state(pool: list[Contender], rounds: int, probes: int, seconds: float) -> dict[str, Any]:
+    """A round not finished yet, as the study keeps it: no `winner` (nothing is decided, and the
+    ranking reads none), every contender's windows by round."""
+    return {"partial": True, "rounds": rounds, "probes": probes, "seconds": seconds,
+            "windows": {c.row.config_key: list(c.windows) for c in pool},
+            "by_round": {c.row.config_key: {str(r): v for r, v in c.by_round.items()} for c in pool}}
+
+
+# Configs outside the round found as fast as its best once the round's windows are pooled (a config
+# measured once, in a lucky window, while the contenders' repeated windows came out slower) join it
+# this many times at most; past that the round cannot decide, and says so.
+MAX_JOINS = 2
+
+
 def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, Budget], ProbeResult], budget: Budget,
             on_probe: Callable[[LeaderboardRow, ProbeResult], None] | None = None,
-            stop: Callable[[], bool] = lambda: False) -> Confirmation | None:
+            stop: Callable[[], bool] = lambda: False, tally: RoundTally | None = None,
+            alone_too: bool = False) -> Confirmation | None:
     """Measure the study's suspects (suspects_of) and contenders again until the best is told
     apart or a tie is declared; store the pooled timings and the verdict. None when nothing fits;
     RoundStopped when `stop` says to stop (Ctrl-C, the deadline) before the verdict: the pick then
-    stays unconfirmed."""
+    stays unconfirmed, and every window measured so far is kept (each is stored as it is measured,
+    with the round's state), so that the same command goes on with them. `tally` hears what this
+    run measured and took over. `alone_too`: configs were ruled out against the best's figure
+    (skipped for speed): it is measured again even when no other config contends."""
+    tally = tally if tally is not None else RoundTally()
     rows = store.leaderboard(study.name)
     if not rows:
         return None
     stored = {p.id: p for p in store.probes(study.name)}
+    earlier = _Earlier.of(store.study(study.name).confirmation)
 
     def contending(row: LeaderboardRow) -> Contender:
-        return Contender(row, _as_result(row), _stored_step_times(stored[row.probe_id], row), [row.tokens_per_s or 0.0])
+        windows = earlier.windows.get(row.config_key)
+        if windows:
+            tally.reused_windows += len(windows) - 1
+        return Contender(row, _as_result(row), _stored_step_times(stored[row.probe_id], row),
+                         list(windows) if windows else [row.tokens_per_s or 0.0],
+                         dict(earlier.by_round.get(row.config_key, {})))
 
     pool = [contending(r) for r in contenders_of(rows)]
-    probes, seconds, rounds, remeasured = 0, 0.0, 0, 0
+    total = RoundTally(earlier.probes, earlier.seconds)  # every round's windows, earlier runs' included
     loads: list[float | None] = [row.host_load for row in rows[:1]]
-    # Suspects first: a window slowed a lot by a neighbour (steady steps, 3x slow) falls far outside
-    # the band and would never be measured again. Measured once more; within the band now, it
-    # contends like the others.
-    band = pool[0].tokens_per_s * (1 - CONTENDER_BAND)
-    for row in suspects_of(rows, [c.row for c in pool]):
+
+    def measure(contender: Contender, round_number: int | None) -> float | None:
+        """One more window of `contender`, pooled and stored at once: its throughput, None if it
+        measured nothing."""
         if stop():
             raise RoundStopped
-        suspect = contending(row)
-        result = run(row.config, budget)
+        result = run(contender.row.config, budget)
+        if result.status == ProbeStatus.OK and result.peak_reserved_bytes is None:
+            # (a window for its timing alone: its memory is the config's, as first measured)
+            result = replace(result, peak_allocated_bytes=contender.row.peak_allocated_bytes,
+                             peak_reserved_bytes=contender.row.peak_reserved_bytes)
         loads.append(result.host_load)
-        probes += 1
-        seconds += result.wall_seconds or 0.0
+        total.probes += 1
+        total.seconds += result.wall_seconds or 0.0
+        tally.probes += 1
+        tally.seconds += result.wall_seconds or 0.0
         if on_probe is not None:
-            on_probe(row, result)
+            on_probe(contender.row, result)
         if result.status != ProbeStatus.OK or not result.step_times:
-            continue
-        suspect.measured_again(result)
-        store.update_timing(row.probe_id, suspect.result)
-        if (result.tokens_per_s or 0.0) >= band:
-            pool.append(suspect)
-    # At least one more window each: the verdict needs to see how much windows vary.
-    while len(pool) > 1 and rounds < MAX_ROUNDS and (rounds == 0 or not _told_apart(pool)):
-        if rounds and not remeasured:
-            break  # a round that measured nothing again (every window failed): another would not either
-        if rounds and _split(pool):
-            break  # each of the first two won a round: no further round can tell them apart
-        rounds += 1
-        for contender in list(pool):
-            if stop():
-                raise RoundStopped
-            result = run(contender.row.config, budget)
-            loads.append(result.host_load)
-            probes += 1
-            seconds += result.wall_seconds or 0.0
-            if on_probe is not None:
-                on_probe(contender.row, result)
-            if result.status != ProbeStatus.OK or not result.step_times:
-                continue  # a window that failed now says nothing of speed: the first one stands
-            remeasured += 1
-            contender.measured_again(result, rounds)
-        pool.sort(key=lambda c: -c.tokens_per_s)
-    for contender in pool if rounds else ():
+            return None  # a window that failed now says nothing of speed: the earlier ones stand
+        contender.measured_again(result, round_number)
         store.update_timing(contender.row.probe_id, contender.result)
-    if rounds and not remeasured:
+        store.set_confirmation(study.id, partial_state(pool, rounds, total.probes, total.seconds))
+        return result.tokens_per_s or 0.0
+
+    rounds = earlier.rounds
+    remeasured = sum(len(c.by_round) for c in pool)
+    # Suspects first (not on a resumed round: they were measured again before it began): a window
+    # slowed a lot by a neighbour (steady steps, 3x slow) falls far outside the band and would never
+    # be measured again. Measured once more; within the band now, it contends like the others.
+    band = pool[0].tokens_per_s * (1 - CONTENDER_BAND)
+    for row in suspects_of(rows, [c.row for c in pool]) if not rounds else ():
+        suspect = contending(row)
+        window = measure(suspect, None)
+        if window is not None and window >= band:
+            pool.append(suspect)
+    if rounds:  # a round an earlier run left unfinished: its missing windows first
+        for contender in [c for c in pool if rounds not in c.by_round]:
+            remeasured += measure(contender, rounds) is not None
+    joins = 0
+    while True:
+        while rounds < MAX_ROUNDS + joins and _round_needed(pool, rounds, remeasured, alone_too):
+            rounds += 1
+            for contender in list(pool):
+                remeasured += measure(contender, rounds) is not None
+            pool.sort(key=lambda c: -c.tokens_per_s)
+        joining = _as_fast_outside(store.leaderboard(study.name), pool)
+        if not joining or joins >= MAX_JOINS or not remeasured:
+            break
+        joins += 1
+        pool += [contending(row) for row in joining]
+    outside = _as_fast_outside(store.leaderboard(study.name), pool)
+    if rounds and not remeasured and len(pool) > 1:
         # Nothing could be measured again: the first windows' order stands, unconfirmed.
         best, second = pool[0], pool[1]
         verdict = Confirmation(best.row.config_key, best.row.label, second.row.label,
                                best.tokens_per_s / second.tokens_per_s - 1 if second.tokens_per_s else None,
-                               noise(best.spread, second.spread), False, rounds, probes, seconds, reliable=False)
+                               noise(best.spread, second.spread), False, rounds, total.probes, total.seconds,
+                               reliable=False)
+    elif outside:
+        verdict = _undecided(pool, outside, rounds, total.probes, total.seconds)
     else:
-        verdict = _verdict(pool, rounds, probes, seconds)
+        verdict = _verdict(pool, rounds, total.probes, total.seconds)
+    verdict = _as_ranked(verdict, ranked(store.leaderboard(study.name), _standing), pool)
     verdict.host_load = max((load for load in loads if load is not None), default=None)
     store.set_confirmation(study.id, verdict.to_dict())
     return verdict
+
+
+def _as_ranked(verdict: Confirmation, rows: list[LeaderboardRow], pool: list[Contender]) -> Confirmation:
+    """The verdict, where the leaderboard puts its winner first (every config faster than it is
+    one it tied with: autotune.ranking); else the fastest measured, unconfirmed and not reliable,
+    so that no surface names another pick than the decision. (`rows`: in plain speed order.)"""
+    faster = []
+    for row in rows:
+        if row.config_key == verdict.winner:
+            break
+        faster.append(row.config_key)
+    if not faster or set(faster) <= set(verdict.tied_keys):
+        return verdict
+    fastest = rows[0]
+    second = next((c for c in pool if c.row.config_key != fastest.config_key), None)
+    runner_up = second.row.label if second is not None else verdict.winner_label
+    margin = ((fastest.tokens_per_s or 0.0) / second.tokens_per_s - 1
+              if second is not None and second.tokens_per_s else None)
+    return Confirmation(fastest.config_key, fastest.label, runner_up, margin, verdict.noise, False, verdict.rounds,
+                        verdict.probes, verdict.seconds, reliable=False)
+
+
+def judged_as_measured(rows: list[LeaderboardRow]) -> Confirmation | None:
+    """The decision on a study whose windows were all measured before it (every candidate reused
+    from earlier studies: no round runs, since no probe of it ran), from their stored spreads: the
+    fastest measured, unconfirmed, and not reliable when its contenders' noise is beyond what the
+    timing resolves. None when nothing fits."""
+    if not rows:
+        return None
+    pool = [Contender(row, _as_result(row)) for row in contenders_of(rows)]
+    if len(pool) == 1:
+        return Confirmation(pool[0].row.config_key, pool[0].row.label, None, None, None, True, 0, 0, 0.0, reused=True)
+    best, second = pool[0], pool[1]
+    within = max(noise(best.spread, c.spread) for c in pool[1:])
+    margin = best.tokens_per_s / second.tokens_per_s - 1 if second.tokens_per_s else None
+    return Confirmation(best.row.config_key, best.row.label, second.row.label, margin, within, False, 0, 0, 0.0,
+                        reliable=within <= RELIABLE_NOISE, host_load=best.row.host_load, reused=True)
+
+
+def _as_fast_outside(rows: list[LeaderboardRow], pool: list[Contender]) -> list[LeaderboardRow]:
+    """Configs outside the round measured within the band of its best's pooled speed, or faster
+    than any of its contenders: a verdict that left them out could name a pick the leaderboard
+    does not put first."""
+    keys = {c.row.config_key for c in pool}
+    speeds = [c.tokens_per_s for c in pool]
+    bar = min(max(speeds) * (1 - CONTENDER_BAND), min(speeds))
+    return [r for r in rows if r.config_key not in keys and (r.tokens_per_s or 0.0) > bar][:MAX_CONTENDERS]
+
+
+def _undecided(pool: list[Contender], outside: list[LeaderboardRow], rounds: int, probes: int,
+               seconds: float) -> Confirmation:
+    """The round could not take in every config as fast as its best (MAX_JOINS): the fastest
+    measured is the pick, unconfirmed and not reliable, and the verdict says what it rests on."""
+    fastest = max(outside, key=lambda r: r.tokens_per_s or 0.0)
+    best = max(pool, key=lambda c: c.tokens_per_s)
+    if (fastest.tokens_per_s or 0.0) <= best.tokens_per_s:
+        return _verdict(pool, rounds, probes, seconds)
+    return Confirmation(fastest.config_key, fastest.label, best.row.label,
+                        (fastest.tokens_per_s or 0.0) / best.tokens_per_s - 1 if best.tokens_per_s else None,
+                        noise(fastest.step_spread, best.spread), False, rounds, probes, seconds, reliable=False)
+
+
+def _round_needed(pool: list[Contender], rounds: int, remeasured: int, alone_too: bool) -> bool:
+    """Whether another round of windows can still change the verdict. At least one more window
+    each (the verdict needs to see how much windows vary); then until the best is told apart, or
+    the two fastest have each won a round (no further round can tell them apart), or a round
+    measured nothing (every window failed: another would not either). Where configs were skipped
+    against the best's figure (`alone_too`), also until that figure settles: its windows agree, or
+    three of them outvote one that was an outlier."""
+    if rounds and not remeasured:
+        return False
+    if len(pool) == 1:
+        return alone_too and not _settled(pool[0])
+    if rounds == 0:
+        return True
+    if _split(pool):
+        return False
+    return not _told_apart(pool) or (alone_too and not _settled(pool[0]))
+
+
+def _settled(contender: Contender) -> bool:
+    """Its figure is what its windows agree on: two within the noise a tie allows, or three (the
+    pooled median then lies with the two that agree)."""
+    return len(contender.windows) >= 3 or (len(contender.windows) >= 2 and contender.spread <= RELIABLE_NOISE)
 
 
 def _split(pool: list[Contender]) -> bool:
@@ -261,6 +421,11 @@ def _verdict(pool: list[Contender], rounds: int, probes: int, seconds: float) ->
     return Confirmation(chosen.row.config_key, chosen.row.label, others[0].row.label if others else None, margin, within,
                         False, rounds, probes, seconds, tied=[c.row.label for c in others],
                         tied_keys=[c.row.config_key for c in others], reliable=reliable)
+
+
+def _standing(row: LeaderboardRow) -> Standing:
+    return Standing(row.config_key, row.tokens_per_s, required_bytes(row.peak_reserved_bytes, row.context_bytes),
+                    row.probe_id)
 
 
 def _as_result(row: LeaderboardRow) -> ProbeResult:

@@ -437,5 +437,7 @@ def _gather(store: Store, study: StudyRecord, space: SearchSpace, processes: lis
         # none, yet its probes are stored.
         probed=settled - reused, reused=reused,
         skipped=sum(s.get("skipped", 0) for s in summaries), seconds=time.perf_counter() - started,
+        skips={kind: sum((s.get("skips") or {}).get(kind, 0) for s in summaries)
+               for kind in {kind for s in summaries for kind in (s.get("skips") or {})}},
         stop_reason=stop_reason, workers=len(processes), failures=failures, unmeasured=unmeasured(knowledge),
     )

@@ -15,6 +15,27 @@ from autotune.status import ProbeStatus
 from autotune.units import format_size
 
 
+class SkipReason(str):
+    """Why a candidate is recorded skipped, and of which kind (`kind`): "structure" (what another's
+    outcome implies: a larger one ran out of memory, a twin fits without checkpointing), "memory"
+    (predicted too big), "speed" (the speed model says it cannot beat what is measured: a skip that
+    rests on a measurement, revisited when that measurement falls: search/loop.py)."""
+
+    kind = "structure"
+
+
+class MemorySkip(SkipReason):
+    kind = "memory"
+
+
+class SpeedSkip(SkipReason):
+    kind = "speed"
+
+
+def skip_kind(reason: str) -> str:
+    return getattr(reason, "kind", SkipReason.kind)
+
+
 @dataclass(slots=True)
 class Knowledge:
     """What is known about each candidate of the space, and what it implies for the others."""
@@ -117,8 +138,8 @@ class Knowledge:
                 return f"{other.label()} fits with the {other.allocator} allocator, which runs the same kernels"
         prediction = self.predictions.get(config.key())
         if prediction is not None and prediction.floor_bytes > self.skip_over_bytes:
-            return (f"predicted to need at least {format_size(prediction.floor_bytes)}, over the "
-                    f"{format_size(self.allowed_bytes)} allowed by more than the prediction margin")
+            return MemorySkip(f"predicted to need at least {format_size(prediction.floor_bytes)}, over the "
+                              f"{format_size(self.allowed_bytes)} allowed by more than the prediction margin")
         return None
 
     def predicted_to_fit(self, config: ProbeConfig) -> bool | None:

@@ -24,7 +24,8 @@ from autotune.timing import median_seconds
 from autotune.units import format_duration
 from autotune.result import ProbeResult
 from autotune.search.common import Event, Progress, Runner, SearchOutcome
-from autotune.search.confirm import Confirmation, RoundStopped, confirm
+from autotune.search.confirm import Confirmation, RoundStopped, confirm, judged_as_measured
+from autotune.search.knowledge import skip_kind
 from autotune.search.strategies import make_strategy
 from autotune.search.trials import Trials
 from autotune.search.worker_state import Heartbeat, WorkerState
@@ -34,6 +35,9 @@ from autotune.store import LeaderboardRow
 log = logging.getLogger("autotune")
 # Fresh-process retries of a probe whose process died without a result.
 CRASH_RETRIES = 2
+# Times a search goes back to configs skipped for speed whose skip rested on a figure the
+# confirmation round then lowered (each pass probes what could win, and confirms again).
+MAX_REVISITS = 2
 
 
 @contextlib.contextmanager
@@ -103,6 +107,7 @@ class SearchLoop:
         self.stop_reason: StopReason | None = None  # set where a reason to stop is found
         self.deadline = w.request.deadline
         self.probe_walls: list[float] = []          # each probe's wall time, to tell whether another fits the deadline
+        self.skipped_here: dict[str, str] = {}      # configs this run recorded skipped, by key: the kind of skip
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> SearchOutcome:
@@ -110,14 +115,24 @@ class SearchLoop:
         heartbeat = Heartbeat(w.store, w.study.id, w.label, w.options.heartbeat_seconds, owns_study=self.starter)
         try:
             with stop_on_first_interrupt() as stop:
-                while (reason := self._stop_reason(stop)) is None:
-                    choice = self._choose(stop)
-                    settled = self._settle(choice, heartbeat) if choice is not None else None
-                    if settled is not None:
-                        self._learn(settled)
-                outcome.stop_reason = reason
-                if self._should_confirm():
-                    self._confirm(stop.is_set)  # the verdict is stored with the study
+                for passes in range(MAX_REVISITS + 1):
+                    while (reason := self._stop_reason(stop)) is None:
+                        choice = self._choose(stop)
+                        settled = self._settle(choice, heartbeat) if choice is not None else None
+                        if settled is not None:
+                            self._learn(settled)
+                    outcome.stop_reason = reason
+                    if self._should_confirm():
+                        self._confirm(stop.is_set)  # the verdict is stored with the study
+                    elif self._judged_as_reused():
+                        # No probe of this study ran (all reused): decided on the stored windows, so that a
+                        # pick their noise cannot resolve is said not to be reliable, as a round would.
+                        decision = judged_as_measured(w.store.leaderboard(w.study.name))
+                        if decision is not None:
+                            w.store.set_confirmation(w.study.id, decision.to_dict())
+                    if passes == MAX_REVISITS or outcome.stop_reason != StopReason.EXHAUSTED or not self._revisit():
+                        break
+                    self.stop_reason = None  # back to the candidates a fallen figure let back in
         except BaseException:
             # Aborted (a second Ctrl-C, SIGTERM, a user error from the runner, a full disk): the study
             # is not left `running`, so that every later command sees it stopped and resumable. (A
@@ -186,7 +201,10 @@ class SearchLoop:
             result = ProbeResult(status=ProbeStatus.SKIPPED, budget_bytes=w.budget.total_bytes,
                                  margin_bytes=w.budget.margin_bytes, error=choice.skip_reason)
             probe_id = self._store(choice, result, SettleHow.UNCLAIMED, cacheable=False)
-            outcome.skipped += probe_id is not None
+            if probe_id is not None:
+                kind = self.skipped_here[config.key()] = skip_kind(choice.skip_reason)
+                outcome.skipped += 1
+                outcome.skips[kind] = outcome.skips.get(kind, 0) + 1
             return Settlement(choice, result, Settled.SKIPPED, probe_id)
         cached = None if w.options.fresh else w.store.find_cached(
             config.key(), self.env_fingerprint, w.request.spec.fingerprint, w.budget.total_bytes, w.budget.margin_bytes)
@@ -282,9 +300,44 @@ class SearchLoop:
             return False
         if self.outcome.probed:
             return True
-        if w.store.study(w.study.name).confirmation is not None:
-            return False
+        confirmation = w.store.study(w.study.name).confirmation
+        if confirmation is not None:
+            return bool(confirmation.get("partial"))  # a round an earlier run left unfinished goes on
         return any(claim.attempts > 0 for claim in w.store.claims(w.study.id, stale_after=w.options.stale_after))
+
+    def _revisit(self) -> bool:
+        """After a confirmation round pooled the contenders' windows, the configs skipped for speed
+        that could win now (their skip rested on a figure that has fallen: an outlier window) go
+        back to be decided again; True when any did. Only the predictive strategy skips for speed."""
+        w, k = self.w, self.w.knowledge
+        if not self.starter or not hasattr(self.strategy, "revisitable"):
+            return False
+        for row in w.store.leaderboard(w.study.name):  # the figures as the round pooled them
+            if (known := k.outcomes.get(row.config_key)) is not None:
+                k.outcomes[row.config_key] = dataclasses.replace(
+                    known, tokens_per_s=row.tokens_per_s, step_seconds=row.step_seconds, step_spread=row.step_spread)
+        again = self.strategy.revisitable()
+        if not again:
+            return False
+        w.store.reopen_skipped(w.study.id, [c.key() for c in again])
+        for config in again:
+            del k.outcomes[config.key()]
+            if (kind := self.skipped_here.pop(config.key(), None)) is not None:  # (decided again: counted again)
+                self.outcome.skipped -= 1
+                self.outcome.skips[kind] -= 1
+        self.outcome.revisited += len(again)
+        return True
+
+    def _skipped_for_speed(self) -> bool:
+        """Whether configs were ruled out against the best's figure (skipped for speed): then that
+        figure is measured again, even where nothing else contends."""
+        return "speed" in self.skipped_here.values()
+
+    def _judged_as_reused(self) -> bool:
+        """A study the starter settled wholly from earlier studies' probes, with no decision yet."""
+        w = self.w
+        return (self.starter and self.outcome.stop_reason == StopReason.EXHAUSTED and w.options.confirm
+                and not self.outcome.probed and w.store.study(w.study.name).confirmation is None)
 
     def _give_back(self, choice: Choice) -> None:
         if choice.trial is not None:
@@ -300,13 +353,14 @@ class SearchLoop:
 
         def run(config: ProbeConfig, budget: Budget) -> ProbeResult:
             with showing_phases(self.runner, self.on_progress, config, total, total, confirming=True):
-                result = self.runner.run(config, budget, w.request.spec, self.deadline)
+                result = self.runner.run(config, budget, w.request.spec, self.deadline, timing_only=True)
             self.probe_walls.append(result.wall_seconds or 0.0)
             return result
 
         try:
             return confirm(w.store, w.study, run, w.budget, on_probe=measured_again,
-                           stop=lambda: stop() or not self._may_start())
+                           stop=lambda: stop() or not self._may_start(), tally=self.outcome.round,
+                           alone_too=self._skipped_for_speed())
         except (RoundStopped, DeadlineReached):
             if not stop():
                 # The deadline ended the round before its verdict: the pick stays unconfirmed, the

@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from autotune import speed
 from autotune.config import ProbeConfig
 from autotune.search.common import SearchOptions
-from autotune.search.knowledge import Knowledge
+from autotune.search.knowledge import Knowledge, MemorySkip, SpeedSkip
 from autotune.search.speed_model import FittedSpeed, SpeedGuess, SpeedModel
 from autotune.search.trials import Trials, params_of, tell
 from autotune.space import group_key, group_priority, micro_batch_family
@@ -155,13 +155,29 @@ class PredictiveStrategy:
         for config in sorted(unresolved, key=uses_speed_lever):  # a speed lever's plain twins first
             if k.available(config):
                 if not self.plain_twin_probed(config):
-                    return config, (f"{plain_twin(config).label()} was not probed (it could not win): a speed lever is "
-                                    f"tried only where the plain configs could")
+                    return config, SpeedSkip(f"{plain_twin(config).label()} was not probed (it could not win): a speed "
+                                             f"lever is tried only where the plain configs could")
                 guess = guesses[config.key()]
                 assert best is not None  # (without a best, every unresolved config is worth probing)
-                return config, (f"{guess.describe()}: not faster than {best[0].label()}, measured at "
-                                f"{best[1].tokens_per_s or 0.0:,.0f}")
+                return config, SpeedSkip(f"{guess.describe()}: not faster than {best[0].label()}, measured at "
+                                         f"{best[1].tokens_per_s or 0.0:,.0f}")
         return None
+
+    def revisitable(self) -> list[ProbeConfig]:
+        """Configs skipped for speed that could win now: no structure rules them out, and their
+        optimistic speed beats the best measured as it stands now (the confirmation round pooled
+        its windows: a first window that was an outlier no longer holds the bar up)."""
+        k = self.knowledge
+        self._fitted = None  # measured figures changed: fit again
+        best = k.best()
+        if best is None:
+            return []
+        bar = (best[1].tokens_per_s or 0.0) * (1 + WORTH_PROBING)
+        skipped = [c for c in k.candidates if (result := k.outcomes.get(c.key())) is not None
+                   and result.status == ProbeStatus.SKIPPED and k.implied_skip(c) is None
+                   and self.rescue_ruled_out(c) is None and self.plain_twin_probed(c) is True]
+        guesses = self.guesses(skipped)
+        return [c for c in skipped if guesses[c.key()].optimistic_tokens_per_s > bar]
 
     def rescue_ruled_out(self, config: ProbeConfig) -> str | None:
         """A speed lever tried where its plain twin ran out of memory (a rescue: compile and
@@ -179,8 +195,8 @@ class PredictiveStrategy:
             if (other is not None and theirs is not None and result.status == ProbeStatus.OOM
                     and self.relations[key].plain is not None and (other.compile, other.allocator, other.liger) == levers
                     and theirs.required_bytes <= mine.required_bytes):
-                return (f"predicted to need at least what {other.label()} needs, which ran out of memory with the same "
-                        f"speed levers")
+                return MemorySkip(f"predicted to need at least what {other.label()} needs, which ran out of memory "
+                                  f"with the same speed levers")
         return None
 
     def plain_twin_probed(self, config: ProbeConfig) -> bool | None:

@@ -154,6 +154,21 @@ class ClaimsMixin(StoreBase):
             ).rowcount  # type: ignore[attr-defined]
 
 
+    def reopen_skipped(self, study_id: int, config_keys: list[str]) -> int:
+        """Forget the skips of these configs (their rows and settled claims), so that the search
+        decides them again: skipped for speed on a measurement that has since fallen, they could
+        now win (search/loop.py). Returns how many rows went."""
+        if not config_keys:
+            return 0
+        with self._writing() as session:
+            gone = session.execute(delete(Probe).where(
+                Probe.study_id == study_id, Probe.config_key.in_(config_keys), Probe.status == ProbeStatus.SKIPPED)
+            ).rowcount  # type: ignore[attr-defined]
+            session.execute(delete(Claim).where(Claim.study_id == study_id, Claim.config_key.in_(config_keys),
+                                                Claim.state != ClaimState.RUNNING))
+            return gone
+
+
 def _db_now(session: Session) -> datetime:
     """Now, by the database server's clock where there is one: claims compare heartbeats written by
     workers on different machines, whose clocks may disagree. (SQLite is one machine's file.)"""

@@ -279,10 +279,14 @@ class Store(ClaimsMixin, RunsMixin):
         margin_bytes: int,
     ) -> ProbeResult | None:
         """The latest reusable result for this config key on this environment, for the same model
-        architecture under the same budget and margin, from any study; None when there is none.
-        Timeouts, crashes and errors are never reused (see autotune.status.CACHEABLE)."""
+        architecture, from any study; None when there is none. Timeouts, crashes and errors are
+        never reused (see autotune.status.CACHEABLE). A result under another budget is reused where
+        it decides this one too: a fit whose need is within what this budget allows (it never came
+        near the other cap, so it ran as it would under this one), an OOM under a cap no smaller than
+        this one's, either with this budget's figures; a kernel this machine lacks or a loss that is
+        not finite, whatever the budget. Anything else under another budget is probed."""
         query = (
-            select(Probe)
+            select(Probe, Study.budget_bytes, Study.margin_bytes)
             .join(Study, Study.id == Probe.study_id)
             .where(
                 Probe.config_key == config_key,
@@ -290,15 +294,24 @@ class Store(ClaimsMixin, RunsMixin):
                 Probe.cacheable.is_(True),
                 Probe.status.in_(tuple(CACHEABLE)),
                 Study.model_fingerprint == model_fingerprint,
-                Study.budget_bytes == budget_bytes,
-                Study.margin_bytes == margin_bytes,
             )
             .order_by(Probe.id.desc())
-            .limit(1)
+            .limit(_REUSE_LOOKBACK)
         )
+        allowed = budget_bytes - margin_bytes
         with self._read() as session:
-            probe = session.scalars(query).first()
-            return probe_result(probe) if probe is not None else None
+            for probe, their_budget, their_margin in session.execute(query).all():
+                result = probe_result(probe)
+                if (their_budget, their_margin) == (budget_bytes, margin_bytes):
+                    return result
+                need = result.required_bytes
+                decides = (result.status == ProbeStatus.OK and need is not None and need <= allowed) or \
+                    (result.status == ProbeStatus.OOM and their_budget - their_margin >= allowed) or \
+                    result.status in (ProbeStatus.SKIPPED, ProbeStatus.UNSTABLE)  # (what no budget changes)
+                if decides:
+                    result.budget_bytes, result.margin_bytes = budget_bytes, margin_bytes
+                    return result
+            return None
 
     def probes(self, study_name: str | None = None, *, after_id: int = 0) -> list[ProbeRecord]:
         """Every probe of a study (the most recent study when None), in the order they were stored;
@@ -360,6 +373,11 @@ class Store(ClaimsMixin, RunsMixin):
         rows = list(session.execute(select(probes).where(probes.c.id.in_(latest_ids))).mappings().all())
         chosen, tied = _verdict(study.confirmation, rows)
         return ranked(rows, _standing, chosen, tied)
+
+
+# How many of a config's latest results (on this environment and model) a lookup reads for one that
+# decides it under another budget.
+_REUSE_LOOKBACK = 20
 
 
 def _standing(row: Any) -> Standing:

@@ -234,8 +234,14 @@ def test_find_cached_reuses_only_lasting_outcomes_of_the_same_setting(store):
     key = config(1, grad_accum=1).key()
     assert store.find_cached(key, **{**key_args, "env_fingerprint": "other-env"}) is None
     assert store.find_cached(key, **{**key_args, "model_fingerprint": "other-model"}) is None
+    # Under another budget a result is reused where it decides that budget too: a fit (4 GiB needed)
+    # under one that allows at least its need, with that budget's figures; an OOM under a smaller one.
     assert store.find_cached(key, **{**key_args, "budget_bytes": 4 * GiB}) is None
-    assert store.find_cached(key, **{**key_args, "margin_bytes": 0}) is None
+    looser = store.find_cached(key, **{**key_args, "margin_bytes": 0})
+    assert looser.status == "ok" and (looser.budget_bytes, looser.margin_bytes) == (8 * GiB, 0)
+    oom_key = config(2, grad_accum=1).key()
+    assert store.find_cached(oom_key, **{**key_args, "budget_bytes": 6 * GiB}).status == "oom"
+    assert store.find_cached(oom_key, **{**key_args, "budget_bytes": 16 * GiB}) is None
     # Another study of the same model and budget shares the cache; the latest outcome wins.
     other = make_study(store, "s2")
     store.record_probe(other.id, config(1, grad_accum=1), result("ok", 1200.0), env_fingerprint=env_fp)
