@@ -8,6 +8,7 @@ study from the store and does both. No torch here.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 from collections import Counter
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.budget import Budget
 from autotune.errors import BadInput
+from autotune.models import shown_reference
 from autotune.ranking import Standing, ranked
 from autotune.status import ProbeStatus
 from autotune.units import format_size
@@ -45,6 +47,7 @@ class Point:
     required_bytes: int | None   # peak reserved + context: what autotune compares with the budget
     tokens_per_s: float | None
     predicted: bool = False      # required_bytes is the estimator's prediction, not a measurement
+    spread: float | None = None  # the throughput's stored spread (relative): drawn as an error bar
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +61,8 @@ class PlotData:
     failed: list[Point]         # timeout, crash, error, unstable, where a memory figure is known
     unplaced: dict[str, int]    # status -> configs with no memory figure at all (not drawn)
     pick: Point | None
+    over: list[Point] = dataclasses.field(default_factory=list)  # a plan's: predicted not to fit (never probed)
+    contenders: list[Point] = dataclasses.field(default_factory=list)  # the pick's closest rivals: labelled too
 
     @property
     def limit_bytes(self) -> int:
@@ -132,14 +137,26 @@ def plot_points(probes: Sequence[ProbeRecord], *, budget_bytes: int, margin_byte
         point = Point(label=probe.config.label(), config_key=probe.config_key, status=status,
                       precision=probe.config.precision, checkpointing=probe.config.checkpointing,
                       required_bytes=required, tokens_per_s=r.tokens_per_s if status == ProbeStatus.OK else None,
-                      predicted=is_prediction)
+                      predicted=is_prediction, spread=r.step_spread if status == ProbeStatus.OK else None)
         {ProbeStatus.OK: fits, ProbeStatus.OOM: oom, ProbeStatus.SKIPPED: skipped}.get(status, failed).append(point)
     if pick_key is None:
         order = ranked(fits, lambda p: Standing(p.config_key, p.tokens_per_s, p.required_bytes, fits.index(p)))
         pick_key = order[0].config_key if order else None
     pick = next((p for p in fits if p.config_key == pick_key), None)
     return PlotData(budget_bytes=budget_bytes, margin_bytes=margin_bytes, fits=fits, frontier=frontier(fits),
-                    oom=oom, skipped=skipped, failed=failed, unplaced=dict(unplaced), pick=pick)
+                    oom=oom, skipped=skipped, failed=failed, unplaced=dict(unplaced), pick=pick,
+                    contenders=rivals(fits, pick))
+
+
+# Besides the pick, the fastest configs labelled on the plot (each with its spread as an error bar).
+LABELLED_RIVALS = 3
+
+
+def rivals(fits: Sequence[Point], pick: Point | None) -> list[Point]:
+    """The fastest configs that fit besides the pick: those a reader compares it with."""
+    others = sorted((p for p in fits if pick is None or p.config_key != pick.config_key),
+                    key=lambda p: -(p.tokens_per_s or 0.0))
+    return others[:LABELLED_RIVALS]
 
 
 def probe_device(probes: Sequence[ProbeRecord], study: StudyRecord) -> str:
@@ -149,7 +166,7 @@ def probe_device(probes: Sequence[ProbeRecord], study: StudyRecord) -> str:
 
 
 def plot_title(study: StudyRecord, device: str) -> str:
-    return (f"{study.model_reference} under {format_size(study.budget_bytes)} "
+    return (f"{shown_reference(study.model_reference)} under {format_size(study.budget_bytes)} "
             f"(margin {format_size(study.margin_bytes)}), study {study.name}\n{device}")
 
 
@@ -225,7 +242,7 @@ def _scale(budget_bytes: int) -> tuple[float, str]:
 def _x_range(data: PlotData) -> tuple[float, float]:
     """From 0, unless every config needs most of the budget: then from just left of the smallest,
     so that configs a few MiB apart do not sit on one another."""
-    drawn = [p.required_bytes or 0 for p in (*data.fits, *data.oom, *data.skipped, *data.failed)]
+    drawn = [p.required_bytes or 0 for p in (*data.fits, *data.oom, *data.skipped, *data.failed, *data.over)]
     right = max([data.budget_bytes * 1.08, *(x * 1.04 for x in drawn)])
     low = min([*drawn, data.limit_bytes])
     if low < 0.6 * data.budget_bytes:
@@ -244,6 +261,8 @@ def _strip_groups(data: PlotData) -> list[tuple[list[Point], dict[str, Any]]]:
     """The bottom strip's series (no throughput): each with its matplotlib style."""
     measured_oom = [p for p in data.oom if not p.predicted]
     return [
+        (data.over, dict(marker="o", facecolors="none", edgecolors="tab:red", s=40,
+                         label="predicted not to fit (never probed)")),
         ([p for p in data.oom if p.predicted], dict(marker="x", color="tab:red", s=46, label="OOM (at its predicted need)")),
         (measured_oom, dict(marker="x", color="darkred", s=46, label="OOM (where it failed)")),
         (data.skipped, dict(marker="d", facecolors="none", edgecolors="tab:gray", s=40,
@@ -265,9 +284,12 @@ def _matplotlib(data: PlotData, title: str, path: Path) -> None:
         for ckpt in (False, True):
             pts = [p for p in data.fits if p.precision == precision and p.checkpointing == ckpt]
             if pts:
-                ax.scatter([(p.required_bytes or 0) / scale for p in pts], [p.tokens_per_s or 0.0 for p in pts], s=34,
-                           color=color if not ckpt else "none", edgecolors=color, zorder=3,
+                xs, ys = [(p.required_bytes or 0) / scale for p in pts], [p.tokens_per_s or 0.0 for p in pts]
+                ax.scatter(xs, ys, s=34, color=color if not ckpt else "none", edgecolors=color, zorder=3,
                            label=f"fits: {precision}{', checkpointing' if ckpt else ''}")
+                # Each throughput's stored spread (half its interquartile range): what a window varies by.
+                ax.errorbar(xs, ys, yerr=[(p.spread or 0.0) * (p.tokens_per_s or 0.0) for p in pts], fmt="none",
+                            ecolor=color, elinewidth=1.0, capsize=2, alpha=0.7, zorder=2)
     if data.frontier:
         xs = [(p.required_bytes or 0) / scale for p in data.frontier] + [data.limit_bytes / scale]
         ys = [p.tokens_per_s or 0.0 for p in data.frontier] + [data.frontier[-1].tokens_per_s or 0.0]
@@ -282,12 +304,6 @@ def _matplotlib(data: PlotData, title: str, path: Path) -> None:
         x, y = (data.pick.required_bytes or 0) / scale, data.pick.tokens_per_s or 0.0
         ax.scatter([x], [y], marker="*", s=260, color="gold", edgecolors="black", linewidths=0.8, zorder=4,
                    label="pick")
-        left, right = _x_range(data)
-        on_left = (data.pick.required_bytes or 0) < left + 0.4 * (right - left)  # then the label goes right of it
-        ax.annotate(f"pick: {data.pick.label}\n{y:,.0f} tokens/s, needs {format_size(data.pick.required_bytes)}",
-                    (x, y), xytext=(12 if on_left else -12, -14), textcoords="offset points",
-                    ha="left" if on_left else "right", va="top", fontsize=8,
-                    bbox=dict(boxstyle="round,pad=0.3", facecolor="white", alpha=0.85, edgecolor="0.7"))
     for points, style in _strip_groups(data):
         if points:
             # Spread within the strip so that configs needing the same memory stay apart.
@@ -296,7 +312,7 @@ def _matplotlib(data: PlotData, title: str, path: Path) -> None:
     note = _unplaced_note(data)
     if note:
         ax.text(0.01, 0.98, note, transform=ax.transAxes, va="top", fontsize=8)
-    top = max([p.tokens_per_s or 0.0 for p in data.fits], default=1.0)
+    top = max([(p.tokens_per_s or 0.0) * (1 + (p.spread or 0.0)) for p in data.fits], default=1.0)
     ax.set_ylim(bottom=0, top=top * 1.15)
     left, right = _x_range(data)
     ax.set_xlim(left=left / scale, right=right / scale)
@@ -310,8 +326,63 @@ def _matplotlib(data: PlotData, title: str, path: Path) -> None:
     strip_handles, strip_labels = strip.get_legend_handles_labels()
     fig.legend(handles + strip_handles, labels + strip_labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
     fig.subplots_adjust(left=0.11, right=0.97, top=0.91, bottom=0.22)
+    _label_contenders(fig, ax, data, scale)  # (once the layout is final: labels are placed in display space)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
+
+
+# A point's marker reaches this far from its centre, in display pixels: no label may cover it.
+_MARKER = 6
+# Where a label may go around its point, in points (x, y), nearest first: beside, above, below, then
+# farther out (a leader line joins a label to its point).
+_LABEL_SLOTS = tuple((dx, dy) for reach in (1, 2, 3) for dx, dy in (
+    (10, -10), (-10, -10), (10, 12), (-10, 12), (10, -34), (-10, -34), (10, 36), (-10, 36))
+    for dx, dy in [(dx * reach, dy * reach)])
+
+
+def _label_contenders(fig, ax, data: PlotData, scale: float) -> None:
+    """Label the pick and its rivals, each where its box covers no other label and no point (the
+    first free slot around it, nearest first; where none is free, the one that covers least), so
+    that none hides another contender."""
+    labelled = [(f"pick: {data.pick.label}", data.pick, True)] if data.pick is not None else []
+    labelled += [(p.label, p, False) for p in data.contenders]
+    renderer = fig.canvas.get_renderer()
+    inside = ax.get_window_extent(renderer)
+    points = [ax.transData.transform(((p.required_bytes or 0) / scale, p.tokens_per_s or 0.0)) for p in data.fits]
+    taken: list[Any] = []
+
+    def covered(box) -> float:
+        """How much of what must stay visible `box` covers (0: nothing), in square pixels."""
+        area = sum(max(0.0, min(box.x1, o.x1) - max(box.x0, o.x0)) * max(0.0, min(box.y1, o.y1) - max(box.y0, o.y0))
+                   for o in taken)
+        area += sum(400.0 for px, py in points if box.x0 - _MARKER <= px <= box.x1 + _MARKER
+                    and box.y0 - _MARKER <= py <= box.y1 + _MARKER)
+        outside = (max(0.0, inside.x0 - box.x0) + max(0.0, box.x1 - inside.x1) + max(0.0, inside.y0 - box.y0)
+                   + max(0.0, box.y1 - inside.y1))
+        return area + 1000.0 * outside
+
+    for text, point, is_pick in labelled:
+        x, y = (point.required_bytes or 0) / scale, point.tokens_per_s or 0.0
+        words = f"{text}\n{y:,.0f} tokens/s, needs {format_size(point.required_bytes)}"
+        best: tuple[float, Any, Any] | None = None
+        for dx, dy in _LABEL_SLOTS:
+            note = ax.annotate(words, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=7.5 if not is_pick else 8,
+                               ha="left" if dx >= 0 else "right", va="top" if dy < 0 else "bottom",
+                               bbox=dict(boxstyle="round,pad=0.25", facecolor="white", alpha=0.85,
+                                         edgecolor="0.4" if is_pick else "0.75"),
+                               arrowprops=dict(arrowstyle="-", color="0.6", linewidth=0.6))
+            box = note.get_window_extent(renderer).expanded(1.02, 1.05)
+            cost = covered(box)
+            if best is None or cost < best[0]:
+                if best is not None:
+                    best[2].remove()
+                best = (cost, box, note)
+            else:
+                note.remove()
+            if cost == 0:
+                break
+        assert best is not None
+        taken.append(best[1])
 
 
 def _plotly(data: PlotData, title: str, path: Path) -> None:
@@ -325,7 +396,9 @@ def _plotly(data: PlotData, title: str, path: Path) -> None:
         return [(p.required_bytes or 0) / scale for p in points]
 
     fig.add_trace(go.Scatter(x=x(data.fits), y=[p.tokens_per_s for p in data.fits], mode="markers", name="fits",
-                             text=[p.label for p in data.fits], marker=dict(size=9)), row=1, col=1)
+                             text=[p.label for p in data.fits], marker=dict(size=9),
+                             error_y=dict(array=[(p.spread or 0.0) * (p.tokens_per_s or 0.0) for p in data.fits])),
+                  row=1, col=1)
     if data.frontier:
         fig.add_trace(go.Scatter(x=x(data.frontier) + [data.limit_bytes / scale],
                                  y=[p.tokens_per_s for p in data.frontier] + [data.frontier[-1].tokens_per_s],
@@ -335,8 +408,9 @@ def _plotly(data: PlotData, title: str, path: Path) -> None:
                                  text=[f"pick: {data.pick.label}"], textposition="bottom left",
                                  marker=dict(symbol="star", size=18, color="gold", line=dict(width=1)), name="pick"),
                       row=1, col=1)
-    symbols = {"oom": "x", "skipped": "diamond-open", "failed": "triangle-down"}
-    for name, points in (("oom", data.oom), ("skipped", data.skipped), ("failed", data.failed)):
+    symbols = {"oom": "x", "skipped": "diamond-open", "failed": "triangle-down", "predicted not to fit": "circle-open"}
+    for name, points in (("oom", data.oom), ("skipped", data.skipped), ("failed", data.failed),
+                         ("predicted not to fit", data.over)):
         if points:
             fig.add_trace(go.Scatter(x=x(points), y=[0.5] * len(points), mode="markers", name=name,
                                      text=[p.label for p in points], marker=dict(symbol=symbols[name], size=10)),
@@ -349,7 +423,7 @@ def _plotly(data: PlotData, title: str, path: Path) -> None:
     fig.update_xaxes(title_text=f"memory needed: peak reserved + context ({unit})", range=[x / scale for x in _x_range(data)],
                      row=2, col=1)
     fig.update_layout(title=title.replace("\n", "<br>"), template="plotly_white")
-    fig.write_html(path, include_plotlyjs="cdn")
+    fig.write_html(path, include_plotlyjs=True)  # the library inside the file: it opens offline too
 
 
 def save_plan_plot(plan: Plan, out: str | os.PathLike[str]) -> Path:
@@ -363,13 +437,14 @@ def save_plan_plot(plan: Plan, out: str | os.PathLike[str]) -> Path:
         if item.estimate is None or (item.fits and item.tokens_per_s is None):
             unplaced["not predicted" if item.estimate is None else "no speed predicted"] += 1
             continue
-        point = Point(label=item.config.label(), config_key=item.config.key(), status=ProbeStatus.OK if item.fits else ProbeStatus.OOM,
+        point = Point(label=item.config.label(), config_key=item.config.key(), status=ProbeStatus.OK if item.fits else ProbeStatus.SKIPPED,
                       precision=item.config.precision, checkpointing=item.config.checkpointing,
                       required_bytes=item.need_bytes, tokens_per_s=item.tokens_per_s if item.fits else None,
                       predicted=True)
         (fits if item.fits else over).append(point)
     pick = max(fits, key=lambda p: p.tokens_per_s or 0.0, default=None)
     data = PlotData(budget_bytes=plan.target.budget.total_bytes, margin_bytes=plan.target.budget.margin_bytes, fits=fits,
-                    frontier=frontier(fits), oom=over, skipped=[], failed=[], unplaced=dict(unplaced), pick=pick)
+                    frontier=frontier(fits), oom=[], skipped=[], failed=[], unplaced=dict(unplaced), pick=pick,
+                    over=over, contenders=rivals(fits, pick))
     title = f"{plan.model} on {plan.target.name}: predicted by autotune plan (no probe ran)"
     return write_plot(data, title, path)

@@ -155,3 +155,84 @@ def test_plot_and_report_import_no_torch(study_db, tmp_path):
     loaded = _heavy_modules_loaded("report", "--db", study_db, "--out", str(tmp_path / "r.md"),
                                    "--plot", str(tmp_path / "r.png"))
     assert loaded == ["sqlalchemy"] and (tmp_path / "r.png").exists()
+
+
+def test_every_contender_is_labelled_clear_of_the_others_with_its_spread_as_an_error_bar(study_db, tmp_path, monkeypatch):
+    """The pick and its three fastest rivals each get a label, none of which covers another label or
+    a point; each throughput carries its stored spread as an error bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from autotune import plot
+
+    study, probes = stored(study_db)
+    probes = [replace_result(p, step_spread=0.08) if p.result.status == "ok" else p for p in probes]
+    data = plot_points(probes, budget_bytes=study.budget_bytes, margin_bytes=study.margin_bytes)
+    assert data.pick is not None and data.pick.label == PICK
+    assert [p.label for p in data.contenders] == ["mb8x4 blk512 fp32 ckpt sdpa", "mb4x8 blk512 fp32 ckpt sdpa",
+                                                  "mb2x16 blk512 fp32 no-ckpt sdpa"]
+    drawn = []
+    monkeypatch.setattr(plt, "close", lambda fig: drawn.append(fig))
+    plot.write_plot(data, "title", tmp_path / "contenders.png")
+    ax = drawn[0].axes[0]
+    renderer = drawn[0].canvas.get_renderer()
+    notes = [child for child in ax.get_children() if isinstance(child, matplotlib.text.Annotation)]
+    assert len(notes) == 4 and notes[0].get_text().startswith(f"pick: {PICK}")
+    boxes = [note.get_window_extent(renderer) for note in notes]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    points = [ax.transData.transform(((p.required_bytes or 0) / 2**30, p.tokens_per_s)) for p in data.fits]
+    assert not any(box.contains(x, y) for box in boxes for x, y in points)
+    bars = [c for c in ax.containers if isinstance(c, matplotlib.container.ErrorbarContainer)]
+    heights = sorted(round(seg[1][1] - seg[0][1]) for bar in bars for seg in bar.lines[2][0].get_segments())
+    assert heights and heights[-1] == round(2 * 0.08 * 2500)  # the pick's: ±8% of 2,500 tokens/s
+
+
+def replace_result(probe, **changes):
+    from dataclasses import replace
+
+    return replace(probe, result=replace(probe.result, **changes))
+
+
+def test_a_plans_configs_predicted_not_to_fit_are_drawn_as_predicted_not_as_oom(tmp_path, monkeypatch):
+    import dataclasses
+
+    import autotune.plot as plot
+    from autotune.cards import find_card
+    from autotune.config import ProbeConfig
+    from autotune.planner import Plan, Planned, Target
+    from autotune.planner.speed import SpeedPrediction
+    from tests.planner.test_plan import _estimate
+
+    target = Target.of(find_card("h100"), 8 * GiB, 0.05)
+    speed = SpeedPrediction(0.1, 40_000.0, 0.1, 0.0, 0.0, 0.0, 0.5, 1e15, 1e14, 1e9)
+    fits = Planned(ProbeConfig("gpt2", 4, 512), _estimate(ProbeConfig("gpt2", 4, 512), 5 * GiB), True, fits=True,
+                   speed=speed)
+    over = Planned(ProbeConfig("gpt2", 8, 512), _estimate(ProbeConfig("gpt2", 8, 512), 12 * GiB), True, fits=False,
+                   speed=dataclasses.replace(speed, tokens_per_s=50_000.0))
+    drawn = {}
+    monkeypatch.setattr(plot, "write_plot", lambda data, title, path: drawn.setdefault("data", data) and path)
+    save = plot.save_plan_plot
+    save(Plan("gpt2", target, None, [fits, over]), tmp_path / "plan.png")
+    data = drawn["data"]
+    assert not data.oom and [p.label for p in data.over] == ["mb8x1 blk512 fp32 no-ckpt sdpa"] and data.over[0].predicted
+    assert data.pick is not None and data.pick.label == "mb4x1 blk512 fp32 no-ckpt sdpa"
+
+
+def test_an_oom_is_said_whole_and_a_probe_that_ran_out_has_no_headroom():
+    from autotune.config import ProbeConfig
+    from autotune.report import error_gist, format_probe_result
+    from autotune.result import ProbeResult
+
+    cpu = ("torch.OutOfMemoryError: CPU budget emulation: out of memory. Tried to allocate 102928384 bytes with "
+           "700000000 bytes in use of a 796917760-byte cap.")
+    cuda = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 79 GiB"
+    assert error_gist(cpu) == "out of memory: tried to allocate 98.16 MiB more"
+    assert error_gist(cuda) == "out of memory: tried to allocate 20.00 MiB more"
+    long = "RuntimeError: " + "word " * 30
+    assert len(error_gist(long)) <= 80 and error_gist(long).endswith("…") and not error_gist(long)[:-1].endswith("wor")
+    oom = ProbeResult(status="oom", budget_bytes=800 * 2**20, margin_bytes=40 * 2**20, cap_bytes=760 * 2**20,
+                      peak_reserved_bytes=728 * 2**20, peak_allocated_bytes=700 * 2**20, context_bytes=0, error=cpu)
+    text = format_probe_result(ProbeConfig("gpt2", 8, 64), oom)
+    assert "headroom" not in text and "needs more than the 760.00 MiB the budget leaves it" in text
