@@ -56,10 +56,22 @@ KILL_GRACE_SECONDS = 10.0
 # free before our deadline: its own wrap-up, and our kill's grace.
 WRAP_UP_SECONDS = 45.0
 MiB, GiB = 2**20, 2**30
+# google/pegasus-large's shape (568M parameters), and a tiny one of the same family for the CPU mode.
+PEGASUS_SHAPED = {"model_type": "pegasus", "architectures": ["PegasusForConditionalGeneration"], "vocab_size": 96103,
+                  "max_position_embeddings": 1024, "d_model": 1024, "encoder_layers": 16, "decoder_layers": 16,
+                  "encoder_attention_heads": 16, "decoder_attention_heads": 16, "encoder_ffn_dim": 4096,
+                  "decoder_ffn_dim": 4096, "is_encoder_decoder": True, "pad_token_id": 0, "eos_token_id": 1,
+                  "decoder_start_token_id": 0, "scale_embedding": True}
+TINY_PEGASUS = {**PEGASUS_SHAPED, "vocab_size": 1024, "max_position_embeddings": 256, "d_model": 64, "encoder_layers": 2,
+                "decoder_layers": 2, "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 128,
+                "decoder_ffn_dim": 128}
 # The public reference the forum config is held against (DESIGN.md): gpt2, Trainer defaults.
 FORUM_PEAK_ALLOCATED_GIB, FORUM_PEAK_RESERVED_GIB = 8.06, 8.73
 PACKAGES = ("torch", "transformers", "accelerate", "tokenizers", "optuna", "sqlalchemy", "alembic", "datasets", "peft",
             "bitsandbytes", "liger_kernel", "pynvml")
+IMAGE_VERSIONS = ("import importlib.metadata as m, json\n"
+                  "def v(n):\n    try: return m.version(n)\n    except m.PackageNotFoundError: return None\n"
+                  "print(json.dumps({n: v(n) for n in ('pyarrow', 'datasets', 'pandas', 'torch', 'transformers')}))")
 # Kept out of the state's tarball: a full model checkpoint of the training run, caches, scratch.
 NOT_TARRED = ("train-run", "cache", "tmp")
 MAX_TARRED_FILE_BYTES = 8 * MiB
@@ -335,6 +347,11 @@ def section_versions(run: Run) -> dict:
     # On CPU an import says nothing about CUDA libraries and costs 7 s of the CPU mode's minute
     # (peft, bitsandbytes): there the versions come from the installed metadata.
     figures: dict[str, Any] = {"packages": run.helper("versions", timeout=180, packages=list(PACKAGES), load=run.cuda)}
+    # The machine's own versions of what the carried wheels may shadow (datasets 5 needs pyarrow >= 24):
+    # whether the next session must carry them.
+    image = run.command([run.python, "-c", IMAGE_VERSIONS], timeout=60, env={"PYTHONPATH": None})
+    figures["image_packages"] = json.loads(image.stdout.strip().splitlines()[-1]) if image.returncode == 0 else {
+        "error": last_line(image.stdout)}
     if shutil.which("nvidia-smi") is None:
         figures["nvidia_smi"] = "skipped: nvidia-smi not found"
     else:
@@ -392,25 +409,29 @@ def check_bitsandbytes_import(run: Run) -> dict:
     return run.helper("bitsandbytes_import", timeout=120)
 
 
-MICRO_CHECKS: tuple[MicroCheck, ...] = (
+# The CUDA facts the estimator's constants rest on (pass 1): the cap raising OOM, the context, cuBLAS.
+CUDA_FACTS: tuple[MicroCheck, ...] = (
     ("cap_oom_default", check_cap_oom("default"), 30),
     ("cap_oom_expandable", check_cap_oom("expandable"), 30),
     ("context_after_step", lambda run: run.helper("context_after_step", timeout=180), 60),
+    ("cublas_workspace", lambda run: run.helper("cublas_workspace", timeout=120), 30),
+)
+# The other facts DESIGN.md took from reading sources (pass 2).
+MICRO_CHECKS: tuple[MicroCheck, ...] = (
     ("context_with_other_process", lambda run: run.helper("context_with_other_process", timeout=180), 60),
     ("device_assert_then_mem_get_info", lambda run: run.helper("device_assert", timeout=120), 30),
     ("allocator_var_priority", check_allocator_var_priority, 90),
-    ("cublas_workspace", lambda run: run.helper("cublas_workspace", timeout=120), 30),
     ("bitsandbytes_import", check_bitsandbytes_import, 30),
     ("tf32_compile_handoff", check_handoff_compile, 240),
 )
 
 
-def section_micro_checks(run: Run) -> dict:
-    """The CUDA facts DESIGN.md took from reading sources, each in a process of its own; a check
-    already measured by an earlier attempt is kept, a failed one tried again."""
-    earlier = run.previous("micro_checks").get("checks", {})
+def run_checks(run: Run, section: str, listed: Sequence[MicroCheck]) -> dict:
+    """Each check in a process of its own; one already measured by an earlier attempt is kept, a
+    failed one tried again."""
+    earlier = run.previous(section).get("checks", {})
     checks: dict[str, dict] = {}
-    for name, check, needs in MICRO_CHECKS:
+    for name, check, needs in listed:
         if is_done(earlier.get(name, {}).get("status")):
             checks[name] = earlier[name]
             continue
@@ -427,7 +448,7 @@ def section_micro_checks(run: Run) -> dict:
             run.log.write(traceback.format_exc())
             figures, status = {}, f"failed: {type(exc).__name__}: {one_line(str(exc))}"
         checks[name] = {"status": status, "seconds": round(time.monotonic() - started, 1), **figures}
-        run.say(f"  micro_checks.{name}: {status}")
+        run.say(f"  {section}.{name}: {status}")
         if status.startswith("pending"):
             break
     failed = [name for name, c in checks.items() if c["status"].startswith("failed")]
@@ -435,9 +456,17 @@ def section_micro_checks(run: Run) -> dict:
     figures = {"checks": checks}
     if failed:
         raise Failed(f"checks {', '.join(failed)} failed (the next run tries them again)", figures)
-    if pending or len(checks) < len(MICRO_CHECKS):
+    if pending or len(checks) < len(listed):
         raise Pending(f"checks {', '.join(pending) or 'left'} not reached", figures)
     return figures
+
+
+def section_cuda_facts(run: Run) -> dict:
+    return run_checks(run, "cuda_facts", CUDA_FACTS)
+
+
+def section_micro_checks(run: Run) -> dict:
+    return run_checks(run, "micro_checks", MICRO_CHECKS)
 
 
 def gpu_test_files() -> list[str]:
@@ -549,15 +578,16 @@ def search_figures(summary: dict, outcome: Outcome, earlier: dict) -> dict:
         "wall_seconds": round(earlier.get("wall_seconds", 0.0) + outcome.seconds, 1),
         "search_seconds": round(earlier.get("search_seconds", 0.0) + float(summary.get("seconds") or 0.0), 1),
         "pick": {key: best.get(key) for key in ("label", "tokens_per_s", "step_seconds", "peak_allocated_bytes",
-                                                  "peak_reserved_bytes", "context_bytes", "mfu")} if best else None,
+                                                  "peak_reserved_bytes", "context_bytes", "mfu", "phase_peaks",
+                                                  "eval_batch_found")} if best else None,
         "leaderboard": [{key: row.get(key) for key in ("label", "tokens_per_s", "peak_reserved_bytes", "context_bytes")}
                         for row in summary.get("leaderboard", [])],
     }
 
 
-def run_search(run: Run, section: str, args: list[str], db: str) -> dict:
-    """One `autotune search --json` that resumes across calls: Pending while the deadline cuts it."""
-    earlier = run.previous(section)
+def run_search(run: Run, earlier: dict, args: list[str], db: str) -> dict:
+    """One `autotune search --json` that resumes across calls (`earlier`: what the last attempts
+    recorded): Pending while the deadline cuts it."""
     # Said by the first attempt: a search resumed from its own database is still the one from empty.
     empty = earlier.get("database_was_empty", not Path(db.removeprefix("sqlite:///")).exists())
     argv = ["search", *args, "--db", db, "--json", *run.timeout_flag("--timeout", "s")]
@@ -578,7 +608,7 @@ def run_search(run: Run, section: str, args: list[str], db: str) -> dict:
 def section_readme_command(run: Run) -> dict:
     """The README's search from an empty database, then `autotune best --format json`."""
     db = run.db("readme.db")
-    figures = run_search(run, "readme_command", readme_search_args(run), db)
+    figures = run_search(run, run.previous("readme_command"), readme_search_args(run), db)
     best = run.autotune("best", "--db", db, "--format", "json", timeout=120)
     figures["best"] = best.json(what="autotune best") if best.returncode == 0 else {"exit_status": best.returncode}
     return figures
@@ -713,6 +743,46 @@ def section_train_200_steps(run: Run) -> dict:
     }
 
 
+def eval_generation_searches(run: Run) -> dict[str, list[str]]:
+    """gpt2 evaluated during training (eval batches after the training steps), and a Pegasus-shaped
+    seq2seq model that generates (predict_with_generate, beams); on CPU their tiny shapes."""
+    if run.cuda:
+        pegasus = run.state / "pegasus-shaped"
+        pegasus.mkdir(parents=True, exist_ok=True)
+        (pegasus / "config.json").write_text(json.dumps(PEGASUS_SHAPED))
+        gpt2 = ["--model", "gpt2", "--gpu-budget", "8GiB", "--micro-batches", "4,8,16", "--effective-batch", "16",
+                "--block-sizes", "512", "--precisions", "bf16", "--checkpointing", "off,on", "--attention", "sdpa"]
+        seq2seq = ["--model", str(pegasus), "--gpu-budget", "16GiB", "--micro-batches", "2,4,8", "--effective-batch", "8",
+                   "--block-sizes", "512", "--target-length", "128", "--precisions", "bf16", "--checkpointing", "off,on"]
+    else:
+        pegasus = run.state / "tiny-pegasus"
+        pegasus.mkdir(parents=True, exist_ok=True)
+        (pegasus / "config.json").write_text(json.dumps(TINY_PEGASUS))
+        tiny = ["--device", "cpu", "--no-predict", "--micro-batches", "1,2", "--effective-batch", "2", "--precisions", "fp32",
+                "--checkpointing", "off", "--measure-seconds", "0.2"]
+        gpt2 = ["--model", str(run.tiny_model), "--gpu-budget", "1GiB", "--block-sizes", "64", "--attention", "sdpa", *tiny]
+        seq2seq = ["--model", str(pegasus), "--gpu-budget", "1GiB", "--block-sizes", "64", "--target-length", "16", *tiny]
+    return {"gpt2_eval": [*gpt2, "--eval-batch", "auto"],
+            "seq2seq_generate": [*seq2seq, "--eval-batch", "auto", "--generate", "--num-beams", "2"]}
+
+
+def section_eval_generation(run: Run) -> dict:
+    """Searches whose probes run the evaluation (and generation) phases after the training steps:
+    the phases' peaks on the card, each run's pick. A search the deadline cut resumes."""
+    searches: dict[str, dict] = {}
+    for name, args in eval_generation_searches(run).items():
+        earlier = run.previous("eval_generation").get("searches", {}).get(name, {})
+        if earlier.get("study_status") == "finished":
+            searches[name] = earlier
+            continue
+        try:
+            searches[name] = run_search(run, earlier, args, run.db(f"{name}.db"))
+        except SectionEnd as end:
+            end.figures = {"searches": {**searches, name: end.figures}}
+            raise
+    return {"searches": searches}
+
+
 def section_liger_allocator_search(run: Run) -> dict:
     """A search on TinyLlama-1.1B's shape with Liger's kernels and the allocator's expandable
     segments as levers: what each buys in speed and memory on the card."""
@@ -725,7 +795,7 @@ def section_liger_allocator_search(run: Run) -> dict:
     args = ["--model", str(model), "--gpu-budget", "32GiB", "--micro-batches", "2,4,8", "--effective-batch", "8",
             "--block-sizes", "1024", "--precisions", "bf16", "--checkpointing", "off", "--attention", "sdpa",
             "--liger", "off,on", "--allocators", "default,expandable"]
-    figures = run_search(run, "liger_allocator_search", args, db)
+    figures = run_search(run, run.previous("liger_allocator_search"), args, db)
     figures["levers"] = lever_effects(figures["probes_stored"])
     return figures
 
@@ -744,12 +814,12 @@ def lever_effects(probes: list[dict]) -> list[dict]:
 
 
 def section_cuda_constants(run: Run) -> dict:
-    """The context and the cuBLAS workspaces that micro_checks measured, recorded where the
+    """The context and the cuBLAS workspaces that cuda_facts measured, recorded where the
     estimator reads them (autotune/estimate/cuda_constants.json) and copied into --out, since the
     GPU machine's working tree does not come back."""
     from autotune.estimate.cuda_constants import CONTEXT, CUBLAS_WORKSPACES, FILE, record_measured
 
-    checks = run.sections["micro_checks"]["checks"]
+    checks = run.sections["cuda_facts"]["checks"]
     context = checks["context_after_step"]["after_bf16_step"]["measure_cuda_context_bytes"]
     workspace = checks["cublas_workspace"]["workspace_bytes"]
     where = f"{run.doc['device']}, driver {run.doc['driver']}, torch {run.doc['torch']}, {utc_now()[:10]}"
@@ -769,6 +839,8 @@ class Section:
     function: Callable[[Run], dict]
     cuda_seconds: float           # at least this long left, or it is not started (CUDA mode)
     cpu_seconds: float            # the same in CPU mode
+    expected_seconds: float       # what it is expected to take on an H100 (a guess until measured)
+    first_pass: bool              # in the first command a GPU session makes (PASSES)
     cuda_only: bool = False
     needs: tuple[str, ...] = ()   # sections that must be measured first
 
@@ -776,19 +848,36 @@ class Section:
         return self.cuda_seconds if mode == "cuda" else self.cpu_seconds
 
 
+# In order of value for a session that has one GPU command of 9 minutes (issue 41): the README's
+# command and what it makes checkable first, pytest -m gpu with whatever is left. The second pass
+# is for a second command, when the first left time for it.
 SECTIONS: tuple[Section, ...] = (
-    Section("versions", section_versions, 60, 10),
-    Section("micro_checks", section_micro_checks, 120, 0, cuda_only=True),
-    Section("pytest_gpu", section_pytest_gpu, 120, 10),
-    Section("readme_command", section_readme_command, 120, 30),
-    Section("forum_config", section_forum_config, 90, 15),
-    Section("benchmark", section_benchmark, 120, 30),
-    Section("estimator_vs_probe", section_estimator_vs_probe, 60, 15, needs=("readme_command",)),
-    Section("train_200_steps", section_train_200_steps, 180, 20, needs=("readme_command",)),
-    Section("liger_allocator_search", section_liger_allocator_search, 240, 0, cuda_only=True),
-    Section("cuda_constants", section_cuda_constants, 5, 0, cuda_only=True, needs=("micro_checks",)),
+    # expected_seconds: measured on an H100 on 2026-11-26 (benchmarks/results/nvidia-h100-80gb-hbm3-gpu-evidence-2026-11-26.json),
+    # rounded up; pytest_gpu's with bitsandbytes' three tests skipped, the benchmark's from its first half.
+    Section("versions", section_versions, 30, 10, expected_seconds=15, first_pass=True),
+    Section("readme_command", section_readme_command, 120, 30, expected_seconds=100, first_pass=True),
+    Section("forum_config", section_forum_config, 60, 15, expected_seconds=30, first_pass=True),
+    Section("estimator_vs_probe", section_estimator_vs_probe, 45, 15, expected_seconds=25, first_pass=True,
+            needs=("readme_command",)),
+    Section("cuda_facts", section_cuda_facts, 60, 0, expected_seconds=35, first_pass=True, cuda_only=True),
+    Section("cuda_constants", section_cuda_constants, 5, 0, expected_seconds=1, first_pass=True, cuda_only=True,
+            needs=("cuda_facts",)),
+    Section("train_200_steps", section_train_200_steps, 90, 20, expected_seconds=45, first_pass=True,
+            needs=("readme_command",)),
+    # What is left of the 9 minutes; its tests resume in the second pass.
+    Section("pytest_gpu", section_pytest_gpu, 60, 10, expected_seconds=240, first_pass=True),
+    # The second pass, in order of value: it rarely has more than one 5-minute command (a session's
+    # 15 minutes less the first pass and two machine starts); the benchmark resumes across commands.
+    Section("eval_generation", section_eval_generation, 90, 30, expected_seconds=120, first_pass=False),
+    Section("micro_checks", section_micro_checks, 60, 0, expected_seconds=350, first_pass=False, cuda_only=True),
+    Section("benchmark", section_benchmark, 120, 30, expected_seconds=600, first_pass=False),
+    Section("liger_allocator_search", section_liger_allocator_search, 240, 0, expected_seconds=270, first_pass=False,
+            cuda_only=True),
 )
 SECTION_NAMES = tuple(s.name for s in SECTIONS)
+PASSES = {"1": tuple(s.name for s in SECTIONS if s.first_pass), "2": tuple(s.name for s in SECTIONS if not s.first_pass)}
+# One GPU command runs at most 10 minutes; a pass plans for 9 (the preamble and the last save in the tenth).
+PASS_SECONDS = 540
 
 
 def attempt(run: Run, section: Section) -> dict:
@@ -931,13 +1020,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--state", help="directory keeping finished work between commands [default: --out]")
     p.add_argument("--deadline", type=float, help="seconds this command may take; no section starts that cannot end in them")
     p.add_argument("--sections", help=f"comma list of {', '.join(SECTION_NAMES)} [default: all]")
+    p.add_argument("--pass", dest="pass_", choices=sorted(PASSES),
+                   help="the sections of one GPU command: 1 " + ",".join(PASSES["1"]) + "; 2 " + ",".join(PASSES["2"]))
     p.add_argument("--cpu", action="store_true", help="the CPU mode: a tiny GPT-2, MiB budgets, CUDA-only sections skipped")
     return p
 
 
 def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     args = build_parser().parse_args(argv)
-    selected = [s.strip() for s in (args.sections or ",".join(SECTION_NAMES)).split(",") if s.strip()]
+    if args.sections and args.pass_:
+        raise UsageError("give --sections or --pass, not both")
+    named = args.sections or ",".join(PASSES[args.pass_] if args.pass_ else SECTION_NAMES)
+    selected = [s.strip() for s in named.split(",") if s.strip()]
     unknown = [s for s in selected if s not in SECTION_NAMES]
     if unknown or not selected:
         raise UsageError(f"--sections: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(SECTION_NAMES)}")

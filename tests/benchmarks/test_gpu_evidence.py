@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu_evidence
-from benchmarks.gpu_evidence import EVIDENCE_FILE, LOG_FILE, SECTION_NAMES, Failed, Pending, Run, Section, Skip
+from benchmarks.gpu_evidence import (EVIDENCE_FILE, LOG_FILE, PASS_SECONDS, PASSES, SECTION_NAMES, SECTIONS, Failed, Pending,
+                                     Run, Section, Skip)
 from benchmarks.run import Deadline
 from tests.conftest import cuda_available
 
-CUDA_ONLY = {"micro_checks", "liger_allocator_search", "cuda_constants"}
+CUDA_ONLY = {"cuda_facts", "micro_checks", "liger_allocator_search", "cuda_constants"}
 CONSTANTS = Path(gpu_evidence.REPO, "autotune", "estimate", "cuda_constants.json")
 
 
@@ -82,6 +83,11 @@ def test_cpu_mode_measures_every_section_or_says_why_not(cpu_runs):
     # An error ratio for every config that ran (how close is the estimator's own tests' business).
     assert 0 <= estimates["allocated"]["max_abs"] < 1 and len(estimates["rows"]) == estimates["configs"]
 
+    searches = sections["eval_generation"]["searches"]
+    assert set(searches) == {"gpt2_eval", "seq2seq_generate"}
+    assert all(s["study_status"] == "finished" and s["pick"]["tokens_per_s"] > 0 for s in searches.values())
+    assert "eval-auto" in searches["gpt2_eval"]["pick"]["label"] and "gen" in searches["seq2seq_generate"]["pick"]["label"]
+
     train = sections["train_200_steps"]
     assert train["run_status"] == "finished" and train["steps"] == 5 and train["within_budget"]
     assert train["peak_reserved_bytes"] > 0 and train["tokens_per_s"] > 0 and train["config"] == readme["pick"]["label"]
@@ -123,11 +129,26 @@ def test_without_cuda_and_without_cpu_it_refuses_in_one_line_and_writes_nothing(
     (["--sections", "versions,nope"], "nope"),
     (["--deadline", "0"], "--deadline"),
     (["--deadline", "soon"], "--deadline"),
+    (["--pass", "1", "--sections", "versions"], "not both"),
+    (["--pass", "3"], "--pass"),
 ])
 def test_bad_arguments_are_one_line_and_write_nothing(tmp_path, args, needle):
     out = tmp_path / "out"
     assert_one_line_refusal(run_evidence("--out", str(out), "--cpu", *args), needle)
     assert not out.exists()
+
+
+def test_the_first_pass_fits_one_gpu_command_and_puts_the_readme_command_first():
+    # Issue 41: a session's GPU gives one command of at most 9 minutes for the first pass.
+    first = [s for s in SECTIONS if s.first_pass]
+    assert [s.name for s in first] == list(PASSES["1"])
+    assert [s.name for s in first[:3]] == ["versions", "readme_command", "forum_config"]
+    assert first[-1].name == "pytest_gpu"  # whatever time is left
+    assert sum(s.expected_seconds for s in first) <= PASS_SECONDS <= 9 * 60
+    # Nothing in a pass waits for a section of a later one.
+    position = {s.name: i for i, s in enumerate(SECTIONS)}
+    assert all(position[need] < position[s.name] for s in SECTIONS for need in s.needs)
+    assert set(PASSES["1"]) | set(PASSES["2"]) == set(SECTION_NAMES) and not set(PASSES["1"]) & set(PASSES["2"])
 
 
 def test_missing_out_is_one_line():
@@ -189,7 +210,7 @@ def test_sections_resume_failed_and_pending_ones_only(tmp_path, monkeypatch):
             return dict(outcome)
         return run
 
-    fakes = tuple(Section(name, section(name), 0, 0) for name in SECTION_NAMES)
+    fakes = tuple(Section(name, section(name), 0, 0, expected_seconds=0, first_pass=True) for name in SECTION_NAMES)
     monkeypatch.setattr(gpu_evidence, "SECTIONS", fakes)
     outcomes.update({name: {"figure": 1} for name in SECTION_NAMES})
     outcomes["versions"] = Failed("broken", {"partial": 1})
@@ -218,8 +239,9 @@ def test_sections_resume_failed_and_pending_ones_only(tmp_path, monkeypatch):
 
 def test_a_section_is_not_started_without_its_time_and_a_dependent_waits(tmp_path, monkeypatch):
     ran: list[str] = []
-    fakes = (Section("readme_command", lambda run: ran.append("readme") or {}, 0, 3600),
-             Section("train_200_steps", lambda run: ran.append("train") or {}, 0, 0, needs=("readme_command",)))
+    fakes = (Section("readme_command", lambda run: ran.append("readme") or {}, 0, 3600, expected_seconds=0, first_pass=True),
+             Section("train_200_steps", lambda run: ran.append("train") or {}, 0, 0, expected_seconds=0, first_pass=True,
+                     needs=("readme_command",)))
     monkeypatch.setattr(gpu_evidence, "SECTIONS", fakes)
     run = fake_run(tmp_path, deadline=60)
     assert gpu_evidence.run_sections(run, ["readme_command", "train_200_steps"]) == gpu_evidence.EXIT_PENDING
@@ -236,7 +258,7 @@ def test_sigterm_leaves_the_section_in_flight_pending_and_the_document_saved(tmp
         time.sleep(5)
         return {}
 
-    monkeypatch.setattr(gpu_evidence, "SECTIONS", (Section("versions", killed, 0, 0),))
+    monkeypatch.setattr(gpu_evidence, "SECTIONS", (Section("versions", killed, 0, 0, expected_seconds=0, first_pass=True),))
     previous = signal.signal(signal.SIGTERM, gpu_evidence.on_sigterm)
     try:
         run = fake_run(tmp_path)

@@ -4,6 +4,8 @@ refuses an unmarked test that starts one)."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from autotune.config import ProbeConfig
@@ -44,6 +46,8 @@ def test_bf16_with_checkpointing_fits_8gib():
     assert result.mfu is not None and 0 < result.mfu < 1
 
 
+@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,
+                    reason="8-bit AdamW and QLoRA need bitsandbytes (../shared/gpu/wheels.sh bitsandbytes==0.50.2)")
 @pytest.mark.parametrize("levers", [
     {"optimizer": "adamw_8bit"},
     {"optimizer": "adamw_8bit", "weights": "bf16"},
