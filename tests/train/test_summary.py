@@ -79,6 +79,13 @@ def test_memory_warnings():
     assert finished_run(status="oom", context_bytes=560 * MiB).with_memory_warnings().warnings == ()
 
 
+def test_a_run_slower_than_its_probe_says_so_without_claiming_a_cause():
+    assert finished_run().with_warnings().warnings == ()  # 50,000 against 52,000: within the tolerance
+    (slow,) = finished_run(tokens_per_s=30_000.0).with_warnings().warnings
+    assert "1.7x below its probe's 52,000" in slow and "may explain it" in slow and "real data" in slow
+    assert finished_run(tokens_per_s=30_000.0, status="oom").with_warnings().warnings == ()
+
+
 def test_render_a_finished_run():
     text = render_run_summary(finished_run(warnings=("study gpt2-1GiB is running",)))
     assert text.splitlines() == [
