@@ -8,6 +8,7 @@ draws the plot and renders. No torch here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.budget import Budget, required_bytes
+from autotune.output import Output
 from autotune.plot import (MATPLOTLIB_MISSING, check_out_file, check_out_path, have_matplotlib, latest_outcomes, plot_study,
                            probe_device)
 from autotune.report import explain_winner
@@ -179,22 +181,30 @@ def study_report(study: str | None, db: str | None, out: str | os.PathLike[str] 
             check_out_file(plot, "--plot")
         else:
             check_out_path(Path(plot), "--plot")
-    with open_store(db, read_only=True) as store:
-        record = store.study(study)
-        probes = store.probes(record.name)
-        board = store.leaderboard(record.name)
-        claims = store.claims(record.id, stale_after=0.0)
-    out_path = Path(out) if out is not None else None
-    image_path = Path(plot) if plot is not None else out_path.with_suffix(".png") if out_path is not None else None
-    image = note = None
-    if image_path is None:
-        note = "(No plot: pass `--plot FILE.png` to draw one.)"
-    elif not have_matplotlib():
-        note = f"(No plot: {MATPLOTLIB_MISSING}.)"
-    else:
-        image = _link(plot_study(record.name, db, image_path), out_path)
-    text = render_report(record, probes, board, claims=claims, device=probe_device(probes, record), image=image,
-                         image_note=note)
-    if out_path is not None:
-        out_path.write_text(text + "\n")
+    # Whole files or none (autotune.output): the report's is opened (checked, hidden) now, filled
+    # before the plot is drawn and moved into place after it.
+    with Output(out, "--out") if out is not None else contextlib.nullcontext() as report_out:
+        with open_store(db, read_only=True) as store:
+            record = store.study(study)
+            probes = store.probes(record.name)
+            board = store.leaderboard(record.name)
+            claims = store.claims(record.id, stale_after=0.0)
+        out_path = Path(out) if out is not None else None
+        image_path = Path(plot) if plot is not None else out_path.with_suffix(".png") if out_path is not None else None
+        image = note = None
+        if image_path is None:
+            note = "(No plot: pass `--plot FILE.png` to draw one.)"
+        elif not have_matplotlib():
+            note = f"(No plot: {MATPLOTLIB_MISSING}.)"
+        else:
+            image = _link(image_path, out_path)
+        text = render_report(record, probes, board, claims=claims, device=probe_device(probes, record), image=image,
+                             image_note=note)
+        if report_out is not None:
+            report_out.write_text(text + "\n")
+        if image_path is not None and image is not None:
+            with Output(image_path, "--plot" if plot is not None else "--out") as image_out:
+                plot_study(record.name, db, image_out)
+        if report_out is not None:
+            report_out.commit()
     return text

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.budget import Budget
 from autotune.errors import BadInput
 from autotune.models import shown_reference
+from autotune.output import Output, check_destination
 from autotune.ranking import Standing, ranked
 from autotune.status import ProbeStatus
 from autotune.units import format_size
@@ -177,11 +178,12 @@ def predicted_needs(study: StudyRecord) -> dict[str, int]:
     return {key: p.required_bytes for key, p in StudyPlan.from_dict(study.plan).predictions.items()}
 
 
-def plot_study(study: str | None, db: str | None, out: str | os.PathLike[str] | None = None) -> Path:
-    """Draw a study (the most recent when None) to `out` (default `<study>.png` here); returns the
-    path. Reads only. Raises BadInput, before reading anything, when the drawing library is missing
-    or `out` cannot be written (check_out_file)."""
-    check_out_file(out if out is not None else "plot.png")
+def plot_study(study: str | None, db: str | None, out: str | os.PathLike[str] | Output | None = None) -> Path:
+    """Draw a study (the most recent when None) to `out` (default `<study>.png` here), whole or not
+    at all (autotune.output); returns the path. Reads only. Raises BadInput, before reading
+    anything, when the drawing library is missing or `out` cannot be written (check_out_file)."""
+    check_out_file(out.path if isinstance(out, Output) else out if out is not None else "plot.png",
+                   out.flag if isinstance(out, Output) else "--out")
     from autotune.store import open_store
 
     with open_store(db, read_only=True) as store:
@@ -190,8 +192,11 @@ def plot_study(study: str | None, db: str | None, out: str | os.PathLike[str] | 
         top = store.leaderboard(record.name, top=1)
     data = plot_points(probes, budget_bytes=record.budget_bytes, margin_bytes=record.margin_bytes,
                        pick_key=top[0].config_key if top else None, predicted_required=predicted_needs(record))
-    path = Path(out) if out is not None else Path(f"{record.name}.png")
-    return write_plot(data, plot_title(record, probe_device(probes, record)), path)
+    title = plot_title(record, probe_device(probes, record))
+    if isinstance(out, Output):
+        return write_plot(data, title, out)
+    with Output(out if out is not None else f"{record.name}.png", "--out") as opened:
+        return write_plot(data, title, opened)
 
 
 def check_writer(suffix: str, flag: str = "--out") -> None:
@@ -215,24 +220,23 @@ def check_out_file(out: str | os.PathLike[str], flag: str = "--out") -> Path:
 
 
 def check_out_path(path: Path, flag: str) -> None:
-    """Refuse a file to write whose directory does not exist (rather than make one from a typo:
-    nothing is created for a refused command), or that is a directory."""
-    folder = path.parent
-    if not folder.is_dir():
-        what = "is not a directory" if folder.exists() else "does not exist"
-        raise BadInput(f"{flag} {path}: the directory {folder} {what}; create it first, or write the file elsewhere.")
-    if path.is_dir():
-        raise BadInput(f"{flag} {path}: that is a directory; give a file name, e.g. {path / 'plot.png'}.")
+    """Refuse a place no file can go (autotune.output.check_destination): a missing directory (none
+    is made from a typo: nothing is created for a refused command), a directory, a FIFO or device,
+    a directory this user cannot write in."""
+    check_destination(path, flag)
 
 
-def write_plot(data: PlotData, title: str, path: Path) -> Path:
-    """Draw `data` to `path`: HTML with plotly, else an image with matplotlib (by the suffix)."""
-    check_out_file(path)
-    if path.suffix.lower() == ".html":
-        _plotly(data, title, path)
-    else:
-        _matplotlib(data, title, path)
-    return path
+def write_plot(data: PlotData, title: str, out: Path | Output) -> Path:
+    """Draw `data` to `out` whole or not at all (autotune.output): HTML with plotly, else an image
+    with matplotlib (by the suffix). `out` may be an Output already open (plan --plot opens its
+    own before its traces): it is committed here."""
+    if not isinstance(out, Output):
+        with Output(check_out_file(out), "--out") as opened:
+            return write_plot(data, title, opened)
+    check_out_file(out.path, out.flag)
+    draw = _plotly if out.path.suffix.lower() == ".html" else _matplotlib
+    out.fill(lambda temp: draw(data, title, temp))
+    return out.commit()
 
 
 def _scale(budget_bytes: int) -> tuple[float, str]:
@@ -426,10 +430,11 @@ def _plotly(data: PlotData, title: str, path: Path) -> None:
     fig.write_html(path, include_plotlyjs=True)  # the library inside the file: it opens offline too
 
 
-def save_plan_plot(plan: Plan, out: str | os.PathLike[str]) -> Path:
+def save_plan_plot(plan: Plan, out: str | os.PathLike[str] | Output) -> Path:
     """Draw a plan's predicted points (autotune plan --plot) as a study's are drawn: what fits at its
-    predicted need and speed, what does not on the bottom strip; every point a prediction."""
-    path = check_out_file(out, "--plot")
+    predicted need and speed, what does not on the bottom strip; every point a prediction. Whole
+    or not at all; `out` may be an Output already open (committed here)."""
+    path = check_out_file(out.path if isinstance(out, Output) else out, "--plot")
     fits: list[Point] = []
     over: list[Point] = []
     unplaced: Counter[str] = Counter()
@@ -447,4 +452,7 @@ def save_plan_plot(plan: Plan, out: str | os.PathLike[str]) -> Path:
                     frontier=frontier(fits), oom=[], skipped=[], failed=[], unplaced=dict(unplaced), pick=pick,
                     over=over, contenders=rivals(fits, pick))
     title = f"{plan.model} on {plan.target.name}: predicted by autotune plan (no probe ran)"
-    return write_plot(data, title, path)
+    if isinstance(out, Output):
+        return write_plot(data, title, out)
+    with Output(path, "--plot") as opened:
+        return write_plot(data, title, opened)

@@ -5,13 +5,16 @@ package: those live in the modules the commands call."""
 
 from __future__ import annotations
 
+import errno
 import json
 import signal
 import sys
+from typing import NoReturn
 
 import click
 
 from autotune.errors import AutotuneError
+from autotune.output import silence_stdout, stdout_fault, stdout_reader_gone
 from autotune.processes import Terminated, quiet_openmp
 from autotune.version import __version__
 
@@ -20,6 +23,7 @@ EXIT_NOTHING_FITS = 1        # every candidate measured or ruled out, and none f
 EXIT_UNMEASURED = 3          # some candidates could not be measured (crashed, timed out, failed)
 EXIT_INTERRUPTED = 130       # Ctrl-C (128 + SIGINT)
 EXIT_TERMINATED = 143        # SIGTERM (128 + SIGTERM)
+EXIT_BROKEN_PIPE = 141       # stdout's reader went away (128 + SIGPIPE), any command
 
 DEVICE_HELP = "auto (CUDA if present, else CPU), cpu, cuda or cuda:N."
 OPTIMIZER_HELP = ("adamw (fused AdamW; also adamw_torch_fused), adamw_torch (torch's default: foreach on CUDA, full-size "
@@ -42,24 +46,43 @@ def cli() -> None:
 
 
 def stop_on_signals() -> None:
-    """Ctrl-C (SIGINT) and SIGTERM stop every command at once, its children with it (they die with
-    their parent: autotune.processes), whatever the shell left set: a job started in the background
-    by a non-interactive shell inherits SIGINT ignored, and would otherwise run on. (`search` and
-    `worker` install their own handlers while they search: the first Ctrl-C lets the probe in flight
-    finish.)"""
+    """Ctrl-C (SIGINT), SIGTERM and SIGHUP (the terminal closed; unless started under nohup) stop
+    every command at once, its children with it (they die with their parent: autotune.processes),
+    whatever the shell left set: a job started in the background by a non-interactive shell inherits
+    SIGINT ignored, and would otherwise run on. (`search` and `worker` install their own handlers
+    while they search: the first Ctrl-C lets the probe in flight finish.)"""
+    from autotune.processes import on_termination
+
     def terminate(signum, frame):
         raise Terminated
 
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, terminate)
+    on_termination(terminate)
 
 
 def main() -> None:
     """Entry point: user mistakes become one line on stderr and exit status 2; bugs keep tracebacks."""
     stop_on_signals()
     quiet_openmp()  # (before anything imports torch: train does, in this process)
+    stdout_id = id(sys.stdout)  # (not the stream itself: stdout_fault looks for it in the traceback's frames)
     try:
         cli.main(standalone_mode=False)
+        _flush(sys.stdout)  # what is still buffered fails here, where it is said, not at the interpreter's exit
+    except SystemExit as exc:
+        # click catches a broken pipe itself and exits 1 (swapping sys.stdout for a quiet wrapper):
+        # that 1 would read as search's "nothing fits"; say it as a broken pipe instead.
+        if exc.code == 1 and id(sys.stdout) != stdout_id and stdout_reader_gone():
+            _exit_reader_gone()
+        raise
+    except OSError as exc:
+        if not stdout_fault(exc):
+            raise  # a bug: keep its traceback
+        if exc.errno == errno.EPIPE:
+            _exit_reader_gone()
+        silence_stdout()
+        click.echo(f"autotune: error: cannot write standard output: {exc.strerror} (errno {exc.errno}); "
+                   f"free space where it goes, or send it elsewhere.", err=True)
+        sys.exit(2)
     except AutotuneError as exc:
         click.echo(f"autotune: error: {exc}", err=True)
         sys.exit(exc.exit_code)
@@ -78,6 +101,19 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+
+
+def _flush(stream) -> None:
+    stream.flush()
+
+
+def _exit_reader_gone() -> NoReturn:
+    """The reader of stdout went away (`autotune leaderboard | head -1`): stop quietly, with the
+    status a shell gives a program that SIGPIPE ended (128 + 13), as `cat` or `grep` there would
+    end, so that a pipeline (`set -o pipefail` included) treats autotune as it treats them; 1 is
+    search's "nothing fits", 0 would claim the whole output was read."""
+    silence_stdout()
+    sys.exit(EXIT_BROKEN_PIPE)
 
 
 def echo_json(data: object) -> None:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import click
 
 from autotune import defaults
 from autotune.cli.app import STACK_HELP, cli, echo_json
 from autotune.cli.options import db_option, space_arguments, space_options
+from autotune.errors import AutotuneError
 
 
 @cli.command()
@@ -54,19 +57,34 @@ def plan(model, gpu_name, gpu_budget, safety_margin, exact, study, top, plot_fil
                        cpu=cpu)
     space_args = space_arguments(**space_flags)
     stack = Stack.parse(stack_text)
+    plot_out = cached = None
     if plot_file:
+        from autotune.estimate.cache import EstimateCache
+        from autotune.output import FileSnapshot, Output
         from autotune.plot import check_out_file
 
-        check_out_file(plot_file, "--plot")  # before the traces (seconds to minutes), not after
-    # A line on stderr as the traces land: redrawn on a terminal, every few seconds in a pipe.
-    with trace_progress(quiet=as_json) as progress:
-        result = plan_for(model, target, space_args, exact=exact, timeout=parse_duration(timeout_text, flag="--timeout"),
-                          use_cache=not no_cache, trust_remote_code=trust_remote_code, db=db, study=study,
-                          on_progress=progress, stack=stack)
-    if plot_file:
-        from autotune.plot import save_plan_plot
+        # Before the traces (seconds to minutes), not after: the plot's file is opened now (hidden,
+        # empty), so a place that takes no file is refused before any work; and should drawing it
+        # still fail (a disk that fills meanwhile), the estimates the traces cached are put back.
+        check_out_file(plot_file, "--plot")
+        plot_out = Output(plot_file, "--plot")
+        cached = FileSnapshot(EstimateCache().path) if not no_cache else None
+    with plot_out or contextlib.nullcontext():
+        # A line on stderr as the traces land: redrawn on a terminal, every few seconds in a pipe.
+        with trace_progress(quiet=as_json) as progress:
+            result = plan_for(model, target, space_args, exact=exact, timeout=parse_duration(timeout_text, flag="--timeout"),
+                              use_cache=not no_cache, trust_remote_code=trust_remote_code, db=db, study=study,
+                              on_progress=progress, stack=stack)
+        if plot_out is not None:
+            from autotune.plot import save_plan_plot
 
-        click.echo(f"wrote {save_plan_plot(result, plot_file)}", err=True)
+            try:
+                wrote = save_plan_plot(result, plot_out)
+            except AutotuneError:
+                if cached is not None:
+                    cached.restore()
+                raise
+            click.echo(f"wrote {wrote}", err=True)
     if as_json:
         echo_json(result.to_dict())
     else:
