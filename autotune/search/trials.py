@@ -164,6 +164,7 @@ def optuna_storage(store_url: str):
 
     from sqlalchemy.engine import make_url
 
+    from autotune.store import schema_lock
     from autotune.store.engine import postgres_connect_args
 
     url = make_url(store_url)
@@ -173,7 +174,10 @@ def optuna_storage(store_url: str):
     engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": 30}} if sqlite else {"pool_pre_ping": True}
     if url.get_backend_name() == "postgresql":
         engine_kwargs["connect_args"] = postgres_connect_args(url)
-    storage = optuna.storages.RDBStorage(store_url, engine_kwargs=engine_kwargs)
+    # Optuna creates its tables with no lock of its own: two searches started together on a new
+    # database would both try (`table studies already exists`).
+    with schema_lock(store_url):
+        storage = optuna.storages.RDBStorage(store_url, engine_kwargs=engine_kwargs)
     if sqlite:
         # Optuna commits several times per trial; in WAL mode synchronous=NORMAL still keeps every
         # committed trial through a killed process (only a power cut could lose the last ones),

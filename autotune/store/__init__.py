@@ -17,7 +17,9 @@ Schema in `schema.py`, changed only through Alembic revisions in the repository'
 `migrations/` (installed as `autotune.store.migrations`). The Store is split by concern: `base.py`
 (sessions, the retry policy, the one place writes start), `store.py` (studies, probes, leaderboard),
 `claims.py`, `runs.py`, `rows.py` (ORM rows to records); `failures.py` says which database errors
-pass with time and words the others; `names.py` checks study names.
+pass with time and words the others; `damage.py` finds what a database that is not whole lacks;
+`names.py` checks study names, new and looked up. `schema_lock()` is held while a schema is created
+(ours by `migrate.upgrade`, Optuna's by whoever builds its RDBStorage).
 Read commands open with `open_store(db, read_only=True)`: nothing is created, upgraded or written.
 Importing this package loads SQLAlchemy, not Alembic, torch or Optuna.
 """
@@ -25,7 +27,8 @@ Importing this package loads SQLAlchemy, not Alembic, torch or Optuna.
 from __future__ import annotations
 
 from autotune.store.engine import PG_CONNECT_TIMEOUT_S, PG_STATEMENT_TIMEOUT_S, default_url, resolve_url
-from autotune.store.names import STUDY_NAME_MAX, check_study_name
+from autotune.store.migrate import schema_lock
+from autotune.store.names import STUDY_NAME_MAX, check_study_lookup, check_study_name
 from autotune.store.records import (
     ClaimRecord,
     LeaderboardRow,
@@ -59,9 +62,11 @@ __all__ = [
     "StudyRecord",
     "StudySummary",
     "UpgradeReport",
+    "check_study_lookup",
     "check_study_name",
     "default_url",
     "open_store",
     "resolve_url",
+    "schema_lock",
     "upgrade_database",
 ]

@@ -3,6 +3,7 @@ study by name. The Store (store.py) and its parts (claims.py, runs.py) build on 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -10,12 +11,14 @@ from contextlib import contextmanager
 from typing import TypeVar
 
 from sqlalchemy import Engine, select
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from autotune.errors import BadInput, DatabaseError, StudyNotFound
-from autotune.store.engine import display_url, sqlite_path, writer
+from autotune.errors import DatabaseError, StudyNotFound
+from autotune.store.damage import find_damaged_json
+from autotune.store.engine import busy_timeout_s, display_url, sqlite_path, writer
 from autotune.store.failures import describe_failure, is_database_failure, is_transient
+from autotune.store.names import check_study_lookup
 from autotune.store.schema import Study
 
 __all__ = ["TRANSIENT_RETRY_DELAYS", "StoreBase", "is_transient", "retry_transient"]
@@ -48,7 +51,7 @@ class StoreBase:
     def __init__(self, engine: Engine, *, read_only: bool = False) -> None:
         self.engine = engine
         self.read_only = read_only
-        self._read = sessionmaker(engine, expire_on_commit=False)
+        self._read_session = sessionmaker(engine, expire_on_commit=False)
         # Writes take SQLite's write lock at BEGIN, so concurrent writers queue (busy_timeout)
         # instead of failing on a lock upgrade.
         self._write = sessionmaker(writer(engine), expire_on_commit=False)
@@ -77,10 +80,40 @@ class StoreBase:
         try:
             with self._write.begin() as session:
                 yield session
+        except json.JSONDecodeError as exc:
+            raise self._damaged(exc) from exc
         except Exception as exc:
             if not is_database_failure(exc) or is_transient(exc):
                 raise
             raise describe_failure(self.engine.url, exc) from exc
+
+    @contextmanager
+    def _read(self) -> Iterator[Session]:
+        """One read session. A stored value that is not JSON is told as one line naming its row
+        (damage.py); a failure of the database itself (locked past the wait, gone, unreadable) as
+        one DatabaseError line, as writes tell theirs."""
+        try:
+            with self._read_session() as session:
+                yield session
+        except json.JSONDecodeError as exc:
+            raise self._damaged(exc) from exc
+        except Exception as exc:
+            if not is_database_failure(exc):
+                raise
+            raise describe_failure(self.engine.url, exc, waited_s=busy_timeout_s(self.read_only)) from exc
+
+    def _damaged(self, exc: json.JSONDecodeError) -> BaseException:
+        """The one-line DatabaseError for a stored JSON value that does not parse, naming the row; the
+        error itself where the row cannot be found (then it is not the database's fault)."""
+        try:
+            with self._read_session() as session:
+                found = find_damaged_json(session)
+        except SQLAlchemyError:  # the search for the row failed too: tell what was found first
+            found = None
+        if found is None:
+            return exc
+        return DatabaseError(f"the results database {self.url} has a damaged row: {found.describe()}; "
+                             f"{found.remedy()}")
 
     def _check_same_file(self) -> None:
         if self._path is None:
@@ -113,10 +146,7 @@ class StoreBase:
             return work()
 
     def _find_study(self, session: Session, name: str | None) -> Study:
-        if name is not None and not name.strip():
-            # No study is ever named so (check_study_name); an empty --study is a mistake, not "the latest".
-            raise BadInput("--study is empty; give a study name (list them with `autotune studies`), or leave "
-                           "--study out for the most recent one.")
+        name = check_study_lookup(name)
         if name is None:
             study = session.scalars(select(Study).order_by(Study.updated_at.desc(), Study.id.desc()).limit(1)).first()
             if study is None:

@@ -16,7 +16,7 @@ import re
 import stat
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
@@ -29,6 +29,10 @@ DB_FILENAME = "autotune.db"
 # Writers wait this long for another process's write transaction before giving up. Probes take
 # seconds to minutes and a write milliseconds, so contention is short; 30 s covers slow disks.
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# Commands that only read give up sooner: a reader waits only on a lock another process holds for
+# the whole file (`PRAGMA locking_mode=EXCLUSIVE`, a rollback-journal writer, a recovery), which is
+# either over in milliseconds or not soon; `autotune studies` should say so, not hang for minutes.
+SQLITE_READ_BUSY_TIMEOUT_MS = 5_000
 # The execution option that picks the SQLite BEGIN mode of a transaction (see make_engine).
 SQLITE_BEGIN_OPTION = "autotune_sqlite_begin"
 # PostgreSQL: a server that accepts connections and never answers (a hung host, a firewall that
@@ -80,6 +84,7 @@ def resolve_url(db: str | os.PathLike[str] | None = None) -> URL:
             f"{flag}: cannot read {shown!r} as a database URL; give a file path or a URL such as "
             f"sqlite:///path/autotune.db or postgresql+psycopg://user@host/db."
         ) from None
+    check_query(url, flag)
     if is_sqlite(url) and not is_sqlite_file(url):
         raise DatabaseError(f"{flag} {text}: {_NO_MEMORY}.")
     path = sqlite_path(url)
@@ -118,6 +123,130 @@ def _stat(path: Path, flag: str) -> os.stat_result | None:
                             f"results database ({exc.strerror}); {hint}.") from None
 
 
+# The query parameters of an SQLite URL: those SQLAlchemy hands to Python's sqlite3.connect (it
+# converts each with the type given, and a value it cannot convert is a ValueError at connect time),
+# and those of SQLite's own file: URIs, which take effect only with uri=true. isolation_level is
+# left out on purpose: autotune issues BEGIN itself (make_engine) and would silently override it.
+_SQLITE_DRIVER_PARAMETERS = ("uri", "timeout", "detect_types", "check_same_thread", "cached_statements")
+_SQLITE_URI_PARAMETERS = {"mode": ("ro", "rw", "rwc", "memory"), "cache": ("shared", "private"), "immutable": None,
+                          "nolock": None, "psow": None, "vfs": None, "modeof": None}
+_TRUE = ("true", "yes", "on", "y", "t", "1")
+_FALSE = ("false", "no", "off", "n", "f", "0")
+
+
+def check_query(url: URL, flag: str = "--db") -> None:
+    """DatabaseError naming the first query parameter of `url` that cannot be used: given twice,
+    unknown to SQLite, a value of the wrong kind, or an SQLite URI parameter without `uri=true` and a
+    `file:` URI (without them SQLite ignores it, or takes the whole string as a file name). Checked
+    before anything connects, so that a mistyped parameter is one line, not a ValueError from the
+    driver. Other backends: a parameter given twice, and PostgreSQL's connect_timeout."""
+    query: dict[str, str] = {}
+    for key, value in url.query.items():
+        if not isinstance(value, str):
+            raise DatabaseError(f"{flag}: the query parameter {key!r} is given {len(value)} times; give it once.")
+        query[key] = value
+    if url.get_backend_name() == "postgresql" and "connect_timeout" in query:
+        _whole(flag, "connect_timeout", query["connect_timeout"], "seconds", 0, 2**31 - 1)
+    if not is_sqlite(url):
+        return
+    known = ", ".join((*_SQLITE_DRIVER_PARAMETERS, *_SQLITE_URI_PARAMETERS))
+    for key, value in query.items():
+        if key == "isolation_level":
+            raise DatabaseError(f"{flag}: remove isolation_level={value}; autotune begins its own transactions "
+                                f"(DEFERRED to read, IMMEDIATE to write) and would override it.")
+        if key not in _SQLITE_DRIVER_PARAMETERS and key not in _SQLITE_URI_PARAMETERS:
+            raise DatabaseError(f"{flag}: SQLite takes no query parameter {key!r}; remove it (those it takes: {known}).")
+    uri = _boolean(flag, "uri", query["uri"]) if "uri" in query else False
+    for key in ("check_same_thread",):
+        if key in query:
+            _boolean(flag, key, query[key])
+    if "timeout" in query:
+        try:
+            seconds = float(query["timeout"])
+        except ValueError:
+            seconds = float("nan")
+        if not 0 <= seconds <= 2**31 / 1000:  # (nan fails too) sqlite3 takes milliseconds in a C int
+            raise DatabaseError(f"{flag}: timeout={query['timeout']!r} is not a number of seconds from 0 to "
+                                f"{2**31 // 1000}; write e.g. ?timeout=30, or leave it out.")
+    if "detect_types" in query:
+        _whole(flag, "detect_types", query["detect_types"], "a sum of sqlite3.PARSE_DECLTYPES (1) and "
+               "PARSE_COLNAMES (2)", 0, 3)
+    if "cached_statements" in query:
+        _whole(flag, "cached_statements", query["cached_statements"], "statements", 0, 2**31 - 1)
+    uri_keys = [key for key in query if key in _SQLITE_URI_PARAMETERS]
+    if uri_keys and not (uri and str(url.database).startswith("file:")):
+        example = f"sqlite:///file:{str(url.database).removeprefix('file:')}?{uri_keys[0]}={query[uri_keys[0]]}&uri=true"
+        raise DatabaseError(f"{flag}: {uri_keys[0]}={query[uri_keys[0]]} takes effect only in an SQLite file: URI "
+                            f"with uri=true (without them SQLite ignores it, or makes a file of that name); write "
+                            f"{example}")
+    for key in uri_keys:
+        allowed = _SQLITE_URI_PARAMETERS[key]
+        if allowed is not None and query[key] not in allowed:
+            raise DatabaseError(f"{flag}: {key}={query[key]!r} is not one of {', '.join(allowed)}; fix or remove it.")
+        if allowed is None and key in ("immutable", "nolock", "psow"):
+            _boolean(flag, key, query[key])
+
+
+def _boolean(flag: str, key: str, value: str) -> bool:
+    low = value.strip().lower()
+    if low in _TRUE or low in _FALSE:
+        return low in _TRUE
+    raise DatabaseError(f"{flag}: {key}={value!r} is neither true nor false; write {key}=true or {key}=false, "
+                        f"or leave it out.")
+
+
+def _whole(flag: str, key: str, value: str, unit: str, low: int, high: int) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = low - 1
+    if not low <= number <= high:
+        raise DatabaseError(f"{flag}: {key}={value!r} is not a whole number from {low} to {high} ({unit}); fix it, "
+                            f"or leave it out.")
+    return number
+
+
+def read_only_reason(url: URL) -> str | None:
+    """Why this process cannot write the SQLite file behind `url` (None when it can, or it is not
+    an SQLite file): the URL opens it read-only, the file is not writable, or its directory is not
+    (a WAL database keeps -wal and -shm files beside it). Root passes the permission checks, as it
+    passes SQLite's."""
+    path = sqlite_path(url)
+    if path is None:
+        return None
+    exists = path.exists()
+    if exists and not os.access(path, os.W_OK):
+        return "the file is not writable"
+    parent = path.parent
+    if parent.is_dir() and not os.access(parent, os.W_OK | os.X_OK):
+        if not exists:
+            return "its directory is not writable"
+        if not (Path(f"{path}-wal").exists() and Path(f"{path}-shm").exists()):
+            return "its directory is not writable, and SQLite keeps -wal and -shm files beside the database"
+    if url.query.get("mode") == "ro":
+        return "mode=ro in --db"
+    if str(url.query.get("immutable", "0")).strip().lower() in _TRUE:
+        return "immutable in --db"
+    return None
+
+
+def busy_timeout_s(read_only: bool) -> float:
+    """How long a connection of a read-only (or a writing) store waits for another process's lock."""
+    return (SQLITE_READ_BUSY_TIMEOUT_MS if read_only else SQLITE_BUSY_TIMEOUT_MS) / 1000
+
+
+def _untouched(url: URL, path: Path) -> URL:
+    """`url` opening the file immutable (SQLite creates no -wal or -shm beside it and takes no locks),
+    for a database this process cannot write anyway, and with no -wal or -journal beside it, so that
+    everything committed is in the file itself. Reading a WAL database read-only otherwise leaves
+    -wal and -shm files behind, which only a writer's close removes."""
+    if any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-journal")):
+        return url
+    query = {key: value for key, value in url.query.items() if key != "uri"}
+    query.update(mode="ro", immutable="1", uri="true")
+    return url.set(database=f"file:{quote(str(path), safe='/')}", query=query)
+
+
 def display_url(url: URL) -> str:
     """The URL for messages: a file path for SQLite, the password hidden otherwise."""
     path = sqlite_path(url)
@@ -152,8 +281,10 @@ def make_engine(url: URL, *, foreign_keys: bool = True, read_only: bool = False)
     SQLite: WAL (readers never block the writer, so a leaderboard can be read during a search),
     a busy timeout (several processes write probes to one file), foreign keys on (off only for
     migrations, where batch table rebuilds would otherwise cascade deletes). `read_only`: for
-    commands that only read, no directory is created and the file's journal mode is left as it is
-    (switching to WAL rewrites the file's header).
+    commands that only read, no directory is created, the file's journal mode is left as it is
+    (switching to WAL rewrites the file's header), and another process's lock is waited on for
+    SQLITE_READ_BUSY_TIMEOUT_MS only. A file this process cannot write (read_only_reason) is opened
+    immutable where nothing is pending beside it, so that reading it leaves no -wal or -shm files.
 
     PostgreSQL: a connect timeout and a statement timeout (PG_CONNECT_TIMEOUT_S,
     PG_STATEMENT_TIMEOUT_S), and dead pooled connections replaced quietly.
@@ -170,6 +301,8 @@ def make_engine(url: URL, *, foreign_keys: bool = True, read_only: bool = False)
         kwargs["pool_pre_ping"] = True
         kwargs["connect_args"] = postgres_connect_args(url)
     path = sqlite_path(url)
+    if path is not None and read_only_reason(url) is not None:
+        url = _untouched(url, path)  # (writes fail as they would, "attempt to write a readonly database")
     if path is not None and not read_only:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -184,7 +317,8 @@ def make_engine(url: URL, *, foreign_keys: bool = True, read_only: bool = False)
         raise DatabaseError(f"--db: the database driver {exc.name!r} is not installed{hint}.") from None
 
     if is_sqlite(url):
-        _configure_sqlite(engine, foreign_keys=foreign_keys, wal=not read_only)
+        _configure_sqlite(engine, foreign_keys=foreign_keys, wal=not read_only and url.query.get("immutable") != "1",
+                          busy_timeout_ms=round(busy_timeout_s(read_only) * 1000))
     return engine
 
 
@@ -200,14 +334,15 @@ def postgres_connect_args(url: URL) -> dict[str, Any]:
     return args
 
 
-def _configure_sqlite(engine: Engine, *, foreign_keys: bool, wal: bool = True) -> None:
+def _configure_sqlite(engine: Engine, *, foreign_keys: bool, wal: bool = True,
+                      busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # we issue BEGIN ourselves; see make_engine
         cursor = dbapi_connection.cursor()
         try:
             # busy_timeout first: switching to WAL takes a lock another process may hold.
-            cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.execute(f"PRAGMA busy_timeout = {busy_timeout_ms}")
             cursor.execute(f"PRAGMA foreign_keys = {'ON' if foreign_keys else 'OFF'}")
             if wal and is_sqlite_file(engine.url):
                 cursor.execute("PRAGMA journal_mode = WAL")

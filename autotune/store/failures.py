@@ -89,12 +89,18 @@ def is_database_failure(exc: BaseException) -> bool:
         or type(exc) is sa_exc.DatabaseError
 
 
-def describe_failure(url: URL, exc: BaseException, *, retried_s: float | None = None) -> DatabaseError:
+def describe_failure(url: URL, exc: BaseException, *, retried_s: float | None = None,
+                     waited_s: float | None = None) -> DatabaseError:
     """One line for a database that cannot be opened or written, from the driver's own first line:
-    what is wrong with it and what to do. `retried_s`: how long a transient failure was retried."""
+    what is wrong with it and what to do. `retried_s`: how long a transient failure was retried;
+    `waited_s`: how long the connection waited for another process's lock (its busy timeout)."""
     detail = detail_of(exc)
     low = detail.lower()
     where = display_url(url)
+    if waited_s is not None and ("database is locked" in low or "database table is locked" in low):
+        return DatabaseError(f"the results database {where} is locked by another process; waited {waited_s:.0f} s. "
+                             f"Run the command again when that process is done (`fuser {where}` names it), or pass "
+                             f"--db with another database.")
     if "file is not a database" in low or "file is encrypted" in low:
         return DatabaseError(f"{where} is not an SQLite database; pass --db with another file, or move that one away.")
     if any(fragment in low for fragment in READ_ONLY_MESSAGES):

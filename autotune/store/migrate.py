@@ -8,16 +8,29 @@ configuration is built in code, so no alembic.ini is needed at run time.
 
 from __future__ import annotations
 
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import Connection, Engine, inspect, text
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, make_url
 
 from autotune.errors import DatabaseError
-from autotune.store.base import retry_transient
-from autotune.store.engine import display_url, is_sqlite, make_engine, writer
+from autotune.store.damage import check_tables
+from autotune.store.engine import (
+    busy_timeout_s,
+    display_url,
+    is_sqlite,
+    make_engine,
+    read_only_reason,
+    sqlite_path,
+    writer,
+)
 from autotune.store.failures import describe_failure
 from autotune.store.schema import SCHEMA_REVISION, TABLE_PREFIX, VERSION_TABLE
 
@@ -26,7 +39,15 @@ if TYPE_CHECKING:
 
 # Any constant: PostgreSQL advisory lock that serialises concurrent upgrades of one database.
 _PG_UPGRADE_LOCK = 0x6175746F74756E  # 'autotun'
+# Another, held for the whole of a schema creation (schema_lock): ours and Optuna's tables.
+_PG_SCHEMA_LOCK = 0x6175746F74756F
 UPGRADE_HINT = "pip install -U autotune"
+# How long a process waits for another to finish creating or upgrading the schema (schema_lock).
+SCHEMA_LOCK_TIMEOUT_S = 120
+# Optuna's tables (optuna/storages/_rdb/models.py, and its Alembic's default version table): a
+# database holding only these is an Optuna storage autotune may share, not another application's.
+OPTUNA_TABLES = ("studies", "trials", "version_info", "alembic_version")
+OPTUNA_TABLE_PREFIXES = ("study_", "trial_")
 
 
 def script_location() -> Path:
@@ -83,6 +104,155 @@ def has_our_tables(connection: Connection) -> bool:
     return any(name.startswith(TABLE_PREFIX) for name in inspect(connection).get_table_names())
 
 
+@dataclass(frozen=True, slots=True)
+class Survey:
+    """What a database holds, read before anything is written to it."""
+
+    revision: str | None
+    tables: tuple[str, ...]
+
+    @property
+    def ours(self) -> bool:
+        return self.revision is not None or any(name.startswith(TABLE_PREFIX) for name in self.tables)
+
+    @property
+    def foreign(self) -> tuple[str, ...]:
+        """Tables neither autotune's nor Optuna's."""
+        return tuple(name for name in self.tables if not name.startswith(TABLE_PREFIX)
+                     and name not in OPTUNA_TABLES and not name.startswith(OPTUNA_TABLE_PREFIXES))
+
+
+NOTHING = Survey(None, ())
+
+
+def survey(engine: Engine, *, read_only: bool) -> Survey:
+    """The database's revision and tables, through `engine` (one that writes nothing on connect:
+    make_engine(read_only=True)). A missing or empty SQLite file holds nothing and is not opened
+    (opening would create it). A database at SCHEMA_REVISION is also checked for every table and
+    column of it (damage.check_tables). Another process's lock is waited on for as long as a
+    read-only (or a writing) store waits, then told in one line with the figure."""
+    url = engine.url
+    path = sqlite_path(url)
+    if path is not None:
+        try:
+            if path.stat().st_size == 0:
+                return NOTHING
+        except FileNotFoundError:
+            return NOTHING
+        except OSError:
+            pass  # (opening it says what is wrong, in describe_failure's words)
+
+    def look() -> Survey:
+        with engine.connect() as connection:
+            found = Survey(current_revision(connection), tuple(sorted(inspect(connection).get_table_names())))
+            if found.revision == SCHEMA_REVISION:
+                check_tables(connection, display_url(url), SCHEMA_REVISION)
+            return found
+
+    limit = busy_timeout_s(read_only)
+    started = time.monotonic()
+    while True:
+        try:
+            return look()
+        except (sa_exc.OperationalError, sa_exc.DatabaseError, sa_exc.InterfaceError) as exc:
+            # SQLite answers "database is locked" without waiting in a few cases (another process
+            # switching a new file to WAL, or recovering its WAL): those pass in a moment.
+            waited = time.monotonic() - started
+            if _sqlite_busy(exc) and waited < limit:
+                time.sleep(0.1)
+                continue
+            raise describe_failure(url, exc, waited_s=waited if _sqlite_busy(exc) else None) from None
+
+
+def refuse_foreign(url: URL, found: Survey) -> None:
+    """DatabaseError when the SQLite file at `url` is another application's: it has tables, and none
+    of them autotune's or Optuna's. Creating autotune's tables in it would change a file that is not
+    ours. (A server database is left to its owners: teams share one among applications, and our
+    tables carry a prefix to sit beside others.)"""
+    if not is_sqlite(url) or found.ours or not found.foreign:
+        return
+    raise DatabaseError(f"{display_url(url)} is not autotune's database: it holds another application's tables "
+                        f"({_names(found.foreign)}) and none of autotune's, and autotune changes nothing in it; pass "
+                        f"--db with autotune's database or a new file (e.g. autotune.db).")
+
+
+def _names(tables: tuple[str, ...]) -> str:
+    return ", ".join(tables[:3]) + (f" and {len(tables) - 3} more" if len(tables) > 3 else "")
+
+
+@contextmanager
+def schema_lock(url: URL | str, *, timeout_s: float = SCHEMA_LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Hold this while creating or upgrading a database's schema, so that a second process doing
+    the same waits and then finds it done. autotune's migrations take it (upgrade); Optuna's
+    RDBStorage, which creates its tables, version row and Alembic stamp with no lock of its own
+    (two searches started together on a new database: `table studies already exists`, or a
+    duplicate alembic_version row), must be built under it too.
+
+    SQLite file: an flock on the file's directory (nothing is left beside the database; the
+    directory must exist; where the file system has no flock, as on some network file systems,
+    nothing is locked). PostgreSQL: a session advisory lock. Other backends: nothing."""
+    url = make_url(url) if isinstance(url, str) else url
+    path = sqlite_path(url)
+    if path is not None:
+        with _directory_lock(path.parent, timeout_s, display_url(url)):
+            yield
+    elif url.get_backend_name() == "postgresql":
+        with _pg_session_lock(url):
+            yield
+    else:
+        yield
+
+
+@contextmanager
+def _directory_lock(directory: Path, timeout_s: float, where: str) -> Iterator[None]:
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX: nothing to lock with
+        yield
+        return
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # no directory (yet), or not one we may open: creating the database says what is wrong
+        yield
+        return
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise DatabaseError(f"another process has been creating or upgrading the schema of {where} for "
+                                        f"{timeout_s:.0f} s; wait for it to finish (or end it), then run the command "
+                                        f"again.") from None
+                time.sleep(0.05)
+            except OSError:  # no flock on this file system: go on unlocked, as before there was a lock
+                break
+        yield
+    finally:
+        os.close(fd)  # (releases the lock)
+
+
+@contextmanager
+def _pg_session_lock(url: URL) -> Iterator[None]:
+    engine = make_engine(url)
+    try:
+        with engine.connect() as connection:
+            try:
+                connection.execute(text("SELECT pg_advisory_lock(:key)"), {"key": _PG_SCHEMA_LOCK})
+                connection.commit()
+            except (sa_exc.OperationalError, sa_exc.DatabaseError, sa_exc.InterfaceError) as exc:
+                raise describe_failure(url, exc) from None
+            try:
+                yield
+            finally:
+                connection.execute(text("SELECT pg_advisory_unlock(:key)"), {"key": _PG_SCHEMA_LOCK})
+                connection.commit()
+    finally:
+        engine.dispose()
+
+
 def newer_error(url: URL, revision: str) -> DatabaseError:
     return DatabaseError(
         f"the results database {display_url(url)} is at schema revision {revision!r}, newer than this "
@@ -93,16 +263,35 @@ def newer_error(url: URL, revision: str) -> DatabaseError:
 def upgrade(url: URL, revision: str = "head") -> tuple[str | None, str | None]:
     """Upgrade the database at `url` to `revision` in one transaction; returns (before, after).
 
-    Concurrent upgrades of one database serialise: SQLite's BEGIN IMMEDIATE, PostgreSQL's advisory
-    lock. The revision is read again under the lock, so the second process finds nothing to do.
+    Concurrent upgrades of one database serialise: schema_lock, and within it SQLite's BEGIN
+    IMMEDIATE and PostgreSQL's advisory lock. The revision is read again under the lock, so the
+    second process finds nothing to do. Before anything is written: another application's SQLite
+    file is refused (refuse_foreign), a database already at the head is left alone (even one this
+    process cannot write), and one this process cannot write is refused.
     """
     from alembic import command
 
+    look = make_engine(url, read_only=True)
+    try:
+        found = survey(look, read_only=True)
+    finally:
+        look.dispose()
+    refuse_foreign(url, found)
+    if found.revision is not None and found.revision not in known_revisions():
+        raise newer_error(url, found.revision)
+    if revision == "head" and found.revision is not None and found.revision == head_revision():
+        return found.revision, found.revision
+    reason = read_only_reason(url)
+    if reason is not None:
+        state = "has no schema yet" if found.revision is None else f"is at the older schema revision {found.revision!r}"
+        raise DatabaseError(f"the results database {display_url(url)} is read-only ({reason}), and it {state}: making "
+                            f"it {SCHEMA_REVISION!r} writes; make it and its directory writable (chmod u+w), or pass "
+                            f"--db with a writable path.")
     # Foreign keys off on SQLite: a batch migration rebuilds a table by dropping it, and with
     # foreign keys on that drop would cascade into the rows referring to it.
     migration_engine = make_engine(url, foreign_keys=False)
     try:
-        with writer(migration_engine).begin() as connection:
+        with schema_lock(url), writer(migration_engine).begin() as connection:
             if connection.dialect.name == "postgresql":
                 connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": _PG_UPGRADE_LOCK})
             before = current_revision(connection)
@@ -131,32 +320,28 @@ def _sqlite_busy(exc: BaseException) -> bool:
 def ensure_current(engine: Engine, *, auto_upgrade: bool | None = None, read_only: bool = False) -> str:
     """Make sure the database behind `engine` is at SCHEMA_REVISION, upgrading it when allowed.
 
-    `auto_upgrade=None` (the default) upgrades a local SQLite database, and creates the tables in
+    `engine` should write nothing on connect (make_engine(read_only=True)): the database is read
+    before it is known to be autotune's. `auto_upgrade=None` (the default) upgrades a local SQLite database, and creates the tables in
     a server database that has none of ours yet; a server database at an older revision is shared
     by a team, so it waits for an explicit `autotune db upgrade`. True always upgrades; False never.
     A database at an unknown (newer) revision is refused. `read_only`: never upgrade, and a
     database without our tables is told apart (nothing was searched there). Returns the revision.
     """
     url = engine.url
-
-    def look() -> tuple[str | None, bool]:
-        with engine.connect() as connection:
-            revision = current_revision(connection)
-            return revision, revision is not None or has_our_tables(connection)
-
-    try:
-        # SQLite answers "database is locked" without waiting in a few cases (another process
-        # switching a new file to WAL, or recovering its WAL): those pass in a moment.
-        revision, ours = retry_transient(look, transient=_sqlite_busy)
-    except (sa_exc.OperationalError, sa_exc.DatabaseError, sa_exc.InterfaceError) as exc:
-        raise describe_failure(url, exc) from None
+    found = survey(engine, read_only=read_only)
+    if not read_only:
+        refuse_foreign(url, found)
+    revision, ours = found.revision, found.ours
     if revision == SCHEMA_REVISION:
         return revision
     if revision is not None and revision not in known_revisions():
         raise newer_error(url, revision)
     if read_only and not ours:
+        foreign = found.foreign if is_sqlite(url) else ()
+        other = (f", in a new file: this one holds another application's tables ({_names(foreign)}); check --db"
+                 if foreign else " (or check --db)")
         raise DatabaseError(f"the results database {display_url(url)} has no autotune tables; `autotune search` "
-                            f"creates them (or check --db).")
+                            f"creates them{other}.")
     allowed = False if read_only else auto_upgrade if auto_upgrade is not None else (is_sqlite(url) or not ours)
     if not allowed:
         raise DatabaseError(

@@ -64,9 +64,14 @@ def open_store(url: str | os.PathLike[str] | None = None, *, upgrade: bool | Non
         path = sqlite_path(resolved)
         if path is not None and not path.exists():
             raise DatabaseError(f"no results database at {path}; `autotune search` creates it (or check --db).")
-    engine = make_engine(resolved, read_only=read_only)
+    # Looked at through an engine that writes nothing on connect (a writing one switches an SQLite
+    # file to WAL, which rewrites its header): the file may turn out to be another application's.
+    engine = make_engine(resolved, read_only=True)
     try:
         migrate.ensure_current(engine, auto_upgrade=False if read_only else upgrade, read_only=read_only)
+        if not read_only:
+            engine.dispose()
+            engine = make_engine(resolved)
     except BaseException:
         engine.dispose()
         raise
