@@ -9,8 +9,11 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 from autotune.errors import BadInput, ModelNotFound
+# (Families whose positions are a learned table of the model's width: its size is held to the budget.)
+from autotune.shapes import _LEARNED_POSITIONS
 from autotune.tasks import task_fields
 from autotune.units import format_size
 
@@ -41,6 +44,11 @@ _SIZE_KEYS = (
     "num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers", "decoder_layers", "num_decoder_layers",
     "num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads", "decoder_attention_heads",
 )
+# The other sizes a model is built from (MLP widths, key/value heads, a head's width, the labels of a
+# classification head): absent or null means the library's default; given, they are held to the same
+# bounds as the sizes above (check_values).
+_MORE_SIZE_KEYS = ("intermediate_size", "n_inner", "d_ff", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim",
+                   "num_key_value_heads", "num_kv_heads", "head_dim", "d_kv", "num_labels")
 # The files from_pretrained reads a model's weights from: a directory without any holds only its architecture.
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 # The fewest tokens a vocabulary can have and still train something: the probe feeds random token
@@ -118,43 +126,87 @@ class ModelSpec:
             raise BadInput(f"--model {self.reference} brings its own code (auto_map in its config.json); pass "
                            f"--trust-remote-code to allow it to run, or choose another model.")
 
-    def check_shapes(self, budget_bytes: int | None = None) -> None:
-        """Refuse a config.json whose shapes no probe should build (the one home of this check):
+    def check_values(self) -> None:
+        """Refuse a config.json size no model can be built from (the one home of this check: run where
+        a config is read, resolve_model, and again by check_shapes). Every size of _SIZE_KEYS,
+        _MAX_POSITION_KEYS, _MORE_SIZE_KEYS and vocab_size that the config gives (null: the
+        library's default) must be:
 
-        - a size (layers, hidden width, heads) that is zero or negative: a model of no layers or
-          no width trains nothing, and transformers builds some of them without complaint;
-        - a vocab_size that is not a whole number of at least MIN_VOCAB (2): the probe trains on
-          random token ids in [0, vocab_size), so one token leaves nothing to predict;
-        - an embedding table that cannot fit: vocab_size x width x 2 bytes (bf16, the smallest any
-          recipe keeps it in) above `budget_bytes` where a budget is given, and above
-          MAX_DEVICE_BYTES (1 PiB, more than any device holds) always. A probe would otherwise
-          try to allocate it (petabytes, for a mistyped vocab_size) before any budget applies."""
+        - a whole number: `"2"`, 2.0 or true would reach transformers only in the probe's child,
+          which refuses it there (an error result, a study written) or builds something else;
+        - at least 1 (vocab_size: MIN_VOCAB): a model of no layers, width or positions trains nothing,
+          and transformers builds some of them without complaint (n_positions 0 fails at the first step);
+        - small enough that what it sizes can exist: the size x the model's width x 2 bytes (one
+          vector of the width for each position, token, label or layer, in bf16, the smallest any
+          recipe keeps weights in; a width x itself) at most MAX_DEVICE_BYTES (1 PiB). The budget
+          is check_shapes' to apply."""
         name = f"--model {self.reference}"
-        for key in _SIZE_KEYS:
-            value = self.config.get(key)
-            if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+        given = [(key, self.config.get(key)) for key in (*_SIZE_KEYS, *_MAX_POSITION_KEYS, *_MORE_SIZE_KEYS, "vocab_size")
+                 if self.config.get(key) is not None]
+        for key, value in given:
+            if not _whole(value):
+                typed = str(value).strip() if isinstance(value, str) else ""
+                fix = (f"write it as a number ({typed}), without quotes," if typed.isascii() and typed.isdigit()
+                       else f"give {key} as a whole number")
+                raise BadInput(f"{name}: its config.json has {key} {_shown(value)}, not a whole number; {fix} in the "
+                               f"config.")
+            if key == "vocab_size" and value < MIN_VOCAB:
+                raise BadInput(f"{name}: its config.json has vocab_size {value}; training needs at least {MIN_VOCAB} "
+                               f"tokens (the probe feeds random token ids below vocab_size, so with {value} there is "
+                               f"nothing to predict): give the model's real vocabulary size.")
+            if value < 1:
                 raise BadInput(f"{name}: its config.json has {key} {value}; a model needs at least 1, so this one "
                                f"trains nothing: fix {key} in the config.")
-        vocab = self.config["vocab_size"]
-        if not isinstance(vocab, int) or isinstance(vocab, bool):
-            raise BadInput(f"{name}: its config.json has vocab_size {vocab!r}, not a whole number; give the number "
-                           f"of tokens of its vocabulary.")
-        if vocab < MIN_VOCAB:
-            raise BadInput(f"{name}: its config.json has vocab_size {vocab}; training needs at least {MIN_VOCAB} tokens "
-                           f"(the probe feeds random token ids below vocab_size, so with {vocab} there is nothing "
-                           f"to predict): give the model's real vocabulary size.")
-        widths = [(key, value) for key in _WIDTH_KEYS if isinstance(value := self.config.get(key), int)]
-        if not widths:
-            return
-        width_key, width = min(widths, key=lambda item: item[1])
-        table = vocab * width * _MIN_WEIGHT_BYTES
+        sizes = [(key, value) for key, value in given if _whole(value)]  # (all of them, checked above)
+        width_key, width = self._width() or ("", 1)
+        for key, value in sizes:
+            table = value * (value if key == width_key else width) * _MIN_WEIGHT_BYTES
+            if table > MAX_DEVICE_BYTES:
+                raise BadInput(self._too_large(key, value, width_key or key, value if key == width_key else width,
+                                               table, "any device holds (1 PiB)"))
+
+    def check_shapes(self, budget_bytes: int | None = None, *, num_labels: int | None = None) -> None:
+        """Refuse a config.json whose shapes no probe should build (the one home of this check):
+        sizes check_values refuses, and a table of vectors of the model's width that cannot fit in
+        `budget_bytes` where a budget is given: the token embedding (vocab_size), a learned
+        position embedding (n_positions, max_position_embeddings: the GPT-2 and BERT families),
+        and a classification head of `num_labels` (--num-labels). A probe would otherwise try to
+        allocate it (terabytes, for a mistyped size) before any budget applies."""
+        self.check_values()
+        if num_labels is not None and (not _whole(num_labels) or num_labels < 1):
+            raise BadInput(f"--num-labels must be a whole number of at least 1 (got {num_labels!r}).")
+        width_key, width = self._width() or ("", 1)
+        tables = [("vocab_size", self.config["vocab_size"])] if self.config.get("vocab_size") is not None else []
+        if self.model_type in _LEARNED_POSITIONS and self.max_positions is not None:
+            tables.append((next(k for k in _MAX_POSITION_KEYS if self.config.get(k) == self.max_positions),
+                           self.max_positions))
+        if num_labels is not None:
+            tables.append(("--num-labels", num_labels))
         limit = MAX_DEVICE_BYTES if budget_bytes is None else min(budget_bytes, MAX_DEVICE_BYTES)
         by_budget = limit < MAX_DEVICE_BYTES
-        if table > limit:
-            where = f"the --gpu-budget {format_size(limit)}" if by_budget else "any device holds (1 PiB)"
-            raise BadInput(f"{name}: its embedding table alone (vocab_size {vocab:,} x {width_key} {width:,}) needs at "
-                           f"least {format_size(table)}, more than {where}; check vocab_size and {width_key} in its "
-                           f"config.json" + (", or give a larger --gpu-budget." if by_budget else "."))
+        for key, size in tables:
+            table = size * width * _MIN_WEIGHT_BYTES
+            if table > limit:
+                where = f"the --gpu-budget {format_size(limit)}" if by_budget else "any device holds (1 PiB)"
+                raise BadInput(self._too_large(key, size, width_key, width, table, where, budget=by_budget))
+
+    def _width(self) -> tuple[str, int] | None:
+        """The config's narrowest width (key, value) among _WIDTH_KEYS, None without one."""
+        widths: list[tuple[str, int]] = [(key, value) for key in _WIDTH_KEYS
+                                         if _whole(value := self.config.get(key)) and value > 0]
+        return min(widths, key=lambda item: item[1]) if widths else None
+
+    def _too_large(self, key: str, size: int, width_key: str, width: int, table: int, where: str,
+                   budget: bool = False) -> str:
+        """The one line for a size whose table of `width`-wide vectors (`table` bytes) is more than `where`."""
+        what = {"vocab_size": "its embedding table", "--num-labels": "its classification head"}.get(
+            key, "its position table" if key in _MAX_POSITION_KEYS and self.model_type in _LEARNED_POSITIONS
+            else f"{key} vectors of its width")
+        shape = f"{key} {size:,} x {width_key} {width:,}" if width_key else f"{key} {size:,}"
+        fix = ("give the number of labels your data has" if key == "--num-labels"
+               else f"check {key}{f' and {width_key}' if width_key and width_key != key else ''} in its config.json")
+        return (f"--model {self.reference}: {what} alone ({shape}) needs at least {format_size(table)}, more than "
+                f"{where}; {fix}" + (", or give a larger --gpu-budget." if budget else "."))
 
     @property
     def fingerprint(self) -> str:
@@ -176,6 +228,17 @@ class ModelSpec:
             return AutoConfig.from_pretrained(self.path, trust_remote_code=trust_remote_code)
         fields = dict(self.config)
         return AutoConfig.for_model(fields.pop("model_type"), **fields)
+
+
+def _whole(value: object) -> TypeGuard[int]:
+    """A whole number as config.json and Python give one (true and false are not)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _shown(value: object) -> str:
+    """A config value as a message quotes it, cut short."""
+    text = json.dumps(value) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _read_config(path: Path) -> dict:
@@ -244,17 +307,30 @@ def _from_hub(repo_id: str) -> Path | None:
 
 
 def resolve_model(reference: str) -> ModelSpec:
-    """Resolve a model reference: local directory, Hugging Face cache, known family, then the hub."""
+    """Resolve a model reference: local directory, Hugging Face cache, known family, then the hub; its
+    config.json's sizes checked where it is read (ModelSpec.check_values)."""
+    spec = _resolve(reference)
+    spec.check_values()
+    return spec
+
+
+def _resolve(reference: str) -> ModelSpec:
     reference = (reference or "").strip()
     if not reference:
         raise ModelNotFound("--model is empty; give a hub id (gpt2), or a local directory with a config.json.")
     local = Path(reference).expanduser()
-    if local.is_dir():
+    try:
+        is_dir, is_file = local.is_dir(), local.is_file()
+    except (OSError, ValueError) as exc:  # a name past the file system's limits (ENAMETOOLONG), a NUL byte
+        shown = reference if len(reference) <= 60 else reference[:57] + "..."
+        raise ModelNotFound(f"--model: {shown!r} cannot be a model: {getattr(exc, 'strerror', None) or exc}; give a "
+                            f"hub id (gpt2), or a local directory with a config.json.") from None
+    if is_dir:
         config_path = local / "config.json"
         if not config_path.is_file():
             raise ModelNotFound(f"--model: directory {local} has no config.json; point it at a model directory.")
         return ModelSpec(reference, _read_config(config_path), "local", str(local.resolve()))
-    if local.is_file() and local.name.endswith(".json"):
+    if is_file and local.name.endswith(".json"):
         return ModelSpec(reference, _read_config(local), "local", str(local.resolve().parent))
 
     repo_id = reference

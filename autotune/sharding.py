@@ -23,6 +23,8 @@ applies them.
 
 from __future__ import annotations
 
+import os
+
 STRATEGIES = ("ddp", "fsdp", "fsdp-grad-op", "fsdp-offload")
 FSDP_STRATEGIES = ("fsdp", "fsdp-grad-op", "fsdp-offload")
 # The default for a run on several GPUs: what Trainer and accelerate do without an FSDP config.
@@ -42,10 +44,44 @@ def offloads(strategy: str | None) -> bool:
     return strategy == "fsdp-offload"
 
 
+# The most ranks a run can have: torch.distributed takes its world size and ranks as C ints.
+MAX_RANKS = 2**31 - 1
+
+
 def count_problems(gpus: object, nodes: object = 1) -> list[str]:
     """What is wrong with these counts of ranks per node and of nodes (empty: fine)."""
-    return [f"{flag} must be a whole number of at least 1 (got {value!r})" for flag, value in (("--gpus", gpus), ("--nodes", nodes))
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1]
+    problems = [f"{flag} must be a whole number of at least 1 (got {value!r})"
+                for flag, value in (("--gpus", gpus), ("--nodes", nodes))
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1]
+    if not problems and gpus * nodes > MAX_RANKS:  # type: ignore[operator]
+        problems.append(f"--gpus x --nodes must be at most {MAX_RANKS}, the most ranks torch.distributed numbers "
+                        f"(got {gpus} x {nodes})")
+    return problems
+
+
+# CPU ranks per core allowed with --oversubscribe (one per core without it): their timings then share
+# the cores. (autotune.search.fleet keeps a copy of this constant for --workers: it should read this one.)
+OVERSUBSCRIBE_PER_CORE = 4
+
+
+def most_cpu_ranks(oversubscribe: bool = False) -> int:
+    """The most CPU ranks (probe processes, each computing on the cores) this machine runs at once:
+    one per core, OVERSUBSCRIBE_PER_CORE per core with --oversubscribe. The rule --workers follows
+    on --device cpu (search.fleet.worker_devices), and --gpus there too."""
+    return (os.cpu_count() or 1) * (OVERSUBSCRIBE_PER_CORE if oversubscribe else 1)
+
+
+def cpu_rank_problems(gpus: int, *, oversubscribe: bool | None = None) -> list[str]:
+    """What is wrong with starting `gpus` CPU ranks on this machine for each probe (empty: fine).
+    `oversubscribe` None: the command has no --oversubscribe to offer."""
+    most = most_cpu_ranks(bool(oversubscribe))
+    if gpus <= most:
+        return []
+    cores = os.cpu_count() or 1
+    more = (f", or --oversubscribe for up to {most_cpu_ranks(True)} (their timings then share the cores)"
+            if oversubscribe is False else "")
+    return [f"--gpus {gpus} on the CPU starts {gpus} ranks on this machine, which has {cores} core"
+            f"{'s' if cores != 1 else ''} for them to compute on; give --gpus {most} or fewer{more}"]
 
 
 def strategy_problems(gpus: int, strategy: str | None, nodes: int = 1) -> list[str]:

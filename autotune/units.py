@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from decimal import Decimal
 
@@ -10,6 +11,13 @@ from autotune.errors import BadInput
 # The largest whole number the database stores (SQLite INTEGER, PostgreSQL BIGINT): sizes and counts
 # past it are refused where they are parsed, not met as an OverflowError at the first write.
 INT64_MAX = 2**63 - 1
+# The longest wait autotune can set (one bound for every duration a user gives): a probe's timeout
+# and a command's deadline end up in poll(2), through multiprocessing and selectors, whose timeout
+# is a C int of milliseconds; a longer one is an OverflowError there (10**20 s, or inf, at once).
+MAX_SECONDS = (2**31 - 1) // 1000  # 24 days 20 hours
+# The most optimizer steps any count of steps may ask for (one bound for them all): a step takes at
+# least a microsecond anywhere, so more could not end within the longest wait.
+MAX_STEPS = MAX_SECONDS * 10**6
 
 _SIZE_UNITS = {
     "": 1,
@@ -80,18 +88,29 @@ _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(s|sec|secs|m|min|mins|h|hr|hr
 _DURATION_SCALE = {"": 1, "s": 1, "sec": 1, "secs": 1, "m": 60, "min": 60, "mins": 60, "h": 3600, "hr": 3600, "hrs": 3600}
 
 
-def parse_duration(text: str | float, *, flag: str = "--timeout") -> float:
-    """Seconds in a duration such as '90', '90s', '15m', '1.5h'."""
-    if isinstance(text, (int, float)):
+def parse_duration(text: str | float, *, flag: str = "--timeout", allow_zero: bool = False) -> float:
+    """Seconds in a duration such as '90', '90s', '15m', '1.5h': finite, positive (or zero where
+    `allow_zero`), and at most MAX_SECONDS. Every duration a user gives is read here."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
         seconds = float(text)
     else:
         match = _DURATION_RE.match(str(text))
         if not match:
-            raise BadInput(f"{flag}: cannot read {text!r} as a duration; write it like 90s, 15m or 2h.")
+            raise BadInput(f"{flag}: cannot read {_quoted(text)} as a duration; write it like 90s, 15m or 2h.")
         seconds = float(match.group(1)) * _DURATION_SCALE[match.group(2).lower()]
-    if seconds <= 0:
-        raise BadInput(f"{flag}: {text!r} must be a positive duration, e.g. 15m.")
+    if math.isnan(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
+        raise BadInput(f"{flag}: {_quoted(text)} must be a {'' if allow_zero else 'positive '}duration"
+                       f"{' of 0 or more' if allow_zero else ''}, e.g. 15m.")
+    if seconds > MAX_SECONDS:
+        raise BadInput(f"{flag}: {_quoted(text)} is too long; durations go up to {MAX_SECONDS} s "
+                       f"({format_duration(MAX_SECONDS)}), the longest wait the system can set.")
     return seconds
+
+
+def _quoted(text: object) -> str:
+    """A value as a message quotes it, cut short (a pasted megabyte stays one short line)."""
+    shown = repr(text)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
 
 
 def parse_int_list(text: str, *, flag: str, minimum: int = 1) -> tuple[int, ...]:

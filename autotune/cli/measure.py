@@ -8,7 +8,8 @@ import click
 
 from autotune import defaults
 from autotune.cli.app import STACK_HELP, cli, echo_json
-from autotune.cli.options import config_options, evaluation_asked, make_config, make_settings, probe_settings_options
+from autotune.cli.options import (DURATION, check_cpu_ranks, config_options, evaluation_asked, make_config, make_settings,
+                                  probe_settings_options)
 from autotune.errors import BadInput
 from autotune.recipes import peft_text  # (torch-free: the --peft flags as a config stores them)
 from autotune.status import ProbeStatus
@@ -33,9 +34,10 @@ def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, 
                          target_length, num_labels, optimizer, weights,
                          peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets), compile_, allocator, liger,
                          evaluation_asked(eval_batch, eval_logits, eval_accumulation_steps, generate, generation_max_length,
-                                          num_beams), gpus, strategy, nodes)
+                                          num_beams), gpus, strategy, nodes, budget_bytes=budget)
     settings = make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
                              max_compile_seconds, rendezvous)
+    check_cpu_ranks(config.gpus, settings.device)
     result = run_probe(config, budget, settings=settings)
     if result.status == ProbeStatus.SKIPPED:
         # A search skips what this device cannot run and goes on; here it is the one config asked
@@ -59,11 +61,11 @@ def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, 
               help="Room kept free under the budget: a percentage of it or a size (256MiB).")
 @click.option("--device-type", default="cuda", show_default=True,
               help="cuda: predict a GPU run; cpu: predict what a CPU probe accounts.")
-@click.option("--timeout", "timeout_text", default=f"{defaults.ESTIMATE_TIMEOUT_SECONDS:.0f}s", show_default=True,
+@click.option("--timeout", "timeout_text", type=DURATION, default=f"{defaults.ESTIMATE_TIMEOUT_SECONDS:.0f}s", show_default=True,
               help="Give up tracing after this long.")
 @click.option("--no-cache", is_flag=True, help="Trace again even if this estimate is cached.")
 @click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run.")
-@click.option("--stack", "stack_text", default=None, help=STACK_HELP)
+@click.option("--stack", "stack_text", default=None, callback=lambda ctx, param, text: _stack_text(text), help=STACK_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as one JSON object.")
 def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, optimizer, weights, compile_,
              allocator, liger, gpus, strategy, nodes, task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets,
@@ -84,7 +86,8 @@ def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointin
                          target_length, num_labels, optimizer, weights,
                          peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets), compile_, allocator, liger,
                          evaluation_asked(eval_batch, eval_logits, eval_accumulation_steps, generate, generation_max_length,
-                                          num_beams), gpus, strategy, nodes)
+                                          num_beams), gpus, strategy, nodes,
+                         budget_bytes=budget.total_bytes if budget is not None else None)
     # One trace: a line every 30 s in a pipe (a 7B model traces in about 15), so that a mistake the
     # trace finds (LoRA targets that match nothing) is still the one line a script reads.
     with trace_progress(quiet=as_json, what=f"tracing {config.label()}", every=30.0):
@@ -96,3 +99,17 @@ def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointin
         click.echo(render_estimate(result, budget))
     sys.exit(0 if budget is None or budget.fits(result.required_bytes) else 1)
 
+
+def _stack_text(text: str | None) -> str | None:
+    """--stack as given, each library named once (Stack.parse reads the versions): a second
+    `torch=` would silently replace the first, and an empty value would mean the installed ones."""
+    if text is None:
+        return None
+    names = [part.partition("=")[0].strip().lower() for part in text.split(",") if part.strip()]
+    if not names:
+        raise click.UsageError("--stack is empty; give library=version pairs such as torch=1.13, or leave it out")
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise click.UsageError(f"--stack names {', '.join(twice)} more than once ({text.strip()[:80]}); give each "
+                               f"library one version")
+    return text

@@ -5,22 +5,24 @@ from __future__ import annotations
 import click
 
 from autotune.cli.app import cli
+from autotune.cli.options import COUNT, DEVICE, INDEX, RENDEZVOUS, check_cpu_ranks
 
 
 @cli.command()
-@click.option("--rendezvous", required=True, metavar="HOST:PORT",
+@click.option("--rendezvous", type=RENDEZVOUS, required=True, metavar="HOST:PORT",
               help="The first node's --rendezvous: where every node's ranks meet (torchrun's c10d rendezvous).")
-@click.option("--nodes", type=int, required=True, help="Nodes of the run, the first one included (as its --nodes).")
-@click.option("--node-rank", type=int, required=True, help="This node's place among them: 1 to nodes-1 (the first node is 0).")
-@click.option("--gpus", type=int, default=1, show_default=True, help="Ranks on this node (as the first node's --gpus).")
-@click.option("--device", default="auto", show_default=True, help="auto, cuda or cpu: what this node's ranks probe on.")
-@click.option("--rounds", type=int, default=None, help="Stop after this many probes [default: until stopped].")
+@click.option("--nodes", type=COUNT, required=True, help="Nodes of the run, the first one included (as its --nodes).")
+@click.option("--node-rank", type=INDEX, required=True, help="This node's place among them: 1 to nodes-1 (the first node is 0).")
+@click.option("--gpus", type=COUNT, default=1, show_default=True, help="Ranks on this node (as the first node's --gpus).")
+@click.option("--device", type=DEVICE, default="auto", show_default=True, help="auto, cuda or cpu: what this node's ranks probe on.")
+@click.option("--rounds", type=COUNT, default=None, help="Stop after this many probes [default: until stopped].")
 def node(rendezvous, nodes, node_rank, gpus, device, rounds):
     """Take part in the probes of a search on several nodes: start this node's ranks for each probe the
     first node runs (`autotune search ... --nodes N --rendezvous HOST:PORT` there), until stopped."""
     from autotune.errors import BadInput
     from autotune.probe.node import serve_node
     from autotune.probe.settings import ProbeSettings
+    from autotune.sharding import count_problems
 
     settings = ProbeSettings(device=device, rendezvous=rendezvous)  # (checks both forms)
     problems = []
@@ -28,12 +30,10 @@ def node(rendezvous, nodes, node_rank, gpus, device, rounds):
         problems.append(f"--nodes must be at least 2 for a node to join (got {nodes})")
     elif not 1 <= node_rank < nodes:
         problems.append(f"--node-rank must be from 1 to {nodes - 1} (got {node_rank}; the first node, 0, runs the search)")
-    if gpus < 1:
-        problems.append(f"--gpus must be at least 1 (got {gpus})")
-    if rounds is not None and rounds < 1:
-        problems.append(f"--rounds must be at least 1 (got {rounds})")
+    problems += count_problems(gpus, nodes)  # (the run's ranks, as search counts them; --rounds: a COUNT)
     if problems:
         raise BadInput("; ".join(problems) + ".")
+    check_cpu_ranks(gpus, device)  # (as search and probe: each CPU rank computes on this machine's cores)
     click.echo(f"node {node_rank} of {nodes}: {gpus} rank{'s' if gpus != 1 else ''} on {settings.device_kind}, meeting "
                f"at {rendezvous}; waiting for the first node's probes (Ctrl-C stops)", err=True)
     serve_node(rendezvous, nodes, node_rank, gpus, settings.device_kind, lambda line: click.echo(line), rounds)

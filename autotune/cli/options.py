@@ -2,10 +2,163 @@
 
 from __future__ import annotations
 
+import math
+import re
+
 import click
 
 from autotune import defaults
 from autotune.cli.app import ALLOCATOR_HELP, DB_HELP, DEVICE_HELP, LIGER_HELP, OPTIMIZER_HELP, WEIGHTS_HELP
+from autotune.units import INT64_MAX, MAX_SECONDS, MAX_STEPS, parse_duration
+
+
+# -- The kinds of values flags take: one type per kind, one bound each, used by every command --------
+# A value is refused where click reads it, before any command body runs: one line, exit status 2,
+# nothing looked at or written. Owners of a finer rule (ProbeSettings: at least 2 warm-up steps;
+# evaluation: at most 1024 beams) still check it, with its reason.
+
+def _flag(param: click.Parameter | None) -> str:
+    return max(param.opts, key=len) if param is not None and param.opts else "the value"
+
+
+def _shown(value: object) -> str:
+    """A typed value as a message quotes it, cut short (a pasted megabyte stays a short line)."""
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+class WholeNumber(click.ParamType):
+    """A whole number from `minimum` to `maximum`, in ASCII digits ('1_000', '2.0', '1e3' are refused)."""
+
+    name = "integer"
+
+    def __init__(self, minimum: int, maximum: int, why: str) -> None:
+        self.minimum, self.maximum, self.why = minimum, maximum, why
+
+    def convert(self, value, param, ctx):
+        flag = _flag(param)
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        else:
+            text = str(value).strip()
+            if not re.fullmatch(r"[+-]?[0-9]+", text, re.ASCII):
+                raise click.UsageError(f"{flag} {_shown(value)} is not a whole number; give one from {self.minimum} "
+                                       f"to {self.maximum}", ctx)
+            # (Past 4300 digits int() refuses to read it: it is out of range either way.)
+            number = int(text) if len(text) <= 400 else (-1 if text.startswith("-") else 1) * 10**400
+        if number < self.minimum:
+            raise click.UsageError(f"{flag} must be a whole number of at least {self.minimum} (got {_shown(number)})", ctx)
+        if number > self.maximum:
+            raise click.UsageError(f"{flag} must be a whole number from {self.minimum} to {self.maximum} "
+                                   f"(got {_shown(number)}): {self.why}", ctx)
+        return number
+
+
+class Real(click.ParamType):
+    """A finite number (nan, inf and 1e309 are refused), above 0 where `positive`, at most `maximum`."""
+
+    name = "float"
+
+    def __init__(self, *, positive: bool = False, maximum: float | None = None, why: str = "") -> None:
+        self.positive, self.maximum, self.why = positive, maximum, why
+
+    def convert(self, value, param, ctx):
+        flag = _flag(param)
+        try:
+            number = float(value) if not isinstance(value, bool) else math.nan
+        except (TypeError, ValueError):
+            number = math.nan
+        if not math.isfinite(number):
+            raise click.UsageError(f"{flag} {_shown(value)} is not a finite number; give a number such as 0.5", ctx)
+        if self.positive and number <= 0:
+            raise click.UsageError(f"{flag} must be above 0 (got {_shown(value)})", ctx)
+        if self.maximum is not None and number > self.maximum:
+            raise click.UsageError(f"{flag} must be at most {self.maximum} (got {_shown(value)}): {self.why}", ctx)
+        return number
+
+
+class Seconds(click.ParamType):
+    """A duration (90, 90s, 15m, 1.5h) read by units.parse_duration: finite, positive (or 0 where
+    `allow_zero`), at most MAX_SECONDS. `name` keeps each flag's --help as it was (FLOAT or TEXT)."""
+
+    def __init__(self, name: str, *, allow_zero: bool = False) -> None:
+        self.name, self.allow_zero = name, allow_zero
+
+    def convert(self, value, param, ctx):
+        from autotune.errors import BadInput
+
+        try:
+            return parse_duration(value if isinstance(value, float) else str(value).strip(), flag=_flag(param),
+                                  allow_zero=self.allow_zero)
+        except BadInput as exc:
+            raise click.UsageError(str(exc).rstrip("."), ctx) from None
+
+
+class Device(click.ParamType):
+    """auto, cpu, cuda or cuda:N; cuda only where a CUDA device may be seen (told without torch)."""
+
+    name = "text"
+
+    def convert(self, value, param, ctx):
+        from autotune.probe.runner import cuda_may_be_visible
+
+        flag = _flag(param)
+        device = str(value).strip().lower()
+        if not re.fullmatch(r"auto|cpu|cuda(:[0-9]{1,4})?", device, re.ASCII):
+            raise click.UsageError(f"{flag} {_shown(value)} is not supported; use auto, cpu, cuda or cuda:N", ctx)
+        if device.startswith("cuda") and not cuda_may_be_visible():
+            raise click.UsageError(f"{flag} {device}: no CUDA device can be seen here (no NVIDIA device node, or "
+                                   f"CUDA_VISIBLE_DEVICES hides them all); use --device cpu, or run it where the GPU is",
+                                   ctx)
+        return device
+
+
+class HostPort(click.ParamType):
+    """HOST:PORT where torchrun's ranks meet: a host name or address ([::1] in brackets) and a port
+    from 1 to 65535 (0 would be any free port, which the other nodes cannot know)."""
+
+    name = "text"
+
+    def convert(self, value, param, ctx):
+        text = str(value).strip()
+        host, _, port = text.rpartition(":")
+        if not (re.fullmatch(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]", host, re.ASCII)
+                and re.fullmatch(r"[0-9]{1,5}", port, re.ASCII) and 1 <= int(port) <= 65535):
+            raise click.UsageError(f"{_flag(param)} {_shown(value)} is not HOST:PORT with a port from 1 to 65535 (the "
+                                   f"first node's address and a free port, e.g. 10.0.0.1:29500)", ctx)
+        return text
+
+
+# Sequences, tokens, labels, ranks, probes, beams: anything counted that reaches the database.
+COUNT = WholeNumber(1, INT64_MAX, "the largest whole number the results database stores")
+# Optimizer steps: a probe's warm-up and timed steps, a run's steps.
+STEPS = WholeNumber(1, MAX_STEPS, "more steps than could end within the longest wait the system can set "
+                                  "(24 days) at a microsecond each")
+# A rate or a share (learning rate, dropout, a margin): finite; the flag's owner checks its range.
+REAL = Real()
+RATE = Real(positive=True)
+# Passes over the data: each is at least one optimizer step.
+PASSES = Real(positive=True, maximum=MAX_STEPS, why="each pass is at least one step, and steps go up to that")
+# A place among counted things that starts at 0 (a node's rank).
+INDEX = WholeNumber(0, INT64_MAX, "the largest whole number the results database stores")
+DURATION = Seconds("text")        # --timeout, --probe-timeout (90s, 15m)
+SECONDS = Seconds("float")        # flags named in seconds (a unit may still be given)
+SECONDS_OR_ZERO = Seconds("float", allow_zero=True)
+DEVICE = Device()
+RENDEZVOUS = HostPort()
+
+
+def check_cpu_ranks(gpus: int, device: str, *, oversubscribe: bool | None = None) -> None:
+    """Refuse more CPU ranks for each probe than this machine runs at once (sharding.cpu_rank_problems,
+    the rule --workers follows): on --device cpu, or auto where no CUDA device can be seen."""
+    from autotune.errors import BadInput
+    from autotune.probe.runner import cuda_may_be_visible
+    from autotune.sharding import cpu_rank_problems
+
+    kind = str(device).strip().lower()
+    if kind == "cpu" or (kind == "auto" and not cuda_may_be_visible()):
+        if problems := cpu_rank_problems(gpus, oversubscribe=oversubscribe):
+            raise BadInput("; ".join(problems) + ".")
 
 GPUS_HELP = ("Ranks on each node (one GPU each, or one CPU process each on --device cpu) that share the run, "
              "started by torchrun; each holds --micro-batch sequences per micro-step, the budget is each card's.")
@@ -19,9 +172,9 @@ def config_options(func):
     """The levers of one configuration, shared by `probe` and `estimate`."""
     options = [
         click.option("--model", required=True, help="Hub id, gpt2-family name, or a local directory with config.json."),
-        click.option("--micro-batch", type=int, required=True, help="Sequences per forward/backward pass."),
-        click.option("--block-size", type=int, required=True, help="Tokens per sequence."),
-        click.option("--grad-accum", type=int, default=1, show_default=True, help="Micro-steps per optimizer step."),
+        click.option("--micro-batch", type=COUNT, required=True, help="Sequences per forward/backward pass."),
+        click.option("--block-size", type=COUNT, required=True, help="Tokens per sequence."),
+        click.option("--grad-accum", type=COUNT, default=1, show_default=True, help="Micro-steps per optimizer step."),
         click.option("--precision", default=defaults.PRECISION, show_default=True, help="fp32, fp16 (with a gradient scaler), bf16 (mixed precision) or tf32 (fp32 with TF32 matmuls, CUDA)."),
         click.option("--checkpointing/--no-checkpointing", default=False, show_default=True, help="Gradient (activation) checkpointing."),
         click.option("--attention", default=defaults.ATTENTION, show_default=True, help="Attention implementation: sdpa, eager, flash_attention_2, ..."),
@@ -31,9 +184,9 @@ def config_options(func):
                      help="torch.compile the model (inductor); its compile time is reported apart from the timing."),
         click.option("--allocator", default="default", show_default=True, help=ALLOCATOR_HELP),
         click.option("--liger/--no-liger", default=False, show_default=True, help=LIGER_HELP),
-        click.option("--gpus", type=int, default=1, show_default=True, help=GPUS_HELP),
+        click.option("--gpus", type=COUNT, default=1, show_default=True, help=GPUS_HELP),
         click.option("--strategy", default=None, help=STRATEGY_HELP),
-        click.option("--nodes", type=int, default=1, show_default=True, help=NODES_HELP),
+        click.option("--nodes", type=COUNT, default=1, show_default=True, help=NODES_HELP),
     ]
     for option in reversed(options):
         func = option(func)
@@ -46,15 +199,15 @@ def task_options(func):
 
     options = [
         click.option("--task", default=None, help=f"What is trained: {TASK_HELP}."),
-        click.option("--target-length", type=int, default=None,
+        click.option("--target-length", type=COUNT, default=None,
                      help="seq2seq: target tokens per example, from your data [default: 128, as run_summarization.py]."),
-        click.option("--num-labels", type=int, default=None,
+        click.option("--num-labels", type=COUNT, default=None,
                      help="classification: labels of the head [default: the config's id2label, or 2]."),
         click.option("--peft", default=None, help="lora: LoRA adapters on a frozen base (needs peft); qlora: a 4-bit base "
                                                   "too (CUDA and bitsandbytes) [default: full fine-tuning]."),
-        click.option("--lora-rank", type=int, default=None, help="LoRA rank r [default: 8]."),
-        click.option("--lora-alpha", type=int, default=None, help="LoRA alpha [default: 16]."),
-        click.option("--lora-dropout", type=float, default=None, help="LoRA dropout [default: 0.05]."),
+        click.option("--lora-rank", type=COUNT, default=None, help="LoRA rank r [default: 8]."),
+        click.option("--lora-alpha", type=COUNT, default=None, help="LoRA alpha [default: 16]."),
+        click.option("--lora-dropout", type=REAL, default=None, help="LoRA dropout [default: 0.05]."),
         click.option("--lora-targets", default=None,
                      help="Modules that get adapters: all-linear, or names such as q_proj,v_proj [default: all-linear]."),
         # How the run evaluates (autotune.evaluation): its probes run these phases too.
@@ -65,14 +218,14 @@ def task_options(func):
         click.option("--eval-logits", default=None, type=click.Choice(["loss-only", "kept"], case_sensitive=False),
                      help="What evaluation keeps: loss-only (no compute_metrics), or kept logits (compute_metrics), "
                           "held on the card for --eval-accumulation-steps batches [default: loss-only]."),
-        click.option("--eval-accumulation-steps", type=int, default=None,
+        click.option("--eval-accumulation-steps", type=COUNT, default=None,
                      help="Eval batches whose kept logits stay on the card before moving to the host (handed off as "
                           "eval_accumulation_steps) [default: 1 with --eval-logits kept]."),
         click.option("--generate", is_flag=True, default=False,
                      help="seq2seq: evaluation generates (predict_with_generate): each probe runs generate too."),
-        click.option("--generation-max-length", type=int, default=None,
+        click.option("--generation-max-length", type=COUNT, default=None,
                      help="--generate: tokens generated, the whole length [default: the target length]."),
-        click.option("--num-beams", type=int, default=None, help="--generate: beams of the beam search [default: 1]."),
+        click.option("--num-beams", type=COUNT, default=None, help="--generate: beams of the beam search [default: 1]."),
     ]
     for option in reversed(options):
         func = option(func)
@@ -101,7 +254,10 @@ def _eval_batch(text: str | None) -> int | str | None:
 
 def make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task, target_length,
                 num_labels, optimizer=defaults.OPTIMIZER, weights="fp32", peft=None, compile_=False, allocator="default",
-                liger=False, evaluation=None, gpus=1, strategy=None, nodes=1):
+                liger=False, evaluation=None, gpus=1, strategy=None, nodes=1, budget_bytes=None):
+    """The one config `probe` and `estimate` are about, checked before any process starts; with
+    `budget_bytes`, its tables too (the embedding, a learned position table, a classification head
+    of --num-labels: ModelSpec.check_shapes)."""
     from autotune.config import ProbeConfig
     from autotune.models import resolve_model
     from autotune.space import single_config
@@ -115,6 +271,7 @@ def make_config(model, micro_batch, block_size, grad_accum, precision, checkpoin
     spec = resolve_model(model)
     config = single_config(spec, task=task, target_length=target_length, num_labels=num_labels, evaluation=evaluation,
                            **levers)
+    spec.check_shapes(budget_bytes, num_labels=config.num_labels)
     say_task_assumed(spec.config, task)
     return config
 
@@ -132,20 +289,20 @@ def say_task_assumed(model_config: dict, task: str | None) -> None:
 def probe_settings_options(func):
     """How probes run, shared by `probe` and `search`."""
     options = [
-        click.option("--device", default="auto", show_default=True, help=DEVICE_HELP),
+        click.option("--device", type=DEVICE, default="auto", show_default=True, help=DEVICE_HELP),
         click.option("--safety-margin", default=defaults.SAFETY_MARGIN_TEXT, show_default=True,
                      help="Room kept free under the budget: a percentage of it or a size (256MiB). "
                           "A config fits when peak reserved + CUDA context + margin <= budget."),
-        click.option("--warmup-steps", type=int, default=defaults.WARMUP_STEPS, show_default=True, help="Optimizer steps before timing (at least 2)."),
-        click.option("--measure-steps", type=int, default=defaults.MEASURE_STEPS, show_default=True, help="Timed optimizer steps, at least."),
-        click.option("--measure-seconds", type=float, default=defaults.MEASURE_SECONDS, show_default=True,
+        click.option("--warmup-steps", type=STEPS, default=defaults.WARMUP_STEPS, show_default=True, help="Optimizer steps before timing (at least 2)."),
+        click.option("--measure-steps", type=STEPS, default=defaults.MEASURE_STEPS, show_default=True, help="Timed optimizer steps, at least."),
+        click.option("--measure-seconds", type=SECONDS_OR_ZERO, default=defaults.MEASURE_SECONDS, show_default=True,
                      help=f"Time steps until the window is at least this long (up to {defaults.MAX_MEASURE_STEPS} steps), "
                           f"so that fast configs are timed as steadily as slow ones."),
-        click.option("--probe-timeout", default=f"{defaults.PROBE_TIMEOUT_SECONDS:.0f}s", show_default=True, help="Kill a probe after this long (e.g. 90s, 10m)."),
+        click.option("--probe-timeout", type=DURATION, default=f"{defaults.PROBE_TIMEOUT_SECONDS:.0f}s", show_default=True, help="Kill a probe after this long (e.g. 90s, 10m)."),
         click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run."),
-        click.option("--max-compile-seconds", type=float, default=None,
+        click.option("--max-compile-seconds", type=SECONDS, default=None,
                      help="--compile: skip a config whose compilation takes longer than this [default: no bound]."),
-        click.option("--rendezvous", default=None, metavar="HOST:PORT",
+        click.option("--rendezvous", type=RENDEZVOUS, default=None, metavar="HOST:PORT",
                      help="With --nodes 2 or more: this node's address and a free port, where torchrun's ranks meet; "
                           "start `autotune node --rendezvous HOST:PORT` on each other node."),
     ]
@@ -217,10 +374,10 @@ def data_arguments(dataset, text_column, target_column, label_column, tokenizer)
 def space_options(func):
     """The search space's flags, shared by `search` and `plan`; the recipe levers come with them."""
     options = [
-        click.option("--effective-batch", type=int, default=None,
+        click.option("--effective-batch", type=COUNT, default=None,
                      help="Sequences per optimizer step, kept fixed; accumulation = effective batch / micro-batch "
                           f"[default: {defaults.EFFECTIVE_BATCH}]."),
-        click.option("--effective-tokens", type=int, default=None,
+        click.option("--effective-tokens", type=COUNT, default=None,
                      help=f"Tokens per optimizer step, for several --block-sizes [default: {defaults.EFFECTIVE_BATCH} x the largest block]."),
         click.option("--micro-batches", default=None,
                      help=f"Micro-batches to try [default: {','.join(map(str, defaults.MICRO_BATCHES))} up to the effective batch]."),
@@ -239,8 +396,8 @@ def space_options(func):
         click.option("--allocators", default="default", show_default=True,
                      help="CUDA allocator settings to try: default, expandable (expandable_segments:True), or both."),
         click.option("--liger", default="off", show_default=True, help="Liger's kernels (CUDA, liger-kernel): off, on or off,on."),
-        click.option("--gpus", type=int, default=1, show_default=True, help=GPUS_HELP),
-        click.option("--nodes", type=int, default=1, show_default=True, help=NODES_HELP),
+        click.option("--gpus", type=COUNT, default=1, show_default=True, help=GPUS_HELP),
+        click.option("--nodes", type=COUNT, default=1, show_default=True, help=NODES_HELP),
         click.option("--strategies", default=None,
                      help="With --gpus 2 or more: how the ranks may share the run, among ddp, fsdp, fsdp-grad-op and "
                           "fsdp-offload (they keep the math: searched) [default: all four]."),

@@ -9,7 +9,8 @@ import click
 
 from autotune import defaults
 from autotune.cli.app import DEVICE_HELP, EXIT_INTERRUPTED, EXIT_NOTHING_FITS, EXIT_UNMEASURED, cli, echo_json
-from autotune.cli.options import db_option, make_settings, probe_settings_options, space_arguments, space_options
+from autotune.cli.options import (COUNT, DEVICE, DURATION, REAL, SECONDS, check_cpu_ranks, db_option, make_settings,
+                                  probe_settings_options, space_arguments, space_options)
 from autotune.status import StopReason
 
 
@@ -19,11 +20,11 @@ from autotune.status import StopReason
 @space_options
 @click.option("--strategy", default=defaults.STRATEGY, show_default=True,
               help="predictive (a speed model refitted after each probe), frontier, tpe, grid (OOM-pruned) or grid-full.")
-@click.option("--max-trials", type=int, default=None, help="Stop after this many probes (reused and skipped ones are free).")
-@click.option("--timeout", default=None,
+@click.option("--max-trials", type=COUNT, default=None, help="Stop after this many probes (reused and skipped ones are free).")
+@click.option("--timeout", type=DURATION, default=None,
               help="End the whole command within this long (e.g. 30m), confirmation included: the probe in flight is "
                    "stopped at the deadline, none starts that could not end before it; the same command goes on.")
-@click.option("--patience", type=int, default=None, help="Stop after this many probes without a better config.")
+@click.option("--patience", type=COUNT, default=None, help="Stop after this many probes without a better config.")
 @click.option("--study", default=None, help="Study name; the same name resumes [default: MODEL-BUDGET].")
 @click.option("--fresh", is_flag=True, help="Probe again even where a stored result could be reused.")
 @click.option("--predict/--no-predict", default=True, show_default=True,
@@ -31,7 +32,7 @@ from autotune.status import StopReason
 @click.option("--confirm/--no-confirm", default=True, show_default=True,
               help="Before saying the pick, measure the configs within noise of the best again until it is told "
                    "apart or declared a tie.")
-@click.option("--predict-margin", type=float, default=None,
+@click.option("--predict-margin", type=REAL, default=None,
               help="Skip a config only if predicted over the budget by more than this share of it; within it, a "
                    "probe decides [default: 0.1 on CUDA; 0 on CPU, where the estimate equals the probe to the byte].")
 @probe_settings_options
@@ -40,7 +41,7 @@ from autotune.status import StopReason
                    "or N CPU workers with --device cpu (at most one per core). Other machines join with `autotune worker`.")
 @click.option("--oversubscribe", is_flag=True,
               help="Allow more CPU workers than cores (up to 4 per core): their timings then share the cores.")
-@click.option("--heartbeat", type=float, default=defaults.HEARTBEAT_SECONDS, show_default=True,
+@click.option("--heartbeat", type=SECONDS, default=defaults.HEARTBEAT_SECONDS, show_default=True,
               help=f"Seconds between a worker's heartbeats; a worker silent for {defaults.STALE_BEATS} of them is presumed "
                    f"dead and its probe retried.")
 @db_option
@@ -59,6 +60,7 @@ def search(model, gpu_budget, strategy, max_trials, timeout, patience, study, fr
     space_args = space_arguments(**space_flags)
     settings = make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
                              max_compile_seconds, rendezvous)
+    check_search_ranks(model, budget, space_args, device, workers, oversubscribe)
     options = SearchOptions(study=study, strategy=strategy, max_trials=max_trials, patience=patience, fresh=fresh,
                             predict=predict, predict_margin=predict_margin, heartbeat_seconds=heartbeat, confirm=confirm,
                             timeout=parse_duration(timeout) if timeout else None)
@@ -85,6 +87,26 @@ def search(model, gpu_budget, strategy, max_trials, timeout, patience, study, fr
     sys.exit(search_exit_status(outcome))
 
 
+def check_search_ranks(model: str, budget: int, space_args: dict, device: str, workers: int | None,
+                       oversubscribe: bool) -> None:
+    """What search's ranks, workers and labels ask of this machine and the model, refused before
+    anything starts: a search on several nodes probes from this node, one probe at a time (no
+    --workers); each CPU probe's ranks compute on this machine's cores (the --workers rule: with
+    --workers, the fleet checks workers x ranks); a classification head of --num-labels fits the
+    budget (ModelSpec.check_shapes, as for the embedding table)."""
+    from autotune.errors import BadInput
+
+    if workers is not None and space_args["nodes"] > 1:
+        raise BadInput(f"--workers {workers} with --nodes {space_args['nodes']}: a search on several nodes runs each "
+                       f"probe on all of them from this node, one probe at a time; leave out --workers, or --nodes.")
+    if workers is None:
+        check_cpu_ranks(space_args["gpus"], device, oversubscribe=oversubscribe)
+    if space_args.get("num_labels") is not None:
+        from autotune.models import resolve_model
+
+        resolve_model(model).check_shapes(budget, num_labels=space_args["num_labels"])
+
+
 def search_exit_status(outcome) -> int:
     """0: a configuration fits and every candidate is settled (or a limit stopped the search as
     asked); 1: nothing fits; 3: some candidates could not be measured; 130: interrupted."""
@@ -99,14 +121,14 @@ def search_exit_status(outcome) -> int:
 
 @cli.command()
 @click.option("--study", required=True, help="The study to join, as `autotune search --study` named it.")
-@click.option("--device", default="auto", show_default=True, help=DEVICE_HELP)
+@click.option("--device", type=DEVICE, default="auto", show_default=True, help=DEVICE_HELP)
 @click.option("--allow-other-device", is_flag=True,
               help="Join even though this device (or its driver and library versions) differs from the study's.")
-@click.option("--max-trials", type=int, default=None, help="Stop this worker after this many probes.")
-@click.option("--timeout", default=None,
+@click.option("--max-trials", type=COUNT, default=None, help="Stop this worker after this many probes.")
+@click.option("--timeout", type=DURATION, default=None,
               help="End this worker within this long (e.g. 30m): its probe in flight is stopped at the deadline.")
-@click.option("--patience", type=int, default=None, help="Stop after this many probes without a better config [default: the study's].")
-@click.option("--probe-timeout", default=None, help="Kill a probe after this long [default: the study's].")
+@click.option("--patience", type=COUNT, default=None, help="Stop after this many probes without a better config [default: the study's].")
+@click.option("--probe-timeout", type=DURATION, default=None, help="Kill a probe after this long [default: the study's].")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print this worker's outcome as one JSON object (progress goes to stderr).")
 def worker(study, device, allow_other_device, max_trials, timeout, patience, probe_timeout, db, as_json):

@@ -7,7 +7,8 @@ import sys
 import click
 
 from autotune.cli.app import cli, echo_json
-from autotune.cli.options import data_options, db_option, evaluation_asked, task_options
+from autotune.cli.options import (COUNT, DEVICE, PASSES, RATE, STEPS, data_options, db_option, evaluation_asked,
+                                  task_options)
 from autotune.recipes import peft_text
 
 
@@ -19,17 +20,17 @@ from autotune.recipes import peft_text
 @data_options(required=True)
 @click.option("--eval-split", default=None, help="Evaluation data: a split name, a file, or a share of the blocks held out (5%).")
 @click.option("--output-dir", default=None, help="Checkpoints, the model and autotune-run.json [default: ./autotune-runs/STUDY].")
-@click.option("--max-steps", type=int, default=None, help="Optimizer steps in all (a resumed run counts the earlier ones).")
-@click.option("--epochs", type=float, default=None, help="Passes over the data instead of --max-steps [default: 1].")
-@click.option("--device", default=None, help="auto, cpu, cuda or cuda:N [default: the device type the study measured on].")
+@click.option("--max-steps", type=STEPS, default=None, help="Optimizer steps in all (a resumed run counts the earlier ones).")
+@click.option("--epochs", type=PASSES, default=None, help="Passes over the data instead of --max-steps [default: 1].")
+@click.option("--device", type=DEVICE, default=None, help="auto, cpu, cuda or cuda:N [default: the device type the study measured on].")
 @click.option("--resume", is_flag=True, help="Go on from the latest checkpoint in --output-dir.")
-@click.option("--learning-rate", type=float, default=5e-5, show_default=True, help="Peak learning rate (linear decay).")
-@click.option("--save-steps", type=int, default=500, show_default=True, help="Save a checkpoint every N optimizer steps.")
+@click.option("--learning-rate", type=RATE, default=5e-5, show_default=True, help="Peak learning rate (linear decay).")
+@click.option("--save-steps", type=STEPS, default=500, show_default=True, help="Save a checkpoint every N optimizer steps.")
 @click.option("--random-init", is_flag=True, help="Start from random weights even where the model has trained ones.")
 @click.option("--merge", is_flag=True,
               help="LoRA: after training, also save the base with the adapters merged in, a whole model, in OUTPUT_DIR/merged.")
 @click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run.")
-@click.option("--gpus", type=int, default=None,
+@click.option("--gpus", type=COUNT, default=None,
               help="Ranks (one GPU each) to train on, started by torchrun: a study's winner trains on the ranks it was "
                    "probed on (this must repeat them); with --model and --gpu-budget the search runs on as many "
                    "[default: the winner's].")
