@@ -10,6 +10,13 @@ Torch-free and cheap: spawned children arm both before their heavy imports.
 
 Linux sends the parent-death signal when the *thread* that started the child ends, not only the
 process: start probe runners from a thread that outlives them (the main thread, as the CLI does).
+
+A child's own children are not covered by either guard: the parent-death signal is not inherited,
+and a model's own code (--trust-remote-code) may start a helper that ignores SIGTERM. So a probe
+child leads a process group of its own (`lead_own_group`): its parent kills the whole group with
+SIGKILL when it stops the child (`kill_group`), and a tiny guard forked in the group kills the group
+when the child dies any other way (its parent killed with -9 included). A helper that starts a
+session of its own (setsid) leaves the group, and is not covered.
 """
 
 from __future__ import annotations
@@ -22,13 +29,31 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM arrived: stop now (what a second Ctrl-C does). A KeyboardInterrupt, so that every
-    `finally` and claim release on the way out runs as for Ctrl-C; the CLI exits 143 for it."""
+    """SIGTERM (or SIGHUP: the terminal closed) arrived: stop now (what a second Ctrl-C does). A
+    KeyboardInterrupt, so that every `finally` and claim release on the way out runs as for Ctrl-C;
+    the CLI exits 143 for it."""
+
+
+def on_termination(handler: Callable[[int, FrameType | None], Any]) -> dict[int, Any]:
+    """Install `handler` for SIGTERM and SIGHUP, the signals that ask a process to end (a cluster's
+    scheduler, systemd, a closed terminal). SIGHUP stays ignored where it was ignored when this
+    process started (`nohup autotune ...` asks to outlive the terminal). Returns the handlers
+    replaced, by signal, for signal.signal to put back."""
+    replaced: dict[int, Any] = {}
+    for signum in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if signum is None or (signum != signal.SIGTERM and signal.getsignal(signum) == signal.SIG_IGN):
+            continue
+        replaced[signum] = signal.signal(signum, handler)
+    return replaced
+
 
 WATCHDOG_SECONDS = 1.0
 
@@ -75,6 +100,68 @@ def kill_me_with_parent() -> None:
         pass
 
 
+def lead_own_group() -> None:
+    """Make this process the leader of a new session and process group (where it is not one
+    already), which every process it starts joins, and fork a guard that SIGKILLs that group as soon
+    as this process ends, however it ends. Call it first, before any thread starts (a fork copies
+    only the calling thread) and before any code that may start processes. POSIX only."""
+    if not hasattr(os, "setsid"):
+        return
+    if os.getpgid(0) != os.getpid():
+        try:
+            os.setsid()
+        except OSError:  # (a group leader already: then the group is its own)
+            return
+    _fork_group_guard(os.getpid())
+
+
+def _fork_group_guard(leader: int) -> None:
+    """A process in the leader's group that waits for the leader's death (its parent-death signal,
+    SIGUSR1 here, caught by sigwait) and then SIGKILLs the group, itself included. It holds no file
+    of the leader's (a pipe held open would hide the leader's death from its parent) and ignores
+    the signals meant for the work (SIGINT, SIGTERM, SIGHUP): only the group's end ends it."""
+    if not sys.platform.startswith("linux"):  # no parent-death signal to wait on
+        return
+    try:
+        pid = os.fork()
+    except OSError:  # no process to spare: the parent's group kill still holds
+        return
+    if pid:
+        return
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+            signal.signal(signum, signal.SIG_IGN)
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        os.closerange(3, _max_fd())
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGUSR1, 0, 0, 0)
+        while os.getppid() == leader:  # (a leader that died before the prctl: at once)
+            signal.sigtimedwait({signal.SIGUSR1}, 5.0)
+        os.killpg(0, signal.SIGKILL)
+    finally:
+        os._exit(0)
+
+
+def _max_fd() -> int:
+    try:
+        return min(os.sysconf("SC_OPEN_MAX"), 1 << 20)
+    except (OSError, ValueError):
+        return 1024
+
+
+def kill_group(leader: int) -> None:
+    """SIGKILL the process group `leader` leads (a child started with lead_own_group, and every
+    process it started that stayed in the group); nothing when there is none. A pid is not handed
+    out again while a group of that id has members, so this reaches no one else's processes."""
+    try:
+        os.killpg(leader, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        pass
+
+
 def watch_parent(parent_pid: int, interval: float = WATCHDOG_SECONDS) -> None:
     """Exit at once (no cleanup: the parent that wanted the results is gone) when the parent dies."""
 
@@ -109,6 +196,7 @@ def run_as_child(parent_pid: int, target: str, *args: object, environment: dict[
     with its parent during torch's import leaves nothing behind either. `environment` is set (None:
     unset) before the import, for settings read once at start-up (the CUDA allocator's)."""
     kill_me_with_parent()
+    lead_own_group()  # (before the watchdog's thread: it forks)
     watch_parent(parent_pid)
     quiet_openmp()
     for name, value in (environment or {}).items():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import sys
 import warnings
 from collections.abc import Callable, Iterator
@@ -296,8 +297,7 @@ def load_text(spec: str, *, column: str | None = None, eval_split: str | None = 
     train = _split(loaded, source, source.split, flag="--dataset")
     roles = columns(train) if columns is not None else {"text": text_column(train, column, spec)}
     name = roles.pop("text")
-    # A small data set is checked whole here; a large one's emptiness shows when it is packed.
-    if len(train) == 0 or (len(train) <= 1000 and not any(train[:1000][name])):
+    if len(train) == 0 or not _any_text(train, name):
         raise DatasetError(f"--dataset {spec}: no text in column {name!r}; give a data set with some text.")
     data = TextData(source=source, train=train, column=name, others=roles)
     if eval_split:
@@ -309,6 +309,9 @@ def load_text(spec: str, *, column: str | None = None, eval_split: str | None = 
                 fraction = -1.0
             if not 0 < fraction < 1:
                 raise DatasetError(f"--eval-split {eval_split!r}: give a share between 0% and 100% (like 5%), a split name or a file.")
+            if fraction > MAX_EVAL_FRACTION:
+                raise DatasetError(f"--eval-split {eval_split!r}: that holds out more of the blocks than it trains on; give "
+                                   f"a share of at most {MAX_EVAL_FRACTION:.0%} (like 5%), a split name or a file.")
             data.eval_fraction = fraction
         elif Path(eval_split).expanduser().exists() or source.kind == "file":
             other = parse_source(eval_split, flag="--eval-split")
@@ -322,6 +325,19 @@ def load_text(spec: str, *, column: str | None = None, eval_split: str | None = 
             data.eval = _with_columns(_split(loaded, source, eval_split, flag="--eval-split"), eval_split,
                                       (name, *roles.values()))
     return data
+
+
+# The largest share of the blocks --eval-split may hold out: more would train on less than it evaluates.
+MAX_EVAL_FRACTION = 0.5
+
+
+def _any_text(dataset, column: str, batch: int = 10_000) -> bool:
+    """Whether any row of `column` holds more than white space; reads batch by batch and stops at
+    the first that does (a data set of blank rows is refused before anything is searched)."""
+    for start in range(0, len(dataset), batch):
+        if any(isinstance(text, str) and text.strip() for text in dataset[start:start + batch][column]):
+            return True
+    return False
 
 
 def _with_columns(evaluation, eval_split: str, needed: tuple[str, ...]):
@@ -380,6 +396,10 @@ def pack_blocks(data: TextData, tokenizer, block_size: int, *, seed: int = 42) -
         if len(train) < 2:
             raise DatasetError(f"--eval-split {data.eval_fraction:.0%}: only one block of {block_size} tokens; "
                                f"give more text or no --eval-split.")
-        parts = train.train_test_split(test_size=data.eval_fraction, seed=seed)
+        held = math.ceil(len(train) * data.eval_fraction)
+        if held >= len(train):
+            raise DatasetError(f"--eval-split {data.eval_fraction:.2%}: {len(train)} blocks of {block_size} tokens "
+                               f"leave none to train on; give a smaller share, or more text.")
+        parts = train.train_test_split(test_size=held, seed=seed)
         train, evaluation = parts["train"], parts["test"]
     return Blocks(train=train, eval=evaluation, block_size=block_size, tokens=tokens)

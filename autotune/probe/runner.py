@@ -25,7 +25,7 @@ from autotune.config import ProbeConfig
 from autotune.deadline import NO_DEADLINE, Deadline, DeadlineReached
 from autotune.environment import Environment
 from autotune.models import ModelSpec, resolve_model
-from autotune.processes import run_as_child
+from autotune.processes import kill_group, run_as_child
 from autotune.probe.protocol import (
     EnvironmentReply,
     EnvironmentRequest,
@@ -156,9 +156,10 @@ class ProbeRunner:
                 pass
         if self._process is not None:
             self._process.join(timeout=5)
-            if self._process.is_alive():
-                self._process.kill()
-                self._process.join(timeout=5)
+            # The child leads its own group (autotune.processes.lead_own_group): whatever it started
+            # and left running (a model's own helper that ignores SIGTERM) goes with it, at once.
+            kill_group(self._process.pid)
+            self._process.join(timeout=5)
         if self._conn is not None:
             self._conn.close()
         self._process = self._conn = None
@@ -171,10 +172,11 @@ class ProbeRunner:
         self._spare = spare
 
     def _kill(self) -> int | None:
-        """Kill the current child at once; its exit code."""
-        if self._process is not None and self._process.is_alive():
-            self._process.kill()
+        """Kill the current child at once, with every process it started (its group); its exit code."""
         if self._process is not None:
+            kill_group(self._process.pid)
+            if self._process.is_alive():  # (killed before it made its group)
+                self._process.kill()
             self._process.join(timeout=10)
         exitcode = self._process.exitcode if self._process is not None else None
         if self._conn is not None:
@@ -187,7 +189,7 @@ class ProbeRunner:
 
     def __exit__(self, exc_type, *exc_info) -> None:
         if exc_type is not None and issubclass(exc_type, KeyboardInterrupt):
-            self._kill()  # Ctrl-C twice or SIGTERM: the probe in flight is abandoned, do not wait on it
+            self._kill()  # Ctrl-C twice, SIGTERM or SIGHUP: the probe in flight is abandoned, do not wait on it
         self.close()
 
     # -- requests ------------------------------------------------------------------------------
@@ -383,7 +385,8 @@ def cuda_may_be_visible() -> bool:
 
 
 def _stop(process: Any, conn: Any) -> None:
-    """Kill a child that holds nothing (a standby) and reap it."""
+    """Kill a child that holds nothing (a standby), with its group, and reap it."""
+    kill_group(process.pid)
     if process.is_alive():
         process.kill()
     process.join(timeout=10)

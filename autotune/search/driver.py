@@ -72,6 +72,9 @@ def start_study(
                                       budget_bytes=request.budget.total_bytes, margin_bytes=request.budget.margin_bytes,
                                       effective_batch=request.space.work_per_step, space=request.space.to_dict())
     store.reopen_claims(study.id, tuple(RETRYABLE))  # resume: timeouts and crashes get one more try
+    # Claims left running by a search of this machine that is gone (killed, or stopped by a database
+    # that failed before it could give them back) are probed again now, not after going stale.
+    store.release_dead_claims(study.id)
     stored = StudyPlan.from_dict(study.plan).predictions if not options.fresh else {}
     margin = options.margin_for(request.environment.device_type, request.space.peft)
     knowledge = Knowledge.of(list(request.candidates), request.budget, margin, stored)

@@ -19,7 +19,8 @@ from autotune.budget import Budget
 from autotune.config import ProbeConfig
 from autotune.deadline import DeadlineReached
 from autotune.errors import DatabaseError
-from autotune.processes import Terminated
+from autotune.store.failures import is_database_failure
+from autotune.processes import Terminated, on_termination
 from autotune.timing import median_seconds
 from autotune.units import format_duration
 from autotune.result import ProbeResult
@@ -43,8 +44,9 @@ MAX_REVISITS = 2
 @contextlib.contextmanager
 def stop_on_first_interrupt() -> Iterator[threading.Event]:
     """The first Ctrl-C asks the search to stop after the probe in flight; a second one aborts it.
-    SIGTERM (what Slurm, Kubernetes and systemd send, often with a short grace period) aborts at
-    once, as a second Ctrl-C does: the probe in flight is killed and its claim given back."""
+    SIGTERM (what Slurm, Kubernetes and systemd send, often with a short grace period) and SIGHUP
+    (the terminal closed) abort at once, as a second Ctrl-C does: the probe in flight is killed and
+    its claim given back."""
     stop = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         yield stop
@@ -59,8 +61,7 @@ def stop_on_first_interrupt() -> Iterator[threading.Event]:
         stop.set()
         raise Terminated
 
-    previous = {signal.SIGINT: signal.signal(signal.SIGINT, on_interrupt),
-                signal.SIGTERM: signal.signal(signal.SIGTERM, on_terminate)}
+    previous = {signal.SIGINT: signal.signal(signal.SIGINT, on_interrupt), **on_termination(on_terminate)}
     try:
         yield stop
     finally:
@@ -139,7 +140,7 @@ class SearchLoop:
             # database that just failed may fail again: then the study reads as interrupted anyway,
             # its owner gone: store/liveness.py.)
             if self.starter:
-                with contextlib.suppress(DatabaseError):
+                with written_if_possible("the study's status"):
                     w.store.set_study_status(w.study.id, StudyStatus.INTERRUPTED)
             raise
         finally:
@@ -230,7 +231,12 @@ class SearchLoop:
         self.probe_walls.append(result.wall_seconds or 0.0)
         outcome.probed += 1
         outcome.probes_seconds += result.wall_seconds or 0.0
-        probe_id = self._store(choice, result, SettleHow.CLAIMED)
+        try:
+            probe_id = self._store(choice, result, SettleHow.CLAIMED)
+        except BaseException:  # (the database failed: the claim is not left running if it can be helped)
+            with written_if_possible("the claim"):
+                w.store.release_claim(w.study.id, config.key(), w.label, retry=False)
+            raise
         return Settlement(choice, result, Settled.PROBED, probe_id)
 
     def _store(self, choice: Choice, result: ProbeResult, how: SettleHow, cacheable: bool | None = None) -> int | None:
@@ -413,6 +419,21 @@ def take_predictions(w: WorkerState) -> bool:
 
 
 @contextlib.contextmanager
+def written_if_possible(what: str) -> Iterator[None]:
+    """A write on the way out of an aborted search, tried once: a database that fails (often why
+    the search is ending: a server stopped, a full disk) must not bury the error that ended it
+    under its own. What cannot be written now reads right anyway (a running study whose owner is
+    gone reads as interrupted: store/liveness.py) and the next search puts it right (claims of
+    workers gone: Store.release_dead_claims)."""
+    try:
+        yield
+    except Exception as exc:
+        if not (isinstance(exc, DatabaseError) or is_database_failure(exc)):
+            raise
+        log.debug("could not write %s on the way out: %s", what, exc)
+
+
+@contextlib.contextmanager
 def showing_phases(runner: Runner, on_progress: Callable[[Progress], None] | None, config: ProbeConfig,
                    resolved: int, total: int, confirming: bool = False) -> Iterator[None]:
     """Tell `on_progress` that a probe of `config` starts, and each phase it reaches."""
@@ -450,5 +471,6 @@ def probe_claimed(w: WorkerState, runner: Runner, heartbeat: Heartbeat, config: 
                     result.error = f"crashed {CRASH_RETRIES + 1} times, each in a fresh process; last: {result.error}"
             return result
     except BaseException:
-        w.store.release_claim(w.study.id, config.key(), w.label)
+        with written_if_possible("the claim"):
+            w.store.release_claim(w.study.id, config.key(), w.label, retry=False)
         raise

@@ -70,7 +70,7 @@ class Heartbeat:
         from sqlalchemy.exc import InterfaceError, OperationalError
 
         from autotune.errors import DatabaseError
-        from autotune.store.failures import fails_for_good
+        from autotune.store.failures import fails_for_good, is_transient
 
         while not self._stop.wait(self.interval):
             key = self._key
@@ -83,8 +83,10 @@ class Heartbeat:
                     self.store.heartbeat(self.study_id, key, self.worker)
             except (OperationalError, InterfaceError, DatabaseError) as exc:
                 # One missed beat is not fatal: a claim goes stale only after defaults.STALE_BEATS of them.
-                # A full disk is said once, by the search's own next write.
-                log.log(logging.DEBUG if fails_for_good(exc) else logging.WARNING, "heartbeat of %s failed: %s", key, exc)
+                # A full disk, or a server gone or restarting, is said once, by the search's own next
+                # write (after its retries): a line per beat would bury it.
+                quiet = fails_for_good(exc) or is_transient(exc)
+                log.log(logging.DEBUG if quiet else logging.WARNING, "heartbeat of %s failed: %s", key, exc)
 
     def close(self) -> None:
         self._stop.set()

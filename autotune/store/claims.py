@@ -15,6 +15,7 @@ from autotune.config import ProbeConfig
 from autotune.result import ProbeResult
 from autotune.status import ClaimState, ProbeStatus, SettleHow
 from autotune.store.base import StoreBase
+from autotune.store.liveness import worker_gone
 from autotune.store.records import ClaimRecord
 from autotune.store.rows import add_probe, probe_values
 from autotune.store.schema import Claim, Probe, utcnow
@@ -65,14 +66,35 @@ class ClaimsMixin(StoreBase):
             ).rowcount  # type: ignore[attr-defined]
         return bool(changed)
 
-    def release_claim(self, study_id: int, config_key: str, worker: str) -> None:
-        """Give back a claim this worker holds without settling it (its probe was aborted)."""
+    def release_claim(self, study_id: int, config_key: str, worker: str, *, retry: bool = True) -> None:
+        """Give back a claim this worker holds without settling it (its probe was aborted).
+        `retry=False`: tried once (on the way out of a search the database just failed: what cannot
+        be written now, the next search makes right, release_dead_claims)."""
         def work() -> None:
             with self._writing() as session:
                 session.execute(delete(Claim).where(_claim_is(study_id, config_key), Claim.worker == worker,
                                                     Claim.state == ClaimState.RUNNING))
 
-        self._retry_transient(work)
+        self._retry_transient(work) if retry else work()
+
+    def release_dead_claims(self, study_id: int) -> int:
+        """Make stale at once the running claims of this study whose worker's process is gone from
+        this machine (killed, or it stopped on a database that failed and could not give its claim
+        back), so that a resumed search takes them over now instead of waiting for them to go stale.
+        Taken over, not deleted: the attempt counts, so a config that kills its worker each time
+        ends as crashed after MAX_ATTEMPTS rather than being tried forever. Another machine's claims
+        are left to their heartbeats. Returns how many."""
+        with self._read() as session:
+            dead = [(c.config_key, c.worker) for c in session.scalars(
+                select(Claim).where(Claim.study_id == study_id, Claim.state == ClaimState.RUNNING)) if worker_gone(c.worker)]
+        if not dead:
+            return 0
+        with self._writing() as session:
+            long_ago = _db_now(session) - timedelta(days=365)
+            for config_key, worker in dead:
+                session.execute(update(Claim).where(_claim_is(study_id, config_key), Claim.worker == worker,
+                                                    Claim.state == ClaimState.RUNNING).values(heartbeat_at=long_ago))
+        return len(dead)
 
     def settle(
         self,

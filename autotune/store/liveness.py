@@ -29,3 +29,10 @@ def effective_status(status: str, owner: str | None, heartbeat_at: datetime | No
     if heartbeat_at is not None and (now or utcnow()) - heartbeat_at > timedelta(seconds=STALE_AFTER_SECONDS):
         return interrupted
     return status
+
+
+def worker_gone(worker: str | None) -> bool:
+    """Whether the search worker a claim names ('host:pid:device', search/worker_state.py) is gone,
+    as far as this machine can tell (owner_gone: False for another host's worker)."""
+    host_pid = ":".join((worker or "").split(":")[:2])
+    return owner_gone(host_pid)

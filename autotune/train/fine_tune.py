@@ -9,6 +9,7 @@ recorded). Nothing is recorded before the last, bar the study that a search in t
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,13 +21,17 @@ from autotune.sharding import count_problems
 from autotune.status import StudyStatus
 from autotune.tasks import PADDED_TASKS, Task
 from autotune.data.tokenizer import check_vocabulary, load_tokenizer
-from autotune.train.loading import weights_location
+from autotune.train.loading import check_weights, weights_location
 from autotune.train.options import TrainOptions, TrainOutcome
 from autotune.train.run import (RunContext, StoreRecorder, checkpoints, default_output_dir, describe_limits, run_training,
                                 training_arguments)
 from autotune.train.winner import (FixedRecipe, Winner, asks_evaluation, matching_study, planned_fixed_recipe,
                                    search_for_winner, settled_winner, study_model, study_winner)
 from autotune.units import format_size
+
+# Below this free on --output-dir's disk a run is refused before it is recorded: its checkpoints and
+# summary would not fit (a full disk found at the first save costs the steps before it).
+MIN_FREE_BYTES = 64 << 20
 
 if TYPE_CHECKING:
     import torch
@@ -69,6 +74,7 @@ def train(
     flags: dict[str, Any] = {"task": task, "target_length": target_length, "num_labels": num_labels, "peft": peft,
                              "evaluation": evaluation}
     plan = _plan_run(options, study, model, gpu_budget, flags, db, gpus)
+    check_weights(plan.spec, options.random_init)  # (before a search: a corrupt download costs nothing)
     data, tokenizer = _load_data(plan, options, echo)
     winner = _find_winner(plan, data, tokenizer, options, db, echo, on_search_start, on_search_event)
     if winner.row.config.ranks > 1:
@@ -405,3 +411,8 @@ def check_output_dir(output_dir: Path) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise BadInput(f"--output-dir {output_dir}: {existing} cannot be written by this user; pass --output-dir with "
                        f"a writable place.")
+    free = shutil.disk_usage(existing).free
+    if free < MIN_FREE_BYTES:
+        raise BadInput(f"--output-dir {output_dir}: only {format_size(free)} free on its disk, less than the "
+                       f"{format_size(MIN_FREE_BYTES)} a run needs at least for its checkpoints; free some space, or pass "
+                       f"--output-dir on another disk.")

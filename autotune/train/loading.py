@@ -96,3 +96,32 @@ def enable_checkpointing(model: PreTrainedModel) -> None:
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
+
+
+def check_weights(spec: ModelSpec, random_init: bool = False) -> None:
+    """BadInput unless each of the model's safetensors files has a readable header (its 8-byte length,
+    then that much JSON, within the file): a truncated or corrupt download is refused before anything
+    is searched or recorded, not found when the run loads it. Cheap: headers only."""
+    import json
+    import struct
+    from pathlib import Path
+
+    from autotune.errors import BadInput
+
+    location = weights_location(spec, random_init)
+    if location is None or not Path(location).is_dir():
+        return
+    for path in sorted(Path(location).glob("*.safetensors")):
+        try:
+            size = path.stat().st_size
+            with open(path, "rb") as source:
+                head = source.read(8)
+                length = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+                if not 2 <= length <= min(size - 8, 100 << 20):
+                    raise ValueError(f"a header of {length} bytes in a file of {size}")
+                header = json.loads(source.read(length))
+                if not isinstance(header, dict):
+                    raise ValueError("its header is not a JSON object")
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            raise BadInput(f"--model {spec.reference}: {path.name} is not a readable safetensors file ({exc}); "
+                           f"download the weights again, or pass --random-init to train from random weights.") from None

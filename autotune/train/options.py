@@ -12,6 +12,9 @@ from autotune.units import INT64_MAX
 from autotune.train.summary import RunSummary
 
 
+# The most passes over the data --epochs takes: far beyond any fine-tune, well within Trainer's step count.
+MAX_EPOCHS = 1_000_000
+
 @dataclass(frozen=True, slots=True)
 class TrainOptions:
     """How to train, as opposed to what (the study's winner)."""
@@ -56,6 +59,8 @@ class TrainOptions:
             problems.append(f"--max-steps must be at least 1 (got {self.max_steps})")
         if self.epochs is not None and not (self.epochs > 0 and math.isfinite(self.epochs)):
             problems.append(f"--epochs must be positive (got {self.epochs})")
+        elif self.epochs is not None and self.epochs > MAX_EPOCHS:  # (Trainer's step count overflows long before 1e308)
+            problems.append(f"--epochs {self.epochs:g} is too many (at most {MAX_EPOCHS:,}); give fewer, or --max-steps")
         if not (self.learning_rate > 0 and math.isfinite(self.learning_rate)):
             problems.append(f"--learning-rate must be positive (got {self.learning_rate})")
         if self.save_steps < 1:

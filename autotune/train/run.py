@@ -232,6 +232,9 @@ def run_training(ctx: RunContext, run_id: int, recorder: Recorder, args: Trainin
         meter.read_peaks()
         if classify_exception(exc) != ProbeStatus.OOM:
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()[-ERROR_TAIL_CHARS:]
+            if disk_full(exc):  # (a checkpoint being saved, most often): the user's to fix, not a bug
+                return _ended_disk_full(ctx, run_id, recorder, text, summarize(RunEnd.ERROR, text),
+                                        trainer.state.global_step if trainer is not None else 0)
             recorder.failed(text, summarize(RunEnd.ERROR, text))
             raise
         failure = " ".join(str(exc).split())[:ERROR_TAIL_CHARS]
@@ -325,6 +328,37 @@ def _ended_out_of_memory(ctx: RunContext, run_id: int, recorder: Recorder, step:
     recorder.out_of_memory(failure, summary)
     limits.release()
     return TrainOutcome(RunEnd.OOM, run_id, ctx.winner.study.name, str(ctx.output_dir), summary, message,
+                        list(ctx.warnings), ctx.searched)
+
+
+def disk_full(exc: BaseException) -> bool:
+    """A write that failed for want of space (ENOSPC, EDQUOT), as the OSError itself or as torch's
+    serializer words it ("file write failed", from a PytorchStreamWriter), anywhere in its chain."""
+    import errno
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        low = str(seen).lower()
+        if "no space left on device" in low or "disk quota exceeded" in low or "file write failed" in low:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _ended_disk_full(ctx: RunContext, run_id: int, recorder: Recorder, failure: str, summary: RunSummary,
+                     step: int) -> TrainOutcome:
+    """A run whose disk filled (saving a checkpoint): marked failed, the checkpoints saved whole
+    before kept, said in one line; --resume goes on from the latest once there is room."""
+    kept = checkpoints(ctx.output_dir)
+    message = (f"the disk under {ctx.output_dir} filled at step {step} (saving a checkpoint?): {failure.splitlines()[-1]}; "
+               f"run #{run_id} is marked failed" + (f", checkpoints kept ({kept[-1].name} is the latest): free some space "
+               f"and run the same command with --resume" if kept else ": free some space and run the same command again"))
+    summary = replace(summary, message=message)
+    recorder.failed(failure, summary)
+    ctx.limits.release()
+    return TrainOutcome(RunEnd.ERROR, run_id, ctx.winner.study.name, str(ctx.output_dir), summary, message,
                         list(ctx.warnings), ctx.searched)
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from autotune.budget import Budget
 from autotune.config import ProbeConfig
+from autotune.deadline import DeadlineReached
 from autotune.models import resolve_model
 from autotune.probe.runner import ProbeRunner
 from autotune.probe.settings import ProbeSettings
@@ -134,11 +135,75 @@ def _start_node(port: int, env: dict | None = None) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
+# Two nodes' agents and ranks import torch side by side: on a busy machine that alone took past a
+# fixed 120 s. So the multi-node probes wait as long as their processes make progress (CPU time
+# spent, a phase reached), and fail after this long without any; the probe's own timeout is only a
+# backstop far beyond.
+STALL_SECONDS = 180.0
+BACKSTOP_SECONDS = 1800.0
+
+
+def _cpu_seconds(pids: set[int]) -> float:
+    """CPU time (user + system) the live processes `pids` have used."""
+    ticks = 0
+    for pid in pids:
+        try:
+            text = open(f"/proc/{pid}/stat").read()
+        except OSError:
+            continue
+        fields = text[text.rindex(")") + 2:].split()
+        ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+class WhileProgressing:
+    """A Deadline (autotune.deadline's interface, as the runner polls it) that expires once the
+    processes this test started have reached no new phase and used less than PROGRESS_CPU_SECONDS
+    of CPU (importing, building, stepping; not an agent's idle polling) for `stall` seconds."""
+
+    PROGRESS_CPU_SECONDS = 5.0
+
+    def __init__(self, stall: float = STALL_SECONDS) -> None:
+        self.stall = stall
+        self.mark_cpu, self.last_progress = 0.0, time.monotonic()
+
+    def progressed(self, *_: object) -> None:
+        self.last_progress = time.monotonic()
+
+    def expired(self) -> bool:
+        cpu = _cpu_seconds(descendants(os.getpid()))
+        if cpu < self.mark_cpu or cpu - self.mark_cpu >= self.PROGRESS_CPU_SECONDS:  # (fewer: some processes ended)
+            self.mark_cpu = cpu
+            self.progressed()
+        return time.monotonic() - self.last_progress > self.stall
+
+    def remaining(self) -> float:
+        return float("inf")
+
+    def allows(self, seconds: float) -> bool:
+        return True
+
+    def bound(self, seconds: float) -> float:
+        return seconds
+
+
 def _multi_node_probe(model: str, port: int):
     config = ProbeConfig(model=model, micro_batch=2, block_size=64, gpus=1, nodes=2, strategy="fsdp")
-    settings = ProbeSettings(device="cpu", measure_seconds=0.0, margin=0, timeout=120.0, rendezvous=f"127.0.0.1:{port}")
+    settings = ProbeSettings(device="cpu", measure_seconds=0.0, margin=0, timeout=BACKSTOP_SECONDS,
+                             rendezvous=f"127.0.0.1:{port}")
+    progress = WhileProgressing()
     with ProbeRunner(settings, reuse_child=False) as runner:
-        return runner.run(config, settings.budget(GiB), resolve_model(model))
+        runner.on_phase = progress.progressed
+        try:
+            return runner.run(config, settings.budget(GiB), resolve_model(model), deadline=progress)  # type: ignore[arg-type]
+        except DeadlineReached:
+            pytest.fail(f"the two nodes' processes made no progress (no CPU time, no phase) for {STALL_SECONDS:.0f} s")
+
+
+def _node_output(node: subprocess.Popen) -> tuple[str, str]:
+    """The node's output once it ends: its rank has reported by now, and it ends as soon as its
+    agent does; the time allowed is the stall allowance (its processes may wait for cores)."""
+    return node.communicate(timeout=STALL_SECONDS)
 
 
 def test_two_single_rank_nodes_meet_through_torchruns_rendezvous(models):
@@ -146,7 +211,7 @@ def test_two_single_rank_nodes_meet_through_torchruns_rendezvous(models):
     node = _start_node(port)
     try:
         result = _multi_node_probe(models["llama"], port)
-        out, err = node.communicate(timeout=60)
+        out, err = _node_output(node)
     finally:
         node.kill()
     assert result.status == ProbeStatus.OK, result.error
@@ -161,7 +226,7 @@ def test_a_rank_out_of_memory_on_another_node_is_the_probes_oom(models):
     node = _start_node(port, env=fault_env("oom-on-rank-1"))
     try:
         result = _multi_node_probe(models["llama"], port)
-        node.communicate(timeout=60)
+        _node_output(node)
     finally:
         node.kill()
     assert result.status == ProbeStatus.OOM, result.error

@@ -79,8 +79,9 @@ def test_a_stopped_probe_child_ends_as_a_timeout_within_its_limit_and_the_search
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: _probes(db, "s"), what="the first probe")
-        [child] = wait_for(lambda: [p for p in descendants(search.pid) if b"spawn_main" in _cmdline(p)],
-                           what="the probe child")
+        # (The child's group guard is a fork of it, with the same command line: the search's own child.)
+        [child] = wait_for(lambda: [p for p in descendants(search.pid) if b"spawn_main" in _cmdline(p)
+                                    and _parent(p) == search.pid], what="the probe child")
         os.kill(child, signal.SIGSTOP)
         stopped = time.monotonic()
         wait_for(lambda: [p for p in _probes(db, "s") if p.result.status == ProbeStatus.TIMEOUT], seconds=30,
@@ -103,6 +104,14 @@ def _probes(db: str, study: str) -> list:
             return store.probes(study)
     except (DatabaseError, StudyNotFound):  # not created yet
         return []
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 def _cmdline(pid: int) -> bytes:

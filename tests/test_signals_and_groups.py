@@ -1,0 +1,202 @@
+"""SIGHUP (a closed terminal) stops a command as SIGTERM does, and every process a search starts goes
+with it, a probe child's own children included: a helper a model's own code starts, that ignores
+SIGTERM and has no parent-death signal, is killed with the probe child's process group, whether the
+search stops the child, ends on a signal, or is killed with -9 (the guard in the group)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.cli import autotune_command, wait_for
+
+pytestmark = pytest.mark.slow
+
+# A helper that a model's code might start: it ignores SIGTERM and SIGHUP and dies with no parent.
+STUBBORN = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+            "signal.signal(signal.SIGHUP, signal.SIG_IGN); time.sleep(600)")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return text[text.rindex(")") + 2:].split()[0] not in ("Z", "X")
+
+
+def _assert_gone(pids: list[int], within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    left = [p for p in pids if _alive(p)]
+    for pid in left:  # (not left behind for the next test, whatever this one says)
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"still running {within:.0f} s later: {left}"
+
+
+def _pids(path: Path) -> list[int]:
+    return [int(word) for word in path.read_text().split()] if path.exists() else []
+
+
+# -- spawn targets (run in the children; module-level so that spawn finds them) -----------------------
+def start_stubborn_helper(pidfile: str) -> None:
+    """A stand-in probe child: start the helper, say both pids, and wait to be killed."""
+    helper = subprocess.Popen([sys.executable, "-c", STUBBORN])
+    Path(pidfile).write_text(f"{os.getpid()} {helper.pid}\n")
+    time.sleep(600)
+
+
+def ready_child_with_helper(conn, pidfile: str) -> None:
+    """A stand-in for the probe child's main: Ready, the helper, then wait to be told to stop."""
+    from autotune.probe.protocol import Ready
+
+    helper = subprocess.Popen([sys.executable, "-c", STUBBORN])
+    Path(pidfile).write_text(f"{os.getpid()} {helper.pid}\n")
+    conn.send(Ready(startup_seconds=0.0))
+    while conn.recv() is not None:
+        pass
+
+
+# -- signals ----------------------------------------------------------------------------------------
+def test_sighup_aborts_a_search_as_sigterm_does():
+    from autotune.processes import Terminated
+    from autotune.search.loop import stop_on_first_interrupt
+
+    before = signal.getsignal(signal.SIGHUP)
+    with pytest.raises(Terminated):
+        with stop_on_first_interrupt():
+            os.kill(os.getpid(), signal.SIGHUP)
+            time.sleep(5)  # (the handler raises before this ends)
+    assert signal.getsignal(signal.SIGHUP) == before
+
+
+def test_sighup_stays_ignored_under_nohup():
+    from autotune.processes import on_termination
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        replaced = on_termination(lambda *_: None)
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN and signal.SIGHUP not in replaced
+        for signum, handler in replaced.items():
+            signal.signal(signum, handler)
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+# -- process groups ---------------------------------------------------------------------------------
+def test_kill_9_of_the_parent_takes_the_childs_stubborn_helper_too(tmp_path):
+    """The parent (a search, here a stand-in) killed with -9: the child dies by its parent-death
+    signal, and the helper, which neither signal reaches, by the guard of the child's group."""
+    pidfile = tmp_path / "pids"
+    parent = subprocess.Popen([sys.executable, "-c", (
+        "import multiprocessing as mp, os, sys, time\n"
+        "from autotune.processes import run_as_child\n"
+        "p = mp.get_context('spawn').Process(target=run_as_child, args=(os.getpid(), "
+        f"'tests.test_signals_and_groups:start_stubborn_helper', {str(pidfile)!r}), daemon=True)\n"
+        "p.start(); time.sleep(600)\n")], cwd=Path(__file__).parent.parent)
+    try:
+        wait_for(lambda: len(_pids(pidfile)) == 2, seconds=60, what="the child and its helper")
+        child, helper = _pids(pidfile)
+        assert os.getpgid(child) == child and os.getpgid(helper) == child  # the child leads the helper's group
+        parent.kill()
+        parent.wait(timeout=10)
+        _assert_gone([child, helper])
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+@pytest.mark.parametrize("how", ["close", "kill"])
+def test_the_runner_stops_the_childs_group_with_it(how, tmp_path, monkeypatch):
+    """The runner's polite stop (after a probe) and its kill (a timeout, a second Ctrl-C) both take
+    whatever the child started."""
+    from autotune.probe import runner as runner_module
+    from autotune.probe.settings import ProbeSettings
+
+    pidfile = tmp_path / "pids"
+    monkeypatch.setattr(runner_module, "CHILD_MAIN", "tests.test_signals_and_groups:ready_child_with_helper")
+    monkeypatch.chdir(Path(__file__).parent.parent)
+    runner = runner_module.ProbeRunner(ProbeSettings(device="cpu"), standby=False)
+    original = runner._spawn
+
+    def spawn():  # the stand-in's target takes the pid file after the pipe
+        parent_conn, child_conn = runner._ctx.Pipe()
+        process = runner._ctx.Process(target=runner_module.run_as_child,
+                                      args=(os.getpid(), runner_module.CHILD_MAIN, child_conn, str(pidfile)), daemon=True)
+        process.start()
+        child_conn.close()
+        return process, parent_conn
+
+    runner._spawn = spawn
+    try:
+        runner._start_child(60)
+        child, helper = _pids(pidfile)
+        assert _alive(helper)
+        runner.close() if how == "close" else runner._kill()
+        _assert_gone([child, helper])
+    finally:
+        runner._spawn = original
+        runner.close()
+
+
+# -- a real search ------------------------------------------------------------------------------------
+MODELING = '''import os
+import subprocess
+import sys
+
+from transformers import GPT2LMHeadModel
+
+from .configuration_remote import RemoteGPT2Config
+
+if os.environ.get("HELPER_PIDS"):  # a helper of the model's own, as some models' code starts
+    _helper = subprocess.Popen([sys.executable, "-c", {stubborn!r}])
+    with open(os.environ["HELPER_PIDS"], "a") as _pids:
+        _pids.write(f"{{_helper.pid}}\\n")
+
+
+class RemoteGPT2LMHeadModel(GPT2LMHeadModel):
+    config_class = RemoteGPT2Config
+'''
+
+
+def test_sighup_mid_probe_stops_the_search_and_everything_it_started(tmp_path):
+    """A terminal closed on a search of a model whose code starts a stubborn helper: exit 143 in
+    one line, the study interrupted, no claim running, and no process left, the helper included."""
+    from tests.conftest import TINY_GPT2
+    from tests.search.test_faults import SPACE, descendants, running_claims, status
+    from tests.search.test_remote_code import CONFIGURATION
+
+    model = tmp_path / "remote-gpt2"
+    model.mkdir()
+    config = {**TINY_GPT2, "model_type": "remote-gpt2", "architectures": ["RemoteGPT2LMHeadModel"],
+              "auto_map": {"AutoConfig": "configuration_remote.RemoteGPT2Config",
+                           "AutoModelForCausalLM": "modeling_remote.RemoteGPT2LMHeadModel"}}
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "configuration_remote.py").write_text(CONFIGURATION)
+    (model / "modeling_remote.py").write_text(MODELING.format(stubborn=STUBBORN))
+    db, pidfile = str(tmp_path / "hup.db"), tmp_path / "helpers"
+    env = {**os.environ, "HELPER_PIDS": str(pidfile), "HF_MODULES_CACHE": str(tmp_path / "hf-modules")}
+    space = [*SPACE, "--measure-steps", "400"]  # (the last --measure-steps wins: a probe long enough to be caught)
+    search = subprocess.Popen(autotune_command("search", "--model", str(model), *space, "--trust-remote-code",
+                                               "--db", db, "--study", "hup"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        wait_for(lambda: _pids(pidfile) and running_claims(db, "hup"), seconds=120, what="a probe in flight")
+        started = descendants(search.pid) | set(_pids(pidfile))
+        search.send_signal(signal.SIGHUP)
+        _, stderr = search.communicate(timeout=60)
+    finally:
+        if search.poll() is None:
+            search.kill()
+    lines = stderr.strip().splitlines()
+    assert search.returncode == 143 and len(lines) == 1 and "terminated" in lines[0], stderr
+    assert status(db, "hup") == "interrupted" and not running_claims(db, "hup")
+    _assert_gone(sorted(started))
