@@ -12,11 +12,6 @@ from dataclasses import dataclass, field
 
 from autotune.errors import BadInput
 
-# CUDA context with its loaded kernels, outside PyTorch's allocator: the figure the estimator
-# assumes (autotune.estimate.result.CUDA_CONTEXT_BYTES; 0.3-0.7 GiB by driver, card and libraries).
-# cuBLAS's workspaces are not in it: they come from the caching allocator, and the estimator counts
-# them as allocated memory (CUBLAS_WORKSPACE_BYTES).
-DEFAULT_CONTEXT_BYTES = 500 * 2**20
 # Compute capability from which a card has bf16, TF32 tensor cores and flash-attention kernels.
 AMPERE = (8, 0)
 
@@ -45,7 +40,10 @@ class Card:
     memory_bandwidth: float               # bytes/s, from the data sheet
     compute_capability: tuple[int, int]
     name_fragments: tuple[str, ...]       # lower-case pieces of CUDA's device name(s) for this card
-    context_bytes: int = DEFAULT_CONTEXT_BYTES
+    # The CUDA context (with its loaded kernels, outside PyTorch's allocator) where this card's own was
+    # measured; None: the estimator's (autotune/estimate/cuda_constants.json, measured on an H100),
+    # whose one home that figure is.
+    context_bytes: int | None = None
     # Bytes/s one GPU sends to its peers in one direction (NVLink on SXM boards, else PCIe through
     # the host), and to the host (PCIe): half the data sheet's bidirectional figure (see _LINKS).
     interconnect_bandwidth: float = 0.0

@@ -104,10 +104,9 @@ def test_features_follow_the_compute_capability():
             assert card.peak_flops["bf16"] > card.peak_flops["fp32"]
 
 
-def test_context_is_the_estimators():
-    from autotune.estimate.result import CUDA_CONTEXT_BYTES
-
-    assert all(card.context_bytes == CUDA_CONTEXT_BYTES for card in CARDS)
+def test_no_card_keeps_a_context_of_its_own_so_the_estimators_measured_one_holds():
+    # A second figure here went stale when the context was measured (500 MiB assumed, 758 MiB on an H100).
+    assert all(card.context_bytes is None for card in CARDS)
 
 
 @pytest.mark.parametrize("device, card", [
