@@ -5,7 +5,6 @@ search stops the child, ends on a signal, or is killed with -9 (the guard in the
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -70,12 +69,16 @@ def test_sighup_aborts_a_search_as_sigterm_does():
     from autotune.processes import Terminated
     from autotune.search.loop import stop_on_first_interrupt
 
-    before = signal.getsignal(signal.SIGHUP)
-    with pytest.raises(Terminated):
-        with stop_on_first_interrupt():
-            os.kill(os.getpid(), signal.SIGHUP)
-            time.sleep(5)  # (the handler raises before this ends)
-    assert signal.getsignal(signal.SIGHUP) == before
+    # (A suite started under nohup has SIGHUP ignored, which autotune rightly keeps: not this test's case.)
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    try:
+        with pytest.raises(Terminated):
+            with stop_on_first_interrupt():
+                os.kill(os.getpid(), signal.SIGHUP)
+                time.sleep(5)  # (the handler raises before this ends)
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGHUP, before)
 
 
 def test_sighup_stays_ignored_under_nohup():
@@ -89,6 +92,12 @@ def test_sighup_stays_ignored_under_nohup():
             signal.signal(signum, handler)
     finally:
         signal.signal(signal.SIGHUP, previous)
+
+
+def _hangup_as_a_terminal_would() -> None:
+    """A search started from a terminal takes SIGHUP's default (a suite under nohup would pass
+    its SIG_IGN on, and autotune keeps an ignored SIGHUP ignored)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 # -- process groups ---------------------------------------------------------------------------------
@@ -170,24 +179,17 @@ class RemoteGPT2LMHeadModel(GPT2LMHeadModel):
 def test_sighup_mid_probe_stops_the_search_and_everything_it_started(tmp_path):
     """A terminal closed on a search of a model whose code starts a stubborn helper: exit 143 in
     one line, the study interrupted, no claim running, and no process left, the helper included."""
-    from tests.conftest import TINY_GPT2
     from tests.search.test_faults import SPACE, descendants, running_claims, status
-    from tests.search.test_remote_code import CONFIGURATION
+    from tests.search.test_remote_code import write_remote_model
 
-    model = tmp_path / "remote-gpt2"
-    model.mkdir()
-    config = {**TINY_GPT2, "model_type": "remote-gpt2", "architectures": ["RemoteGPT2LMHeadModel"],
-              "auto_map": {"AutoConfig": "configuration_remote.RemoteGPT2Config",
-                           "AutoModelForCausalLM": "modeling_remote.RemoteGPT2LMHeadModel"}}
-    (model / "config.json").write_text(json.dumps(config))
-    (model / "configuration_remote.py").write_text(CONFIGURATION)
-    (model / "modeling_remote.py").write_text(MODELING.format(stubborn=STUBBORN))
+    model = write_remote_model(tmp_path / "remote-gpt2", MODELING.format(stubborn=STUBBORN))
     db, pidfile = str(tmp_path / "hup.db"), tmp_path / "helpers"
     env = {**os.environ, "HELPER_PIDS": str(pidfile), "HF_MODULES_CACHE": str(tmp_path / "hf-modules")}
     space = [*SPACE, "--measure-steps", "400"]  # (the last --measure-steps wins: a probe long enough to be caught)
     search = subprocess.Popen(autotune_command("search", "--model", str(model), *space, "--trust-remote-code",
                                                "--db", db, "--study", "hup"),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                              preexec_fn=_hangup_as_a_terminal_would)
     try:
         wait_for(lambda: _pids(pidfile) and running_claims(db, "hup"), seconds=120, what="a probe in flight")
         started = descendants(search.pid) | set(_pids(pidfile))

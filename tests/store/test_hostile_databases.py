@@ -303,7 +303,9 @@ def test_two_processes_creating_the_schema_at_once_both_succeed(tmp_path, attemp
     # Before schema_lock, most such pairs failed: "table studies already exists", or a duplicate
     # alembic_version row, in Optuna's RDBStorage.
     path = str(tmp_path / "new" / "race.db")
-    context = multiprocessing.get_context("fork")
+    # spawn, not fork: a fork of a threaded process (the suite's workers are) can deadlock on a lock
+    # another thread held (it hung the whole suite)
+    context = multiprocessing.get_context("spawn")
     with context.Manager() as manager:
         barrier = manager.Barrier(2)
         with context.Pool(2) as pool:
