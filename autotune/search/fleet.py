@@ -41,6 +41,7 @@ from autotune.search.plan import StudyPlan
 from autotune.search.request import SearchRequest, check_device_chosen, preflight, stored_answer
 from autotune.search.trials import Trials, distributions_of
 from autotune.search.worker_state import WorkerState, unmeasured, worker_label
+from autotune.sharding import most_cpu_ranks
 from autotune.space import SearchSpace
 from autotune.status import ClaimState, ProbeStatus, Settled, StopReason, StudyStatus
 from autotune.store import Store, StudyRecord
@@ -48,8 +49,6 @@ from autotune.units import format_size
 
 # How often `autotune search --workers` reads the database for its progress display.
 POLL_SECONDS = 0.5
-# CPU workers per core allowed with --oversubscribe (one per core without it).
-OVERSUBSCRIBE_PER_CORE = 4
 # How long a worker told to stop (SIGTERM) has to give its claim back before it is killed.
 WORKER_STOP_GRACE_SECONDS = 10.0
 
@@ -204,17 +203,17 @@ def visible_gpus() -> list[str]:
 def worker_devices(count: int, device: str, *, oversubscribe: bool = False, ranks: int = 1) -> list[tuple[str, str]]:
     """(--device, CUDA_VISIBLE_DEVICES) for each of `count` workers: `ranks` GPUs each (a study on
     several GPUs probes on that many ranks), no GPU in two workers; or the CPU, at most one rank
-    per core (OVERSUBSCRIBE_PER_CORE with `oversubscribe`). Checked before any process starts."""
+    per core (sharding.most_cpu_ranks). Checked before any process starts."""
     if count < 1:
         raise BadInput("--workers must be at least 1.")
     device = (device or "auto").strip().lower()
     each = f" of {ranks} ranks each" if ranks > 1 else ""
     if device == "cpu":
         cores = os.cpu_count() or 1
-        most = cores * (OVERSUBSCRIBE_PER_CORE if oversubscribe else 1) // ranks
+        most = most_cpu_ranks(oversubscribe) // ranks  # (sharding's rule, --gpus follows it too)
         if count > most:
             more = ("" if oversubscribe else
-                    f", or --oversubscribe for up to {cores * OVERSUBSCRIBE_PER_CORE // ranks} (their timings then share the cores)")
+                    f", or --oversubscribe for up to {most_cpu_ranks(True) // ranks} (their timings then share the cores)")
             raise BadInput(f"--workers {count}{each}: this machine has {cores} core{'s' if cores != 1 else ''}, and each CPU "
                            f"rank's probes compute on them; give --workers {max(most, 1)} or fewer{more}.")
         return [("cpu", "")] * count  # CPU workers see no GPU
