@@ -36,3 +36,8 @@ class StudyNotFound(AutotuneError):
 
 class DatasetError(AutotuneError):
     """The training data set cannot be loaded or has no usable text."""
+
+
+class Conflict(AutotuneError):
+    """The request clashes with what is stored: a study of that name queued or running with other
+    settings, an idempotency key used for another request, a token name taken."""

@@ -36,6 +36,21 @@ class StudyStatus(StrEnum):
     INTERRUPTED = "interrupted"   # stopped before the end (Ctrl-C, SIGTERM, a limit)
 
 
+class SearchState(StrEnum):
+    """A search submitted to the service (autotune serve), from the queue to its end."""
+
+    QUEUED = "queued"             # waiting for a worker that can serve it
+    RUNNING = "running"           # a queue worker runs it
+    FINISHED = "finished"         # every candidate measured or ruled out (a pick, or nothing fits)
+    INTERRUPTED = "interrupted"   # stopped before the end (its worker stopped or died, a --timeout): resumable
+    FAILED = "failed"             # refused by the worker, or some candidates could not be measured
+    CANCELLED = "cancelled"       # a client asked it to stop: resumable by submitting it again
+
+
+# States a search does not leave on its own: a follower of its events stops there.
+SEARCH_ENDED = frozenset({SearchState.FINISHED, SearchState.INTERRUPTED, SearchState.FAILED, SearchState.CANCELLED})
+
+
 class RunStatus(StrEnum):
     RUNNING = "running"
     FINISHED = "finished"

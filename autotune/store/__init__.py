@@ -16,7 +16,7 @@ the database), `heartbeat()` keeps it, `settle()` records its outcome once, whic
 Schema in `schema.py`, changed only through Alembic revisions in the repository's top-level
 `migrations/` (installed as `autotune.store.migrations`). The Store is split by concern: `base.py`
 (sessions, the retry policy, the one place writes start), `store.py` (studies, probes, leaderboard),
-`claims.py`, `runs.py`, `rows.py` (ORM rows to records); `failures.py` says which database errors
+`claims.py`, `runs.py`, `queue.py` (searches submitted to the service), `tokens.py` (its tokens), `rows.py` (ORM rows to records); `failures.py` says which database errors
 pass with time and words the others; `damage.py` finds what a database that is not whole lacks;
 `names.py` checks study names, new and looked up. `schema_lock()` is held while a schema is created
 (ours by `migrate.upgrade`, Optuna's by whoever builds its RDBStorage).
@@ -34,8 +34,10 @@ from autotune.store.records import (
     LeaderboardRow,
     ProbeRecord,
     RunRecord,
+    SearchRecord,
     StudyRecord,
     StudySummary,
+    TokenRecord,
     UpgradeReport,
 )
 from autotune.store.schema import SCHEMA_REVISION
@@ -58,9 +60,11 @@ __all__ = [
     "ModelLike",
     "ProbeRecord",
     "RunRecord",
+    "SearchRecord",
     "Store",
     "StudyRecord",
     "StudySummary",
+    "TokenRecord",
     "UpgradeReport",
     "check_study_lookup",
     "check_study_name",

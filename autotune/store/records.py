@@ -218,3 +218,54 @@ class UpgradeReport:
     @property
     def changed(self) -> bool:
         return self.before != self.after
+
+
+@dataclass(frozen=True, slots=True)
+class SearchRecord:
+    """A search submitted to the service, as stored (its state as read: a running search whose
+    worker is gone reads as interrupted)."""
+
+    id: int
+    name: str
+    arguments: list[str]
+    request_hash: str
+    idempotency_key: str | None
+    model: str
+    budget_bytes: int
+    device_kind: str
+    gpus: int
+    card: str | None
+    candidates: int
+    state: str
+    reason: str | None
+    cancel_requested: bool
+    submitted_by: str | None
+    worker: str | None
+    attempts: int
+    exit_status: int | None
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name, "state": self.state, "reason": self.reason, "model": self.model,
+            "budget_bytes": self.budget_bytes, "device": self.device_kind, "gpus": self.gpus, "card": self.card,
+            "candidates": self.candidates, "arguments": list(self.arguments), "cancel_requested": self.cancel_requested,
+            "submitted_by": self.submitted_by, "worker": self.worker, "attempts": self.attempts,
+            "exit_status": self.exit_status, "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at),
+            "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class TokenRecord:
+    """A service token's name and dates (the token itself is never stored)."""
+
+    name: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "created_at": _iso(self.created_at), "revoked_at": _iso(self.revoked_at)}

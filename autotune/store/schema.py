@@ -37,7 +37,7 @@ TABLE_PREFIX = "autotune_"
 VERSION_TABLE = "autotune_alembic_version"
 # The revision this code writes and reads. A test checks it is Alembic's head, so reading a
 # database already at this revision needs no Alembic import (start-up time of read commands).
-SCHEMA_REVISION = "0009_ranks"
+SCHEMA_REVISION = "0010_service"
 
 # Deterministic constraint names: batch migrations on SQLite (which rebuild tables) and drops on
 # PostgreSQL need to name constraints, and unnamed ones get backend-chosen names.
@@ -268,3 +268,50 @@ class Claim(Base):
     attempts: Mapped[int]           # probes started for this config: 0 for skipped or reused ones
     claimed_at: Mapped[datetime]
     heartbeat_at: Mapped[datetime]
+
+
+class Search(Base):
+    """A search submitted to the service (0010_service), queued until a worker takes it. Its study,
+    once a worker starts it, is the `Study` of the same name."""
+
+    __tablename__ = "autotune_searches"
+    __table_args__ = (Index("ix_autotune_searches_queue", "state", "id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    # The `autotune search` arguments the request stands for (autotune/service/submissions.py).
+    arguments: Mapped[list[str]] = mapped_column(JSON)
+    request_hash: Mapped[str] = mapped_column(String(64))       # the same request again: the same search
+    idempotency_key: Mapped[str | None] = mapped_column(unique=True)
+    # What a worker needs to serve it (autotune/service/queue_worker.py).
+    model: Mapped[str] = mapped_column(String(1000))
+    budget_bytes: Mapped[int] = mapped_column(Bytes)
+    device_kind: Mapped[str] = mapped_column(String(16))        # cuda | cpu
+    gpus: Mapped[int]                                           # ranks of each probe
+    card: Mapped[str | None]                                    # a card's name the worker's device must carry
+    candidates: Mapped[int]
+    # queued | running | finished | interrupted | failed | cancelled (autotune.status.SearchState)
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    cancel_requested: Mapped[bool] = mapped_column(server_default=false())
+    submitted_by: Mapped[str | None]                            # the token's name
+    worker: Mapped[str | None]                                  # host:pid of the queue worker holding it
+    attempts: Mapped[int] = mapped_column(server_default="0")   # times a worker took it
+    exit_status: Mapped[int | None]
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+    heartbeat_at: Mapped[datetime | None]
+
+
+class Token(Base):
+    """A bearer token of the service (0010_service): only its SHA-256 hash is kept."""
+
+    __tablename__ = "autotune_tokens"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]

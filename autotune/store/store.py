@@ -28,7 +28,9 @@ from autotune.store.liveness import effective_status
 from autotune.store.names import check_study_name
 from autotune.store.records import LeaderboardRow, ProbeRecord, StudyRecord, StudySummary, UpgradeReport
 from autotune.store.rows import CONFIG_FIELDS, add_probe, probe_record, probe_result, probe_values, study_record
+from autotune.store.queue import QueueMixin
 from autotune.store.runs import RunsMixin
+from autotune.store.tokens import TokensMixin
 from autotune.store.schema import Probe, Study, utcnow
 from autotune.units import INT64_MAX
 
@@ -85,8 +87,9 @@ def upgrade_database(url: str | os.PathLike[str] | None = None) -> UpgradeReport
     return UpgradeReport(url=display_url(resolved), before=before, after=after)
 
 
-class Store(ClaimsMixin, RunsMixin):
-    """Reads and writes studies, probes, claims (claims.py) and runs (runs.py). Use `open_store()`
+class Store(ClaimsMixin, RunsMixin, QueueMixin, TokensMixin):
+    """Reads and writes studies, probes, claims (claims.py), runs (runs.py), the service's queue
+    (queue.py) and tokens (tokens.py). Use `open_store()`
     to get one; close it (or use it as a context manager) to release its connections."""
 
     def __enter__(self) -> Store:

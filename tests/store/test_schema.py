@@ -40,7 +40,8 @@ def test_upgrading_an_empty_database_leaves_no_autogenerate_differences(tmp_path
             assert compare_schema(connection) == []
             tables = set(inspect(connection).get_table_names())
             version = connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar_one()
-    assert tables == {"autotune_studies", "autotune_probes", "autotune_runs", "autotune_claims", VERSION_TABLE}
+    assert tables == {"autotune_studies", "autotune_probes", "autotune_runs", "autotune_claims", "autotune_searches",
+                          "autotune_tokens", VERSION_TABLE}
     assert "alembic_version" not in tables  # that name is Optuna's
     assert version == SCHEMA_REVISION
 
