@@ -2,6 +2,6 @@
 command modules registers their commands on the group."""
 
 from autotune.cli.app import cli, main
-from autotune.cli import measure, node, plan, results, search, share, train  # noqa: F401  (registers the commands)
+from autotune.cli import measure, node, plan, results, search, serve, share, train  # noqa: F401  (registers the commands)
 
 __all__ = ["cli", "main"]

@@ -93,14 +93,20 @@ def main() -> None:
         click.echo("autotune: interrupted", err=True)
         sys.exit(EXIT_INTERRUPTED)
     except click.UsageError as exc:
-        hint = f" (see: autotune {exc.ctx.command_path.partition(' ')[2]} --help)".replace("  ", " ") if exc.ctx else ""
-        click.echo(f"autotune: error: {exc.format_message()}{hint}", err=True)
+        click.echo(f"autotune: error: {usage_message(exc)}", err=True)
         sys.exit(2)
     except click.ClickException as exc:
         click.echo(f"autotune: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
+
+
+def usage_message(exc: click.UsageError) -> str:
+    """A flag's mistake as the command line says it (after 'autotune: error: '), with where to look;
+    the service answers a request with the same words (autotune/service/commands.py)."""
+    hint = f" (see: autotune {exc.ctx.command_path.partition(' ')[2]} --help)".replace("  ", " ") if exc.ctx else ""
+    return f"{exc.format_message()}{hint}"
 
 
 def _flush(stream) -> None:

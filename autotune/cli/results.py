@@ -9,6 +9,9 @@ import click
 from autotune.cli.app import cli
 from autotune.cli.options import db_option
 
+# `autotune best`'s formats (BestConfig.render), which the service's /best answers in too.
+BEST_FORMATS = ("json", "yaml", "trainer-args", "cli", "accelerate")
+
 
 @cli.command()
 @db_option
@@ -77,7 +80,7 @@ def db_upgrade(db):
 
 @cli.command()
 @click.option("--study", default=None, help="Study name [default: the most recent one].")
-@click.option("--format", "fmt", type=click.Choice(["json", "yaml", "trainer-args", "cli", "accelerate"]), default="json",
+@click.option("--format", "fmt", type=click.Choice(BEST_FORMATS), default="json",
               show_default=True,
               help="json/yaml: the config and its measurements; trainer-args: TrainingArguments and model kwargs; "
                    "cli: flags for the Hugging Face example scripts; accelerate: the config file for "
@@ -86,21 +89,13 @@ def db_upgrade(db):
 def best(study, fmt, db):
     """Print a study's winning configuration for the fine-tune."""
     from autotune.handoff import best as find_best
-    from autotune.recipes import memory_caveats
     from autotune.models import shown_reference
-    from autotune.verdict import unreliable_warning
 
     chosen = find_best(study, db)
     # On stderr, so that `$(autotune best --format cli)` takes the flags alone.
     if study is None:
         click.echo(f"autotune: the most recent study, {chosen.row.study!r} (--model {shown_reference(chosen.config.model)})",
                    err=True)
-    if fmt == "cli":
-        for caveat in chosen.cli_caveats():
-            click.echo(f"autotune: note: {caveat}", err=True)
-    if (warning := unreliable_warning(chosen.confirmation)) is not None:
-        click.echo(f"autotune: warning: {warning}", err=True)
-    for caveat in memory_caveats(chosen.config.optimizer):
-        click.echo(f"autotune: note: {caveat}", err=True)
+    for note in chosen.notes(fmt):
+        click.echo(f"autotune: {note}", err=True)
     click.echo(chosen.render(fmt))
-

@@ -4,14 +4,20 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import click
 
 from autotune import defaults
-from autotune.cli.app import DEVICE_HELP, EXIT_INTERRUPTED, EXIT_NOTHING_FITS, EXIT_UNMEASURED, cli, echo_json
+from autotune.cli.app import DEVICE_HELP, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_NOTHING_FITS, EXIT_UNMEASURED, cli, echo_json
 from autotune.cli.options import (COUNT, DEVICE, DURATION, REAL, SECONDS, check_cpu_ranks, db_option, make_settings,
                                   probe_settings_options, space_arguments, space_options)
 from autotune.status import StopReason
+
+if TYPE_CHECKING:
+    from autotune.probe.settings import ProbeSettings
+    from autotune.search import SearchOptions
 
 
 @cli.command()
@@ -46,24 +52,14 @@ from autotune.status import StopReason
                    f"dead and its probe retried.")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object (progress goes to stderr).")
-def search(model, gpu_budget, strategy, max_trials, timeout, patience, study, fresh, predict, confirm, predict_margin,
-           device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
-           max_compile_seconds, rendezvous, workers, oversubscribe, heartbeat, db, as_json, **space_flags):
+def search(db, as_json, workers, oversubscribe, **flags):
     """Find the fastest configuration that fits the budget, by probing."""
     from autotune import report
     from autotune.live import LiveLine
-    from autotune.search import SearchOptions
     from autotune.search import search as run
-    from autotune.units import parse_budget, parse_duration
 
-    budget = parse_budget(gpu_budget)
-    space_args = space_arguments(**space_flags)
-    settings = make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
-                             max_compile_seconds, rendezvous)
-    check_search_ranks(model, budget, space_args, device, workers, oversubscribe)
-    options = SearchOptions(study=study, strategy=strategy, max_trials=max_trials, patience=patience, fresh=fresh,
-                            predict=predict, predict_margin=predict_margin, heartbeat_seconds=heartbeat, confirm=confirm,
-                            timeout=parse_duration(timeout) if timeout else None)
+    read = read_search_flags(flags, workers=workers, oversubscribe=oversubscribe)
+    model, budget, space_args, settings, options = read.model, read.budget, read.space_args, read.settings, read.options
     out = sys.stderr if as_json else sys.stdout
     # On a terminal, the probe in flight is shown live (replaced by its result line); not in a log.
     live = LiveLine(out) if out.isatty() and workers is None else None
@@ -85,6 +81,44 @@ def search(model, gpu_budget, strategy, max_trials, timeout, patience, study, fr
         click.echo(report.explain_winner(outcome))
         click.echo(report.format_search_footer(outcome))
     sys.exit(search_exit_status(outcome))
+
+
+@dataclass(frozen=True, slots=True)
+class SearchFlags:
+    """`autotune search`'s flags, read: what the library's search takes. One reading for the command
+    line and the service (autotune/service/submissions.py), so a request either would refuse is
+    refused by both with the same line."""
+
+    model: str
+    budget: int
+    space_args: dict
+    settings: ProbeSettings
+    options: SearchOptions
+
+
+def read_search_flags(flags: dict, *, workers: int | None = None, oversubscribe: bool = False) -> SearchFlags:
+    """click's values of search's flags (less --db, --json, --workers, --oversubscribe) as the
+    library's arguments, checked as far as the flags alone allow (AutotuneError otherwise)."""
+    from autotune.search import SearchOptions
+    from autotune.units import parse_budget, parse_duration
+
+    flags = dict(flags)
+    model, budget = flags.pop("model"), parse_budget(flags.pop("gpu_budget"))
+    probe = {name: flags.pop(name) for name in PROBE_SETTING_FLAGS}
+    option_flags = {name: flags.pop(name) for name in ("study", "strategy", "max_trials", "patience", "fresh", "predict",
+                                                       "predict_margin", "heartbeat", "confirm", "timeout")}
+    space_args = space_arguments(**flags)
+    settings = make_settings(**probe)
+    check_search_ranks(model, budget, space_args, settings.device, workers, oversubscribe)
+    timeout = option_flags.pop("timeout")
+    options = SearchOptions(**{("heartbeat_seconds" if k == "heartbeat" else k): v for k, v in option_flags.items()},
+                            timeout=parse_duration(timeout) if timeout else None)
+    return SearchFlags(model, budget, space_args, settings, options)
+
+
+# The probe settings' flags, in make_settings' order.
+PROBE_SETTING_FLAGS = ("device", "safety_margin", "warmup_steps", "measure_steps", "measure_seconds", "probe_timeout",
+                       "trust_remote_code", "max_compile_seconds", "rendezvous")
 
 
 def check_search_ranks(model: str, budget: int, space_args: dict, device: str, workers: int | None,
@@ -120,22 +154,45 @@ def search_exit_status(outcome) -> int:
 
 
 @cli.command()
-@click.option("--study", required=True, help="The study to join, as `autotune search --study` named it.")
+@click.option("--study", default=None, help="The study to join, as `autotune search --study` named it.")
+@click.option("--queue", is_flag=True,
+              help="Serve the service's queue instead: take the oldest search this device can serve (autotune serve), "
+                   "run it, take the next; join running ones when none waits.")
 @click.option("--device", type=DEVICE, default="auto", show_default=True, help=DEVICE_HELP)
 @click.option("--allow-other-device", is_flag=True,
               help="Join even though this device (or its driver and library versions) differs from the study's.")
 @click.option("--max-trials", type=COUNT, default=None, help="Stop this worker after this many probes.")
+@click.option("--max-searches", type=COUNT, default=None, help="With --queue: stop after running this many searches.")
 @click.option("--timeout", type=DURATION, default=None,
               help="End this worker within this long (e.g. 30m): its probe in flight is stopped at the deadline.")
 @click.option("--patience", type=COUNT, default=None, help="Stop after this many probes without a better config [default: the study's].")
 @click.option("--probe-timeout", type=DURATION, default=None, help="Kill a probe after this long [default: the study's].")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print this worker's outcome as one JSON object (progress goes to stderr).")
-def worker(study, device, allow_other_device, max_trials, timeout, patience, probe_timeout, db, as_json):
+def worker(study, queue, device, allow_other_device, max_trials, max_searches, timeout, patience, probe_timeout, db, as_json):
     """Join a study from this machine and probe its configurations until it is done or stopped."""
     from autotune import report
+    from autotune.errors import BadInput
     from autotune.units import parse_duration
     from autotune.search import join_study
+
+    if queue == (study is not None):
+        raise BadInput("give --study NAME (join that study) or --queue (serve the service's queue), one of them.")
+    if max_searches is not None and not queue:
+        raise BadInput("--max-searches counts a queue worker's searches; give it with --queue (or use --max-trials).")
+    if queue:
+        from autotune.service.queue_worker import serve_queue
+
+        study_only = [flag for flag, value in (("--allow-other-device", allow_other_device), ("--max-trials", max_trials),
+                                              ("--patience", patience), ("--probe-timeout", probe_timeout)) if value]
+        if study_only:
+            raise BadInput(f"{', '.join(study_only)} apply to joining one study; a queue worker runs each search with "
+                           f"its own settings (leave them out with --queue).")
+        outcome = serve_queue(db, device, say=lambda line: click.echo(line, err=as_json),
+                              max_searches=max_searches, timeout=parse_duration(timeout) if timeout else None)
+        if as_json:
+            echo_json({"searches": outcome.searches, "joined": outcome.joined, "interrupted": outcome.interrupted})
+        sys.exit(EXIT_TERMINATED if outcome.interrupted else 0)
 
     out = sys.stderr if as_json else sys.stdout
     outcome = join_study(study, db=db, device=device, allow_other_device=allow_other_device, max_trials=max_trials,

@@ -400,6 +400,17 @@ class BestConfig:
             lines.append(f"  {key}: {json.dumps(value) if isinstance(value, dict) else scalar(value)}")
         return "\n".join(lines)
 
+    def notes(self, fmt: str) -> list[str]:
+        """What `autotune best` says beside the document (on stderr): what the format cannot say,
+        a pick the confirmation round could not tell apart, the optimizer's memory caveats."""
+        from autotune.recipes import memory_caveats
+        from autotune.verdict import unreliable_warning
+
+        said = [f"note: {caveat}" for caveat in (self.cli_caveats() if fmt == "cli" else [])]
+        if (warning := unreliable_warning(self.confirmation)) is not None:
+            said.append(f"warning: {warning}")
+        return said + [f"note: {caveat}" for caveat in memory_caveats(self.config.optimizer)]
+
     def render(self, fmt: str) -> str:
         if fmt == "json":
             return json.dumps(self.to_dict(), indent=2)
@@ -441,9 +452,14 @@ def best(study: str | None = None, db: str | None = None) -> BestConfig:
     """The fastest configuration that fits in `study` (the most recent study when None). Reads
     only: a missing or outdated database is refused, never created or upgraded."""
     with open_store(db, read_only=True) as store:
-        rows = store.leaderboard(study, top=1)
-        if not rows:
-            raise StudyNotFound(_nothing_fits(store.study(study), store.probes(study)))
-        record = store.study(rows[0].study)
-        device_type = record.environment.get("device_type") or "cuda"
+        return best_in(store, study)
+
+
+def best_in(store, study: str | None = None) -> BestConfig:
+    """`best` from an open store (the service keeps one open)."""
+    rows = store.leaderboard(study, top=1)
+    if not rows:
+        raise StudyNotFound(_nothing_fits(store.study(study), store.probes(study)))
+    record = store.study(rows[0].study)
+    device_type = record.environment.get("device_type") or "cuda"
     return BestConfig(rows[0], device_type, record.confirmation)

@@ -1,0 +1,76 @@
+"""`autotune serve` (the service) and `autotune token` (who may use it)."""
+
+from __future__ import annotations
+
+import click
+
+from autotune.cli.app import DEVICE_HELP, cli, echo_json
+from autotune.cli.options import DEVICE, db_option
+
+
+@cli.command()
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on; any but loopback needs a token to exist first (autotune token create).")
+@click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="Port to listen on.")
+@db_option
+@click.option("--local-worker", is_flag=True,
+              help="Also run a queue worker on this machine (autotune worker --queue), which dies with the service.")
+@click.option("--worker-device", type=DEVICE, default="auto", show_default=True,
+              help=f"The local worker's device: {DEVICE_HELP}")
+@click.option("--public-read", is_flag=True, help="Let anyone read (searches, events, answers, the page) without a token.")
+@click.option("--model-root", default=None, metavar="DIR",
+              help="Clients may name local models, data sets and tokenizers under this directory (by their path "
+                   "under it); otherwise only hub ids. Workers on other machines need it at the same path.")
+@click.option("--allow-remote-code", is_flag=True, help="Let requests ask for trust_remote_code (a model's own code runs).")
+def serve(host, port, db, local_worker, worker_device, public_read, model_root, allow_remote_code):
+    """Serve searches over HTTP: pipelines submit, queue workers run them, a page shows them live."""
+    from autotune.service.server import serve as run
+
+    run(host=host, port=port, db=db, local_worker=local_worker, worker_device=worker_device, public_read=public_read,
+        model_root=model_root, allow_remote_code=allow_remote_code, say=lambda line: click.echo(line, err=True))
+
+
+@cli.group()
+def token():
+    """Make, list and revoke the service's bearer tokens (only their hashes are stored)."""
+
+
+@token.command("create")
+@click.argument("name")
+@db_option
+def token_create(name, db):
+    """Make a token called NAME and print it: it is shown this once."""
+    from autotune.store import open_store
+
+    with open_store(db) as store:
+        secret = store.create_token(name)
+    click.echo(secret)
+    click.echo(f"autotune: token {name!r} made; it is not shown again. Send it as `Authorization: Bearer TOKEN`.", err=True)
+
+
+@token.command("revoke")
+@click.argument("name")
+@db_option
+def token_revoke(name, db):
+    """Revoke the token called NAME: requests carrying it are refused from now on."""
+    from autotune.store import open_store
+
+    with open_store(db) as store:
+        store.revoke_token(name)
+    click.echo(f"revoked {name}")
+
+
+@token.command("list")
+@db_option
+@click.option("--json", "as_json", is_flag=True, help="One JSON list.")
+def token_list(db, as_json):
+    """The tokens' names and when they were made (never the tokens)."""
+    from autotune.store import open_store
+
+    with open_store(db, read_only=True) as store:
+        rows = store.tokens()
+    if as_json:
+        echo_json([row.to_dict() for row in rows])
+    else:
+        for row in rows:
+            click.echo(f"{row.name}\t{row.created_at.isoformat(timespec='seconds')}")

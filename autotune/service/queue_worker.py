@@ -1,0 +1,309 @@
+"""`autotune worker --queue`: serve the service's queue from this machine. It takes the oldest
+queued search its device can serve (its kind, a card's name where one is asked for, memory at least
+the budget, enough ranks), runs it as `autotune search` in a child process (the same command, so
+the same preflight, fleet machinery, claims, heartbeats, confirmation round and stored outcome),
+heartbeats the queue row while it runs, stops it when a client cancels, records how it ended, and
+takes the next. With nothing queued it joins a running search its device matches (as `autotune
+worker --study` does), so several workers serve one search.
+
+Nothing is left behind: each child dies with this worker (kill -9 included: the parent-death signal)
+and its probes with it (they lead their own groups, processes.py); SIGTERM or Ctrl-C stops the
+child's search (the probe in flight ended, the study resumable) and records it interrupted. A
+worker killed outright leaves its search `running` under a dead holder, which reads as interrupted
+and is taken up again by the next worker (store/queue.py): the study resumes, nothing settled lost.
+
+Children run in an empty directory of their own: a relative path in a request names nothing there
+(the service refuses local paths outside its --model-root; this keeps a worker's files out of reach
+too)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from autotune.errors import AutotuneError, DatabaseError
+from autotune.processes import kill_me_with_parent, owner_label
+from autotune.status import SearchState, StudyStatus
+from autotune.store.queue import QUEUE_HEARTBEAT_SECONDS
+from autotune.store.records import SearchRecord
+
+# Exit statuses of `autotune search` (cli/app.py), as a search's end.
+EXIT_NOTHING_FITS, EXIT_USER_ERROR, EXIT_UNMEASURED = 1, 2, 3
+STOPPED_BY_SIGNAL = (130, 143, -signal.SIGTERM, -signal.SIGINT)
+# A child asked to stop has this long to end its probe and record the study before it is killed.
+STOP_GRACE_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerDevice:
+    """What this worker's device can serve."""
+
+    device: str              # --device, as the children get it
+    kind: str                # cuda | cpu
+    name: str                # the device's name ('NVIDIA A10G', 'cpu: ...')
+    total_bytes: int | None
+    ranks: int               # GPUs visible (cuda), or CPU ranks at once
+    fingerprint: str         # the environment's: a joined study must match it
+
+    def can_serve(self, search: SearchRecord) -> bool:
+        return (search.device_kind == self.kind
+                and (not search.card or search.card.lower() in self.name.lower())
+                and (self.total_bytes is None or search.budget_bytes <= self.total_bytes)
+                and search.gpus <= self.ranks)
+
+    def describe(self) -> str:
+        from autotune.units import format_size
+
+        memory = f", {format_size(self.total_bytes)}" if self.total_bytes else ""
+        return f"{self.name}{memory}, {self.ranks} rank{'s' if self.ranks != 1 else ''}"
+
+
+def describe_device(device: str) -> WorkerDevice:
+    """This worker's device, as a probe child sees it (one child, started once)."""
+    from autotune.deadline import Deadline
+    from autotune.probe import ProbeRunner, ProbeSettings
+    from autotune.search.fleet import visible_gpus
+    from autotune.sharding import most_cpu_ranks
+
+    with ProbeRunner(ProbeSettings(device=device)) as runner:
+        environment = runner.environment(Deadline.after(300.0))
+    if environment.device_type == "cpu":
+        ranks = most_cpu_ranks(False)
+    else:
+        ranks = 1 if ":" in device else max(1, len(visible_gpus()))
+    return WorkerDevice(device, environment.device_type, environment.device_name, environment.device_total_bytes, ranks,
+                        environment.fingerprint())
+
+
+@dataclass(slots=True)
+class QueueOutcome:
+    searches: int = 0        # searches this worker ran (as their starter)
+    joined: int = 0          # searches it helped (as `autotune worker --study`)
+    interrupted: bool = False
+
+
+class QueueWorker:
+    """One worker's loop over the queue (see the module docstring)."""
+
+    def __init__(self, store, db_url: str, device: WorkerDevice, *, say: Callable[[str], None] = print,
+                 poll_seconds: float = 1.0, join: bool = True) -> None:
+        self.store, self.db_url, self.device, self.say = store, db_url, device, say
+        self.poll_seconds, self.join = poll_seconds, join
+        self.label = owner_label()
+        self.stopping = False
+        self.child: subprocess.Popen | None = None
+        self.workdir = tempfile.mkdtemp(prefix="autotune-queue-")
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def run(self, *, max_searches: int | None = None, deadline: float | None = None) -> QueueOutcome:
+        """Serve until stopped (SIGTERM, Ctrl-C), `max_searches` run, or `deadline` (monotonic)."""
+        outcome = QueueOutcome()
+        self.say(f"worker {self.label}: serving the queue of {self.store.url} on {self.device.describe()}")
+        try:
+            while not self.stopping and (max_searches is None or outcome.searches < max_searches):
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                search = self._take()
+                if search is not None:
+                    outcome.searches += 1
+                    self.run_search(search)
+                    continue
+                joinable = self._joinable() if self.join else None
+                if joinable is not None:
+                    outcome.joined += 1
+                    self.join_search(joinable)
+                    continue
+                time.sleep(self.poll_seconds)
+        except KeyboardInterrupt:
+            outcome.interrupted = True
+            self.stopping = True
+        finally:
+            self._stop_child()
+        return outcome
+
+    def _take(self) -> SearchRecord | None:
+        try:
+            return self.store.take_search(self.label, self.device.can_serve)
+        except DatabaseError as exc:
+            self.say(f"worker {self.label}: the database cannot be used now ({exc}); trying again")
+            return None
+
+    def _joinable(self) -> SearchRecord | None:
+        """A running search this device can help with: its study on the same environment."""
+        try:
+            for search in self.store.running_searches():
+                if search.worker == self.label or search.cancel_requested or not self.device.can_serve(search):
+                    continue
+                try:
+                    study = self.store.study(search.name)
+                except AutotuneError:
+                    continue
+                if study.plan and study.env_fingerprint == self.device.fingerprint and study.status == StudyStatus.RUNNING:
+                    return search
+        except DatabaseError:
+            return None
+        return None
+
+    # -- one search ------------------------------------------------------------------------------
+
+    def run_search(self, search: SearchRecord) -> SearchState:
+        """Run `search` as `autotune search` in a child, until it ends or is cancelled."""
+        self.say(f"worker {self.label}: running {search.name} (attempt {search.attempts})")
+        command = [sys.executable, "-m", "autotune", "search", *search.arguments, "--study", search.name,
+                   "--db", self.db_url, "--device", self.device.device]
+        code, cancelled, last_error = self._supervise(command, search, own=True)
+        state, reason = self._ending(search, code, cancelled, last_error)
+        try:
+            if state == SearchState.QUEUED:
+                self.store.requeue_search(search.id, self.label, reason)
+            else:
+                self.store.end_search(search.id, self.label, state, reason, exit_status=code)
+        except DatabaseError as exc:  # its heartbeat stops: it reads as interrupted, and is resumed
+            self.say(f"worker {self.label}: could not record how {search.name} ended ({exc})")
+        self.say(f"worker {self.label}: {search.name} {state}: {reason}")
+        return state
+
+    def join_search(self, search: SearchRecord) -> None:
+        """Probe `search`'s study beside its starter, as `autotune worker --study` does."""
+        self.say(f"worker {self.label}: joining {search.name}")
+        command = [sys.executable, "-m", "autotune", "worker", "--study", search.name, "--db", self.db_url,
+                   "--device", self.device.device]
+        self._supervise(command, search, own=False)
+
+    def _supervise(self, command: list[str], search: SearchRecord, *, own: bool) -> tuple[int, str | None, str | None]:
+        """Run `command`; beat the row while it runs (`own`), stop it on a cancel or when this worker
+        stops. Returns its exit status, who cancelled it (or None), and its last error line."""
+        lines: list[str] = []
+        self.child = subprocess.Popen(command, cwd=self.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1,
+                                      preexec_fn=kill_me_with_parent)
+        reader = threading.Thread(target=self._relay, args=(self.child, search.name, lines), daemon=True)
+        reader.start()
+        cancelled: str | None = None
+        try:
+            while self.child.poll() is None:
+                time.sleep(QUEUE_HEARTBEAT_SECONDS if own else self.poll_seconds)
+                if self.child.poll() is not None:
+                    break
+                row = self._beat(search) if own else self._read(search)
+                if row is False:  # no longer this worker's (taken over after it looked dead): let go
+                    self._signal_child(signal.SIGTERM)
+                elif isinstance(row, SearchRecord) and row.cancel_requested and cancelled is None:
+                    cancelled = (row.reason or "").removeprefix("cancel asked").split(";")[0].strip() or "a client"
+                    self.say(f"worker {self.label}: cancelling {search.name}")
+                    self._signal_child(signal.SIGTERM)
+                    self._kill_after_grace()
+        except KeyboardInterrupt:  # (SIGTERM too: Terminated) this worker stops; so does its child's search
+            self.stopping = True
+            self._stop_child()
+        finally:
+            reader.join(timeout=5)
+        code = self.child.wait()
+        self.child = None
+        errors = [line.removeprefix("autotune: error: ") for line in lines if line.startswith("autotune: error: ")]
+        return code, cancelled, (errors[-1] if errors else (lines[-1] if lines else None))
+
+    def _relay(self, child: subprocess.Popen, name: str, lines: list[str]) -> None:
+        assert child.stdout is not None
+        for line in child.stdout:
+            line = line.rstrip("\n")
+            lines.append(line)
+            del lines[:-50]
+            self.say(f"[{name}] {line}")
+
+    def _beat(self, search: SearchRecord) -> SearchRecord | None | bool:
+        try:
+            row = self.store.beat_search(search.id, self.label)
+        except DatabaseError:
+            return None  # the child's own writes fail too, and end it; until then, carry on
+        return False if row is None else row
+
+    def _read(self, search: SearchRecord) -> SearchRecord | None:
+        try:
+            return self.store.submitted_search(search.name)
+        except AutotuneError:
+            return None
+
+    def _ending(self, search: SearchRecord, code: int, cancelled: str | None, last_error: str | None) -> tuple[SearchState, str]:
+        """How a search ended, from its exit status and its study as stored."""
+        if cancelled is not None:
+            return SearchState.CANCELLED, f"cancelled by {cancelled.removeprefix('by ')}; submit it again to resume"
+        if code in STOPPED_BY_SIGNAL and self.stopping:
+            # Not the client's wish: the next worker that can serve it resumes it.
+            return SearchState.QUEUED, f"its worker ({self.label}) was stopped; queued for the next worker to resume"
+        if code in STOPPED_BY_SIGNAL:
+            return SearchState.INTERRUPTED, "its search process was stopped by a signal; submit it again to resume"
+        if code == EXIT_USER_ERROR:
+            return SearchState.FAILED, last_error or "refused by its worker"
+        if code == EXIT_UNMEASURED:
+            return SearchState.FAILED, "some candidates could not be measured; submit it again to retry them"
+        if code == EXIT_NOTHING_FITS:
+            return SearchState.FINISHED, "no configuration fits the budget"
+        if code != 0:
+            how = f"signal {-code}" if code < 0 else f"exit status {code}"
+            return SearchState.FAILED, f"the search process ended with {how}: {(last_error or '')[:300]}"
+        try:
+            status = self.store.study(search.name).status
+        except AutotuneError:
+            status = StudyStatus.FINISHED
+        if status == StudyStatus.FINISHED:
+            try:
+                best = self.store.leaderboard(search.name, top=1)
+            except AutotuneError:
+                best = []
+            pick = f"{best[0].label}, {best[0].tokens_per_s:,.0f} tokens/s" if best else "nothing fits"
+            return SearchState.FINISHED, f"every candidate settled; the pick: {pick}"
+        return SearchState.INTERRUPTED, "stopped by its own limit (--timeout or --max-trials); submit it again to go on"
+
+    # -- stopping --------------------------------------------------------------------------------
+
+    def _signal_child(self, signum: int) -> None:
+        if self.child is not None and self.child.poll() is None:
+            try:
+                self.child.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+    def _kill_after_grace(self) -> None:
+        child = self.child
+
+        def later() -> None:
+            try:
+                child.wait(STOP_GRACE_SECONDS)  # type: ignore[union-attr]
+            except subprocess.TimeoutExpired:
+                child.kill()  # type: ignore[union-attr]
+
+        threading.Thread(target=later, daemon=True).start()
+
+    def _stop_child(self) -> None:
+        """Stop the child's search (as SIGTERM stops it: the probe in flight ended, the study
+        recorded) and wait for it; killed past the grace."""
+        child = self.child
+        if child is None or child.poll() is not None:
+            return
+        self._signal_child(signal.SIGTERM)
+        try:
+            child.wait(STOP_GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+
+
+def serve_queue(db: str | None, device: str, *, say: Callable[[str], None] = print, poll_seconds: float = 1.0,
+                max_searches: int | None = None, timeout: float | None = None, join: bool = True) -> QueueOutcome:
+    """`autotune worker --queue`: open the database, learn the device, serve the queue."""
+    from autotune.store import open_store
+
+    with open_store(db) as store:
+        url = store.engine.url.render_as_string(hide_password=False)
+        found = describe_device(device)
+        worker = QueueWorker(store, url, found, say=say, poll_seconds=poll_seconds, join=join)
+        deadline = time.monotonic() + timeout if timeout else None
+        return worker.run(max_searches=max_searches, deadline=deadline)

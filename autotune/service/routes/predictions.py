@@ -1,0 +1,94 @@
+"""/v1/plan and /v1/estimate: the predictions, without a GPU. The body is the command's flags (the
+one definition, commands.py); the command runs in a child process, `--json`, as a user's shell would
+run it (its traces in their own processes, its cache shared), a few at a time, each held to a limit."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse
+
+from autotune.service.auth import require_writer
+from autotune.service.commands import RequestRefused, read_request
+from autotune.service.routes.searches import json_body
+
+router = APIRouter(tags=["predictions"])
+
+CLOSED = {
+    "db": "the service's operator chooses the database.",
+    "json": "the service always answers in JSON.",
+    "plot": "the service writes no files; draw the plan from its JSON.",
+}
+SLOT_WAIT_SECONDS = 30.0
+
+
+async def predict(request: Request, command_name: str) -> JSONResponse:
+    from autotune.cli import cli
+
+    config = request.app.state.config
+    body = await json_body(request)
+    if isinstance(body, dict):
+        body = {k: config.policy.reference(k, v) if k == "model" else v for k, v in body.items()}
+    command = cli.commands[command_name]
+    parsed, _ = read_request(command, body, closed=CLOSED)
+    if parsed.params.get("trust_remote_code") and not config.policy.allow_remote_code:
+        raise RequestRefused("trust_remote_code: this service does not run a model's own code; its operator allows it "
+                             "with autotune serve --allow-remote-code.", status=403)
+    if command_name == "plan" and str(parsed.params.get("gpu_name") or "").strip().lower() == "list":
+        raise RequestRefused("gpu 'list' lists the cards on the command line (autotune plan --gpu list); name one here.")
+    slots: asyncio.Semaphore = request.app.state.predicting
+    try:
+        await asyncio.wait_for(slots.acquire(), SLOT_WAIT_SECONDS)
+    except TimeoutError:
+        raise RequestRefused(f"the service is busy predicting (at most {config.predict_slots} at once); try again "
+                             f"shortly.", status=503) from None
+    try:
+        return await _run(command_name, parsed.arguments, config)
+    finally:
+        slots.release()
+
+
+async def _run(command_name: str, arguments: tuple[str, ...], config) -> JSONResponse:
+    """`autotune COMMAND ARGUMENTS --json` in a child that dies with the service."""
+    from autotune.processes import kill_me_with_parent
+
+    extra = ["--db", config.db] if command_name == "plan" and config.db else []
+    child = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "autotune", command_name, *arguments, *extra, "--json",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
+        preexec_fn=kill_me_with_parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        out, err = await asyncio.wait_for(child.communicate(), config.predict_seconds)
+    except (TimeoutError, asyncio.CancelledError):
+        child.kill()
+        await child.wait()
+        raise RequestRefused(f"the {command_name} ran past the service's {config.predict_seconds:.0f} s; ask for fewer "
+                             f"configurations.", status=504) from None
+    said = [line for line in err.decode(errors="replace").splitlines() if line.startswith("autotune: error: ")]
+    if child.returncode == 2 and said:
+        raise RequestRefused(said[-1].removeprefix("autotune: error: "))
+    try:
+        document: Any = json.loads(out)
+    except ValueError:
+        last = (said or err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        return JSONResponse({"error": f"the {command_name} failed (exit {child.returncode}): {last[:300]}"}, status_code=500)
+    return JSONResponse(document)
+
+
+@router.post("/v1/plan", openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+    "schema": {"type": "object", "description": "`autotune plan`'s flags (model, gpu or gpu_budget, space flags)."}}}}})
+async def plan(request: Request, _: str = Depends(require_writer)) -> JSONResponse:
+    """`autotune plan --json`: every candidate's memory and speed predicted for a card."""
+    return await predict(request, "plan")
+
+
+@router.post("/v1/estimate", openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+    "schema": {"type": "object", "description": "`autotune estimate`'s flags (model, micro_batch, block_size, ...)."}}}}})
+async def estimate(request: Request, _: str = Depends(require_writer)) -> JSONResponse:
+    """`autotune estimate --json`: one configuration's training memory, predicted."""
+    return await predict(request, "estimate")

@@ -1,0 +1,190 @@
+"""/v1/searches: submit a search (queued for a worker), list and read them, cancel one, follow its
+events, take its answer. Each route reads or writes through the store and says what views.py says."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+
+from autotune.errors import StudyNotFound
+from autotune.service.auth import require_reader, require_writer
+from autotune.service.commands import RequestRefused, command_fields
+from autotune.service.submissions import SEARCH_CLOSED, ServicePolicy, submission_of
+from autotune.service.views import EventReader, links, search_view, study_or_none, submitted_or_none
+from autotune.status import SEARCH_ENDED, StudyStatus
+
+router = APIRouter(tags=["searches"])
+
+IDEMPOTENCY_KEY_MAX = 255
+KEEPALIVE_SECONDS = 15.0
+
+
+def search_body_schema() -> dict[str, Any]:
+    """The body's JSON schema, derived from `autotune search`'s own flags (commands.py)."""
+    from autotune.cli import cli
+
+    value: dict[str, Any] = {"anyOf": [{"type": "string"}, {"type": "number"},
+                       {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "number"}]}}]}
+    properties: dict[str, Any] = {}
+    for name, param in command_fields(cli.commands["search"], SEARCH_CLOSED).items():
+        if name == "device":
+            continue
+        schema: dict[str, Any] = {"type": "boolean"} if param.is_flag else dict(value)
+        schema["description"] = (param.help or "").split("\n")[0][:300]
+        properties[name] = schema
+    properties["device"] = {"type": "string", "enum": ["auto", "cuda", "cpu"],
+                            "description": "The device kind of the workers that may run it [default: cuda]."}
+    properties["gpu"] = {"type": "string", "description": "A card's name the worker's device must carry (e.g. A10G)."}
+    return {"type": "object", "required": ["model", "gpu_budget"], "properties": properties,
+            "additionalProperties": False}
+
+
+async def json_body(request: Request) -> object:
+    try:
+        return json.loads(await request.body() or b"null")
+    except (ValueError, UnicodeDecodeError):
+        raise RequestRefused("the request body is not JSON; send a JSON object of `autotune search`'s flags.") from None
+
+
+@router.post("/v1/searches", status_code=202, openapi_extra={"requestBody": {
+    "required": True, "content": {"application/json": {"schema": search_body_schema()}}}},
+    responses={202: {"description": "Queued (or the same request's search, as it stands)."},
+               401: {"description": "No live token."}, 409: {"description": "The name is taken by other settings."},
+               422: {"description": "A flag the command line would refuse, with its line."}})
+async def submit(request: Request, who: str = Depends(require_writer),
+                 idempotency_key: str | None = Header(default=None, max_length=IDEMPOTENCY_KEY_MAX)) -> JSONResponse:
+    """Queue a search: what `autotune search` takes, checked as it checks it. The same request again
+    (or the same Idempotency-Key) answers with the same search."""
+    body = await json_body(request)
+    policy: ServicePolicy = request.app.state.config.policy
+    submission = await run_in_threadpool(submission_of, body, policy)
+    store = request.app.state.store
+    record, created = await run_in_threadpool(lambda: store.submit_search(submission, idempotency_key=idempotency_key,
+                                                                          submitted_by=who))
+    view = await run_in_threadpool(search_view, store, record.name, detail=False)
+    view["created"] = created
+    return JSONResponse(view, status_code=201 if created else 200, headers={"Location": links(record.name)["self"]})
+
+
+@router.get("/v1/searches")
+def list_searches(request: Request, limit: int = Query(default=100, ge=1, le=1000),
+                  _: str | None = Depends(require_reader)) -> dict[str, Any]:
+    """Every search: submitted ones and the command line's studies, newest first."""
+    from autotune.service.views import list_view
+
+    return {"searches": list_view(request.app.state.store, min(limit, request.app.state.config.page_size))}
+
+
+@router.get("/v1/searches/{name}")
+def read_search(name: str, request: Request, _: str | None = Depends(require_reader)) -> dict[str, Any]:
+    """A search's state (with the reason), progress, leaderboard, and the pick with why."""
+    return search_view(request.app.state.store, name)
+
+
+@router.post("/v1/searches/{name}/cancel", status_code=202)
+def cancel(name: str, request: Request, who: str = Depends(require_writer)) -> dict[str, Any]:
+    """Stop a search: its probe in flight is ended, nothing is left running, and submitting it
+    again resumes it."""
+    store = request.app.state.store
+    if submitted_or_none(store, name) is None:
+        if study_or_none(store, name) is not None:
+            raise RequestRefused(f"study {name!r} was searched from the command line, not submitted here; stop it where "
+                                 f"it runs (Ctrl-C or SIGTERM).", status=409)
+        raise StudyNotFound(f"no search named {name!r}; list them with GET /v1/searches.")
+    store.cancel_search(name, by=who)
+    return search_view(store, name, detail=False)
+
+
+@router.get("/v1/searches/{name}/best")
+def best(name: str, request: Request, format: str = Query(default="json"),
+         _: str | None = Depends(require_reader)) -> Response:
+    """Exactly what `autotune best --study NAME --format FORMAT` prints; its notes in
+    `Autotune-Note` headers."""
+    from autotune.cli.results import BEST_FORMATS
+    from autotune.handoff.best_config import best_in
+
+    if format not in BEST_FORMATS:
+        raise RequestRefused(f"format {format[:40]!r}: give one of {', '.join(BEST_FORMATS)}.")
+    chosen = best_in(request.app.state.store, name)
+    notes = [note.encode("ascii", "replace").decode()[:500] for note in chosen.notes(format)]
+    headers = {"Autotune-Note": " | ".join(notes)} if notes else None
+    text = chosen.render(format) + "\n"
+    if format in ("json", "trainer-args"):
+        return Response(text, media_type="application/json", headers=headers)
+    return PlainTextResponse(text, headers=headers)
+
+
+@router.get("/v1/searches/{name}/events", response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {}},
+                             "description": "Server-sent events: `probe` (one per configuration settled), `state`, `end`."}})
+async def events(name: str, request: Request, _: str | None = Depends(require_reader),
+                 last_event_id: str | None = Header(default=None, max_length=20)) -> StreamingResponse:
+    """One event per probe settled (the line the command line prints, and its figures), from the
+    start or after `Last-Event-ID`; `state` when the state changes; `end` when the search ends."""
+    store = request.app.state.store
+    config = request.app.state.config
+    view = await run_in_threadpool(search_view, store, name, detail=False)
+    after = 0
+    if last_event_id is not None:
+        if not last_event_id.strip().isdigit():
+            raise RequestRefused(f"Last-Event-ID {last_event_id[:20]!r} is not an event id (a whole number).")
+        after = int(last_event_id)
+    slots: asyncio.Semaphore = request.app.state.streams
+    if slots.locked():
+        raise RequestRefused(f"{config.max_streams} event streams are open, as many as this service allows; "
+                             f"try again shortly.", status=503)
+    await slots.acquire()
+    reader = EventReader(name, view["progress"]["total"])
+
+    async def stream():
+        try:
+            if after:
+                await run_in_threadpool(reader.skip_to, store, after)
+            yield "retry: 2000\n\n"
+            state, said = None, time.monotonic()
+            ends = time.monotonic() + config.stream_seconds
+            while not await request.is_disconnected():
+                found = await run_in_threadpool(reader.read, store)
+                for event_id, data in found:
+                    yield f"id: {event_id}\nevent: probe\ndata: {json.dumps(data)}\n\n"
+                now = await run_in_threadpool(_state, store, name)
+                if now != state:
+                    state = now
+                    yield f"event: state\ndata: {json.dumps(state)}\n\n"
+                if state["ended"]:
+                    for event_id, data in await run_in_threadpool(reader.read, store):
+                        yield f"id: {event_id}\nevent: probe\ndata: {json.dumps(data)}\n\n"
+                    yield f"event: end\ndata: {json.dumps(state)}\n\n"
+                    return
+                if time.monotonic() > ends:
+                    yield "event: reconnect\ndata: {}\n\n"
+                    return
+                if found:
+                    said = time.monotonic()
+                elif time.monotonic() - said > KEEPALIVE_SECONDS:
+                    said = time.monotonic()
+                    yield ": keep-alive\n\n"
+                await asyncio.sleep(config.poll_seconds)
+        except Exception as exc:  # the database went away mid-stream: said as an event, then the stream ends
+            yield f"event: error\ndata: {json.dumps({'error': str(exc).splitlines()[0][:300]})}\n\n"
+        finally:
+            slots.release()
+
+    return StreamingResponse(stream(), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _state(store, name: str) -> dict[str, Any]:
+    """A search's state as its event stream says it: the state, the reason, whether it ended."""
+    submitted = submitted_or_none(store, name)
+    if submitted is not None:
+        return {"state": submitted.state, "reason": submitted.reason, "ended": submitted.state in SEARCH_ENDED}
+    study = study_or_none(store, name)
+    status = study.status if study is not None else StudyStatus.INTERRUPTED
+    return {"state": status, "reason": None, "ended": status != StudyStatus.RUNNING}

@@ -1,0 +1,98 @@
+"""`autotune serve`: the application under uvicorn, checked before it listens (a database it can
+use, tokens before any address but loopback), with a queue worker of its own where asked
+(`--local-worker`: one command and it answers). The local worker dies with the service, kill -9
+included; the search it ran is resumed by the next worker."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from autotune.errors import BadInput
+from autotune.service.submissions import ServicePolicy
+
+
+def check_serving(host: str, port: int, model_root: str | None) -> Path | None:
+    """The flags, refused in one line where they cannot be served; returns the model root."""
+    if not 0 < port < 65536:
+        raise BadInput(f"--port {port}: give a port from 1 to 65535.")
+    root = None
+    if model_root is not None:
+        root = Path(model_root).expanduser().resolve()
+        if not root.is_dir():
+            raise BadInput(f"--model-root {model_root}: no such directory; give the directory under which clients may "
+                           f"name local models, data sets and tokenizers.")
+    return root
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(*, host: str, port: int, db: str | None, local_worker: bool, worker_device: str, public_read: bool,
+          model_root: str | None, allow_remote_code: bool, say=print) -> None:
+    """Serve until SIGTERM or Ctrl-C."""
+    from autotune.service.app import ServiceConfig, create_app
+    from autotune.store import open_store
+
+    try:
+        import uvicorn
+    except ImportError:
+        raise BadInput("autotune serve needs FastAPI and uvicorn: pip install 'autotune[service]'.") from None
+    root = check_serving(host, port, model_root)
+    with open_store(db) as store:  # (creates or upgrades the embedded database, as search does)
+        url = store.engine.url.render_as_string(hide_password=False)
+        shown = store.url
+        has_tokens = store.has_tokens()
+    if not is_loopback(host) and not has_tokens:
+        raise BadInput(f"--host {host} listens beyond this machine, and no token exists to guard it; make one first "
+                       f"(autotune token create NAME --db ...), or listen on 127.0.0.1.")
+    _check_port_free(host, port)
+    config = ServiceConfig(db=url, policy=ServicePolicy(root, allow_remote_code), public_read=public_read)
+    app = create_app(config)
+    worker = _start_local_worker(url, worker_device) if local_worker else None
+    reads = "open to all" if public_read else "with a token"
+    say(f"autotune serve: http://{host}:{port}/ (database {shown}; reads {reads}, writes with a token"
+        f"{'; no tokens yet: autotune token create NAME' if not has_tokens else ''}"
+        f"{f'; local worker pid {worker.pid}' if worker else ''})")
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    finally:
+        if worker is not None:
+            _stop(worker)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise BadInput(f"cannot listen on {host}:{port}: {exc.strerror}; give another --port (or --host).") from None
+
+
+def _start_local_worker(db_url: str, device: str) -> subprocess.Popen:
+    from autotune.processes import kill_me_with_parent
+
+    return subprocess.Popen([sys.executable, "-m", "autotune", "worker", "--queue", "--db", db_url, "--device", device],
+                            stdin=subprocess.DEVNULL, preexec_fn=kill_me_with_parent)
+
+
+def _stop(worker: subprocess.Popen) -> None:
+    """The local worker stops as SIGTERM stops it: its search put back in the queue."""
+    if worker.poll() is None:
+        worker.terminate()
+        try:
+            worker.wait(70)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait()

@@ -1,0 +1,131 @@
+"""What the service lets a client name, and a submitted search worked out as the command line works
+it out: the body read as `autotune search`'s flags (commands.py), those flags read by the command's
+own reader (cli/search.py read_search_flags) and the search resolved (search/request.py
+resolve_search: the model, the space, its candidates, the study's name), all before anything is
+written. A request the command line would refuse is refused with its line.
+
+A service must not become a way to read the server's files or run code: a client names a model, a
+data set or a tokenizer by hub id, or by a directory under the operator's `--model-root`; a model's
+own code runs only where the operator passed `--allow-remote-code`."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotune.service.commands import RequestRefused, read_request
+from autotune.store.queue import Submission
+
+# Fields of `autotune search` a client may not give, with why.
+SEARCH_CLOSED = {
+    "db": "the service's operator chooses the database (autotune serve --db).",
+    "json": "the service always answers in JSON.",
+    "workers": "queue workers run the searches: start more of them (autotune worker --queue) to search faster.",
+    "oversubscribe": "queue workers run the searches, one probe at a time each.",
+    "rendezvous": "a search over several nodes is started from the command line on its first node.",
+}
+# The service's own fields: the device kind the workers must have, and a card they must carry.
+SEARCH_OWN = frozenset({"device", "gpu"})
+DEVICE_KINDS = ("auto", "cuda", "cpu")
+CARD = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,99}")
+# Fields that name something to read: a model, a data set, a tokenizer.
+LOCAL_FIELDS = ("model", "dataset", "tokenizer")
+
+
+@dataclass(frozen=True, slots=True)
+class ServicePolicy:
+    """What the operator allows clients to name (autotune serve's flags)."""
+
+    model_root: Path | None = None       # local models, data sets and tokenizers: only under it
+    allow_remote_code: bool = False      # --trust-remote-code in a request
+
+    def reference(self, field: str, value: Any) -> Any:
+        """A client's model, data set or tokenizer as the service lets it be read: a name under
+        the model root becomes that directory's absolute path; a hub id stays as it is; a path
+        anywhere else is refused (403)."""
+        if not isinstance(value, str) or not value.strip():
+            return value  # (the command's own reading refuses it)
+        text = value.strip()
+        root = self.model_root
+        pathlike = text.startswith(("/", ".", "~")) or "\\" in text or ".." in text.split("/") or \
+            re.match(r"[A-Za-z]+:", text) is not None and field != "dataset"
+        if root is not None and not pathlike:
+            candidate = (root / text).resolve()
+            if candidate.exists() and _inside(candidate, root):
+                return str(candidate)
+        if pathlike:
+            if root is not None and os.path.isabs(text) and _inside(Path(text).resolve(), root):
+                return str(Path(text).resolve())
+            raise RequestRefused(f"{field} {text[:80]!r} names a path on the server; name a hub id, or a directory under "
+                                 f"the service's --model-root{'' if root else ' (none is set)'}.", status=403)
+        if Path(text).exists():
+            # A hub id that is also a path relative to the server's working directory would be read from there.
+            raise RequestRefused(f"{field} {text[:80]!r} is also a path on the server, which the service does not read; "
+                                 f"name a hub id with its owner, or a directory under the service's --model-root.",
+                                 status=403)
+        return text
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.relative_to(root.resolve())
+    except ValueError:
+        return False
+    return True
+
+
+def submission_of(body: object, policy: ServicePolicy) -> Submission:
+    """A POST /v1/searches body as the queue stores it, checked as `autotune search` checks its
+    flags (RequestRefused with the command line's line otherwise). Writes nothing, starts nothing."""
+    from autotune.cli import cli
+    from autotune.cli.search import read_search_flags
+    from autotune.errors import AutotuneError
+    from autotune.search.request import resolve_search
+
+    if isinstance(body, dict):
+        body = {k: policy.reference(k, v) if k in LOCAL_FIELDS else v for k, v in body.items()}
+    request, own = read_request(cli.commands["search"], body, closed=SEARCH_CLOSED, own=SEARCH_OWN)
+    device = _device_kind(own.get("device"))
+    card = _card(own.get("gpu"))
+    params = {k: v for k, v in request.params.items() if k not in ("db", "as_json", "workers", "oversubscribe")}
+    if params.get("trust_remote_code") and not policy.allow_remote_code:
+        raise RequestRefused("trust_remote_code: this service does not run a model's own code; its operator allows it "
+                             "with autotune serve --allow-remote-code.", status=403)
+    # Checked for the device the workers have, not this server's (which may have no GPU at all).
+    params["device"] = device
+    try:
+        flags = read_search_flags(params)
+        resolved = resolve_search(flags.model, flags.budget, settings=flags.settings, options=flags.options,
+                                  **flags.space_args)
+    except AutotuneError as exc:
+        raise RequestRefused(str(exc)) from None
+    arguments = request.arguments
+    digest = hashlib.sha256(json.dumps({"arguments": arguments, "device": device, "gpu": card},
+                                       sort_keys=True).encode()).hexdigest()
+    return Submission(name=resolved.name, arguments=arguments, request_hash=digest, model=flags.model,
+                      budget_bytes=flags.budget, device_kind=device, gpus=resolved.space.gpus, card=card,
+                      candidates=len(resolved.candidates))
+
+
+def _device_kind(value: object) -> str:
+    """The device a search's workers must have: cuda (auto and cuda) or cpu."""
+    if value is None:
+        return "cuda"
+    if not isinstance(value, str) or value.strip().lower() not in DEVICE_KINDS:
+        raise RequestRefused(f"device {str(value)[:40]!r}: give cuda (or auto) for GPU workers, or cpu.")
+    return "cpu" if value.strip().lower() == "cpu" else "cuda"
+
+
+def _card(value: object) -> str | None:
+    """A card's name the worker's device must carry (e.g. A10G, H100): letters, digits, ' ._-'."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not CARD.fullmatch(value.strip()):
+        raise RequestRefused(f"gpu {str(value)[:40]!r}: give a card's name as its device name says it (e.g. A10G, "
+                             f"H100), up to 100 letters, digits, spaces, '.', '_' or '-'.")
+    return value.strip()

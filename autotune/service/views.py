@@ -1,0 +1,177 @@
+"""What the service says about a search, in one place for the API and the page: its state with the
+reason, its progress, the leaderboard, the pick and why (as the command line's `--json` and
+`explain_winner` say them), and each probe settled as an event (the line the command line prints).
+Torch-free: the store's records and the report's words."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import quote
+
+from autotune.errors import StudyNotFound
+from autotune.report import explain_winner, format_event
+from autotune.search.common import Event
+from autotune.status import ProbeStatus, SearchState, Settled, StudyStatus
+from autotune.store import LeaderboardRow, ProbeRecord, SearchRecord, Store, StudyRecord
+
+# A study searched from the command line (no submission) read as a search's state.
+STUDY_STATES = {StudyStatus.RUNNING: SearchState.RUNNING, StudyStatus.FINISHED: SearchState.FINISHED,
+                StudyStatus.INCOMPLETE: SearchState.FAILED, StudyStatus.INTERRUPTED: SearchState.INTERRUPTED}
+STUDY_REASONS = {StudyStatus.INCOMPLETE: "some candidates could not be measured; run the same search again to retry them",
+                 StudyStatus.INTERRUPTED: "stopped before the end; run the same search again to resume"}
+
+
+@dataclass(slots=True)
+class StoredOutcome:
+    """What `report.explain_winner` reads of a search's outcome, from the store."""
+
+    study: StudyRecord
+    leaderboard: list[LeaderboardRow]
+    unmeasured: list = field(default_factory=list)
+
+    @property
+    def best(self) -> LeaderboardRow | None:
+        return self.leaderboard[0] if self.leaderboard else None
+
+
+def links(name: str) -> dict[str, str]:
+    base = f"/v1/searches/{quote(name, safe='')}"
+    return {"self": base, "events": f"{base}/events", "best": f"{base}/best", "cancel": f"{base}/cancel",
+            "page": f"/searches/{quote(name, safe='')}"}
+
+
+def submitted_or_none(store: Store, name: str) -> SearchRecord | None:
+    try:
+        return store.submitted_search(name)
+    except StudyNotFound:
+        return None
+
+
+def study_or_none(store: Store, name: str) -> StudyRecord | None:
+    try:
+        return store.study(name)
+    except StudyNotFound:
+        return None
+
+
+def search_view(store: Store, name: str, *, detail: bool = True) -> dict[str, Any]:
+    """GET /v1/searches/{name}: a submitted search, or a study the command line searched."""
+    from autotune.store import check_study_lookup
+
+    check_study_lookup(name)
+    submitted = submitted_or_none(store, name)
+    study = study_or_none(store, name)
+    if submitted is None and study is None:
+        raise StudyNotFound(f"no search or study named {name!r}; submit one with POST /v1/searches, or list them "
+                            f"with GET /v1/searches.")
+    settled = store.settled_counts([name]).get(name, 0)
+    view = summary_view(submitted, study, settled)
+    if detail:
+        board = store.leaderboard(name) if study is not None else []
+        view["leaderboard"] = [row.to_dict() for row in board]
+        view["best"] = best_document(store, name) if board else None
+        view["why"] = explain_winner(StoredOutcome(study, board)) if study is not None and (board or view["state"] in (
+            SearchState.FINISHED,)) else None
+        view["confirmation"] = study.confirmation if study is not None else None
+    return view
+
+
+def summary_view(submitted: SearchRecord | None, study: StudyRecord | None, settled: int,
+                 best_tokens_per_s: float | None = None) -> dict[str, Any]:
+    """A search's header: what, where, its state and progress (the list and the page's rows)."""
+    name = submitted.name if submitted is not None else study.name  # type: ignore[union-attr]
+    if submitted is not None:
+        view = submitted.to_dict()
+        # A search whose study is gone from the database (deleted by hand) still reads as submitted.
+    else:
+        assert study is not None
+        state = STUDY_STATES.get(StudyStatus(study.status), SearchState.RUNNING)
+        view = {"name": name, "state": state, "reason": STUDY_REASONS.get(StudyStatus(study.status)),
+                "model": study.model_reference, "budget_bytes": study.budget_bytes, "device": None, "gpus": None,
+                "card": None, "candidates": None, "arguments": None, "submitted_by": None,
+                "created_at": study.created_at.isoformat(), "updated_at": study.updated_at.isoformat()}
+    view["source"] = "service" if submitted is not None else "command line"
+    view["device_name"] = study.device_name if study is not None else None
+    view["progress"] = {"settled": settled, "total": submitted.candidates if submitted is not None else None}
+    view["best_tokens_per_s"] = best_tokens_per_s
+    view["links"] = links(name)
+    return view
+
+
+def list_view(store: Store, limit: int) -> list[dict[str, Any]]:
+    """GET /v1/searches: submitted searches and the command line's studies, newest first."""
+    submitted = {s.name: s for s in store.submitted_searches(limit=limit)}
+    studies = {s.name: s for s in store.studies()}
+    names = list(submitted) + [n for n in studies if n not in submitted]
+    counts = store.settled_counts(names[:limit])
+    views = []
+    for name in names[:limit]:
+        summary = studies.get(name)
+        study = None
+        if summary is not None and name not in submitted:
+            study = store.study(name)
+        view = summary_view(submitted.get(name), study, counts.get(name, 0),
+                            summary.best_tokens_per_s if summary is not None else None)
+        if summary is not None:
+            view["device_name"] = summary.device_name
+        views.append(view)
+    return views
+
+
+def best_document(store: Store, name: str) -> dict[str, Any]:
+    """`autotune best --format json` of the study, as an object."""
+    from autotune.handoff.best_config import best_in
+
+    return best_in(store, name).to_dict()
+
+
+# -- events ---------------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class EventReader:
+    """A study's settled probes as events, in the order they were stored (each probe's row id is
+    its event id, so a follower resumes after `Last-Event-ID`), numbered as the command line
+    numbers them ([settled/total])."""
+
+    name: str
+    total: int | None
+    last_id: int = 0
+    seen: set[str] = field(default_factory=set)
+    best: float = 0.0
+
+    def skip_to(self, store: Store, last_id: int) -> None:
+        """Start after event `last_id`: what came before it counted, not sent."""
+        for probe in store.probes(self.name):
+            if probe.id > last_id:
+                break
+            self._count(probe)
+        self.last_id = max(self.last_id, last_id)
+
+    def read(self, store: Store) -> list[tuple[int, dict[str, Any]]]:
+        """The events stored since the last read."""
+        events = []
+        for probe in store.probes(self.name, after_id=self.last_id):
+            best = self._count(probe)
+            events.append((probe.id, event_view(probe, len(self.seen), self.total or len(self.seen), best)))
+            self.last_id = probe.id
+        return events
+
+    def _count(self, probe: ProbeRecord) -> bool:
+        self.seen.add(probe.config_key)
+        speed = probe.result.tokens_per_s or 0.0
+        if probe.result.status == ProbeStatus.OK and speed > self.best:
+            self.best = speed
+            return True
+        return False
+
+
+def event_view(probe: ProbeRecord, settled: int, total: int, best: bool) -> dict[str, Any]:
+    r = probe.result
+    how = Settled.SKIPPED if r.status == ProbeStatus.SKIPPED else Settled.PROBED
+    line = format_event(Event(probe.config, r, how, settled, max(total, settled), best, probe.worker), show_worker=True)
+    return {"id": probe.id, "settled": settled, "total": total, "config_key": probe.config_key,
+            "label": probe.config.label(), "status": r.status, "tokens_per_s": r.tokens_per_s,
+            "peak_reserved_bytes": r.peak_reserved_bytes, "peak_allocated_bytes": r.peak_allocated_bytes,
+            "context_bytes": r.context_bytes, "worker": probe.worker, "best": best, "error": r.error, "line": line,
+            "finished_at": probe.finished_at.isoformat()}
