@@ -26,7 +26,7 @@ CPU_DEMO_ARGS := --model $(DEMO_MODEL) --gpu-budget 800MiB --device cpu --block-
 DEMO_ARGS ?= $(if $(HAVE_NVIDIA),$(GPU_DEMO_ARGS),$(CPU_DEMO_ARGS))
 BENCH_ARGS ?=
 
-.PHONY: install test test-fast demo bench clean
+.PHONY: install test test-fast demo serve bench clean
 
 $(BIN)/autotune: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -55,6 +55,14 @@ $(DEMO_MODEL)/config.json:
 
 demo: install $(DEMO_MODEL)/config.json
 	$(BIN)/autotune search $(DEMO_ARGS)
+
+# The service on http://127.0.0.1:8000/ over the same embedded database, with a queue worker on this
+# machine (the GPU if there is one, else --worker-device cpu), reads open to the page. A token named
+# "local" is made (and printed) once; keep it for POST /v1/searches. SERVE_ARGS=... to change.
+SERVE_ARGS ?= --local-worker --public-read $(if $(HAVE_NVIDIA),,--worker-device cpu)
+serve: install
+	@$(BIN)/autotune token list 2>/dev/null | grep -q '^local\b' || $(BIN)/autotune token create local
+	$(BIN)/autotune serve $(SERVE_ARGS)
 
 # On a GPU: gpt2 under 8 GiB and gpt2-medium under 16 GiB; without one: the same pipeline on a
 # tiny model. E.g. make bench BENCH_ARGS="--models gpt2 --out /tmp/bench"

@@ -22,7 +22,7 @@ MAX_LINES = 500
 # other unless listed in SIDEWAYS.
 LAYERS: list[set[str]] = [
     {"__main__"},
-    {"cli"},                                     # parses flags, calls one function, prints
+    {"cli", "service"},                          # the doors: flags parsed, or requests read as those flags
     {"report", "live", "plot", "markdown", "estimate_report"},  # renders what the layers below return
     {"train"},                                   # the fine-tune (searching first if need be)
     {"handoff", "planner"},                      # a study's winner handed off; a space predicted for a card (plan)
@@ -36,8 +36,9 @@ LAYERS: list[set[str]] = [
     {"errors", "defaults", "status", "version", "processes", "deadline"},  # vocabulary everyone shares; process lifelines, deadlines
 ]
 # (importer unit, imported unit) pairs allowed within one layer: the estimator traces the probe's
-# own training step; the Markdown report says why as `autotune search` does and embeds the plot.
-SIDEWAYS = {("estimate", "probe"), ("config", "tasks"), ("config", "recipes"), ("config", "speed"), ("config", "sharding"),
+# own training step; the Markdown report says why as `autotune search` does and embeds the plot; the
+# CLI's `serve` starts the service, which reads each request as the CLI's own command reads its flags.
+SIDEWAYS = {("cli", "service"), ("service", "cli"), ("estimate", "probe"), ("config", "tasks"), ("config", "recipes"), ("config", "speed"), ("config", "sharding"),
             ("markdown", "report"), ("markdown", "plot"), ("estimate_report", "report")}
 
 

@@ -105,7 +105,11 @@ def main() -> None:
 def usage_message(exc: click.UsageError) -> str:
     """A flag's mistake as the command line says it (after 'autotune: error: '), with where to look;
     the service answers a request with the same words (autotune/service/commands.py)."""
-    hint = f" (see: autotune {exc.ctx.command_path.partition(' ')[2]} --help)".replace("  ", " ") if exc.ctx else ""
+    names, context = [], exc.ctx
+    while context is not None and context.parent is not None:  # (the root's name is how it was run: autotune, -m ...)
+        names.append(context.info_name or "")
+        context = context.parent
+    hint = f" (see: {' '.join(['autotune', *reversed(names)])} --help)" if exc.ctx else ""
     return f"{exc.format_message()}{hint}"
 
 

@@ -59,7 +59,8 @@ def create_app(config: ServiceConfig, store=None) -> FastAPI:
             if own:
                 app.state.store.close()
 
-    app = FastAPI(title="autotune", version=__version__, lifespan=lifespan,
+    # No /docs or /redoc: FastAPI serves them from a CDN, and every page here works offline.
+    app = FastAPI(title="autotune", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Find the fastest training configuration that fits a GPU's memory, by measuring it: "
                               "submit searches, follow them, and take their answers.")
     app.state.config = config

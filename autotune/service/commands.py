@@ -38,6 +38,21 @@ class CommandRequest:
     params: dict[str, Any]
 
 
+def command(name: str) -> click.Command:
+    """The command line's command a route reads its body as (from its own module: the `autotune.cli`
+    package, which registers `serve`, is not imported by the service)."""
+    if name == "search":
+        from autotune.cli.search import search
+        return search
+    if name == "plan":
+        from autotune.cli.plan import plan
+        return plan
+    if name == "estimate":
+        from autotune.cli.measure import estimate
+        return estimate
+    raise ValueError(f"no such command: {name}")
+
+
 def field_name(param: click.Parameter) -> str:
     """--gpu-budget -> gpu_budget: the field a body gives a flag as."""
     return max(param.opts, key=len).lstrip("-").replace("-", "_")
@@ -71,8 +86,7 @@ def read_request(command: click.Command, body: object, *, closed: Mapping[str, s
     for name, param in fields.items():  # (the command's order)
         if name in body and body[name] is not None and name not in own:
             arguments += _flag_arguments(name, param, body[name])
-    from autotune.cli import cli
-    from autotune.cli.app import usage_message
+    from autotune.cli.app import cli, usage_message
 
     parent = click.Context(cli, info_name="autotune")
     try:

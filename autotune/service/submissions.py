@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.service.commands import RequestRefused, read_request
+from autotune.service.commands import RequestRefused, command, read_request
 from autotune.store.queue import Submission
 
 # Fields of `autotune search` a client may not give, with why.
@@ -82,14 +82,13 @@ def _inside(path: Path, root: Path) -> bool:
 def submission_of(body: object, policy: ServicePolicy) -> Submission:
     """A POST /v1/searches body as the queue stores it, checked as `autotune search` checks its
     flags (RequestRefused with the command line's line otherwise). Writes nothing, starts nothing."""
-    from autotune.cli import cli
     from autotune.cli.search import read_search_flags
     from autotune.errors import AutotuneError
     from autotune.search.request import resolve_search
 
     if isinstance(body, dict):
         body = {k: policy.reference(k, v) if k in LOCAL_FIELDS else v for k, v in body.items()}
-    request, own = read_request(cli.commands["search"], body, closed=SEARCH_CLOSED, own=SEARCH_OWN)
+    request, own = read_request(command("search"), body, closed=SEARCH_CLOSED, own=SEARCH_OWN)
     device = _device_kind(own.get("device"))
     card = _card(own.get("gpu"))
     params = {k: v for k, v in request.params.items() if k not in ("db", "as_json", "workers", "oversubscribe")}

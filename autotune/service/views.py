@@ -142,7 +142,11 @@ class EventReader:
 
     def skip_to(self, store: Store, last_id: int) -> None:
         """Start after event `last_id`: what came before it counted, not sent."""
-        for probe in store.probes(self.name):
+        try:
+            probes = store.probes(self.name)
+        except StudyNotFound:
+            probes = []
+        for probe in probes:
             if probe.id > last_id:
                 break
             self._count(probe)
@@ -151,7 +155,11 @@ class EventReader:
     def read(self, store: Store) -> list[tuple[int, dict[str, Any]]]:
         """The events stored since the last read."""
         events = []
-        for probe in store.probes(self.name, after_id=self.last_id):
+        try:
+            probes = store.probes(self.name, after_id=self.last_id)
+        except StudyNotFound:  # queued: its study is made when a worker starts it
+            return []
+        for probe in probes:
             best = self._count(probe)
             events.append((probe.id, event_view(probe, len(self.seen), self.total or len(self.seen), best)))
             self.last_id = probe.id

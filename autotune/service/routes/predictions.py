@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from autotune.service.auth import require_writer
-from autotune.service.commands import RequestRefused, read_request
+from autotune.service.commands import RequestRefused, command, read_request
 from autotune.service.routes.searches import json_body
 
 router = APIRouter(tags=["predictions"])
@@ -28,14 +28,11 @@ SLOT_WAIT_SECONDS = 30.0
 
 
 async def predict(request: Request, command_name: str) -> JSONResponse:
-    from autotune.cli import cli
-
     config = request.app.state.config
     body = await json_body(request)
     if isinstance(body, dict):
         body = {k: config.policy.reference(k, v) if k == "model" else v for k, v in body.items()}
-    command = cli.commands[command_name]
-    parsed, _ = read_request(command, body, closed=CLOSED)
+    parsed, _ = read_request(command(command_name), body, closed=CLOSED)
     if parsed.params.get("trust_remote_code") and not config.policy.allow_remote_code:
         raise RequestRefused("trust_remote_code: this service does not run a model's own code; its operator allows it "
                              "with autotune serve --allow-remote-code.", status=403)

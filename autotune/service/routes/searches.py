@@ -14,9 +14,10 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from autotune.errors import StudyNotFound
 from autotune.service.auth import require_reader, require_writer
-from autotune.service.commands import RequestRefused, command_fields
+from autotune.service.commands import RequestRefused, command, command_fields
 from autotune.service.submissions import SEARCH_CLOSED, ServicePolicy, submission_of
-from autotune.service.views import EventReader, links, search_view, study_or_none, submitted_or_none
+from autotune.service.views import (STUDY_REASONS, STUDY_STATES, EventReader, links, search_view, study_or_none,
+                                    submitted_or_none)
 from autotune.status import SEARCH_ENDED, StudyStatus
 
 router = APIRouter(tags=["searches"])
@@ -27,12 +28,10 @@ KEEPALIVE_SECONDS = 15.0
 
 def search_body_schema() -> dict[str, Any]:
     """The body's JSON schema, derived from `autotune search`'s own flags (commands.py)."""
-    from autotune.cli import cli
-
     value: dict[str, Any] = {"anyOf": [{"type": "string"}, {"type": "number"},
                        {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "number"}]}}]}
     properties: dict[str, Any] = {}
-    for name, param in command_fields(cli.commands["search"], SEARCH_CLOSED).items():
+    for name, param in command_fields(command("search"), SEARCH_CLOSED).items():
         if name == "device":
             continue
         schema: dict[str, Any] = {"type": "boolean"} if param.is_flag else dict(value)
@@ -140,7 +139,8 @@ async def events(name: str, request: Request, _: str | None = Depends(require_re
         raise RequestRefused(f"{config.max_streams} event streams are open, as many as this service allows; "
                              f"try again shortly.", status=503)
     await slots.acquire()
-    reader = EventReader(name, view["progress"]["total"])
+    # (A study searched from the command line stores no count of its candidates: those settled so far.)
+    reader = EventReader(name, view["progress"]["total"] or view["progress"]["settled"])
 
     async def stream():
         try:
@@ -186,5 +186,5 @@ def _state(store, name: str) -> dict[str, Any]:
     if submitted is not None:
         return {"state": submitted.state, "reason": submitted.reason, "ended": submitted.state in SEARCH_ENDED}
     study = study_or_none(store, name)
-    status = study.status if study is not None else StudyStatus.INTERRUPTED
-    return {"state": status, "reason": None, "ended": status != StudyStatus.RUNNING}
+    status = StudyStatus(study.status) if study is not None else StudyStatus.INTERRUPTED
+    return {"state": STUDY_STATES[status], "reason": STUDY_REASONS.get(status), "ended": status != StudyStatus.RUNNING}

@@ -1,0 +1,257 @@
+"""The service for real: an `autotune serve` process and `autotune worker --queue` processes on
+loopback, over one SQLite database, running tiny CPU searches submitted over HTTP with a token. A
+pipeline submits, follows the events to the end and builds a real TrainingArguments from the
+answer; a client cancels a running search and resubmits it; a worker is killed mid-search and
+another takes its search over; the service is killed mid-search and the worker finishes anyway.
+One deployment for the module (a service and a worker are started once)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+httpx = pytest.importorskip("httpx")
+
+from autotune.status import SearchState  # noqa: E402
+from autotune.store import open_store  # noqa: E402
+from tests.conftest import write_model_dir  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+TINY = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 128}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Deployment:
+    """A service and its workers, each the leader of its own process group (killed whole at the end)."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.db = f"sqlite:///{base / 'service.db'}"
+        self.root = base / "models"
+        write_model_dir(self.root / "tiny", **TINY)
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.token = self.autotune("token", "create", "pipeline", "--db", self.db).stdout.strip()
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+    def autotune(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=120,
+                              check=True)
+
+    def start(self, name: str, *args: str) -> subprocess.Popen:
+        log = open(self.base / f"{name}.log", "a")
+        process = subprocess.Popen([sys.executable, "-m", "autotune", *args], stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL, start_new_session=True, env=self.env, cwd=self.base)
+        self.processes[name] = process
+        return process
+
+    def start_service(self) -> None:
+        self.start("serve", "serve", "--port", str(self.port), "--db", self.db, "--model-root", str(self.root))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        raise AssertionError(f"the service did not answer: {(self.base / 'serve.log').read_text()}")
+
+    def start_worker(self, name: str) -> subprocess.Popen:
+        return self.start(name, "worker", "--queue", "--device", "cpu", "--db", self.db)
+
+    def kill(self, name: str, signum: int = signal.SIGKILL) -> None:
+        process = self.processes.pop(name)
+        try:
+            os.killpg(process.pid, signum)
+        except ProcessLookupError:
+            pass
+        process.wait(timeout=90)
+
+    def stop_all(self) -> None:
+        for name in list(self.processes):
+            self.kill(name)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def submit(self, **changes) -> httpx.Response:
+        return httpx.post(f"{self.url}/v1/searches", json=search_body(**changes), headers=self.headers, timeout=30)
+
+    def view(self, name: str) -> dict:
+        answer = httpx.get(f"{self.url}/v1/searches/{name}", headers=self.headers, timeout=30)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    def row(self, name: str):
+        with open_store(self.db) as store:
+            return store.submitted_search(name)
+
+    def wait(self, name: str, test, what: str, seconds: float = 150.0):
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            row = self.row(name)
+            if test(row):
+                return row
+            time.sleep(0.3)
+        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.base.glob("*.log")))
+        raise AssertionError(f"{name}: {what} not seen in {seconds} s (last: {row}):\n{logs}")
+
+
+def search_body(**changes) -> dict:
+    values = {"model": "tiny", "gpu_budget": "200MiB", "device": "cpu", "micro_batches": [1, 2], "block_sizes": "32",
+              "effective_batch": 2, "precisions": "fp32", "checkpointing": "off", "attention": "sdpa",
+              "measure_seconds": "0.3", "warmup_steps": 2, "measure_steps": 2, "predict": False, "confirm": False}
+    values.update(changes)
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def processes_under(path: Path) -> list[str]:
+    """Command lines of live processes that name `path` (what this module's deployment started)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+        except OSError:
+            continue
+        if str(path) in line and state not in ("Z", "X"):
+            found.append(line)
+    return found
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory):
+    deployed = Deployment(tmp_path_factory.mktemp("service"))
+    deployed.start_service()
+    deployed.start_worker("worker-a")
+    yield deployed
+    deployed.stop_all()
+    deadline = time.monotonic() + 10
+    while processes_under(deployed.base) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_under(deployed.base) == []  # every process the deployment's commands started is gone
+
+
+def follow(deployment: Deployment, name: str, seconds: float = 180.0) -> list[tuple[str, dict]]:
+    """Read the search's event stream to its `end`: (event, data) pairs."""
+    events, kind = [], None
+    with httpx.stream("GET", f"{deployment.url}/v1/searches/{name}/events", headers=deployment.headers,
+                      timeout=httpx.Timeout(seconds, connect=10)) as stream:
+        assert stream.status_code == 200
+        assert stream.headers["content-type"].startswith("text/event-stream")
+        for line in stream.iter_lines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: "):
+                events.append((kind, json.loads(line[6:])))
+                if kind in ("end", "error"):
+                    break
+    return events
+
+
+def test_a_pipeline_submits_follows_and_trains_with_the_answer(deployment):
+    # Without a token: refused, and nothing is written.
+    refused = httpx.post(f"{deployment.url}/v1/searches", json=search_body(), timeout=30)
+    assert refused.status_code == 401
+    with open_store(deployment.db) as store:
+        assert store.submitted_searches() == []
+    submitted = deployment.submit()
+    assert submitted.status_code == 201, submitted.text
+    name = submitted.json()["name"]
+    assert submitted.headers["location"] == f"/v1/searches/{name}"
+    events = follow(deployment, name)
+    probes = [data for kind, data in events if kind == "probe"]
+    assert events[-1][0] == "end" and events[-1][1]["state"] == SearchState.FINISHED
+    assert sorted(p["settled"] for p in probes) == [1, 2] and {p["total"] for p in probes} == {2}
+    assert all(p["line"].startswith(f"[{p['settled']}/2] ") for p in probes)
+    view = deployment.view(name)
+    assert view["state"] == SearchState.FINISHED and view["progress"] == {"settled": 2, "total": 2}
+    assert view["best"]["label"] == view["leaderboard"][0]["label"] and view["why"].startswith("Chosen: ")
+    # The answer, fed into a real TrainingArguments, as a pipeline would.
+    answer = httpx.get(f"{deployment.url}/v1/searches/{name}/best", params={"format": "trainer-args"},
+                       headers=deployment.headers, timeout=30)
+    document = answer.json()
+    from transformers import TrainingArguments
+
+    arguments = TrainingArguments(output_dir=str(deployment.base / "run"), **document["training_arguments"])
+    assert arguments.per_device_train_batch_size == view["best"]["micro_batch"]
+    assert arguments.gradient_accumulation_steps == view["best"]["grad_accum"]
+    # The same request again: the same search, answered, not a second one.
+    again = deployment.submit()
+    assert again.status_code == 200 and again.json()["name"] == name and again.json()["state"] == SearchState.FINISHED
+    with open_store(deployment.db) as store:
+        assert [s.name for s in store.submitted_searches()] == [name]
+        assert store.submitted_search(name).attempts == 1
+
+
+def test_a_cancelled_search_stops_its_probe_and_resumes_when_submitted_again(deployment):
+    body = dict(study="cancel-me", checkpointing="off,on", measure_seconds="1.5")
+    assert deployment.submit(**body).status_code == 201
+    deployment.wait("cancel-me", lambda r: r.state == SearchState.RUNNING, "running")
+    with open_store(deployment.db) as store:
+        deadline = time.monotonic() + 120
+        while not store.settled_counts(["cancel-me"]) and time.monotonic() < deadline:
+            time.sleep(0.3)
+        settled_before = store.settled_counts(["cancel-me"]).get("cancel-me", 0)
+    assert settled_before >= 1
+    cancelled = httpx.post(f"{deployment.url}/v1/searches/cancel-me/cancel", headers=deployment.headers, timeout=30)
+    assert cancelled.status_code == 202 and cancelled.json()["cancel_requested"] is True
+    row = deployment.wait("cancel-me", lambda r: r.state == SearchState.CANCELLED, "cancelled", seconds=90)
+    assert "cancelled by pipeline" in row.reason
+    # Nothing of that search is left running: no search or probe process names its study.
+    time.sleep(1.0)
+    assert [line for line in processes_under(deployment.base) if "cancel-me" in line] == []
+    with open_store(deployment.db) as store:
+        probes_before = {p.config_key: p.id for p in store.probes("cancel-me")}
+    resumed = deployment.submit(**body)
+    assert resumed.status_code == 200 and resumed.json()["state"] == SearchState.QUEUED
+    deployment.wait("cancel-me", lambda r: r.state == SearchState.FINISHED, "finished after resuming", seconds=240)
+    with open_store(deployment.db) as store:
+        after = store.probes("cancel-me")
+    # What was settled before the cancel was not probed again (the confirmation round adds windows, not rows).
+    assert all(sum(1 for p in after if p.config_key == key) == 1 for key in probes_before)
+
+
+def test_a_killed_worker_s_search_is_taken_over_and_the_service_can_die(deployment):
+    deployment.start_worker("worker-b")
+    body = dict(study="survivor", checkpointing="off,on", measure_seconds="0.5")
+    assert deployment.submit(**body).status_code == 201
+    row = deployment.wait("survivor", lambda r: r.state == SearchState.RUNNING, "running")
+    holder = "worker-a" if row.worker.endswith(f":{deployment.processes['worker-a'].pid}") else "worker-b"
+    other = "worker-b" if holder == "worker-a" else "worker-a"
+    with open_store(deployment.db) as store:
+        deadline = time.monotonic() + 120
+        while not store.settled_counts(["survivor"]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    deployment.kill(holder)  # kill -9 of the worker: its search and probe processes die with it
+    deployment.kill("serve")  # and the service, kill -9, while the other worker goes on
+    row = deployment.wait("survivor", lambda r: r.state == SearchState.FINISHED, "finished by the other worker",
+                          seconds=240)
+    assert row.worker.endswith(f":{deployment.processes[other].pid}") and row.attempts == 2
+    with open_store(deployment.db) as store:
+        study = store.study("survivor")
+        claims = store.claims(study.id, stale_after=15.0)
+    assert study.status == "finished" and all(c.state == "done" for c in claims)
+    # A restarted service shows it.
+    deployment.start_service()
+    view = deployment.view("survivor")
+    assert view["state"] == SearchState.FINISHED and view["leaderboard"]
