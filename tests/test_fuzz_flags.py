@@ -61,6 +61,7 @@ BASE = {
     "runs": ["--study", "no-such-study"],
     "plot": ["--study", "no-such-study"],
     "report": ["--study", "no-such-study"],
+    "serve": ["--port", "8999"],
 }
 DOCUMENTED_EXITS = {0, 1, 2, 3}
 # Cases this fuzzing found whose fix belongs to code another change is rewriting at the time of
@@ -177,8 +178,8 @@ def problems_of(path: tuple[str, ...], flag: str, kind: str, code: int | str, st
     return found
 
 
-# `node` serves forever once its flags are fine: its loop is a stand-in here (it is what node runs
-# after every check).
+# `node` and `serve` serve forever once their flags are fine: their loops are stand-ins here (what
+# each runs after every check).
 def _node_stand_in(*args, **kwargs):
     raise SystemExit(0)
 
@@ -188,7 +189,8 @@ def test_hostile_values_in_every_flag_end_as_documented(work, hermetic_home, pat
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the same answers on a machine with a GPU
     db = hermetic_home / "autotune.db"
     found: list[str] = []
-    with mock.patch("autotune.probe.node.serve_node", _node_stand_in):
+    with mock.patch("autotune.probe.node.serve_node", _node_stand_in), \
+            mock.patch("autotune.service.server.listen", _node_stand_in):
         for flag, kind in cases(path):
             before = digest(db)
             # Only what this case started: the worker may hold other tests' processes (a session's

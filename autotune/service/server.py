@@ -21,9 +21,16 @@ def check_serving(host: str, port: int, model_root: str | None) -> Path | None:
         raise BadInput(f"--port {port}: give a port from 1 to 65535.")
     root = None
     if model_root is not None:
-        root = Path(model_root).expanduser().resolve()
-        if not root.is_dir():
-            raise BadInput(f"--model-root {model_root}: no such directory; give the directory under which clients may "
+        if not model_root.strip():
+            raise BadInput("--model-root is empty; give the directory under which clients may name local models, "
+                           "or leave it out (hub ids only).")
+        try:
+            root = Path(model_root).expanduser().resolve()
+            usable = root.is_dir()
+        except (OSError, ValueError):  # (a name past the file system's limits, a NUL)
+            usable = False
+        if not usable:
+            raise BadInput(f"--model-root {model_root[:80]!r}: no such directory; give the directory under which clients may "
                            f"name local models, data sets and tokenizers.")
     return root
 
@@ -44,7 +51,7 @@ def serve(*, host: str, port: int, db: str | None, local_worker: bool, worker_de
     from autotune.store import open_store
 
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401
     except ImportError:
         raise BadInput("autotune serve needs FastAPI and uvicorn: pip install 'autotune[service]'.") from None
     root = check_serving(host, port, model_root)
@@ -64,10 +71,17 @@ def serve(*, host: str, port: int, db: str | None, local_worker: bool, worker_de
         f"{'; no tokens yet: autotune token create NAME' if not has_tokens else ''}"
         f"{f'; local worker pid {worker.pid}' if worker else ''})")
     try:
-        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+        listen(app, host, port)
     finally:
         if worker is not None:
             _stop(worker)
+
+
+def listen(app, host: str, port: int) -> None:
+    """Serve `app` until SIGTERM or Ctrl-C (uvicorn's own handlers: requests in flight are finished)."""
+    import uvicorn
+
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -263,3 +263,39 @@ def test_an_unreachable_database_is_a_503_with_one_line(postgres_server, tmp_pat
                 conn.execute(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS true')
         assert client.get("/healthz").status_code == 200
     postgres_server.drop_database(name)
+
+
+# -- the commands: serve, token, worker --queue ---------------------------------------------------
+
+@pytest.mark.slow  # (the command line itself)
+def test_serve_token_and_queue_worker_refuse_mistakes_in_one_line(tmp_path):
+    db = str(tmp_path / "cli.db")
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=60)
+
+    def refused(done: subprocess.CompletedProcess, words: str) -> None:
+        assert done.returncode == 2, done
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("autotune: error: ") and words in lines[0], done.stderr
+
+    refused(run("serve", "--host", "0.0.0.0", "--db", db), "no token exists")
+    refused(run("serve", "--model-root", str(tmp_path / "absent"), "--db", db), "no such directory")
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        refused(run("serve", "--port", str(taken.getsockname()[1]), "--db", db), "cannot listen on")
+    made = run("token", "create", "ci", "--db", db)
+    assert made.returncode == 0 and made.stdout.strip().startswith("at_") and len(made.stdout.strip()) > 40
+    refused(run("token", "create", "ci", "--db", db), "exists already")
+    refused(run("token", "create", "bad name!", "--db", db), "not usable")
+    refused(run("token", "revoke", "nobody", "--db", db), "no token called")
+    listed = run("token", "list", "--db", db)
+    assert listed.stdout.startswith("ci\t") and made.stdout.strip() not in listed.stdout
+    assert run("token", "revoke", "ci", "--db", db).returncode == 0
+    refused(run("worker", "--queue", "--study", "x", "--db", db), "one of them")
+    refused(run("worker", "--db", db), "one of them")
+    refused(run("worker", "--queue", "--max-trials", "3", "--db", db), "--max-trials")
+    refused(run("worker", "--study", "x", "--max-searches", "3", "--db", db), "--max-searches")

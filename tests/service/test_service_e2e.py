@@ -201,6 +201,28 @@ def test_a_pipeline_submits_follows_and_trains_with_the_answer(deployment):
     with open_store(deployment.db) as store:
         assert [s.name for s in store.submitted_searches()] == [name]
         assert store.submitted_search(name).attempts == 1
+    # The command line reads the same study, unchanged.
+    board = deployment.autotune("leaderboard", "--study", name, "--format", "json", "--db", deployment.db)
+    assert [row["label"] for row in json.loads(board.stdout)] == [row["label"] for row in view["leaderboard"]]
+    printed = deployment.autotune("best", "--study", name, "--format", "trainer-args", "--db", deployment.db)
+    assert json.loads(printed.stdout) == document
+
+
+def test_predictions_need_no_gpu_and_refuse_as_the_command_line_does(deployment):
+    started = time.monotonic()
+    body = {"model": "tiny", "micro_batch": 2, "block_size": 32}
+    answer = httpx.post(f"{deployment.url}/v1/estimate", json=body, headers=deployment.headers, timeout=300)
+    first = time.monotonic() - started
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["peak_bytes"] > 0 and set(answer.json()["breakdown"]) >= {"params", "grads", "optimizer"}
+    started = time.monotonic()
+    again = httpx.post(f"{deployment.url}/v1/estimate", json=body, headers=deployment.headers, timeout=300)
+    assert again.json()["peak_bytes"] == answer.json()["peak_bytes"]
+    assert time.monotonic() - started < first  # (answered from the estimate cache: no trace)
+    refused = httpx.post(f"{deployment.url}/v1/plan", json={"model": "tiny", "gpu": "no-such-card"},
+                         headers=deployment.headers, timeout=60)
+    assert refused.status_code == 422 and "no-such-card" in refused.json()["error"]
+    assert httpx.post(f"{deployment.url}/v1/estimate", json=body, timeout=30).status_code == 401
 
 
 def test_a_cancelled_search_stops_its_probe_and_resumes_when_submitted_again(deployment):
