@@ -33,6 +33,8 @@ SEARCH_CLOSED = {
 SEARCH_OWN = frozenset({"device", "gpu"})
 DEVICE_KINDS = ("auto", "cuda", "cpu")
 CARD = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,99}")
+# A model's, data set's or tokenizer's name, at most (a hub id is far shorter).
+MAX_REFERENCE_CHARS = 1000
 # Fields that name something to read: a model, a data set, a tokenizer.
 LOCAL_FIELDS = ("model", "dataset", "tokenizer")
 
@@ -51,6 +53,16 @@ class ServicePolicy:
         if not isinstance(value, str) or not value.strip():
             return value  # (the command's own reading refuses it)
         text = value.strip()
+        if "\x00" in text or len(text) > MAX_REFERENCE_CHARS:
+            raise RequestRefused(f"{field}: give a hub id or a directory's name of at most {MAX_REFERENCE_CHARS} "
+                                 f"characters, without NUL.")
+        try:
+            return self._reference(field, text)
+        except (OSError, ValueError):  # (a name past the file system's limits: no file of it to read)
+            raise RequestRefused(f"{field} {text[:80]!r} is no usable name: a path component past the file system's "
+                                 f"limit; give a hub id or a directory under the service's --model-root.") from None
+
+    def _reference(self, field: str, text: str) -> str:
         root = self.model_root
         pathlike = text.startswith(("/", ".", "~")) or "\\" in text or ".." in text.split("/") or \
             re.match(r"[A-Za-z]+:", text) is not None and field != "dataset"
@@ -82,6 +94,9 @@ def _inside(path: Path, root: Path) -> bool:
 def submission_of(body: object, policy: ServicePolicy) -> Submission:
     """A POST /v1/searches body as the queue stores it, checked as `autotune search` checks its
     flags (RequestRefused with the command line's line otherwise). Writes nothing, starts nothing."""
+    import click
+
+    from autotune.cli.app import usage_message
     from autotune.cli.search import read_search_flags
     from autotune.errors import AutotuneError
     from autotune.search.request import resolve_search
@@ -103,6 +118,8 @@ def submission_of(body: object, policy: ServicePolicy) -> Submission:
                                   **flags.space_args)
     except AutotuneError as exc:
         raise RequestRefused(str(exc)) from None
+    except click.UsageError as exc:  # (flags that only make sense together, read past click's parse)
+        raise RequestRefused(usage_message(exc)) from None
     arguments = request.arguments
     digest = hashlib.sha256(json.dumps({"arguments": arguments, "device": device, "gpu": card},
                                        sort_keys=True).encode()).hexdigest()

@@ -28,8 +28,13 @@ SLOT_WAIT_SECONDS = 30.0
 
 
 async def predict(request: Request, command_name: str) -> JSONResponse:
-    config = request.app.state.config
-    body = await json_body(request)
+    return await predict_body(request.app, command_name, await json_body(request))
+
+
+async def predict_body(app, command_name: str, body: object) -> JSONResponse:
+    """A plan or estimate for `body` (the command's flags): checked, then run in a child, a few at a
+    time. The /plan page's form comes here too."""
+    config = app.state.config
     if isinstance(body, dict):
         body = {k: config.policy.reference(k, v) if k == "model" else v for k, v in body.items()}
     parsed, _ = read_request(command(command_name), body, closed=CLOSED)
@@ -38,7 +43,7 @@ async def predict(request: Request, command_name: str) -> JSONResponse:
                              "with autotune serve --allow-remote-code.", status=403)
     if command_name == "plan" and str(parsed.params.get("gpu_name") or "").strip().lower() == "list":
         raise RequestRefused("gpu 'list' lists the cards on the command line (autotune plan --gpu list); name one here.")
-    slots: asyncio.Semaphore = request.app.state.predicting
+    slots: asyncio.Semaphore = app.state.predicting
     try:
         await asyncio.wait_for(slots.acquire(), SLOT_WAIT_SECONDS)
     except TimeoutError:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from typing import Any
 
@@ -131,8 +132,9 @@ async def events(name: str, request: Request, _: str | None = Depends(require_re
     view = await run_in_threadpool(search_view, store, name, detail=False)
     after = 0
     if last_event_id is not None:
-        if not last_event_id.strip().isdigit():
-            raise RequestRefused(f"Last-Event-ID {last_event_id[:20]!r} is not an event id (a whole number).")
+        if not re.fullmatch(r"[0-9]{1,18}", last_event_id.strip(), re.ASCII):
+            raise RequestRefused(f"Last-Event-ID {last_event_id[:20]!r} is not an event id (a whole number, at most "
+                                 f"18 digits).")
         after = int(last_event_id)
     slots: asyncio.Semaphore = request.app.state.streams
     if slots.locked():

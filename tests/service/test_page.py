@@ -1,0 +1,359 @@
+"""The pages: in process (FastAPI's TestClient over a study written through the real Store) what
+each page shows, that it escapes what the database holds, who may read it, and that nothing is
+fetched from elsewhere; then for real, a headless Chromium on a running `autotune serve`, following
+a search live to its end without a reload."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fastapi")
+from fastapi.responses import JSONResponse  # noqa: E402
+from fastapi.testclient import TestClient  # noqa: E402
+
+from autotune.handoff.best_config import best_in  # noqa: E402
+from autotune.service.app import ServiceConfig, create_app  # noqa: E402
+from autotune.service.auth import COOKIE  # noqa: E402
+from autotune.store import open_store  # noqa: E402
+from tests.conftest import write_model_dir  # noqa: E402
+from tests.store.helpers import ENV, FakeModel, GiB, config, make_study, result  # noqa: E402
+
+HOSTILE = "<script>alert('x')</script>\"&model"
+PAGES = ("/", "/searches/s1", "/plan", "/login")
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def db(tmp_path) -> str:
+    """A database holding one finished study: two configs that fit, one out of memory."""
+    url = f"sqlite:///{tmp_path / 'pages.db'}"
+    with open_store(url) as store:
+        study = make_study(store, "s1", model=FakeModel(reference=HOSTILE))
+        fp = ENV.fingerprint()
+        store.record_probe(study.id, config(1), result("ok", 800.0, 2 * GiB), env_fingerprint=fp)
+        store.record_probe(study.id, config(2), result("ok", 1500.0, 5 * GiB), env_fingerprint=fp)
+        store.record_probe(study.id, config(8), result("oom", None, None, error="CUDA out of memory"), env_fingerprint=fp)
+        store.set_study_status(study.id, "finished")
+    return url
+
+
+def client_of(db: str, public_read: bool = True) -> TestClient:
+    return TestClient(create_app(ServiceConfig(db=db, public_read=public_read)))
+
+
+def make_token(db: str) -> str:
+    with open_store(db) as store:
+        return store.create_token("reader")
+
+
+# -- what the pages show --------------------------------------------------------------------------
+
+def test_the_index_lists_the_study_with_a_link_to_its_page(db):
+    with client_of(db) as client:
+        page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    row = re.search(r'<tr><td><a href="/searches/s1">s1</a></td>.*?</tr>', page.text)
+    assert row is not None, page.text
+    for shown in ("8.00 GiB", "NVIDIA H100 80GB HBM3", "finished", "3 settled", "1,500"):
+        assert shown in row.group(0)
+
+
+def test_the_search_page_shows_the_leaderboard_the_plot_the_pick_and_the_probes(db):
+    with client_of(db) as client:
+        page = client.get("/searches/s1").text
+        cli_text = client.get("/v1/searches/s1/best?format=cli").text
+    board = re.search(r'<div id="leaderboard">.*?</div>', page, re.S).group(0)
+    ranked = re.findall(r'<tr data-key="[^"]+"[^>]*><td class="num">(\d)</td><td class="label">([^<]+)</td>'
+                        r'<td class="num">([\d,]+)</td>', board)
+    assert ranked == [("1", "mb2x16 blk512 fp32 no-ckpt sdpa", "1,500"), ("2", "mb1x32 blk512 fp32 no-ckpt sdpa", "800")]
+    assert "5.00 GiB of 7.75 GiB (65%)" in board  # needs (reserved + context) of the budget less the margin
+    # The plot: one point per config that fits, the faster higher, the allowed memory to the right of both.
+    svg = re.search(r"<svg.*?</svg>", page, re.S).group(0)
+    points = {cls: (float(x), float(y)) for cls, x, y in
+              re.findall(r'<circle class="(point(?: best)?)" cx="([\d.]+)" cy="([\d.]+)"', svg)}
+    assert set(points) == {"point", "point best"}
+    assert points["point best"][1] < points["point"][1] and points["point best"][0] > points["point"][0]
+    allowed = float(re.search(r'<line class="allowed" x1="([\d.]+)"', svg).group(1))
+    budget = float(re.search(r'<line class="budget" x1="([\d.]+)"', svg).group(1))
+    assert points["point best"][0] < allowed < budget
+    assert "Chosen: mb2x16 blk512 fp32 no-ckpt sdpa" in page  # views' why
+    # Hand-off snippets: what /best answers, each with a copy button.
+    for fmt in ("trainer-args", "cli", "accelerate"):
+        assert f'<pre id="handoff-{fmt}">' in page and f'data-copy="handoff-{fmt}"' in page
+    assert re.search(r'<pre id="handoff-cli">(.*?)</pre>', page, re.S).group(1) == cli_text.strip()
+    # Every probe settled, as the event stream numbers them, the failure said in one line.
+    probes = re.findall(r'<tr data-id="(\d+)" class="status-(\w+)"', page)
+    assert [status for _, status in probes] == ["ok", "ok", "oom"]
+    assert 'src="/static/live.js"' in page and 'data-events="/v1/searches/s1/events"' in page
+
+
+def test_the_snippets_are_the_best_commands_text(db):
+    with client_of(db) as client:
+        page = client.get("/searches/s1").text
+    with open_store(db) as store:
+        accelerate = best_in(store, "s1").render("accelerate")
+    shown = re.search(r'<pre id="handoff-accelerate">(.*?)</pre>', page, re.S).group(1)
+    assert shown.replace("&quot;", '"').replace("&#x27;", "'") == accelerate
+
+
+def test_pages_escape_what_the_database_holds(db):
+    with client_of(db) as client:
+        for path in ("/", "/searches/s1"):
+            page = client.get(path).text
+            assert "<script>alert" not in page and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;&quot;&amp;model" in page
+
+
+def test_an_unknown_search_is_one_line_not_a_traceback(db):
+    with client_of(db) as client:
+        page = client.get("/searches/nope")
+    assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")
+    assert re.findall(r'<p class="error"[^>]*>(.*?)</p>', page.text) == [
+        "no search or study named &#x27;nope&#x27;; submit one with POST /v1/searches, or list them with GET /v1/searches."]
+    assert "Traceback" not in page.text
+
+
+# -- who may read -----------------------------------------------------------------------------------
+
+def test_a_private_service_sends_a_reader_to_log_in_and_serves_them_with_the_cookie(db):
+    token = make_token(db)
+    with client_of(db, public_read=False) as client:
+        for path in ("/", "/searches/s1"):
+            sent = client.get(path, follow_redirects=False)
+            assert sent.status_code == 303 and sent.headers["location"] == f"/login?next={path.replace('/', '%2F')}"
+        assert 'name="token"' in client.get("/login?next=%2Fsearches%2Fs1").text
+        wrong = client.post("/login", data={"token": "at_not-a-token", "next": "/"}, follow_redirects=False)
+        assert wrong.status_code == 401 and "not a live token" in wrong.text and COOKIE not in client.cookies
+        right = client.post("/login", data={"token": token, "next": "/searches/s1"}, follow_redirects=False)
+        assert right.status_code == 303 and right.headers["location"] == "/searches/s1"
+        cookie = right.headers["set-cookie"]
+        assert cookie.startswith(f"{COOKIE}={token};") and "HttpOnly" in cookie and "SameSite=strict" in cookie
+        assert client.get("/searches/s1").status_code == 200
+        assert "<span>reader</span>" in client.get("/").text  # who is logged in, with a way out
+        client.post("/logout", follow_redirects=False)
+        assert client.get("/", follow_redirects=False).status_code == 303
+
+
+def test_login_goes_back_only_to_this_service(db):
+    token = make_token(db)
+    with client_of(db) as client:
+        for elsewhere in ("//evil.example/", "evil.example", "/\\evil.example"):
+            sent = client.post("/login", data={"token": token, "next": elsewhere}, follow_redirects=False)
+            assert sent.headers["location"] == "/"
+
+
+# -- plan ------------------------------------------------------------------------------------------------
+
+PLANNED = {"model": "gpt2", "target": "NVIDIA H100 80GB HBM3 (h100) with 8.00 GiB", "budget_bytes": 8 * GiB,
+           "margin_bytes": GiB // 2, "notes": ["a <b>note</b>"],
+           "candidates": [{"label": "mb1x8 blk512 bf16 no-ckpt sdpa", "fits": True, "need_bytes": 3 * GiB,
+                           "tokens_per_s": 41000.0, "why_not": None},
+                          {"label": "mb8x1 blk512 fp32 no-ckpt sdpa", "fits": False, "need_bytes": 11 * GiB,
+                           "tokens_per_s": None, "why_not": "over the budget"}]}
+
+
+def test_the_plan_form_predicts_through_v1_plans_machinery(db, monkeypatch):
+    from autotune.service.routes import predictions
+
+    asked = []
+
+    async def run(command, arguments, config):  # the child `autotune plan --json`, canned
+        asked.append((command, arguments))
+        return JSONResponse(PLANNED)
+
+    monkeypatch.setattr(predictions, "_run", run)
+    token = make_token(db)
+    with client_of(db) as client:
+        form = client.get("/plan").text
+        assert all(f'name="{field}"' in form for field in ("model", "gpu", "gpu_budget"))
+        refused = client.post("/plan", data={"model": "gpt2", "gpu": "h100"})
+        assert refused.status_code == 401 and 'href="/login?next=%2Fplan"' in refused.text and not asked
+        client.cookies.set(COOKIE, token)
+        page = client.post("/plan", data={"model": "gpt2", "gpu": "h100", "gpu_budget": "8GiB"})
+    assert page.status_code == 200, page.text
+    assert asked == [("plan", ("--model=gpt2", "--gpu=h100", "--gpu-budget=8GiB"))]
+    rows = re.findall(r'<tr class="(fits|over)"><td class="label">([^<]+)</td><td>(\w+)</td>', page.text)
+    assert rows == [("fits", "mb1x8 blk512 bf16 no-ckpt sdpa", "fits"), ("over", "mb8x1 blk512 fp32 no-ckpt sdpa", "over")]
+    assert "1 of 2 candidates predicted to fit in 7.50 GiB" in page.text and "a &lt;b&gt;note&lt;/b&gt;" in page.text
+    assert 'value="h100"' in page.text  # the form keeps what was asked
+
+
+def test_a_plan_the_command_refuses_is_its_line_under_the_form(db, monkeypatch):
+    from autotune.service.routes import predictions
+
+    async def run(command, arguments, config):
+        raise AssertionError("a refused request starts no child")
+
+    monkeypatch.setattr(predictions, "_run", run)
+    with client_of(db) as client:
+        client.cookies.set(COOKIE, make_token(db))
+        page = client.post("/plan", data={"model": "gpt2", "gpu": "list"})
+    assert page.status_code == 422
+    errors = re.findall(r'<p class="error"[^>]*>(.*?)</p>', page.text)
+    assert len(errors) == 1 and "gpu &#x27;list&#x27;" in errors[0] and '<form method="post" action="/plan"' in page.text
+
+
+# -- nothing from elsewhere ----------------------------------------------------------------------------
+
+def test_static_assets_are_served_from_the_package(db):
+    with client_of(db) as client:
+        css = client.get("/static/style.css")
+        js = client.get("/static/live.js")
+    assert css.status_code == 200 and css.headers["content-type"].startswith("text/css") and "svg.plot" in css.text
+    assert js.status_code == 200 and "javascript" in js.headers["content-type"] and "EventSource" in js.text
+    for page in PAGES:  # each page's assets are these
+        assert set(re.findall(r'(?:src|href)="(/static/[^"]+)"', client.get(page).text)) <= {
+            "/static/style.css", "/static/live.js", "/static/favicon.svg"}
+    assert client.get("/static/favicon.svg").headers["content-type"].startswith("image/svg+xml")
+
+
+def test_no_page_or_asset_reaches_outside_the_service(db):
+    with client_of(db) as client:
+        texts = {path: client.get(path) for path in (*PAGES, "/static/style.css", "/static/live.js")}
+    for path, answer in texts.items():
+        assert answer.status_code == 200, path
+        assert re.search(r"https?:|(src|href|action)=\"//|url\(\s*['\"]?(https?:)?//|@import", answer.text) is None, path
+    for path in PAGES:
+        policy = texts[path].headers["content-security-policy"]
+        assert "default-src 'none'" in policy and "script-src 'self'" in policy and "'unsafe-inline'" not in policy
+
+
+# -- a real browser on a real service ---------------------------------------------------------------------
+
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+TINY = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 128}
+SEARCH = {"model": "tiny", "gpu_budget": "200MiB", "device": "cpu", "micro_batches": [1, 2, 4], "block_sizes": "32",
+          "effective_batch": 4, "precisions": "fp32", "checkpointing": "off,on", "attention": "sdpa",
+          "warmup_steps": 2, "measure_steps": 2, "measure_seconds": 0.5, "predict": False, "confirm": False}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def http(url: str, body: dict | None = None, token: str | None = None) -> dict:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    data = json.dumps(body).encode() if body is not None else None
+    with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=headers), timeout=10) as answer:
+        return json.loads(answer.read())
+
+
+@pytest.fixture
+def served(tmp_path):
+    """`autotune serve` with its local CPU worker, public to read, and a token to submit with."""
+    db = f"sqlite:///{tmp_path / 'served.db'}"
+    root = tmp_path / "models"
+    write_model_dir(root / "tiny", **TINY)
+    token = subprocess.run([sys.executable, "-m", "autotune", "token", "create", "t", "--db", db], check=True,
+                           capture_output=True, text=True, timeout=60).stdout.strip()
+    port = free_port()
+    log = open(tmp_path / "serve.log", "w")
+    server = subprocess.Popen([sys.executable, "-m", "autotune", "serve", "--port", str(port), "--db", db, "--public-read",
+                               "--local-worker", "--worker-device", "cpu", "--model-root", str(root)],
+                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=tmp_path)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if http(f"{url}/healthz")["status"] == "ok":
+                    break
+            except OSError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"autotune serve did not answer: {(tmp_path / 'serve.log').read_text()}")
+            time.sleep(0.2)
+        yield url, token, tmp_path / "serve.log"
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the service, its local worker and the worker's children
+        try:
+            server.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
+
+
+@pytest.fixture
+def browser():
+    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+        pytest.skip(f"needs Chromium and its driver at {CHROMIUM} and {CHROMEDRIVER} (apt-get install chromium "
+                    f"chromium-driver)")
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="autotune-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                     "--no-first-run", "--window-size=1100,1500", f"--user-data-dir={profile}"):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def eventually(browser, script: str, seconds: float = 10.0):
+    """What `script` returns once it is truthy (the page's last read may still be in flight)."""
+    deadline = time.monotonic() + seconds
+    while not (value := browser.execute_script(script)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return value
+
+
+@pytest.mark.slow
+def test_a_browser_follows_a_running_search_live_to_its_end(served, browser, tmp_path):
+    url, token, log = served
+    search = http(f"{url}/v1/searches", SEARCH, token)
+    browser.get(url + search["links"]["page"])
+    browser.execute_script("window.autotuneMarker = 'loaded once';")  # gone if the page reloads
+    seen = set()
+    deadline = time.monotonic() + 90
+    while True:
+        rows = browser.execute_script("return document.querySelectorAll('#events tr[data-id]').length;")
+        state = browser.execute_script("var s = document.getElementById('state'); return s && s.textContent;")
+        seen.add(rows)
+        if state in ("finished", "failed", "interrupted", "cancelled") and browser.execute_script(
+                "return window.autotuneEnded === true;"):
+            break
+        assert time.monotonic() < deadline, f"the page never showed the end (rows {sorted(seen)}):\n{log.read_text()}"
+        time.sleep(0.2)
+    assert state == "finished", log.read_text()
+    assert browser.execute_script("return window.autotuneMarker;") == "loaded once"  # no reload
+    total = search["progress"]["total"]
+    # The probes arrived one by one, while the page was open.
+    assert min(seen) < total and rows == total and len(seen) >= 3, sorted(seen)
+    assert browser.find_element("id", "progress").text == f"{total} / {total}"
+    # The parts the server draws were read again: the leaderboard, the plot and the pick are there.
+    assert eventually(browser, "return document.querySelectorAll('#leaderboard tr[data-key]').length;") >= 1
+    assert eventually(browser, "return document.querySelectorAll('#plot svg circle.point').length;") >= 1
+    assert eventually(browser, "var p = document.getElementById('handoff-cli'); return p && p.textContent;"
+                      ).startswith("--per_device_train_batch_size")
+    assert browser.find_element("css selector", "button.copy").is_displayed()  # shown by the script
+    problems = [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+    assert problems == []  # no script error, nothing missing, nothing the Content-Security-Policy refused
+    shot = tmp_path / "service-page.png"
+    browser.save_screenshot(str(shot))
+    assert shot.stat().st_size < 300_000
+    if os.environ.get("AUTOTUNE_SAVE_SCREENSHOT"):  # docs/service-page.png is made by this test, on request
+        shutil.copyfile(shot, REPO / "docs" / "service-page.png")
