@@ -27,7 +27,7 @@ LAYERS: list[set[str]] = [
     {"train"},                                   # the fine-tune (searching first if need be)
     {"handoff", "planner"},                      # a study's winner handed off; a space predicted for a card (plan)
     {"search"},                                  # space -> strategies -> probe runner -> store
-    {"probe", "estimate", "store", "data"},      # measuring, predicting, keeping
+    {"probe", "estimate", "store", "data", "launchers"},  # measuring, predicting, keeping; starting workers
     {"space"},
     {"models", "environment", "cpu_speed"},
     {"config", "result", "paths", "tasks", "timing", "recipes", "speed", "sharding", "cards", "ranking", "verdict", "flops", "shapes"},

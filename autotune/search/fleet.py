@@ -16,23 +16,17 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import subprocess
-import sys
-import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from autotune.budget import Budget
-from autotune.deadline import Deadline
+from autotune.launchers.base import Launcher, WorkerSpec
 from autotune.environment import Environment
 from autotune.errors import AutotuneError, BadInput, DeviceError
 from autotune.models import ModelSpec
 from autotune.probe.settings import ProbeSettings
-from autotune.processes import kill_me_with_parent
 from autotune.search.common import OnStart, Event, Runner, SearchOptions, SearchOutcome
 from autotune.search.driver import start_study
 from autotune.search.knowledge import Knowledge
@@ -229,53 +223,6 @@ def worker_devices(count: int, device: str, *, oversubscribe: bool = False, rank
     return [("cuda", ",".join(gpus[i * ranks:(i + 1) * ranks])) for i in range(count)]
 
 
-@dataclass
-class _Process:
-    """A worker process and what it printed. Its output is read by threads into memory (no files
-    to leave behind when this process is killed): stdout is its JSON summary, stderr its progress,
-    of which the last lines are kept."""
-
-    device: str
-    visible: str
-    popen: subprocess.Popen
-    stdout: list[str] = field(default_factory=list)
-    stderr: deque[str] = field(default_factory=lambda: deque(maxlen=50))
-    readers: list[threading.Thread] = field(default_factory=list)
-
-    def read_output(self) -> None:
-        assert self.popen.stdout is not None and self.popen.stderr is not None
-        for stream, sink in ((self.popen.stdout, self.stdout.append), (self.popen.stderr, self.stderr.append)):
-            thread = threading.Thread(target=lambda st=stream, add=sink: [add(line) for line in st], daemon=True)
-            thread.start()
-            self.readers.append(thread)
-
-    def describe(self) -> str:
-        return f"worker {self.popen.pid} ({self.device}{':' + self.visible if self.visible else ''})"
-
-    def summary(self) -> dict | None:
-        for thread in self.readers:
-            thread.join(timeout=10)
-        try:
-            return json.loads("".join(self.stdout) or "null")
-        except json.JSONDecodeError:
-            return None
-
-    def last_error(self) -> str:
-        lines = [line.strip() for line in self.stderr if line.strip()]
-        return lines[-1].removeprefix("autotune: error: ") if lines else f"exit status {self.popen.returncode}"
-
-    def stop(self, grace: float) -> None:
-        """SIGTERM (the worker gives its claim back and exits), then SIGKILL after `grace` seconds."""
-        if self.popen.poll() is not None:
-            return
-        self.popen.terminate()
-        try:
-            self.popen.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait()
-
-
 def search_with_workers(
     request: SearchRequest,
     *,
@@ -284,16 +231,24 @@ def search_with_workers(
     db: str | None = None,
     on_start: OnStart | None = None,
     on_event: Callable[[Event], None] | None = None,
+    launcher: Launcher | None = None,
 ) -> SearchOutcome:
-    """`autotune search --workers N`: start (or resume) the study here, then run N `autotune worker`
-    processes on it, each with one GPU of this machine (or the CPU), and show their progress from
-    the database. --max-trials and --timeout hold for the study as a whole: when reached, the
-    study is stopped and the workers finish the probes in flight."""
+    """`autotune search --workers N`: start (or resume) the study here, then have the launcher start
+    N `autotune worker` processes on it (`local`: each with one GPU of this machine, or the CPU; Ray
+    or Slurm: where the cluster places them), and show their progress from the database.
+    --max-trials and --timeout hold for the study as a whole: when reached, the study is stopped and
+    the workers finish the probes in flight. Whatever ends the search, nothing the launcher
+    started is left running."""
+    from autotune.launchers.local import LocalLauncher
     from autotune.probe import ProbeRunner
     from autotune.store import open_store
 
     started = time.perf_counter()
-    devices = worker_devices(workers, request.settings.device, oversubscribe=oversubscribe, ranks=request.space.gpus)
+    kind = "cpu" if (request.settings.device or "auto").strip().lower() == "cpu" else "cuda"
+    if launcher is None:
+        launcher = LocalLauncher(worker_devices(workers, request.settings.device, oversubscribe=oversubscribe,
+                                                ranks=request.space.gpus))
+    launcher.check(workers, WorkerSpec(request.name, "", kind, request.space.gpus))
     # A finished study answers from the database before any process starts.
     if (answer := stored_answer(db, request, started, workers=0)) is not None:
         return answer
@@ -307,39 +262,21 @@ def search_with_workers(
         trials.close()
         runner.close()  # its child would hold a device (a CUDA context) while the workers probe
         study = worker.study
-        processes = [_spawn(store, study.name, device, visible, request.deadline) for device, visible in devices]
+        spec = WorkerSpec(study.name, store.engine.url.render_as_string(hide_password=False), kind, request.space.gpus,
+                          request.deadline.remaining() if request.deadline.at is not None else None)
         try:
-            reason, settled = _watch(store, study, worker.knowledge, worker.seen_probe_id, processes, request,
-                                     on_event)
+            launcher.start(workers, spec)
+            reason, settled = _watch(store, study, worker.knowledge, worker.seen_probe_id, launcher, request, on_event)
         except BaseException:
             # A second Ctrl-C, SIGTERM, or a bug here: stop the workers now and leave the study resumable.
-            for process in processes:
-                process.stop(grace=WORKER_STOP_GRACE_SECONDS)
+            launcher.stop(grace=WORKER_STOP_GRACE_SECONDS)
             if store.study(study.name).status == StudyStatus.RUNNING:
                 store.set_study_status(study.id, StudyStatus.INTERRUPTED)
             raise
-        return _gather(store, study, request.space, processes, reason, settled, started, worker.knowledge)
+        return _gather(store, study, request.space, launcher, workers, reason, settled, started, worker.knowledge)
 
 
-def _spawn(store: Store, study: str, device: str, visible: str, deadline: Deadline) -> _Process:
-    # How probes run (steps, time limit, remote code) comes from the study's plan; the search's
-    # deadline is each worker's own, so that it stops its probe in flight when the deadline comes.
-    command = [sys.executable, "-m", "autotune", "worker", "--study", study, "--device", device, "--json"]
-    if deadline.at is not None:
-        command += ["--timeout", f"{max(deadline.remaining(), 0.001):.3f}s"]
-    # The URL travels in the environment, not on the command line, where `ps` would show a password.
-    env = {**os.environ, "AUTOTUNE_DB": store.engine.url.render_as_string(hide_password=False), "PYTHONUNBUFFERED": "1",
-           "CUDA_VISIBLE_DEVICES": visible}
-    # kill_me_with_parent: a worker (and through its own lifeline, its probe child) dies with this
-    # process, kill -9 included.
-    popen = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
-                             text=True, errors="replace", preexec_fn=kill_me_with_parent)
-    process = _Process(device, visible, popen)
-    process.read_output()
-    return process
-
-
-def _watch(store: Store, study: StudyRecord, knowledge: Knowledge, seen: int, processes: list[_Process],
+def _watch(store: Store, study: StudyRecord, knowledge: Knowledge, seen: int, launcher: Launcher,
            request: SearchRequest, on_event: Callable[[Event], None] | None) -> tuple[StopReason | None, int]:
     """Show what the workers settle until they have all exited; stop the study on Ctrl-C or when a
     study-wide limit is reached. Returns why this process stopped the study (None if it did not),
@@ -360,7 +297,7 @@ def _watch(store: Store, study: StudyRecord, knowledge: Knowledge, seen: int, pr
             if time.monotonic() - beaten >= options.heartbeat_seconds:
                 store.beat_study(study.id)  # this process owns the study: it is alive
                 beaten = time.monotonic()
-            running = [p for p in processes if p.popen.poll() is None]
+            running = launcher.alive()
             for row in store.probes(study.name, after_id=seen):
                 seen = row.id
                 config = by_key.get(row.config_key)
@@ -389,33 +326,30 @@ def _watch(store: Store, study: StudyRecord, knowledge: Knowledge, seen: int, pr
                     store.set_study_status(study.id, StudyStatus.INTERRUPTED)
             if stopped_at is None and (reason is not None or store.study(study.name).status != StudyStatus.RUNNING):
                 stopped_at = time.monotonic()
-            _kill_silent_workers(store, study, running, options.stale_after)
+            _stop_silent_workers(store, study, launcher, options.stale_after)
             if stopped_at is not None and time.monotonic() - stopped_at > WORKER_STOP_GRACE_SECONDS:
-                for process in running:
-                    process.stop(grace=0)
+                launcher.stop(grace=0)
             time.sleep(POLL_SECONDS)
 
 
-def _kill_silent_workers(store: Store, study: StudyRecord, running: list[_Process], stale_after: float) -> None:
-    """Kill a worker of ours whose claim went stale: it stopped heartbeating while it held a
-    configuration (stopped with SIGSTOP, wedged in a kernel): another worker takes it over, and
-    the search cannot end while the silent one lives."""
+def _stop_silent_workers(store: Store, study: StudyRecord, launcher: Launcher, stale_after: float) -> None:
+    """Stop a worker whose claim went stale: it stopped heartbeating while it held a configuration
+    (stopped with SIGSTOP, wedged in a kernel): another worker takes it over, and the search cannot
+    end while the silent one lives."""
     silent = {claim.worker for claim in store.claims(study.id, stale_after=stale_after)
               if claim.state == ClaimState.RUNNING and claim.stale}
-    for process in running:
-        if any(f":{process.popen.pid}:" in label for label in silent):
-            process.stop(grace=0)
+    if silent:
+        launcher.stop_silent(silent)
 
 
-def _gather(store: Store, study: StudyRecord, space: SearchSpace, processes: list[_Process], reason: StopReason | None,
-            settled: int, started: float, knowledge: Knowledge) -> SearchOutcome:
+def _gather(store: Store, study: StudyRecord, space: SearchSpace, launcher: Launcher, workers: int,
+            reason: StopReason | None, settled: int, started: float, knowledge: Knowledge) -> SearchOutcome:
     summaries, failures = [], []
-    for process in processes:
-        summary = process.summary()
-        if process.popen.returncode in (0, 130) and summary is not None:
-            summaries.append(summary)
+    for end in launcher.ends():
+        if end.summary is not None:
+            summaries.append(end.summary)
         else:
-            failures.append(f"{process.describe()}: {process.last_error()}")
+            failures.append(f"{end.name}: {end.failure}")
     if not summaries and failures:
         if store.study(study.name).status == StudyStatus.RUNNING:
             store.set_study_status(study.id, StudyStatus.INTERRUPTED)
@@ -438,5 +372,5 @@ def _gather(store: Store, study: StudyRecord, space: SearchSpace, processes: lis
         skipped=sum(s.get("skipped", 0) for s in summaries), seconds=time.perf_counter() - started,
         skips={kind: sum((s.get("skips") or {}).get(kind, 0) for s in summaries)
                for kind in {kind for s in summaries for kind in (s.get("skips") or {})}},
-        stop_reason=stop_reason, workers=len(processes), failures=failures, unmeasured=unmeasured(knowledge),
+        stop_reason=stop_reason, workers=workers, failures=failures, unmeasured=unmeasured(knowledge),
     )
