@@ -13,6 +13,7 @@ from autotune import defaults
 from autotune.cli.app import DEVICE_HELP, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_NOTHING_FITS, EXIT_UNMEASURED, cli, echo_json
 from autotune.cli.options import (COUNT, DEVICE, DURATION, REAL, SECONDS, check_cpu_ranks, db_option, make_settings,
                                   probe_settings_options, space_arguments, space_options)
+from autotune.launchers import LAUNCHERS
 from autotune.status import StopReason
 
 if TYPE_CHECKING:
@@ -45,6 +46,16 @@ if TYPE_CHECKING:
 @click.option("--workers", type=click.IntRange(min=1), default=None,
               help="Search in N worker processes on this machine: one per GPU (each gets one CUDA_VISIBLE_DEVICES entry), "
                    "or N CPU workers with --device cpu (at most one per core). Other machines join with `autotune worker`.")
+@click.option("--launcher", type=click.Choice(LAUNCHERS), default="local", show_default=True,
+              help="Where the --workers start: local (this machine), ray (Ray tasks on a cluster: --ray-address) or "
+                   "slurm (a Slurm job array: --slurm-*); every worker pulls probes from the database (--db).")
+@click.option("--ray-address", default=None, metavar="HOST:PORT",
+              help="The Ray cluster's head [default: $RAY_ADDRESS, else the cluster `ray start` runs here].")
+@click.option("--slurm-partition", default=None, help="The partition the workers' job array runs in.")
+@click.option("--slurm-time", default=None, help="The job's time limit, as sbatch takes it (e.g. 2:00:00).")
+@click.option("--slurm-parallel", type=COUNT, default=None, help="Array tasks running at once (sbatch --array ...%K).")
+@click.option("--slurm-option", multiple=True, help="One more sbatch option for the job script (repeatable), e.g. --account=ml.")
+@click.option("--dry-run", is_flag=True, help="With --launcher slurm: print the workers' job script and submit nothing.")
 @click.option("--oversubscribe", is_flag=True,
               help="Allow more CPU workers than cores (up to 4 per core): their timings then share the cores.")
 @click.option("--heartbeat", type=SECONDS, default=defaults.HEARTBEAT_SECONDS, show_default=True,
@@ -52,20 +63,31 @@ if TYPE_CHECKING:
                    f"dead and its probe retried.")
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object (progress goes to stderr).")
-def search(db, as_json, workers, oversubscribe, **flags):
+def search(db, as_json, workers, oversubscribe, launcher, ray_address, slurm_partition, slurm_time, slurm_parallel,
+           slurm_option, dry_run, **flags):
     """Find the fastest configuration that fits the budget, by probing."""
     from autotune import report
+    from autotune.launchers.choose import make_launcher, print_dry_run
     from autotune.live import LiveLine
     from autotune.search import search as run
 
     read = read_search_flags(flags, workers=workers, oversubscribe=oversubscribe)
     model, budget, space_args, settings, options = read.model, read.budget, read.space_args, read.settings, read.options
+    chosen = make_launcher(launcher, workers=workers, ray_address=ray_address, slurm_partition=slurm_partition,
+                           slurm_time=slurm_time, slurm_parallel=slurm_parallel, slurm_options=slurm_option,
+                           dry_run=dry_run)
+    if chosen is not None:
+        workers = workers or 1
+    if dry_run:
+        click.echo(print_dry_run(chosen, model, budget, settings, options, workers, space_args))
+        return
     out = sys.stderr if as_json else sys.stdout
     # On a terminal, the probe in flight is shown live (replaced by its result line); not in a log.
     live = LiveLine(out) if out.isatty() and workers is None else None
     say = live.print if live is not None else (lambda line: click.echo(line, file=out))
     with live or contextlib.nullcontext():
         outcome = run(model, budget, settings=settings, options=options, db=db, workers=workers, oversubscribe=oversubscribe,
+                      launcher=chosen,
                       on_start=lambda *a: say(report.format_search_header(*a)),
                       on_event=lambda e: say(report.format_event(e, show_worker=workers is not None)),
                       on_progress=live.progress if live is not None else None, **space_args)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from autotune.errors import BadInput
 from autotune.estimate.launch import TraceChildren
+from autotune.launchers.base import Launcher
 from autotune.probe.settings import ProbeSettings
 from autotune.search.common import OnStart, Event, Progress, SearchOptions, SearchOutcome
 from autotune.search.driver import run_search
@@ -41,7 +42,8 @@ def search(model: str, budget_bytes: int, *, settings: ProbeSettings, options: S
            on_event: Callable[[Event], None] | None = None,
            on_start: OnStart | None = None,
            workers: int | None = None, oversubscribe: bool = False,
-           on_progress: Callable[[Progress], None] | None = None, **space_args) -> SearchOutcome:
+           on_progress: Callable[[Progress], None] | None = None, launcher: Launcher | None = None,
+           **space_args) -> SearchOutcome:
     """Resolve the search once (the model, the space, the budget, the study's name), then search:
     in this process, or with `workers` worker processes. Everything a user can get wrong is checked
     before the database is opened. `on_progress` hears of the probe in flight and its phases (one
@@ -50,9 +52,9 @@ def search(model: str, budget_bytes: int, *, settings: ProbeSettings, options: S
     from autotune.store import open_store
 
     request = resolve_search(model, budget_bytes, settings=settings, options=options, **space_args)
-    if workers is not None:
-        return search_with_workers(request, workers=workers, oversubscribe=oversubscribe, db=db, on_start=on_start,
-                                   on_event=on_event)
+    if workers is not None or launcher is not None:
+        return search_with_workers(request, workers=workers or 1, oversubscribe=oversubscribe, db=db, on_start=on_start,
+                                   on_event=on_event, launcher=launcher)
     # A finished study answers from the database before any process starts (no torch).
     if (answer := stored_answer(db, request, time.perf_counter())) is not None:
         return answer

@@ -28,7 +28,17 @@ SEARCH_CLOSED = {
     "workers": "queue workers run the searches: start more of them (autotune worker --queue) to search faster.",
     "oversubscribe": "queue workers run the searches, one probe at a time each.",
     "rendezvous": "a search over several nodes is started from the command line on its first node.",
+    "launcher": "queue workers run the searches: start them where the GPUs are (autotune worker --queue).",
+    "ray_address": "queue workers run the searches, not a launcher of the request's.",
+    "slurm_partition": "queue workers run the searches, not a launcher of the request's.",
+    "slurm_time": "queue workers run the searches, not a launcher of the request's.",
+    "slurm_parallel": "queue workers run the searches, not a launcher of the request's.",
+    "slurm_option": "queue workers run the searches, not a launcher of the request's.",
+    "dry_run": "the service submits; `autotune search --dry-run` prints a job script on the command line.",
 }
+# search's parameters that say where and how its workers start, not what is searched (read apart).
+LAUNCH_PARAMS = ("db", "as_json", "workers", "oversubscribe", "launcher", "ray_address", "slurm_partition",
+                 "slurm_time", "slurm_parallel", "slurm_option", "dry_run")
 # The service's own fields: the device kind the workers must have, and a card they must carry.
 SEARCH_OWN = frozenset({"device", "gpu"})
 DEVICE_KINDS = ("auto", "cuda", "cpu")
@@ -106,7 +116,7 @@ def submission_of(body: object, policy: ServicePolicy) -> Submission:
     request, own = read_request(command("search"), body, closed=SEARCH_CLOSED, own=SEARCH_OWN)
     device = _device_kind(own.get("device"))
     card = _card(own.get("gpu"))
-    params = {k: v for k, v in request.params.items() if k not in ("db", "as_json", "workers", "oversubscribe")}
+    params = {k: v for k, v in request.params.items() if k not in LAUNCH_PARAMS}
     if params.get("trust_remote_code") and not policy.allow_remote_code:
         raise RequestRefused("trust_remote_code: this service does not run a model's own code; its operator allows it "
                              "with autotune serve --allow-remote-code.", status=403)

@@ -1,0 +1,186 @@
+"""`--launcher ray`: one Ray task per worker, where the cluster places it. Each task runs `autotune
+worker --study S` in a child process (which dies with the task: the parent-death signal) and asks
+Ray for what its probes need: `num_gpus` = the study's ranks (Ray sets CUDA_VISIBLE_DEVICES), and a
+STRICT_PACK placement group for a worker of several ranks, so that they share a node. Tasks are
+never retried by Ray (`max_retries=0`): an OOM is a result, and a worker that dies is already handled
+by the study's heartbeats (another worker takes its configuration over).
+
+A cluster that is not there, or has no node that can hold a worker, is said in one line before
+anything is written. Stopping cancels every task (a KeyboardInterrupt in the task, which stops its
+worker as SIGTERM does: the claim given back), then force-cancels what is left after the grace."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import BadInput
+from autotune.launchers.base import Launcher, WorkerEnd, WorkerSpec
+
+# How long a worker that cannot be placed is waited for before the search says so and stops.
+PLACEMENT_SECONDS = 60.0
+CONNECT_SECONDS = 5.0
+RAY_CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
+
+
+def run_worker(command: list[str], environment: dict[str, str]) -> dict[str, Any]:
+    """A Ray task's body: the worker in a child process, to its end (or until the task is cancelled:
+    then SIGTERM, as a search's own workers are stopped)."""
+    import subprocess
+    import sys
+
+    import ray
+
+    from autotune.processes import kill_me_with_parent
+
+    # (This node's Python, where the driver's path may not exist.)
+    child = subprocess.Popen([sys.executable, *command[1:]], env={**os.environ, **environment}, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, errors="replace",
+                             preexec_fn=kill_me_with_parent)
+    try:
+        out, err = child.communicate()
+    except KeyboardInterrupt:  # ray.cancel: stop the worker as SIGTERM stops it
+        child.terminate()
+        try:
+            out, err = child.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            out, err = child.communicate()
+    return {"code": child.returncode, "stdout": out, "stderr": err[-4000:], "pid": child.pid,
+            "host": socket.gethostname(), "node": ray.get_runtime_context().get_node_id()}
+
+
+def ray_address(address: str | None) -> str:
+    """The cluster to use: --ray-address, else $RAY_ADDRESS, else the one `ray start` left running
+    on this machine; refused in one line where none answers (ray.init would wait minutes)."""
+    given = address or os.environ.get("RAY_ADDRESS")
+    if not given or given == "auto":
+        try:
+            given = RAY_CURRENT_CLUSTER.read_text().strip()
+        except OSError:
+            raise BadInput("--launcher ray: no Ray cluster is running on this machine; give --ray-address HOST:PORT "
+                           "(the head's, as `ray start --head` printed it), or start one.") from None
+    host, _, port = given.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        raise BadInput(f"--ray-address {given!r}: give the head's HOST:PORT (e.g. 10.0.0.1:6379).")
+    try:
+        with socket.create_connection((host, int(port)), timeout=CONNECT_SECONDS):
+            pass
+    except OSError as exc:
+        raise BadInput(f"--ray-address {given}: no Ray cluster answers there ({exc.strerror or exc}); start one "
+                       f"(ray start --head) or give the head's address.") from None
+    return given
+
+
+class RayLauncher(Launcher):
+    name = "ray"
+
+    def __init__(self, address: str | None = None) -> None:
+        self.address = address
+        self.refs: list[Any] = []
+        self.groups: list[Any] = []
+        self.results: dict[int, dict[str, Any]] = {}
+
+    def check(self, count: int, spec: WorkerSpec) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise BadInput("--launcher ray needs Ray on this machine and the cluster's: pip install 'autotune[ray]'.") \
+                from None
+        address = ray_address(self.address)
+        if not ray.is_initialized():
+            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR, configure_logging=False)
+        nodes = [node for node in ray.nodes() if node.get("Alive")]
+        if spec.device == "cuda":
+            most = max((int(node["Resources"].get("GPU", 0)) for node in nodes), default=0)
+            if most < spec.ranks:
+                raise BadInput(f"--launcher ray: no node of the cluster at {address} has {spec.ranks} GPU"
+                               f"{'s' if spec.ranks != 1 else ''} (the most is {most}); each worker's probes need its "
+                               f"ranks on one node. Search with fewer --gpus, or --device cpu.")
+        elif not any(node["Resources"].get("CPU", 0) >= 1 for node in nodes):
+            raise BadInput(f"--launcher ray: the cluster at {address} has no node with a CPU to spare for a worker.")
+
+    def start(self, count: int, spec: WorkerSpec) -> None:
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        task = ray.remote(run_worker)
+        for index in range(count):
+            options: dict[str, Any] = {"max_retries": 0, "name": f"autotune-worker-{spec.study}-{index}", "num_cpus": 1,
+                                       "num_gpus": spec.ranks if spec.device == "cuda" else 0}
+            if spec.device == "cuda" and spec.ranks > 1:
+                group = placement_group([{"GPU": 1, "CPU": 1}] * spec.ranks, strategy="STRICT_PACK")
+                if not self._placed(group):
+                    ray.util.remove_placement_group(group)
+                    self.stop(grace=0)
+                    raise BadInput(f"--launcher ray: a worker of {spec.ranks} GPUs on one node could not be placed "
+                                   f"in {PLACEMENT_SECONDS:.0f} s (the cluster's GPUs are taken, or no node has "
+                                   f"{spec.ranks}); the study is kept: run the same command when they are free.")
+                self.groups.append(group)
+                options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group)
+                options["num_cpus"] = 1
+            self.refs.append(task.options(**options).remote(spec.command(), spec.environment()))
+
+    @staticmethod
+    def _placed(group: Any) -> bool:
+        import ray
+
+        ready, _ = ray.wait([group.ready()], timeout=PLACEMENT_SECONDS)
+        return bool(ready)
+
+    def alive(self) -> int:
+        import ray
+
+        if not self.refs:
+            return 0
+        _, running = ray.wait(self.refs, num_returns=len(self.refs), timeout=0)
+        return len(running)
+
+    def stop(self, grace: float) -> None:
+        import ray
+
+        for ref in self.refs:
+            ray.cancel(ref, force=False)
+        deadline = time.monotonic() + grace
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for ref in self.refs:
+            ray.cancel(ref, force=True)  # (done tasks: nothing)
+        deadline = time.monotonic() + 30
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for group in self.groups:
+            ray.util.remove_placement_group(group)
+        self.groups = []
+
+    def ends(self) -> list[WorkerEnd]:
+        import json
+
+        import ray
+
+        ends = []
+        for index, ref in enumerate(self.refs):
+            name = f"ray task {index}"
+            try:
+                result = ray.get(ref, timeout=30)
+            except Exception as exc:  # cancelled, or the task's worker died: said as the worker's failure
+                ends.append(WorkerEnd(name, None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"))
+                continue
+            self.results[index] = result
+            name = f"ray task {index} on {result['host']} (node {result['node'][:8]}, worker pid {result['pid']})"
+            try:
+                summary = json.loads(result["stdout"] or "null")
+            except ValueError:
+                summary = None
+            if result["code"] in (0, 130) and summary is not None:
+                ends.append(WorkerEnd(name, summary))
+            else:
+                lines = [line for line in result["stderr"].splitlines() if line.strip()]
+                ends.append(WorkerEnd(name, None, (lines[-1].removeprefix("autotune: error: ") if lines
+                                                   else f"exit status {result['code']}")))
+        return ends

@@ -1,0 +1,181 @@
+"""`--launcher slurm`: the workers as one Slurm job array (`sbatch --array=0-N%K`), each task running
+`autotune worker --study S`; followed with `squeue`, stopped with `scancel` (SIGTERM first: each
+worker gives its claim back), its tasks' ends read from `sacct` (or `scontrol` where the cluster
+keeps no accounting). The job script is written so that a cluster admin can read it (`--dry-run`
+prints it and submits nothing). The database URL reaches the tasks in the job's environment (sbatch
+exports the submitter's), never in the script, where a password would be on disk and in `ps`.
+
+`sbatch --test-only` checks the job (the partition, the time limit, the extra lines) before the
+study is written: a cluster that refuses it is one line, and nothing is left behind."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from autotune.errors import BadInput
+from autotune.launchers.base import Launcher, WorkerEnd, WorkerSpec
+
+COMMAND_SECONDS = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class SlurmOptions:
+    """The job's own settings: search's --slurm-* flags."""
+
+    partition: str | None = None
+    time_limit: str | None = None           # sbatch --time (e.g. 2:00:00)
+    parallel: int | None = None             # the array's %K: tasks running at once
+    extra: tuple[str, ...] = ()             # more `#SBATCH` lines, as written after it
+    output: str = "autotune-%x-%A_%a.out"   # each task's log, in the submitting directory
+
+
+class SlurmLauncher(Launcher):
+    name = "slurm"
+
+    def __init__(self, options: SlurmOptions | None = None) -> None:
+        self.options = options or SlurmOptions()
+        self.job: str | None = None
+        self.script_path: Path | None = None
+        self.count = 0
+
+    # -- the job script --------------------------------------------------------------------------
+
+    def script(self, count: int, spec: WorkerSpec, python: str = "python3") -> str:
+        o = self.options
+        lines = ["#!/bin/bash", f"#SBATCH --job-name=autotune-{spec.study}",
+                 f"#SBATCH --array=0-{count - 1}%{o.parallel or count}", f"#SBATCH --output={o.output}",
+                 "#SBATCH --ntasks=1", "#SBATCH --export=ALL"]
+        if o.partition:
+            lines.append(f"#SBATCH --partition={o.partition}")
+        if o.time_limit:
+            lines.append(f"#SBATCH --time={o.time_limit}")
+        if spec.device == "cuda":
+            lines.append(f"#SBATCH --gres=gpu:{spec.ranks}")
+        else:
+            lines.append(f"#SBATCH --cpus-per-task={spec.ranks}")
+        lines += [line if line.startswith("#SBATCH") else f"#SBATCH {line}" for line in o.extra]
+        command = " ".join(shlex.quote(part) for part in [python, *spec.command()[1:]])
+        lines += ["",
+                  "# One autotune worker per array task: it takes probes of the study from the database",
+                  "# ($AUTOTUNE_DB, exported by sbatch from the search's environment) until the study is done.",
+                  f"exec {command}", ""]
+        return "\n".join(lines)
+
+    # -- the seam --------------------------------------------------------------------------------
+
+    def check(self, count: int, spec: WorkerSpec) -> None:
+        if shutil.which("sbatch") is None:
+            raise BadInput("--launcher slurm: sbatch is not on this machine's PATH; run the search on a Slurm login "
+                           "node, or use --launcher local or ray.")
+        bad = [line for line in self.options.extra if "\n" in line or not line.strip()]
+        if bad:
+            raise BadInput(f"--slurm-option {bad[0]!r}: give one sbatch option per flag (e.g. --account=ml).")
+        self._sbatch(count, spec, "--test-only")
+
+    def start(self, count: int, spec: WorkerSpec) -> None:
+        self.count = count
+        out = self._sbatch(count, spec, "--parsable")
+        self.job = out.strip().split(";")[0]
+
+    def _sbatch(self, count: int, spec: WorkerSpec, mode: str) -> str:
+        import sys
+
+        folder = Path(tempfile.mkdtemp(prefix="autotune-slurm-"))
+        self.script_path = folder / "worker.sbatch"
+        self.script_path.write_text(self.script(count, spec, python=sys.executable))
+        try:
+            done = subprocess.run(["sbatch", mode, str(self.script_path)], capture_output=True, text=True,
+                                  timeout=COMMAND_SECONDS, env={**os.environ, **spec.environment()})
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise BadInput(f"--launcher slurm: sbatch did not answer ({exc}); is slurmctld up?") from None
+        finally:
+            if mode != "--parsable":
+                shutil.rmtree(folder, ignore_errors=True)
+        said = (done.stderr or "").strip().splitlines()
+        if done.returncode != 0:
+            why = said[-1].removeprefix("sbatch: error: ") if said else f"exit status {done.returncode}"
+            raise BadInput(f"--launcher slurm: sbatch refused the workers' job: {why}; change the --slurm-* flags.")
+        return done.stdout
+
+    def alive(self) -> int:
+        if self.job is None:
+            return 0
+        done = self._run("squeue", "-h", "-r", "-j", self.job, "-o", "%i")
+        return len([line for line in done.stdout.splitlines() if line.strip()]) if done.returncode == 0 else 0
+
+    def stop(self, grace: float) -> None:
+        if self.job is None:
+            return
+        self._run("scancel", "--signal=TERM", "--full", self.job)
+        deadline = time.monotonic() + grace
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        self._run("scancel", self.job)
+        deadline = time.monotonic() + 60
+        while self.alive() and time.monotonic() < deadline:
+            time.sleep(0.5)
+
+    def ends(self) -> list[WorkerEnd]:
+        import json
+
+        if self.job is None:
+            return []
+        states = self.task_states()
+        ends = []
+        for index in range(self.count):
+            name = f"slurm task {self.job}_{index}"
+            state = states.get(str(index), "UNKNOWN")
+            summary = None
+            log = Path(self.options.output.replace("%x", f"autotune-{self._study_name()}").replace("%A", self.job)
+                       .replace("%a", str(index)))
+            try:
+                text = log.read_text()
+                summary = json.loads(text[text.index("{"):]) if "{" in text else None
+            except (OSError, ValueError):
+                summary = None
+            if state == "COMPLETED" and summary is not None:
+                ends.append(WorkerEnd(name, summary))
+            else:
+                ends.append(WorkerEnd(name, None, f"{state.lower()}" + ("" if state == "COMPLETED" else
+                                                                        f" (its log: {log})")))
+        return ends
+
+    def task_states(self) -> dict[str, str]:
+        """Each array task's state, as `sacct` says it, else `scontrol` (no accounting kept)."""
+        assert self.job is not None
+        done = self._run("sacct", "-n", "-P", "-X", "-j", self.job, "--format=JobID,State")
+        states: dict[str, str] = {}
+        if done.returncode == 0:
+            for line in done.stdout.splitlines():
+                job, _, state = line.partition("|")
+                if "_" in job:
+                    states[job.split("_", 1)[1]] = state.split()[0] if state else ""
+        if states:
+            return states
+        done = self._run("scontrol", "show", "job", "-o", self.job)
+        for line in done.stdout.splitlines():
+            fields = dict(part.split("=", 1) for part in line.split() if "=" in part)
+            if "ArrayTaskId" in fields:
+                states[fields["ArrayTaskId"]] = fields.get("JobState", "")
+        return states
+
+    def _study_name(self) -> str:
+        assert self.script_path is not None
+        for line in self.script_path.read_text().splitlines():
+            if line.startswith("#SBATCH --job-name=autotune-"):
+                return line.removeprefix("#SBATCH --job-name=autotune-")
+        return ""
+
+    @staticmethod
+    def _run(*command: str) -> subprocess.CompletedProcess:
+        try:
+            return subprocess.run(command, capture_output=True, text=True, timeout=COMMAND_SECONDS)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return subprocess.CompletedProcess(command, 1, "", str(exc))

@@ -1,0 +1,214 @@
+"""`--launcher ray` on a real local Ray cluster: a head and a second node started on loopback (one
+CPU each, so that each takes one worker), a tiny CPU search with two workers. Both nodes take
+probes, the pick is the one a single worker finds, and nothing of the search is left on the cluster;
+a worker killed mid-probe has its probe retried by the other; the search SIGTERMed leaves no task; a
+cluster that is not there is one line. One cluster for the module."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray", reason="Ray is not installed (pip install 'autotune[ray]')")
+
+from autotune.store import open_store  # noqa: E402
+from tests.conftest import write_model_dir  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+TINY = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 128}
+RAY = [sys.executable, "-m", "ray.scripts.scripts"]
+ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def raylet_of(node: str) -> int:
+    """The pid of the raylet of the node started with the custom resource `node`."""
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if "raylet" in line.split(" ")[0] and node in line:
+                return int(entry.name)
+    raise AssertionError(f"no raylet for {node}")
+
+
+def ancestors(pid: int) -> set[int]:
+    found = set()
+    while pid > 1:
+        try:
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        found.add(pid)
+    return found
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    base = tmp_path_factory.mktemp("ray")
+    port = free_port()
+    address = f"127.0.0.1:{port}"
+    common = ["--num-cpus", "1", "--num-gpus", "0", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
+    head = subprocess.run([*RAY, "start", "--head", "--port", str(port), "--include-dashboard=false",
+                           "--resources", '{"autotune_node_a": 1}', *common], capture_output=True, text=True, env=ENV,
+                          timeout=180)
+    if head.returncode != 0:
+        pytest.skip(f"a Ray head could not start here: {head.stderr.strip().splitlines()[-1:]}")
+    try:
+        subprocess.run([*RAY, "start", "--address", address, "--resources", '{"autotune_node_b": 1}', *common],
+                       capture_output=True, text=True, env=ENV, timeout=180, check=True)
+        model = write_model_dir(base / "tiny", **TINY)
+        yield {"address": address, "base": base, "model": str(model),
+               "nodes": {"a": raylet_of("autotune_node_a"), "b": raylet_of("autotune_node_b")}}
+    finally:
+        subprocess.run([*RAY, "stop", "--force"], capture_output=True, env=ENV, timeout=120)
+
+
+def search(cluster, db: Path, *extra: str, launcher: bool = True, **popen) -> subprocess.Popen:
+    command = [sys.executable, "-m", "autotune", "search", "--model", cluster["model"], "--gpu-budget", "200MiB",
+               "--device", "cpu", "--micro-batches", "1,2,4", "--effective-batch", "4", "--block-sizes", "32",
+               "--precisions", "fp32", "--checkpointing", "off,on", "--attention", "sdpa", "--measure-seconds", "0.3",
+               "--warmup-steps", "2", "--measure-steps", "2", "--no-predict", "--no-confirm", "--db", str(db), "--json"]
+    if launcher:
+        command += ["--launcher", "ray", "--ray-address", cluster["address"], "--workers", "2", "--heartbeat", "1"]
+    return subprocess.Popen([*command, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**ENV, "PYTHONUNBUFFERED": "1"}, start_new_session=True, **popen)
+
+
+def cluster_tasks_left(address: str, study: str) -> list[str]:
+    """What is left of `study`'s workers: CPUs the cluster has not got back (a task of ours queued or
+    running holds one; nothing else runs on this cluster), and worker processes still alive."""
+    code = (f"import ray, time\nray.init(address={address!r}, log_to_driver=False, logging_level='ERROR')\n"
+            f"deadline = time.monotonic() + 20\n"
+            f"while ray.available_resources().get('CPU', 0) < ray.cluster_resources()['CPU'] and time.monotonic() < deadline:\n"
+            f"    time.sleep(0.5)\n"
+            f"print(ray.cluster_resources()['CPU'] - ray.available_resources().get('CPU', 0))\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
+    held = float(done.stdout.strip().splitlines()[-1])
+    left = [f"{held:g} CPUs held"] if held else []
+    return left + [e.name for e in Path("/proc").iterdir() if e.name.isdigit() and _named(e, f" worker --study {study} ")]
+
+
+def node_of(cluster, pid: int) -> str | None:
+    up = ancestors(pid)
+    return next((name for name, raylet in cluster["nodes"].items() if raylet in up), None)
+
+
+def test_two_workers_on_two_nodes_pick_what_one_worker_picks(cluster):
+    db = cluster["base"] / "ray.db"
+    run = search(cluster, db)
+    # While it runs, each probe's worker process is under one node's raylet.
+    nodes_seen: set[str] = set()
+    deadline = time.monotonic() + 300
+    while run.poll() is None and time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            try:
+                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if entry.name.isdigit() and " worker --study tiny-200MiB" in line:
+                if (node := node_of(cluster, int(entry.name))) is not None:
+                    nodes_seen.add(node)
+        time.sleep(0.2)
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == 0, err[-3000:]
+    summary = json.loads(out)
+    assert summary["workers"] == 2 and summary["status"] == "finished", summary
+    assert nodes_seen == {"a", "b"}
+    with open_store(db) as store:
+        workers = {p.worker.split(":")[1] for p in store.probes("tiny-200MiB") if p.result.status != "skipped"}
+    assert len(workers) == 2  # both workers settled probes
+    assert cluster_tasks_left(cluster["address"], "tiny-200MiB") == []
+    # One worker, the same space: the same pick.
+    alone = search(cluster, cluster["base"] / "alone.db", launcher=False)
+    out_alone, err_alone = alone.communicate(timeout=300)
+    assert alone.returncode == 0, err_alone[-3000:]
+    assert json.loads(out_alone)["best"]["label"] == summary["best"]["label"]
+
+
+def test_a_killed_worker_s_probe_is_retried_and_sigterm_leaves_no_task(cluster):
+    db = cluster["base"] / "faults.db"
+    run = search(cluster, db, "--study", "faults", "--measure-seconds", "2")
+    # Kill one worker (kill -9) while it probes: its configuration goes to the other worker.
+    victim = None
+    deadline = time.monotonic() + 240
+    while victim is None and time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            try:
+                line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if entry.name.isdigit() and " worker --study faults" in line and node_of(cluster, int(entry.name)) == "b":
+                with open_store(db) as store:
+                    try:
+                        study = store.study("faults")
+                    except Exception:
+                        continue
+                    held = [c for c in store.claims(study.id, stale_after=3) if c.state == "running"
+                            and c.worker.split(":")[1] == entry.name]
+                if held:
+                    victim = (int(entry.name), held[0].config_key)
+                    os.kill(victim[0], signal.SIGKILL)
+                    break
+        time.sleep(0.2)
+    assert victim is not None, "no worker of node b was seen probing"
+    out, err = run.communicate(timeout=300)
+    assert run.returncode == 0, err[-3000:]
+    with open_store(db) as store:
+        study = store.study("faults")
+        retried = next(c for c in store.claims(study.id, stale_after=3) if c.config_key == victim[1])
+        assert retried.state == "done" and retried.attempts == 2
+        assert any(p.config_key == victim[1] and p.result.status == "ok" for p in store.probes("faults"))
+    assert "ray task" in json.loads(out)["failures"][0] if json.loads(out).get("failures") else True
+    # The search SIGTERMed while its workers probe: every task of it is cancelled.
+    run = search(cluster, cluster["base"] / "term.db", "--study", "term", "--measure-seconds", "2")
+    deadline = time.monotonic() + 240
+    with_probe = False
+    while not with_probe and time.monotonic() < deadline:
+        time.sleep(0.5)
+        try:
+            with open_store(cluster["base"] / "term.db") as store:
+                study = store.study("term")
+                with_probe = any(c.state == "running" for c in store.claims(study.id, stale_after=3))
+        except Exception:
+            continue
+    assert with_probe
+    os.killpg(run.pid, signal.SIGTERM)
+    run.communicate(timeout=120)
+    assert run.returncode == 143
+    assert cluster_tasks_left(cluster["address"], "term") == []
+    time.sleep(1)
+    assert [e for e in Path("/proc").iterdir() if e.name.isdigit() and _named(e, " worker --study term")] == []
+
+
+def _named(entry: Path, text: str) -> bool:
+    try:
+        return text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return False
+
+
+def test_no_cluster_at_the_address_is_one_line_and_nothing_written(tmp_path, cluster):
+    db = tmp_path / "none.db"
+    run = search(cluster, db, "--ray-address", f"127.0.0.1:{free_port()}")
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "no Ray cluster answers there" in lines[0]
+    assert not db.exists()
