@@ -67,7 +67,8 @@ def search(db, as_json, workers, oversubscribe, launcher, ray_address, slurm_par
            slurm_option, dry_run, **flags):
     """Find the fastest configuration that fits the budget, by probing."""
     from autotune import report
-    from autotune.launchers.choose import make_launcher, print_dry_run
+    from autotune.launchers.choose import make_launcher
+    from autotune.search.launch import dry_run_script
     from autotune.live import LiveLine
     from autotune.search import search as run
 
@@ -79,7 +80,7 @@ def search(db, as_json, workers, oversubscribe, launcher, ray_address, slurm_par
     if chosen is not None:
         workers = workers or 1
     if dry_run:
-        click.echo(print_dry_run(chosen, model, budget, settings, options, workers, space_args))
+        click.echo(dry_run_script(chosen, model, budget, settings, options, workers, space_args))
         return
     out = sys.stderr if as_json else sys.stdout
     # On a terminal, the probe in flight is shown live (replaced by its result line); not in a log.

@@ -1,13 +1,10 @@
 """search's launcher flags to a launcher, checked where the flags alone can be (the cluster itself is
-asked by the launcher's `check`, before anything is written); and `--dry-run`, the Slurm job script
-a search would submit, printed without writing anything."""
+asked by the launcher's `check`, before anything is written)."""
 
 from __future__ import annotations
 
-import dataclasses
-
 from autotune.errors import BadInput
-from autotune.launchers.base import Launcher, WorkerSpec
+from autotune.launchers.base import Launcher
 
 
 def make_launcher(name: str, *, workers: int | None, ray_address: str | None = None, slurm_partition: str | None = None,
@@ -33,18 +30,3 @@ def make_launcher(name: str, *, workers: int | None, ray_address: str | None = N
 
     return SlurmLauncher(SlurmOptions(partition=slurm_partition, time_limit=slurm_time, parallel=slurm_parallel,
                                       extra=tuple(slurm_options)))
-
-
-def print_dry_run(launcher: Launcher | None, model: str, budget: int, settings, options, workers: int,
-                  space_args: dict) -> str:
-    """The job script `--launcher slurm` would submit for this search (its study's name and ranks
-    worked out as the search works them out), without submitting or writing anything."""
-    from autotune.launchers.slurm import SlurmLauncher
-    from autotune.search.request import resolve_search
-
-    assert isinstance(launcher, SlurmLauncher)
-    if (settings.device or "auto").strip().lower() == "auto":  # (the cluster's nodes have the GPUs, not this one)
-        settings = dataclasses.replace(settings, device="cuda")
-    request = resolve_search(model, budget, settings=settings, options=options, **space_args)
-    kind = "cpu" if (settings.device or "auto").strip().lower() == "cpu" else "cuda"
-    return launcher.script(workers, WorkerSpec(request.name, "", kind, request.space.gpus))

@@ -76,3 +76,18 @@ def search(model: str, budget_bytes: int, *, settings: ProbeSettings, options: S
         with open_store(db) as store:
             predictor = functools.partial(predict, trust_remote_code=settings.trust_remote_code, children=tracers)
             return run_search(request, runner, store, on_event, on_start, predictor=predictor, on_progress=on_progress)
+
+
+def dry_run_script(launcher: Launcher | None, model: str, budget: int, settings: ProbeSettings, options: SearchOptions,
+                   workers: int, space_args: dict) -> str:
+    """`search --launcher slurm --dry-run`: the job script the search would submit (its study's name
+    and ranks worked out as the search works them out), without submitting or writing anything."""
+    from autotune.launchers.base import WorkerSpec
+    from autotune.launchers.slurm import SlurmLauncher
+
+    assert isinstance(launcher, SlurmLauncher)
+    if (settings.device or "auto").strip().lower() == "auto":  # (the cluster's nodes have the GPUs, not this one)
+        settings = dataclasses.replace(settings, device="cuda")
+    request = resolve_search(model, budget, settings=settings, options=options, **space_args)
+    kind = "cpu" if settings.device.strip().lower() == "cpu" else "cuda"
+    return launcher.script(workers, WorkerSpec(request.name, "", kind, request.space.gpus))
