@@ -15,17 +15,24 @@ from typing import ClassVar
 
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
-    """What every worker of a search runs: `autotune worker --study STUDY` on `device` against
-    the database at `db_url` (given in its environment, never on a command line `ps` shows)."""
+    """What every worker runs: `autotune worker --study STUDY` (a search's), or `autotune worker
+    --queue` (the service's: `study` None), on `device` against the database at `db_url` (given in
+    its environment, never on a command line `ps` shows)."""
 
-    study: str
+    study: str | None
     db_url: str
     device: str                       # cuda or cpu: each worker's device kind
     ranks: int = 1                    # GPUs (or CPU ranks) each worker's probes take
     timeout: float | None = None      # the search's --timeout, left when the workers start
 
+    @property
+    def label(self) -> str:
+        """What the workers serve, for names (a Slurm job's, a Ray task's)."""
+        return self.study if self.study is not None else "queue"
+
     def command(self, python: str = sys.executable) -> list[str]:
-        command = [python, "-m", "autotune", "worker", "--study", self.study, "--device", self.device, "--json"]
+        serves = ["--study", self.study] if self.study is not None else ["--queue"]
+        command = [python, "-m", "autotune", "worker", *serves, "--device", self.device, "--json"]
         if self.timeout is not None:
             command += ["--timeout", f"{max(self.timeout, 0.001):.3f}s"]
         return command

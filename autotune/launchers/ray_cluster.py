@@ -111,7 +111,7 @@ class RayLauncher(Launcher):
 
         task = ray.remote(run_worker)
         for index in range(count):
-            options: dict[str, Any] = {"max_retries": 0, "name": f"autotune-worker-{spec.study}-{index}", "num_cpus": 1,
+            options: dict[str, Any] = {"max_retries": 0, "name": f"autotune-worker-{spec.label}-{index}", "num_cpus": 1,
                                        "num_gpus": spec.ranks if spec.device == "cuda" else 0}
             if spec.device == "cuda" and spec.ranks > 1:
                 group = placement_group([{"GPU": 1, "CPU": 1}] * spec.ranks, strategy="STRICT_PACK")

@@ -49,7 +49,7 @@ class SlurmLauncher(Launcher):
 
     def script(self, count: int, spec: WorkerSpec, python: str = "python3") -> str:
         o = self.options
-        lines = ["#!/bin/bash", f"#SBATCH --job-name=autotune-{spec.study}",
+        lines = ["#!/bin/bash", f"#SBATCH --job-name=autotune-{spec.label}",
                  f"#SBATCH --array=0-{count - 1}%{o.parallel or count}", f"#SBATCH --output={o.output}",
                  "#SBATCH --ntasks=1", "#SBATCH --export=ALL"]
         if o.partition:

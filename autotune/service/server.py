@@ -12,7 +12,11 @@ import sys
 from pathlib import Path
 
 from autotune.errors import BadInput
+from autotune.launchers.base import Launcher, WorkerSpec
 from autotune.service.submissions import ServicePolicy
+
+# A queue worker stopped with the service has this long to put its search back in the queue.
+STOP_GRACE_SECONDS = 70.0
 
 
 def check_serving(host: str, port: int, model_root: str | None) -> Path | None:
@@ -45,8 +49,10 @@ def is_loopback(host: str) -> bool:
 
 
 def serve(*, host: str, port: int, db: str | None, local_worker: bool, worker_device: str, public_read: bool,
-          model_root: str | None, allow_remote_code: bool, say=print) -> None:
-    """Serve until SIGTERM or Ctrl-C."""
+          model_root: str | None, allow_remote_code: bool, say=print, workers: int | None = None,
+          launcher: Launcher | None = None) -> None:
+    """Serve until SIGTERM or Ctrl-C. `workers` queue workers are started by `launcher` (Ray tasks,
+    a Slurm job array, or this machine's processes) and stopped with the service."""
     from autotune.service.app import ServiceConfig, create_app
     from autotune.store import open_store
 
@@ -55,6 +61,8 @@ def serve(*, host: str, port: int, db: str | None, local_worker: bool, worker_de
     except ImportError:
         raise BadInput("autotune serve needs FastAPI and uvicorn: pip install 'autotune[service]'.") from None
     root = check_serving(host, port, model_root)
+    if launcher is not None and not workers:
+        raise BadInput(f"--launcher {launcher.name} starts the service's queue workers: give --workers N too.")
     with open_store(db) as store:  # (creates or upgrades the embedded database, as search does)
         url = store.engine.url.render_as_string(hide_password=False)
         shown = store.url
@@ -65,16 +73,30 @@ def serve(*, host: str, port: int, db: str | None, local_worker: bool, worker_de
     _check_port_free(host, port)
     config = ServiceConfig(db=url, policy=ServicePolicy(root, allow_remote_code), public_read=public_read)
     app = create_app(config)
+    kind = "cpu" if worker_device.strip().lower() == "cpu" else "cuda"
+    spec = WorkerSpec(None, url, kind)
+    if workers and launcher is None:
+        from autotune.launchers.local import LocalLauncher
+        from autotune.search.fleet import worker_devices
+
+        launcher = LocalLauncher(worker_devices(workers, worker_device))
+    if workers and launcher is not None:
+        launcher.check(workers, spec)
     worker = _start_local_worker(url, worker_device) if local_worker else None
+    if workers and launcher is not None:
+        launcher.start(workers, spec)
     reads = "open to all" if public_read else "with a token"
+    started = f"; {workers} queue worker{'s' if workers != 1 else ''} by {launcher.name}" if workers and launcher else ""
     say(f"autotune serve: http://{host}:{port}/ (database {shown}; reads {reads}, writes with a token"
         f"{'; no tokens yet: autotune token create NAME' if not has_tokens else ''}"
-        f"{f'; local worker pid {worker.pid}' if worker else ''})")
+        f"{f'; local worker pid {worker.pid}' if worker else ''}{started})")
     try:
         listen(app, host, port)
     finally:
         if worker is not None:
             _stop(worker)
+        if workers and launcher is not None:
+            launcher.stop(grace=STOP_GRACE_SECONDS)
 
 
 def listen(app, host: str, port: int) -> None:
@@ -106,7 +128,7 @@ def _stop(worker: subprocess.Popen) -> None:
     if worker.poll() is None:
         worker.terminate()
         try:
-            worker.wait(70)
+            worker.wait(STOP_GRACE_SECONDS)
         except subprocess.TimeoutExpired:
             worker.kill()
             worker.wait()

@@ -299,3 +299,61 @@ def test_serve_token_and_queue_worker_refuse_mistakes_in_one_line(tmp_path):
     refused(run("worker", "--db", db), "one of them")
     refused(run("worker", "--queue", "--max-trials", "3", "--db", db), "--max-trials")
     refused(run("worker", "--study", "x", "--max-searches", "3", "--db", db), "--max-searches")
+
+
+@pytest.mark.slow  # (a real service and its workers)
+def test_serve_starts_queue_workers_by_a_launcher_and_stops_them_with_it(tmp_path):
+    import os
+    import signal
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    db = str(tmp_path / "launched.db")
+    serve = subprocess.Popen([sys.executable, "-m", "autotune", "serve", "--port", str(port), "--db", db, "--workers",
+                              "1", "--launcher", "local", "--worker-device", "cpu"], stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline, workers = time.monotonic() + 60, []
+        while time.monotonic() < deadline and not workers:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
+            except httpx.HTTPError:
+                pass
+            workers = [int(p.name) for p in __import__("pathlib").Path("/proc").iterdir() if p.name.isdigit()
+                       and _cmdline(p).endswith(f"worker --queue --device cpu --json") and _parent(p) == serve.pid]
+            time.sleep(0.3)
+        assert len(workers) == 1, "the service started no queue worker"
+        serve.send_signal(signal.SIGTERM)
+        serve.wait(timeout=90)
+        assert "1 queue worker by local" in serve.stderr.read()
+        time.sleep(0.5)
+        assert not os.path.exists(f"/proc/{workers[0]}") or _state(workers[0]) in ("Z", "X")
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGKILL)
+
+
+def _cmdline(entry) -> str:
+    try:
+        return (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _parent(entry) -> int:
+    try:
+        return int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def _state(pid: int) -> str:
+    try:
+        return open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0]
+    except OSError:
+        return "X"
