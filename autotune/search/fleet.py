@@ -267,6 +267,7 @@ def search_with_workers(
         try:
             launcher.start(workers, spec)
             reason, settled = _watch(store, study, worker.knowledge, worker.seen_probe_id, launcher, request, on_event)
+            launcher.stop(grace=0)  # (what never started, a Slurm task still pending, is cancelled too)
         except BaseException:
             # A second Ctrl-C, SIGTERM, or a bug here: stop the workers now and leave the study resumable.
             launcher.stop(grace=WORKER_STOP_GRACE_SECONDS)
