@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -263,14 +264,26 @@ BAD_MODELS = {
 }
 
 
+@pytest.fixture(scope="module")
+def upgraded_db(tmp_path_factory) -> Path:
+    """A database made by `autotune db upgrade`, once for the module: each case below refuses
+    against its own copy of it (the command's start-up is seconds; the file is the same each time)."""
+    root = tmp_path_factory.mktemp("upgraded")
+    db = root / "existing.db"
+    # (Set up before the per-test hermetic home: its own, so nothing touches the user's.)
+    home = {"AUTOTUNE_HOME": str(root / "home"), "AUTOTUNE_DB": f"sqlite:///{root / 'home' / 'autotune.db'}"}
+    assert autotune("db", "upgrade", "--db", str(db), env=home).returncode == 0
+    return db
+
+
 @pytest.mark.parametrize("case", list(BAD_MODELS))
-def test_a_mistake_found_before_the_first_probe_leaves_the_database_as_it_was(case, tmp_path):
+def test_a_mistake_found_before_the_first_probe_leaves_the_database_as_it_was(case, tmp_path, upgraded_db):
     overrides, flags, needle = BAD_MODELS[case]
     config = {k: v for k, v in {**json.loads(Path(write_model_dir(tmp_path / "m") / "config.json").read_text()),
                                 **overrides}.items() if v is not None}
     (tmp_path / "m" / "config.json").write_text(json.dumps(config))
     existing, fresh = tmp_path / "existing.db", tmp_path / "fresh.db"
-    assert autotune("db", "upgrade", "--db", str(existing)).returncode == 0
+    shutil.copyfile(upgraded_db, existing)
     before = _digest(existing)
     for db in (existing, fresh):
         proc = autotune("search", "--model", str(tmp_path / "m"), *SPACE, *flags, "--db", str(db), "--study", "bad")
