@@ -226,7 +226,8 @@ def test_predictions_need_no_gpu_and_refuse_as_the_command_line_does(deployment)
 
 
 def test_a_cancelled_search_stops_its_probe_and_resumes_when_submitted_again(deployment):
-    body = dict(study="cancel-me", checkpointing="off,on", measure_seconds="1.5")
+    # Long enough that the cancel comes mid-search: three probes of 3 s timed windows each.
+    body = dict(study="cancel-me", micro_batches=[1, 2, 4], effective_batch=4, measure_seconds="3")
     assert deployment.submit(**body).status_code == 201
     deployment.wait("cancel-me", lambda r: r.state == SearchState.RUNNING, "running")
     with open_store(deployment.db) as store:
