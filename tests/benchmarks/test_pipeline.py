@@ -209,10 +209,13 @@ def test_lightning_binsearch_runs_the_real_finder_over_probes():
     setting = alternatives.Setting(spec, SearchSpace.build(spec, **SPACE), Budget(BUDGET, int(0.05 * BUDGET)), "cuda",
                                    ScriptedRunner)
     outcome = alternatives.lightning_binsearch(setting)
-    sizes = [c.micro_batch for c, _ in outcome.tried]
-    assert sizes[:3] == [2, 4, 8]  # Lightning starts at 2 and doubles until out of memory
+    tried = [(c.micro_batch, r.status) for c, r in outcome.tried]
+    first_oom = next(i for i, (_, status) in enumerate(tried) if status == "oom")
+    # Lightning starts at 2 and doubles until out of memory, then halves the gap to the last size that ran.
+    assert [size for size, _ in tried[:first_oom + 1]] == [2 << i for i in range(first_oom + 1)]
+    assert tried[first_oom + 1][0] == (tried[first_oom][0] + tried[first_oom - 1][0]) // 2
     assert outcome.status == "ok" and outcome.result.status == "ok"
-    assert outcome.config.micro_batch < 8 and outcome.config.precision == "fp32"
+    assert outcome.config.micro_batch < tried[first_oom][0] and outcome.config.precision == "fp32"
     assert "oom" in [r.status for _, r in outcome.tried]
 
 
