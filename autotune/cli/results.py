@@ -10,7 +10,7 @@ from autotune.cli.app import cli
 from autotune.cli.options import db_option
 
 # `autotune best`'s formats (BestConfig.render), which the service's /best answers in too.
-BEST_FORMATS = ("json", "yaml", "trainer-args", "cli", "accelerate")
+BEST_FORMATS = ("json", "yaml", "trainer-args", "cli", "accelerate", "trl", "axolotl", "llamafactory", "lightning")
 
 
 @cli.command()
@@ -84,7 +84,9 @@ def db_upgrade(db):
               show_default=True,
               help="json/yaml: the config and its measurements; trainer-args: TrainingArguments and model kwargs; "
                    "cli: flags for the Hugging Face example scripts; accelerate: the config file for "
-                   "`accelerate launch --config_file` (processes, FSDP or DDP, mixed precision).")
+                   "`accelerate launch --config_file` (processes, FSDP or DDP, mixed precision); trl: SFTConfig "
+                   "and SFTTrainer's arguments (JSON); axolotl, llamafactory: their training YAML; lightning: "
+                   "a LightningCLI YAML (docs/tools.md).")
 @db_option
 def best(study, fmt, db):
     """Print a study's winning configuration for the fine-tune."""

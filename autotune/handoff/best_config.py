@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from autotune import evaluation, speed, verdict
 from autotune.budget import Budget, required_bytes
 from autotune.errors import BadInput, StudyNotFound
-from autotune.handoff import later_phases, loss_scaling, ranks, scripts
+from autotune.handoff import later_phases, loss_scaling, ranks, scripts, tools
 from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec, bnb_4bit_kwargs, is_qlora, memory_caveats
 from autotune.status import ProbeStatus, StudyStatus
 from autotune.store import LeaderboardRow, ProbeRecord, StudyRecord, open_store
@@ -422,6 +422,8 @@ class BestConfig:
             return self.cli_flags()
         if fmt == "accelerate":
             return self.accelerate_yaml()
+        if fmt in tools.TOOL_FORMATS:
+            return tools.render_tool(self, fmt)
         raise ValueError(f"unknown format {fmt!r}")
 
 
