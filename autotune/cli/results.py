@@ -87,17 +87,55 @@ def db_upgrade(db):
                    "`accelerate launch --config_file` (processes, FSDP or DDP, mixed precision); trl: SFTConfig "
                    "and SFTTrainer's arguments (JSON); axolotl, llamafactory: their training YAML; lightning: "
                    "a LightningCLI YAML (docs/tools.md).")
+@click.option("--update", "update_path", default=None, metavar="FILE",
+              help="Write the winner into your own TRL, axolotl, LLaMA-Factory or TrainingArguments file (the one "
+                   "`search --from` read): only the keys the search decided change, the rest and its comments stay; "
+                   "prints the diff.")
+@click.option("--out", "out_path", default=None, metavar="FILE", help="With --update: write there, not over FILE.")
 @db_option
-def best(study, fmt, db):
+def best(study, fmt, update_path, out_path, db):
     """Print a study's winning configuration for the fine-tune."""
     from autotune.handoff import best as find_best
     from autotune.models import shown_reference
 
+    if out_path is not None and update_path is None:
+        raise click.UsageError("--out goes with --update FILE (the other formats print to stdout).")
+    if update_path is not None and click.get_current_context().get_parameter_source("fmt").name == "COMMANDLINE":
+        raise click.UsageError("--update writes your file in its own tool's format: leave out --format.")
     chosen = find_best(study, db)
     # On stderr, so that `$(autotune best --format cli)` takes the flags alone.
     if study is None:
         click.echo(f"autotune: the most recent study, {chosen.row.study!r} (--model {shown_reference(chosen.config.model)})",
                    err=True)
+    if update_path is not None:
+        return _update(chosen, update_path, out_path)
     for note in chosen.notes(fmt):
         click.echo(f"autotune: {note}", err=True)
     click.echo(chosen.render(fmt))
+
+
+def _update(chosen, update_path: str, out_path: str | None) -> None:
+    """`best --update FILE [--out OUT]`: the file with the winner's levers, written, and the diff printed."""
+    from pathlib import Path
+
+    from autotune.handoff import tools
+    from autotune.recipe_files import TOOLS
+    from autotune.recipe_files.write_back import update_file, write
+
+    update = update_file(chosen, update_path)
+    out = Path(out_path).expanduser() if out_path is not None else update.source.path
+    if not out.parent.is_dir():
+        raise click.UsageError(f"--out {out_path}: no directory {out.parent} to write into.")
+    tool = update.source.tool
+    notes = chosen.notes("trainer-args" if tool == "trainer" else tool)
+    if tool in tools.TOOL_FORMATS:
+        notes += [f"note: {line}" for line in tools.notes(chosen, tool)]
+    for note in notes:
+        click.echo(f"autotune: {note}", err=True)
+    write(update, out)
+    if diff := update.diff(out):
+        click.echo(diff, nl=False)
+    else:
+        click.echo(f"{out}: the file already has the winner's levers")
+    click.echo(f"autotune: wrote {out} ({TOOLS[tool]}; {len(update.changed)} keys decided by study {chosen.row.study!r})",
+               err=True)

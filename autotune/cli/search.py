@@ -22,8 +22,13 @@ if TYPE_CHECKING:
 
 
 @cli.command()
-@click.option("--model", required=True, help="Hub id, gpt2-family name, or a local directory with config.json.")
+@click.option("--model", default=None,
+              help="Hub id, gpt2-family name, or a local directory with config.json [required unless --from names it].")
 @click.option("--gpu-budget", required=True, help="Memory to fit in: 8GiB, 7.5GiB, 8192MiB, 8GB or bytes.")
+@click.option("--from", "from_file", default=None, metavar="FILE",
+              help="Keep the recipe of your own TRL, axolotl or LLaMA-Factory config (or a TrainingArguments JSON): "
+                   "its model, sequence length, effective batch, LoRA, optimizer and evaluation; the free levers are "
+                   "searched, and `autotune best --update FILE` writes the winner back into it (docs/tools.md).")
 @space_options
 @click.option("--strategy", default=defaults.STRATEGY, show_default=True,
               help="predictive (a speed model refitted after each probe), frontier, tpe, grid (OOM-pruned) or grid-full.")
@@ -64,8 +69,12 @@ if TYPE_CHECKING:
 @db_option
 @click.option("--json", "as_json", is_flag=True, help="Print the outcome as one JSON object (progress goes to stderr).")
 def search(db, as_json, workers, oversubscribe, launcher, ray_address, slurm_partition, slurm_time, slurm_parallel,
-           slurm_option, dry_run, **flags):
+           slurm_option, dry_run, from_file, **flags):
     """Find the fastest configuration that fits the budget, by probing."""
+    from autotune.cli.from_file import apply_recipe_file
+
+    if from_file is not None:  # (before the imports below: a file refused costs no torch import)
+        apply_recipe_file(from_file, flags)
     from autotune import report
     from autotune.launchers.choose import make_launcher
     from autotune.search.launch import dry_run_script
@@ -125,7 +134,12 @@ def read_search_flags(flags: dict, *, workers: int | None = None, oversubscribe:
     from autotune.search import SearchOptions
     from autotune.units import parse_budget, parse_duration
 
+    from autotune.errors import BadInput
+
     flags = dict(flags)
+    if flags.get("model") is None:
+        raise BadInput("--model: give the model to search (a hub id, a gpt2-family name or a directory), or --from a "
+                       "config file that names it.")
     model, budget = flags.pop("model"), parse_budget(flags.pop("gpu_budget"))
     probe = {name: flags.pop(name) for name in PROBE_SETTING_FLAGS}
     option_flags = {name: flags.pop(name) for name in ("study", "strategy", "max_trials", "patience", "fresh", "predict",

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from autotune.handoff import BestConfig
 
 __all__ = ["AXOLOTL", "LIGHTNING", "LLAMAFACTORY", "TOOL_FORMATS", "TRL", "axolotl_document", "lightning_document",
-           "llamafactory_document", "notes", "render_tool", "trl_document"]
+           "llamafactory_document", "notes", "render_tool", "tool_document", "trl_document"]
 
 TOOL_FORMATS = ("trl", "axolotl", "llamafactory", "lightning")
 
@@ -434,6 +434,11 @@ _NOTES = {"trl": _trl_notes, "axolotl": _axolotl_notes, "llamafactory": _llamafa
           "lightning": _lightning_notes}
 
 
+def tool_document(best: BestConfig, fmt: str) -> dict:
+    """`fmt`'s keys for the winner, as `render_tool` writes them (its notes aside)."""
+    return _DOCUMENTS[fmt](best)
+
+
 def notes(best: BestConfig, fmt: str) -> list[str]:
     """What `fmt`'s document cannot say of the winner, one line each, to set by hand."""
     said = list(_NOTES[fmt](best))
@@ -448,7 +453,7 @@ def render_tool(best: BestConfig, fmt: str) -> str:
     kwargs, "peft_config": LoraConfig's, "notes"}), YAML for the others, the notes as `#` comments."""
     if fmt not in _DOCUMENTS:
         raise ValueError(f"unknown tool format {fmt!r}")
-    document = _DOCUMENTS[fmt](best)
+    document = tool_document(best, fmt)
     said = notes(best, fmt)
     if fmt == "trl":
         out: dict = {"sft_config": document}

@@ -35,10 +35,13 @@ SEARCH_CLOSED = {
     "slurm_parallel": "queue workers run the searches, not a launcher of the request's.",
     "slurm_option": "queue workers run the searches, not a launcher of the request's.",
     "dry_run": "the service submits; `autotune search --dry-run` prints a job script on the command line.",
+    "from": "the service reads no file a client names: send the file's recipe as fields (model, block_sizes, "
+                 "effective_batch, peft, optimizers, ...), or run `autotune search --from FILE` where the file is.",
 }
-# search's parameters that say where and how its workers start, not what is searched (read apart).
+# search's parameters that say where and how its workers start, or where its recipe is read from,
+# not what is searched (read apart; all closed above).
 LAUNCH_PARAMS = ("db", "as_json", "workers", "oversubscribe", "launcher", "ray_address", "slurm_partition",
-                 "slurm_time", "slurm_parallel", "slurm_option", "dry_run")
+                 "slurm_time", "slurm_parallel", "slurm_option", "dry_run", "from_file")
 # The service's own fields: the device kind the workers must have, and a card they must carry.
 SEARCH_OWN = frozenset({"device", "gpu"})
 DEVICE_KINDS = ("auto", "cuda", "cpu")

@@ -1,0 +1,206 @@
+"""`autotune best --update FILE`: the user's own config file with the winner's levers written in.
+
+Only the keys of what the search decided change (micro-batch and accumulation, the eval batch it
+found, precision, checkpointing, attention, compile, Liger, the multi-GPU strategy), with the values
+`autotune best --format TOOL` gives them (autotune/handoff/tools.py); every other key, the comments
+and the order stay as the user wrote them. The file must be the study's recipe: the model, sequence
+length, effective batch, adapters and optimizer it asks are those the study measured, or nothing is
+written.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from autotune.errors import BadInput
+from autotune.handoff import checkpointing_argument_names, tools
+from autotune.recipe_files import yaml_edit
+from autotune.recipe_files.read import RecipeFile, read_recipe_file
+from autotune.recipes import PeftSpec
+
+if TYPE_CHECKING:
+    from autotune.handoff import BestConfig
+
+__all__ = ["DECIDED", "Update", "update_file", "write"]
+
+# The keys each tool's file takes for the levers a search decides (the free levers, and the eval batch
+# it finds): the rest of the tool's document is the recipe, which came from the file.
+_TRAINER_DECIDED = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "bf16",
+                    "fp16", "tf32", "torch_compile", "use_liger_kernel", "fsdp", "fsdp_config",
+                    "ddp_find_unused_parameters")
+DECIDED = {
+    "axolotl": ("micro_batch_size", "eval_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "tf32",
+                "gradient_checkpointing", "gradient_checkpointing_kwargs", "attn_implementation", "torch_compile",
+                *tools.AXOLOTL_LIGER_KEYS, "fsdp_version", "fsdp_config", "ddp_find_unused_parameters"),
+    "llamafactory": ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "bf16",
+                     "fp16", "tf32", "disable_gradient_checkpointing", "use_reentrant_gc", "flash_attn", "torch_compile",
+                     "enable_liger_kernel", "ddp_find_unused_parameters"),
+    "trl": _TRAINER_DECIDED,
+    "trainer": _TRAINER_DECIDED,
+}
+# Keys each tool reads as false when absent (its source's defaults): the winner's false is not
+# added to a file that leaves them out. (axolotl's bf16 and tf32 default to "auto", TRL's bf16 to
+# on where the card has it, LLaMA-Factory's use_reentrant_gc to true: those are always written.)
+_FALSE_BY_DEFAULT = {
+    "axolotl": ("fp16", "torch_compile", *tools.AXOLOTL_LIGER_KEYS),
+    "llamafactory": ("fp16", "bf16", "torch_compile", "enable_liger_kernel", "disable_gradient_checkpointing"),
+    "trl": ("fp16", "torch_compile", "use_liger_kernel"),
+    "trainer": ("fp16", "bf16", "torch_compile", "use_liger_kernel"),
+}
+# A lever the winner has off is absent from its document: a file that turns it on gets it off.
+_OFF_WHEN_ABSENT = ("torch_compile", "use_liger_kernel", "enable_liger_kernel", *tools.AXOLOTL_LIGER_KEYS)
+# axolotl's attention keys before attn_implementation (deprecated in its schema): one key says it.
+_AXOLOTL_OLD_ATTENTION = ("flash_attention", "sdp_attention", "xformers_attention", "flex_attention", "sage_attention")
+_CHECKPOINTING_NAMES = (("gradient_checkpointing", "activation_checkpointing"),
+                        ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"))
+
+
+@dataclass(frozen=True)
+class Update:
+    """The file as it was and as the winner has it; `diff` is what `best --update` prints."""
+
+    source: RecipeFile
+    text: str
+    changed: tuple[str, ...]
+
+    def diff(self, out: Path) -> str:
+        return "".join(difflib.unified_diff(self.source.text.splitlines(keepends=True), self.text.splitlines(keepends=True),
+                                            fromfile=str(self.source.path), tofile=str(out)))
+
+
+def update_file(best: BestConfig, path: str | Path) -> Update:
+    """The file at `path` with `best`'s decided levers (BadInput when it is not the study's recipe)."""
+    source = read_recipe_file(path, gpus=best.config.ranks)
+    _check_same_recipe(source, best)
+    updates, remove = _decided(source, best)
+    if source.path.suffix.lower() == ".json":
+        text = _edit_json(source, updates, remove)
+    else:
+        note = f"autotune: decided by study {best.row.study!r} (autotune best --update)"
+        # axolotl's old attention key, where there is one, becomes attn_implementation in its place.
+        renamed = {key: "attn_implementation" for key in remove if key in _AXOLOTL_OLD_ATTENTION}
+        try:
+            text = yaml_edit.edit(source.text, updates, remove, renamed=dict(list(renamed.items())[:1]), appended_note=note)
+        except ValueError as exc:
+            raise BadInput(f"{source.path}: {exc}; nothing was written: take `autotune best --format {source.tool}` and "
+                           f"set its keys by hand.") from None
+    changed = tuple(k for k in (*updates, *remove) if source.document.get(k, _MISSING) != updates.get(k, _MISSING))
+    return Update(source, text, changed)
+
+
+_MISSING = object()
+
+
+def write(update: Update, out: Path) -> None:
+    """Write atomically: the old file stays whole until the new one is complete."""
+    out = Path(out)
+    mode = out.stat().st_mode & 0o777 if out.exists() else None
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(update.text)
+        if mode is not None:
+            os.chmod(temporary, mode)
+        os.replace(temporary, out)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def _check_same_recipe(source: RecipeFile, best: BestConfig) -> None:
+    """The file asks what the study measured, or the winner is not its answer."""
+    c, flags, study = best.config, source.flags, best.row.study
+    asked: list[tuple[str, object, object]] = []
+    if "model" in flags and not _same_model(str(flags["model"]), c.model):
+        asked.append(("the model", flags["model"], c.model))
+    if "block_sizes" in flags and int(flags["block_sizes"]) != best.block_size:
+        asked.append(("a sequence length", flags["block_sizes"], best.block_size))
+    if source.effective_batch != c.effective_batch:
+        asked.append(("an effective batch", source.effective_batch, c.effective_batch))
+    file_peft = _peft(flags)
+    study_peft = None if c.peft is None else PeftSpec.from_text(c.peft)
+    if file_peft != study_peft:
+        asked.append(("adapters", file_peft.text() if file_peft else "none", study_peft.text() if study_peft else "none"))
+    if flags["optimizers"] != c.optimizer:
+        asked.append(("the optimizer", flags["optimizers"], c.optimizer))
+    if flags.get("weights_", "fp32") != c.weights:
+        asked.append(("weights in", flags.get("weights_", "fp32"), c.weights))
+    if "eval_batch" in flags and best.eval_batch is None:
+        asked.append(("evaluation", "on", "off"))
+    if asked:
+        what, file_value, study_value = asked[0]
+        raise BadInput(f"{source.path} asks {what} {file_value}, and study {study!r} measured {study_value}: search "
+                       f"its recipe with `autotune search --from {source.path} --gpu-budget ...`.")
+
+
+def _same_model(asked: str, measured: str) -> bool:
+    if asked == measured:
+        return True
+    left, right = Path(asked).expanduser(), Path(measured).expanduser()
+    return left.exists() and right.exists() and left.resolve() == right.resolve()
+
+
+def _peft(flags: dict) -> PeftSpec | None:
+    if "peft" not in flags:
+        return None
+    return PeftSpec(kind=str(flags["peft"]), rank=int(flags["lora_rank"]), alpha=int(flags["lora_alpha"]),
+                    dropout=float(flags["lora_dropout"]), targets=str(flags["lora_targets"]))
+
+
+def _decided(source: RecipeFile, best: BestConfig) -> tuple[dict, tuple[str, ...]]:
+    """The keys to set, and those to delete, for the winner in this tool's file."""
+    tool, document = source.tool, source.document
+    rendered = best.trainer_kwargs() if tool == "trainer" else tools.tool_document(best, tool)
+    decided = list(DECIDED[tool])
+    if tool in ("trl", "trainer"):
+        decided += list(checkpointing_argument_names())
+    updates = {key: rendered[key] for key in decided if key in rendered}
+    updates.update({key: False for key in _OFF_WHEN_ABSENT if key not in rendered and document.get(key)})
+    for key in _FALSE_BY_DEFAULT[tool]:
+        if updates.get(key, True) is False and key not in document:
+            del updates[key]
+    if "eval_batch" not in source.flags:
+        for key in ("eval_batch_size", "per_device_eval_batch_size"):
+            updates.pop(key, None)
+    remove: tuple[str, ...] = ()
+    if tool in ("trl", "trainer"):
+        # Written under the name the file already uses (transformers 5.23 renamed it).
+        for names in _CHECKPOINTING_NAMES:
+            current = next((name for name in names if name in document), None)
+            if current is not None:
+                for name in names:
+                    if name in updates and name != current:
+                        updates[current] = updates.pop(name)
+        if tool == "trl":
+            attention = best.model_kwargs()["attn_implementation"]
+            if "model_name_or_path" in document:     # `trl sft --config`: ModelConfig's key
+                updates["attn_implementation"] = attention
+            else:                                   # an SFTConfig: SFTTrainer loads the model with these
+                updates["model_init_kwargs"] = {**(document.get("model_init_kwargs") or {}),
+                                                "attn_implementation": attention}
+    if tool == "axolotl":
+        remove = tuple(key for key in _AXOLOTL_OLD_ATTENTION if key in document)
+        if "plugins" in rendered:
+            plugins = list(document.get("plugins") or [])
+            updates["plugins"] = plugins + [p for p in rendered["plugins"] if p not in plugins]
+    return updates, remove
+
+
+def _edit_json(source: RecipeFile, updates: dict, remove: tuple[str, ...]) -> str:
+    document = {key: value for key, value in source.document.items() if key not in remove}
+    document.update(updates)
+    indent = _json_indent(source.text)
+    return json.dumps(document, indent=indent) + ("\n" if source.text.endswith("\n") else "")
+
+
+def _json_indent(text: str) -> int | None:
+    for line in text.splitlines()[1:]:
+        if line.strip():
+            return len(line) - len(line.lstrip(" ")) or None
+    return 2
