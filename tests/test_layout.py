@@ -33,7 +33,7 @@ LAYERS: list[set[str]] = [
     {"models", "environment", "cpu_speed"},
     {"config", "result", "paths", "tasks", "timing", "recipes", "speed", "sharding", "cards", "ranking", "verdict", "flops", "shapes"},
     {"budget", "evaluation"},                    # what "fits" means, and which phases of the run it covers
-    {"units", "output"},                         # sizes; where a command's files are written
+    {"units", "output", "yaml_text"},            # sizes; where a command's files are written; YAML without a library
     {"errors", "defaults", "status", "version", "processes", "deadline"},  # vocabulary everyone shares; process lifelines, deadlines
 ]
 # (importer unit, imported unit) pairs allowed within one layer: the estimator traces the probe's

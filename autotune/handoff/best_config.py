@@ -13,7 +13,7 @@ import re
 import warnings
 from dataclasses import dataclass
 
-from autotune import evaluation, speed, verdict
+from autotune import evaluation, speed, verdict, yaml_text
 from autotune.budget import Budget, required_bytes
 from autotune.errors import BadInput, StudyNotFound
 from autotune.handoff import later_phases, loss_scaling, ranks, scripts, tools
@@ -374,15 +374,7 @@ class BestConfig:
 
     def yaml(self) -> str:
         """YAML without a YAML dependency: the document is flat scalars and one nested level."""
-        def scalar(value) -> str:
-            if isinstance(value, bool):
-                return "true" if value else "false"
-            if value is None:
-                return "null"
-            if isinstance(value, (int, float)):
-                return repr(value)
-            return json.dumps(str(value))
-
+        scalar = yaml_text.scalar
         lines = []
         for key, value in self.to_dict().items():
             # A mapping or a list (phase_peaks, lora_config) in JSON's flow style, which YAML reads.

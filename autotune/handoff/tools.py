@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from autotune import evaluation, sharding
+from autotune import evaluation, sharding, yaml_text
 from autotune.errors import BadInput
 from autotune.handoff import ranks
 from autotune.recipes import OPTIMIZERS, PeftSpec, is_qlora
@@ -462,29 +462,4 @@ def render_tool(best: BestConfig, fmt: str) -> str:
         out["notes"] = said
         return json.dumps(out, indent=2)
     header = [f"# autotune: the winner of study {best.row.study!r}: {best.config.label().strip()} ({fmt})"]
-    return "\n".join(header + [f"# {line}" for line in said] + _yaml_lines(document))
-
-
-def _scalar(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(str(value))  # quoted: YAML 1.1 reads a bare no/off as false
-
-
-def _yaml_lines(document: dict, indent: int = 0) -> list[str]:
-    """YAML without a YAML dependency: nested mappings as blocks, lists in JSON's flow style."""
-    lines = []
-    pad = "  " * indent
-    for key, value in document.items():
-        if isinstance(value, dict) and value:
-            lines.append(f"{pad}{key}:")
-            lines += _yaml_lines(value, indent + 1)
-        elif isinstance(value, (dict, list)):
-            lines.append(f"{pad}{key}: {json.dumps(value)}")
-        else:
-            lines.append(f"{pad}{key}: {_scalar(value)}")
-    return lines
+    return "\n".join(header + [f"# {line}" for line in said] + yaml_text.block_lines(document))

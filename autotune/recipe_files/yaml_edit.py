@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import re
 
+from autotune import yaml_text
+
 __all__ = ["edit", "render_value"]
 
 _KEY = re.compile(r"^(?P<key>[A-Za-z_][\w.-]*)(?P<colon>\s*:)(?P<rest>.*)$")
@@ -87,7 +89,7 @@ def _lines_for(key: str, value, old_line: str) -> list[str]:
     """The key set to `value`; a scalar keeps the comment the old line had after its value."""
     newline = "\r\n" if old_line.endswith("\r\n") else "\n"
     if isinstance(value, dict) and value:
-        return [f"{key}:{newline}"] + [f"{line}{newline}" for line in _block(value, 1)]
+        return [f"{key}:{newline}"] + [f"{line}{newline}" for line in yaml_text.block_lines(value, 1, render_value)]
     comment = ""
     if (match := _KEY.match(old_line.rstrip("\r\n"))) is not None and "#" in match["rest"]:
         found = _TRAILING_COMMENT.search(match["rest"])
@@ -97,30 +99,11 @@ def _lines_for(key: str, value, old_line: str) -> list[str]:
     return [f"{key}: {render_value(value)}{comment}{newline}"]
 
 
-def _block(mapping: dict, depth: int) -> list[str]:
-    pad = "  " * depth
-    lines = []
-    for key, value in mapping.items():
-        if isinstance(value, dict) and value:
-            lines += [f"{pad}{key}:"] + _block(value, depth + 1)
-        else:
-            lines.append(f"{pad}{key}: {render_value(value)}")
-    return lines
-
-
 def render_value(value) -> str:
-    """A scalar or a flow list/mapping, as YAML reads it back (strings quoted: a bare `no` is false)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, (list, tuple, dict)):
-        return json.dumps(value)
-    if _BARE.fullmatch(str(value)) and _reads_back(str(value)):
-        return str(value)
-    return json.dumps(str(value))
+    """yaml_text's scalar, but a plain word (sdpa, adamw_torch) bare, as people write it."""
+    if isinstance(value, str) and _BARE.fullmatch(value) and _reads_back(value):
+        return value
+    return yaml_text.scalar(value)
 
 
 _BARE = re.compile(r"[A-Za-z_][\w./-]*")
