@@ -107,8 +107,9 @@ class ProbeConfig:
             except (ValueError, KeyError) as exc:
                 problems.append(f"--peft {self.peft!r} cannot be read ({exc})")
         problems += sharding.strategy_problems(self.gpus, self.strategy, self.nodes)
-        if self.ranks > 1 and self.peft is not None:
-            problems.append("--peft with --gpus 2 or more is not supported yet: LoRA and QLoRA runs are probed on one GPU")
+        if self.ranks > 1 and recipes.is_qlora(self.peft):
+            problems.append("--peft qlora with --gpus 2 or more is not supported: a 4-bit base is probed on one GPU "
+                            "(--peft lora shares a run across ranks)")
         problems += self._task_problems()
         if self.task in TASKS:
             problems += evaluation.eval_problems({name: getattr(self, name) for name in evaluation.EVAL_RECIPE}, self.task)

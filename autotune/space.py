@@ -63,8 +63,9 @@ class SearchSpace:
             problems.append("--strategies share a run across ranks: give --gpus 2 or more, or leave them out")
         elif self.ranks > 1 and not self.strategies:
             problems.append("--strategies needs at least one value")
-        elif self.ranks > 1 and self.peft is not None:
-            problems.append("--peft with --gpus 2 or more is not supported yet: LoRA and QLoRA runs are searched on one GPU")
+        elif self.ranks > 1 and recipes.is_qlora(self.peft):
+            problems.append("--peft qlora with --gpus 2 or more is not supported: a 4-bit base is searched on one GPU "
+                            "(--peft lora shares a run across ranks)")
         for value in self.strategies:
             if value not in sharding.STRATEGIES:
                 problems.append(f"--strategies: {value!r} is unknown; choose from {', '.join(sharding.STRATEGIES)}")

@@ -331,7 +331,7 @@ def test_recipes_this_model_or_machine_cannot_train_are_one_line_and_write_nothi
 @pytest.mark.parametrize("command, args, needle", [
     ("search", ["--gpus", "0"], "--gpus must be a whole number of at least 1"),
     ("search", ["--gpus", "2", "--strategies", "zero3"], "--strategies: unknown value 'zero3'"),
-    ("search", ["--gpus", "2", "--peft", "lora"], "--peft with --gpus 2 or more is not supported yet"),
+    ("search", ["--gpus", "2", "--peft", "qlora"], "--peft qlora with --gpus 2 or more is not supported"),
     ("search", ["--gpus", "2", "--nodes", "2"], "--nodes 2 needs --rendezvous HOST:PORT"),
     ("search", ["--rendezvous", "127.0.0.1:29500"], "--rendezvous is where several nodes meet"),
     ("search", ["--gpus", "2", "--nodes", "2", "--rendezvous", "nope"], "--rendezvous 'nope' is not HOST:PORT"),

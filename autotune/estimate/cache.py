@@ -32,9 +32,12 @@ MAX_ENTRIES = 512
 
 def cache_key(config: ProbeConfig, device_type: str, spec: ModelSpec, stack: Stack | None = None) -> str:
     """Identity of an estimate: the configuration, the model's architecture, the device type and
-    every version that can change the answer (`stack`: the run's, where not the installed ones)."""
+    every version that can change the answer (`stack`: the run's, where not the installed ones).
+    The model counts by its architecture, not its name: `gpt2` after `models/gpt2-124m` (the same
+    config.json) is answered from the cache."""
+    fields_but_name = {k: v for k, v in config.key_fields().items() if k != "model"}
     parts = {
-        "config": config.key(), "model": spec.fingerprint, "device_type": device_type,
+        "config": fields_but_name, "model": spec.fingerprint, "device_type": device_type,
         "torch": package_version("torch"), "transformers": package_version("transformers"),
         "bitsandbytes": package_version("bitsandbytes"), "stack": (stack or Stack()).to_dict(),
         "autotune": __version__, "estimator": ESTIMATOR_VERSION,

@@ -106,6 +106,10 @@ KERNELS_PER_LAYER = 10
 # pure bf16 weights (--weights bf16: weights, gradients and state in bf16).
 OPTIMIZER_BYTES: dict[str, tuple[int, int]] = {
     "adamw": (28, 14),             # fused: reads weight, grad, m, v (16); writes weight, m, v (12)
+    # torch's foreach AdamW (Trainer's adamw_torch): lerp m (3 accesses), v *= b2 and += g^2 (2 + 3),
+    # decay w (2), sqrt(v) into a temporary, / bias correction, + eps (2 each), w -= lr m / t (4):
+    # 20 accesses of 4 bytes.
+    "adamw_torch": (80, 40),
     "adamw_8bit": (16, 10),        # weight and grad at their size, m and v one byte each
     "paged_adamw_8bit": (16, 10),  # as adamw_8bit while the state stays on the card
     "sgd": (24, 12),               # foreach, momentum: buf = m*buf + g, then w -= lr*buf (6 accesses)

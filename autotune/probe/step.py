@@ -89,7 +89,11 @@ def build_random_model(spec: ModelSpec, config: ProbeConfig, device: torch.devic
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     if config.peft is not None:
-        model = with_adapters(model, config)
+        # Made where the model is (peft moves each adapter to its base layer's device otherwise): on
+        # the meta device under FSDP, sharded before it gets memory, where the estimator's fake
+        # tensors could not be moved.
+        with torch.device(device):
+            model = with_adapters(model, config)
     return model, hf_config
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -133,6 +135,12 @@ def test_repeats_come_from_the_cache(model_dir, hermetic_home):
     assert again.cached and not first.cached
     assert again.breakdown == first.breakdown and again.reserved_bytes == first.reserved_bytes
     assert json.loads(cache.read_text())["version"] == 1
+    # The same architecture under another name (a copy of its config.json) is the same question.
+    renamed = Path(model_dir).with_name("the-same-model")
+    shutil.copytree(model_dir, renamed)
+    under_another_name = estimate_memory(dataclasses.replace(config, model=str(renamed)), device_type="cpu")
+    assert under_another_name.cached and under_another_name.config.model == str(renamed)
+    assert under_another_name.reserved_bytes == first.reserved_bytes
 
 
 def test_bad_input_is_refused_before_any_process_starts(model_dir, monkeypatch):

@@ -1,5 +1,6 @@
 """The estimate of one rank of a multi-GPU run (estimate/ranks.py, estimate/ledger.py) against
-real 2-rank CPU probes (gloo), on a tiny GPT-2 (tied embeddings) and a tiny Llama (untied)."""
+real 2-rank CPU probes (gloo), on a tiny GPT-2 (tied embeddings) and a tiny Llama (untied), LoRA
+adapters under FSDP among them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from autotune.estimate import estimate_memories, estimate_memory
 from tests.conftest import write_model_dir
 
 GiB = 2**30
-CASES = [("gpt2", "ddp"), ("gpt2", "fsdp"), ("llama", "fsdp-grad-op"), ("llama", "fsdp")]
+LORA = "lora r=8 alpha=16 dropout=0.05 targets=all-linear"
+CASES = [("gpt2", "ddp", None), ("gpt2", "fsdp", None), ("llama", "fsdp-grad-op", None), ("llama", "fsdp", None),
+         ("gpt2", "fsdp", LORA)]
 
 
 @pytest.fixture(scope="module")
@@ -27,28 +30,28 @@ def models(tmp_path_factory) -> dict[str, str]:
     return {"gpt2": str(gpt2), "llama": str(llama)}
 
 
-def cfg(model: str, strategy: str, gpus: int = 2) -> ProbeConfig:
-    return ProbeConfig(model=model, micro_batch=2, block_size=64, grad_accum=2, gpus=gpus, strategy=strategy)
+def cfg(model: str, strategy: str, gpus: int = 2, peft: str | None = None) -> ProbeConfig:
+    return ProbeConfig(model=model, micro_batch=2, block_size=64, grad_accum=2, gpus=gpus, strategy=strategy, peft=peft)
 
 
 @pytest.fixture(scope="module")
 def estimates(models) -> dict[tuple[str, str], object]:
     """Every case's estimate, and gpt2's ddp beside them, from one trace child."""
-    keys = sorted({*CASES, ("gpt2", "ddp"), ("gpt2", "fsdp")})
-    found = estimate_memories([cfg(models[m], s) for m, s in keys], device_type="cpu", use_cache=False)
+    keys = sorted(CASES, key=str)
+    found = estimate_memories([cfg(models[m], s, peft=p) for m, s, p in keys], device_type="cpu", use_cache=False)
     return dict(zip(keys, found))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model,strategy", CASES)
-def test_a_rank_is_predicted_to_the_byte(models, estimates, model, strategy):
+@pytest.mark.parametrize("model,strategy,peft", CASES)
+def test_a_rank_is_predicted_to_the_byte(models, estimates, model, strategy, peft):
     from autotune.probe import ProbeRunner, ProbeSettings
 
-    config = cfg(models[model], strategy)
+    config = cfg(models[model], strategy, peft=peft)
     with ProbeRunner(ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1)) as runner:
         probe = runner.run(config, runner.settings.budget(GiB))
     assert probe.status == "ok", probe.error
-    estimate = estimates[(model, strategy)]
+    estimate = estimates[(model, strategy, peft)]
     predicted = (estimate.peak_bytes, estimate.reserved_bytes)
     ranks = sorted((peaks["allocated"], peaks["reserved"]) for peaks in probe.rank_peaks)
     # The ranks hold the same here (every shard even), and the estimate is every rank's to the byte.
@@ -68,7 +71,7 @@ def test_a_rank_is_predicted_to_the_byte(models, estimates, model, strategy):
 
 @pytest.mark.slow
 def test_fsdp_holds_half_the_state_of_ddp_on_two_ranks(models, estimates):
-    ddp, fsdp = estimates[("gpt2", "ddp")], estimates[("gpt2", "fsdp")]
+    ddp, fsdp = estimates[("gpt2", "ddp", None)], estimates[("gpt2", "fsdp", None)]
     assert fsdp.params + fsdp.optimizer == pytest.approx((ddp.params + ddp.optimizer) / 2, rel=0.01)
     assert fsdp.peak_bytes < ddp.peak_bytes
     data = fsdp.to_dict()
