@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from autotune.errors import BadInput
+from autotune.handoff.tools import LLAMAFACTORY_ATTENTION
 from autotune.recipe_files import read_recipe_file
 from autotune.recipe_files.write_back import DECIDED
 from autotune.recipe_files.yaml_edit import edit
@@ -304,3 +305,37 @@ def test_defaults_of_each_tool_are_the_recipe_when_the_file_leaves_them_out(tmp_
     assert (read.flags["lora_rank"], read.flags["lora_alpha"], read.flags["lora_targets"]) == ("16", "32", "all-linear")
     assert len(read.said) == 1 and "lora_target_modules is not given" in read.said[0]
     shutil.rmtree(tmp_path)
+
+
+TOOL_PYTHON = {"llamafactory": "AUTOTUNE_LLAMAFACTORY_PYTHON"}
+LLAMAFACTORY_PARSE = """
+import sys, yaml
+from llamafactory.hparams import get_train_args
+args = yaml.safe_load(open(sys.argv[1]))
+model, data, training, finetuning, _ = get_train_args(args)
+print(training.per_device_train_batch_size, training.gradient_accumulation_steps, data.cutoff_len,
+      model.disable_gradient_checkpointing, model.flash_attn, finetuning.finetuning_type, finetuning.lora_rank)
+"""
+
+
+@pytest.mark.slow
+def test_llamafactory_s_own_parser_takes_the_file_written_back(work, lora_study):
+    """LLaMA-Factory pins transformers and datasets below autotune's own: it lives in a Python of its
+    own (`python -m venv v && v/bin/pip install llamafactory`), named by AUTOTUNE_LLAMAFACTORY_PYTHON."""
+    import os
+    import subprocess
+
+    python = os.environ.get(TOOL_PYTHON["llamafactory"])
+    if not python:
+        pytest.skip("set AUTOTUNE_LLAMAFACTORY_PYTHON to a Python with llamafactory installed (its pins of transformers "
+                    "and datasets conflict with autotune's environment)")
+    path = write(work, "lf-parse.yml", LLAMAFACTORY.replace("dataset: identity,alpaca_en_demo", "dataset: identity")
+                 .replace("template: llama3", "template: default"))
+    _, out = update(work, lora_study["study"], path)
+    done = subprocess.run([python, "-c", LLAMAFACTORY_PARSE, str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    best = lora_study["best"]
+    micro, accum, cutoff, no_checkpointing, attention, kind, rank = done.stdout.split()[-7:]
+    assert (int(micro), int(accum), int(cutoff)) == (best["micro_batch"], best["grad_accum"], 64)
+    assert (no_checkpointing == "True") == (not best["checkpointing"]) and kind == "lora" and rank == "8"
+    assert attention.lower().endswith(LLAMAFACTORY_ATTENTION[best["attention"]])  # (eager is its "disabled")
