@@ -307,35 +307,53 @@ def test_defaults_of_each_tool_are_the_recipe_when_the_file_leaves_them_out(tmp_
     shutil.rmtree(tmp_path)
 
 
-TOOL_PYTHON = {"llamafactory": "AUTOTUNE_LLAMAFACTORY_PYTHON"}
-LLAMAFACTORY_PARSE = """
+# The tools whose pins conflict with autotune's environment (LLaMA-Factory: transformers and datasets
+# below autotune's; axolotl: transformers==5.16.1) live in a Python of their own (`python -m venv v &&
+# v/bin/pip install llamafactory`, or axolotl), named by these variables; each one's own parser
+# reads the file written back and prints what it read.
+TOOL_PYTHON = {"llamafactory": "AUTOTUNE_LLAMAFACTORY_PYTHON", "axolotl": "AUTOTUNE_AXOLOTL_PYTHON"}
+TOOL_PARSE = {
+    "llamafactory": """
 import sys, yaml
 from llamafactory.hparams import get_train_args
-args = yaml.safe_load(open(sys.argv[1]))
-model, data, training, finetuning, _ = get_train_args(args)
+model, data, training, finetuning, _ = get_train_args(yaml.safe_load(open(sys.argv[1])))
 print(training.per_device_train_batch_size, training.gradient_accumulation_steps, data.cutoff_len,
-      model.disable_gradient_checkpointing, model.flash_attn, finetuning.finetuning_type, finetuning.lora_rank)
-"""
+      not model.disable_gradient_checkpointing, model.flash_attn, finetuning.finetuning_type, finetuning.lora_rank)
+""",
+    "axolotl": """
+import sys, yaml
+from axolotl.utils.config import validate_config
+from axolotl.utils.dict import DictDefault
+cfg = validate_config(DictDefault(yaml.safe_load(open(sys.argv[1]))), env_capabilities={"torch_version": "2.13.0"},
+                      capabilities={"bf16": False, "fp8": False, "n_gpu": 1, "compute_capability": None})
+print(cfg.micro_batch_size, cfg.gradient_accumulation_steps, cfg.sequence_len, bool(cfg.gradient_checkpointing),
+      cfg.attn_implementation, cfg.adapter, cfg.lora_r)
+""",
+}
+TOOL_FILES = {"llamafactory": ("lf-parse.yml", LLAMAFACTORY.replace("dataset: identity,alpaca_en_demo", "dataset: identity")
+                                                  .replace("template: llama3", "template: default")),
+              "axolotl": ("ax-parse.yml", AXOLOTL)}
 
 
 @pytest.mark.slow
-def test_llamafactory_s_own_parser_takes_the_file_written_back(work, lora_study):
-    """LLaMA-Factory pins transformers and datasets below autotune's own: it lives in a Python of its
-    own (`python -m venv v && v/bin/pip install llamafactory`), named by AUTOTUNE_LLAMAFACTORY_PYTHON."""
+@pytest.mark.parametrize("tool", sorted(TOOL_PYTHON))
+def test_the_tool_s_own_parser_takes_the_file_written_back(work, request, tool):
     import os
     import subprocess
 
-    python = os.environ.get(TOOL_PYTHON["llamafactory"])
+    python = os.environ.get(TOOL_PYTHON[tool])
     if not python:
-        pytest.skip("set AUTOTUNE_LLAMAFACTORY_PYTHON to a Python with llamafactory installed (its pins of transformers "
-                    "and datasets conflict with autotune's environment)")
-    path = write(work, "lf-parse.yml", LLAMAFACTORY.replace("dataset: identity,alpaca_en_demo", "dataset: identity")
-                 .replace("template: llama3", "template: default"))
+        pytest.skip(f"set {TOOL_PYTHON[tool]} to a Python with {tool} installed (its pins conflict with autotune's "
+                    f"environment)")
+    lora_study = request.getfixturevalue("lora_study")  # (searched only where the tool is there to read it)
+    path = write(work, *TOOL_FILES[tool])
     _, out = update(work, lora_study["study"], path)
-    done = subprocess.run([python, "-c", LLAMAFACTORY_PARSE, str(out)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([python, "-c", TOOL_PARSE[tool], str(out)], capture_output=True, text=True, timeout=300,
+                          cwd=work["base"])
     assert done.returncode == 0, done.stderr[-2000:]
     best = lora_study["best"]
-    micro, accum, cutoff, no_checkpointing, attention, kind, rank = done.stdout.split()[-7:]
-    assert (int(micro), int(accum), int(cutoff)) == (best["micro_batch"], best["grad_accum"], 64)
-    assert (no_checkpointing == "True") == (not best["checkpointing"]) and kind == "lora" and rank == "8"
-    assert attention.lower().endswith(LLAMAFACTORY_ATTENTION[best["attention"]])  # (eager is its "disabled")
+    micro, accum, length, checkpointing, attention, kind, rank = done.stdout.split()[-7:]
+    assert (int(micro), int(accum), int(length)) == (best["micro_batch"], best["grad_accum"], 64)
+    assert (checkpointing == "True") == best["checkpointing"] and kind == "lora" and rank == "8"
+    expected = LLAMAFACTORY_ATTENTION[best["attention"]] if tool == "llamafactory" else best["attention"]
+    assert attention.lower().endswith(expected)  # (LLaMA-Factory's name for eager is "disabled")
