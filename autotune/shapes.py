@@ -21,6 +21,43 @@ class ModelDims:
     vocab: int
     heads: int | None = None
     trainable_parameters: int | None = None
+    intermediate: int | None = None    # the MLP's width (None: 4 x hidden)
+    kv_width: int | None = None        # K's and V's projections' width (grouped heads; None: hidden)
+    gated: bool = False                # a gated MLP (SwiGLU, GeGLU): three matrices, not two
+    model_type: str = ""
+
+    def linear_shapes(self) -> dict[str, tuple[int, int]]:
+        """One layer's linear modules by role, (in, out) each: what LoRA adapts, and by name."""
+        h, i, kv = self.hidden, self.intermediate or 4 * self.hidden, self.kv_width or self.hidden
+        shapes = {"q": (h, h), "k": (h, kv), "v": (h, kv), "o": (h, h), "up": (h, i), "down": (i, h)}
+        if self.gated:
+            shapes["gate"] = (h, i)
+        return shapes
+
+
+# Module names (the last part, as LoRA's target_modules name them) -> the roles of linear_shapes().
+# GPT-2's fused c_attn holds q, k and v; its c_proj is the attention's and the MLP's output.
+LINEAR_ROLES: dict[str, tuple[str, ...]] = {
+    "q_proj": ("q",), "query": ("q",), "q": ("q",), "k_proj": ("k",), "key": ("k",), "k": ("k",),
+    "v_proj": ("v",), "value": ("v",), "v": ("v",), "o_proj": ("o",), "out_proj": ("o",), "o": ("o",),
+    "dense": ("o",), "c_attn": ("q", "k", "v"), "qkv_proj": ("q", "k", "v"), "query_key_value": ("q", "k", "v"),
+    "c_proj": ("o", "down"), "c_fc": ("up",), "fc1": ("up",), "fc2": ("down",), "up_proj": ("up",),
+    "down_proj": ("down",), "gate_proj": ("gate",), "wi": ("up",), "wo": ("down",), "w1": ("gate",), "w2": ("down",),
+    "w3": ("up",), "gate_up_proj": ("gate", "up"),
+}
+
+
+def adapted_linears(dims: ModelDims, targets: str) -> list[tuple[int, int]]:
+    """The (in, out) of each linear module of one layer that LoRA adapters of `targets` (all-linear,
+    or comma-separated module names) sit on; a name not known here counts as one hidden x hidden."""
+    shapes = dims.linear_shapes()
+    if targets == "all-linear":
+        return list(shapes.values())
+    found: list[tuple[int, int]] = []
+    for name in (n.strip() for n in targets.split(",") if n.strip()):
+        roles = LINEAR_ROLES.get(name.rsplit(".", 1)[-1])
+        found += [shapes[r] for r in roles if r in shapes] if roles else [(dims.hidden, dims.hidden)]
+    return found
 
 
 # Read from config.json.
@@ -76,4 +113,5 @@ def dims_from_config(config: dict) -> ModelDims | None:
         embeddings += (_first(config, "max_position_embeddings", "n_positions") or 0) * hidden
     if not (hidden and layers and vocab):
         return None
-    return ModelDims(parameters=body + embeddings, layers=layers, hidden=hidden, vocab=vocab, heads=heads)
+    return ModelDims(parameters=body + embeddings, layers=layers, hidden=hidden, vocab=vocab, heads=heads,
+                     intermediate=ffn, kv_width=(kv_heads or 1) * head_dim, gated=gated, model_type=model_type)

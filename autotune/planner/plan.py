@@ -29,6 +29,8 @@ from autotune.estimate import stated_error
 from autotune.estimate.interpolate import between, interpolated, traced_members
 from autotune.estimate.stack import Stack
 from autotune.estimate.stated_error import StatedError
+from autotune.planner import speed_error
+from autotune.planner.speed_error import SpeedError
 from autotune.errors import BadInput
 from autotune.models import ModelSpec
 from autotune.space import SearchSpace, group_key, group_priority
@@ -137,8 +139,14 @@ class Plan:
         published GPU measurements of this method (None on a CPU, which the estimate equals)."""
         return stated_error.stated("nvidia-smi", self.space.peft) if self.target.device_type == "cuda" else None
 
+    @property
+    def speed_error(self) -> SpeedError | None:
+        """How far predicted speeds were from published GPU training throughputs (None on a CPU:
+        the card model does not price CPUs)."""
+        return speed_error.load() if self.target.device_type == "cuda" else None
+
     def to_dict(self) -> dict[str, Any]:
-        error = self.stated_error
+        error, speed = self.stated_error, self.speed_error
         return {"model": self.model, "target": self.target.name, "device_type": self.target.device_type,
                 "budget_bytes": self.target.budget.total_bytes, "margin_bytes": self.target.budget.margin_bytes,
                 "space": self.space.to_dict(), "seconds": self.seconds, "traces": self.traces,
@@ -146,6 +154,8 @@ class Plan:
                 "stated_error": None if error is None else {"kind": error.kind, "method": error.method,
                                                             "count": error.count, "median": error.median,
                                                             "worst": error.worst},
+                "speed_error": None if speed is None else {"count": speed.count, "median": speed.median,
+                                                           "worst": speed.worst},
                 "candidates": [p.to_dict() for p in self.planned]}
 
 

@@ -73,6 +73,9 @@ def render_plan(plan: Plan, top: int | None = None) -> str:
         lines.append(f"stated error of a need: {error.text()} (benchmarks/published); a search skips a config as too "
                      f"big only when predicted over the budget by more than {margin:.0%} (its peak allocated's worst "
                      f"error), and probes the rest")
+    if (speed_error := plan.speed_error) is not None:
+        lines.append(f"stated error of a speed: {speed_error.text()} (benchmarks/published --speed); the search "
+                     f"measures it")
     lines += [f"note: {note}" for note in plan.notes]
     return "\n".join(lines)
 

@@ -1,27 +1,36 @@
-"""A cost model of training speed: seconds per optimizer step, and tokens/s, of a configuration on
-a card that is not here (`autotune plan`). It is a model, not a measurement: the constants below
-are first figures from published sources, to be calibrated against measured studies; a probe on
-the real card has the last word.
+"""A cost model of training speed from the card's published peaks and the model's shapes: seconds
+per optimizer step, and tokens/s, of a configuration on a card that is not here (`autotune plan`).
+A model, not a measurement: a probe on the real card has the last word. Held to published GPU
+throughputs by `python -m benchmarks.published --speed` (benchmarks/published/speed.toml), which
+`plan` states beside its figures.
 
 One optimizer step is `grad_accum` micro-steps, then the optimizer:
 
-    step = grad_accum * (compute + memory + overhead) + optimizer
+    step = grad_accum * micro + optimizer + exposed communication
+    micro = max(gpu, cpu dispatch);  gpu = matmuls + memory-bound passes
 
-compute: the micro-step's matmul FLOPs / (the card's dense peak for the precision * utilisation).
-  FLOPs per token are `autotune.flops.flops_per_token`'s (the count a probe's measured MFU uses,
-  so that predicted and measured MFU compare), with checkpointing's recomputation, which is work
-  the card does: it is in `flops_per_step`, not in `model_flops_per_token`.
-  The peak is the card's for the precision the matmuls run in: fp32 on CUDA cores, tf32 on TF32
-  tensor cores, fp16/bf16 on half-precision ones; pure bf16 weights (`--weights bf16`) run bf16.
-utilisation: u(t) = U_MAX * t / (t + T_HALF_TOKENS), t = micro_batch * tokens per sequence: a small
-  micro-step leaves the card's multiprocessors idle and spends more of its time outside matmuls.
-  torch.compile and Liger raise it, never past U_MAX.
-memory: passes bound by memory bandwidth that the FLOPs do not count: eager attention's S x S score
-  matrices (fused kernels never write them), and the logits' cross-entropy (Liger's fused
-  linear cross-entropy never writes the logits).
-overhead: kernel launches, a fixed time per kernel per layer, paid whatever the micro-step's size.
-optimizer: one memory-bound pass over the trained parameters, their gradients and their state
-  (on several ranks under FSDP, each rank's shard: 1/N of it).
+matmuls: the micro-step's matmul FLOPs (autotune.flops, with checkpointing's recomputation) at
+  GEMM_EFFICIENCY of the card's dense peak in the precision they run in (fp32 on CUDA cores, tf32
+  and fp16/bf16 on tensor cores) -- or, when the micro-step is too small for that, the time to read
+  the weights at the card's bandwidth (a matmul of few rows is bound by its weight reads: the
+  roofline), whichever is longer. QLoRA also dequantises its 4-bit base before each use.
+memory-bound passes, at MEMORY_EFFICIENCY of the bandwidth: the element-wise work around the
+  matmuls (norms, activations, residual adds, dropout, rotary; about ELEMENTWISE_HIDDEN accesses of a
+  hidden-wide row and ELEMENTWISE_MLP of an MLP-wide one per token and layer in the forward, twice
+  that in the backward), in the activations' element size (fp32 4, mixed precision 3 on average:
+  fp32 norms and residual stream, half matmul outputs, pure bf16 2); autocast's casts of fp32
+  weights to half in each forward; eager attention's S x S scores; the logits' cross-entropy.
+  torch.compile fuses element-wise work (COMPILE_ELEMENTWISE_SHARE of its traffic left), Liger's
+  kernels part of it (LIGER_ELEMENTWISE_SHARE) and the whole cross-entropy.
+cpu dispatch: eager PyTorch launches each op from Python and the autograd engine; a small micro-step's
+  GPU work finishes before the next op is launched, and the step is as slow as the dispatch:
+  LAYER_DISPATCH_SECONDS per layer per micro-step (forward, backward, recompute: 1 + 2 + 1), and per
+  LoRA-adapted module ADAPTER_DISPATCH_SECONDS (dropout, A, B, scale, add; their backward).
+  torch.compile runs the graph from generated code: COMPILE_DISPATCH_SHARE of it left.
+optimizer: a memory-bound pass over the trained parameters, their gradients and their state
+  (OPTIMIZER_BYTES per parameter), plus OPTIMIZER_OPS_PER_TENSOR ops dispatched per trained tensor
+  for optimizers that loop over tensors in Python (transformers' Adafactor); under FSDP each rank's
+  shard (1/N of it).
 communication, on N ranks (autotune.sharding), per optimizer step (the micro-steps before the last
   keep their gradients on the rank, as Trainer's no_sync does), ring collectives over the card's
   link (cards.py: NVLink on SXM boards, else PCIe), P the parameters' bytes as gathered, G the
@@ -34,10 +43,15 @@ communication, on N ranks (autotune.sharding), per optimizer step (the micro-ste
       shards back (G/N) over PCIe, and the optimizer step on the host's CPU.
   Collectives run on their own stream: they hide behind up to COMM_OVERLAP of the compute; the
   rest is exposed (`comm_seconds` is the exposed part).
+
+Every constant below is a physical count or a published figure, named with its source, except
+the three fitted to the published table (FITTED): GEMM_EFFICIENCY, LAYER_DISPATCH_SECONDS and
+MEMORY_EFFICIENCY, one value each for every card and model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -45,7 +59,7 @@ from autotune import sharding
 from autotune.cards import Card
 from autotune.config import ProbeConfig
 from autotune.flops import flops_per_token
-from autotune.shapes import ModelDims, dims_from_config
+from autotune.shapes import ModelDims, adapted_linears, dims_from_config
 from autotune.recipes import PeftSpec, is_qlora
 from autotune.tasks import Task
 
@@ -53,35 +67,37 @@ if TYPE_CHECKING:
     from autotune.estimate import MemoryEstimate
     from autotune.models import ModelSpec
 
-# --- Utilisation -------------------------------------------------------------------------------
-# Share of the tensor cores' peak a large, well-fed micro-step reaches: single-GPU training of
-# transformers reports MFU of 0.4-0.6 (PaLM 46%, Megatron-LM on A100s 52%, nanoGPT about 50% with
-# torch.compile on A100).
-U_MAX_TENSOR_CORES = 0.55
-# Share of the plain FP32 (CUDA core) peak: fp32 matmuls are so much slower that the rest of the
-# step (memory-bound element-wise work) is small beside them, so more of the step is matmuls.
-U_MAX_CUDA_CORES = 0.70
-# Tokens per micro-step at which utilisation is half its ceiling: below about a thousand tokens the
-# matmuls are too small to fill a data-centre card. One figure for every card and model; the first
-# constant to calibrate against measured studies (a bigger card needs more tokens to fill).
-T_HALF_TOKENS = 1024
+# --- Matmuls (FITTED: GEMM_EFFICIENCY) -----------------------------------------------------------
+# Share of the tensor cores' dense peak a training step's matmuls reach together (GEMMs large and
+# small, the attention kernel): cuBLAS reaches 70-80% on large bf16 GEMMs on A100/H100, flash
+# attention's backward less.
+GEMM_EFFICIENCY = 0.62
+# fp32 matmuls on CUDA cores: cuBLAS's SGEMM runs at about 90% of the FP32 peak on large shapes
+# (NVIDIA's cuBLAS performance pages); a step's mix of shapes a little less.
+GEMM_EFFICIENCY_CUDA_CORES = 0.85
+# MFU's ceilings (tests and reports): no prediction's matmuls run above them.
+U_MAX_TENSOR_CORES, U_MAX_CUDA_CORES = GEMM_EFFICIENCY, GEMM_EFFICIENCY_CUDA_CORES
 
-# --- Speed levers ------------------------------------------------------------------------------
-# torch.compile (inductor) fuses element-wise work: PyTorch 2.0's launch reported 1.2x (fp32) to
-# 1.5x (AMP) training speed-ups over 163 models on an A100; matmul-bound LLM fine-tunes gain less.
-COMPILE_SPEEDUP = 1.15
-# Share of kernel launches left after compile's fusion.
-COMPILE_KERNEL_SHARE = 0.5
-# Liger's fused RMSNorm, RoPE and SwiGLU kernels (its fused cross-entropy is the logits term below):
-# a small gain; Liger's README reports about 20% for a whole Llama 3 8B run, logits included.
-LIGER_SPEEDUP = 1.05
-# QLoRA dequantises its 4-bit base in every matmul: about 39% more time than LoRA (S. Raschka,
-# "Practical Tips for Finetuning LLMs Using LoRA", 2023: 33% less memory, 39% more time).
-QLORA_SLOWDOWN = 1.39
-
-# --- Memory-bound passes -----------------------------------------------------------------------
-# Share of the data sheet's bandwidth a streaming kernel reaches (STREAM-like copies: 80-90%).
-MEMORY_EFFICIENCY = 0.8
+# --- Memory-bound passes (FITTED: MEMORY_EFFICIENCY) -----------------------------------------------
+# Share of the data sheet's bandwidth element-wise kernels reach (STREAM-like copies reach 80-90%;
+# short, strided and reducing kernels less).
+MEMORY_EFFICIENCY = 0.7
+# Element-wise accesses per token and layer in a forward pass, counted for a pre-norm block: two
+# norms (read and write: 2 each), two residual adds (read 2, write 1: 3 each), the attention's
+# reshapes and rotary or dropout (about 4): 14 hidden-wide rows; the MLP's activation reads and writes
+# its input (2 MLP-wide rows; a gated MLP reads two: 3).
+ELEMENTWISE_HIDDEN = 14
+ELEMENTWISE_MLP = 2
+ELEMENTWISE_MLP_GATED = 3
+# The backward of each element-wise op reads its saved input and the incoming gradient and writes one.
+ELEMENTWISE_BACKWARD = 2.0
+# Bytes per element-wise access: fp32; mixed precision (fp32 norms and residual stream, half matmul
+# outputs); pure bf16.
+ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "amp": 3, "half": 2}
+# autocast casts each fp32 weight to half in every forward (read 4, write 2), again in a recompute.
+AUTOCAST_CAST_BYTES = 6
+# QLoRA dequantises its NF4 base before each use: read half a byte, write two, per weight and pass.
+DEQUANT_BYTES = 2.5
 # Eager attention writes each layer's S x S scores per head and reads them back: element-sized
 # accesses per score in the forward (QK^T written; mask, softmax and the cast each read and write;
 # AV reads) and in the backward (AV's reads, the softmax's backward, dQ's and dK's reads).
@@ -93,13 +109,21 @@ HEAD_DIM_GUESS = 64
 # back, about 8 fp32-sized accesses. Liger's fused linear cross-entropy writes no logits.
 LOGIT_BYTES = 32
 
-# --- Overhead ----------------------------------------------------------------------------------
-# GPU time lost per kernel launched in eager PyTorch (launch latency and the gaps between dependent
-# kernels; CPU dispatch of an op costs 5-20 us and hides only behind large kernels).
-KERNEL_SECONDS = 10e-6
-# Kernels per transformer layer in one forward pass (norms, projections, attention, activation,
-# residual adds); a backward launches about twice as many, a recompute as many again.
-KERNELS_PER_LAYER = 10
+# --- Dispatch (FITTED: LAYER_DISPATCH_SECONDS) ---------------------------------------------------
+# CPU time eager PyTorch spends launching one transformer layer's ops per pass (about 30 ops of
+# 5-15 us each through Python, the dispatcher and autograd).
+LAYER_DISPATCH_SECONDS = 0.25e-3
+# One LoRA-adapted module's ops per pass (dropout, A, B, scaling, add: 5 small ops).
+ADAPTER_DISPATCH_SECONDS = 0.04e-3
+
+# --- Speed levers --------------------------------------------------------------------------------
+# torch.compile (inductor) fuses chains of element-wise ops into one kernel each: about a third of
+# the traffic is left (the fused kernels' inputs and outputs), and the graph runs from generated
+# code with a tenth of eager's per-op dispatch.
+COMPILE_ELEMENTWISE_SHARE = 0.35
+COMPILE_DISPATCH_SHARE = 0.1
+# Liger's fused RMSNorm, RoPE and SwiGLU read and write each row once: about 60% of the traffic left.
+LIGER_ELEMENTWISE_SHARE = 0.6
 
 # --- Optimizer step ----------------------------------------------------------------------------
 # Bytes one optimizer step moves per trained parameter (read + written), with fp32 weights and with
@@ -115,6 +139,12 @@ OPTIMIZER_BYTES: dict[str, tuple[int, int]] = {
     "sgd": (24, 12),               # foreach, momentum: buf = m*buf + g, then w -= lr*buf (6 accesses)
     "adafactor": (60, 60),         # transformers' Adafactor: ~15 unfused fp32 passes (it upcasts bf16);
 }                                  # its factored second moment is negligible
+# Ops dispatched per trained tensor: Adafactor's step is a Python loop of about 25 ops per tensor;
+# bitsandbytes' 8-bit optimizers launch one kernel per tensor; fused and foreach ones a handful in all.
+OPTIMIZER_OPS_PER_TENSOR = {"adafactor": 25, "adamw_8bit": 1, "paged_adamw_8bit": 1}
+OP_DISPATCH_SECONDS = 8e-6
+# Trained tensors per layer of a full fine-tune (GPT-2: 12 weights and biases; Llama: 9).
+TENSORS_PER_LAYER = 12
 # fp16's gradient scaler unscales every fp32 gradient once (read and write; the inf check is fused).
 GRAD_SCALER_BYTES = 8
 
@@ -124,7 +154,7 @@ GRAD_SCALER_BYTES = 8
 LINK_EFFICIENCY = 0.8
 # Share of a step's compute the collectives can hide behind: DDP overlaps its buckets' all-reduce
 # with the rest of the backward, FSDP prefetches the next unit's all-gather under this unit's
-# compute; the first gather and the last reduction are always exposed. A first figure to calibrate.
+# compute; the first gather and the last reduction are always exposed.
 COMM_OVERLAP = 0.5
 # Bytes/s the host's CPU steps an offloaded optimizer at (torch's CPU AdamW over the shards of a
 # rank: memory-bound at a few tens of GB/s on a server's socket shared by its ranks).
@@ -182,17 +212,10 @@ def why_unsupported(config: ProbeConfig, card: Card) -> str | None:
     return None
 
 
-def utilisation(tokens_per_micro_step: int, tensor_cores: bool) -> float:
-    """u(t) = U_MAX * t / (t + T_HALF_TOKENS): the share of the peak a micro-step's matmuls reach."""
-    ceiling = U_MAX_TENSOR_CORES if tensor_cores else U_MAX_CUDA_CORES
-    return ceiling * tokens_per_micro_step / (tokens_per_micro_step + T_HALF_TOKENS)
-
-
-def lora_parameters(dims: ModelDims, rank: int) -> int:
-    """About how many parameters LoRA adapters of `rank` add on every linear layer: a d x d
-    weight's adapter has 2*r*d, i.e. 2r/d of the weight; the embeddings get none."""
-    linear = max(dims.parameters - dims.vocab * dims.hidden, 0)
-    return round(linear * 2 * rank / dims.hidden)
+def lora_parameters(dims: ModelDims, rank: int, targets: str = "all-linear") -> int:
+    """The parameters LoRA adapters of `rank` add on the modules `targets` names: r x (in + out)
+    for each adapted linear module of each layer (shapes.adapted_linears); the embeddings get none."""
+    return dims.layers * sum(rank * (fan_in + fan_out) for fan_in, fan_out in adapted_linears(dims, targets))
 
 
 def config_flops_per_token(config: ProbeConfig, dims: ModelDims, *, recompute: bool = True) -> float:
@@ -210,41 +233,90 @@ def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card) -> Sp
         raise ValueError(problem)
     precision = matmul_precision(config)
     peak = card.peak_flops[precision]
-    half = precision in ("fp16", "bf16")
-    tokens = config.micro_batch * config.tokens_per_sequence  # per micro-step
-
-    ceiling = U_MAX_TENSOR_CORES if precision != "fp32" else U_MAX_CUDA_CORES
-    u = utilisation(tokens, tensor_cores=precision != "fp32")
-    u = min(ceiling, u * (COMPILE_SPEEDUP if config.compile else 1.0) * (LIGER_SPEEDUP if config.liger else 1.0))
-    flops = tokens * config_flops_per_token(config, dims)
-    compute = flops / (peak * u)
-    if is_qlora(config.peft):
-        compute *= QLORA_SLOWDOWN
-
     bandwidth = card.memory_bandwidth * MEMORY_EFFICIENCY
-    memory = (_eager_score_bytes(config, dims, element=2 if half else 4) + _logit_bytes(config, dims)) / bandwidth
+    tokens = config.micro_batch * config.tokens_per_sequence  # per micro-step
+    sharded = sharding.is_fsdp(config.strategy)
 
-    passes = 3 + (1 if config.checkpointing else 0)  # forward, backward (twice the kernels), recompute
-    kernels = dims.layers * KERNELS_PER_LAYER * passes * (COMPILE_KERNEL_SHARE if config.compile else 1.0)
-    overhead = kernels * KERNEL_SECONDS
+    flops = tokens * config_flops_per_token(config, dims)
+    efficiency = GEMM_EFFICIENCY_CUDA_CORES if precision == "fp32" else GEMM_EFFICIENCY
+    matmul = max(flops / (peak * efficiency), _weight_bytes(config, dims) / bandwidth)
+    memory = (_elementwise_bytes(config, dims, tokens) + _cast_bytes(config, dims)
+              + _eager_score_bytes(config, dims, element=2 if precision in ("fp16", "bf16") else 4)
+              + _logit_bytes(config, dims)) / bandwidth
+    gpu = matmul + memory
+    dispatch = _dispatch_seconds(config, dims)
+    overhead = max(0.0, dispatch - gpu)  # dispatch hides behind GPU work, until it is the longer
 
     per_parameter = OPTIMIZER_BYTES[config.optimizer][1 if config.weights == "bf16" else 0]
     per_parameter += GRAD_SCALER_BYTES if config.precision == "fp16" else 0
-    sharded = sharding.is_fsdp(config.strategy)
     stepped = _trained(config, dims) / (config.ranks if sharded else 1)  # each rank steps its shard
     optimizer = stepped * per_parameter / (HOST_OPTIMIZER_BANDWIDTH if sharding.offloads(config.strategy) else bandwidth)
+    optimizer += _trained_tensors(config, dims) * OPTIMIZER_OPS_PER_TENSOR.get(config.optimizer, 0) * OP_DISPATCH_SECONDS
 
     accum = config.grad_accum
     comm = communication_seconds(config, dims, card)
-    exposed = max(0.0, comm - COMM_OVERLAP * accum * compute)
-    step = accum * (compute + memory + overhead) + optimizer + exposed
+    exposed = max(0.0, comm - COMM_OVERLAP * accum * matmul)
+    step = accum * (matmul + memory + overhead) + optimizer + exposed
+    model_flops = config_flops_per_token(config, dims, recompute=False)
     return SpeedPrediction(
         step_seconds=step, tokens_per_s=config.tokens_per_step / step,
-        compute_seconds=accum * compute, memory_seconds=accum * memory, overhead_seconds=accum * overhead,
-        optimizer_seconds=optimizer, utilisation=u, peak_flops=peak, flops_per_step=accum * flops,
-        model_flops_per_token=config_flops_per_token(config, dims, recompute=False),
-        comm_seconds=exposed, gpus=config.ranks,
+        compute_seconds=accum * matmul, memory_seconds=accum * memory, overhead_seconds=accum * overhead,
+        optimizer_seconds=optimizer, utilisation=flops / (peak * matmul), peak_flops=peak, flops_per_step=accum * flops,
+        model_flops_per_token=model_flops, comm_seconds=exposed, gpus=config.ranks,
     )
+
+
+def _weight_bytes(config: ProbeConfig, dims: ModelDims) -> float:
+    """Bytes the matmuls read of the weights in a micro-step, the roofline's floor for a small one:
+    the forward, the backward's input gradients and (trained weights) weight gradients, a recompute;
+    in the dtype the matmuls run in (a QLoRA base is read dequantised)."""
+    element = 4 if matmul_precision(config) in ("fp32", "tf32") else 2
+    passes = 2 + (1 if config.checkpointing else 0)
+    # (under FSDP each rank's matmuls read the whole gathered weights too)
+    return float(dims.parameters * element * passes + _trained(config, dims) * element)
+
+
+def _elementwise_bytes(config: ProbeConfig, dims: ModelDims, tokens: int) -> float:
+    """Bytes the element-wise ops around the matmuls move in a micro-step (module docstring)."""
+    if config.weights == "bf16":
+        element = ELEMENT_BYTES["half"]
+    elif config.precision in ("fp16", "bf16"):
+        element = ELEMENT_BYTES["amp"]
+    else:
+        element = ELEMENT_BYTES["fp32"]
+    mlp = (dims.intermediate or 4 * dims.hidden) * (ELEMENTWISE_MLP_GATED if dims.gated else ELEMENTWISE_MLP)
+    forward = tokens * dims.layers * (ELEMENTWISE_HIDDEN * dims.hidden + mlp) * element
+    passes = 1 + ELEMENTWISE_BACKWARD + (1 if config.checkpointing else 0)
+    share = (COMPILE_ELEMENTWISE_SHARE if config.compile else 1.0) * (LIGER_ELEMENTWISE_SHARE if config.liger else 1.0)
+    moved = forward * passes * share
+    if is_qlora(config.peft):  # the 4-bit base dequantised before each matmul that uses it
+        moved += dims.parameters * DEQUANT_BYTES * (2 + (1 if config.checkpointing else 0))
+    return moved
+
+
+def _cast_bytes(config: ProbeConfig, dims: ModelDims) -> float:
+    """autocast's casts of fp32 weights to half, each forward (and recompute) of a micro-step."""
+    if config.weights == "bf16" or config.precision not in ("fp16", "bf16") or is_qlora(config.peft):
+        return 0.0
+    return float(dims.parameters * AUTOCAST_CAST_BYTES * (1 + (1 if config.checkpointing else 0)))
+
+
+def _dispatch_seconds(config: ProbeConfig, dims: ModelDims) -> float:
+    """CPU time to launch a micro-step's ops (module docstring)."""
+    passes = 3 + (1 if config.checkpointing else 0)
+    adapters = 0
+    if config.peft is not None:
+        spec = PeftSpec.from_text(config.peft)
+        adapters = len(adapted_linears(dims, spec.targets))
+    per_layer = LAYER_DISPATCH_SECONDS + adapters * ADAPTER_DISPATCH_SECONDS
+    seconds = dims.layers * per_layer * passes / 3  # (LAYER_DISPATCH_SECONDS is a forward's and backward's)
+    return seconds * (COMPILE_DISPATCH_SHARE if config.compile else 1.0)
+
+
+def _trained_tensors(config: ProbeConfig, dims: ModelDims) -> int:
+    if config.peft is not None:
+        return 2 * dims.layers * len(adapted_linears(dims, PeftSpec.from_text(config.peft).targets))
+    return dims.layers * TENSORS_PER_LAYER + 2
 
 
 def collective_bytes(config: ProbeConfig, dims: ModelDims) -> dict[str, float]:
@@ -294,7 +366,7 @@ def predict_speed(config: ProbeConfig, dims: ModelDims, card: Card,
     if estimate is not None and estimate.params > 0 and config.ranks == 1:
         if not is_qlora(config.peft):  # a 4-bit base has no whole bytes per weight to divide by
             counted = estimate.params // (2 if config.weights == "bf16" else 4)
-            dims = ModelDims(counted, dims.layers, dims.hidden, dims.vocab, dims.heads, dims.trainable_parameters)
+            dims = dataclasses.replace(dims, parameters=counted)
     return predict_step_seconds(config, dims, card)
 
 
@@ -303,7 +375,8 @@ def _trained(config: ProbeConfig, dims: ModelDims) -> int:
         return dims.trainable_parameters
     if config.peft is None:
         return dims.parameters
-    return lora_parameters(dims, PeftSpec.from_text(config.peft).rank)
+    spec = PeftSpec.from_text(config.peft)
+    return lora_parameters(dims, spec.rank, spec.targets)
 
 
 def _eager_score_bytes(config: ProbeConfig, dims: ModelDims, element: int) -> float:

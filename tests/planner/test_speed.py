@@ -22,8 +22,10 @@ LLAMA_3_8B = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 3
 T5_SMALL = {"model_type": "t5", "d_model": 512, "d_ff": 2048, "d_kv": 64, "num_heads": 8, "num_layers": 6,
             "vocab_size": 32128, "feed_forward_proj": "relu", "is_encoder_decoder": True}
 LORA = "lora r=8 alpha=16 dropout=0.05 targets=all-linear"
-GPT2 = ModelDims(124_318_464, layers=12, hidden=768, vocab=50257, heads=12)   # what dims_from_config reads
-LLAMA = ModelDims(8_029_995_008, layers=32, hidden=4096, vocab=128256, heads=32)
+GPT2 = ModelDims(124_318_464, layers=12, hidden=768, vocab=50257, heads=12,   # what dims_from_config reads
+                 intermediate=3072, kv_width=768, gated=False, model_type="gpt2")
+LLAMA = ModelDims(8_029_995_008, layers=32, hidden=4096, vocab=128256, heads=32,
+                  intermediate=14336, kv_width=1024, gated=True, model_type="llama")
 H100, T4 = find_card("h100"), find_card("t4")
 
 
@@ -94,8 +96,10 @@ def test_lora_does_fewer_flops_and_a_smaller_optimizer_step():
     assert 0.62 < lora.model_flops_per_token / full.model_flops_per_token < 0.75   # about 4N / 6N
     assert lora.optimizer_seconds < full.optimizer_seconds / 100
     assert lora.tokens_per_s > full.tokens_per_s
+    # QLoRA dequantises its base in the forward and the backward; a LoRA base held in bf16 is read as
+    # it is (one held in fp32 is cast once per forward, about as much traffic as the dequantising).
     qlora = predict_step_seconds(config(peft=LORA.replace("lora", "qlora", 1)), LLAMA, H100)
-    assert qlora.tokens_per_s < lora.tokens_per_s
+    assert qlora.tokens_per_s < predict_step_seconds(config(peft=LORA, weights="bf16"), LLAMA, H100).tokens_per_s
 
 
 def test_a_t4_is_slower_than_an_h100_and_every_card_has_a_prediction():
@@ -139,7 +143,7 @@ def test_the_parts_add_up_and_the_mfu_stays_under_the_ceiling():
             assert parts == pytest.approx(p.step_seconds)
             assert p.tokens_per_s == pytest.approx(c.tokens_per_step / p.step_seconds)
             ceiling = speed.U_MAX_CUDA_CORES if c.precision == "fp32" else speed.U_MAX_TENSOR_CORES
-            assert 0 < p.mfu <= p.utilisation <= ceiling
+            assert 0 < p.mfu <= p.utilisation <= ceiling * (1 + 1e-9)
             assert "tokens/s" in p.describe() and "\n" not in p.describe()
 
 
