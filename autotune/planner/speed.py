@@ -45,8 +45,8 @@ communication, on N ranks (autotune.sharding), per optimizer step (the micro-ste
   rest is exposed (`comm_seconds` is the exposed part).
 
 Every constant below is a physical count or a published figure, named with its source, except
-the three fitted to the published table (FITTED): GEMM_EFFICIENCY, LAYER_DISPATCH_SECONDS and
-MEMORY_EFFICIENCY, one value each for every card and model.
+the two fitted to the published table (FITTED, benchmarks/published/speed.py's `fit`, over 37 rows):
+GEMM_EFFICIENCY and MEMORY_EFFICIENCY, one value each for every card and model.
 """
 
 from __future__ import annotations
@@ -67,21 +67,21 @@ if TYPE_CHECKING:
     from autotune.estimate import MemoryEstimate
     from autotune.models import ModelSpec
 
-# --- Matmuls (FITTED: GEMM_EFFICIENCY) -----------------------------------------------------------
+# --- Matmuls (GEMM_EFFICIENCY: FITTED, 0.70 on a grid of 0.50-0.80) --------------------------------
 # Share of the tensor cores' dense peak a training step's matmuls reach together (GEMMs large and
 # small, the attention kernel): cuBLAS reaches 70-80% on large bf16 GEMMs on A100/H100, flash
 # attention's backward less.
-GEMM_EFFICIENCY = 0.62
+GEMM_EFFICIENCY = 0.70
 # fp32 matmuls on CUDA cores: cuBLAS's SGEMM runs at about 90% of the FP32 peak on large shapes
 # (NVIDIA's cuBLAS performance pages); a step's mix of shapes a little less.
 GEMM_EFFICIENCY_CUDA_CORES = 0.85
 # MFU's ceilings (tests and reports): no prediction's matmuls run above them.
 U_MAX_TENSOR_CORES, U_MAX_CUDA_CORES = GEMM_EFFICIENCY, GEMM_EFFICIENCY_CUDA_CORES
 
-# --- Memory-bound passes (FITTED: MEMORY_EFFICIENCY) -----------------------------------------------
+# --- Memory-bound passes (MEMORY_EFFICIENCY: FITTED, 0.5 on a grid of 0.3-0.9) ------------------------
 # Share of the data sheet's bandwidth element-wise kernels reach (STREAM-like copies reach 80-90%;
 # short, strided and reducing kernels less).
-MEMORY_EFFICIENCY = 0.7
+MEMORY_EFFICIENCY = 0.5
 # Element-wise accesses per token and layer in a forward pass, counted for a pre-norm block: two
 # norms (read and write: 2 each), two residual adds (read 2, write 1: 3 each), the attention's
 # reshapes and rotary or dropout (about 4): 14 hidden-wide rows; the MLP's activation reads and writes
@@ -89,6 +89,16 @@ MEMORY_EFFICIENCY = 0.7
 ELEMENTWISE_HIDDEN = 14
 ELEMENTWISE_MLP = 2
 ELEMENTWISE_MLP_GATED = 3
+# A LoRA adapter's traffic, in rows of its module's input and output width (peft's Linear, eager). The
+# adapters' matmuls are rank-thin: their FLOPs are negligible, not their reads and writes. Forward:
+# dropout(x) read and written with its mask, A reading it (3 input rows); B's output written, scaled
+# (read, write), added to the base's (read 2, write 1) (6 output rows). Backward: the scale's and B's
+# gradients read the output's gradient (4 output rows); A's input gradient written, its weight
+# gradient reading x', dropout's backward, the sum into the base's input gradient (7 input rows).
+ADAPTER_FORWARD_ROWS = (3, 6)
+ADAPTER_BACKWARD_ROWS = (7, 4)
+# Without dropout (lora_dropout 0: peft's Identity) the input is neither copied nor masked, in either pass.
+ADAPTER_DROPOUT_ROWS = (2, 2)  # (forward, backward) input rows
 # The backward of each element-wise op reads its saved input and the incoming gradient and writes one.
 ELEMENTWISE_BACKWARD = 2.0
 # Bytes per element-wise access: fp32; mixed precision (fp32 norms and residual stream, half matmul
@@ -109,7 +119,7 @@ HEAD_DIM_GUESS = 64
 # back, about 8 fp32-sized accesses. Liger's fused linear cross-entropy writes no logits.
 LOGIT_BYTES = 32
 
-# --- Dispatch (FITTED: LAYER_DISPATCH_SECONDS) ---------------------------------------------------
+# --- Dispatch ----------------------------------------------------------------------------------
 # CPU time eager PyTorch spends launching one transformer layer's ops per pass (about 30 ops of
 # 5-15 us each through Python, the dispatcher and autograd).
 LAYER_DISPATCH_SECONDS = 0.25e-3
@@ -239,7 +249,9 @@ def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card) -> Sp
 
     flops = tokens * config_flops_per_token(config, dims)
     efficiency = GEMM_EFFICIENCY_CUDA_CORES if precision == "fp32" else GEMM_EFFICIENCY
-    matmul = max(flops / (peak * efficiency), _weight_bytes(config, dims) / bandwidth)
+    # Compute, plus the weights' reads that a GEMM of few rows cannot hide behind it (the additive
+    # roofline: efficiency t / (t + ridge), the ridge being the card's FLOPs per byte).
+    matmul = flops / (peak * efficiency) + _weight_bytes(config, dims) / bandwidth
     memory = (_elementwise_bytes(config, dims, tokens) + _cast_bytes(config, dims)
               + _eager_score_bytes(config, dims, element=2 if precision in ("fp16", "bf16") else 4)
               + _logit_bytes(config, dims)) / bandwidth
@@ -285,10 +297,18 @@ def _elementwise_bytes(config: ProbeConfig, dims: ModelDims, tokens: int) -> flo
     else:
         element = ELEMENT_BYTES["fp32"]
     mlp = (dims.intermediate or 4 * dims.hidden) * (ELEMENTWISE_MLP_GATED if dims.gated else ELEMENTWISE_MLP)
-    forward = tokens * dims.layers * (ELEMENTWISE_HIDDEN * dims.hidden + mlp) * element
-    passes = 1 + ELEMENTWISE_BACKWARD + (1 if config.checkpointing else 0)
+    rows = (ELEMENTWISE_HIDDEN * dims.hidden + mlp) * (1 + ELEMENTWISE_BACKWARD + (1 if config.checkpointing else 0))
+    if config.peft is not None:  # each adapter's (forward again under checkpointing)
+        forward_in, forward_out = ADAPTER_FORWARD_ROWS
+        backward_in, backward_out = ADAPTER_BACKWARD_ROWS
+        if PeftSpec.from_text(config.peft).dropout == 0:
+            forward_in, backward_in = forward_in - ADAPTER_DROPOUT_ROWS[0], backward_in - ADAPTER_DROPOUT_ROWS[1]
+        recompute = 1 if config.checkpointing else 0
+        rows += sum((forward_in * (1 + recompute) + backward_in) * fan_in
+                    + (forward_out * (1 + recompute) + backward_out) * fan_out
+                    for fan_in, fan_out in adapted_linears(dims, PeftSpec.from_text(config.peft).targets))
     share = (COMPILE_ELEMENTWISE_SHARE if config.compile else 1.0) * (LIGER_ELEMENTWISE_SHARE if config.liger else 1.0)
-    moved = forward * passes * share
+    moved = tokens * dims.layers * rows * element * share
     if is_qlora(config.peft):  # the 4-bit base dequantised before each matmul that uses it
         moved += dims.parameters * DEQUANT_BYTES * (2 + (1 if config.checkpointing else 0))
     return moved

@@ -8,6 +8,7 @@ reserved, or reserved + the CUDA context for what nvidia-smi shows) with the pub
 writes the error table, by kind and by method:
 
     python -m benchmarks.published [--workers 2] [--label after] [--before FILE] [--stated-error]
+    python -m benchmarks.published --speed      (the speed model against speed.toml: speed.py)
 
 writes benchmarks/results/published-estimates.{json,md}; `--label before --json FILE` keeps the
 figures of an older estimator (run from its own checkout) for the table's "before" column, and
@@ -121,6 +122,8 @@ def load_rows(folder: Path = HERE) -> list[Row]:
     rows: list[Row] = []
     known = set(Row.__dataclass_fields__)
     for path in sorted(folder.glob("*.toml")):
+        if path.name == "speed.toml":  # throughput rows, not memory: benchmarks/published/speed.py
+            continue
         for raw in tomllib.loads(path.read_text()).get("row", []):
             where = f"{path.name}: row {raw.get('id', '?')!r}"
             missing = [k for k in REQUIRED if k not in raw]
@@ -294,7 +297,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="an older estimator's figures (written with --label before) for the before column")
     parser.add_argument("--stated-error", action="store_true", help="write autotune/estimate/stated_error.json")
     parser.add_argument("--machine", default="a 2-core AMD EPYC CPU machine (no GPU)")
+    parser.add_argument("--speed", action="store_true",
+                        help="the speed model against speed.toml instead (writes benchmarks/results/published-speed.*; "
+                             "with --stated-error also autotune/planner/speed_error.json)")
     args = parser.parse_args(argv)
+    if args.speed:
+        from benchmarks.published.speed import main as speed_main
+
+        return speed_main(stated_error=args.stated_error)
 
     rows = load_rows()
     if args.only:

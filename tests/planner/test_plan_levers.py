@@ -76,3 +76,9 @@ def test_plan_of_lora_on_two_gpus_predicts(tmp_path, hermetic_home):
     rows = plan["candidates"]
     assert len(rows) == 2 and all(r["fits"] for r in rows), rows
     assert all(r["tokens_per_s"] > 0 for r in rows)
+    # The speed error stated beside them is the published table's (benchmarks/published --speed).
+    from autotune.planner import speed_error
+
+    stated = speed_error.load()
+    assert stated is not None and plan["speed_error"] == {"count": stated.count, "median": stated.median,
+                                                         "worst": stated.worst}

@@ -95,7 +95,12 @@ def test_lora_does_fewer_flops_and_a_smaller_optimizer_step():
     lora = predict_step_seconds(config(peft=LORA), LLAMA, H100)
     assert 0.62 < lora.model_flops_per_token / full.model_flops_per_token < 0.75   # about 4N / 6N
     assert lora.optimizer_seconds < full.optimizer_seconds / 100
-    assert lora.tokens_per_s > full.tokens_per_s
+    # On q and v (peft's default for Llama), LoRA is faster than the full fine-tune; on every linear
+    # layer its adapters read and write rows as wide as each module's input and output (the MLP's
+    # 14,336 here), which costs more than q and v (tests/benchmarks: peft's MLP-targeted run was
+    # measured 0.88x its q,v one).
+    qv = predict_step_seconds(config(peft=LORA.replace("all-linear", "q_proj,v_proj")), LLAMA, H100)
+    assert qv.tokens_per_s > full.tokens_per_s and qv.tokens_per_s > lora.tokens_per_s
     # QLoRA dequantises its base in the forward and the backward; a LoRA base held in bf16 is read as
     # it is (one held in fp32 is cast once per forward, about as much traffic as the dequantising).
     qlora = predict_step_seconds(config(peft=LORA.replace("lora", "qlora", 1)), LLAMA, H100)
@@ -128,7 +133,7 @@ def test_the_optimizer_step_is_paid_once_per_step_and_depends_on_the_optimizer()
     eight = predict_step_seconds(config(grad_accum=8), LLAMA, H100)
     assert one.optimizer_seconds == eight.optimizer_seconds
     at_full_bandwidth = LLAMA.parameters * 28 / H100.memory_bandwidth   # AdamW: 28 bytes a parameter
-    assert at_full_bandwidth < one.optimizer_seconds < 1.5 * at_full_bandwidth
+    assert one.optimizer_seconds == pytest.approx(at_full_bandwidth / speed.MEMORY_EFFICIENCY)
     assert eight.tokens_per_s > one.tokens_per_s
     small = predict_step_seconds(config(grad_accum=1, optimizer="adamw_8bit"), LLAMA, H100)
     assert small.optimizer_seconds < one.optimizer_seconds
