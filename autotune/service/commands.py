@@ -88,7 +88,10 @@ def read_request(command: click.Command, body: object, *, closed: Mapping[str, s
             arguments += _flag_arguments(name, param, body[name])
     from autotune.cli.app import cli, usage_message
 
-    parent = click.Context(cli, info_name="autotune")
+    # With the group's own context settings, as the command line has them: click caches each
+    # command's help option from the first context that asks, and one made without them would leave
+    # `--help` without its `-h` for the rest of the process (the command reference among it).
+    parent = click.Context(cli, info_name="autotune", **cli.context_settings)
     try:
         context = command.make_context(command.name, list(arguments), parent=parent)
     except click.UsageError as exc:

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 
+import click
 import pytest
 
 pytest.importorskip("fastapi")
@@ -67,6 +68,18 @@ def test_every_search_flag_is_a_field_or_closed_with_a_reason():
     assert all(SEARCH_CLOSED.values())
     # The OpenAPI body is derived from the same fields, plus the service's own.
     assert set(search_body_schema()["properties"]) == fields | SEARCH_OWN
+
+
+def test_reading_a_request_leaves_the_commands_help_as_the_command_line_has_it():
+    """click caches a command's help option from the first context that asks: a request read with a
+    context lacking the group's settings once left `plan --help` without its `-h` for the rest of
+    the process (the command reference test, run after a service test, saw it)."""
+    from autotune.service.commands import read_request
+
+    read_request(cli.commands["plan"], {"model": "gpt2", "gpu": "a100"}, closed={})
+    plan = cli.commands["plan"]
+    with plan.make_context("plan", ["--model", "gpt2", "--gpu", "a100"], parent=click.Context(cli, **cli.context_settings)) as ctx:
+        assert plan.get_help_option(ctx).opts == ["-h", "--help"]
 
 
 @pytest.mark.slow  # (the command line itself, or a PostgreSQL server)
