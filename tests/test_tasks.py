@@ -189,17 +189,24 @@ def _built_parameters(config_json: dict, task: str, num_labels: int | None) -> i
         return sum(p.numel() for p in cls.from_config(hf_config).parameters())
 
 
-@pytest.mark.slow
-def test_every_family_probes_as_its_task_class_and_the_estimate_matches_to_the_byte(models):
-    from autotune.estimate import estimate_memories
+@pytest.fixture(scope="module")
+def runner():
+    """One probe process for the module's probes and searches (its imports are seconds here)."""
     from autotune.probe import ProbeRunner, ProbeSettings
+
+    with ProbeRunner(ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1)) as r:
+        yield r
+
+
+@pytest.mark.slow
+def test_every_family_probes_as_its_task_class_and_the_estimate_matches_to_the_byte(models, runner):
+    from autotune.estimate import estimate_memories
 
     configs = [single_config(resolve_model(models[family]), micro_batch=2, block_size=64,
                              **({"precision": "bf16", "checkpointing": True} if i % 2 else {}))
                for i, family in enumerate(sorted(TINY))]
     predicted = estimate_memories(configs, device_type="cpu", use_cache=False)
-    with ProbeRunner(ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1)) as runner:
-        measured = [runner.run(c, runner.settings.budget(2 * GiB)) for c in configs]
+    measured = [runner.run(c, runner.settings.budget(2 * GiB)) for c in configs]
     for family, config, estimate, probe in zip(sorted(TINY), configs, predicted, measured):
         assert probe.status == "ok", (family, probe.error)
         assert config.task == TASK_OF[family]
@@ -222,17 +229,15 @@ def _decoder_only_parameters(config_json: dict) -> int:
 
 
 @pytest.mark.slow
-def test_a_tiny_search_of_every_family_finishes_with_a_pick(models, tmp_path):
+def test_a_tiny_search_of_every_family_finishes_with_a_pick(models, runner, tmp_path):
     """One probe process for all seven searches: each a real search, stored, with a winner."""
-    from autotune.probe import ProbeRunner, ProbeSettings
     from autotune.search import SearchOptions
     from autotune.search import preflight, run_search
     from tests.fakes import request
     from autotune.store import open_store
 
     budget = 1 * GiB
-    with ProbeRunner(ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1)) as runner, \
-            open_store(tmp_path / "tasks.db") as store:
+    with open_store(tmp_path / "tasks.db") as store:
         for family in sorted(TINY):
             spec = resolve_model(models[family])
             space = SearchSpace.build(spec, micro_batches=(1, 2), block_sizes=(32,), precisions=("fp32",),
@@ -265,7 +270,7 @@ def test_a_tiny_search_of_every_family_finishes_with_a_pick(models, tmp_path):
         assert [p.result.status for p in skipped] == ["skipped"]
         assert "attention 'sdpa': this model does not implement it" in skipped[0].result.error
         assert any("memory predictions unavailable" in line for line in outcome.failures)
-        assert runner.children_started == 1
+        assert runner.children_started == 1  # (the module's one process, whichever test started it)
 
 
 DEBERTA = {"model_type": "deberta-v2", "architectures": ["DebertaV2ForSequenceClassification"], "vocab_size": 1024,

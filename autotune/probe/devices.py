@@ -108,7 +108,8 @@ def _driver_version() -> str | None:
 
 
 def describe(device: torch.device) -> Environment:
-    torch_version, transformers_version = torch.__version__, package_version("transformers")
+    # A plain str: torch.__version__ is a TorchVersion, whose unpickling imports torch in the parent.
+    torch_version, transformers_version = str(torch.__version__), package_version("transformers")
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         return Environment(

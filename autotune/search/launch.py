@@ -8,7 +8,8 @@ import dataclasses
 import functools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 from autotune.errors import BadInput
 from autotune.estimate.launch import TraceChildren
@@ -19,6 +20,9 @@ from autotune.search.driver import run_search
 from autotune.search.fleet import search_with_workers
 from autotune.search.predictions import predict
 from autotune.search.request import check_device_chosen, preflight, resolve_search, stored_answer
+
+if TYPE_CHECKING:
+    from autotune.probe.runner import ProbeRunner
 
 
 TRACE_PROCESSES_ENV = "AUTOTUNE_TRACE_PROCESSES"
@@ -43,14 +47,17 @@ def search(model: str, budget_bytes: int, *, settings: ProbeSettings, options: S
            on_start: OnStart | None = None,
            workers: int | None = None, oversubscribe: bool = False,
            on_progress: Callable[[Progress], None] | None = None, launcher: Launcher | None = None,
-           **space_args) -> SearchOutcome:
+           runner: ProbeRunner | None = None, **space_args) -> SearchOutcome:
     """Resolve the search once (the model, the space, the budget, the study's name), then search:
     in this process, or with `workers` worker processes. Everything a user can get wrong is checked
     before the database is opened. `on_progress` hears of the probe in flight and its phases (one
-    worker only: a fleet's probes run in other processes)."""
-    from autotune.probe import ProbeRunner
+    worker only: a fleet's probes run in other processes). `runner`, one with these `settings`,
+    probes in this process and is left open for the caller's next search (its child's imports are
+    seconds); by default a new one is started and stopped."""
     from autotune.store import open_store
 
+    if runner is not None and (workers is not None or launcher is not None or runner.settings != settings):
+        raise ValueError("search(runner=...) takes a runner with the search's own settings, for a search in this process")
     request = resolve_search(model, budget_bytes, settings=settings, options=options, **space_args)
     if workers is not None or launcher is not None:
         return search_with_workers(request, workers=workers or 1, oversubscribe=oversubscribe, db=db, on_start=on_start,
@@ -62,7 +69,7 @@ def search(model: str, budget_bytes: int, *, settings: ProbeSettings, options: S
     # start-up and the preflight, and the traces share the host's cores; unused, they are killed.
     tracers = (TraceChildren(trace_processes()).start(None if request.spec.needs_remote_code else request.spec.model_type)
                if options.predict and options.strategy != "grid-full" else None)
-    with tracers or contextlib.nullcontext(), ProbeRunner(settings) as runner:
+    with tracers or contextlib.nullcontext(), _probing_with(runner, settings) as runner:
         # Before the store is opened: a refused search creates no database and writes nothing.
         request = preflight(request, runner)
         check_device_chosen(request)
@@ -76,6 +83,22 @@ def search(model: str, budget_bytes: int, *, settings: ProbeSettings, options: S
         with open_store(db) as store:
             predictor = functools.partial(predict, trust_remote_code=settings.trust_remote_code, children=tracers)
             return run_search(request, runner, store, on_event, on_start, predictor=predictor, on_progress=on_progress)
+
+
+@contextlib.contextmanager
+def _probing_with(runner: ProbeRunner | None, settings: ProbeSettings) -> Iterator[ProbeRunner]:
+    """The caller's runner, left open (without this search's trace children as its neighbours),
+    or a new one, stopped at the end."""
+    if runner is None:
+        from autotune.probe import ProbeRunner  # (looked up here: tests put a scripted one in its place)
+
+        with ProbeRunner(settings) as fresh:
+            yield fresh
+        return
+    try:
+        yield runner
+    finally:
+        runner.neighbours = None
 
 
 def dry_run_script(launcher: Launcher | None, model: str, budget: int, settings: ProbeSettings, options: SearchOptions,

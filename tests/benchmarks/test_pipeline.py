@@ -134,6 +134,22 @@ def test_cli_refuses_unknown_phase_before_starting_a_worker(capsys):
     assert "unknown phase or alternative: everything" in capsys.readouterr().err
 
 
+class Borrowed:
+    """`runner` for one phase: the phase's close leaves it running for the next."""
+
+    def __init__(self, runner) -> None:
+        object.__setattr__(self, "_runner", runner)
+
+    def __getattr__(self, name):
+        return getattr(self._runner, name)
+
+    def __setattr__(self, name, value) -> None:
+        setattr(self._runner, name, value)
+
+    def close(self) -> None:
+        pass
+
+
 @pytest.mark.slow
 def test_real_cpu_pipeline_on_a_tiny_model(tmp_path, monkeypatch):
     """The real thing, smaller: probe workers, the CPU memory accountant, accelerate's finder."""
@@ -145,9 +161,12 @@ def test_real_cpu_pipeline_on_a_tiny_model(tmp_path, monkeypatch):
     space = dict(micro_batches=(2, 4, 8), block_sizes=(64,), precisions=("fp32",), checkpointing=(False, True),
                  attentions=("sdpa",), effective_batch=8)
     case = run.Case("tiny-gpt2", model, 16 * MiB, space, tiny=True)
-    doc = run.run_benchmark([case], new_runner=lambda: ProbeRunner(settings), margin_of=lambda b: settings.budget(b).margin_bytes,
-                            out_dir=tmp_path / "out", alternatives=("trainer-defaults", "auto-find-batch-size"), quiet=True,
-                            estimator=None)  # the estimator column is tested above; its traces cost 10 s here
+    # Every phase borrows one real runner (its child imports torch and transformers once, not once a
+    # phase: seconds each here); the benchmark's own command gives each phase a fresh one.
+    with ProbeRunner(settings) as runner:
+        doc = run.run_benchmark([case], new_runner=lambda: Borrowed(runner), margin_of=lambda b: settings.budget(b).margin_bytes,
+                                out_dir=tmp_path / "out", alternatives=("trainer-defaults", "auto-find-batch-size"), quiet=True,
+                                estimator=None)  # the estimator column is tested above; its traces cost 10 s here
     (case_doc,) = doc["cases"]
     rows = case_doc["ground_truth"]["rows"]
     assert doc["device"].startswith("cpu") and doc["device_type"] == "cpu"

@@ -68,10 +68,11 @@ def test_levers_this_machine_lacks_are_skipped_with_the_reason(runner, tiny_mode
     assert result.tokens_per_s is None
 
 
-def test_a_search_over_compile_off_and_on_settles_both_and_hands_off_the_lever(tiny_model, tmp_path):
+def test_a_search_over_compile_off_and_on_settles_both_and_hands_off_the_lever(runner, tiny_model, tmp_path):
     spec = resolve_model(tiny_model)
     db = f"sqlite:///{tmp_path / 'compile.db'}"
-    with open_store(db) as store, ProbeRunner(ProbeSettings(device="cpu", measure_steps=2)) as runner:
+    # The module's runner: its child has imported torch and transformers already.
+    with open_store(db) as store:
         space = SearchSpace.build(spec, micro_batches=(2,), block_sizes=(32,), precisions=("fp32",),
                                   checkpointing=(False,), attentions=("sdpa",), effective_batch=2, compiles=(False, True))
         outcome = run_search(request(space, spec, 1 * GiB, 50 * MiB, SearchOptions(study="compile", confirm=False)), runner,

@@ -38,6 +38,18 @@ def search(store, runner, space, predictor=None, **options):
                       predictor=predictor)
 
 
+@pytest.fixture(scope="module")
+def grid(tmp_path_factory):
+    """The exhaustive grid over gpt2_space() with the scripted runner, searched once for the module:
+    the runner has no noise, so it answers the same each time. (The searches compared with it are
+    `fresh`: they would not read its stored results in a shared database either.)"""
+    root = tmp_path_factory.mktemp("grid")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AUTOTUNE_HOME", str(root))  # (set up before the tests' own hermetic home)
+        with open_store(f"sqlite:///{root / 'grid.db'}") as store:
+            return search(store, ScriptedRunner(), gpt2_space(), study="grid", strategy="grid-full")
+
+
 def modelled_predictor(error: float = 0.0):
     """Predictions from the fake runner's own memory model, off by `error` (0.1 = 10% high)."""
     def predict(candidates, device_type):
@@ -50,9 +62,8 @@ def modelled_predictor(error: float = 0.0):
     return predict
 
 
-def test_frontier_finds_the_exhaustive_best_with_fewer_probes(store):
+def test_frontier_finds_the_exhaustive_best_with_fewer_probes(store, grid):
     space = gpt2_space()
-    grid = search(store, ScriptedRunner(), space, study="grid", strategy="grid-full")
     frontier_runner = ScriptedRunner()
     frontier = search(store, frontier_runner, space, study="frontier", fresh=True, strategy="frontier")
     assert grid.probed == len(space.candidates()) == 72
@@ -167,9 +178,8 @@ def test_block_size_above_model_maximum_is_bad_input():
         SearchSpace.build(resolve_model("gpt2"), block_sizes=(2048,))
 
 
-def test_predictions_skip_hopeless_configs_and_cut_probes(store):
+def test_predictions_skip_hopeless_configs_and_cut_probes(store, grid):
     space = gpt2_space()
-    grid = search(store, ScriptedRunner(), space, study="grid", strategy="grid-full")
     plain = search(store, ScriptedRunner(), space, study="plain", fresh=True)
     runner = ScriptedRunner()
     predicted = search(store, runner, space, predictor=modelled_predictor(), study="predicted", fresh=True)
@@ -182,9 +192,8 @@ def test_predictions_skip_hopeless_configs_and_cut_probes(store):
 
 
 @pytest.mark.parametrize("error", [-0.3, 0.3])
-def test_wrong_predictions_cost_probes_not_the_answer(store, error):
+def test_wrong_predictions_cost_probes_not_the_answer(store, grid, error):
     space = gpt2_space()
-    grid = search(store, ScriptedRunner(), space, study="grid", strategy="grid-full")
     # 30% low: predicted fits that OOM are probed and found out. 30% high: beyond the 10% margin,
     # so configs that fit are skipped; the answer may then differ, and the test says by how much.
     outcome = search(store, ScriptedRunner(), space, predictor=modelled_predictor(error), study=f"wrong{error}", fresh=True)
@@ -261,3 +270,17 @@ def test_a_study_made_before_optuna_studies_took_its_name_keeps_its_prefixed_one
     search(store, ScriptedRunner(), gpt2_space(), study="new")
     names = {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(storage=url)}
     assert names["autotune:old"] > 0 and "old" not in names and names["new"] > 0
+
+
+def test_a_runner_lent_to_a_search_must_probe_with_the_searchs_settings():
+    # (search(runner=...) keeps one probe process across the searches of a script or a test module.)
+    from autotune.probe import ProbeRunner, ProbeSettings
+    from autotune.search import search as library_search
+
+    with ProbeRunner(ProbeSettings(device="cpu")) as runner:
+        with pytest.raises(ValueError, match="the search's own settings"):
+            library_search("gpt2", BUDGET, settings=ProbeSettings(device="cpu", measure_steps=1), options=SearchOptions(),
+                           runner=runner)
+        with pytest.raises(ValueError, match="for a search in this process"):
+            library_search("gpt2", BUDGET, settings=runner.settings, options=SearchOptions(), runner=runner, workers=2)
+        assert runner.children_started == 0

@@ -1,10 +1,13 @@
 """Fixtures for training runs: a tiny GPT-2 with real (random) weights and a tokenizer trained here,
 a real English corpus from the standard library (`pydoc_data.topics`, no download), and a study
-chosen by a real search on CPU. Built once per module: the search alone takes seconds."""
+chosen by a real search on CPU. Built once per test process (the search alone takes seconds); each
+module gets its own copy of the database."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,8 +99,9 @@ def _datasets_cache(tmp_path, monkeypatch):
     datasets_cache(tmp_path / "hf-datasets", monkeypatch)
 
 
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory) -> Workspace:
+@pytest.fixture(scope="session")
+def searched_workspace(tmp_path_factory) -> Workspace:
+    """The model, the corpus and a database with the study, made once for the test process."""
     from autotune.probe import ProbeSettings
     from autotune.search import SearchOptions, search
 
@@ -117,3 +121,13 @@ def workspace(tmp_path_factory) -> Workspace:
                          precisions=("fp32",), checkpointing=(False,), attentions=("sdpa",), effective_batch=2)
     assert outcome.best is not None and outcome.study.status == "finished"
     return Workspace(root=root, model=model, corpus=corpus, small_eval=small_eval, db=db, study=STUDY)
+
+
+@pytest.fixture(scope="module")
+def workspace(searched_workspace, tmp_path_factory) -> Workspace:
+    """The session's workspace with its own copy of the database: a module's runs are its own. (The
+    model, its tokenizer and the corpus are only read.)"""
+    root = tmp_path_factory.mktemp("train-db")
+    db = root / "studies.db"
+    shutil.copyfile(searched_workspace.db.removeprefix("sqlite:///"), db)
+    return dataclasses.replace(searched_workspace, db=f"sqlite:///{db}")

@@ -6,6 +6,7 @@ Real searches and runs of a tiny GPT-2 and a tiny T5 on CPU; the recipe checks w
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -32,13 +33,21 @@ ASKED = {"eval_batch": 4, "eval_logits": None, "eval_accumulation_steps": None, 
          "generation_max_length": None, "num_beams": None}
 
 
-def narrow_search(model, budget, *, settings, options, db=None, on_event=None, on_start=None, **space_args):
-    """autotune.search.search over one configuration on CPU, with the recipe train asked for."""
-    from autotune.probe import ProbeSettings
-
-    return real_search(model, budget, settings=ProbeSettings(device="cpu", measure_steps=1),
+def narrow_search(model, budget, *, runner, settings, options, db=None, on_event=None, on_start=None, **space_args):
+    """autotune.search.search over one configuration on CPU, with the recipe train asked for,
+    probed by `runner` (the module's)."""
+    return real_search(model, budget, settings=runner.settings,
                        options=replace(options, predict=False), db=db, on_event=on_event, on_start=on_start,
-                       **space_args, **NARROW)
+                       runner=runner, **space_args, **NARROW)
+
+
+@pytest.fixture(scope="module")
+def probe_runner():
+    """One probe process for the module's searches (its imports are seconds here)."""
+    from autotune.probe import ProbeRunner, ProbeSettings
+
+    with ProbeRunner(ProbeSettings(device="cpu", measure_steps=1)) as runner:
+        yield runner
 
 
 @dataclass(frozen=True)
@@ -52,7 +61,7 @@ class Evaluated:
 
 
 @pytest.fixture(scope="module")
-def evaluated(tmp_path_factory) -> Evaluated:
+def evaluated(tmp_path_factory, probe_runner) -> Evaluated:
     """A tiny GPT-2 with weights and a tokenizer, trained with --eval-batch 4 and an eval split by a
     `train` that searches first: 3 steps, evaluating at step 2 (its checkpoint) and at the end."""
     import autotune.search
@@ -66,7 +75,8 @@ def evaluated(tmp_path_factory) -> Evaluated:
     searched: list[dict] = []
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setattr(autotune.search, "search", lambda *a, **k: searched.append(k) or narrow_search(*a, **k))
+        mp.setattr(autotune.search, "search",
+                   lambda *a, **k: searched.append(k) or narrow_search(*a, runner=probe_runner, **k))
         outcome = train(TrainOptions(dataset=str(corpus), output_dir=str(root / "run"), max_steps=3, save_steps=2,
                                      device="cpu", eval_split="5%"),
                         model=str(model), gpu_budget=BUDGET, evaluation=ASKED, db=db, echo=lambda line: None)
@@ -146,13 +156,13 @@ def test_a_settled_study_without_eval_data_only_trains_and_says_so(evaluated, tm
 
 
 @pytest.mark.slow
-def test_kept_logits_are_kept_by_the_run_as_by_its_probe(evaluated, tmp_path, monkeypatch):
+def test_kept_logits_are_kept_by_the_run_as_by_its_probe(evaluated, probe_runner, tmp_path, monkeypatch):
     """--eval-logits kept: the run hands Trainer a compute_metrics (without one, Trainer.evaluate keeps
     the loss only) and eval_accumulation_steps, so it holds the logits its probe held."""
     import autotune.search
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(autotune.search, "search", narrow_search)
+    monkeypatch.setattr(autotune.search, "search", functools.partial(narrow_search, runner=probe_runner))
     lines: list[str] = []
     outcome = train(TrainOptions(dataset=str(evaluated.corpus), output_dir=str(tmp_path / "run"), max_steps=1,
                                  device="cpu", eval_split="5%"),
@@ -174,7 +184,7 @@ def test_kept_logits_are_kept_by_the_run_as_by_its_probe(evaluated, tmp_path, mo
 
 
 @pytest.mark.slow
-def test_seq2seq_generation_runs_in_the_evaluation_within_its_probes_generate_peak(tmp_path, monkeypatch):
+def test_seq2seq_generation_runs_in_the_evaluation_within_its_probes_generate_peak(probe_runner, tmp_path, monkeypatch):
     """A tiny T5 searched first with --generate --num-beams 2: the run's evaluation is
     Seq2SeqTrainer's predict_with_generate, measured as the probe's generate phase."""
     import autotune.search
@@ -187,7 +197,8 @@ def test_seq2seq_generation_runs_in_the_evaluation_within_its_probes_generate_pe
                              for i in range(0, 12_000, 400)))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     searched: list[dict] = []
-    monkeypatch.setattr(autotune.search, "search", lambda *a, **k: searched.append(k) or narrow_search(*a, **k))
+    monkeypatch.setattr(autotune.search, "search",
+                        lambda *a, **k: searched.append(k) or narrow_search(*a, runner=probe_runner, **k))
     asked = {**ASKED, "eval_batch": 2, "generate": True, "num_beams": 2}
     lines: list[str] = []
     outcome = train(TrainOptions(dataset=str(pairs), output_dir=str(tmp_path / "run"), max_steps=1, device="cpu",

@@ -83,7 +83,16 @@ def step_peaks(model_dir, config: ProbeConfig) -> dict[bool, int]:
     return peaks
 
 
-def searched(padded, family: str, budget: int, study: str, **space):
+@pytest.fixture(scope="module")
+def runner():
+    """One probe process for the module's five searches (its imports are seconds here)."""
+    from autotune.probe import ProbeRunner
+
+    with ProbeRunner(SETTINGS) as r:
+        yield r
+
+
+def searched(padded, runner, family: str, budget: int, study: str, **space):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
         data = padded["reviews"] if family == "bert-classification" else padded["pairs"]
@@ -91,12 +100,12 @@ def searched(padded, family: str, budget: int, study: str, **space):
 
         return search(str(padded["models"][family]), budget, settings=SETTINGS,
                       options=SearchOptions(study=study, predict=False, confirm=False), db=padded["db"],
-                      data=DataOptions(str(data)), **SPACE, **space)
+                      data=DataOptions(str(data)), runner=runner, **SPACE, **space)
 
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
-def test_the_pick_of_a_padded_search_trains_under_its_budget(padded, tmp_path, monkeypatch, attention):
-    roomy = searched(padded, "bert-classification", 256 * MiB, f"roomy-{attention}", attentions=(attention,))
+def test_the_pick_of_a_padded_search_trains_under_its_budget(padded, runner, tmp_path, monkeypatch, attention):
+    roomy = searched(padded, runner, "bert-classification", 256 * MiB, f"roomy-{attention}", attentions=(attention,))
     by_micro_batch = {row.config.micro_batch: row for row in roomy.leaderboard}
     largest = by_micro_batch[4]
     block = largest.config.block_size
@@ -110,7 +119,7 @@ def test_the_pick_of_a_padded_search_trains_under_its_budget(padded, tmp_path, m
     budget = largest.peak_allocated_bytes - mask_cost // 2
     assert largest.peak_allocated_bytes - mask_cost < budget < largest.peak_allocated_bytes
 
-    tight = searched(padded, "bert-classification", budget, f"tight-{attention}", attentions=(attention,))
+    tight = searched(padded, runner, "bert-classification", budget, f"tight-{attention}", attentions=(attention,))
     statuses = {p.config.micro_batch: p.result.status for p in tight_probes(padded, f"tight-{attention}")}
     assert statuses[4] == "oom" and tight.best is not None and tight.best.config.micro_batch == 2, statuses
 
@@ -121,8 +130,8 @@ def test_the_pick_of_a_padded_search_trains_under_its_budget(padded, tmp_path, m
     assert 0.99 <= outcome.summary.peak_vs_probe <= 1.01, outcome.summary
 
 
-def test_a_padded_seq2seq_pick_trains_at_its_probes_peak(padded, tmp_path, monkeypatch):
-    outcome = searched(padded, "pegasus", 256 * MiB, "pegasus", attentions=("eager",), target_length=64)
+def test_a_padded_seq2seq_pick_trains_at_its_probes_peak(padded, runner, tmp_path, monkeypatch):
+    outcome = searched(padded, runner, "pegasus", 256 * MiB, "pegasus", attentions=("eager",), target_length=64)
     assert outcome.best is not None
     config = outcome.best.config
     assert config.block_size < 256 and config.target_length < 64  # both capped at the data's longest

@@ -19,9 +19,17 @@ BUDGET = 64 * 2**20
 
 
 @pytest.fixture(scope="module")
-def ranked(tmp_path_factory):
+def runner():
+    """One probe process for the module's searches (its imports are seconds here)."""
+    from autotune.probe import ProbeRunner, ProbeSettings
+
+    with ProbeRunner(ProbeSettings(device="cpu", measure_steps=1)) as r:
+        yield r
+
+
+@pytest.fixture(scope="module")
+def ranked(tmp_path_factory, runner):
     """A tiny GPT-2 with weights and a tokenizer, and a finished 2-rank study of it on CPU."""
-    from autotune.probe import ProbeSettings
     from autotune.search import SearchOptions, search
 
     root = tmp_path_factory.mktemp("train-ranks")
@@ -32,22 +40,22 @@ def ranked(tmp_path_factory):
     db = f"sqlite:///{root / 'ranks.db'}"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
-        outcome = search(str(model), BUDGET, settings=ProbeSettings(device="cpu", measure_steps=1),
+        outcome = search(str(model), BUDGET, settings=runner.settings, runner=runner,
                          # (no confirmation round: tests/search/test_confirm.py; here it would time both again)
                          options=SearchOptions(study="two-ranks", predict=False, confirm=False), db=db, micro_batches=(2,),
                          block_sizes=(64,), precisions=("fp32",), checkpointing=(False,), attentions=("sdpa",),
                          effective_batch=4, gpus=2, strategies=("ddp", "fsdp"))
     assert outcome.best is not None, outcome
-    return {"root": root, "model": model, "corpus": corpus, "db": db, "outcome": outcome}
+    return {"root": root, "model": model, "corpus": corpus, "db": db, "outcome": outcome, "runner": runner}
 
 
 def _study_of_one_strategy(ranked, strategy: str) -> None:
     """A study named `strategy` whose one candidate is the fixture's config under that strategy (its
     probe reused from the fixture's study: the same config on the same machine)."""
-    from autotune.probe import ProbeSettings
     from autotune.search import SearchOptions, search
 
-    search(str(ranked["model"]), BUDGET, settings=ProbeSettings(device="cpu", measure_steps=1),
+    runner = ranked["runner"]
+    search(str(ranked["model"]), BUDGET, settings=runner.settings, runner=runner,
            options=SearchOptions(study=strategy, predict=False), db=ranked["db"], micro_batches=(2,),
            block_sizes=(64,), precisions=("fp32",), checkpointing=(False,), attentions=("sdpa",), effective_batch=4,
            gpus=2, strategies=(strategy,))
