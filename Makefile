@@ -39,7 +39,7 @@ install: $(BIN)/autotune
 
 # Both cores: one pytest worker each; a file's tests stay on one worker, so a module's warm probe
 # child or PostgreSQL server is started once.
-PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile
+PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
 
 test: install
 	$(PYTEST)
