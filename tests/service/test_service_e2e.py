@@ -209,16 +209,15 @@ def test_a_pipeline_submits_follows_and_trains_with_the_answer(deployment):
 
 
 def test_predictions_need_no_gpu_and_refuse_as_the_command_line_does(deployment):
-    started = time.monotonic()
-    body = {"model": "tiny", "micro_batch": 2, "block_size": 32}
+    # (a config no search of this module traced: the estimate cache is keyed by the architecture)
+    body = {"model": "tiny", "micro_batch": 3, "block_size": 24}
     answer = httpx.post(f"{deployment.url}/v1/estimate", json=body, headers=deployment.headers, timeout=300)
-    first = time.monotonic() - started
     assert answer.status_code == 200, answer.text
     assert answer.json()["peak_bytes"] > 0 and set(answer.json()["breakdown"]) >= {"params", "grads", "optimizer"}
-    started = time.monotonic()
+    assert answer.json()["cached"] is False
     again = httpx.post(f"{deployment.url}/v1/estimate", json=body, headers=deployment.headers, timeout=300)
     assert again.json()["peak_bytes"] == answer.json()["peak_bytes"]
-    assert time.monotonic() - started < first  # (answered from the estimate cache: no trace)
+    assert again.json()["cached"] is True  # (answered from the estimate cache: no trace)
     refused = httpx.post(f"{deployment.url}/v1/plan", json={"model": "tiny", "gpu": "no-such-card"},
                          headers=deployment.headers, timeout=60)
     assert refused.status_code == 422 and "no-such-card" in refused.json()["error"]
