@@ -114,7 +114,7 @@ def node_of(cluster, pid: int) -> str | None:
 
 def test_two_workers_on_two_nodes_pick_what_one_worker_picks(cluster):
     db = cluster["base"] / "ray.db"
-    run = search(cluster, db)
+    run = search(cluster, db, "--strategy", "grid")  # (every config that fits measured: the runs compare)
     # While it runs, each probe's worker process is under one node's raylet.
     nodes_seen: set[str] = set()
     deadline = time.monotonic() + 300
@@ -137,11 +137,16 @@ def test_two_workers_on_two_nodes_pick_what_one_worker_picks(cluster):
         workers = {p.worker.split(":")[1] for p in store.probes("tiny-200MiB") if p.result.status != "skipped"}
     assert len(workers) == 2  # both workers settled probes
     assert cluster_tasks_left(cluster["address"], "tiny-200MiB") == []
-    # One worker, the same space: the same pick.
-    alone = search(cluster, cluster["base"] / "alone.db", launcher=False)
+    # One worker, the same space: the same configs fit (memory is exact on CPU), and its pick is one
+    # the two workers measured as fast, within this shared machine's timing noise (the searches run
+    # --no-confirm: which of two configs within noise wins is the timing's, not the launcher's).
+    alone = search(cluster, cluster["base"] / "alone.db", "--strategy", "grid", launcher=False)
     out_alone, err_alone = alone.communicate(timeout=300)
     assert alone.returncode == 0, err_alone[-3000:]
-    assert json.loads(out_alone)["best"]["label"] == summary["best"]["label"]
+    single = json.loads(out_alone)
+    assert {row["label"] for row in single["leaderboard"]} == {row["label"] for row in summary["leaderboard"]}
+    speeds = {row["label"]: row["tokens_per_s"] for row in summary["leaderboard"]}
+    assert speeds[single["best"]["label"]] >= 0.7 * speeds[summary["best"]["label"]], (single["best"], speeds)
 
 
 def test_a_killed_worker_s_probe_is_retried_and_sigterm_leaves_no_task(cluster):

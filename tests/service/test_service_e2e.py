@@ -48,7 +48,9 @@ class Deployment:
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = self.autotune("token", "create", "pipeline", "--db", self.db).stdout.strip()
         self.processes: dict[str, subprocess.Popen] = {}
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # Its own estimate cache and data directory: what it answers from the cache, it traced itself.
+        (base / "home").mkdir()
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "AUTOTUNE_HOME": str(base / "home")}
 
     def autotune(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=120,
