@@ -107,14 +107,7 @@ class Row:
         return parse_size(self.figure, flag=f"{self.id}: figure")
 
     def config_text(self) -> str:
-        parts = [f"mb{self.micro_batch}x{self.grad_accum}", f"blk{self.block_size}", self.precision]
-        if self.weights != "fp32":
-            parts.append(f"{self.weights} weights")
-        parts.append("ckpt" if self.checkpointing else "no-ckpt")
-        if self.method != "full":
-            parts.append(f"{self.method} r{self.lora_rank} {self.lora_targets}")
-        parts.append(self.optimizer)
-        return " ".join(parts)
+        return " ".join(config_parts(self))
 
 
 def load_rows(folder: Path = HERE) -> list[Row]:
@@ -362,3 +355,15 @@ def write_stated_error(data: dict) -> None:
                          f"(benchmarks/results/published-estimates.md)",
                "errors": [{k: s[k] for k in ("kind", "method", "count", "median", "worst")} for s in data["summary_hf"]]}
     stated_error.FILE.write_text(json.dumps(summary, indent=1) + "\n")
+
+
+def config_parts(row) -> list[str]:
+    """A published row's configuration in words (a memory row's, or a speed row's, which adds to it)."""
+    parts = [f"mb{row.micro_batch}x{row.grad_accum}", f"blk{row.block_size}", row.precision]
+    if row.weights != "fp32":
+        parts.append(f"{row.weights} weights")
+    parts.append("ckpt" if row.checkpointing else "no-ckpt")
+    if row.method != "full":
+        parts.append(f"{row.method} r{row.lora_rank} {row.lora_targets}")
+    parts.append(row.optimizer)
+    return parts

@@ -90,13 +90,9 @@ class SpeedRow:
     file: str = ""
 
     def config_text(self) -> str:
-        parts = [f"mb{self.micro_batch}x{self.grad_accum}", f"blk{self.block_size}", self.precision]
-        if self.weights != "fp32":
-            parts.append(f"{self.weights} weights")
-        parts.append("ckpt" if self.checkpointing else "no-ckpt")
-        if self.method != "full":
-            parts.append(f"{self.method} r{self.lora_rank} {self.lora_targets}")
-        parts += [self.optimizer, self.attention]
+        from benchmarks.published import config_parts
+
+        parts = [*config_parts(self), self.attention]
         if self.compile:
             parts.append("compile")
         if self.gpus > 1:
