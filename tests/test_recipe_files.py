@@ -271,6 +271,8 @@ def test_update_refuses_a_file_of_another_recipe_and_leaves_it_as_it_was(work, l
     assert_usage_error(done, "asks an effective batch 16, and study")
     assert other.read_text() == text and not (work["base"] / "tuned-other.yml").exists()
     assert_usage_error(autotune("best", "--out", str(other), "--db", work["db"]), "--out goes with --update")
+    assert_usage_error(autotune("best", "--study", lora_study["study"], "--update", str(work["base"] / "nope.yml"),
+                                "--db", work["db"]), "--update " + str(work["base"] / "nope.yml") + ": no such file")
 
 
 def test_the_yaml_edit_keeps_comments_and_order_and_refuses_what_it_cannot_place():

@@ -63,36 +63,37 @@ class RecipeFile:
         return int(self.flags["effective_batch"])
 
 
-def read_recipe_file(path: str | Path, *, gpus: int = 1) -> RecipeFile:
+def read_recipe_file(path: str | Path, *, gpus: int = 1, flag: str = "--from") -> RecipeFile:
     """The file at `path`, read for `--from` (BadInput, one line, for a file autotune cannot use).
-    `gpus`: the ranks the run has (the effective batch counts each; no file of these says how many)."""
+    `gpus`: the ranks the run has (the effective batch counts each; no file of these says how many);
+    `flag`: the option that named the file, as the messages name it."""
     path = Path(path).expanduser()
-    text = _read_text(path)
-    document = _parse(path, text)
-    tool = detect_tool(path, document)
+    text = _read_text(path, flag)
+    document = _parse(path, text, flag)
+    tool = detect_tool(path, document, flag)
     reader = _READERS[tool]
-    recipe = _Recipe(path, document)
+    recipe = _Recipe(path, document, flag)
     reader(recipe)
     return recipe.finish(tool, text, gpus)
 
 
-def _read_text(path: Path) -> str:
+def _read_text(path: Path, flag: str) -> str:
     try:
         return path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise BadInput(f"--from {path}: no such file.") from None
+        raise BadInput(f"{flag} {path}: no such file.") from None
     except IsADirectoryError:
-        raise BadInput(f"--from {path}: a directory, not a config file.") from None
+        raise BadInput(f"{flag} {path}: a directory, not a config file.") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"--from {path}: cannot be read ({exc.__class__.__name__}: {exc}).") from None
+        raise BadInput(f"{flag} {path}: cannot be read ({exc.__class__.__name__}: {exc}).") from None
 
 
-def _parse(path: Path, text: str) -> dict:
+def _parse(path: Path, text: str, flag: str) -> dict:
     if path.suffix.lower() == ".json":
         try:
             document = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise BadInput(f"--from {path}: not valid JSON (line {exc.lineno}: {exc.msg}).") from None
+            raise BadInput(f"{flag} {path}: not valid JSON (line {exc.lineno}: {exc.msg}).") from None
     else:
         import yaml
 
@@ -101,17 +102,17 @@ def _parse(path: Path, text: str) -> dict:
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)
             where = f"line {mark.line + 1}: " if mark is not None else ""
-            raise BadInput(f"--from {path}: not valid YAML ({where}{getattr(exc, 'problem', None) or exc}).") from None
+            raise BadInput(f"{flag} {path}: not valid YAML ({where}{getattr(exc, 'problem', None) or exc}).") from None
     if not isinstance(document, dict):
         kind = "empty" if document is None else f"a {type(document).__name__}"
-        raise BadInput(f"--from {path}: the file is {kind}, not a mapping of a config's keys to values.")
+        raise BadInput(f"{flag} {path}: the file is {kind}, not a mapping of a config's keys to values.")
     return document
 
 
-def detect_tool(path: Path, document: dict) -> str:
+def detect_tool(path: Path, document: dict, flag: str = "--from") -> str:
     """Which tool `document` configures, by the keys only that tool has."""
     if isinstance(document.get("trainer"), dict) or "fit" in document:
-        raise BadInput(f"--from {path}: a LightningCLI config names a LightningModule, not a model autotune can load; "
+        raise BadInput(f"{flag} {path}: a LightningCLI config names a LightningModule, not a model autotune can load; "
                        f"give --model and the recipe's flags, and take `autotune best --format lightning` back.")
     found = {tool: [key for key in keys if key in document] for tool, keys in _MARKERS.items()}
     tools = [tool for tool, keys in found.items() if keys]
@@ -119,10 +120,10 @@ def detect_tool(path: Path, document: dict) -> str:
         return tools[0]
     if len(tools) > 1:
         mixed = "; ".join(f"{TOOLS[t]}: {', '.join(found[t])}" for t in tools)
-        raise BadInput(f"--from {path}: it has keys of several tools ({mixed}); keep the one tool's keys.")
+        raise BadInput(f"{flag} {path}: it has keys of several tools ({mixed}); keep the one tool's keys.")
     if any(key in document for key in _TRAINER_MARKERS):
         return "trainer"
-    raise BadInput(f"--from {path}: none of the keys of a TRL, axolotl, LLaMA-Factory or TrainingArguments config "
+    raise BadInput(f"{flag} {path}: none of the keys of a TRL, axolotl, LLaMA-Factory or TrainingArguments config "
                    f"(such as base_model, model_name_or_path, per_device_train_batch_size): autotune reads those tools' "
                    f"files.")
 
@@ -130,8 +131,8 @@ def detect_tool(path: Path, document: dict) -> str:
 class _Recipe:
     """What a reader found, in autotune's terms, and the checks every tool shares."""
 
-    def __init__(self, path: Path, document: dict) -> None:
-        self.path, self.document = path, document
+    def __init__(self, path: Path, document: dict, flag: str) -> None:
+        self.path, self.document, self.flag = path, document, flag
         self.model: str | None = None
         self.block: int | None = None
         self.micro, self.accum = 1, 1
@@ -154,7 +155,7 @@ class _Recipe:
         if value is None:
             return default
         if isinstance(value, bool) or not isinstance(value, int) or value < at_least:
-            raise BadInput(f"--from {self.path}: {key}: {value!r} is not a whole number of at least {at_least}.")
+            raise BadInput(f"{self.flag} {self.path}: {key}: {value!r} is not a whole number of at least {at_least}.")
         return value
 
     def count(self, key: str, default: int) -> int:
@@ -163,7 +164,7 @@ class _Recipe:
         return default if value is None else value
 
     def refuse(self, what: str) -> None:
-        raise BadInput(f"--from {self.path}: {what}")
+        raise BadInput(f"{self.flag} {self.path}: {what}")
 
     def say(self, line: str) -> None:
         self.said.append(f"{self.path.name}: {line}")

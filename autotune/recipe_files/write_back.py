@@ -76,7 +76,7 @@ class Update:
 
 def update_file(best: BestConfig, path: str | Path) -> Update:
     """The file at `path` with `best`'s decided levers (BadInput when it is not the study's recipe)."""
-    source = read_recipe_file(path, gpus=best.config.ranks)
+    source = read_recipe_file(path, gpus=best.config.ranks, flag="--update")
     _check_same_recipe(source, best)
     updates, remove = _decided(source, best)
     if source.path.suffix.lower() == ".json":
