@@ -12,7 +12,7 @@ child's search (the probe in flight ended, the study resumable) and records it i
 worker killed outright leaves its search `running` under a dead holder, which reads as interrupted
 and is taken up again by the next worker (store/queue.py): the study resumes, nothing settled lost.
 
-Children run in an empty directory of their own: a relative path in a request names nothing there
+Children run in an empty directory of their own, removed when they end: a relative path in a request names nothing there
 (the service refuses local paths outside its --model-root; this keeps a worker's files out of reach
 too)."""
 
@@ -98,7 +98,6 @@ class QueueWorker:
         self.label = owner_label()
         self.stopping = False
         self.child: subprocess.Popen | None = None
-        self.workdir = tempfile.mkdtemp(prefix="autotune-queue-")
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -180,8 +179,13 @@ class QueueWorker:
     def _supervise(self, command: list[str], search: SearchRecord, *, own: bool) -> tuple[int, str | None, str | None]:
         """Run `command`; beat the row while it runs (`own`), stop it on a cancel or when this worker
         stops. Returns its exit status, who cancelled it (or None), and its last error line."""
+        with tempfile.TemporaryDirectory(prefix="autotune-queue-") as workdir:
+            return self._run_child(command, search, workdir, own=own)
+
+    def _run_child(self, command: list[str], search: SearchRecord, workdir: str, *,
+                   own: bool) -> tuple[int, str | None, str | None]:
         lines: list[str] = []
-        self.child = subprocess.Popen(command, cwd=self.workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        self.child = subprocess.Popen(command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1,
                                       preexec_fn=kill_me_with_parent)
         reader = threading.Thread(target=self._relay, args=(self.child, search.name, lines), daemon=True)

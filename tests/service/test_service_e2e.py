@@ -48,9 +48,12 @@ class Deployment:
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = self.autotune("token", "create", "pipeline", "--db", self.db).stdout.strip()
         self.processes: dict[str, subprocess.Popen] = {}
-        # Its own estimate cache and data directory: what it answers from the cache, it traced itself.
+        # Its own estimate cache and data directory: what it answers from the cache, it traced itself;
+        # its own temporary directory: what a worker leaves there is seen.
         (base / "home").mkdir()
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "AUTOTUNE_HOME": str(base / "home")}
+        (base / "tmp").mkdir()
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "AUTOTUNE_HOME": str(base / "home"),
+                    "TMPDIR": str(base / "tmp")}
 
     def autotune(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=120,
@@ -183,6 +186,8 @@ def test_a_pipeline_submits_follows_and_trains_with_the_answer(deployment):
     events = follow(deployment, name)
     probes = [data for kind, data in events if kind == "probe"]
     assert events[-1][0] == "end" and events[-1][1]["state"] == SearchState.FINISHED
+    deployment.wait(name, lambda row: row.state == SearchState.FINISHED, "the worker's record of the end")
+    assert list((deployment.base / "tmp").glob("autotune-queue-*")) == []  # (the child's directory went with it)
     assert sorted(p["settled"] for p in probes) == [1, 2] and {p["total"] for p in probes} == {2}
     assert all(p["line"].startswith(f"[{p['settled']}/2] ") for p in probes)
     view = deployment.view(name)
