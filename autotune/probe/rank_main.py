@@ -41,11 +41,25 @@ def tie_to_agent() -> tuple[str, int]:
     the launcher. (run directory, rank); call first, before the heavy imports."""
     agent = os.getppid()
     kill_me_with_parent()
+    # The agent may have died between starting this rank and the line above (autotune killed -9 as
+    # its ranks start: their Python takes a moment to get here): this rank's parent is then whoever
+    # adopted it, which would never die. Checked after the tie, so that no death falls between.
+    if not _is_agent(agent):
+        os._exit(FAILED_EXIT)
     watch_parent(agent)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the launcher decides when the ranks stop
     run_dir, rank = os.environ[RUN_DIR_ENV], int(os.environ["RANK"])
     write_whole(os.path.join(run_dir, f"rank-{rank}.pid"), str(os.getpid()).encode())
     return run_dir, rank
+
+
+def _is_agent(pid: int) -> bool:
+    """Whether `pid` is torchrun's agent (True where /proc cannot say: the watchdog still holds)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return b"torch.distributed.run" in cmdline.read()
+    except OSError:
+        return not os.path.isdir("/proc/self")
 
 
 def main() -> None:

@@ -120,6 +120,16 @@ def test_kill_9_of_a_search_mid_probe_leaves_no_rank(models, tmp_path):
         search.kill()
 
 
+def test_a_rank_whose_agent_died_before_it_tied_itself_leaves_at_once(tmp_path):
+    # Its parent is not torchrun's agent (here: this test; after a kill -9 as ranks start: whoever
+    # adopted it): it would never see a parent die, so it leaves before doing anything.
+    code = "from autotune.probe.rank_main import tie_to_agent; tie_to_agent(); print('tied')"
+    env = {**os.environ, "AUTOTUNE_RANK_DIR": str(tmp_path), "RANK": "0"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 3 and "tied" not in done.stdout, done.stderr
+    assert not (tmp_path / "rank-0.pid").exists()
+
+
 def _free_port() -> int:
     import socket
 
