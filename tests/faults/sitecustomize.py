@@ -16,6 +16,10 @@ does in Llama's; `leak` keeps a tensor alive in a global (on the first warm-up s
 accountant watches); `poison` fails the step as an illegal memory access does and makes the
 probe's cleanup raise again, as every CUDA call does after one.
 
+`gate` holds each probe at its first warm-up step (before anything is timed) until the file named
+by AUTOTUNE_INJECT_FAULT_GATE exists: a test lets probes go once the workers it wants are all
+holding one, whatever the machine's load.
+
 `oom-on-rank-1` makes rank 1 of a multi-rank probe (and no other) allocate past its budget in its
 second warm-up step, while the CPU accountant watches: a real out-of-memory on one rank, raised
 by the accountant, while rank 0 goes on into the step's collectives.
@@ -38,6 +42,8 @@ LEAK_BYTES = 4 << 20
 LARGER_THAN_ANY_TEST_BUDGET = 3 << 30
 ILLEGAL_ACCESS = "CUDA error: an illegal memory access was encountered (test fault)"
 _LEAKED: list = []
+GATE = os.environ.get("AUTOTUNE_INJECT_FAULT_GATE")
+GATE_SECONDS = 600
 
 
 def _install(module) -> None:
@@ -51,6 +57,10 @@ def _install(module) -> None:
 
     def faulty_call(self):
         self._fault_steps += 1
+        if FAULT == "gate" and self._fault_steps == 1 and GATE:
+            deadline = time.monotonic() + GATE_SECONDS
+            while not os.path.exists(GATE) and time.monotonic() < deadline:
+                time.sleep(0.1)
         if FAULT == "leak" and self._fault_steps == 1 and (not ON_PROBE or self._fault_probe == ON_PROBE):
             import torch
 
