@@ -14,6 +14,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -47,7 +48,10 @@ class SlurmLauncher(Launcher):
 
     # -- the job script --------------------------------------------------------------------------
 
-    def script(self, count: int, spec: WorkerSpec, python: str = "python3") -> str:
+    def script(self, count: int, spec: WorkerSpec) -> str:
+        """The job script: what `--dry-run` prints is what is submitted. Its tasks run this
+        interpreter (its path on the nodes: the same environment, on a shared file system or
+        installed at the same place)."""
         o = self.options
         lines = ["#!/bin/bash", f"#SBATCH --job-name=autotune-{spec.label}",
                  f"#SBATCH --array=0-{count - 1}%{o.parallel or count}", f"#SBATCH --output={o.output}",
@@ -61,7 +65,7 @@ class SlurmLauncher(Launcher):
         else:
             lines.append(f"#SBATCH --cpus-per-task={spec.ranks}")
         lines += [line if line.startswith("#SBATCH") else f"#SBATCH {line}" for line in o.extra]
-        command = " ".join(shlex.quote(part) for part in [python, *spec.command()[1:]])
+        command = " ".join(shlex.quote(part) for part in [sys.executable, *spec.command()[1:]])
         lines += ["",
                   "# One autotune worker per array task: it takes probes of the study from the database",
                   "# ($AUTOTUNE_DB, exported by sbatch from the search's environment) until the study is done.",
@@ -89,7 +93,7 @@ class SlurmLauncher(Launcher):
 
         folder = Path(tempfile.mkdtemp(prefix="autotune-slurm-"))
         self.script_path = folder / "worker.sbatch"
-        self.script_path.write_text(self.script(count, spec, python=sys.executable))
+        self.script_path.write_text(self.script(count, spec))
         try:
             done = subprocess.run(["sbatch", mode, str(self.script_path)], capture_output=True, text=True,
                                   timeout=COMMAND_SECONDS, env={**os.environ, **spec.environment()})
