@@ -1,5 +1,5 @@
 """The estimator's trace children as a search uses them: started ahead, paused during a probe's
-timed window, killed with the search."""
+timed window, killed with the search; a native crash traced once more in a fresh process."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from autotune.config import ProbeConfig
+from autotune.estimate import estimate_memories
 from autotune.estimate.launch import TraceChildren
+from tests.conftest import TINY_GPT2, write_model_dir
+from tests.faults import GATE_ENV, inject_fault
 
 pytestmark = pytest.mark.slow
 
@@ -30,3 +34,14 @@ def test_paused_trace_children_are_stopped_until_resumed_and_killed_on_close():
     time.sleep(0.2)
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or state(pid) in ("Z", "X")
+
+
+def test_a_trace_child_that_aborts_once_is_traced_again_in_a_fresh_process(tmp_path, monkeypatch):
+    model = write_model_dir(tmp_path / "tiny", **TINY_GPT2)
+    configs = [ProbeConfig(str(model), 1, 32), ProbeConfig(str(model), 2, 32)]
+    expected = estimate_memories(configs, device_type="cpu", use_cache=False)
+    inject_fault(monkeypatch, "abort-once")
+    monkeypatch.setenv(GATE_ENV, str(tmp_path / "aborted"))
+    again = estimate_memories(configs, device_type="cpu", use_cache=False)
+    assert (tmp_path / "aborted").exists()  # (the first trace child did abort)
+    assert [e.peak_bytes for e in again] == [e.peak_bytes for e in expected]

@@ -20,6 +20,10 @@ probe's cleanup raise again, as every CUDA call does after one.
 by AUTOTUNE_INJECT_FAULT_GATE exists: a test lets probes go once the workers it wants are all
 holding one, whatever the machine's load.
 
+`abort-once` aborts the process (SIGABRT, as glibc does on a corrupted heap) at its first step,
+the first time any process of the test gets there (the file AUTOTUNE_INJECT_FAULT_GATE is made then):
+a native crash that the same work does not repeat.
+
 `oom-on-rank-1` makes rank 1 of a multi-rank probe (and no other) allocate past its budget in its
 second warm-up step, while the CPU accountant watches: a real out-of-memory on one rank, raised
 by the accountant, while rank 0 goes on into the step's collectives.
@@ -57,6 +61,9 @@ def _install(module) -> None:
 
     def faulty_call(self):
         self._fault_steps += 1
+        if FAULT == "abort-once" and self._fault_steps == 1 and GATE and not os.path.exists(GATE):
+            open(GATE, "w").close()
+            os.abort()
         if FAULT == "gate" and self._fault_steps == 1 and GATE:
             deadline = time.monotonic() + GATE_SECONDS
             while not os.path.exists(GATE) and time.monotonic() < deadline:
