@@ -3,6 +3,7 @@ prints it (and nothing written), no sbatch, no Ray cluster, another launcher's f
 
 from __future__ import annotations
 
+import shlex
 import shutil
 import subprocess
 import sys
@@ -22,13 +23,14 @@ def run(*args: str, cwd=None) -> subprocess.CompletedProcess:
 def test_the_slurm_script_says_the_array_the_resources_and_no_secret():
     launcher = SlurmLauncher(SlurmOptions(partition="gpu", time_limit="2:00:00", parallel=2, extra=("--account=ml",)))
     spec = WorkerSpec("gpt2-8GiB", "postgresql+psycopg://u:secret@db/autotune", "cuda", ranks=2, timeout=600.0)
-    script = launcher.script(4, spec, python="/opt/venv/bin/python")
+    script = launcher.script(4, spec)
     lines = script.splitlines()
     assert lines[0] == "#!/bin/bash"
     assert {"#SBATCH --array=0-3%2", "#SBATCH --partition=gpu", "#SBATCH --time=2:00:00", "#SBATCH --gres=gpu:2",
             "#SBATCH --account=ml", "#SBATCH --export=ALL"} <= set(lines)
-    assert lines[-1] == ("exec /opt/venv/bin/python -m autotune worker --study gpt2-8GiB --device cuda --json "
-                         "--timeout 600.000s")
+    # (the search's own interpreter, as submitted: what --dry-run prints is what runs)
+    assert lines[-1] == (f"exec {shlex.quote(sys.executable)} -m autotune worker --study gpt2-8GiB --device cuda "
+                         f"--json --timeout 600.000s")
     assert "secret" not in script and "postgresql" not in script
     cpu = SlurmLauncher().script(1, WorkerSpec("s", "", "cpu", ranks=2))
     assert "#SBATCH --cpus-per-task=2" in cpu and "--gres" not in cpu and "--partition" not in cpu
