@@ -131,11 +131,7 @@ def test_two_workers_on_two_nodes_pick_what_one_worker_picks(cluster):
         deadline = time.monotonic() + 300
         while run.poll() is None and time.monotonic() < deadline:
             for entry in Path("/proc").iterdir():
-                try:
-                    line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                except OSError:
-                    continue
-                if entry.name.isdigit() and " worker --study tiny-200MiB" in line:
+                if entry.name.isdigit() and _named(entry, " worker --study tiny-200MiB"):
                     if (node := node_of(cluster, int(entry.name))) is not None:
                         nodes_seen.add(node)
             if not cluster["gate"].exists() and len(_probing(db, "tiny-200MiB")) == 2:
