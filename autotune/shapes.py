@@ -25,6 +25,7 @@ class ModelDims:
     kv_width: int | None = None        # K's and V's projections' width (grouped heads; None: hidden)
     gated: bool = False                # a gated MLP (SwiGLU, GeGLU): three matrices, not two
     model_type: str = ""
+    attention_dropout: bool = False    # dropout on the attention's probabilities (BERT, GPT-2: 0.1; Llama: 0)
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """One layer's linear modules by role, (in, out) each: what LoRA adapts, and by name."""
@@ -114,4 +115,14 @@ def dims_from_config(config: dict) -> ModelDims | None:
     if not (hidden and layers and vocab):
         return None
     return ModelDims(parameters=body + embeddings, layers=layers, hidden=hidden, vocab=vocab, heads=heads,
-                     intermediate=ffn, kv_width=(kv_heads or 1) * head_dim, gated=gated, model_type=model_type)
+                     intermediate=ffn, kv_width=(kv_heads or 1) * head_dim, gated=gated, model_type=model_type,
+                     attention_dropout=_attention_dropout(config) > 0)
+
+
+def _attention_dropout(config: dict) -> float:
+    """The dropout probability on attention's probabilities, by the names configs give it."""
+    for key in ("attention_probs_dropout_prob", "attention_dropout", "attn_pdrop", "attention_dropout_prob"):
+        value = config.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+    return 0.0

@@ -19,16 +19,18 @@ memory-bound passes, at MEMORY_EFFICIENCY of the bandwidth: the element-wise wor
   hidden-wide row and ELEMENTWISE_MLP of an MLP-wide one per token and layer in the forward, twice
   that in the backward), in the activations' element size (fp32 4, mixed precision 3 on average:
   fp32 norms and residual stream, half matmul outputs, pure bf16 2); autocast's casts of fp32
-  weights to half in each forward; eager attention's S x S scores; the logits' cross-entropy.
+  weights to half in each forward; eager attention's S x S scores (softmax in fp32, the casts and
+  dropout on them counted by dtype); the logits' cross-entropy.
   torch.compile fuses element-wise work (COMPILE_ELEMENTWISE_SHARE of its traffic left), Liger's
   kernels part of it (LIGER_ELEMENTWISE_SHARE) and the whole cross-entropy.
 cpu dispatch: eager PyTorch launches each op from Python and the autograd engine; a small micro-step's
   GPU work finishes before the next op is launched, and the step is as slow as the dispatch:
-  LAYER_DISPATCH_SECONDS per layer per micro-step (forward, backward, recompute: 1 + 2 + 1), and per
-  LoRA-adapted module ADAPTER_DISPATCH_SECONDS (dropout, A, B, scale, add; their backward).
+  LAYER_DISPATCH_SECONDS per layer per micro-step (forward and backward), and per LoRA-adapted
+  module ADAPTER_DISPATCH_SECONDS, times CHECKPOINT_DISPATCH_FACTOR with checkpointing and
+  AUTOCAST_DISPATCH_FACTOR under mixed precision: measured on a host (benchmarks/dispatch.py).
   torch.compile runs the graph from generated code: COMPILE_DISPATCH_SHARE of it left.
 optimizer: a memory-bound pass over the trained parameters, their gradients and their state
-  (OPTIMIZER_BYTES per parameter), plus OPTIMIZER_OPS_PER_TENSOR ops dispatched per trained tensor
+  (OPTIMIZER_BYTES per parameter, at STREAM_EFFICIENCY of the bandwidth: long streaming kernels), plus OPTIMIZER_OPS_PER_TENSOR ops dispatched per trained tensor
   for optimizers that loop over tensors in Python (transformers' Adafactor); under FSDP each rank's
   shard (1/N of it).
 communication, on N ranks (autotune.sharding), per optimizer step (the micro-steps before the last
@@ -44,8 +46,8 @@ communication, on N ranks (autotune.sharding), per optimizer step (the micro-ste
   Collectives run on their own stream: they hide behind up to COMM_OVERLAP of the compute; the
   rest is exposed (`comm_seconds` is the exposed part).
 
-Every constant below is a physical count or a published figure, named with its source, except
-the two fitted to the published table (FITTED, benchmarks/published/speed.py's `fit`, over 37 rows):
+Every constant below is a physical count, a published figure or a measurement (the host's launch
+times: benchmarks/dispatch.py), named with its source, except the two fitted to the published table (FITTED, benchmarks/published/speed.py's `fit`, over 37 rows):
 GEMM_EFFICIENCY and MEMORY_EFFICIENCY, one value each for every card and model.
 """
 
@@ -108,11 +110,16 @@ ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "amp": 3, "half": 2}
 AUTOCAST_CAST_BYTES = 6
 # QLoRA dequantises its NF4 base before each use: read half a byte, write two, per weight and pass.
 DEQUANT_BYTES = 2.5
-# Eager attention writes each layer's S x S scores per head and reads them back: element-sized
-# accesses per score in the forward (QK^T written; mask, softmax and the cast each read and write;
-# AV reads) and in the backward (AV's reads, the softmax's backward, dQ's and dK's reads).
-EAGER_SCORE_ACCESSES_FORWARD = 8
-EAGER_SCORE_ACCESSES_BACKWARD = 7
+# Eager attention (transformers' eager_attention_forward, BERT's own) moves each layer's S x S
+# scores per head through memory several times; in bytes per score, e the matmuls' element size:
+#   forward: QK^T written (e), scaled (read, write: 2e), the mask added (2e), softmax in fp32
+#     (read e, write 4), cast back to half (read 4, write e; not in fp32), dropout where the
+#     model has attention dropout (read e, write e and a 1-byte mask), AV's read (e);
+#   backward: AV's gradient written (e) and the probabilities read for V's (e), dropout's backward
+#     (2e + 1), the cast's (e + 4), softmax's (its saved fp32 output and the gradient read, 4 + 4,
+#     written in e), the scale's (2e), QK^T's two gradients reading the scores' gradient (2e).
+SOFTMAX_BYTES = 4
+ATTENTION_DROPOUT_BYTES = (2, 1)  # (element-sized accesses, mask bytes) of a dropout or its backward
 # Head size assumed where the model's head count is not known (GPT-2, BERT: 64; Llama: 128).
 HEAD_DIM_GUESS = 64
 # Bytes moved per logit for the cross-entropy: fp32 upcast, log-softmax, its backward and the cast
@@ -120,11 +127,21 @@ HEAD_DIM_GUESS = 64
 LOGIT_BYTES = 32
 
 # --- Dispatch ----------------------------------------------------------------------------------
-# CPU time eager PyTorch spends launching one transformer layer's ops per pass (about 30 ops of
-# 5-15 us each through Python, the dispatcher and autograd).
-LAYER_DISPATCH_SECONDS = 0.25e-3
-# One LoRA-adapted module's ops per pass (dropout, A, B, scaling, add: 5 small ops).
-ADAPTER_DISPATCH_SECONDS = 0.04e-3
+# The host's time to launch a layer's ops, measured by `python -m benchmarks.dispatch` (models of
+# the real op graph at width 64, whose kernels take a microsecond: what is left is Python, the
+# dispatcher and autograd) on a 2-core AMD EPYC VM, torch 2.13, transformers 5.24 (benchmarks/
+# results/dispatch-cpu-amd-epyc-2026-11-27.json): GPT-2, BERT and Llama layers take 1.50, 1.65
+# and 1.92 ms for a forward and backward in fp32 (the median here); checkpointing's recompute and
+# its hooks make that x2.35; autocast's casts and checks x1.49; each LoRA-adapted module adds
+# 0.20 ms (dropout, A, B, scale, add; their backward). Taken as they are for a GPU server's host
+# (not fitted): autotune's own gpt2 probes on an H100 box (2026-11-26) come out at 0.82-1.68x of
+# the measured speed with them (benchmarks/results/published-speed.md, held out), 1.34-2.78x if
+# the host were taken for 0.6 of this one, which the published table alone would prefer (its
+# 2022 V100 rows checkpointed with torch 1.10's cheaper reentrant recompute).
+LAYER_DISPATCH_SECONDS = 1.65e-3
+CHECKPOINT_DISPATCH_FACTOR = 2.35
+AUTOCAST_DISPATCH_FACTOR = 1.49
+ADAPTER_DISPATCH_SECONDS = 0.20e-3
 
 # --- Speed levers --------------------------------------------------------------------------------
 # torch.compile (inductor) fuses chains of element-wise ops into one kernel each: about a third of
@@ -136,6 +153,11 @@ COMPILE_DISPATCH_SHARE = 0.1
 LIGER_ELEMENTWISE_SHARE = 0.6
 
 # --- Optimizer step ----------------------------------------------------------------------------
+# The optimizer's passes stream whole parameter-sized buffers (foreach kernels over lists of large
+# tensors): they reach what a streaming copy does, not the short element-wise kernels' share.
+# BabelStream's copy reaches 85-90% of an A100's or H100's data-sheet bandwidth; foreach's chunked
+# launches a little less.
+STREAM_EFFICIENCY = 0.8
 # Bytes one optimizer step moves per trained parameter (read + written), with fp32 weights and with
 # pure bf16 weights (--weights bf16: weights, gradients and state in bf16).
 OPTIMIZER_BYTES: dict[str, tuple[int, int]] = {
@@ -262,7 +284,8 @@ def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card) -> Sp
     per_parameter = OPTIMIZER_BYTES[config.optimizer][1 if config.weights == "bf16" else 0]
     per_parameter += GRAD_SCALER_BYTES if config.precision == "fp16" else 0
     stepped = _trained(config, dims) / (config.ranks if sharded else 1)  # each rank steps its shard
-    optimizer = stepped * per_parameter / (HOST_OPTIMIZER_BANDWIDTH if sharding.offloads(config.strategy) else bandwidth)
+    streamed = card.memory_bandwidth * STREAM_EFFICIENCY
+    optimizer = stepped * per_parameter / (HOST_OPTIMIZER_BANDWIDTH if sharding.offloads(config.strategy) else streamed)
     optimizer += _trained_tensors(config, dims) * OPTIMIZER_OPS_PER_TENSOR.get(config.optimizer, 0) * OP_DISPATCH_SECONDS
 
     accum = config.grad_accum
@@ -322,14 +345,13 @@ def _cast_bytes(config: ProbeConfig, dims: ModelDims) -> float:
 
 
 def _dispatch_seconds(config: ProbeConfig, dims: ModelDims) -> float:
-    """CPU time to launch a micro-step's ops (module docstring)."""
-    passes = 3 + (1 if config.checkpointing else 0)
+    """Host time to launch a micro-step's ops (module docstring)."""
     adapters = 0
     if config.peft is not None:
-        spec = PeftSpec.from_text(config.peft)
-        adapters = len(adapted_linears(dims, spec.targets))
-    per_layer = LAYER_DISPATCH_SECONDS + adapters * ADAPTER_DISPATCH_SECONDS
-    seconds = dims.layers * per_layer * passes / 3  # (LAYER_DISPATCH_SECONDS is a forward's and backward's)
+        adapters = len(adapted_linears(dims, PeftSpec.from_text(config.peft).targets))
+    seconds = dims.layers * (LAYER_DISPATCH_SECONDS + adapters * ADAPTER_DISPATCH_SECONDS)
+    seconds *= CHECKPOINT_DISPATCH_FACTOR if config.checkpointing else 1.0
+    seconds *= AUTOCAST_DISPATCH_FACTOR if config.precision in ("fp16", "bf16") else 1.0
     return seconds * (COMPILE_DISPATCH_SHARE if config.compile else 1.0)
 
 
@@ -399,13 +421,24 @@ def _trained(config: ProbeConfig, dims: ModelDims) -> int:
     return lora_parameters(dims, spec.rank, spec.targets)
 
 
+def eager_bytes_per_score(element: int, dropout: bool) -> tuple[int, int]:
+    """Bytes eager attention moves per score in a forward and in a backward (module constants)."""
+    accesses, mask = ATTENTION_DROPOUT_BYTES
+    drop = accesses * element + mask if dropout else 0
+    cast = SOFTMAX_BYTES + element if element < SOFTMAX_BYTES else 0
+    forward = element + 2 * element + 2 * element + (element + SOFTMAX_BYTES) + cast + drop + element
+    backward = 2 * element + drop + cast + (2 * SOFTMAX_BYTES + element) + 2 * element + 2 * element
+    return forward, backward
+
+
 def _eager_score_bytes(config: ProbeConfig, dims: ModelDims, element: int) -> float:
     """Bytes eager attention moves for its S x S scores in one micro-step (0 for fused kernels)."""
     if config.attention != "eager":
         return 0.0
     heads = dims.heads or max(1, dims.hidden // HEAD_DIM_GUESS)
-    accesses = EAGER_SCORE_ACCESSES_FORWARD * (2 if config.checkpointing else 1) + EAGER_SCORE_ACCESSES_BACKWARD
-    return float(config.micro_batch * dims.layers * heads * config.block_size ** 2 * accesses * element)
+    forward, backward = eager_bytes_per_score(element, dims.attention_dropout)
+    per_score = forward * (2 if config.checkpointing else 1) + backward
+    return float(config.micro_batch * dims.layers * heads * config.block_size ** 2 * per_score)
 
 
 def _logit_bytes(config: ProbeConfig, dims: ModelDims) -> float:
