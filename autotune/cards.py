@@ -48,6 +48,9 @@ class Card:
     # the host), and to the host (PCIe): half the data sheet's bidirectional figure (see _LINKS).
     interconnect_bandwidth: float = 0.0
     host_bandwidth: float = 0.0
+    # A CPU "card": the host launches each op and then runs it itself, so the launching adds to the
+    # work instead of hiding behind a card's (the speed model's dispatch).
+    host_is_device: bool = False
 
     @property
     def short_name(self) -> str:

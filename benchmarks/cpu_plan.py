@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     peaks, bandwidth = measured_cpu()
     # (the GPU model's efficiencies apply: the measured matmul speed stands as the "peak")
     cpu = Card("this CPU", ("cpu",), 0, {"fp32": peaks["fp32"], "bf16": peaks["bf16"], "fp16": peaks["bf16"]},
-               bandwidth, (8, 0), ())
+               bandwidth, (8, 0), (), host_is_device=True)
     dims = dims_from_config(DEMO_MODEL)
     assert dims is not None
     rows = []

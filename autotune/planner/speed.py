@@ -279,7 +279,8 @@ def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card) -> Sp
               + _logit_bytes(config, dims)) / bandwidth
     gpu = matmul + memory
     dispatch = _dispatch_seconds(config, dims)
-    overhead = max(0.0, dispatch - gpu)  # dispatch hides behind GPU work, until it is the longer
+    # dispatch hides behind a card's work until it is the longer; a CPU does both in turn
+    overhead = dispatch if card.host_is_device else max(0.0, dispatch - gpu)
 
     per_parameter = OPTIMIZER_BYTES[config.optimizer][1 if config.weights == "bf16" else 0]
     per_parameter += GRAD_SCALER_BYTES if config.precision == "fp16" else 0

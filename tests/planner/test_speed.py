@@ -274,3 +274,13 @@ def test_the_dispatch_constants_are_the_committed_measurement():
     assert speed.CHECKPOINT_DISPATCH_FACTOR == summary["checkpointing_factor"]
     assert speed.AUTOCAST_DISPATCH_FACTOR == summary["autocast_factor"]
     assert speed.ADAPTER_DISPATCH_SECONDS == pytest.approx(summary["adapter_ms"] / 1e3, abs=5e-6)
+
+
+def test_on_a_cpu_the_launches_add_to_the_work_instead_of_hiding_behind_it():
+    cpu = dataclasses.replace(H100, host_is_device=True)
+    for mb in (1, 64):
+        on_card = predict_step_seconds(config(micro_batch=mb), GPT2, H100)
+        on_host = predict_step_seconds(config(micro_batch=mb), GPT2, cpu)
+        work = on_card.compute_seconds + on_card.memory_seconds
+        assert on_host.overhead_seconds > on_card.overhead_seconds
+        assert on_host.step_seconds == pytest.approx(work + on_host.overhead_seconds + on_host.optimizer_seconds)
