@@ -99,6 +99,8 @@ ELEMENTWISE_MLP_GATED = 3
 # gradient reading x', dropout's backward, the sum into the base's input gradient (7 input rows).
 ADAPTER_FORWARD_ROWS = (3, 6)
 ADAPTER_BACKWARD_ROWS = (7, 4)
+# peft's adapters are fp32 whatever the base (autocast_adapter_dtype): their input side moves fp32.
+ADAPTER_BYTES = 4
 # Without dropout (lora_dropout 0: peft's Identity) the input is neither copied nor masked, in either pass.
 ADAPTER_DROPOUT_ROWS = (2, 2)  # (forward, backward) input rows
 # The backward of each element-wise op reads its saved input and the incoming gradient and writes one.
@@ -322,20 +324,30 @@ def _elementwise_bytes(config: ProbeConfig, dims: ModelDims, tokens: int) -> flo
         element = ELEMENT_BYTES["fp32"]
     mlp = (dims.intermediate or 4 * dims.hidden) * (ELEMENTWISE_MLP_GATED if dims.gated else ELEMENTWISE_MLP)
     rows = (ELEMENTWISE_HIDDEN * dims.hidden + mlp) * (1 + ELEMENTWISE_BACKWARD + (1 if config.checkpointing else 0))
-    if config.peft is not None:  # each adapter's (forward again under checkpointing)
-        forward_in, forward_out = ADAPTER_FORWARD_ROWS
-        backward_in, backward_out = ADAPTER_BACKWARD_ROWS
-        if PeftSpec.from_text(config.peft).dropout == 0:
-            forward_in, backward_in = forward_in - ADAPTER_DROPOUT_ROWS[0], backward_in - ADAPTER_DROPOUT_ROWS[1]
-        recompute = 1 if config.checkpointing else 0
-        rows += sum((forward_in * (1 + recompute) + backward_in) * fan_in
-                    + (forward_out * (1 + recompute) + backward_out) * fan_out
-                    for fan_in, fan_out in adapted_linears(dims, PeftSpec.from_text(config.peft).targets))
+    per_token = rows * element + (_adapter_bytes_per_token(config, dims, element) if config.peft is not None else 0)
     share = (COMPILE_ELEMENTWISE_SHARE if config.compile else 1.0) * (LIGER_ELEMENTWISE_SHARE if config.liger else 1.0)
-    moved = tokens * dims.layers * rows * element * share
+    moved = tokens * dims.layers * per_token * share
     if is_qlora(config.peft):  # the 4-bit base dequantised before each matmul that uses it
         moved += dims.parameters * DEQUANT_BYTES * (2 + (1 if config.checkpointing else 0))
     return moved
+
+
+def _adapter_bytes_per_token(config: ProbeConfig, dims: ModelDims, element: float) -> float:
+    """Bytes one layer's LoRA adapters move per token (each adapter's forward again under
+    checkpointing). peft keeps the adapters in fp32 (get_peft_model's autocast_adapter_dtype) and
+    casts the layer's input to fp32 before dropout and A: the input side's rows are fp32, a half
+    input is cast each forward (read, write 4 bytes) and its gradient cast back in the backward;
+    the output side (B's output, scaled, added to the base's) is in the activations' size."""
+    spec = PeftSpec.from_text(config.peft or "")
+    forward_in, forward_out = ADAPTER_FORWARD_ROWS
+    backward_in, backward_out = ADAPTER_BACKWARD_ROWS
+    if spec.dropout == 0:
+        forward_in, backward_in = forward_in - ADAPTER_DROPOUT_ROWS[0], backward_in - ADAPTER_DROPOUT_ROWS[1]
+    forwards = 2 if config.checkpointing else 1
+    cast = element + ADAPTER_BYTES if element < ADAPTER_BYTES else 0
+    per_input = (forward_in * ADAPTER_BYTES + cast) * forwards + backward_in * ADAPTER_BYTES + cast
+    per_output = (forward_out * forwards + backward_out) * element
+    return sum(per_input * fan_in + per_output * fan_out for fan_in, fan_out in adapted_linears(dims, spec.targets))
 
 
 def _cast_bytes(config: ProbeConfig, dims: ModelDims) -> float:

@@ -284,3 +284,16 @@ def test_on_a_cpu_the_launches_add_to_the_work_instead_of_hiding_behind_it():
         work = on_card.compute_seconds + on_card.memory_seconds
         assert on_host.overhead_seconds > on_card.overhead_seconds
         assert on_host.step_seconds == pytest.approx(work + on_host.overhead_seconds + on_host.optimizer_seconds)
+
+
+def test_lora_adapters_move_their_input_side_in_fp32_as_peft_keeps_them():
+    """peft's adapters are fp32 on a bf16 base (autocast_adapter_dtype): the layer's input is cast
+    to fp32 (2 read + 4 written), then dropout's read, write (fp32) and A's read; its backward reads
+    and writes 7 fp32 rows and casts the gradient back; B's side stays in the activations' 2 bytes."""
+    pure_bf16 = config(peft="lora r=8 alpha=16 dropout=0.05 targets=q_proj", weights="bf16")
+    h = GPT2.hidden
+    per_input = (3 * 4 + 6) + 7 * 4 + 6
+    per_output = (6 + 4) * 2
+    assert speed._adapter_bytes_per_token(pure_bf16, GPT2, 2) == (per_input + per_output) * h
+    # fp32 activations: no casts
+    assert speed._adapter_bytes_per_token(pure_bf16, GPT2, 4) == ((3 + 7) * 4 + (6 + 4) * 4) * h
