@@ -44,7 +44,9 @@ communication, on N ranks (autotune.sharding), per optimizer step (the micro-ste
     fsdp-offload: fsdp, plus each gather's shards copied from the host (P/N) and the gradients'
       shards back (G/N) over PCIe, and the optimizer step on the host's CPU.
   Collectives run on their own stream: they hide behind up to COMM_OVERLAP of the compute; the
-  rest is exposed (`comm_seconds` is the exposed part).
+  rest is exposed (`comm_seconds` is the exposed part). The copies around them (FSDP2's copy-in and
+  copy-out of the gathered parameters, the gradients into a flat buffer; DDP's buckets) are memory
+  traffic on the card (collective_copy_bytes), counted with the memory-bound passes.
 
 Every constant below is a physical count, a published figure or a measurement (the host's launch
 times: benchmarks/dispatch.py), named with its source, except the two fitted to the published table (FITTED, benchmarks/published/speed.py's `fit`, over 37 rows):
@@ -294,11 +296,12 @@ def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card) -> Sp
     accum = config.grad_accum
     comm = communication_seconds(config, dims, card)
     exposed = max(0.0, comm - COMM_OVERLAP * accum * matmul)
-    step = accum * (matmul + memory + overhead) + optimizer + exposed
+    copies = collective_copy_bytes(config, dims) / bandwidth  # (per optimizer step)
+    step = accum * (matmul + memory + overhead) + copies + optimizer + exposed
     model_flops = config_flops_per_token(config, dims, recompute=False)
     return SpeedPrediction(
         step_seconds=step, tokens_per_s=config.tokens_per_step / step,
-        compute_seconds=accum * matmul, memory_seconds=accum * memory, overhead_seconds=accum * overhead,
+        compute_seconds=accum * matmul, memory_seconds=accum * memory + copies, overhead_seconds=accum * overhead,
         optimizer_seconds=optimizer, utilisation=flops / (peak * matmul), peak_flops=peak, flops_per_step=accum * flops,
         model_flops_per_token=model_flops, comm_seconds=exposed, gpus=config.ranks,
     )
@@ -394,6 +397,25 @@ def collective_bytes(config: ProbeConfig, dims: ModelDims) -> dict[str, float]:
     if sharding.offloads(config.strategy):
         out["host"] = gathers * dims.parameters * weight / n + grads / n
     return out
+
+
+def collective_copy_bytes(config: ProbeConfig, dims: ModelDims) -> float:
+    """Bytes the card's memory moves per optimizer step around the collectives (module docstring):
+    FSDP2 copies its shard into the all-gather's flat buffer (P/N read and written) and the gathered
+    parameters out to each unsharded parameter (P read and written), at every gather; its
+    reduce-scatter first copies the gradients into a flat buffer (G read and written). DDP copies
+    the gradients into its buckets and back (gradient_as_bucket_view off, its default). Memory-bound
+    kernels on the card beside the compute: not hidden behind it."""
+    n = config.ranks
+    if n <= 1 or config.strategy is None:
+        return 0.0
+    weight = 2 if config.weights == "bf16" else 4
+    if config.strategy == "ddp":
+        return 4.0 * _trained(config, dims) * weight
+    moved = 2 if config.precision in ("fp16", "bf16") else weight
+    params, grads = dims.parameters * moved, _trained(config, dims) * moved
+    gathers = config.grad_accum * (2 if sharding.reshards_after_forward(config.strategy) else 1)
+    return gathers * (2 * params + 2 * params / n) + 2 * grads
 
 
 def communication_seconds(config: ProbeConfig, dims: ModelDims, card: Card) -> float:

@@ -220,6 +220,26 @@ def test_collectives_per_optimizer_step_follow_the_ring_formulas():
     assert collective_bytes(_ranked(None, gpus=1), dims) == {}
 
 
+def test_the_copies_around_the_collectives_are_memory_traffic_on_the_card():
+    """FSDP2 copies the shard in (P/N read, written) and the gathered parameters out (P read,
+    written) at each gather, and the gradients into a flat buffer (G read, written); DDP copies the
+    gradients into its buckets and back."""
+    from autotune.planner.speed import collective_copy_bytes, predict_step_seconds
+    from autotune.shapes import ModelDims
+
+    dims = ModelDims(7_000_000_000, 32, 4096, 32000, 32)
+    p = 7e9 * 2  # bf16 under mixed precision
+    assert collective_copy_bytes(_ranked("fsdp", grad_accum=2), dims) == pytest.approx(2 * 2 * (2 * p + 2 * p / 8) + 2 * p)
+    assert collective_copy_bytes(_ranked("fsdp-grad-op"), dims) == pytest.approx(2 * p + 2 * p / 8 + 2 * p)
+    assert collective_copy_bytes(_ranked("ddp"), dims) == 4 * 7e9 * 4
+    assert collective_copy_bytes(_ranked(None, gpus=1), dims) == 0
+    h100 = find_card("h100")
+    step = predict_step_seconds(_ranked("fsdp"), dims, h100)
+    alone = predict_step_seconds(_ranked(None, gpus=1), dims, h100)
+    assert step.memory_seconds - alone.memory_seconds == pytest.approx(
+        collective_copy_bytes(_ranked("fsdp"), dims) / (h100.memory_bandwidth * speed.MEMORY_EFFICIENCY))
+
+
 def test_a_slower_link_costs_speed_on_several_gpus():
     from autotune.cards import find_card
     from autotune.planner.speed import predict_step_seconds
