@@ -1,7 +1,8 @@
 """Predict a training configuration's memory without a GPU, before probing it.
 
 `estimate_memory(config)` traces the probe's own build and two optimizer steps (forward,
-backward, AdamW step, `zero_grad(set_to_none=True)`) on fake tensors in a trace child process,
+backward, AdamW step, `zero_grad(set_to_none=True)`; the second copied from the first where it
+provably repeats it: trace.py) on fake tensors in a trace child process,
 then replays the allocations: the peak allocated and what was live at that moment (parameters,
 gradients, optimizer state, activations, temporaries), and, for CUDA, what the caching allocator
 would have reserved. Where the run evaluates, the probe's eval (and generate) phases are traced

@@ -92,6 +92,31 @@ class Ledger(TorchDispatchMode):
             return "recompute" if torch.is_grad_enabled() else "backward"
         return "forward" if self.started else "build"
 
+    def repeat_events_from(self, start: int) -> bool:
+        """Append a copy of the events from `start` on (one optimizer step's), as the next step
+        makes them: each storage born and freed in that window is born and freed again, in the
+        same order, at the same sizes, with the same roles; a storage born there that outlives it
+        (optimizer state, a scaler's scale: made once) is not made again. False, appending nothing,
+        where the window touches a storage made before it (freed or resized): such a step is not a
+        repeat of itself, and the next one must be traced."""
+        window = self.events[start:]
+        born = {id(entry) for sign, entry, *_ in window if sign > 0}
+        if any(id(entry) not in born for _, entry, *_ in window):
+            return False
+        balance: dict[int, int] = {}
+        for sign, entry, *_ in window:
+            balance[id(entry)] = balance.get(id(entry), 0) + sign
+        copies: dict[int, _Storage] = {}
+        for sign, entry, phase, nbytes in window:
+            if balance[id(entry)] != 0:
+                continue  # outlives the step: made once
+            copy = copies.get(id(entry))
+            if copy is None:
+                copy = copies[id(entry)] = _Storage(entry.nbytes, entry.phase, entry.role, corrected=entry.corrected)
+            self.events.append((sign, copy, phase, nbytes))
+        self.optimizer_steps += 1
+        return True
+
     def set_role(self, tensor: torch.Tensor, role: str) -> None:
         for held in storage_holders(tensor):
             known = self._known.get(held.untyped_storage())

@@ -44,10 +44,29 @@ from autotune.estimate.ledger import Ledger, replay
 from autotune.estimate.protocol import TraceFailure, TraceItem, TraceRequest, TraceResult
 from autotune.evaluation import EVAL, GENERATE, evaluates, generates
 from autotune.probe.step import import_recipe_code
-from autotune.recipes import OPTIMIZERS
+from autotune.recipes import OPTIMIZERS, is_qlora
 
 # The probe's warm-up: the second step runs with optimizer state in place, as every later one does.
 OPTIMIZER_STEPS = 2
+# Where the second step provably repeats the first (`repeats_its_first_step`), its events are the
+# first's, copied (Ledger.repeat_events_from) instead of traced again: half a trace's time. Tests
+# turn it off to check that the copy equals the traced step.
+REPEAT_FIRST_STEP = True
+
+
+def repeats_its_first_step(config: ProbeConfig, stack) -> bool:
+    """Whether a step after the first makes the first's storages again, in the same order, at the
+    same sizes, less what the first made once (optimizer state, a scaler's scale): a single-GPU
+    step with torch's optimizers on a stack that frees its gradients (tests/estimate/test_trace.py
+    holds the copy to the traced step). Ranks (collectives' buffers, FSDP's resized storages),
+    bitsandbytes (QLoRA's quantization state, its optimizers' paged state), transformers' Adafactor
+    (its second step makes 28 storages its first does not) and gradients kept between steps are
+    traced step by step."""
+    return (config.ranks == 1 and not is_qlora(config.peft) and config.optimizer in REPEATING_OPTIMIZERS
+            and not stack.keeps_zeroed_grads)
+
+
+REPEATING_OPTIMIZERS = {"adamw", "adamw_torch", "sgd"}
 
 
 _mask_rules_applied = False  # (once per process: a trace child traces many configs)
@@ -284,8 +303,9 @@ def _trace_rank(item: TraceItem, cuda: bool, rank: int | None) -> _RankTrace:
             step = ProbeStep(model, optimizer, traced, device, hf_config.vocab_size)
             built = time.perf_counter()
             ledger.started = True
-            for _ in range(OPTIMIZER_STEPS):
-                steps_before = ledger.optimizer_steps
+            repeat = REPEAT_FIRST_STEP and repeats_its_first_step(config, item.stack)
+            while ledger.optimizer_steps < OPTIMIZER_STEPS:
+                steps_before, first_event = ledger.optimizer_steps, len(ledger.events)
                 try:
                     step()
                 except DataDependentOutputException:
@@ -295,6 +315,9 @@ def _trace_rank(item: TraceItem, cuda: bool, rank: int | None) -> _RankTrace:
                     freed = item.stack.keeps_zeroed_grads or all(p.grad is None for p in model.parameters())
                     if ledger.optimizer_steps == steps_before or not freed:
                         raise
+                # (after the except clause: the step's frame, which its exception held, is gone)
+                if repeat and ledger.optimizer_steps < OPTIMIZER_STEPS:
+                    repeat = ledger.repeat_events_from(first_event)
             unestimated = _later_phases(ledger, step, hf_config.vocab_size) if evaluates(config) else {}
             del step, optimizer, model
     finally:

@@ -30,12 +30,59 @@ def test_cuda_emulation_picks_cuda_kernels():
     fp32 = run_trace("cuda", precision="fp32")
     bf16 = run_trace("cuda", precision="bf16")
     eager = run_trace("cuda", precision="fp32", attention="eager")
-    # 2 steps x 2 layers: SDPA's memory-efficient kernel in fp32, flash in bf16; dropout fused
-    # (per step: embeddings once, then the attention output and the MLP output of each layer)
-    assert fp32.kernels == {"mem_efficient": 4, "native_dropout": 2 * (1 + 2 * 2)}
-    assert bf16.kernels["flash"] == 4 and "mem_efficient" not in bf16.kernels
+    # One traced step (the second repeats its events) x 2 layers: SDPA's memory-efficient kernel in
+    # fp32, flash in bf16; dropout fused (embeddings once, then the attention output and the MLP
+    # output of each layer)
+    assert fp32.kernels == {"mem_efficient": 2, "native_dropout": 1 + 2 * 2}
+    assert bf16.kernels["flash"] == 2 and "mem_efficient" not in bf16.kernels
     assert "flash" not in eager.kernels and "mem_efficient" not in eager.kernels
-    assert eager.kernels["native_dropout"] == 2 * (1 + 2 * 3)  # the attention weights' dropout too
+    assert eager.kernels["native_dropout"] == 1 + 2 * 3  # the attention weights' dropout too
+
+
+@pytest.mark.parametrize("device_type, levers", [
+    ("cpu", {"precision": "fp32"}),
+    ("cuda", {"precision": "fp32"}),
+    ("cuda", {"precision": "bf16", "checkpointing": True, "grad_accum": 2}),
+    ("cpu", {"precision": "fp16", "grad_accum": 3}),          # GradScaler: its scale is made once
+    ("cuda", {"precision": "fp16", "attention": "eager", "eval_batch": 4}),
+    ("cuda", {"peft": "lora r=8 alpha=16 dropout=0.05 targets=all-linear", "checkpointing": True}),
+    ("cpu", {"optimizer": "adamw", "grad_accum": 2}),
+    ("cuda", {"optimizer": "sgd", "weights": "bf16", "precision": "bf16"}),
+], ids=lambda v: v if isinstance(v, str) else " ".join(f"{k}={x}" for k, x in v.items()))
+def test_the_second_step_copied_from_the_first_equals_the_second_step_traced(monkeypatch, device_type, levers):
+    """What makes a trace half as long (trace.REPEAT_FIRST_STEP): every replayed figure of the
+    copy, the peaks by phase, the breakdown at the peak, reserved memory and the event count, equals
+    the trace of both steps."""
+    from dataclasses import asdict
+
+    from autotune.estimate import trace as tracing
+
+    copied = []
+    repeat = Ledger.repeat_events_from
+    monkeypatch.setattr(Ledger, "repeat_events_from", lambda self, start: copied.append(start) or repeat(self, start))
+    once = run_trace(device_type, **levers)
+    assert copied, "the second step was traced, not copied"
+    monkeypatch.setattr(tracing, "REPEAT_FIRST_STEP", False)
+    twice = run_trace(device_type, **levers)
+    figures = lambda r: {k: v for k, v in asdict(r).items() if k not in ("build_seconds", "trace_seconds",  # noqa: E731
+                                                                         "replay_seconds", "kernels")}
+    assert figures(once) == figures(twice)
+
+
+def test_a_step_that_is_not_a_repeat_of_itself_is_traced_again():
+    """Adafactor's second step makes storages its first does not: traced, not copied; and a window
+    that frees a storage made before it is no repeat."""
+    from autotune.estimate.trace import repeats_its_first_step
+    from autotune.estimate.stack import Stack
+
+    assert not repeats_its_first_step(ProbeConfig(model="tiny", micro_batch=1, block_size=32, optimizer="adafactor"), Stack())
+    assert not repeats_its_first_step(ProbeConfig(model="tiny", micro_batch=1, block_size=32), Stack(torch="1.13"))
+    assert repeats_its_first_step(ProbeConfig(model="tiny", micro_batch=1, block_size=32), Stack())
+    ledger = Ledger()
+    made_before, made_during = object(), object()
+    ledger.events.append((1, made_before, "forward", 16))
+    ledger.events += [(1, made_during, "forward", 8), (-1, made_during, "", 8), (-1, made_before, "", 16)]
+    assert ledger.repeat_events_from(1) is False and len(ledger.events) == 4
 
 
 def test_cuda_trace_is_below_cpu_trace_where_attention_matters():
