@@ -58,7 +58,8 @@ def repeats_its_first_step(config: ProbeConfig, stack) -> bool:
     """Whether a step after the first makes the first's storages again, in the same order, at the
     same sizes, less what the first made once (optimizer state, a scaler's scale): a single-GPU
     step with torch's optimizers on a stack that frees its gradients (tests/estimate/test_trace.py
-    holds the copy to the traced step). Ranks (collectives' buffers, FSDP's resized storages),
+    holds the copy to the traced step). Ranks (DDP rebuilds its gradient buckets in its second
+    step, whose backward then makes copies the first's does not; FSDP's steps differ too),
     bitsandbytes (QLoRA's quantization state, its optimizers' paged state), transformers' Adafactor
     (its second step makes 28 storages its first does not) and gradients kept between steps are
     traced step by step."""
