@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
+    from autotune.environment import cpu_name
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--summarize", type=Path, default=None, help="only summarize a measured file again")
@@ -127,13 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(summarize(json.loads(args.summarize.read_text())["rows"]), indent=1))
         return 0
     data = measure()
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    data.update(cpu=cpu, torch=torch.__version__, transformers=transformers.__version__,
+    data.update(cpu=cpu_name(), torch=torch.__version__, transformers=transformers.__version__,
                 python=platform.python_version(), date=datetime.date.today().isoformat(), layers=LAYERS, tokens=TOKENS)
     print(json.dumps(data["summary"], indent=1))
     if args.out is not None:

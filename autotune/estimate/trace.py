@@ -52,6 +52,8 @@ OPTIMIZER_STEPS = 2
 # first's, copied (Ledger.repeat_events_from) instead of traced again: half a trace's time. Tests
 # turn it off to check that the copy equals the traced step.
 REPEAT_FIRST_STEP = True
+# The optimizers whose second step makes what their first made, less their state (torch's).
+REPEATING_OPTIMIZERS = {"adamw", "adamw_torch", "sgd"}
 
 
 def repeats_its_first_step(config: ProbeConfig, stack) -> bool:
@@ -65,9 +67,6 @@ def repeats_its_first_step(config: ProbeConfig, stack) -> bool:
     traced step by step."""
     return (config.ranks == 1 and not is_qlora(config.peft) and config.optimizer in REPEATING_OPTIMIZERS
             and not stack.keeps_zeroed_grads)
-
-
-REPEATING_OPTIMIZERS = {"adamw", "adamw_torch", "sgd"}
 
 
 _mask_rules_applied = False  # (once per process: a trace child traces many configs)

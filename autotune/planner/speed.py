@@ -30,9 +30,9 @@ cpu dispatch: eager PyTorch launches each op from Python and the autograd engine
   AUTOCAST_DISPATCH_FACTOR under mixed precision: measured on a host (benchmarks/dispatch.py).
   torch.compile runs the graph from generated code: COMPILE_DISPATCH_SHARE of it left.
 optimizer: a memory-bound pass over the trained parameters, their gradients and their state
-  (OPTIMIZER_BYTES per parameter, at STREAM_EFFICIENCY of the bandwidth: long streaming kernels), plus OPTIMIZER_OPS_PER_TENSOR ops dispatched per trained tensor
-  for optimizers that loop over tensors in Python (transformers' Adafactor); under FSDP each rank's
-  shard (1/N of it).
+  (OPTIMIZER_BYTES per parameter, at STREAM_EFFICIENCY of the bandwidth: long streaming kernels),
+  plus OPTIMIZER_OPS_PER_TENSOR ops dispatched per trained tensor for optimizers that loop over
+  tensors in Python (transformers' Adafactor); under FSDP each rank's shard (1/N of it).
 communication, on N ranks (autotune.sharding), per optimizer step (the micro-steps before the last
   keep their gradients on the rank, as Trainer's no_sync does), ring collectives over the card's
   link (cards.py: NVLink on SXM boards, else PCIe), P the parameters' bytes as gathered, G the
@@ -49,8 +49,9 @@ communication, on N ranks (autotune.sharding), per optimizer step (the micro-ste
   traffic on the card (collective_copy_bytes), counted with the memory-bound passes.
 
 Every constant below is a physical count, a published figure or a measurement (the host's launch
-times: benchmarks/dispatch.py), named with its source, except the two fitted to the published table (FITTED, benchmarks/published/speed.py's `fit`, over 37 rows):
-GEMM_EFFICIENCY and MEMORY_EFFICIENCY, one value each for every card and model.
+times: benchmarks/dispatch.py), named with its source, except the two fitted to the published
+table (FITTED, benchmarks/published/speed.py's `fit`, over 37 rows): GEMM_EFFICIENCY and
+MEMORY_EFFICIENCY, one value each for every card and model.
 """
 
 from __future__ import annotations
@@ -312,7 +313,7 @@ def _weight_bytes(config: ProbeConfig, dims: ModelDims) -> float:
     the forward, the backward's input gradients and (trained weights) weight gradients, a recompute;
     in the dtype the matmuls run in (a QLoRA base is read dequantised)."""
     element = 4 if matmul_precision(config) in ("fp32", "tf32") else 2
-    passes = 2 + (1 if config.checkpointing else 0)
+    passes = 1 + _forwards(config)  # the forwards and the backward's input gradients
     # (under FSDP each rank's matmuls read the whole gathered weights too)
     return float(dims.parameters * element * passes + _trained(config, dims) * element)
 
@@ -326,13 +327,18 @@ def _elementwise_bytes(config: ProbeConfig, dims: ModelDims, tokens: int) -> flo
     else:
         element = ELEMENT_BYTES["fp32"]
     mlp = (dims.intermediate or 4 * dims.hidden) * (ELEMENTWISE_MLP_GATED if dims.gated else ELEMENTWISE_MLP)
-    rows = (ELEMENTWISE_HIDDEN * dims.hidden + mlp) * (1 + ELEMENTWISE_BACKWARD + (1 if config.checkpointing else 0))
+    rows = (ELEMENTWISE_HIDDEN * dims.hidden + mlp) * (_forwards(config) + ELEMENTWISE_BACKWARD)
     per_token = rows * element + (_adapter_bytes_per_token(config, dims, element) if config.peft is not None else 0)
     share = (COMPILE_ELEMENTWISE_SHARE if config.compile else 1.0) * (LIGER_ELEMENTWISE_SHARE if config.liger else 1.0)
     moved = tokens * dims.layers * per_token * share
     if is_qlora(config.peft):  # the 4-bit base dequantised before each matmul that uses it
-        moved += dims.parameters * DEQUANT_BYTES * (2 + (1 if config.checkpointing else 0))
+        moved += dims.parameters * DEQUANT_BYTES * (1 + _forwards(config))
     return moved
+
+
+def _forwards(config: ProbeConfig) -> int:
+    """Forward passes a micro-step makes of each layer: checkpointing recomputes it in the backward."""
+    return 2 if config.checkpointing else 1
 
 
 def _adapter_bytes_per_token(config: ProbeConfig, dims: ModelDims, element: float) -> float:
@@ -346,7 +352,7 @@ def _adapter_bytes_per_token(config: ProbeConfig, dims: ModelDims, element: floa
     backward_in, backward_out = ADAPTER_BACKWARD_ROWS
     if spec.dropout == 0:
         forward_in, backward_in = forward_in - ADAPTER_DROPOUT_ROWS[0], backward_in - ADAPTER_DROPOUT_ROWS[1]
-    forwards = 2 if config.checkpointing else 1
+    forwards = _forwards(config)
     cast = element + ADAPTER_BYTES if element < ADAPTER_BYTES else 0
     per_input = (forward_in * ADAPTER_BYTES + cast) * forwards + backward_in * ADAPTER_BYTES + cast
     per_output = (forward_out * forwards + backward_out) * element
@@ -357,7 +363,7 @@ def _cast_bytes(config: ProbeConfig, dims: ModelDims) -> float:
     """autocast's casts of fp32 weights to half, each forward (and recompute) of a micro-step."""
     if config.weights == "bf16" or config.precision not in ("fp16", "bf16") or is_qlora(config.peft):
         return 0.0
-    return float(dims.parameters * AUTOCAST_CAST_BYTES * (1 + (1 if config.checkpointing else 0)))
+    return float(dims.parameters * AUTOCAST_CAST_BYTES * _forwards(config))
 
 
 def _dispatch_seconds(config: ProbeConfig, dims: ModelDims) -> float:
@@ -377,22 +383,31 @@ def _trained_tensors(config: ProbeConfig, dims: ModelDims) -> int:
     return dims.layers * TENSORS_PER_LAYER + 2
 
 
+def _collective_buffers(config: ProbeConfig, dims: ModelDims) -> tuple[int, float, float, int] | None:
+    """What the collectives move on N ranks, per optimizer step (None on one): the weights' element
+    size, the parameters' bytes as gathered (P), the trained gradients' bytes as reduced (G), and
+    the all-gathers a rank makes. FSDP's mixed precision gathers parameters and reduces gradients
+    in the autocast dtype; DDP reduces the fp32 master weights' gradients."""
+    if config.ranks <= 1 or config.strategy is None:
+        return None
+    weight = 2 if config.weights == "bf16" else 4
+    moved = 2 if config.precision in ("fp16", "bf16") and sharding.is_fsdp(config.strategy) else weight
+    gathers = config.grad_accum * (2 if sharding.reshards_after_forward(config.strategy) else 1)
+    return weight, dims.parameters * moved, _trained(config, dims) * moved, gathers
+
+
 def collective_bytes(config: ProbeConfig, dims: ModelDims) -> dict[str, float]:
     """Bytes each rank sends per optimizer step, by collective (module docstring): a ring moves
     (N-1)/N of the buffer per all-gather or reduce-scatter, twice that per all-reduce; for
     fsdp-offload also the bytes over PCIe to and from the host ("host")."""
-    n = config.ranks
-    if n <= 1 or config.strategy is None:
+    buffers = _collective_buffers(config, dims)
+    if buffers is None:
         return {}
-    weight = 2 if config.weights == "bf16" else 4
-    # FSDP's mixed precision gathers parameters and reduces gradients in the autocast dtype; DDP
-    # reduces the fp32 master weights' gradients.
-    moved = 2 if config.precision in ("fp16", "bf16") and sharding.is_fsdp(config.strategy) else weight
-    params, grads = dims.parameters * moved, _trained(config, dims) * moved
+    weight, params, grads, gathers = buffers
+    n = config.ranks
     ring = (n - 1) / n
     if config.strategy == "ddp":
-        return {"all-reduce": 2 * ring * _trained(config, dims) * weight}
-    gathers = config.grad_accum * (2 if sharding.reshards_after_forward(config.strategy) else 1)
+        return {"all-reduce": 2 * ring * grads}
     out = {"all-gather": gathers * ring * params, "reduce-scatter": ring * grads}
     if sharding.offloads(config.strategy):
         out["host"] = gathers * dims.parameters * weight / n + grads / n
@@ -406,16 +421,13 @@ def collective_copy_bytes(config: ProbeConfig, dims: ModelDims) -> float:
     reduce-scatter first copies the gradients into a flat buffer (G read and written). DDP copies
     the gradients into its buckets and back (gradient_as_bucket_view off, its default). Memory-bound
     kernels on the card beside the compute: not hidden behind it."""
-    n = config.ranks
-    if n <= 1 or config.strategy is None:
+    buffers = _collective_buffers(config, dims)
+    if buffers is None:
         return 0.0
-    weight = 2 if config.weights == "bf16" else 4
+    _, params, grads, gathers = buffers
     if config.strategy == "ddp":
-        return 4.0 * _trained(config, dims) * weight
-    moved = 2 if config.precision in ("fp16", "bf16") else weight
-    params, grads = dims.parameters * moved, _trained(config, dims) * moved
-    gathers = config.grad_accum * (2 if sharding.reshards_after_forward(config.strategy) else 1)
-    return gathers * (2 * params + 2 * params / n) + 2 * grads
+        return 4.0 * grads
+    return gathers * (2 * params + 2 * params / config.ranks) + 2 * grads
 
 
 def communication_seconds(config: ProbeConfig, dims: ModelDims, card: Card) -> float:
@@ -472,7 +484,7 @@ def _eager_score_bytes(config: ProbeConfig, dims: ModelDims, element: int) -> fl
         return 0.0
     heads = dims.heads or max(1, dims.hidden // HEAD_DIM_GUESS)
     forward, backward = eager_bytes_per_score(element, dims.attention_dropout)
-    per_score = forward * (2 if config.checkpointing else 1) + backward
+    per_score = forward * _forwards(config) + backward
     return float(config.micro_batch * dims.layers * heads * config.block_size ** 2 * per_score)
 
 
