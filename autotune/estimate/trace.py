@@ -304,7 +304,9 @@ def _trace_rank(item: TraceItem, cuda: bool, rank: int | None) -> _RankTrace:
             built = time.perf_counter()
             ledger.started = True
             repeat = REPEAT_FIRST_STEP and repeats_its_first_step(config, item.stack)
-            while ledger.optimizer_steps < OPTIMIZER_STEPS:
+            for _ in range(OPTIMIZER_STEPS):
+                if ledger.optimizer_steps >= OPTIMIZER_STEPS:
+                    break  # (the last step was a copy)
                 steps_before, first_event = ledger.optimizer_steps, len(ledger.events)
                 try:
                     step()
