@@ -132,17 +132,13 @@ HEAD_DIM_GUESS = 64
 LOGIT_BYTES = 32
 
 # --- Dispatch ----------------------------------------------------------------------------------
-# The host's time to launch a layer's ops, measured by `python -m benchmarks.dispatch` (models of
-# the real op graph at width 64, whose kernels take a microsecond: what is left is Python, the
-# dispatcher and autograd) on a 2-core AMD EPYC VM, torch 2.13, transformers 5.24 (benchmarks/
-# results/dispatch-cpu-amd-epyc-2026-11-27.json): GPT-2, BERT and Llama layers take 1.50, 1.65
-# and 1.92 ms for a forward and backward in fp32 (the median here); checkpointing's recompute and
-# its hooks make that x2.35; autocast's casts and checks x1.49; each LoRA-adapted module adds
-# 0.20 ms (dropout, A, B, scale, add; their backward). Taken as they are for a GPU server's host
-# (not fitted): autotune's own gpt2 probes on an H100 box (2026-11-26) come out at 0.82-1.68x of
-# the measured speed with them (benchmarks/results/published-speed.md, held out), 1.34-2.78x if
-# the host were taken for 0.6 of this one, which the published table alone would prefer (its
-# 2022 V100 rows checkpointed with torch 1.10's cheaper reentrant recompute).
+# The host's time to launch a layer's ops, measured by `python -m benchmarks.dispatch` on a 2-core
+# AMD EPYC VM (benchmarks/results/dispatch-cpu-amd-epyc-2026-11-27.json; its docstring says how):
+# GPT-2, BERT and Llama layers take 1.50, 1.65 and 1.92 ms forward and backward in fp32 (the
+# median here), x2.35 checkpointed, x1.49 under autocast, +0.20 ms per LoRA-adapted module. Not
+# fitted: autotune's own gpt2 probes on an H100 (held out in benchmarks/results/published-speed.md)
+# come out at 0.82-1.68x of measured with them, 1.34-2.78x with the 0.6 of them the published table
+# alone prefers (its 2022 V100 rows recomputed with torch 1.10's cheaper reentrant checkpoint).
 LAYER_DISPATCH_SECONDS = 1.65e-3
 CHECKPOINT_DISPATCH_FACTOR = 2.35
 AUTOCAST_DISPATCH_FACTOR = 1.49
