@@ -12,6 +12,9 @@ out; the CPU's own tiny kernels stand in for it.)
 Each model is timed over full training micro-steps (forward, loss, backward), fp32 and under
 autocast (its casts are ops too), with and without gradient checkpointing, and with LoRA adapters
 on every linear module; the per-layer figure is the micro-step's time over the layer count.
+Checkpointing is timed as autotune runs it (use_reentrant=False, transformers 5's default) and,
+without adapters, as transformers 4.35-4.x ran it by default (use_reentrant=True: the recompute
+is a plain forward under no_grad, with fewer hooks): the published runs of that era paid the latter.
 
     python -m benchmarks.dispatch [--out benchmarks/results/dispatch-<cpu>-<date>.json]
 """
@@ -23,6 +26,7 @@ import datetime
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -43,11 +47,12 @@ def _models():
                                                 intermediate_size=256, num_hidden_layers=LAYERS, **narrow))
 
 
-def _micro_step_seconds(model, *, classifier: bool, checkpointing: bool, autocast: bool) -> float:
+def _micro_step_seconds(model, *, classifier: bool, checkpointing: bool, autocast: bool,
+                        reentrant: bool = False) -> float:
     import torch
 
     if checkpointing:
-        model.gradient_checkpointing_enable()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
     else:
         model.gradient_checkpointing_disable()
     model.train()
@@ -84,15 +89,19 @@ def measure() -> dict:
                 from peft import LoraConfig, get_peft_model
 
                 model = get_peft_model(model, LoraConfig(r=8, target_modules="all-linear", lora_dropout=0.05))
-            for checkpointing in (False, True):
+            # (reentrant checkpointing of a model whose inputs need no gradient, a LoRA model's, needs
+            # enable_input_require_grads: timed without adapters only)
+            kinds = [(False, False), (True, False)] + ([] if lora else [(True, True)])
+            for checkpointing, reentrant in kinds:
                 for autocast in (False, True):
                     seconds = _micro_step_seconds(model, classifier=classifier, checkpointing=checkpointing,
-                                                  autocast=autocast)
-                    rows.append({"model": name, "lora": lora, "checkpointing": checkpointing, "autocast": autocast,
-                                 "micro_step_ms": round(seconds * 1e3, 2),
+                                                  autocast=autocast, reentrant=reentrant)
+                    rows.append({"model": name, "lora": lora, "checkpointing": checkpointing, "reentrant": reentrant,
+                                 "autocast": autocast, "micro_step_ms": round(seconds * 1e3, 2),
                                  "per_layer_ms": round(seconds / LAYERS * 1e3, 3)})
-                    print(f"{name:6s} lora={lora!s:5s} ckpt={checkpointing!s:5s} autocast={autocast!s:5s} "
-                          f"{seconds * 1e3:7.1f} ms/micro-step  {seconds / LAYERS * 1e3:6.3f} ms/layer", flush=True)
+                    print(f"{name:6s} lora={lora!s:5s} ckpt={checkpointing!s:5s} reentrant={reentrant!s:5s} "
+                          f"autocast={autocast!s:5s} {seconds * 1e3:7.1f} ms/micro-step  "
+                          f"{seconds / LAYERS * 1e3:6.3f} ms/layer", flush=True)
     return {"rows": rows, "summary": summarize(rows)}
 
 
@@ -100,14 +109,17 @@ def summarize(rows: list[dict]) -> dict:
     """The figures speed.py takes: the median over the models of the plain layer (fp32, no
     checkpointing), and of each lever's factor over it."""
     def per_layer(**where) -> dict[str, float]:
-        return {r["model"]: r["per_layer_ms"] for r in rows if all(r[k] == v for k, v in where.items())}
+        return {r["model"]: r["per_layer_ms"] for r in rows
+                if all(r.get(k, False) == v for k, v in where.items())}  # (rows before reentrant: False)
 
     plain = per_layer(lora=False, checkpointing=False, autocast=False)
     ratio = lambda other: round(statistics.median(other[m] / plain[m] for m in plain), 2)  # noqa: E731
     lora = per_layer(lora=True, checkpointing=False, autocast=False)
+    reentrant = per_layer(lora=False, checkpointing=True, reentrant=True, autocast=False)
     return {
         "layer_ms": statistics.median(plain.values()),
-        "checkpointing_factor": ratio(per_layer(lora=False, checkpointing=True, autocast=False)),
+        "checkpointing_factor": ratio(per_layer(lora=False, checkpointing=True, reentrant=False, autocast=False)),
+        **({"reentrant_checkpointing_factor": ratio(reentrant)} if reentrant else {}),
         "autocast_factor": ratio(per_layer(lora=False, checkpointing=False, autocast=True)),
         # each adapted module's own ops, forward and backward: all-linear adapts 4 modules a GPT-2 layer
         # (c_attn, c_proj, c_fc, the MLP's c_proj), 6 a BERT layer, 7 a Llama layer
@@ -126,7 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summarize", type=Path, default=None, help="only summarize a measured file again")
     args = parser.parse_args(argv)
     if args.summarize is not None:
-        print(json.dumps(summarize(json.loads(args.summarize.read_text())["rows"]), indent=1))
+        try:
+            rows = json.loads(args.summarize.read_text())["rows"]
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"dispatch: cannot summarize {args.summarize}: {exc} (give a file this benchmark wrote with --out)",
+                  file=sys.stderr)
+            return 2
+        print(json.dumps(summarize(rows), indent=1))
         return 0
     data = measure()
     data.update(cpu=cpu_name(), torch=torch.__version__, transformers=transformers.__version__,

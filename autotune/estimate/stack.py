@@ -16,6 +16,17 @@ Each behaviour is a fact of the libraries' history, with where it changed:
   Trainer called `model.zero_grad()`: the gradients stayed allocated from one step to the next,
   through the next forward. Since 2.0 they are freed after each optimizer step.
 
+Two more change what a step costs in time, not memory (the speed model, planner/speed.py and
+planner/traffic.py, reads them; the published speed table sets them per row, `--stack` does not:
+autotune's hand-off fixes both whatever the versions):
+- transformers before 5.0 checkpointed with use_reentrant=True unless told otherwise (pinned by
+  transformers#28538, January 2024, torch's own default before that; False since #43203): its
+  recompute is a plain forward under no_grad, fewer ops for the host to launch. autotune's probes
+  and hand-off pass use_reentrant=False.
+- peft before 0.12.0 kept LoRA adapters in the base's dtype; since then in fp32 whatever the base
+  (`autocast_adapter_dtype`, peft#1706), the adapters' input cast and read in fp32. LoRA code other
+  than peft's (`lora`: torchtune's, NeMo AutoModel's) keeps them in the base's dtype too.
+
 Torch-free: the estimator's parent reads it.
 """
 
@@ -28,6 +39,8 @@ from autotune.errors import BadInput
 KEEPS_4BIT_INPUTS_BEFORE = "0.43.2"   # bitsandbytes
 FREES_GRADS_FROM = "2.0"              # torch
 FREES_SOFTMAX_INPUTS_FROM = "1.11"    # torch
+NON_REENTRANT_FROM = "5.0"            # transformers
+FP32_ADAPTERS_FROM = "0.12.0"         # peft
 LIBRARIES = ("torch", "bitsandbytes")
 
 
@@ -46,6 +59,9 @@ class Stack:
 
     torch: str | None = None
     bitsandbytes: str | None = None
+    transformers: str | None = None
+    peft: str | None = None
+    lora: str | None = None          # the LoRA code where it is not peft's (e.g. "torchtune")
 
     @property
     def keeps_4bit_inputs(self) -> bool:
@@ -62,6 +78,16 @@ class Stack:
         """Whether softmax and log-softmax keep their input until backward (torch before 1.11)."""
         return _older(self.torch, FREES_SOFTMAX_INPUTS_FROM)
 
+    @property
+    def reentrant_checkpointing(self) -> bool:
+        """Whether checkpointing recomputes with use_reentrant=True (transformers before 5.0)."""
+        return _older(self.transformers, NON_REENTRANT_FROM)
+
+    @property
+    def fp32_adapters(self) -> bool:
+        """Whether LoRA adapters are fp32 whatever the base (peft from 0.12.0; not other LoRA code)."""
+        return self.lora is None and not _older(self.peft, FP32_ADAPTERS_FROM)
+
     def differences(self) -> list[str]:
         """What this stack does differently from the installed libraries, one note each."""
         notes = []
@@ -73,6 +99,11 @@ class Stack:
                          f"(before {FREES_SOFTMAX_INPUTS_FROM})")
         if self.keeps_zeroed_grads:
             notes.append(f"torch {self.torch}: gradients zeroed in place, kept between steps (before {FREES_GRADS_FROM})")
+        if self.reentrant_checkpointing:
+            notes.append(f"transformers {self.transformers}: checkpointing with use_reentrant=True, its recompute's "
+                         f"launches (before {NON_REENTRANT_FROM})")
+        if not self.fp32_adapters:
+            notes.append(f"{self.lora or f'peft {self.peft}'}: LoRA adapters in the base's dtype (speed)")
         return notes
 
     def notes(self) -> list[str]:

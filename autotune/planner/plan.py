@@ -189,7 +189,7 @@ def make_plan(spec: ModelSpec, space: SearchSpace, target: Target, *, exact: boo
         if target.card is not None and dims is not None:
             from autotune.planner.speed import predict_speed
 
-            item.speed = predict_speed(item.config, dims, target.card, item.estimate)
+            item.speed = predict_speed(item.config, dims, target.card, item.estimate, stack)
     plan = Plan(spec.reference, target, space, _ranked(planned, target), traces=traces,
                 notes=(stack or Stack()).notes())
     if store is not None:

@@ -14,21 +14,20 @@ matmuls: the micro-step's matmul FLOPs (autotune.flops, with checkpointing's rec
   and fp16/bf16 on tensor cores) -- or, when the micro-step is too small for that, the time to read
   the weights at the card's bandwidth (a matmul of few rows is bound by its weight reads: the
   roofline), whichever is longer. QLoRA also dequantises its 4-bit base before each use.
-memory-bound passes, at MEMORY_EFFICIENCY of the bandwidth: the element-wise work around the
-  matmuls (norms, activations, residual adds, dropout, rotary; about ELEMENTWISE_HIDDEN accesses of a
-  hidden-wide row and ELEMENTWISE_MLP of an MLP-wide one per token and layer in the forward, twice
-  that in the backward), in the activations' element size (fp32 4, mixed precision 3 on average:
-  fp32 norms and residual stream, half matmul outputs, pure bf16 2); autocast's casts of fp32
-  weights to half in each forward; eager attention's S x S scores (softmax in fp32, the casts and
-  dropout on them counted by dtype); the logits' cross-entropy.
-  torch.compile fuses element-wise work (COMPILE_ELEMENTWISE_SHARE of its traffic left), Liger's
-  kernels part of it (LIGER_ELEMENTWISE_SHARE) and the whole cross-entropy.
+memory-bound passes, at MEMORY_EFFICIENCY of the bandwidth: the bytes planner/traffic.py counts
+  (element-wise work around the matmuls, LoRA adapters, autocast's casts, QLoRA's dequantisation,
+  eager attention's scores, the logits' cross-entropy; what compile and Liger fuse away).
 cpu dispatch: eager PyTorch launches each op from Python and the autograd engine; a small micro-step's
   GPU work finishes before the next op is launched, and the step is as slow as the dispatch:
   LAYER_DISPATCH_SECONDS per layer per micro-step (forward and backward), and per LoRA-adapted
-  module ADAPTER_DISPATCH_SECONDS, times CHECKPOINT_DISPATCH_FACTOR with checkpointing and
+  module ADAPTER_DISPATCH_SECONDS, times CHECKPOINT_DISPATCH_FACTOR with checkpointing
+  (REENTRANT_CHECKPOINT_DISPATCH_FACTOR on a stack that recomputes reentrantly) and
   AUTOCAST_DISPATCH_FACTOR under mixed precision: measured on a host (benchmarks/dispatch.py).
   torch.compile runs the graph from generated code: COMPILE_DISPATCH_SHARE of it left.
+
+The run's stack (autotune.estimate.stack.Stack; None: autotune's own) changes two of these: the
+checkpointing's recompute (reentrant before transformers 5.0) and the adapters' dtype (fp32 in peft
+from 0.12.0, the base's in older peft and other LoRA code).
 optimizer: a memory-bound pass over the trained parameters, their gradients and their state
   (OPTIMIZER_BYTES per parameter, at STREAM_EFFICIENCY of the bandwidth: long streaming kernels),
   plus OPTIMIZER_OPS_PER_TENSOR ops dispatched per trained tensor for optimizers that loop over
@@ -63,10 +62,11 @@ from typing import TYPE_CHECKING
 from autotune import sharding
 from autotune.cards import Card
 from autotune.config import ProbeConfig
+from autotune.estimate.stack import Stack
 from autotune.flops import flops_per_token
+from autotune.planner import traffic
 from autotune.shapes import ModelDims, adapted_linears, dims_from_config
 from autotune.recipes import PeftSpec, is_qlora
-from autotune.tasks import Task
 
 if TYPE_CHECKING:
     from autotune.estimate import MemoryEstimate
@@ -87,71 +87,25 @@ U_MAX_TENSOR_CORES, U_MAX_CUDA_CORES = GEMM_EFFICIENCY, GEMM_EFFICIENCY_CUDA_COR
 # Share of the data sheet's bandwidth element-wise kernels reach (STREAM-like copies reach 80-90%;
 # short, strided and reducing kernels less).
 MEMORY_EFFICIENCY = 0.5
-# Element-wise accesses per token and layer in a forward pass, counted for a pre-norm block: two
-# norms (read and write: 2 each), two residual adds (read 2, write 1: 3 each), the attention's
-# reshapes and rotary or dropout (about 4): 14 hidden-wide rows; the MLP's activation reads and writes
-# its input (2 MLP-wide rows; a gated MLP reads two: 3).
-ELEMENTWISE_HIDDEN = 14
-ELEMENTWISE_MLP = 2
-ELEMENTWISE_MLP_GATED = 3
-# A LoRA adapter's traffic, in rows of its module's input and output width (peft's Linear, eager). The
-# adapters' matmuls are rank-thin: their FLOPs are negligible, not their reads and writes. Forward:
-# dropout(x) read and written with its mask, A reading it (3 input rows); B's output written, scaled
-# (read, write), added to the base's (read 2, write 1) (6 output rows). Backward: the scale's and B's
-# gradients read the output's gradient (4 output rows); A's input gradient written, its weight
-# gradient reading x', dropout's backward, the sum into the base's input gradient (7 input rows).
-ADAPTER_FORWARD_ROWS = (3, 6)
-ADAPTER_BACKWARD_ROWS = (7, 4)
-# peft's adapters are fp32 whatever the base (autocast_adapter_dtype): their input side moves fp32.
-ADAPTER_BYTES = 4
-# Without dropout (lora_dropout 0: peft's Identity) the input is neither copied nor masked, in either pass.
-ADAPTER_DROPOUT_ROWS = (2, 2)  # (forward, backward) input rows
-# The backward of each element-wise op reads its saved input and the incoming gradient and writes one.
-ELEMENTWISE_BACKWARD = 2.0
-# Bytes per element-wise access: fp32; mixed precision (fp32 norms and residual stream, half matmul
-# outputs); pure bf16.
-ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "amp": 3, "half": 2}
-# autocast casts each fp32 weight to half in every forward (read 4, write 2), again in a recompute.
-AUTOCAST_CAST_BYTES = 6
-# QLoRA dequantises its NF4 base before each use: read half a byte, write two, per weight and pass.
-DEQUANT_BYTES = 2.5
-# Eager attention (transformers' eager_attention_forward, BERT's own) moves each layer's S x S
-# scores per head through memory several times; in bytes per score, e the matmuls' element size:
-#   forward: QK^T written (e), scaled (read, write: 2e), the mask added (2e), softmax in fp32
-#     (read e, write 4), cast back to half (read 4, write e; not in fp32), dropout where the
-#     model has attention dropout (read e, write e and a 1-byte mask), AV's read (e);
-#   backward: AV's gradient written (e) and the probabilities read for V's (e), dropout's backward
-#     (2e + 1), the cast's (e + 4), softmax's (its saved fp32 output and the gradient read, 4 + 4,
-#     written in e), the scale's (2e), QK^T's two gradients reading the scores' gradient (2e).
-SOFTMAX_BYTES = 4
-ATTENTION_DROPOUT_BYTES = (2, 1)  # (element-sized accesses, mask bytes) of a dropout or its backward
-# Head size assumed where the model's head count is not known (GPT-2, BERT: 64; Llama: 128).
-HEAD_DIM_GUESS = 64
-# Bytes moved per logit for the cross-entropy: fp32 upcast, log-softmax, its backward and the cast
-# back, about 8 fp32-sized accesses. Liger's fused linear cross-entropy writes no logits.
-LOGIT_BYTES = 32
 
 # --- Dispatch ----------------------------------------------------------------------------------
 # The host's time to launch a layer's ops, measured by `python -m benchmarks.dispatch` on a 2-core
 # AMD EPYC VM (benchmarks/results/dispatch-cpu-amd-epyc-2026-11-27.json; its docstring says how):
-# GPT-2, BERT and Llama layers take 1.50, 1.65 and 1.92 ms forward and backward in fp32 (the
-# median here), x2.35 checkpointed, x1.49 under autocast, +0.20 ms per LoRA-adapted module. Not
-# fitted: autotune's own gpt2 probes on an H100 (held out in benchmarks/results/published-speed.md)
-# come out at 0.82-1.68x of measured with them, 1.34-2.78x with the 0.6 of them the published table
-# alone prefers (its 2022 V100 rows recomputed with torch 1.10's cheaper reentrant checkpoint).
-LAYER_DISPATCH_SECONDS = 1.65e-3
-CHECKPOINT_DISPATCH_FACTOR = 2.35
-AUTOCAST_DISPATCH_FACTOR = 1.49
-ADAPTER_DISPATCH_SECONDS = 0.20e-3
+# GPT-2, BERT and Llama layers take 1.50, 1.67 and 1.69 ms forward and backward in fp32 (the
+# median here), x2.17 checkpointed as autotune runs it (use_reentrant=False), x1.67 with the
+# reentrant recompute older stacks ran (estimate/stack.py), x1.41 under autocast, +0.19 ms per
+# LoRA-adapted module. Not fitted (autotune's own gpt2 probes on an H100, held out in
+# benchmarks/results/published-speed.md, are the check).
+LAYER_DISPATCH_SECONDS = 1.667e-3
+CHECKPOINT_DISPATCH_FACTOR = 2.17
+REENTRANT_CHECKPOINT_DISPATCH_FACTOR = 1.67
+AUTOCAST_DISPATCH_FACTOR = 1.41
+ADAPTER_DISPATCH_SECONDS = 0.191e-3
 
 # --- Speed levers --------------------------------------------------------------------------------
-# torch.compile (inductor) fuses chains of element-wise ops into one kernel each: about a third of
-# the traffic is left (the fused kernels' inputs and outputs), and the graph runs from generated
-# code with a tenth of eager's per-op dispatch.
-COMPILE_ELEMENTWISE_SHARE = 0.35
+# torch.compile runs the graph from generated code with a tenth of eager's per-op dispatch (its
+# fusion of element-wise work: traffic.COMPILE_ELEMENTWISE_SHARE).
 COMPILE_DISPATCH_SHARE = 0.1
-# Liger's fused RMSNorm, RoPE and SwiGLU read and write each row once: about 60% of the traffic left.
-LIGER_ELEMENTWISE_SHARE = 0.6
 
 # --- Optimizer step ----------------------------------------------------------------------------
 # The optimizer's passes stream whole parameter-sized buffers (foreach kernels over lists of large
@@ -258,28 +212,27 @@ def config_flops_per_token(config: ProbeConfig, dims: ModelDims, *, recompute: b
                            recompute=recompute and config.checkpointing)
 
 
-def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card) -> SpeedPrediction:
-    """Seconds per optimizer step of `config` on `card`, with the parts that make them up.
-    ValueError when the card cannot run the config (check `why_unsupported` first)."""
+def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card, stack: Stack | None = None) -> SpeedPrediction:
+    """Seconds per optimizer step of `config` on `card`, with the parts that make them up, run on
+    `stack` (None: autotune's own, the installed libraries). ValueError when the card cannot run
+    the config (check `why_unsupported` first)."""
     problem = why_unsupported(config, card)
     if problem is not None:
         raise ValueError(problem)
     precision = matmul_precision(config)
     peak = card.peak_flops[precision]
     bandwidth = card.memory_bandwidth * MEMORY_EFFICIENCY
-    tokens = config.micro_batch * config.tokens_per_sequence  # per micro-step
     sharded = sharding.is_fsdp(config.strategy)
 
+    tokens = config.micro_batch * config.tokens_per_sequence  # per micro-step
     flops = tokens * config_flops_per_token(config, dims)
     efficiency = GEMM_EFFICIENCY_CUDA_CORES if precision == "fp32" else GEMM_EFFICIENCY
     # Compute, plus the weights' reads that a GEMM of few rows cannot hide behind it (the additive
     # roofline: efficiency t / (t + ridge), the ridge being the card's FLOPs per byte).
     matmul = flops / (peak * efficiency) + _weight_bytes(config, dims) / bandwidth
-    memory = (_elementwise_bytes(config, dims, tokens) + _cast_bytes(config, dims)
-              + _eager_score_bytes(config, dims, element=2 if precision in ("fp16", "bf16") else 4)
-              + _logit_bytes(config, dims)) / bandwidth
+    memory = traffic.memory_bytes(config, dims, stack) / bandwidth
     gpu = matmul + memory
-    dispatch = _dispatch_seconds(config, dims)
+    dispatch = _dispatch_seconds(config, dims, stack)
     # dispatch hides behind a card's work until it is the longer; a CPU does both in turn
     overhead = dispatch if card.host_is_device else max(0.0, dispatch - gpu)
 
@@ -309,66 +262,24 @@ def _weight_bytes(config: ProbeConfig, dims: ModelDims) -> float:
     the forward, the backward's input gradients and (trained weights) weight gradients, a recompute;
     in the dtype the matmuls run in (a QLoRA base is read dequantised)."""
     element = 4 if matmul_precision(config) in ("fp32", "tf32") else 2
-    passes = 1 + _forwards(config)  # the forwards and the backward's input gradients
+    passes = 1 + traffic.forwards(config)  # the forwards and the backward's input gradients
     # (under FSDP each rank's matmuls read the whole gathered weights too)
     return float(dims.parameters * element * passes + _trained(config, dims) * element)
 
 
-def _elementwise_bytes(config: ProbeConfig, dims: ModelDims, tokens: int) -> float:
-    """Bytes the element-wise ops around the matmuls move in a micro-step (module docstring)."""
-    if config.weights == "bf16":
-        element = ELEMENT_BYTES["half"]
-    elif config.precision in ("fp16", "bf16"):
-        element = ELEMENT_BYTES["amp"]
-    else:
-        element = ELEMENT_BYTES["fp32"]
-    mlp = (dims.intermediate or 4 * dims.hidden) * (ELEMENTWISE_MLP_GATED if dims.gated else ELEMENTWISE_MLP)
-    rows = (ELEMENTWISE_HIDDEN * dims.hidden + mlp) * (_forwards(config) + ELEMENTWISE_BACKWARD)
-    per_token = rows * element + (_adapter_bytes_per_token(config, dims, element) if config.peft is not None else 0)
-    share = (COMPILE_ELEMENTWISE_SHARE if config.compile else 1.0) * (LIGER_ELEMENTWISE_SHARE if config.liger else 1.0)
-    moved = tokens * dims.layers * per_token * share
-    if is_qlora(config.peft):  # the 4-bit base dequantised before each matmul that uses it
-        moved += dims.parameters * DEQUANT_BYTES * (1 + _forwards(config))
-    return moved
 
 
-def _forwards(config: ProbeConfig) -> int:
-    """Forward passes a micro-step makes of each layer: checkpointing recomputes it in the backward."""
-    return 2 if config.checkpointing else 1
 
 
-def _adapter_bytes_per_token(config: ProbeConfig, dims: ModelDims, element: float) -> float:
-    """Bytes one layer's LoRA adapters move per token (each adapter's forward again under
-    checkpointing). peft keeps the adapters in fp32 (get_peft_model's autocast_adapter_dtype) and
-    casts the layer's input to fp32 before dropout and A: the input side's rows are fp32, a half
-    input is cast each forward (read, write 4 bytes) and its gradient cast back in the backward;
-    the output side (B's output, scaled, added to the base's) is in the activations' size."""
-    spec = PeftSpec.from_text(config.peft or "")
-    forward_in, forward_out = ADAPTER_FORWARD_ROWS
-    backward_in, backward_out = ADAPTER_BACKWARD_ROWS
-    if spec.dropout == 0:
-        forward_in, backward_in = forward_in - ADAPTER_DROPOUT_ROWS[0], backward_in - ADAPTER_DROPOUT_ROWS[1]
-    forwards = _forwards(config)
-    cast = element + ADAPTER_BYTES if element < ADAPTER_BYTES else 0
-    per_input = (forward_in * ADAPTER_BYTES + cast) * forwards + backward_in * ADAPTER_BYTES + cast
-    per_output = (forward_out * forwards + backward_out) * element
-    return sum(per_input * fan_in + per_output * fan_out for fan_in, fan_out in adapted_linears(dims, spec.targets))
-
-
-def _cast_bytes(config: ProbeConfig, dims: ModelDims) -> float:
-    """autocast's casts of fp32 weights to half, each forward (and recompute) of a micro-step."""
-    if config.weights == "bf16" or config.precision not in ("fp16", "bf16") or is_qlora(config.peft):
-        return 0.0
-    return float(dims.parameters * AUTOCAST_CAST_BYTES * _forwards(config))
-
-
-def _dispatch_seconds(config: ProbeConfig, dims: ModelDims) -> float:
+def _dispatch_seconds(config: ProbeConfig, dims: ModelDims, stack: Stack | None = None) -> float:
     """Host time to launch a micro-step's ops (module docstring)."""
     adapters = 0
     if config.peft is not None:
         adapters = len(adapted_linears(dims, PeftSpec.from_text(config.peft).targets))
     seconds = dims.layers * (LAYER_DISPATCH_SECONDS + adapters * ADAPTER_DISPATCH_SECONDS)
-    seconds *= CHECKPOINT_DISPATCH_FACTOR if config.checkpointing else 1.0
+    if config.checkpointing:
+        reentrant = stack is not None and stack.reentrant_checkpointing
+        seconds *= REENTRANT_CHECKPOINT_DISPATCH_FACTOR if reentrant else CHECKPOINT_DISPATCH_FACTOR
     seconds *= AUTOCAST_DISPATCH_FACTOR if config.precision in ("fp16", "bf16") else 1.0
     return seconds * (COMPILE_DISPATCH_SHARE if config.compile else 1.0)
 
@@ -440,11 +351,11 @@ def predict_tokens_per_s(config: ProbeConfig, dims: ModelDims, card: Card) -> fl
     return predict_step_seconds(config, dims, card).tokens_per_s
 
 
-def predict_speed(config: ProbeConfig, dims: ModelDims, card: Card,
-                  estimate: MemoryEstimate | None = None) -> SpeedPrediction | None:
+def predict_speed(config: ProbeConfig, dims: ModelDims, card: Card, estimate: MemoryEstimate | None = None,
+                  stack: Stack | None = None) -> SpeedPrediction | None:
     """The planner's entry: None where the card cannot run `config`; with the config's memory
     estimate, the parameter count is the one the estimator traced (its weights' bytes over the
-    bytes of one weight), not the count from config.json."""
+    bytes of one weight), not the count from config.json. `stack`: the run's, where not autotune's."""
     if why_unsupported(config, card) is not None:
         return None
     # (on several ranks the estimate is one rank's: its weights are a shard, or on the host)
@@ -452,7 +363,7 @@ def predict_speed(config: ProbeConfig, dims: ModelDims, card: Card,
         if not is_qlora(config.peft):  # a 4-bit base has no whole bytes per weight to divide by
             counted = estimate.params // (2 if config.weights == "bf16" else 4)
             dims = dataclasses.replace(dims, parameters=counted)
-    return predict_step_seconds(config, dims, card)
+    return predict_step_seconds(config, dims, card, stack)
 
 
 def _trained(config: ProbeConfig, dims: ModelDims) -> int:
@@ -464,33 +375,7 @@ def _trained(config: ProbeConfig, dims: ModelDims) -> int:
     return lora_parameters(dims, spec.rank, spec.targets)
 
 
-def eager_bytes_per_score(element: int, dropout: bool) -> tuple[int, int]:
-    """Bytes eager attention moves per score in a forward and in a backward (module constants)."""
-    accesses, mask = ATTENTION_DROPOUT_BYTES
-    drop = accesses * element + mask if dropout else 0
-    cast = SOFTMAX_BYTES + element if element < SOFTMAX_BYTES else 0
-    forward = element + 2 * element + 2 * element + (element + SOFTMAX_BYTES) + cast + drop + element
-    backward = 2 * element + drop + cast + (2 * SOFTMAX_BYTES + element) + 2 * element + 2 * element
-    return forward, backward
 
-
-def _eager_score_bytes(config: ProbeConfig, dims: ModelDims, element: int) -> float:
-    """Bytes eager attention moves for its S x S scores in one micro-step (0 for fused kernels)."""
-    if config.attention != "eager":
-        return 0.0
-    heads = dims.heads or max(1, dims.hidden // HEAD_DIM_GUESS)
-    forward, backward = eager_bytes_per_score(element, dims.attention_dropout)
-    per_score = forward * _forwards(config) + backward
-    return float(config.micro_batch * dims.layers * heads * config.block_size ** 2 * per_score)
-
-
-def _logit_bytes(config: ProbeConfig, dims: ModelDims) -> float:
-    """Bytes the cross-entropy moves over the vocabulary's logits in one micro-step: every token
-    of a causal or masked LM, the target's of seq2seq, none for classification (a small head)."""
-    if config.liger or config.task == Task.CLASSIFICATION:
-        return 0.0
-    positions = config.target_length if config.task == Task.SEQ2SEQ else config.block_size
-    return float(config.micro_batch * (positions or 0) * dims.vocab * LOGIT_BYTES)
 
 
 def model_dims_of(spec: ModelSpec) -> ModelDims | None:

@@ -86,6 +86,9 @@ class SpeedRow:
     hf_stack: bool = True
     group: tuple[str, ...] = ()
     missing: str = ""                # what the run did that plan cannot express (priced without it)
+    transformers: str | None = None  # the run's versions where they change its speed (estimate/stack.py)
+    peft: str | None = None
+    lora: str | None = None          # LoRA code other than peft's
     skip: str = ""                   # why the row is kept but not priced
     file: str = ""
 
@@ -181,6 +184,13 @@ def speed_config(row: SpeedRow):
     return config, notes
 
 
+def run_stack(row: SpeedRow):
+    """The row's software where it prices differently from autotune's own (estimate/stack.py)."""
+    from autotune.estimate.stack import Stack
+
+    return Stack(transformers=row.transformers, peft=row.peft, lora=row.lora)
+
+
 def model_dims(row: SpeedRow):
     """The model's sizes as plan reads them (autotune.shapes.dims_from_config of its config.json)."""
     from autotune.shapes import dims_from_config
@@ -213,7 +223,9 @@ def price(row: SpeedRow) -> Priced:
         if dims is None:
             out.not_priced = f"not priced: config.json of {row.model} lacks the sizes plan reads"
             return out
-        speed = predict_speed(config, dims, card)
+        stack = run_stack(row)
+        out.notes += [f"priced for {difference}" for difference in stack.differences()]
+        speed = predict_speed(config, dims, card, stack=stack)
     except Exception as exc:  # a lever the model cannot price is a result for the table, not a crash
         out.not_priced = f"not priced: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
         return out

@@ -6,7 +6,8 @@ from autotune.cards import CARDS, find_card
 from autotune.config import ProbeConfig
 from autotune.estimate.result import MemoryEstimate
 from autotune.models import KNOWN_ARCHITECTURES
-from autotune.planner import speed
+from autotune.estimate.stack import Stack
+from autotune.planner import speed, traffic
 from autotune.planner.speed import (
     ModelDims,
     dims_from_config,
@@ -262,10 +263,10 @@ def test_a_slower_link_costs_speed_on_several_gpus():
 def test_eager_attention_bytes_per_score_count_softmax_in_fp32_and_dropout_where_the_model_has_it():
     # half: QK^T 2, scale 4, mask 4, softmax to fp32 2+4, cast back 4+2, AV 2 = 24; backward 2+2,
     # the cast's 2+4, softmax's 4+4+2, scale 4, QK^T's 4 = 28
-    assert speed.eager_bytes_per_score(2, dropout=False) == (24, 28)
+    assert traffic.eager_bytes_per_score(2, dropout=False) == (24, 28)
     # fp32: no cast; dropout reads and writes a score and writes a 1-byte mask, in both passes
-    assert speed.eager_bytes_per_score(4, dropout=False) == (32, 36)
-    assert speed.eager_bytes_per_score(4, dropout=True) == (32 + 9, 36 + 9)
+    assert traffic.eager_bytes_per_score(4, dropout=False) == (32, 36)
+    assert traffic.eager_bytes_per_score(4, dropout=True) == (32 + 9, 36 + 9)
     assert dims_from_config(KNOWN_ARCHITECTURES["gpt2"]).attention_dropout  # attn_pdrop 0.1
     assert not dims_from_config(LLAMA_3_8B).attention_dropout               # no key: none
     assert not dims_from_config({**LLAMA_3_8B, "attention_dropout": 0.0}).attention_dropout
@@ -292,6 +293,7 @@ def test_the_dispatch_constants_are_the_committed_measurement():
     assert summary == measured["summary"]
     assert speed.LAYER_DISPATCH_SECONDS == pytest.approx(summary["layer_ms"] / 1e3)
     assert speed.CHECKPOINT_DISPATCH_FACTOR == summary["checkpointing_factor"]
+    assert speed.REENTRANT_CHECKPOINT_DISPATCH_FACTOR == summary["reentrant_checkpointing_factor"]
     assert speed.AUTOCAST_DISPATCH_FACTOR == summary["autocast_factor"]
     assert speed.ADAPTER_DISPATCH_SECONDS == pytest.approx(summary["adapter_ms"] / 1e3, abs=5e-6)
 
@@ -314,6 +316,26 @@ def test_lora_adapters_move_their_input_side_in_fp32_as_peft_keeps_them():
     h = GPT2.hidden
     per_input = (3 * 4 + 6) + 7 * 4 + 6
     per_output = (6 + 4) * 2
-    assert speed._adapter_bytes_per_token(pure_bf16, GPT2, 2) == (per_input + per_output) * h
+    assert traffic.adapter_bytes_per_token(pure_bf16, GPT2, 2) == (per_input + per_output) * h
     # fp32 activations: no casts
-    assert speed._adapter_bytes_per_token(pure_bf16, GPT2, 4) == ((3 + 7) * 4 + (6 + 4) * 4) * h
+    assert traffic.adapter_bytes_per_token(pure_bf16, GPT2, 4) == ((3 + 7) * 4 + (6 + 4) * 4) * h
+    # peft before 0.12.0, and LoRA code of its own (torchtune's), keep a bf16 base's adapters in
+    # bf16: no casts, 2 bytes an input element
+    for older in (Stack(peft="0.11.1"), Stack(lora="torchtune")):
+        assert traffic.adapter_bytes_per_token(pure_bf16, GPT2, 2, older) == ((3 + 7) * 2 + (6 + 4) * 2) * h
+    assert traffic.adapter_bytes_per_token(pure_bf16, GPT2, 2, Stack(peft="0.12.0")) == (per_input + per_output) * h
+    # an fp32 base's adapters are fp32 on every stack
+    fp32 = config(peft="lora r=8 alpha=16 dropout=0.05 targets=q_proj")
+    assert (traffic.adapter_bytes_per_token(fp32, GPT2, 4, Stack(lora="torchtune"))
+            == traffic.adapter_bytes_per_token(fp32, GPT2, 4))
+
+
+def test_a_stack_that_checkpoints_reentrantly_launches_fewer_ops_in_its_recompute():
+    """transformers before 5.0 recomputed with use_reentrant=True: a plain forward under no_grad."""
+    plain = predict_step_seconds(config(micro_batch=1), GPT2, H100)
+    ckpt = config(micro_batch=1, checkpointing=True)
+    ours = predict_step_seconds(ckpt, GPT2, H100)
+    older = predict_step_seconds(ckpt, GPT2, H100, Stack(transformers="4.48.1"))
+    assert older.step_seconds / plain.step_seconds == pytest.approx(speed.REENTRANT_CHECKPOINT_DISPATCH_FACTOR, rel=0.05)
+    assert older.step_seconds < ours.step_seconds
+    assert predict_step_seconds(ckpt, GPT2, H100, Stack(transformers="5.0.0")) == ours
