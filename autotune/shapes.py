@@ -26,6 +26,7 @@ class ModelDims:
     gated: bool = False                # a gated MLP (SwiGLU, GeGLU): three matrices, not two
     model_type: str = ""
     attention_dropout: bool = False    # dropout on the attention's probabilities (BERT, GPT-2: 0.1; Llama: 0)
+    rms_norm: bool = False             # RMSNorm (Llama, Mistral, Qwen, Gemma, T5), not LayerNorm
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """One layer's linear modules by role, (in, out) each: what LoRA adapts, and by name."""
@@ -116,7 +117,14 @@ def dims_from_config(config: dict) -> ModelDims | None:
         return None
     return ModelDims(parameters=body + embeddings, layers=layers, hidden=hidden, vocab=vocab, heads=heads,
                      intermediate=ffn, kv_width=(kv_heads or 1) * head_dim, gated=gated, model_type=model_type,
-                     attention_dropout=_attention_dropout(config) > 0)
+                     attention_dropout=_attention_dropout(config) > 0,
+                     rms_norm="rms_norm_eps" in config or model_type in _RMS_NORM_WITHOUT_ITS_KEY)
+
+
+# Families whose norm is RMSNorm where a config.json leaves `rms_norm_eps` to its class's default,
+# and T5's (T5LayerNorm: no mean subtracted, no bias; its epsilon is `layer_norm_epsilon`).
+_RMS_NORM_WITHOUT_ITS_KEY = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma", "gemma2",
+                                       "gemma3_text", "phi3", "olmo2", "t5", "mt5", "umt5", "longt5"})
 
 
 def _attention_dropout(config: dict) -> float:

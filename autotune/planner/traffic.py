@@ -42,6 +42,18 @@ ADAPTER_BACKWARD_ROWS = (7, 4)
 ADAPTER_BYTES = 4
 # Without dropout (lora_dropout 0: peft's Identity) the input is neither copied nor masked, in either pass.
 ADAPTER_DROPOUT_ROWS = (2, 2)  # (forward, backward) input rows
+# RMSNorm as transformers (LlamaRMSNorm, T5LayerNorm) and torchtune write it: Python ops, not one
+# kernel as LayerNorm is, on a row of e-byte elements (the residual stream's: 4 under autocast over
+# fp32 weights, 2 on a pure bf16 base). Forward: the upcast to fp32 (read e, write 4; none when e
+# is 4), pow(2) (read 4, write 4), mean (read 4), x * rsqrt (read 4, write 4), the cast back (read
+# 4, write e; none at 4), * weight (read e, write e): 20 + 2e and the casts. Backward: the weight's
+# product (the input's gradient: read e, write e; the weight's: read 2e), the cast back's (read e,
+# write 4), x * rsqrt's (read 4, write 4; rsqrt's gradient reads 4 + 4), pow's (2x: read 4, write
+# 4; times the gradient: read 4, write 4), the two paths summed (read 8, write 4), the upcast's
+# (read 4, write e): 44 + 4e and the casts. ELEMENTWISE_HIDDEN counts a norm as one read and one
+# write (2e forward, 4e backward): the rest comes on top, for each of a layer's RMS_NORMS.
+RMS_NORM_FORWARD, RMS_NORM_BACKWARD = 20, 44
+RMS_NORMS = 2
 # The backward of each element-wise op reads its saved input and the incoming gradient and writes one.
 ELEMENTWISE_BACKWARD = 2.0
 # Bytes per element-wise access: fp32; mixed precision (fp32 norms and residual stream, half matmul
@@ -51,6 +63,11 @@ ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "amp": 3, "half": 2}
 AUTOCAST_CAST_BYTES = 6
 # QLoRA dequantises its NF4 base before each use: read half a byte, write two, per weight and pass.
 DEQUANT_BYTES = 2.5
+# Around a 4-bit layer over an fp32 residual stream (QLoRA with the other parameters in fp32, as
+# peft's prepare_model_for_kbit_training leaves them): bitsandbytes' Linear4bit casts its input to
+# the compute dtype and its output back to the input's (read 4, write 2; read 2, write 4), and the
+# backward casts the gradients likewise; the activations stay fp32 between the layers.
+QUANTIZED_CAST_BYTES = 6
 # Eager attention (transformers' eager_attention_forward, BERT's own) moves each layer's S x S
 # scores per head through memory several times; in bytes per score, e the matmuls' element size:
 #   forward: QK^T written (e), scaled (read, write: 2e), the mask added (2e), softmax in fp32
@@ -90,22 +107,36 @@ def matmul_dtype_is_half(config: ProbeConfig) -> bool:
 
 def elementwise_bytes(config: ProbeConfig, dims: ModelDims, tokens: int, stack: Stack | None = None) -> float:
     """Bytes the element-wise ops around the matmuls move in a micro-step (module docstring)."""
+    fp32_stream = is_qlora(config.peft) and config.weights != "bf16"  # Linear4bit casts its output back
     if config.weights == "bf16":
         element = ELEMENT_BYTES["half"]
-    elif config.precision in ("fp16", "bf16"):
+    elif config.precision in ("fp16", "bf16") and not fp32_stream:
         element = ELEMENT_BYTES["amp"]
     else:
         element = ELEMENT_BYTES["fp32"]
     mlp = (dims.intermediate or 4 * dims.hidden) * (ELEMENTWISE_MLP_GATED if dims.gated else ELEMENTWISE_MLP)
     rows = (ELEMENTWISE_HIDDEN * dims.hidden + mlp) * (forwards(config) + ELEMENTWISE_BACKWARD)
-    per_token = rows * element
+    per_token = rows * element + (rms_norm_bytes_per_token(config, dims) if dims.rms_norm and not config.liger else 0)
     if config.peft is not None:
         per_token += adapter_bytes_per_token(config, dims, element, stack)
     share = (COMPILE_ELEMENTWISE_SHARE if config.compile else 1.0) * (LIGER_ELEMENTWISE_SHARE if config.liger else 1.0)
     moved = tokens * dims.layers * per_token * share
     if is_qlora(config.peft):  # the 4-bit base dequantised before each matmul that uses it
         moved += dims.parameters * DEQUANT_BYTES * (1 + forwards(config))
+        if fp32_stream:
+            widths = sum(fan_in + fan_out for fan_in, fan_out in dims.linear_shapes().values())
+            moved += tokens * dims.layers * widths * QUANTIZED_CAST_BYTES * (forwards(config) + 1)
     return moved
+
+
+def rms_norm_bytes_per_token(config: ProbeConfig, dims: ModelDims) -> float:
+    """Bytes a layer's RMSNorms move per token beyond ELEMENTWISE_HIDDEN's one read and one write
+    (RMS_NORM_FORWARD's count; Liger's fused RMSNorm moves only those)."""
+    e = 2 if config.weights == "bf16" else 4
+    casts = 2 * (4 + e) if e < 4 else 0
+    forward = RMS_NORM_FORWARD + casts
+    backward = RMS_NORM_BACKWARD + casts
+    return RMS_NORMS * dims.hidden * (forward * forwards(config) + backward)
 
 
 def forwards(config: ProbeConfig) -> int:

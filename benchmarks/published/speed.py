@@ -369,6 +369,9 @@ def markdown(priced: list[Priced], summary: dict, meta: dict) -> str:
             "**no** (predicted a tie)" if g["predicted_tie"] else "**no**"
         lines.append(f"| {g['group']} | {g['lever']} | {len(g['rows'])} | {order} | {ups} | "
                      f"{_fmt(g['median_ratio'], '.2f')} | {_fmt(g['worst'], '.2f')}x |")
+    missed = goals_missed(summary)
+    lines += ["", f"Goals missed (#47: every group ranked as measured, every speed-up within {GOAL_SPEEDUP:.0%}): "
+              f"{len(missed)}", "", *(f"- {line}" for line in missed)]
     lines += ["", "## Every row", "",
               "| row | model | GPU | config | measured tok/s | predicted tok/s | ratio | notes |",
               "|---|---|---|---|---|---|---|---|"]
@@ -439,6 +442,8 @@ def main(*, stated_error: bool = False) -> int:
               f"(median |r-1| {spread['median_abs_error']:.1%}, median r {spread['median_ratio']:.2f}), "
               f"worst {spread['worst']:.2f}x")
     print(f"lever groups ranked as measured: {s['groups_ranked_as_measured']}")
+    missed = goals_missed(s)
+    print(f"goals missed: {len(missed)}" + "".join(f"\n  {line}" for line in missed))
     for g in s["by_group"]:
         ups = ", ".join(f"{u['measured']:.2f}x->{u['predicted']:.2f}x" for u in g["speedups"])
         order = {None: "-", True: "same order", False: "ORDER DIFFERS"}[g["same_order"]]
@@ -454,27 +459,45 @@ FITTED = {"GEMM_EFFICIENCY": (0.50, 0.55, 0.60, 0.65, 0.70, 0.75, 0.80),
           "MEMORY_EFFICIENCY": (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)}
 
 
+# The issue's goals for the table (#47): no row off by more than GOAL_WORST, every group ranked as
+# measured, every speed-up within GOAL_SPEEDUP of the measured one.
+GOAL_WORST, GOAL_SPEEDUP = 1.5, 0.15
+
+
+def goals_missed(summary: dict) -> list[str]:
+    """What of the goals a summary misses, one line each: rows beyond GOAL_WORST, groups out of
+    order, speed-ups beyond GOAL_SPEEDUP."""
+    missed = [f"{g['group']}: ranked otherwise" for g in summary["by_group"] if g["same_order"] is False]
+    missed += [f"{g['group']}: {u['row']} {u['measured']:.2f}x measured, {u['predicted']:.2f}x predicted"
+               for g in summary["by_group"] for u in g["speedups"] if abs(u["predicted_over_measured"] - 1) > GOAL_SPEEDUP]
+    return missed
+
+
 def fit() -> dict:
-    """The grid point of FITTED that gives the smallest median |ln r| over every priced row (ties:
-    the smaller worst ratio), with the summary there; the module's constants are put back after."""
+    """The grid point of FITTED that misses the fewest of the goals (rows beyond GOAL_WORST, groups
+    out of order, speed-ups beyond GOAL_SPEEDUP), then gives the smallest median |ln r| over every
+    priced row, with the summary there; the module's constants are put back after. (The median
+    alone would trade the groups' order for a row's hundredth: 18 of 24 groups at its best.)"""
     import itertools
 
     from autotune.planner import speed
 
-    rows, _ = load_speed_rows()
+    rows, groups = load_speed_rows()
     saved = {name: getattr(speed, name) for name in FITTED}
     best: tuple | None = None
     try:
         for values in itertools.product(*FITTED.values()):
             for name, value in zip(FITTED, values):
                 setattr(speed, name, value)
-            ratios = [p.ratio for p in map(price, rows) if p.ratio is not None]
-            spread = _spread(ratios)
-            score = (spread["median_abs_log"], spread["worst"])
+            priced = [price(row) for row in rows]
+            summary = summarize(priced, groups)
+            spread = summary["all"]
+            beyond = sum(max(r, 1 / r) > GOAL_WORST for _, _, r in _known(priced))
+            score = (beyond + len(goals_missed(summary)), spread["median_abs_log"], spread["worst"])
             if best is None or score < best[0]:
                 best = (score, dict(zip(FITTED, values)), spread)
     finally:
         for name, value in saved.items():
             setattr(speed, name, value)
     assert best is not None
-    return {"constants": best[1], "summary": best[2], "current": saved}
+    return {"constants": best[1], "summary": best[2], "goals_missed": best[0][0], "current": saved}

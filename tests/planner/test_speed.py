@@ -26,7 +26,7 @@ LORA = "lora r=8 alpha=16 dropout=0.05 targets=all-linear"
 GPT2 = ModelDims(124_318_464, layers=12, hidden=768, vocab=50257, heads=12,   # what dims_from_config reads
                  intermediate=3072, kv_width=768, gated=False, model_type="gpt2", attention_dropout=True)
 LLAMA = ModelDims(8_029_995_008, layers=32, hidden=4096, vocab=128256, heads=32,
-                  intermediate=14336, kv_width=1024, gated=True, model_type="llama")
+                  intermediate=14336, kv_width=1024, gated=True, model_type="llama", rms_norm=True)
 H100, T4 = find_card("h100"), find_card("t4")
 
 
@@ -339,3 +339,41 @@ def test_a_stack_that_checkpoints_reentrantly_launches_fewer_ops_in_its_recomput
     assert older.step_seconds / plain.step_seconds == pytest.approx(speed.REENTRANT_CHECKPOINT_DISPATCH_FACTOR, rel=0.05)
     assert older.step_seconds < ours.step_seconds
     assert predict_step_seconds(ckpt, GPT2, H100, Stack(transformers="5.0.0")) == ours
+
+
+def test_rms_norm_written_as_python_ops_moves_its_rows_several_times_and_liger_fuses_it():
+    """LlamaRMSNorm / T5LayerNorm: the upcast, pow, mean, x * rsqrt, the cast back, * weight; a
+    pure bf16 stream casts both ways (2 x (4 + 2) bytes each pass), an fp32 one casts nothing."""
+    assert dims_from_config(LLAMA_3_8B).rms_norm and dims_from_config(T5_SMALL).rms_norm
+    assert not dims_from_config(KNOWN_ARCHITECTURES["gpt2"]).rms_norm  # LayerNorm: one fused kernel
+    pure_bf16, amp = config(weights="bf16"), config()
+    per_layer = traffic.RMS_NORMS * LLAMA.hidden
+    assert traffic.rms_norm_bytes_per_token(pure_bf16, LLAMA) == per_layer * (20 + 12 + 44 + 12)
+    assert traffic.rms_norm_bytes_per_token(amp, LLAMA) == per_layer * (20 + 44)
+    assert traffic.rms_norm_bytes_per_token(config(checkpointing=True), LLAMA) == per_layer * (2 * 20 + 44)
+    tokens = 4 * 1024
+    without_norms = dataclasses.replace(LLAMA, rms_norm=False)
+    extra = traffic.elementwise_bytes(amp, LLAMA, tokens) - traffic.elementwise_bytes(amp, without_norms, tokens)
+    assert extra == pytest.approx(tokens * LLAMA.layers * traffic.rms_norm_bytes_per_token(amp, LLAMA))
+    liger = config(liger=True)
+    assert traffic.elementwise_bytes(liger, LLAMA, tokens) == traffic.elementwise_bytes(liger, without_norms, tokens)
+
+
+def test_a_4bit_base_over_an_fp32_stream_casts_around_each_quantized_layer():
+    """QLoRA with the other parameters in fp32 (prepare_model_for_kbit_training's): Linear4bit casts
+    its input to bf16 and its output back, forward and backward, and the stream stays fp32."""
+    qlora = "qlora r=8 alpha=16 dropout=0.05 targets=all-linear"
+    tokens = 4 * 1024
+    over_fp32 = config(peft=qlora)
+    over_bf16 = config(peft=qlora, weights="bf16")
+    lora_fp32 = config(peft=qlora.replace("qlora", "lora"))
+    widths = sum(a + b for a, b in LLAMA.linear_shapes().values())
+    casts = tokens * LLAMA.layers * widths * traffic.QUANTIZED_CAST_BYTES * 2
+    dequant = LLAMA.parameters * traffic.DEQUANT_BYTES * 2
+    # an fp32 stream (4 bytes an element, not mixed precision's 3) plus the casts plus the dequantisation
+    rows_fp32 = traffic.elementwise_bytes(config(precision="fp32", peft=qlora.replace("qlora", "lora")), LLAMA, tokens)
+    assert traffic.elementwise_bytes(over_fp32, LLAMA, tokens) == pytest.approx(rows_fp32 + casts + dequant)
+    assert traffic.elementwise_bytes(over_fp32, LLAMA, tokens) > traffic.elementwise_bytes(lora_fp32, LLAMA, tokens) + casts
+    # over a bf16 stream the layers compute in the stream's dtype: no casts
+    bf16_lora = traffic.elementwise_bytes(config(peft=qlora.replace("qlora", "lora"), weights="bf16"), LLAMA, tokens)
+    assert traffic.elementwise_bytes(over_bf16, LLAMA, tokens) == pytest.approx(bf16_lora + dequant)
