@@ -148,18 +148,19 @@ def test_two_workers_on_two_nodes_pick_what_one_worker_picks(cluster):
         settled = [p.worker.split(":")[1] for p in store.probes("tiny-200MiB") if p.result.status != "skipped"]
     assert len(set(settled)) == 2, settled  # both workers settled probes
     assert cluster_tasks_left(cluster["address"], "tiny-200MiB") == []
-    # One worker, the same space: the same configs fit (memory is exact on CPU), and its pick is one
-    # the two workers measured as fast within a factor of two: here both workers' probes share two
-    # cores, each timed while the other's runs (on GPUs each worker has its own card), so their
-    # timings are skewed by that much on a loaded machine (0.66x seen with three more busy
-    # processes); the searches run --no-confirm, so which of two close configs wins is the timing's.
+    # One worker, the same space: the same configs fit (memory is exact on CPU), and the two workers'
+    # pick is one the single worker measured as fast within a factor of two. Judged by the single
+    # worker's timings, one probe at a time: the two workers' probes share two cores, one timed
+    # alone and the next beside another, which skews their own timings by 2x (a fresh clone's `make
+    # test` saw the single pick at 0.48x of their best, 2026-11-27); the searches run --no-confirm,
+    # so which of two close configs wins is the timing's.
     alone = search(cluster, cluster["base"] / "alone.db", "--strategy", "grid", launcher=False)
     out_alone, err_alone = alone.communicate(timeout=300)
     assert alone.returncode == 0, err_alone[-3000:]
     single = json.loads(out_alone)
     assert {row["label"] for row in single["leaderboard"]} == {row["label"] for row in summary["leaderboard"]}
-    speeds = {row["label"]: row["tokens_per_s"] for row in summary["leaderboard"]}
-    assert speeds[single["best"]["label"]] >= 0.5 * speeds[summary["best"]["label"]], (single["best"], speeds)
+    speeds = {row["label"]: row["tokens_per_s"] for row in single["leaderboard"]}
+    assert speeds[summary["best"]["label"]] >= 0.5 * speeds[single["best"]["label"]], (summary["best"], speeds)
 
 
 def _probing(db: Path, study: str) -> set[str]:
