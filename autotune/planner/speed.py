@@ -231,7 +231,7 @@ def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card, stack
     # Compute, plus the weights' reads that a GEMM of few rows cannot hide behind it (the additive
     # roofline: efficiency t / (t + ridge), the ridge being the card's FLOPs per byte).
     matmul = flops / (peak * efficiency) + _weight_bytes(config, dims) / bandwidth
-    memory = traffic.memory_bytes(config, dims, stack) / bandwidth
+    memory = traffic.memory_bytes(config, dims, 2 if precision in ("fp16", "bf16") else 4, stack) / bandwidth
     gpu = matmul + memory
     dispatch = _dispatch_seconds(config, dims, stack)
     # dispatch hides behind a card's work until it is the longer; a CPU does both in turn

@@ -91,18 +91,13 @@ COMPILE_ELEMENTWISE_SHARE = 0.35
 LIGER_ELEMENTWISE_SHARE = 0.6
 
 
-def memory_bytes(config: ProbeConfig, dims: ModelDims, stack: Stack | None = None) -> float:
+def memory_bytes(config: ProbeConfig, dims: ModelDims, matmul_element: int, stack: Stack | None = None) -> float:
     """Bytes one micro-step's memory-bound passes move (module docstring), on `stack` (None: the
-    installed libraries: peft's fp32 adapters)."""
-    element = 2 if matmul_dtype_is_half(config) else 4
+    installed libraries: peft's fp32 adapters); `matmul_element` the bytes of the dtype the matmuls,
+    and so attention's scores, run in (speed.matmul_precision's)."""
     tokens = config.micro_batch * config.tokens_per_sequence
     return (elementwise_bytes(config, dims, tokens, stack) + cast_bytes(config, dims)
-            + eager_score_bytes(config, dims, element) + logit_bytes(config, dims))
-
-
-def matmul_dtype_is_half(config: ProbeConfig) -> bool:
-    """Whether the matmuls (and so attention's scores) run in a 2-byte dtype: pure bf16 weights, or autocast."""
-    return config.weights == "bf16" or config.precision in ("fp16", "bf16")
+            + eager_score_bytes(config, dims, matmul_element) + logit_bytes(config, dims))
 
 
 def elementwise_bytes(config: ProbeConfig, dims: ModelDims, tokens: int, stack: Stack | None = None) -> float:

@@ -147,6 +147,8 @@ def load_speed_rows(path: Path = TABLE) -> tuple[list[SpeedRow], dict[str, str]]
                "tokens_per_s": float(raw["tokens_per_s"])}
         row = SpeedRow(**raw, file=path.name)
         problems = [f"group {g!r} is not in the [group] table" for g in row.group if g not in groups]
+        problems += [f"{name} {version!r} is not a version (e.g. 4.48.1)" for name, version in
+                     (("transformers", row.transformers), ("peft", row.peft)) if version is not None and not _is_version(version)]
         if not (HERE / "models" / row.model / "config.json").exists():
             problems.append(f"no models/{row.model}/config.json")
         try:
@@ -160,6 +162,17 @@ def load_speed_rows(path: Path = TABLE) -> tuple[list[SpeedRow], dict[str, str]]
     if len(ids) != len(set(ids)):
         raise SystemExit(f"duplicate row ids: {sorted({i for i in ids if ids.count(i) > 1})}")
     return rows, groups
+
+
+def _is_version(text: str) -> bool:
+    """Whether `text` reads as a version (estimate/stack.py would take anything else as the installed one's)."""
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        Version(text)
+    except InvalidVersion:
+        return False
+    return True
 
 
 def speed_config(row: SpeedRow):

@@ -129,3 +129,13 @@ def test_the_fitted_constants_are_the_model_s_and_its_stated_error_is_the_table_
     stated = speed_error.load()
     assert stated is not None and (stated.count, stated.median, stated.worst) == \
         (spread["count"], spread["median_abs_error"], spread["worst"])
+
+
+def test_a_row_s_library_version_that_is_no_version_is_refused_with_the_row(tmp_path):
+    """The stack would take it as the installed library's behaviour and price the row silently so."""
+    from benchmarks.published.speed import TABLE, load_speed_rows
+
+    bad = tmp_path / "speed.toml"
+    bad.write_text(TABLE.read_text().replace('transformers = "4.48.1"', 'transformers = "4.48.x"', 1))
+    with pytest.raises(SystemExit, match=r"speed.toml: row 'fms-speed-mistral-7b-full-1gpu-bs4': transformers '4.48.x'"):
+        load_speed_rows(bad)
