@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import os
 import signal
 import subprocess
@@ -22,6 +23,8 @@ from autotune.errors import AutotuneError, BadInput
 from autotune.processes import kill_me_with_parent
 from autotune.estimate.protocol import TraceFailure, TraceRequest, TraceResult, read_answer
 
+log = logging.getLogger("autotune")
+
 
 # The model type whose code a trace child imports while it waits for its request.
 PRELOAD_ENV = "AUTOTUNE_TRACE_PRELOAD"
@@ -32,10 +35,10 @@ class EstimateError(AutotuneError):
 
 
 class NativeCrash(EstimateError):
-    """The trace child was ended by a native library's crash (an abort, a segmentation fault): a
-    fault of a native library under fake tensors, not of the configuration (a full suite on 2 cores
-    saw one QLoRA trace end in glibc's "corrupted double-linked list" that the same trace then
-    passed). Traced once more in a fresh process before it is an error."""
+    """The trace child was ended by a native crash (an abort, a segmentation fault). Traced once
+    more in a fresh process before it is an error, and said: a crash is a bug to find, not noise.
+    (The one seen so far was ours: deep copies of fake tensors copied their FakeTensorMode and
+    freed a storage twice, trace.py `_fake_tensors_copied_as_real_ones`.)"""
 
 
 # Signals of a native crash, as opposed to a kill from outside (SIGKILL: a timeout, close()).
@@ -211,7 +214,8 @@ class TraceChildren:
             try:
                 try:
                     trace(share)
-                except NativeCrash:  # once more, what is left, in a fresh process (the child is spent)
+                except NativeCrash as crash:  # once more, what is left, in a fresh process (the child is spent)
+                    log.warning("%s; tracing what is left once more in a fresh process", crash)
                     trace([i for i in share if results[i] is None])
             except EstimateError as exc:
                 failures.append(exc)

@@ -1,7 +1,8 @@
 """The estimator's trace child: trace the probe's own training steps on fake tensors and replay
 the allocations. Runs in a child process (`python -m autotune.estimate.trace`; a `TraceRequest`
 on stdin, one `TraceResult` line per configuration on stdout, see `protocol.py`), because it
-imports torch and transformers and because some fake-tensor paths abort the process.
+imports torch and transformers, and so that a native crash under fake tensors ends the trace, not the
+command.
 
 What is traced is the probe's own step (`autotune.probe.step`: `build_random_model`,
 `make_optimizer`, `ProbeStep`: fused AdamW, GradScaler for fp16, two prefetched batches, two
@@ -23,6 +24,7 @@ MemTracker).
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import gc
 import importlib
@@ -176,6 +178,46 @@ def _adapters_left_in_place(adapters: bool):
 
 
 @contextlib.contextmanager
+def _fake_tensors_copied_as_real_ones():
+    """A deep copy of a fake tensor, made as a real tensor's is (`Parameter.__deepcopy__`): its
+    values cloned (a new fake storage of the same size, which the ledger counts as the real run's
+    copy) and whatever else it carries copied, in the same fake mode. peft deep-copies a module it
+    trains whole beside the adapters (`ModulesToSaveWrapper`: a classifier's head). torch's own
+    `Tensor.__deepcopy__` reads a fake tensor's data pointer (a fake one: 0, so it clones) and then
+    deep-copies the tensor's `__dict__`, and with it the `FakeTensorMode` the tensor holds: the
+    mode's converter keys constant storages by `StorageWeakRef`, whose copy holds the same raw
+    weak reference, so the original and the copy each release it (`torch.Storage._free_weak_ref`)
+    and a storage is freed while still referenced: a trace child that aborts at a later free
+    ("corrupted double-linked list") or segfaults, about one classifier QLoRA trace in four."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def deepcopy(self, memo):
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            new = self.clone()
+        memo[id(self)] = new
+        if self.requires_grad:
+            new.requires_grad_()
+        for name, value in self.__dict__.items():
+            if name not in new.__dict__:  # (the fake tensor's own state, its mode's included, is new's already)
+                setattr(new, name, copy.deepcopy(value, memo))
+        if self.grad is not None and not getattr(self, "_is_param", False):  # (as Tensor's; Parameter's leaves it)
+            new.grad = copy.deepcopy(self.grad, memo)
+        return new
+
+    before = FakeTensor.__dict__.get("__deepcopy__")
+    FakeTensor.__deepcopy__ = deepcopy  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        if before is None:
+            del FakeTensor.__deepcopy__
+        else:
+            FakeTensor.__deepcopy__ = before  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
 def _bitsandbytes_maps_made_real(config):
     """bitsandbytes' 8-bit optimizers make their quantization maps (256 values) from Python
     lists, reading tensors' values, which fake tensors cannot answer. The maps are the same for
@@ -278,7 +320,8 @@ def _trace_rank(item: TraceItem, cuda: bool, rank: int | None) -> _RankTrace:
     gc.disable()  # storages die when their last reference goes, as in the real step; no stray collections
     try:
         with (ranks.fake_process_group(rank, config.ranks) if rank is not None else contextlib.nullcontext()), \
-                _adapters_left_in_place(config.peft is not None), _bitsandbytes_maps_made_real(config), \
+                _adapters_left_in_place(config.peft is not None), _fake_tensors_copied_as_real_ones(), \
+                _bitsandbytes_maps_made_real(config), \
                 older_stacks.four_bit_inputs_kept(item.stack.keeps_4bit_inputs), \
                 FakeTensorMode(allow_non_fake_inputs=True), ledger, ledger.watching_resizes(), \
                 (ranks.fake_tensor_rules(ledger) if rank is not None else contextlib.nullcontext()), \

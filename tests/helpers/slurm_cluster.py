@@ -2,7 +2,7 @@
 
 Use it by importing the fixture into a test module (it is module-scoped: one cluster per module)::
 
-    from tests.launchers.slurm_cluster import slurm_cluster  # noqa: F401  (a pytest fixture)
+    from tests.helpers.slurm_cluster import slurm_cluster  # noqa: F401  (a pytest fixture)
 
     @pytest.mark.slow
     def test_something(slurm_cluster):
@@ -43,6 +43,8 @@ from typing import Iterator
 
 import pytest
 
+from tests.helpers.ports import free_port
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct")
 PARTITION = "debug"
@@ -74,12 +76,6 @@ def slurm_unavailable() -> str | None:
     if not Path("/tmp").is_dir():
         return "no /tmp for the cluster's directory (munge wants every directory above its socket searchable)"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:  # the tiny race with other processes is acceptable
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _expand_task_ids(spec: str) -> list[str]:
@@ -254,11 +250,11 @@ def _write_config(root: Path, node: str, munge_socket: Path) -> tuple[Path, Path
     jobcomp = logs / "jobcomp.txt"
     conf = etc / "slurm.conf"
     conf.write_text(f"""\
-# Written by tests/launchers/slurm_cluster.py for one test module; removed after it.
+# Written by tests/helpers/slurm_cluster.py for one test module; removed after it.
 ClusterName=autotune-test
 SlurmctldHost={node}(127.0.0.1)
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge

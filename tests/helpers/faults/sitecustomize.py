@@ -1,7 +1,7 @@
 """Fault injection for tests, kept out of production code.
 
 A test that wants a probe to misbehave puts this directory first on PYTHONPATH and names a fault
-in AUTOTUNE_INJECT_FAULT (see tests/faults/__init__.py: `fault_env`). Python runs this file at
+in AUTOTUNE_INJECT_FAULT (see tests/helpers/faults/__init__.py: `fault_env`). Python runs this file at
 start-up in every process of the test, the spawned probe children included; it waits for
 `autotune.probe.step` to be imported and then wraps `ProbeStep.__call__`, so that the real child,
 runner and search handle a real hang, SIGKILL, exception or non-finite loss.

@@ -12,7 +12,10 @@ from collections.abc import Callable
 from autotune.budget import Budget
 from autotune.config import ProbeConfig
 from autotune.environment import Environment
+from autotune.models import resolve_model
 from autotune.result import ProbeResult
+from autotune.search import Prediction, SearchOptions, run_search
+from autotune.space import SearchSpace
 
 MiB = 2**20
 FAKE_ENV = Environment(device_type="cuda", device_name="Fake GPU 16GB", device_total_bytes=16 * 2**30,
@@ -74,3 +77,43 @@ def request(space, spec, budget_bytes: int, margin_bytes: int, options=None, set
     from autotune.search import SearchRequest
 
     return SearchRequest.of(space, spec, Budget(budget_bytes, margin_bytes), options, settings)
+
+
+# -- a search over gpt2's space with the scripted runner ------------------------------------------
+
+GiB = 2**30
+BUDGET = 1 * GiB
+MARGIN = int(0.05 * BUDGET)
+
+
+def gpt2_space(**overrides) -> SearchSpace:
+    # 72 candidates: six micro-batches up to an effective batch of 32 sequences.
+    return SearchSpace.build(resolve_model("gpt2"), **{"micro_batches": (1, 2, 4, 8, 16, 32), "block_sizes": (512,),
+                                                       "effective_batch": 32, **overrides})
+
+
+def search(store, runner, space, predictor=None, **options):
+    options.setdefault("predict", predictor is not None)
+    return run_search(request(space, resolve_model("gpt2"), BUDGET, MARGIN, SearchOptions(**options)), runner, store,
+                      predictor=predictor)
+
+
+def modelled_predictor(error: float = 0.0):
+    """Predictions from the fake runner's own memory model, off by `error` (0.1 = 10% high)."""
+    def predict(candidates, device_type):
+        out = {}
+        for c in candidates:
+            peak = modelled_result(c, 10**15, 0).peak_reserved_bytes
+            need = int(peak * (1 + error))
+            out[c.key()] = Prediction(peak_bytes=need, floor_bytes=need, required_bytes=need)
+        return out
+    return predict
+
+
+def fake_estimate(config: ProbeConfig, need: int):
+    """A CUDA estimate of `config` that needs `need` bytes at its peak."""
+    from autotune.estimate import MemoryEstimate
+
+    return MemoryEstimate(config=config, device_type="cuda", params=need // 8, grads=0, optimizer=need // 4,
+                          activations=need // 2, temporaries=need // 8, workspace=0, peak_bytes=need,
+                          reserved_bytes=need + 64 * MiB, context_bytes=500 * MiB, seconds=0.0)

@@ -1,13 +1,15 @@
-"""Small builders shared by the store tests."""
+"""Small builders of stored records: a study, a probe's config and result, a leaderboard row, a winner."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from autotune.config import ProbeConfig
 from autotune.environment import Environment
 from autotune.result import ProbeResult
-from autotune.store import Store, StudyRecord
+from autotune.handoff import BestConfig
+from autotune.store import LeaderboardRow, Store, StudyRecord
 
 GiB = 2**30
 ENV = Environment("cuda", "NVIDIA H100 80GB HBM3", 80 * GiB, cuda_version="12.8", driver_version="570.86",
@@ -47,3 +49,14 @@ def result(status: str = "ok", tokens_per_s: float | None = 1000.0, peak: int | 
     }
     values.update(changes)
     return ProbeResult(**values)
+
+
+def leaderboard_row(config: ProbeConfig) -> LeaderboardRow:
+    return LeaderboardRow(rank=1, study="s", probe_id=1, trial_number=None, config=config, config_key="k",
+                          status="ok", tokens_per_s=1.0, step_seconds=1.0, samples_per_s=1.0, mfu=None,
+                          peak_allocated_bytes=1, peak_reserved_bytes=1, context_bytes=0, budget_bytes=2**30,
+                          margin_bytes=0)
+
+
+def best_of(config: ProbeConfig, device_type: str = "cuda", confirmation: dict | None = None, **row) -> BestConfig:
+    return BestConfig(dataclasses.replace(leaderboard_row(config), **row), device_type, confirmation)

@@ -1,0 +1,108 @@
+"""The processes a test started, read from /proc: who is alive below whom, their command lines and
+CPU time, and the check that a search left nothing running."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+
+GONE_WITHIN = 10.0  # seconds a test allows a search's processes to end after it did
+
+
+def _stat(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text[text.rindex(")") + 2:].split()  # fields after the command name: state, ppid, ...
+
+
+def state(pid: int) -> str:
+    """The process's state letter (R, S, T, Z, ...); X once it is gone."""
+    fields = _stat(pid)
+    return "X" if fields is None else fields[0]
+
+
+def alive(pid: int) -> bool:
+    return state(pid) not in ("Z", "X")  # a zombie holds no memory and runs nothing
+
+
+def parent_of(pid: int) -> int | None:
+    fields = _stat(pid)
+    return None if fields is None else int(fields[1])
+
+
+def children() -> list[int]:
+    """Processes whose parent is this one, zombies too (a child never reaped is left behind): each
+    thread's `children` list (Linux), else a scan of /proc."""
+    me = os.getpid()
+    lists = list(Path(f"/proc/{me}/task").glob("*/children"))
+    if lists:
+        found: set[int] = set()
+        for listing in lists:
+            with contextlib.suppress(OSError):
+                found.update(int(pid) for pid in listing.read_text().split())
+        return sorted(found)
+    return sorted(int(entry) for entry in os.listdir("/proc") if entry.isdigit() and parent_of(int(entry)) == me)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (children, their children, ...)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _stat(int(entry))) is not None:
+            parents[int(entry)] = int(fields[1])
+    found: set[int] = set()
+    frontier = {pid}
+    while frontier:
+        frontier = {p for p, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return {p for p in found if alive(p)}
+
+
+def ancestors(pid: int) -> set[int]:
+    """Every process above `pid`, up to (not including) init."""
+    found = set()
+    while pid > 1 and (parent := parent_of(pid)) is not None:
+        found.add(parent)
+        pid = parent
+    return found - {0, 1}
+
+
+def cmdline(pid: int) -> bytes:
+    """The process's argv, NUL-separated as /proc holds it (empty once it is gone)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def command_text(pid: int) -> str:
+    """The process's argv joined with spaces."""
+    return cmdline(pid).replace(b"\0", b" ").decode(errors="replace")
+
+
+def processes_named(text: str) -> set[int]:
+    """Every live process on the machine whose command line contains `text`."""
+    return {int(entry) for entry in os.listdir("/proc") if entry.isdigit() and text in command_text(int(entry))
+            and alive(int(entry))}
+
+
+def cpu_seconds(pids: set[int]) -> float:
+    """CPU time (user + system) the live processes `pids` have used."""
+    ticks = 0
+    for pid in pids:
+        fields = _stat(pid)
+        if fields is not None:
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def assert_all_gone(pids: set[int], within: float = GONE_WITHIN) -> None:
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
+        time.sleep(0.2)
+    left = {p: cmdline(p).replace(b"\0", b" ")[:120] for p in pids if alive(p)}
+    assert not left, f"left running {within:.0f} s after the search ended: {left}"
