@@ -10,6 +10,9 @@ with the probe's time limit, and make one ProbeResult of theirs.
 - Nothing outlives the probe: the agent dies with autotune (parent-death signal), each rank with
   the agent (rank_main.py), and after any ending the launcher kills whatever rank is still alive
   by the pid it wrote. The probe's timeout and the command's deadline are held by the wall clock.
+- On several nodes, the rendezvous is bounded too: the first node's agent hosts it and waits
+  `Rendezvous.timeout` for the others; if they do not all arrive, or its port is taken by another
+  program, the probe ends with one line saying so (DeviceError), not as the config's outcome.
 
 Torch-free, as the runner is.
 """
@@ -17,8 +20,10 @@ Torch-free, as the runner is.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import pickle
+import re
 import shutil
 import signal
 import subprocess
@@ -31,6 +36,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autotune.deadline import Deadline, DeadlineReached
+from autotune.errors import DeviceError
 from autotune.probe.protocol import ProbeRequest
 from autotune.probe.rank_main import DEVICE_ENV, RUN_DIR_ENV, write_whole
 from autotune.processes import kill_me_with_parent
@@ -41,27 +47,92 @@ POLL_SECONDS = 0.1
 # Which rank's outcome the probe reports when ranks differ: the cause before its consequences (a
 # rank out of memory makes the others' collectives fail: they read as crashed).
 _CAUSES = (ProbeStatus.OOM, ProbeStatus.UNSTABLE, ProbeStatus.SKIPPED, ProbeStatus.TIMEOUT, ProbeStatus.CRASHED)
+# How long the nodes of a run wait for each other at a probe's rendezvous (torchrun's own default
+# is 600 s): the first node for the others to arrive, each other node to reach the first.
+RENDEZVOUS_SECONDS = 300.0
+# What torchrun's agents say when a rendezvous cannot be held or completed (torch 2.x): the first
+# node's store cannot listen; it waited its time and only `joined` of the `expected` nodes came.
+_PORT_TAKEN = re.compile(r"EADDRINUSE|address already in use", re.IGNORECASE)
+_NOT_ALL_JOINED = re.compile(r"Timed out after \d+ seconds waiting for clients\. (\d+)/(\d+) clients joined")
 
 
 @dataclass(frozen=True, slots=True)
 class Rendezvous:
     """Where this node's ranks meet the others': one node alone (torchrun's `standalone`), or the
-    first node's address and port, where the nodes of a run on several meet."""
+    first node's address and port, where the nodes of a run on several meet, waiting `timeout`
+    seconds for each other."""
 
     nodes: int = 1
     node_rank: int = 0
     endpoint: str | None = None   # host:port of the rendezvous (the first node's), for several nodes
     run_id: str = "autotune"
+    timeout: float = RENDEZVOUS_SECONDS
+
+    @property
+    def port(self) -> str:
+        return str(self.endpoint).rpartition(":")[2]
 
     def arguments(self) -> list[str]:
         if self.nodes == 1 and self.endpoint is None:
             return ["--standalone"]
         # torchrun's static rendezvous: the node ranks are the ones given (the first node's ranks
         # come first, rank 0 among them, which holds the probe), and the first node hosts the
-        # store. (c10d's dynamic rendezvous numbers nodes by arrival.)
-        host, _, port = str(self.endpoint).rpartition(":")
+        # store, always (is_master = node rank 0: it never takes another program on its port for
+        # the store; it fails to listen instead). The others are its clients. (c10d's dynamic
+        # rendezvous numbers nodes by arrival.) `timeout`: the store's, which bounds the first
+        # node's wait for the others and each other node's attempts to connect.
+        host = str(self.endpoint).rpartition(":")[0]
         return ["--nnodes", str(self.nodes), "--node-rank", str(self.node_rank), "--rdzv-backend", "static",
-                "--master-addr", host.strip("[]"), "--master-port", port, "--rdzv-id", self.run_id]
+                "--master-addr", host.strip("[]"), "--master-port", self.port, "--rdzv-id", self.run_id,
+                "--rdzv-conf", f"timeout={math.ceil(self.timeout)}"]
+
+    def problem(self, log: str) -> str | None:
+        """What kept the first node's rendezvous from completing, told from its agent's output `log`,
+        as one line (None: not a rendezvous problem, or not one this can tell)."""
+        if _PORT_TAKEN.search(log):
+            return (f"the rendezvous port {self.port} is taken on this node by another program (address already in "
+                    f"use): stop that program, or give every node another --rendezvous port"
+                    f"{_ephemeral_hint(self.port)}.")
+        if (joined := _NOT_ALL_JOINED.search(log)) is not None:
+            return self.missing(int(joined.group(1)) - 1, f"within {math.ceil(self.timeout)} s")
+        return None
+
+    def missing(self, arrived: int | None, when: str) -> str:
+        """One line for a rendezvous that `arrived` of the other nodes reached (None: not known)."""
+        others = self.nodes - 1
+        if arrived == 0:
+            names = "node 1" if others == 1 else f"nodes {', '.join(str(n) for n in range(1, others))} and {others}"
+            who = f"{names} of {self.nodes} did not reach"
+        elif arrived is not None:
+            who = f"{others - arrived} of the other {others} nodes did not reach"
+        else:
+            who = "the other nodes did not all reach"
+        rank = "1" if others == 1 else "N"
+        where = "the other node" if others == 1 else "each other node"
+        return (f"{who} the rendezvous at {self.endpoint} {when}: run `autotune node --rendezvous {self.endpoint} "
+                f"--nodes {self.nodes} --node-rank {rank}` on {where} (if one runs and still did not arrive, another "
+                f"program at that address may have answered it instead).")
+
+
+def rendezvous_seconds(probe_timeout: float) -> float:
+    """The first node's wait for the others in a probe: RENDEZVOUS_SECONDS, and never more than half
+    of the probe's timeout (whose wall clock also holds the rendezvous), so that a node missing is
+    said as such before the probe would time out."""
+    return max(1.0, min(RENDEZVOUS_SECONDS, probe_timeout / 2))
+
+
+def _ephemeral_hint(port: str) -> str:
+    """Where `port` lies in the range the system hands out to programs that ask for any port (their
+    listening sockets and outgoing connections), why another program may hold it by chance."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as source:
+            low, high = (int(field) for field in source.read().split())
+    except (OSError, ValueError):
+        return ""
+    if port.isdigit() and low <= int(port) <= high:
+        return (f" ({port} is among the ports {low}-{high} this machine hands out to any program that asks for one; "
+                f"one below {low} is taken only by a program that names it)")
+    return ""
 
 
 def torchrun_command(ranks_per_node: int, rendezvous: Rendezvous = Rendezvous(),
@@ -159,9 +230,11 @@ def run_ranks(request: ProbeRequest, deadline: Deadline, *, on_phase: Callable[[
     """Probe `request.config` on its ranks: `gpus` on this node, and as many on each of its other
     `nodes` (`autotune node`, meeting at `settings.rendezvous`); `environment` is set (None:
     unset) for this node's ranks. Every outcome comes back as a status, and a user error as
-    AutotuneError. Raises DeadlineReached at the command's deadline (the ranks killed first)."""
+    AutotuneError: DeviceError when the nodes did not meet (Rendezvous.problem). Raises
+    DeadlineReached at the command's deadline (the ranks killed first)."""
     config, settings = request.config, request.settings
-    rendezvous = Rendezvous(config.nodes, 0, settings.rendezvous) if config.nodes > 1 else Rendezvous()
+    rendezvous = (Rendezvous(config.nodes, 0, settings.rendezvous, timeout=rendezvous_seconds(settings.timeout))
+                  if config.nodes > 1 else Rendezvous())
     started = time.perf_counter()
     with RankLaunch("autotune-ranks-") as launch:
         run_dir = launch.run_dir
@@ -176,6 +249,8 @@ def run_ranks(request: ProbeRequest, deadline: Deadline, *, on_phase: Callable[[
             if deadline.expired():
                 raise DeadlineReached(f"{config.label()} was stopped at the command's deadline")
             if time.perf_counter() > limit:
+                if config.nodes > 1 and not ranks_started(run_dir):  # (the nodes never met: not the config's doing)
+                    raise DeviceError(rendezvous.missing(None, f"within the probe's {settings.timeout:.0f} s"))
                 return _failed(request, ProbeStatus.TIMEOUT, f"no result from {config.ranks} ranks within "
                                f"{settings.timeout:.0f} s; every rank was killed", started)
             now = _read(os.path.join(run_dir, "phase"))
@@ -184,7 +259,16 @@ def run_ranks(request: ProbeRequest, deadline: Deadline, *, on_phase: Callable[[
             phase = now or phase
             time.sleep(POLL_SECONDS)
         launch.stop()  # (ranks the agent left: none, unless it was killed)
+        problem = rendezvous.problem(_read(os.path.join(run_dir, "torchrun.log"))) if config.nodes > 1 else None
+        if problem is not None and not ranks_started(run_dir):  # (the nodes never met: not the config's doing)
+            raise DeviceError(problem)
         return _gather(request, run_dir, config.ranks, agent.returncode, started)
+
+
+def ranks_started(run_dir: str) -> bool:
+    """Whether any of this node's ranks has started (torchrun starts them once its rendezvous is
+    complete; each writes its pid first)."""
+    return any(name.startswith("rank-") and name.endswith(".pid") for name in os.listdir(run_dir))
 
 
 def _gather(request: ProbeRequest, run_dir: str, ranks: int, returncode: int, started: float) -> ProbeResult:
