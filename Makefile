@@ -37,17 +37,19 @@ $(BIN)/autotune: pyproject.toml
 
 install: $(BIN)/autotune
 
-# Both cores: one pytest worker each; a file's tests stay on one worker, so a module's warm probe
-# child or PostgreSQL server is started once.
-PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25
+# Both cores: one pytest worker each. A module's tests stay on one worker, so that a fixture made once
+# for the module (a warm probe child, a server, a search) is made once; the longest modules go first
+# (tests/conftest.py orders them by tests/module_seconds.json; --no-loadscope-reorder keeps that
+# order), so that neither worker is left alone with a long module at the end.
+PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25
 
 test: install
 	$(PYTEST)
 
 # About a minute: no probe or estimator processes (tests marked `slow`; tests/conftest.py refuses
-# them elsewhere). Spread test by test, since no module here shares a costly fixture.
+# them elsewhere).
 test-fast: install
-	$(BIN)/python -m pytest -q -n 2 --dist load -m "not slow"
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder -m "not slow"
 
 $(DEMO_MODEL)/config.json:
 	mkdir -p $(DEMO_MODEL)

@@ -4,24 +4,21 @@ tmp_path, so nothing touches a user's real data."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
-from unittest import mock
 from pathlib import Path
+from unittest import mock
 
 import pytest
+
+from tests.helpers.models import cuda_available, write_model_dir
+from tests.helpers.ports import free_port
+from tests.helpers.postgres import POSTGRES_BIN, PostgresServer, postgres_unavailable
 
 # Two test workers share the machine's cores, and each probe or training step they start would run
 # one OpenMP thread per core: threads that spin while the other worker holds their core slow a step
 # many times over. One thread each (set before torch is imported here or in any child).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-
-# A 2-layer GPT-2, small enough that a CPU probe takes about a second of steps.
-TINY_GPT2 = {
-    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 64, "n_head": 2,
-    "vocab_size": 1024, "n_positions": 256, "n_ctx": 256, "bos_token_id": 0, "eos_token_id": 0,
-}
 
 
 @pytest.fixture(autouse=True)
@@ -67,10 +64,30 @@ def pytest_runtest_call(item):
         yield
 
 
-def write_model_dir(path: Path, **overrides) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps({**TINY_GPT2, **overrides}))
-    return path
+@pytest.fixture
+def store(hermetic_home):
+    """The default results database (in this test's hermetic home), open."""
+    from autotune.store import open_store
+
+    with open_store() as opened:
+        yield opened
+
+
+@pytest.fixture
+def work(tmp_path, monkeypatch, hermetic_home):
+    """A working directory holding a results database with one study (and an ok probe), also the
+    default database ($AUTOTUNE_DB), so that a mistake that falls back to the default shows."""
+    folder = tmp_path / "work"
+    folder.mkdir()
+    db = hermetic_home / "autotune.db"
+    from autotune.store import open_store
+    from tests.helpers.store import ENV, config, make_study, result
+
+    with open_store(db) as store:
+        study = make_study(store, "s1")
+        store.record_probe(study.id, config(4), result(), env_fingerprint=ENV.fingerprint())
+    monkeypatch.chdir(folder)
+    return folder
 
 
 @pytest.fixture
@@ -79,16 +96,65 @@ def tiny_model(tmp_path) -> str:
     return str(write_model_dir(tmp_path / "tiny-gpt2"))
 
 
-def cuda_available() -> bool:
-    # Ask torch only when a driver is visible: importing torch costs seconds.
-    if not (shutil.which("nvidia-smi") or os.path.exists("/proc/driver/nvidia")):
-        return False
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def pytest_collection_modifyitems(config, items):
+    _check_gpu_marks(items)
+    _heaviest_first(items)
+
+
+# Seconds each module took in a whole run on the 2-core development machine (tests/conftest.py
+# writes the file anew with `pytest --record-module-seconds tests/module_seconds.json`): the order
+# the workers take modules in. A module not in it counts as SLOW_MODULE_SECONDS if it starts
+# processes, else as nothing.
+MODULE_SECONDS = Path(__file__).with_name("module_seconds.json")
+SLOW_MODULE_SECONDS = 20.0
+
+
+def _heaviest_first(items) -> None:
+    """The longest modules first, each module's tests in their order: a worker that took a long
+    module last would run it alone while the other waits. (make test hands out whole modules,
+    --dist loadfile, so that a module's fixtures are made once, and --no-loadscope-reorder keeps
+    this order; xdist's loadgroup, which would spread the other tests one by one, renames node ids
+    in a way pytest 9.2 no longer reads, and groups nothing.)"""
+    import json
+
+    recorded = json.loads(MODULE_SECONDS.read_text()) if MODULE_SECONDS.exists() else {}
+    slow = {_module_of(item) for item in items if item.get_closest_marker("slow") is not None}
+    first_seen = {_module_of(item): index for index, item in reversed(list(enumerate(items)))}
+
+    def cost(module: str) -> float:
+        return recorded.get(module, SLOW_MODULE_SECONDS if module in slow else 0.0)
+
+    items.sort(key=lambda item: (-cost(_module_of(item)), first_seen[_module_of(item)]))
+
+
+def _module_of(item) -> str:
+    return item.nodeid.split("::")[0]
+
+
+def pytest_addoption(parser):
+    parser.addoption("--record-module-seconds", metavar="FILE", default=None,
+                     help="write each test module's seconds (setup, call and teardown of its tests) to FILE as JSON")
+
+
+_module_seconds: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    # (On the controller under xdist: it receives every worker's reports.)
+    module = report.nodeid.split("::")[0].split("@")[0]
+    _module_seconds[module] = _module_seconds.get(module, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    target = session.config.getoption("--record-module-seconds")
+    if target and not hasattr(session.config, "workerinput"):
+        import json
+
+        ordered = dict(sorted(((m, round(s, 1)) for m, s in _module_seconds.items()), key=lambda pair: -pair[1]))
+        Path(target).write_text(json.dumps(ordered, indent=1) + "\n")
+
+
+def _check_gpu_marks(items) -> None:
     # A GPU test starts probe or training processes; unmarked `slow`, it would be refused when it
     # runs (see _no_processes_unless_slow), which a machine without CUDA never shows: say it here.
     unmarked = [item.nodeid for item in items if "gpu" in item.keywords and "slow" not in item.keywords]
@@ -103,63 +169,16 @@ def pytest_collection_modifyitems(config, items):
 
 # -- PostgreSQL: a throwaway server for store tests (and later the distributed search) ---------------
 
-POSTGRES_BIN = Path(os.environ.get("AUTOTUNE_TEST_PG_BIN", "/usr/lib/postgresql/15/bin"))
-
-
-class PostgresServer:
-    """A private PostgreSQL server on 127.0.0.1, trusting local connections as `postgres`."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-
-    def url(self, database: str = "postgres") -> str:
-        return f"postgresql+psycopg://postgres@{self.host}:{self.port}/{database}"
-
-    def create_database(self, name: str) -> str:
-        """A new, empty database; returns its SQLAlchemy URL."""
-        import psycopg
-
-        with psycopg.connect(host=self.host, port=self.port, user="postgres", dbname="postgres", autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        return self.url(name)
-
-    def drop_database(self, name: str) -> None:
-        import psycopg
-
-        with psycopg.connect(host=self.host, port=self.port, user="postgres", dbname="postgres", autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-def _postgres_unavailable() -> str | None:
-    import importlib.util
-    import pwd
-
-    for tool in ("initdb", "pg_ctl", "postgres"):
-        if not (POSTGRES_BIN / tool).exists():
-            return f"PostgreSQL binaries not found in {POSTGRES_BIN} (set AUTOTUNE_TEST_PG_BIN)"
-    if os.geteuid() == 0:
-        try:
-            pwd.getpwnam("postgres")
-        except KeyError:
-            return "running as root and there is no 'postgres' user to run the server as"
-        if not shutil.which("runuser"):
-            return "running as root and runuser is missing"
-    if importlib.util.find_spec("psycopg") is None:
-        return "psycopg is not installed (pip install 'autotune[postgres]')"
-    return None
-
-
 @pytest.fixture(scope="session")
 def postgres_server():
     """Start a throwaway PostgreSQL server for the session (skips where none can run).
 
     PostgreSQL refuses to run as root, so as root the server runs as the `postgres` user, in a
     temporary directory that user owns."""
-    import socket
     import subprocess
     import tempfile
 
-    reason = _postgres_unavailable()
+    reason = postgres_unavailable()
     if reason:
         pytest.skip(reason)
     as_postgres: list[str] = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
@@ -167,9 +186,7 @@ def postgres_server():
     if os.geteuid() == 0:
         shutil.chown(base, user="postgres", group="postgres")
     data, log = base / "data", base / "server.log"
-    with socket.socket() as probe:  # a free port; the tiny race with other processes is acceptable
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
 
     def run(*args: str) -> None:
         subprocess.run([*as_postgres, *args], check=True, capture_output=True, text=True, timeout=120)

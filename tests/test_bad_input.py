@@ -1,6 +1,6 @@
 """Mistakes a careful user made, through the real command line: each is one line on stderr, exit
 status 2, no traceback, and the database exactly as it was (its bytes, or its absence: no file or
-directory created). See tests/cli.py for the contract."""
+directory created). See tests/helpers/cli.py for the contract."""
 
 from __future__ import annotations
 
@@ -16,67 +16,17 @@ import pytest
 
 from autotune.store import PG_CONNECT_TIMEOUT_S, open_store
 from autotune.store.schema import SCHEMA_REVISION
-from tests.cli import assert_usage_error, autotune
-from tests.store.helpers import ENV, FakeModel, GiB, config, make_study, result
+from tests.helpers.cli import Unchanged, autotune, invoke, refused
+from tests.helpers.store import ENV, FakeModel, GiB, config, make_study, result
 
 BIG = "99999999999999999999"  # > 2**63 - 1: what SQLite and PostgreSQL store as an integer
 FIXTURE_0001 = Path(__file__).parent / "store" / "fixtures" / "autotune-0001.db"
 
 
-def snapshot(*roots: Path) -> dict[str, bytes | None]:
-    """Every file under `roots` with its bytes (directories as None): what "unchanged" compares.
-    SQLite's -wal/-shm files of a database nobody has open are gone once it is closed, so they
-    show here only if a command left them behind."""
-    found: dict[str, bytes | None] = {}
-    for root in roots:
-        if not root.exists():
-            found[str(root)] = b"<absent>"
-            continue
-        for path in sorted(root.rglob("*")):
-            found[str(path)] = None if path.is_dir() else path.read_bytes()
-    return found
-
-
-class Unchanged:
-    """`with Unchanged(folder): run a refused command`: the folder holds the same files, byte for byte."""
-
-    def __init__(self, *roots: Path) -> None:
-        self.roots = roots
-
-    def __enter__(self) -> Unchanged:
-        self.before = snapshot(*self.roots)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if exc[0] is None:
-            after = snapshot(*self.roots)
-            added = sorted(set(after) - set(self.before))
-            changed = sorted(k for k in set(after) & set(self.before) if after[k] != self.before[k])
-            assert not added and not changed and set(after) == set(self.before), \
-                f"database unchanged: no (added {added}, changed {changed}, removed {sorted(set(self.before) - set(after))})"
-
-
-def refused(proc, needle: str) -> None:
-    assert_usage_error(proc, needle)
-    assert proc.stderr.startswith("autotune: error: ") and proc.stdout == ""
-
-
-@pytest.fixture
-def work(tmp_path, monkeypatch, hermetic_home):
-    """A working directory holding a results database with one study (and an ok probe), also the
-    default database ($AUTOTUNE_DB), so that a mistake that falls back to the default shows."""
-    folder = tmp_path / "work"
-    folder.mkdir()
-    db = hermetic_home / "autotune.db"
-    with open_store(db) as store:
-        study = make_study(store, "s1")
-        store.record_probe(study.id, config(4), result(), env_fingerprint=ENV.fingerprint())
-    monkeypatch.chdir(folder)
-    return folder
-
-
-def run(*args: str, **kwargs):
-    return autotune(*args, timeout=120, **kwargs)
+def run(*args: str):
+    """`autotune ARGS` in this process: a mistake must be refused before any process starts
+    (tests/conftest.py fails a test that starts one without the `slow` mark)."""
+    return invoke(*args)
 
 
 def database(hermetic_home) -> str:
@@ -153,6 +103,7 @@ def test_a_postgresql_server_that_never_answers_is_one_line_within_the_timeout(w
         with Unchanged(work, hermetic_home):
             proc = autotune("studies", "--db", f"postgresql+psycopg://u@127.0.0.1:{port}/db", timeout=PG_CONNECT_TIMEOUT_S + 20)
     finally:
+        server.shutdown(socket.SHUT_RDWR)  # (wakes the accepting thread: a plain close() leaves it listening)
         server.close()
         for connection in held:
             connection.close()
@@ -320,12 +271,14 @@ def test_recipes_this_model_or_machine_cannot_train_are_one_line_and_write_nothi
                                                                                    args, needle):
     # Told by building the model (meta device) in the probe child, before the study is written.
     with Unchanged(work, hermetic_home):
-        refused(run("search", "--model", tiny_model, "--gpu-budget", "1GiB", "--device", "cpu", "--micro-batches", "1",
-                    "--effective-batch", "1", *args), needle)
+        refused(autotune("search", "--model", tiny_model, "--gpu-budget", "1GiB", "--device", "cpu", "--micro-batches",
+                         "1", "--effective-batch", "1", *args), needle)
     if "targets" in needle:  # (the estimator predicts QLoRA for a card: tests/probe/test_qlora.py)
+        # --json: without it, a trace that takes 30 s (a loaded machine importing peft) says so on
+        # stderr before its refusal, as a long estimate should.
         with Unchanged(work, hermetic_home):
-            refused(run("estimate", "--model", tiny_model, "--micro-batch", "1", "--block-size", "32", *args),
-                    needle.split(":")[0])
+            refused(autotune("estimate", "--model", tiny_model, "--micro-batch", "1", "--block-size", "32", "--json",
+                             *args), needle.split(":")[0])
 
 
 @pytest.mark.parametrize("command, args, needle", [

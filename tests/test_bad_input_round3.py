@@ -7,39 +7,15 @@ refused before a probe or trace process starts fails here, since such tests may 
 from __future__ import annotations
 
 import json
-import sys
-from dataclasses import dataclass
 from unittest import mock
 
 import pytest
-from click.testing import CliRunner
-
-from autotune.cli.app import main
 from autotune.errors import BadInput
 from autotune.result import ProbeResult
 from autotune.status import ProbeStatus
 from autotune.units import MIN_BUDGET_BYTES, parse_budget
-from tests.cli import autotune
-from tests.conftest import TINY_GPT2, write_model_dir
-from tests.test_bad_input import Unchanged, refused, work  # noqa: F401 (work: the fixture)
-
-
-@dataclass
-class Outcome:
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-def invoke(*args: str, env: dict[str, str] | None = None) -> Outcome:
-    """`autotune ARGS` through `main()`, as the console script runs it, in this process."""
-    with CliRunner().isolation(env=env) as (out, err, _), mock.patch.object(sys, "argv", ["autotune", *args]):
-        try:
-            main()
-            code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-    return Outcome(code, out.getvalue().decode(), err.getvalue().decode())
+from tests.helpers.models import TINY_GPT2, write_model_dir
+from tests.helpers.cli import Unchanged, autotune, invoke, refused
 
 
 # -- config.json: read, and shapes a probe should not build -----------------------------------------

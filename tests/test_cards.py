@@ -31,7 +31,7 @@ def test_the_cards_the_planner_offers_are_all_there():
 
 
 def test_plan_gpu_list_names_every_card():
-    from tests.cli import autotune
+    from tests.helpers.cli import autotune
 
     proc = autotune("plan", "--model", "gpt2", "--gpu", "list", timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.cli import assert_usage_error, autotune, with_flags
+from tests.helpers.cli import assert_usage_error, autotune, with_flags
 
 
 BASE = ["probe", "--model", "gpt2", "--micro-batch", "1", "--block-size", "128", "--gpu-budget", "8GiB", "--device", "cpu"]

@@ -7,7 +7,6 @@ import io
 import json
 import sqlite3
 import subprocess
-import sys
 
 import pytest
 from click.testing import CliRunner
@@ -16,8 +15,8 @@ from autotune.cli import cli
 from autotune.report import LEADERBOARD_FIELDS
 from autotune.store import open_store
 from autotune.store.schema import SCHEMA_REVISION, VERSION_TABLE
-from tests.cli import autotune
-from tests.store.helpers import ENV, GiB, config, make_study, result
+from tests.helpers.cli import autotune, heavy_modules_loaded
+from tests.helpers.store import ENV, GiB, config, make_study, result
 
 
 @pytest.fixture
@@ -114,26 +113,6 @@ def test_a_newer_database_is_one_line_exit_2(filled_db):
         _assert_one_line_error(autotune(*command, "--db", filled_db), "0099_future", "pip install -U autotune")
 
 
-HEAVY = ("torch", "transformers", "optuna", "alembic")
-_PROBE_IMPORTS = """
-import sys
-from autotune.cli import main
-sys.argv = ["autotune", *{argv!r}]
-try:
-    main()
-except SystemExit:
-    pass
-print(sorted({{m.split(".")[0] for m in sys.modules}} & {heavy!r}), file=sys.stderr)
-"""
-
-
-def _heavy_modules_loaded(*argv: str) -> list[str]:
-    code = _PROBE_IMPORTS.format(argv=list(argv), heavy=set(HEAVY) | {"sqlalchemy"})
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stderr.strip().splitlines()[-1].replace("'", '"'))
-
-
 def test_a_missing_database_is_one_line_exit_2_and_not_created(tmp_path):
     for command in (["studies"], ["leaderboard"], ["best"]):
         _assert_one_line_error(autotune(*command, "--db", str(tmp_path / "typo" / "x.db")), "no results database at")
@@ -142,8 +121,8 @@ def test_a_missing_database_is_one_line_exit_2_and_not_created(tmp_path):
 
 def test_reading_commands_import_neither_torch_nor_transformers_nor_optuna(filled_db):
     # Alembic too: the database is already at this code's revision, so nothing needs migrating.
-    assert _heavy_modules_loaded("leaderboard", "--db", filled_db) == ["sqlalchemy"]
-    assert _heavy_modules_loaded("studies", "--db", filled_db) == ["sqlalchemy"]
-    assert _heavy_modules_loaded("--help") == []
+    assert heavy_modules_loaded("leaderboard", "--db", filled_db) == ["sqlalchemy"]
+    assert heavy_modules_loaded("studies", "--db", filled_db) == ["sqlalchemy"]
+    assert heavy_modules_loaded("--help") == []
     # Nor does refusing a database that is not there.
-    assert _heavy_modules_loaded("leaderboard", "--db", filled_db + ".missing") == ["sqlalchemy"]
+    assert heavy_modules_loaded("leaderboard", "--db", filled_db + ".missing") == ["sqlalchemy"]

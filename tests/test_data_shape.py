@@ -13,9 +13,9 @@ from autotune.tasks import DataShape
 from autotune.errors import BadInput
 from autotune.models import resolve_model
 from autotune.space import SearchSpace
-from tests.cli import assert_usage_error, autotune
-from tests.tiny_tasks import write_tiny
-from tests.train.conftest import write_task_tokenizer
+from tests.helpers.cli import assert_usage_error, autotune
+from tests.helpers.tiny_tasks import write_tiny
+from tests.helpers.corpus import write_task_tokenizer
 
 TEXT = "the quick brown fox jumps over the lazy dog and runs far away from the farm " * 20
 

@@ -16,9 +16,8 @@ from autotune.errors import BadInput
 from autotune.models import MAX_DEVICE_BYTES, resolve_model
 from autotune.sharding import cpu_rank_problems, most_cpu_ranks
 from autotune.units import INT64_MAX, MAX_SECONDS, MAX_STEPS, parse_duration
-from tests.conftest import TINY_GPT2, write_model_dir
-from tests.test_bad_input import Unchanged, refused, work  # noqa: F401 (work: the fixture)
-from tests.test_bad_input_round3 import invoke
+from tests.helpers.models import write_model_dir
+from tests.helpers.cli import Unchanged, invoke, refused
 
 NO_CUDA = {"CUDA_VISIBLE_DEVICES": ""}  # what a machine without a GPU answers, here and on one with a GPU
 COMMANDS = {

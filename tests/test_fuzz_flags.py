@@ -28,7 +28,7 @@ from click.testing import CliRunner
 
 import autotune.cli  # noqa: F401 (registers the commands)
 from autotune.cli.app import cli, main
-from tests.test_bad_input import work  # noqa: F401 (the fixture: a database with a study, the default one)
+from tests.helpers.processes import children
 
 HOSTILE = {
     "negative": "-1",
@@ -115,29 +115,6 @@ def deadline(seconds: float):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-
-
-def children() -> list[int]:
-    """Processes whose parent is this one, zombies too (a child never reaped is left behind): each
-    thread's `children` list (Linux), else a scan of /proc."""
-    me = os.getpid()
-    lists = list(Path(f"/proc/{me}/task").glob("*/children"))
-    if lists:
-        found: set[int] = set()
-        for listing in lists:
-            with contextlib.suppress(OSError):
-                found.update(int(pid) for pid in listing.read_text().split())
-        return sorted(found)
-    found_scan = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if fields[1] == str(me):
-                found_scan.append(int(entry))
-    return found_scan
 
 
 def digest(path: Path) -> str | None:

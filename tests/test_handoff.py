@@ -12,17 +12,11 @@ import pytest
 
 from autotune.handoff import best_config
 from autotune.config import ProbeConfig
-from autotune.handoff import BestConfig, checkpointing_argument_names
+from autotune.handoff import checkpointing_argument_names
 from autotune.recipes import peft_text
-from tests.train.test_peft import leaderboard_row
+from tests.helpers.store import best_of
 
 GiB = 2**30
-
-
-def best_of(config: ProbeConfig, device_type: str = "cuda", confirmation: dict | None = None, **row) -> BestConfig:
-    from dataclasses import replace
-
-    return BestConfig(replace(leaderboard_row(config), **row), device_type, confirmation)
 
 
 @pytest.fixture

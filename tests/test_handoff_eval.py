@@ -15,8 +15,8 @@ from autotune import best
 from autotune.environment import Environment
 from autotune.handoff import BestConfig, checkpointing_argument_names
 from autotune.store import open_store
-from tests.store.helpers import ENV, config, make_study, result
-from tests.tiny_tasks import TINY
+from tests.helpers.store import ENV, config, make_study, result
+from tests.helpers.tiny_tasks import TINY
 
 GiB = 2**30
 CPU = Environment("cpu", "cpu: test", 8 * GiB, torch_version="2.13.0", transformers_version="5.23.0")

@@ -16,9 +16,9 @@ import pytest
 
 from autotune.config import ProbeConfig
 from autotune.handoff.loss_scaling import ATTRIBUTE, loss_fix_note, needs_loss_fix
-from tests.conftest import TINY_GPT2
-from tests.test_handoff import best_of
-from tests.tiny_tasks import TINY
+from tests.helpers.models import TINY_GPT2
+from tests.helpers.store import best_of
+from tests.helpers.tiny_tasks import TINY
 
 ACCUMULATION = 4
 VOCAB = 1024

@@ -18,9 +18,9 @@ from autotune.cli import cli
 from autotune.config import ProbeConfig
 from autotune.handoff import ranks
 from autotune.store import open_store
-from tests.conftest import TINY_GPT2
-from tests.store.helpers import ENV, config, make_study, result
-from tests.test_handoff import best_of
+from tests.helpers.models import TINY_GPT2
+from tests.helpers.store import ENV, config, make_study, result
+from tests.helpers.store import best_of
 
 FSDP = [("fsdp", True, False), ("fsdp-grad-op", False, False), ("fsdp-offload", True, True)]
 

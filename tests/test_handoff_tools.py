@@ -16,7 +16,7 @@ from autotune.config import ProbeConfig
 from autotune.errors import BadInput
 from autotune.handoff import BestConfig, tools
 from autotune.recipes import peft_text
-from tests.train.test_peft import leaderboard_row
+from tests.helpers.store import leaderboard_row
 
 # --- the tools' fields, as their current source defines them --------------------------------------
 
@@ -321,7 +321,7 @@ def _tiny_gpt2(directory: Path) -> Path:
     from tokenizers import ByteLevelBPETokenizer
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
-    from tests.train.conftest import corpus_text
+    from tests.helpers.corpus import corpus_text
 
     bpe = ByteLevelBPETokenizer()
     bpe.train_from_iterator([corpus_text()[:200_000]], vocab_size=1000, min_frequency=2, special_tokens=["<|endoftext|>"],
@@ -335,7 +335,7 @@ def _tiny_gpt2(directory: Path) -> Path:
 
 
 def _texts(n: int = 64) -> list[str]:
-    from tests.train.conftest import corpus_text
+    from tests.helpers.corpus import corpus_text
 
     paragraphs = [p for p in corpus_text().split("\n\n") if len(p) > 200]
     return paragraphs[:n]

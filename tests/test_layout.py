@@ -1,6 +1,7 @@
 """The package's shape, checked from its source with `ast`: no import cycle inside `autotune/`,
-imports flow one way through the layers below, no file grows past a size a newcomer can read, and
-no test hook lives in production code.
+imports flow one way through the layers below, no file grows past a size a newcomer can read, no
+test hook lives in production code, and no test module imports another (tests/helpers holds what
+they share).
 
 Every import counts, those inside functions too (a deferred import is still a dependency); those
 under `if TYPE_CHECKING:` do not (they never run).
@@ -148,7 +149,35 @@ def test_no_file_is_longer_than_a_newcomer_reads():
 
 def test_no_test_hook_in_production_code():
     hooks = [str(p) for p in MODULES.values() if "AUTOTUNE_TEST" in p.read_text() or "AUTOTUNE_INJECT" in p.read_text()]
-    assert not hooks, f"test hooks belong in tests/ (see tests/faults): {hooks}"
+    assert not hooks, f"test hooks belong in tests/ (see tests/helpers/faults): {hooks}"
+
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _test_modules_imported(path: Path) -> set[str]:
+    """The test modules (test_*.py) and conftest files that `path` imports: helpers live in
+    tests/helpers, fixtures in conftest.py, where pytest finds them itself."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+            [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+        found |= {name for name in names if name.startswith("tests.")
+                  and (name.rpartition(".")[2].startswith("test_") or name.endswith("conftest"))}
+    return found
+
+
+def test_no_test_module_imports_another_test_module():
+    reaching = {str(p.relative_to(TESTS.parent)): sorted(imported) for p in sorted(TESTS.rglob("*.py"))
+                if (imported := _test_modules_imported(p))}
+    assert not reaching, f"move what these take into tests/helpers: {reaching}"
+
+
+def test_the_check_sees_a_test_module_imported(tmp_path):
+    reaching = tmp_path / "test_x.py"
+    reaching.write_text("import tests.search.test_faults\nfrom tests.train.conftest import STUDY\n"
+                        "from tests.helpers.cli import invoke\n")
+    assert _test_modules_imported(reaching) == {"tests.search.test_faults", "tests.train.conftest"}
 
 
 def test_the_check_sees_a_cycle_and_an_upward_import(monkeypatch):

@@ -10,7 +10,7 @@ from autotune.errors import BadInput
 from autotune.models import resolve_model
 from autotune.recipes import OPTIMIZERS, canonical_optimizer, check_optimizer
 from autotune.space import SearchSpace
-from tests.cli import assert_usage_error, autotune
+from tests.helpers.cli import assert_usage_error, autotune
 
 
 @pytest.mark.parametrize("given, stored", [

@@ -20,8 +20,8 @@ from autotune.cli.app import EXIT_BROKEN_PIPE, main
 from autotune.errors import BadInput
 from autotune.output import Output, check_destination, stdout_fault, write_file
 from autotune.store import open_store
-from tests.cli import autotune, autotune_command
-from tests.store.helpers import ENV, GiB, config, make_study, result
+from tests.helpers.cli import autotune, autotune_command
+from tests.helpers.store import ENV, GiB, config, make_study, result
 
 ENOSPC_LINE = "No space left on device (errno 28)"
 
@@ -208,7 +208,7 @@ def _fake_plan_for(calls: list):
         from autotune.planner import Plan, Planned
         from autotune.space import SearchSpace
         from autotune.planner.speed import SpeedPrediction
-        from tests.planner.test_plan import _estimate
+        from tests.helpers.fakes import fake_estimate as _estimate
 
         calls.append(model)
         chosen = ProbeConfig("gpt2", 4, 512)

@@ -13,8 +13,8 @@ from autotune.cli.app import main
 from autotune.plot import MATPLOTLIB_MISSING, Point, frontier, plot_points
 from autotune.status import SettleHow
 from autotune.store import open_store
-from tests.store.helpers import ENV, GiB, config, make_study, result
-from tests.test_cli_store import _heavy_modules_loaded
+from tests.helpers.store import ENV, GiB, config, make_study, result
+from tests.helpers.cli import heavy_modules_loaded
 
 # (micro_batch, checkpointing, status, tokens/s, peak reserved, predicted need)
 PROBES = [
@@ -152,7 +152,7 @@ def test_report_to_stdout_without_matplotlib_says_so(study_db, tmp_path, monkeyp
 
 def test_plot_and_report_import_no_torch(study_db, tmp_path):
     # One process for both: `report --plot` draws with autotune.plot as `plot` does.
-    loaded = _heavy_modules_loaded("report", "--db", study_db, "--out", str(tmp_path / "r.md"),
+    loaded = heavy_modules_loaded("report", "--db", study_db, "--out", str(tmp_path / "r.md"),
                                    "--plot", str(tmp_path / "r.png"))
     assert loaded == ["sqlalchemy"] and (tmp_path / "r.png").exists()
 
@@ -203,7 +203,7 @@ def test_a_plans_configs_predicted_not_to_fit_are_drawn_as_predicted_not_as_oom(
     from autotune.config import ProbeConfig
     from autotune.planner import Plan, Planned, Target
     from autotune.planner.speed import SpeedPrediction
-    from tests.planner.test_plan import _estimate
+    from tests.helpers.fakes import fake_estimate as _estimate
 
     target = Target.of(find_card("h100"), 8 * GiB, 0.05)
     speed = SpeedPrediction(0.1, 40_000.0, 0.1, 0.0, 0.0, 0.0, 0.5, 1e15, 1e14, 1e9)

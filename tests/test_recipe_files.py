@@ -21,8 +21,8 @@ from autotune.handoff.tools import LLAMAFACTORY_ATTENTION
 from autotune.recipe_files import read_recipe_file
 from autotune.recipe_files.write_back import DECIDED
 from autotune.recipe_files.yaml_edit import edit
-from tests.cli import assert_usage_error, autotune
-from tests.conftest import write_model_dir
+from tests.helpers.cli import assert_usage_error, autotune, invoke
+from tests.helpers.models import write_model_dir
 
 TINY = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 128}
 SEARCH = ["--gpu-budget", "300MiB", "--device", "cpu", "--precisions", "fp32", "--attention", "sdpa,eager",
@@ -243,21 +243,21 @@ def test_a_file_autotune_cannot_use_is_one_line_and_nothing_written(tmp_path, he
     with pytest.raises(BadInput, match=re.escape(needle)):
         read_recipe_file(path)
     before = sorted(hermetic_home.rglob("*"))
-    assert_usage_error(autotune("search", "--from", str(path), "--gpu-budget", "1GiB"), needle)
+    assert_usage_error(invoke("search", "--from", str(path), "--gpu-budget", "1GiB"), needle)
     assert sorted(hermetic_home.rglob("*")) == before and path.read_text() == text
 
 
 def test_a_flag_that_contradicts_the_file_is_refused_and_one_that_agrees_is_taken(tmp_path, hermetic_home, work):
     path = write(work, "flags.yml", AXOLOTL)
-    assert_usage_error(autotune("search", "--from", str(path), "--gpu-budget", "1GiB", "--effective-batch", "16"),
+    assert_usage_error(invoke("search", "--from", str(path), "--gpu-budget", "1GiB", "--effective-batch", "16"),
                        "--effective-batch 16 contradicts flags.yml's micro_batch_size x gradient_accumulation_steps (8)")
-    assert_usage_error(autotune("search", "--from", str(path), "--gpu-budget", "1GiB", "--model", "gpt2"),
+    assert_usage_error(invoke("search", "--from", str(path), "--gpu-budget", "1GiB", "--model", "gpt2"),
                        "--model gpt2 contradicts flags.yml's base_model")
-    assert_usage_error(autotune("search", "--from", str(tmp_path / "nope.yml"), "--gpu-budget", "1GiB"), "no such file")
-    assert_usage_error(autotune("search", "--gpu-budget", "1GiB"), "--model: give the model to search")
+    assert_usage_error(invoke("search", "--from", str(tmp_path / "nope.yml"), "--gpu-budget", "1GiB"), "no such file")
+    assert_usage_error(invoke("search", "--gpu-budget", "1GiB"), "--model: give the model to search")
     assert not list(hermetic_home.rglob("*.db"))
     # --dry-run prints the job script from the file's recipe: the flags it read, as if typed.
-    done = autotune("search", "--from", str(path), "--gpu-budget", "1GiB", "--effective-batch", "8", "--launcher", "slurm",
+    done = invoke("search", "--from", str(path), "--gpu-budget", "1GiB", "--effective-batch", "8", "--launcher", "slurm",
                     "--dry-run", "--device", "cpu")
     assert done.returncode == 0, done.stderr
     assert "the recipe of axolotl's" in done.stderr and "--peft lora" in done.stderr and "--effective-batch 8" in done.stderr
@@ -267,11 +267,11 @@ def test_a_flag_that_contradicts_the_file_is_refused_and_one_that_agrees_is_take
 def test_update_refuses_a_file_of_another_recipe_and_leaves_it_as_it_was(work, lora_study):
     other = write(work, "other.yml", AXOLOTL.replace("micro_batch_size: 2", "micro_batch_size: 4"))
     text = other.read_text()
-    done = autotune("best", "--study", lora_study["study"], "--update", str(other), "--db", work["db"])
+    done = invoke("best", "--study", lora_study["study"], "--update", str(other), "--db", work["db"])
     assert_usage_error(done, "asks an effective batch 16, and study")
     assert other.read_text() == text and not (work["base"] / "tuned-other.yml").exists()
-    assert_usage_error(autotune("best", "--out", str(other), "--db", work["db"]), "--out goes with --update")
-    assert_usage_error(autotune("best", "--study", lora_study["study"], "--update", str(work["base"] / "nope.yml"),
+    assert_usage_error(invoke("best", "--out", str(other), "--db", work["db"]), "--out goes with --update")
+    assert_usage_error(invoke("best", "--study", lora_study["study"], "--update", str(work["base"] / "nope.yml"),
                                 "--db", work["db"]), "--update " + str(work["base"] / "nope.yml") + ": no such file")
 
 

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from tests.cli import wait_for
-from tests.search.test_faults import assert_all_gone, descendants
+from tests.helpers.cli import wait_for
+from tests.helpers.processes import assert_all_gone, descendants
 
 pytestmark = pytest.mark.slow
 

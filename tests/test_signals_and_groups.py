@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import autotune_command, wait_for
+from tests.helpers.cli import autotune_command, wait_for
+from tests.helpers.processes import alive
 
 pytestmark = pytest.mark.slow
 
@@ -23,19 +24,11 @@ STUBBORN = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN);
             "signal.signal(signal.SIGHUP, signal.SIG_IGN); time.sleep(600)")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return text[text.rindex(")") + 2:].split()[0] not in ("Z", "X")
-
-
 def _assert_gone(pids: list[int], within: float = 5.0) -> None:
     deadline = time.monotonic() + within
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(alive(p) for p in pids):
         time.sleep(0.1)
-    left = [p for p in pids if _alive(p)]
+    left = [p for p in pids if alive(p)]
     for pid in left:  # (not left behind for the next test, whatever this one says)
         os.kill(pid, signal.SIGKILL)
     assert not left, f"still running {within:.0f} s later: {left}"
@@ -148,7 +141,7 @@ def test_the_runner_stops_the_childs_group_with_it(how, tmp_path, monkeypatch):
     try:
         runner._start_child(60)
         child, helper = _pids(pidfile)
-        assert _alive(helper)
+        assert alive(helper)
         runner.close() if how == "close" else runner._kill()
         _assert_gone([child, helper])
     finally:
@@ -179,8 +172,10 @@ class RemoteGPT2LMHeadModel(GPT2LMHeadModel):
 def test_sighup_mid_probe_stops_the_search_and_everything_it_started(tmp_path):
     """A terminal closed on a search of a model whose code starts a stubborn helper: exit 143 in
     one line, the study interrupted, no claim running, and no process left, the helper included."""
-    from tests.search.test_faults import SPACE, descendants, running_claims, status
-    from tests.search.test_remote_code import write_remote_model
+    from tests.helpers.models import write_remote_model
+    from tests.helpers.processes import descendants
+    from tests.helpers.studies import TWO_CANDIDATES as SPACE
+    from tests.helpers.studies import running_claims, status
 
     model = write_remote_model(tmp_path / "remote-gpt2", MODELING.format(stubborn=STUBBORN))
     db, pidfile = str(tmp_path / "hup.db"), tmp_path / "helpers"

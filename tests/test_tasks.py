@@ -15,9 +15,9 @@ from autotune.errors import BadInput
 from autotune.models import resolve_model
 from autotune.space import SearchSpace, single_config
 from autotune.tasks import Task, infer_task, task_fields, task_note, tell_task
-from tests.cli import assert_usage_error, autotune
-from tests.conftest import TINY_GPT2, write_model_dir
-from tests.tiny_tasks import TASK_OF, TINY, write_tiny
+from tests.helpers.cli import assert_usage_error, autotune
+from tests.helpers.models import TINY_GPT2, write_model_dir
+from tests.helpers.tiny_tasks import TASK_OF, TINY, write_tiny
 
 GiB = 2**30
 
@@ -233,7 +233,7 @@ def test_a_tiny_search_of_every_family_finishes_with_a_pick(models, runner, tmp_
     """One probe process for all seven searches: each a real search, stored, with a winner."""
     from autotune.search import SearchOptions
     from autotune.search import preflight, run_search
-    from tests.fakes import request
+    from tests.helpers.fakes import request
     from autotune.store import open_store
 
     budget = 1 * GiB
@@ -355,7 +355,7 @@ def test_a_model_whose_task_cannot_be_told_needs_task(tmp_path, hermetic_home):
 def test_the_hand_off_names_the_tasks_script_class_and_lengths(hermetic_home, changes, script, flags):
     from autotune import best
     from autotune.store import open_store
-    from tests.store.helpers import ENV, config, make_study, result
+    from tests.helpers.store import ENV, config, make_study, result
 
     with open_store() as store:
         study = make_study(store, "handoff")

@@ -17,7 +17,8 @@ from benchmarks import gpu_evidence
 from benchmarks.gpu_evidence import (EVIDENCE_FILE, LOG_FILE, PASS_SECONDS, PASSES, SECTION_NAMES, SECTIONS, Failed, Pending,
                                      Run, Section, Skip)
 from benchmarks.run import Deadline
-from tests.conftest import cuda_available
+from tests.helpers.models import cuda_available
+from tests.helpers.processes import alive
 
 CUDA_ONLY = {"cuda_facts", "micro_checks", "liger_allocator_search", "cuda_constants"}
 CONSTANTS = Path(gpu_evidence.REPO, "autotune", "estimate", "cuda_constants.json")
@@ -153,14 +154,6 @@ def test_the_first_pass_fits_one_gpu_command_and_puts_the_readme_command_first()
 
 def test_missing_out_is_one_line():
     assert_one_line_refusal(run_evidence("--cpu"), "--out")
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, IndexError):
-        return False
-    return state != "Z"
 
 
 def test_the_deadline_kills_a_child_and_what_it_started(tmp_path):

@@ -12,8 +12,8 @@ from autotune.budget import Budget
 from autotune.errors import BadInput
 from autotune.probe import ProbeRunner, ProbeSettings
 from benchmarks import alternatives, report, run
-from tests.conftest import write_model_dir
-from tests.fakes import FAKE_ENV, ScriptedRunner, modelled_result
+from tests.helpers.models import write_model_dir
+from tests.helpers.fakes import FAKE_ENV, ScriptedRunner, modelled_result
 
 MiB = 2**20
 # Under 768 MiB the fake model runs out of memory at Trainer's defaults (micro-batch 8, fp32) but

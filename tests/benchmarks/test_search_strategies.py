@@ -12,7 +12,7 @@ from autotune.space import SearchSpace
 from autotune.store import open_store
 from benchmarks.problems import budget_of, modelled, replays
 from benchmarks.search_strategies import decide, predictions_of
-from tests.fakes import ScriptedRunner, request
+from tests.helpers.fakes import ScriptedRunner, request
 
 ENVIRONMENTS = {"cuda": Environment(device_type="cuda", device_name="modelled CUDA card 80GB", device_total_bytes=80 * 2**30),
                 "cpu": Environment(device_type="cpu", device_name="cpu: replayed", device_total_bytes=24 * 2**30)}

@@ -18,8 +18,8 @@ from autotune.errors import BadInput, ModelNotFound
 from autotune.estimate import (
     CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, EstimateError, MemoryEstimate, estimate_memories, estimate_memory,
 )
-from tests.cli import assert_usage_error, autotune, with_flags
-from tests.conftest import write_model_dir
+from tests.helpers.cli import assert_usage_error, autotune, with_flags
+from tests.helpers.models import write_model_dir
 
 MiB, GiB = 2**20, 2**30
 # The CPU prediction traces the probe's own code; it has matched the CPU probe to the byte on every
@@ -248,25 +248,35 @@ LLAMA_2_7B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hid
 @pytest.mark.slow
 def test_a_llama_2_7b_shaped_lora_in_pure_bf16_and_its_qlora_are_predicted_to_fit_24gib(tmp_path):
     # What single-GPU fine-tunes of 7B models do; full fine-tuning with fp32 master weights would
-    # need 110 GiB at the same micro-batch and block.
-    folder = tmp_path / "llama-2-7b"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps(LLAMA_2_7B))
-    lora = ProbeConfig(model=str(folder), micro_batch=1, block_size=2048, precision="bf16", checkpointing=True,
-                       weights="bf16", peft=peft_text("lora"))
-    qlora = dataclasses.replace(lora, weights="fp32", peft=peft_text("qlora"))  # fp32 beside the 4 bits, as peft's recipe
-    estimate, quantized = estimate_memories([lora, qlora], use_cache=False)
-    assert estimate.reserved_bytes + estimate.context_bytes < 24 * GiB
-    assert estimate.params > 12 * GiB  # the 6.7B base in bf16, there whole
-    assert estimate.grads + estimate.optimizer < 1 * GiB  # but frozen: only the adapters train
-    # QLoRA: the 6.48B values of the linear layers in 4 bits (half a byte each, and a byte of
-    # statistics per 64); the embeddings and the output layer (262M) whole, in fp32; the adapters'
-    # 20M in fp32 (counted with the parameters); and 1% for the caching allocator's rounding of
-    # 224 x 3 tensors (the CPU prediction equals a real 4-bit build to the byte: tests/probe/test_qlora.py).
-    linear, whole, adapters = 6.48e9, 262e6, 20e6
+    # need 110 GiB at the same micro-batch and block. Traced at Llama-2-7B's width with 1 and 2 of
+    # its 32 layers (a whole 7B trace takes 15-35 s): under checkpointing each layer adds the same
+    # bytes (its weights, its input kept for the recompute), so the two tell the 32-layer model.
+    configs = []
+    for layers in (1, 2):
+        folder = tmp_path / f"llama-2-7b-{layers}-layers"
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({**LLAMA_2_7B, "num_hidden_layers": layers}))
+        lora = ProbeConfig(model=str(folder), micro_batch=1, block_size=2048, precision="bf16", checkpointing=True,
+                           weights="bf16", peft=peft_text("lora"))
+        configs += [lora, dataclasses.replace(lora, weights="fp32", peft=peft_text("qlora"))]  # fp32 beside the 4 bits
+    one_lora, one_qlora, estimate, quantized = estimate_memories(configs, use_cache=False)
+
+    # Per layer: q, k, v, o (4 x 4096^2) and the MLP (3 x 4096 x 11008) in the linear layers, and
+    # all-linear adapters of rank 8 (8 x (in + out) each); the embeddings and the output layer whole.
+    linear, whole, adapters = 2 * (4 * 4096**2 + 3 * 4096 * 11008), 2 * 32000 * 4096, 2 * 8 * (4 * 8192 + 3 * 15104)
+    assert (linear + whole) * 2 < estimate.params < (linear + whole) * 2 * 1.01 + adapters * 4
+    assert estimate.grads + estimate.optimizer < adapters * 4 * 4  # frozen: only the adapters train (fp32, Adam)
+    # QLoRA: the linear layers in 4 bits (half a byte each, and a byte of statistics per 64); the
+    # embeddings, the output layer and the adapters in fp32; 1% for the caching allocator's rounding.
     least = linear * 0.5 + (whole + adapters) * 4
     assert least < quantized.params < (linear * (0.5 + 1.05 / 64) + (whole + adapters) * 4) * 1.01
-    assert quantized.reserved_bytes + quantized.context_bytes < 10 * GiB < estimate.reserved_bytes
+
+    def at_32_layers(one, two) -> int:
+        return two.reserved_bytes + 30 * (two.reserved_bytes - one.reserved_bytes) + two.context_bytes
+
+    assert 0 < estimate.reserved_bytes - one_lora.reserved_bytes < 1 * GiB  # (a layer: 0.4 GiB of bf16 weights)
+    assert at_32_layers(one_lora, estimate) < 24 * GiB
+    assert at_32_layers(one_qlora, quantized) < 10 * GiB < at_32_layers(one_lora, estimate)
 
 
 @pytest.mark.parametrize("phase, grad_accum, grads, optimizer, says", [

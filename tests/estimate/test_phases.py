@@ -18,8 +18,8 @@ from autotune.estimate.predict import _from_trace
 from autotune.estimate.protocol import TraceResult
 from autotune.models import resolve_model
 from autotune.space import single_config
-from tests.conftest import write_model_dir
-from tests.tiny_tasks import write_tiny
+from tests.helpers.models import write_model_dir
+from tests.helpers.tiny_tasks import write_tiny
 
 GiB = 2**30
 

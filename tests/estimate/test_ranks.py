@@ -9,12 +9,13 @@ import pytest
 from autotune.config import ProbeConfig
 from autotune.errors import BadInput
 from autotune.estimate import estimate_memories, estimate_memory
-from tests.conftest import write_model_dir
+from tests.helpers.models import write_model_dir
+from tests.helpers.ranks import assert_rank_predicted
 
 GiB = 2**30
 LORA = "lora r=8 alpha=16 dropout=0.05 targets=all-linear"
-CASES = [("gpt2", "ddp", None), ("gpt2", "fsdp", None), ("llama", "fsdp-grad-op", None), ("llama", "fsdp", None),
-         ("gpt2", "fsdp", LORA)]
+# (The tiny Llama's ddp and fsdp: tests/probe/test_ranks.py, beside the probes it makes of them.)
+CASES = [("gpt2", "ddp", None), ("gpt2", "fsdp", None), ("llama", "fsdp-grad-op", None), ("gpt2", "fsdp", LORA)]
 
 
 @pytest.fixture(scope="module")
@@ -51,22 +52,8 @@ def test_a_rank_is_predicted_to_the_byte(models, estimates, model, strategy, pef
     with ProbeRunner(ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1)) as runner:
         probe = runner.run(config, runner.settings.budget(GiB))
     assert probe.status == "ok", probe.error
-    estimate = estimates[(model, strategy, peft)]
-    predicted = (estimate.peak_bytes, estimate.reserved_bytes)
-    ranks = sorted((peaks["allocated"], peaks["reserved"]) for peaks in probe.rank_peaks)
-    # The ranks hold the same here (every shard even), and the estimate is every rank's to the byte.
-    # One exception, a race in the CPU probe itself: gloo reduce-scatters a copy of the input that
-    # its worker thread frees, sometimes after the rank's main thread has gone on (seen in about one
-    # run of three, on one rank or on both: one unit's gradients more, at most the largest unit's,
-    # the output head: vocabulary x width in fp32 with its norm, 256,256 bytes on the Llama).
-    largest_unit = 1000 * 64 * 4 + 2 * 64 * 4
-    for held in ranks:
-        extra = held[0] - predicted[0]
-        assert extra == 0 or 0 < extra <= largest_unit, (model, strategy, ranks, predicted)
-    if ranks[0][0] == predicted[0]:
-        assert predicted == ranks[0], (model, strategy, ranks)
-    assert estimate.per_rank and set(estimate.rank_peaks) == {"0"}  # (even shards: one rank traced)
-    assert sum(estimate.breakdown.values()) == estimate.peak_bytes
+    assert_rank_predicted(estimates[(model, strategy, peft)], probe, largest_unit=1000 * 64 * 4 + 2 * 64 * 4,
+                          what=(model, strategy, peft))
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from autotune.estimate import estimate_memories
 from autotune.errors import BadInput
 from autotune.estimate.stack import Stack
 from autotune.recipes import peft_text
-from tests.conftest import write_model_dir
+from tests.helpers.models import write_model_dir
 
 LAYERS, HEADS, BATCH, BLOCK = 2, 4, 2, 128
 

@@ -15,7 +15,7 @@ from autotune.estimate import cuda as emulation  # noqa: E402
 from autotune.estimate.protocol import TraceItem, TraceResult  # noqa: E402
 from autotune.estimate.ledger import Ledger, replay  # noqa: E402
 from autotune.estimate.trace import trace  # noqa: E402
-from tests.conftest import TINY_GPT2  # noqa: E402
+from tests.helpers.models import TINY_GPT2  # noqa: E402
 
 # Each test traces real training steps on fake tensors in this process (torch and transformers).
 pytestmark = pytest.mark.slow
@@ -197,7 +197,7 @@ def test_the_copied_second_step_equals_the_traced_one_for_every_task(monkeypatch
     from autotune.estimate import trace as tracing
     from autotune.estimate.trace import repeats_its_first_step
     from autotune.estimate.stack import Stack
-    from tests.tiny_tasks import TASK_OF, TINY
+    from tests.helpers.tiny_tasks import TASK_OF, TINY
 
     task = TASK_OF[family]
     extra = {"seq2seq": {"target_length": 16}, "classification": {"num_labels": 3}}.get(task, {})

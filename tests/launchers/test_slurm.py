@@ -16,8 +16,8 @@ import time
 import pytest
 
 from autotune.store import open_store
-from tests.conftest import write_model_dir
-from tests.launchers.slurm_cluster import slurm_cluster  # noqa: F401  (the fixture)
+from tests.helpers.models import write_model_dir
+from tests.helpers.slurm_cluster import slurm_cluster  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The local Slurm cluster fixture (tests/launchers/slurm_cluster.py) really runs jobs: a two-task
+"""The local Slurm cluster fixture (tests/helpers/slurm_cluster.py) really runs jobs: a two-task
 array runs on this machine and both tasks end COMPLETED; a long job scancelled ends CANCELLED and
 leaves the queue; teardown leaves no daemon behind."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launchers.slurm_cluster import slurm_cluster  # noqa: F401  (the fixture)
+from tests.helpers.slurm_cluster import slurm_cluster  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.slow
 
@@ -52,7 +52,7 @@ def test_array_runs_and_long_job_cancels(slurm_cluster, tmp_path):  # noqa: F811
 def test_teardown_leaves_nothing_running(tmp_path):
     """Run the fixture's generator through (start, then teardown) and check its daemons and directory
     are gone."""
-    from tests.launchers import slurm_cluster as module
+    from tests.helpers import slurm_cluster as module
 
     if reason := module.slurm_unavailable():
         pytest.skip(reason)

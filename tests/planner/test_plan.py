@@ -15,7 +15,7 @@ from autotune.errors import BadInput
 from autotune.models import resolve_model
 from autotune.planner import Target, make_plan, unplannable
 from autotune.planner.render import render_plan
-from tests.fakes import request
+from tests.helpers.fakes import fake_estimate, request
 from autotune.space import SearchSpace
 
 MiB = 2**20
@@ -105,7 +105,7 @@ def test_interpolation_stays_within_one_percent_of_a_real_trace_on_a_card(tmp_pa
     """A GPT-2 of some size (4 layers of 256, a vocabulary of 8192) predicted for an H100: every
     interpolated need against the trace of the same config."""
     from autotune.estimate.launch import TraceChildren
-    from tests.conftest import write_model_dir
+    from tests.helpers.models import write_model_dir
 
     model = str(write_model_dir(tmp_path / "gpt2-small-ish", n_layer=4, n_embd=256, n_head=4, vocab_size=8192,
                                 n_positions=256))
@@ -128,14 +128,6 @@ def test_interpolation_stays_within_one_percent_of_a_real_trace_on_a_card(tmp_pa
     assert plan.best is not None and plan.best.tokens_per_s > 0  # ranked by the cost model
 
 
-def _estimate(config: ProbeConfig, need: int):
-    from autotune.estimate import MemoryEstimate
-
-    return MemoryEstimate(config=config, device_type="cuda", params=need // 8, grads=0, optimizer=need // 4,
-                          activations=need // 2, temporaries=need // 8, workspace=0, peak_bytes=need,
-                          reserved_bytes=need + 64 * MiB, context_bytes=500 * MiB, seconds=0.0)
-
-
 def test_a_lever_the_card_lacks_is_said_once_not_drawn_as_rows_of_dashes():
     """`plan --gpu t4 --precisions fp32,bf16`: the T4 has no bf16, so its configs are no rows (they used to
     be rows of dashes); the footer says how many and why."""
@@ -148,7 +140,7 @@ def test_a_lever_the_card_lacks_is_said_once_not_drawn_as_rows_of_dashes():
     for config in space.candidates():
         item = Planned(config, why_not=unplannable(config, target))
         if item.why_not is None:
-            item.estimate, item.fits = _estimate(config, config.micro_batch * GiB), True
+            item.estimate, item.fits = fake_estimate(config, config.micro_batch * GiB), True
         planned.append(item)
     text = render_plan(Plan("gpt2", target, space, sorted(planned, key=lambda p: p.estimate is None)))
     rows = [line for line in text.splitlines() if line[:3].strip().isdigit()]

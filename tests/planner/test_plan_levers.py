@@ -17,8 +17,8 @@ from autotune.config import ATTENTIONS, PRECISIONS, ProbeConfig
 from autotune.errors import BadInput
 from autotune.planner.speed import ModelDims, predict_speed, why_unsupported
 from autotune.recipes import OPTIMIZERS, PEFT_KINDS, WEIGHTS
-from tests.cli import autotune
-from tests.conftest import write_model_dir
+from tests.helpers.cli import autotune
+from tests.helpers.models import write_model_dir
 
 LLAMA = ModelDims(6_738_415_616, layers=32, hidden=4096, vocab=32000, heads=32)
 H100 = find_card("h100")

@@ -9,7 +9,7 @@ from autotune.models import resolve_model
 from autotune.planner import Target, make_plan
 from autotune.planner.render import render_plan
 from autotune.space import SearchSpace
-from tests.conftest import write_model_dir
+from tests.helpers.models import write_model_dir
 
 
 @pytest.mark.slow

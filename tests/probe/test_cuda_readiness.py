@@ -1,7 +1,7 @@
 """The defects a first GPU run would hit, each exercised where it can be without CUDA.
 
 The process tests run real probes of a tiny GPT-2 in real probe children, misbehaving through
-tests/faults: a module-wide code patch (what Liger does), a tensor left alive, an illegal memory
+tests/helpers/faults: a module-wide code patch (what Liger does), a tensor left alive, an illegal memory
 access whose cleanup raises again, and the standby child surviving a probe that retires its own.
 """
 
@@ -24,7 +24,7 @@ from autotune.probe.speedups import use_allocator
 from autotune.recipes import memory_caveats
 from autotune.result import ProbeResult
 from autotune.status import ProbeStatus
-from tests.faults import inject_fault
+from tests.helpers.faults import inject_fault
 
 MiB = 2**20
 GiB = 2**30

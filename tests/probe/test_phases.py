@@ -10,8 +10,8 @@ from autotune.errors import BadInput
 from autotune.evaluation import recipe_fields
 from autotune.probe import ProbeRunner, ProbeSettings
 from autotune.report import format_probe_result
-from tests.conftest import write_model_dir
-from tests.tiny_tasks import write_tiny
+from tests.helpers.models import write_model_dir
+from tests.helpers.tiny_tasks import write_tiny
 
 MiB = 2**20
 pytestmark = pytest.mark.slow

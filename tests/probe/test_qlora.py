@@ -17,8 +17,10 @@ from autotune.config import ProbeConfig
 from autotune.errors import BadInput
 from autotune.recipes import bnb_4bit_kwargs, peft_text
 
-pytest.importorskip("bitsandbytes")
-pytest.importorskip("peft")
+# (find_spec, not importorskip: importing peft and bitsandbytes to collect this module costs every
+# test worker seconds)
+pytestmark = pytest.mark.skipif(not all(importlib.util.find_spec(name) for name in ("bitsandbytes", "peft")),
+                                reason="needs bitsandbytes and peft (pip install 'autotune[peft]' bitsandbytes)")
 
 GiB = 2**30
 QLORA = peft_text("qlora")
@@ -26,7 +28,7 @@ QLORA = peft_text("qlora")
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    from tests.conftest import write_model_dir
+    from tests.helpers.models import write_model_dir
 
     return str(write_model_dir(tmp_path_factory.mktemp("qlora") / "tiny-gpt2", n_embd=128, n_head=4, vocab_size=1000,
                                n_positions=512, n_ctx=512))
@@ -34,7 +36,7 @@ def model_dir(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def classifier_dir(tmp_path_factory) -> str:
-    from tests.tiny_tasks import write_tiny
+    from tests.helpers.tiny_tasks import write_tiny
 
     return str(write_tiny(tmp_path_factory.mktemp("qlora-classifier"), "bert-classification"))
 
@@ -81,6 +83,30 @@ def test_a_4bit_base_on_cpu_matches_its_estimate_to_the_byte_and_needs_less_than
     assert qlora.trainable_parameters == lora.trainable_parameters and qlora.parameters == lora.parameters
     assert predicted[0].params < predicted[2].params / 1.5
     assert 0 < qlora.last_loss < 20  # an ordinary, finite loss
+
+
+@pytest.mark.slow
+def test_the_trace_copies_a_classifiers_fake_head_without_its_data_pointer_or_fake_mode(classifier_dir, monkeypatch):
+    """peft deep-copies the head a classifier trains whole. torch's own deep copy of a fake tensor
+    reads its data pointer and copies its FakeTensorMode, whose StorageWeakRef copies free a
+    storage twice: the trace child aborted ("corrupted double-linked list") one run in four."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from autotune.estimate.protocol import TraceItem
+    from autotune.estimate.trace import trace
+    from autotune.models import resolve_model
+
+    def refuse(what):
+        def refused(*args, **kwargs):
+            raise AssertionError(f"the trace {what}")
+        return refused
+
+    monkeypatch.setattr(FakeTensor, "data_ptr", refuse("read a fake tensor's data pointer"), raising=False)
+    monkeypatch.setattr(FakeTensorMode, "__deepcopy__", refuse("deep-copied its FakeTensorMode"), raising=False)
+    spec = resolve_model(classifier_dir)
+    config = cfg(classifier_dir, micro_batch=2, block_size=32, peft=QLORA, task="classification", num_labels=3)
+    result = trace(TraceItem(config=config, model_config=spec.config, model_path=spec.path), "cpu")
+    assert result.peak_bytes > 0
 
 
 def test_train_builds_the_probes_4bit_base_and_its_adapters_save_and_load(model_dir, tmp_path):
@@ -137,7 +163,7 @@ def test_qlora_is_refused_off_cuda_and_without_bitsandbytes_in_one_line(monkeypa
 
 def test_the_hand_off_loads_the_base_in_4_bits():
     from autotune.handoff import BestConfig
-    from tests.train.test_peft import leaderboard_row
+    from tests.helpers.store import leaderboard_row
 
     best = BestConfig(leaderboard_row(cfg("gpt2", precision="bf16", peft=QLORA)), "cuda")
     kwargs = best.model_kwargs()
@@ -167,7 +193,7 @@ def test_a_classifiers_head_stays_whole_and_trains_on_a_4bit_base(classifier_dir
     assert any(isinstance(m, bnb.nn.Linear4bit) for m in model.modules())  # the encoder's layers are 4-bit
     assert all(p.requires_grad for p in head.modules_to_save.parameters())  # peft trains the head whole
     from autotune.handoff import BestConfig
-    from tests.train.test_peft import leaderboard_row
+    from tests.helpers.store import leaderboard_row
 
     assert BestConfig(leaderboard_row(config), "cuda").model_kwargs()["quantization_config"]["llm_int8_skip_modules"] \
         == ["classifier", "score"]

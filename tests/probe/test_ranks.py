@@ -14,18 +14,20 @@ import time
 
 import pytest
 
-from autotune.budget import Budget
 from autotune.config import ProbeConfig
 from autotune.deadline import DeadlineReached
+from autotune.errors import DeviceError
 from autotune.models import resolve_model
 from autotune.probe.runner import ProbeRunner
 from autotune.probe.settings import ProbeSettings
 from autotune.status import ProbeStatus
 from autotune.units import format_size
-from tests.cli import wait_for
-from tests.conftest import TINY_GPT2
-from tests.faults import fault_env, inject_fault
-from tests.search.test_faults import _cmdline, assert_all_gone, descendants
+from tests.helpers.cli import wait_for
+from tests.helpers.faults import fault_env, inject_fault
+from tests.helpers.models import TINY_GPT2
+from tests.helpers.ports import free_port
+from tests.helpers.processes import assert_all_gone, cmdline, cpu_seconds, descendants
+from tests.helpers.ranks import assert_rank_predicted
 
 pytestmark = pytest.mark.slow
 
@@ -58,8 +60,8 @@ def _probe(config: ProbeConfig, budget_bytes: int, timeout: float = 120.0):
 
 def _ranks_below_us() -> set[int]:
     """torchrun's agents and ranks this test process started, still alive."""
-    return {p for p in descendants(os.getpid()) if b"autotune.probe.rank_main" in _cmdline(p)
-            or b"torch.distributed.run" in _cmdline(p)}
+    return {p for p in descendants(os.getpid()) if b"autotune.probe.rank_main" in cmdline(p)
+            or b"torch.distributed.run" in cmdline(p)}
 
 
 @pytest.fixture(scope="module")
@@ -79,6 +81,16 @@ def test_ddp_and_fsdp_probes_report_each_ranks_peaks(llama_probes):
     # Sharding holds half the parameters, gradients and optimizer state per rank (and no DDP buckets).
     assert llama_probes["fsdp"].peak_reserved_bytes < llama_probes["ddp"].peak_reserved_bytes
     assert _ranks_below_us() == set()
+
+
+def test_each_ranks_peak_is_the_estimate_of_a_rank(models, llama_probes):
+    # (tests/estimate/test_ranks.py holds the other strategies, LoRA and tied embeddings.)
+    from autotune.estimate import estimate_memories
+
+    strategies = sorted(llama_probes)
+    estimates = estimate_memories([_config(models["llama"], s) for s in strategies], device_type="cpu", use_cache=False)
+    for strategy, estimate in zip(strategies, estimates):
+        assert_rank_predicted(estimate, llama_probes[strategy], largest_unit=1000 * 64 * 4 + 2 * 64 * 4, what=strategy)
 
 
 def test_one_rank_out_of_memory_ends_the_probe_as_oom_and_no_rank_is_left_waiting(models, monkeypatch):
@@ -109,7 +121,7 @@ def test_kill_9_of_a_search_mid_probe_leaves_no_rank(models, tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         def ranks() -> set[int]:
-            return {p for p in descendants(search.pid) if b"autotune.probe.rank_main" in _cmdline(p)}
+            return {p for p in descendants(search.pid) if b"autotune.probe.rank_main" in cmdline(p)}
 
         wait_for(lambda: len(ranks()) == 2, seconds=120, what="two ranks")
         below = descendants(search.pid)
@@ -130,19 +142,69 @@ def test_a_rank_whose_agent_died_before_it_tied_itself_leaves_at_once(tmp_path):
     assert not (tmp_path / "rank-0.pid").exists()
 
 
-def _free_port() -> int:
-    import socket
+class SilentProgram:
+    """Another program at a port: listens on 127.0.0.1 (as servers do, SO_REUSEADDR), accepts every
+    connection and never answers. `stop_listening` keeps what it accepted open, silent (a server
+    that closed its listening socket and not yet its connections), and frees the port."""
 
-    with socket.socket() as probe_socket:
-        probe_socket.bind(("127.0.0.1", 0))
-        return probe_socket.getsockname()[1]
+    def __init__(self, port: int) -> None:
+        import socket
+        import threading
+
+        self.server = socket.socket()
+        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.server.bind(("127.0.0.1", port))
+        self.server.listen(8)
+        self.server.settimeout(0.1)
+        self.held: list = []
+        self.listening = True
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while self.listening:
+            try:
+                self.held.append(self.server.accept()[0])
+            except TimeoutError:
+                continue
+
+    def stop_listening(self) -> None:
+        self.listening = False
+        self.thread.join()
+        self.server.close()
+
+    def close(self) -> None:
+        if self.listening:
+            self.stop_listening()
+        for connection in self.held:
+            connection.close()
 
 
-def _start_node(port: int, env: dict | None = None) -> subprocess.Popen:
+def _start_node(port: int, env: dict | None = None, *args: str) -> subprocess.Popen:
     """`autotune node` as the second of two single-rank "nodes" on this machine (loopback only)."""
     return subprocess.Popen([sys.executable, "-m", "autotune", "node", "--rendezvous", f"127.0.0.1:{port}", "--nodes", "2",
-                             "--node-rank", "1", "--gpus", "1", "--device", "cpu", "--rounds", "1"],
+                             "--node-rank", "1", "--gpus", "1", "--device", "cpu", "--rounds", "1", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _line_from(stream, needle: str, seconds: float) -> str:
+    """The first line of `stream` (a pipe) with `needle` in it, within `seconds`."""
+    import queue
+    import threading
+
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in iter(stream.readline, "")], daemon=True).start()
+    deadline = time.monotonic() + seconds
+    seen = []
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            line = lines.get(timeout=left)
+        except queue.Empty:
+            break
+        if needle in line:
+            return line.strip()
+        seen.append(line)
+    raise AssertionError(f"no line with {needle!r} within {seconds:.0f} s; saw {''.join(seen)!r}")
 
 
 # Two nodes' agents and ranks import torch side by side: on a busy machine that alone took past a
@@ -151,19 +213,6 @@ def _start_node(port: int, env: dict | None = None) -> subprocess.Popen:
 # backstop far beyond.
 STALL_SECONDS = 180.0
 BACKSTOP_SECONDS = 1800.0
-
-
-def _cpu_seconds(pids: set[int]) -> float:
-    """CPU time (user + system) the live processes `pids` have used."""
-    ticks = 0
-    for pid in pids:
-        try:
-            text = open(f"/proc/{pid}/stat").read()
-        except OSError:
-            continue
-        fields = text[text.rindex(")") + 2:].split()
-        ticks += int(fields[11]) + int(fields[12])  # utime, stime
-    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 class WhileProgressing:
@@ -181,7 +230,7 @@ class WhileProgressing:
         self.last_progress = time.monotonic()
 
     def expired(self) -> bool:
-        cpu = _cpu_seconds(descendants(os.getpid()))
+        cpu = cpu_seconds(descendants(os.getpid()))
         if cpu < self.mark_cpu or cpu - self.mark_cpu >= self.PROGRESS_CPU_SECONDS:  # (fewer: some processes ended)
             self.mark_cpu = cpu
             self.progressed()
@@ -198,6 +247,7 @@ class WhileProgressing:
 
 
 def _multi_node_probe(model: str, port: int):
+    """The first node's probe of a run on two single-rank nodes meeting at 127.0.0.1:`port`."""
     config = ProbeConfig(model=model, micro_batch=2, block_size=64, gpus=1, nodes=2, strategy="fsdp")
     settings = ProbeSettings(device="cpu", measure_seconds=0.0, margin=0, timeout=BACKSTOP_SECONDS,
                              rendezvous=f"127.0.0.1:{port}")
@@ -217,7 +267,7 @@ def _node_output(node: subprocess.Popen) -> tuple[str, str]:
 
 
 def test_two_single_rank_nodes_meet_through_torchruns_rendezvous(models):
-    port = _free_port()
+    port = free_port("")  # (on every address, as torchrun's store listens)
     node = _start_node(port)
     try:
         result = _multi_node_probe(models["llama"], port)
@@ -232,7 +282,7 @@ def test_two_single_rank_nodes_meet_through_torchruns_rendezvous(models):
 
 
 def test_a_rank_out_of_memory_on_another_node_is_the_probes_oom(models):
-    port = _free_port()
+    port = free_port("")  # (on every address, as torchrun's store listens)
     node = _start_node(port, env=fault_env("oom-on-rank-1"))
     try:
         result = _multi_node_probe(models["llama"], port)
@@ -241,3 +291,71 @@ def test_a_rank_out_of_memory_on_another_node_is_the_probes_oom(models):
         node.kill()
     assert result.status == ProbeStatus.OOM, result.error
     assert result.error.startswith("rank 1 of 2: ") and "out of memory" in result.error
+
+
+# The first node's wait for the others in the tests below (RENDEZVOUS_SECONDS, 300 s, in use), and
+# what starting its agent (torch's import) may add on a busy machine.
+RENDEZVOUS_SECONDS = 10
+STARTUP_ALLOWANCE = 120
+
+
+@pytest.mark.parametrize("node", ["absent", "held by another program"])
+def test_a_node_that_never_arrives_ends_the_probe_in_one_line_naming_it(models, monkeypatch, node):
+    # "held": the hang of a port another process took between "found free" and "bound", made
+    # certain. The node's agent connects to that program, which never answers (torch's client
+    # waits for the answer without a timeout); the program then stops listening, keeping the
+    # connection; the first node listens on the port and waits for a node that is held elsewhere.
+    # Without a bound both waited out torchrun's 600 s, doing nothing.
+    monkeypatch.setattr("autotune.probe.torchrun.RENDEZVOUS_SECONDS", RENDEZVOUS_SECONDS)
+    port = free_port("")  # (on every address, as torchrun's store listens)
+    other = started = None
+    try:
+        if node != "absent":
+            other = SilentProgram(port)
+            started = _start_node(port)
+            wait_for(lambda: other.held, seconds=STARTUP_ALLOWANCE, what="the node's agent to connect")
+            other.stop_listening()
+        began = time.monotonic()
+        with pytest.raises(DeviceError) as refused:
+            _multi_node_probe(models["llama"], port)
+        took = time.monotonic() - began
+    finally:
+        if started is not None:
+            started.kill()
+            started.wait()
+        if other is not None:
+            other.close()
+    message = str(refused.value)
+    assert message.startswith(f"node 1 of 2 did not reach the rendezvous at 127.0.0.1:{port} within "
+                              f"{RENDEZVOUS_SECONDS} s: run `autotune node --rendezvous 127.0.0.1:{port} --nodes 2 "
+                              f"--node-rank 1` on the other node"), message
+    assert "\n" not in message
+    assert took < RENDEZVOUS_SECONDS + STARTUP_ALLOWANCE
+    assert_all_gone(_ranks_below_us(), within=10.0)
+
+
+def test_a_rendezvous_port_another_program_listens_on_is_said_on_both_nodes(models):
+    port = free_port("")  # (on every address, as torchrun's store listens)
+    other = SilentProgram(port)
+    node = _start_node(port, None, "--rendezvous-timeout", "5")
+    try:
+        began = time.monotonic()
+        with pytest.raises(DeviceError) as refused:  # (the first node cannot listen there: at once)
+            _multi_node_probe(models["llama"], port)
+        assert time.monotonic() - began < STARTUP_ALLOWANCE
+        # The node's agent connected to that program and waits for its answer, which torch does not
+        # bound: the node stops it after its timeout (and 5 s more for a start) and says so.
+        said = _line_from(node.stderr, "torchrun's agent was still waiting", seconds=10 + STARTUP_ALLOWANCE)
+        assert node.poll() is None  # (it waits on for the first node's probes)
+    finally:
+        node.kill()
+        node.wait()
+        other.close()
+    message = str(refused.value)
+    assert message.startswith(f"the rendezvous port {port} is taken on this node by another program (address "
+                              "already in use)") and "\n" not in message, message
+    assert "stop that program, or give every node another --rendezvous port" in message, message
+    assert said == (f"node 1 of 2: torchrun's agent was still waiting for an answer from 127.0.0.1:{port} after 10 s: "
+                    "something there accepted its connection and never answered as the first node's rendezvous does "
+                    "(another program holding that port?); stopped it, waiting for the first node's next probe")
+    assert_all_gone(_ranks_below_us(), within=10.0)

@@ -9,7 +9,7 @@ import pytest
 from autotune.config import ProbeConfig
 from autotune.errors import BadInput, BudgetError
 from autotune.probe import ProbeRunner, ProbeSettings, run_probe
-from tests.faults import fault_env, inject_fault
+from tests.helpers.faults import fault_env, inject_fault
 
 MiB = 2**20
 GiB = 2**30

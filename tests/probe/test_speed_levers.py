@@ -17,8 +17,8 @@ from autotune.probe import ProbeRunner, ProbeSettings
 from autotune.search import SearchOptions, run_search
 from autotune.space import SearchSpace
 from autotune.store import open_store
-from tests.cli import autotune
-from tests.fakes import request
+from tests.helpers.cli import autotune
+from tests.helpers.fakes import request
 
 pytestmark = pytest.mark.slow
 MiB = 2**20

@@ -16,7 +16,7 @@ from autotune.search.confirm import contenders_of, suspects_of
 from autotune.space import SearchSpace
 from autotune.store import open_store
 from autotune.timing import NOISE_FLOOR, noise, relative_spread
-from tests.fakes import ScriptedRunner, modelled_result, request
+from tests.helpers.fakes import ScriptedRunner, modelled_result, request
 
 GiB = 2**30
 BUDGET = 8 * GiB

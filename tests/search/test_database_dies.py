@@ -2,7 +2,7 @@
 the search stops with the database's one line (no second traceback from its cleanup), the study
 reads as interrupted, and once the server is back the same command releases the claim left
 running, measures what was not stored, and keeps what was. The search is the real command in its
-own process; its probes are scripted (tests/fakes.py), and its retries shortened, so that this
+own process; its probes are scripted (tests/helpers/fakes.py), and its retries shortened, so that this
 takes seconds."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from autotune.status import ClaimState, StudyStatus
 from autotune.store import open_store
-from tests.conftest import POSTGRES_BIN
+from tests.helpers.postgres import POSTGRES_BIN
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent("""
     import autotune.probe
     import autotune.store.base
     from dataclasses import replace
-    from tests.fakes import FAKE_ENV, ScriptedRunner
+    from tests.helpers.fakes import FAKE_ENV, ScriptedRunner
 
     autotune.store.base.TRANSIENT_RETRY_DELAYS = (0.1, 0.2)  # (46 s of retries in earnest)
 

@@ -16,9 +16,9 @@ import pytest
 from autotune.errors import DatabaseError, StudyNotFound
 from autotune.status import ProbeStatus, StudyStatus
 from autotune.store import open_store
-from tests.cli import autotune, autotune_command, wait_for
-from tests.conftest import write_model_dir
-from tests.search.test_faults import assert_all_gone, descendants
+from tests.helpers.cli import autotune, autotune_command, wait_for
+from tests.helpers.models import write_model_dir
+from tests.helpers.processes import assert_all_gone, cmdline, descendants, parent_of
 
 pytestmark = pytest.mark.slow
 
@@ -80,8 +80,8 @@ def test_a_stopped_probe_child_ends_as_a_timeout_within_its_limit_and_the_search
     try:
         wait_for(lambda: _probes(db, "s"), what="the first probe")
         # (The child's group guard is a fork of it, with the same command line: the search's own child.)
-        [child] = wait_for(lambda: [p for p in descendants(search.pid) if b"spawn_main" in _cmdline(p)
-                                    and _parent(p) == search.pid], what="the probe child")
+        [child] = wait_for(lambda: [p for p in descendants(search.pid) if b"spawn_main" in cmdline(p)
+                                    and parent_of(p) == search.pid], what="the probe child")
         os.kill(child, signal.SIGSTOP)
         stopped = time.monotonic()
         wait_for(lambda: [p for p in _probes(db, "s") if p.result.status == ProbeStatus.TIMEOUT], seconds=30,
@@ -104,19 +104,3 @@ def _probes(db: str, study: str) -> list:
             return store.probes(study)
     except (DatabaseError, StudyNotFound):  # not created yet
         return []
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""

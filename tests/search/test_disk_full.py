@@ -12,8 +12,8 @@ import pytest
 
 from autotune.status import StudyStatus
 from autotune.store import open_store
-from tests.cli import autotune, autotune_command, wait_for
-from tests.search.test_faults import probes
+from tests.helpers.cli import autotune, autotune_command, wait_for
+from tests.helpers.studies import probes
 
 pytestmark = pytest.mark.slow
 
@@ -42,8 +42,8 @@ def test_a_disk_filling_mid_search_leaves_the_study_interrupted_and_resumable(ti
         db = f"sqlite:///{disk / 'full.db'}"
         args = ["search", "--model", tiny_model, "--gpu-budget", "1GiB", "--device", "cpu", "--micro-batches", "1,2,4,8",
                 "--block-sizes", "64", "--effective-batch", "8", "--precisions", "fp32", "--checkpointing", "off",
-                "--attention", "sdpa", "--no-predict", "--measure-seconds", "0.5", "--measure-steps", "1", "--study", "full",
-                "--db", db]
+                "--attention", "sdpa", "--no-predict", "--no-confirm", "--measure-seconds", "0.5", "--measure-steps", "1",
+                "--study", "full", "--db", db]
         # The filler is created while there is room, then filled once the first probe is stored;
         # unbuffered, so that closing it has nothing left to write (a buffered file's close flushes
         # again, and raised ENOSPC outside pytest.raises, in 3 runs of 3 beside the evidence test).

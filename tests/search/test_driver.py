@@ -12,31 +12,7 @@ from autotune.models import resolve_model
 from autotune.search import SearchOptions, run_search
 from autotune.space import SearchSpace, group_key, group_priority
 from autotune.store import open_store
-from autotune.search import Prediction
-from tests.fakes import FAKE_ENV, ScriptedRunner, modelled_result, request
-
-GiB = 2**30
-BUDGET = 1 * GiB
-MARGIN = int(0.05 * BUDGET)
-
-
-@pytest.fixture
-def store():
-    with open_store() as s:
-        yield s
-
-
-def gpt2_space(**overrides) -> SearchSpace:
-    # 72 candidates: six micro-batches up to an effective batch of 32 sequences.
-    return SearchSpace.build(resolve_model("gpt2"), **{"micro_batches": (1, 2, 4, 8, 16, 32), "block_sizes": (512,),
-                                                       "effective_batch": 32, **overrides})
-
-
-def search(store, runner, space, predictor=None, **options):
-    options.setdefault("predict", predictor is not None)
-    return run_search(request(space, resolve_model("gpt2"), BUDGET, MARGIN, SearchOptions(**options)), runner, store,
-                      predictor=predictor)
-
+from tests.helpers.fakes import BUDGET, FAKE_ENV, MARGIN, ScriptedRunner, gpt2_space, modelled_predictor, request, search
 
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory):
@@ -48,18 +24,6 @@ def grid(tmp_path_factory):
         mp.setenv("AUTOTUNE_HOME", str(root))  # (set up before the tests' own hermetic home)
         with open_store(f"sqlite:///{root / 'grid.db'}") as store:
             return search(store, ScriptedRunner(), gpt2_space(), study="grid", strategy="grid-full")
-
-
-def modelled_predictor(error: float = 0.0):
-    """Predictions from the fake runner's own memory model, off by `error` (0.1 = 10% high)."""
-    def predict(candidates, device_type):
-        out = {}
-        for c in candidates:
-            peak = modelled_result(c, 10**15, 0).peak_reserved_bytes
-            need = int(peak * (1 + error))
-            out[c.key()] = Prediction(peak_bytes=need, floor_bytes=need, required_bytes=need)
-        return out
-    return predict
 
 
 def test_frontier_finds_the_exhaustive_best_with_fewer_probes(store, grid):

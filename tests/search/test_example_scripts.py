@@ -29,11 +29,11 @@ import pytest
 
 from autotune.environment import Environment
 from autotune.store import open_store
-from tests.cli import autotune_command
-from tests.conftest import TINY_GPT2
-from tests.store.helpers import ENV, config, make_study, result
-from tests.tiny_tasks import TINY
-from tests.train.conftest import corpus_text, write_task_tokenizer, write_tokenizer
+from tests.helpers.cli import autotune_command
+from tests.helpers.models import TINY_GPT2
+from tests.helpers.store import ENV, config, make_study, result
+from tests.helpers.tiny_tasks import TINY
+from tests.helpers.corpus import corpus_text, write_task_tokenizer, write_tokenizer
 
 EXAMPLES = Path(os.environ.get("AUTOTUNE_EXAMPLE_SCRIPTS") or Path(__file__).parents[1] / "examples")
 STEPS = 2

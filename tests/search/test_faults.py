@@ -1,6 +1,6 @@
 """What clusters and users do to a search, done for real: kill -9, SIGTERM, Ctrl-C twice, probes
 that crash every time, a fleet killed on PostgreSQL, and mistakes refused before anything is
-written. Real `autotune` processes, real signals, real probe children (tests/faults makes a probe
+written. Real `autotune` processes, real signals, real probe children (tests/helpers/faults makes a probe
 hang or die on purpose). Each test asserts that no process of the search is left after 10 s, that
 no completed probe is lost, and that the same command resumes and measures what was not measured.
 """
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -18,76 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from autotune.status import ClaimState, ProbeStatus, StudyStatus
-from autotune.store import open_store
-from tests.cli import autotune, autotune_command, wait_for
-from tests.conftest import write_model_dir
-from tests.faults import fault_env
+from autotune.status import ProbeStatus, StudyStatus
+from tests.helpers.cli import autotune, autotune_command, wait_for
+from tests.helpers.faults import fault_env
+from tests.helpers.models import write_model_dir
+from tests.helpers.processes import assert_all_gone, cmdline, descendants
+from tests.helpers.studies import TWO_CANDIDATES as SPACE
+from tests.helpers.studies import probes, running_claims, status
 
 pytestmark = pytest.mark.slow
 
-# Two candidates (micro-batch 1 and 2 at an effective batch of 2): the first probe completes, the
-# second is where a fault strikes.
-SPACE = ["--gpu-budget", "64MiB", "--device", "cpu", "--micro-batches", "1,2", "--block-sizes", "64",
-         "--effective-batch", "2", "--precisions", "fp32", "--checkpointing", "off", "--attention", "sdpa",
-         "--measure-steps", "1", "--no-predict", "--strategy", "grid"]
-GONE_WITHIN = 10.0
-
-
-# -- processes -------------------------------------------------------------------------------------
-def _stat(pid: int) -> list[str] | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text[text.rindex(")") + 2:].split()  # fields after the command name: state, ppid, ...
-
-
-def alive(pid: int) -> bool:
-    fields = _stat(pid)
-    return fields is not None and fields[0] not in ("Z", "X")  # a zombie holds no memory and runs nothing
-
-
-def descendants(pid: int) -> set[int]:
-    """Every live process below `pid` (children, their children, ...)."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (fields := _stat(int(entry))) is not None:
-            parents[int(entry)] = int(fields[1])
-    found, frontier = set(), {pid}
-    while frontier:
-        frontier = {p for p, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return {p for p in found if alive(p)}
-
-
-def _cmdline(pid: int) -> bytes:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return b""
-
-
-def assert_all_gone(pids: set[int], within: float = GONE_WITHIN) -> None:
-    deadline = time.monotonic() + within
-    while time.monotonic() < deadline and any(alive(p) for p in pids):
-        time.sleep(0.2)
-    left = {p: _cmdline(p).replace(b"\0", b" ")[:120] for p in pids if alive(p)}
-    assert not left, f"left running {within:.0f} s after the search ended: {left}"
-
-
-# -- the database ----------------------------------------------------------------------------------
-def running_claims(db: str, study: str) -> list:
-    try:
-        with open_store(db) as store:
-            return [c for c in store.claims(store.study(study).id, stale_after=3600) if c.state == ClaimState.RUNNING]
-    except Exception:  # not created yet
-        return []
-
-
-def probes(db: str, study: str) -> list:
-    with open_store(db) as store:
-        return store.probes(study)
 
 
 def second_probe_running(db: str, study: str) -> bool:
@@ -96,11 +35,6 @@ def second_probe_running(db: str, study: str) -> bool:
         return len(probes(db, study)) == 1 and bool(running_claims(db, study))
     except Exception:  # the study is not created yet
         return False
-
-
-def status(db: str, study: str) -> str:
-    with open_store(db) as store:
-        return store.study(study).status
 
 
 @pytest.fixture
@@ -159,7 +93,7 @@ def test_kill_9_while_predicting_leaves_no_estimator_process(model, tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         def tracing() -> set[int]:
-            return {p for p in descendants(search.pid) if b"autotune.estimate.trace" in _cmdline(p)}
+            return {p for p in descendants(search.pid) if b"autotune.estimate.trace" in cmdline(p)}
 
         wait_for(lambda: bool(tracing()), what="a trace child")
         below = descendants(search.pid)

@@ -15,9 +15,9 @@ from autotune.report import explain_winner, format_search_header
 from autotune.search import SearchOptions, run_search
 from autotune.space import SearchSpace
 from autotune.store import open_store
-from tests.conftest import write_model_dir
-from tests.fakes import ScriptedRunner, request
-from tests.test_bad_input_round3 import invoke
+from tests.helpers.models import write_model_dir
+from tests.helpers.fakes import ScriptedRunner, request
+from tests.helpers.cli import invoke
 
 GiB = 2**30
 

@@ -18,7 +18,7 @@ from autotune.space import SearchSpace
 from autotune.store import open_store
 from autotune.search.fleet import check_joinable, run_worker, worker_devices
 from autotune.budget import Budget
-from tests.fakes import FAKE_ENV, ScriptedRunner, request
+from tests.helpers.fakes import FAKE_ENV, ScriptedRunner, request
 
 GiB = 2**30
 BUDGET = 1 * GiB

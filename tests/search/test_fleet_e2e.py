@@ -18,9 +18,9 @@ from autotune.probe import ProbeRunner, ProbeSettings
 from autotune.search import SearchOptions, run_search, start_study
 from autotune.space import SearchSpace
 from autotune.store import open_store
-from tests.cli import autotune, autotune_command, wait_for
-from tests.fakes import ScriptedRunner, request
-from tests.faults import fault_env
+from tests.helpers.cli import autotune, autotune_command, wait_for
+from tests.helpers.fakes import ScriptedRunner, request
+from tests.helpers.faults import fault_env
 
 pytestmark = pytest.mark.slow
 MiB = 2**20

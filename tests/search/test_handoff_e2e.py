@@ -18,9 +18,9 @@ from autotune.probe import ProbeRunner, ProbeSettings
 from autotune.search import SearchOptions, run_search
 from autotune.space import SearchSpace
 from autotune.store import open_store
-from tests.cli import autotune, autotune_command
-from tests.conftest import TINY_GPT2
-from tests.fakes import request
+from tests.helpers.cli import autotune, autotune_command
+from tests.helpers.models import TINY_GPT2
+from tests.helpers.fakes import request
 
 pytestmark = pytest.mark.slow
 MiB = 2**20
@@ -137,7 +137,7 @@ def test_the_readme_hand_off_trains_with_trainer_from_a_directory_and_from_a_con
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from autotune.environment import Environment
-    from tests.store.helpers import config, make_study, result
+    from tests.helpers.store import config, make_study, result
 
     cpu = Environment("cpu", "cpu: test", 8 * 2**30, torch_version=torch.__version__)
     with open_store() as store:
@@ -181,7 +181,7 @@ def test_the_readme_hand_off_trains_with_trainer_from_a_directory_and_from_a_con
     from autotune.errors import BadInput
     from autotune.handoff import BestConfig
     from autotune.recipes import peft_text
-    from tests.train.test_peft import leaderboard_row
+    from tests.helpers.store import leaderboard_row
 
     qlora = BestConfig(leaderboard_row(config(2, precision="bf16", peft=peft_text("qlora"))), "cuda")
     with pytest.raises(BadInput, match="pass its hub id or directory to load_model, not a config"):

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.cli import autotune, autotune_command
+from tests.helpers.cli import autotune, autotune_command
 
 SPACE = ["--gpu-budget", "2GiB", "--device", "cpu", "--micro-batches", "2,4", "--block-sizes", "64",
          "--effective-batch", "4", "--precisions", "fp32", "--checkpointing", "off", "--attention", "sdpa",

@@ -20,8 +20,8 @@ from autotune.search.confirm import MAX_ROUNDS, RoundStopped, confirm
 from autotune.space import SearchSpace
 from autotune.store import open_store
 from autotune.timing import relative_spread
-from tests.fakes import ScriptedRunner, modelled_result, request
-from tests.search.test_driver import gpt2_space
+from tests.helpers.fakes import ScriptedRunner, modelled_result, request
+from tests.helpers.fakes import gpt2_space
 
 GiB = 2**30
 BUDGET = 8 * GiB

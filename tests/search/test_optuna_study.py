@@ -11,8 +11,8 @@ from optuna.study._constrained_optimization import _get_feasible_trials
 from optuna.trial import TrialState
 
 from autotune.search.trials import distributions_of, error_tail, optuna_storage, params_of
-from tests.fakes import FAKE_ENV, ScriptedRunner
-from tests.search.test_driver import gpt2_space, search, store  # noqa: F401  (store: the fixture)
+from tests.helpers.fakes import FAKE_ENV, ScriptedRunner
+from tests.helpers.fakes import gpt2_space, search
 
 
 def url_of(store) -> str:

@@ -4,22 +4,14 @@ what the memory prediction cannot decide, and resumes, confirms and shares a stu
 
 from __future__ import annotations
 
-import pytest
 
 from autotune.models import resolve_model
 from autotune.search import SearchOptions, run_search
 from autotune.search.speed_model import SpeedModel
 from autotune.search.strategies import WORTH_PROBING
 from autotune.space import SearchSpace
-from autotune.store import open_store
-from tests.fakes import ScriptedRunner, modelled_result, request
-from tests.search.test_driver import BUDGET, MARGIN, gpt2_space, modelled_predictor, search
-
-
-@pytest.fixture
-def store():
-    with open_store() as s:
-        yield s
+from tests.helpers.fakes import ScriptedRunner, modelled_result, request
+from tests.helpers.fakes import BUDGET, MARGIN, gpt2_space, modelled_predictor, search
 
 
 def grid_best(space: SearchSpace, budget: int = BUDGET, margin: int = MARGIN) -> float:

@@ -12,44 +12,16 @@ import pytest
 from autotune.config import ProbeConfig
 from autotune.errors import BadInput
 from autotune.estimate import estimate_memory
-from tests.cli import autotune
-from tests.conftest import TINY_GPT2
+from tests.helpers.cli import autotune
+from tests.helpers.models import write_remote_model
 
 pytestmark = pytest.mark.slow
-
-CONFIGURATION = '''from transformers import GPT2Config
-
-
-class RemoteGPT2Config(GPT2Config):
-    model_type = "remote-gpt2"
-'''
-MODELING = '''from transformers import GPT2LMHeadModel
-
-from .configuration_remote import RemoteGPT2Config
-
-
-class RemoteGPT2LMHeadModel(GPT2LMHeadModel):
-    config_class = RemoteGPT2Config
-'''
-
 
 @pytest.fixture
 def remote_model(tmp_path, monkeypatch) -> str:
     """A tiny GPT-2 under a model type transformers does not ship, with its code beside it."""
     monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "hf-modules"))  # where transformers copies the code
     return str(write_remote_model(tmp_path / "remote-gpt2"))
-
-
-def write_remote_model(path: Path, modeling: str = MODELING) -> Path:
-    """`path`: a tiny GPT-2 config under the remote-gpt2 type, with its configuration and `modeling` code."""
-    path.mkdir()
-    config = {**TINY_GPT2, "model_type": "remote-gpt2", "architectures": ["RemoteGPT2LMHeadModel"],
-              "auto_map": {"AutoConfig": "configuration_remote.RemoteGPT2Config",
-                           "AutoModelForCausalLM": "modeling_remote.RemoteGPT2LMHeadModel"}}
-    (path / "config.json").write_text(json.dumps(config))
-    (path / "configuration_remote.py").write_text(CONFIGURATION)
-    (path / "modeling_remote.py").write_text(modeling)
-    return path
 
 
 def test_the_estimator_builds_the_models_own_code_when_allowed(remote_model):

@@ -17,8 +17,8 @@ from autotune.probe import ProbeRunner, ProbeSettings
 from autotune.search import SearchOptions, run_search
 from autotune.space import SearchSpace
 from autotune.store import open_store
-from tests.cli import autotune_command
-from tests.fakes import ScriptedRunner, modelled_result, request
+from tests.helpers.cli import autotune_command
+from tests.helpers.fakes import ScriptedRunner, modelled_result, request
 
 pytestmark = pytest.mark.slow
 MiB = 2**20
@@ -79,7 +79,8 @@ def study_probes(study: str):
 def _search_cmd(model: str, *extra: str) -> list[str]:
     return autotune_command("search", "--model", model, "--gpu-budget", "24MiB", "--device", "cpu",
             "--micro-batches", "1,2,4,8,16", "--block-sizes", "128", "--effective-batch", "16", "--precisions", "fp32",
-            "--attention", "sdpa", "--measure-steps", "2", "--study", "ctrl-c", *extra)
+            "--attention", "sdpa", "--measure-steps", "2", "--no-confirm", "--study", "ctrl-c",
+            *extra)
 
 
 def test_ctrl_c_stops_after_the_probe_and_the_same_command_resumes(tiny_model):

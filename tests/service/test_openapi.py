@@ -34,10 +34,10 @@ from autotune.service.app import ServiceConfig, create_app  # noqa: E402
 from autotune.service.routes.searches import search_body_schema  # noqa: E402
 from autotune.service.submissions import ServicePolicy  # noqa: E402
 from autotune.store import open_store  # noqa: E402
-from tests.store.helpers import ENV, config, make_study, result  # noqa: E402
+from tests.helpers.store import ENV, config, make_study, result  # noqa: E402
 
 STUDY = "openapi-finished"
-MODEL, BUDGET = "gpt2", "8GiB"     # the study's (tests/store/helpers.py make_study)
+MODEL, BUDGET = "gpt2", "8GiB"     # the study's (tests/helpers/store.py make_study)
 # Per operation and per token case: the whole run stays well under a minute (more for a deeper look:
 # AUTOTUNE_OPENAPI_EXAMPLES=500).
 EXAMPLES = int(os.environ.get("AUTOTUNE_OPENAPI_EXAMPLES", "25"))

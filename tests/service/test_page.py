@@ -10,7 +10,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -28,8 +27,9 @@ from autotune.handoff.best_config import best_in  # noqa: E402
 from autotune.service.app import ServiceConfig, create_app  # noqa: E402
 from autotune.service.auth import COOKIE  # noqa: E402
 from autotune.store import open_store  # noqa: E402
-from tests.conftest import write_model_dir  # noqa: E402
-from tests.store.helpers import ENV, FakeModel, GiB, config, make_study, result  # noqa: E402
+from tests.helpers.models import write_model_dir  # noqa: E402
+from tests.helpers.ports import free_port  # noqa: E402
+from tests.helpers.store import ENV, FakeModel, GiB, config, make_study, result  # noqa: E402
 
 HOSTILE = "<script>alert('x')</script>\"&model"
 PAGES = ("/", "/searches/s1", "/plan", "/login")
@@ -239,12 +239,6 @@ SEARCH = {"model": "tiny", "gpu_budget": "200MiB", "device": "cpu", "micro_batch
           "warmup_steps": 2, "measure_steps": 2, "measure_seconds": 0.5, "predict": False, "confirm": False}
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def http(url: str, body: dict | None = None, token: str | None = None) -> dict:
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     data = json.dumps(body).encode() if body is not None else None
@@ -343,13 +337,17 @@ def test_a_browser_follows_a_running_search_live_to_its_end(served, browser, tmp
     total = search["progress"]["total"]
     # The probes arrived one by one, while the page was open.
     assert min(seen) < total and rows == total and len(seen) >= 3, sorted(seen)
-    assert browser.find_element("id", "progress").text == f"{total} / {total}"
+    # (Read in one script each: the page redraws these parts once the search ends, and an element
+    # found before a redraw and read after it is stale.)
+    assert eventually(browser, "var p = document.getElementById('progress'); return p && p.textContent.trim();"
+                      ) == f"{total} / {total}"
     # The parts the server draws were read again: the leaderboard, the plot and the pick are there.
     assert eventually(browser, "return document.querySelectorAll('#leaderboard tr[data-key]').length;") >= 1
     assert eventually(browser, "return document.querySelectorAll('#plot svg circle.point').length;") >= 1
     assert eventually(browser, "var p = document.getElementById('handoff-cli'); return p && p.textContent;"
                       ).startswith("--per_device_train_batch_size")
-    assert browser.find_element("css selector", "button.copy").is_displayed()  # shown by the script
+    assert eventually(browser, "var b = document.querySelector('button.copy'); "  # shown by the script
+                               "return b !== null && b.getClientRects().length > 0 && getComputedStyle(b).visibility !== 'hidden';")
     problems = [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
     assert problems == []  # no script error, nothing missing, nothing the Content-Security-Policy refused
     shot = tmp_path / "service-page.png"

@@ -22,8 +22,9 @@ from autotune.service.routes.searches import search_body_schema  # noqa: E402
 from autotune.service.submissions import SEARCH_CLOSED, SEARCH_OWN, ServicePolicy  # noqa: E402
 from autotune.status import SearchState, StudyStatus  # noqa: E402
 from autotune.store import open_store  # noqa: E402
-from tests.conftest import write_model_dir  # noqa: E402
-from tests.store.helpers import FakeModel, config, make_study, result  # noqa: E402
+from tests.helpers.models import write_model_dir  # noqa: E402
+from tests.helpers.processes import alive, parent_of, processes_named  # noqa: E402
+from tests.helpers.store import FakeModel, config, make_study, result  # noqa: E402
 
 TINY = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 128}
 
@@ -337,36 +338,14 @@ def test_serve_starts_queue_workers_by_a_launcher_and_stops_them_with_it(tmp_pat
                 httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
             except httpx.HTTPError:
                 pass
-            workers = [int(p.name) for p in __import__("pathlib").Path("/proc").iterdir() if p.name.isdigit()
-                       and _cmdline(p).endswith(f"worker --queue --device cpu --json") and _parent(p) == serve.pid]
+            workers = [pid for pid in processes_named("worker --queue --device cpu --json") if parent_of(pid) == serve.pid]
             time.sleep(0.3)
         assert len(workers) == 1, "the service started no queue worker"
         serve.send_signal(signal.SIGTERM)
         serve.wait(timeout=90)
         assert "1 queue worker by local" in serve.stderr.read()
         time.sleep(0.5)
-        assert not os.path.exists(f"/proc/{workers[0]}") or _state(workers[0]) in ("Z", "X")
+        assert not alive(workers[0])
     finally:
         if serve.poll() is None:
             os.killpg(serve.pid, signal.SIGKILL)
-
-
-def _cmdline(entry) -> str:
-    try:
-        return (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-    except OSError:
-        return ""
-
-
-def _parent(entry) -> int:
-    try:
-        return int((entry / "stat").read_text().rpartition(")")[2].split()[1])
-    except (OSError, ValueError, IndexError):
-        return -1
-
-
-def _state(pid: int) -> str:
-    try:
-        return open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0]
-    except OSError:
-        return "X"

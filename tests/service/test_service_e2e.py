@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,17 +22,13 @@ httpx = pytest.importorskip("httpx")
 
 from autotune.status import SearchState  # noqa: E402
 from autotune.store import open_store  # noqa: E402
-from tests.conftest import write_model_dir  # noqa: E402
+from tests.helpers.models import write_model_dir  # noqa: E402
+from tests.helpers.ports import free_port  # noqa: E402
+from tests.helpers.processes import command_text, processes_named  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 TINY = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 128}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Deployment:
@@ -129,18 +124,7 @@ def search_body(**changes) -> dict:
 
 def processes_under(path: Path) -> list[str]:
     """Command lines of live processes that name `path` (what this module's deployment started)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            line = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
-        except OSError:
-            continue
-        if str(path) in line and state not in ("Z", "X"):
-            found.append(line)
-    return found
+    return [command_text(pid) for pid in processes_named(str(path)) if pid != os.getpid()]
 
 
 @pytest.fixture(scope="module")

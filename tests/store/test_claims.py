@@ -13,7 +13,7 @@ from sqlalchemy.exc import OperationalError
 from autotune.store import MAX_ATTEMPTS, open_store
 from autotune.store import base as store_base
 
-from .helpers import ENV, config, make_study, result
+from tests.helpers.store import ENV, config, make_study, result
 
 STALE = 0.3  # seconds without a heartbeat before a claim is stale
 

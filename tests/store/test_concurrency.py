@@ -7,7 +7,7 @@ import multiprocessing
 
 from autotune.store import open_store
 
-from .helpers import ENV, config, make_study, result
+from tests.helpers.store import ENV, config, make_study, result
 
 PROCESSES, PROBES_EACH = 4, 50
 

@@ -18,7 +18,7 @@ from autotune.store import base
 from autotune.store.engine import postgres_connect_args, sqlite_path
 from autotune.store.failures import describe_failure, is_transient
 
-from .helpers import ENV, config, make_study, result
+from tests.helpers.store import ENV, config, make_study, result
 
 
 def wrapped(message: str, cls=OperationalError, driver_error=sqlite3.OperationalError) -> Exception:

@@ -20,7 +20,7 @@ from autotune.errors import BadInput, DatabaseError
 from autotune.store import SCHEMA_REVISION, check_study_lookup, open_store, upgrade_database
 from autotune.store import engine as store_engine
 from autotune.store.schema import VERSION_TABLE
-from tests.store.helpers import ENV, config, make_study, result
+from tests.helpers.store import ENV, config, make_study, result
 
 NOT_UTF8 = b"\xff\xfe".decode("utf-8", "surrogateescape")  # what Python makes of `--study $'\xff\xfe'`
 

@@ -9,7 +9,7 @@ from autotune.errors import DatabaseError
 from autotune.store import SCHEMA_REVISION, open_store, upgrade_database
 from autotune.store.migrate import compare_schema
 
-from .helpers import ENV, GiB, config, make_study, result
+from tests.helpers.store import ENV, GiB, config, make_study, result
 
 
 def test_store_upgrades_and_round_trips_a_probe_on_postgresql(postgres_url):

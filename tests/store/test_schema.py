@@ -16,7 +16,7 @@ from autotune.store import SCHEMA_REVISION, open_store
 from autotune.store.migrate import compare_schema, head_revision, known_revisions, script_location
 from autotune.store.schema import VERSION_TABLE, Probe
 
-from .helpers import ENV, FakeModel, config, make_study, result
+from tests.helpers.store import ENV, FakeModel, config, make_study, result
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -15,7 +15,7 @@ from autotune.status import CACHEABLE
 from autotune.store import SCHEMA_REVISION, check_study_name, open_store, resolve_url, upgrade_database
 from autotune.store.schema import VERSION_TABLE
 
-from .helpers import ENV, FakeModel, GiB, config, make_study, result
+from tests.helpers.store import ENV, FakeModel, GiB, config, make_study, result
 
 
 @pytest.fixture

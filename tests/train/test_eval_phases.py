@@ -21,9 +21,9 @@ from autotune.search import search as real_search
 from autotune.store import open_store
 from autotune.train import SUMMARY_FILE, PEAK_TOLERANCE, ProbeMeasurement, RunSummary, TrainOptions, train
 from autotune.train.winner import FixedRecipe, evaluation_flags
-from tests.cli import assert_usage_error, autotune
-from tests.tiny_tasks import write_tiny
-from tests.train.conftest import corpus_text, write_pretrained_gpt2, write_task_tokenizer
+from tests.helpers.cli import assert_usage_error, autotune
+from tests.helpers.tiny_tasks import write_tiny
+from tests.helpers.corpus import corpus_text, write_pretrained_gpt2, write_task_tokenizer
 
 BUDGET = 64 * 2**20
 # One candidate per search (a probe child's start, its steps and its later phases: seconds), no estimator.

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from tests.cli import autotune
-from tests.train.conftest import corpus_text, write_tokenizer
+from tests.helpers.cli import autotune
+from tests.helpers.corpus import corpus_text, write_tokenizer
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]  # (it starts probe and training processes)
 GiB = 2**30

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.cli import autotune, wait_for
+from tests.helpers.cli import autotune, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,8 @@ from autotune.probe import ProbeSettings
 from autotune.search import SearchOptions, search
 from autotune.status import RunEnd
 from autotune.train import TrainOptions, train
-from tests.tiny_tasks import write_tiny
-from tests.train.conftest import corpus_text, write_task_tokenizer
+from tests.helpers.tiny_tasks import write_tiny
+from tests.helpers.corpus import corpus_text, write_task_tokenizer
 
 pytestmark = pytest.mark.slow
 

@@ -12,18 +12,12 @@ import pytest
 
 from autotune.config import ProbeConfig
 from autotune.recipes import peft_text
-from autotune.store import LeaderboardRow, open_store
+from autotune.store import open_store
 from autotune.train import SUMMARY_FILE, TrainOptions, train
 from autotune.train.winner import Winner
-from tests.cli import assert_usage_error, autotune
-from tests.train.conftest import STUDY
-
-
-def leaderboard_row(config: ProbeConfig) -> LeaderboardRow:
-    return LeaderboardRow(rank=1, study="s", probe_id=1, trial_number=None, config=config, config_key="k",
-                          status="ok", tokens_per_s=1.0, step_seconds=1.0, samples_per_s=1.0, mfu=None,
-                          peak_allocated_bytes=1, peak_reserved_bytes=1, context_bytes=0, budget_bytes=2**30,
-                          margin_bytes=0)
+from tests.helpers.cli import assert_usage_error, autotune
+from tests.helpers.store import leaderboard_row
+from tests.helpers.training import STUDY
 
 
 @pytest.mark.parametrize("optimizer, weights, precision, optim, optim_args, bf16", [

@@ -11,7 +11,7 @@ import pytest
 
 from autotune.errors import BadInput
 from autotune.status import RunEnd
-from tests.train.conftest import corpus_text, write_pretrained_gpt2
+from tests.helpers.corpus import corpus_text, write_pretrained_gpt2
 
 pytestmark = pytest.mark.slow
 

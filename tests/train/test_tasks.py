@@ -23,9 +23,9 @@ from autotune.tasks import Task
 from autotune.train import SUMMARY_FILE, TrainOptions, train
 from autotune.data.task_data import load_task_data
 from autotune.train.winner import FixedRecipe
-from tests.cli import assert_usage_error, autotune
-from tests.tiny_tasks import write_tiny
-from tests.train.conftest import corpus_text, write_task_tokenizer
+from tests.helpers.cli import assert_usage_error, autotune
+from tests.helpers.tiny_tasks import write_tiny
+from tests.helpers.corpus import corpus_text, write_task_tokenizer
 
 BUDGET = 64 * 2**20
 # One candidate per search (a probe child's start and three steps: seconds), no estimator child.

@@ -14,8 +14,8 @@ from autotune.cli import cli
 from autotune.errors import AutotuneError, BadInput, DatasetError, ModelNotFound
 from autotune.store import open_store
 from autotune.train import SUMMARY_FILE, TrainOptions, checkpoints, train
-from tests.cli import assert_usage_error, autotune
-from tests.train.conftest import STUDY_BUDGET
+from tests.helpers.cli import assert_usage_error, autotune
+from tests.helpers.training import STUDY_BUDGET
 
 pytestmark = pytest.mark.slow
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from autotune.errors import BadInput, DatasetError
-from tests.cli import assert_usage_error, autotune
-from tests.conftest import write_model_dir
+from tests.helpers.cli import assert_usage_error, autotune
+from tests.helpers.models import write_model_dir
 
 
 @pytest.fixture(autouse=True)
