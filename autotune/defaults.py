@@ -14,6 +14,7 @@ MAX_MEASURE_STEPS = 50        # ...up to this many steps
 NOISY_WINDOW = 0.10
 WINDOW_GROWTH = 2
 PROBE_TIMEOUT_SECONDS = 600.0  # one probe, from a ready child; starting a child is held to it too (at least 60 s)
+RENDEZVOUS_SECONDS = 300.0     # the nodes of a multi-node probe waiting for each other (torchrun's own: 600 s)
 SAFETY_MARGIN = 0.05          # a fraction of the budget (or bytes when >= 1)
 SAFETY_MARGIN_TEXT = "5%"     # the same, as the CLI shows and parses it
 

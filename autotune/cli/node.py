@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from autotune import defaults
 from autotune.cli.app import cli
 from autotune.cli.options import COUNT, DEVICE, DURATION, INDEX, RENDEZVOUS, check_cpu_ranks
 
@@ -17,7 +18,7 @@ from autotune.cli.options import COUNT, DEVICE, DURATION, INDEX, RENDEZVOUS, che
 @click.option("--gpus", type=COUNT, default=1, show_default=True, help="Ranks on this node (as the first node's --gpus).")
 @click.option("--device", type=DEVICE, default="auto", show_default=True, help="auto, cuda or cpu: what this node's ranks probe on.")
 @click.option("--rounds", type=COUNT, default=None, help="Stop after this many probes [default: until stopped].")
-@click.option("--rendezvous-timeout", type=DURATION, default="300s", show_default=True,
+@click.option("--rendezvous-timeout", type=DURATION, default=f"{defaults.RENDEZVOUS_SECONDS:g}s", show_default=True,
               help="How long each wait for the first node's next probe lasts before it starts again; a wait that "
                    "another program at --rendezvous holds is stopped soon after, with a line saying so.")
 def node(rendezvous, nodes, node_rank, gpus, device, rounds, rendezvous_timeout):

@@ -1,6 +1,6 @@
 """`autotune node`: one of the other nodes of a run on several machines. The first node's search
 (or probe) starts its ranks for each probe at its rendezvous (`--rendezvous HOST:PORT`); this
-node starts its own ranks for the same probe, meeting them there through torchrun's c10d
+node starts its own ranks for the same probe, meeting them there through torchrun's static
 rendezvous, and its ranks receive the probe from rank 0 over the process group. Each probe is a
 round: this node starts its ranks again for the next one, until stopped (Ctrl-C, SIGTERM).
 

@@ -25,7 +25,7 @@ class ProbeSettings:
     margin: int | float = defaults.SAFETY_MARGIN  # bytes, or a fraction of the budget when < 1
     trust_remote_code: bool = False
     max_compile_seconds: float | None = None  # skip a --compile config whose compilation takes longer
-    # Where a run on several nodes meets (host:port of torchrun's c10d rendezvous, on this node):
+    # Where a run on several nodes meets (host:port of torchrun's static rendezvous, on this node):
     # the other nodes run `autotune node` with the same address.
     rendezvous: str | None = None
 

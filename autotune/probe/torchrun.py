@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from autotune import defaults
 from autotune.deadline import Deadline, DeadlineReached
 from autotune.errors import DeviceError
 from autotune.probe.protocol import ProbeRequest
@@ -47,9 +48,9 @@ POLL_SECONDS = 0.1
 # Which rank's outcome the probe reports when ranks differ: the cause before its consequences (a
 # rank out of memory makes the others' collectives fail: they read as crashed).
 _CAUSES = (ProbeStatus.OOM, ProbeStatus.UNSTABLE, ProbeStatus.SKIPPED, ProbeStatus.TIMEOUT, ProbeStatus.CRASHED)
-# How long the nodes of a run wait for each other at a probe's rendezvous (torchrun's own default
-# is 600 s): the first node for the others to arrive, each other node to reach the first.
-RENDEZVOUS_SECONDS = 300.0
+# How long the nodes of a run wait for each other at a probe's rendezvous: the first node for the
+# others to arrive, each other node to reach the first (a name of this module's, which tests shorten).
+RENDEZVOUS_SECONDS = defaults.RENDEZVOUS_SECONDS
 # What torchrun's agents say when a rendezvous cannot be held or completed (torch 2.x): the first
 # node's store cannot listen; it waited its time and only `joined` of the `expected` nodes came.
 _PORT_TAKEN = re.compile(r"EADDRINUSE|address already in use", re.IGNORECASE)
