@@ -1,5 +1,5 @@
-"""Running the trace child: `python -m autotune.estimate.trace`, one process for a whole request,
-so that torch and transformers are imported once; it may be started ahead of its request
+"""Running the trace child: `python -m autotune.estimate.trace`, one process for request after
+request, so that torch and transformers are imported once; it may be started ahead of its request
 (`TraceChild`), and several may share a request (`TraceChildren`). Failures of a child become
 `EstimateError`."""
 
@@ -52,8 +52,10 @@ def _describe(config: ProbeConfig) -> str:
 class TraceChild:
     """The trace child's process, which may be started before its request is known: it imports
     torch and transformers first and reads its request afterwards, so a search that starts it
-    alongside the probe's own child overlaps the two start-ups. It answers one request. It dies
-    with this process (kill -9 included) and, unused, is killed on `close` (TraceChildren's, which owns it)."""
+    alongside the probe's own child overlaps the two start-ups. It answers request after request
+    (a search's later groups, a planner's later traces find it warm) until one fails, which ends it.
+    It dies with this process (kill -9 included) and is killed on `close` (TraceChildren's, which
+    owns it)."""
 
     def __init__(self) -> None:
         self._process: subprocess.Popen[str] | None = None
@@ -61,8 +63,11 @@ class TraceChild:
         self._answering = False
 
     def start(self, model_type: str | None = None) -> "TraceChild":
-        """Start the process; with `model_type`, it also imports that model's code while it waits
-        for its request (the first trace would import it: seconds on a small host)."""
+        """Start the process (one already running is kept: it is warm); with `model_type`, it also
+        imports that model's code while it waits for its request (the first trace would import it:
+        seconds on a small host)."""
+        if self._process is not None:
+            return self
         package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         # The child must import this very autotune, also when it runs from a checkout.
@@ -104,25 +109,39 @@ class TraceChild:
         timer.start()
         try:
             with contextlib.suppress(BrokenPipeError):  # (a child that died first is reported below)
-                process.stdin.write(request.to_json())
-                process.stdin.close()
-            for line in process.stdout:
+                process.stdin.write(request.to_json() + "\n")
+                process.stdin.flush()
+            while len(results) < len(request.items):
+                line = process.stdout.readline()
+                if not line:  # it died, or was killed at the timeout
+                    break
                 answer = read_answer(line)
                 if isinstance(answer, TraceFailure):
-                    failure = answer
-                elif answer is not None:
+                    failure = answer  # (and it exits)
+                    break
+                if answer is not None:
                     results.append(answer)
                     timer.cancel()  # the next item has its own `timeout`
                     timer = threading.Timer(timeout, expire)
                     timer.start()
                     if on_result is not None:
                         on_result(answer)
-            process.wait()
         finally:
             timer.cancel()
-            process.stdout.close()
-            stderr = self._read_stderr()
-            self._process, self._answering = None, False  # spent: one request per process
+            self._answering = False
+        if failure is None and len(results) == len(request.items):
+            return results  # the process waits, warm, for the next request
+        # Spent: the child exits after a failure, and silence means it died (or the timer killed it).
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        with contextlib.suppress(OSError):
+            process.stdin.close()
+        process.stdout.close()
+        stderr = self._read_stderr()
+        self._process = None
         if failure is not None and failure.error_type == "BadInput":
             # Something the user must change that only the model's build could tell (LoRA targets
             # that match no module): one line, as a flag's mistake.
@@ -130,8 +149,6 @@ class TraceChild:
         if failure is not None:
             raise EstimateError(f"could not trace {_describe(request.items[failure.index].config)}: {failure.message}; "
                                 f"probe the configuration instead.")
-        if len(results) == len(request.items):
-            return results
         what = _describe(request.items[len(results)].config)  # the item the child was tracing when it stopped
         if timed_out.is_set():
             raise EstimateError(f"estimating {what} took longer than {timeout:.0f} s and was stopped; "
@@ -177,7 +194,7 @@ class TraceChild:
 class TraceChildren:
     """Trace children that share a request: each traces its share in parallel (traces are
     independent, and on a multi-core host they are the search's longest wait before its first
-    probe). Started ahead with `start`, or on demand; unused ones are killed on `close`."""
+    probe). Started ahead with `start`, or on demand; all are killed on `close`."""
 
     def __init__(self, count: int = 1) -> None:
         self.children = [TraceChild() for _ in range(max(1, count))]

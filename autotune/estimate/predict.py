@@ -105,7 +105,8 @@ def untraceable(config: ProbeConfig) -> str | None:
 
 
 def estimate_memory(config: ProbeConfig, *, device_type: str = "cuda", timeout: float = ESTIMATE_TIMEOUT_SECONDS,
-                    use_cache: bool = True, trust_remote_code: bool = False, stack: Stack | None = None) -> MemoryEstimate:
+                    use_cache: bool = True, trust_remote_code: bool = False, stack: Stack | None = None,
+                    children: TraceChildren | None = None) -> MemoryEstimate:
     """Predict the peak memory of training `config`, as a probe on `device_type` would measure it.
 
     `device_type="cuda"` (the default) predicts a CUDA run: fused dropout masks, SDPA's flash and
@@ -116,9 +117,10 @@ def estimate_memory(config: ProbeConfig, *, device_type: str = "cuda", timeout: 
     a cache under $AUTOTUNE_HOME. `trust_remote_code` lets a model's own code (auto_map) run in
     the trace child, as `--trust-remote-code` does for probes. `stack` predicts a run on older
     library versions than the installed ones (estimate/stack.py: what they did differently).
+    `children` (TraceChildren) trace it, warm from earlier estimates; else a process of its own.
     """
     return estimate_memories([config], device_type=device_type, timeout=timeout, use_cache=use_cache,
-                             trust_remote_code=trust_remote_code, stack=stack)[0]
+                             trust_remote_code=trust_remote_code, stack=stack, children=children)[0]
 
 
 def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", timeout: float = ESTIMATE_TIMEOUT_SECONDS,
@@ -178,7 +180,11 @@ def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", 
                 if on_estimate is not None:
                     on_estimate(estimate)
 
-        (children or TraceChildren()).answer(request, timeout, arrived)
+        if children is not None:
+            children.answer(request, timeout, arrived)
+        else:
+            with TraceChildren() as own:  # (a trace child waits for more requests until closed)
+                own.answer(request, timeout, arrived)
     return [e for e in out if e is not None]
 
 

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from autotune import sharding
+from autotune.config import ProbeConfig
 from autotune.estimate import older_stacks
 from autotune.estimate.generation import GenerationReads, UnansweredRead
 from autotune.estimate.launch import PRELOAD_ENV
@@ -406,7 +407,8 @@ def _later_phases(ledger: Ledger, step, vocab_size: int) -> dict[str, str]:
 
 
 def main() -> None:
-    """Trace each requested configuration in turn; one line of answer per configuration."""
+    """Trace each requested configuration in turn, request after request; one line of answer per
+    configuration."""
     # The heavy imports (torch above, transformers, its mask rules) before the request is read: a
     # search starts this process ahead of its request, so that they overlap its other start-up.
     import transformers  # noqa: F401
@@ -426,7 +428,16 @@ def main() -> None:
     # milliseconds rather than ~0.4 s (as the probe child does).
     gc.collect()
     gc.freeze()
-    request = TraceRequest.from_json(sys.stdin.read())
+    # One request per line, for as long as the parent keeps our stdin open: a search's later groups
+    # and a planner's later traces find this process warm (imports and model code done).
+    while line := sys.stdin.readline():
+        if line.strip():
+            _answer(TraceRequest.from_json(line))
+
+
+def _answer(request: TraceRequest) -> None:
+    """One line per item of `request`. A failure ends the process: what it left behind (a half-built
+    model, a mode still entered) must not reach the next trace."""
     for index, item in enumerate(request.items):
         try:
             result = trace(item, request.device_type, index)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from autotune.config import ProbeConfig
-from autotune.estimate import estimate_memories
+from autotune.estimate import EstimateError, estimate_memories, estimate_memory
 from autotune.estimate.launch import TraceChildren
 from tests.helpers.models import TINY_GPT2, write_model_dir
 from tests.helpers.faults import GATE_ENV, inject_fault
@@ -32,10 +32,10 @@ def test_paused_trace_children_are_stopped_until_resumed_and_killed_on_close():
 
 
 def test_a_trace_child_that_aborts_once_is_traced_again_in_a_fresh_process_and_says_so(tmp_path, monkeypatch,
-                                                                                        caplog):
+                                                                                        caplog, trace_children):
     model = write_model_dir(tmp_path / "tiny", **TINY_GPT2)
     configs = [ProbeConfig(str(model), 1, 32), ProbeConfig(str(model), 2, 32)]
-    expected = estimate_memories(configs, device_type="cpu", use_cache=False)
+    expected = estimate_memories(configs, device_type="cpu", use_cache=False, children=trace_children)
     inject_fault(monkeypatch, "abort-once")
     monkeypatch.setenv(GATE_ENV, str(tmp_path / "aborted"))
     again = estimate_memories(configs, device_type="cpu", use_cache=False)
@@ -43,3 +43,20 @@ def test_a_trace_child_that_aborts_once_is_traced_again_in_a_fresh_process_and_s
     assert [e.peak_bytes for e in again] == [e.peak_bytes for e in expected]
     # Said, not hidden: a crash is a bug to find (one was: tests/probe/test_qlora.py).
     assert [r.message for r in caplog.records if "once more in a fresh process" in r.message]
+
+
+def test_a_trace_child_answers_request_after_request_and_a_failed_trace_ends_it(tmp_path, trace_children):
+    # A search's later groups and a planner's later traces find the child warm; a failure (a model
+    # transformers cannot build) is one clear error, and what it left behind dies with its process.
+    model = str(write_model_dir(tmp_path / "tiny", **TINY_GPT2))
+    small = estimate_memory(ProbeConfig(model, 1, 32), device_type="cpu", use_cache=False, children=trace_children)
+    (child,) = trace_children.children
+    pid = child._process.pid
+    large = estimate_memory(ProbeConfig(model, 4, 32), device_type="cpu", use_cache=False, children=trace_children)
+    assert child._process.pid == pid and large.peak_bytes > small.peak_bytes
+    broken = write_model_dir(tmp_path / "broken", model_type="no-such-architecture")
+    with pytest.raises(EstimateError, match="could not trace .*no-such-architecture"):
+        estimate_memory(ProbeConfig(str(broken), 1, 32), device_type="cpu", use_cache=False, children=trace_children)
+    assert not child.started and state(pid) in ("Z", "X")
+    again = estimate_memory(ProbeConfig(model, 1, 32), device_type="cpu", use_cache=False, children=trace_children)
+    assert child._process.pid != pid and again.peak_bytes == small.peak_bytes
