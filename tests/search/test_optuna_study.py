@@ -138,3 +138,41 @@ def test_error_tail_keeps_the_last_lines_bounded():
     assert error_tail(traceback).splitlines() == ['  File "x.py", line 46', '  File "x.py", line 47',
                                                   '  File "x.py", line 48', '  File "x.py", line 49', "RuntimeError: boom"]
     assert len(error_tail("x" * 5000)) == 1000 and error_tail("x" * 5000).endswith("x")
+
+
+@pytest.mark.parametrize("status", ["ok", "oom", "skipped", "crashed"])
+def test_a_settled_trial_written_at_once_reads_as_optunas_own_path_writes_it(tmp_path, status):
+    # (trials.py writes a settled trial's rows at once; Optuna sets them one by one, as on a running trial.)
+    from autotune.config import ProbeConfig
+    from autotune.result import ProbeResult
+    from autotune.search.trials import frozen_trial
+    from autotune.space import SearchSpace
+    from autotune.models import resolve_model
+    from tests.helpers.models import write_model_dir
+
+    url = f"sqlite:///{tmp_path / 'both.db'}"
+    model = str(write_model_dir(tmp_path / "m"))
+    space = SearchSpace.build(resolve_model(model), micro_batches=(1, 2), block_sizes=(64,), precisions=("fp32",),
+                              checkpointing=(False,), attentions=("sdpa",), effective_batch=2)
+    distributions = distributions_of(space)
+    config = ProbeConfig(model=model, micro_batch=2, block_size=64)
+    result = ProbeResult(status=status, tokens_per_s=1234.5 if status == "ok" else None,
+                         peak_reserved_bytes=3 << 20 if status in ("ok", "oom") else None,
+                         error={"skipped": "needs more than the budget", "crashed": "Traceback\nboom"}.get(status))
+    template = frozen_trial(config, result, distributions)
+    ours, plain = optuna_storage(url), optuna.storages.RDBStorage(url)
+    read = []
+    for storage, name in ((ours, "ours"), (plain, "optuna")):
+        study_id = storage.create_new_study([optuna.study.StudyDirection.MAXIMIZE], name)
+        for _ in range(2):  # (the second meets the first's distributions)
+            storage.create_new_trial(study_id, template_trial=template) if storage is plain else \
+                storage.add_settled(study_id, template)
+        read.append(storage.get_all_trials(study_id))
+    for mine, theirs in zip(*read):
+        assert (mine.number, mine.state, mine.values, mine.params, mine.distributions, mine.user_attrs, mine.system_attrs,
+                mine.datetime_start, mine.datetime_complete) == \
+               (theirs.number, theirs.state, theirs.values, theirs.params, theirs.distributions, theirs.user_attrs,
+                theirs.system_attrs, theirs.datetime_start, theirs.datetime_complete)
+    assert [t.number for t in read[0]] == [0, 1]
+    ours.engine.dispose()
+    plain.engine.dispose()
