@@ -64,6 +64,41 @@ def pytest_runtest_call(item):
         yield
 
 
+@pytest.fixture(scope="session")
+def probe_runner():
+    """`probe_runner(settings)`: this test worker's one warm probe child, seen with those settings
+    (tests/helpers/runners.py). Its child starts at the first probe."""
+    from tests.helpers.runners import SharedRunner
+
+    shared = SharedRunner()
+    yield shared
+    shared.close()
+
+
+@pytest.fixture
+def warm_child(monkeypatch, probe_runner):
+    """The commands this test runs in this process (`invoke`: `search`, `probe`) probe with the
+    worker's warm child: the command's own code, its refusals included, without a new child's
+    seconds of imports."""
+    from autotune.probe import ProbeSettings
+
+    def warm(settings=None, **_):
+        return probe_runner(settings or ProbeSettings())
+
+    monkeypatch.setattr("autotune.probe.ProbeRunner", warm)  # (a search looks it up there)
+    monkeypatch.setattr("autotune.probe.runner.ProbeRunner", warm)  # (run_probe, `autotune probe`)
+
+
+@pytest.fixture(scope="session")
+def trace_children():
+    """This test worker's trace child, warm from one estimate to the next (a trace child answers
+    request after request, as a search's later groups find it). It starts at the first trace."""
+    from autotune.estimate.launch import TraceChildren
+
+    with TraceChildren(1) as children:
+        yield children
+
+
 @pytest.fixture
 def store(hermetic_home):
     """The default results database (in this test's hermetic home), open."""

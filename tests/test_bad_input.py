@@ -268,11 +268,11 @@ def test_plan_mistakes_are_one_line(work, hermetic_home, tiny_model, args, needl
     (["--peft", "lora", "--lora-targets", "q_proj,v_proj"], "--lora-targets q_proj,v_proj: Target modules"),
 ])
 def test_recipes_this_model_or_machine_cannot_train_are_one_line_and_write_nothing(work, hermetic_home, tiny_model,
-                                                                                   args, needle):
+                                                                                   args, needle, warm_child):
     # Told by building the model (meta device) in the probe child, before the study is written.
     with Unchanged(work, hermetic_home):
-        refused(autotune("search", "--model", tiny_model, "--gpu-budget", "1GiB", "--device", "cpu", "--micro-batches",
-                         "1", "--effective-batch", "1", *args), needle)
+        refused(invoke("search", "--model", tiny_model, "--gpu-budget", "1GiB", "--device", "cpu", "--micro-batches",
+                       "1", "--effective-batch", "1", *args), needle)
     if "targets" in needle:  # (the estimator predicts QLoRA for a card: tests/probe/test_qlora.py)
         # --json: without it, a trace that takes 30 s (a loaded machine importing peft) says so on
         # stderr before its refusal, as a long estimate should.

@@ -1,4 +1,5 @@
-"""`autotune probe` through a real subprocess: bad input is one line and exit status 2."""
+"""`autotune probe`: bad input is one line and exit status 2 (read in this process); a probe through a
+real subprocess, and one that does not fit (in this process, with the worker's warm probe child)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 
 import pytest
 
-from tests.helpers.cli import assert_usage_error, autotune, with_flags
+from tests.helpers.cli import assert_usage_error, autotune, invoke, with_flags
 
 
 BASE = ["probe", "--model", "gpt2", "--micro-batch", "1", "--block-size", "128", "--gpu-budget", "8GiB", "--device", "cpu"]
@@ -23,7 +24,7 @@ BASE = ["probe", "--model", "gpt2", "--micro-batch", "1", "--block-size", "128",
     ({"--safety-margin": "120%"}, "--safety-margin"),
 ])
 def test_bad_input_is_one_line_and_exit_2(change, needle):
-    assert_usage_error(autotune(*with_flags(BASE, change)), needle)
+    assert_usage_error(invoke(*with_flags(BASE, change)), needle)
 
 
 @pytest.mark.slow
@@ -38,8 +39,8 @@ def test_probe_json_on_cpu(tiny_model):
 
 
 @pytest.mark.slow
-def test_probe_that_does_not_fit_exits_1(tiny_model):
-    proc = autotune("probe", "--model", tiny_model, "--micro-batch", "2", "--block-size", "64",
-                    "--gpu-budget", "3MiB", "--device", "cpu")
+def test_probe_that_does_not_fit_exits_1(tiny_model, warm_child):
+    proc = invoke("probe", "--model", tiny_model, "--micro-batch", "2", "--block-size", "64",
+                  "--gpu-budget", "3MiB", "--device", "cpu")
     assert proc.returncode == 1
     assert "status  oom" in proc.stdout

@@ -13,7 +13,7 @@ from autotune.tasks import DataShape
 from autotune.errors import BadInput
 from autotune.models import resolve_model
 from autotune.space import SearchSpace
-from tests.helpers.cli import assert_usage_error, autotune
+from tests.helpers.cli import assert_usage_error, invoke
 from tests.helpers.tiny_tasks import write_tiny
 from tests.helpers.corpus import write_task_tokenizer
 
@@ -68,12 +68,13 @@ def test_a_classifiers_data_gives_its_longest_batch_and_its_labels(bert):
     (["--dataset", "DATA", "--text-column", "body"], "--text-column 'body'"),
     (["--dataset", "DATA", "--tokenizer", "/nowhere"], "/nowhere"),
 ])
-def test_dataset_mistakes_are_one_line_and_exit_2_with_nothing_written(bert, tmp_path, flags, needle):
+def test_dataset_mistakes_are_one_line_and_exit_2_with_nothing_written(bert, tmp_path, flags, needle, warm_child):
     model, data = bert
     db = tmp_path / "results.db"
     flags = [str(data) if flag == "DATA" else flag for flag in flags]
-    proc = autotune("search", "--model", str(model), "--gpu-budget", "64MiB", "--device", "cpu", "--db",
-                    f"sqlite:///{db}", *flags, env={"HF_HUB_OFFLINE": "1"})
+    # (In this process, with the worker's warm probe child; no trace child: no prediction is asked.)
+    proc = invoke("search", "--model", str(model), "--gpu-budget", "64MiB", "--device", "cpu", "--no-predict", "--db",
+                  f"sqlite:///{db}", *flags, env={"HF_HUB_OFFLINE": "1"})
     assert_usage_error(proc, needle)
     assert not db.exists()
 

@@ -15,7 +15,7 @@ from autotune.errors import BadInput
 from autotune.models import resolve_model
 from autotune.space import SearchSpace, single_config
 from autotune.tasks import Task, infer_task, task_fields, task_note, tell_task
-from tests.helpers.cli import assert_usage_error, autotune
+from tests.helpers.cli import assert_usage_error, autotune, invoke
 from tests.helpers.models import TINY_GPT2, write_model_dir
 from tests.helpers.tiny_tasks import TASK_OF, TINY, write_tiny
 
@@ -190,22 +190,20 @@ def _built_parameters(config_json: dict, task: str, num_labels: int | None) -> i
 
 
 @pytest.fixture(scope="module")
-def runner():
-    """One probe process for the module's probes and searches (its imports are seconds here)."""
-    from autotune.probe import ProbeRunner, ProbeSettings
+def runner(probe_runner):
+    from autotune.probe import ProbeSettings
 
-    with ProbeRunner(ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1)) as r:
-        yield r
+    return probe_runner(ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1))
 
 
 @pytest.mark.slow
-def test_every_family_probes_as_its_task_class_and_the_estimate_matches_to_the_byte(models, runner):
+def test_every_family_probes_as_its_task_class_and_the_estimate_matches_to_the_byte(models, runner, trace_children):
     from autotune.estimate import estimate_memories
 
     configs = [single_config(resolve_model(models[family]), micro_batch=2, block_size=64,
                              **({"precision": "bf16", "checkpointing": True} if i % 2 else {}))
                for i, family in enumerate(sorted(TINY))]
-    predicted = estimate_memories(configs, device_type="cpu", use_cache=False)
+    predicted = estimate_memories(configs, device_type="cpu", use_cache=False, children=trace_children)
     measured = [runner.run(c, runner.settings.budget(2 * GiB)) for c in configs]
     for family, config, estimate, probe in zip(sorted(TINY), configs, predicted, measured):
         assert probe.status == "ok", (family, probe.error)
@@ -306,11 +304,11 @@ def test_probe_json_reports_the_task_and_the_parameters_built(models):
 
 
 @pytest.mark.slow
-def test_a_task_the_model_has_no_class_for_is_one_line_and_writes_nothing(tmp_path, hermetic_home):
+def test_a_task_the_model_has_no_class_for_is_one_line_and_writes_nothing(tmp_path, hermetic_home, warm_child):
     gpt2 = str(write_model_dir(tmp_path / "gpt2"))
     db = tmp_path / "db" / "a.db"
-    proc = autotune("search", "--model", gpt2, "--gpu-budget", "1GiB", "--device", "cpu", "--task", "seq2seq",
-                    "--db", str(db))
+    proc = invoke("search", "--model", gpt2, "--gpu-budget", "1GiB", "--device", "cpu", "--task", "seq2seq",
+                  "--db", str(db))
     assert_usage_error(proc, "has no seq2seq class in transformers (AutoModelForSeq2SeqLM does not know model type 'gpt2')")
     assert not db.parent.exists() and not (hermetic_home / "autotune.db").exists()
     proc = autotune("probe", "--model", gpt2, "--micro-batch", "1", "--block-size", "32", "--gpu-budget", "1GiB",

@@ -10,7 +10,7 @@ import pytest
 
 from autotune.budget import Budget
 from autotune.errors import BadInput
-from autotune.probe import ProbeRunner, ProbeSettings
+from autotune.probe import ProbeSettings
 from benchmarks import alternatives, report, run
 from tests.helpers.models import write_model_dir
 from tests.helpers.fakes import FAKE_ENV, ScriptedRunner, modelled_result
@@ -151,7 +151,7 @@ class Borrowed:
 
 
 @pytest.mark.slow
-def test_real_cpu_pipeline_on_a_tiny_model(tmp_path, monkeypatch):
+def test_real_cpu_pipeline_on_a_tiny_model(tmp_path, monkeypatch, probe_runner):
     """The real thing, smaller: probe workers, the CPU memory accountant, accelerate's finder."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     model = str(write_model_dir(tmp_path / "tiny"))  # the same 2-layer GPT-2 as the CPU benchmark's
@@ -163,10 +163,10 @@ def test_real_cpu_pipeline_on_a_tiny_model(tmp_path, monkeypatch):
     case = run.Case("tiny-gpt2", model, 16 * MiB, space, tiny=True)
     # Every phase borrows one real runner (its child imports torch and transformers once, not once a
     # phase: seconds each here); the benchmark's own command gives each phase a fresh one.
-    with ProbeRunner(settings) as runner:
-        doc = run.run_benchmark([case], new_runner=lambda: Borrowed(runner), margin_of=lambda b: settings.budget(b).margin_bytes,
-                                out_dir=tmp_path / "out", alternatives=("trainer-defaults", "auto-find-batch-size"), quiet=True,
-                                estimator=None)  # the estimator column is tested above; its traces cost 10 s here
+    runner = probe_runner(settings)
+    doc = run.run_benchmark([case], new_runner=lambda: Borrowed(runner), margin_of=lambda b: settings.budget(b).margin_bytes,
+                            out_dir=tmp_path / "out", alternatives=("trainer-defaults", "auto-find-batch-size"), quiet=True,
+                            estimator=None)  # the estimator column is tested above; its traces cost 10 s here
     (case_doc,) = doc["cases"]
     rows = case_doc["ground_truth"]["rows"]
     assert doc["device"].startswith("cpu") and doc["device_type"] == "cpu"

@@ -54,14 +54,14 @@ CPU_CASES = [
 
 
 @pytest.mark.slow
-def test_cpu_prediction_matches_the_cpu_probe(model_dir):
-    from autotune.probe import ProbeRunner, ProbeSettings
+def test_cpu_prediction_matches_the_cpu_probe(model_dir, probe_runner, trace_children):
+    from autotune.probe import ProbeSettings
 
     configs = [cfg(model_dir, **case) for case in CPU_CASES]
-    predicted = estimate_memories(configs, device_type="cpu", use_cache=False)
+    predicted = estimate_memories(configs, device_type="cpu", use_cache=False, children=trace_children)
     # (No timed window beyond the one step: the peaks are the warm-up's, and speed is not compared here.)
-    with ProbeRunner(ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1, measure_seconds=0.0)) as runner:
-        measured = [runner.run(c, runner.settings.budget(4 * GiB)) for c in configs]
+    runner = probe_runner(ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1, measure_seconds=0.0))
+    measured = [runner.run(c, runner.settings.budget(4 * GiB)) for c in configs]
     for config, est, probe in zip(configs, predicted, measured):
         assert probe.status == "ok", probe.error
         assert est.peak_bytes == pytest.approx(probe.peak_allocated_bytes, rel=CPU_TOLERANCE), config.label()
@@ -82,13 +82,13 @@ def test_cpu_prediction_matches_the_cpu_probe(model_dir):
 
 
 @pytest.fixture(scope="module")
-def cuda_estimates(model_dir) -> dict:
+def cuda_estimates(model_dir, trace_children) -> dict:
     """One child process traces every CUDA configuration the tests below compare."""
     levers = {
         "base": {}, "ckpt": {"checkpointing": True}, "bf16": {"precision": "bf16"},
         "mb1": {"micro_batch": 1}, "mb2": {"micro_batch": 2}, "mb8": {"micro_batch": 8},
     }
-    estimates = estimate_memories([cfg(model_dir, **v) for v in levers.values()], use_cache=False)
+    estimates = estimate_memories([cfg(model_dir, **v) for v in levers.values()], use_cache=False, children=trace_children)
     return dict(zip(levers, estimates))
 
 
@@ -125,12 +125,12 @@ def test_cuda_prediction_adds_allocator_workspace_and_context(cuda_estimates):
 
 
 @pytest.mark.slow
-def test_repeats_come_from_the_cache(model_dir, hermetic_home):
+def test_repeats_come_from_the_cache(model_dir, hermetic_home, trace_children):
     cache = hermetic_home / "cache" / "estimates.json"
     cache.parent.mkdir()
     cache.write_text("{not json")  # a damaged cache file is simply replaced
     config = cfg(model_dir, micro_batch=2)
-    first = estimate_memory(config, device_type="cpu")
+    first = estimate_memory(config, device_type="cpu", children=trace_children)
     again = estimate_memory(config, device_type="cpu")
     assert again.cached and not first.cached
     assert again.breakdown == first.breakdown and again.reserved_bytes == first.reserved_bytes
@@ -158,13 +158,6 @@ def test_bad_input_is_refused_before_any_process_starts(model_dir, monkeypatch):
         estimate_memory(cfg("/no/such/model/dir"))
     with pytest.raises(BadInput, match="--micro-batch"):
         cfg(model_dir, micro_batch=0)
-
-
-@pytest.mark.slow
-def test_a_failing_trace_is_a_clear_error(tmp_path):
-    broken = write_model_dir(tmp_path / "broken", model_type="no-such-architecture")
-    with pytest.raises(EstimateError, match="could not trace .*no-such-architecture"):
-        estimate_memory(cfg(str(broken)), use_cache=False)
 
 
 @pytest.mark.slow
@@ -230,9 +223,9 @@ def test_estimate_bad_input_is_one_line_and_exit_2(change, needle):
 
 
 @pytest.mark.slow
-def test_gpt2_at_trainer_defaults_is_predicted_near_the_forum_measurement(hermetic_home):
+def test_gpt2_at_trainer_defaults_is_predicted_near_the_forum_measurement(hermetic_home, trace_children):
     # (How long it takes is a benchmark's to say, not a test's: docs/measurements.md.)
-    e = estimate_memory(ProbeConfig(model="gpt2", micro_batch=8, block_size=512))
+    e = estimate_memory(ProbeConfig(model="gpt2", micro_batch=8, block_size=512), children=trace_children)
     assert 124e6 * 4 <= e.params <= 126e6 * 4
     assert 6 * GiB < e.peak_bytes < 10 * GiB  # the issue's "near 8-9 GiB" for Trainer's defaults
     assert estimate_memory(ProbeConfig(model="gpt2", micro_batch=8, block_size=512)).cached
@@ -246,7 +239,7 @@ LLAMA_2_7B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hid
 
 
 @pytest.mark.slow
-def test_a_llama_2_7b_shaped_lora_in_pure_bf16_and_its_qlora_are_predicted_to_fit_24gib(tmp_path):
+def test_a_llama_2_7b_shaped_lora_in_pure_bf16_and_its_qlora_are_predicted_to_fit_24gib(tmp_path, trace_children):
     # What single-GPU fine-tunes of 7B models do; full fine-tuning with fp32 master weights would
     # need 110 GiB at the same micro-batch and block. Traced at Llama-2-7B's width with 1 and 2 of
     # its 32 layers (a whole 7B trace takes 15-35 s): under checkpointing each layer adds the same
@@ -259,7 +252,7 @@ def test_a_llama_2_7b_shaped_lora_in_pure_bf16_and_its_qlora_are_predicted_to_fi
         lora = ProbeConfig(model=str(folder), micro_batch=1, block_size=2048, precision="bf16", checkpointing=True,
                            weights="bf16", peft=peft_text("lora"))
         configs += [lora, dataclasses.replace(lora, weights="fp32", peft=peft_text("qlora"))]  # fp32 beside the 4 bits
-    one_lora, one_qlora, estimate, quantized = estimate_memories(configs, use_cache=False)
+    one_lora, one_qlora, estimate, quantized = estimate_memories(configs, use_cache=False, children=trace_children)
 
     # Per layer: q, k, v, o (4 x 4096^2) and the MLP (3 x 4096 x 11008) in the linear layers, and
     # all-linear adapters of rank 8 (8 x (in + out) each); the embeddings and the output layer whole.

@@ -56,13 +56,13 @@ def configs(tmp_path_factory) -> dict[str, ProbeConfig]:
 
 
 @pytest.fixture(scope="module")
-def estimated_and_measured(configs) -> dict:
+def estimated_and_measured(configs, probe_runner, trace_children) -> dict:
     """Every case estimated for the CPU (one trace child) and probed on the CPU (one probe child)."""
-    from autotune.probe import ProbeRunner, ProbeSettings
+    from autotune.probe import ProbeSettings
 
-    estimates = estimate_memories(list(configs.values()), device_type="cpu", use_cache=False)
-    with ProbeRunner(ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1, measure_seconds=0.0)) as runner:
-        probes = [runner.run(config, runner.settings.budget(2 * GiB)) for config in configs.values()]
+    estimates = estimate_memories(list(configs.values()), device_type="cpu", use_cache=False, children=trace_children)
+    runner = probe_runner(ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1, measure_seconds=0.0))
+    probes = [runner.run(config, runner.settings.budget(2 * GiB)) for config in configs.values()]
     return {name: (estimate, probe) for name, estimate, probe in zip(configs, estimates, probes)}
 
 
@@ -214,7 +214,7 @@ def test_per_phase_figures_travel_with_the_estimate(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_group_whose_peak_changes_phase_is_interpolated_phase_by_phase(tmp_path):
+def test_a_group_whose_peak_changes_phase_is_interpolated_phase_by_phase(tmp_path, trace_children):
     """Micro-batch 1 of a tiny GPT-2 with --eval-batch 8 peaks in its eval phase, micro-batch 4 in
     training: the chord of the largest phase put micro-batch 2 15% over its trace, a false skip on
     CPU (benchmarks/interpolation.py). Each phase's chord follows it; a search's floor stays under."""
@@ -223,7 +223,8 @@ def test_a_group_whose_peak_changes_phase_is_interpolated_phase_by_phase(tmp_pat
 
     model = str(write_model_dir(tmp_path / "gpt2"))
     group = [ProbeConfig(model, mb, 64, grad_accum=8 // mb, eval_batch=8) for mb in (1, 2, 4)]
-    exact = {e.config.micro_batch: e for e in estimate_memories(group, device_type="cpu", use_cache=False)}
+    exact = {e.config.micro_batch: e for e in estimate_memories(group, device_type="cpu", use_cache=False,
+                                                                children=trace_children)}
     assert exact[1].phase_peaks["eval"]["allocated"] > exact[1].phase_peaks["train"]["allocated"]
     assert exact[4].phase_peaks["train"]["allocated"] > exact[4].phase_peaks["eval"]["allocated"]
     low, high, t = between(group[1], [exact[1], exact[4]])

@@ -36,21 +36,22 @@ def cfg(model: str, strategy: str, gpus: int = 2, peft: str | None = None) -> Pr
 
 
 @pytest.fixture(scope="module")
-def estimates(models) -> dict[tuple[str, str], object]:
+def estimates(models, trace_children) -> dict[tuple[str, str], object]:
     """Every case's estimate, and gpt2's ddp beside them, from one trace child."""
     keys = sorted(CASES, key=str)
-    found = estimate_memories([cfg(models[m], s, peft=p) for m, s, p in keys], device_type="cpu", use_cache=False)
+    found = estimate_memories([cfg(models[m], s, peft=p) for m, s, p in keys], device_type="cpu", use_cache=False,
+                              children=trace_children)
     return dict(zip(keys, found))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("model,strategy,peft", CASES)
-def test_a_rank_is_predicted_to_the_byte(models, estimates, model, strategy, peft):
-    from autotune.probe import ProbeRunner, ProbeSettings
+def test_a_rank_is_predicted_to_the_byte(models, estimates, model, strategy, peft, probe_runner):
+    from autotune.probe import ProbeSettings
 
     config = cfg(models[model], strategy, peft=peft)
-    with ProbeRunner(ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1)) as runner:
-        probe = runner.run(config, runner.settings.budget(GiB))
+    runner = probe_runner(ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1))
+    probe = runner.run(config, runner.settings.budget(GiB))
     assert probe.status == "ok", probe.error
     assert_rank_predicted(estimates[(model, strategy, peft)], probe, largest_unit=1000 * 64 * 4 + 2 * 64 * 4,
                           what=(model, strategy, peft))
@@ -66,10 +67,10 @@ def test_fsdp_holds_half_the_state_of_ddp_on_two_ranks(models, estimates):
 
 
 @pytest.mark.slow
-def test_uneven_shards_trace_the_last_rank_too(tmp_path):
+def test_uneven_shards_trace_the_last_rank_too(tmp_path, trace_children):
     # 3 ranks: a vocabulary of 1000 and 64-wide layers do not divide by 3.
     model = write_model_dir(tmp_path / "gpt2", n_layer=1, n_embd=64, n_head=2, vocab_size=1000, n_positions=128)
-    estimate = estimate_memory(cfg(str(model), "fsdp", gpus=3), device_type="cpu", use_cache=False)
+    estimate = estimate_memory(cfg(str(model), "fsdp", gpus=3), device_type="cpu", use_cache=False, children=trace_children)
     assert set(estimate.rank_peaks) == {"0", "2"}
     largest = max(estimate.rank_peaks.values(), key=lambda peaks: (peaks["reserved"], peaks["allocated"]))
     assert (estimate.peak_bytes, estimate.reserved_bytes) == (largest["allocated"], largest["reserved"])

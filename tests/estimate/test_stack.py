@@ -44,11 +44,11 @@ QLORA_TRACEABLE = importlib.util.find_spec("bitsandbytes") is not None and impor
 
 
 @pytest.fixture(scope="module")
-def estimates(tmp_path_factory):
+def estimates(tmp_path_factory, trace_children):
     """Tiny GPT-2 (eager attention, so that softmax's input is the S x S scores) estimated for a
     CUDA run on the installed stack, on torch 1.10, and on torch 1.13 with bitsandbytes 0.41.1;
-    its AdamW variants; and its QLoRA on the installed and the older bitsandbytes. Three trace
-    children in all (one per stack)."""
+    its AdamW variants; and its QLoRA on the installed and the older bitsandbytes. One trace child
+    for the three stacks (each trace enters its stack's emulations and leaves them)."""
     model = str(write_model_dir(tmp_path_factory.mktemp("stack") / "tiny-gpt2", n_layer=LAYERS, n_embd=128,
                                 n_head=HEADS, vocab_size=1000, n_positions=512, n_ctx=512))
     plain = ProbeConfig(model=model, micro_batch=BATCH, block_size=BLOCK, attention="eager")
@@ -57,10 +57,11 @@ def estimates(tmp_path_factory):
                          peft=peft_text("qlora"))] if QLORA_TRACEABLE else []
     out: dict = {}
     out["now"], out["fused"], out["foreach"], *now_qlora = estimate_memories(
-        [plain, small, ProbeConfig(**{**small.to_dict(), "optimizer": "adamw_torch"}), *qlora], use_cache=False)
-    out["torch-1.10"], = estimate_memories([plain], stack=Stack(torch="1.10"), use_cache=False)
+        [plain, small, ProbeConfig(**{**small.to_dict(), "optimizer": "adamw_torch"}), *qlora], use_cache=False,
+        children=trace_children)
+    out["torch-1.10"], = estimate_memories([plain], stack=Stack(torch="1.10"), use_cache=False, children=trace_children)
     out["torch-1.13"], *older_qlora = estimate_memories([plain, *qlora], stack=Stack(torch="1.13", bitsandbytes="0.41.1"),
-                                                        use_cache=False)
+                                                        use_cache=False, children=trace_children)
     out["qlora"] = (now_qlora[0], older_qlora[0]) if qlora else None
     return out
 

@@ -156,7 +156,7 @@ def test_a_killed_worker_s_probe_is_retried_and_sigterm_leaves_no_task(cluster):
     # the gate until then, however late one starts): its configuration goes to the other worker.
     cluster["gate"].unlink()
     try:
-        run = search(cluster, db, "--study", "faults", "--measure-seconds", "2")
+        run = search(cluster, db, "--study", "faults")
         victim = None
         deadline = time.monotonic() + 240
         while victim is None and run.poll() is None and time.monotonic() < deadline:
@@ -183,21 +183,26 @@ def test_a_killed_worker_s_probe_is_retried_and_sigterm_leaves_no_task(cluster):
         assert retried.state == "done" and retried.attempts == 2
         assert any(p.config_key == victim[1] and p.result.status == "ok" for p in store.probes("faults"))
     assert "ray task" in json.loads(out)["failures"][0] if json.loads(out).get("failures") else True
-    # The search SIGTERMed while its workers probe: every task of it is cancelled.
-    run = search(cluster, cluster["base"] / "term.db", "--study", "term", "--measure-seconds", "2")
-    deadline = time.monotonic() + 240
-    with_probe = False
-    while not with_probe and time.monotonic() < deadline:
-        time.sleep(0.5)
-        try:
-            with open_store(cluster["base"] / "term.db") as store:
-                study = store.study("term")
-                with_probe = any(c.state == "running" for c in store.claims(study.id, stale_after=3))
-        except Exception:
-            continue
-    assert with_probe
-    os.killpg(run.pid, signal.SIGTERM)
-    run.communicate(timeout=120)
+    # The search SIGTERMed while its workers probe (held at the gate, so that a probe is in flight
+    # however the machine's load times it): every task of it is cancelled.
+    cluster["gate"].unlink()
+    try:
+        run = search(cluster, cluster["base"] / "term.db", "--study", "term")
+        deadline = time.monotonic() + 240
+        with_probe = False
+        while not with_probe and time.monotonic() < deadline:
+            time.sleep(0.5)
+            try:
+                with open_store(cluster["base"] / "term.db") as store:
+                    study = store.study("term")
+                    with_probe = any(c.state == "running" for c in store.claims(study.id, stale_after=3))
+            except Exception:
+                continue
+        assert with_probe
+        os.killpg(run.pid, signal.SIGTERM)
+        run.communicate(timeout=120)
+    finally:
+        cluster["gate"].touch()
     assert run.returncode == 143
     assert cluster_tasks_left(cluster["address"], "term") == []
     time.sleep(1)

@@ -48,9 +48,9 @@ def test_what_a_card_lacks_or_the_estimator_cannot_trace_is_said_not_predicted(l
 
 
 @pytest.mark.slow
-def test_on_cpu_the_plan_equals_every_real_probe_and_interpolates_within_one_percent(tiny_model, tmp_path):
-    from autotune.estimate.launch import TraceChildren
-    from autotune.probe import ProbeRunner, ProbeSettings
+def test_on_cpu_the_plan_equals_every_real_probe_and_interpolates_within_one_percent(tiny_model, tmp_path, probe_runner,
+                                                                                      trace_children):
+    from autotune.probe import ProbeSettings
     from autotune.search import SearchOptions, run_search
     from autotune.store import open_store
 
@@ -62,14 +62,12 @@ def test_on_cpu_the_plan_equals_every_real_probe_and_interpolates_within_one_per
     budget = 1 * GiB
     db = f"sqlite:///{tmp_path / 'plan.db'}"
     with open_store(db) as store:
-        with ProbeRunner(ProbeSettings(device="cpu", measure_steps=1, measure_seconds=0.0)) as runner:
-            run_search(request(space, spec, budget, 50 * MiB,
-                               SearchOptions(study="measured", predict=False, confirm=False, strategy="grid-full")), runner, store)
+        runner = probe_runner(ProbeSettings(device="cpu", measure_steps=1, measure_seconds=0.0))
+        run_search(request(space, spec, budget, 50 * MiB,
+                           SearchOptions(study="measured", predict=False, confirm=False, strategy="grid-full")), runner, store)
         target = Target.of(None, budget, 50 * MiB, cpu=True)
-        with TraceChildren(1) as children:
-            children.start(spec.model_type)
-            plan = make_plan(spec, space, target, timeout=120, children=children, store=store)
-            exact = make_plan(spec, space, target, exact=True, timeout=120, children=children)
+        plan = make_plan(spec, space, target, timeout=120, children=trace_children, store=store)
+        exact = make_plan(spec, space, target, exact=True, timeout=120, children=trace_children)
 
     assert plan.study == "measured"  # found by model, space and device kind
     assert len(plan.planned) == 10 and all(p.measured and p.measured["status"] == "ok" for p in plan.planned)
@@ -101,10 +99,9 @@ def test_on_cpu_the_plan_equals_every_real_probe_and_interpolates_within_one_per
 
 
 @pytest.mark.slow
-def test_interpolation_stays_within_one_percent_of_a_real_trace_on_a_card(tmp_path):
+def test_interpolation_stays_within_one_percent_of_a_real_trace_on_a_card(tmp_path, trace_children):
     """A GPT-2 of some size (4 layers of 256, a vocabulary of 8192) predicted for an H100: every
     interpolated need against the trace of the same config."""
-    from autotune.estimate.launch import TraceChildren
     from tests.helpers.models import write_model_dir
 
     model = str(write_model_dir(tmp_path / "gpt2-small-ish", n_layer=4, n_embd=256, n_head=4, vocab_size=8192,
@@ -113,10 +110,9 @@ def test_interpolation_stays_within_one_percent_of_a_real_trace_on_a_card(tmp_pa
     space = SearchSpace.build(spec, micro_batches=(1, 2, 4, 8, 16), block_sizes=(128,), precisions=("bf16", "fp16"),
                               checkpointing=(False, True), attentions=("sdpa",), effective_batch=16)
     target = Target.of(find_card("h100"), None, 0.05)
-    with TraceChildren(1) as children:
-        children.start(spec.model_type)
-        exact = {p.config.key(): p for p in make_plan(spec, space, target, exact=True, timeout=120, children=children).planned}
-        plan = make_plan(spec, space, target, timeout=120, children=children)
+    exact = {p.config.key(): p for p in make_plan(spec, space, target, exact=True, timeout=120,
+                                                  children=trace_children).planned}
+    plan = make_plan(spec, space, target, timeout=120, children=trace_children)
     # fp16 is traced as bf16 on CUDA, and the second plan reads the first's traces from the cache:
     # each estimate is still its own config's.
     assert all(p.estimate is not None and p.estimate.config == p.config for p in plan.planned)

@@ -8,7 +8,7 @@ import pytest
 from autotune.config import ProbeConfig
 from autotune.errors import BadInput
 from autotune.evaluation import recipe_fields
-from autotune.probe import ProbeRunner, ProbeSettings
+from autotune.probe import ProbeSettings
 from autotune.report import format_probe_result
 from tests.helpers.models import write_model_dir
 from tests.helpers.tiny_tasks import write_tiny
@@ -18,9 +18,8 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def runner():
-    with ProbeRunner(ProbeSettings(device="cpu", measure_steps=2)) as r:
-        yield r
+def runner(probe_runner):
+    return probe_runner(ProbeSettings(device="cpu", measure_steps=2))
 
 
 @pytest.fixture(scope="module")

@@ -62,7 +62,7 @@ def probe_on_cpu(config: ProbeConfig, monkeypatch):
 
 @pytest.mark.slow
 def test_a_4bit_base_on_cpu_matches_its_estimate_to_the_byte_and_needs_less_than_lora(model_dir, classifier_dir,
-                                                                                     monkeypatch):
+                                                                                     monkeypatch, trace_children):
     from autotune.estimate import estimate_memories
 
     cases = [{"peft": QLORA}, {"peft": QLORA, "precision": "bf16", "weights": "bf16", "checkpointing": True},
@@ -71,7 +71,7 @@ def test_a_4bit_base_on_cpu_matches_its_estimate_to_the_byte_and_needs_less_than
     # A model of another task: a BERT classifier, whose head trains whole and so stays unquantized.
     configs.append(cfg(classifier_dir, peft=QLORA, task="classification", num_labels=3))
     measured = [probe_on_cpu(config, monkeypatch) for config in configs]
-    predicted = estimate_memories(configs, device_type="cpu", use_cache=False)
+    predicted = estimate_memories(configs, device_type="cpu", use_cache=False, children=trace_children)
     for config, probe, estimate in zip(configs, measured, predicted):
         assert probe.status == "ok", probe.error
         assert (estimate.peak_bytes, estimate.reserved_bytes) == (probe.peak_allocated_bytes, probe.peak_reserved_bytes), \

@@ -13,7 +13,7 @@ import pytest
 
 from autotune.config import ProbeConfig
 from autotune.models import resolve_model
-from autotune.probe import ProbeRunner, ProbeSettings
+from autotune.probe import ProbeSettings
 from autotune.search import SearchOptions, run_search
 from autotune.space import SearchSpace
 from autotune.store import open_store
@@ -26,9 +26,8 @@ GiB = 2**30
 
 
 @pytest.fixture(scope="module")
-def runner():
-    with ProbeRunner(ProbeSettings(device="cpu", measure_steps=2, measure_seconds=0.0)) as r:
-        yield r
+def runner(probe_runner):
+    return probe_runner(ProbeSettings(device="cpu", measure_steps=2, measure_seconds=0.0))
 
 
 def config(model: str, **levers) -> ProbeConfig:

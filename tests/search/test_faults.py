@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from autotune.status import ProbeStatus, StudyStatus
-from tests.helpers.cli import autotune, autotune_command, wait_for
+from tests.helpers.cli import autotune, autotune_command, invoke, wait_for
 from tests.helpers.faults import fault_env
 from tests.helpers.models import write_model_dir
 from tests.helpers.processes import assert_all_gone, cmdline, descendants
@@ -211,7 +211,7 @@ def upgraded_db(tmp_path_factory) -> Path:
 
 
 @pytest.mark.parametrize("case", list(BAD_MODELS))
-def test_a_mistake_found_before_the_first_probe_leaves_the_database_as_it_was(case, tmp_path, upgraded_db):
+def test_a_mistake_found_before_the_first_probe_leaves_the_database_as_it_was(case, tmp_path, upgraded_db, warm_child):
     overrides, flags, needle = BAD_MODELS[case]
     config = {k: v for k, v in {**json.loads(Path(write_model_dir(tmp_path / "m") / "config.json").read_text()),
                                 **overrides}.items() if v is not None}
@@ -220,7 +220,8 @@ def test_a_mistake_found_before_the_first_probe_leaves_the_database_as_it_was(ca
     shutil.copyfile(upgraded_db, existing)
     before = _digest(existing)
     for db in (existing, fresh):
-        proc = autotune("search", "--model", str(tmp_path / "m"), *SPACE, *flags, "--db", str(db), "--study", "bad")
+        # (In this process, with the worker's warm probe child where only the model's build can tell.)
+        proc = invoke("search", "--model", str(tmp_path / "m"), *SPACE, *flags, "--db", str(db), "--study", "bad")
         assert proc.returncode == 2, proc.stdout + proc.stderr
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and needle in lines[0] and "Traceback" not in proc.stderr, proc.stderr

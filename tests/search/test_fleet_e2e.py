@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from autotune.cli import cli
 from autotune.environment import Environment
 from autotune.models import resolve_model
-from autotune.probe import ProbeRunner, ProbeSettings
+from autotune.probe import ProbeSettings
 from autotune.search import SearchOptions, run_search, start_study
 from autotune.space import SearchSpace
 from autotune.store import open_store
@@ -33,12 +33,14 @@ FLAGS = ["--micro-batches", "1,2,4,8", "--block-sizes", "64", "--effective-batch
          "--heartbeat", "0.5"]
 
 
-def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_workers_probe(tiny_model, postgres_url):
+def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_workers_probe(tiny_model, postgres_url,
+                                                                                          probe_runner):
     spec, budget = resolve_model(tiny_model), 16 * MiB
     space = SearchSpace.build(spec, **SPACE)
     settings = ProbeSettings(device="cpu", measure_steps=1)
     # Start the study (what `autotune search` does first), so that a doomed worker joins before the rest.
-    with open_store(postgres_url) as store, ProbeRunner(settings) as runner:
+    with open_store(postgres_url) as store:
+        runner = probe_runner(settings)
         _, trials = start_study(request(space, spec, budget, settings.budget(budget).margin_bytes,
                                         SearchOptions(study="shared", predict=False, heartbeat_seconds=0.5), settings),
                                 runner, store)

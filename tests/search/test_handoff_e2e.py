@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from autotune.models import resolve_model
-from autotune.probe import ProbeRunner, ProbeSettings
+from autotune.probe import ProbeSettings
 from autotune.search import SearchOptions, run_search
 from autotune.space import SearchSpace
 from autotune.store import open_store
@@ -28,14 +28,16 @@ BUDGET = 24 * MiB
 MARGIN = int(0.05 * BUDGET)
 
 
-def test_best_trainer_args_build_real_training_arguments(tiny_model, tmp_path):
+def test_best_trainer_args_build_real_training_arguments(tiny_model, tmp_path, probe_runner):
     spec = resolve_model(tiny_model)
-    with open_store() as store, ProbeRunner(ProbeSettings(device="cpu", measure_steps=1)) as runner:
+    with open_store() as store:
+        runner = probe_runner(ProbeSettings(device="cpu", measure_steps=1))
         space = SearchSpace.build(spec, micro_batches=(2, 4), block_sizes=(64,), precisions=("bf16",),
                                   checkpointing=(True,), attentions=("eager",), effective_batch=4)
-        # (No memory prediction: what is handed off is the probes' pick; the estimator's child is
-        # seconds that no assertion here reads.)
-        run_search(request(space, spec, BUDGET, MARGIN, SearchOptions(study="handoff", predict=False)), runner, store)
+        # (No memory prediction, no confirmation round: what is handed off is the probes' pick; the
+        # estimator's child and the second windows are seconds that no assertion here reads.)
+        run_search(request(space, spec, BUDGET, MARGIN, SearchOptions(study="handoff", predict=False, confirm=False)), runner,
+                   store)
     proc = autotune("best", "--study", "handoff", "--format", "trainer-args", timeout=120)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -78,7 +80,7 @@ def test_best_trainer_args_build_real_training_arguments(tiny_model, tmp_path):
     assert pasted.stdout.strip().split("|") == ["4", "64", "True", "{'use_reentrant': False}", "True"]
 
 
-def test_a_lora_search_over_two_optimizers_hands_off_trainer_arguments_and_a_lora_config(tiny_model, tmp_path):
+def test_a_lora_search_over_two_optimizers_hands_off_trainer_arguments_and_a_lora_config(tiny_model, tmp_path, probe_runner):
     # Recipe levers the user allows: two optimizers to choose between, LoRA fixed for the study.
     from peft import LoraConfig
     from transformers import TrainingArguments
@@ -87,7 +89,8 @@ def test_a_lora_search_over_two_optimizers_hands_off_trainer_arguments_and_a_lor
     from autotune.recipes import peft_text
 
     spec = resolve_model(tiny_model)
-    with open_store() as store, ProbeRunner(ProbeSettings(device="cpu", measure_steps=1)) as runner:
+    with open_store() as store:
+        runner = probe_runner(ProbeSettings(device="cpu", measure_steps=1))
         space = SearchSpace.build(spec, micro_batches=(2, 4), block_sizes=(64,), precisions=("fp32",), checkpointing=(False,),
                                   attentions=("sdpa",), effective_batch=4, optimizers=("adamw", "adafactor"),
                                   peft=peft_text("lora", rank=4))

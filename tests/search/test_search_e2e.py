@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from autotune.models import resolve_model
-from autotune.probe import ProbeRunner, ProbeSettings
+from autotune.probe import ProbeSettings
 from autotune.search import SearchOptions, run_search
 from autotune.space import SearchSpace
 from autotune.store import open_store
@@ -33,11 +33,12 @@ def tiny_space(model: str) -> SearchSpace:
                              precisions=("fp32",), checkpointing=(False, True), attentions=("sdpa",), effective_batch=16)
 
 
-def test_search_pick_equals_the_exhaustive_grid_best(tiny_model):
+def test_search_pick_equals_the_exhaustive_grid_best(tiny_model, probe_runner):
     spec = resolve_model(tiny_model)
     space = tiny_space(tiny_model)
     # Which configs fit is all the grid's probes are asked: their shortest timed window will do.
-    with open_store() as store, ProbeRunner(ProbeSettings(device="cpu", measure_steps=1, measure_seconds=0)) as runner:
+    with open_store() as store:
+        runner = probe_runner(ProbeSettings(device="cpu", measure_steps=1, measure_seconds=0))
         grid = run_search(request(space, spec, BUDGET, MARGIN, SearchOptions(study="grid", strategy="grid-full")), runner,
                           store)
         assert grid.probed == len(space.candidates()) == 10
@@ -79,7 +80,7 @@ def study_probes(study: str):
 def _search_cmd(model: str, *extra: str) -> list[str]:
     return autotune_command("search", "--model", model, "--gpu-budget", "24MiB", "--device", "cpu",
             "--micro-batches", "1,2,4,8,16", "--block-sizes", "128", "--effective-batch", "16", "--precisions", "fp32",
-            "--attention", "sdpa", "--measure-steps", "2", "--no-confirm", "--study", "ctrl-c",
+            "--attention", "sdpa", "--measure-steps", "2", "--no-confirm", "--no-predict", "--study", "ctrl-c",
             *extra)
 
 

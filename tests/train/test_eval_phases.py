@@ -42,12 +42,10 @@ def narrow_search(model, budget, *, runner, settings, options, db=None, on_event
 
 
 @pytest.fixture(scope="module")
-def probe_runner():
-    """One probe process for the module's searches (its imports are seconds here)."""
-    from autotune.probe import ProbeRunner, ProbeSettings
+def runner(probe_runner):
+    from autotune.probe import ProbeSettings
 
-    with ProbeRunner(ProbeSettings(device="cpu", measure_steps=1)) as runner:
-        yield runner
+    return probe_runner(ProbeSettings(device="cpu", measure_steps=1))
 
 
 @dataclass(frozen=True)
@@ -61,7 +59,7 @@ class Evaluated:
 
 
 @pytest.fixture(scope="module")
-def evaluated(tmp_path_factory, probe_runner) -> Evaluated:
+def evaluated(tmp_path_factory, runner) -> Evaluated:
     """A tiny GPT-2 with weights and a tokenizer, trained with --eval-batch 4 and an eval split by a
     `train` that searches first: 3 steps, evaluating at step 2 (its checkpoint) and at the end."""
     import autotune.search
@@ -76,7 +74,7 @@ def evaluated(tmp_path_factory, probe_runner) -> Evaluated:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
         mp.setattr(autotune.search, "search",
-                   lambda *a, **k: searched.append(k) or narrow_search(*a, runner=probe_runner, **k))
+                   lambda *a, **k: searched.append(k) or narrow_search(*a, runner=runner, **k))
         outcome = train(TrainOptions(dataset=str(corpus), output_dir=str(root / "run"), max_steps=3, save_steps=2,
                                      device="cpu", eval_split="5%"),
                         model=str(model), gpu_budget=BUDGET, evaluation=ASKED, db=db, echo=lambda line: None)
@@ -156,13 +154,13 @@ def test_a_settled_study_without_eval_data_only_trains_and_says_so(evaluated, tm
 
 
 @pytest.mark.slow
-def test_kept_logits_are_kept_by_the_run_as_by_its_probe(evaluated, probe_runner, tmp_path, monkeypatch):
+def test_kept_logits_are_kept_by_the_run_as_by_its_probe(evaluated, runner, tmp_path, monkeypatch):
     """--eval-logits kept: the run hands Trainer a compute_metrics (without one, Trainer.evaluate keeps
     the loss only) and eval_accumulation_steps, so it holds the logits its probe held."""
     import autotune.search
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setattr(autotune.search, "search", functools.partial(narrow_search, runner=probe_runner))
+    monkeypatch.setattr(autotune.search, "search", functools.partial(narrow_search, runner=runner))
     lines: list[str] = []
     outcome = train(TrainOptions(dataset=str(evaluated.corpus), output_dir=str(tmp_path / "run"), max_steps=1,
                                  device="cpu", eval_split="5%"),
@@ -184,7 +182,7 @@ def test_kept_logits_are_kept_by_the_run_as_by_its_probe(evaluated, probe_runner
 
 
 @pytest.mark.slow
-def test_seq2seq_generation_runs_in_the_evaluation_within_its_probes_generate_peak(probe_runner, tmp_path, monkeypatch):
+def test_seq2seq_generation_runs_in_the_evaluation_within_its_probes_generate_peak(runner, tmp_path, monkeypatch):
     """A tiny T5 searched first with --generate --num-beams 2: the run's evaluation is
     Seq2SeqTrainer's predict_with_generate, measured as the probe's generate phase."""
     import autotune.search
@@ -198,7 +196,7 @@ def test_seq2seq_generation_runs_in_the_evaluation_within_its_probes_generate_pe
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     searched: list[dict] = []
     monkeypatch.setattr(autotune.search, "search",
-                        lambda *a, **k: searched.append(k) or narrow_search(*a, runner=probe_runner, **k))
+                        lambda *a, **k: searched.append(k) or narrow_search(*a, runner=runner, **k))
     asked = {**ASKED, "eval_batch": 2, "generate": True, "num_beams": 2}
     lines: list[str] = []
     outcome = train(TrainOptions(dataset=str(pairs), output_dir=str(tmp_path / "run"), max_steps=1, device="cpu",

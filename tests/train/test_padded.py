@@ -84,12 +84,8 @@ def step_peaks(model_dir, config: ProbeConfig) -> dict[bool, int]:
 
 
 @pytest.fixture(scope="module")
-def runner():
-    """One probe process for the module's five searches (its imports are seconds here)."""
-    from autotune.probe import ProbeRunner
-
-    with ProbeRunner(SETTINGS) as r:
-        yield r
+def runner(probe_runner):
+    return probe_runner(SETTINGS)
 
 
 def searched(padded, runner, family: str, budget: int, study: str, **space):

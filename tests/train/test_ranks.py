@@ -19,12 +19,10 @@ BUDGET = 64 * 2**20
 
 
 @pytest.fixture(scope="module")
-def runner():
-    """One probe process for the module's searches (its imports are seconds here)."""
-    from autotune.probe import ProbeRunner, ProbeSettings
+def runner(probe_runner):
+    from autotune.probe import ProbeSettings
 
-    with ProbeRunner(ProbeSettings(device="cpu", measure_steps=1)) as r:
-        yield r
+    return probe_runner(ProbeSettings(device="cpu", measure_steps=1))
 
 
 @pytest.fixture(scope="module")

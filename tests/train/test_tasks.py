@@ -49,16 +49,14 @@ def narrow_search(model, budget, *, runner, settings, options, db=None, on_event
 
 
 @pytest.fixture(scope="module")
-def probe_runner():
-    """One probe process for the module's searches (its imports are seconds here)."""
-    from autotune.probe import ProbeRunner, ProbeSettings
+def runner(probe_runner):
+    from autotune.probe import ProbeSettings
 
-    with ProbeRunner(ProbeSettings(device="cpu", measure_steps=1)) as runner:
-        yield runner
+    return probe_runner(ProbeSettings(device="cpu", measure_steps=1))
 
 
 @pytest.fixture(scope="module")
-def ws(tmp_path_factory, probe_runner) -> TaskWorkspace:
+def ws(tmp_path_factory, runner) -> TaskWorkspace:
     root = tmp_path_factory.mktemp("tasks")
     text = corpus_text()
     models = {}
@@ -80,7 +78,7 @@ def ws(tmp_path_factory, probe_runner) -> TaskWorkspace:
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
         for study, family in (("cls", "bert-classification"), ("mlm", "bert-mlm")):
-            outcome = narrow_search(str(models[family]), BUDGET, runner=probe_runner, settings=None,
+            outcome = narrow_search(str(models[family]), BUDGET, runner=runner, settings=None,
                                     options=SearchOptions(study=study), db=db)
             assert outcome.best is not None and outcome.study.status == "finished"
     return TaskWorkspace(models=models, pairs=pairs, reviews=reviews, plain=plain, db=db)
@@ -96,14 +94,14 @@ def quiet(line: str) -> None:
 
 
 @pytest.mark.slow
-def test_seq2seq_searches_first_with_the_task_fields_and_saves_a_seq2seq_model(ws, probe_runner, tmp_path, monkeypatch):
+def test_seq2seq_searches_first_with_the_task_fields_and_saves_a_seq2seq_model(ws, runner, tmp_path, monkeypatch):
     from transformers import AutoModelForSeq2SeqLM
 
     import autotune.search
 
     asked = []
     monkeypatch.setattr(autotune.search, "search",
-                        lambda *a, **k: asked.append(k) or narrow_search(*a, runner=probe_runner, **k))
+                        lambda *a, **k: asked.append(k) or narrow_search(*a, runner=runner, **k))
     out, lines = tmp_path / "run", []
     outcome = train(TrainOptions(dataset=str(ws.pairs), output_dir=str(out), max_steps=2, device="cpu", eval_split="10%"),
                     model=str(ws.models["t5"]), gpu_budget=BUDGET, target_length=16, db=ws.db, echo=lines.append)
@@ -283,7 +281,7 @@ def test_flags_may_repeat_a_study_but_not_contradict_it():
     ("distilbert", "plain", "AutoModelForMaskedLM", "DistilBertForMaskedLM"),
     ("roberta", "plain", "AutoModelForMaskedLM", "RobertaForMaskedLM"),
 ])
-def test_every_other_family_searches_trains_two_steps_and_saves_its_task_class(ws, probe_runner, tmp_path, monkeypatch,
+def test_every_other_family_searches_trains_two_steps_and_saves_its_task_class(ws, runner, tmp_path, monkeypatch,
                                                                              family, data, auto_class, class_name):
     """The families the tests above do not train: a search first (one configuration), two real
     steps on CPU, and a saved model that the task's Auto class loads."""
@@ -293,7 +291,7 @@ def test_every_other_family_searches_trains_two_steps_and_saves_its_task_class(w
 
     model = write_tiny(tmp_path, family)
     write_task_tokenizer(corpus_text()[:60_000], model)
-    monkeypatch.setattr(autotune.search, "search", functools.partial(narrow_search, runner=probe_runner))
+    monkeypatch.setattr(autotune.search, "search", functools.partial(narrow_search, runner=runner))
     out = tmp_path / "run"
     outcome = train(TrainOptions(dataset=str(getattr(ws, data)), output_dir=str(out), max_steps=2, device="cpu"),
                     model=str(model), gpu_budget=BUDGET, db=f"sqlite:///{tmp_path / 'own.db'}", echo=quiet,

@@ -156,20 +156,25 @@ def test_options_are_checked():
         train(TrainOptions(dataset="x.txt"))
 
 
-def test_model_and_budget_without_a_study_search_first(workspace, tmp_path, monkeypatch):
+def test_model_and_budget_without_a_study_search_first(workspace, tmp_path, monkeypatch, probe_runner):
     """The search that runs first is autotune.search.search with the default study name; here it is
-    narrowed to the fixture's small space so that the test stays quick."""
+    narrowed to the fixture's small space, without predictions, in the worker's warm probe child,
+    so that the test stays quick."""
+    import dataclasses
+
     import autotune.search
     from autotune.probe import ProbeSettings
 
     real_search = autotune.search.search
     asked = {}
+    runner = probe_runner(ProbeSettings(device="cpu", measure_steps=1))
 
     def narrow_search(model, budget, *, settings, options, db=None, on_event=None, on_start=None, **space_args):
         asked.update(model=model, budget=budget, study=options.study, device=settings.device, space_args=space_args)
-        return real_search(model, budget, settings=ProbeSettings(device="cpu", measure_steps=1), options=options, db=db,
-                           on_event=on_event, on_start=on_start, micro_batches=(1, 2), block_sizes=(32,),
-                           precisions=("fp32",), checkpointing=(False,), attentions=("sdpa",), effective_batch=2)
+        return real_search(model, budget, settings=runner.settings, runner=runner,
+                           options=dataclasses.replace(options, predict=False), db=db, on_event=on_event,
+                           on_start=on_start, micro_batches=(1, 2), block_sizes=(32,), precisions=("fp32",),
+                           checkpointing=(False,), attentions=("sdpa",), effective_batch=2)
 
     monkeypatch.setattr(autotune.search, "search", narrow_search)
     events, lines = [], []
