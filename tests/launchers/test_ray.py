@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from autotune.store import open_store
+from tests.helpers.cli import invoke
 from tests.helpers.faults import GATE_ENV, fault_env
 from tests.helpers.models import write_model_dir
 from tests.helpers.ports import free_port
@@ -69,13 +70,17 @@ def cluster(tmp_path_factory):
         subprocess.run([*RAY, "stop", "--force"], capture_output=True, env=ENV, timeout=120)
 
 
-def search(cluster, db: Path, *extra: str, launcher: bool = True, **popen) -> subprocess.Popen:
-    command = [sys.executable, "-m", "autotune", "search", "--model", cluster["model"], "--gpu-budget", "200MiB",
-               "--device", "cpu", "--micro-batches", "1,2,4", "--effective-batch", "4", "--block-sizes", "32",
-               "--precisions", "fp32", "--checkpointing", "off,on", "--attention", "sdpa", "--measure-seconds", "0.3",
-               "--warmup-steps", "2", "--measure-steps", "2", "--no-predict", "--no-confirm", "--db", str(db), "--json"]
-    if launcher:
-        command += ["--launcher", "ray", "--ray-address", cluster["address"], "--workers", "2", "--heartbeat", "1"]
+def search_args(cluster, db: Path) -> list[str]:
+    return ["search", "--model", cluster["model"], "--gpu-budget", "200MiB", "--device", "cpu", "--micro-batches", "1,2,4",
+            "--effective-batch", "4", "--block-sizes", "32", "--precisions", "fp32", "--checkpointing", "off,on",
+            "--attention", "sdpa", "--measure-seconds", "0.3", "--warmup-steps", "2", "--measure-steps", "2", "--no-predict",
+            "--no-confirm", "--db", str(db), "--json"]
+
+
+def search(cluster, db: Path, *extra: str, **popen) -> subprocess.Popen:
+    """The search on the cluster, two workers, in a process of its own."""
+    command = [sys.executable, "-m", "autotune", *search_args(cluster, db), "--launcher", "ray", "--ray-address",
+               cluster["address"], "--workers", "2", "--heartbeat", "1"]
     return subprocess.Popen([*command, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env={**ENV, "PYTHONUNBUFFERED": "1"}, start_new_session=True, **popen)
 
@@ -99,7 +104,7 @@ def node_of(cluster, pid: int) -> str | None:
     return next((name for name, raylet in cluster["nodes"].items() if raylet in up), None)
 
 
-def test_two_workers_on_two_nodes_pick_what_one_worker_picks(cluster):
+def test_two_workers_on_two_nodes_pick_what_one_worker_picks(cluster, warm_child):
     db = cluster["base"] / "ray.db"
     # Probes wait at the gate until each worker holds one: then both settle probes, however late one
     # node's worker starts on a busy machine (else the first could settle the space alone).
@@ -131,10 +136,10 @@ def test_two_workers_on_two_nodes_pick_what_one_worker_picks(cluster):
     # picks the fastest of what it measured. Which of two close configs is faster is not asked of
     # timings taken beside other processes on two shared cores: the two workers' probes are timed
     # alone or beside each other, which skews them by 2x (--no-confirm: no confirmation round).
-    alone = search(cluster, cluster["base"] / "alone.db", "--strategy", "grid", launcher=False)
-    out_alone, err_alone = alone.communicate(timeout=300)
-    assert alone.returncode == 0, err_alone[-3000:]
-    single = json.loads(out_alone)
+    # (In this process, with the test worker's warm probe child: the one-worker search needs no cluster.)
+    alone = invoke(*search_args(cluster, cluster["base"] / "alone.db"), "--strategy", "grid")
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    single = json.loads(alone.stdout)
     assert {row["label"] for row in single["leaderboard"]} == {row["label"] for row in summary["leaderboard"]}
     for outcome in (summary, single):
         fastest = max(outcome["leaderboard"], key=lambda row: row["tokens_per_s"])

@@ -17,10 +17,9 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def runner():
-    """One warm child for the tests that expect clean probes (as the search uses it)."""
-    with ProbeRunner(ProbeSettings(device="cpu", measure_steps=2)) as r:
-        yield r
+def runner(probe_runner):
+    """The worker's warm child, for the tests that expect clean probes (as the search uses it)."""
+    return probe_runner(ProbeSettings(device="cpu", measure_steps=2))
 
 
 def config(model: str, **levers) -> ProbeConfig:
