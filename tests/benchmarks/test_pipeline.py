@@ -134,22 +134,6 @@ def test_cli_refuses_unknown_phase_before_starting_a_worker(capsys):
     assert "unknown phase or alternative: everything" in capsys.readouterr().err
 
 
-class Borrowed:
-    """`runner` for one phase: the phase's close leaves it running for the next."""
-
-    def __init__(self, runner) -> None:
-        object.__setattr__(self, "_runner", runner)
-
-    def __getattr__(self, name):
-        return getattr(self._runner, name)
-
-    def __setattr__(self, name, value) -> None:
-        setattr(self._runner, name, value)
-
-    def close(self) -> None:
-        pass
-
-
 @pytest.mark.slow
 def test_real_cpu_pipeline_on_a_tiny_model(tmp_path, monkeypatch, probe_runner):
     """The real thing, smaller: probe workers, the CPU memory accountant, accelerate's finder."""
@@ -164,7 +148,7 @@ def test_real_cpu_pipeline_on_a_tiny_model(tmp_path, monkeypatch, probe_runner):
     # Every phase borrows one real runner (its child imports torch and transformers once, not once a
     # phase: seconds each here); the benchmark's own command gives each phase a fresh one.
     runner = probe_runner(settings)
-    doc = run.run_benchmark([case], new_runner=lambda: Borrowed(runner), margin_of=lambda b: settings.budget(b).margin_bytes,
+    doc = run.run_benchmark([case], new_runner=lambda: runner, margin_of=lambda b: settings.budget(b).margin_bytes,
                             out_dir=tmp_path / "out", alternatives=("trainer-defaults", "auto-find-batch-size"), quiet=True,
                             estimator=None)  # the estimator column is tested above; its traces cost 10 s here
     (case_doc,) = doc["cases"]

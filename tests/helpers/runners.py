@@ -45,6 +45,9 @@ class RunnerView:
     def __exit__(self, *exc_info: object) -> None:
         pass
 
+    def close(self) -> None:
+        """Nothing: a user's close (a benchmark phase's) leaves the shared runner for the next."""
+
 
 class SharedRunner:
     """The test worker's probe runner (the `probe_runner` fixture): `probe_runner(settings)` is a
