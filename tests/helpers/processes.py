@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -106,3 +107,38 @@ def assert_all_gone(pids: set[int], within: float = GONE_WITHIN) -> None:
         time.sleep(0.2)
     left = {p: cmdline(p).replace(b"\0", b" ")[:120] for p in pids if alive(p)}
     assert not left, f"left running {within:.0f} s after the search ended: {left}"
+
+
+def marked_pids(name: str, value: str) -> list[int]:
+    """Live processes (other than this one) whose environment has `name=value`: a test cluster's
+    marker, which its daemons pass to every process they start."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if not alive(int(entry.name)):
+                continue  # a zombie: already dead, its parent reaps it
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            found.append(int(entry.name))
+    return found
+
+
+def kill_marked(name: str, value: str) -> None:
+    """SIGTERM, then SIGKILL, every process marked `name=value` (marked_pids), until none is left:
+    what a test cluster started, and nothing else on the machine."""
+    for sig, timeout in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 10.0)):
+        pids = marked_pids(name, value)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + timeout
+        while pids and time.monotonic() < deadline:
+            pids = marked_pids(name, value)
+            time.sleep(0.1)
+        if not pids:
+            return

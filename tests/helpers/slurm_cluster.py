@@ -44,6 +44,7 @@ from typing import Iterator
 import pytest
 
 from tests.helpers.ports import free_port
+from tests.helpers.processes import kill_marked
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scancel", "sinfo", "scontrol", "sacct")
@@ -292,25 +293,6 @@ PartitionName={PARTITION} Nodes={node} Default=YES MaxTime=INFINITE State=UP
     return conf, jobcomp
 
 
-def _marked_pids(root: Path) -> list[int]:
-    """Processes (other than this one) carrying this cluster's marker: its daemons' children, such as
-    slurmstepd, and the jobs' processes."""
-    needle = f"{MARKER}={root}".encode()
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if (entry / "stat").read_text().rpartition(")")[2].split()[0] in ("Z", "X"):
-                continue  # a zombie: already dead, its parent reaps it
-            environ = (entry / "environ").read_bytes()
-        except (OSError, IndexError):
-            continue
-        if needle in environ.split(b"\0"):
-            found.append(int(entry.name))
-    return found
-
-
 def _stop(proc: subprocess.Popen, timeout: float = 10) -> None:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -319,23 +301,6 @@ def _stop(proc: subprocess.Popen, timeout: float = 10) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=timeout)
-
-
-def _kill_marked(root: Path) -> None:
-    # slurmstepd outlives a SIGTERM for long when its slurmd is gone (it keeps trying to reach it).
-    for sig, timeout in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 10.0)):
-        pids = _marked_pids(root)
-        for pid in pids:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + timeout
-        while pids and time.monotonic() < deadline:
-            pids = _marked_pids(root)
-            time.sleep(0.1)
-        if not pids:
-            return
 
 
 def _start(name: str, args: list[str], env: dict[str, str], log_dir: Path) -> subprocess.Popen:
@@ -443,5 +408,6 @@ def _teardown(cluster: SlurmCluster) -> None:
         proc = cluster._procs.get(name)
         if proc is not None:
             _stop(proc)
-    _kill_marked(cluster.root)  # a slurmstepd or job process that outlived its slurmd
+    # slurmstepd outlives a SIGTERM for long when its slurmd is gone (it keeps trying to reach it).
+    kill_marked(MARKER, str(cluster.root))  # a slurmstepd or job process that outlived its slurmd
     shutil.rmtree(cluster.root, ignore_errors=True)

@@ -23,7 +23,7 @@ from tests.helpers.cli import invoke
 from tests.helpers.faults import GATE_ENV, fault_env
 from tests.helpers.models import write_model_dir
 from tests.helpers.ports import free_port
-from tests.helpers.processes import ancestors, command_text, processes_named
+from tests.helpers.processes import ancestors, command_text, kill_marked, processes_named
 
 # (find_spec, not importorskip: importing Ray to collect this module costs every test worker seconds)
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("ray") is None,
@@ -32,6 +32,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("ray
 TINY = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 128}
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
 ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+CLUSTER_MARKER = "AUTOTUNE_TEST_RAY_CLUSTER"
 
 
 def raylet_of(node: str) -> int:
@@ -49,7 +50,11 @@ def cluster(tmp_path_factory):
     # (tests/helpers/faults: `gate`); open but in the test that closes it.
     gate = base / "gate"
     gate.touch()
-    env = {**fault_env("gate", ENV), GATE_ENV: str(gate)}
+    # Every process of this cluster carries the marker (Ray's daemons pass their environment on to
+    # the workers they start): the cluster is stopped by it. `ray stop` would stop every Ray process
+    # on the machine, a user's own cluster among them, and anything else whose command line has
+    # a name of Ray's in it (monitor.py, ...).
+    env = {**fault_env("gate", ENV), GATE_ENV: str(gate), CLUSTER_MARKER: str(base)}
     port = free_port()
     address = f"127.0.0.1:{port}"
     common = ["--num-cpus", "1", "--num-gpus", "0", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
@@ -67,7 +72,7 @@ def cluster(tmp_path_factory):
         yield {"address": address, "base": base, "model": str(model), "gate": gate,
                "nodes": {"a": raylet_of("autotune_node_a"), "b": raylet_of("autotune_node_b")}}
     finally:
-        subprocess.run([*RAY, "stop", "--force"], capture_output=True, env=ENV, timeout=120)
+        kill_marked(CLUSTER_MARKER, str(base))
 
 
 def search_args(cluster, db: Path) -> list[str]:
