@@ -518,18 +518,17 @@ def section_pytest_gpu(run: Run) -> dict:
     # On a card the whole suite is collected (a GPU test outside the files that say so would be
     # missed otherwise); on CPU only the files with the mark, to keep the CPU mode short.
     paths = [] if run.cuda else gpu_test_files()
-    collected = run.command([*collect, *paths], timeout=300)
+    # Without a card every GPU test only says why it skips: one verbose pytest process collects and
+    # runs them all (each in its own would start Python, torch and transformers a dozen times over
+    # for nothing, and a separate collection once more).
+    collected = run.command([*collect, *paths], timeout=300) if run.cuda else cpu_mode_run(run, paths)
     if collected.cut:
         raise Pending("collection was stopped at the deadline")
-    nodes = [line.strip() for line in collected.stdout.splitlines() if "::" in line and not line.startswith(" ")]
+    nodes = collected_nodes(collected.stdout, verbose=not run.cuda)
     if not nodes:
         raise Failed(f"pytest -m gpu collected no test: {last_line(collected.stdout)}")
     earlier = run.previous("pytest_gpu").get("tests", {})
-    tests: dict[str, dict] = {}
-    if not run.cuda:
-        # Without a card every GPU test only says why it skips: one pytest process for them all (each
-        # in its own would start Python, torch and transformers a dozen times over for nothing).
-        tests = cpu_mode_outcomes(run, nodes)
+    tests: dict[str, dict] = {} if run.cuda else cpu_mode_outcomes(collected, nodes)
     for node in nodes:
         if node in tests:
             continue
@@ -560,10 +559,25 @@ def section_pytest_gpu(run: Run) -> dict:
     return figures
 
 
-def cpu_mode_outcomes(run: Run, nodes: list[str]) -> dict[str, dict]:
-    """The GPU tests' outcomes from one verbose pytest run (`NODE SKIPPED (reason)` per line); a node
-    it does not name is left for the one-per-run loop."""
-    outcome = run.command([run.python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gpu", *nodes], timeout=900)
+PYTEST_VERBOSE_LINE = re.compile(r"^(\S+::.*?) (PASSED|SKIPPED|FAILED|ERROR|XFAIL|XPASS)\b")
+
+
+def collected_nodes(stdout: str, verbose: bool) -> list[str]:
+    """The test ids a pytest run named: `--collect-only -q` prints one per line; `-v` one per line
+    followed by its outcome (and the summary's `FAILED NODE - why` lines, which are not read)."""
+    if verbose:
+        return [found.group(1) for line in stdout.splitlines() if (found := PYTEST_VERBOSE_LINE.match(line))]
+    return [line.strip() for line in stdout.splitlines() if "::" in line and not line.startswith(" ")]
+
+
+def cpu_mode_run(run: Run, paths: list[str]) -> Outcome:
+    """One verbose pytest run of the GPU tests in `paths`: `NODE SKIPPED (reason)` per line."""
+    return run.command([run.python, "-m", "pytest", "-v", "-p", "no:cacheprovider", "-m", "gpu", *paths], timeout=900)
+
+
+def cpu_mode_outcomes(outcome: Outcome, nodes: list[str]) -> dict[str, dict]:
+    """The GPU tests' outcomes from cpu_mode_run's output; a node it does not name is left for the
+    one-per-run loop."""
     found: dict[str, dict] = {}
     for node in nodes:
         line = next((line for line in outcome.stdout.splitlines() if line.startswith(node + " ")), "")
@@ -783,7 +797,8 @@ def eval_generation_searches(run: Run) -> dict[str, list[str]]:
         tiny = ["--device", "cpu", "--no-predict", "--micro-batches", "2", "--effective-batch", "2", "--precisions", "fp32",
                 "--checkpointing", "off", "--measure-seconds", "0.2"]
         gpt2 = ["--model", str(run.tiny_model), "--gpu-budget", "1GiB", "--block-sizes", "64", "--attention", "sdpa", *tiny]
-        seq2seq = ["--model", str(pegasus), "--gpu-budget", "1GiB", "--block-sizes", "64", "--target-length", "16", *tiny]
+        seq2seq = ["--model", str(pegasus), "--gpu-budget", "1GiB", "--block-sizes", "64", "--target-length", "16",
+                   "--attention", "sdpa", *tiny]
     return {"gpt2_eval": [*gpt2, "--eval-batch", "auto"],
             "seq2seq_generate": [*seq2seq, "--eval-batch", "auto", "--generate", "--num-beams", "2"]}
 

@@ -292,3 +292,15 @@ def test_the_wrapper_starts_with_the_gpu_machines_preamble():
         assert commands[0].strip() == preamble.read_text().strip()
     assert "python3 -m benchmarks.gpu_evidence" in commands[-1] and '"$@"' in commands[-1]
     assert os.access(gpu_evidence.REPO / "benchmarks" / "gpu_evidence.sh", os.X_OK)
+
+
+def test_the_gpu_tests_are_read_from_a_verbose_run_and_from_a_collection():
+    verbose = ("tests/probe/test_gpu.py::test_a[gpt2 fp32] SKIPPED (needs a CUDA device)      [ 50%]\n"
+               "tests/train/test_gpu.py::test_b FAILED                                      [100%]\n"
+               "=========================== short test summary info ============================\n"
+               "FAILED tests/train/test_gpu.py::test_b - AssertionError: 1 == 2\n")
+    assert gpu_evidence.collected_nodes(verbose, verbose=True) == ["tests/probe/test_gpu.py::test_a[gpt2 fp32]",
+                                                                    "tests/train/test_gpu.py::test_b"]
+    collected = "tests/probe/test_gpu.py::test_a[gpt2 fp32]\ntests/train/test_gpu.py::test_b\n\n2 tests collected in 0.5s\n"
+    assert gpu_evidence.collected_nodes(collected, verbose=False) == ["tests/probe/test_gpu.py::test_a[gpt2 fp32]",
+                                                                       "tests/train/test_gpu.py::test_b"]

@@ -65,9 +65,12 @@ def _ranks_below_us() -> set[int]:
 
 
 @pytest.fixture(scope="module")
-def llama_probes(models):
-    """ddp and fsdp of the tiny Llama under a budget that fits both: their results."""
-    return {strategy: _probe(_config(models["llama"], strategy), GiB) for strategy in ("ddp", "fsdp")}
+def llama_probes(models, probe_runner):
+    """ddp and fsdp of the tiny Llama under a budget that fits both: their results, from the
+    worker's warm probe child (clean probes, as a search sends them; the ranks are new each time)."""
+    runner = probe_runner(ProbeSettings(device="cpu", measure_seconds=0.0, margin=0, timeout=120.0))
+    return {strategy: runner.run(_config(models["llama"], strategy), runner.settings.budget(GiB),
+                                 resolve_model(models["llama"])) for strategy in ("ddp", "fsdp")}
 
 
 def test_ddp_and_fsdp_probes_report_each_ranks_peaks(llama_probes):
