@@ -137,10 +137,13 @@ def _ephemeral_hint(port: str) -> str:
 
 
 def torchrun_command(ranks_per_node: int, rendezvous: Rendezvous = Rendezvous(),
-                     module: str = "autotune.probe.rank_main") -> list[str]:
-    """The command that starts this node's ranks running `module` (a probe's, by default)."""
+                     module: str = "autotune.probe.rank_main", log_dir: str | None = None) -> list[str]:
+    """The command that starts this node's ranks running `module` (a probe's, by default). Its
+    agent keeps its per-run directory in `log_dir`: without one it makes a torchelastic_* directory
+    in the system's temporary directory and leaves it there, one per probe."""
+    logs = ["--log-dir", log_dir] if log_dir else []
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks_per_node),
-            "--max-restarts", "0", "--monitor-interval", "0.1", *rendezvous.arguments(), "-m", module]
+            "--max-restarts", "0", "--monitor-interval", "0.1", *logs, *rendezvous.arguments(), "-m", module]
 
 
 def start_ranks(module: str, ranks_here: int, run_dir: str, *, rendezvous: Rendezvous = Rendezvous(),
@@ -159,7 +162,8 @@ def start_ranks(module: str, ranks_here: int, run_dir: str, *, rendezvous: Rende
     with contextlib.ExitStack() as files:
         if output is None:
             output = files.enter_context(open(os.path.join(run_dir, "torchrun.log"), "wb"))
-        return subprocess.Popen(torchrun_command(ranks_here, rendezvous, module), env=env, stdout=output,
+        command = torchrun_command(ranks_here, rendezvous, module, log_dir=os.path.join(run_dir, "torchelastic"))
+        return subprocess.Popen(command, env=env, stdout=output,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=kill_me_with_parent,
                                 start_new_session=True)
 

@@ -97,16 +97,22 @@ def test_each_ranks_peak_is_the_estimate_of_a_rank(models, llama_probes, trace_c
         assert_rank_predicted(estimate, llama_probes[strategy], largest_unit=1000 * 64 * 4 + 2 * 64 * 4, what=strategy)
 
 
-def test_one_rank_out_of_memory_ends_the_probe_as_oom_and_no_rank_is_left_waiting(models, monkeypatch):
+def test_one_rank_out_of_memory_ends_the_probe_as_oom_and_no_rank_is_left_waiting(models, monkeypatch, tmp_path):
     # Rank 1 alone runs out of memory in its second step; rank 0 goes on into the step's
     # collectives, where it would wait for rank 1 forever (tests/faults: oom-on-rank-1).
     inject_fault(monkeypatch, "oom-on-rank-1")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))  # (the probe child's, and the agent's it starts)
     started = time.monotonic()
     result = _probe(_config(models["llama"], "fsdp"), GiB)
     assert result.status == ProbeStatus.OOM, result.error
     assert result.error.startswith("rank 1 of 2: ") and "out of memory" in result.error
     assert time.monotonic() - started < 60  # (the ranks' collective timeout is 120 s: nobody waited for it)
     assert _ranks_below_us() == set()
+    # The ranks' run directory is removed, torchrun's own (torchelastic_*) with it. (torch's
+    # compile cache, torchinductor_USER, is shared by every run, and kept.)
+    assert [p.name for p in temporary.iterdir() if not p.name.startswith("torchinductor_")] == []
 
 
 def test_a_probe_past_its_timeout_kills_every_rank(models):
