@@ -197,6 +197,18 @@ def _start_node(port: int, env: dict | None = None, *args: str) -> subprocess.Po
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
+def _stop_node(node: subprocess.Popen) -> None:
+    """SIGTERM, as a user's Ctrl-C or a scheduler does: the node removes its round's directory on
+    the way out (a kill -9 would leave it in /tmp); SIGKILL if it has not ended within a minute."""
+    if node.poll() is None:
+        node.terminate()
+        try:
+            node.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            node.kill()
+            node.wait()
+
+
 def _line_from(stream, needle: str, seconds: float) -> str:
     """The first line of `stream` (a pipe) with `needle` in it, within `seconds`."""
     import queue
@@ -283,7 +295,7 @@ def test_two_single_rank_nodes_meet_through_torchruns_rendezvous(models):
         result = _multi_node_probe(models["llama"], port)
         out, err = _node_output(node)
     finally:
-        node.kill()
+        _stop_node(node)
     assert result.status == ProbeStatus.OK, result.error
     assert len(result.rank_peaks) == 2 and all(rank["reserved"] > 0 for rank in result.rank_peaks)
     assert node.returncode == 0, err
@@ -298,7 +310,7 @@ def test_a_rank_out_of_memory_on_another_node_is_the_probes_oom(models):
         result = _multi_node_probe(models["llama"], port)
         _node_output(node)
     finally:
-        node.kill()
+        _stop_node(node)
     assert result.status == ProbeStatus.OOM, result.error
     assert result.error.startswith("rank 1 of 2: ") and "out of memory" in result.error
 
@@ -331,8 +343,7 @@ def test_a_node_that_never_arrives_ends_the_probe_in_one_line_naming_it(models, 
         took = time.monotonic() - began
     finally:
         if started is not None:
-            started.kill()
-            started.wait()
+            _stop_node(started)
         if other is not None:
             other.close()
     message = str(refused.value)
@@ -344,10 +355,12 @@ def test_a_node_that_never_arrives_ends_the_probe_in_one_line_naming_it(models, 
     assert_all_gone(_ranks_below_us(), within=10.0)
 
 
-def test_a_rendezvous_port_another_program_listens_on_is_said_on_both_nodes(models):
+def test_a_rendezvous_port_another_program_listens_on_is_said_on_both_nodes(models, tmp_path):
     port = free_port("")  # (on every address, as torchrun's store listens)
     other = SilentProgram(port)
-    node = _start_node(port, None, "--rendezvous-timeout", "5")
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    node = _start_node(port, {**os.environ, "TMPDIR": str(temporary)}, "--rendezvous-timeout", "5")
     try:
         began = time.monotonic()
         with pytest.raises(DeviceError) as refused:  # (the first node cannot listen there: at once)
@@ -358,8 +371,7 @@ def test_a_rendezvous_port_another_program_listens_on_is_said_on_both_nodes(mode
         said = _line_from(node.stderr, "torchrun's agent was still waiting", seconds=10 + STARTUP_ALLOWANCE)
         assert node.poll() is None  # (it waits on for the first node's probes)
     finally:
-        node.kill()
-        node.wait()
+        _stop_node(node)
         other.close()
     message = str(refused.value)
     assert message.startswith(f"the rendezvous port {port} is taken on this node by another program (address "
@@ -369,3 +381,5 @@ def test_a_rendezvous_port_another_program_listens_on_is_said_on_both_nodes(mode
                     "something there accepted its connection and never answered as the first node's rendezvous does "
                     "(another program holding that port?); stopped it, waiting for the first node's next probe")
     assert_all_gone(_ranks_below_us(), within=10.0)
+    # Stopped between rounds, the node removed its round's directory (torchrun's log directory in it).
+    assert [p.name for p in temporary.iterdir() if not p.name.startswith("torchinductor_")] == []
