@@ -322,13 +322,20 @@ def make_engine(url: URL, *, foreign_keys: bool = True, read_only: bool = False)
     return engine
 
 
+def connect_timeout_s(url: URL) -> int:
+    """How long a PostgreSQL connection waits for the server: the URL's own `connect_timeout`
+    (checked a whole number of seconds before any connection), else PG_CONNECT_TIMEOUT_S."""
+    given = url.query.get("connect_timeout")
+    return int(given) if isinstance(given, str) and given.strip().isdigit() else PG_CONNECT_TIMEOUT_S
+
+
 def postgres_connect_args(url: URL) -> dict[str, Any]:
     """psycopg's connect arguments for the timeouts (see PG_CONNECT_TIMEOUT_S), unless the URL sets
     `connect_timeout` or `options` itself. (PgBouncer refuses the `options` startup parameter unless
     its `ignore_startup_parameters` lists it.) For any engine on a PostgreSQL URL, Optuna's included."""
     args: dict[str, Any] = {}
     if "connect_timeout" not in url.query:
-        args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
+        args["connect_timeout"] = connect_timeout_s(url)
     if "options" not in url.query:
         args["options"] = f"-c statement_timeout={PG_STATEMENT_TIMEOUT_S * 1000}"
     return args

@@ -10,7 +10,7 @@ from __future__ import annotations
 from sqlalchemy.engine import URL
 
 from autotune.errors import DatabaseError
-from autotune.store.engine import PG_CONNECT_TIMEOUT_S, PG_STATEMENT_TIMEOUT_S, display_url
+from autotune.store.engine import PG_STATEMENT_TIMEOUT_S, connect_timeout_s, display_url
 
 # Errors that pass with time: another process holds a lock, the connection dropped, the server is
 # restarting or busy. Everything else (a full disk, a read-only file, a wrong password, a missing
@@ -118,7 +118,7 @@ def describe_failure(url: URL, exc: BaseException, *, retried_s: float | None = 
         return DatabaseError(f"the results database {where} did not finish a statement within {PG_STATEMENT_TIMEOUT_S} s "
                              f"(its statement timeout; a lock held by another session?); check the server and try again.")
     if "timeout" in low and ("connect" in low or "expired" in low):
-        return DatabaseError(f"cannot reach the results database {where}: no answer within {PG_CONNECT_TIMEOUT_S} s (its "
+        return DatabaseError(f"cannot reach the results database {where}: no answer within {connect_timeout_s(url)} s (its "
                              f"connect timeout); check that the server is up and reachable, or pass another --db.")
     after = f" (still failing after {retried_s:.0f} s of retries)" if retried_s else ""
     return DatabaseError(f"cannot use the results database {where}: {detail}{after}")

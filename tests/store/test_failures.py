@@ -218,6 +218,8 @@ def test_postgresql_connections_carry_a_connect_and_a_statement_timeout():
     # A URL that sets them keeps its own.
     own = resolve_url("postgresql+psycopg://u@db.example/at?connect_timeout=3&options=-c%20statement_timeout%3D5000")
     assert postgres_connect_args(own) == {}
+    # And the line for a server that never answered says the timeout that was waited.
+    assert "no answer within 3 s (its connect timeout)" in str(describe_failure(own, wrapped("connection timeout expired")))
 
 
 def test_a_real_postgresql_session_has_the_statement_timeout(postgres_url):
