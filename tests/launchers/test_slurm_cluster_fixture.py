@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.processes import marked_pids
 from tests.helpers.slurm_cluster import slurm_cluster  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.slow
@@ -64,8 +65,8 @@ def test_teardown_leaves_nothing_running(tmp_path):
         while cluster.job_states(job).get(job) != "RUNNING":
             assert time.monotonic() < deadline, cluster.job_states(job)
             time.sleep(0.3)
-        assert module._marked_pids(cluster.root)  # the job's slurmstepd and sleep carry the marker
+        assert marked_pids(module.MARKER, str(cluster.root))  # the job's slurmstepd and sleep carry the marker
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists(), f"daemon {pid} still there"
-    assert module._marked_pids(cluster.root) == []
+    assert marked_pids(module.MARKER, str(cluster.root)) == []
     assert not cluster.root.exists()
