@@ -37,13 +37,18 @@ class SlurmOptions:
     output: str = "autotune-%x-%A_%a.out"   # each task's log, in the submitting directory
 
 
+def job_name(spec: WorkerSpec) -> str:
+    """The workers' job name: the study's, and its tasks' log file names (%x)."""
+    return f"autotune-{spec.label}"
+
+
 class SlurmLauncher(Launcher):
     name = "slurm"
 
     def __init__(self, options: SlurmOptions | None = None) -> None:
         self.options = options or SlurmOptions()
         self.job: str | None = None
-        self.script_path: Path | None = None
+        self.job_name = ""  # the submitted script's --job-name (autotune-STUDY): its tasks' log names
         self.count = 0
 
     # -- the job script --------------------------------------------------------------------------
@@ -53,7 +58,7 @@ class SlurmLauncher(Launcher):
         interpreter (its path on the nodes: the same environment, on a shared file system or
         installed at the same place)."""
         o = self.options
-        lines = ["#!/bin/bash", f"#SBATCH --job-name=autotune-{spec.label}",
+        lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name(spec)}",
                  f"#SBATCH --array=0-{count - 1}%{o.parallel or count}", f"#SBATCH --output={o.output}",
                  "#SBATCH --ntasks=1", "#SBATCH --export=ALL"]
         if o.partition:
@@ -89,19 +94,20 @@ class SlurmLauncher(Launcher):
         self.job = out.strip().split(";")[0]
 
     def _sbatch(self, count: int, spec: WorkerSpec, mode: str) -> str:
-        import sys
-
+        text = self.script(count, spec)
+        self.job_name = job_name(spec)
+        # sbatch sends the script's text to slurmctld, which keeps its own copy for the job: this
+        # one is gone as soon as sbatch has answered, however it answers.
         folder = Path(tempfile.mkdtemp(prefix="autotune-slurm-"))
-        self.script_path = folder / "worker.sbatch"
-        self.script_path.write_text(self.script(count, spec))
+        script_path = folder / "worker.sbatch"
+        script_path.write_text(text)
         try:
-            done = subprocess.run(["sbatch", mode, str(self.script_path)], capture_output=True, text=True,
+            done = subprocess.run(["sbatch", mode, str(script_path)], capture_output=True, text=True,
                                   timeout=COMMAND_SECONDS, env={**os.environ, **spec.environment()})
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise BadInput(f"--launcher slurm: sbatch did not answer ({exc}); is slurmctld up?") from None
         finally:
-            if mode != "--parsable":
-                shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(folder, ignore_errors=True)
         said = (done.stderr or "").strip().splitlines()
         if done.returncode != 0:
             why = said[-1].removeprefix("sbatch: error: ") if said else f"exit status {done.returncode}"
@@ -137,7 +143,7 @@ class SlurmLauncher(Launcher):
             name = f"slurm task {self.job}_{index}"
             state = states.get(str(index), "UNKNOWN")
             summary = None
-            log = Path(self.options.output.replace("%x", f"autotune-{self._study_name()}").replace("%A", self.job)
+            log = Path(self.options.output.replace("%x", self.job_name).replace("%A", self.job)
                        .replace("%a", str(index)))
             try:
                 text = log.read_text()
@@ -169,13 +175,6 @@ class SlurmLauncher(Launcher):
             if "ArrayTaskId" in fields:
                 states[fields["ArrayTaskId"]] = fields.get("JobState", "")
         return states
-
-    def _study_name(self) -> str:
-        assert self.script_path is not None
-        for line in self.script_path.read_text().splitlines():
-            if line.startswith("#SBATCH --job-name=autotune-"):
-                return line.removeprefix("#SBATCH --job-name=autotune-")
-        return ""
 
     @staticmethod
     def _run(*command: str) -> subprocess.CompletedProcess:

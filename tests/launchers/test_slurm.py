@@ -32,8 +32,11 @@ def search(cluster, tmp_path, *extra: str) -> subprocess.Popen:
                "--warmup-steps", "2", "--measure-steps", "2", "--no-predict", "--no-confirm", "--json",
                "--db", str(tmp_path / "slurm.db"), "--launcher", "slurm", "--workers", "2",
                "--slurm-partition", cluster.partition, "--heartbeat", "1", *extra]
+    temporary = tmp_path / "tmp"  # (the search's own temporary directory: what it leaves there is seen)
+    temporary.mkdir(exist_ok=True)
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            env={**cluster.env, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+                            env={**cluster.env, "PYTHONUNBUFFERED": "1", "TMPDIR": str(temporary)},
+                            start_new_session=True)
 
 
 def jobs_named(cluster, study: str) -> list[str]:
@@ -43,7 +46,7 @@ def jobs_named(cluster, study: str) -> list[str]:
                    == f"autotune-{study}" and "ArrayJobId" in fields})
 
 
-def test_two_array_tasks_search_to_a_pick_and_end(slurm_cluster, tmp_path):
+def test_two_array_tasks_search_to_a_pick_and_end(slurm_cluster, tmp_path):  # noqa: F811
     run = search(slurm_cluster, tmp_path)
     out, err = run.communicate(timeout=400)
     assert run.returncode == 0, err[-3000:] + slurm_cluster.logs_tail()
@@ -58,9 +61,11 @@ def test_two_array_tasks_search_to_a_pick_and_end(slurm_cluster, tmp_path):
         assert len({p.worker for p in store.probes("tiny-200MiB") if p.result.status != "skipped"}) >= 1
     assert sorted(p.name for p in tmp_path.glob(f"autotune-autotune-tiny-200MiB-{job}_*.out")) == [
         f"autotune-autotune-tiny-200MiB-{job}_0.out", f"autotune-autotune-tiny-200MiB-{job}_1.out"]
+    # The job script went to slurmctld with the submission: no copy of it is left behind.
+    assert list((tmp_path / "tmp").glob("autotune-slurm-*")) == []
 
 
-def test_sigterm_cancels_the_array_and_a_refused_partition_writes_nothing(slurm_cluster, tmp_path):
+def test_sigterm_cancels_the_array_and_a_refused_partition_writes_nothing(slurm_cluster, tmp_path):  # noqa: F811
     run = search(slurm_cluster, tmp_path, "--study", "term", "--measure-seconds", "3")
     deadline, probing = time.monotonic() + 240, False
     while not probing and time.monotonic() < deadline and run.poll() is None:
