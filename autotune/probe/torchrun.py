@@ -136,14 +136,13 @@ def _ephemeral_hint(port: str) -> str:
     return ""
 
 
-def torchrun_command(ranks_per_node: int, rendezvous: Rendezvous = Rendezvous(),
-                     module: str = "autotune.probe.rank_main", log_dir: str | None = None) -> list[str]:
-    """The command that starts this node's ranks running `module` (a probe's, by default). Its
-    agent keeps its per-run directory in `log_dir`: without one it makes a torchelastic_* directory
-    in the system's temporary directory and leaves it there, one per probe."""
-    logs = ["--log-dir", log_dir] if log_dir else []
+def torchrun_command(ranks_per_node: int, rendezvous: Rendezvous, module: str, log_dir: str) -> list[str]:
+    """The command that starts this node's ranks running `module`. Its agent keeps its per-run
+    directory in `log_dir` (without one it makes a torchelastic_* directory in the system's
+    temporary directory and leaves it there, one per probe)."""
     return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks_per_node),
-            "--max-restarts", "0", "--monitor-interval", "0.1", *logs, *rendezvous.arguments(), "-m", module]
+            "--max-restarts", "0", "--monitor-interval", "0.1", "--log-dir", log_dir, *rendezvous.arguments(),
+            "-m", module]
 
 
 def start_ranks(module: str, ranks_here: int, run_dir: str, *, rendezvous: Rendezvous = Rendezvous(),

@@ -335,7 +335,7 @@ def postgres_connect_args(url: URL) -> dict[str, Any]:
     its `ignore_startup_parameters` lists it.) For any engine on a PostgreSQL URL, Optuna's included."""
     args: dict[str, Any] = {}
     if "connect_timeout" not in url.query:
-        args["connect_timeout"] = connect_timeout_s(url)
+        args["connect_timeout"] = PG_CONNECT_TIMEOUT_S
     if "options" not in url.query:
         args["options"] = f"-c statement_timeout={PG_STATEMENT_TIMEOUT_S * 1000}"
     return args
