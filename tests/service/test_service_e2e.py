@@ -22,6 +22,7 @@ httpx = pytest.importorskip("httpx")
 
 from autotune.status import SearchState  # noqa: E402
 from autotune.store import open_store  # noqa: E402
+from tests.helpers.faults import GATE_ENV, fault_env  # noqa: E402
 from tests.helpers.models import write_model_dir  # noqa: E402
 from tests.helpers.ports import free_port  # noqa: E402
 from tests.helpers.processes import command_text, processes_named  # noqa: E402
@@ -47,8 +48,12 @@ class Deployment:
         # its own temporary directory: what a worker leaves there is seen.
         (base / "home").mkdir()
         (base / "tmp").mkdir()
-        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "AUTOTUNE_HOME": str(base / "home"),
-                    "TMPDIR": str(base / "tmp")}
+        # The second probe of every probe process waits at its first step while the file `gate` is
+        # missing (tests/helpers/faults): it is there, except while a test holds a search mid-probe.
+        self.gate = base / "gate"
+        self.gate.touch()
+        self.env = {**fault_env("gate", on_probe=2), GATE_ENV: str(self.gate), "PYTHONUNBUFFERED": "1",
+                    "AUTOTUNE_HOME": str(base / "home"), "TMPDIR": str(base / "tmp")}
 
     def autotune(self, *args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=120,
@@ -216,23 +221,28 @@ def test_predictions_need_no_gpu_and_refuse_as_the_command_line_does(deployment)
 
 
 def test_a_cancelled_search_stops_its_probe_and_resumes_when_submitted_again(deployment):
-    # Long enough that the cancel comes mid-search: three probes of 3 s timed windows each.
-    body = dict(study="cancel-me", micro_batches=[1, 2, 4], effective_batch=4, measure_seconds="3")
-    assert deployment.submit(**body).status_code == 201
-    deployment.wait("cancel-me", lambda r: r.state == SearchState.RUNNING, "running")
-    with open_store(deployment.db) as store:
-        deadline = time.monotonic() + 120
-        while not store.settled_counts(["cancel-me"]) and time.monotonic() < deadline:
-            time.sleep(0.3)
-        settled_before = store.settled_counts(["cancel-me"]).get("cancel-me", 0)
-    assert settled_before >= 1
-    cancelled = httpx.post(f"{deployment.url}/v1/searches/cancel-me/cancel", headers=deployment.headers, timeout=30)
-    assert cancelled.status_code == 202 and cancelled.json()["cancel_requested"] is True
-    row = deployment.wait("cancel-me", lambda r: r.state == SearchState.CANCELLED, "cancelled", seconds=90)
-    assert "cancelled by pipeline" in row.reason
-    # Nothing of that search is left running: no search or probe process names its study.
-    time.sleep(1.0)
-    assert [line for line in processes_under(deployment.base) if "cancel-me" in line] == []
+    # The cancel comes mid-search, whatever the machine's speed: the search's second probe waits at
+    # its first step until the gate is back.
+    body = dict(study="cancel-me", micro_batches=[1, 2, 4], effective_batch=4)
+    deployment.gate.unlink()
+    try:
+        assert deployment.submit(**body).status_code == 201
+        with open_store(deployment.db) as store:
+            deadline = time.monotonic() + 120
+            while not store.settled_counts(["cancel-me"]) and time.monotonic() < deadline:
+                time.sleep(0.3)
+            settled_before = store.settled_counts(["cancel-me"]).get("cancel-me", 0)
+        assert settled_before == 1 and deployment.row("cancel-me").state == SearchState.RUNNING
+        cancelled = httpx.post(f"{deployment.url}/v1/searches/cancel-me/cancel", headers=deployment.headers,
+                               timeout=30)
+        assert cancelled.status_code == 202 and cancelled.json()["cancel_requested"] is True
+        row = deployment.wait("cancel-me", lambda r: r.state == SearchState.CANCELLED, "cancelled", seconds=90)
+        assert "cancelled by pipeline" in row.reason
+        # Nothing of that search is left running: no search or probe process names its study.
+        time.sleep(1.0)
+        assert [line for line in processes_under(deployment.base) if "cancel-me" in line] == []
+    finally:
+        deployment.gate.touch()
     with open_store(deployment.db) as store:
         probes_before = {p.config_key: p.id for p in store.probes("cancel-me")}
     resumed = deployment.submit(**body)
@@ -246,17 +256,22 @@ def test_a_cancelled_search_stops_its_probe_and_resumes_when_submitted_again(dep
 
 def test_a_killed_worker_s_search_is_taken_over_and_the_service_can_die(deployment):
     deployment.start_worker("worker-b")
-    body = dict(study="survivor", checkpointing="off,on", measure_seconds="0.5")
-    assert deployment.submit(**body).status_code == 201
-    row = deployment.wait("survivor", lambda r: r.state == SearchState.RUNNING, "running")
-    holder = "worker-a" if row.worker.endswith(f":{deployment.processes['worker-a'].pid}") else "worker-b"
-    other = "worker-b" if holder == "worker-a" else "worker-a"
-    with open_store(deployment.db) as store:
-        deadline = time.monotonic() + 120
-        while not store.settled_counts(["survivor"]) and time.monotonic() < deadline:
-            time.sleep(0.2)
-    deployment.kill(holder)  # kill -9 of the worker: its search and probe processes die with it
-    deployment.kill("serve")  # and the service, kill -9, while the other worker goes on
+    body = dict(study="survivor", checkpointing="off,on")
+    deployment.gate.unlink()  # (the holder's second probe waits: the kill comes mid-search)
+    try:
+        assert deployment.submit(**body).status_code == 201
+        row = deployment.wait("survivor", lambda r: r.state == SearchState.RUNNING, "running")
+        holder = "worker-a" if row.worker.endswith(f":{deployment.processes['worker-a'].pid}") else "worker-b"
+        other = "worker-b" if holder == "worker-a" else "worker-a"
+        with open_store(deployment.db) as store:
+            deadline = time.monotonic() + 120
+            while not store.settled_counts(["survivor"]) and time.monotonic() < deadline:
+                time.sleep(0.2)
+        assert deployment.row("survivor").state == SearchState.RUNNING
+        deployment.kill(holder)  # kill -9 of the worker: its search and probe processes die with it
+        deployment.kill("serve")  # and the service, kill -9, while the other worker goes on
+    finally:
+        deployment.gate.touch()
     row = deployment.wait("survivor", lambda r: r.state == SearchState.FINISHED, "finished by the other worker",
                           seconds=240)
     assert row.worker.endswith(f":{deployment.processes[other].pid}") and row.attempts == 2

@@ -16,9 +16,10 @@ does in Llama's; `leak` keeps a tensor alive in a global (on the first warm-up s
 accountant watches); `poison` fails the step as an illegal memory access does and makes the
 probe's cleanup raise again, as every CUDA call does after one.
 
-`gate` holds each probe at its first warm-up step (before anything is timed) until the file named
-by AUTOTUNE_INJECT_FAULT_GATE exists: a test lets probes go once the workers it wants are all
-holding one, whatever the machine's load.
+`gate` holds each probe (or only the Nth a child runs, as above) at its first warm-up step (before
+anything is timed) until the file named by AUTOTUNE_INJECT_FAULT_GATE exists: a test lets probes go
+once the workers it wants are all holding one, or cancels a search while it holds, whatever the
+machine's load.
 
 `abort-once` aborts the process (SIGABRT, as glibc does on a corrupted heap) at its first step,
 the first time any process of the test gets there (the file AUTOTUNE_INJECT_FAULT_GATE is made then):
@@ -64,7 +65,8 @@ def _install(module) -> None:
         if FAULT == "abort-once" and self._fault_steps == 1 and GATE and not os.path.exists(GATE):
             open(GATE, "w").close()
             os.abort()
-        if FAULT == "gate" and self._fault_steps == 1 and GATE:
+        if (FAULT == "gate" and self._fault_steps == 1 and GATE
+                and (not ON_PROBE or self._fault_probe == ON_PROBE)):
             deadline = time.monotonic() + GATE_SECONDS
             while not os.path.exists(GATE) and time.monotonic() < deadline:
                 time.sleep(0.1)
