@@ -17,39 +17,36 @@ from autotune.errors import DatabaseError, StudyNotFound
 from autotune.status import ProbeStatus, StudyStatus
 from autotune.store import open_store
 from tests.helpers.cli import autotune, autotune_command, wait_for
-from tests.helpers.models import write_model_dir
+from tests.helpers.faults import GATE_ENV, fault_env
 from tests.helpers.processes import assert_all_gone, cmdline, descendants, parent_of
 
 pytestmark = pytest.mark.slow
 
-# Four candidates, each probe timed for at least `--measure-seconds`.
+# Four candidates of the tiny GPT-2.
 SPACE = ["--device", "cpu", "--micro-batches", "1,2,4,8", "--block-sizes", "128", "--effective-batch", "8",
          "--precisions", "fp32", "--checkpointing", "off", "--attention", "sdpa", "--no-predict", "--measure-steps", "1"]
 
 
-@pytest.fixture
-def small_model(tmp_path) -> str:
-    """A GPT-2 large enough that a step takes a good part of a second on a CPU: the tiny one's
-    steps take milliseconds, and its windows end at their 50-step limit, not at --measure-seconds."""
-    return str(write_model_dir(tmp_path / "small-gpt2", n_layer=4, n_embd=256, n_head=4))
-
-
-def test_timeout_ends_the_command_in_time_and_the_same_command_goes_on(small_model, tmp_path):
+def test_timeout_ends_the_command_in_time_and_the_same_command_goes_on(tiny_model, tmp_path):
     db = f"sqlite:///{tmp_path / 'deadline.db'}"
+    # The search's second probe waits at its first step for a gate that never opens (tests/helpers/
+    # faults): the command cannot end within 20 s, start-up included (which a busy machine can stretch
+    # past 10 s), and waits without taking the CPU from other work.
+    held = fault_env("gate", on_probe=2)
+    held[GATE_ENV] = str(tmp_path / "never")
     started = time.monotonic()
-    # Three or four probes of 4 s and a confirmation round of two or more cannot end within 20 s,
-    # start-up included (which a busy machine can stretch past 10 s).
-    cut = autotune("search", "--model", small_model, "--gpu-budget", "1GiB", *SPACE, "--measure-seconds", "4",
-                   "--study", "d", "--db", db, "--timeout", "20s", "--json")
+    cut = autotune("search", "--model", tiny_model, "--gpu-budget", "1GiB", *SPACE, "--study", "d", "--db", db,
+                   "--timeout", "20s", "--json", env=held)
     took = time.monotonic() - started
     assert cut.returncode == 0, cut.stderr
     summary = json.loads(cut.stdout)
-    assert took < 20 + 10, took  # (interpreter start and imports included)
+    assert 20 <= took < 20 + 10, took  # (interpreter start and imports included)
     assert summary["stop_reason"] == "timeout" and summary["status"] == StudyStatus.INTERRUPTED
     assert summary["deadline_note"] and summary["confirmation"] is None
     # The deadline is no probe's outcome: a probe it stopped is not stored, and will be probed again.
-    assert ProbeStatus.TIMEOUT not in {p.result.status for p in _probes(db, "d")}
-    done = autotune("search", "--model", small_model, "--gpu-budget", "1GiB", *SPACE, "--measure-seconds", "0.2",
+    kept = _probes(db, "d")
+    assert len(kept) == 1 and ProbeStatus.TIMEOUT not in {p.result.status for p in kept}
+    done = autotune("search", "--model", tiny_model, "--gpu-budget", "1GiB", *SPACE, "--measure-seconds", "0.2",
                     "--study", "d", "--db", db, "--json")
     assert done.returncode == 0, done.stderr
     finished = json.loads(done.stdout)
@@ -71,12 +68,15 @@ def test_a_timeout_that_ends_before_the_first_probe_is_one_line_and_writes_nothi
     assert time.monotonic() - started < 1 + 10
 
 
-def test_a_stopped_probe_child_ends_as_a_timeout_within_its_limit_and_the_search_finishes(small_model, tmp_path):
+def test_a_stopped_probe_child_ends_as_a_timeout_within_its_limit_and_the_search_finishes(tiny_model, tmp_path):
     db = f"sqlite:///{tmp_path / 'stopped.db'}"
-    search = subprocess.Popen(autotune_command("search", "--model", small_model, "--gpu-budget", "1GiB", *SPACE,
-                                               "--measure-seconds", "0.5", "--study", "s", "--db", db,
-                                               "--probe-timeout", "5s", "--no-confirm"),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # The child's second probe waits at the gate (tests/helpers/faults) until the child is stopped:
+    # the stop comes mid-probe whatever the machine's speed.
+    gate = tmp_path / "gate"
+    search = subprocess.Popen(autotune_command("search", "--model", tiny_model, "--gpu-budget", "1GiB", *SPACE,
+                                               "--study", "s", "--db", db, "--probe-timeout", "5s", "--no-confirm"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**fault_env("gate", on_probe=2), GATE_ENV: str(gate)})
     try:
         wait_for(lambda: _probes(db, "s"), what="the first probe")
         # (The child's group guard is a fork of it, with the same command line: the search's own child.)
@@ -84,6 +84,7 @@ def test_a_stopped_probe_child_ends_as_a_timeout_within_its_limit_and_the_search
                                     and parent_of(p) == search.pid], what="the probe child")
         os.kill(child, signal.SIGSTOP)
         stopped = time.monotonic()
+        gate.touch()  # (the next child's probes go on)
         wait_for(lambda: [p for p in _probes(db, "s") if p.result.status == ProbeStatus.TIMEOUT], seconds=30,
                  what="a timeout probe")
         assert time.monotonic() - stopped < 5 + 10
