@@ -12,16 +12,17 @@ import time
 import pytest
 
 from tests.helpers.cli import autotune, autotune_command
+from tests.helpers.faults import fault_env
 
 SPACE = ["--gpu-budget", "2GiB", "--device", "cpu", "--micro-batches", "2,4", "--block-sizes", "64",
          "--effective-batch", "4", "--precisions", "fp32", "--checkpointing", "off", "--attention", "sdpa",
          "--no-predict", "--no-confirm"]
 
 
-def run_on_a_terminal(args: list[str], timeout: float = 180) -> list[tuple[float, str]]:
+def run_on_a_terminal(args: list[str], timeout: float = 180, env: dict[str, str] | None = None) -> list[tuple[float, str]]:
     """Run the command with a pseudo-terminal as stdout and stderr: what it wrote, with when."""
     master, slave = pty.openpty()
-    proc = subprocess.Popen(autotune_command(*args), stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    proc = subprocess.Popen(autotune_command(*args), stdin=slave, stdout=slave, stderr=slave, close_fds=True, env=env)
     os.close(slave)
     chunks: list[tuple[float, str]] = []
     deadline = time.monotonic() + timeout
@@ -47,9 +48,10 @@ def run_on_a_terminal(args: list[str], timeout: float = 180) -> list[tuple[float
 
 @pytest.mark.slow
 def test_a_search_on_a_terminal_shows_the_probe_in_flight_and_replaces_it_with_the_result(tiny_model, tmp_path):
-    # A timed window of 120 steps (seconds), so that the live line is redrawn while the probe runs.
-    chunks = run_on_a_terminal(["search", "--model", tiny_model, *SPACE, "--measure-steps", "120",
-                                "--db", str(tmp_path / "a.db")])
+    # A timed window of 20 steps of a tenth of a second each at least (tests/helpers/faults: `slow`),
+    # so that the live line is redrawn while the probe runs, on any machine.
+    chunks = run_on_a_terminal(["search", "--model", tiny_model, *SPACE, "--measure-steps", "20",
+                                "--db", str(tmp_path / "a.db")], env=fault_env("slow"))
     text = "".join(t for _, t in chunks)
     drawn = [line for line in re.split(r"\r\x1b\[K|\r\n", text) if line.startswith("[1/2] mb")]
     live = [line for line in drawn if " ok " not in line]

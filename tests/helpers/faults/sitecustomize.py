@@ -25,6 +25,9 @@ machine's load.
 the first time any process of the test gets there (the file AUTOTUNE_INJECT_FAULT_GATE is made then):
 a native crash that the same work does not repeat.
 
+`slow` makes every step from the third on take at least SLOW_STEP_SECONDS, sleeping: a timed window
+of N steps lasts N tenths of a second on any machine, without taking a core.
+
 `oom-on-rank-1` makes rank 1 of a multi-rank probe (and no other) allocate past its budget in its
 second warm-up step, while the CPU accountant watches: a real out-of-memory on one rank, raised
 by the accountant, while rank 0 goes on into the step's collectives.
@@ -49,6 +52,7 @@ ILLEGAL_ACCESS = "CUDA error: an illegal memory access was encountered (test fau
 _LEAKED: list = []
 GATE = os.environ.get("AUTOTUNE_INJECT_FAULT_GATE")
 GATE_SECONDS = 600
+SLOW_STEP_SECONDS = 0.1
 
 
 def _install(module) -> None:
@@ -96,6 +100,11 @@ def _install(module) -> None:
 
             sys.modules["autotune.probe.cap"].MemoryCap.release = release_again
             raise RuntimeError(ILLEGAL_ACCESS)
+        if FAULT == "slow":
+            started = time.monotonic()
+            loss = original(self)
+            time.sleep(max(0.0, SLOW_STEP_SECONDS - (time.monotonic() - started)))
+            return loss
         if FAULT == "nan":
             original(self)
             return float("nan")
