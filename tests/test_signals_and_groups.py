@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import autotune_command, wait_for
+from tests.helpers.faults import fault_env
 from tests.helpers.processes import alive
 
 pytestmark = pytest.mark.slow
@@ -179,9 +180,10 @@ def test_sighup_mid_probe_stops_the_search_and_everything_it_started(tmp_path):
 
     model = write_remote_model(tmp_path / "remote-gpt2", MODELING.format(stubborn=STUBBORN))
     db, pidfile = str(tmp_path / "hup.db"), tmp_path / "helpers"
-    env = {**os.environ, "HELPER_PIDS": str(pidfile), "HF_MODULES_CACHE": str(tmp_path / "hf-modules")}
-    space = [*SPACE, "--measure-steps", "400"]  # (the last --measure-steps wins: a probe long enough to be caught)
-    search = subprocess.Popen(autotune_command("search", "--model", str(model), *space, "--trust-remote-code",
+    # The probe hangs in its first timed step (tests/helpers/faults): the signal comes mid-probe
+    # whatever the machine's speed.
+    env = {**fault_env("hang"), "HELPER_PIDS": str(pidfile), "HF_MODULES_CACHE": str(tmp_path / "hf-modules")}
+    search = subprocess.Popen(autotune_command("search", "--model", str(model), *SPACE, "--trust-remote-code",
                                                "--db", db, "--study", "hup"),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                               preexec_fn=_hangup_as_a_terminal_would)

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from autotune.store import open_store
+from tests.helpers.faults import fault_env
 from tests.helpers.models import write_model_dir
 from tests.helpers.slurm_cluster import slurm_cluster  # noqa: F401  (the fixture)
 
@@ -24,7 +25,9 @@ pytestmark = pytest.mark.slow
 TINY = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 128}
 
 
-def search(cluster, tmp_path, *extra: str) -> subprocess.Popen:
+def search(cluster, tmp_path, *extra: str, fault: str | None = None) -> subprocess.Popen:
+    """The search on the cluster, two array tasks; with `fault`, every probe of its workers
+    misbehaves so (tests/helpers/faults: sbatch exports the search's environment to the tasks)."""
     model = write_model_dir(tmp_path / "tiny", **TINY)
     command = [sys.executable, "-m", "autotune", "search", "--model", str(model), "--gpu-budget", "200MiB",
                "--device", "cpu", "--micro-batches", "1,2,4", "--effective-batch", "4", "--block-sizes", "32",
@@ -35,7 +38,8 @@ def search(cluster, tmp_path, *extra: str) -> subprocess.Popen:
     temporary = tmp_path / "tmp"  # (the search's own temporary directory: what it leaves there is seen)
     temporary.mkdir(exist_ok=True)
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            env={**cluster.env, "PYTHONUNBUFFERED": "1", "TMPDIR": str(temporary)},
+                            env={**(fault_env(fault, cluster.env) if fault else cluster.env), "PYTHONUNBUFFERED": "1",
+                                 "TMPDIR": str(temporary)},
                             start_new_session=True)
 
 
@@ -66,7 +70,9 @@ def test_two_array_tasks_search_to_a_pick_and_end(slurm_cluster, tmp_path):  # n
 
 
 def test_sigterm_cancels_the_array_and_a_refused_partition_writes_nothing(slurm_cluster, tmp_path):  # noqa: F811
-    run = search(slurm_cluster, tmp_path, "--study", "term", "--measure-seconds", "3")
+    # Every probe hangs in its first timed step: the SIGTERM comes while the tasks probe, whatever
+    # the machine's speed.
+    run = search(slurm_cluster, tmp_path, "--study", "term", fault="hang")
     deadline, probing = time.monotonic() + 240, False
     while not probing and time.monotonic() < deadline and run.poll() is None:
         time.sleep(0.5)

@@ -20,7 +20,7 @@ from autotune.space import SearchSpace
 from autotune.store import open_store
 from tests.helpers.cli import autotune, autotune_command, wait_for
 from tests.helpers.fakes import ScriptedRunner, request
-from tests.helpers.faults import fault_env
+from tests.helpers.faults import GATE_ENV, fault_env
 
 pytestmark = pytest.mark.slow
 MiB = 2**20
@@ -101,10 +101,23 @@ def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_w
 
 def test_two_workers_share_one_sqlite_file(tiny_model, tmp_path):
     db = str(tmp_path / "two.db")
-    done = autotune("search", "--model", tiny_model, "--gpu-budget", "24MiB", *FLAGS, "--study", "two",
-                    "--workers", "2", "--db", db)
-    assert done.returncode == 0, done.stderr
-    assert "by 2 workers (every candidate settled)" in done.stdout
+    # Each worker's first probe waits at the gate (tests/helpers/faults) until both hold one: then
+    # both take configurations, however late one starts on a busy machine.
+    gate = tmp_path / "gate"
+    search = subprocess.Popen(autotune_command("search", "--model", tiny_model, "--gpu-budget", "24MiB", *FLAGS,
+                                               "--study", "two", "--workers", "2", "--db", db),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**fault_env("gate", on_probe=1), GATE_ENV: str(gate)})
+    try:
+        wait_for(lambda: len(_probing(db, "two")) == 2, what="both workers holding a probe")
+        gate.touch()
+        out, err = search.communicate(timeout=300)
+    finally:
+        gate.touch()
+        if search.poll() is None:
+            search.kill()
+    assert search.returncode == 0, err
+    assert "by 2 workers (every candidate settled)" in out
     with open_store(db) as store:
         probes = store.probes("two")
         study = store.study("two")
@@ -114,3 +127,12 @@ def test_two_workers_share_one_sqlite_file(tiny_model, tmp_path):
     assert len({c.worker for c in claims}) == 2  # both took configurations
     table = CliRunner().invoke(cli, ["studies", "--db", db]).output
     assert "workers" in table.splitlines()[0]
+
+
+def _probing(db: str, study: str) -> set[str]:
+    """The workers holding a running claim of `study` (none before the study is written)."""
+    try:
+        with open_store(db) as store:
+            return {c.worker for c in store.claims(store.study(study).id, stale_after=60) if c.state == "running"}
+    except Exception:
+        return set()

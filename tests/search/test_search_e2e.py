@@ -19,6 +19,7 @@ from autotune.space import SearchSpace
 from autotune.store import open_store
 from tests.helpers.cli import autotune_command
 from tests.helpers.fakes import ScriptedRunner, modelled_result, request
+from tests.helpers.faults import GATE_ENV, fault_env
 
 pytestmark = pytest.mark.slow
 MiB = 2**20
@@ -84,13 +85,18 @@ def _search_cmd(model: str, *extra: str) -> list[str]:
             *extra)
 
 
-def test_ctrl_c_stops_after_the_probe_and_the_same_command_resumes(tiny_model):
+def test_ctrl_c_stops_after_the_probe_and_the_same_command_resumes(tiny_model, tmp_path):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(_search_cmd(tiny_model), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # The second probe waits at its first step for the gate (tests/helpers/faults): the Ctrl-C comes
+    # while it is in flight, whatever the machine's speed, and the search finishes that probe.
+    gate = tmp_path / "gate"
+    held = {**fault_env("gate", env, on_probe=2), GATE_ENV: str(gate)}
+    proc = subprocess.Popen(_search_cmd(tiny_model), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=held)
     for line in proc.stdout:  # wait until the first probe has been stored
         if line.startswith("["):
             break
     proc.send_signal(signal.SIGINT)
+    gate.touch()
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err
     assert "Traceback" not in err

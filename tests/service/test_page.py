@@ -27,6 +27,7 @@ from autotune.handoff.best_config import best_in  # noqa: E402
 from autotune.service.app import ServiceConfig, create_app  # noqa: E402
 from autotune.service.auth import COOKIE  # noqa: E402
 from autotune.store import open_store  # noqa: E402
+from tests.helpers.faults import GATE_ENV, fault_env  # noqa: E402
 from tests.helpers.models import write_model_dir  # noqa: E402
 from tests.helpers.ports import free_port  # noqa: E402
 from tests.helpers.store import ENV, FakeModel, GiB, config, make_study, result  # noqa: E402
@@ -248,7 +249,9 @@ def http(url: str, body: dict | None = None, token: str | None = None) -> dict:
 
 @pytest.fixture
 def served(tmp_path):
-    """`autotune serve` with its local CPU worker, public to read, and a token to submit with."""
+    """`autotune serve` with its local CPU worker, public to read, and a token to submit with. The
+    second probe of each probe process waits at its first step until the file `gate` exists
+    (tests/helpers/faults): a test decides when a search goes on."""
     db = f"sqlite:///{tmp_path / 'served.db'}"
     root = tmp_path / "models"
     write_model_dir(root / "tiny", **TINY)
@@ -259,7 +262,8 @@ def served(tmp_path):
     server = subprocess.Popen([sys.executable, "-m", "autotune", "serve", "--port", str(port), "--db", db, "--public-read",
                                "--local-worker", "--worker-device", "cpu", "--model-root", str(root)],
                               stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                              env={**os.environ, "PYTHONUNBUFFERED": "1"}, cwd=tmp_path)
+                              env={**fault_env("gate", on_probe=2), GATE_ENV: str(tmp_path / "gate"),
+                                   "PYTHONUNBUFFERED": "1"}, cwd=tmp_path)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -272,7 +276,7 @@ def served(tmp_path):
             if server.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"autotune serve did not answer: {(tmp_path / 'serve.log').read_text()}")
             time.sleep(0.2)
-        yield url, token, tmp_path / "serve.log"
+        yield url, token, tmp_path / "serve.log", tmp_path / "gate"
     finally:
         os.killpg(server.pid, signal.SIGTERM)  # the service, its local worker and the worker's children
         try:
@@ -317,7 +321,7 @@ def eventually(browser, script: str, seconds: float = 10.0):
 
 @pytest.mark.slow
 def test_a_browser_follows_a_running_search_live_to_its_end(served, browser, tmp_path):
-    url, token, log = served
+    url, token, log, gate = served
     search = http(f"{url}/v1/searches", SEARCH, token)
     browser.get(url + search["links"]["page"])
     browser.execute_script("window.autotuneMarker = 'loaded once';")  # gone if the page reloads
@@ -327,6 +331,8 @@ def test_a_browser_follows_a_running_search_live_to_its_end(served, browser, tmp
         rows = browser.execute_script("return document.querySelectorAll('#events tr[data-id]').length;")
         state = browser.execute_script("var s = document.getElementById('state'); return s && s.textContent;")
         seen.add(rows)
+        if rows and not gate.exists():  # the page shows the first probe: the search goes on (it waited)
+            gate.touch()
         if state in ("finished", "failed", "interrupted", "cancelled") and browser.execute_script(
                 "return window.autotuneEnded === true;"):
             break
