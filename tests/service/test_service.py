@@ -344,7 +344,9 @@ def test_serve_starts_queue_workers_by_a_launcher_and_stops_them_with_it(tmp_pat
         serve.send_signal(signal.SIGTERM)
         serve.wait(timeout=90)
         assert "1 queue worker by local" in serve.stderr.read()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 10
+        while alive(workers[0]) and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert not alive(workers[0])
     finally:
         if serve.poll() is None:

@@ -239,7 +239,9 @@ def test_a_cancelled_search_stops_its_probe_and_resumes_when_submitted_again(dep
         row = deployment.wait("cancel-me", lambda r: r.state == SearchState.CANCELLED, "cancelled", seconds=90)
         assert "cancelled by pipeline" in row.reason
         # Nothing of that search is left running: no search or probe process names its study.
-        time.sleep(1.0)
+        deadline = time.monotonic() + 10
+        while [line for line in processes_under(deployment.base) if "cancel-me" in line] and time.monotonic() < deadline:
+            time.sleep(0.2)
         assert [line for line in processes_under(deployment.base) if "cancel-me" in line] == []
     finally:
         deployment.gate.touch()
