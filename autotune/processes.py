@@ -21,6 +21,7 @@ session of its own (setsid) leaves the group, and is not covered.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import os
@@ -29,7 +30,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -86,6 +87,34 @@ def _zombie(pid: int) -> bool:
             return stat.read().rpartition(")")[2].split()[0] in ("Z", "X")
     except (OSError, IndexError):
         return False
+
+
+# The signals that stop a command (autotune.cli.app: their handlers raise), held for the instant it
+# takes to make a thing and hand it to the code that cleans it up (`signals_held`).
+STOPPING_SIGNALS = tuple(s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None)
+
+
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP for the block: one that comes in it arrives (its handler
+    runs, and raises) just after, so that what the block made (a directory, a child process) already
+    belongs to the code that removes or stops it. A signal at any other instant would leave it
+    behind: a node stopped right after mkdtemp kept an empty directory in /tmp. Held by handlers
+    that note the signal, not by the thread's signal mask: the kernel gives a process's signal to
+    any thread that does not block it, and Python runs the handler in the main thread all the same."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # (handlers run in the main thread: another thread's block is never interrupted by one)
+        return
+    arrived: list[int] = []
+    replaced = {signum: signal.signal(signum, lambda signum, frame: arrived.append(signum))
+                for signum in STOPPING_SIGNALS if callable(signal.getsignal(signum))}
+    try:
+        yield
+    finally:
+        for signum, handler in replaced.items():
+            signal.signal(signum, handler)
+        for signum in arrived:
+            signal.raise_signal(signum)  # (its own handler now: it raises, as it would have in the block)
 
 
 def kill_me_with_parent() -> None:

@@ -199,3 +199,58 @@ def test_sighup_mid_probe_stops_the_search_and_everything_it_started(tmp_path):
     assert search.returncode == 143 and len(lines) == 1 and "terminated" in lines[0], stderr
     assert status(db, "hup") == "interrupted" and not running_claims(db, "hup")
     _assert_gone(sorted(started))
+
+
+# -- a signal at the instant a thing is made -------------------------------------------------------
+def test_a_signal_in_a_held_block_arrives_just_after_it_whichever_thread_the_kernel_gives_it():
+    import threading
+
+    from autotune.processes import signals_held
+
+    arrived: list[str] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: arrived.append("handled"))
+    other = threading.Event()
+    # (A second thread that does not block the signal, as the search's and the test runner's have.)
+    waiter = threading.Thread(target=other.wait, args=(30,), daemon=True)
+    waiter.start()
+    try:
+        with signals_held():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+            arrived.append("end of the block")
+        arrived.append("after it")
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        other.set()
+    assert arrived == ["end of the block", "handled", "after it"]
+
+
+def test_a_rank_launch_stopped_as_it_begins_leaves_no_directory(tmp_path, monkeypatch):
+    from autotune.probe.torchrun import RankLaunch
+    from autotune.processes import Terminated
+
+    def terminate(signum, frame):
+        raise Terminated
+
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # (read TMPDIR again)
+    previous = signal.signal(signal.SIGTERM, terminate)
+    real_mkdtemp = tempfile.mkdtemp
+
+    def mkdtemp_then_sigterm(*args, **kwargs):  # the signal in the instant after the directory is made
+        made = real_mkdtemp(*args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return made
+
+    monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp_then_sigterm)
+    try:
+        with pytest.raises(Terminated):
+            with RankLaunch("autotune-ranks-"):
+                pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert list(temporary.iterdir()) == []

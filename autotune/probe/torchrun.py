@@ -40,7 +40,7 @@ from autotune.deadline import Deadline, DeadlineReached
 from autotune.errors import DeviceError
 from autotune.probe.protocol import ProbeRequest
 from autotune.probe.rank_main import DEVICE_ENV, RUN_DIR_ENV, write_whole
-from autotune.processes import kill_me_with_parent
+from autotune.processes import kill_me_with_parent, signals_held
 from autotune.result import ProbeResult
 from autotune.status import ProbeStatus
 
@@ -191,11 +191,13 @@ class RanksOutput(threading.Thread):
 
 
 class RankLaunch:
-    """A run directory and the torchrun agent started on it. However its `with` ends (a result, a
-    timeout, Ctrl-C, an error), every rank is stopped and the directory removed on the way out."""
+    """A run directory (made as its `with` begins) and the torchrun agent started on it. However its
+    `with` ends (a result, a timeout, Ctrl-C, an error), every rank is stopped and the directory
+    removed on the way out, a signal at any instant included (signals_held)."""
 
     def __init__(self, prefix: str) -> None:
-        self.run_dir = tempfile.mkdtemp(prefix=prefix)
+        self.prefix = prefix
+        self.run_dir = ""
         self.agent: subprocess.Popen | None = None
         self.relay: RanksOutput | None = None
 
@@ -206,7 +208,8 @@ class RankLaunch:
         """Start the agent; `relay_to`: a text stream the ranks' output goes to as it comes (RanksOutput)."""
         if relay_to is not None:
             kwargs["output"] = subprocess.PIPE
-        self.agent = start_ranks(module, ranks_here, self.run_dir, **kwargs)
+        with signals_held():  # (a Ctrl-C or SIGTERM comes once self.agent holds the agent: stop() ends it)
+            self.agent = start_ranks(module, ranks_here, self.run_dir, **kwargs)
         if relay_to is not None:
             self.relay = RanksOutput(self.agent.stdout, relay_to)
             self.relay.start()
@@ -220,13 +223,23 @@ class RankLaunch:
             self.relay.join(timeout=5)  # (the pipe closes with the last rank)
 
     def __enter__(self) -> "RankLaunch":
+        # A Ctrl-C or SIGTERM held while the directory is made arrives as the hold ends: here, where
+        # the `with` does not own the directory yet (__exit__ is not called when __enter__ raises).
+        try:
+            with signals_held():
+                self.run_dir = tempfile.mkdtemp(prefix=self.prefix)
+        except BaseException:
+            if self.run_dir:
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         try:
             self.stop()
         finally:
-            shutil.rmtree(self.run_dir, ignore_errors=True)
+            with signals_held():  # (a second Ctrl-C does not leave it half removed)
+                shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
 def run_ranks(request: ProbeRequest, deadline: Deadline, *, on_phase: Callable[[str], None] | None = None,
