@@ -212,7 +212,9 @@ def test_two_ranks_train_from_the_handed_off_file(tmp_path):
     command = best.launch_command(f"train.py {model}")
     assert command.startswith("ACCELERATE_USE_CPU=true accelerate launch --config_file")
     accelerate = str(Path(sys.executable).with_name("accelerate"))
-    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1"}
+    # (Its own temporary directory: torch's elastic agent leaves a torchelastic_* log directory there.)
+    (tmp_path / "tmp").mkdir()
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path / "tmp")}
     proc = subprocess.run([accelerate, *command.split()[2:]], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=120)
     # (the ranks share one stdout: their lines may run together)
