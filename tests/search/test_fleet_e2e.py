@@ -21,6 +21,7 @@ from autotune.store import open_store
 from tests.helpers.cli import autotune, autotune_command, wait_for
 from tests.helpers.fakes import ScriptedRunner, request
 from tests.helpers.faults import GATE_ENV, fault_env
+from tests.helpers.studies import running_claims
 
 pytestmark = pytest.mark.slow
 MiB = 2**20
@@ -109,7 +110,7 @@ def test_two_workers_share_one_sqlite_file(tiny_model, tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env={**fault_env("gate", on_probe=1), GATE_ENV: str(gate)})
     try:
-        wait_for(lambda: len(_probing(db, "two")) == 2, what="both workers holding a probe")
+        wait_for(lambda: len({c.worker for c in running_claims(db, "two")}) == 2, what="both workers holding a probe")
         gate.touch()
         out, err = search.communicate(timeout=300)
     finally:
@@ -127,12 +128,3 @@ def test_two_workers_share_one_sqlite_file(tiny_model, tmp_path):
     assert len({c.worker for c in claims}) == 2  # both took configurations
     table = CliRunner().invoke(cli, ["studies", "--db", db]).output
     assert "workers" in table.splitlines()[0]
-
-
-def _probing(db: str, study: str) -> set[str]:
-    """The workers holding a running claim of `study` (none before the study is written)."""
-    try:
-        with open_store(db) as store:
-            return {c.worker for c in store.claims(store.study(study).id, stale_after=60) if c.state == "running"}
-    except Exception:
-        return set()
