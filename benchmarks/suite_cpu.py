@@ -90,6 +90,7 @@ class Sampler:
 
     def __init__(self) -> None:
         self.processes: dict[tuple[int, int], Process] = {}
+        self.before: set[tuple[int, int]] = set()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="suite-cpu-sampler", daemon=True)
 
@@ -121,6 +122,7 @@ class Sampler:
 
     def __enter__(self) -> "Sampler":
         self.sample()
+        self.before = set(self.processes)  # (running already: not the command's)
         self._thread.start()
         return self
 
@@ -158,11 +160,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = [part for part in args.command if part != "--"] or DEFAULT_COMMAND
     started = time.monotonic()
-    with Sampler() as sampler:
-        returncode = subprocess.call(command)
+    try:
+        with Sampler() as sampler:
+            returncode = subprocess.call(command)
+    except OSError as exc:
+        print(f"suite_cpu: cannot run {command[0]!r} ({exc.strerror}); give the command after --", file=sys.stderr)
+        return 2
     wall = time.monotonic() - started
     # (Processes already running before the command are not its own.)
-    processes = [p for p in sampler.processes.values() if p.cpu_seconds > 0]
+    processes = [p for key, p in sampler.processes.items() if key not in sampler.before and p.cpu_seconds > 0]
     total = sum(p.cpu_seconds for p in processes)
     print(f"\n{' '.join(command)}: exit {returncode}, {wall:.0f} s wall, {total:.0f} s of CPU seen "
           f"({os.cpu_count()} cores)")

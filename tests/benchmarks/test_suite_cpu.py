@@ -58,3 +58,29 @@ def test_cpu_is_added_up_by_kind_and_by_test_module():
                  Process(3, "python -m autotune search", "tests/a.py::v (call)", 1.0)]
     assert by_kind(processes) == [("trace child", 2, 8.0), ("cli search", 1, 1.0)]
     assert by_module(processes) == [("tests/a.py", 6.0), ("tests/b.py", 3.0)]
+
+
+def test_processes_running_before_the_command_are_not_counted(tmp_path):
+    import json
+
+    from benchmarks.suite_cpu import main
+
+    busy = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\ntime.sleep(30)"
+    already = subprocess.Popen([sys.executable, "-c", busy])
+    command = "import time\nend = time.process_time() + 1.2\nwhile time.process_time() < end: pass"
+    try:
+        time.sleep(1.0)
+        assert main(["--out", str(tmp_path / "seen.jsonl"), "--", sys.executable, "-c", command]) == 0
+    finally:
+        already.kill()
+        already.wait()
+    seen = [json.loads(line) for line in (tmp_path / "seen.jsonl").read_text().splitlines()]
+    assert already.pid not in {p["pid"] for p in seen}
+    assert any("time.process_time() + 1.2" in p["command_line"] for p in seen)  # (the command's own)
+
+
+def test_a_command_that_cannot_run_is_one_line_and_exit_2(capsys):
+    from benchmarks.suite_cpu import main
+
+    assert main(["--", "no-such-command-here"]) == 2
+    assert capsys.readouterr().err.count("\n") == 1
