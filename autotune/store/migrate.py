@@ -1,7 +1,9 @@
-"""Schema revisions: reading a database's revision, upgrading it, refusing one that is too new.
+"""Schema revisions: reading a database's revision, creating or upgrading it, refusing one that is too new.
 
-Alembic is imported only here and only when a database is not already at SCHEMA_REVISION, so that
-read commands on an up-to-date database start without it. The migration scripts live in the
+A database without our tables is created at the head in one step (create_schema: the models'
+tables and the version row, Alembic's "Building an Up to Date Database from Scratch"); one at an
+older revision is upgraded by the migration scripts. Alembic is imported only here and only for
+an upgrade, so that read commands, and the first command on a new database, start without it. The migration scripts live in the
 repository's top-level `migrations/` folder, installed as `autotune.store.migrations`; the Alembic
 configuration is built in code, so no alembic.ini is needed at run time.
 """
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Connection, Engine, inspect, text
+from sqlalchemy import Column, Connection, Engine, MetaData, PrimaryKeyConstraint, String, Table, inspect, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 
@@ -48,6 +50,10 @@ SCHEMA_LOCK_TIMEOUT_S = 120
 # database holding only these is an Optuna storage autotune may share, not another application's.
 OPTUNA_TABLES = ("studies", "trials", "version_info", "alembic_version")
 OPTUNA_TABLE_PREFIXES = ("study_", "trial_")
+# Alembic's version table as its MigrationContext makes it (a test holds the two equal), so that a
+# database created at the head without Alembic is upgraded by Alembic later like any other.
+VERSION_ROWS = Table(VERSION_TABLE, MetaData(), Column("version_num", String(32), nullable=False),
+                     PrimaryKeyConstraint("version_num", name=f"{VERSION_TABLE}_pkc"))
 
 
 def script_location() -> Path:
@@ -269,8 +275,6 @@ def upgrade(url: URL, revision: str = "head") -> tuple[str | None, str | None]:
     file is refused (refuse_foreign), a database already at the head is left alone (even one this
     process cannot write), and one this process cannot write is refused.
     """
-    from alembic import command
-
     look = make_engine(url, read_only=True)
     try:
         found = survey(look, read_only=True)
@@ -279,7 +283,8 @@ def upgrade(url: URL, revision: str = "head") -> tuple[str | None, str | None]:
     refuse_foreign(url, found)
     if found.revision is not None and found.revision not in known_revisions():
         raise newer_error(url, found.revision)
-    if revision == "head" and found.revision is not None and found.revision == head_revision():
+    to_head = revision in ("head", SCHEMA_REVISION)
+    if to_head and found.revision == SCHEMA_REVISION:
         return found.revision, found.revision
     reason = read_only_reason(url)
     if reason is not None:
@@ -297,7 +302,12 @@ def upgrade(url: URL, revision: str = "head") -> tuple[str | None, str | None]:
             before = current_revision(connection)
             if before is not None and before not in known_revisions():
                 raise newer_error(url, before)
-            command.upgrade(alembic_config(connection), revision)
+            if before is None and to_head and not has_our_tables(connection):
+                create_schema(connection)
+            else:
+                from alembic import command
+
+                command.upgrade(alembic_config(connection), revision)
             after = current_revision(connection)
             if is_sqlite(url):
                 # Foreign keys were not enforced during the migration: check before committing.
@@ -309,6 +319,18 @@ def upgrade(url: URL, revision: str = "head") -> tuple[str | None, str | None]:
     finally:
         migration_engine.dispose()
     return before, after
+
+
+def create_schema(connection: Connection) -> None:
+    """Our tables at SCHEMA_REVISION in a database that has none of them, in the caller's
+    transaction: the models' tables and the version row. Replaying every migration instead costs
+    a tenth of a second or more (SQLite's batch migrations rebuild tables) on every new database,
+    and tests/store/test_schema.py holds the two ways to the same schema."""
+    from autotune.store.schema import Base
+
+    Base.metadata.create_all(connection, checkfirst=False)
+    VERSION_ROWS.create(connection)
+    connection.execute(VERSION_ROWS.insert().values(version_num=SCHEMA_REVISION))
 
 
 def _sqlite_busy(exc: BaseException) -> bool:
@@ -392,10 +414,13 @@ def new_revision(message: str) -> Path:
     rev_id = f"{max(numbers, default=0) + 1:04d}_{slug}"
     with tempfile.TemporaryDirectory() as scratch:
         url = resolve_url(Path(scratch) / "scratch.db")
-        if numbers:
-            upgrade(url)
         engine = make_engine(url, foreign_keys=False)
         try:
+            # By the scripts, not create_schema: autogenerate compares the models with what the
+            # scripts build, and create_schema would build the changed models themselves.
+            if numbers:
+                with writer(engine).begin() as connection:
+                    command.upgrade(alembic_config(connection), "head")
             with writer(engine).begin() as connection:
                 script = command.revision(alembic_config(connection), message, autogenerate=True, rev_id=rev_id)
         finally:

@@ -1,9 +1,12 @@
 """The results database's tables, as SQLAlchemy 2.0 typed models.
 
-These models describe the schema; Alembic (top-level `migrations/`) is what creates and changes it.
-Never call `metadata.create_all` in the product: a table made that way has no revision, and the
-next upgrade would fail on it. A change here needs a new revision in `migrations/versions/`, and
-the schema test (autogenerate finds no differences after upgrading) fails until there is one.
+These models describe the schema at SCHEMA_REVISION. A new database gets it in one step
+(migrate.create_schema: these tables and the version row); an older one is changed by Alembic's
+scripts (top-level `migrations/`). Never call `metadata.create_all` anywhere else: a table made
+without the version row has no revision, and the next upgrade would fail on it. A change here
+needs a new revision in `migrations/versions/` (and SCHEMA_REVISION moved to it); the schema tests
+(autogenerate finds no differences after the scripts run, and the scripts and create_schema make
+the same tables) fail until there is one.
 
 Every table carries the `autotune_` prefix so that Optuna's RDB storage (`studies`, `trials`,
 `version_info`, `alembic_version`, ...) can live in the same database.

@@ -60,3 +60,47 @@ def leaderboard_row(config: ProbeConfig) -> LeaderboardRow:
 
 def best_of(config: ProbeConfig, device_type: str = "cuda", confirmation: dict | None = None, **row) -> BestConfig:
     return BestConfig(dataclasses.replace(leaderboard_row(config), **row), device_type, confirmation)
+
+
+def built_by_the_scripts(url: str) -> None:
+    """An empty database brought to the head by Alembic's migration scripts, one after another
+    (the product creates a new database in one step instead: migrate.create_schema)."""
+    from alembic import command
+    from sqlalchemy.engine import make_url
+
+    from autotune.store.engine import make_engine, writer
+    from autotune.store.migrate import alembic_config
+
+    engine = make_engine(make_url(url), foreign_keys=False)
+    try:
+        with writer(engine).begin() as connection:
+            command.upgrade(alembic_config(connection), "head")
+    finally:
+        engine.dispose()
+
+
+def schema_of(url: str) -> dict:
+    """Our tables as the database itself describes them: each column's type, nullability and
+    default, and the keys, foreign keys, indexes and unique constraints (column order aside: the
+    scripts add columns at the end)."""
+    from sqlalchemy import create_engine, inspect
+
+    from autotune.store.schema import TABLE_PREFIX
+
+    engine = create_engine(url)
+    try:
+        with engine.connect() as connection:
+            look = inspect(connection)
+
+            def named(items):
+                return sorted(repr(sorted(item.items(), key=lambda kv: kv[0])) for item in items)
+
+            return {table: {
+                "columns": {c["name"]: (str(c["type"]), c["nullable"], c.get("default")) for c in look.get_columns(table)},
+                "primary_key": look.get_pk_constraint(table),
+                "foreign_keys": named(look.get_foreign_keys(table)),
+                "indexes": named(look.get_indexes(table)),
+                "unique": named(look.get_unique_constraints(table)),
+            } for table in sorted(look.get_table_names()) if table.startswith(TABLE_PREFIX)}
+    finally:
+        engine.dispose()

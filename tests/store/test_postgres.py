@@ -9,7 +9,7 @@ from autotune.errors import DatabaseError
 from autotune.store import SCHEMA_REVISION, open_store, upgrade_database
 from autotune.store.migrate import compare_schema
 
-from tests.helpers.store import ENV, GiB, config, make_study, result
+from tests.helpers.store import ENV, GiB, built_by_the_scripts, config, make_study, result, schema_of
 
 
 def test_store_upgrades_and_round_trips_a_probe_on_postgresql(postgres_url):
@@ -32,6 +32,19 @@ def test_store_upgrades_and_round_trips_a_probe_on_postgresql(postgres_url):
         assert store.run(run_id).summary == {"ok": True}
         assert store.studies()[0].probes_ok == 1
     assert upgrade_database(postgres_url).after == SCHEMA_REVISION
+
+
+def test_a_new_postgresql_database_is_made_with_the_tables_the_scripts_build(postgres_url, postgres_server):
+    # migrate.create_schema in one step on the server too (types, defaults and constraint names
+    # are PostgreSQL's own here), against the scripts replayed on a second empty database.
+    scripts = postgres_server.create_database("scripts_" + postgres_url.rsplit("_", 1)[-1])
+    try:
+        built_by_the_scripts(scripts)
+        open_store(postgres_url).close()
+        assert schema_of(postgres_url) == schema_of(scripts)
+        assert "autotune_probes" in schema_of(postgres_url)
+    finally:
+        postgres_server.drop_database(scripts.rsplit("/", 1)[-1])
 
 
 def test_optuna_and_our_tables_share_a_postgresql_database(postgres_url):
