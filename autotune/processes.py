@@ -174,6 +174,49 @@ def _fork_group_guard(leader: int) -> None:
         os._exit(0)
 
 
+# The janitor's whole program (`python -I -S -c`: no site, no autotune, tens of milliseconds): wait
+# for its parent to die, its parent-death signal or a 5 s look (the signal comes when the *thread*
+# that started it ends), then remove the path, again while what was writing into it dies too.
+_JANITOR = """
+import ctypes, os, shutil, signal, sys, time
+parent, path = int(sys.argv[1]), sys.argv[2]
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGPIPE):
+    signal.signal(signum, signal.SIG_IGN)
+ctypes.CDLL(None).prctl(1, signal.SIGUSR1, 0, 0, 0)
+while os.getppid() == parent:
+    signal.sigtimedwait({signal.SIGUSR1}, 5.0)
+until = time.monotonic() + 30
+while os.path.lexists(path) and time.monotonic() < until:
+    shutil.rmtree(path, ignore_errors=True)
+    time.sleep(0.2)
+"""
+
+
+def remove_when_i_die(path: str) -> Any:
+    """A tiny process (its own session: a Ctrl-C at the terminal is not for it) that removes `path`
+    once this process has died, however it died, kill -9 included: a directory this process would
+    remove on its way out, were it given one. Stop it (stop_janitor) once the path is removed.
+    Linux only (it waits on the parent-death signal); elsewhere None."""
+    import subprocess
+
+    if not sys.platform.startswith("linux"):
+        return None
+    return subprocess.Popen([sys.executable, "-I", "-S", "-c", _JANITOR, str(os.getpid()), path],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, close_fds=True)
+
+
+def stop_janitor(janitor: Any) -> None:
+    """End a janitor whose path its parent removed itself, and reap it."""
+    if janitor is None:
+        return
+    with contextlib.suppress(OSError):
+        janitor.kill()
+    with contextlib.suppress(Exception):
+        janitor.wait(timeout=5)
+
+
 def _max_fd() -> int:
     try:
         return min(os.sysconf("SC_OPEN_MAX"), 1 << 20)

@@ -254,3 +254,39 @@ def test_a_rank_launch_stopped_as_it_begins_leaves_no_directory(tmp_path, monkey
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert list(temporary.iterdir()) == []
+
+
+def test_a_rank_launch_killed_with_9_leaves_no_directory_and_no_janitor(tmp_path):
+    # The search that made the run directory is killed with -9 (its agent and ranks die with it):
+    # the janitor it started beside the directory removes it, then ends.
+    code = ("import time\nfrom autotune.probe.torchrun import RankLaunch\n"
+            "with RankLaunch('autotune-ranks-') as launch:\n"
+            "    print(launch.run_dir, launch.janitor.pid, flush=True)\n    time.sleep(600)\n")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "TMPDIR": str(tmp_path)}, cwd=Path(__file__).parent.parent)
+    try:
+        run_dir, janitor = parent.stdout.readline().split()
+        assert Path(run_dir).parent == tmp_path and Path(run_dir).is_dir()
+        parent.kill()
+        parent.wait(timeout=10)
+        wait_for(lambda: not Path(run_dir).exists() and not alive(int(janitor)), seconds=15,
+                 what="the run directory removed and the janitor gone")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def test_a_rank_launch_that_ends_stops_its_janitor_and_removes_the_directory(tmp_path, monkeypatch):
+    from autotune.probe.torchrun import RankLaunch
+
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # (read TMPDIR again)
+    with RankLaunch("autotune-ranks-") as launch:
+        janitor = launch.janitor
+        assert janitor.poll() is None and Path(launch.run_dir).parent == temporary
+    assert janitor.returncode is not None  # stopped and reaped
+    assert list(temporary.iterdir()) == []

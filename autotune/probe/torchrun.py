@@ -40,7 +40,7 @@ from autotune.deadline import Deadline, DeadlineReached
 from autotune.errors import DeviceError
 from autotune.probe.protocol import ProbeRequest
 from autotune.probe.rank_main import DEVICE_ENV, RUN_DIR_ENV, write_whole
-from autotune.processes import kill_me_with_parent, signals_held
+from autotune.processes import kill_me_with_parent, remove_when_i_die, signals_held, stop_janitor
 from autotune.result import ProbeResult
 from autotune.status import ProbeStatus
 
@@ -193,13 +193,15 @@ class RanksOutput(threading.Thread):
 class RankLaunch:
     """A run directory (made as its `with` begins) and the torchrun agent started on it. However its
     `with` ends (a result, a timeout, Ctrl-C, an error), every rank is stopped and the directory
-    removed on the way out, a signal at any instant included (signals_held)."""
+    removed on the way out, a signal at any instant included (signals_held); where this process is
+    killed with -9, the agent and ranks die with it and a janitor removes the directory."""
 
     def __init__(self, prefix: str) -> None:
         self.prefix = prefix
         self.run_dir = ""
         self.agent: subprocess.Popen | None = None
         self.relay: RanksOutput | None = None
+        self.janitor: Any = None
 
     def write(self, name: str, data: bytes) -> None:
         write_whole(os.path.join(self.run_dir, name), data)
@@ -228,9 +230,11 @@ class RankLaunch:
         try:
             with signals_held():
                 self.run_dir = tempfile.mkdtemp(prefix=self.prefix)
+                self.janitor = remove_when_i_die(self.run_dir)
         except BaseException:
             if self.run_dir:
                 shutil.rmtree(self.run_dir, ignore_errors=True)
+            stop_janitor(self.janitor)
             raise
         return self
 
@@ -240,6 +244,7 @@ class RankLaunch:
         finally:
             with signals_held():  # (a second Ctrl-C does not leave it half removed)
                 shutil.rmtree(self.run_dir, ignore_errors=True)
+                stop_janitor(self.janitor)
 
 
 def run_ranks(request: ProbeRequest, deadline: Deadline, *, on_phase: Callable[[str], None] | None = None,

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -135,11 +136,19 @@ def test_kill_9_of_a_search_mid_probe_leaves_no_rank(models, tmp_path):
 
         wait_for(lambda: len(ranks()) == 2, seconds=120, what="two ranks")
         below = descendants(search.pid)
+        run_dir = Path(_environment(min(ranks()))["AUTOTUNE_RANK_DIR"])
+        assert run_dir.is_dir()
         search.send_signal(signal.SIGKILL)
         search.wait(timeout=30)
-        assert_all_gone(below, within=5.0)
+        assert_all_gone(below, within=5.0)  # the janitor among them, once it has removed the directory
+        assert not run_dir.exists()
     finally:
         search.kill()
+
+
+def _environment(pid: int) -> dict[str, str]:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        return dict(item.decode(errors="replace").partition("=")[::2] for item in f.read().split(b"\0") if item)
 
 
 def test_a_rank_whose_agent_died_before_it_tied_itself_leaves_at_once(tmp_path):
