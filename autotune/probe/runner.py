@@ -282,9 +282,13 @@ class ProbeRunner:
             return self._run_ranks(config, budget, spec, deadline)
         started = time.perf_counter()
         timed_from = started
+        compile_until: float | None = None  # while the child compiles, under --max-compile-seconds
 
         def left() -> float:
-            return max(0.0, min(self.settings.timeout - (time.perf_counter() - timed_from), deadline.remaining()))
+            limit = min(self.settings.timeout - (time.perf_counter() - timed_from), deadline.remaining())
+            if compile_until is not None:
+                limit = min(limit, compile_until - time.perf_counter())
+            return max(0.0, limit)
 
         self._use_allocator(config.allocator)
         if self.on_phase is not None and not (self._process is not None and self._process.is_alive()):
@@ -306,6 +310,10 @@ class ProbeRunner:
             self._keep_spare()  # while this probe runs, so that a restart after it costs nothing
             reply = self._receive(left())
             while isinstance(reply, Phase):
+                # --max-compile-seconds is held by the wall clock, as the timeout is: a compile past
+                # it is stopped there (its child killed), not waited for and then skipped.
+                bound = self.settings.max_compile_seconds
+                compile_until = time.perf_counter() + bound if reply.name == "compile" and bound is not None else None
                 if reply.name == "timing" and request.hold_before_timing:
                     assert self.neighbours is not None
                     self.neighbours.pause()
@@ -319,6 +327,10 @@ class ProbeRunner:
             self._kill()
             if deadline.expired():
                 raise DeadlineReached(f"{config.label()} was stopped at the command's deadline") from None
+            if compile_until is not None and time.perf_counter() >= compile_until:
+                return self._failed(budget, ProbeStatus.SKIPPED,
+                                    f"torch.compile had not finished within --max-compile-seconds "
+                                    f"{self.settings.max_compile_seconds:g}; its process was stopped there", started, startup)
             return self._failed(budget, ProbeStatus.TIMEOUT,
                                 f"no result within {self.settings.timeout:.0f} s; the probe's process was killed", started, startup)
         finally:
