@@ -109,6 +109,12 @@ def assert_all_gone(pids: set[int], within: float = GONE_WITHIN) -> None:
     assert not left, f"left running {within:.0f} s after the search ended: {left}"
 
 
+def environment(pid: int) -> dict[str, str]:
+    """The process's environment as it started (/proc/PID/environ)."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.decode(errors="replace").partition("=")[::2] for item in raw.split(b"\0") if item)
+
+
 def marked_pids(name: str, value: str) -> list[int]:
     """Live processes (other than this one) whose environment has `name=value`: a test cluster's
     marker, which its daemons pass to every process they start."""

@@ -27,7 +27,7 @@ from tests.helpers.cli import wait_for
 from tests.helpers.faults import fault_env, inject_fault
 from tests.helpers.models import TINY_GPT2
 from tests.helpers.ports import free_port
-from tests.helpers.processes import assert_all_gone, cmdline, cpu_seconds, descendants
+from tests.helpers.processes import assert_all_gone, cmdline, cpu_seconds, descendants, environment
 from tests.helpers.ranks import assert_rank_predicted
 
 pytestmark = pytest.mark.slow
@@ -136,7 +136,7 @@ def test_kill_9_of_a_search_mid_probe_leaves_no_rank(models, tmp_path):
 
         wait_for(lambda: len(ranks()) == 2, seconds=120, what="two ranks")
         below = descendants(search.pid)
-        run_dir = Path(_environment(min(ranks()))["AUTOTUNE_RANK_DIR"])
+        run_dir = Path(environment(min(ranks()))["AUTOTUNE_RANK_DIR"])
         assert run_dir.is_dir()
         search.send_signal(signal.SIGKILL)
         search.wait(timeout=30)
@@ -144,11 +144,6 @@ def test_kill_9_of_a_search_mid_probe_leaves_no_rank(models, tmp_path):
         assert not run_dir.exists()
     finally:
         search.kill()
-
-
-def _environment(pid: int) -> dict[str, str]:
-    with open(f"/proc/{pid}/environ", "rb") as f:
-        return dict(item.decode(errors="replace").partition("=")[::2] for item in f.read().split(b"\0") if item)
 
 
 def test_a_rank_whose_agent_died_before_it_tied_itself_leaves_at_once(tmp_path):
