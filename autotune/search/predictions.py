@@ -120,9 +120,13 @@ class Predicting:
         return new
 
     def expects(self, config: ProbeConfig) -> bool:
-        """`config`'s prediction is being computed and not yet in."""
+        """`config`'s prediction is coming and not yet taken: being computed, or in and not yet
+        taken. (Not "not yet in": a search that chose `config` on what it had taken, while its
+        group's predictions landed, would probe that stale choice, a binary search's step where the
+        prediction itself was in.)"""
         with self._arrival:
-            return config.key() in self._wanted and config.key() not in self._delivered and not self._done
+            key = config.key()
+            return key in self._wanted and key not in self._taken and (key in self._delivered or not self._done)
 
     def wait_for(self, config: ProbeConfig, timeout: float | None = None) -> None:
         """Until `config`'s prediction is in, no more will come, or `timeout` seconds have passed."""

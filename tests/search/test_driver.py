@@ -221,6 +221,52 @@ def test_predictions_in_the_background_arrive_group_by_group_and_match_waiting_f
            {p.config_key for p in store.probes("waited") if "predicted" in (p.result.error or "")}
 
 
+def test_predictions_that_land_while_the_search_chooses_are_taken_before_its_probe(store, monkeypatch):
+    # The race behind a flaky run of the test above: a group's predictions landing after the search
+    # chose (on what it had taken: a binary search's step toward a config not yet predicted) and
+    # before it looked whether to wait. Here each group lands exactly then, the moment the search
+    # has chosen a config of it: the search must choose again with them, not probe the stale step.
+    import queue
+
+    from autotune.search.strategies import PredictiveStrategy
+
+    space = gpt2_space()
+    asked: queue.Queue = queue.Queue()
+    landed: dict[tuple, threading.Event] = {}
+
+    def on_request(candidates, device_type, on_predictions):
+        everything = modelled_predictor()(candidates, device_type)
+        groups: dict[tuple, dict] = {}
+        for c in candidates:
+            groups.setdefault(group_key(c), {})[c.key()] = everything[c.key()]
+        while (wanted := asked.get(timeout=60)) is not None:
+            if wanted in groups:
+                on_predictions(groups.pop(wanted))
+            landed[wanted].set()
+        return everything
+
+    choose = PredictiveStrategy.next
+
+    def chosen_then_landed(self):
+        proposed = choose(self)
+        if proposed is not None and proposed[1] is None and proposed[0].key() not in self.knowledge.predictions:
+            group = group_key(proposed[0])
+            landed[group] = threading.Event()
+            asked.put(group)
+            assert landed[group].wait(10)
+        return proposed
+
+    waited = ScriptedRunner()
+    search(store, waited, space, predictor=modelled_predictor(), study="waited")
+    monkeypatch.setattr(PredictiveStrategy, "next", chosen_then_landed)
+    runner = ScriptedRunner()
+    try:
+        search(store, runner, space, predictor=on_request, study="raced", fresh=True, predict_in_background=True)
+    finally:
+        asked.put(None)
+    assert [c.label() for c in runner.asked] == [c.label() for c in waited.asked]
+
+
 def test_a_study_made_before_optuna_studies_took_its_name_keeps_its_prefixed_one(store):
     # Older autotune named the Optuna study 'autotune:NAME': resuming such a study goes on adding
     # to it (its trials are there), rather than starting a second Optuna study beside it.
