@@ -262,14 +262,25 @@ def quiet_openmp() -> None:
         os.environ.setdefault(name, value)
 
 
-def run_as_child(parent_pid: int, target: str, *args: object, environment: dict[str, str | None] | None = None) -> None:
+def run_as_child(parent_pid: int, target: str, *args: object, environment: dict[str, str | None] | None = None,
+                 forked_for: dict[str, str] | None = None) -> None:
     """A spawn target: tie this process to `parent_pid`, then import and call `target`
     ('package.module:function') with `args`. The import comes after the guards, so a child killed
     with its parent during torch's import leaves nothing behind either. `environment` is set (None:
-    unset) before the import, for settings read once at start-up (the CUDA allocator's)."""
+    unset) before the import, for settings read once at start-up (the CUDA allocator's).
+
+    `forked_for`: this process was forked by the fork server (fork_server_context), not spawned by
+    `parent_pid`, and this is that parent's environment now: it replaces the one the server was
+    started with (what a spawned child would have inherited). Its own parent is the server, which
+    exits when `parent_pid` dies: the parent-death signal covers the server, the watchdog both."""
     kill_me_with_parent()
     lead_own_group()  # (before the watchdog's thread: it forks)
-    watch_parent(parent_pid)
+    if forked_for is None:
+        watch_parent(parent_pid)
+    else:
+        watch_owner(parent_pid)
+        os.environ.clear()
+        os.environ.update(forked_for)
     quiet_openmp()
     for name, value in (environment or {}).items():
         if value is None:
@@ -278,3 +289,93 @@ def run_as_child(parent_pid: int, target: str, *args: object, environment: dict[
             os.environ[name] = value
     module, _, function = target.partition(":")
     getattr(importlib.import_module(module), function)(*args)
+
+
+def watch_owner(owner_pid: int, interval: float = WATCHDOG_SECONDS) -> None:
+    """watch_parent for a process forked by the fork server: exit at once when its parent (the
+    server) or `owner_pid` (the process the server serves) is gone."""
+    server = os.getppid()
+
+    def gone() -> bool:
+        if os.getppid() != server:
+            return True
+        try:
+            os.kill(owner_pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        return _zombie(owner_pid)
+
+    if gone():
+        os._exit(1)
+
+    def watch() -> None:
+        while not gone():
+            time.sleep(interval)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="autotune-owner-watchdog", daemon=True).start()
+
+
+# The modules a probe child spends its start-up importing (about 6.5 s of CPU on 2 cores: torch
+# 2.3 s, transformers 1.3 s, its modeling utilities 3 s, which import torch.distributed.tensor and
+# torch._dynamo), imported once by the fork server: each probe child forked from it starts in
+# a fraction of a second instead.
+FORK_SERVER_PRELOAD = "autotune.probe.preload"
+# A change of an environment variable since the fork server started (PYTHONPATH, a torch or OpenMP
+# setting, HF_HOME) starts it again: the modules it imported read theirs then. Except autotune's own
+# (AUTOTUNE_*: read by its code when it runs, and the server imports none that reads one) and
+# pytest's name of the test running, which change between the commands of one long-lived process.
+RUN_TIME_PREFIXES = ("AUTOTUNE_", "PYTEST_CURRENT_TEST")
+_fork_server = {"environment": None}
+_fork_server_lock = threading.Lock()
+
+
+def fork_server_context(cuda_possible: bool) -> Any:
+    """The multiprocessing context to start torch children with: a fork server that has imported
+    torch and transformers once (FORK_SERVER_PRELOAD), where that is safe and saves seconds a child;
+    else spawn. Call fork_server_current before each child is started from it.
+
+    Only where no CUDA can be used (`cuda_possible` False) and on Linux: a process forked from one
+    that touched the CUDA driver cannot use it, and a probe's CUDA settings (the allocator's) are
+    read when torch starts, so CUDA children keep starting afresh (and a standby hides the wait).
+    Each child gets its parent's environment of the moment (run_as_child's `forked_for`).
+
+    How they die with this process: the server dies with the thread that started it (its
+    parent-death signal, set by FORK_SERVER_PRELOAD), and each child with the server (its own);
+    so the server is started from the main thread only (`use_fork_server`)."""
+    import multiprocessing as mp
+
+    if cuda_possible or not sys.platform.startswith("linux") or "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload([FORK_SERVER_PRELOAD])
+    return context
+
+
+def use_fork_server(context: Any) -> bool:
+    """Whether to start the next child from `context`'s fork server: a fork server context, and
+    this the main thread (a server started by another thread would die when that thread ends,
+    with every child it forked: a service's searches run in threads)."""
+    return context.get_start_method() == "forkserver" and threading.current_thread() is threading.main_thread()
+
+
+def fork_server_current() -> None:
+    """Stop the fork server if this process's environment changed since it started (beyond
+    RUN_TIME_PREFIXES): the next child starts a new one, whose imports read the environment of now.
+    Children forked from the old one die with it (their parent-death signal): their runners start
+    others when they next probe."""
+    from multiprocessing import forkserver
+
+    environment = {name: value for name, value in os.environ.items() if not name.startswith(RUN_TIME_PREFIXES)}
+    with _fork_server_lock:
+        if _fork_server["environment"] not in (None, environment):
+            # (Private, Python 3.8+. The server ends by itself only once every child it forked has
+            # ended too (they hold its "alive" pipe): killed instead, it takes them along.)
+            server = forkserver._forkserver
+            if server._forkserver_pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(server._forkserver_pid, signal.SIGKILL)
+            server._stop()
+        _fork_server["environment"] = environment

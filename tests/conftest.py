@@ -11,6 +11,7 @@ from unittest import mock
 
 import pytest
 
+from tests.helpers.faults import HERE as FAULTS_DIR
 from tests.helpers.models import cuda_available, write_model_dir
 from tests.helpers.ports import free_port
 from tests.helpers.postgres import POSTGRES_BIN, PostgresServer, postgres_unavailable
@@ -19,6 +20,11 @@ from tests.helpers.postgres import POSTGRES_BIN, PostgresServer, postgres_unavai
 # one OpenMP thread per core: threads that spin while the other worker holds their core slow a step
 # many times over. One thread each (set before torch is imported here or in any child).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Every process the tests start can be made to misbehave (tests/helpers/faults: a fault is named in
+# the environment of the moment): a probe child forked from the worker's fork server as well, whose
+# server started before the test that names one (autotune.processes.fork_server_context).
+if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != FAULTS_DIR:
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (FAULTS_DIR, os.environ.get("PYTHONPATH")) if p)
 
 
 @pytest.fixture(autouse=True)
@@ -87,6 +93,16 @@ def warm_child(monkeypatch, probe_runner):
 
     monkeypatch.setattr("autotune.probe.ProbeRunner", warm)  # (a search looks it up there)
     monkeypatch.setattr("autotune.probe.runner.ProbeRunner", warm)  # (run_probe, `autotune probe`)
+
+
+@pytest.fixture
+def spawned_children(monkeypatch):
+    """Probe children spawned afresh, as on a CUDA host, where a CPU runner forks them from its
+    warm server (autotune.processes.fork_server_context): for the tests of the standby child, the
+    CUDA path's answer to a fresh child's seconds of imports."""
+    import multiprocessing as mp
+
+    monkeypatch.setattr("autotune.probe.runner.fork_server_context", lambda cuda_possible: mp.get_context("spawn"))
 
 
 @pytest.fixture(scope="session")

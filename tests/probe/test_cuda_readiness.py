@@ -186,7 +186,7 @@ def test_an_illegal_access_whose_cleanup_raises_again_is_reported_with_its_own_m
 
 
 @pytest.mark.slow
-def test_the_standby_child_survives_a_probe_that_retires_its_own(tiny_model, monkeypatch):
+def test_the_standby_child_survives_a_probe_that_retires_its_own(tiny_model, monkeypatch, spawned_children):
     # An error ends the child after its reply; the standby started beside it (on CUDA, always) must
     # not be stopped with it, as it was when every untrusted probe closed the runner.
     inject_fault(monkeypatch, "error")

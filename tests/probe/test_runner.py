@@ -87,7 +87,7 @@ def test_cpu_child_goes_on_after_the_accountants_oom_and_measures_what_a_fresh_o
     assert (after.peak_allocated_bytes, after.peak_reserved_bytes) == (fresh.peak_allocated_bytes, fresh.peak_reserved_bytes)
 
 
-def test_a_standby_child_takes_over_after_a_probe_kills_its_own(tiny_model, monkeypatch):
+def test_a_standby_child_takes_over_after_a_probe_kills_its_own(tiny_model, monkeypatch, spawned_children):
     # On CUDA a standby child is started while each probe runs; forced here on CPU. The first
     # child's second probe is killed (SIGKILL); the next probe runs in the standby, already
     # imported, instead of waiting seconds for a new process.

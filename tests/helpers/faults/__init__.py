@@ -16,7 +16,8 @@ def fault_env(fault: str, base: dict[str, str] | None = None, *, on_probe: int =
     every probe, or only in the `on_probe`-th probe each child runs)."""
     assert fault in FAULTS, fault
     env = dict(os.environ if base is None else base)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, env.get("PYTHONPATH")) if p)
+    if env.get("PYTHONPATH", "").split(os.pathsep)[0] != HERE:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, env.get("PYTHONPATH")) if p)
     env[FAULT_ENV] = fault
     env[FAULT_ENV + "_ON_PROBE"] = str(on_probe)
     return env

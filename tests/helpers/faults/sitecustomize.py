@@ -1,10 +1,11 @@
 """Fault injection for tests, kept out of production code.
 
-A test that wants a probe to misbehave puts this directory first on PYTHONPATH and names a fault
-in AUTOTUNE_INJECT_FAULT (see tests/helpers/faults/__init__.py: `fault_env`). Python runs this file at
-start-up in every process of the test, the spawned probe children included; it waits for
-`autotune.probe.step` to be imported and then wraps `ProbeStep.__call__`, so that the real child,
-runner and search handle a real hang, SIGKILL, exception or non-finite loss.
+A test that wants a probe to misbehave puts this directory first on PYTHONPATH (tests/conftest.py
+does, for every process of the test run) and names a fault in AUTOTUNE_INJECT_FAULT (see
+tests/helpers/faults/__init__.py: `fault_env`). Python runs this file at start-up in every process
+of the test, the probe children included; it waits for `autotune.probe.step` to be imported and
+then, where a fault is named then, wraps `ProbeStep.__call__`, so that the real child, runner and
+search handle a real hang, SIGKILL, exception or non-finite loss.
 
 The fault fires on the third step, the first of the timed window after the two warm-up steps (the
 estimator traces only two steps, so its estimates are untouched), of every probe, or only of the
@@ -42,20 +43,24 @@ import signal
 import sys
 import time
 
-FAULT = os.environ.get("AUTOTUNE_INJECT_FAULT")
-ON_PROBE = int(os.environ.get("AUTOTUNE_INJECT_FAULT_ON_PROBE", "0"))  # 0: every probe
 TARGET = "autotune.probe.step"
 FIRES_ON_STEP = 3
 LEAK_BYTES = 4 << 20
 LARGER_THAN_ANY_TEST_BUDGET = 3 << 30
 ILLEGAL_ACCESS = "CUDA error: an illegal memory access was encountered (test fault)"
 _LEAKED: list = []
-GATE = os.environ.get("AUTOTUNE_INJECT_FAULT_GATE")
 GATE_SECONDS = 600
 SLOW_STEP_SECONDS = 0.1
 
 
 def _install(module) -> None:
+    # (Read when the probe's step module is imported, not when Python starts: a probe child forked
+    # from a server started earlier gets the environment of its test then.)
+    fault = os.environ.get("AUTOTUNE_INJECT_FAULT")
+    on_probe = int(os.environ.get("AUTOTUNE_INJECT_FAULT_ON_PROBE", "0"))  # 0: every probe
+    gate = os.environ.get("AUTOTUNE_INJECT_FAULT_GATE")
+    if not fault:
+        return
     original_init, original = module.ProbeStep.__init__, module.ProbeStep.__call__
     count = {"probes": 0}
 
@@ -66,46 +71,46 @@ def _install(module) -> None:
 
     def faulty_call(self):
         self._fault_steps += 1
-        if FAULT == "abort-once" and self._fault_steps == 1 and GATE and not os.path.exists(GATE):
-            open(GATE, "w").close()
+        if fault == "abort-once" and self._fault_steps == 1 and gate and not os.path.exists(gate):
+            open(gate, "w").close()
             os.abort()
-        if (FAULT == "gate" and self._fault_steps == 1 and GATE
-                and (not ON_PROBE or self._fault_probe == ON_PROBE)):
+        if (fault == "gate" and self._fault_steps == 1 and gate
+                and (not on_probe or self._fault_probe == on_probe)):
             deadline = time.monotonic() + GATE_SECONDS
-            while not os.path.exists(GATE) and time.monotonic() < deadline:
+            while not os.path.exists(gate) and time.monotonic() < deadline:
                 time.sleep(0.1)
-        if FAULT == "leak" and self._fault_steps == 1 and (not ON_PROBE or self._fault_probe == ON_PROBE):
+        if fault == "leak" and self._fault_steps == 1 and (not on_probe or self._fault_probe == on_probe):
             import torch
 
             _LEAKED.append(torch.ones(LEAK_BYTES, dtype=torch.uint8))
-        if FAULT == "oom-on-rank-1" and self._fault_steps == 2 and os.environ.get("RANK") == "1":
+        if fault == "oom-on-rank-1" and self._fault_steps == 2 and os.environ.get("RANK") == "1":
             import torch
 
             torch.empty(LARGER_THAN_ANY_TEST_BUDGET, dtype=torch.uint8)  # (virtual memory: never touched)
-        if self._fault_steps < FIRES_ON_STEP or (ON_PROBE and self._fault_probe != ON_PROBE):
+        if self._fault_steps < FIRES_ON_STEP or (on_probe and self._fault_probe != on_probe):
             return original(self)
-        if FAULT == "hang":
+        if fault == "hang":
             time.sleep(10**6)
-        if FAULT == "kill":
+        if fault == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        if FAULT == "error":
+        if fault == "error":
             raise RuntimeError("injected failure (test fault)")
-        if FAULT == "patch-module":
+        if fault == "patch-module":
             gpt2 = sys.modules["transformers.models.gpt2.modeling_gpt2"]
             original_attention = gpt2.eager_attention_forward
             gpt2.eager_attention_forward = lambda *a, **kw: original_attention(*a, **kw)
-        if FAULT == "poison":
+        if fault == "poison":
             def release_again(cap):
                 raise RuntimeError(ILLEGAL_ACCESS + " (raised again by the cleanup)")
 
             sys.modules["autotune.probe.cap"].MemoryCap.release = release_again
             raise RuntimeError(ILLEGAL_ACCESS)
-        if FAULT == "slow":
+        if fault == "slow":
             started = time.monotonic()
             loss = original(self)
             time.sleep(max(0.0, SLOW_STEP_SECONDS - (time.monotonic() - started)))
             return loss
-        if FAULT == "nan":
+        if fault == "nan":
             original(self)
             return float("nan")
         return original(self)
@@ -132,5 +137,5 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-if FAULT:
+if TARGET not in sys.modules:
     sys.meta_path.insert(0, _PatchAfterImport())
