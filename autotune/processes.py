@@ -328,7 +328,8 @@ FORK_SERVER_PRELOAD = "autotune.probe.preload"
 # (AUTOTUNE_*: read by its code when it runs, and the server imports none that reads one) and
 # pytest's name of the test running, which change between the commands of one long-lived process.
 RUN_TIME_PREFIXES = ("AUTOTUNE_", "PYTEST_CURRENT_TEST")
-_fork_server = {"environment": None}
+FORK_SERVER_OWNER_ENV = "AUTOTUNE_FORK_SERVER_OWNER"
+_fork_server: dict[str, Any] = {"environment": None}  # (and its "janitor", once started)
 _fork_server_lock = threading.Lock()
 
 
@@ -354,6 +355,15 @@ def fork_server_context(cuda_possible: bool) -> Any:
     return context
 
 
+def tie_fork_server_to_owner() -> None:
+    """In the fork server, first: die with the process that started it, also when that one died
+    while this one was starting (then the parent-death signal never comes)."""
+    kill_me_with_parent()
+    owner = os.environ.get(FORK_SERVER_OWNER_ENV)
+    if owner is not None and os.getppid() != int(owner):
+        os._exit(1)
+
+
 def use_fork_server(context: Any) -> bool:
     """Whether to start the next child from `context`'s fork server: a fork server context, and
     this the main thread (a server started by another thread would die when that thread ends,
@@ -368,8 +378,16 @@ def fork_server_current() -> None:
     others when they next probe."""
     from multiprocessing import forkserver
 
+    from multiprocessing import util
+
     environment = {name: value for name, value in os.environ.items() if not name.startswith(RUN_TIME_PREFIXES)}
+    # For the server to tell whether this process died before it armed its parent-death signal.
+    os.environ[FORK_SERVER_OWNER_ENV] = str(os.getpid())
     with _fork_server_lock:
+        if "janitor" not in _fork_server:
+            # The server listens on a socket in a directory of multiprocessing's (/tmp/pymp-*),
+            # removed when this process exits normally; a janitor removes it after a kill -9 too.
+            _fork_server["janitor"] = remove_when_i_die(util.get_temp_dir())
         if _fork_server["environment"] not in (None, environment):
             # (Private, Python 3.8+. The server ends by itself only once every child it forked has
             # ended too (they hold its "alive" pipe): killed instead, it takes them along.)

@@ -30,7 +30,7 @@ TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # (kind, what in the command line says it), the first that matches
 KINDS: tuple[tuple[str, str], ...] = (
     ("pytest worker", r"import sys;exec\(eval\("),
-    ("probe child", r"multiprocessing\.spawn import spawn_main"),
+    ("probe child", r"multiprocessing\.(spawn import spawn_main|forkserver import main)"),  # (a fork server's too)
     ("trace child", r"-m autotune\.estimate\.trace"),
     ("torchrun agent", r"torch\.distributed\.run"),  # (before rank: its arguments name the ranks' module)
     ("rank", r"-m autotune\.(probe|train)\.rank_main"),

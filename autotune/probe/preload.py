@@ -3,9 +3,9 @@ that each child forked from it starts with torch and transformers already import
 server's tie to its parent, and OpenMP's wait policy, which torch reads when it loads
 (autotune.processes.quiet_openmp)."""
 
-from autotune.processes import kill_me_with_parent, quiet_openmp
+from autotune.processes import quiet_openmp, tie_fork_server_to_owner
 
-kill_me_with_parent()  # (the server's parent: the search; its children die with the server in turn)
+tie_fork_server_to_owner()  # (its children die with it in turn)
 quiet_openmp()
 
 import torch  # noqa: E402,F401

@@ -91,6 +91,16 @@ def processes_named(text: str) -> set[int]:
             and alive(int(entry))}
 
 
+def probe_children(owner: int) -> list[int]:
+    """The probe children of process `owner` (a search): spawned by it, or forked by its fork server
+    (autotune.processes.fork_server_context); not the server, nor a child's group guard (a fork of
+    the child, with its command line)."""
+    below = descendants(owner)
+    servers = {p for p in below if parent_of(p) == owner and b"multiprocessing.forkserver" in cmdline(p)}
+    return sorted(p for p in below if (parent_of(p) == owner and b"spawn_main" in cmdline(p))
+                  or parent_of(p) in servers)
+
+
 def cpu_seconds(pids: set[int]) -> float:
     """CPU time (user + system) the live processes `pids` have used."""
     ticks = 0

@@ -18,7 +18,7 @@ from autotune.status import ProbeStatus, StudyStatus
 from autotune.store import open_store
 from tests.helpers.cli import autotune, autotune_command, wait_for
 from tests.helpers.faults import GATE_ENV, fault_env
-from tests.helpers.processes import assert_all_gone, cmdline, descendants, parent_of
+from tests.helpers.processes import assert_all_gone, descendants, probe_children
 
 pytestmark = pytest.mark.slow
 
@@ -79,9 +79,7 @@ def test_a_stopped_probe_child_ends_as_a_timeout_within_its_limit_and_the_search
                               env={**fault_env("gate", on_probe=2), GATE_ENV: str(gate)})
     try:
         wait_for(lambda: _probes(db, "s"), what="the first probe")
-        # (The child's group guard is a fork of it, with the same command line: the search's own child.)
-        [child] = wait_for(lambda: [p for p in descendants(search.pid) if b"spawn_main" in cmdline(p)
-                                    and parent_of(p) == search.pid], what="the probe child")
+        [child] = wait_for(lambda: probe_children(search.pid), what="the probe child")
         os.kill(child, signal.SIGSTOP)
         stopped = time.monotonic()
         gate.touch()  # (the next child's probes go on)

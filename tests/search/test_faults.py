@@ -42,10 +42,13 @@ def model(tmp_path) -> str:
     return str(write_model_dir(tmp_path / "tiny-gpt2"))
 
 
-def start_search(model: str, db: str, study: str, fault: str, *extra: str, on_probe: int = 0) -> subprocess.Popen:
+def start_search(model: str, db: str, study: str, fault: str, *extra: str, on_probe: int = 0,
+                 tmpdir: Path | None = None) -> subprocess.Popen:
+    env = fault_env(fault, on_probe=on_probe)
+    if tmpdir is not None:
+        env["TMPDIR"] = str(tmpdir)
     return subprocess.Popen(autotune_command("search", "--model", model, *SPACE, "--db", db, "--study", study, *extra),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=fault_env(fault, on_probe=on_probe))
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def resume(model: str, db: str, study: str, *extra: str) -> subprocess.CompletedProcess:
@@ -68,7 +71,9 @@ def assert_resumes_and_finishes(model: str, db: str, study: str, completed_befor
 # -- the tests -------------------------------------------------------------------------------------
 def test_kill_9_mid_probe_leaves_no_process_and_loses_no_probe(model, tmp_path):
     db = str(tmp_path / "kill9.db")
-    search = start_search(model, db, "kill9", "hang", on_probe=2)
+    tmpdir = tmp_path / "tmp"  # (the fork server's socket directory is made here: removed too)
+    tmpdir.mkdir()
+    search = start_search(model, db, "kill9", "hang", on_probe=2, tmpdir=tmpdir)
     try:
         wait_for(lambda: second_probe_running(db, "kill9"), what="the second probe")
         below = descendants(search.pid)
@@ -76,6 +81,7 @@ def test_kill_9_mid_probe_leaves_no_process_and_loses_no_probe(model, tmp_path):
         search.send_signal(signal.SIGKILL)
         search.wait(timeout=30)
         assert_all_gone(below)
+        assert list(tmpdir.glob("pymp-*")) == []  # (torch keeps its compile cache in TMPDIR, by design)
     finally:
         search.kill()
     completed = probes(db, "kill9")
