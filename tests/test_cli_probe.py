@@ -28,9 +28,14 @@ def test_bad_input_is_one_line_and_exit_2(change, needle):
 
 
 @pytest.mark.slow
-def test_probe_json_on_cpu(tiny_model):
+def test_probe_json_on_cpu(tiny_model, tmp_path):
+    # Under a TMPDIR as long as a batch job's: too long a path for the fork server's socket, so the
+    # child is spawned (autotune.probe.runner: `_spawn`).
+    tmpdir = tmp_path / ("slurm-job-" + "x" * 100)
+    tmpdir.mkdir()
     proc = autotune("probe", "--model", tiny_model, "--micro-batch", "2", "--block-size", "64",
-                    "--gpu-budget", "1GiB", "--device", "cpu", "--measure-steps", "1", "--json")
+                    "--gpu-budget", "1GiB", "--device", "cpu", "--measure-steps", "1", "--json",
+                    env={"TMPDIR": str(tmpdir)})
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["status"] == "ok"

@@ -94,16 +94,27 @@ class ProbeRunner:
     def _spawn(self, *extra: object) -> tuple[Any, Any]:
         """Start a child process; it says Ready once its imports are done. (`extra`: arguments
         for CHILD_MAIN after its pipe.)"""
-        context = self._ctx if use_fork_server(self._ctx) else mp.get_context("spawn")
+        forked = use_fork_server(self._ctx)
+        context = self._ctx if forked else mp.get_context("spawn")
         parent_conn, child_conn = context.Pipe()
         kwargs: dict[str, Any] = {"environment": speed.allocator_environment(self._allocator)}
-        if context is self._ctx and use_fork_server(context):
+        if forked:
             fork_server_current()
             kwargs["forked_for"] = dict(os.environ)
         # The child dies with this process however it ends (kill -9 included): autotune.processes.
         process = context.Process(target=run_as_child, args=(os.getpid(), CHILD_MAIN, child_conn, *extra),
                                   kwargs=kwargs, name="autotune-probe", daemon=True)
-        process.start()
+        try:
+            process.start()
+        except OSError:
+            if not forked:
+                raise
+            # The fork server could not start: its socket lives under TMPDIR, and a long TMPDIR (a
+            # batch job's) is past what a Unix socket's path may be. Children are spawned instead.
+            parent_conn.close()
+            child_conn.close()
+            self._ctx = mp.get_context("spawn")
+            return self._spawn(*extra)
         child_conn.close()  # so that the child's death reads as EOF here
         self.children_started += 1
         return process, parent_conn
