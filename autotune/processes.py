@@ -376,9 +376,7 @@ def fork_server_current() -> None:
     RUN_TIME_PREFIXES): the next child starts a new one, whose imports read the environment of now.
     Children forked from the old one die with it (their parent-death signal): their runners start
     others when they next probe."""
-    from multiprocessing import forkserver
-
-    from multiprocessing import util
+    from multiprocessing import forkserver, util
 
     environment = {name: value for name, value in os.environ.items() if not name.startswith(RUN_TIME_PREFIXES)}
     # For the server to tell whether this process died before it armed its parent-death signal.

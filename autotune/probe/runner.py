@@ -73,7 +73,7 @@ class ProbeRunner:
         # (autotune.processes.fork_server_context): seconds saved on each child after the first.
         kind = self.settings.device_kind
         self._ctx = fork_server_context(cuda_possible=kind == "cuda" or (kind == "auto" and cuda_may_be_visible()))
-        self._process: Any = None   # multiprocessing's SpawnProcess, while a child is alive
+        self._process: Any = None   # multiprocessing's Process (spawned or forked), while a child is alive
         self._conn: Any = None      # our end of the pipe to it
         self._spare: tuple[Any, Any] | None = None  # (process, pipe) of the standby child
         self._device_type: str | None = None         # cpu or cuda, once the child has said
