@@ -35,6 +35,7 @@ from types import FrameType
 from typing import Any
 
 _PR_SET_PDEATHSIG = 1
+_PR_SET_NAME = 15
 
 
 class Terminated(KeyboardInterrupt):
@@ -127,6 +128,15 @@ def kill_me_with_parent() -> None:
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):  # no prctl here: the watchdog still holds
         pass
+
+
+def name_this_process(name: str) -> None:
+    """Set the name `ps`, `top` and /proc/PID/comm show for this process (Linux: its first 15
+    bytes): a process forked from the fork server has the server's command line."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
 
 
 def lead_own_group() -> None:
@@ -281,6 +291,7 @@ def run_as_child(parent_pid: int, target: str, *args: object, environment: dict[
         watch_owner(parent_pid)
         os.environ.clear()
         os.environ.update(forked_for)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # (the server ignores it: preload.py)
     quiet_openmp()
     for name, value in (environment or {}).items():
         if value is None:

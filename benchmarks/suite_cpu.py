@@ -30,8 +30,8 @@ TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 # (kind, what in the command line says it), the first that matches
 KINDS: tuple[tuple[str, str], ...] = (
     ("pytest worker", r"import sys;exec\(eval\("),
+    ("trace child", r"-m autotune\.estimate\.trace|^autotune-trace "),
     ("probe child", r"multiprocessing\.(spawn import spawn_main|forkserver import main)"),  # (a fork server's too)
-    ("trace child", r"-m autotune\.estimate\.trace"),
     ("torchrun agent", r"torch\.distributed\.run"),  # (before rank: its arguments name the ranks' module)
     ("rank", r"-m autotune\.(probe|train)\.rank_main"),
     ("pytest", r"-m pytest"),
@@ -53,6 +53,15 @@ def kind_of(command_line: str) -> str:
     if cli:
         return f"cli {cli.group(1) or cli.group(2)}"
     return "other"
+
+
+def _forked_name(pid: int) -> str:
+    """'autotune-trace ' for a trace child forked from the fork server (its name, set once it runs)."""
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return "autotune-trace " if comm.read().strip() == "autotune-trace" else ""
+    except OSError:
+        return ""
 
 
 @dataclass
@@ -105,6 +114,10 @@ class Sampler:
                 continue
             start, cpu = read
             known = self.processes.get((pid, start))
+            if known is not None and "forkserver" in known.command_line and not known.command_line.startswith("autotune-"):
+                # A child forked from a fork server has the server's command line; a trace child
+                # names itself (/proc/PID/comm) once it runs.
+                known.command_line = _forked_name(pid) + known.command_line
             if known is None:
                 try:
                     with open(f"/proc/{pid}/cmdline", "rb") as cmdline:

@@ -15,12 +15,13 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import Any
 from pathlib import Path
 
 from autotune.config import ProbeConfig
 from autotune.errors import AutotuneError, BadInput
-from autotune.processes import kill_me_with_parent
+from autotune.processes import fork_server_context, fork_server_current, kill_me_with_parent, run_as_child, use_fork_server
 from autotune.estimate.protocol import TraceFailure, TraceRequest, TraceResult, read_answer
 
 log = logging.getLogger("autotune")
@@ -78,9 +79,9 @@ class TraceChild:
             env[PRELOAD_ENV] = model_type
         # Its stderr goes to a file, read when it is done: a chatty child cannot fill a pipe and stall.
         self._stderr = tempfile.TemporaryFile("w+")
-        self._process = subprocess.Popen([sys.executable, "-m", "autotune.estimate.trace"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env,
-                                         preexec_fn=kill_me_with_parent)
+        self._process = _forked(env, self._stderr) or subprocess.Popen(
+            [sys.executable, "-m", "autotune.estimate.trace"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self._stderr, text=True, env=env, preexec_fn=kill_me_with_parent)
         return self
 
     @property
@@ -92,6 +93,10 @@ class TraceChild:
         """The child's results for every item of `request`, in order; each also given to
         `on_result` as soon as it is read. `timeout` seconds per item: a child silent for longer
         is killed."""
+        if self._process is not None and self._process.poll() is not None:
+            # It died waiting for this request (a forked one with its fork server, which restarts
+            # when the environment changes): nothing of this request was lost; a fresh one traces it.
+            self._discard()
         if self._process is None:
             self.start()
         process = self._process
@@ -166,6 +171,13 @@ class TraceChild:
         raise (NativeCrash if crashed else EstimateError)(
             f"the estimator's process died while tracing {what} ({how}: {tail[0][:300]}); probe the configuration instead.")
 
+    def _discard(self) -> None:
+        process, self._process = self._process, None
+        with contextlib.suppress(OSError):
+            process.stdin.close()
+        process.stdout.close()
+        self._read_stderr()
+
     def _read_stderr(self) -> str:
         if self._stderr is None:
             return ""
@@ -189,6 +201,81 @@ class TraceChild:
             if not self._answering:
                 process.communicate()
                 self._read_stderr()
+
+
+def _forked(env: dict[str, str], stderr: Any) -> "ForkedTrace | None":
+    """The trace child forked from this process's fork server (autotune.processes), which imported
+    torch and transformers once for the probe children too, where probes use one (no CUDA here) and
+    this is the main thread; else None (then it is spawned: `python -m autotune.estimate.trace`)."""
+    from autotune.probe.runner import cuda_may_be_visible
+
+    context = fork_server_context(cuda_possible=cuda_may_be_visible())
+    if not use_fork_server(context) or _main_would_run_again():
+        return None
+    # Its standard streams: pipes to and from us, and the file for its stderr (passed as
+    # multiprocessing's Connections, which carry a file descriptor to the server's child).
+    to_child, from_us = os.pipe()
+    from_child, to_us = os.pipe()
+    streams = (Connection(to_child, writable=False), Connection(to_us, readable=False),
+               Connection(os.dup(stderr.fileno()), readable=False))
+    fork_server_current()
+    process = context.Process(target=run_as_child, args=(os.getpid(), "autotune.estimate.trace:serve", *streams),
+                              kwargs={"forked_for": env}, name="autotune-trace", daemon=True)
+    try:
+        process.start()
+    except OSError:  # the server could not start (a TMPDIR too long for its socket's path): spawned
+        for fd in (from_us, from_child):
+            os.close(fd)
+        return None
+    finally:
+        for stream in streams:  # (the child holds its own copies now)
+            stream.close()
+    return ForkedTrace(process, open(from_us, "w"), open(from_child, "r"))
+
+
+def _main_would_run_again() -> bool:
+    """Whether a child of multiprocessing's would run this program's main script again as it starts
+    (a script given by its path, not `python -m` or `-c`; autotune's own command is guarded): one
+    without an `if __name__ == "__main__":` guard that estimates would start the trace again in the
+    child. A probe's user must guard (runner.py says so); an estimate's need not: it is spawned."""
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None) or getattr(main, "__file__", None) is None:
+        return False
+    return os.path.basename(main.__file__) != "autotune"
+
+
+class ForkedTrace:
+    """A forked trace child, with the part of subprocess.Popen's interface TraceChild uses."""
+
+    def __init__(self, process: Any, stdin: Any, stdout: Any) -> None:
+        self.process, self.stdin, self.stdout = process, stdin, stdout
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.process.exitcode  # (as Popen's: -N for signal N)
+
+    def poll(self) -> int | None:
+        return self.process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            raise subprocess.TimeoutExpired("autotune.estimate.trace", timeout or 0)
+        return self.process.exitcode
+
+    def kill(self) -> None:
+        self.process.kill()
+
+    def communicate(self) -> None:
+        with contextlib.suppress(OSError):
+            self.stdin.close()
+        self.stdout.read()
+        self.stdout.close()
+        self.wait()
 
 
 class TraceChildren:

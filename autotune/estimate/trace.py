@@ -47,6 +47,7 @@ from autotune.estimate.ledger import Ledger, replay
 from autotune.estimate.protocol import TraceFailure, TraceItem, TraceRequest, TraceResult
 from autotune.evaluation import EVAL, GENERATE, evaluates, generates
 from autotune.probe.step import import_recipe_code
+from autotune.processes import name_this_process
 from autotune.recipes import OPTIMIZERS, is_qlora
 
 # The probe's warm-up: the second step runs with optimizer state in place, as every later one does.
@@ -433,6 +434,17 @@ def main() -> None:
     while line := sys.stdin.readline():
         if line.strip():
             _answer(TraceRequest.from_json(line))
+
+
+def serve(stdin: Any, stdout: Any, stderr: Any) -> None:
+    """main() in a trace child forked from the fork server (launch.py), with these streams (file
+    descriptors the server handed over) as its standard ones."""
+    for stream, fd in ((stdin, 0), (stdout, 1), (stderr, 2)):
+        os.dup2(stream.fileno(), fd)
+        stream.close()
+    sys.stdin, sys.stdout, sys.stderr = open(0, closefd=False), open(1, "w", closefd=False), open(2, "w", closefd=False)
+    name_this_process("autotune-trace")  # (its command line is the server's)
+    main()
 
 
 def _answer(request: TraceRequest) -> None:

@@ -1,11 +1,17 @@
 """What the probe children's fork server imports once (autotune.processes.fork_server_context), so
 that each child forked from it starts with torch and transformers already imported. First the
-server's tie to its parent, and OpenMP's wait policy, which torch reads when it loads
+server's tie to its parent, its deafness to a terminal's Ctrl-C, and OpenMP's wait policy, which torch reads when it loads
 (autotune.processes.quiet_openmp)."""
+
+import signal
 
 from autotune.processes import quiet_openmp, tie_fork_server_to_owner
 
 tie_fork_server_to_owner()  # (its children die with it in turn)
+# A Ctrl-C at the terminal reaches the whole group, the server too: it is for the command, which
+# says it in one line, not for the server to print a KeyboardInterrupt from its imports (it dies
+# with the command). Its children take Python's handler back (run_as_child).
+signal.signal(signal.SIGINT, signal.SIG_IGN)
 quiet_openmp()
 
 import torch  # noqa: E402,F401

@@ -3,7 +3,12 @@ timed window, killed with the search; a native crash traced once more in a fresh
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import time
+import types
 
 import pytest
 
@@ -12,7 +17,8 @@ from autotune.estimate import EstimateError, estimate_memories, estimate_memory
 from autotune.estimate.launch import TraceChildren
 from tests.helpers.models import TINY_GPT2, write_model_dir
 from tests.helpers.faults import GATE_ENV, inject_fault
-from tests.helpers.processes import state
+from tests.helpers.cli import wait_for
+from tests.helpers.processes import cmdline, name, state
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +58,7 @@ def test_a_trace_child_answers_request_after_request_and_a_failed_trace_ends_it(
     small = estimate_memory(ProbeConfig(model, 1, 32), device_type="cpu", use_cache=False, children=trace_children)
     (child,) = trace_children.children
     pid = child._process.pid
+    assert name(pid) == "autotune-trace"  # forked from the worker's fork server (a pytest worker runs `-c`)
     large = estimate_memory(ProbeConfig(model, 4, 32), device_type="cpu", use_cache=False, children=trace_children)
     assert child._process.pid == pid and large.peak_bytes > small.peak_bytes
     broken = write_model_dir(tmp_path / "broken", model_type="no-such-architecture")
@@ -60,3 +67,33 @@ def test_a_trace_child_answers_request_after_request_and_a_failed_trace_ends_it(
     assert not child.started and state(pid) in ("Z", "X")
     again = estimate_memory(ProbeConfig(model, 1, 32), device_type="cpu", use_cache=False, children=trace_children)
     assert child._process.pid != pid and again.peak_bytes == small.peak_bytes
+
+
+def test_a_script_run_by_its_path_spawns_its_trace_child_and_gets_the_same_estimate(tmp_path, monkeypatch,
+                                                                                   trace_children):
+    # A child of multiprocessing's runs such a script's main module again as it starts: one without an
+    # `if __name__ == "__main__":` guard would estimate again in it. So its trace child is spawned.
+    model = str(write_model_dir(tmp_path / "tiny", **TINY_GPT2))
+    forked = estimate_memory(ProbeConfig(model, 2, 32), device_type="cpu", use_cache=False, children=trace_children)
+    script = types.ModuleType("__main__")
+    script.__file__ = str(tmp_path / "estimate_it.py")
+    monkeypatch.setitem(sys.modules, "__main__", script)
+    with TraceChildren(1) as own:
+        spawned = estimate_memory(ProbeConfig(model, 2, 32), device_type="cpu", use_cache=False, children=own)
+        (child,) = own.children
+        assert isinstance(child._process, subprocess.Popen)
+        assert b"autotune.estimate.trace" in cmdline(child._process.pid)
+    assert (spawned.peak_bytes, spawned.reserved_bytes) == (forked.peak_bytes, forked.reserved_bytes)
+
+
+def test_a_trace_child_that_died_waiting_is_replaced_for_the_next_request(tmp_path, trace_children):
+    # A forked trace child dies with its fork server, which starts again when the environment
+    # changes between two estimates (a search in this process with other settings): not a failure.
+    model = str(write_model_dir(tmp_path / "tiny", **TINY_GPT2))
+    first = estimate_memory(ProbeConfig(model, 2, 32), device_type="cpu", use_cache=False, children=trace_children)
+    (child,) = trace_children.children
+    pid = child._process.pid
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: child._process.poll() is not None, what="the trace child gone")
+    again = estimate_memory(ProbeConfig(model, 2, 32), device_type="cpu", use_cache=False, children=trace_children)
+    assert child._process.pid != pid and again.peak_bytes == first.peak_bytes

@@ -80,6 +80,20 @@ def cmdline(pid: int) -> bytes:
         return b""
 
 
+def name(pid: int) -> str:
+    """The process's name (/proc/PID/comm): `autotune-trace` for a trace child forked from the fork
+    server, whose command line is the server's."""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def trace_children(owner: int) -> set[int]:
+    """The estimator's trace children below `owner`: spawned (`-m autotune.estimate.trace`) or forked."""
+    return {p for p in descendants(owner) if b"autotune.estimate.trace" in cmdline(p) or name(p) == "autotune-trace"}
+
+
 def command_text(pid: int) -> str:
     """The process's argv joined with spaces."""
     return cmdline(pid).replace(b"\0", b" ").decode(errors="replace")
@@ -93,12 +107,12 @@ def processes_named(text: str) -> set[int]:
 
 def probe_children(owner: int) -> list[int]:
     """The probe children of process `owner` (a search): spawned by it, or forked by its fork server
-    (autotune.processes.fork_server_context); not the server, nor a child's group guard (a fork of
-    the child, with its command line)."""
+    (autotune.processes.fork_server_context); not the server, nor a forked trace child, nor a child's
+    group guard (a fork of the child, with its command line)."""
     below = descendants(owner)
     servers = {p for p in below if parent_of(p) == owner and b"multiprocessing.forkserver" in cmdline(p)}
     return sorted(p for p in below if (parent_of(p) == owner and b"spawn_main" in cmdline(p))
-                  or parent_of(p) in servers)
+                  or (parent_of(p) in servers and name(p) != "autotune-trace"))
 
 
 def cpu_seconds(pids: set[int]) -> float:

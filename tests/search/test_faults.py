@@ -21,7 +21,7 @@ from autotune.status import ProbeStatus, StudyStatus
 from tests.helpers.cli import autotune, autotune_command, invoke, wait_for
 from tests.helpers.faults import fault_env
 from tests.helpers.models import write_model_dir
-from tests.helpers.processes import assert_all_gone, cmdline, descendants
+from tests.helpers.processes import assert_all_gone, descendants, trace_children
 from tests.helpers.studies import TWO_CANDIDATES as SPACE
 from tests.helpers.studies import probes, running_claims, status
 
@@ -98,10 +98,7 @@ def test_kill_9_while_predicting_leaves_no_estimator_process(model, tmp_path):
     search = subprocess.Popen(autotune_command("search", "--model", model, *SPACE[:-3], "--predict", "--db", db),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        def tracing() -> set[int]:
-            return {p for p in descendants(search.pid) if b"autotune.estimate.trace" in cmdline(p)}
-
-        wait_for(lambda: bool(tracing()), what="a trace child")
+        wait_for(lambda: bool(trace_children(search.pid)), what="a trace child")
         below = descendants(search.pid)
         search.send_signal(signal.SIGKILL)
         search.wait(timeout=30)
