@@ -382,6 +382,17 @@ def use_fork_server(context: Any) -> bool:
     return context.get_start_method() == "forkserver" and threading.current_thread() is threading.main_thread()
 
 
+def fork_server_fits() -> bool:
+    """Whether a child forked now would not restart the fork server (fork_server_current): none
+    started yet, or it started with this process's environment of now. A restart kills the children
+    forked from the old server, a runner's warm probe child among them: a process that is not worth
+    that (a trace child) is spawned instead."""
+    with _fork_server_lock:
+        started = _fork_server["environment"]
+    return started is None or started == {name: value for name, value in os.environ.items()
+                                          if not name.startswith(RUN_TIME_PREFIXES)}
+
+
 def fork_server_current() -> None:
     """Stop the fork server if this process's environment changed since it started (beyond
     RUN_TIME_PREFIXES): the next child starts a new one, whose imports read the environment of now.

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from autotune.config import ProbeConfig
 from autotune.errors import AutotuneError, BadInput
-from autotune.processes import fork_server_context, fork_server_current, kill_me_with_parent, run_as_child, use_fork_server
+from autotune.processes import (fork_server_context, fork_server_current, fork_server_fits, kill_me_with_parent, run_as_child,
+                                use_fork_server)
 from autotune.estimate.protocol import TraceFailure, TraceRequest, TraceResult, read_answer
 
 log = logging.getLogger("autotune")
@@ -205,12 +206,13 @@ class TraceChild:
 
 def _forked(env: dict[str, str], stderr: Any) -> "ForkedTrace | None":
     """The trace child forked from this process's fork server (autotune.processes), which imported
-    torch and transformers once for the probe children too, where probes use one (no CUDA here) and
-    this is the main thread; else None (then it is spawned: `python -m autotune.estimate.trace`)."""
+    torch and transformers once for the probe children too, where probes use one (no CUDA here), this
+    is the main thread and the server need not start again for it (fork_server_fits); else None (then
+    it is spawned: `python -m autotune.estimate.trace`)."""
     from autotune.probe.runner import cuda_may_be_visible
 
     context = fork_server_context(cuda_possible=cuda_may_be_visible())
-    if not use_fork_server(context) or _main_would_run_again():
+    if not use_fork_server(context) or _main_would_run_again() or not fork_server_fits():
         return None
     # Its standard streams: pipes to and from us, and the file for its stderr (passed as
     # multiprocessing's Connections, which carry a file descriptor to the server's child).

@@ -97,3 +97,18 @@ def test_a_trace_child_that_died_waiting_is_replaced_for_the_next_request(tmp_pa
     wait_for(lambda: child._process.poll() is not None, what="the trace child gone")
     again = estimate_memory(ProbeConfig(model, 2, 32), device_type="cpu", use_cache=False, children=trace_children)
     assert child._process.pid != pid and again.peak_bytes == first.peak_bytes
+
+
+def test_after_the_environment_changed_a_trace_child_is_spawned_and_the_fork_servers_children_live_on(
+        tmp_path, monkeypatch, trace_children):
+    # Forking it would start the fork server again, which kills what it forked before (a search's warm
+    # probe child): a trace child is not worth that.
+    model = str(write_model_dir(tmp_path / "tiny", **TINY_GPT2))
+    estimate_memory(ProbeConfig(model, 1, 32), device_type="cpu", use_cache=False, children=trace_children)
+    (warm,) = trace_children.children
+    pid = warm._process.pid
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    with TraceChildren(1) as own:
+        estimate_memory(ProbeConfig(model, 1, 32), device_type="cpu", use_cache=False, children=own)
+        assert isinstance(own.children[0]._process, subprocess.Popen)
+    assert warm._process.pid == pid and warm._process.poll() is None
