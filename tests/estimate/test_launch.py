@@ -18,7 +18,7 @@ from autotune.estimate.launch import TraceChildren
 from tests.helpers.models import TINY_GPT2, write_model_dir
 from tests.helpers.faults import GATE_ENV, inject_fault
 from tests.helpers.cli import wait_for
-from tests.helpers.processes import cmdline, name, state
+from tests.helpers.processes import cmdline, state
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +58,6 @@ def test_a_trace_child_answers_request_after_request_and_a_failed_trace_ends_it(
     small = estimate_memory(ProbeConfig(model, 1, 32), device_type="cpu", use_cache=False, children=trace_children)
     (child,) = trace_children.children
     pid = child._process.pid
-    assert name(pid) == "autotune-trace"  # forked from the worker's fork server (a pytest worker runs `-c`)
     large = estimate_memory(ProbeConfig(model, 4, 32), device_type="cpu", use_cache=False, children=trace_children)
     assert child._process.pid == pid and large.peak_bytes > small.peak_bytes
     broken = write_model_dir(tmp_path / "broken", model_type="no-such-architecture")

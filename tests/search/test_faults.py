@@ -21,7 +21,7 @@ from autotune.status import ProbeStatus, StudyStatus
 from tests.helpers.cli import autotune, autotune_command, invoke, wait_for
 from tests.helpers.faults import fault_env
 from tests.helpers.models import write_model_dir
-from tests.helpers.processes import assert_all_gone, descendants, trace_children
+from tests.helpers.processes import assert_all_gone, descendants, name, trace_children
 from tests.helpers.studies import TWO_CANDIDATES as SPACE
 from tests.helpers.studies import probes, running_claims, status
 
@@ -98,7 +98,9 @@ def test_kill_9_while_predicting_leaves_no_estimator_process(model, tmp_path):
     search = subprocess.Popen(autotune_command("search", "--model", model, *SPACE[:-3], "--predict", "--db", db),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        wait_for(lambda: bool(trace_children(search.pid)), what="a trace child")
+        tracing = wait_for(lambda: trace_children(search.pid), what="a trace child")
+        # Forked from the search's fork server (its probe child's too): torch imported once.
+        assert {name(p) for p in tracing} == {"autotune-trace"}
         below = descendants(search.pid)
         search.send_signal(signal.SIGKILL)
         search.wait(timeout=30)
