@@ -389,8 +389,12 @@ def fork_server_fits() -> bool:
     that (a trace child) is spawned instead."""
     with _fork_server_lock:
         started = _fork_server["environment"]
-    return started is None or started == {name: value for name, value in os.environ.items()
-                                          if not name.startswith(RUN_TIME_PREFIXES)}
+    return started is None or started == _server_environment()
+
+
+def _server_environment() -> dict[str, str]:
+    """This process's environment as far as the fork server's imports may have read it."""
+    return {name: value for name, value in os.environ.items() if not name.startswith(RUN_TIME_PREFIXES)}
 
 
 def fork_server_current() -> None:
@@ -400,7 +404,7 @@ def fork_server_current() -> None:
     others when they next probe."""
     from multiprocessing import forkserver, util
 
-    environment = {name: value for name, value in os.environ.items() if not name.startswith(RUN_TIME_PREFIXES)}
+    environment = _server_environment()
     # For the server to tell whether this process died before it armed its parent-death signal.
     os.environ[FORK_SERVER_OWNER_ENV] = str(os.getpid())
     with _fork_server_lock:

@@ -143,11 +143,7 @@ class TraceChild:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-        with contextlib.suppress(OSError):
-            process.stdin.close()
-        process.stdout.close()
-        stderr = self._read_stderr()
-        self._process = None
+        stderr = self._discard()
         if failure is not None and failure.error_type == "BadInput":
             # Something the user must change that only the model's build could tell (LoRA targets
             # that match no module): one line, as a flag's mistake.
@@ -172,12 +168,13 @@ class TraceChild:
         raise (NativeCrash if crashed else EstimateError)(
             f"the estimator's process died while tracing {what} ({how}: {tail[0][:300]}); probe the configuration instead.")
 
-    def _discard(self) -> None:
+    def _discard(self) -> str:
+        """Forget the ended process: close our ends of its pipes; its stderr's text."""
         process, self._process = self._process, None
         with contextlib.suppress(OSError):
             process.stdin.close()
         process.stdout.close()
-        self._read_stderr()
+        return self._read_stderr()
 
     def _read_stderr(self) -> str:
         if self._stderr is None:

@@ -1,7 +1,7 @@
 """What the probe children's fork server imports once (autotune.processes.fork_server_context), so
 that each child forked from it starts with torch and transformers already imported. First the
-server's tie to its parent, its deafness to a terminal's Ctrl-C, and OpenMP's wait policy, which torch reads when it loads
-(autotune.processes.quiet_openmp)."""
+server's tie to its parent, its deafness to a terminal's Ctrl-C, and OpenMP's wait policy, which
+torch reads when it loads (autotune.processes.quiet_openmp)."""
 
 import signal
 
