@@ -393,8 +393,13 @@ def fork_server_fits() -> bool:
 
 
 def _server_environment() -> dict[str, str]:
-    """This process's environment as far as the fork server's imports may have read it."""
-    return {name: value for name, value in os.environ.items() if not name.startswith(RUN_TIME_PREFIXES)}
+    """This process's environment as far as the fork server's imports may have read it. OpenMP's
+    settings as the server has them: it sets them where unset (quiet_openmp, in preload.py), so that
+    this process setting them later (the CLI's main does, run in process) changes nothing for it."""
+    environment = {name: value for name, value in os.environ.items() if not name.startswith(RUN_TIME_PREFIXES)}
+    for name, value in OPENMP_ENVIRONMENT.items():
+        environment.setdefault(name, value)
+    return environment
 
 
 def fork_server_current() -> None:

@@ -111,3 +111,15 @@ def test_after_the_environment_changed_a_trace_child_is_spawned_and_the_fork_ser
         estimate_memory(ProbeConfig(model, 1, 32), device_type="cpu", use_cache=False, children=own)
         assert isinstance(own.children[0]._process, subprocess.Popen)
     assert warm._process.pid == pid and warm._process.poll() is None
+
+
+def test_openmp_settings_the_command_makes_in_process_are_no_change_to_the_fork_server(monkeypatch):
+    # The server sets them itself where unset (preload.py); the CLI's main sets them in its process too.
+    from autotune import processes
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    before = processes._server_environment()
+    processes.quiet_openmp()
+    assert processes._server_environment() == before
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # (one a user sets is one)
+    assert processes._server_environment() != before
