@@ -3,9 +3,12 @@ tmp_path, so nothing touches a user's real data."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import getpass
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from unittest import mock
 
@@ -20,6 +23,21 @@ from tests.helpers.postgres import POSTGRES_BIN, PostgresServer, postgres_unavai
 # one OpenMP thread per core: threads that spin while the other worker holds their core slow a step
 # many times over. One thread each (set before torch is imported here or in any child).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# Tests never reach for the hub. Set once for the session, not per test: a module's fixtures run
+# before a test's own, and a fork server started with another environment than a fixture's of the
+# moment is not used for its trace child (spawned instead) and is restarted for its probe, killing
+# the worker's warm probe child (autotune.processes.fork_server_fits).
+os.environ["HF_HUB_OFFLINE"] = "1"
+# For the same reason, what libraries write into the environment of the process that imports them,
+# set from the start: torch's inductor its cache directory (its default, kept), lightning its way of
+# telling whether CUDA is there (the NVML's, which it sets on import).
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
+os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
+# `datasets`' Arrow cache out of the user's home, one for the test process (it reads the variable
+# at import, before any test).
+_DATASETS_CACHE = tempfile.mkdtemp(prefix="autotune-tests-datasets-")
+atexit.register(shutil.rmtree, _DATASETS_CACHE, ignore_errors=True)
+os.environ["HF_DATASETS_CACHE"] = _DATASETS_CACHE
 # Every process the tests start can be made to misbehave (tests/helpers/faults: a fault is named in
 # the environment of the moment): a probe child forked from the worker's fork server as well, whose
 # server started before the test that names one (autotune.processes.fork_server_context).
@@ -28,12 +46,20 @@ if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != FAULTS_DIR:
 
 
 @pytest.fixture(autouse=True)
+def _environment_restored():
+    """What a test's code writes into this process's environment ends with the test: run in process,
+    the CLI's main sets what a command's own process keeps (OpenMP's wait policy, the allocator a
+    run measured), which would otherwise differ from what the worker's fork server started with."""
+    with mock.patch.dict(os.environ):
+        yield
+
+
+@pytest.fixture(autouse=True)
 def hermetic_home(tmp_path, monkeypatch):
     home = tmp_path / "autotune-home"
     home.mkdir()
     monkeypatch.setenv("AUTOTUNE_HOME", str(home))
     monkeypatch.setenv("AUTOTUNE_DB", f"sqlite:///{home / 'autotune.db'}")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # tests never reach for the hub
     # Two pytest workers already share the cores: a search's estimator traces in one process here
     # (one per core otherwise; the benchmarks measure that).
     monkeypatch.setenv("AUTOTUNE_TRACE_PROCESSES", "1")

@@ -7,25 +7,11 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
-from pathlib import Path
 
 import pytest
 
 from tests.helpers.corpus import corpus_text, write_pretrained_gpt2
 from tests.helpers.training import STUDY, STUDY_BUDGET, Workspace
-
-
-def datasets_cache(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keep `datasets`' Arrow cache out of the user's home (it reads the variable at import)."""
-    import datasets
-
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(path))
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", path)
-
-
-@pytest.fixture(autouse=True)
-def _datasets_cache(tmp_path, monkeypatch):
-    datasets_cache(tmp_path / "hf-datasets", monkeypatch)
 
 
 @pytest.fixture(scope="session")
