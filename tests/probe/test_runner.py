@@ -105,6 +105,20 @@ def test_a_standby_child_takes_over_after_a_probe_kills_its_own(tiny_model, monk
     assert standby_runner._spare is None and standby_runner._process is None  # both stopped on close
 
 
+def test_without_reuse_a_standby_gives_each_probe_a_fresh_process_started_ahead(tiny_model, spawned_children):
+    # What the GPU evidence's noise-proof truth measures with: every probe in a new process, the
+    # next one's imports done while the last probe ran.
+    with ProbeRunner(ProbeSettings(device="cpu", measure_steps=2), reuse_child=False, standby=True) as runner:
+        budget = runner.settings.budget(1 * GiB)
+        first = runner.run(config(tiny_model), budget)
+        assert first.status == "ok" and runner._process is None and runner._spare is not None
+        assert runner._spare[1].poll(120)  # the standby said Ready
+        second = runner.run(config(tiny_model), budget)
+        assert second.status == "ok" and second.startup_seconds < 0.5 < first.startup_seconds
+        assert runner.children_started == 3  # the first, and a standby during each probe
+    assert runner._spare is None and runner._process is None
+
+
 def test_hung_child_ends_as_timeout_within_its_limit(tiny_model, monkeypatch):
     inject_fault(monkeypatch, "hang")
     started = time.perf_counter()
