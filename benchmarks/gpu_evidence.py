@@ -787,7 +787,7 @@ TRUTH_FILE = "truth.jsonl"        # every probe of the truth and of the spread, 
 CONTENDER_SHARE = 0.6
 # What the truth leaves, on a card, for the pass's sections after it that say more (train 200 steps,
 # the plain Trainer, the pick in fresh processes); eval_generation gets what is left after those.
-TRUTH_RESERVE_SECONDS = 150.0
+TRUTH_RESERVE_SECONDS = 170.0
 # Round 1's share of the truth's time before round 2 starts on what it measured (all of it, when
 # round 1 ends sooner).
 ROUND_ONE_SHARE = 0.65
@@ -922,7 +922,7 @@ def section_truth(run: Run) -> dict:
                 "without_prediction": candidates["without_prediction"], "window": candidates["window"],
                 "search_confirmation": candidates["confirmation"], "contender_share": CONTENDER_SHARE,
                 "rounds": {tag: sum(1 for r in rows if r["tag"] == tag) for tag in ("truth-1", "truth-2")},
-                **truth_verdict(table, readme, rows), "table": table}
+                **truth_verdict(table, readme, rows), "table": table, "probes": rows}
 
     left = run.deadline.left()
     # Round 1 goes on until this much is left; then round 2 gives the contenders measured so far their
@@ -951,6 +951,24 @@ def section_truth(run: Run) -> dict:
             if closed and not done["probed"]:
                 raise Pending(f"round {round_name}: no time left for a probe; the same command goes on", figures())
         closed = True
+
+
+def section_probe_overhead(run: Run) -> dict:
+    """Where a probe's seconds go, in a warm child: the pick, another config the search measured, the
+    pick again (the first probe of a process and the later ones differ on a card)."""
+    readme = run.sections["readme_command"]
+    db, study = run.db("readme.db"), readme.get("study")
+    pick = (readme.get("pick") or {}).get("label")
+    measured = [p for p in readme.get("probes_stored", []) if p.get("status") == "ok"]
+    by_label = {p["label"]: p for p in measured}
+    if pick not in by_label:
+        raise Failed(f"the pick {pick!r} is not among the probes the search stored")
+    other = next((p for p in measured if p["label"] != pick), by_label[pick])
+    candidates = run.helper("truth_candidates", timeout=300, db=db, study=study)
+    key_of = {c["label"]: c["key"] for c in candidates["measured"]}
+    keys = [key_of[pick], key_of[other["label"]], key_of[pick]]
+    figures = run.helper("probe_phases", timeout=300, db=db, study=study, keys=keys)
+    return figures
 
 
 def section_spread(run: Run) -> dict:
@@ -1115,18 +1133,24 @@ class Section:
 
 # Each pass is one GPU command of at most 9 minutes, its sections in order of value. Pass 1 (measured
 # on an H100, 2026-11-26): the README's command and what it makes checkable, pytest -m gpu with what
-# is left. Pass 2 (issue 55): is the pick the fastest on the card (the noise-proof truth against the
-# README's search from an empty database), does the run go as fast as its probe (autotune train and a
-# plain Trainer), the spread between processes, evaluation and generation with what is left. Pass 3:
-# the rest (micro-checks, the benchmark's grid, Liger and the allocator).
+# is left. Pass 2 (issue 55; run on an H200, 2026-11-29): is the pick the fastest on the card (the
+# noise-proof truth against the README's search from an empty database), where a probe's seconds go,
+# does the run go as fast as its probe (autotune train and a plain Trainer), the spread between
+# processes. Pass 3: the rest (evaluation and generation, micro-checks, the benchmark's grid, Liger and
+# the allocator).
 SECTIONS: tuple[Section, ...] = (
-    # expected_seconds: pass 1's measured on an H100 on 2026-11-26 (benchmarks/results/nvidia-h100-80gb-hbm3-gpu-evidence-2026-11-26.json),
-    # rounded up; pytest_gpu's with bitsandbytes' three tests skipped, the benchmark's from its first half.
+    # expected_seconds: measured on an H100 on 2026-11-26 and an H200 on 2026-11-29 (benchmarks/results/),
+    # rounded up; pytest_gpu's and the truth's what their pass leaves them (both resume).
     Section("versions", section_versions, 30, 10, expected_seconds=15, passes=("1",)),
-    Section("readme_command", section_readme_command, 120, 30, expected_seconds=100, passes=("1", "2")),
-    # Round 1 about 40 configs of 4-8 s each, round 2 the contenders; it stops to leave
-    # TRUTH_RESERVE_SECONDS to the sections after it.
-    Section("truth", section_truth, 150, 20, expected_seconds=190, passes=("2",), needs=("readme_command",)),
+    # 88 s on the H100 (6 probes), 227 s on the H200 (11 probes, and a confirmation round of 13 windows
+    # in 103 s).
+    Section("readme_command", section_readme_command, 120, 30, expected_seconds=230, passes=("1", "2")),
+    Section("probe_overhead", section_probe_overhead, 45, 15, expected_seconds=30, passes=("2",),
+            needs=("readme_command",)),
+    # Whatever the pass leaves it: on the H200 (2026-11-29) a probe in a fresh process took 8-16 s, so
+    # its 45 configs want two commands of their own; it stops to leave TRUTH_RESERVE_SECONDS to the
+    # sections after it, and gives the contenders it measured their second process first.
+    Section("truth", section_truth, 150, 20, expected_seconds=100, passes=("2",), needs=("readme_command",)),
     Section("forum_config", section_forum_config, 60, 15, expected_seconds=30, passes=("1",)),
     Section("estimator_vs_probe", section_estimator_vs_probe, 45, 15, expected_seconds=25, passes=("1",),
             needs=("readme_command",)),
@@ -1135,13 +1159,14 @@ SECTIONS: tuple[Section, ...] = (
             needs=("cuda_facts",)),
     Section("train_200_steps", section_train_200_steps, 90, 20, expected_seconds=45, passes=("1", "2"),
             needs=("readme_command",)),
-    Section("trainer_handoff", section_trainer_handoff, 60, 20, expected_seconds=50, passes=("2",),
+    Section("trainer_handoff", section_trainer_handoff, 60, 20, expected_seconds=55, passes=("2",),
             needs=("readme_command",)),
-    Section("spread", section_spread, 30, 10, expected_seconds=35, passes=("2",), needs=("readme_command",)),
+    # Five fresh processes of the pick: 73 s on the H200.
+    Section("spread", section_spread, 30, 10, expected_seconds=60, passes=("2",), needs=("readme_command",)),
     # What is left of pass 1's 9 minutes; its tests resume in a later command.
-    Section("pytest_gpu", section_pytest_gpu, 60, 10, expected_seconds=240, passes=("1",)),
-    # What is left of pass 2's.
-    Section("eval_generation", section_eval_generation, 90, 30, expected_seconds=100, passes=("2",)),
+    Section("pytest_gpu", section_pytest_gpu, 60, 10, expected_seconds=130, passes=("1",)),
+    # gpt2's evaluating search took 76 s on the H200, the Pegasus-shaped generating one over 52.
+    Section("eval_generation", section_eval_generation, 90, 30, expected_seconds=150, passes=("3",)),
     Section("micro_checks", section_micro_checks, 60, 0, expected_seconds=350, passes=("3",), cuda_only=True),
     Section("benchmark", section_benchmark, 120, 30, expected_seconds=600, passes=("3",)),
     Section("liger_allocator_search", section_liger_allocator_search, 240, 0, expected_seconds=270, passes=("3",),
@@ -1663,7 +1688,8 @@ def helper_study_probes(db: str) -> dict:
         "label": r.config.label(), "config": r.config.to_dict(), "status": str(r.result.status),
         "tokens_per_s": r.result.tokens_per_s, "peak_allocated_bytes": r.result.peak_allocated_bytes,
         "peak_reserved_bytes": r.result.peak_reserved_bytes, "context_bytes": r.result.context_bytes,
-        "wall_seconds": r.result.wall_seconds, "error": one_line(r.result.error or "") or None,
+        "wall_seconds": r.result.wall_seconds, "build_seconds": r.result.build_seconds,
+        "measured_seconds": r.result.measured_seconds, "error": one_line(r.result.error or "") or None,
     } for r in records]}
 
 
@@ -1800,7 +1826,9 @@ def helper_fresh_probes(db: str, study: str, keys: list[str], results: str, seco
                 "tag": tag, "key": key, "label": config.label(), "status": str(result.status),
                 "tokens_per_s": result.tokens_per_s, "step_spread": result.step_spread,
                 "peak_reserved_bytes": result.peak_reserved_bytes, "wall_seconds": result.wall_seconds,
-                "startup_seconds": result.startup_seconds, "at": utc_now()}) + "\n")
+                "startup_seconds": result.startup_seconds, "build_seconds": result.build_seconds,
+                "measured_seconds": result.measured_seconds, "measured_steps": result.measured_steps,
+                "host_load": result.host_load, "at": utc_now()}) + "\n")
             out.flush()
             done += 1
     return {"probed": done, "children_started": runner.children_started}
@@ -1869,6 +1897,84 @@ def helper_trainer_handoff(db: str, study: str, data_dir: str, output_dir: str, 
     }
 
 
+def helper_probe_phases(db: str, study: str, keys: list[str]) -> dict:
+    """Where a probe's seconds go: `keys` (configs of `study`, run as its search ran them) probed one
+    after another in this one process by the probe child's own code, as a warm child runs them,
+    each step of the child timed (its start: device, NVML, cap; the model's build, the optimizer,
+    the step; warm-up; window; release), with the CUDA allocator's retries (an allocation over the
+    cap frees the cache and tries again) and the garbage collector's passes. On the H200
+    (2026-11-29) gpt2's build took 5.4-7.4 s in every probe of a warm child but its first (0.05 s):
+    80% of a probe's time."""
+    import gc
+
+    from autotune.models import resolve_model
+    from autotune.probe import child
+    from autotune.probe.protocol import ProbeRequest
+    from autotune.probe.settings import ProbeSettings
+    from autotune.search.plan import StudyPlan
+    from autotune.store import open_store
+
+    with open_store(db, read_only=True) as store:
+        record, configs = study_configs(store, study)
+    by_key = {c.key(): c for c in configs}
+    device = str(record.environment.get("device_type") or "cuda")
+    settings = ProbeSettings.from_plan(StudyPlan.from_dict(record.plan).probe, device=device, margin=record.margin_bytes)
+    budget = settings.budget(record.budget_bytes)
+    spec = resolve_model(by_key[keys[0]].model)
+    steps: dict[str, float] = {}
+
+    def timed(module: Any, name: str) -> None:
+        original = getattr(module, name)
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                steps[name] = steps.get(name, 0.0) + time.perf_counter() - started
+
+        setattr(module, name, wrapper)
+
+    for name in ("_start", "describe", "other_gpu_processes", "cap_memory", "build_random_model", "make_optimizer",
+                 "ProbeStep", "parameter_count", "_warm_up", "_time_window", "_release", "_judge"):
+        timed(child, name)
+    collections = {"passes": 0, "seconds": 0.0}
+    started_gc = [0.0]
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started_gc[0] = time.perf_counter()
+        else:
+            collections["passes"] += 1
+            collections["seconds"] += time.perf_counter() - started_gc[0]
+
+    gc.callbacks.append(on_gc)
+    import torch
+
+    cuda = device.startswith("cuda") and torch.cuda.is_available()
+    probes = []
+    gc.collect()
+    gc.freeze()
+    for key in keys:
+        steps.clear()
+        collections.update(passes=0, seconds=0.0)
+        retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) if cuda else None
+        marks: list[tuple[str, float]] = [("start", time.perf_counter())]
+        request = ProbeRequest(config=by_key[key], model=spec, budget=budget, settings=settings)
+        probe = child._probe_in_process(request, lambda phase: marks.append((phase, time.perf_counter())))
+        marks.append(("end", time.perf_counter()))
+        del probe
+        gc.collect()  # what the child's loop leaves for the next probe
+        gc.freeze()
+        phases = {a: round(t2 - t1, 3) for (a, t1), (_, t2) in zip(marks, marks[1:])}
+        probes.append({"label": by_key[key].label(), "seconds": round(marks[-1][1] - marks[0][1], 3), "phases": phases,
+                       "steps": {k: round(v, 3) for k, v in steps.items()},
+                       "gc": {"passes": collections["passes"], "seconds": round(collections["seconds"], 3)},
+                       "alloc_retries": (torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries) if cuda else None})
+    gc.callbacks.remove(on_gc)
+    return {"probes": probes}
+
+
 HELPERS: dict[str, Callable[..., dict]] = {
     "device_info": helper_device_info,
     "versions": helper_versions,
@@ -1886,6 +1992,7 @@ HELPERS: dict[str, Callable[..., dict]] = {
     "truth_candidates": helper_truth_candidates,
     "fresh_probes": helper_fresh_probes,
     "trainer_handoff": helper_trainer_handoff,
+    "probe_phases": helper_probe_phases,
 }
 
 

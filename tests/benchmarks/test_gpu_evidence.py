@@ -95,6 +95,20 @@ def test_cpu_mode_measures_every_section_or_says_why_not(cpu_runs):
     assert train["run_status"] == "finished" and train["steps"] == 5 and train["within_budget"]
     assert train["peak_reserved_bytes"] > 0 and train["tokens_per_s"] > 0 and train["config"] == readme["pick"]["label"]
 
+    truth = sections["truth"]
+    assert truth["rounds"] == {"truth-1": truth["measured_configs"], "truth-2": truth["measured_configs"]} == {"truth-1": 2, "truth-2": 2}
+    assert all(len(row["tokens_per_s"]) == 2 and row["median"] > 0 for row in truth["table"])
+    assert 0 < truth["pick_quality"] <= 1 and truth["pick"]["label"] == readme["pick"]["label"]
+    assert truth["search_probes"] == readme["probes"] and truth["truth_gpu_seconds"] > 0
+    overhead = sections["probe_overhead"]["probes"]
+    assert [p["label"] for p in overhead][::2] == [readme["pick"]["label"]] * 2
+    assert all(p["steps"]["build_random_model"] > 0 and p["phases"]["timing"] > 0 for p in overhead)
+    handoff = sections["trainer_handoff"]
+    assert handoff["steps"] == 5 and handoff["config"] == readme["pick"]["label"] and handoff["tokens_per_s"] > 0
+    assert handoff["args"]["per_device_train_batch_size"] * handoff["args"]["gradient_accumulation_steps"] == 2
+    spread = sections["spread"]
+    assert spread["processes"] == 5 and set(spread["statuses"]) == {"ok"} and spread["spread"] >= 0
+
     log = (out / LOG_FILE).read_text()
     assert "autotune search" in log and "--- exit status 0" in log
     assert CONSTANTS.read_text() == constants, "the CPU mode must not record CUDA constants"
@@ -147,9 +161,9 @@ def test_each_pass_fits_one_gpu_command_in_order_of_value():
         assert names == tuple(s.name for s in SECTIONS if number in s.passes)
         assert sum(s.expected_seconds for s in SECTIONS if s.name in names) <= PASS_SECONDS <= 9 * 60 or number == "3"
     assert PASSES["1"][:3] == ("versions", "readme_command", "forum_config") and PASSES["1"][-1] == "pytest_gpu"
-    # Pass 2: the search from an empty database and the noise-proof truth first, the run against its
-    # probe next, evaluation and generation with what is left.
-    assert PASSES["2"] == ("readme_command", "truth", "train_200_steps", "trainer_handoff", "spread", "eval_generation")
+    # Pass 2: the search from an empty database, where its probes' seconds go, the noise-proof truth;
+    # then the run against its probe, and the spread between processes.
+    assert PASSES["2"] == ("readme_command", "probe_overhead", "truth", "train_200_steps", "trainer_handoff", "spread")
     # Nothing in a pass waits for a section that is not in it, or comes after it.
     position = {s.name: i for i, s in enumerate(SECTIONS)}
     for s in SECTIONS:
