@@ -897,6 +897,19 @@ def truth_verdict(table: Sequence[dict], readme: Mapping[str, Any], rows: Sequen
     }
 
 
+def study_candidates(run: Run, db: str, study: str) -> dict:
+    """helper_truth_candidates' answer for the README's study, asked once per state (the truth, the
+    spread and probe_overhead each need it; the study does not change once searched)."""
+    path = run.state / "truth-candidates.json"
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("study") == study:
+            return saved["candidates"]
+    candidates = run.helper("truth_candidates", timeout=300, db=db, study=study)
+    path.write_text(json.dumps({"study": study, "candidates": candidates}))
+    return candidates
+
+
 def section_truth(run: Run) -> dict:
     """The ground truth that the noise between processes cannot fool: every config of the README's
     search that its memory predictions do not rule out, each probed in fresh processes (round 1 in
@@ -905,7 +918,7 @@ def section_truth(run: Run) -> dict:
     db, study = run.db("readme.db"), readme.get("study")
     if not study:
         raise Failed("readme_command recorded no study name")
-    candidates = run.helper("truth_candidates", timeout=300, db=db, study=study)
+    candidates = study_candidates(run, db, study)
     # Round 1 starts with what the search measured (its pick, the configs it was told apart from),
     # so that a deadline leaves out the configs it did not measure rather than these.
     ordered = sorted(candidates["measured"], key=lambda c: c["search_status"] not in ("ok", "oom"))
@@ -925,32 +938,21 @@ def section_truth(run: Run) -> dict:
                 **truth_verdict(table, readme, rows), "table": table, "probes": rows}
 
     left = run.deadline.left()
-    # Round 1 goes on until this much is left; then round 2 gives the contenders measured so far their
-    # second process.
-    first_round_until = None if left is None else left - ROUND_ONE_SHARE * (left - reserve - WRAP_UP_SECONDS)
-    closed = False
-    while True:
-        round_name, todo = next_truth_round(keys, read_rows(path, "truth-"), closed)
-        if not todo:
-            return figures()
-        left = run.deadline.left()
-        seconds = 1e9 if left is None else left - reserve - WRAP_UP_SECONDS
-        if round_name == "1" and not closed and first_round_until is not None:
-            seconds = min(seconds, left - first_round_until)
-        if seconds < 20 and (closed or first_round_until is None):
-            raise Pending(f"round {round_name} has {len(todo)} configs left; the same command goes on", figures())
-        if seconds >= 20:
-            try:
-                done = run.helper("fresh_probes", timeout=seconds + KILL_GRACE_SECONDS + 60, db=db, study=study,
-                                  keys=todo, results=str(path), seconds=seconds, tag=f"truth-{round_name}")
-            except SectionEnd as end:
-                end.figures = figures()
-                raise
-            if done["probed"] == len(todo):
-                continue
-            if closed and not done["probed"]:
-                raise Pending(f"round {round_name}: no time left for a probe; the same command goes on", figures())
-        closed = True
+    seconds = 1e9 if left is None else left - reserve - WRAP_UP_SECONDS
+    if next_truth_round(keys, read_rows(path, "truth-"), True)[1]:
+        if seconds < 20:
+            raise Pending(f"{seconds + reserve:.0f} s left of the {20 + reserve:.0f} the truth needs to probe", figures())
+        try:
+            # One chain of processes for every round: a probe's process is started while the last runs.
+            run.helper("fresh_probes", timeout=seconds + KILL_GRACE_SECONDS + 60, db=db, study=study, results=str(path),
+                       seconds=seconds, truth_keys=keys, round_one_seconds=ROUND_ONE_SHARE * seconds)
+        except SectionEnd as end:
+            end.figures = figures()
+            raise
+    round_name, todo = next_truth_round(keys, read_rows(path, "truth-"), True)
+    if todo:
+        raise Pending(f"round {round_name} has {len(todo)} configs left; the same command goes on", figures())
+    return figures()
 
 
 def section_probe_overhead(run: Run) -> dict:
@@ -964,7 +966,7 @@ def section_probe_overhead(run: Run) -> dict:
     if pick not in by_label:
         raise Failed(f"the pick {pick!r} is not among the probes the search stored")
     other = next((p for p in measured if p["label"] != pick), by_label[pick])
-    candidates = run.helper("truth_candidates", timeout=300, db=db, study=study)
+    candidates = study_candidates(run, db, study)
     key_of = {c["label"]: c["key"] for c in candidates["measured"]}
     keys = [key_of[pick], key_of[other["label"]], key_of[pick]]
     figures = run.helper("probe_phases", timeout=300, db=db, study=study, keys=keys)
@@ -977,7 +979,7 @@ def section_spread(run: Run) -> dict:
     readme = run.sections["readme_command"]
     db, study = run.db("readme.db"), readme.get("study")
     pick = (readme.get("pick") or {}).get("label")
-    candidates = run.helper("truth_candidates", timeout=300, db=db, study=study)
+    candidates = study_candidates(run, db, study)
     key = next((c["key"] for c in candidates["measured"] if c["label"] == pick), None)
     if key is None:
         raise Failed(f"the pick {pick!r} is not among the study's configs")
@@ -1005,8 +1007,7 @@ def section_trainer_handoff(run: Run) -> dict:
     """The README's hand-off in a plain transformers Trainer (`best.training_arguments()`,
     `best.load_model()`), 200 steps on `autotune train`'s data: its tokens/s against the probe's."""
     readme = run.sections["readme_command"]
-    data = run.state / "train-data"
-    run.helper("train_data", timeout=300, directory=str(data))
+    data = run.state / "train-data"  # (made by helper_trainer_handoff where train_200_steps did not)
     output = run.state / "handoff-run"
     shutil.rmtree(output, ignore_errors=True)
     steps = 200 if run.cuda else 5
@@ -1794,43 +1795,74 @@ def helper_truth_candidates(db: str, study: str) -> dict:
             "confirmation": record.confirmation}
 
 
-def helper_fresh_probes(db: str, study: str, keys: list[str], results: str, seconds: float, tag: str) -> dict:
-    """Each of `keys` (configs of `study`, repeats allowed) probed in a process of its own, as the
-    study's search probed (its settings and budget), the next process started while the last probe
-    ran; one JSON line per probe appended to `results` as it ends. No probe starts with fewer than
-    its predecessors' longest wall time left of `seconds`."""
+def probe_in_turn(batches: Callable[[bool], tuple[str, list[str]]], probe: Callable[[str, str], float],
+                  clock: Callable[[], float], seconds: float, round_one_seconds: float | None = None) -> int:
+    """Probe what `batches(closed)` names, batch after batch, until it names nothing or `seconds` run
+    out (no probe starts with less left than the longest one so far took); `probe(key, tag)` runs
+    one and says its seconds. A batch tagged truth-1 (the truth's round 1) is left, `closed`, once
+    `round_one_seconds` have passed, so that the next batch (round 2) comes first. How many probed."""
+    started = clock()
+    done, longest, closed = 0, 0.0, False
+    while True:
+        tag, todo = batches(closed)
+        if not todo:
+            return done
+        for key in todo:
+            if clock() + longest > started + seconds:
+                return done
+            if (tag == "truth-1" and not closed and round_one_seconds is not None
+                    and clock() + longest > started + round_one_seconds):
+                closed = True
+                break
+            longest = max(longest, probe(key, tag))
+            done += 1
+
+
+def helper_fresh_probes(db: str, study: str, results: str, seconds: float, keys: list[str] | None = None,
+                        tag: str = "", truth_keys: list[str] | None = None, round_one_seconds: float | None = None) -> dict:
+    """Configs of `study`, each probed in a process of its own as the study's search probed (its
+    settings and budget), the next process started while the last probe ran; one JSON line per
+    probe appended to `results` as it ends. Either `keys` (repeats allowed) under `tag`, or the
+    truth's rounds over `truth_keys` (next_truth_round; round 1 closed after `round_one_seconds`)
+    in the same processes' chain, for at most `seconds` (probe_in_turn)."""
     from autotune.models import resolve_model
     from autotune.probe.runner import ProbeRunner
     from autotune.probe.settings import ProbeSettings
+    from autotune.search.plan import StudyPlan
     from autotune.store import open_store
 
-    ends = time.monotonic() + seconds
     with open_store(db, read_only=True) as store:
         record, configs = study_configs(store, study)
-    from autotune.search.plan import StudyPlan
-
     by_key = {c.key(): c for c in configs}
     device = str(record.environment.get("device_type") or "cuda")
     settings = ProbeSettings.from_plan(StudyPlan.from_dict(record.plan).probe, device=device, margin=record.margin_bytes)
     budget = settings.budget(record.budget_bytes)
-    spec = resolve_model(by_key[keys[0]].model) if keys else None
-    done, longest = 0, 0.0
-    with ProbeRunner(settings, reuse_child=False, standby=True) as runner, open(results, "a") as out:
-        for key in keys:
-            if time.monotonic() + longest > ends:
-                break
+    spec = resolve_model(configs[0].model)
+    path = Path(results)
+    fixed = list(keys or [])
+
+    def batches(closed: bool) -> tuple[str, list[str]]:
+        if truth_keys is None:
+            todo, fixed[:] = list(fixed), []
+            return tag, todo
+        round_name, todo = next_truth_round(truth_keys, read_rows(path, "truth-"), closed)
+        return f"truth-{round_name}", todo
+
+    with ProbeRunner(settings, reuse_child=False, standby=True) as runner, open(path, "a") as out:
+        def probe(key: str, row_tag: str) -> float:
             config = by_key[key]
             result = runner.run(config, budget, spec)
-            longest = max(longest, result.wall_seconds or 0.0)
             out.write(json.dumps({
-                "tag": tag, "key": key, "label": config.label(), "status": str(result.status),
+                "tag": row_tag, "key": key, "label": config.label(), "status": str(result.status),
                 "tokens_per_s": result.tokens_per_s, "step_spread": result.step_spread,
                 "peak_reserved_bytes": result.peak_reserved_bytes, "wall_seconds": result.wall_seconds,
                 "startup_seconds": result.startup_seconds, "build_seconds": result.build_seconds,
                 "measured_seconds": result.measured_seconds, "measured_steps": result.measured_steps,
                 "host_load": result.host_load, "at": utc_now()}) + "\n")
             out.flush()
-            done += 1
+            return result.wall_seconds or 0.0
+
+        done = probe_in_turn(batches, probe, time.monotonic, seconds, round_one_seconds)
     return {"probed": done, "children_started": runner.children_started}
 
 
@@ -1842,6 +1874,7 @@ def helper_trainer_handoff(db: str, study: str, data_dir: str, output_dir: str, 
 
     import autotune
 
+    helper_train_data(data_dir)
     best = autotune.best(study, db)
     _os.environ.update(best.environment())  # the allocator's setting, before CUDA starts
     import torch

@@ -355,51 +355,34 @@ def test_the_gpu_tests_are_read_from_a_verbose_run_and_from_a_collection():
                                                                        "tests/train/test_gpu.py::test_b"]
 
 
-class FakeClock:
-    """A deadline whose time passes only when the fake probes below spend it."""
-
-    def __init__(self, seconds: float) -> None:
-        self.remaining = seconds
-
-    def left(self) -> float:
-        return max(0.0, self.remaining)
-
-
-def test_the_truth_gives_the_contenders_their_second_process_before_the_deadline_cuts_round_one(tmp_path):
-    # Twenty configs of 10 s a probe, 300 s left: round 1 cannot end in its share (0.65 of 255 s), so
-    # round 2 measures what round 1 found, then round 1 goes on until the deadline; the section is
-    # pending, with what it measured, and the same command would go on.
+def test_the_truth_gives_the_contenders_their_second_process_before_the_deadline_cuts_round_one():
+    # Twenty configs of 10 s a probe, 255 s: round 1 cannot end in its share (0.65), so round 2
+    # measures what round 1 found, then round 1 goes on until the time is out.
     keys = [f"k{i}" for i in range(20)]
-    run = fake_run(tmp_path)
-    run.deadline = FakeClock(300)
-    run.sections["readme_command"] = {"study": "s", "pick": {"label": "K3"}, "probes": 4, "search_seconds": 30.0}
+    rows: list[dict] = []
+    now = [0.0]
 
-    def helper(name, *, timeout, **kwargs):
-        if name == "truth_candidates":
-            return {"candidates": 12, "measured": [{"key": k, "label": k.upper(), "search_status": "ok" if k == "k3" else "skipped"}
-                                                   for k in keys],
-                    "ruled_out_by_memory": ["X", "Y"], "without_prediction": [], "window": {}, "confirmation": None}
-        probed = 0
-        with open(kwargs["results"], "a") as out:
-            for key in kwargs["keys"]:
-                if kwargs["seconds"] - 10 * probed < 10:
-                    break
-                out.write(json.dumps({"tag": kwargs["tag"], "key": key, "status": "ok", "wall_seconds": 10.0,
-                                      "tokens_per_s": 100.0 - int(key[1:]) * 7}) + "\n")
-                probed += 1
-        run.deadline.remaining -= 10 * probed
-        return {"probed": probed}
+    def batches(closed):
+        round_name, todo = gpu_evidence.next_truth_round(keys, rows, closed)
+        return f"truth-{round_name}", todo
 
-    run.helper = helper
-    with pytest.raises(Pending) as cut:
-        gpu_evidence.section_truth(run)
-    figures = cut.value.figures
-    rows = [json.loads(line) for line in (tmp_path / gpu_evidence.TRUTH_FILE).read_text().splitlines()]
+    def probe(key, tag):
+        rows.append({"tag": tag, "key": key, "status": "ok", "wall_seconds": 10.0, "tokens_per_s": 100.0 - int(key[1:]) * 7})
+        now[0] += 10
+        return 10.0
+
+    done = gpu_evidence.probe_in_turn(batches, probe, lambda: now[0], 255, 0.65 * 255)
     first = [r["key"] for r in rows if r["tag"] == "truth-1"]
-    assert first[0] == "k3"  # what the search measured first
     second = [r["key"] for r in rows if r["tag"] == "truth-2"]
-    # Every contender measured in round 1 (within 0.6 of its best) has a second process.
+    assert done == len(rows) == 25 and now[0] <= 255
+    # Round 1 stopped at its share (16 probes in 165.75 s); every contender it measured (within 0.6 of
+    # its best) has a second process, in reverse order; then round 1 went on.
+    assert first[:16] == keys[:16] and second[:6] == ["k5", "k4", "k3", "k2", "k1", "k0"]
     fits = {r["key"]: r["tokens_per_s"] for r in rows if r["tag"] == "truth-1"}
     assert {k for k in fits if fits[k] >= 0.6 * max(fits.values())} <= set(second)
-    assert len(rows) == 25 and figures["rounds"] == {"truth-1": len(first), "truth-2": len(second)}
-    assert figures["pick"]["label"] == "K3" and figures["best"]["label"] == "K0" and 0 < figures["pick_quality"] < 1
+    assert [r["tag"] for r in rows].index("truth-2") == 16
+    # A fixed list (the spread): the same key in turn, until the time is out.
+    rows.clear()
+    now[0] = 0.0
+    fixed = [("spread", ["k0"] * 5)]
+    assert gpu_evidence.probe_in_turn(lambda closed: fixed.pop() if fixed else ("spread", []), probe, lambda: now[0], 35) == 3
