@@ -65,6 +65,18 @@ class Counts:
                 f"{self.skipped} skipped without a probe. {found or 'nothing settled yet'}.")
 
 
+def confirmation_sentence(decision: dict | None) -> list[str]:
+    """The confirmation round's own probes (windows measured again), which the configurations'
+    count above leaves out; nothing where no round measured any."""
+    probes = int((decision or {}).get("probes") or 0)
+    if not probes:
+        return []
+    rounds = int((decision or {}).get("rounds") or 0)
+    return ["", f"The confirmation round measured {probes} more window{'s' if probes != 1 else ''} of the contenders "
+                f"({rounds} round{'s' if rounds != 1 else ''}, {(decision or {}).get('seconds') or 0:.1f} s): "
+                f"{probes} probes beyond those above."]
+
+
 @dataclass(frozen=True, slots=True)
 class _StoredOutcome:
     """The parts of a search outcome that `explain_winner` reads, rebuilt from the store."""
@@ -151,7 +163,7 @@ def render_report(study: StudyRecord, probes: Sequence[ProbeRecord], leaderboard
     shown = f"top {TOP} of {len(board)}" if len(board) > TOP else f"{len(board)}"
     lines += [f"### Leaderboard ({shown} that fit)", ""]
     lines += [leaderboard_table(board) if board else "No configuration fits yet.", ""]
-    lines += ["### Probes", "", Counts.of(probes, claims).sentence(), ""]
+    lines += ["### Probes", "", Counts.of(probes, claims).sentence(), *confirmation_sentence(study.confirmation), ""]
     if image is not None:
         lines += [f"![{study.name}: tokens/s against memory needed]({image})", ""]
     elif image_note:

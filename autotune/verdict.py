@@ -37,6 +37,15 @@ def reliable(decision: Decision | None) -> bool:
     return not decided(decision) or bool(decision.get("reliable", True))  # type: ignore[union-attr]
 
 
+def known_reliable(decision: Decision | None) -> bool | None:
+    """Whether a round told the pick apart from its contenders beyond the timing noise; None where
+    no round decided (`--no-confirm`, a search stopped early, a fleet of workers): not known, which
+    a user must not read as reliable."""
+    if not decided(decision):
+        return None
+    return bool(decision.get("reliable", True))  # type: ignore[union-attr]
+
+
 def confirmed(decision: Decision | None, winner_key: str) -> bool:
     """Told apart from the configs within noise of it by measuring them again."""
     return decided(decision) and bool(decision.get("confirmed")) and decision.get("winner") == winner_key  # type: ignore[union-attr]

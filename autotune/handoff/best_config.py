@@ -131,16 +131,18 @@ class BestConfig:
         return verdict.answer(self.confirmation, self.row.config_key)
 
     @property
-    def reliable(self) -> bool:
+    def reliable(self) -> bool | None:
         """Whether the study's confirmation round could tell the pick apart from its contenders
-        beyond the timing noise (True where no round ran: nothing said otherwise)."""
-        return verdict.reliable(self.confirmation)
+        beyond the timing noise; None where no round decided (not known: `--no-confirm`, a search
+        stopped early, a fleet of workers)."""
+        return verdict.known_reliable(self.confirmation)
 
     def to_dict(self) -> dict:
         """Flat and JSON-ready; the keys of `autotune best --format json`. `margin`: the winner's
         throughput over the runner-up's, minus 1; `confirmed`: told apart from the configs within
         noise of it by measuring them again (False: a tie, or no confirmation round ran);
-        `reliable`: False when the timing could not tell the contenders apart beyond its noise."""
+        `reliable`: False when the timing could not tell the contenders apart beyond its noise, None
+        where no round decided (not known)."""
         c = self.confirmation or {}
         return {**self.row.to_dict(), "margin": c.get("margin"), "margin_noise": c.get("noise"),
                 "confirmed": self.confirmed, "reliable": self.reliable,

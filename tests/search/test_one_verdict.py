@@ -214,3 +214,23 @@ def test_a_study_made_only_of_reused_probes_still_says_its_pick_is_not_reliable(
     text = explain_winner(again)
     assert "every window was measured by earlier studies" in text and "not reliable" in text
     assert best_of("again").reliable is False and best_of("again").to_dict()["reliable"] is False
+
+
+def test_a_pick_no_round_judged_is_not_said_reliable_and_the_report_counts_the_rounds_windows(hermetic_home):
+    # Windows 3% apart inside ±14% of noise: without a round (--no-confirm, as a fleet of workers has
+    # none), whether the pick is reliable is not known, where it used to read as `"reliable": true`.
+    runner = WindowsRunner({4: [3000.0, 2600.0, 3400.0], 2: [2910.0, 3300.0, 2500.0], 1: [900.0]})
+    with open_store() as store:
+        search(store, runner, "unjudged", confirm=False)
+        unjudged = render_report(store.study("unjudged"), store.probes("unjudged"), store.leaderboard("unjudged"))
+        search(store, WindowsRunner({4: [3000.0, 2600.0, 3400.0], 2: [2910.0, 3300.0, 2500.0], 1: [900.0]}), "judged",
+               fresh=True)
+        decision = store.study("judged").confirmation
+        judged = render_report(store.study("judged"), store.probes("judged"), store.leaderboard("judged"))
+    best = best_of("unjudged")
+    assert best.reliable is None and best.to_dict()["reliable"] is None and best.to_dict()["confirmed"] is False
+    assert "no confirmation round ran" in str(best)
+    assert "confirmation round measured" not in unjudged
+    # The round's own probes are counted beside the configurations'.
+    assert decision["probes"] >= 2 and best_of("judged").reliable is not None
+    assert f"The confirmation round measured {decision['probes']} more windows" in judged
