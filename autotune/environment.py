@@ -21,6 +21,22 @@ def package_version(name: str) -> str | None:
         return None
 
 
+# The OpenMP settings a step's speed on the host depends on (threads, and whether idle threads spin:
+# autotune sets OMP_WAIT_POLICY itself, autotune.processes.OPENMP_ENVIRONMENT), kept as the probe's
+# process had them set, so that the hand-off starts the run under the same (issue 56).
+OPENMP_VARIABLES = ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def openmp_settings(environ: Any) -> tuple[tuple[str, str], ...]:
+    """OPENMP_VARIABLES as set in `environ` (os.environ, say), in that order."""
+    return tuple((name, str(environ[name])) for name in OPENMP_VARIABLES if environ.get(name))
+
+
+def openmp_of(stored: Any) -> tuple[tuple[str, str], ...]:
+    """Environment.openmp from its JSON form (a list of pairs; nothing where not recorded)."""
+    return tuple((str(name), str(value)) for name, value in stored or ())
+
+
 def cpu_name() -> str:
     """The host CPU's model name (/proc/cpuinfo), else what `platform` says."""
     try:
@@ -45,9 +61,15 @@ class Environment:
     torch_version: str | None = None
     transformers_version: str | None = None
     autotune_version: str = __version__
+    # The OpenMP settings the probe's process ran under (openmp_settings): they time a CPU step, and
+    # the hand-off carries them. Empty where not known (environments recorded before they were).
+    openmp: tuple[tuple[str, str], ...] = ()
 
     def fingerprint(self) -> str:
-        canonical = json.dumps(asdict(self), sort_keys=True)
+        data = asdict(self)
+        if not data["openmp"]:
+            del data["openmp"]  # (so that an environment without them keeps the fingerprint it had)
+        canonical = json.dumps(data, sort_keys=True)
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def to_dict(self) -> dict:
@@ -55,4 +77,7 @@ class Environment:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Environment":
-        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+        values = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        if "openmp" in values:
+            values["openmp"] = openmp_of(values["openmp"])
+        return cls(**values)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from autotune import evaluation, speed, verdict, yaml_text
 from autotune.budget import Budget, required_bytes
+from autotune.environment import openmp_of
 from autotune.errors import BadInput, StudyNotFound
 from autotune.handoff import later_phases, loss_scaling, ranks, scripts, tools
 from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec, bnb_4bit_kwargs, is_qlora, memory_caveats
@@ -51,6 +52,7 @@ class BestConfig:
     row: LeaderboardRow
     device_type: str = "cuda"   # where the study measured: a CPU study hands off to a CPU run
     confirmation: dict | None = None  # the study's confirmation round (search/confirm.py), if one ran
+    openmp: tuple[tuple[str, str], ...] = ()  # the OpenMP settings its probes ran under (Environment.openmp)
 
     @property
     def config(self):
@@ -116,6 +118,7 @@ class BestConfig:
             f"  confirmed: {said}",
             *(f"  note:      {caveat}" for caveat in memory_caveats(c.optimizer)),
             *(f"  note:      {note}" for note in [loss_scaling.loss_fix_note(c.task, c.grad_accum)] if note),
+            *(f"  environment: {name}={value}" for name, value in self.environment().items()),
             f"  hand-off:  args = best.training_arguments(output_dir=\"out\"){args_class}",
             f"             model = best.load_model({json.dumps(c.model)})  # or a PretrainedConfig: from_config, random weights",
             *lora,
@@ -142,10 +145,11 @@ class BestConfig:
         throughput over the runner-up's, minus 1; `confirmed`: told apart from the configs within
         noise of it by measuring them again (False: a tie, or no confirmation round ran);
         `reliable`: False when the timing could not tell the contenders apart beyond its noise, None
-        where no round decided (not known)."""
+        where no round decided (not known); `environment`: the variables the run must start with, as
+        the probes ran (`environment()`)."""
         c = self.confirmation or {}
         return {**self.row.to_dict(), "margin": c.get("margin"), "margin_noise": c.get("noise"),
-                "confirmed": self.confirmed, "reliable": self.reliable,
+                "confirmed": self.confirmed, "reliable": self.reliable, "environment": self.environment(),
                 **({"lora_config": self.lora_kwargs()} if self.config.peft is not None else {})}
 
     def trainer_kwargs(self) -> dict:
@@ -204,10 +208,24 @@ class BestConfig:
         return later_phases.arguments_class(self.config)
 
     def environment(self) -> dict[str, str]:
-        """Environment variables the training process must start with: the CUDA allocator's
-        setting, read once when CUDA initialises (`autotune train` sets it itself)."""
+        """Environment variables the training process must start with, as the probes ran: the CUDA
+        allocator's setting (read once when CUDA initialises) and OpenMP's (threads, wait policy:
+        read once when torch loads). No flag or argument can set them. (`autotune train` sets the
+        allocator itself and OpenMP's wait policy as the probes had it.)"""
+        return {**self.allocator_environment(), **dict(self.openmp)}
+
+    def allocator_environment(self) -> dict[str, str]:
+        """The CUDA allocator's setting of the winner, as environment variables (none for the default)."""
         value = speed.alloc_conf(self.config.allocator)
         return {} if value is None else {name: value for name in speed.ALLOC_CONF_VARS}
+
+    def openmp_caveat(self, what: str) -> str | None:
+        """One line: start `what` under the OpenMP settings the probes ran under (None: none known)."""
+        if not self.openmp:
+            return None
+        settings = " ".join(f"{name}={value}" for name, value in self.openmp)
+        return (f"the probes ran with {settings}: start {what} with them in its environment (OpenMP reads them once, "
+                f"when torch loads; other threads or a spinning wait policy time the same step differently)")
 
     def model_kwargs(self) -> dict:
         """Keyword arguments for `from_pretrained` of the task's Auto class: `load_kwargs()` and
@@ -458,4 +476,4 @@ def best_in(store, study: str | None = None) -> BestConfig:
         raise StudyNotFound(_nothing_fits(store.study(study), store.probes(study)))
     record = store.study(rows[0].study)
     device_type = record.environment.get("device_type") or "cuda"
-    return BestConfig(rows[0], device_type, record.confirmation)
+    return BestConfig(rows[0], device_type, record.confirmation, openmp_of(record.environment.get("openmp")))

@@ -95,8 +95,10 @@ def cli_caveats(best: BestConfig) -> list[str]:
         caveats.append(f"{c.ranks} GPUs, {c.strategy}: start {script} with `{best.launch_command(script)}` (the file: "
                        f"`autotune best --study {best.row.study} --format accelerate > {ranks.ACCELERATE_CONFIG_FILE}`); "
                        f"effective batch = {c.micro_batch} x {c.grad_accum} x {c.ranks} = {c.effective_batch}")
-    if environment := best.environment():  # read once, when CUDA starts: no flag can set it
+    if environment := best.allocator_environment():  # read once, when CUDA starts: no flag can set it
         settings = " ".join(f"{name}={value}" for name, value in environment.items())
         caveats.append(f"allocator {c.allocator}: start {script} with {settings} in its environment "
                        f"(`{settings} python {script} ...`)")
+    if (openmp := best.openmp_caveat(script)) is not None:
+        caveats.append(openmp)
     return caveats

@@ -442,9 +442,11 @@ def tool_document(best: BestConfig, fmt: str) -> dict:
 def notes(best: BestConfig, fmt: str) -> list[str]:
     """What `fmt`'s document cannot say of the winner, one line each, to set by hand."""
     said = list(_NOTES[fmt](best))
-    if environment := best.environment():
+    if environment := best.allocator_environment():
         settings = " ".join(f"{name}={value}" for name, value in environment.items())
         said.append(f"allocator {best.config.allocator}: start the run with {settings} in its environment")
+    if (openmp := best.openmp_caveat("the run")) is not None:
+        said.append(openmp)
     return said
 
 

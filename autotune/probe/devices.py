@@ -8,7 +8,7 @@ import os
 import torch
 
 from autotune.cards import DEVICE_FRAGMENTS
-from autotune.environment import Environment, cpu_name, package_version
+from autotune.environment import Environment, cpu_name, openmp_settings, package_version
 from autotune.errors import DeviceError
 
 # Dense peak FLOP/s by precision, from the card table (autotune.cards, the one source): fp32 is plain
@@ -115,10 +115,11 @@ def describe(device: torch.device) -> Environment:
         return Environment(
             device_type="cuda", device_name=props.name, device_total_bytes=props.total_memory,
             cuda_version=torch.version.cuda, driver_version=_driver_version(),
-            torch_version=torch_version, transformers_version=transformers_version,
+            torch_version=torch_version, transformers_version=transformers_version, openmp=openmp_settings(os.environ),
         )
     return Environment(device_type="cpu", device_name=f"cpu: {cpu_name()}", device_total_bytes=host_memory_bytes(),
-                       torch_version=torch_version, transformers_version=transformers_version)
+                       torch_version=torch_version, transformers_version=transformers_version,
+                       openmp=openmp_settings(os.environ))
 
 
 # The FlashAttention kernels take fp16 and bf16 tensors only.

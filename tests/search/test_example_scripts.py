@@ -235,3 +235,29 @@ def test_the_speed_levers_are_flags_and_the_allocator_a_caveat(hermetic_home):
     assert chosen.cli_flags().endswith("--optim adamw_torch_fused --tf32 true --torch_compile --use_liger_kernel")
     assert ("allocator expandable: start run_clm.py with PYTORCH_ALLOC_CONF=expandable_segments:True "
             "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in its environment") in "\n".join(chosen.cli_caveats())
+
+
+def test_the_openmp_settings_the_probes_ran_under_are_part_of_every_hand_off(hermetic_home):
+    # Stored with the study's environment as the probe's process had them; an environment recorded
+    # before they were keeps its fingerprint (its stored probes stay reusable) and hands off none.
+    import dataclasses
+
+    from autotune import best
+    from autotune.handoff import tools
+
+    ran = dataclasses.replace(ENV, openmp=(("OMP_WAIT_POLICY", "PASSIVE"), ("OMP_NUM_THREADS", "4")))
+    assert ENV.fingerprint() == Environment.from_dict({**ENV.to_dict(), "openmp": []}).fingerprint()
+    assert ran.fingerprint() != ENV.fingerprint() and Environment.from_dict(json.loads(json.dumps(ran.to_dict()))) == ran
+    with open_store() as store:
+        study = make_study(store, "threads", environment=ran)
+        store.record_probe(study.id, config(4), result(), env_fingerprint=ran.fingerprint())
+        older = make_study(store, "older")
+        store.record_probe(older.id, config(4), result(), env_fingerprint=ENV.fingerprint())
+    chosen = best("threads")
+    assert chosen.environment() == {"OMP_WAIT_POLICY": "PASSIVE", "OMP_NUM_THREADS": "4"} == chosen.to_dict()["environment"]
+    line = "the probes ran with OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=4"
+    assert any(caveat.startswith(line) for caveat in chosen.cli_caveats())
+    assert chosen.trainer_args_document()["environment"] == chosen.environment()
+    for fmt in tools.TOOL_FORMATS:  # TRL, axolotl, LLaMA-Factory, Lightning: a note where only arguments travel
+        assert any(note.startswith(line) for note in tools.notes(chosen, fmt)), fmt
+    assert best("older").environment() == {} and "environment" not in best("older").trainer_args_document()

@@ -49,6 +49,10 @@ def test_best_trainer_args_build_real_training_arguments(tiny_model, tmp_path, p
     assert getattr(args, "activation_checkpointing", None) or args.gradient_checkpointing
     assert doc["model_kwargs"] == {"attn_implementation": "eager", "use_cache": False, "dtype": "float32"}
     assert doc["block_size"] == 64
+    # The OpenMP settings the probes ran under travel with the answer (a run whose idle OpenMP threads
+    # spin beside other work ran at 0.03-0.15x of its probe, issue 56).
+    assert doc["environment"]["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert doc["environment"].get("OMP_NUM_THREADS") == os.environ.get("OMP_NUM_THREADS")
 
     from autotune import best as best_of
 
@@ -59,6 +63,9 @@ def test_best_trainer_args_build_real_training_arguments(tiny_model, tmp_path, p
     flags = proc.stdout
     assert "--bf16" in flags and "--gradient_checkpointing" in flags and "--block_size 64" in flags and "--use_cpu" in flags
     assert "attention eager" in proc.stderr  # what run_clm.py has no flag for is said, on stderr
+    assert "the probes ran with OMP_WAIT_POLICY=PASSIVE" in proc.stderr and "start run_clm.py with them" in proc.stderr
+    assert best.to_dict()["environment"] == doc["environment"] == best.environment()
+    assert "environment: OMP_WAIT_POLICY=PASSIVE" in str(best)
 
     # Pasted as users do, `script.py ... $(autotune best --format cli)`: the words an example
     # script's HfArgumentParser gets (run_clm.py's own block_size beside TrainingArguments).
