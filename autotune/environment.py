@@ -75,9 +75,21 @@ class Environment:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def differences(self, stored: dict[str, Any]) -> list[str]:
+        """How this environment differs from `stored` (a study's), one phrase each."""
+        ours, theirs = self.to_dict(), Environment.from_dict(stored).to_dict() if "device_type" in stored else stored
+        return [f"{key.removesuffix('_version')} {_said(ours.get(key))} here, {_said(theirs.get(key))} in the study"
+                for key in ours if ours.get(key) != theirs.get(key)]
+
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Environment":
         values = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         if "openmp" in values:
             values["openmp"] = openmp_of(values["openmp"])
         return cls(**values)
+
+
+def _said(value: Any) -> str:
+    if isinstance(value, (list, tuple)):  # the OpenMP settings
+        return " ".join(f"{name}={setting}" for name, setting in value) or "none set"
+    return str(value)

@@ -137,8 +137,10 @@ def _check_resumable(store: Store, request: SearchRequest) -> None:
     except StudyNotFound:
         return
     if study.env_fingerprint != environment.fingerprint():
-        raise BadInput(f"study {name!r} was run on {study.device_name} (or with other library versions); "
-                       f"give a new --study name to search on {environment.device_name}.")
+        differences = "; ".join(environment.differences(study.environment)) or "another environment"
+        raise BadInput(f"study {name!r} was run on {study.device_name} ({differences}); its probes would not compare "
+                       f"with these: give a new --study name, or search where it ran (the same versions and OpenMP "
+                       f"settings).")
     stored = stored_fixed_recipe(study.space)
     if request.space.fixed_recipe != stored:
         def listed(fields: dict) -> str:

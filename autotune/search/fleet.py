@@ -165,9 +165,7 @@ def check_joinable(study: StudyRecord, environment: Environment, allow_other_dev
             f"worker has {environment.device_name} ({format_size(environment.device_total_bytes)}). Join from a machine "
             f"with the same card, or pass --allow-other-device to mix their measurements."
         )
-    ours, theirs = environment.to_dict(), study.environment
-    differences = [f"{key.removesuffix('_version')} {ours.get(key)} here, {theirs.get(key)} in the study"
-                   for key in ours if ours.get(key) != theirs.get(key)]
+    differences = environment.differences(study.environment)
     raise DeviceError(f"study {study.name!r} was measured with other software ({'; '.join(differences)}); install the "
                       f"same versions, or pass --allow-other-device.")
 

@@ -130,6 +130,18 @@ def test_study_on_another_device_is_refused_before_writing(store):
     assert len(store.probes("d")) == before and other.asked == []
 
 
+def test_a_study_resumed_under_other_openmp_settings_is_refused_naming_them(store):
+    # Another thread count times every step differently: its probes would not compare.
+    import dataclasses
+
+    search(store, ScriptedRunner(env=dataclasses.replace(FAKE_ENV, openmp=(("OMP_NUM_THREADS", "1"),))), gpt2_space(),
+           study="threads", max_trials=1)
+    other = ScriptedRunner(env=dataclasses.replace(FAKE_ENV, openmp=(("OMP_NUM_THREADS", "8"),)))
+    with pytest.raises(BadInput, match="openmp OMP_NUM_THREADS=8 here, OMP_NUM_THREADS=1 in the study"):
+        search(store, other, gpt2_space(), study="threads")
+    assert other.asked == []
+
+
 def test_several_block_sizes_need_effective_tokens():
     with pytest.raises(BadInput, match="effective-tokens"):
         SearchSpace.build(resolve_model("gpt2"), block_sizes=(256, 512), effective_batch=32)
