@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import asdict, dataclass
 from importlib import metadata
 from typing import Any
@@ -35,6 +36,21 @@ def openmp_settings(environ: Any) -> tuple[tuple[str, str], ...]:
 def openmp_of(stored: Any) -> tuple[tuple[str, str], ...]:
     """Environment.openmp from its JSON form (a list of pairs; nothing where not recorded)."""
     return tuple((str(name), str(value)) for name, value in stored or ())
+
+
+def adopt_openmp(stored: Any) -> None:
+    """Make this process's OpenMP variables a study's (`stored`: its environment's `openmp`; None,
+    for a study recorded before they were, leaves them), so that the probe children it starts, which
+    read them when torch loads, time steps as the study's did: a Ray worker, say, gets
+    OMP_NUM_THREADS=1 from Ray where the study's processes had none."""
+    if stored is None:
+        return
+    settings = dict(openmp_of(stored))
+    for name in OPENMP_VARIABLES:
+        if name in settings:
+            os.environ[name] = settings[name]
+        else:
+            os.environ.pop(name, None)
 
 
 def cpu_name() -> str:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from autotune.budget import Budget
 from autotune.launchers.base import Launcher, WorkerSpec
-from autotune.environment import Environment
+from autotune.environment import Environment, adopt_openmp
 from autotune.errors import AutotuneError, BadInput, DeviceError
 from autotune.models import ModelSpec
 from autotune.probe.settings import ProbeSettings
@@ -73,6 +73,8 @@ def join_study(
         if study.status == StudyStatus.FINISHED:
             return _already_finished(store, study, started)
         settings = worker_settings(study, device, probe_timeout)
+        # (before the probe children start: they read the OpenMP settings when torch loads)
+        adopt_openmp(study.environment.get("openmp"))
         with ProbeRunner(settings) as runner:
             return run_worker(store, name, runner, settings=settings, allow_other_device=allow_other_device, max_trials=max_trials,
                               timeout=timeout, patience=patience, on_start=on_start, on_event=on_event, started=started)

@@ -3,10 +3,10 @@ settled once, OOMs pruning for all, the same pick as one worker, a study pinned 
 
 from __future__ import annotations
 
-from dataclasses import replace
-
+import os
 import threading
 import time
+from dataclasses import replace
 
 import pytest
 
@@ -218,3 +218,17 @@ def test_a_joining_worker_probes_with_every_setting_the_search_was_given(tmp_pat
         timed = worker_settings(store.study("plan"), "cuda", probe_timeout=30)
     assert (joined.max_compile_seconds, joined.measure_steps, joined.measure_seconds, joined.timeout) == (7.0, 2, 0.5, 90)
     assert (joined.device, joined.margin) == ("cuda", MARGIN) and timed.timeout == 30
+
+
+def test_a_joining_worker_takes_the_studys_openmp_settings_before_its_probes_start(monkeypatch):
+    # A Ray worker gets OMP_NUM_THREADS=1 from Ray; the study's processes had 4 and the passive wait:
+    # its probe children (which read them when torch loads) must time as the study's did.
+    from autotune.environment import adopt_openmp, openmp_settings
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("MKL_NUM_THREADS", "1")
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    adopt_openmp([["OMP_WAIT_POLICY", "PASSIVE"], ["OMP_NUM_THREADS", "4"]])
+    assert openmp_settings(os.environ) == (("OMP_WAIT_POLICY", "PASSIVE"), ("OMP_NUM_THREADS", "4"))
+    adopt_openmp(None)  # a study recorded before they were: left as they are
+    assert os.environ["OMP_NUM_THREADS"] == "4"
