@@ -345,7 +345,7 @@ def _trace_rank(item: TraceItem, cuda: bool, rank: int | None) -> _RankTrace:
             optimizer = make_optimizer(model, device, traced.optimizer, "cuda" if cuda else "cpu")
             if item.stack.keeps_zeroed_grads:
                 older_stacks.zeroing_grads_in_place(optimizer)
-            step = ProbeStep(model, optimizer, traced, device, hf_config.vocab_size)
+            step = ProbeStep(model, optimizer, traced, device, hf_config.vocab_size, reads_values=False)
             built = time.perf_counter()
             ledger.started = True
             repeat = REPEAT_FIRST_STEP and repeats_its_first_step(config, item.stack)

@@ -284,11 +284,31 @@ def deferred_sync(model):
     return getattr(model, "no_sync", None)  # DistributedDataParallel's
 
 
-class ProbeStep:
-    """One optimizer step of a probe: `grad_accum` micro-steps, then the optimizer."""
+# What transformers' Trainer does around each micro-step and optimizer step besides the model's own
+# work, at its defaults (TrainingArguments: max_grad_norm 1.0, logging_nan_inf_filter on, a linear
+# schedule; read from Trainer._inner_training_loop, transformers 5.24). Trainer is what the hand-off
+# runs (and TRL's, axolotl's and LLaMA-Factory's trainers subclass it), so the probe times it too
+# (issue 56): on a card the loss's finiteness read waits for the card every micro-step, which a bare
+# step does not.
+TRAINER_MAX_GRAD_NORM = 1.0
+TRAINER_SCHEDULE_STEPS = 1000  # the linear schedule's length: its value changes nothing timed
 
-    def __init__(self, model, optimizer, config: ProbeConfig, device: torch.device, vocab_size: int):
+
+class ProbeStep:
+    """One optimizer step of a probe as Trainer runs it: `grad_accum` micro-steps, each followed by
+    Trainer's check that the loss is finite (a read of its value); then, on one rank, the gradients
+    clipped to TRAINER_MAX_GRAD_NORM, the optimizer, the learning-rate schedule and zeroed
+    gradients. `reads_values`: False where the step is traced on fake tensors (the estimator), whose
+    values cannot be read; what the reads hold is a few scalars."""
+
+    def __init__(self, model, optimizer, config: ProbeConfig, device: torch.device, vocab_size: int,
+                 reads_values: bool = True):
         self.model, self.optimizer, self.config, self.device = model, optimizer, config, device
+        self.reads_values = reads_values
+        # (several ranks: clipping sharded gradients takes a collective of its own; left to a later change)
+        self.clips = config.ranks == 1 and TRAINER_MAX_GRAD_NORM > 0
+        self.schedule = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: max(0.0, 1 - step / TRAINER_SCHEDULE_STEPS))
         self.forward = model  # compile_forward() swaps in the compiled model (--compile)
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
         self.autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else contextlib.nullcontext
@@ -318,11 +338,21 @@ class ProbeStep:
                     self.scaler.scale(loss).backward()
                 else:
                     loss.backward()
-            loss_sum += loss.detach()
+            step_loss = loss.detach()
+            if self.reads_values and self.config.ranks == 1:
+                # Trainer's logging_nan_inf_filter: `torch.isnan(loss) or torch.isinf(loss)`, a host
+                # sync each micro-step. (Several ranks: left to a later change, as the clip is.)
+                bool(torch.isnan(step_loss) or torch.isinf(step_loss))
+            loss_sum += step_loss
+        if self.clips:
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)  # (accelerate's clip_grad_norm_ unscales first)
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), TRAINER_MAX_GRAD_NORM)
         if self.scaler is not None:
             self.scaler.step(self.optimizer)
             self.scaler.update()
         else:
             self.optimizer.step()
+        self.schedule.step()
         self.optimizer.zero_grad(set_to_none=True)
         return float(loss_sum.item())  # one host sync per optimizer step, as a training loop's logging does
