@@ -210,8 +210,8 @@ class BestConfig:
     def environment(self) -> dict[str, str]:
         """Environment variables the training process must start with, as the probes ran: the CUDA
         allocator's setting (read once when CUDA initialises) and OpenMP's (threads, wait policy:
-        read once when torch loads). No flag or argument can set them. (`autotune train` sets the
-        allocator itself and OpenMP's wait policy as the probes had it.)"""
+        read once when torch loads). No flag or argument can set them. (`autotune train` sets both
+        itself: fine_tune.adopt_study_openmp.)"""
         return {**self.allocator_environment(), **dict(self.openmp)}
 
     def allocator_environment(self) -> dict[str, str]:

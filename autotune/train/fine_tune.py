@@ -281,9 +281,29 @@ def _find_winner(plan: RunPlan, data: TaskData, tokenizer: PreTrainedTokenizerBa
     return winner
 
 
+def adopt_study_openmp(stored: Any) -> str:
+    """The run's OpenMP settings made the study's probes' (Environment.openmp), so that the run times
+    as its probe did: in the environment, which torch reads when it loads, and where torch was
+    loaded already, its thread count. The settings, as one line ("" where the study recorded none)."""
+    import sys
+
+    from autotune.environment import adopt_openmp, openmp_of
+
+    if stored is None:
+        return ""
+    adopt_openmp(stored)
+    threads = dict(openmp_of(stored)).get("OMP_NUM_THREADS", "")
+    if "torch" in sys.modules and threads.isdigit() and int(threads) > 0:
+        sys.modules["torch"].set_num_threads(int(threads))
+    return " ".join(f"{name}={value}" for name, value in openmp_of(stored))
+
+
 def _prepare_run(plan: RunPlan, winner: Winner, data: TaskData, tokenizer: PreTrainedTokenizerBase,
                  options: TrainOptions, echo: Callable[[str], None]) -> tuple[RunContext, TrainingArguments]:
     """The examples, device, memory cap and Trainer's arguments, checked here before the run is recorded."""
+    said_openmp = adopt_study_openmp(winner.study.environment.get("openmp"))
+    if said_openmp:
+        echo(f"OpenMP: {said_openmp} (as the study's probes ran)")
     # torch comes with autotune.probe: imported only now, so that the checks of step 1 answer at once.
     from autotune.budget import Budget
     from autotune.probe.cap import cap_memory

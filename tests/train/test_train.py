@@ -27,11 +27,13 @@ def runs(db: str):
 
 def test_train_command_saves_a_model_that_loads_and_records_the_run(workspace, tmp_path):
     out = tmp_path / "run"
+    # Started with more threads than the study's probes had: the run takes the probes' OpenMP settings.
     proc = autotune("train", "--study", workspace.study, "--dataset", str(workspace.corpus), "--max-steps", "5",
                     "--save-steps", "2", "--eval-split", str(workspace.small_eval), "--device", "cpu",
-                    "--output-dir", str(out), "--db", workspace.db)
+                    "--output-dir", str(out), "--db", workspace.db, env={"OMP_NUM_THREADS": "2"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     print(proc.stdout)
+    assert "OpenMP: OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 (as the study's probes ran)" in proc.stdout
     assert "random initialisation" not in proc.stdout and f"weights from {workspace.model}" in proc.stdout
     assert "finished: 5 steps" in proc.stdout and "run/probe peak" in proc.stdout
 
