@@ -92,7 +92,8 @@ def describe(decision: Decision) -> str:
 def answer(decision: Decision | None, winner_key: str) -> str:
     """`print(best)`'s "confirmed:" line: yes or no, and why, as `describe` says it."""
     if not decision:
-        return "no: no confirmation round ran (a search stopped early, or --no-confirm)"
+        return ("no: no confirmation round ran (--no-confirm, a search stopped early, or a fleet of --workers, which runs "
+                "none yet): not known to be reliable")
     if decision.get("partial"):
         return "no: " + describe(decision).removeprefix("unconfirmed: ")
     if decision.get("winner") != winner_key:
