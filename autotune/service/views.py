@@ -93,7 +93,10 @@ def summary_view(submitted: SearchRecord | None, study: StudyRecord | None, sett
                 "created_at": study.created_at.isoformat(), "updated_at": study.updated_at.isoformat()}
     view["source"] = "service" if submitted is not None else "command line"
     view["device_name"] = study.device_name if study is not None else None
-    view["progress"] = {"settled": settled, "total": submitted.candidates if submitted is not None else None}
+    # The confirmation round's windows: probes too, beyond the configurations settled (issue 56).
+    confirming = int(((study.confirmation or {}) if study is not None else {}).get("probes") or 0)
+    view["progress"] = {"settled": settled, "total": submitted.candidates if submitted is not None else None,
+                        "confirming": confirming}
     view["best_tokens_per_s"] = best_tokens_per_s
     view["links"] = links(name)
     return view

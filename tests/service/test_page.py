@@ -101,6 +101,21 @@ def test_the_search_page_shows_the_leaderboard_the_plot_the_pick_and_the_probes(
     assert 'src="/static/live.js"' in page and 'data-events="/v1/searches/s1/events"' in page
 
 
+def test_the_page_counts_the_confirmation_rounds_windows_beside_the_configurations(db):
+    with client_of(db) as client:
+        before = client.get("/searches/s1").text
+        with open_store(db) as store:
+            study = store.study("s1")
+            store.set_confirmation(study.id, {"winner": "w", "winner_label": "mb2x16 blk512 fp32 no-ckpt sdpa",
+                                              "runner_up": "mb1x32 blk512 fp32 no-ckpt sdpa", "margin": 0.5, "noise": 0.05,
+                                              "confirmed": True, "rounds": 2, "probes": 4, "seconds": 3.0})
+        page = client.get("/searches/s1").text
+        view = client.get("/v1/searches/s1").json()
+    assert "Confirmation" not in before
+    assert "<dt>Confirmation</dt><dd>4 more windows of the contenders, measured again" in page
+    assert view["progress"]["confirming"] == 4 and view["progress"]["settled"] == 3
+
+
 def test_the_snippets_are_the_best_commands_text(db):
     with client_of(db) as client:
         page = client.get("/searches/s1").text

@@ -150,7 +150,7 @@ def test_a_client_names_hub_ids_or_directories_under_the_model_root_only(service
 def test_the_same_request_is_the_same_search(service):
     first = service.post("/v1/searches", json=body(), headers=auth(service))
     assert first.status_code == 201 and first.json()["state"] == SearchState.QUEUED
-    assert first.json()["name"] == "tiny-200MiB" and first.json()["progress"] == {"settled": 0, "total": 2}
+    assert first.json()["name"] == "tiny-200MiB" and first.json()["progress"] == {"settled": 0, "total": 2, "confirming": 0}
     reordered = dict(reversed(list(body().items())))
     again = service.post("/v1/searches", json=reordered, headers=auth(service))
     assert again.status_code == 200 and again.json()["name"] == "tiny-200MiB" and again.json()["created"] is False

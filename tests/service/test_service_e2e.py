@@ -180,7 +180,9 @@ def test_a_pipeline_submits_follows_and_trains_with_the_answer(deployment):
     assert sorted(p["settled"] for p in probes) == [1, 2] and {p["total"] for p in probes} == {2}
     assert all(p["line"].startswith(f"[{p['settled']}/2] ") for p in probes)
     view = deployment.view(name)
-    assert view["state"] == SearchState.FINISHED and view["progress"] == {"settled": 2, "total": 2}
+    assert view["state"] == SearchState.FINISHED and view["progress"]["settled"] == view["progress"]["total"] == 2
+    # (the confirmation round's windows beside them, as its stored decision counts them)
+    assert view["progress"]["confirming"] == ((view["confirmation"] or {}).get("probes") or 0)
     assert view["best"]["label"] == view["leaderboard"][0]["label"] and view["why"].startswith("Chosen: ")
     # The answer, fed into a real TrainingArguments, as a pipeline would.
     answer = httpx.get(f"{deployment.url}/v1/searches/{name}/best", params={"format": "trainer-args"},

@@ -237,6 +237,10 @@ def _summary(view: dict[str, Any], margin: int | None) -> str:
             ("Device", escape(_where(view))),
             ("State", f"{_state(view, with_reason=False)} <span id=\"reason\">{escape(reason)}</span>"),
             ("Progress", f"<span id=\"progress\">{escape(_progress(progress))}</span>{meter}")]
+    if progress.get("confirming"):
+        windows = int(progress["confirming"])
+        rows.append(("Confirmation", f"{windows} more window{'s' if windows != 1 else ''} of the contenders, measured "
+                                     f"again: probes beyond the configurations settled"))
     if view.get("submitted_by"):
         rows.append(("Submitted by", escape(str(view["submitted_by"]))))
     items = "".join(f"<dt>{label}</dt><dd>{value}</dd>" for label, value in rows)
