@@ -1758,14 +1758,36 @@ def helper_train_data(directory: str) -> dict:
 
 # -- the noise-proof truth, the pick in fresh processes, the plain Trainer (pass 2) --------------------
 
-def study_configs(store: Any, study: str) -> tuple[Any, list]:
-    """The study's record and each config it holds a probe row for (skipped ones included), once
-    each, in the order the search stored them."""
-    record = store.study(study)
-    configs: dict[str, Any] = {}
-    for probe in store.probes(study):
-        configs.setdefault(probe.config.key(), probe.config)
-    return record, list(configs.values())
+@dataclass
+class StudyToProbe:
+    """What probing a study's configs again as its search probed them takes (read once)."""
+
+    record: Any                   # the study's StudyRecord: plan, budget, environment, confirmation
+    configs: dict[str, Any]       # each config it holds a probe row for (skipped ones too), by key, as stored
+    outcomes: dict[str, str]      # the search's status of each
+    settings: Any                 # ProbeSettings: the study's plan, on its device, with its margin
+    budget: Any                   # Budget: the study's, that margin kept
+
+    @classmethod
+    def read(cls, db: str, study: str) -> "StudyToProbe":
+        from autotune.probe.settings import ProbeSettings
+        from autotune.search.plan import StudyPlan
+        from autotune.store import open_store
+
+        with open_store(db, read_only=True) as store:
+            record, probes = store.study(study), store.probes(study)
+        configs: dict[str, Any] = {}
+        for probe in probes:
+            configs.setdefault(probe.config.key(), probe.config)
+        device = str(record.environment.get("device_type") or "cuda")
+        settings = ProbeSettings.from_plan(StudyPlan.from_dict(record.plan).probe, device=device, margin=record.margin_bytes)
+        return cls(record, configs, {p.config.key(): str(p.result.status) for p in probes}, settings,
+                   settings.budget(record.budget_bytes))
+
+    def spec(self) -> Any:
+        from autotune.models import resolve_model
+
+        return resolve_model(next(iter(self.configs.values())).model)
 
 
 def helper_truth_candidates(db: str, study: str) -> dict:
@@ -1773,11 +1795,9 @@ def helper_truth_candidates(db: str, study: str) -> dict:
     own rule: a predicted floor over the budget by more than the prediction margin), with the
     search's outcome for each."""
     from autotune.search.plan import StudyPlan
-    from autotune.store import open_store
 
-    with open_store(db, read_only=True) as store:
-        record, configs = study_configs(store, study)
-        outcomes = {p.config.key(): str(p.result.status) for p in store.probes(study)}
+    target = StudyToProbe.read(db, study)
+    record, configs, outcomes = target.record, list(target.configs.values()), target.outcomes
     plan = StudyPlan.from_dict(record.plan)
     skip_over = int(record.budget_bytes * (1 + plan.predict_margin))
     kept, ruled_out, unpredicted = [], [], []
@@ -1825,19 +1845,10 @@ def helper_fresh_probes(db: str, study: str, results: str, seconds: float, keys:
     probe appended to `results` as it ends. Either `keys` (repeats allowed) under `tag`, or the
     truth's rounds over `truth_keys` (next_truth_round; round 1 closed after `round_one_seconds`)
     in the same processes' chain, for at most `seconds` (probe_in_turn)."""
-    from autotune.models import resolve_model
     from autotune.probe.runner import ProbeRunner
-    from autotune.probe.settings import ProbeSettings
-    from autotune.search.plan import StudyPlan
-    from autotune.store import open_store
 
-    with open_store(db, read_only=True) as store:
-        record, configs = study_configs(store, study)
-    by_key = {c.key(): c for c in configs}
-    device = str(record.environment.get("device_type") or "cuda")
-    settings = ProbeSettings.from_plan(StudyPlan.from_dict(record.plan).probe, device=device, margin=record.margin_bytes)
-    budget = settings.budget(record.budget_bytes)
-    spec = resolve_model(configs[0].model)
+    target = StudyToProbe.read(db, study)
+    by_key, settings, budget, spec = target.configs, target.settings, target.budget, target.spec()
     path = Path(results)
     fixed = list(keys or [])
 
@@ -1940,20 +1951,12 @@ def helper_probe_phases(db: str, study: str, keys: list[str]) -> dict:
     80% of a probe's time."""
     import gc
 
-    from autotune.models import resolve_model
     from autotune.probe import child
     from autotune.probe.protocol import ProbeRequest
-    from autotune.probe.settings import ProbeSettings
-    from autotune.search.plan import StudyPlan
-    from autotune.store import open_store
 
-    with open_store(db, read_only=True) as store:
-        record, configs = study_configs(store, study)
-    by_key = {c.key(): c for c in configs}
-    device = str(record.environment.get("device_type") or "cuda")
-    settings = ProbeSettings.from_plan(StudyPlan.from_dict(record.plan).probe, device=device, margin=record.margin_bytes)
-    budget = settings.budget(record.budget_bytes)
-    spec = resolve_model(by_key[keys[0]].model)
+    target = StudyToProbe.read(db, study)
+    by_key, settings, budget, spec = target.configs, target.settings, target.budget, target.spec()
+    device = settings.device
     steps: dict[str, float] = {}
 
     def timed(module: Any, name: str) -> None:
