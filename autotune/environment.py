@@ -33,6 +33,11 @@ def openmp_settings(environ: Any) -> tuple[tuple[str, str], ...]:
     return tuple((name, str(environ[name])) for name in OPENMP_VARIABLES if environ.get(name))
 
 
+def openmp_text(settings: Any) -> str:
+    """OpenMP settings (pairs) as a shell would set them: `OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1`."""
+    return " ".join(f"{name}={value}" for name, value in settings)
+
+
 def openmp_of(stored: Any) -> tuple[tuple[str, str], ...]:
     """Environment.openmp from its JSON form (a list of pairs; nothing where not recorded)."""
     return tuple((str(name), str(value)) for name, value in stored or ())
@@ -93,7 +98,7 @@ class Environment:
 
     def differences(self, stored: dict[str, Any]) -> list[str]:
         """How this environment differs from `stored` (a study's), one phrase each."""
-        ours, theirs = self.to_dict(), Environment.from_dict(stored).to_dict() if "device_type" in stored else stored
+        ours, theirs = self.to_dict(), {**stored, "openmp": openmp_of(stored.get("openmp"))}
         return [f"{key.removesuffix('_version')} {_said(ours.get(key))} here, {_said(theirs.get(key))} in the study"
                 for key in ours if ours.get(key) != theirs.get(key)]
 
@@ -107,5 +112,5 @@ class Environment:
 
 def _said(value: Any) -> str:
     if isinstance(value, (list, tuple)):  # the OpenMP settings
-        return " ".join(f"{name}={setting}" for name, setting in value) or "none set"
+        return openmp_text(value) or "none set"
     return str(value)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from autotune import evaluation, speed, verdict, yaml_text
 from autotune.budget import Budget, required_bytes
-from autotune.environment import openmp_of
+from autotune.environment import openmp_of, openmp_text
 from autotune.errors import BadInput, StudyNotFound
 from autotune.handoff import later_phases, loss_scaling, ranks, scripts, tools
 from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec, bnb_4bit_kwargs, is_qlora, memory_caveats
@@ -223,8 +223,7 @@ class BestConfig:
         """One line: start `what` under the OpenMP settings the probes ran under (None: none known)."""
         if not self.openmp:
             return None
-        settings = " ".join(f"{name}={value}" for name, value in self.openmp)
-        return (f"the probes ran with {settings}: start {what} with them in its environment (OpenMP reads them once, "
+        return (f"the probes ran with {openmp_text(self.openmp)}: start {what} with them in its environment (OpenMP reads them once, "
                 f"when torch loads; other threads or a spinning wait policy time the same step differently)")
 
     def model_kwargs(self) -> dict:

@@ -305,8 +305,9 @@ class ProbeStep:
                  reads_values: bool = True):
         self.model, self.optimizer, self.config, self.device = model, optimizer, config, device
         self.reads_values = reads_values
-        # (several ranks: clipping sharded gradients takes a collective of its own; left to a later change)
-        self.clips = config.ranks == 1 and TRAINER_MAX_GRAD_NORM > 0
+        # Trainer's clip and finiteness read on one rank only: on several, clipping sharded gradients
+        # takes a collective of its own (left to a later change).
+        self.trainer_extras = config.ranks == 1
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: max(0.0, 1 - step / TRAINER_SCHEDULE_STEPS))
         self.forward = model  # compile_forward() swaps in the compiled model (--compile)
@@ -339,12 +340,12 @@ class ProbeStep:
                 else:
                     loss.backward()
             step_loss = loss.detach()
-            if self.reads_values and self.config.ranks == 1:
+            if self.reads_values and self.trainer_extras:
                 # Trainer's logging_nan_inf_filter: `torch.isnan(loss) or torch.isinf(loss)`, a host
-                # sync each micro-step. (Several ranks: left to a later change, as the clip is.)
+                # sync each micro-step.
                 bool(torch.isnan(step_loss) or torch.isinf(step_loss))
             loss_sum += step_loss
-        if self.clips:
+        if self.trainer_extras:
             if self.scaler is not None:
                 self.scaler.unscale_(self.optimizer)  # (accelerate's clip_grad_norm_ unscales first)
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), TRAINER_MAX_GRAD_NORM)

@@ -287,7 +287,7 @@ def adopt_study_openmp(stored: Any) -> str:
     loaded already, its thread count. The settings, as one line ("" where the study recorded none)."""
     import sys
 
-    from autotune.environment import adopt_openmp, openmp_of
+    from autotune.environment import adopt_openmp, openmp_of, openmp_text
 
     if stored is None:
         return ""
@@ -295,7 +295,7 @@ def adopt_study_openmp(stored: Any) -> str:
     threads = dict(openmp_of(stored)).get("OMP_NUM_THREADS", "")
     if "torch" in sys.modules and threads.isdigit() and int(threads) > 0:
         sys.modules["torch"].set_num_threads(int(threads))
-    return " ".join(f"{name}={value}" for name, value in openmp_of(stored))
+    return openmp_text(openmp_of(stored))
 
 
 def _prepare_run(plan: RunPlan, winner: Winner, data: TaskData, tokenizer: PreTrainedTokenizerBase,
