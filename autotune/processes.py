@@ -407,7 +407,7 @@ def fork_server_current() -> None:
     RUN_TIME_PREFIXES): the next child starts a new one, whose imports read the environment of now.
     Children forked from the old one die with it (their parent-death signal): their runners start
     others when they next probe."""
-    from multiprocessing import forkserver, util
+    from multiprocessing import util
 
     environment = _server_environment()
     # For the server to tell whether this process died before it armed its parent-death signal.
@@ -417,12 +417,58 @@ def fork_server_current() -> None:
             # The server listens on a socket in a directory of multiprocessing's (/tmp/pymp-*),
             # removed when this process exits normally; a janitor removes it after a kill -9 too.
             _fork_server["janitor"] = remove_when_i_die(util.get_temp_dir())
+        # Where the server says its preload is over (start_forked): that same directory.
+        os.environ[FORK_SERVER_READY_ENV] = util.get_temp_dir()
         if _fork_server["environment"] not in (None, environment):
-            # (Private, Python 3.8+. The server ends by itself only once every child it forked has
-            # ended too (they hold its "alive" pipe): killed instead, it takes them along.)
-            server = forkserver._forkserver
-            if server._forkserver_pid is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(server._forkserver_pid, signal.SIGKILL)
-            server._stop()
+            _kill_fork_server()
         _fork_server["environment"] = environment
+
+
+def _kill_fork_server() -> None:
+    """Kill multiprocessing's fork server, if it runs; the next child forked starts a new one.
+    (Private, Python 3.8+. The server ends by itself only once every child it forked has ended too
+    (they hold its "alive" pipe): killed instead, it takes them along.)"""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    if server._forkserver_pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server._forkserver_pid, signal.SIGKILL)
+    server._stop()
+
+
+def start_forked(process: Any, limit: float) -> None:
+    """`process.start()` for a process of the fork server's context, within `limit` seconds; else
+    TimeoutError, the server killed (the next child starts a new one). multiprocessing waits for the
+    server's answer without a limit, and a server just started answers only once its preload (torch's
+    imports: seconds, more on a busy host) is done: a command's deadline would wait for that. So the
+    server says when its preload is over (fork_server_ready, a file named by its pid), and that is
+    what is waited for here, by the clock."""
+    from multiprocessing import forkserver
+
+    forkserver.ensure_running()  # (an OSError here: the server cannot start; the caller spawns)
+    ready = _ready_file(forkserver._forkserver._forkserver_pid)
+    until = time.monotonic() + max(0.0, limit)
+    while FORK_SERVER_READY_ENV in os.environ and not os.path.exists(ready):  # (set by fork_server_current)
+        if time.monotonic() >= until:
+            _kill_fork_server()
+            raise TimeoutError(f"the fork server did not finish its imports within {limit:.1f} s")
+        time.sleep(READY_POLL_SECONDS)
+    process.start()
+
+
+READY_POLL_SECONDS = 0.02
+FORK_SERVER_READY_ENV = "AUTOTUNE_FORK_SERVER_READY_DIR"
+
+
+def _ready_file(server_pid: int | None) -> str:
+    return os.path.join(os.environ.get(FORK_SERVER_READY_ENV, ""), f"fork-server-{server_pid}-ready")
+
+
+def fork_server_ready() -> None:
+    """In the fork server, once its preload is over (or has failed: then the next child's start
+    fails at once): said to start_forked, which waits for it. Before fork_server_current, whose
+    process it runs in, named the directory, nothing is said."""
+    if os.environ.get(FORK_SERVER_READY_ENV):
+        with contextlib.suppress(OSError):
+            open(_ready_file(os.getpid()), "w").close()

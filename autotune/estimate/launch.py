@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
@@ -22,7 +23,7 @@ from pathlib import Path
 from autotune.config import ProbeConfig
 from autotune.errors import AutotuneError, BadInput
 from autotune.processes import (fork_server_context, fork_server_current, fork_server_fits, kill_me_with_parent, run_as_child,
-                                use_fork_server)
+                                start_forked, use_fork_server)
 from autotune.estimate.protocol import TraceFailure, TraceRequest, TraceResult, read_answer
 
 log = logging.getLogger("autotune")
@@ -30,6 +31,9 @@ log = logging.getLogger("autotune")
 
 # The model type whose code a trace child imports while it waits for its request.
 PRELOAD_ENV = "AUTOTUNE_TRACE_PRELOAD"
+# How long a trace child forked from the fork server may wait for it (its imports) when started
+# ahead without a command's deadline: the probe runner's floor for a child's start-up.
+START_SECONDS = 60.0
 
 
 class EstimateError(AutotuneError):
@@ -64,10 +68,11 @@ class TraceChild:
         self._stderr: Any = None
         self._answering = False
 
-    def start(self, model_type: str | None = None) -> "TraceChild":
+    def start(self, model_type: str | None = None, limit: float = START_SECONDS) -> "TraceChild":
         """Start the process (one already running is kept: it is warm); with `model_type`, it also
         imports that model's code while it waits for its request (the first trace would import it:
-        seconds on a small host)."""
+        seconds on a small host). Forked from a fork server that is not ready within `limit` seconds
+        (a command's deadline), it is not started: `answer` starts it when it is wanted."""
         if self._process is not None:
             return self
         package_root = str(Path(__file__).resolve().parents[2])
@@ -80,7 +85,13 @@ class TraceChild:
             env[PRELOAD_ENV] = model_type
         # Its stderr goes to a file, read when it is done: a chatty child cannot fill a pipe and stall.
         self._stderr = tempfile.TemporaryFile("w+")
-        self._process = _forked(env, self._stderr) or subprocess.Popen(
+        try:
+            forked = _forked(env, self._stderr, limit)
+        except TimeoutError:
+            self._stderr.close()
+            self._stderr = None
+            return self
+        self._process = forked or subprocess.Popen(
             [sys.executable, "-m", "autotune.estimate.trace"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self._stderr, text=True, env=env, preexec_fn=kill_me_with_parent)
         return self
@@ -98,8 +109,9 @@ class TraceChild:
             # It died waiting for this request (a forked one with its fork server, which restarts
             # when the environment changes): nothing of this request was lost; a fresh one traces it.
             self._discard()
-        if self._process is None:
-            self.start()
+        if self._process is None and self.start(limit=timeout)._process is None:
+            raise EstimateError(f"the estimator's process did not start within {timeout:.0f} s (its fork server was "
+                                f"still importing torch: an overloaded machine?); it was stopped. Run the command again.")
         process = self._process
         assert process is not None and process.stdin is not None and process.stdout is not None
         self._answering = True
@@ -201,11 +213,12 @@ class TraceChild:
                 self._read_stderr()
 
 
-def _forked(env: dict[str, str], stderr: Any) -> "ForkedTrace | None":
+def _forked(env: dict[str, str], stderr: Any, limit: float) -> "ForkedTrace | None":
     """The trace child forked from this process's fork server (autotune.processes), which imported
     torch and transformers once for the probe children too, where probes use one (no CUDA here), this
     is the main thread and the server need not start again for it (fork_server_fits); else None (then
-    it is spawned: `python -m autotune.estimate.trace`)."""
+    it is spawned: `python -m autotune.estimate.trace`). TimeoutError, the server killed, when the
+    server has not forked it within `limit` seconds (autotune.processes.start_forked)."""
     from autotune.probe.runner import cuda_may_be_visible
 
     context = fork_server_context(cuda_possible=cuda_may_be_visible())
@@ -221,7 +234,11 @@ def _forked(env: dict[str, str], stderr: Any) -> "ForkedTrace | None":
     process = context.Process(target=run_as_child, args=(os.getpid(), "autotune.estimate.trace:serve", *streams),
                               kwargs={"forked_for": env}, name="autotune-trace", daemon=True)
     try:
-        process.start()
+        start_forked(process, limit)
+    except TimeoutError:
+        for fd in (from_us, from_child):
+            os.close(fd)
+        raise
     except OSError:  # the server could not start (a TMPDIR too long for its socket's path): spawned
         for fd in (from_us, from_child):
             os.close(fd)
@@ -285,9 +302,11 @@ class TraceChildren:
     def __init__(self, count: int = 1) -> None:
         self.children = [TraceChild() for _ in range(max(1, count))]
 
-    def start(self, model_type: str | None = None) -> "TraceChildren":
+    def start(self, model_type: str | None = None, limit: float = START_SECONDS) -> "TraceChildren":
+        """Start them ahead (TraceChild.start), all within `limit` seconds."""
+        until = time.monotonic() + limit
         for child in self.children:
-            child.start(model_type)
+            child.start(model_type, max(0.0, until - time.monotonic()))
         return self
 
     def answer(self, request: TraceRequest, timeout: float,

@@ -5,7 +5,7 @@ torch reads when it loads (autotune.processes.quiet_openmp)."""
 
 import signal
 
-from autotune.processes import quiet_openmp, tie_fork_server_to_owner
+from autotune.processes import fork_server_ready, quiet_openmp, tie_fork_server_to_owner
 
 tie_fork_server_to_owner()  # (its children die with it in turn)
 # A Ctrl-C at the terminal reaches the whole group, the server too: it is for the command, which
@@ -14,6 +14,9 @@ tie_fork_server_to_owner()  # (its children die with it in turn)
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 quiet_openmp()
 
-import torch  # noqa: E402,F401
-import transformers  # noqa: E402,F401
-import transformers.modeling_utils  # noqa: E402,F401  (its imports are most of a model class's)
+try:
+    import torch  # noqa: F401
+    import transformers
+    import transformers.modeling_utils  # noqa: F401  (its imports are most of a model class's)
+finally:
+    fork_server_ready()  # (what the parent waits for, by its clock, before it asks for a child)

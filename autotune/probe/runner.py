@@ -25,7 +25,8 @@ from autotune.config import ProbeConfig
 from autotune.deadline import NO_DEADLINE, Deadline, DeadlineReached
 from autotune.environment import Environment
 from autotune.models import ModelSpec, resolve_model
-from autotune.processes import fork_server_context, fork_server_current, kill_group, run_as_child, use_fork_server
+from autotune.processes import (fork_server_context, fork_server_current, kill_group, run_as_child, start_forked,
+                                use_fork_server)
 from autotune.probe.protocol import (
     EnvironmentReply,
     EnvironmentRequest,
@@ -91,9 +92,10 @@ class ProbeRunner:
         self.neighbours: Neighbours | None = None
 
     # -- child lifecycle -----------------------------------------------------------------------
-    def _spawn(self, *extra: object) -> tuple[Any, Any]:
+    def _spawn(self, *extra: object, limit: float = STARTUP_FLOOR_SECONDS) -> tuple[Any, Any]:
         """Start a child process; it says Ready once its imports are done. (`extra`: arguments
-        for CHILD_MAIN after its pipe.)"""
+        for CHILD_MAIN after its pipe.) TimeoutError when a fork server's child is not started
+        within `limit` seconds (a spawned child starts at once, and imports after)."""
         forked = use_fork_server(self._ctx)
         context = self._ctx if forked else mp.get_context("spawn")
         parent_conn, child_conn = context.Pipe()
@@ -105,7 +107,11 @@ class ProbeRunner:
         process = context.Process(target=run_as_child, args=(os.getpid(), CHILD_MAIN, child_conn, *extra),
                                   kwargs=kwargs, name="autotune-probe", daemon=True)
         try:
-            process.start()
+            start_forked(process, limit) if forked else process.start()
+        except TimeoutError:
+            parent_conn.close()
+            child_conn.close()
+            raise
         except OSError:
             if not forked:
                 raise
@@ -114,7 +120,7 @@ class ProbeRunner:
             parent_conn.close()
             child_conn.close()
             self._ctx = mp.get_context("spawn")
-            return self._spawn(*extra)
+            return self._spawn(*extra, limit=limit)
         child_conn.close()  # so that the child's death reads as EOF here
         self.children_started += 1
         return process, parent_conn
@@ -127,9 +133,9 @@ class ProbeRunner:
         if spare is not None and not spare[0].is_alive():
             _stop(*spare)
             spare = None
-        self._process, self._conn = spare or self._spawn()
         try:
-            reply = self._receive(limit)
+            self._process, self._conn = spare or self._spawn(limit=limit)
+            reply = self._receive(max(0.0, limit - (time.perf_counter() - started)))
         except TimeoutError:
             self._kill()
             raise

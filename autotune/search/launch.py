@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from autotune.errors import BadInput
-from autotune.estimate.launch import TraceChildren
+from autotune.estimate.launch import START_SECONDS, TraceChildren
 from autotune.launchers.base import Launcher
 from autotune.probe.settings import ProbeSettings
 from autotune.search.common import OnStart, Event, Progress, SearchOptions, SearchOutcome
@@ -67,7 +67,9 @@ def search(model: str, budget_bytes: int, *, settings: ProbeSettings, options: S
         return answer
     # The estimator's processes are started first, so that their imports overlap the probe child's
     # start-up and the preflight, and the traces share the host's cores; unused, they are killed.
-    tracers = (TraceChildren(trace_processes()).start(None if request.spec.needs_remote_code else request.spec.model_type)
+    # (Within the command's deadline: the first forked from the fork server waits for its imports.)
+    tracers = (TraceChildren(trace_processes()).start(None if request.spec.needs_remote_code else request.spec.model_type,
+                                                      request.deadline.bound(START_SECONDS))
                if options.predict and options.strategy != "grid-full" else None)
     with tracers or contextlib.nullcontext(), _probing_with(runner, settings) as runner:
         # Before the store is opened: a refused search creates no database and writes nothing.

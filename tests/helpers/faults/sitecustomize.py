@@ -26,6 +26,10 @@ machine's load.
 the first time any process of the test gets there (the file AUTOTUNE_INJECT_FAULT_GATE is made then):
 a native crash that the same work does not repeat.
 
+`stuck-start` holds every process's import of torch (a probe child's, its fork server's) until
+the file AUTOTUNE_INJECT_FAULT_GATE exists: a probe process that cannot finish starting (a hung
+filesystem, a swapping host), however fast the machine.
+
 `slow` makes every step from the third on take at least SLOW_STEP_SECONDS, sleeping: a timed window
 of N steps lasts N tenths of a second on any machine, without taking a core.
 
@@ -137,5 +141,20 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+class _HoldTorchImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        gate = os.environ.get("AUTOTUNE_INJECT_FAULT_GATE")
+        if os.environ.get("AUTOTUNE_INJECT_FAULT") == "stuck-start" and gate:
+            deadline = time.monotonic() + GATE_SECONDS
+            while not os.path.exists(gate) and time.monotonic() < deadline:
+                time.sleep(0.1)
+        return None  # (then found the normal way)
+
+
 if TARGET not in sys.modules:
     sys.meta_path.insert(0, _PatchAfterImport())
+if "torch" not in sys.modules:
+    sys.meta_path.insert(0, _HoldTorchImport())
