@@ -130,8 +130,8 @@ def test_the_runner_stops_the_childs_group_with_it(how, tmp_path, monkeypatch):
     runner = runner_module.ProbeRunner(ProbeSettings(device="cpu"), standby=False)
     original = runner._spawn
 
-    def spawn():  # the stand-in's target takes the pid file after the pipe
-        return original(str(pidfile))
+    def spawn(**limits):  # the stand-in's target takes the pid file after the pipe
+        return original(str(pidfile), **limits)
 
     runner._spawn = spawn
     try:
