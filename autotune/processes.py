@@ -457,6 +457,9 @@ def start_forked(process: Any, limit: float) -> None:
     process.start()
 
 
+# The least time a child process is given to start (torch and transformers imported): imports take
+# seconds, more on a busy host.
+STARTUP_FLOOR_SECONDS = 60.0
 READY_POLL_SECONDS = 0.02
 FORK_SERVER_READY_ENV = "AUTOTUNE_FORK_SERVER_READY_DIR"
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 from autotune.config import ProbeConfig
 from autotune.errors import AutotuneError, BadInput
-from autotune.processes import (fork_server_context, fork_server_current, fork_server_fits, kill_me_with_parent, run_as_child,
-                                start_forked, use_fork_server)
+from autotune.processes import (STARTUP_FLOOR_SECONDS, fork_server_context, fork_server_current, fork_server_fits,
+                                kill_me_with_parent, run_as_child, start_forked, use_fork_server)
 from autotune.estimate.protocol import TraceFailure, TraceRequest, TraceResult, read_answer
 
 log = logging.getLogger("autotune")
@@ -31,9 +31,6 @@ log = logging.getLogger("autotune")
 
 # The model type whose code a trace child imports while it waits for its request.
 PRELOAD_ENV = "AUTOTUNE_TRACE_PRELOAD"
-# How long a trace child forked from the fork server may wait for it (its imports) when started
-# ahead without a command's deadline: the probe runner's floor for a child's start-up.
-START_SECONDS = 60.0
 
 
 class EstimateError(AutotuneError):
@@ -68,7 +65,7 @@ class TraceChild:
         self._stderr: Any = None
         self._answering = False
 
-    def start(self, model_type: str | None = None, limit: float = START_SECONDS) -> "TraceChild":
+    def start(self, model_type: str | None = None, limit: float = STARTUP_FLOOR_SECONDS) -> "TraceChild":
         """Start the process (one already running is kept: it is warm); with `model_type`, it also
         imports that model's code while it waits for its request (the first trace would import it:
         seconds on a small host). Forked from a fork server that is not ready within `limit` seconds
@@ -302,7 +299,7 @@ class TraceChildren:
     def __init__(self, count: int = 1) -> None:
         self.children = [TraceChild() for _ in range(max(1, count))]
 
-    def start(self, model_type: str | None = None, limit: float = START_SECONDS) -> "TraceChildren":
+    def start(self, model_type: str | None = None, limit: float = STARTUP_FLOOR_SECONDS) -> "TraceChildren":
         """Start them ahead (TraceChild.start), all within `limit` seconds."""
         until = time.monotonic() + limit
         for child in self.children:

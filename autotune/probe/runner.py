@@ -25,8 +25,8 @@ from autotune.config import ProbeConfig
 from autotune.deadline import NO_DEADLINE, Deadline, DeadlineReached
 from autotune.environment import Environment
 from autotune.models import ModelSpec, resolve_model
-from autotune.processes import (fork_server_context, fork_server_current, kill_group, run_as_child, start_forked,
-                                use_fork_server)
+from autotune.processes import (STARTUP_FLOOR_SECONDS, fork_server_context, fork_server_current, kill_group,
+                                run_as_child, start_forked, use_fork_server)
 from autotune.probe.protocol import (
     EnvironmentReply,
     EnvironmentRequest,
@@ -46,8 +46,7 @@ from autotune.sharding import check_rendezvous
 from autotune.status import ProbeStatus
 
 # A child must be ready (torch and transformers imported) and answer the preflight's questions
-# within the probe timeout, and never less than this: imports take seconds, more on a busy host.
-STARTUP_FLOOR_SECONDS = 60.0
+# within the probe timeout, and never less than STARTUP_FLOOR_SECONDS (autotune.processes).
 CHILD_MAIN = "autotune.probe.child:main"
 
 

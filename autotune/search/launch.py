@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from autotune.errors import BadInput
-from autotune.estimate.launch import START_SECONDS, TraceChildren
+from autotune.estimate.launch import TraceChildren
 from autotune.launchers.base import Launcher
 from autotune.probe.settings import ProbeSettings
+from autotune.processes import STARTUP_FLOOR_SECONDS
 from autotune.search.common import OnStart, Event, Progress, SearchOptions, SearchOutcome
 from autotune.search.driver import run_search
 from autotune.search.fleet import search_with_workers
@@ -69,7 +70,7 @@ def search(model: str, budget_bytes: int, *, settings: ProbeSettings, options: S
     # start-up and the preflight, and the traces share the host's cores; unused, they are killed.
     # (Within the command's deadline: the first forked from the fork server waits for its imports.)
     tracers = (TraceChildren(trace_processes()).start(None if request.spec.needs_remote_code else request.spec.model_type,
-                                                      request.deadline.bound(START_SECONDS))
+                                                      request.deadline.bound(STARTUP_FLOOR_SECONDS))
                if options.predict and options.strategy != "grid-full" else None)
     with tracers or contextlib.nullcontext(), _probing_with(runner, settings) as runner:
         # Before the store is opened: a refused search creates no database and writes nothing.
