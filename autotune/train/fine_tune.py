@@ -292,10 +292,11 @@ def adopt_study_openmp(stored: Any) -> str:
     if stored is None:
         return ""
     adopt_openmp(stored)
-    threads = dict(openmp_of(stored)).get("OMP_NUM_THREADS", "")
+    settings = openmp_of(stored)
+    threads = dict(settings).get("OMP_NUM_THREADS", "")
     if "torch" in sys.modules and threads.isdigit() and int(threads) > 0:
         sys.modules["torch"].set_num_threads(int(threads))
-    return openmp_text(openmp_of(stored))
+    return openmp_text(settings)
 
 
 def _prepare_run(plan: RunPlan, winner: Winner, data: TaskData, tokenizer: PreTrainedTokenizerBase,
