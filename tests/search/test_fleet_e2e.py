@@ -18,7 +18,7 @@ from autotune.probe import ProbeSettings
 from autotune.search import SearchOptions, run_search, start_study
 from autotune.space import SearchSpace
 from autotune.store import open_store
-from tests.helpers.cli import autotune, autotune_command, wait_for
+from tests.helpers.cli import autotune_command, wait_for
 from tests.helpers.fakes import ScriptedRunner, request
 from tests.helpers.faults import GATE_ENV, fault_env
 from tests.helpers.studies import running_claims
@@ -35,7 +35,7 @@ FLAGS = ["--micro-batches", "1,2,4,8", "--block-sizes", "64", "--effective-batch
 
 
 def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_workers_probe(tiny_model, postgres_url,
-                                                                                          probe_runner):
+                                                                                          probe_runner, tmp_path):
     spec, budget = resolve_model(tiny_model), 16 * MiB
     space = SearchSpace.build(spec, **SPACE)
     settings = ProbeSettings(device="cpu", measure_steps=1)
@@ -56,11 +56,26 @@ def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_w
         os.killpg(doomed.pid, signal.SIGKILL)
         doomed.wait(timeout=30)
 
-    # The same search command resumes the study with three workers, which find the stale claim.
-    done = autotune("search", "--model", tiny_model, "--gpu-budget", "16MiB", *FLAGS, "--study", "shared",
-                    "--workers", "3", "--oversubscribe", "--db", postgres_url, "--json")
-    assert done.returncode == 0, done.stderr
-    summary = json.loads(done.stdout)
+    # The same search command resumes the study with three workers, which find the stale claim. Each
+    # worker's first probe waits at the gate (tests/helpers/faults) until two of them hold one: else
+    # on a busy machine the first worker up settled every config before the others had imported torch.
+    gate = tmp_path / "gate"
+    search = subprocess.Popen(autotune_command("search", "--model", tiny_model, "--gpu-budget", "16MiB", *FLAGS,
+                                               "--study", "shared", "--workers", "3", "--oversubscribe",
+                                               "--db", postgres_url, "--json"),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**fault_env("gate", on_probe=1), GATE_ENV: str(gate)})
+    try:
+        wait_for(lambda: len({c.worker for c in running_claims(postgres_url, "shared") if mine not in c.worker}) >= 2,
+                 what="two of the three workers holding a probe")
+        gate.touch()
+        out, err = search.communicate(timeout=300)
+    finally:
+        gate.touch()
+        if search.poll() is None:
+            search.kill()
+    assert search.returncode == 0, err
+    summary = json.loads(out)
     assert summary["status"] == "finished" and summary["workers"] == 3 and summary["best"] is not None
 
     with open_store(postgres_url) as store:
