@@ -1,6 +1,9 @@
 """benchmarks/gpu_evidence.py, the script that spends the scarce GPU minutes: its CPU mode end to end
-(every section measured or skipped, a second run redoing nothing), the one-line refusal without
-CUDA, resuming after failures and deadlines, and children killed with their group at the deadline."""
+for the next pass's sections (each measured, a second run redoing nothing), the one-line refusal
+without CUDA, resuming after failures and deadlines, and children killed with their group at the
+deadline. The other passes' sections (a forum config, eval/generation searches, the benchmark, a
+pytest run) re-run what other modules test; the whole CPU mode is the check before device time is
+spent (docs/gpu-evidence.md), not the suite's."""
 
 from __future__ import annotations
 
@@ -21,6 +24,8 @@ from tests.helpers.models import cuda_available
 from tests.helpers.processes import alive
 
 CUDA_ONLY = {"cuda_facts", "micro_checks", "liger_allocator_search", "cuda_constants"}
+# The pass the next GPU session runs, and the script's own facts.
+SUITE_SECTIONS = ("versions", *PASSES["2"])
 CONSTANTS = Path(gpu_evidence.REPO, "autotune", "estimate", "cuda_constants.json")
 
 
@@ -37,59 +42,38 @@ def cpu_runs(tmp_path_factory):
     """The CPU mode run twice on one state: the first measures, the second must find it all done."""
     out = tmp_path_factory.mktemp("evidence")
     constants = CONSTANTS.read_text()
-    # About 50 s of work on 2 idle cores; the deadline leaves room for a busy machine.
-    first = run_evidence("--out", str(out), "--cpu", "--deadline", "420")
+    # About 35 s of work on 2 idle cores; the deadline leaves room for a busy machine.
+    sections = ("--sections", ",".join(SUITE_SECTIONS))
+    first = run_evidence("--out", str(out), "--cpu", *sections, "--deadline", "420")
     doc = json.loads((out / EVIDENCE_FILE).read_text()) if (out / EVIDENCE_FILE).exists() else None
     started = time.monotonic()
-    second = run_evidence("--out", str(out), "--cpu", "--deadline", "420")
+    second = run_evidence("--out", str(out), "--cpu", *sections, "--deadline", "420")
     again = time.monotonic() - started
     return out, first, doc, second, again, constants
 
 
 @pytest.mark.slow
-def test_cpu_mode_measures_every_section_or_says_why_not(cpu_runs):
+def test_cpu_mode_measures_the_next_passs_sections_and_lists_the_rest_as_not_run(cpu_runs):
     out, first, doc, _, _, constants = cpu_runs
     assert first.returncode == 0, first.stderr[-3000:]
     assert doc["mode"] == "cpu" and doc["torch"] and doc["transformers"] and doc["date"] and doc["host_cpus"] >= 1
     assert doc["autotune_version"] and doc["python"] and doc["device"].startswith("cpu")
     sections = doc["sections"]
     assert list(sections) == list(SECTION_NAMES)
+    assert not CUDA_ONLY & set(SUITE_SECTIONS)
     for name, record in sections.items():
-        expected = "skipped: needs CUDA" if name in CUDA_ONLY else "measured"
+        expected = "measured" if name in SUITE_SECTIONS else "pending: not run yet"
         assert record["status"] == expected, (name, record)
         assert isinstance(record["seconds"], float)
 
     assert sections["versions"]["packages"]["torch"] == doc["torch"]
     assert sections["versions"]["nvidia_smi"].startswith("skipped: ")
-    pytest_gpu = sections["pytest_gpu"]
-    assert pytest_gpu["collected"] >= 1 and pytest_gpu["counts"] == {"skipped": pytest_gpu["collected"]}
 
     readme = sections["readme_command"]
     assert readme["database_was_empty"] and readme["probes"] >= 1 and readme["exit_status"] == 0
     assert readme["pick"]["label"] and readme["pick"]["tokens_per_s"] > 0 and readme["pick"]["peak_reserved_bytes"] > 0
     assert readme["best"]["label"] == readme["pick"]["label"]
     assert {p["status"] for p in readme["probes_stored"]} == {"ok"}
-
-    forum = sections["forum_config"]["probes"]
-    assert forum["whole_card"]["status"] == "ok" and forum["whole_card"]["peak_reserved_bytes"] > 0
-    assert forum["budget_8GiB"]["status"] == "oom" and sections["forum_config"]["small_budget_ooms_as_expected"]
-
-    bench = sections["benchmark"]
-    assert bench["complete"] and (out / bench["json"]).exists()
-    (case,) = bench["cases"]
-    # A ratio to the grid's best, whatever it is: which of two close configs is faster is not asked of
-    # timings taken beside the other test worker on two shared cores (0.44 seen in fresh-clone run 48).
-    assert 0 < case["figures"]["pick_quality"] <= 1 and case["search_pick"]
-
-    estimates = sections["estimator_vs_probe"]
-    assert estimates["configs"] == readme["probes"] and estimates["allocated"]["n"] >= 1
-    # An error ratio for every config that ran (how close is the estimator's own tests' business).
-    assert 0 <= estimates["allocated"]["max_abs"] < 1 and len(estimates["rows"]) == estimates["configs"]
-
-    searches = sections["eval_generation"]["searches"]
-    assert set(searches) == {"gpt2_eval", "seq2seq_generate"}
-    assert all(s["study_status"] == "finished" and s["pick"]["tokens_per_s"] > 0 for s in searches.values())
-    assert "eval-auto" in searches["gpt2_eval"]["pick"]["label"] and "gen" in searches["seq2seq_generate"]["pick"]["label"]
 
     train = sections["train_200_steps"]
     assert train["run_status"] == "finished" and train["steps"] == 5 and train["within_budget"]
@@ -124,7 +108,7 @@ def test_a_second_run_on_the_same_state_runs_nothing_again(cpu_runs):
     assert {n: (r["status"], r["seconds"]) for n, r in redone["sections"].items()} == \
            {n: (r["status"], r["seconds"]) for n, r in doc["sections"].items()}
     assert redone["date"] == doc["date"]
-    for name in SECTION_NAMES:
+    for name in SUITE_SECTIONS:
         assert f"{name}: already " in second.stderr
 
 
