@@ -51,8 +51,10 @@ def start_search(model: str, db: str, study: str, fault: str, *extra: str, on_pr
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
-def resume(model: str, db: str, study: str, *extra: str) -> subprocess.CompletedProcess:
-    return autotune("search", "--model", model, *SPACE, "--db", db, "--study", study, *extra, timeout=300)
+def resume(model: str, db: str, study: str, *extra: str):
+    """The same command again, fault gone, in this process with the worker's warm probe child
+    (`warm_child`): the fault and what it left are the subject, a second interpreter is not."""
+    return invoke("search", "--model", model, *SPACE, "--db", db, "--study", study, *extra)
 
 
 def assert_resumes_and_finishes(model: str, db: str, study: str, completed_before: list) -> None:
@@ -69,7 +71,7 @@ def assert_resumes_and_finishes(model: str, db: str, study: str, completed_befor
 
 
 # -- the tests -------------------------------------------------------------------------------------
-def test_kill_9_mid_probe_leaves_no_process_and_loses_no_probe(model, tmp_path):
+def test_kill_9_mid_probe_leaves_no_process_and_loses_no_probe(model, tmp_path, warm_child):
     db = str(tmp_path / "kill9.db")
     tmpdir = tmp_path / "tmp"  # (the fork server's socket directory is made here: removed too)
     tmpdir.mkdir()
@@ -110,7 +112,7 @@ def test_kill_9_while_predicting_leaves_no_estimator_process(model, tmp_path):
         search.kill()
 
 
-def test_sigterm_mid_probe_stops_marks_interrupted_and_releases_the_claim(model, tmp_path):
+def test_sigterm_mid_probe_stops_marks_interrupted_and_releases_the_claim(model, tmp_path, warm_child):
     db = str(tmp_path / "term.db")
     search = start_search(model, db, "term", "hang", on_probe=2)
     try:
@@ -148,7 +150,7 @@ def test_ctrl_c_twice_aborts_the_probe_and_leaves_the_study_interrupted(model, t
     assert running_claims(db, "twice") == []
 
 
-def test_a_probe_that_crashes_every_time_is_not_a_finished_study(model, tmp_path):
+def test_a_probe_that_crashes_every_time_is_not_a_finished_study(model, tmp_path, warm_child):
     db = str(tmp_path / "crash.db")
     flags = ["--micro-batches", "2"]  # one candidate: the one that crashes
     crashed = subprocess.run(autotune_command("search", "--model", model, *SPACE, *flags, "--db", db, "--study", "crash"),
