@@ -14,8 +14,10 @@ from tests.helpers.ranks import assert_rank_predicted
 
 GiB = 2**30
 LORA = "lora r=8 alpha=16 dropout=0.05 targets=all-linear"
-# (The tiny Llama's ddp and fsdp: tests/probe/test_ranks.py, beside the probes it makes of them.)
-CASES = [("gpt2", "ddp", None), ("gpt2", "fsdp", None), ("llama", "fsdp-grad-op", None), ("gpt2", "fsdp", LORA)]
+# Probed here; the tiny Llama's ddp and fsdp are probed in tests/probe/test_ranks.py, and a tiny
+# GPT-2's in tests/train/test_ranks.py (its study's probes), each beside the probes it makes.
+CASES = [("llama", "fsdp-grad-op", None), ("gpt2", "fsdp", LORA)]
+ESTIMATED = [*CASES, ("gpt2", "ddp", None), ("gpt2", "fsdp", None)]
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,7 @@ def cfg(model: str, strategy: str, gpus: int = 2, peft: str | None = None) -> Pr
 @pytest.fixture(scope="module")
 def estimates(models, trace_children) -> dict[tuple[str, str], object]:
     """Every case's estimate, and gpt2's ddp beside them, from one trace child."""
-    keys = sorted(CASES, key=str)
+    keys = sorted(ESTIMATED, key=str)
     found = estimate_memories([cfg(models[m], s, peft=p) for m, s, p in keys], device_type="cpu", use_cache=False,
                               children=trace_children)
     return dict(zip(keys, found))

@@ -12,6 +12,8 @@ import pytest
 from autotune.errors import BadInput
 from autotune.status import RunEnd
 from tests.helpers.corpus import corpus_text, write_pretrained_gpt2
+from tests.helpers.models import TINY_GPT2
+from tests.helpers.ranks import assert_rank_predicted
 
 pytestmark = pytest.mark.slow
 
@@ -66,6 +68,26 @@ def test_a_search_over_strategies_finishes_with_a_pick(ranked):
     assert (best.gpus, best.micro_batch, best.grad_accum) == (2, 2, 1)  # 2 ranks x 2 sequences = the effective batch 4
     assert best.strategy in ("ddp", "fsdp")
     assert len(outcome.best.rank_peaks) == 2
+
+
+def test_each_strategys_ranks_hold_what_the_estimate_of_a_rank_predicts(ranked, trace_children):
+    # (tests/estimate/test_ranks.py's gpt2 ddp and fsdp cases, asserted on this study's probes.)
+    from autotune.estimate import estimate_memories
+    from autotune.store import open_store
+
+    with open_store(ranked["db"]) as store:
+        probes = {p.config.strategy: p for p in store.probes("two-ranks") if p.result.status == "ok"}
+    strategies = sorted(probes)
+    assert strategies == ["ddp", "fsdp"], probes
+    estimates = estimate_memories([probes[s].config for s in strategies], device_type="cpu", use_cache=False,
+                                  children=trace_children)
+    width, vocabulary = TINY_GPT2["n_embd"], TINY_GPT2["vocab_size"]
+    for strategy, estimate in zip(strategies, estimates):
+        assert_rank_predicted(estimate, probes[strategy].result, largest_unit=vocabulary * width * 4 + 2 * width * 4,
+                              what=strategy)
+    # Sharding holds half the parameters and optimizer state a rank of DDP holds.
+    ddp, fsdp = estimates
+    assert fsdp.params + fsdp.optimizer == pytest.approx((ddp.params + ddp.optimizer) / 2, rel=0.01)
 
 
 def test_train_runs_the_ddp_winner_on_two_ranks_and_holds_each_ranks_peak_to_the_probes(ranked, tmp_path, monkeypatch):
