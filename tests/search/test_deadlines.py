@@ -16,7 +16,7 @@ import pytest
 from autotune.errors import DatabaseError, StudyNotFound
 from autotune.status import ProbeStatus, StudyStatus
 from autotune.store import open_store
-from tests.helpers.cli import autotune, autotune_command, wait_for
+from tests.helpers.cli import autotune, autotune_command, invoke, wait_for
 from tests.helpers.faults import GATE_ENV, fault_env
 from tests.helpers.processes import assert_all_gone, descendants, probe_children
 
@@ -27,7 +27,7 @@ SPACE = ["--device", "cpu", "--micro-batches", "1,2,4,8", "--block-sizes", "128"
          "--precisions", "fp32", "--checkpointing", "off", "--attention", "sdpa", "--no-predict", "--measure-steps", "1"]
 
 
-def test_timeout_ends_the_command_in_time_and_the_same_command_goes_on(tiny_model, tmp_path):
+def test_timeout_ends_the_command_in_time_and_the_same_command_goes_on(tiny_model, tmp_path, warm_child):
     db = f"sqlite:///{tmp_path / 'deadline.db'}"
     # The search's second probe waits at its first step for a gate that never opens (tests/helpers/
     # faults): the command cannot end within 20 s, start-up included (which a busy machine can stretch
@@ -46,8 +46,9 @@ def test_timeout_ends_the_command_in_time_and_the_same_command_goes_on(tiny_mode
     # The deadline is no probe's outcome: a probe it stopped is not stored, and will be probed again.
     kept = _probes(db, "d")
     assert len(kept) == 1 and ProbeStatus.TIMEOUT not in {p.result.status for p in kept}
-    done = autotune("search", "--model", tiny_model, "--gpu-budget", "1GiB", *SPACE, "--measure-seconds", "0.2",
-                    "--study", "d", "--db", db, "--json")
+    # (The same command again, in this process with the worker's warm probe child: the cut is the subject.)
+    done = invoke("search", "--model", tiny_model, "--gpu-budget", "1GiB", *SPACE, "--measure-seconds", "0.2",
+                  "--study", "d", "--db", db, "--json")
     assert done.returncode == 0, done.stderr
     finished = json.loads(done.stdout)
     assert finished["status"] == StudyStatus.FINISHED and finished["confirmation"] is not None

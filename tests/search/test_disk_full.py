@@ -12,7 +12,7 @@ import pytest
 
 from autotune.status import StudyStatus
 from autotune.store import open_store
-from tests.helpers.cli import autotune, autotune_command, wait_for
+from tests.helpers.cli import autotune_command, invoke, wait_for
 from tests.helpers.studies import probes
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ def _mount_tmpfs(path: Path, size: str) -> bool:
     return done.returncode == 0
 
 
-def test_a_disk_filling_mid_search_leaves_the_study_interrupted_and_resumable(tiny_model, tmp_path):
+def test_a_disk_filling_mid_search_leaves_the_study_interrupted_and_resumable(tiny_model, tmp_path, warm_child):
     """The results database on a small tmpfs; once the first probe is stored, the rest of the disk
     is filled. The search stops with one line, its study reads as interrupted (its process is gone),
     and with space freed the same command goes on and finishes, re-running nothing it stored."""
@@ -60,7 +60,7 @@ def test_a_disk_filling_mid_search_leaves_the_study_interrupted_and_resumable(ti
             assert store.study("full").status == StudyStatus.INTERRUPTED
             stored = {p.config_key for p in store.probes("full")}
         (disk / "filler").unlink()
-        done = autotune(*args)
+        done = invoke(*args)  # (in this process, with the worker's warm probe child: the full disk is the subject)
         assert done.returncode == 0, done.stderr
         with open_store(db, read_only=True) as store:
             assert store.study("full").status == StudyStatus.FINISHED

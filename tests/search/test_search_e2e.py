@@ -17,7 +17,7 @@ from autotune.probe import ProbeSettings
 from autotune.search import SearchOptions, run_search
 from autotune.space import SearchSpace
 from autotune.store import open_store
-from tests.helpers.cli import autotune_command
+from tests.helpers.cli import autotune_command, invoke
 from tests.helpers.fakes import ScriptedRunner, modelled_result, request
 from tests.helpers.faults import GATE_ENV, fault_env
 
@@ -85,7 +85,7 @@ def _search_cmd(model: str, *extra: str) -> list[str]:
             *extra)
 
 
-def test_ctrl_c_stops_after_the_probe_and_the_same_command_resumes(tiny_model, tmp_path):
+def test_ctrl_c_stops_after_the_probe_and_the_same_command_resumes(tiny_model, tmp_path, warm_child):
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     # The second probe waits at its first step for the gate (tests/helpers/faults): the Ctrl-C comes
     # while it is in flight, whatever the machine's speed, and the search finishes that probe.
@@ -106,7 +106,8 @@ def test_ctrl_c_stops_after_the_probe_and_the_same_command_resumes(tiny_model, t
         assert store.study("ctrl-c").status == "interrupted"
     assert 1 <= len(first) < 10
 
-    done = subprocess.run(_search_cmd(tiny_model, "--json"), capture_output=True, text=True, env=env, timeout=600)
+    # (The same command again, in this process with the worker's warm probe child: the Ctrl-C is the subject.)
+    done = invoke(*_search_cmd(tiny_model, "--json")[3:])
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["status"] == "finished" and summary["best"] is not None
