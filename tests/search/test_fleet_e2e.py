@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -32,6 +33,22 @@ SPACE = {"micro_batches": (1, 2, 4, 8), "block_sizes": (64,), "precisions": ("fp
 FLAGS = ["--micro-batches", "1,2,4,8", "--block-sizes", "64", "--effective-batch", "8", "--precisions", "fp32",
          "--checkpointing", "off,on", "--attention", "sdpa", "--measure-steps", "1", "--no-predict", "--device", "cpu",
          "--heartbeat", "0.5"]
+
+
+def run_gated(args: list[str], gate: Path, ready, what: str) -> tuple[subprocess.Popen, str, str]:
+    """`autotune ARGS`, each worker's first probe waiting at `gate` (tests/helpers/faults) until
+    `ready()`; then the gate opens and the search runs to its end: the process and its output."""
+    search = subprocess.Popen(autotune_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**fault_env("gate", on_probe=1), GATE_ENV: str(gate)})
+    try:
+        wait_for(ready, what=what)
+        gate.touch()
+        out, err = search.communicate(timeout=300)
+    finally:
+        gate.touch()
+        if search.poll() is None:
+            search.kill()
+    return search, out, err
 
 
 def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_workers_probe(tiny_model, postgres_url,
@@ -60,20 +77,11 @@ def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_w
     # worker's first probe waits at the gate (tests/helpers/faults) until two of them hold one: else
     # on a busy machine the first worker up settled every config before the others had imported torch.
     gate = tmp_path / "gate"
-    search = subprocess.Popen(autotune_command("search", "--model", tiny_model, "--gpu-budget", "16MiB", *FLAGS,
-                                               "--study", "shared", "--workers", "3", "--oversubscribe",
-                                               "--db", postgres_url, "--json"),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**fault_env("gate", on_probe=1), GATE_ENV: str(gate)})
-    try:
-        wait_for(lambda: len({c.worker for c in running_claims(postgres_url, "shared") if mine not in c.worker}) >= 2,
-                 what="two of the three workers holding a probe")
-        gate.touch()
-        out, err = search.communicate(timeout=300)
-    finally:
-        gate.touch()
-        if search.poll() is None:
-            search.kill()
+    search, out, err = run_gated(
+        ["search", "--model", tiny_model, "--gpu-budget", "16MiB", *FLAGS, "--study", "shared", "--workers", "3",
+         "--oversubscribe", "--db", postgres_url, "--json"], gate,
+        lambda: len({c.worker for c in running_claims(postgres_url, "shared") if mine not in c.worker}) >= 2,
+        what="two of the three workers holding a probe")
     assert search.returncode == 0, err
     summary = json.loads(out)
     assert summary["status"] == "finished" and summary["workers"] == 3 and summary["best"] is not None
@@ -120,18 +128,9 @@ def test_two_workers_share_one_sqlite_file(tiny_model, tmp_path):
     # Each worker's first probe waits at the gate (tests/helpers/faults) until both hold one: then
     # both take configurations, however late one starts on a busy machine.
     gate = tmp_path / "gate"
-    search = subprocess.Popen(autotune_command("search", "--model", tiny_model, "--gpu-budget", "24MiB", *FLAGS,
-                                               "--study", "two", "--workers", "2", "--db", db),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**fault_env("gate", on_probe=1), GATE_ENV: str(gate)})
-    try:
-        wait_for(lambda: len({c.worker for c in running_claims(db, "two")}) == 2, what="both workers holding a probe")
-        gate.touch()
-        out, err = search.communicate(timeout=300)
-    finally:
-        gate.touch()
-        if search.poll() is None:
-            search.kill()
+    search, out, err = run_gated(
+        ["search", "--model", tiny_model, "--gpu-budget", "24MiB", *FLAGS, "--study", "two", "--workers", "2", "--db", db],
+        gate, lambda: len({c.worker for c in running_claims(db, "two")}) == 2, what="both workers holding a probe")
     assert search.returncode == 0, err
     assert "by 2 workers (every candidate settled)" in out
     with open_store(db) as store:
