@@ -24,6 +24,8 @@ from autotune.launchers.base import Launcher, WorkerEnd, WorkerSpec
 # How long a worker that cannot be placed is waited for before the search says so and stops.
 PLACEMENT_SECONDS = 60.0
 CONNECT_SECONDS = 5.0
+# How often a task's body returns to Python while its worker runs, where ray.cancel can reach it.
+CANCEL_CHECK_SECONDS = 0.5
 RAY_CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
 
 
@@ -42,7 +44,15 @@ def run_worker(command: list[str], environment: dict[str, str]) -> dict[str, Any
                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, errors="replace",
                              preexec_fn=kill_me_with_parent)
     try:
-        out, err = child.communicate()
+        while True:
+            # In slices: ray.cancel raises KeyboardInterrupt in this thread only when it runs Python
+            # code, never inside a wait with no end (the cancel then waited out the stop's whole
+            # grace and the worker was killed instead of stopped). Retrying loses no output.
+            try:
+                out, err = child.communicate(timeout=CANCEL_CHECK_SECONDS)
+                break
+            except subprocess.TimeoutExpired:
+                continue
     except KeyboardInterrupt:  # ray.cancel: stop the worker as SIGTERM stops it
         child.terminate()
         try:

@@ -2,8 +2,9 @@
 CPU each, so that each takes one worker), a tiny CPU search with two workers. Both nodes take
 probes (held at a test gate until each holds one, tests/helpers/faults), the configs that fit are the ones a
 single worker finds and its pick is among the fastest, and nothing of the search is left on the cluster;
-a worker killed mid-probe has its probe retried by the other; the search SIGTERMed leaves no task; a
-cluster that is not there is one line. One cluster for the module."""
+a worker killed mid-probe has its probe retried by the other; the search SIGTERMed stops its
+workers (their claims given back) and leaves no task; a cluster that is not there is one line.
+One cluster for the module."""
 
 from __future__ import annotations
 
@@ -214,6 +215,10 @@ def test_a_killed_worker_s_probe_is_retried_and_sigterm_leaves_no_task(cluster):
     finally:
         cluster["gate"].touch()
     assert run.returncode == 143
+    # Each task's worker was stopped as SIGTERM stops it (its claim given back), not killed when
+    # the stop's grace ran out: a probe's claim left running would wait out its staleness.
+    with open_store(cluster["base"] / "term.db") as store:
+        assert [c.config_key for c in store.claims(store.study("term").id, stale_after=3) if c.state == "running"] == []
     assert cluster_tasks_left(cluster["address"], "term") == []
     # (Ray ends a cancelled task's worker process by itself, a moment later.)
     wait_for(lambda: processes_named(" worker --study term") == set(), seconds=15, what="the term workers gone")
