@@ -25,7 +25,8 @@ class ProbeRequest:
     # Wait, after saying 'timing', for the parent's Go: it pauses the search's other processes first.
     hold_before_timing: bool = False
     # Another window of a config already measured (the confirmation round): its memory is known, so
-    # one warm-up step, no CPU accountant (which slows steps by 40%), and no later phases.
+    # no CPU accountant (which slows steps by 40%), no later phases, and one warm-up step where the
+    # process ran a probe before.
     timing_only: bool = False
 
 

@@ -293,7 +293,7 @@ class ProbeRunner:
         return self._checked[asked]
 
     def run(self, config: ProbeConfig, budget: Budget, spec: ModelSpec | None = None,
-            deadline: Deadline = NO_DEADLINE, timing_only: bool = False) -> ProbeResult:
+            deadline: Deadline = NO_DEADLINE, timing_only: bool = False, fresh_process: bool = False) -> ProbeResult:
         """Probe `config` of the model `spec` (resolved from `config.model` when not given) against
         `budget` in a child; every outcome comes back as a status. The config is trusted: it was
         checked against the model once, before (check_probe_config, or a search's resolution).
@@ -303,7 +303,10 @@ class ProbeRunner:
         the same limit, and never less than STARTUP_FLOOR_SECONDS (imports take seconds). The
         command's `deadline` holds both: it stops the probe and raises DeadlineReached (what it
         would have measured is unknown, so it is not a result). `timing_only`: another window of a
-        config measured before (ProbeRequest.timing_only), for its timing alone."""
+        config measured before (ProbeRequest.timing_only), for its timing alone. `fresh_process`:
+        in a process no earlier probe ran in (the warm child is retired first; on CUDA the standby,
+        started while the last probe ran, takes over), so that what differs between processes is
+        measured, as the real run, a process of its own, will meet it."""
         spec = spec or resolve_model(config.model)
         if config.ranks > 1:
             return self._run_ranks(config, budget, spec, deadline)
@@ -317,6 +320,8 @@ class ProbeRunner:
                 limit = min(limit, compile_until - time.perf_counter())
             return max(0.0, limit)
 
+        if fresh_process and self._process is not None:
+            self._retire()
         self._use_allocator(config.allocator)
         if self.on_phase is not None and not (self._process is not None and self._process.is_alive()):
             self.on_phase("start-up")

@@ -1,12 +1,16 @@
 """The confirmation round: before a search says which config wins, the best, the runner-up and
-the configs within noise of the best are measured again, alternating, in the same warm probe
-process, until the winner is told apart or the round declares a tie. Each config's noise is the
-spread of its steps or of its windows' throughputs, whichever is wider: one more window of each is
-always measured, since a single window cannot show how much whole windows vary.
+the configs within noise of the best are measured again, alternating, until the winner is told
+apart or the round declares a tie. Each window runs in a process of its own, and each round goes
+the other way round from the last (A B, then B A): the same config measured 82,507 and 63,373
+tokens/s in two processes minutes apart on an H100, and figures drifted down over the minutes on
+an H200, while each window's own steps spread by 2-6%. Each config's noise is the spread of its
+steps or of its windows' throughputs (so, of its processes), whichever is wider: one more window
+of each is always measured, since a single window cannot show how much whole windows vary.
 
 Why: a search ranks on one short window per config, and on a shared machine (or between close
 GPU configs) the order of the top few can be noise. The user pastes the winner into a run of
-hours, so the pick is worth a few more windows of the configs that could have won.
+hours, in a process of its own, so the pick is worth a few more windows of the configs that could
+have won, and its figure is what several processes agree on, not one process's luck.
 
 Each re-measurement is pooled with the config's earlier windows (all their step times), the
 probe row's timing is replaced by the pooled one, and the study keeps the verdict (margin over
@@ -274,7 +278,9 @@ def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, Budget
     while True:
         while rounds < MAX_ROUNDS + joins and _round_needed(pool, rounds, remeasured, alone_too):
             rounds += 1
-            for contender in list(pool):
+            # Every other round in reverse (A B, then B A): a drift over the minutes (a card's
+            # clocks, a neighbour) weighs on both alike.
+            for contender in list(pool) if rounds % 2 else list(reversed(pool)):
                 remeasured += measure(contender, rounds) is not None
             pool.sort(key=lambda c: -c.tokens_per_s)
         joining = _as_fast_outside(store.leaderboard(study.name), pool)

@@ -359,7 +359,8 @@ class SearchLoop:
 
         def run(config: ProbeConfig, budget: Budget) -> ProbeResult:
             with showing_phases(self.runner, self.on_progress, config, total, total, confirming=True):
-                result = self.runner.run(config, budget, w.request.spec, self.deadline, timing_only=True)
+                result = self.runner.run(config, budget, w.request.spec, self.deadline, timing_only=True,
+                                         fresh_process=True)
             self.probe_walls.append(result.wall_seconds or 0.0)
             return result
 

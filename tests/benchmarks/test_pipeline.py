@@ -177,7 +177,7 @@ def test_a_deadline_leaves_work_that_the_same_command_finishes_with_its_state(tm
     class SlowRunner(ScriptedRunner):
         pause = 0.4  # seconds a probe takes while the deadline is what is tested
 
-        def run(self, config, budget, spec=None, deadline=None, timing_only=False):
+        def run(self, config, budget, spec=None, deadline=None, timing_only=False, fresh_process=False):
             time.sleep(self.pause)
             asked.append(config.key())
             return super().run(config, budget, spec, deadline)

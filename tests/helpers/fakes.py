@@ -60,7 +60,8 @@ class ScriptedRunner:
         """The scripted model always builds, with every kernel."""
         return {}
 
-    def run(self, config: ProbeConfig, budget: Budget, spec=None, deadline=None, timing_only=False) -> ProbeResult:
+    def run(self, config: ProbeConfig, budget: Budget, spec=None, deadline=None, timing_only=False,
+            fresh_process=False) -> ProbeResult:
         self.asked.append(config)
         if self.table is not None:
             return ProbeResult.from_dict(self.table[config.key()].to_dict())

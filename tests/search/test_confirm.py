@@ -48,7 +48,7 @@ class NoisyRunner(ScriptedRunner):
         self.slow_first = dict(slow_first or {})  # micro-batch -> its first window runs this much slower
         self.windows = itertools.count()
 
-    def run(self, config, budget, spec=None, deadline=None, timing_only=False) -> ProbeResult:
+    def run(self, config, budget, spec=None, deadline=None, timing_only=False, fresh_process=False) -> ProbeResult:
         self.asked.append(config)
         result = modelled_result(config, budget.total_bytes, budget.margin_bytes)
         true_step = config.tokens_per_step / self.speeds[config.micro_batch] * self.slow_first.pop(config.micro_batch, 1.0)
@@ -138,7 +138,7 @@ def test_windows_that_disagree_widen_the_noise_and_make_a_tie(hermetic_home):
     is not a win when the config's own windows differ by more."""
 
     class Busy(NoisyRunner):
-        def run(self, config, budget, spec=None, deadline=None, timing_only=False):
+        def run(self, config, budget, spec=None, deadline=None, timing_only=False, fresh_process=False):
             result = super().run(config, budget, spec, deadline)
             if config.micro_batch == 4 and len([c for c in self.asked if c.micro_batch == 4]) % 2 == 0:
                 slow = [t * 1.25 for t in result.step_times]   # every second window of it runs 25% slow

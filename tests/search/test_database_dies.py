@@ -46,7 +46,7 @@ SCRIPT = textwrap.dedent("""
         def __exit__(self, *exc_info):
             pass
 
-        def run(self, config, budget, spec=None, deadline=None, timing_only=False):
+        def run(self, config, budget, spec=None, deadline=None, timing_only=False, fresh_process=False):
             if len(self.asked) + 1 == int(os.environ.get("STOP_ON", "0")):
                 subprocess.run(shlex.split(os.environ["STOP_SERVER"]), check=True, capture_output=True)
             return super().run(config, budget, spec, deadline, timing_only)

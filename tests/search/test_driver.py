@@ -216,7 +216,7 @@ def test_predictions_in_the_background_arrive_group_by_group_and_match_waiting_f
     class Watching(ScriptedRunner):
         early: list[str] = []
 
-        def run(self, config, budget, spec=None, deadline=None, timing_only=False):
+        def run(self, config, budget, spec=None, deadline=None, timing_only=False, fresh_process=False):
             with lock:
                 if config.key() not in delivered:
                     self.early.append(config.label())

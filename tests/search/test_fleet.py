@@ -32,7 +32,7 @@ class SlowRunner(ScriptedRunner):
         super().__init__(**kwargs)
         self.seconds = seconds
 
-    def run(self, config, budget, spec=None, deadline=None, timing_only=False):
+    def run(self, config, budget, spec=None, deadline=None, timing_only=False, fresh_process=False):
         time.sleep(self.seconds)
         return super().run(config, budget, spec, deadline)
 

@@ -37,7 +37,7 @@ class WindowsRunner(ScriptedRunner):
         self.windows = {mb: list(speeds) for mb, speeds in windows.items()}
         self.measured: dict[int, int] = {}
 
-    def run(self, config, budget, spec=None, deadline=None, timing_only=False) -> ProbeResult:
+    def run(self, config, budget, spec=None, deadline=None, timing_only=False, fresh_process=False) -> ProbeResult:
         self.asked.append(config)
         result = modelled_result(config, budget.total_bytes, budget.margin_bytes)
         n = self.measured.get(config.micro_batch, 0)

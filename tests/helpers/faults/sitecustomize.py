@@ -33,6 +33,14 @@ filesystem, a swapping host), however fast the machine.
 `slow` makes every step from the third on take at least SLOW_STEP_SECONDS, sleeping: a timed window
 of N steps lasts N tenths of a second on any machine, without taking a core.
 
+`paced` makes every step last a set time, sleeping, so that which config is fastest is known
+whatever the machine's load: PACE_MICRO_STEP_SECONDS + PACE_SAMPLE_SECONDS x micro-batch per
+micro-step (effective batch 4: mb4x1 0.10 s a step, mb2x2 0.14 s, mb1x4 0.22 s). The probe
+processes of a test are numbered as each begins its first probe (files made in the directory
+AUTOTUNE_INJECT_FAULT_GATE), and AUTOTUNE_INJECT_FAULT_SLOW = "PROCESSES:MICRO_BATCH:FACTOR" slows
+some of them, as a card runs some processes slower than others: in the processes named ("1", or
+"even"), every step of that micro-batch ("*": of every config) runs at FACTOR of its speed.
+
 `oom-on-rank-1` makes rank 1 of a multi-rank probe (and no other) allocate past its budget in its
 second warm-up step, while the CPU accountant watches: a real out-of-memory on one rank, raised
 by the accountant, while rank 0 goes on into the step's collectives.
@@ -55,6 +63,34 @@ ILLEGAL_ACCESS = "CUDA error: an illegal memory access was encountered (test fau
 _LEAKED: list = []
 GATE_SECONDS = 600
 SLOW_STEP_SECONDS = 0.1
+PACE_MICRO_STEP_SECONDS = 0.04
+PACE_SAMPLE_SECONDS = 0.015
+_PROCESS_NUMBER: list[int] = []  # this process's, once it begins its first probe (`paced`)
+
+
+def _process_number(directory: str) -> int:
+    """This process's number among the test's probe processes, in the order they first probe."""
+    if not _PROCESS_NUMBER:
+        number = 1
+        while True:
+            try:
+                os.close(os.open(os.path.join(directory, f"process-{number}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                break
+            except FileExistsError:
+                number += 1
+        _PROCESS_NUMBER.append(number)
+    return _PROCESS_NUMBER[0]
+
+
+def _pace(config) -> float:
+    """The seconds a `paced` step of `config` lasts in this process."""
+    seconds = (PACE_MICRO_STEP_SECONDS + PACE_SAMPLE_SECONDS * config.micro_batch) * config.grad_accum
+    processes, micro_batch, factor = (os.environ.get("AUTOTUNE_INJECT_FAULT_SLOW") or "0:*:1").split(":")
+    number = _PROCESS_NUMBER[0]
+    slowed = number % 2 == 0 if processes == "even" else number == int(processes)
+    if slowed and micro_batch in ("*", str(config.micro_batch)):
+        seconds /= float(factor)
+    return seconds
 
 
 def _install(module) -> None:
@@ -71,6 +107,8 @@ def _install(module) -> None:
     def counting_init(self, *args, **kwargs):
         count["probes"] += 1
         self._fault_probe, self._fault_steps = count["probes"], 0
+        if fault == "paced" and gate:
+            _process_number(gate)
         original_init(self, *args, **kwargs)
 
     def faulty_call(self):
@@ -87,6 +125,11 @@ def _install(module) -> None:
             import torch
 
             _LEAKED.append(torch.ones(LEAK_BYTES, dtype=torch.uint8))
+        if fault == "paced":
+            started = time.monotonic()
+            loss = original(self)
+            time.sleep(max(0.0, _pace(self.config) - (time.monotonic() - started)))
+            return loss
         if fault == "oom-on-rank-1" and self._fault_steps == 2 and os.environ.get("RANK") == "1":
             import torch
 
