@@ -228,7 +228,8 @@ def _decoder_only_parameters(config_json: dict) -> int:
 
 @pytest.mark.slow
 def test_a_tiny_search_of_every_family_finishes_with_a_pick(models, runner, tmp_path):
-    """One probe process for all seven searches: each a real search, stored, with a winner."""
+    """One probe process for all seven searches: each a real search, stored, with a winner. (No
+    confirmation round: its windows are processes of their own, tests/search/test_process_noise.py.)"""
     from autotune.search import SearchOptions
     from autotune.search import preflight, run_search
     from tests.helpers.fakes import request
@@ -241,7 +242,8 @@ def test_a_tiny_search_of_every_family_finishes_with_a_pick(models, runner, tmp_
             space = SearchSpace.build(spec, micro_batches=(1, 2), block_sizes=(32,), precisions=("fp32",),
                                       checkpointing=(False, True), attentions=("sdpa",), effective_batch=2,
                                       **({"target_length": 16} if TASK_OF[family] == "seq2seq" else {}))
-            searched = preflight(request(space, spec, budget, budget // 20, SearchOptions(study=family, predict=False)), runner)
+            options = SearchOptions(study=family, predict=False, confirm=False)
+            searched = preflight(request(space, spec, budget, budget // 20, options), runner)
             outcome = run_search(searched, runner, store)
             assert outcome.best is not None, family
             assert outcome.best.config.task == TASK_OF[family] and outcome.study.status == "finished"
@@ -261,7 +263,7 @@ def test_a_tiny_search_of_every_family_finishes_with_a_pick(models, runner, tmp_
         space = SearchSpace.build(spec, micro_batches=(1,), block_sizes=(32,), precisions=("fp32",),
                                   checkpointing=(False,), effective_batch=1)
         assert space.attentions == ("sdpa", "eager")
-        searched = preflight(request(space, spec, budget, budget // 20, SearchOptions(study="deberta")), runner)
+        searched = preflight(request(space, spec, budget, budget // 20, SearchOptions(study="deberta", confirm=False)), runner)
         outcome = run_search(searched, runner, store)
         assert outcome.best is not None and outcome.best.config.attention == "eager" and not outcome.unmeasured
         skipped = [p for p in store.probes("deberta") if p.config.attention == "sdpa"]
