@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from autotune import speed
 from autotune.config import ProbeConfig
 from autotune.search.common import SearchOptions
+from autotune.search.confirm import RELIABLE_NOISE
 from autotune.search.knowledge import Knowledge, MemorySkip, SpeedSkip
 from autotune.search.speed_model import FittedSpeed, SpeedGuess, SpeedModel
 from autotune.search.trials import Trials, params_of, tell
@@ -166,13 +167,18 @@ class PredictiveStrategy:
     def revisitable(self) -> list[ProbeConfig]:
         """Configs skipped for speed that could win now: no structure rules them out, and their
         optimistic speed beats the best measured as it stands now (the confirmation round pooled
-        its windows: a first window that was an outlier no longer holds the bar up)."""
+        its windows: a first window that was an outlier no longer holds the bar up), less that
+        figure's noise. The round measured the best in several processes, and their spread is how
+        far the figure a config was skipped against can be from the run's: a config predicted
+        within it could be the faster one, so it is decided by a probe. (Widened by at most the
+        noise a reliable pick allows: beyond it the pick is said not reliable whatever is probed.)"""
         k = self.knowledge
         self._fitted = None  # measured figures changed: fit again
         best = k.best()
         if best is None:
             return []
-        bar = (best[1].tokens_per_s or 0.0) * (1 + WORTH_PROBING)
+        noise = min(best[1].step_spread or 0.0, RELIABLE_NOISE)
+        bar = (best[1].tokens_per_s or 0.0) * (1 + WORTH_PROBING) * (1 - noise)
         skipped = [c for c in k.candidates if (result := k.outcomes.get(c.key())) is not None
                    and result.status == ProbeStatus.SKIPPED and k.implied_skip(c) is None
                    and self.rescue_ruled_out(c) is None and self.plain_twin_probed(c) is True]

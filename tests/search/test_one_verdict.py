@@ -234,3 +234,29 @@ def test_a_pick_no_round_judged_is_not_said_reliable_and_the_report_counts_the_r
     # The round's own probes are counted beside the configurations'.
     assert decision["probes"] >= 2 and best_of("judged").reliable is not None
     assert f"The confirmation round measured {decision['probes']} more windows" in judged
+
+
+@pytest.mark.parametrize(("spread", "revisited"), [(0.0, False), (0.10, True), (0.50, False)])
+def test_a_skip_is_decided_again_when_the_config_is_within_the_noise_of_the_figure_it_was_skipped_against(
+        spread, revisited):
+    # The best (fp32) measured 1,000 tokens/s, the median of windows in several processes that
+    # spread by `spread`; bf16 was skipped for speed, predicted at most 950. Against a steady figure
+    # 950 cannot win; within 10% between processes it could, and a probe decides. A spread past
+    # what a reliable pick allows (15%) widens the bar no further: 950 is still within it, 850 not.
+    from autotune.search.knowledge import Knowledge
+    from autotune.search.speed_model import SpeedGuess
+    from autotune.search.strategies import PredictiveStrategy
+    from autotune.status import ProbeStatus
+
+    space = gpt2_space(precisions=("fp32", "bf16"), checkpointing=(False,), attentions=("sdpa",), micro_batches=(4,))
+    by_precision = {c.precision: c for c in space.candidates()}
+    knowledge = Knowledge(space.candidates())
+    best = modelled_result(by_precision["fp32"], BUDGET, MARGIN)
+    best.tokens_per_s, best.step_spread = 1000.0, spread
+    knowledge.learn(by_precision["fp32"], best)
+    knowledge.learn(by_precision["bf16"], ProbeResult(status=ProbeStatus.SKIPPED, budget_bytes=BUDGET,
+                                                      margin_bytes=MARGIN, error="not faster"))
+    strategy = PredictiveStrategy(knowledge, "cuda")
+    at_most = 850.0 if spread > 0.15 else 950.0
+    strategy.guesses = lambda configs: {c.key(): SpeedGuess(at_most * 0.9, at_most, 0.05, 1) for c in configs}
+    assert (strategy.revisitable() == [by_precision["bf16"]]) is revisited
