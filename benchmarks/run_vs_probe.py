@@ -1,0 +1,172 @@
+"""Does the run go as fast as its probe? For each of a few configs of one small GPT-2 (each its own
+one-config study, probed by `autotune search`), three real runs on the same corpus, each in a
+process of its own: a plain transformers Trainer from `best.training_arguments()` +
+`best.load_model()` (the README's hand-off), TRL's SFTTrainer from `autotune best --format trl`, and
+`autotune train`. Each run's tokens/s after its first 10 steps against the probe's, and the ratios
+between configs (does the leaderboard's order hold in the runs?). Runs are interleaved (every config
+once, then every config again in reverse) and each figure is the median of its processes.
+
+    python -m benchmarks.run_vs_probe [--out DIR] [--steps 60] [--micro-batches 1,4,8] [--repeats 2]
+
+CPU only as written (`--device cpu`): on a card, benchmarks/gpu_evidence.py's `trainer_handoff` and
+`train_200_steps` sections measure the pick the same way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.gpu_evidence import helper_train_data, helper_trainer_handoff
+
+EFFECTIVE_BATCH = 8
+BLOCK = 64
+MODEL = {"model_type": "gpt2", "n_layer": 4, "n_embd": 256, "n_head": 4, "vocab_size": 8192, "n_positions": 128}
+# Steps a run takes before its clock starts (the first steps pay one-time costs).
+SKIP_STEPS = 10
+
+
+def sh(*args: str, timeout: float = 900) -> str:
+    done = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    if done.returncode not in (0, 1):
+        raise RuntimeError(f"{' '.join(args[:4])}... exited {done.returncode}: {done.stderr[-2000:]}")
+    return done.stdout
+
+
+def autotune(*args: str, timeout: float = 900) -> str:
+    return sh(sys.executable, "-m", "autotune", *args, timeout=timeout)
+
+
+def probe(work: Path, db: str, micro_batch: int, measure_seconds: float) -> dict:
+    """One config's study: the search measures it (and its confirmation round, if any, again)."""
+    study = f"run-vs-probe-mb{micro_batch}"
+    out = autotune("search", "--model", str(work / "model"), "--device", "cpu", "--gpu-budget", "4GiB",
+                   "--micro-batches", str(micro_batch), "--effective-batch", str(EFFECTIVE_BATCH), "--block-sizes",
+                   str(BLOCK), "--precisions", "fp32", "--checkpointing", "off", "--attention", "sdpa",
+                   "--measure-seconds", str(measure_seconds), "--study", study, "--db", db, "--json")
+    summary = json.loads(out)
+    return {"study": study, "label": summary["best"]["label"], "tokens_per_s": summary["best"]["tokens_per_s"]}
+
+
+def run_trainer(work: Path, db: str, study: str, steps: int) -> float:
+    code = ("import json, sys\nfrom benchmarks.run_vs_probe import trainer_in_process\n"
+            f"print(json.dumps(trainer_in_process({db!r}, {study!r}, {str(work)!r}, {steps})))")
+    return json.loads(sh(sys.executable, "-c", code).splitlines()[-1])["tokens_per_s"]
+
+
+def trainer_in_process(db: str, study: str, work: str, steps: int) -> dict:
+    with tempfile.TemporaryDirectory() as output:
+        return helper_trainer_handoff(db, study, str(Path(work) / "data"), output, steps)
+
+
+def run_trl(work: Path, db: str, study: str, steps: int) -> float:
+    document = json.loads(autotune("best", "--study", study, "--db", db, "--format", "trl"))
+    code = ("import json, sys\nfrom benchmarks.run_vs_probe import trl_in_process\n"
+            f"print(json.dumps(trl_in_process({db!r}, {study!r}, {str(work)!r}, {steps}, "
+            f"json.loads({json.dumps(json.dumps(document['sft_config']))}))))")
+    return json.loads(sh(sys.executable, "-c", code).splitlines()[-1])["tokens_per_s"]
+
+
+def trl_in_process(db: str, study: str, work: str, steps: int, sft_config: dict) -> dict:
+    """TRL's SFTTrainer as its user runs it with autotune's file: SFTConfig(**sft_config), the model
+    built by best.load_model (model_init_kwargs apply only to a model given by name), the corpus as
+    text (SFTTrainer tokenizes and packs it into full blocks, as the document says)."""
+    import autotune
+
+    best = autotune.best(study, db)
+    os.environ.update(best.environment())
+    import datasets
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    from autotune.models import resolve_model
+
+    spec = resolve_model(best.config.model)
+    config = transformers.AutoConfig.for_model(spec.config["model_type"],
+                                               **{k: v for k, v in spec.config.items() if k != "model_type"})
+    model = best.load_model(config)
+    tokenizer = AutoTokenizer.from_pretrained(Path(work) / "data" / "tokenizer")
+    text = (Path(work) / "data" / "corpus.txt").read_text()
+    dataset = datasets.Dataset.from_dict({"text": [p for p in text.split("\n\n") if p.strip()]})
+    kwargs = {k: v for k, v in sft_config.items() if k != "model_init_kwargs"}
+    with tempfile.TemporaryDirectory() as output:
+        args = SFTConfig(output_dir=output, max_steps=steps, save_strategy="no", report_to=[], disable_tqdm=True,
+                         logging_steps=max(1, steps // 4), **kwargs)
+        ends: list[tuple[int, float]] = []
+
+        class StepClock(transformers.TrainerCallback):
+            def on_step_end(self, args, state, control, **kw):
+                ends.append((state.global_step, time.perf_counter()))
+
+        trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
+                             callbacks=[StepClock()])
+        trainer.train()
+    timed = [(step, at) for step, at in ends if step >= SKIP_STEPS]
+    steady = best.config.tokens_per_step * (timed[-1][0] - timed[0][0]) / (timed[-1][1] - timed[0][1])
+    return {"tokens_per_s": steady, "torch_threads": torch.get_num_threads()}
+
+
+def run_train(work: Path, db: str, study: str, steps: int) -> float:
+    with tempfile.TemporaryDirectory() as output:
+        out = autotune("train", "--study", study, "--db", db, "--dataset", str(work / "data" / "corpus.txt"),
+                       "--tokenizer", str(work / "data" / "tokenizer"), "--max-steps", str(steps), "--save-steps",
+                       str(steps * 10), "--device", "cpu", "--output-dir", output, "--json")
+    return json.loads(out)["tokens_per_s"]
+
+
+RUNS = {"trainer": run_trainer, "trl": run_trl, "train": run_train}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=None, help="a directory for the model, data and results.json")
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--micro-batches", default="1,4,8")
+    parser.add_argument("--repeats", type=int, default=2, help="processes of each run (default 2)")
+    parser.add_argument("--measure-seconds", type=float, default=3.0)
+    args = parser.parse_args(argv)
+    work = Path(args.out or tempfile.mkdtemp(prefix="run-vs-probe-"))
+    (work / "model").mkdir(parents=True, exist_ok=True)
+    (work / "model" / "config.json").write_text(json.dumps(MODEL))
+    helper_train_data(str(work / "data"))
+    db = f"sqlite:///{work / 'studies.db'}"
+    micro_batches = [int(m) for m in args.micro_batches.split(",")]
+    probes = {mb: probe(work, db, mb, args.measure_seconds) for mb in micro_batches}
+    measured: dict[tuple[int, str], list[float]] = {}
+    order = [(mb, kind) for mb in micro_batches for kind in RUNS]
+    for repeat in range(args.repeats):
+        for mb, kind in order if repeat % 2 == 0 else reversed(order):
+            figure = RUNS[kind](work, db, probes[mb]["study"], args.steps)
+            measured.setdefault((mb, kind), []).append(figure)
+            print(f"mb{mb} {kind}: {figure:,.0f} tokens/s (probe {probes[mb]['tokens_per_s']:,.0f})", file=sys.stderr)
+    rows = []
+    for mb in micro_batches:
+        row = {"micro_batch": mb, "label": probes[mb]["label"], "probe": probes[mb]["tokens_per_s"]}
+        for kind in RUNS:
+            figures = measured[(mb, kind)]
+            row[kind] = statistics.median(figures)
+            row[f"{kind}_processes"] = figures
+            row[f"{kind}_vs_probe"] = round(row[kind] / row["probe"], 3)
+        rows.append(row)
+    first = rows[0]
+    ratios = {f"mb{row['micro_batch']}/mb{first['micro_batch']}": {kind: round(row[kind] / first[kind], 3)
+                                                                   for kind in ("probe", *RUNS)} for row in rows[1:]}
+    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host_cpus": os.cpu_count(),
+              "load_per_core": round(os.getloadavg()[0] / (os.cpu_count() or 1), 2), "steps": args.steps,
+              "model": MODEL, "block": BLOCK, "effective_batch": EFFECTIVE_BATCH, "rows": rows, "ratios": ratios}
+    (work / "results.json").write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
