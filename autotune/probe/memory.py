@@ -44,6 +44,7 @@ class CpuMemoryAccountant(TorchDispatchMode):
         # Each storage seen born and not yet dead -> [its bytes now]; a view of one is the same storage.
         self._live: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._resize = None  # torch.UntypedStorage.resize_ as it was, while this mode watches resizes
+        self.watching = False  # entered, and not suspended
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -62,13 +63,29 @@ class CpuMemoryAccountant(TorchDispatchMode):
             return out
 
         torch.UntypedStorage.resize_ = resize_watched  # type: ignore[method-assign]
+        self.watching = True
         return super().__enter__()
 
     def __exit__(self, *exc_info):
+        if not self.watching:
+            return None  # suspended: suspend() undid what entering did
+        self.watching = False
         if self._resize is not None:
             torch.UntypedStorage.resize_ = self._resize  # type: ignore[method-assign]
             self._resize = None
         return super().__exit__(*exc_info)
+
+    def suspend(self) -> None:
+        """Stop watching, within the `with` that entered it, for steps that repeat the ones it
+        watched: its counts stand (a storage it saw freed meanwhile is still counted out, by its
+        finalizer; one born and freed meanwhile is never seen), and the ops run at full speed."""
+        if self.watching:
+            self.__exit__(None, None, None)
+
+    def resume(self) -> None:
+        """Watch again after suspend(), within the same `with`."""
+        if not self.watching:
+            self.__enter__()
 
     def reset_peaks(self) -> None:
         """The peaks from now on (as torch.cuda.reset_peak_memory_stats): what is live is their start."""

@@ -14,8 +14,10 @@ models (`autotune.data`), padded sources and targets for seq2seq, padded texts a
 classification (`autotune.data.task_data`). The budget holds as it does for a probe
 (`autotune.probe.budget`): on CUDA the caching allocator is capped at budget - context - margin
 before the model is built; on CPU the model is built and trained inside `CpuMemoryAccountant`,
-which raises `torch.OutOfMemoryError` past the cap exactly where a card of that size would (at
-about 40% of the speed). The run is stored beside the probe that chose it, with its peaks and
+which raises `torch.OutOfMemoryError` past the cap exactly where a card of that size would: it
+watches the build, the first two optimizer steps (every later one repeats them) and each
+evaluation, and the steps between run without it (it slows a step by about 40%), as a probe's
+timed window does. The run is stored beside the probe that chose it, with its peaks and
 throughput, and its `RunSummary` is written to autotune-run.json.
 
 With an --eval-split the run evaluates as its probe measured (autotune.evaluation: the eval batch,

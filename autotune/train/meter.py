@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import Seq2SeqTrainer, Trainer, TrainerCallback
 
+from autotune.defaults import WARMUP_STEPS
 from autotune.evaluation import EVAL, TRAIN
 
 if TYPE_CHECKING:
@@ -25,7 +26,11 @@ if TYPE_CHECKING:
 
 
 class RunMeter(TrainerCallback):
-    """Times each optimizer step (synchronised on CUDA), follows the loss, reads the peaks."""
+    """Times each optimizer step (synchronised on CUDA), follows the loss, reads the peaks. On CPU
+    the accountant watches the first WARMUP_STEPS optimizer steps: as in a probe's warm-up, they
+    bring weights, gradients, optimizer state and activations to their steady size, and every later
+    step repeats them. It slows a step by about 40%, and the probe times its window without it: so
+    the run's later steps go without it too, and each evaluation is watched again."""
 
     def __init__(self, budget: MemoryCap, tokens_per_step: int, echo: Callable[[str], None] | None,
                  eval_phase: str = EVAL) -> None:
@@ -59,6 +64,8 @@ class RunMeter(TrainerCallback):
         self._sync()
         self.step_seconds.append(time.perf_counter() - self._started)
         self.read_peaks()
+        if self.budget.accountant is not None and len(self.step_seconds) >= WARMUP_STEPS:
+            self.budget.accountant.suspend()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         logs = logs or {}
@@ -84,6 +91,10 @@ class RunMeter(TrainerCallback):
     @contextlib.contextmanager
     def evaluating(self, step: int) -> Iterator[None]:
         """An evaluation at optimizer step `step`: its peaks are the eval phase's (or generate's)."""
+        accountant = self.budget.accountant
+        suspended = accountant is not None and not accountant.watching
+        if suspended:
+            accountant.resume()  # (an evaluation is not a repeat of the steps the accountant saw)
         self._begin(self.eval_phase)
         try:
             with self._host_arrays_apart():
@@ -93,6 +104,9 @@ class RunMeter(TrainerCallback):
             self.failed_phase = self.eval_phase
             self.read_peaks()
             raise
+        finally:
+            if suspended:
+                accountant.suspend()
         self._begin(TRAIN)
         self.evaluated_at = step
 

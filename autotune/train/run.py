@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from autotune.defaults import ERROR_TAIL_CHARS
+from autotune.defaults import ERROR_TAIL_CHARS, WARMUP_STEPS
 from autotune.errors import BadInput
 from autotune.evaluation import EVAL, GENERATE, KEPT, evaluates, generates
 from autotune.handoff.later_phases import generate_with_cache
@@ -130,8 +130,9 @@ def describe_limits(limits: MemoryCap, device_name: str) -> str:
                 f"{format_size(limits.cap_bytes)} (CUDA context {format_size(limits.context_bytes)}, margin "
                 f"{format_size(limits.budget.margin_bytes)})")
     return (f"device: {device_name}; budget {format_size(limits.budget.total_bytes)}: memory accountant capped at "
-            f"{format_size(limits.cap_bytes)} (margin {format_size(limits.budget.margin_bytes)}); it counts every tensor, "
-            f"so CPU steps run slower than without it")
+            f"{format_size(limits.cap_bytes)} (margin {format_size(limits.budget.margin_bytes)}); it counts every tensor "
+            f"of the first {WARMUP_STEPS} steps and of each evaluation (the steps between repeat them and run "
+            f"without it, as the probe's timed window did)")
 
 
 @dataclass(slots=True)
