@@ -7,6 +7,7 @@ between configs (does the leaderboard's order hold in the runs?). Runs are inter
 once, then every config again in reverse) and each figure is the median of its processes.
 
     python -m benchmarks.run_vs_probe [--out DIR] [--steps 60] [--micro-batches 1,4,8] [--repeats 2]
+                                      [--runs trainer,trl,train]
 
 CPU only as written (`--device cpu`): on a card, benchmarks/gpu_evidence.py's `trainer_handoff` and
 `train_200_steps` sections measure the pick the same way.
@@ -133,7 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batches", default="1,4,8")
     parser.add_argument("--repeats", type=int, default=2, help="processes of each run (default 2)")
     parser.add_argument("--measure-seconds", type=float, default=3.0)
+    parser.add_argument("--runs", default=",".join(RUNS), help=f"which runs (default {','.join(RUNS)})")
     args = parser.parse_args(argv)
+    runs = args.runs.split(",")
     work = Path(args.out or tempfile.mkdtemp(prefix="run-vs-probe-"))
     (work / "model").mkdir(parents=True, exist_ok=True)
     (work / "model" / "config.json").write_text(json.dumps(MODEL))
@@ -142,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     micro_batches = [int(m) for m in args.micro_batches.split(",")]
     probes = {mb: probe(work, db, mb, args.measure_seconds) for mb in micro_batches}
     measured: dict[tuple[int, str], list[float]] = {}
-    order = [(mb, kind) for mb in micro_batches for kind in RUNS]
+    order = [(mb, kind) for mb in micro_batches for kind in runs]
     for repeat in range(args.repeats):
         for mb, kind in order if repeat % 2 == 0 else reversed(order):
             figure = RUNS[kind](work, db, probes[mb]["study"], args.steps)
@@ -151,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for mb in micro_batches:
         row = {"micro_batch": mb, "label": probes[mb]["label"], "probe": probes[mb]["tokens_per_s"]}
-        for kind in RUNS:
+        for kind in runs:
             figures = measured[(mb, kind)]
             row[kind] = statistics.median(figures)
             row[f"{kind}_processes"] = figures
@@ -159,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
     first = rows[0]
     ratios = {f"mb{row['micro_batch']}/mb{first['micro_batch']}": {kind: round(row[kind] / first[kind], 3)
-                                                                   for kind in ("probe", *RUNS)} for row in rows[1:]}
+                                                                   for kind in ("probe", *runs)} for row in rows[1:]}
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host_cpus": os.cpu_count(),
               "load_per_core": round(os.getloadavg()[0] / (os.cpu_count() or 1), 2), "steps": args.steps,
               "model": MODEL, "block": BLOCK, "effective_batch": EFFECTIVE_BATCH, "rows": rows, "ratios": ratios}
