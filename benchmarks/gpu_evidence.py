@@ -1877,6 +1877,14 @@ def helper_fresh_probes(db: str, study: str, results: str, seconds: float, keys:
     return {"probed": done, "children_started": runner.children_started}
 
 
+def steady_tokens_per_s(ends: list[tuple[int, float]], tokens_per_step: int, skip: int) -> float | None:
+    """A run's tokens/s from (optimizer step, wall time at its end) pairs, after its first `skip` steps."""
+    timed = [(step, at) for step, at in ends if step >= skip]
+    if len(timed) < 2 or timed[-1][1] <= timed[0][1]:
+        return None
+    return tokens_per_step * (timed[-1][0] - timed[0][0]) / (timed[-1][1] - timed[0][1])
+
+
 def helper_trainer_handoff(db: str, study: str, data_dir: str, output_dir: str, steps: int) -> dict:
     """The README's hand-off as a user writes it: `best.training_arguments()` and `best.load_model()`
     into a plain transformers Trainer, on the data `autotune train` had (its corpus in blocks of
@@ -1925,9 +1933,7 @@ def helper_trainer_handoff(db: str, study: str, data_dir: str, output_dir: str, 
         torch.cuda.reset_peak_memory_stats()
     output = trainer.train()
     tokens_per_step = best.config.tokens_per_step
-    timed = [(step, at) for step, at in clock.ends if step >= skip]
-    steady = (tokens_per_step * (timed[-1][0] - timed[0][0]) / (timed[-1][1] - timed[0][1])
-              if len(timed) >= 2 and timed[-1][1] > timed[0][1] else None)
+    steady = steady_tokens_per_s(clock.ends, tokens_per_step, skip)
     return {
         "config": best.config.label(), "steps": output.global_step, "blocks": len(blocks),
         "tokens_per_step": tokens_per_step, "tokens_per_s": steady,

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.gpu_evidence import helper_train_data, helper_trainer_handoff
+from benchmarks.gpu_evidence import helper_train_data, helper_trainer_handoff, steady_tokens_per_s
 
 EFFECTIVE_BATCH = 8
 BLOCK = 64
@@ -111,8 +111,7 @@ def trl_in_process(db: str, study: str, work: str, steps: int, sft_config: dict)
         trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer,
                              callbacks=[StepClock()])
         trainer.train()
-    timed = [(step, at) for step, at in ends if step >= SKIP_STEPS]
-    steady = best.config.tokens_per_step * (timed[-1][0] - timed[0][0]) / (timed[-1][1] - timed[0][1])
+    steady = steady_tokens_per_s(ends, best.config.tokens_per_step, SKIP_STEPS)
     return {"tokens_per_s": steady, "torch_threads": torch.get_num_threads()}
 
 

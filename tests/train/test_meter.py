@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import torch
 
 from autotune.budget import Budget
-from autotune.probe.cap import cap_memory
 from autotune.defaults import WARMUP_STEPS
+from autotune.probe.cap import cap_memory
 from autotune.train.meter import RunMeter
 
 MiB = 2**20
