@@ -214,29 +214,33 @@ class SearchLoop:
             outcome.reused += probe_id is not None
             return Settlement(choice, cached, Settled.REUSED, probe_id)
         self.stop_reason = self._limit()
-        if self.stop_reason is not None or w.store.claim(w.study.id, config.key(), w.label,
-                                                         stale_after=w.options.stale_after) is None:
-            # A limit, or another worker took it between our look and our claim (then: pick again).
+        if self.stop_reason is not None:
             self._give_back(choice)
             return None
+        # From the claim's INSERT to the outcome's row, whatever ends this worker (SIGTERM, a second
+        # Ctrl-C, a user error raised by the runner, a database that fails) gives the claim back: a
+        # claim left running waits out its staleness before anyone probes its config again. claim()
+        # is inside too: a signal that arrives while SQLite commits is handled as the commit returns,
+        # so SIGTERM's Terminated comes out of a claim() whose row is written.
         try:
+            if w.store.claim(w.study.id, config.key(), w.label, stale_after=w.options.stale_after) is None:
+                self._give_back(choice)  # another worker took it between our look and our claim
+                return None
             with showing_phases(self.runner, self.on_progress, config, len(w.knowledge.outcomes), len(w.knowledge.candidates)):
                 result = probe_claimed(w, self.runner, heartbeat, config)
-        except DeadlineReached:
-            # Not a measurement: nothing is stored for it, its claim was given back, and the same
-            # command probes it again.
+            self.probe_walls.append(result.wall_seconds or 0.0)
+            outcome.probed += 1
+            outcome.probes_seconds += result.wall_seconds or 0.0
+            probe_id = self._store(choice, result, SettleHow.CLAIMED)
+        except BaseException as exc:
+            with written_if_possible("the claim"):
+                w.store.release_claim(w.study.id, config.key(), w.label, retry=False)
+            if not isinstance(exc, DeadlineReached):
+                raise
+            # Not a measurement: nothing is stored for it, and the same command probes it again.
             self.stop_reason = StopReason.TIMEOUT
             outcome.deadline_note = f"the probe of {config.label()} in flight was stopped"
             return None
-        self.probe_walls.append(result.wall_seconds or 0.0)
-        outcome.probed += 1
-        outcome.probes_seconds += result.wall_seconds or 0.0
-        try:
-            probe_id = self._store(choice, result, SettleHow.CLAIMED)
-        except BaseException:  # (the database failed: the claim is not left running if it can be helped)
-            with written_if_possible("the claim"):
-                w.store.release_claim(w.study.id, config.key(), w.label, retry=False)
-            raise
         return Settlement(choice, result, Settled.PROBED, probe_id)
 
     def _store(self, choice: Choice, result: ProbeResult, how: SettleHow, cacheable: bool | None = None) -> int | None:
@@ -456,22 +460,16 @@ def showing_phases(runner: Runner, on_progress: Callable[[Progress], None] | Non
 
 def probe_claimed(w: WorkerState, runner: Runner, heartbeat: Heartbeat, config: ProbeConfig) -> ProbeResult:
     """Run a claimed probe, heartbeating. A crash (the child killed, a segfault, a CUDA fault) is
-    not a measurement: it is tried again in a fresh process, CRASH_RETRIES times. A probe that does
-    not end (a second Ctrl-C, SIGTERM, a user error raised by the runner) gives its claim back, so
-    that it is not left to go stale."""
-    try:
-        with heartbeat.holding(config.key()):
+    not a measurement: it is tried again in a fresh process, CRASH_RETRIES times. (A probe that does
+    not end gives its claim back: the caller, SearchLoop._settle.)"""
+    with heartbeat.holding(config.key()):
+        result = runner.run(config, w.budget, w.request.spec, w.request.deadline)
+        for attempt in range(2, CRASH_RETRIES + 2):
+            if result.status != ProbeStatus.CRASHED:
+                break
+            log.warning("%s crashed (%s); trying again in a fresh process (attempt %d)", config.label(), result.error, attempt)
             result = runner.run(config, w.budget, w.request.spec, w.request.deadline)
-            for attempt in range(2, CRASH_RETRIES + 2):
-                if result.status != ProbeStatus.CRASHED:
-                    break
-                log.warning("%s crashed (%s); trying again in a fresh process (attempt %d)", config.label(), result.error, attempt)
-                result = runner.run(config, w.budget, w.request.spec, w.request.deadline)
-            else:
-                if result.status == ProbeStatus.CRASHED:
-                    result.error = f"crashed {CRASH_RETRIES + 1} times, each in a fresh process; last: {result.error}"
-            return result
-    except BaseException:
-        with written_if_possible("the claim"):
-            w.store.release_claim(w.study.id, config.key(), w.label, retry=False)
-        raise
+        else:
+            if result.status == ProbeStatus.CRASHED:
+                result.error = f"crashed {CRASH_RETRIES + 1} times, each in a fresh process; last: {result.error}"
+        return result

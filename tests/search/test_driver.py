@@ -85,6 +85,26 @@ def test_interrupted_search_resumes_without_rerunning_anything(store):
     assert done.best.config == reference.best.config
 
 
+def test_a_sigterm_handled_as_a_claim_commits_gives_the_claim_back(store, monkeypatch):
+    # A signal that arrives while SQLite commits a claim is handled as the commit returns: SIGTERM's
+    # Terminated comes out of a claim() whose row is written (a Ray worker stopped this way left its
+    # claim running, 2026-11-30). It is given back, as a probe's in flight is.
+    from autotune.processes import Terminated
+
+    claim = store.claim
+
+    def claimed_then_terminated(*args, **kwargs):
+        assert claim(*args, **kwargs) == 1
+        raise Terminated
+
+    monkeypatch.setattr(store, "claim", claimed_then_terminated)
+    runner = ScriptedRunner()
+    with pytest.raises(Terminated):
+        search(store, runner, gpt2_space(), study="t")
+    assert runner.asked == []
+    assert [c for c in store.claims(store.study("t").id, stale_after=60) if c.state == "running"] == []
+
+
 def test_finished_search_answers_from_the_database(store):
     from autotune.search.request import answer_from_store
 
