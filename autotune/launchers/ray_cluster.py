@@ -5,6 +5,12 @@ STRICT_PACK placement group for a worker of several ranks, so that they share a 
 never retried by Ray (`max_retries=0`): an OOM is a result, and a worker that dies is already handled
 by the study's heartbeats (another worker takes its configuration over).
 
+Ray starts its task workers at niceness 15 (its `worker_niceness`), and a process inherits its
+parent's: each worker is put back at the search's own niceness (0 as a rule) where the node allows
+it, so that its probes are not timed, nor its SIGTERM handled, at the priority of background work.
+Where it does not (an unprivileged user may not raise a priority), start the cluster with
+RAY_worker_niceness=0 in `ray start`'s environment.
+
 A cluster that is not there, or has no node that can hold a worker, is said in one line before
 anything is written. Stopping cancels every task (a KeyboardInterrupt in the task, which stops its
 worker as SIGTERM does: the claim given back), then force-cancels what is left after the grace."""
@@ -29,9 +35,10 @@ CANCEL_CHECK_SECONDS = 0.5
 RAY_CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
 
 
-def run_worker(command: list[str], environment: dict[str, str]) -> dict[str, Any]:
-    """A Ray task's body: the worker in a child process, to its end (or until the task is cancelled:
-    then SIGTERM, as a search's own workers are stopped)."""
+def run_worker(command: list[str], environment: dict[str, str], niceness: int = 0) -> dict[str, Any]:
+    """A Ray task's body: the worker in a child process at `niceness` where the node allows it (the
+    module's docstring), to its end (or until the task is cancelled: then SIGTERM, as a search's own
+    workers are stopped)."""
     import subprocess
     import sys
 
@@ -39,10 +46,17 @@ def run_worker(command: list[str], environment: dict[str, str]) -> dict[str, Any
 
     from autotune.processes import kill_me_with_parent
 
+    def prepare_child() -> None:
+        kill_me_with_parent()
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, niceness)
+        except OSError:  # (not allowed here: the worker keeps Ray's niceness)
+            pass
+
     # (This node's Python, where the driver's path may not exist.)
     child = subprocess.Popen([sys.executable, *command[1:]], env={**os.environ, **environment}, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, errors="replace",
-                             preexec_fn=kill_me_with_parent)
+                             preexec_fn=prepare_child)
     try:
         while True:
             # In slices: ray.cancel raises KeyboardInterrupt in this thread only when it runs Python
@@ -120,6 +134,7 @@ class RayLauncher(Launcher):
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         task = ray.remote(run_worker)
+        niceness = os.getpriority(os.PRIO_PROCESS, 0)  # the search's own, for its workers
         for index in range(count):
             options: dict[str, Any] = {"max_retries": 0, "name": f"autotune-worker-{spec.label}-{index}", "num_cpus": 1,
                                        "num_gpus": spec.ranks if spec.device == "cuda" else 0}
@@ -134,7 +149,7 @@ class RayLauncher(Launcher):
                 self.groups.append(group)
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group)
                 options["num_cpus"] = 1
-            self.refs.append(task.options(**options).remote(spec.command(), spec.environment()))
+            self.refs.append(task.options(**options).remote(spec.command(), spec.environment(), niceness))
 
     @staticmethod
     def _placed(group: Any) -> bool:
