@@ -7,6 +7,7 @@ import shutil
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from autotune.estimate import (
     CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, EstimateError, MemoryEstimate, estimate_memories, estimate_memory,
 )
 from tests.helpers.cli import assert_usage_error, autotune, with_flags
+from tests.helpers.faults import GATE_ENV, inject_fault
 from tests.helpers.models import write_model_dir
 
 MiB, GiB = 2**20, 2**30
@@ -161,9 +163,19 @@ def test_bad_input_is_refused_before_any_process_starts(model_dir, monkeypatch):
 
 
 @pytest.mark.slow
-def test_a_slow_trace_times_out(model_dir):
+def test_a_slow_trace_times_out(model_dir, monkeypatch, tmp_path):
+    # A trace that cannot end in time on any machine: its child spawned afresh, held importing torch
+    # by a gate that never opens (tests/helpers/faults: stuck-start). (Forked from this worker's warm
+    # fork server instead, the tiny model's trace once ended within the 0.5 s, and the test failed.)
+    import multiprocessing
+
+    monkeypatch.setattr("autotune.estimate.launch.fork_server_context", lambda cuda_possible: multiprocessing.get_context("spawn"))
+    inject_fault(monkeypatch, "stuck-start")
+    monkeypatch.setenv(GATE_ENV, str(tmp_path / "never"))
+    started = time.monotonic()
     with pytest.raises(EstimateError, match="longer than"):
         estimate_memory(cfg(model_dir), timeout=0.5, use_cache=False)
+    assert time.monotonic() - started < 0.5 + 5  # (the child killed, not waited for)
 
 
 def test_fits_headroom_and_to_dict():
