@@ -792,6 +792,9 @@ TRUTH_RESERVE_SECONDS = 170.0
 # round 1 ends sooner).
 ROUND_ONE_SHARE = 0.65
 SPREAD_PROCESSES = 5
+# On CPU the section checks its machinery, not a card's spread: two processes show it (each one is a
+# fresh process's seconds of imports).
+CPU_SPREAD_PROCESSES = 2
 # Goals the issue sets (reported met or not).
 PICK_QUALITY_GOAL, PROBES_GOAL, GPU_SECONDS_GOAL, RUN_VS_PROBE_GOAL = 0.98, 8, 0.15, 0.95
 
@@ -974,8 +977,8 @@ def section_probe_overhead(run: Run) -> dict:
 
 
 def section_spread(run: Run) -> dict:
-    """The pick in SPREAD_PROCESSES fresh processes, one after another: the spread between them,
-    against the noise the search judged its pick by."""
+    """The pick in SPREAD_PROCESSES fresh processes (CPU_SPREAD_PROCESSES on CPU), one after another:
+    the spread between them, against the noise the search judged its pick by."""
     readme = run.sections["readme_command"]
     db, study = run.db("readme.db"), readme.get("study")
     pick = (readme.get("pick") or {}).get("label")
@@ -984,7 +987,8 @@ def section_spread(run: Run) -> dict:
     if key is None:
         raise Failed(f"the pick {pick!r} is not among the study's configs")
     path = run.state / TRUTH_FILE
-    left = SPREAD_PROCESSES - len(read_rows(path, "spread"))
+    wanted = SPREAD_PROCESSES if run.cuda else CPU_SPREAD_PROCESSES
+    left = wanted - len(read_rows(path, "spread"))
     if left > 0:
         seconds = 1e9 if run.deadline.left() is None else run.deadline.left() - WRAP_UP_SECONDS
         run.helper("fresh_probes", timeout=seconds + KILL_GRACE_SECONDS + 60, db=db, study=study, keys=[key] * left,
@@ -998,8 +1002,8 @@ def section_spread(run: Run) -> dict:
                "step_spreads": [r.get("step_spread") for r in rows], "search_tokens_per_s": (readme.get("pick") or {}).get("tokens_per_s"),
                "search_noise": confirmation.get("noise"), "search_confirmation": confirmation,
                "startup_seconds": [r.get("startup_seconds") for r in rows]}
-    if len(rows) < SPREAD_PROCESSES:
-        raise Pending(f"{SPREAD_PROCESSES - len(rows)} processes left", figures)
+    if len(rows) < wanted:
+        raise Pending(f"{wanted - len(rows)} processes left", figures)
     return figures
 
 

@@ -114,17 +114,13 @@ def probe_runner():
 
 
 @pytest.fixture
-def warm_child(monkeypatch, probe_runner):
+def warm_child(probe_runner):
     """The commands this test runs in this process (`invoke`: `search`, `probe`) probe with the
-    worker's warm child: the command's own code, its refusals included, without a new child's
-    seconds of imports."""
-    from autotune.probe import ProbeSettings
+    worker's warm child (tests/helpers/runners.py: commands_probe_with)."""
+    from tests.helpers.runners import commands_probe_with
 
-    def warm(settings=None, **_):
-        return probe_runner(settings or ProbeSettings())
-
-    monkeypatch.setattr("autotune.probe.ProbeRunner", warm)  # (a search looks it up there)
-    monkeypatch.setattr("autotune.probe.runner.ProbeRunner", warm)  # (run_probe, `autotune probe`)
+    with commands_probe_with(probe_runner):
+        yield
 
 
 @pytest.fixture

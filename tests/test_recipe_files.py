@@ -23,6 +23,7 @@ from autotune.recipe_files.write_back import DECIDED
 from autotune.recipe_files.yaml_edit import edit
 from tests.helpers.cli import assert_usage_error, autotune, invoke
 from tests.helpers.models import write_model_dir
+from tests.helpers.runners import commands_probe_with
 
 TINY = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 128}
 SEARCH = ["--gpu-budget", "300MiB", "--device", "cpu", "--precisions", "fp32", "--attention", "sdpa,eager",
@@ -123,9 +124,10 @@ TRAINING_ARGUMENTS = {"output_dir": "out", "per_device_train_batch_size": 4, "gr
 
 
 @pytest.fixture(scope="module")
-def work(tmp_path_factory):
+def work(tmp_path_factory, probe_runner):
     base = tmp_path_factory.mktemp("recipes")
-    return {"base": base, "model": str(write_model_dir(base / "tiny", **TINY)), "db": f"sqlite:///{base / 'r.db'}"}
+    return {"base": base, "model": str(write_model_dir(base / "tiny", **TINY)), "db": f"sqlite:///{base / 'r.db'}",
+            "runner": probe_runner}
 
 
 def write(work, name: str, text: str) -> Path:
@@ -135,7 +137,10 @@ def write(work, name: str, text: str) -> Path:
 
 
 def search(work, *args: str) -> dict:
-    done = autotune("search", *args, *SEARCH, "--db", work["db"], env={"HF_HUB_OFFLINE": "1"})
+    """The search in this process, with the test worker's warm probe child (what is read from the
+    files is the subject, not the search's process)."""
+    with commands_probe_with(work["runner"]):
+        done = invoke("search", *args, *SEARCH, "--db", work["db"])
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 

@@ -15,7 +15,7 @@ from autotune.errors import BadInput
 from autotune.models import resolve_model
 from autotune.space import SearchSpace, single_config
 from autotune.tasks import Task, infer_task, task_fields, task_note, tell_task
-from tests.helpers.cli import assert_usage_error, autotune, invoke
+from tests.helpers.cli import assert_usage_error, invoke
 from tests.helpers.models import TINY_GPT2, write_model_dir
 from tests.helpers.tiny_tasks import TASK_OF, TINY, write_tiny
 
@@ -287,10 +287,10 @@ def _write_config(path, config: dict):
 # -- the command line -----------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_probe_json_reports_the_task_and_the_parameters_built(models):
-    proc = autotune("probe", "--model", models["bart"], "--micro-batch", "1", "--block-size", "32", "--target-length", "8",
-                    "--gpu-budget", "1GiB", "--device", "cpu", "--warmup-steps", "2", "--measure-steps", "2",
-                    "--measure-seconds", "0.3", "--json")
+def test_probe_json_reports_the_task_and_the_parameters_built(models, warm_child):
+    proc = invoke("probe", "--model", models["bart"], "--micro-batch", "1", "--block-size", "32", "--target-length", "8",
+                  "--gpu-budget", "1GiB", "--device", "cpu", "--warmup-steps", "2", "--measure-steps", "2",
+                  "--measure-seconds", "0.3", "--json")
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     # The window is sized by time: at least 0.3 s of steps (a step here takes milliseconds), each timed,
@@ -313,8 +313,8 @@ def test_a_task_the_model_has_no_class_for_is_one_line_and_writes_nothing(tmp_pa
                   "--db", str(db))
     assert_usage_error(proc, "has no seq2seq class in transformers (AutoModelForSeq2SeqLM does not know model type 'gpt2')")
     assert not db.parent.exists() and not (hermetic_home / "autotune.db").exists()
-    proc = autotune("probe", "--model", gpt2, "--micro-batch", "1", "--block-size", "32", "--gpu-budget", "1GiB",
-                    "--device", "cpu", "--task", "masked-lm")
+    proc = invoke("probe", "--model", gpt2, "--micro-batch", "1", "--block-size", "32", "--gpu-budget", "1GiB",
+                  "--device", "cpu", "--task", "masked-lm")
     assert_usage_error(proc, "has no masked-lm class in transformers")
 
 
@@ -329,7 +329,7 @@ def test_task_flags_a_model_cannot_take_are_one_line_before_anything_starts(mode
                     ["probe", "--gpu-budget", "1GiB", "--micro-batch", "1", "--block-size", "32"]):
         if command[0] == "estimate":
             command += ["--micro-batch", "1", "--block-size", "32"]
-        assert_usage_error(autotune(*command, "--model", models["t5"], *args), needle)
+        assert_usage_error(invoke(*command, "--model", models["t5"], *args), needle)
     assert not db.parent.exists() and not (hermetic_home / "autotune.db").exists()
 
 
@@ -337,7 +337,7 @@ def test_a_model_whose_task_cannot_be_told_needs_task(tmp_path, hermetic_home):
     bert = tmp_path / "bert"
     bert.mkdir()
     (bert / "config.json").write_text(json.dumps({k: v for k, v in TINY["bert-mlm"].items() if k != "architectures"}))
-    proc = autotune("search", "--model", str(bert), "--gpu-budget", "1GiB", "--device", "cpu")
+    proc = invoke("search", "--model", str(bert), "--gpu-budget", "1GiB", "--device", "cpu")
     assert_usage_error(proc, "cannot tell its task from its config.json (no architectures, and a bert model is trained "
                              "as masked-lm or classification alike); pass --task")
     assert not (hermetic_home / "autotune.db").exists()

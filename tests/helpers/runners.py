@@ -9,7 +9,11 @@ started, the standby, faults injected through the environment it was spawned wit
 
 from __future__ import annotations
 
+import contextlib
+import os
+from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 from autotune.probe import ProbeRunner, ProbeSettings
 
@@ -61,3 +65,19 @@ class SharedRunner:
 
     def close(self) -> None:
         self._runner.close()
+
+
+@contextlib.contextmanager
+def commands_probe_with(shared: SharedRunner) -> Iterator[None]:
+    """The commands run in this process within the block (`invoke`: `search`, `probe`) probe with
+    the test worker's warm child: the command's own code, its refusals included, without a new
+    child's seconds of imports (the `warm_child` fixture, and module fixtures that run commands).
+    What a command writes into this process's environment ends with the block (tests/conftest.py:
+    _environment_restored, which a module's fixture runs outside of)."""
+
+    def warm(settings: ProbeSettings | None = None, **_: Any) -> RunnerView:
+        return shared(settings or ProbeSettings())
+
+    with mock.patch.dict(os.environ), mock.patch("autotune.probe.ProbeRunner", warm), \
+            mock.patch("autotune.probe.runner.ProbeRunner", warm):
+        yield  # (a search looks the class up in autotune.probe; run_probe, `autotune probe`, in its module)

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.helpers.cli import autotune, autotune_command
+from tests.helpers.cli import autotune_command, invoke
 from tests.helpers.faults import fault_env
 
 SPACE = ["--gpu-budget", "2GiB", "--device", "cpu", "--micro-batches", "2,4", "--block-sizes", "64",
@@ -70,8 +70,9 @@ def test_a_search_on_a_terminal_shows_the_probe_in_flight_and_replaces_it_with_t
 
 
 @pytest.mark.slow
-def test_in_a_log_there_is_no_live_line(tiny_model, tmp_path):
-    proc = autotune("search", "--model", tiny_model, *SPACE, "--db", str(tmp_path / "b.db"))
+def test_in_a_log_there_is_no_live_line(tiny_model, tmp_path, warm_child):
+    # (In this process: its output, as a log's, is no terminal.)
+    proc = invoke("search", "--model", tiny_model, *SPACE, "--db", str(tmp_path / "b.db"))
     assert proc.returncode == 0, proc.stderr
     assert "\x1b[K" not in proc.stdout + proc.stderr and "\r" not in proc.stdout
     assert re.search(r"^\[1/2\] mb\dx\d .* ok ", proc.stdout, re.M)
