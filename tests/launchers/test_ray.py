@@ -21,12 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from autotune.search.fleet import WORKER_STOP_GRACE_SECONDS
 from autotune.store import open_store
 from tests.helpers.cli import invoke, wait_for
-from tests.helpers.faults import GATE_ENV, fault_env
+from tests.helpers.faults import GATE_ENV, STACKS_ENV, dump_stacks, fault_env
 from tests.helpers.models import write_model_dir
 from tests.helpers.ports import free_port
-from tests.helpers.processes import ancestors, command_text, kill_marked, processes_named
+from tests.helpers.processes import ancestors, command_text, kill_marked, marked_pids, processes_named
 
 # (find_spec, not importorskip: importing Ray to collect this module costs every test worker seconds)
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("ray") is None,
@@ -53,11 +54,13 @@ def cluster(tmp_path_factory):
     # (tests/helpers/faults: `gate`); open but in the test that closes it.
     gate = base / "gate"
     gate.touch()
+    stacks = base / "stacks"  # (each Python process's stacks, written on SIGUSR2: tests/helpers/faults)
+    stacks.mkdir()
     # Every process of this cluster carries the marker (Ray's daemons pass their environment on to
     # the workers they start): the cluster is stopped by it. `ray stop` would stop every Ray process
     # on the machine, a user's own cluster among them, and anything else whose command line has
     # a name of Ray's in it (monitor.py, ...).
-    env = {**fault_env("gate", ENV), GATE_ENV: str(gate), CLUSTER_MARKER: str(base)}
+    env = {**fault_env("gate", ENV), GATE_ENV: str(gate), CLUSTER_MARKER: str(base), STACKS_ENV: str(stacks)}
     port = free_port()
     address = f"127.0.0.1:{port}"
     common = ["--num-cpus", "1", "--num-gpus", "0", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
@@ -72,7 +75,7 @@ def cluster(tmp_path_factory):
         if second.returncode != 0:
             pytest.skip(f"a second Ray node could not start here: {second.stderr.strip().splitlines()[-1:]}")
         model = write_model_dir(base / "tiny", **TINY)
-        yield {"address": address, "base": base, "model": str(model), "gate": gate,
+        yield {"address": address, "base": base, "model": str(model), "gate": gate, "stacks": stacks,
                "nodes": {"a": raylet_of("autotune_node_a"), "b": raylet_of("autotune_node_b")}}
     finally:
         kill_marked(CLUSTER_MARKER, str(base))
@@ -90,7 +93,16 @@ def search(cluster, db: Path, *extra: str, **popen) -> subprocess.Popen:
     command = [sys.executable, "-m", "autotune", *search_args(cluster, db), "--launcher", "ray", "--ray-address",
                cluster["address"], "--workers", "2", "--heartbeat", "1"]
     return subprocess.Popen([*command, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**ENV, "PYTHONUNBUFFERED": "1"}, start_new_session=True, **popen)
+                            env={**ENV, "PYTHONUNBUFFERED": "1", STACKS_ENV: str(cluster["stacks"])},
+                            start_new_session=True, **popen)
+
+
+def stacks_of_the_search(cluster, run: subprocess.Popen) -> str:
+    """Where every Python process of the search and of the cluster is (the search, Ray's task
+    processes, the workers they started, their probe children): for a stop that did not come."""
+    pids = [run.pid] + [pid for pid in marked_pids(CLUSTER_MARKER, str(cluster["base"]))
+                        if "python" in command_text(pid) or command_text(pid).startswith("ray::")]
+    return dump_stacks(pids, cluster["stacks"])
 
 
 def cluster_tasks_left(address: str, study: str) -> list[str]:
@@ -219,14 +231,22 @@ def test_a_killed_worker_s_probe_is_retried_and_sigterm_leaves_no_task(cluster):
                 continue
         assert with_probe
         os.killpg(run.pid, signal.SIGTERM)
-        run.communicate(timeout=120)
+        stacks = ""
+        try:
+            run.communicate(timeout=WORKER_STOP_GRACE_SECONDS - 2)
+        except subprocess.TimeoutExpired:
+            # Not stopped yet, near the end of the stop's grace (after which Ray's force-cancel kills
+            # the workers): where each process is, for the assertions below.
+            stacks = stacks_of_the_search(cluster, run)
+            run.communicate(timeout=120)
     finally:
         cluster["gate"].touch()
-    assert run.returncode == 143
+    assert run.returncode == 143, stacks[-20000:]
     # Each task's worker was stopped as SIGTERM stops it (its claim given back), not killed when
     # the stop's grace ran out: a probe's claim left running would wait out its staleness.
     with open_store(cluster["base"] / "term.db") as store:
-        assert [c.config_key for c in store.claims(store.study("term").id, stale_after=3) if c.state == "running"] == []
+        running = [c.config_key for c in store.claims(store.study("term").id, stale_after=3) if c.state == "running"]
+    assert running == [], stacks[-20000:]
     assert cluster_tasks_left(cluster["address"], "term") == []
     # (Ray ends a cancelled task's worker process by itself, a moment later.)
     wait_for(lambda: processes_named(" worker --study term") == set(), seconds=15, what="the term workers gone")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import time
 from pathlib import Path
 
 FAULTS = ("hang", "kill", "error", "nan", "patch-module", "leak", "poison", "oom-on-rank-1", "gate", "abort-once", "slow",
@@ -10,6 +13,7 @@ FAULTS = ("hang", "kill", "error", "nan", "patch-module", "leak", "poison", "oom
 FAULT_ENV = "AUTOTUNE_INJECT_FAULT"
 GATE_ENV = "AUTOTUNE_INJECT_FAULT_GATE"  # the file a `gate` fault waits for (`abort-once`: makes)
 HERE = str(Path(__file__).resolve().parent)
+STACKS_ENV = "AUTOTUNE_TEST_STACKS"  # (sitecustomize.py: where each process's stacks go on SIGUSR2)
 
 
 def fault_env(fault: str, base: dict[str, str] | None = None, *, on_probe: int = 0) -> dict[str, str]:
@@ -29,3 +33,22 @@ def inject_fault(monkeypatch, fault: str) -> None:
     for key, value in fault_env(fault).items():
         if os.environ.get(key) != value:
             monkeypatch.setenv(key, value)
+
+
+def dump_stacks(pids: list[int], directory: Path, wait: float = 2.0) -> str:
+    """The stacks of every thread of `pids` (Python processes started with STACKS_ENV=`directory`
+    in their environment: sitecustomize.py), each under its pid and command line: SIGUSR2, then
+    what they wrote within `wait` seconds."""
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGUSR2)
+    time.sleep(wait)
+    parts = []
+    for pid in pids:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:120]
+        except OSError:
+            command = "(gone)"
+        stacks = directory / f"stack-{pid}.txt"
+        parts.append(f"--- {pid} {command}\n{stacks.read_text() if stacks.exists() else '(no stacks written)'}")
+    return "\n".join(parts)

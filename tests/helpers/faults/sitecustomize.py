@@ -44,6 +44,9 @@ some of them, as a card runs some processes slower than others: in the processes
 `oom-on-rank-1` makes rank 1 of a multi-rank probe (and no other) allocate past its budget in its
 second warm-up step, while the CPU accountant watches: a real out-of-memory on one rank, raised
 by the accountant, while rank 0 goes on into the step's collectives.
+`AUTOTUNE_TEST_STACKS` (a directory; no fault needed) makes every Python process of the test write
+the stacks of all its threads to DIR/stack-PID.txt on SIGUSR2 (faulthandler): what a test reads
+when processes it started do not do in time what they should (tests/launchers/test_ray.py).
 """
 
 from __future__ import annotations
@@ -201,3 +204,25 @@ if TARGET not in sys.modules:
     sys.meta_path.insert(0, _PatchAfterImport())
 if "torch" not in sys.modules:
     sys.meta_path.insert(0, _HoldTorchImport())
+
+
+STACKS_ENV = "AUTOTUNE_TEST_STACKS"
+
+
+def _stacks_on_sigusr2() -> None:
+    """faulthandler's dump of every thread on SIGUSR2, into DIR/stack-PID.txt (this process's own
+    file: registered again in each forked child)."""
+    import faulthandler
+
+    directory = os.environ.get(STACKS_ENV)
+    if not directory or not os.path.isdir(directory):
+        return
+    stacks = open(os.path.join(directory, f"stack-{os.getpid()}.txt"), "w")  # noqa: SIM115 (open for the process's life)
+    faulthandler.register(signal.SIGUSR2, file=stacks, all_threads=True)
+    _STACK_FILES[:] = [stacks]
+
+
+_STACK_FILES: list = []
+if os.environ.get(STACKS_ENV):
+    _stacks_on_sigusr2()
+    os.register_at_fork(after_in_child=_stacks_on_sigusr2)
