@@ -37,7 +37,7 @@ def test_a_search_with_trust_remote_code_predicts_and_probes(remote_model, tmp_p
     flags = ["--model", remote_model, "--gpu-budget", "64MiB", "--device", "cpu", "--micro-batches", "1,2",
              "--block-sizes", "64", "--effective-batch", "2", "--precisions", "fp32", "--checkpointing", "off",
              "--attention", "sdpa", "--measure-steps", "1", "--db", db, "--json"]
-    refused = invoke("search", *flags)  # (read in this process: refused before any process starts)
+    refused = invoke("search", *flags)  # (a refusal: read in this process)
     assert refused.returncode == 2 and "--trust-remote-code" in refused.stderr
     assert not Path(db).exists()
     done = autotune("search", *flags, "--trust-remote-code")

@@ -51,6 +51,7 @@ when processes it started do not do in time what they should (tests/launchers/te
 
 from __future__ import annotations
 
+import faulthandler
 import importlib.abc
 import importlib.util
 import os
@@ -206,14 +207,12 @@ if "torch" not in sys.modules:
     sys.meta_path.insert(0, _HoldTorchImport())
 
 
-STACKS_ENV = "AUTOTUNE_TEST_STACKS"
+STACKS_ENV = "AUTOTUNE_TEST_STACKS"  # (also named in __init__.py: this file cannot import its package)
 
 
 def _stacks_on_sigusr2() -> None:
     """faulthandler's dump of every thread on SIGUSR2, into DIR/stack-PID.txt (this process's own
     file: registered again in each forked child)."""
-    import faulthandler
-
     directory = os.environ.get(STACKS_ENV)
     if not directory or not os.path.isdir(directory):
         return
