@@ -39,8 +39,10 @@ def run_worker(command: list[str], environment: dict[str, str], niceness: int = 
     """A Ray task's body: the worker in a child process at `niceness` where the node allows it (the
     module's docstring), to its end (or until the task is cancelled: then SIGTERM, as a search's own
     workers are stopped)."""
+    import signal
     import subprocess
     import sys
+    import threading
 
     import ray
 
@@ -53,27 +55,39 @@ def run_worker(command: list[str], environment: dict[str, str], niceness: int = 
         except OSError:  # (not allowed here: the worker keeps Ray's niceness)
             pass
 
-    # (This node's Python, where the driver's path may not exist.)
-    child = subprocess.Popen([sys.executable, *command[1:]], env={**os.environ, **environment}, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, errors="replace",
-                             preexec_fn=prepare_child)
+    # ray.cancel interrupts the task as Ctrl-C would (`_thread.interrupt_main`), which Python ignores
+    # where SIGINT is ignored: so it is in every process of a cluster started from a script's
+    # background job (`ray start ... &`, nohup), the shell's rule for such jobs that its workers
+    # inherit. Without a handler the cancel did nothing and each worker was killed at the end of the
+    # stop's grace instead of stopped (its probe's claim left to go stale).
+    interruptible = threading.current_thread() is threading.main_thread()
+    if interruptible:
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        while True:
-            # In slices: ray.cancel raises KeyboardInterrupt in this thread only when it runs Python
-            # code, never inside a wait with no end (the cancel then waited out the stop's whole
-            # grace and the worker was killed instead of stopped). Retrying loses no output.
-            try:
-                out, err = child.communicate(timeout=CANCEL_CHECK_SECONDS)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-    except KeyboardInterrupt:  # ray.cancel: stop the worker as SIGTERM stops it
-        child.terminate()
+        # (This node's Python, where the driver's path may not exist.)
+        child = subprocess.Popen([sys.executable, *command[1:]], env={**os.environ, **environment},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                                 errors="replace", preexec_fn=prepare_child)
         try:
-            out, err = child.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            out, err = child.communicate()
+            while True:
+                # In slices: ray.cancel raises KeyboardInterrupt in this thread only when it runs
+                # Python code, never inside a wait with no end (the cancel then waited out the stop's
+                # whole grace and the worker was killed instead of stopped). Retrying loses no output.
+                try:
+                    out, err = child.communicate(timeout=CANCEL_CHECK_SECONDS)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        except KeyboardInterrupt:  # ray.cancel: stop the worker as SIGTERM stops it
+            child.terminate()
+            try:
+                out, err = child.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                out, err = child.communicate()
+    finally:
+        if interruptible:  # (Ray's worker process runs other tasks after this one: as it was)
+            signal.signal(signal.SIGINT, previous)
     return {"code": child.returncode, "stdout": out, "stderr": err[-4000:], "pid": child.pid,
             "host": socket.gethostname(), "node": ray.get_runtime_context().get_node_id()}
 
