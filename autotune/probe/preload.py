@@ -6,7 +6,7 @@ torch reads when it loads (autotune.processes.quiet_openmp)."""
 import gc
 import signal
 
-from autotune.processes import fork_server_ready, quiet_openmp, tie_fork_server_to_owner
+from autotune.processes import collector_paused, fork_server_ready, quiet_openmp, tie_fork_server_to_owner
 
 tie_fork_server_to_owner()  # (its children die with it in turn)
 # A Ctrl-C at the terminal reaches the whole group, the server too: it is for the command, which
@@ -16,9 +16,10 @@ signal.signal(signal.SIGINT, signal.SIG_IGN)
 quiet_openmp()
 
 try:
-    import torch  # noqa: F401
-    import transformers
-    import transformers.modeling_utils  # noqa: F401  (its imports are most of a model class's)
+    with collector_paused():
+        import torch  # noqa: F401
+        import transformers
+        import transformers.modeling_utils  # noqa: F401  (its imports are most of a model class's)
 
     # The imports made ~10^6 long-lived objects: frozen here, once, a child forked from this server
     # skips them in its own collections (the probe child's first gc.collect took 0.24 s of CPU per

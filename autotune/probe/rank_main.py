@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 
-from autotune.processes import kill_me_with_parent, watch_parent
+from autotune.processes import collector_paused, kill_me_with_parent, watch_parent
 
 RUN_DIR_ENV = "AUTOTUNE_RANK_DIR"
 DEVICE_ENV = "AUTOTUNE_RANK_DEVICE"   # cpu, cuda or auto: the device kind the ranks probe on
@@ -65,15 +65,19 @@ def _is_agent(pid: int) -> bool:
 def main() -> None:
     run_dir, rank = tie_to_agent()
 
+    import gc
     import pickle
     from dataclasses import replace
 
-    import torch
+    with collector_paused():
+        import torch
 
-    from autotune import errors
-    from autotune.probe.child import run_probe_in_process
-    from autotune.probe.distributed import Rank, join_process_group, leave_process_group
-    from autotune.status import ProbeStatus
+        from autotune import errors
+        from autotune.probe.child import run_probe_in_process
+        from autotune.probe.distributed import Rank, join_process_group, leave_process_group
+        from autotune.status import ProbeStatus
+    # (What the imports made lives as long as the rank: no collection goes over it again.)
+    gc.freeze()
 
     place = Rank.from_environment()
     assert place is not None
