@@ -71,6 +71,7 @@ def main() -> None:
 
     with collector_paused():
         import torch
+        import transformers.modeling_utils  # noqa: F401  (every rank builds a model: its class imports it)
 
         from autotune import errors
         from autotune.probe.child import run_probe_in_process
