@@ -17,10 +17,14 @@ worker as SIGTERM does: the claim given back), then force-cancels what is left a
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import socket
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +39,30 @@ CANCEL_CHECK_SECONDS = 0.5
 RAY_CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
 
 
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """Python's Ctrl-C handler in this Ray task while it runs. ray.cancel interrupts the task as
+    Ctrl-C would (`_thread.interrupt_main`), which Python ignores where SIGINT is ignored: so it is
+    in every process of a cluster started from a script's background job (`ray start ... &`,
+    nohup), the shell's rule for such jobs that its workers inherit. Without a handler the cancel
+    did nothing and each worker was killed at the end of the stop's grace instead of stopped (its
+    probe's claim left to go stale). Put back after: Ray's worker process runs later tasks."""
+    if threading.current_thread() is not threading.main_thread():  # (signals: the main thread's)
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def run_worker(command: list[str], environment: dict[str, str], niceness: int = 0) -> dict[str, Any]:
     """A Ray task's body: the worker in a child process at `niceness` where the node allows it (the
     module's docstring), to its end (or until the task is cancelled: then SIGTERM, as a search's own
     workers are stopped)."""
-    import signal
     import subprocess
     import sys
-    import threading
 
     import ray
 
@@ -55,15 +75,7 @@ def run_worker(command: list[str], environment: dict[str, str], niceness: int = 
         except OSError:  # (not allowed here: the worker keeps Ray's niceness)
             pass
 
-    # ray.cancel interrupts the task as Ctrl-C would (`_thread.interrupt_main`), which Python ignores
-    # where SIGINT is ignored: so it is in every process of a cluster started from a script's
-    # background job (`ray start ... &`, nohup), the shell's rule for such jobs that its workers
-    # inherit. Without a handler the cancel did nothing and each worker was killed at the end of the
-    # stop's grace instead of stopped (its probe's claim left to go stale).
-    interruptible = threading.current_thread() is threading.main_thread()
-    if interruptible:
-        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
+    with _interruptible():
         # (This node's Python, where the driver's path may not exist.)
         child = subprocess.Popen([sys.executable, *command[1:]], env={**os.environ, **environment},
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
@@ -85,9 +97,6 @@ def run_worker(command: list[str], environment: dict[str, str], niceness: int = 
             except subprocess.TimeoutExpired:
                 child.kill()
                 out, err = child.communicate()
-    finally:
-        if interruptible:  # (Ray's worker process runs other tasks after this one: as it was)
-            signal.signal(signal.SIGINT, previous)
     return {"code": child.returncode, "stdout": out, "stderr": err[-4000:], "pid": child.pid,
             "host": socket.gethostname(), "node": ray.get_runtime_context().get_node_id()}
 

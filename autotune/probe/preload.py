@@ -6,7 +6,12 @@ torch reads when it loads (autotune.processes.quiet_openmp)."""
 import gc
 import signal
 
-from autotune.processes import collector_paused, fork_server_ready, quiet_openmp, tie_fork_server_to_owner
+from autotune.processes import (
+    collector_paused,
+    fork_server_ready,
+    quiet_openmp,
+    tie_fork_server_to_owner,
+)
 
 tie_fork_server_to_owner()  # (its children die with it in turn)
 # A Ctrl-C at the terminal reaches the whole group, the server too: it is for the command, which

@@ -75,7 +75,11 @@ def main() -> None:
 
         from autotune import errors
         from autotune.probe.child import run_probe_in_process
-        from autotune.probe.distributed import Rank, join_process_group, leave_process_group
+        from autotune.probe.distributed import (
+            Rank,
+            join_process_group,
+            leave_process_group,
+        )
         from autotune.status import ProbeStatus
     # (What the imports made lives as long as the rank: no collection goes over it again.)
     gc.freeze()
