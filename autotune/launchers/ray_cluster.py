@@ -12,8 +12,9 @@ Where it does not (an unprivileged user may not raise a priority), start the clu
 RAY_worker_niceness=0 in `ray start`'s environment.
 
 A cluster that is not there, or has no node that can hold a worker, is said in one line before
-anything is written. Stopping cancels every task (a KeyboardInterrupt in the task, which stops its
-worker as SIGTERM does: the claim given back), then force-cancels what is left after the grace."""
+anything is written. Stopping cancels every task (the task sees it within CANCEL_CHECK_SECONDS and
+stops its worker as SIGTERM does: the claim given back; run_worker says how), then force-cancels
+what is left after the grace."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,23 +35,27 @@ from autotune.launchers.base import Launcher, WorkerEnd, WorkerSpec
 # How long a worker that cannot be placed is waited for before the search says so and stops.
 PLACEMENT_SECONDS = 60.0
 CONNECT_SECONDS = 5.0
-# How often a task's body returns to Python while its worker runs, where ray.cancel can reach it.
+# How often a task's body looks for ray.cancel while its worker runs.
 CANCEL_CHECK_SECONDS = 0.5
 RAY_CURRENT_CLUSTER = Path("/tmp/ray/ray_current_cluster")
 
 
+def _cancel_flag() -> Callable[[], bool] | None:
+    """This task's cancellation flag, which ray.cancel sets whatever the process does with SIGINT;
+    None on Ray releases that lack it (added in late 2025, ray-project/ray#58914)."""
+    import ray
+
+    return getattr(ray.get_runtime_context(), "is_canceled", None)
+
+
 @contextlib.contextmanager
-def _interruptible() -> Iterator[None]:
-    """Python's Ctrl-C handler in this Ray task while it runs. ray.cancel interrupts the task as
-    Ctrl-C would (`_thread.interrupt_main`), which Python ignores where SIGINT is ignored: so it is
-    in every process of a cluster started from a script's background job (`ray start ... &`,
-    nohup), the shell's rule for such jobs that its workers inherit. Without a handler the cancel
-    did nothing and each worker was killed at the end of the stop's grace instead of stopped (its
-    probe's claim left to go stale). Put back after: Ray's worker process runs later tasks."""
-    if threading.current_thread() is not threading.main_thread():  # (signals: the main thread's)
+def _sigint(handler: Any) -> Iterator[None]:
+    """`handler` for SIGINT while this task runs, put back after (Ray's worker process runs later
+    tasks). Signals are the main thread's: elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    previous = signal.signal(signal.SIGINT, handler)
     try:
         yield
     finally:
@@ -59,8 +64,17 @@ def _interruptible() -> Iterator[None]:
 
 def run_worker(command: list[str], environment: dict[str, str], niceness: int = 0) -> dict[str, Any]:
     """A Ray task's body: the worker in a child process at `niceness` where the node allows it (the
-    module's docstring), to its end (or until the task is cancelled: then SIGTERM, as a search's own
-    workers are stopped)."""
+    module's docstring), to its end, or until the task is cancelled: then SIGTERM, as a search's own
+    workers are stopped.
+
+    ray.cancel(force=False) both sets the task's cancellation flag and interrupts the task as
+    Ctrl-C would (`_thread.interrupt_main`). The flag, read between slices of the wait, is the stop
+    where Ray has one: the interrupt is lost where SIGINT is ignored (every process of a cluster
+    started from a script's background job, `ray start ... &` or nohup, inherits that), and where it
+    is not it lands wherever the task happens to be (inside Popen, say). So SIGINT is ignored while
+    the body runs. Where Ray has no flag, Python's Ctrl-C handler is installed instead and the
+    interrupt is the stop (the cluster's workers were killed at the end of the stop's grace
+    otherwise, their probes' claims left to go stale)."""
     import subprocess
     import sys
 
@@ -75,28 +89,33 @@ def run_worker(command: list[str], environment: dict[str, str], niceness: int = 
         except OSError:  # (not allowed here: the worker keeps Ray's niceness)
             pass
 
-    with _interruptible():
+    def stop(child: subprocess.Popen) -> tuple[str, str]:
+        child.terminate()
+        try:
+            return child.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            return child.communicate()
+
+    cancelled = _cancel_flag()
+    with _sigint(signal.SIG_IGN if cancelled is not None else signal.default_int_handler):
         # (This node's Python, where the driver's path may not exist.)
         child = subprocess.Popen([sys.executable, *command[1:]], env={**os.environ, **environment},
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
                                  errors="replace", preexec_fn=prepare_child)
-        try:
-            while True:
-                # In slices: ray.cancel raises KeyboardInterrupt in this thread only when it runs
-                # Python code, never inside a wait with no end (the cancel then waited out the stop's
-                # whole grace and the worker was killed instead of stopped). Retrying loses no output.
-                try:
-                    out, err = child.communicate(timeout=CANCEL_CHECK_SECONDS)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-        except KeyboardInterrupt:  # ray.cancel: stop the worker as SIGTERM stops it
-            child.terminate()
+        while True:
+            # In slices: the flag is read, and an interrupt raised, only between them (an interrupt
+            # is not raised inside a wait with no end). Retrying loses no output.
             try:
-                out, err = child.communicate(timeout=30)
+                out, err = child.communicate(timeout=CANCEL_CHECK_SECONDS)
+                break
             except subprocess.TimeoutExpired:
-                child.kill()
-                out, err = child.communicate()
+                if cancelled is not None and cancelled():
+                    out, err = stop(child)
+                    break
+            except KeyboardInterrupt:  # (Ray without the flag)
+                out, err = stop(child)
+                break
     return {"code": child.returncode, "stdout": out, "stderr": err[-4000:], "pid": child.pid,
             "host": socket.gethostname(), "node": ray.get_runtime_context().get_node_id()}
 

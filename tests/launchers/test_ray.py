@@ -35,7 +35,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("ray
 
 TINY = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 128}
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
-ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+# Token authentication off, said explicitly: where it is not said, Ray turns it on when it finds
+# ~/.ray/auth_token (which any local ray.init on the machine writes), and the second node's `ray
+# start` was refused by the head started without it: the whole module skipped.
+ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
 CLUSTER_MARKER = "AUTOTUNE_TEST_RAY_CLUSTER"
 
 
@@ -64,8 +67,8 @@ def cluster(tmp_path_factory):
     port = free_port()
     address = f"127.0.0.1:{port}"
     # Started as a script's background job starts it (`ray start ... &`, nohup): with SIGINT
-    # ignored, which every Ray process inherits and which silenced ray.cancel (the stop's test
-    # below). So the suite means the same whether it runs in a terminal or in the background.
+    # ignored, which every Ray process inherits and which made ray.cancel's Ctrl-C a no-op (the
+    # stop's test below). So the suite means the same in a terminal and in the background.
     ignore_sigint = {"preexec_fn": lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)}
     common = ["--num-cpus", "1", "--num-gpus", "0", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
     head = subprocess.run([*RAY, "start", "--head", "--port", str(port), "--include-dashboard=false",
@@ -103,10 +106,22 @@ def search(cluster, db: Path, *extra: str, **popen) -> subprocess.Popen:
 
 def stacks_of_the_search(cluster, run: subprocess.Popen) -> str:
     """Where every Python process of the search and of the cluster is (the search, Ray's task
-    processes, the workers they started, their probe children): for a stop that did not come."""
+    processes, the workers they started, their probe children): for a stop that did not come. First
+    each one's state and signal masks (pending, blocked, ignored, caught: a stop that was sent and
+    not taken shows there), one line each, then the stacks."""
     pids = [run.pid] + [pid for pid in marked_pids(CLUSTER_MARKER, str(cluster["base"]))
                         if "python" in command_text(pid) or command_text(pid).startswith("ray::")]
-    return dump_stacks(pids, cluster["stacks"])
+    states = []
+    for pid in pids:
+        try:
+            fields = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                          if ":\t" in line)
+        except OSError:
+            continue
+        states.append(f"{pid} ppid {fields['PPid']} {fields['State']} pending {fields['SigPnd']}/{fields['ShdPnd']} "
+                      f"blocked {fields['SigBlk']} ignored {fields['SigIgn']} caught {fields['SigCgt']}: "
+                      f"{command_text(pid)[:100]}")
+    return "\n".join(states) + "\n\n" + dump_stacks(pids, cluster["stacks"])
 
 
 def cluster_tasks_left(address: str, study: str) -> list[str]:
@@ -246,7 +261,7 @@ def test_a_killed_worker_s_probe_is_retried_and_sigterm_leaves_no_task(cluster):
     finally:
         cluster["gate"].touch()
     # Stopped by the cancel, within the grace: not by the force-cancel after it.
-    assert not stacks, f"the search had not stopped {WORKER_STOP_GRACE_SECONDS - 2} s after SIGTERM\n{stacks[-20000:]}"
+    assert not stacks, f"the search had not stopped {WORKER_STOP_GRACE_SECONDS - 2} s after SIGTERM\n{stacks[:12000]}"
     assert run.returncode == 143
     # Each task's worker was stopped as SIGTERM stops it (its claim given back), not killed when
     # the stop's grace ran out: a probe's claim left running would wait out its staleness.
