@@ -99,6 +99,19 @@ def command_text(pid: int) -> str:
     return cmdline(pid).replace(b"\0", b" ").decode(errors="replace")
 
 
+def signal_state(pid: int) -> str | None:
+    """One line of where the process stands with signals: its state, parent, and the pending,
+    blocked, ignored and caught masks (a stop that was sent and not taken shows there); None once
+    it is gone."""
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return None
+    fields = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
+    return (f"{pid} ppid {fields['PPid']} {fields['State']} pending {fields['SigPnd']}/{fields['ShdPnd']} "
+            f"blocked {fields['SigBlk']} ignored {fields['SigIgn']} caught {fields['SigCgt']}")
+
+
 def processes_named(text: str) -> set[int]:
     """Every live process on the machine whose command line contains `text`."""
     return {int(entry) for entry in os.listdir("/proc") if entry.isdigit() and text in command_text(int(entry))

@@ -27,7 +27,8 @@ from tests.helpers.cli import invoke, wait_for
 from tests.helpers.faults import GATE_ENV, STACKS_ENV, dump_stacks, fault_env
 from tests.helpers.models import write_model_dir
 from tests.helpers.ports import free_port
-from tests.helpers.processes import ancestors, command_text, kill_marked, marked_pids, processes_named
+from tests.helpers.processes import (ancestors, command_text, kill_marked, marked_pids, processes_named,
+                                     signal_state)
 
 # (find_spec, not importorskip: importing Ray to collect this module costs every test worker seconds)
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("ray") is None,
@@ -111,16 +112,7 @@ def stacks_of_the_search(cluster, run: subprocess.Popen) -> str:
     not taken shows there), one line each, then the stacks."""
     pids = [run.pid] + [pid for pid in marked_pids(CLUSTER_MARKER, str(cluster["base"]))
                         if "python" in command_text(pid) or command_text(pid).startswith("ray::")]
-    states = []
-    for pid in pids:
-        try:
-            fields = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                          if ":\t" in line)
-        except OSError:
-            continue
-        states.append(f"{pid} ppid {fields['PPid']} {fields['State']} pending {fields['SigPnd']}/{fields['ShdPnd']} "
-                      f"blocked {fields['SigBlk']} ignored {fields['SigIgn']} caught {fields['SigCgt']}: "
-                      f"{command_text(pid)[:100]}")
+    states = [f"{line}: {command_text(pid)[:100]}" for pid in pids if (line := signal_state(pid)) is not None]
     return "\n".join(states) + "\n\n" + dump_stacks(pids, cluster["stacks"])
 
 
