@@ -132,9 +132,20 @@ def test_kill_9_of_a_search_mid_probe_leaves_no_rank(models, tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         def ranks() -> set[int]:
-            return {p for p in descendants(search.pid) if b"autotune.probe.rank_main" in cmdline(p)}
+            # The ranks, not torchrun's agent, whose command line names their module too: counting
+            # it, "two" was seen only while one rank alone was up (the other not yet started, or
+            # ended), a moment the 0.2 s polls caught after 11 to 83 s, and in one run not in 120 s.
+            return {p for p in descendants(search.pid)
+                    if b"autotune.probe.rank_main" in (command := cmdline(p)) and b"torch.distributed.run" not in command}
 
-        wait_for(lambda: len(ranks()) == 2, seconds=120, what="two ranks")
+        try:
+            wait_for(lambda: len(ranks()) == 2 or search.poll() is not None, seconds=120, what="two ranks")
+            assert search.poll() is None, "the search ended before two ranks were seen"
+        except AssertionError as failure:
+            # Where the search's processes were, and what it said: for a wait that did not end.
+            below = "\n".join(f"{p} {cmdline(p)[:160]!r}" for p in sorted(descendants(search.pid)))
+            search.kill()
+            raise AssertionError(f"{failure}\n{below}\n{search.communicate()[1][-3000:]}") from None
         below = descendants(search.pid)
         run_dir = Path(environment(min(ranks()))["AUTOTUNE_RANK_DIR"])
         assert run_dir.is_dir()
