@@ -399,6 +399,7 @@ def search_summary(outcome) -> dict:
         "skips": dict(getattr(outcome, "skips", {}) or {}),
         "confirming_probes": outcome.round.probes if getattr(outcome, "round", None) is not None else 0,
         "reused_windows": outcome.round.reused_windows if getattr(outcome, "round", None) is not None else 0,
+        "confirming_seconds": round(outcome.round.seconds, 3) if getattr(outcome, "round", None) is not None else 0.0,
         "seconds": round(outcome.seconds, 3),
         "workers": getattr(outcome, "workers", 1),
         "answered_from_database": outcome.answered_from_database,

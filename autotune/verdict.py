@@ -39,7 +39,7 @@ def reliable(decision: Decision | None) -> bool:
 
 def known_reliable(decision: Decision | None) -> bool | None:
     """Whether a round told the pick apart from its contenders beyond the timing noise; None where
-    no round decided (`--no-confirm`, a search stopped early, a fleet of workers): not known, which
+    no round decided (`--no-confirm`, a search stopped early): not known, which
     a user must not read as reliable."""
     if not decided(decision):
         return None
@@ -92,8 +92,7 @@ def describe(decision: Decision) -> str:
 def answer(decision: Decision | None, winner_key: str) -> str:
     """`print(best)`'s "confirmed:" line: yes or no, and why, as `describe` says it."""
     if not decision:
-        return ("no: no confirmation round ran (--no-confirm, a search stopped early, or a fleet of --workers, which runs "
-                "none yet): not known to be reliable")
+        return "no: no confirmation round ran (--no-confirm, or a search stopped early): not known to be reliable"
     if decision.get("partial"):
         return "no: " + describe(decision).removeprefix("unconfirmed: ")
     if decision.get("winner") != winner_key:

@@ -137,7 +137,7 @@ class BestConfig:
     def reliable(self) -> bool | None:
         """Whether the study's confirmation round could tell the pick apart from its contenders
         beyond the timing noise; None where no round decided (not known: `--no-confirm`, a search
-        stopped early, a fleet of workers)."""
+        stopped early)."""
         return verdict.known_reliable(self.confirmation)
 
     def to_dict(self) -> dict:

@@ -91,7 +91,7 @@ def start_study(
                            "margin_bytes": request.budget.margin_bytes})
     worker.plan = StudyPlan(strategy=options.strategy, fresh=options.fresh, predict_margin=margin,
                             patience=options.patience, heartbeat_seconds=options.heartbeat_seconds,
-                            probe=request.settings.to_plan())
+                            confirm=options.confirm, probe=request.settings.to_plan())
     take_predictions(worker)
     store.set_study_plan(study.id, worker.plan.to_dict())
     worker.study = store.study(request.name)

@@ -28,6 +28,7 @@ from autotune.errors import AutotuneError, BadInput, DeviceError
 from autotune.models import ModelSpec
 from autotune.probe.settings import ProbeSettings
 from autotune.search.common import OnStart, Event, Runner, SearchOptions, SearchOutcome
+from autotune.search.confirm import RoundTally
 from autotune.search.driver import start_study
 from autotune.search.knowledge import Knowledge
 from autotune.search.loop import stop_on_first_interrupt, work
@@ -116,7 +117,7 @@ def run_worker(
     options = SearchOptions(study=name, strategy=plan.strategy, fresh=plan.fresh, predict=False,
                             predict_margin=plan.predict_margin, max_trials=max_trials, timeout=timeout,
                             patience=patience if patience is not None else plan.patience,
-                            heartbeat_seconds=plan.heartbeat_seconds)
+                            heartbeat_seconds=plan.heartbeat_seconds, confirm=plan.confirm)
     settings = settings or worker_settings(study, "auto")
     request = SearchRequest.of(_space(study), spec, Budget(study.budget_bytes, study.margin_bytes), options, settings)
     environment = runner.environment()
@@ -374,4 +375,8 @@ def _gather(store: Store, study: StudyRecord, space: SearchSpace, launcher: Laun
         skips={kind: sum((s.get("skips") or {}).get(kind, 0) for s in summaries)
                for kind in {kind for s in summaries for kind in (s.get("skips") or {})}},
         stop_reason=stop_reason, workers=workers, failures=failures, unmeasured=unmeasured(knowledge),
+        # (the confirmation round, which one worker ran: search/loop.py, SearchLoop._confirm_once)
+        round=RoundTally(probes=sum(s.get("confirming_probes", 0) for s in summaries),
+                         seconds=sum(s.get("confirming_seconds", 0.0) for s in summaries),
+                         reused_windows=sum(s.get("reused_windows", 0) for s in summaries)),
     )

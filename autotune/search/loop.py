@@ -39,6 +39,11 @@ CRASH_RETRIES = 2
 # Times a search goes back to configs skipped for speed whose skip rested on a figure the
 # confirmation round then lowered (each pass probes what could win, and confirms again).
 MAX_REVISITS = 2
+# The study's confirmation round is held as a claim of its own (no configuration has this key), so
+# that one worker of a fleet runs it. Taken over after a dead holder as often as it takes: a round's
+# windows are timing-only probes of configs that already ran, not a config that may kill its worker.
+ROUND_KEY = "confirmation-round"
+ROUND_ATTEMPTS = 1_000_000
 
 
 @contextlib.contextmanager
@@ -109,6 +114,8 @@ class SearchLoop:
         self.deadline = w.request.deadline
         self.probe_walls: list[float] = []          # each probe's wall time, to tell whether another fits the deadline
         self.skipped_here: dict[str, str] = {}      # configs this run recorded skipped, by key: the kind of skip
+        self.held_round = False                     # this worker ran the study's confirmation round
+        self.round_elsewhere = False                # another worker of the fleet holds the round
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> SearchOutcome:
@@ -124,7 +131,7 @@ class SearchLoop:
                             self._learn(settled)
                     outcome.stop_reason = reason
                     if self._should_confirm():
-                        self._confirm(stop.is_set)  # the verdict is stored with the study
+                        self._confirm_once(stop, heartbeat)  # the verdict is stored with the study
                     elif self._judged_as_reused():
                         # No probe of this study ran (all reused): decided on the stored windows, so that a
                         # pick their noise cannot resolve is said not to be reliable, as a round would.
@@ -302,25 +309,65 @@ class SearchLoop:
         return self.deadline.allows(self.expected_probe_seconds()) and not self.deadline.expired()
 
     def _should_confirm(self) -> bool:
-        """The starter confirms a search that settled every candidate, unless told not to: when it
-        probed something, or when the study's own probes were never confirmed (a confirmation
-        round the deadline cut short). A study answered wholly from other studies' probes is not."""
+        """A search that settled every candidate is confirmed, unless told not to. The starter
+        confirms when it probed something, or when the study's own probes were never confirmed (a
+        confirmation round the deadline cut short); a study answered wholly from other studies'
+        probes is not. A fleet's worker (`search --workers`, `autotune worker`: every worker waits
+        until nothing is in flight on the others before it stops) confirms a study no round has
+        decided yet, or again after it probed configs the round let back in (`_revisit`)."""
         w = self.w
-        if not (self.starter and self.outcome.stop_reason == StopReason.EXHAUSTED and w.options.confirm):
+        if not (self.outcome.stop_reason == StopReason.EXHAUSTED and w.options.confirm):
             return False
+        confirmation = w.store.study(w.study.name).confirmation
+        if not self.starter:
+            return confirmation is None or bool(confirmation.get("partial")) or self.outcome.revisited > 0
         if self.outcome.probed:
             return True
-        confirmation = w.store.study(w.study.name).confirmation
         if confirmation is not None:
             return bool(confirmation.get("partial"))  # a round an earlier run left unfinished goes on
-        return any(claim.attempts > 0 for claim in w.store.claims(w.study.id, stale_after=w.options.stale_after))
+        return any(claim.attempts > 0 for claim in w.store.claims(w.study.id, stale_after=w.options.stale_after)
+                   if claim.config_key != ROUND_KEY)
+
+    def _confirm_once(self, stop: threading.Event, heartbeat: Heartbeat) -> None:
+        """Run the confirmation round holding the study's round claim (ROUND_KEY), so that of a
+        fleet's workers, which all reach the end of the space together, one runs it; its windows are
+        heartbeaten like a probe's, and a worker killed mid-round leaves a claim that goes stale and
+        is taken over. A joining worker that finds the round held leaves it (and the study's
+        status) to its holder; the starter waits for it, and confirms after it only if no verdict
+        was stored."""
+        w = self.w
+        waited = False
+        while w.store.claim(w.study.id, ROUND_KEY, w.label, stale_after=w.options.stale_after,
+                            max_attempts=ROUND_ATTEMPTS) is None:
+            if not self.starter:
+                self.round_elsewhere = True
+                return
+            if stop.is_set():
+                return
+            if self.deadline.expired():
+                self.outcome.stop_reason = StopReason.TIMEOUT
+                self.outcome.deadline_note = "it came while another worker's confirmation round went on"
+                return
+            waited = True
+            stop.wait(min(1.0, w.options.heartbeat_seconds))
+        try:
+            confirmation = w.store.study(w.study.name).confirmation
+            if waited and confirmation is not None and not confirmation.get("partial"):
+                return  # the round it waited for decided
+            if not self.starter and not self._should_confirm():
+                return  # another worker's round decided between this worker's look and its claim
+            with heartbeat.holding(ROUND_KEY):
+                self._confirm(stop.is_set)
+        finally:
+            with written_if_possible("the confirmation round's claim"):
+                w.store.release_claim(w.study.id, ROUND_KEY, w.label, retry=False)
 
     def _revisit(self) -> bool:
         """After a confirmation round pooled the contenders' windows, the configs skipped for speed
         that could win now (their skip rested on a figure that has fallen: an outlier window) go
         back to be decided again; True when any did. Only the predictive strategy skips for speed."""
         w, k = self.w, self.w.knowledge
-        if not self.starter or not hasattr(self.strategy, "revisitable"):
+        if not (self.starter or self.held_round) or not hasattr(self.strategy, "revisitable"):
             return False
         for row in w.store.leaderboard(w.study.name):  # the figures as the round pooled them
             if (known := k.outcomes.get(row.config_key)) is not None:
@@ -368,6 +415,7 @@ class SearchLoop:
             self.probe_walls.append(result.wall_seconds or 0.0)
             return result
 
+        self.held_round = True
         try:
             return confirm(w.store, w.study, run, w.budget, on_probe=measured_again,
                            stop=lambda: stop() or not self._may_start(), tally=self.outcome.round,
@@ -387,7 +435,8 @@ class SearchLoop:
         outcome.settled = len(w.knowledge.outcomes)
         if self.starter:
             w.store.set_study_status(w.study.id, w.settled_status() if outcome.finished else StudyStatus.INTERRUPTED)
-        elif outcome.finished and outcome.stop_reason != StopReason.FINISHED:
+        elif outcome.finished and outcome.stop_reason != StopReason.FINISHED and not self.round_elsewhere:
+            # (a round another worker holds: its holder marks the study when the verdict is in)
             w.store.set_study_status(w.study.id, w.settled_status())
         outcome.study = w.store.study(w.study.name)
         outcome.leaderboard = w.store.leaderboard(w.study.name)

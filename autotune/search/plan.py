@@ -22,13 +22,15 @@ class StudyPlan:
     predict_margin: float = defaults.PREDICT_MARGIN
     patience: int | None = None
     heartbeat_seconds: float = defaults.HEARTBEAT_SECONDS
+    confirm: bool = True  # a fleet's workers run the confirmation round unless the search said --no-confirm
     probe: dict[str, Any] = field(default_factory=dict)  # ProbeSettings.to_plan(): how every worker probes
     predictions: dict[str, Prediction] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "strategy": self.strategy, "fresh": self.fresh, "predict_margin": self.predict_margin,
-            "patience": self.patience, "heartbeat_seconds": self.heartbeat_seconds, "probe": dict(self.probe),
+            "patience": self.patience, "heartbeat_seconds": self.heartbeat_seconds, "confirm": self.confirm,
+            "probe": dict(self.probe),
             "predictions": {key: [p.peak_bytes, p.floor_bytes, p.required_bytes] for key, p in self.predictions.items()},
         }
 
@@ -37,7 +39,7 @@ class StudyPlan:
         """The stored plan; keys a plan of an older autotune lacks take today's defaults (the probe
         settings' in ProbeSettings.from_plan)."""
         data = data or {}
-        known = {k: data[k] for k in ("strategy", "fresh", "predict_margin", "patience", "heartbeat_seconds")
+        known = {k: data[k] for k in ("strategy", "fresh", "predict_margin", "patience", "heartbeat_seconds", "confirm")
                  if data.get(k) is not None}
         return cls(
             **known,

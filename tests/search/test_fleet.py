@@ -232,3 +232,106 @@ def test_a_joining_worker_takes_the_studys_openmp_settings_before_its_probes_sta
     assert openmp_settings(os.environ) == (("OMP_WAIT_POLICY", "PASSIVE"), ("OMP_NUM_THREADS", "4"))
     adopt_openmp(None)  # a study recorded before they were: left as they are
     assert os.environ["OMP_NUM_THREADS"] == "4"
+
+
+class RoundRunner(SlowRunner):
+    """A SlowRunner that keeps the confirmation round's windows (timing only) apart."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.windows: list = []
+
+    def run(self, config, budget, spec=None, deadline=None, timing_only=False, fresh_process=False):
+        if timing_only:
+            self.windows.append(config)
+        return super().run(config, budget, spec, deadline, timing_only, fresh_process)
+
+
+def workers_only(db: str, study: str, *, confirm: bool, workers: int = 2):
+    """A study started as `search --workers` starts it (the plan stored, no loop of its own), then
+    `workers` joining workers on it, each in a thread of its own with its own store and runner."""
+    from autotune.search.driver import start_study
+
+    space, spec = gpt2_space(), resolve_model("gpt2")
+    with open_store(db) as store:
+        options = SearchOptions(study=study, predict=False, heartbeat_seconds=0.5, confirm=confirm)
+        _, trials = start_study(request(space, spec, BUDGET, MARGIN, options), ScriptedRunner(), store)
+        trials.close()
+    runners = [RoundRunner() for _ in range(workers)]
+    outcomes, errors = {}, []
+
+    def worker(i: int) -> None:
+        try:
+            with open_store(db) as store:
+                outcomes[i] = run_worker(store, study, runners[i])
+        except Exception as exc:  # noqa: BLE001 - surfaced below, in the test's own thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(workers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    return outcomes, runners
+
+
+def test_a_fleet_s_workers_run_one_confirmation_round_and_the_study_finishes_with_its_verdict(tmp_path):
+    db = str(tmp_path / "fleet.db")
+    outcomes, runners = workers_only(db, "fleet", confirm=True)
+    # One worker ran the round; the other left it to that one.
+    assert sorted(len(r.windows) for r in runners) == [0, len(max(runners, key=lambda r: len(r.windows)).windows)]
+    holder = next(i for i, r in enumerate(runners) if r.windows)
+    assert outcomes[holder].round.probes == len(runners[holder].windows) >= 2
+    with open_store(db) as store:
+        study = store.study("fleet")
+        claims = store.claims(study.id, stale_after=60)
+        board = store.leaderboard("fleet")
+    decision = study.confirmation
+    assert study.status == "finished" and decision is not None and not decision.get("partial")
+    assert decision["winner"] == board[0].config_key and decision["probes"] == len(runners[holder].windows)
+    assert "confirmation-round" not in {c.config_key for c in claims}  # given back
+
+
+def test_a_fleet_told_no_confirm_runs_no_round(tmp_path):
+    db = str(tmp_path / "fleet.db")
+    outcomes, runners = workers_only(db, "quick", confirm=False)
+    assert all(not r.windows for r in runners) and all(o.round.probes == 0 for o in outcomes.values())
+    with open_store(db) as store:
+        study = store.study("quick")
+    assert study.status == "finished" and study.confirmation is None
+
+
+def test_a_round_whose_holder_died_is_taken_over_with_its_windows(tmp_path):
+    # A worker that held the round was killed: its claim names a process gone from this machine, and
+    # the round's first window is stored as partial. The next worker takes the claim over and goes
+    # on from that window.
+    import socket
+    import subprocess
+    import sys
+
+    from autotune.search.loop import ROUND_KEY
+
+    db = str(tmp_path / "fleet.db")
+    workers_only(db, "dead", confirm=False)  # (every config settled, no round yet)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = f"{socket.gethostname()}:{int(gone.stdout)}:cpu"
+    with open_store(db) as store:
+        study = store.study("dead")
+        best = store.leaderboard("dead")[0]
+        assert store.claim(study.id, ROUND_KEY, dead, stale_after=60) == 1
+        store.set_confirmation(study.id, {"partial": True, "rounds": 1, "probes": 1, "seconds": 0.5,
+                                          "windows": {best.config_key: [best.tokens_per_s, best.tokens_per_s]},
+                                          "by_round": {best.config_key: {"1": best.tokens_per_s}}})
+        store.set_study_status(study.id, "running")
+        store.set_study_plan(study.id, {**study.plan, "confirm": True})
+        assert store.release_dead_claims(study.id) == 1  # (as a worker or a resumed search does on start)
+    runner = RoundRunner()
+    with open_store(db) as store:
+        outcome = run_worker(store, "dead", runner)
+        record = store.study("dead")
+        claims = {c.config_key for c in store.claims(study.id, stale_after=60)}
+    decision = record.confirmation
+    assert runner.windows and outcome.round.probes == len(runner.windows) and record.status == "finished"
+    assert decision is not None and not decision.get("partial") and decision["probes"] == 1 + len(runner.windows)
+    assert ROUND_KEY not in claims

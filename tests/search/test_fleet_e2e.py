@@ -60,7 +60,10 @@ def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_w
     with open_store(postgres_url) as store:
         runner = probe_runner(settings)
         _, trials = start_study(request(space, spec, budget, settings.budget(budget).margin_bytes,
-                                        SearchOptions(study="shared", predict=False, heartbeat_seconds=0.5), settings),
+                                        # (no confirmation round: the replay below compares the
+                                        # first windows; the round is test_two_workers_share_one_sqlite_file's)
+                                        SearchOptions(study="shared", predict=False, heartbeat_seconds=0.5,
+                                                      confirm=False), settings),
                                 runner, store)
         trials.close()
         study_id = store.study("shared").id
@@ -105,7 +108,7 @@ def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_w
     table = {p.config_key: p.result for p in probes if p.result.status != "skipped"}
     with open_store() as local:
         replay = ScriptedRunner(table, env=environment)
-        # (no confirmation round: a fleet runs none, and the replay would pool the table's windows
+        # (no confirmation round: the fleet ran none, and the replay would pool the table's windows
         # with themselves)
         single = run_search(request(space, spec, budget, settings.budget(budget).margin_bytes,
                                     SearchOptions(study="single", fresh=True, predict=False, confirm=False)), replay, local)
@@ -140,5 +143,11 @@ def test_two_workers_share_one_sqlite_file(tiny_model, tmp_path):
     keys = [p.config_key for p in probes]
     assert len(keys) == len(set(keys)) == 8 and study.status == "finished"
     assert len({c.worker for c in claims}) == 2  # both took configurations
+    # The fleet's pick is judged as one search's: one worker ran the confirmation round (its windows
+    # in processes of their own), gave its claim back, and the verdict is stored and said.
+    decision = study.confirmation
+    assert decision is not None and decision.get("winner") and not decision.get("partial") and decision["probes"] >= 2
+    assert {c.config_key for c in claims} == set(keys)
+    assert f"({decision['probes']} in the confirmation round)" in out, out
     table = CliRunner().invoke(cli, ["studies", "--db", db]).output
     assert "workers" in table.splitlines()[0]
