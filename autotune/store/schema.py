@@ -255,7 +255,9 @@ class Claim(Base):
     The unique (study, config key) pair is what makes every configuration of a study settled once,
     whichever worker takes it: a claim is an INSERT that loses on the constraint, or a conditional
     UPDATE that takes over a claim whose worker stopped heartbeating. Skipped and reused configs
-    are claimed too (attempts 0), so that their rows are written once as well.
+    are claimed too (attempts 0), so that their rows are written once as well. One key is no
+    configuration's: `confirmation-round` (search/loop.py, ROUND_KEY), held by the worker that runs
+    the study's confirmation round, and deleted when it ends.
     """
 
     __tablename__ = "autotune_claims"
