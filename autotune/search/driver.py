@@ -14,7 +14,7 @@ from autotune.estimate import untraceable
 from autotune.estimate.launch import EstimateError
 from autotune.search.common import OnStart, Event, Progress, Runner, SearchOutcome
 from autotune.search.knowledge import Knowledge
-from autotune.search.loop import take_predictions, work
+from autotune.search.loop import work
 from autotune.search.plan import StudyPlan
 from autotune.search.predictions import Prediction, Predicting, predict
 from autotune.search.request import SearchRequest, preflight
@@ -92,7 +92,7 @@ def start_study(
     worker.plan = StudyPlan(strategy=options.strategy, fresh=options.fresh, predict_margin=margin,
                             patience=options.patience, heartbeat_seconds=options.heartbeat_seconds,
                             confirm=options.confirm, probe=request.settings.to_plan())
-    take_predictions(worker)
+    worker.take_predictions()
     store.set_study_plan(study.id, worker.plan.to_dict())
     worker.study = store.study(request.name)
     if not any(c.state == ClaimState.RUNNING and not c.stale for c in store.claims(study.id, stale_after=options.stale_after)):

@@ -18,8 +18,7 @@ from autotune import defaults
 from autotune.budget import Budget
 from autotune.config import ProbeConfig
 from autotune.deadline import DeadlineReached
-from autotune.errors import DatabaseError
-from autotune.store.failures import is_database_failure
+from autotune.store.failures import written_if_possible
 from autotune.processes import Terminated, on_termination
 from autotune.timing import median_seconds
 from autotune.units import format_duration
@@ -166,7 +165,7 @@ class SearchLoop:
             self.outcome.deadline_note = self.outcome.deadline_note or "it came before the next candidate"
             return StopReason.TIMEOUT
         status = w.refresh(self.on_event)
-        if take_predictions(w):
+        if w.take_predictions():
             k = w.knowledge
             w.store.set_study_plan(w.study.id, w.plan.to_dict())
             w.store.fill_predicted_peaks(w.study.id, {key: k.predictions[key].peak_bytes
@@ -449,42 +448,6 @@ def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Eve
     """Take configurations of the study until none is left, the study is stopped, or a limit of
     this worker is reached (SearchLoop)."""
     return SearchLoop(w, runner, trials, on_event, starter=starter, started=started, on_progress=on_progress).run()
-
-
-def take_predictions(w: WorkerState) -> bool:
-    """Let the search use the predictions that arrived since the last look, and keep them in the
-    study's plan (for workers that join later). True when any were taken."""
-    predicting = w.predicting
-    if predicting is None:
-        return False
-    ready = predicting.ready  # (looked at first: whatever arrived before is taken below)
-    arrived = predicting.take()
-    if ready:
-        w.predicting = None
-        if predicting.error is not None:
-            # Predictions only order and prune the probes: without them every config is probed.
-            # (Some models cannot be traced on fake tensors: deberta reads values, `nonzero`.)
-            w.warnings.append(f"memory predictions unavailable, every config is probed: {predicting.error}")
-    if not arrived:
-        return False
-    w.knowledge.predictions = {**w.knowledge.predictions, **arrived}
-    w.plan = dataclasses.replace(w.plan, predictions=dict(w.knowledge.predictions))
-    return True
-
-
-@contextlib.contextmanager
-def written_if_possible(what: str) -> Iterator[None]:
-    """A write on the way out of an aborted search, tried once: a database that fails (often why
-    the search is ending: a server stopped, a full disk) must not bury the error that ended it
-    under its own. What cannot be written now reads right anyway (a running study whose owner is
-    gone reads as interrupted: store/liveness.py) and the next search puts it right (claims of
-    workers gone: Store.release_dead_claims)."""
-    try:
-        yield
-    except Exception as exc:
-        if not (isinstance(exc, DatabaseError) or is_database_failure(exc)):
-            raise
-        log.debug("could not write %s on the way out: %s", what, exc)
 
 
 @contextlib.contextmanager

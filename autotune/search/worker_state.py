@@ -9,7 +9,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from autotune.budget import Budget
 from autotune.config import ProbeConfig
@@ -157,6 +157,26 @@ class WorkerState:
             elif claim.attempts >= MAX_ATTEMPTS:
                 self._abandon(config, claim, on_event)
         return self.store.study(self.study.name).status
+
+    def take_predictions(self) -> bool:
+        """Let the search use the predictions that arrived since the last look, and keep them in the
+        study's plan (for workers that join later). True when any were taken."""
+        predicting = self.predicting
+        if predicting is None:
+            return False
+        ready = predicting.ready  # (looked at first: whatever arrived before is taken below)
+        arrived = predicting.take()
+        if ready:
+            self.predicting = None
+            if predicting.error is not None:
+                # Predictions only order and prune the probes: without them every config is probed.
+                # (Some models cannot be traced on fake tensors: deberta reads values, `nonzero`.)
+                self.warnings.append(f"memory predictions unavailable, every config is probed: {predicting.error}")
+        if not arrived:
+            return False
+        self.knowledge.predictions = {**self.knowledge.predictions, **arrived}
+        self.plan = replace(self.plan, predictions=dict(self.knowledge.predictions))
+        return True
 
     def unmeasured(self) -> list[tuple[ProbeConfig, ProbeResult]]:
         """Candidates whose latest outcome says nothing of their memory (a crash, a timeout, an

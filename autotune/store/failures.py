@@ -7,10 +7,16 @@ Decided from the driver's message, lower-cased, against the listed fragments bel
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
+
 from sqlalchemy.engine import URL
 
 from autotune.errors import DatabaseError
 from autotune.store.engine import PG_STATEMENT_TIMEOUT_S, connect_timeout_s, display_url
+
+log = logging.getLogger("autotune")
 
 # Errors that pass with time: another process holds a lock, the connection dropped, the server is
 # restarting or busy. Everything else (a full disk, a read-only file, a wrong password, a missing
@@ -122,3 +128,18 @@ def describe_failure(url: URL, exc: BaseException, *, retried_s: float | None = 
                              f"connect timeout); check that the server is up and reachable, or pass another --db.")
     after = f" (still failing after {retried_s:.0f} s of retries)" if retried_s else ""
     return DatabaseError(f"cannot use the results database {where}: {detail}{after}")
+
+
+@contextlib.contextmanager
+def written_if_possible(what: str) -> Iterator[None]:
+    """A write on the way out of an aborted search, tried once: a database that fails (often why
+    the search is ending: a server stopped, a full disk) must not bury the error that ended it
+    under its own. What cannot be written now reads right anyway (a running study whose owner is
+    gone reads as interrupted: store/liveness.py) and the next search puts it right (claims of
+    workers gone: Store.release_dead_claims)."""
+    try:
+        yield
+    except Exception as exc:
+        if not (isinstance(exc, DatabaseError) or is_database_failure(exc)):
+            raise
+        log.debug("could not write %s on the way out: %s", what, exc)
