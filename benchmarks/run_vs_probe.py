@@ -7,7 +7,11 @@ between configs (does the leaderboard's order hold in the runs?). Runs are inter
 once, then every config again in reverse) and each figure is the median of its processes.
 
     python -m benchmarks.run_vs_probe [--out DIR] [--steps 60] [--micro-batches 1,4,8] [--repeats 2]
-                                      [--runs trainer,trl,train]
+                                      [--runs trainer,trl,train] [--task causal-lm|classification]
+
+`--task classification`: a 4-layer BERT classifier of 3 labels instead, on short reviews of mixed
+lengths padded to the block size as transformers' run_classification.py pads them
+(`pad_to_max_length`, its default): the plain Trainer and `autotune train` (TRL trains causal LMs).
 
 CPU only as written (`--device cpu`): on a card, benchmarks/gpu_evidence.py's `trainer_handoff` and
 `train_200_steps` sections measure the pick the same way.
@@ -30,6 +34,13 @@ from benchmarks.gpu_evidence import helper_train_data, helper_trainer_handoff, s
 EFFECTIVE_BATCH = 8
 BLOCK = 64
 MODEL = {"model_type": "gpt2", "n_layer": 4, "n_embd": 256, "n_head": 4, "vocab_size": 8192, "n_positions": 128}
+LABELS = ("negative", "neutral", "positive")
+CLASSIFIER = {"model_type": "bert", "architectures": ["BertForSequenceClassification"], "num_hidden_layers": 4,
+              "hidden_size": 256, "num_attention_heads": 4, "intermediate_size": 1024, "vocab_size": 8192,
+              "max_position_embeddings": 128, "id2label": dict(enumerate(LABELS)),
+              "label2id": {label: i for i, label in enumerate(LABELS)}}
+# The word-level tokenizer's special tokens (a BERT classifier's, with a pad token).
+SPECIALS = {"pad_token": "<pad>", "unk_token": "<unk>", "cls_token": "[CLS]", "sep_token": "[SEP]"}
 # Steps a run takes before its clock starts (the first steps pay one-time costs).
 SKIP_STEPS = 10
 
@@ -45,12 +56,13 @@ def autotune(*args: str, timeout: float = 900) -> str:
     return sh(sys.executable, "-m", "autotune", *args, timeout=timeout)
 
 
-def probe(work: Path, db: str, micro_batch: int, measure_seconds: float) -> dict:
+def probe(work: Path, db: str, micro_batch: int, measure_seconds: float, task: str = "causal-lm") -> dict:
     """One config's study: the search measures it (and its confirmation round, if any, again)."""
     study = f"run-vs-probe-mb{micro_batch}"
+    recipe = ["--task", "classification", "--num-labels", str(len(LABELS))] if task == "classification" else []
     out = autotune("search", "--model", str(work / "model"), "--device", "cpu", "--gpu-budget", "4GiB",
                    "--micro-batches", str(micro_batch), "--effective-batch", str(EFFECTIVE_BATCH), "--block-sizes",
-                   str(BLOCK), "--precisions", "fp32", "--checkpointing", "off", "--attention", "sdpa",
+                   str(BLOCK), "--precisions", "fp32", "--checkpointing", "off", "--attention", "sdpa", *recipe,
                    "--measure-seconds", str(measure_seconds), "--study", study, "--db", db, "--json")
     summary = json.loads(out)
     return {"study": study, "label": summary["best"]["label"], "tokens_per_s": summary["best"]["tokens_per_s"]}
@@ -63,8 +75,75 @@ def run_trainer(work: Path, db: str, study: str, steps: int) -> float:
 
 
 def trainer_in_process(db: str, study: str, work: str, steps: int) -> dict:
+    if (Path(work) / "data" / "reviews.csv").exists():
+        return classifier_trainer_in_process(db, study, work, steps)
     with tempfile.TemporaryDirectory() as output:
         return helper_trainer_handoff(db, study, str(Path(work) / "data"), output, steps)
+
+
+def write_reviews(work: Path) -> None:
+    """The classifier's data: reviews of 20 to 400 characters (a long tail, as real ones), cut from
+    the corpus, each with one of LABELS; and a word-level tokenizer with BERT's special tokens, in
+    the model's directory."""
+    import csv
+    import random
+
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    text = (work / "data" / "corpus.txt").read_text()
+    words = Tokenizer(models.WordLevel(unk_token=SPECIALS["unk_token"]))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    words.train_from_iterator([text], trainers.WordLevelTrainer(vocab_size=2000, show_progress=False,
+                                                                special_tokens=list(SPECIALS.values())))
+    PreTrainedTokenizerFast(tokenizer_object=words, **SPECIALS).save_pretrained(work / "model")
+    rng = random.Random(0)
+    with (work / "data" / "reviews.csv").open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["text", "label"])
+        start = 0
+        for _ in range(2000):
+            length = min(400, int(rng.paretovariate(1.2) * 20))
+            writer.writerow([text[start:start + length].replace("\n", " "), rng.choice(LABELS)])
+            start = (start + length) % (len(text) - 400)
+
+
+def classifier_trainer_in_process(db: str, study: str, work: str, steps: int) -> dict:
+    """The README's hand-off for the classifier: `best.training_arguments()` and `best.load_model()`
+    into a plain Trainer, the reviews tokenized and padded to the block size as run_classification.py
+    does by default; tokens/s after the first SKIP_STEPS steps, counting the padded tokens (what the
+    probe's figure counts)."""
+    import csv
+
+    import autotune
+
+    best = autotune.best(study, db)
+    os.environ.update(best.environment())
+    import torch
+    import transformers
+    from transformers import AutoTokenizer, Trainer, default_data_collator
+
+    config = transformers.AutoConfig.from_pretrained(Path(work) / "model")
+    model = best.load_model(config)
+    tokenizer = AutoTokenizer.from_pretrained(Path(work) / "model")
+    with (Path(work) / "data" / "reviews.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    encoded = tokenizer([r["text"] for r in rows], padding="max_length", truncation=True, max_length=best.block_size)
+    dataset = [{"input_ids": ids, "attention_mask": mask, "labels": LABELS.index(r["label"])}
+               for ids, mask, r in zip(encoded["input_ids"], encoded["attention_mask"], rows)]
+    ends: list[tuple[int, float]] = []
+
+    class StepClock(transformers.TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            ends.append((state.global_step, time.perf_counter()))
+
+    with tempfile.TemporaryDirectory() as output:
+        args = best.training_arguments(output, max_steps=steps, save_strategy="no", logging_steps=max(1, steps // 4),
+                                       report_to=[], disable_tqdm=True, dataloader_num_workers=0)
+        Trainer(model=model, args=args, train_dataset=dataset, data_collator=default_data_collator,
+                callbacks=[StepClock()]).train()
+    steady = steady_tokens_per_s(ends, best.config.tokens_per_step, SKIP_STEPS)
+    return {"tokens_per_s": steady, "torch_threads": torch.get_num_threads()}
 
 
 def run_trl(work: Path, db: str, study: str, steps: int) -> float:
@@ -116,9 +195,11 @@ def trl_in_process(db: str, study: str, work: str, steps: int, sft_config: dict)
 
 
 def run_train(work: Path, db: str, study: str, steps: int) -> float:
+    classifier = (work / "data" / "reviews.csv").exists()
+    data = (["--dataset", str(work / "data" / "reviews.csv"), "--tokenizer", str(work / "model")] if classifier else
+            ["--dataset", str(work / "data" / "corpus.txt"), "--tokenizer", str(work / "data" / "tokenizer")])
     with tempfile.TemporaryDirectory() as output:
-        out = autotune("train", "--study", study, "--db", db, "--dataset", str(work / "data" / "corpus.txt"),
-                       "--tokenizer", str(work / "data" / "tokenizer"), "--max-steps", str(steps), "--save-steps",
+        out = autotune("train", "--study", study, "--db", db, *data, "--max-steps", str(steps), "--save-steps",
                        str(steps * 10), "--device", "cpu", "--output-dir", output, "--json")
     return json.loads(out)["tokens_per_s"]
 
@@ -133,16 +214,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batches", default="1,4,8")
     parser.add_argument("--repeats", type=int, default=2, help="processes of each run (default 2)")
     parser.add_argument("--measure-seconds", type=float, default=3.0)
-    parser.add_argument("--runs", default=",".join(RUNS), help=f"which runs (default {','.join(RUNS)})")
+    parser.add_argument("--runs", default=None, help=f"which runs (default {','.join(RUNS)}; trainer,train for a classifier)")
+    parser.add_argument("--task", default="causal-lm", choices=("causal-lm", "classification"))
     args = parser.parse_args(argv)
-    runs = args.runs.split(",")
+    classifier = args.task == "classification"
+    runs = (args.runs or ("trainer,train" if classifier else ",".join(RUNS))).split(",")
+    if classifier and "trl" in runs:
+        parser.error("TRL's SFTTrainer trains causal LMs: --runs trainer,train for a classifier")
     work = Path(args.out or tempfile.mkdtemp(prefix="run-vs-probe-"))
     (work / "model").mkdir(parents=True, exist_ok=True)
-    (work / "model" / "config.json").write_text(json.dumps(MODEL))
+    (work / "model" / "config.json").write_text(json.dumps(CLASSIFIER if classifier else MODEL))
     helper_train_data(str(work / "data"))
+    if classifier:
+        write_reviews(work)
     db = f"sqlite:///{work / 'studies.db'}"
     micro_batches = [int(m) for m in args.micro_batches.split(",")]
-    probes = {mb: probe(work, db, mb, args.measure_seconds) for mb in micro_batches}
+    probes = {mb: probe(work, db, mb, args.measure_seconds, args.task) for mb in micro_batches}
     measured: dict[tuple[int, str], list[float]] = {}
     order = [(mb, kind) for mb in micro_batches for kind in runs]
     for repeat in range(args.repeats):
@@ -164,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                                                                    for kind in ("probe", *runs)} for row in rows[1:]}
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host_cpus": os.cpu_count(),
               "load_per_core": round(os.getloadavg()[0] / (os.cpu_count() or 1), 2), "steps": args.steps,
-              "model": MODEL, "block": BLOCK, "effective_batch": EFFECTIVE_BATCH, "rows": rows, "ratios": ratios}
+              "task": args.task, "model": CLASSIFIER if classifier else MODEL, "block": BLOCK, "effective_batch": EFFECTIVE_BATCH, "rows": rows, "ratios": ratios}
     (work / "results.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     return 0
