@@ -335,3 +335,57 @@ def test_a_round_whose_holder_died_is_taken_over_with_its_windows(tmp_path):
     assert runner.windows and outcome.round.probes == len(runner.windows) and record.status == "finished"
     assert decision is not None and not decision.get("partial") and decision["probes"] == 1 + len(runner.windows)
     assert ROUND_KEY not in claims
+
+
+def test_a_search_waits_for_the_round_another_worker_holds_and_keeps_its_verdict(tmp_path):
+    # A `search` joined by an `autotune worker`: the worker took the round first (a live claim,
+    # heartbeaten here). The search does not run a second round beside it: it waits, and once the
+    # holder stores its verdict and gives the claim back, finishes with that verdict.
+    import socket
+
+    from autotune.search.loop import ROUND_KEY
+
+    db = str(tmp_path / "fleet.db")
+    holder = f"{socket.gethostname()}:{os.getpid()}:other"  # (alive: this process)
+    space, spec = gpt2_space(), resolve_model("gpt2")
+    options = SearchOptions(study="mixed", predict=False, heartbeat_seconds=0.5)
+    runner = RoundRunner()
+    outcomes, errors, started = {}, [], threading.Event()
+
+    def search() -> None:
+        try:
+            with open_store(db) as store:
+                outcomes["search"] = run_search(request(space, spec, BUDGET, MARGIN, options), runner, store,
+                                                on_start=lambda *a: started.set())
+        except Exception as exc:  # noqa: BLE001 - surfaced below, in the test's own thread
+            errors.append(exc)
+            started.set()
+
+    thread = threading.Thread(target=search)
+    thread.start()
+    assert started.wait(60) and not errors, errors
+    with open_store(db) as store:
+        study = store.study("mixed")
+        assert store.claim(study.id, ROUND_KEY, holder, stale_after=options.stale_after) == 1
+        # Held, beating, until the search has settled every candidate and sits waiting for the round.
+        deadline = time.monotonic() + 60
+        while thread.is_alive() and time.monotonic() < deadline:
+            store.heartbeat(study.id, ROUND_KEY, holder)
+            settled = {c.config_key for c in store.claims(study.id, stale_after=60) if c.state == "done"}
+            if len(settled) == len(space.candidates()):
+                break
+            time.sleep(0.1)
+        for _ in range(10):  # (2 s of waiting, beaten as a live holder does)
+            store.heartbeat(study.id, ROUND_KEY, holder)
+            time.sleep(0.2)
+        assert thread.is_alive() and not runner.windows  # waiting, no round of its own
+        best = store.leaderboard("mixed")[0]
+        verdict = {"winner": best.config_key, "winner_label": best.label, "runner_up": None, "margin": None,
+                   "noise": None, "confirmed": True, "rounds": 0, "probes": 0, "seconds": 0.0, "tied": [],
+                   "tied_keys": [], "reliable": True, "host_load": None, "reused": False}
+        store.set_confirmation(study.id, verdict)
+        store.release_claim(study.id, ROUND_KEY, holder)
+    thread.join(timeout=60)
+    assert not thread.is_alive() and not errors, errors
+    assert not runner.windows and outcomes["search"].study.status == "finished"
+    assert outcomes["search"].study.confirmation == verdict
