@@ -1,9 +1,13 @@
 """Several workers on one study, with scripted probes (milliseconds, no torch): every configuration
-settled once, OOMs pruning for all, the same pick as one worker, a study pinned to its device."""
+settled once, OOMs pruning for all, the same pick as one worker, a study pinned to its device, one
+confirmation round among them."""
 
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -16,7 +20,9 @@ from autotune.models import resolve_model
 from autotune.search import Knowledge, SearchOptions, run_search
 from autotune.space import SearchSpace
 from autotune.store import open_store
+from autotune.search.driver import start_study
 from autotune.search.fleet import check_joinable, run_worker, worker_devices
+from autotune.search.loop import ROUND_KEY
 from autotune.budget import Budget
 from tests.helpers.fakes import FAKE_ENV, ScriptedRunner, request
 
@@ -42,11 +48,30 @@ def gpt2_space() -> SearchSpace:
     return SearchSpace.build(resolve_model("gpt2"), micro_batches=(1, 2, 4, 8, 16, 32), block_sizes=(512,), effective_batch=64)
 
 
+def in_threads(*jobs) -> None:
+    """Run each job in a thread of its own (each worker its own store and runner), wait for them
+    all, and raise what any of them raised here, in the test's own thread."""
+    errors = []
+
+    def guarded(job) -> None:
+        try:
+            job()
+        except Exception as exc:  # noqa: BLE001 - surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(job,)) for job in jobs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+
+
 def shared_search(db: str, study: str, strategy: str = "frontier", joiners: int = 2):
     """A search started in one thread, joined by `joiners` more: each its own store and runner."""
     space, spec = gpt2_space(), resolve_model("gpt2")
     runners = [SlowRunner() for _ in range(joiners + 1)]
-    outcomes, errors, planned = {}, [], threading.Event()
+    outcomes, planned = {}, threading.Event()
 
     def starter() -> None:
         try:
@@ -56,26 +81,17 @@ def shared_search(db: str, study: str, strategy: str = "frontier", joiners: int 
                 options = SearchOptions(study=study, strategy=strategy, predict=False, heartbeat_seconds=0.5, confirm=False)
                 outcomes[0] = run_search(request(space, spec, BUDGET, MARGIN, options), runners[0], store,
                                          on_start=lambda *a: planned.set())
-        except Exception as exc:  # noqa: BLE001 - surfaced below, in the test's own thread
-            errors.append(exc)
-            planned.set()
+        finally:
+            planned.set()  # (a starter that failed lets the joiners go on, to fail too)
 
     def joiner(i: int) -> None:
-        try:
-            planned.wait(timeout=60)
-            with open_store(db) as store:
-                while store.study(study).plan is None:  # written just after on_start
-                    time.sleep(0.01)
-                outcomes[i] = run_worker(store, study, runners[i])
-        except Exception as exc:  # noqa: BLE001
-            errors.append(exc)
+        planned.wait(timeout=60)
+        with open_store(db) as store:
+            while store.study(study).plan is None:  # written just after on_start
+                time.sleep(0.01)
+            outcomes[i] = run_worker(store, study, runners[i])
 
-    threads = [threading.Thread(target=starter)] + [threading.Thread(target=joiner, args=(i,)) for i in range(1, joiners + 1)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not errors, errors
+    in_threads(starter, *(lambda i=i: joiner(i) for i in range(1, joiners + 1)))
     return outcomes, runners
 
 
@@ -250,29 +266,19 @@ class RoundRunner(SlowRunner):
 def workers_only(db: str, study: str, *, confirm: bool, workers: int = 2):
     """A study started as `search --workers` starts it (the plan stored, no loop of its own), then
     `workers` joining workers on it, each in a thread of its own with its own store and runner."""
-    from autotune.search.driver import start_study
-
     space, spec = gpt2_space(), resolve_model("gpt2")
     with open_store(db) as store:
         options = SearchOptions(study=study, predict=False, heartbeat_seconds=0.5, confirm=confirm)
         _, trials = start_study(request(space, spec, BUDGET, MARGIN, options), ScriptedRunner(), store)
         trials.close()
     runners = [RoundRunner() for _ in range(workers)]
-    outcomes, errors = {}, []
+    outcomes = {}
 
     def worker(i: int) -> None:
-        try:
-            with open_store(db) as store:
-                outcomes[i] = run_worker(store, study, runners[i])
-        except Exception as exc:  # noqa: BLE001 - surfaced below, in the test's own thread
-            errors.append(exc)
+        with open_store(db) as store:
+            outcomes[i] = run_worker(store, study, runners[i])
 
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(workers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not errors, errors
+    in_threads(*(lambda i=i: worker(i) for i in range(workers)))
     return outcomes, runners
 
 
@@ -306,12 +312,6 @@ def test_a_round_whose_holder_died_is_taken_over_with_its_windows(tmp_path):
     # A worker that held the round was killed: its claim names a process gone from this machine, and
     # the round's first window is stored as partial. The next worker takes the claim over and goes
     # on from that window.
-    import socket
-    import subprocess
-    import sys
-
-    from autotune.search.loop import ROUND_KEY
-
     db = str(tmp_path / "fleet.db")
     workers_only(db, "dead", confirm=False)  # (every config settled, no round yet)
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
@@ -341,10 +341,6 @@ def test_a_search_waits_for_the_round_another_worker_holds_and_keeps_its_verdict
     # A `search` joined by an `autotune worker`: the worker took the round first (a live claim,
     # heartbeaten here). The search does not run a second round beside it: it waits, and once the
     # holder stores its verdict and gives the claim back, finishes with that verdict.
-    import socket
-
-    from autotune.search.loop import ROUND_KEY
-
     db = str(tmp_path / "fleet.db")
     holder = f"{socket.gethostname()}:{os.getpid()}:other"  # (alive: this process)
     space, spec = gpt2_space(), resolve_model("gpt2")
