@@ -386,6 +386,7 @@ def _deadline_detail(outcome) -> str:
 
 def search_summary(outcome) -> dict:
     """`autotune search --json`: the chosen config, the leaderboard, and what the search cost."""
+    tally = getattr(outcome, "round", None)  # the confirmation round's windows in this run
     return {
         "study": outcome.study.name,
         "status": outcome.study.status,
@@ -397,9 +398,9 @@ def search_summary(outcome) -> dict:
         "reused": outcome.reused,
         "skipped": outcome.skipped,
         "skips": dict(getattr(outcome, "skips", {}) or {}),
-        "confirming_probes": outcome.round.probes if getattr(outcome, "round", None) is not None else 0,
-        "reused_windows": outcome.round.reused_windows if getattr(outcome, "round", None) is not None else 0,
-        "confirming_seconds": round(outcome.round.seconds, 3) if getattr(outcome, "round", None) is not None else 0.0,
+        "confirming_probes": tally.probes if tally is not None else 0,
+        "reused_windows": tally.reused_windows if tally is not None else 0,
+        "confirming_seconds": round(tally.seconds, 3) if tally is not None else 0.0,
         "seconds": round(outcome.seconds, 3),
         "workers": getattr(outcome, "workers", 1),
         "answered_from_database": outcome.answered_from_database,

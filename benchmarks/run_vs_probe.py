@@ -214,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--micro-batches", default="1,4,8")
     parser.add_argument("--repeats", type=int, default=2, help="processes of each run (default 2)")
     parser.add_argument("--measure-seconds", type=float, default=3.0)
-    parser.add_argument("--runs", default=None, help=f"which runs (default {','.join(RUNS)}; trainer,train for a classifier)")
+    parser.add_argument("--runs", default=None,
+                        help=f"which runs (default {','.join(RUNS)}; trainer,train for a classifier)")
     parser.add_argument("--task", default="causal-lm", choices=("causal-lm", "classification"))
     args = parser.parse_args(argv)
     classifier = args.task == "classification"
@@ -251,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                    for kind in ("probe", *runs)} for row in rows[1:]}
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host_cpus": os.cpu_count(),
               "load_per_core": round(os.getloadavg()[0] / (os.cpu_count() or 1), 2), "steps": args.steps,
-              "task": args.task, "model": CLASSIFIER if classifier else MODEL, "block": BLOCK, "effective_batch": EFFECTIVE_BATCH, "rows": rows, "ratios": ratios}
+              "task": args.task, "model": CLASSIFIER if classifier else MODEL,
+              "block": BLOCK, "effective_batch": EFFECTIVE_BATCH, "rows": rows, "ratios": ratios}
     (work / "results.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     return 0

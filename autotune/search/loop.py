@@ -355,6 +355,7 @@ class SearchLoop:
                 return  # the round it waited for decided
             if not self.starter and not self._should_confirm():
                 return  # another worker's round decided between this worker's look and its claim
+            self.held_round = True
             with heartbeat.holding(ROUND_KEY):
                 self._confirm(stop.is_set)
         finally:
@@ -414,7 +415,6 @@ class SearchLoop:
             self.probe_walls.append(result.wall_seconds or 0.0)
             return result
 
-        self.held_round = True
         try:
             return confirm(w.store, w.study, run, w.budget, on_probe=measured_again,
                            stop=lambda: stop() or not self._may_start(), tally=self.outcome.round,
