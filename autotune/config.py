@@ -56,6 +56,7 @@ class ProbeConfig:
     num_labels: int | None = None
     weights: str = recipes.DEFAULT_WEIGHTS   # fp32 master weights, or pure bf16 (autotune.recipes)
     peft: str | None = None                  # LoRA/QLoRA adapters on a frozen base: recipes.PeftSpec's text
+    trainer: str = recipes.DEFAULT_TRAINER   # whose step the run takes: transformers' Trainer or TRL's SFTTrainer
     # Speed levers that keep the math (autotune.speed).
     compile: bool = False                    # torch.compile (inductor) of the model
     allocator: str = speed.DEFAULT_ALLOCATOR  # the CUDA caching allocator's setting
@@ -111,6 +112,8 @@ class ProbeConfig:
             problems.append("--peft qlora with --gpus 2 or more is not supported: a 4-bit base is probed on one GPU "
                             "(--peft lora shares a run across ranks)")
         problems += self._task_problems()
+        if self.task in TASKS:
+            problems += recipes.trainer_problems(self.trainer, self.task)
         if self.task in TASKS:
             problems += evaluation.eval_problems({name: getattr(self, name) for name in evaluation.EVAL_RECIPE}, self.task)
         if problems:
@@ -175,13 +178,15 @@ class ProbeConfig:
         ckpt = "ckpt" if self.checkpointing else "no-ckpt"
         block = f"{self.block_size}+{self.target_length}" if self.target_length is not None else str(self.block_size)
         label = f"mb{self.micro_batch}x{self.grad_accum} blk{block} {self.precision} {ckpt} {self.attention}"
-        # FixedRecipe levers, when not the plain recipe's: 'mb4x2 blk512 bf16 ckpt sdpa adafactor w-bf16 lora-r8'.
+        # FixedRecipe levers, when not the plain recipe's: 'mb4x2 blk512 bf16 ckpt sdpa adafactor w-bf16 lora-r8 trl'.
         if self.optimizer != recipes.DEFAULT_OPTIMIZER:
             label += f" {self.optimizer}"
         if self.weights != recipes.DEFAULT_WEIGHTS:
             label += f" w-{self.weights}"
         if self.peft is not None:
             label += f" {recipes.PeftSpec.from_text(self.peft).label()}"
+        if self.trainer != recipes.DEFAULT_TRAINER:
+            label += f" {self.trainer}"
         # Speed levers, when on: 'mb8x1 blk512 bf16 no-ckpt sdpa compiled expandable liger'.
         if self.compile:
             label += " compiled"

@@ -1,7 +1,9 @@
-"""Recipe levers beyond the task: the optimizer, the weights' dtype and PEFT (LoRA, QLoRA).
+"""Recipe levers beyond the task: the optimizer, the weights' dtype, PEFT (LoRA, QLoRA) and the
+trainer the run uses.
 
-They change what is trained, not only how fast, so the user allows them (`--optimizers`,
-`--weights`, `--peft`) and autotune never switches one by itself. Torch-free: the CLI and the
+They change what is trained (or, the trainer, what each step does), not only how fast, so the user
+allows them (`--optimizers`, `--weights`, `--peft`, `--trainer`) and autotune never switches one by
+itself. Torch-free: the CLI and the
 store read these names; `autotune.probe.step` builds what they name.
 """
 
@@ -73,6 +75,42 @@ def memory_caveats(optimizer: str) -> list[str]:
 WEIGHTS = ("fp32", "bf16")
 DEFAULT_WEIGHTS = "fp32"
 PEFT_KINDS = ("lora", "qlora")
+
+# The trainer the run uses (--trainer, or the tool a --from file is for): the probes time its step.
+# transformers: Trainer and the trainers that keep its compute_loss (autotune train, axolotl,
+# LLaMA-Factory). trl: TRL's SFTTrainer, whose loss runs a fused LM head (TRL's add_fused_lm_head:
+# the log-probabilities in chunks, no full logits) that also computes each token's entropy and
+# whether its top-1 is right, and reads three figures to the host every micro-step: more work per
+# token than Trainer's step, and other memory (no full logits, but tiles of 32,768 vocabulary
+# columns: less for gpt2's 50,257-token vocabulary, more for a small one).
+TRAINERS = ("transformers", "trl")
+DEFAULT_TRAINER = "transformers"
+# The trainer each hand-off format runs (the formats not named run none: json, yaml, lightning).
+FORMAT_TRAINERS = {"trl": "trl", "trainer-args": "transformers", "cli": "transformers", "accelerate": "transformers",
+                   "axolotl": "transformers", "llamafactory": "transformers"}
+
+
+def trainer_caveat(measured: str, runs: str, what: str) -> str | None:
+    """What to tell a user whose run (`what`) takes `runs`'s step where the probes timed `measured`'s
+    (None: the same trainer)."""
+    if measured == runs:
+        return None
+    if measured == "trl":
+        return (f"the probes timed TRL's SFTTrainer step (--trainer trl), and {what} runs transformers' Trainer, whose "
+                f"step holds the full logits: its memory and speed were not measured; hand the pick to TRL "
+                f"(--format trl), or search again with --trainer transformers")
+    return (f"the probes timed transformers' Trainer step, and {what} runs TRL's SFTTrainer, whose fused LM head also "
+            f"scores each token's entropy and accuracy every micro-step: slower per token than measured, other memory; "
+            f"search with --trainer trl (or --from your TRL file) to rank the configs by its step")
+
+
+def trainer_problems(trainer: str, task: str, flag: str = "--trainer") -> list[str]:
+    """What is wrong with `trainer` for `task` (nothing: [])."""
+    if trainer not in TRAINERS:
+        return [f"{flag} {trainer!r} is unknown; choose from {', '.join(TRAINERS)}"]
+    if trainer == "trl" and task != "causal-lm":
+        return [f"{flag} trl is TRL's SFTTrainer, which trains causal LMs, not {task}; use {flag} transformers"]
+    return []
 # peft's task types, by task: the wrapper's forward and which head stays trainable (SEQ_CLS keeps
 # the classifier's head). A masked LM has none: the base model's forward is called as it is.
 PEFT_TASK_TYPES = {"causal-lm": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM", "classification": "SEQ_CLS"}

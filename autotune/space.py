@@ -33,6 +33,7 @@ class SearchSpace:
     target_length: int | None = None                        # seq2seq target tokens
     num_labels: int | None = None                           # classification outputs
     peft: str | None = None                                 # LoRA/QLoRA (recipes.PeftSpec's text)
+    trainer: str = recipes.DEFAULT_TRAINER                  # whose step the probes time (recipes.TRAINERS)
     # How the run evaluates (autotune.evaluation): every candidate's probe runs these phases too.
     eval_batch: int | None = None
     auto_eval_batch: bool = False
@@ -106,13 +107,14 @@ class SearchSpace:
         if len(self.block_sizes) > 1 and self.effective_tokens is None:
             problems.append("several --block-sizes need --effective-tokens, so that every candidate does the same work per optimizer step")
         problems += evaluation.eval_problems(self.evaluation, self.task)
+        problems += recipes.trainer_problems(self.trainer, self.task)
         if problems:
             raise BadInput("; ".join(problems) + ".")
 
     @classmethod
     def build(cls, spec: ModelSpec, *, micro_batches=None, block_sizes=None, precisions=None, checkpointing=None,
               attentions=None, effective_batch=None, effective_tokens=None, task=None, target_length=None,
-              num_labels=None, optimizers=None, weights=None, peft=None, compiles=None, allocators=None,
+              num_labels=None, optimizers=None, weights=None, peft=None, trainer=None, compiles=None, allocators=None,
               ligers=None, evaluation: dict | None = None, gpus: int = 1, strategies=None, nodes: int = 1,
               data_shape: DataShape | None = None) -> "SearchSpace":
         # `evaluation`: what the command line asked of the run's evaluation (evaluation.recipe_fields).
@@ -164,6 +166,7 @@ class SearchSpace:
             optimizers=tuple(dict.fromkeys(recipes.canonical_optimizer(o) for o in optimizers or (recipes.DEFAULT_OPTIMIZER,))),
             weights=tuple(dict.fromkeys(weights or (recipes.DEFAULT_WEIGHTS,))),
             peft=peft,
+            trainer=trainer or recipes.DEFAULT_TRAINER,
             compiles=tuple(dict.fromkeys(compiles or (False,))),
             allocators=tuple(dict.fromkeys(allocators or (speed.DEFAULT_ALLOCATOR,))),
             ligers=tuple(dict.fromkeys(ligers or (False,))),
@@ -208,7 +211,7 @@ class SearchSpace:
                                            precision=precision, checkpointing=checkpointing, attention=attention,
                                            optimizer=optimizer, weights=weights, task=self.task,
                                            target_length=self.target_length, num_labels=self.num_labels, peft=self.peft,
-                                           compile=compiled, allocator=allocator, liger=liger, gpus=self.gpus,
+                                           trainer=self.trainer, compile=compiled, allocator=allocator, liger=liger, gpus=self.gpus,
                                            strategy=strategy, nodes=self.nodes, **self.evaluation))
         if not out:
             work = f"{self.effective_batch} sequences" if self.effective_batch else f"{self.effective_tokens} tokens"
@@ -232,7 +235,9 @@ class SearchSpace:
         }
         if self.task != Task.CAUSAL_LM or self.peft is not None:
             data.update({k: v for k, v in self.fixed_recipe.items() if k not in evaluation.EVAL_RECIPE
-                         and (k != "peft" or v is not None)})
+                         and k != "trainer" and (k != "peft" or v is not None)})
+        if self.trainer != recipes.DEFAULT_TRAINER:
+            data["trainer"] = self.trainer
         data.update({k: v for k, v in self.evaluation.items() if v != evaluation.EVAL_RECIPE[k]})
         if self.optimizers != (recipes.DEFAULT_OPTIMIZER,):
             data["optimizers"] = list(self.optimizers)
@@ -310,15 +315,15 @@ def single_config(spec: ModelSpec, *, micro_batch: int, block_size: int, grad_ac
                   precision: str = defaults.PRECISION, checkpointing: bool = False, attention: str = defaults.ATTENTION,
                   task: str | None = None, target_length: int | None = None, num_labels: int | None = None,
                   optimizer: str = recipes.DEFAULT_OPTIMIZER, weights: str = recipes.DEFAULT_WEIGHTS,
-                  peft: str | None = None, compile: bool = False, allocator: str = speed.DEFAULT_ALLOCATOR,
-                  liger: bool = False, evaluation: dict | None = None, gpus: int = 1,
+                  peft: str | None = None, trainer: str = recipes.DEFAULT_TRAINER, compile: bool = False,
+                  allocator: str = speed.DEFAULT_ALLOCATOR, liger: bool = False, evaluation: dict | None = None, gpus: int = 1,
                   strategy: str | None = None, nodes: int = 1) -> ProbeConfig:
     """One configuration of `spec`, as `autotune probe` and `autotune estimate` are given it: the
     task told from the model's architectures when not given, with its defaults."""
     recipe = spec.task_fields(task=task, target_length=target_length, num_labels=num_labels)
     return ProbeConfig(model=spec.recorded, micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum,
                        precision=precision, checkpointing=checkpointing, attention=attention, optimizer=optimizer,
-                       weights=weights, peft=peft, compile=compile, allocator=allocator, liger=liger, gpus=gpus,
+                       weights=weights, peft=peft, trainer=trainer, compile=compile, allocator=allocator, liger=liger, gpus=gpus,
                        strategy=strategy, nodes=nodes, **recipe, **recipe_fields(evaluation, recipe.get("target_length")))
 
 

@@ -14,6 +14,7 @@ from enum import StrEnum
 
 from autotune.errors import BadInput
 from autotune.evaluation import EVAL_RECIPE
+from autotune.recipes import DEFAULT_TRAINER
 
 
 class Task(StrEnum):
@@ -45,10 +46,11 @@ EXAMPLE_SCRIPTS = {
 }
 
 # The fixed recipe: the recipe levers a study holds fixed (what is trained: the task and its
-# fields, the adapters), at what a causal-LM config has: the meaning of a config or a study stored
+# fields, the adapters, the trainer whose step the probes time), at what a causal-LM config has: the meaning of a config or a study stored
 # before tasks existed, which has none of them; with them, how the run evaluates (autotune.evaluation).
 # (The levers a search may choose among, optimizer and weights, are autotune.recipes'.)
-FIXED_RECIPE = {"task": Task.CAUSAL_LM.value, "target_length": None, "num_labels": None, "peft": None, **EVAL_RECIPE}
+FIXED_RECIPE = {"task": Task.CAUSAL_LM.value, "target_length": None, "num_labels": None, "peft": None,
+                "trainer": DEFAULT_TRAINER, **EVAL_RECIPE}
 
 # run_summarization.py's default --max_target_length: the target length when the user fixes none.
 DEFAULT_TARGET_LENGTH = 128

@@ -3,7 +3,8 @@ one-config study, probed by `autotune search`), three real runs on the same corp
 process of its own: a plain transformers Trainer from `best.training_arguments()` +
 `best.load_model()` (the README's hand-off), TRL's SFTTrainer from `autotune best --format trl`, and
 `autotune train`. Each run's tokens/s after its first 10 steps against the probe's, and the ratios
-between configs (does the leaderboard's order hold in the runs?). Runs are interleaved (every config
+between configs (does the leaderboard's order hold in the runs?). TRL's run is set against a probe
+of its own step (`--trainer trl`, a study of its own), the others against Trainer's. Runs are interleaved (every config
 once, then every config again in reverse) and each figure is the median of its processes.
 
     python -m benchmarks.run_vs_probe [--out DIR] [--steps 60] [--micro-batches 1,4,8] [--repeats 2]
@@ -56,10 +57,13 @@ def autotune(*args: str, timeout: float = 900) -> str:
     return sh(sys.executable, "-m", "autotune", *args, timeout=timeout)
 
 
-def probe(work: Path, db: str, micro_batch: int, measure_seconds: float, task: str = "causal-lm") -> dict:
-    """One config's study: the search measures it (and its confirmation round, if any, again)."""
-    study = f"run-vs-probe-mb{micro_batch}"
+def probe(work: Path, db: str, micro_batch: int, measure_seconds: float, task: str = "causal-lm",
+          trainer: str = "transformers") -> dict:
+    """One config's study: the search measures it (and its confirmation round, if any, again), timing
+    `trainer`'s step."""
+    study = f"run-vs-probe-mb{micro_batch}" + ("" if trainer == "transformers" else f"-{trainer}")
     recipe = ["--task", "classification", "--num-labels", str(len(LABELS))] if task == "classification" else []
+    recipe += ["--trainer", trainer]
     out = autotune("search", "--model", str(work / "model"), "--device", "cpu", "--gpu-budget", "4GiB",
                    "--micro-batches", str(micro_batch), "--effective-batch", str(EFFECTIVE_BATCH), "--block-sizes",
                    str(BLOCK), "--precisions", "fp32", "--checkpointing", "off", "--attention", "sdpa", *recipe,
@@ -230,26 +234,33 @@ def main(argv: list[str] | None = None) -> int:
         write_reviews(work)
     db = f"sqlite:///{work / 'studies.db'}"
     micro_batches = [int(m) for m in args.micro_batches.split(",")]
-    probes = {mb: probe(work, db, mb, args.measure_seconds, args.task) for mb in micro_batches}
+    # Each run against the probe of its own trainer's step: TRL's SFTTrainer, or Trainer's.
+    trainers = {kind: "trl" if kind == "trl" else "transformers" for kind in runs}
+    probes = {(mb, trainer): probe(work, db, mb, args.measure_seconds, args.task, trainer)
+              for trainer in dict.fromkeys(trainers.values()) for mb in micro_batches}
     measured: dict[tuple[int, str], list[float]] = {}
     order = [(mb, kind) for mb in micro_batches for kind in runs]
     for repeat in range(args.repeats):
         for mb, kind in order if repeat % 2 == 0 else reversed(order):
-            figure = RUNS[kind](work, db, probes[mb]["study"], args.steps)
+            probed = probes[(mb, trainers[kind])]
+            figure = RUNS[kind](work, db, probed["study"], args.steps)
             measured.setdefault((mb, kind), []).append(figure)
-            print(f"mb{mb} {kind}: {figure:,.0f} tokens/s (probe {probes[mb]['tokens_per_s']:,.0f})", file=sys.stderr)
+            print(f"mb{mb} {kind}: {figure:,.0f} tokens/s (probe {probed['tokens_per_s']:,.0f})", file=sys.stderr)
     rows = []
     for mb in micro_batches:
-        row = {"micro_batch": mb, "label": probes[mb]["label"], "probe": probes[mb]["tokens_per_s"]}
+        row = {"micro_batch": mb, "label": probes[(mb, trainers[runs[0]])]["label"]}
+        for trainer in dict.fromkeys(trainers.values()):
+            row["probe" if trainer == "transformers" else f"probe_{trainer}"] = probes[(mb, trainer)]["tokens_per_s"]
         for kind in runs:
             figures = measured[(mb, kind)]
             row[kind] = statistics.median(figures)
             row[f"{kind}_processes"] = figures
-            row[f"{kind}_vs_probe"] = round(row[kind] / row["probe"], 3)
+            row[f"{kind}_vs_probe"] = round(row[kind] / row["probe" if trainers[kind] == "transformers" else "probe_trl"], 3)
         rows.append(row)
     first = rows[0]
+    columns = [name for name in ("probe", "probe_trl") if name in first] + runs
     ratios = {f"mb{row['micro_batch']}/mb{first['micro_batch']}": {kind: round(row[kind] / first[kind], 3)
-                                                                   for kind in ("probe", *runs)} for row in rows[1:]}
+                                                                   for kind in columns} for row in rows[1:]}
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host_cpus": os.cpu_count(),
               "load_per_core": round(os.getloadavg()[0] / (os.cpu_count() or 1), 2), "steps": args.steps,
               "task": args.task, "model": CLASSIFIER if classifier else MODEL,

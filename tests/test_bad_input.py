@@ -240,6 +240,8 @@ def test_train_refuses_an_output_dir_that_cannot_be_one_before_recording(work, h
     (["--weights", "fp8"], "--weights: unknown value 'fp8'"),
     (["--lora-rank", "4"], "--lora-rank only apply with --peft"),
     (["--peft", "ia3"], "--peft 'ia3' is unknown"),
+    (["--trainer", "lightning"], "--trainer 'lightning' is unknown; choose from transformers, trl"),
+    (["--trainer", "trl", "--task", "classification"], "--trainer trl is TRL's SFTTrainer, which trains causal LMs"),
 ])
 def test_recipe_mistakes_are_refused_before_anything_starts(work, hermetic_home, tiny_model, args, needle):
     with Unchanged(work, hermetic_home):
@@ -249,6 +251,7 @@ def test_recipe_mistakes_are_refused_before_anything_starts(work, hermetic_home,
 @pytest.mark.parametrize("command, args, needle", [
     ("probe", ["--allocator", "huge"], "--allocator 'huge' is unknown"),
     ("probe", ["--precision", "tf16"], "--precision 'tf16' is unknown"),
+    ("probe", ["--trainer", "sft"], "--trainer 'sft' is unknown"),
     ("estimate", ["--liger"], "--liger: the estimator cannot trace Liger's Triton kernels"),
 ])
 def test_speed_lever_mistakes_are_one_line(work, hermetic_home, tiny_model, command, args, needle):

@@ -94,3 +94,20 @@ def test_print_best_says_what_won_how_fast_what_it_needs_and_how_to_hand_it_off(
     assert "confirmed: no, a tie: within the 2% noise of mb2x16" in str(best_of(config, confirmation=tied, **row))
     lora = str(best_of(ProbeConfig("gpt2", 4, 512, grad_accum=8, peft=peft_text("lora")), **row))
     assert "model = peft.get_peft_model(model, best.lora_config())" in lora
+
+
+def test_a_study_of_trls_step_is_handed_to_trl_and_warns_where_another_trainer_runs_it():
+    """The probes timed TRL's SFTTrainer step (--trainer trl): print(best) hands off to TRL, and
+    the formats whose run takes transformers' Trainer step say that neither its memory nor its
+    speed was measured; a study of Trainer's step handed to TRL says the converse."""
+    trl = best_of(ProbeConfig("gpt2", 4, 512, grad_accum=2, trainer="trl"))
+    text = str(trl)
+    assert ", trainer=trl" in text and "SFTConfig(output_dir=\"out\", **sft_config)" in text
+    assert "best.training_arguments(" not in text and "autotune train --study" not in text
+    for fmt in ("trainer-args", "cli", "accelerate", "axolotl", "llamafactory"):
+        assert any(note.startswith("warning: the probes timed TRL's SFTTrainer step") for note in trl.notes(fmt)), fmt
+    assert not any("SFTTrainer" in note for fmt in ("trl", "json", "yaml") for note in trl.notes(fmt))
+    plain = best_of(ProbeConfig("gpt2", 4, 512, grad_accum=2))
+    assert any(note.startswith("warning: the probes timed transformers' Trainer step, and --format trl runs TRL's")
+               for note in plain.notes("trl"))
+    assert not any("SFTTrainer" in note for note in plain.notes("trainer-args"))

@@ -32,15 +32,15 @@ LAYERS: list[set[str]] = [
     {"probe", "estimate", "store", "data", "launchers"},  # measuring, predicting, keeping; starting workers
     {"space"},
     {"models", "environment", "cpu_speed"},
-    {"config", "result", "paths", "tasks", "timing", "recipes", "speed", "sharding", "cards", "ranking", "verdict", "flops", "shapes"},
-    {"budget", "evaluation"},                    # what "fits" means, and which phases of the run it covers
+    {"config", "result", "paths", "tasks", "timing", "speed", "sharding", "cards", "ranking", "verdict", "flops", "shapes"},
+    {"budget", "evaluation", "recipes"},         # what "fits" means, which phases of the run it covers, what is trained
     {"units", "output", "yaml_text"},            # sizes; where a command's files are written; YAML without a library
     {"errors", "defaults", "status", "version", "processes", "deadline"},  # vocabulary everyone shares; process lifelines, deadlines
 ]
 # (importer unit, imported unit) pairs allowed within one layer: the estimator traces the probe's
 # own training step; the Markdown report says why as `autotune search` does and embeds the plot; the
 # CLI's `serve` starts the service, which reads each request as the CLI's own command reads its flags.
-SIDEWAYS = {("cli", "service"), ("service", "cli"), ("estimate", "probe"), ("config", "tasks"), ("config", "recipes"), ("config", "speed"), ("config", "sharding"),
+SIDEWAYS = {("cli", "service"), ("service", "cli"), ("estimate", "probe"), ("config", "tasks"), ("config", "speed"), ("config", "sharding"),
             ("markdown", "report"), ("markdown", "plot"), ("estimate_report", "report")}
 
 

@@ -174,12 +174,22 @@ def test_three_tools_files_state_one_recipe_and_get_the_winner_back_with_comment
     study, best = lora_study["study"], lora_study["best"]
     assert lora_study["status"] == "finished" and best["micro_batch"] * best["grad_accum"] == 8
     assert best["peft"].startswith("lora r=8 alpha=16 dropout=0.05 targets=all-linear")
-    for name, text in (("llamafactory.yml", LLAMAFACTORY), ("sft.yml", TRL_YAML)):
-        again = search(work, "--from", str(write(work, name, text)))
-        assert again["study"] == study and again["best"]["label"] == best["label"]  # the same recipe: nothing probed again
-    for name, tool in (("axolotl.yml", "axolotl"), ("llamafactory.yml", "llamafactory"), ("sft.yml", "trl")):
+    again = search(work, "--from", str(write(work, "llamafactory.yml", LLAMAFACTORY)))
+    assert again["study"] == study and again["best"]["label"] == best["label"]  # the same recipe: nothing probed again
+    # TRL's file states it too, but its SFTTrainer takes another step (TRL's fused LM head): the
+    # search times that step, in a study of its own; the Trainer's study handed to TRL says so.
+    sft = write(work, "sft.yml", TRL_YAML)
+    refused = invoke("search", "--from", str(sft), *SEARCH, "--db", work["db"])
+    assert refused.returncode == 2 and "targets=all-linear, not task" in refused.stderr
+    assert "targets=all-linear, trainer trl: its leaderboard would mix" in refused.stderr
+    trl_study = search(work, "--from", str(sft), "--study", "tiny-trl")
+    assert trl_study["best"]["trainer"] == "trl" and trl_study["best"]["label"].endswith(" trl")
+    warned = autotune("best", "--study", study, "--format", "trl", "--db", work["db"])
+    assert warned.returncode == 0 and "warning: the probes timed transformers' Trainer step" in warned.stderr
+    for name, tool, measured in (("axolotl.yml", "axolotl", study), ("llamafactory.yml", "llamafactory", study),
+                                 ("sft.yml", "trl", "tiny-trl")):
         path = work["base"] / name
-        diff, out = update(work, study, path)
+        diff, out = update(work, measured, path)
         before, after = yaml.safe_load(path.read_text()), yaml.safe_load(out.read_text())
         assert diffed_keys(diff) <= set(DECIDED[tool]) | {"flash_attention", "attn_implementation", "gradient_checkpointing"}
         assert {k: v for k, v in after.items() if k not in DECIDED[tool] and k not in ("flash_attention", "attn_implementation", "gradient_checkpointing")} \
@@ -197,7 +207,9 @@ def test_three_tools_files_state_one_recipe_and_get_the_winner_back_with_comment
     assert factory["disable_gradient_checkpointing"] == (not best["checkpointing"])
     assert factory["bf16"] is False  # the CPU study measured fp32: the file's bf16 is what it decided
     trl = yaml.safe_load((work["base"] / "tuned-sft.yml").read_text())
-    assert trl["attn_implementation"] == best["attention"] and trl["gradient_checkpointing"] == best["checkpointing"]
+    trl_best = trl_study["best"]  # (TRL's step, timed: its pick may differ from Trainer's)
+    assert trl["attn_implementation"] == trl_best["attention"]
+    assert trl["gradient_checkpointing"] == trl_best["checkpointing"]
 
 
 @pytest.mark.slow

@@ -134,7 +134,7 @@ def test_task_fields_defaults_and_refusals():
 def test_a_causal_lm_config_keeps_the_key_it_had_before_tasks():
     """Stored probes are found by key: the task fields at their causal-LM values leave it as it was."""
     config = ProbeConfig("gpt2", 8, 512, grad_accum=4, precision="bf16")
-    later = ("task", "target_length", "num_labels", "weights", "peft", "compile", "allocator", "liger",
+    later = ("task", "target_length", "num_labels", "weights", "peft", "trainer", "compile", "allocator", "liger",
              "eval_batch", "auto_eval_batch", "eval_logits", "eval_accumulation_steps", "generation_max_length",
              "generation_num_beams", "gpus", "strategy", "nodes")
     before = {k: v for k, v in config.to_dict().items() if k not in later}

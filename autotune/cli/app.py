@@ -35,6 +35,9 @@ STACK_HELP = ("Predict a run on older library versions than the installed ones, 
 WEIGHTS_HELP = "fp32 (master weights; mixed precision autocasts) or bf16 (pure bf16: weights, gradients, optimizer state)."
 ALLOCATOR_HELP = ("The CUDA caching allocator's setting: default, or expandable (expandable_segments:True in "
                   "PYTORCH_ALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF: less fragmentation, so reserved stays near allocated).")
+TRAINER_HELP = ("The trainer your run uses, whose step the probes time (a recipe lever): transformers (Trainer, "
+                "autotune train, axolotl, LLaMA-Factory) or trl (TRL's SFTTrainer: its fused LM head scores "
+                "entropy and accuracy every micro-step; causal LMs; needs trl). A --from TRL file sets trl.")
 LIGER_HELP = "Liger's Triton kernels (fused linear + cross-entropy, RMSNorm, RoPE, SwiGLU): CUDA and liger-kernel only."
 DB_HELP = "SQLAlchemy URL of the results database [default: $AUTOTUNE_DB, else a SQLite file in the user data directory]."
 

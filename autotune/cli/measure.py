@@ -21,7 +21,7 @@ from autotune.status import ProbeStatus
 @probe_settings_options
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
 def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, optimizer, weights, compile_,
-          allocator, liger, gpus, strategy, nodes, task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets,
+          allocator, liger, trainer, gpus, strategy, nodes, task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets,
           eval_batch, eval_logits, eval_accumulation_steps, generate, generation_max_length, num_beams, gpu_budget, device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
           max_compile_seconds, rendezvous, as_json):
     """Run one short, real training probe; exit status 0 if it fits, 1 if not."""
@@ -34,7 +34,7 @@ def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, 
                          target_length, num_labels, optimizer, weights,
                          peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets), compile_, allocator, liger,
                          evaluation_asked(eval_batch, eval_logits, eval_accumulation_steps, generate, generation_max_length,
-                                          num_beams), gpus, strategy, nodes, budget_bytes=budget)
+                                          num_beams), gpus, strategy, nodes, budget_bytes=budget, trainer=trainer)
     settings = make_settings(device, safety_margin, warmup_steps, measure_steps, measure_seconds, probe_timeout, trust_remote_code,
                              max_compile_seconds, rendezvous)
     check_cpu_ranks(config.gpus, settings.device)
@@ -68,7 +68,7 @@ def probe(model, micro_batch, block_size, grad_accum, precision, checkpointing, 
 @click.option("--stack", "stack_text", default=None, callback=lambda ctx, param, text: _stack_text(text), help=STACK_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print the estimate as one JSON object.")
 def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, optimizer, weights, compile_,
-             allocator, liger, gpus, strategy, nodes, task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets,
+             allocator, liger, trainer, gpus, strategy, nodes, task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets,
              eval_batch, eval_logits, eval_accumulation_steps, generate, generation_max_length, num_beams, gpu_budget,
              safety_margin, device_type, timeout_text, no_cache, trust_remote_code, stack_text, as_json):
     """Predict a configuration's training memory without a GPU; with --gpu-budget, exit 1 if it will not fit."""
@@ -87,7 +87,7 @@ def estimate(model, micro_batch, block_size, grad_accum, precision, checkpointin
                          peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets), compile_, allocator, liger,
                          evaluation_asked(eval_batch, eval_logits, eval_accumulation_steps, generate, generation_max_length,
                                           num_beams), gpus, strategy, nodes,
-                         budget_bytes=budget.total_bytes if budget is not None else None)
+                         budget_bytes=budget.total_bytes if budget is not None else None, trainer=trainer)
     # One trace: a line every 30 s in a pipe (a 7B model traces in about 15), so that a mistake the
     # trace finds (LoRA targets that match nothing) is still the one line a script reads.
     with trace_progress(quiet=as_json, what=f"tracing {config.label()}", every=30.0):

@@ -8,7 +8,7 @@ import re
 import click
 
 from autotune import defaults
-from autotune.cli.app import ALLOCATOR_HELP, DB_HELP, DEVICE_HELP, LIGER_HELP, OPTIMIZER_HELP, WEIGHTS_HELP
+from autotune.cli.app import ALLOCATOR_HELP, DB_HELP, DEVICE_HELP, LIGER_HELP, OPTIMIZER_HELP, TRAINER_HELP, WEIGHTS_HELP
 from autotune.units import INT64_MAX, MAX_SECONDS, MAX_STEPS, parse_duration
 
 
@@ -184,6 +184,7 @@ def config_options(func):
                      help="torch.compile the model (inductor); its compile time is reported apart from the timing."),
         click.option("--allocator", default="default", show_default=True, help=ALLOCATOR_HELP),
         click.option("--liger/--no-liger", default=False, show_default=True, help=LIGER_HELP),
+        click.option("--trainer", default=None, help=TRAINER_HELP + " [default: transformers]"),
         click.option("--gpus", type=COUNT, default=1, show_default=True, help=GPUS_HELP),
         click.option("--strategy", default=None, help=STRATEGY_HELP),
         click.option("--nodes", type=COUNT, default=1, show_default=True, help=NODES_HELP),
@@ -254,19 +255,21 @@ def _eval_batch(text: str | None) -> int | str | None:
 
 def make_config(model, micro_batch, block_size, grad_accum, precision, checkpointing, attention, task, target_length,
                 num_labels, optimizer=defaults.OPTIMIZER, weights="fp32", peft=None, compile_=False, allocator="default",
-                liger=False, evaluation=None, gpus=1, strategy=None, nodes=1, budget_bytes=None):
+                liger=False, evaluation=None, gpus=1, strategy=None, nodes=1, budget_bytes=None, trainer=None):
     """The one config `probe` and `estimate` are about, checked before any process starts; with
     `budget_bytes`, its tables too (the embedding, a learned position table, a classification head
     of --num-labels: ModelSpec.check_shapes)."""
     from autotune.config import ProbeConfig
     from autotune.models import resolve_model
+    from autotune.recipes import DEFAULT_TRAINER
     from autotune.space import single_config
 
     # The levers are checked before the model is looked for (a typo answers without a hub lookup).
     levers = dict(micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum, precision=precision.lower(),
                   checkpointing=checkpointing, attention=attention.lower(), optimizer=optimizer.strip().lower(),
                   weights=weights.strip().lower(), peft=peft, compile=compile_, allocator=allocator.strip().lower(),
-                  liger=liger, gpus=gpus, strategy=strategy.strip().lower() if strategy else None, nodes=nodes)
+                  liger=liger, gpus=gpus, strategy=strategy.strip().lower() if strategy else None, nodes=nodes,
+                  trainer=trainer.strip().lower() if trainer else DEFAULT_TRAINER)
     ProbeConfig(model=model, **levers)
     spec = resolve_model(model)
     config = single_config(spec, task=task, target_length=target_length, num_labels=num_labels, evaluation=evaluation,
@@ -396,6 +399,7 @@ def space_options(func):
         click.option("--allocators", default="default", show_default=True,
                      help="CUDA allocator settings to try: default, expandable (expandable_segments:True), or both."),
         click.option("--liger", default="off", show_default=True, help="Liger's kernels (CUDA, liger-kernel): off, on or off,on."),
+        click.option("--trainer", default=None, help=TRAINER_HELP + " [default: transformers, or the --from file's tool]"),
         click.option("--gpus", type=COUNT, default=1, show_default=True, help=GPUS_HELP),
         click.option("--nodes", type=COUNT, default=1, show_default=True, help=NODES_HELP),
         click.option("--strategies", default=None,
@@ -416,7 +420,7 @@ def on_off_list(text: str, flag: str) -> tuple[bool, ...]:
 
 
 def space_arguments(*, micro_batches, block_sizes, precisions, checkpointing_, attention, optimizers, weights_,
-                    compile_, allocators, liger, effective_batch, effective_tokens, task, target_length, num_labels,
+                    compile_, allocators, liger, trainer, effective_batch, effective_tokens, task, target_length, num_labels,
                     peft, lora_rank, lora_alpha, lora_dropout, lora_targets, eval_batch=None, eval_logits=None,
                     eval_accumulation_steps=None, generate=False, generation_max_length=None, num_beams=None, gpus=1,
                     strategies=None, nodes=1, dataset=None, text_column=None, target_column=None, label_column=None,
@@ -443,6 +447,7 @@ def space_arguments(*, micro_batches, block_sizes, precisions, checkpointing_, a
         optimizers=parse_choice_list(optimizers, flag="--optimizers", allowed=(*OPTIMIZERS, *OPTIMIZER_ALIASES)),
         weights=parse_choice_list(weights_, flag="--weights", allowed=WEIGHTS),
         peft=peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets),
+        trainer=trainer.strip().lower() if trainer else None,
         compiles=on_off_list(compile_, "--compile"),
         allocators=parse_choice_list(allocators, flag="--allocators", allowed=tuple(ALLOCATORS)),
         ligers=on_off_list(liger, "--liger"),

@@ -1,6 +1,6 @@
 """Make a trace on fake CPU tensors allocate what a CUDA run allocates.
 
-Three places where PyTorch's CPU and CUDA paths differ in memory, each emulated here (imported
+Four places where PyTorch's CPU and CUDA paths differ in memory, each emulated here (imported
 only by the trace child; it imports torch):
 
 1. Dropout. On CUDA, `F.dropout` in training runs the fused `native_dropout`, which keeps a
@@ -18,10 +18,18 @@ only by the trace child; it imports torch):
    key. Ops that only the CPU list casts get a pass-through kernel, so CPU autocast behaves as
    CUDA autocast. Matrix products on both lists keep CPU's C++ kernels, which do the same
    lower-precision cast and cache the weight casts as CUDA does.
+4. TRL's chunked log-probabilities (`--trainer trl`). On CUDA its Triton kernels fold each tile of
+   logits into running statistics in place, write the tile's gradient in place, and accumulate the
+   gradient products into fp32 with `addmm(out_dtype=float32, out=...)`; without Triton (a CPU
+   trace) TRL folds in torch, with several tile-sized fp32 temporaries (a tile is 4,096 tokens x
+   32,768 vocabulary columns: 512 MiB each), and casts both factors to fp32. Those three functions
+   of `trl.kernels.chunked_logprob` are replaced by ones that allocate nothing, as the kernels do
+   (the values are fake).
 """
 
 from __future__ import annotations
 
+import sys
 import warnings
 from typing import Any
 
@@ -176,11 +184,22 @@ class CudaKernels:
         self._orig_dropout = F.dropout
         self._orig_torch_dropout = torch.dropout
         self._orig_sdpa = F.scaled_dot_product_attention
-        for owner, name, fn in ((F, "dropout", self._dropout), (torch, "dropout", self._torch_dropout),
-                                (F, "scaled_dot_product_attention", self._sdpa)):
+        patches: list[tuple[object, str, Any]] = [
+            (F, "dropout", self._dropout), (torch, "dropout", self._torch_dropout),
+            (F, "scaled_dot_product_attention", self._sdpa)]
+        # (imported before the trace where the config needs it: autotune.probe.step.import_recipe_code)
+        if (chunked := sys.modules.get("trl.kernels.chunked_logprob")) is not None:
+            patches += [(chunked, name, self._in_place(name)) for name in ("_forward_tile", "_backward_tile", "_addmm_fp32")]
+        for owner, name, fn in patches:
             self._saved.append((owner, name, getattr(owner, name)))
             setattr(owner, name, fn)
         return self
+
+    def _in_place(self, name: str):
+        """A stand-in for one of TRL's tile functions that allocates nothing (module docstring, 4)."""
+        def kernel(*args, **kwargs) -> None:
+            self._count(f"trl{name}")
+        return kernel
 
     def __exit__(self, *exc: object) -> None:
         while self._saved:

@@ -18,7 +18,8 @@ from autotune.budget import Budget, required_bytes
 from autotune.environment import openmp_of, openmp_text
 from autotune.errors import BadInput, StudyNotFound
 from autotune.handoff import later_phases, loss_scaling, ranks, scripts, tools
-from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec, bnb_4bit_kwargs, is_qlora, memory_caveats
+from autotune.recipes import (DEFAULT_TRAINER, OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec, bnb_4bit_kwargs, is_qlora,
+                              memory_caveats)
 from autotune.status import ProbeStatus, StudyStatus
 from autotune.store import LeaderboardRow, ProbeRecord, StudyRecord, open_store
 from autotune.tasks import AUTO_CLASSES, EXAMPLE_SCRIPTS, MLM_PROBABILITY, Task
@@ -106,7 +107,8 @@ class BestConfig:
             f"  model:     {c.model} ({task}), measured on {self.device_type}",
             f"  levers:    micro_batch={c.micro_batch}, grad_accum={c.grad_accum}, precision={c.precision}, "
             f"checkpointing={c.checkpointing}, block_size={c.block_size}, attention={c.attention}, optimizer={c.optimizer}"
-            + (f", weights={c.weights}" if c.weights != "fp32" else "") + (f", peft={c.peft}" if c.peft else ""),
+            + (f", weights={c.weights}" if c.weights != "fp32" else "") + (f", peft={c.peft}" if c.peft else "")
+            + (f", trainer={c.trainer}" if c.trainer != DEFAULT_TRAINER else ""),
             *settings,
             *ranks.summary_lines(c, row.study, self.device_type),
             f"  speed:     {speed}",
@@ -119,12 +121,19 @@ class BestConfig:
             *(f"  note:      {caveat}" for caveat in memory_caveats(c.optimizer)),
             *(f"  note:      {note}" for note in [loss_scaling.loss_fix_note(c.task, c.grad_accum)] if note),
             *(f"  environment: {name}={value}" for name, value in self.environment().items()),
-            f"  hand-off:  args = best.training_arguments(output_dir=\"out\"){args_class}",
-            f"             model = best.load_model({json.dumps(c.model)})  # or a PretrainedConfig: from_config, random weights",
-            *lora,
-            f"             or `autotune train --study {row.study} --dataset ...`; flags for {EXAMPLE_SCRIPTS[Task(c.task)]}: "
-            f"`autotune best --study {row.study} --format cli`",
+            *self._handoff_lines(lora, args_class),
         ])
+
+    def _handoff_lines(self, lora: list[str], args_class: str) -> list[str]:
+        """How to run the pick with the trainer whose step the probes timed."""
+        c, study = self.config, self.row.study
+        model = f"             model = best.load_model({json.dumps(c.model)})  # or a PretrainedConfig: from_config, random weights"
+        if c.trainer == "trl":
+            return [f"  hand-off:  TRL's SFTTrainer (its step was timed): trl.SFTConfig(output_dir=\"out\", **sft_config), "
+                    f"sft_config from `autotune best --study {study} --format trl`", model, *lora]
+        return [f"  hand-off:  args = best.training_arguments(output_dir=\"out\"){args_class}", model, *lora,
+                f"             or `autotune train --study {study} --dataset ...`; flags for {EXAMPLE_SCRIPTS[Task(c.task)]}: "
+                f"`autotune best --study {study} --format cli`"]
 
     def __repr__(self) -> str:
         return str(self)
@@ -413,13 +422,17 @@ class BestConfig:
 
     def notes(self, fmt: str) -> list[str]:
         """What `autotune best` says beside the document (on stderr): what the format cannot say,
-        a pick the confirmation round could not tell apart, the optimizer's memory caveats."""
-        from autotune.recipes import memory_caveats
+        a pick the confirmation round could not tell apart, a format that runs another trainer than the
+        probes timed, the optimizer's memory caveats."""
+        from autotune.recipes import FORMAT_TRAINERS, memory_caveats, trainer_caveat
         from autotune.verdict import unreliable_warning
 
         said = [f"note: {caveat}" for caveat in (self.cli_caveats() if fmt == "cli" else [])]
         if (warning := unreliable_warning(self.confirmation)) is not None:
             said.append(f"warning: {warning}")
+        runs = FORMAT_TRAINERS.get(fmt)
+        if runs is not None and (caveat := trainer_caveat(self.config.trainer, runs, f"--format {fmt}")) is not None:
+            said.append(f"warning: {caveat}")
         return said + [f"note: {caveat}" for caveat in memory_caveats(self.config.optimizer)]
 
     def render(self, fmt: str) -> str:

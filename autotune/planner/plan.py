@@ -190,8 +190,12 @@ def make_plan(spec: ModelSpec, space: SearchSpace, target: Target, *, exact: boo
             from autotune.planner.speed import predict_speed
 
             item.speed = predict_speed(item.config, dims, target.card, item.estimate, stack)
-    plan = Plan(spec.reference, target, space, _ranked(planned, target), traces=traces,
-                notes=(stack or Stack()).notes())
+    notes = (stack or Stack()).notes()
+    if space.trainer == "trl" and dims is not None:
+        # (its memory is traced through TRL's own head; its speed model is Trainer's step)
+        notes.append("--trainer trl: the speeds predict transformers' Trainer step; TRL's fused LM head also scores "
+                     "each token's entropy and accuracy, work the speed model leaves out (a search measures it)")
+    plan = Plan(spec.reference, target, space, _ranked(planned, target), traces=traces, notes=notes)
     if store is not None:
         plan.study = _compare(plan, store, spec, study)
     plan.seconds = time.perf_counter() - started

@@ -141,6 +141,8 @@ def import_recipe_code(config: ProbeConfig) -> None:
         import_quantizer()
     if config.optimizer == "adafactor":
         import transformers.optimization  # noqa: F401
+    if config.trainer == "trl":
+        import trl.trainer.utils  # noqa: F401
     if OPTIMIZERS[config.optimizer].needs == "bitsandbytes":
         with contextlib.suppress(ImportError):  # (reported as the probe's skip reason)
             import bitsandbytes  # noqa: F401
@@ -150,7 +152,11 @@ def check_recipe(config: ProbeConfig, device: torch.device) -> None:
     """BadInput for a recipe this machine cannot train at all: PEFT without peft installed, QLoRA
     (a 4-bit base through bitsandbytes) without bitsandbytes or CUDA. (bitsandbytes also has CPU
     kernels for 4 bits, and tests build QLoRA's base on CPU with this check lifted; but a QLoRA
-    fine-tune is a GPU's job, and what its probe measured on a CPU would tell no card anything.)"""
+    fine-tune is a GPU's job, and what its probe measured on a CPU would tell no card anything.)
+    `--trainer trl` needs trl: its step is TRL's own fused LM head."""
+    if config.trainer == "trl" and importlib.util.find_spec("trl") is None:
+        raise BadInput("--trainer trl times TRL's SFTTrainer step, which needs trl: pip install trl (or "
+                       "--trainer transformers).")
     if config.peft is None:
         return
     lora_config(config)  # (peft installed)
@@ -294,12 +300,46 @@ TRAINER_MAX_GRAD_NORM = 1.0
 TRAINER_SCHEDULE_STEPS = 1000  # the linear schedule's length: its value changes nothing timed
 
 
+class TrlLoss:
+    """TRL's SFTTrainer's loss, as its `compute_loss` runs it (TRL 1.16, trainer/sft_trainer.py): the
+    model patched with TRL's own fused LM head (`add_fused_lm_head`, from the installed trl, with the
+    outputs SFTTrainer asks for), which scores the log-probabilities in chunks without the full
+    logits and also each token's entropy and whether its top-1 is right; then, before the backward,
+    the metrics SFTTrainer logs read to the host: tokens scored (`num_valid > 0`), mean entropy, token
+    accuracy and, where the batch has a mask, its tokens. Those reads wait for the forward, every
+    micro-step: on a card the host can no longer run ahead."""
+
+    OUTPUTS = ("log_probs", "entropy", "is_top1")  # SFTTrainer's: `is_top1` feeds mean_token_accuracy
+
+    def __init__(self, model) -> None:
+        from trl.trainer.utils import add_fused_lm_head
+
+        # SFTTrainer patches the base model under PEFT's wrapper, and the module a DDP wrapper holds.
+        target = model.module if hasattr(model, "module") else model
+        add_fused_lm_head(target.get_base_model() if hasattr(target, "get_base_model") else target,
+                          outputs=self.OUTPUTS)
+
+    def __call__(self, forward, batch: dict, reads_values: bool) -> torch.Tensor:
+        outputs = forward(**batch, fused_lm_head=True)  # (which turns the cache off, as SFTTrainer does)
+        loss = -outputs.log_probs.sum() / outputs.label_mask.sum().clamp(min=1)
+        if reads_values:
+            num_valid = outputs.label_mask.sum()
+            entropy_sum, num_correct = outputs.entropy.detach().sum(), outputs.is_top1.sum()
+            if num_valid > 0:
+                (entropy_sum / num_valid).item()
+                (num_correct / num_valid).item()
+            if "attention_mask" in batch:
+                batch["attention_mask"].sum().item()
+        return loss
+
+
 class ProbeStep:
     """One optimizer step of a probe as Trainer runs it: `grad_accum` micro-steps, each followed by
     Trainer's check that the loss is finite (a read of its value); then, on one rank, the gradients
     clipped to TRAINER_MAX_GRAD_NORM, the optimizer, the learning-rate schedule and zeroed
-    gradients. `reads_values`: False where the step is traced on fake tensors (the estimator), whose
-    values cannot be read; what the reads hold is a few scalars."""
+    gradients. With `config.trainer` "trl", each micro-step's loss is TRL's SFTTrainer's (TrlLoss).
+    `reads_values`: False where the step is traced on fake tensors (the estimator), whose values
+    cannot be read; what the reads hold is a few scalars."""
 
     def __init__(self, model, optimizer, config: ProbeConfig, device: torch.device, vocab_size: int,
                  reads_values: bool = True):
@@ -311,6 +351,7 @@ class ProbeStep:
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: max(0.0, 1 - step / TRAINER_SCHEDULE_STEPS))
         self.forward = model  # compile_forward() swaps in the compiled model (--compile)
+        self.trl_loss = TrlLoss(model) if config.trainer == "trl" else None
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
         self.autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else contextlib.nullcontext
         self.scaler = torch.amp.GradScaler(device.type) if config.precision == "fp16" else None
@@ -334,7 +375,11 @@ class ProbeStep:
             last = micro == self.config.grad_accum - 1
             with (self.deferred_sync() if self.deferred_sync is not None and not last else contextlib.nullcontext()):
                 with self.autocast():
-                    loss = self.forward(**self.batches[micro % 2]).loss / self.config.grad_accum
+                    batch = self.batches[micro % 2]
+                    if self.trl_loss is not None:
+                        loss = self.trl_loss(self.forward, batch, self.reads_values) / self.config.grad_accum
+                    else:
+                        loss = self.forward(**batch).loss / self.config.grad_accum
                 if self.scaler is not None:
                     self.scaler.scale(loss).backward()
                 else:

@@ -3,10 +3,11 @@
 A TRL config (SFTConfig's fields, with ModelConfig's when it is `trl sft --config`'s YAML), an axolotl
 YAML, a LLaMA-Factory YAML or a TrainingArguments JSON says what is trained: the model, the sequence
 length, the effective batch (micro-batch x accumulation x ranks), LoRA/QLoRA, the optimizer, bf16
-weights, evaluation. Those become the flags that fix the search's recipe (`--model`, `--block-sizes`,
-`--effective-batch`, `--peft`...), so the command line's own checks read them; the free levers the
-file also sets (its micro-batch, precision, checkpointing, attention, compile) are what the search is
-for, and are searched. What the file asks that autotune cannot measure is refused in one line when
+weights, evaluation, and (a TRL file) that SFTTrainer's step is the one to time. Those become the
+flags that fix the search's recipe (`--model`, `--block-sizes`, `--effective-batch`, `--peft`...,
+`--trainer trl`), so the command line's own checks read them; the free levers the file also sets
+(its micro-batch, precision, checkpointing, attention, compile) are what the search is for, and are
+searched. What the file asks that autotune cannot measure is refused in one line when
 it changes what is trained (another adapter, a reward stage, an 8-bit base); what it can only
 approximate is said, one line each, before anything runs.
 
@@ -143,6 +144,7 @@ class _Recipe:
         self.bf16_weights = False
         self.evaluation: dict[str, str | bool] = {}
         self.trust_remote_code = False
+        self.trainer: str | None = None     # whose step the run takes, where not transformers' Trainer's
         self.sources: dict[str, str] = {}
         self.said: list[str] = []
 
@@ -203,6 +205,8 @@ class _Recipe:
         flags.update(self.evaluation)
         if self.trust_remote_code:
             flags["trust_remote_code"] = True
+        if self.trainer is not None:
+            flags["trainer"] = self.trainer
         return RecipeFile(self.path, tool, text, self.document, flags, dict(self.sources), tuple(self.said))
 
 
@@ -320,6 +324,7 @@ def _llamafactory(r: _Recipe) -> None:
 # --- TRL (SFTConfig, and ModelConfig in `trl sft --config`'s YAML) ---------------------------------------
 
 def _trl(r: _Recipe) -> None:
+    r.trainer, r.sources["trainer"] = "trl", "being a TRL config (SFTTrainer's step)"
     if "model_name_or_path" in r.document:
         r.model, r.sources["model"] = r.get("model_name_or_path"), "model_name_or_path"
     if "max_length" in r.document or "max_seq_length" not in r.document:

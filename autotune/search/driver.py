@@ -23,6 +23,7 @@ from autotune.search.worker_state import WorkerState, worker_label
 from autotune.status import RETRYABLE, ClaimState
 from autotune.store import Store
 from autotune.evaluation import EVAL_RECIPE
+from autotune.recipes import DEFAULT_TRAINER
 from autotune.tasks import stored_fixed_recipe
 
 Predictor = Callable[[list[ProbeConfig], str], dict[str, Prediction]]
@@ -144,8 +145,8 @@ def _check_resumable(store: Store, request: SearchRequest) -> None:
     stored = stored_fixed_recipe(study.space)
     if request.space.fixed_recipe != stored:
         def listed(fields: dict) -> str:
-            # The fields at the plain recipe's value (no evaluation) go unsaid.
+            # The fields at the plain recipe's value (no evaluation, Trainer's step) go unsaid.
             return ", ".join(f"{k} {v}" for k, v in fields.items() if v is not None and
-                             (k not in EVAL_RECIPE or v != EVAL_RECIPE[k]))
+                             (k not in EVAL_RECIPE or v != EVAL_RECIPE[k]) and (k != "trainer" or v != DEFAULT_TRAINER))
         raise BadInput(f"study {name!r} measured {listed(stored)}, not {listed(request.space.fixed_recipe)}: its leaderboard "
                        f"would mix what is trained; give a new --study name.")

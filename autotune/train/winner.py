@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.errors import BadInput, BudgetError, ModelNotFound, StudyNotFound
 from autotune.evaluation import AUTO, EVAL_RECIPE, LOSS_ONLY, eval_problems, recipe_fields
+from autotune.recipes import DEFAULT_TRAINER, trainer_caveat
 from autotune.status import StopReason, StudyStatus
 from autotune.tasks import Task, resolve_task, stored_fixed_recipe
 from autotune.units import format_size
@@ -50,11 +51,12 @@ class FixedRecipe:
     peft: str | None = None
     # autotune.evaluation.EVAL_RECIPE's fields, as the study's probes measured them.
     evaluation: dict[str, Any] = field(default_factory=lambda: dict(EVAL_RECIPE))
+    trainer: str = DEFAULT_TRAINER  # whose step the probes timed: `train` runs transformers' Trainer
 
     @classmethod
     def of_config(cls, config: ProbeConfig) -> FixedRecipe:
         return cls(config.task, config.target_length, config.num_labels, config.peft,
-                   {name: getattr(config, name) for name in EVAL_RECIPE})
+                   {name: getattr(config, name) for name in EVAL_RECIPE}, config.trainer)
 
     @classmethod
     def of_study(cls, study: StudyRecord) -> FixedRecipe:
@@ -62,7 +64,8 @@ class FixedRecipe:
         # without evaluation has none of its fields.
         fields = stored_fixed_recipe(study.space or {})
         return cls(**{name: fields[name] for name in _TASK_FIELDS},
-                   evaluation={name: fields.get(name, default) for name, default in EVAL_RECIPE.items()})
+                   evaluation={name: fields.get(name, default) for name, default in EVAL_RECIPE.items()},
+                   trainer=fields["trainer"])
 
     def search_fields(self) -> dict[str, Any]:
         """The recipe as `search_for_winner` takes it: the task's fields and `peft` where set, and
@@ -78,7 +81,10 @@ class FixedRecipe:
         """BadInput for a flag that contradicts what study `study` measured. `peft` is the --peft
         flags' stored text (autotune.recipes.peft_text): the adapters are part of what is trained.
         `evaluation`: the evaluation flags as given (cli.options.evaluation_asked); those left out
-        take the study's."""
+        take the study's. `train` runs transformers' Trainer: a study that timed another trainer's
+        step measured neither its memory nor its speed."""
+        if (caveat := trainer_caveat(self.trainer, DEFAULT_TRAINER, "autotune train")) is not None:
+            raise BadInput(f"study {study!r}: {caveat}.")
         if task is not None and resolve_task({}, task, study) != self.task:
             raise BadInput(f"--task {task} contradicts study {study!r}, which measured {self.task}; leave --task out to "
                            f"train {self.task}, or search for {task.strip().lower()} under a new --study name.")

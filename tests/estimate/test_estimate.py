@@ -52,6 +52,9 @@ CPU_CASES = [
     {"weights": "bf16", "precision": "bf16"},
     {"peft": peft_text("lora")},
     {"peft": peft_text("lora", rank=4, targets="c_attn"), "weights": "bf16", "precision": "bf16", "checkpointing": True},
+    # TRL's SFTTrainer step: its own fused LM head (trl installed), traced as the probe runs it.
+    {"trainer": "trl"},
+    {"trainer": "trl", "peft": peft_text("lora"), "precision": "bf16", "grad_accum": 2},
 ]
 
 

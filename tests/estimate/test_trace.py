@@ -39,6 +39,29 @@ def test_cuda_emulation_picks_cuda_kernels():
     assert eager.kernels["native_dropout"] == 1 + 2 * 3  # the attention weights' dropout too
 
 
+def test_trls_tiles_fold_in_place_on_cuda_as_its_triton_kernels_do():
+    """--trainer trl on a card: TRL's Triton kernels fold each tile of logits in place, where the
+    torch fold a CPU trace would run makes tile-sized fp32 temporaries (estimate/cuda.py, 4). With a
+    vocabulary of 50,257 the fused head holds less than Trainer's full logits."""
+    pytest.importorskip("trl")
+    config = {**TINY_GPT2, "vocab_size": 50257}
+
+    def traced(device_type: str, trainer: str) -> TraceResult:
+        levers = ProbeConfig(model="tiny", micro_batch=2, block_size=128, precision="bf16", trainer=trainer)
+        return trace(TraceItem(config=levers, model_config=config, model_path=None), device_type)
+
+    trl, plain, trl_cpu = traced("cuda", "trl"), traced("cuda", "transformers"), traced("cpu", "trl")
+    # One traced step (the second is its copy): 50,257 columns in two tiles of up to 32,768, each
+    # folded forward and backward, each backward tile accumulating two products (hidden, weight).
+    assert {k: v for k, v in trl.kernels.items() if k.startswith("trl")} == {
+        "trl_forward_tile": 2, "trl_backward_tile": 2, "trl_addmm_fp32": 4}
+    assert not any(k.startswith("trl") for k in plain.kernels)
+    assert trl.peak_bytes < plain.peak_bytes
+    # The CPU fold's temporaries, which the card's kernels do not make: at least two fp32 tiles of
+    # 254 tokens x 32,768 columns.
+    assert trl_cpu.peak_bytes - trl.peak_bytes > 2 * 254 * 32768 * 4
+
+
 @pytest.mark.parametrize("device_type, levers", [
     ("cpu", {"precision": "fp32"}),
     ("cuda", {"precision": "fp32"}),
@@ -48,6 +71,7 @@ def test_cuda_emulation_picks_cuda_kernels():
     ("cuda", {"peft": "lora r=8 alpha=16 dropout=0.05 targets=all-linear", "checkpointing": True}),
     ("cpu", {"optimizer": "adamw", "grad_accum": 2}),
     ("cuda", {"optimizer": "sgd", "weights": "bf16", "precision": "bf16"}),
+    ("cuda", {"trainer": "trl", "precision": "bf16", "grad_accum": 2}),
 ], ids=lambda v: v if isinstance(v, str) else " ".join(f"{k}={x}" for k, x in v.items()))
 def test_the_second_step_copied_from_the_first_equals_the_second_step_traced(monkeypatch, device_type, levers):
     """What makes a trace half as long (trace.REPEAT_FIRST_STEP): every replayed figure of the

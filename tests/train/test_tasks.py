@@ -274,6 +274,14 @@ def test_flags_may_repeat_a_study_but_not_contradict_it():
         measured.check("s2s", task="nonsense")
 
 
+def test_train_refuses_a_study_that_timed_trls_step():
+    """`train` runs transformers' Trainer: a study of TRL's SFTTrainer step measured neither its
+    memory (Trainer holds the full logits) nor its speed."""
+    with pytest.raises(BadInput, match="study 'sft': the probes timed TRL's SFTTrainer step .* hand the pick to TRL"):
+        FixedRecipe("causal-lm", trainer="trl").check("sft")
+    FixedRecipe("causal-lm").check("plain")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("family, data, auto_class, class_name", [
     ("pegasus", "pairs", "AutoModelForSeq2SeqLM", "PegasusForConditionalGeneration"),
