@@ -8,7 +8,7 @@ of its own step (`--trainer trl`, a study of its own), the others against Traine
 once, then every config again in reverse) and each figure is the median of its processes.
 
     python -m benchmarks.run_vs_probe [--out DIR] [--steps 60] [--micro-batches 1,4,8] [--repeats 2]
-                                      [--runs trainer,trl,train] [--task causal-lm|classification]
+                                      [--runs trainer,trl,train] [--task causal-lm|classification] [--reprobe]
 
 `--task classification`: a 4-layer BERT classifier of 3 labels instead, on short reviews of mixed
 lengths padded to the block size as transformers' run_classification.py pads them
@@ -198,6 +198,19 @@ def trl_in_process(db: str, study: str, work: str, steps: int, sft_config: dict)
     return {"tokens_per_s": steady, "torch_threads": torch.get_num_threads()}
 
 
+def run_probe(work: Path, db: str, study: str, steps: int, measure_seconds: float = 3.0) -> float:
+    """The study's config probed again in a fresh process (`autotune probe`), so that the probe's
+    figure is, like each run's, the median of processes measured in the same interleaved order, not
+    the one window of the search's process."""
+    c = json.loads(autotune("best", "--study", study, "--db", db, "--format", "json"))
+    recipe = ["--task", c["task"]] + (["--num-labels", str(c["num_labels"])] if c["num_labels"] else [])
+    out = autotune("probe", "--model", c["model"], "--micro-batch", str(c["micro_batch"]), "--block-size",
+                   str(c["block_size"]), "--grad-accum", str(c["grad_accum"]), "--precision", c["precision"],
+                   "--attention", c["attention"], "--trainer", c["trainer"], *recipe, "--gpu-budget", "4GiB",
+                   "--device", "cpu", "--measure-seconds", str(measure_seconds), "--json")
+    return json.loads(out)["tokens_per_s"]
+
+
 def run_train(work: Path, db: str, study: str, steps: int) -> float:
     classifier = (work / "data" / "reviews.csv").exists()
     data = (["--dataset", str(work / "data" / "reviews.csv"), "--tokenizer", str(work / "model")] if classifier else
@@ -209,6 +222,8 @@ def run_train(work: Path, db: str, study: str, steps: int) -> float:
 
 
 RUNS = {"trainer": run_trainer, "trl": run_trl, "train": run_train}
+# With --reprobe, each trainer's probe again in fresh processes, interleaved with the runs.
+PROBES = {"transformers": "probe", "trl": "probe_trl"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,6 +236,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", default=None,
                         help=f"which runs (default {','.join(RUNS)}; trainer,train for a classifier)")
     parser.add_argument("--task", default="causal-lm", choices=("causal-lm", "classification"))
+    parser.add_argument("--reprobe", action="store_true",
+                        help="probe each config again in a fresh process beside each repeat of the runs: the probe's "
+                             "figure becomes the median of its processes too")
     args = parser.parse_args(argv)
     classifier = args.task == "classification"
     runs = (args.runs or ("trainer,train" if classifier else ",".join(RUNS))).split(",")
@@ -239,26 +257,36 @@ def main(argv: list[str] | None = None) -> int:
     probes = {(mb, trainer): probe(work, db, mb, args.measure_seconds, args.task, trainer)
               for trainer in dict.fromkeys(trainers.values()) for mb in micro_batches}
     measured: dict[tuple[int, str], list[float]] = {}
-    order = [(mb, kind) for mb in micro_batches for kind in runs]
+    kinds = runs + ([PROBES[trainer] for trainer in dict.fromkeys(trainers.values())] if args.reprobe else [])
+    order = [(mb, kind) for mb in micro_batches for kind in kinds]
     for repeat in range(args.repeats):
         for mb, kind in order if repeat % 2 == 0 else reversed(order):
-            probed = probes[(mb, trainers[kind])]
-            figure = RUNS[kind](work, db, probed["study"], args.steps)
+            reprobed = next((t for t, name in PROBES.items() if name == kind), None)
+            probed = probes[(mb, reprobed or trainers[kind])]
+            if reprobed is not None:
+                figure = run_probe(work, db, probed["study"], args.steps, args.measure_seconds)
+            else:
+                figure = RUNS[kind](work, db, probed["study"], args.steps)
             measured.setdefault((mb, kind), []).append(figure)
             print(f"mb{mb} {kind}: {figure:,.0f} tokens/s (probe {probed['tokens_per_s']:,.0f})", file=sys.stderr)
     rows = []
     for mb in micro_batches:
         row = {"micro_batch": mb, "label": probes[(mb, trainers[runs[0]])]["label"]}
         for trainer in dict.fromkeys(trainers.values()):
-            row["probe" if trainer == "transformers" else f"probe_{trainer}"] = probes[(mb, trainer)]["tokens_per_s"]
+            # The search's window, or with --reprobe the median of the probe's processes.
+            name = PROBES[trainer]
+            row[f"{name}_search"] = probes[(mb, trainer)]["tokens_per_s"]
+            row[name] = statistics.median(measured[(mb, name)]) if args.reprobe else row[f"{name}_search"]
+            if args.reprobe:
+                row[f"{name}_processes"] = measured[(mb, name)]
         for kind in runs:
             figures = measured[(mb, kind)]
             row[kind] = statistics.median(figures)
             row[f"{kind}_processes"] = figures
-            row[f"{kind}_vs_probe"] = round(row[kind] / row["probe" if trainers[kind] == "transformers" else "probe_trl"], 3)
+            row[f"{kind}_vs_probe"] = round(row[kind] / row[PROBES[trainers[kind]]], 3)
         rows.append(row)
     first = rows[0]
-    columns = [name for name in ("probe", "probe_trl") if name in first] + runs
+    columns = [name for name in PROBES.values() if name in first] + runs
     ratios = {f"mb{row['micro_batch']}/mb{first['micro_batch']}": {kind: round(row[kind] / first[kind], 3)
                                                                    for kind in columns} for row in rows[1:]}
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host_cpus": os.cpu_count(),
