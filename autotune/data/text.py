@@ -371,7 +371,10 @@ def _pack(dataset, tokenizer, column: str, block_size: int):
         ids = [token for seq in batch["input_ids"] for token in seq]
         usable = len(ids) // block_size * block_size
         blocks = [ids[i:i + block_size] for i in range(0, usable, block_size)]
-        return {"input_ids": blocks, "labels": [list(b) for b in blocks]}
+        # The all-ones mask run_clm.py's group_texts keeps (the tokenizer's) and TRL's collator makes:
+        # what the probes' packed batches carry (autotune.probe.step.synthetic_batch).
+        return {"input_ids": blocks, "attention_mask": [[1] * block_size for _ in blocks],
+                "labels": [list(b) for b in blocks]}
 
     tokenized = dataset.map(tokenize, batched=True, remove_columns=dataset.column_names, desc="Tokenizing")
     tokens = sum(len(ids) for ids in tokenized["input_ids"])

@@ -208,13 +208,16 @@ def synthetic_batch(config: ProbeConfig, vocab_size: int, device: torch.device) 
     fake tensors trace it exactly.
 
     - causal-lm: labels are the input ids (the model shifts them), as run_clm.py packs blocks: no
-      padding, so no attention mask.
+      padding, but an attention mask of ones, which run_clm.py's group_texts keeps from the
+      tokenizer, TRL's collator makes and `autotune train` packs: transformers reads it every forward
+      (on SDPA, whether any token is masked: a host read; under torch.compile before torch 2.14, a
+      4-D mask), which a batch without one skips.
     - seq2seq: `block_size` source tokens and `target_length` label tokens; the model makes its
       decoder inputs by shifting the labels right, as it does for DataCollatorForSeq2Seq.
     - classification: one integer label per sequence (a float for a one-output regression head).
     - masked-lm: BERT's masking of 15% of the tokens (80% become the mask token, 10% a random
       token, 10% stay); the other labels are -100, as DataCollatorForLanguageModeling makes them.
-      Packed blocks, as run_mlm.py groups texts: no padding.
+      Packed blocks, as run_mlm.py groups texts: no padding, the mask of ones it keeps.
 
     Padded tasks (autotune.tasks.PADDED_TASKS: seq2seq, classification) carry the attention mask of
     their worst padded batch (autotune.tasks.padded_lengths): a mask is not free (eager attention
@@ -225,7 +228,7 @@ def synthetic_batch(config: ProbeConfig, vocab_size: int, device: torch.device) 
     input_ids = torch.randint(0, vocab_size, shape, device=device)
     task = Task(config.task)
     if task == Task.CAUSAL_LM:
-        return {"input_ids": input_ids, "labels": input_ids}
+        return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": input_ids}
     if task == Task.SEQ2SEQ:
         assert config.target_length is not None
         labels = torch.randint(0, vocab_size, (config.micro_batch, config.target_length), device=device)
@@ -246,7 +249,7 @@ def synthetic_batch(config: ProbeConfig, vocab_size: int, device: torch.device) 
     fate = torch.rand(shape, device=device)
     masked = torch.where(chosen & (fate < 0.8), torch.full_like(input_ids, vocab_size - 1), input_ids)
     randomised = torch.where(chosen & (fate >= 0.8) & (fate < 0.9), torch.randint_like(input_ids, 0, vocab_size), masked)
-    return {"input_ids": randomised, "labels": labels}
+    return {"input_ids": randomised, "attention_mask": torch.ones_like(input_ids), "labels": labels}
 
 
 def padding_mask(rows: int, length: int, device: torch.device) -> torch.Tensor:

@@ -55,7 +55,8 @@ def test_trls_step_trains_trainers_loss_and_reads_its_metrics_every_micro_step(m
     # TRL's fused head (patched onto the model, as SFTTrainer patches it).
     assert trl == pytest.approx(plain, rel=1e-4)
     assert step.model.forward.__func__ is not type(step.model).forward
-    # Trainer's step reads the loss once per optimizer step (its log); TRL's also reads entropy and
-    # token accuracy after each micro-step's forward, before its backward.
+    # Trainer's step reads the loss once per optimizer step (its log); TRL's also reads entropy,
+    # token accuracy and the batch's tokens (its mask's sum) after each micro-step's forward, before
+    # its backward.
     assert plain_reads == (["backward"] * 3 + ["item"]) * 3
-    assert trl_reads == (["item", "item", "backward"] * 3 + ["item"]) * 3
+    assert trl_reads == ((["item"] * 3 + ["backward"]) * 3 + ["item"]) * 3
