@@ -14,7 +14,7 @@ from autotune.config import ATTENTIONS, PRECISIONS, ProbeConfig
 from autotune.errors import BadInput
 from autotune.evaluation import recipe_fields
 from autotune.models import ModelSpec
-from autotune.tasks import FIXED_RECIPE, DataShape, Task
+from autotune.tasks import FIXED_RECIPE, DataShape, Task, assumed_batches_note
 from autotune.units import INT64_MAX
 
 
@@ -154,6 +154,9 @@ class SearchSpace:
             micro_batches = tuple(m for m in micro_batches if m <= per_rank) or (per_rank,)
         if strategies is None:
             strategies = sharding.STRATEGIES if gpus * nodes > 1 else ()
+        assumed = assumed_batches_note(recipe["task"], trainer or recipes.DEFAULT_TRAINER, data_shape is not None)
+        if assumed is not None:
+            notes += (assumed,)
         return cls(
             model=spec.recorded,
             micro_batches=tuple(sorted(set(micro_batches))),

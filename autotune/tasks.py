@@ -109,6 +109,19 @@ class DataShape:
                 f"padded with their attention mask as the run's collator pads them")
 
 
+def assumed_batches_note(task: str, trainer: str, data_given: bool) -> str | None:
+    """What a search or plan assumed of the run's batches where the data does not say (None: the
+    probes' batches are the run's)."""
+    if Task(task) in PADDED_TASKS and not data_given:
+        return (f"no --dataset: every {task} batch probed is the worst a run can form, each row as long as the block "
+                f"(padding counted as tokens); give --dataset to probe the longest batch your data forms")
+    if trainer == "trl":
+        return ("--trainer trl: the probes time full blocks, as TRL trains with packing: true (what --format trl "
+                "writes); with packing: false, TRL's default, each batch is padded to its longest example, which "
+                "the probes do not time yet")
+    return None
+
+
 def padded_lengths(rows: int, longest: int) -> list[int]:
     """The tokens of each row of the batch a probe of a padded task measures: the worst batch of a
     run whose examples hold at most `longest` tokens, padded either to the batch's longest row

@@ -16,6 +16,7 @@ from autotune.space import SearchSpace
 from tests.helpers.cli import assert_usage_error, invoke
 from tests.helpers.tiny_tasks import write_tiny
 from tests.helpers.corpus import write_task_tokenizer
+from tests.helpers.models import write_model_dir
 
 TEXT = "the quick brown fox jumps over the lazy dog and runs far away from the farm " * 20
 
@@ -59,6 +60,20 @@ def test_a_classifiers_data_gives_its_longest_batch_and_its_labels(bert):
     assert "notes" not in space.to_dict() and SearchSpace.from_stored(space.to_dict()) == space
     with pytest.raises(BadInput, match="--effective-tokens 4096 was meant for blocks of 128/256 tokens"):
         SearchSpace.build(spec, **{**args, "effective_batch": None, "effective_tokens": 4096})
+
+
+def test_a_space_says_what_it_assumed_of_the_runs_batches(bert, tmp_path):
+    """Without --dataset a padded task's probes run the worst batch; with --trainer trl they run full
+    blocks (TRL's packing: true), not TRL's default per-example padding: each said, once."""
+    model, data = bert
+    classifier = SearchSpace.build(resolve_model(str(model)), effective_batch=8)
+    assert [n for n in classifier.notes if "no --dataset" in n] == [
+        "no --dataset: every classification batch probed is the worst a run can form, each row as long as the block "
+        "(padding counted as tokens); give --dataset to probe the longest batch your data forms"]
+    gpt2 = resolve_model(str(write_model_dir(tmp_path / "gpt2", n_layer=1, n_embd=32, n_head=2, vocab_size=100)))
+    assert SearchSpace.build(gpt2, effective_batch=8).notes == ()
+    trl = SearchSpace.build(gpt2, effective_batch=8, trainer="trl").notes
+    assert len(trl) == 1 and trl[0].startswith("--trainer trl: the probes time full blocks, as TRL trains with packing")
 
 
 @pytest.mark.slow
