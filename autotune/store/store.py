@@ -25,6 +25,7 @@ from autotune.store.claims import ClaimsMixin
 from autotune.processes import owner_label
 from autotune.store.engine import display_url, make_engine, resolve_url, sqlite_path
 from autotune.store.liveness import effective_status
+from autotune.store.moved import move_study
 from autotune.store.names import check_study_name
 from autotune.store.records import LeaderboardRow, ProbeRecord, StudyRecord, StudySummary, UpgradeReport
 from autotune.store.rows import CONFIG_FIELDS, add_probe, probe_record, probe_result, probe_values, study_record
@@ -142,6 +143,9 @@ class Store(ClaimsMixin, RunsMixin, QueueMixin, TokensMixin):
                     session.add(study)
                 else:
                     _check_same_study(study, model, budget_bytes, margin_bytes, effective_batch)
+                    if study.model_reference != model.recorded:
+                        _check_not_running_elsewhere(study, model)
+                        move_study(session, study, model.recorded)
                     study.space = dict(space)
                     study.status = StudyStatus.RUNNING
                     study.updated_at = now
@@ -407,6 +411,15 @@ def _verdict(confirmation: Mapping[str, Any] | None, rows: list[Any]) -> tuple[s
         labels = set(confirmation["tied"])
         tied = {row["config_key"] for row in rows if _config_of(row).label() in labels}
     return confirmation["winner"], tied
+
+
+def _check_not_running_elsewhere(study: Study, model: ModelLike) -> None:
+    """A study may follow its model to another path (store/moved.py) only while no search runs it
+    from the old one: that search's keys would stop matching the study's."""
+    if study.owner != owner_label() and effective_status(
+            study.status, study.owner, study.heartbeat_at, interrupted=StudyStatus.INTERRUPTED) == StudyStatus.RUNNING:
+        raise BadInput(f"study {study.name!r} is being searched now with the model at {study.model_reference}; "
+                       f"resume it with that --model, or once that search ends (or pick another --study name).")
 
 
 def _check_same_study(study: Study, model: ModelLike, budget_bytes: int, margin_bytes: int, effective_batch: int) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sqlite3
 from datetime import timezone
@@ -110,7 +111,48 @@ def test_study_is_created_then_resumed(store):
                                         space={"micro_batch": [1, 2, 4, 8, 16]})
     assert resumed.id == first.id and resumed.status == "running"  # same architecture, other spelling
     assert resumed.space == {"micro_batch": [1, 2, 4, 8, 16]}
-    assert store.study("s1").model_reference == "gpt2"
+    assert store.study("s1").model_reference == "openai-community/gpt2"  # (it follows the model: below)
+
+
+def test_a_study_resumed_with_its_model_at_another_path_follows_it_and_keeps_every_probe(store):
+    # A second checkout of the same model (the demo run in two clones sharing the user's database):
+    # the configs' keys name the model's path, so without the move every config was measured again
+    # under new keys and the leaderboard showed each twice, the decision naming the pick as tied with itself.
+    old, new = FakeModel("/old/demo-gpt2"), FakeModel("/new/demo-gpt2")
+    study = make_study(store, model=old)
+    fp = ENV.fingerprint()
+    fast, slow = config(4, model=old.recorded), config(2, model=old.recorded)
+    store.record_probe(study.id, fast, result("ok", 1500.0), env_fingerprint=fp)
+    store.record_probe(study.id, slow, result("ok", 1000.0), env_fingerprint=fp)
+    assert store.claim(study.id, slow.key(), "w1", stale_after=60) is not None
+    store.set_confirmation(study.id, {"winner": fast.key(), "winner_label": fast.label(), "tied": [slow.label()],
+                                      "tied_keys": [slow.key()], "probes": 4, "seconds": 9.0})
+    store.set_study_status(study.id, "finished")
+
+    resumed = make_study(store, model=new)
+    moved_fast, moved_slow = (dataclasses.replace(c, model=new.recorded) for c in (fast, slow))
+    assert resumed.id == study.id and resumed.model_reference == new.recorded
+    rows = store.leaderboard("s1")
+    assert [(r.config_key, r.config.model, r.tokens_per_s) for r in rows] == [
+        (moved_fast.key(), new.recorded, 1500.0), (moved_slow.key(), new.recorded, 1000.0)]
+    decision = store.study("s1").confirmation
+    assert (decision["winner"], decision["tied_keys"]) == (moved_fast.key(), [moved_slow.key()])
+    assert [c.config_key for c in store.claims(study.id, stale_after=60)] == [moved_slow.key()]
+    # ...and back: a study measured at both paths keeps one claim per config
+    store.record_probe(study.id, moved_fast, result("ok", 1400.0), env_fingerprint=fp)
+    store.claim(study.id, moved_fast.key(), "w2", stale_after=60)
+    store.set_study_status(study.id, "finished")
+    make_study(store, model=old)
+    assert sorted(c.config_key for c in store.claims(study.id, stale_after=60)) == sorted([fast.key(), slow.key()])
+    assert {r.config_key for r in store.leaderboard("s1")} == {fast.key(), slow.key()}
+
+
+def test_a_study_searched_now_from_another_path_is_not_moved_under_it(store, monkeypatch):
+    make_study(store, model=FakeModel("/old/demo-gpt2"))
+    monkeypatch.setattr("autotune.store.store.owner_label", lambda: "elsewhere:1")  # another live search holds it
+    with pytest.raises(BadInput, match="being searched now with the model at /old/demo-gpt2"):
+        make_study(store, model=FakeModel("/new/demo-gpt2"))
+    assert store.study("s1").model_reference == "/old/demo-gpt2"
 
 
 @pytest.mark.parametrize("change, words", [
