@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, fields
 
 from autotune import defaults
 from autotune import evaluation, recipes, sharding, speed
+from autotune import lengths as data_lengths
 from autotune.errors import BadInput
 from autotune.tasks import FIXED_RECIPE, TASKS, Task
 from autotune.units import INT64_MAX
@@ -28,6 +29,11 @@ KEY_VERSION = "p1"
 # configs stay valid.
 _LATER_FIELDS = {**FIXED_RECIPE, "weights": recipes.DEFAULT_WEIGHTS, "compile": False,
                  "allocator": speed.DEFAULT_ALLOCATOR, "liger": False, "gpus": 1, "strategy": None, "nodes": 1}
+
+# Tasks whose batches can be drawn from the data's lengths, each padded to its longest row: a
+# classifier (DataCollatorWithPadding) and a causal LM trained per example (TRL's packing=False).
+# A seq2seq pair has two lengths; its probe keeps the worst batch for now.
+LENGTHS_TASKS = (Task.CAUSAL_LM.value, Task.CLASSIFICATION.value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +78,10 @@ class ProbeConfig:
     gpus: int = 1                            # ranks on each node
     strategy: str | None = None              # ddp, fsdp, ...; None on one GPU
     nodes: int = 1                           # machines of `gpus` ranks each (torchrun's rendezvous)
+    # The data's example lengths (autotune.lengths' text form): batches drawn from them, each padded
+    # to its longest row, are timed, and throughput counts their real tokens. None: every row is
+    # full (a causal LM's packed blocks, or a padded task's worst batch where no data was given).
+    lengths: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.optimizer, str):  # (TrainingArguments' names for the same optimizers)
@@ -112,6 +122,14 @@ class ProbeConfig:
             problems.append("--peft qlora with --gpus 2 or more is not supported: a 4-bit base is probed on one GPU "
                             "(--peft lora shares a run across ranks)")
         problems += self._task_problems()
+        if self.lengths is not None:
+            try:
+                data_lengths.Lengths.from_text(self.lengths)
+            except BadInput as exc:
+                problems.append(str(exc).rstrip("."))
+            if self.task in TASKS and self.task not in LENGTHS_TASKS:
+                problems.append(f"batches of the data's lengths are timed for {' and '.join(LENGTHS_TASKS)}, not "
+                                f"{self.task}")
         if self.task in TASKS:
             problems += recipes.trainer_problems(self.trainer, self.task)
         if self.task in TASKS:
@@ -149,8 +167,38 @@ class ProbeConfig:
         return self.block_size + (self.target_length or 0)
 
     @property
-    def tokens_per_step(self) -> int:
+    def tokens_per_step(self) -> float:
+        """Tokens trained on per optimizer step: with the data's lengths, its real (non-padding)
+        tokens, expected (autotune.lengths); else every position of every row."""
+        if self.lengths is not None:
+            return self.effective_batch * data_lengths.real_tokens_per_row(self.lengths, self.block_size)
         return self.effective_batch * self.tokens_per_sequence
+
+    @property
+    def padded_tokens_per_step(self) -> float:
+        """Positions the model computes per optimizer step, padding included."""
+        if self.lengths is not None:
+            return self.effective_batch * data_lengths.expected_padded_row(self.lengths, self.micro_batch, self.block_size)
+        return self.effective_batch * self.tokens_per_sequence
+
+    @property
+    def padding_share(self) -> float | None:
+        """The share of the computed tokens that are padding (None: no data lengths, none counted)."""
+        if self.lengths is None:
+            return None
+        return data_lengths.padding_share(self.lengths, self.micro_batch, self.block_size)
+
+    @property
+    def padded_per_real(self) -> float:
+        """Positions computed per real token (1 without padding): a speed in real tokens/s times this
+        is the speed of the model's work, which a larger micro-batch does not slow (the search's
+        speed model and its structural bounds reason in it)."""
+        return self.padded_tokens_per_step / self.tokens_per_step if self.lengths is not None else 1.0
+
+    @property
+    def timing_cycle(self) -> int | None:
+        """Steps of the timed window's cycles (autotune.timing.window_seconds); None: steps of one shape."""
+        return None if self.lengths is None else data_lengths.cycle_steps(self.micro_batch * self.grad_accum)
 
     def to_dict(self) -> dict:
         return asdict(self)

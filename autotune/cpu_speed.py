@@ -50,4 +50,5 @@ def cpu_cost(config: ProbeConfig, dims: ModelDims, flops_per_s: float | None = N
     trained = dims.trainable_parameters if dims.trainable_parameters is not None else dims.parameters
     per_token = flops_per_token(dims.parameters, trained, dims.layers, dims.hidden, config.block_size,
                                 recompute=config.checkpointing)
-    return CpuCost(step_seconds=config.tokens_per_step * per_token / (speed * TRAINING_SHARE), flops_per_s=speed)
+    # (padding included: the positions computed, autotune.lengths)
+    return CpuCost(step_seconds=config.padded_tokens_per_step * per_token / (speed * TRAINING_SHARE), flops_per_s=speed)

@@ -18,7 +18,9 @@ from autotune.models import shown_reference
 from autotune.config import ProbeConfig
 from autotune.recipes import memory_caveats
 from autotune.result import ProbeResult
+from autotune.space import micro_batch_family
 from autotune.status import ProbeStatus, Settled
+from autotune.timing import noise
 from autotune.units import format_size, size_as_read
 from autotune import verdict
 
@@ -80,7 +82,7 @@ def format_probe_result(config: ProbeConfig, result: ProbeResult) -> str:
 # test keeps them in step), named here so that an empty leaderboard still prints its header.
 LEADERBOARD_FIELDS = (
     "rank", "label", *(f.name for f in fields(ProbeConfig)), "status", "tokens_per_s", "step_seconds", "step_spread",
-    "samples_per_s", "mfu", "peak_reserved_bytes", "peak_allocated_bytes", "context_bytes", "budget_bytes",
+    "samples_per_s", "mfu", "padding_share", "peak_reserved_bytes", "peak_allocated_bytes", "context_bytes", "budget_bytes",
     "margin_bytes", "study", "probe_id", "trial_number", "config_key", "worker", "compile_seconds", "host_load",
     "phase_peaks", "eval_batch_found", "rank_peaks",
 )
@@ -126,13 +128,43 @@ def render_leaderboard(rows: Sequence[LeaderboardRow], fmt: str = "table", confi
         for row in rows
     ]
     headers = ["rank", "config", "status", "peak reserved", "tokens/s", "step s"]
+    right = [0, 3, 4, 5]
+    if any(row.config.lengths is not None for row in rows):  # batches of the data's lengths: real tokens, and padding
+        headers[4:], right = ["real tokens/s", "step s", "padding"], [*right, 6]
+        for cell, row in zip(cells, rows):
+            cell.append("-" if row.config.padding_share is None else f"{100 * row.config.padding_share:.0f}%")
     if len({row.worker for row in rows}) > 1:  # a study probed by several workers says which ran what
         headers.append("worker")
         for cell, row in zip(cells, rows):
             cell.append(row.worker or "-")
-    table = _table(headers, cells, right=(0, 3, 4, 5))
-    warning = verdict.unreliable_warning(confirmation)
-    return table if warning is None else f"{table}\nwarning: {warning}"
+    lines = [_table(headers, cells, right=right)]
+    if (padded := larger_batch_slower(rows)) is not None:
+        lines.append(f"note: {padded}")
+    if (warning := verdict.unreliable_warning(confirmation)) is not None:
+        lines.append(f"warning: {warning}")
+    return "\n".join(lines)
+
+
+def larger_batch_slower(rows: Sequence[LeaderboardRow]) -> str | None:
+    """Where a larger micro-batch measured slower in real tokens/s than a smaller one of its family
+    beyond their noise, each of its batches padded to a longer longest example (ms-swift's benchmark
+    found it on one A100): said, with both configs' padding."""
+    worst = None  # (the largest slowdown)
+    for small in rows:
+        for large in rows:
+            if (large.config.micro_batch > small.config.micro_batch and large.config.lengths is not None
+                    and micro_batch_family(large.config) == micro_batch_family(small.config)
+                    and (large.tokens_per_s or 0.0) * (1 + noise(large.step_spread, small.step_spread))
+                    < (small.tokens_per_s or 0.0)):
+                ratio = (large.tokens_per_s or 0.0) / (small.tokens_per_s or 1.0)
+                if worst is None or ratio < worst[0]:
+                    worst = (ratio, small, large)
+    if worst is None:
+        return None
+    ratio, small, large = worst
+    return (f"on this data a larger micro-batch is slower: {large.label} trains {ratio:.2f}x the real tokens/s of "
+            f"{small.label}, padding {100 * (large.config.padding_share or 0):.0f}% of each batch against "
+            f"{100 * (small.config.padding_share or 0):.0f}% (every batch is padded to its longest example)")
 
 
 def render_runs(rows: Sequence[RunRecord], fmt: str = "table") -> str:
@@ -279,6 +311,11 @@ def explain_winner(outcome) -> str:
         f"of the {format_size(best.budget_bytes)} budget, {format_size(headroom)} to spare after the "
         f"{format_size(best.margin_bytes)} margin",
     ]
+    if best.config.lengths is not None:
+        lines.append(f"  padding: {100 * (best.config.padding_share or 0):.0f}% of its batches' tokens are padding, "
+                     f"left out of its tokens/s (batches drawn from your data's lengths)")
+        if (padded := larger_batch_slower(outcome.leaderboard)) is not None:
+            lines.append(f"  note: {padded}")
     if confirmation:
         lines.append(f"  {verdict.describe(confirmation)}")
         if (warning := verdict.unreliable_warning(confirmation)) is not None:

@@ -34,6 +34,7 @@ class SearchSpace:
     num_labels: int | None = None                           # classification outputs
     peft: str | None = None                                 # LoRA/QLoRA (recipes.PeftSpec's text)
     trainer: str = recipes.DEFAULT_TRAINER                  # whose step the probes time (recipes.TRAINERS)
+    lengths: str | None = None                              # the data's example lengths (autotune.lengths)
     # How the run evaluates (autotune.evaluation): every candidate's probe runs these phases too.
     eval_batch: int | None = None
     auto_eval_batch: bool = False
@@ -116,13 +117,15 @@ class SearchSpace:
               attentions=None, effective_batch=None, effective_tokens=None, task=None, target_length=None,
               num_labels=None, optimizers=None, weights=None, peft=None, trainer=None, compiles=None, allocators=None,
               ligers=None, evaluation: dict | None = None, gpus: int = 1, strategies=None, nodes: int = 1,
-              data_shape: DataShape | None = None) -> "SearchSpace":
+              data_shape: DataShape | None = None, packing: bool | None = None) -> "SearchSpace":
         # `evaluation`: what the command line asked of the run's evaluation (evaluation.recipe_fields).
         """A space for `spec` with documented defaults for whatever is not given, checked against
         the model (block sizes within its maximum positions; the task from its architectures).
         `data_shape`: the user's data (autotune.tasks.DataShape), whose longest example caps the block
-        sizes and the target length of a padded task."""
+        sizes and the target length of a padded task, and whose lengths the timed batches are drawn
+        from (a classifier's; a causal LM's trained per example, `packing` False: autotune.lengths)."""
         max_positions = spec.max_positions
+        packing = packing is not False
         recipe = spec.task_fields(task=task, target_length=target_length, num_labels=num_labels)
         if block_sizes is None:
             block_sizes = (min(defaults.BLOCK_SIZE, max_positions or defaults.BLOCK_SIZE),)
@@ -131,8 +134,14 @@ class SearchSpace:
         # Generation runs to the target length asked (a recipe lever), whatever length the data caps
         # its batches at: a shorter generation would change what the evaluation does.
         asked_target = recipe.get("target_length")
+        if not packing and recipe["task"] != Task.CAUSAL_LM:
+            raise BadInput(f"--packing off is for --task causal-lm (each example padded, not packed into blocks); "
+                           f"{spec.reference} is trained as {recipe['task']}, whose examples are padded already: "
+                           f"leave it out.")
         if data_shape is not None:
             notes = (data_shape.note(tuple(sorted(set(block_sizes))), asked_target),)
+            if data_shape.lengths is not None and (recipe["task"] == Task.CLASSIFICATION or not packing):
+                recipe["lengths"] = data_shape.lengths
             capped = data_shape.block_sizes(tuple(block_sizes))
             if effective_tokens is not None and capped != tuple(sorted(set(block_sizes))):
                 raise BadInput(f"--effective-tokens {effective_tokens} was meant for blocks of "
@@ -154,7 +163,7 @@ class SearchSpace:
             micro_batches = tuple(m for m in micro_batches if m <= per_rank) or (per_rank,)
         if strategies is None:
             strategies = sharding.STRATEGIES if gpus * nodes > 1 else ()
-        assumed = assumed_batches_note(recipe["task"], trainer or recipes.DEFAULT_TRAINER, data_shape is not None)
+        assumed = assumed_batches_note(recipe["task"], trainer or recipes.DEFAULT_TRAINER, data_shape is not None, packing)
         if assumed is not None:
             notes += (assumed,)
         return cls(
@@ -214,7 +223,7 @@ class SearchSpace:
                                            precision=precision, checkpointing=checkpointing, attention=attention,
                                            optimizer=optimizer, weights=weights, task=self.task,
                                            target_length=self.target_length, num_labels=self.num_labels, peft=self.peft,
-                                           trainer=self.trainer, compile=compiled, allocator=allocator, liger=liger, gpus=self.gpus,
+                                           trainer=self.trainer, lengths=self.lengths, compile=compiled, allocator=allocator, liger=liger, gpus=self.gpus,
                                            strategy=strategy, nodes=self.nodes, **self.evaluation))
         if not out:
             work = f"{self.effective_batch} sequences" if self.effective_batch else f"{self.effective_tokens} tokens"
@@ -238,9 +247,11 @@ class SearchSpace:
         }
         if self.task != Task.CAUSAL_LM or self.peft is not None:
             data.update({k: v for k, v in self.fixed_recipe.items() if k not in evaluation.EVAL_RECIPE
-                         and k != "trainer" and (k != "peft" or v is not None)})
+                         and k not in ("trainer", "lengths") and (k != "peft" or v is not None)})
         if self.trainer != recipes.DEFAULT_TRAINER:
             data["trainer"] = self.trainer
+        if self.lengths is not None:
+            data["lengths"] = self.lengths
         data.update({k: v for k, v in self.evaluation.items() if v != evaluation.EVAL_RECIPE[k]})
         if self.optimizers != (recipes.DEFAULT_OPTIMIZER,):
             data["optimizers"] = list(self.optimizers)

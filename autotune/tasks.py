@@ -14,6 +14,7 @@ from enum import StrEnum
 
 from autotune.errors import BadInput
 from autotune.evaluation import EVAL_RECIPE
+from autotune.lengths import Lengths
 from autotune.recipes import DEFAULT_TRAINER
 
 
@@ -46,11 +47,12 @@ EXAMPLE_SCRIPTS = {
 }
 
 # The fixed recipe: the recipe levers a study holds fixed (what is trained: the task and its
-# fields, the adapters, the trainer whose step the probes time), at what a causal-LM config has: the meaning of a config or a study stored
+# fields, the adapters, the trainer whose step the probes time, the data's lengths its batches are
+# drawn from: autotune.lengths), at what a causal-LM config has: the meaning of a config or a study stored
 # before tasks existed, which has none of them; with them, how the run evaluates (autotune.evaluation).
 # (The levers a search may choose among, optimizer and weights, are autotune.recipes'.)
 FIXED_RECIPE = {"task": Task.CAUSAL_LM.value, "target_length": None, "num_labels": None, "peft": None,
-                "trainer": DEFAULT_TRAINER, **EVAL_RECIPE}
+                "trainer": DEFAULT_TRAINER, "lengths": None, **EVAL_RECIPE}
 
 # run_summarization.py's default --max_target_length: the target length when the user fixes none.
 DEFAULT_TARGET_LENGTH = 128
@@ -80,6 +82,7 @@ class DataShape:
     longest: int | None = None             # source (classification: text) tokens
     longest_target: int | None = None      # seq2seq target tokens
     labels: int | None = None              # classification: the labels the data holds (the head's outputs)
+    lengths: str | None = None             # the training examples' lengths (autotune.lengths' text form)
 
     def block_sizes(self, asked: tuple[int, ...]) -> tuple[int, ...]:
         """`asked`, each capped at the longest example (the same once capped: one)."""
@@ -105,20 +108,25 @@ class DataShape:
         asked = "/".join(str(b) for b in asked_blocks) + (f"+{asked_target}" if asked_target is not None else "")
         how = (f"probing batches of {probed} tokens (not {asked}: no batch of this data is longer)" if changed
                else f"probing batches of {probed} tokens")
-        return (f"--dataset {self.dataset}: the longest of its {self.examples:,} examples is {longest}; {how}, "
+        said = (f"--dataset {self.dataset}: the longest of its {self.examples:,} examples is {longest}; {how}, "
                 f"padded with their attention mask as the run's collator pads them")
+        if self.lengths is not None and self.longest_target is None:
+            said += (f"; timed on batches drawn from its lengths ({Lengths.from_text(self.lengths).describe(max(blocks))}), "
+                     f"each padded to its longest row: tokens/s counts real tokens, not padding")
+        return said
 
 
-def assumed_batches_note(task: str, trainer: str, data_given: bool) -> str | None:
+def assumed_batches_note(task: str, trainer: str, data_given: bool, packing: bool = True) -> str | None:
     """What a search or plan assumed of the run's batches where the data does not say (None: the
     probes' batches are the run's)."""
-    if Task(task) in PADDED_TASKS and not data_given:
-        return (f"no --dataset: every {task} batch probed is the worst a run can form, each row as long as the block "
-                f"(padding counted as tokens); give --dataset to probe the longest batch your data forms")
-    if trainer == "trl":
+    if (Task(task) in PADDED_TASKS or not packing) and not data_given:
+        what = f"every {task} batch" if packing else "every batch of examples trained one per row (--packing off)"
+        return (f"no --dataset: {what} probed is the worst a run can form, each row as long as the block (padding "
+                f"counted as tokens); give --dataset to time batches of your data's lengths")
+    if trainer == "trl" and packing:
         return ("--trainer trl: the probes time full blocks, as TRL trains with packing: true (what --format trl "
-                "writes); with packing: false, TRL's default, each batch is padded to its longest example, which "
-                "the probes do not time yet")
+                "writes); TRL's default, packing: false, pads each example to its batch's longest: give --packing off "
+                "with --dataset to time that")
     return None
 
 

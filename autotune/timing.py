@@ -31,6 +31,20 @@ def relative_spread(step_times: Sequence[float]) -> float | None:
     return (q3 - q1) / (2 * middle) if middle > 0 else None
 
 
+def window_seconds(step_times: Sequence[float], cycle: int | None = None) -> tuple[float, float | None]:
+    """A window's seconds per step and its spread. Steps of one shape (`cycle` None): the median
+    step and relative_spread. Steps of batches drawn from the data's lengths (autotune.lengths),
+    timed in whole cycles of `cycle` steps: the mean step, since the run's time is the sum of its
+    steps, long batches and short alike (a median would leave the long ones out); the spread is
+    that of the cycles' means, each cycle drawing the data's lengths alike, so that it is the noise
+    between repeats and not the spread of the batches' sizes."""
+    if cycle is None:
+        return median_seconds(step_times), relative_spread(step_times)
+    means = [statistics.fmean(step_times[i:i + cycle]) for i in range(0, len(step_times) - cycle + 1, cycle)]
+    whole = len(means) * cycle or len(step_times)
+    return statistics.fmean(step_times[:whole]), relative_spread(means)
+
+
 def noise(*spreads: float | None) -> float:
     """The relative difference within which throughputs with these spreads are not told apart."""
     return max(NOISE_FLOOR, sum(s or 0.0 for s in spreads))

@@ -69,7 +69,7 @@ def test_a_space_says_what_it_assumed_of_the_runs_batches(bert, tmp_path):
     classifier = SearchSpace.build(resolve_model(str(model)), effective_batch=8)
     assert [n for n in classifier.notes if "no --dataset" in n] == [
         "no --dataset: every classification batch probed is the worst a run can form, each row as long as the block "
-        "(padding counted as tokens); give --dataset to probe the longest batch your data forms"]
+        "(padding counted as tokens); give --dataset to time batches of your data's lengths"]
     gpt2 = resolve_model(str(write_model_dir(tmp_path / "gpt2", n_layer=1, n_embd=32, n_head=2, vocab_size=100)))
     assert SearchSpace.build(gpt2, effective_batch=8).notes == ()
     trl = SearchSpace.build(gpt2, effective_batch=8, trainer="trl").notes

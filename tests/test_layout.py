@@ -33,7 +33,7 @@ LAYERS: list[set[str]] = [
     {"space"},
     {"models", "environment", "cpu_speed"},
     {"config", "result", "paths", "tasks", "timing", "speed", "sharding", "cards", "ranking", "verdict", "flops", "shapes"},
-    {"budget", "evaluation", "recipes"},         # what "fits" means, which phases of the run it covers, what is trained
+    {"budget", "evaluation", "recipes", "lengths"},  # what "fits" means, the run's phases, what is trained, on what data
     {"units", "output", "yaml_text"},            # sizes; where a command's files are written; YAML without a library
     {"errors", "defaults", "status", "version", "processes", "deadline"},  # vocabulary everyone shares; process lifelines, deadlines
 ]

@@ -212,6 +212,57 @@ def test_three_tools_files_state_one_recipe_and_get_the_winner_back_with_comment
     assert trl["gradient_checkpointing"] == trl_best["checkpointing"]
 
 
+TRL_PACKING = """\
+# trl sft --config sft.yaml: the examples {how}
+model_name_or_path: {{model}}
+max_length: 64
+per_device_train_batch_size: 8
+gradient_accumulation_steps: 1
+optim: adamw_torch
+{packing}output_dir: out
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("packing", [False, True])
+def test_a_trl_file_with_packing_or_without_is_searched_as_it_trains_and_written_back(work, packing):
+    """TRL's default (no `packing` key) pads each example to its batch's longest: searched on the
+    data's lengths (--dataset), ranked by real tokens, written back with `packing: false`; `packing:
+    true` is full blocks, written back as such. The packing key is the file's: never changed."""
+    from tests.helpers.corpus import write_task_tokenizer
+
+    words = "the quick brown fox jumps over the lazy dog and runs far away from the farm".split()
+    data = work["base"] / f"sft-{packing}.jsonl"
+    data.write_text("".join(json.dumps({"text": " ".join(words[:n % 15 + 1] * (1 + 3 * (n % 7 == 0)))}) + "\n"
+                            for n in range(60)))
+    tokenizer = work["base"] / "words"
+    if not tokenizer.exists():
+        tokenizer.mkdir()
+        write_task_tokenizer(" ".join(words), tokenizer, vocab_size=60, mask=False)
+    path = write(work, f"sft-packing-{packing}.yml", TRL_PACKING.format(
+        how="packed into full blocks" if packing else "one per row (TRL's default)",
+        packing="packing: true\n" if packing else ""))
+    study = f"trl-packing-{packing}"
+    summary = search(work, "--from", str(path), "--dataset", str(data), "--tokenizer", str(tokenizer), "--study", study,
+                     "--micro-batches", "2,8")
+    best = summary["best"]
+    assert best["trainer"] == "trl" and best["micro_batch"] * best["grad_accum"] == 8
+    if packing:
+        assert best["lengths"] is None and best["padding_share"] is None and best["block_size"] == 64
+    else:
+        assert best["lengths"].startswith("q") and best["block_size"] <= 64  # (capped at the longest example)
+        assert {row["micro_batch"]: row["padding_share"] > 0 for row in summary["leaderboard"]} == {2: True, 8: True}
+    diff, out = update(work, study, path)
+    tuned = yaml.safe_load(out.read_text())
+    assert tuned["per_device_train_batch_size"] == best["micro_batch"]
+    assert ("packing" in tuned) == packing and tuned.get("packing", False) is packing
+    assert "packing" not in diffed_keys(diff)
+    if not packing:  # a file asking for packing cannot take the per-example study's winner
+        packed = write(work, "sft-now-packed.yml", TRL_PACKING.format(how="packed", packing="packing: true\n"))
+        refused = autotune("best", "--study", study, "--update", str(packed), "--db", work["db"])
+        assert refused.returncode == 2 and "asks packing on" in refused.stderr
+
+
 @pytest.mark.slow
 def test_an_sft_config_json_and_training_arguments_json_round_trip_through_their_own_classes(work):
     trl = pytest.importorskip("trl")

@@ -38,6 +38,10 @@ ALLOCATOR_HELP = ("The CUDA caching allocator's setting: default, or expandable 
 TRAINER_HELP = ("The trainer your run uses, whose step the probes time (a recipe lever): transformers (Trainer, "
                 "autotune train, axolotl, LLaMA-Factory) or trl (TRL's SFTTrainer: its fused LM head scores "
                 "entropy and accuracy every micro-step; causal LMs; needs trl). A --from TRL file sets trl.")
+PACKING_HELP = ("Causal LMs: on, examples packed into full blocks (run_clm.py, TRL packing: true, axolotl "
+                "sample_packing: true); off, each example a row padded to its batch's longest (TRL's default, "
+                "axolotl's and LLaMA-Factory's): a recipe lever. With --dataset, off times batches drawn from "
+                "your examples' lengths and ranks by real (non-padding) tokens/s.")
 LIGER_HELP = "Liger's Triton kernels (fused linear + cross-entropy, RMSNorm, RoPE, SwiGLU): CUDA and liger-kernel only."
 DB_HELP = "SQLAlchemy URL of the results database [default: $AUTOTUNE_DB, else a SQLite file in the user data directory]."
 

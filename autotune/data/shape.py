@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from autotune.errors import BadInput
+from autotune.recipes import DEFAULT_TRAINER
 from autotune.tasks import PADDED_TASKS, DataShape, Task
 
 if TYPE_CHECKING:
@@ -37,18 +38,21 @@ class DataOptions:
                 raise BadInput(f"{flag} is empty; give a value, or leave {flag} out.")
 
 
-def measure_data_shape(spec: ModelSpec, task: str, data: DataOptions, trust_remote_code: bool = False) -> DataShape:
+def measure_data_shape(spec: ModelSpec, task: str, data: DataOptions, trust_remote_code: bool = False, *,
+                       packing: bool = True, trainer: str = DEFAULT_TRAINER) -> DataShape:
     """The shape of `data` for `task`, tokenised by `data.tokenizer` (else the model's own): the data
-    and the tokenizer checked as train checks them (DatasetError, BadInput, ModelNotFound)."""
+    and the tokenizer checked as train checks them (DatasetError, BadInput, ModelNotFound). A causal
+    LM trained per example (`packing` False) is measured as a padded task is; TRL's SFTTrainer
+    appends an end-of-sequence token to each text, which its lengths count."""
     from autotune.data.task_data import check_tokenizer, example_lengths, load_task_data
     from autotune.data.tokenizer import load_tokenizer
 
     loaded = load_task_data(Task(task), data)
-    if Task(task) not in PADDED_TASKS:
+    if Task(task) not in PADDED_TASKS and packing:
         return DataShape(data.dataset, task, len(loaded.text.train))
     tokenizer = load_tokenizer(spec, data.tokenizer, trust_remote_code)
     check_tokenizer(Task(task), tokenizer, data.tokenizer or spec.reference)
-    return example_lengths(loaded, tokenizer)
+    return example_lengths(loaded, tokenizer, added=1 if trainer == "trl" and Task(task) == Task.CAUSAL_LM else 0)
 
 
 def shaped_space_args(spec: ModelSpec, space_args: dict, trust_remote_code: bool = False) -> dict:
@@ -61,7 +65,8 @@ def shaped_space_args(spec: ModelSpec, space_args: dict, trust_remote_code: bool
         return args
     task = spec.task_fields(task=args.get("task"), target_length=args.get("target_length"),
                             num_labels=args.get("num_labels"))["task"]
-    shape = measure_data_shape(spec, task, data, trust_remote_code)
+    shape = measure_data_shape(spec, task, data, trust_remote_code, packing=args.get("packing") is not False,
+                               trainer=args.get("trainer") or DEFAULT_TRAINER)
     if shape.labels is not None and args.get("num_labels") is None:
         args["num_labels"] = shape.labels
     return {**args, "data_shape": shape}

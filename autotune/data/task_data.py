@@ -11,6 +11,12 @@ them, in the shapes the probe measured (so that the run's peak honours the probe
                     label column: text labels become ids (sorted), whole numbers stay ids, other
                     numbers make a one-output regression head
 
+A study timed on the data's lengths (`config.lengths`: autotune.lengths) trains each example as a
+row, truncated at the block size and padded by the collator to its batch's longest: a classifier
+with DataCollatorWithPadding (run_classification.py --pad_to_max_length False), a causal LM per
+example (TRL's packing=False) with DataCollatorForLanguageModeling(mlm=False), whose labels leave
+the padding out of the loss.
+
 Columns are checked (`load_task_data`) before anything is searched or recorded; the examples are
 made (`prepare_examples`) once the winner's block size is known. transformers is imported only by
 `task_collator`, at the start of a run. A run whose evaluation keeps its predictions computes the
@@ -27,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.data.text import DEFAULT_TEXT_COLUMN, Blocks, TextData, load_text, pack_blocks, text_column
 from autotune.errors import BadInput, DatasetError
 from autotune.evaluation import generates
+from autotune.lengths import Lengths
 from autotune.tasks import MLM_PROBABILITY, DataShape, Task
 
 if TYPE_CHECKING:
@@ -196,7 +203,8 @@ def prepare_examples(data: TaskData, tokenizer: PreTrainedTokenizerBase, config:
                      seed: int = 42) -> Blocks | Examples:
     """The training (and evaluation) examples of `config`'s shape; DatasetError when none remain."""
     text = data.text
-    if data.task in (Task.CAUSAL_LM, Task.MASKED_LM):
+    per_example = config.lengths is not None
+    if data.task in (Task.CAUSAL_LM, Task.MASKED_LM) and not per_example:
         blocks = pack_blocks(text, tokenizer, config.block_size, seed=seed)
         if data.task == Task.CAUSAL_LM:
             return blocks
@@ -207,10 +215,14 @@ def prepare_examples(data: TaskData, tokenizer: PreTrainedTokenizerBase, config:
         assert config.target_length is not None  # a seq2seq config has one (ProbeConfig checks)
         encode = _seq2seq_encoder(tokenizer, text.column, text.others["target"], config.block_size, config.target_length)
         shape = f"{config.block_size} source + {config.target_length} target tokens"
+    elif data.task == Task.CAUSAL_LM:
+        encode = _example_encoder(tokenizer, text.column, config.block_size)
+        shape = f"at most {config.block_size} tokens, padded to each batch's longest"
     else:
         assert data.labels is not None  # read by load_task_data
-        encode = _classification_encoder(tokenizer, text.column, text.others["label"], data.labels, config.block_size)
-        shape = f"{config.block_size} tokens"
+        encode = _classification_encoder(tokenizer, text.column, text.others["label"], data.labels, config.block_size,
+                                         padded=not per_example)
+        shape = f"{config.block_size} tokens" if not per_example else f"at most {config.block_size} tokens, padded to each batch's longest"
     train = _encode(text.train, encode, text.source.spec, "--dataset")
     evaluation = _encode(text.eval, encode, text.source.spec, "--eval-split") if text.eval is not None else None
     if text.eval_fraction:
@@ -248,33 +260,46 @@ def _seq2seq_encoder(tokenizer, source: str, target: str, block_size: int, targe
     return encode
 
 
-def _classification_encoder(tokenizer, column: str, label: str, labels: Labels, block_size: int):
+def _example_encoder(tokenizer, column: str, block_size: int):
+    """A causal LM's examples one per row, truncated at the block (the collator pads and labels them)."""
     def encode(batch: dict[str, list]) -> dict[str, list]:
-        encoded = tokenizer([t or "" for t in batch[column]], max_length=block_size, padding="max_length",
-                            truncation=True, return_attention_mask=True)
+        encoded = tokenizer([t for t in batch[column] if t], max_length=block_size, truncation=True,
+                            return_attention_mask=True)
+        return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+
+    return encode
+
+
+def _classification_encoder(tokenizer, column: str, label: str, labels: Labels, block_size: int, padded: bool = True):
+    def encode(batch: dict[str, list]) -> dict[str, list]:
+        encoded = tokenizer([t or "" for t in batch[column]], max_length=block_size,
+                            padding="max_length" if padded else False, truncation=True, return_attention_mask=True)
         return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"],
                 "labels": [labels.encode(v) for v in batch[label]]}
 
     return encode
 
 
-def example_lengths(data: TaskData, tokenizer: PreTrainedTokenizerBase) -> DataShape:
-    """The shape of a padded task's data (autotune.tasks.DataShape): its longest example's tokens, as the
-    encoders above make them before they truncate (special tokens included), over the training and
-    evaluation rows: the longest batch the run can form, the one its probe must measure."""
+def example_lengths(data: TaskData, tokenizer: PreTrainedTokenizerBase, *, added: int = 0) -> DataShape:
+    """The shape of a padded run's data (autotune.tasks.DataShape): its longest example's tokens, as
+    the encoders above make them before they truncate (special tokens included), over the training
+    and evaluation rows: the longest batch the run can form, the one its probe must measure; and the
+    training rows' lengths (autotune.lengths), which the timed batches are drawn from. `added`:
+    tokens the run's trainer appends to each example (TRL's SFTTrainer, an end-of-sequence token)."""
     text = data.text
     source, target = text.column, text.others.get("target")
 
     def lengths(batch: dict[str, list]) -> dict[str, list]:
         if target is None:
             encoded = tokenizer([t or "" for t in batch[source]], truncation=False)
-            return {"source": [len(ids) for ids in encoded["input_ids"]], "target": [0] * len(encoded["input_ids"])}
+            return {"source": [len(ids) + added for ids in encoded["input_ids"]],
+                    "target": [0] * len(encoded["input_ids"])}
         keep = [i for i, (s, t) in enumerate(zip(batch[source], batch[target])) if s and t]  # as _seq2seq_encoder
         sources = tokenizer([batch[source][i] for i in keep], truncation=False)["input_ids"] if keep else []
         targets = tokenizer(text_target=[batch[target][i] for i in keep], truncation=False)["input_ids"] if keep else []
         return {"source": [len(ids) for ids in sources], "target": [len(ids) for ids in targets]}
 
-    longest, longest_target, examples = 0, 0, 0
+    longest, longest_target, examples, trained = 0, 0, 0, None
     for split in (text.train, text.eval):
         if split is None:
             continue
@@ -283,19 +308,28 @@ def example_lengths(data: TaskData, tokenizer: PreTrainedTokenizerBase) -> DataS
             examples += len(measured)
             longest = max(longest, max(measured["source"]))
             longest_target = max(longest_target, max(measured["target"]))
+            if split is text.train:
+                trained = Lengths.of(measured["source"]).to_text()
     if examples == 0 or longest == 0:
         raise DatasetError(f"--dataset {text.source.spec}: no row has text to train on; give rows with text in every "
                            f"column read.")
     return DataShape(text.source.spec, data.task.value, examples, longest,
                      longest_target if target is not None else None,
-                     data.labels.count if data.labels is not None else None)
+                     data.labels.count if data.labels is not None else None, lengths=trained)
 
 
-def task_collator(task: str, tokenizer: PreTrainedTokenizerBase):
+def task_collator(task: str, tokenizer: PreTrainedTokenizerBase, per_example: bool = False):
     """What turns a list of examples into a batch: every example of every task has the same
-    length, so the default collator stacks them; masked-lm masks each batch as it is made."""
-    from transformers import DataCollatorForLanguageModeling, default_data_collator
+    length, so the default collator stacks them; masked-lm masks each batch as it is made. Examples
+    one per row (`per_example`: a study timed on the data's lengths) are padded to the batch's longest."""
+    from transformers import DataCollatorForLanguageModeling, DataCollatorWithPadding, default_data_collator
 
+    if per_example:
+        if tokenizer.pad_token is None:  # (GPT-2's: pad with the end-of-text token, as TRL and run_classification do)
+            tokenizer.pad_token = tokenizer.eos_token
+        if task == Task.CAUSAL_LM:
+            return DataCollatorForLanguageModeling(tokenizer, mlm=False)
+        return DataCollatorWithPadding(tokenizer)
     if task == Task.MASKED_LM:
         return DataCollatorForLanguageModeling(tokenizer, mlm_probability=MLM_PROBABILITY)
     return default_data_collator

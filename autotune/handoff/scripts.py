@@ -34,7 +34,9 @@ def cli_flags(best: BestConfig) -> str:
         flags += ["--max_source_length", str(c.block_size), "--max_target_length", str(c.target_length),
                   "--pad_to_max_length"]
     elif task == Task.CLASSIFICATION:
-        flags += ["--max_seq_length", str(c.block_size), "--pad_to_max_length"]
+        # (timed on the data's lengths: each batch padded to its longest, DataCollatorWithPadding's way)
+        flags += ["--max_seq_length", str(c.block_size), *(["--pad_to_max_length"] if c.lengths is None
+                                                           else ["--pad_to_max_length", "False"])]
     elif task == Task.MASKED_LM:
         flags += ["--max_seq_length", str(c.block_size)]
     else:

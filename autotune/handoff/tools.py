@@ -67,6 +67,7 @@ AXOLOTL = {
     "grad_accum": "gradient_accumulation_steps",
     "block_size": "sequence_len",
     "full_blocks": "pad_to_sequence_len",
+    "packing": "sample_packing",   # off by default; the probes of a per-example study time it off
     "bf16": "bf16",                # defaults to "auto": always said
     "fp16": "fp16",
     "tf32": "tf32",                # defaults to "auto": always said
@@ -102,6 +103,7 @@ LLAMAFACTORY = {
     "eval_batch": "per_device_eval_batch_size",
     "grad_accum": "gradient_accumulation_steps",
     "block_size": "cutoff_len",
+    "packing": "packing",          # data_args: off for sft unless set; a per-example study says off
     "bf16": "bf16",
     "fp16": "fp16",
     "tf32": "tf32",
@@ -185,8 +187,12 @@ def trl_document(best: BestConfig) -> dict:
     loading arguments (SFTTrainer loads a model given by name with `model_init_kwargs`)."""
     _causal_lm_only(best, "trl")
     kwargs = best.trainer_kwargs()  # the checkpointing flag always among them: SFTConfig turns it on unless told
-    kwargs.update({TRL["block_size"]: best.block_size, TRL["full_blocks"]: True, TRL["packing_strategy"]: "wrapped",
-                   TRL["model_loading"]: best.model_kwargs()})
+    kwargs[TRL["block_size"]] = best.block_size
+    if best.config.lengths is None:
+        kwargs.update({TRL["full_blocks"]: True, TRL["packing_strategy"]: "wrapped"})
+    else:  # each example a row, padded to its batch's longest, as the probes drew them (autotune.lengths)
+        kwargs[TRL["full_blocks"]] = False
+    kwargs[TRL["model_loading"]] = best.model_kwargs()
     return kwargs
 
 
@@ -209,8 +215,12 @@ def axolotl_document(best: BestConfig) -> dict:
     doc: dict = {a["model"]: c.model, a["micro_batch"]: c.micro_batch}
     if best.eval_batch is not None:
         doc[a["eval_batch"]] = best.eval_batch
-    doc.update({a["grad_accum"]: c.grad_accum, a["block_size"]: c.block_size, a["full_blocks"]: True,
-                a["bf16"]: c.precision == "bf16", a["fp16"]: c.precision == "fp16", a["tf32"]: c.precision == "tf32"})
+    doc.update({a["grad_accum"]: c.grad_accum, a["block_size"]: c.block_size})
+    if c.lengths is None:
+        doc[a["full_blocks"]] = True
+    else:  # each example a row, padded to its batch's longest, as the probes drew them (autotune.lengths)
+        doc.update({a["packing"]: False, a["full_blocks"]: False})
+    doc.update({a["bf16"]: c.precision == "bf16", a["fp16"]: c.precision == "fp16", a["tf32"]: c.precision == "tf32"})
     if pure_bf16 and c.precision != "bf16":
         doc[a["weights"]] = True
     doc[a["checkpointing"]] = c.checkpointing
@@ -278,7 +288,10 @@ def llamafactory_document(best: BestConfig) -> dict:
     doc: dict = {lf["model"]: c.model, lf["micro_batch"]: c.micro_batch}
     if best.eval_batch is not None:
         doc[lf["eval_batch"]] = best.eval_batch
-    doc.update({lf["grad_accum"]: c.grad_accum, lf["block_size"]: c.block_size, lf["bf16"]: c.precision == "bf16",
+    doc.update({lf["grad_accum"]: c.grad_accum, lf["block_size"]: c.block_size})
+    if c.lengths is not None:  # each example a row, padded to its batch's longest (autotune.lengths)
+        doc[lf["packing"]] = False
+    doc.update({lf["bf16"]: c.precision == "bf16",
                 lf["fp16"]: c.precision == "fp16", lf["tf32"]: c.precision == "tf32"})
     if c.weights == "bf16":
         doc[lf["weights"]] = True

@@ -220,6 +220,12 @@ def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card, stack
     problem = why_unsupported(config, card)
     if problem is not None:
         raise ValueError(problem)
+    if config.lengths is not None:
+        # Batches of the data's lengths, each padded to its longest (autotune.lengths): the step of
+        # rows of the expected padded length, its throughput counting the real tokens only.
+        rows = max(1, round(config.padded_tokens_per_step / config.effective_batch))
+        padded = predict_step_seconds(dataclasses.replace(config, block_size=rows, lengths=None), dims, card, stack)
+        return dataclasses.replace(padded, tokens_per_s=config.tokens_per_step / padded.step_seconds)
     precision = matmul_precision(config)
     peak = card.peak_flops[precision]
     bandwidth = card.memory_bandwidth * MEMORY_EFFICIENCY

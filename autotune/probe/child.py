@@ -67,7 +67,7 @@ from autotune.probe.step import (  # noqa: E402
 )
 from autotune.result import ProbeResult  # noqa: E402
 from autotune.status import ProbeStatus  # noqa: E402
-from autotune.timing import median_seconds, relative_spread  # noqa: E402
+from autotune.timing import window_seconds  # noqa: E402
 
 _IMPORT_SECONDS = time.perf_counter() - _PROCESS_START
 # A random-init model warns about things irrelevant to a probe (unknown loss_type, token ids);
@@ -254,18 +254,20 @@ def _warm_up(probe: _Probe, report: Callable[[str], None]) -> bool:
 
 def _time_window(probe: _Probe, report: Callable[[str], None]) -> None:
     """Time steps until the window has both its steps and its seconds; each step ends by reading
-    its loss (a host sync), so each duration is that step's own. Then the throughput and MFU."""
+    its loss (a host sync), so each duration is that step's own. Then the throughput and MFU.
+    Batches drawn from the data's lengths are timed in whole cycles, at least two (autotune.lengths),
+    each cycle's micro-batches made before its first step, outside the steps' times."""
     settings, config, result, step = probe.request.settings, probe.config, probe.result, probe.step
     assert step is not None
     _synchronize(probe.device)
     report("timing")
-    step_times: list[float] = []
-    window_start = time.perf_counter()
+    step_times, window_start, cycle = [], time.perf_counter(), config.timing_cycle
+    least = settings.measure_steps if cycle is None else 2 * cycle * -(-settings.measure_steps // (2 * cycle))
 
     def wants_more() -> bool:
-        if len(step_times) < settings.measure_steps:
+        if len(step_times) < least or (cycle is not None and len(step_times) % cycle):  # (cycles are timed whole)
             return True
-        if len(step_times) >= MAX_MEASURE_STEPS:
+        if len(step_times) >= max(MAX_MEASURE_STEPS, least):
             return False
         elapsed = time.perf_counter() - window_start
         if elapsed < settings.measure_seconds:
@@ -273,21 +275,23 @@ def _time_window(probe: _Probe, report: Callable[[str], None]) -> None:
         # A probe's noisy window (a busy machine) grows before it is taken, within WINDOW_GROWTH
         # times its seconds (the probe's timeout and the command's deadline still hold it: runner.py).
         # A window of the confirmation round does not: the round repeats windows instead.
-        return (not probe.request.timing_only and (relative_spread(step_times) or 0.0) > NOISY_WINDOW
+        return (not probe.request.timing_only and (window_seconds(step_times, cycle)[1] or 0.0) > NOISY_WINDOW
                 and elapsed < WINDOW_GROWTH * settings.measure_seconds)
 
     # Ranks step together: each would judge the window by its own clock, and one that stopped
     # while another took a step more would leave it waiting in that step's collectives.
     go_on = distributed.all_agree if config.ranks > 1 else (lambda wanted, device: wanted)
     while go_on(wants_more(), probe.device):
+        if cycle is not None and len(step_times) % cycle == 0:
+            step.draw_cycle(len(step_times) // cycle)
         step_started = time.perf_counter()
         probe.losses.append(step())
         _synchronize(probe.device)
         step_times.append(time.perf_counter() - step_started)
+    step.drawn = None  # (the later phases and the next window start from the worst batch again)
     result.measured_seconds = time.perf_counter() - window_start
     result.measured_steps, result.step_times = len(step_times), step_times
-    result.step_seconds = median_seconds(step_times)
-    result.step_spread = relative_spread(step_times)
+    result.step_seconds, result.step_spread = window_seconds(step_times, cycle)
     if result.compile_seconds is not None:  # the first compiled step, less what a step costs anyway
         result.compile_seconds = max(0.0, result.compile_seconds - result.step_seconds)
     result.tokens_per_s = config.tokens_per_step / result.step_seconds

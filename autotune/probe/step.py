@@ -228,6 +228,10 @@ def synthetic_batch(config: ProbeConfig, vocab_size: int, device: torch.device) 
     input_ids = torch.randint(0, vocab_size, shape, device=device)
     task = Task(config.task)
     if task == Task.CAUSAL_LM:
+        if config.lengths is not None:  # trained per example: the worst padded batch, its padding without loss
+            mask = padding_mask(*shape, device)
+            return {"input_ids": input_ids, "attention_mask": mask,
+                    "labels": torch.where(mask.bool(), input_ids, torch.full_like(input_ids, -100))}
         return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": input_ids}
     if task == Task.SEQ2SEQ:
         assert config.target_length is not None
@@ -250,6 +254,23 @@ def synthetic_batch(config: ProbeConfig, vocab_size: int, device: torch.device) 
     masked = torch.where(chosen & (fate < 0.8), torch.full_like(input_ids, vocab_size - 1), input_ids)
     randomised = torch.where(chosen & (fate >= 0.8) & (fate < 0.9), torch.randint_like(input_ids, 0, vocab_size), masked)
     return {"input_ids": randomised, "attention_mask": torch.ones_like(input_ids), "labels": labels}
+
+
+def drawn_batch(config: ProbeConfig, rows: list[int], vocab_size: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """A micro-batch of examples of the token counts `rows` (drawn from the data's lengths:
+    autotune.lengths.timing_rows), padded on the right to the longest, as DataCollatorWithPadding and
+    TRL's collator pad them: the padding masked out of attention and, for a causal LM, of the loss."""
+    length = max(rows)
+    lengths = torch.tensor(rows, device=device)
+    mask = (torch.arange(length, device=device)[None, :] < lengths[:, None]).long()
+    input_ids = torch.randint(0, vocab_size, (len(rows), length), device=device)
+    if Task(config.task) == Task.CAUSAL_LM:
+        return {"input_ids": input_ids, "attention_mask": mask,
+                "labels": torch.where(mask.bool(), input_ids, torch.full_like(input_ids, -100))}
+    assert config.num_labels is not None
+    labels = (torch.rand(len(rows), device=device) if config.num_labels == 1
+              else torch.randint(0, config.num_labels, (len(rows),), device=device))
+    return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
 
 
 def padding_mask(rows: int, length: int, device: torch.device) -> torch.Tensor:
@@ -359,11 +380,35 @@ class ProbeStep:
         self.autocast = (lambda: torch.autocast(device.type, dtype=dtype)) if dtype else contextlib.nullcontext
         self.scaler = torch.amp.GradScaler(device.type) if config.precision == "fp16" else None
         # Two synthetic batches of the task's shape and vocabulary, alternated: like a data loader's
-        # prefetched batch, they are part of the memory a real run holds.
+        # prefetched batch, they are part of the memory a real run holds. With the data's lengths
+        # (autotune.lengths) these are its worst batch, which memory is measured on; the timed window
+        # then draws its batches from the lengths (time_drawn_batches).
+        self.vocab_size = vocab_size
         self.batches = [synthetic_batch(config, vocab_size, device) for _ in range(2)]
+        self.drawn: list[dict[str, torch.Tensor]] | None = None
+        self.next_drawn = 0
         # On several ranks the micro-steps before the last keep their gradients on the rank, and the
         # last one synchronises them (as Trainer does with accelerate's no_sync).
         self.deferred_sync = deferred_sync(model) if config.ranks > 1 else None
+
+    def draw_cycle(self, cycle: int) -> None:
+        """The micro-batches of the timed window's `cycle`-th cycle (autotune.lengths.cycle_steps
+        steps), drawn from the data's lengths: the steps after this take them in order."""
+        from autotune.lengths import timing_rows
+
+        config = self.config
+        rows = timing_rows(config.lengths, config.micro_batch, config.micro_batch * config.grad_accum, config.block_size,
+                           cycle)
+        self.drawn = [drawn_batch(config, rows[i:i + config.micro_batch], self.vocab_size, self.device)
+                      for i in range(0, len(rows), config.micro_batch)]
+        self.next_drawn = 0
+
+    def _batch(self, micro: int) -> dict[str, torch.Tensor]:
+        if self.drawn is None:
+            return self.batches[micro % 2]
+        batch = self.drawn[self.next_drawn % len(self.drawn)]
+        self.next_drawn += 1
+        return batch
 
     def compile_forward(self) -> None:
         """Run the model compiled from the next step on (the first compiled step compiles it)."""
@@ -378,7 +423,7 @@ class ProbeStep:
             last = micro == self.config.grad_accum - 1
             with (self.deferred_sync() if self.deferred_sync is not None and not last else contextlib.nullcontext()):
                 with self.autocast():
-                    batch = self.batches[micro % 2]
+                    batch = self._batch(micro)
                     if self.trl_loss is not None:
                         loss = self.trl_loss(self.forward, batch, self.reads_values) / self.config.grad_accum
                     else:

@@ -145,6 +145,7 @@ class _Recipe:
         self.evaluation: dict[str, str | bool] = {}
         self.trust_remote_code = False
         self.trainer: str | None = None     # whose step the run takes, where not transformers' Trainer's
+        self.packing: bool | None = None    # examples packed into full blocks (True), or one per row, padded
         self.sources: dict[str, str] = {}
         self.said: list[str] = []
 
@@ -207,6 +208,8 @@ class _Recipe:
             flags["trust_remote_code"] = True
         if self.trainer is not None:
             flags["trainer"] = self.trainer
+        if self.packing is not None:
+            flags["packing"] = "on" if self.packing else "off"
         return RecipeFile(self.path, tool, text, self.document, flags, dict(self.sources), tuple(self.said))
 
 
@@ -275,7 +278,25 @@ def _axolotl(r: _Recipe) -> None:
         r.evaluation["eval_batch"] = str(r.whole("eval_batch_size")) if "eval_batch_size" in r.document else "auto"
         r.sources["eval_batch"] = "eval_batch_size" if "eval_batch_size" in r.document else "val_set_size (eval batch: auto)"
     r.trust_remote_code = bool(r.get("trust_remote_code"))
+    _read_packing(r, "sample_packing", default=False)
+    if not r.packing and r.get("pad_to_sequence_len"):
+        r.packing, r.sources["packing"] = True, "pad_to_sequence_len (every row padded to sequence_len: full rows)"
     _say_ranks(r, ("deepspeed", "fsdp", "fsdp_config"))
+
+
+def _read_packing(r: _Recipe, key: str, *, default: bool) -> None:
+    """The file's packing: examples packed into full blocks, or one per row padded to the batch's
+    longest (whose speed depends on the data's lengths: autotune.lengths); the tool's default where
+    the file says nothing. Padding-free batches (no padding computed) are not timed yet: said."""
+    value = r.get(key)
+    if value is not None and not isinstance(value, bool):
+        r.refuse(f"{key}: {value!r} is not true or false.")
+    r.packing = default if value is None else value
+    r.sources["packing"] = key if value is not None else f"{key} (default {str(default).lower()})"
+    if r.get("padding_free"):
+        r.say("padding_free: true: the probes time batches padded to their longest example; a padding-free run "
+              "computes no padding, so it runs faster than they measured (where its attention kernel keeps the "
+              "examples apart).")
 
 
 # --- LLaMA-Factory (hparams/{model,data,finetuning,training}_args.py) ----------------------------------
@@ -316,7 +337,10 @@ def _llamafactory(r: _Recipe) -> None:
     if r.get("do_eval") or r.get("val_size") or r.get("eval_dataset") or r.get("eval_strategy") not in (None, "no"):
         _trainer_evaluation(r)
     r.trust_remote_code = bool(r.get("trust_remote_code"))
+    # (packing: off for sft and on for pt where unset, as LLaMA-Factory's data_args decide it)
+    _read_packing(r, "packing", default=stage == "pt")
     if r.get("neat_packing"):
+        r.packing, r.sources["packing"] = True, "neat_packing"
         r.say("neat_packing: the probes measured full cutoff_len blocks, which packed batches are.")
     _say_ranks(r, ("deepspeed", "fsdp", "fsdp_config"))
 
@@ -355,6 +379,7 @@ def _trl(r: _Recipe) -> None:
     if r.get("do_eval") or r.get("eval_strategy") not in (None, "no"):
         _trainer_evaluation(r)
     r.trust_remote_code = bool(r.get("trust_remote_code", init.get("trust_remote_code")))
+    _read_packing(r, "packing", default=False)
     _say_ranks(r, ("fsdp", "fsdp_config", "deepspeed"))
 
 

@@ -22,6 +22,7 @@ from autotune.errors import BadInput
 from autotune.handoff import checkpointing_argument_names, tools
 from autotune.recipe_files import yaml_edit
 from autotune.recipe_files.read import RecipeFile, read_recipe_file
+from autotune.lengths import Lengths
 from autotune.recipes import PeftSpec
 
 if TYPE_CHECKING:
@@ -119,7 +120,11 @@ def _check_same_recipe(source: RecipeFile, best: BestConfig) -> None:
     asked: list[tuple[str, object, object]] = []
     if "model" in flags and not _same_model(str(flags["model"]), c.model):
         asked.append(("the model", flags["model"], c.model))
-    if "block_sizes" in flags and int(flags["block_sizes"]) != best.block_size:
+    # (with the data's lengths a block above the longest example was probed at it: truncating at the
+    # file's longer one cuts nothing more, SearchSpace.build)
+    capped = (c.lengths is not None and int(flags.get("block_sizes", 0)) > best.block_size
+              and Lengths.from_text(c.lengths).longest <= best.block_size)
+    if "block_sizes" in flags and int(flags["block_sizes"]) != best.block_size and not capped:
         asked.append(("a sequence length", flags["block_sizes"], best.block_size))
     if source.effective_batch != c.effective_batch:
         asked.append(("an effective batch", source.effective_batch, c.effective_batch))
@@ -133,6 +138,8 @@ def _check_same_recipe(source: RecipeFile, best: BestConfig) -> None:
         asked.append(("weights in", flags.get("weights_", "fp32"), c.weights))
     if "eval_batch" in flags and best.eval_batch is None:
         asked.append(("evaluation", "on", "off"))
+    if flags.get("packing") == "on" and c.lengths is not None:
+        asked.append(("packing", "on", "one example per row, padded (packing off)"))
     if asked:
         what, file_value, study_value = asked[0]
         raise BadInput(f"{source.path} asks {what} {file_value}, and study {study!r} measured {study_value}: search "

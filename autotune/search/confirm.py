@@ -31,7 +31,7 @@ from autotune.result import ProbeResult
 from autotune.space import micro_batch_family
 from autotune.status import ProbeStatus
 from autotune.store import LeaderboardRow, ProbeRecord, Store, StudyRecord
-from autotune.timing import median_seconds, noise, relative_spread
+from autotune.timing import noise, window_seconds
 
 class RoundStopped(Exception):
     """The round was told to stop (Ctrl-C, or no time left before the command's deadline) before
@@ -138,17 +138,20 @@ def contenders_of(rows: list[LeaderboardRow]) -> list[LeaderboardRow]:
 
 def suspects_of(rows: list[LeaderboardRow], contenders: list[LeaderboardRow]) -> list[LeaderboardRow]:
     """Configs measured slower than a smaller micro-batch of the same recipe that contends: more
-    sequences per micro-step is not slower per token unless something slowed that window, so
+    sequences per micro-step is not slower per token computed (padding included) unless something slowed that window, so
     each is measured again (at most one per contender)."""
     def family(row: LeaderboardRow) -> tuple:
         return micro_batch_family(row.config)
+
+    def work(row: LeaderboardRow) -> float:  # (padding included: a larger micro-batch pads more, autotune.lengths)
+        return (row.tokens_per_s or 0.0) * row.config.padded_per_real
 
     taken = {r.config_key for r in contenders}
     out = []
     for leader in contenders:
         slower_larger = [r for r in rows if r.config_key not in taken and family(r) == family(leader)
                          and r.config.micro_batch > leader.config.micro_batch
-                         and (r.tokens_per_s or 0.0) * (1 + CONTENDER_BAND) < (leader.tokens_per_s or 0.0)]
+                         and work(r) * (1 + CONTENDER_BAND) < work(leader)]
         if slower_larger:
             suspect = max(slower_larger, key=lambda r: r.config.micro_batch)
             taken.add(suspect.config_key)
@@ -448,8 +451,9 @@ def _stored_step_times(record: ProbeRecord, row: LeaderboardRow) -> list[float]:
 
 
 def _pooled(row: LeaderboardRow, step_times: list[float]) -> ProbeResult:
-    median = median_seconds(step_times)
     config = row.config
-    return replace(_as_result(row), step_seconds=median, step_spread=relative_spread(step_times), step_times=list(step_times),
-                   tokens_per_s=config.tokens_per_step / median, samples_per_s=config.effective_batch / median,
+    # (each window of batches drawn from the data's lengths is whole cycles: pooled, they still are)
+    seconds, spread = window_seconds(step_times, config.timing_cycle)
+    return replace(_as_result(row), step_seconds=seconds, step_spread=spread, step_times=list(step_times),
+                   tokens_per_s=config.tokens_per_step / seconds, samples_per_s=config.effective_batch / seconds,
                    measured_steps=len(step_times), measured_seconds=sum(step_times))

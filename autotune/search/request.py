@@ -135,7 +135,7 @@ def no_gpu_message(request: SearchRequest) -> str:
         steps = request.settings.warmup_steps + request.settings.measure_steps
         probes = [cpu_cost(c, dims, speed).step_seconds * steps for c in request.candidates]
         cost = (f", about {format_duration(probes[0])} a probe ({steps} optimizer steps of "
-                f"{request.candidates[0].tokens_per_step:,} tokens), up to {format_duration(sum(probes))} for its "
+                f"{request.candidates[0].padded_tokens_per_step:,.0f} tokens), up to {format_duration(sum(probes))} for its "
                 f"{len(probes)} candidates (predicted from this CPU's measured speed)")
     return (f"no CUDA device here: --device auto would search {model} on the CPU{cost}; pass --device cpu to search on "
             f"the CPU anyway, or run `autotune plan --model {model} --gpu NAME` to predict the search for a card "

@@ -86,7 +86,13 @@ STRATEGY_PRIORS = {"fsdp-grad-op": Prior(math.log(1.05), 0.5), "fsdp": Prior(mat
 # Tokens per micro-step at which a card's matmuls reach half their ceiling (planner/speed.py's
 # T_HALF_TOKENS); on a CPU far fewer fill the cores. Only the prior of the micro-batch's effect.
 HALF_FILL_TOKENS = {"cuda": 1024, "cpu": 256}
-MICRO_BATCH_SPREAD = 0.5
+# The micro-batch's effect is that curve times a factor shared by every micro-batch of the space
+# (FILL: how much of the curve this card and model show), plus each micro-batch's own departure
+# (MICRO_BATCH_SPREAD): two micro-batches measured teach the factor, so that a third, never
+# measured, is predicted from them and not from the curve alone (on a 2-core CPU a tiny GPT-2 ran
+# as fast per token at micro-batch 2 as at 8, where the curve said 2.6x slower).
+FILL = Prior(1.0, 0.5)
+MICRO_BATCH_SPREAD = 0.3
 BLOCK_SPREAD = 0.5
 
 
@@ -148,7 +154,9 @@ class SpeedModel:
         self.references = {lever: _reference(lever, candidates) for lever in LEVERS}
         self.largest_micro_batch = max(c.micro_batch for c in candidates)
         self.largest_block = max(c.block_size for c in candidates)
-        self.tokens_per_sequence = {c.block_size: c.tokens_per_sequence for c in candidates}
+        # (positions per sequence, padding included: what fills the cores)
+        self.tokens_per_sequence = {(c.block_size, c.micro_batch): c.padded_tokens_per_step / c.effective_batch
+                                    for c in candidates}
         names: dict[str, Prior] = {"intercept": Prior(0.0, UNKNOWN)}
         for config in candidates:
             for name in self._names(config):
@@ -173,7 +181,7 @@ class SpeedModel:
         levers = self._levers(config)
         names = list(levers)
         if config.micro_batch != self.largest_micro_batch:
-            names.append(f"micro_batch={config.micro_batch}")
+            names += ["micro_batch_fill", f"micro_batch={config.micro_batch}"]
             names += [f"{lever}*doublings" for lever in levers]
         if config.block_size != self.largest_block:
             names.append(f"block_size={config.block_size}")
@@ -186,17 +194,23 @@ class SpeedModel:
             return Prior(0.0, self.departures.speed_lever_pair if speed_lever else self.departures.pair)
         if name.endswith("*doublings"):
             return Prior(0.0, self.departures.slope)
+        if name == "micro_batch_fill":
+            return FILL
         lever, _, _ = name.partition("=")
         if lever == "micro_batch":
-            # A small micro-step leaves the cores idle: seconds per token ~ 1 + T/t for t tokens per micro-step.
-            half = HALF_FILL_TOKENS.get(self.device_type, HALF_FILL_TOKENS["cuda"])
-            per_sequence = self.tokens_per_sequence[config.block_size]
-            mean = math.log((1 + half / (config.micro_batch * per_sequence)) /
-                            (1 + half / (self.largest_micro_batch * per_sequence)))
-            return Prior(mean, MICRO_BATCH_SPREAD)
+            return Prior(0.0, MICRO_BATCH_SPREAD)
         if lever == "block_size":
             return Prior(0.0, BLOCK_SPREAD)
         return lever_prior(lever, getattr(config, lever), self.device_type)
+
+    def _fill(self, config: ProbeConfig) -> float:
+        """The curve of a small micro-step's idle cores: seconds per token ~ 1 + T/t for t tokens per
+        micro-step (padding included), on the log, against the space's largest micro-batch."""
+        half = HALF_FILL_TOKENS.get(self.device_type, HALF_FILL_TOKENS["cuda"])
+        per_sequence = self.tokens_per_sequence[(config.block_size, config.micro_batch)]
+        largest = self.tokens_per_sequence.get((config.block_size, self.largest_micro_batch), per_sequence)
+        return math.log((1 + half / (config.micro_batch * per_sequence)) /
+                        (1 + half / (self.largest_micro_batch * largest)))
 
     def row(self, config: ProbeConfig) -> list[float]:
         """x(config): the feature values of `config`."""
@@ -206,7 +220,8 @@ class SpeedModel:
             row[0] = 1.0
             doublings = self._doublings(config)
             for name in self._names(config):
-                row[self.index[name]] = doublings if name.endswith("*doublings") else 1.0
+                row[self.index[name]] = (doublings if name.endswith("*doublings") else
+                                         self._fill(config) if name == "micro_batch_fill" else 1.0)
             self._rows[config.key()] = row
         return row
 
@@ -215,7 +230,8 @@ class SpeedModel:
         """The posterior given the measured configs (those with a throughput)."""
         import numpy as np
 
-        points = [(c, r, r.tokens_per_s) for c, r in measured if r.tokens_per_s and r.tokens_per_s > 0]
+        # The model's work per second (padding included: autotune.lengths), which the levers' factors describe.
+        points = [(c, r, r.tokens_per_s * c.padded_per_real) for c, r in measured if r.tokens_per_s and r.tokens_per_s > 0]
         prior_mean = np.array([p.mean for p in self.priors])
         prior_precision = np.diag([1.0 / p.spread ** 2 for p in self.priors])
         precision, weighted = prior_precision.copy(), prior_precision @ prior_mean
@@ -247,5 +263,7 @@ class FittedSpeed:
         x = np.array(self.model.row(config))
         centre = float(x @ self.mean)
         spread = math.sqrt(float(x @ self.covariance @ x) + self.model.departures.noise ** 2)
-        return SpeedGuess(tokens_per_s=math.exp(-centre), optimistic_tokens_per_s=math.exp(-(centre - OPTIMISM * spread)),
+        real = 1.0 / config.padded_per_real  # (back to real tokens per second)
+        return SpeedGuess(tokens_per_s=real * math.exp(-centre),
+                          optimistic_tokens_per_s=real * math.exp(-(centre - OPTIMISM * spread)),
                           spread=spread, measured=self.measured)

@@ -238,7 +238,9 @@ class PredictiveStrategy:
                 out = fitted.guess(config)
                 larger = [(c, speed) for c, speed in measured.get(related.family, ()) if c.micro_batch > config.micro_batch]
                 if larger and self.model.departures.monotone_micro_batch:
-                    by, ceiling = min(larger, key=lambda item: item[1])
+                    # (in the model's work per second: a larger micro-batch pads more, autotune.lengths)
+                    by, ceiling = min(((c, speed * c.padded_per_real / config.padded_per_real) for c, speed in larger),
+                                      key=lambda item: item[1])
                     out = out.capped(ceiling, f"a smaller micro-batch than {by.label()}, measured at")
                 # Speed bounds whether or not the twin fits: checkpointing only adds recomputation,
                 # and another allocator setting runs the same kernels.

@@ -145,6 +145,8 @@ class LeaderboardRow:
             "rank": self.rank, "label": self.label, **self.config.to_dict(), "status": self.status,
             "tokens_per_s": self.tokens_per_s, "step_seconds": self.step_seconds, "step_spread": self.step_spread,
             "samples_per_s": self.samples_per_s, "mfu": self.mfu,
+            # (with the data's lengths: tokens_per_s counts real tokens; this share of those computed was padding)
+            "padding_share": self.config.padding_share,
             "peak_reserved_bytes": self.peak_reserved_bytes, "peak_allocated_bytes": self.peak_allocated_bytes,
             "context_bytes": self.context_bytes, "budget_bytes": self.budget_bytes,
             "margin_bytes": self.margin_bytes, "study": self.study, "probe_id": self.probe_id,

@@ -32,7 +32,7 @@ class RunMeter(TrainerCallback):
     step repeats them. It slows a step by about 40%, and the probe times its window without it: so
     the run's later steps go without it too, and each evaluation is watched again."""
 
-    def __init__(self, budget: MemoryCap, tokens_per_step: int, echo: Callable[[str], None] | None,
+    def __init__(self, budget: MemoryCap, tokens_per_step: float, echo: Callable[[str], None] | None,
                  eval_phase: str = EVAL) -> None:
         self.budget, self.tokens_per_step, self.echo = budget, tokens_per_step, echo
         self.eval_phase = eval_phase         # what an evaluation of this run is: eval, or generate

@@ -140,7 +140,7 @@ class RunSummary:
         return self.config.block_size
 
     @property
-    def tokens_per_step(self) -> int:
+    def tokens_per_step(self) -> float:
         return self.config.tokens_per_step
 
     @property
