@@ -204,7 +204,7 @@ class RunSummary:
         if self.steps_this_run < FEW_STEPS:
             reasons.append(f"it timed {self.steps_this_run} step{'s' if self.steps_this_run != 1 else ''}, whose first "
                            f"ones include warm-up")
-        if self.config.task in (Task.CLASSIFICATION, Task.SEQ2SEQ):
+        if self.config.task in (Task.CLASSIFICATION, Task.SEQ2SEQ) and self.config.lengths is None:
             reasons.append("its examples are padded to the block size as the example scripts pad them")
         if self.eval_blocks:
             reasons.append("evaluation ran beside it")

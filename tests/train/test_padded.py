@@ -3,8 +3,9 @@
 A tiny BERT classifier on a CSV of texts of many lengths, searched with --dataset under a budget
 between what a training step needs without the attention mask and with it: the probes carry the
 mask of the worst padded batch (autotune.tasks.padded_lengths), so the config whose masked step does
-not fit is ruled out, and the pick trains under `autotune train` with its peak within 1% of its
-probe's, for eager attention (where the mask costs most) and sdpa; a Pegasus on JSONL pairs too.
+not fit is ruled out, and the pick trains under `autotune train` (each batch padded to its longest,
+as the probes timed it) never above its probe's peak, and within 1% of it where every batch is the
+worst, for eager attention (where the mask costs most) and sdpa; a Pegasus on JSONL pairs too.
 Without the mask the probe of the largest config measured less than its run needs (it "fit")."""
 
 from __future__ import annotations
@@ -120,8 +121,28 @@ def test_the_pick_of_a_padded_search_trains_under_its_budget(padded, runner, tmp
     assert statuses[4] == "oom" and tight.best is not None and tight.best.config.micro_batch == 2, statuses
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # The run pads each batch to its longest example, as the probes timed it (autotune.lengths): its
+    # peak is its worst batch's, which its first batches need not reach, and never more than the probe's.
     outcome = train(TrainOptions(dataset=str(padded["reviews"]), output_dir=str(tmp_path / "run"), max_steps=4,
                                  device="cpu"), study=f"tight-{attention}", db=padded["db"], echo=lambda line: None)
+    assert outcome.status == RunEnd.FINISHED, outcome.message
+    assert tight.best.config.lengths is not None and outcome.summary.peak_vs_probe <= 1.01, outcome.summary
+    # A run of the worst batch (the data's longest example beside a shorter one, whose padding puts
+    # zeros in the mask: autotune.tasks.padded_lengths) peaks at the probe's: four examples, two of
+    # each length, two micro-batches of two each optimizer step (fewer rows than that and Trainer
+    # steps without accumulating); Trainer's sampler is seeded, so the same batches every run.
+    from transformers import AutoTokenizer
+
+    tokens = AutoTokenizer.from_pretrained(padded["models"]["bert-classification"])
+    with padded["reviews"].open() as f:
+        longest = max((row[0] for row in list(csv.reader(f))[1:]), key=lambda text: len(tokens(text)["input_ids"]))
+    assert len(tokens(longest)["input_ids"]) == tight.best.config.block_size
+    worst = tmp_path / "worst.csv"
+    with worst.open("w", newline="") as f:
+        csv.writer(f).writerows([["text", "label"], [longest, "neg"], [longest[:len(longest) // 2], "pos"],
+                                 [longest, "neutral"], [longest[:len(longest) // 2], "neg"]])
+    outcome = train(TrainOptions(dataset=str(worst), output_dir=str(tmp_path / "worst"), max_steps=4, device="cpu"),
+                    study=f"tight-{attention}", db=padded["db"], echo=lambda line: None)
     assert outcome.status == RunEnd.FINISHED, outcome.message
     assert 0.99 <= outcome.summary.peak_vs_probe <= 1.01, outcome.summary
 
