@@ -82,10 +82,6 @@ class Lengths:
                 f"{cut[int(0.9 * QUANTILES)]:,} tokens")
 
 
-def parse(text: str | None) -> Lengths | None:
-    return None if text is None else Lengths.from_text(text)
-
-
 @functools.lru_cache(maxsize=1024)
 def expected_padded_row(text: str, rows: int, block: int) -> float:
     """The expected tokens of each row of a batch of `rows` examples padded to its longest (truncated

@@ -105,15 +105,16 @@ def _spread(row: LeaderboardRow) -> str:
 
 def leaderboard_table(rows: Sequence[LeaderboardRow], top: int = TOP) -> str:
     """The fastest `top` configs that fit, as a Markdown table."""
-    lines = ["| rank | config | tokens/s | step s | peak reserved | needs | of the budget |",
-             "|---:|---|---:|---:|---:|---:|---:|"]
+    padded = any(row.config.lengths is not None for row in rows)  # (the data's lengths: real tokens, padding shown)
+    lines = [f"| rank | config | {'real ' if padded else ''}tokens/s | step s | peak reserved | needs | of the budget |"
+             + (" padding |" if padded else ""), "|---:|---|---:|---:|---:|---:|---:|" + ("---:|" if padded else "")]
     for row in rows[:top]:
         needs = required_bytes(row.peak_reserved_bytes, row.context_bytes)
         share = f"{100 * Budget(row.budget_bytes, row.margin_bytes).share(needs):.0f}%" if needs is not None else "-"
         speed = f"{row.tokens_per_s:,.0f}{_spread(row)}" if row.tokens_per_s is not None else "-"
         step = f"{row.step_seconds:.3f}" if row.step_seconds is not None else "-"
         lines.append(f"| {row.rank} | `{_cell(row.label)}` | {speed} | {step} | {format_size(row.peak_reserved_bytes)} "
-                     f"| {format_size(needs)} | {share} |")
+                     f"| {format_size(needs)} | {share} |" + (f" {100 * (row.config.padding_share or 0):.0f}% |" if padded else ""))
     return "\n".join(lines)
 
 

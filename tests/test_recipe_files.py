@@ -257,6 +257,9 @@ def test_a_trl_file_with_packing_or_without_is_searched_as_it_trains_and_written
     assert tuned["per_device_train_batch_size"] == best["micro_batch"]
     assert ("packing" in tuned) == packing and tuned.get("packing", False) is packing
     assert "packing" not in diffed_keys(diff)
+    if not packing:  # the study is of its data's lengths: not resumed without them
+        again = invoke("search", "--from", str(path), "--study", study, *SEARCH, "--db", work["db"])
+        assert again.returncode == 2 and "give the same --dataset (and --packing) again" in again.stderr
     if not packing:  # a file asking for packing cannot take the per-example study's winner
         packed = write(work, "sft-now-packed.yml", TRL_PACKING.format(how="packed", packing="packing: true\n"))
         refused = autotune("best", "--study", study, "--update", str(packed), "--db", work["db"])

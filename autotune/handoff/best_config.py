@@ -92,9 +92,12 @@ class BestConfig:
         c, row = self.config, self.row
         needed = required_bytes(row.peak_reserved_bytes, row.context_bytes) or 0
         spare = Budget(row.budget_bytes, row.margin_bytes).headroom(needed)
-        speed = "-" if row.tokens_per_s is None else f"{row.tokens_per_s:,.0f} tokens/s"
+        real = "" if c.lengths is None else "real "  # (batches of the data's lengths: padding left out)
+        speed = "-" if row.tokens_per_s is None else f"{row.tokens_per_s:,.0f} {real}tokens/s"
         if row.step_seconds is not None:
             speed += f" ({row.step_seconds:.3f} s per optimizer step)"
+        if c.padding_share is not None:
+            speed += f", {100 * c.padding_share:.0f}% of its batches padding (your data's lengths)"
         said = self._verdict()
         task = c.task if c.target_length is None and c.num_labels is None else (
             f"{c.task}, target {c.target_length} tokens" if c.target_length is not None else f"{c.task}, {c.num_labels} labels")

@@ -24,6 +24,7 @@ from autotune.status import RETRYABLE, ClaimState
 from autotune.store import Store
 from autotune.evaluation import EVAL_RECIPE
 from autotune.recipes import DEFAULT_TRAINER
+from autotune.lengths import Lengths
 from autotune.tasks import stored_fixed_recipe
 
 Predictor = Callable[[list[ProbeConfig], str], dict[str, Prediction]]
@@ -145,8 +146,17 @@ def _check_resumable(store: Store, request: SearchRequest) -> None:
     stored = stored_fixed_recipe(study.space)
     if request.space.fixed_recipe != stored:
         def listed(fields: dict) -> str:
-            # The fields at the plain recipe's value (no evaluation, Trainer's step) go unsaid.
-            return ", ".join(f"{k} {v}" for k, v in fields.items() if v is not None and
+            # The fields at the plain recipe's value (no evaluation, Trainer's step) go unsaid; the
+            # data's lengths by what they are (a --dataset's).
+            def said(name: str, value: object) -> str:
+                if name == "lengths":
+                    return f"batches of a --dataset's lengths ({Lengths.from_text(str(value)).describe(10**9)})"
+                return f"{name} {value}"
+
+            return ", ".join(said(k, v) for k, v in fields.items() if v is not None and
                              (k not in EVAL_RECIPE or v != EVAL_RECIPE[k]) and (k != "trainer" or v != DEFAULT_TRAINER))
+        if stored.get("lengths") is not None and request.space.fixed_recipe.get("lengths") is None:
+            raise BadInput(f"study {name!r} timed batches of a --dataset's lengths: give the same --dataset (and "
+                           f"--packing) again to resume it, or a new --study name.")
         raise BadInput(f"study {name!r} measured {listed(stored)}, not {listed(request.space.fixed_recipe)}: its leaderboard "
                        f"would mix what is trained; give a new --study name.")
