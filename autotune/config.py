@@ -28,7 +28,8 @@ KEY_VERSION = "p1"
 # at the value that means what a p1 config meant, so that the keys (and stored probes) of causal-LM
 # configs stay valid.
 _LATER_FIELDS = {**FIXED_RECIPE, "weights": recipes.DEFAULT_WEIGHTS, "compile": False,
-                 "allocator": speed.DEFAULT_ALLOCATOR, "liger": False, "gpus": 1, "strategy": None, "nodes": 1}
+                 "allocator": speed.DEFAULT_ALLOCATOR, "liger": False, "gpus": 1, "strategy": None, "nodes": 1,
+                 "sampling": data_lengths.DEFAULT_SAMPLING}
 
 # Tasks whose batches can be drawn from the data's lengths, each padded to its longest row: a
 # classifier (DataCollatorWithPadding) and a causal LM trained per example (TRL's packing=False).
@@ -82,6 +83,7 @@ class ProbeConfig:
     # to its longest row, are timed, and throughput counts their real tokens. None: every row is
     # full (a causal LM's packed blocks, or a padded task's worst batch where no data was given).
     lengths: str | None = None
+    sampling: str = data_lengths.DEFAULT_SAMPLING  # the run's sampler: random, or group_by_length (a recipe lever)
 
     def __post_init__(self) -> None:
         if isinstance(self.optimizer, str):  # (TrainingArguments' names for the same optimizers)
@@ -130,6 +132,11 @@ class ProbeConfig:
             if self.task in TASKS and self.task not in LENGTHS_TASKS:
                 problems.append(f"batches of the data's lengths are timed for {' and '.join(LENGTHS_TASKS)}, not "
                                 f"{self.task}")
+        if self.sampling not in data_lengths.SAMPLINGS:
+            problems.append(f"--sampling {self.sampling!r} is unknown; choose from {', '.join(data_lengths.SAMPLINGS)}")
+        elif self.sampling != data_lengths.DEFAULT_SAMPLING and self.lengths is None:
+            problems.append(f"--sampling {self.sampling} groups batches by the data's lengths: give --dataset (a causal "
+                            f"LM with --packing off)")
         if self.task in TASKS:
             problems += recipes.trainer_problems(self.trainer, self.task)
         if self.task in TASKS:
@@ -178,7 +185,8 @@ class ProbeConfig:
     def padded_tokens_per_step(self) -> float:
         """Positions the model computes per optimizer step, padding included."""
         if self.lengths is not None:
-            return self.effective_batch * data_lengths.expected_padded_row(self.lengths, self.micro_batch, self.block_size)
+            return self.effective_batch * data_lengths.padded_row(self.lengths, self.micro_batch, self.rows_per_step,
+                                                                  self.block_size, self.sampling)
         return self.effective_batch * self.tokens_per_sequence
 
     @property
@@ -186,7 +194,13 @@ class ProbeConfig:
         """The share of the computed tokens that are padding (None: no data lengths, none counted)."""
         if self.lengths is None:
             return None
-        return data_lengths.padding_share(self.lengths, self.micro_batch, self.block_size)
+        return data_lengths.padding_share(self.lengths, self.micro_batch, self.block_size,
+                                          rows_per_step=self.rows_per_step, sampling=self.sampling)
+
+    @property
+    def rows_per_step(self) -> int:
+        """Examples each rank takes per optimizer step (a sampler's batch: transformers' LengthGroupedSampler's)."""
+        return self.micro_batch * self.grad_accum
 
     @property
     def padded_per_real(self) -> float:
@@ -198,7 +212,7 @@ class ProbeConfig:
     @property
     def timing_cycle(self) -> int | None:
         """Steps of the timed window's cycles (autotune.timing.window_seconds); None: steps of one shape."""
-        return None if self.lengths is None else data_lengths.cycle_steps(self.micro_batch * self.grad_accum)
+        return None if self.lengths is None else data_lengths.cycle_steps(self.rows_per_step)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -242,6 +256,8 @@ class ProbeConfig:
             label += f" {self.allocator}"
         if self.liger:
             label += " liger"
+        if self.sampling != data_lengths.DEFAULT_SAMPLING:
+            label += " grouped"
         label += sharding.label(self.gpus, self.strategy, self.nodes)
         return label + evaluation.label(self)
 

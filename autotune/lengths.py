@@ -31,6 +31,12 @@ from autotune.errors import BadInput
 QUANTILES = 64   # points kept of a data set's lengths: the (i + 0.5)/64 quantiles
 PREFIX = "q"     # the text form's first letter, so that a later form can be told apart
 SHUFFLES = 16    # orders tried for each timed cycle (timing_rows)
+# How the run's sampler orders the examples (a recipe lever: the order is what is trained on), as
+# transformers' TrainingArguments names it (train_sampling_strategy; group_by_length=True before 5.x):
+# at random, or sorted by length within mega-batches (LengthGroupedSampler), so that a micro-batch's
+# rows are of about one length and pad little.
+SAMPLINGS = ("random", "group_by_length")
+DEFAULT_SAMPLING = "random"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +102,21 @@ def expected_padded_row(text: str, rows: int, block: int) -> float:
     return total
 
 
-def padding_share(text: str, rows: int, block: int) -> float:
+def padded_row(text: str, micro_batch: int, rows_per_step: int, block: int, sampling: str = DEFAULT_SAMPLING) -> float:
+    """The expected tokens of each row of a micro-batch padded to its longest, as the run's sampler
+    draws them: at random (expected_padded_row), or grouped by length (the timed cycle's sorted rows:
+    grouped_rows)."""
+    if sampling == DEFAULT_SAMPLING:
+        return expected_padded_row(text, micro_batch, block)
+    rows = grouped_rows(text, rows_per_step, block)
+    return sum(micro_batch * max(rows[i:i + micro_batch]) for i in range(0, len(rows), micro_batch)) / len(rows)
+
+
+def padding_share(text: str, rows: int, block: int, *, rows_per_step: int | None = None,
+                  sampling: str = DEFAULT_SAMPLING) -> float:
     """The share of a padded batch's tokens that are padding, expected."""
-    return 1.0 - Lengths.from_text(text).mean(block) / expected_padded_row(text, rows, block)
+    padded = padded_row(text, rows, rows_per_step or rows, block, sampling)
+    return 1.0 - Lengths.from_text(text).mean(block) / padded
 
 
 def real_tokens_per_row(text: str, block: int) -> float:
@@ -112,13 +130,27 @@ def cycle_steps(rows_per_step: int) -> int:
     return max(2, QUANTILES // math.gcd(QUANTILES, rows_per_step))
 
 
-def timing_rows(text: str, micro_batch: int, rows_per_step: int, block: int, cycle: int) -> list[int]:
+def grouped_rows(text: str, rows_per_step: int, block: int) -> list[int]:
+    """A timed cycle's rows as transformers' LengthGroupedSampler orders them: every quantile
+    equally often, longest first, so that consecutive rows (a micro-batch) are of about one length.
+    The sampler sorts mega-batches of 50 optimizer steps' rows; the cycle, of fewer, groups a little
+    more coarsely: it pads no less than the run does."""
+    points = sorted((min(p, block) for p in Lengths.from_text(text).points), reverse=True)
+    copies = cycle_steps(rows_per_step) * rows_per_step // QUANTILES
+    return [p for p in points for _ in range(copies)]
+
+
+def timing_rows(text: str, micro_batch: int, rows_per_step: int, block: int, cycle: int,
+                sampling: str = DEFAULT_SAMPLING) -> list[int]:
     """The example lengths (truncated at `block`) of the `cycle`-th cycle of a run's steps, in the
     order a random sampler would draw them: each quantile equally often, so that the cycle's real
     tokens are exactly the data's mean times its rows. Of SHUFFLES seeded orders (seeded by the
     cycle: every process draws the same), the one whose micro-batches of `micro_batch` consecutive
     rows pad to the expected positions most nearly: one cycle's grouping then stands for the
-    data's, where a single random order of 64 rows in 8 batches of 8 pads 5% more or less."""
+    data's, where a single random order of 64 rows in 8 batches of 8 pads 5% more or less. Grouped
+    by length: grouped_rows, every cycle alike."""
+    if sampling != DEFAULT_SAMPLING:
+        return grouped_rows(text, rows_per_step, block)
     points = [min(p, block) for p in Lengths.from_text(text).points]
     drawn = points * (cycle_steps(rows_per_step) * rows_per_step // QUANTILES)
     expected = expected_padded_row(text, micro_batch, block) * len(drawn)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotune import defaults, evaluation, recipes, sharding, speed
+from autotune import lengths as data_lengths
 from autotune.config import ATTENTIONS, PRECISIONS, ProbeConfig
 from autotune.errors import BadInput
 from autotune.evaluation import recipe_fields
@@ -45,6 +46,7 @@ class SearchSpace:
     # FixedRecipe levers the user allows the search to choose among (autotune.recipes).
     optimizers: tuple[str, ...] = (recipes.DEFAULT_OPTIMIZER,)
     weights: tuple[str, ...] = (recipes.DEFAULT_WEIGHTS,)
+    samplings: tuple[str, ...] = (data_lengths.DEFAULT_SAMPLING,)  # the run's sampler (autotune.lengths.SAMPLINGS)
     # Speed levers the search chooses among (autotune.speed): they keep the math.
     compiles: tuple[bool, ...] = (False,)
     allocators: tuple[str, ...] = (speed.DEFAULT_ALLOCATOR,)
@@ -91,6 +93,14 @@ class SearchSpace:
         for value in self.optimizers:
             if value not in recipes.OPTIMIZERS:
                 problems.append(f"--optimizers: {value!r} is unknown; choose from {recipes.optimizer_names()}")
+        for value in self.samplings:
+            if value not in data_lengths.SAMPLINGS:
+                problems.append(f"--sampling: {value!r} is unknown; choose from {', '.join(data_lengths.SAMPLINGS)}")
+        if not self.samplings:
+            problems.append("--sampling needs at least one value")
+        elif set(self.samplings) != {data_lengths.DEFAULT_SAMPLING} and self.lengths is None:
+            problems.append("--sampling group_by_length groups batches by the data's lengths: give --dataset (a causal "
+                            "LM with --packing off)")
         for value in self.weights:
             if value not in recipes.WEIGHTS:
                 problems.append(f"--weights: {value!r} is unknown; choose from {', '.join(recipes.WEIGHTS)}")
@@ -117,7 +127,7 @@ class SearchSpace:
               attentions=None, effective_batch=None, effective_tokens=None, task=None, target_length=None,
               num_labels=None, optimizers=None, weights=None, peft=None, trainer=None, compiles=None, allocators=None,
               ligers=None, evaluation: dict | None = None, gpus: int = 1, strategies=None, nodes: int = 1,
-              data_shape: DataShape | None = None, packing: bool | None = None) -> "SearchSpace":
+              data_shape: DataShape | None = None, packing: bool | None = None, samplings=None) -> "SearchSpace":
         # `evaluation`: what the command line asked of the run's evaluation (evaluation.recipe_fields).
         """A space for `spec` with documented defaults for whatever is not given, checked against
         the model (block sizes within its maximum positions; the task from its architectures).
@@ -177,6 +187,7 @@ class SearchSpace:
             effective_tokens=effective_tokens,
             optimizers=tuple(dict.fromkeys(recipes.canonical_optimizer(o) for o in optimizers or (recipes.DEFAULT_OPTIMIZER,))),
             weights=tuple(dict.fromkeys(weights or (recipes.DEFAULT_WEIGHTS,))),
+            samplings=tuple(dict.fromkeys(samplings or (data_lengths.DEFAULT_SAMPLING,))),
             peft=peft,
             trainer=trainer or recipes.DEFAULT_TRAINER,
             compiles=tuple(dict.fromkeys(compiles or (False,))),
@@ -209,8 +220,9 @@ class SearchSpace:
     def candidates(self) -> list[ProbeConfig]:
         """Every configuration of the space that keeps the effective batch exact."""
         out = []
-        for optimizer, weights, compiled, allocator, liger, strategy in itertools.product(
-                self.optimizers, self.weights, self.compiles, self.allocators, self.ligers, self.strategies or (None,)):
+        for optimizer, weights, compiled, allocator, liger, strategy, sampling in itertools.product(
+                self.optimizers, self.weights, self.compiles, self.allocators, self.ligers, self.strategies or (None,),
+                self.samplings):
             for precision in self.precisions:
                 if weights == "bf16" and precision == "fp16":
                     continue  # pure bf16 does not train in fp16
@@ -223,7 +235,7 @@ class SearchSpace:
                                            precision=precision, checkpointing=checkpointing, attention=attention,
                                            optimizer=optimizer, weights=weights, task=self.task,
                                            target_length=self.target_length, num_labels=self.num_labels, peft=self.peft,
-                                           trainer=self.trainer, lengths=self.lengths, compile=compiled, allocator=allocator, liger=liger, gpus=self.gpus,
+                                           trainer=self.trainer, lengths=self.lengths, sampling=sampling, compile=compiled, allocator=allocator, liger=liger, gpus=self.gpus,
                                            strategy=strategy, nodes=self.nodes, **self.evaluation))
         if not out:
             work = f"{self.effective_batch} sequences" if self.effective_batch else f"{self.effective_tokens} tokens"
@@ -257,6 +269,8 @@ class SearchSpace:
             data["optimizers"] = list(self.optimizers)
         if self.weights != (recipes.DEFAULT_WEIGHTS,):
             data["weights"] = list(self.weights)
+        if self.samplings != (data_lengths.DEFAULT_SAMPLING,):
+            data["samplings"] = list(self.samplings)
         for name, plain in (("compiles", (False,)), ("allocators", (speed.DEFAULT_ALLOCATOR,)), ("ligers", (False,))):
             if getattr(self, name) != plain:
                 data[name] = list(getattr(self, name))
@@ -297,7 +311,8 @@ def group_key(config: ProbeConfig) -> tuple:
     can therefore fit where a smaller, accumulating one does not: it gets a group of its own.
     """
     return (config.precision, config.checkpointing, config.attention, config.block_size, config.grad_accum > 1,
-            config.optimizer, config.weights, config.compile, config.allocator, config.liger, config.strategy)
+            config.optimizer, config.weights, config.compile, config.allocator, config.liger, config.strategy,
+            config.sampling)
 
 
 def micro_batch_family(config: ProbeConfig) -> tuple:

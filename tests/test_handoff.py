@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from autotune.handoff import best_config
+from autotune.handoff import argument_names
 from autotune.config import ProbeConfig
 from autotune.handoff import checkpointing_argument_names
 from autotune.recipes import peft_text
@@ -28,7 +28,7 @@ def transformers_version(monkeypatch):
                 raise importlib.metadata.PackageNotFoundError(name)
             return version if name == "transformers" else importlib.metadata.version(name)
 
-        monkeypatch.setattr(best_config.importlib.metadata, "version", read)
+        monkeypatch.setattr(argument_names.importlib.metadata, "version", read)
         checkpointing_argument_names.cache_clear()
 
     yield pretend

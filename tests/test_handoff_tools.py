@@ -125,10 +125,11 @@ compute_accuracy disable_shuffling early_stopping_steps plot_loss include_effect
 ray_num_workers ray_init_kwargs master_addr master_port overwrite_output_dir
 """.split())
 # Its TrainingArguments is transformers' Seq2SeqTrainingArguments (pinned <=5.8.0): the fields of it emitted
-# (each in every transformers from 4.34 on; checked against the installed one below).
+# (each in every transformers from 4.34 on, train_sampling_strategy from its 2026 train-sampler unification;
+# checked against the installed one below).
 LLAMAFACTORY_TRAINING_ARGUMENTS = frozenset("""
 per_device_train_batch_size per_device_eval_batch_size gradient_accumulation_steps bf16 fp16 tf32 optim optim_args
-torch_compile prediction_loss_only eval_accumulation_steps ddp_find_unused_parameters use_cpu
+torch_compile prediction_loss_only eval_accumulation_steps ddp_find_unused_parameters use_cpu train_sampling_strategy
 """.split())
 LLAMAFACTORY_ATTENTIONS = {"auto", "disabled", "sdpa", "fa2", "fa3"}  # extras/constants.py, AttentionFunction
 

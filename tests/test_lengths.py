@@ -199,3 +199,57 @@ def test_packing_off_is_refused_for_a_task_whose_examples_are_padded_already(tmp
     bert = resolve_model(str(write_tiny(tmp_path, "bert-classification")))
     with pytest.raises(BadInput, match="--packing off is for --task causal-lm"):
         SearchSpace.build(bert, effective_batch=8, packing=False)
+
+
+def test_grouped_by_length_each_micro_batch_is_of_about_one_length_and_pads_little():
+    grouped = [lengths.padding_share(TEXT, rows, BLOCK, rows_per_step=8, sampling="group_by_length") for rows in (2, 4, 8)]
+    drawn = [lengths.padding_share(TEXT, rows, BLOCK) for rows in (2, 4, 8)]
+    assert all(g < d / 3 for g, d in zip(grouped, drawn)) and grouped[-1] < 0.2, (grouped, drawn)
+    rows = lengths.timing_rows(TEXT, 4, 8, BLOCK, 3, "group_by_length")
+    assert rows == sorted(rows, reverse=True) == lengths.timing_rows(TEXT, 4, 8, BLOCK, 0, "group_by_length")
+    cut = sorted(min(p, BLOCK) for p in lengths.Lengths.from_text(TEXT).points)
+    assert sorted(rows) == sorted(cut * (len(rows) // lengths.QUANTILES))  # every length, equally often
+    config_grouped = config(4, sampling="group_by_length")
+    assert config_grouped.label().endswith(" trl grouped") and config_grouped.key() != config(4).key()
+    assert config_grouped.tokens_per_step == config(4).tokens_per_step  # the same examples: other batches
+    assert config_grouped.padded_tokens_per_step < config(4).padded_tokens_per_step
+    with pytest.raises(BadInput, match="groups batches by the data's lengths: give --dataset"):
+        config(4, sampling="group_by_length", lengths=None)
+    with pytest.raises(BadInput, match="--sampling 'sorted' is unknown"):
+        config(4, sampling="sorted")
+
+
+def test_the_sampler_is_handed_off_as_each_tool_names_it_and_read_back_from_its_files(tmp_path):
+    from autotune.handoff.argument_names import sampling_arguments
+    from autotune.handoff.tools import axolotl_document, llamafactory_document, trl_document
+    from autotune.recipe_files import read_recipe_file
+
+    best = best_of(config(4, sampling="group_by_length"))
+    key = next(iter(sampling_arguments("group_by_length")))
+    assert key in ("train_sampling_strategy", "group_by_length") and sampling_arguments("random") == {}
+    assert trl_document(best)[key] in ("group_by_length", True) and key in best.trainer_kwargs()
+    assert axolotl_document(best)["group_by_length"] is True
+    assert llamafactory_document(best)["train_sampling_strategy"] == "group_by_length"
+    assert "group_by_length" not in axolotl_document(best_of(config(4)))
+    for name, text in (("trl.yml", "model_name_or_path: gpt2\nmax_length: 64\ngroup_by_length: true\n"),
+                       ("trl2.yml", "model_name_or_path: gpt2\nmax_length: 64\ntrain_sampling_strategy: group_by_length\n"),
+                       ("a.yml", "base_model: gpt2\nsequence_len: 64\ngroup_by_length: true\n")):
+        (tmp_path / name).write_text(text)
+        assert read_recipe_file(tmp_path / name).flags["sampling"] == "group_by_length"
+    (tmp_path / "bad.yml").write_text("model_name_or_path: gpt2\nmax_length: 64\ntrain_sampling_strategy: curriculum\n")
+    with pytest.raises(BadInput, match="train_sampling_strategy: 'curriculum'"):
+        read_recipe_file(tmp_path / "bad.yml")
+
+
+def test_a_space_may_choose_the_sampler_only_over_the_datas_lengths(gpt2):
+    from autotune.space import SearchSpace
+    from autotune.tasks import DataShape
+
+    shape = DataShape("sft.jsonl", "causal-lm", 4000, longest=max(DATA), lengths=TEXT)
+    space = SearchSpace.build(gpt2, effective_batch=8, block_sizes=(128,), packing=False, data_shape=shape,
+                              micro_batches=(2, 8), samplings=("random", "group_by_length"))
+    assert {(c.micro_batch, c.sampling) for c in space.candidates()} == {
+        (2, "group_by_length"), (2, "random"), (8, "group_by_length"), (8, "random")}
+    assert space.to_dict()["samplings"] == ["random", "group_by_length"] and SearchSpace.from_stored(space.to_dict()) == space
+    with pytest.raises(BadInput, match="--sampling group_by_length groups batches by the data's lengths"):
+        SearchSpace.build(gpt2, effective_batch=8, samplings=("group_by_length",))

@@ -42,6 +42,9 @@ PACKING_HELP = ("Causal LMs: on, examples packed into full blocks (run_clm.py, T
                 "sample_packing: true); off, each example a row padded to its batch's longest (TRL's default, "
                 "axolotl's and LLaMA-Factory's): a recipe lever. With --dataset, off times batches drawn from "
                 "your examples' lengths and ranks by real (non-padding) tokens/s.")
+SAMPLING_HELP = ("How your run's sampler orders the examples, a recipe lever: random, or group_by_length "
+                 "(transformers' LengthGroupedSampler: each micro-batch of about one length, less padding, another "
+                 "order trained on); random,group_by_length lets the search choose. Needs --dataset's lengths.")
 LIGER_HELP = "Liger's Triton kernels (fused linear + cross-entropy, RMSNorm, RoPE, SwiGLU): CUDA and liger-kernel only."
 DB_HELP = "SQLAlchemy URL of the results database [default: $AUTOTUNE_DB, else a SQLite file in the user data directory]."
 

@@ -17,6 +17,7 @@ A study that measured the run's evaluation hands it off too (handoff/later_phase
 generates, as a `Seq2SeqTrainingArguments` for a `Seq2SeqTrainer`.
 """
 
-from autotune.handoff.best_config import BestConfig, best, checkpointing_argument_names
+from autotune.handoff.argument_names import checkpointing_argument_names
+from autotune.handoff.best_config import BestConfig, best
 
 __all__ = ["BestConfig", "best", "checkpointing_argument_names"]

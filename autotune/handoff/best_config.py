@@ -6,18 +6,17 @@ how to use it."""
 from __future__ import annotations
 
 import copy
-import functools
-import importlib.metadata
 import json
-import re
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 from autotune import evaluation, speed, verdict, yaml_text
 from autotune.budget import Budget, required_bytes
 from autotune.environment import openmp_of, openmp_text
 from autotune.errors import BadInput, StudyNotFound
 from autotune.handoff import later_phases, loss_scaling, ranks, scripts, tools
+from autotune.handoff.argument_names import checkpointing_argument_names, sampling_arguments
 from autotune.recipes import (DEFAULT_TRAINER, OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec, bnb_4bit_kwargs, is_qlora,
                               memory_caveats)
 from autotune.status import ProbeStatus, StudyStatus
@@ -25,27 +24,8 @@ from autotune.store import LeaderboardRow, ProbeRecord, StudyRecord, open_store
 from autotune.tasks import AUTO_CLASSES, EXAMPLE_SCRIPTS, MLM_PROBABILITY, Task
 from autotune.units import format_size
 
-# TrainingArguments' names for activation checkpointing: transformers 5.23 renamed
-# gradient_checkpointing(_kwargs) to activation_checkpointing(_kwargs); the old names still parse
-# (the example scripts' --gradient_checkpointing included) but warn "deprecated and will be removed in v6".
-_CHECKPOINTING_RENAMED_IN = (5, 23)
 _HUB_ARGUMENTS = ("revision", "token", "cache_dir", "local_files_only", "trust_remote_code", "subfolder",
                   "force_download", "proxies")
-
-
-@functools.cache
-def checkpointing_argument_names() -> tuple[str, str]:
-    """(flag, kwargs) names of activation checkpointing in the installed transformers' TrainingArguments,
-    read from its version (importlib.metadata: transformers is not imported, so `autotune best` stays
-    fast); the old names when transformers is not installed here (every transformers 5 takes them)."""
-    try:
-        version = importlib.metadata.version("transformers")
-    except importlib.metadata.PackageNotFoundError:
-        return "gradient_checkpointing", "gradient_checkpointing_kwargs"
-    numbers = tuple(int(part) for part in re.findall(r"\d+", version)[:2])
-    if numbers >= _CHECKPOINTING_RENAMED_IN:
-        return "activation_checkpointing", "activation_checkpointing_kwargs"
-    return "gradient_checkpointing", "gradient_checkpointing_kwargs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,6 +171,7 @@ class BestConfig:
             kwargs["use_liger_kernel"] = True
         if self.device_type == "cpu":
             kwargs["use_cpu"] = True
+        kwargs.update(sampling_arguments(c.sampling))  # (a recipe lever the user allowed: the order trained on)
         kwargs.update(ranks.trainer_kwargs(c))  # several GPUs: fsdp/fsdp_config, or DDP's setting
         kwargs.update(self.eval_kwargs())
         return kwargs

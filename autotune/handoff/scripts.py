@@ -66,6 +66,11 @@ def cli_flags(best: BestConfig) -> str:
             flags += ["--tf32", "false"]
     if c.liger:
         flags.append("--use_liger_kernel")
+    kwargs = best.trainer_kwargs()  # (the sampler's key as the installed transformers names it)
+    if "train_sampling_strategy" in kwargs:
+        flags += ["--train_sampling_strategy", kwargs["train_sampling_strategy"]]
+    elif kwargs.get("group_by_length"):
+        flags.append("--group_by_length")
     if best.device_type == "cpu":
         flags.append("--use_cpu")  # the study measured a CPU run
     assert all(_SPLITS_AS_ONE_WORD.fullmatch(flag) for flag in flags), flags

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from autotune import evaluation, sharding, yaml_text
 from autotune.errors import BadInput
 from autotune.handoff import ranks
+from autotune.lengths import DEFAULT_SAMPLING
 from autotune.recipes import OPTIMIZERS, PeftSpec, is_qlora
 from autotune.tasks import Task
 
@@ -68,6 +69,7 @@ AXOLOTL = {
     "block_size": "sequence_len",
     "full_blocks": "pad_to_sequence_len",
     "packing": "sample_packing",   # off by default; the probes of a per-example study time it off
+    "sampling": "group_by_length",  # (axolotl's own key: it sets the installed transformers' sampler)
     "bf16": "bf16",                # defaults to "auto": always said
     "fp16": "fp16",
     "tf32": "tf32",                # defaults to "auto": always said
@@ -104,6 +106,7 @@ LLAMAFACTORY = {
     "grad_accum": "gradient_accumulation_steps",
     "block_size": "cutoff_len",
     "packing": "packing",          # data_args: off for sft unless set; a per-example study says off
+    "sampling": "train_sampling_strategy",  # (transformers 5's TrainingArguments, which LLaMA-Factory's is)
     "bf16": "bf16",
     "fp16": "fp16",
     "tf32": "tf32",
@@ -220,6 +223,8 @@ def axolotl_document(best: BestConfig) -> dict:
         doc[a["full_blocks"]] = True
     else:  # each example a row, padded to its batch's longest, as the probes drew them (autotune.lengths)
         doc.update({a["packing"]: False, a["full_blocks"]: False})
+        if c.sampling != DEFAULT_SAMPLING:
+            doc[a["sampling"]] = True
     doc.update({a["bf16"]: c.precision == "bf16", a["fp16"]: c.precision == "fp16", a["tf32"]: c.precision == "tf32"})
     if pure_bf16 and c.precision != "bf16":
         doc[a["weights"]] = True
@@ -291,6 +296,8 @@ def llamafactory_document(best: BestConfig) -> dict:
     doc.update({lf["grad_accum"]: c.grad_accum, lf["block_size"]: c.block_size})
     if c.lengths is not None:  # each example a row, padded to its batch's longest (autotune.lengths)
         doc[lf["packing"]] = False
+        if c.sampling != DEFAULT_SAMPLING:
+            doc[lf["sampling"]] = c.sampling
     doc.update({lf["bf16"]: c.precision == "bf16",
                 lf["fp16"]: c.precision == "fp16", lf["tf32"]: c.precision == "tf32"})
     if c.weights == "bf16":

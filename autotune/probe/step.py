@@ -397,8 +397,8 @@ class ProbeStep:
         from autotune.lengths import timing_rows
 
         config = self.config
-        rows = timing_rows(config.lengths, config.micro_batch, config.micro_batch * config.grad_accum, config.block_size,
-                           cycle)
+        rows = timing_rows(config.lengths, config.micro_batch, config.rows_per_step, config.block_size, cycle,
+                           config.sampling)
         self.drawn = [drawn_batch(config, rows[i:i + config.micro_batch], self.vocab_size, self.device)
                       for i in range(0, len(rows), config.micro_batch)]
         self.next_drawn = 0

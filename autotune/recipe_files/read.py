@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autotune.errors import BadInput
+from autotune.lengths import DEFAULT_SAMPLING, SAMPLINGS
 from autotune.recipes import OPTIMIZERS, canonical_optimizer, optimizer_names
 
 __all__ = ["RecipeFile", "TOOLS", "read_recipe_file"]
@@ -146,6 +147,7 @@ class _Recipe:
         self.trust_remote_code = False
         self.trainer: str | None = None     # whose step the run takes, where not transformers' Trainer's
         self.packing: bool | None = None    # examples packed into full blocks (True), or one per row, padded
+        self.sampling: str | None = None    # the run's sampler (autotune.lengths.SAMPLINGS), where the file sets one
         self.sources: dict[str, str] = {}
         self.said: list[str] = []
 
@@ -210,6 +212,8 @@ class _Recipe:
             flags["trainer"] = self.trainer
         if self.packing is not None:
             flags["packing"] = "on" if self.packing else "off"
+        if self.sampling is not None:
+            flags["sampling"] = self.sampling
         return RecipeFile(self.path, tool, text, self.document, flags, dict(self.sources), tuple(self.said))
 
 
@@ -279,6 +283,7 @@ def _axolotl(r: _Recipe) -> None:
         r.sources["eval_batch"] = "eval_batch_size" if "eval_batch_size" in r.document else "val_set_size (eval batch: auto)"
     r.trust_remote_code = bool(r.get("trust_remote_code"))
     _read_packing(r, "sample_packing", default=False)
+    _read_sampling(r)
     if not r.packing and r.get("pad_to_sequence_len"):
         r.packing, r.sources["packing"] = True, "pad_to_sequence_len (every row padded to sequence_len: full rows)"
     _say_ranks(r, ("deepspeed", "fsdp", "fsdp_config"))
@@ -402,6 +407,23 @@ def _trainer_batch(r: _Recipe) -> None:
     r.micro = r.count("per_device_train_batch_size", _HF_MICRO_BATCH)
     r.accum = r.count("gradient_accumulation_steps", 1)
     r.batch_keys = "per_device_train_batch_size x gradient_accumulation_steps"
+    _read_sampling(r)
+
+
+def _read_sampling(r: _Recipe) -> None:
+    """The run's sampler: TrainingArguments' `train_sampling_strategy` (transformers 5's), or the older
+    `group_by_length` (axolotl's and LLaMA-Factory's key too); random where the file says nothing."""
+    strategy, grouped = r.get("train_sampling_strategy"), r.get("group_by_length")
+    if strategy is not None:
+        if strategy not in SAMPLINGS:
+            r.refuse(f"train_sampling_strategy: {strategy!r}: autotune times {' and '.join(SAMPLINGS)} sampling; set "
+                     f"one of them, or search without --from.")
+        r.sampling, r.sources["sampling"] = strategy, "train_sampling_strategy"
+    elif grouped is not None:
+        if not isinstance(grouped, bool):
+            r.refuse(f"group_by_length: {grouped!r} is not true or false.")
+        r.sampling = "group_by_length" if grouped else DEFAULT_SAMPLING
+        r.sources["sampling"] = "group_by_length"
 
 
 def _trainer_evaluation(r: _Recipe) -> None:

@@ -22,7 +22,7 @@ from autotune.errors import BadInput
 from autotune.handoff import checkpointing_argument_names, tools
 from autotune.recipe_files import yaml_edit
 from autotune.recipe_files.read import RecipeFile, read_recipe_file
-from autotune.lengths import Lengths
+from autotune.lengths import DEFAULT_SAMPLING, Lengths
 from autotune.recipes import PeftSpec
 
 if TYPE_CHECKING:
@@ -140,6 +140,8 @@ def _check_same_recipe(source: RecipeFile, best: BestConfig) -> None:
         asked.append(("evaluation", "on", "off"))
     if flags.get("packing") == "on" and c.lengths is not None:
         asked.append(("packing", "on", "one example per row, padded (packing off)"))
+    if flags.get("sampling", DEFAULT_SAMPLING) != c.sampling:
+        asked.append(("the sampler", flags.get("sampling", DEFAULT_SAMPLING), c.sampling))
     if asked:
         what, file_value, study_value = asked[0]
         raise BadInput(f"{source.path} asks {what} {file_value}, and study {study!r} measured {study_value}: search "
