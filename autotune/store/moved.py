@@ -32,14 +32,21 @@ def move_study(session: Session, study: Study, reference: str) -> None:
         new_key = ProbeConfig(**{**config.to_dict(), "model": reference}).key()
         moved[probe.config_key] = new_key
         probe.model, probe.config_key = reference, new_key
-    claims = list(session.scalars(select(Claim).where(Claim.study_id == study.id)))
-    held = {claim.config_key for claim in claims}
+    # A study measured at several paths has a claim of each config at each: one stands, the one
+    # already at the new path first (the claims that keep their key are seen first).
+    claims = sorted(session.scalars(select(Claim).where(Claim.study_id == study.id)),
+                    key=lambda claim: moved.get(claim.config_key, claim.config_key) != claim.config_key)
+    taken: set[str] = set()
     for claim in claims:
         new_key = moved.get(claim.config_key, claim.config_key)
-        if new_key != claim.config_key and new_key in held:
-            session.delete(claim)  # (a study already measured at both paths: the new path's claim stands)
+        if new_key in taken:
+            session.delete(claim)
         else:
-            claim.config_key = new_key
+            taken.add(new_key)
+    session.flush()  # (the deletes first: the updates below then meet no claim of their new key)
+    for claim in claims:
+        if claim not in session.deleted and claim in session:
+            claim.config_key = moved.get(claim.config_key, claim.config_key)
     session.flush()
     if study.confirmation:
         study.confirmation = _rekeyed_decision(study.confirmation, lambda key: moved.get(key, key))

@@ -145,6 +145,15 @@ def test_a_study_resumed_with_its_model_at_another_path_follows_it_and_keeps_eve
     make_study(store, model=old)
     assert sorted(c.config_key for c in store.claims(study.id, stale_after=60)) == sorted([fast.key(), slow.key()])
     assert {r.config_key for r in store.leaderboard("s1")} == {fast.key(), slow.key()}
+    # ...and a study measured at two paths, each with its claims, resumed from a third: one claim each
+    store.claim(study.id, moved_fast.key(), "w3", stale_after=60)
+    store.record_probe(study.id, moved_fast, result("ok", 1300.0), env_fingerprint=fp)
+    store.set_study_status(study.id, "finished")
+    third = FakeModel("/third/demo-gpt2")
+    make_study(store, model=third)
+    keys = sorted(c.config_key for c in store.claims(study.id, stale_after=60))
+    assert keys == sorted(dataclasses.replace(c, model=third.recorded).key() for c in (fast, slow))
+    assert len(store.leaderboard("s1")) == 2
 
 
 def test_a_study_searched_now_from_another_path_is_not_moved_under_it(store, monkeypatch):
