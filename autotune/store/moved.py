@@ -48,7 +48,11 @@ def move_study(session: Session, study: Study, reference: str) -> None:
         if claim not in session.deleted and claim in session:
             claim.config_key = moved.get(claim.config_key, claim.config_key)
     session.flush()
-    if study.confirmation:
+    if study.confirmation and len(set(moved.values())) < len(moved):
+        # Configs measured at two paths meet on one key: the stored decision weighed them as two (a
+        # round of the duplicates, "tied with itself"); the next search decides again.
+        study.confirmation = None
+    elif study.confirmation:
         study.confirmation = _rekeyed_decision(study.confirmation, lambda key: moved.get(key, key))
     if study.plan and study.plan.get("predictions"):
         study.plan = {**study.plan, "predictions": {moved.get(k, k): v for k, v in study.plan["predictions"].items()}}

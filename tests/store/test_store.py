@@ -154,6 +154,7 @@ def test_a_study_resumed_with_its_model_at_another_path_follows_it_and_keeps_eve
     keys = sorted(c.config_key for c in store.claims(study.id, stale_after=60))
     assert keys == sorted(dataclasses.replace(c, model=third.recorded).key() for c in (fast, slow))
     assert len(store.leaderboard("s1")) == 2
+    assert store.study("s1").confirmation is None  # (it weighed the two paths' probes as two configs)
 
 
 def test_a_study_searched_now_from_another_path_is_not_moved_under_it(store, monkeypatch):
