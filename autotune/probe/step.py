@@ -261,8 +261,7 @@ def drawn_batch(config: ProbeConfig, rows: list[int], vocab_size: int, device: t
     autotune.lengths.timing_rows), padded on the right to the longest, as DataCollatorWithPadding and
     TRL's collator pad them: the padding masked out of attention and, for a causal LM, of the loss."""
     length = max(rows)
-    lengths = torch.tensor(rows, device=device)
-    mask = (torch.arange(length, device=device)[None, :] < lengths[:, None]).long()
+    mask = mask_of(rows, length, device)
     input_ids = torch.randint(0, vocab_size, (len(rows), length), device=device)
     if Task(config.task) == Task.CAUSAL_LM:
         return {"input_ids": input_ids, "attention_mask": mask,
@@ -276,8 +275,14 @@ def drawn_batch(config: ProbeConfig, rows: list[int], vocab_size: int, device: t
 def padding_mask(rows: int, length: int, device: torch.device) -> torch.Tensor:
     """The attention mask (1: a token, 0: padding) of the worst padded batch of `rows` examples of
     at most `length` tokens (autotune.tasks.padded_lengths), elementwise for the estimator's trace."""
-    lengths = torch.tensor(padded_lengths(rows, length), device=device)
-    return (torch.arange(length, device=device)[None, :] < lengths[:, None]).long()
+    return mask_of(padded_lengths(rows, length), length, device)
+
+
+def mask_of(lengths: list[int], length: int, device: torch.device) -> torch.Tensor:
+    """The attention mask (1: a token, 0: padding on the right) of rows of `lengths` tokens padded to
+    `length`, elementwise (the estimator's fake tensors trace it)."""
+    rows = torch.tensor(lengths, device=device)
+    return (torch.arange(length, device=device)[None, :] < rows[:, None]).long()
 
 
 def parameter_count(model, trainable: bool = False) -> int:
