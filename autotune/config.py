@@ -29,12 +29,13 @@ KEY_VERSION = "p1"
 # configs stay valid.
 _LATER_FIELDS = {**FIXED_RECIPE, "weights": recipes.DEFAULT_WEIGHTS, "compile": False,
                  "allocator": speed.DEFAULT_ALLOCATOR, "liger": False, "gpus": 1, "strategy": None, "nodes": 1,
-                 "sampling": data_lengths.DEFAULT_SAMPLING}
+                 "sampling": data_lengths.DEFAULT_SAMPLING, "padding_free": False}
 
 # Tasks whose batches can be drawn from the data's lengths, each padded to its longest row: a
 # classifier (DataCollatorWithPadding) and a causal LM trained per example (TRL's packing=False).
 # A seq2seq pair has two lengths; its probe keeps the worst batch for now.
 LENGTHS_TASKS = (Task.CAUSAL_LM.value, Task.CLASSIFICATION.value)
+PADDING_FREE_NEEDS = "it is for a causal LM trained per example (--task causal-lm --packing off with --dataset)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,9 @@ class ProbeConfig:
     # full (a causal LM's packed blocks, or a padded task's worst batch where no data was given).
     lengths: str | None = None
     sampling: str = data_lengths.DEFAULT_SAMPLING  # the run's sampler: random, or group_by_length (a recipe lever)
+    # Each micro-batch's examples end to end in one row, no padding, each attending only to itself
+    # (TRL's padding_free, transformers' DataCollatorWithFlattening): a causal LM trained per example.
+    padding_free: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.optimizer, str):  # (TrainingArguments' names for the same optimizers)
@@ -137,6 +141,10 @@ class ProbeConfig:
         elif self.sampling != data_lengths.DEFAULT_SAMPLING and self.lengths is None:
             problems.append(f"--sampling {self.sampling} groups batches by the data's lengths: give --dataset (a causal "
                             f"LM with --packing off)")
+        if not isinstance(self.padding_free, bool):
+            problems.append(f"padding_free must be true or false (got {self.padding_free!r})")
+        elif self.padding_free and (self.task != Task.CAUSAL_LM.value or self.lengths is None):
+            problems.append(f"--padding-free on puts each micro-batch's examples end to end in one row: {PADDING_FREE_NEEDS}")
         if self.task in TASKS:
             problems += recipes.trainer_problems(self.trainer, self.task)
         if self.task in TASKS:
@@ -184,6 +192,8 @@ class ProbeConfig:
     @property
     def padded_tokens_per_step(self) -> float:
         """Positions the model computes per optimizer step, padding included."""
+        if self.padding_free:  # (no padding: the positions are the real tokens)
+            return self.tokens_per_step
         if self.lengths is not None:
             return self.effective_batch * data_lengths.padded_row(self.lengths, self.micro_batch, self.rows_per_step,
                                                                   self.block_size, self.sampling)
@@ -194,6 +204,8 @@ class ProbeConfig:
         """The share of the computed tokens that are padding (None: no data lengths, none counted)."""
         if self.lengths is None:
             return None
+        if self.padding_free:
+            return 0.0
         return data_lengths.padding_share(self.lengths, self.micro_batch, self.block_size,
                                           rows_per_step=self.rows_per_step, sampling=self.sampling)
 
@@ -258,6 +270,8 @@ class ProbeConfig:
             label += " liger"
         if self.sampling != data_lengths.DEFAULT_SAMPLING:
             label += " grouped"
+        if self.padding_free:
+            label += " padding-free"
         label += sharding.label(self.gpus, self.strategy, self.nodes)
         return label + evaluation.label(self)
 

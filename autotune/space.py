@@ -11,7 +11,7 @@ from typing import Any
 
 from autotune import defaults, evaluation, recipes, sharding, speed
 from autotune import lengths as data_lengths
-from autotune.config import ATTENTIONS, PRECISIONS, ProbeConfig
+from autotune.config import ATTENTIONS, PADDING_FREE_NEEDS, PRECISIONS, ProbeConfig
 from autotune.errors import BadInput
 from autotune.evaluation import recipe_fields
 from autotune.models import ModelSpec
@@ -47,6 +47,7 @@ class SearchSpace:
     optimizers: tuple[str, ...] = (recipes.DEFAULT_OPTIMIZER,)
     weights: tuple[str, ...] = (recipes.DEFAULT_WEIGHTS,)
     samplings: tuple[str, ...] = (data_lengths.DEFAULT_SAMPLING,)  # the run's sampler (autotune.lengths.SAMPLINGS)
+    padding_frees: tuple[bool, ...] = (False,)  # each micro-batch's examples end to end, unpadded (ProbeConfig.padding_free)
     # Speed levers the search chooses among (autotune.speed): they keep the math.
     compiles: tuple[bool, ...] = (False,)
     allocators: tuple[str, ...] = (speed.DEFAULT_ALLOCATOR,)
@@ -101,6 +102,10 @@ class SearchSpace:
         elif set(self.samplings) != {data_lengths.DEFAULT_SAMPLING} and self.lengths is None:
             problems.append("--sampling group_by_length groups batches by the data's lengths: give --dataset (a causal "
                             "LM with --packing off)")
+        if not self.padding_frees:
+            problems.append("--padding-free needs at least one value")
+        elif True in self.padding_frees and (self.task != Task.CAUSAL_LM or self.lengths is None):
+            problems.append(f"--padding-free on puts each micro-batch's examples end to end in one row: {PADDING_FREE_NEEDS}")
         for value in self.weights:
             if value not in recipes.WEIGHTS:
                 problems.append(f"--weights: {value!r} is unknown; choose from {', '.join(recipes.WEIGHTS)}")
@@ -127,7 +132,8 @@ class SearchSpace:
               attentions=None, effective_batch=None, effective_tokens=None, task=None, target_length=None,
               num_labels=None, optimizers=None, weights=None, peft=None, trainer=None, compiles=None, allocators=None,
               ligers=None, evaluation: dict | None = None, gpus: int = 1, strategies=None, nodes: int = 1,
-              data_shape: DataShape | None = None, packing: bool | None = None, samplings=None) -> "SearchSpace":
+              data_shape: DataShape | None = None, packing: bool | None = None, samplings=None,
+              padding_frees=None) -> "SearchSpace":
         # `evaluation`: what the command line asked of the run's evaluation (evaluation.recipe_fields).
         """A space for `spec` with documented defaults for whatever is not given, checked against
         the model (block sizes within its maximum positions; the task from its architectures).
@@ -159,6 +165,12 @@ class SearchSpace:
                                f"{data_shape.dataset} is longer than {data_shape.longest}: give --effective-batch "
                                f"(sequences per optimizer step) instead.")
             block_sizes = capped
+            if (trainer == "trl" and padding_frees and True in padding_frees and data_shape.longest is not None
+                    and data_shape.longest > max(block_sizes)):
+                raise BadInput(f"--padding-free on with --trainer trl: TRL does not cut examples under padding_free "
+                               f"(its SFTTrainer then refuses max_length), and --dataset {data_shape.dataset} has "
+                               f"examples of up to {data_shape.longest:,} tokens, above the block "
+                               f"({max(block_sizes)}): cut them to the block first, or leave --padding-free off.")
             if asked_target is not None:
                 recipe["target_length"] = data_shape.target_length(asked_target)
         if effective_batch is None and effective_tokens is None:
@@ -188,6 +200,7 @@ class SearchSpace:
             optimizers=tuple(dict.fromkeys(recipes.canonical_optimizer(o) for o in optimizers or (recipes.DEFAULT_OPTIMIZER,))),
             weights=tuple(dict.fromkeys(weights or (recipes.DEFAULT_WEIGHTS,))),
             samplings=tuple(dict.fromkeys(samplings or (data_lengths.DEFAULT_SAMPLING,))),
+            padding_frees=tuple(dict.fromkeys(padding_frees or (False,))),
             peft=peft,
             trainer=trainer or recipes.DEFAULT_TRAINER,
             compiles=tuple(dict.fromkeys(compiles or (False,))),
@@ -220,9 +233,11 @@ class SearchSpace:
     def candidates(self) -> list[ProbeConfig]:
         """Every configuration of the space that keeps the effective batch exact."""
         out = []
-        for optimizer, weights, compiled, allocator, liger, strategy, sampling in itertools.product(
+        for optimizer, weights, compiled, allocator, liger, strategy, sampling, padding_free in itertools.product(
                 self.optimizers, self.weights, self.compiles, self.allocators, self.ligers, self.strategies or (None,),
-                self.samplings):
+                self.samplings, self.padding_frees):
+            if padding_free and sampling != data_lengths.DEFAULT_SAMPLING:
+                continue  # rows without padding gain nothing from being grouped by length: only the order changes
             for precision in self.precisions:
                 if weights == "bf16" and precision == "fp16":
                     continue  # pure bf16 does not train in fp16
@@ -235,7 +250,7 @@ class SearchSpace:
                                            precision=precision, checkpointing=checkpointing, attention=attention,
                                            optimizer=optimizer, weights=weights, task=self.task,
                                            target_length=self.target_length, num_labels=self.num_labels, peft=self.peft,
-                                           trainer=self.trainer, lengths=self.lengths, sampling=sampling, compile=compiled, allocator=allocator, liger=liger, gpus=self.gpus,
+                                           trainer=self.trainer, lengths=self.lengths, sampling=sampling, padding_free=padding_free, compile=compiled, allocator=allocator, liger=liger, gpus=self.gpus,
                                            strategy=strategy, nodes=self.nodes, **self.evaluation))
         if not out:
             work = f"{self.effective_batch} sequences" if self.effective_batch else f"{self.effective_tokens} tokens"
@@ -271,6 +286,8 @@ class SearchSpace:
             data["weights"] = list(self.weights)
         if self.samplings != (data_lengths.DEFAULT_SAMPLING,):
             data["samplings"] = list(self.samplings)
+        if self.padding_frees != (False,):
+            data["padding_frees"] = list(self.padding_frees)
         for name, plain in (("compiles", (False,)), ("allocators", (speed.DEFAULT_ALLOCATOR,)), ("ligers", (False,))):
             if getattr(self, name) != plain:
                 data[name] = list(getattr(self, name))
@@ -312,7 +329,7 @@ def group_key(config: ProbeConfig) -> tuple:
     """
     return (config.precision, config.checkpointing, config.attention, config.block_size, config.grad_accum > 1,
             config.optimizer, config.weights, config.compile, config.allocator, config.liger, config.strategy,
-            config.sampling)
+            config.sampling, config.padding_free)
 
 
 def micro_batch_family(config: ProbeConfig) -> tuple:

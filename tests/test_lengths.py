@@ -155,12 +155,17 @@ def test_each_tools_file_says_whether_its_examples_are_packed(tmp_path, name, te
     assert read.flags["packing"] == packing and read.sources["packing"].startswith(source)
 
 
-def test_a_padding_free_trl_file_is_told_what_the_probes_time(tmp_path):
+def test_a_padding_free_trl_file_is_searched_padding_free(tmp_path):
     from autotune.recipe_files import read_recipe_file
 
     path = tmp_path / "trl.yml"
     path.write_text("model_name_or_path: gpt2\nmax_length: 256\npadding_free: true\n")
-    assert any("padding_free: true: the probes time batches padded" in line for line in read_recipe_file(path).said)
+    assert read_recipe_file(path).flags["padding_free"] == "on"
+    path.write_text("model_name_or_path: gpt2\nmax_length: 256\npacking: true\npadding_free: true\n")
+    assert "padding_free" not in read_recipe_file(path).flags  # (TRL's packed blocks: full blocks, as timed)
+    path.write_text("model_name_or_path: gpt2\nmax_length: 256\npadding_free: 1\n")
+    with pytest.raises(BadInput, match="padding_free: 1 is not true or false"):
+        read_recipe_file(path)
     path.write_text("model_name_or_path: gpt2\nmax_length: 64\npacking: maybe\n")
     with pytest.raises(BadInput, match="packing: 'maybe' is not true or false"):
         read_recipe_file(path)

@@ -136,7 +136,7 @@ def test_a_causal_lm_config_keeps_the_key_it_had_before_tasks():
     config = ProbeConfig("gpt2", 8, 512, grad_accum=4, precision="bf16")
     later = ("task", "target_length", "num_labels", "weights", "peft", "trainer", "compile", "allocator", "liger",
              "eval_batch", "auto_eval_batch", "eval_logits", "eval_accumulation_steps", "generation_max_length",
-             "generation_num_beams", "gpus", "strategy", "nodes", "lengths", "sampling")
+             "generation_num_beams", "gpus", "strategy", "nodes", "lengths", "sampling", "padding_free")
     before = {k: v for k, v in config.to_dict().items() if k not in later}
     canonical = json.dumps(before, sort_keys=True, separators=(",", ":"))
     assert config.key() == "p1-" + hashlib.sha256(canonical.encode()).hexdigest()[:20]

@@ -45,6 +45,10 @@ PACKING_HELP = ("Causal LMs: on, examples packed into full blocks (run_clm.py, T
 SAMPLING_HELP = ("How your run's sampler orders the examples, a recipe lever: random, or group_by_length "
                  "(transformers' LengthGroupedSampler: each micro-batch of about one length, less padding, another "
                  "order trained on); random,group_by_length lets the search choose. Needs --dataset's lengths.")
+PADDING_FREE_HELP = ("Causal LMs trained per example (--packing off with --dataset): each micro-batch's examples "
+                     "end to end in one row, no padding, each attending only to itself (TRL padding_free, "
+                     "transformers' DataCollatorWithFlattening): off, on, or off,on to let the search choose. "
+                     "The same math where the attention kernel keeps examples apart (checked in each probe).")
 LIGER_HELP = "Liger's Triton kernels (fused linear + cross-entropy, RMSNorm, RoPE, SwiGLU): CUDA and liger-kernel only."
 DB_HELP = "SQLAlchemy URL of the results database [default: $AUTOTUNE_DB, else a SQLite file in the user data directory]."
 

@@ -8,7 +8,7 @@ import re
 import click
 
 from autotune import defaults
-from autotune.cli.app import (ALLOCATOR_HELP, DB_HELP, DEVICE_HELP, LIGER_HELP, OPTIMIZER_HELP, PACKING_HELP, SAMPLING_HELP,
+from autotune.cli.app import (ALLOCATOR_HELP, DB_HELP, DEVICE_HELP, LIGER_HELP, OPTIMIZER_HELP, PACKING_HELP, PADDING_FREE_HELP, SAMPLING_HELP,
                               TRAINER_HELP,
                               WEIGHTS_HELP)
 from autotune.units import INT64_MAX, MAX_SECONDS, MAX_STEPS, parse_duration
@@ -404,6 +404,7 @@ def space_options(func):
         click.option("--trainer", default=None, help=TRAINER_HELP + " [default: transformers, or the --from file's tool]"),
         click.option("--packing", default=None, help=PACKING_HELP + " [default: on, or the --from file's]"),
         click.option("--sampling", default=None, help=SAMPLING_HELP + " [default: random, or the --from file's]"),
+        click.option("--padding-free", default=None, help=PADDING_FREE_HELP + " [default: off, or the --from file's]"),
         click.option("--gpus", type=COUNT, default=1, show_default=True, help=GPUS_HELP),
         click.option("--nodes", type=COUNT, default=1, show_default=True, help=NODES_HELP),
         click.option("--strategies", default=None,
@@ -435,7 +436,7 @@ def one_on_off(text: str | None, flag: str) -> bool | None:
 
 def space_arguments(*, micro_batches, block_sizes, precisions, checkpointing_, attention, optimizers, weights_,
                     compile_, allocators, liger, trainer, effective_batch, effective_tokens, task, target_length, num_labels,
-                    peft, lora_rank, lora_alpha, lora_dropout, lora_targets, packing=None, sampling=None, eval_batch=None, eval_logits=None,
+                    peft, lora_rank, lora_alpha, lora_dropout, lora_targets, packing=None, sampling=None, padding_free=None, eval_batch=None, eval_logits=None,
                     eval_accumulation_steps=None, generate=False, generation_max_length=None, num_beams=None, gpus=1,
                     strategies=None, nodes=1, dataset=None, text_column=None, target_column=None, label_column=None,
                     tokenizer=None) -> dict:
@@ -465,6 +466,7 @@ def space_arguments(*, micro_batches, block_sizes, precisions, checkpointing_, a
         trainer=trainer.strip().lower() if trainer else None,
         packing=one_on_off(packing, "--packing"),
         samplings=parse_choice_list(sampling, flag="--sampling", allowed=SAMPLINGS) if sampling is not None else None,
+        padding_frees=on_off_list(padding_free, "--padding-free") if padding_free is not None else None,
         compiles=on_off_list(compile_, "--compile"),
         allocators=parse_choice_list(allocators, flag="--allocators", allowed=tuple(ALLOCATORS)),
         ligers=on_off_list(liger, "--liger"),

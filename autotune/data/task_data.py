@@ -318,12 +318,19 @@ def example_lengths(data: TaskData, tokenizer: PreTrainedTokenizerBase, *, added
                      data.labels.count if data.labels is not None else None, lengths=trained)
 
 
-def task_collator(task: str, tokenizer: PreTrainedTokenizerBase, per_example: bool = False):
+def task_collator(task: str, tokenizer: PreTrainedTokenizerBase, per_example: bool = False,
+                  padding_free: bool = False):
     """What turns a list of examples into a batch: every example of every task has the same
     length, so the default collator stacks them; masked-lm masks each batch as it is made. Examples
-    one per row (`per_example`: a study timed on the data's lengths) are padded to the batch's longest."""
+    one per row (`per_example`: a study timed on the data's lengths) are padded to the batch's longest,
+    or, `padding_free`, put end to end in one row (position ids restarting at each: the probe's
+    autotune.probe.batches.flattened)."""
     from transformers import DataCollatorForLanguageModeling, DataCollatorWithPadding, default_data_collator
 
+    if padding_free:
+        from transformers import DataCollatorWithFlattening
+
+        return DataCollatorWithFlattening()
     if per_example:
         if tokenizer.pad_token is None:  # (GPT-2's: pad with the end-of-text token, as TRL and run_classification do)
             tokenizer.pad_token = tokenizer.eos_token

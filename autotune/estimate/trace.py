@@ -83,9 +83,11 @@ def _real_run_mask_rules() -> None:
     - `find_packed_sequence_indices` reads the position ids, finds no packing and returns None,
       so SDPA gets `is_causal=True` and no mask. On fake tensors it cannot read them and assumes
       packing, which builds an explicit B x 1 x S x S mask (and would rule out CUDA's flash kernel).
+      A padding-free batch (autotune.probe.batches.flattened) is packed: its positions are answered
+      as packed, as on the real run.
     - the SDPA skip checks read a padding mask and drop it when it holds no padding. A fake mask
       counts as "tracing", which keeps it. The probe's padded batches carry padding
-      (autotune.probe.step.padding_mask): their masks, and what transformers makes of them, are
+      (autotune.probe.batches.padding_mask): their masks, and what transformers makes of them, are
       kept, as on the real run. Every other mask is all ones (an encoder-decoder's decoder makes
       one itself: BART, Pegasus) and is dropped, as the real run drops it (bart at 2 x 64+128: 256
       KiB more than measured otherwise).
@@ -96,23 +98,31 @@ def _real_run_mask_rules() -> None:
         return
     from torch._subclasses.fake_tensor import FakeTensor
 
-    from autotune.probe import step
+    from autotune.probe import batches
 
     global _mask_rules_applied
     if _mask_rules_applied:
         return
     _mask_rules_applied = True
     padded = _TensorSet()  # the batches' masks with padding, and the masks made from them
-    make_mask = step.padding_mask
+    packed = _TensorSet()  # the position ids of padding-free batches
+    make_mask, make_flattened = batches.padding_mask, batches.flattened
 
     def registered_padding_mask(*args, **kwargs):
         mask = make_mask(*args, **kwargs)
         padded.add(mask)
         return mask
 
-    step.padding_mask = registered_padding_mask
-    if hasattr(masking, "find_packed_sequence_indices"):
-        masking.find_packed_sequence_indices = lambda position_ids: None
+    def registered_flattened(*args, **kwargs):
+        batch = make_flattened(*args, **kwargs)
+        packed.add(batch["position_ids"])
+        return batch
+
+    batches.padding_mask, batches.flattened = registered_padding_mask, registered_flattened
+    find_packed = getattr(masking, "find_packed_sequence_indices", None)
+    if find_packed is not None:
+        masking.find_packed_sequence_indices = lambda position_ids: (
+            find_packed(position_ids) if position_ids in packed else None)
     preprocess = getattr(masking, "_preprocess_mask_arguments", None)
     if preprocess is not None:
         def preprocess_keeping_padding(config, inputs_embeds, attention_mask, *args, **kwargs):

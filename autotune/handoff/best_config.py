@@ -114,7 +114,10 @@ class BestConfig:
         if c.trainer == "trl":
             return [f"  hand-off:  TRL's SFTTrainer (its step was timed): trl.SFTConfig(output_dir=\"out\", **sft_config), "
                     f"sft_config from `autotune best --study {study} --format trl`", model, *lora]
-        return [f"  hand-off:  args = best.training_arguments(output_dir=\"out\"){args_class}", model, *lora,
+        collator = ([f"             Trainer(..., data_collator=best.data_collator(tokenizer))  # "
+                     f"{'examples end to end, unpadded' if c.padding_free else 'each batch padded to its longest'}"]
+                    if c.lengths is not None else [])
+        return [f"  hand-off:  args = best.training_arguments(output_dir=\"out\"){args_class}", model, *lora, *collator,
                 f"             or `autotune train --study {study} --dataset ...`; flags for {EXAMPLE_SCRIPTS[Task(c.task)]}: "
                 f"`autotune best --study {study} --format cli`"]
 
@@ -356,6 +359,14 @@ class BestConfig:
             if old in kwargs and new in names and new not in kwargs:
                 kwargs[new] = kwargs.pop(old)
         return cls(output_dir=output_dir, **kwargs)
+
+    def data_collator(self, tokenizer):
+        """The collator that makes the batches the probes timed (autotune.data.task_data.task_collator):
+        a per-example study's padded to each batch's longest, or end to end (padding-free)."""
+        from autotune.data.task_data import task_collator
+
+        c = self.config
+        return task_collator(c.task, tokenizer, c.lengths is not None, c.padding_free)
 
     def trainer_args_document(self) -> dict:
         document = {"training_arguments": self.trainer_kwargs(), "model_kwargs": self.model_kwargs(),

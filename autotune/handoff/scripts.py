@@ -94,6 +94,11 @@ def cli_caveats(best: BestConfig) -> list[str]:
     if is_qlora(c.peft):
         caveats.append(f"4-bit base: {script} cannot quantize; load the model with quantization_config="
                        f"`autotune.best(...).quantization_config()`, or train with `autotune train --study {best.row.study}`")
+    if Task(c.task) == Task.CAUSAL_LM and c.lengths is not None:
+        rows = "end to end without padding" if c.padding_free else "each padded to its batch's longest"
+        caveats.append(f"one example per row, {rows}, as the probes timed: {script} packs examples into blocks "
+                       f"instead; train with `autotune train --study {best.row.study}`, TRL (--format trl), or "
+                       f"Trainer(data_collator=best.data_collator(tokenizer))")
     caveats += later_phases.loss_only_caveat(c, best.eval_kwargs(), script)
     if (note := loss_fix_note(c.task, c.grad_accum)) is not None:
         caveats.append(f"loss under accumulation: {script} has no flag for it; {note}, or train with "

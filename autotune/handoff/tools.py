@@ -14,10 +14,11 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from autotune import evaluation, sharding, yaml_text
+from autotune import sharding, yaml_text
 from autotune.errors import BadInput
 from autotune.handoff import ranks
-from autotune.lengths import DEFAULT_SAMPLING
+from autotune.handoff.lightning import LIGHTNING, lightning_document, lightning_notes
+from autotune.lengths import DEFAULT_SAMPLING, Lengths
 from autotune.recipes import OPTIMIZERS, PeftSpec, is_qlora
 from autotune.tasks import Task
 
@@ -47,6 +48,7 @@ TRL = {
     "block_size": "max_length",              # (`max_seq_length` before trl 0.20)
     "full_blocks": "packing",                # full blocks of max_length tokens, as the probes measured...
     "packing_strategy": "packing_strategy",  # ..."wrapped": cut mid-sequence like run_clm.py, no padding-free
+    "padding_free": "padding_free",          # each micro-batch's examples end to end (TRL cuts none then)
     "model_loading": "model_init_kwargs",    # attn_implementation, dtype, use_cache, QLoRA's quantization_config
     "eval_loss_only": "prediction_loss_only",
     "eval_accumulation": "eval_accumulation_steps",
@@ -135,47 +137,20 @@ LLAMAFACTORY = {
 # transformers' attn_implementation -> LLaMA-Factory's AttentionFunction (flex_attention has none).
 LLAMAFACTORY_ATTENTION = {"sdpa": "sdpa", "eager": "disabled", "flash_attention_2": "fa2", "flash_attention_3": "fa3"}
 
-# Lightning 2.6.6 (PyPI `lightning`): lightning/pytorch/trainer/trainer.py (Trainer.__init__),
-# lightning/pytorch/strategies/fsdp.py (FSDPStrategy), lightning/pytorch/cli.py (LightningCLI's sections
-# trainer/model/data/optimizer). `data` and `model` are the user's classes' __init__ arguments: these
-# names are a convention (the test's LightningModule and DataModule take them).
-LIGHTNING = {
-    "micro_batch": "data.batch_size",
-    "eval_batch": "data.eval_batch_size",
-    "block_size": "data.block_size",
-    "grad_accum": "trainer.accumulate_grad_batches",
-    "precision": "trainer.precision",
-    "device": "trainer.accelerator",
-    "gpus": "trainer.devices",
-    "nodes": "trainer.num_nodes",
-    "strategy": "trainer.strategy",
-    "attention": "model.attn_implementation",
-    "checkpointing": "model.gradient_checkpointing",
-    "lora": "model.lora_config",
-    "qlora": "model.quantization_config",
-    "optimizer": "optimizer",   # LightningCLI's own section: class_path and init_args
-}
-# Lightning's precision plugins: (autotune precision, weights) -> Trainer(precision=...).
-LIGHTNING_PRECISION = {("fp32", "fp32"): "32-true", ("tf32", "fp32"): "32-true", ("bf16", "fp32"): "bf16-mixed",
-                       ("fp16", "fp32"): "16-mixed", ("bf16", "bf16"): "bf16-true", ("fp32", "bf16"): "bf16-true",
-                       ("tf32", "bf16"): "bf16-true"}
-# TrainingArguments' optim -> the optimizer class Trainer builds for it, and its arguments (Trainer's
-# get_optimizer_cls_and_kwargs), as LightningCLI's `optimizer:` section names them.
-LIGHTNING_OPTIMIZERS: dict[str, tuple[str, dict]] = {
-    "adamw": ("torch.optim.AdamW", {"fused": True}),
-    "adamw_torch": ("torch.optim.AdamW", {}),
-    "adafactor": ("transformers.optimization.Adafactor", {"scale_parameter": False, "relative_step": False}),
-    "sgd": ("torch.optim.SGD", {"momentum": 0.9}),
-    "adamw_8bit": ("bitsandbytes.optim.AdamW8bit", {}),
-    "paged_adamw_8bit": ("bitsandbytes.optim.PagedAdamW8bit", {}),
-}
-_FSDP_SHARDING = {"fsdp": "FULL_SHARD", "fsdp-offload": "FULL_SHARD", "fsdp-grad-op": "SHARD_GRAD_OP"}
 
 
 def _causal_lm_only(best: BestConfig, tool: str) -> None:
     if best.task != Task.CAUSAL_LM:
         raise BadInput(f"--format {tool}: {tool} fine-tunes causal language models, and this study's task is "
                        f"{best.task}; use --format trainer-args (or lightning) instead.")
+
+
+def _no_padding_free(best: BestConfig, tool: str, key: str) -> None:
+    if best.config.padding_free:
+        raise BadInput(f"--format {tool}: the pick puts each micro-batch's examples end to end without padding "
+                       f"(padding-free), which {tool} does only with {key}, packing examples into other batches than "
+                       f"the probes timed; use --format trl or the Trainer's hand-off (DataCollatorWithFlattening), or "
+                       f"search with --padding-free off.")
 
 
 def _lora(best: BestConfig) -> PeftSpec | None:
@@ -195,6 +170,12 @@ def trl_document(best: BestConfig) -> dict:
         kwargs.update({TRL["full_blocks"]: True, TRL["packing_strategy"]: "wrapped"})
     else:  # each example a row, padded to its batch's longest, as the probes drew them (autotune.lengths)
         kwargs[TRL["full_blocks"]] = False
+    if best.config.padding_free:
+        if Lengths.from_text(best.config.lengths or "").longest > best.block_size:
+            raise BadInput(f"--format trl: the pick is padding-free, under which TRL cuts no example (SFTTrainer "
+                           f"refuses max_length then), and the study's data has examples above its {best.block_size} "
+                           f"tokens: cut them to {best.block_size} first, or search with --padding-free off.")
+        kwargs.update({TRL["padding_free"]: True, TRL["block_size"]: None})
     kwargs[TRL["model_loading"]] = best.model_kwargs()
     return kwargs
 
@@ -203,6 +184,9 @@ def _trl_notes(best: BestConfig) -> list[str]:
     said = []
     if (spec := _lora(best)) is not None:
         said.append(f"{spec.text()}: pass SFTTrainer(peft_config=peft.LoraConfig(**document['peft_config']))")
+    if best.config.padding_free:
+        said.append(f"max_length: null, as SFTTrainer requires with padding_free: the study's examples were at most "
+                    f"{best.block_size} tokens; cut longer ones to it")
     said.append("model_init_kwargs apply when SFTTrainer is given the model's name; an already built model: "
                 "load it with autotune.best(...).load_model(name)")
     return said
@@ -213,6 +197,7 @@ def _trl_notes(best: BestConfig) -> list[str]:
 def axolotl_document(best: BestConfig) -> dict:
     """axolotl's YAML keys for the winner (the dataset, learning rate and the like stay the user's)."""
     _causal_lm_only(best, "axolotl")
+    _no_padding_free(best, "axolotl", "sample_packing")
     c, a = best.config, AXOLOTL
     pure_bf16 = c.weights == "bf16"
     doc: dict = {a["model"]: c.model, a["micro_batch"]: c.micro_batch}
@@ -289,6 +274,7 @@ def llamafactory_document(best: BestConfig) -> dict:
     """LLaMA-Factory's YAML keys for the winner (`llamafactory-cli train this.yaml`, with the user's
     stage, dataset and template beside them)."""
     _causal_lm_only(best, "llamafactory")
+    _no_padding_free(best, "llamafactory", "neat_packing")
     c, lf = best.config, LLAMAFACTORY
     doc: dict = {lf["model"]: c.model, lf["micro_batch"]: c.micro_batch}
     if best.eval_batch is not None:
@@ -354,84 +340,6 @@ def _llamafactory_notes(best: BestConfig) -> list[str]:
     return said
 
 
-# --- Lightning ---------------------------------------------------------------------------------------
-
-def lightning_document(best: BestConfig) -> dict:
-    """A LightningCLI config: `trainer` (Trainer's arguments), `data` and `model` (the user's
-    DataModule's and LightningModule's arguments, by the names LIGHTNING gives), `optimizer`."""
-    c, lt = best.config, LIGHTNING
-    doc: dict = {"trainer": {}, "data": {}, "model": {}}
-    _put(doc, lt["device"], "cpu" if best.device_type == "cpu" else "gpu")
-    _put(doc, lt["gpus"], c.gpus)
-    _put(doc, lt["nodes"], c.nodes)
-    _put(doc, lt["precision"], LIGHTNING_PRECISION[(c.precision, c.weights)])
-    _put(doc, lt["grad_accum"], c.grad_accum)
-    if c.ranks > 1:
-        _put(doc, lt["strategy"], "ddp" if not sharding.is_fsdp(c.strategy) else {
-            "class_path": "lightning.pytorch.strategies.FSDPStrategy",
-            "init_args": {"sharding_strategy": _FSDP_SHARDING[c.strategy], "cpu_offload": sharding.offloads(c.strategy),
-                          "state_dict_type": "full"}})
-    _put(doc, lt["micro_batch"], c.micro_batch)
-    if best.eval_batch is not None:
-        _put(doc, lt["eval_batch"], best.eval_batch)
-    _put(doc, lt["block_size"], c.block_size)
-    _put(doc, lt["attention"], c.attention)
-    _put(doc, lt["checkpointing"], c.checkpointing)
-    if c.peft is not None:
-        _put(doc, lt["lora"], best.lora_kwargs())
-    if is_qlora(c.peft):
-        _put(doc, lt["qlora"], best.load_kwargs()["quantization_config"])
-    class_path, init_args = LIGHTNING_OPTIMIZERS[c.optimizer]
-    _put(doc, lt["optimizer"], {"class_path": class_path, **({"init_args": dict(init_args)} if init_args else {})})
-    return doc
-
-
-def _put(document: dict, dotted: str, value) -> None:
-    """Set `section.key` (a table's dotted name) in a nested document."""
-    *sections, key = dotted.split(".")
-    for section in sections:
-        document = document.setdefault(section, {})
-    document[key] = value
-
-
-def _lightning_notes(best: BestConfig) -> list[str]:
-    c = best.config
-    said = ["data and model are your LightningDataModule's and LightningModule's __init__ arguments: these names are "
-            "a convention; the model loads with attn_implementation and calls "
-            "gradient_checkpointing_enable(gradient_checkpointing_kwargs={\"use_reentrant\": False}) when "
-            "gradient_checkpointing is true, as the probes did"]
-    if c.precision == "tf32":
-        said.append("tf32: Lightning has no flag for it; call torch.set_float32_matmul_precision(\"high\") before fit")
-    if c.optimizer == "adafactor":
-        said.append("adafactor: give optimizer.init_args.lr (relative_step is off, as Trainer's adafactor has it)")
-    if c.compile:
-        said.append("torch.compile: compile the model yourself (model = torch.compile(model)) before fit, as the probes did")
-    if c.liger:
-        said.append("Liger: apply liger_kernel's apply_liger_kernel_to_<model>() before building the model")
-    if c.peft is not None:
-        said.append("LoRA: wrap the loaded model with peft.get_peft_model(model, peft.LoraConfig(**lora_config)) "
-                    "after turning checkpointing on")
-    if is_qlora(c.peft):
-        said.append("QLoRA: load the base with transformers.BitsAndBytesConfig(**model.quantization_config), keep "
-                    "precision off '-true' (bitsandbytes layers hold their own dtype)")
-    if evaluation.evaluates(c):
-        eval_kwargs = best.eval_kwargs()
-        if eval_kwargs.get("prediction_loss_only"):
-            said.append("evaluation: return only the loss from validation_step, as the probe kept no logits")
-        else:
-            said.append(f"evaluation: the probe kept logits on the card for {c.eval_accumulation_steps} batch(es) "
-                        f"before moving them to the host: do the same in validation_step")
-        if evaluation.generates(c):
-            said.append(f"generation at eval: call model.generate(max_length={c.generation_max_length}, "
-                        f"num_beams={c.generation_num_beams}, use_cache=True) in validation_step")
-    if c.ranks > 1 and sharding.is_fsdp(c.strategy):
-        layers = ranks.layer_classes(c)
-        wrap = f"{{{', '.join(layers)}}}" if layers else "the model's _no_split_modules"
-        said.append(f"{c.strategy}: Lightning's FSDPStrategy is FSDP1 and the probes measured FSDP2 (fully_shard) "
-                    f"wrapping each of {wrap}: give FSDPStrategy(auto_wrap_policy={wrap}) in code (YAML cannot name a "
-                    f"set of classes), or use ModelParallelStrategy with fully_shard in configure_model")
-    return said
-
 
 # --- shared ------------------------------------------------------------------------------------------
 
@@ -451,7 +359,7 @@ def _eval_notes(best: BestConfig, tool: str, loss_only_key: str | None, accumula
 _DOCUMENTS = {"trl": trl_document, "axolotl": axolotl_document, "llamafactory": llamafactory_document,
               "lightning": lightning_document}
 _NOTES = {"trl": _trl_notes, "axolotl": _axolotl_notes, "llamafactory": _llamafactory_notes,
-          "lightning": _lightning_notes}
+          "lightning": lightning_notes}
 
 
 def tool_document(best: BestConfig, fmt: str) -> dict:

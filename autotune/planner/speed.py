@@ -65,6 +65,7 @@ from autotune.cards import Card
 from autotune.config import ProbeConfig
 from autotune.estimate.stack import Stack
 from autotune.flops import flops_per_token
+from autotune.lengths import DEFAULT_SAMPLING
 from autotune.planner import traffic
 from autotune.shapes import ModelDims, adapted_linears, dims_from_config
 from autotune.recipes import PeftSpec, is_qlora
@@ -223,8 +224,14 @@ def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card, stack
     if config.lengths is not None:
         # Batches of the data's lengths, each padded to its longest (autotune.lengths): the step of
         # rows of the expected padded length, its throughput counting the real tokens only.
+        # Padding-free: rows of the data's mean length, no padding; outside a varlen (flash) kernel
+        # the attention spans the micro-batch's whole row: one row of all its tokens.
         rows = max(1, round(config.padded_tokens_per_step / config.effective_batch))
-        padded = predict_step_seconds(dataclasses.replace(config, block_size=rows, lengths=None), dims, card, stack)
+        shape = {"block_size": rows}
+        if config.padding_free and not config.attention.startswith("flash"):
+            shape = {"block_size": rows * config.micro_batch, "micro_batch": 1}
+        plain = dataclasses.replace(config, lengths=None, padding_free=False, sampling=DEFAULT_SAMPLING, **shape)
+        padded = predict_step_seconds(plain, dims, card, stack)
         return dataclasses.replace(padded, tokens_per_s=config.tokens_per_step / padded.step_seconds)
     precision = matmul_precision(config)
     peak = card.peak_flops[precision]

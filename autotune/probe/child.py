@@ -52,6 +52,7 @@ from autotune.probe.protocol import (  # noqa: E402
     ResultReply,
     UserErrorReply,
 )
+from autotune.probe.batches import padding_free_problem  # noqa: E402
 from autotune.probe.step import (  # noqa: E402
     OptimizerUnavailable,
     ProbeStep,
@@ -219,10 +220,10 @@ def _build(probe: _Probe, report: Callable[[str], None]) -> bool:
     if config.block_size > (getattr(probe.hf_config, "max_position_embeddings", None) or config.block_size):
         return probe.skip(f"block size {config.block_size} exceeds the model's maximum positions")
     _CODE.note()  # the modules this model's build imported, as they are before anything patches them
-    if config.liger:
-        why_not = speedups.apply_liger(probe.model, probe.hf_config.model_type)
-        if why_not:
-            return probe.skip(why_not)
+    if config.liger and (why_not := speedups.apply_liger(probe.model, probe.hf_config.model_type)):
+        return probe.skip(why_not)
+    if (why_not := padding_free_problem(probe.model, config, probe.hf_config.vocab_size, probe.device)) is not None:
+        return probe.skip(why_not)
     result.parameters = parameter_count(probe.model)
     result.trainable_parameters = parameter_count(probe.model, trainable=True)
     try:

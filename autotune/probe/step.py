@@ -16,7 +16,8 @@ from autotune.errors import BadInput
 from autotune.flops import flops_per_token
 from autotune.models import ModelSpec
 from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec, is_qlora
-from autotune.tasks import AUTO_CLASSES, MLM_PROBABILITY, Task, padded_lengths
+from autotune.probe.batches import drawn_batch, synthetic_batch
+from autotune.tasks import AUTO_CLASSES, Task
 
 # bitsandbytes (imported by peft and by transformers' optimizers) warns on import about optional
 # CPU kernels nobody asked for: on a user error that would be a second line before the one that matters.
@@ -200,89 +201,6 @@ def make_optimizer(model, device: torch.device, name: str = "adamw", device_type
         return torch.optim.AdamW(params, lr=5e-5, fused=True)
     except (RuntimeError, TypeError, ValueError):
         return torch.optim.AdamW(params, lr=5e-5, foreach=device.type == "cuda")
-
-
-def synthetic_batch(config: ProbeConfig, vocab_size: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """One micro-batch of random tokens shaped as `config.task` trains, with labels as the task's
-    own training builds them. Only elementwise ops (no boolean indexing), so that the estimator's
-    fake tensors trace it exactly.
-
-    - causal-lm: labels are the input ids (the model shifts them), as run_clm.py packs blocks: no
-      padding, but an attention mask of ones, which run_clm.py's group_texts keeps from the
-      tokenizer, TRL's collator makes and `autotune train` packs: transformers reads it every forward
-      (on SDPA, whether any token is masked: a host read; under torch.compile before torch 2.14, a
-      4-D mask), which a batch without one skips.
-    - seq2seq: `block_size` source tokens and `target_length` label tokens; the model makes its
-      decoder inputs by shifting the labels right, as it does for DataCollatorForSeq2Seq.
-    - classification: one integer label per sequence (a float for a one-output regression head).
-    - masked-lm: BERT's masking of 15% of the tokens (80% become the mask token, 10% a random
-      token, 10% stay); the other labels are -100, as DataCollatorForLanguageModeling makes them.
-      Packed blocks, as run_mlm.py groups texts: no padding, the mask of ones it keeps.
-
-    Padded tasks (autotune.tasks.PADDED_TASKS: seq2seq, classification) carry the attention mask of
-    their worst padded batch (autotune.tasks.padded_lengths): a mask is not free (eager attention
-    expands it to a float mask per layer and masks the softmax; on CUDA it rules the flash kernel
-    out), so a probe without one measured less than the run needs.
-    """
-    shape = (config.micro_batch, config.block_size)
-    input_ids = torch.randint(0, vocab_size, shape, device=device)
-    task = Task(config.task)
-    if task == Task.CAUSAL_LM:
-        if config.lengths is not None:  # trained per example: the worst padded batch, its padding without loss
-            mask = padding_mask(*shape, device)
-            return {"input_ids": input_ids, "attention_mask": mask,
-                    "labels": torch.where(mask.bool(), input_ids, torch.full_like(input_ids, -100))}
-        return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": input_ids}
-    if task == Task.SEQ2SEQ:
-        assert config.target_length is not None
-        labels = torch.randint(0, vocab_size, (config.micro_batch, config.target_length), device=device)
-        # Padding of the target carries no loss (DataCollatorForSeq2Seq pads labels with -100).
-        target_kept = padding_mask(config.micro_batch, config.target_length, device)
-        labels = torch.where(target_kept.bool(), labels, torch.full_like(labels, -100))
-        return {"input_ids": input_ids, "attention_mask": padding_mask(*shape, device), "labels": labels}
-    if task == Task.CLASSIFICATION:
-        assert config.num_labels is not None
-        mask = padding_mask(*shape, device)
-        if config.num_labels == 1:
-            return {"input_ids": input_ids, "attention_mask": mask, "labels": torch.rand(config.micro_batch, device=device)}
-        labels = torch.randint(0, config.num_labels, (config.micro_batch,), device=device)
-        return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
-    # masked-lm. The mask token's id changes nothing measured: the last id of the vocabulary stands in.
-    chosen = torch.rand(shape, device=device) < MLM_PROBABILITY
-    labels = torch.where(chosen, input_ids, torch.full_like(input_ids, -100))
-    fate = torch.rand(shape, device=device)
-    masked = torch.where(chosen & (fate < 0.8), torch.full_like(input_ids, vocab_size - 1), input_ids)
-    randomised = torch.where(chosen & (fate >= 0.8) & (fate < 0.9), torch.randint_like(input_ids, 0, vocab_size), masked)
-    return {"input_ids": randomised, "attention_mask": torch.ones_like(input_ids), "labels": labels}
-
-
-def drawn_batch(config: ProbeConfig, rows: list[int], vocab_size: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """A micro-batch of examples of the token counts `rows` (drawn from the data's lengths:
-    autotune.lengths.timing_rows), padded on the right to the longest, as DataCollatorWithPadding and
-    TRL's collator pad them: the padding masked out of attention and, for a causal LM, of the loss."""
-    length = max(rows)
-    mask = mask_of(rows, length, device)
-    input_ids = torch.randint(0, vocab_size, (len(rows), length), device=device)
-    if Task(config.task) == Task.CAUSAL_LM:
-        return {"input_ids": input_ids, "attention_mask": mask,
-                "labels": torch.where(mask.bool(), input_ids, torch.full_like(input_ids, -100))}
-    assert config.num_labels is not None
-    labels = (torch.rand(len(rows), device=device) if config.num_labels == 1
-              else torch.randint(0, config.num_labels, (len(rows),), device=device))
-    return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
-
-
-def padding_mask(rows: int, length: int, device: torch.device) -> torch.Tensor:
-    """The attention mask (1: a token, 0: padding) of the worst padded batch of `rows` examples of
-    at most `length` tokens (autotune.tasks.padded_lengths), elementwise for the estimator's trace."""
-    return mask_of(padded_lengths(rows, length), length, device)
-
-
-def mask_of(lengths: list[int], length: int, device: torch.device) -> torch.Tensor:
-    """The attention mask (1: a token, 0: padding on the right) of rows of `lengths` tokens padded to
-    `length`, elementwise (the estimator's fake tensors trace it)."""
-    rows = torch.tensor(lengths, device=device)
-    return (torch.arange(length, device=device)[None, :] < rows[:, None]).long()
 
 
 def parameter_count(model, trainable: bool = False) -> int:

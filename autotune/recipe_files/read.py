@@ -148,6 +148,7 @@ class _Recipe:
         self.trainer: str | None = None     # whose step the run takes, where not transformers' Trainer's
         self.packing: bool | None = None    # examples packed into full blocks (True), or one per row, padded
         self.sampling: str | None = None    # the run's sampler (autotune.lengths.SAMPLINGS), where the file sets one
+        self.padding_free: bool | None = None  # examples end to end, unpadded (TRL's padding_free), where the file sets it
         self.sources: dict[str, str] = {}
         self.said: list[str] = []
 
@@ -214,6 +215,8 @@ class _Recipe:
             flags["packing"] = "on" if self.packing else "off"
         if self.sampling is not None:
             flags["sampling"] = self.sampling
+        if self.padding_free is not None:
+            flags["padding_free"] = "on" if self.padding_free else "off"
         return RecipeFile(self.path, tool, text, self.document, flags, dict(self.sources), tuple(self.said))
 
 
@@ -292,16 +295,13 @@ def _axolotl(r: _Recipe) -> None:
 def _read_packing(r: _Recipe, key: str, *, default: bool) -> None:
     """The file's packing: examples packed into full blocks, or one per row padded to the batch's
     longest (whose speed depends on the data's lengths: autotune.lengths); the tool's default where
-    the file says nothing. Padding-free batches (no padding computed) are not timed yet: said."""
+    the file says nothing. TRL's padding_free (each micro-batch's examples end to end) is read beside
+    it (_trl)."""
     value = r.get(key)
     if value is not None and not isinstance(value, bool):
         r.refuse(f"{key}: {value!r} is not true or false.")
     r.packing = default if value is None else value
     r.sources["packing"] = key if value is not None else f"{key} (default {str(default).lower()})"
-    if r.get("padding_free"):
-        r.say("padding_free: true: the probes time batches padded to their longest example; a padding-free run "
-              "computes no padding, so it runs faster than they measured (where its attention kernel keeps the "
-              "examples apart).")
 
 
 # --- LLaMA-Factory (hparams/{model,data,finetuning,training}_args.py) ----------------------------------
@@ -385,6 +385,11 @@ def _trl(r: _Recipe) -> None:
         _trainer_evaluation(r)
     r.trust_remote_code = bool(r.get("trust_remote_code", init.get("trust_remote_code")))
     _read_packing(r, "packing", default=False)
+    if not r.packing and r.get("padding_free") is not None:
+        # (with packing, TRL's bfd packing makes its blocks padding-free anyway: autotune times full blocks)
+        if not isinstance(r.get("padding_free"), bool):
+            r.refuse(f"padding_free: {r.get('padding_free')!r} is not true or false.")
+        r.padding_free, r.sources["padding_free"] = r.get("padding_free"), "padding_free"
     _say_ranks(r, ("fsdp", "fsdp_config", "deepspeed"))
 
 

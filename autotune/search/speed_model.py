@@ -72,9 +72,10 @@ SPEED_LEVERS = ("compile", "allocator", "liger")
 
 # Levers the model describes a configuration by, with their reference value (the factor 1) when
 # the space has it; otherwise the first value found is the reference.
-LEVERS = ("precision", "checkpointing", "attention", "optimizer", "weights", *SPEED_LEVERS, "strategy")
+LEVERS = ("precision", "checkpointing", "attention", "optimizer", "weights", *SPEED_LEVERS, "strategy", "padding_free")
 REFERENCE = {"precision": "fp32", "checkpointing": False, "attention": "sdpa", "optimizer": "adamw",
-             "weights": "fp32", "compile": False, "allocator": "default", "liger": False, "strategy": "ddp"}
+             "weights": "fp32", "compile": False, "allocator": "default", "liger": False, "strategy": "ddp",
+             "padding_free": False}
 # How much slower than DDP each sharing of a run across ranks is expected, on the log, before any is
 # measured: FSDP gathers each layer's parameters in forward (and again in backward when it
 # reshards) where DDP all-reduces the gradients once, and overlaps most of it with compute over
@@ -201,6 +202,14 @@ class SpeedModel:
             return Prior(0.0, MICRO_BATCH_SPREAD)
         if lever == "block_size":
             return Prior(0.0, BLOCK_SPREAD)
+        if lever == "padding_free":
+            # Per position computed (the padding it drops is counted apart: padded_per_real), one row
+            # of the micro-batch's examples end to end. A varlen kernel (flash attention) takes each
+            # example alone: about a padded row's speed. Any other spans the whole row, masked block
+            # by block: attention over (n x mean)^2 positions where padded rows had n x longest^2,
+            # which can be more on long examples: wide, so that a padded config is still measured
+            # unless its padding is well beyond what that could cost.
+            return Prior(0.0, 0.2 if config.attention.startswith("flash") else 0.5)
         return lever_prior(lever, getattr(config, lever), self.device_type)
 
     def _fill(self, config: ProbeConfig) -> float:

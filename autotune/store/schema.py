@@ -40,7 +40,7 @@ TABLE_PREFIX = "autotune_"
 VERSION_TABLE = "autotune_alembic_version"
 # The revision this code writes and reads. A test checks it is Alembic's head, so reading a
 # database already at this revision needs no Alembic import (start-up time of read commands).
-SCHEMA_REVISION = "0013_sampling"
+SCHEMA_REVISION = "0014_padding_free"
 
 # Deterministic constraint names: batch migrations on SQLite (which rebuild tables) and drops on
 # PostgreSQL need to name constraints, and unnamed ones get backend-chosen names.
@@ -166,6 +166,7 @@ class Probe(Base):
     # The data's example lengths the timed batches were drawn from (0012_lengths; autotune.lengths).
     lengths: Mapped[str | None] = mapped_column(Text)
     sampling: Mapped[str] = mapped_column(String(20), server_default="random")  # (0013_sampling: the run's sampler)
+    padding_free: Mapped[bool] = mapped_column(server_default=false())  # (0014_padding_free: rows end to end)
     # Speed levers (0006_speed_levers); rows before them ran without any.
     compile: Mapped[bool] = mapped_column(server_default=false())
     allocator: Mapped[str] = mapped_column(String(16), server_default="default")

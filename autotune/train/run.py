@@ -309,7 +309,7 @@ def _trainer(ctx: RunContext, model: PreTrainedModel, args: TrainingArguments, t
     cls = MeteredSeq2SeqTrainer if isinstance(args, Seq2SeqTrainingArguments) else MeteredTrainer
     fix_loss_scaling(model)  # as the hand-off's load_model does: the loss right under accumulation
     trainer = cls(model=model, args=args, train_dataset=ctx.blocks.train, eval_dataset=ctx.blocks.eval,
-                  processing_class=tokenizer, data_collator=task_collator(config.task, tokenizer, config.lengths is not None), meter=meter,
+                  processing_class=tokenizer, data_collator=task_collator(config.task, tokenizer, config.lengths is not None, config.padding_free), meter=meter,
                   compute_metrics=task_metrics(config, tokenizer) if keeps else None)
     if quiet:
         trainer.remove_callback(PrinterCallback)  # the meter prints log lines through `echo`
