@@ -15,7 +15,12 @@ leaderboard's real tokens/s. Then a whole search over the four micro-batches, as
 now and as it searched before (full rows: `--packing on`; the classifier without `--dataset`): each
 pick's real run against the real runs' fastest. `--before` probes each config the old way too.
 
-    python -m benchmarks.real_lengths [--out DIR] [--recipe sft|classifier] [--before] [--steps 40] [--repeats 3]
+    python -m benchmarks.real_lengths [--out DIR] [--recipe sft|classifier] [--before] [--padding-free]
+                                      [--steps 40] [--repeats 3]
+
+`--padding-free` (sft): each micro-batch twice, padded and padding-free (probed with `--padding-free
+on`, run by SFTTrainer with `padding_free=True` from autotune's --format trl file), and the whole
+search chooses among both (`--padding-free off,on`).
 
 The examples: 4,000 pieces of the pydoc corpus whose token counts are drawn from a log-normal
 (median 24 tokens, sigma 0.9: mean about 34, a long tail) cut at the block of 128 tokens, as
@@ -46,8 +51,9 @@ CLASSIFIER = {**MODEL, "architectures": ["GPT2ForSequenceClassification"], "num_
 SKIP_STEPS = 8
 
 
-def write_examples(work: Path) -> dict:
-    """`data/examples.jsonl`: text pieces of long-tailed token counts (at most BLOCK), each with a label."""
+def write_examples(work: Path, block: int = BLOCK, median: float = 24.0) -> dict:
+    """`data/examples.jsonl`: text pieces of long-tailed token counts (a log-normal of this median,
+    sigma 0.9, at most `block`), each with a label."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(work / "data" / "tokenizer")
@@ -56,7 +62,7 @@ def write_examples(work: Path) -> dict:
     lengths, start = [], 0
     with (work / "data" / "examples.jsonl").open("w") as out:
         for index in range(EXAMPLES):
-            length = max(2, min(BLOCK, round(rng.lognormvariate(math.log(24), 0.9))))
+            length = max(2, min(block, round(rng.lognormvariate(math.log(median), 0.9))))
             if start + length > len(ids):
                 start = 0
             out.write(json.dumps({"text": tokenizer.decode(ids[start:start + length]), "label": index % 2}) + "\n")
@@ -65,35 +71,41 @@ def write_examples(work: Path) -> dict:
     lengths.sort()
     return {"examples": EXAMPLES, "mean": round(statistics.mean(lengths), 1), "median": statistics.median(lengths),
             "p90": lengths[int(0.9 * EXAMPLES)], "longest": lengths[-1],
-            "at_block": sum(1 for n in lengths if n == BLOCK)}
+            "at_block": sum(1 for n in lengths if n == block)}
 
 
-def search_args(work: Path, recipe: str, before: bool) -> list[str]:
+def search_args(work: Path, recipe: str, before: bool, padding_free: str | None = None) -> list[str]:
     model = work / ("classifier" if recipe == "classifier" else "model")
+    # TRL appends an end-of-sequence token (examples of up to BLOCK + 1 tokens) and cuts none under
+    # padding_free: those studies ask for a block above it, which the data's longest caps at BLOCK + 1.
+    block = 2 * BLOCK if padding_free else BLOCK
     args = ["--model", str(model), "--device", "cpu", "--gpu-budget", "4GiB", "--effective-batch",
-            str(EFFECTIVE_BATCH), "--block-sizes", str(BLOCK), "--precisions", "fp32", "--checkpointing", "off",
+            str(EFFECTIVE_BATCH), "--block-sizes", str(block), "--precisions", "fp32", "--checkpointing", "off",
             "--attention", "sdpa"]
     data = ["--dataset", str(work / "data" / "examples.jsonl"), "--tokenizer", str(work / "data" / "tokenizer")]
     if recipe == "sft":
-        return args + ["--trainer", "trl"] + (["--packing", "on"] if before else ["--packing", "off", *data])
+        flat = ["--padding-free", padding_free] if padding_free and not before else []
+        return args + ["--trainer", "trl"] + (["--packing", "on"] if before else ["--packing", "off", *data, *flat])
     return args + ([] if before else data)
 
 
 def probe(work: Path, db: str, recipe: str, before: bool, micro_batch: int, measure_seconds: float,
-          repeat: int) -> dict:
+          repeat: int, padding_free: bool = False, flat_study: bool = False) -> dict:
     """The leaderboard's figure of one config: a one-config study of its own for each repeat (a
     study's settled configs are not probed again), measured afresh (--fresh: no other study's)."""
-    study = f"{recipe}-{'before' if before else 'after'}-mb{micro_batch}-r{repeat}"
-    out = autotune("search", *search_args(work, recipe, before), "--micro-batches", str(micro_batch),
+    study = f"{recipe}-{'before' if before else 'after'}{'-flat' if padding_free else ''}-mb{micro_batch}-r{repeat}"
+    out = autotune("search", *search_args(work, recipe, before, ("on" if padding_free else "off") if flat_study else None),
+                   "--micro-batches", str(micro_batch),
                    "--measure-seconds", str(measure_seconds), "--study", study, "--db", db, "--fresh", "--json")
     best = json.loads(out)["best"]
     return {"study": study, "label": best["label"], "tokens_per_s": best["tokens_per_s"],
             "padding_share": best.get("padding_share")}
 
 
-def search_all(work: Path, db: str, recipe: str, before: bool, measure_seconds: float) -> dict:
-    study = f"{recipe}-{'before' if before else 'after'}-search"
-    out = autotune("search", *search_args(work, recipe, before), "--micro-batches", "1,2,4,8", "--measure-seconds",
+def search_all(work: Path, db: str, recipe: str, before: bool, measure_seconds: float,
+               padding_free: bool = False) -> dict:
+    study = f"{recipe}-{'before' if before else 'after'}{'-flat' if padding_free else ''}-search"
+    out = autotune("search", *search_args(work, recipe, before, "off,on" if padding_free else None), "--micro-batches", "1,2,4,8", "--measure-seconds",
                    str(measure_seconds), "--study", study, "--db", db, "--json")
     summary = json.loads(out)
     return {"study": study, "pick": summary["best"]["label"], "pick_micro_batch": summary["best"]["micro_batch"],
@@ -136,7 +148,8 @@ def real_in_process(db: str, study: str, work: str, recipe: str, steps: int) -> 
     def counting(collate):
         def collated(examples):
             batch = collate(examples)
-            counted["real"] += int(batch["attention_mask"].sum())
+            # (a padding-free batch has no mask: every token is real)
+            counted["real"] += int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
             counted["padded"] += batch["input_ids"].numel()
             return batch
         return collated
@@ -174,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="a directory for the models, data and results.json")
     parser.add_argument("--recipe", choices=("sft", "classifier"), default="sft")
     parser.add_argument("--before", action="store_true", help="probe as autotune did before: full rows")
+    parser.add_argument("--padding-free", action="store_true", help="sft: padding-free batches (TRL padding_free)")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--micro-batches", default="1,2,4,8")
     parser.add_argument("--repeats", type=int, default=3, help="processes of each probe and run (default 3)")
@@ -187,33 +201,37 @@ def main(argv: list[str] | None = None) -> int:
     helper_train_data(str(work / "data"))
     lengths = write_examples(work)
     db = f"sqlite:///{work / 'studies.db'}"
-    micro_batches = [int(m) for m in args.micro_batches.split(",")]
-    probes: dict[int, list[dict]] = {}
-    runs: dict[int, list[dict]] = {}
+    # (micro-batch, padding-free): every one probed and run in each repeat, interleaved
+    variants = [(int(m), flat) for m in args.micro_batches.split(",") for flat in
+                ((False, True) if args.padding_free else (False,))]
+    probes: dict[tuple, list[dict]] = {}
+    runs: dict[tuple, list[dict]] = {}
     for repeat in range(args.repeats):
-        for mb in micro_batches if repeat % 2 == 0 else list(reversed(micro_batches)):
-            measured = probe(work, db, args.recipe, args.before, mb, args.measure_seconds, repeat)
-            probes.setdefault(mb, []).append(measured)
+        for mb, flat in variants if repeat % 2 == 0 else list(reversed(variants)):
+            measured = probe(work, db, args.recipe, args.before, mb, args.measure_seconds, repeat, flat,
+                             args.padding_free)
+            probes.setdefault((mb, flat), []).append(measured)
             run = run_real(work, db, args.recipe, measured["study"], args.steps)
-            runs.setdefault(mb, []).append(run)
-            print(f"mb{mb}: real {run['real_tokens_per_s']:,.0f} tokens/s, padded {run['padded_tokens_per_s']:,.0f} "
-                  f"({run['padding_share']:.0%} padding); the probe said {measured['tokens_per_s']:,.0f}",
-                  file=sys.stderr)
+            runs.setdefault((mb, flat), []).append(run)
+            print(f"{measured['label']}: real {run['real_tokens_per_s']:,.0f} tokens/s, padded "
+                  f"{run['padded_tokens_per_s']:,.0f} ({run['padding_share']:.0%} padding); the probe said "
+                  f"{measured['tokens_per_s']:,.0f}", file=sys.stderr)
     rows = []
-    for mb in micro_batches:
-        row: dict = {"micro_batch": mb, "label": probes[mb][0]["label"],
-                     "probe_tokens_per_s": statistics.median(p["tokens_per_s"] for p in probes[mb]),
-                     "probe_processes": [round(p["tokens_per_s"], 1) for p in probes[mb]],
-                     "probe_padding_share": probes[mb][0]["padding_share"]}
+    for mb, flat in variants:
+        key = (mb, flat)
+        row: dict = {"micro_batch": mb, "padding_free": flat, "label": probes[key][0]["label"],
+                     "probe_tokens_per_s": statistics.median(p["tokens_per_s"] for p in probes[key]),
+                     "probe_processes": [round(p["tokens_per_s"], 1) for p in probes[key]],
+                     "probe_padding_share": probes[key][0]["padding_share"]}
         for name in ("real_tokens_per_s", "padded_tokens_per_s", "padding_share"):
-            row[name] = statistics.median(r[name] for r in runs[mb])
-            row[f"{name}_processes"] = [round(r[name], 3) for r in runs[mb]]
+            row[name] = statistics.median(r[name] for r in runs[key])
+            row[f"{name}_processes"] = [round(r[name], 3) for r in runs[key]]
         row["probe_over_real"] = round(row["probe_tokens_per_s"] / row["real_tokens_per_s"], 3)
         rows.append(row)
     fastest = max(rows, key=lambda r: r["real_tokens_per_s"])
     result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host_cpus": os.cpu_count(),
               "load_per_core": round(os.getloadavg()[0] / (os.cpu_count() or 1), 2), "recipe": args.recipe,
-              "before": args.before, "steps": args.steps, "model": CLASSIFIER if args.recipe == "classifier" else MODEL,
+              "before": args.before, "padding_free": args.padding_free, "steps": args.steps, "model": CLASSIFIER if args.recipe == "classifier" else MODEL,
               "block": BLOCK, "effective_batch": EFFECTIVE_BATCH, "lengths": lengths, "rows": rows,
               "real_fastest": fastest["label"],
               "same_order": sorted(rows, key=lambda r: -r["probe_tokens_per_s"]) == sorted(rows, key=lambda r: -r["real_tokens_per_s"])}
@@ -221,8 +239,10 @@ def main(argv: list[str] | None = None) -> int:
         for key, before in (("search", args.before), ("search_as_before", True)):
             if key == "search_as_before" and args.before:
                 continue
-            result[key] = search_all(work, db, args.recipe, before, args.measure_seconds)
-            picked = next(r for r in rows if r["micro_batch"] == result[key]["pick_micro_batch"])
+            result[key] = search_all(work, db, args.recipe, before, args.measure_seconds, args.padding_free)
+            # (by micro-batch and kind: the search as before probed full rows, of another block)
+            flat = result[key]["pick"].endswith(" padding-free")
+            picked = next(r for r in rows if (r["micro_batch"], r["padding_free"]) == (result[key]["pick_micro_batch"], flat))
             result[key]["pick_real_over_fastest"] = round(picked["real_tokens_per_s"] / fastest["real_tokens_per_s"], 3)
     (work / "results.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))

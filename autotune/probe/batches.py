@@ -96,14 +96,17 @@ def flattened(config: ProbeConfig, rows: list[int], positions: torch.Tensor, voc
     restarting at each example, which is what keeps the examples apart (transformers' masking_utils
     makes a block-diagonal mask of them for SDPA and eager; flash attention's varlen kernels take each
     example alone), and no label on an example's first token (the token before it is another
-    example's). TRL's collator also hands over the examples' boundaries (cu_seq_lens), which spares a
-    flash kernel finding them from the positions in every layer. Elementwise: the estimator traces it."""
+    example's). TRL's collator also hands over the examples' boundaries (cu_seq_lens, seq_idx), which
+    spares a flash kernel finding them from the positions in every layer. Elementwise but for those
+    (made from `rows`, host numbers): the estimator traces it."""
     input_ids = torch.randint(0, vocab_size, positions.shape, device=positions.device)
     batch = {"input_ids": input_ids, "position_ids": positions,
              "labels": torch.where(positions == 0, torch.full_like(input_ids, -100), input_ids)}
-    if config.trainer == "trl" and config.attention.startswith("flash"):
+    if config.trainer == "trl":  # (TRL 1.16's DataCollatorForLanguageModeling, whatever the kernel)
         bounds = torch.tensor([0, *itertools.accumulate(rows)], dtype=torch.int32, device=positions.device)
-        batch.update(cu_seq_lens_q=bounds, cu_seq_lens_k=bounds, max_length_q=max(rows), max_length_k=max(rows))
+        batch.update(cu_seq_lens_q=bounds, cu_seq_lens_k=bounds, max_length_q=max(rows), max_length_k=max(rows),
+                     seq_idx=torch.tensor([[i for i, n in enumerate(rows) for _ in range(n)]], dtype=torch.int32,
+                                          device=positions.device))
     return batch
 
 

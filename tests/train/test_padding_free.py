@@ -219,3 +219,23 @@ def test_the_estimate_of_a_padding_free_step_is_the_cpu_probes_peak(sft, probe_r
         probe = runner.run(config_, runner.settings.budget(2 * 2**30))
         assert probe.status == "ok", probe.error
         assert (estimate.peak_bytes, estimate.reserved_bytes) == (probe.peak_allocated_bytes, probe.peak_reserved_bytes)
+
+
+def test_trls_padding_free_batch_is_its_collators():
+    """The probe's padding-free batch for --trainer trl is what TRL's own collator makes of the same
+    examples (the keys, the boundaries, the labels' -100 at each example's start)."""
+    import torch
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    from autotune.probe.batches import drawn_batch
+
+    rows = [5, 9, 3]
+    ours = drawn_batch(config(3, trainer="trl"), rows, 96, torch.device("cpu"))
+    examples, start = [], 0
+    for n in rows:
+        examples.append({"input_ids": ours["input_ids"][0, start:start + n].tolist()})
+        start += n
+    theirs = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(examples)
+    assert set(ours) == set(theirs), (set(ours), set(theirs))
+    for key, value in theirs.items():
+        assert torch.equal(torch.as_tensor(ours[key]), torch.as_tensor(value)), key
