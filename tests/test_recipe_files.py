@@ -224,7 +224,7 @@ optim: adamw_torch
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("packing", [False, True])
+@pytest.mark.parametrize("packing", [False, True, "padding-free"])
 def test_a_trl_file_with_packing_or_without_is_searched_as_it_trains_and_written_back(work, packing):
     """TRL's default (no `packing` key) pads each example to its batch's longest: searched on the
     data's lengths (--dataset), ranked by real tokens, written back with `packing: false`; `packing:
@@ -241,7 +241,7 @@ def test_a_trl_file_with_packing_or_without_is_searched_as_it_trains_and_written
         write_task_tokenizer(" ".join(words), tokenizer, vocab_size=60, mask=False)
     path = write(work, f"sft-packing-{packing}.yml", TRL_PACKING.format(
         how="packed into full blocks" if packing else "one per row (TRL's default)",
-        packing="packing: true\n" if packing else ""))
+        packing={True: "packing: true\n", False: "", "padding-free": "padding_free: true\n"}[packing]))
     study = f"trl-packing-{packing}"
     # (one attention kernel, no checkpointing: the subject is the file's packing, not the levers)
     fewer = [flag if flag not in ("sdpa,eager", "off,on") else flag.split(",")[0] for flag in SEARCH]
@@ -249,7 +249,9 @@ def test_a_trl_file_with_packing_or_without_is_searched_as_it_trains_and_written
                      "--micro-batches", "2,8", flags=fewer)
     best = summary["best"]
     assert best["trainer"] == "trl" and best["micro_batch"] * best["grad_accum"] == 8
-    if packing:
+    if packing == "padding-free":  # (TRL's padding_free, read from the file: each micro-batch end to end)
+        assert best["padding_free"] and best["lengths"].startswith("q") and best["padding_share"] == 0.0
+    elif packing:
         assert best["lengths"] is None and best["padding_share"] is None and best["block_size"] == 64
     else:
         assert best["lengths"].startswith("q") and best["block_size"] <= 64  # (capped at the longest example)
@@ -257,11 +259,16 @@ def test_a_trl_file_with_packing_or_without_is_searched_as_it_trains_and_written
     diff, out = update(work, study, path)
     tuned = yaml.safe_load(out.read_text())
     assert tuned["per_device_train_batch_size"] == best["micro_batch"]
+    flat = packing == "padding-free"
+    if flat:  # written back as SFTTrainer takes it: no max_length beside padding_free
+        assert tuned["padding_free"] is True and tuned["max_length"] is None and "packing" not in tuned
+        packing = False  # (and otherwise as the per-example file)
     assert ("packing" in tuned) == packing and tuned.get("packing", False) is packing
     assert "packing" not in diffed_keys(diff)
     if not packing:  # the study is of its data's lengths: not resumed without them
         again = invoke("search", "--from", str(path), "--study", study, *SEARCH, "--db", work["db"])
-        assert again.returncode == 2 and "give the same --dataset (and --packing) again" in again.stderr
+        said = "--padding-free on puts each micro-batch's examples" if flat else "give the same --dataset (and --packing)"
+        assert again.returncode == 2 and said in again.stderr, again.stderr
     if not packing:  # a file asking for packing cannot take the per-example study's winner
         packed = write(work, "sft-now-packed.yml", TRL_PACKING.format(how="packed", packing="packing: true\n"))
         refused = autotune("best", "--study", study, "--update", str(packed), "--db", work["db"])

@@ -142,6 +142,8 @@ def _check_same_recipe(source: RecipeFile, best: BestConfig) -> None:
         asked.append(("packing", "on", "one example per row, padded (packing off)"))
     if flags.get("sampling", DEFAULT_SAMPLING) != c.sampling:
         asked.append(("the sampler", flags.get("sampling", DEFAULT_SAMPLING), c.sampling))
+    if flags.get("padding_free") == "on" and not c.padding_free:
+        asked.append(("padding-free batches", "on", "padded ones"))
     if asked:
         what, file_value, study_value = asked[0]
         raise BadInput(f"{source.path} asks {what} {file_value}, and study {study!r} measured {study_value}: search "
@@ -186,6 +188,10 @@ def _decided(source: RecipeFile, best: BestConfig) -> tuple[dict, tuple[str, ...
                 for name in names:
                     if name in updates and name != current:
                         updates[current] = updates.pop(name)
+        if tool == "trl" and rendered.get(tools.TRL["padding_free"]):
+            # (SFTTrainer cuts no example under padding_free, and refuses a max_length beside it)
+            length_key = next((key for key in ("max_length", "max_seq_length") if key in document), "max_length")
+            updates.update({tools.TRL["padding_free"]: True, length_key: None})
         if tool == "trl":
             attention = best.model_kwargs()["attn_implementation"]
             if "model_name_or_path" in document:     # `trl sft --config`: ModelConfig's key
