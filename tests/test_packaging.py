@@ -32,6 +32,8 @@ def test_the_wheel_holds_autotune_alone_with_its_migrations_inside(wheel):
     assert "autotune/store/migrations/env.py" in names and "autotune/store/migrations/script.py.mako" in names
     assert "autotune/estimate/cuda_constants.json" in names  # the estimator reads it at import
     assert "autotune/estimate/stated_error.json" in names    # estimate, plan and the search state it
+    for page_file in (ROOT / "autotune" / "service" / "static").iterdir():  # the service's pages, offline
+        assert f"autotune/service/static/{page_file.name}" in names
     # Every package of the source tree is listed in pyproject.toml's `packages`.
     for init in (ROOT / "autotune").rglob("__init__.py"):
         assert init.relative_to(ROOT).as_posix() in names

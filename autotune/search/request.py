@@ -2,7 +2,7 @@
 model, the space and its candidates, the budget with its margin, the options and probe settings),
 checked before any process starts, then completed by one preflight with the device the probes
 run on. The driver, the fleet and every worker take it whole instead of working any of it out
-again (STYLE.md: resolve once, pass down)."""
+again: resolved once, passed down."""
 
 from __future__ import annotations
 

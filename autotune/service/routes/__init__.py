@@ -1,1 +1,2 @@
-"""The service's routes, one module per resource (STYLE.md: the door is thin)."""
+"""The service's routes, one module per resource (each thin: it reads the request with the
+command line's own code and hands it on)."""
