@@ -26,7 +26,7 @@ CPU_DEMO_ARGS := --model $(DEMO_MODEL) --gpu-budget 800MiB --device cpu --block-
 DEMO_ARGS ?= $(if $(HAVE_NVIDIA),$(GPU_DEMO_ARGS),$(CPU_DEMO_ARGS))
 BENCH_ARGS ?=
 
-.PHONY: install test test-fast demo serve bench clean
+.PHONY: install test test-fast lint demo serve bench clean
 
 $(BIN)/autotune: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ BYTECODE := $(BIN)/python -m compileall -q -j 0 autotune tests benchmarks >/dev/
 test: install
 	$(BYTECODE)
 	$(PYTEST)
+
+# pyflakes' checks (pyproject's [tool.ruff]); tests/test_layout.py runs the same in `make test`.
+lint: install
+	$(BIN)/ruff check autotune tests benchmarks migrations
 
 # About a minute: no probe or estimator processes (tests marked `slow`; tests/conftest.py refuses
 # them elsewhere).

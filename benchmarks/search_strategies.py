@@ -40,7 +40,6 @@ from datetime import date
 from pathlib import Path
 
 from autotune import defaults
-from autotune.budget import Budget
 from autotune.config import ProbeConfig
 from autotune.models import resolve_model
 from autotune.result import ProbeResult

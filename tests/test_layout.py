@@ -1,7 +1,7 @@
 """The package's shape, checked from its source with `ast`: no import cycle inside `autotune/`,
 imports flow one way through the layers below, no file grows past a size a newcomer can read, no
 test hook lives in production code, and no test module imports another (tests/helpers holds what
-they share).
+they share). And the linter (ruff, pyproject's [tool.ruff]) finds nothing.
 
 Every import counts, those inside functions too (a deferred import is still a dependency); those
 under `if TYPE_CHECKING:` do not (they never run).
@@ -10,6 +10,8 @@ under `if TYPE_CHECKING:` do not (they never run).
 from __future__ import annotations
 
 import ast
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -259,3 +261,15 @@ def test_every_probe_setting_reaches_a_joining_worker():
     joined = ProbeSettings.from_plan(StudyPlan.from_dict(stored).probe, device="cuda:1", margin=123)
     assert joined == dataclasses.replace(changed, rendezvous=None)  # (where this node's ranks meet is its own)
     assert set(changed.to_plan()) | ProbeSettings.WORKER_OWN == {f.name for f in dataclasses.fields(ProbeSettings)}
+
+
+def test_the_linter_finds_nothing():
+    """pyflakes' checks over the code, the tests and the benchmarks: an unused import or an
+    undefined name is a question a reader should not have to ask."""
+    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
+    if ruff is None:
+        pytest.skip("ruff is not installed: pip install -e '.[dev]'")
+    root = PACKAGE.parent
+    done = subprocess.run([ruff, "check", "--no-cache", "--output-format", "concise", "autotune", "tests", "benchmarks",
+                           "migrations"], cwd=root, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1000:]

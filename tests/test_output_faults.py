@@ -171,7 +171,7 @@ def test_report_out_on_a_full_disk_leaves_neither_report_nor_plot_nor_temporary(
 
 
 def test_plot_out_on_a_disk_that_fills_half_way_leaves_no_partial_file(study_db, work, monkeypatch, capsys):
-    matplotlib = pytest.importorskip("matplotlib")
+    pytest.importorskip("matplotlib")
     import matplotlib.figure
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig_that_fills_the_disk)

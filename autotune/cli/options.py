@@ -11,7 +11,7 @@ from autotune import defaults
 from autotune.cli.app import (ALLOCATOR_HELP, DB_HELP, DEVICE_HELP, LIGER_HELP, OPTIMIZER_HELP, PACKING_HELP, PADDING_FREE_HELP, SAMPLING_HELP,
                               TRAINER_HELP,
                               WEIGHTS_HELP)
-from autotune.units import INT64_MAX, MAX_SECONDS, MAX_STEPS, parse_duration
+from autotune.units import INT64_MAX, MAX_STEPS, parse_duration
 
 
 # -- The kinds of values flags take: one type per kind, one bound each, used by every command --------

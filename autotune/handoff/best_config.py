@@ -448,7 +448,6 @@ class BestConfig:
 
 def _holds_no_weights(model) -> bool:
     """A local directory with a config.json and none of the weight files from_pretrained reads."""
-    from pathlib import Path
 
     from autotune.models import WEIGHT_FILES
 

@@ -247,7 +247,7 @@ def run_training(ctx: RunContext, run_id: int, recorder: Recorder, args: Trainin
     if failure is not None:
         step = trainer.state.global_step if trainer is not None else 0
         summary = summarize(RunEnd.OOM, failure)
-        del trainer, model  # (before the memory is released)
+        trainer = model = None  # (the references dropped before the memory is released)
         return _ended_out_of_memory(ctx, run_id, recorder, step, failure, summary)
 
     assert trainer is not None and model is not None  # set before training, and training did not fail
@@ -267,7 +267,7 @@ def run_training(ctx: RunContext, run_id: int, recorder: Recorder, args: Trainin
     if merged_dir is not None:
         summary = replace(summary, merged_dir=str(merged_dir.resolve()))
     recorder.finished(summary)
-    del trainer, model
+    trainer = model = None  # (the references dropped before the memory is released)
     limits.release()
     return TrainOutcome(RunEnd.FINISHED, run_id, ctx.winner.study.name, str(ctx.output_dir), summary, None,
                         list(summary.warnings), ctx.searched)
