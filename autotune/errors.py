@@ -3,6 +3,23 @@ one line and exits with status 2. Anything else is a bug and keeps its traceback
 
 from __future__ import annotations
 
+import json
+
+QUOTED_MAX = 40  # characters of a value a message quotes (a pasted megabyte stays a short line)
+
+
+def quoted(value: object) -> str:
+    """A value as a refusal quotes it, cut short: a string in quotes, anything else as JSON writes it
+    (as the value was given, to a JSON door or in a config), else as Python prints it."""
+    if isinstance(value, str):
+        text = repr(value)
+    else:
+        try:
+            text = json.dumps(value)
+        except (TypeError, ValueError):
+            text = str(value)
+    return text if len(text) <= QUOTED_MAX else text[:QUOTED_MAX - 3] + "..."
+
 
 class AutotuneError(Exception):
     """A problem the user can fix. The message says what is wrong and what to do."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeGuard
 
-from autotune.errors import BadInput, ModelNotFound
+from autotune.errors import BadInput, ModelNotFound, quoted
 # (Families whose positions are a learned table of the model's width: its size is held to the budget.)
 from autotune.shapes import _LEARNED_POSITIONS
 from autotune.tasks import task_fields
@@ -148,7 +148,7 @@ class ModelSpec:
                 typed = str(value).strip() if isinstance(value, str) else ""
                 fix = (f"write it as a number ({typed}), without quotes," if typed.isascii() and typed.isdigit()
                        else f"give {key} as a whole number")
-                raise BadInput(f"{name}: its config.json has {key} {_shown(value)}, not a whole number; {fix} in the "
+                raise BadInput(f"{name}: its config.json has {key} {quoted(value)}, not a whole number; {fix} in the "
                                f"config.")
             if key == "vocab_size" and value < MIN_VOCAB:
                 raise BadInput(f"{name}: its config.json has vocab_size {value}; training needs at least {MIN_VOCAB} "
@@ -233,12 +233,6 @@ class ModelSpec:
 def _whole(value: object) -> TypeGuard[int]:
     """A whole number as config.json and Python give one (true and false are not)."""
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _shown(value: object) -> str:
-    """A config value as a message quotes it, cut short."""
-    text = json.dumps(value) if not isinstance(value, str) else repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _read_config(path: Path) -> dict:

@@ -8,7 +8,8 @@ import csv
 
 import pytest
 
-from autotune.data.shape import DataOptions, shaped_space_args
+from autotune.data.options import DataOptions
+from autotune.data.shape import shaped_space_args
 from autotune.tasks import DataShape
 from autotune.errors import BadInput
 from autotune.models import resolve_model

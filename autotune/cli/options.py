@@ -11,6 +11,7 @@ from autotune import defaults
 from autotune.cli.app import (ALLOCATOR_HELP, DB_HELP, DEVICE_HELP, LIGER_HELP, OPTIMIZER_HELP, PACKING_HELP, PADDING_FREE_HELP, SAMPLING_HELP,
                               TRAINER_HELP,
                               WEIGHTS_HELP)
+from autotune.errors import quoted
 from autotune.units import INT64_MAX, MAX_STEPS, parse_duration
 
 
@@ -21,12 +22,6 @@ from autotune.units import INT64_MAX, MAX_STEPS, parse_duration
 
 def _flag(param: click.Parameter | None) -> str:
     return max(param.opts, key=len) if param is not None and param.opts else "the value"
-
-
-def _shown(value: object) -> str:
-    """A typed value as a message quotes it, cut short (a pasted megabyte stays a short line)."""
-    text = repr(value) if isinstance(value, str) else str(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class WholeNumber(click.ParamType):
@@ -44,15 +39,15 @@ class WholeNumber(click.ParamType):
         else:
             text = str(value).strip()
             if not re.fullmatch(r"[+-]?[0-9]+", text, re.ASCII):
-                raise click.UsageError(f"{flag} {_shown(value)} is not a whole number; give one from {self.minimum} "
+                raise click.UsageError(f"{flag} {quoted(value)} is not a whole number; give one from {self.minimum} "
                                        f"to {self.maximum}", ctx)
             # (Past 4300 digits int() refuses to read it: it is out of range either way.)
             number = int(text) if len(text) <= 400 else (-1 if text.startswith("-") else 1) * 10**400
         if number < self.minimum:
-            raise click.UsageError(f"{flag} must be a whole number of at least {self.minimum} (got {_shown(number)})", ctx)
+            raise click.UsageError(f"{flag} must be a whole number of at least {self.minimum} (got {quoted(number)})", ctx)
         if number > self.maximum:
             raise click.UsageError(f"{flag} must be a whole number from {self.minimum} to {self.maximum} "
-                                   f"(got {_shown(number)}): {self.why}", ctx)
+                                   f"(got {quoted(number)}): {self.why}", ctx)
         return number
 
 
@@ -71,11 +66,11 @@ class Real(click.ParamType):
         except (TypeError, ValueError):
             number = math.nan
         if not math.isfinite(number):
-            raise click.UsageError(f"{flag} {_shown(value)} is not a finite number; give a number such as 0.5", ctx)
+            raise click.UsageError(f"{flag} {quoted(value)} is not a finite number; give a number such as 0.5", ctx)
         if self.positive and number <= 0:
-            raise click.UsageError(f"{flag} must be above 0 (got {_shown(value)})", ctx)
+            raise click.UsageError(f"{flag} must be above 0 (got {quoted(value)})", ctx)
         if self.maximum is not None and number > self.maximum:
-            raise click.UsageError(f"{flag} must be at most {self.maximum} (got {_shown(value)}): {self.why}", ctx)
+            raise click.UsageError(f"{flag} must be at most {self.maximum} (got {quoted(value)}): {self.why}", ctx)
         return number
 
 
@@ -107,7 +102,7 @@ class Device(click.ParamType):
         flag = _flag(param)
         device = str(value).strip().lower()
         if not re.fullmatch(r"auto|cpu|cuda(:[0-9]{1,4})?", device, re.ASCII):
-            raise click.UsageError(f"{flag} {_shown(value)} is not supported; use auto, cpu, cuda or cuda:N", ctx)
+            raise click.UsageError(f"{flag} {quoted(value)} is not supported; use auto, cpu, cuda or cuda:N", ctx)
         if device.startswith("cuda") and not cuda_may_be_visible():
             raise click.UsageError(f"{flag} {device}: no CUDA device can be seen here (no NVIDIA device node, or "
                                    f"CUDA_VISIBLE_DEVICES hides them all); use --device cpu, or run it where the GPU is",
@@ -126,7 +121,7 @@ class HostPort(click.ParamType):
         host, _, port = text.rpartition(":")
         if not (re.fullmatch(r"[A-Za-z0-9._-]+|\[[0-9A-Fa-f:.]+\]", host, re.ASCII)
                 and re.fullmatch(r"[0-9]{1,5}", port, re.ASCII) and 1 <= int(port) <= 65535):
-            raise click.UsageError(f"{_flag(param)} {_shown(value)} is not HOST:PORT with a port from 1 to 65535 (the "
+            raise click.UsageError(f"{_flag(param)} {quoted(value)} is not HOST:PORT with a port from 1 to 65535 (the "
                                    f"first node's address and a free port, e.g. 10.0.0.1:29500)", ctx)
         return text
 
@@ -365,7 +360,7 @@ def data_options(*, required: bool):
 def data_arguments(dataset, text_column, target_column, label_column, tokenizer):
     """data_options' flags as the DataOptions of search and plan (None without --dataset); a column
     flag without --dataset is a mistake."""
-    from autotune.data.shape import DataOptions
+    from autotune.data.options import DataOptions
 
     if dataset is None:
         for flag, value in (("--text-column", text_column), ("--target-column", target_column),

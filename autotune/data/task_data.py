@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
     from autotune.config import ProbeConfig
-    from autotune.data.shape import DataOptions
+    from autotune.data.options import DataOptions
 
 # Column names looked for when no --text-column/--target-column is given, in this order (those of
 # run_summarization.py's known data sets: xsum, cnn_dailymail, samsum, ...).

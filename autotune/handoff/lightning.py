@@ -11,7 +11,7 @@ from autotune.handoff import ranks
 from autotune.recipes import is_qlora
 
 if TYPE_CHECKING:
-    from autotune.handoff import BestConfig
+    from autotune.handoff.best_config import BestConfig
 
 # Lightning 2.6.6 (PyPI `lightning`): lightning/pytorch/trainer/trainer.py (Trainer.__init__),
 # lightning/pytorch/strategies/fsdp.py (FSDPStrategy), lightning/pytorch/cli.py (LightningCLI's sections

@@ -13,7 +13,7 @@ from autotune.recipes import OPTIMIZERS, PeftSpec, is_qlora
 from autotune.tasks import EXAMPLE_SCRIPTS, Task
 
 if TYPE_CHECKING:
-    from autotune.handoff import BestConfig
+    from autotune.handoff.best_config import BestConfig
 
 __all__ = ["cli_caveats", "cli_flags"]
 

@@ -23,7 +23,7 @@ from autotune.recipes import OPTIMIZERS, PeftSpec, is_qlora
 from autotune.tasks import Task
 
 if TYPE_CHECKING:
-    from autotune.handoff import BestConfig
+    from autotune.handoff.best_config import BestConfig
 
 __all__ = ["AXOLOTL", "LIGHTNING", "LLAMAFACTORY", "TOOL_FORMATS", "TRL", "axolotl_document", "lightning_document",
            "llamafactory_document", "notes", "render_tool", "tool_document", "trl_document"]

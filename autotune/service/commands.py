@@ -15,6 +15,8 @@ from typing import Any
 
 import click
 
+from autotune.errors import quoted
+
 # A value longer than this is no flag's; a list longer than this no space's.
 MAX_VALUE_CHARS = 4096
 MAX_LIST_ITEMS = 256
@@ -80,7 +82,7 @@ def read_request(command: click.Command, body: object, *, closed: Mapping[str, s
         elif key in closed:
             raise RequestRefused(f"field {key!r} is not taken by this service: {closed[key]}", status=403)
         elif key not in fields:
-            raise RequestRefused(f"unknown field {_shown(key)}: `autotune {command.name}` has no --{key.replace('_', '-')} "
+            raise RequestRefused(f"unknown field {quoted(key)}: `autotune {command.name}` has no --{key.replace('_', '-')} "
                                  f"(the fields are its flags: {', '.join(sorted(fields))}).")
     arguments: list[str] = []
     for name, param in fields.items():  # (the command's order)
@@ -105,7 +107,7 @@ def _flag_arguments(name: str, param: click.Option, value: object) -> list[str]:
     flag = max(param.opts, key=len)
     if param.is_flag:
         if not isinstance(value, bool):
-            raise RequestRefused(f"field {name!r} is a switch: give true or false (got {_shown(value)}).")
+            raise RequestRefused(f"field {name!r} is a switch: give true or false (got {quoted(value)}).")
         if value:
             return [flag]
         return [max(param.secondary_opts, key=len)] if param.secondary_opts else []
@@ -136,6 +138,3 @@ def _scalar(name: str, value: object) -> str:
     return text
 
 
-def _shown(value: object) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from autotune.data.shape import DataOptions
+from autotune.data.options import DataOptions
 from autotune.errors import BadInput
 from autotune.status import RunEnd
 from autotune.units import INT64_MAX

@@ -93,7 +93,7 @@ def searched(padded, runner, family: str, budget: int, study: str, **space):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
         data = padded["reviews"] if family == "bert-classification" else padded["pairs"]
-        from autotune.data.shape import DataOptions
+        from autotune.data.options import DataOptions
 
         return search(str(padded["models"][family]), budget, settings=SETTINGS,
                       options=SearchOptions(study=study, predict=False, confirm=False), db=padded["db"],

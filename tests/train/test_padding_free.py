@@ -172,7 +172,7 @@ def sft(tmp_path_factory):
 @pytest.mark.slow
 def test_a_search_chooses_padding_free_batches_by_real_tokens_and_its_run_fits(sft, probe_runner, tmp_path,
                                                                               monkeypatch):
-    from autotune.data.shape import DataOptions
+    from autotune.data.options import DataOptions
     from autotune.probe import ProbeSettings
     from autotune.search import SearchOptions, search
     from autotune.status import RunEnd
