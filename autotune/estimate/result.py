@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autotune.budget import Budget
+from autotune.budget import Budget, required_bytes
 from autotune.config import ProbeConfig
 from autotune.estimate import cuda_constants, stated_error
 from autotune.units import CUDA_BLOCK_BYTES
@@ -72,12 +72,12 @@ class MemoryEstimate:
     @property
     def required_bytes(self) -> int:
         """What the configuration needs of the card: peak reserved plus the context."""
-        return self.reserved_bytes + self.context_bytes
+        return required_bytes(self.reserved_bytes, self.context_bytes) or 0
 
     def phase_required_bytes(self, phase: str) -> int | None:
         """What `phase` needs of the card: its peak reserved plus the context (None: not estimated)."""
         peaks = self.phase_peaks.get(phase)
-        return None if peaks is None else peaks["reserved"] + self.context_bytes
+        return None if peaks is None else required_bytes(peaks["reserved"], self.context_bytes)
 
     @property
     def reserved_method(self) -> str:

@@ -26,6 +26,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402,F401  (imported here so that its cost counts as start-up, not build)
 
 from autotune import errors, evaluation  # noqa: E402
+from autotune.budget import required_bytes  # noqa: E402
 from autotune.config import ProbeConfig  # noqa: E402
 from autotune.defaults import ERROR_TAIL_CHARS, MAX_MEASURE_STEPS, NOISY_WINDOW, WINDOW_GROWTH  # noqa: E402
 from autotune.probe.cap import MemoryCap, cap_memory  # noqa: E402
@@ -329,7 +330,7 @@ def _judge(probe: _Probe) -> None:
                         f"{budget.margin_bytes} bytes exceed the {budget.total_bytes}-byte budget")
         # The first phase over the budget is the one that does not fit.
         over = [phase for phase, peaks in (result.phase_peaks or {}).items()
-                if not budget.fits(peaks["reserved"] + (result.context_bytes or 0))]
+                if not budget.fits(required_bytes(peaks["reserved"], result.context_bytes) or 0)]
         if over and over[0] != evaluation.TRAIN:
             result.failed_phase = over[0]
             result.error = f"{over[0]} phase: {result.error}"
@@ -403,8 +404,7 @@ def check_buildable(request: ModelCheckRequest) -> ModelCheckReply:
 
 
 def _model_lacks_kernel(text: str) -> bool:
-    """transformers' "X does not support an attention implementation through ..." (or "... Flash
-    Attention ... yet"): the model's class, not this machine, lacks the kernel."""
+    """transformers' "X does not support ... attention ...": the model's class lacks the kernel."""
     return "does not support" in text and ("attention" in text.lower() or "attn" in text.lower())
 
 

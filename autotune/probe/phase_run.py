@@ -9,7 +9,7 @@ import gc
 from collections.abc import Callable
 
 from autotune import evaluation
-from autotune.budget import Budget
+from autotune.budget import Budget, required_bytes
 from autotune.probe.cap import MemoryCap
 from autotune.probe.oom import classify_exception
 from autotune.probe.phases import LaterPhases
@@ -92,8 +92,8 @@ class LaterPhaseRun:
                 self.caught_oom = True
                 break
             context = self.meter.cap.context_now()
-            if not all(budget.fits(peaks["reserved"] + context) for phase, peaks in self.meter.peaks.items()
-                       if phase != evaluation.TRAIN):
+            later = [peaks for phase, peaks in self.meter.peaks.items() if phase != evaluation.TRAIN]
+            if not all(budget.fits(required_bytes(peaks["reserved"], context) or 0) for peaks in later):
                 if found is None:
                     return None  # (the probe's judgement names the phase over the budget)
                 break

@@ -184,5 +184,5 @@ def event_view(probe: ProbeRecord, settled: int, total: int, best: bool) -> dict
     return {"id": probe.id, "settled": settled, "total": total, "config_key": probe.config_key,
             "label": probe.config.label(), "status": r.status, "tokens_per_s": r.tokens_per_s,
             "peak_reserved_bytes": r.peak_reserved_bytes, "peak_allocated_bytes": r.peak_allocated_bytes,
-            "context_bytes": r.context_bytes, "worker": probe.worker, "best": best, "error": r.error, "line": line,
+            "context_bytes": r.context_bytes, "need_bytes": r.required_bytes, "worker": probe.worker, "best": best, "error": r.error, "line": line,
             "finished_at": probe.finished_at.isoformat()}

@@ -235,7 +235,7 @@ class RunSummary:
         probe_peak = self.probe.peak_reserved_bytes
         if self.peak_reserved_bytes is None or probe_peak is None:
             return False
-        room = self.budget.headroom(probe_peak + (self.probe.context_bytes or self.context_bytes or 0))
+        room = self.budget.headroom(required_bytes(probe_peak, self.probe.context_bytes or self.context_bytes) or 0)
         return self.peak_reserved_bytes - probe_peak > HEADROOM_SHARE * max(room, 0)
 
     def to_dict(self) -> dict[str, Any]:

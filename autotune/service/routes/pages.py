@@ -23,13 +23,13 @@ from autotune.errors import AutotuneError, Conflict, DatabaseError, StudyNotFoun
 from autotune.service.auth import COOKIE, token_holder
 from autotune.service.commands import RequestRefused
 from autotune.service.svg import size_text as _size, speed_memory_svg, speed_text as _speed
+from autotune.status import SEARCH_ENDED
 
 log = logging.getLogger("autotune.service")
 
 router = APIRouter(tags=["pages"], include_in_schema=False)
 
 HANDOFF_FORMATS = ("trainer-args", "cli", "accelerate")
-ACTIVE_STATES = ("queued", "running")
 LIST_REFRESH_SECONDS = 10
 HEADERS = {
     # Everything the pages use is this service's own: no CDN, no inline script or style.
@@ -190,7 +190,7 @@ def _index(request: Request, who: str | None) -> Response:
             f"<td class=\"num\">{escape(_progress(view['progress']))}</td>"
             f"<td class=\"num\">{escape(_speed(view['best_tokens_per_s']))}</td>"
             "</tr>")
-    active = any(view["state"] in ACTIVE_STATES for view in views)
+    active = any(view["state"] not in SEARCH_ENDED for view in views)
     body = ("<h1>Searches</h1><table class=\"searches\"><thead><tr><th>Search</th><th>Model</th><th>Budget</th>"
             "<th>Card / device</th><th>State</th><th>Progress</th><th>Best tokens/s</th></tr></thead>"
             f"<tbody>{''.join(rows)}</tbody></table>")
@@ -218,7 +218,7 @@ def _search(request: Request, who: str | None, name: str) -> Response:
             + "</section>"
             + _events(events)
             + _pick(store, view))
-    ended = view["state"] not in ACTIVE_STATES
+    ended = view["state"] in SEARCH_ENDED
     live = {"data-events": view["links"]["events"], "data-ended": "true" if ended else "false"}
     return _page(view["name"], body, who, live=live)
 
@@ -278,10 +278,9 @@ def _events(events: list[tuple[int, dict[str, Any]]]) -> str:
 
 def _event_row(data: dict[str, Any]) -> str:
     """A probe event as a row; live.js builds the same row from the same fields."""
-    from autotune.budget import required_bytes
     from autotune.report import error_gist
 
-    need = required_bytes(data["peak_reserved_bytes"], data["context_bytes"])
+    need = data["need_bytes"]
     status = str(data["status"])
     note = "best so far" if data["best"] else error_gist(data["error"]) if data["error"] else ""
     return (f"<tr data-id=\"{int(data['id'])}\" class=\"status-{escape(status)}\" title=\"{escape(data['line'])}\">"

@@ -72,7 +72,6 @@
 
   function addProbe(data) {
     if (!rows || rows.querySelector('tr[data-id="' + Number(data.id) + '"]')) return false;
-    const need = data.peak_reserved_bytes === null ? null : data.peak_reserved_bytes + (data.context_bytes || 0);
     const row = document.createElement("tr");
     row.dataset.id = String(Number(data.id));
     row.className = "status-" + String(data.status) + " arrived";
@@ -81,7 +80,7 @@
     cell(row, data.label, "label");
     cell(row, data.status);
     cell(row, speed(data.tokens_per_s), "num");
-    cell(row, size(need), "num");
+    cell(row, size(data.need_bytes), "num");  // (the need as autotune.budget.required_bytes says it)
     cell(row, data.best ? "best so far" : data.error ? gist(data.error) : "");
     rows.appendChild(row);
     const progress = document.getElementById("progress");
