@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 
 from autotune.budget import Budget
-from autotune.launchers.base import Launcher, WorkerSpec
+from autotune.launchers.base import Launcher, WorkerSpec, worker_kind
 from autotune.environment import Environment, adopt_openmp
 from autotune.errors import AutotuneError, BadInput, DeviceError
 from autotune.models import ModelSpec
@@ -245,7 +245,7 @@ def search_with_workers(
     from autotune.store import open_store
 
     started = time.perf_counter()
-    kind = "cpu" if (request.settings.device or "auto").strip().lower() == "cpu" else "cuda"
+    kind = worker_kind(request.settings.device)
     if launcher is None:
         launcher = LocalLauncher(worker_devices(workers, request.settings.device, oversubscribe=oversubscribe,
                                                 ranks=request.space.gpus))

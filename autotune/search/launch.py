@@ -108,12 +108,11 @@ def dry_run_script(launcher: Launcher | None, model: str, budget: int, settings:
                    workers: int, space_args: dict) -> str:
     """`search --launcher slurm --dry-run`: the job script the search would submit (its study's name
     and ranks worked out as the search works them out), without submitting or writing anything."""
-    from autotune.launchers.base import WorkerSpec
+    from autotune.launchers.base import WorkerSpec, worker_kind
     from autotune.launchers.slurm import SlurmLauncher
 
     assert isinstance(launcher, SlurmLauncher)
     if (settings.device or "auto").strip().lower() == "auto":  # (the cluster's nodes have the GPUs, not this one)
         settings = dataclasses.replace(settings, device="cuda")
     request = resolve_search(model, budget, settings=settings, options=options, **space_args)
-    kind = "cpu" if settings.device.strip().lower() == "cpu" else "cuda"
-    return launcher.script(workers, WorkerSpec(request.name, "", kind, request.space.gpus))
+    return launcher.script(workers, WorkerSpec(request.name, "", worker_kind(settings.device), request.space.gpus))

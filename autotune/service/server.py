@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from autotune.errors import BadInput
-from autotune.launchers.base import Launcher, WorkerSpec
+from autotune.launchers.base import Launcher, WorkerSpec, worker_kind
 from autotune.service.submissions import ServicePolicy
 
 # A queue worker stopped with the service has this long to put its search back in the queue.
@@ -73,8 +73,7 @@ def serve(*, host: str, port: int, db: str | None, local_worker: bool, worker_de
     _check_port_free(host, port)
     config = ServiceConfig(db=url, policy=ServicePolicy(root, allow_remote_code), public_read=public_read)
     app = create_app(config)
-    kind = "cpu" if worker_device.strip().lower() == "cpu" else "cuda"
-    spec = WorkerSpec(None, url, kind)
+    spec = WorkerSpec(None, url, worker_kind(worker_device))
     if workers and launcher is None:
         from autotune.launchers.local import LocalLauncher
         from autotune.search.fleet import worker_devices

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from autotune.launchers.base import worker_kind
 from autotune.service.commands import RequestRefused, command, read_request
 from autotune.store.queue import Submission
 
@@ -147,7 +148,7 @@ def _device_kind(value: object) -> str:
         return "cuda"
     if not isinstance(value, str) or value.strip().lower() not in DEVICE_KINDS:
         raise RequestRefused(f"device {str(value)[:40]!r}: give cuda (or auto) for GPU workers, or cpu.")
-    return "cpu" if value.strip().lower() == "cpu" else "cuda"
+    return worker_kind(value)
 
 
 def _card(value: object) -> str | None:
