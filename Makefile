@@ -26,7 +26,7 @@ CPU_DEMO_ARGS := --model $(DEMO_MODEL) --gpu-budget 800MiB --device cpu --block-
 DEMO_ARGS ?= $(if $(HAVE_NVIDIA),$(GPU_DEMO_ARGS),$(CPU_DEMO_ARGS))
 BENCH_ARGS ?=
 
-.PHONY: install test test-fast lint demo serve bench clean
+.PHONY: install test test-fast lint format demo serve bench clean
 
 $(BIN)/autotune: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,9 +52,14 @@ test: install
 	$(BYTECODE)
 	$(PYTEST)
 
-# pyflakes' checks (pyproject's [tool.ruff]); tests/test_layout.py runs the same in `make test`.
+# pyflakes' checks and the formatter's layout (pyproject's [tool.ruff]); tests/test_layout.py runs
+# the same in `make test`. `make format` writes the layout.
 lint: install
 	$(BIN)/ruff check autotune tests benchmarks migrations
+	$(BIN)/ruff format --check autotune tests benchmarks migrations
+
+format: install
+	$(BIN)/ruff format autotune tests benchmarks migrations
 
 # About a minute: no probe or estimator processes (tests marked `slow`; tests/conftest.py refuses
 # them elsewhere).

@@ -450,7 +450,7 @@ def _kill_fork_server() -> None:
     (they hold its "alive" pipe): killed instead, it takes them along.)"""
     from multiprocessing import forkserver
 
-    server = forkserver._forkserver
+    server: Any = forkserver._forkserver  # (multiprocessing's private state: typeshed does not list it)
     if server._forkserver_pid is not None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(server._forkserver_pid, signal.SIGKILL)
@@ -467,7 +467,8 @@ def start_forked(process: Any, limit: float) -> None:
     from multiprocessing import forkserver
 
     forkserver.ensure_running()  # (an OSError here: the server cannot start; the caller spawns)
-    ready = _ready_file(forkserver._forkserver._forkserver_pid)
+    server: Any = forkserver._forkserver
+    ready = _ready_file(server._forkserver_pid)
     until = time.monotonic() + max(0.0, limit)
     while FORK_SERVER_READY_ENV in os.environ and not os.path.exists(ready):  # (set by fork_server_current)
         if time.monotonic() >= until:

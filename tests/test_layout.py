@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "autotune"
-MAX_LINES = 500
+# A file's length is a hint, not a rule that shapes the code (split by concept, not by count): past
+# this no newcomer reads one through. Lines as `ruff format` writes them.
+MAX_LINES = 800
 
 # Data flows down this list: a module may import modules of its own layer's unit (its subpackage,
 # or itself) and of any layer below, never of a layer above. Units of one layer do not import each
@@ -263,13 +265,14 @@ def test_every_probe_setting_reaches_a_joining_worker():
     assert set(changed.to_plan()) | ProbeSettings.WORKER_OWN == {f.name for f in dataclasses.fields(ProbeSettings)}
 
 
-def test_the_linter_finds_nothing():
-    """pyflakes' checks over the code, the tests and the benchmarks: an unused import or an
-    undefined name is a question a reader should not have to ask."""
+def test_the_linter_finds_nothing_and_the_code_is_formatted():
+    """pyflakes' checks over the code, the tests and the benchmarks (an unused import or an
+    undefined name is a question a reader should not have to ask), and the formatter's layout."""
     ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
     if ruff is None:
         pytest.skip("ruff is not installed: pip install -e '.[dev]'")
     root = PACKAGE.parent
-    done = subprocess.run([ruff, "check", "--no-cache", "--output-format", "concise", "autotune", "tests", "benchmarks",
-                           "migrations"], cwd=root, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1000:]
+    for command in (["check", "--output-format", "concise"], ["format", "--check"]):
+        done = subprocess.run([ruff, *command, "--no-cache", "autotune", "tests", "benchmarks", "migrations"], cwd=root,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1000:]

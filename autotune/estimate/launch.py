@@ -61,7 +61,7 @@ class TraceChild:
     owns it)."""
 
     def __init__(self) -> None:
-        self._process: subprocess.Popen[str] | None = None
+        self._process: subprocess.Popen[str] | ForkedTrace | None = None
         self._stderr: Any = None
         self._answering = False
 
@@ -165,6 +165,7 @@ class TraceChild:
             raise EstimateError(f"estimating {what} took longer than {timeout:.0f} s and was stopped; "
                                 f"allow more time (--timeout) or probe the configuration instead.")
         returncode = process.returncode
+        assert returncode is not None  # (the child's output ended with it: it has exited)
         if returncode < 0:
             try:
                 how = f"killed by {signal.Signals(-returncode).name}"
@@ -180,6 +181,7 @@ class TraceChild:
     def _discard(self) -> str:
         """Forget the ended process: close our ends of its pipes; its stderr's text."""
         process, self._process = self._process, None
+        assert process is not None and process.stdin is not None and process.stdout is not None
         with contextlib.suppress(OSError):
             process.stdin.close()
         process.stdout.close()
@@ -254,7 +256,7 @@ def _main_would_run_again() -> bool:
     main = sys.modules.get("__main__")
     if getattr(getattr(main, "__spec__", None), "name", None) or getattr(main, "__file__", None) is None:
         return False
-    return os.path.basename(main.__file__) != "autotune"
+    return os.path.basename(str(getattr(main, "__file__", ""))) != "autotune"
 
 
 class ForkedTrace:

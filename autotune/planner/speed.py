@@ -227,10 +227,11 @@ def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card, stack
         # Padding-free: rows of the data's mean length, no padding; outside a varlen (flash) kernel
         # the attention spans the micro-batch's whole row: one row of all its tokens.
         rows = max(1, round(config.padded_tokens_per_step / config.effective_batch))
-        shape = {"block_size": rows}
+        block, micro_batch = rows, config.micro_batch
         if config.padding_free and not config.attention.startswith("flash"):
-            shape = {"block_size": rows * config.micro_batch, "micro_batch": 1}
-        plain = dataclasses.replace(config, lengths=None, padding_free=False, sampling=DEFAULT_SAMPLING, **shape)
+            block, micro_batch = rows * config.micro_batch, 1
+        plain = dataclasses.replace(config, lengths=None, padding_free=False, sampling=DEFAULT_SAMPLING, block_size=block,
+                                    micro_batch=micro_batch)
         padded = predict_step_seconds(plain, dims, card, stack)
         return dataclasses.replace(padded, tokens_per_s=config.tokens_per_step / padded.step_seconds)
     precision = matmul_precision(config)

@@ -6,6 +6,7 @@ timed window runs: autotune.lengths), padded or end to end (padding-free). The e
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import torch
 
@@ -100,7 +101,7 @@ def flattened(config: ProbeConfig, rows: list[int], positions: torch.Tensor, voc
     spares a flash kernel finding them from the positions in every layer. Elementwise but for those
     (made from `rows`, host numbers): the estimator traces it."""
     input_ids = torch.randint(0, vocab_size, positions.shape, device=positions.device)
-    batch = {"input_ids": input_ids, "position_ids": positions,
+    batch: dict[str, Any] = {"input_ids": input_ids, "position_ids": positions,
              "labels": torch.where(positions == 0, torch.full_like(input_ids, -100), input_ids)}
     if config.trainer == "trl":  # (TRL 1.16's DataCollatorForLanguageModeling, whatever the kernel)
         bounds = torch.tensor([0, *itertools.accumulate(rows)], dtype=torch.int32, device=positions.device)

@@ -263,7 +263,8 @@ def _time_window(probe: _Probe, report: Callable[[str], None]) -> None:
     assert step is not None
     _synchronize(probe.device)
     report("timing")
-    step_times, window_start, cycle = [], time.perf_counter(), config.timing_cycle
+    step_times: list[float] = []
+    window_start, cycle = time.perf_counter(), config.timing_cycle
     least = settings.measure_steps if cycle is None else 2 * cycle * -(-settings.measure_steps // (2 * cycle))
 
     def wants_more() -> bool:

@@ -320,6 +320,7 @@ class ProbeStep:
         from autotune.lengths import timing_rows
 
         config = self.config
+        assert config.lengths is not None  # (a window of drawn batches is timed for the data's lengths only)
         rows = timing_rows(config.lengths, config.micro_batch, config.rows_per_step, config.block_size, cycle,
                            config.sampling)
         self.drawn = [drawn_batch(config, rows[i:i + config.micro_batch], self.vocab_size, self.device)

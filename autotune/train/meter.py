@@ -93,7 +93,7 @@ class RunMeter(TrainerCallback):
         """An evaluation at optimizer step `step`: its peaks are the eval phase's (or generate's)."""
         accountant = self.budget.accountant
         suspended = accountant is not None and not accountant.watching
-        if suspended:
+        if suspended and accountant is not None:
             accountant.resume()  # (an evaluation is not a repeat of the steps the accountant saw)
         self._begin(self.eval_phase)
         try:
@@ -105,7 +105,7 @@ class RunMeter(TrainerCallback):
             self.read_peaks()
             raise
         finally:
-            if suspended:
+            if suspended and accountant is not None:
                 accountant.suspend()
         self._begin(TRAIN)
         self.evaluated_at = step
