@@ -42,8 +42,10 @@ class Budget:
         that leaves nothing of the budget."""
         margin_in_bytes = margin_bytes(margin, budget_bytes)
         if margin_in_bytes >= budget_bytes:
-            raise BadInput(f"--safety-margin {format_size(margin_in_bytes)} leaves nothing of the "
-                           f"{format_size(budget_bytes)} budget; use a smaller margin.")
+            raise BadInput(
+                f"--safety-margin {format_size(margin_in_bytes)} leaves nothing of the "
+                f"{format_size(budget_bytes)} budget; use a smaller margin."
+            )
         return cls(budget_bytes, margin_in_bytes)
 
     @property
@@ -67,4 +69,6 @@ class Budget:
         """Another budget with the margin kept as the same share of it."""
         if total_bytes == self.total_bytes:
             return self
-        return Budget.of(total_bytes, round(self.margin_bytes * total_bytes / self.total_bytes) if self.total_bytes else 0)
+        return Budget.of(
+            total_bytes, round(self.margin_bytes * total_bytes / self.total_bytes) if self.total_bytes else 0
+        )

@@ -27,9 +27,18 @@ KEY_VERSION = "p1"
 # Fields added after KEY_VERSION p1 (the recipe fields, the weights' dtype, the speed levers) are left out of the key
 # at the value that means what a p1 config meant, so that the keys (and stored probes) of causal-LM
 # configs stay valid.
-_LATER_FIELDS = {**FIXED_RECIPE, "weights": recipes.DEFAULT_WEIGHTS, "compile": False,
-                 "allocator": speed.DEFAULT_ALLOCATOR, "liger": False, "gpus": 1, "strategy": None, "nodes": 1,
-                 "sampling": data_lengths.DEFAULT_SAMPLING, "padding_free": False}
+_LATER_FIELDS = {
+    **FIXED_RECIPE,
+    "weights": recipes.DEFAULT_WEIGHTS,
+    "compile": False,
+    "allocator": speed.DEFAULT_ALLOCATOR,
+    "liger": False,
+    "gpus": 1,
+    "strategy": None,
+    "nodes": 1,
+    "sampling": data_lengths.DEFAULT_SAMPLING,
+    "padding_free": False,
+}
 
 # Tasks whose batches can be drawn from the data's lengths, each padded to its longest row: a
 # classifier (DataCollatorWithPadding) and a causal LM trained per example (TRL's packing=False).
@@ -62,24 +71,24 @@ class ProbeConfig:
     task: str = Task.CAUSAL_LM.value
     target_length: int | None = None
     num_labels: int | None = None
-    weights: str = recipes.DEFAULT_WEIGHTS   # fp32 master weights, or pure bf16 (autotune.recipes)
-    peft: str | None = None                  # LoRA/QLoRA adapters on a frozen base: recipes.PeftSpec's text
-    trainer: str = recipes.DEFAULT_TRAINER   # whose step the run takes: transformers' Trainer or TRL's SFTTrainer
+    weights: str = recipes.DEFAULT_WEIGHTS  # fp32 master weights, or pure bf16 (autotune.recipes)
+    peft: str | None = None  # LoRA/QLoRA adapters on a frozen base: recipes.PeftSpec's text
+    trainer: str = recipes.DEFAULT_TRAINER  # whose step the run takes: transformers' Trainer or TRL's SFTTrainer
     # Speed levers that keep the math (autotune.speed).
-    compile: bool = False                    # torch.compile (inductor) of the model
+    compile: bool = False  # torch.compile (inductor) of the model
     allocator: str = speed.DEFAULT_ALLOCATOR  # the CUDA caching allocator's setting
-    liger: bool = False                      # Liger's kernels, fused linear + cross-entropy among them
+    liger: bool = False  # Liger's kernels, fused linear + cross-entropy among them
     # The run's evaluation (autotune.evaluation), as TrainingArguments names it: None, no eval phase.
-    eval_batch: int | None = None            # per_device_eval_batch_size (with auto_eval_batch: the largest tried)
-    auto_eval_batch: bool = False            # the probe finds the largest eval batch that fits (result.eval_batch_found)
+    eval_batch: int | None = None  # per_device_eval_batch_size (with auto_eval_batch: the largest tried)
+    auto_eval_batch: bool = False  # the probe finds the largest eval batch that fits (result.eval_batch_found)
     eval_logits: str = evaluation.LOSS_ONLY  # loss-only, or kept: logits held on the card...
     eval_accumulation_steps: int | None = None  # ...for this many eval batches, then moved to the host
     generation_max_length: int | None = None  # seq2seq: predict_with_generate up to this many tokens
     generation_num_beams: int = 1
     # Ranks (one GPU each) sharing the run, and how they share it (autotune.sharding): a free lever.
-    gpus: int = 1                            # ranks on each node
-    strategy: str | None = None              # ddp, fsdp, ...; None on one GPU
-    nodes: int = 1                           # machines of `gpus` ranks each (torchrun's rendezvous)
+    gpus: int = 1  # ranks on each node
+    strategy: str | None = None  # ddp, fsdp, ...; None on one GPU
+    nodes: int = 1  # machines of `gpus` ranks each (torchrun's rendezvous)
     # The data's example lengths (autotune.lengths' text form): batches drawn from them, each padded
     # to its longest row, are timed, and throughput counts their real tokens. None: every row is
     # full (a causal LM's packed blocks, or a padded task's worst batch where no data was given).
@@ -92,12 +101,21 @@ class ProbeConfig:
     def __post_init__(self) -> None:
         if isinstance(self.optimizer, str):  # (TrainingArguments' names for the same optimizers)
             object.__setattr__(self, "optimizer", recipes.canonical_optimizer(self.optimizer))
-        if self.strategy is None and isinstance(self.gpus, int) and isinstance(self.nodes, int) and self.gpus * self.nodes > 1:
+        if (
+            self.strategy is None
+            and isinstance(self.gpus, int)
+            and isinstance(self.nodes, int)
+            and self.gpus * self.nodes > 1
+        ):
             object.__setattr__(self, "strategy", sharding.DEFAULT_STRATEGY)
         problems = []
         if not self.model:
             problems.append("--model is empty; give a hub id, gpt2-family name or a local directory")
-        for name, flag in (("micro_batch", "--micro-batch"), ("block_size", "--block-size"), ("grad_accum", "--grad-accum")):
+        for name, flag in (
+            ("micro_batch", "--micro-batch"),
+            ("block_size", "--block-size"),
+            ("grad_accum", "--grad-accum"),
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 problems.append(f"{flag} must be a whole number of at least 1 (got {value!r})")
@@ -125,8 +143,10 @@ class ProbeConfig:
                 problems.append(f"--peft {self.peft!r} cannot be read ({exc})")
         problems += sharding.strategy_problems(self.gpus, self.strategy, self.nodes)
         if self.ranks > 1 and recipes.is_qlora(self.peft):
-            problems.append("--peft qlora with --gpus 2 or more is not supported: a 4-bit base is probed on one GPU "
-                            "(--peft lora shares a run across ranks)")
+            problems.append(
+                "--peft qlora with --gpus 2 or more is not supported: a 4-bit base is probed on one GPU "
+                "(--peft lora shares a run across ranks)"
+            )
         problems += self._task_problems()
         if self.lengths is not None:
             try:
@@ -134,21 +154,28 @@ class ProbeConfig:
             except BadInput as exc:
                 problems.append(str(exc).rstrip("."))
             if self.task in TASKS and self.task not in LENGTHS_TASKS:
-                problems.append(f"batches of the data's lengths are timed for {' and '.join(LENGTHS_TASKS)}, not "
-                                f"{self.task}")
+                problems.append(
+                    f"batches of the data's lengths are timed for {' and '.join(LENGTHS_TASKS)}, not {self.task}"
+                )
         if self.sampling not in data_lengths.SAMPLINGS:
             problems.append(f"--sampling {self.sampling!r} is unknown; choose from {', '.join(data_lengths.SAMPLINGS)}")
         elif self.sampling != data_lengths.DEFAULT_SAMPLING and self.lengths is None:
-            problems.append(f"--sampling {self.sampling} groups batches by the data's lengths: give --dataset (a causal "
-                            f"LM with --packing off)")
+            problems.append(
+                f"--sampling {self.sampling} groups batches by the data's lengths: give --dataset (a causal "
+                f"LM with --packing off)"
+            )
         if not isinstance(self.padding_free, bool):
             problems.append(f"padding_free must be true or false (got {self.padding_free!r})")
         elif self.padding_free and (self.task != Task.CAUSAL_LM.value or self.lengths is None):
-            problems.append(f"--padding-free on puts each micro-batch's examples end to end in one row: {PADDING_FREE_NEEDS}")
+            problems.append(
+                f"--padding-free on puts each micro-batch's examples end to end in one row: {PADDING_FREE_NEEDS}"
+            )
         if self.task in TASKS:
             problems += recipes.trainer_problems(self.trainer, self.task)
         if self.task in TASKS:
-            problems += evaluation.eval_problems({name: getattr(self, name) for name in evaluation.EVAL_RECIPE}, self.task)
+            problems += evaluation.eval_problems(
+                {name: getattr(self, name) for name in evaluation.EVAL_RECIPE}, self.task
+            )
         if problems:
             raise BadInput("; ".join(problems) + ".")
 
@@ -156,8 +183,10 @@ class ProbeConfig:
         if self.task not in TASKS:
             return [f"--task {self.task!r} is unknown; choose from {', '.join(TASKS)}"]
         problems = []
-        for name, flag, owner in (("target_length", "--target-length", Task.SEQ2SEQ),
-                                  ("num_labels", "--num-labels", Task.CLASSIFICATION)):
+        for name, flag, owner in (
+            ("target_length", "--target-length", Task.SEQ2SEQ),
+            ("num_labels", "--num-labels", Task.CLASSIFICATION),
+        ):
             value = getattr(self, name)
             if self.task != owner:
                 if value is not None:
@@ -195,8 +224,9 @@ class ProbeConfig:
         if self.padding_free:  # (no padding: the positions are the real tokens)
             return self.tokens_per_step
         if self.lengths is not None:
-            return self.effective_batch * data_lengths.padded_row(self.lengths, self.micro_batch, self.rows_per_step,
-                                                                  self.block_size, self.sampling)
+            return self.effective_batch * data_lengths.padded_row(
+                self.lengths, self.micro_batch, self.rows_per_step, self.block_size, self.sampling
+            )
         return self.effective_batch * self.tokens_per_sequence
 
     @property
@@ -206,8 +236,9 @@ class ProbeConfig:
             return None
         if self.padding_free:
             return 0.0
-        return data_lengths.padding_share(self.lengths, self.micro_batch, self.block_size,
-                                          rows_per_step=self.rows_per_step, sampling=self.sampling)
+        return data_lengths.padding_share(
+            self.lengths, self.micro_batch, self.block_size, rows_per_step=self.rows_per_step, sampling=self.sampling
+        )
 
     @property
     def rows_per_step(self) -> int:

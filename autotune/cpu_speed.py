@@ -36,8 +36,8 @@ def matmul_flops_per_s(seconds: float = 0.15, n: int = 512) -> float:
 class CpuCost:
     """What training `config` costs on this CPU."""
 
-    step_seconds: float           # one optimizer step
-    flops_per_s: float            # the host's measured matmul speed
+    step_seconds: float  # one optimizer step
+    flops_per_s: float  # the host's measured matmul speed
 
     def describe_probe(self, steps: int) -> str:
         return f"about {format_duration(self.step_seconds * steps)} a probe ({steps} optimizer steps)"
@@ -48,7 +48,8 @@ def cpu_cost(config: ProbeConfig, dims: ModelDims, flops_per_s: float | None = N
     unless given). A model, not a measurement: within a factor of two, enough to say minutes or hours."""
     speed = flops_per_s if flops_per_s is not None else matmul_flops_per_s()
     trained = dims.trainable_parameters if dims.trainable_parameters is not None else dims.parameters
-    per_token = flops_per_token(dims.parameters, trained, dims.layers, dims.hidden, config.block_size,
-                                recompute=config.checkpointing)
+    per_token = flops_per_token(
+        dims.parameters, trained, dims.layers, dims.hidden, config.block_size, recompute=config.checkpointing
+    )
     # (padding included: the positions computed, autotune.lengths)
     return CpuCost(step_seconds=config.padded_tokens_per_step * per_token / (speed * TRAINING_SHARE), flops_per_s=speed)

@@ -4,19 +4,19 @@ them here, so that `--help`, the library and a stored study plan never disagree.
 from __future__ import annotations
 
 # -- how a probe runs (ProbeSettings) --------------------------------------------------------
-WARMUP_STEPS = 2              # the peak needs the optimizer state, created by the first step
-MEASURE_STEPS = 3             # timed optimizer steps, at least
-MEASURE_SECONDS = 0.25        # and at least this long a window (a tiny step is timed many times)...
-MAX_MEASURE_STEPS = 50        # ...up to this many steps
+WARMUP_STEPS = 2  # the peak needs the optimizer state, created by the first step
+MEASURE_STEPS = 3  # timed optimizer steps, at least
+MEASURE_SECONDS = 0.25  # and at least this long a window (a tiny step is timed many times)...
+MAX_MEASURE_STEPS = 50  # ...up to this many steps
 # A window whose steps spread by more than this (half the interquartile range over the median: a
 # busy machine) grows, up to WINDOW_GROWTH times its seconds, before it is taken: one noisy window
 # cannot resolve the decision it is for (search/confirm.py measures again what stays noisy).
 NOISY_WINDOW = 0.10
 WINDOW_GROWTH = 2
 PROBE_TIMEOUT_SECONDS = 600.0  # one probe, from a ready child; starting a child is held to it too (at least 60 s)
-RENDEZVOUS_SECONDS = 300.0     # the nodes of a multi-node probe waiting for each other (torchrun's own: 600 s)
-SAFETY_MARGIN = 0.05          # a fraction of the budget (or bytes when >= 1)
-SAFETY_MARGIN_TEXT = "5%"     # the same, as the CLI shows and parses it
+RENDEZVOUS_SECONDS = 300.0  # the nodes of a multi-node probe waiting for each other (torchrun's own: 600 s)
+SAFETY_MARGIN = 0.05  # a fraction of the budget (or bytes when >= 1)
+SAFETY_MARGIN_TEXT = "5%"  # the same, as the CLI shows and parses it
 
 # -- what a probe runs (ProbeConfig) ---------------------------------------------------------
 PRECISION = "fp32"
@@ -24,9 +24,9 @@ ATTENTION = "sdpa"
 OPTIMIZER = "adamw"
 
 # -- the search space (SearchSpace) ---------------------------------------------------------
-MICRO_BATCHES = (1, 2, 4, 8, 16, 32)   # those up to the effective batch
-EFFECTIVE_BATCH = 8                    # sequences per optimizer step: Trainer's (micro-batch 8, no accumulation)
-BLOCK_SIZE = 512                       # Trainer users' usual block; capped by the model's maximum
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32)  # those up to the effective batch
+EFFECTIVE_BATCH = 8  # sequences per optimizer step: Trainer's (micro-batch 8, no accumulation)
+BLOCK_SIZE = 512  # Trainer users' usual block; capped by the model's maximum
 PRECISIONS = ("fp32", "fp16", "bf16")
 CHECKPOINTING = (False, True)
 ATTENTIONS = ("sdpa", "eager")
@@ -40,12 +40,12 @@ STRATEGY = "predictive"
 # figure only where none is published.
 PREDICT_MARGINS = {"cuda": 0.10, "cpu": 0.0}
 PREDICT_MARGIN = PREDICT_MARGINS["cuda"]
-HEARTBEAT_SECONDS = 5.0       # how often a worker writes its claim's heartbeat
-STALE_BEATS = 3               # a claim is stale after this many missed heartbeats
-TPE_PATIENCE = 10             # TPE stops after this many probes without a better config
+HEARTBEAT_SECONDS = 5.0  # how often a worker writes its claim's heartbeat
+STALE_BEATS = 3  # a claim is stale after this many missed heartbeats
+TPE_PATIENCE = 10  # TPE stops after this many probes without a better config
 
 # -- the estimator ---------------------------------------------------------------------------
 ESTIMATE_TIMEOUT_SECONDS = 120.0  # per traced configuration
 
 # -- text kept of a failure ------------------------------------------------------------------
-ERROR_TAIL_CHARS = 2000       # characters of an error message kept in a result or a run
+ERROR_TAIL_CHARS = 2000  # characters of an error message kept in a result or a run

@@ -74,9 +74,9 @@ def cpu_name() -> str:
 
 @dataclass(frozen=True, slots=True)
 class Environment:
-    device_type: str                 # 'cuda' or 'cpu'
-    device_name: str                 # 'NVIDIA H100 80GB HBM3', or 'cpu: <processor>'
-    device_total_bytes: int | None   # card memory; host memory on CPU
+    device_type: str  # 'cuda' or 'cpu'
+    device_name: str  # 'NVIDIA H100 80GB HBM3', or 'cpu: <processor>'
+    device_total_bytes: int | None  # card memory; host memory on CPU
     cuda_version: str | None = None
     driver_version: str | None = None
     torch_version: str | None = None
@@ -99,8 +99,11 @@ class Environment:
     def differences(self, stored: dict[str, Any]) -> list[str]:
         """How this environment differs from `stored` (a study's), one phrase each."""
         ours, theirs = self.to_dict(), {**stored, "openmp": openmp_of(stored.get("openmp"))}
-        return [f"{key.removesuffix('_version')} {_said(ours.get(key))} here, {_said(theirs.get(key))} in the study"
-                for key in ours if ours.get(key) != theirs.get(key)]
+        return [
+            f"{key.removesuffix('_version')} {_said(ours.get(key))} here, {_said(theirs.get(key))} in the study"
+            for key in ours
+            if ours.get(key) != theirs.get(key)
+        ]
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Environment":

@@ -18,7 +18,7 @@ def quoted(value: object) -> str:
             text = json.dumps(value)
         except (TypeError, ValueError):
             text = str(value)
-    return text if len(text) <= QUOTED_MAX else text[:QUOTED_MAX - 3] + "..."
+    return text if len(text) <= QUOTED_MAX else text[: QUOTED_MAX - 3] + "..."
 
 
 class AutotuneError(Exception):

@@ -28,16 +28,24 @@ EVAL_LOGITS = (LOSS_ONLY, KEPT)
 
 # The recipe's fields at what a study without evaluation has: every config stored before these
 # existed means exactly this (ProbeConfig's key leaves them out at these values).
-EVAL_RECIPE = {"eval_batch": None, "auto_eval_batch": False, "eval_logits": LOSS_ONLY, "eval_accumulation_steps": None,
-               "generation_max_length": None, "generation_num_beams": 1}
+EVAL_RECIPE = {
+    "eval_batch": None,
+    "auto_eval_batch": False,
+    "eval_logits": LOSS_ONLY,
+    "eval_accumulation_steps": None,
+    "generation_max_length": None,
+    "generation_num_beams": 1,
+}
 # `--eval-batch auto`: the probe finds the largest eval batch, doubling from 1, that fits beside the
 # training state (evaluation takes less time per sample as the batch grows), up to this many.
 # Doubling keeps the attempts few (7 up to 64); a power of two is what Trainer users pass anyway.
 AUTO_EVAL_BATCH_MAX = 64
 AUTO = "auto"
 # Said when nothing fits a study that evaluates.
-LOWER_EVAL_NEED = ("Evaluation runs too: a smaller --eval-batch, fewer --eval-accumulation-steps or --eval-logits "
-                   "loss-only (your recipe) lower its need.")
+LOWER_EVAL_NEED = (
+    "Evaluation runs too: a smaller --eval-batch, fewer --eval-accumulation-steps or --eval-logits "
+    "loss-only (your recipe) lower its need."
+)
 
 
 def auto_eval_batches(config) -> list[int]:
@@ -75,8 +83,11 @@ def recipe_fields(asked: dict | None, target_length: int | None) -> dict:
 def eval_problems(fields: dict, task: str) -> list[str]:
     """What is wrong with the evaluation fields of a config of `task` (one phrase each)."""
     problems = []
-    for name, flag in (("eval_batch", "--eval-batch"), ("eval_accumulation_steps", "--eval-accumulation-steps"),
-                       ("generation_max_length", "--generation-max-length")):
+    for name, flag in (
+        ("eval_batch", "--eval-batch"),
+        ("eval_accumulation_steps", "--eval-accumulation-steps"),
+        ("generation_max_length", "--generation-max-length"),
+    ):
         value = fields.get(name)
         if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= INT64_MAX):
             problems.append(f"{flag} must be a whole number of at least 1 (got {value!r})")
@@ -92,9 +103,14 @@ def eval_problems(fields: dict, task: str) -> list[str]:
         problems.append(f"--eval-logits {logits!r} is unknown; choose from {', '.join(EVAL_LOGITS)}")
     evaluates = fields.get("eval_batch") is not None
     if not evaluates:
-        asked = [flag for name, flag in (("eval_accumulation_steps", "--eval-accumulation-steps"),
-                                         ("generation_max_length", "--generate"))
-                 if fields.get(name) is not None]
+        asked = [
+            flag
+            for name, flag in (
+                ("eval_accumulation_steps", "--eval-accumulation-steps"),
+                ("generation_max_length", "--generate"),
+            )
+            if fields.get(name) is not None
+        ]
         asked += ["--eval-logits kept"] if logits == KEPT else []
         asked += ["--num-beams"] if beams != 1 else []
         if asked:
@@ -149,17 +165,28 @@ def label(config) -> str:
     return text
 
 
-def describe_phases(config, phase_peaks: dict[str, dict[str, int]], failed_phase: str | None = None,
-                    eval_batch_found: int | None = None, absent: dict[str, str] | None = None) -> str:
+def describe_phases(
+    config,
+    phase_peaks: dict[str, dict[str, int]],
+    failed_phase: str | None = None,
+    eval_batch_found: int | None = None,
+    absent: dict[str, str] | None = None,
+) -> str:
     """Each phase's peak reserved, in the order the run has them: 'peak reserved: train 10.56 MiB,
     eval 18.43 MiB (stopped here)'; a phase without figures as `absent` says why (an estimate's
     unestimated phase), else as not reached (a probe's: its status says why)."""
     parts = []
     for phase in phases(config):
         if phase in phase_peaks:
-            parts.append(f"{phase} {format_size(phase_peaks[phase]['reserved'])}"
-                         + (" (stopped here)" if phase == failed_phase else ""))
+            parts.append(
+                f"{phase} {format_size(phase_peaks[phase]['reserved'])}"
+                + (" (stopped here)" if phase == failed_phase else "")
+            )
         else:
             parts.append(f"{phase} {(absent or {}).get(phase, 'not reached')}")
-    found = f" at eval batch {eval_batch_found}, the largest up to {config.eval_batch} that fits" if eval_batch_found else ""
+    found = (
+        f" at eval batch {eval_batch_found}, the largest up to {config.eval_batch} that fits"
+        if eval_batch_found
+        else ""
+    )
     return "peak reserved: " + ", ".join(parts) + found

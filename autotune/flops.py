@@ -18,8 +18,9 @@ Recomputation is work the card does, not useful work: MFU leaves it out (`recomp
 from __future__ import annotations
 
 
-def flops_per_token(parameters: int, trained_parameters: int, layers: int, hidden: int, context: int, *,
-                    recompute: bool = False) -> float:
+def flops_per_token(
+    parameters: int, trained_parameters: int, layers: int, hidden: int, context: int, *, recompute: bool = False
+) -> float:
     """Training FLOPs per token; `recompute` adds checkpointing's second forward."""
     attention = layers * hidden * context
     forward = 2 * parameters + 4 * attention

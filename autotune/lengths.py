@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 from autotune.errors import BadInput
 
-QUANTILES = 64   # points kept of a data set's lengths: the (i + 0.5)/64 quantiles
-PREFIX = "q"     # the text form's first letter, so that a later form can be told apart
-SHUFFLES = 16    # orders tried for each timed cycle (timing_rows)
+QUANTILES = 64  # points kept of a data set's lengths: the (i + 0.5)/64 quantiles
+PREFIX = "q"  # the text form's first letter, so that a later form can be told apart
+SHUFFLES = 16  # orders tried for each timed cycle (timing_rows)
 # How the run's sampler orders the examples (a recipe lever: the order is what is trained on), as
 # transformers' TrainingArguments names it (train_sampling_strategy; group_by_length=True before 5.x):
 # at random, or sorted by length within mega-batches (LengthGroupedSampler), so that a micro-batch's
@@ -65,7 +65,7 @@ class Lengths:
         if not text.startswith(PREFIX):
             raise BadInput(f"stored example lengths {text[:20]!r}... are not of a form this autotune reads")
         try:
-            return cls(tuple(int(p) for p in text[len(PREFIX):].split(",")))
+            return cls(tuple(int(p) for p in text[len(PREFIX) :].split(",")))
         except ValueError:
             raise BadInput(f"stored example lengths {text[:20]!r}... cannot be read") from None
 
@@ -84,8 +84,10 @@ class Lengths:
     def describe(self, block: int) -> str:
         """'mean 34, median 24, 90% under 77 tokens' of the examples truncated at `block`."""
         cut = [min(p, block) for p in self.points]
-        return (f"mean {self.mean(block):,.0f}, median {cut[QUANTILES // 2]:,}, 90% at most "
-                f"{cut[int(0.9 * QUANTILES)]:,} tokens")
+        return (
+            f"mean {self.mean(block):,.0f}, median {cut[QUANTILES // 2]:,}, 90% at most "
+            f"{cut[int(0.9 * QUANTILES)]:,} tokens"
+        )
 
 
 @functools.lru_cache(maxsize=1024)
@@ -109,11 +111,12 @@ def padded_row(text: str, micro_batch: int, rows_per_step: int, block: int, samp
     if sampling == DEFAULT_SAMPLING:
         return expected_padded_row(text, micro_batch, block)
     rows = grouped_rows(text, rows_per_step, block)
-    return sum(micro_batch * max(rows[i:i + micro_batch]) for i in range(0, len(rows), micro_batch)) / len(rows)
+    return sum(micro_batch * max(rows[i : i + micro_batch]) for i in range(0, len(rows), micro_batch)) / len(rows)
 
 
-def padding_share(text: str, rows: int, block: int, *, rows_per_step: int | None = None,
-                  sampling: str = DEFAULT_SAMPLING) -> float:
+def padding_share(
+    text: str, rows: int, block: int, *, rows_per_step: int | None = None, sampling: str = DEFAULT_SAMPLING
+) -> float:
     """The share of a padded batch's tokens that are padding, expected."""
     padded = padded_row(text, rows, rows_per_step or rows, block, sampling)
     return 1.0 - Lengths.from_text(text).mean(block) / padded
@@ -140,8 +143,9 @@ def grouped_rows(text: str, rows_per_step: int, block: int) -> list[int]:
     return [p for p in points for _ in range(copies)]
 
 
-def timing_rows(text: str, micro_batch: int, rows_per_step: int, block: int, cycle: int,
-                sampling: str = DEFAULT_SAMPLING) -> list[int]:
+def timing_rows(
+    text: str, micro_batch: int, rows_per_step: int, block: int, cycle: int, sampling: str = DEFAULT_SAMPLING
+) -> list[int]:
     """The example lengths (truncated at `block`) of the `cycle`-th cycle of a run's steps, in the
     order a random sampler would draw them: each quantile equally often, so that the cycle's real
     tokens are exactly the data's mean times its rows. Of SHUFFLES seeded orders (seeded by the
@@ -158,7 +162,7 @@ def timing_rows(text: str, micro_batch: int, rows_per_step: int, block: int, cyc
     for seed in range(SHUFFLES):
         order = list(drawn)
         random.Random(cycle * SHUFFLES + seed).shuffle(order)
-        padded = sum(micro_batch * max(order[i:i + micro_batch]) for i in range(0, len(order), micro_batch))
+        padded = sum(micro_batch * max(order[i : i + micro_batch]) for i in range(0, len(order), micro_batch))
         if best is None or abs(padded - expected) < best[0]:
             best = (abs(padded - expected), order)
     assert best is not None

@@ -29,8 +29,14 @@ from typing import TextIO
 from autotune.units import format_duration
 
 REDRAW_SECONDS = 0.5
-_PHASES = {"starting": "starting", "start-up": "starting a probe process", "build": "building the model",
-           "warm-up": "warm-up steps", "compile": "compiling (torch.compile)", "timing": "timing steps"}
+_PHASES = {
+    "starting": "starting",
+    "start-up": "starting a probe process",
+    "build": "building the model",
+    "warm-up": "warm-up steps",
+    "compile": "compiling (torch.compile)",
+    "timing": "timing steps",
+}
 
 
 class LiveLine:
@@ -40,7 +46,7 @@ class LiveLine:
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
         self._lock = threading.Lock()
-        self._current = None        # the latest Progress, while a probe runs
+        self._current = None  # the latest Progress, while a probe runs
         self._probe_seconds: list[float] = []
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick, name="autotune-live", daemon=True)
@@ -104,22 +110,29 @@ class LiveLine:
 
 # -- the traces of `plan` and `estimate` -----------------------------------------------------------
 
-PIPE_EVERY_SECONDS = 10.0    # a line at most this often in a log or a pipe
-TTY_REDRAW_SECONDS = 1.0     # the terminal line's clock
+PIPE_EVERY_SECONDS = 10.0  # a line at most this often in a log or a pipe
+TTY_REDRAW_SECONDS = 1.0  # the terminal line's clock
 
 
 class TraceProgress:
     """`progress(done, total)` as traces arrive; `tick()` on a clock (trace_progress's thread) keeps
     the elapsed time moving while none does. Thread-safe."""
 
-    def __init__(self, stream: TextIO, *, tty: bool, what: str = "tracing", every: float = PIPE_EVERY_SECONDS,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        stream: TextIO,
+        *,
+        tty: bool,
+        what: str = "tracing",
+        every: float = PIPE_EVERY_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.stream, self.tty, self.what, self.every, self.clock = stream, tty, what, every, clock
         self.started = clock()
         self.done: int | None = None
         self.total: int | None = None
         self._printed_at: float | None = None  # when the last pipe line went out
-        self._drawn = False                    # a terminal line is showing
+        self._drawn = False  # a terminal line is showing
         self._lock = threading.Lock()
 
     def __call__(self, done: int, total: int) -> None:
@@ -184,8 +197,9 @@ def _quiet(done: int, total: int) -> None:
 
 
 @contextlib.contextmanager
-def trace_progress(*, quiet: bool = False, what: str = "tracing", stream: TextIO | None = None,
-                   every: float = PIPE_EVERY_SECONDS) -> Iterator[Callable[[int, int], None]]:
+def trace_progress(
+    *, quiet: bool = False, what: str = "tracing", stream: TextIO | None = None, every: float = PIPE_EVERY_SECONDS
+) -> Iterator[Callable[[int, int], None]]:
     """A progress callback `(done, total)` for the traces of the `with` block (plan_for's and
     make_plan's `on_progress`); with none passed on (one trace: `autotune estimate`), the clock alone
     says the work goes on. `what` names the work before any count arrives. Quiet: a callback that

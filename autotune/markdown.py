@@ -18,8 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 from autotune.budget import Budget, required_bytes
 from autotune.output import Output
-from autotune.plot import (MATPLOTLIB_MISSING, check_out_file, check_out_path, have_matplotlib, latest_outcomes, plot_study,
-                           probe_device)
+from autotune.plot import (
+    MATPLOTLIB_MISSING,
+    check_out_file,
+    check_out_path,
+    have_matplotlib,
+    latest_outcomes,
+    plot_study,
+    probe_device,
+)
 from autotune.report import explain_winner
 from autotune.status import RETRYABLE, ProbeStatus
 from autotune.units import format_size
@@ -31,9 +38,15 @@ if TYPE_CHECKING:
 
 TOP = 10
 # How the probes' sentence words each outcome, in this order.
-OUTCOME_WORDS: dict[str, str] = {ProbeStatus.OK: "fit", ProbeStatus.OOM: "ran out of memory", ProbeStatus.SKIPPED: "skipped",
-                 ProbeStatus.TIMEOUT: "timed out", ProbeStatus.CRASHED: "crashed", ProbeStatus.ERROR: "failed",
-                 ProbeStatus.UNSTABLE: "diverged"}
+OUTCOME_WORDS: dict[str, str] = {
+    ProbeStatus.OK: "fit",
+    ProbeStatus.OOM: "ran out of memory",
+    ProbeStatus.SKIPPED: "skipped",
+    ProbeStatus.TIMEOUT: "timed out",
+    ProbeStatus.CRASHED: "crashed",
+    ProbeStatus.ERROR: "failed",
+    ProbeStatus.UNSTABLE: "diverged",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +55,8 @@ class Counts:
 
     configs: int
     probed: int
-    reused: int           # answered from an earlier study's probe of the same config
-    skipped: int          # ruled out without a probe (by structure or prediction, or unsupported)
+    reused: int  # answered from an earlier study's probe of the same config
+    skipped: int  # ruled out without a probe (by structure or prediction, or unsupported)
     statuses: dict[str, int]
 
     @classmethod
@@ -54,15 +67,24 @@ class Counts:
         skipped = sum(p.result.status == ProbeStatus.SKIPPED for p in latest)
         reused = sum(p.config_key in unclaimed and p.result.status != ProbeStatus.SKIPPED for p in latest)
         statuses = Counter(str(p.result.status) for p in latest)
-        return cls(configs=len(latest), probed=len(latest) - skipped - reused, reused=reused, skipped=skipped,
-                   statuses=dict(statuses))
+        return cls(
+            configs=len(latest),
+            probed=len(latest) - skipped - reused,
+            reused=reused,
+            skipped=skipped,
+            statuses=dict(statuses),
+        )
 
     def sentence(self) -> str:
         order = list(OUTCOME_WORDS)
-        ranked = sorted(self.statuses.items(), key=lambda item: order.index(item[0]) if item[0] in order else len(order))
+        ranked = sorted(
+            self.statuses.items(), key=lambda item: order.index(item[0]) if item[0] in order else len(order)
+        )
         found = ", ".join(f"{n} {OUTCOME_WORDS.get(status, status)}" for status, n in ranked)
-        return (f"{self.configs} configurations: {self.probed} probed, {self.reused} reused from earlier studies, "
-                f"{self.skipped} skipped without a probe. {found or 'nothing settled yet'}.")
+        return (
+            f"{self.configs} configurations: {self.probed} probed, {self.reused} reused from earlier studies, "
+            f"{self.skipped} skipped without a probe. {found or 'nothing settled yet'}."
+        )
 
 
 def confirmation_sentence(decision: dict | None) -> list[str]:
@@ -72,9 +94,12 @@ def confirmation_sentence(decision: dict | None) -> list[str]:
     if not probes:
         return []
     rounds = int((decision or {}).get("rounds") or 0)
-    return ["", f"The confirmation round measured {probes} more window{'s' if probes != 1 else ''} of the contenders "
-                f"({rounds} round{'s' if rounds != 1 else ''}, {(decision or {}).get('seconds') or 0:.1f} s): "
-                f"{probes} probes beyond those above."]
+    return [
+        "",
+        f"The confirmation round measured {probes} more window{'s' if probes != 1 else ''} of the contenders "
+        f"({rounds} round{'s' if rounds != 1 else ''}, {(decision or {}).get('seconds') or 0:.1f} s): "
+        f"{probes} probes beyond those above.",
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,15 +131,21 @@ def _spread(row: LeaderboardRow) -> str:
 def leaderboard_table(rows: Sequence[LeaderboardRow], top: int = TOP) -> str:
     """The fastest `top` configs that fit, as a Markdown table."""
     padded = any(row.config.lengths is not None for row in rows)  # (the data's lengths: real tokens, padding shown)
-    lines = [f"| rank | config | {'real ' if padded else ''}tokens/s | step s | peak reserved | needs | of the budget |"
-             + (" padding |" if padded else ""), "|---:|---|---:|---:|---:|---:|---:|" + ("---:|" if padded else "")]
+    lines = [
+        f"| rank | config | {'real ' if padded else ''}tokens/s | step s | peak reserved | needs | of the budget |"
+        + (" padding |" if padded else ""),
+        "|---:|---|---:|---:|---:|---:|---:|" + ("---:|" if padded else ""),
+    ]
     for row in rows[:top]:
         needs = required_bytes(row.peak_reserved_bytes, row.context_bytes)
         share = f"{100 * Budget(row.budget_bytes, row.margin_bytes).share(needs):.0f}%" if needs is not None else "-"
         speed = f"{row.tokens_per_s:,.0f}{_spread(row)}" if row.tokens_per_s is not None else "-"
         step = f"{row.step_seconds:.3f}" if row.step_seconds is not None else "-"
-        lines.append(f"| {row.rank} | `{_cell(row.label)}` | {speed} | {step} | {format_size(row.peak_reserved_bytes)} "
-                     f"| {format_size(needs)} | {share} |" + (f" {100 * (row.config.padding_share or 0):.0f}% |" if padded else ""))
+        lines.append(
+            f"| {row.rank} | `{_cell(row.label)}` | {speed} | {step} | {format_size(row.peak_reserved_bytes)} "
+            f"| {format_size(needs)} | {share} |"
+            + (f" {100 * (row.config.padding_share or 0):.0f}% |" if padded else "")
+        )
     return "\n".join(lines)
 
 
@@ -124,20 +155,35 @@ def _space(space: dict[str, Any]) -> str:
         return ", ".join("on" if v is True else "off" if v is False else str(v) for v in items)
 
     # The model and the effective batch have lines of their own.
-    shown = {name: value for name, value in space.items()
-             if value not in (None, [], "") and name not in ("model", "effective_batch", "task")}
+    shown = {
+        name: value
+        for name, value in space.items()
+        if value not in (None, [], "") and name not in ("model", "effective_batch", "task")
+    }
     return "; ".join(f"{name} {values(value)}" for name, value in shown.items())
 
 
 def _software(environment: dict[str, Any]) -> str:
-    names = (("torch", "torch_version"), ("transformers", "transformers_version"), ("CUDA", "cuda_version"),
-             ("driver", "driver_version"), ("autotune", "autotune_version"))
+    names = (
+        ("torch", "torch_version"),
+        ("transformers", "transformers_version"),
+        ("CUDA", "cuda_version"),
+        ("driver", "driver_version"),
+        ("autotune", "autotune_version"),
+    )
     return ", ".join(f"{name} {environment[key]}" for name, key in names if environment.get(key)) or "not recorded"
 
 
-def render_report(study: StudyRecord, probes: Sequence[ProbeRecord], leaderboard: Sequence[LeaderboardRow], *,
-                  claims: Sequence[ClaimRecord] = (), device: str | None = None, image: str | None = None,
-                  image_note: str | None = None) -> str:
+def render_report(
+    study: StudyRecord,
+    probes: Sequence[ProbeRecord],
+    leaderboard: Sequence[LeaderboardRow],
+    *,
+    claims: Sequence[ClaimRecord] = (),
+    device: str | None = None,
+    image: str | None = None,
+    image_note: str | None = None,
+) -> str:
     """The Markdown report of one study: `image` is the plot's path as the Markdown links it (relative
     to the report); without one, `image_note` says why there is none."""
     board = list(leaderboard)
@@ -156,8 +202,11 @@ def render_report(study: StudyRecord, probes: Sequence[ProbeRecord], leaderboard
     ]
     best = board[0] if board else None
     if best is not None:
-        lines += [f"**`{_cell(best.label)}`**: {best.tokens_per_s or 0:,.0f} tokens/s. Hand it to a fine-tune with "
-                  f"`autotune best --study {study.name} --format trainer-args` or `autotune train --study {study.name}`.", ""]
+        lines += [
+            f"**`{_cell(best.label)}`**: {best.tokens_per_s or 0:,.0f} tokens/s. Hand it to a fine-tune with "
+            f"`autotune best --study {study.name} --format trainer-args` or `autotune train --study {study.name}`.",
+            "",
+        ]
     lines += ["```text", explain_winner(_StoredOutcome(study, board, unmeasured(probes))), "```", ""]
     if study.status != "finished":
         lines += [f"The study is {study.status}, not finished: a later search may change the pick.", ""]
@@ -179,8 +228,12 @@ def _link(image: Path, out: Path | None) -> str:
     return Path(os.path.relpath(image.resolve(), base.resolve())).as_posix()
 
 
-def study_report(study: str | None, db: str | None, out: str | os.PathLike[str] | None = None,
-                 plot: str | os.PathLike[str] | None = None) -> str:
+def study_report(
+    study: str | None,
+    db: str | None,
+    out: str | os.PathLike[str] | None = None,
+    plot: str | os.PathLike[str] | None = None,
+) -> str:
     """The Markdown report of `study` (the most recent when None), written to `out` when given, and
     returned. The plot goes to `plot`, else beside `out` (same name, .png); with neither, or
     without matplotlib, the report says there is none. Reads the database only; refuses, before
@@ -211,8 +264,9 @@ def study_report(study: str | None, db: str | None, out: str | os.PathLike[str] 
             note = f"(No plot: {MATPLOTLIB_MISSING}.)"
         else:
             image = _link(image_path, out_path)
-        text = render_report(record, probes, board, claims=claims, device=probe_device(probes, record), image=image,
-                             image_note=note)
+        text = render_report(
+            record, probes, board, claims=claims, device=probe_device(probes, record), image=image, image_note=note
+        )
         if report_out is not None:
             report_out.write_text(text + "\n")
         if image_path is not None and image is not None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TypeGuard
 
 from autotune.errors import BadInput, ModelNotFound, quoted
+
 # (Families whose positions are a learned table of the model's width: its size is held to the budget.)
 from autotune.shapes import _LEARNED_POSITIONS
 from autotune.tasks import task_fields
@@ -20,10 +21,19 @@ from autotune.units import format_size
 # The GPT-2 family's architectures are public and fixed, so these names resolve offline.
 # Values are those of the hub's config.json files (GPT2Config() defaults are gpt2 124M).
 _GPT2_BASE = {
-    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": 50257,
-    "n_positions": 1024, "n_ctx": 1024, "activation_function": "gelu_new",
-    "resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1, "layer_norm_epsilon": 1e-5,
-    "initializer_range": 0.02, "bos_token_id": 50256, "eos_token_id": 50256,
+    "model_type": "gpt2",
+    "architectures": ["GPT2LMHeadModel"],
+    "vocab_size": 50257,
+    "n_positions": 1024,
+    "n_ctx": 1024,
+    "activation_function": "gelu_new",
+    "resid_pdrop": 0.1,
+    "embd_pdrop": 0.1,
+    "attn_pdrop": 0.1,
+    "layer_norm_epsilon": 1e-5,
+    "initializer_range": 0.02,
+    "bos_token_id": 50256,
+    "eos_token_id": 50256,
 }
 KNOWN_ARCHITECTURES: dict[str, dict] = {
     "gpt2": {**_GPT2_BASE, "n_layer": 12, "n_embd": 768, "n_head": 12},
@@ -41,16 +51,43 @@ _MAX_POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx", "seq_le
 _WIDTH_KEYS = ("embedding_size", "hidden_size", "n_embd", "d_model", "dim")
 _SIZE_KEYS = (
     *_WIDTH_KEYS,
-    "num_hidden_layers", "n_layer", "num_layers", "n_layers", "encoder_layers", "decoder_layers", "num_decoder_layers",
-    "num_attention_heads", "n_head", "num_heads", "n_heads", "encoder_attention_heads", "decoder_attention_heads",
+    "num_hidden_layers",
+    "n_layer",
+    "num_layers",
+    "n_layers",
+    "encoder_layers",
+    "decoder_layers",
+    "num_decoder_layers",
+    "num_attention_heads",
+    "n_head",
+    "num_heads",
+    "n_heads",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
 )
 # The other sizes a model is built from (MLP widths, key/value heads, a head's width, the labels of a
 # classification head): absent or null means the library's default; given, they are held to the same
 # bounds as the sizes above (check_values).
-_MORE_SIZE_KEYS = ("intermediate_size", "n_inner", "d_ff", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim",
-                   "num_key_value_heads", "num_kv_heads", "head_dim", "d_kv", "num_labels")
+_MORE_SIZE_KEYS = (
+    "intermediate_size",
+    "n_inner",
+    "d_ff",
+    "ffn_dim",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+    "num_key_value_heads",
+    "num_kv_heads",
+    "head_dim",
+    "d_kv",
+    "num_labels",
+)
 # The files from_pretrained reads a model's weights from: a directory without any holds only its architecture.
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 # The fewest tokens a vocabulary can have and still train something: the probe feeds random token
 # ids in [0, vocab_size), so with one token every input and every label is the same.
 MIN_VOCAB = 2
@@ -77,10 +114,10 @@ def shown_reference(reference: str) -> str:
 class ModelSpec:
     """A resolved model: its architecture (config.json contents) and where it came from."""
 
-    reference: str              # what the user typed
-    config: dict                # config.json contents
-    source: str                 # 'local', 'hf-cache', 'hub' or 'builtin'
-    path: str | None = None     # local directory or cached snapshot holding config.json (and maybe weights)
+    reference: str  # what the user typed
+    config: dict  # config.json contents
+    source: str  # 'local', 'hf-cache', 'hub' or 'builtin'
+    path: str | None = None  # local directory or cached snapshot holding config.json (and maybe weights)
 
     @property
     def model_type(self) -> str:
@@ -105,26 +142,39 @@ class ModelSpec:
         limit = self.max_positions
         too_long = [b for b in block_sizes if limit is not None and b > limit]
         if too_long:
-            raise BadInput(f"{flag} {','.join(map(str, too_long))} is above {self.reference}'s maximum of {limit} "
-                           f"positions; use at most {limit}.")
+            raise BadInput(
+                f"{flag} {','.join(map(str, too_long))} is above {self.reference}'s maximum of {limit} "
+                f"positions; use at most {limit}."
+            )
 
-    def task_fields(self, *, task: str | None = None, target_length: int | None = None,
-                    num_labels: int | None = None) -> dict:
+    def task_fields(
+        self, *, task: str | None = None, target_length: int | None = None, num_labels: int | None = None
+    ) -> dict:
         """The recipe fields of a config of this model, checked (autotune.tasks.task_fields)."""
-        return task_fields(self.config, self.reference, task=task, target_length=target_length,
-                           num_labels=num_labels, max_positions=self.max_positions)
+        return task_fields(
+            self.config,
+            self.reference,
+            task=task,
+            target_length=target_length,
+            num_labels=num_labels,
+            max_positions=self.max_positions,
+        )
 
     def check_usable(self, trust_remote_code: bool = False, *, budget_bytes: int | None = None) -> None:
         """Refuse what can be told of the model from its config.json alone, before any process
         starts: no vocabulary (not a language model), shapes nothing can train (check_shapes), or
         its own code without leave to run it."""
         if self.config.get("vocab_size") is None:
-            raise ModelNotFound(f"--model {self.reference}: its config has no vocab_size; is it a language model "
-                                f"(text in, tokens or labels out)?")
+            raise ModelNotFound(
+                f"--model {self.reference}: its config has no vocab_size; is it a language model "
+                f"(text in, tokens or labels out)?"
+            )
         self.check_shapes(budget_bytes)
         if self.needs_remote_code and not trust_remote_code:
-            raise BadInput(f"--model {self.reference} brings its own code (auto_map in its config.json); pass "
-                           f"--trust-remote-code to allow it to run, or choose another model.")
+            raise BadInput(
+                f"--model {self.reference} brings its own code (auto_map in its config.json); pass "
+                f"--trust-remote-code to allow it to run, or choose another model."
+            )
 
     def check_values(self) -> None:
         """Refuse a config.json size no model can be built from (the one home of this check: run where
@@ -141,29 +191,48 @@ class ModelSpec:
           recipe keeps weights in; a width x itself) at most MAX_DEVICE_BYTES (1 PiB). The budget
           is check_shapes' to apply."""
         name = f"--model {self.reference}"
-        given = [(key, self.config.get(key)) for key in (*_SIZE_KEYS, *_MAX_POSITION_KEYS, *_MORE_SIZE_KEYS, "vocab_size")
-                 if self.config.get(key) is not None]
+        given = [
+            (key, self.config.get(key))
+            for key in (*_SIZE_KEYS, *_MAX_POSITION_KEYS, *_MORE_SIZE_KEYS, "vocab_size")
+            if self.config.get(key) is not None
+        ]
         for key, value in given:
             if not _whole(value):
                 typed = str(value).strip() if isinstance(value, str) else ""
-                fix = (f"write it as a number ({typed}), without quotes," if typed.isascii() and typed.isdigit()
-                       else f"give {key} as a whole number")
-                raise BadInput(f"{name}: its config.json has {key} {quoted(value)}, not a whole number; {fix} in the "
-                               f"config.")
+                fix = (
+                    f"write it as a number ({typed}), without quotes,"
+                    if typed.isascii() and typed.isdigit()
+                    else f"give {key} as a whole number"
+                )
+                raise BadInput(
+                    f"{name}: its config.json has {key} {quoted(value)}, not a whole number; {fix} in the config."
+                )
             if key == "vocab_size" and value < MIN_VOCAB:
-                raise BadInput(f"{name}: its config.json has vocab_size {value}; training needs at least {MIN_VOCAB} "
-                               f"tokens (the probe feeds random token ids below vocab_size, so with {value} there is "
-                               f"nothing to predict): give the model's real vocabulary size.")
+                raise BadInput(
+                    f"{name}: its config.json has vocab_size {value}; training needs at least {MIN_VOCAB} "
+                    f"tokens (the probe feeds random token ids below vocab_size, so with {value} there is "
+                    f"nothing to predict): give the model's real vocabulary size."
+                )
             if value < 1:
-                raise BadInput(f"{name}: its config.json has {key} {value}; a model needs at least 1, so this one "
-                               f"trains nothing: fix {key} in the config.")
+                raise BadInput(
+                    f"{name}: its config.json has {key} {value}; a model needs at least 1, so this one "
+                    f"trains nothing: fix {key} in the config."
+                )
         sizes = [(key, value) for key, value in given if _whole(value)]  # (all of them, checked above)
         width_key, width = self._width() or ("", 1)
         for key, value in sizes:
             table = value * (value if key == width_key else width) * _MIN_WEIGHT_BYTES
             if table > MAX_DEVICE_BYTES:
-                raise BadInput(self._too_large(key, value, width_key or key, value if key == width_key else width,
-                                               table, "any device holds (1 PiB)"))
+                raise BadInput(
+                    self._too_large(
+                        key,
+                        value,
+                        width_key or key,
+                        value if key == width_key else width,
+                        table,
+                        "any device holds (1 PiB)",
+                    )
+                )
 
     def check_shapes(self, budget_bytes: int | None = None, *, num_labels: int | None = None) -> None:
         """Refuse a config.json whose shapes no probe should build (the one home of this check):
@@ -178,8 +247,9 @@ class ModelSpec:
         width_key, width = self._width() or ("", 1)
         tables = [("vocab_size", self.config["vocab_size"])] if self.config.get("vocab_size") is not None else []
         if self.model_type in _LEARNED_POSITIONS and self.max_positions is not None:
-            tables.append((next(k for k in _MAX_POSITION_KEYS if self.config.get(k) == self.max_positions),
-                           self.max_positions))
+            tables.append(
+                (next(k for k in _MAX_POSITION_KEYS if self.config.get(k) == self.max_positions), self.max_positions)
+            )
         if num_labels is not None:
             tables.append(("--num-labels", num_labels))
         limit = MAX_DEVICE_BYTES if budget_bytes is None else min(budget_bytes, MAX_DEVICE_BYTES)
@@ -192,21 +262,31 @@ class ModelSpec:
 
     def _width(self) -> tuple[str, int] | None:
         """The config's narrowest width (key, value) among _WIDTH_KEYS, None without one."""
-        widths: list[tuple[str, int]] = [(key, value) for key in _WIDTH_KEYS
-                                         if _whole(value := self.config.get(key)) and value > 0]
+        widths: list[tuple[str, int]] = [
+            (key, value) for key in _WIDTH_KEYS if _whole(value := self.config.get(key)) and value > 0
+        ]
         return min(widths, key=lambda item: item[1]) if widths else None
 
-    def _too_large(self, key: str, size: int, width_key: str, width: int, table: int, where: str,
-                   budget: bool = False) -> str:
+    def _too_large(
+        self, key: str, size: int, width_key: str, width: int, table: int, where: str, budget: bool = False
+    ) -> str:
         """The one line for a size whose table of `width`-wide vectors (`table` bytes) is more than `where`."""
         what = {"vocab_size": "its embedding table", "--num-labels": "its classification head"}.get(
-            key, "its position table" if key in _MAX_POSITION_KEYS and self.model_type in _LEARNED_POSITIONS
-            else f"{key} vectors of its width")
+            key,
+            "its position table"
+            if key in _MAX_POSITION_KEYS and self.model_type in _LEARNED_POSITIONS
+            else f"{key} vectors of its width",
+        )
         shape = f"{key} {size:,} x {width_key} {width:,}" if width_key else f"{key} {size:,}"
-        fix = ("give the number of labels your data has" if key == "--num-labels"
-               else f"check {key}{f' and {width_key}' if width_key and width_key != key else ''} in its config.json")
-        return (f"--model {self.reference}: {what} alone ({shape}) needs at least {format_size(table)}, more than "
-                f"{where}; {fix}" + (", or give a larger --gpu-budget." if budget else "."))
+        fix = (
+            "give the number of labels your data has"
+            if key == "--num-labels"
+            else f"check {key}{f' and {width_key}' if width_key and width_key != key else ''} in its config.json"
+        )
+        return (
+            f"--model {self.reference}: {what} alone ({shape}) needs at least {format_size(table)}, more than "
+            f"{where}; {fix}" + (", or give a larger --gpu-budget." if budget else ".")
+        )
 
     @property
     def fingerprint(self) -> str:
@@ -242,8 +322,10 @@ def _read_config(path: Path) -> dict:
     try:
         data = json.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError as exc:
-        raise ModelNotFound(f"--model: cannot read {path}: it is not UTF-8 text (byte {exc.object[exc.start]:#04x} at "
-                            f"position {exc.start}); it must be a model's config.json, saved as UTF-8.") from None
+        raise ModelNotFound(
+            f"--model: cannot read {path}: it is not UTF-8 text (byte {exc.object[exc.start]:#04x} at "
+            f"position {exc.start}); it must be a model's config.json, saved as UTF-8."
+        ) from None
     except (OSError, ValueError, RecursionError) as exc:  # (json.JSONDecodeError is a ValueError)
         raise ModelNotFound(f"--model: cannot read {path} ({exc}); it must be a model's config.json.") from None
     if not isinstance(data, dict) or "model_type" not in data:
@@ -251,10 +333,13 @@ def _read_config(path: Path) -> dict:
     architectures = data.get("architectures")
     if isinstance(architectures, str):
         data["architectures"] = [architectures]
-    elif architectures is not None and not (isinstance(architectures, list)
-                                            and all(isinstance(name, str) for name in architectures)):
-        raise ModelNotFound(f"--model: {path} has 'architectures' {json.dumps(architectures)[:80]}; it must be a list "
-                            f"of class names, e.g. [\"GPT2LMHeadModel\"].")
+    elif architectures is not None and not (
+        isinstance(architectures, list) and all(isinstance(name, str) for name in architectures)
+    ):
+        raise ModelNotFound(
+            f"--model: {path} has 'architectures' {json.dumps(architectures)[:80]}; it must be a list "
+            f'of class names, e.g. ["GPT2LMHeadModel"].'
+        )
     return data
 
 
@@ -271,7 +356,9 @@ def _from_hf_cache(repo_id: str) -> Path | None:
 
 
 def _offline() -> bool:
-    return any(os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    return any(
+        os.environ.get(v, "").lower() in ("1", "true", "yes") for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
@@ -295,6 +382,7 @@ def _from_hub(repo_id: str) -> Path | None:
         return None
     try:
         from huggingface_hub import hf_hub_download
+
         return Path(hf_hub_download(repo_id, "config.json", etag_timeout=5))
     except Exception:  # no network, no such repo, gated: all mean "not resolvable here"
         return None
@@ -317,8 +405,10 @@ def _resolve(reference: str) -> ModelSpec:
         is_dir, is_file = local.is_dir(), local.is_file()
     except (OSError, ValueError) as exc:  # a name past the file system's limits (ENAMETOOLONG), a NUL byte
         shown = reference if len(reference) <= 60 else reference[:57] + "..."
-        raise ModelNotFound(f"--model: {shown!r} cannot be a model: {getattr(exc, 'strerror', None) or exc}; give a "
-                            f"hub id (gpt2), or a local directory with a config.json.") from None
+        raise ModelNotFound(
+            f"--model: {shown!r} cannot be a model: {getattr(exc, 'strerror', None) or exc}; give a "
+            f"hub id (gpt2), or a local directory with a config.json."
+        ) from None
     if is_dir:
         config_path = local / "config.json"
         if not config_path.is_file():

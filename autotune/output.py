@@ -30,8 +30,12 @@ from autotune.errors import BadInput
 # Errors writing a stream that say nothing about the program: the place it writes to failed.
 STREAM_ERRNOS = frozenset({errno.EPIPE, errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG})
 
-_NOT_A_FILE = {stat.S_ISFIFO: "a FIFO (named pipe)", stat.S_ISCHR: "a character device",
-               stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
+_NOT_A_FILE = {
+    stat.S_ISFIFO: "a FIFO (named pipe)",
+    stat.S_ISCHR: "a character device",
+    stat.S_ISBLK: "a block device",
+    stat.S_ISSOCK: "a socket",
+}
 
 
 def check_destination(path: str | os.PathLike[str], flag: str) -> Path:
@@ -65,7 +69,9 @@ def _check_destination(path: Path, flag: str) -> Path:
     return path
 
 
-def cannot_write(path: str | os.PathLike[str], flag: str, exc: OSError, where: str | os.PathLike[str] | None = None) -> str:
+def cannot_write(
+    path: str | os.PathLike[str], flag: str, exc: OSError, where: str | os.PathLike[str] | None = None
+) -> str:
     """The one line for a file that could not be written: which, why (errno), and what to do."""
     code = exc.errno
     reason = f"{exc.strerror or exc} (errno {code})" if code is not None else str(exc)

@@ -108,8 +108,11 @@ def signals_held() -> Iterator[None]:
         yield  # (handlers run in the main thread: another thread's block is never interrupted by one)
         return
     arrived: list[int] = []
-    replaced = {signum: signal.signal(signum, lambda signum, frame: arrived.append(signum))
-                for signum in STOPPING_SIGNALS if callable(signal.getsignal(signum))}
+    replaced = {
+        signum: signal.signal(signum, lambda signum, frame: arrived.append(signum))
+        for signum in STOPPING_SIGNALS
+        if callable(signal.getsignal(signum))
+    }
     try:
         yield
     finally:
@@ -213,9 +216,14 @@ def remove_when_i_die(path: str) -> Any:
 
     if not sys.platform.startswith("linux"):
         return None
-    return subprocess.Popen([sys.executable, "-I", "-S", "-c", _JANITOR, str(os.getpid()), path],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True, close_fds=True)
+    return subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", _JANITOR, str(os.getpid()), path],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+    )
 
 
 def stop_janitor(janitor: Any) -> None:
@@ -290,8 +298,13 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-def run_as_child(parent_pid: int, target: str, *args: object, environment: dict[str, str | None] | None = None,
-                 forked_for: dict[str, str] | None = None) -> None:
+def run_as_child(
+    parent_pid: int,
+    target: str,
+    *args: object,
+    environment: dict[str, str | None] | None = None,
+    forked_for: dict[str, str] | None = None,
+) -> None:
     """A spawn target: tie this process to `parent_pid`, then import and call `target`
     ('package.module:function') with `args`. The import comes after the guards, so a child killed
     with its parent during torch's import leaves nothing behind either. `environment` is set (None:

@@ -22,10 +22,10 @@ T = TypeVar("T")
 class Standing:
     """What the ranking reads of one measured config."""
 
-    key: str                      # the config's key
+    key: str  # the config's key
     tokens_per_s: float | None
-    required_bytes: int | None    # peak reserved + context (autotune.budget.required_bytes)
-    order: int                    # when it was measured (a probe id): earlier first among equals
+    required_bytes: int | None  # peak reserved + context (autotune.budget.required_bytes)
+    order: int  # when it was measured (a probe id): earlier first among equals
 
 
 def speed_order(standing: Standing) -> tuple[float, float, int]:
@@ -34,8 +34,9 @@ def speed_order(standing: Standing) -> tuple[float, float, int]:
     return (-(standing.tokens_per_s or 0.0), need, standing.order)
 
 
-def ranked(items: Sequence[T], standing: Callable[[T], Standing], chosen: str | None = None,
-           tied: Collection[str] = ()) -> list[T]:
+def ranked(
+    items: Sequence[T], standing: Callable[[T], Standing], chosen: str | None = None, tied: Collection[str] = ()
+) -> list[T]:
     """`items` best first. `chosen` and `tied`: the key of the config a confirmation round chose
     among a tie, and the keys of the configs it tied with."""
     order = sorted(items, key=lambda item: speed_order(standing(item)))
@@ -44,4 +45,4 @@ def ranked(items: Sequence[T], standing: Callable[[T], Standing], chosen: str | 
     at = next((i for i, item in enumerate(order) if standing(item).key == chosen), None)
     if not at or not all(standing(item).key in tied for item in order[:at]):
         return order
-    return [order[at], *order[:at], *order[at + 1:]]
+    return [order[at], *order[:at], *order[at + 1 :]]

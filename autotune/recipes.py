@@ -17,9 +17,9 @@ from autotune.errors import BadInput
 
 @dataclass(frozen=True, slots=True)
 class Optimizer:
-    optim: str             # TrainingArguments(optim=...): the hand-off is exact
+    optim: str  # TrainingArguments(optim=...): the hand-off is exact
     optim_args: str | None  # TrainingArguments(optim_args=...)
-    needs: str | None      # the package it needs beyond torch and transformers
+    needs: str | None  # the package it needs beyond torch and transformers
     what: str
     # Why the estimator cannot trace its step on fake tensors (None: it can).
     untraceable: str | None = None
@@ -34,17 +34,23 @@ OPTIMIZERS = {
     # torch's default AdamW, as Trainer's adamw_torch and most custom loops make it: on CUDA its
     # foreach step allocates temporaries as large as the parameters (sqrt of the second moments,
     # then the update) for each parameter group, which the fused kernel does not.
-    "adamw_torch": Optimizer("adamw_torch", None, None, "AdamW, torch's default (foreach on CUDA: full-size temporaries in the step)"),
+    "adamw_torch": Optimizer(
+        "adamw_torch", None, None, "AdamW, torch's default (foreach on CUDA: full-size temporaries in the step)"
+    ),
     "adafactor": Optimizer("adafactor", None, None, "Adafactor (factored second moments, no first)"),
     "sgd": Optimizer("sgd", "momentum=0.9", None, "SGD with momentum 0.9"),
     "adamw_8bit": Optimizer("adamw_8bit", None, "bitsandbytes", "AdamW with 8-bit states (bitsandbytes)"),
-    "paged_adamw_8bit": Optimizer("paged_adamw_8bit", None, "bitsandbytes",
-                                  "AdamW with 8-bit states in paged memory (bitsandbytes)",
-                                  untraceable="its state lives in CUDA unified memory, outside PyTorch's allocator",
-                                  outside_cap="its 8-bit state (about 2 bytes per trainable parameter) lives in CUDA "
-                                              "unified memory, outside PyTorch's allocator: the cap does not hold it and "
-                                              "the peak shown leaves it out; the driver pages it to host memory when the "
-                                              "card is full, so the run slows down rather than failing"),
+    "paged_adamw_8bit": Optimizer(
+        "paged_adamw_8bit",
+        None,
+        "bitsandbytes",
+        "AdamW with 8-bit states in paged memory (bitsandbytes)",
+        untraceable="its state lives in CUDA unified memory, outside PyTorch's allocator",
+        outside_cap="its 8-bit state (about 2 bytes per trainable parameter) lives in CUDA "
+        "unified memory, outside PyTorch's allocator: the cap does not hold it and "
+        "the peak shown leaves it out; the driver pages it to host memory when the "
+        "card is full, so the run slows down rather than failing",
+    ),
 }
 DEFAULT_OPTIMIZER = "adamw"
 # TrainingArguments' other names for the same optimizers: accepted, and stored under autotune's
@@ -86,8 +92,14 @@ PEFT_KINDS = ("lora", "qlora")
 TRAINERS = ("transformers", "trl")
 DEFAULT_TRAINER = "transformers"
 # The trainer each hand-off format runs (the formats not named run none: json, yaml, lightning).
-FORMAT_TRAINERS = {"trl": "trl", "trainer-args": "transformers", "cli": "transformers", "accelerate": "transformers",
-                   "axolotl": "transformers", "llamafactory": "transformers"}
+FORMAT_TRAINERS = {
+    "trl": "trl",
+    "trainer-args": "transformers",
+    "cli": "transformers",
+    "accelerate": "transformers",
+    "axolotl": "transformers",
+    "llamafactory": "transformers",
+}
 
 
 def trainer_caveat(measured: str, runs: str, what: str) -> str | None:
@@ -96,12 +108,16 @@ def trainer_caveat(measured: str, runs: str, what: str) -> str | None:
     if measured == runs:
         return None
     if measured == "trl":
-        return (f"the probes timed TRL's SFTTrainer step (--trainer trl), and {what} runs transformers' Trainer, whose "
-                f"step holds the full logits: its memory and speed were not measured; hand the pick to TRL "
-                f"(--format trl), or search again with --trainer transformers")
-    return (f"the probes timed transformers' Trainer step, and {what} runs TRL's SFTTrainer, whose fused LM head also "
-            f"scores each token's entropy and accuracy every micro-step: slower per token than measured, other memory; "
-            f"search with --trainer trl (or --from your TRL file) to rank the configs by its step")
+        return (
+            f"the probes timed TRL's SFTTrainer step (--trainer trl), and {what} runs transformers' Trainer, whose "
+            f"step holds the full logits: its memory and speed were not measured; hand the pick to TRL "
+            f"(--format trl), or search again with --trainer transformers"
+        )
+    return (
+        f"the probes timed transformers' Trainer step, and {what} runs TRL's SFTTrainer, whose fused LM head also "
+        f"scores each token's entropy and accuracy every micro-step: slower per token than measured, other memory; "
+        f"search with --trainer trl (or --from your TRL file) to rank the configs by its step"
+    )
 
 
 def trainer_problems(trainer: str, task: str, flag: str = "--trainer") -> list[str]:
@@ -111,6 +127,8 @@ def trainer_problems(trainer: str, task: str, flag: str = "--trainer") -> list[s
     if trainer == "trl" and task != "causal-lm":
         return [f"{flag} trl is TRL's SFTTrainer, which trains causal LMs, not {task}; use {flag} transformers"]
     return []
+
+
 # peft's task types, by task: the wrapper's forward and which head stays trainable (SEQ_CLS keeps
 # the classifier's head). A masked LM has none: the base model's forward is called as it is.
 PEFT_TASK_TYPES = {"causal-lm": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM", "classification": "SEQ_CLS"}
@@ -126,8 +144,12 @@ def bnb_4bit_kwargs(precision: str, task: str = "causal-lm") -> dict:
     dtype (bf16 mixed precision: bfloat16; fp16: float16; else float32). A classifier's head,
     which trains whole, stays unquantized (`llm_int8_skip_modules`, which replaces transformers'
     default list: the output embeddings, which a classifier does not have)."""
-    kwargs: dict = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True,
-                    "bnb_4bit_compute_dtype": {"bf16": "bfloat16", "fp16": "float16"}.get(precision, "float32")}
+    kwargs: dict = {
+        "load_in_4bit": True,
+        "bnb_4bit_quant_type": "nf4",
+        "bnb_4bit_use_double_quant": True,
+        "bnb_4bit_compute_dtype": {"bf16": "bfloat16", "fp16": "float16"}.get(precision, "float32"),
+    }
     if task in WHOLE_HEADS:
         kwargs["llm_int8_skip_modules"] = WHOLE_HEADS[task]
     return kwargs
@@ -178,15 +200,24 @@ class PeftSpec:
 
     def lora_kwargs(self) -> dict:
         """peft.LoraConfig's arguments (task_type is the caller's: it depends on the task)."""
-        return {"r": self.rank, "lora_alpha": self.alpha, "lora_dropout": self.dropout,
-                "target_modules": self.target_modules}
+        return {
+            "r": self.rank,
+            "lora_alpha": self.alpha,
+            "lora_dropout": self.dropout,
+            "target_modules": self.target_modules,
+        }
 
     @classmethod
     def from_text(cls, text: str) -> PeftSpec:
         kind, *pairs = text.split()
         values = dict(pair.split("=", 1) for pair in pairs)
-        return cls(kind=kind, rank=int(values["r"]), alpha=int(values["alpha"]), dropout=float(values["dropout"]),
-                   targets=values["targets"])
+        return cls(
+            kind=kind,
+            rank=int(values["r"]),
+            alpha=int(values["alpha"]),
+            dropout=float(values["dropout"]),
+            targets=values["targets"],
+        )
 
 
 def is_qlora(peft: str | None) -> bool:
@@ -194,8 +225,13 @@ def is_qlora(peft: str | None) -> bool:
     return peft is not None and PeftSpec.from_text(peft).kind == "qlora"
 
 
-def peft_text(kind: str | None, rank: int | None = None, alpha: int | None = None, dropout: float | None = None,
-              targets: str | None = None) -> str | None:
+def peft_text(
+    kind: str | None,
+    rank: int | None = None,
+    alpha: int | None = None,
+    dropout: float | None = None,
+    targets: str | None = None,
+) -> str | None:
     """The stored form of the user's --peft flags (None without --peft); BadInput for bad values,
     and for LoRA flags given without --peft."""
     given = {"--lora-rank": rank, "--lora-alpha": alpha, "--lora-dropout": dropout, "--lora-targets": targets}
@@ -205,7 +241,10 @@ def peft_text(kind: str | None, rank: int | None = None, alpha: int | None = Non
             raise BadInput(f"{', '.join(stray)} only apply with --peft lora or qlora; add --peft or leave them out.")
         return None
     default = PeftSpec()
-    return PeftSpec(kind=kind.strip().lower(), rank=rank if rank is not None else default.rank,
-                    alpha=alpha if alpha is not None else default.alpha,
-                    dropout=dropout if dropout is not None else default.dropout,
-                    targets=(targets or default.targets).replace(" ", "")).text()
+    return PeftSpec(
+        kind=kind.strip().lower(),
+        rank=rank if rank is not None else default.rank,
+        alpha=alpha if alpha is not None else default.alpha,
+        dropout=dropout if dropout is not None else default.dropout,
+        targets=(targets or default.targets).replace(" ", ""),
+    ).text()

@@ -48,28 +48,42 @@ def format_probe_result(config: ProbeConfig, result: ProbeResult) -> str:
         f"context {format_size(result.context_bytes)}, margin {format_size(result.margin_bytes)}, budget {size_as_read(budget)}",
     ]
     if result.phase_peaks:
-        lines.append(f"phases  {describe_phases(config, result.phase_peaks, result.failed_phase, result.eval_batch_found)}")
+        lines.append(
+            f"phases  {describe_phases(config, result.phase_peaks, result.failed_phase, result.eval_batch_found)}"
+        )
     if result.required_bytes is not None and budget and result.status == ProbeStatus.OK:
         held = Budget(budget, result.margin_bytes or 0)
-        lines.append(f"        headroom {format_size(held.headroom(result.required_bytes))} "
-                     f"({100 * held.share(result.required_bytes):.1f}% of the budget used)")
+        lines.append(
+            f"        headroom {format_size(held.headroom(result.required_bytes))} "
+            f"({100 * held.share(result.required_bytes):.1f}% of the budget used)"
+        )
     elif result.status == ProbeStatus.OOM and result.cap_bytes:
-        lines.append(f"        needs more than the {format_size(result.cap_bytes)} the budget leaves it "
-                     f"(the peak above is where it stopped)")
+        lines.append(
+            f"        needs more than the {format_size(result.cap_bytes)} the budget leaves it "
+            f"(the peak above is where it stopped)"
+        )
     if result.rank_peaks:
-        each = ", ".join(f"{rank}: {format_size(peaks['reserved'])}" if peaks else f"{rank}: -"
-                         for rank, peaks in enumerate(result.rank_peaks))
-        lines.append(f"ranks   {config.ranks} x {config.strategy}, peak reserved per rank {each} (the budget is each card's)")
+        each = ", ".join(
+            f"{rank}: {format_size(peaks['reserved'])}" if peaks else f"{rank}: -"
+            for rank, peaks in enumerate(result.rank_peaks)
+        )
+        lines.append(
+            f"ranks   {config.ranks} x {config.strategy}, peak reserved per rank {each} (the budget is each card's)"
+        )
     if result.tokens_per_s is not None:
         mfu = f", MFU {100 * result.mfu:.1f}%" if result.mfu is not None else ""
-        lines.append(f"speed   {result.tokens_per_s:,.0f} tokens/s, {result.samples_per_s:.2f} samples/s, "
-                     f"{result.step_seconds:.3f} s per optimizer step{mfu}")
+        lines.append(
+            f"speed   {result.tokens_per_s:,.0f} tokens/s, {result.samples_per_s:.2f} samples/s, "
+            f"{result.step_seconds:.3f} s per optimizer step{mfu}"
+        )
     if result.first_loss is not None:
         lines.append(f"loss    {_fmt_float(result.first_loss, '.4f')} -> {_fmt_float(result.last_loss, '.4f')}")
-    lines.append(f"time    wall {_fmt_float(result.wall_seconds, '.2f')} s = start-up {_fmt_float(result.startup_seconds, '.2f')} s "
-                 f"+ build {_fmt_float(result.build_seconds, '.2f')} s"
-                 + (f" + compile {result.compile_seconds:.2f} s" if result.compile_seconds is not None else "")
-                 + f" + steps (measured window {_fmt_float(result.measured_seconds, '.2f')} s)")
+    lines.append(
+        f"time    wall {_fmt_float(result.wall_seconds, '.2f')} s = start-up {_fmt_float(result.startup_seconds, '.2f')} s "
+        f"+ build {_fmt_float(result.build_seconds, '.2f')} s"
+        + (f" + compile {result.compile_seconds:.2f} s" if result.compile_seconds is not None else "")
+        + f" + steps (measured window {_fmt_float(result.measured_seconds, '.2f')} s)"
+    )
     lines += [f"note    {caveat}" for caveat in memory_caveats(config.optimizer)]
     return "\n".join(lines)
 
@@ -81,10 +95,31 @@ def format_probe_result(config: ProbeConfig, result: ProbeResult) -> str:
 # CSV columns of `autotune leaderboard --format csv`: LeaderboardRow.to_dict()'s keys, in order (a
 # test keeps them in step), named here so that an empty leaderboard still prints its header.
 LEADERBOARD_FIELDS = (
-    "rank", "label", *(f.name for f in fields(ProbeConfig)), "status", "tokens_per_s", "step_seconds", "step_spread",
-    "samples_per_s", "mfu", "padding_share", "peak_reserved_bytes", "peak_allocated_bytes", "context_bytes", "budget_bytes",
-    "margin_bytes", "study", "probe_id", "trial_number", "config_key", "worker", "compile_seconds", "host_load",
-    "phase_peaks", "eval_batch_found", "rank_peaks",
+    "rank",
+    "label",
+    *(f.name for f in fields(ProbeConfig)),
+    "status",
+    "tokens_per_s",
+    "step_seconds",
+    "step_spread",
+    "samples_per_s",
+    "mfu",
+    "padding_share",
+    "peak_reserved_bytes",
+    "peak_allocated_bytes",
+    "context_bytes",
+    "budget_bytes",
+    "margin_bytes",
+    "study",
+    "probe_id",
+    "trial_number",
+    "config_key",
+    "worker",
+    "compile_seconds",
+    "host_load",
+    "phase_peaks",
+    "eval_batch_found",
+    "rank_peaks",
 )
 
 
@@ -93,7 +128,9 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: Sequenc
     widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
 
     def line(cells: Sequence[str]) -> str:
-        return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))
+        ).rstrip()
 
     return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(r) for r in rows)])
 
@@ -116,15 +153,23 @@ def render_leaderboard(rows: Sequence[LeaderboardRow], fmt: str = "table", confi
     if fmt == "json":
         return json.dumps([row.to_dict() for row in rows], indent=2)
     if fmt == "csv":  # (a nested value, the phases' peaks, as its JSON text in its cell)
-        return _csv(LEADERBOARD_FIELDS, [{k: json.dumps(v) if isinstance(v, dict) else v for k, v in row.to_dict().items()}
-                                         for row in rows])
+        return _csv(
+            LEADERBOARD_FIELDS,
+            [{k: json.dumps(v) if isinstance(v, dict) else v for k, v in row.to_dict().items()} for row in rows],
+        )
     if fmt != "table":
         raise ValueError(f"unknown format {fmt!r}")
     if not rows:
         return "No configuration fits yet."
     cells = [
-        [str(row.rank), row.label, row.status, format_size(row.peak_reserved_bytes),
-         _fmt_float(row.tokens_per_s, ",.0f") + _spread(row.step_spread), _fmt_float(row.step_seconds, ".3f")]
+        [
+            str(row.rank),
+            row.label,
+            row.status,
+            format_size(row.peak_reserved_bytes),
+            _fmt_float(row.tokens_per_s, ",.0f") + _spread(row.step_spread),
+            _fmt_float(row.step_seconds, ".3f"),
+        ]
         for row in rows
     ]
     headers = ["rank", "config", "status", "peak reserved", "tokens/s", "step s"]
@@ -152,19 +197,24 @@ def larger_batch_slower(rows: Sequence[LeaderboardRow]) -> str | None:
     worst = None  # (the largest slowdown)
     for small in rows:
         for large in rows:
-            if (large.config.micro_batch > small.config.micro_batch and large.config.lengths is not None
-                    and micro_batch_family(large.config) == micro_batch_family(small.config)
-                    and (large.tokens_per_s or 0.0) * (1 + noise(large.step_spread, small.step_spread))
-                    < (small.tokens_per_s or 0.0)):
+            if (
+                large.config.micro_batch > small.config.micro_batch
+                and large.config.lengths is not None
+                and micro_batch_family(large.config) == micro_batch_family(small.config)
+                and (large.tokens_per_s or 0.0) * (1 + noise(large.step_spread, small.step_spread))
+                < (small.tokens_per_s or 0.0)
+            ):
                 ratio = (large.tokens_per_s or 0.0) / (small.tokens_per_s or 1.0)
                 if worst is None or ratio < worst[0]:
                     worst = (ratio, small, large)
     if worst is None:
         return None
     ratio, small, large = worst
-    return (f"on this data a larger micro-batch is slower: {large.label} trains {ratio:.2f}x the real tokens/s of "
-            f"{small.label}, padding {100 * (large.config.padding_share or 0):.0f}% of each batch against "
-            f"{100 * (small.config.padding_share or 0):.0f}% (every batch is padded to its longest example)")
+    return (
+        f"on this data a larger micro-batch is slower: {large.label} trains {ratio:.2f}x the real tokens/s of "
+        f"{small.label}, padding {100 * (large.config.padding_share or 0):.0f}% of each batch against "
+        f"{100 * (small.config.padding_share or 0):.0f}% (every batch is padded to its longest example)"
+    )
 
 
 def render_runs(rows: Sequence[RunRecord], fmt: str = "table") -> str:
@@ -176,9 +226,17 @@ def render_runs(rows: Sequence[RunRecord], fmt: str = "table") -> str:
     if not rows:
         return "No runs yet: `autotune train` makes one."
     cells = [
-        [str(row.id), str((row.summary or {}).get("study") or "-"), str(row.config.get("label") or _label(row.config)),
-         row.status, str(row.steps if row.steps is not None else "-"), _fmt_float(row.tokens_per_s, ",.0f"),
-         format_size(row.peak_reserved_bytes), _local_time(row.started_at), row.output_dir or "-"]
+        [
+            str(row.id),
+            str((row.summary or {}).get("study") or "-"),
+            str(row.config.get("label") or _label(row.config)),
+            row.status,
+            str(row.steps if row.steps is not None else "-"),
+            _fmt_float(row.tokens_per_s, ",.0f"),
+            format_size(row.peak_reserved_bytes),
+            _local_time(row.started_at),
+            row.output_dir or "-",
+        ]
         for row in rows
     ]
     headers = ["run", "study", "config", "status", "steps", "tokens/s", "peak reserved", "started", "output dir"]
@@ -201,12 +259,34 @@ def render_studies(rows: Sequence[StudySummary], fmt: str = "table") -> str:
     if not rows:
         return "No studies yet: run `autotune search` to make one."
     cells = [
-        [row.name, row.model_reference, row.device_name, format_size(row.budget_bytes),
-         str(row.probes_total), str(row.probes_ok), str(row.probes_oom), str(row.probes_skipped),
-         _fmt_float(row.best_tokens_per_s, ",.0f"), row.status, _local_time(row.updated_at)]
+        [
+            row.name,
+            row.model_reference,
+            row.device_name,
+            format_size(row.budget_bytes),
+            str(row.probes_total),
+            str(row.probes_ok),
+            str(row.probes_oom),
+            str(row.probes_skipped),
+            _fmt_float(row.best_tokens_per_s, ",.0f"),
+            row.status,
+            _local_time(row.updated_at),
+        ]
         for row in rows
     ]
-    headers = ["study", "model", "device", "budget", "probes", "ok", "oom", "skipped", "best tokens/s", "status", "updated"]
+    headers = [
+        "study",
+        "model",
+        "device",
+        "budget",
+        "probes",
+        "ok",
+        "oom",
+        "skipped",
+        "best tokens/s",
+        "status",
+        "updated",
+    ]
     if any(row.workers > 1 for row in rows):  # studies shared by several workers
         headers.insert(8, "workers")
         for cell, row in zip(cells, rows):
@@ -274,9 +354,11 @@ def format_search_header(study, environment, candidates: int, already: int, note
     resumed = f", resuming with {already} already settled" if already else ""
     task = study.space.get("task")
     trained = f" ({task})" if task else ""
-    header = (f"study {study.name}: {shown_reference(study.model_reference)}{trained} on {environment.device_name}, budget "
-              f"{size_as_read(study.budget_bytes)} (margin {format_size(study.margin_bytes)}); "
-              f"{_effective_batch(study.space)}; {candidates} candidate configs{resumed}")
+    header = (
+        f"study {study.name}: {shown_reference(study.model_reference)}{trained} on {environment.device_name}, budget "
+        f"{size_as_read(study.budget_bytes)} (margin {format_size(study.margin_bytes)}); "
+        f"{_effective_batch(study.space)}; {candidates} candidate configs{resumed}"
+    )
     return "\n".join([header, *(f"note: {note}" for note in notes)])
 
 
@@ -284,8 +366,10 @@ def _effective_batch(space: dict) -> str:
     """The work per optimizer step every candidate keeps: the user's recipe, never searched."""
     if space.get("effective_tokens"):
         return f"{space['effective_tokens']:,} tokens per optimizer step (your recipe: --effective-tokens)"
-    return (f"{space.get('effective_batch')} sequences per optimizer step (your recipe: --effective-batch; Trainer's "
-            f"default is {TRAINER_EFFECTIVE_BATCH})")
+    return (
+        f"{space.get('effective_batch')} sequences per optimizer step (your recipe: --effective-batch; Trainer's "
+        f"default is {TRAINER_EFFECTIVE_BATCH})"
+    )
 
 
 def explain_winner(outcome) -> str:
@@ -293,11 +377,15 @@ def explain_winner(outcome) -> str:
     best = outcome.best
     unmeasured = _unmeasured_lines(outcome)
     if best is None and unmeasured:
-        return "\n".join(["No configuration measured so far fits the budget, and some could not be measured:", *unmeasured])
+        return "\n".join(
+            ["No configuration measured so far fits the budget, and some could not be measured:", *unmeasured]
+        )
     if best is None:
         evaluating = (getattr(outcome.study, "space", None) or {}).get("eval_batch")
-        return ("No configuration fits the budget. Try a larger --gpu-budget, smaller --micro-batches or "
-                "--block-sizes, --precisions bf16, or --checkpointing on." + (f" {LOWER_EVAL_NEED}" if evaluating else ""))
+        return (
+            "No configuration fits the budget. Try a larger --gpu-budget, smaller --micro-batches or "
+            "--block-sizes, --precisions bf16, or --checkpointing on." + (f" {LOWER_EVAL_NEED}" if evaluating else "")
+        )
     required = required_bytes(best.peak_reserved_bytes, best.context_bytes) or 0
     headroom = Budget(best.budget_bytes, best.margin_bytes).headroom(required)
     confirmation = getattr(outcome.study, "confirmation", None)
@@ -312,8 +400,10 @@ def explain_winner(outcome) -> str:
         f"{format_size(best.margin_bytes)} margin",
     ]
     if best.config.lengths is not None:
-        lines.append(f"  padding: {100 * (best.config.padding_share or 0):.0f}% of its batches' tokens are padding, "
-                     f"left out of its tokens/s (batches drawn from your data's lengths)")
+        lines.append(
+            f"  padding: {100 * (best.config.padding_share or 0):.0f}% of its batches' tokens are padding, "
+            f"left out of its tokens/s (batches drawn from your data's lengths)"
+        )
         if (padded := larger_batch_slower(outcome.leaderboard)) is not None:
             lines.append(f"  note: {padded}")
     if confirmation:
@@ -326,10 +416,15 @@ def explain_winner(outcome) -> str:
     if (hint := _larger_batch_hint(best, required)) is not None:
         lines.append(f"  hint: {hint}")
     if best.phase_peaks:
-        lines.append(f"  phases: {describe_phases(best.config, best.phase_peaks, None, best.eval_batch_found)} (all fit)")
+        lines.append(
+            f"  phases: {describe_phases(best.config, best.phase_peaks, None, best.eval_batch_found)} (all fit)"
+        )
     lines += [f"  note: {caveat}" for caveat in memory_caveats(best.config.optimizer)]
     if unmeasured:
-        lines += ["Not a final answer: some configurations could not be measured (one of them may be faster):", *unmeasured]
+        lines += [
+            "Not a final answer: some configurations could not be measured (one of them may be faster):",
+            *unmeasured,
+        ]
     return "\n".join(lines)
 
 
@@ -344,8 +439,10 @@ def _larger_batch_hint(best, required: int) -> str | None:
     allowed = Budget(best.budget_bytes, best.margin_bytes).allowed_bytes
     if best.config.grad_accum != 1 or not allowed or required > ROOM_FOR_LARGER_BATCH * allowed:
         return None
-    return (f"{best.label} needs {100 * required / allowed:.0f}% of what the budget allows; a larger --effective-batch "
-            f"(your recipe: it changes the optimization) would let larger micro-batches run, usually faster per token")
+    return (
+        f"{best.label} needs {100 * required / allowed:.0f}% of what the budget allows; a larger --effective-batch "
+        f"(your recipe: it changes the optimization) would let larger micro-batches run, usually faster per token"
+    )
 
 
 def _spread(spread: float | None) -> str:
@@ -368,11 +465,14 @@ def _unmeasured_lines(outcome) -> list[str]:
 
 def format_search_footer(outcome) -> str:
     if outcome.answered_from_database:
-        return (f"study {outcome.study.name} finished earlier ({outcome.study.device_name}); answered from the "
-                f"database without probing. --fresh re-probes.")
+        return (
+            f"study {outcome.study.name} finished earlier ({outcome.study.device_name}); answered from the "
+            f"database without probing. --fresh re-probes."
+        )
     reasons = {
-        "exhausted": "every candidate settled" if not getattr(outcome, "unmeasured", None)
-                     else f"searched through; {len(outcome.unmeasured)} could not be measured",
+        "exhausted": "every candidate settled"
+        if not getattr(outcome, "unmeasured", None)
+        else f"searched through; {len(outcome.unmeasured)} could not be measured",
         "patience": "no better config for a while (--patience)",
         "max-trials": "--max-trials reached; run the same command to go on",
         "timeout": f"--timeout reached{_deadline_detail(outcome)}; run the same command to go on from where it stopped",
@@ -385,17 +485,23 @@ def format_search_footer(outcome) -> str:
     tally = getattr(outcome, "round", None)
     confirming = tally.probes if tally is not None else 0
     probes = outcome.probed + confirming
-    said = [f"{probes} probe{'s' if probes != 1 else ''} run"
-            + (f" ({confirming} in the confirmation round)" if confirming else "")]
+    said = [
+        f"{probes} probe{'s' if probes != 1 else ''} run"
+        + (f" ({confirming} in the confirmation round)" if confirming else "")
+    ]
     if tally is not None and tally.reused_windows:
-        said.append(f"{tally.reused_windows} window{'s' if tally.reused_windows != 1 else ''} of an earlier "
-                    f"unfinished round reused")
+        said.append(
+            f"{tally.reused_windows} window{'s' if tally.reused_windows != 1 else ''} of an earlier "
+            f"unfinished round reused"
+        )
     said.append(f"{outcome.reused} reused from earlier studies")
     said.append(describe_skips(getattr(outcome, "skips", None), outcome.skipped))
     if revisited := getattr(outcome, "revisited", 0):
         said.append(f"{revisited} skipped for speed decided again after the round lowered the figure they rested on")
-    return (f"{', '.join(said)}, of {outcome.candidates} candidates, in {outcome.seconds:.1f} s{by} "
-            f"({reasons.get(outcome.stop_reason, outcome.stop_reason)}).")
+    return (
+        f"{', '.join(said)}, of {outcome.candidates} candidates, in {outcome.seconds:.1f} s{by} "
+        f"({reasons.get(outcome.stop_reason, outcome.stop_reason)})."
+    )
 
 
 def describe_skips(skips, skipped: int) -> str:
@@ -407,8 +513,11 @@ def describe_skips(skips, skipped: int) -> str:
     parts = [f"{count} {words.get(kind, kind)}" for kind, count in skips.items() if count]
     if not parts:
         return "0 skipped"
-    return parts[0].replace(" ", " skipped ", 1) if len(parts) == 1 else \
-        ", ".join([parts[0].replace(" ", " skipped ", 1), *parts[1:]])
+    return (
+        parts[0].replace(" ", " skipped ", 1)
+        if len(parts) == 1
+        else ", ".join([parts[0].replace(" ", " skipped ", 1), *parts[1:]])
+    )
 
 
 def _deadline_detail(outcome) -> str:
@@ -441,8 +550,10 @@ def search_summary(outcome) -> dict:
         "seconds": round(outcome.seconds, 3),
         "workers": getattr(outcome, "workers", 1),
         "answered_from_database": outcome.answered_from_database,
-        "unmeasured": [{"config_key": c.key(), "label": c.label(), "status": r.status, "error": r.error}
-                       for c, r in getattr(outcome, "unmeasured", [])],
+        "unmeasured": [
+            {"config_key": c.key(), "label": c.label(), "status": r.status, "error": r.error}
+            for c, r in getattr(outcome, "unmeasured", [])
+        ],
         "deadline_note": getattr(outcome, "deadline_note", None),
         "best": outcome.best.to_dict() if outcome.best else None,
         "confirmation": getattr(outcome.study, "confirmation", None),
@@ -452,6 +563,7 @@ def search_summary(outcome) -> dict:
 
 # -- a training run ------------------------------------------------------------------------------
 
+
 def render_run_summary(summary: RunSummary) -> str:
     """`autotune train`'s closing lines: steps and speed, memory against the budget and the probe, loss."""
     from autotune.train.summary import SUMMARY_FILE
@@ -459,11 +571,15 @@ def render_run_summary(summary: RunSummary) -> str:
     s = summary
     speed = f", {s.tokens_per_s:,.0f} tokens/s" if s.tokens_per_s else ""
     took = f" in {s.train_seconds:.1f} s" if s.train_seconds else ""
-    lines = [f"run #{s.run_id} {s.status}: {s.steps} steps ({s.steps_this_run} this run){took}{speed}; "
-             f"{s.config.label()} on {s.device}"]
+    lines = [
+        f"run #{s.run_id} {s.status}: {s.steps} steps ({s.steps_this_run} this run){took}{speed}; "
+        f"{s.config.label()} on {s.device}"
+    ]
     reached = "" if s.finished else " before it stopped"
-    memory = (f"memory: peak allocated {format_size(s.peak_allocated_bytes)}, reserved "
-              f"{format_size(s.peak_reserved_bytes)}{reached}")
+    memory = (
+        f"memory: peak allocated {format_size(s.peak_allocated_bytes)}, reserved "
+        f"{format_size(s.peak_reserved_bytes)}{reached}"
+    )
     if s.device_type == "cuda":
         memory += f" + context {format_size(s.context_bytes)}"
     memory += f" of the {format_size(s.budget_bytes)} budget (margin {format_size(s.margin_bytes)})"
@@ -478,13 +594,17 @@ def render_run_summary(summary: RunSummary) -> str:
     lines.append(f"probe #{s.probe_id}: peak reserved {format_size(probe.peak_reserved_bytes)}{probe_speed}{compared}")
     for rank in s.ranks:  # (a run on several ranks)
         ratio_text = f"; run/probe {rank.ratio:.2f}" if rank.ratio else ""
-        lines.append(f"  {rank.phase}: peak reserved {format_size(rank.run_bytes)}, probe's {format_size(rank.probe_bytes)}"
-                     f"{ratio_text}")
+        lines.append(
+            f"  {rank.phase}: peak reserved {format_size(rank.run_bytes)}, probe's {format_size(rank.probe_bytes)}"
+            f"{ratio_text}"
+        )
     for phase in s.phases:  # (a run or a probe that evaluated)
         stopped = " (stopped here)" if phase.phase == s.failed_phase else ""
         ratio_text = f"; run/probe {phase.ratio:.2f}" if phase.ratio else ""
-        lines.append(f"  {phase.phase} phase: peak reserved {format_size(phase.run_bytes)}{stopped}, "
-                     f"probe's {format_size(phase.probe_bytes)}{ratio_text}")
+        lines.append(
+            f"  {phase.phase} phase: peak reserved {format_size(phase.run_bytes)}{stopped}, "
+            f"probe's {format_size(phase.probe_bytes)}{ratio_text}"
+        )
     if s.final_loss is not None:
         evaluation = ""
         if s.eval_loss is not None:

@@ -11,39 +11,41 @@ from autotune.status import ProbeStatus
 
 @dataclass(slots=True)
 class ProbeResult:
-    status: ProbeStatus                   # see autotune.status
-    device: str = ""                      # e.g. 'NVIDIA H100 80GB HBM3' or 'cpu (AMD EPYC ...)'
+    status: ProbeStatus  # see autotune.status
+    device: str = ""  # e.g. 'NVIDIA H100 80GB HBM3' or 'cpu (AMD EPYC ...)'
     device_total_bytes: int | None = None
     budget_bytes: int | None = None
     margin_bytes: int | None = None
-    cap_bytes: int | None = None          # what the allocator (or the CPU accountant) was allowed
+    cap_bytes: int | None = None  # what the allocator (or the CPU accountant) was allowed
     peak_allocated_bytes: int | None = None
     peak_reserved_bytes: int | None = None
-    context_bytes: int | None = None      # CUDA context and other memory outside the allocator; 0 on CPU
-    step_seconds: float | None = None     # per optimizer step (the median of the window), micro-steps included
-    step_spread: float | None = None      # half the interquartile range of the step times, over the median
+    context_bytes: int | None = None  # CUDA context and other memory outside the allocator; 0 on CPU
+    step_seconds: float | None = None  # per optimizer step (the median of the window), micro-steps included
+    step_spread: float | None = None  # half the interquartile range of the step times, over the median
     tokens_per_s: float | None = None
     samples_per_s: float | None = None
-    mfu: float | None = None              # model FLOP utilisation, where the device's peak is known
+    mfu: float | None = None  # model FLOP utilisation, where the device's peak is known
     first_loss: float | None = None
     last_loss: float | None = None
     warmup_steps: int | None = None
     measured_steps: int | None = None
     startup_seconds: float | None = None  # worker process start and imports; 0 when a warm worker was reused
-    build_seconds: float | None = None    # model build and optimizer set-up
+    build_seconds: float | None = None  # model build and optimizer set-up
     compile_seconds: float | None = None  # torch.compile's one-off cost: the first compiled step less a timed one
-    measured_seconds: float | None = None # the timed window
-    wall_seconds: float | None = None     # the whole probe as the caller saw it, process start included
-    parameters: int | None = None         # parameters of the model built (the task's whole class)
+    measured_seconds: float | None = None  # the timed window
+    wall_seconds: float | None = None  # the whole probe as the caller saw it, process start included
+    parameters: int | None = None  # parameters of the model built (the task's whole class)
     trainable_parameters: int | None = None  # of which train (fewer under LoRA: the adapters)
-    step_times: list[float] | None = None # each timed step's seconds, in order (autotune.timing)
-    host_load: float | None = None        # the host's load average per core as the probe ended: what it was timed beside
-    gpu_processes: int | None = None      # other processes on its GPU (NVML), where it can be told
+    step_times: list[float] | None = None  # each timed step's seconds, in order (autotune.timing)
+    host_load: float | None = None  # the host's load average per core as the probe ended: what it was timed beside
+    gpu_processes: int | None = None  # other processes on its GPU (NVML), where it can be told
     # Each phase's peaks, {"train": {"allocated": .., "reserved": ..}, "eval": .., "generate": ..}, for
     # the phases the config's run has (autotune.evaluation); the peaks above are their maximum.
     phase_peaks: dict[str, dict[str, int]] | None = None
-    failed_phase: str | None = None       # the phase that ran out of memory or failed (None: all ran, or train only)
-    eval_batch_found: int | None = None   # --eval-batch auto: the largest eval batch that fitted (the phases' peaks are its)
+    failed_phase: str | None = None  # the phase that ran out of memory or failed (None: all ran, or train only)
+    eval_batch_found: int | None = (
+        None  # --eval-batch auto: the largest eval batch that fitted (the phases' peaks are its)
+    )
     # On several ranks: each rank's peaks, [{"allocated": .., "reserved": ..}, ...] by rank; the
     # peaks above are the largest rank's (what must fit each card).
     rank_peaks: list[dict[str, int]] | None = None

@@ -21,12 +21,12 @@ class ModelDims:
     vocab: int
     heads: int | None = None
     trainable_parameters: int | None = None
-    intermediate: int | None = None    # the MLP's width (None: 4 x hidden)
-    kv_width: int | None = None        # K's and V's projections' width (grouped heads; None: hidden)
-    gated: bool = False                # a gated MLP (SwiGLU, GeGLU): three matrices, not two
+    intermediate: int | None = None  # the MLP's width (None: 4 x hidden)
+    kv_width: int | None = None  # K's and V's projections' width (grouped heads; None: hidden)
+    gated: bool = False  # a gated MLP (SwiGLU, GeGLU): three matrices, not two
     model_type: str = ""
-    attention_dropout: bool = False    # dropout on the attention's probabilities (BERT, GPT-2: 0.1; Llama: 0)
-    rms_norm: bool = False             # RMSNorm (Llama, Mistral, Qwen, Gemma, T5), not LayerNorm
+    attention_dropout: bool = False  # dropout on the attention's probabilities (BERT, GPT-2: 0.1; Llama: 0)
+    rms_norm: bool = False  # RMSNorm (Llama, Mistral, Qwen, Gemma, T5), not LayerNorm
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
         """One layer's linear modules by role, (in, out) each: what LoRA adapts, and by name."""
@@ -40,12 +40,35 @@ class ModelDims:
 # Module names (the last part, as LoRA's target_modules name them) -> the roles of linear_shapes().
 # GPT-2's fused c_attn holds q, k and v; its c_proj is the attention's and the MLP's output.
 LINEAR_ROLES: dict[str, tuple[str, ...]] = {
-    "q_proj": ("q",), "query": ("q",), "q": ("q",), "k_proj": ("k",), "key": ("k",), "k": ("k",),
-    "v_proj": ("v",), "value": ("v",), "v": ("v",), "o_proj": ("o",), "out_proj": ("o",), "o": ("o",),
-    "dense": ("o",), "c_attn": ("q", "k", "v"), "qkv_proj": ("q", "k", "v"), "query_key_value": ("q", "k", "v"),
-    "c_proj": ("o", "down"), "c_fc": ("up",), "fc1": ("up",), "fc2": ("down",), "up_proj": ("up",),
-    "down_proj": ("down",), "gate_proj": ("gate",), "wi": ("up",), "wo": ("down",), "w1": ("gate",), "w2": ("down",),
-    "w3": ("up",), "gate_up_proj": ("gate", "up"),
+    "q_proj": ("q",),
+    "query": ("q",),
+    "q": ("q",),
+    "k_proj": ("k",),
+    "key": ("k",),
+    "k": ("k",),
+    "v_proj": ("v",),
+    "value": ("v",),
+    "v": ("v",),
+    "o_proj": ("o",),
+    "out_proj": ("o",),
+    "o": ("o",),
+    "dense": ("o",),
+    "c_attn": ("q", "k", "v"),
+    "qkv_proj": ("q", "k", "v"),
+    "query_key_value": ("q", "k", "v"),
+    "c_proj": ("o", "down"),
+    "c_fc": ("up",),
+    "fc1": ("up",),
+    "fc2": ("down",),
+    "up_proj": ("up",),
+    "down_proj": ("down",),
+    "gate_proj": ("gate",),
+    "wi": ("up",),
+    "wo": ("down",),
+    "w1": ("gate",),
+    "w2": ("down",),
+    "w3": ("up",),
+    "gate_up_proj": ("gate", "up"),
 }
 
 
@@ -64,12 +87,45 @@ def adapted_linears(dims: ModelDims, targets: str) -> list[tuple[int, int]]:
 
 # Read from config.json.
 # Families whose MLP is gated (SwiGLU / GeGLU: three matrices instead of two).
-_GATED = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "gemma3",
-          "gemma3_text", "phi3", "olmo", "olmo2", "granite", "cohere", "starcoder2", "internlm2", "deepseek_v2",
-          "deepseek_v3", "smollm3", "exaone", "yi"}
+_GATED = {
+    "llama",
+    "mistral",
+    "mixtral",
+    "qwen2",
+    "qwen2_moe",
+    "qwen3",
+    "qwen3_moe",
+    "gemma",
+    "gemma2",
+    "gemma3",
+    "gemma3_text",
+    "phi3",
+    "olmo",
+    "olmo2",
+    "granite",
+    "cohere",
+    "starcoder2",
+    "internlm2",
+    "deepseek_v2",
+    "deepseek_v3",
+    "smollm3",
+    "exaone",
+    "yi",
+}
 # Families with learned position embeddings (a max_positions x d table).
-_LEARNED_POSITIONS = {"gpt2", "gpt_neo", "opt", "bert", "roberta", "distilbert", "xlm-roberta", "electra",
-                      "bart", "mbart", "biogpt"}
+_LEARNED_POSITIONS = {
+    "gpt2",
+    "gpt_neo",
+    "opt",
+    "bert",
+    "roberta",
+    "distilbert",
+    "xlm-roberta",
+    "electra",
+    "bart",
+    "mbart",
+    "biogpt",
+}
 
 
 def _first(config: dict, *keys: str) -> int | None:
@@ -115,16 +171,42 @@ def dims_from_config(config: dict) -> ModelDims | None:
         embeddings += (_first(config, "max_position_embeddings", "n_positions") or 0) * hidden
     if not (hidden and layers and vocab):
         return None
-    return ModelDims(parameters=body + embeddings, layers=layers, hidden=hidden, vocab=vocab, heads=heads,
-                     intermediate=ffn, kv_width=(kv_heads or 1) * head_dim, gated=gated, model_type=model_type,
-                     attention_dropout=_attention_dropout(config) > 0,
-                     rms_norm="rms_norm_eps" in config or model_type in _RMS_NORM_WITHOUT_ITS_KEY)
+    return ModelDims(
+        parameters=body + embeddings,
+        layers=layers,
+        hidden=hidden,
+        vocab=vocab,
+        heads=heads,
+        intermediate=ffn,
+        kv_width=(kv_heads or 1) * head_dim,
+        gated=gated,
+        model_type=model_type,
+        attention_dropout=_attention_dropout(config) > 0,
+        rms_norm="rms_norm_eps" in config or model_type in _RMS_NORM_WITHOUT_ITS_KEY,
+    )
 
 
 # Families whose norm is RMSNorm where a config.json leaves `rms_norm_eps` to its class's default,
 # and T5's (T5LayerNorm: no mean subtracted, no bias; its epsilon is `layer_norm_epsilon`).
-_RMS_NORM_WITHOUT_ITS_KEY = frozenset({"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma", "gemma2",
-                                       "gemma3_text", "phi3", "olmo2", "t5", "mt5", "umt5", "longt5"})
+_RMS_NORM_WITHOUT_ITS_KEY = frozenset(
+    {
+        "llama",
+        "mistral",
+        "mixtral",
+        "qwen2",
+        "qwen2_moe",
+        "qwen3",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "phi3",
+        "olmo2",
+        "t5",
+        "mt5",
+        "umt5",
+        "longt5",
+    }
+)
 
 
 def _attention_dropout(config: dict) -> float:

@@ -50,12 +50,16 @@ MAX_RANKS = 2**31 - 1
 
 def count_problems(gpus: object, nodes: object = 1) -> list[str]:
     """What is wrong with these counts of ranks per node and of nodes (empty: fine)."""
-    problems = [f"{flag} must be a whole number of at least 1 (got {value!r})"
-                for flag, value in (("--gpus", gpus), ("--nodes", nodes))
-                if not isinstance(value, int) or isinstance(value, bool) or value < 1]
+    problems = [
+        f"{flag} must be a whole number of at least 1 (got {value!r})"
+        for flag, value in (("--gpus", gpus), ("--nodes", nodes))
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1
+    ]
     if not problems and gpus * nodes > MAX_RANKS:  # type: ignore[operator]
-        problems.append(f"--gpus x --nodes must be at most {MAX_RANKS}, the most ranks torch.distributed numbers "
-                        f"(got {gpus} x {nodes})")
+        problems.append(
+            f"--gpus x --nodes must be at most {MAX_RANKS}, the most ranks torch.distributed numbers "
+            f"(got {gpus} x {nodes})"
+        )
     return problems
 
 
@@ -78,10 +82,15 @@ def cpu_rank_problems(gpus: int, *, oversubscribe: bool | None = None) -> list[s
     if gpus <= most:
         return []
     cores = os.cpu_count() or 1
-    more = (f", or --oversubscribe for up to {most_cpu_ranks(True)} (their timings then share the cores)"
-            if oversubscribe is False else "")
-    return [f"--gpus {gpus} on the CPU starts {gpus} ranks on this machine, which has {cores} core"
-            f"{'s' if cores != 1 else ''} for them to compute on; give --gpus {most} or fewer{more}"]
+    more = (
+        f", or --oversubscribe for up to {most_cpu_ranks(True)} (their timings then share the cores)"
+        if oversubscribe is False
+        else ""
+    )
+    return [
+        f"--gpus {gpus} on the CPU starts {gpus} ranks on this machine, which has {cores} core"
+        f"{'s' if cores != 1 else ''} for them to compute on; give --gpus {most} or fewer{more}"
+    ]
 
 
 def strategy_problems(gpus: int, strategy: str | None, nodes: int = 1) -> list[str]:
@@ -99,8 +108,10 @@ def check_rendezvous(nodes: int, rendezvous: str | None) -> None:
     from autotune.errors import BadInput
 
     if nodes > 1 and rendezvous is None:
-        raise BadInput(f"--nodes {nodes} needs --rendezvous HOST:PORT: this node's address and a free port, where the "
-                       f"other nodes' `autotune node` meet it.")
+        raise BadInput(
+            f"--nodes {nodes} needs --rendezvous HOST:PORT: this node's address and a free port, where the "
+            f"other nodes' `autotune node` meet it."
+        )
     if nodes == 1 and rendezvous is not None:
         raise BadInput("--rendezvous is where several nodes meet: give --nodes 2 or more, or leave it out.")
 

@@ -27,15 +27,15 @@ class SearchSpace:
     precisions: tuple[str, ...] = defaults.PRECISIONS
     checkpointing: tuple[bool, ...] = defaults.CHECKPOINTING
     attentions: tuple[str, ...] = defaults.ATTENTIONS
-    effective_batch: int | None = defaults.EFFECTIVE_BATCH   # sequences per optimizer step
-    effective_tokens: int | None = None                     # tokens per optimizer step (several block sizes)
+    effective_batch: int | None = defaults.EFFECTIVE_BATCH  # sequences per optimizer step
+    effective_tokens: int | None = None  # tokens per optimizer step (several block sizes)
     # FixedRecipe levers, fixed for a study (autotune.tasks): what is trained, never searched.
     task: str = Task.CAUSAL_LM.value
-    target_length: int | None = None                        # seq2seq target tokens
-    num_labels: int | None = None                           # classification outputs
-    peft: str | None = None                                 # LoRA/QLoRA (recipes.PeftSpec's text)
-    trainer: str = recipes.DEFAULT_TRAINER                  # whose step the probes time (recipes.TRAINERS)
-    lengths: str | None = None                              # the data's example lengths (autotune.lengths)
+    target_length: int | None = None  # seq2seq target tokens
+    num_labels: int | None = None  # classification outputs
+    peft: str | None = None  # LoRA/QLoRA (recipes.PeftSpec's text)
+    trainer: str = recipes.DEFAULT_TRAINER  # whose step the probes time (recipes.TRAINERS)
+    lengths: str | None = None  # the data's example lengths (autotune.lengths)
     # How the run evaluates (autotune.evaluation): every candidate's probe runs these phases too.
     eval_batch: int | None = None
     auto_eval_batch: bool = False
@@ -47,14 +47,16 @@ class SearchSpace:
     optimizers: tuple[str, ...] = (recipes.DEFAULT_OPTIMIZER,)
     weights: tuple[str, ...] = (recipes.DEFAULT_WEIGHTS,)
     samplings: tuple[str, ...] = (data_lengths.DEFAULT_SAMPLING,)  # the run's sampler (autotune.lengths.SAMPLINGS)
-    padding_frees: tuple[bool, ...] = (False,)  # each micro-batch's examples end to end, unpadded (ProbeConfig.padding_free)
+    padding_frees: tuple[bool, ...] = (
+        False,
+    )  # each micro-batch's examples end to end, unpadded (ProbeConfig.padding_free)
     # Speed levers the search chooses among (autotune.speed): they keep the math.
     compiles: tuple[bool, ...] = (False,)
     allocators: tuple[str, ...] = (speed.DEFAULT_ALLOCATOR,)
     ligers: tuple[bool, ...] = (False,)
     # Ranks (one GPU each) and how they may share the run (autotune.sharding): a free lever, searched.
-    gpus: int = 1                      # on each node
-    strategies: tuple[str, ...] = ()   # () on one GPU
+    gpus: int = 1  # on each node
+    strategies: tuple[str, ...] = ()  # () on one GPU
     nodes: int = 1
     # What building the space assumed, said with a search's header and a plan (the data's shape):
     # not part of what the space is, so neither stored nor compared.
@@ -69,8 +71,10 @@ class SearchSpace:
         elif self.ranks > 1 and not self.strategies:
             problems.append("--strategies needs at least one value")
         elif self.ranks > 1 and recipes.is_qlora(self.peft):
-            problems.append("--peft qlora with --gpus 2 or more is not supported: a 4-bit base is searched on one GPU "
-                            "(--peft lora shares a run across ranks)")
+            problems.append(
+                "--peft qlora with --gpus 2 or more is not supported: a 4-bit base is searched on one GPU "
+                "(--peft lora shares a run across ranks)"
+            )
         for value in self.strategies:
             if value not in sharding.STRATEGIES:
                 problems.append(f"--strategies: {value!r} is unknown; choose from {', '.join(sharding.STRATEGIES)}")
@@ -82,7 +86,10 @@ class SearchSpace:
         for list_flag, numbers in (("--micro-batches", self.micro_batches), ("--block-sizes", self.block_sizes)):
             if numbers and max(numbers) > INT64_MAX:
                 problems.append(f"{list_flag}: {max(numbers)} is too large (at most {INT64_MAX})")
-        for work_flag, work in (("--effective-batch", self.effective_batch), ("--effective-tokens", self.effective_tokens)):
+        for work_flag, work in (
+            ("--effective-batch", self.effective_batch),
+            ("--effective-tokens", self.effective_tokens),
+        ):
             if work is not None and not 1 <= work <= INT64_MAX:
                 problems.append(f"{work_flag} must be a whole number from 1 to {INT64_MAX} (got {work})")
         for value in self.precisions:
@@ -100,12 +107,16 @@ class SearchSpace:
         if not self.samplings:
             problems.append("--sampling needs at least one value")
         elif set(self.samplings) != {data_lengths.DEFAULT_SAMPLING} and self.lengths is None:
-            problems.append("--sampling group_by_length groups batches by the data's lengths: give --dataset (a causal "
-                            "LM with --packing off)")
+            problems.append(
+                "--sampling group_by_length groups batches by the data's lengths: give --dataset (a causal "
+                "LM with --packing off)"
+            )
         if not self.padding_frees:
             problems.append("--padding-free needs at least one value")
         elif True in self.padding_frees and (self.task != Task.CAUSAL_LM or self.lengths is None):
-            problems.append(f"--padding-free on puts each micro-batch's examples end to end in one row: {PADDING_FREE_NEEDS}")
+            problems.append(
+                f"--padding-free on puts each micro-batch's examples end to end in one row: {PADDING_FREE_NEEDS}"
+            )
         for value in self.weights:
             if value not in recipes.WEIGHTS:
                 problems.append(f"--weights: {value!r} is unknown; choose from {', '.join(recipes.WEIGHTS)}")
@@ -121,19 +132,45 @@ class SearchSpace:
         if (self.effective_batch is None) == (self.effective_tokens is None):
             problems.append("give exactly one of --effective-batch and --effective-tokens")
         if len(self.block_sizes) > 1 and self.effective_tokens is None:
-            problems.append("several --block-sizes need --effective-tokens, so that every candidate does the same work per optimizer step")
+            problems.append(
+                "several --block-sizes need --effective-tokens, so that every candidate does the same work per optimizer step"
+            )
         problems += evaluation.eval_problems(self.evaluation, self.task)
         problems += recipes.trainer_problems(self.trainer, self.task)
         if problems:
             raise BadInput("; ".join(problems) + ".")
 
     @classmethod
-    def build(cls, spec: ModelSpec, *, micro_batches=None, block_sizes=None, precisions=None, checkpointing=None,
-              attentions=None, effective_batch=None, effective_tokens=None, task=None, target_length=None,
-              num_labels=None, optimizers=None, weights=None, peft=None, trainer=None, compiles=None, allocators=None,
-              ligers=None, evaluation: dict | None = None, gpus: int = 1, strategies=None, nodes: int = 1,
-              data_shape: DataShape | None = None, packing: bool | None = None, samplings=None,
-              padding_frees=None) -> "SearchSpace":
+    def build(
+        cls,
+        spec: ModelSpec,
+        *,
+        micro_batches=None,
+        block_sizes=None,
+        precisions=None,
+        checkpointing=None,
+        attentions=None,
+        effective_batch=None,
+        effective_tokens=None,
+        task=None,
+        target_length=None,
+        num_labels=None,
+        optimizers=None,
+        weights=None,
+        peft=None,
+        trainer=None,
+        compiles=None,
+        allocators=None,
+        ligers=None,
+        evaluation: dict | None = None,
+        gpus: int = 1,
+        strategies=None,
+        nodes: int = 1,
+        data_shape: DataShape | None = None,
+        packing: bool | None = None,
+        samplings=None,
+        padding_frees=None,
+    ) -> "SearchSpace":
         # `evaluation`: what the command line asked of the run's evaluation (evaluation.recipe_fields).
         """A space for `spec` with documented defaults for whatever is not given, checked against
         the model (block sizes within its maximum positions; the task from its architectures).
@@ -151,26 +188,37 @@ class SearchSpace:
         # its batches at: a shorter generation would change what the evaluation does.
         asked_target = recipe.get("target_length")
         if not packing and recipe["task"] != Task.CAUSAL_LM:
-            raise BadInput(f"--packing off is for --task causal-lm (each example padded, not packed into blocks); "
-                           f"{spec.reference} is trained as {recipe['task']}, whose examples are padded already: "
-                           f"leave it out.")
+            raise BadInput(
+                f"--packing off is for --task causal-lm (each example padded, not packed into blocks); "
+                f"{spec.reference} is trained as {recipe['task']}, whose examples are padded already: "
+                f"leave it out."
+            )
         if data_shape is not None:
             notes = (data_shape.note(tuple(sorted(set(block_sizes))), asked_target),)
             if data_shape.lengths is not None and (recipe["task"] == Task.CLASSIFICATION or not packing):
                 recipe["lengths"] = data_shape.lengths
             capped = data_shape.block_sizes(tuple(block_sizes))
             if effective_tokens is not None and capped != tuple(sorted(set(block_sizes))):
-                raise BadInput(f"--effective-tokens {effective_tokens} was meant for blocks of "
-                               f"{'/'.join(map(str, sorted(set(block_sizes))))} tokens, but no example of --dataset "
-                               f"{data_shape.dataset} is longer than {data_shape.longest}: give --effective-batch "
-                               f"(sequences per optimizer step) instead.")
+                raise BadInput(
+                    f"--effective-tokens {effective_tokens} was meant for blocks of "
+                    f"{'/'.join(map(str, sorted(set(block_sizes))))} tokens, but no example of --dataset "
+                    f"{data_shape.dataset} is longer than {data_shape.longest}: give --effective-batch "
+                    f"(sequences per optimizer step) instead."
+                )
             block_sizes = capped
-            if (trainer == "trl" and padding_frees and True in padding_frees and data_shape.longest is not None
-                    and data_shape.longest > max(block_sizes)):
-                raise BadInput(f"--padding-free on with --trainer trl: TRL does not cut examples under padding_free "
-                               f"(its SFTTrainer then refuses max_length), and --dataset {data_shape.dataset} has "
-                               f"examples of up to {data_shape.longest:,} tokens, above the block "
-                               f"({max(block_sizes)}): cut them to the block first, or leave --padding-free off.")
+            if (
+                trainer == "trl"
+                and padding_frees
+                and True in padding_frees
+                and data_shape.longest is not None
+                and data_shape.longest > max(block_sizes)
+            ):
+                raise BadInput(
+                    f"--padding-free on with --trainer trl: TRL does not cut examples under padding_free "
+                    f"(its SFTTrainer then refuses max_length), and --dataset {data_shape.dataset} has "
+                    f"examples of up to {data_shape.longest:,} tokens, above the block "
+                    f"({max(block_sizes)}): cut them to the block first, or leave --padding-free off."
+                )
             if asked_target is not None:
                 recipe["target_length"] = data_shape.target_length(asked_target)
         if effective_batch is None and effective_tokens is None:
@@ -185,7 +233,9 @@ class SearchSpace:
             micro_batches = tuple(m for m in micro_batches if m <= per_rank) or (per_rank,)
         if strategies is None:
             strategies = sharding.STRATEGIES if gpus * nodes > 1 else ()
-        assumed = assumed_batches_note(recipe["task"], trainer or recipes.DEFAULT_TRAINER, data_shape is not None, packing)
+        assumed = assumed_batches_note(
+            recipe["task"], trainer or recipes.DEFAULT_TRAINER, data_shape is not None, packing
+        )
         if assumed is not None:
             notes += (assumed,)
         return cls(
@@ -197,7 +247,9 @@ class SearchSpace:
             attentions=tuple(attentions or defaults.ATTENTIONS),
             effective_batch=effective_batch,
             effective_tokens=effective_tokens,
-            optimizers=tuple(dict.fromkeys(recipes.canonical_optimizer(o) for o in optimizers or (recipes.DEFAULT_OPTIMIZER,))),
+            optimizers=tuple(
+                dict.fromkeys(recipes.canonical_optimizer(o) for o in optimizers or (recipes.DEFAULT_OPTIMIZER,))
+            ),
             weights=tuple(dict.fromkeys(weights or (recipes.DEFAULT_WEIGHTS,))),
             samplings=tuple(dict.fromkeys(samplings or (data_lengths.DEFAULT_SAMPLING,))),
             padding_frees=tuple(dict.fromkeys(padding_frees or (False,))),
@@ -234,29 +286,61 @@ class SearchSpace:
         """Every configuration of the space that keeps the effective batch exact."""
         out = []
         for optimizer, weights, compiled, allocator, liger, strategy, sampling, padding_free in itertools.product(
-                self.optimizers, self.weights, self.compiles, self.allocators, self.ligers, self.strategies or (None,),
-                self.samplings, self.padding_frees):
+            self.optimizers,
+            self.weights,
+            self.compiles,
+            self.allocators,
+            self.ligers,
+            self.strategies or (None,),
+            self.samplings,
+            self.padding_frees,
+        ):
             if padding_free and sampling != data_lengths.DEFAULT_SAMPLING:
                 continue  # rows without padding gain nothing from being grouped by length: only the order changes
             for precision in self.precisions:
                 if weights == "bf16" and precision == "fp16":
                     continue  # pure bf16 does not train in fp16
                 for checkpointing, attention, block, micro in itertools.product(
-                        self.checkpointing, self.attentions, self.block_sizes, self.micro_batches):
+                    self.checkpointing, self.attentions, self.block_sizes, self.micro_batches
+                ):
                     accum = self.grad_accum(micro, block)
                     if accum is None:
                         continue
-                    out.append(ProbeConfig(model=self.model, micro_batch=micro, block_size=block, grad_accum=accum,
-                                           precision=precision, checkpointing=checkpointing, attention=attention,
-                                           optimizer=optimizer, weights=weights, task=self.task,
-                                           target_length=self.target_length, num_labels=self.num_labels, peft=self.peft,
-                                           trainer=self.trainer, lengths=self.lengths, sampling=sampling, padding_free=padding_free, compile=compiled, allocator=allocator, liger=liger, gpus=self.gpus,
-                                           strategy=strategy, nodes=self.nodes, **self.evaluation))
+                    out.append(
+                        ProbeConfig(
+                            model=self.model,
+                            micro_batch=micro,
+                            block_size=block,
+                            grad_accum=accum,
+                            precision=precision,
+                            checkpointing=checkpointing,
+                            attention=attention,
+                            optimizer=optimizer,
+                            weights=weights,
+                            task=self.task,
+                            target_length=self.target_length,
+                            num_labels=self.num_labels,
+                            peft=self.peft,
+                            trainer=self.trainer,
+                            lengths=self.lengths,
+                            sampling=sampling,
+                            padding_free=padding_free,
+                            compile=compiled,
+                            allocator=allocator,
+                            liger=liger,
+                            gpus=self.gpus,
+                            strategy=strategy,
+                            nodes=self.nodes,
+                            **self.evaluation,
+                        )
+                    )
         if not out:
             work = f"{self.effective_batch} sequences" if self.effective_batch else f"{self.effective_tokens} tokens"
             ranks = f" x {self.ranks} ranks" if self.ranks > 1 else ""
-            raise BadInput(f"no micro-batch in --micro-batches{ranks} divides the effective batch ({work}) exactly; "
-                           f"use micro-batches that divide it, or change --effective-batch/--effective-tokens.")
+            raise BadInput(
+                f"no micro-batch in --micro-batches{ranks} divides the effective batch ({work}) exactly; "
+                f"use micro-batches that divide it, or change --effective-batch/--effective-tokens."
+            )
         return out
 
     def dropped_micro_batches(self) -> list[int]:
@@ -267,14 +351,25 @@ class SearchSpace:
         """As stored with a study. The recipe levers appear when not causal-lm's, so that a causal-LM
         study stored before tasks existed still matches its space (and answers from the database)."""
         data = {
-            "model": self.model, "micro_batches": list(self.micro_batches), "block_sizes": list(self.block_sizes),
-            "precisions": list(self.precisions), "checkpointing": list(self.checkpointing),
-            "attentions": list(self.attentions), "effective_batch": self.effective_batch,
+            "model": self.model,
+            "micro_batches": list(self.micro_batches),
+            "block_sizes": list(self.block_sizes),
+            "precisions": list(self.precisions),
+            "checkpointing": list(self.checkpointing),
+            "attentions": list(self.attentions),
+            "effective_batch": self.effective_batch,
             "effective_tokens": self.effective_tokens,
         }
         if self.task != Task.CAUSAL_LM or self.peft is not None:
-            data.update({k: v for k, v in self.fixed_recipe.items() if k not in evaluation.EVAL_RECIPE
-                         and k not in ("trainer", "lengths") and (k != "peft" or v is not None)})
+            data.update(
+                {
+                    k: v
+                    for k, v in self.fixed_recipe.items()
+                    if k not in evaluation.EVAL_RECIPE
+                    and k not in ("trainer", "lengths")
+                    and (k != "peft" or v is not None)
+                }
+            )
         if self.trainer != recipes.DEFAULT_TRAINER:
             data["trainer"] = self.trainer
         if self.lengths is not None:
@@ -327,9 +422,21 @@ def group_key(config: ProbeConfig) -> tuple:
     micro-step (gpt2: +475 MiB). The micro-batch that equals the effective batch (no accumulation)
     can therefore fit where a smaller, accumulating one does not: it gets a group of its own.
     """
-    return (config.precision, config.checkpointing, config.attention, config.block_size, config.grad_accum > 1,
-            config.optimizer, config.weights, config.compile, config.allocator, config.liger, config.strategy,
-            config.sampling, config.padding_free)
+    return (
+        config.precision,
+        config.checkpointing,
+        config.attention,
+        config.block_size,
+        config.grad_accum > 1,
+        config.optimizer,
+        config.weights,
+        config.compile,
+        config.allocator,
+        config.liger,
+        config.strategy,
+        config.sampling,
+        config.padding_free,
+    )
 
 
 def micro_batch_family(config: ProbeConfig) -> tuple:
@@ -351,26 +458,74 @@ def dominates_in_memory(small: ProbeConfig, large: ProbeConfig) -> bool:
     not in a direction known for every model, so each of their values is searched as its own group."""
     if small.grad_accum > 1 and large.grad_accum == 1:
         return False
-    same = ("precision", "checkpointing", "attention", "optimizer", "weights", "compile", "allocator", "liger", "gpus",
-            "strategy", "nodes")
-    return all(getattr(small, name) == getattr(large, name) for name in same) \
-        and large.micro_batch >= small.micro_batch and large.block_size >= small.block_size
+    same = (
+        "precision",
+        "checkpointing",
+        "attention",
+        "optimizer",
+        "weights",
+        "compile",
+        "allocator",
+        "liger",
+        "gpus",
+        "strategy",
+        "nodes",
+    )
+    return (
+        all(getattr(small, name) == getattr(large, name) for name in same)
+        and large.micro_batch >= small.micro_batch
+        and large.block_size >= small.block_size
+    )
 
 
-def single_config(spec: ModelSpec, *, micro_batch: int, block_size: int, grad_accum: int = 1,
-                  precision: str = defaults.PRECISION, checkpointing: bool = False, attention: str = defaults.ATTENTION,
-                  task: str | None = None, target_length: int | None = None, num_labels: int | None = None,
-                  optimizer: str = recipes.DEFAULT_OPTIMIZER, weights: str = recipes.DEFAULT_WEIGHTS,
-                  peft: str | None = None, trainer: str = recipes.DEFAULT_TRAINER, compile: bool = False,
-                  allocator: str = speed.DEFAULT_ALLOCATOR, liger: bool = False, evaluation: dict | None = None, gpus: int = 1,
-                  strategy: str | None = None, nodes: int = 1) -> ProbeConfig:
+def single_config(
+    spec: ModelSpec,
+    *,
+    micro_batch: int,
+    block_size: int,
+    grad_accum: int = 1,
+    precision: str = defaults.PRECISION,
+    checkpointing: bool = False,
+    attention: str = defaults.ATTENTION,
+    task: str | None = None,
+    target_length: int | None = None,
+    num_labels: int | None = None,
+    optimizer: str = recipes.DEFAULT_OPTIMIZER,
+    weights: str = recipes.DEFAULT_WEIGHTS,
+    peft: str | None = None,
+    trainer: str = recipes.DEFAULT_TRAINER,
+    compile: bool = False,
+    allocator: str = speed.DEFAULT_ALLOCATOR,
+    liger: bool = False,
+    evaluation: dict | None = None,
+    gpus: int = 1,
+    strategy: str | None = None,
+    nodes: int = 1,
+) -> ProbeConfig:
     """One configuration of `spec`, as `autotune probe` and `autotune estimate` are given it: the
     task told from the model's architectures when not given, with its defaults."""
     recipe = spec.task_fields(task=task, target_length=target_length, num_labels=num_labels)
-    return ProbeConfig(model=spec.recorded, micro_batch=micro_batch, block_size=block_size, grad_accum=grad_accum,
-                       precision=precision, checkpointing=checkpointing, attention=attention, optimizer=optimizer,
-                       weights=weights, peft=peft, trainer=trainer, compile=compile, allocator=allocator, liger=liger, gpus=gpus,
-                       strategy=strategy, nodes=nodes, **recipe, **recipe_fields(evaluation, recipe.get("target_length")))
+    return ProbeConfig(
+        model=spec.recorded,
+        micro_batch=micro_batch,
+        block_size=block_size,
+        grad_accum=grad_accum,
+        precision=precision,
+        checkpointing=checkpointing,
+        attention=attention,
+        optimizer=optimizer,
+        weights=weights,
+        peft=peft,
+        trainer=trainer,
+        compile=compile,
+        allocator=allocator,
+        liger=liger,
+        gpus=gpus,
+        strategy=strategy,
+        nodes=nodes,
+        **recipe,
+        **recipe_fields(evaluation, recipe.get("target_length")),
+    )
 
 
 def _precision_order(device_type: str) -> dict[str, int]:
@@ -383,10 +538,19 @@ def group_priority(config: ProbeConfig, device_type: str) -> tuple:
     """The order in which the search visits groups (and the estimator traces them): without
     checkpointing first (their results rule checkpointed configs out), likely-fast precisions and
     SDPA first, larger blocks first, the micro-batch that does not accumulate before those that do."""
-    return (config.checkpointing, _precision_order(device_type).get(config.precision, 9),
-            config.attention != "sdpa", -config.block_size, config.grad_accum > 1, config.optimizer, config.weights,
-            config.compile, config.allocator != speed.DEFAULT_ALLOCATOR, config.liger,
-            _STRATEGY_ORDER.get(config.strategy or "", 0))
+    return (
+        config.checkpointing,
+        _precision_order(device_type).get(config.precision, 9),
+        config.attention != "sdpa",
+        -config.block_size,
+        config.grad_accum > 1,
+        config.optimizer,
+        config.weights,
+        config.compile,
+        config.allocator != speed.DEFAULT_ALLOCATOR,
+        config.liger,
+        _STRATEGY_ORDER.get(config.strategy or "", 0),
+    )
 
 
 # Likely fastest first: DDP moves the fewest bytes, keeping parameters gathered saves an all-gather,

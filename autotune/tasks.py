@@ -19,15 +19,17 @@ from autotune.recipes import DEFAULT_TRAINER
 
 
 class Task(StrEnum):
-    CAUSAL_LM = "causal-lm"            # next-token prediction: GPT-2, Llama, Mistral...
-    SEQ2SEQ = "seq2seq"                # encoder-decoder generation: T5, BART, Pegasus (summarization, translation)
+    CAUSAL_LM = "causal-lm"  # next-token prediction: GPT-2, Llama, Mistral...
+    SEQ2SEQ = "seq2seq"  # encoder-decoder generation: T5, BART, Pegasus (summarization, translation)
     CLASSIFICATION = "classification"  # one label per sequence: BERT, RoBERTa, DistilBERT (GLUE-style)
-    MASKED_LM = "masked-lm"            # masked-token prediction: BERT-style pre-training
+    MASKED_LM = "masked-lm"  # masked-token prediction: BERT-style pre-training
 
 
 TASKS = tuple(t.value for t in Task)
-TASK_HELP = ("causal-lm, seq2seq, classification or masked-lm [default: from the config's architectures, "
-             "e.g. *ForConditionalGeneration is seq2seq]")
+TASK_HELP = (
+    "causal-lm, seq2seq, classification or masked-lm [default: from the config's architectures, "
+    "e.g. *ForConditionalGeneration is seq2seq]"
+)
 
 # The transformers Auto class that builds each task's model (a name: transformers is imported by
 # the probe child, not here).
@@ -51,8 +53,15 @@ EXAMPLE_SCRIPTS = {
 # drawn from: autotune.lengths), at what a causal-LM config has: the meaning of a config or a study stored
 # before tasks existed, which has none of them; with them, how the run evaluates (autotune.evaluation).
 # (The levers a search may choose among, optimizer and weights, are autotune.recipes'.)
-FIXED_RECIPE = {"task": Task.CAUSAL_LM.value, "target_length": None, "num_labels": None, "peft": None,
-                "trainer": DEFAULT_TRAINER, "lengths": None, **EVAL_RECIPE}
+FIXED_RECIPE = {
+    "task": Task.CAUSAL_LM.value,
+    "target_length": None,
+    "num_labels": None,
+    "peft": None,
+    "trainer": DEFAULT_TRAINER,
+    "lengths": None,
+    **EVAL_RECIPE,
+}
 
 # run_summarization.py's default --max_target_length: the target length when the user fixes none.
 DEFAULT_TARGET_LENGTH = 128
@@ -79,10 +88,10 @@ class DataShape:
     dataset: str
     task: str
     examples: int
-    longest: int | None = None             # source (classification: text) tokens
-    longest_target: int | None = None      # seq2seq target tokens
-    labels: int | None = None              # classification: the labels the data holds (the head's outputs)
-    lengths: str | None = None             # the training examples' lengths (autotune.lengths' text form)
+    longest: int | None = None  # source (classification: text) tokens
+    longest_target: int | None = None  # seq2seq target tokens
+    labels: int | None = None  # classification: the labels the data holds (the head's outputs)
+    lengths: str | None = None  # the training examples' lengths (autotune.lengths' text form)
 
     def block_sizes(self, asked: tuple[int, ...]) -> tuple[int, ...]:
         """`asked`, each capped at the longest example (the same once capped: one)."""
@@ -98,21 +107,31 @@ class DataShape:
     def note(self, asked_blocks: tuple[int, ...], asked_target: int | None) -> str:
         """The line a search's header and a plan say: which shape was probed, from what."""
         if self.longest is None:
-            return (f"--dataset {self.dataset}: {self.task} packs its text into full blocks, so every batch has the "
-                    f"block size whatever the data")
+            return (
+                f"--dataset {self.dataset}: {self.task} packs its text into full blocks, so every batch has the "
+                f"block size whatever the data"
+            )
         blocks, target = self.block_sizes(asked_blocks), self.target_length(asked_target)
-        longest = f"{self.longest:,} tokens" + (f" + {self.longest_target:,} target tokens"
-                                                 if self.longest_target is not None else "")
+        longest = f"{self.longest:,} tokens" + (
+            f" + {self.longest_target:,} target tokens" if self.longest_target is not None else ""
+        )
         probed = "/".join(str(b) for b in blocks) + (f"+{target}" if target is not None else "")
         changed = blocks != tuple(asked_blocks) or target != asked_target
         asked = "/".join(str(b) for b in asked_blocks) + (f"+{asked_target}" if asked_target is not None else "")
-        how = (f"probing batches of {probed} tokens (not {asked}: no batch of this data is longer)" if changed
-               else f"probing batches of {probed} tokens")
-        said = (f"--dataset {self.dataset}: the longest of its {self.examples:,} examples is {longest}; {how}, "
-                f"padded with their attention mask as the run's collator pads them")
+        how = (
+            f"probing batches of {probed} tokens (not {asked}: no batch of this data is longer)"
+            if changed
+            else f"probing batches of {probed} tokens"
+        )
+        said = (
+            f"--dataset {self.dataset}: the longest of its {self.examples:,} examples is {longest}; {how}, "
+            f"padded with their attention mask as the run's collator pads them"
+        )
         if self.lengths is not None and self.longest_target is None:
-            said += (f"; timed on batches drawn from its lengths ({Lengths.from_text(self.lengths).describe(max(blocks))}), "
-                     f"each padded to its longest row: tokens/s counts real tokens, not padding")
+            said += (
+                f"; timed on batches drawn from its lengths ({Lengths.from_text(self.lengths).describe(max(blocks))}), "
+                f"each padded to its longest row: tokens/s counts real tokens, not padding"
+            )
         return said
 
 
@@ -121,12 +140,16 @@ def assumed_batches_note(task: str, trainer: str, data_given: bool, packing: boo
     probes' batches are the run's)."""
     if (Task(task) in PADDED_TASKS or not packing) and not data_given:
         what = f"every {task} batch" if packing else "every batch of examples trained one per row (--packing off)"
-        return (f"no --dataset: {what} probed is the worst a run can form, each row as long as the block (padding "
-                f"counted as tokens); give --dataset to time batches of your data's lengths")
+        return (
+            f"no --dataset: {what} probed is the worst a run can form, each row as long as the block (padding "
+            f"counted as tokens); give --dataset to time batches of your data's lengths"
+        )
     if trainer == "trl" and packing:
-        return ("--trainer trl: the probes time full blocks, as TRL trains with packing: true (what --format trl "
-                "writes); TRL's default, packing: false, pads each example to its batch's longest: give --packing off "
-                "with --dataset to time that")
+        return (
+            "--trainer trl: the probes time full blocks, as TRL trains with packing: true (what --format trl "
+            "writes); TRL's default, packing: false, pads each example to its batch's longest: give --packing off "
+            "with --dataset to time that"
+        )
     return None
 
 
@@ -157,30 +180,155 @@ _ARCHITECTURE_ENDINGS = (
 # causal LMs, encoder-decoders as seq2seq. A type with classes of several tasks that people really
 # train (BERT-like encoders: masked LM, classification, and a causal LM head too) is in neither,
 # and is refused without --task (ENCODER_MODEL_TYPES says why).
-CAUSAL_LM_MODEL_TYPES = frozenset({
-    "apertus", "arcee", "bamba", "biogpt", "bitnet", "bloom", "codegen", "cohere", "cohere2", "ctrl", "dbrx",
-    "deepseek_v2", "deepseek_v3", "diffllama", "doge", "dots1", "ernie4_5", "ernie4_5_moe", "exaone4", "falcon",
-    "falcon_h1", "falcon_mamba", "gemma", "gemma2", "gemma3_text", "glm", "glm4", "gpt-sw3", "gpt2", "gpt_bigcode",
-    "gpt_neo", "gpt_neox", "gpt_neox_japanese", "gpt_oss", "gptj", "granite", "granitemoe", "granitemoehybrid",
-    "granitemoeshared", "helium", "hunyuan_v1_dense", "hunyuan_v1_moe", "jamba", "jetmoe", "lfm2", "llama",
-    "llama4_text", "mamba", "mamba2", "minimax", "ministral", "mistral", "mixtral", "mpt", "nemotron", "olmo", "olmo2",
-    "olmo3", "olmoe", "openai-gpt", "opt", "persimmon", "phi", "phi3", "phimoe", "qwen2", "qwen2_moe", "qwen3",
-    "qwen3_moe", "qwen3_next", "recurrent_gemma", "rwkv", "seed_oss", "smollm3", "stablelm", "starcoder2",
-    "vaultgemma", "xglm", "zamba", "zamba2",
-})
-SEQ2SEQ_MODEL_TYPES = frozenset({
-    "bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "fsmt", "led", "longt5", "m2m_100", "marian", "mbart",
-    "mt5", "mvp", "nllb-moe", "pegasus", "pegasus_x", "plbart", "prophetnet", "switch_transformers", "t5", "t5gemma",
-    "umt5",
-})
+CAUSAL_LM_MODEL_TYPES = frozenset(
+    {
+        "apertus",
+        "arcee",
+        "bamba",
+        "biogpt",
+        "bitnet",
+        "bloom",
+        "codegen",
+        "cohere",
+        "cohere2",
+        "ctrl",
+        "dbrx",
+        "deepseek_v2",
+        "deepseek_v3",
+        "diffllama",
+        "doge",
+        "dots1",
+        "ernie4_5",
+        "ernie4_5_moe",
+        "exaone4",
+        "falcon",
+        "falcon_h1",
+        "falcon_mamba",
+        "gemma",
+        "gemma2",
+        "gemma3_text",
+        "glm",
+        "glm4",
+        "gpt-sw3",
+        "gpt2",
+        "gpt_bigcode",
+        "gpt_neo",
+        "gpt_neox",
+        "gpt_neox_japanese",
+        "gpt_oss",
+        "gptj",
+        "granite",
+        "granitemoe",
+        "granitemoehybrid",
+        "granitemoeshared",
+        "helium",
+        "hunyuan_v1_dense",
+        "hunyuan_v1_moe",
+        "jamba",
+        "jetmoe",
+        "lfm2",
+        "llama",
+        "llama4_text",
+        "mamba",
+        "mamba2",
+        "minimax",
+        "ministral",
+        "mistral",
+        "mixtral",
+        "mpt",
+        "nemotron",
+        "olmo",
+        "olmo2",
+        "olmo3",
+        "olmoe",
+        "openai-gpt",
+        "opt",
+        "persimmon",
+        "phi",
+        "phi3",
+        "phimoe",
+        "qwen2",
+        "qwen2_moe",
+        "qwen3",
+        "qwen3_moe",
+        "qwen3_next",
+        "recurrent_gemma",
+        "rwkv",
+        "seed_oss",
+        "smollm3",
+        "stablelm",
+        "starcoder2",
+        "vaultgemma",
+        "xglm",
+        "zamba",
+        "zamba2",
+    }
+)
+SEQ2SEQ_MODEL_TYPES = frozenset(
+    {
+        "bart",
+        "bigbird_pegasus",
+        "blenderbot",
+        "blenderbot-small",
+        "fsmt",
+        "led",
+        "longt5",
+        "m2m_100",
+        "marian",
+        "mbart",
+        "mt5",
+        "mvp",
+        "nllb-moe",
+        "pegasus",
+        "pegasus_x",
+        "plbart",
+        "prophetnet",
+        "switch_transformers",
+        "t5",
+        "t5gemma",
+        "umt5",
+    }
+)
 # Encoders trained as masked LMs and as classifiers alike (most also have a causal-LM head class):
 # their config without architectures does not say which.
-ENCODER_MODEL_TYPES = frozenset({
-    "albert", "bert", "big_bird", "camembert", "convbert", "data2vec-text", "deberta", "deberta-v2", "distilbert",
-    "electra", "ernie", "flaubert", "funnel", "ibert", "longformer", "luke", "megatron-bert", "mobilebert",
-    "modernbert", "mpnet", "nezha", "nystromformer", "rembert", "roberta", "roberta-prelayernorm", "roc_bert",
-    "roformer", "squeezebert", "xlm", "xlm-roberta", "xlm-roberta-xl", "xlnet", "xmod", "yoso",
-})
+ENCODER_MODEL_TYPES = frozenset(
+    {
+        "albert",
+        "bert",
+        "big_bird",
+        "camembert",
+        "convbert",
+        "data2vec-text",
+        "deberta",
+        "deberta-v2",
+        "distilbert",
+        "electra",
+        "ernie",
+        "flaubert",
+        "funnel",
+        "ibert",
+        "longformer",
+        "luke",
+        "megatron-bert",
+        "mobilebert",
+        "modernbert",
+        "mpnet",
+        "nezha",
+        "nystromformer",
+        "rembert",
+        "roberta",
+        "roberta-prelayernorm",
+        "roc_bert",
+        "roformer",
+        "squeezebert",
+        "xlm",
+        "xlm-roberta",
+        "xlm-roberta-xl",
+        "xlnet",
+        "xmod",
+        "yoso",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,9 +338,9 @@ class TaskInference:
     None when it cannot be told, with `why` for the refusal."""
 
     task: Task | None
-    source: str = ""          # "architectures", "is_encoder_decoder", "model type", or "" (not told)
+    source: str = ""  # "architectures", "is_encoder_decoder", "model type", or "" (not told)
     model_type: str = ""
-    why: str = ""             # why it cannot be told (task None)
+    why: str = ""  # why it cannot be told (task None)
 
     @property
     def assumed(self) -> bool:
@@ -203,8 +351,10 @@ class TaskInference:
         """One line for the search header or a probe's output where the task was assumed; None otherwise."""
         if not self.assumed or self.task is None:
             return None
-        return (f"task {self.task} assumed from model type {self.model_type!r} (its config.json names no task head); "
-                f"pass --task to train it as another")
+        return (
+            f"task {self.task} assumed from model type {self.model_type!r} (its config.json names no task head); "
+            f"pass --task to train it as another"
+        )
 
 
 def tell_task(config: dict) -> TaskInference:
@@ -235,8 +385,9 @@ def tell_task(config: dict) -> TaskInference:
         return TaskInference(Task.SEQ2SEQ, "model type", model_type)
     head = "no task head" if architectures else "no architectures"
     if model_type in ENCODER_MODEL_TYPES:
-        return TaskInference(None, "", model_type, f"{head}, and a {model_type} model is trained as masked-lm or "
-                                                   f"classification alike")
+        return TaskInference(
+            None, "", model_type, f"{head}, and a {model_type} model is trained as masked-lm or classification alike"
+        )
     return TaskInference(None, "", model_type, f"{head}, and model type {model_type or '?'!r} does not tell one")
 
 
@@ -263,8 +414,10 @@ def resolve_task(config: dict, requested: str | None, reference: str) -> Task:
         architectures = config.get("architectures") or []
         named = architectures if isinstance(architectures, str) else ", ".join(str(a) for a in architectures)
         detail = f"{named}: {told.why}" if named else told.why
-        raise BadInput(f"--model {reference}: cannot tell its task from its config.json ({detail}); pass --task "
-                       f"({', '.join(TASKS)}).")
+        raise BadInput(
+            f"--model {reference}: cannot tell its task from its config.json ({detail}); pass --task "
+            f"({', '.join(TASKS)})."
+        )
     return told.task
 
 
@@ -283,8 +436,15 @@ def config_num_labels(config: dict) -> int:
     return value if isinstance(value, int) and value > 0 else 2
 
 
-def task_fields(config: dict, reference: str, *, task: str | None = None, target_length: int | None = None,
-                num_labels: int | None = None, max_positions: int | None = None) -> dict:
+def task_fields(
+    config: dict,
+    reference: str,
+    *,
+    task: str | None = None,
+    target_length: int | None = None,
+    num_labels: int | None = None,
+    max_positions: int | None = None,
+) -> dict:
     """The ProbeConfig fields of a task, checked: `task`, and `target_length` for seq2seq or
     `num_labels` for classification with their defaults. BadInput for a flag the task has no use
     for, or a target longer than the model's positions."""
@@ -292,7 +452,9 @@ def task_fields(config: dict, reference: str, *, task: str | None = None, target
     if target_length is not None and resolved != Task.SEQ2SEQ:
         raise BadInput(f"--target-length is for --task seq2seq; {reference} is trained as {resolved}: leave it out.")
     if num_labels is not None and resolved != Task.CLASSIFICATION:
-        raise BadInput(f"--num-labels is for --task classification; {reference} is trained as {resolved}: leave it out.")
+        raise BadInput(
+            f"--num-labels is for --task classification; {reference} is trained as {resolved}: leave it out."
+        )
     fields: dict = {"task": resolved.value}
     if resolved == Task.SEQ2SEQ:
         if target_length is None:
@@ -300,8 +462,10 @@ def task_fields(config: dict, reference: str, *, task: str | None = None, target
         if target_length < 1:
             raise BadInput(f"--target-length must be at least 1 (got {target_length}).")
         if max_positions is not None and target_length > max_positions:
-            raise BadInput(f"--target-length {target_length} is above {reference}'s maximum of {max_positions} "
-                           f"positions; use at most {max_positions}.")
+            raise BadInput(
+                f"--target-length {target_length} is above {reference}'s maximum of {max_positions} "
+                f"positions; use at most {max_positions}."
+            )
         fields["target_length"] = target_length
     if resolved == Task.CLASSIFICATION:
         fields["num_labels"] = num_labels if num_labels is not None else config_num_labels(config)

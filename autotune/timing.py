@@ -40,7 +40,7 @@ def window_seconds(step_times: Sequence[float], cycle: int | None = None) -> tup
     between repeats and not the spread of the batches' sizes."""
     if cycle is None:
         return median_seconds(step_times), relative_spread(step_times)
-    means = [statistics.fmean(step_times[i:i + cycle]) for i in range(0, len(step_times) - cycle + 1, cycle)]
+    means = [statistics.fmean(step_times[i : i + cycle]) for i in range(0, len(step_times) - cycle + 1, cycle)]
     whole = len(means) * cycle or len(step_times)
     return statistics.fmean(step_times[:whole]), relative_spread(means)
 

@@ -22,9 +22,18 @@ MAX_STEPS = MAX_SECONDS * 10**6
 _SIZE_UNITS = {
     "": 1,
     "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "k": 2**10,
+    "m": 2**20,
+    "g": 2**30,
+    "t": 2**40,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
 }
 _SIZE_RE = re.compile(r"^\s*([+-]?\d+(?:\.\d*)?|[+-]?\.\d+)\s*([a-zA-Z]*)\s*$")
 
@@ -40,7 +49,9 @@ def parse_size(text: str | int, *, flag: str = "--gpu-budget") -> int:
         # Decimal, not float: exact for every digit typed, however large, so the range check holds.
         value, unit = Decimal(match.group(1)), match.group(2).lower()
         if unit not in _SIZE_UNITS:
-            raise BadInput(f"{flag}: unknown unit {match.group(2)!r} in {text!r}; use B, KiB, MiB, GiB, TiB (binary) or KB, MB, GB, TB (decimal).")
+            raise BadInput(
+                f"{flag}: unknown unit {match.group(2)!r} in {text!r}; use B, KiB, MiB, GiB, TiB (binary) or KB, MB, GB, TB (decimal)."
+            )
     size = int(value * _SIZE_UNITS[unit])
     if size < 1:
         raise BadInput(f"{flag}: {text!r} is not a positive size; give the memory to fit in, e.g. 8GiB.")
@@ -59,8 +70,10 @@ def parse_budget(text: str | int, *, flag: str = "--gpu-budget") -> int:
     --gpu-budget is read here."""
     size = parse_size(text, flag=flag)
     if size < MIN_BUDGET_BYTES:
-        raise BadInput(f"{flag}: {text!r} is {format_size(size)}, too small to train anything in; budgets start at "
-                       f"1 MiB: give the memory to fit in with its unit, e.g. 8GiB or 512MiB.")
+        raise BadInput(
+            f"{flag}: {text!r} is {format_size(size)}, too small to train anything in; budgets start at "
+            f"1 MiB: give the memory to fit in with its unit, e.g. 8GiB or 512MiB."
+        )
     return size
 
 
@@ -85,7 +98,18 @@ def size_as_read(n: int) -> str:
 
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(s|sec|secs|m|min|mins|h|hr|hrs|)\s*$", re.IGNORECASE)
-_DURATION_SCALE = {"": 1, "s": 1, "sec": 1, "secs": 1, "m": 60, "min": 60, "mins": 60, "h": 3600, "hr": 3600, "hrs": 3600}
+_DURATION_SCALE = {
+    "": 1,
+    "s": 1,
+    "sec": 1,
+    "secs": 1,
+    "m": 60,
+    "min": 60,
+    "mins": 60,
+    "h": 3600,
+    "hr": 3600,
+    "hrs": 3600,
+}
 
 
 def parse_duration(text: str | float, *, flag: str = "--timeout", allow_zero: bool = False) -> float:
@@ -99,11 +123,15 @@ def parse_duration(text: str | float, *, flag: str = "--timeout", allow_zero: bo
             raise BadInput(f"{flag}: cannot read {_quoted(text)} as a duration; write it like 90s, 15m or 2h.")
         seconds = float(match.group(1)) * _DURATION_SCALE[match.group(2).lower()]
     if math.isnan(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
-        raise BadInput(f"{flag}: {_quoted(text)} must be a {'' if allow_zero else 'positive '}duration"
-                       f"{' of 0 or more' if allow_zero else ''}, e.g. 15m.")
+        raise BadInput(
+            f"{flag}: {_quoted(text)} must be a {'' if allow_zero else 'positive '}duration"
+            f"{' of 0 or more' if allow_zero else ''}, e.g. 15m."
+        )
     if seconds > MAX_SECONDS:
-        raise BadInput(f"{flag}: {_quoted(text)} is too long; durations go up to {MAX_SECONDS} s "
-                       f"({format_duration(MAX_SECONDS)}), the longest wait the system can set.")
+        raise BadInput(
+            f"{flag}: {_quoted(text)} is too long; durations go up to {MAX_SECONDS} s "
+            f"({format_duration(MAX_SECONDS)}), the longest wait the system can set."
+        )
     return seconds
 
 

@@ -71,22 +71,31 @@ def describe(decision: Decision) -> str:
     """The decision in one line (the search's, under its Chosen line)."""
     c = decision
     if c.get("partial"):
-        return (f"unconfirmed: the confirmation round was cut short after {c.get('probes', 0)} windows "
-                f"({c.get('rounds', 0)} rounds); the same command goes on with them")
+        return (
+            f"unconfirmed: the confirmation round was cut short after {c.get('probes', 0)} windows "
+            f"({c.get('rounds', 0)} rounds); the same command goes on with them"
+        )
     cost = f" ({c['probes']} more probes, {c['seconds']:.1f} s)" if c.get("probes") else ""
     margin, noise = c.get("margin"), c.get("noise") or 0.0
     if c.get("runner_up") is None:
         return f"confirmed: {c['winner_label']} is the only config measured that fits{cost}"
     if c.get("tied"):
-        return (f"tie: {c['winner_label']} and {', '.join(c['tied'])} differ by {100 * (margin or 0):.0f}%, not told "
-                f"apart (±{100 * noise:.0f}% of noise, or a round lost){cost}: {how_chosen(c)}")
+        return (
+            f"tie: {c['winner_label']} and {', '.join(c['tied'])} differ by {100 * (margin or 0):.0f}%, not told "
+            f"apart (±{100 * noise:.0f}% of noise, or a round lost){cost}: {how_chosen(c)}"
+        )
     if not c.get("confirmed"):
-        why = ("every window was measured by earlier studies: no round ran" if c.get("reused")
-               else "the contenders could not all be measured again")
+        why = (
+            "every window was measured by earlier studies: no round ran"
+            if c.get("reused")
+            else "the contenders could not all be measured again"
+        )
         return f"unconfirmed: {c['winner_label']} is the fastest measured, not told apart from {c['runner_up']} ({why}){cost}"
     how = "measured again" if c.get("rounds") else "told apart by the first windows"
-    return (f"confirmed: {c['winner_label']} wins by {100 * (margin or 0):.0f}% ± {100 * noise:.0f}% over "
-            f"{c['runner_up']} ({how}{cost.replace(' (', ', ').rstrip(')') if cost else ''})")
+    return (
+        f"confirmed: {c['winner_label']} wins by {100 * (margin or 0):.0f}% ± {100 * noise:.0f}% over "
+        f"{c['runner_up']} ({how}{cost.replace(' (', ', ').rstrip(')') if cost else ''})"
+    )
 
 
 def answer(decision: Decision | None, winner_key: str) -> str:
@@ -117,5 +126,7 @@ def unreliable_warning(decision: Decision | None) -> str | None:
     assert decision is not None
     load = decision.get("host_load")
     busy = f", on a host loaded {load:.1f} per core" if load is not None else ""
-    return (f"the pick is not reliable: its contenders' timings disagree by up to ±{100 * (decision.get('noise') or 0):.0f}%"
-            f"{busy}; search again when the machine is quiet, or with a longer --measure-seconds (--fresh measures anew)")
+    return (
+        f"the pick is not reliable: its contenders' timings disagree by up to ±{100 * (decision.get('noise') or 0):.0f}%"
+        f"{busy}; search again when the machine is quiet, or with a longer --measure-seconds (--fresh measures anew)"
+    )

@@ -31,26 +31,55 @@ def search_once(model: Path, work: Path) -> dict:
     work.mkdir(parents=True)
     env = {**os.environ, "AUTOTUNE_HOME": str(work)}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "autotune", "search", "--model", str(model), *SPACE,
-                           "--db", f"sqlite:///{work / 'autotune.db'}", "--json"], cwd=REPO, env=env,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "search",
+            "--model",
+            str(model),
+            *SPACE,
+            "--db",
+            f"sqlite:///{work / 'autotune.db'}",
+            "--json",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise SystemExit(f"the search failed ({done.returncode}): {done.stderr[-2000:]}")
     outcome = json.loads(done.stdout)
     confirmation = outcome.get("confirmation") or {}
     best = outcome["best"]["tokens_per_s"]
     within = confirmation.get("noise") or 0.0
-    indistinct = [row["label"] for row in outcome["leaderboard"]
-                  if row["tokens_per_s"] and row["tokens_per_s"] * (1 + within) >= best and row["label"] != outcome["best"]["label"]]
-    return {"pick": outcome["best"]["label"], "tokens_per_s": round(best),
-            "tied_with": confirmation.get("tied") or [], "within_noise": indistinct, "confirmed": confirmation.get("confirmed"),
-            "margin": confirmation.get("margin"), "noise": confirmation.get("noise"),
-            "runner_up": confirmation.get("runner_up"), "probed": outcome["probed"],
-            "confirmation_probes": confirmation.get("probes"), "wall_s": round(time.perf_counter() - started, 1)}
+    indistinct = [
+        row["label"]
+        for row in outcome["leaderboard"]
+        if row["tokens_per_s"]
+        and row["tokens_per_s"] * (1 + within) >= best
+        and row["label"] != outcome["best"]["label"]
+    ]
+    return {
+        "pick": outcome["best"]["label"],
+        "tokens_per_s": round(best),
+        "tied_with": confirmation.get("tied") or [],
+        "within_noise": indistinct,
+        "confirmed": confirmation.get("confirmed"),
+        "margin": confirmation.get("margin"),
+        "noise": confirmation.get("noise"),
+        "runner_up": confirmation.get("runner_up"),
+        "probed": outcome["probed"],
+        "confirmation_probes": confirmation.get("probes"),
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
 
 
 def agree(runs: list[dict]) -> bool:
     """Every two picks are the same, or one of the two runs found them tied."""
+
     def tied(a: dict, b: dict) -> bool:
         return b["pick"] in a["tied_with"] + a["within_noise"]
 
@@ -68,17 +97,35 @@ def main() -> None:
         for i in range(args.repeats):
             run = search_once(model, Path(tmp, f"run-{i}"))
             runs.append(run)
-            how = ("tied with " + ", ".join(run["tied_with"]) if run["tied_with"]
-                   else f"confirmed by {run['margin']:.0%} over {run['runner_up']}" if run["confirmed"] else "unconfirmed")
+            how = (
+                "tied with " + ", ".join(run["tied_with"])
+                if run["tied_with"]
+                else f"confirmed by {run['margin']:.0%} over {run['runner_up']}"
+                if run["confirmed"]
+                else "unconfirmed"
+            )
             if run["within_noise"]:
                 how += f"; within its noise ({run['noise']:.0%}): " + ", ".join(run["within_noise"])
-            print(f"run {i + 1}: {run['pick']} at {run['tokens_per_s']:,} tokens/s ({how}); {run['probed']} probes "
-                  f"+ {run['confirmation_probes']} to confirm, {run['wall_s']} s", flush=True)
+            print(
+                f"run {i + 1}: {run['pick']} at {run['tokens_per_s']:,} tokens/s ({how}); {run['probed']} probes "
+                f"+ {run['confirmation_probes']} to confirm, {run['wall_s']} s",
+                flush=True,
+            )
     verdict = agree(runs)
     print(f"the {args.repeats} picks {'agree' if verdict else 'DISAGREE'}")
     if args.out is not None:
-        args.out.write_text(json.dumps({"device": f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-                                        "space": SPACE, "runs": runs, "agree": verdict}, indent=2) + "\n")
+        args.out.write_text(
+            json.dumps(
+                {
+                    "device": f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+                    "space": SPACE,
+                    "runs": runs,
+                    "agree": verdict,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     sys.exit(0 if verdict else 1)
 
 

@@ -41,9 +41,9 @@ class Setting:
 
     spec: ModelSpec
     space: SearchSpace
-    budget: Budget                         # the case's budget and the margin its probes keep
-    device_type: str                       # 'cuda' or 'cpu': picks the OOM wording the libraries expect
-    new_runner: Callable[[], object]       # a fresh probe runner (ProbeRunner or a scripted fake)
+    budget: Budget  # the case's budget and the margin its probes keep
+    device_type: str  # 'cuda' or 'cpu': picks the OOM wording the libraries expect
+    new_runner: Callable[[], object]  # a fresh probe runner (ProbeRunner or a scripted fake)
 
     @property
     def effective_batch(self) -> int:
@@ -56,25 +56,33 @@ class Setting:
 
     def trainer_config(self, micro_batch: int) -> ProbeConfig:
         """Trainer defaults at `micro_batch`, accumulation to the nearest effective batch."""
-        return ProbeConfig(model=self.space.model, micro_batch=micro_batch, block_size=self.block_size,
-                           grad_accum=max(1, round(self.effective_batch / micro_batch)),
-                           precision="fp32", checkpointing=False, attention="sdpa")
+        return ProbeConfig(
+            model=self.space.model,
+            micro_batch=micro_batch,
+            block_size=self.block_size,
+            grad_accum=max(1, round(self.effective_batch / micro_batch)),
+            precision="fp32",
+            checkpointing=False,
+            attention="sdpa",
+        )
 
     def oom_error(self, config: ProbeConfig) -> RuntimeError:
         """An out-of-memory error worded as PyTorch words it, which is what accelerate's
         `should_reduce_batch_size` and Lightning's `is_oom_error` look for."""
         if self.device_type == "cuda":
             return RuntimeError(f"CUDA out of memory. (autotune probe of {config.label()} went over the budget)")
-        return RuntimeError(f"DefaultCPUAllocator: can't allocate memory: (autotune probe of {config.label()} went over the budget)")
+        return RuntimeError(
+            f"DefaultCPUAllocator: can't allocate memory: (autotune probe of {config.label()} went over the budget)"
+        )
 
 
 @dataclass
 class AlternativeOutcome:
-    name: str                              # stable id: 'trainer-defaults', 'auto-find-batch-size', 'lightning-binsearch'
-    title: str                             # for tables and the plot
-    status: str                            # 'ok' | 'oom' (its pick does not fit) | 'failed' | 'not-installed'
-    config: ProbeConfig | None = None      # its pick
-    result: ProbeResult | None = None      # the pick measured by the probe harness
+    name: str  # stable id: 'trainer-defaults', 'auto-find-batch-size', 'lightning-binsearch'
+    title: str  # for tables and the plot
+    status: str  # 'ok' | 'oom' (its pick does not fit) | 'failed' | 'not-installed'
+    config: ProbeConfig | None = None  # its pick
+    result: ProbeResult | None = None  # the pick measured by the probe harness
     tried: list[tuple[ProbeConfig, ProbeResult]] = field(default_factory=list)
     wall_seconds: float = 0.0
     note: str = ""
@@ -204,7 +212,7 @@ def lightning_binsearch(setting: Setting, dataset_size: int = 1 << 16) -> Altern
         class ProbingModule(pl.LightningModule):
             def __init__(self) -> None:
                 super().__init__()
-                self.batch_size = 2            # the attribute the finder scales (its init_val overrides it)
+                self.batch_size = 2  # the attribute the finder scales (its init_val overrides it)
                 self.weight = torch.nn.Parameter(torch.zeros(1))
 
             def train_dataloader(self):
@@ -226,8 +234,16 @@ def lightning_binsearch(setting: Setting, dataset_size: int = 1 << 16) -> Altern
             for log in quiet:
                 log.setLevel(logging.ERROR)
             try:
-                trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False,
-                                     enable_progress_bar=False, enable_model_summary=False, default_root_dir=root)
+                trainer = pl.Trainer(
+                    accelerator="cpu",
+                    devices=1,
+                    max_epochs=1,
+                    logger=False,
+                    enable_checkpointing=False,
+                    enable_progress_bar=False,
+                    enable_model_summary=False,
+                    default_root_dir=root,
+                )
                 size = Tuner(trainer).scale_batch_size(ProbingModule(), mode="binsearch")
             except RuntimeError as exc:
                 outcome.tried, outcome.wall_seconds = prober.tried, time.perf_counter() - started
@@ -241,14 +257,19 @@ def lightning_binsearch(setting: Setting, dataset_size: int = 1 << 16) -> Altern
             outcome.status, outcome.note = "failed", "Lightning's finder returned no batch size"
             return outcome
         config = setting.trainer_config(int(size))
-        result = prober.probe(config)   # its pick, measured (after its margin it may not have been tried)
+        result = prober.probe(config)  # its pick, measured (after its margin it may not have been tried)
     outcome.tried, outcome.wall_seconds = prober.tried, time.perf_counter() - started
-    outcome.note = (f"{package} {_version(package)}; tried micro-batches "
-                    + ", ".join(str(c.micro_batch) for c, _ in prober.tried) + f"; picked {size}")
+    outcome.note = (
+        f"{package} {_version(package)}; tried micro-batches "
+        + ", ".join(str(c.micro_batch) for c, _ in prober.tried)
+        + f"; picked {size}"
+    )
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         # The probes measure the card's memory outside their allocator as their context: a context
         # this parent process opened would be counted against them.
-        outcome.note += "; warning: Lightning initialised CUDA in the benchmark's process, so its probes' budget was tighter"
+        outcome.note += (
+            "; warning: Lightning initialised CUDA in the benchmark's process, so its probes' budget was tighter"
+        )
     return _finish(outcome, config, result)
 
 

@@ -54,8 +54,16 @@ def main(argv: list[str] | None = None) -> int:
     study = json.loads(path.read_text())
     peaks, bandwidth = measured_cpu()
     # (the GPU model's efficiencies apply: the measured matmul speed stands as the "peak")
-    cpu = Card("this CPU", ("cpu",), 0, {"fp32": peaks["fp32"], "bf16": peaks["bf16"], "fp16": peaks["bf16"]},
-               bandwidth, (8, 0), (), host_is_device=True)
+    cpu = Card(
+        "this CPU",
+        ("cpu",),
+        0,
+        {"fp32": peaks["fp32"], "bf16": peaks["bf16"], "fp16": peaks["bf16"]},
+        bandwidth,
+        (8, 0),
+        (),
+        host_is_device=True,
+    )
     dims = dims_from_config(DEMO_MODEL)
     assert dims is not None
     rows = []
@@ -73,8 +81,10 @@ def main(argv: list[str] | None = None) -> int:
         predicted = predict_step_seconds(config, dims, cpu).tokens_per_s
         rows.append((config.label(), predicted, result["tokens_per_s"]))
     fastest = max(rows, key=lambda row: row[2])
-    print(f"{path.name}: {len(rows)} measured configs; this CPU now: fp32 matmul {peaks['fp32'] / 1e9:.0f} GFLOP/s, "
-          f"bf16 {peaks['bf16'] / 1e9:.0f} GFLOP/s, copy {bandwidth / 1e9:.1f} GB/s; {skipped} bf16 configs left out")
+    print(
+        f"{path.name}: {len(rows)} measured configs; this CPU now: fp32 matmul {peaks['fp32'] / 1e9:.0f} GFLOP/s, "
+        f"bf16 {peaks['bf16'] / 1e9:.0f} GFLOP/s, copy {bandwidth / 1e9:.1f} GB/s; {skipped} bf16 configs left out"
+    )
     print(f"{'config':<40} {'predicted':>10} {'measured':>10} {'ratio':>6} {'vs fastest':>10}")
     relative = []
     for label, predicted, measured in sorted(rows, key=lambda row: -row[2]):
@@ -83,9 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         relative.append(against)
         print(f"{label:<40} {predicted:>10,.0f} {measured:>10,.0f} {ratio:>6.2f} {against:>10.2f}")
     ratios = [p / m for _, p, m in rows]
-    print(f"predicted / measured: median {statistics.median(ratios):.2f}, range {min(ratios):.2f}-{max(ratios):.2f}; "
-          f"relative to the fastest config: median |error| {statistics.median(abs(r - 1) for r in relative):.0%}, "
-          f"worst x{max(max(r, 1 / r) for r in relative):.2f}")
+    print(
+        f"predicted / measured: median {statistics.median(ratios):.2f}, range {min(ratios):.2f}-{max(ratios):.2f}; "
+        f"relative to the fastest config: median |error| {statistics.median(abs(r - 1) for r in relative):.0%}, "
+        f"worst x{max(max(r, 1 / r) for r in relative):.2f}"
+    )
     predicted_order = [label for label, *_ in sorted(rows, key=lambda row: -row[1])]
     measured_order = [label for label, *_ in sorted(rows, key=lambda row: -row[2])]
     print(f"fastest predicted: {predicted_order[0]}; fastest measured: {measured_order[0]}")

@@ -25,8 +25,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEMO_CONFIG = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 6, "n_embd": 384, "n_head": 6,
-               "vocab_size": 50257, "n_positions": 1024, "n_ctx": 1024, "bos_token_id": 50256, "eos_token_id": 50256}
+DEMO_CONFIG = {
+    "model_type": "gpt2",
+    "architectures": ["GPT2LMHeadModel"],
+    "n_layer": 6,
+    "n_embd": 384,
+    "n_head": 6,
+    "vocab_size": 50257,
+    "n_positions": 1024,
+    "n_ctx": 1024,
+    "bos_token_id": 50256,
+    "eos_token_id": 50256,
+}
 
 
 def demo_arguments(model: Path) -> list[str]:
@@ -45,8 +55,9 @@ def spin() -> None:
 
 def run(args: list[str], env: dict[str, str]) -> tuple[str, str, float, int]:
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "autotune", "search", *args, "--json"], capture_output=True, text=True,
-                          env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "autotune", "search", *args, "--json"], capture_output=True, text=True, env=env
+    )
     return proc.stdout, proc.stderr, time.perf_counter() - started, proc.returncode
 
 
@@ -65,8 +76,10 @@ def main() -> None:
         busy = [multiprocessing.Process(target=spin, daemon=True) for _ in range(options.busy)]
         for process in busy:
             process.start()
-        lines = [f"{options.busy} busy processes on {os.cpu_count()} cores; the demo's search "
-                 f"({' '.join(demo_arguments(Path('.venv/demo-gpt2')))}) run {options.runs} times on one database"]
+        lines = [
+            f"{options.busy} busy processes on {os.cpu_count()} cores; the demo's search "
+            f"({' '.join(demo_arguments(Path('.venv/demo-gpt2')))}) run {options.runs} times on one database"
+        ]
         try:
             for number in range(1, options.runs + 1):
                 out, progress, seconds, code = run(demo_arguments(model), env)
@@ -80,10 +93,19 @@ def main() -> None:
                     f"{summary.get('probed')} + {summary.get('confirming_probes')} in the round, windows reused "
                     f"{summary.get('reused_windows')}, reused probes {summary.get('reused')}; pick "
                     f"{(summary.get('best') or {}).get('label')}; decision: "
-                    + ("round unfinished" if decision.get("partial") else
-                       "tie" if decision.get("tied") else "confirmed" if decision.get("confirmed") else
-                       "none" if not decision else "unconfirmed")
-                    + (", not reliable" if decision and decision.get("reliable") is False else ""))
+                    + (
+                        "round unfinished"
+                        if decision.get("partial")
+                        else "tie"
+                        if decision.get("tied")
+                        else "confirmed"
+                        if decision.get("confirmed")
+                        else "none"
+                        if not decision
+                        else "unconfirmed"
+                    )
+                    + (", not reliable" if decision and decision.get("reliable") is False else "")
+                )
                 print(lines[-1], flush=True)
         finally:
             for process in busy:

@@ -37,18 +37,41 @@ ADAPTED = {"gpt2": 4, "bert": 6, "llama": 7}
 
 
 def _models():
-    from transformers import BertConfig, BertForSequenceClassification, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers import (
+        BertConfig,
+        BertForSequenceClassification,
+        GPT2Config,
+        GPT2LMHeadModel,
+        LlamaConfig,
+        LlamaForCausalLM,
+    )
 
     narrow = {"vocab_size": 512, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
     yield "gpt2", GPT2LMHeadModel(GPT2Config(n_embd=64, n_head=4, n_layer=LAYERS, n_positions=64, **narrow))
-    yield "bert", BertForSequenceClassification(BertConfig(hidden_size=64, num_attention_heads=4, intermediate_size=256,
-                                                           num_hidden_layers=LAYERS, **narrow))
-    yield "llama", LlamaForCausalLM(LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
-                                                intermediate_size=256, num_hidden_layers=LAYERS, **narrow))
+    yield (
+        "bert",
+        BertForSequenceClassification(
+            BertConfig(hidden_size=64, num_attention_heads=4, intermediate_size=256, num_hidden_layers=LAYERS, **narrow)
+        ),
+    )
+    yield (
+        "llama",
+        LlamaForCausalLM(
+            LlamaConfig(
+                hidden_size=64,
+                num_attention_heads=4,
+                num_key_value_heads=4,
+                intermediate_size=256,
+                num_hidden_layers=LAYERS,
+                **narrow,
+            )
+        ),
+    )
 
 
-def _micro_step_seconds(model, *, classifier: bool, checkpointing: bool, autocast: bool,
-                        reentrant: bool = False) -> float:
+def _micro_step_seconds(
+    model, *, classifier: bool, checkpointing: bool, autocast: bool, reentrant: bool = False
+) -> float:
     import torch
 
     if checkpointing:
@@ -94,23 +117,41 @@ def measure() -> dict:
             kinds = [(False, False), (True, False)] + ([] if lora else [(True, True)])
             for checkpointing, reentrant in kinds:
                 for autocast in (False, True):
-                    seconds = _micro_step_seconds(model, classifier=classifier, checkpointing=checkpointing,
-                                                  autocast=autocast, reentrant=reentrant)
-                    rows.append({"model": name, "lora": lora, "checkpointing": checkpointing, "reentrant": reentrant,
-                                 "autocast": autocast, "micro_step_ms": round(seconds * 1e3, 2),
-                                 "per_layer_ms": round(seconds / LAYERS * 1e3, 3)})
-                    print(f"{name:6s} lora={lora!s:5s} ckpt={checkpointing!s:5s} reentrant={reentrant!s:5s} "
-                          f"autocast={autocast!s:5s} {seconds * 1e3:7.1f} ms/micro-step  "
-                          f"{seconds / LAYERS * 1e3:6.3f} ms/layer", flush=True)
+                    seconds = _micro_step_seconds(
+                        model,
+                        classifier=classifier,
+                        checkpointing=checkpointing,
+                        autocast=autocast,
+                        reentrant=reentrant,
+                    )
+                    rows.append(
+                        {
+                            "model": name,
+                            "lora": lora,
+                            "checkpointing": checkpointing,
+                            "reentrant": reentrant,
+                            "autocast": autocast,
+                            "micro_step_ms": round(seconds * 1e3, 2),
+                            "per_layer_ms": round(seconds / LAYERS * 1e3, 3),
+                        }
+                    )
+                    print(
+                        f"{name:6s} lora={lora!s:5s} ckpt={checkpointing!s:5s} reentrant={reentrant!s:5s} "
+                        f"autocast={autocast!s:5s} {seconds * 1e3:7.1f} ms/micro-step  "
+                        f"{seconds / LAYERS * 1e3:6.3f} ms/layer",
+                        flush=True,
+                    )
     return {"rows": rows, "summary": summarize(rows)}
 
 
 def summarize(rows: list[dict]) -> dict:
     """The figures speed.py takes: the median over the models of the plain layer (fp32, no
     checkpointing), and of each lever's factor over it."""
+
     def per_layer(**where) -> dict[str, float]:
-        return {r["model"]: r["per_layer_ms"] for r in rows
-                if all(r.get(k, False) == v for k, v in where.items())}  # (rows before reentrant: False)
+        return {
+            r["model"]: r["per_layer_ms"] for r in rows if all(r.get(k, False) == v for k, v in where.items())
+        }  # (rows before reentrant: False)
 
     plain = per_layer(lora=False, checkpointing=False, autocast=False)
     ratio = lambda other: round(statistics.median(other[m] / plain[m] for m in plain), 2)  # noqa: E731
@@ -141,14 +182,23 @@ def main(argv: list[str] | None = None) -> int:
         try:
             rows = json.loads(args.summarize.read_text())["rows"]
         except (OSError, ValueError, KeyError) as exc:
-            print(f"dispatch: cannot summarize {args.summarize}: {exc} (give a file this benchmark wrote with --out)",
-                  file=sys.stderr)
+            print(
+                f"dispatch: cannot summarize {args.summarize}: {exc} (give a file this benchmark wrote with --out)",
+                file=sys.stderr,
+            )
             return 2
         print(json.dumps(summarize(rows), indent=1))
         return 0
     data = measure()
-    data.update(cpu=cpu_name(), torch=torch.__version__, transformers=transformers.__version__,
-                python=platform.python_version(), date=datetime.date.today().isoformat(), layers=LAYERS, tokens=TOKENS)
+    data.update(
+        cpu=cpu_name(),
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        python=platform.python_version(),
+        date=datetime.date.today().isoformat(),
+        layers=LAYERS,
+        tokens=TOKENS,
+    )
     print(json.dumps(data["summary"], indent=1))
     if args.out is not None:
         args.out.write_text(json.dumps(data, indent=1) + "\n")

@@ -35,10 +35,23 @@ from autotune.units import format_size, parse_choice_list, parse_int_list
 
 MiB = 2**20
 # TinyLlama-1.1B's config.json (public architecture numbers): a ~1B Llama for the recipe levers' GPU check.
-TINYLLAMA_1_1B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
-                  "intermediate_size": 5632, "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4,
-                  "vocab_size": 32000, "max_position_embeddings": 2048, "rms_norm_eps": 1e-05, "hidden_act": "silu",
-                  "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": False, "rope_theta": 10000.0}
+TINYLLAMA_1_1B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "vocab_size": 32000,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-05,
+    "hidden_act": "silu",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+    "rope_theta": 10000.0,
+}
 
 
 def _model(name: str) -> str:
@@ -75,9 +88,17 @@ def main() -> None:
     device_type = "cpu" if args.device == "cpu" else "cuda"
     model = _model(args.model)
     configs = [
-        ProbeConfig(model=model, micro_batch=mb, block_size=args.block_size, precision=precision,
-                    checkpointing=ckpt == "on", attention=args.attention, optimizer=optimizer, weights=args.weights,
-                    peft=None if peft == "none" else peft_text(peft))
+        ProbeConfig(
+            model=model,
+            micro_batch=mb,
+            block_size=args.block_size,
+            precision=precision,
+            checkpointing=ckpt == "on",
+            attention=args.attention,
+            optimizer=optimizer,
+            weights=args.weights,
+            peft=None if peft == "none" else peft_text(peft),
+        )
         for peft in parse_choice_list(args.peft, flag="--peft", allowed=("none", "lora", "qlora"))
         for optimizer in parse_choice_list(args.optimizers, flag="--optimizers", allowed=tuple(OPTIMIZERS))
         for precision in parse_choice_list(args.precisions, flag="--precisions", allowed=("fp32", "fp16", "bf16"))
@@ -99,36 +120,54 @@ def main() -> None:
             probe = runner.run(config, settings.budget(budget))
             rows.append((config, est, probe))
 
-    print(f"{env.device_name}; torch {env.torch_version}, transformers {env.transformers_version}; "
-          f"estimates for {device_type}: {estimate_seconds:.1f} s for {len(configs)} ({estimate_seconds / len(configs):.1f} s each)")
-    header = (f"{'config':52} {'status':>6} | {'alloc pred':>10} {'measured':>10} {'error':>7} | "
-              f"{'resv pred':>10} {'measured':>10} {'error':>7} | {'ctx pred':>9} {'measured':>9} | "
-              f"{'need pred':>10} {'measured':>10} {'error':>7}")
+    print(
+        f"{env.device_name}; torch {env.torch_version}, transformers {env.transformers_version}; "
+        f"estimates for {device_type}: {estimate_seconds:.1f} s for {len(configs)} ({estimate_seconds / len(configs):.1f} s each)"
+    )
+    header = (
+        f"{'config':52} {'status':>6} | {'alloc pred':>10} {'measured':>10} {'error':>7} | "
+        f"{'resv pred':>10} {'measured':>10} {'error':>7} | {'ctx pred':>9} {'measured':>9} | "
+        f"{'need pred':>10} {'measured':>10} {'error':>7}"
+    )
     print(header)
     print("-" * len(header))
     alloc_errors, need_errors = [], []
     for config, est, probe in rows:
         need = probe.required_bytes
-        print(f"{config.label():52} {probe.status:>6} | "
-              f"{est.peak_bytes / MiB:10.0f} {(probe.peak_allocated_bytes or 0) / MiB:10.0f} {_err(est.peak_bytes, probe.peak_allocated_bytes)} | "
-              f"{est.reserved_bytes / MiB:10.0f} {(probe.peak_reserved_bytes or 0) / MiB:10.0f} {_err(est.reserved_bytes, probe.peak_reserved_bytes)} | "
-              f"{est.context_bytes / MiB:9.0f} {(probe.context_bytes or 0) / MiB:9.0f} | "
-              f"{est.required_bytes / MiB:10.0f} {(need or 0) / MiB:10.0f} {_err(est.required_bytes, need)}")
+        print(
+            f"{config.label():52} {probe.status:>6} | "
+            f"{est.peak_bytes / MiB:10.0f} {(probe.peak_allocated_bytes or 0) / MiB:10.0f} {_err(est.peak_bytes, probe.peak_allocated_bytes)} | "
+            f"{est.reserved_bytes / MiB:10.0f} {(probe.peak_reserved_bytes or 0) / MiB:10.0f} {_err(est.reserved_bytes, probe.peak_reserved_bytes)} | "
+            f"{est.context_bytes / MiB:9.0f} {(probe.context_bytes or 0) / MiB:9.0f} | "
+            f"{est.required_bytes / MiB:10.0f} {(need or 0) / MiB:10.0f} {_err(est.required_bytes, need)}"
+        )
         if probe.status == "ok" and probe.peak_allocated_bytes:
             alloc_errors.append(abs(est.peak_bytes - probe.peak_allocated_bytes) / probe.peak_allocated_bytes)
             if need:
                 need_errors.append(abs(est.required_bytes - need) / need)
     if alloc_errors:
-        print(f"peak allocated: mean |error| {100 * sum(alloc_errors) / len(alloc_errors):.1f}%, "
-              f"max {100 * max(alloc_errors):.1f}% over {len(alloc_errors)} probes (MiB above)")
+        print(
+            f"peak allocated: mean |error| {100 * sum(alloc_errors) / len(alloc_errors):.1f}%, "
+            f"max {100 * max(alloc_errors):.1f}% over {len(alloc_errors)} probes (MiB above)"
+        )
     if need_errors:
-        print(f"needed on the card (reserved + context): mean |error| {100 * sum(need_errors) / len(need_errors):.1f}%, "
-              f"max {100 * max(need_errors):.1f}%")
+        print(
+            f"needed on the card (reserved + context): mean |error| {100 * sum(need_errors) / len(need_errors):.1f}%, "
+            f"max {100 * max(need_errors):.1f}%"
+        )
     if args.json_path:
         with open(args.json_path, "w") as fh:
-            json.dump({"environment": env.to_dict(), "estimate_seconds": estimate_seconds,
-                       "rows": [{"config": c.to_dict(), "estimate": e.to_dict(), "probe": p.to_dict()} for c, e, p in rows]},
-                      fh, indent=2)
+            json.dump(
+                {
+                    "environment": env.to_dict(),
+                    "estimate_seconds": estimate_seconds,
+                    "rows": [
+                        {"config": c.to_dict(), "estimate": e.to_dict(), "probe": p.to_dict()} for c, e, p in rows
+                    ],
+                },
+                fh,
+                indent=2,
+            )
         print(f"wrote {args.json_path}")
     budget_text = format_size(budget)
     print(f"(probed against a {budget_text} budget with no margin)")

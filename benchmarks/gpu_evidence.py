@@ -57,22 +57,58 @@ KILL_GRACE_SECONDS = 10.0
 WRAP_UP_SECONDS = 45.0
 MiB, GiB = 2**20, 2**30
 # google/pegasus-large's shape (568M parameters), and a tiny one of the same family for the CPU mode.
-PEGASUS_SHAPED = {"model_type": "pegasus", "architectures": ["PegasusForConditionalGeneration"], "vocab_size": 96103,
-                  "max_position_embeddings": 1024, "d_model": 1024, "encoder_layers": 16, "decoder_layers": 16,
-                  "encoder_attention_heads": 16, "decoder_attention_heads": 16, "encoder_ffn_dim": 4096,
-                  "decoder_ffn_dim": 4096, "is_encoder_decoder": True, "pad_token_id": 0, "eos_token_id": 1,
-                  "decoder_start_token_id": 0, "scale_embedding": True}
-TINY_PEGASUS = {**PEGASUS_SHAPED, "vocab_size": 1024, "max_position_embeddings": 256, "d_model": 64, "encoder_layers": 2,
-                "decoder_layers": 2, "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 128,
-                "decoder_ffn_dim": 128}
+PEGASUS_SHAPED = {
+    "model_type": "pegasus",
+    "architectures": ["PegasusForConditionalGeneration"],
+    "vocab_size": 96103,
+    "max_position_embeddings": 1024,
+    "d_model": 1024,
+    "encoder_layers": 16,
+    "decoder_layers": 16,
+    "encoder_attention_heads": 16,
+    "decoder_attention_heads": 16,
+    "encoder_ffn_dim": 4096,
+    "decoder_ffn_dim": 4096,
+    "is_encoder_decoder": True,
+    "pad_token_id": 0,
+    "eos_token_id": 1,
+    "decoder_start_token_id": 0,
+    "scale_embedding": True,
+}
+TINY_PEGASUS = {
+    **PEGASUS_SHAPED,
+    "vocab_size": 1024,
+    "max_position_embeddings": 256,
+    "d_model": 64,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2,
+    "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+}
 # The public reference the forum config is held against (the forum report the README starts from:
 # gpt2 under Trainer's defaults peaking at 8-9 GiB).
 FORUM_PEAK_ALLOCATED_GIB, FORUM_PEAK_RESERVED_GIB = 8.06, 8.73
-PACKAGES = ("torch", "transformers", "accelerate", "tokenizers", "optuna", "sqlalchemy", "alembic", "datasets", "peft",
-            "bitsandbytes", "liger_kernel", "pynvml")
-IMAGE_VERSIONS = ("import importlib.metadata as m, json\n"
-                  "def v(n):\n    try: return m.version(n)\n    except m.PackageNotFoundError: return None\n"
-                  "print(json.dumps({n: v(n) for n in ('pyarrow', 'datasets', 'pandas', 'torch', 'transformers')}))")
+PACKAGES = (
+    "torch",
+    "transformers",
+    "accelerate",
+    "tokenizers",
+    "optuna",
+    "sqlalchemy",
+    "alembic",
+    "datasets",
+    "peft",
+    "bitsandbytes",
+    "liger_kernel",
+    "pynvml",
+)
+IMAGE_VERSIONS = (
+    "import importlib.metadata as m, json\n"
+    "def v(n):\n    try: return m.version(n)\n    except m.PackageNotFoundError: return None\n"
+    "print(json.dumps({n: v(n) for n in ('pyarrow', 'datasets', 'pandas', 'torch', 'transformers')}))"
+)
 # Kept out of the state's tarball: a full model checkpoint of the training run, caches, scratch.
 NOT_TARRED = ("train-run", "handoff-run", "cache", "tmp")
 MAX_TARRED_FILE_BYTES = 8 * MiB
@@ -117,7 +153,7 @@ class UsageError(Exception):
 def one_line(text: str, limit: int = 300) -> str:
     lines = [line.strip() for line in str(text).strip().splitlines() if line.strip()]
     line = lines[0] if lines else ""
-    return line if len(line) <= limit else line[:limit - 3] + "..."
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def last_line(text: str, limit: int = 300) -> str:
@@ -130,6 +166,7 @@ def is_done(status: str | None) -> bool:
 
 
 # -- running children -------------------------------------------------------------------------------
+
 
 @dataclass
 class Outcome:
@@ -179,8 +216,15 @@ def kill_group(process: subprocess.Popen) -> None:
             continue
 
 
-def run_child(argv: Sequence[str], *, log: IO[str], scratch: Path, deadline: Deadline, timeout: float | None = None,
-              env: Mapping[str, str] | None = None) -> Outcome:
+def run_child(
+    argv: Sequence[str],
+    *,
+    log: IO[str],
+    scratch: Path,
+    deadline: Deadline,
+    timeout: float | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Outcome:
     """Run `argv` from the repository root in a process group of its own (not a session of its own:
     the GPU machine ends leftover processes of a command, except those in a new session), stderr
     straight into `log` as it comes, stdout into a file then the log. Killed, with its group, at
@@ -197,8 +241,15 @@ def run_child(argv: Sequence[str], *, log: IO[str], scratch: Path, deadline: Dea
     limit = min(limits) if limits else None
     cut = timed_out = False
     with open(out_path, "w+") as out:
-        process = subprocess.Popen(argv, cwd=REPO, env=dict(env) if env is not None else None, stdout=out, stderr=log,
-                                   stdin=subprocess.DEVNULL, process_group=0)
+        process = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            env=dict(env) if env is not None else None,
+            stdout=out,
+            stderr=log,
+            stdin=subprocess.DEVNULL,
+            process_group=0,
+        )
         try:
             process.wait(timeout=limit)
         except subprocess.TimeoutExpired:
@@ -221,13 +272,14 @@ def run_child(argv: Sequence[str], *, log: IO[str], scratch: Path, deadline: Dea
 
 # -- a run: where things go, the deadline, the document ------------------------------------------------
 
+
 @dataclass
 class Run:
     """One invocation: its directories, mode, deadline, log, and the evidence document it writes."""
 
     out: Path
     state: Path
-    mode: str                     # "cuda" or "cpu"
+    mode: str  # "cuda" or "cpu"
     deadline: Deadline
     log: IO[str]
     doc: dict
@@ -256,12 +308,16 @@ class Run:
         this repository importable; `overrides` set (None: unset) what a child needs besides."""
         env = dict(os.environ)
         home = self.state / "home"
-        env.update({
-            "AUTOTUNE_HOME": str(home), "AUTOTUNE_DB": f"sqlite:///{home / 'autotune.db'}",
-            "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(self.state / "cache" / "hf-datasets"),
-            "PYTHONUNBUFFERED": "1",
-            "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        })
+        env.update(
+            {
+                "AUTOTUNE_HOME": str(home),
+                "AUTOTUNE_DB": f"sqlite:///{home / 'autotune.db'}",
+                "HF_HUB_OFFLINE": "1",
+                "HF_DATASETS_CACHE": str(self.state / "cache" / "hf-datasets"),
+                "PYTHONUNBUFFERED": "1",
+                "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]),
+            }
+        )
         if not self.cuda:
             # Two cores: one OpenMP thread per process, or children spin against each other.
             env.setdefault("OMP_NUM_THREADS", "1")
@@ -272,16 +328,19 @@ class Run:
                 env[name] = value
         return env
 
-    def command(self, argv: Sequence[str], *, timeout: float | None = None,
-                env: Mapping[str, str | None] | None = None) -> Outcome:
-        return run_child(argv, log=self.log, scratch=self.state / "tmp", deadline=self.deadline, timeout=timeout,
-                         env=self.env(env))
+    def command(
+        self, argv: Sequence[str], *, timeout: float | None = None, env: Mapping[str, str | None] | None = None
+    ) -> Outcome:
+        return run_child(
+            argv, log=self.log, scratch=self.state / "tmp", deadline=self.deadline, timeout=timeout, env=self.env(env)
+        )
 
     def autotune(self, *args: str, timeout: float | None = None) -> Outcome:
         return self.command([self.python, "-m", "autotune", *args], timeout=timeout)
 
-    def helper(self, name: str, *, timeout: float = 300.0, env: Mapping[str, str | None] | None = None,
-               **kwargs: Any) -> dict:
+    def helper(
+        self, name: str, *, timeout: float = 300.0, env: Mapping[str, str | None] | None = None, **kwargs: Any
+    ) -> dict:
         """Run HELPERS[name](**kwargs) in a fresh Python process; its figures."""
         code = "import sys; from benchmarks.gpu_evidence import helper_main; helper_main(sys.argv[1:])"
         outcome = self.command([self.python, "-c", code, name, json.dumps(kwargs)], timeout=timeout, env=env)
@@ -289,9 +348,13 @@ class Run:
             raise Pending(f"{name} was stopped at the deadline")
         lines = [line for line in outcome.stdout.splitlines() if line.startswith(RESULT_MARK)]
         if outcome.timed_out or not lines:
-            why = f"timed out after {timeout:.0f} s" if outcome.timed_out else f"exit status {outcome.returncode}, no result"
+            why = (
+                f"timed out after {timeout:.0f} s"
+                if outcome.timed_out
+                else f"exit status {outcome.returncode}, no result"
+            )
             raise Failed(f"{name}: {why} (see {LOG_FILE})")
-        return json.loads(lines[-1][len(RESULT_MARK):])
+        return json.loads(lines[-1][len(RESULT_MARK) :])
 
     def timeout_flag(self, flag: str, unit: str = "") -> list[str]:
         """`flag SECONDS` for a command that ends itself before our deadline (none without one)."""
@@ -323,6 +386,7 @@ class Run:
 
 def pack_state(state: Path, target: Path) -> None:
     """The state directory as a tarball (its model checkpoints, caches and scratch left out)."""
+
     def keep(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
         parts = Path(info.name).parts
         if any(part in NOT_TARRED for part in parts[1:]) or info.name.endswith(".tmp"):
@@ -343,6 +407,7 @@ def utc_now() -> str:
 
 # -- sections -----------------------------------------------------------------------------------------
 
+
 def section_versions(run: Run) -> dict:
     """Versions of what the evidence depends on, and what nvidia-smi says about the card."""
     # On CPU an import says nothing about CUDA libraries and costs 7 s of the CPU mode's minute
@@ -351,16 +416,24 @@ def section_versions(run: Run) -> dict:
     # The machine's own versions of what the carried wheels may shadow (datasets 5 needs pyarrow >= 24):
     # whether the next session must carry them.
     image = run.command([run.python, "-c", IMAGE_VERSIONS], timeout=60, env={"PYTHONPATH": None})
-    figures["image_packages"] = json.loads(image.stdout.strip().splitlines()[-1]) if image.returncode == 0 else {
-        "error": last_line(image.stdout)}
+    figures["image_packages"] = (
+        json.loads(image.stdout.strip().splitlines()[-1])
+        if image.returncode == 0
+        else {"error": last_line(image.stdout)}
+    )
     if shutil.which("nvidia-smi") is None:
         figures["nvidia_smi"] = "skipped: nvidia-smi not found"
     else:
-        query = run.command(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap",
-                             "--format=csv,noheader"], timeout=60)
+        query = run.command(
+            ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,compute_cap", "--format=csv,noheader"],
+            timeout=60,
+        )
         full = run.command(["nvidia-smi"], timeout=60)
-        figures["nvidia_smi"] = {"query": query.stdout.strip(), "output": full.stdout.strip(),
-                                 "exit_status": full.returncode}
+        figures["nvidia_smi"] = {
+            "query": query.stdout.strip(),
+            "output": full.stdout.strip(),
+            "exit_status": full.returncode,
+        }
     return figures
 
 
@@ -371,6 +444,7 @@ MicroCheck = tuple[str, Callable[["Run"], dict], float]
 def check_cap_oom(allocator: str) -> Callable[[Run], dict]:
     def check(run: Run) -> dict:
         return run.helper("cap_oom", timeout=120, env=allocator_environment(allocator))
+
     return check
 
 
@@ -378,30 +452,55 @@ def check_allocator_var_priority(run: Run) -> dict:
     """Which of the two variables torch reads when both are set, each way round, with the two
     single-variable cases as controls that the detection itself works."""
     cases: dict[str, dict[str, str | None]] = {
-        "alloc_false_cuda_true": {"PYTORCH_ALLOC_CONF": "expandable_segments:False",
-                                  "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
-        "alloc_true_cuda_false": {"PYTORCH_ALLOC_CONF": "expandable_segments:True",
-                                  "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"},
+        "alloc_false_cuda_true": {
+            "PYTORCH_ALLOC_CONF": "expandable_segments:False",
+            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+        },
+        "alloc_true_cuda_false": {
+            "PYTORCH_ALLOC_CONF": "expandable_segments:True",
+            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False",
+        },
         "cuda_true_only": {"PYTORCH_ALLOC_CONF": None, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
         "neither": {"PYTORCH_ALLOC_CONF": None, "PYTORCH_CUDA_ALLOC_CONF": None},
     }
     results = {name: run.helper("allocator_settings", timeout=120, env=env) for name, env in cases.items()}
     a, b = results["alloc_false_cuda_true"]["expandable"], results["alloc_true_cuda_false"]["expandable"]
     controls_ok = results["cuda_true_only"]["expandable"] is True and results["neither"]["expandable"] is False
-    winner = ("PYTORCH_ALLOC_CONF" if (a, b) == (False, True) else
-              "PYTORCH_CUDA_ALLOC_CONF" if (a, b) == (True, False) else "neither consistently")
-    return {"cases": results, "winner": winner, "detection_controls_ok": controls_ok,
-            "autotune_assumes": ALLOC_CONF_VARS[0]}
+    winner = (
+        "PYTORCH_ALLOC_CONF"
+        if (a, b) == (False, True)
+        else "PYTORCH_CUDA_ALLOC_CONF"
+        if (a, b) == (True, False)
+        else "neither consistently"
+    )
+    return {
+        "cases": results,
+        "winner": winner,
+        "detection_controls_ok": controls_ok,
+        "autotune_assumes": ALLOC_CONF_VARS[0],
+    }
 
 
 def check_handoff_compile(run: Run) -> dict:
     """The hand-off's TrainingArguments for a compiled fp32 winner, 2 Trainer steps of a tiny model;
     and the same without `tf32`, which is what transformers would do without the hand-off's word."""
     out = run.state / "tmp" / "handoff"
-    return {"handoff": run.helper("handoff_compile", timeout=420, model_dir=str(run.tiny_model),
-                                  output_dir=str(out / "with-tf32"), drop_tf32=False),
-            "without_tf32_key": run.helper("handoff_compile", timeout=420, model_dir=str(run.tiny_model),
-                                           output_dir=str(out / "without-tf32"), drop_tf32=True)}
+    return {
+        "handoff": run.helper(
+            "handoff_compile",
+            timeout=420,
+            model_dir=str(run.tiny_model),
+            output_dir=str(out / "with-tf32"),
+            drop_tf32=False,
+        ),
+        "without_tf32_key": run.helper(
+            "handoff_compile",
+            timeout=420,
+            model_dir=str(run.tiny_model),
+            output_dir=str(out / "without-tf32"),
+            drop_tf32=True,
+        ),
+    }
 
 
 def check_bitsandbytes_import(run: Run) -> dict:
@@ -514,8 +613,18 @@ def section_pytest_gpu(run: Run) -> dict:
     base = [run.python, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-m", "gpu"]
     # A test module that cannot be imported here (a dev-only package the GPU image lacks) must not
     # hide the GPU tests of the others.
-    collect = [run.python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu", "--collect-only",
-               "--continue-on-collection-errors"]
+    collect = [
+        run.python,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-m",
+        "gpu",
+        "--collect-only",
+        "--continue-on-collection-errors",
+    ]
     # On a card the whole suite is collected (a GPU test outside the files that say so would be
     # missed otherwise); on CPU only the files with the mark, to keep the CPU mode short.
     paths = [] if run.cuda else gpu_test_files()
@@ -544,17 +653,27 @@ def section_pytest_gpu(run: Run) -> dict:
         if outcome.cut:
             cuts = before.get("cut_by_deadline", 0) + 1
             # A test longer than a whole call never ends: say so after the second cut.
-            tests[node] = ({"outcome": "error", "message": "stopped at the deadline twice: longer than one call"}
-                           if cuts >= 2 else {"outcome": "cut", "cut_by_deadline": cuts})
+            tests[node] = (
+                {"outcome": "error", "message": "stopped at the deadline twice: longer than one call"}
+                if cuts >= 2
+                else {"outcome": "cut", "cut_by_deadline": cuts}
+            )
             break
         tests[node] = node_outcome(outcome)
         run.say(f"  {node}: {tests[node]['outcome']}")
     counts: dict[str, int] = {}
     for result in tests.values():
         counts[result["outcome"]] = counts.get(result["outcome"], 0) + 1
-    unimportable = [line.split()[1] for line in collected.stdout.splitlines() if line.startswith("ERROR ") and len(line.split()) > 1]
-    figures = {"collected": len(nodes), "counts": counts, "tests": tests, "modules_not_collected": unimportable,
-               "command": shlex.join(["python", *base[1:]]) + " NODE (each)"}
+    unimportable = [
+        line.split()[1] for line in collected.stdout.splitlines() if line.startswith("ERROR ") and len(line.split()) > 1
+    ]
+    figures = {
+        "collected": len(nodes),
+        "counts": counts,
+        "tests": tests,
+        "modules_not_collected": unimportable,
+        "command": shlex.join(["python", *base[1:]]) + " NODE (each)",
+    }
     if len(tests) < len(nodes) or counts.get("cut"):
         raise Pending(f"{len(nodes) - len(tests) + counts.get('cut', 0)} tests not run before the deadline", figures)
     return figures
@@ -582,7 +701,7 @@ def cpu_mode_outcomes(outcome: Outcome, nodes: list[str]) -> dict[str, dict]:
     found: dict[str, dict] = {}
     for node in nodes:
         line = next((line for line in outcome.stdout.splitlines() if line.startswith(node + " ")), "")
-        word = line[len(node) + 1:].split(" ", 1)[0].lower() if line else ""
+        word = line[len(node) + 1 :].split(" ", 1)[0].lower() if line else ""
         if word in ("passed", "skipped", "failed", "error"):
             found[node] = {"outcome": word, "seconds": round(outcome.seconds / len(nodes), 1)}
             if word in ("failed", "error"):
@@ -596,9 +715,29 @@ def readme_search_args(run: Run) -> list[str]:
     runs the estimator anyway)."""
     if run.cuda:
         return ["--model", "gpt2", "--gpu-budget", "8GiB"]
-    return ["--model", str(run.tiny_model), "--gpu-budget", "12MiB", "--device", "cpu", "--no-predict", "--micro-batches", "1,2",
-            "--effective-batch", "2", "--block-sizes", "64", "--precisions", "fp32", "--checkpointing", "off",
-            "--attention", "sdpa", "--measure-seconds", "0.2"]
+    return [
+        "--model",
+        str(run.tiny_model),
+        "--gpu-budget",
+        "12MiB",
+        "--device",
+        "cpu",
+        "--no-predict",
+        "--micro-batches",
+        "1,2",
+        "--effective-batch",
+        "2",
+        "--block-sizes",
+        "64",
+        "--precisions",
+        "fp32",
+        "--checkpointing",
+        "off",
+        "--attention",
+        "sdpa",
+        "--measure-seconds",
+        "0.2",
+    ]
 
 
 def search_figures(summary: dict, outcome: Outcome, earlier: dict) -> dict:
@@ -606,18 +745,39 @@ def search_figures(summary: dict, outcome: Outcome, earlier: dict) -> dict:
     deadline cut short resumes from its database)."""
     best = summary.get("best") or {}
     return {
-        "exit_status": outcome.returncode, "study": summary.get("study"), "study_status": summary.get("status"),
-        "stop_reason": summary.get("stop_reason"), "candidates": summary.get("candidates"),
-        "probes": summary.get("probed"), "reused": summary.get("reused"), "skipped": summary.get("skipped"),
-        "unmeasured": summary.get("unmeasured"), "confirmation": summary.get("confirmation"),
+        "exit_status": outcome.returncode,
+        "study": summary.get("study"),
+        "study_status": summary.get("status"),
+        "stop_reason": summary.get("stop_reason"),
+        "candidates": summary.get("candidates"),
+        "probes": summary.get("probed"),
+        "reused": summary.get("reused"),
+        "skipped": summary.get("skipped"),
+        "unmeasured": summary.get("unmeasured"),
+        "confirmation": summary.get("confirmation"),
         "attempts": earlier.get("attempts", 0) + 1,
         "wall_seconds": round(earlier.get("wall_seconds", 0.0) + outcome.seconds, 1),
         "search_seconds": round(earlier.get("search_seconds", 0.0) + float(summary.get("seconds") or 0.0), 1),
-        "pick": {key: best.get(key) for key in ("label", "tokens_per_s", "step_seconds", "peak_allocated_bytes",
-                                                  "peak_reserved_bytes", "context_bytes", "mfu", "phase_peaks",
-                                                  "eval_batch_found")} if best else None,
-        "leaderboard": [{key: row.get(key) for key in ("label", "tokens_per_s", "peak_reserved_bytes", "context_bytes")}
-                        for row in summary.get("leaderboard", [])],
+        "pick": {
+            key: best.get(key)
+            for key in (
+                "label",
+                "tokens_per_s",
+                "step_seconds",
+                "peak_allocated_bytes",
+                "peak_reserved_bytes",
+                "context_bytes",
+                "mfu",
+                "phase_peaks",
+                "eval_batch_found",
+            )
+        }
+        if best
+        else None,
+        "leaderboard": [
+            {key: row.get(key) for key in ("label", "tokens_per_s", "peak_reserved_bytes", "context_bytes")}
+            for row in summary.get("leaderboard", [])
+        ],
     }
 
 
@@ -629,12 +789,21 @@ def run_search(run: Run, earlier: dict, args: list[str], db: str) -> dict:
     argv = ["search", *args, "--db", db, "--json", *run.timeout_flag("--timeout", "s")]
     outcome = run.autotune(*argv)
     if outcome.cut:
-        raise Pending("the search was stopped at the deadline; the same command goes on",
-                      {**earlier, "database_was_empty": empty, "attempts": earlier.get("attempts", 0) + 1,
-                       "wall_seconds": round(earlier.get("wall_seconds", 0.0) + outcome.seconds, 1)})
+        raise Pending(
+            "the search was stopped at the deadline; the same command goes on",
+            {
+                **earlier,
+                "database_was_empty": empty,
+                "attempts": earlier.get("attempts", 0) + 1,
+                "wall_seconds": round(earlier.get("wall_seconds", 0.0) + outcome.seconds, 1),
+            },
+        )
     summary = outcome.json(accept=(0, 1, 3), what="autotune search")
-    figures = {"database_was_empty": empty, "command": "autotune " + shlex.join(argv),
-               **search_figures(summary, outcome, earlier)}
+    figures = {
+        "database_was_empty": empty,
+        "command": "autotune " + shlex.join(argv),
+        **search_figures(summary, outcome, earlier),
+    }
     if summary.get("stop_reason") in ("timeout", "interrupted"):
         raise Pending("the search stopped at its --timeout; the same command goes on", figures)
     figures["probes_stored"] = run.helper("study_probes", timeout=120, db=db)["probes"]
@@ -661,8 +830,24 @@ def forum_probes(run: Run) -> dict[str, list[str]]:
         model, block, device = str(run.tiny_model), "128", "cpu"
         budgets = {"whole_card": "1GiB", "budget_8GiB": "12MiB"}
         extra = ["--measure-seconds", "0.2"]
-    config = ["--model", model, "--micro-batch", "8", "--block-size", block, "--precision", "fp32", "--attention", "sdpa",
-              "--optimizer", "adamw", "--no-checkpointing", "--device", device, *extra]
+    config = [
+        "--model",
+        model,
+        "--micro-batch",
+        "8",
+        "--block-size",
+        block,
+        "--precision",
+        "fp32",
+        "--attention",
+        "sdpa",
+        "--optimizer",
+        "adamw",
+        "--no-checkpointing",
+        "--device",
+        device,
+        *extra,
+    ]
     return {name: ["probe", *config, "--gpu-budget", budget, "--json"] for name, budget in budgets.items()}
 
 
@@ -681,18 +866,37 @@ def section_forum_config(run: Run) -> dict:
         except SectionEnd as end:
             end.figures = {"probes": probes}  # the probe that finished is kept for the next attempt
             raise
-        probes[name] = {"command": "autotune " + shlex.join(argv), "status": result.get("status"),
-                        **{k: result.get(k) for k in ("peak_allocated_bytes", "peak_reserved_bytes", "context_bytes",
-                                                      "budget_bytes", "margin_bytes", "cap_bytes", "tokens_per_s",
-                                                      "step_seconds", "wall_seconds")},
-                        "error": one_line(result.get("error") or "") or None}
+        probes[name] = {
+            "command": "autotune " + shlex.join(argv),
+            "status": result.get("status"),
+            **{
+                k: result.get(k)
+                for k in (
+                    "peak_allocated_bytes",
+                    "peak_reserved_bytes",
+                    "context_bytes",
+                    "budget_bytes",
+                    "margin_bytes",
+                    "cap_bytes",
+                    "tokens_per_s",
+                    "step_seconds",
+                    "wall_seconds",
+                )
+            },
+            "error": one_line(result.get("error") or "") or None,
+        }
     whole = probes["whole_card"]
-    figures: dict[str, Any] = {"probes": probes, "small_budget_ooms_as_expected": probes["budget_8GiB"]["status"] == "oom"}
+    figures: dict[str, Any] = {
+        "probes": probes,
+        "small_budget_ooms_as_expected": probes["budget_8GiB"]["status"] == "oom",
+    }
     if run.cuda and whole.get("peak_allocated_bytes"):
         figures["vs_forum"] = {
-            "forum_peak_allocated_gib": FORUM_PEAK_ALLOCATED_GIB, "forum_peak_reserved_gib": FORUM_PEAK_RESERVED_GIB,
+            "forum_peak_allocated_gib": FORUM_PEAK_ALLOCATED_GIB,
+            "forum_peak_reserved_gib": FORUM_PEAK_RESERVED_GIB,
             "peak_allocated_ratio": round(whole["peak_allocated_bytes"] / GiB / FORUM_PEAK_ALLOCATED_GIB, 3),
-            "peak_reserved_ratio": round((whole.get("peak_reserved_bytes") or 0) / GiB / FORUM_PEAK_RESERVED_GIB, 3)}
+            "peak_reserved_ratio": round((whole.get("peak_reserved_bytes") or 0) / GiB / FORUM_PEAK_RESERVED_GIB, 3),
+        }
     return figures
 
 
@@ -700,36 +904,72 @@ def benchmark_args(run: Run) -> list[str]:
     if run.cuda:
         return ["--models", "gpt2"]
     # benchmarks.run's tiny case, cut to two configs and the two phases that give its figures.
-    return ["--device", "cpu", "--models", "tiny:12MiB", "--micro-batches", "1,2", "--precisions", "fp32",
-            "--checkpointing", "off", "--effective-batch", "2", "--phases", "ground-truth,search", "--no-estimate"]
+    return [
+        "--device",
+        "cpu",
+        "--models",
+        "tiny:12MiB",
+        "--micro-batches",
+        "1,2",
+        "--precisions",
+        "fp32",
+        "--checkpointing",
+        "off",
+        "--effective-batch",
+        "2",
+        "--phases",
+        "ground-truth,search",
+        "--no-estimate",
+    ]
 
 
 def benchmark_summary(doc: dict) -> dict:
     cases = []
     for case in doc.get("cases", []):
         search, truth = case.get("autotune") or {}, case.get("ground_truth") or {}
-        cases.append({
-            "model": case.get("model"), "budget_bytes": case.get("budget_bytes"), "candidates": case.get("candidates"),
-            "figures": case.get("figures"), "pending": case.get("pending"),
-            "search_pick": (search.get("pick") or {}).get("label"), "search_probes": search.get("probed"),
-            "search_gpu_seconds": search.get("gpu_seconds"), "ground_truth_probes": truth.get("probed"),
-            "ground_truth_gpu_seconds": truth.get("gpu_seconds"),
-            "alternatives": [{k: a.get(k) for k in ("name", "status", "probed")} | {"pick": (a.get("pick") or {}).get("label")}
-                             for a in case.get("alternatives") or []],
-        })
+        cases.append(
+            {
+                "model": case.get("model"),
+                "budget_bytes": case.get("budget_bytes"),
+                "candidates": case.get("candidates"),
+                "figures": case.get("figures"),
+                "pending": case.get("pending"),
+                "search_pick": (search.get("pick") or {}).get("label"),
+                "search_probes": search.get("probed"),
+                "search_gpu_seconds": search.get("gpu_seconds"),
+                "ground_truth_probes": truth.get("probed"),
+                "ground_truth_gpu_seconds": truth.get("gpu_seconds"),
+                "alternatives": [
+                    {k: a.get(k) for k in ("name", "status", "probed")} | {"pick": (a.get("pick") or {}).get("label")}
+                    for a in case.get("alternatives") or []
+                ],
+            }
+        )
     return {"device": doc.get("device"), "date": doc.get("date"), "complete": doc.get("complete"), "cases": cases}
 
 
 def section_benchmark(run: Run) -> dict:
     """benchmarks.run with its own state: exit 3 means it went as far as the deadline let it."""
     out = run.state / "bench-out"
-    argv = [run.python, "-m", "benchmarks.run", *benchmark_args(run), "--state", str(run.state / "bench"),
-            "--out", str(out), "--brief", *run.timeout_flag("--deadline")]
+    argv = [
+        run.python,
+        "-m",
+        "benchmarks.run",
+        *benchmark_args(run),
+        "--state",
+        str(run.state / "bench"),
+        "--out",
+        str(out),
+        "--brief",
+        *run.timeout_flag("--deadline"),
+    ]
     earlier = run.previous("benchmark")
     outcome = run.command(argv)
-    attempts = {"attempts": earlier.get("attempts", 0) + 1,
-                "wall_seconds": round(earlier.get("wall_seconds", 0.0) + outcome.seconds, 1),
-                "command": "python -m benchmarks.run " + shlex.join(argv[3:])}
+    attempts = {
+        "attempts": earlier.get("attempts", 0) + 1,
+        "wall_seconds": round(earlier.get("wall_seconds", 0.0) + outcome.seconds, 1),
+        "command": "python -m benchmarks.run " + shlex.join(argv[3:]),
+    }
     if outcome.cut or outcome.returncode == 3:
         raise Pending("benchmarks.run has phases left; the same command goes on", attempts)
     if outcome.returncode != 0:
@@ -737,8 +977,11 @@ def section_benchmark(run: Run) -> dict:
     written = sorted(out.glob("*.json"), key=lambda p: p.stat().st_mtime)
     if not written:
         raise Failed(f"benchmarks.run wrote no JSON into {out}", attempts)
-    return {**attempts, "json": str(written[-1].relative_to(run.state)),
-            **benchmark_summary(json.loads(written[-1].read_text()))}
+    return {
+        **attempts,
+        "json": str(written[-1].relative_to(run.state)),
+        **benchmark_summary(json.loads(written[-1].read_text())),
+    }
 
 
 def section_estimator_vs_probe(run: Run) -> dict:
@@ -759,9 +1002,26 @@ def section_train_200_steps(run: Run) -> dict:
     output = run.state / "train-run"
     # A fresh directory each attempt: an earlier one's checkpoints would make this a resumed run.
     shutil.rmtree(output, ignore_errors=True)
-    argv = ["train", "--study", study, "--dataset", str(data / "corpus.txt"), "--tokenizer", str(data / "tokenizer"),
-            "--max-steps", str(steps), "--save-steps", str(steps * 10), "--device", run.mode,
-            "--output-dir", str(output), "--db", run.db("readme.db"), "--json"]
+    argv = [
+        "train",
+        "--study",
+        study,
+        "--dataset",
+        str(data / "corpus.txt"),
+        "--tokenizer",
+        str(data / "tokenizer"),
+        "--max-steps",
+        str(steps),
+        "--save-steps",
+        str(steps * 10),
+        "--device",
+        run.mode,
+        "--output-dir",
+        str(output),
+        "--db",
+        run.db("readme.db"),
+        "--json",
+    ]
     summary = run.autotune(*argv, timeout=1200).json(accept=(0, 1), what="autotune train")
     probe = summary.get("probe") or {}
     speed, probe_speed = summary.get("tokens_per_s"), probe.get("tokens_per_s")
@@ -769,9 +1029,25 @@ def section_train_200_steps(run: Run) -> dict:
     return {
         "command": "autotune " + shlex.join(argv),
         "run_status": summary.get("status"),
-        **{k: summary.get(k) for k in ("steps", "tokens_per_s", "wall_tokens_per_s", "train_seconds",
-                                       "peak_allocated_bytes", "peak_reserved_bytes", "context_bytes", "budget_bytes",
-                                       "margin_bytes", "cap_bytes", "peak_vs_probe", "final_loss", "warnings", "error")},
+        **{
+            k: summary.get(k)
+            for k in (
+                "steps",
+                "tokens_per_s",
+                "wall_tokens_per_s",
+                "train_seconds",
+                "peak_allocated_bytes",
+                "peak_reserved_bytes",
+                "context_bytes",
+                "budget_bytes",
+                "margin_bytes",
+                "cap_bytes",
+                "peak_vs_probe",
+                "final_loss",
+                "warnings",
+                "error",
+            )
+        },
         "config": (summary.get("config") or {}).get("label"),
         "probe": probe,
         "tokens_per_s_vs_probe": round(speed / probe_speed, 3) if speed and probe_speed else None,
@@ -781,7 +1057,7 @@ def section_train_200_steps(run: Run) -> dict:
 
 # -- pass 2: is the pick the fastest on the card, and does the run go as fast as its probe? ----------
 
-TRUTH_FILE = "truth.jsonl"        # every probe of the truth and of the spread, one JSON line each
+TRUTH_FILE = "truth.jsonl"  # every probe of the truth and of the spread, one JSON line each
 # A config whose first process measured under this share of the best's cannot be the best within the
 # noise between processes seen on a card (±25% on the H100, 2026-11-26: 0.75 / 1.25 = 0.6): its
 # second process comes after the contenders'.
@@ -815,7 +1091,9 @@ def read_rows(path: Path, prefix: str) -> list[dict]:
     return rows
 
 
-def next_truth_round(keys: Sequence[str], rows: Sequence[dict], first_round_closed: bool = False) -> tuple[str, list[str]]:
+def next_truth_round(
+    keys: Sequence[str], rows: Sequence[dict], first_round_closed: bool = False
+) -> tuple[str, list[str]]:
     """The truth's next round and what it has left to measure: round 1 every config in `keys`' order;
     round 2 in reverse order (so that a drift of the card over the minutes weighs on both ends
     alike), the contenders of round 1 first, configs that did not fit in round 1 left out. Once
@@ -827,8 +1105,11 @@ def next_truth_round(keys: Sequence[str], rows: Sequence[dict], first_round_clos
     if first_todo and not first_round_closed:
         return "1", first_todo
     second = {r["key"] for r in rows if r["tag"] == "truth-2"}
-    fits = {k: first[k]["tokens_per_s"] for k in keys
-            if k in first and first[k]["status"] == "ok" and first[k].get("tokens_per_s")}
+    fits = {
+        k: first[k]["tokens_per_s"]
+        for k in keys
+        if k in first and first[k]["status"] == "ok" and first[k].get("tokens_per_s")
+    }
     best = max(fits.values(), default=0.0)
     contenders = [k for k in reversed(keys) if k in fits and fits[k] >= CONTENDER_SHARE * best]
     others = [k for k in reversed(keys) if k in fits and k not in contenders]
@@ -858,9 +1139,16 @@ def truth_table(keys: Sequence[str], labels: Mapping[str, str], rows: Sequence[d
     for key in keys:
         mine = [r for r in rows if r["key"] == key]
         samples = [r["tokens_per_s"] for r in mine if r["status"] == "ok" and r.get("tokens_per_s")]
-        table.append({"label": labels[key], "key": key, "statuses": [r["status"] for r in mine],
-                      "tokens_per_s": [round(s, 1) for s in samples], "median": median_of(samples),
-                      "spread": spread_of(samples)})
+        table.append(
+            {
+                "label": labels[key],
+                "key": key,
+                "statuses": [r["status"] for r in mine],
+                "tokens_per_s": [round(s, 1) for s in samples],
+                "median": median_of(samples),
+                "spread": spread_of(samples),
+            }
+        )
     return sorted(table, key=lambda row: -(row["median"] or 0.0))
 
 
@@ -872,8 +1160,11 @@ def truth_verdict(table: Sequence[dict], readme: Mapping[str, Any], rows: Sequen
     best = measured[0]
     pick_label = (readme.get("pick") or {}).get("label")
     pick = next((row for row in measured if row["label"] == pick_label), None)
-    first_only = max((r for r in rows if r["tag"] == "truth-1" and r["status"] == "ok" and r.get("tokens_per_s")),
-                     key=lambda r: r["tokens_per_s"], default=None)
+    first_only = max(
+        (r for r in rows if r["tag"] == "truth-1" and r["status"] == "ok" and r.get("tokens_per_s")),
+        key=lambda r: r["tokens_per_s"],
+        default=None,
+    )
     truth_seconds = sum(r.get("wall_seconds") or 0.0 for r in rows)
     round_one_seconds = sum(r.get("wall_seconds") or 0.0 for r in rows if r["tag"] == "truth-1")
     search_seconds = readme.get("search_seconds") or 0.0
@@ -881,23 +1172,35 @@ def truth_verdict(table: Sequence[dict], readme: Mapping[str, Any], rows: Sequen
     spreads = [row["spread"] for row in measured if row["spread"] is not None]
     return {
         "best": {"label": best["label"], "median": best["median"], "tokens_per_s": best["tokens_per_s"]},
-        "pick": {"label": pick_label, "search_tokens_per_s": (readme.get("pick") or {}).get("tokens_per_s"),
-                 "truth_median": pick["median"] if pick else None,
-                 "truth_tokens_per_s": pick["tokens_per_s"] if pick else None},
-        "pick_quality": quality, "pick_quality_goal": PICK_QUALITY_GOAL,
+        "pick": {
+            "label": pick_label,
+            "search_tokens_per_s": (readme.get("pick") or {}).get("tokens_per_s"),
+            "truth_median": pick["median"] if pick else None,
+            "truth_tokens_per_s": pick["tokens_per_s"] if pick else None,
+        },
+        "pick_quality": quality,
+        "pick_quality_goal": PICK_QUALITY_GOAL,
         "pick_quality_met": quality is not None and quality >= PICK_QUALITY_GOAL,
         "pick_is_truth_best": pick_label == best["label"],
-        "search_probes": readme.get("probes"), "probes_goal": PROBES_GOAL,
+        "search_probes": readme.get("probes"),
+        "probes_goal": PROBES_GOAL,
         "probes_met": readme.get("probes") is not None and readme["probes"] <= PROBES_GOAL,
-        "truth_probes": len(rows), "truth_gpu_seconds": round(truth_seconds, 1),
-        "truth_round_one_gpu_seconds": round(round_one_seconds, 1), "search_seconds": search_seconds,
+        "truth_probes": len(rows),
+        "truth_gpu_seconds": round(truth_seconds, 1),
+        "truth_round_one_gpu_seconds": round(round_one_seconds, 1),
+        "search_seconds": search_seconds,
         # Against one round of the truth: what an exhaustive search of one process per config costs.
         "search_vs_truth_gpu_seconds": round(search_seconds / round_one_seconds, 3) if round_one_seconds else None,
         "gpu_seconds_goal": GPU_SECONDS_GOAL,
         # What a truth of one process per config would have called the best.
-        "one_process_truth_best": next(row["label"] for row in table if row["key"] == first_only["key"]) if first_only else None,
-        "between_processes_spread": {"median": median_of(spreads), "max": max(spreads, default=None),
-                                     "configs": len(spreads)},
+        "one_process_truth_best": next(row["label"] for row in table if row["key"] == first_only["key"])
+        if first_only
+        else None,
+        "between_processes_spread": {
+            "median": median_of(spreads),
+            "max": max(spreads, default=None),
+            "configs": len(spreads),
+        },
     }
 
 
@@ -934,22 +1237,39 @@ def section_truth(run: Run) -> dict:
     def figures() -> dict:
         rows = read_rows(path, "truth-")
         table = truth_table(keys, labels, rows)
-        return {"candidates": candidates["candidates"], "measured_configs": len(keys),
-                "ruled_out_by_memory": candidates["ruled_out_by_memory"],
-                "without_prediction": candidates["without_prediction"], "window": candidates["window"],
-                "search_confirmation": candidates["confirmation"], "contender_share": CONTENDER_SHARE,
-                "rounds": {tag: sum(1 for r in rows if r["tag"] == tag) for tag in ("truth-1", "truth-2")},
-                **truth_verdict(table, readme, rows), "table": table, "probes": rows}
+        return {
+            "candidates": candidates["candidates"],
+            "measured_configs": len(keys),
+            "ruled_out_by_memory": candidates["ruled_out_by_memory"],
+            "without_prediction": candidates["without_prediction"],
+            "window": candidates["window"],
+            "search_confirmation": candidates["confirmation"],
+            "contender_share": CONTENDER_SHARE,
+            "rounds": {tag: sum(1 for r in rows if r["tag"] == tag) for tag in ("truth-1", "truth-2")},
+            **truth_verdict(table, readme, rows),
+            "table": table,
+            "probes": rows,
+        }
 
     left = run.deadline.left()
     seconds = 1e9 if left is None else left - reserve - WRAP_UP_SECONDS
     if next_truth_round(keys, read_rows(path, "truth-"), True)[1]:
         if seconds < 20:
-            raise Pending(f"{seconds + reserve:.0f} s left of the {20 + reserve:.0f} the truth needs to probe", figures())
+            raise Pending(
+                f"{seconds + reserve:.0f} s left of the {20 + reserve:.0f} the truth needs to probe", figures()
+            )
         try:
             # One chain of processes for every round: a probe's process is started while the last runs.
-            run.helper("fresh_probes", timeout=seconds + KILL_GRACE_SECONDS + 60, db=db, study=study, results=str(path),
-                       seconds=seconds, truth_keys=keys, round_one_seconds=ROUND_ONE_SHARE * seconds)
+            run.helper(
+                "fresh_probes",
+                timeout=seconds + KILL_GRACE_SECONDS + 60,
+                db=db,
+                study=study,
+                results=str(path),
+                seconds=seconds,
+                truth_keys=keys,
+                round_one_seconds=ROUND_ONE_SHARE * seconds,
+            )
         except SectionEnd as end:
             end.figures = figures()
             raise
@@ -992,17 +1312,34 @@ def section_spread(run: Run) -> dict:
     left = wanted - len(read_rows(path, "spread"))
     if left > 0:
         seconds = 1e9 if run.deadline.left() is None else run.deadline.left() - WRAP_UP_SECONDS
-        run.helper("fresh_probes", timeout=seconds + KILL_GRACE_SECONDS + 60, db=db, study=study, keys=[key] * left,
-                   results=str(path), seconds=seconds, tag="spread")
+        run.helper(
+            "fresh_probes",
+            timeout=seconds + KILL_GRACE_SECONDS + 60,
+            db=db,
+            study=study,
+            keys=[key] * left,
+            results=str(path),
+            seconds=seconds,
+            tag="spread",
+        )
     rows = read_rows(path, "spread")
     samples = [r["tokens_per_s"] for r in rows if r["status"] == "ok" and r.get("tokens_per_s")]
     confirmation = candidates["confirmation"] or {}
-    figures = {"config": pick, "processes": len(rows), "statuses": [r["status"] for r in rows],
-               "tokens_per_s": [round(s, 1) for s in samples], "median": median_of(samples),
-               "min": min(samples, default=None), "max": max(samples, default=None), "spread": spread_of(samples),
-               "step_spreads": [r.get("step_spread") for r in rows], "search_tokens_per_s": (readme.get("pick") or {}).get("tokens_per_s"),
-               "search_noise": confirmation.get("noise"), "search_confirmation": confirmation,
-               "startup_seconds": [r.get("startup_seconds") for r in rows]}
+    figures = {
+        "config": pick,
+        "processes": len(rows),
+        "statuses": [r["status"] for r in rows],
+        "tokens_per_s": [round(s, 1) for s in samples],
+        "median": median_of(samples),
+        "min": min(samples, default=None),
+        "max": max(samples, default=None),
+        "spread": spread_of(samples),
+        "step_spreads": [r.get("step_spread") for r in rows],
+        "search_tokens_per_s": (readme.get("pick") or {}).get("tokens_per_s"),
+        "search_noise": confirmation.get("noise"),
+        "search_confirmation": confirmation,
+        "startup_seconds": [r.get("startup_seconds") for r in rows],
+    }
     if len(rows) < wanted:
         raise Pending(f"{wanted - len(rows)} processes left", figures)
     return figures
@@ -1016,18 +1353,33 @@ def section_trainer_handoff(run: Run) -> dict:
     output = run.state / "handoff-run"
     shutil.rmtree(output, ignore_errors=True)
     steps = 200 if run.cuda else 5
-    result = run.helper("trainer_handoff", timeout=900, db=run.db("readme.db"), study=readme.get("study"),
-                        data_dir=str(data), output_dir=str(output), steps=steps)
+    result = run.helper(
+        "trainer_handoff",
+        timeout=900,
+        db=run.db("readme.db"),
+        study=readme.get("study"),
+        data_dir=str(data),
+        output_dir=str(output),
+        steps=steps,
+    )
     probe = (readme.get("pick") or {}).get("tokens_per_s")
     truth = (run.sections.get("truth") or {}).get("pick") or {}
     train = run.sections.get("train_200_steps") or {}
     ratio = round(result["tokens_per_s"] / probe, 3) if result.get("tokens_per_s") and probe else None
-    return {**result, "probe_tokens_per_s": probe,
-            "tokens_per_s_vs_probe": ratio, "goal": RUN_VS_PROBE_GOAL, "met": ratio is not None and ratio >= RUN_VS_PROBE_GOAL,
-            "tokens_per_s_vs_truth_median": (round(result["tokens_per_s"] / truth["truth_median"], 3)
-                                             if result.get("tokens_per_s") and truth.get("truth_median") else None),
-            "autotune_train_tokens_per_s": train.get("tokens_per_s"),
-            "autotune_train_vs_probe": train.get("tokens_per_s_vs_probe")}
+    return {
+        **result,
+        "probe_tokens_per_s": probe,
+        "tokens_per_s_vs_probe": ratio,
+        "goal": RUN_VS_PROBE_GOAL,
+        "met": ratio is not None and ratio >= RUN_VS_PROBE_GOAL,
+        "tokens_per_s_vs_truth_median": (
+            round(result["tokens_per_s"] / truth["truth_median"], 3)
+            if result.get("tokens_per_s") and truth.get("truth_median")
+            else None
+        ),
+        "autotune_train_tokens_per_s": train.get("tokens_per_s"),
+        "autotune_train_vs_probe": train.get("tokens_per_s_vs_probe"),
+    }
 
 
 def eval_generation_searches(run: Run) -> dict[str, list[str]]:
@@ -1037,22 +1389,90 @@ def eval_generation_searches(run: Run) -> dict[str, list[str]]:
         pegasus = run.state / "pegasus-shaped"
         pegasus.mkdir(parents=True, exist_ok=True)
         (pegasus / "config.json").write_text(json.dumps(PEGASUS_SHAPED))
-        gpt2 = ["--model", "gpt2", "--gpu-budget", "8GiB", "--micro-batches", "4,8,16", "--effective-batch", "16",
-                "--block-sizes", "512", "--precisions", "bf16", "--checkpointing", "off,on", "--attention", "sdpa"]
-        seq2seq = ["--model", str(pegasus), "--gpu-budget", "16GiB", "--micro-batches", "2,4,8", "--effective-batch", "8",
-                   "--block-sizes", "512", "--target-length", "128", "--precisions", "bf16", "--checkpointing", "off,on"]
+        gpt2 = [
+            "--model",
+            "gpt2",
+            "--gpu-budget",
+            "8GiB",
+            "--micro-batches",
+            "4,8,16",
+            "--effective-batch",
+            "16",
+            "--block-sizes",
+            "512",
+            "--precisions",
+            "bf16",
+            "--checkpointing",
+            "off,on",
+            "--attention",
+            "sdpa",
+        ]
+        seq2seq = [
+            "--model",
+            str(pegasus),
+            "--gpu-budget",
+            "16GiB",
+            "--micro-batches",
+            "2,4,8",
+            "--effective-batch",
+            "8",
+            "--block-sizes",
+            "512",
+            "--target-length",
+            "128",
+            "--precisions",
+            "bf16",
+            "--checkpointing",
+            "off,on",
+        ]
     else:
         pegasus = run.state / "tiny-pegasus"
         pegasus.mkdir(parents=True, exist_ok=True)
         (pegasus / "config.json").write_text(json.dumps(TINY_PEGASUS))
         # One candidate each: what the CPU mode checks is that the phases run and their figures arrive.
-        tiny = ["--device", "cpu", "--no-predict", "--micro-batches", "2", "--effective-batch", "2", "--precisions", "fp32",
-                "--checkpointing", "off", "--measure-seconds", "0.2"]
-        gpt2 = ["--model", str(run.tiny_model), "--gpu-budget", "1GiB", "--block-sizes", "64", "--attention", "sdpa", *tiny]
-        seq2seq = ["--model", str(pegasus), "--gpu-budget", "1GiB", "--block-sizes", "64", "--target-length", "16",
-                   "--attention", "sdpa", *tiny]
-    return {"gpt2_eval": [*gpt2, "--eval-batch", "auto"],
-            "seq2seq_generate": [*seq2seq, "--eval-batch", "auto", "--generate", "--num-beams", "2"]}
+        tiny = [
+            "--device",
+            "cpu",
+            "--no-predict",
+            "--micro-batches",
+            "2",
+            "--effective-batch",
+            "2",
+            "--precisions",
+            "fp32",
+            "--checkpointing",
+            "off",
+            "--measure-seconds",
+            "0.2",
+        ]
+        gpt2 = [
+            "--model",
+            str(run.tiny_model),
+            "--gpu-budget",
+            "1GiB",
+            "--block-sizes",
+            "64",
+            "--attention",
+            "sdpa",
+            *tiny,
+        ]
+        seq2seq = [
+            "--model",
+            str(pegasus),
+            "--gpu-budget",
+            "1GiB",
+            "--block-sizes",
+            "64",
+            "--target-length",
+            "16",
+            "--attention",
+            "sdpa",
+            *tiny,
+        ]
+    return {
+        "gpt2_eval": [*gpt2, "--eval-batch", "auto"],
+        "seq2seq_generate": [*seq2seq, "--eval-batch", "auto", "--generate", "--num-beams", "2"],
+    }
 
 
 def section_eval_generation(run: Run) -> dict:
@@ -1087,17 +1507,40 @@ def section_data_lengths(run: Run) -> dict:
     ratios between configs, predicted against measured."""
     shape = LENGTHS_ON_CARD if run.cuda else LENGTHS_ON_CPU
     work = run.state / "lengths"
-    data = run.helper("lengths_data", timeout=600, directory=str(work), block=shape["block"], median=shape["median"],
-                      card=run.cuda)
+    data = run.helper(
+        "lengths_data", timeout=600, directory=str(work), block=shape["block"], median=shape["median"], card=run.cuda
+    )
     # (the block above the longest example, TRL's end-of-sequence token included: the data caps it, and
     # TRL cuts no example under padding_free)
-    space = ["--model", str(work / "model"), "--trainer", "trl", "--packing", "off", "--dataset",
-             str(work / "data" / "examples.jsonl"), "--tokenizer", str(work / "data" / "tokenizer"),
-             "--micro-batches", shape["micro_batches"], "--effective-batch", shape["effective_batch"],
-             "--block-sizes", str(2 * shape["block"]), "--checkpointing", "off", "--attention", "sdpa",
-             "--precisions", "bf16" if run.cuda else "fp32"]
-    probing = (["--gpu-budget", "32GiB"] if run.cuda else
-               ["--gpu-budget", "2GiB", "--device", "cpu", "--no-predict", "--measure-seconds", "0.5"])
+    space = [
+        "--model",
+        str(work / "model"),
+        "--trainer",
+        "trl",
+        "--packing",
+        "off",
+        "--dataset",
+        str(work / "data" / "examples.jsonl"),
+        "--tokenizer",
+        str(work / "data" / "tokenizer"),
+        "--micro-batches",
+        shape["micro_batches"],
+        "--effective-batch",
+        shape["effective_batch"],
+        "--block-sizes",
+        str(2 * shape["block"]),
+        "--checkpointing",
+        "off",
+        "--attention",
+        "sdpa",
+        "--precisions",
+        "bf16" if run.cuda else "fp32",
+    ]
+    probing = (
+        ["--gpu-budget", "32GiB"]
+        if run.cuda
+        else ["--gpu-budget", "2GiB", "--device", "cpu", "--no-predict", "--measure-seconds", "0.5"]
+    )
     db = run.db("lengths.db")
     searches = dict(run.previous("data_lengths").get("searches", {}))
     # The padded configs alone come second: the probes of the first, reused (same database), their
@@ -1106,28 +1549,39 @@ def section_data_lengths(run: Run) -> dict:
         if searches.get(name, {}).get("study_status") == "finished":
             continue
         try:
-            searches[name] = run_search(run, searches.get(name, {}), [*space, *probing, "--padding-free", padding_free,
-                                                                      "--study", name], db)
+            searches[name] = run_search(
+                run, searches.get(name, {}), [*space, *probing, "--padding-free", padding_free, "--study", name], db
+            )
         except SectionEnd as end:
             end.figures = {"data": data, "searches": {**searches, name: end.figures}}
             raise
     searched, padded = searches["lengths"], searches["lengths-padded"]
     steps = 60 if run.cuda else 12
-    runs = {name: run.helper("lengths_run", timeout=900, db=db, study=study, work=str(work), steps=steps)
-            for name, study in (("pick", "lengths"), ("padded_pick", "lengths-padded"))}
+    runs = {
+        name: run.helper("lengths_run", timeout=900, db=db, study=study, work=str(work), steps=steps)
+        for name, study in (("pick", "lengths"), ("padded_pick", "lengths-padded"))
+    }
     for name, search in (("pick", searched), ("padded_pick", padded)):
         probe = (search.get("pick") or {}).get("tokens_per_s")
         real = runs[name].get("real_tokens_per_s")
-        runs[name].update(label=(search.get("pick") or {}).get("label"), probe_tokens_per_s=probe,
-                          probe_over_real=round(probe / real, 3) if probe and real else None)
+        runs[name].update(
+            label=(search.get("pick") or {}).get("label"),
+            probe_tokens_per_s=probe,
+            probe_over_real=round(probe / real, 3) if probe and real else None,
+        )
     card = ["--gpu", gpu_card_name(run)] if run.cuda else ["--gpu", "cpu", "--gpu-budget", "2GiB"]
     plan = run.autotune("plan", *space, "--padding-free", "off,on", *card, "--json", timeout=600).json(
-        what="autotune plan")
+        what="autotune plan"
+    )
     measured = {row["label"]: row["tokens_per_s"] for row in searched["leaderboard"] if row.get("tokens_per_s")}
     predicted = {c["label"]: c.get("tokens_per_s") for c in plan.get("candidates", []) if c.get("label") in measured}
-    return {"data": data, "searches": searches, "runs": runs,
-            "plan": {"command": "autotune plan ... " + " ".join(card), "predicted": predicted},
-            "plan_vs_probes": ratios_between(predicted, measured)}
+    return {
+        "data": data,
+        "searches": searches,
+        "runs": runs,
+        "plan": {"command": "autotune plan ... " + " ".join(card), "predicted": predicted},
+        "plan_vs_probes": ratios_between(predicted, measured),
+    }
 
 
 def gpu_card_name(run: Run) -> str:
@@ -1144,9 +1598,14 @@ def ratios_between(predicted: Mapping[str, float | None], measured: Mapping[str,
     best = max(measured, key=measured.__getitem__, default=None)
     if best is None or not predicted.get(best):
         return []
-    return [{"label": label, "measured": round(speed / measured[best], 3),
-             "predicted": round(predicted[label] / predicted[best], 3) if predicted.get(label) else None}
-            for label, speed in sorted(measured.items(), key=lambda item: -item[1])]
+    return [
+        {
+            "label": label,
+            "measured": round(speed / measured[best], 3),
+            "predicted": round(predicted[label] / predicted[best], 3) if predicted.get(label) else None,
+        }
+        for label, speed in sorted(measured.items(), key=lambda item: -item[1])
+    ]
 
 
 def section_liger_allocator_search(run: Run) -> dict:
@@ -1158,9 +1617,28 @@ def section_liger_allocator_search(run: Run) -> dict:
     model.mkdir(parents=True, exist_ok=True)
     (model / "config.json").write_text(json.dumps(TINYLLAMA_1_1B))
     db = run.db("liger.db")
-    args = ["--model", str(model), "--gpu-budget", "32GiB", "--micro-batches", "2,4,8", "--effective-batch", "8",
-            "--block-sizes", "1024", "--precisions", "bf16", "--checkpointing", "off", "--attention", "sdpa",
-            "--liger", "off,on", "--allocators", "default,expandable"]
+    args = [
+        "--model",
+        str(model),
+        "--gpu-budget",
+        "32GiB",
+        "--micro-batches",
+        "2,4,8",
+        "--effective-batch",
+        "8",
+        "--block-sizes",
+        "1024",
+        "--precisions",
+        "bf16",
+        "--checkpointing",
+        "off",
+        "--attention",
+        "sdpa",
+        "--liger",
+        "off,on",
+        "--allocators",
+        "default,expandable",
+    ]
     figures = run_search(run, run.previous("liger_allocator_search"), args, db)
     figures["levers"] = lever_effects(figures["probes_stored"])
     return figures
@@ -1174,8 +1652,9 @@ def lever_effects(probes: list[dict]) -> list[dict]:
             continue
         rest = {k: v for k, v in p["config"].items() if k not in ("liger", "allocator")}
         key = json.dumps(rest, sort_keys=True)
-        groups.setdefault(key, {})[f"liger={'on' if p['config'].get('liger') else 'off'} allocator={p['config'].get('allocator')}"] = {
-            "tokens_per_s": p.get("tokens_per_s"), "peak_reserved_bytes": p.get("peak_reserved_bytes")}
+        groups.setdefault(key, {})[
+            f"liger={'on' if p['config'].get('liger') else 'off'} allocator={p['config'].get('allocator')}"
+        ] = {"tokens_per_s": p.get("tokens_per_s"), "peak_reserved_bytes": p.get("peak_reserved_bytes")}
     return [{"config": json.loads(key), "by_lever": values} for key, values in groups.items()]
 
 
@@ -1194,21 +1673,27 @@ def section_cuda_constants(run: Run) -> dict:
     shutil.copy(FILE, run.out / FILE.name)
     readme = run.sections.get("readme_command", {})
     probe_contexts = [p["context_bytes"] for p in readme.get("probes_stored", []) if p.get("context_bytes")]
-    return {"recorded": {CONTEXT: int(context), CUBLAS_WORKSPACES: int(workspace)}, "where": where,
-            "file": str(FILE.relative_to(REPO)), "copied_to": FILE.name,
-            "readme_probe_context_bytes": {"min": min(probe_contexts), "max": max(probe_contexts)} if probe_contexts else None}
+    return {
+        "recorded": {CONTEXT: int(context), CUBLAS_WORKSPACES: int(workspace)},
+        "where": where,
+        "file": str(FILE.relative_to(REPO)),
+        "copied_to": FILE.name,
+        "readme_probe_context_bytes": {"min": min(probe_contexts), "max": max(probe_contexts)}
+        if probe_contexts
+        else None,
+    }
 
 
 @dataclass(frozen=True)
 class Section:
     name: str
     function: Callable[[Run], dict]
-    cuda_seconds: float           # at least this long left, or it is not started (CUDA mode)
-    cpu_seconds: float            # the same in CPU mode
-    expected_seconds: float       # what it is expected to take on a card (a guess until measured)
-    passes: tuple[str, ...]       # the GPU commands (PASSES) it is part of
+    cuda_seconds: float  # at least this long left, or it is not started (CUDA mode)
+    cpu_seconds: float  # the same in CPU mode
+    expected_seconds: float  # what it is expected to take on a card (a guess until measured)
+    passes: tuple[str, ...]  # the GPU commands (PASSES) it is part of
     cuda_only: bool = False
-    needs: tuple[str, ...] = ()   # sections that must be measured first
+    needs: tuple[str, ...] = ()  # sections that must be measured first
 
     def min_seconds(self, mode: str) -> float:
         return self.cuda_seconds if mode == "cuda" else self.cpu_seconds
@@ -1228,22 +1713,52 @@ SECTIONS: tuple[Section, ...] = (
     # 88 s on the H100 (6 probes), 227 s on the H200 (11 probes, and a confirmation round of 13 windows
     # in 103 s).
     Section("readme_command", section_readme_command, 120, 30, expected_seconds=230, passes=("1", "2")),
-    Section("probe_overhead", section_probe_overhead, 45, 15, expected_seconds=30, passes=("2",),
-            needs=("readme_command",)),
+    Section(
+        "probe_overhead", section_probe_overhead, 45, 15, expected_seconds=30, passes=("2",), needs=("readme_command",)
+    ),
     # Whatever the pass leaves it: on the H200 (2026-11-29) a probe in a fresh process took 8-16 s, so
     # its 45 configs want two commands of their own; it stops to leave TRUTH_RESERVE_SECONDS to the
     # sections after it, and gives the contenders it measured their second process first.
     Section("truth", section_truth, 150, 20, expected_seconds=100, passes=("2",), needs=("readme_command",)),
     Section("forum_config", section_forum_config, 60, 15, expected_seconds=30, passes=("1",)),
-    Section("estimator_vs_probe", section_estimator_vs_probe, 45, 15, expected_seconds=25, passes=("1",),
-            needs=("readme_command",)),
+    Section(
+        "estimator_vs_probe",
+        section_estimator_vs_probe,
+        45,
+        15,
+        expected_seconds=25,
+        passes=("1",),
+        needs=("readme_command",),
+    ),
     Section("cuda_facts", section_cuda_facts, 60, 0, expected_seconds=35, passes=("1",), cuda_only=True),
-    Section("cuda_constants", section_cuda_constants, 5, 0, expected_seconds=1, passes=("1",), cuda_only=True,
-            needs=("cuda_facts",)),
-    Section("train_200_steps", section_train_200_steps, 90, 20, expected_seconds=45, passes=("1", "2"),
-            needs=("readme_command",)),
-    Section("trainer_handoff", section_trainer_handoff, 60, 20, expected_seconds=55, passes=("2",),
-            needs=("readme_command",)),
+    Section(
+        "cuda_constants",
+        section_cuda_constants,
+        5,
+        0,
+        expected_seconds=1,
+        passes=("1",),
+        cuda_only=True,
+        needs=("cuda_facts",),
+    ),
+    Section(
+        "train_200_steps",
+        section_train_200_steps,
+        90,
+        20,
+        expected_seconds=45,
+        passes=("1", "2"),
+        needs=("readme_command",),
+    ),
+    Section(
+        "trainer_handoff",
+        section_trainer_handoff,
+        60,
+        20,
+        expected_seconds=55,
+        passes=("2",),
+        needs=("readme_command",),
+    ),
     # Five fresh processes of the pick: 73 s on the H200.
     Section("spread", section_spread, 30, 10, expected_seconds=60, passes=("2",), needs=("readme_command",)),
     # What is left of pass 1's 9 minutes; its tests resume in a later command.
@@ -1254,8 +1769,15 @@ SECTIONS: tuple[Section, ...] = (
     Section("eval_generation", section_eval_generation, 90, 30, expected_seconds=150, passes=("3",)),
     Section("micro_checks", section_micro_checks, 60, 0, expected_seconds=350, passes=("3",), cuda_only=True),
     Section("benchmark", section_benchmark, 120, 30, expected_seconds=600, passes=("3",)),
-    Section("liger_allocator_search", section_liger_allocator_search, 240, 0, expected_seconds=270, passes=("3",),
-            cuda_only=True),
+    Section(
+        "liger_allocator_search",
+        section_liger_allocator_search,
+        240,
+        0,
+        expected_seconds=270,
+        passes=("3",),
+        cuda_only=True,
+    ),
 )
 SECTION_NAMES = tuple(s.name for s in SECTIONS)
 PASSES = {p: tuple(s.name for s in SECTIONS if p in s.passes) for p in ("1", "2", "3")}
@@ -1289,7 +1811,11 @@ def attempt(run: Run, section: Section) -> dict:
         status = f"failed: {type(exc).__name__}: {one_line(str(exc))}"
     # Summed over the attempts: a section that resumes across commands costs all of them.
     seconds = earlier.get("seconds", 0.0) + time.monotonic() - started
-    return {"status": status, "seconds": round(seconds, 1), **{k: v for k, v in figures.items() if k not in ("status", "seconds")}}
+    return {
+        "status": status,
+        "seconds": round(seconds, 1),
+        **{k: v for k, v in figures.items() if k not in ("status", "seconds")},
+    }
 
 
 def run_sections(run: Run, selected: Sequence[str]) -> int:
@@ -1300,11 +1826,18 @@ def run_sections(run: Run, selected: Sequence[str]) -> int:
                 continue
             status = str(run.sections.get(section.name, {}).get("status"))
             if is_done(status):
-                run.say(f"{section.name}: already {status.split(':')[0]} (in {run.state / EVIDENCE_FILE}); not run again")
+                run.say(
+                    f"{section.name}: already {status.split(':')[0]} (in {run.state / EVIDENCE_FILE}); not run again"
+                )
                 continue
-            run.say(f"{section.name}: starting" + (f" ({run.deadline.left():.0f} s left)" if run.deadline.left() is not None else ""))
+            run.say(
+                f"{section.name}: starting"
+                + (f" ({run.deadline.left():.0f} s left)" if run.deadline.left() is not None else "")
+            )
             run.sections[section.name] = attempt(run, section)
-            run.say(f"{section.name}: {run.sections[section.name]['status']} ({run.sections[section.name]['seconds']} s)")
+            run.say(
+                f"{section.name}: {run.sections[section.name]['status']} ({run.sections[section.name]['seconds']} s)"
+            )
             run.save()
     except (Interrupted, KeyboardInterrupt):
         run.say("stopped (SIGTERM or Ctrl-C): the section in flight stays pending; the same command goes on")
@@ -1318,12 +1851,17 @@ def run_sections(run: Run, selected: Sequence[str]) -> int:
 
 # -- the document -------------------------------------------------------------------------------------
 
+
 def nvidia_driver() -> str | None:
     if shutil.which("nvidia-smi") is None:
         return None
     try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
-                              text=True, timeout=60)
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else None
@@ -1333,17 +1871,23 @@ def cuda_device() -> dict:
     """The card as torch sees it, asked in a child (the orchestrator does not import torch). Raises
     UsageError when there is none: no driver, or torch without CUDA."""
     if not (shutil.which("nvidia-smi") or os.path.exists("/proc/driver/nvidia")):
-        raise UsageError("no CUDA device here (no NVIDIA driver); run on the GPU machine, or give --cpu for the CPU mode")
+        raise UsageError(
+            "no CUDA device here (no NVIDIA driver); run on the GPU machine, or give --cpu for the CPU mode"
+        )
     code = "import sys; from benchmarks.gpu_evidence import helper_main; helper_main(['device_info', '{}'])"
     try:
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=REPO)
     except subprocess.TimeoutExpired:
-        raise UsageError("asking torch for the CUDA device took over 5 minutes; is the card healthy? (nvidia-smi)") from None
+        raise UsageError(
+            "asking torch for the CUDA device took over 5 minutes; is the card healthy? (nvidia-smi)"
+        ) from None
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_MARK)]
-    info = json.loads(lines[-1][len(RESULT_MARK):]) if lines else {}
+    info = json.loads(lines[-1][len(RESULT_MARK) :]) if lines else {}
     if not info.get("cuda_available"):
-        raise UsageError(f"torch sees no CUDA device here ({info.get('why') or last_line(done.stderr) or 'no answer'}); "
-                         f"give --cpu for the CPU mode")
+        raise UsageError(
+            f"torch sees no CUDA device here ({info.get('why') or last_line(done.stderr) or 'no answer'}); "
+            f"give --cpu for the CPU mode"
+        )
     return info
 
 
@@ -1354,12 +1898,18 @@ def new_document(mode: str, device: dict, argv: Sequence[str]) -> dict:
     return {
         "evidence": "autotune's CUDA claims, measured (benchmarks/gpu_evidence.py)",
         "mode": mode,
-        "device": device.get("device"), "device_total_bytes": device.get("device_total_bytes"),
+        "device": device.get("device"),
+        "device_total_bytes": device.get("device_total_bytes"),
         "compute_capability": device.get("compute_capability"),
-        "driver": nvidia_driver(), "cuda": device.get("cuda"),
-        "torch": package_version("torch"), "transformers": package_version("transformers"),
-        "python": sys.version.split()[0], "autotune_version": __version__,
-        "date": utc_now(), "updated": utc_now(), "host_cpus": os.cpu_count(),
+        "driver": nvidia_driver(),
+        "cuda": device.get("cuda"),
+        "torch": package_version("torch"),
+        "transformers": package_version("transformers"),
+        "python": sys.version.split()[0],
+        "autotune_version": __version__,
+        "date": utc_now(),
+        "updated": utc_now(),
+        "host_cpus": os.cpu_count(),
         "command": "python -m benchmarks.gpu_evidence " + shlex.join(argv),
         # Where this document is committed (docs/gpu-evidence.md).
         "results_file": f"benchmarks/results/{slug(str(device.get('device')))}-gpu-evidence-{today}.json",
@@ -1379,7 +1929,9 @@ def load_document(state: Path, fresh: dict) -> dict:
         raise UsageError(f"{path} is not JSON; move it away or give another --state") from None
     for key in ("mode", "device"):
         if earlier.get(key) != fresh[key]:
-            raise UsageError(f"{path} holds a run with {key} {earlier.get(key)!r}, not {fresh[key]!r}; give another --state")
+            raise UsageError(
+                f"{path} holds a run with {key} {earlier.get(key)!r}, not {fresh[key]!r}; give another --state"
+            )
     kept = {key: earlier[key] for key in ("date", "results_file") if key in earlier}
     return {**fresh, **kept, "sections": earlier.get("sections", {})}
 
@@ -1387,10 +1939,13 @@ def load_document(state: Path, fresh: dict) -> dict:
 def pending_sections(doc: dict) -> None:
     """Every section named in the document, those never run as pending."""
     sections = doc["sections"]
-    doc["sections"] = {name: sections.get(name) or {"status": "pending: not run yet", "seconds": 0.0} for name in SECTION_NAMES}
+    doc["sections"] = {
+        name: sections.get(name) or {"status": "pending: not run yet", "seconds": 0.0} for name in SECTION_NAMES
+    }
 
 
 # -- command line ---------------------------------------------------------------------------------------
+
 
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
@@ -1401,11 +1956,19 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog="python -m benchmarks.gpu_evidence", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help=f"directory for {EVIDENCE_FILE} and {LOG_FILE}")
     p.add_argument("--state", help="directory keeping finished work between commands [default: --out]")
-    p.add_argument("--deadline", type=float, help="seconds this command may take; no section starts that cannot end in them")
+    p.add_argument(
+        "--deadline", type=float, help="seconds this command may take; no section starts that cannot end in them"
+    )
     p.add_argument("--sections", help=f"comma list of {', '.join(SECTION_NAMES)} [default: all]")
-    p.add_argument("--pass", dest="pass_", choices=sorted(PASSES),
-                   help="the sections of one GPU command: " + "; ".join(f"{p} {','.join(n)}" for p, n in PASSES.items()))
-    p.add_argument("--cpu", action="store_true", help="the CPU mode: a tiny GPT-2, MiB budgets, CUDA-only sections skipped")
+    p.add_argument(
+        "--pass",
+        dest="pass_",
+        choices=sorted(PASSES),
+        help="the sections of one GPU command: " + "; ".join(f"{p} {','.join(n)}" for p, n in PASSES.items()),
+    )
+    p.add_argument(
+        "--cpu", action="store_true", help="the CPU mode: a tiny GPT-2, MiB budgets, CUDA-only sections skipped"
+    )
     return p
 
 
@@ -1417,7 +1980,9 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     selected = [s.strip() for s in named.split(",") if s.strip()]
     unknown = [s for s in selected if s not in SECTION_NAMES]
     if unknown or not selected:
-        raise UsageError(f"--sections: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(SECTION_NAMES)}")
+        raise UsageError(
+            f"--sections: unknown {', '.join(unknown) or '(none given)'}; choose from {', '.join(SECTION_NAMES)}"
+        )
     if args.deadline is not None and args.deadline <= 0:
         raise UsageError(f"--deadline must be a positive number of seconds (got {args.deadline:g})")
     return args, selected
@@ -1455,8 +2020,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
     with open(out / LOG_FILE, "a") as log:
         run = Run(out=out, state=state, mode=mode, deadline=Deadline(seconds), log=log, doc=doc)
-        run.say(f"gpu_evidence {utc_now()}: {mode} mode on {doc['device']}; sections {', '.join(selected)}; "
-                f"state {state}" + (f"; deadline {seconds:.0f} s" if seconds is not None else ""))
+        run.say(
+            f"gpu_evidence {utc_now()}: {mode} mode on {doc['device']}; sections {', '.join(selected)}; "
+            f"state {state}" + (f"; deadline {seconds:.0f} s" if seconds is not None else "")
+        )
         prepare_state(run)
         run.save()
         status = run_sections(run, selected)
@@ -1466,6 +2033,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # -- helpers: what runs in a child process (torch is imported here only) ---------------------------------
+
 
 def helper_main(argv: Sequence[str]) -> None:
     """Entry of a helper child: HELPERS[argv[0]](**json(argv[1])), its figures as the last line."""
@@ -1478,8 +2046,11 @@ def error_figures(exc: BaseException) -> dict:
     from autotune.probe.oom import is_oom
 
     text = str(exc)
-    return {"error_type": f"{type(exc).__module__}.{type(exc).__name__}", "message": one_line(text, 500),
-            "autotune_says_oom": is_oom(type(exc).__name__, text)}
+    return {
+        "error_type": f"{type(exc).__module__}.{type(exc).__name__}",
+        "message": one_line(text, 500),
+        "autotune_says_oom": is_oom(type(exc).__name__, text),
+    }
 
 
 def helper_device_info() -> dict:
@@ -1488,9 +2059,14 @@ def helper_device_info() -> dict:
     if not torch.cuda.is_available():
         return {"cuda_available": False, "why": f"torch {torch.__version__} built for CUDA {torch.version.cuda}"}
     props = torch.cuda.get_device_properties(0)
-    return {"cuda_available": True, "device": props.name, "device_total_bytes": props.total_memory,
-            "compute_capability": f"{props.major}.{props.minor}", "cuda": torch.version.cuda,
-            "device_count": torch.cuda.device_count()}
+    return {
+        "cuda_available": True,
+        "device": props.name,
+        "device_total_bytes": props.total_memory,
+        "compute_capability": f"{props.major}.{props.minor}",
+        "cuda": torch.version.cuda,
+        "device_count": torch.cuda.device_count(),
+    }
 
 
 def helper_versions(packages: list[str], load: bool) -> dict:
@@ -1500,12 +2076,17 @@ def helper_versions(packages: list[str], load: bool) -> dict:
     found: dict[str, str] = {}
     for name in packages:
         if not load:
-            found[name] = package_version(name.replace("_", "-")) or package_version(name) or (
-                "installed, no version" if importlib.util.find_spec(name) else "missing: not installed")
+            found[name] = (
+                package_version(name.replace("_", "-"))
+                or package_version(name)
+                or ("installed, no version" if importlib.util.find_spec(name) else "missing: not installed")
+            )
             continue
         try:
             module = importlib.import_module(name)
-        except Exception as exc:  # a package that fails to import is the finding (bitsandbytes without its CUDA library)
+        except (
+            Exception
+        ) as exc:  # a package that fails to import is the finding (bitsandbytes without its CUDA library)
             found[name] = f"missing: {type(exc).__name__}: {one_line(str(exc), 200)}"
             continue
         found[name] = str(getattr(module, "__version__", None) or package_version(name) or "imported, no version")
@@ -1520,8 +2101,12 @@ def helper_cap_oom() -> dict:
     total = torch.cuda.get_device_properties(device).total_memory
     cap = 2 * GiB
     torch.cuda.set_per_process_memory_fraction(cap / total, device)
-    figures: dict[str, Any] = {"alloc_conf": {name: os.environ.get(name) for name in ALLOC_CONF_VARS},
-                               "cap_bytes": cap, "first_bytes": GiB, "second_bytes": int(1.5 * GiB)}
+    figures: dict[str, Any] = {
+        "alloc_conf": {name: os.environ.get(name) for name in ALLOC_CONF_VARS},
+        "cap_bytes": cap,
+        "first_bytes": GiB,
+        "second_bytes": int(1.5 * GiB),
+    }
     first = torch.empty(GiB, dtype=torch.uint8, device=device)
     try:
         second = torch.empty(int(1.5 * GiB), dtype=torch.uint8, device=device)
@@ -1545,12 +2130,17 @@ def context_figures(device: Any) -> dict:
     reserved = torch.cuda.memory_reserved(device)
     free, total = torch.cuda.mem_get_info(device)
     own = own_gpu_bytes(device)
-    return {"reserved_bytes": reserved, "card_used_bytes": total - free, "nvml_own_bytes": own,
-            "context_nvml_bytes": None if own is None else context_bytes(reserved, own_bytes=own),
-            "context_card_bytes": context_bytes(reserved, card_used_bytes=total - free),
-            "measure_cuda_context_bytes": measure_cuda_context(device),
-            "gpu_processes": gpu_processes(device), "pid": os.getpid(),
-            "pynvml": importlib.util.find_spec("pynvml") is not None}
+    return {
+        "reserved_bytes": reserved,
+        "card_used_bytes": total - free,
+        "nvml_own_bytes": own,
+        "context_nvml_bytes": None if own is None else context_bytes(reserved, own_bytes=own),
+        "context_card_bytes": context_bytes(reserved, card_used_bytes=total - free),
+        "measure_cuda_context_bytes": measure_cuda_context(device),
+        "gpu_processes": gpu_processes(device),
+        "pid": os.getpid(),
+        "pynvml": importlib.util.find_spec("pynvml") is not None,
+    }
 
 
 def gpt2_training_step(device: Any, block: int = 128) -> Callable[[str], float]:
@@ -1594,8 +2184,10 @@ def helper_context_after_step() -> dict:
     return {"after_fp32_step": after_fp32, "after_bf16_step": context_figures(device)}
 
 
-HOLDER = ("import sys, torch; x = torch.empty(2**30, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize(); "
-          "print('ready', flush=True); sys.stdin.read()")
+HOLDER = (
+    "import sys, torch; x = torch.empty(2**30, dtype=torch.uint8, device='cuda'); torch.cuda.synchronize(); "
+    "print('ready', flush=True); sys.stdin.read()"
+)
 
 
 def helper_context_with_other_process() -> dict:
@@ -1620,8 +2212,11 @@ def helper_context_with_other_process() -> dict:
         except subprocess.TimeoutExpired:
             holder.kill()
     other = GiB
-    figures.update(other_process_bytes=other, holder_pid=holder.pid,
-                   counts_other_process=figures["measure_cuda_context_bytes"] >= other)
+    figures.update(
+        other_process_bytes=other,
+        holder_pid=holder.pid,
+        counts_other_process=figures["measure_cuda_context_bytes"] >= other,
+    )
     return figures
 
 
@@ -1668,9 +2263,13 @@ def helper_allocator_settings() -> dict:
         except Exception as exc:  # a private API: record what it said
             settings = f"raised {type(exc).__name__}: {one_line(str(exc))}"
     del blocks
-    return {"env": {name: os.environ.get(name) for name in ALLOC_CONF_VARS}, "large_segments": len(large),
-            "is_expandable_flags": flags, "allocator_settings": settings,
-            "expandable": flags == [True] if flags else len(large) == 1}
+    return {
+        "env": {name: os.environ.get(name) for name in ALLOC_CONF_VARS},
+        "large_segments": len(large),
+        "is_expandable_flags": flags,
+        "allocator_settings": settings,
+        "expandable": flags == [True] if flags else len(large) == 1,
+    }
 
 
 def helper_cublas_workspace() -> dict:
@@ -1692,8 +2291,11 @@ def helper_cublas_workspace() -> dict:
     after_backward = torch.cuda.memory_allocated(device) - before - live
     # What the estimator adds is what is allocated beyond the tensors once a step's forward and
     # backward have run (two threads, two handles); clearing the workspaces is the cross-check.
-    figures: dict[str, Any] = {"forward_workspace_bytes": forward, "after_backward_workspace_bytes": after_backward,
-                               "workspace_bytes": after_backward}
+    figures: dict[str, Any] = {
+        "forward_workspace_bytes": forward,
+        "after_backward_workspace_bytes": after_backward,
+        "workspace_bytes": after_backward,
+    }
     clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
     if clear is not None:
         held = torch.cuda.memory_allocated(device)
@@ -1710,8 +2312,11 @@ def helper_bitsandbytes_import() -> dict:
     before = torch.cuda.is_initialized()
     import bitsandbytes
 
-    figures: dict[str, Any] = {"bitsandbytes": getattr(bitsandbytes, "__version__", None),
-                               "cuda_initialized_before": before, "cuda_initialized_after": torch.cuda.is_initialized()}
+    figures: dict[str, Any] = {
+        "bitsandbytes": getattr(bitsandbytes, "__version__", None),
+        "cuda_initialized_before": before,
+        "cuda_initialized_after": torch.cuda.is_initialized(),
+    }
     try:  # NVML by index: asking torch for the device's UUID would start CUDA itself
         import pynvml  # type: ignore[import-not-found]  # optional: nvidia-ml-py
 
@@ -1736,17 +2341,36 @@ def helper_handoff_compile(model_dir: str, output_dir: str, drop_tf32: bool) -> 
     from autotune.store import LeaderboardRow
 
     config = ProbeConfig(model=model_dir, micro_batch=2, block_size=64, precision="fp32", compile=True)
-    row = LeaderboardRow(rank=1, study="gpu-evidence", probe_id=0, trial_number=None, config=config,
-                         config_key=config.key(), status="ok", tokens_per_s=None, step_seconds=None, samples_per_s=None,
-                         mfu=None, peak_allocated_bytes=None, peak_reserved_bytes=None, context_bytes=None,
-                         budget_bytes=8 * GiB, margin_bytes=0)
+    row = LeaderboardRow(
+        rank=1,
+        study="gpu-evidence",
+        probe_id=0,
+        trial_number=None,
+        config=config,
+        config_key=config.key(),
+        status="ok",
+        tokens_per_s=None,
+        step_seconds=None,
+        samples_per_s=None,
+        mfu=None,
+        peak_allocated_bytes=None,
+        peak_reserved_bytes=None,
+        context_bytes=None,
+        budget_bytes=8 * GiB,
+        margin_bytes=0,
+    )
     best = BestConfig(row, device_type="cuda")
     kwargs = best.trainer_kwargs()
     if drop_tf32:
         kwargs.pop("tf32", None)
-    figures: dict[str, Any] = {"trainer_kwargs": kwargs, "transformers": transformers.__version__, "torch": torch.__version__}
-    args = TrainingArguments(output_dir=output_dir, max_steps=2, report_to="none", save_strategy="no", logging_steps=1,
-                             **kwargs)
+    figures: dict[str, Any] = {
+        "trainer_kwargs": kwargs,
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+    }
+    args = TrainingArguments(
+        output_dir=output_dir, max_steps=2, report_to="none", save_strategy="no", logging_steps=1, **kwargs
+    )
     model = best.load_model(AutoConfig.from_pretrained(model_dir))
     vocab = model.config.vocab_size
     data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, vocab, (8, 64))]
@@ -1771,8 +2395,18 @@ def helper_lengths_data(directory: str, block: int, median: float, card: bool) -
     work = Path(directory)
     helper_train_data(str(work / "data"))
     (work / "model").mkdir(parents=True, exist_ok=True)
-    shape = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "vocab_size": 50257,
-             "n_positions": 2 * block} if card else {**real_lengths.MODEL, "n_positions": 2 * block}
+    shape = (
+        {
+            "model_type": "gpt2",
+            "n_layer": 12,
+            "n_embd": 768,
+            "n_head": 12,
+            "vocab_size": 50257,
+            "n_positions": 2 * block,
+        }
+        if card
+        else {**real_lengths.MODEL, "n_positions": 2 * block}
+    )
     (work / "model" / "config.json").write_text(json.dumps(shape))
     return real_lengths.write_examples(work, block=block, median=median)
 
@@ -1791,13 +2425,24 @@ def helper_study_probes(db: str) -> dict:
 
     with open_store(db, read_only=True) as store:
         records = store.probes()
-    return {"probes": [{
-        "label": r.config.label(), "config": r.config.to_dict(), "status": str(r.result.status),
-        "tokens_per_s": r.result.tokens_per_s, "peak_allocated_bytes": r.result.peak_allocated_bytes,
-        "peak_reserved_bytes": r.result.peak_reserved_bytes, "context_bytes": r.result.context_bytes,
-        "wall_seconds": r.result.wall_seconds, "build_seconds": r.result.build_seconds,
-        "measured_seconds": r.result.measured_seconds, "error": one_line(r.result.error or "") or None,
-    } for r in records]}
+    return {
+        "probes": [
+            {
+                "label": r.config.label(),
+                "config": r.config.to_dict(),
+                "status": str(r.result.status),
+                "tokens_per_s": r.result.tokens_per_s,
+                "peak_allocated_bytes": r.result.peak_allocated_bytes,
+                "peak_reserved_bytes": r.result.peak_reserved_bytes,
+                "context_bytes": r.result.context_bytes,
+                "wall_seconds": r.result.wall_seconds,
+                "build_seconds": r.result.build_seconds,
+                "measured_seconds": r.result.measured_seconds,
+                "error": one_line(r.result.error or "") or None,
+            }
+            for r in records
+        ]
+    }
 
 
 def ratio_error(predicted: int | None, measured: int | None) -> float | None:
@@ -1818,26 +2463,47 @@ def helper_estimates(db: str, device_type: str) -> dict:
     rows: list[dict[str, Any]] = []
     for record, estimate in zip(measured.values(), estimates):
         result = record.result
-        rows.append({
-            "label": record.config.label(), "status": str(result.status),
-            "measured": {"peak_allocated_bytes": result.peak_allocated_bytes, "peak_reserved_bytes": result.peak_reserved_bytes,
-                         "context_bytes": result.context_bytes, "required_bytes": result.required_bytes},
-            "estimate": {"peak_bytes": estimate.peak_bytes, "reserved_bytes": estimate.reserved_bytes,
-                         "context_bytes": estimate.context_bytes, "required_bytes": estimate.required_bytes,
-                         "breakdown": estimate.breakdown},
-            "error_allocated": ratio_error(estimate.peak_bytes, result.peak_allocated_bytes),
-            "error_reserved": ratio_error(estimate.reserved_bytes, result.peak_reserved_bytes),
-            "error_required": ratio_error(estimate.required_bytes, result.required_bytes),
-        })
+        rows.append(
+            {
+                "label": record.config.label(),
+                "status": str(result.status),
+                "measured": {
+                    "peak_allocated_bytes": result.peak_allocated_bytes,
+                    "peak_reserved_bytes": result.peak_reserved_bytes,
+                    "context_bytes": result.context_bytes,
+                    "required_bytes": result.required_bytes,
+                },
+                "estimate": {
+                    "peak_bytes": estimate.peak_bytes,
+                    "reserved_bytes": estimate.reserved_bytes,
+                    "context_bytes": estimate.context_bytes,
+                    "required_bytes": estimate.required_bytes,
+                    "breakdown": estimate.breakdown,
+                },
+                "error_allocated": ratio_error(estimate.peak_bytes, result.peak_allocated_bytes),
+                "error_reserved": ratio_error(estimate.reserved_bytes, result.peak_reserved_bytes),
+                "error_required": ratio_error(estimate.required_bytes, result.required_bytes),
+            }
+        )
 
     def spread(key: str) -> dict | None:
         # An OOM's peaks are where it stopped, not the config's need: only configs that ran count.
         errors = [abs(row[key]) for row in rows if row["status"] == "ok" and row[key] is not None]
-        return {"mean_abs": round(sum(errors) / len(errors), 4), "max_abs": round(max(errors), 4), "n": len(errors)} if errors else None
+        return (
+            {"mean_abs": round(sum(errors) / len(errors), 4), "max_abs": round(max(errors), 4), "n": len(errors)}
+            if errors
+            else None
+        )
 
-    return {"device_type": device_type, "configs": len(rows), "estimate_seconds": round(time.perf_counter() - started, 1),
-            "allocated": spread("error_allocated"), "reserved": spread("error_reserved"),
-            "required": spread("error_required"), "rows": rows}
+    return {
+        "device_type": device_type,
+        "configs": len(rows),
+        "estimate_seconds": round(time.perf_counter() - started, 1),
+        "allocated": spread("error_allocated"),
+        "reserved": spread("error_reserved"),
+        "required": spread("error_required"),
+        "rows": rows,
+    }
 
 
 def helper_train_data(directory: str) -> dict:
@@ -1857,22 +2523,24 @@ def helper_train_data(directory: str) -> dict:
         special = "<|endoftext|>"
         bpe = ByteLevelBPETokenizer()
         bpe.train_from_iterator([text], vocab_size=500, min_frequency=2, special_tokens=[special], show_progress=False)
-        PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token=special, eos_token=special,
-                                unk_token=special).save_pretrained(tokenizer)
+        PreTrainedTokenizerFast(
+            tokenizer_object=bpe._tokenizer, bos_token=special, eos_token=special, unk_token=special
+        ).save_pretrained(tokenizer)
     return {"corpus_bytes": corpus.stat().st_size, "tokenizer": str(tokenizer)}
 
 
 # -- the noise-proof truth, the pick in fresh processes, the plain Trainer (pass 2) --------------------
 
+
 @dataclass
 class StudyToProbe:
     """What probing a study's configs again as its search probed them takes (read once)."""
 
-    record: Any                   # the study's StudyRecord: plan, budget, environment, confirmation
-    configs: dict[str, Any]       # each config it holds a probe row for (skipped ones too), by key, as stored
-    outcomes: dict[str, str]      # the search's status of each
-    settings: Any                 # ProbeSettings: the study's plan, on its device, with its margin
-    budget: Any                   # Budget: the study's, that margin kept
+    record: Any  # the study's StudyRecord: plan, budget, environment, confirmation
+    configs: dict[str, Any]  # each config it holds a probe row for (skipped ones too), by key, as stored
+    outcomes: dict[str, str]  # the search's status of each
+    settings: Any  # ProbeSettings: the study's plan, on its device, with its margin
+    budget: Any  # Budget: the study's, that margin kept
 
     @classmethod
     def read(cls, db: str, study: str) -> "StudyToProbe":
@@ -1886,9 +2554,16 @@ class StudyToProbe:
         for probe in probes:
             configs.setdefault(probe.config.key(), probe.config)
         device = str(record.environment.get("device_type") or "cuda")
-        settings = ProbeSettings.from_plan(StudyPlan.from_dict(record.plan).probe, device=device, margin=record.margin_bytes)
-        return cls(record, configs, {p.config.key(): str(p.result.status) for p in probes}, settings,
-                   settings.budget(record.budget_bytes))
+        settings = ProbeSettings.from_plan(
+            StudyPlan.from_dict(record.plan).probe, device=device, margin=record.margin_bytes
+        )
+        return cls(
+            record,
+            configs,
+            {p.config.key(): str(p.result.status) for p in probes},
+            settings,
+            settings.budget(record.budget_bytes),
+        )
 
     def spec(self) -> Any:
         from autotune.models import resolve_model
@@ -1915,14 +2590,25 @@ def helper_truth_candidates(db: str, study: str) -> dict:
         if prediction is None:
             unpredicted.append(config.label())
         kept.append({"key": config.key(), "label": config.label(), "search_status": outcomes.get(config.key())})
-    return {"candidates": len(configs), "measured": kept, "ruled_out_by_memory": ruled_out,
-            "without_prediction": unpredicted, "budget_bytes": record.budget_bytes, "margin_bytes": record.margin_bytes,
-            "window": {k: plan.probe.get(k) for k in ("warmup_steps", "measure_steps", "measure_seconds")},
-            "confirmation": record.confirmation}
+    return {
+        "candidates": len(configs),
+        "measured": kept,
+        "ruled_out_by_memory": ruled_out,
+        "without_prediction": unpredicted,
+        "budget_bytes": record.budget_bytes,
+        "margin_bytes": record.margin_bytes,
+        "window": {k: plan.probe.get(k) for k in ("warmup_steps", "measure_steps", "measure_seconds")},
+        "confirmation": record.confirmation,
+    }
 
 
-def probe_in_turn(batches: Callable[[bool], tuple[str, list[str]]], probe: Callable[[str, str], float],
-                  clock: Callable[[], float], seconds: float, round_one_seconds: float | None = None) -> int:
+def probe_in_turn(
+    batches: Callable[[bool], tuple[str, list[str]]],
+    probe: Callable[[str, str], float],
+    clock: Callable[[], float],
+    seconds: float,
+    round_one_seconds: float | None = None,
+) -> int:
     """Probe what `batches(closed)` names, batch after batch, until it names nothing or `seconds` run
     out (no probe starts with less left than the longest one so far took); `probe(key, tag)` runs
     one and says its seconds. A batch tagged truth-1 (the truth's round 1) is left, `closed`, once
@@ -1936,16 +2622,28 @@ def probe_in_turn(batches: Callable[[bool], tuple[str, list[str]]], probe: Calla
         for key in todo:
             if clock() + longest > started + seconds:
                 return done
-            if (tag == "truth-1" and not closed and round_one_seconds is not None
-                    and clock() + longest > started + round_one_seconds):
+            if (
+                tag == "truth-1"
+                and not closed
+                and round_one_seconds is not None
+                and clock() + longest > started + round_one_seconds
+            ):
                 closed = True
                 break
             longest = max(longest, probe(key, tag))
             done += 1
 
 
-def helper_fresh_probes(db: str, study: str, results: str, seconds: float, keys: list[str] | None = None,
-                        tag: str = "", truth_keys: list[str] | None = None, round_one_seconds: float | None = None) -> dict:
+def helper_fresh_probes(
+    db: str,
+    study: str,
+    results: str,
+    seconds: float,
+    keys: list[str] | None = None,
+    tag: str = "",
+    truth_keys: list[str] | None = None,
+    round_one_seconds: float | None = None,
+) -> dict:
     """Configs of `study`, each probed in a process of its own as the study's search probed (its
     settings and budget), the next process started while the last probe ran; one JSON line per
     probe appended to `results` as it ends. Either `keys` (repeats allowed) under `tag`, or the
@@ -1966,16 +2664,31 @@ def helper_fresh_probes(db: str, study: str, results: str, seconds: float, keys:
         return f"truth-{round_name}", todo
 
     with ProbeRunner(settings, reuse_child=False, standby=True) as runner, open(path, "a") as out:
+
         def probe(key: str, row_tag: str) -> float:
             config = by_key[key]
             result = runner.run(config, budget, spec)
-            out.write(json.dumps({
-                "tag": row_tag, "key": key, "label": config.label(), "status": str(result.status),
-                "tokens_per_s": result.tokens_per_s, "step_spread": result.step_spread,
-                "peak_reserved_bytes": result.peak_reserved_bytes, "wall_seconds": result.wall_seconds,
-                "startup_seconds": result.startup_seconds, "build_seconds": result.build_seconds,
-                "measured_seconds": result.measured_seconds, "measured_steps": result.measured_steps,
-                "host_load": result.host_load, "at": utc_now()}) + "\n")
+            out.write(
+                json.dumps(
+                    {
+                        "tag": row_tag,
+                        "key": key,
+                        "label": config.label(),
+                        "status": str(result.status),
+                        "tokens_per_s": result.tokens_per_s,
+                        "step_spread": result.step_spread,
+                        "peak_reserved_bytes": result.peak_reserved_bytes,
+                        "wall_seconds": result.wall_seconds,
+                        "startup_seconds": result.startup_seconds,
+                        "build_seconds": result.build_seconds,
+                        "measured_seconds": result.measured_seconds,
+                        "measured_steps": result.measured_steps,
+                        "host_load": result.host_load,
+                        "at": utc_now(),
+                    }
+                )
+                + "\n"
+            )
             out.flush()
             return result.wall_seconds or 0.0
 
@@ -2009,16 +2722,24 @@ def helper_trainer_handoff(db: str, study: str, data_dir: str, output_dir: str, 
     from autotune.models import resolve_model
 
     spec = resolve_model(best.config.model)
-    config = transformers.AutoConfig.for_model(spec.config["model_type"],
-                                               **{k: v for k, v in spec.config.items() if k != "model_type"})
+    config = transformers.AutoConfig.for_model(
+        spec.config["model_type"], **{k: v for k, v in spec.config.items() if k != "model_type"}
+    )
     model = best.load_model(config)
     tokenizer = AutoTokenizer.from_pretrained(Path(data_dir) / "tokenizer")
     ids = tokenizer(Path(data_dir, "corpus.txt").read_text())["input_ids"]
     block = best.block_size
-    blocks = [ids[i:i + block] for i in range(0, len(ids) - block + 1, block)]
+    blocks = [ids[i : i + block] for i in range(0, len(ids) - block + 1, block)]
     dataset = [{"input_ids": b, "labels": b, "attention_mask": [1] * block} for b in blocks]
-    args = best.training_arguments(output_dir, max_steps=steps, save_strategy="no", logging_steps=max(1, steps // 4),
-                                   report_to=[], disable_tqdm=True, dataloader_num_workers=0)
+    args = best.training_arguments(
+        output_dir,
+        max_steps=steps,
+        save_strategy="no",
+        logging_steps=max(1, steps // 4),
+        report_to=[],
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+    )
     skip = min(10, max(1, steps // 4))
 
     class StepClock(transformers.TrainerCallback):
@@ -2033,21 +2754,38 @@ def helper_trainer_handoff(db: str, study: str, data_dir: str, output_dir: str, 
             self.ends.append((state.global_step, time.perf_counter()))
 
     clock = StepClock()
-    trainer = Trainer(model=model, args=args, train_dataset=dataset, data_collator=default_data_collator,
-                      callbacks=[clock])
+    trainer = Trainer(
+        model=model, args=args, train_dataset=dataset, data_collator=default_data_collator, callbacks=[clock]
+    )
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     output = trainer.train()
     tokens_per_step = best.config.tokens_per_step
     steady = steady_tokens_per_s(clock.ends, tokens_per_step, skip)
     return {
-        "config": best.config.label(), "steps": output.global_step, "blocks": len(blocks),
-        "tokens_per_step": tokens_per_step, "tokens_per_s": steady,
+        "config": best.config.label(),
+        "steps": output.global_step,
+        "blocks": len(blocks),
+        "tokens_per_step": tokens_per_step,
+        "tokens_per_s": steady,
         "trainer_tokens_per_s": tokens_per_step * output.global_step / output.metrics["train_runtime"],
-        "train_runtime": output.metrics["train_runtime"], "final_loss": output.training_loss,
-        "args": {k: getattr(args, k) for k in ("per_device_train_batch_size", "gradient_accumulation_steps", "bf16",
-                                               "fp16", "gradient_checkpointing", "optim", "tf32", "max_grad_norm",
-                                               "lr_scheduler_type") if hasattr(args, k)},
+        "train_runtime": output.metrics["train_runtime"],
+        "final_loss": output.training_loss,
+        "args": {
+            k: getattr(args, k)
+            for k in (
+                "per_device_train_batch_size",
+                "gradient_accumulation_steps",
+                "bf16",
+                "fp16",
+                "gradient_checkpointing",
+                "optim",
+                "tf32",
+                "max_grad_norm",
+                "lr_scheduler_type",
+            )
+            if hasattr(args, k)
+        },
         "peak_allocated_bytes": torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None,
         "peak_reserved_bytes": torch.cuda.max_memory_reserved() if torch.cuda.is_available() else None,
     }
@@ -2083,8 +2821,20 @@ def helper_probe_phases(db: str, study: str, keys: list[str]) -> dict:
 
         setattr(module, name, wrapper)
 
-    for name in ("_start", "describe", "other_gpu_processes", "cap_memory", "build_random_model", "make_optimizer",
-                 "ProbeStep", "parameter_count", "_warm_up", "_time_window", "_release", "_judge"):
+    for name in (
+        "_start",
+        "describe",
+        "other_gpu_processes",
+        "cap_memory",
+        "build_random_model",
+        "make_optimizer",
+        "ProbeStep",
+        "parameter_count",
+        "_warm_up",
+        "_time_window",
+        "_release",
+        "_judge",
+    ):
         timed(child, name)
     collections = {"passes": 0, "seconds": 0.0}
     started_gc = [0.0]
@@ -2115,10 +2865,16 @@ def helper_probe_phases(db: str, study: str, keys: list[str]) -> dict:
         gc.collect()  # what the child's loop leaves for the next probe
         gc.freeze()
         phases = {a: round(t2 - t1, 3) for (a, t1), (_, t2) in zip(marks, marks[1:])}
-        probes.append({"label": by_key[key].label(), "seconds": round(marks[-1][1] - marks[0][1], 3), "phases": phases,
-                       "steps": {k: round(v, 3) for k, v in steps.items()},
-                       "gc": {"passes": collections["passes"], "seconds": round(collections["seconds"], 3)},
-                       "alloc_retries": (torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries) if cuda else None})
+        probes.append(
+            {
+                "label": by_key[key].label(),
+                "seconds": round(marks[-1][1] - marks[0][1], 3),
+                "phases": phases,
+                "steps": {k: round(v, 3) for k, v in steps.items()},
+                "gc": {"passes": collections["passes"], "seconds": round(collections["seconds"], 3)},
+                "alloc_retries": (torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries) if cuda else None,
+            }
+        )
     gc.callbacks.remove(on_gc)
     return {"probes": probes}
 

@@ -22,18 +22,51 @@ from autotune.config import ProbeConfig
 from autotune.estimate import estimate_memories
 from autotune.estimate.interpolate import INTERPOLATION_OVERSHOOT, between, interpolated, traced_members
 
-TINY_GPT2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 64, "n_head": 2,
-             "vocab_size": 1024, "n_positions": 256, "n_ctx": 256, "bos_token_id": 0, "eos_token_id": 0}
-TINY_BERT = {"model_type": "bert", "architectures": ["BertForSequenceClassification"], "vocab_size": 1024,
-             "max_position_embeddings": 256, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-             "intermediate_size": 128, "num_labels": 3}
-TINY_PEGASUS = {"model_type": "pegasus", "architectures": ["PegasusForConditionalGeneration"], "vocab_size": 1024,
-                "max_position_embeddings": 256, "d_model": 64, "encoder_layers": 2, "decoder_layers": 2,
-                "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 128,
-                "decoder_ffn_dim": 128, "is_encoder_decoder": True, "pad_token_id": 0, "eos_token_id": 1,
-                "decoder_start_token_id": 0}
-MODELS = {"gpt2": (TINY_GPT2, {}), "bert-classification": (TINY_BERT, {"task": "classification", "num_labels": 3}),
-          "pegasus": (TINY_PEGASUS, {"task": "seq2seq", "target_length": 32})}
+TINY_GPT2 = {
+    "model_type": "gpt2",
+    "architectures": ["GPT2LMHeadModel"],
+    "n_layer": 2,
+    "n_embd": 64,
+    "n_head": 2,
+    "vocab_size": 1024,
+    "n_positions": 256,
+    "n_ctx": 256,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+}
+TINY_BERT = {
+    "model_type": "bert",
+    "architectures": ["BertForSequenceClassification"],
+    "vocab_size": 1024,
+    "max_position_embeddings": 256,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 128,
+    "num_labels": 3,
+}
+TINY_PEGASUS = {
+    "model_type": "pegasus",
+    "architectures": ["PegasusForConditionalGeneration"],
+    "vocab_size": 1024,
+    "max_position_embeddings": 256,
+    "d_model": 64,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 2,
+    "decoder_attention_heads": 2,
+    "encoder_ffn_dim": 128,
+    "decoder_ffn_dim": 128,
+    "is_encoder_decoder": True,
+    "pad_token_id": 0,
+    "eos_token_id": 1,
+    "decoder_start_token_id": 0,
+}
+MODELS = {
+    "gpt2": (TINY_GPT2, {}),
+    "bert-classification": (TINY_BERT, {"task": "classification", "num_labels": 3}),
+    "pegasus": (TINY_PEGASUS, {"task": "seq2seq", "target_length": 32}),
+}
 EVALUATIONS = ({}, {"eval_batch": 8}, {"eval_batch": 16, "eval_logits": "kept", "eval_accumulation_steps": 4})
 
 
@@ -47,8 +80,14 @@ def groups(root: Path) -> list[list[ProbeConfig]]:
         (directory / "config.json").write_text(json.dumps(config))
         for evaluation in EVALUATIONS:
             for attention in ("sdpa", "eager"):
-                out.append([ProbeConfig(str(directory), mb, 64, grad_accum=8 // mb, attention=attention, **fields,
-                                        **evaluation) for mb in (1, 2, 4)])
+                out.append(
+                    [
+                        ProbeConfig(
+                            str(directory), mb, 64, grad_accum=8 // mb, attention=attention, **fields, **evaluation
+                        )
+                        for mb in (1, 2, 4)
+                    ]
+                )
     return out
 
 
@@ -71,10 +110,14 @@ def main() -> None:
                 after = interpolated(config, low, high, t).peak_bytes / exact - 1
                 worst_before, worst_after = max(worst_before, before), max(worst_after, after)
                 count += 1
-                print(f"{Path(config.model).name:20s} {config.label():50s} {exact / 2**20:8.2f}Mi {before:+8.1%} "
-                      f"{after:+8.1%}")
-        print(f"\n{count} interpolated configs on cpu: worst overshoot before {worst_before:+.1%} (chord of the largest "
-              f"phase), after {worst_after:+.1%} (each phase's chord); stated: {INTERPOLATION_OVERSHOOT:.0%}")
+                print(
+                    f"{Path(config.model).name:20s} {config.label():50s} {exact / 2**20:8.2f}Mi {before:+8.1%} "
+                    f"{after:+8.1%}"
+                )
+        print(
+            f"\n{count} interpolated configs on cpu: worst overshoot before {worst_before:+.1%} (chord of the largest "
+            f"phase), after {worst_after:+.1%} (each phase's chord); stated: {INTERPOLATION_OVERSHOOT:.0%}"
+        )
 
 
 if __name__ == "__main__":

@@ -61,13 +61,23 @@ def one_config(work: str, micro_batch: int, padding_free: bool, rounds: int) -> 
             ends.append((time.perf_counter(), counted["real"]))
 
     def trainer() -> SFTTrainer:
-        args = SFTConfig(output_dir=str(root / "in-process-out"), per_device_train_batch_size=micro_batch,
-                         gradient_accumulation_steps=accumulation, max_steps=REAL_STEPS, save_strategy="no",
-                         report_to=[], disable_tqdm=True, logging_steps=REAL_STEPS, use_cpu=True, bf16=False,
-                         packing=False, padding_free=padding_free, max_length=None if padding_free else 129,
-                         dataloader_num_workers=0)
-        built = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer,
-                           callbacks=[Clock()])
+        args = SFTConfig(
+            output_dir=str(root / "in-process-out"),
+            per_device_train_batch_size=micro_batch,
+            gradient_accumulation_steps=accumulation,
+            max_steps=REAL_STEPS,
+            save_strategy="no",
+            report_to=[],
+            disable_tqdm=True,
+            logging_steps=REAL_STEPS,
+            use_cpu=True,
+            bf16=False,
+            packing=False,
+            padding_free=padding_free,
+            max_length=None if padding_free else 129,
+            dataloader_num_workers=0,
+        )
+        built = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer, callbacks=[Clock()])
         collate = built.data_collator
 
         def counting(examples):
@@ -81,16 +91,22 @@ def one_config(work: str, micro_batch: int, padding_free: bool, rounds: int) -> 
 
     first = trainer()
     lengths = Lengths.of([len(ids) for ids in first.train_dataset["input_ids"]]).to_text()
-    config = ProbeConfig(model="in-process", micro_batch=micro_batch, block_size=129, grad_accum=accumulation,
-                         lengths=lengths, trainer="trl", padding_free=padding_free)
+    config = ProbeConfig(
+        model="in-process",
+        micro_batch=micro_batch,
+        block_size=129,
+        grad_accum=accumulation,
+        lengths=lengths,
+        trainer="trl",
+        padding_free=padding_free,
+    )
     out = []
     for index in range(rounds):
         ends.clear()
         (first if index == 0 else trainer()).train()
         (start, real0), (stop, real1) = ends[SKIP_STEPS - 1], ends[-1]
         real = (real1 - real0) / (stop - start)
-        step = ProbeStep(model, make_optimizer(model, torch.device("cpu")), config, torch.device("cpu"),
-                         hf.vocab_size)
+        step = ProbeStep(model, make_optimizer(model, torch.device("cpu")), config, torch.device("cpu"), hf.vocab_size)
         cycle = config.timing_cycle or 1
         times = []
         for number in range(3):  # (the first cycle warms the step up: timed are the other two)
@@ -101,11 +117,21 @@ def one_config(work: str, micro_batch: int, padding_free: bool, rounds: int) -> 
                 times.append(time.perf_counter() - started)
         seconds, spread = window_seconds(times[cycle:], cycle)
         probe = config.tokens_per_step / seconds
-        out.append({"real_tokens_per_s": round(real, 1), "probe_tokens_per_s": round(probe, 1),
-                    "probe_over_real": round(probe / real, 3), "probe_spread": spread})
-    return {"label": config.label().replace("in-process", "").strip(), "micro_batch": micro_batch,
-            "padding_free": padding_free, "rounds": out,
-            "probe_over_real": statistics.median(r["probe_over_real"] for r in out)}
+        out.append(
+            {
+                "real_tokens_per_s": round(real, 1),
+                "probe_tokens_per_s": round(probe, 1),
+                "probe_over_real": round(probe / real, 3),
+                "probe_spread": spread,
+            }
+        )
+    return {
+        "label": config.label().replace("in-process", "").strip(),
+        "micro_batch": micro_batch,
+        "padding_free": padding_free,
+        "rounds": out,
+        "probe_over_real": statistics.median(r["probe_over_real"] for r in out),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,18 +151,39 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for micro_batch in (int(m) for m in args.configs.split(",")):
         for flat in (False, True) if args.padding_free else (False,):
-            done = subprocess.run([sys.executable, "-m", "benchmarks.lengths_in_process", "--work", args.work,
-                                   "--rounds", str(args.rounds), "--one", f"{micro_batch},{int(flat)}"],
-                                  capture_output=True, text=True, timeout=1800)
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "benchmarks.lengths_in_process",
+                    "--work",
+                    args.work,
+                    "--rounds",
+                    str(args.rounds),
+                    "--one",
+                    f"{micro_batch},{int(flat)}",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=1800,
+            )
             if done.returncode != 0:
                 raise RuntimeError(done.stderr[-2000:])
             row = json.loads(done.stdout.strip().splitlines()[-1])
             rows.append(row)
-            print(f"{row['label']}: probe / real {row['probe_over_real']:.3f} "
-                  f"({', '.join(str(r['probe_over_real']) for r in row['rounds'])})", file=sys.stderr)
-    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host_cpus": os.cpu_count(),
-              "load_per_core": round(os.getloadavg()[0] / (os.cpu_count() or 1), 2), "rounds": args.rounds,
-              "real_steps": REAL_STEPS, "rows": rows}
+            print(
+                f"{row['label']}: probe / real {row['probe_over_real']:.3f} "
+                f"({', '.join(str(r['probe_over_real']) for r in row['rounds'])})",
+                file=sys.stderr,
+            )
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "host_cpus": os.cpu_count(),
+        "load_per_core": round(os.getloadavg()[0] / (os.cpu_count() or 1), 2),
+        "rounds": args.rounds,
+        "real_steps": REAL_STEPS,
+        "rows": rows,
+    }
     print(json.dumps(result, indent=2))
     return 0
 

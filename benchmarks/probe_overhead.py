@@ -29,12 +29,38 @@ REPO = Path(__file__).resolve().parents[1]
 # The last commit before the overhead work of issue 17 (a probe child restarted after every OOM,
 # predictions traced in one process after the probe child's start-up, before the first probe).
 BASELINE = "2d23d11"
-TINY = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 64, "n_head": 2,
-        "vocab_size": 1024, "n_positions": 256, "n_ctx": 256, "bos_token_id": 0, "eos_token_id": 0}
+TINY = {
+    "model_type": "gpt2",
+    "architectures": ["GPT2LMHeadModel"],
+    "n_layer": 2,
+    "n_embd": 64,
+    "n_head": 2,
+    "vocab_size": 1024,
+    "n_positions": 256,
+    "n_ctx": 256,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
+}
 # The space of the tiny GPT-2 (40 candidates; the budget makes some run out of memory), shared with
 # benchmarks/agreement.py. Overhead is timed without the confirmation round (the same for both).
-TINY_SPACE = ["--gpu-budget", "34MiB", "--device", "cpu", "--micro-batches", "1,2,4,8,16", "--block-sizes", "128",
-              "--effective-batch", "16", "--precisions", "fp32,bf16", "--checkpointing", "off,on", "--attention", "sdpa,eager"]
+TINY_SPACE = [
+    "--gpu-budget",
+    "34MiB",
+    "--device",
+    "cpu",
+    "--micro-batches",
+    "1,2,4,8,16",
+    "--block-sizes",
+    "128",
+    "--effective-batch",
+    "16",
+    "--precisions",
+    "fp32,bf16",
+    "--checkpointing",
+    "off,on",
+    "--attention",
+    "sdpa,eager",
+]
 SPACE = [*TINY_SPACE, "--no-confirm"]
 
 
@@ -62,44 +88,88 @@ def run_search(tree: Path, model: Path, work: Path) -> dict:
     db = work / "autotune.db"
     env = {**os.environ, "AUTOTUNE_HOME": str(work), "PYTHONPATH": str(tree)}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "autotune", "search", "--model", str(model), *SPACE,
-                           "--db", f"sqlite:///{db}", "--json"], cwd=tree, env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "search",
+            "--model",
+            str(model),
+            *SPACE,
+            "--db",
+            f"sqlite:///{db}",
+            "--json",
+        ],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"the search in {tree} failed ({done.returncode}): {done.stderr[-2000:]}")
     outcome = json.loads(done.stdout)
     with sqlite3.connect(db) as connection:
-        statuses = [row[0] for row in connection.execute("select status from autotune_probes where status != 'skipped'")]
+        statuses = [
+            row[0] for row in connection.execute("select status from autotune_probes where status != 'skipped'")
+        ]
         windows = connection.execute("select coalesce(sum(measured_seconds), 0) from autotune_probes").fetchone()[0]
     probes = outcome["probed"]
-    return {"wall_s": round(wall, 2), "probes": probes, "ooms": statuses.count("oom"), "windows_s": round(windows, 2),
-            "overhead_per_probe_s": round((wall - windows) / probes, 3), "search_s": round(outcome["seconds"], 2),
-            "best": outcome["best"]["label"] if outcome.get("best") else None}
+    return {
+        "wall_s": round(wall, 2),
+        "probes": probes,
+        "ooms": statuses.count("oom"),
+        "windows_s": round(windows, 2),
+        "overhead_per_probe_s": round((wall - windows) / probes, 3),
+        "search_s": round(outcome["seconds"], 2),
+        "best": outcome["best"]["label"] if outcome.get("best") else None,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--baseline", default=BASELINE, help=f"git ref of the autotune to compare with [default: {BASELINE}]")
+    parser.add_argument(
+        "--baseline", default=BASELINE, help=f"git ref of the autotune to compare with [default: {BASELINE}]"
+    )
     parser.add_argument("--repeats", type=int, default=1, help="runs of each, alternating [default: 1]")
     parser.add_argument("--out", type=Path, default=None, help="also write the figures here as JSON")
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         model = write_tiny_model(Path(tmp, "tiny-gpt2"))
-        trees = {f"before ({args.baseline})": export_tree(args.baseline, Path(tmp, "before")), "after (this checkout)": REPO}
+        trees = {
+            f"before ({args.baseline})": export_tree(args.baseline, Path(tmp, "before")),
+            "after (this checkout)": REPO,
+        }
         for repeat in range(args.repeats):
             for name, tree in trees.items():
                 row = {"version": name, "repeat": repeat + 1, **run_search(tree, model, Path(tmp, f"run-{len(rows)}"))}
                 rows.append(row)
-                print(f"{name:>24} #{row['repeat']}: {row['wall_s']:6.2f} s wall, {row['probes']} probes "
-                      f"({row['ooms']} OOM), windows {row['windows_s']:.2f} s -> {row['overhead_per_probe_s']:.3f} s "
-                      f"overhead a probe; picked {row['best']}", flush=True)
+                print(
+                    f"{name:>24} #{row['repeat']}: {row['wall_s']:6.2f} s wall, {row['probes']} probes "
+                    f"({row['ooms']} OOM), windows {row['windows_s']:.2f} s -> {row['overhead_per_probe_s']:.3f} s "
+                    f"overhead a probe; picked {row['best']}",
+                    flush=True,
+                )
     by_version = {name: [r["overhead_per_probe_s"] for r in rows if r["version"] == name] for name in trees}
     before, after = (min(values) for values in by_version.values())
-    print(f"overhead a probe, best of {args.repeats}: {before:.3f} s before, {after:.3f} s after: {before / after:.2f}x lower")
+    print(
+        f"overhead a probe, best of {args.repeats}: {before:.3f} s before, {after:.3f} s after: {before / after:.2f}x lower"
+    )
     if args.out is not None:
-        args.out.write_text(json.dumps({"device": f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
-                                        "space": SPACE, "rows": rows, "ratio": round(before / after, 2)}, indent=2) + "\n")
+        args.out.write_text(
+            json.dumps(
+                {
+                    "device": f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores",
+                    "space": SPACE,
+                    "rows": rows,
+                    "ratio": round(before / after, 2),
+                },
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

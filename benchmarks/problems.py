@@ -39,7 +39,7 @@ from autotune.status import ProbeStatus
 
 GiB, MiB = 2**30, 2**20
 STUDIES = Path(__file__).resolve().parent / "results" / "studies"
-MARGIN = 0.05                     # the search's default safety margin, a share of the budget
+MARGIN = 0.05  # the search's default safety margin, a share of the budget
 
 
 @dataclass(frozen=True)
@@ -47,12 +47,12 @@ class Problem:
     """A space whose every candidate's need, speed and probe time are known."""
 
     name: str
-    kind: str                                   # 'modelled' or 'replayed'
+    kind: str  # 'modelled' or 'replayed'
     space: SearchSpace
     device_type: str
     budgets: tuple[int, ...]
     measured: Callable[[ProbeConfig], ProbeResult]  # the candidate's probe under a budget everything fits
-    source: str = ""                            # where a replay's figures come from
+    source: str = ""  # where a replay's figures come from
 
     def answer(self, config: ProbeConfig, budget: Budget) -> ProbeResult:
         """What probing `config` under `budget` gives: its measurement, or an OOM."""
@@ -62,19 +62,29 @@ class Problem:
             return replace(result, budget_bytes=budget.total_bytes, margin_bytes=budget.margin_bytes)
         # An OOM stops at the first step that runs past the cap: about a build and one step.
         wall = (result.build_seconds or 0.0) + (result.startup_seconds or 0.0) + (result.step_seconds or 0.0)
-        return ProbeResult(status=ProbeStatus.OOM, device=result.device, budget_bytes=budget.total_bytes,
-                           margin_bytes=budget.margin_bytes, peak_reserved_bytes=budget.allowed_bytes,
-                           context_bytes=result.context_bytes, error="torch.OutOfMemoryError: out of memory (replayed)",
-                           wall_seconds=wall or result.wall_seconds)
+        return ProbeResult(
+            status=ProbeStatus.OOM,
+            device=result.device,
+            budget_bytes=budget.total_bytes,
+            margin_bytes=budget.margin_bytes,
+            peak_reserved_bytes=budget.allowed_bytes,
+            context_bytes=result.context_bytes,
+            error="torch.OutOfMemoryError: out of memory (replayed)",
+            wall_seconds=wall or result.wall_seconds,
+        )
 
     def best(self, budget: Budget, space: SearchSpace | None = None) -> tuple[ProbeConfig, float] | None:
         """The fastest candidate of `space` (the problem's own by default) that fits `budget`, with its tokens/s."""
-        fitting = [(c, self.measured(c).tokens_per_s or 0.0) for c in (space or self.space).candidates()
-                   if budget.fits(self.measured(c).required_bytes or 0)]
+        fitting = [
+            (c, self.measured(c).tokens_per_s or 0.0)
+            for c in (space or self.space).candidates()
+            if budget.fits(self.measured(c).required_bytes or 0)
+        ]
         return max(fitting, key=lambda item: item[1]) if fitting else None
 
-    def predictions(self, error: float | Callable[[ProbeConfig], float] = 0.0,
-                    space: SearchSpace | None = None) -> dict[str, Prediction]:
+    def predictions(
+        self, error: float | Callable[[ProbeConfig], float] = 0.0, space: SearchSpace | None = None
+    ) -> dict[str, Prediction]:
         """Predictions of every candidate of `space` (the problem's own by default) off by `error`
         (a share, or one per config) from its measurement."""
         out = {}
@@ -97,21 +107,21 @@ def budget_of(total_bytes: int) -> Budget:
 class CostModel:
     """A fine-tune's memory and time on a CUDA card, by lever (see the module's docstring)."""
 
-    fixed_bytes: int                  # weights, gradients, optimizer state, context
-    accumulation_bytes: int           # the set of gradients kept alive while accumulating
-    activation_bytes_per_token: int   # fp32, no checkpointing, SDPA
+    fixed_bytes: int  # weights, gradients, optimizer state, context
+    accumulation_bytes: int  # the set of gradients kept alive while accumulating
+    activation_bytes_per_token: int  # fp32, no checkpointing, SDPA
     compute_seconds_per_token: float  # fp32, at full utilisation
-    launch_seconds: float             # per micro-step: kernel launches and Python
-    optimizer_seconds: float          # per optimizer step
-    build_seconds: float              # model build and optimizer set-up, per probe
+    launch_seconds: float  # per micro-step: kernel launches and Python
+    optimizer_seconds: float  # per optimizer step
+    build_seconds: float  # model build and optimizer set-up, per probe
     noise: float = 0.02
 
     def activation_share(self, c: ProbeConfig) -> float:
         share = {"fp16": 0.6, "bf16": 0.6}.get(c.precision, 1.0)
-        share *= 0.25 if c.checkpointing else 1.0                # layer inputs only, one layer recomputed
+        share *= 0.25 if c.checkpointing else 1.0  # layer inputs only, one layer recomputed
         share *= 1 + c.block_size / 2048 if c.attention == "eager" else 1.0  # the S x S scores
-        share *= 0.85 if c.compile else 1.0                      # inductor frees some intermediates
-        share *= 0.93 if c.allocator == "expandable" else 1.0    # less fragmentation
+        share *= 0.85 if c.compile else 1.0  # inductor frees some intermediates
+        share *= 0.93 if c.allocator == "expandable" else 1.0  # less fragmentation
         return share
 
     def micro_step_seconds(self, c: ProbeConfig) -> float:
@@ -123,17 +133,29 @@ class CostModel:
         return launches + c.micro_batch * c.block_size * self.compute_seconds_per_token * compute
 
     def result(self, c: ProbeConfig) -> ProbeResult:
-        need = self.fixed_bytes + (self.accumulation_bytes if c.grad_accum > 1 else 0) + \
-            int(self.activation_bytes_per_token * c.micro_batch * c.block_size * self.activation_share(c))
+        need = (
+            self.fixed_bytes
+            + (self.accumulation_bytes if c.grad_accum > 1 else 0)
+            + int(self.activation_bytes_per_token * c.micro_batch * c.block_size * self.activation_share(c))
+        )
         step = c.grad_accum * self.micro_step_seconds(c) + self.optimizer_seconds
         # (Twins that differ only in the allocator run the same kernels: the same figure.)
         kernels = replace(c, allocator="default").key()
         digest = int(hashlib.sha256(kernels.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
         step *= 1 + self.noise * (2 * digest - 1)
         build = self.build_seconds + (40.0 if c.compile else 0.0)
-        return ProbeResult(status=ProbeStatus.OK, device="modelled CUDA card", peak_allocated_bytes=int(need * 0.97),
-                           peak_reserved_bytes=need, context_bytes=0, step_seconds=step, tokens_per_s=c.tokens_per_step / step,
-                           samples_per_s=c.effective_batch / step, build_seconds=build, wall_seconds=build + 5 * step)
+        return ProbeResult(
+            status=ProbeStatus.OK,
+            device="modelled CUDA card",
+            peak_allocated_bytes=int(need * 0.97),
+            peak_reserved_bytes=need,
+            context_bytes=0,
+            step_seconds=step,
+            tokens_per_s=c.tokens_per_step / step,
+            samples_per_s=c.effective_batch / step,
+            build_seconds=build,
+            wall_seconds=build + 5 * step,
+        )
 
 
 def _gib(*values: float) -> tuple[int, ...]:
@@ -144,30 +166,59 @@ def _gib(*values: float) -> tuple[int, ...]:
 # (a forum user's 8.06 GiB allocated); an A100-like card. The larger ones scale the state, the
 # activations per token and the compute with the parameters.
 MODELLED = {
-    "modelled gpt2 (124M)": (CostModel(fixed_bytes=2 * GiB, accumulation_bytes=GiB // 2,
-                                       activation_bytes_per_token=int(1.5 * MiB), compute_seconds_per_token=6.4e-5,
-                                       launch_seconds=0.004, optimizer_seconds=0.005, build_seconds=6.0),
-                             _gib(3, 4, 5, 6, 7, 8, 10, 12)),
-    "modelled 350M": (CostModel(fixed_bytes=int(5.6 * GiB), accumulation_bytes=int(1.4 * GiB),
-                                activation_bytes_per_token=3 * MiB, compute_seconds_per_token=1.8e-4,
-                                launch_seconds=0.008, optimizer_seconds=0.014, build_seconds=10.0),
-                      _gib(7, 8, 10, 12, 16, 20, 24, 32)),
-    "modelled 1.3B": (CostModel(fixed_bytes=21 * GiB, accumulation_bytes=5 * GiB,
-                                activation_bytes_per_token=6 * MiB, compute_seconds_per_token=6.5e-4,
-                                launch_seconds=0.016, optimizer_seconds=0.05, build_seconds=25.0),
-                      _gib(24, 28, 32, 40, 48, 56, 64, 80)),
+    "modelled gpt2 (124M)": (
+        CostModel(
+            fixed_bytes=2 * GiB,
+            accumulation_bytes=GiB // 2,
+            activation_bytes_per_token=int(1.5 * MiB),
+            compute_seconds_per_token=6.4e-5,
+            launch_seconds=0.004,
+            optimizer_seconds=0.005,
+            build_seconds=6.0,
+        ),
+        _gib(3, 4, 5, 6, 7, 8, 10, 12),
+    ),
+    "modelled 350M": (
+        CostModel(
+            fixed_bytes=int(5.6 * GiB),
+            accumulation_bytes=int(1.4 * GiB),
+            activation_bytes_per_token=3 * MiB,
+            compute_seconds_per_token=1.8e-4,
+            launch_seconds=0.008,
+            optimizer_seconds=0.014,
+            build_seconds=10.0,
+        ),
+        _gib(7, 8, 10, 12, 16, 20, 24, 32),
+    ),
+    "modelled 1.3B": (
+        CostModel(
+            fixed_bytes=21 * GiB,
+            accumulation_bytes=5 * GiB,
+            activation_bytes_per_token=6 * MiB,
+            compute_seconds_per_token=6.5e-4,
+            launch_seconds=0.016,
+            optimizer_seconds=0.05,
+            build_seconds=25.0,
+        ),
+        _gib(24, 28, 32, 40, 48, 56, 64, 80),
+    ),
 }
 
 
 def modelled(space_of: Callable[[], SearchSpace]) -> list[Problem]:
-    return [Problem(name, "modelled", space_of(), "cuda", budgets, cost.result) for name, (cost, budgets) in MODELLED.items()]
+    return [
+        Problem(name, "modelled", space_of(), "cuda", budgets, cost.result)
+        for name, (cost, budgets) in MODELLED.items()
+    ]
 
 
 # --- replayed ------------------------------------------------------------------------------------
 def replays(directory: Path = STUDIES, budgets_per_study: int = 5) -> list[Problem]:
     """Every recorded study of `directory` as a problem, at budgets where its answer changes."""
-    return [replay(json.loads(path.read_text()), budgets_per_study, source=path.name)
-            for path in sorted(directory.glob("*.json"))]
+    return [
+        replay(json.loads(path.read_text()), budgets_per_study, source=path.name)
+        for path in sorted(directory.glob("*.json"))
+    ]
 
 
 def replay(recorded: dict, budgets_per_study: int = 5, source: str = "") -> Problem:
@@ -179,8 +230,15 @@ def replay(recorded: dict, budgets_per_study: int = 5, source: str = "") -> Prob
     missing = [c.label() for c in space.candidates() if c.key() not in rows]
     if missing:
         raise ValueError(f"{source}: no probe of {', '.join(missing[:3])}...: record a grid-full study of the space")
-    return Problem(recorded["title"], "replayed", space, recorded["device_type"], _budgets(list(rows.values()), budgets_per_study),
-                   lambda c: rows[c.key()], source=f"{source} ({recorded['device']}, {recorded['date']})")
+    return Problem(
+        recorded["title"],
+        "replayed",
+        space,
+        recorded["device_type"],
+        _budgets(list(rows.values()), budgets_per_study),
+        lambda c: rows[c.key()],
+        source=f"{source} ({recorded['device']}, {recorded['date']})",
+    )
 
 
 def _budgets(results: list[ProbeResult], count: int) -> tuple[int, ...]:
@@ -206,13 +264,32 @@ def record(db: str, study: str, title: str) -> dict:
     def renamed(config: ProbeConfig) -> dict:
         return {**config.to_dict(), "model": name}
 
-    keep = ("status", "peak_allocated_bytes", "peak_reserved_bytes", "context_bytes", "step_seconds", "step_spread",
-            "tokens_per_s", "samples_per_s", "startup_seconds", "build_seconds", "compile_seconds", "measured_seconds",
-            "wall_seconds", "step_times", "host_load", "device")
+    keep = (
+        "status",
+        "peak_allocated_bytes",
+        "peak_reserved_bytes",
+        "context_bytes",
+        "step_seconds",
+        "step_spread",
+        "tokens_per_s",
+        "samples_per_s",
+        "startup_seconds",
+        "build_seconds",
+        "compile_seconds",
+        "measured_seconds",
+        "wall_seconds",
+        "step_times",
+        "host_load",
+        "device",
+    )
     return {
-        "title": title, "device": record_.device_name, "device_type": record_.environment.get("device_type", "cpu"),
-        "date": record_.created_at.date().isoformat(), "budget_bytes": record_.budget_bytes,
-        "environment": record_.environment, "space": {**record_.space, "model": name},
+        "title": title,
+        "device": record_.device_name,
+        "device_type": record_.environment.get("device_type", "cpu"),
+        "date": record_.created_at.date().isoformat(),
+        "budget_bytes": record_.budget_bytes,
+        "environment": record_.environment,
+        "space": {**record_.space, "model": name},
         "probes": [{"config": renamed(p.config), "result": {k: getattr(p.result, k) for k in keep}} for p in probes],
     }
 
@@ -233,4 +310,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-

@@ -65,13 +65,18 @@ def write_examples(work: Path, block: int = BLOCK, median: float = 24.0) -> dict
             length = max(2, min(block, round(rng.lognormvariate(math.log(median), 0.9))))
             if start + length > len(ids):
                 start = 0
-            out.write(json.dumps({"text": tokenizer.decode(ids[start:start + length]), "label": index % 2}) + "\n")
+            out.write(json.dumps({"text": tokenizer.decode(ids[start : start + length]), "label": index % 2}) + "\n")
             lengths.append(length)
             start += length
     lengths.sort()
-    return {"examples": EXAMPLES, "mean": round(statistics.mean(lengths), 1), "median": statistics.median(lengths),
-            "p90": lengths[int(0.9 * EXAMPLES)], "longest": lengths[-1],
-            "at_block": sum(1 for n in lengths if n == block)}
+    return {
+        "examples": EXAMPLES,
+        "mean": round(statistics.mean(lengths), 1),
+        "median": statistics.median(lengths),
+        "p90": lengths[int(0.9 * EXAMPLES)],
+        "longest": lengths[-1],
+        "at_block": sum(1 for n in lengths if n == block),
+    }
 
 
 def search_args(work: Path, recipe: str, before: bool, padding_free: str | None = None) -> list[str]:
@@ -79,9 +84,24 @@ def search_args(work: Path, recipe: str, before: bool, padding_free: str | None 
     # TRL appends an end-of-sequence token (examples of up to BLOCK + 1 tokens) and cuts none under
     # padding_free: those studies ask for a block above it, which the data's longest caps at BLOCK + 1.
     block = 2 * BLOCK if padding_free else BLOCK
-    args = ["--model", str(model), "--device", "cpu", "--gpu-budget", "4GiB", "--effective-batch",
-            str(EFFECTIVE_BATCH), "--block-sizes", str(block), "--precisions", "fp32", "--checkpointing", "off",
-            "--attention", "sdpa"]
+    args = [
+        "--model",
+        str(model),
+        "--device",
+        "cpu",
+        "--gpu-budget",
+        "4GiB",
+        "--effective-batch",
+        str(EFFECTIVE_BATCH),
+        "--block-sizes",
+        str(block),
+        "--precisions",
+        "fp32",
+        "--checkpointing",
+        "off",
+        "--attention",
+        "sdpa",
+    ]
     data = ["--dataset", str(work / "data" / "examples.jsonl"), "--tokenizer", str(work / "data" / "tokenizer")]
     if recipe == "sft":
         flat = ["--padding-free", padding_free] if padding_free and not before else []
@@ -89,33 +109,76 @@ def search_args(work: Path, recipe: str, before: bool, padding_free: str | None 
     return args + ([] if before else data)
 
 
-def probe(work: Path, db: str, recipe: str, before: bool, micro_batch: int, measure_seconds: float,
-          repeat: int, padding_free: bool = False, flat_study: bool = False) -> dict:
+def probe(
+    work: Path,
+    db: str,
+    recipe: str,
+    before: bool,
+    micro_batch: int,
+    measure_seconds: float,
+    repeat: int,
+    padding_free: bool = False,
+    flat_study: bool = False,
+) -> dict:
     """The leaderboard's figure of one config: a one-config study of its own for each repeat (a
     study's settled configs are not probed again), measured afresh (--fresh: no other study's)."""
     study = f"{recipe}-{'before' if before else 'after'}{'-flat' if padding_free else ''}-mb{micro_batch}-r{repeat}"
-    out = autotune("search", *search_args(work, recipe, before, ("on" if padding_free else "off") if flat_study else None),
-                   "--micro-batches", str(micro_batch),
-                   "--measure-seconds", str(measure_seconds), "--study", study, "--db", db, "--fresh", "--json")
+    out = autotune(
+        "search",
+        *search_args(work, recipe, before, ("on" if padding_free else "off") if flat_study else None),
+        "--micro-batches",
+        str(micro_batch),
+        "--measure-seconds",
+        str(measure_seconds),
+        "--study",
+        study,
+        "--db",
+        db,
+        "--fresh",
+        "--json",
+    )
     best = json.loads(out)["best"]
-    return {"study": study, "label": best["label"], "tokens_per_s": best["tokens_per_s"],
-            "padding_share": best.get("padding_share")}
+    return {
+        "study": study,
+        "label": best["label"],
+        "tokens_per_s": best["tokens_per_s"],
+        "padding_share": best.get("padding_share"),
+    }
 
 
-def search_all(work: Path, db: str, recipe: str, before: bool, measure_seconds: float,
-               padding_free: bool = False) -> dict:
+def search_all(
+    work: Path, db: str, recipe: str, before: bool, measure_seconds: float, padding_free: bool = False
+) -> dict:
     study = f"{recipe}-{'before' if before else 'after'}{'-flat' if padding_free else ''}-search"
-    out = autotune("search", *search_args(work, recipe, before, "off,on" if padding_free else None), "--micro-batches", "1,2,4,8", "--measure-seconds",
-                   str(measure_seconds), "--study", study, "--db", db, "--json")
+    out = autotune(
+        "search",
+        *search_args(work, recipe, before, "off,on" if padding_free else None),
+        "--micro-batches",
+        "1,2,4,8",
+        "--measure-seconds",
+        str(measure_seconds),
+        "--study",
+        study,
+        "--db",
+        db,
+        "--json",
+    )
     summary = json.loads(out)
-    return {"study": study, "pick": summary["best"]["label"], "pick_micro_batch": summary["best"]["micro_batch"],
-            "probes": summary["probed"], "confirming_probes": summary["confirming_probes"], "leaderboard": [(row["label"], row["tokens_per_s"])
-                                                             for row in summary.get("leaderboard", [])]}
+    return {
+        "study": study,
+        "pick": summary["best"]["label"],
+        "pick_micro_batch": summary["best"]["micro_batch"],
+        "probes": summary["probed"],
+        "confirming_probes": summary["confirming_probes"],
+        "leaderboard": [(row["label"], row["tokens_per_s"]) for row in summary.get("leaderboard", [])],
+    }
 
 
 def run_real(work: Path, db: str, recipe: str, study: str, steps: int) -> dict:
-    code = ("import json\nfrom benchmarks.real_lengths import real_in_process\n"
-            f"print(json.dumps(real_in_process({db!r}, {study!r}, {str(work)!r}, {recipe!r}, {steps})))")
+    code = (
+        "import json\nfrom benchmarks.real_lengths import real_in_process\n"
+        f"print(json.dumps(real_in_process({db!r}, {study!r}, {str(work)!r}, {recipe!r}, {steps})))"
+    )
     return json.loads(sh(sys.executable, "-c", code, timeout=1800).splitlines()[-1])
 
 
@@ -149,13 +212,22 @@ def real_in_process(db: str, study: str, work: str, recipe: str, steps: int) -> 
         def collated(examples):
             batch = collate(examples)
             # (a padding-free batch has no mask: every token is real)
-            counted["real"] += int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+            counted["real"] += (
+                int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
+            )
             counted["padded"] += batch["input_ids"].numel()
             return batch
+
         return collated
 
-    common = {"max_steps": steps, "save_strategy": "no", "report_to": [], "disable_tqdm": True,
-              "logging_steps": max(1, steps // 4), "dataloader_num_workers": 0}
+    common = {
+        "max_steps": steps,
+        "save_strategy": "no",
+        "report_to": [],
+        "disable_tqdm": True,
+        "logging_steps": max(1, steps // 4),
+        "dataloader_num_workers": 0,
+    }
     with tempfile.TemporaryDirectory() as output:
         if recipe == "sft":
             from trl import SFTConfig, SFTTrainer
@@ -163,23 +235,42 @@ def real_in_process(db: str, study: str, work: str, recipe: str, steps: int) -> 
             from autotune.handoff.tools import trl_document
 
             document = trl_document(best)
-            kwargs = {k: v for k, v in document.items() if k not in ("model_init_kwargs", "packing", "packing_strategy")}
+            kwargs = {
+                k: v for k, v in document.items() if k not in ("model_init_kwargs", "packing", "packing_strategy")
+            }
             args = SFTConfig(output_dir=output, packing=False, **common, **kwargs)
-            trainer = SFTTrainer(model=model, args=args, train_dataset=dataset.remove_columns("label"),
-                                 processing_class=tokenizer, callbacks=[StepClock()])
+            trainer = SFTTrainer(
+                model=model,
+                args=args,
+                train_dataset=dataset.remove_columns("label"),
+                processing_class=tokenizer,
+                callbacks=[StepClock()],
+            )
         else:
-            encoded = dataset.map(lambda b: tokenizer(b["text"], truncation=True, max_length=best.block_size),
-                                  batched=True, remove_columns=["text"]).rename_column("label", "labels")
+            encoded = dataset.map(
+                lambda b: tokenizer(b["text"], truncation=True, max_length=best.block_size),
+                batched=True,
+                remove_columns=["text"],
+            ).rename_column("label", "labels")
             args = best.training_arguments(output, **common)
-            trainer = transformers.Trainer(model=model, args=args, train_dataset=encoded, callbacks=[StepClock()],
-                                           data_collator=transformers.DataCollatorWithPadding(tokenizer))
+            trainer = transformers.Trainer(
+                model=model,
+                args=args,
+                train_dataset=encoded,
+                callbacks=[StepClock()],
+                data_collator=transformers.DataCollatorWithPadding(tokenizer),
+            )
         trainer.data_collator = counting(trainer.data_collator)
         trainer.train()
     timed = [e for e in ends if e[0] >= SKIP_STEPS]
     (first, start, real0, padded0), (last, stop, real1, padded1) = timed[0], timed[-1]
     seconds = stop - start
-    return {"real_tokens_per_s": (real1 - real0) / seconds, "padded_tokens_per_s": (padded1 - padded0) / seconds,
-            "padding_share": 1 - (real1 - real0) / (padded1 - padded0), "steps_timed": last - first}
+    return {
+        "real_tokens_per_s": (real1 - real0) / seconds,
+        "padded_tokens_per_s": (padded1 - padded0) / seconds,
+        "padding_share": 1 - (real1 - real0) / (padded1 - padded0),
+        "steps_timed": last - first,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,39 +293,61 @@ def main(argv: list[str] | None = None) -> int:
     lengths = write_examples(work)
     db = f"sqlite:///{work / 'studies.db'}"
     # (micro-batch, padding-free): every one probed and run in each repeat, interleaved
-    variants = [(int(m), flat) for m in args.micro_batches.split(",") for flat in
-                ((False, True) if args.padding_free else (False,))]
+    variants = [
+        (int(m), flat)
+        for m in args.micro_batches.split(",")
+        for flat in ((False, True) if args.padding_free else (False,))
+    ]
     probes: dict[tuple, list[dict]] = {}
     runs: dict[tuple, list[dict]] = {}
     for repeat in range(args.repeats):
         for mb, flat in variants if repeat % 2 == 0 else list(reversed(variants)):
-            measured = probe(work, db, args.recipe, args.before, mb, args.measure_seconds, repeat, flat,
-                             args.padding_free)
+            measured = probe(
+                work, db, args.recipe, args.before, mb, args.measure_seconds, repeat, flat, args.padding_free
+            )
             probes.setdefault((mb, flat), []).append(measured)
             run = run_real(work, db, args.recipe, measured["study"], args.steps)
             runs.setdefault((mb, flat), []).append(run)
-            print(f"{measured['label']}: real {run['real_tokens_per_s']:,.0f} tokens/s, padded "
-                  f"{run['padded_tokens_per_s']:,.0f} ({run['padding_share']:.0%} padding); the probe said "
-                  f"{measured['tokens_per_s']:,.0f}", file=sys.stderr)
+            print(
+                f"{measured['label']}: real {run['real_tokens_per_s']:,.0f} tokens/s, padded "
+                f"{run['padded_tokens_per_s']:,.0f} ({run['padding_share']:.0%} padding); the probe said "
+                f"{measured['tokens_per_s']:,.0f}",
+                file=sys.stderr,
+            )
     rows = []
     for mb, flat in variants:
         key = (mb, flat)
-        row: dict = {"micro_batch": mb, "padding_free": flat, "label": probes[key][0]["label"],
-                     "probe_tokens_per_s": statistics.median(p["tokens_per_s"] for p in probes[key]),
-                     "probe_processes": [round(p["tokens_per_s"], 1) for p in probes[key]],
-                     "probe_padding_share": probes[key][0]["padding_share"]}
+        row: dict = {
+            "micro_batch": mb,
+            "padding_free": flat,
+            "label": probes[key][0]["label"],
+            "probe_tokens_per_s": statistics.median(p["tokens_per_s"] for p in probes[key]),
+            "probe_processes": [round(p["tokens_per_s"], 1) for p in probes[key]],
+            "probe_padding_share": probes[key][0]["padding_share"],
+        }
         for name in ("real_tokens_per_s", "padded_tokens_per_s", "padding_share"):
             row[name] = statistics.median(r[name] for r in runs[key])
             row[f"{name}_processes"] = [round(r[name], 3) for r in runs[key]]
         row["probe_over_real"] = round(row["probe_tokens_per_s"] / row["real_tokens_per_s"], 3)
         rows.append(row)
     fastest = max(rows, key=lambda r: r["real_tokens_per_s"])
-    result = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "host_cpus": os.cpu_count(),
-              "load_per_core": round(os.getloadavg()[0] / (os.cpu_count() or 1), 2), "recipe": args.recipe,
-              "before": args.before, "padding_free": args.padding_free, "steps": args.steps, "model": CLASSIFIER if args.recipe == "classifier" else MODEL,
-              "block": BLOCK, "effective_batch": EFFECTIVE_BATCH, "lengths": lengths, "rows": rows,
-              "real_fastest": fastest["label"],
-              "same_order": sorted(rows, key=lambda r: -r["probe_tokens_per_s"]) == sorted(rows, key=lambda r: -r["real_tokens_per_s"])}
+    result = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "host_cpus": os.cpu_count(),
+        "load_per_core": round(os.getloadavg()[0] / (os.cpu_count() or 1), 2),
+        "recipe": args.recipe,
+        "before": args.before,
+        "padding_free": args.padding_free,
+        "steps": args.steps,
+        "model": CLASSIFIER if args.recipe == "classifier" else MODEL,
+        "block": BLOCK,
+        "effective_batch": EFFECTIVE_BATCH,
+        "lengths": lengths,
+        "rows": rows,
+        "real_fastest": fastest["label"],
+        "same_order": sorted(rows, key=lambda r: -r["probe_tokens_per_s"])
+        == sorted(rows, key=lambda r: -r["real_tokens_per_s"]),
+    }
     if not args.no_search:  # the whole search as autotune runs it now, and as it ran before (full rows)
         for key, before in (("search", args.before), ("search_as_before", True)):
             if key == "search_as_before" and args.before:
@@ -242,7 +355,9 @@ def main(argv: list[str] | None = None) -> int:
             result[key] = search_all(work, db, args.recipe, before, args.measure_seconds, args.padding_free)
             # (by micro-batch and kind: the search as before probed full rows, of another block)
             flat = result[key]["pick"].endswith(" padding-free")
-            picked = next(r for r in rows if (r["micro_batch"], r["padding_free"]) == (result[key]["pick_micro_batch"], flat))
+            picked = next(
+                r for r in rows if (r["micro_batch"], r["padding_free"]) == (result[key]["pick_micro_batch"], flat)
+            )
             result[key]["pick_real_over_fastest"] = round(picked["real_tokens_per_s"] / fastest["real_tokens_per_s"], 3)
     (work / "results.json").write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))

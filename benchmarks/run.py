@@ -64,11 +64,25 @@ CUDA_MODELS = ("gpt2", "gpt2-medium")
 # probe whole in a couple of minutes on two cores. Under 12 MiB the CPU accountant makes the
 # largest micro-batch without checkpointing run out of memory.
 TINY_GPT2 = {
-    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 64, "n_head": 2,
-    "vocab_size": 1024, "n_positions": 256, "n_ctx": 256, "bos_token_id": 0, "eos_token_id": 0,
+    "model_type": "gpt2",
+    "architectures": ["GPT2LMHeadModel"],
+    "n_layer": 2,
+    "n_embd": 64,
+    "n_head": 2,
+    "vocab_size": 1024,
+    "n_positions": 256,
+    "n_ctx": 256,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
 }
-TINY_SPACE = dict(micro_batches=(1, 2, 4, 8), block_sizes=(64,), precisions=("fp32", "bf16"), checkpointing=(False, True),
-                  attentions=("sdpa",), effective_batch=8)
+TINY_SPACE = dict(
+    micro_batches=(1, 2, 4, 8),
+    block_sizes=(64,),
+    precisions=("fp32", "bf16"),
+    checkpointing=(False, True),
+    attentions=("sdpa",),
+    effective_batch=8,
+)
 # A tiny model's step takes tens of milliseconds: time more of them than on a GPU, or noise decides.
 CPU_MEASURE_STEPS = 5
 SEARCH_STRATEGY = defaults.STRATEGY  # autotune's search as a user runs it
@@ -77,8 +91,8 @@ GROUND_TRUTH_STRATEGY = "grid-full"
 
 @dataclass(frozen=True)
 class Case:
-    name: str                    # as shown: 'gpt2', 'tiny-gpt2'
-    model: str                   # the model reference probes resolve
+    name: str  # as shown: 'gpt2', 'tiny-gpt2'
+    model: str  # the model reference probes resolve
     budget_bytes: int
     space_args: dict = field(default_factory=dict)
     tiny: bool = False
@@ -86,7 +100,9 @@ class Case:
     def space(self) -> SearchSpace:
         space = SearchSpace.build(resolve_model(self.model), **self.space_args)
         if space.effective_batch is None or len(space.block_sizes) != 1:
-            raise BadInput("the benchmark compares at one block size and a fixed effective batch; give one --block-size.")
+            raise BadInput(
+                "the benchmark compares at one block size and a fixed effective batch; give one --block-size."
+            )
         return space
 
     @property
@@ -150,11 +166,11 @@ class EstimateJob:
             return self
         started = time.perf_counter()
         estimator = self.estimator
-        lanes = [self.configs[i::self.jobs] for i in range(self.jobs)]
+        lanes = [self.configs[i :: self.jobs] for i in range(self.jobs)]
 
         def work(lane: list[ProbeConfig]) -> None:
             for i in range(0, len(lane), self.BATCH):
-                batch = lane[i:i + self.BATCH]
+                batch = lane[i : i + self.BATCH]
                 try:
                     for config, peak in zip(batch, estimator(batch, self.device_type)):
                         self.predicted[config.key()] = int(peak)
@@ -170,7 +186,12 @@ class EstimateJob:
     def result(self, timeout: float | None = None) -> dict | None:
         """The predictions; None if they are not finished within `timeout` seconds."""
         if self.estimator is None:
-            return {"status": "not-run", "device_type": self.device_type, "note": "estimator not run (--no-estimate)", "predicted": {}}
+            return {
+                "status": "not-run",
+                "device_type": self.device_type,
+                "note": "estimator not run (--no-estimate)",
+                "predicted": {},
+            }
         self.start()
         end = None if timeout is None else time.monotonic() + timeout
         for thread in self._threads:
@@ -178,19 +199,30 @@ class EstimateJob:
         if any(thread.is_alive() for thread in self._threads):
             return None
         status = "ok" if not self.errors else ("partial" if self.predicted else "failed")
-        return {"status": status, "device_type": self.device_type, "seconds": round(self.seconds, 2),
-                "note": "; ".join(self.errors), "predicted": dict(self.predicted)}
+        return {
+            "status": status,
+            "device_type": self.device_type,
+            "seconds": round(self.seconds, 2),
+            "note": "; ".join(self.errors),
+            "predicted": dict(self.predicted),
+        }
 
 
 # -- phases ---------------------------------------------------------------------------------------
+
 
 def _progress_printer(case: Case, phase: str, stream=sys.stderr) -> Callable:
     def on_event(event) -> None:
         r = event.result
         speed = f"{r.tokens_per_s:,.0f} tok/s" if r.tokens_per_s else ""
-        print(f"  [{case.name} {phase} {event.resolved}/{event.total}] {event.how:<7} {event.config.label():<34} "
-              f"{r.status:<7} {speed:>16} {format_size(r.required_bytes) if r.status == 'ok' else '':>11} "
-              f"{r.wall_seconds or 0:6.1f} s", file=stream, flush=True)
+        print(
+            f"  [{case.name} {phase} {event.resolved}/{event.total}] {event.how:<7} {event.config.label():<34} "
+            f"{r.status:<7} {speed:>16} {format_size(r.required_bytes) if r.status == 'ok' else '':>11} "
+            f"{r.wall_seconds or 0:6.1f} s",
+            file=stream,
+            flush=True,
+        )
+
     return on_event
 
 
@@ -210,9 +242,19 @@ def fresh_home(path: Path) -> Iterator[None]:
             os.environ["AUTOTUNE_HOME"] = saved
 
 
-def run_search_phase(case: Case, space: SearchSpace, budget: int, margin: int, new_runner: Callable, strategy: str,
-                     casedir: Path, quiet: bool, timeout: float | None = None, predictor: Callable | None = None,
-                     previous_wall: float = 0.0) -> dict:
+def run_search_phase(
+    case: Case,
+    space: SearchSpace,
+    budget: int,
+    margin: int,
+    new_runner: Callable,
+    strategy: str,
+    casedir: Path,
+    quiet: bool,
+    timeout: float | None = None,
+    predictor: Callable | None = None,
+    previous_wall: float = 0.0,
+) -> dict:
     """One search with the options a user gets by default, a fresh probe worker and its own
     database in `casedir` (empty the first time; a search cut short by `timeout` resumes from it).
     `predictor` replaces the search's memory prediction (tests give one matching their fake runner)."""
@@ -224,22 +266,38 @@ def run_search_phase(case: Case, space: SearchSpace, budget: int, margin: int, n
     extra = {}
     if predictor is not None and "predictor" in inspect.signature(run_search).parameters:
         extra["predictor"] = predictor
-    with fresh_home(casedir / f"home-{phase}"), closing(new_runner()) as runner, \
-            open_store(f"sqlite:///{casedir / f'{phase}.db'}") as store:
+    with (
+        fresh_home(casedir / f"home-{phase}"),
+        closing(new_runner()) as runner,
+        open_store(f"sqlite:///{casedir / f'{phase}.db'}") as store,
+    ):
         # The ground truth is every config probed once: no confirmation round there. The search's
         # round is part of what it costs, and counted in its probes.
-        options = SearchOptions(study=phase, strategy=strategy, fresh=True, timeout=timeout, confirm=phase != "ground-truth")
-        outcome = run_search(SearchRequest.of(space, spec, Budget(budget, margin), options), runner, store,
-                             on_event=None if quiet else _progress_printer(case, phase), **extra)
+        options = SearchOptions(
+            study=phase, strategy=strategy, fresh=True, timeout=timeout, confirm=phase != "ground-truth"
+        )
+        outcome = run_search(
+            SearchRequest.of(space, spec, Budget(budget, margin), options),
+            runner,
+            store,
+            on_event=None if quiet else _progress_printer(case, phase),
+            **extra,
+        )
         records = store.probes(phase)
         confirmation = store.study(phase).confirmation or {}
     measured = [r for r in records if r.result.status != "skipped"]
     rows = [report.result_row(r.config, r.result) for r in measured]
     data = {
-        "strategy": strategy, "complete": outcome.finished, "stop_reason": outcome.stop_reason,
-        "probed": len(measured) + confirmation.get("probes", 0), "confirmation_probes": confirmation.get("probes", 0),
-        "skipped": len(records) - len(measured), "candidates": outcome.candidates,
-        "skipped_by_prediction": sum((r.result.error or "").startswith("predicted") for r in records if r.result.status == "skipped"),
+        "strategy": strategy,
+        "complete": outcome.finished,
+        "stop_reason": outcome.stop_reason,
+        "probed": len(measured) + confirmation.get("probes", 0),
+        "confirmation_probes": confirmation.get("probes", 0),
+        "skipped": len(records) - len(measured),
+        "candidates": outcome.candidates,
+        "skipped_by_prediction": sum(
+            (r.result.error or "").startswith("predicted") for r in records if r.result.status == "skipped"
+        ),
         # Summed over the stored probes, so that a search resumed across commands counts them all.
         "gpu_seconds": sum(r.result.wall_seconds or 0.0 for r in measured) + confirmation.get("seconds", 0.0),
         "wall_seconds": previous_wall + outcome.seconds,
@@ -250,16 +308,23 @@ def run_search_phase(case: Case, space: SearchSpace, budget: int, margin: int, n
         best = outcome.best
         pick = None
         if best is not None:
-            pick = next((row for row in reversed(rows) if row["key"] == best.config_key and row["status"] == "ok"), None)
+            pick = next(
+                (row for row in reversed(rows) if row["key"] == best.config_key and row["status"] == "ok"), None
+            )
         data.update(pick=pick, probes=rows)
     return data
 
 
 def alternative_record(outcome) -> dict:
     return {
-        "name": outcome.name, "title": outcome.title, "status": outcome.status, "note": outcome.note,
+        "name": outcome.name,
+        "title": outcome.title,
+        "status": outcome.status,
+        "note": outcome.note,
         "pick": report.result_row(outcome.config, outcome.result) if outcome.config and outcome.result else None,
-        "probed": len(outcome.tried), "gpu_seconds": outcome.gpu_seconds, "wall_seconds": outcome.wall_seconds,
+        "probed": len(outcome.tried),
+        "gpu_seconds": outcome.gpu_seconds,
+        "wall_seconds": outcome.wall_seconds,
         "tried": [report.result_row(c, r) for c, r in outcome.tried],
     }
 
@@ -278,11 +343,23 @@ class PhaseState:
         (self.casedir / f"{name}.json").write_text(json.dumps(data, indent=1) + "\n")
 
 
-def run_case(case: Case, *, env: Environment, new_runner: Callable, margin_of: Callable[[int], int],
-             casedir: Path, phases: Sequence[str] = PHASES, alternatives: Sequence[str] = tuple(ALTERNATIVES),
-             estimator: Estimator | None = autotune_estimator, estimate_jobs: int = 1, previous: dict | None = None,
-             deadline: Deadline | None = None, quiet: bool = False, on_phase: Callable[[dict], None] | None = None,
-             search_predictor: Callable | None = None) -> dict:
+def run_case(
+    case: Case,
+    *,
+    env: Environment,
+    new_runner: Callable,
+    margin_of: Callable[[int], int],
+    casedir: Path,
+    phases: Sequence[str] = PHASES,
+    alternatives: Sequence[str] = tuple(ALTERNATIVES),
+    estimator: Estimator | None = autotune_estimator,
+    estimate_jobs: int = 1,
+    previous: dict | None = None,
+    deadline: Deadline | None = None,
+    quiet: bool = False,
+    on_phase: Callable[[dict], None] | None = None,
+    search_predictor: Callable | None = None,
+) -> dict:
     """Every phase of one case. Phases not asked for are taken from `previous` (an earlier run's
     case); phases finished by an earlier command with the same `casedir` are not run again."""
     deadline = deadline or Deadline(None)
@@ -293,12 +370,20 @@ def run_case(case: Case, *, env: Environment, new_runner: Callable, margin_of: C
     margin = margin_of(case.budget_bytes)
     candidates = space.candidates()
     data: dict = dict(previous or {})
-    data.update({
-        "model": case.name, "model_reference": case.model if not case.tiny else "tiny 2-layer GPT-2 (model_config)",
-        "model_config": spec.config if case.tiny else None, "tiny": case.tiny,
-        "budget_bytes": case.budget_bytes, "margin_bytes": margin, "space": space.to_dict(),
-        "candidates": len(candidates), "effective_batch": space.effective_batch, "block_size": space.block_sizes[0],
-    })
+    data.update(
+        {
+            "model": case.name,
+            "model_reference": case.model if not case.tiny else "tiny 2-layer GPT-2 (model_config)",
+            "model_config": spec.config if case.tiny else None,
+            "tiny": case.tiny,
+            "budget_bytes": case.budget_bytes,
+            "margin_bytes": margin,
+            "space": space.to_dict(),
+            "candidates": len(candidates),
+            "effective_batch": space.effective_batch,
+            "block_size": space.block_sizes[0],
+        }
+    )
     pending: list[str] = []
     # On a GPU the estimator runs beside the probes (it uses only the CPU); on a CPU it would take
     # the probes' cores, so it runs after them.
@@ -324,8 +409,19 @@ def run_case(case: Case, *, env: Environment, new_runner: Callable, margin_of: C
             pending.append(phase)
             return
         partial = state.load(f"{phase}.partial") or {}
-        result = run_search_phase(case, space, case.budget_bytes, margin, new_runner, strategy, casedir, quiet,
-                                  timeout=deadline.left(), predictor=predictor, previous_wall=partial.get("wall_seconds", 0.0))
+        result = run_search_phase(
+            case,
+            space,
+            case.budget_bytes,
+            margin,
+            new_runner,
+            strategy,
+            casedir,
+            quiet,
+            timeout=deadline.left(),
+            predictor=predictor,
+            previous_wall=partial.get("wall_seconds", 0.0),
+        )
         if result["complete"]:
             state.save(phase, result)
         else:
@@ -338,8 +434,13 @@ def run_case(case: Case, *, env: Environment, new_runner: Callable, margin_of: C
     if "search" in phases:
         search("search", "autotune", SEARCH_STRATEGY, search_predictor)
     if "alternatives" in phases:
-        setting = Setting(spec=spec, space=space, budget=Budget(case.budget_bytes, margin), device_type=env.device_type,
-                          new_runner=new_runner)
+        setting = Setting(
+            spec=spec,
+            space=space,
+            budget=Budget(case.budget_bytes, margin),
+            device_type=env.device_type,
+            new_runner=new_runner,
+        )
         records = []
         for name in alternatives:
             record = state.load(f"alternative-{name}")
@@ -361,8 +462,12 @@ def run_case(case: Case, *, env: Environment, new_runner: Callable, margin_of: C
     if estimates is not None:
         data["estimates"] = estimates
     elif "estimates" not in data:
-        data["estimates"] = {"status": "not-run", "device_type": env.device_type, "predicted": {},
-                             "note": "estimator not run" + (" (--no-estimate)" if estimator is None else " (out of time)")}
+        data["estimates"] = {
+            "status": "not-run",
+            "device_type": env.device_type,
+            "predicted": {},
+            "note": "estimator not run" + (" (--no-estimate)" if estimator is None else " (out of time)"),
+        }
     data["pending"] = pending
     report.compute_figures(data)
     return data
@@ -371,24 +476,42 @@ def run_case(case: Case, *, env: Environment, new_runner: Callable, margin_of: C
 def new_document(env: Environment, settings: dict) -> dict:
     return {
         "benchmark": "autotune vs exhaustive ground truth and the usual alternatives",
-        "device": env.device_name, "device_type": env.device_type, "device_total_bytes": env.device_total_bytes,
-        "cuda_version": env.cuda_version, "driver_version": env.driver_version,
-        "torch_version": env.torch_version, "transformers_version": env.transformers_version,
+        "device": env.device_name,
+        "device_type": env.device_type,
+        "device_total_bytes": env.device_total_bytes,
+        "cuda_version": env.cuda_version,
+        "driver_version": env.driver_version,
+        "torch_version": env.torch_version,
+        "transformers_version": env.transformers_version,
         "accelerate_version": package_version("accelerate"),
         "lightning_version": package_version("lightning") or package_version("pytorch-lightning"),
-        "optuna_version": package_version("optuna"), "autotune_version": __version__,
+        "optuna_version": package_version("optuna"),
+        "autotune_version": __version__,
         "python": sys.version.split()[0],
         "date": datetime.now(timezone.utc).date().isoformat(),
-        "settings": settings, "cases": [],
+        "settings": settings,
+        "cases": [],
     }
 
 
-def run_benchmark(cases: Sequence[Case], *, new_runner: Callable, margin_of: Callable[[int], int], out_dir: Path | None,
-                  settings: dict | None = None, phases: Sequence[str] = PHASES,
-                  alternatives: Sequence[str] = tuple(ALTERNATIVES), estimator: Estimator | None = autotune_estimator,
-                  estimate_jobs: int = 1, merge: dict | None = None, quiet: bool = False,
-                  env: Environment | None = None, search_predictor: Callable | None = None,
-                  state_dir: Path | None = None, deadline: Deadline | None = None) -> dict:
+def run_benchmark(
+    cases: Sequence[Case],
+    *,
+    new_runner: Callable,
+    margin_of: Callable[[int], int],
+    out_dir: Path | None,
+    settings: dict | None = None,
+    phases: Sequence[str] = PHASES,
+    alternatives: Sequence[str] = tuple(ALTERNATIVES),
+    estimator: Estimator | None = autotune_estimator,
+    estimate_jobs: int = 1,
+    merge: dict | None = None,
+    quiet: bool = False,
+    env: Environment | None = None,
+    search_predictor: Callable | None = None,
+    state_dir: Path | None = None,
+    deadline: Deadline | None = None,
+) -> dict:
     """Run every case and write the report; returns the document (also written to `out_dir`).
     `doc["complete"]` is False when the deadline left something to a later run with the same
     `state_dir`."""
@@ -398,8 +521,10 @@ def run_benchmark(cases: Sequence[Case], *, new_runner: Callable, margin_of: Cal
     doc = new_document(env, settings or {})
     if merge is not None:
         if merge.get("device") != env.device_name:
-            raise BadInput(f"--merge: that file was measured on {merge.get('device')!r}, not on {env.device_name!r}; "
-                           f"merge only runs of the same device.")
+            raise BadInput(
+                f"--merge: that file was measured on {merge.get('device')!r}, not on {env.device_name!r}; "
+                f"merge only runs of the same device."
+            )
         doc["date"], doc["cases"] = merge.get("date", doc["date"]), list(merge.get("cases", []))
 
     def save(partial_case: dict | None = None) -> None:
@@ -415,13 +540,30 @@ def run_benchmark(cases: Sequence[Case], *, new_runner: Callable, margin_of: Cal
     with tempfile.TemporaryDirectory(prefix="autotune-bench-") as tmp:
         root = state_dir if state_dir is not None else Path(tmp)
         for case in cases:
-            previous = next((c for c in doc["cases"] if c["model"] == case.name and c["budget_bytes"] == case.budget_bytes), None)
-            print(f"{case.name} under {format_size(case.budget_bytes)} on {env.device_name}: {', '.join(phases)}",
-                  file=sys.stderr, flush=True)
-            data = run_case(case, env=env, new_runner=new_runner, margin_of=margin_of, casedir=root / case.slug,
-                            phases=phases, alternatives=alternatives, estimator=estimator, estimate_jobs=estimate_jobs,
-                            previous=previous, deadline=deadline, quiet=quiet, on_phase=lambda d: save(dict(d)),
-                            search_predictor=search_predictor)
+            previous = next(
+                (c for c in doc["cases"] if c["model"] == case.name and c["budget_bytes"] == case.budget_bytes), None
+            )
+            print(
+                f"{case.name} under {format_size(case.budget_bytes)} on {env.device_name}: {', '.join(phases)}",
+                file=sys.stderr,
+                flush=True,
+            )
+            data = run_case(
+                case,
+                env=env,
+                new_runner=new_runner,
+                margin_of=margin_of,
+                casedir=root / case.slug,
+                phases=phases,
+                alternatives=alternatives,
+                estimator=estimator,
+                estimate_jobs=estimate_jobs,
+                previous=previous,
+                deadline=deadline,
+                quiet=quiet,
+                on_phase=lambda d: save(dict(d)),
+                search_predictor=search_predictor,
+            )
             doc["cases"] = _replace_case(doc["cases"], data)
             save()
     doc["complete"] = not any(case.get("pending") for case in doc["cases"])
@@ -445,6 +587,7 @@ def _replace_case(cases: list[dict], case: dict) -> list[dict]:
 
 
 # -- command line ---------------------------------------------------------------------------------
+
 
 def _split(values: Sequence[str] | None) -> list[str]:
     return [v.strip() for item in (values or []) for v in item.split(",") if v.strip()]
@@ -473,28 +616,51 @@ def parse_cases(models: Sequence[str], args: argparse.Namespace, tiny_dir: Path)
         name, _, budget = item.partition(":")
         budget = budget or DEFAULT_BUDGETS.get(name)
         if not budget:
-            raise BadInput(f"--models {item}: give a budget as {name}:8GiB (defaults exist for {', '.join(DEFAULT_BUDGETS)}).")
+            raise BadInput(
+                f"--models {item}: give a budget as {name}:8GiB (defaults exist for {', '.join(DEFAULT_BUDGETS)})."
+            )
         if name == "tiny":
             tiny_dir.mkdir(parents=True, exist_ok=True)
             (tiny_dir / "config.json").write_text(json.dumps(TINY_GPT2))
-            cases.append(Case("tiny-gpt2", str(tiny_dir), parse_size(budget, flag="--models"), {**TINY_SPACE, **space_args}, tiny=True))
+            cases.append(
+                Case(
+                    "tiny-gpt2",
+                    str(tiny_dir),
+                    parse_size(budget, flag="--models"),
+                    {**TINY_SPACE, **space_args},
+                    tiny=True,
+                )
+            )
         else:
             cases.append(Case(name, name, parse_size(budget, flag="--models"), dict(space_args)))
     return cases
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.run",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--device", default="auto", help="auto, cpu or cuda[:N] (cpu runs the tiny model by default)")
     p.add_argument("--out", default="benchmarks/results", help="directory for <device>-<date>.json and .png")
-    p.add_argument("--models", nargs="+", help="NAME[:BUDGET] ... (default on a GPU: gpt2:8GiB gpt2-medium:16GiB; "
-                                               "on CPU: tiny:12MiB, a 2-layer GPT-2)")
+    p.add_argument(
+        "--models",
+        nargs="+",
+        help="NAME[:BUDGET] ... (default on a GPU: gpt2:8GiB gpt2-medium:16GiB; on CPU: tiny:12MiB, a 2-layer GPT-2)",
+    )
     p.add_argument("--phases", default=",".join(PHASES), help=f"comma list of {', '.join(PHASES)}")
     p.add_argument("--alternatives", default=",".join(ALTERNATIVES), help=f"comma list of {', '.join(ALTERNATIVES)}")
-    p.add_argument("--merge", help="an earlier run's JSON (same device): its cases are kept, and phases not run now are taken from it")
+    p.add_argument(
+        "--merge",
+        help="an earlier run's JSON (same device): its cases are kept, and phases not run now are taken from it",
+    )
     p.add_argument("--state", help="directory keeping finished work between commands (with --deadline); default: none")
-    p.add_argument("--deadline", type=float, help="seconds this command may take; no probe starts after (rerun with --state to go on)")
+    p.add_argument(
+        "--deadline",
+        type=float,
+        help="seconds this command may take; no probe starts after (rerun with --state to go on)",
+    )
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument("--measure-steps", type=int, default=None, help=f"default 3 on a GPU, {CPU_MEASURE_STEPS} on CPU")
     p.add_argument("--probe-timeout", type=float, default=300.0)
@@ -505,8 +671,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-size", type=int)
     p.add_argument("--effective-batch", type=int)
     p.add_argument("--no-estimate", action="store_true", help="skip the estimator-error column")
-    p.add_argument("--estimate-jobs", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 4)),
-                   help="estimator processes beside the GPU probes (default: a quarter of the cores, at most 4)")
+    p.add_argument(
+        "--estimate-jobs",
+        type=int,
+        default=max(1, min(4, (os.cpu_count() or 1) // 4)),
+        help="estimator processes beside the GPU probes (default: a quarter of the cores, at most 4)",
+    )
     p.add_argument("--cpu-threads", type=int, default=1, help="torch threads of each CPU probe (default 1)")
     p.add_argument("--brief", action="store_true", help="print the summary only, not every ground-truth row")
     p.add_argument("--quiet", action="store_true", help="no line per probe on stderr")
@@ -523,11 +693,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         alternatives = _split([args.alternatives])
         unknown = [p for p in phases if p not in PHASES] + [a for a in alternatives if a not in ALTERNATIVES]
         if unknown:
-            raise BadInput(f"unknown phase or alternative: {', '.join(unknown)}; phases: {', '.join(PHASES)}; "
-                           f"alternatives: {', '.join(ALTERNATIVES)}.")
+            raise BadInput(
+                f"unknown phase or alternative: {', '.join(unknown)}; phases: {', '.join(PHASES)}; "
+                f"alternatives: {', '.join(ALTERNATIVES)}."
+            )
         merge = json.loads(Path(args.merge).read_text()) if args.merge else None
-        settings = ProbeSettings(device=args.device, warmup_steps=args.warmup_steps,
-                                 measure_steps=args.measure_steps or 3, timeout=args.probe_timeout)
+        settings = ProbeSettings(
+            device=args.device,
+            warmup_steps=args.warmup_steps,
+            measure_steps=args.measure_steps or 3,
+            timeout=args.probe_timeout,
+        )
         with closing(ProbeRunner(settings)) as runner:
             env = runner.environment()
         if env.device_type == "cpu":
@@ -548,26 +724,48 @@ def main(argv: Sequence[str] | None = None) -> int:
             # config's key, which must not change between the commands that share the state.
             tiny_dir = Path(args.state) / "tiny-gpt2-model" if args.state else Path(tiny) / "tiny-gpt2"
             cases = parse_cases(models, args, tiny_dir.resolve())
-            record = {"cpu_threads": args.cpu_threads if env.device_type == "cpu" else None,
-                      "warmup_steps": settings.warmup_steps, "measure_steps": settings.measure_steps,
-                      "margin": settings.margin, "probe_timeout": settings.timeout, "search_strategy": SEARCH_STRATEGY,
-                      "ground_truth_strategy": GROUND_TRUTH_STRATEGY,
-                      "command": "python -m benchmarks.run " + " ".join(sys.argv[1:] if argv is None else argv)}
-            doc = run_benchmark(cases, new_runner=lambda: ProbeRunner(settings),
-                                margin_of=lambda budget: settings.budget(budget).margin_bytes,
-                                out_dir=Path(args.out), settings=record, phases=phases, alternatives=alternatives,
-                                estimator=estimator, estimate_jobs=args.estimate_jobs, merge=merge, quiet=args.quiet,
-                                env=env, state_dir=Path(args.state) if args.state else None, deadline=deadline)
+            record = {
+                "cpu_threads": args.cpu_threads if env.device_type == "cpu" else None,
+                "warmup_steps": settings.warmup_steps,
+                "measure_steps": settings.measure_steps,
+                "margin": settings.margin,
+                "probe_timeout": settings.timeout,
+                "search_strategy": SEARCH_STRATEGY,
+                "ground_truth_strategy": GROUND_TRUTH_STRATEGY,
+                "command": "python -m benchmarks.run " + " ".join(sys.argv[1:] if argv is None else argv),
+            }
+            doc = run_benchmark(
+                cases,
+                new_runner=lambda: ProbeRunner(settings),
+                margin_of=lambda budget: settings.budget(budget).margin_bytes,
+                out_dir=Path(args.out),
+                settings=record,
+                phases=phases,
+                alternatives=alternatives,
+                estimator=estimator,
+                estimate_jobs=args.estimate_jobs,
+                merge=merge,
+                quiet=args.quiet,
+                env=env,
+                state_dir=Path(args.state) if args.state else None,
+                deadline=deadline,
+            )
     except AutotuneError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(report.format_report(doc, all_rows=not args.brief))
     files = doc.get("files", {})
-    print(f"\nwrote {files.get('json')}" + (f" and {files['png']}" if files.get("png") else " (no plot: matplotlib is not installed)"))
+    print(
+        f"\nwrote {files.get('json')}"
+        + (f" and {files['png']}" if files.get("png") else " (no plot: matplotlib is not installed)")
+    )
     if not doc["complete"]:
         left = "; ".join(f"{c['model']}: {', '.join(c['pending'])}" for c in doc["cases"] if c.get("pending"))
-        print(f"incomplete ({left}): run the same command again with --state {args.state} to go on"
-              if args.state else f"incomplete ({left}): give --state DIR to keep the work between commands")
+        print(
+            f"incomplete ({left}): run the same command again with --state {args.state} to go on"
+            if args.state
+            else f"incomplete ({left}): give --state DIR to keep the work between commands"
+        )
         return INCOMPLETE_EXIT
     return 0
 

@@ -53,16 +53,27 @@ from benchmarks.problems import Problem, budget_of, modelled, replays
 
 def scattered(share: float) -> Callable[[ProbeConfig], float]:
     """Each config's prediction off by up to `share` either way (fixed per config)."""
+
     def error(config: ProbeConfig) -> float:
         digest = int(hashlib.sha256(("prediction" + config.key()).encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
         return share * (2 * digest - 1)
+
     return error
 
 
 PREDICTIONS: dict[str, float | Callable | None] = {"exact": 0.0, "+-5%": scattered(0.05), "20% low": -0.2, "none": None}
 # (strategy, predictions): the rows of the table.
-RUNS = [("predictive", "exact"), ("predictive", "+-5%"), ("predictive", "20% low"), ("predictive", "none"),
-        ("frontier", "exact"), ("frontier", "+-5%"), ("frontier", "none"), ("tpe", "exact"), ("grid", "exact")]
+RUNS = [
+    ("predictive", "exact"),
+    ("predictive", "+-5%"),
+    ("predictive", "20% low"),
+    ("predictive", "none"),
+    ("frontier", "exact"),
+    ("frontier", "+-5%"),
+    ("frontier", "none"),
+    ("tpe", "exact"),
+    ("grid", "exact"),
+]
 QUICK_RUNS = [("predictive", "exact"), ("frontier", "exact")]
 LEVER_SPACES = {
     "default space": {},
@@ -81,7 +92,7 @@ class Run:
     predictions: str
     probes: int
     probe_seconds: float
-    quality: float | None     # pick's tokens/s over the best's; None when nothing fits (and nothing was picked)
+    quality: float | None  # pick's tokens/s over the best's; None when nothing fits (and nothing was picked)
     grid_probes: int
     grid_seconds: float
     space: str = "default space"
@@ -101,14 +112,20 @@ def decide(problem: Problem, space: SearchSpace, budget_bytes: int, strategy: st
     """One search of `space` from nothing known, as the search loop runs it for a lone worker:
     the strategy's next choice skipped or probed (the problem answers), learnt, until it has none."""
     budget = budget_of(budget_bytes)
-    knowledge = Knowledge.of(space.candidates(), budget, SearchOptions().margin_for(problem.device_type, space.peft),
-                             predictions_of(problem, space, predictions))
+    knowledge = Knowledge.of(
+        space.candidates(),
+        budget,
+        SearchOptions().margin_for(problem.device_type, space.peft),
+        predictions_of(problem, space, predictions),
+    )
     study = None
     if strategy == "tpe":
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=5))
+        study = optuna.create_study(
+            direction="maximize", sampler=optuna.samplers.TPESampler(seed=0, n_startup_trials=5)
+        )
         chooser = TpeStrategy(knowledge, study, distributions_of(space))
     else:
         chooser = make_strategy(SearchOptions(strategy=strategy), knowledge, problem.device_type, None)  # type: ignore[arg-type]
@@ -135,10 +152,27 @@ def decide(problem: Problem, space: SearchSpace, budget_bytes: int, strategy: st
             if strategy == "tpe" and since_better >= defaults.TPE_PATIENCE:
                 break
     best, picked = problem.best(budget, space), knowledge.best()
-    quality = None if best is None and picked is None else (picked[1].tokens_per_s or 0.0) / best[1] if best and picked else 0.0
+    quality = (
+        None
+        if best is None and picked is None
+        else (picked[1].tokens_per_s or 0.0) / best[1]
+        if best and picked
+        else 0.0
+    )
     grid = [problem.answer(c, budget) for c in space.candidates()]
-    return Run(problem.name, problem.kind, budget_bytes, strategy, predictions, len(order), seconds, quality, len(grid),
-               sum(r.wall_seconds or 0.0 for r in grid), order=order)
+    return Run(
+        problem.name,
+        problem.kind,
+        budget_bytes,
+        strategy,
+        predictions,
+        len(order),
+        seconds,
+        quality,
+        len(grid),
+        sum(r.wall_seconds or 0.0 for r in grid),
+        order=order,
+    )
 
 
 def summary(runs: list[Run], keys: tuple[str, ...]) -> list[dict]:
@@ -149,27 +183,46 @@ def summary(runs: list[Run], keys: tuple[str, ...]) -> list[dict]:
     rows = []
     for key, members in groups.items():
         qualities = [r.quality for r in members if r.quality is not None]
-        rows.append({**dict(zip(keys, key)), "runs": len(members),
-                     "probes": statistics.mean(r.probes for r in members),
-                     "probe_seconds": statistics.mean(r.probe_seconds for r in members),
-                     "grid_probes": statistics.mean(r.grid_probes for r in members),
-                     "probe_share": statistics.mean(r.probes / r.grid_probes for r in members),
-                     "seconds_share": statistics.mean(r.probe_seconds / r.grid_seconds for r in members if r.grid_seconds),
-                     "worst_quality": min(qualities) if qualities else None,
-                     "mean_quality": statistics.mean(qualities) if qualities else None,
-                     "best_found": sum(q >= 0.999 for q in qualities), "with_answer": len(qualities)})
+        rows.append(
+            {
+                **dict(zip(keys, key)),
+                "runs": len(members),
+                "probes": statistics.mean(r.probes for r in members),
+                "probe_seconds": statistics.mean(r.probe_seconds for r in members),
+                "grid_probes": statistics.mean(r.grid_probes for r in members),
+                "probe_share": statistics.mean(r.probes / r.grid_probes for r in members),
+                "seconds_share": statistics.mean(r.probe_seconds / r.grid_seconds for r in members if r.grid_seconds),
+                "worst_quality": min(qualities) if qualities else None,
+                "mean_quality": statistics.mean(qualities) if qualities else None,
+                "best_found": sum(q >= 0.999 for q in qualities),
+                "with_answer": len(qualities),
+            }
+        )
     return rows
 
 
 def markdown(rows: list[dict], first: tuple[str, ...]) -> str:
-    head = [*first, "probes (mean)", "of the grid's", "probe-s (mean)", "of the grid's", "quality (worst)", "quality (mean)",
-            "found the best"]
+    head = [
+        *first,
+        "probes (mean)",
+        "of the grid's",
+        "probe-s (mean)",
+        "of the grid's",
+        "quality (worst)",
+        "quality (mean)",
+        "found the best",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [str(r[k]) for k in first] + [
-            f"{r['probes']:.1f}", f"{r['probe_share']:.0%}", f"{r['probe_seconds']:,.0f}", f"{r['seconds_share']:.0%}",
+            f"{r['probes']:.1f}",
+            f"{r['probe_share']:.0%}",
+            f"{r['probe_seconds']:,.0f}",
+            f"{r['seconds_share']:.0%}",
             f"{r['worst_quality']:.3f}" if r["worst_quality"] is not None else "-",
-            f"{r['mean_quality']:.3f}" if r["mean_quality"] is not None else "-", f"{r['best_found']}/{r['with_answer']}"]
+            f"{r['mean_quality']:.3f}" if r["mean_quality"] is not None else "-",
+            f"{r['best_found']}/{r['with_answer']}",
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -202,27 +255,46 @@ def main(argv: list[str] | None = None) -> int:
     base = {r["strategy"]: r["probes"] for r in by_levers if r["space"] == "default space"}
     for r in by_levers:
         r["vs_default_space"] = r["probes"] / base[r["strategy"]]
-    text = "\n\n".join([
-        f"Search strategies against {len(problems)} problems ({sum(len(p.budgets) for p in problems)} budgets), "
-        f"from nothing known, probes before the confirmation round (`python -m benchmarks.search_strategies`, "
-        f"{date.today()}).",
-        "By kind of problem:\n\n" + markdown(by_strategy, ("kind", "strategy", "predictions")),
-        "By problem:\n\n" + markdown(by_problem, ("problem", "strategy", "predictions")),
-        "Speed levers (modelled problems, exact predictions):\n\n" + markdown(by_levers, ("space", "strategy")) + "\n\n"
-        + "\n".join(f"- {r['space']}, {r['strategy']}: {r['vs_default_space']:.2f}x the probes of the default space"
-                    for r in by_levers),
-        "Problems:\n\n" + "\n".join(f"- {p.name} ({p.kind}{', ' + p.source if p.source else ''}): "
-                                    f"{len(p.space.candidates())} candidates, budgets "
-                                    + ", ".join(f"{b / 2**20:,.0f} MiB" for b in p.budgets) for p in problems),
-    ])
+    text = "\n\n".join(
+        [
+            f"Search strategies against {len(problems)} problems ({sum(len(p.budgets) for p in problems)} budgets), "
+            f"from nothing known, probes before the confirmation round (`python -m benchmarks.search_strategies`, "
+            f"{date.today()}).",
+            "By kind of problem:\n\n" + markdown(by_strategy, ("kind", "strategy", "predictions")),
+            "By problem:\n\n" + markdown(by_problem, ("problem", "strategy", "predictions")),
+            "Speed levers (modelled problems, exact predictions):\n\n"
+            + markdown(by_levers, ("space", "strategy"))
+            + "\n\n"
+            + "\n".join(
+                f"- {r['space']}, {r['strategy']}: {r['vs_default_space']:.2f}x the probes of the default space"
+                for r in by_levers
+            ),
+            "Problems:\n\n"
+            + "\n".join(
+                f"- {p.name} ({p.kind}{', ' + p.source if p.source else ''}): "
+                f"{len(p.space.candidates())} candidates, budgets "
+                + ", ".join(f"{b / 2**20:,.0f} MiB" for b in p.budgets)
+                for p in problems
+            ),
+        ]
+    )
     print(text)
     if not args.quick:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "search-strategies.md").write_text(text + "\n")
-        (out / "search-strategies.json").write_text(json.dumps(
-            {"date": str(date.today()), "by_kind": by_strategy, "by_problem": by_problem, "speed_levers": by_levers,
-             "runs": [{k: v for k, v in vars(r).items() if k != "order"} for r in runs + lever_runs]}) + "\n")
+        (out / "search-strategies.json").write_text(
+            json.dumps(
+                {
+                    "date": str(date.today()),
+                    "by_kind": by_strategy,
+                    "by_problem": by_problem,
+                    "speed_levers": by_levers,
+                    "runs": [{k: v for k, v in vars(r).items() if k != "order"} for r in runs + lever_runs],
+                }
+            )
+            + "\n"
+        )
     print(f"({time.perf_counter() - started:.0f} s)", file=sys.stderr)
     return 0
 

@@ -39,20 +39,39 @@ from pathlib import Path
 
 import httpx
 
-TINY_GPT2 = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 64, "n_head": 2,
-             "vocab_size": 1000, "n_positions": 128}
+TINY_GPT2 = {
+    "model_type": "gpt2",
+    "architectures": ["GPT2LMHeadModel"],
+    "n_layer": 2,
+    "n_embd": 64,
+    "n_head": 2,
+    "vocab_size": 1000,
+    "n_positions": 128,
+}
 # 4 micro-batches x 2 block sizes x checkpointing off/on: 16 candidates of a few seconds each on a CPU.
 # fresh: each run probes again rather than reuse the last one's results; no prediction first, so that
 # neither run gains from traces the other cached.
-SEARCH = {"model": "tiny-gpt2", "gpu_budget": "4GiB", "device": "cpu", "micro_batches": [1, 2, 4, 8],
-          "block_sizes": [32, 64], "checkpointing": "off,on", "precisions": "fp32", "attention": "sdpa",
-          "effective_tokens": 512, "measure_seconds": 2, "fresh": True, "predict": False}
+SEARCH = {
+    "model": "tiny-gpt2",
+    "gpu_budget": "4GiB",
+    "device": "cpu",
+    "micro_batches": [1, 2, 4, 8],
+    "block_sizes": [32, 64],
+    "checkpointing": "off,on",
+    "precisions": "fp32",
+    "attention": "sdpa",
+    "effective_tokens": 512,
+    "measure_seconds": 2,
+    "fresh": True,
+    "predict": False,
+}
 # One candidate first, so that neither timed run pays for the worker's first probe (imports, caches).
 WARMUP = {**SEARCH, "micro_batches": [1], "block_sizes": [32], "checkpointing": "off"}
 ENDED = {"finished", "interrupted", "failed", "cancelled"}
 
 
 # -- the machine and the processes ----------------------------------------------------------------
+
 
 def machine() -> dict:
     model = "unknown"
@@ -63,9 +82,14 @@ def machine() -> dict:
                 break
     except OSError:
         pass
-    return {"cpu": model, "cores": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-            "note": "the machine may be shared: other processes (other agents, other jobs) may have used its cores "
-                    "during the run"}
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "note": "the machine may be shared: other processes (other agents, other jobs) may have used its cores "
+        "during the run",
+    }
 
 
 def free_port() -> int:
@@ -118,15 +142,38 @@ def stop(server: subprocess.Popen) -> None:
 
 def start_server(tmp: Path, db: str, port: int, env: dict[str, str]) -> subprocess.Popen:
     log = open(tmp / "serve.log", "w")
-    return subprocess.Popen([sys.executable, "-m", "autotune", "serve", "--port", str(port), "--db", db, "--local-worker",
-                             "--worker-device", "cpu", "--model-root", str(tmp / "models")],
-                            stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "serve",
+            "--port",
+            str(port),
+            "--db",
+            db,
+            "--local-worker",
+            "--worker-device",
+            "cpu",
+            "--model-root",
+            str(tmp / "models"),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
 
 
 def make_token(db: str, env: dict[str, str]) -> str:
-    made = subprocess.run([sys.executable, "-m", "autotune", "token", "create", "bench", "--db", db],
-                          capture_output=True, text=True, env=env, check=True)
+    made = subprocess.run(
+        [sys.executable, "-m", "autotune", "token", "create", "bench", "--db", db],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
     match = re.search(r"\bat_[A-Za-z0-9_-]+", made.stdout)
     if match is None:
         raise SystemExit(f"autotune token create printed no token: {made.stdout!r} {made.stderr!r}")
@@ -134,6 +181,7 @@ def make_token(db: str, env: dict[str, str]) -> str:
 
 
 # -- the clients ----------------------------------------------------------------------------------
+
 
 @dataclass
 class Tally:
@@ -157,8 +205,9 @@ async def timed_get(client: httpx.AsyncClient, tally: Tally, endpoint: str, url:
     return response
 
 
-async def follow(client: httpx.AsyncClient, tally: Tally, url: str, seen: set[int], last_id: int | None,
-                 reconnect: float) -> tuple[bool, int | None]:
+async def follow(
+    client: httpx.AsyncClient, tally: Tally, url: str, seen: set[int], last_id: int | None, reconnect: float
+) -> tuple[bool, int | None]:
     """One event stream: until `end` (True), or `reconnect` seconds; the last event id read."""
     headers = {"Last-Event-ID": str(last_id)} if last_id is not None else {}
     started = time.perf_counter()
@@ -198,10 +247,12 @@ async def follow(client: httpx.AsyncClient, tally: Tally, url: str, seen: set[in
     return False, last_id
 
 
-async def one_client(base: str, token: str, name: str, tally: Tally, reconnect: float, done: asyncio.Event,
-                     seen: set[int]) -> None:
-    async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {token}"},
-                                 timeout=httpx.Timeout(30.0)) as client:
+async def one_client(
+    base: str, token: str, name: str, tally: Tally, reconnect: float, done: asyncio.Event, seen: set[int]
+) -> None:
+    async with httpx.AsyncClient(
+        base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=httpx.Timeout(30.0)
+    ) as client:
         last_id = None
         while True:
             await timed_get(client, tally, "GET /v1/searches", "/v1/searches")
@@ -237,8 +288,12 @@ async def submit(base: str, token: str, study: str, search: dict = SEARCH) -> tu
 async def alone(base: str, token: str, study: str = "service-load-alone", search: dict = SEARCH) -> dict:
     name, started = await submit(base, token, study, search)
     view = await wait_for(base, token, name)
-    return {"name": name, "wall_s": time.perf_counter() - started, "state": view["state"],
-            "settled": view["progress"]["settled"]}
+    return {
+        "name": name,
+        "wall_s": time.perf_counter() - started,
+        "state": view["state"],
+        "settled": view["progress"]["settled"],
+    }
 
 
 async def under_load(base: str, token: str, clients: int, reconnect: float) -> dict:
@@ -246,19 +301,27 @@ async def under_load(base: str, token: str, clients: int, reconnect: float) -> d
     tally, done = Tally(), asyncio.Event()
     seen = [set() for _ in range(clients)]
     watcher = asyncio.create_task(wait_for(base, token, name, done))
-    followers = [asyncio.create_task(one_client(base, token, name, tally, reconnect, done, seen[i]))
-                 for i in range(clients)]
+    followers = [
+        asyncio.create_task(one_client(base, token, name, tally, reconnect, done, seen[i])) for i in range(clients)
+    ]
     view = await watcher
     wall = time.perf_counter() - started
     try:
         await asyncio.wait_for(asyncio.gather(*followers), 120)
     except TimeoutError:
         tally.errors.append("some clients had not read the end of their stream 120 s after the search ended")
-    return {"name": name, "wall_s": wall, "state": view["state"], "settled": view["progress"]["settled"],
-            "tally": tally, "seen": seen}
+    return {
+        "name": name,
+        "wall_s": wall,
+        "state": view["state"],
+        "settled": view["progress"]["settled"],
+        "tally": tally,
+        "seen": seen,
+    }
 
 
 # -- the run --------------------------------------------------------------------------------------
+
 
 def percentile(values: list[float], q: float) -> float | None:
     if not values:
@@ -272,8 +335,10 @@ def stored_probes(db: str, name: str) -> dict[int, str]:
     from autotune.store import open_store
 
     with open_store(db) as store:
-        return {probe.id: f"{probe.config.label()} {probe.result.status} at {probe.finished_at.isoformat()}"
-                for probe in store.probes(name)}
+        return {
+            probe.id: f"{probe.config.label()} {probe.result.status} at {probe.finished_at.isoformat()}"
+            for probe in store.probes(name)
+        }
 
 
 def wait_healthy(base: str, server: subprocess.Popen, log: Path) -> None:
@@ -292,19 +357,26 @@ def wait_healthy(base: str, server: subprocess.Popen, log: Path) -> None:
 
 def summarise(report: dict) -> str:
     load, lone = report["under_load"], report["alone"]
-    lines = [f"service under load: {report['clients']} clients, reconnect every "
-             f"{report['reconnect_s'] or 'never (one stream to the end)'}{' s' if report['reconnect_s'] else ''}",
-             f"machine: {report['machine']['cpu']}, {report['machine']['cores']} cores (may be shared)",
-             f"requests served: {load['requests']}   errors: {len(load['errors'])}"]
+    lines = [
+        f"service under load: {report['clients']} clients, reconnect every "
+        f"{report['reconnect_s'] or 'never (one stream to the end)'}{' s' if report['reconnect_s'] else ''}",
+        f"machine: {report['machine']['cpu']}, {report['machine']['cores']} cores (may be shared)",
+        f"requests served: {load['requests']}   errors: {len(load['errors'])}",
+    ]
     for endpoint, figures in load["latency_ms"].items():
         lines.append(f"  {endpoint:34} n={figures['n']:5}  p50 {figures['p50']:8.1f} ms  p99 {figures['p99']:8.1f} ms")
     delay = load["event_delay_ms"]
-    lines.append(f"  event delay (probe row -> client)  n={delay['n']:5}  p50 {delay['p50']:8.1f} ms  "
-                 f"p99 {delay['p99']:8.1f} ms")
-    lines.append(f"probes stored: {load['stored_probes']}   final GET settled: {load['settled']}   clients that saw "
-                 f"every stored probe: {load['clients_complete']}/{report['clients']}")
-    lines.append(f"search wall time: alone {lone['wall_s']:.1f} s ({lone['state']}, {lone['settled']} settled), under "
-                 f"load {load['wall_s']:.1f} s ({load['state']}, {load['settled']} settled): x{report['slowdown']:.2f}")
+    lines.append(
+        f"  event delay (probe row -> client)  n={delay['n']:5}  p50 {delay['p50']:8.1f} ms  p99 {delay['p99']:8.1f} ms"
+    )
+    lines.append(
+        f"probes stored: {load['stored_probes']}   final GET settled: {load['settled']}   clients that saw "
+        f"every stored probe: {load['clients_complete']}/{report['clients']}"
+    )
+    lines.append(
+        f"search wall time: alone {lone['wall_s']:.1f} s ({lone['state']}, {lone['settled']} settled), under "
+        f"load {load['wall_s']:.1f} s ({load['state']}, {load['settled']} settled): x{report['slowdown']:.2f}"
+    )
     for error in load["errors"][:10]:
         lines.append(f"  error: {error}")
     return "\n".join(lines)
@@ -335,23 +407,47 @@ def run(clients: int, reconnect: float) -> dict:
         log_tail = (tmp / "serve.log").read_text()[-3000:]
     tally: Tally = loaded.pop("tally")
     seen: list[set[int]] = loaded.pop("seen")
-    latency = {endpoint: {"n": len(values), "p50": 1000 * percentile(values, 50), "p99": 1000 * percentile(values, 99)}
-               for endpoint, values in sorted(tally.latencies.items())}
+    latency = {
+        endpoint: {"n": len(values), "p50": 1000 * percentile(values, 50), "p99": 1000 * percentile(values, 99)}
+        for endpoint, values in sorted(tally.latencies.items())
+    }
     missing = [sorted(set(stored) - s) for s in seen]
-    under = {**loaded, "requests": tally.requests, "errors": tally.errors, "latency_ms": latency,
-             "event_delay_ms": {"n": len(tally.event_delays), "p50": 1000 * (percentile(tally.event_delays, 50) or 0),
-                                "p99": 1000 * (percentile(tally.event_delays, 99) or 0)},
-             "stored_probes": len(stored), "clients_complete": sum(not m for m in missing),
-             "missing_by_client": {i: [stored[p] for p in m] for i, m in enumerate(missing) if m}}
-    return {"machine": machine(), "clients": clients, "reconnect_s": reconnect, "search": SEARCH, "warmup": warmup, "alone": lone,
-            "under_load": under, "slowdown": under["wall_s"] / lone["wall_s"], "server_log_tail": log_tail}
+    under = {
+        **loaded,
+        "requests": tally.requests,
+        "errors": tally.errors,
+        "latency_ms": latency,
+        "event_delay_ms": {
+            "n": len(tally.event_delays),
+            "p50": 1000 * (percentile(tally.event_delays, 50) or 0),
+            "p99": 1000 * (percentile(tally.event_delays, 99) or 0),
+        },
+        "stored_probes": len(stored),
+        "clients_complete": sum(not m for m in missing),
+        "missing_by_client": {i: [stored[p] for p in m] for i, m in enumerate(missing) if m},
+    }
+    return {
+        "machine": machine(),
+        "clients": clients,
+        "reconnect_s": reconnect,
+        "search": SEARCH,
+        "warmup": warmup,
+        "alone": lone,
+        "under_load": under,
+        "slowdown": under["wall_s"] / lone["wall_s"],
+        "server_log_tail": log_tail,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=50)
-    parser.add_argument("--reconnect", type=float, default=10.0,
-                        help="seconds a client follows one stream before resuming it with Last-Event-ID (0: to the end)")
+    parser.add_argument(
+        "--reconnect",
+        type=float,
+        default=10.0,
+        help="seconds a client follows one stream before resuming it with Last-Event-ID (0: to the end)",
+    )
     parser.add_argument("--out", default=None, help="write the figures as JSON to this file")
     options = parser.parse_args()
 

@@ -114,7 +114,11 @@ class Sampler:
                 continue
             start, cpu = read
             known = self.processes.get((pid, start))
-            if known is not None and "forkserver" in known.command_line and not known.command_line.startswith("autotune-"):
+            if (
+                known is not None
+                and "forkserver" in known.command_line
+                and not known.command_line.startswith("autotune-")
+            ):
                 # A child forked from a fork server has the server's command line; a trace child
                 # names itself (/proc/PID/comm) once it runs.
                 known.command_line = _forked_name(pid) + known.command_line
@@ -183,13 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     # (Processes already running before the command are not its own.)
     processes = [p for key, p in sampler.processes.items() if key not in sampler.before and p.cpu_seconds > 0]
     total = sum(p.cpu_seconds for p in processes)
-    print(f"\n{' '.join(command)}: exit {returncode}, {wall:.0f} s wall, {total:.0f} s of CPU seen "
-          f"({os.cpu_count()} cores)")
+    print(
+        f"\n{' '.join(command)}: exit {returncode}, {wall:.0f} s wall, {total:.0f} s of CPU seen "
+        f"({os.cpu_count()} cores)"
+    )
     print(f"\n{'CPU s':>8} {'share':>6} {'count':>6} {'each':>6}  kind")
-    for kind, count, seconds in by_kind(processes)[:args.top]:
+    for kind, count, seconds in by_kind(processes)[: args.top]:
         print(f"{seconds:8.1f} {seconds / total:6.1%} {count:6d} {seconds / count:6.2f}  {kind}")
     print(f"\n{'CPU s':>8}  test module (the processes its tests started)")
-    for module, seconds in by_module(processes)[:args.top]:
+    for module, seconds in by_module(processes)[: args.top]:
         print(f"{seconds:8.1f}  {module}")
     if args.out:
         with open(args.out, "w") as out:

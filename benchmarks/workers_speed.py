@@ -26,30 +26,83 @@ import time
 from pathlib import Path
 
 TINY_GPT2 = {
-    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 64, "n_head": 2,
-    "vocab_size": 1024, "n_positions": 256, "n_ctx": 256, "bos_token_id": 0, "eos_token_id": 0,
+    "model_type": "gpt2",
+    "architectures": ["GPT2LMHeadModel"],
+    "n_layer": 2,
+    "n_embd": 64,
+    "n_head": 2,
+    "vocab_size": 1024,
+    "n_positions": 256,
+    "n_ctx": 256,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
 }
-FLAGS = ["--gpu-budget", "16MiB", "--device", "cpu", "--micro-batches", "1,2,4,8", "--block-sizes", "64",
-         "--effective-batch", "8", "--precisions", "fp32", "--checkpointing", "off,on", "--attention", "sdpa",
-         "--measure-steps", "1", "--no-predict", "--json"]
+FLAGS = [
+    "--gpu-budget",
+    "16MiB",
+    "--device",
+    "cpu",
+    "--micro-batches",
+    "1,2,4,8",
+    "--block-sizes",
+    "64",
+    "--effective-batch",
+    "8",
+    "--precisions",
+    "fp32",
+    "--checkpointing",
+    "off,on",
+    "--attention",
+    "sdpa",
+    "--measure-steps",
+    "1",
+    "--no-predict",
+    "--json",
+]
 
 
-def run(model: Path, workers: int, scratch: Path, index: int, launcher: str = "local",
-        ray_address: str | None = None) -> dict:
+def run(
+    model: Path, workers: int, scratch: Path, index: int, launcher: str = "local", ray_address: str | None = None
+) -> dict:
     db = scratch / f"run{index}-w{workers}-{launcher}.db"
     started = time.perf_counter()
     extra = ["--launcher", launcher] + (["--ray-address", ray_address] if ray_address else [])
-    done = subprocess.run([sys.executable, "-m", "autotune", "search", "--model", str(model), *FLAGS,
-                           "--study", f"speed{index}", "--workers", str(workers), "--db", str(db), *extra],
-                          capture_output=True, text=True, timeout=900, check=False,
-                          env={**os.environ, "AUTOTUNE_HOME": str(scratch / "home")})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "search",
+            "--model",
+            str(model),
+            *FLAGS,
+            "--study",
+            f"speed{index}",
+            "--workers",
+            str(workers),
+            "--db",
+            str(db),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+        env={**os.environ, "AUTOTUNE_HOME": str(scratch / "home")},
+    )
     wall = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"search with {workers} worker(s) failed:\n{done.stderr}")
     summary = json.loads(done.stdout)
-    return {"workers": workers, "launcher": launcher, "wall_s": wall, "probed": summary["probed"],
-            "skipped": summary["skipped"], "best": summary["best"]["label"] if summary["best"] else None,
-            "per_worker": probes_per_worker(db, f"speed{index}")}
+    return {
+        "workers": workers,
+        "launcher": launcher,
+        "wall_s": wall,
+        "probed": summary["probed"],
+        "skipped": summary["skipped"],
+        "best": summary["best"]["label"] if summary["best"] else None,
+        "per_worker": probes_per_worker(db, f"speed{index}"),
+    }
 
 
 def probes_per_worker(db: Path, study: str) -> list[int]:
@@ -73,10 +126,20 @@ def ray_cluster(scratch: Path) -> tuple[str, list[str]]:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     common = ["--num-cpus", "1", "--num-gpus", "0", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
-    subprocess.run([*ray, "start", "--head", "--port", str(port), "--include-dashboard=false", *common], check=True,
-                   capture_output=True, env=env, timeout=180)
-    subprocess.run([*ray, "start", "--address", f"127.0.0.1:{port}", *common], check=True, capture_output=True,
-                   env=env, timeout=180)
+    subprocess.run(
+        [*ray, "start", "--head", "--port", str(port), "--include-dashboard=false", *common],
+        check=True,
+        capture_output=True,
+        env=env,
+        timeout=180,
+    )
+    subprocess.run(
+        [*ray, "start", "--address", f"127.0.0.1:{port}", *common],
+        check=True,
+        capture_output=True,
+        env=env,
+        timeout=180,
+    )
     return f"127.0.0.1:{port}", [*ray, "stop", "--force"]
 
 
@@ -100,14 +163,20 @@ def main() -> None:
             address, stop_ray = ray_cluster(scratch)
         try:
             rows = [run(model, workers, scratch, i) for i in range(args.repeats) for workers in (1, 2)]
-            rows += [run(model, 2, scratch, i, launcher, address) for i in range(args.repeats)
-                     for launcher in launchers if launcher != "local"]
+            rows += [
+                run(model, 2, scratch, i, launcher, address)
+                for i in range(args.repeats)
+                for launcher in launchers
+                if launcher != "local"
+            ]
         finally:
             if stop_ray is not None:
                 subprocess.run(stop_ray, capture_output=True, timeout=120)
     for row in rows:
-        print(f"{row['launcher']:<6} workers {row['workers']}  wall {row['wall_s']:6.1f} s  probes {row['probed']} "
-              f"(per worker {row['per_worker']})  skipped {row['skipped']}  best {row['best']}")
+        print(
+            f"{row['launcher']:<6} workers {row['workers']}  wall {row['wall_s']:6.1f} s  probes {row['probed']} "
+            f"(per worker {row['per_worker']})  skipped {row['skipped']}  best {row['best']}"
+        )
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=2))
     one = statistics.median(r["wall_s"] for r in rows if r["workers"] == 1)
@@ -116,8 +185,10 @@ def main() -> None:
         if launcher != "local":
             other = statistics.median(r["wall_s"] for r in rows if r["launcher"] == launcher)
             print(f"median wall with 2 workers: local {two:.1f} s, {launcher} {other:.1f} s ({other / two:.2f}x local)")
-    print(f"median wall: 1 worker {one:.1f} s, 2 workers {two:.1f} s: {one / two:.2f}x "
-          f"({os.cpu_count()} CPU cores, shared; {args.repeats} run(s) each)")
+    print(
+        f"median wall: 1 worker {one:.1f} s, 2 workers {two:.1f} s: {one / two:.2f}x "
+        f"({os.cpu_count()} CPU cores, shared; {args.repeats} run(s) each)"
+    )
 
 
 if __name__ == "__main__":

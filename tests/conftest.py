@@ -31,7 +31,9 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 # For the same reason, what libraries write into the environment of the process that imports them,
 # set from the start: torch's inductor its cache directory (its default, kept), lightning its way of
 # telling whether CUDA is there (the NVML's, which it sets on import).
-os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}"))
+os.environ.setdefault(
+    "TORCHINDUCTOR_CACHE_DIR", os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+)
 os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
 # The compiled probes' C++ kernels without SIMD: inductor's vectorized headers are most of each
 # kernel's compile, and a fresh clone's venv misses the cache (its key holds the venv's path). The
@@ -85,8 +87,10 @@ def _no_processes_unless_slow(item):
     def refuse(*args, **kwargs):
         raise AssertionError(f"{item.nodeid} starts a probe or estimator process: mark it @pytest.mark.slow")
 
-    with mock.patch("autotune.probe.runner.ProbeRunner._spawn", refuse), \
-            mock.patch("autotune.estimate.launch.TraceChild.start", refuse):
+    with (
+        mock.patch("autotune.probe.runner.ProbeRunner._spawn", refuse),
+        mock.patch("autotune.estimate.launch.TraceChild.start", refuse),
+    ):
         yield
 
 
@@ -235,8 +239,12 @@ def _module_of(item) -> str:
 
 
 def pytest_addoption(parser):
-    parser.addoption("--record-module-seconds", metavar="FILE", default=None,
-                     help="write each test module's seconds (setup, call and teardown of its tests) to FILE as JSON")
+    parser.addoption(
+        "--record-module-seconds",
+        metavar="FILE",
+        default=None,
+        help="write each test module's seconds (setup, call and teardown of its tests) to FILE as JSON",
+    )
 
 
 _module_seconds: dict[str, float] = {}
@@ -272,6 +280,7 @@ def _check_gpu_marks(items) -> None:
 
 # -- PostgreSQL: a throwaway server for store tests (and later the distributed search) ---------------
 
+
 @pytest.fixture(scope="session")
 def postgres_server():
     """Start a throwaway PostgreSQL server for the session (skips where none can run).
@@ -295,8 +304,19 @@ def postgres_server():
         subprocess.run([*as_postgres, *args], check=True, capture_output=True, text=True, timeout=120)
 
     try:
-        run(str(POSTGRES_BIN / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust", "-E", "UTF8",
-            "--no-sync", "--no-instructions")
+        run(
+            str(POSTGRES_BIN / "initdb"),
+            "-D",
+            str(data),
+            "-U",
+            "postgres",
+            "-A",
+            "trust",
+            "-E",
+            "UTF8",
+            "--no-sync",
+            "--no-instructions",
+        )
         # Durability off: this server lives for one test session.
         options = f"-h 127.0.0.1 -p {port} -k {base} -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
         run(str(POSTGRES_BIN / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options, "-w", "-t", "60", "start")
@@ -307,8 +327,11 @@ def postgres_server():
     try:
         yield PostgresServer("127.0.0.1", port)
     finally:
-        subprocess.run([*as_postgres, str(POSTGRES_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            [*as_postgres, str(POSTGRES_BIN / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+            capture_output=True,
+            timeout=60,
+        )
         shutil.rmtree(base, ignore_errors=True)
 
 

@@ -10,19 +10,34 @@ import pytest
 from tests.helpers.cli import assert_usage_error, autotune, invoke, with_flags
 
 
-BASE = ["probe", "--model", "gpt2", "--micro-batch", "1", "--block-size", "128", "--gpu-budget", "8GiB", "--device", "cpu"]
+BASE = [
+    "probe",
+    "--model",
+    "gpt2",
+    "--micro-batch",
+    "1",
+    "--block-size",
+    "128",
+    "--gpu-budget",
+    "8GiB",
+    "--device",
+    "cpu",
+]
 
 
-@pytest.mark.parametrize("change, needle", [
-    ({"--gpu-budget": "8XB"}, "unknown unit"),
-    ({"--gpu-budget": "-1GiB"}, "not a positive size"),
-    ({"--block-size": "2048"}, "maximum of 1024"),
-    ({"--model": "nobody/no-such-model"}, "cannot resolve"),
-    ({"--micro-batch": "0"}, "--micro-batch"),
-    ({"--precision": "fp8"}, "--precision"),
-    ({"--device": "tpu"}, "--device"),
-    ({"--safety-margin": "120%"}, "--safety-margin"),
-])
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        ({"--gpu-budget": "8XB"}, "unknown unit"),
+        ({"--gpu-budget": "-1GiB"}, "not a positive size"),
+        ({"--block-size": "2048"}, "maximum of 1024"),
+        ({"--model": "nobody/no-such-model"}, "cannot resolve"),
+        ({"--micro-batch": "0"}, "--micro-batch"),
+        ({"--precision": "fp8"}, "--precision"),
+        ({"--device": "tpu"}, "--device"),
+        ({"--safety-margin": "120%"}, "--safety-margin"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(change, needle):
     assert_usage_error(invoke(*with_flags(BASE, change)), needle)
 
@@ -33,9 +48,23 @@ def test_probe_json_on_cpu(tiny_model, tmp_path):
     # child is spawned (autotune.probe.runner: `_spawn`).
     tmpdir = tmp_path / ("slurm-job-" + "x" * 100)
     tmpdir.mkdir()
-    proc = autotune("probe", "--model", tiny_model, "--micro-batch", "2", "--block-size", "64",
-                    "--gpu-budget", "1GiB", "--device", "cpu", "--measure-steps", "1", "--json",
-                    env={"TMPDIR": str(tmpdir)})
+    proc = autotune(
+        "probe",
+        "--model",
+        tiny_model,
+        "--micro-batch",
+        "2",
+        "--block-size",
+        "64",
+        "--gpu-budget",
+        "1GiB",
+        "--device",
+        "cpu",
+        "--measure-steps",
+        "1",
+        "--json",
+        env={"TMPDIR": str(tmpdir)},
+    )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["status"] == "ok"
@@ -45,7 +74,18 @@ def test_probe_json_on_cpu(tiny_model, tmp_path):
 
 @pytest.mark.slow
 def test_probe_that_does_not_fit_exits_1(tiny_model, warm_child):
-    proc = invoke("probe", "--model", tiny_model, "--micro-batch", "2", "--block-size", "64",
-                  "--gpu-budget", "3MiB", "--device", "cpu")
+    proc = invoke(
+        "probe",
+        "--model",
+        tiny_model,
+        "--micro-batch",
+        "2",
+        "--block-size",
+        "64",
+        "--gpu-budget",
+        "3MiB",
+        "--device",
+        "cpu",
+    )
     assert proc.returncode == 1
     assert "status  oom" in proc.stdout

@@ -27,8 +27,12 @@ def filled_db(tmp_path):
         a = make_study(store, "a")
         store.record_probe(a.id, config(1), result("ok", 50.0), env_fingerprint=ENV.fingerprint())
         b = make_study(store, "b")
-        for mb, status, speed, peak in ((1, "ok", 900.0, 2 * GiB), (2, "ok", 1600.0, 3 * GiB),
-                                        (4, "ok", 2500.5, 5 * GiB), (8, "oom", None, None)):
+        for mb, status, speed, peak in (
+            (1, "ok", 900.0, 2 * GiB),
+            (2, "ok", 1600.0, 3 * GiB),
+            (4, "ok", 2500.5, 5 * GiB),
+            (8, "oom", None, None),
+        ):
             store.record_probe(b.id, config(mb), result(status, speed, peak), env_fingerprint=ENV.fingerprint())
     return str(db)
 
@@ -50,8 +54,18 @@ def test_leaderboard_table_defaults_to_the_latest_study(filled_db):
 def test_leaderboard_json_and_csv(filled_db):
     data = json.loads(invoke("leaderboard", "--db", filled_db, "--format", "json", "--top", "2").output)
     assert [row["micro_batch"] for row in data] == [4, 2]
-    assert {"micro_batch", "grad_accum", "precision", "checkpointing", "block_size", "attention", "tokens_per_s",
-            "peak_reserved_bytes", "peak_allocated_bytes", "budget_bytes"} <= set(data[0])
+    assert {
+        "micro_batch",
+        "grad_accum",
+        "precision",
+        "checkpointing",
+        "block_size",
+        "attention",
+        "tokens_per_s",
+        "peak_reserved_bytes",
+        "peak_allocated_bytes",
+        "budget_bytes",
+    } <= set(data[0])
     assert list(data[0]) == list(LEADERBOARD_FIELDS)  # CSV header and JSON keys stay in step
     table = list(csv.DictReader(io.StringIO(invoke("leaderboard", "--db", filled_db, "--format", "csv").output)))
     assert [row["rank"] for row in table] == ["1", "2", "3"] and table[0]["tokens_per_s"] == "2500.5"
@@ -63,7 +77,9 @@ def test_studies_table_and_json(filled_db):
     assert out[2].split()[0] == "b" and out[3].split()[0] == "a"
     data = json.loads(invoke("studies", "--db", filled_db, "--format", "json").output)
     assert [(s["name"], s["probes"], s["ok"], s["oom"], s["best_tokens_per_s"]) for s in data] == [
-        ("b", 4, 3, 1, 2500.5), ("a", 1, 1, 0, 50.0)]
+        ("b", 4, 3, 1, 2500.5),
+        ("a", 1, 1, 0, 50.0),
+    ]
 
 
 def test_empty_database(tmp_path):

@@ -49,8 +49,7 @@ def bert(tmp_path_factory):
 def test_a_classifiers_data_gives_its_longest_batch_and_its_labels(bert):
     model, data = bert
     spec = resolve_model(str(model))
-    args = shaped_space_args(spec, {"data": DataOptions(str(data)), "block_sizes": (128, 256),
-                                    "effective_batch": 8})
+    args = shaped_space_args(spec, {"data": DataOptions(str(data)), "block_sizes": (128, 256), "effective_batch": 8})
     shape = args["data_shape"]
     # 17 words, as the run's encoder tokenises them (this word-level tokenizer adds no special tokens).
     assert (shape.examples, shape.longest, shape.longest_target, shape.labels) == (3, 17, None, 2)
@@ -70,7 +69,8 @@ def test_a_space_says_what_it_assumed_of_the_runs_batches(bert, tmp_path):
     classifier = SearchSpace.build(resolve_model(str(model)), effective_batch=8)
     assert [n for n in classifier.notes if "no --dataset" in n] == [
         "no --dataset: every classification batch probed is the worst a run can form, each row as long as the block "
-        "(padding counted as tokens); give --dataset to time batches of your data's lengths"]
+        "(padding counted as tokens); give --dataset to time batches of your data's lengths"
+    ]
     gpt2 = resolve_model(str(write_model_dir(tmp_path / "gpt2", n_layer=1, n_embd=32, n_head=2, vocab_size=100)))
     assert SearchSpace.build(gpt2, effective_batch=8).notes == ()
     trl = SearchSpace.build(gpt2, effective_batch=8, trainer="trl").notes
@@ -78,19 +78,34 @@ def test_a_space_says_what_it_assumed_of_the_runs_batches(bert, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flags, needle", [
-    (["--text-column", "body"], "--text-column describes the data: give --dataset too"),
-    (["--dataset", "missing.csv"], "missing.csv"),
-    (["--dataset", "DATA", "--text-column", "body"], "--text-column 'body'"),
-    (["--dataset", "DATA", "--tokenizer", "/nowhere"], "/nowhere"),
-])
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--text-column", "body"], "--text-column describes the data: give --dataset too"),
+        (["--dataset", "missing.csv"], "missing.csv"),
+        (["--dataset", "DATA", "--text-column", "body"], "--text-column 'body'"),
+        (["--dataset", "DATA", "--tokenizer", "/nowhere"], "/nowhere"),
+    ],
+)
 def test_dataset_mistakes_are_one_line_and_exit_2_with_nothing_written(bert, tmp_path, flags, needle, warm_child):
     model, data = bert
     db = tmp_path / "results.db"
     flags = [str(data) if flag == "DATA" else flag for flag in flags]
     # (In this process, with the worker's warm probe child; no trace child: no prediction is asked.)
-    proc = invoke("search", "--model", str(model), "--gpu-budget", "64MiB", "--device", "cpu", "--no-predict", "--db",
-                  f"sqlite:///{db}", *flags, env={"HF_HUB_OFFLINE": "1"})
+    proc = invoke(
+        "search",
+        "--model",
+        str(model),
+        "--gpu-budget",
+        "64MiB",
+        "--device",
+        "cpu",
+        "--no-predict",
+        "--db",
+        f"sqlite:///{db}",
+        *flags,
+        env={"HF_HUB_OFFLINE": "1"},
+    )
     assert_usage_error(proc, needle)
     assert not db.exists()
 
@@ -104,6 +119,8 @@ def test_the_dataset_flags_are_one_definition_for_search_plan_and_train():
     flags = {"--dataset", "--text-column", "--target-column", "--label-column", "--tokenizer"}
     for command in ("search", "plan", "train"):
         assert flags <= names(command), command
-    helps = {command: next(p.help for p in cli.commands[command].params if "--tokenizer" in p.opts)
-             for command in ("search", "plan", "train")}
+    helps = {
+        command: next(p.help for p in cli.commands[command].params if "--tokenizer" in p.opts)
+        for command in ("search", "plan", "train")
+    }
     assert len(set(helps.values())) == 1

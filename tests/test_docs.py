@@ -20,8 +20,9 @@ FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 
 
 def test_the_command_reference_is_current():
-    assert (ROOT / "docs" / "cli.md").read_text() == cli_reference(), \
+    assert (ROOT / "docs" / "cli.md").read_text() == cli_reference(), (
         f"docs/cli.md differs from the commands' --help: run `{COMMAND}`"
+    )
 
 
 def test_the_readme_is_short():
@@ -37,8 +38,12 @@ def relative_links(page: Path) -> list[str]:
 
 
 def test_relative_links_point_at_files():
-    broken = [f"{page.relative_to(ROOT)}: {target}"
-              for page in PAGES for target in relative_links(page) if not (page.parent / target).exists()]
+    broken = [
+        f"{page.relative_to(ROOT)}: {target}"
+        for page in PAGES
+        for target in relative_links(page)
+        if not (page.parent / target).exists()
+    ]
     assert not broken, "broken links: " + "; ".join(broken)
 
 

@@ -44,11 +44,16 @@ BAD_VALUES = {
     "vocab-text": ({"vocab_size": "1024"}, "has vocab_size '1024', not a whole number"),
     "kv-heads-0": ({"num_key_value_heads": 0}, "has num_key_value_heads 0"),
     # The learned position table (n_positions x n_embd at 2 bytes), as the embedding table: past the budget.
-    "positions-1e12": ({"n_positions": 10**12, "n_ctx": 10**12},
-                       "its position table alone (n_positions 1,000,000,000,000 x n_embd 64) needs at least"),
+    "positions-1e12": (
+        {"n_positions": 10**12, "n_ctx": 10**12},
+        "its position table alone (n_positions 1,000,000,000,000 x n_embd 64) needs at least",
+    ),
     # More than any device holds whatever the budget: refused where the config is read.
     "layers-past-a-device": ({"n_layer": 2**50}, "more than any device holds (1 PiB)"),
-    "width-past-a-device": ({"n_embd": 2**26}, "n_embd vectors of its width alone (n_embd 67,108,864 x n_embd 67,108,864)"),
+    "width-past-a-device": (
+        {"n_embd": 2**26},
+        "n_embd vectors of its width alone (n_embd 67,108,864 x n_embd 67,108,864)",
+    ),
 }
 
 
@@ -78,9 +83,16 @@ def test_the_values_are_checked_where_the_config_is_read(tmp_path):
 
 def test_a_rotary_models_positions_are_not_a_table(tmp_path):
     """Llama-family positions are rotary (nothing of that size is allocated): only a device's bound holds."""
-    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "vocab_size": 1024, "hidden_size": 64,
-              "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 2,
-              "max_position_embeddings": 10**9}
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": 1024,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "max_position_embeddings": 10**9,
+    }
     (tmp_path / "llama").mkdir()
     (tmp_path / "llama" / "config.json").write_text(json.dumps(config))
     resolve_model(str(tmp_path / "llama")).check_usable(budget_bytes=2**30)
@@ -91,8 +103,10 @@ def test_num_labels_go_through_the_same_bounds_as_the_vocabulary(work, hermetic_
     model = str(write_model_dir(work.parent / "cls", architectures=["GPT2ForSequenceClassification"]))
     name, *args = COMMANDS[command]
     with Unchanged(work, hermetic_home):
-        refused(invoke(name, "--model", model, *args, "--num-labels", str(10**12)),
-                "its classification head alone (--num-labels 1,000,000,000,000 x n_embd 64) needs at least")
+        refused(
+            invoke(name, "--model", model, *args, "--num-labels", str(10**12)),
+            "its classification head alone (--num-labels 1,000,000,000,000 x n_embd 64) needs at least",
+        )
 
 
 def test_a_model_name_too_long_for_the_file_system_is_one_line(work, hermetic_home):
@@ -104,20 +118,33 @@ def test_a_model_name_too_long_for_the_file_system_is_one_line(work, hermetic_ho
 
 NUMBERS = {
     "warmup-1e20": (["--warmup-steps", str(10**20)], f"--warmup-steps must be a whole number from 1 to {MAX_STEPS}"),
-    "measure-int64": (["--measure-steps", str(INT64_MAX)], f"--measure-steps must be a whole number from 1 to {MAX_STEPS}"),
+    "measure-int64": (
+        ["--measure-steps", str(INT64_MAX)],
+        f"--measure-steps must be a whole number from 1 to {MAX_STEPS}",
+    ),
     "measure-text": (["--measure-steps", "1e3"], "--measure-steps '1e3' is not a whole number"),
     "timeout-1e20": (["--probe-timeout", str(10**20)], f"is too long; durations go up to {MAX_SECONDS} s"),
     "timeout-inf": (["--probe-timeout", "9" * 400], "is too long; durations go up to"),
     "compile-nan": (["--max-compile-seconds", "nan"], "--max-compile-seconds: cannot read 'nan' as a duration"),
     "compile-inf": (["--max-compile-seconds", "1e309"], "--max-compile-seconds: cannot read '1e309' as a duration"),
     "measure-seconds-negative": (["--measure-seconds", "-1"], "--measure-seconds: cannot read '-1' as a duration"),
-    "generation-0": (["--generation-max-length", "0"], "--generation-max-length must be a whole number of at least 1 (got 0)"),
-    "length-past-64-bits": (["--target-length", str(2**63)], f"--target-length must be a whole number from 1 to {INT64_MAX}"),
+    "generation-0": (
+        ["--generation-max-length", "0"],
+        "--generation-max-length must be a whole number of at least 1 (got 0)",
+    ),
+    "length-past-64-bits": (
+        ["--target-length", str(2**63)],
+        f"--target-length must be a whole number from 1 to {INT64_MAX}",
+    ),
     "lora-dropout-nan": (["--peft", "lora", "--lora-dropout", "nan"], "--lora-dropout 'nan' is not a finite number"),
-    "rendezvous-port-0": (["--gpus", "2", "--nodes", "2", "--rendezvous", "host:0"],
-                          "--rendezvous 'host:0' is not HOST:PORT with a port from 1 to 65535"),
-    "rendezvous-port-99999": (["--gpus", "2", "--nodes", "2", "--rendezvous", "host:99999"],
-                              "--rendezvous 'host:99999' is not HOST:PORT"),
+    "rendezvous-port-0": (
+        ["--gpus", "2", "--nodes", "2", "--rendezvous", "host:0"],
+        "--rendezvous 'host:0' is not HOST:PORT with a port from 1 to 65535",
+    ),
+    "rendezvous-port-99999": (
+        ["--gpus", "2", "--nodes", "2", "--rendezvous", "host:99999"],
+        "--rendezvous 'host:99999' is not HOST:PORT",
+    ),
 }
 
 
@@ -131,39 +158,52 @@ def test_a_number_past_its_bound_is_refused_where_click_reads_it(work, hermetic_
         refused(invoke(*COMMANDS[command], "--model", model, *flags), needle)
 
 
-@pytest.mark.parametrize("flags, needle", [
-    (["--predict-margin", "nan"], "--predict-margin 'nan' is not a finite number"),
-    (["--heartbeat", "inf"], "--heartbeat: cannot read 'inf' as a duration"),
-    (["--timeout", "99999999h"], "--timeout: '99999999h' is too long"),
-    (["--max-trials", str(10**20)], f"--max-trials must be a whole number from 1 to {INT64_MAX}"),
-    (["--effective-batch", str(10**20)], "--effective-batch must be a whole number from 1 to"),
-])
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--predict-margin", "nan"], "--predict-margin 'nan' is not a finite number"),
+        (["--heartbeat", "inf"], "--heartbeat: cannot read 'inf' as a duration"),
+        (["--timeout", "99999999h"], "--timeout: '99999999h' is too long"),
+        (["--max-trials", str(10**20)], f"--max-trials must be a whole number from 1 to {INT64_MAX}"),
+        (["--effective-batch", str(10**20)], "--effective-batch must be a whole number from 1 to"),
+    ],
+)
 def test_search_flags_past_their_bound(work, hermetic_home, model, flags, needle):
     with Unchanged(work, hermetic_home):
         refused(invoke(*COMMANDS["search"], "--model", model, *flags), needle)
 
 
-@pytest.mark.parametrize("flags, needle", [
-    (["--epochs", "1e308"], f"--epochs must be at most {MAX_STEPS}"),
-    (["--epochs", "nan"], "--epochs 'nan' is not a finite number"),
-    (["--epochs", "0"], "--epochs must be above 0 (got '0')"),
-    (["--learning-rate", "inf"], "--learning-rate 'inf' is not a finite number"),
-    (["--max-steps", str(2**63)], f"--max-steps must be a whole number from 1 to {MAX_STEPS}"),
-    (["--save-steps", "-1"], "--save-steps must be a whole number of at least 1 (got -1)"),
-])
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--epochs", "1e308"], f"--epochs must be at most {MAX_STEPS}"),
+        (["--epochs", "nan"], "--epochs 'nan' is not a finite number"),
+        (["--epochs", "0"], "--epochs must be above 0 (got '0')"),
+        (["--learning-rate", "inf"], "--learning-rate 'inf' is not a finite number"),
+        (["--max-steps", str(2**63)], f"--max-steps must be a whole number from 1 to {MAX_STEPS}"),
+        (["--save-steps", "-1"], "--save-steps must be a whole number of at least 1 (got -1)"),
+    ],
+)
 def test_train_flags_past_their_bound(work, hermetic_home, model, flags, needle):
     (work / "corpus.txt").write_text("hello world\n" * 50)
     with Unchanged(work, hermetic_home):
-        refused(invoke("train", "--model", model, "--gpu-budget", "1GiB", "--dataset", "corpus.txt", "--device", "cpu",
-                       *flags), needle)
+        refused(
+            invoke(
+                "train", "--model", model, "--gpu-budget", "1GiB", "--dataset", "corpus.txt", "--device", "cpu", *flags
+            ),
+            needle,
+        )
 
 
-@pytest.mark.parametrize("stack, needle", [
-    ("torch=1.10,torch=2.1", "--stack names torch more than once (torch=1.10,torch=2.1)"),
-    ("torch=1.13, Torch=2.0,bitsandbytes=0.41.1", "--stack names torch more than once"),
-    ("", "--stack is empty"),
-    (" , ", "--stack is empty"),
-])
+@pytest.mark.parametrize(
+    "stack, needle",
+    [
+        ("torch=1.10,torch=2.1", "--stack names torch more than once (torch=1.10,torch=2.1)"),
+        ("torch=1.13, Torch=2.0,bitsandbytes=0.41.1", "--stack names torch more than once"),
+        ("", "--stack is empty"),
+        (" , ", "--stack is empty"),
+    ],
+)
 def test_a_stack_names_each_library_once(work, hermetic_home, model, stack, needle):
     with Unchanged(work, hermetic_home):
         refused(invoke(*COMMANDS["estimate"], "--model", model, "--stack", stack), needle)
@@ -190,6 +230,7 @@ def test_one_bound_per_kind():
 
 # -- 7. ranks and rendezvous -------------------------------------------------------------------------
 
+
 @pytest.fixture
 def two_cores():
     with mock.patch("autotune.sharding.os.cpu_count", return_value=2):
@@ -203,12 +244,19 @@ def test_cpu_ranks_follow_the_workers_rule(two_cores):
     assert "--oversubscribe" not in cpu_rank_problems(3)[0]  # (a command without the flag)
 
 
-@pytest.mark.parametrize("command, extra, needle", [
-    ("probe", [], "--gpus 64 on the CPU starts 64 ranks on this machine, which has 2 cores for them to compute on; "
-                  "give --gpus 2 or fewer."),
-    ("search", [], "give --gpus 2 or fewer, or --oversubscribe for up to 8"),
-    ("search", ["--oversubscribe"], "give --gpus 8 or fewer."),
-])
+@pytest.mark.parametrize(
+    "command, extra, needle",
+    [
+        (
+            "probe",
+            [],
+            "--gpus 64 on the CPU starts 64 ranks on this machine, which has 2 cores for them to compute on; "
+            "give --gpus 2 or fewer.",
+        ),
+        ("search", [], "give --gpus 2 or fewer, or --oversubscribe for up to 8"),
+        ("search", ["--oversubscribe"], "give --gpus 8 or fewer."),
+    ],
+)
 def test_more_cpu_ranks_than_cores_are_refused(work, hermetic_home, model, two_cores, command, extra, needle):
     with Unchanged(work, hermetic_home):
         refused(invoke(*COMMANDS[command], "--model", model, "--gpus", "64", *extra), needle)
@@ -222,24 +270,41 @@ def test_auto_without_cuda_counts_as_the_cpu(work, hermetic_home, model, two_cor
 
 def test_several_nodes_take_no_workers(work, hermetic_home, model):
     with Unchanged(work, hermetic_home):
-        refused(invoke(*COMMANDS["search"], "--model", model, "--nodes", "2", "--workers", "2", "--rendezvous",
-                       "127.0.0.1:29500"), "--workers 2 with --nodes 2: a search on several nodes")
+        refused(
+            invoke(
+                *COMMANDS["search"],
+                "--model",
+                model,
+                "--nodes",
+                "2",
+                "--workers",
+                "2",
+                "--rendezvous",
+                "127.0.0.1:29500",
+            ),
+            "--workers 2 with --nodes 2: a search on several nodes",
+        )
 
 
 NODE = ["node", "--rendezvous", "127.0.0.1:29500", "--nodes", "2", "--node-rank", "1"]
 
 
-@pytest.mark.parametrize("flags, needle", [
-    (["--device", "cuda"], "--device cuda: no CUDA device can be seen here"),
-    (["--device", "cuda:0"], "--device cuda:0: no CUDA device can be seen here"),
-    (["--device", "gpu0"], "--device 'gpu0' is not supported; use auto, cpu, cuda or cuda:N"),
-    (["--device", "cpu", "--gpus", "64"], "--gpus 64 on the CPU starts 64 ranks"),
-    (["--device", "cpu", "--rendezvous", "host:0"], "--rendezvous 'host:0' is not HOST:PORT"),
-    (["--device", "cpu", "--rounds", str(10**20)], "--rounds must be a whole number from 1 to"),
-])
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--device", "cuda"], "--device cuda: no CUDA device can be seen here"),
+        (["--device", "cuda:0"], "--device cuda:0: no CUDA device can be seen here"),
+        (["--device", "gpu0"], "--device 'gpu0' is not supported; use auto, cpu, cuda or cuda:N"),
+        (["--device", "cpu", "--gpus", "64"], "--gpus 64 on the CPU starts 64 ranks"),
+        (["--device", "cpu", "--rendezvous", "host:0"], "--rendezvous 'host:0' is not HOST:PORT"),
+        (["--device", "cpu", "--rounds", str(10**20)], "--rounds must be a whole number from 1 to"),
+    ],
+)
 def test_node_refuses_before_waiting_for_rounds(work, hermetic_home, two_cores, flags, needle):
-    with mock.patch("autotune.probe.node.serve_node", side_effect=AssertionError("waited for rounds")), \
-            Unchanged(work, hermetic_home):
+    with (
+        mock.patch("autotune.probe.node.serve_node", side_effect=AssertionError("waited for rounds")),
+        Unchanged(work, hermetic_home),
+    ):
         refused(invoke(*NODE, *flags, env=NO_CUDA), needle)
 
 
@@ -265,8 +330,10 @@ WORKER_MISTAKES = [
 
 @pytest.mark.parametrize("flags, needle", WORKER_MISTAKES)
 def test_worker_refuses_as_search_does_before_looking_at_the_study(work, hermetic_home, model, flags, needle):
-    with mock.patch("autotune.search.join_study", side_effect=AssertionError("looked at the study")), \
-            Unchanged(work, hermetic_home):
+    with (
+        mock.patch("autotune.search.join_study", side_effect=AssertionError("looked at the study")),
+        Unchanged(work, hermetic_home),
+    ):
         joined = invoke("worker", "--study", "s1", *flags, env=NO_CUDA)
         searched = invoke(*COMMANDS["search"], "--model", model, *flags, env=NO_CUDA)
     refused(joined, needle)
@@ -275,15 +342,20 @@ def test_worker_refuses_as_search_does_before_looking_at_the_study(work, hermeti
     assert message(joined) == message(searched)
 
 
-@pytest.mark.parametrize("args", [
-    [*COMMANDS["estimate"], "--gpus", str(10**18)],
-    [*COMMANDS["estimate"], "--gpus", str(2**16), "--nodes", str(2**16)],
-    [*NODE[:4], str(2**16), "--node-rank", "1", "--gpus", str(2**16), "--device", "auto"],
-])
+@pytest.mark.parametrize(
+    "args",
+    [
+        [*COMMANDS["estimate"], "--gpus", str(10**18)],
+        [*COMMANDS["estimate"], "--gpus", str(2**16), "--nodes", str(2**16)],
+        [*NODE[:4], str(2**16), "--node-rank", "1", "--gpus", str(2**16), "--device", "auto"],
+    ],
+)
 def test_ranks_past_what_torch_distributed_numbers_are_refused_before_any_trace(work, hermetic_home, model, args):
     """(The estimator traced 10**18 ranks in a process and failed there; 2**31 - 1 ranks killed it for memory.)"""
     if args[0] != "node":
         args = [*args, "--model", model]
-    with mock.patch("autotune.probe.node.serve_node", side_effect=AssertionError("waited for rounds")), \
-            Unchanged(work, hermetic_home):
+    with (
+        mock.patch("autotune.probe.node.serve_node", side_effect=AssertionError("waited for rounds")),
+        Unchanged(work, hermetic_home),
+    ):
         refused(invoke(*args), "--gpus x --nodes must be at most 2147483647, the most ranks torch.distributed numbers")

@@ -41,9 +41,9 @@ HOSTILE = {
     "1e308": "1e308",
     "empty": "",
     "not-a-number": "abc",
-    "surrogates": "\udcff\udcfe",           # bytes 0xff 0xfe in argv, as Python decodes them
+    "surrogates": "\udcff\udcfe",  # bytes 0xff 0xfe in argv, as Python decodes them
     "long-digits": "9" * 5000,
-    "long-text": "x" * 5000,                 # a path component past NAME_MAX too
+    "long-text": "x" * 5000,  # a path component past NAME_MAX too
 }
 MISSING = "no-such-model-dir"
 # Arguments that make each command stop before any work once the fuzzed flag is accepted: a model
@@ -80,8 +80,11 @@ def commands(group: click.Group = cli, path: tuple[str, ...] = ()):
 
 def valued_options(command: click.Command) -> list[str]:
     """The command's flags that take a value (not on/off flags, not counts)."""
-    return [max(p.opts, key=len) for p in command.params
-            if isinstance(p, click.Option) and not p.is_flag and not p.count and p.opts]
+    return [
+        max(p.opts, key=len)
+        for p in command.params
+        if isinstance(p, click.Option) and not p.is_flag and not p.count and p.opts
+    ]
 
 
 COMMANDS = dict(commands())
@@ -95,7 +98,7 @@ def argv(path: tuple[str, ...], flag: str, value: str) -> list[str]:
     base = list(BASE.get(path[-1], []))
     if flag in base:  # the fuzzed value replaces the base's
         at = base.index(flag)
-        del base[at:at + 2]
+        del base[at : at + 2]
     return [*path, *base, flag, value]
 
 
@@ -136,8 +139,9 @@ def run_case(args: list[str]) -> tuple[int | str, str]:
     return code, stderr
 
 
-def problems_of(path: tuple[str, ...], flag: str, kind: str, code: int | str, stderr: str,
-                db_changed: bool, left: list[int]) -> list[str]:
+def problems_of(
+    path: tuple[str, ...], flag: str, kind: str, code: int | str, stderr: str, db_changed: bool, left: list[int]
+) -> list[str]:
     where = f"{' '.join(path)} {flag} <{kind}>"
     found = []
     if code == "traceback" or "Traceback" in stderr:
@@ -166,8 +170,10 @@ def test_hostile_values_in_every_flag_end_as_documented(work, hermetic_home, pat
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # the same answers on a machine with a GPU
     db = hermetic_home / "autotune.db"
     found: list[str] = []
-    with mock.patch("autotune.probe.node.serve_node", _node_stand_in), \
-            mock.patch("autotune.service.server.listen", _node_stand_in):
+    with (
+        mock.patch("autotune.probe.node.serve_node", _node_stand_in),
+        mock.patch("autotune.service.server.listen", _node_stand_in),
+    ):
         for flag, kind in cases(path):
             before = digest(db)
             # Only what this case started: the worker may hold other tests' processes (a session's

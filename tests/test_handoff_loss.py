@@ -40,11 +40,21 @@ def examples(task: str, count: int) -> list[dict]:
         if task == "causal-lm":
             rows.append({"input_ids": ids, "labels": ids})
         elif task == "seq2seq":
-            rows.append({"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                         "labels": torch.randint(6, VOCAB, (16,), generator=generator)})
+            rows.append(
+                {
+                    "input_ids": ids,
+                    "attention_mask": torch.ones_like(ids),
+                    "labels": torch.randint(6, VOCAB, (16,), generator=generator),
+                }
+            )
         else:
-            rows.append({"input_ids": ids, "attention_mask": torch.ones_like(ids),
-                         "labels": torch.randint(0, 3, (), generator=generator)})
+            rows.append(
+                {
+                    "input_ids": ids,
+                    "attention_mask": torch.ones_like(ids),
+                    "labels": torch.randint(0, 3, (), generator=generator),
+                }
+            )
     return rows
 
 
@@ -58,10 +68,21 @@ def first_steps(best, model_dir: Path, out: Path, *, fixed: bool = True) -> tupl
         model = best.load_model(str(model_dir))
     if not fixed:
         model.__dict__.pop(ATTRIBUTE, None)  # what a model loaded by hand is: Trainer's default
-    args = best.training_arguments(str(out), max_steps=2, logging_steps=1, report_to="none", learning_rate=1e-9,
-                                   save_strategy="no", disable_tqdm=True, seed=0, data_seed=0, max_grad_norm=1e9)
-    trainer = Trainer(model=model, args=args, train_dataset=examples(best.task, 32),
-                      eval_dataset=examples(best.task, 8))
+    args = best.training_arguments(
+        str(out),
+        max_steps=2,
+        logging_steps=1,
+        report_to="none",
+        learning_rate=1e-9,
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=0,
+        data_seed=0,
+        max_grad_norm=1e9,
+    )
+    trainer = Trainer(
+        model=model, args=args, train_dataset=examples(best.task, 32), eval_dataset=examples(best.task, 8)
+    )
     trainer.train()
     logs = [entry for entry in trainer.state.log_history if "loss" in entry]
     return logs, trainer.evaluate()["eval_loss"]
@@ -98,8 +119,10 @@ def test_the_fix_is_said_wherever_only_arguments_travel(tmp_path):
     assert document["model_attributes"] == {ATTRIBUTE: False} and document["notes"] == [note]
     assert any("accepts_loss_kwargs = False" in caveat for caveat in best.cli_caveats())
     # Nothing to say where nothing accumulates, or where Trainer's own scaling is right (causal LM).
-    for quiet in (best_of(ProbeConfig("bert", 8, 32, task="classification", num_labels=2), "cpu"),
-                  best_of(ProbeConfig("gpt2", 2, 32, grad_accum=4), "cpu")):
+    for quiet in (
+        best_of(ProbeConfig("bert", 8, 32, task="classification", num_labels=2), "cpu"),
+        best_of(ProbeConfig("gpt2", 2, 32, grad_accum=4), "cpu"),
+    ):
         assert "accepts_loss_kwargs" not in str(quiet) + json.dumps(quiet.trainer_args_document())
         assert not any("accepts_loss_kwargs" in caveat for caveat in quiet.cli_caveats())
 

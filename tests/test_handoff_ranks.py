@@ -44,8 +44,9 @@ def launched_environment(yaml_file: Path) -> dict[str, str]:
 
 
 @pytest.mark.parametrize("strategy, reshard, offload", FSDP)
-def test_the_accelerate_file_gives_each_rank_the_fsdp2_plugin_the_probe_measured(tmp_path, monkeypatch, strategy,
-                                                                                 reshard, offload):
+def test_the_accelerate_file_gives_each_rank_the_fsdp2_plugin_the_probe_measured(
+    tmp_path, monkeypatch, strategy, reshard, offload
+):
     from accelerate.commands.config.config_args import ClusterConfig, load_config_from_file
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
@@ -81,8 +82,9 @@ def test_a_ddp_file_launches_multi_gpu_processes_without_fsdp(tmp_path):
 
 
 @pytest.mark.parametrize("strategy, reshard, offload", FSDP)
-def test_training_arguments_take_the_fsdp_config_and_give_trainer_the_same_plugin(monkeypatch, tmp_path, strategy,
-                                                                                  reshard, offload):
+def test_training_arguments_take_the_fsdp_config_and_give_trainer_the_same_plugin(
+    monkeypatch, tmp_path, strategy, reshard, offload
+):
     from accelerate.utils import FullyShardedDataParallelPlugin
 
     monkeypatch.setenv("FSDP_CPU_RAM_EFFICIENT_LOADING", "")  # (both set it in os.environ: restored after the test)
@@ -112,8 +114,12 @@ def test_the_layer_table_is_transformers_no_split_modules():
     import transformers
     from transformers.models.auto import modeling_auto
 
-    mappings = [modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES, modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
-                modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES, modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES]
+    mappings = [
+        modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        modeling_auto.MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES,
+        modeling_auto.MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES,
+        modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    ]
     for model_type, layers in ranks.LAYER_CLASSES.items():
         classes = [mapping[model_type] for mapping in mappings if model_type in mapping]
         assert classes, model_type
@@ -157,13 +163,18 @@ def test_best_format_accelerate_prints_the_file(tmp_path):
     db = tmp_path / "results.db"
     with open_store(db) as store:
         study = make_study(store, "ranks")
-        store.record_probe(study.id, config(4, gpus=2, strategy="fsdp-grad-op", precision="bf16"), result("ok"),
-                           env_fingerprint=ENV.fingerprint())
-    out = CliRunner().invoke(cli, ["best", "--study", "ranks", "--db", str(db), "--format", "accelerate"],
-                             catch_exceptions=False)
+        store.record_probe(
+            study.id,
+            config(4, gpus=2, strategy="fsdp-grad-op", precision="bf16"),
+            result("ok"),
+            env_fingerprint=ENV.fingerprint(),
+        )
+    out = CliRunner().invoke(
+        cli, ["best", "--study", "ranks", "--db", str(db), "--format", "accelerate"], catch_exceptions=False
+    )
     assert out.exit_code == 0, out.output
-    assert "distributed_type: \"FSDP\"" in out.stdout and "  fsdp_reshard_after_forward: false" in out.stdout
-    assert "num_processes: 2" in out.stdout and "mixed_precision: \"bf16\"" in out.stdout
+    assert 'distributed_type: "FSDP"' in out.stdout and "  fsdp_reshard_after_forward: false" in out.stdout
+    assert "num_processes: 2" in out.stdout and 'mixed_precision: "bf16"' in out.stdout
 
 
 _TRAIN_SCRIPT = """
@@ -215,8 +226,9 @@ def test_two_ranks_train_from_the_handed_off_file(tmp_path):
     # (Its own temporary directory: torch's elastic agent leaves a torchelastic_* log directory there.)
     (tmp_path / "tmp").mkdir()
     env = {**os.environ, "ACCELERATE_USE_CPU": "true", "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path / "tmp")}
-    proc = subprocess.run([accelerate, *command.split()[2:]], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [accelerate, *command.split()[2:]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     # (the ranks share one stdout: their lines may run together)
     reports = [json.JSONDecoder().raw_decode(part)[0] for part in proc.stdout.split("RANK ")[1:]]
     assert proc.returncode == 0 and len(reports) == 2, proc.stdout + proc.stderr[-3000:]

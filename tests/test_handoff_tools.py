@@ -24,7 +24,8 @@ from tests.helpers.store import leaderboard_row
 # AxolotlInputConfig (src/axolotl/utils/schemas/config.py) and of the mixins it takes the emitted keys from:
 # HyperparametersConfig (schemas/training.py), LoraConfig (schemas/peft.py), ModelInputConfig (schemas/model.py);
 # the Liger plugin's (src/axolotl/integrations/liger/args.py, LigerArgs).
-AXOLOTL_FIELDS = frozenset("""
+AXOLOTL_FIELDS = frozenset(
+    """
 strict resume_from_checkpoint auto_resume_from_checkpoints resize_token_embeddings_to_32x
 mean_resizing_embeddings shrink_embeddings embeddings_skip_upcast reinit_weights trainer_cls rl trl vllm ebft
 qat quantization reward_model dynamic_checkpoint process_reward_model center_rewards_coefficient num_labels
@@ -88,21 +89,33 @@ model_quantization_config_kwargs use_onebitllms
 
 liger_rope liger_rms_norm liger_rms_norm_gated liger_layer_norm liger_swiglu liger_glu_activation
 liger_cross_entropy liger_fused_linear_cross_entropy liger_use_token_scaling
-""".split())
+""".split()
+)
 # FSDPConfig (src/axolotl/utils/schemas/fsdp.py), the fields of `fsdp_config:`.
-AXOLOTL_FSDP_FIELDS = frozenset("""
+AXOLOTL_FSDP_FIELDS = frozenset(
+    """
 fsdp_version activation_checkpointing offload_params sync_module_states cpu_ram_efficient_loading
 cpu_offload_pin_memory use_orig_params state_dict_type final_state_dict_type auto_wrap_policy
 transformer_layer_cls_to_wrap min_num_params reshard_after_forward mixed_precision_policy
-""".split())
+""".split()
+)
 # attn_implementation's canonical values (schemas/config.py, its description).
-AXOLOTL_ATTENTIONS = {"eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention", "xformers", "sage",
-                      "fp8"}
+AXOLOTL_ATTENTIONS = {
+    "eager",
+    "sdpa",
+    "flash_attention_2",
+    "flash_attention_3",
+    "flex_attention",
+    "xformers",
+    "sage",
+    "fp8",
+}
 
 # hiyouga/LLaMA-Factory at ff6d4d12eeb035d6ce06805a5733dd7b29f2ac30 (v0.9.5-54), src/llamafactory/hparams/:
 # model_args.py (BaseModelArguments, QuantizationArguments, ModelArguments), data_args.py (DataArguments),
 # finetuning_args.py (FreezeArguments, LoraArguments, FinetuningArguments), training_args.py (its own fields).
-LLAMAFACTORY_FIELDS = frozenset("""
+LLAMAFACTORY_FIELDS = frozenset(
+    """
 model_name_or_path adapter_name_or_path adapter_folder cache_dir use_fast_tokenizer resize_vocab
 split_special_tokens add_tokens add_special_tokens new_special_tokens_config init_special_tokens
 model_revision low_cpu_mem_usage rope_scaling flash_attn shift_attn mixture_of_depths use_unsloth
@@ -123,14 +136,17 @@ use_hyper_parallel hyper_parallel_args hyper_parallel_cp_size use_muon use_dft_l
 use_eaft_loss eaft_alpha freeze_vision_tower freeze_multi_modal_projector freeze_language_model
 compute_accuracy disable_shuffling early_stopping_steps plot_loss include_effective_tokens_per_second
 ray_num_workers ray_init_kwargs master_addr master_port overwrite_output_dir
-""".split())
+""".split()
+)
 # Its TrainingArguments is transformers' Seq2SeqTrainingArguments (pinned <=5.8.0): the fields of it emitted
 # (each in every transformers from 4.34 on, train_sampling_strategy from its 2026 train-sampler unification;
 # checked against the installed one below).
-LLAMAFACTORY_TRAINING_ARGUMENTS = frozenset("""
+LLAMAFACTORY_TRAINING_ARGUMENTS = frozenset(
+    """
 per_device_train_batch_size per_device_eval_batch_size gradient_accumulation_steps bf16 fp16 tf32 optim optim_args
 torch_compile prediction_loss_only eval_accumulation_steps ddp_find_unused_parameters use_cpu train_sampling_strategy
-""".split())
+""".split()
+)
 LLAMAFACTORY_ATTENTIONS = {"auto", "disabled", "sdpa", "fa2", "fa3"}  # extras/constants.py, AttentionFunction
 
 
@@ -141,11 +157,14 @@ def best_of(config: ProbeConfig, device_type: str = "cuda") -> BestConfig:
 WINNERS = {
     "bf16-ckpt-sdpa": ProbeConfig("gpt2", 4, 64, grad_accum=2, precision="bf16", checkpointing=True, attention="sdpa"),
     "fp32-accumulating": ProbeConfig("gpt2", 2, 32, grad_accum=2, precision="fp32"),
-    "lora": ProbeConfig("gpt2", 4, 64, precision="bf16", peft=peft_text("lora", rank=16, alpha=32, targets="c_attn,c_proj")),
+    "lora": ProbeConfig(
+        "gpt2", 4, 64, precision="bf16", peft=peft_text("lora", rank=16, alpha=32, targets="c_attn,c_proj")
+    ),
     "qlora": ProbeConfig("gpt2", 4, 64, precision="bf16", peft=peft_text("qlora")),
     "eval-batch": ProbeConfig("gpt2", 2, 64, precision="fp16", eval_batch=8, optimizer="sgd", attention="eager"),
-    "pure-bf16-tf32-free": ProbeConfig("gpt2", 2, 64, precision="fp32", weights="bf16", attention="flex_attention",
-                                       compile=True, liger=True),
+    "pure-bf16-tf32-free": ProbeConfig(
+        "gpt2", 2, 64, precision="fp32", weights="bf16", attention="flex_attention", compile=True, liger=True
+    ),
     "fsdp": ProbeConfig("gpt2", 2, 64, precision="bf16", checkpointing=True, gpus=4, strategy="fsdp"),
     "ddp": ProbeConfig("gpt2", 2, 64, precision="tf32", gpus=2, strategy="ddp", optimizer="adafactor"),
 }
@@ -163,6 +182,7 @@ def test_every_tool_format_is_one_of_best_formats():
 
 
 # --- axolotl ---------------------------------------------------------------------------------------
+
 
 def test_axolotl_emits_only_its_fields_with_values_they_accept(winner):
     from transformers.training_args import OptimizerNames
@@ -194,8 +214,13 @@ def test_axolotl_emits_only_its_fields_with_values_they_accept(winner):
 
 def test_axolotl_says_each_lever_of_these_winners_exactly():
     lora = tools.axolotl_document(best_of(WINNERS["lora"]))
-    assert (lora["adapter"], lora["lora_r"], lora["lora_alpha"], lora["lora_dropout"], lora["lora_target_modules"]) == \
-        ("lora", 16, 32, 0.05, ["c_attn", "c_proj"])
+    assert (lora["adapter"], lora["lora_r"], lora["lora_alpha"], lora["lora_dropout"], lora["lora_target_modules"]) == (
+        "lora",
+        16,
+        32,
+        0.05,
+        ["c_attn", "c_proj"],
+    )
     qlora = tools.axolotl_document(best_of(WINNERS["qlora"]))
     assert qlora["adapter"] == "qlora" and qlora["load_in_4bit"] is True and qlora["lora_target_linear"] is True
     assert tools.axolotl_document(best_of(WINNERS["eval-batch"]))["eval_batch_size"] == 8
@@ -206,6 +231,7 @@ def test_axolotl_says_each_lever_of_these_winners_exactly():
 
 
 # --- LLaMA-Factory ---------------------------------------------------------------------------------
+
 
 def test_llamafactory_emits_only_its_fields_with_values_they_accept(winner):
     from transformers import Seq2SeqTrainingArguments
@@ -235,8 +261,12 @@ def test_llamafactory_says_each_lever_of_these_winners_exactly():
     fp32 = tools.llamafactory_document(best_of(WINNERS["fp32-accumulating"]))
     assert fp32["disable_gradient_checkpointing"] is True and fp32["gradient_accumulation_steps"] == 2
     lora = tools.llamafactory_document(best_of(WINNERS["lora"]))
-    assert (lora["finetuning_type"], lora["lora_rank"], lora["lora_alpha"], lora["lora_target"]) == \
-        ("lora", 16, 32, "c_attn,c_proj")
+    assert (lora["finetuning_type"], lora["lora_rank"], lora["lora_alpha"], lora["lora_target"]) == (
+        "lora",
+        16,
+        32,
+        "c_attn,c_proj",
+    )
     qlora = tools.llamafactory_document(best_of(WINNERS["qlora"]))
     assert qlora["quantization_bit"] == 4 and qlora["lora_target"] == "all" and qlora["double_quantization"] is True
     evaluating = tools.llamafactory_document(best_of(WINNERS["eval-batch"]))
@@ -248,6 +278,7 @@ def test_llamafactory_says_each_lever_of_these_winners_exactly():
 
 
 # --- every format: parsed back, nothing dropped -----------------------------------------------------
+
 
 @pytest.mark.parametrize("fmt", ["axolotl", "llamafactory", "lightning"])
 def test_yaml_reads_back_as_the_document(winner, fmt):
@@ -298,6 +329,7 @@ def test_docs_table_names_every_key():
 
 # --- TRL: SFTConfig takes the document, SFTTrainer trains with it ----------------------------------
 
+
 def test_trl_sft_config_takes_the_document(winner, tmp_path):
     trl = pytest.importorskip("trl")
     doc = tools.trl_document(winner)
@@ -310,8 +342,11 @@ def test_trl_sft_config_takes_the_document(winner, tmp_path):
         doc = {**doc, "tf32": False}
     args = trl.SFTConfig(output_dir=str(tmp_path), **doc)
     c = winner.config
-    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.max_length) == \
-        (c.micro_batch, c.grad_accum, c.block_size)
+    assert (args.per_device_train_batch_size, args.gradient_accumulation_steps, args.max_length) == (
+        c.micro_batch,
+        c.grad_accum,
+        c.block_size,
+    )
     assert args.gradient_checkpointing is c.checkpointing  # SFTConfig's default (on) does not win
     assert (args.bf16, args.fp16) == (c.precision == "bf16", c.precision == "fp16")
     assert args.packing is True and args.packing_strategy == "wrapped" and not args.padding_free
@@ -325,10 +360,20 @@ def _tiny_gpt2(directory: Path) -> Path:
     from tests.helpers.corpus import corpus_text
 
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator([corpus_text()[:200_000]], vocab_size=1000, min_frequency=2, special_tokens=["<|endoftext|>"],
-                            show_progress=False)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<|endoftext|>",
-                                        eos_token="<|endoftext|>", unk_token="<|endoftext|>", pad_token="<|endoftext|>")
+    bpe.train_from_iterator(
+        [corpus_text()[:200_000]],
+        vocab_size=1000,
+        min_frequency=2,
+        special_tokens=["<|endoftext|>"],
+        show_progress=False,
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe._tokenizer,
+        bos_token="<|endoftext|>",
+        eos_token="<|endoftext|>",
+        unk_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+    )
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=1000, n_positions=128))
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
@@ -349,13 +394,19 @@ def test_sft_trainer_trains_three_steps_with_the_document(tmp_path):
 
     best = best_of(WINNERS["fp32-accumulating"], device_type="cpu")
     model_dir = _tiny_gpt2(tmp_path / "model")
-    args = trl.SFTConfig(output_dir=str(tmp_path / "out"), max_steps=3, report_to="none", save_strategy="no",
-                         logging_steps=1, **tools.trl_document(best))
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path / "out"),
+        max_steps=3,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        **tools.trl_document(best),
+    )
     seen: list[tuple[int, int]] = []
-    trainer = trl.SFTTrainer(model=str(model_dir), args=args,
-                             train_dataset=Dataset.from_dict({"text": _texts()}))
-    trainer.model.register_forward_pre_hook(lambda module, inputs, kwargs: seen.append(tuple(kwargs["input_ids"].shape)),
-                                            with_kwargs=True)
+    trainer = trl.SFTTrainer(model=str(model_dir), args=args, train_dataset=Dataset.from_dict({"text": _texts()}))
+    trainer.model.register_forward_pre_hook(
+        lambda module, inputs, kwargs: seen.append(tuple(kwargs["input_ids"].shape)), with_kwargs=True
+    )
     trainer.train()
     assert trainer.state.global_step == 3
     assert seen == [(2, 32)] * 6  # micro-batch 2 of full 32-token blocks, 2 per step
@@ -365,6 +416,7 @@ def test_sft_trainer_trains_three_steps_with_the_document(tmp_path):
 
 
 # --- Lightning: Trainer takes `trainer`, a LightningModule and DataModule take `model` and `data` ----------
+
 
 def _lightning_classes():
     import lightning as L
@@ -383,13 +435,20 @@ def _lightning_classes():
             return torch.utils.data.DataLoader(blocks, batch_size=self.batch_size, drop_last=True)
 
     class TinyCausalLM(L.LightningModule):
-        def __init__(self, directory: str, attn_implementation: str, gradient_checkpointing: bool,
-                     optimizer: dict, lora_config: dict | None = None):
+        def __init__(
+            self,
+            directory: str,
+            attn_implementation: str,
+            gradient_checkpointing: bool,
+            optimizer: dict,
+            lora_config: dict | None = None,
+        ):
             super().__init__()
             from transformers import AutoModelForCausalLM
 
-            self.model = AutoModelForCausalLM.from_pretrained(directory, attn_implementation=attn_implementation,
-                                                              use_cache=False).train()
+            self.model = AutoModelForCausalLM.from_pretrained(
+                directory, attn_implementation=attn_implementation, use_cache=False
+            ).train()
             if gradient_checkpointing:
                 self.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             self.optimizer, self.shapes = optimizer, []
@@ -402,8 +461,9 @@ def _lightning_classes():
             import importlib
 
             module, name = self.optimizer["class_path"].rsplit(".", 1)
-            return getattr(importlib.import_module(module), name)(self.parameters(), lr=1e-3,
-                                                                  **self.optimizer.get("init_args", {}))
+            return getattr(importlib.import_module(module), name)(
+                self.parameters(), lr=1e-3, **self.optimizer.get("init_args", {})
+            )
 
     return TinyData, TinyCausalLM
 
@@ -443,8 +503,14 @@ def test_lightning_trains_three_steps_with_the_document(tmp_path):
     directory = str(_tiny_gpt2(tmp_path / "model"))
     TinyData, TinyCausalLM = _lightning_classes()
     model = TinyCausalLM(directory, optimizer=doc["optimizer"], **doc["model"])
-    trainer = L.Trainer(**doc["trainer"], max_steps=3, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        **doc["trainer"],
+        max_steps=3,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(model, datamodule=TinyData(directory, **doc["data"]))
     assert trainer.global_step == 3
     assert model.shapes == [(2, 32)] * 6  # 3 optimizer steps of 2 accumulated micro-batches of 2 x 32 tokens

@@ -27,25 +27,59 @@ MAX_LINES = 800
 # other unless listed in SIDEWAYS.
 LAYERS: list[set[str]] = [
     {"__main__"},
-    {"cli", "service"},                          # the doors: flags parsed, or requests read as those flags
+    {"cli", "service"},  # the doors: flags parsed, or requests read as those flags
     {"report", "live", "plot", "markdown", "estimate_report"},  # renders what the layers below return
-    {"train"},                                   # the fine-tune (searching first if need be)
-    {"recipe_files"},                            # the user's TRL/axolotl/LLaMA-Factory file: a recipe in, a winner back
-    {"handoff", "planner"},                      # a study's winner handed off; a space predicted for a card (plan)
-    {"search"},                                  # space -> strategies -> probe runner -> store
+    {"train"},  # the fine-tune (searching first if need be)
+    {"recipe_files"},  # the user's TRL/axolotl/LLaMA-Factory file: a recipe in, a winner back
+    {"handoff", "planner"},  # a study's winner handed off; a space predicted for a card (plan)
+    {"search"},  # space -> strategies -> probe runner -> store
     {"probe", "estimate", "store", "data", "launchers"},  # measuring, predicting, keeping; starting workers
     {"space"},
     {"models", "environment", "cpu_speed"},
-    {"config", "result", "paths", "tasks", "timing", "speed", "sharding", "cards", "ranking", "verdict", "flops", "shapes"},
-    {"budget", "evaluation", "recipes", "lengths"},  # what "fits" means, the run's phases, what is trained, on what data
-    {"units", "output", "yaml_text"},            # sizes; where a command's files are written; YAML without a library
-    {"errors", "defaults", "status", "version", "processes", "deadline"},  # vocabulary everyone shares; process lifelines, deadlines
+    {
+        "config",
+        "result",
+        "paths",
+        "tasks",
+        "timing",
+        "speed",
+        "sharding",
+        "cards",
+        "ranking",
+        "verdict",
+        "flops",
+        "shapes",
+    },
+    {
+        "budget",
+        "evaluation",
+        "recipes",
+        "lengths",
+    },  # what "fits" means, the run's phases, what is trained, on what data
+    {"units", "output", "yaml_text"},  # sizes; where a command's files are written; YAML without a library
+    {
+        "errors",
+        "defaults",
+        "status",
+        "version",
+        "processes",
+        "deadline",
+    },  # vocabulary everyone shares; process lifelines, deadlines
 ]
 # (importer unit, imported unit) pairs allowed within one layer: the estimator traces the probe's
 # own training step; the Markdown report says why as `autotune search` does and embeds the plot; the
 # CLI's `serve` starts the service, which reads each request as the CLI's own command reads its flags.
-SIDEWAYS = {("cli", "service"), ("service", "cli"), ("estimate", "probe"), ("config", "tasks"), ("config", "speed"), ("config", "sharding"),
-            ("markdown", "report"), ("markdown", "plot"), ("estimate_report", "report")}
+SIDEWAYS = {
+    ("cli", "service"),
+    ("service", "cli"),
+    ("estimate", "probe"),
+    ("config", "tasks"),
+    ("config", "speed"),
+    ("config", "sharding"),
+    ("markdown", "report"),
+    ("markdown", "plot"),
+    ("estimate_report", "report"),
+}
 
 
 def module_name(path: Path) -> str:
@@ -80,7 +114,9 @@ def imports_of(name: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             # `from autotune.x import y` imports the module autotune.x.y when there is one.
             targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
         else:
@@ -112,7 +148,7 @@ def test_no_import_cycle_inside_the_package():
         state[node] = 1
         for nxt in sorted(GRAPH[node]):
             if state.get(nxt) == 1:
-                cycles.append(path[path.index(nxt):] + [nxt] if nxt in path else [node, nxt])
+                cycles.append(path[path.index(nxt) :] + [nxt] if nxt in path else [node, nxt])
             elif nxt not in state:
                 visit(nxt, path + [nxt])
         state[node] = 2
@@ -141,13 +177,21 @@ def test_imports_flow_down_the_layers():
 
 def test_no_module_imports_the_face_of_its_own_package():
     # A submodule importing its package's __init__ re-enters a half-initialised package.
-    wrong = [f"{name} imports {target}" for name, targets in GRAPH.items() for target in targets
-             if MODULES[target].name == "__init__.py" and name.startswith(target + ".")]
+    wrong = [
+        f"{name} imports {target}"
+        for name, targets in GRAPH.items()
+        for target in targets
+        if MODULES[target].name == "__init__.py" and name.startswith(target + ".")
+    ]
     assert not wrong, "\n".join(sorted(wrong))
 
 
 def test_no_file_is_longer_than_a_newcomer_reads():
-    long = {str(p.relative_to(PACKAGE.parent)): n for p in MODULES.values() if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    long = {
+        str(p.relative_to(PACKAGE.parent)): n
+        for p in MODULES.values()
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
     assert not long, f"split these: {long}"
 
 
@@ -164,23 +208,36 @@ def _test_modules_imported(path: Path) -> set[str]:
     tests/helpers, fixtures in conftest.py, where pytest finds them itself."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
-            [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
-        found |= {name for name in names if name.startswith("tests.")
-                  and (name.rpartition(".")[2].startswith("test_") or name.endswith("conftest"))}
+        names = (
+            [node.module or ""]
+            if isinstance(node, ast.ImportFrom)
+            else [alias.name for alias in node.names]
+            if isinstance(node, ast.Import)
+            else []
+        )
+        found |= {
+            name
+            for name in names
+            if name.startswith("tests.") and (name.rpartition(".")[2].startswith("test_") or name.endswith("conftest"))
+        }
     return found
 
 
 def test_no_test_module_imports_another_test_module():
-    reaching = {str(p.relative_to(TESTS.parent)): sorted(imported) for p in sorted(TESTS.rglob("*.py"))
-                if (imported := _test_modules_imported(p))}
+    reaching = {
+        str(p.relative_to(TESTS.parent)): sorted(imported)
+        for p in sorted(TESTS.rglob("*.py"))
+        if (imported := _test_modules_imported(p))
+    }
     assert not reaching, f"move what these take into tests/helpers: {reaching}"
 
 
 def test_the_check_sees_a_test_module_imported(tmp_path):
     reaching = tmp_path / "test_x.py"
-    reaching.write_text("import tests.search.test_faults\nfrom tests.train.conftest import STUDY\n"
-                        "from tests.helpers.cli import invoke\n")
+    reaching.write_text(
+        "import tests.search.test_faults\nfrom tests.train.conftest import STUDY\n"
+        "from tests.helpers.cli import invoke\n"
+    )
     assert _test_modules_imported(reaching) == {"tests.search.test_faults", "tests.train.conftest"}
 
 
@@ -207,8 +264,11 @@ def _functions():
 
 
 def test_no_function_is_longer_than_a_newcomer_reads():
-    long = {f"{name}.{node.name}": node.end_lineno - node.lineno + 1 for name, node in _functions()
-            if node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES}
+    long = {
+        f"{name}.{node.name}": node.end_lineno - node.lineno + 1
+        for name, node in _functions()
+        if node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    }
     assert not long, f"split these into named steps: {long}"
 
 
@@ -228,8 +288,13 @@ def status_literals(tree: ast.AST) -> list[str]:
             continue
         sides = [node.left, *node.comparators]
         literals = [s for s in sides if isinstance(s, ast.Constant) and s.value in STATUS_WORDS]
-        literals += [e for s in sides if isinstance(s, (ast.Tuple, ast.List, ast.Set)) for e in s.elts
-                     if isinstance(e, ast.Constant) and e.value in STATUS_WORDS]
+        literals += [
+            e
+            for s in sides
+            if isinstance(s, (ast.Tuple, ast.List, ast.Set))
+            for e in s.elts
+            if isinstance(e, ast.Constant) and e.value in STATUS_WORDS
+        ]
         if literals and any(_names_a_status(s) for s in sides):
             found.append(f"{node.lineno}: {ast.unparse(node)}")
     return found
@@ -238,10 +303,14 @@ def status_literals(tree: ast.AST) -> list[str]:
 def test_statuses_are_compared_as_members_not_as_strings():
     # `result.status == "ok"` reads the same as ProbeStatus.OK until a status is renamed; one
     # vocabulary (autotune/status.py), used by name.
-    found = [f"{name}:{line}" for name, path in MODULES.items() for line in status_literals(ast.parse(path.read_text()))]
+    found = [
+        f"{name}:{line}" for name, path in MODULES.items() for line in status_literals(ast.parse(path.read_text()))
+    ]
     assert not found, "compare with autotune.status members:\n" + "\n".join(found)
-    assert status_literals(ast.parse('ok = row["status"] in ("ok", "oom") or result.status != "skipped"')) == \
-        ['1: row[\'status\'] in (\'ok\', \'oom\')', "1: result.status != 'skipped'"]
+    assert status_literals(ast.parse('ok = row["status"] in ("ok", "oom") or result.status != "skipped"')) == [
+        "1: row['status'] in ('ok', 'oom')",
+        "1: result.status != 'skipped'",
+    ]
 
 
 def test_every_probe_setting_reaches_a_joining_worker():
@@ -254,10 +323,22 @@ def test_every_probe_setting_reaches_a_joining_worker():
     from autotune.probe.settings import ProbeSettings
     from autotune.search.plan import StudyPlan
 
-    changed = ProbeSettings(device="cuda:1", warmup_steps=3, measure_steps=4, measure_seconds=1.5, timeout=77.0,
-                            margin=123, trust_remote_code=True, max_compile_seconds=9.0, rendezvous="10.0.0.1:29500")
-    untouched = [f.name for f in dataclasses.fields(ProbeSettings)
-                 if getattr(changed, f.name) == getattr(ProbeSettings(), f.name)]
+    changed = ProbeSettings(
+        device="cuda:1",
+        warmup_steps=3,
+        measure_steps=4,
+        measure_seconds=1.5,
+        timeout=77.0,
+        margin=123,
+        trust_remote_code=True,
+        max_compile_seconds=9.0,
+        rendezvous="10.0.0.1:29500",
+    )
+    untouched = [
+        f.name
+        for f in dataclasses.fields(ProbeSettings)
+        if getattr(changed, f.name) == getattr(ProbeSettings(), f.name)
+    ]
     assert not untouched, f"give these a non-default value above: {untouched}"
     stored = json.loads(json.dumps(StudyPlan(probe=changed.to_plan()).to_dict()))
     joined = ProbeSettings.from_plan(StudyPlan.from_dict(stored).probe, device="cuda:1", margin=123)
@@ -273,6 +354,11 @@ def test_the_linter_finds_nothing_and_the_code_is_formatted():
         pytest.skip("ruff is not installed: pip install -e '.[dev]'")
     root = PACKAGE.parent
     for command in (["check", "--output-format", "concise"], ["format", "--check"]):
-        done = subprocess.run([ruff, *command, "--no-cache", "autotune", "tests", "benchmarks", "migrations"], cwd=root,
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [ruff, *command, "--no-cache", "autotune", "tests", "benchmarks", "migrations"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-1000:]

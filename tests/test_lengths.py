@@ -26,8 +26,16 @@ def test_the_quantiles_keep_the_datas_spread_in_a_few_hundred_characters():
     assert lengths.Lengths.of([7]).points == (7,) * lengths.QUANTILES  # one example: every quantile is it
 
 
-@pytest.mark.parametrize("text", ["12,13", "q" + ",".join(["5"] * 63), "q" + ",".join(["x"] * 64),
-                                  "q" + ",".join(["9"] * 63 + ["1"]), "q" + ",".join(["0"] * 64)])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "12,13",
+        "q" + ",".join(["5"] * 63),
+        "q" + ",".join(["x"] * 64),
+        "q" + ",".join(["9"] * 63 + ["1"]),
+        "q" + ",".join(["0"] * 64),
+    ],
+)
 def test_lengths_that_are_not_64_sorted_counts_are_refused(text):
     with pytest.raises(BadInput):
         lengths.Lengths.from_text(text)
@@ -59,7 +67,7 @@ def test_each_timed_cycle_draws_every_length_equally_and_pads_as_the_data_does(m
         rows = lengths.timing_rows(TEXT, micro_batch, rows_per_step, BLOCK, cycle)
         assert len(rows) == steps * rows_per_step and len(rows) % lengths.QUANTILES == 0
         assert sorted(rows) == sorted(cut * (len(rows) // lengths.QUANTILES))  # each quantile equally often
-        padded = sum(micro_batch * max(rows[i:i + micro_batch]) for i in range(0, len(rows), micro_batch))
+        padded = sum(micro_batch * max(rows[i : i + micro_batch]) for i in range(0, len(rows), micro_batch))
         expected = lengths.expected_padded_row(TEXT, micro_batch, BLOCK) * len(rows)
         assert padded == pytest.approx(expected, rel=0.02)
         assert rows == lengths.timing_rows(TEXT, micro_batch, rows_per_step, BLOCK, cycle)  # the same in every process
@@ -70,14 +78,25 @@ def test_a_window_of_drawn_batches_is_its_mean_step_and_the_noise_between_its_cy
     # Two cycles of 4 steps whose batches differ (2, 1, 1, 4 seconds) but repeat alike: no noise.
     seconds, spread = window_seconds([2.0, 1.0, 1.0, 4.0] * 2, cycle=4)
     assert seconds == 2.0 and spread == 0.0
-    seconds, spread = window_seconds([2.0, 1.0, 1.0, 4.0, 2.2, 1.1, 1.1, 4.4, 9.0], cycle=4)  # (a cycle cut short: left out)
+    seconds, spread = window_seconds(
+        [2.0, 1.0, 1.0, 4.0, 2.2, 1.1, 1.1, 4.4, 9.0], cycle=4
+    )  # (a cycle cut short: left out)
     assert seconds == pytest.approx(2.1) and spread == pytest.approx(0.1 / (2 * 2.1))
     assert window_seconds([1.0, 3.0, 2.0]) == (2.0, 0.25)  # steps of one shape: the median, as before
 
 
 def config(micro_batch: int = 2, **changes) -> ProbeConfig:
-    return ProbeConfig(**{"model": "gpt2", "micro_batch": micro_batch, "grad_accum": 8 // micro_batch,
-                          "block_size": BLOCK, "trainer": "trl", "lengths": TEXT, **changes})
+    return ProbeConfig(
+        **{
+            "model": "gpt2",
+            "micro_batch": micro_batch,
+            "grad_accum": 8 // micro_batch,
+            "block_size": BLOCK,
+            "trainer": "trl",
+            "lengths": TEXT,
+            **changes,
+        }
+    )
 
 
 def test_a_config_of_the_datas_lengths_counts_real_tokens_and_keys_apart():
@@ -90,11 +109,14 @@ def test_a_config_of_the_datas_lengths_counts_real_tokens_and_keys_apart():
     assert config(8, lengths=lengths.Lengths.of(long_tailed(seed=1)).to_text()).key() != padded.key()
 
 
-@pytest.mark.parametrize("changes, words", [
-    ({"lengths": "q1,2"}, "64 whole numbers"),
-    ({"task": "seq2seq", "target_length": 16, "trainer": "transformers"}, "not seq2seq"),
-    ({"task": "masked-lm", "trainer": "transformers"}, "not masked-lm"),
-])
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        ({"lengths": "q1,2"}, "64 whole numbers"),
+        ({"task": "seq2seq", "target_length": 16, "trainer": "transformers"}, "not seq2seq"),
+        ({"task": "masked-lm", "trainer": "transformers"}, "not masked-lm"),
+    ],
+)
 def test_lengths_are_for_a_classifier_and_a_causal_lm_trained_per_example(changes, words):
     with pytest.raises(BadInput, match=words):
         config(**changes)
@@ -103,8 +125,9 @@ def test_lengths_are_for_a_classifier_and_a_causal_lm_trained_per_example(change
 def row(micro_batch: int, tokens_per_s: float, spread: float = 0.02, **changes):
     import dataclasses
 
-    return dataclasses.replace(leaderboard_row(config(micro_batch, **changes)), tokens_per_s=tokens_per_s,
-                               step_spread=spread)
+    return dataclasses.replace(
+        leaderboard_row(config(micro_batch, **changes)), tokens_per_s=tokens_per_s, step_spread=spread
+    )
 
 
 def test_the_leaderboard_names_a_larger_micro_batch_slower_on_this_data():
@@ -137,15 +160,18 @@ def test_the_hand_offs_train_one_example_per_row_where_the_probes_did():
     assert "--pad_to_max_length False" not in cli_flags(best_of(config(2, **classifier, lengths=None)))
 
 
-@pytest.mark.parametrize("name, text, packing, source", [
-    ("trl.yml", "model_name_or_path: gpt2\nmax_length: 256\n", "off", "packing (default false)"),
-    ("trl.yml", "model_name_or_path: gpt2\nmax_length: 256\npacking: true\n", "on", "packing"),
-    ("a.yml", "base_model: gpt2\nsequence_len: 256\n", "off", "sample_packing (default false)"),
-    ("a.yml", "base_model: gpt2\nsequence_len: 256\nsample_packing: true\n", "on", "sample_packing"),
-    ("a.yml", "base_model: gpt2\nsequence_len: 256\npad_to_sequence_len: true\n", "on", "pad_to_sequence_len"),
-    ("lf.yml", "model_name_or_path: gpt2\nstage: sft\n", "off", "packing (default false)"),
-    ("lf.yml", "model_name_or_path: gpt2\nstage: pt\n", "on", "packing (default true)"),
-])
+@pytest.mark.parametrize(
+    "name, text, packing, source",
+    [
+        ("trl.yml", "model_name_or_path: gpt2\nmax_length: 256\n", "off", "packing (default false)"),
+        ("trl.yml", "model_name_or_path: gpt2\nmax_length: 256\npacking: true\n", "on", "packing"),
+        ("a.yml", "base_model: gpt2\nsequence_len: 256\n", "off", "sample_packing (default false)"),
+        ("a.yml", "base_model: gpt2\nsequence_len: 256\nsample_packing: true\n", "on", "sample_packing"),
+        ("a.yml", "base_model: gpt2\nsequence_len: 256\npad_to_sequence_len: true\n", "on", "pad_to_sequence_len"),
+        ("lf.yml", "model_name_or_path: gpt2\nstage: sft\n", "off", "packing (default false)"),
+        ("lf.yml", "model_name_or_path: gpt2\nstage: pt\n", "on", "packing (default true)"),
+    ],
+)
 def test_each_tools_file_says_whether_its_examples_are_packed(tmp_path, name, text, packing, source):
     from autotune.recipe_files import read_recipe_file
 
@@ -176,8 +202,11 @@ def gpt2(tmp_path_factory):
     from autotune.models import resolve_model
     from tests.helpers.models import write_model_dir
 
-    return resolve_model(str(write_model_dir(tmp_path_factory.mktemp("lengths") / "gpt2", n_layer=1, n_embd=32,
-                                             n_head=2, vocab_size=100)))
+    return resolve_model(
+        str(
+            write_model_dir(tmp_path_factory.mktemp("lengths") / "gpt2", n_layer=1, n_embd=32, n_head=2, vocab_size=100)
+        )
+    )
 
 
 def test_a_causal_lm_trained_per_example_draws_its_batches_from_the_datas_lengths(gpt2):
@@ -185,7 +214,9 @@ def test_a_causal_lm_trained_per_example_draws_its_batches_from_the_datas_length
     from autotune.tasks import DataShape
 
     shape = DataShape("sft.jsonl", "causal-lm", 4000, longest=max(DATA), lengths=TEXT)
-    space = SearchSpace.build(gpt2, effective_batch=8, block_sizes=(256,), trainer="trl", packing=False, data_shape=shape)
+    space = SearchSpace.build(
+        gpt2, effective_batch=8, block_sizes=(256,), trainer="trl", packing=False, data_shape=shape
+    )
     assert space.lengths == TEXT and space.block_sizes == (BLOCK,)  # (no example is longer than 128)
     assert {c.lengths for c in space.candidates()} == {TEXT} and SearchSpace.from_stored(space.to_dict()) == space
     assert "timed on batches drawn from its lengths (mean 34, median 24" in space.notes[0]
@@ -207,7 +238,9 @@ def test_packing_off_is_refused_for_a_task_whose_examples_are_padded_already(tmp
 
 
 def test_grouped_by_length_each_micro_batch_is_of_about_one_length_and_pads_little():
-    grouped = [lengths.padding_share(TEXT, rows, BLOCK, rows_per_step=8, sampling="group_by_length") for rows in (2, 4, 8)]
+    grouped = [
+        lengths.padding_share(TEXT, rows, BLOCK, rows_per_step=8, sampling="group_by_length") for rows in (2, 4, 8)
+    ]
     drawn = [lengths.padding_share(TEXT, rows, BLOCK) for rows in (2, 4, 8)]
     assert all(g < d / 3 for g, d in zip(grouped, drawn)) and grouped[-1] < 0.2, (grouped, drawn)
     rows = lengths.timing_rows(TEXT, 4, 8, BLOCK, 3, "group_by_length")
@@ -236,9 +269,11 @@ def test_the_sampler_is_handed_off_as_each_tool_names_it_and_read_back_from_its_
     assert axolotl_document(best)["group_by_length"] is True
     assert llamafactory_document(best)["train_sampling_strategy"] == "group_by_length"
     assert "group_by_length" not in axolotl_document(best_of(config(4)))
-    for name, text in (("trl.yml", "model_name_or_path: gpt2\nmax_length: 64\ngroup_by_length: true\n"),
-                       ("trl2.yml", "model_name_or_path: gpt2\nmax_length: 64\ntrain_sampling_strategy: group_by_length\n"),
-                       ("a.yml", "base_model: gpt2\nsequence_len: 64\ngroup_by_length: true\n")):
+    for name, text in (
+        ("trl.yml", "model_name_or_path: gpt2\nmax_length: 64\ngroup_by_length: true\n"),
+        ("trl2.yml", "model_name_or_path: gpt2\nmax_length: 64\ntrain_sampling_strategy: group_by_length\n"),
+        ("a.yml", "base_model: gpt2\nsequence_len: 64\ngroup_by_length: true\n"),
+    ):
         (tmp_path / name).write_text(text)
         assert read_recipe_file(tmp_path / name).flags["sampling"] == "group_by_length"
     (tmp_path / "bad.yml").write_text("model_name_or_path: gpt2\nmax_length: 64\ntrain_sampling_strategy: curriculum\n")
@@ -251,10 +286,24 @@ def test_a_space_may_choose_the_sampler_only_over_the_datas_lengths(gpt2):
     from autotune.tasks import DataShape
 
     shape = DataShape("sft.jsonl", "causal-lm", 4000, longest=max(DATA), lengths=TEXT)
-    space = SearchSpace.build(gpt2, effective_batch=8, block_sizes=(128,), packing=False, data_shape=shape,
-                              micro_batches=(2, 8), samplings=("random", "group_by_length"))
+    space = SearchSpace.build(
+        gpt2,
+        effective_batch=8,
+        block_sizes=(128,),
+        packing=False,
+        data_shape=shape,
+        micro_batches=(2, 8),
+        samplings=("random", "group_by_length"),
+    )
     assert {(c.micro_batch, c.sampling) for c in space.candidates()} == {
-        (2, "group_by_length"), (2, "random"), (8, "group_by_length"), (8, "random")}
-    assert space.to_dict()["samplings"] == ["random", "group_by_length"] and SearchSpace.from_stored(space.to_dict()) == space
+        (2, "group_by_length"),
+        (2, "random"),
+        (8, "group_by_length"),
+        (8, "random"),
+    }
+    assert (
+        space.to_dict()["samplings"] == ["random", "group_by_length"]
+        and SearchSpace.from_stored(space.to_dict()) == space
+    )
     with pytest.raises(BadInput, match="--sampling group_by_length groups batches by the data's lengths"):
         SearchSpace.build(gpt2, effective_batch=8, samplings=("group_by_length",))

@@ -13,10 +13,17 @@ from autotune.space import SearchSpace
 from tests.helpers.cli import assert_usage_error, autotune
 
 
-@pytest.mark.parametrize("given, stored", [
-    ("adamw_torch_fused", "adamw"), ("ADAMW_TORCH_FUSED", "adamw"), ("adamw_bnb_8bit", "adamw_8bit"),
-    ("adamw_torch", "adamw_torch"), ("adamw", "adamw"), ("adafactor", "adafactor"),
-])
+@pytest.mark.parametrize(
+    "given, stored",
+    [
+        ("adamw_torch_fused", "adamw"),
+        ("ADAMW_TORCH_FUSED", "adamw"),
+        ("adamw_bnb_8bit", "adamw_8bit"),
+        ("adamw_torch", "adamw_torch"),
+        ("adamw", "adamw"),
+        ("adafactor", "adafactor"),
+    ],
+)
 def test_trainers_names_are_stored_under_autotunes(given, stored):
     config = ProbeConfig(model="gpt2", micro_batch=1, block_size=8, optimizer=given)
     assert config.optimizer == stored == canonical_optimizer(given) == check_optimizer(given)
@@ -42,7 +49,8 @@ def test_an_unknown_name_lists_every_accepted_one():
 
 
 def test_the_command_line_takes_trainers_names():
-    proc = autotune("plan", "--model", "gpt2", "--gpu-budget", "8GiB", "--optimizers", "adamw_torch_fused,nope",
-                    "--json")
+    proc = autotune(
+        "plan", "--model", "gpt2", "--gpu-budget", "8GiB", "--optimizers", "adamw_torch_fused,nope", "--json"
+    )
     assert_usage_error(proc, "--optimizers: unknown value 'nope'")
     assert "adamw_torch_fused" in proc.stderr and "adamw_bnb_8bit" in proc.stderr

@@ -34,7 +34,9 @@ def study_db(hermetic_home) -> str:
     with open_store(db) as store:
         study = make_study(store, "written")
         for mb in (1, 2, 4):
-            store.record_probe(study.id, config(mb), result("ok", 1000.0 * mb, mb * GiB), env_fingerprint=ENV.fingerprint())
+            store.record_probe(
+                study.id, config(mb), result("ok", 1000.0 * mb, mb * GiB), env_fingerprint=ENV.fingerprint()
+            )
     return db
 
 
@@ -79,6 +81,7 @@ def savefig_that_fills_the_disk(self, fname, *args, **kwargs):
 
 # -- standard output -----------------------------------------------------------------------------
 
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_stdout_to_a_full_device_is_one_line_and_exit_2(study_db):
     with open("/dev/full", "w") as full:
@@ -91,8 +94,9 @@ def test_stdout_to_a_pipe_whose_reader_left_ends_quietly_with_141(study_db):
     read_end, write_end = os.pipe()
     os.close(read_end)  # `autotune studies | head -0`: the reader is gone before the first line
     try:
-        proc = subprocess.run(autotune_command("studies"), stdout=write_end, stderr=subprocess.PIPE, text=True,
-                              timeout=120)
+        proc = subprocess.run(
+            autotune_command("studies"), stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120
+        )
     finally:
         os.close(write_end)
     assert (proc.returncode, proc.stderr) == (EXIT_BROKEN_PIPE, "")
@@ -118,6 +122,7 @@ def test_an_oserror_that_is_not_stdouts_keeps_its_traceback():
 
 
 # -- a place no file can go: refused before any work, nothing created ----------------------------
+
 
 def test_a_fifo_as_out_is_refused_at_once_not_waited_on(study_db, work):
     pytest.importorskip("matplotlib")
@@ -148,9 +153,12 @@ def test_a_directory_that_takes_no_file_is_one_line_naming_the_file(study_db, ca
 def test_destination_checks_refuse_each_kind_of_non_file(work):
     os.mkfifo(work / "fifo.md")
     (work / "folder.md").mkdir()
-    for path, needle in ((work / "fifo.md", "that is a FIFO"), (work / "folder.md", "that is a directory"),
-                         (Path("/dev/null"), "that is a character device"),
-                         (work / "missing" / "r.md", f"the directory {work / 'missing'} does not exist")):
+    for path, needle in (
+        (work / "fifo.md", "that is a FIFO"),
+        (work / "folder.md", "that is a directory"),
+        (Path("/dev/null"), "that is a character device"),
+        (work / "missing" / "r.md", f"the directory {work / 'missing'} does not exist"),
+    ):
         with pytest.raises(BadInput) as refused:
             check_destination(path, "--out")
         assert str(refused.value).startswith(f"--out {path}: ") and needle in str(refused.value)
@@ -158,6 +166,7 @@ def test_destination_checks_refuse_each_kind_of_non_file(work):
 
 
 # -- a disk that fills while writing: one line naming the file, nothing left ----------------------
+
 
 def test_report_out_on_a_full_disk_leaves_neither_report_nor_plot_nor_temporary(study_db, work, monkeypatch, capsys):
     pytest.importorskip("matplotlib")
@@ -199,8 +208,10 @@ def test_write_file_replaces_whole_keeps_permissions_and_writes_through_a_link(w
 
 # -- plan --plot: refused before the traces; a failure after them keeps none of their cache --------
 
+
 def _fake_plan_for(calls: list):
     """plan_for without traces: caches one estimate, as the traces would, and returns a plan."""
+
     def plan_for(model, target, *args, use_cache=True, **kwargs):
         from autotune.config import ProbeConfig
         from autotune.estimate.cache import EstimateCache
@@ -215,15 +226,24 @@ def _fake_plan_for(calls: list):
         if use_cache:
             EstimateCache().put(f"key-{len(calls)}", _estimate(chosen, 5 * GiB))
         speed = SpeedPrediction(0.1, 40_000.0, 0.1, 0.0, 0.0, 0.0, 0.5, 1e15, 1e14, 1e9)
-        space = SearchSpace.build(resolve_model("gpt2"), micro_batches=(4,), block_sizes=(512,), precisions=("fp32",),
-                                  checkpointing=(False,), attentions=("sdpa",), effective_batch=4)
+        space = SearchSpace.build(
+            resolve_model("gpt2"),
+            micro_batches=(4,),
+            block_sizes=(512,),
+            precisions=("fp32",),
+            checkpointing=(False,),
+            attentions=("sdpa",),
+            effective_batch=4,
+        )
         return Plan("gpt2", target, space, [Planned(chosen, _estimate(chosen, 5 * GiB), True, fits=True, speed=speed)])
+
     return plan_for
 
 
 @pytest.mark.parametrize("earlier", (False, True), ids=("no-cache-yet", "earlier-estimates"))
-def test_plan_plot_that_fails_after_the_traces_leaves_no_cache_and_no_file(hermetic_home, work, monkeypatch, capsys,
-                                                                            earlier):
+def test_plan_plot_that_fails_after_the_traces_leaves_no_cache_and_no_file(
+    hermetic_home, work, monkeypatch, capsys, earlier
+):
     pytest.importorskip("matplotlib")
     import matplotlib.figure
 

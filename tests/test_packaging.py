@@ -17,8 +17,13 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
-                   check=True, capture_output=True, text=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     [built] = out.glob("autotune-*.whl")
     return built
 
@@ -31,7 +36,7 @@ def test_the_wheel_holds_autotune_alone_with_its_migrations_inside(wheel):
         assert f"autotune/store/migrations/versions/{revision.name}" in names
     assert "autotune/store/migrations/env.py" in names and "autotune/store/migrations/script.py.mako" in names
     assert "autotune/estimate/cuda_constants.json" in names  # the estimator reads it at import
-    assert "autotune/estimate/stated_error.json" in names    # estimate, plan and the search state it
+    assert "autotune/estimate/stated_error.json" in names  # estimate, plan and the search state it
     for page_file in (ROOT / "autotune" / "service" / "static").iterdir():  # the service's pages, offline
         assert f"autotune/service/static/{page_file.name}" in names
     # Every package of the source tree is listed in pyproject.toml's `packages`.
@@ -41,8 +46,13 @@ def test_the_wheel_holds_autotune_alone_with_its_migrations_inside(wheel):
 
 def test_installed_alone_migrations_are_not_importable_but_ours_upgrade_a_database(wheel, tmp_path):
     target = tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
-                   check=True, capture_output=True, text=True, timeout=300)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     script = (
         "import importlib.util, sys\n"
         "assert importlib.util.find_spec('migrations') is None, 'a top-level migrations package is installed'\n"
@@ -52,8 +62,14 @@ def test_installed_alone_migrations_are_not_importable_but_ours_upgrade_a_databa
         "print(upgrade_database(sys.argv[1]).after)\n"
     )
     # Run from an empty directory, so that the repository's own migrations/ is not on the path.
-    proc = subprocess.run([sys.executable, "-c", script, str(tmp_path / "fresh.db")], cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120, env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"})
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "fresh.db")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},
+    )
     assert proc.returncode == 0, proc.stderr
     from autotune.store import SCHEMA_REVISION
 

@@ -19,14 +19,14 @@ from tests.helpers.cli import heavy_modules_loaded
 # (micro_batch, checkpointing, status, tokens/s, peak reserved, predicted need)
 PROBES = [
     (1, False, "ok", 900.0, 2 * GiB, None),
-    (1, True, "ok", 700.0, 2 * GiB + GiB // 5, None),     # dominated: mb1 without checkpointing is faster in less
+    (1, True, "ok", 700.0, 2 * GiB + GiB // 5, None),  # dominated: mb1 without checkpointing is faster in less
     (2, True, "ok", 1200.0, 5 * GiB // 2, None),
     (2, False, "ok", 1600.0, 3 * GiB, None),
     (4, True, "ok", 2000.0, 4 * GiB, None),
-    (4, False, "ok", 2500.0, 5 * GiB, None),              # the pick
-    (8, True, "ok", 2400.0, 6 * GiB, None),               # dominated by the pick
+    (4, False, "ok", 2500.0, 5 * GiB, None),  # the pick
+    (8, True, "ok", 2400.0, 6 * GiB, None),  # dominated by the pick
     (8, False, "oom", None, 7 * GiB, 9 * GiB),
-    (16, True, "oom", None, None, None),                  # no memory figure: not drawn
+    (16, True, "oom", None, None, None),  # no memory figure: not drawn
 ]
 PICK = "mb4x8 blk512 fp32 no-ckpt sdpa"
 
@@ -39,12 +39,23 @@ def study_db(tmp_path):
     with open_store(db) as store:
         study = make_study(store, "plotted")
         for mb, ckpt, status, speed, peak, predicted in PROBES:
-            store.record_probe(study.id, config(mb, checkpointing=ckpt), result(status, speed, peak),
-                               env_fingerprint=ENV.fingerprint(), predicted_peak_bytes=predicted)
+            store.record_probe(
+                study.id,
+                config(mb, checkpointing=ckpt),
+                result(status, speed, peak),
+                env_fingerprint=ENV.fingerprint(),
+                predicted_peak_bytes=predicted,
+            )
         settle = dict(worker="w0", env_fingerprint=ENV.fingerprint(), how=SettleHow.UNCLAIMED)
         store.settle(study.id, config(1, precision="bf16"), result("ok", 850.0, GiB + GiB // 2), **settle)
-        store.settle(study.id, config(16, checkpointing=False), result("skipped", None, None, error="an OOM rules it out"),
-                     predicted_peak_bytes=17 * GiB, cacheable=False, **settle)
+        store.settle(
+            study.id,
+            config(16, checkpointing=False),
+            result("skipped", None, None, error="an OOM rules it out"),
+            predicted_peak_bytes=17 * GiB,
+            cacheable=False,
+            **settle,
+        )
     return db
 
 
@@ -66,7 +77,13 @@ def test_plot_points_frontier_is_monotone_keeps_the_pick_and_drops_the_dominated
     assert xs == sorted(xs) and ys == sorted(ys) and len(set(ys)) == len(ys)
     assert "mb1x32 blk512 fp32 ckpt sdpa" not in labels and "mb8x4 blk512 fp32 ckpt sdpa" not in labels
     assert len(data.fits) == 8 and [label.split()[0] + label.split()[2] + label.split()[3] for label in labels] == [
-        "mb1x32bf16no-ckpt", "mb1x32fp32no-ckpt", "mb2x16fp32ckpt", "mb2x16fp32no-ckpt", "mb4x8fp32ckpt", "mb4x8fp32no-ckpt"]
+        "mb1x32bf16no-ckpt",
+        "mb1x32fp32no-ckpt",
+        "mb2x16fp32ckpt",
+        "mb2x16fp32no-ckpt",
+        "mb4x8fp32ckpt",
+        "mb4x8fp32no-ckpt",
+    ]
     # The OOM sits at its predicted need, not where it failed; the skip at its prediction.
     assert [(p.required_bytes, p.predicted) for p in data.oom] == [(9 * GiB, True)]
     assert [p.required_bytes for p in data.skipped] == [17 * GiB]
@@ -123,7 +140,9 @@ def test_unknown_study_and_unknown_suffix_are_one_line_exit_2(study_db, tmp_path
         code, out, err = _main(capsys, command, "--db", study_db, "--study", "nope")
         assert code == 2 and out == "" and len(err.splitlines()) == 1 and "no study named 'nope'" in err
     code, _, err = _main(capsys, "plot", "--db", study_db, "--out", str(tmp_path / "x.gif"))
-    assert code == 2 and err.startswith("autotune: error: --out: cannot draw a .gif file") and len(err.splitlines()) == 1
+    assert (
+        code == 2 and err.startswith("autotune: error: --out: cannot draw a .gif file") and len(err.splitlines()) == 1
+    )
 
 
 def test_report_markdown_has_the_setup_table_pick_counts_and_image(study_db, tmp_path):
@@ -135,8 +154,10 @@ def test_report_markdown_has_the_setup_table_pick_counts_and_image(study_db, tmp
     assert f"| 1 | `{PICK}` | 2,500 |" in text
     assert f"Chosen: {PICK}" in text and "runner-up: mb8x4 blk512 fp32 ckpt sdpa, 1.04x slower" in text
     assert "torch 2.13.0, transformers 5.23.0" in text and "budget**: 8.00 GiB" in text
-    assert ("11 configurations: 9 probed, 1 reused from earlier studies, 1 skipped without a probe. "
-            "8 fit, 2 ran out of memory, 1 skipped.") in text
+    assert (
+        "11 configurations: 9 probed, 1 reused from earlier studies, 1 skipped without a probe. "
+        "8 fit, 2 ran out of memory, 1 skipped."
+    ) in text
     assert "![plotted: tokens/s against memory needed](study.png)" in text
     assert (out.parent / "study.png").read_bytes()[:4] == b"\x89PNG"
 
@@ -152,12 +173,15 @@ def test_report_to_stdout_without_matplotlib_says_so(study_db, tmp_path, monkeyp
 
 def test_plot_and_report_import_no_torch(study_db, tmp_path):
     # One process for both: `report --plot` draws with autotune.plot as `plot` does.
-    loaded = heavy_modules_loaded("report", "--db", study_db, "--out", str(tmp_path / "r.md"),
-                                   "--plot", str(tmp_path / "r.png"))
+    loaded = heavy_modules_loaded(
+        "report", "--db", study_db, "--out", str(tmp_path / "r.md"), "--plot", str(tmp_path / "r.png")
+    )
     assert loaded == ["sqlalchemy"] and (tmp_path / "r.png").exists()
 
 
-def test_every_contender_is_labelled_clear_of_the_others_with_its_spread_as_an_error_bar(study_db, tmp_path, monkeypatch):
+def test_every_contender_is_labelled_clear_of_the_others_with_its_spread_as_an_error_bar(
+    study_db, tmp_path, monkeypatch
+):
     """The pick and its three fastest rivals each get a label, none of which covers another label or
     a point; each throughput carries its stored spread as an error bar."""
     import matplotlib
@@ -171,8 +195,11 @@ def test_every_contender_is_labelled_clear_of_the_others_with_its_spread_as_an_e
     probes = [replace_result(p, step_spread=0.08) if p.result.status == "ok" else p for p in probes]
     data = plot_points(probes, budget_bytes=study.budget_bytes, margin_bytes=study.margin_bytes)
     assert data.pick is not None and data.pick.label == PICK
-    assert [p.label for p in data.contenders] == ["mb8x4 blk512 fp32 ckpt sdpa", "mb4x8 blk512 fp32 ckpt sdpa",
-                                                  "mb2x16 blk512 fp32 no-ckpt sdpa"]
+    assert [p.label for p in data.contenders] == [
+        "mb8x4 blk512 fp32 ckpt sdpa",
+        "mb4x8 blk512 fp32 ckpt sdpa",
+        "mb2x16 blk512 fp32 no-ckpt sdpa",
+    ]
     drawn = []
     monkeypatch.setattr(plt, "close", lambda fig: drawn.append(fig))
     plot.write_plot(data, "title", tmp_path / "contenders.png")
@@ -181,7 +208,7 @@ def test_every_contender_is_labelled_clear_of_the_others_with_its_spread_as_an_e
     notes = [child for child in ax.get_children() if isinstance(child, matplotlib.text.Annotation)]
     assert len(notes) == 4 and notes[0].get_text().startswith(f"pick: {PICK}")
     boxes = [note.get_window_extent(renderer) for note in notes]
-    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
     points = [ax.transData.transform(((p.required_bytes or 0) / 2**30, p.tokens_per_s)) for p in data.fits]
     assert not any(box.contains(x, y) for box in boxes for x, y in points)
     bars = [c for c in ax.containers if isinstance(c, matplotlib.container.ErrorbarContainer)]
@@ -207,16 +234,24 @@ def test_a_plans_configs_predicted_not_to_fit_are_drawn_as_predicted_not_as_oom(
 
     target = Target.of(find_card("h100"), 8 * GiB, 0.05)
     speed = SpeedPrediction(0.1, 40_000.0, 0.1, 0.0, 0.0, 0.0, 0.5, 1e15, 1e14, 1e9)
-    fits = Planned(ProbeConfig("gpt2", 4, 512), _estimate(ProbeConfig("gpt2", 4, 512), 5 * GiB), True, fits=True,
-                   speed=speed)
-    over = Planned(ProbeConfig("gpt2", 8, 512), _estimate(ProbeConfig("gpt2", 8, 512), 12 * GiB), True, fits=False,
-                   speed=dataclasses.replace(speed, tokens_per_s=50_000.0))
+    fits = Planned(
+        ProbeConfig("gpt2", 4, 512), _estimate(ProbeConfig("gpt2", 4, 512), 5 * GiB), True, fits=True, speed=speed
+    )
+    over = Planned(
+        ProbeConfig("gpt2", 8, 512),
+        _estimate(ProbeConfig("gpt2", 8, 512), 12 * GiB),
+        True,
+        fits=False,
+        speed=dataclasses.replace(speed, tokens_per_s=50_000.0),
+    )
     drawn = {}
     monkeypatch.setattr(plot, "write_plot", lambda data, title, path: drawn.setdefault("data", data) and path)
     save = plot.save_plan_plot
     save(Plan("gpt2", target, None, [fits, over]), tmp_path / "plan.png")
     data = drawn["data"]
-    assert not data.oom and [p.label for p in data.over] == ["mb8x1 blk512 fp32 no-ckpt sdpa"] and data.over[0].predicted
+    assert (
+        not data.oom and [p.label for p in data.over] == ["mb8x1 blk512 fp32 no-ckpt sdpa"] and data.over[0].predicted
+    )
     assert data.pick is not None and data.pick.label == "mb4x1 blk512 fp32 no-ckpt sdpa"
 
 
@@ -225,14 +260,26 @@ def test_an_oom_is_said_whole_and_a_probe_that_ran_out_has_no_headroom():
     from autotune.report import error_gist, format_probe_result
     from autotune.result import ProbeResult
 
-    cpu = ("torch.OutOfMemoryError: CPU budget emulation: out of memory. Tried to allocate 102928384 bytes with "
-           "700000000 bytes in use of a 796917760-byte cap.")
-    cuda = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 79 GiB"
+    cpu = (
+        "torch.OutOfMemoryError: CPU budget emulation: out of memory. Tried to allocate 102928384 bytes with "
+        "700000000 bytes in use of a 796917760-byte cap."
+    )
+    cuda = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 79 GiB"
+    )
     assert error_gist(cpu) == "out of memory: tried to allocate 98.16 MiB more"
     assert error_gist(cuda) == "out of memory: tried to allocate 20.00 MiB more"
     long = "RuntimeError: " + "word " * 30
     assert len(error_gist(long)) <= 80 and error_gist(long).endswith("…") and not error_gist(long)[:-1].endswith("wor")
-    oom = ProbeResult(status="oom", budget_bytes=800 * 2**20, margin_bytes=40 * 2**20, cap_bytes=760 * 2**20,
-                      peak_reserved_bytes=728 * 2**20, peak_allocated_bytes=700 * 2**20, context_bytes=0, error=cpu)
+    oom = ProbeResult(
+        status="oom",
+        budget_bytes=800 * 2**20,
+        margin_bytes=40 * 2**20,
+        cap_bytes=760 * 2**20,
+        peak_reserved_bytes=728 * 2**20,
+        peak_allocated_bytes=700 * 2**20,
+        context_bytes=0,
+        error=cpu,
+    )
     text = format_probe_result(ProbeConfig("gpt2", 8, 64), oom)
     assert "headroom" not in text and "needs more than the 760.00 MiB the budget leaves it" in text

@@ -11,8 +11,16 @@ def rows(*specs: tuple[str, float | None, int | None]) -> list[Standing]:
 
 
 def test_faster_first_then_smaller_then_earlier():
-    order = ranked(rows(("slow", 100.0, 1), ("fast", 300.0, 9), ("fast-small", 300.0, 5), ("fast-small-late", 300.0, 5),
-                        ("unmeasured", None, None)), lambda s: s)
+    order = ranked(
+        rows(
+            ("slow", 100.0, 1),
+            ("fast", 300.0, 9),
+            ("fast-small", 300.0, 5),
+            ("fast-small-late", 300.0, 5),
+            ("unmeasured", None, None),
+        ),
+        lambda s: s,
+    )
     assert [s.key for s in order] == ["fast-small", "fast-small-late", "fast", "slow", "unmeasured"]
 
 

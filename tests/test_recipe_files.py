@@ -26,9 +26,27 @@ from tests.helpers.models import write_model_dir
 from tests.helpers.runners import commands_probe_with
 
 TINY = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 128}
-SEARCH = ["--gpu-budget", "300MiB", "--device", "cpu", "--precisions", "fp32", "--attention", "sdpa,eager",
-          "--checkpointing", "off,on", "--measure-seconds", "0.2", "--warmup-steps", "2", "--measure-steps", "2",
-          "--no-predict", "--no-confirm", "--json"]
+SEARCH = [
+    "--gpu-budget",
+    "300MiB",
+    "--device",
+    "cpu",
+    "--precisions",
+    "fp32",
+    "--attention",
+    "sdpa,eager",
+    "--checkpointing",
+    "off,on",
+    "--measure-seconds",
+    "0.2",
+    "--warmup-steps",
+    "2",
+    "--measure-steps",
+    "2",
+    "--no-predict",
+    "--no-confirm",
+    "--json",
+]
 
 AXOLOTL = """\
 # A LoRA fine-tune of a tiny GPT-2 (axolotl)
@@ -116,18 +134,39 @@ gradient_checkpointing: true
 output_dir: Qwen-SFT
 """
 
-SFT_CONFIG = {"output_dir": "out", "max_length": 64, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 4,
-              "learning_rate": 2e-5, "num_train_epochs": 1, "optim": "adamw_torch", "gradient_checkpointing": True,
-              "packing": True, "logging_steps": 5, "report_to": "none"}
-TRAINING_ARGUMENTS = {"output_dir": "out", "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1,
-                      "learning_rate": 5e-5, "optim": "adamw_torch", "fp16": False, "save_strategy": "no"}
+SFT_CONFIG = {
+    "output_dir": "out",
+    "max_length": 64,
+    "per_device_train_batch_size": 1,
+    "gradient_accumulation_steps": 4,
+    "learning_rate": 2e-5,
+    "num_train_epochs": 1,
+    "optim": "adamw_torch",
+    "gradient_checkpointing": True,
+    "packing": True,
+    "logging_steps": 5,
+    "report_to": "none",
+}
+TRAINING_ARGUMENTS = {
+    "output_dir": "out",
+    "per_device_train_batch_size": 4,
+    "gradient_accumulation_steps": 1,
+    "learning_rate": 5e-5,
+    "optim": "adamw_torch",
+    "fp16": False,
+    "save_strategy": "no",
+}
 
 
 @pytest.fixture(scope="module")
 def work(tmp_path_factory, probe_runner):
     base = tmp_path_factory.mktemp("recipes")
-    return {"base": base, "model": str(write_model_dir(base / "tiny", **TINY)), "db": f"sqlite:///{base / 'r.db'}",
-            "runner": probe_runner}
+    return {
+        "base": base,
+        "model": str(write_model_dir(base / "tiny", **TINY)),
+        "db": f"sqlite:///{base / 'r.db'}",
+        "runner": probe_runner,
+    }
 
 
 def write(work, name: str, text: str) -> Path:
@@ -150,7 +189,7 @@ def diffed_keys(diff: str) -> set[str]:
     keys = set()
     for line in diff.splitlines():
         if line[:1] in "+-" and not line.startswith(("---", "+++")):
-            if (match := re.match(r'^[+-]\s*"?([A-Za-z_][\w.-]*)"?\s*:', line)):
+            if match := re.match(r'^[+-]\s*"?([A-Za-z_][\w.-]*)"?\s*:', line):
                 keys.add(match.group(1))
     return keys
 
@@ -186,20 +225,37 @@ def test_three_tools_files_state_one_recipe_and_get_the_winner_back_with_comment
     assert trl_study["best"]["trainer"] == "trl" and trl_study["best"]["label"].endswith(" trl")
     warned = autotune("best", "--study", study, "--format", "trl", "--db", work["db"])
     assert warned.returncode == 0 and "warning: the probes timed transformers' Trainer step" in warned.stderr
-    for name, tool, measured in (("axolotl.yml", "axolotl", study), ("llamafactory.yml", "llamafactory", study),
-                                 ("sft.yml", "trl", "tiny-trl")):
+    for name, tool, measured in (
+        ("axolotl.yml", "axolotl", study),
+        ("llamafactory.yml", "llamafactory", study),
+        ("sft.yml", "trl", "tiny-trl"),
+    ):
         path = work["base"] / name
         diff, out = update(work, measured, path)
         before, after = yaml.safe_load(path.read_text()), yaml.safe_load(out.read_text())
-        assert diffed_keys(diff) <= set(DECIDED[tool]) | {"flash_attention", "attn_implementation", "gradient_checkpointing"}
-        assert {k: v for k, v in after.items() if k not in DECIDED[tool] and k not in ("flash_attention", "attn_implementation", "gradient_checkpointing")} \
-            == {k: v for k, v in before.items() if k not in DECIDED[tool] and k not in ("flash_attention", "attn_implementation", "gradient_checkpointing")}
+        assert diffed_keys(diff) <= set(DECIDED[tool]) | {
+            "flash_attention",
+            "attn_implementation",
+            "gradient_checkpointing",
+        }
+        assert {
+            k: v
+            for k, v in after.items()
+            if k not in DECIDED[tool] and k not in ("flash_attention", "attn_implementation", "gradient_checkpointing")
+        } == {
+            k: v
+            for k, v in before.items()
+            if k not in DECIDED[tool] and k not in ("flash_attention", "attn_implementation", "gradient_checkpointing")
+        }
         comments = [line.strip() for line in path.read_text().splitlines() if "#" in line]
         kept = out.read_text()
         assert all(comment.split("#", 1)[1] in kept for comment in comments), f"{name}: a comment was lost"
         assert read_recipe_file(out).effective_batch == 8 == read_recipe_file(path).effective_batch
     axolotl = yaml.safe_load((work["base"] / "tuned-axolotl.yml").read_text())
-    assert axolotl["micro_batch_size"] == best["micro_batch"] and axolotl["gradient_accumulation_steps"] == best["grad_accum"]
+    assert (
+        axolotl["micro_batch_size"] == best["micro_batch"]
+        and axolotl["gradient_accumulation_steps"] == best["grad_accum"]
+    )
     assert axolotl["attn_implementation"] == best["attention"] and "flash_attention" not in axolotl
     assert axolotl["gradient_checkpointing"] == best["checkpointing"]
     factory = yaml.safe_load((work["base"] / "tuned-llamafactory.yml").read_text())
@@ -233,20 +289,38 @@ def test_a_trl_file_with_packing_or_without_is_searched_as_it_trains_and_written
 
     words = "the quick brown fox jumps over the lazy dog and runs far away from the farm".split()
     data = work["base"] / f"sft-{packing}.jsonl"
-    data.write_text("".join(json.dumps({"text": " ".join(words[:n % 15 + 1] * (1 + 3 * (n % 7 == 0)))}) + "\n"
-                            for n in range(60)))
+    data.write_text(
+        "".join(json.dumps({"text": " ".join(words[: n % 15 + 1] * (1 + 3 * (n % 7 == 0)))}) + "\n" for n in range(60))
+    )
     tokenizer = work["base"] / "words"
     if not tokenizer.exists():
         tokenizer.mkdir()
         write_task_tokenizer(" ".join(words), tokenizer, vocab_size=60, mask=False)
-    path = write(work, f"sft-packing-{packing}.yml", TRL_PACKING.format(
-        how="packed into full blocks" if packing else "one per row (TRL's default)",
-        packing={True: "packing: true\n", False: "", "padding-free": "padding_free: true\n"}[packing]))
+    path = write(
+        work,
+        f"sft-packing-{packing}.yml",
+        TRL_PACKING.format(
+            how="packed into full blocks" if packing else "one per row (TRL's default)",
+            packing={True: "packing: true\n", False: "", "padding-free": "padding_free: true\n"}[packing],
+        ),
+    )
     study = f"trl-packing-{packing}"
     # (one attention kernel, no checkpointing: the subject is the file's packing, not the levers)
     fewer = [flag if flag not in ("sdpa,eager", "off,on") else flag.split(",")[0] for flag in SEARCH]
-    summary = search(work, "--from", str(path), "--dataset", str(data), "--tokenizer", str(tokenizer), "--study", study,
-                     "--micro-batches", "2,8", flags=fewer)
+    summary = search(
+        work,
+        "--from",
+        str(path),
+        "--dataset",
+        str(data),
+        "--tokenizer",
+        str(tokenizer),
+        "--study",
+        study,
+        "--micro-batches",
+        "2,8",
+        flags=fewer,
+    )
     best = summary["best"]
     assert best["trainer"] == "trl" and best["micro_batch"] * best["grad_accum"] == 8
     if packing == "padding-free":  # (TRL's padding_free, read from the file: each micro-batch end to end)
@@ -267,7 +341,9 @@ def test_a_trl_file_with_packing_or_without_is_searched_as_it_trains_and_written
     assert "packing" not in diffed_keys(diff)
     if not packing:  # the study is of its data's lengths: not resumed without them
         again = invoke("search", "--from", str(path), "--study", study, *SEARCH, "--db", work["db"])
-        said = "--padding-free on puts each micro-batch's examples" if flat else "give the same --dataset (and --packing)"
+        said = (
+            "--padding-free on puts each micro-batch's examples" if flat else "give the same --dataset (and --packing)"
+        )
         assert again.returncode == 2 and said in again.stderr, again.stderr
     if not packing:  # a file asking for packing cannot take the per-example study's winner
         packed = write(work, "sft-now-packed.yml", TRL_PACKING.format(how="packed", packing="packing: true\n"))
@@ -287,12 +363,20 @@ def test_an_sft_config_json_and_training_arguments_json_round_trip_through_their
     diff, out = update(work, "full", sft)
     written = json.loads(out.read_text())
     assert diff.startswith(f"--- {sft}\n+++ {out}\n")
-    changed = {k for k in {*written, *SFT_CONFIG} if written.get(k) != SFT_CONFIG.get(k)}  # (JSON's commas move: by value)
-    assert changed <= set(DECIDED["trl"]) | {"gradient_checkpointing", "model_init_kwargs", "attn_implementation",
-                                                        "activation_checkpointing", "gradient_checkpointing_kwargs",
-                                                        "activation_checkpointing_kwargs"}
-    assert {k: v for k, v in written.items() if k in SFT_CONFIG and k not in DECIDED["trl"] and "checkpointing" not in k} \
-        == {k: v for k, v in SFT_CONFIG.items() if k not in DECIDED["trl"] and "checkpointing" not in k}
+    changed = {
+        k for k in {*written, *SFT_CONFIG} if written.get(k) != SFT_CONFIG.get(k)
+    }  # (JSON's commas move: by value)
+    assert changed <= set(DECIDED["trl"]) | {
+        "gradient_checkpointing",
+        "model_init_kwargs",
+        "attn_implementation",
+        "activation_checkpointing",
+        "gradient_checkpointing_kwargs",
+        "activation_checkpointing_kwargs",
+    }
+    assert {
+        k: v for k, v in written.items() if k in SFT_CONFIG and k not in DECIDED["trl"] and "checkpointing" not in k
+    } == {k: v for k, v in SFT_CONFIG.items() if k not in DECIDED["trl"] and "checkpointing" not in k}
     assert out.read_text().startswith('{\n    "output_dir"')  # its indent and key order kept
     config = trl.SFTConfig(**written)  # TRL's own class takes the file as written
     assert config.per_device_train_batch_size == best["micro_batch"] and config.max_length == 64
@@ -304,19 +388,24 @@ def test_an_sft_config_json_and_training_arguments_json_round_trip_through_their
     assert arguments.per_device_train_batch_size * arguments.gradient_accumulation_steps == 4
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("foo: 1\n", "none of the keys of a TRL, axolotl, LLaMA-Factory or TrainingArguments config"),
-    ("- a\n- b\n", "is a list, not a mapping"),
-    ("base_model: [unclosed\n", "not valid YAML"),
-    ("base_model: gpt2\nmicro_batch_size: 2\ngradient_accumulation_steps: 4\nbatch_size: 16\n",
-     "batch_size: 16 contradicts micro_batch_size x gradient_accumulation_steps = 2 x 4 = 8"),
-    ("base_model: gpt2\nadapter: ia3\n", "adapter: 'ia3': autotune measures LoRA and QLoRA"),
-    ("model_name_or_path: gpt2\nstage: dpo\n", "stage: 'dpo'"),
-    ("model_name_or_path: gpt2\nstage: sft\nquantization_bit: 8\n", "quantization_bit: 8"),
-    ("trainer:\n  max_epochs: 1\nmodel:\n  lr: 0.1\n", "a LightningCLI config"),
-    ("base_model: gpt2\noptimizer: lion_8bit\n", "optimizer: 'lion_8bit'"),
-    ("base_model: gpt2\nmicro_batch_size: 0\n", "micro_batch_size: 0 is not a whole number"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("foo: 1\n", "none of the keys of a TRL, axolotl, LLaMA-Factory or TrainingArguments config"),
+        ("- a\n- b\n", "is a list, not a mapping"),
+        ("base_model: [unclosed\n", "not valid YAML"),
+        (
+            "base_model: gpt2\nmicro_batch_size: 2\ngradient_accumulation_steps: 4\nbatch_size: 16\n",
+            "batch_size: 16 contradicts micro_batch_size x gradient_accumulation_steps = 2 x 4 = 8",
+        ),
+        ("base_model: gpt2\nadapter: ia3\n", "adapter: 'ia3': autotune measures LoRA and QLoRA"),
+        ("model_name_or_path: gpt2\nstage: dpo\n", "stage: 'dpo'"),
+        ("model_name_or_path: gpt2\nstage: sft\nquantization_bit: 8\n", "quantization_bit: 8"),
+        ("trainer:\n  max_epochs: 1\nmodel:\n  lr: 0.1\n", "a LightningCLI config"),
+        ("base_model: gpt2\noptimizer: lion_8bit\n", "optimizer: 'lion_8bit'"),
+        ("base_model: gpt2\nmicro_batch_size: 0\n", "micro_batch_size: 0 is not a whole number"),
+    ],
+)
 def test_a_file_autotune_cannot_use_is_one_line_and_nothing_written(tmp_path, hermetic_home, text, needle):
     path = tmp_path / "recipe.yml"
     path.write_text(text)
@@ -329,18 +418,38 @@ def test_a_file_autotune_cannot_use_is_one_line_and_nothing_written(tmp_path, he
 
 def test_a_flag_that_contradicts_the_file_is_refused_and_one_that_agrees_is_taken(tmp_path, hermetic_home, work):
     path = write(work, "flags.yml", AXOLOTL)
-    assert_usage_error(invoke("search", "--from", str(path), "--gpu-budget", "1GiB", "--effective-batch", "16"),
-                       "--effective-batch 16 contradicts flags.yml's micro_batch_size x gradient_accumulation_steps (8)")
-    assert_usage_error(invoke("search", "--from", str(path), "--gpu-budget", "1GiB", "--model", "gpt2"),
-                       "--model gpt2 contradicts flags.yml's base_model")
+    assert_usage_error(
+        invoke("search", "--from", str(path), "--gpu-budget", "1GiB", "--effective-batch", "16"),
+        "--effective-batch 16 contradicts flags.yml's micro_batch_size x gradient_accumulation_steps (8)",
+    )
+    assert_usage_error(
+        invoke("search", "--from", str(path), "--gpu-budget", "1GiB", "--model", "gpt2"),
+        "--model gpt2 contradicts flags.yml's base_model",
+    )
     assert_usage_error(invoke("search", "--from", str(tmp_path / "nope.yml"), "--gpu-budget", "1GiB"), "no such file")
     assert_usage_error(invoke("search", "--gpu-budget", "1GiB"), "--model: give the model to search")
     assert not list(hermetic_home.rglob("*.db"))
     # --dry-run prints the job script from the file's recipe: the flags it read, as if typed.
-    done = invoke("search", "--from", str(path), "--gpu-budget", "1GiB", "--effective-batch", "8", "--launcher", "slurm",
-                    "--dry-run", "--device", "cpu")
+    done = invoke(
+        "search",
+        "--from",
+        str(path),
+        "--gpu-budget",
+        "1GiB",
+        "--effective-batch",
+        "8",
+        "--launcher",
+        "slurm",
+        "--dry-run",
+        "--device",
+        "cpu",
+    )
     assert done.returncode == 0, done.stderr
-    assert "the recipe of axolotl's" in done.stderr and "--peft lora" in done.stderr and "--effective-batch 8" in done.stderr
+    assert (
+        "the recipe of axolotl's" in done.stderr
+        and "--peft lora" in done.stderr
+        and "--effective-batch 8" in done.stderr
+    )
 
 
 @pytest.mark.slow
@@ -351,8 +460,10 @@ def test_update_refuses_a_file_of_another_recipe_and_leaves_it_as_it_was(work, l
     assert_usage_error(done, "asks an effective batch 16, and study")
     assert other.read_text() == text and not (work["base"] / "tuned-other.yml").exists()
     assert_usage_error(invoke("best", "--out", str(other), "--db", work["db"]), "--out goes with --update")
-    assert_usage_error(invoke("best", "--study", lora_study["study"], "--update", str(work["base"] / "nope.yml"),
-                                "--db", work["db"]), "--update " + str(work["base"] / "nope.yml") + ": no such file")
+    assert_usage_error(
+        invoke("best", "--study", lora_study["study"], "--update", str(work["base"] / "nope.yml"), "--db", work["db"]),
+        "--update " + str(work["base"] / "nope.yml") + ": no such file",
+    )
 
 
 def test_the_yaml_edit_keeps_comments_and_order_and_refuses_what_it_cannot_place():
@@ -371,14 +482,25 @@ def test_defaults_of_each_tool_are_the_recipe_when_the_file_leaves_them_out(tmp_
     factory.write_text("model_name_or_path: gpt2\nstage: sft\nlora_rank: 16\n")
     flags = read_recipe_file(factory).flags
     # LLaMA-Factory: LoRA by default, alpha = 2 x rank, dropout 0, all linear, cutoff_len 2048, TrainingArguments' batch 8.
-    assert (flags["peft"], flags["lora_alpha"], flags["lora_dropout"], flags["lora_targets"]) == ("lora", "32", "0.0", "all-linear")
+    assert (flags["peft"], flags["lora_alpha"], flags["lora_dropout"], flags["lora_targets"]) == (
+        "lora",
+        "32",
+        "0.0",
+        "all-linear",
+    )
     assert (flags["block_sizes"], flags["effective_batch"], flags["optimizers"]) == ("2048", "8", "adamw")
     assert read_recipe_file(factory).said == ()  # (its default targets are all linear layers: nothing to say)
     axolotl = tmp_path / "a.yml"
-    axolotl.write_text("base_model: gpt2\nadapter: qlora\nload_in_4bit: true\nlora_target_modules: [q_proj, v_proj]\n"
-                       "val_set_size: 0.05\ndeepspeed: zero3.json\n")
+    axolotl.write_text(
+        "base_model: gpt2\nadapter: qlora\nload_in_4bit: true\nlora_target_modules: [q_proj, v_proj]\n"
+        "val_set_size: 0.05\ndeepspeed: zero3.json\n"
+    )
     read = read_recipe_file(axolotl, gpus=2)
-    assert (read.flags["peft"], read.flags["lora_targets"], read.flags["block_sizes"]) == ("qlora", "q_proj,v_proj", "512")
+    assert (read.flags["peft"], read.flags["lora_targets"], read.flags["block_sizes"]) == (
+        "qlora",
+        "q_proj,v_proj",
+        "512",
+    )
     assert read.flags["effective_batch"] == "2" and read.flags["eval_batch"] == "auto"  # 1 x 1 x 2 GPUs
     assert len(read.said) == 1 and "DeepSpeed" in read.said[0]
     trl = tmp_path / "trl.yml"
@@ -412,9 +534,15 @@ print(cfg.micro_batch_size, cfg.gradient_accumulation_steps, cfg.sequence_len, b
       cfg.attn_implementation, cfg.adapter, cfg.lora_r)
 """,
 }
-TOOL_FILES = {"llamafactory": ("lf-parse.yml", LLAMAFACTORY.replace("dataset: identity,alpaca_en_demo", "dataset: identity")
-                                                  .replace("template: llama3", "template: default")),
-              "axolotl": ("ax-parse.yml", AXOLOTL)}
+TOOL_FILES = {
+    "llamafactory": (
+        "lf-parse.yml",
+        LLAMAFACTORY.replace("dataset: identity,alpaca_en_demo", "dataset: identity").replace(
+            "template: llama3", "template: default"
+        ),
+    ),
+    "axolotl": ("ax-parse.yml", AXOLOTL),
+}
 
 
 @pytest.mark.slow
@@ -425,13 +553,15 @@ def test_the_tool_s_own_parser_takes_the_file_written_back(work, request, tool):
 
     python = os.environ.get(TOOL_PYTHON[tool])
     if not python:
-        pytest.skip(f"set {TOOL_PYTHON[tool]} to a Python with {tool} installed (its pins conflict with autotune's "
-                    f"environment)")
+        pytest.skip(
+            f"set {TOOL_PYTHON[tool]} to a Python with {tool} installed (its pins conflict with autotune's environment)"
+        )
     lora_study = request.getfixturevalue("lora_study")  # (searched only where the tool is there to read it)
     path = write(work, *TOOL_FILES[tool])
     _, out = update(work, lora_study["study"], path)
-    done = subprocess.run([python, "-c", TOOL_PARSE[tool], str(out)], capture_output=True, text=True, timeout=300,
-                          cwd=work["base"])
+    done = subprocess.run(
+        [python, "-c", TOOL_PARSE[tool], str(out)], capture_output=True, text=True, timeout=300, cwd=work["base"]
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     best = lora_study["best"]
     micro, accum, length, checkpointing, attention, kind, rank = done.stdout.split()[-7:]

@@ -22,14 +22,19 @@ def _started_ignoring_sigint(*args: str) -> subprocess.Popen:
     """`python -m autotune ARGS` in a session of its own, started the way a non-interactive shell
     starts a background job: with SIGINT ignored."""
     script = f'trap "" INT; exec {sys.executable} -m autotune {" ".join(args)}'
-    return subprocess.Popen(["bash", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(
+        ["bash", "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
 
 
-@pytest.mark.parametrize("args", [
-    ("plan", "--model", "gpt2", "--gpu", "h100", "--no-cache"),
-    ("estimate", "--model", "gpt2", "--micro-batch", "8", "--block-size", "512", "--no-cache"),
-], ids=["plan", "estimate"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("plan", "--model", "gpt2", "--gpu", "h100", "--no-cache"),
+        ("estimate", "--model", "gpt2", "--micro-batch", "8", "--block-size", "512", "--no-cache"),
+    ],
+    ids=["plan", "estimate"],
+)
 def test_ctrl_c_stops_the_command_and_its_trace_children_within_seconds(args):
     command = _started_ignoring_sigint(*args)
     try:

@@ -21,8 +21,10 @@ from tests.helpers.processes import alive
 pytestmark = pytest.mark.slow
 
 # A helper that a model's code might start: it ignores SIGTERM and SIGHUP and dies with no parent.
-STUBBORN = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-            "signal.signal(signal.SIGHUP, signal.SIG_IGN); time.sleep(600)")
+STUBBORN = (
+    "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+    "signal.signal(signal.SIGHUP, signal.SIG_IGN); time.sleep(600)"
+)
 
 
 def _assert_gone(pids: list[int], within: float = 5.0) -> None:
@@ -99,12 +101,20 @@ def test_kill_9_of_the_parent_takes_the_childs_stubborn_helper_too(tmp_path):
     """The parent (a search, here a stand-in) killed with -9: the child dies by its parent-death
     signal, and the helper, which neither signal reaches, by the guard of the child's group."""
     pidfile = tmp_path / "pids"
-    parent = subprocess.Popen([sys.executable, "-c", (
-        "import multiprocessing as mp, os, sys, time\n"
-        "from autotune.processes import run_as_child\n"
-        "p = mp.get_context('spawn').Process(target=run_as_child, args=(os.getpid(), "
-        f"'tests.test_signals_and_groups:start_stubborn_helper', {str(pidfile)!r}), daemon=True)\n"
-        "p.start(); time.sleep(600)\n")], cwd=Path(__file__).parent.parent)
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import multiprocessing as mp, os, sys, time\n"
+                "from autotune.processes import run_as_child\n"
+                "p = mp.get_context('spawn').Process(target=run_as_child, args=(os.getpid(), "
+                f"'tests.test_signals_and_groups:start_stubborn_helper', {str(pidfile)!r}), daemon=True)\n"
+                "p.start(); time.sleep(600)\n"
+            ),
+        ],
+        cwd=Path(__file__).parent.parent,
+    )
     try:
         wait_for(lambda: len(_pids(pidfile)) == 2, seconds=60, what="the child and its helper")
         child, helper = _pids(pidfile)
@@ -146,7 +156,7 @@ def test_the_runner_stops_the_childs_group_with_it(how, tmp_path, monkeypatch):
 
 
 # -- a real search ------------------------------------------------------------------------------------
-MODELING = '''import os
+MODELING = """import os
 import subprocess
 import sys
 
@@ -162,7 +172,7 @@ if os.environ.get("HELPER_PIDS"):  # a helper of the model's own, as some models
 
 class RemoteGPT2LMHeadModel(GPT2LMHeadModel):
     config_class = RemoteGPT2Config
-'''
+"""
 
 
 def test_sighup_mid_probe_stops_the_search_and_everything_it_started(tmp_path):
@@ -178,10 +188,14 @@ def test_sighup_mid_probe_stops_the_search_and_everything_it_started(tmp_path):
     # The probe hangs in its first timed step (tests/helpers/faults): the signal comes mid-probe
     # whatever the machine's speed.
     env = {**fault_env("hang"), "HELPER_PIDS": str(pidfile), "HF_MODULES_CACHE": str(tmp_path / "hf-modules")}
-    search = subprocess.Popen(autotune_command("search", "--model", str(model), *SPACE, "--trust-remote-code",
-                                               "--db", db, "--study", "hup"),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                              preexec_fn=_hangup_as_a_terminal_would)
+    search = subprocess.Popen(
+        autotune_command("search", "--model", str(model), *SPACE, "--trust-remote-code", "--db", db, "--study", "hup"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=_hangup_as_a_terminal_would,
+    )
     try:
         wait_for(lambda: _pids(pidfile) and running_claims(db, "hup"), seconds=120, what="a probe in flight")
         started = descendants(search.pid) | set(_pids(pidfile))
@@ -254,18 +268,28 @@ def test_a_rank_launch_stopped_as_it_begins_leaves_no_directory(tmp_path, monkey
 def test_a_rank_launch_killed_with_9_leaves_no_directory_and_no_janitor(tmp_path):
     # The search that made the run directory is killed with -9 (its agent and ranks die with it):
     # the janitor it started beside the directory removes it, then ends.
-    code = ("import time\nfrom autotune.probe.torchrun import RankLaunch\n"
-            "with RankLaunch('autotune-ranks-') as launch:\n"
-            "    print(launch.run_dir, launch.janitor.pid, flush=True)\n    time.sleep(600)\n")
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "TMPDIR": str(tmp_path)}, cwd=Path(__file__).parent.parent)
+    code = (
+        "import time\nfrom autotune.probe.torchrun import RankLaunch\n"
+        "with RankLaunch('autotune-ranks-') as launch:\n"
+        "    print(launch.run_dir, launch.janitor.pid, flush=True)\n    time.sleep(600)\n"
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+        cwd=Path(__file__).parent.parent,
+    )
     try:
         run_dir, janitor = parent.stdout.readline().split()
         assert Path(run_dir).parent == tmp_path and Path(run_dir).is_dir()
         parent.kill()
         parent.wait(timeout=10)
-        wait_for(lambda: not Path(run_dir).exists() and not alive(int(janitor)), seconds=15,
-                 what="the run directory removed and the janitor gone")
+        wait_for(
+            lambda: not Path(run_dir).exists() and not alive(int(janitor)),
+            seconds=15,
+            what="the run directory removed and the janitor gone",
+        )
     finally:
         if parent.poll() is None:
             parent.kill()

@@ -30,28 +30,32 @@ def models(tmp_path_factory) -> dict[str, str]:
 
 # -- telling the task ------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("family", sorted(TINY))
 def test_the_task_comes_from_the_architectures(family):
     assert infer_task(TINY[family]) == TASK_OF[family]
 
 
-@pytest.mark.parametrize("config, task", [
-    ({"architectures": ["GPT2LMHeadModel"]}, Task.CAUSAL_LM),
-    ({"architectures": ["LlamaForCausalLM"]}, Task.CAUSAL_LM),
-    # bart-large names the bare model, and old T5 configs a "LMHeadModel": encoder-decoders are seq2seq.
-    ({"architectures": ["BartModel"], "is_encoder_decoder": True}, Task.SEQ2SEQ),
-    ({"architectures": ["T5WithLMHeadModel"], "is_encoder_decoder": True}, Task.SEQ2SEQ),
-    ({"architectures": ["BertForTokenClassification"]}, None),
-    ({"architectures": ["BertForMaskedLM", "BertForSequenceClassification"]}, None),
-    ({}, None),
-    # No head named: the model type tells where it is one task to everyone, and only there.
-    ({"model_type": "gpt2"}, Task.CAUSAL_LM),
-    ({"model_type": "llama", "architectures": ["LlamaModel"]}, Task.CAUSAL_LM),
-    ({"model_type": "t5"}, Task.SEQ2SEQ),
-    ({"model_type": "bert"}, None),
-    ({"model_type": "roberta", "architectures": ["RobertaModel"]}, None),
-    ({"model_type": "gpt2", "architectures": ["GPT2ForTokenClassification"]}, None),
-])
+@pytest.mark.parametrize(
+    "config, task",
+    [
+        ({"architectures": ["GPT2LMHeadModel"]}, Task.CAUSAL_LM),
+        ({"architectures": ["LlamaForCausalLM"]}, Task.CAUSAL_LM),
+        # bart-large names the bare model, and old T5 configs a "LMHeadModel": encoder-decoders are seq2seq.
+        ({"architectures": ["BartModel"], "is_encoder_decoder": True}, Task.SEQ2SEQ),
+        ({"architectures": ["T5WithLMHeadModel"], "is_encoder_decoder": True}, Task.SEQ2SEQ),
+        ({"architectures": ["BertForTokenClassification"]}, None),
+        ({"architectures": ["BertForMaskedLM", "BertForSequenceClassification"]}, None),
+        ({}, None),
+        # No head named: the model type tells where it is one task to everyone, and only there.
+        ({"model_type": "gpt2"}, Task.CAUSAL_LM),
+        ({"model_type": "llama", "architectures": ["LlamaModel"]}, Task.CAUSAL_LM),
+        ({"model_type": "t5"}, Task.SEQ2SEQ),
+        ({"model_type": "bert"}, None),
+        ({"model_type": "roberta", "architectures": ["RobertaModel"]}, None),
+        ({"model_type": "gpt2", "architectures": ["GPT2ForTokenClassification"]}, None),
+    ],
+)
 def test_what_the_architectures_cannot_tell_is_none(config, task):
     assert infer_task(config) == task
 
@@ -68,15 +72,21 @@ def test_a_config_saved_without_architectures_is_searched_as_its_model_types_tas
     assert single_config(spec, micro_batch=1, block_size=64).task == "causal-lm"
     told = tell_task(spec.config)
     assert (told.task, told.assumed) == (Task.CAUSAL_LM, True)
-    assert task_note(spec.config) == ("task causal-lm assumed from model type 'gpt2' (its config.json names no task "
-                                      "head); pass --task to train it as another")
+    assert task_note(spec.config) == (
+        "task causal-lm assumed from model type 'gpt2' (its config.json names no task "
+        "head); pass --task to train it as another"
+    )
     assert task_note(spec.config, requested="causal-lm") is None  # said by the user: nothing assumed
     assert task_note(TINY_GPT2) is None and not tell_task(TINY_GPT2).assumed  # its architectures say it
     # A BERT-like config is trained as several tasks: still refused, with why.
-    with pytest.raises(BadInput, match=r"cannot tell its task from its config.json \(no architectures, and a bert model "
-                                       r"is trained as masked-lm or classification alike\); pass --task"):
-        single_config(resolve_model(str(write_tiny(tmp_path, "bert-mlm", architectures=None))), micro_batch=1,
-                      block_size=32)
+    with pytest.raises(
+        BadInput,
+        match=r"cannot tell its task from its config.json \(no architectures, and a bert model "
+        r"is trained as masked-lm or classification alike\); pass --task",
+    ):
+        single_config(
+            resolve_model(str(write_tiny(tmp_path, "bert-mlm", architectures=None))), micro_batch=1, block_size=32
+        )
 
 
 @pytest.mark.slow  # (no process: seconds of imports and two real steps)
@@ -92,8 +102,9 @@ def test_a_t5_config_written_by_transformers_trains_with_a_decoder_start_token(t
 
     from autotune.probe.step import ProbeStep, build_random_model, make_optimizer
 
-    T5Config(vocab_size=1024, d_model=64, d_kv=32, d_ff=128, num_layers=2, num_heads=2,
-             pad_token_id=5).save_pretrained(tmp_path / "t5")
+    T5Config(vocab_size=1024, d_model=64, d_kv=32, d_ff=128, num_layers=2, num_heads=2, pad_token_id=5).save_pretrained(
+        tmp_path / "t5"
+    )
     spec = resolve_model(str(tmp_path / "t5"))
     assert "decoder_start_token_id" not in spec.config
     config = single_config(spec, micro_batch=2, block_size=32, target_length=8)
@@ -134,23 +145,70 @@ def test_task_fields_defaults_and_refusals():
 def test_a_causal_lm_config_keeps_the_key_it_had_before_tasks():
     """Stored probes are found by key: the task fields at their causal-LM values leave it as it was."""
     config = ProbeConfig("gpt2", 8, 512, grad_accum=4, precision="bf16")
-    later = ("task", "target_length", "num_labels", "weights", "peft", "trainer", "compile", "allocator", "liger",
-             "eval_batch", "auto_eval_batch", "eval_logits", "eval_accumulation_steps", "generation_max_length",
-             "generation_num_beams", "gpus", "strategy", "nodes", "lengths", "sampling", "padding_free")
+    later = (
+        "task",
+        "target_length",
+        "num_labels",
+        "weights",
+        "peft",
+        "trainer",
+        "compile",
+        "allocator",
+        "liger",
+        "eval_batch",
+        "auto_eval_batch",
+        "eval_logits",
+        "eval_accumulation_steps",
+        "generation_max_length",
+        "generation_num_beams",
+        "gpus",
+        "strategy",
+        "nodes",
+        "lengths",
+        "sampling",
+        "padding_free",
+    )
     before = {k: v for k, v in config.to_dict().items() if k not in later}
     canonical = json.dumps(before, sort_keys=True, separators=(",", ":"))
     assert config.key() == "p1-" + hashlib.sha256(canonical.encode()).hexdigest()[:20]
     seq2seq = ProbeConfig("t5", 8, 512, task="seq2seq", target_length=128)
     assert len({config.key(), seq2seq.key(), replace(seq2seq, target_length=64).key()}) == 3
     # A speed lever switched on is another config; off, the key is the one it always was.
-    assert len({config.key(), replace(config, compile=True).key(), replace(config, allocator="expandable").key(),
-                replace(config, liger=True).key(), replace(config, precision="tf32").key()}) == 5
+    assert (
+        len(
+            {
+                config.key(),
+                replace(config, compile=True).key(),
+                replace(config, allocator="expandable").key(),
+                replace(config, liger=True).key(),
+                replace(config, precision="tf32").key(),
+            }
+        )
+        == 5
+    )
     # So is a run on several ranks, and each way of sharing it.
-    assert len({config.key(), replace(config, gpus=2).key(), replace(config, gpus=2, strategy="fsdp").key(),
-                replace(config, gpus=2, nodes=2).key()}) == 4
+    assert (
+        len(
+            {
+                config.key(),
+                replace(config, gpus=2).key(),
+                replace(config, gpus=2, strategy="fsdp").key(),
+                replace(config, gpus=2, nodes=2).key(),
+            }
+        )
+        == 4
+    )
     # So is an evaluation: another run, another key.
-    assert len({config.key(), replace(config, eval_batch=8).key(),
-                replace(config, eval_batch=8, eval_logits="kept", eval_accumulation_steps=1).key()}) == 3
+    assert (
+        len(
+            {
+                config.key(),
+                replace(config, eval_batch=8).key(),
+                replace(config, eval_batch=8, eval_logits="kept", eval_accumulation_steps=1).key(),
+            }
+        )
+        == 3
+    )
 
 
 def test_a_config_refuses_fields_its_task_has_no_use_for():
@@ -173,14 +231,17 @@ def test_the_space_carries_the_task_and_keeps_old_studies_matching(models):
 
 # -- probing, estimating and searching every family ----------------------------------------------
 
+
 def _built_parameters(config_json: dict, task: str, num_labels: int | None) -> int:
     """Parameters of the task's class built by transformers itself from the same config (meta device)."""
     import torch
-    from transformers import (AutoConfig, AutoModelForMaskedLM, AutoModelForSeq2SeqLM,
-                              AutoModelForSequenceClassification)
+    from transformers import AutoConfig, AutoModelForMaskedLM, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
 
-    cls = {"seq2seq": AutoModelForSeq2SeqLM, "classification": AutoModelForSequenceClassification,
-           "masked-lm": AutoModelForMaskedLM}[task]
+    cls = {
+        "seq2seq": AutoModelForSeq2SeqLM,
+        "classification": AutoModelForSequenceClassification,
+        "masked-lm": AutoModelForMaskedLM,
+    }[task]
     fields = dict(config_json)
     hf_config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     if num_labels is not None:
@@ -200,17 +261,25 @@ def runner(probe_runner):
 def test_every_family_probes_as_its_task_class_and_the_estimate_matches_to_the_byte(models, runner, trace_children):
     from autotune.estimate import estimate_memories
 
-    configs = [single_config(resolve_model(models[family]), micro_batch=2, block_size=64,
-                             **({"precision": "bf16", "checkpointing": True} if i % 2 else {}))
-               for i, family in enumerate(sorted(TINY))]
+    configs = [
+        single_config(
+            resolve_model(models[family]),
+            micro_batch=2,
+            block_size=64,
+            **({"precision": "bf16", "checkpointing": True} if i % 2 else {}),
+        )
+        for i, family in enumerate(sorted(TINY))
+    ]
     predicted = estimate_memories(configs, device_type="cpu", use_cache=False, children=trace_children)
     measured = [runner.run(c, runner.settings.budget(2 * GiB)) for c in configs]
     for family, config, estimate, probe in zip(sorted(TINY), configs, predicted, measured):
         assert probe.status == "ok", (family, probe.error)
         assert config.task == TASK_OF[family]
         assert probe.parameters == _built_parameters(TINY[family], config.task, config.num_labels), family
-        assert (estimate.peak_bytes, estimate.reserved_bytes) == (probe.peak_allocated_bytes, probe.peak_reserved_bytes), \
-            f"{family} {config.label()}"
+        assert (estimate.peak_bytes, estimate.reserved_bytes) == (
+            probe.peak_allocated_bytes,
+            probe.peak_reserved_bytes,
+        ), f"{family} {config.label()}"
     # The whole encoder-decoder is built, not a decoder-only *ForCausalLM (pegasus: about 64% of it).
     pegasus = measured[sorted(TINY).index("pegasus")]
     assert pegasus.parameters > 1.4 * _decoder_only_parameters(TINY["pegasus"])
@@ -241,9 +310,16 @@ def test_a_tiny_search_of_every_family_finishes_with_a_pick(models, runner, tmp_
     with open_store(tmp_path / "tasks.db") as store:
         for family in sorted(TINY):
             spec = resolve_model(models[family])
-            space = SearchSpace.build(spec, micro_batches=(1, 2), block_sizes=(32,), precisions=("fp32",),
-                                      checkpointing=(False, True), attentions=("sdpa",), effective_batch=2,
-                                      **({"target_length": 16} if TASK_OF[family] == "seq2seq" else {}))
+            space = SearchSpace.build(
+                spec,
+                micro_batches=(1, 2),
+                block_sizes=(32,),
+                precisions=("fp32",),
+                checkpointing=(False, True),
+                attentions=("sdpa",),
+                effective_batch=2,
+                **({"target_length": 16} if TASK_OF[family] == "seq2seq" else {}),
+            )
             options = SearchOptions(study=family, predict=False, confirm=False)
             searched = preflight(request(space, spec, budget, budget // 20, options), runner)
             outcome = run_search(searched, runner, store)
@@ -252,20 +328,37 @@ def test_a_tiny_search_of_every_family_finishes_with_a_pick(models, runner, tmp_
             assert len(store.probes(family)) == 4
         # A study is one task: searching it again as another is refused before anything is written.
         spec = resolve_model(models["bert-mlm"])
-        space = SearchSpace.build(spec, micro_batches=(1, 2), block_sizes=(32,), precisions=("fp32",),
-                                  checkpointing=(False, True), attentions=("sdpa",), effective_batch=2,
-                                  task="classification")
-        with pytest.raises(BadInput, match="study 'bert-mlm' measured task masked-lm, not task classification, num_labels 2: its leaderboard"):
-            run_search(request(space, spec, budget, budget // 20, SearchOptions(study="bert-mlm", predict=False)), runner, store)
+        space = SearchSpace.build(
+            spec,
+            micro_batches=(1, 2),
+            block_sizes=(32,),
+            precisions=("fp32",),
+            checkpointing=(False, True),
+            attentions=("sdpa",),
+            effective_batch=2,
+            task="classification",
+        )
+        with pytest.raises(
+            BadInput,
+            match="study 'bert-mlm' measured task masked-lm, not task classification, num_labels 2: its leaderboard",
+        ):
+            run_search(
+                request(space, spec, budget, budget // 20, SearchOptions(study="bert-mlm", predict=False)),
+                runner,
+                store,
+            )
         assert len(store.probes("bert-mlm")) == 4
         # A model whose class lacks a kernel (deberta has no sdpa) and cannot be traced on fake
         # tensors (it reads values): the kernel's probes are skipped with why, the search goes on
         # without predictions and says so, and every config is settled.
         spec = resolve_model(str(_write_config(tmp_path / "deberta", DEBERTA)))
-        space = SearchSpace.build(spec, micro_batches=(1,), block_sizes=(32,), precisions=("fp32",),
-                                  checkpointing=(False,), effective_batch=1)
+        space = SearchSpace.build(
+            spec, micro_batches=(1,), block_sizes=(32,), precisions=("fp32",), checkpointing=(False,), effective_batch=1
+        )
         assert space.attentions == ("sdpa", "eager")
-        searched = preflight(request(space, spec, budget, budget // 20, SearchOptions(study="deberta", confirm=False)), runner)
+        searched = preflight(
+            request(space, spec, budget, budget // 20, SearchOptions(study="deberta", confirm=False)), runner
+        )
         outcome = run_search(searched, runner, store)
         assert outcome.best is not None and outcome.best.config.attention == "eager" and not outcome.unmeasured
         skipped = [p for p in store.probes("deberta") if p.config.attention == "sdpa"]
@@ -274,12 +367,19 @@ def test_a_tiny_search_of_every_family_finishes_with_a_pick(models, runner, tmp_
         assert any("memory predictions unavailable" in line for line in outcome.failures)
         # One probe process for every search: none retired, at most one started (none where an
         # earlier test left the worker's child running).
-        assert runner.children_started - started <= 1 and runner.retired == retired, runner.retired[len(retired):]
+        assert runner.children_started - started <= 1 and runner.retired == retired, runner.retired[len(retired) :]
 
 
-DEBERTA = {"model_type": "deberta-v2", "architectures": ["DebertaV2ForSequenceClassification"], "vocab_size": 1024,
-           "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128,
-           "max_position_embeddings": 256}
+DEBERTA = {
+    "model_type": "deberta-v2",
+    "architectures": ["DebertaV2ForSequenceClassification"],
+    "vocab_size": 1024,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 128,
+    "max_position_embeddings": 256,
+}
 
 
 def _write_config(path, config: dict):
@@ -290,11 +390,31 @@ def _write_config(path, config: dict):
 
 # -- the command line -----------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_probe_json_reports_the_task_and_the_parameters_built(models, warm_child):
-    proc = invoke("probe", "--model", models["bart"], "--micro-batch", "1", "--block-size", "32", "--target-length", "8",
-                  "--gpu-budget", "1GiB", "--device", "cpu", "--warmup-steps", "2", "--measure-steps", "2",
-                  "--measure-seconds", "0.3", "--json")
+    proc = invoke(
+        "probe",
+        "--model",
+        models["bart"],
+        "--micro-batch",
+        "1",
+        "--block-size",
+        "32",
+        "--target-length",
+        "8",
+        "--gpu-budget",
+        "1GiB",
+        "--device",
+        "cpu",
+        "--warmup-steps",
+        "2",
+        "--measure-steps",
+        "2",
+        "--measure-seconds",
+        "0.3",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     # The window is sized by time: at least 0.3 s of steps (a step here takes milliseconds), each timed,
@@ -302,6 +422,7 @@ def test_probe_json_reports_the_task_and_the_parameters_built(models, warm_child
     import statistics
 
     from autotune.defaults import MAX_MEASURE_STEPS
+
     assert 2 <= data["measured_steps"] == len(data["step_times"]) <= MAX_MEASURE_STEPS
     assert data["measured_seconds"] >= 0.3 or data["measured_steps"] == MAX_MEASURE_STEPS
     assert data["step_seconds"] == statistics.median(data["step_times"]) and data["step_spread"] is not None
@@ -313,24 +434,51 @@ def test_probe_json_reports_the_task_and_the_parameters_built(models, warm_child
 def test_a_task_the_model_has_no_class_for_is_one_line_and_writes_nothing(tmp_path, hermetic_home, warm_child):
     gpt2 = str(write_model_dir(tmp_path / "gpt2"))
     db = tmp_path / "db" / "a.db"
-    proc = invoke("search", "--model", gpt2, "--gpu-budget", "1GiB", "--device", "cpu", "--task", "seq2seq",
-                  "--db", str(db))
-    assert_usage_error(proc, "has no seq2seq class in transformers (AutoModelForSeq2SeqLM does not know model type 'gpt2')")
+    proc = invoke(
+        "search", "--model", gpt2, "--gpu-budget", "1GiB", "--device", "cpu", "--task", "seq2seq", "--db", str(db)
+    )
+    assert_usage_error(
+        proc, "has no seq2seq class in transformers (AutoModelForSeq2SeqLM does not know model type 'gpt2')"
+    )
     assert not db.parent.exists() and not (hermetic_home / "autotune.db").exists()
-    proc = invoke("probe", "--model", gpt2, "--micro-batch", "1", "--block-size", "32", "--gpu-budget", "1GiB",
-                  "--device", "cpu", "--task", "masked-lm")
+    proc = invoke(
+        "probe",
+        "--model",
+        gpt2,
+        "--micro-batch",
+        "1",
+        "--block-size",
+        "32",
+        "--gpu-budget",
+        "1GiB",
+        "--device",
+        "cpu",
+        "--task",
+        "masked-lm",
+    )
     assert_usage_error(proc, "has no masked-lm class in transformers")
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--target-length", "1000"], "--target-length 1000 is above"),
-    (["--task", "masked-lm", "--target-length", "8"], "--target-length is for --task seq2seq"),
-    (["--task", "translation"], "--task 'translation' is unknown; choose from causal-lm, seq2seq, classification, masked-lm"),
-])
-def test_task_flags_a_model_cannot_take_are_one_line_before_anything_starts(models, tmp_path, hermetic_home, args, needle):
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--target-length", "1000"], "--target-length 1000 is above"),
+        (["--task", "masked-lm", "--target-length", "8"], "--target-length is for --task seq2seq"),
+        (
+            ["--task", "translation"],
+            "--task 'translation' is unknown; choose from causal-lm, seq2seq, classification, masked-lm",
+        ),
+    ],
+)
+def test_task_flags_a_model_cannot_take_are_one_line_before_anything_starts(
+    models, tmp_path, hermetic_home, args, needle
+):
     db = tmp_path / "db" / "a.db"
-    for command in (["search", "--gpu-budget", "1GiB", "--db", str(db)], ["estimate"],
-                    ["probe", "--gpu-budget", "1GiB", "--micro-batch", "1", "--block-size", "32"]):
+    for command in (
+        ["search", "--gpu-budget", "1GiB", "--db", str(db)],
+        ["estimate"],
+        ["probe", "--gpu-budget", "1GiB", "--micro-batch", "1", "--block-size", "32"],
+    ):
         if command[0] == "estimate":
             command += ["--micro-batch", "1", "--block-size", "32"]
         assert_usage_error(invoke(*command, "--model", models["t5"], *args), needle)
@@ -342,20 +490,34 @@ def test_a_model_whose_task_cannot_be_told_needs_task(tmp_path, hermetic_home):
     bert.mkdir()
     (bert / "config.json").write_text(json.dumps({k: v for k, v in TINY["bert-mlm"].items() if k != "architectures"}))
     proc = invoke("search", "--model", str(bert), "--gpu-budget", "1GiB", "--device", "cpu")
-    assert_usage_error(proc, "cannot tell its task from its config.json (no architectures, and a bert model is trained "
-                             "as masked-lm or classification alike); pass --task")
+    assert_usage_error(
+        proc,
+        "cannot tell its task from its config.json (no architectures, and a bert model is trained "
+        "as masked-lm or classification alike); pass --task",
+    )
     assert not (hermetic_home / "autotune.db").exists()
 
 
 # -- the hand-off ---------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("changes, script, flags", [
-    ({}, "run_clm.py", "--block_size 512"),
-    ({"task": "seq2seq", "target_length": 64}, "run_summarization.py",
-     "--max_source_length 512 --max_target_length 64 --pad_to_max_length"),
-    ({"task": "classification", "num_labels": 3}, "run_classification.py", "--max_seq_length 512 --pad_to_max_length"),
-    ({"task": "masked-lm"}, "run_mlm.py", "--max_seq_length 512"),
-])
+
+@pytest.mark.parametrize(
+    "changes, script, flags",
+    [
+        ({}, "run_clm.py", "--block_size 512"),
+        (
+            {"task": "seq2seq", "target_length": 64},
+            "run_summarization.py",
+            "--max_source_length 512 --max_target_length 64 --pad_to_max_length",
+        ),
+        (
+            {"task": "classification", "num_labels": 3},
+            "run_classification.py",
+            "--max_seq_length 512 --pad_to_max_length",
+        ),
+        ({"task": "masked-lm"}, "run_mlm.py", "--max_seq_length 512"),
+    ],
+)
 def test_the_hand_off_names_the_tasks_script_class_and_lengths(hermetic_home, changes, script, flags):
     from autotune import best
     from autotune.store import open_store
@@ -365,15 +527,27 @@ def test_the_hand_off_names_the_tasks_script_class_and_lengths(hermetic_home, ch
         study = make_study(store, "handoff")
         store.record_probe(study.id, config(4, **changes), result(), env_fingerprint=ENV.fingerprint())
     chosen = best("handoff")
-    assert chosen.cli_flags() == f"--per_device_train_batch_size 4 --gradient_accumulation_steps 8 {flags} --optim adamw_torch_fused"
+    assert (
+        chosen.cli_flags()
+        == f"--per_device_train_batch_size 4 --gradient_accumulation_steps 8 {flags} --optim adamw_torch_fused"
+    )
     document = chosen.trainer_args_document()
     assert document["example_script"] == script and document["task"] == changes.get("task", "causal-lm")
-    assert document["auto_class"] == {"run_clm.py": "AutoModelForCausalLM", "run_summarization.py": "AutoModelForSeq2SeqLM",
-                                      "run_classification.py": "AutoModelForSequenceClassification",
-                                      "run_mlm.py": "AutoModelForMaskedLM"}[script]
+    assert (
+        document["auto_class"]
+        == {
+            "run_clm.py": "AutoModelForCausalLM",
+            "run_summarization.py": "AutoModelForSeq2SeqLM",
+            "run_classification.py": "AutoModelForSequenceClassification",
+            "run_mlm.py": "AutoModelForMaskedLM",
+        }[script]
+    )
     assert document.get("max_target_length") == changes.get("target_length")
     assert chosen.model_kwargs().get("num_labels") == changes.get("num_labels")
-    assert (chosen.block_size, chosen.target_length, chosen.task) == (512, changes.get("target_length"),
-                                                                      changes.get("task", "causal-lm"))
-    assert f"  example_script: \"{script}\"" in chosen.yaml()
+    assert (chosen.block_size, chosen.target_length, chosen.task) == (
+        512,
+        changes.get("target_length"),
+        changes.get("task", "causal-lm"),
+    )
+    assert f'  example_script: "{script}"' in chosen.yaml()
     assert json.loads(chosen.render("json"))["task"] == changes.get("task", "causal-lm")

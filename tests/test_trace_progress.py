@@ -30,18 +30,22 @@ def test_in_a_pipe_a_line_at_most_every_ten_seconds_and_the_last_count():
     clock.now += 9
     progress(1, 16)
     progress.tick()
-    assert out.getvalue() == ""                      # nothing before 10 s
+    assert out.getvalue() == ""  # nothing before 10 s
     clock.now += 1.5
-    progress.tick()                                  # the clock alone keeps saying it goes on
+    progress.tick()  # the clock alone keeps saying it goes on
     clock.now += 20
-    progress(3, 16)                                  # 20 s later: due
-    progress(4, 16)                                  # at once after: not due
+    progress(3, 16)  # 20 s later: due
+    progress(4, 16)  # at once after: not due
     clock.now += 12
     progress.tick()
-    progress(16, 16)                                 # the last count, always, once anything was said
+    progress(16, 16)  # the last count, always, once anything was said
     progress.tick()
-    assert out.getvalue().splitlines() == ["traced 1 of 16 (10 s)", "traced 3 of 16 (30 s)", "traced 4 of 16 (42 s)",
-                                           "traced 16 of 16 (42 s)"]
+    assert out.getvalue().splitlines() == [
+        "traced 1 of 16 (10 s)",
+        "traced 3 of 16 (30 s)",
+        "traced 4 of 16 (42 s)",
+        "traced 16 of 16 (42 s)",
+    ]
 
 
 def test_work_done_within_ten_seconds_says_nothing_in_a_pipe():
@@ -68,7 +72,7 @@ def test_on_a_terminal_one_line_redrawn_and_ended():
     progress.tick()
     progress(2, 4)
     progress(4, 4)
-    progress.close()                                 # already ended: kept as it is
+    progress.close()  # already ended: kept as it is
     assert out.getvalue() == "\r\033[Ktracing (1 s)\r\033[Ktraced 2 of 4 (1 s)\r\033[Ktraced 4 of 4 (1 s)\n"
     # Work without counts (estimate), or that fails: the line is cleared for what is printed next.
     out = Terminal()
@@ -90,4 +94,4 @@ def test_quiet_prints_nothing_and_the_context_stops_its_clock():
     assert out.getvalue().endswith("traced 1 of 1 (0 s)\n")
     settled = out.getvalue()
     time.sleep(0.2)
-    assert out.getvalue() == settled                 # the clock stopped with the block
+    assert out.getvalue() == settled  # the clock stopped with the block

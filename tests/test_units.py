@@ -6,10 +6,20 @@ from autotune.units import format_size, parse_duration, parse_int_list, parse_ma
 GiB = 2**30
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("8GiB", 8 * GiB), ("8 GiB", 8 * GiB), ("8192MiB", 8 * GiB), ("7.5GiB", int(7.5 * GiB)),
-    ("8GB", 8 * 10**9), ("1024", 1024), ("8gib", 8 * GiB), ("8G", 8 * GiB), (4096, 4096),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("8GiB", 8 * GiB),
+        ("8 GiB", 8 * GiB),
+        ("8192MiB", 8 * GiB),
+        ("7.5GiB", int(7.5 * GiB)),
+        ("8GB", 8 * 10**9),
+        ("1024", 1024),
+        ("8gib", 8 * GiB),
+        ("8G", 8 * GiB),
+        (4096, 4096),
+    ],
+)
 def test_parse_size(text, expected):
     assert parse_size(text) == expected
 
@@ -76,8 +86,9 @@ def test_parse_int_list_refuses_values_past_64_bits_and_empty_lists():
             parse_int_list(empty, flag="--block-sizes")
 
 
-@pytest.mark.parametrize("field, flag", [("micro_batch", "--micro-batch"), ("block_size", "--block-size"),
-                                         ("grad_accum", "--grad-accum")])
+@pytest.mark.parametrize(
+    "field, flag", [("micro_batch", "--micro-batch"), ("block_size", "--block-size"), ("grad_accum", "--grad-accum")]
+)
 def test_probe_config_refuses_integers_past_64_bits(field, flag):
     from autotune.config import ProbeConfig
 
@@ -86,13 +97,16 @@ def test_probe_config_refuses_integers_past_64_bits(field, flag):
         ProbeConfig(**values)
 
 
-@pytest.mark.parametrize("changes, flag", [
-    ({"micro_batches": (1, INT64_MAX + 1)}, "--micro-batches"),
-    ({"block_sizes": (INT64_MAX + 1,)}, "--block-sizes"),
-    ({"effective_batch": INT64_MAX + 1}, "--effective-batch"),
-    ({"effective_batch": None, "effective_tokens": INT64_MAX + 1}, "--effective-tokens"),
-    ({"effective_batch": 0}, "--effective-batch"),
-])
+@pytest.mark.parametrize(
+    "changes, flag",
+    [
+        ({"micro_batches": (1, INT64_MAX + 1)}, "--micro-batches"),
+        ({"block_sizes": (INT64_MAX + 1,)}, "--block-sizes"),
+        ({"effective_batch": INT64_MAX + 1}, "--effective-batch"),
+        ({"effective_batch": None, "effective_tokens": INT64_MAX + 1}, "--effective-tokens"),
+        ({"effective_batch": 0}, "--effective-batch"),
+    ],
+)
 def test_search_space_refuses_integers_past_64_bits(changes, flag):
     from autotune.space import SearchSpace
 

@@ -29,11 +29,16 @@ def apply_recipe_file(path: str, flags: dict) -> None:
         if given and flags[name] != typed:
             flag = max(param.opts, key=len)
             shown = "on" if value is True else value
-            raise BadInput(f"{flag} {_as_typed(flags[name])} contradicts {recipe.path.name}'s {recipe.sources.get(name, name)} "
-                           f"({shown}); leave {flag} out, or change the file.")
+            raise BadInput(
+                f"{flag} {_as_typed(flags[name])} contradicts {recipe.path.name}'s {recipe.sources.get(name, name)} "
+                f"({shown}); leave {flag} out, or change the file."
+            )
         flags[name] = typed
-    click.echo(f"autotune: the recipe of {TOOLS[recipe.tool]}'s {recipe.path}: "
-               + ", ".join(f"{max(params[n].opts, key=len)} {_as_typed(v)}" for n, v in recipe.flags.items()), err=True)
+    click.echo(
+        f"autotune: the recipe of {TOOLS[recipe.tool]}'s {recipe.path}: "
+        + ", ".join(f"{max(params[n].opts, key=len)} {_as_typed(v)}" for n, v in recipe.flags.items()),
+        err=True,
+    )
     for line in recipe.said:
         click.echo(f"autotune: {line}", err=True)
 

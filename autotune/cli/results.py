@@ -15,8 +15,14 @@ BEST_FORMATS = ("json", "yaml", "trainer-args", "cli", "accelerate", "trl", "axo
 
 @cli.command()
 @db_option
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="A table for people, or a JSON list.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="A table for people, or a JSON list.",
+)
 def studies(db, fmt):
     """List the studies in the results database, with probe counts and best throughput."""
     from autotune.report import render_studies
@@ -30,8 +36,14 @@ def studies(db, fmt):
 @cli.command()
 @click.option("--study", default=None, help="Only the runs of this study.")
 @db_option
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
-              help="A table for people, or a JSON list.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json"]),
+    default="table",
+    show_default=True,
+    help="A table for people, or a JSON list.",
+)
 def runs(study, db, fmt):
     """List the full fine-tunes (`autotune train`) and how each ended."""
     from autotune.report import render_runs
@@ -45,8 +57,14 @@ def runs(study, db, fmt):
 @cli.command()
 @click.option("--study", default=None, help="Study name [default: the most recent one].")
 @click.option("--top", type=click.IntRange(min=1), default=None, help="Show only the N fastest configurations.")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "csv"]), default="table", show_default=True,
-              help="A table for people, a JSON list, or CSV with a header row.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json", "csv"]),
+    default="table",
+    show_default=True,
+    help="A table for people, a JSON list, or CSV with a header row.",
+)
 @db_option
 def leaderboard(study, top, fmt, db):
     """Rank a study's configurations that fit, fastest first."""
@@ -77,20 +95,29 @@ def db_upgrade(db):
         click.echo(f"{report.url}: already at {report.after}")
 
 
-
 @cli.command()
 @click.option("--study", default=None, help="Study name [default: the most recent one].")
-@click.option("--format", "fmt", type=click.Choice(BEST_FORMATS), default="json",
-              show_default=True,
-              help="json/yaml: the config and its measurements; trainer-args: TrainingArguments and model kwargs; "
-                   "cli: flags for the Hugging Face example scripts; accelerate: the config file for "
-                   "`accelerate launch --config_file` (processes, FSDP or DDP, mixed precision); trl: SFTConfig "
-                   "and SFTTrainer's arguments (JSON); axolotl, llamafactory: their training YAML; lightning: "
-                   "a LightningCLI YAML (docs/tools.md).")
-@click.option("--update", "update_path", default=None, metavar="FILE",
-              help="Write the winner into your own TRL, axolotl, LLaMA-Factory or TrainingArguments file (the one "
-                   "`search --from` read): only the keys the search decided change, the rest and its comments stay; "
-                   "prints the diff.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(BEST_FORMATS),
+    default="json",
+    show_default=True,
+    help="json/yaml: the config and its measurements; trainer-args: TrainingArguments and model kwargs; "
+    "cli: flags for the Hugging Face example scripts; accelerate: the config file for "
+    "`accelerate launch --config_file` (processes, FSDP or DDP, mixed precision); trl: SFTConfig "
+    "and SFTTrainer's arguments (JSON); axolotl, llamafactory: their training YAML; lightning: "
+    "a LightningCLI YAML (docs/tools.md).",
+)
+@click.option(
+    "--update",
+    "update_path",
+    default=None,
+    metavar="FILE",
+    help="Write the winner into your own TRL, axolotl, LLaMA-Factory or TrainingArguments file (the one "
+    "`search --from` read): only the keys the search decided change, the rest and its comments stay; "
+    "prints the diff.",
+)
 @click.option("--out", "out_path", default=None, metavar="FILE", help="With --update: write there, not over FILE.")
 @db_option
 def best(study, fmt, update_path, out_path, db):
@@ -105,8 +132,10 @@ def best(study, fmt, update_path, out_path, db):
     chosen = find_best(study, db)
     # On stderr, so that `$(autotune best --format cli)` takes the flags alone.
     if study is None:
-        click.echo(f"autotune: the most recent study, {chosen.row.study!r} (--model {shown_reference(chosen.config.model)})",
-                   err=True)
+        click.echo(
+            f"autotune: the most recent study, {chosen.row.study!r} (--model {shown_reference(chosen.config.model)})",
+            err=True,
+        )
     if update_path is not None:
         return _update(chosen, update_path, out_path)
     for note in chosen.notes(fmt):
@@ -137,5 +166,7 @@ def _update(chosen, update_path: str, out_path: str | None) -> None:
         click.echo(diff, nl=False)
     else:
         click.echo(f"{out}: the file already has the winner's levers")
-    click.echo(f"autotune: wrote {out} ({TOOLS[tool]}; {len(update.changed)} keys decided by study {chosen.row.study!r})",
-               err=True)
+    click.echo(
+        f"autotune: wrote {out} ({TOOLS[tool]}; {len(update.changed)} keys decided by study {chosen.row.study!r})",
+        err=True,
+    )

@@ -12,8 +12,12 @@ from autotune.cli.options import db_option
 
 @cli.command()
 @click.option("--study", default=None, help="Study name [default: the most recent one].")
-@click.option("--out", type=click.Path(dir_okay=False), default=None,
-              help="The file to write: .png, .svg or .pdf (matplotlib), or .html (plotly) [default: <study>.png here].")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="The file to write: .png, .svg or .pdf (matplotlib), or .html (plotly) [default: <study>.png here].",
+)
 @db_option
 def plot(study, out, db):
     """Plot a study's tokens/s against memory needed, with the budget, frontier, OOMs and pick."""
@@ -24,9 +28,16 @@ def plot(study, out, db):
 
 @cli.command()
 @click.option("--study", default=None, help="Study name [default: the most recent one].")
-@click.option("--out", type=click.Path(dir_okay=False), default=None, help="Write the Markdown here [default: print it].")
-@click.option("--plot", "plot_file", type=click.Path(dir_okay=False), default=None,
-              help="Draw the plot here and link it [default: beside --out, as .png; none when printing].")
+@click.option(
+    "--out", type=click.Path(dir_okay=False), default=None, help="Write the Markdown here [default: print it]."
+)
+@click.option(
+    "--plot",
+    "plot_file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Draw the plot here and link it [default: beside --out, as .png; none when printing].",
+)
 @db_option
 def report(study, out, plot_file, db):
     """Summarise a study in Markdown: setup, leaderboard, the pick and why, probe counts, plot."""

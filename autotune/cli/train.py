@@ -7,40 +7,114 @@ import sys
 import click
 
 from autotune.cli.app import cli, echo_json
-from autotune.cli.options import (COUNT, DEVICE, PASSES, RATE, STEPS, data_options, db_option, evaluation_asked,
-                                  task_options)
+from autotune.cli.options import (
+    COUNT,
+    DEVICE,
+    PASSES,
+    RATE,
+    STEPS,
+    data_options,
+    db_option,
+    evaluation_asked,
+    task_options,
+)
 from autotune.recipes import peft_text
 
 
 @cli.command()
-@click.option("--study", default=None, help="A finished study whose winner to train with [default with --model: MODEL-BUDGET].")
-@click.option("--model", default=None, help="Model to train; with --gpu-budget and no finished study for them, a search runs first.")
-@click.option("--gpu-budget", default=None,
-              help="Memory to fit in (8GiB, 7.5GiB, 8192MiB, 8GB or bytes); with --study alone it overrides the study's budget.")
+@click.option(
+    "--study", default=None, help="A finished study whose winner to train with [default with --model: MODEL-BUDGET]."
+)
+@click.option(
+    "--model",
+    default=None,
+    help="Model to train; with --gpu-budget and no finished study for them, a search runs first.",
+)
+@click.option(
+    "--gpu-budget",
+    default=None,
+    help="Memory to fit in (8GiB, 7.5GiB, 8192MiB, 8GB or bytes); with --study alone it overrides the study's budget.",
+)
 @data_options(required=True)
-@click.option("--eval-split", default=None, help="Evaluation data: a split name, a file, or a share of the blocks held out (5%).")
-@click.option("--output-dir", default=None, help="Checkpoints, the model and autotune-run.json [default: ./autotune-runs/STUDY].")
-@click.option("--max-steps", type=STEPS, default=None, help="Optimizer steps in all (a resumed run counts the earlier ones).")
+@click.option(
+    "--eval-split", default=None, help="Evaluation data: a split name, a file, or a share of the blocks held out (5%)."
+)
+@click.option(
+    "--output-dir", default=None, help="Checkpoints, the model and autotune-run.json [default: ./autotune-runs/STUDY]."
+)
+@click.option(
+    "--max-steps", type=STEPS, default=None, help="Optimizer steps in all (a resumed run counts the earlier ones)."
+)
 @click.option("--epochs", type=PASSES, default=None, help="Passes over the data instead of --max-steps [default: 1].")
-@click.option("--device", type=DEVICE, default=None, help="auto, cpu, cuda or cuda:N [default: the device type the study measured on].")
+@click.option(
+    "--device",
+    type=DEVICE,
+    default=None,
+    help="auto, cpu, cuda or cuda:N [default: the device type the study measured on].",
+)
 @click.option("--resume", is_flag=True, help="Go on from the latest checkpoint in --output-dir.")
 @click.option("--learning-rate", type=RATE, default=5e-5, show_default=True, help="Peak learning rate (linear decay).")
-@click.option("--save-steps", type=STEPS, default=500, show_default=True, help="Save a checkpoint every N optimizer steps.")
+@click.option(
+    "--save-steps", type=STEPS, default=500, show_default=True, help="Save a checkpoint every N optimizer steps."
+)
 @click.option("--random-init", is_flag=True, help="Start from random weights even where the model has trained ones.")
-@click.option("--merge", is_flag=True,
-              help="LoRA: after training, also save the base with the adapters merged in, a whole model, in OUTPUT_DIR/merged.")
+@click.option(
+    "--merge",
+    is_flag=True,
+    help="LoRA: after training, also save the base with the adapters merged in, a whole model, in OUTPUT_DIR/merged.",
+)
 @click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run.")
-@click.option("--gpus", type=COUNT, default=None,
-              help="Ranks (one GPU each) to train on, started by torchrun: a study's winner trains on the ranks it was "
-                   "probed on (this must repeat them); with --model and --gpu-budget the search runs on as many "
-                   "[default: the winner's].")
+@click.option(
+    "--gpus",
+    type=COUNT,
+    default=None,
+    help="Ranks (one GPU each) to train on, started by torchrun: a study's winner trains on the ranks it was "
+    "probed on (this must repeat them); with --model and --gpu-budget the search runs on as many "
+    "[default: the winner's].",
+)
 @db_option
-@click.option("--json", "as_json", is_flag=True, help="Print the run's summary as one JSON object (progress goes to stderr).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the run's summary as one JSON object (progress goes to stderr)."
+)
 @task_options
-def train(study, model, gpu_budget, dataset, text_column, target_column, label_column, eval_split, output_dir, max_steps,
-          epochs, device, resume, tokenizer, learning_rate, save_steps, random_init, merge, trust_remote_code, gpus, db, as_json,
-          task, target_length, num_labels, peft, lora_rank, lora_alpha, lora_dropout, lora_targets, eval_batch, eval_logits,
-          eval_accumulation_steps, generate, generation_max_length, num_beams):
+def train(
+    study,
+    model,
+    gpu_budget,
+    dataset,
+    text_column,
+    target_column,
+    label_column,
+    eval_split,
+    output_dir,
+    max_steps,
+    epochs,
+    device,
+    resume,
+    tokenizer,
+    learning_rate,
+    save_steps,
+    random_init,
+    merge,
+    trust_remote_code,
+    gpus,
+    db,
+    as_json,
+    task,
+    target_length,
+    num_labels,
+    peft,
+    lora_rank,
+    lora_alpha,
+    lora_dropout,
+    lora_targets,
+    eval_batch,
+    eval_logits,
+    eval_accumulation_steps,
+    generate,
+    generation_max_length,
+    num_beams,
+):
     """Train with a study's winning configuration under its budget; exit status 1 if it runs out of memory."""
     from autotune import report
     from autotune.train import TrainOptions
@@ -48,19 +122,43 @@ def train(study, model, gpu_budget, dataset, text_column, target_column, label_c
     from autotune.units import parse_budget
 
     budget = parse_budget(gpu_budget) if gpu_budget is not None else None
-    options = TrainOptions(dataset=dataset, output_dir=output_dir, max_steps=max_steps, epochs=epochs, device=device,
-                           text_column=text_column, target_column=target_column, label_column=label_column,
-                           eval_split=eval_split, resume=resume, tokenizer=tokenizer,
-                           learning_rate=learning_rate, save_steps=save_steps, random_init=random_init, merge=merge,
-                           trust_remote_code=trust_remote_code)
+    options = TrainOptions(
+        dataset=dataset,
+        output_dir=output_dir,
+        max_steps=max_steps,
+        epochs=epochs,
+        device=device,
+        text_column=text_column,
+        target_column=target_column,
+        label_column=label_column,
+        eval_split=eval_split,
+        resume=resume,
+        tokenizer=tokenizer,
+        learning_rate=learning_rate,
+        save_steps=save_steps,
+        random_init=random_init,
+        merge=merge,
+        trust_remote_code=trust_remote_code,
+    )
     out = sys.stderr if as_json else sys.stdout
-    outcome = run(options, study=study, model=model, gpu_budget=budget, task=task, target_length=target_length,
-                  num_labels=num_labels, peft=peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets),
-                  evaluation=evaluation_asked(eval_batch, eval_logits, eval_accumulation_steps, generate,
-                                              generation_max_length, num_beams), gpus=gpus, db=db,
-                  echo=lambda line: click.echo(line, file=out),
-                  on_search_start=lambda *a: click.echo(report.format_search_header(*a), file=out),
-                  on_search_event=lambda e: click.echo(report.format_event(e), file=out))
+    outcome = run(
+        options,
+        study=study,
+        model=model,
+        gpu_budget=budget,
+        task=task,
+        target_length=target_length,
+        num_labels=num_labels,
+        peft=peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets),
+        evaluation=evaluation_asked(
+            eval_batch, eval_logits, eval_accumulation_steps, generate, generation_max_length, num_beams
+        ),
+        gpus=gpus,
+        db=db,
+        echo=lambda line: click.echo(line, file=out),
+        on_search_start=lambda *a: click.echo(report.format_search_header(*a), file=out),
+        on_search_event=lambda e: click.echo(report.format_event(e), file=out),
+    )
     if as_json:
         echo_json(outcome.summary.to_dict())
     else:

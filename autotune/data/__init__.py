@@ -10,8 +10,23 @@ Only `datasets` and `transformers` (tokenizers) when the functions run: no torch
 """
 
 from autotune.data.text import (
-    DEFAULT_TEXT_COLUMN, Blocks, DatasetSource, TextData, load_text, pack_blocks, parse_source, text_column,
+    DEFAULT_TEXT_COLUMN,
+    Blocks,
+    DatasetSource,
+    TextData,
+    load_text,
+    pack_blocks,
+    parse_source,
+    text_column,
 )
 
-__all__ = ["DEFAULT_TEXT_COLUMN", "Blocks", "DatasetSource", "TextData", "load_text", "pack_blocks", "parse_source",
-           "text_column"]
+__all__ = [
+    "DEFAULT_TEXT_COLUMN",
+    "Blocks",
+    "DatasetSource",
+    "TextData",
+    "load_text",
+    "pack_blocks",
+    "parse_source",
+    "text_column",
+]

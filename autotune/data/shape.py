@@ -17,8 +17,15 @@ if TYPE_CHECKING:
     from autotune.models import ModelSpec
 
 
-def measure_data_shape(spec: ModelSpec, task: str, data: DataOptions, trust_remote_code: bool = False, *,
-                       packing: bool = True, trainer: str = DEFAULT_TRAINER) -> DataShape:
+def measure_data_shape(
+    spec: ModelSpec,
+    task: str,
+    data: DataOptions,
+    trust_remote_code: bool = False,
+    *,
+    packing: bool = True,
+    trainer: str = DEFAULT_TRAINER,
+) -> DataShape:
     """The shape of `data` for `task`, tokenised by `data.tokenizer` (else the model's own): the data
     and the tokenizer checked as train checks them (DatasetError, BadInput, ModelNotFound). A causal
     LM trained per example (`packing` False) is measured as a padded task is; TRL's SFTTrainer
@@ -42,10 +49,17 @@ def shaped_space_args(spec: ModelSpec, space_args: dict, trust_remote_code: bool
     args = {name: value for name, value in space_args.items() if name != "data"}
     if data is None:
         return args
-    task = spec.task_fields(task=args.get("task"), target_length=args.get("target_length"),
-                            num_labels=args.get("num_labels"))["task"]
-    shape = measure_data_shape(spec, task, data, trust_remote_code, packing=args.get("packing") is not False,
-                               trainer=args.get("trainer") or DEFAULT_TRAINER)
+    task = spec.task_fields(
+        task=args.get("task"), target_length=args.get("target_length"), num_labels=args.get("num_labels")
+    )["task"]
+    shape = measure_data_shape(
+        spec,
+        task,
+        data,
+        trust_remote_code,
+        packing=args.get("packing") is not False,
+        trainer=args.get("trainer") or DEFAULT_TRAINER,
+    )
     if shape.labels is not None and args.get("num_labels") is None:
         args["num_labels"] = shape.labels
     return {**args, "data_shape": shape}

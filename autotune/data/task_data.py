@@ -55,10 +55,10 @@ _SHOWN_LABELS = 5
 class Labels:
     """The labels of a classification data set, as the model's head is built for them."""
 
-    count: int                              # the head's outputs
-    names: tuple[str, ...] | None = None    # name of each id, when the labels have names
-    ids: dict[Any, int] | None = None       # a label's value -> its id, when labels are text (or true/false)
-    regression: bool = False                # numbers that are not whole: one output, float labels
+    count: int  # the head's outputs
+    names: tuple[str, ...] | None = None  # name of each id, when the labels have names
+    ids: dict[Any, int] | None = None  # a label's value -> its id, when labels are text (or true/false)
+    regression: bool = False  # numbers that are not whole: one output, float labels
 
     def id2label(self) -> dict[int, str] | None:
         return dict(enumerate(self.names)) if self.names is not None else None
@@ -93,9 +93,9 @@ class TaskData:
 class Examples:
     """Tokenised training (and evaluation) examples of fixed length, one per row of the data."""
 
-    train: Any                    # datasets.Dataset with input_ids, attention_mask and labels
+    train: Any  # datasets.Dataset with input_ids, attention_mask and labels
     eval: Any | None
-    shape: str                    # what one example is, e.g. '64 source + 16 target tokens'
+    shape: str  # what one example is, e.g. '64 source + 16 target tokens'
 
     def describe(self) -> str:
         evaluation = f", {len(self.eval):,} for evaluation" if self.eval is not None else ""
@@ -105,25 +105,41 @@ class Examples:
 def load_task_data(task: Task, options: DataOptions) -> TaskData:
     """Read `options.dataset` and check that it holds what `task` trains on; DatasetError naming
     the columns when it does not, BadInput for a column flag the task has no use for."""
-    for flag, value, owner in (("--target-column", options.target_column, Task.SEQ2SEQ),
-                               ("--label-column", options.label_column, Task.CLASSIFICATION)):
+    for flag, value, owner in (
+        ("--target-column", options.target_column, Task.SEQ2SEQ),
+        ("--label-column", options.label_column, Task.CLASSIFICATION),
+    ):
         if value is not None and task != owner:
             raise BadInput(f"{flag} is for --task {owner}; this run trains {task}: leave it out.")
     spec = options.dataset
     if task == Task.SEQ2SEQ:
+
         def seq2seq_columns(dataset) -> dict[str, str]:
-            target = text_column(dataset, options.target_column, spec, flag="--target-column", names=TARGET_COLUMNS,
-                                 role="target", only=False)
-            source = text_column(dataset, options.text_column, spec, names=SOURCE_COLUMNS, role="source text",
-                                 taken=(target,))
+            target = text_column(
+                dataset,
+                options.target_column,
+                spec,
+                flag="--target-column",
+                names=TARGET_COLUMNS,
+                role="target",
+                only=False,
+            )
+            source = text_column(
+                dataset, options.text_column, spec, names=SOURCE_COLUMNS, role="source text", taken=(target,)
+            )
             return {"text": source, "target": target}
 
         return TaskData(task, load_text(spec, eval_split=options.eval_split, columns=seq2seq_columns))
     if task == Task.CLASSIFICATION:
+
         def classification_columns(dataset) -> dict[str, str]:
             label = label_column(dataset, options.label_column, spec)
-            return {"text": text_column(dataset, options.text_column, spec, names=CLASSIFICATION_TEXT_COLUMNS,
-                                        taken=(label,)), "label": label}
+            return {
+                "text": text_column(
+                    dataset, options.text_column, spec, names=CLASSIFICATION_TEXT_COLUMNS, taken=(label,)
+                ),
+                "label": label,
+            }
 
         text = load_text(spec, eval_split=options.eval_split, columns=classification_columns)
         return TaskData(task, text, read_labels(text))
@@ -138,8 +154,10 @@ def label_column(dataset, requested: str | None, spec: str) -> str:
             raise DatasetError(f"--label-column {requested!r}: {spec} has no such column (it has: {columns}).")
         return requested
     if DEFAULT_LABEL_COLUMN not in dataset.column_names:
-        raise DatasetError(f"--dataset {spec}: no label column for classification (columns: {columns}); give a data set "
-                           f"with a {DEFAULT_LABEL_COLUMN!r} column, or name it with --label-column.")
+        raise DatasetError(
+            f"--dataset {spec}: no label column for classification (columns: {columns}); give a data set "
+            f"with a {DEFAULT_LABEL_COLUMN!r} column, or name it with --label-column."
+        )
     return DEFAULT_LABEL_COLUMN
 
 
@@ -155,8 +173,9 @@ def read_labels(text: TextData) -> Labels:
     dtype = getattr(feature, "dtype", None)
     whole = isinstance(feature, datasets.ClassLabel) or (dtype is not None and dtype.startswith(("int", "uint")))
     if whole and min(values) < 0:  # -1 marks an unlabelled row in GLUE's test splits
-        raise DatasetError(f"--dataset {spec}: label {min(values)} in column {column!r} is negative; labels are ids "
-                           f"from 0 (or text).")
+        raise DatasetError(
+            f"--dataset {spec}: label {min(values)} in column {column!r} is negative; labels are ids from 0 (or text)."
+        )
     if isinstance(feature, datasets.ClassLabel):  # a hub data set's named labels, stored as ids
         labels = Labels(count=feature.num_classes, names=tuple(feature.names))
     elif whole:
@@ -165,20 +184,31 @@ def read_labels(text: TextData) -> Labels:
         labels = Labels(count=1, regression=True)
     elif dtype in ("string", "large_string", "bool"):
         ordered = sorted(values)
-        labels = Labels(count=len(ordered), names=tuple(str(v) for v in ordered), ids={v: i for i, v in enumerate(ordered)})
+        labels = Labels(
+            count=len(ordered), names=tuple(str(v) for v in ordered), ids={v: i for i, v in enumerate(ordered)}
+        )
     else:
-        raise DatasetError(f"--label-column {column!r}: that column of {spec} holds {dtype or type(feature).__name__}, "
-                           f"not labels; give a column of text labels or whole-number ids.")
+        raise DatasetError(
+            f"--label-column {column!r}: that column of {spec} holds {dtype or type(feature).__name__}, "
+            f"not labels; give a column of text labels or whole-number ids."
+        )
     if not labels.regression and len(values) < 2:
-        raise DatasetError(f"--dataset {spec}: every row has the label {values[0]!r}; a classifier needs at least two "
-                           f"labels.")
+        raise DatasetError(
+            f"--dataset {spec}: every row has the label {values[0]!r}; a classifier needs at least two labels."
+        )
     if text.eval is not None:
-        unknown = [v for v in text.eval.unique(column)
-                   if v is None or (labels.ids is not None and v not in labels.ids)
-                   or (labels.ids is None and not labels.regression and not 0 <= v < labels.count)]
+        unknown = [
+            v
+            for v in text.eval.unique(column)
+            if v is None
+            or (labels.ids is not None and v not in labels.ids)
+            or (labels.ids is None and not labels.regression and not 0 <= v < labels.count)
+        ]
         if unknown:
-            raise DatasetError(f"--eval-split: label {unknown[0]!r} of column {column!r} is not among the training data's "
-                               f"labels; give evaluation data labelled as the training data.")
+            raise DatasetError(
+                f"--eval-split: label {unknown[0]!r} of column {column!r} is not among the training data's "
+                f"labels; give evaluation data labelled as the training data."
+            )
     return labels
 
 
@@ -189,18 +219,23 @@ def check_tokenizer(task: Task, tokenizer: PreTrainedTokenizerBase, reference: s
     if task == Task.CAUSAL_LM:
         return
     if task == Task.MASKED_LM and tokenizer.mask_token is None:
-        raise BadInput(f"the tokenizer of {reference} has no mask token, which --task masked-lm needs; pass --tokenizer "
-                       f"with a mask token (a BERT-style tokenizer).")
+        raise BadInput(
+            f"the tokenizer of {reference} has no mask token, which --task masked-lm needs; pass --tokenizer "
+            f"with a mask token (a BERT-style tokenizer)."
+        )
     if tokenizer.pad_token is None:
         stand_in = tokenizer.eos_token or tokenizer.unk_token
         if stand_in is None:
-            raise BadInput(f"the tokenizer of {reference} has no padding, end-of-text or unknown token to pad the "
-                           f"{task} examples to the block size with; pass --tokenizer with a padding token.")
+            raise BadInput(
+                f"the tokenizer of {reference} has no padding, end-of-text or unknown token to pad the "
+                f"{task} examples to the block size with; pass --tokenizer with a padding token."
+            )
         tokenizer.pad_token = stand_in
 
 
-def prepare_examples(data: TaskData, tokenizer: PreTrainedTokenizerBase, config: ProbeConfig, *,
-                     seed: int = 42) -> Blocks | Examples:
+def prepare_examples(
+    data: TaskData, tokenizer: PreTrainedTokenizerBase, config: ProbeConfig, *, seed: int = 42
+) -> Blocks | Examples:
     """The training (and evaluation) examples of `config`'s shape; DatasetError when none remain."""
     text = data.text
     per_example = config.lengths is not None
@@ -209,25 +244,37 @@ def prepare_examples(data: TaskData, tokenizer: PreTrainedTokenizerBase, config:
         if data.task == Task.CAUSAL_LM:
             return blocks
         # The collator masks each batch afresh and makes its labels.
-        return replace(blocks, train=blocks.train.remove_columns("labels"),
-                       eval=blocks.eval.remove_columns("labels") if blocks.eval is not None else None)
+        return replace(
+            blocks,
+            train=blocks.train.remove_columns("labels"),
+            eval=blocks.eval.remove_columns("labels") if blocks.eval is not None else None,
+        )
     if data.task == Task.SEQ2SEQ:
         assert config.target_length is not None  # a seq2seq config has one (ProbeConfig checks)
-        encode = _seq2seq_encoder(tokenizer, text.column, text.others["target"], config.block_size, config.target_length)
+        encode = _seq2seq_encoder(
+            tokenizer, text.column, text.others["target"], config.block_size, config.target_length
+        )
         shape = f"{config.block_size} source + {config.target_length} target tokens"
     elif data.task == Task.CAUSAL_LM:
         encode = _example_encoder(tokenizer, text.column, config.block_size)
         shape = f"at most {config.block_size} tokens, padded to each batch's longest"
     else:
         assert data.labels is not None  # read by load_task_data
-        encode = _classification_encoder(tokenizer, text.column, text.others["label"], data.labels, config.block_size,
-                                         padded=not per_example)
-        shape = f"{config.block_size} tokens" if not per_example else f"at most {config.block_size} tokens, padded to each batch's longest"
+        encode = _classification_encoder(
+            tokenizer, text.column, text.others["label"], data.labels, config.block_size, padded=not per_example
+        )
+        shape = (
+            f"{config.block_size} tokens"
+            if not per_example
+            else f"at most {config.block_size} tokens, padded to each batch's longest"
+        )
     train = _encode(text.train, encode, text.source.spec, "--dataset")
     evaluation = _encode(text.eval, encode, text.source.spec, "--eval-split") if text.eval is not None else None
     if text.eval_fraction:
         if len(train) < 2:
-            raise DatasetError(f"--eval-split {text.eval_fraction:.0%}: only one example; give more data or no --eval-split.")
+            raise DatasetError(
+                f"--eval-split {text.eval_fraction:.0%}: only one example; give more data or no --eval-split."
+            )
         parts = train.train_test_split(test_size=text.eval_fraction, seed=seed)
         train, evaluation = parts["train"], parts["test"]
     return Examples(train=train, eval=evaluation, shape=shape)
@@ -248,10 +295,19 @@ def _seq2seq_encoder(tokenizer, source: str, target: str, block_size: int, targe
         keep = [i for i, (s, t) in enumerate(zip(batch[source], batch[target])) if s and t]
         if not keep:
             return {"input_ids": [], "attention_mask": [], "labels": []}
-        inputs = tokenizer([batch[source][i] for i in keep], max_length=block_size, padding="max_length",
-                           truncation=True, return_attention_mask=True)
-        targets = tokenizer(text_target=[batch[target][i] for i in keep], max_length=target_length,
-                            padding="max_length", truncation=True)
+        inputs = tokenizer(
+            [batch[source][i] for i in keep],
+            max_length=block_size,
+            padding="max_length",
+            truncation=True,
+            return_attention_mask=True,
+        )
+        targets = tokenizer(
+            text_target=[batch[target][i] for i in keep],
+            max_length=target_length,
+            padding="max_length",
+            truncation=True,
+        )
         # Padding carries no loss (run_summarization.py's ignore_pad_token_for_loss); the model turns
         # -100 back into padding where it shifts the labels into decoder inputs.
         labels = [[t if t != pad else -100 for t in ids] for ids in targets["input_ids"]]
@@ -262,9 +318,11 @@ def _seq2seq_encoder(tokenizer, source: str, target: str, block_size: int, targe
 
 def _example_encoder(tokenizer, column: str, block_size: int):
     """A causal LM's examples one per row, truncated at the block (the collator pads and labels them)."""
+
     def encode(batch: dict[str, list]) -> dict[str, list]:
-        encoded = tokenizer([t for t in batch[column] if t], max_length=block_size, truncation=True,
-                            return_attention_mask=True)
+        encoded = tokenizer(
+            [t for t in batch[column] if t], max_length=block_size, truncation=True, return_attention_mask=True
+        )
         return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
 
     return encode
@@ -272,10 +330,18 @@ def _example_encoder(tokenizer, column: str, block_size: int):
 
 def _classification_encoder(tokenizer, column: str, label: str, labels: Labels, block_size: int, padded: bool = True):
     def encode(batch: dict[str, list]) -> dict[str, list]:
-        encoded = tokenizer([t or "" for t in batch[column]], max_length=block_size,
-                            padding="max_length" if padded else False, truncation=True, return_attention_mask=True)
-        return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"],
-                "labels": [labels.encode(v) for v in batch[label]]}
+        encoded = tokenizer(
+            [t or "" for t in batch[column]],
+            max_length=block_size,
+            padding="max_length" if padded else False,
+            truncation=True,
+            return_attention_mask=True,
+        )
+        return {
+            "input_ids": encoded["input_ids"],
+            "attention_mask": encoded["attention_mask"],
+            "labels": [labels.encode(v) for v in batch[label]],
+        }
 
     return encode
 
@@ -292,8 +358,10 @@ def example_lengths(data: TaskData, tokenizer: PreTrainedTokenizerBase, *, added
     def lengths(batch: dict[str, list]) -> dict[str, list]:
         if target is None:
             encoded = tokenizer([t or "" for t in batch[source]], truncation=False)
-            return {"source": [len(ids) + added for ids in encoded["input_ids"]],
-                    "target": [0] * len(encoded["input_ids"])}
+            return {
+                "source": [len(ids) + added for ids in encoded["input_ids"]],
+                "target": [0] * len(encoded["input_ids"]),
+            }
         keep = [i for i, (s, t) in enumerate(zip(batch[source], batch[target])) if s and t]  # as _seq2seq_encoder
         sources = tokenizer([batch[source][i] for i in keep], truncation=False)["input_ids"] if keep else []
         targets = tokenizer(text_target=[batch[target][i] for i in keep], truncation=False)["input_ids"] if keep else []
@@ -311,15 +379,21 @@ def example_lengths(data: TaskData, tokenizer: PreTrainedTokenizerBase, *, added
             if split is text.train:
                 trained = Lengths.of(measured["source"]).to_text()
     if examples == 0 or longest == 0:
-        raise DatasetError(f"--dataset {text.source.spec}: no row has text to train on; give rows with text in every "
-                           f"column read.")
-    return DataShape(text.source.spec, data.task.value, examples, longest,
-                     longest_target if target is not None else None,
-                     data.labels.count if data.labels is not None else None, lengths=trained)
+        raise DatasetError(
+            f"--dataset {text.source.spec}: no row has text to train on; give rows with text in every column read."
+        )
+    return DataShape(
+        text.source.spec,
+        data.task.value,
+        examples,
+        longest,
+        longest_target if target is not None else None,
+        data.labels.count if data.labels is not None else None,
+        lengths=trained,
+    )
 
 
-def task_collator(task: str, tokenizer: PreTrainedTokenizerBase, per_example: bool = False,
-                  padding_free: bool = False):
+def task_collator(task: str, tokenizer: PreTrainedTokenizerBase, per_example: bool = False, padding_free: bool = False):
     """What turns a list of examples into a batch: every example of every task has the same
     length, so the default collator stacks them; masked-lm masks each batch as it is made. Examples
     one per row (`per_example`: a study timed on the data's lengths) are padded to the batch's longest,

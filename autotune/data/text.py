@@ -28,10 +28,14 @@ from autotune.errors import DatasetError
 # File extensions by the `datasets` builder that reads them. Compressed files (.gz, .bz2, .xz,
 # .zst) are read by the same builders.
 BUILDERS = {
-    ".txt": "text", ".text": "text",
-    ".json": "json", ".jsonl": "json",
-    ".csv": "csv", ".tsv": "csv",
-    ".parquet": "parquet", ".pq": "parquet",
+    ".txt": "text",
+    ".text": "text",
+    ".json": "json",
+    ".jsonl": "json",
+    ".csv": "csv",
+    ".tsv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
 }
 _COMPRESSION = (".gz", ".bz2", ".xz", ".zst", ".zip")
 KNOWN = ".txt, .json, .jsonl, .csv, .tsv or .parquet"
@@ -42,11 +46,11 @@ DEFAULT_TEXT_COLUMN = "text"
 class DatasetSource:
     """Where a data set comes from: local files through a builder, or a hub data set."""
 
-    spec: str                     # what the user typed
-    kind: str                     # 'file', 'directory' or 'hub'
-    path: str                     # builder name, directory or hub id for load_dataset
+    spec: str  # what the user typed
+    kind: str  # 'file', 'directory' or 'hub'
+    path: str  # builder name, directory or hub id for load_dataset
     data_files: str | None = None
-    config: str | None = None     # hub configuration (e.g. wikitext-2-raw-v1)
+    config: str | None = None  # hub configuration (e.g. wikitext-2-raw-v1)
     split: str = "train"
     builder_kwargs: tuple[tuple[str, Any], ...] = ()
 
@@ -57,9 +61,9 @@ class TextData:
     the column that holds the text."""
 
     source: DatasetSource
-    train: Any                    # datasets.Dataset
+    train: Any  # datasets.Dataset
     column: str
-    eval: Any | None = None       # datasets.Dataset
+    eval: Any | None = None  # datasets.Dataset
     eval_fraction: float | None = None  # hold out this share of the packed blocks instead
     others: dict[str, str] = field(default_factory=dict)  # other columns a task reads, by role ('target', 'label')
 
@@ -78,15 +82,16 @@ class TextData:
 class Blocks:
     """Packed training (and evaluation) blocks."""
 
-    train: Any                    # datasets.Dataset with input_ids and labels
+    train: Any  # datasets.Dataset with input_ids and labels
     eval: Any | None
     block_size: int
-    tokens: int                   # tokens of text, before the remainder was dropped
+    tokens: int  # tokens of text, before the remainder was dropped
 
     def describe(self) -> str:
         evaluation = f", {len(self.eval):,} for evaluation" if self.eval is not None else ""
-        return (f"{self.tokens:,} tokens packed into {len(self.train):,} training blocks of "
-                f"{self.block_size}{evaluation}")
+        return (
+            f"{self.tokens:,} tokens packed into {len(self.train):,} training blocks of {self.block_size}{evaluation}"
+        )
 
 
 def parse_source(spec: str, *, flag: str = "--dataset") -> DatasetSource:
@@ -98,8 +103,9 @@ def parse_source(spec: str, *, flag: str = "--dataset") -> DatasetSource:
     path = Path(spec).expanduser()
     if path.is_dir():
         if not _holds_data_files(path):
-            raise DatasetError(f"{flag} {spec}: the directory holds no {KNOWN} file; give a data file, or a directory "
-                               f"of such files.")
+            raise DatasetError(
+                f"{flag} {spec}: the directory holds no {KNOWN} file; give a data file, or a directory of such files."
+            )
         return DatasetSource(spec, "directory", str(path.resolve()))
     suffixes = [s.lower() for s in path.suffixes]
     if suffixes and suffixes[-1] in _COMPRESSION:
@@ -111,21 +117,27 @@ def parse_source(spec: str, *, flag: str = "--dataset") -> DatasetSource:
             raise DatasetError(f"{flag} {spec}: the file is empty; give a file with some text.")
         builder = BUILDERS.get(extension)
         if builder is None:
-            raise DatasetError(f"{flag} {spec}: cannot read files ending in {extension or '(no extension)'!r}; "
-                               f"give a {KNOWN} file, or a hub data set name.")
+            raise DatasetError(
+                f"{flag} {spec}: cannot read files ending in {extension or '(no extension)'!r}; "
+                f"give a {KNOWN} file, or a hub data set name."
+            )
         kwargs: tuple[tuple[str, Any], ...] = ()
         if builder == "text":
-            kwargs = (("keep_linebreaks", True),)   # as run_clm.py: lines keep their newline
+            kwargs = (("keep_linebreaks", True),)  # as run_clm.py: lines keep their newline
         elif extension == ".tsv":
             kwargs = (("sep", "\t"),)
         return DatasetSource(spec, "file", builder, data_files=str(path.resolve()), builder_kwargs=kwargs)
     if looks_like_file and not _looks_like_hub_id(spec):
-        raise DatasetError(f"{flag} {spec}: no such file or directory; give an existing {KNOWN} file, or a hub data set name.")
+        raise DatasetError(
+            f"{flag} {spec}: no such file or directory; give an existing {KNOWN} file, or a hub data set name."
+        )
     name, _, rest = spec.partition(":")
     config, _, split = rest.partition(":")
     if ":" in split:
-        raise DatasetError(f"{flag} {spec}: write a hub data set as NAME, NAME:CONFIG or NAME:CONFIG:SPLIT "
-                           f"(e.g. wikitext:wikitext-2-raw-v1:train).")
+        raise DatasetError(
+            f"{flag} {spec}: write a hub data set as NAME, NAME:CONFIG or NAME:CONFIG:SPLIT "
+            f"(e.g. wikitext:wikitext-2-raw-v1:train)."
+        )
     return DatasetSource(spec, "hub", name, config=config or None, split=split or "train")
 
 
@@ -155,7 +167,7 @@ def _load(source: DatasetSource):
     import datasets
 
     if not sys.stderr.isatty():
-        datasets.disable_progress_bars()   # one bar per file and map is noise in a log
+        datasets.disable_progress_bars()  # one bar per file and map is noise in a log
     try:
         with _held_logs():
             if source.kind == "file":
@@ -169,8 +181,10 @@ def _load(source: DatasetSource):
     except Exception as exc:  # datasets raises many types (FileNotFoundError, ArrowInvalid, DatasetNotFoundError, ...)
         reason = _root_reason(exc)
         if source.kind == "hub":
-            raise DatasetError(f"--dataset {source.spec}: cannot load it from the hub or the local cache ({reason}); "
-                               f"offline, give a local {KNOWN} file.") from None
+            raise DatasetError(
+                f"--dataset {source.spec}: cannot load it from the hub or the local cache ({reason}); "
+                f"offline, give a local {KNOWN} file."
+            ) from None
         hint = _FORMAT_HINTS.get(source.path, "") if source.kind == "file" else ""
         raise DatasetError(f"--dataset {source.spec}: cannot read it ({reason}){hint}.") from None
 
@@ -248,28 +262,45 @@ def _hub_access() -> Iterator[None]:
 
 def _split(loaded, source: DatasetSource, split: str, *, flag: str):
     if split not in loaded:
-        raise DatasetError(f"{flag}: {source.spec} has no split {split!r} (it has: {', '.join(loaded)}); "
-                           f"name one of those{', a file, or a share like 5%' if flag == '--eval-split' else ''}.")
+        raise DatasetError(
+            f"{flag}: {source.spec} has no split {split!r} (it has: {', '.join(loaded)}); "
+            f"name one of those{', a file, or a share like 5%' if flag == '--eval-split' else ''}."
+        )
     return loaded[split]
 
 
-def text_column(dataset, requested: str | None, spec: str, *, flag: str = "--text-column",
-                names: tuple[str, ...] = (DEFAULT_TEXT_COLUMN,), role: str = "text", taken: tuple[str, ...] = (),
-                only: bool = True) -> str:
+def text_column(
+    dataset,
+    requested: str | None,
+    spec: str,
+    *,
+    flag: str = "--text-column",
+    names: tuple[str, ...] = (DEFAULT_TEXT_COLUMN,),
+    role: str = "text",
+    taken: tuple[str, ...] = (),
+    only: bool = True,
+) -> str:
     """The column holding `role`'s text: `requested`, else the first of `names` the data set has,
     else (when `only`) its only text column that another role has not `taken`."""
-    strings = [name for name, feature in dataset.features.items()
-               if getattr(feature, "dtype", None) in ("string", "large_string")]
+    strings = [
+        name
+        for name, feature in dataset.features.items()
+        if getattr(feature, "dtype", None) in ("string", "large_string")
+    ]
     columns = ", ".join(dataset.column_names) or "none"
     if requested is not None:
         if requested not in dataset.column_names:
             raise DatasetError(f"{flag} {requested!r}: {spec} has no such column (it has: {columns}).")
         if requested not in strings:
-            raise DatasetError(f"{flag} {requested!r}: that column of {spec} does not hold text; "
-                               f"give one of the text columns ({', '.join(strings) or 'none'}).")
+            raise DatasetError(
+                f"{flag} {requested!r}: that column of {spec} does not hold text; "
+                f"give one of the text columns ({', '.join(strings) or 'none'})."
+            )
         if requested in taken:
-            raise DatasetError(f"{flag} {requested!r}: that column of {spec} is already read for another role; "
-                               f"give a column of its own.")
+            raise DatasetError(
+                f"{flag} {requested!r}: that column of {spec} is already read for another role; "
+                f"give a column of its own."
+            )
         return requested
     free = [name for name in strings if name not in taken]
     for name in names:
@@ -280,14 +311,21 @@ def text_column(dataset, requested: str | None, spec: str, *, flag: str = "--tex
     wanted = " or ".join(repr(name) for name in names)
     if not free or not only:
         named = f", or name it with {flag}" if free else ""
-        raise DatasetError(f"--dataset {spec}: no {role} column (columns: {columns}); give a data set with a {wanted} "
-                           f"column{named}.")
-    raise DatasetError(f"--dataset {spec}: no {wanted} column and several text columns ({', '.join(free)}); "
-                       f"choose one with {flag}.")
+        raise DatasetError(
+            f"--dataset {spec}: no {role} column (columns: {columns}); give a data set with a {wanted} column{named}."
+        )
+    raise DatasetError(
+        f"--dataset {spec}: no {wanted} column and several text columns ({', '.join(free)}); choose one with {flag}."
+    )
 
 
-def load_text(spec: str, *, column: str | None = None, eval_split: str | None = None,
-              columns: Callable[[Any], dict[str, str]] | None = None) -> TextData:
+def load_text(
+    spec: str,
+    *,
+    column: str | None = None,
+    eval_split: str | None = None,
+    columns: Callable[[Any], dict[str, str]] | None = None,
+) -> TextData:
     """Read and check a data set's raw text: it exists, has a text column, and is not empty.
     `eval_split`: a split name of the same data set, a file, or a share of the blocks ('5%').
     `columns(train split)` names the columns a task reads by role, the text as 'text' (and then
@@ -308,22 +346,30 @@ def load_text(spec: str, *, column: str | None = None, eval_split: str | None = 
             except ValueError:
                 fraction = -1.0
             if not 0 < fraction < 1:
-                raise DatasetError(f"--eval-split {eval_split!r}: give a share between 0% and 100% (like 5%), a split name or a file.")
+                raise DatasetError(
+                    f"--eval-split {eval_split!r}: give a share between 0% and 100% (like 5%), a split name or a file."
+                )
             if fraction > MAX_EVAL_FRACTION:
-                raise DatasetError(f"--eval-split {eval_split!r}: that holds out more of the blocks than it trains on; give "
-                                   f"a share of at most {MAX_EVAL_FRACTION:.0%} (like 5%), a split name or a file.")
+                raise DatasetError(
+                    f"--eval-split {eval_split!r}: that holds out more of the blocks than it trains on; give "
+                    f"a share of at most {MAX_EVAL_FRACTION:.0%} (like 5%), a split name or a file."
+                )
             data.eval_fraction = fraction
         elif Path(eval_split).expanduser().exists() or source.kind == "file":
             other = parse_source(eval_split, flag="--eval-split")
             if other.kind == "hub":
                 # A single local file has only a 'train' split: anything else must be another file.
-                raise DatasetError(f"--eval-split {eval_split!r}: {spec} is one file with no other splits; "
-                                   f"give another file, or a share of the blocks like 5%.")
-            data.eval = _with_columns(_split(_load(other), other, other.split, flag="--eval-split"), eval_split,
-                                      (name, *roles.values()))
+                raise DatasetError(
+                    f"--eval-split {eval_split!r}: {spec} is one file with no other splits; "
+                    f"give another file, or a share of the blocks like 5%."
+                )
+            data.eval = _with_columns(
+                _split(_load(other), other, other.split, flag="--eval-split"), eval_split, (name, *roles.values())
+            )
         else:
-            data.eval = _with_columns(_split(loaded, source, eval_split, flag="--eval-split"), eval_split,
-                                      (name, *roles.values()))
+            data.eval = _with_columns(
+                _split(loaded, source, eval_split, flag="--eval-split"), eval_split, (name, *roles.values())
+            )
     return data
 
 
@@ -335,7 +381,7 @@ def _any_text(dataset, column: str, batch: int = 10_000) -> bool:
     """Whether any row of `column` holds more than white space; reads batch by batch and stops at
     the first that does (a data set of blank rows is refused before anything is searched)."""
     for start in range(0, len(dataset), batch):
-        if any(isinstance(text, str) and text.strip() for text in dataset[start:start + batch][column]):
+        if any(isinstance(text, str) and text.strip() for text in dataset[start : start + batch][column]):
             return True
     return False
 
@@ -344,8 +390,10 @@ def _with_columns(evaluation, eval_split: str, needed: tuple[str, ...]):
     """The evaluation split, when it has every column the training data is read from."""
     for column in needed:
         if column not in evaluation.column_names:
-            raise DatasetError(f"--eval-split {eval_split}: no column {column!r} as in the training data "
-                               f"(it has: {', '.join(evaluation.column_names)}).")
+            raise DatasetError(
+                f"--eval-split {eval_split}: no column {column!r} as in the training data "
+                f"(it has: {', '.join(evaluation.column_names)})."
+            )
     return evaluation
 
 
@@ -370,11 +418,14 @@ def _pack(dataset, tokenizer, column: str, block_size: int):
     def group(batch):
         ids = [token for seq in batch["input_ids"] for token in seq]
         usable = len(ids) // block_size * block_size
-        blocks = [ids[i:i + block_size] for i in range(0, usable, block_size)]
+        blocks = [ids[i : i + block_size] for i in range(0, usable, block_size)]
         # The all-ones mask run_clm.py's group_texts keeps (the tokenizer's) and TRL's collator makes:
         # what the probes' packed batches carry (autotune.probe.step.synthetic_batch).
-        return {"input_ids": blocks, "attention_mask": [[1] * block_size for _ in blocks],
-                "labels": [list(b) for b in blocks]}
+        return {
+            "input_ids": blocks,
+            "attention_mask": [[1] * block_size for _ in blocks],
+            "labels": [list(b) for b in blocks],
+        }
 
     tokenized = dataset.map(tokenize, batched=True, remove_columns=dataset.column_names, desc="Tokenizing")
     tokens = sum(len(ids) for ids in tokenized["input_ids"])
@@ -387,22 +438,30 @@ def pack_blocks(data: TextData, tokenizer, block_size: int, *, seed: int = 42) -
     """Tokenise and pack into blocks; DatasetError when there is not one full block of text."""
     train, tokens = _pack(data.train, tokenizer, data.column, block_size)
     if len(train) == 0:
-        raise DatasetError(f"--dataset {data.source.spec}: {tokens:,} tokens of text, fewer than one block of "
-                           f"{block_size}; give more text.")
+        raise DatasetError(
+            f"--dataset {data.source.spec}: {tokens:,} tokens of text, fewer than one block of "
+            f"{block_size}; give more text."
+        )
     evaluation = None
     if data.eval is not None:
         evaluation, eval_tokens = _pack(data.eval, tokenizer, data.column, block_size)
         if len(evaluation) == 0:
-            raise DatasetError(f"--eval-split: {eval_tokens:,} tokens of text, fewer than one block of {block_size}; "
-                               f"give more evaluation text.")
+            raise DatasetError(
+                f"--eval-split: {eval_tokens:,} tokens of text, fewer than one block of {block_size}; "
+                f"give more evaluation text."
+            )
     elif data.eval_fraction:
         if len(train) < 2:
-            raise DatasetError(f"--eval-split {data.eval_fraction:.0%}: only one block of {block_size} tokens; "
-                               f"give more text or no --eval-split.")
+            raise DatasetError(
+                f"--eval-split {data.eval_fraction:.0%}: only one block of {block_size} tokens; "
+                f"give more text or no --eval-split."
+            )
         held = math.ceil(len(train) * data.eval_fraction)
         if held >= len(train):
-            raise DatasetError(f"--eval-split {data.eval_fraction:.2%}: {len(train)} blocks of {block_size} tokens "
-                               f"leave none to train on; give a smaller share, or more text.")
+            raise DatasetError(
+                f"--eval-split {data.eval_fraction:.2%}: {len(train)} blocks of {block_size} tokens "
+                f"leave none to train on; give a smaller share, or more text."
+            )
         parts = train.train_test_split(test_size=held, seed=seed)
         train, evaluation = parts["train"], parts["test"]
     return Blocks(train=train, eval=evaluation, block_size=block_size, tokens=tokens)

@@ -21,8 +21,9 @@ def hub_usable() -> bool:
     return not _offline() and _hub_reachable()
 
 
-def load_tokenizer(spec: ModelSpec, explicit: str | None = None,
-                   trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+def load_tokenizer(
+    spec: ModelSpec, explicit: str | None = None, trust_remote_code: bool = False
+) -> PreTrainedTokenizerBase:
     """The tokenizer of `explicit`, else of the model reference; ModelNotFound saying what to pass."""
     from transformers import AutoTokenizer
 
@@ -32,8 +33,11 @@ def load_tokenizer(spec: ModelSpec, explicit: str | None = None,
     for candidate in candidates:
         local = Path(candidate).expanduser()
         try:
-            tokenizer = AutoTokenizer.from_pretrained(str(local) if local.exists() else candidate,
-                                                      local_files_only=local_only, trust_remote_code=trust_remote_code)
+            tokenizer = AutoTokenizer.from_pretrained(
+                str(local) if local.exists() else candidate,
+                local_files_only=local_only,
+                trust_remote_code=trust_remote_code,
+            )
         except Exception as exc:  # OSError, ValueError, TypeError...: all mean "no usable tokenizer there"
             reasons.append(f"{candidate}: {' '.join(str(exc).split())[:160]}")
             continue
@@ -43,12 +47,16 @@ def load_tokenizer(spec: ModelSpec, explicit: str | None = None,
         # config.json rather than failing; packing text with it would make blocks of unknown tokens.
         reasons.append(f"{candidate}: no tokenizer files (an empty vocabulary)")
     if explicit:
-        raise ModelNotFound(f"--tokenizer {explicit}: cannot load a tokenizer from it ({'; '.join(reasons)}); "
-                            f"give a directory holding tokenizer files, or a hub id.")
+        raise ModelNotFound(
+            f"--tokenizer {explicit}: cannot load a tokenizer from it ({'; '.join(reasons)}); "
+            f"give a directory holding tokenizer files, or a hub id."
+        )
     where = f"{spec.path} has no tokenizer files" if spec.path else f"{spec.reference} is not in the Hugging Face cache"
-    raise ModelNotFound(f"no tokenizer for {spec.reference}: {where}"
-                        f"{' and the hub is unreachable' if local_only else ''}; pass --tokenizer PATH "
-                        f"(a directory saved with tokenizer.save_pretrained, or a hub id).")
+    raise ModelNotFound(
+        f"no tokenizer for {spec.reference}: {where}"
+        f"{' and the hub is unreachable' if local_only else ''}; pass --tokenizer PATH "
+        f"(a directory saved with tokenizer.save_pretrained, or a hub id)."
+    )
 
 
 def _tokenizes(tokenizer: PreTrainedTokenizerBase) -> bool:
@@ -65,7 +73,7 @@ def check_vocabulary(spec: ModelSpec, tokenizer: PreTrainedTokenizerBase) -> Non
     """BadInput when the tokenizer makes ids that the model has no embedding for."""
     vocab = spec.config.get("vocab_size")
     if isinstance(vocab, int) and len(tokenizer) > vocab:
-        raise BadInput(f"the tokenizer has {len(tokenizer):,} tokens but {spec.reference}'s vocabulary has {vocab:,}: "
-                       f"ids past {vocab - 1} have no embedding; pass the model's own tokenizer with --tokenizer.")
-
-
+        raise BadInput(
+            f"the tokenizer has {len(tokenizer):,} tokens but {spec.reference}'s vocabulary has {vocab:,}: "
+            f"ids past {vocab - 1} have no embedding; pass the model's own tokenizer with --tokenizer."
+        )

@@ -27,6 +27,12 @@ from autotune.estimate.predict import estimate_memories, estimate_memory, untrac
 from autotune.estimate.result import CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, DEVICE_TYPES, MemoryEstimate
 
 __all__ = [
-    "CUBLAS_WORKSPACE_BYTES", "CUDA_CONTEXT_BYTES", "DEVICE_TYPES", "EstimateError", "MemoryEstimate",
-    "estimate_memories", "estimate_memory", "untraceable",
+    "CUBLAS_WORKSPACE_BYTES",
+    "CUDA_CONTEXT_BYTES",
+    "DEVICE_TYPES",
+    "EstimateError",
+    "MemoryEstimate",
+    "estimate_memories",
+    "estimate_memory",
+    "untraceable",
 ]

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 
 from autotune.units import CUDA_BLOCK_BYTES, round_to_block
 
-MIN_BLOCK = CUDA_BLOCK_BYTES    # kMinBlockSize
-SMALL_SIZE = 1 << 20            # kSmallSize: largest request served by the small pool
-SMALL_BUFFER = 2 << 20          # kSmallBuffer: small-pool segment
-LARGE_BUFFER = 20 << 20         # kLargeBuffer: segment for large requests under MIN_LARGE_ALLOC
-MIN_LARGE_ALLOC = 10 << 20      # kMinLargeAlloc
-ROUND_LARGE = 2 << 20           # kRoundLarge: rounding of large segments
+MIN_BLOCK = CUDA_BLOCK_BYTES  # kMinBlockSize
+SMALL_SIZE = 1 << 20  # kSmallSize: largest request served by the small pool
+SMALL_BUFFER = 2 << 20  # kSmallBuffer: small-pool segment
+LARGE_BUFFER = 20 << 20  # kLargeBuffer: segment for large requests under MIN_LARGE_ALLOC
+MIN_LARGE_ALLOC = 10 << 20  # kMinLargeAlloc
+ROUND_LARGE = 2 << 20  # kRoundLarge: rounding of large segments
 
 
 def round_size(nbytes: int) -> int:
@@ -69,7 +69,7 @@ class CachingAllocatorModel:
     peak_reserved: int = 0
     segments: int = 0
     _free: dict = field(default_factory=lambda: {True: [], False: []})  # small? -> sorted [(size, addr, id)]
-    _blocks: dict = field(default_factory=dict)                          # id(block) -> block, for the free lists
+    _blocks: dict = field(default_factory=dict)  # id(block) -> block, for the free lists
     _next_addr: int = 1 << 32
 
     def malloc(self, nbytes: int) -> _Block | None:

@@ -37,10 +37,15 @@ def cache_key(config: ProbeConfig, device_type: str, spec: ModelSpec, stack: Sta
     config.json) is answered from the cache."""
     fields_but_name = {k: v for k, v in config.key_fields().items() if k != "model"}
     parts = {
-        "config": fields_but_name, "model": spec.fingerprint, "device_type": device_type,
-        "torch": package_version("torch"), "transformers": package_version("transformers"),
-        "bitsandbytes": package_version("bitsandbytes"), "stack": (stack or Stack()).to_dict(),
-        "autotune": __version__, "estimator": ESTIMATOR_VERSION,
+        "config": fields_but_name,
+        "model": spec.fingerprint,
+        "device_type": device_type,
+        "torch": package_version("torch"),
+        "transformers": package_version("transformers"),
+        "bitsandbytes": package_version("bitsandbytes"),
+        "stack": (stack or Stack()).to_dict(),
+        "autotune": __version__,
+        "estimator": ESTIMATOR_VERSION,
         # A figure a GPU evidence run measured replaces its assumption: estimates made with it go.
         "cuda_constants": [figure.bytes for figure in cuda_constants.load().values()],
     }
@@ -98,6 +103,7 @@ def _to_record(estimate: MemoryEstimate) -> dict:
 def _from_record(data: dict, seconds: float) -> MemoryEstimate:
     names = {f.name for f in fields(MemoryEstimate)}
     values = {k: v for k, v in data.items() if k in names}
-    values.update(config=ProbeConfig.from_dict(data["config"]), notes=tuple(data.get("notes", ())),
-                  seconds=seconds, cached=True)
+    values.update(
+        config=ProbeConfig.from_dict(data["config"]), notes=tuple(data.get("notes", ())), seconds=seconds, cached=True
+    )
     return MemoryEstimate(**values)

@@ -40,33 +40,129 @@ from torch.utils._pytree import tree_map
 # --- CUDA autocast policy (ATen/autocast_mode.h: AT_FORALL_LOWER_PRECISION_FP, AT_FORALL_FP32,
 # AT_FORALL_FP32_SET_OPT_DTYPE, AT_FORALL_PROMOTE; norm's fp32_append_dtype overloads) ---
 LOWER_PRECISION_FP = (
-    "_convolution.deprecated", "_convolution", "conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d",
-    "conv_transpose2d.input", "conv_transpose3d.input", "convolution", "prelu", "addmm", "addmv", "addr",
-    "matmul", "einsum", "mm", "mv", "linalg_vecdot", "linear", "addbmm", "baddbmm", "bmm", "chain_matmul",
-    "linalg_multi_dot", "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell", "lstm_cell", "gru_cell",
-    "rnn_tanh_cell", "rnn_relu_cell", "_scaled_dot_product_flash_attention", "scaled_dot_product_attention",
+    "_convolution.deprecated",
+    "_convolution",
+    "conv1d",
+    "conv2d",
+    "conv3d",
+    "conv_tbc",
+    "conv_transpose1d",
+    "conv_transpose2d.input",
+    "conv_transpose3d.input",
+    "convolution",
+    "prelu",
+    "addmm",
+    "addmv",
+    "addr",
+    "matmul",
+    "einsum",
+    "mm",
+    "mv",
+    "linalg_vecdot",
+    "linear",
+    "addbmm",
+    "baddbmm",
+    "bmm",
+    "chain_matmul",
+    "linalg_multi_dot",
+    "_thnn_fused_lstm_cell",
+    "_thnn_fused_gru_cell",
+    "lstm_cell",
+    "gru_cell",
+    "rnn_tanh_cell",
+    "rnn_relu_cell",
+    "_scaled_dot_product_flash_attention",
+    "scaled_dot_product_attention",
 )
 FP32 = (
-    "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt",
-    "sinh", "tan", "pow.Tensor_Scalar", "pow.Tensor_Tensor", "pow.Scalar", "softplus", "layer_norm",
-    "native_layer_norm", "rms_norm", "group_norm", "frobenius_norm.dim", "nuclear_norm", "nuclear_norm.dim",
-    "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "nll_loss2d",
-    "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss",
-    "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
-    "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
-    "upsample_nearest1d", "_upsample_nearest_exact1d", "upsample_nearest2d", "_upsample_nearest_exact2d",
-    "upsample_nearest3d", "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d",
-    "_upsample_bilinear2d_aa", "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bicubic2d_aa",
+    "acos",
+    "asin",
+    "cosh",
+    "erfinv",
+    "exp",
+    "expm1",
+    "log",
+    "log10",
+    "log2",
+    "log1p",
+    "reciprocal",
+    "rsqrt",
+    "sinh",
+    "tan",
+    "pow.Tensor_Scalar",
+    "pow.Tensor_Tensor",
+    "pow.Scalar",
+    "softplus",
+    "layer_norm",
+    "native_layer_norm",
+    "rms_norm",
+    "group_norm",
+    "frobenius_norm.dim",
+    "nuclear_norm",
+    "nuclear_norm.dim",
+    "cosine_similarity",
+    "poisson_nll_loss",
+    "cosine_embedding_loss",
+    "nll_loss",
+    "nll_loss2d",
+    "hinge_embedding_loss",
+    "kl_div",
+    "l1_loss",
+    "smooth_l1_loss",
+    "huber_loss",
+    "mse_loss",
+    "margin_ranking_loss",
+    "multilabel_margin_loss",
+    "soft_margin_loss",
+    "triplet_margin_loss",
+    "multi_margin_loss",
+    "binary_cross_entropy_with_logits",
+    "dist",
+    "pdist",
+    "cdist",
+    "renorm",
+    "logsumexp",
+    "upsample_nearest1d",
+    "_upsample_nearest_exact1d",
+    "upsample_nearest2d",
+    "_upsample_nearest_exact2d",
+    "upsample_nearest3d",
+    "_upsample_nearest_exact3d",
+    "upsample_linear1d",
+    "upsample_bilinear2d",
+    "_upsample_bilinear2d_aa",
+    "upsample_trilinear3d",
+    "upsample_bicubic2d",
+    "_upsample_bicubic2d_aa",
     # fp32_append_dtype: norm gets dtype=float appended; memory-wise an fp32 cast
-    "norm.Scalar", "norm.ScalarOpt_dim",
+    "norm.Scalar",
+    "norm.ScalarOpt_dim",
 )
 FP32_SET_OPT_DTYPE = (
-    "prod", "prod.dim_int", "softmax.int", "log_softmax.int", "cumprod", "cumsum", "linalg_vector_norm",
-    "linalg_matrix_norm", "linalg_matrix_norm.str_ord", "sum", "sum.dim_IntList",
+    "prod",
+    "prod.dim_int",
+    "softmax.int",
+    "log_softmax.int",
+    "cumprod",
+    "cumsum",
+    "linalg_vector_norm",
+    "linalg_matrix_norm",
+    "linalg_matrix_norm.str_ord",
+    "sum",
+    "sum.dim_IntList",
 )
 PROMOTE = (
-    "addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "vdot", "grid_sampler", "index_put",
-    "tensordot", "scatter_add",
+    "addcdiv",
+    "addcmul",
+    "atan2",
+    "bilinear",
+    "cross",
+    "dot",
+    "vdot",
+    "grid_sampler",
+    "index_put",
+    "tensordot",
+    "scatter_add",
 )
 
 _LOW = (torch.float16, torch.bfloat16)
@@ -90,6 +186,7 @@ def _fp32_kernel(op):
     def kernel(keyset, *args, **kwargs):
         with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE_AUTOCAST):
             return op(*_cast(args, torch.float32), **_cast(kwargs, torch.float32))
+
     return kernel
 
 
@@ -98,6 +195,7 @@ def _lower_kernel(op):
         dtype = torch.get_autocast_dtype("cpu")
         with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE_AUTOCAST):
             return op(*_cast(args, dtype), **_cast(kwargs, dtype))
+
     return kernel
 
 
@@ -110,10 +208,11 @@ def _set_opt_dtype_kernel(op):
             if args and _eligible(args[0]):
                 if len(args) > dtype_at:
                     if args[dtype_at] is None:
-                        args = (*args[:dtype_at], torch.float32, *args[dtype_at + 1:])
+                        args = (*args[:dtype_at], torch.float32, *args[dtype_at + 1 :])
                 elif kwargs.get("dtype") is None:
                     kwargs = {**kwargs, "dtype": torch.float32}
             return op(*args, **kwargs)
+
     return kernel
 
 
@@ -127,6 +226,7 @@ def _promote_kernel(op):
             for t in tensors[1:]:
                 widest = torch.promote_types(widest, t.dtype)
             return op(*_cast(args, widest), **_cast(kwargs, widest))
+
     return kernel
 
 
@@ -134,6 +234,7 @@ def _passthrough_kernel(op):
     # Like a fallthrough: skip autocast for this call only; ops it decomposes into still see it.
     def kernel(keyset, *args, **kwargs):
         return op.redispatch(keyset.remove(torch._C.DispatchKey.AutocastCPU), *args, **kwargs)
+
     return kernel
 
 
@@ -146,15 +247,21 @@ def install_cuda_autocast() -> torch.library.Library:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "Overriding a previously registered kernel": that is the point
         for qualified in torch._C._dispatch_get_all_op_names():
-            if not qualified.startswith("aten::") or not torch._C._dispatch_has_kernel_for_dispatch_key(qualified, "AutocastCPU"):
+            if not qualified.startswith("aten::") or not torch._C._dispatch_has_kernel_for_dispatch_key(
+                qualified, "AutocastCPU"
+            ):
                 continue
-            name = qualified[len("aten::"):]
+            name = qualified[len("aten::") :]
             if name in LOWER_PRECISION_FP:
                 cpu_lowered.add(name)  # same policy on CPU: keep its C++ kernel and weight-cast cache
             elif name not in cuda_ops:
                 lib.impl(name, _passthrough_kernel(_overload(name)), "AutocastCPU", with_keyset=True)
-        for names, make in ((FP32, _fp32_kernel), (FP32_SET_OPT_DTYPE, _set_opt_dtype_kernel),
-                            (PROMOTE, _promote_kernel), (LOWER_PRECISION_FP, _lower_kernel)):
+        for names, make in (
+            (FP32, _fp32_kernel),
+            (FP32_SET_OPT_DTYPE, _set_opt_dtype_kernel),
+            (PROMOTE, _promote_kernel),
+            (LOWER_PRECISION_FP, _lower_kernel),
+        ):
             for name in names:
                 if name in cpu_lowered:
                     continue
@@ -185,11 +292,15 @@ class CudaKernels:
         self._orig_torch_dropout = torch.dropout
         self._orig_sdpa = F.scaled_dot_product_attention
         patches: list[tuple[object, str, Any]] = [
-            (F, "dropout", self._dropout), (torch, "dropout", self._torch_dropout),
-            (F, "scaled_dot_product_attention", self._sdpa)]
+            (F, "dropout", self._dropout),
+            (torch, "dropout", self._torch_dropout),
+            (F, "scaled_dot_product_attention", self._sdpa),
+        ]
         # (imported before the trace where the config needs it: autotune.probe.step.import_recipe_code)
         if (chunked := sys.modules.get("trl.kernels.chunked_logprob")) is not None:
-            patches += [(chunked, name, self._in_place(name)) for name in ("_forward_tile", "_backward_tile", "_addmm_fp32")]
+            patches += [
+                (chunked, name, self._in_place(name)) for name in ("_forward_tile", "_backward_tile", "_addmm_fp32")
+            ]
         for owner, name, fn in patches:
             self._saved.append((owner, name, getattr(owner, name)))
             setattr(owner, name, fn)
@@ -197,8 +308,10 @@ class CudaKernels:
 
     def _in_place(self, name: str):
         """A stand-in for one of TRL's tile functions that allocates nothing (module docstring, 4)."""
+
         def kernel(*args, **kwargs) -> None:
             self._count(f"trl{name}")
+
         return kernel
 
     def __exit__(self, *exc: object) -> None:
@@ -231,7 +344,9 @@ class CudaKernels:
         grouped = enable_gqa and k.size(-3) != q.size(-3)
         if mask is None and q.dtype in _LOW and head_dim % 8 == 0 and head_dim <= 256 and q.dim() == 4:
             self._count("flash")
-            return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)[0]
+            return torch.ops.aten._scaled_dot_product_flash_attention(
+                q, k, v, dropout_p, is_causal, False, scale=scale
+            )[0]
         if not grouped and head_dim % 8 == 0 and q.dim() == 4:
             if mask is not None and mask.dtype == torch.bool:
                 # what SDPA's convert_boolean_attn_mask does before the kernel
@@ -241,10 +356,12 @@ class CudaKernels:
             self._count("mem_efficient")
             need_lse = q.requires_grad or k.requires_grad or v.requires_grad
             return torch.ops.aten._scaled_dot_product_efficient_attention(
-                q, k, v, mask, need_lse, dropout_p, is_causal, scale=scale)[0]
+                q, k, v, mask, need_lse, dropout_p, is_causal, scale=scale
+            )[0]
         # Grouped query heads outside flash (the memory-efficient kernel has no GQA), odd head
         # sizes: CUDA runs the math kernel. Called by name, because CPU's SDPA could pick its own
         # flash kernel here. (Its dropout, if any, keeps CPU's mask dtype: a small overestimate.)
         self._count("math")
         return torch.ops.aten._scaled_dot_product_attention_math(
-            q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)[0]
+            q, k, v, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+        )[0]

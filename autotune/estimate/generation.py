@@ -59,8 +59,9 @@ _RULES: tuple[tuple[str, str, Callable[[dict, int], Any]], ...] = (
 def _reader() -> FrameType:
     """The frame that read the value: the first outside torch, this package and dispatch modes."""
     frame = sys._getframe(1)
-    while frame.f_back is not None and (frame.f_code.co_filename.startswith((_TORCH_DIR, _HERE))
-                                        or frame.f_code.co_name == "__torch_dispatch__"):
+    while frame.f_back is not None and (
+        frame.f_code.co_filename.startswith((_TORCH_DIR, _HERE)) or frame.f_code.co_name == "__torch_dispatch__"
+    ):
         frame = frame.f_back
     return frame
 
@@ -87,11 +88,11 @@ class GenerationReads:
                 try:
                     value = rule(snapshot, self.max_length)
                 except (KeyError, AttributeError) as exc:  # another transformers: its loop names them otherwise
-                    raise UnansweredRead(f"generate reads a tensor's value at {where}, answered from its "
-                                         f"variables, which lack {exc}") from None
+                    raise UnansweredRead(
+                        f"generate reads a tensor's value at {where}, answered from its variables, which lack {exc}"
+                    ) from None
                 finally:
                     if type(snapshot) is dict:
                         snapshot.clear()
                 return bool(value) if tensor.dtype == torch.bool else int(value)
-        raise UnansweredRead(f"generate reads a tensor's value at {where}, which a trace on fake tensors "
-                             f"cannot answer")
+        raise UnansweredRead(f"generate reads a tensor's value at {where}, which a trace on fake tensors cannot answer")

@@ -58,6 +58,7 @@ def interpolated(config: ProbeConfig, low: MemoryEstimate, high: MemoryEstimate,
     """`config`'s estimate a share `t` of the way from trace `low` to trace `high`: what grows with
     the micro-batch (activations, temporaries, the peak and reserved) linearly, the rest (weights,
     gradients, optimizer state, workspaces, context) as the traces have it."""
+
     def part(name: str) -> int:
         return round(getattr(low, name) + t * (getattr(high, name) - getattr(low, name)))
 
@@ -79,7 +80,16 @@ def interpolated(config: ProbeConfig, low: MemoryEstimate, high: MemoryEstimate,
     # with the micro-batch takes the difference.
     temporaries = max(0, peak - (low.params + low.grads + low.optimizer + activations + low.workspace))
     activations = peak - (low.params + low.grads + low.optimizer + temporaries + low.workspace)
-    return dataclasses.replace(low, config=config, activations=activations, temporaries=temporaries,
-                               peak_bytes=peak, reserved_bytes=reserved, seconds=0.0,
-                               trace_seconds=0.0, cached=False, phase_peaks=phase_peaks,
-                               notes=(*low.notes, "interpolated between the group's traced micro-batches"))
+    return dataclasses.replace(
+        low,
+        config=config,
+        activations=activations,
+        temporaries=temporaries,
+        peak_bytes=peak,
+        reserved_bytes=reserved,
+        seconds=0.0,
+        trace_seconds=0.0,
+        cached=False,
+        phase_peaks=phase_peaks,
+        notes=(*low.notes, "interpolated between the group's traced micro-batches"),
+    )

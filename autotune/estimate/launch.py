@@ -22,8 +22,16 @@ from pathlib import Path
 
 from autotune.config import ProbeConfig
 from autotune.errors import AutotuneError, BadInput
-from autotune.processes import (STARTUP_FLOOR_SECONDS, fork_server_context, fork_server_current, fork_server_fits,
-                                kill_me_with_parent, run_as_child, start_forked, use_fork_server)
+from autotune.processes import (
+    STARTUP_FLOOR_SECONDS,
+    fork_server_context,
+    fork_server_current,
+    fork_server_fits,
+    kill_me_with_parent,
+    run_as_child,
+    start_forked,
+    use_fork_server,
+)
 from autotune.estimate.protocol import TraceFailure, TraceRequest, TraceResult, read_answer
 
 log = logging.getLogger("autotune")
@@ -76,8 +84,13 @@ class TraceChild:
         env = dict(os.environ)
         # The child must import this very autotune, also when it runs from a checkout.
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
-        env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TRANSFORMERS_VERBOSITY="error",
-                   OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+        env.update(
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            TRANSFORMERS_VERBOSITY="error",
+            OMP_NUM_THREADS="1",
+            TOKENIZERS_PARALLELISM="false",
+        )
         if model_type:
             env[PRELOAD_ENV] = model_type
         # Its stderr goes to a file, read when it is done: a chatty child cannot fill a pipe and stall.
@@ -89,16 +102,23 @@ class TraceChild:
             self._stderr = None
             return self
         self._process = forked or subprocess.Popen(
-            [sys.executable, "-m", "autotune.estimate.trace"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self._stderr, text=True, env=env, preexec_fn=kill_me_with_parent)
+            [sys.executable, "-m", "autotune.estimate.trace"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            env=env,
+            preexec_fn=kill_me_with_parent,
+        )
         return self
 
     @property
     def started(self) -> bool:
         return self._process is not None
 
-    def answer(self, request: TraceRequest, timeout: float,
-               on_result: Callable[[TraceResult], None] | None = None) -> list[TraceResult]:
+    def answer(
+        self, request: TraceRequest, timeout: float, on_result: Callable[[TraceResult], None] | None = None
+    ) -> list[TraceResult]:
         """The child's results for every item of `request`, in order; each also given to
         `on_result` as soon as it is read. `timeout` seconds per item: a child silent for longer
         is killed."""
@@ -107,8 +127,10 @@ class TraceChild:
             # when the environment changes): nothing of this request was lost; a fresh one traces it.
             self._discard()
         if self._process is None and self.start(limit=timeout)._process is None:
-            raise EstimateError(f"the estimator's process did not start within {timeout:.0f} s (its fork server was "
-                                f"still importing torch: an overloaded machine?); it was stopped. Run the command again.")
+            raise EstimateError(
+                f"the estimator's process did not start within {timeout:.0f} s (its fork server was "
+                f"still importing torch: an overloaded machine?); it was stopped. Run the command again."
+            )
         process = self._process
         assert process is not None and process.stdin is not None and process.stdout is not None
         self._answering = True
@@ -158,12 +180,16 @@ class TraceChild:
             # that match no module): one line, as a flag's mistake.
             raise BadInput(failure.message.removeprefix("BadInput: "))
         if failure is not None:
-            raise EstimateError(f"could not trace {_describe(request.items[failure.index].config)}: {failure.message}; "
-                                f"probe the configuration instead.")
+            raise EstimateError(
+                f"could not trace {_describe(request.items[failure.index].config)}: {failure.message}; "
+                f"probe the configuration instead."
+            )
         what = _describe(request.items[len(results)].config)  # the item the child was tracing when it stopped
         if timed_out.is_set():
-            raise EstimateError(f"estimating {what} took longer than {timeout:.0f} s and was stopped; "
-                                f"allow more time (--timeout) or probe the configuration instead.")
+            raise EstimateError(
+                f"estimating {what} took longer than {timeout:.0f} s and was stopped; "
+                f"allow more time (--timeout) or probe the configuration instead."
+            )
         returncode = process.returncode
         assert returncode is not None  # (the child's output ended with it: it has exited)
         if returncode < 0:
@@ -176,7 +202,8 @@ class TraceChild:
         tail = [line for line in stderr.strip().splitlines() if line.strip()][-1:] or ["no message"]
         crashed = returncode < 0 and -returncode in NATIVE_CRASH_SIGNALS
         raise (NativeCrash if crashed else EstimateError)(
-            f"the estimator's process died while tracing {what} ({how}: {tail[0][:300]}); probe the configuration instead.")
+            f"the estimator's process died while tracing {what} ({how}: {tail[0][:300]}); probe the configuration instead."
+        )
 
     def _discard(self) -> str:
         """Forget the ended process: close our ends of its pipes; its stderr's text."""
@@ -227,11 +254,19 @@ def _forked(env: dict[str, str], stderr: Any, limit: float) -> "ForkedTrace | No
     # multiprocessing's Connections, which carry a file descriptor to the server's child).
     to_child, from_us = os.pipe()
     from_child, to_us = os.pipe()
-    streams = (Connection(to_child, writable=False), Connection(to_us, readable=False),
-               Connection(os.dup(stderr.fileno()), readable=False))
+    streams = (
+        Connection(to_child, writable=False),
+        Connection(to_us, readable=False),
+        Connection(os.dup(stderr.fileno()), readable=False),
+    )
     fork_server_current()
-    process = context.Process(target=run_as_child, args=(os.getpid(), "autotune.estimate.trace:serve", *streams),
-                              kwargs={"forked_for": env}, name="autotune-trace", daemon=True)
+    process = context.Process(
+        target=run_as_child,
+        args=(os.getpid(), "autotune.estimate.trace:serve", *streams),
+        kwargs={"forked_for": env},
+        name="autotune-trace",
+        daemon=True,
+    )
     try:
         start_forked(process, limit)
     except TimeoutError:
@@ -308,15 +343,16 @@ class TraceChildren:
             child.start(model_type, max(0.0, until - time.monotonic()))
         return self
 
-    def answer(self, request: TraceRequest, timeout: float,
-               on_result: Callable[[TraceResult], None] | None = None) -> list[TraceResult]:
+    def answer(
+        self, request: TraceRequest, timeout: float, on_result: Callable[[TraceResult], None] | None = None
+    ) -> list[TraceResult]:
         """The results for every item of `request`, in order; each also given to `on_result` (one
         call at a time) as soon as it is in. `timeout` seconds per item. Children started ahead are
         used first, so that a small request starts no new process; each takes every n-th item, so
         that items given in the order they are wanted arrive about in that order."""
         ready = sorted(self.children, key=lambda child: not child.started)
-        workers = ready[:max(1, min(len(ready), len(request.items)))]
-        shares = [list(range(len(request.items)))[i::len(workers)] for i in range(len(workers))]
+        workers = ready[: max(1, min(len(ready), len(request.items)))]
+        shares = [list(range(len(request.items)))[i :: len(workers)] for i in range(len(workers))]
         results: list[TraceResult | None] = [None] * len(request.items)
         failures: list[EstimateError] = []
         lock = threading.Lock()
@@ -330,7 +366,9 @@ class TraceChildren:
                         if on_result is not None:
                             on_result(result)
 
-                child.answer(TraceRequest(request.device_type, tuple(request.items[i] for i in items)), timeout, arrived)
+                child.answer(
+                    TraceRequest(request.device_type, tuple(request.items[i] for i in items)), timeout, arrived
+                )
 
             try:
                 try:

@@ -41,7 +41,7 @@ class _Storage:
     nbytes: int
     phase: str
     role: str | None = None  # settled when known: params, grads, optimizer, host (not on the GPU)
-    block: object = None     # the allocator model's block while replaying
+    block: object = None  # the allocator model's block while replaying
     corrected: bool = False  # its size is the real kernel's, not the fake storage's (see Ledger)
 
 
@@ -64,12 +64,12 @@ class Ledger(TorchDispatchMode):
 
     def __init__(self, cuda: bool = False) -> None:
         super().__init__()
-        self.cuda = cuda             # predicting CUDA kernels (else CPU ones)
-        self.started = False         # False while the model is being built
+        self.cuda = cuda  # predicting CUDA kernels (else CPU ones)
+        self.started = False  # False while the model is being built
         self.in_optimizer = False
         self.optimizer_steps = 0
         self.events: list[tuple[int, _Storage, str, int]] = []
-        self.stage = TRAIN           # the run's phase (autotune.evaluation) in progress
+        self.stage = TRAIN  # the run's phase (autotune.evaluation) in progress
         self.stages: list[tuple[int, str]] = []  # (index of its first event, phase) for each later phase
         self.reads: GenerationReads | None = None  # answers value reads (generate) while set
         # While set, ops with no fake input make real tensors: the bookkeeping of DDP's C++ reducer
@@ -176,8 +176,9 @@ class Ledger(TorchDispatchMode):
         if not self.cuda and _is_reduce_scatter(func):
             # gloo has no reduce-scatter of its own: it reduces a copy of the input (made on the
             # calling thread, as the CPU probe's accountant sees) and scatters from it.
-            self.transient(sum(t.untyped_storage().nbytes() for t in tree_leaves((args[1],))
-                               if isinstance(t, torch.Tensor)))
+            self.transient(
+                sum(t.untyped_storage().nbytes() for t in tree_leaves((args[1],)) if isinstance(t, torch.Tensor))
+            )
         if self.real_factories and not _any_fake((args, kwargs)):
             from torch._subclasses.fake_tensor import unset_fake_temporarily
 
@@ -263,12 +264,17 @@ def _role(entry: _Storage) -> str:
     return "activations" if entry.phase in ("forward", "recompute", EVAL, GENERATE) else "temporaries"
 
 
-_PHASE_TEXT = {"recompute": "backward (recomputing a checkpointed layer)", "build": "model build",
-               EVAL: "evaluation", GENERATE: "generation"}
+_PHASE_TEXT = {
+    "recompute": "backward (recomputing a checkpointed layer)",
+    "build": "model build",
+    EVAL: "evaluation",
+    GENERATE: "generation",
+}
 
 
-def replay(events: list, *, cuda: bool, stages: list[tuple[int, str]] | tuple = (),
-           left_out: frozenset | set = frozenset()) -> dict:
+def replay(
+    events: list, *, cuda: bool, stages: list[tuple[int, str]] | tuple = (), left_out: frozenset | set = frozenset()
+) -> dict:
     """Peak allocated with its breakdown, and the peak reserved: on CUDA by the caching allocator
     model; on CPU as the probe's accountant counts it (each storage rounded up to 512 bytes).
 

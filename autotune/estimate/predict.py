@@ -38,23 +38,33 @@ def check_traceable(config: ProbeConfig, device_type: str, spec: ModelSpec, trus
     """BadInput for what the user must change before a trace; runs before any process starts, so
     that a wrong flag costs no trace."""
     if device_type not in DEVICE_TYPES:
-        raise BadInput(f"--device-type {device_type!r} is unknown; choose cuda (predict a GPU run) or cpu (predict a CPU probe).")
+        raise BadInput(
+            f"--device-type {device_type!r} is unknown; choose cuda (predict a GPU run) or cpu (predict a CPU probe)."
+        )
     spec.check_usable(trust_remote_code)
     spec.check_block_sizes(config.block_size, flag="--block-size")
     if config.liger:
-        raise BadInput("--liger: the estimator cannot trace Liger's Triton kernels; estimate without --liger for an "
-                       "upper bound (Liger's fused loss keeps no logits), or probe --liger on a GPU.")
+        raise BadInput(
+            "--liger: the estimator cannot trace Liger's Triton kernels; estimate without --liger for an "
+            "upper bound (Liger's fused loss keeps no logits), or probe --liger on a GPU."
+        )
     why = untraceable(config)
     if why:
         raise BadInput(f"{why}.")
     if device_type == "cpu" and sharding.offloads(config.strategy):
-        raise BadInput("--strategy fsdp-offload saves device memory by moving state to the host: a CPU probe skips it, "
-                       "so there is nothing to predict with --device-type cpu; estimate it for cuda, or use fsdp.")
+        raise BadInput(
+            "--strategy fsdp-offload saves device memory by moving state to the host: a CPU probe skips it, "
+            "so there is nothing to predict with --device-type cpu; estimate it for cuda, or use fsdp."
+        )
     if config.attention in _TRACED_AS_SDPA:
         if device_type == "cpu":
-            raise BadInput(f"--attention {config.attention} has no CPU kernel; use sdpa or eager with --device-type cpu.")
+            raise BadInput(
+                f"--attention {config.attention} has no CPU kernel; use sdpa or eager with --device-type cpu."
+            )
         if config.attention in _FLASH_FAMILY and config.precision in ("fp32", "tf32"):
-            raise BadInput(f"--attention {config.attention} runs only in fp16/bf16; use --precision bf16 or fp16, or --attention sdpa.")
+            raise BadInput(
+                f"--attention {config.attention} runs only in fp16/bf16; use --precision bf16 or fp16, or --attention sdpa."
+            )
 
 
 def approximations(config: ProbeConfig, device_type: str, stack: Stack | None = None) -> list[str]:
@@ -65,18 +75,27 @@ def approximations(config: ProbeConfig, device_type: str, stack: Stack | None = 
     if config.precision == "fp16" and device_type == "cuda":
         notes.append("fp16 traced as bf16: the same tensors, GradScaler's few scalars aside")
     if config.allocator != speed.DEFAULT_ALLOCATOR:
-        notes.append(f"allocator {config.allocator} modelled as the default allocator (expandable segments fragment "
-                     f"less: reserved is an upper bound)")
+        notes.append(
+            f"allocator {config.allocator} modelled as the default allocator (expandable segments fragment "
+            f"less: reserved is an upper bound)"
+        )
     if config.attention in _TRACED_AS_SDPA:
         notes.append(f"{config.attention} approximated by SDPA's CUDA kernels (both keep no S x S matrix)")
     if config.ranks > 1:
-        notes.append(f"one rank of {config.ranks} ({config.strategy}): the largest rank's memory, traced in a fake "
-                     f"process group; collectives' buffers inside the communication library are not seen")
+        notes.append(
+            f"one rank of {config.ranks} ({config.strategy}): the largest rank's memory, traced in a fake "
+            f"process group; collectives' buffers inside the communication library are not seen"
+        )
     if device_type == "cuda" and sharding.offloads(config.strategy):
-        notes.append("fsdp-offload: parameters, gradients and optimizer state are on the host and not counted; the "
-                     "device copies of a unit's shards made to gather it are not traced")
+        notes.append(
+            "fsdp-offload: parameters, gradients and optimizer state are on the host and not counted; the "
+            "device copies of a unit's shards made to gather it are not traced"
+        )
     if device_type == "cuda":
-        for what, name in (("CUDA context", cuda_constants.CONTEXT), ("cuBLAS workspaces", cuda_constants.CUBLAS_WORKSPACES)):
+        for what, name in (
+            ("CUDA context", cuda_constants.CONTEXT),
+            ("cuBLAS workspaces", cuda_constants.CUBLAS_WORKSPACES),
+        ):
             figure = CUDA_CONSTANTS[name]
             notes.append(f"{what} {format_size(figure.bytes)}, {figure.source}")
     return notes
@@ -84,8 +103,10 @@ def approximations(config: ProbeConfig, device_type: str, stack: Stack | None = 
 
 def with_unestimated(notes: list[str], unestimated: dict[str, str]) -> tuple[str, ...]:
     """An estimate's notes: what it approximates, then each phase it could not estimate, and why."""
-    return (*notes, *(f"{phase} phase not estimated: {why}; the peaks are the other phases'"
-                      for phase, why in unestimated.items()))
+    return (
+        *notes,
+        *(f"{phase} phase not estimated: {why}; the peaks are the other phases'" for phase, why in unestimated.items()),
+    )
 
 
 def untraceable(config: ProbeConfig) -> str | None:
@@ -95,18 +116,32 @@ def untraceable(config: ProbeConfig) -> str | None:
         return "liger: the estimator cannot trace Liger's Triton kernels"
     optimizer = OPTIMIZERS[config.optimizer]
     if optimizer.untraceable:
-        return (f"--optimizer {config.optimizer}: {optimizer.untraceable}, where no trace sees it (estimate adamw_8bit: "
-                f"the same 8-bit state, allocated by PyTorch)")
-    flag = ("--peft qlora" if is_qlora(config.peft)
-            else f"--optimizer {config.optimizer}" if optimizer.needs == "bitsandbytes" else None)
+        return (
+            f"--optimizer {config.optimizer}: {optimizer.untraceable}, where no trace sees it (estimate adamw_8bit: "
+            f"the same 8-bit state, allocated by PyTorch)"
+        )
+    flag = (
+        "--peft qlora"
+        if is_qlora(config.peft)
+        else f"--optimizer {config.optimizer}"
+        if optimizer.needs == "bitsandbytes"
+        else None
+    )
     if flag and importlib.util.find_spec("bitsandbytes") is None:
         return f"{flag} needs bitsandbytes to be traced: pip install bitsandbytes"
     return None
 
 
-def estimate_memory(config: ProbeConfig, *, device_type: str = "cuda", timeout: float = ESTIMATE_TIMEOUT_SECONDS,
-                    use_cache: bool = True, trust_remote_code: bool = False, stack: Stack | None = None,
-                    children: TraceChildren | None = None) -> MemoryEstimate:
+def estimate_memory(
+    config: ProbeConfig,
+    *,
+    device_type: str = "cuda",
+    timeout: float = ESTIMATE_TIMEOUT_SECONDS,
+    use_cache: bool = True,
+    trust_remote_code: bool = False,
+    stack: Stack | None = None,
+    children: TraceChildren | None = None,
+) -> MemoryEstimate:
     """Predict the peak memory of training `config`, as a probe on `device_type` would measure it.
 
     `device_type="cuda"` (the default) predicts a CUDA run: fused dropout masks, SDPA's flash and
@@ -119,15 +154,28 @@ def estimate_memory(config: ProbeConfig, *, device_type: str = "cuda", timeout: 
     library versions than the installed ones (estimate/stack.py: what they did differently).
     `children` (TraceChildren) trace it, warm from earlier estimates; else a process of its own.
     """
-    return estimate_memories([config], device_type=device_type, timeout=timeout, use_cache=use_cache,
-                             trust_remote_code=trust_remote_code, stack=stack, children=children)[0]
+    return estimate_memories(
+        [config],
+        device_type=device_type,
+        timeout=timeout,
+        use_cache=use_cache,
+        trust_remote_code=trust_remote_code,
+        stack=stack,
+        children=children,
+    )[0]
 
 
-def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", timeout: float = ESTIMATE_TIMEOUT_SECONDS,
-                      use_cache: bool = True, trust_remote_code: bool = False,
-                      children: TraceChildren | None = None,
-                      on_estimate: Callable[[MemoryEstimate], None] | None = None,
-                      stack: Stack | None = None) -> list[MemoryEstimate]:
+def estimate_memories(
+    configs: list[ProbeConfig],
+    *,
+    device_type: str = "cuda",
+    timeout: float = ESTIMATE_TIMEOUT_SECONDS,
+    use_cache: bool = True,
+    trust_remote_code: bool = False,
+    children: TraceChildren | None = None,
+    on_estimate: Callable[[MemoryEstimate], None] | None = None,
+    stack: Stack | None = None,
+) -> list[MemoryEstimate]:
     """`estimate_memory` for several configurations, traced in one trace child (about 3 s of
     imports saved per configuration), or shared among `children` (started ahead, tracing in
     parallel); `timeout` applies to each. In the order given; each estimate is also given to
@@ -143,8 +191,14 @@ def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", 
         spec = specs.get(config.model) or resolve_model(config.model)
         specs[config.model] = spec
         check_traceable(config, device_type, spec, trust_remote_code)
-        plans.append((config, spec, approximations(config, device_type, stack),
-                      cache_key(traced_as(config, device_type), device_type, spec, stack)))
+        plans.append(
+            (
+                config,
+                spec,
+                approximations(config, device_type, stack),
+                cache_key(traced_as(config, device_type), device_type, spec, stack),
+            )
+        )
 
     cache = EstimateCache() if use_cache else None
     out: list[MemoryEstimate | None] = [None] * len(plans)
@@ -153,8 +207,11 @@ def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", 
     for i, (config, _, notes, key) in enumerate(plans):
         cached = cache.get(key, time.perf_counter() - started) if cache is not None else None
         # The cache is keyed by the config traced (traced_as): a twin's estimate is this config's.
-        out[i] = None if cached is None else dataclasses.replace(
-            cached, config=config, notes=with_unestimated(notes, cached.unestimated_phases))
+        out[i] = (
+            None
+            if cached is None
+            else dataclasses.replace(cached, config=config, notes=with_unestimated(notes, cached.unestimated_phases))
+        )
         if out[i] is None:
             if key not in twins:
                 todo.append(i)
@@ -165,15 +222,25 @@ def estimate_memories(configs: list[ProbeConfig], *, device_type: str = "cuda", 
             if estimate is not None:
                 on_estimate(estimate)
     if todo:
-        request = TraceRequest(device_type, tuple(_trace_item(traced_as(plans[i][0], device_type), plans[i][1], trust_remote_code, stack)
-                                                  for i in todo))
+        request = TraceRequest(
+            device_type,
+            tuple(
+                _trace_item(traced_as(plans[i][0], device_type), plans[i][1], trust_remote_code, stack) for i in todo
+            ),
+        )
 
         def arrived(result: TraceResult) -> None:
             key = plans[todo[result.index]][3]
             for i in twins[key]:
                 config, _, notes, _ = plans[i]
-                estimate = _from_trace(config, device_type, result, notes, seconds=time.perf_counter() - started,
-                                       trace_seconds=result.build_seconds + result.trace_seconds + result.replay_seconds)
+                estimate = _from_trace(
+                    config,
+                    device_type,
+                    result,
+                    notes,
+                    seconds=time.perf_counter() - started,
+                    trace_seconds=result.build_seconds + result.trace_seconds + result.replay_seconds,
+                )
                 out[i] = estimate
                 if cache is not None and i == todo[result.index]:
                     cache.put(key, estimate)
@@ -195,30 +262,49 @@ def traced_as(config: ProbeConfig, device_type: str) -> ProbeConfig:
     tensors of the same sizes under the same autocast lists, but for GradScaler's few scalars
     (bytes, against the caching allocator's 512-byte blocks). On CPU fp16 is traced as itself, so
     that the estimate equals what the CPU probe accounts to the byte."""
-    precision = {"tf32": "fp32", **({"fp16": "bf16"} if device_type == "cuda" else {})}.get(config.precision,
-                                                                                         config.precision)
+    precision = {"tf32": "fp32", **({"fp16": "bf16"} if device_type == "cuda" else {})}.get(
+        config.precision, config.precision
+    )
     return dataclasses.replace(config, compile=False, allocator=speed.DEFAULT_ALLOCATOR, precision=precision)
 
 
 def _trace_item(config: ProbeConfig, spec: ModelSpec, trust_remote_code: bool, stack: Stack | None = None) -> TraceItem:
-    return TraceItem(config=config, model_config=spec.config, model_path=spec.path,
-                     trace_attention="sdpa" if config.attention in _TRACED_AS_SDPA else None,
-                     trust_remote_code=trust_remote_code and spec.needs_remote_code, stack=stack or Stack())
+    return TraceItem(
+        config=config,
+        model_config=spec.config,
+        model_path=spec.path,
+        trace_attention="sdpa" if config.attention in _TRACED_AS_SDPA else None,
+        trust_remote_code=trust_remote_code and spec.needs_remote_code,
+        stack=stack or Stack(),
+    )
 
 
-def _from_trace(config: ProbeConfig, device_type: str, result: TraceResult, notes: list[str], *,
-                seconds: float, trace_seconds: float) -> MemoryEstimate:
+def _from_trace(
+    config: ProbeConfig,
+    device_type: str,
+    result: TraceResult,
+    notes: list[str],
+    *,
+    seconds: float,
+    trace_seconds: float,
+) -> MemoryEstimate:
     """The estimate from a trace, with what the trace cannot see added on CUDA."""
     cuda = device_type == "cuda"
     workspace = CUBLAS_WORKSPACE_BYTES if cuda else 0
     parts = result.breakdown
     # The cuBLAS workspaces are held from the first matmul on: in every phase.
-    phase_peaks = {phase: {name: value + workspace for name, value in peaks.items()}
-                   for phase, peaks in result.phase_peaks.items()}
+    phase_peaks = {
+        phase: {name: value + workspace for name, value in peaks.items()} for phase, peaks in result.phase_peaks.items()
+    }
     return MemoryEstimate(
-        config=config, device_type=device_type,
-        params=parts["params"], grads=parts["grads"], optimizer=parts["optimizer"],
-        activations=parts["activations"], temporaries=parts["temporaries"], workspace=workspace,
+        config=config,
+        device_type=device_type,
+        params=parts["params"],
+        grads=parts["grads"],
+        optimizer=parts["optimizer"],
+        activations=parts["activations"],
+        temporaries=parts["temporaries"],
+        workspace=workspace,
         peak_bytes=result.peak_bytes + workspace,
         reserved_bytes=result.reserved_bytes + workspace,  # the workspaces are segments of their own
         context_bytes=CUDA_CONTEXT_BYTES if cuda else 0,
@@ -228,6 +314,8 @@ def _from_trace(config: ProbeConfig, device_type: str, result: TraceResult, note
         notes=with_unestimated(notes, result.unestimated),
         phase_peaks=phase_peaks,
         unestimated_phases=dict(result.unestimated),
-        rank_peaks={rank: {name: value + workspace for name, value in peaks.items()}
-                    for rank, peaks in result.rank_peaks.items()},
+        rank_peaks={
+            rank: {name: value + workspace for name, value in peaks.items()}
+            for rank, peaks in result.rank_peaks.items()
+        },
     )

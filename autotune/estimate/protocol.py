@@ -24,8 +24,8 @@ class TraceItem:
     """One configuration to trace."""
 
     config: ProbeConfig
-    model_config: dict              # the model's config.json contents
-    model_path: str | None = None   # its directory, where there is one
+    model_config: dict  # the model's config.json contents
+    model_path: str | None = None  # its directory, where there is one
     # The attention implementation to build instead of `config.attention`: kernels without a CPU
     # implementation (flash, flex) are traced as SDPA, which keeps no S x S matrix either.
     trace_attention: str | None = None
@@ -40,8 +40,11 @@ class TraceItem:
         return self.trace_attention or self.config.attention
 
     def to_dict(self) -> dict:
-        data: dict[str, Any] = {"config": self.config.to_dict(), "model_config": self.model_config,
-                                "model_path": self.model_path}
+        data: dict[str, Any] = {
+            "config": self.config.to_dict(),
+            "model_config": self.model_config,
+            "model_path": self.model_path,
+        }
         if self.trace_attention is not None:
             data["trace_attention"] = self.trace_attention
         if self.trust_remote_code:
@@ -52,10 +55,14 @@ class TraceItem:
 
     @classmethod
     def from_dict(cls, data: dict) -> TraceItem:
-        return cls(config=ProbeConfig.from_dict(data["config"]), model_config=data["model_config"],
-                   model_path=data.get("model_path"), trace_attention=data.get("trace_attention"),
-                   trust_remote_code=bool(data.get("trust_remote_code", False)),
-                   stack=Stack.from_dict(data.get("stack")))
+        return cls(
+            config=ProbeConfig.from_dict(data["config"]),
+            model_config=data["model_config"],
+            model_path=data.get("model_path"),
+            trace_attention=data.get("trace_attention"),
+            trust_remote_code=bool(data.get("trust_remote_code", False)),
+            stack=Stack.from_dict(data.get("stack")),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,16 +87,16 @@ class TraceResult:
     assumes (cuBLAS workspaces, CUDA context)."""
 
     index: int
-    peak_bytes: int                 # peak allocated
-    breakdown: dict[str, int]       # what was live at the peak, by role; sums to peak_bytes
-    peak_phase: str                 # where in the step the peak falls
-    reserved_bytes: int             # peak reserved: the allocator model's on CUDA, rounded storages on CPU
-    segments: int                   # cudaMalloc calls the allocator model made (0 on CPU)
+    peak_bytes: int  # peak allocated
+    breakdown: dict[str, int]  # what was live at the peak, by role; sums to peak_bytes
+    peak_phase: str  # where in the step the peak falls
+    reserved_bytes: int  # peak reserved: the allocator model's on CUDA, rounded storages on CPU
+    segments: int  # cudaMalloc calls the allocator model made (0 on CPU)
     build_seconds: float
     trace_seconds: float
     replay_seconds: float
-    events: int                     # allocations and frees recorded
-    kernels: dict[str, int]         # CUDA kernels emulated, by name, and how often
+    events: int  # allocations and frees recorded
+    kernels: dict[str, int]  # CUDA kernels emulated, by name, and how often
     torch_version: str
     # Each phase's peaks (autotune.evaluation: train, and eval, generate where the run has them):
     # {"allocated", "reserved"}, each from what was held as the phase began; the peaks above are
@@ -114,8 +121,8 @@ class TraceFailure:
     """Item `index` could not be traced."""
 
     index: int
-    error_type: str                 # the exception's class name
-    message: str                    # its first line, prefixed with the class name
+    error_type: str  # the exception's class name
+    message: str  # its first line, prefixed with the class name
 
     def to_line(self) -> str:
         return ERROR_PREFIX + json.dumps(asdict(self))
@@ -128,7 +135,7 @@ class TraceFailure:
 def read_answer(line: str) -> TraceResult | TraceFailure | None:
     """The answer on one line of the child's stdout; None for a line that is not one."""
     if line.startswith(RESULT_PREFIX):
-        return TraceResult.from_dict(json.loads(line[len(RESULT_PREFIX):]))
+        return TraceResult.from_dict(json.loads(line[len(RESULT_PREFIX) :]))
     if line.startswith(ERROR_PREFIX):
-        return TraceFailure.from_dict(json.loads(line[len(ERROR_PREFIX):]))
+        return TraceFailure.from_dict(json.loads(line[len(ERROR_PREFIX) :]))
     return None

@@ -46,7 +46,11 @@ def fake_tensor_rules(ledger):
     from torch._C._distributed_c10d import Reducer
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    make_mesh, verify, rebuild = device_mesh.init_device_mesh, dist._verify_params_across_processes, Reducer._rebuild_buckets
+    make_mesh, verify, rebuild = (
+        device_mesh.init_device_mesh,
+        dist._verify_params_across_processes,
+        Reducer._rebuild_buckets,
+    )
 
     def real_mesh(*args, **kwargs):
         with unset_fake_temporarily():
@@ -59,6 +63,7 @@ def fake_tensor_rules(ledger):
                 return function(*args, **kwargs)
             finally:
                 ledger.real_factories = False
+
         return run
 
     device_mesh.init_device_mesh = real_mesh

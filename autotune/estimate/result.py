@@ -49,9 +49,9 @@ class MemoryEstimate:
     peak_bytes: int
     reserved_bytes: int
     context_bytes: int
-    seconds: float                 # wall time of this call (near 0 when cached)
-    trace_seconds: float = 0.0     # wall time of the trace that produced it
-    peak_phase: str = ""           # where in the step the peak falls: forward, backward, optimizer step
+    seconds: float  # wall time of this call (near 0 when cached)
+    trace_seconds: float = 0.0  # wall time of the trace that produced it
+    peak_phase: str = ""  # where in the step the peak falls: forward, backward, optimizer step
     cached: bool = False
     notes: tuple[str, ...] = field(default_factory=tuple)
     phase_peaks: dict[str, dict[str, int]] = field(default_factory=dict, hash=False)
@@ -66,8 +66,14 @@ class MemoryEstimate:
 
     @property
     def breakdown(self) -> dict[str, int]:
-        return {"params": self.params, "grads": self.grads, "optimizer": self.optimizer,
-                "activations": self.activations, "temporaries": self.temporaries, "workspace": self.workspace}
+        return {
+            "params": self.params,
+            "grads": self.grads,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+            "temporaries": self.temporaries,
+            "workspace": self.workspace,
+        }
 
     @property
     def required_bytes(self) -> int:
@@ -113,7 +119,8 @@ class MemoryEstimate:
             "required_bytes": self.required_bytes,
             "peak_phase": self.peak_phase,
             "phase_peaks": {phase: dict(peaks) for phase, peaks in self.phase_peaks.items()},
-            "gpus": self.config.gpus, "nodes": self.config.nodes,
+            "gpus": self.config.gpus,
+            "nodes": self.config.nodes,
             "strategy": self.config.strategy,
             "per_rank": self.per_rank,
             "rank_peaks": {rank: dict(peaks) for rank, peaks in self.rank_peaks.items()},
@@ -122,10 +129,16 @@ class MemoryEstimate:
             "trace_seconds": round(self.trace_seconds, 3),
             "cached": self.cached,
             "notes": list(self.notes),
-            "stated_error": {kind: {"method": e.method, "count": e.count, "median": e.median, "worst": e.worst}
-                             for kind, e in self.stated_errors().items()},
+            "stated_error": {
+                kind: {"method": e.method, "count": e.count, "median": e.median, "worst": e.worst}
+                for kind, e in self.stated_errors().items()
+            },
         }
         if budget is not None:
-            data.update(budget_bytes=budget.total_bytes, margin_bytes=budget.margin_bytes,
-                        fits=budget.fits(self.required_bytes), headroom_bytes=budget.headroom(self.required_bytes))
+            data.update(
+                budget_bytes=budget.total_bytes,
+                margin_bytes=budget.margin_bytes,
+                fits=budget.fits(self.required_bytes),
+                headroom_bytes=budget.headroom(self.required_bytes),
+            )
         return data

@@ -36,11 +36,11 @@ from dataclasses import asdict, dataclass
 
 from autotune.errors import BadInput
 
-KEEPS_4BIT_INPUTS_BEFORE = "0.43.2"   # bitsandbytes
-FREES_GRADS_FROM = "2.0"              # torch
-FREES_SOFTMAX_INPUTS_FROM = "1.11"    # torch
-NON_REENTRANT_FROM = "5.0"            # transformers
-FP32_ADAPTERS_FROM = "0.12.0"         # peft
+KEEPS_4BIT_INPUTS_BEFORE = "0.43.2"  # bitsandbytes
+FREES_GRADS_FROM = "2.0"  # torch
+FREES_SOFTMAX_INPUTS_FROM = "1.11"  # torch
+NON_REENTRANT_FROM = "5.0"  # transformers
+FP32_ADAPTERS_FROM = "0.12.0"  # peft
 LIBRARIES = ("torch", "bitsandbytes")
 
 
@@ -61,7 +61,7 @@ class Stack:
     bitsandbytes: str | None = None
     transformers: str | None = None
     peft: str | None = None
-    lora: str | None = None          # the LoRA code where it is not peft's (e.g. "torchtune")
+    lora: str | None = None  # the LoRA code where it is not peft's (e.g. "torchtune")
 
     @property
     def keeps_4bit_inputs(self) -> bool:
@@ -92,16 +92,24 @@ class Stack:
         """What this stack does differently from the installed libraries, one note each."""
         notes = []
         if self.keeps_4bit_inputs:
-            notes.append(f"bitsandbytes {self.bitsandbytes}: each 4-bit layer keeps its input for backward "
-                         f"(before {KEEPS_4BIT_INPUTS_BEFORE})")
+            notes.append(
+                f"bitsandbytes {self.bitsandbytes}: each 4-bit layer keeps its input for backward "
+                f"(before {KEEPS_4BIT_INPUTS_BEFORE})"
+            )
         if self.keeps_softmax_inputs:
-            notes.append(f"torch {self.torch}: softmax and log-softmax keep their input for backward "
-                         f"(before {FREES_SOFTMAX_INPUTS_FROM})")
+            notes.append(
+                f"torch {self.torch}: softmax and log-softmax keep their input for backward "
+                f"(before {FREES_SOFTMAX_INPUTS_FROM})"
+            )
         if self.keeps_zeroed_grads:
-            notes.append(f"torch {self.torch}: gradients zeroed in place, kept between steps (before {FREES_GRADS_FROM})")
+            notes.append(
+                f"torch {self.torch}: gradients zeroed in place, kept between steps (before {FREES_GRADS_FROM})"
+            )
         if self.reentrant_checkpointing:
-            notes.append(f"transformers {self.transformers}: checkpointing with use_reentrant=True, its recompute's "
-                         f"launches (before {NON_REENTRANT_FROM})")
+            notes.append(
+                f"transformers {self.transformers}: checkpointing with use_reentrant=True, its recompute's "
+                f"launches (before {NON_REENTRANT_FROM})"
+            )
         if not self.fp32_adapters:
             notes.append(f"{self.lora or f'peft {self.peft}'}: LoRA adapters in the base's dtype (speed)")
         return notes
@@ -129,8 +137,10 @@ class Stack:
             name, sep, version = part.strip().partition("=")
             name, version = name.strip().lower(), version.strip()
             if not sep or name not in LIBRARIES:
-                raise BadInput(f"{flag} {text!r}: give library=version pairs of {' and '.join(LIBRARIES)}, e.g. "
-                               f"torch=1.13,bitsandbytes=0.41.1.")
+                raise BadInput(
+                    f"{flag} {text!r}: give library=version pairs of {' and '.join(LIBRARIES)}, e.g. "
+                    f"torch=1.13,bitsandbytes=0.41.1."
+                )
             try:
                 Version(version)
             except InvalidVersion:

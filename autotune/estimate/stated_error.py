@@ -28,7 +28,11 @@ METHODS = ("full", "lora", "qlora")
 ALL = "all"  # every method together: where a method has too few measurements of its own
 # A method's own figures are stated only from this many measurements; fewer: every method's.
 MIN_OF_A_METHOD = 3
-KIND_TEXT = {"allocated": "peak allocated", "reserved": "peak reserved", "nvidia-smi": "memory on the card (nvidia-smi)"}
+KIND_TEXT = {
+    "allocated": "peak allocated",
+    "reserved": "peak reserved",
+    "nvidia-smi": "memory on the card (nvidia-smi)",
+}
 METHOD_TEXT = {"full": "full fine-tunes", "lora": "LoRA fine-tunes", "qlora": "QLoRA fine-tunes", ALL: "fine-tunes"}
 
 
@@ -37,14 +41,16 @@ class StatedError:
     """The error of one kind of prediction: fractions of the measured figure."""
 
     kind: str
-    method: str       # a METHODS name, or ALL
-    count: int        # published measurements it was held to
-    median: float     # median absolute error
-    worst: float      # largest absolute error
+    method: str  # a METHODS name, or ALL
+    count: int  # published measurements it was held to
+    median: float  # median absolute error
+    worst: float  # largest absolute error
 
     def text(self) -> str:
-        return (f"±{self.median:.1%} median, {self.worst:.1%} at worst, against {self.count} published "
-                f"measurements of {METHOD_TEXT.get(self.method, self.method)}' {KIND_TEXT.get(self.kind, self.kind)}")
+        return (
+            f"±{self.median:.1%} median, {self.worst:.1%} at worst, against {self.count} published "
+            f"measurements of {METHOD_TEXT.get(self.method, self.method)}' {KIND_TEXT.get(self.kind, self.kind)}"
+        )
 
 
 def load(path: Path = FILE) -> dict[tuple[str, str], StatedError]:
@@ -58,9 +64,12 @@ def _read(path: Path) -> dict[tuple[str, str], StatedError]:
     if not path.exists():
         return {}
     data = json.loads(path.read_text())
-    return {(e["kind"], e["method"]): StatedError(e["kind"], e["method"], int(e["count"]), float(e["median"]),
-                                                  float(e["worst"]))
-            for e in data.get("errors", [])}
+    return {
+        (e["kind"], e["method"]): StatedError(
+            e["kind"], e["method"], int(e["count"]), float(e["median"]), float(e["worst"])
+        )
+        for e in data.get("errors", [])
+    }
 
 
 def method_of(peft: str | None) -> str:

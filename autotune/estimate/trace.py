@@ -69,8 +69,12 @@ def repeats_its_first_step(config: ProbeConfig, stack) -> bool:
     bitsandbytes (QLoRA's quantization state, its optimizers' paged state), transformers' Adafactor
     (its second step makes 28 storages its first does not) and gradients kept between steps are
     traced step by step."""
-    return (config.ranks == 1 and not is_qlora(config.peft) and config.optimizer in REPEATING_OPTIMIZERS
-            and not stack.keeps_zeroed_grads)
+    return (
+        config.ranks == 1
+        and not is_qlora(config.peft)
+        and config.optimizer in REPEATING_OPTIMIZERS
+        and not stack.keeps_zeroed_grads
+    )
 
 
 _mask_rules_applied = False  # (once per process: a trace child traces many configs)
@@ -122,13 +126,18 @@ def _real_run_mask_rules() -> None:
     find_packed = getattr(masking, "find_packed_sequence_indices", None)
     if find_packed is not None:
         masking.find_packed_sequence_indices = lambda position_ids: (
-            find_packed(position_ids) if position_ids in packed else None)
+            find_packed(position_ids) if position_ids in packed else None
+        )
     preprocess = getattr(masking, "_preprocess_mask_arguments", None)
     if preprocess is not None:
+
         def preprocess_keeping_padding(config, inputs_embeds, attention_mask, *args, **kwargs):
             result = preprocess(config, inputs_embeds, attention_mask, *args, **kwargs)
-            if isinstance(attention_mask, torch.Tensor) and attention_mask in padded \
-                    and isinstance(result[1], torch.Tensor):
+            if (
+                isinstance(attention_mask, torch.Tensor)
+                and attention_mask in padded
+                and isinstance(result[1], torch.Tensor)
+            ):
                 padded.add(result[1])  # the 2-D mask as a boolean: still the batch's padding
             return result
 
@@ -174,6 +183,7 @@ def _adapters_left_in_place(adapters: bool):
         yield
         return
     from peft.tuners.tuners_utils import BaseTunerLayer
+
     swap, move = torch.utils.swap_tensors, BaseTunerLayer._move_adapter_to_device_of_base_layer
 
     def swap_unless_same(t1, t2):
@@ -260,10 +270,10 @@ class _RankTrace:
     rank: int
     replayed: dict
     unestimated: dict[str, str]
-    built: float                  # perf_counter when the build was done
+    built: float  # perf_counter when the build was done
     events: int
     kernels: dict[str, int]
-    ranks_differ: bool = False    # FSDP2 shards some parameter unevenly: the last rank differs
+    ranks_differ: bool = False  # FSDP2 shards some parameter unevenly: the last rank differs
 
 
 def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
@@ -299,8 +309,11 @@ def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
         kernels=largest.kernels,
         torch_version=torch.__version__,
         unestimated=largest.unestimated,
-        rank_peaks={str(t.rank): {"allocated": t.replayed["peak_bytes"], "reserved": t.replayed["reserved_bytes"]}
-                    for t in traces if config.ranks > 1},
+        rank_peaks={
+            str(t.rank): {"allocated": t.replayed["peak_bytes"], "reserved": t.replayed["reserved_bytes"]}
+            for t in traces
+            if config.ranks > 1
+        },
     )
     del keep
     return result
@@ -331,13 +344,20 @@ def _trace_rank(item: TraceItem, cuda: bool, rank: int | None) -> _RankTrace:
     gc.collect()
     gc.disable()  # storages die when their last reference goes, as in the real step; no stray collections
     try:
-        with (ranks.fake_process_group(rank, config.ranks) if rank is not None else contextlib.nullcontext()), \
-                _adapters_left_in_place(config.peft is not None), _fake_tensors_copied_as_real_ones(), \
-                _bitsandbytes_maps_made_real(config), \
-                older_stacks.four_bit_inputs_kept(item.stack.keeps_4bit_inputs), \
-                FakeTensorMode(allow_non_fake_inputs=True), ledger, ledger.watching_resizes(), \
-                (ranks.fake_tensor_rules(ledger) if rank is not None else contextlib.nullcontext()), \
-                older_stacks.softmax_inputs_kept(item.stack), ledger.watching_optimizer(held, held or "grads"), emulation:
+        with (
+            ranks.fake_process_group(rank, config.ranks) if rank is not None else contextlib.nullcontext(),
+            _adapters_left_in_place(config.peft is not None),
+            _fake_tensors_copied_as_real_ones(),
+            _bitsandbytes_maps_made_real(config),
+            older_stacks.four_bit_inputs_kept(item.stack.keeps_4bit_inputs),
+            FakeTensorMode(allow_non_fake_inputs=True),
+            ledger,
+            ledger.watching_resizes(),
+            ranks.fake_tensor_rules(ledger) if rank is not None else contextlib.nullcontext(),
+            older_stacks.softmax_inputs_kept(item.stack),
+            ledger.watching_optimizer(held, held or "grads"),
+            emulation,
+        ):
             if rank is None:
                 model, hf_config = build_random_model(spec, traced, device, item.trust_remote_code)
             else:
@@ -380,8 +400,9 @@ def _trace_rank(item: TraceItem, cuda: bool, rank: int | None) -> _RankTrace:
     finally:
         gc.enable()
     replayed = replay(ledger.events, cuda=cuda, stages=ledger.stages, left_out=set(unestimated))
-    return _RankTrace(rank or 0, replayed, unestimated, built, len(ledger.events),
-                      dict(emulation.kernels) if cuda else {}, differ)
+    return _RankTrace(
+        rank or 0, replayed, unestimated, built, len(ledger.events), dict(emulation.kernels) if cuda else {}, differ
+    )
 
 
 def _later_phases(ledger: Ledger, step, vocab_size: int) -> dict[str, str]:
@@ -466,8 +487,9 @@ def _answer(request: TraceRequest) -> None:
         except Exception as exc:  # reported to the parent, which raises EstimateError with it
             sys.stderr.write(traceback.format_exc())
             first = next((line.strip() for line in str(exc).splitlines() if line.strip()), "")
-            failure = TraceFailure(index=index, error_type=type(exc).__name__,
-                                   message=f"{type(exc).__name__}: {first}"[:400])
+            failure = TraceFailure(
+                index=index, error_type=type(exc).__name__, message=f"{type(exc).__name__}: {first}"[:400]
+            )
             sys.stdout.write(failure.to_line() + "\n")
             sys.stdout.flush()
             sys.exit(1)

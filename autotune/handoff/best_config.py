@@ -17,21 +17,36 @@ from autotune.environment import openmp_of, openmp_text
 from autotune.errors import BadInput, StudyNotFound
 from autotune.handoff import later_phases, loss_scaling, ranks, scripts, tools
 from autotune.handoff.argument_names import checkpointing_argument_names, sampling_arguments
-from autotune.recipes import (DEFAULT_TRAINER, OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec, bnb_4bit_kwargs, is_qlora,
-                              memory_caveats)
+from autotune.recipes import (
+    DEFAULT_TRAINER,
+    OPTIMIZERS,
+    PEFT_TASK_TYPES,
+    PeftSpec,
+    bnb_4bit_kwargs,
+    is_qlora,
+    memory_caveats,
+)
 from autotune.status import ProbeStatus, StudyStatus
 from autotune.store import LeaderboardRow, ProbeRecord, StudyRecord, open_store
 from autotune.tasks import AUTO_CLASSES, EXAMPLE_SCRIPTS, MLM_PROBABILITY, Task
 from autotune.units import format_size
 
-_HUB_ARGUMENTS = ("revision", "token", "cache_dir", "local_files_only", "trust_remote_code", "subfolder",
-                  "force_download", "proxies")
+_HUB_ARGUMENTS = (
+    "revision",
+    "token",
+    "cache_dir",
+    "local_files_only",
+    "trust_remote_code",
+    "subfolder",
+    "force_download",
+    "proxies",
+)
 
 
 @dataclass(frozen=True, slots=True)
 class BestConfig:
     row: LeaderboardRow
-    device_type: str = "cuda"   # where the study measured: a CPU study hands off to a CPU run
+    device_type: str = "cuda"  # where the study measured: a CPU study hands off to a CPU run
     confirmation: dict | None = None  # the study's confirmation round (search/confirm.py), if one ran
     openmp: tuple[tuple[str, str], ...] = ()  # the OpenMP settings its probes ran under (Environment.openmp)
 
@@ -79,47 +94,74 @@ class BestConfig:
         if c.padding_share is not None:
             speed += f", {100 * c.padding_share:.0f}% of its batches padding (your data's lengths)"
         said = self._verdict()
-        task = c.task if c.target_length is None and c.num_labels is None else (
-            f"{c.task}, target {c.target_length} tokens" if c.target_length is not None else f"{c.task}, {c.num_labels} labels")
+        task = (
+            c.task
+            if c.target_length is None and c.num_labels is None
+            else (
+                f"{c.task}, target {c.target_length} tokens"
+                if c.target_length is not None
+                else f"{c.task}, {c.num_labels} labels"
+            )
+        )
         context = "" if row.context_bytes is None else f" + context {format_size(row.context_bytes)}"
         lora = ["             model = peft.get_peft_model(model, best.lora_config())"] if c.peft is not None else []
         settings, phases = later_phases.evaluation_lines(c, self.eval_batch, row.phase_peaks)
         args_class = "" if not evaluation.generates(c) else "  # Seq2SeqTrainingArguments: train with Seq2SeqTrainer"
-        return "\n".join([
-            f"autotune.best({row.study!r}): {row.label}",
-            f"  model:     {c.model} ({task}), measured on {self.device_type}",
-            f"  levers:    micro_batch={c.micro_batch}, grad_accum={c.grad_accum}, precision={c.precision}, "
-            f"checkpointing={c.checkpointing}, block_size={c.block_size}, attention={c.attention}, optimizer={c.optimizer}"
-            + (f", weights={c.weights}" if c.weights != "fp32" else "") + (f", peft={c.peft}" if c.peft else "")
-            + (f", trainer={c.trainer}" if c.trainer != DEFAULT_TRAINER else ""),
-            *settings,
-            *ranks.summary_lines(c, row.study, self.device_type),
-            f"  speed:     {speed}",
-            f"  memory:    needs {format_size(needed)} of the {format_size(row.budget_bytes)} budget (peak reserved "
-            f"{format_size(row.peak_reserved_bytes)}{context}), "
-            + (f"{format_size(spare)} to spare after the {format_size(row.margin_bytes)} margin" if spare >= 0
-               else f"{format_size(-spare)} over once the {format_size(row.margin_bytes)} margin is kept"),
-            *phases,
-            f"  confirmed: {said}",
-            *(f"  note:      {caveat}" for caveat in memory_caveats(c.optimizer)),
-            *(f"  note:      {note}" for note in [loss_scaling.loss_fix_note(c.task, c.grad_accum)] if note),
-            *(f"  environment: {name}={value}" for name, value in self.environment().items()),
-            *self._handoff_lines(lora, args_class),
-        ])
+        return "\n".join(
+            [
+                f"autotune.best({row.study!r}): {row.label}",
+                f"  model:     {c.model} ({task}), measured on {self.device_type}",
+                f"  levers:    micro_batch={c.micro_batch}, grad_accum={c.grad_accum}, precision={c.precision}, "
+                f"checkpointing={c.checkpointing}, block_size={c.block_size}, attention={c.attention}, optimizer={c.optimizer}"
+                + (f", weights={c.weights}" if c.weights != "fp32" else "")
+                + (f", peft={c.peft}" if c.peft else "")
+                + (f", trainer={c.trainer}" if c.trainer != DEFAULT_TRAINER else ""),
+                *settings,
+                *ranks.summary_lines(c, row.study, self.device_type),
+                f"  speed:     {speed}",
+                f"  memory:    needs {format_size(needed)} of the {format_size(row.budget_bytes)} budget (peak reserved "
+                f"{format_size(row.peak_reserved_bytes)}{context}), "
+                + (
+                    f"{format_size(spare)} to spare after the {format_size(row.margin_bytes)} margin"
+                    if spare >= 0
+                    else f"{format_size(-spare)} over once the {format_size(row.margin_bytes)} margin is kept"
+                ),
+                *phases,
+                f"  confirmed: {said}",
+                *(f"  note:      {caveat}" for caveat in memory_caveats(c.optimizer)),
+                *(f"  note:      {note}" for note in [loss_scaling.loss_fix_note(c.task, c.grad_accum)] if note),
+                *(f"  environment: {name}={value}" for name, value in self.environment().items()),
+                *self._handoff_lines(lora, args_class),
+            ]
+        )
 
     def _handoff_lines(self, lora: list[str], args_class: str) -> list[str]:
         """How to run the pick with the trainer whose step the probes timed."""
         c, study = self.config, self.row.study
         model = f"             model = best.load_model({json.dumps(c.model)})  # or a PretrainedConfig: from_config, random weights"
         if c.trainer == "trl":
-            return [f"  hand-off:  TRL's SFTTrainer (its step was timed): trl.SFTConfig(output_dir=\"out\", **sft_config), "
-                    f"sft_config from `autotune best --study {study} --format trl`", model, *lora]
-        collator = ([f"             Trainer(..., data_collator=best.data_collator(tokenizer))  # "
-                     f"{'examples end to end, unpadded' if c.padding_free else 'each batch padded to its longest'}"]
-                    if c.lengths is not None else [])
-        return [f"  hand-off:  args = best.training_arguments(output_dir=\"out\"){args_class}", model, *lora, *collator,
-                f"             or `autotune train --study {study} --dataset ...`; flags for {EXAMPLE_SCRIPTS[Task(c.task)]}: "
-                f"`autotune best --study {study} --format cli`"]
+            return [
+                f'  hand-off:  TRL\'s SFTTrainer (its step was timed): trl.SFTConfig(output_dir="out", **sft_config), '
+                f"sft_config from `autotune best --study {study} --format trl`",
+                model,
+                *lora,
+            ]
+        collator = (
+            [
+                f"             Trainer(..., data_collator=best.data_collator(tokenizer))  # "
+                f"{'examples end to end, unpadded' if c.padding_free else 'each batch padded to its longest'}"
+            ]
+            if c.lengths is not None
+            else []
+        )
+        return [
+            f'  hand-off:  args = best.training_arguments(output_dir="out"){args_class}',
+            model,
+            *lora,
+            *collator,
+            f"             or `autotune train --study {study} --dataset ...`; flags for {EXAMPLE_SCRIPTS[Task(c.task)]}: "
+            f"`autotune best --study {study} --format cli`",
+        ]
 
     def __repr__(self) -> str:
         return str(self)
@@ -143,9 +185,15 @@ class BestConfig:
         where no round decided (not known); `environment`: the variables the run must start with, as
         the probes ran (`environment()`)."""
         c = self.confirmation or {}
-        return {**self.row.to_dict(), "margin": c.get("margin"), "margin_noise": c.get("noise"),
-                "confirmed": self.confirmed, "reliable": self.reliable, "environment": self.environment(),
-                **({"lora_config": self.lora_kwargs()} if self.config.peft is not None else {})}
+        return {
+            **self.row.to_dict(),
+            "margin": c.get("margin"),
+            "margin_noise": c.get("noise"),
+            "confirmed": self.confirmed,
+            "reliable": self.reliable,
+            "environment": self.environment(),
+            **({"lora_config": self.lora_kwargs()} if self.config.peft is not None else {}),
+        }
 
     def trainer_kwargs(self) -> dict:
         """Keyword arguments for `transformers.TrainingArguments` (output_dir aside), named as the
@@ -188,12 +236,14 @@ class BestConfig:
         """The file for `accelerate launch --config_file` (`autotune best --format accelerate`)."""
         return ranks.accelerate_yaml(self.config, self.device_type, self.row.study)
 
-    def launch_command(self, script: str = "train.py", launcher: str = "accelerate",
-                       config_file: str = ranks.ACCELERATE_CONFIG_FILE) -> str:
+    def launch_command(
+        self, script: str = "train.py", launcher: str = "accelerate", config_file: str = ranks.ACCELERATE_CONFIG_FILE
+    ) -> str:
         """The command that starts the run: `accelerate launch --config_file F script` (any script), or
         launcher="torchrun" (`torchrun --nproc-per-node N script`, a Trainer script given `trainer_kwargs()`)."""
-        return ranks.launch_command(self.config, script, launcher=launcher, config_file=config_file,
-                                    device_type=self.device_type)
+        return ranks.launch_command(
+            self.config, script, launcher=launcher, config_file=config_file, device_type=self.device_type
+        )
 
     def eval_kwargs(self) -> dict:
         """TrainingArguments' evaluation fields as the probe measured them (later_phases.eval_kwargs)."""
@@ -219,16 +269,21 @@ class BestConfig:
         """One line: start `what` under the OpenMP settings the probes ran under (None: none known)."""
         if not self.openmp:
             return None
-        return (f"the probes ran with {openmp_text(self.openmp)}: start {what} with them in its environment (OpenMP reads them once, "
-                f"when torch loads; other threads or a spinning wait policy time the same step differently)")
+        return (
+            f"the probes ran with {openmp_text(self.openmp)}: start {what} with them in its environment (OpenMP reads them once, "
+            f"when torch loads; other threads or a spinning wait policy time the same step differently)"
+        )
 
     def model_kwargs(self) -> dict:
         """Keyword arguments for `from_pretrained` of the task's Auto class: `load_kwargs()` and
         `config_overrides()` together, as from_pretrained takes them (it sets the config fields). Not
         for `from_config`, which takes no config field: there, `load_kwargs()` after the overrides."""
         load, overrides = self.load_kwargs(), self.config_overrides()
-        kwargs: dict = {"attn_implementation": load["attn_implementation"], "use_cache": overrides["use_cache"],
-                        "dtype": load["dtype"]}
+        kwargs: dict = {
+            "attn_implementation": load["attn_implementation"],
+            "use_cache": overrides["use_cache"],
+            "dtype": load["dtype"],
+        }
         if "num_labels" in overrides:
             kwargs["num_labels"] = overrides["num_labels"]
         if "quantization_config" in load:
@@ -241,8 +296,10 @@ class BestConfig:
         ("auto"), and a bf16 checkpoint trained so is pure bf16, not the fp32 master weights the probes
         measured. QLoRA's base: `quantization_config`, BitsAndBytesConfig's arguments (from_pretrained
         takes them as a dict; `quantization_config()` is the object)."""
-        kwargs: dict = {"attn_implementation": self.config.attention,
-                        "dtype": "bfloat16" if self.config.weights == "bf16" else "float32"}
+        kwargs: dict = {
+            "attn_implementation": self.config.attention,
+            "dtype": "bfloat16" if self.config.weights == "bf16" else "float32",
+        }
         if is_qlora(self.config.peft):
             kwargs["quantization_config"] = bnb_4bit_kwargs(self.config.precision, self.config.task)
         return kwargs
@@ -273,8 +330,10 @@ class BestConfig:
         load = self.load_kwargs()
         if isinstance(model, transformers.PretrainedConfig):
             if "quantization_config" in load:
-                raise BadInput("a QLoRA base is a pretrained checkpoint quantized to 4 bits as it loads: pass its hub id or "
-                               "directory to load_model, not a config.")
+                raise BadInput(
+                    "a QLoRA base is a pretrained checkpoint quantized to 4 bits as it loads: pass its hub id or "
+                    "directory to load_model, not a config."
+                )
             config = task_config(copy.deepcopy(model), self.config)
             built = cls.from_config(config, **{**load, **extra})
             later_phases.generate_with_cache(built, self.config)
@@ -283,10 +342,19 @@ class BestConfig:
         hub = {name: extra[name] for name in _HUB_ARGUMENTS if name in extra}
         if _holds_no_weights(model):
             # A directory of config.json alone (what a search probes): random weights, as the probes had.
-            warnings.warn(f"autotune: {model} holds a config.json but no weights: the model is built from its config "
-                          f"with random weights, as the search probed it", stacklevel=2)
-            return self.load_model(transformers.AutoConfig.from_pretrained(model, **hub), **{
-                name: value for name, value in extra.items() if name not in _HUB_ARGUMENTS or name == "trust_remote_code"})
+            warnings.warn(
+                f"autotune: {model} holds a config.json but no weights: the model is built from its config "
+                f"with random weights, as the search probed it",
+                stacklevel=2,
+            )
+            return self.load_model(
+                transformers.AutoConfig.from_pretrained(model, **hub),
+                **{
+                    name: value
+                    for name, value in extra.items()
+                    if name not in _HUB_ARGUMENTS or name == "trust_remote_code"
+                },
+            )
         config = task_config(transformers.AutoConfig.from_pretrained(model, **hub), self.config)
         if self.config.task == Task.CLASSIFICATION:
             # A checkpoint's classifier of another size is replaced by a new one, as `autotune train`
@@ -349,13 +417,17 @@ class BestConfig:
         kwargs = {**self.trainer_kwargs(), **overrides}
         cls = getattr(transformers, self.training_arguments_class())
         seq2seq = transformers.Seq2SeqTrainingArguments
-        if {f.name for f in dataclasses.fields(seq2seq)}.difference(f.name for f in dataclasses.fields(cls)) & set(kwargs):
+        if {f.name for f in dataclasses.fields(seq2seq)}.difference(f.name for f in dataclasses.fields(cls)) & set(
+            kwargs
+        ):
             cls = seq2seq
         names = {f.name for f in dataclasses.fields(cls)}
         # transformers 5.23 renamed gradient_* to activation_* (the old names warn until v6):
         # trainer_kwargs names them from the installed version; overrides may use either name.
-        for old, new in (("gradient_checkpointing", "activation_checkpointing"),
-                         ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs")):
+        for old, new in (
+            ("gradient_checkpointing", "activation_checkpointing"),
+            ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
+        ):
             if old in kwargs and new in names and new not in kwargs:
                 kwargs[new] = kwargs.pop(old)
         return cls(output_dir=output_dir, **kwargs)
@@ -369,8 +441,12 @@ class BestConfig:
         return task_collator(c.task, tokenizer, c.lengths is not None, c.padding_free)
 
     def trainer_args_document(self) -> dict:
-        document = {"training_arguments": self.trainer_kwargs(), "model_kwargs": self.model_kwargs(),
-                    "block_size": self.config.block_size, **self.task_document()}
+        document = {
+            "training_arguments": self.trainer_kwargs(),
+            "model_kwargs": self.model_kwargs(),
+            "block_size": self.config.block_size,
+            **self.task_document(),
+        }
         if self.config.peft is not None:
             document["lora_config"] = self.lora_kwargs()
         if self.environment():
@@ -380,8 +456,10 @@ class BestConfig:
             document["model_attributes"] = {loss_scaling.ATTRIBUTE: False}
             document["notes"] = [note]
         if self.config.ranks > 1:  # per_device_train_batch_size x accumulation x processes
-            document.update(effective_batch=self.config.effective_batch, launch={
-                launcher: self.launch_command(launcher=launcher) for launcher in ("accelerate", "torchrun")})
+            document.update(
+                effective_batch=self.config.effective_batch,
+                launch={launcher: self.launch_command(launcher=launcher) for launcher in ("accelerate", "torchrun")},
+            )
         if evaluation.generates(self.config):
             # predict_with_generate is none of TrainingArguments', and only Seq2SeqTrainer generates.
             document.update(training_arguments_class=self.training_arguments_class(), trainer_class="Seq2SeqTrainer")
@@ -461,11 +539,15 @@ def _nothing_fits(study: StudyRecord, probes: list[ProbeRecord]) -> str:
     measured = [p for p in probes if p.result.status != ProbeStatus.SKIPPED]
     if study.status != StudyStatus.FINISHED:
         so_far = f"none of its {len(measured)} probes so far fits" if measured else "it has no probe yet"
-        return (f"study {study.name!r} is {study.status} and {so_far}; run the same `autotune search` command to go on "
-                f"from where it stopped.")
-    return (f"study {study.name!r} searched every candidate and none fits its {format_size(study.budget_bytes)} budget; "
-            f"search again with a larger --gpu-budget, or with --checkpointing on, smaller --micro-batches or "
-            f"--block-sizes, or --precisions bf16.")
+        return (
+            f"study {study.name!r} is {study.status} and {so_far}; run the same `autotune search` command to go on "
+            f"from where it stopped."
+        )
+    return (
+        f"study {study.name!r} searched every candidate and none fits its {format_size(study.budget_bytes)} budget; "
+        f"search again with a larger --gpu-budget, or with --checkpointing on, smaller --micro-batches or "
+        f"--block-sizes, or --precisions bf16."
+    )
 
 
 def best(study: str | None = None, db: str | None = None) -> BestConfig:

@@ -28,8 +28,12 @@ def eval_kwargs(config, eval_batch: int | None) -> dict:
     kwargs: dict = {"per_device_eval_batch_size": eval_batch}
     kept = config.eval_logits == evaluation.KEPT
     if evaluation.generates(config):
-        kwargs.update(eval_accumulation_steps=config.eval_accumulation_steps if kept else 1, predict_with_generate=True,
-                      generation_max_length=config.generation_max_length, generation_num_beams=config.generation_num_beams)
+        kwargs.update(
+            eval_accumulation_steps=config.eval_accumulation_steps if kept else 1,
+            predict_with_generate=True,
+            generation_max_length=config.generation_max_length,
+            generation_num_beams=config.generation_num_beams,
+        )
     elif kept:
         kwargs["eval_accumulation_steps"] = config.eval_accumulation_steps
     else:
@@ -67,8 +71,12 @@ def loss_only_caveat(config, kwargs: dict, script: str) -> list[str]:
     generated tokens, which a loss-only winner never has)."""
     if not kwargs.get("prediction_loss_only") or Task(config.task) == Task.SEQ2SEQ:
         return []
-    return [(f"loss-only evaluation: --prediction_loss_only keeps {script}'s metrics (accuracy) from being computed, "
-             f"as the probe kept no logits; search with --eval-logits kept to measure a run that computes them")]
+    return [
+        (
+            f"loss-only evaluation: --prediction_loss_only keeps {script}'s metrics (accuracy) from being computed, "
+            f"as the probe kept no logits; search with --eval-logits kept to measure a run that computes them"
+        )
+    ]
 
 
 def evaluation_lines(config, eval_batch: int | None, phase_peaks: dict | None) -> tuple[list[str], list[str]]:
@@ -80,18 +88,24 @@ def evaluation_lines(config, eval_batch: int | None, phase_peaks: dict | None) -
     def every(steps: int) -> str:
         return "every batch" if steps == 1 else f"every {steps} batches"
 
-    settings = [f"batch {eval_batch}" + ("" if eval_batch == config.eval_batch
-                                         else f" (the largest up to {config.eval_batch} that fits)")]
+    settings = [
+        f"batch {eval_batch}"
+        + ("" if eval_batch == config.eval_batch else f" (the largest up to {config.eval_batch} that fits)")
+    ]
     if config.eval_logits == evaluation.KEPT:
         settings.append(f"logits kept (moved to the host {every(config.eval_accumulation_steps)})")
     elif not evaluation.generates(config):
         settings.append("loss only")
     if evaluation.generates(config):
         beams = config.generation_num_beams
-        settings.append(f"generate up to {config.generation_max_length} tokens x {beams} beam{'s' if beams != 1 else ''}"
-                        + ("" if config.eval_logits == evaluation.KEPT else f" (tokens moved to the host {every(1)})"))
-    return ([f"  eval:      {', '.join(settings)}"],
-            [f"  phases:    {evaluation.describe_phases(config, phase_peaks)}"] if phase_peaks else [])
+        settings.append(
+            f"generate up to {config.generation_max_length} tokens x {beams} beam{'s' if beams != 1 else ''}"
+            + ("" if config.eval_logits == evaluation.KEPT else f" (tokens moved to the host {every(1)})")
+        )
+    return (
+        [f"  eval:      {', '.join(settings)}"],
+        [f"  phases:    {evaluation.describe_phases(config, phase_peaks)}"] if phase_peaks else [],
+    )
 
 
 def generate_with_cache(model, config) -> None:

@@ -31,12 +31,18 @@ LIGHTNING = {
     "checkpointing": "model.gradient_checkpointing",
     "lora": "model.lora_config",
     "qlora": "model.quantization_config",
-    "optimizer": "optimizer",   # LightningCLI's own section: class_path and init_args
+    "optimizer": "optimizer",  # LightningCLI's own section: class_path and init_args
 }
 # Lightning's precision plugins: (autotune precision, weights) -> Trainer(precision=...).
-LIGHTNING_PRECISION = {("fp32", "fp32"): "32-true", ("tf32", "fp32"): "32-true", ("bf16", "fp32"): "bf16-mixed",
-                       ("fp16", "fp32"): "16-mixed", ("bf16", "bf16"): "bf16-true", ("fp32", "bf16"): "bf16-true",
-                       ("tf32", "bf16"): "bf16-true"}
+LIGHTNING_PRECISION = {
+    ("fp32", "fp32"): "32-true",
+    ("tf32", "fp32"): "32-true",
+    ("bf16", "fp32"): "bf16-mixed",
+    ("fp16", "fp32"): "16-mixed",
+    ("bf16", "bf16"): "bf16-true",
+    ("fp32", "bf16"): "bf16-true",
+    ("tf32", "bf16"): "bf16-true",
+}
 # TrainingArguments' optim -> the optimizer class Trainer builds for it, and its arguments (Trainer's
 # get_optimizer_cls_and_kwargs), as LightningCLI's `optimizer:` section names them.
 LIGHTNING_OPTIMIZERS: dict[str, tuple[str, dict]] = {
@@ -61,10 +67,20 @@ def lightning_document(best: BestConfig) -> dict:
     _put(doc, lt["precision"], LIGHTNING_PRECISION[(c.precision, c.weights)])
     _put(doc, lt["grad_accum"], c.grad_accum)
     if c.ranks > 1:
-        _put(doc, lt["strategy"], "ddp" if not sharding.is_fsdp(c.strategy) else {
-            "class_path": "lightning.pytorch.strategies.FSDPStrategy",
-            "init_args": {"sharding_strategy": _FSDP_SHARDING[c.strategy], "cpu_offload": sharding.offloads(c.strategy),
-                          "state_dict_type": "full"}})
+        _put(
+            doc,
+            lt["strategy"],
+            "ddp"
+            if not sharding.is_fsdp(c.strategy)
+            else {
+                "class_path": "lightning.pytorch.strategies.FSDPStrategy",
+                "init_args": {
+                    "sharding_strategy": _FSDP_SHARDING[c.strategy],
+                    "cpu_offload": sharding.offloads(c.strategy),
+                    "state_dict_type": "full",
+                },
+            },
+        )
     _put(doc, lt["micro_batch"], c.micro_batch)
     if best.eval_batch is not None:
         _put(doc, lt["eval_batch"], best.eval_batch)
@@ -90,41 +106,57 @@ def _put(document: dict, dotted: str, value) -> None:
 
 def lightning_notes(best: BestConfig) -> list[str]:
     c = best.config
-    said = ["data and model are your LightningDataModule's and LightningModule's __init__ arguments: these names are "
-            "a convention; the model loads with attn_implementation and calls "
-            "gradient_checkpointing_enable(gradient_checkpointing_kwargs={\"use_reentrant\": False}) when "
-            "gradient_checkpointing is true, as the probes did"]
+    said = [
+        "data and model are your LightningDataModule's and LightningModule's __init__ arguments: these names are "
+        "a convention; the model loads with attn_implementation and calls "
+        'gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False}) when '
+        "gradient_checkpointing is true, as the probes did"
+    ]
     if c.precision == "tf32":
-        said.append("tf32: Lightning has no flag for it; call torch.set_float32_matmul_precision(\"high\") before fit")
+        said.append('tf32: Lightning has no flag for it; call torch.set_float32_matmul_precision("high") before fit')
     if c.optimizer == "adafactor":
         said.append("adafactor: give optimizer.init_args.lr (relative_step is off, as Trainer's adafactor has it)")
     if c.compile:
-        said.append("torch.compile: compile the model yourself (model = torch.compile(model)) before fit, as the probes did")
+        said.append(
+            "torch.compile: compile the model yourself (model = torch.compile(model)) before fit, as the probes did"
+        )
     if c.liger:
         said.append("Liger: apply liger_kernel's apply_liger_kernel_to_<model>() before building the model")
     if c.padding_free:
-        said.append("padding-free: your DataModule's collate_fn puts each batch's examples end to end, as the probes "
-                    "did: transformers.DataCollatorWithFlattening()")
+        said.append(
+            "padding-free: your DataModule's collate_fn puts each batch's examples end to end, as the probes "
+            "did: transformers.DataCollatorWithFlattening()"
+        )
     if c.peft is not None:
-        said.append("LoRA: wrap the loaded model with peft.get_peft_model(model, peft.LoraConfig(**lora_config)) "
-                    "after turning checkpointing on")
+        said.append(
+            "LoRA: wrap the loaded model with peft.get_peft_model(model, peft.LoraConfig(**lora_config)) "
+            "after turning checkpointing on"
+        )
     if is_qlora(c.peft):
-        said.append("QLoRA: load the base with transformers.BitsAndBytesConfig(**model.quantization_config), keep "
-                    "precision off '-true' (bitsandbytes layers hold their own dtype)")
+        said.append(
+            "QLoRA: load the base with transformers.BitsAndBytesConfig(**model.quantization_config), keep "
+            "precision off '-true' (bitsandbytes layers hold their own dtype)"
+        )
     if evaluation.evaluates(c):
         eval_kwargs = best.eval_kwargs()
         if eval_kwargs.get("prediction_loss_only"):
             said.append("evaluation: return only the loss from validation_step, as the probe kept no logits")
         else:
-            said.append(f"evaluation: the probe kept logits on the card for {c.eval_accumulation_steps} batch(es) "
-                        f"before moving them to the host: do the same in validation_step")
+            said.append(
+                f"evaluation: the probe kept logits on the card for {c.eval_accumulation_steps} batch(es) "
+                f"before moving them to the host: do the same in validation_step"
+            )
         if evaluation.generates(c):
-            said.append(f"generation at eval: call model.generate(max_length={c.generation_max_length}, "
-                        f"num_beams={c.generation_num_beams}, use_cache=True) in validation_step")
+            said.append(
+                f"generation at eval: call model.generate(max_length={c.generation_max_length}, "
+                f"num_beams={c.generation_num_beams}, use_cache=True) in validation_step"
+            )
     if c.ranks > 1 and sharding.is_fsdp(c.strategy):
         layers = ranks.layer_classes(c)
         wrap = f"{{{', '.join(layers)}}}" if layers else "the model's _no_split_modules"
-        said.append(f"{c.strategy}: Lightning's FSDPStrategy is FSDP1 and the probes measured FSDP2 (fully_shard) "
-                    f"wrapping each of {wrap}: give FSDPStrategy(auto_wrap_policy={wrap}) in code (YAML cannot name a "
-                    f"set of classes), or use ModelParallelStrategy with fully_shard in configure_model")
+        said.append(
+            f"{c.strategy}: Lightning's FSDPStrategy is FSDP1 and the probes measured FSDP2 (fully_shard) "
+            f"wrapping each of {wrap}: give FSDPStrategy(auto_wrap_policy={wrap}) in code (YAML cannot name a "
+            f"set of classes), or use ModelParallelStrategy with fully_shard in configure_model"
+        )
     return said

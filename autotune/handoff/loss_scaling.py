@@ -77,6 +77,8 @@ def loss_fix_note(task: str, grad_accum: int) -> str | None:
     """The one line that says the fix where only arguments travel; None where it is not needed."""
     if not needs_loss_fix(task, grad_accum):
         return None
-    return (f"set model.{ATTRIBUTE} = False before Trainer(model=...) (best.load_model() does): transformers 5's "
-            f"Trainer leaves a {task} model's loss, and its gradients, {grad_accum}x too large when it accumulates "
-            f"{grad_accum} micro-batches, as this model averages each micro-batch itself")
+    return (
+        f"set model.{ATTRIBUTE} = False before Trainer(model=...) (best.load_model() does): transformers 5's "
+        f"Trainer leaves a {task} model's loss, and its gradients, {grad_accum}x too large when it accumulates "
+        f"{grad_accum} micro-batches, as this model averages each micro-batch itself"
+    )

@@ -35,17 +35,35 @@ from pathlib import Path
 from autotune import sharding
 from autotune.config import ProbeConfig
 
-__all__ = ["ACCELERATE_CONFIG_FILE", "LAYER_CLASSES", "accelerate_config", "accelerate_yaml", "launch_command",
-           "layer_classes", "summary_lines", "trainer_kwargs"]
+__all__ = [
+    "ACCELERATE_CONFIG_FILE",
+    "LAYER_CLASSES",
+    "accelerate_config",
+    "accelerate_yaml",
+    "launch_command",
+    "layer_classes",
+    "summary_lines",
+    "trainer_kwargs",
+]
 
 ACCELERATE_CONFIG_FILE = "accelerate_config.yaml"
 # transformers' `_no_split_modules` of each family's task classes (they share one PreTrainedModel).
 LAYER_CLASSES: dict[str, tuple[str, ...]] = {
-    "gpt2": ("GPT2Block",), "gpt_neox": ("GPTNeoXLayer",), "opt": ("OPTDecoderLayer",),
-    "llama": ("LlamaDecoderLayer",), "mistral": ("MistralDecoderLayer",), "mixtral": ("MixtralDecoderLayer",),
-    "qwen2": ("Qwen2DecoderLayer",), "qwen3": ("Qwen3DecoderLayer",), "gemma": ("GemmaDecoderLayer",),
-    "gemma2": ("Gemma2DecoderLayer",), "phi": ("PhiDecoderLayer",), "phi3": ("Phi3DecoderLayer",),
-    "falcon": ("FalconDecoderLayer",), "olmo2": ("Olmo2DecoderLayer",), "smollm3": ("SmolLM3DecoderLayer",),
+    "gpt2": ("GPT2Block",),
+    "gpt_neox": ("GPTNeoXLayer",),
+    "opt": ("OPTDecoderLayer",),
+    "llama": ("LlamaDecoderLayer",),
+    "mistral": ("MistralDecoderLayer",),
+    "mixtral": ("MixtralDecoderLayer",),
+    "qwen2": ("Qwen2DecoderLayer",),
+    "qwen3": ("Qwen3DecoderLayer",),
+    "gemma": ("GemmaDecoderLayer",),
+    "gemma2": ("Gemma2DecoderLayer",),
+    "phi": ("PhiDecoderLayer",),
+    "phi3": ("Phi3DecoderLayer",),
+    "falcon": ("FalconDecoderLayer",),
+    "olmo2": ("Olmo2DecoderLayer",),
+    "smollm3": ("SmolLM3DecoderLayer",),
     "t5": ("T5Block",),
 }  # (not BERT's nor RoBERTa's: their task classes have none, only their base models, so nothing is wrapped)
 _MIXED_PRECISION = {"fp16": "fp16", "bf16": "bf16"}  # fp32 and tf32 train without autocast: "no"
@@ -93,10 +111,18 @@ def accelerate_config(config: ProbeConfig, device_type: str = "cuda") -> dict:
     else:
         distributed = "FSDP" if sharding.is_fsdp(config.strategy) else "MULTI_GPU"
     document: dict = {
-        "compute_environment": "LOCAL_MACHINE", "debug": False, "distributed_type": distributed,
-        "downcast_bf16": "no", "machine_rank": 0, "main_training_function": "main",
-        "mixed_precision": _MIXED_PRECISION.get(config.precision, "no"), "num_machines": config.nodes,
-        "num_processes": config.ranks, "rdzv_backend": "static", "same_network": True, "use_cpu": device_type == "cpu",
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": False,
+        "distributed_type": distributed,
+        "downcast_bf16": "no",
+        "machine_rank": 0,
+        "main_training_function": "main",
+        "mixed_precision": _MIXED_PRECISION.get(config.precision, "no"),
+        "num_machines": config.nodes,
+        "num_processes": config.ranks,
+        "rdzv_backend": "static",
+        "same_network": True,
+        "use_cpu": device_type == "cpu",
     }
     if sharding.is_fsdp(config.strategy):
         fsdp: dict = {}
@@ -123,20 +149,27 @@ def _scalar(value) -> str:
 
 def accelerate_yaml(config: ProbeConfig, device_type: str = "cuda", study: str | None = None) -> str:
     """`accelerate_config()` as the YAML file `accelerate launch --config_file` reads, with comments."""
-    lines = [f"# autotune: the winner of study {study!r}: {config.label().strip()}" if study else
-             f"# autotune: {config.label().strip()}",
-             f"# Launch: {launch_command(config, 'train.py', device_type=device_type)}",
-             f"# Effective batch: micro_batch {config.micro_batch} x grad_accum {config.grad_accum} x {config.ranks} "
-             f"processes = {config.effective_batch} sequences per optimizer step.",
-             f"# Per process: batch size {config.micro_batch}, gradient accumulation {config.grad_accum}: the script's "
-             "(TrainingArguments' or Accelerator's), not this file's."]
+    lines = [
+        f"# autotune: the winner of study {study!r}: {config.label().strip()}"
+        if study
+        else f"# autotune: {config.label().strip()}",
+        f"# Launch: {launch_command(config, 'train.py', device_type=device_type)}",
+        f"# Effective batch: micro_batch {config.micro_batch} x grad_accum {config.grad_accum} x {config.ranks} "
+        f"processes = {config.effective_batch} sequences per optimizer step.",
+        f"# Per process: batch size {config.micro_batch}, gradient accumulation {config.grad_accum}: the script's "
+        "(TrainingArguments' or Accelerator's), not this file's.",
+    ]
     if config.checkpointing:
-        lines.append("# Checkpointing: the script turns on transformers' (Trainer: activation_checkpointing=True, "
-                     "activation_checkpointing_kwargs={\"use_reentrant\": false}; by hand: model.activation_checkpointing_enable("
-                     "activation_checkpointing_kwargs={\"use_reentrant\": False}), gradient_checkpointing_enable before "
-                     "transformers 5.23), as the probe measured; not fsdp_activation_checkpointing.")
+        lines.append(
+            "# Checkpointing: the script turns on transformers' (Trainer: activation_checkpointing=True, "
+            'activation_checkpointing_kwargs={"use_reentrant": false}; by hand: model.activation_checkpointing_enable('
+            'activation_checkpointing_kwargs={"use_reentrant": False}), gradient_checkpointing_enable before '
+            "transformers 5.23), as the probe measured; not fsdp_activation_checkpointing."
+        )
     if sharding.is_fsdp(config.strategy) and layer_classes(config) is None:
-        lines.append("# No fsdp_transformer_layer_cls_to_wrap: accelerate wraps the model's _no_split_modules, as the probe did.")
+        lines.append(
+            "# No fsdp_transformer_layer_cls_to_wrap: accelerate wraps the model's _no_split_modules, as the probe did."
+        )
     for key, value in accelerate_config(config, device_type).items():
         if isinstance(value, dict):
             lines.append(f"{key}:")
@@ -146,16 +179,24 @@ def accelerate_yaml(config: ProbeConfig, device_type: str = "cuda", study: str |
     return "\n".join(lines)
 
 
-def launch_command(config: ProbeConfig, script: str = "train.py", *, launcher: str = "accelerate",
-                   config_file: str = ACCELERATE_CONFIG_FILE, device_type: str = "cuda") -> str:
+def launch_command(
+    config: ProbeConfig,
+    script: str = "train.py",
+    *,
+    launcher: str = "accelerate",
+    config_file: str = ACCELERATE_CONFIG_FILE,
+    device_type: str = "cuda",
+) -> str:
     """The command line that starts the run's processes: `accelerate launch` with the config file (any
     script: Accelerator's or Trainer's), or `torchrun` (a Trainer script given `trainer_kwargs()`,
     which carry the FSDP settings themselves). On CPU, accelerate's ranks are told so by
     ACCELERATE_USE_CPU: its multi-process launcher does not pass the file's use_cpu on to them."""
     if launcher == "torchrun":
         if config.nodes > 1:  # (run on every node, each with its --node-rank; the first node's address)
-            return (f"torchrun --nnodes {config.nodes} --node-rank NODE_RANK --nproc-per-node {config.gpus} "
-                    f"--master-addr FIRST_NODE --master-port 29500 {script}")
+            return (
+                f"torchrun --nnodes {config.nodes} --node-rank NODE_RANK --nproc-per-node {config.gpus} "
+                f"--master-addr FIRST_NODE --master-port 29500 {script}"
+            )
         return f"torchrun --nproc-per-node {config.gpus} {script}" if config.gpus > 1 else f"python {script}"
     if launcher != "accelerate":
         raise ValueError(f"unknown launcher {launcher!r}")

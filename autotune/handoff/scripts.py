@@ -31,12 +31,20 @@ def cli_flags(best: BestConfig) -> str:
     task = Task(c.task)
     flags = ["--per_device_train_batch_size", str(c.micro_batch), "--gradient_accumulation_steps", str(c.grad_accum)]
     if task == Task.SEQ2SEQ:
-        flags += ["--max_source_length", str(c.block_size), "--max_target_length", str(c.target_length),
-                  "--pad_to_max_length"]
+        flags += [
+            "--max_source_length",
+            str(c.block_size),
+            "--max_target_length",
+            str(c.target_length),
+            "--pad_to_max_length",
+        ]
     elif task == Task.CLASSIFICATION:
         # (timed on the data's lengths: each batch padded to its longest, DataCollatorWithPadding's way)
-        flags += ["--max_seq_length", str(c.block_size), *(["--pad_to_max_length"] if c.lengths is None
-                                                           else ["--pad_to_max_length", "False"])]
+        flags += [
+            "--max_seq_length",
+            str(c.block_size),
+            *(["--pad_to_max_length"] if c.lengths is None else ["--pad_to_max_length", "False"]),
+        ]
     elif task == Task.MASKED_LM:
         flags += ["--max_seq_length", str(c.block_size)]
     else:
@@ -56,8 +64,11 @@ def cli_flags(best: BestConfig) -> str:
     if c.checkpointing:
         # Compact JSON: one word with no space, so that `$(autotune best --format cli)` splits
         # it as the script expects (quotes inside a substitution are not the shell's).
-        flags += ["--gradient_checkpointing", "--gradient_checkpointing_kwargs",
-                  json.dumps({"use_reentrant": False}, separators=(",", ":"))]
+        flags += [
+            "--gradient_checkpointing",
+            "--gradient_checkpointing_kwargs",
+            json.dumps({"use_reentrant": False}, separators=(",", ":")),
+        ]
     if c.compile:
         flags.append("--torch_compile")
         if c.precision != "tf32":
@@ -83,34 +94,50 @@ def cli_caveats(best: BestConfig) -> list[str]:
     script = EXAMPLE_SCRIPTS[Task(c.task)]
     caveats = []
     if c.attention != "sdpa":
-        caveats.append(f"attention {c.attention}: {script} has no flag for it (it loads sdpa); load the model with "
-                       f"attn_implementation={c.attention!r}, or train with `autotune train --study {best.row.study}`")
+        caveats.append(
+            f"attention {c.attention}: {script} has no flag for it (it loads sdpa); load the model with "
+            f"attn_implementation={c.attention!r}, or train with `autotune train --study {best.row.study}`"
+        )
     if c.weights == "bf16" and Task(c.task) != Task.CAUSAL_LM:  # run_clm.py takes --dtype (cli_flags)
-        caveats.append(f"pure bf16 weights: {script} has no flag to load the model in bf16; load it with "
-                       f"dtype=torch.bfloat16, or train with `autotune train --study {best.row.study}`")
+        caveats.append(
+            f"pure bf16 weights: {script} has no flag to load the model in bf16; load it with "
+            f"dtype=torch.bfloat16, or train with `autotune train --study {best.row.study}`"
+        )
     if c.peft is not None:
-        caveats.append(f"{PeftSpec.from_text(c.peft).text()}: {script} has no PEFT flags; wrap the model with "
-                       f"`autotune.best(...).lora_config()`, or train with `autotune train --study {best.row.study}`")
+        caveats.append(
+            f"{PeftSpec.from_text(c.peft).text()}: {script} has no PEFT flags; wrap the model with "
+            f"`autotune.best(...).lora_config()`, or train with `autotune train --study {best.row.study}`"
+        )
     if is_qlora(c.peft):
-        caveats.append(f"4-bit base: {script} cannot quantize; load the model with quantization_config="
-                       f"`autotune.best(...).quantization_config()`, or train with `autotune train --study {best.row.study}`")
+        caveats.append(
+            f"4-bit base: {script} cannot quantize; load the model with quantization_config="
+            f"`autotune.best(...).quantization_config()`, or train with `autotune train --study {best.row.study}`"
+        )
     if Task(c.task) == Task.CAUSAL_LM and c.lengths is not None:
         rows = "end to end without padding" if c.padding_free else "each padded to its batch's longest"
-        caveats.append(f"one example per row, {rows}, as the probes timed: {script} packs examples into blocks "
-                       f"instead; train with `autotune train --study {best.row.study}`, TRL (--format trl), or "
-                       f"Trainer(data_collator=best.data_collator(tokenizer))")
+        caveats.append(
+            f"one example per row, {rows}, as the probes timed: {script} packs examples into blocks "
+            f"instead; train with `autotune train --study {best.row.study}`, TRL (--format trl), or "
+            f"Trainer(data_collator=best.data_collator(tokenizer))"
+        )
     caveats += later_phases.loss_only_caveat(c, best.eval_kwargs(), script)
     if (note := loss_fix_note(c.task, c.grad_accum)) is not None:
-        caveats.append(f"loss under accumulation: {script} has no flag for it; {note}, or train with "
-                       f"`autotune train --study {best.row.study}`")
+        caveats.append(
+            f"loss under accumulation: {script} has no flag for it; {note}, or train with "
+            f"`autotune train --study {best.row.study}`"
+        )
     if c.ranks > 1:  # the flags are per process; the processes and their sharing are the launcher's
-        caveats.append(f"{c.ranks} GPUs, {c.strategy}: start {script} with `{best.launch_command(script)}` (the file: "
-                       f"`autotune best --study {best.row.study} --format accelerate > {ranks.ACCELERATE_CONFIG_FILE}`); "
-                       f"effective batch = {c.micro_batch} x {c.grad_accum} x {c.ranks} = {c.effective_batch}")
+        caveats.append(
+            f"{c.ranks} GPUs, {c.strategy}: start {script} with `{best.launch_command(script)}` (the file: "
+            f"`autotune best --study {best.row.study} --format accelerate > {ranks.ACCELERATE_CONFIG_FILE}`); "
+            f"effective batch = {c.micro_batch} x {c.grad_accum} x {c.ranks} = {c.effective_batch}"
+        )
     if environment := best.allocator_environment():  # read once, when CUDA starts: no flag can set it
         settings = " ".join(f"{name}={value}" for name, value in environment.items())
-        caveats.append(f"allocator {c.allocator}: start {script} with {settings} in its environment "
-                       f"(`{settings} python {script} ...`)")
+        caveats.append(
+            f"allocator {c.allocator}: start {script} with {settings} in its environment "
+            f"(`{settings} python {script} ...`)"
+        )
     if (openmp := best.openmp_caveat(script)) is not None:
         caveats.append(openmp)
     return caveats

@@ -25,8 +25,20 @@ from autotune.tasks import Task
 if TYPE_CHECKING:
     from autotune.handoff.best_config import BestConfig
 
-__all__ = ["AXOLOTL", "LIGHTNING", "LLAMAFACTORY", "TOOL_FORMATS", "TRL", "axolotl_document", "lightning_document",
-           "llamafactory_document", "notes", "render_tool", "tool_document", "trl_document"]
+__all__ = [
+    "AXOLOTL",
+    "LIGHTNING",
+    "LLAMAFACTORY",
+    "TOOL_FORMATS",
+    "TRL",
+    "axolotl_document",
+    "lightning_document",
+    "llamafactory_document",
+    "notes",
+    "render_tool",
+    "tool_document",
+    "trl_document",
+]
 
 TOOL_FORMATS = ("trl", "axolotl", "llamafactory", "lightning")
 
@@ -38,18 +50,18 @@ TRL = {
     "micro_batch": "per_device_train_batch_size",
     "eval_batch": "per_device_eval_batch_size",
     "grad_accum": "gradient_accumulation_steps",
-    "bf16": "bf16",                          # SFTConfig's defaults on unless fp16: always said, as all three are
+    "bf16": "bf16",  # SFTConfig's defaults on unless fp16: always said, as all three are
     "fp16": "fp16",
     "tf32": "tf32",
     "checkpointing": "gradient_checkpointing",  # SFTConfig defaults it ON: always said (transformers >= 5.23:
-                                             # activation_checkpointing, as BestConfig.trainer_kwargs() names it)
+    # activation_checkpointing, as BestConfig.trainer_kwargs() names it)
     "optimizer": "optim",
     "optimizer_args": "optim_args",
-    "block_size": "max_length",              # (`max_seq_length` before trl 0.20)
-    "full_blocks": "packing",                # full blocks of max_length tokens, as the probes measured...
+    "block_size": "max_length",  # (`max_seq_length` before trl 0.20)
+    "full_blocks": "packing",  # full blocks of max_length tokens, as the probes measured...
     "packing_strategy": "packing_strategy",  # ..."wrapped": cut mid-sequence like run_clm.py, no padding-free
-    "padding_free": "padding_free",          # each micro-batch's examples end to end (TRL cuts none then)
-    "model_loading": "model_init_kwargs",    # attn_implementation, dtype, use_cache, QLoRA's quantization_config
+    "padding_free": "padding_free",  # each micro-batch's examples end to end (TRL cuts none then)
+    "model_loading": "model_init_kwargs",  # attn_implementation, dtype, use_cache, QLoRA's quantization_config
     "eval_loss_only": "prediction_loss_only",
     "eval_accumulation": "eval_accumulation_steps",
     "compile": "torch_compile",
@@ -57,7 +69,7 @@ TRL = {
     "strategy": "fsdp_config",
     "ddp": "ddp_find_unused_parameters",
     "cpu": "use_cpu",
-    "lora": "peft_config",                   # SFTTrainer's argument, not SFTConfig's: the render's "peft_config"
+    "lora": "peft_config",  # SFTTrainer's argument, not SFTConfig's: the render's "peft_config"
 }
 
 # axolotl: AxolotlInputConfig, github axolotl-ai-cloud/axolotl at 067b021c8b87a9e5e380b9173c704cf7340e30f5
@@ -70,18 +82,18 @@ AXOLOTL = {
     "grad_accum": "gradient_accumulation_steps",
     "block_size": "sequence_len",
     "full_blocks": "pad_to_sequence_len",
-    "packing": "sample_packing",   # off by default; the probes of a per-example study time it off
+    "packing": "sample_packing",  # off by default; the probes of a per-example study time it off
     "sampling": "group_by_length",  # (axolotl's own key: it sets the installed transformers' sampler)
-    "bf16": "bf16",                # defaults to "auto": always said
+    "bf16": "bf16",  # defaults to "auto": always said
     "fp16": "fp16",
-    "tf32": "tf32",                # defaults to "auto": always said
-    "weights": "bfloat16",         # bf16 weights without autocast (non-AMP)
+    "tf32": "tf32",  # defaults to "auto": always said
+    "weights": "bfloat16",  # bf16 weights without autocast (non-AMP)
     "checkpointing": "gradient_checkpointing",
     "checkpointing_kwargs": "gradient_checkpointing_kwargs",
     "attention": "attn_implementation",
     "optimizer": "optimizer",
     "optimizer_args": "optim_args",
-    "peft": "adapter",             # lora | qlora
+    "peft": "adapter",  # lora | qlora
     "lora_rank": "lora_r",
     "lora_alpha": "lora_alpha",
     "lora_dropout": "lora_dropout",
@@ -107,18 +119,18 @@ LLAMAFACTORY = {
     "eval_batch": "per_device_eval_batch_size",
     "grad_accum": "gradient_accumulation_steps",
     "block_size": "cutoff_len",
-    "packing": "packing",          # data_args: off for sft unless set; a per-example study says off
+    "packing": "packing",  # data_args: off for sft unless set; a per-example study says off
     "sampling": "train_sampling_strategy",  # (transformers 5's TrainingArguments, which LLaMA-Factory's is)
     "bf16": "bf16",
     "fp16": "fp16",
     "tf32": "tf32",
     "weights": "pure_bf16",
     "checkpointing": "disable_gradient_checkpointing",  # ON by default: always said, inverted
-    "checkpointing_kwargs": "use_reentrant_gc",         # True by default; the probes ran use_reentrant=False
+    "checkpointing_kwargs": "use_reentrant_gc",  # True by default; the probes ran use_reentrant=False
     "attention": "flash_attn",
     "optimizer": "optim",
     "optimizer_args": "optim_args",
-    "peft": "finetuning_type",                          # lora | full
+    "peft": "finetuning_type",  # lora | full
     "lora_rank": "lora_rank",
     "lora_alpha": "lora_alpha",
     "lora_dropout": "lora_dropout",
@@ -138,19 +150,22 @@ LLAMAFACTORY = {
 LLAMAFACTORY_ATTENTION = {"sdpa": "sdpa", "eager": "disabled", "flash_attention_2": "fa2", "flash_attention_3": "fa3"}
 
 
-
 def _causal_lm_only(best: BestConfig, tool: str) -> None:
     if best.task != Task.CAUSAL_LM:
-        raise BadInput(f"--format {tool}: {tool} fine-tunes causal language models, and this study's task is "
-                       f"{best.task}; use --format trainer-args (or lightning) instead.")
+        raise BadInput(
+            f"--format {tool}: {tool} fine-tunes causal language models, and this study's task is "
+            f"{best.task}; use --format trainer-args (or lightning) instead."
+        )
 
 
 def _no_padding_free(best: BestConfig, tool: str, key: str) -> None:
     if best.config.padding_free:
-        raise BadInput(f"--format {tool}: the pick puts each micro-batch's examples end to end without padding "
-                       f"(padding-free), which {tool} does only with {key}, packing examples into other batches than "
-                       f"the probes timed; use --format trl or the Trainer's hand-off (DataCollatorWithFlattening), or "
-                       f"search with --padding-free off.")
+        raise BadInput(
+            f"--format {tool}: the pick puts each micro-batch's examples end to end without padding "
+            f"(padding-free), which {tool} does only with {key}, packing examples into other batches than "
+            f"the probes timed; use --format trl or the Trainer's hand-off (DataCollatorWithFlattening), or "
+            f"search with --padding-free off."
+        )
 
 
 def _lora(best: BestConfig) -> PeftSpec | None:
@@ -158,6 +173,7 @@ def _lora(best: BestConfig) -> PeftSpec | None:
 
 
 # --- TRL ---------------------------------------------------------------------------------------------
+
 
 def trl_document(best: BestConfig) -> dict:
     """`trl.SFTConfig`'s keyword arguments (output_dir aside): TrainingArguments' as `trainer_kwargs()`
@@ -172,9 +188,11 @@ def trl_document(best: BestConfig) -> dict:
         kwargs[TRL["full_blocks"]] = False
     if best.config.padding_free:
         if Lengths.from_text(best.config.lengths or "").longest > best.block_size:
-            raise BadInput(f"--format trl: the pick is padding-free, under which TRL cuts no example (SFTTrainer "
-                           f"refuses max_length then), and the study's data has examples above its {best.block_size} "
-                           f"tokens: cut them to {best.block_size} first, or search with --padding-free off.")
+            raise BadInput(
+                f"--format trl: the pick is padding-free, under which TRL cuts no example (SFTTrainer "
+                f"refuses max_length then), and the study's data has examples above its {best.block_size} "
+                f"tokens: cut them to {best.block_size} first, or search with --padding-free off."
+            )
         kwargs.update({TRL["padding_free"]: True, TRL["block_size"]: None})
     kwargs[TRL["model_loading"]] = best.model_kwargs()
     return kwargs
@@ -185,14 +203,19 @@ def _trl_notes(best: BestConfig) -> list[str]:
     if (spec := _lora(best)) is not None:
         said.append(f"{spec.text()}: pass SFTTrainer(peft_config=peft.LoraConfig(**document['peft_config']))")
     if best.config.padding_free:
-        said.append(f"max_length: null, as SFTTrainer requires with padding_free: the study's examples were at most "
-                    f"{best.block_size} tokens; cut longer ones to it")
-    said.append("model_init_kwargs apply when SFTTrainer is given the model's name; an already built model: "
-                "load it with autotune.best(...).load_model(name)")
+        said.append(
+            f"max_length: null, as SFTTrainer requires with padding_free: the study's examples were at most "
+            f"{best.block_size} tokens; cut longer ones to it"
+        )
+    said.append(
+        "model_init_kwargs apply when SFTTrainer is given the model's name; an already built model: "
+        "load it with autotune.best(...).load_model(name)"
+    )
     return said
 
 
 # --- axolotl -----------------------------------------------------------------------------------------
+
 
 def axolotl_document(best: BestConfig) -> dict:
     """axolotl's YAML keys for the winner (the dataset, learning rate and the like stay the user's)."""
@@ -221,8 +244,14 @@ def axolotl_document(best: BestConfig) -> dict:
     if OPTIMIZERS[c.optimizer].optim_args:
         doc[a["optimizer_args"]] = OPTIMIZERS[c.optimizer].optim_args
     if (spec := _lora(best)) is not None:
-        doc.update({a["peft"]: spec.kind, a["lora_rank"]: spec.rank, a["lora_alpha"]: spec.alpha,
-                    a["lora_dropout"]: spec.dropout})
+        doc.update(
+            {
+                a["peft"]: spec.kind,
+                a["lora_rank"]: spec.rank,
+                a["lora_alpha"]: spec.alpha,
+                a["lora_dropout"]: spec.dropout,
+            }
+        )
         if spec.targets == "all-linear":
             doc[a["lora_all_linear"]] = True
         else:
@@ -237,8 +266,11 @@ def axolotl_document(best: BestConfig) -> dict:
     if c.ranks > 1:
         if sharding.is_fsdp(c.strategy):
             settings = ranks.trainer_kwargs(c)["fsdp_config"]
-            fsdp = {"fsdp_version": settings["version"], "offload_params": settings["cpu_offload"],
-                    **{k: v for k, v in settings.items() if k not in ("version", "cpu_offload")}}
+            fsdp = {
+                "fsdp_version": settings["version"],
+                "offload_params": settings["cpu_offload"],
+                **{k: v for k, v in settings.items() if k not in ("version", "cpu_offload")},
+            }
             if "transformer_layer_cls_to_wrap" in fsdp:
                 fsdp["transformer_layer_cls_to_wrap"] = ",".join(fsdp["transformer_layer_cls_to_wrap"])
             doc[a["fsdp_version"]] = settings["version"]
@@ -252,23 +284,31 @@ def _axolotl_notes(best: BestConfig) -> list[str]:
     c = best.config
     said = []
     if c.weights == "fp32" and c.precision in ("bf16", "fp16"):
-        said.append(f"axolotl loads the weights in {c.precision} when {c.precision}: true (its torch_dtype); the probes "
-                    f"kept fp32 master weights under autocast: the run needs less memory than measured, and trains "
-                    f"{c.precision} weights")
-    said += _eval_notes(best, "axolotl", loss_only_key=None,
-                        accumulation="axolotl sets eval_accumulation_steps to gradient_accumulation_steps "
-                                     f"({c.grad_accum}) itself")
+        said.append(
+            f"axolotl loads the weights in {c.precision} when {c.precision}: true (its torch_dtype); the probes "
+            f"kept fp32 master weights under autocast: the run needs less memory than measured, and trains "
+            f"{c.precision} weights"
+        )
+    said += _eval_notes(
+        best,
+        "axolotl",
+        loss_only_key=None,
+        accumulation=f"axolotl sets eval_accumulation_steps to gradient_accumulation_steps ({c.grad_accum}) itself",
+    )
     if c.ranks > 1:
         nodes = f" --num_machines {c.nodes}" if c.nodes > 1 else ""
-        said.append(f"{c.ranks} processes, {c.strategy}: `axolotl train axolotl.yaml --launcher accelerate -- "
-                    f"--num_processes {c.ranks}{nodes}`; effective batch = {c.micro_batch} x {c.grad_accum} x "
-                    f"{c.ranks} = {c.effective_batch}")
+        said.append(
+            f"{c.ranks} processes, {c.strategy}: `axolotl train axolotl.yaml --launcher accelerate -- "
+            f"--num_processes {c.ranks}{nodes}`; effective batch = {c.micro_batch} x {c.grad_accum} x "
+            f"{c.ranks} = {c.effective_batch}"
+        )
     if best.device_type == "cpu":
         said.append("the study measured a CPU run; axolotl trains on GPUs")
     return said
 
 
 # --- LLaMA-Factory -----------------------------------------------------------------------------------
+
 
 def llamafactory_document(best: BestConfig) -> dict:
     """LLaMA-Factory's YAML keys for the winner (`llamafactory-cli train this.yaml`, with the user's
@@ -284,8 +324,9 @@ def llamafactory_document(best: BestConfig) -> dict:
         doc[lf["packing"]] = False
         if c.sampling != DEFAULT_SAMPLING:
             doc[lf["sampling"]] = c.sampling
-    doc.update({lf["bf16"]: c.precision == "bf16",
-                lf["fp16"]: c.precision == "fp16", lf["tf32"]: c.precision == "tf32"})
+    doc.update(
+        {lf["bf16"]: c.precision == "bf16", lf["fp16"]: c.precision == "fp16", lf["tf32"]: c.precision == "tf32"}
+    )
     if c.weights == "bf16":
         doc[lf["weights"]] = True
     doc[lf["checkpointing"]] = not c.checkpointing
@@ -299,8 +340,14 @@ def llamafactory_document(best: BestConfig) -> dict:
     spec = _lora(best)
     doc[lf["peft"]] = "full" if spec is None else "lora"
     if spec is not None:
-        doc.update({lf["lora_rank"]: spec.rank, lf["lora_alpha"]: spec.alpha, lf["lora_dropout"]: spec.dropout,
-                    lf["lora_targets"]: "all" if spec.targets == "all-linear" else spec.targets})
+        doc.update(
+            {
+                lf["lora_rank"]: spec.rank,
+                lf["lora_alpha"]: spec.alpha,
+                lf["lora_dropout"]: spec.dropout,
+                lf["lora_targets"]: "all" if spec.targets == "all-linear" else spec.targets,
+            }
+        )
         if is_qlora(c.peft):  # NF4 with double quantization, computing in the precision's dtype, as the probes
             doc.update({lf["qlora"]: 4, lf["qlora_method"]: "bnb", lf["qlora_type"]: "nf4", lf["qlora_double"]: True})
     if c.compile:
@@ -323,43 +370,66 @@ def _llamafactory_notes(best: BestConfig) -> list[str]:
     c = best.config
     said = []
     if c.attention not in LLAMAFACTORY_ATTENTION:
-        said.append(f"attention {c.attention}: LLaMA-Factory's flash_attn has no value for it (auto, disabled, sdpa, "
-                    f"fa2, fa3); load the model with attn_implementation={c.attention!r} yourself")
+        said.append(
+            f"attention {c.attention}: LLaMA-Factory's flash_attn has no value for it (auto, disabled, sdpa, "
+            f"fa2, fa3); load the model with attn_implementation={c.attention!r} yourself"
+        )
     if c.peft is not None and c.weights == "fp32" and c.precision in ("bf16", "fp16") and not is_qlora(c.peft):
-        said.append(f"LLaMA-Factory loads the frozen base in {c.precision} (its compute dtype); the probes held it in "
-                    f"fp32: the run needs less memory than measured")
-    said.append(f"batches are padded to their longest sequence, at most cutoff_len {c.block_size}; the probes measured "
-                f"full {c.block_size}-token sequences, the most a batch can hold")
+        said.append(
+            f"LLaMA-Factory loads the frozen base in {c.precision} (its compute dtype); the probes held it in "
+            f"fp32: the run needs less memory than measured"
+        )
+    said.append(
+        f"batches are padded to their longest sequence, at most cutoff_len {c.block_size}; the probes measured "
+        f"full {c.block_size}-token sequences, the most a batch can hold"
+    )
     if c.ranks > 1:
-        how = ("FSDP: `autotune best --format accelerate > accelerate_config.yaml`, then" if sharding.is_fsdp(c.strategy)
-               else "DDP:")
-        said.append(f"{c.ranks} processes, {how} `accelerate launch --config_file {ranks.ACCELERATE_CONFIG_FILE} "
-                    f"-m llamafactory.cli train llamafactory.yaml` (or FORCE_TORCHRUN=1 NNODES={c.nodes} "
-                    f"NPROC_PER_NODE={c.gpus} llamafactory-cli train llamafactory.yaml for DDP); effective batch = "
-                    f"{c.micro_batch} x {c.grad_accum} x {c.ranks} = {c.effective_batch}")
+        how = (
+            "FSDP: `autotune best --format accelerate > accelerate_config.yaml`, then"
+            if sharding.is_fsdp(c.strategy)
+            else "DDP:"
+        )
+        said.append(
+            f"{c.ranks} processes, {how} `accelerate launch --config_file {ranks.ACCELERATE_CONFIG_FILE} "
+            f"-m llamafactory.cli train llamafactory.yaml` (or FORCE_TORCHRUN=1 NNODES={c.nodes} "
+            f"NPROC_PER_NODE={c.gpus} llamafactory-cli train llamafactory.yaml for DDP); effective batch = "
+            f"{c.micro_batch} x {c.grad_accum} x {c.ranks} = {c.effective_batch}"
+        )
     return said
 
 
-
 # --- shared ------------------------------------------------------------------------------------------
+
 
 def _eval_notes(best: BestConfig, tool: str, loss_only_key: str | None, accumulation: str) -> list[str]:
     """What a tool without TrainingArguments' evaluation fields cannot say of the measured evaluation."""
     kwargs = best.eval_kwargs()
     said = []
     if kwargs.get("prediction_loss_only") and loss_only_key is None:
-        said.append(f"loss-only evaluation: {tool} has no prediction_loss_only key; the probe kept no logits, so a "
-                    f"metric that keeps them needs more memory than measured")
+        said.append(
+            f"loss-only evaluation: {tool} has no prediction_loss_only key; the probe kept no logits, so a "
+            f"metric that keeps them needs more memory than measured"
+        )
     if "eval_accumulation_steps" in kwargs and kwargs["eval_accumulation_steps"] != best.config.grad_accum:
-        said.append(f"kept logits moved to the host every {kwargs['eval_accumulation_steps']} batch(es) as measured; "
-                    f"{accumulation}")
+        said.append(
+            f"kept logits moved to the host every {kwargs['eval_accumulation_steps']} batch(es) as measured; "
+            f"{accumulation}"
+        )
     return said
 
 
-_DOCUMENTS = {"trl": trl_document, "axolotl": axolotl_document, "llamafactory": llamafactory_document,
-              "lightning": lightning_document}
-_NOTES = {"trl": _trl_notes, "axolotl": _axolotl_notes, "llamafactory": _llamafactory_notes,
-          "lightning": lightning_notes}
+_DOCUMENTS = {
+    "trl": trl_document,
+    "axolotl": axolotl_document,
+    "llamafactory": llamafactory_document,
+    "lightning": lightning_document,
+}
+_NOTES = {
+    "trl": _trl_notes,
+    "axolotl": _axolotl_notes,
+    "llamafactory": _llamafactory_notes,
+    "lightning": lightning_notes,
+}
 
 
 def tool_document(best: BestConfig, fmt: str) -> dict:

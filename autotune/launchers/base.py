@@ -27,9 +27,9 @@ class WorkerSpec:
 
     study: str | None
     db_url: str
-    device: str                       # cuda or cpu: each worker's device kind (worker_kind)
-    ranks: int = 1                    # GPUs (or CPU ranks) each worker's probes take
-    timeout: float | None = None      # the search's --timeout, left when the workers start
+    device: str  # cuda or cpu: each worker's device kind (worker_kind)
+    ranks: int = 1  # GPUs (or CPU ranks) each worker's probes take
+    timeout: float | None = None  # the search's --timeout, left when the workers start
 
     @property
     def label(self) -> str:
@@ -81,4 +81,3 @@ class Launcher(ABC):
     def stop_silent(self, labels: set[str]) -> None:
         """Stop the workers whose claims went stale (labels 'host:pid:device'), where this launcher
         can tell which they are; another worker takes their configurations over."""
-

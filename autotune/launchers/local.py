@@ -78,8 +78,16 @@ class LocalLauncher(Launcher):
             env = {**os.environ, **spec.environment(), "CUDA_VISIBLE_DEVICES": visible}
             # kill_me_with_parent: a worker (and through its own lifeline, its probe child) dies with
             # this process, kill -9 included.
-            popen = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                     env=env, text=True, errors="replace", preexec_fn=kill_me_with_parent)
+            popen = subprocess.Popen(
+                command,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                text=True,
+                errors="replace",
+                preexec_fn=kill_me_with_parent,
+            )
             process = WorkerProcess(device, visible, popen)
             process.read_output()
             self.processes.append(process)

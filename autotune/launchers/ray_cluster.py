@@ -100,9 +100,16 @@ def run_worker(command: list[str], environment: dict[str, str], niceness: int = 
     cancelled = _cancel_flag()
     with _sigint(signal.SIG_IGN if cancelled is not None else signal.default_int_handler):
         # (This node's Python, where the driver's path may not exist.)
-        child = subprocess.Popen([sys.executable, *command[1:]], env={**os.environ, **environment},
-                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                                 errors="replace", preexec_fn=prepare_child)
+        child = subprocess.Popen(
+            [sys.executable, *command[1:]],
+            env={**os.environ, **environment},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            preexec_fn=prepare_child,
+        )
         while True:
             # In slices: the flag is read, and an interrupt raised, only between them (an interrupt
             # is not raised inside a wait with no end). Retrying loses no output.
@@ -116,8 +123,14 @@ def run_worker(command: list[str], environment: dict[str, str], niceness: int = 
             except KeyboardInterrupt:  # (Ray without the flag)
                 out, err = stop(child)
                 break
-    return {"code": child.returncode, "stdout": out, "stderr": err[-4000:], "pid": child.pid,
-            "host": socket.gethostname(), "node": ray.get_runtime_context().get_node_id()}
+    return {
+        "code": child.returncode,
+        "stdout": out,
+        "stderr": err[-4000:],
+        "pid": child.pid,
+        "host": socket.gethostname(),
+        "node": ray.get_runtime_context().get_node_id(),
+    }
 
 
 def ray_address(address: str | None) -> str:
@@ -128,8 +141,10 @@ def ray_address(address: str | None) -> str:
         try:
             given = RAY_CURRENT_CLUSTER.read_text().strip()
         except OSError:
-            raise BadInput("--launcher ray: no Ray cluster is running on this machine; give --ray-address HOST:PORT "
-                           "(the head's, as `ray start --head` printed it), or start one.") from None
+            raise BadInput(
+                "--launcher ray: no Ray cluster is running on this machine; give --ray-address HOST:PORT "
+                "(the head's, as `ray start --head` printed it), or start one."
+            ) from None
     host, _, port = given.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         raise BadInput(f"--ray-address {given!r}: give the head's HOST:PORT (e.g. 10.0.0.1:6379).")
@@ -137,8 +152,10 @@ def ray_address(address: str | None) -> str:
         with socket.create_connection((host, int(port)), timeout=CONNECT_SECONDS):
             pass
     except OSError as exc:
-        raise BadInput(f"--ray-address {given}: no Ray cluster answers there ({exc.strerror or exc}); start one "
-                       f"(ray start --head) or give the head's address.") from None
+        raise BadInput(
+            f"--ray-address {given}: no Ray cluster answers there ({exc.strerror or exc}); start one "
+            f"(ray start --head) or give the head's address."
+        ) from None
     return given
 
 
@@ -155,8 +172,9 @@ class RayLauncher(Launcher):
         try:
             import ray
         except ImportError:
-            raise BadInput("--launcher ray needs Ray on this machine and the cluster's: pip install 'autotune[ray]'.") \
-                from None
+            raise BadInput(
+                "--launcher ray needs Ray on this machine and the cluster's: pip install 'autotune[ray]'."
+            ) from None
         address = ray_address(self.address)
         if not ray.is_initialized():
             ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR, configure_logging=False)
@@ -164,9 +182,11 @@ class RayLauncher(Launcher):
         if spec.device == "cuda":
             most = max((int(node["Resources"].get("GPU", 0)) for node in nodes), default=0)
             if most < spec.ranks:
-                raise BadInput(f"--launcher ray: no node of the cluster at {address} has {spec.ranks} GPU"
-                               f"{'s' if spec.ranks != 1 else ''} (the most is {most}); each worker's probes need its "
-                               f"ranks on one node. Search with fewer --gpus, or --device cpu.")
+                raise BadInput(
+                    f"--launcher ray: no node of the cluster at {address} has {spec.ranks} GPU"
+                    f"{'s' if spec.ranks != 1 else ''} (the most is {most}); each worker's probes need its "
+                    f"ranks on one node. Search with fewer --gpus, or --device cpu."
+                )
         elif not any(node["Resources"].get("CPU", 0) >= 1 for node in nodes):
             raise BadInput(f"--launcher ray: the cluster at {address} has no node with a CPU to spare for a worker.")
 
@@ -178,16 +198,22 @@ class RayLauncher(Launcher):
         task = ray.remote(run_worker)
         niceness = os.getpriority(os.PRIO_PROCESS, 0)  # the search's own, for its workers
         for index in range(count):
-            options: dict[str, Any] = {"max_retries": 0, "name": f"autotune-worker-{spec.label}-{index}", "num_cpus": 1,
-                                       "num_gpus": spec.ranks if spec.device == "cuda" else 0}
+            options: dict[str, Any] = {
+                "max_retries": 0,
+                "name": f"autotune-worker-{spec.label}-{index}",
+                "num_cpus": 1,
+                "num_gpus": spec.ranks if spec.device == "cuda" else 0,
+            }
             if spec.device == "cuda" and spec.ranks > 1:
                 group = placement_group([{"GPU": 1, "CPU": 1}] * spec.ranks, strategy="STRICT_PACK")
                 if not self._placed(group):
                     ray.util.remove_placement_group(group)
                     self.stop(grace=0)
-                    raise BadInput(f"--launcher ray: a worker of {spec.ranks} GPUs on one node could not be placed "
-                                   f"in {PLACEMENT_SECONDS:.0f} s (the cluster's GPUs are taken, or no node has "
-                                   f"{spec.ranks}); the study is kept: run the same command when they are free.")
+                    raise BadInput(
+                        f"--launcher ray: a worker of {spec.ranks} GPUs on one node could not be placed "
+                        f"in {PLACEMENT_SECONDS:.0f} s (the cluster's GPUs are taken, or no node has "
+                        f"{spec.ranks}); the study is kept: run the same command when they are free."
+                    )
                 self.groups.append(group)
                 options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(group)
                 options["num_cpus"] = 1
@@ -248,6 +274,11 @@ class RayLauncher(Launcher):
                 ends.append(WorkerEnd(name, summary))
             else:
                 lines = [line for line in result["stderr"].splitlines() if line.strip()]
-                ends.append(WorkerEnd(name, None, (lines[-1].removeprefix("autotune: error: ") if lines
-                                                   else f"exit status {result['code']}")))
+                ends.append(
+                    WorkerEnd(
+                        name,
+                        None,
+                        (lines[-1].removeprefix("autotune: error: ") if lines else f"exit status {result['code']}"),
+                    )
+                )
         return ends

@@ -31,10 +31,10 @@ class SlurmOptions:
     """The job's own settings: search's --slurm-* flags."""
 
     partition: str | None = None
-    time_limit: str | None = None           # sbatch --time (e.g. 2:00:00)
-    parallel: int | None = None             # the array's %K: tasks running at once
-    extra: tuple[str, ...] = ()             # more `#SBATCH` lines, as written after it
-    output: str = "autotune-%x-%A_%a.out"   # each task's log, in the submitting directory
+    time_limit: str | None = None  # sbatch --time (e.g. 2:00:00)
+    parallel: int | None = None  # the array's %K: tasks running at once
+    extra: tuple[str, ...] = ()  # more `#SBATCH` lines, as written after it
+    output: str = "autotune-%x-%A_%a.out"  # each task's log, in the submitting directory
 
 
 def job_name(spec: WorkerSpec) -> str:
@@ -58,9 +58,14 @@ class SlurmLauncher(Launcher):
         interpreter (its path on the nodes: the same environment, on a shared file system or
         installed at the same place)."""
         o = self.options
-        lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name(spec)}",
-                 f"#SBATCH --array=0-{count - 1}%{o.parallel or count}", f"#SBATCH --output={o.output}",
-                 "#SBATCH --ntasks=1", "#SBATCH --export=ALL"]
+        lines = [
+            "#!/bin/bash",
+            f"#SBATCH --job-name={job_name(spec)}",
+            f"#SBATCH --array=0-{count - 1}%{o.parallel or count}",
+            f"#SBATCH --output={o.output}",
+            "#SBATCH --ntasks=1",
+            "#SBATCH --export=ALL",
+        ]
         if o.partition:
             lines.append(f"#SBATCH --partition={o.partition}")
         if o.time_limit:
@@ -71,18 +76,23 @@ class SlurmLauncher(Launcher):
             lines.append(f"#SBATCH --cpus-per-task={spec.ranks}")
         lines += [line if line.startswith("#SBATCH") else f"#SBATCH {line}" for line in o.extra]
         command = " ".join(shlex.quote(part) for part in [sys.executable, *spec.command()[1:]])
-        lines += ["",
-                  "# One autotune worker per array task: it takes probes of the study from the database",
-                  "# ($AUTOTUNE_DB, exported by sbatch from the search's environment) until the study is done.",
-                  f"exec {command}", ""]
+        lines += [
+            "",
+            "# One autotune worker per array task: it takes probes of the study from the database",
+            "# ($AUTOTUNE_DB, exported by sbatch from the search's environment) until the study is done.",
+            f"exec {command}",
+            "",
+        ]
         return "\n".join(lines)
 
     # -- the seam --------------------------------------------------------------------------------
 
     def check(self, count: int, spec: WorkerSpec) -> None:
         if shutil.which("sbatch") is None:
-            raise BadInput("--launcher slurm: sbatch is not on this machine's PATH; run the search on a Slurm login "
-                           "node, or use --launcher local or ray.")
+            raise BadInput(
+                "--launcher slurm: sbatch is not on this machine's PATH; run the search on a Slurm login "
+                "node, or use --launcher local or ray."
+            )
         bad = [line for line in self.options.extra if "\n" in line or not line.strip()]
         if bad:
             raise BadInput(f"--slurm-option {bad[0]!r}: give one sbatch option per flag (e.g. --account=ml).")
@@ -102,8 +112,13 @@ class SlurmLauncher(Launcher):
         script_path = folder / "worker.sbatch"
         script_path.write_text(text)
         try:
-            done = subprocess.run(["sbatch", mode, str(script_path)], capture_output=True, text=True,
-                                  timeout=COMMAND_SECONDS, env={**os.environ, **spec.environment()})
+            done = subprocess.run(
+                ["sbatch", mode, str(script_path)],
+                capture_output=True,
+                text=True,
+                timeout=COMMAND_SECONDS,
+                env={**os.environ, **spec.environment()},
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise BadInput(f"--launcher slurm: sbatch did not answer ({exc}); is slurmctld up?") from None
         finally:
@@ -143,18 +158,20 @@ class SlurmLauncher(Launcher):
             name = f"slurm task {self.job}_{index}"
             state = states.get(str(index), "UNKNOWN")
             summary = None
-            log = Path(self.options.output.replace("%x", self.job_name).replace("%A", self.job)
-                       .replace("%a", str(index)))
+            log = Path(
+                self.options.output.replace("%x", self.job_name).replace("%A", self.job).replace("%a", str(index))
+            )
             try:
                 text = log.read_text()
-                summary = json.loads(text[text.index("{"):]) if "{" in text else None
+                summary = json.loads(text[text.index("{") :]) if "{" in text else None
             except (OSError, ValueError):
                 summary = None
             if state == "COMPLETED" and summary is not None:
                 ends.append(WorkerEnd(name, summary))
             else:
-                ends.append(WorkerEnd(name, None, f"{state.lower()}" + ("" if state == "COMPLETED" else
-                                                                        f" (its log: {log})")))
+                ends.append(
+                    WorkerEnd(name, None, f"{state.lower()}" + ("" if state == "COMPLETED" else f" (its log: {log})"))
+                )
         return ends
 
     def task_states(self) -> dict[str, str]:

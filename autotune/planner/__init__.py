@@ -1,9 +1,9 @@
 """`autotune plan`: a search space's memory and speed predicted for a card that is not here.
 
-    plan       Target (a card, a budget, or the CPU), make_plan: estimates traced or interpolated
-               per group, what fits, ranked by the cost model; a measured study's figures beside
-    speed      the documented cost model of speed (FLOPs per token, the card's peak, a utilisation)
-    render     the plan as a table
+plan       Target (a card, a budget, or the CPU), make_plan: estimates traced or interpolated
+           per group, what fits, ranked by the cost model; a measured study's figures beside
+speed      the documented cost model of speed (FLOPs per token, the card's peak, a utilisation)
+render     the plan as a table
 """
 
 from __future__ import annotations
@@ -17,9 +17,20 @@ from autotune.planner.plan import Plan, Planned, Target, make_plan, unplannable
 __all__ = ["Plan", "Planned", "Target", "make_plan", "plan_for", "unplannable"]
 
 
-def plan_for(model: str, target: Target, space_args: dict[str, Any], *, exact: bool = False, timeout: float,
-             use_cache: bool = True, trust_remote_code: bool = False, db: str | None = None, study: str | None = None,
-             on_progress: Callable[[int, int], None] | None = None, stack: Stack | None = None) -> Plan:
+def plan_for(
+    model: str,
+    target: Target,
+    space_args: dict[str, Any],
+    *,
+    exact: bool = False,
+    timeout: float,
+    use_cache: bool = True,
+    trust_remote_code: bool = False,
+    db: str | None = None,
+    study: str | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+    stack: Stack | None = None,
+) -> Plan:
     """Resolve `model`, build the space as `autotune search` would, trace it in parallel trace
     children, and put the measurements of a matching study beside the predictions (from `db`, or
     the default database when there is one). `stack`: the run's library versions, where older than
@@ -41,9 +52,20 @@ def plan_for(model: str, target: Target, space_args: dict[str, Any], *, exact: b
             store.study(study)  # an unknown study is a mistake, said before any trace
         with TraceChildren(min(trace_processes(), len(space.candidates()))) as children:
             children.start(spec.model_type)
-            return make_plan(spec, space, target, exact=exact, timeout=timeout, use_cache=use_cache,
-                             trust_remote_code=trust_remote_code, children=children, store=store, study=study,
-                             on_progress=on_progress, stack=stack)
+            return make_plan(
+                spec,
+                space,
+                target,
+                exact=exact,
+                timeout=timeout,
+                use_cache=use_cache,
+                trust_remote_code=trust_remote_code,
+                children=children,
+                store=store,
+                study=study,
+                on_progress=on_progress,
+                stack=stack,
+            )
     finally:
         if store is not None:
             store.close()

@@ -51,7 +51,7 @@ class Target:
     fit in (the card's memory unless the user gives less)."""
 
     card: Card | None
-    device_type: str           # cuda or cpu
+    device_type: str  # cuda or cpu
     budget: Budget
 
     @property
@@ -64,11 +64,16 @@ class Target:
     def of(cls, card: Card | None, budget_bytes: int | None, margin: int | float, *, cpu: bool = False) -> "Target":
         """Check a budget against the card: above its memory is a user's mistake (one line)."""
         if card is None and budget_bytes is None:
-            raise BadInput("--gpu cpu needs --gpu-budget: the CPU has no memory size of its own to plan for."
-                           if cpu else "give --gpu NAME or --gpu-budget SIZE.")
+            raise BadInput(
+                "--gpu cpu needs --gpu-budget: the CPU has no memory size of its own to plan for."
+                if cpu
+                else "give --gpu NAME or --gpu-budget SIZE."
+            )
         if card is not None and budget_bytes is not None and budget_bytes > card.memory_bytes:
-            raise BadInput(f"--gpu-budget {format_size(budget_bytes)} is more than the {card.name}'s memory "
-                           f"({format_size(card.memory_bytes)}); give at most that, or leave --gpu-budget out.")
+            raise BadInput(
+                f"--gpu-budget {format_size(budget_bytes)} is more than the {card.name}'s memory "
+                f"({format_size(card.memory_bytes)}); give at most that, or leave --gpu-budget out."
+            )
         budget = budget_bytes if budget_bytes is not None else card.memory_bytes  # type: ignore[union-attr]
         return cls(card, "cpu" if cpu else "cuda", Budget.of(budget, margin))
 
@@ -78,12 +83,12 @@ class Planned:
     """One candidate of the plan."""
 
     config: ProbeConfig
-    estimate: MemoryEstimate | None = None   # None when it cannot be predicted (see `why_not`)
-    traced: bool = False                     # False: interpolated between its group's traced ends
-    why_not: str | None = None               # the card lacks the lever, or the estimator cannot trace it
+    estimate: MemoryEstimate | None = None  # None when it cannot be predicted (see `why_not`)
+    traced: bool = False  # False: interpolated between its group's traced ends
+    why_not: str | None = None  # the card lacks the lever, or the estimator cannot trace it
     fits: bool = False
     speed: SpeedPrediction | None = None
-    measured: dict[str, Any] | None = None   # the same config's probe in a study on such a card
+    measured: dict[str, Any] | None = None  # the same config's probe in a study on such a card
 
     @property
     def need_bytes(self) -> int | None:
@@ -100,18 +105,34 @@ class Planned:
         e = self.estimate
         if e is None:
             return {}
-        return {"weights": e.params, "grads": e.grads, "optimizer": e.optimizer, "activations": e.activations,
-                "temporaries": e.temporaries, "workspace": e.workspace,
-                "allocator_slack": e.reserved_bytes - e.peak_bytes, "context": e.context_bytes}
+        return {
+            "weights": e.params,
+            "grads": e.grads,
+            "optimizer": e.optimizer,
+            "activations": e.activations,
+            "temporaries": e.temporaries,
+            "workspace": e.workspace,
+            "allocator_slack": e.reserved_bytes - e.peak_bytes,
+            "context": e.context_bytes,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "label": self.config.label(), "config": self.config.to_dict(), "config_key": self.config.key(),
-            "predicted": True, "traced": self.traced, "why_not": self.why_not, "fits": self.fits,
+            "label": self.config.label(),
+            "config": self.config.to_dict(),
+            "config_key": self.config.key(),
+            "predicted": True,
+            "traced": self.traced,
+            "why_not": self.why_not,
+            "fits": self.fits,
             "peak_allocated_bytes": None if self.estimate is None else self.estimate.peak_bytes,
             "peak_reserved_bytes": None if self.estimate is None else self.estimate.reserved_bytes,
-            "need_bytes": self.need_bytes, "breakdown": self.breakdown(),
-            "gpus": self.config.gpus, "strategy": self.config.strategy, "nodes": self.config.nodes, "per_rank": self.config.ranks > 1,
+            "need_bytes": self.need_bytes,
+            "breakdown": self.breakdown(),
+            "gpus": self.config.gpus,
+            "strategy": self.config.strategy,
+            "nodes": self.config.nodes,
+            "per_rank": self.config.ranks > 1,
             "tokens_per_s": self.tokens_per_s,
             "speed": None if self.speed is None else dataclasses.asdict(self.speed),
             "measured": self.measured,
@@ -120,13 +141,13 @@ class Planned:
 
 @dataclass(slots=True)
 class Plan:
-    model: str                               # the model's reference
+    model: str  # the model's reference
     target: Target
     space: SearchSpace
-    planned: list[Planned]                   # fitting ones first, fastest first; then the rest by need
+    planned: list[Planned]  # fitting ones first, fastest first; then the rest by need
     seconds: float = 0.0
-    traces: int = 0                          # configs traced now (the rest: interpolated or cached)
-    study: str | None = None                 # the study whose measurements stand beside the predictions
+    traces: int = 0  # configs traced now (the rest: interpolated or cached)
+    study: str | None = None  # the study whose measurements stand beside the predictions
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -147,22 +168,48 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         error, speed = self.stated_error, self.speed_error
-        return {"model": self.model, "target": self.target.name, "device_type": self.target.device_type,
-                "budget_bytes": self.target.budget.total_bytes, "margin_bytes": self.target.budget.margin_bytes,
-                "space": self.space.to_dict(), "seconds": self.seconds, "traces": self.traces,
-                "compared_with_study": self.study, "notes": self.notes,
-                "stated_error": None if error is None else {"kind": error.kind, "method": error.method,
-                                                            "count": error.count, "median": error.median,
-                                                            "worst": error.worst},
-                "speed_error": None if speed is None else {"count": speed.count, "median": speed.median,
-                                                           "worst": speed.worst},
-                "candidates": [p.to_dict() for p in self.planned]}
+        return {
+            "model": self.model,
+            "target": self.target.name,
+            "device_type": self.target.device_type,
+            "budget_bytes": self.target.budget.total_bytes,
+            "margin_bytes": self.target.budget.margin_bytes,
+            "space": self.space.to_dict(),
+            "seconds": self.seconds,
+            "traces": self.traces,
+            "compared_with_study": self.study,
+            "notes": self.notes,
+            "stated_error": None
+            if error is None
+            else {
+                "kind": error.kind,
+                "method": error.method,
+                "count": error.count,
+                "median": error.median,
+                "worst": error.worst,
+            },
+            "speed_error": None
+            if speed is None
+            else {"count": speed.count, "median": speed.median, "worst": speed.worst},
+            "candidates": [p.to_dict() for p in self.planned],
+        }
 
 
-def make_plan(spec: ModelSpec, space: SearchSpace, target: Target, *, exact: bool = False, timeout: float,
-              use_cache: bool = True, trust_remote_code: bool = False, children: TraceChildren | None = None,
-              store: Store | None = None, study: str | None = None,
-              on_progress: Callable[[int, int], None] | None = None, stack: Stack | None = None) -> Plan:
+def make_plan(
+    spec: ModelSpec,
+    space: SearchSpace,
+    target: Target,
+    *,
+    exact: bool = False,
+    timeout: float,
+    use_cache: bool = True,
+    trust_remote_code: bool = False,
+    children: TraceChildren | None = None,
+    store: Store | None = None,
+    study: str | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+    stack: Stack | None = None,
+) -> Plan:
     """Predict every candidate of `space` on `target`; measurements of a matching study in `store`
     (or the study named) stand beside them."""
     started = time.perf_counter()
@@ -170,9 +217,17 @@ def make_plan(spec: ModelSpec, space: SearchSpace, target: Target, *, exact: boo
     for item in planned:
         item.why_not = unplannable(item.config, target)
     traceable = [p.config for p in planned if p.why_not is None]
-    estimates, traced, traces = _estimates(traceable, target.device_type, exact=exact, timeout=timeout,
-                                           use_cache=use_cache, trust_remote_code=trust_remote_code,
-                                           children=children, on_progress=on_progress, stack=stack)
+    estimates, traced, traces = _estimates(
+        traceable,
+        target.device_type,
+        exact=exact,
+        timeout=timeout,
+        use_cache=use_cache,
+        trust_remote_code=trust_remote_code,
+        children=children,
+        on_progress=on_progress,
+        stack=stack,
+    )
     dims = None
     if target.card is not None:
         from autotune.planner.speed import model_dims_of
@@ -193,8 +248,10 @@ def make_plan(spec: ModelSpec, space: SearchSpace, target: Target, *, exact: boo
     notes = (stack or Stack()).notes()
     if space.trainer == "trl" and dims is not None:
         # (its memory is traced through TRL's own head; its speed model is Trainer's step)
-        notes.append("--trainer trl: the speeds predict transformers' Trainer step; TRL's fused LM head also scores "
-                     "each token's entropy and accuracy, work the speed model leaves out (a search measures it)")
+        notes.append(
+            "--trainer trl: the speeds predict transformers' Trainer step; TRL's fused LM head also scores "
+            "each token's entropy and accuracy, work the speed model leaves out (a search measures it)"
+        )
     plan = Plan(spec.reference, target, space, _ranked(planned, target), traces=traces, notes=notes)
     if store is not None:
         plan.study = _compare(plan, store, spec, study)
@@ -221,10 +278,18 @@ def unplannable(config: ProbeConfig, target: Target) -> str | None:
     return untraceable(config)
 
 
-def _estimates(configs: list[ProbeConfig], device_type: str, *, exact: bool, timeout: float, use_cache: bool,
-               trust_remote_code: bool, children: TraceChildren | None,
-               on_progress: Callable[[int, int], None] | None,
-               stack: Stack | None = None) -> tuple[dict[str, MemoryEstimate], set[str], int]:
+def _estimates(
+    configs: list[ProbeConfig],
+    device_type: str,
+    *,
+    exact: bool,
+    timeout: float,
+    use_cache: bool,
+    trust_remote_code: bool,
+    children: TraceChildren | None,
+    on_progress: Callable[[int, int], None] | None,
+    stack: Stack | None = None,
+) -> tuple[dict[str, MemoryEstimate], set[str], int]:
     """Estimates of `configs` by key: traced (every config with `exact`, else each group's
     smallest and largest micro-batch) and the rest interpolated; the keys traced; how many traces
     ran now (not from the cache)."""
@@ -244,8 +309,16 @@ def _estimates(configs: list[ProbeConfig], device_type: str, *, exact: bool, tim
         if on_progress is not None:
             on_progress(done[0], len(to_trace))
 
-    found = estimate_memories(to_trace, device_type=device_type, timeout=timeout, use_cache=use_cache,
-                              trust_remote_code=trust_remote_code, children=children, on_estimate=arrived, stack=stack)
+    found = estimate_memories(
+        to_trace,
+        device_type=device_type,
+        timeout=timeout,
+        use_cache=use_cache,
+        trust_remote_code=trust_remote_code,
+        children=children,
+        on_estimate=arrived,
+        stack=stack,
+    )
     by_key = {e.config.key(): e for e in found}
     traces = sum(not e.cached for e in found)
     out = dict(by_key)
@@ -260,6 +333,7 @@ def _estimates(configs: list[ProbeConfig], device_type: str, *, exact: bool, tim
 def _ranked(planned: list[Planned], target: Target) -> list[Planned]:
     """Fitting configs fastest first (by need where no speed is predicted: on CPU), then the rest
     by need, then the unpredicted."""
+
     def order(p: Planned) -> tuple:
         if p.estimate is None:
             return (2, 0.0, 0)
@@ -287,9 +361,12 @@ def _compare(plan: Plan, store: Store, spec: ModelSpec, study: str | None) -> st
             except StudyNotFound:
                 continue
             same_kind = candidate.environment.get("device_type") == plan.target.device_type
-            if same_kind and _card_matches(plan.target.card, candidate.device_name) \
-                    and {c.key() for c in SearchSpace.from_stored(candidate.space).candidates()} \
-                    >= {p.config.key() for p in plan.planned}:
+            if (
+                same_kind
+                and _card_matches(plan.target.card, candidate.device_name)
+                and {c.key() for c in SearchSpace.from_stored(candidate.space).candidates()}
+                >= {p.config.key() for p in plan.planned}
+            ):
                 record = candidate
                 break
     if record is None:
@@ -302,10 +379,14 @@ def _compare(plan: Plan, store: Store, spec: ModelSpec, study: str | None) -> st
         result = probe.result
         need = result.required_bytes
         item.measured = {
-            "status": str(result.status), "need_bytes": need, "tokens_per_s": result.tokens_per_s,
-            "need_error": None if need in (None, 0) or item.need_bytes is None or result.status != ProbeStatus.OK
+            "status": str(result.status),
+            "need_bytes": need,
+            "tokens_per_s": result.tokens_per_s,
+            "need_error": None
+            if need in (None, 0) or item.need_bytes is None or result.status != ProbeStatus.OK
             else (item.need_bytes - need) / need,
-            "speed_error": None if not result.tokens_per_s or item.tokens_per_s is None
+            "speed_error": None
+            if not result.tokens_per_s or item.tokens_per_s is None
             else (item.tokens_per_s - result.tokens_per_s) / result.tokens_per_s,
         }
     return record.name
@@ -316,4 +397,3 @@ def _card_matches(card: Card | None, device_name: str) -> bool:
         return True
     name = device_name.lower()
     return any(fragment in name for fragment in card.name_fragments)
-

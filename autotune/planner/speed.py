@@ -118,16 +118,16 @@ STREAM_EFFICIENCY = 0.8
 # Bytes one optimizer step moves per trained parameter (read + written), with fp32 weights and with
 # pure bf16 weights (--weights bf16: weights, gradients and state in bf16).
 OPTIMIZER_BYTES: dict[str, tuple[int, int]] = {
-    "adamw": (28, 14),             # fused: reads weight, grad, m, v (16); writes weight, m, v (12)
+    "adamw": (28, 14),  # fused: reads weight, grad, m, v (16); writes weight, m, v (12)
     # torch's foreach AdamW (Trainer's adamw_torch): lerp m (3 accesses), v *= b2 and += g^2 (2 + 3),
     # decay w (2), sqrt(v) into a temporary, / bias correction, + eps (2 each), w -= lr m / t (4):
     # 20 accesses of 4 bytes.
     "adamw_torch": (80, 40),
-    "adamw_8bit": (16, 10),        # weight and grad at their size, m and v one byte each
+    "adamw_8bit": (16, 10),  # weight and grad at their size, m and v one byte each
     "paged_adamw_8bit": (16, 10),  # as adamw_8bit while the state stays on the card
-    "sgd": (24, 12),               # foreach, momentum: buf = m*buf + g, then w -= lr*buf (6 accesses)
-    "adafactor": (60, 60),         # transformers' Adafactor: ~15 unfused fp32 passes (it upcasts bf16);
-}                                  # its factored second moment is negligible
+    "sgd": (24, 12),  # foreach, momentum: buf = m*buf + g, then w -= lr*buf (6 accesses)
+    "adafactor": (60, 60),  # transformers' Adafactor: ~15 unfused fp32 passes (it upcasts bf16);
+}  # its factored second moment is negligible
 # Ops dispatched per trained tensor: Adafactor's step is a Python loop of about 25 ops per tensor;
 # bitsandbytes' 8-bit optimizers launch one kernel per tensor; fused and foreach ones a handful in all.
 OPTIMIZER_OPS_PER_TENSOR = {"adafactor": 25, "adamw_8bit": 1, "paged_adamw_8bit": 1}
@@ -158,16 +158,16 @@ class SpeedPrediction:
 
     step_seconds: float
     tokens_per_s: float
-    compute_seconds: float       # matmuls, at `utilisation` of `peak_flops`
-    memory_seconds: float        # eager attention's scores and the logits' cross-entropy
-    overhead_seconds: float      # kernel launches
-    optimizer_seconds: float     # the optimizer's pass over the trained parameters' state
-    utilisation: float           # share of the peak the matmuls run at
-    peak_flops: float            # the card's dense peak for the precision the matmuls run in
-    flops_per_step: float        # what the card computes, recomputation included
+    compute_seconds: float  # matmuls, at `utilisation` of `peak_flops`
+    memory_seconds: float  # eager attention's scores and the logits' cross-entropy
+    overhead_seconds: float  # kernel launches
+    optimizer_seconds: float  # the optimizer's pass over the trained parameters' state
+    utilisation: float  # share of the peak the matmuls run at
+    peak_flops: float  # the card's dense peak for the precision the matmuls run in
+    flops_per_step: float  # what the card computes, recomputation included
     model_flops_per_token: float  # useful work per token, no recomputation (autotune.flops)
-    comm_seconds: float = 0.0    # collectives (and fsdp-offload's host copies) not hidden behind compute
-    gpus: int = 1                # ranks: tokens_per_s is the whole run's
+    comm_seconds: float = 0.0  # collectives (and fsdp-offload's host copies) not hidden behind compute
+    gpus: int = 1  # ranks: tokens_per_s is the whole run's
 
     @property
     def mfu(self) -> float:
@@ -175,12 +175,18 @@ class SpeedPrediction:
         return self.tokens_per_s * self.model_flops_per_token / self.peak_flops / self.gpus
 
     def describe(self) -> str:
-        parts = (("compute", self.compute_seconds), ("memory", self.memory_seconds),
-                 ("launches", self.overhead_seconds), ("optimizer", self.optimizer_seconds),
-                 ("communication", self.comm_seconds))
+        parts = (
+            ("compute", self.compute_seconds),
+            ("memory", self.memory_seconds),
+            ("launches", self.overhead_seconds),
+            ("optimizer", self.optimizer_seconds),
+            ("communication", self.comm_seconds),
+        )
         spent = ", ".join(f"{name} {seconds / self.step_seconds:.0%}" for name, seconds in parts if seconds > 0)
-        return (f"{self.tokens_per_s:,.0f} tokens/s, {self.step_seconds * 1e3:,.1f} ms/step ({spent}); "
-                f"matmuls at {self.utilisation:.0%} of peak, MFU {self.mfu:.0%} (predicted)")
+        return (
+            f"{self.tokens_per_s:,.0f} tokens/s, {self.step_seconds * 1e3:,.1f} ms/step ({spent}); "
+            f"matmuls at {self.utilisation:.0%} of peak, MFU {self.mfu:.0%} (predicted)"
+        )
 
 
 def matmul_precision(config: ProbeConfig) -> str:
@@ -210,11 +216,19 @@ def lora_parameters(dims: ModelDims, rank: int, targets: str = "all-linear") -> 
 def config_flops_per_token(config: ProbeConfig, dims: ModelDims, *, recompute: bool = True) -> float:
     """Training FLOPs per token of `config` (autotune.flops); `recompute=False` leaves out
     checkpointing's second forward (the useful work, for MFU)."""
-    return flops_per_token(dims.parameters, _trained(config, dims), dims.layers, dims.hidden, config.block_size,
-                           recompute=recompute and config.checkpointing)
+    return flops_per_token(
+        dims.parameters,
+        _trained(config, dims),
+        dims.layers,
+        dims.hidden,
+        config.block_size,
+        recompute=recompute and config.checkpointing,
+    )
 
 
-def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card, stack: Stack | None = None) -> SpeedPrediction:
+def predict_step_seconds(
+    config: ProbeConfig, dims: ModelDims, card: Card, stack: Stack | None = None
+) -> SpeedPrediction:
     """Seconds per optimizer step of `config` on `card`, with the parts that make them up, run on
     `stack` (None: autotune's own, the installed libraries). ValueError when the card cannot run
     the config (check `why_unsupported` first)."""
@@ -230,8 +244,14 @@ def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card, stack
         block, micro_batch = rows, config.micro_batch
         if config.padding_free and not config.attention.startswith("flash"):
             block, micro_batch = rows * config.micro_batch, 1
-        plain = dataclasses.replace(config, lengths=None, padding_free=False, sampling=DEFAULT_SAMPLING, block_size=block,
-                                    micro_batch=micro_batch)
+        plain = dataclasses.replace(
+            config,
+            lengths=None,
+            padding_free=False,
+            sampling=DEFAULT_SAMPLING,
+            block_size=block,
+            micro_batch=micro_batch,
+        )
         padded = predict_step_seconds(plain, dims, card, stack)
         return dataclasses.replace(padded, tokens_per_s=config.tokens_per_step / padded.step_seconds)
     precision = matmul_precision(config)
@@ -256,7 +276,9 @@ def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card, stack
     stepped = _trained(config, dims) / (config.ranks if sharded else 1)  # each rank steps its shard
     streamed = card.memory_bandwidth * STREAM_EFFICIENCY
     optimizer = stepped * per_parameter / (HOST_OPTIMIZER_BANDWIDTH if sharding.offloads(config.strategy) else streamed)
-    optimizer += _trained_tensors(config, dims) * OPTIMIZER_OPS_PER_TENSOR.get(config.optimizer, 0) * OP_DISPATCH_SECONDS
+    optimizer += (
+        _trained_tensors(config, dims) * OPTIMIZER_OPS_PER_TENSOR.get(config.optimizer, 0) * OP_DISPATCH_SECONDS
+    )
 
     accum = config.grad_accum
     comm = communication_seconds(config, dims, card)
@@ -265,10 +287,18 @@ def predict_step_seconds(config: ProbeConfig, dims: ModelDims, card: Card, stack
     step = accum * (matmul + memory + overhead) + copies + optimizer + exposed
     model_flops = config_flops_per_token(config, dims, recompute=False)
     return SpeedPrediction(
-        step_seconds=step, tokens_per_s=config.tokens_per_step / step,
-        compute_seconds=accum * matmul, memory_seconds=accum * memory + copies, overhead_seconds=accum * overhead,
-        optimizer_seconds=optimizer, utilisation=flops / (peak * matmul), peak_flops=peak, flops_per_step=accum * flops,
-        model_flops_per_token=model_flops, comm_seconds=exposed, gpus=config.ranks,
+        step_seconds=step,
+        tokens_per_s=config.tokens_per_step / step,
+        compute_seconds=accum * matmul,
+        memory_seconds=accum * memory + copies,
+        overhead_seconds=accum * overhead,
+        optimizer_seconds=optimizer,
+        utilisation=flops / (peak * matmul),
+        peak_flops=peak,
+        flops_per_step=accum * flops,
+        model_flops_per_token=model_flops,
+        comm_seconds=exposed,
+        gpus=config.ranks,
     )
 
 
@@ -280,10 +310,6 @@ def _weight_bytes(config: ProbeConfig, dims: ModelDims) -> float:
     passes = 1 + traffic.forwards(config)  # the forwards and the backward's input gradients
     # (under FSDP each rank's matmuls read the whole gathered weights too)
     return float(dims.parameters * element * passes + _trained(config, dims) * element)
-
-
-
-
 
 
 def _dispatch_seconds(config: ProbeConfig, dims: ModelDims, stack: Stack | None = None) -> float:
@@ -366,8 +392,9 @@ def predict_tokens_per_s(config: ProbeConfig, dims: ModelDims, card: Card) -> fl
     return predict_step_seconds(config, dims, card).tokens_per_s
 
 
-def predict_speed(config: ProbeConfig, dims: ModelDims, card: Card, estimate: MemoryEstimate | None = None,
-                  stack: Stack | None = None) -> SpeedPrediction | None:
+def predict_speed(
+    config: ProbeConfig, dims: ModelDims, card: Card, estimate: MemoryEstimate | None = None, stack: Stack | None = None
+) -> SpeedPrediction | None:
     """The planner's entry: None where the card cannot run `config`; with the config's memory
     estimate, the parameter count is the one the estimator traced (its weights' bytes over the
     bytes of one weight), not the count from config.json. `stack`: the run's, where not autotune's."""
@@ -388,9 +415,6 @@ def _trained(config: ProbeConfig, dims: ModelDims) -> int:
         return dims.parameters
     spec = PeftSpec.from_text(config.peft)
     return lora_parameters(dims, spec.rank, spec.targets)
-
-
-
 
 
 def model_dims_of(spec: ModelSpec) -> ModelDims | None:

@@ -22,13 +22,15 @@ class SpeedError:
     """Predicted over measured tokens/s, held to `count` published measurements."""
 
     count: int
-    median: float    # median |predicted / measured - 1|
-    worst: float     # the largest max(ratio, 1 / ratio)
+    median: float  # median |predicted / measured - 1|
+    worst: float  # the largest max(ratio, 1 / ratio)
     source: str = ""
 
     def text(self) -> str:
-        return (f"±{self.median:.0%} median, x{self.worst:.2f} at worst, against {self.count} published GPU training "
-                f"throughputs")
+        return (
+            f"±{self.median:.0%} median, x{self.worst:.2f} at worst, against {self.count} published GPU training "
+            f"throughputs"
+        )
 
 
 @functools.cache

@@ -96,8 +96,12 @@ def memory_bytes(config: ProbeConfig, dims: ModelDims, matmul_element: int, stac
     installed libraries: peft's fp32 adapters); `matmul_element` the bytes of the dtype the matmuls,
     and so attention's scores, run in (speed.matmul_precision's)."""
     tokens = config.micro_batch * config.tokens_per_sequence
-    return (elementwise_bytes(config, dims, tokens, stack) + cast_bytes(config, dims)
-            + eager_score_bytes(config, dims, matmul_element) + logit_bytes(config, dims))
+    return (
+        elementwise_bytes(config, dims, tokens, stack)
+        + cast_bytes(config, dims)
+        + eager_score_bytes(config, dims, matmul_element)
+        + logit_bytes(config, dims)
+    )
 
 
 def elementwise_bytes(config: ProbeConfig, dims: ModelDims, tokens: int, stack: Stack | None = None) -> float:
@@ -184,7 +188,7 @@ def eager_score_bytes(config: ProbeConfig, dims: ModelDims, element: int) -> flo
     heads = dims.heads or max(1, dims.hidden // HEAD_DIM_GUESS)
     forward, backward = eager_bytes_per_score(element, dims.attention_dropout)
     per_score = forward * forwards(config) + backward
-    return float(config.micro_batch * dims.layers * heads * config.block_size ** 2 * per_score)
+    return float(config.micro_batch * dims.layers * heads * config.block_size**2 * per_score)
 
 
 def logit_bytes(config: ProbeConfig, dims: ModelDims) -> float:

@@ -45,8 +45,11 @@ def synthetic_batch(config: ProbeConfig, vocab_size: int, device: torch.device) 
             return flattened(config, [config.block_size] * config.micro_batch, positions, vocab_size)
         if config.lengths is not None:  # trained per example: the worst padded batch, its padding without loss
             mask = padding_mask(*shape, device)
-            return {"input_ids": input_ids, "attention_mask": mask,
-                    "labels": torch.where(mask.bool(), input_ids, torch.full_like(input_ids, -100))}
+            return {
+                "input_ids": input_ids,
+                "attention_mask": mask,
+                "labels": torch.where(mask.bool(), input_ids, torch.full_like(input_ids, -100)),
+            }
         return {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids), "labels": input_ids}
     if task == Task.SEQ2SEQ:
         assert config.target_length is not None
@@ -59,7 +62,11 @@ def synthetic_batch(config: ProbeConfig, vocab_size: int, device: torch.device) 
         assert config.num_labels is not None
         mask = padding_mask(*shape, device)
         if config.num_labels == 1:
-            return {"input_ids": input_ids, "attention_mask": mask, "labels": torch.rand(config.micro_batch, device=device)}
+            return {
+                "input_ids": input_ids,
+                "attention_mask": mask,
+                "labels": torch.rand(config.micro_batch, device=device),
+            }
         labels = torch.randint(0, config.num_labels, (config.micro_batch,), device=device)
         return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
     # masked-lm. The mask token's id changes nothing measured: the last id of the vocabulary stands in.
@@ -67,7 +74,9 @@ def synthetic_batch(config: ProbeConfig, vocab_size: int, device: torch.device) 
     labels = torch.where(chosen, input_ids, torch.full_like(input_ids, -100))
     fate = torch.rand(shape, device=device)
     masked = torch.where(chosen & (fate < 0.8), torch.full_like(input_ids, vocab_size - 1), input_ids)
-    randomised = torch.where(chosen & (fate >= 0.8) & (fate < 0.9), torch.randint_like(input_ids, 0, vocab_size), masked)
+    randomised = torch.where(
+        chosen & (fate >= 0.8) & (fate < 0.9), torch.randint_like(input_ids, 0, vocab_size), masked
+    )
     return {"input_ids": randomised, "attention_mask": torch.ones_like(input_ids), "labels": labels}
 
 
@@ -83,15 +92,23 @@ def drawn_batch(config: ProbeConfig, rows: list[int], vocab_size: int, device: t
     mask = mask_of(rows, length, device)
     input_ids = torch.randint(0, vocab_size, (len(rows), length), device=device)
     if Task(config.task) == Task.CAUSAL_LM:
-        return {"input_ids": input_ids, "attention_mask": mask,
-                "labels": torch.where(mask.bool(), input_ids, torch.full_like(input_ids, -100))}
+        return {
+            "input_ids": input_ids,
+            "attention_mask": mask,
+            "labels": torch.where(mask.bool(), input_ids, torch.full_like(input_ids, -100)),
+        }
     assert config.num_labels is not None
-    labels = (torch.rand(len(rows), device=device) if config.num_labels == 1
-              else torch.randint(0, config.num_labels, (len(rows),), device=device))
+    labels = (
+        torch.rand(len(rows), device=device)
+        if config.num_labels == 1
+        else torch.randint(0, config.num_labels, (len(rows),), device=device)
+    )
     return {"input_ids": input_ids, "attention_mask": mask, "labels": labels}
 
 
-def flattened(config: ProbeConfig, rows: list[int], positions: torch.Tensor, vocab_size: int) -> dict[str, torch.Tensor]:
+def flattened(
+    config: ProbeConfig, rows: list[int], positions: torch.Tensor, vocab_size: int
+) -> dict[str, torch.Tensor]:
     """A micro-batch of examples end to end in one row (TRL's padding_free collator, transformers'
     DataCollatorWithFlattening): no attention mask (one would hide the boundaries), position ids
     restarting at each example, which is what keeps the examples apart (transformers' masking_utils
@@ -101,13 +118,22 @@ def flattened(config: ProbeConfig, rows: list[int], positions: torch.Tensor, voc
     spares a flash kernel finding them from the positions in every layer. Elementwise but for those
     (made from `rows`, host numbers): the estimator traces it."""
     input_ids = torch.randint(0, vocab_size, positions.shape, device=positions.device)
-    batch: dict[str, Any] = {"input_ids": input_ids, "position_ids": positions,
-             "labels": torch.where(positions == 0, torch.full_like(input_ids, -100), input_ids)}
+    batch: dict[str, Any] = {
+        "input_ids": input_ids,
+        "position_ids": positions,
+        "labels": torch.where(positions == 0, torch.full_like(input_ids, -100), input_ids),
+    }
     if config.trainer == "trl":  # (TRL 1.16's DataCollatorForLanguageModeling, whatever the kernel)
         bounds = torch.tensor([0, *itertools.accumulate(rows)], dtype=torch.int32, device=positions.device)
-        batch.update(cu_seq_lens_q=bounds, cu_seq_lens_k=bounds, max_length_q=max(rows), max_length_k=max(rows),
-                     seq_idx=torch.tensor([[i for i, n in enumerate(rows) for _ in range(n)]], dtype=torch.int32,
-                                          device=positions.device))
+        batch.update(
+            cu_seq_lens_q=bounds,
+            cu_seq_lens_k=bounds,
+            max_length_q=max(rows),
+            max_length_k=max(rows),
+            seq_idx=torch.tensor(
+                [[i for i, n in enumerate(rows) for _ in range(n)]], dtype=torch.int32, device=positions.device
+            ),
+        )
     return batch
 
 
@@ -116,8 +142,10 @@ def padding_free_problem(model, config: ProbeConfig, vocab_size: int, device: to
     or the config is not padding-free)."""
     if not config.padding_free or keeps_examples_apart(model, vocab_size, device):
         return None
-    return (f"padding-free: this model's {config.attention} attention does not keep examples put end to end apart "
-            f"by their position ids (each would attend to those before it: another training)")
+    return (
+        f"padding-free: this model's {config.attention} attention does not keep examples put end to end apart "
+        f"by their position ids (each would attend to those before it: another training)"
+    )
 
 
 def keeps_examples_apart(model, vocab_size: int, device: torch.device) -> bool:
@@ -133,8 +161,9 @@ def keeps_examples_apart(model, vocab_size: int, device: torch.device) -> bool:
             first, second = (torch.randint(0, vocab_size, (1, 6), device=device) for _ in range(2))
             positions = torch.arange(6, device=device)[None]
             alone = model(input_ids=second, position_ids=positions).logits.float()
-            behind = model(input_ids=torch.cat([first, second], dim=1),
-                           position_ids=torch.cat([positions, positions], dim=1)).logits.float()[:, 6:]
+            behind = model(
+                input_ids=torch.cat([first, second], dim=1), position_ids=torch.cat([positions, positions], dim=1)
+            ).logits.float()[:, 6:]
         return bool(torch.allclose(alone, behind, rtol=1e-3, atol=1e-3 * float(alone.abs().max().clamp(min=1))))
     finally:
         model.train(was_training)

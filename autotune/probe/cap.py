@@ -53,7 +53,7 @@ class MemoryCap:
     device: torch.device
     budget: Budget
     cap_bytes: int
-    context_bytes: int                       # measured at start on CUDA; 0 on CPU
+    context_bytes: int  # measured at start on CUDA; 0 on CPU
     accountant: CpuMemoryAccountant | None = None
 
     def guard(self) -> Any:
@@ -95,8 +95,10 @@ def cap_memory(device: torch.device, budget: Budget) -> MemoryCap:
     if device.type != "cuda":
         host = host_memory_bytes()
         if host and budget_bytes > host:
-            raise BudgetError(f"--gpu-budget {format_size(budget_bytes)} is larger than this machine's memory "
-                              f"({format_size(host)}); give less.")
+            raise BudgetError(
+                f"--gpu-budget {format_size(budget_bytes)} is larger than this machine's memory "
+                f"({format_size(host)}); give less."
+            )
         cap = budget.allowed_bytes
         return MemoryCap(device, budget, cap, 0, CpuMemoryAccountant(cap_bytes=cap))
 
@@ -109,13 +111,17 @@ def cap_memory(device: torch.device, budget: Budget) -> MemoryCap:
     del warm
     total = torch.cuda.get_device_properties(device).total_memory
     if budget_bytes > total:
-        raise BudgetError(f"--gpu-budget {format_size(budget_bytes)} is larger than {torch.cuda.get_device_name(device)} "
-                          f"({format_size(total)}); give at most {format_size(total)}.")
+        raise BudgetError(
+            f"--gpu-budget {format_size(budget_bytes)} is larger than {torch.cuda.get_device_name(device)} "
+            f"({format_size(total)}); give at most {format_size(total)}."
+        )
     context = measure_cuda_context(device)
     cap = budget.allowed_bytes - context
     if cap <= 0:
-        raise BudgetError(f"--gpu-budget {format_size(budget_bytes)} leaves nothing for training after the CUDA context "
-                          f"({format_size(context)}) and the safety margin ({format_size(margin_bytes)}); give a larger budget.")
+        raise BudgetError(
+            f"--gpu-budget {format_size(budget_bytes)} leaves nothing for training after the CUDA context "
+            f"({format_size(context)}) and the safety margin ({format_size(margin_bytes)}); give a larger budget."
+        )
     torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
     torch.cuda.reset_peak_memory_stats(device)
     return MemoryCap(device, budget, cap, context)

@@ -88,15 +88,15 @@ class _Probe:
     device: torch.device
     device_name: str
     result: ProbeResult
-    cap: MemoryCap | None = None         # the budget applied (None for a probe skipped before it)
+    cap: MemoryCap | None = None  # the budget applied (None for a probe skipped before it)
     model: Any = None
     hf_config: Any = None
     step: ProbeStep | None = None
     losses: list[float] = dataclasses.field(default_factory=list)
-    start_allocated: int = 0             # what the accounting held as the probe began (cuBLAS workspaces on CUDA)
-    meter: PhaseMeter | None = None      # the run's phases and each one's peaks (with the cap)
-    caught_oom: bool = False             # an OOM was caught and the probe went on (--eval-batch auto)
-    leftover_bytes: int = 0              # what it still held after the probe released everything
+    start_allocated: int = 0  # what the accounting held as the probe began (cuBLAS workspaces on CUDA)
+    meter: PhaseMeter | None = None  # the run's phases and each one's peaks (with the cap)
+    caught_oom: bool = False  # an OOM was caught and the probe went on (--eval-batch auto)
+    leftover_bytes: int = 0  # what it still held after the probe released everything
 
     @property
     def config(self) -> ProbeConfig:
@@ -183,16 +183,24 @@ def _start(request: ProbeRequest) -> _Probe:
     device = resolve_device(request.settings.device)
     env = describe(device)
     result = ProbeResult(
-        status=ProbeStatus.OK, device=env.device_name, device_total_bytes=env.device_total_bytes,
-        budget_bytes=budget.total_bytes, margin_bytes=budget.margin_bytes, warmup_steps=request.settings.warmup_steps,
-        measured_steps=request.settings.measure_steps, gpu_processes=other_gpu_processes(device),
+        status=ProbeStatus.OK,
+        device=env.device_name,
+        device_total_bytes=env.device_total_bytes,
+        budget_bytes=budget.total_bytes,
+        margin_bytes=budget.margin_bytes,
+        warmup_steps=request.settings.warmup_steps,
+        measured_steps=request.settings.measure_steps,
+        gpu_processes=other_gpu_processes(device),
     )
     check_recipe(config, device)
     import_recipe_code(config)
     probe = _Probe(request, device, env.device_name, result)
-    unsupported = (supports_precision(device, config.precision) or speedups.unavailable(config, device)
-                   or supports_attention_dtype(config.attention, config.precision, config.weights)
-                   or distributed.unavailable(config, device))
+    unsupported = (
+        supports_precision(device, config.precision)
+        or speedups.unavailable(config, device)
+        or supports_attention_dtype(config.attention, config.precision, config.weights)
+        or distributed.unavailable(config, device)
+    )
     if unsupported:
         probe.skip(unsupported)
         return probe
@@ -278,8 +286,11 @@ def _time_window(probe: _Probe, report: Callable[[str], None]) -> None:
         # A probe's noisy window (a busy machine) grows before it is taken, within WINDOW_GROWTH
         # times its seconds (the probe's timeout and the command's deadline still hold it: runner.py).
         # A window of the confirmation round does not: the round repeats windows instead.
-        return (not probe.request.timing_only and (window_seconds(step_times, cycle)[1] or 0.0) > NOISY_WINDOW
-                and elapsed < WINDOW_GROWTH * settings.measure_seconds)
+        return (
+            not probe.request.timing_only
+            and (window_seconds(step_times, cycle)[1] or 0.0) > NOISY_WINDOW
+            and elapsed < WINDOW_GROWTH * settings.measure_seconds
+        )
 
     # Ranks step together: each would judge the window by its own clock, and one that stopped
     # while another took a step more would leave it waiting in that step's collectives.
@@ -324,14 +335,21 @@ def _judge(probe: _Probe) -> None:
         return
     if not all(math.isfinite(x) for x in probe.losses):
         result.status = ProbeStatus.UNSTABLE
-        result.error = f"non-finite loss in {sum(not math.isfinite(x) for x in probe.losses)} of {len(probe.losses)} steps"
+        result.error = (
+            f"non-finite loss in {sum(not math.isfinite(x) for x in probe.losses)} of {len(probe.losses)} steps"
+        )
     elif result.required_bytes is not None and not budget.fits(result.required_bytes):
         result.status = ProbeStatus.OOM
-        result.error = (f"peak reserved {result.peak_reserved_bytes} + context {result.context_bytes} + margin "
-                        f"{budget.margin_bytes} bytes exceed the {budget.total_bytes}-byte budget")
+        result.error = (
+            f"peak reserved {result.peak_reserved_bytes} + context {result.context_bytes} + margin "
+            f"{budget.margin_bytes} bytes exceed the {budget.total_bytes}-byte budget"
+        )
         # The first phase over the budget is the one that does not fit.
-        over = [phase for phase, peaks in (result.phase_peaks or {}).items()
-                if not budget.fits(required_bytes(peaks["reserved"], result.context_bytes) or 0)]
+        over = [
+            phase
+            for phase, peaks in (result.phase_peaks or {}).items()
+            if not budget.fits(required_bytes(peaks["reserved"], result.context_bytes) or 0)
+        ]
         if over and over[0] != evaluation.TRAIN:
             result.failed_phase = over[0]
             result.error = f"{over[0]} phase: {result.error}"
@@ -371,15 +389,21 @@ def check_buildable(request: ModelCheckRequest) -> ModelCheckReply:
     try:
         hf_config = task_config(spec.hf_config(request.trust_remote_code), request.config)
     except (ValueError, KeyError, TypeError, OSError, ImportError) as exc:
-        raise errors.ModelNotFound(f"{what}: transformers cannot read its config.json ({_first_line(exc)}); fix the "
-                                   f"config or pass another --model.") from None
+        raise errors.ModelNotFound(
+            f"{what}: transformers cannot read its config.json ({_first_line(exc)}); fix the "
+            f"config or pass another --model."
+        ) from None
     parameters = 0
     unsupported: list[tuple[str, str]] = []
     for attention in request.attentions:
         try:
             with torch.device("meta"):
-                model = from_config(hf_config, dataclasses.replace(request.config, attention=attention),
-                                    request.trust_remote_code, dtype=torch.float32)
+                model = from_config(
+                    hf_config,
+                    dataclasses.replace(request.config, attention=attention),
+                    request.trust_remote_code,
+                    dtype=torch.float32,
+                )
         except (ImportError, ValueError, KeyError, TypeError, AttributeError, NotImplementedError, RuntimeError) as exc:
             text = _first_line(exc)
             if _model_lacks_kernel(text):
@@ -388,10 +412,12 @@ def check_buildable(request: ModelCheckRequest) -> ModelCheckReply:
                 unsupported.append((attention, text[:300]))
                 continue
             if attention in text or "attn" in text.lower() or "attention" in text.lower():
-                raise errors.DeviceError(f"--attention {attention} cannot run here ({text[:300]}); leave it out of "
-                                         f"--attention.") from None
-            raise errors.ModelNotFound(f"{what} cannot be built for {request.config.task} ({text[:300]}); "
-                                       f"pass another --model or --task.") from None
+                raise errors.DeviceError(
+                    f"--attention {attention} cannot run here ({text[:300]}); leave it out of --attention."
+                ) from None
+            raise errors.ModelNotFound(
+                f"{what} cannot be built for {request.config.task} ({text[:300]}); pass another --model or --task."
+            ) from None
         parameters = sum(p.numel() for p in model.parameters())
         if request.config.peft is not None:
             with torch.device("meta"):
@@ -399,8 +425,10 @@ def check_buildable(request: ModelCheckRequest) -> ModelCheckReply:
         del model
     if len(unsupported) == len(request.attentions):
         kernels = "; ".join(f"{attention}: {why}" for attention, why in unsupported)
-        raise errors.DeviceError(f"{what} supports none of the attention kernels asked for ({kernels[:400]}); pass "
-                                 f"--attention with another (eager is implemented by every model).")
+        raise errors.DeviceError(
+            f"{what} supports none of the attention kernels asked for ({kernels[:400]}); pass "
+            f"--attention with another (eager is implemented by every model)."
+        )
     return ModelCheckReply(parameters=parameters, unsupported=tuple(unsupported))
 
 
@@ -480,8 +508,12 @@ def serve(conn) -> None:
 def _unexpected(request: ProbeRequest, exc: BaseException) -> ProbeResult:
     """A probe that failed where it does not catch failures (its start, its release), as its result."""
     budget = request.budget
-    return ProbeResult(status=classify_exception(exc), budget_bytes=budget.total_bytes, margin_bytes=budget.margin_bytes,
-                       error="".join(traceback.format_exception_only(type(exc), exc)).strip()[-ERROR_TAIL_CHARS:])
+    return ProbeResult(
+        status=classify_exception(exc),
+        budget_bytes=budget.total_bytes,
+        margin_bytes=budget.margin_bytes,
+        error="".join(traceback.format_exception_only(type(exc), exc)).strip()[-ERROR_TAIL_CHARS:],
+    )
 
 
 def _report(conn, request: ProbeRequest, phase: str) -> None:

@@ -16,7 +16,8 @@ from autotune.errors import DeviceError
 # Matched on the lower-cased device name, first match wins: the longer, more specific fragments
 # come first ("h100 pcie" before "h100").
 PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = tuple(
-    (fragment, card.peak_flops) for fragment, card in DEVICE_FRAGMENTS)
+    (fragment, card.peak_flops) for fragment, card in DEVICE_FRAGMENTS
+)
 
 
 def peak_flops(device_name: str, precision: str) -> float | None:
@@ -41,7 +42,9 @@ def resolve_device(spec: str) -> torch.device:
             raise DeviceError(f"--device {spec}: CUDA is not available here; use --device cpu (or auto).")
         index = device.index if device.index is not None else torch.cuda.current_device()
         if index >= torch.cuda.device_count():
-            raise DeviceError(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) here; use cuda:0..cuda:{torch.cuda.device_count() - 1}.")
+            raise DeviceError(
+                f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) here; use cuda:0..cuda:{torch.cuda.device_count() - 1}."
+            )
         return torch.device("cuda", index)
     if device.type != "cpu":
         raise DeviceError(f"--device {spec!r} is not supported; use auto, cpu, cuda or cuda:N.")
@@ -75,8 +78,10 @@ def _only_visible_gpu(text: str, count: int) -> str:
         return text  # likewise
     if torch.cuda.is_initialized():
         if index != 0:
-            raise DeviceError(f"--device {text}: CUDA already started in this process; select the GPU with "
-                              f"CUDA_VISIBLE_DEVICES={index} instead.")
+            raise DeviceError(
+                f"--device {text}: CUDA already started in this process; select the GPU with "
+                f"CUDA_VISIBLE_DEVICES={index} instead."
+            )
         return "cuda:0"
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     ids = [v.strip() for v in visible.split(",")] if visible else [str(i) for i in range(count)]
@@ -113,13 +118,23 @@ def describe(device: torch.device) -> Environment:
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         return Environment(
-            device_type="cuda", device_name=props.name, device_total_bytes=props.total_memory,
-            cuda_version=torch.version.cuda, driver_version=_driver_version(),
-            torch_version=torch_version, transformers_version=transformers_version, openmp=openmp_settings(os.environ),
+            device_type="cuda",
+            device_name=props.name,
+            device_total_bytes=props.total_memory,
+            cuda_version=torch.version.cuda,
+            driver_version=_driver_version(),
+            torch_version=torch_version,
+            transformers_version=transformers_version,
+            openmp=openmp_settings(os.environ),
         )
-    return Environment(device_type="cpu", device_name=f"cpu: {cpu_name()}", device_total_bytes=host_memory_bytes(),
-                       torch_version=torch_version, transformers_version=transformers_version,
-                       openmp=openmp_settings(os.environ))
+    return Environment(
+        device_type="cpu",
+        device_name=f"cpu: {cpu_name()}",
+        device_total_bytes=host_memory_bytes(),
+        torch_version=torch_version,
+        transformers_version=transformers_version,
+        openmp=openmp_settings(os.environ),
+    )
 
 
 # The FlashAttention kernels take fp16 and bf16 tensors only.
@@ -130,8 +145,10 @@ def supports_attention_dtype(attention: str, precision: str, weights: str) -> st
     """None when the attention kernel can run the tensors `precision` and `weights` make, else why
     not: a lasting skip (the same on every machine), not an error probed again on each resume."""
     if attention in FLASH_ATTENTIONS and precision in ("fp32", "tf32") and weights == "fp32":
-        return (f"attention {attention} runs fp16 and bf16 tensors only; {precision} with fp32 weights keeps them "
-                f"fp32 (use --precisions bf16 or fp16, or --weights bf16)")
+        return (
+            f"attention {attention} runs fp16 and bf16 tensors only; {precision} with fp32 weights keeps them "
+            f"fp32 (use --precisions bf16 or fp16, or --weights bf16)"
+        )
     return None
 
 
@@ -143,7 +160,9 @@ def supports_precision(device: torch.device, precision: str) -> str | None:
         if device.type != "cuda":
             return "tf32 runs matmuls on NVIDIA tensor cores (Ampere and newer): there is no TF32 on CPU"
         if torch.cuda.get_device_capability(device) < (8, 0):
-            return f"tf32 needs an NVIDIA GPU of compute capability 8.0 or newer, not {torch.cuda.get_device_name(device)}"
+            return (
+                f"tf32 needs an NVIDIA GPU of compute capability 8.0 or newer, not {torch.cuda.get_device_name(device)}"
+            )
     return None
 
 

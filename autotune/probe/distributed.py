@@ -47,8 +47,13 @@ def join_process_group(rank: Rank, device: torch.device) -> None:
     if dist.is_initialized():
         return
     cuda = device.type == "cuda"
-    dist.init_process_group("nccl" if cuda else "gloo", rank=rank.rank, world_size=rank.world_size,
-                            timeout=COLLECTIVE_TIMEOUT, device_id=device if cuda else None)
+    dist.init_process_group(
+        "nccl" if cuda else "gloo",
+        rank=rank.rank,
+        world_size=rank.world_size,
+        timeout=COLLECTIVE_TIMEOUT,
+        device_id=device if cuda else None,
+    )
 
 
 def all_agree(wanted: bool, device: torch.device) -> bool:
@@ -70,8 +75,10 @@ def leave_process_group() -> None:
 def unavailable(config: ProbeConfig, device: torch.device) -> str | None:
     """Why this device cannot run the config's strategy (None: it can)."""
     if sharding.offloads(config.strategy) and device.type != "cuda":
-        return ("fsdp-offload moves parameters, gradients and optimizer state from the GPU to the host: on a CPU "
-                "device there is no device memory for it to save, so it is probed on CUDA only")
+        return (
+            "fsdp-offload moves parameters, gradients and optimizer state from the GPU to the host: on a CPU "
+            "device there is no device memory for it to save, so it is probed on CUDA only"
+        )
     return None
 
 
@@ -113,13 +120,19 @@ def _fully_shard(model: torch.nn.Module, config: ProbeConfig, device: torch.devi
     import torch.distributed as dist
 
     dtype = _AMP_DTYPES.get(config.precision)
-    mp_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype) if dtype else MixedPrecisionPolicy()
+    mp_policy = (
+        MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=dtype, output_dtype=dtype)
+        if dtype
+        else MixedPrecisionPolicy()
+    )
     offload = CPUOffloadPolicy(pin_memory=True) if sharding.offloads(config.strategy) else OffloadPolicy()
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     reshard = sharding.reshards_after_forward(config.strategy or "")
 
     def shard(modules, reshard_after_forward: bool | None) -> None:
-        fully_shard(modules, mesh=mesh, mp_policy=mp_policy, offload_policy=offload, reshard_after_forward=reshard_after_forward)
+        fully_shard(
+            modules, mesh=mesh, mp_policy=mp_policy, offload_policy=offload, reshard_after_forward=reshard_after_forward
+        )
 
     layer_names = set(getattr(model, "_no_split_modules", None) or ())
     for module in reversed(list(model.modules())[1:]):  # (bottom-up, as accelerate walks them)
@@ -130,8 +143,11 @@ def _fully_shard(model: torch.nn.Module, config: ProbeConfig, device: torch.devi
     tied = input_embed is not None and output_embed is not None and input_embed.weight is output_embed.weight
     if not tied and input_embed is not None and not isinstance(input_embed, FSDPModule):
         shard(input_embed, reshard)
-    tail = [m for m in ((_final_norm(model), input_embed, output_embed) if tied else (_final_norm(model), output_embed))
-            if m is not None and not isinstance(m, FSDPModule)]
+    tail = [
+        m
+        for m in ((_final_norm(model), input_embed, output_embed) if tied else (_final_norm(model), output_embed))
+        if m is not None and not isinstance(m, FSDPModule)
+    ]
     if tail:
         shard(tail, False)  # (gathered at the end of forward, needed first in backward)
     if not isinstance(model, FSDPModule):

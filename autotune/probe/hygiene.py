@@ -70,8 +70,13 @@ def _contents(module: ModuleType) -> dict[str, int]:
         if callable(value):
             contents[attr] = id(value)
         if isinstance(value, type) and value.__module__ == module.__name__:
-            contents.update({f"{attr}.{method}": id(member) for method, member in vars(value).items()
-                             if callable(member) and not method.startswith("__")})
+            contents.update(
+                {
+                    f"{attr}.{method}": id(member)
+                    for method, member in vars(value).items()
+                    if callable(member) and not method.startswith("__")
+                }
+            )
     return contents
 
 
@@ -83,8 +88,9 @@ def allocated_bytes(cap: MemoryCap) -> int:
     return cap.accountant.allocated if cap.accountant is not None else 0
 
 
-def why_not_reused(result: ProbeResult, device: torch.device, leftover_bytes: int, replaced: list[str],
-                   caught_oom: bool = False) -> str | None:
+def why_not_reused(
+    result: ProbeResult, device: torch.device, leftover_bytes: int, replaced: list[str], caught_oom: bool = False
+) -> str | None:
     """Why this process may not run the next probe after `result`, or None when it may.
 
     After a CUDA OOM or any fault it may not (see the module's docstring), nor after a CUDA OOM the
@@ -92,8 +98,9 @@ def why_not_reused(result: ProbeResult, device: torch.device, leftover_bytes: in
     is an exception of our own, raised as the allocation is counted, with every frame released on
     the way out: nothing is left to distrust, and the restart (seconds of imports) is saved. A real
     host OOM still gets a fresh process."""
-    if result.status not in CLEAN and not (result.status == ProbeStatus.OOM and BUDGET_OOM in (result.error or "")
-                                           and device.type == "cpu"):
+    if result.status not in CLEAN and not (
+        result.status == ProbeStatus.OOM and BUDGET_OOM in (result.error or "") and device.type == "cpu"
+    ):
         return f"the probe ended {result.status}"
     if caught_oom and device.type == "cuda":
         return "the probe went on after a CUDA OOM (the largest eval batch found)"

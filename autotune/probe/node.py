@@ -35,12 +35,21 @@ RETRY_SECONDS = 1.0
 STARTUP_SECONDS = 60.0
 # The agent's last word, when it gave up: `torch.distributed.DistNetworkError: ...` and the like.
 _ERROR_LINE = re.compile(r"^[\w.]*(?:Error|Exception): .+$", re.MULTILINE)
-_NOBODY_LISTENING = "while trying to connect"   # (the first node between probes, or not started yet)
+_NOBODY_LISTENING = "while trying to connect"  # (the first node between probes, or not started yet)
 
 
-def serve_node(rendezvous: str, nodes: int, node_rank: int, gpus: int, device_kind: str,
-               echo: Callable[[str], None], rounds: int | None = None, *,
-               rendezvous_timeout: float = RENDEZVOUS_SECONDS, warn: Callable[[str], None] | None = None) -> None:
+def serve_node(
+    rendezvous: str,
+    nodes: int,
+    node_rank: int,
+    gpus: int,
+    device_kind: str,
+    echo: Callable[[str], None],
+    rounds: int | None = None,
+    *,
+    rendezvous_timeout: float = RENDEZVOUS_SECONDS,
+    warn: Callable[[str], None] | None = None,
+) -> None:
     """Run this node's `gpus` ranks for each probe the first node starts, `rounds` times (None:
     until interrupted), each round waiting `rendezvous_timeout` for the first node; `warn` hears a
     round that did not meet it for a reason other than the first node not being there (one line
@@ -51,14 +60,18 @@ def serve_node(rendezvous: str, nodes: int, node_rank: int, gpus: int, device_ki
     while rounds is None or done < rounds:
         started = time.monotonic()
         with RankLaunch("autotune-node-") as launch:
-            agent = launch.start("autotune.probe.rank_main", gpus, rendezvous=meeting,
-                                 environment={DEVICE_ENV: device_kind})
+            agent = launch.start(
+                "autotune.probe.rank_main", gpus, rendezvous=meeting, environment={DEVICE_ENV: device_kind}
+            )
             held = not _wait(agent, launch.run_dir, started + limit)
             launch.stop()
             results = _results(launch.run_dir)
             # (a round whose ranks ran and left no result: the first node's probe says why)
-            problem = None if results or ranks_started(launch.run_dir) else _round_problem(meeting, held, limit,
-                                                                                            launch.run_dir)
+            problem = (
+                None
+                if results or ranks_started(launch.run_dir)
+                else _round_problem(meeting, held, limit, launch.run_dir)
+            )
         if results:
             done += 1
             echo(_round_line(done, results))
@@ -88,10 +101,12 @@ def _round_problem(meeting: Rendezvous, held: bool, limit: float, run_dir: str) 
     not there (between probes, or not started yet)."""
     where = f"node {meeting.node_rank} of {meeting.nodes}"
     if held:
-        return (f"{where}: torchrun's agent was still waiting for an answer from {meeting.endpoint} after "
-                f"{limit:.0f} s: something there accepted its connection and never answered as the first node's "
-                f"rendezvous does (another program holding that port?); stopped it, waiting for the first node's "
-                f"next probe")
+        return (
+            f"{where}: torchrun's agent was still waiting for an answer from {meeting.endpoint} after "
+            f"{limit:.0f} s: something there accepted its connection and never answered as the first node's "
+            f"rendezvous does (another program holding that port?); stopped it, waiting for the first node's "
+            f"next probe"
+        )
     try:
         with open(os.path.join(run_dir, "torchrun.log"), errors="replace") as source:
             errors = _ERROR_LINE.findall(source.read())
@@ -99,8 +114,10 @@ def _round_problem(meeting: Rendezvous, held: bool, limit: float, run_dir: str) 
         return None
     if not errors or _NOBODY_LISTENING in errors[-1]:
         return None
-    return (f"{where}: the rendezvous at {meeting.endpoint} ended without a probe ({errors[-1][:300]}); waiting for "
-            f"the next")
+    return (
+        f"{where}: the rendezvous at {meeting.endpoint} ended without a probe ({errors[-1][:300]}); waiting for "
+        f"the next"
+    )
 
 
 def _results(run_dir: str) -> dict[int, ProbeResult]:
@@ -108,11 +125,13 @@ def _results(run_dir: str) -> dict[int, ProbeResult]:
     for name in os.listdir(run_dir):
         if name.startswith("rank-") and name.endswith(".result"):
             with open(os.path.join(run_dir, name), "rb") as source:
-                out[int(name[len("rank-"):-len(".result")])] = pickle.load(source)
+                out[int(name[len("rank-") : -len(".result")])] = pickle.load(source)
     return out
 
 
 def _round_line(number: int, results: dict[int, ProbeResult]) -> str:
-    ranks = ", ".join(f"rank {rank} {result.status} peak {format_size(result.peak_reserved_bytes)}"
-                      for rank, result in sorted(results.items()))
+    ranks = ", ".join(
+        f"rank {rank} {result.status} peak {format_size(result.peak_reserved_bytes)}"
+        for rank, result in sorted(results.items())
+    )
     return f"probe {number}: {ranks}"

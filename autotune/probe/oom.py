@@ -7,15 +7,15 @@ from autotune.status import ProbeStatus
 
 # Lower-cased fragments that mean the device ran out of memory, whatever library raised it.
 OOM_MESSAGES = (
-    "out of memory",                          # torch.OutOfMemoryError, "CUDA error: out of memory", HIP
-    "cuda_error_out_of_memory",               # driver API name in NCCL/cuBLASLt traces
-    "cublas_status_alloc_failed",             # cuBLAS could not allocate its workspace
-    "cublas_status_not_initialized",          # cuBLAS handle creation fails when memory is exhausted
+    "out of memory",  # torch.OutOfMemoryError, "CUDA error: out of memory", HIP
+    "cuda_error_out_of_memory",  # driver API name in NCCL/cuBLASLt traces
+    "cublas_status_alloc_failed",  # cuBLAS could not allocate its workspace
+    "cublas_status_not_initialized",  # cuBLAS handle creation fails when memory is exhausted
     "cudnn_status_alloc_failed",
     "cudnn_status_not_supported. this error may appear if you passed in a non-contiguous input",  # cuDNN's OOM-in-disguise
     "cufft_alloc_failed",
     "cusolver_status_alloc_failed",
-    "failed to allocate memory",              # XLA/MPS wording
+    "failed to allocate memory",  # XLA/MPS wording
     "mps backend out of memory",
     "defaultcpuallocator: can't allocate memory",
     "defaultcpuallocator: not enough memory",

@@ -51,8 +51,14 @@ class LaterPhaseRun:
     """The evaluation (and generation) after a probe's training steps, as Trainer runs them between
     optimizer steps: the training state resident, each phase metered."""
 
-    def __init__(self, step: ProbeStep, vocab_size: int, meter: PhaseMeter, report: Callable[[str], None],
-                 synchronize: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        step: ProbeStep,
+        vocab_size: int,
+        meter: PhaseMeter,
+        report: Callable[[str], None],
+        synchronize: Callable[[], None],
+    ) -> None:
         self.step, self.vocab_size, self.meter = step, vocab_size, meter
         self.report, self.synchronize = report, synchronize
         self.config = step.config

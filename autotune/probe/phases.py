@@ -84,8 +84,14 @@ class LaterPhases:
         length = config.generation_max_length
         model.eval()
         try:
-            tokens = model.generate(**inputs, max_length=length, min_length=length, num_beams=config.generation_num_beams,
-                                    do_sample=False, use_cache=True)
+            tokens = model.generate(
+                **inputs,
+                max_length=length,
+                min_length=length,
+                num_beams=config.generation_num_beams,
+                do_sample=False,
+                use_cache=True,
+            )
             with torch.no_grad(), self.step.autocast():
                 loss = model(**batch)["loss"].detach().mean()
             kept = (tokens, batch["labels"], loss)

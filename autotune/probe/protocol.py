@@ -19,7 +19,7 @@ class ProbeRequest:
     """Probe one configuration of a model against a budget, run as the settings say."""
 
     config: ProbeConfig
-    model: ModelSpec            # its config.json contents, and its directory for models with their own code
+    model: ModelSpec  # its config.json contents, and its directory for models with their own code
     budget: Budget
     settings: ProbeSettings
     # Wait, after saying 'timing', for the parent's Go: it pauses the search's other processes first.
@@ -44,7 +44,7 @@ class ModelCheckRequest:
     a study is written."""
 
     model: ModelSpec
-    config: ProbeConfig             # the task and its head, as the probes will build them
+    config: ProbeConfig  # the task and its head, as the probes will build them
     attentions: tuple[str, ...]
     device: str
     trust_remote_code: bool = False
@@ -56,7 +56,7 @@ class ModelCheckReply:
     not implement (deberta and sdpa), with the reason, are left to be skipped by their probes."""
 
     parameters: int
-    unsupported: tuple[tuple[str, str], ...] = ()   # (attention, why)
+    unsupported: tuple[tuple[str, str], ...] = ()  # (attention, why)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +90,8 @@ class UserErrorReply:
 
 
 Request = ProbeRequest | EnvironmentRequest | ModelCheckRequest
+
+
 @dataclass(frozen=True, slots=True)
 class Phase:
     """The probe in flight reached a phase ('build', 'warm-up', 'timing'): sent before its reply,

@@ -53,8 +53,10 @@ def build_4bit(build, config: ProbeConfig, device: torch.device, dtype: torch.dt
     # skip list, else the output embeddings, tied weights and the last module; and the model's own
     # fp32 modules.
     skip = quantization.llm_int8_skip_modules
-    keep = [*(get_keys_to_not_convert(model) if skip is None else skip),
-            *(getattr(model, "_keep_in_fp32_modules", None) or [])]
+    keep = [
+        *(get_keys_to_not_convert(model) if skip is None else skip),
+        *(getattr(model, "_keep_in_fp32_modules", None) or []),
+    ]
     # Linear4bit's weight is a Params4bit over a meta tensor, which cannot be made over a fake one:
     # in the estimator's trace, the new layers' (shape-only) parameters are made outside it.
     with unset_fake_temporarily():
@@ -68,10 +70,13 @@ def build_4bit(build, config: ProbeConfig, device: torch.device, dtype: torch.dt
             real = made.get(id(meta))
             if real is None:
                 if isinstance(module, bnb.nn.Linear4bit) and name == "weight":
-                    real = _in_4_bits(torch.empty(meta.shape, dtype=dtype, device=device).normal_(0.0, std), module,
-                                      quantization)
+                    real = _in_4_bits(
+                        torch.empty(meta.shape, dtype=dtype, device=device).normal_(0.0, std), module, quantization
+                    )
                 else:
-                    real = torch.nn.Parameter(_initial(name, meta.shape, dtype, device, std), requires_grad=meta.requires_grad)
+                    real = torch.nn.Parameter(
+                        _initial(name, meta.shape, dtype, device, std), requires_grad=meta.requires_grad
+                    )
                 made[id(meta)] = real
             module._parameters[name] = real
     # As transformers marks a model it loaded in 4 bits: peft reads it to wrap Linear4bit layers.
@@ -89,8 +94,12 @@ def _in_4_bits(values: torch.Tensor, module, quantization) -> torch.nn.Parameter
     import bitsandbytes as bnb
     from torch._subclasses.fake_tensor import is_fake
 
-    how = {"blocksize": BLOCK_SIZE, "compress_statistics": quantization.bnb_4bit_use_double_quant,
-           "quant_type": quantization.bnb_4bit_quant_type, "quant_storage": torch.uint8}
+    how = {
+        "blocksize": BLOCK_SIZE,
+        "compress_statistics": quantization.bnb_4bit_use_double_quant,
+        "quant_type": quantization.bnb_4bit_quant_type,
+        "quant_storage": torch.uint8,
+    }
     if not is_fake(values):
         return bnb.nn.Params4bit(values, requires_grad=False, module=module, **how).to(values.device)  # type: ignore[misc]  # (quantizes)
     packed, state = bnb.functional.quantize_4bit(values, **how)

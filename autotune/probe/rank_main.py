@@ -22,7 +22,7 @@ import sys
 from autotune.processes import collector_paused, kill_me_with_parent, watch_parent
 
 RUN_DIR_ENV = "AUTOTUNE_RANK_DIR"
-DEVICE_ENV = "AUTOTUNE_RANK_DEVICE"   # cpu, cuda or auto: the device kind the ranks probe on
+DEVICE_ENV = "AUTOTUNE_RANK_DEVICE"  # cpu, cuda or auto: the device kind the ranks probe on
 FAILED_EXIT = 3
 STORE_PREFIX = "autotune/result/"
 

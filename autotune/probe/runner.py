@@ -25,8 +25,15 @@ from autotune.config import ProbeConfig
 from autotune.deadline import NO_DEADLINE, Deadline, DeadlineReached
 from autotune.environment import Environment
 from autotune.models import ModelSpec, resolve_model
-from autotune.processes import (STARTUP_FLOOR_SECONDS, fork_server_context, fork_server_current, kill_group,
-                                run_as_child, start_forked, use_fork_server)
+from autotune.processes import (
+    STARTUP_FLOOR_SECONDS,
+    fork_server_context,
+    fork_server_current,
+    kill_group,
+    run_as_child,
+    start_forked,
+    use_fork_server,
+)
 from autotune.probe.protocol import (
     EnvironmentReply,
     EnvironmentRequest,
@@ -61,8 +68,9 @@ class Neighbours(Protocol):
 class ProbeRunner:
     """Runs probes in child processes. Use as a context manager so the child is always stopped."""
 
-    def __init__(self, settings: ProbeSettings | None = None, *, reuse_child: bool = True,
-                 standby: bool | None = None) -> None:
+    def __init__(
+        self, settings: ProbeSettings | None = None, *, reuse_child: bool = True, standby: bool | None = None
+    ) -> None:
         self.settings = settings or ProbeSettings()
         self.reuse_child = reuse_child
         # A standby child, started while a probe runs, takes over when the probe leaves its
@@ -73,10 +81,10 @@ class ProbeRunner:
         # (autotune.processes.fork_server_context): seconds saved on each child after the first.
         kind = self.settings.device_kind
         self._ctx = fork_server_context(cuda_possible=kind == "cuda" or (kind == "auto" and cuda_may_be_visible()))
-        self._process: Any = None   # multiprocessing's Process (spawned or forked), while a child is alive
-        self._conn: Any = None      # our end of the pipe to it
+        self._process: Any = None  # multiprocessing's Process (spawned or forked), while a child is alive
+        self._conn: Any = None  # our end of the pipe to it
         self._spare: tuple[Any, Any] | None = None  # (process, pipe) of the standby child
-        self._device_type: str | None = None         # cpu or cuda, once the child has said
+        self._device_type: str | None = None  # cpu or cuda, once the child has said
         # The CUDA allocator setting the child (and the standby) were started with: the allocator
         # reads it once, so a config with another setting gets new processes (autotune.speed).
         self._allocator = speed.DEFAULT_ALLOCATOR
@@ -103,8 +111,13 @@ class ProbeRunner:
             fork_server_current()
             kwargs["forked_for"] = dict(os.environ)
         # The child dies with this process however it ends (kill -9 included): autotune.processes.
-        process = context.Process(target=run_as_child, args=(os.getpid(), CHILD_MAIN, child_conn, *extra),
-                                  kwargs=kwargs, name="autotune-probe", daemon=True)
+        process = context.Process(
+            target=run_as_child,
+            args=(os.getpid(), CHILD_MAIN, child_conn, *extra),
+            kwargs=kwargs,
+            name="autotune-probe",
+            daemon=True,
+        )
         try:
             start_forked(process, limit) if forked else process.start()
         except TimeoutError:
@@ -141,9 +154,11 @@ class ProbeRunner:
         if not isinstance(reply, Ready):
             exitcode = self._process.exitcode
             self._retire()
-            raise RuntimeError(f"the probe child did not start (exit code {exitcode}); a script that calls "
-                               f"run_probe or ProbeRunner must do so under `if __name__ == '__main__':`, since "
-                               f"children are spawned and import the main module again")
+            raise RuntimeError(
+                f"the probe child did not start (exit code {exitcode}); a script that calls "
+                f"run_probe or ProbeRunner must do so under `if __name__ == '__main__':`, since "
+                f"children are spawned and import the main module again"
+            )
         return time.perf_counter() - started
 
     def _keep_spare(self) -> None:
@@ -256,9 +271,11 @@ class ProbeRunner:
             self._kill()
             if deadline.expired():
                 raise DeadlineReached from None
-            raise errors.DeviceError(f"the probe's process did not answer within {limit:.0f} s while {what} (stopped, "
-                                     f"wedged, or the machine is overloaded); it was killed. Run the command again "
-                                     f"(a larger --probe-timeout allows more).") from None
+            raise errors.DeviceError(
+                f"the probe's process did not answer within {limit:.0f} s while {what} (stopped, "
+                f"wedged, or the machine is overloaded); it was killed. Run the command again "
+                f"(a larger --probe-timeout allows more)."
+            ) from None
 
     def environment(self, deadline: Deadline = NO_DEADLINE) -> Environment:
         """The device the probes will run on, as the child sees it."""
@@ -271,8 +288,9 @@ class ProbeRunner:
         self._device_type = reply.environment.device_type
         return reply.environment
 
-    def check(self, spec: ModelSpec, config: ProbeConfig, attentions: tuple[str, ...],
-              deadline: Deadline = NO_DEADLINE) -> dict[str, str]:
+    def check(
+        self, spec: ModelSpec, config: ProbeConfig, attentions: tuple[str, ...], deadline: Deadline = NO_DEADLINE
+    ) -> dict[str, str]:
         """Refuse, with a user error, a model the probe cannot build here as `config`'s task with
         these attention kernels (built on the meta device: seconds, no memory). Run before anything
         is stored. Returns the kernels the model's class does not implement, with why (their
@@ -281,19 +299,31 @@ class ProbeRunner:
         asked = (spec.fingerprint, config.task, config.num_labels, tuple(attentions))
         if asked in self._checked:
             return self._checked[asked]
-        reply = self._ask(ModelCheckRequest(spec, config, tuple(attentions), self.settings.device,
-                                            self.settings.trust_remote_code), "building the model on the meta device", deadline)
+        reply = self._ask(
+            ModelCheckRequest(spec, config, tuple(attentions), self.settings.device, self.settings.trust_remote_code),
+            "building the model on the meta device",
+            deadline,
+        )
         if reply is None:
             self._kill()
-            raise errors.ModelNotFound(f"--model {spec.reference}: building it killed the probe's process; check its config.json.")
+            raise errors.ModelNotFound(
+                f"--model {spec.reference}: building it killed the probe's process; check its config.json."
+            )
         if isinstance(reply, UserErrorReply):
             raise reply.error
         assert isinstance(reply, ModelCheckReply)
         self._checked[asked] = dict(reply.unsupported)
         return self._checked[asked]
 
-    def run(self, config: ProbeConfig, budget: Budget, spec: ModelSpec | None = None,
-            deadline: Deadline = NO_DEADLINE, timing_only: bool = False, fresh_process: bool = False) -> ProbeResult:
+    def run(
+        self,
+        config: ProbeConfig,
+        budget: Budget,
+        spec: ModelSpec | None = None,
+        deadline: Deadline = NO_DEADLINE,
+        timing_only: bool = False,
+        fresh_process: bool = False,
+    ) -> ProbeResult:
         """Probe `config` of the model `spec` (resolved from `config.model` when not given) against
         `budget` in a child; every outcome comes back as a status. The config is trusted: it was
         checked against the model once, before (check_probe_config, or a search's resolution).
@@ -325,8 +355,14 @@ class ProbeRunner:
         self._use_allocator(config.allocator)
         if self.on_phase is not None and not (self._process is not None and self._process.is_alive()):
             self.on_phase("start-up")
-        request = ProbeRequest(config=config, model=spec, budget=budget, settings=self.settings,
-                               hold_before_timing=self.neighbours is not None, timing_only=timing_only)
+        request = ProbeRequest(
+            config=config,
+            model=spec,
+            budget=budget,
+            settings=self.settings,
+            hold_before_timing=self.neighbours is not None,
+            timing_only=timing_only,
+        )
         startup, paused = 0.0, False
         try:
             startup = self._ensure_child(deadline.bound(self._preflight_limit))
@@ -360,19 +396,30 @@ class ProbeRunner:
             if deadline.expired():
                 raise DeadlineReached(f"{config.label()} was stopped at the command's deadline") from None
             if compile_until is not None and time.perf_counter() >= compile_until:
-                return self._failed(budget, ProbeStatus.SKIPPED,
-                                    f"torch.compile had not finished within --max-compile-seconds "
-                                    f"{self.settings.max_compile_seconds:g}; its process was stopped there", started, startup)
-            return self._failed(budget, ProbeStatus.TIMEOUT,
-                                f"no result within {self.settings.timeout:.0f} s; the probe's process was killed", started, startup)
+                return self._failed(
+                    budget,
+                    ProbeStatus.SKIPPED,
+                    f"torch.compile had not finished within --max-compile-seconds "
+                    f"{self.settings.max_compile_seconds:g}; its process was stopped there",
+                    started,
+                    startup,
+                )
+            return self._failed(
+                budget,
+                ProbeStatus.TIMEOUT,
+                f"no result within {self.settings.timeout:.0f} s; the probe's process was killed",
+                started,
+                startup,
+            )
         finally:
             if paused:
                 self.neighbours.resume()  # type: ignore[union-attr]
         if reply is None:
             exitcode = self._kill()
             how = f"signal {-exitcode}" if exitcode is not None and exitcode < 0 else f"exit code {exitcode}"
-            return self._failed(budget, ProbeStatus.CRASHED, f"the probe's process died without a result ({how})",
-                                started, startup)
+            return self._failed(
+                budget, ProbeStatus.CRASHED, f"the probe's process died without a result ({how})", started, startup
+            )
         if isinstance(reply, UserErrorReply):
             raise reply.error
         assert isinstance(reply, ResultReply)
@@ -399,8 +446,9 @@ class ProbeRunner:
         if self.neighbours is not None:
             self.neighbours.pause()
         try:
-            result = run_ranks(request, deadline, on_phase=self.on_phase,
-                               environment=speed.allocator_environment(config.allocator))
+            result = run_ranks(
+                request, deadline, on_phase=self.on_phase, environment=speed.allocator_environment(config.allocator)
+            )
         finally:
             if self.neighbours is not None:
                 self.neighbours.resume()
@@ -409,8 +457,14 @@ class ProbeRunner:
 
     @staticmethod
     def _failed(budget: Budget, status: ProbeStatus, why: str, started: float, startup: float) -> ProbeResult:
-        return ProbeResult(status=status, budget_bytes=budget.total_bytes, margin_bytes=budget.margin_bytes, error=why,
-                           startup_seconds=startup, wall_seconds=time.perf_counter() - started)
+        return ProbeResult(
+            status=status,
+            budget_bytes=budget.total_bytes,
+            margin_bytes=budget.margin_bytes,
+            error=why,
+            startup_seconds=startup,
+            wall_seconds=time.perf_counter() - started,
+        )
 
 
 def host_load() -> float | None:
@@ -437,8 +491,9 @@ def _stop(process: Any, conn: Any) -> None:
     conn.close()
 
 
-def check_probe_config(config: ProbeConfig, spec: ModelSpec, trust_remote_code: bool = False,
-                       budget_bytes: int | None = None) -> None:
+def check_probe_config(
+    config: ProbeConfig, spec: ModelSpec, trust_remote_code: bool = False, budget_bytes: int | None = None
+) -> None:
     """What a probe of `config` needs of the model, told from its config.json before any process
     starts: a language model of shapes that train (within `budget_bytes` where given), leave to run
     its own code, lengths within its positions."""
@@ -448,7 +503,9 @@ def check_probe_config(config: ProbeConfig, spec: ModelSpec, trust_remote_code: 
         spec.check_block_sizes(config.target_length, flag="--target-length")
 
 
-def run_probe(config: ProbeConfig, budget: int, device: str | None = None, *, settings: ProbeSettings | None = None) -> ProbeResult:
+def run_probe(
+    config: ProbeConfig, budget: int, device: str | None = None, *, settings: ProbeSettings | None = None
+) -> ProbeResult:
     """Probe one configuration in a fresh child process and return what it measured.
     `budget` is in bytes; `device` (auto, cpu, cuda, cuda:N) overrides `settings.device`."""
     settings = settings or ProbeSettings()

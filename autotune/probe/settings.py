@@ -43,7 +43,9 @@ class ProbeSettings:
         if not re.fullmatch(r"auto|cpu|cuda(:\d+)?", str(self.device).strip().lower()):
             problems.append(f"--device {self.device!r} is not supported; use auto, cpu, cuda or cuda:N")
         if self.warmup_steps < 2:
-            problems.append("--warmup-steps must be at least 2 (the peak needs the optimizer state, created by the first step)")
+            problems.append(
+                "--warmup-steps must be at least 2 (the peak needs the optimizer state, created by the first step)"
+            )
         if self.measure_steps < 1:
             problems.append("--measure-steps must be at least 1")
         if not 0 <= self.measure_seconds <= 3600:
@@ -55,7 +57,9 @@ class ProbeSettings:
         if self.max_compile_seconds is not None and self.max_compile_seconds <= 0:
             problems.append("--max-compile-seconds must be positive")
         if self.rendezvous is not None and not re.fullmatch(r"[A-Za-z0-9._\-\[\]:]+:\d{1,5}", self.rendezvous.strip()):
-            problems.append(f"--rendezvous {self.rendezvous!r} is not HOST:PORT (the first node's address and a free port)")
+            problems.append(
+                f"--rendezvous {self.rendezvous!r} is not HOST:PORT (the first node's address and a free port)"
+            )
         if problems:
             raise errors.BadInput("; ".join(problems) + ".")
 

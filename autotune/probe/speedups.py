@@ -26,12 +26,16 @@ def unavailable(config: ProbeConfig, device: torch.device) -> str | None:
     TF32 is a precision: devices.supports_precision answers for it."""
     if config.allocator != speed.DEFAULT_ALLOCATOR:
         if device.type != "cuda":
-            return (f"allocator {config.allocator}: a setting of the CUDA caching allocator "
-                    f"({speed.ALLOC_CONF_VARS[0]}); CPU memory has no such allocator")
+            return (
+                f"allocator {config.allocator}: a setting of the CUDA caching allocator "
+                f"({speed.ALLOC_CONF_VARS[0]}); CPU memory has no such allocator"
+            )
         wanted = speed.alloc_conf(config.allocator)
         if wanted and wanted not in speed.effective_alloc_conf(os.environ):
             # The runner starts a child per setting; a child started otherwise must not measure.
-            return f"allocator {config.allocator}: this process was not started with {speed.ALLOC_CONF_VARS[0]}={wanted}"
+            return (
+                f"allocator {config.allocator}: this process was not started with {speed.ALLOC_CONF_VARS[0]}={wanted}"
+            )
     if config.liger:
         if device.type != "cuda":
             return "liger: Liger's kernels are written in Triton for CUDA devices; none run on CPU"

@@ -56,13 +56,16 @@ def from_config(hf_config, config: ProbeConfig, trust_remote_code: bool, **kwarg
     task for this model type (one line, rather than transformers' list of every class it knows)."""
     cls = auto_class(config.task)
     try:
-        return cls.from_config(hf_config, attn_implementation=config.attention, trust_remote_code=trust_remote_code,
-                               **kwargs)
+        return cls.from_config(
+            hf_config, attn_implementation=config.attention, trust_remote_code=trust_remote_code, **kwargs
+        )
     except ValueError as exc:
         if "Unrecognized configuration class" not in str(exc):
             raise
-        raise BadInput(f"the model ({hf_config.model_type}) has no {config.task} class in transformers ({cls.__name__} "
-                       f"does not know model type {hf_config.model_type!r}); pass the --task it is made for.") from None
+        raise BadInput(
+            f"the model ({hf_config.model_type}) has no {config.task} class in transformers ({cls.__name__} "
+            f"does not know model type {hf_config.model_type!r}); pass the --task it is made for."
+        ) from None
 
 
 def build_random_model(spec: ModelSpec, config: ProbeConfig, device: torch.device, trust_remote_code: bool):
@@ -77,7 +80,9 @@ def build_random_model(spec: ModelSpec, config: ProbeConfig, device: torch.devic
     if is_qlora(config.peft):  # the linear layers in 4 bits, the rest in `dtype`
         from autotune.probe.qlora import build_4bit
 
-        model = build_4bit(lambda: from_config(hf_config, config, trust_remote_code, dtype=dtype), config, device, dtype)
+        model = build_4bit(
+            lambda: from_config(hf_config, config, trust_remote_code, dtype=dtype), config, device, dtype
+        )
     else:
         with torch.device(device):
             model = from_config(hf_config, config, trust_remote_code, dtype=dtype)
@@ -124,8 +129,10 @@ def with_adapters(model, config: ProbeConfig):
     except ValueError as exc:
         text = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         if "target" in text.lower() or "not found" in text.lower():
-            raise BadInput(f"--lora-targets {PeftSpec.from_text(config.peft or '').targets}: {text[:300]}; name modules "
-                           f"of this model (e.g. q_proj,v_proj or c_attn) or use all-linear.") from None
+            raise BadInput(
+                f"--lora-targets {PeftSpec.from_text(config.peft or '').targets}: {text[:300]}; name modules "
+                f"of this model (e.g. q_proj,v_proj or c_attn) or use all-linear."
+            ) from None
         raise
 
 
@@ -156,8 +163,9 @@ def check_recipe(config: ProbeConfig, device: torch.device) -> None:
     fine-tune is a GPU's job, and what its probe measured on a CPU would tell no card anything.)
     `--trainer trl` needs trl: its step is TRL's own fused LM head."""
     if config.trainer == "trl" and importlib.util.find_spec("trl") is None:
-        raise BadInput("--trainer trl times TRL's SFTTrainer step, which needs trl: pip install trl (or "
-                       "--trainer transformers).")
+        raise BadInput(
+            "--trainer trl times TRL's SFTTrainer step, which needs trl: pip install trl (or --trainer transformers)."
+        )
     if config.peft is None:
         return
     lora_config(config)  # (peft installed)
@@ -165,15 +173,19 @@ def check_recipe(config: ProbeConfig, device: torch.device) -> None:
         if importlib.util.find_spec("bitsandbytes") is None:
             raise BadInput("--peft qlora needs bitsandbytes: pip install bitsandbytes, or use --peft lora.")
         if device.type != "cuda":
-            raise BadInput("--peft qlora quantizes the base to 4 bits for a GPU: it needs a CUDA device; use --peft lora "
-                           "(with --weights bf16 for a lean base) here, or estimate --peft qlora for a card.")
+            raise BadInput(
+                "--peft qlora quantizes the base to 4 bits for a GPU: it needs a CUDA device; use --peft lora "
+                "(with --weights bf16 for a lean base) here, or estimate --peft qlora for a card."
+            )
 
 
 class OptimizerUnavailable(Exception):
     """The optimizer cannot run here (a package or a device kernel is missing): its probe is skipped."""
 
 
-def make_optimizer(model, device: torch.device, name: str = "adamw", device_type: str | None = None) -> torch.optim.Optimizer:
+def make_optimizer(
+    model, device: torch.device, name: str = "adamw", device_type: str | None = None
+) -> torch.optim.Optimizer:
     """The optimizer `name` (autotune.recipes.OPTIMIZERS) over the trainable parameters, as Trainer
     makes it for the matching `optim`: AdamW fused where the device has the kernel, torch's
     default AdamW (foreach on CUDA, as torch picks it for CUDA tensors; the single-tensor loop on
@@ -206,6 +218,7 @@ def make_optimizer(model, device: torch.device, name: str = "adamw", device_type
 def parameter_count(model, trainable: bool = False) -> int:
     """The model's parameters (only those that train, with `trainable`), a 4-bit weight counted as
     the values it holds rather than its packed bytes (two values to a byte)."""
+
     def values(p) -> int:
         state = getattr(p, "quant_state", None) if getattr(p, "bnb_quantized", False) else None
         return math.prod(state.shape) if state is not None else p.numel()
@@ -218,7 +231,9 @@ def model_flops_per_token(model, hf_config, config: ProbeConfig) -> float:
     them: a frozen LoRA base has no weight gradients), for MFU: no recomputation."""
     layers = getattr(hf_config, "num_hidden_layers", 0) or 0
     hidden = getattr(hf_config, "hidden_size", 0) or 0
-    return flops_per_token(parameter_count(model), parameter_count(model, trainable=True), layers, hidden, config.block_size)
+    return flops_per_token(
+        parameter_count(model), parameter_count(model, trainable=True), layers, hidden, config.block_size
+    )
 
 
 def deferred_sync(model):
@@ -226,6 +241,7 @@ def deferred_sync(model):
     gradients stay on each rank and the last micro-step synchronises them (Trainer's
     `accelerator.no_sync`): DDP's `no_sync`, FSDP2's `set_requires_gradient_sync(False)`."""
     if hasattr(model, "set_requires_gradient_sync"):  # an FSDP2 module
+
         @contextlib.contextmanager
         def no_sync():
             model.set_requires_gradient_sync(False)
@@ -233,6 +249,7 @@ def deferred_sync(model):
                 yield
             finally:
                 model.set_requires_gradient_sync(True)
+
         return no_sync
     return getattr(model, "no_sync", None)  # DistributedDataParallel's
 
@@ -263,8 +280,9 @@ class TrlLoss:
 
         # SFTTrainer patches the base model under PEFT's wrapper, and the module a DDP wrapper holds.
         target = model.module if hasattr(model, "module") else model
-        add_fused_lm_head(target.get_base_model() if hasattr(target, "get_base_model") else target,
-                          outputs=self.OUTPUTS)
+        add_fused_lm_head(
+            target.get_base_model() if hasattr(target, "get_base_model") else target, outputs=self.OUTPUTS
+        )
 
     def __call__(self, forward, batch: dict, reads_values: bool) -> torch.Tensor:
         outputs = forward(**batch, fused_lm_head=True)  # (which turns the cache off, as SFTTrainer does)
@@ -288,15 +306,17 @@ class ProbeStep:
     `reads_values`: False where the step is traced on fake tensors (the estimator), whose values
     cannot be read; what the reads hold is a few scalars."""
 
-    def __init__(self, model, optimizer, config: ProbeConfig, device: torch.device, vocab_size: int,
-                 reads_values: bool = True):
+    def __init__(
+        self, model, optimizer, config: ProbeConfig, device: torch.device, vocab_size: int, reads_values: bool = True
+    ):
         self.model, self.optimizer, self.config, self.device = model, optimizer, config, device
         self.reads_values = reads_values
         # Trainer's clip and finiteness read on one rank only: on several, clipping sharded gradients
         # takes a collective of its own (left to a later change).
         self.trainer_extras = config.ranks == 1
         self.schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: max(0.0, 1 - step / TRAINER_SCHEDULE_STEPS))
+            optimizer, lambda step: max(0.0, 1 - step / TRAINER_SCHEDULE_STEPS)
+        )
         self.forward = model  # compile_forward() swaps in the compiled model (--compile)
         self.trl_loss = TrlLoss(model) if config.trainer == "trl" else None
         dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(config.precision)
@@ -321,10 +341,13 @@ class ProbeStep:
 
         config = self.config
         assert config.lengths is not None  # (a window of drawn batches is timed for the data's lengths only)
-        rows = timing_rows(config.lengths, config.micro_batch, config.rows_per_step, config.block_size, cycle,
-                           config.sampling)
-        self.drawn = [drawn_batch(config, rows[i:i + config.micro_batch], self.vocab_size, self.device)
-                      for i in range(0, len(rows), config.micro_batch)]
+        rows = timing_rows(
+            config.lengths, config.micro_batch, config.rows_per_step, config.block_size, cycle, config.sampling
+        )
+        self.drawn = [
+            drawn_batch(config, rows[i : i + config.micro_batch], self.vocab_size, self.device)
+            for i in range(0, len(rows), config.micro_batch)
+        ]
         self.next_drawn = 0
 
     def _batch(self, micro: int) -> dict[str, torch.Tensor]:
@@ -345,7 +368,7 @@ class ProbeStep:
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(self.config.grad_accum):
             last = micro == self.config.grad_accum - 1
-            with (self.deferred_sync() if self.deferred_sync is not None and not last else contextlib.nullcontext()):
+            with self.deferred_sync() if self.deferred_sync is not None and not last else contextlib.nullcontext():
                 with self.autocast():
                     batch = self._batch(micro)
                     if self.trl_loss is not None:

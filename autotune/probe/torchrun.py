@@ -65,7 +65,7 @@ class Rendezvous:
 
     nodes: int = 1
     node_rank: int = 0
-    endpoint: str | None = None   # host:port of the rendezvous (the first node's), for several nodes
+    endpoint: str | None = None  # host:port of the rendezvous (the first node's), for several nodes
     run_id: str = "autotune"
     timeout: float = RENDEZVOUS_SECONDS
 
@@ -83,17 +83,32 @@ class Rendezvous:
         # rendezvous numbers nodes by arrival.) `timeout`: the store's, which bounds the first
         # node's wait for the others and each other node's attempts to connect.
         host = str(self.endpoint).rpartition(":")[0]
-        return ["--nnodes", str(self.nodes), "--node-rank", str(self.node_rank), "--rdzv-backend", "static",
-                "--master-addr", host.strip("[]"), "--master-port", self.port, "--rdzv-id", self.run_id,
-                "--rdzv-conf", f"timeout={math.ceil(self.timeout)}"]
+        return [
+            "--nnodes",
+            str(self.nodes),
+            "--node-rank",
+            str(self.node_rank),
+            "--rdzv-backend",
+            "static",
+            "--master-addr",
+            host.strip("[]"),
+            "--master-port",
+            self.port,
+            "--rdzv-id",
+            self.run_id,
+            "--rdzv-conf",
+            f"timeout={math.ceil(self.timeout)}",
+        ]
 
     def problem(self, log: str) -> str | None:
         """What kept the first node's rendezvous from completing, told from its agent's output `log`,
         as one line (None: not a rendezvous problem, or not one this can tell)."""
         if _PORT_TAKEN.search(log):
-            return (f"the rendezvous port {self.port} is taken on this node by another program (address already in "
-                    f"use): stop that program, or give every node another --rendezvous port"
-                    f"{_ephemeral_hint(self.port)}.")
+            return (
+                f"the rendezvous port {self.port} is taken on this node by another program (address already in "
+                f"use): stop that program, or give every node another --rendezvous port"
+                f"{_ephemeral_hint(self.port)}."
+            )
         if (joined := _NOT_ALL_JOINED.search(log)) is not None:
             return self.missing(int(joined.group(1)) - 1, f"within {math.ceil(self.timeout)} s")
         return None
@@ -110,9 +125,11 @@ class Rendezvous:
             who = "the other nodes did not all reach"
         rank = "1" if others == 1 else "N"
         where = "the other node" if others == 1 else "each other node"
-        return (f"{who} the rendezvous at {self.endpoint} {when}: run `autotune node --rendezvous {self.endpoint} "
-                f"--nodes {self.nodes} --node-rank {rank}` on {where} (if one runs and still did not arrive, another "
-                f"program at that address may have answered it instead).")
+        return (
+            f"{who} the rendezvous at {self.endpoint} {when}: run `autotune node --rendezvous {self.endpoint} "
+            f"--nodes {self.nodes} --node-rank {rank}` on {where} (if one runs and still did not arrive, another "
+            f"program at that address may have answered it instead)."
+        )
 
 
 def rendezvous_seconds(probe_timeout: float) -> float:
@@ -131,8 +148,10 @@ def _ephemeral_hint(port: str) -> str:
     except (OSError, ValueError):
         return ""
     if port.isdigit() and low <= int(port) <= high:
-        return (f" ({port} is among the ports {low}-{high} this machine hands out to any program that asks for one; "
-                f"one below {low} is taken only by a program that names it)")
+        return (
+            f" ({port} is among the ports {low}-{high} this machine hands out to any program that asks for one; "
+            f"one below {low} is taken only by a program that names it)"
+        )
     return ""
 
 
@@ -140,13 +159,33 @@ def torchrun_command(ranks_per_node: int, rendezvous: Rendezvous, module: str, l
     """The command that starts this node's ranks running `module`. Its agent keeps its per-run
     directory in `log_dir` (without one it makes a torchelastic_* directory in the system's
     temporary directory and leaves it there, one per probe)."""
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(ranks_per_node),
-            "--max-restarts", "0", "--monitor-interval", "0.1", "--log-dir", log_dir, *rendezvous.arguments(),
-            "-m", module]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node",
+        str(ranks_per_node),
+        "--max-restarts",
+        "0",
+        "--monitor-interval",
+        "0.1",
+        "--log-dir",
+        log_dir,
+        *rendezvous.arguments(),
+        "-m",
+        module,
+    ]
 
 
-def start_ranks(module: str, ranks_here: int, run_dir: str, *, rendezvous: Rendezvous = Rendezvous(),
-                environment: dict[str, str | None] | None = None, output: Any = None) -> subprocess.Popen:
+def start_ranks(
+    module: str,
+    ranks_here: int,
+    run_dir: str,
+    *,
+    rendezvous: Rendezvous = Rendezvous(),
+    environment: dict[str, str | None] | None = None,
+    output: Any = None,
+) -> subprocess.Popen:
     """Start torchrun's agent for this node's ranks of `module`, which talk to us through files in
     `run_dir` (RUN_DIR_ENV); `environment` is set (None: unset) for them, their output goes to
     `output` (a file; torchrun.log in `run_dir` when None). The agent dies with this process, and
@@ -162,9 +201,15 @@ def start_ranks(module: str, ranks_here: int, run_dir: str, *, rendezvous: Rende
         if output is None:
             output = files.enter_context(open(os.path.join(run_dir, "torchrun.log"), "wb"))
         command = torchrun_command(ranks_here, rendezvous, module, log_dir=os.path.join(run_dir, "torchelastic"))
-        return subprocess.Popen(command, env=env, stdout=output,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=kill_me_with_parent,
-                                start_new_session=True)
+        return subprocess.Popen(
+            command,
+            env=env,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=kill_me_with_parent,
+            start_new_session=True,
+        )
 
 
 class RanksOutput(threading.Thread):
@@ -247,22 +292,34 @@ class RankLaunch:
                 stop_janitor(self.janitor)
 
 
-def run_ranks(request: ProbeRequest, deadline: Deadline, *, on_phase: Callable[[str], None] | None = None,
-              environment: dict[str, str | None] | None = None) -> ProbeResult:
+def run_ranks(
+    request: ProbeRequest,
+    deadline: Deadline,
+    *,
+    on_phase: Callable[[str], None] | None = None,
+    environment: dict[str, str | None] | None = None,
+) -> ProbeResult:
     """Probe `request.config` on its ranks: `gpus` on this node, and as many on each of its other
     `nodes` (`autotune node`, meeting at `settings.rendezvous`); `environment` is set (None:
     unset) for this node's ranks. Every outcome comes back as a status, and a user error as
     AutotuneError: DeviceError when the nodes did not meet (Rendezvous.problem). Raises
     DeadlineReached at the command's deadline (the ranks killed first)."""
     config, settings = request.config, request.settings
-    rendezvous = (Rendezvous(config.nodes, 0, settings.rendezvous, timeout=rendezvous_seconds(settings.timeout))
-                  if config.nodes > 1 else Rendezvous())
+    rendezvous = (
+        Rendezvous(config.nodes, 0, settings.rendezvous, timeout=rendezvous_seconds(settings.timeout))
+        if config.nodes > 1
+        else Rendezvous()
+    )
     started = time.perf_counter()
     with RankLaunch("autotune-ranks-") as launch:
         run_dir = launch.run_dir
         launch.write("request.pickle", pickle.dumps(replace(request, hold_before_timing=False)))
-        agent = launch.start("autotune.probe.rank_main", config.gpus, rendezvous=rendezvous,
-                             environment={**(environment or {}), DEVICE_ENV: settings.device_kind})
+        agent = launch.start(
+            "autotune.probe.rank_main",
+            config.gpus,
+            rendezvous=rendezvous,
+            environment={**(environment or {}), DEVICE_ENV: settings.device_kind},
+        )
         if on_phase is not None:
             on_phase("start-up")
         limit = started + settings.timeout
@@ -273,8 +330,12 @@ def run_ranks(request: ProbeRequest, deadline: Deadline, *, on_phase: Callable[[
             if time.perf_counter() > limit:
                 if config.nodes > 1 and not ranks_started(run_dir):  # (the nodes never met: not the config's doing)
                     raise DeviceError(rendezvous.missing(None, f"within the probe's {settings.timeout:.0f} s"))
-                return _failed(request, ProbeStatus.TIMEOUT, f"no result from {config.ranks} ranks within "
-                               f"{settings.timeout:.0f} s; every rank was killed", started)
+                return _failed(
+                    request,
+                    ProbeStatus.TIMEOUT,
+                    f"no result from {config.ranks} ranks within {settings.timeout:.0f} s; every rank was killed",
+                    started,
+                )
             now = _read(os.path.join(run_dir, "phase"))
             if now and now != phase and on_phase is not None:
                 on_phase(now)
@@ -309,25 +370,39 @@ def _gather(request: ProbeRequest, run_dir: str, ranks: int, returncode: int, st
             results.append(None)
     known = [result for result in results if result is not None]
     if not known:
-        return _failed(request, ProbeStatus.CRASHED, f"torchrun ended (exit code {returncode}) with no rank's result: "
-                       f"{_log_tail(run_dir)}", started)
+        return _failed(
+            request,
+            ProbeStatus.CRASHED,
+            f"torchrun ended (exit code {returncode}) with no rank's result: {_log_tail(run_dir)}",
+            started,
+        )
     reported = next((result for status in _CAUSES for result in known if result.status == status), known[0])
     if reported.status not in _CAUSES[:-1] and len(known) < ranks:
         # A rank died without a word (a signal, the host's OOM killer): the others' failing
         # collectives are its consequence; what it printed is the cause.
         dead = [rank for rank, result in enumerate(results) if result is None]
-        reported = replace(reported, status=ProbeStatus.CRASHED, error=f"rank {dead[0]} of {ranks} died without a "
-                           f"result (torchrun's exit code {returncode}): {_log_tail(run_dir)}")
+        reported = replace(
+            reported,
+            status=ProbeStatus.CRASHED,
+            error=f"rank {dead[0]} of {ranks} died without a "
+            f"result (torchrun's exit code {returncode}): {_log_tail(run_dir)}",
+        )
     merged = replace(reported)
-    peaks = [{"allocated": r.peak_allocated_bytes, "reserved": r.peak_reserved_bytes} if r is not None else None
-             for r in results]
+    peaks = [
+        {"allocated": r.peak_allocated_bytes, "reserved": r.peak_reserved_bytes} if r is not None else None
+        for r in results
+    ]
     merged.rank_peaks = peaks  # type: ignore[assignment]
     if all(r is not None and r.peak_reserved_bytes is not None for r in results):
         merged.peak_allocated_bytes = max(r.peak_allocated_bytes or 0 for r in known)
         merged.peak_reserved_bytes = max(r.peak_reserved_bytes or 0 for r in known)
     if merged.status == ProbeStatus.OK:
         slowest = max(known, key=lambda r: r.step_seconds or 0.0)
-        merged.step_seconds, merged.step_spread, merged.step_times = slowest.step_seconds, slowest.step_spread, slowest.step_times
+        merged.step_seconds, merged.step_spread, merged.step_times = (
+            slowest.step_seconds,
+            slowest.step_spread,
+            slowest.step_times,
+        )
         assert slowest.step_seconds
         merged.tokens_per_s = request.config.tokens_per_step / slowest.step_seconds
         merged.samples_per_s = request.config.effective_batch / slowest.step_seconds
@@ -377,6 +452,10 @@ def _log_tail(run_dir: str, chars: int = 600) -> str:
 
 
 def _failed(request: ProbeRequest, status: ProbeStatus, why: str, started: float) -> ProbeResult:
-    return ProbeResult(status=status, budget_bytes=request.budget.total_bytes, margin_bytes=request.budget.margin_bytes,
-                       error=why, wall_seconds=time.perf_counter() - started)
-
+    return ProbeResult(
+        status=status,
+        budget_bytes=request.budget.total_bytes,
+        margin_bytes=request.budget.margin_bytes,
+        error=why,
+        wall_seconds=time.perf_counter() - started,
+    )

@@ -32,16 +32,56 @@ TOOLS = {"trl": "TRL", "axolotl": "axolotl", "llamafactory": "LLaMA-Factory", "t
 
 # Keys only one tool's files have (each tool's config classes), to tell which tool a file is for.
 _MARKERS = {
-    "axolotl": ("base_model", "micro_batch_size", "sequence_len", "adapter", "val_set_size",
-                "lora_target_linear", "sample_packing", "pad_to_sequence_len", "eval_batch_size", "base_model_config"),
-    "llamafactory": ("stage", "finetuning_type", "cutoff_len", "template", "lora_rank", "lora_target",
-                     "quantization_bit", "flash_attn", "dataset_dir", "val_size", "pure_bf16", "neat_packing"),
-    "trl": ("max_length", "max_seq_length", "padding_free", "dataset_text_field", "completion_only_loss",
-            "assistant_only_loss", "model_init_kwargs", "use_peft", "dataset_name", "packing_strategy"),
+    "axolotl": (
+        "base_model",
+        "micro_batch_size",
+        "sequence_len",
+        "adapter",
+        "val_set_size",
+        "lora_target_linear",
+        "sample_packing",
+        "pad_to_sequence_len",
+        "eval_batch_size",
+        "base_model_config",
+    ),
+    "llamafactory": (
+        "stage",
+        "finetuning_type",
+        "cutoff_len",
+        "template",
+        "lora_rank",
+        "lora_target",
+        "quantization_bit",
+        "flash_attn",
+        "dataset_dir",
+        "val_size",
+        "pure_bf16",
+        "neat_packing",
+    ),
+    "trl": (
+        "max_length",
+        "max_seq_length",
+        "padding_free",
+        "dataset_text_field",
+        "completion_only_loss",
+        "assistant_only_loss",
+        "model_init_kwargs",
+        "use_peft",
+        "dataset_name",
+        "packing_strategy",
+    ),
 }
 # TrainingArguments' own keys: a file with only these is a TrainingArguments JSON.
-_TRAINER_MARKERS = ("per_device_train_batch_size", "gradient_accumulation_steps", "output_dir", "optim",
-                    "learning_rate", "num_train_epochs", "max_steps", "eval_strategy")
+_TRAINER_MARKERS = (
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "output_dir",
+    "optim",
+    "learning_rate",
+    "num_train_epochs",
+    "max_steps",
+    "eval_strategy",
+)
 # TrainingArguments' defaults (transformers 5), which TRL's SFTConfig and LLaMA-Factory keep.
 _HF_MICRO_BATCH, _HF_EVAL_BATCH, _HF_OPTIM = 8, 8, "adamw_torch_fused"
 
@@ -114,8 +154,10 @@ def _parse(path: Path, text: str, flag: str) -> dict:
 def detect_tool(path: Path, document: dict, flag: str = "--from") -> str:
     """Which tool `document` configures, by the keys only that tool has."""
     if isinstance(document.get("trainer"), dict) or "fit" in document:
-        raise BadInput(f"{flag} {path}: a LightningCLI config names a LightningModule, not a model autotune can load; "
-                       f"give --model and the recipe's flags, and take `autotune best --format lightning` back.")
+        raise BadInput(
+            f"{flag} {path}: a LightningCLI config names a LightningModule, not a model autotune can load; "
+            f"give --model and the recipe's flags, and take `autotune best --format lightning` back."
+        )
     found = {tool: [key for key in keys if key in document] for tool, keys in _MARKERS.items()}
     tools = [tool for tool, keys in found.items() if keys]
     if len(tools) == 1:
@@ -125,9 +167,11 @@ def detect_tool(path: Path, document: dict, flag: str = "--from") -> str:
         raise BadInput(f"{flag} {path}: it has keys of several tools ({mixed}); keep the one tool's keys.")
     if any(key in document for key in _TRAINER_MARKERS):
         return "trainer"
-    raise BadInput(f"{flag} {path}: none of the keys of a TRL, axolotl, LLaMA-Factory or TrainingArguments config "
-                   f"(such as base_model, model_name_or_path, per_device_train_batch_size): autotune reads those tools' "
-                   f"files.")
+    raise BadInput(
+        f"{flag} {path}: none of the keys of a TRL, axolotl, LLaMA-Factory or TrainingArguments config "
+        f"(such as base_model, model_name_or_path, per_device_train_batch_size): autotune reads those tools' "
+        f"files."
+    )
 
 
 class _Recipe:
@@ -140,15 +184,17 @@ class _Recipe:
         self.micro, self.accum = 1, 1
         self.batch_keys = ""
         self.stated_batch: tuple[str, int] | None = None  # a global batch the file states beside micro x accumulation
-        self.peft: dict | None = None       # kind, rank, alpha, dropout, targets
+        self.peft: dict | None = None  # kind, rank, alpha, dropout, targets
         self.optimizer = _HF_OPTIM
         self.bf16_weights = False
         self.evaluation: dict[str, str | bool] = {}
         self.trust_remote_code = False
-        self.trainer: str | None = None     # whose step the run takes, where not transformers' Trainer's
-        self.packing: bool | None = None    # examples packed into full blocks (True), or one per row, padded
-        self.sampling: str | None = None    # the run's sampler (autotune.lengths.SAMPLINGS), where the file sets one
-        self.padding_free: bool | None = None  # examples end to end, unpadded (TRL's padding_free), where the file sets it
+        self.trainer: str | None = None  # whose step the run takes, where not transformers' Trainer's
+        self.packing: bool | None = None  # examples packed into full blocks (True), or one per row, padded
+        self.sampling: str | None = None  # the run's sampler (autotune.lengths.SAMPLINGS), where the file sets one
+        self.padding_free: bool | None = (
+            None  # examples end to end, unpadded (TRL's padding_free), where the file sets it
+        )
         self.sources: dict[str, str] = {}
         self.said: list[str] = []
 
@@ -178,8 +224,9 @@ class _Recipe:
     def set_optimizer(self, key: str, default: str) -> None:
         name = self.get(key, default)
         if not isinstance(name, str) or canonical_optimizer(name) not in OPTIMIZERS:
-            self.refuse(f"{key}: {name!r}: autotune measures {optimizer_names()}; set one of them, or search without "
-                        f"--from.")
+            self.refuse(
+                f"{key}: {name!r}: autotune measures {optimizer_names()}; set one of them, or search without --from."
+            )
         self.optimizer = canonical_optimizer(name)
         self.sources["optimizers"] = key if key in self.document else f"{key} (default {default})"
 
@@ -195,14 +242,22 @@ class _Recipe:
         effective = self.micro * self.accum
         if self.stated_batch is not None and self.stated_batch[1] != effective:
             key, stated = self.stated_batch
-            self.refuse(f"{key}: {stated} contradicts {self.batch_keys} = {self.micro} x {self.accum} = {effective}; "
-                        f"make them agree (or leave {key} out).")
+            self.refuse(
+                f"{key}: {stated} contradicts {self.batch_keys} = {self.micro} x {self.accum} = {effective}; "
+                f"make them agree (or leave {key} out)."
+            )
         flags["effective_batch"] = str(effective * gpus)
         self.sources["effective_batch"] = self.batch_keys + (f" x {gpus} GPUs (--gpus)" if gpus > 1 else "")
         if self.peft is not None:
-            flags.update({"peft": self.peft["kind"], "lora_rank": str(self.peft["rank"]),
-                          "lora_alpha": str(self.peft["alpha"]), "lora_dropout": str(self.peft["dropout"]),
-                          "lora_targets": self.peft["targets"]})
+            flags.update(
+                {
+                    "peft": self.peft["kind"],
+                    "lora_rank": str(self.peft["rank"]),
+                    "lora_alpha": str(self.peft["alpha"]),
+                    "lora_dropout": str(self.peft["dropout"]),
+                    "lora_targets": self.peft["targets"],
+                }
+            )
         flags["optimizers"] = self.optimizer
         if self.bf16_weights:
             flags["weights_"] = "bf16"
@@ -223,8 +278,10 @@ class _Recipe:
 def _targets(recipe: _Recipe, key: str, value, *, all_names: tuple[str, ...]) -> str:
     """LoRA's target modules as --lora-targets takes them: all-linear, or comma-separated names."""
     if value is None:
-        recipe.say(f"{key} is not given: peft then picks the model type's default modules; the probes put adapters on "
-                   f"every linear layer (at least as much memory): set {key} to measure exactly yours.")
+        recipe.say(
+            f"{key} is not given: peft then picks the model type's default modules; the probes put adapters on "
+            f"every linear layer (at least as much memory): set {key} to measure exactly yours."
+        )
         return "all-linear"
     if isinstance(value, str) and value.strip().lower() in all_names:
         return "all-linear"
@@ -245,6 +302,7 @@ def _lora_number(recipe: _Recipe, key: str, default, kind=int):
 
 # --- axolotl (AxolotlInputConfig: utils/schemas/{config,training,peft,model}.py) ------------------------
 
+
 def _axolotl(r: _Recipe) -> None:
     r.model = r.get("base_model")
     r.sources["model"] = "base_model"
@@ -255,25 +313,36 @@ def _axolotl(r: _Recipe) -> None:
     if (stated := r.whole("batch_size")) is not None:
         r.stated_batch = ("batch_size", stated)
     if r.get("rl") not in (None, False):
-        r.refuse(f"rl: {r.get('rl')!r}: autotune measures supervised fine-tuning (no reference model, no preference "
-                 f"pairs); search the SFT stage, or without --from.")
+        r.refuse(
+            f"rl: {r.get('rl')!r}: autotune measures supervised fine-tuning (no reference model, no preference "
+            f"pairs); search the SFT stage, or without --from."
+        )
     adapter = r.get("adapter")
     if r.get("load_in_8bit"):
         r.refuse("load_in_8bit: an 8-bit base is not among what autotune measures (full, LoRA, QLoRA's 4-bit base).")
     if adapter not in (None, "lora", "qlora"):
-        r.refuse(f"adapter: {adapter!r}: autotune measures LoRA and QLoRA adapters (adapter: lora or qlora), or full "
-                 f"fine-tuning (no adapter).")
+        r.refuse(
+            f"adapter: {adapter!r}: autotune measures LoRA and QLoRA adapters (adapter: lora or qlora), or full "
+            f"fine-tuning (no adapter)."
+        )
     if r.get("load_in_4bit") and adapter != "qlora":
         r.refuse(f"load_in_4bit: true with adapter: {adapter!r}: a 4-bit base is axolotl's adapter: qlora.")
     if adapter == "qlora" and not r.get("load_in_4bit", True):
         r.refuse("adapter: qlora with load_in_4bit: false: QLoRA's base is 4-bit; set load_in_4bit: true.")
     if adapter is not None:
         linear = bool(r.get("lora_target_linear"))
-        r.peft = {"kind": adapter, "rank": _lora_number(r, "lora_r", 8), "alpha": _lora_number(r, "lora_alpha", 8),
-                  "dropout": _lora_number(r, "lora_dropout", 0.0, float),
-                  "targets": "all-linear" if linear else _targets(r, "lora_target_modules", r.get("lora_target_modules"),
-                                                                  all_names=("all-linear",))}
-        r.sources["peft"] = "adapter, lora_r, lora_alpha, lora_dropout, lora_target_" + ("linear" if linear else "modules")
+        r.peft = {
+            "kind": adapter,
+            "rank": _lora_number(r, "lora_r", 8),
+            "alpha": _lora_number(r, "lora_alpha", 8),
+            "dropout": _lora_number(r, "lora_dropout", 0.0, float),
+            "targets": "all-linear"
+            if linear
+            else _targets(r, "lora_target_modules", r.get("lora_target_modules"), all_names=("all-linear",)),
+        }
+        r.sources["peft"] = "adapter, lora_r, lora_alpha, lora_dropout, lora_target_" + (
+            "linear" if linear else "modules"
+        )
         for key in ("lora_modules_to_save", "peft_layers_to_transform", "lora_target_parameters"):
             if r.get(key):
                 r.say(f"{key}: the probes put adapters on the target modules only; what {key} adds is not measured.")
@@ -283,7 +352,9 @@ def _axolotl(r: _Recipe) -> None:
     r.bf16_weights = bool(r.get("bfloat16"))
     if r.get("val_set_size") or r.get("test_datasets"):
         r.evaluation["eval_batch"] = str(r.whole("eval_batch_size")) if "eval_batch_size" in r.document else "auto"
-        r.sources["eval_batch"] = "eval_batch_size" if "eval_batch_size" in r.document else "val_set_size (eval batch: auto)"
+        r.sources["eval_batch"] = (
+            "eval_batch_size" if "eval_batch_size" in r.document else "val_set_size (eval batch: auto)"
+        )
     r.trust_remote_code = bool(r.get("trust_remote_code"))
     _read_packing(r, "sample_packing", default=False)
     _read_sampling(r)
@@ -306,20 +377,24 @@ def _read_packing(r: _Recipe, key: str, *, default: bool) -> None:
 
 # --- LLaMA-Factory (hparams/{model,data,finetuning,training}_args.py) ----------------------------------
 
+
 def _llamafactory(r: _Recipe) -> None:
     r.model = r.get("model_name_or_path")
     r.sources["model"] = "model_name_or_path"
     stage = r.get("stage", "sft")
     if stage not in ("sft", "pt"):
-        r.refuse(f"stage: {stage!r}: autotune measures supervised fine-tuning and pre-training (stage sft or pt), "
-                 f"not a reward model or preference training.")
+        r.refuse(
+            f"stage: {stage!r}: autotune measures supervised fine-tuning and pre-training (stage sft or pt), "
+            f"not a reward model or preference training."
+        )
     r.block = r.whole("cutoff_len", 2048)
     r.sources["block_sizes"] = "cutoff_len" if "cutoff_len" in r.document else "cutoff_len (default 2048)"
     _trainer_batch(r)
     kind = r.get("finetuning_type", "lora")
     if kind not in ("lora", "full"):
-        r.refuse(f"finetuning_type: {kind!r}: autotune measures full fine-tuning and LoRA (finetuning_type full or "
-                 f"lora).")
+        r.refuse(
+            f"finetuning_type: {kind!r}: autotune measures full fine-tuning and LoRA (finetuning_type full or lora)."
+        )
     for key in ("use_dora", "pissa_init", "use_galore", "use_badam", "use_apollo"):
         if r.get(key):
             r.refuse(f"{key}: true: not among what autotune measures (full fine-tuning, LoRA, QLoRA); leave it out.")
@@ -330,13 +405,19 @@ def _llamafactory(r: _Recipe) -> None:
         r.refuse("quantization_bit: 4 with finetuning_type full: a 4-bit base trains adapters (finetuning_type lora).")
     if kind == "lora":
         rank = _lora_number(r, "lora_rank", 8)
-        r.peft = {"kind": "qlora" if bits == 4 else "lora", "rank": rank, "alpha": _lora_number(r, "lora_alpha", 2 * rank),
-                  "dropout": _lora_number(r, "lora_dropout", 0.0, float),
-                  "targets": _targets(r, "lora_target", r.get("lora_target", "all"), all_names=("all", "all-linear"))}
+        r.peft = {
+            "kind": "qlora" if bits == 4 else "lora",
+            "rank": rank,
+            "alpha": _lora_number(r, "lora_alpha", 2 * rank),
+            "dropout": _lora_number(r, "lora_dropout", 0.0, float),
+            "targets": _targets(r, "lora_target", r.get("lora_target", "all"), all_names=("all", "all-linear")),
+        }
         r.sources["peft"] = "finetuning_type, lora_rank, lora_alpha, lora_dropout, lora_target, quantization_bit"
         if r.get("additional_target"):
-            r.say("additional_target: the probes put adapters on the target modules only; the modules it trains in "
-                  "full are not measured.")
+            r.say(
+                "additional_target: the probes put adapters on the target modules only; the modules it trains in "
+                "full are not measured."
+            )
     r.set_optimizer("optim", _HF_OPTIM)
     r.bf16_weights = bool(r.get("pure_bf16"))
     if r.get("do_eval") or r.get("val_size") or r.get("eval_dataset") or r.get("eval_strategy") not in (None, "no"):
@@ -351,6 +432,7 @@ def _llamafactory(r: _Recipe) -> None:
 
 
 # --- TRL (SFTConfig, and ModelConfig in `trl sft --config`'s YAML) ---------------------------------------
+
 
 def _trl(r: _Recipe) -> None:
     r.trainer, r.sources["trainer"] = "trl", "being a TRL config (SFTTrainer's step)"
@@ -369,14 +451,20 @@ def _trl(r: _Recipe) -> None:
         r.refuse(f"model_init_kwargs: {init!r} is not a mapping.")
     if r.get("use_peft") or r.get("load_in_4bit"):
         if r.get("load_in_8bit"):
-            r.refuse("load_in_8bit: an 8-bit base is not among what autotune measures (full, LoRA, QLoRA's 4-bit base).")
+            r.refuse(
+                "load_in_8bit: an 8-bit base is not among what autotune measures (full, LoRA, QLoRA's 4-bit base)."
+            )
         if r.get("use_dora"):
             r.refuse("use_dora: true: DoRA is not among what autotune measures (LoRA, QLoRA); leave it out.")
         if r.get("load_in_4bit") and not r.get("use_peft"):
             r.refuse("load_in_4bit: true without use_peft: a 4-bit base trains LoRA adapters; set use_peft: true.")
-        r.peft = {"kind": "qlora" if r.get("load_in_4bit") else "lora", "rank": _lora_number(r, "lora_r", 16),
-                  "alpha": _lora_number(r, "lora_alpha", 32), "dropout": _lora_number(r, "lora_dropout", 0.05, float),
-                  "targets": _targets(r, "lora_target_modules", r.get("lora_target_modules"), all_names=("all-linear",))}
+        r.peft = {
+            "kind": "qlora" if r.get("load_in_4bit") else "lora",
+            "rank": _lora_number(r, "lora_r", 16),
+            "alpha": _lora_number(r, "lora_alpha", 32),
+            "dropout": _lora_number(r, "lora_dropout", 0.05, float),
+            "targets": _targets(r, "lora_target_modules", r.get("lora_target_modules"), all_names=("all-linear",)),
+        }
         r.sources["peft"] = "use_peft, lora_r, lora_alpha, lora_dropout, lora_target_modules, load_in_4bit"
     r.set_optimizer("optim", _HF_OPTIM)
     dtype = r.get("dtype", init.get("dtype", init.get("torch_dtype")))
@@ -394,6 +482,7 @@ def _trl(r: _Recipe) -> None:
 
 
 # --- TrainingArguments (a JSON of its fields) ------------------------------------------------------------
+
 
 def _trainer(r: _Recipe) -> None:
     _trainer_batch(r)
@@ -421,8 +510,10 @@ def _read_sampling(r: _Recipe) -> None:
     strategy, grouped = r.get("train_sampling_strategy"), r.get("group_by_length")
     if strategy is not None:
         if strategy not in SAMPLINGS:
-            r.refuse(f"train_sampling_strategy: {strategy!r}: autotune times {' and '.join(SAMPLINGS)} sampling; set "
-                     f"one of them, or search without --from.")
+            r.refuse(
+                f"train_sampling_strategy: {strategy!r}: autotune times {' and '.join(SAMPLINGS)} sampling; set "
+                f"one of them, or search without --from."
+            )
         r.sampling, r.sources["sampling"] = strategy, "train_sampling_strategy"
     elif grouped is not None:
         if not isinstance(grouped, bool):
@@ -435,8 +526,11 @@ def _trainer_evaluation(r: _Recipe) -> None:
     """TrainingArguments' evaluation: its batch, and logits kept on the card when the file keeps them
     (eval_accumulation_steps) or asks for none (prediction_loss_only)."""
     r.evaluation["eval_batch"] = str(r.whole("per_device_eval_batch_size", _HF_EVAL_BATCH))
-    r.sources["eval_batch"] = ("per_device_eval_batch_size" if "per_device_eval_batch_size" in r.document
-                               else f"per_device_eval_batch_size (default {_HF_EVAL_BATCH})")
+    r.sources["eval_batch"] = (
+        "per_device_eval_batch_size"
+        if "per_device_eval_batch_size" in r.document
+        else f"per_device_eval_batch_size (default {_HF_EVAL_BATCH})"
+    )
     if r.get("prediction_loss_only"):
         r.evaluation["eval_logits"] = "loss-only"
     elif (steps := r.whole("eval_accumulation_steps")) is not None:
@@ -446,8 +540,11 @@ def _trainer_evaluation(r: _Recipe) -> None:
 def _say_ranks(r: _Recipe, keys: tuple[str, ...]) -> None:
     for key in keys:
         if r.get(key):
-            what = ("DeepSpeed: the probes measure DDP and FSDP2, not DeepSpeed's ZeRO" if key == "deepspeed"
-                    else "the file shards over several GPUs")
+            what = (
+                "DeepSpeed: the probes measure DDP and FSDP2, not DeepSpeed's ZeRO"
+                if key == "deepspeed"
+                else "the file shards over several GPUs"
+            )
             r.say(f"{key}: {what}; give --gpus N (and --nodes) so the search shares the run as it will.")
             return
 

@@ -32,16 +32,50 @@ __all__ = ["DECIDED", "Update", "update_file", "write"]
 
 # The keys each tool's file takes for the levers a search decides (the free levers, and the eval batch
 # it finds): the rest of the tool's document is the recipe, which came from the file.
-_TRAINER_DECIDED = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "bf16",
-                    "fp16", "tf32", "torch_compile", "use_liger_kernel", "fsdp", "fsdp_config",
-                    "ddp_find_unused_parameters")
+_TRAINER_DECIDED = (
+    "per_device_train_batch_size",
+    "per_device_eval_batch_size",
+    "gradient_accumulation_steps",
+    "bf16",
+    "fp16",
+    "tf32",
+    "torch_compile",
+    "use_liger_kernel",
+    "fsdp",
+    "fsdp_config",
+    "ddp_find_unused_parameters",
+)
 DECIDED = {
-    "axolotl": ("micro_batch_size", "eval_batch_size", "gradient_accumulation_steps", "bf16", "fp16", "tf32",
-                "gradient_checkpointing", "gradient_checkpointing_kwargs", "attn_implementation", "torch_compile",
-                *tools.AXOLOTL_LIGER_KEYS, "fsdp_version", "fsdp_config", "ddp_find_unused_parameters"),
-    "llamafactory": ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps", "bf16",
-                     "fp16", "tf32", "disable_gradient_checkpointing", "use_reentrant_gc", "flash_attn", "torch_compile",
-                     "enable_liger_kernel", "ddp_find_unused_parameters"),
+    "axolotl": (
+        "micro_batch_size",
+        "eval_batch_size",
+        "gradient_accumulation_steps",
+        "bf16",
+        "fp16",
+        "tf32",
+        "gradient_checkpointing",
+        "gradient_checkpointing_kwargs",
+        "attn_implementation",
+        "torch_compile",
+        *tools.AXOLOTL_LIGER_KEYS,
+        "fsdp_version",
+        "fsdp_config",
+        "ddp_find_unused_parameters",
+    ),
+    "llamafactory": (
+        "per_device_train_batch_size",
+        "per_device_eval_batch_size",
+        "gradient_accumulation_steps",
+        "bf16",
+        "fp16",
+        "tf32",
+        "disable_gradient_checkpointing",
+        "use_reentrant_gc",
+        "flash_attn",
+        "torch_compile",
+        "enable_liger_kernel",
+        "ddp_find_unused_parameters",
+    ),
     "trl": _TRAINER_DECIDED,
     "trainer": _TRAINER_DECIDED,
 }
@@ -58,8 +92,10 @@ _FALSE_BY_DEFAULT = {
 _OFF_WHEN_ABSENT = ("torch_compile", "use_liger_kernel", "enable_liger_kernel", *tools.AXOLOTL_LIGER_KEYS)
 # axolotl's attention keys before attn_implementation (deprecated in its schema): one key says it.
 _AXOLOTL_OLD_ATTENTION = ("flash_attention", "sdp_attention", "xformers_attention", "flex_attention", "sage_attention")
-_CHECKPOINTING_NAMES = (("gradient_checkpointing", "activation_checkpointing"),
-                        ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"))
+_CHECKPOINTING_NAMES = (
+    ("gradient_checkpointing", "activation_checkpointing"),
+    ("gradient_checkpointing_kwargs", "activation_checkpointing_kwargs"),
+)
 
 
 @dataclass(frozen=True)
@@ -71,8 +107,14 @@ class Update:
     changed: tuple[str, ...]
 
     def diff(self, out: Path) -> str:
-        return "".join(difflib.unified_diff(self.source.text.splitlines(keepends=True), self.text.splitlines(keepends=True),
-                                            fromfile=str(self.source.path), tofile=str(out)))
+        return "".join(
+            difflib.unified_diff(
+                self.source.text.splitlines(keepends=True),
+                self.text.splitlines(keepends=True),
+                fromfile=str(self.source.path),
+                tofile=str(out),
+            )
+        )
 
 
 def update_file(best: BestConfig, path: str | Path) -> Update:
@@ -87,10 +129,14 @@ def update_file(best: BestConfig, path: str | Path) -> Update:
         # axolotl's old attention key, where there is one, becomes attn_implementation in its place.
         renamed = {key: "attn_implementation" for key in remove if key in _AXOLOTL_OLD_ATTENTION}
         try:
-            text = yaml_edit.edit(source.text, updates, remove, renamed=dict(list(renamed.items())[:1]), appended_note=note)
+            text = yaml_edit.edit(
+                source.text, updates, remove, renamed=dict(list(renamed.items())[:1]), appended_note=note
+            )
         except ValueError as exc:
-            raise BadInput(f"{source.path}: {exc}; nothing was written: take `autotune best --format {source.tool}` and "
-                           f"set its keys by hand.") from None
+            raise BadInput(
+                f"{source.path}: {exc}; nothing was written: take `autotune best --format {source.tool}` and "
+                f"set its keys by hand."
+            ) from None
     changed = tuple(k for k in (*updates, *remove) if source.document.get(k, _MISSING) != updates.get(k, _MISSING))
     return Update(source, text, changed)
 
@@ -122,8 +168,11 @@ def _check_same_recipe(source: RecipeFile, best: BestConfig) -> None:
         asked.append(("the model", flags["model"], c.model))
     # (with the data's lengths a block above the longest example was probed at it: truncating at the
     # file's longer one cuts nothing more, SearchSpace.build)
-    capped = (c.lengths is not None and int(flags.get("block_sizes", 0)) > best.block_size
-              and Lengths.from_text(c.lengths).longest <= best.block_size)
+    capped = (
+        c.lengths is not None
+        and int(flags.get("block_sizes", 0)) > best.block_size
+        and Lengths.from_text(c.lengths).longest <= best.block_size
+    )
     if "block_sizes" in flags and int(flags["block_sizes"]) != best.block_size and not capped:
         asked.append(("a sequence length", flags["block_sizes"], best.block_size))
     if source.effective_batch != c.effective_batch:
@@ -131,7 +180,9 @@ def _check_same_recipe(source: RecipeFile, best: BestConfig) -> None:
     file_peft = _peft(flags)
     study_peft = None if c.peft is None else PeftSpec.from_text(c.peft)
     if file_peft != study_peft:
-        asked.append(("adapters", file_peft.text() if file_peft else "none", study_peft.text() if study_peft else "none"))
+        asked.append(
+            ("adapters", file_peft.text() if file_peft else "none", study_peft.text() if study_peft else "none")
+        )
     if flags["optimizers"] != c.optimizer:
         asked.append(("the optimizer", flags["optimizers"], c.optimizer))
     if flags.get("weights_", "fp32") != c.weights:
@@ -146,8 +197,10 @@ def _check_same_recipe(source: RecipeFile, best: BestConfig) -> None:
         asked.append(("padding-free batches", "on", "padded ones"))
     if asked:
         what, file_value, study_value = asked[0]
-        raise BadInput(f"{source.path} asks {what} {file_value}, and study {study!r} measured {study_value}: search "
-                       f"its recipe with `autotune search --from {source.path} --gpu-budget ...`.")
+        raise BadInput(
+            f"{source.path} asks {what} {file_value}, and study {study!r} measured {study_value}: search "
+            f"its recipe with `autotune search --from {source.path} --gpu-budget ...`."
+        )
 
 
 def _same_model(asked: str, measured: str) -> bool:
@@ -160,8 +213,13 @@ def _same_model(asked: str, measured: str) -> bool:
 def _peft(flags: dict) -> PeftSpec | None:
     if "peft" not in flags:
         return None
-    return PeftSpec(kind=str(flags["peft"]), rank=int(flags["lora_rank"]), alpha=int(flags["lora_alpha"]),
-                    dropout=float(flags["lora_dropout"]), targets=str(flags["lora_targets"]))
+    return PeftSpec(
+        kind=str(flags["peft"]),
+        rank=int(flags["lora_rank"]),
+        alpha=int(flags["lora_alpha"]),
+        dropout=float(flags["lora_dropout"]),
+        targets=str(flags["lora_targets"]),
+    )
 
 
 def _decided(source: RecipeFile, best: BestConfig) -> tuple[dict, tuple[str, ...]]:
@@ -194,11 +252,13 @@ def _decided(source: RecipeFile, best: BestConfig) -> tuple[dict, tuple[str, ...
             updates.update({tools.TRL["padding_free"]: True, length_key: None})
         if tool == "trl":
             attention = best.model_kwargs()["attn_implementation"]
-            if "model_name_or_path" in document:     # `trl sft --config`: ModelConfig's key
+            if "model_name_or_path" in document:  # `trl sft --config`: ModelConfig's key
                 updates["attn_implementation"] = attention
-            else:                                   # an SFTConfig: SFTTrainer loads the model with these
-                updates["model_init_kwargs"] = {**(document.get("model_init_kwargs") or {}),
-                                                "attn_implementation": attention}
+            else:  # an SFTConfig: SFTTrainer loads the model with these
+                updates["model_init_kwargs"] = {
+                    **(document.get("model_init_kwargs") or {}),
+                    "attn_implementation": attention,
+                }
     if tool == "axolotl":
         remove = tuple(key for key in _AXOLOTL_OLD_ATTENTION if key in document)
         if "plugins" in rendered:

@@ -18,8 +18,14 @@ _KEY = re.compile(r"^(?P<key>[A-Za-z_][\w.-]*)(?P<colon>\s*:)(?P<rest>.*)$")
 _TRAILING_COMMENT = re.compile(r"\s+#.*$")
 
 
-def edit(text: str, updates: dict, remove: tuple[str, ...] = (), *, renamed: dict[str, str] | None = None,
-         appended_note: str = "") -> str:
+def edit(
+    text: str,
+    updates: dict,
+    remove: tuple[str, ...] = (),
+    *,
+    renamed: dict[str, str] | None = None,
+    appended_note: str = "",
+) -> str:
     """`text` with each key of `updates` set (in its place when present, else appended after
     `appended_note`), each of `remove` deleted, and nothing else changed. `renamed` (old key -> new):
     a new key absent from the file takes the old one's place, and its comment."""
@@ -54,8 +60,9 @@ def edit(text: str, updates: dict, remove: tuple[str, ...] = (), *, renamed: dic
     try:
         after = yaml.safe_load(result) or {}
     except yaml.YAMLError:
-        raise ValueError("the edited YAML does not read back (a key's lines are laid out in a way this edit cannot "
-                         "follow)") from None
+        raise ValueError(
+            "the edited YAML does not read back (a key's lines are laid out in a way this edit cannot follow)"
+        ) from None
     _check(yaml.safe_load(text) or {}, after, updates, remove)
     return result
 

@@ -38,11 +38,18 @@ class Runner(Protocol):
     neighbours: Neighbours | None
 
     def environment(self, deadline: Deadline = NO_DEADLINE) -> Environment: ...
-    def check(self, spec: ModelSpec, config: ProbeConfig, attentions: tuple[str, ...],
-              deadline: Deadline = NO_DEADLINE) -> dict[str, str]: ...
-    def run(self, config: ProbeConfig, budget: Budget, spec: ModelSpec | None = None,
-            deadline: Deadline = NO_DEADLINE, timing_only: bool = False,
-            fresh_process: bool = False) -> ProbeResult: ...
+    def check(
+        self, spec: ModelSpec, config: ProbeConfig, attentions: tuple[str, ...], deadline: Deadline = NO_DEADLINE
+    ) -> dict[str, str]: ...
+    def run(
+        self,
+        config: ProbeConfig,
+        budget: Budget,
+        spec: ModelSpec | None = None,
+        deadline: Deadline = NO_DEADLINE,
+        timing_only: bool = False,
+        fresh_process: bool = False,
+    ) -> ProbeResult: ...
     def close(self) -> None: ...
 
 
@@ -50,16 +57,16 @@ class Runner(Protocol):
 class SearchOptions:
     study: str | None = None
     strategy: str = defaults.STRATEGY
-    max_trials: int | None = None      # probes actually run (reused and skipped ones are free)
-    timeout: float | None = None       # seconds: the whole command's deadline, confirmation included
-    patience: int | None = None        # stop after this many probes without a better config
-    fresh: bool = False                # ignore stored results from other studies
-    predict: bool = True               # estimate memory first: skip hopeless configs, order the rest
+    max_trials: int | None = None  # probes actually run (reused and skipped ones are free)
+    timeout: float | None = None  # seconds: the whole command's deadline, confirmation included
+    patience: int | None = None  # stop after this many probes without a better config
+    fresh: bool = False  # ignore stored results from other studies
+    predict: bool = True  # estimate memory first: skip hopeless configs, order the rest
     # Skip only when predicted over the budget by more than this share; None: the device type's
     # (defaults.PREDICT_MARGINS, resolved by `margin_for`).
     predict_margin: float | None = None
     heartbeat_seconds: float = defaults.HEARTBEAT_SECONDS  # claims' heartbeat period, for the whole study
-    confirm: bool = True               # measure the contenders within noise of the best again (search/confirm.py)
+    confirm: bool = True  # measure the contenders within noise of the best again (search/confirm.py)
     # Probe while memory is predicted rather than after: the predictions join the search when
     # ready. Only where the trace children are paused during each timed window (launch.search).
     predict_in_background: bool = False
@@ -108,9 +115,9 @@ class Event:
     config: ProbeConfig
     result: ProbeResult
     how: Settled
-    resolved: int            # candidates resolved so far, this one included
-    total: int               # candidates in the space
-    best: bool               # the best config so far
+    resolved: int  # candidates resolved so far, this one included
+    total: int  # candidates in the space
+    best: bool  # the best config so far
     worker: str | None = None  # the worker that settled it, when several share the study
 
 
@@ -121,9 +128,9 @@ class Progress:
 
     config: ProbeConfig
     phase: str
-    resolved: int            # candidates settled before this one
+    resolved: int  # candidates settled before this one
     total: int
-    started: float           # time.monotonic() when the probe started
+    started: float  # time.monotonic() when the probe started
     confirming: bool = False  # measured again by the confirmation round
 
 
@@ -139,20 +146,20 @@ class SearchOutcome:
     seconds: float = 0.0
     stop_reason: StopReason = StopReason.EXHAUSTED
     answered_from_database: bool = False
-    probes_seconds: float = 0.0        # wall time of the probes actually run
-    workers: int = 1                   # worker processes that searched (autotune search --workers)
+    probes_seconds: float = 0.0  # wall time of the probes actually run
+    workers: int = 1  # worker processes that searched (autotune search --workers)
     failures: list[str] = field(default_factory=list)  # workers that ended in error, one line each
     # Crashed, timed out or failed: not measurements. With their latest outcome, for the report.
     unmeasured: list[tuple[ProbeConfig, ProbeResult]] = field(default_factory=list)
     # What the --timeout deadline stopped, when it did: the probe in flight, or a probe not started
     # because it could not end in time, or the confirmation round (said with the footer).
     deadline_note: str | None = None
-    settled: int | None = None         # candidates with an outcome when the search stopped
+    settled: int | None = None  # candidates with an outcome when the search stopped
     # What the confirmation round did in this run (its windows are probes too), and the windows it
     # took over from a round an earlier run left unfinished.
     round: RoundTally = field(default_factory=RoundTally)
     skips: dict[str, int] = field(default_factory=dict)  # `skipped` by kind (search.knowledge.SkipReason)
-    revisited: int = 0                 # speed skips decided again once the figure they rested on fell
+    revisited: int = 0  # speed skips decided again once the figure they rested on fell
 
     @property
     def best(self) -> LeaderboardRow | None:

@@ -33,13 +33,14 @@ from autotune.status import ProbeStatus
 from autotune.store import LeaderboardRow, ProbeRecord, Store, StudyRecord
 from autotune.timing import noise, window_seconds
 
+
 class RoundStopped(Exception):
     """The round was told to stop (Ctrl-C, or no time left before the command's deadline) before
     its verdict: the pick stays unconfirmed."""
 
 
-MAX_CONTENDERS = 3   # besides the best: the closest ones within noise
-MAX_ROUNDS = 3       # windows of each contender at most, beyond the first
+MAX_CONTENDERS = 3  # besides the best: the closest ones within noise
+MAX_ROUNDS = 3  # windows of each contender at most, beyond the first
 # A window is measured again when within this of the best, or within the noise if wider: one
 # window on a busy machine can read several percent slow (a neighbour, a page fault storm) while
 # its own steps look steady. Telling apart still needs a margin above the steps' noise.
@@ -53,7 +54,7 @@ RELIABLE_NOISE = 0.15
 @dataclass(slots=True)
 class Contender:
     row: LeaderboardRow
-    result: ProbeResult                       # pooled timing so far
+    result: ProbeResult  # pooled timing so far
     step_times: list[float] = field(default_factory=list)
     windows: list[float] = field(default_factory=list)  # each window's own tokens/s
     by_round: dict[int, float] = field(default_factory=dict)  # the windows of the round's alternating passes
@@ -92,36 +93,49 @@ def clearly_faster(a: Contender, b: Contender) -> bool:
     busy moment. (A window measured long apart, the search's first, may be an outlier: it counts
     in the pooled speed and the noise, not as a round.)"""
     rounds = a.by_round.keys() & b.by_round.keys()
-    return (a.tokens_per_s > b.tokens_per_s * (1 + noise(a.spread, b.spread))
-            and all(a.by_round[r] > b.by_round[r] for r in rounds))
+    return a.tokens_per_s > b.tokens_per_s * (1 + noise(a.spread, b.spread)) and all(
+        a.by_round[r] > b.by_round[r] for r in rounds
+    )
 
 
 @dataclass(slots=True)
 class Confirmation:
     """The verdict, as stored with the study (`to_dict`) and said by `autotune search`."""
 
-    winner: str                    # config key of the chosen config
+    winner: str  # config key of the chosen config
     winner_label: str
-    runner_up: str | None          # its label
-    margin: float | None           # winner's tokens/s over the runner-up's, minus 1
-    noise: float | None            # the relative difference within which they are not told apart
-    confirmed: bool                # told apart (or alone); False: a tie, decided by memory to spare
-    rounds: int                    # extra windows of each contender
-    probes: int                    # probes the study's rounds ran (every round, earlier runs' too)
-    seconds: float                 # and their wall time
+    runner_up: str | None  # its label
+    margin: float | None  # winner's tokens/s over the runner-up's, minus 1
+    noise: float | None  # the relative difference within which they are not told apart
+    confirmed: bool  # told apart (or alone); False: a tie, decided by memory to spare
+    rounds: int  # extra windows of each contender
+    probes: int  # probes the study's rounds ran (every round, earlier runs' too)
+    seconds: float  # and their wall time
     tied: list[str] = field(default_factory=list)  # labels of the configs tied with the winner
     tied_keys: list[str] = field(default_factory=list)  # and their config keys (autotune.ranking reads them)
     # False: the timing could not tell the contenders apart (a tie beyond RELIABLE_NOISE, or nothing
     # measured again): the pick is not reliable, and every command that shows it says so.
     reliable: bool = True
     host_load: float | None = None  # the highest host load per core the round's windows saw
-    reused: bool = False            # no round: every window was measured by earlier studies (judged_as_measured)
+    reused: bool = False  # no round: every window was measured by earlier studies (judged_as_measured)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"winner": self.winner, "winner_label": self.winner_label, "runner_up": self.runner_up,
-                "margin": self.margin, "noise": self.noise, "confirmed": self.confirmed, "rounds": self.rounds,
-                "probes": self.probes, "seconds": self.seconds, "tied": self.tied, "tied_keys": self.tied_keys,
-                "reliable": self.reliable, "host_load": self.host_load, "reused": self.reused}
+        return {
+            "winner": self.winner,
+            "winner_label": self.winner_label,
+            "runner_up": self.runner_up,
+            "margin": self.margin,
+            "noise": self.noise,
+            "confirmed": self.confirmed,
+            "rounds": self.rounds,
+            "probes": self.probes,
+            "seconds": self.seconds,
+            "tied": self.tied,
+            "tied_keys": self.tied_keys,
+            "reliable": self.reliable,
+            "host_load": self.host_load,
+            "reused": self.reused,
+        }
 
 
 def contenders_of(rows: list[LeaderboardRow]) -> list[LeaderboardRow]:
@@ -130,8 +144,12 @@ def contenders_of(rows: list[LeaderboardRow]) -> list[LeaderboardRow]:
     if best_speed is None:
         return rows[:1]
     best = rows[0]
-    close = [r for r in rows[1:] if r.tokens_per_s is not None
-             and r.tokens_per_s >= best_speed * (1 - max(CONTENDER_BAND, noise(best.step_spread, r.step_spread)))]
+    close = [
+        r
+        for r in rows[1:]
+        if r.tokens_per_s is not None
+        and r.tokens_per_s >= best_speed * (1 - max(CONTENDER_BAND, noise(best.step_spread, r.step_spread)))
+    ]
     # The runner-up always: one window each tells nothing of how much a window varies.
     return [best, *(close[:MAX_CONTENDERS] or rows[1:2])]
 
@@ -140,6 +158,7 @@ def suspects_of(rows: list[LeaderboardRow], contenders: list[LeaderboardRow]) ->
     """Configs measured slower than a smaller micro-batch of the same recipe that contends: more
     sequences per micro-step is not slower per token computed (padding included) unless something slowed that window, so
     each is measured again (at most one per contender)."""
+
     def family(row: LeaderboardRow) -> tuple:
         return micro_batch_family(row.config)
 
@@ -149,9 +168,14 @@ def suspects_of(rows: list[LeaderboardRow], contenders: list[LeaderboardRow]) ->
     taken = {r.config_key for r in contenders}
     out = []
     for leader in contenders:
-        slower_larger = [r for r in rows if r.config_key not in taken and family(r) == family(leader)
-                         and r.config.micro_batch > leader.config.micro_batch
-                         and work(r) * (1 + CONTENDER_BAND) < work(leader)]
+        slower_larger = [
+            r
+            for r in rows
+            if r.config_key not in taken
+            and family(r) == family(leader)
+            and r.config.micro_batch > leader.config.micro_batch
+            and work(r) * (1 + CONTENDER_BAND) < work(leader)
+        ]
         if slower_larger:
             suspect = max(slower_larger, key=lambda r: r.config.micro_batch)
             taken.add(suspect.config_key)
@@ -188,19 +212,29 @@ class _Earlier:
             # A finished round's windows are pooled in the leaderboard now; what it cost stays the
             # study's (a search that revisits confirms twice; a study resumed later confirms again).
             return cls(probes=int(confirmation.get("probes") or 0), seconds=float(confirmation.get("seconds") or 0.0))
-        return cls(int(confirmation.get("rounds") or 0), int(confirmation.get("probes") or 0),
-                   float(confirmation.get("seconds") or 0.0),
-                   {key: [float(v) for v in values] for key, values in (confirmation.get("windows") or {}).items()},
-                   {key: {int(r): float(v) for r, v in rounds.items()}
-                    for key, rounds in (confirmation.get("by_round") or {}).items()})
+        return cls(
+            int(confirmation.get("rounds") or 0),
+            int(confirmation.get("probes") or 0),
+            float(confirmation.get("seconds") or 0.0),
+            {key: [float(v) for v in values] for key, values in (confirmation.get("windows") or {}).items()},
+            {
+                key: {int(r): float(v) for r, v in rounds.items()}
+                for key, rounds in (confirmation.get("by_round") or {}).items()
+            },
+        )
 
 
 def partial_state(pool: list[Contender], rounds: int, probes: int, seconds: float) -> dict[str, Any]:
     """A round not finished yet, as the study keeps it: no `winner` (nothing is decided, and the
     ranking reads none), every contender's windows by round."""
-    return {"partial": True, "rounds": rounds, "probes": probes, "seconds": seconds,
-            "windows": {c.row.config_key: list(c.windows) for c in pool},
-            "by_round": {c.row.config_key: {str(r): v for r, v in c.by_round.items()} for c in pool}}
+    return {
+        "partial": True,
+        "rounds": rounds,
+        "probes": probes,
+        "seconds": seconds,
+        "windows": {c.row.config_key: list(c.windows) for c in pool},
+        "by_round": {c.row.config_key: {str(r): v for r, v in c.by_round.items()} for c in pool},
+    }
 
 
 # Configs outside the round found as fast as its best once the round's windows are pooled (a config
@@ -209,10 +243,16 @@ def partial_state(pool: list[Contender], rounds: int, probes: int, seconds: floa
 MAX_JOINS = 2
 
 
-def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, Budget], ProbeResult], budget: Budget,
-            on_probe: Callable[[LeaderboardRow, ProbeResult], None] | None = None,
-            stop: Callable[[], bool] = lambda: False, tally: RoundTally | None = None,
-            alone_too: bool = False) -> Confirmation | None:
+def confirm(
+    store: Store,
+    study: StudyRecord,
+    run: Callable[[ProbeConfig, Budget], ProbeResult],
+    budget: Budget,
+    on_probe: Callable[[LeaderboardRow, ProbeResult], None] | None = None,
+    stop: Callable[[], bool] = lambda: False,
+    tally: RoundTally | None = None,
+    alone_too: bool = False,
+) -> Confirmation | None:
     """Measure the study's suspects (suspects_of) and contenders again until the best is told
     apart or a tie is declared; store the pooled timings and the verdict. None when nothing fits;
     RoundStopped when `stop` says to stop (Ctrl-C, the deadline) before the verdict: the pick then
@@ -231,9 +271,13 @@ def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, Budget
         windows = earlier.windows.get(row.config_key)
         if windows:
             tally.reused_windows += len(windows) - 1
-        return Contender(row, _as_result(row), _stored_step_times(stored[row.probe_id], row),
-                         list(windows) if windows else [row.tokens_per_s or 0.0],
-                         dict(earlier.by_round.get(row.config_key, {})))
+        return Contender(
+            row,
+            _as_result(row),
+            _stored_step_times(stored[row.probe_id], row),
+            list(windows) if windows else [row.tokens_per_s or 0.0],
+            dict(earlier.by_round.get(row.config_key, {})),
+        )
 
     pool = [contending(r) for r in contenders_of(rows)]
     total = RoundTally(earlier.probes, earlier.seconds)  # every round's windows, earlier runs' included
@@ -247,8 +291,11 @@ def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, Budget
         result = run(contender.row.config, budget)
         if result.status == ProbeStatus.OK and result.peak_reserved_bytes is None:
             # (a window for its timing alone: its memory is the config's, as first measured)
-            result = replace(result, peak_allocated_bytes=contender.row.peak_allocated_bytes,
-                             peak_reserved_bytes=contender.row.peak_reserved_bytes)
+            result = replace(
+                result,
+                peak_allocated_bytes=contender.row.peak_allocated_bytes,
+                peak_reserved_bytes=contender.row.peak_reserved_bytes,
+            )
         loads.append(result.host_load)
         total.probes += 1
         total.seconds += result.wall_seconds or 0.0
@@ -295,10 +342,18 @@ def confirm(store: Store, study: StudyRecord, run: Callable[[ProbeConfig, Budget
     if rounds and not remeasured and len(pool) > 1:
         # Nothing could be measured again: the first windows' order stands, unconfirmed.
         best, second = pool[0], pool[1]
-        verdict = Confirmation(best.row.config_key, best.row.label, second.row.label,
-                               best.tokens_per_s / second.tokens_per_s - 1 if second.tokens_per_s else None,
-                               noise(best.spread, second.spread), False, rounds, total.probes, total.seconds,
-                               reliable=False)
+        verdict = Confirmation(
+            best.row.config_key,
+            best.row.label,
+            second.row.label,
+            best.tokens_per_s / second.tokens_per_s - 1 if second.tokens_per_s else None,
+            noise(best.spread, second.spread),
+            False,
+            rounds,
+            total.probes,
+            total.seconds,
+            reliable=False,
+        )
     elif outside:
         verdict = _undecided(pool, outside, rounds, total.probes, total.seconds)
     else:
@@ -323,10 +378,21 @@ def _as_ranked(verdict: Confirmation, rows: list[LeaderboardRow], pool: list[Con
     fastest = rows[0]
     second = next((c for c in pool if c.row.config_key != fastest.config_key), None)
     runner_up = second.row.label if second is not None else verdict.winner_label
-    margin = ((fastest.tokens_per_s or 0.0) / second.tokens_per_s - 1
-              if second is not None and second.tokens_per_s else None)
-    return Confirmation(fastest.config_key, fastest.label, runner_up, margin, verdict.noise, False, verdict.rounds,
-                        verdict.probes, verdict.seconds, reliable=False)
+    margin = (
+        (fastest.tokens_per_s or 0.0) / second.tokens_per_s - 1 if second is not None and second.tokens_per_s else None
+    )
+    return Confirmation(
+        fastest.config_key,
+        fastest.label,
+        runner_up,
+        margin,
+        verdict.noise,
+        False,
+        verdict.rounds,
+        verdict.probes,
+        verdict.seconds,
+        reliable=False,
+    )
 
 
 def judged_as_measured(rows: list[LeaderboardRow]) -> Confirmation | None:
@@ -342,8 +408,20 @@ def judged_as_measured(rows: list[LeaderboardRow]) -> Confirmation | None:
     best, second = pool[0], pool[1]
     within = max(noise(best.spread, c.spread) for c in pool[1:])
     margin = best.tokens_per_s / second.tokens_per_s - 1 if second.tokens_per_s else None
-    return Confirmation(best.row.config_key, best.row.label, second.row.label, margin, within, False, 0, 0, 0.0,
-                        reliable=within <= RELIABLE_NOISE, host_load=best.row.host_load, reused=True)
+    return Confirmation(
+        best.row.config_key,
+        best.row.label,
+        second.row.label,
+        margin,
+        within,
+        False,
+        0,
+        0,
+        0.0,
+        reliable=within <= RELIABLE_NOISE,
+        host_load=best.row.host_load,
+        reused=True,
+    )
 
 
 def _as_fast_outside(rows: list[LeaderboardRow], pool: list[Contender]) -> list[LeaderboardRow]:
@@ -356,17 +434,27 @@ def _as_fast_outside(rows: list[LeaderboardRow], pool: list[Contender]) -> list[
     return [r for r in rows if r.config_key not in keys and (r.tokens_per_s or 0.0) > bar][:MAX_CONTENDERS]
 
 
-def _undecided(pool: list[Contender], outside: list[LeaderboardRow], rounds: int, probes: int,
-               seconds: float) -> Confirmation:
+def _undecided(
+    pool: list[Contender], outside: list[LeaderboardRow], rounds: int, probes: int, seconds: float
+) -> Confirmation:
     """The round could not take in every config as fast as its best (MAX_JOINS): the fastest
     measured is the pick, unconfirmed and not reliable, and the verdict says what it rests on."""
     fastest = max(outside, key=lambda r: r.tokens_per_s or 0.0)
     best = max(pool, key=lambda c: c.tokens_per_s)
     if (fastest.tokens_per_s or 0.0) <= best.tokens_per_s:
         return _verdict(pool, rounds, probes, seconds)
-    return Confirmation(fastest.config_key, fastest.label, best.row.label,
-                        (fastest.tokens_per_s or 0.0) / best.tokens_per_s - 1 if best.tokens_per_s else None,
-                        noise(fastest.step_spread, best.spread), False, rounds, probes, seconds, reliable=False)
+    return Confirmation(
+        fastest.config_key,
+        fastest.label,
+        best.row.label,
+        (fastest.tokens_per_s or 0.0) / best.tokens_per_s - 1 if best.tokens_per_s else None,
+        noise(fastest.step_spread, best.spread),
+        False,
+        rounds,
+        probes,
+        seconds,
+        reliable=False,
+    )
 
 
 def _round_needed(pool: list[Contender], rounds: int, remeasured: int, alone_too: bool) -> bool:
@@ -397,8 +485,9 @@ def _split(pool: list[Contender]) -> bool:
     """The two fastest each won a round against the other: neither can ever be clearly faster."""
     first, second = sorted(pool, key=lambda c: -c.tokens_per_s)[:2]
     rounds = first.by_round.keys() & second.by_round.keys()
-    return any(first.by_round[r] > second.by_round[r] for r in rounds) and \
-        any(second.by_round[r] > first.by_round[r] for r in rounds)
+    return any(first.by_round[r] > second.by_round[r] for r in rounds) and any(
+        second.by_round[r] > first.by_round[r] for r in rounds
+    )
 
 
 def _told_apart(pool: list[Contender]) -> bool:
@@ -415,8 +504,9 @@ def _verdict(pool: list[Contender], rounds: int, probes: int, seconds: float) ->
     within = noise(best.spread, second.spread)
     margin = best.tokens_per_s / second.tokens_per_s - 1 if second.tokens_per_s else None
     if clearly_faster(best, second):
-        return Confirmation(best.row.config_key, best.row.label, second.row.label, margin, within, True, rounds,
-                            probes, seconds)
+        return Confirmation(
+            best.row.config_key, best.row.label, second.row.label, margin, within, True, rounds, probes, seconds
+        )
     # A tie: the configs the fastest is not clearly faster than. Within a small noise they are as
     # fast as each other, and the one with the most memory to spare is chosen (never one another of
     # them was clearly faster than). Beyond it the timing cannot tell them apart: the fastest
@@ -424,22 +514,40 @@ def _verdict(pool: list[Contender], rounds: int, probes: int, seconds: float) ->
     tied = [c for c in ranked if not clearly_faster(best, c)]
     reliable = max(noise(best.spread, c.spread) for c in tied if c is not best) <= RELIABLE_NOISE
     eligible = [c for c in tied if not any(clearly_faster(other, c) for other in tied)] if reliable else [best]
-    chosen = min(eligible, key=lambda c: (required_bytes(c.row.peak_reserved_bytes, c.row.context_bytes) or 0,
-                                          -c.tokens_per_s))
+    chosen = min(
+        eligible, key=lambda c: (required_bytes(c.row.peak_reserved_bytes, c.row.context_bytes) or 0, -c.tokens_per_s)
+    )
     others = [c for c in tied if c is not chosen]
-    return Confirmation(chosen.row.config_key, chosen.row.label, others[0].row.label if others else None, margin, within,
-                        False, rounds, probes, seconds, tied=[c.row.label for c in others],
-                        tied_keys=[c.row.config_key for c in others], reliable=reliable)
+    return Confirmation(
+        chosen.row.config_key,
+        chosen.row.label,
+        others[0].row.label if others else None,
+        margin,
+        within,
+        False,
+        rounds,
+        probes,
+        seconds,
+        tied=[c.row.label for c in others],
+        tied_keys=[c.row.config_key for c in others],
+        reliable=reliable,
+    )
 
 
 def _standing(row: LeaderboardRow) -> Standing:
-    return Standing(row.config_key, row.tokens_per_s, required_bytes(row.peak_reserved_bytes, row.context_bytes),
-                    row.probe_id)
+    return Standing(
+        row.config_key, row.tokens_per_s, required_bytes(row.peak_reserved_bytes, row.context_bytes), row.probe_id
+    )
 
 
 def _as_result(row: LeaderboardRow) -> ProbeResult:
-    return ProbeResult(status=ProbeStatus.OK, step_seconds=row.step_seconds, step_spread=row.step_spread,
-                       tokens_per_s=row.tokens_per_s, samples_per_s=row.samples_per_s)
+    return ProbeResult(
+        status=ProbeStatus.OK,
+        step_seconds=row.step_seconds,
+        step_spread=row.step_spread,
+        tokens_per_s=row.tokens_per_s,
+        samples_per_s=row.samples_per_s,
+    )
 
 
 def _stored_step_times(record: ProbeRecord, row: LeaderboardRow) -> list[float]:
@@ -454,6 +562,13 @@ def _pooled(row: LeaderboardRow, step_times: list[float]) -> ProbeResult:
     config = row.config
     # (each window of batches drawn from the data's lengths is whole cycles: pooled, they still are)
     seconds, spread = window_seconds(step_times, config.timing_cycle)
-    return replace(_as_result(row), step_seconds=seconds, step_spread=spread, step_times=list(step_times),
-                   tokens_per_s=config.tokens_per_step / seconds, samples_per_s=config.effective_batch / seconds,
-                   measured_steps=len(step_times), measured_seconds=sum(step_times))
+    return replace(
+        _as_result(row),
+        step_seconds=seconds,
+        step_spread=spread,
+        step_times=list(step_times),
+        tokens_per_s=config.tokens_per_step / seconds,
+        samples_per_s=config.effective_batch / seconds,
+        measured_steps=len(step_times),
+        measured_seconds=sum(step_times),
+    )

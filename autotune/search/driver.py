@@ -70,9 +70,15 @@ def start_study(
     assert request.environment is not None
     options = request.options
     _check_resumable(store, request)
-    study = store.get_or_create_study(request.name, model=request.spec, environment=request.environment,
-                                      budget_bytes=request.budget.total_bytes, margin_bytes=request.budget.margin_bytes,
-                                      effective_batch=request.space.work_per_step, space=request.space.to_dict())
+    study = store.get_or_create_study(
+        request.name,
+        model=request.spec,
+        environment=request.environment,
+        budget_bytes=request.budget.total_bytes,
+        margin_bytes=request.budget.margin_bytes,
+        effective_batch=request.space.work_per_step,
+        space=request.space.to_dict(),
+    )
     store.reopen_claims(study.id, tuple(RETRYABLE))  # resume: timeouts and crashes get one more try
     # Claims left running by a search of this machine that is gone (killed, or stopped by a database
     # that failed before it could give them back) are probed again now, not after going stale.
@@ -87,17 +93,32 @@ def start_study(
     _start_predicting(worker, runner, predictor)
     # Optuna's tables and study exist before the plan does: a worker may join as soon as it is
     # stored, and several processes creating Optuna's tables at once collide.
-    trials = Trials(store.engine.url.render_as_string(hide_password=False), request.name,
-                    distributions_of(request.space), seed=0,
-                    about={"model": request.spec.reference, "budget_bytes": request.budget.total_bytes,
-                           "margin_bytes": request.budget.margin_bytes})
-    worker.plan = StudyPlan(strategy=options.strategy, fresh=options.fresh, predict_margin=margin,
-                            patience=options.patience, heartbeat_seconds=options.heartbeat_seconds,
-                            confirm=options.confirm, probe=request.settings.to_plan())
+    trials = Trials(
+        store.engine.url.render_as_string(hide_password=False),
+        request.name,
+        distributions_of(request.space),
+        seed=0,
+        about={
+            "model": request.spec.reference,
+            "budget_bytes": request.budget.total_bytes,
+            "margin_bytes": request.budget.margin_bytes,
+        },
+    )
+    worker.plan = StudyPlan(
+        strategy=options.strategy,
+        fresh=options.fresh,
+        predict_margin=margin,
+        patience=options.patience,
+        heartbeat_seconds=options.heartbeat_seconds,
+        confirm=options.confirm,
+        probe=request.settings.to_plan(),
+    )
     worker.take_predictions()
     store.set_study_plan(study.id, worker.plan.to_dict())
     worker.study = store.study(request.name)
-    if not any(c.state == ClaimState.RUNNING and not c.stale for c in store.claims(study.id, stale_after=options.stale_after)):
+    if not any(
+        c.state == ClaimState.RUNNING and not c.stale for c in store.claims(study.id, stale_after=options.stale_after)
+    ):
         trials.close_running()  # (only when no other worker is in the middle of a trial)
     return worker, trials
 
@@ -113,19 +134,28 @@ def _start_predicting(worker: WorkerState, runner: Runner, predictor: Predictor 
     # (Answered from the runner's memory of the preflight check.)
     lacking = runner.check(request.spec, request.candidates[0], request.space.attentions)
     # (Nor can Liger's Triton kernels, or paged optimizer state. Those configs are probed unpredicted.)
-    missing = [c for c in knowledge.unresolved() if c.key() not in knowledge.predictions and c.attention not in lacking
-               and untraceable(c) is None]
+    missing = [
+        c
+        for c in knowledge.unresolved()
+        if c.key() not in knowledge.predictions and c.attention not in lacking and untraceable(c) is None
+    ]
     if not missing:
         return
     compute = predictor or functools.partial(predict, trust_remote_code=request.settings.trust_remote_code)
     # The estimator's predictions arrive group by group (streaming); a predictor given by a caller
     # answers at once, unless it is launch.search's (the estimator, in background).
-    worker.predicting = Predicting(functools.partial(compute, missing, worker.environment.device_type), missing,
-                                   streaming=predictor is None or options.predict_in_background)
+    worker.predicting = Predicting(
+        functools.partial(compute, missing, worker.environment.device_type),
+        missing,
+        streaming=predictor is None or options.predict_in_background,
+    )
     if not options.predict_in_background:
         # (Held to the command's deadline: past it, the search loop stops before its first probe.)
-        if worker.predicting.wait(request.deadline.remaining()) and worker.predicting.error is not None \
-                and not isinstance(worker.predicting.error, EstimateError):
+        if (
+            worker.predicting.wait(request.deadline.remaining())
+            and worker.predicting.error is not None
+            and not isinstance(worker.predicting.error, EstimateError)
+        ):
             raise worker.predicting.error
 
 
@@ -140,11 +170,14 @@ def _check_resumable(store: Store, request: SearchRequest) -> None:
         return
     if study.env_fingerprint != environment.fingerprint():
         differences = "; ".join(environment.differences(study.environment)) or "another environment"
-        raise BadInput(f"study {name!r} was run on {study.device_name} ({differences}); its probes would not compare "
-                       f"with these: give a new --study name, or search where it ran (the same versions and OpenMP "
-                       f"settings).")
+        raise BadInput(
+            f"study {name!r} was run on {study.device_name} ({differences}); its probes would not compare "
+            f"with these: give a new --study name, or search where it ran (the same versions and OpenMP "
+            f"settings)."
+        )
     stored = stored_fixed_recipe(study.space)
     if request.space.fixed_recipe != stored:
+
         def listed(fields: dict) -> str:
             # The fields at the plain recipe's value (no evaluation, Trainer's step) go unsaid; the
             # data's lengths by what they are (a --dataset's).
@@ -153,10 +186,20 @@ def _check_resumable(store: Store, request: SearchRequest) -> None:
                     return f"batches of a --dataset's lengths ({Lengths.from_text(str(value)).describe(10**9)})"
                 return f"{name} {value}"
 
-            return ", ".join(said(k, v) for k, v in fields.items() if v is not None and
-                             (k not in EVAL_RECIPE or v != EVAL_RECIPE[k]) and (k != "trainer" or v != DEFAULT_TRAINER))
+            return ", ".join(
+                said(k, v)
+                for k, v in fields.items()
+                if v is not None
+                and (k not in EVAL_RECIPE or v != EVAL_RECIPE[k])
+                and (k != "trainer" or v != DEFAULT_TRAINER)
+            )
+
         if stored.get("lengths") is not None and request.space.fixed_recipe.get("lengths") is None:
-            raise BadInput(f"study {name!r} timed batches of a --dataset's lengths: give the same --dataset (and "
-                           f"--packing) again to resume it, or a new --study name.")
-        raise BadInput(f"study {name!r} measured {listed(stored)}, not {listed(request.space.fixed_recipe)}: its leaderboard "
-                       f"would mix what is trained; give a new --study name.")
+            raise BadInput(
+                f"study {name!r} timed batches of a --dataset's lengths: give the same --dataset (and "
+                f"--packing) again to resume it, or a new --study name."
+            )
+        raise BadInput(
+            f"study {name!r} measured {listed(stored)}, not {listed(request.space.fixed_recipe)}: its leaderboard "
+            f"would mix what is trained; give a new --study name."
+        )

@@ -77,8 +77,19 @@ def join_study(
         # (before the probe children start: they read the OpenMP settings when torch loads)
         adopt_openmp(study.environment.get("openmp"))
         with ProbeRunner(settings) as runner:
-            return run_worker(store, name, runner, settings=settings, allow_other_device=allow_other_device, max_trials=max_trials,
-                              timeout=timeout, patience=patience, on_start=on_start, on_event=on_event, started=started)
+            return run_worker(
+                store,
+                name,
+                runner,
+                settings=settings,
+                allow_other_device=allow_other_device,
+                max_trials=max_trials,
+                timeout=timeout,
+                patience=patience,
+                on_start=on_start,
+                on_event=on_event,
+                started=started,
+            )
 
 
 def worker_settings(study: StudyRecord, device: str, probe_timeout: float | None = None) -> ProbeSettings:
@@ -114,10 +125,18 @@ def run_worker(
     plan = StudyPlan.from_dict(study.plan)
     spec = resolve_model(study.model_reference)
     _check_same_model(study, spec)
-    options = SearchOptions(study=name, strategy=plan.strategy, fresh=plan.fresh, predict=False,
-                            predict_margin=plan.predict_margin, max_trials=max_trials, timeout=timeout,
-                            patience=patience if patience is not None else plan.patience,
-                            heartbeat_seconds=plan.heartbeat_seconds, confirm=plan.confirm)
+    options = SearchOptions(
+        study=name,
+        strategy=plan.strategy,
+        fresh=plan.fresh,
+        predict=False,
+        predict_margin=plan.predict_margin,
+        max_trials=max_trials,
+        timeout=timeout,
+        patience=patience if patience is not None else plan.patience,
+        heartbeat_seconds=plan.heartbeat_seconds,
+        confirm=plan.confirm,
+    )
     settings = settings or worker_settings(study, "auto")
     request = SearchRequest.of(_space(study), spec, Budget(study.budget_bytes, study.margin_bytes), options, settings)
     environment = runner.environment()
@@ -129,7 +148,9 @@ def run_worker(
     if on_start is not None:
         on_start(study, environment, len(knowledge.candidates), len(knowledge.outcomes), ())
     # Each worker its own TPE seed: with one seed, every worker would propose the same points.
-    trials = Trials(store.engine.url.render_as_string(hide_password=False), name, distributions_of(request.space), seed=None)
+    trials = Trials(
+        store.engine.url.render_as_string(hide_password=False), name, distributions_of(request.space), seed=None
+    )
     try:
         return work(worker, runner, trials, on_event, starter=False, started=started)
     finally:
@@ -139,18 +160,29 @@ def run_worker(
 def _joinable_study(store: Store, name: str) -> StudyRecord:
     study = store.study(name)
     if study.status in (StudyStatus.INTERRUPTED, StudyStatus.INCOMPLETE):
-        raise BadInput(f"study {name!r} is stopped; resume it with the `autotune search` command that started it "
-                       f"(same --study and --db), then join it.")
+        raise BadInput(
+            f"study {name!r} is stopped; resume it with the `autotune search` command that started it "
+            f"(same --study and --db), then join it."
+        )
     if study.plan is None:
-        raise BadInput(f"study {name!r} was started by an older autotune and has no plan for workers; resume it once "
-                       f"with `autotune search ... --study {name}`, then join it.")
+        raise BadInput(
+            f"study {name!r} was started by an older autotune and has no plan for workers; resume it once "
+            f"with `autotune search ... --study {name}`, then join it."
+        )
     return study
 
 
 def _already_finished(store: Store, study: StudyRecord, started: float) -> SearchOutcome:
     space = _space(study)
-    return SearchOutcome(study=study, space=space, leaderboard=store.leaderboard(study.name), candidates=len(space.candidates()),
-                         seconds=time.perf_counter() - started, answered_from_database=True, stop_reason=StopReason.FINISHED)
+    return SearchOutcome(
+        study=study,
+        space=space,
+        leaderboard=store.leaderboard(study.name),
+        candidates=len(space.candidates()),
+        seconds=time.perf_counter() - started,
+        answered_from_database=True,
+        stop_reason=StopReason.FINISHED,
+    )
 
 
 def _space(study: StudyRecord) -> SearchSpace:
@@ -169,14 +201,18 @@ def check_joinable(study: StudyRecord, environment: Environment, allow_other_dev
             f"with the same card, or pass --allow-other-device to mix their measurements."
         )
     differences = environment.differences(study.environment)
-    raise DeviceError(f"study {study.name!r} was measured with other software ({'; '.join(differences)}); install the "
-                      f"same versions, or pass --allow-other-device.")
+    raise DeviceError(
+        f"study {study.name!r} was measured with other software ({'; '.join(differences)}); install the "
+        f"same versions, or pass --allow-other-device."
+    )
 
 
 def _check_same_model(study: StudyRecord, spec: ModelSpec) -> None:
     if spec.fingerprint != study.model_fingerprint:
-        raise BadInput(f"the model {study.model_reference!r} found here is not the one study {study.name!r} measures "
-                       f"(its config differs); give this machine the same model files.")
+        raise BadInput(
+            f"the model {study.model_reference!r} found here is not the one study {study.name!r} measures "
+            f"(its config differs); give this machine the same model files."
+        )
 
 
 # -- one worker per GPU of this machine --------------------------------------------------------
@@ -188,8 +224,13 @@ def visible_gpus() -> list[str]:
         entries = [e.strip() for e in env.split(",") if e.strip()]
         return [] if entries[:1] == ["-1"] else entries
     try:
-        listing = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
-                                 text=True, timeout=30, check=True).stdout
+        listing = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     return [line.strip() for line in listing.splitlines() if line.strip()]
@@ -207,21 +248,32 @@ def worker_devices(count: int, device: str, *, oversubscribe: bool = False, rank
         cores = os.cpu_count() or 1
         most = most_cpu_ranks(oversubscribe) // ranks  # (sharding's rule, --gpus follows it too)
         if count > most:
-            more = ("" if oversubscribe else
-                    f", or --oversubscribe for up to {most_cpu_ranks(True) // ranks} (their timings then share the cores)")
-            raise BadInput(f"--workers {count}{each}: this machine has {cores} core{'s' if cores != 1 else ''}, and each CPU "
-                           f"rank's probes compute on them; give --workers {max(most, 1)} or fewer{more}.")
+            more = (
+                ""
+                if oversubscribe
+                else f", or --oversubscribe for up to {most_cpu_ranks(True) // ranks} (their timings then share the cores)"
+            )
+            raise BadInput(
+                f"--workers {count}{each}: this machine has {cores} core{'s' if cores != 1 else ''}, and each CPU "
+                f"rank's probes compute on them; give --workers {max(most, 1)} or fewer{more}."
+            )
         return [("cpu", "")] * count  # CPU workers see no GPU
     if device not in ("auto", "cuda"):
-        raise BadInput(f"--workers gives each worker one GPU itself; use --device cuda (or auto) instead of {device}, "
-                       f"or --device cpu for CPU workers.")
+        raise BadInput(
+            f"--workers gives each worker one GPU itself; use --device cuda (or auto) instead of {device}, "
+            f"or --device cpu for CPU workers."
+        )
     gpus = visible_gpus()
     if not gpus:
-        raise BadInput("--workers: no GPU is visible (CUDA_VISIBLE_DEVICES, nvidia-smi); pass --device cpu for CPU workers.")
+        raise BadInput(
+            "--workers: no GPU is visible (CUDA_VISIBLE_DEVICES, nvidia-smi); pass --device cpu for CPU workers."
+        )
     if count * ranks > len(gpus):
-        raise BadInput(f"--workers {count}{each} need {count * ranks} GPUs: only {len(gpus)} are visible "
-                       f"({','.join(gpus)}); use at most {len(gpus) // ranks} workers, or --device cpu.")
-    return [("cuda", ",".join(gpus[i * ranks:(i + 1) * ranks])) for i in range(count)]
+        raise BadInput(
+            f"--workers {count}{each} need {count * ranks} GPUs: only {len(gpus)} are visible "
+            f"({','.join(gpus)}); use at most {len(gpus) // ranks} workers, or --device cpu."
+        )
+    return [("cuda", ",".join(gpus[i * ranks : (i + 1) * ranks])) for i in range(count)]
 
 
 def search_with_workers(
@@ -247,8 +299,9 @@ def search_with_workers(
     started = time.perf_counter()
     kind = worker_kind(request.settings.device)
     if launcher is None:
-        launcher = LocalLauncher(worker_devices(workers, request.settings.device, oversubscribe=oversubscribe,
-                                                ranks=request.space.gpus))
+        launcher = LocalLauncher(
+            worker_devices(workers, request.settings.device, oversubscribe=oversubscribe, ranks=request.space.gpus)
+        )
     launcher.check(workers, WorkerSpec(request.name, "", kind, request.space.gpus))
     # A finished study answers from the database before any process starts.
     if (answer := stored_answer(db, request, started, workers=0)) is not None:
@@ -263,8 +316,13 @@ def search_with_workers(
         trials.close()
         runner.close()  # its child would hold a device (a CUDA context) while the workers probe
         study = worker.study
-        spec = WorkerSpec(study.name, store.engine.url.render_as_string(hide_password=False), kind, request.space.gpus,
-                          request.deadline.remaining() if request.deadline.at is not None else None)
+        spec = WorkerSpec(
+            study.name,
+            store.engine.url.render_as_string(hide_password=False),
+            kind,
+            request.space.gpus,
+            request.deadline.remaining() if request.deadline.at is not None else None,
+        )
         try:
             launcher.start(workers, spec)
             reason, settled = _watch(store, study, worker.knowledge, worker.seen_probe_id, launcher, request, on_event)
@@ -278,8 +336,15 @@ def search_with_workers(
         return _gather(store, study, request.space, launcher, workers, reason, settled, started, worker.knowledge)
 
 
-def _watch(store: Store, study: StudyRecord, knowledge: Knowledge, seen: int, launcher: Launcher,
-           request: SearchRequest, on_event: Callable[[Event], None] | None) -> tuple[StopReason | None, int]:
+def _watch(
+    store: Store,
+    study: StudyRecord,
+    knowledge: Knowledge,
+    seen: int,
+    launcher: Launcher,
+    request: SearchRequest,
+    on_event: Callable[[Event], None] | None,
+) -> tuple[StopReason | None, int]:
     """Show what the workers settle until they have all exited; stop the study on Ctrl-C or when a
     study-wide limit is reached. Returns why this process stopped the study (None if it did not),
     and how many outcomes the workers stored that were not skips.
@@ -292,7 +357,7 @@ def _watch(store: Store, study: StudyRecord, knowledge: Knowledge, seen: int, la
     first = seen
     probed = 0
     reason: StopReason | None = None
-    stopped_at: float | None = None   # when the study was stopped, or the deadline passed
+    stopped_at: float | None = None  # when the study was stopped, or the deadline passed
     beaten = time.monotonic()
     with stop_on_first_interrupt() as stop:
         while True:
@@ -309,10 +374,17 @@ def _watch(store: Store, study: StudyRecord, knowledge: Knowledge, seen: int, la
                 probed += row.id > first and row.result.status != ProbeStatus.SKIPPED
                 best = knowledge.best()
                 if on_event is not None:
-                    on_event(Event(config, row.result, Settled.SKIPPED if row.result.status == ProbeStatus.SKIPPED else Settled.PROBED,
-                                   len(knowledge.outcomes), len(knowledge.candidates),
-                                   best is not None and best[0].key() == config.key() and row.result.status == ProbeStatus.OK,
-                                   row.worker))
+                    on_event(
+                        Event(
+                            config,
+                            row.result,
+                            Settled.SKIPPED if row.result.status == ProbeStatus.SKIPPED else Settled.PROBED,
+                            len(knowledge.outcomes),
+                            len(knowledge.candidates),
+                            best is not None and best[0].key() == config.key() and row.result.status == ProbeStatus.OK,
+                            row.worker,
+                        )
+                    )
             if not running:
                 return reason, probed
             if reason is None:
@@ -338,14 +410,26 @@ def _stop_silent_workers(store: Store, study: StudyRecord, launcher: Launcher, s
     """Stop a worker whose claim went stale: it stopped heartbeating while it held a configuration
     (stopped with SIGSTOP, wedged in a kernel): another worker takes it over, and the search cannot
     end while the silent one lives."""
-    silent = {claim.worker for claim in store.claims(study.id, stale_after=stale_after)
-              if claim.state == ClaimState.RUNNING and claim.stale}
+    silent = {
+        claim.worker
+        for claim in store.claims(study.id, stale_after=stale_after)
+        if claim.state == ClaimState.RUNNING and claim.stale
+    }
     if silent:
         launcher.stop_silent(silent)
 
 
-def _gather(store: Store, study: StudyRecord, space: SearchSpace, launcher: Launcher, workers: int,
-            reason: StopReason | None, settled: int, started: float, knowledge: Knowledge) -> SearchOutcome:
+def _gather(
+    store: Store,
+    study: StudyRecord,
+    space: SearchSpace,
+    launcher: Launcher,
+    workers: int,
+    reason: StopReason | None,
+    settled: int,
+    started: float,
+    knowledge: Knowledge,
+) -> SearchOutcome:
     summaries, failures = [], []
     for end in launcher.ends():
         if end.summary is not None:
@@ -359,24 +443,39 @@ def _gather(store: Store, study: StudyRecord, space: SearchSpace, launcher: Laun
     reused = sum(s.get("reused", 0) for s in summaries)
     record = store.study(study.name)
     if record.status in (StudyStatus.FINISHED, StudyStatus.INCOMPLETE):
-        stop_reason = (StopReason.PATIENCE if any(s.get("stop_reason") == StopReason.PATIENCE for s in summaries)
-                       else StopReason.EXHAUSTED)
+        stop_reason = (
+            StopReason.PATIENCE
+            if any(s.get("stop_reason") == StopReason.PATIENCE for s in summaries)
+            else StopReason.EXHAUSTED
+        )
     else:
         stop_reason = reason or StopReason.INTERRUPTED
         if record.status == StudyStatus.RUNNING:  # every worker ended without finishing it (their own Ctrl-C, limits)
             store.set_study_status(study.id, StudyStatus.INTERRUPTED)
         record = store.study(study.name)
     return SearchOutcome(
-        study=record, space=space, leaderboard=store.leaderboard(study.name), candidates=len(space.candidates()),
+        study=record,
+        space=space,
+        leaderboard=store.leaderboard(study.name),
+        candidates=len(space.candidates()),
         # Counted from the database, not the workers' summaries: a worker killed mid-search prints
         # none, yet its probes are stored.
-        probed=settled - reused, reused=reused,
-        skipped=sum(s.get("skipped", 0) for s in summaries), seconds=time.perf_counter() - started,
-        skips={kind: sum((s.get("skips") or {}).get(kind, 0) for s in summaries)
-               for kind in {kind for s in summaries for kind in (s.get("skips") or {})}},
-        stop_reason=stop_reason, workers=workers, failures=failures, unmeasured=unmeasured(knowledge),
+        probed=settled - reused,
+        reused=reused,
+        skipped=sum(s.get("skipped", 0) for s in summaries),
+        seconds=time.perf_counter() - started,
+        skips={
+            kind: sum((s.get("skips") or {}).get(kind, 0) for s in summaries)
+            for kind in {kind for s in summaries for kind in (s.get("skips") or {})}
+        },
+        stop_reason=stop_reason,
+        workers=workers,
+        failures=failures,
+        unmeasured=unmeasured(knowledge),
         # (the confirmation round, which one worker ran: search/loop.py, SearchLoop._confirm_once)
-        round=RoundTally(probes=sum(s.get("confirming_probes", 0) for s in summaries),
-                         seconds=sum(s.get("confirming_seconds", 0.0) for s in summaries),
-                         reused_windows=sum(s.get("reused_windows", 0) for s in summaries)),
+        round=RoundTally(
+            probes=sum(s.get("confirming_probes", 0) for s in summaries),
+            seconds=sum(s.get("confirming_seconds", 0.0) for s in summaries),
+            reused_windows=sum(s.get("reused_windows", 0) for s in summaries),
+        ),
     )

@@ -41,10 +41,10 @@ class Knowledge:
     """What is known about each candidate of the space, and what it implies for the others."""
 
     candidates: list[ProbeConfig]
-    outcomes: dict[str, ProbeResult] = field(default_factory=dict)   # by config key
+    outcomes: dict[str, ProbeResult] = field(default_factory=dict)  # by config key
     predictions: dict[str, Prediction] = field(default_factory=dict)
-    allowed_bytes: int = 0          # budget less margin: what a config may need
-    skip_over_bytes: int = 0        # predicted need above which a config is not probed
+    allowed_bytes: int = 0  # budget less margin: what a config may need
+    skip_over_bytes: int = 0  # predicted need above which a config is not probed
     busy: dict[str, ProbeConfig] = field(default_factory=dict)  # in flight on other workers, by key
     _keyed: list[tuple[str, ProbeConfig]] = field(default_factory=list, repr=False)  # (key, config), in order
     _sans_allocator: dict[str, str] = field(default_factory=dict, repr=False)
@@ -55,13 +55,22 @@ class Knowledge:
         self._sans_allocator = {key: replace(c, allocator=DEFAULT_ALLOCATOR).key() for key, c in self._keyed}
 
     @classmethod
-    def of(cls, candidates: list[ProbeConfig], budget: Budget, predict_margin: float,
-           predictions: dict[str, Prediction] | None = None) -> Knowledge:
+    def of(
+        cls,
+        candidates: list[ProbeConfig],
+        budget: Budget,
+        predict_margin: float,
+        predictions: dict[str, Prediction] | None = None,
+    ) -> Knowledge:
         """What a search of `candidates` under `budget` starts knowing: a config may need what the
         budget allows less its margin, and is skipped unprobed only when predicted over the
         budget by more than `predict_margin` of it."""
-        return cls(list(candidates), predictions=dict(predictions or {}), allowed_bytes=budget.allowed_bytes,
-                   skip_over_bytes=int(budget.total_bytes * (1 + predict_margin)))
+        return cls(
+            list(candidates),
+            predictions=dict(predictions or {}),
+            allowed_bytes=budget.allowed_bytes,
+            skip_over_bytes=int(budget.total_bytes * (1 + predict_margin)),
+        )
 
     def resolved(self, config: ProbeConfig) -> bool:
         return config.key() in self.outcomes
@@ -88,8 +97,11 @@ class Knowledge:
                 continue
             if twin_group is not None and group_key(other) == twin_group:
                 return True
-            if (dominates_in_memory(other, config) and not any(dominates_in_memory(other, f) for f in fitting)
-                    and not any(dominates_in_memory(config, f) for f in fitting)):
+            if (
+                dominates_in_memory(other, config)
+                and not any(dominates_in_memory(other, f) for f in fitting)
+                and not any(dominates_in_memory(config, f) for f in fitting)
+            ):
                 return True  # `other` may not fit (nothing as large is known to), and then neither does `config`
         return False
 
@@ -101,7 +113,11 @@ class Knowledge:
         self.outcomes[config.key()] = result
 
     def ok(self) -> list[tuple[ProbeConfig, ProbeResult]]:
-        return [(c, self.outcomes[key]) for key, c in self._keyed if key in self.outcomes and self.outcomes[key].status == ProbeStatus.OK]
+        return [
+            (c, self.outcomes[key])
+            for key, c in self._keyed
+            if key in self.outcomes and self.outcomes[key].status == ProbeStatus.OK
+        ]
 
     def best(self) -> tuple[ProbeConfig, ProbeResult] | None:
         """The best config that fits so far, as autotune.ranking ranks (no confirmation yet)."""
@@ -124,22 +140,33 @@ class Knowledge:
                 continue
             if result.status == ProbeStatus.OOM and dominates_in_memory(other, config):
                 return f"needs at least the memory of {other.label()}, which ran out of memory"
-            if (without_checkpointing is not None and not other.checkpointing and result.status == ProbeStatus.OK
-                    and dominates_in_memory(without_checkpointing, other)):
+            if (
+                without_checkpointing is not None
+                and not other.checkpointing
+                and result.status == ProbeStatus.OK
+                and dominates_in_memory(without_checkpointing, other)
+            ):
                 # Its twin without checkpointing fits (it is no larger than `other`, which does).
                 if (other.micro_batch, other.block_size) == (config.micro_batch, config.block_size):
                     return f"{other.label()} fits without checkpointing, which only adds recomputation"
-                return (f"fits without checkpointing (the larger {other.label()} does), and checkpointing only "
-                        f"adds recomputation")
-            if (config.allocator != other.allocator and result.status == ProbeStatus.OK
-                    and self._sans_allocator[key] == self._sans_allocator[other_key]):
+                return (
+                    f"fits without checkpointing (the larger {other.label()} does), and checkpointing only "
+                    f"adds recomputation"
+                )
+            if (
+                config.allocator != other.allocator
+                and result.status == ProbeStatus.OK
+                and self._sans_allocator[key] == self._sans_allocator[other_key]
+            ):
                 # The allocator setting decides where memory goes, not which kernels run: where the
                 # other setting fits too, it is as fast (searched only for what it lets fit).
                 return f"{other.label()} fits with the {other.allocator} allocator, which runs the same kernels"
         prediction = self.predictions.get(config.key())
         if prediction is not None and prediction.floor_bytes > self.skip_over_bytes:
-            return MemorySkip(f"predicted to need at least {format_size(prediction.floor_bytes)}, over the "
-                              f"{format_size(self.allowed_bytes)} allowed by more than the prediction margin")
+            return MemorySkip(
+                f"predicted to need at least {format_size(prediction.floor_bytes)}, over the "
+                f"{format_size(self.allowed_bytes)} allowed by more than the prediction margin"
+            )
         return None
 
     def predicted_to_fit(self, config: ProbeConfig) -> bool | None:

@@ -38,17 +38,29 @@ def trace_processes() -> int:
     if not text:
         return max(1, min(4, os.cpu_count() or 1))
     if not text.isdigit() or not 1 <= int(text) <= MAX_TRACE_PROCESSES:
-        raise BadInput(f"${TRACE_PROCESSES_ENV} {text!r}: give a whole number of trace processes from 1 to "
-                       f"{MAX_TRACE_PROCESSES}, or unset it (one per core, up to 4).")
+        raise BadInput(
+            f"${TRACE_PROCESSES_ENV} {text!r}: give a whole number of trace processes from 1 to "
+            f"{MAX_TRACE_PROCESSES}, or unset it (one per core, up to 4)."
+        )
     return int(text)
 
 
-def search(model: str, budget_bytes: int, *, settings: ProbeSettings, options: SearchOptions, db: str | None = None,
-           on_event: Callable[[Event], None] | None = None,
-           on_start: OnStart | None = None,
-           workers: int | None = None, oversubscribe: bool = False,
-           on_progress: Callable[[Progress], None] | None = None, launcher: Launcher | None = None,
-           runner: ProbeRunner | None = None, **space_args) -> SearchOutcome:
+def search(
+    model: str,
+    budget_bytes: int,
+    *,
+    settings: ProbeSettings,
+    options: SearchOptions,
+    db: str | None = None,
+    on_event: Callable[[Event], None] | None = None,
+    on_start: OnStart | None = None,
+    workers: int | None = None,
+    oversubscribe: bool = False,
+    on_progress: Callable[[Progress], None] | None = None,
+    launcher: Launcher | None = None,
+    runner: ProbeRunner | None = None,
+    **space_args,
+) -> SearchOutcome:
     """Resolve the search once (the model, the space, the budget, the study's name), then search:
     in this process, or with `workers` worker processes. Everything a user can get wrong is checked
     before the database is opened. `on_progress` hears of the probe in flight and its phases (one
@@ -58,20 +70,34 @@ def search(model: str, budget_bytes: int, *, settings: ProbeSettings, options: S
     from autotune.store import open_store
 
     if runner is not None and (workers is not None or launcher is not None or runner.settings != settings):
-        raise ValueError("search(runner=...) takes a runner with the search's own settings, for a search in this process")
+        raise ValueError(
+            "search(runner=...) takes a runner with the search's own settings, for a search in this process"
+        )
     request = resolve_search(model, budget_bytes, settings=settings, options=options, **space_args)
     if workers is not None or launcher is not None:
-        return search_with_workers(request, workers=workers or 1, oversubscribe=oversubscribe, db=db, on_start=on_start,
-                                   on_event=on_event, launcher=launcher)
+        return search_with_workers(
+            request,
+            workers=workers or 1,
+            oversubscribe=oversubscribe,
+            db=db,
+            on_start=on_start,
+            on_event=on_event,
+            launcher=launcher,
+        )
     # A finished study answers from the database before any process starts (no torch).
     if (answer := stored_answer(db, request, time.perf_counter())) is not None:
         return answer
     # The estimator's processes are started first, so that their imports overlap the probe child's
     # start-up and the preflight, and the traces share the host's cores; unused, they are killed.
     # (Within the command's deadline: the first forked from the fork server waits for its imports.)
-    tracers = (TraceChildren(trace_processes()).start(None if request.spec.needs_remote_code else request.spec.model_type,
-                                                      request.deadline.bound(STARTUP_FLOOR_SECONDS))
-               if options.predict and options.strategy != "grid-full" else None)
+    tracers = (
+        TraceChildren(trace_processes()).start(
+            None if request.spec.needs_remote_code else request.spec.model_type,
+            request.deadline.bound(STARTUP_FLOOR_SECONDS),
+        )
+        if options.predict and options.strategy != "grid-full"
+        else None
+    )
     with tracers or contextlib.nullcontext(), _probing_with(runner, settings) as runner:
         # Before the store is opened: a refused search creates no database and writes nothing.
         request = preflight(request, runner)
@@ -104,8 +130,15 @@ def _probing_with(runner: ProbeRunner | None, settings: ProbeSettings) -> Iterat
         runner.neighbours = None
 
 
-def dry_run_script(launcher: Launcher | None, model: str, budget: int, settings: ProbeSettings, options: SearchOptions,
-                   workers: int, space_args: dict) -> str:
+def dry_run_script(
+    launcher: Launcher | None,
+    model: str,
+    budget: int,
+    settings: ProbeSettings,
+    options: SearchOptions,
+    workers: int,
+    space_args: dict,
+) -> str:
     """`search --launcher slurm --dry-run`: the job script the search would submit (its study's name
     and ranks worked out as the search works them out), without submitting or writing anything."""
     from autotune.launchers.base import WorkerSpec, worker_kind

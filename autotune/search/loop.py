@@ -79,7 +79,7 @@ class Choice:
 
     config: ProbeConfig
     skip_reason: str | None
-    trial: Any = None           # TPE's trial for it, when TPE proposed it
+    trial: Any = None  # TPE's trial for it, when TPE proposed it
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,24 +97,37 @@ class SearchLoop:
     started the study) sets the study's status when it stops; a joining worker marks it finished
     when the space is done and leaves it alone otherwise."""
 
-    def __init__(self, w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Event], None] | None, *,
-                 starter: bool, started: float, on_progress: Callable[[Progress], None] | None = None) -> None:
+    def __init__(
+        self,
+        w: WorkerState,
+        runner: Runner,
+        trials: Trials,
+        on_event: Callable[[Event], None] | None,
+        *,
+        starter: bool,
+        started: float,
+        on_progress: Callable[[Progress], None] | None = None,
+    ) -> None:
         self.w, self.runner, self.trials, self.on_event, self.on_progress = w, runner, trials, on_event, on_progress
         self.starter, self.started = starter, started
         options = w.options
         self.strategy = make_strategy(options, w.knowledge, w.environment.device_type, trials)
-        self.patience = options.patience if options.patience is not None else (
-            defaults.TPE_PATIENCE if options.strategy == "tpe" else None)
-        self.outcome = SearchOutcome(study=w.study, space=w.request.space, leaderboard=[],
-                                     candidates=len(w.knowledge.candidates))
+        self.patience = (
+            options.patience
+            if options.patience is not None
+            else (defaults.TPE_PATIENCE if options.strategy == "tpe" else None)
+        )
+        self.outcome = SearchOutcome(
+            study=w.study, space=w.request.space, leaderboard=[], candidates=len(w.knowledge.candidates)
+        )
         self.since_improvement = 0
         self.env_fingerprint = w.environment.fingerprint()
         self.stop_reason: StopReason | None = None  # set where a reason to stop is found
         self.deadline = w.request.deadline
-        self.probe_walls: list[float] = []          # each probe's wall time, to tell whether another fits the deadline
-        self.skipped_here: dict[str, str] = {}      # configs this run recorded skipped, by key: the kind of skip
-        self.held_round = False                     # this worker ran the study's confirmation round
-        self.round_elsewhere = False                # another worker of the fleet holds the round
+        self.probe_walls: list[float] = []  # each probe's wall time, to tell whether another fits the deadline
+        self.skipped_here: dict[str, str] = {}  # configs this run recorded skipped, by key: the kind of skip
+        self.held_round = False  # this worker ran the study's confirmation round
+        self.round_elsewhere = False  # another worker of the fleet holds the round
 
     # -- the loop ----------------------------------------------------------------------------------
     def run(self) -> SearchOutcome:
@@ -168,8 +181,9 @@ class SearchLoop:
         if w.take_predictions():
             k = w.knowledge
             w.store.set_study_plan(w.study.id, w.plan.to_dict())
-            w.store.fill_predicted_peaks(w.study.id, {key: k.predictions[key].peak_bytes
-                                                      for key in k.outcomes if key in k.predictions})
+            w.store.fill_predicted_peaks(
+                w.study.id, {key: k.predictions[key].peak_bytes for key in k.outcomes if key in k.predictions}
+            )
         if status != StudyStatus.RUNNING:
             return StopReason.FINISHED if status == StudyStatus.FINISHED else StopReason.STOPPED
         return None
@@ -205,16 +219,29 @@ class SearchLoop:
         stored (a limit reached before its probe, or another worker claimed it first)."""
         w, config, outcome = self.w, choice.config, self.outcome
         if choice.skip_reason is not None:
-            result = ProbeResult(status=ProbeStatus.SKIPPED, budget_bytes=w.budget.total_bytes,
-                                 margin_bytes=w.budget.margin_bytes, error=choice.skip_reason)
+            result = ProbeResult(
+                status=ProbeStatus.SKIPPED,
+                budget_bytes=w.budget.total_bytes,
+                margin_bytes=w.budget.margin_bytes,
+                error=choice.skip_reason,
+            )
             probe_id = self._store(choice, result, SettleHow.UNCLAIMED, cacheable=False)
             if probe_id is not None:
                 kind = self.skipped_here[config.key()] = skip_kind(choice.skip_reason)
                 outcome.skipped += 1
                 outcome.skips[kind] = outcome.skips.get(kind, 0) + 1
             return Settlement(choice, result, Settled.SKIPPED, probe_id)
-        cached = None if w.options.fresh else w.store.find_cached(
-            config.key(), self.env_fingerprint, w.request.spec.fingerprint, w.budget.total_bytes, w.budget.margin_bytes)
+        cached = (
+            None
+            if w.options.fresh
+            else w.store.find_cached(
+                config.key(),
+                self.env_fingerprint,
+                w.request.spec.fingerprint,
+                w.budget.total_bytes,
+                w.budget.margin_bytes,
+            )
+        )
         if cached is not None:
             probe_id = self._store(choice, cached, SettleHow.UNCLAIMED)
             outcome.reused += probe_id is not None
@@ -232,7 +259,9 @@ class SearchLoop:
             if w.store.claim(w.study.id, config.key(), w.label, stale_after=w.options.stale_after) is None:
                 self._give_back(choice)  # another worker took it between our look and our claim
                 return None
-            with showing_phases(self.runner, self.on_progress, config, len(w.knowledge.outcomes), len(w.knowledge.candidates)):
+            with showing_phases(
+                self.runner, self.on_progress, config, len(w.knowledge.outcomes), len(w.knowledge.candidates)
+            ):
                 result = probe_claimed(w, self.runner, heartbeat, config)
             self.probe_walls.append(result.wall_seconds or 0.0)
             outcome.probed += 1
@@ -253,10 +282,17 @@ class SearchLoop:
         """Store a candidate's outcome once for the study (None: another worker's came first)."""
         w = self.w
         prediction = w.knowledge.predictions.get(choice.config.key())
-        return w.store.settle(w.study.id, choice.config, result, how=how, worker=w.label,
-                              env_fingerprint=self.env_fingerprint, cacheable=cacheable,
-                              trial_number=choice.trial.number if choice.trial is not None else None,
-                              predicted_peak_bytes=prediction.peak_bytes if prediction else None)
+        return w.store.settle(
+            w.study.id,
+            choice.config,
+            result,
+            how=how,
+            worker=w.label,
+            env_fingerprint=self.env_fingerprint,
+            cacheable=cacheable,
+            trial_number=choice.trial.number if choice.trial is not None else None,
+            predicted_peak_bytes=prediction.peak_bytes if prediction else None,
+        )
 
     def _learn(self, settled: Settlement) -> None:
         """Tell Optuna and the knowledge, and say it; stop when the search's patience has run out."""
@@ -279,8 +315,17 @@ class SearchLoop:
         if settled.how == Settled.PROBED:
             self.since_improvement = 0 if improved else self.since_improvement + 1
         if self.on_event is not None:
-            self.on_event(Event(config, result, settled.how, len(k.outcomes), len(k.candidates),
-                                best is not None and best[0].key() == config.key(), w.label))
+            self.on_event(
+                Event(
+                    config,
+                    result,
+                    settled.how,
+                    len(k.outcomes),
+                    len(k.candidates),
+                    best is not None and best[0].key() == config.key(),
+                    w.label,
+                )
+            )
         if self.patience is not None and self.since_improvement >= self.patience:
             self.stop_reason = StopReason.PATIENCE
 
@@ -294,8 +339,10 @@ class SearchLoop:
             return StopReason.MAX_TRIALS
         expected = self.expected_probe_seconds()
         if self.deadline.expired() or not self.deadline.allows(expected):
-            self.outcome.deadline_note = (f"no probe was started with {format_duration(self.deadline.remaining())} left: "
-                                          f"a probe takes about {format_duration(expected)} here")
+            self.outcome.deadline_note = (
+                f"no probe was started with {format_duration(self.deadline.remaining())} left: "
+                f"a probe takes about {format_duration(expected)} here"
+            )
             return StopReason.TIMEOUT
         return None
 
@@ -324,8 +371,11 @@ class SearchLoop:
             return True
         if confirmation is not None:
             return bool(confirmation.get("partial"))  # a round an earlier run left unfinished goes on
-        return any(claim.attempts > 0 for claim in w.store.claims(w.study.id, stale_after=w.options.stale_after)
-                   if claim.config_key != ROUND_KEY)
+        return any(
+            claim.attempts > 0
+            for claim in w.store.claims(w.study.id, stale_after=w.options.stale_after)
+            if claim.config_key != ROUND_KEY
+        )
 
     def _confirm_once(self, stop: threading.Event, heartbeat: Heartbeat) -> None:
         """Run the confirmation round holding the study's round claim (ROUND_KEY), so that of a
@@ -336,8 +386,12 @@ class SearchLoop:
         was stored."""
         w = self.w
         waited = False
-        while w.store.claim(w.study.id, ROUND_KEY, w.label, stale_after=w.options.stale_after,
-                            max_attempts=ROUND_ATTEMPTS) is None:
+        while (
+            w.store.claim(
+                w.study.id, ROUND_KEY, w.label, stale_after=w.options.stale_after, max_attempts=ROUND_ATTEMPTS
+            )
+            is None
+        ):
             if not self.starter:
                 self.round_elsewhere = True
                 return
@@ -372,7 +426,8 @@ class SearchLoop:
         for row in w.store.leaderboard(w.study.name):  # the figures as the round pooled them
             if (known := k.outcomes.get(row.config_key)) is not None:
                 k.outcomes[row.config_key] = dataclasses.replace(
-                    known, tokens_per_s=row.tokens_per_s, step_seconds=row.step_seconds, step_spread=row.step_spread)
+                    known, tokens_per_s=row.tokens_per_s, step_seconds=row.step_seconds, step_spread=row.step_spread
+                )
         again = self.strategy.revisitable()
         if not again:
             return False
@@ -393,8 +448,13 @@ class SearchLoop:
     def _judged_as_reused(self) -> bool:
         """A study the starter settled wholly from earlier studies' probes, with no decision yet."""
         w = self.w
-        return (self.starter and self.outcome.stop_reason == StopReason.EXHAUSTED and w.options.confirm
-                and not self.outcome.probed and w.store.study(w.study.name).confirmation is None)
+        return (
+            self.starter
+            and self.outcome.stop_reason == StopReason.EXHAUSTED
+            and w.options.confirm
+            and not self.outcome.probed
+            and w.store.study(w.study.name).confirmation is None
+        )
 
     def _give_back(self, choice: Choice) -> None:
         if choice.trial is not None:
@@ -410,15 +470,23 @@ class SearchLoop:
 
         def run(config: ProbeConfig, budget: Budget) -> ProbeResult:
             with showing_phases(self.runner, self.on_progress, config, total, total, confirming=True):
-                result = self.runner.run(config, budget, w.request.spec, self.deadline, timing_only=True,
-                                         fresh_process=True)
+                result = self.runner.run(
+                    config, budget, w.request.spec, self.deadline, timing_only=True, fresh_process=True
+                )
             self.probe_walls.append(result.wall_seconds or 0.0)
             return result
 
         try:
-            return confirm(w.store, w.study, run, w.budget, on_probe=measured_again,
-                           stop=lambda: stop() or not self._may_start(), tally=self.outcome.round,
-                           alone_too=self._skipped_for_speed())
+            return confirm(
+                w.store,
+                w.study,
+                run,
+                w.budget,
+                on_probe=measured_again,
+                stop=lambda: stop() or not self._may_start(),
+                tally=self.outcome.round,
+                alone_too=self._skipped_for_speed(),
+            )
         except (RoundStopped, DeadlineReached):
             if not stop():
                 # The deadline ended the round before its verdict: the pick stays unconfirmed, the
@@ -443,16 +511,30 @@ class SearchLoop:
         return outcome
 
 
-def work(w: WorkerState, runner: Runner, trials: Trials, on_event: Callable[[Event], None] | None, *,
-         starter: bool, started: float, on_progress: Callable[[Progress], None] | None = None) -> SearchOutcome:
+def work(
+    w: WorkerState,
+    runner: Runner,
+    trials: Trials,
+    on_event: Callable[[Event], None] | None,
+    *,
+    starter: bool,
+    started: float,
+    on_progress: Callable[[Progress], None] | None = None,
+) -> SearchOutcome:
     """Take configurations of the study until none is left, the study is stopped, or a limit of
     this worker is reached (SearchLoop)."""
     return SearchLoop(w, runner, trials, on_event, starter=starter, started=started, on_progress=on_progress).run()
 
 
 @contextlib.contextmanager
-def showing_phases(runner: Runner, on_progress: Callable[[Progress], None] | None, config: ProbeConfig,
-                   resolved: int, total: int, confirming: bool = False) -> Iterator[None]:
+def showing_phases(
+    runner: Runner,
+    on_progress: Callable[[Progress], None] | None,
+    config: ProbeConfig,
+    resolved: int,
+    total: int,
+    confirming: bool = False,
+) -> Iterator[None]:
     """Tell `on_progress` that a probe of `config` starts, and each phase it reaches."""
     if on_progress is None:
         yield
@@ -479,7 +561,9 @@ def probe_claimed(w: WorkerState, runner: Runner, heartbeat: Heartbeat, config: 
         for attempt in range(2, CRASH_RETRIES + 2):
             if result.status != ProbeStatus.CRASHED:
                 break
-            log.warning("%s crashed (%s); trying again in a fresh process (attempt %d)", config.label(), result.error, attempt)
+            log.warning(
+                "%s crashed (%s); trying again in a fresh process (attempt %d)", config.label(), result.error, attempt
+            )
             result = runner.run(config, w.budget, w.request.spec, w.request.deadline)
         else:
             if result.status == ProbeStatus.CRASHED:

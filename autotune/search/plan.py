@@ -28,10 +28,16 @@ class StudyPlan:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "strategy": self.strategy, "fresh": self.fresh, "predict_margin": self.predict_margin,
-            "patience": self.patience, "heartbeat_seconds": self.heartbeat_seconds, "confirm": self.confirm,
+            "strategy": self.strategy,
+            "fresh": self.fresh,
+            "predict_margin": self.predict_margin,
+            "patience": self.patience,
+            "heartbeat_seconds": self.heartbeat_seconds,
+            "confirm": self.confirm,
             "probe": dict(self.probe),
-            "predictions": {key: [p.peak_bytes, p.floor_bytes, p.required_bytes] for key, p in self.predictions.items()},
+            "predictions": {
+                key: [p.peak_bytes, p.floor_bytes, p.required_bytes] for key, p in self.predictions.items()
+            },
         }
 
     @classmethod
@@ -39,8 +45,11 @@ class StudyPlan:
         """The stored plan; keys a plan of an older autotune lacks take today's defaults (the probe
         settings' in ProbeSettings.from_plan)."""
         data = data or {}
-        known = {k: data[k] for k in ("strategy", "fresh", "predict_margin", "patience", "heartbeat_seconds", "confirm")
-                 if data.get(k) is not None}
+        known = {
+            k: data[k]
+            for k in ("strategy", "fresh", "predict_margin", "patience", "heartbeat_seconds", "confirm")
+            if data.get(k) is not None
+        }
         return cls(
             **known,
             probe=dict(data.get("probe") or {}),

@@ -17,14 +17,19 @@ from autotune.space import group_key, group_priority
 
 @dataclass(frozen=True, slots=True)
 class Prediction:
-    peak_bytes: int        # predicted peak allocated (stored beside the measurement)
-    floor_bytes: int       # peak allocated + context: a floor of what the config needs
-    required_bytes: int    # predicted peak reserved + context: what the probe's fit rule compares
+    peak_bytes: int  # predicted peak allocated (stored beside the measurement)
+    floor_bytes: int  # peak allocated + context: a floor of what the config needs
+    required_bytes: int  # predicted peak reserved + context: what the probe's fit rule compares
 
 
-def predict(candidates: list[ProbeConfig], device_type: str, *, trust_remote_code: bool = False,
-            children: TraceChildren | None = None,
-            on_predictions: Callable[[dict[str, Prediction]], None] | None = None) -> dict[str, Prediction]:
+def predict(
+    candidates: list[ProbeConfig],
+    device_type: str,
+    *,
+    trust_remote_code: bool = False,
+    children: TraceChildren | None = None,
+    on_predictions: Callable[[dict[str, Prediction]], None] | None = None,
+) -> dict[str, Prediction]:
     """Predicted memory of every candidate from two or three traces per group (smallest, largest,
     and middle micro-batch: estimate/interpolate.py), interpolated between: inside a group the
     need grows piecewise affinely with the micro-batch (fixed weights, gradients and optimizer
@@ -53,8 +58,9 @@ def predict(candidates: list[ProbeConfig], device_type: str, *, trust_remote_cod
                     on_predictions(predicted)
 
     to_trace = list(dict.fromkeys(c for traced in ends.values() for c in traced))
-    estimate_memories(to_trace, device_type=device_type, trust_remote_code=trust_remote_code, children=children,
-                      on_estimate=arrived)
+    estimate_memories(
+        to_trace, device_type=device_type, trust_remote_code=trust_remote_code, children=children, on_estimate=arrived
+    )
     return out
 
 
@@ -79,16 +85,18 @@ class Predicting:
     (`take`); `wait_for` a config's. A user error or a failed trace comes back as `error`
     (predictions only order and prune the probes)."""
 
-    def __init__(self, compute: Callable[..., dict[str, Prediction]], configs: list[ProbeConfig],
-                 streaming: bool = False) -> None:
+    def __init__(
+        self, compute: Callable[..., dict[str, Prediction]], configs: list[ProbeConfig], streaming: bool = False
+    ) -> None:
         self.error: AutotuneError | None = None
         self._wanted = {c.key() for c in configs}
         self._delivered: dict[str, Prediction] = {}
         self._taken: set[str] = set()
         self._done = False
         self._arrival = threading.Condition()
-        self._thread = threading.Thread(target=self._run, args=(compute, streaming), name="autotune-predictions",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, args=(compute, streaming), name="autotune-predictions", daemon=True
+        )
         self._thread.start()
 
     def _run(self, compute: Callable[..., dict[str, Prediction]], streaming: bool) -> None:
@@ -131,8 +139,10 @@ class Predicting:
     def wait_for(self, config: ProbeConfig, timeout: float | None = None) -> None:
         """Until `config`'s prediction is in, no more will come, or `timeout` seconds have passed."""
         with self._arrival:
-            self._arrival.wait_for(lambda: config.key() in self._delivered or self._done,
-                                   timeout=None if timeout is None or timeout == math.inf else timeout)
+            self._arrival.wait_for(
+                lambda: config.key() in self._delivered or self._done,
+                timeout=None if timeout is None or timeout == math.inf else timeout,
+            )
 
     def wait(self, timeout: float | None = None) -> bool:
         """Until every prediction is in, or `timeout` seconds have passed; whether they are."""

@@ -48,26 +48,40 @@ def default_study_name(spec: ModelSpec, budget_bytes: int, gpus: int = 1) -> str
 class SearchRequest:
     """Everything a search is about, worked out once."""
 
-    name: str                                 # the study's
+    name: str  # the study's
     spec: ModelSpec
     space: SearchSpace
     budget: Budget
     options: SearchOptions
     settings: ProbeSettings
     candidates: tuple[ProbeConfig, ...]
-    deadline: Deadline                        # --timeout, by the wall clock, from the request's making
-    environment: Environment | None = None    # the device the probes run on, once preflight has asked
-    notes: tuple[str, ...] = ()               # what the search assumed, said with its header (the task)
+    deadline: Deadline  # --timeout, by the wall clock, from the request's making
+    environment: Environment | None = None  # the device the probes run on, once preflight has asked
+    notes: tuple[str, ...] = ()  # what the search assumed, said with its header (the task)
 
     @classmethod
-    def of(cls, space: SearchSpace, spec: ModelSpec, budget: Budget, options: SearchOptions | None = None,
-           settings: ProbeSettings | None = None) -> SearchRequest:
+    def of(
+        cls,
+        space: SearchSpace,
+        spec: ModelSpec,
+        budget: Budget,
+        options: SearchOptions | None = None,
+        settings: ProbeSettings | None = None,
+    ) -> SearchRequest:
         """A request over `space`, its deadline `options.timeout` from now; BadInput when no
         candidate keeps the effective batch exact."""
         options = options or SearchOptions()
         name = options.study if options.study is not None else default_study_name(spec, budget.total_bytes, space.gpus)
-        return cls(name, spec, space, budget, options, settings or ProbeSettings(), tuple(space.candidates()),
-                   Deadline.after(options.timeout))
+        return cls(
+            name,
+            spec,
+            space,
+            budget,
+            options,
+            settings or ProbeSettings(),
+            tuple(space.candidates()),
+            Deadline.after(options.timeout),
+        )
 
     def with_environment(self, environment: Environment) -> SearchRequest:
         return dataclasses.replace(self, environment=environment)
@@ -78,8 +92,9 @@ class SearchRequest:
         return self.environment.device_type
 
 
-def resolve_search(model: str, budget_bytes: int, *, settings: ProbeSettings, options: SearchOptions,
-                   **space_args: Any) -> SearchRequest:
+def resolve_search(
+    model: str, budget_bytes: int, *, settings: ProbeSettings, options: SearchOptions, **space_args: Any
+) -> SearchRequest:
     """`autotune search`'s flags as a request, checked without starting a process: the model
     resolved and usable, the space built against it, the margin within the budget, and a device
     that can search it (no CUDA to be seen and no --device cpu: refused, with what the CPU would cost)."""
@@ -93,8 +108,9 @@ def resolve_search(model: str, budget_bytes: int, *, settings: ProbeSettings, op
     space = SearchSpace.build(spec, **shaped_space_args(spec, space_args, settings.trust_remote_code))
     check_rendezvous(space.nodes, settings.rendezvous)
     request = SearchRequest.of(space, spec, settings.budget(budget_bytes), options, settings)
-    notes = [note for note in (shadowing_note(spec), task_note(spec.config, space_args.get("task")), *space.notes)
-             if note]
+    notes = [
+        note for note in (shadowing_note(spec), task_note(spec.config, space_args.get("task")), *space.notes) if note
+    ]
     if notes:
         request = dataclasses.replace(request, notes=tuple(notes))
     if settings.device_kind == "auto" and not cuda_may_be_visible():
@@ -117,8 +133,10 @@ def shadowing_note(spec: ModelSpec) -> str | None:
 
     if spec.source == "local" and spec.reference.strip().rstrip("/") in KNOWN_ARCHITECTURES and spec.path:
         name = spec.reference.strip().rstrip("/")
-        return (f"--model {spec.reference} read {spec.path}/config.json, a local directory of that name, not the "
-                f"known {name}; for that one pass the hub's name with its owner (e.g. openai-community/{name})")
+        return (
+            f"--model {spec.reference} read {spec.path}/config.json, a local directory of that name, not the "
+            f"known {name}; for that one pass the hub's name with its owner (e.g. openai-community/{name})"
+        )
     return None
 
 
@@ -134,12 +152,16 @@ def no_gpu_message(request: SearchRequest) -> str:
         speed = matmul_flops_per_s()
         steps = request.settings.warmup_steps + request.settings.measure_steps
         probes = [cpu_cost(c, dims, speed).step_seconds * steps for c in request.candidates]
-        cost = (f", about {format_duration(probes[0])} a probe ({steps} optimizer steps of "
-                f"{request.candidates[0].padded_tokens_per_step:,.0f} tokens), up to {format_duration(sum(probes))} for its "
-                f"{len(probes)} candidates (predicted from this CPU's measured speed)")
-    return (f"no CUDA device here: --device auto would search {model} on the CPU{cost}; pass --device cpu to search on "
-            f"the CPU anyway, or run `autotune plan --model {model} --gpu NAME` to predict the search for a card "
-            f"(`autotune plan --gpu list` names them).")
+        cost = (
+            f", about {format_duration(probes[0])} a probe ({steps} optimizer steps of "
+            f"{request.candidates[0].padded_tokens_per_step:,.0f} tokens), up to {format_duration(sum(probes))} for its "
+            f"{len(probes)} candidates (predicted from this CPU's measured speed)"
+        )
+    return (
+        f"no CUDA device here: --device auto would search {model} on the CPU{cost}; pass --device cpu to search on "
+        f"the CPU anyway, or run `autotune plan --model {model} --gpu NAME` to predict the search for a card "
+        f"(`autotune plan --gpu list` names them)."
+    )
 
 
 def preflight(request: SearchRequest, runner: Runner) -> SearchRequest:
@@ -155,8 +177,10 @@ def preflight(request: SearchRequest, runner: Runner) -> SearchRequest:
         # Nothing is written yet, so there is no study to go on with: a --timeout shorter than the
         # probe process's start-up is a mistake in the command, said as one.
         timeout = request.options.timeout or 0.0
-        raise BadInput(f"--timeout {format_duration(timeout)} ran out while the probe process started and checked "
-                       f"the model, before any probe (nothing was written); give a longer --timeout.") from None
+        raise BadInput(
+            f"--timeout {format_duration(timeout)} ran out while the probe process started and checked "
+            f"the model, before any probe (nothing was written); give a longer --timeout."
+        ) from None
     return request.with_environment(environment)
 
 
@@ -165,8 +189,10 @@ def _check_budget(budget: Budget, environment: Environment) -> None:
     total = environment.device_total_bytes
     if total and budget.total_bytes > total:
         where = "this machine's memory" if environment.device_type == "cpu" else environment.device_name
-        raise BudgetError(f"--gpu-budget {format_size(budget.total_bytes)} is larger than {where} ({format_size(total)}); "
-                          f"give at most {format_size(total)}.")
+        raise BudgetError(
+            f"--gpu-budget {format_size(budget.total_bytes)} is larger than {where} ({format_size(total)}); "
+            f"give at most {format_size(total)}."
+        )
 
 
 def stored_answer(db: str | None, request: SearchRequest, started: float, **outcome: Any) -> SearchOutcome | None:
@@ -190,9 +216,15 @@ def answer_from_store(store: Store, request: SearchRequest, started: float, **ou
     finished = finished_study(store, request.name, request.space)
     if finished is None:
         return None
-    return SearchOutcome(study=finished, space=request.space, leaderboard=store.leaderboard(request.name),
-                         candidates=len(request.candidates), seconds=time.perf_counter() - started,
-                         answered_from_database=True, **outcome)
+    return SearchOutcome(
+        study=finished,
+        space=request.space,
+        leaderboard=store.leaderboard(request.name),
+        candidates=len(request.candidates),
+        seconds=time.perf_counter() - started,
+        answered_from_database=True,
+        **outcome,
+    )
 
 
 def finished_study(store: Store, name: str, space: SearchSpace) -> StudyRecord | None:

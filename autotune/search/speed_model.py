@@ -44,18 +44,18 @@ UNKNOWN = 30.0
 
 @dataclass(frozen=True, slots=True)
 class Prior:
-    mean: float     # on log(seconds per token): negative is faster
-    spread: float   # standard deviation
+    mean: float  # on log(seconds per token): negative is faster
+    spread: float  # standard deviation
 
 
 @dataclass(frozen=True, slots=True)
 class Departures:
     """How far a device's speed may depart from a product of lever factors (spreads, on the log)."""
 
-    pair: float              # two lever values together (checkpointing in bf16 against in fp32)
+    pair: float  # two lever values together (checkpointing in bf16 against in fp32)
     speed_lever_pair: float  # compile, the allocator or Liger with another lever value
-    slope: float             # a lever value's change of the gain of each doubling of the micro-batch
-    noise: float             # the least error of a measurement, and of a prediction
+    slope: float  # a lever value's change of the gain of each doubling of the micro-batch
+    noise: float  # the least error of a measurement, and of a prediction
     # Whether a larger micro-batch of a family is never slower (space.micro_batch_family): fewer,
     # fuller micro-steps on a GPU; a small model on a CPU can run faster in smaller ones, whose
     # activations stay in its caches (measured: a tiny GPT-2's mb8 at 38,209 tokens/s, its mb16 30,582).
@@ -66,24 +66,38 @@ class Departures:
 # under benchmarks/results/studies: checkpointing cost 0.42x in bf16 against 0.69x in fp32,
 # torch.compile gained 1.18x to 2.3x across precisions and checkpointing, and one window of a few
 # seconds reads 5-10% off another of the same config (search/confirm.py).
-DEPARTURES = {"cuda": Departures(pair=0.15, speed_lever_pair=0.08, slope=0.1, noise=0.03, monotone_micro_batch=True),
-              "cpu": Departures(pair=0.25, speed_lever_pair=0.35, slope=0.1, noise=0.08, monotone_micro_batch=False)}
+DEPARTURES = {
+    "cuda": Departures(pair=0.15, speed_lever_pair=0.08, slope=0.1, noise=0.03, monotone_micro_batch=True),
+    "cpu": Departures(pair=0.25, speed_lever_pair=0.35, slope=0.1, noise=0.08, monotone_micro_batch=False),
+}
 SPEED_LEVERS = ("compile", "allocator", "liger")
 
 # Levers the model describes a configuration by, with their reference value (the factor 1) when
 # the space has it; otherwise the first value found is the reference.
 LEVERS = ("precision", "checkpointing", "attention", "optimizer", "weights", *SPEED_LEVERS, "strategy", "padding_free")
-REFERENCE = {"precision": "fp32", "checkpointing": False, "attention": "sdpa", "optimizer": "adamw",
-             "weights": "fp32", "compile": False, "allocator": "default", "liger": False, "strategy": "ddp",
-             "padding_free": False}
+REFERENCE = {
+    "precision": "fp32",
+    "checkpointing": False,
+    "attention": "sdpa",
+    "optimizer": "adamw",
+    "weights": "fp32",
+    "compile": False,
+    "allocator": "default",
+    "liger": False,
+    "strategy": "ddp",
+    "padding_free": False,
+}
 # How much slower than DDP each sharing of a run across ranks is expected, on the log, before any is
 # measured: FSDP gathers each layer's parameters in forward (and again in backward when it
 # reshards) where DDP all-reduces the gradients once, and overlaps most of it with compute over
 # NVLink (planner/speed.py counts the bytes); offload adds host copies and steps the optimizer on
 # the CPU. Wide spreads: over PCIe, gloo or a slow host these change several-fold (measured on 2 CPU
 # ranks over gloo: fsdp 2.8x slower than ddp on a tiny GPT-2).
-STRATEGY_PRIORS = {"fsdp-grad-op": Prior(math.log(1.05), 0.5), "fsdp": Prior(math.log(1.15), 0.6),
-                   "fsdp-offload": Prior(math.log(2.0), 0.8)}
+STRATEGY_PRIORS = {
+    "fsdp-grad-op": Prior(math.log(1.05), 0.5),
+    "fsdp": Prior(math.log(1.15), 0.6),
+    "fsdp-offload": Prior(math.log(2.0), 0.8),
+}
 # Tokens per micro-step at which a card's matmuls reach half their ceiling (planner/speed.py's
 # T_HALF_TOKENS); on a CPU far fewer fill the cores. Only the prior of the micro-batch's effect.
 HALF_FILL_TOKENS = {"cuda": 1024, "cpu": 256}
@@ -126,24 +140,27 @@ def lever_prior(lever: str, value: object, device_type: str) -> Prior:
 class SpeedGuess:
     """One candidate's predicted speed."""
 
-    tokens_per_s: float              # the model's central figure
-    optimistic_tokens_per_s: float   # OPTIMISM standard deviations faster
-    spread: float                    # the standard deviation, relative (on the log)
-    measured: int                    # probes the model was fitted to
-    capped_by: str | None = None     # why it can be no faster (structure), when that holds it below the model
+    tokens_per_s: float  # the model's central figure
+    optimistic_tokens_per_s: float  # OPTIMISM standard deviations faster
+    spread: float  # the standard deviation, relative (on the log)
+    measured: int  # probes the model was fitted to
+    capped_by: str | None = None  # why it can be no faster (structure), when that holds it below the model
 
     def capped(self, tokens_per_s: float, why: str) -> SpeedGuess:
         """This guess held to at most `tokens_per_s`, because of `why` (structure, not the model)."""
         if self.optimistic_tokens_per_s <= tokens_per_s:
             return self
-        return replace(self, tokens_per_s=min(self.tokens_per_s, tokens_per_s), optimistic_tokens_per_s=tokens_per_s,
-                       capped_by=why)
+        return replace(
+            self, tokens_per_s=min(self.tokens_per_s, tokens_per_s), optimistic_tokens_per_s=tokens_per_s, capped_by=why
+        )
 
     def describe(self) -> str:
         if self.capped_by is not None:
             return f"at most {self.optimistic_tokens_per_s:,.0f} tokens/s: {self.capped_by} that"
-        return (f"predicted {self.tokens_per_s:,.0f} tokens/s, at most {self.optimistic_tokens_per_s:,.0f} "
-                f"(the speed model fitted to {self.measured} probes)")
+        return (
+            f"predicted {self.tokens_per_s:,.0f} tokens/s, at most {self.optimistic_tokens_per_s:,.0f} "
+            f"(the speed model fitted to {self.measured} probes)"
+        )
 
 
 class SpeedModel:
@@ -156,8 +173,9 @@ class SpeedModel:
         self.largest_micro_batch = max(c.micro_batch for c in candidates)
         self.largest_block = max(c.block_size for c in candidates)
         # (positions per sequence, padding included: what fills the cores)
-        self.tokens_per_sequence = {(c.block_size, c.micro_batch): c.padded_tokens_per_step / c.effective_batch
-                                    for c in candidates}
+        self.tokens_per_sequence = {
+            (c.block_size, c.micro_batch): c.padded_tokens_per_step / c.effective_batch for c in candidates
+        }
         names: dict[str, Prior] = {"intercept": Prior(0.0, UNKNOWN)}
         for config in candidates:
             for name in self._names(config):
@@ -171,8 +189,9 @@ class SpeedModel:
     # -- features -----------------------------------------------------------------------------------
     def _levers(self, config: ProbeConfig) -> list[str]:
         """The lever values of `config` other than the references, as feature names."""
-        return [f"{lever}={getattr(config, lever)}" for lever in LEVERS
-                if getattr(config, lever) != self.references[lever]]
+        return [
+            f"{lever}={getattr(config, lever)}" for lever in LEVERS if getattr(config, lever) != self.references[lever]
+        ]
 
     def _doublings(self, config: ProbeConfig) -> float:
         """How many times smaller than the space's largest micro-batch `config`'s is (log2)."""
@@ -218,8 +237,9 @@ class SpeedModel:
         half = HALF_FILL_TOKENS.get(self.device_type, HALF_FILL_TOKENS["cuda"])
         per_sequence = self.tokens_per_sequence[(config.block_size, config.micro_batch)]
         largest = self.tokens_per_sequence.get((config.block_size, self.largest_micro_batch), per_sequence)
-        return math.log((1 + half / (config.micro_batch * per_sequence)) /
-                        (1 + half / (self.largest_micro_batch * largest)))
+        return math.log(
+            (1 + half / (config.micro_batch * per_sequence)) / (1 + half / (self.largest_micro_batch * largest))
+        )
 
     def row(self, config: ProbeConfig) -> list[float]:
         """x(config): the feature values of `config`."""
@@ -229,8 +249,13 @@ class SpeedModel:
             row[0] = 1.0
             doublings = self._doublings(config)
             for name in self._names(config):
-                row[self.index[name]] = (doublings if name.endswith("*doublings") else
-                                         self._fill(config) if name == "micro_batch_fill" else 1.0)
+                row[self.index[name]] = (
+                    doublings
+                    if name.endswith("*doublings")
+                    else self._fill(config)
+                    if name == "micro_batch_fill"
+                    else 1.0
+                )
             self._rows[config.key()] = row
         return row
 
@@ -240,9 +265,11 @@ class SpeedModel:
         import numpy as np
 
         # The model's work per second (padding included: autotune.lengths), which the levers' factors describe.
-        points = [(c, r, r.tokens_per_s * c.padded_per_real) for c, r in measured if r.tokens_per_s and r.tokens_per_s > 0]
+        points = [
+            (c, r, r.tokens_per_s * c.padded_per_real) for c, r in measured if r.tokens_per_s and r.tokens_per_s > 0
+        ]
         prior_mean = np.array([p.mean for p in self.priors])
-        prior_precision = np.diag([1.0 / p.spread ** 2 for p in self.priors])
+        prior_precision = np.diag([1.0 / p.spread**2 for p in self.priors])
         precision, weighted = prior_precision.copy(), prior_precision @ prior_mean
         if points:
             x = np.array([self.row(c) for c, _, _ in points])
@@ -271,8 +298,11 @@ class FittedSpeed:
 
         x = np.array(self.model.row(config))
         centre = float(x @ self.mean)
-        spread = math.sqrt(float(x @ self.covariance @ x) + self.model.departures.noise ** 2)
+        spread = math.sqrt(float(x @ self.covariance @ x) + self.model.departures.noise**2)
         real = 1.0 / config.padded_per_real  # (back to real tokens per second)
-        return SpeedGuess(tokens_per_s=real * math.exp(-centre),
-                          optimistic_tokens_per_s=real * math.exp(-(centre - OPTIMISM * spread)),
-                          spread=spread, measured=self.measured)
+        return SpeedGuess(
+            tokens_per_s=real * math.exp(-centre),
+            optimistic_tokens_per_s=real * math.exp(-(centre - OPTIMISM * spread)),
+            spread=spread,
+            measured=self.measured,
+        )

@@ -30,8 +30,10 @@ class FrontierStrategy:
         groups: dict[tuple, list[ProbeConfig]] = {}
         for config in knowledge.candidates:
             groups.setdefault(group_key(config), []).append(config)
-        self.groups = sorted((sorted(g, key=lambda c: c.micro_batch) for g in groups.values()),
-                             key=lambda g: group_priority(g[0], device_type))
+        self.groups = sorted(
+            (sorted(g, key=lambda c: c.micro_batch) for g in groups.values()),
+            key=lambda g: group_priority(g[0], device_type),
+        )
 
     def next(self) -> tuple[ProbeConfig, str | None] | None:
         """(config, None) to probe it, (config, reason) to record it skipped, None when there is
@@ -51,9 +53,9 @@ class FrontierStrategy:
                     return config, reason
         status = [k.outcomes[c.key()].status if k.resolved(c) else None for c in group]
         fits = [i for i, s in enumerate(status) if s == ProbeStatus.OK]
-        lo = max(fits) if fits else -1                      # largest index known to fit
+        lo = max(fits) if fits else -1  # largest index known to fit
         tops = [i for i, s in enumerate(status) if s == ProbeStatus.OOM and i > lo]
-        hi = min(tops) if tops else len(group)              # smallest index known not to fit
+        hi = min(tops) if tops else len(group)  # smallest index known not to fit
         between = [i for i in range(lo + 1, hi) if status[i] is None]
         if between:
             # With other workers, what they probe now is not ours to pick, nor what their results
@@ -78,8 +80,10 @@ class FrontierStrategy:
         # The group is settled: smaller micro-batches fit but are slower (throughput fell going down).
         for i in range(0, best):
             if status[i] is None and k.available(group[i]):
-                return group[i], (f"fits (a larger micro-batch does) but {group[below].label()} was already slower "
-                                  f"than {group[best].label()}")
+                return group[i], (
+                    f"fits (a larger micro-batch does) but {group[below].label()} was already slower "
+                    f"than {group[best].label()}"
+                )
         return None
 
 
@@ -87,10 +91,10 @@ class FrontierStrategy:
 class Relations:
     """A candidate's structural relatives among the candidates (keys), worked out once."""
 
-    family: tuple                  # space.micro_batch_family
+    family: tuple  # space.micro_batch_family
     without_checkpointing: str | None
     default_allocator: str | None
-    plain: str | None              # plain_twin: no speed lever
+    plain: str | None  # plain_twin: no speed lever
 
 
 class PredictiveStrategy:
@@ -110,10 +114,15 @@ class PredictiveStrategy:
         def relative(config: ProbeConfig, twin: ProbeConfig) -> str | None:
             return twin.key() if twin != config and twin.key() in self.by_key else None
 
-        self.relations = {key: Relations(micro_batch_family(c), relative(c, replace(c, checkpointing=False)),
-                                         relative(c, replace(c, allocator=speed.DEFAULT_ALLOCATOR)),
-                                         relative(c, plain_twin(c)))
-                          for key, c in self.by_key.items()}
+        self.relations = {
+            key: Relations(
+                micro_batch_family(c),
+                relative(c, replace(c, checkpointing=False)),
+                relative(c, replace(c, allocator=speed.DEFAULT_ALLOCATOR)),
+                relative(c, plain_twin(c)),
+            )
+            for key, c in self.by_key.items()
+        }
         self._fitted: tuple[int, FittedSpeed] | None = None
 
     def fitted(self) -> FittedSpeed:
@@ -142,10 +151,18 @@ class PredictiveStrategy:
         # the plain frontier measured says it could win (and a compile costs minutes of its own).
         # And those predicted to fit before those predicted not to, within the prediction's margin:
         # each of these is verified by a probe only if it could still win once what fits is measured.
-        worth = sorted((c for c in unresolved if guesses[c.key()].optimistic_tokens_per_s > bar
-                        and self.plain_twin_probed(c) is True),
-                       key=lambda c: (uses_speed_lever(c), k.predicted_to_fit(c) is False,
-                                      -guesses[c.key()].optimistic_tokens_per_s))
+        worth = sorted(
+            (
+                c
+                for c in unresolved
+                if guesses[c.key()].optimistic_tokens_per_s > bar and self.plain_twin_probed(c) is True
+            ),
+            key=lambda c: (
+                uses_speed_lever(c),
+                k.predicted_to_fit(c) is False,
+                -guesses[c.key()].optimistic_tokens_per_s,
+            ),
+        )
         for config in worth:
             if k.open(config):
                 step = self._toward(config)
@@ -156,12 +173,16 @@ class PredictiveStrategy:
         for config in sorted(unresolved, key=uses_speed_lever):  # a speed lever's plain twins first
             if k.available(config):
                 if not self.plain_twin_probed(config):
-                    return config, SpeedSkip(f"{plain_twin(config).label()} was not probed (it could not win): a speed "
-                                             f"lever is tried only where the plain configs could")
+                    return config, SpeedSkip(
+                        f"{plain_twin(config).label()} was not probed (it could not win): a speed "
+                        f"lever is tried only where the plain configs could"
+                    )
                 guess = guesses[config.key()]
                 assert best is not None  # (without a best, every unresolved config is worth probing)
-                return config, SpeedSkip(f"{guess.describe()}: not faster than {best[0].label()}, measured at "
-                                         f"{best[1].tokens_per_s or 0.0:,.0f}")
+                return config, SpeedSkip(
+                    f"{guess.describe()}: not faster than {best[0].label()}, measured at "
+                    f"{best[1].tokens_per_s or 0.0:,.0f}"
+                )
         return None
 
     def revisitable(self) -> list[ProbeConfig]:
@@ -179,9 +200,15 @@ class PredictiveStrategy:
             return []
         noise = min(best[1].step_spread or 0.0, RELIABLE_NOISE)
         bar = (best[1].tokens_per_s or 0.0) * (1 + WORTH_PROBING) * (1 - noise)
-        skipped = [c for c in k.candidates if (result := k.outcomes.get(c.key())) is not None
-                   and result.status == ProbeStatus.SKIPPED and k.implied_skip(c) is None
-                   and self.rescue_ruled_out(c) is None and self.plain_twin_probed(c) is True]
+        skipped = [
+            c
+            for c in k.candidates
+            if (result := k.outcomes.get(c.key())) is not None
+            and result.status == ProbeStatus.SKIPPED
+            and k.implied_skip(c) is None
+            and self.rescue_ruled_out(c) is None
+            and self.plain_twin_probed(c) is True
+        ]
         guesses = self.guesses(skipped)
         return [c for c in skipped if guesses[c.key()].optimistic_tokens_per_s > bar]
 
@@ -198,11 +225,18 @@ class PredictiveStrategy:
         levers = (config.compile, config.allocator, config.liger)
         for key, result in k.outcomes.items():
             other, theirs = self.by_key.get(key), k.predictions.get(key)
-            if (other is not None and theirs is not None and result.status == ProbeStatus.OOM
-                    and self.relations[key].plain is not None and (other.compile, other.allocator, other.liger) == levers
-                    and theirs.required_bytes <= mine.required_bytes):
-                return MemorySkip(f"predicted to need at least what {other.label()} needs, which ran out of memory "
-                                  f"with the same speed levers")
+            if (
+                other is not None
+                and theirs is not None
+                and result.status == ProbeStatus.OOM
+                and self.relations[key].plain is not None
+                and (other.compile, other.allocator, other.liger) == levers
+                and theirs.required_bytes <= mine.required_bytes
+            ):
+                return MemorySkip(
+                    f"predicted to need at least what {other.label()} needs, which ran out of memory "
+                    f"with the same speed levers"
+                )
         return None
 
     def plain_twin_probed(self, config: ProbeConfig) -> bool | None:
@@ -236,19 +270,27 @@ class PredictiveStrategy:
                 out = SpeedGuess(result.tokens_per_s, result.tokens_per_s, 0.0, fitted.measured)  # measured: known
             else:
                 out = fitted.guess(config)
-                larger = [(c, speed) for c, speed in measured.get(related.family, ()) if c.micro_batch > config.micro_batch]
+                larger = [
+                    (c, speed) for c, speed in measured.get(related.family, ()) if c.micro_batch > config.micro_batch
+                ]
                 if larger and self.model.departures.monotone_micro_batch:
                     # (in the model's work per second: a larger micro-batch pads more, autotune.lengths)
-                    by, ceiling = min(((c, speed * c.padded_per_real / config.padded_per_real) for c, speed in larger),
-                                      key=lambda item: item[1])
+                    by, ceiling = min(
+                        ((c, speed * c.padded_per_real / config.padded_per_real) for c, speed in larger),
+                        key=lambda item: item[1],
+                    )
                     out = out.capped(ceiling, f"a smaller micro-batch than {by.label()}, measured at")
                 # Speed bounds whether or not the twin fits: checkpointing only adds recomputation,
                 # and another allocator setting runs the same kernels.
-                for twin, why in ((related.without_checkpointing, "without checkpointing"),
-                                  (related.default_allocator, "with the default allocator")):
+                for twin, why in (
+                    (related.without_checkpointing, "without checkpointing"),
+                    (related.default_allocator, "with the default allocator"),
+                ):
                     if twin is not None:
-                        out = out.capped(guess(twin).optimistic_tokens_per_s,
-                                         f"its twin {why} ({self.by_key[twin].label()}) could reach")
+                        out = out.capped(
+                            guess(twin).optimistic_tokens_per_s,
+                            f"its twin {why} ({self.by_key[twin].label()}) could reach",
+                        )
             known[key] = out
             return out
 
@@ -260,7 +302,11 @@ class PredictiveStrategy:
         (a binary search: an OOM rules out everything above it unprobed)."""
         k = self.knowledge
         twin = self.relations[target.key()].without_checkpointing
-        if twin is not None and not k.resolved(self.by_key[twin]) and k.predicted_to_fit(self.by_key[twin]) is not False:
+        if (
+            twin is not None
+            and not k.resolved(self.by_key[twin])
+            and k.predicted_to_fit(self.by_key[twin]) is not False
+        ):
             # Without checkpointing first: where it fits, checkpointing only adds recomputation.
             target = self.by_key[twin]
         if target.key() in k.predictions:
@@ -268,7 +314,7 @@ class PredictiveStrategy:
         group = self.groups[group_key(target)]
         at = group.index(target)
         fits = [i for i, c in enumerate(group[:at]) if k.resolved(c) and k.outcomes[c.key()].status == ProbeStatus.OK]
-        between = [c for c in group[(max(fits) if fits else -1) + 1:at + 1] if not k.resolved(c)]
+        between = [c for c in group[(max(fits) if fits else -1) + 1 : at + 1] if not k.resolved(c)]
         if not all(k.open(c) for c in between):
             return target if k.open(target) else None
         return between[(len(between) - 1) // 2]

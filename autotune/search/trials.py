@@ -36,8 +36,16 @@ CONSTRAINTS_KEY = "constraints"
 FEASIBLE, INFEASIBLE = -1.0, 1.0
 CONSTRAINT_MEANING = "constraint 0 > 0: not usable (out of memory, unstable, or ruled out without a probe)"
 # The result fields kept on each trial (where the result has them).
-USER_ATTRS = ("tokens_per_s", "step_spread", "mfu", "peak_allocated_bytes", "peak_reserved_bytes", "required_bytes",
-              "budget_bytes", "device")
+USER_ATTRS = (
+    "tokens_per_s",
+    "step_spread",
+    "mfu",
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "required_bytes",
+    "budget_bytes",
+    "device",
+)
 ERROR_LINES, ERROR_CHARS = 5, 1000
 
 
@@ -77,8 +85,9 @@ def error_tail(error: str) -> str:
     return "\n".join(lines[-ERROR_LINES:])[-ERROR_CHARS:]
 
 
-def tell(optuna_study, trial, result: ProbeResult | None, config: ProbeConfig | None = None, *,
-         repeat: bool = True) -> None:
+def tell(
+    optuna_study, trial, result: ProbeResult | None, config: ProbeConfig | None = None, *, repeat: bool = True
+) -> None:
     """Report an outcome to Optuna (see the module's docstring). The trial of a config settled
     here gets every user attribute; a repeat (TPE proposing a config already settled, answered from
     what is known) only its status, marked as a repeat: Optuna writes each attribute in a commit of
@@ -111,10 +120,19 @@ def frozen_trial(config: ProbeConfig, result: ProbeResult, distributions: dict, 
     wall = result.wall_seconds
     start = end - timedelta(seconds=wall) if wall is not None and math.isfinite(wall) and wall > 0 else end
     # (create_trial sets both times to now and has no arguments for them.)
-    return FrozenTrial(number=-1, trial_id=-1, state=state, value=value, datetime_start=start, datetime_complete=end,
-                       params=params_of(config), distributions=distributions, user_attrs=user_attrs(result, config),
-                       system_attrs={} if constraint is None else {CONSTRAINTS_KEY: [constraint]},
-                       intermediate_values={})
+    return FrozenTrial(
+        number=-1,
+        trial_id=-1,
+        state=state,
+        value=value,
+        datetime_start=start,
+        datetime_complete=end,
+        params=params_of(config),
+        distributions=distributions,
+        user_attrs=user_attrs(result, config),
+        system_attrs={} if constraint is None else {CONSTRAINTS_KEY: [constraint]},
+        intermediate_values={},
+    )
 
 
 def describe(optuna_study, distributions: dict, about: Mapping[str, Any] | None = None) -> None:
@@ -127,8 +145,12 @@ def describe(optuna_study, distributions: dict, about: Mapping[str, Any] | None 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ExperimentalWarning)
             optuna_study.set_metric_names([OBJECTIVE])
-    wanted = {"objective": f"{OBJECTIVE} of a config that fits (0 when it does not)", "constraints": CONSTRAINT_MEANING,
-              "space": {name: list(d.choices) for name, d in distributions.items()}, **(about or {})}
+    wanted = {
+        "objective": f"{OBJECTIVE} of a config that fits (0 when it does not)",
+        "constraints": CONSTRAINT_MEANING,
+        "space": {name: list(d.choices) for name, d in distributions.items()},
+        **(about or {}),
+    }
     current = optuna_study.user_attrs
     for key, value in wanted.items():
         if current.get(key) != value:
@@ -140,8 +162,13 @@ def optuna_study(store_url: str, name: str, seed: int | None = 0, storage=None):
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     storage = storage or optuna_storage(store_url)
-    return optuna.create_study(storage=storage, study_name=optuna_study_name(storage, name), direction="maximize",
-                               load_if_exists=True, sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=5))
+    return optuna.create_study(
+        storage=storage,
+        study_name=optuna_study_name(storage, name),
+        direction="maximize",
+        load_if_exists=True,
+        sampler=optuna.samplers.TPESampler(seed=seed, n_startup_trials=5),
+    )
 
 
 # Studies created before this release named their Optuna study with this prefix; they keep it.
@@ -214,9 +241,13 @@ def _settled_trials_storage():
         def _get_prepared_new_trial(self, study_id, template_trial, session):
             if template_trial is None or template_trial.intermediate_values or len(template_trial.values or ()) > 1:
                 return super()._get_prepared_new_trial(study_id, template_trial, session)
-            trial = models.TrialModel(study_id=study_id, number=None, state=template_trial.state,
-                                      datetime_start=template_trial.datetime_start,
-                                      datetime_complete=template_trial.datetime_complete)
+            trial = models.TrialModel(
+                study_id=study_id,
+                number=None,
+                state=template_trial.state,
+                datetime_start=template_trial.datetime_start,
+                datetime_complete=template_trial.datetime_complete,
+            )
             session.add(trial)
             session.flush()  # (its trial_id)
             rows: list[Any] = []
@@ -227,17 +258,32 @@ def _settled_trials_storage():
                 distribution = template_trial.distributions[name]
                 text = distribution_to_json(distribution)
                 if (study_id, name, text) not in self._checked:
-                    earlier = (session.query(models.TrialParamModel).join(models.TrialModel)
-                               .filter(models.TrialModel.study_id == study_id)
-                               .filter(models.TrialParamModel.param_name == name).first())
+                    earlier = (
+                        session.query(models.TrialParamModel)
+                        .join(models.TrialModel)
+                        .filter(models.TrialModel.study_id == study_id)
+                        .filter(models.TrialParamModel.param_name == name)
+                        .first()
+                    )
                     if earlier is not None:
                         check_distribution_compatibility(json_to_distribution(earlier.distribution_json), distribution)
                     self._checked.add((study_id, name, text))
-                rows.append(models.TrialParamModel(trial_id=trial.trial_id, param_name=name,
-                                                   param_value=distribution.to_internal_repr(value), distribution_json=text))
-            for model, attrs in ((models.TrialUserAttributeModel, template_trial.user_attrs),
-                                 (models.TrialSystemAttributeModel, template_trial.system_attrs)):
-                rows += [model(trial_id=trial.trial_id, key=key, value_json=json.dumps(value)) for key, value in attrs.items()]
+                rows.append(
+                    models.TrialParamModel(
+                        trial_id=trial.trial_id,
+                        param_name=name,
+                        param_value=distribution.to_internal_repr(value),
+                        distribution_json=text,
+                    )
+                )
+            for model, attrs in (
+                (models.TrialUserAttributeModel, template_trial.user_attrs),
+                (models.TrialSystemAttributeModel, template_trial.system_attrs),
+            ):
+                rows += [
+                    model(trial_id=trial.trial_id, key=key, value_json=json.dumps(value))
+                    for key, value in attrs.items()
+                ]
             session.add_all(rows)
             trial.number = trial.count_past_trials(session)
             session.add(trial)
@@ -260,8 +306,9 @@ class Trials:
     record is secondary to autotune's own tables, so a write that fails even after retries is
     logged and the search goes on."""
 
-    def __init__(self, store_url: str, name: str, distributions: dict, seed: int | None,
-                 about: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self, store_url: str, name: str, distributions: dict, seed: int | None, about: Mapping[str, Any] | None = None
+    ) -> None:
         self.storage = optuna_storage(store_url)
         self.study = optuna_study(store_url, name, seed, storage=self.storage)
         self.study_id = self.storage.get_study_id_from_name(self.study.study_name)
@@ -270,6 +317,7 @@ class Trials:
 
     def add(self, config: ProbeConfig, result: ProbeResult) -> int | None:
         """Record a settled config as a finished trial; returns its number."""
+
         def work() -> int:
             return self.storage.add_settled(self.study_id, frozen_trial(config, result, self.distributions))
 
@@ -332,6 +380,15 @@ def distributions_of(space: SearchSpace) -> dict:
 
 
 def params_of(config: ProbeConfig) -> dict:
-    return {"micro_batch": config.micro_batch, "block_size": config.block_size, "precision": config.precision,
-            "checkpointing": config.checkpointing, "attention": config.attention, "optimizer": config.optimizer,
-            "weights": config.weights, "compile": config.compile, "allocator": config.allocator, "liger": config.liger}
+    return {
+        "micro_batch": config.micro_batch,
+        "block_size": config.block_size,
+        "precision": config.precision,
+        "checkpointing": config.checkpointing,
+        "attention": config.attention,
+        "optimizer": config.optimizer,
+        "weights": config.weights,
+        "compile": config.compile,
+        "allocator": config.allocator,
+        "liger": config.liger,
+    }

@@ -29,8 +29,11 @@ log = logging.getLogger("autotune")
 def unmeasured(knowledge: Knowledge) -> list[tuple[ProbeConfig, ProbeResult]]:
     """The candidates `knowledge` holds an outcome for that is not a measurement (RETRYABLE)."""
     outcomes = knowledge.outcomes
-    return [(c, outcomes[c.key()]) for c in knowledge.candidates
-            if c.key() in outcomes and outcomes[c.key()].status in RETRYABLE]
+    return [
+        (c, outcomes[c.key()])
+        for c in knowledge.candidates
+        if c.key() in outcomes and outcomes[c.key()].status in RETRYABLE
+    ]
 
 
 def worker_label(device: str | None = None) -> str:
@@ -107,7 +110,7 @@ class WorkerState:
     by_key: dict[str, ProbeConfig] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # said with the outcome (a prediction that failed)
     plan: StudyPlan = field(default_factory=StudyPlan)  # how the study searches (stored for joining workers)
-    predicting: Predicting | None = None                # memory predictions still being computed
+    predicting: Predicting | None = None  # memory predictions still being computed
 
     def __post_init__(self) -> None:
         self.by_key = {c.key(): c for c in self.knowledge.candidates}
@@ -188,10 +191,21 @@ class WorkerState:
         return StudyStatus.INCOMPLETE if self.unmeasured() else StudyStatus.FINISHED
 
     def _abandon(self, config: ProbeConfig, claim, on_event: Callable[[Event], None] | None) -> None:
-        result = ProbeResult(status=ProbeStatus.CRASHED, budget_bytes=self.budget.total_bytes, margin_bytes=self.budget.margin_bytes,
-                             error=f"the worker probing it stopped heartbeating, {claim.attempts} times (last {claim.worker})")
-        probe_id = self.store.settle(self.study.id, config, result, how=SettleHow.ABANDONED, worker=self.label,
-                                     env_fingerprint=self.study.env_fingerprint, stale_after=self.options.stale_after)
+        result = ProbeResult(
+            status=ProbeStatus.CRASHED,
+            budget_bytes=self.budget.total_bytes,
+            margin_bytes=self.budget.margin_bytes,
+            error=f"the worker probing it stopped heartbeating, {claim.attempts} times (last {claim.worker})",
+        )
+        probe_id = self.store.settle(
+            self.study.id,
+            config,
+            result,
+            how=SettleHow.ABANDONED,
+            worker=self.label,
+            env_fingerprint=self.study.env_fingerprint,
+            stale_after=self.options.stale_after,
+        )
         if probe_id is not None:  # else another worker recorded it: the next refresh reads it
             self.knowledge.learn(config, result)
             if on_event is not None:
@@ -199,5 +213,12 @@ class WorkerState:
 
     def _event(self, config: ProbeConfig, result: ProbeResult, how: Settled, worker: str | None) -> Event:
         best = self.knowledge.best()
-        return Event(config, result, how, len(self.knowledge.outcomes), len(self.knowledge.candidates),
-                     best is not None and best[0].key() == config.key() and result.status == ProbeStatus.OK, worker)
+        return Event(
+            config,
+            result,
+            how,
+            len(self.knowledge.outcomes),
+            len(self.knowledge.candidates),
+            best is not None and best[0].key() == config.key() and result.status == ProbeStatus.OK,
+            worker,
+        )

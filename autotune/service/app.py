@@ -34,13 +34,13 @@ class ServiceConfig:
     db: str | None = None
     policy: ServicePolicy = field(default_factory=ServicePolicy)
     public_read: bool = False
-    max_body_bytes: int = 64 * 1024          # a search's flags fit in a few hundred bytes
-    max_streams: int = 256                   # event streams open at once
-    stream_seconds: float = 3600.0           # one stream's life; a follower reconnects with Last-Event-ID
-    poll_seconds: float = 0.5                # how often a stream looks for new events
-    predict_slots: int = 1                   # plans and estimates traced at once (each takes cores)
-    predict_seconds: float = 900.0           # one plan or estimate, at most
-    page_size: int = 200                     # searches listed at most
+    max_body_bytes: int = 64 * 1024  # a search's flags fit in a few hundred bytes
+    max_streams: int = 256  # event streams open at once
+    stream_seconds: float = 3600.0  # one stream's life; a follower reconnects with Last-Event-ID
+    poll_seconds: float = 0.5  # how often a stream looks for new events
+    predict_slots: int = 1  # plans and estimates traced at once (each takes cores)
+    predict_seconds: float = 900.0  # one plan or estimate, at most
+    page_size: int = 200  # searches listed at most
 
 
 def create_app(config: ServiceConfig, store=None) -> FastAPI:
@@ -60,9 +60,15 @@ def create_app(config: ServiceConfig, store=None) -> FastAPI:
                 app.state.store.close()
 
     # No /docs or /redoc: FastAPI serves them from a CDN, and every page here works offline.
-    app = FastAPI(title="autotune", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
-                  description="Find the fastest training configuration that fits a GPU's memory, by measuring it: "
-                              "submit searches, follow them, and take their answers.")
+    app = FastAPI(
+        title="autotune",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        description="Find the fastest training configuration that fits a GPU's memory, by measuring it: "
+        "submit searches, follow them, and take their answers.",
+    )
     app.state.config = config
     app.state.streams = asyncio.Semaphore(config.max_streams)
     app.state.predicting = asyncio.Semaphore(config.predict_slots)
@@ -123,8 +129,11 @@ class BodyLimit:
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            return await error(413, f"the request body is over {self.max_bytes:,} bytes; a request is a command's "
-                                    f"flags, which fit in far less.")(scope, receive, send)
+            return await error(
+                413,
+                f"the request body is over {self.max_bytes:,} bytes; a request is a command's "
+                f"flags, which fit in far less.",
+            )(scope, receive, send)
         seen = 0
 
         async def limited():

@@ -44,5 +44,7 @@ def _missing(request: Request) -> str:
     given = presented_token(request) is not None
     if given:
         return "the token given is not a live token of this service; ask its operator for one (autotune token create NAME)."
-    return ("this request needs a token: send `Authorization: Bearer TOKEN` (the operator makes one with "
-            "`autotune token create NAME`).")
+    return (
+        "this request needs a token: send `Authorization: Bearer TOKEN` (the operator makes one with "
+        "`autotune token create NAME`)."
+    )

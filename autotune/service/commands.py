@@ -45,12 +45,15 @@ def command(name: str) -> click.Command:
     package, which registers `serve`, is not imported by the service)."""
     if name == "search":
         from autotune.cli.search import search
+
         return search
     if name == "plan":
         from autotune.cli.plan import plan
+
         return plan
     if name == "estimate":
         from autotune.cli.measure import estimate
+
         return estimate
     raise ValueError(f"no such command: {name}")
 
@@ -65,13 +68,16 @@ def command_fields(command: click.Command, closed: Mapping[str, str]) -> dict[st
     return {field_name(p): p for p in command.params if isinstance(p, click.Option) and field_name(p) not in closed}
 
 
-def read_request(command: click.Command, body: object, *, closed: Mapping[str, str],
-                 own: frozenset[str] = frozenset()) -> tuple[CommandRequest, dict[str, Any]]:
+def read_request(
+    command: click.Command, body: object, *, closed: Mapping[str, str], own: frozenset[str] = frozenset()
+) -> tuple[CommandRequest, dict[str, Any]]:
     """`body` as `command`'s flags, parsed by click. `closed`: fields the service does not take,
     each with why (403). `own`: fields that are the service's, not the command's; returned apart."""
     if not isinstance(body, Mapping):
-        raise RequestRefused(f"the request body must be a JSON object of `autotune {command.name}`'s flags "
-                             f"(e.g. {{\"model\": \"gpt2\", \"gpu_budget\": \"8GiB\"}}).")
+        raise RequestRefused(
+            f"the request body must be a JSON object of `autotune {command.name}`'s flags "
+            f'(e.g. {{"model": "gpt2", "gpu_budget": "8GiB"}}).'
+        )
     fields = command_fields(command, closed)
     extra = {}
     for key in body:
@@ -82,8 +88,10 @@ def read_request(command: click.Command, body: object, *, closed: Mapping[str, s
         elif key in closed:
             raise RequestRefused(f"field {key!r} is not taken by this service: {closed[key]}", status=403)
         elif key not in fields:
-            raise RequestRefused(f"unknown field {quoted(key)}: `autotune {command.name}` has no --{key.replace('_', '-')} "
-                                 f"(the fields are its flags: {', '.join(sorted(fields))}).")
+            raise RequestRefused(
+                f"unknown field {quoted(key)}: `autotune {command.name}` has no --{key.replace('_', '-')} "
+                f"(the fields are its flags: {', '.join(sorted(fields))})."
+            )
     arguments: list[str] = []
     for name, param in fields.items():  # (the command's order)
         if name in body and body[name] is not None and name not in own:
@@ -129,12 +137,14 @@ def _scalar(name: str, value: object) -> str:
     if isinstance(value, float) and not math.isfinite(value):
         raise RequestRefused(f"field {name!r}: {value} is not a finite number.")
     if not isinstance(value, (str, int, float)):
-        raise RequestRefused(f"field {name!r}: give a string, a number or a list of them (got a {type(value).__name__}).")
+        raise RequestRefused(
+            f"field {name!r}: give a string, a number or a list of them (got a {type(value).__name__})."
+        )
     text = str(value)
     if len(text) > MAX_VALUE_CHARS:
-        raise RequestRefused(f"field {name!r}: a value of {len(text):,} characters is no flag's (at most {MAX_VALUE_CHARS}).")
+        raise RequestRefused(
+            f"field {name!r}: a value of {len(text):,} characters is no flag's (at most {MAX_VALUE_CHARS})."
+        )
     if "\x00" in text:
         raise RequestRefused(f"field {name!r}: a value may not hold a NUL character.")
     return text
-
-

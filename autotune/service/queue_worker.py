@@ -44,18 +44,20 @@ STOP_GRACE_SECONDS = 60.0
 class WorkerDevice:
     """What this worker's device can serve."""
 
-    device: str              # --device, as the children get it
-    kind: str                # cuda | cpu
-    name: str                # the device's name ('NVIDIA A10G', 'cpu: ...')
+    device: str  # --device, as the children get it
+    kind: str  # cuda | cpu
+    name: str  # the device's name ('NVIDIA A10G', 'cpu: ...')
     total_bytes: int | None
-    ranks: int               # GPUs visible (cuda), or CPU ranks at once
-    fingerprint: str         # the environment's: a joined study must match it
+    ranks: int  # GPUs visible (cuda), or CPU ranks at once
+    fingerprint: str  # the environment's: a joined study must match it
 
     def can_serve(self, search: SearchRecord) -> bool:
-        return (search.device_kind == self.kind
-                and (not search.card or search.card.lower() in self.name.lower())
-                and (self.total_bytes is None or search.budget_bytes <= self.total_bytes)
-                and search.gpus <= self.ranks)
+        return (
+            search.device_kind == self.kind
+            and (not search.card or search.card.lower() in self.name.lower())
+            and (self.total_bytes is None or search.budget_bytes <= self.total_bytes)
+            and search.gpus <= self.ranks
+        )
 
     def describe(self) -> str:
         from autotune.units import format_size
@@ -77,22 +79,36 @@ def describe_device(device: str) -> WorkerDevice:
         ranks = most_cpu_ranks(False)
     else:
         ranks = 1 if ":" in device else max(1, len(visible_gpus()))
-    return WorkerDevice(device, environment.device_type, environment.device_name, environment.device_total_bytes, ranks,
-                        environment.fingerprint())
+    return WorkerDevice(
+        device,
+        environment.device_type,
+        environment.device_name,
+        environment.device_total_bytes,
+        ranks,
+        environment.fingerprint(),
+    )
 
 
 @dataclass(slots=True)
 class QueueOutcome:
-    searches: int = 0        # searches this worker ran (as their starter)
-    joined: int = 0          # searches it helped (as `autotune worker --study`)
+    searches: int = 0  # searches this worker ran (as their starter)
+    joined: int = 0  # searches it helped (as `autotune worker --study`)
     interrupted: bool = False
 
 
 class QueueWorker:
     """One worker's loop over the queue (see the module docstring)."""
 
-    def __init__(self, store, db_url: str, device: WorkerDevice, *, say: Callable[[str], None] = print,
-                 poll_seconds: float = 1.0, join: bool = True) -> None:
+    def __init__(
+        self,
+        store,
+        db_url: str,
+        device: WorkerDevice,
+        *,
+        say: Callable[[str], None] = print,
+        poll_seconds: float = 1.0,
+        join: bool = True,
+    ) -> None:
         self.store, self.db_url, self.device, self.say = store, db_url, device, say
         self.poll_seconds, self.join = poll_seconds, join
         self.label = owner_label()
@@ -144,7 +160,11 @@ class QueueWorker:
                     study = self.store.study(search.name)
                 except AutotuneError:
                     continue
-                if study.plan and study.env_fingerprint == self.device.fingerprint and study.status == StudyStatus.RUNNING:
+                if (
+                    study.plan
+                    and study.env_fingerprint == self.device.fingerprint
+                    and study.status == StudyStatus.RUNNING
+                ):
                     return search
         except DatabaseError:
             return None
@@ -155,8 +175,19 @@ class QueueWorker:
     def run_search(self, search: SearchRecord) -> SearchState:
         """Run `search` as `autotune search` in a child, until it ends or is cancelled."""
         self.say(f"worker {self.label}: running {search.name} (attempt {search.attempts})")
-        command = [sys.executable, "-m", "autotune", "search", *search.arguments, "--study", search.name,
-                   "--db", self.db_url, "--device", self.device.device]
+        command = [
+            sys.executable,
+            "-m",
+            "autotune",
+            "search",
+            *search.arguments,
+            "--study",
+            search.name,
+            "--db",
+            self.db_url,
+            "--device",
+            self.device.device,
+        ]
         code, cancelled, last_error = self._supervise(command, search, own=True)
         state, reason = self._ending(search, code, cancelled, last_error)
         try:
@@ -172,8 +203,18 @@ class QueueWorker:
     def join_search(self, search: SearchRecord) -> None:
         """Probe `search`'s study beside its starter, as `autotune worker --study` does."""
         self.say(f"worker {self.label}: joining {search.name}")
-        command = [sys.executable, "-m", "autotune", "worker", "--study", search.name, "--db", self.db_url,
-                   "--device", self.device.device]
+        command = [
+            sys.executable,
+            "-m",
+            "autotune",
+            "worker",
+            "--study",
+            search.name,
+            "--db",
+            self.db_url,
+            "--device",
+            self.device.device,
+        ]
         self._supervise(command, search, own=False)
 
     def _supervise(self, command: list[str], search: SearchRecord, *, own: bool) -> tuple[int, str | None, str | None]:
@@ -182,12 +223,21 @@ class QueueWorker:
         with tempfile.TemporaryDirectory(prefix="autotune-queue-") as workdir:
             return self._run_child(command, search, workdir, own=own)
 
-    def _run_child(self, command: list[str], search: SearchRecord, workdir: str, *,
-                   own: bool) -> tuple[int, str | None, str | None]:
+    def _run_child(
+        self, command: list[str], search: SearchRecord, workdir: str, *, own: bool
+    ) -> tuple[int, str | None, str | None]:
         lines: list[str] = []
-        self.child = subprocess.Popen(command, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, text=True, errors="replace", bufsize=1,
-                                      preexec_fn=kill_me_with_parent)
+        self.child = subprocess.Popen(
+            command,
+            cwd=workdir,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            errors="replace",
+            bufsize=1,
+            preexec_fn=kill_me_with_parent,
+        )
         reader = threading.Thread(target=self._relay, args=(self.child, search.name, lines), daemon=True)
         reader.start()
         cancelled: str | None = None
@@ -235,7 +285,9 @@ class QueueWorker:
         except AutotuneError:
             return None
 
-    def _ending(self, search: SearchRecord, code: int, cancelled: str | None, last_error: str | None) -> tuple[SearchState, str]:
+    def _ending(
+        self, search: SearchRecord, code: int, cancelled: str | None, last_error: str | None
+    ) -> tuple[SearchState, str]:
         """How a search ended, from its exit status and its study as stored."""
         if cancelled is not None:
             return SearchState.CANCELLED, f"cancelled by {cancelled.removeprefix('by ')}; submit it again to resume"
@@ -300,8 +352,16 @@ class QueueWorker:
             child.wait()
 
 
-def serve_queue(db: str | None, device: str, *, say: Callable[[str], None] = print, poll_seconds: float = 1.0,
-                max_searches: int | None = None, timeout: float | None = None, join: bool = True) -> QueueOutcome:
+def serve_queue(
+    db: str | None,
+    device: str,
+    *,
+    say: Callable[[str], None] = print,
+    poll_seconds: float = 1.0,
+    max_searches: int | None = None,
+    timeout: float | None = None,
+    join: bool = True,
+) -> QueueOutcome:
     """`autotune worker --queue`: open the database, learn the device, serve the queue."""
     from autotune.store import open_store
 

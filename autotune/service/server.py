@@ -26,16 +26,20 @@ def check_serving(host: str, port: int, model_root: str | None) -> Path | None:
     root = None
     if model_root is not None:
         if not model_root.strip():
-            raise BadInput("--model-root is empty; give the directory under which clients may name local models, "
-                           "or leave it out (hub ids only).")
+            raise BadInput(
+                "--model-root is empty; give the directory under which clients may name local models, "
+                "or leave it out (hub ids only)."
+            )
         try:
             root = Path(model_root).expanduser().resolve()
             usable = root.is_dir()
         except (OSError, ValueError):  # (a name past the file system's limits, a NUL)
             usable = False
         if not usable:
-            raise BadInput(f"--model-root {model_root[:80]!r}: no such directory; give the directory under which clients may "
-                           f"name local models, data sets and tokenizers.")
+            raise BadInput(
+                f"--model-root {model_root[:80]!r}: no such directory; give the directory under which clients may "
+                f"name local models, data sets and tokenizers."
+            )
     return root
 
 
@@ -48,9 +52,20 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def serve(*, host: str, port: int, db: str | None, local_worker: bool, worker_device: str, public_read: bool,
-          model_root: str | None, allow_remote_code: bool, say=print, workers: int | None = None,
-          launcher: Launcher | None = None) -> None:
+def serve(
+    *,
+    host: str,
+    port: int,
+    db: str | None,
+    local_worker: bool,
+    worker_device: str,
+    public_read: bool,
+    model_root: str | None,
+    allow_remote_code: bool,
+    say=print,
+    workers: int | None = None,
+    launcher: Launcher | None = None,
+) -> None:
     """Serve until SIGTERM or Ctrl-C. `workers` queue workers are started by `launcher` (Ray tasks,
     a Slurm job array, or this machine's processes) and stopped with the service."""
     from autotune.service.app import ServiceConfig, create_app
@@ -68,8 +83,10 @@ def serve(*, host: str, port: int, db: str | None, local_worker: bool, worker_de
         shown = store.url
         has_tokens = store.has_tokens()
     if not is_loopback(host) and not has_tokens:
-        raise BadInput(f"--host {host} listens beyond this machine, and no token exists to guard it; make one first "
-                       f"(autotune token create NAME --db ...), or listen on 127.0.0.1.")
+        raise BadInput(
+            f"--host {host} listens beyond this machine, and no token exists to guard it; make one first "
+            f"(autotune token create NAME --db ...), or listen on 127.0.0.1."
+        )
     _check_port_free(host, port)
     config = ServiceConfig(db=url, policy=ServicePolicy(root, allow_remote_code), public_read=public_read)
     app = create_app(config)
@@ -85,10 +102,14 @@ def serve(*, host: str, port: int, db: str | None, local_worker: bool, worker_de
     if workers and launcher is not None:
         launcher.start(workers, spec)
     reads = "open to all" if public_read else "with a token"
-    started = f"; {workers} queue worker{'s' if workers != 1 else ''} by {launcher.name}" if workers and launcher else ""
-    say(f"autotune serve: http://{host}:{port}/ (database {shown}; reads {reads}, writes with a token"
+    started = (
+        f"; {workers} queue worker{'s' if workers != 1 else ''} by {launcher.name}" if workers and launcher else ""
+    )
+    say(
+        f"autotune serve: http://{host}:{port}/ (database {shown}; reads {reads}, writes with a token"
         f"{'; no tokens yet: autotune token create NAME' if not has_tokens else ''}"
-        f"{f'; local worker pid {worker.pid}' if worker else ''}{started})")
+        f"{f'; local worker pid {worker.pid}' if worker else ''}{started})"
+    )
     try:
         listen(app, host, port)
     finally:
@@ -112,14 +133,19 @@ def _check_port_free(host: str, port: int) -> None:
         try:
             probe.bind((host, port))
         except OSError as exc:
-            raise BadInput(f"cannot listen on {host}:{port}: {exc.strerror}; give another --port (or --host).") from None
+            raise BadInput(
+                f"cannot listen on {host}:{port}: {exc.strerror}; give another --port (or --host)."
+            ) from None
 
 
 def _start_local_worker(db_url: str, device: str) -> subprocess.Popen:
     from autotune.processes import kill_me_with_parent
 
-    return subprocess.Popen([sys.executable, "-m", "autotune", "worker", "--queue", "--db", db_url, "--device", device],
-                            stdin=subprocess.DEVNULL, preexec_fn=kill_me_with_parent)
+    return subprocess.Popen(
+        [sys.executable, "-m", "autotune", "worker", "--queue", "--db", db_url, "--device", device],
+        stdin=subprocess.DEVNULL,
+        preexec_fn=kill_me_with_parent,
+    )
 
 
 def _stop(worker: subprocess.Popen) -> None:

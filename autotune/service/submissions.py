@@ -37,12 +37,24 @@ SEARCH_CLOSED = {
     "slurm_option": "queue workers run the searches, not a launcher of the request's.",
     "dry_run": "the service submits; `autotune search --dry-run` prints a job script on the command line.",
     "from": "the service reads no file a client names: send the file's recipe as fields (model, block_sizes, "
-                 "effective_batch, peft, optimizers, ...), or run `autotune search --from FILE` where the file is.",
+    "effective_batch, peft, optimizers, ...), or run `autotune search --from FILE` where the file is.",
 }
 # search's parameters that say where and how its workers start, or where its recipe is read from,
 # not what is searched (read apart; all closed above).
-LAUNCH_PARAMS = ("db", "as_json", "workers", "oversubscribe", "launcher", "ray_address", "slurm_partition",
-                 "slurm_time", "slurm_parallel", "slurm_option", "dry_run", "from_file")
+LAUNCH_PARAMS = (
+    "db",
+    "as_json",
+    "workers",
+    "oversubscribe",
+    "launcher",
+    "ray_address",
+    "slurm_partition",
+    "slurm_time",
+    "slurm_parallel",
+    "slurm_option",
+    "dry_run",
+    "from_file",
+)
 # The service's own fields: the device kind the workers must have, and a card they must carry.
 SEARCH_OWN = frozenset({"device", "gpu"})
 DEVICE_KINDS = ("auto", "cuda", "cpu")
@@ -57,8 +69,8 @@ LOCAL_FIELDS = ("model", "dataset", "tokenizer")
 class ServicePolicy:
     """What the operator allows clients to name (autotune serve's flags)."""
 
-    model_root: Path | None = None       # local models, data sets and tokenizers: only under it
-    allow_remote_code: bool = False      # --trust-remote-code in a request
+    model_root: Path | None = None  # local models, data sets and tokenizers: only under it
+    allow_remote_code: bool = False  # --trust-remote-code in a request
 
     def reference(self, field: str, value: Any) -> Any:
         """A client's model, data set or tokenizer as the service lets it be read: a name under
@@ -68,18 +80,27 @@ class ServicePolicy:
             return value  # (the command's own reading refuses it)
         text = value.strip()
         if "\x00" in text or len(text) > MAX_REFERENCE_CHARS:
-            raise RequestRefused(f"{field}: give a hub id or a directory's name of at most {MAX_REFERENCE_CHARS} "
-                                 f"characters, without NUL.")
+            raise RequestRefused(
+                f"{field}: give a hub id or a directory's name of at most {MAX_REFERENCE_CHARS} "
+                f"characters, without NUL."
+            )
         try:
             return self._reference(field, text)
         except (OSError, ValueError):  # (a name past the file system's limits: no file of it to read)
-            raise RequestRefused(f"{field} {text[:80]!r} is no usable name: a path component past the file system's "
-                                 f"limit; give a hub id or a directory under the service's --model-root.") from None
+            raise RequestRefused(
+                f"{field} {text[:80]!r} is no usable name: a path component past the file system's "
+                f"limit; give a hub id or a directory under the service's --model-root."
+            ) from None
 
     def _reference(self, field: str, text: str) -> str:
         root = self.model_root
-        pathlike = text.startswith(("/", ".", "~")) or "\\" in text or ".." in text.split("/") or \
-            re.match(r"[A-Za-z]+:", text) is not None and field != "dataset"
+        pathlike = (
+            text.startswith(("/", ".", "~"))
+            or "\\" in text
+            or ".." in text.split("/")
+            or re.match(r"[A-Za-z]+:", text) is not None
+            and field != "dataset"
+        )
         if root is not None and not pathlike:
             candidate = (root / text).resolve()
             if candidate.exists() and _inside(candidate, root):
@@ -87,13 +108,18 @@ class ServicePolicy:
         if pathlike:
             if root is not None and os.path.isabs(text) and _inside(Path(text).resolve(), root):
                 return str(Path(text).resolve())
-            raise RequestRefused(f"{field} {text[:80]!r} names a path on the server; name a hub id, or a directory under "
-                                 f"the service's --model-root{'' if root else ' (none is set)'}.", status=403)
+            raise RequestRefused(
+                f"{field} {text[:80]!r} names a path on the server; name a hub id, or a directory under "
+                f"the service's --model-root{'' if root else ' (none is set)'}.",
+                status=403,
+            )
         if Path(text).exists():
             # A hub id that is also a path relative to the server's working directory would be read from there.
-            raise RequestRefused(f"{field} {text[:80]!r} is also a path on the server, which the service does not read; "
-                                 f"name a hub id with its owner, or a directory under the service's --model-root.",
-                                 status=403)
+            raise RequestRefused(
+                f"{field} {text[:80]!r} is also a path on the server, which the service does not read; "
+                f"name a hub id with its owner, or a directory under the service's --model-root.",
+                status=403,
+            )
         return text
 
 
@@ -122,24 +148,37 @@ def submission_of(body: object, policy: ServicePolicy) -> Submission:
     card = _card(own.get("gpu"))
     params = {k: v for k, v in request.params.items() if k not in LAUNCH_PARAMS}
     if params.get("trust_remote_code") and not policy.allow_remote_code:
-        raise RequestRefused("trust_remote_code: this service does not run a model's own code; its operator allows it "
-                             "with autotune serve --allow-remote-code.", status=403)
+        raise RequestRefused(
+            "trust_remote_code: this service does not run a model's own code; its operator allows it "
+            "with autotune serve --allow-remote-code.",
+            status=403,
+        )
     # Checked for the device the workers have, not this server's (which may have no GPU at all).
     params["device"] = device
     try:
         flags = read_search_flags(params)
-        resolved = resolve_search(flags.model, flags.budget, settings=flags.settings, options=flags.options,
-                                  **flags.space_args)
+        resolved = resolve_search(
+            flags.model, flags.budget, settings=flags.settings, options=flags.options, **flags.space_args
+        )
     except AutotuneError as exc:
         raise RequestRefused(str(exc)) from None
     except click.UsageError as exc:  # (flags that only make sense together, read past click's parse)
         raise RequestRefused(usage_message(exc)) from None
     arguments = request.arguments
-    digest = hashlib.sha256(json.dumps({"arguments": arguments, "device": device, "gpu": card},
-                                       sort_keys=True).encode()).hexdigest()
-    return Submission(name=resolved.name, arguments=arguments, request_hash=digest, model=flags.model,
-                      budget_bytes=flags.budget, device_kind=device, gpus=resolved.space.gpus, card=card,
-                      candidates=len(resolved.candidates))
+    digest = hashlib.sha256(
+        json.dumps({"arguments": arguments, "device": device, "gpu": card}, sort_keys=True).encode()
+    ).hexdigest()
+    return Submission(
+        name=resolved.name,
+        arguments=arguments,
+        request_hash=digest,
+        model=flags.model,
+        budget_bytes=flags.budget,
+        device_kind=device,
+        gpus=resolved.space.gpus,
+        card=card,
+        candidates=len(resolved.candidates),
+    )
 
 
 def _device_kind(value: object) -> str:
@@ -156,6 +195,8 @@ def _card(value: object) -> str | None:
     if value is None:
         return None
     if not isinstance(value, str) or not CARD.fullmatch(value.strip()):
-        raise RequestRefused(f"gpu {str(value)[:40]!r}: give a card's name as its device name says it (e.g. A10G, "
-                             f"H100), up to 100 letters, digits, spaces, '.', '_' or '-'.")
+        raise RequestRefused(
+            f"gpu {str(value)[:40]!r}: give a card's name as its device name says it (e.g. A10G, "
+            f"H100), up to 100 letters, digits, spaces, '.', '_' or '-'."
+        )
     return value.strip()

@@ -16,10 +16,16 @@ from autotune.status import ProbeStatus, SearchState, Settled, StudyStatus
 from autotune.store import LeaderboardRow, ProbeRecord, SearchRecord, Store, StudyRecord
 
 # A study searched from the command line (no submission) read as a search's state.
-STUDY_STATES = {StudyStatus.RUNNING: SearchState.RUNNING, StudyStatus.FINISHED: SearchState.FINISHED,
-                StudyStatus.INCOMPLETE: SearchState.FAILED, StudyStatus.INTERRUPTED: SearchState.INTERRUPTED}
-STUDY_REASONS = {StudyStatus.INCOMPLETE: "some candidates could not be measured; run the same search again to retry them",
-                 StudyStatus.INTERRUPTED: "stopped before the end; run the same search again to resume"}
+STUDY_STATES = {
+    StudyStatus.RUNNING: SearchState.RUNNING,
+    StudyStatus.FINISHED: SearchState.FINISHED,
+    StudyStatus.INCOMPLETE: SearchState.FAILED,
+    StudyStatus.INTERRUPTED: SearchState.INTERRUPTED,
+}
+STUDY_REASONS = {
+    StudyStatus.INCOMPLETE: "some candidates could not be measured; run the same search again to retry them",
+    StudyStatus.INTERRUPTED: "stopped before the end; run the same search again to resume",
+}
 
 
 @dataclass(slots=True)
@@ -37,8 +43,13 @@ class StoredOutcome:
 
 def links(name: str) -> dict[str, str]:
     base = f"/v1/searches/{quote(name, safe='')}"
-    return {"self": base, "events": f"{base}/events", "best": f"{base}/best", "cancel": f"{base}/cancel",
-            "page": f"/searches/{quote(name, safe='')}"}
+    return {
+        "self": base,
+        "events": f"{base}/events",
+        "best": f"{base}/best",
+        "cancel": f"{base}/cancel",
+        "page": f"/searches/{quote(name, safe='')}",
+    }
 
 
 def submitted_or_none(store: Store, name: str) -> SearchRecord | None:
@@ -63,22 +74,27 @@ def search_view(store: Store, name: str, *, detail: bool = True) -> dict[str, An
     submitted = submitted_or_none(store, name)
     study = study_or_none(store, name)
     if submitted is None and study is None:
-        raise StudyNotFound(f"no search or study named {name!r}; submit one with POST /v1/searches, or list them "
-                            f"with GET /v1/searches.")
+        raise StudyNotFound(
+            f"no search or study named {name!r}; submit one with POST /v1/searches, or list them with GET /v1/searches."
+        )
     settled = store.settled_counts([name]).get(name, 0)
     view = summary_view(submitted, study, settled)
     if detail:
         board = store.leaderboard(name) if study is not None else []
         view["leaderboard"] = [row.to_dict() for row in board]
         view["best"] = best_document(store, name) if board else None
-        view["why"] = explain_winner(StoredOutcome(study, board)) if study is not None and (board or view["state"] in (
-            SearchState.FINISHED,)) else None
+        view["why"] = (
+            explain_winner(StoredOutcome(study, board))
+            if study is not None and (board or view["state"] in (SearchState.FINISHED,))
+            else None
+        )
         view["confirmation"] = study.confirmation if study is not None else None
     return view
 
 
-def summary_view(submitted: SearchRecord | None, study: StudyRecord | None, settled: int,
-                 best_tokens_per_s: float | None = None) -> dict[str, Any]:
+def summary_view(
+    submitted: SearchRecord | None, study: StudyRecord | None, settled: int, best_tokens_per_s: float | None = None
+) -> dict[str, Any]:
     """A search's header: what, where, its state and progress (the list and the page's rows)."""
     name = submitted.name if submitted is not None else study.name  # type: ignore[union-attr]
     if submitted is not None:
@@ -87,16 +103,30 @@ def summary_view(submitted: SearchRecord | None, study: StudyRecord | None, sett
     else:
         assert study is not None
         state = STUDY_STATES.get(StudyStatus(study.status), SearchState.RUNNING)
-        view = {"name": name, "state": state, "reason": STUDY_REASONS.get(StudyStatus(study.status)),
-                "model": study.model_reference, "budget_bytes": study.budget_bytes, "device": None, "gpus": None,
-                "card": None, "candidates": None, "arguments": None, "submitted_by": None,
-                "created_at": study.created_at.isoformat(), "updated_at": study.updated_at.isoformat()}
+        view = {
+            "name": name,
+            "state": state,
+            "reason": STUDY_REASONS.get(StudyStatus(study.status)),
+            "model": study.model_reference,
+            "budget_bytes": study.budget_bytes,
+            "device": None,
+            "gpus": None,
+            "card": None,
+            "candidates": None,
+            "arguments": None,
+            "submitted_by": None,
+            "created_at": study.created_at.isoformat(),
+            "updated_at": study.updated_at.isoformat(),
+        }
     view["source"] = "service" if submitted is not None else "command line"
     view["device_name"] = study.device_name if study is not None else None
     # The confirmation round's windows: probes too, beyond the configurations settled (issue 56).
     confirming = int(((study.confirmation or {}) if study is not None else {}).get("probes") or 0)
-    view["progress"] = {"settled": settled, "total": submitted.candidates if submitted is not None else None,
-                        "confirming": confirming}
+    view["progress"] = {
+        "settled": settled,
+        "total": submitted.candidates if submitted is not None else None,
+        "confirming": confirming,
+    }
     view["best_tokens_per_s"] = best_tokens_per_s
     view["links"] = links(name)
     return view
@@ -114,8 +144,9 @@ def list_view(store: Store, limit: int) -> list[dict[str, Any]]:
         study = None
         if summary is not None and name not in submitted:
             study = store.study(name)
-        view = summary_view(submitted.get(name), study, counts.get(name, 0),
-                            summary.best_tokens_per_s if summary is not None else None)
+        view = summary_view(
+            submitted.get(name), study, counts.get(name, 0), summary.best_tokens_per_s if summary is not None else None
+        )
         if summary is not None:
             view["device_name"] = summary.device_name
         views.append(view)
@@ -130,6 +161,7 @@ def best_document(store: Store, name: str) -> dict[str, Any]:
 
 
 # -- events ---------------------------------------------------------------------------------------
+
 
 @dataclass(slots=True)
 class EventReader:
@@ -181,8 +213,21 @@ def event_view(probe: ProbeRecord, settled: int, total: int, best: bool) -> dict
     r = probe.result
     how = Settled.SKIPPED if r.status == ProbeStatus.SKIPPED else Settled.PROBED
     line = format_event(Event(probe.config, r, how, settled, max(total, settled), best, probe.worker), show_worker=True)
-    return {"id": probe.id, "settled": settled, "total": total, "config_key": probe.config_key,
-            "label": probe.config.label(), "status": r.status, "tokens_per_s": r.tokens_per_s,
-            "peak_reserved_bytes": r.peak_reserved_bytes, "peak_allocated_bytes": r.peak_allocated_bytes,
-            "context_bytes": r.context_bytes, "need_bytes": r.required_bytes, "worker": probe.worker, "best": best, "error": r.error, "line": line,
-            "finished_at": probe.finished_at.isoformat()}
+    return {
+        "id": probe.id,
+        "settled": settled,
+        "total": total,
+        "config_key": probe.config_key,
+        "label": probe.config.label(),
+        "status": r.status,
+        "tokens_per_s": r.tokens_per_s,
+        "peak_reserved_bytes": r.peak_reserved_bytes,
+        "peak_allocated_bytes": r.peak_allocated_bytes,
+        "context_bytes": r.context_bytes,
+        "need_bytes": r.required_bytes,
+        "worker": probe.worker,
+        "best": best,
+        "error": r.error,
+        "line": line,
+        "finished_at": probe.finished_at.isoformat(),
+    }

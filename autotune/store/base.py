@@ -112,8 +112,7 @@ class StoreBase:
             found = None
         if found is None:
             return exc
-        return DatabaseError(f"the results database {self.url} has a damaged row: {found.describe()}; "
-                             f"{found.remedy()}")
+        return DatabaseError(f"the results database {self.url} has a damaged row: {found.describe()}; {found.remedy()}")
 
     def _check_same_file(self) -> None:
         if self._path is None:

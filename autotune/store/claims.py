@@ -28,8 +28,9 @@ MAX_ATTEMPTS = 2
 class ClaimsMixin(StoreBase):
     """The Store's claim operations (see the module docstring)."""
 
-    def claim(self, study_id: int, config_key: str, worker: str, *, stale_after: float,
-              max_attempts: int = MAX_ATTEMPTS) -> int | None:
+    def claim(
+        self, study_id: int, config_key: str, worker: str, *, stale_after: float, max_attempts: int = MAX_ATTEMPTS
+    ) -> int | None:
         """Take a configuration of a study for probing; returns the attempt number (1 for a new
         claim), or None when another worker holds it, it is settled, or it has had its attempts.
 
@@ -37,16 +38,29 @@ class ClaimsMixin(StoreBase):
         on the unique (study, config key) constraint; taking over the claim of a worker that has
         not heartbeaten for `stale_after` seconds is an UPDATE conditioned on that staleness. A
         stale claim that has had `max_attempts` is left for settle(how="abandoned")."""
+
         def work() -> int | None:
             with self._writing() as session:
                 now = _db_now(session)
-                if _insert_claim(session, study_id=study_id, config_key=config_key, worker=worker, state=ClaimState.RUNNING,
-                                 attempts=1, claimed_at=now, heartbeat_at=now):
+                if _insert_claim(
+                    session,
+                    study_id=study_id,
+                    config_key=config_key,
+                    worker=worker,
+                    state=ClaimState.RUNNING,
+                    attempts=1,
+                    claimed_at=now,
+                    heartbeat_at=now,
+                ):
                     return 1
                 taken = session.execute(
                     update(Claim)
-                    .where(_claim_is(study_id, config_key), Claim.state == ClaimState.RUNNING,
-                           Claim.heartbeat_at < now - timedelta(seconds=stale_after), Claim.attempts < max_attempts)
+                    .where(
+                        _claim_is(study_id, config_key),
+                        Claim.state == ClaimState.RUNNING,
+                        Claim.heartbeat_at < now - timedelta(seconds=stale_after),
+                        Claim.attempts < max_attempts,
+                    )
                     .values(worker=worker, attempts=Claim.attempts + 1, claimed_at=now, heartbeat_at=now)
                 ).rowcount  # type: ignore[attr-defined]
                 if not taken:
@@ -61,7 +75,8 @@ class ClaimsMixin(StoreBase):
         with self._writing() as session:
             now = _db_now(session)
             changed = session.execute(
-                update(Claim).where(_claim_is(study_id, config_key), Claim.worker == worker, Claim.state == ClaimState.RUNNING)
+                update(Claim)
+                .where(_claim_is(study_id, config_key), Claim.worker == worker, Claim.state == ClaimState.RUNNING)
                 .values(heartbeat_at=now)
             ).rowcount  # type: ignore[attr-defined]
         return bool(changed)
@@ -70,10 +85,14 @@ class ClaimsMixin(StoreBase):
         """Give back a claim this worker holds without settling it (its probe was aborted).
         `retry=False`: tried once (on the way out of a search the database just failed: what cannot
         be written now, the next search makes right, release_dead_claims)."""
+
         def work() -> None:
             with self._writing() as session:
-                session.execute(delete(Claim).where(_claim_is(study_id, config_key), Claim.worker == worker,
-                                                    Claim.state == ClaimState.RUNNING))
+                session.execute(
+                    delete(Claim).where(
+                        _claim_is(study_id, config_key), Claim.worker == worker, Claim.state == ClaimState.RUNNING
+                    )
+                )
 
         self._retry_transient(work) if retry else work()
 
@@ -85,15 +104,23 @@ class ClaimsMixin(StoreBase):
         ends as crashed after MAX_ATTEMPTS rather than being tried forever. Another machine's claims
         are left to their heartbeats. Returns how many."""
         with self._read() as session:
-            dead = [(c.config_key, c.worker) for c in session.scalars(
-                select(Claim).where(Claim.study_id == study_id, Claim.state == ClaimState.RUNNING)) if worker_gone(c.worker)]
+            dead = [
+                (c.config_key, c.worker)
+                for c in session.scalars(
+                    select(Claim).where(Claim.study_id == study_id, Claim.state == ClaimState.RUNNING)
+                )
+                if worker_gone(c.worker)
+            ]
         if not dead:
             return 0
         with self._writing() as session:
             long_ago = _db_now(session) - timedelta(days=365)
             for config_key, worker in dead:
-                session.execute(update(Claim).where(_claim_is(study_id, config_key), Claim.worker == worker,
-                                                    Claim.state == ClaimState.RUNNING).values(heartbeat_at=long_ago))
+                session.execute(
+                    update(Claim)
+                    .where(_claim_is(study_id, config_key), Claim.worker == worker, Claim.state == ClaimState.RUNNING)
+                    .values(heartbeat_at=long_ago)
+                )
         return len(dead)
 
     def settle(
@@ -123,22 +150,41 @@ class ClaimsMixin(StoreBase):
         transaction, retried when the connection drops."""
         key = config.key()
         state = ClaimState.CRASHED if result.status == ProbeStatus.CRASHED else ClaimState.DONE
-        row = probe_values(study_id, config, result, env_fingerprint=env_fingerprint, trial_number=trial_number,
-                            predicted_peak_bytes=predicted_peak_bytes, worker=worker, started_at=started_at,
-                            cacheable=cacheable)
+        row = probe_values(
+            study_id,
+            config,
+            result,
+            env_fingerprint=env_fingerprint,
+            trial_number=trial_number,
+            predicted_peak_bytes=predicted_peak_bytes,
+            worker=worker,
+            started_at=started_at,
+            cacheable=cacheable,
+        )
 
         def work() -> int | None:
             with self._writing() as session:
                 now = _db_now(session)
                 if how == SettleHow.UNCLAIMED:
-                    won = _insert_claim(session, study_id=study_id, config_key=key, worker=worker, state=state,
-                                        attempts=0, claimed_at=now, heartbeat_at=now)
+                    won = _insert_claim(
+                        session,
+                        study_id=study_id,
+                        config_key=key,
+                        worker=worker,
+                        state=state,
+                        attempts=0,
+                        claimed_at=now,
+                        heartbeat_at=now,
+                    )
                 else:
                     where = [_claim_is(study_id, key), Claim.state == ClaimState.RUNNING]
                     values: dict[str, Any] = {"state": state, "heartbeat_at": now}
                     if how == SettleHow.ABANDONED:
                         assert stale_after is not None, "settle(how='abandoned') needs stale_after"
-                        where += [Claim.heartbeat_at < now - timedelta(seconds=stale_after), Claim.attempts >= max_attempts]
+                        where += [
+                            Claim.heartbeat_at < now - timedelta(seconds=stale_after),
+                            Claim.attempts >= max_attempts,
+                        ]
                         values.update(state=ClaimState.CRASHED, worker=worker)
                     elif how != SettleHow.CLAIMED:
                         raise ValueError(f"how must be claimed, unclaimed or abandoned, not {how!r}")
@@ -157,9 +203,16 @@ class ClaimsMixin(StoreBase):
             now = _db_now(session)
             cutoff = now - timedelta(seconds=stale_after)
             return [
-                ClaimRecord(study_id=c.study_id, config_key=c.config_key, worker=c.worker, state=c.state,
-                            attempts=c.attempts, claimed_at=c.claimed_at, heartbeat_at=c.heartbeat_at,
-                            stale=c.state == ClaimState.RUNNING and c.heartbeat_at < cutoff)
+                ClaimRecord(
+                    study_id=c.study_id,
+                    config_key=c.config_key,
+                    worker=c.worker,
+                    state=c.state,
+                    attempts=c.attempts,
+                    claimed_at=c.claimed_at,
+                    heartbeat_at=c.heartbeat_at,
+                    stale=c.state == ClaimState.RUNNING and c.heartbeat_at < cutoff,
+                )
                 for c in session.scalars(select(Claim).where(Claim.study_id == study_id).order_by(Claim.id))
             ]
 
@@ -168,13 +221,16 @@ class ClaimsMixin(StoreBase):
         timeout or crash a resumed search tries once more); returns how many."""
         with self._writing() as session:
             latest = select(func.max(Probe.id)).where(Probe.study_id == study_id).group_by(Probe.config_key)
-            keys = list(session.scalars(select(Probe.config_key).where(Probe.id.in_(latest), Probe.status.in_(statuses))))
+            keys = list(
+                session.scalars(select(Probe.config_key).where(Probe.id.in_(latest), Probe.status.in_(statuses)))
+            )
             if not keys:
                 return 0
             return session.execute(
-                delete(Claim).where(Claim.study_id == study_id, Claim.config_key.in_(keys), Claim.state != ClaimState.RUNNING)
+                delete(Claim).where(
+                    Claim.study_id == study_id, Claim.config_key.in_(keys), Claim.state != ClaimState.RUNNING
+                )
             ).rowcount  # type: ignore[attr-defined]
-
 
     def reopen_skipped(self, study_id: int, config_keys: list[str]) -> int:
         """Forget the skips of these configs (their rows and settled claims), so that the search
@@ -183,11 +239,16 @@ class ClaimsMixin(StoreBase):
         if not config_keys:
             return 0
         with self._writing() as session:
-            gone = session.execute(delete(Probe).where(
-                Probe.study_id == study_id, Probe.config_key.in_(config_keys), Probe.status == ProbeStatus.SKIPPED)
+            gone = session.execute(
+                delete(Probe).where(
+                    Probe.study_id == study_id, Probe.config_key.in_(config_keys), Probe.status == ProbeStatus.SKIPPED
+                )
             ).rowcount  # type: ignore[attr-defined]
-            session.execute(delete(Claim).where(Claim.study_id == study_id, Claim.config_key.in_(config_keys),
-                                                Claim.state != ClaimState.RUNNING))
+            session.execute(
+                delete(Claim).where(
+                    Claim.study_id == study_id, Claim.config_key.in_(config_keys), Claim.state != ClaimState.RUNNING
+                )
+            )
             return gone
 
 
@@ -214,8 +275,12 @@ def _insert_claim(session: Session, **values: Any) -> bool:
         # Both dialects' inserts have on_conflict_do_nothing; their types differ only in name.
         dialect_insert: Any = postgresql.insert if dialect == "postgresql" else sqlite.insert
         claims: Any = Claim.__table__
-        statement = (dialect_insert(claims).values(**values)
-                     .on_conflict_do_nothing(index_elements=["study_id", "config_key"]).returning(claims.c.id))
+        statement = (
+            dialect_insert(claims)
+            .values(**values)
+            .on_conflict_do_nothing(index_elements=["study_id", "config_key"])
+            .returning(claims.c.id)
+        )
         # RETURNING, not rowcount: drivers disagree on rowcount for a conflict that did nothing.
         return session.execute(statement).first() is not None
     try:

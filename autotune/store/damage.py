@@ -23,16 +23,20 @@ def check_tables(connection: Connection, where: str, revision: str) -> None:
     present = set(inspector.get_table_names())
     for table in Base.metadata.sorted_tables:
         if table.name not in present:
-            raise DatabaseError(f"the results database {where} is damaged: it has no table {table.name}, which its "
-                                f"schema revision {revision!r} has; restore the file from a backup, or pass --db "
-                                f"with another database.")
+            raise DatabaseError(
+                f"the results database {where} is damaged: it has no table {table.name}, which its "
+                f"schema revision {revision!r} has; restore the file from a backup, or pass --db "
+                f"with another database."
+            )
         columns = {column["name"] for column in inspector.get_columns(table.name)}
         missing = [column.name for column in table.columns if column.name not in columns]
         if missing:
             more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            raise DatabaseError(f"the results database {where} is damaged: table {table.name} has no column "
-                                f"{missing[0]}{more}, which its schema revision {revision!r} has; restore the file "
-                                f"from a backup, or pass --db with another database.")
+            raise DatabaseError(
+                f"the results database {where} is damaged: table {table.name} has no column "
+                f"{missing[0]}{more}, which its schema revision {revision!r} has; restore the file "
+                f"from a backup, or pass --db with another database."
+            )
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,8 +61,10 @@ class DamagedValue:
 
     def remedy(self) -> str:
         fix = "NULL" if self.nullable else "'{}'"
-        return (f"repair it (e.g. UPDATE {self.table} SET {self.column} = {fix} WHERE id = {self.row_id}), or delete "
-                f"that row, or restore the file from a backup.")
+        return (
+            f"repair it (e.g. UPDATE {self.table} SET {self.column} = {fix} WHERE id = {self.row_id}), or delete "
+            f"that row, or restore the file from a backup."
+        )
 
 
 def find_damaged_json(session: Session) -> DamagedValue | None:
@@ -77,11 +83,15 @@ def find_damaged_json(session: Session) -> DamagedValue | None:
             if table is study or "study_id" not in table.c:  # (the queue's searches carry their study's name)
                 query = select(table.c.id, table.c.name, raw)
             else:
-                query = select(table.c.id, study.c.name, raw).select_from(table) \
+                query = (
+                    select(table.c.id, study.c.name, raw)
+                    .select_from(table)
                     .outerjoin(study, study.c.id == table.c.study_id)
+                )
             stored = f"{table.name}.{column.name}"
-            row = session.execute(query.where(text(f"{stored} IS NOT NULL AND NOT json_valid({stored})"))
-                                  .order_by(table.c.id).limit(1)).first()
+            row = session.execute(
+                query.where(text(f"{stored} IS NOT NULL AND NOT json_valid({stored})")).order_by(table.c.id).limit(1)
+            ).first()
             if row is not None:
                 value = row[2] if row[2] is not None else ""
                 shown = value if len(value) <= 40 else value[:40] + "..."

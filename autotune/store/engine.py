@@ -46,8 +46,10 @@ PG_STATEMENT_TIMEOUT_S = 120
 # What a plain path (no `scheme://`) must end in to name a new SQLite file.
 SQLITE_SUFFIXES = (".db", ".sqlite", ".sqlite3", ".db3")
 
-_NO_MEMORY = ("an in-memory SQLite database is gone when this process ends, and the search's Optuna study and "
-              "results must outlive it and be shared with its probe workers; give a file path, e.g. --db results.db")
+_NO_MEMORY = (
+    "an in-memory SQLite database is gone when this process ends, and the search's Optuna study and "
+    "results must outlive it and be shared with its probe workers; give a file path, e.g. --db results.db"
+)
 
 
 def default_url() -> str:
@@ -69,8 +71,10 @@ def resolve_url(db: str | os.PathLike[str] | None = None) -> URL:
     else:
         text, flag = os.fspath(db).strip(), "--db"
         if not text:
-            raise DatabaseError("--db is empty; give a file path or a database URL, or leave --db out for the default "
-                                "($AUTOTUNE_DB, else autotune.db in the user data directory).")
+            raise DatabaseError(
+                "--db is empty; give a file path or a database URL, or leave --db out for the default "
+                "($AUTOTUNE_DB, else autotune.db in the user data directory)."
+            )
     if text == ":memory:":
         raise DatabaseError(f"{flag} {text}: {_NO_MEMORY}.")
     if "://" not in text:
@@ -103,9 +107,11 @@ def _plain_path(text: str, flag: str) -> Path:
     if found is not None:
         raise DatabaseError(f"{flag} {text}: that is a directory; give a file in it, e.g. {path / DB_FILENAME}.")
     if path.suffix.lower() not in SQLITE_SUFFIXES:
-        raise DatabaseError(f"{flag} {text!r}: neither a database URL (scheme://..., e.g. postgresql+psycopg://user@host/db) "
-                            f"nor an SQLite file (an existing file, or a path ending in {', '.join(SQLITE_SUFFIXES)}); "
-                            f"name the file {path.name or 'results'}.db, or write sqlite:///{text} to use the name as it is.")
+        raise DatabaseError(
+            f"{flag} {text!r}: neither a database URL (scheme://..., e.g. postgresql+psycopg://user@host/db) "
+            f"nor an SQLite file (an existing file, or a path ending in {', '.join(SQLITE_SUFFIXES)}); "
+            f"name the file {path.name or 'results'}.db, or write sqlite:///{text} to use the name as it is."
+        )
     return path.resolve()
 
 
@@ -119,8 +125,10 @@ def _stat(path: Path, flag: str) -> os.stat_result | None:
         if exc.errno in (errno.ENOENT, errno.ENOTDIR):
             return None
         hint = "give a shorter path" if exc.errno == errno.ENAMETOOLONG else "give a path you can read and write"
-        raise DatabaseError(f"{flag}: cannot use {str(path)[:120]}{'...' if len(str(path)) > 120 else ''} as the "
-                            f"results database ({exc.strerror}); {hint}.") from None
+        raise DatabaseError(
+            f"{flag}: cannot use {str(path)[:120]}{'...' if len(str(path)) > 120 else ''} as the "
+            f"results database ({exc.strerror}); {hint}."
+        ) from None
 
 
 # The query parameters of an SQLite URL: those SQLAlchemy hands to Python's sqlite3.connect (it
@@ -128,8 +136,15 @@ def _stat(path: Path, flag: str) -> os.stat_result | None:
 # and those of SQLite's own file: URIs, which take effect only with uri=true. isolation_level is
 # left out on purpose: autotune issues BEGIN itself (make_engine) and would silently override it.
 _SQLITE_DRIVER_PARAMETERS = ("uri", "timeout", "detect_types", "check_same_thread", "cached_statements")
-_SQLITE_URI_PARAMETERS = {"mode": ("ro", "rw", "rwc", "memory"), "cache": ("shared", "private"), "immutable": None,
-                          "nolock": None, "psow": None, "vfs": None, "modeof": None}
+_SQLITE_URI_PARAMETERS = {
+    "mode": ("ro", "rw", "rwc", "memory"),
+    "cache": ("shared", "private"),
+    "immutable": None,
+    "nolock": None,
+    "psow": None,
+    "vfs": None,
+    "modeof": None,
+}
 _TRUE = ("true", "yes", "on", "y", "t", "1")
 _FALSE = ("false", "no", "off", "n", "f", "0")
 
@@ -152,10 +167,14 @@ def check_query(url: URL, flag: str = "--db") -> None:
     known = ", ".join((*_SQLITE_DRIVER_PARAMETERS, *_SQLITE_URI_PARAMETERS))
     for key, value in query.items():
         if key == "isolation_level":
-            raise DatabaseError(f"{flag}: remove isolation_level={value}; autotune begins its own transactions "
-                                f"(DEFERRED to read, IMMEDIATE to write) and would override it.")
+            raise DatabaseError(
+                f"{flag}: remove isolation_level={value}; autotune begins its own transactions "
+                f"(DEFERRED to read, IMMEDIATE to write) and would override it."
+            )
         if key not in _SQLITE_DRIVER_PARAMETERS and key not in _SQLITE_URI_PARAMETERS:
-            raise DatabaseError(f"{flag}: SQLite takes no query parameter {key!r}; remove it (those it takes: {known}).")
+            raise DatabaseError(
+                f"{flag}: SQLite takes no query parameter {key!r}; remove it (those it takes: {known})."
+            )
     uri = _boolean(flag, "uri", query["uri"]) if "uri" in query else False
     for key in ("check_same_thread",):
         if key in query:
@@ -166,19 +185,31 @@ def check_query(url: URL, flag: str = "--db") -> None:
         except ValueError:
             seconds = float("nan")
         if not 0 <= seconds <= 2**31 / 1000:  # (nan fails too) sqlite3 takes milliseconds in a C int
-            raise DatabaseError(f"{flag}: timeout={query['timeout']!r} is not a number of seconds from 0 to "
-                                f"{2**31 // 1000}; write e.g. ?timeout=30, or leave it out.")
+            raise DatabaseError(
+                f"{flag}: timeout={query['timeout']!r} is not a number of seconds from 0 to "
+                f"{2**31 // 1000}; write e.g. ?timeout=30, or leave it out."
+            )
     if "detect_types" in query:
-        _whole(flag, "detect_types", query["detect_types"], "a sum of sqlite3.PARSE_DECLTYPES (1) and "
-               "PARSE_COLNAMES (2)", 0, 3)
+        _whole(
+            flag,
+            "detect_types",
+            query["detect_types"],
+            "a sum of sqlite3.PARSE_DECLTYPES (1) and PARSE_COLNAMES (2)",
+            0,
+            3,
+        )
     if "cached_statements" in query:
         _whole(flag, "cached_statements", query["cached_statements"], "statements", 0, 2**31 - 1)
     uri_keys = [key for key in query if key in _SQLITE_URI_PARAMETERS]
     if uri_keys and not (uri and str(url.database).startswith("file:")):
-        example = f"sqlite:///file:{str(url.database).removeprefix('file:')}?{uri_keys[0]}={query[uri_keys[0]]}&uri=true"
-        raise DatabaseError(f"{flag}: {uri_keys[0]}={query[uri_keys[0]]} takes effect only in an SQLite file: URI "
-                            f"with uri=true (without them SQLite ignores it, or makes a file of that name); write "
-                            f"{example}")
+        example = (
+            f"sqlite:///file:{str(url.database).removeprefix('file:')}?{uri_keys[0]}={query[uri_keys[0]]}&uri=true"
+        )
+        raise DatabaseError(
+            f"{flag}: {uri_keys[0]}={query[uri_keys[0]]} takes effect only in an SQLite file: URI "
+            f"with uri=true (without them SQLite ignores it, or makes a file of that name); write "
+            f"{example}"
+        )
     for key in uri_keys:
         allowed = _SQLITE_URI_PARAMETERS[key]
         if allowed is not None and query[key] not in allowed:
@@ -191,8 +222,9 @@ def _boolean(flag: str, key: str, value: str) -> bool:
     low = value.strip().lower()
     if low in _TRUE or low in _FALSE:
         return low in _TRUE
-    raise DatabaseError(f"{flag}: {key}={value!r} is neither true nor false; write {key}=true or {key}=false, "
-                        f"or leave it out.")
+    raise DatabaseError(
+        f"{flag}: {key}={value!r} is neither true nor false; write {key}=true or {key}=false, or leave it out."
+    )
 
 
 def _whole(flag: str, key: str, value: str, unit: str, low: int, high: int) -> int:
@@ -201,8 +233,9 @@ def _whole(flag: str, key: str, value: str, unit: str, low: int, high: int) -> i
     except ValueError:
         number = low - 1
     if not low <= number <= high:
-        raise DatabaseError(f"{flag}: {key}={value!r} is not a whole number from {low} to {high} ({unit}); fix it, "
-                            f"or leave it out.")
+        raise DatabaseError(
+            f"{flag}: {key}={value!r} is not a whole number from {low} to {high} ({unit}); fix it, or leave it out."
+        )
     return number
 
 
@@ -260,8 +293,12 @@ def is_sqlite(url: URL) -> bool:
 
 
 def is_sqlite_file(url: URL) -> bool:
-    return is_sqlite(url) and url.database not in (None, "", ":memory:") and url.query.get("mode") != "memory" \
+    return (
+        is_sqlite(url)
+        and url.database not in (None, "", ":memory:")
+        and url.query.get("mode") != "memory"
         and not str(url.database).startswith("file::memory:")
+    )
 
 
 def sqlite_path(url: URL) -> Path | None:
@@ -307,18 +344,26 @@ def make_engine(url: URL, *, foreign_keys: bool = True, read_only: bool = False)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise DatabaseError(f"cannot create the directory of the results database {path.parent}: {exc.strerror}; pass --db with a writable path.") from None
+            raise DatabaseError(
+                f"cannot create the directory of the results database {path.parent}: {exc.strerror}; pass --db with a writable path."
+            ) from None
     try:
         engine = create_engine(url, **kwargs)
     except NoSuchModuleError:
-        raise DatabaseError(f"--db: no SQLAlchemy dialect for {url.drivername!r}; use sqlite:///path or postgresql+psycopg://...") from None
+        raise DatabaseError(
+            f"--db: no SQLAlchemy dialect for {url.drivername!r}; use sqlite:///path or postgresql+psycopg://..."
+        ) from None
     except ModuleNotFoundError as exc:
         hint = " (pip install 'autotune[postgres]')" if url.get_backend_name() == "postgresql" else ""
         raise DatabaseError(f"--db: the database driver {exc.name!r} is not installed{hint}.") from None
 
     if is_sqlite(url):
-        _configure_sqlite(engine, foreign_keys=foreign_keys, wal=not read_only and url.query.get("immutable") != "1",
-                          busy_timeout_ms=round(busy_timeout_s(read_only) * 1000))
+        _configure_sqlite(
+            engine,
+            foreign_keys=foreign_keys,
+            wal=not read_only and url.query.get("immutable") != "1",
+            busy_timeout_ms=round(busy_timeout_s(read_only) * 1000),
+        )
     return engine
 
 
@@ -341,8 +386,9 @@ def postgres_connect_args(url: URL) -> dict[str, Any]:
     return args
 
 
-def _configure_sqlite(engine: Engine, *, foreign_keys: bool, wal: bool = True,
-                      busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS) -> None:
+def _configure_sqlite(
+    engine: Engine, *, foreign_keys: bool, wal: bool = True, busy_timeout_ms: int = SQLITE_BUSY_TIMEOUT_MS
+) -> None:
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None  # we issue BEGIN ourselves; see make_engine

@@ -48,7 +48,7 @@ TRANSIENT_MESSAGES = (
     "too many connections",
     "deadlock detected",
     "could not serialize access",
-    "timeout",                    # connection timeout expired; statement or lock timeout
+    "timeout",  # connection timeout expired; statement or lock timeout
     "network is unreachable",
     "no route to host",
 )
@@ -91,12 +91,15 @@ def is_database_failure(exc: BaseException) -> bool:
     statement or data that autotune got wrong (IntegrityError, ProgrammingError, DataError: bugs)."""
     from sqlalchemy import exc as sa_exc
 
-    return isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.InternalError)) \
+    return (
+        isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.InternalError))
         or type(exc) is sa_exc.DatabaseError
+    )
 
 
-def describe_failure(url: URL, exc: BaseException, *, retried_s: float | None = None,
-                     waited_s: float | None = None) -> DatabaseError:
+def describe_failure(
+    url: URL, exc: BaseException, *, retried_s: float | None = None, waited_s: float | None = None
+) -> DatabaseError:
     """One line for a database that cannot be opened or written, from the driver's own first line:
     what is wrong with it and what to do. `retried_s`: how long a transient failure was retried;
     `waited_s`: how long the connection waited for another process's lock (its busy timeout)."""
@@ -104,28 +107,40 @@ def describe_failure(url: URL, exc: BaseException, *, retried_s: float | None = 
     low = detail.lower()
     where = display_url(url)
     if waited_s is not None and ("database is locked" in low or "database table is locked" in low):
-        return DatabaseError(f"the results database {where} is locked by another process; waited {waited_s:.0f} s. "
-                             f"Run the command again when that process is done (`fuser {where}` names it), or pass "
-                             f"--db with another database.")
+        return DatabaseError(
+            f"the results database {where} is locked by another process; waited {waited_s:.0f} s. "
+            f"Run the command again when that process is done (`fuser {where}` names it), or pass "
+            f"--db with another database."
+        )
     if "file is not a database" in low or "file is encrypted" in low:
         return DatabaseError(f"{where} is not an SQLite database; pass --db with another file, or move that one away.")
     if any(fragment in low for fragment in READ_ONLY_MESSAGES):
-        return DatabaseError(f"the results database {where} is read-only ({detail}); make it and its directory writable "
-                             f"(chmod u+w), or pass --db with a writable path.")
+        return DatabaseError(
+            f"the results database {where} is read-only ({detail}); make it and its directory writable "
+            f"(chmod u+w), or pass --db with a writable path."
+        )
     if any(fragment in low for fragment in FULL_MESSAGES):
-        return DatabaseError(f"cannot write to the results database {where}: the disk is full ({detail}); free some space "
-                             f"there, or pass --db with a path on another disk.")
+        return DatabaseError(
+            f"cannot write to the results database {where}: the disk is full ({detail}); free some space "
+            f"there, or pass --db with a path on another disk."
+        )
     if "unable to open database file" in low:
         # Also what SQLite says when the file is there but its directory is read-only: WAL mode
         # needs to create the -wal and -shm files beside it.
-        return DatabaseError(f"cannot open the results database {where} (unable to open the file, or the -wal/-shm files "
-                             f"beside it); make it and its directory writable, or pass --db with a writable file path.")
+        return DatabaseError(
+            f"cannot open the results database {where} (unable to open the file, or the -wal/-shm files "
+            f"beside it); make it and its directory writable, or pass --db with a writable file path."
+        )
     if "statement timeout" in low:
-        return DatabaseError(f"the results database {where} did not finish a statement within {PG_STATEMENT_TIMEOUT_S} s "
-                             f"(its statement timeout; a lock held by another session?); check the server and try again.")
+        return DatabaseError(
+            f"the results database {where} did not finish a statement within {PG_STATEMENT_TIMEOUT_S} s "
+            f"(its statement timeout; a lock held by another session?); check the server and try again."
+        )
     if "timeout" in low and ("connect" in low or "expired" in low):
-        return DatabaseError(f"cannot reach the results database {where}: no answer within {connect_timeout_s(url)} s (its "
-                             f"connect timeout); check that the server is up and reachable, or pass another --db.")
+        return DatabaseError(
+            f"cannot reach the results database {where}: no answer within {connect_timeout_s(url)} s (its "
+            f"connect timeout); check that the server is up and reachable, or pass another --db."
+        )
     after = f" (still failing after {retried_s:.0f} s of retries)" if retried_s else ""
     return DatabaseError(f"cannot use the results database {where}: {detail}{after}")
 

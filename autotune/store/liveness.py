@@ -17,8 +17,15 @@ STALE_AFTER_SECONDS = 120.0
 RUN_HEARTBEAT_SECONDS = 30.0
 
 
-def effective_status(status: str, owner: str | None, heartbeat_at: datetime | None, *, interrupted: str,
-                     running: str = "running", now: datetime | None = None) -> str:
+def effective_status(
+    status: str,
+    owner: str | None,
+    heartbeat_at: datetime | None,
+    *,
+    interrupted: str,
+    running: str = "running",
+    now: datetime | None = None,
+) -> str:
     """`status`, or `interrupted` for a running record whose owner is gone (this machine's process
     table) or silent (no heartbeat for STALE_AFTER_SECONDS). Records from before owners were kept
     (no owner, no heartbeat) are taken at their word."""

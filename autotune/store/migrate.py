@@ -52,8 +52,12 @@ OPTUNA_TABLES = ("studies", "trials", "version_info", "alembic_version")
 OPTUNA_TABLE_PREFIXES = ("study_", "trial_")
 # Alembic's version table as its MigrationContext makes it (a test holds the two equal), so that a
 # database created at the head without Alembic is upgraded by Alembic later like any other.
-VERSION_ROWS = Table(VERSION_TABLE, MetaData(), Column("version_num", String(32), nullable=False),
-                     PrimaryKeyConstraint("version_num", name=f"{VERSION_TABLE}_pkc"))
+VERSION_ROWS = Table(
+    VERSION_TABLE,
+    MetaData(),
+    Column("version_num", String(32), nullable=False),
+    PrimaryKeyConstraint("version_num", name=f"{VERSION_TABLE}_pkc"),
+)
 
 
 def script_location() -> Path:
@@ -102,7 +106,9 @@ def current_revision(connection: Connection) -> str | None:
         return None
     revisions = [row[0] for row in connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}"))]
     if len(revisions) > 1:  # we keep one linear history; branches mean someone else wrote here
-        raise DatabaseError(f"the results database has several schema heads ({', '.join(sorted(revisions))}); it was not written by autotune alone.")
+        raise DatabaseError(
+            f"the results database has several schema heads ({', '.join(sorted(revisions))}); it was not written by autotune alone."
+        )
     return revisions[0] if revisions else None
 
 
@@ -124,8 +130,13 @@ class Survey:
     @property
     def foreign(self) -> tuple[str, ...]:
         """Tables neither autotune's nor Optuna's."""
-        return tuple(name for name in self.tables if not name.startswith(TABLE_PREFIX)
-                     and name not in OPTUNA_TABLES and not name.startswith(OPTUNA_TABLE_PREFIXES))
+        return tuple(
+            name
+            for name in self.tables
+            if not name.startswith(TABLE_PREFIX)
+            and name not in OPTUNA_TABLES
+            and not name.startswith(OPTUNA_TABLE_PREFIXES)
+        )
 
 
 NOTHING = Survey(None, ())
@@ -177,9 +188,11 @@ def refuse_foreign(url: URL, found: Survey) -> None:
     tables carry a prefix to sit beside others.)"""
     if not is_sqlite(url) or found.ours or not found.foreign:
         return
-    raise DatabaseError(f"{display_url(url)} is not autotune's database: it holds another application's tables "
-                        f"({_names(found.foreign)}) and none of autotune's, and autotune changes nothing in it; pass "
-                        f"--db with autotune's database or a new file (e.g. autotune.db).")
+    raise DatabaseError(
+        f"{display_url(url)} is not autotune's database: it holds another application's tables "
+        f"({_names(found.foreign)}) and none of autotune's, and autotune changes nothing in it; pass "
+        f"--db with autotune's database or a new file (e.g. autotune.db)."
+    )
 
 
 def _names(tables: tuple[str, ...]) -> str:
@@ -229,9 +242,11 @@ def _directory_lock(directory: Path, timeout_s: float, where: str) -> Iterator[N
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
-                    raise DatabaseError(f"another process has been creating or upgrading the schema of {where} for "
-                                        f"{timeout_s:.0f} s; wait for it to finish (or end it), then run the command "
-                                        f"again.") from None
+                    raise DatabaseError(
+                        f"another process has been creating or upgrading the schema of {where} for "
+                        f"{timeout_s:.0f} s; wait for it to finish (or end it), then run the command "
+                        f"again."
+                    ) from None
                 time.sleep(0.05)
             except OSError:  # no flock on this file system: go on unlocked, as before there was a lock
                 break
@@ -289,9 +304,11 @@ def upgrade(url: URL, revision: str = "head") -> tuple[str | None, str | None]:
     reason = read_only_reason(url)
     if reason is not None:
         state = "has no schema yet" if found.revision is None else f"is at the older schema revision {found.revision!r}"
-        raise DatabaseError(f"the results database {display_url(url)} is read-only ({reason}), and it {state}: making "
-                            f"it {SCHEMA_REVISION!r} writes; make it and its directory writable (chmod u+w), or pass "
-                            f"--db with a writable path.")
+        raise DatabaseError(
+            f"the results database {display_url(url)} is read-only ({reason}), and it {state}: making "
+            f"it {SCHEMA_REVISION!r} writes; make it and its directory writable (chmod u+w), or pass "
+            f"--db with a writable path."
+        )
     # Foreign keys off on SQLite: a batch migration rebuilds a table by dropping it, and with
     # foreign keys on that drop would cascade into the rows referring to it.
     migration_engine = make_engine(url, foreign_keys=False)
@@ -313,7 +330,9 @@ def upgrade(url: URL, revision: str = "head") -> tuple[str | None, str | None]:
                 # Foreign keys were not enforced during the migration: check before committing.
                 broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
                 if broken:
-                    raise DatabaseError(f"upgrading {display_url(url)} would break {len(broken)} foreign key(s) (first: {tuple(broken[0])}); nothing was changed.")
+                    raise DatabaseError(
+                        f"upgrading {display_url(url)} would break {len(broken)} foreign key(s) (first: {tuple(broken[0])}); nothing was changed."
+                    )
     except (sa_exc.OperationalError, sa_exc.DatabaseError, sa_exc.InterfaceError) as exc:
         raise describe_failure(url, exc) from None
     finally:
@@ -360,10 +379,14 @@ def ensure_current(engine: Engine, *, auto_upgrade: bool | None = None, read_onl
         raise newer_error(url, revision)
     if read_only and not ours:
         foreign = found.foreign if is_sqlite(url) else ()
-        other = (f", in a new file: this one holds another application's tables ({_names(foreign)}); check --db"
-                 if foreign else " (or check --db)")
-        raise DatabaseError(f"the results database {display_url(url)} has no autotune tables; `autotune search` "
-                            f"creates them{other}.")
+        other = (
+            f", in a new file: this one holds another application's tables ({_names(foreign)}); check --db"
+            if foreign
+            else " (or check --db)"
+        )
+        raise DatabaseError(
+            f"the results database {display_url(url)} has no autotune tables; `autotune search` creates them{other}."
+        )
     allowed = False if read_only else auto_upgrade if auto_upgrade is not None else (is_sqlite(url) or not ours)
     if not allowed:
         raise DatabaseError(

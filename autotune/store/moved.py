@@ -34,8 +34,10 @@ def move_study(session: Session, study: Study, reference: str) -> None:
         probe.model, probe.config_key = reference, new_key
     # A study measured at several paths has a claim of each config at each: one stands, the one
     # already at the new path first (the claims that keep their key are seen first).
-    claims = sorted(session.scalars(select(Claim).where(Claim.study_id == study.id)),
-                    key=lambda claim: moved.get(claim.config_key, claim.config_key) != claim.config_key)
+    claims = sorted(
+        session.scalars(select(Claim).where(Claim.study_id == study.id)),
+        key=lambda claim: moved.get(claim.config_key, claim.config_key) != claim.config_key,
+    )
     taken: set[str] = set()
     for claim in claims:
         new_key = moved.get(claim.config_key, claim.config_key)

@@ -30,8 +30,10 @@ def check_study_name(name: str | None, *, flag: str = "--study") -> str:
     `. _ - : @ +`, at most STUDY_NAME_MAX characters, not `.` or `..` (they name directories) and
     not starting with `-` (it would read as a flag)."""
     text = name if isinstance(name, str) else ""
-    rule = (f"use letters, digits and . _ - : @ + (no spaces or slashes), at most {STUDY_NAME_MAX} characters, "
-            f"not starting with '-'")
+    rule = (
+        f"use letters, digits and . _ - : @ + (no spaces or slashes), at most {STUDY_NAME_MAX} characters, "
+        f"not starting with '-'"
+    )
     if not text.strip():
         raise BadInput(f"{flag} is empty; give the study a name ({rule}), or leave {flag} out for the default.")
     if len(text) > STUDY_NAME_MAX:
@@ -56,16 +58,21 @@ def check_study_lookup(name: str | None, *, flag: str = "--study") -> str | None
     what = "give the study's name as `autotune studies` lists it"
     if not name.strip():
         # No study is ever named so (check_study_name); an empty --study is a mistake, not "the latest".
-        raise BadInput(f"{flag} is empty; give a study name (list them with `autotune studies`), or leave "
-                       f"{flag} out for the most recent one.")
+        raise BadInput(
+            f"{flag} is empty; give a study name (list them with `autotune studies`), or leave "
+            f"{flag} out for the most recent one."
+        )
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
-        raise BadInput(f"{flag} {shown(name)} is not valid UTF-8 text (bytes the terminal or script passed "
-                       f"that no study name has); {what}.") from None
+        raise BadInput(
+            f"{flag} {shown(name)} is not valid UTF-8 text (bytes the terminal or script passed "
+            f"that no study name has); {what}."
+        ) from None
     if len(name) > STUDY_NAME_MAX:
-        raise BadInput(f"{flag} is {len(name)} characters long, and no study name is longer than {STUDY_NAME_MAX}; "
-                       f"{what}.")
+        raise BadInput(
+            f"{flag} is {len(name)} characters long, and no study name is longer than {STUDY_NAME_MAX}; {what}."
+        )
     if not name.isprintable():
         bad = "".join(dict.fromkeys(c for c in name if not c.isprintable()))
         raise BadInput(f"{flag} {shown(name)} holds characters that cannot be printed ({shown(bad)}); {what}.")

@@ -53,8 +53,9 @@ class Submission:
 class QueueMixin(StoreBase):
     """The Store's queue operations (see the module docstring)."""
 
-    def submit_search(self, submission: Submission, *, idempotency_key: str | None = None,
-                      submitted_by: str | None = None) -> tuple[SearchRecord, bool]:
+    def submit_search(
+        self, submission: Submission, *, idempotency_key: str | None = None, submitted_by: str | None = None
+    ) -> tuple[SearchRecord, bool]:
         """Queue a search; returns it and whether it is new. The same request (by its hash, or by
         `idempotency_key`) returns the search already stored, never a second one; one that ended
         without finishing goes back to the queue to resume. Conflict: a key used for another
@@ -65,11 +66,15 @@ class QueueMixin(StoreBase):
             with self._writing() as session:
                 now = utcnow()
                 if idempotency_key is not None:
-                    keyed = session.scalars(select(Search).where(Search.idempotency_key == idempotency_key)).one_or_none()
+                    keyed = session.scalars(
+                        select(Search).where(Search.idempotency_key == idempotency_key)
+                    ).one_or_none()
                     if keyed is not None:
                         if keyed.request_hash != submission.request_hash:
-                            raise Conflict(f"Idempotency-Key {idempotency_key!r} was used for another request (search "
-                                           f"{keyed.name!r}); use a new key for a new request.")
+                            raise Conflict(
+                                f"Idempotency-Key {idempotency_key!r} was used for another request (search "
+                                f"{keyed.name!r}); use a new key for a new request."
+                            )
                         return self._resubmitted(keyed, now), False
                 row = session.scalars(select(Search).where(Search.name == name)).one_or_none()
                 if row is not None:
@@ -77,8 +82,10 @@ class QueueMixin(StoreBase):
                         return self._resubmitted(row, now), False
                     state = _state(row)
                     if state in (SearchState.QUEUED, SearchState.RUNNING):
-                        raise Conflict(f"search {name!r} is {state} with other settings; give the new one another "
-                                       f"study name, or cancel that one first.")
+                        raise Conflict(
+                            f"search {name!r} is {state} with other settings; give the new one another "
+                            f"study name, or cancel that one first."
+                        )
                     # Ended: the same name searched again with other flags, as the command line
                     # resumes a study (its own checks refuse a change of what is trained).
                     _fill(row, submission)
@@ -87,8 +94,15 @@ class QueueMixin(StoreBase):
                     row.submitted_by = submitted_by
                     session.flush()
                     return search_record(row), True
-                row = Search(name=name, idempotency_key=idempotency_key, state=SearchState.QUEUED,
-                             submitted_by=submitted_by, attempts=0, created_at=now, updated_at=now)
+                row = Search(
+                    name=name,
+                    idempotency_key=idempotency_key,
+                    state=SearchState.QUEUED,
+                    submitted_by=submitted_by,
+                    attempts=0,
+                    created_at=now,
+                    updated_at=now,
+                )
                 _fill(row, submission)
                 session.add(row)
                 session.flush()
@@ -108,8 +122,9 @@ class QueueMixin(StoreBase):
         with self._read() as session:
             row = session.scalars(select(Search).where(Search.name == name)).one_or_none()
             if row is None:
-                raise StudyNotFound(f"no search named {name!r} was submitted to this service; list them with "
-                                    f"GET /v1/searches.")
+                raise StudyNotFound(
+                    f"no search named {name!r} was submitted to this service; list them with GET /v1/searches."
+                )
             return search_record(row)
 
     def submitted_searches(self, *, limit: int = 100, state: str | None = None) -> list[SearchRecord]:
@@ -123,29 +138,51 @@ class QueueMixin(StoreBase):
         """For each study named: how many of its configurations have an outcome (its progress)."""
         if not names:
             return {}
-        query = (select(Study.name, func.count(func.distinct(Probe.config_key)))
-                 .join(Probe, Probe.study_id == Study.id).where(Study.name.in_(list(names))).group_by(Study.name))
+        query = (
+            select(Study.name, func.count(func.distinct(Probe.config_key)))
+            .join(Probe, Probe.study_id == Study.id)
+            .where(Study.name.in_(list(names)))
+            .group_by(Study.name)
+        )
         with self._read() as session:
             return {name: int(count) for name, count in session.execute(query).all()}
 
     def take_search(self, worker: str, can_serve: Callable[[SearchRecord], bool]) -> SearchRecord | None:
         """Take the oldest search this worker can serve: a queued one, or a running one whose worker
         is gone (it resumes). None when there is none."""
+
         def work() -> SearchRecord | None:
             with self._writing() as session:
                 now = _db_now(session)
-                rows = session.scalars(select(Search).where(Search.state.in_((SearchState.QUEUED, SearchState.RUNNING)))
-                                       .order_by(Search.id)).all()
+                rows = session.scalars(
+                    select(Search)
+                    .where(Search.state.in_((SearchState.QUEUED, SearchState.RUNNING)))
+                    .order_by(Search.id)
+                ).all()
                 for row in rows:
                     if _state(row, now) not in (SearchState.QUEUED, SearchState.INTERRUPTED) or row.cancel_requested:
                         continue
                     if not can_serve(search_record(row)):
                         continue
                     taken = session.execute(
-                        update(Search).where(Search.id == row.id, Search.state == row.state, _same(Search.worker, row.worker),
-                                             _same(Search.heartbeat_at, row.heartbeat_at))
-                        .values(state=SearchState.RUNNING, worker=worker, attempts=Search.attempts + 1, started_at=now,
-                                heartbeat_at=now, updated_at=now, reason=None, exit_status=None, finished_at=None)
+                        update(Search)
+                        .where(
+                            Search.id == row.id,
+                            Search.state == row.state,
+                            _same(Search.worker, row.worker),
+                            _same(Search.heartbeat_at, row.heartbeat_at),
+                        )
+                        .values(
+                            state=SearchState.RUNNING,
+                            worker=worker,
+                            attempts=Search.attempts + 1,
+                            started_at=now,
+                            heartbeat_at=now,
+                            updated_at=now,
+                            reason=None,
+                            exit_status=None,
+                            finished_at=None,
+                        )
                     ).rowcount  # type: ignore[attr-defined]
                     if taken:
                         session.expire(row)
@@ -163,17 +200,21 @@ class QueueMixin(StoreBase):
     def beat_search(self, search_id: int, worker: str) -> SearchRecord | None:
         """The worker running it is alive; returns the search as stored (whether a cancel was asked),
         or None when it is no longer this worker's."""
+
         def work() -> SearchRecord | None:
             with self._writing() as session:
-                changed = session.execute(update(Search).where(Search.id == search_id, Search.worker == worker,
-                                                               Search.state == SearchState.RUNNING)
-                                          .values(heartbeat_at=_db_now(session))).rowcount  # type: ignore[attr-defined]
+                changed = session.execute(
+                    update(Search)
+                    .where(Search.id == search_id, Search.worker == worker, Search.state == SearchState.RUNNING)
+                    .values(heartbeat_at=_db_now(session))
+                ).rowcount  # type: ignore[attr-defined]
                 return search_record(session.get(Search, search_id)) if changed else None  # type: ignore[arg-type]
 
         return self._retry_transient(work)
 
-    def end_search(self, search_id: int, worker: str, state: SearchState, reason: str | None,
-                   exit_status: int | None = None) -> None:
+    def end_search(
+        self, search_id: int, worker: str, state: SearchState, reason: str | None, exit_status: int | None = None
+    ) -> None:
         """Record how a worker's search ended (only while it is still that worker's)."""
         if state not in SEARCH_ENDED:
             raise ValueError(f"a search ends in one of {', '.join(sorted(SEARCH_ENDED))}, not {state!r}")
@@ -181,32 +222,48 @@ class QueueMixin(StoreBase):
         def work() -> None:
             with self._writing() as session:
                 now = utcnow()
-                session.execute(update(Search).where(Search.id == search_id, Search.worker == worker)
-                                .values(state=state, reason=reason, exit_status=exit_status, finished_at=now,
-                                        updated_at=now, heartbeat_at=now))
+                session.execute(
+                    update(Search)
+                    .where(Search.id == search_id, Search.worker == worker)
+                    .values(
+                        state=state,
+                        reason=reason,
+                        exit_status=exit_status,
+                        finished_at=now,
+                        updated_at=now,
+                        heartbeat_at=now,
+                    )
+                )
 
         self._retry_transient(work)
 
     def requeue_search(self, search_id: int, worker: str, reason: str) -> None:
         """Put a worker's search back in the queue (the worker stopped before the search ended):
         the next worker that can serve it resumes its study."""
+
         def work() -> None:
             with self._writing() as session:
-                session.execute(update(Search).where(Search.id == search_id, Search.worker == worker)
-                                .values(state=SearchState.QUEUED, reason=reason, worker=None, heartbeat_at=None,
-                                        updated_at=utcnow()))
+                session.execute(
+                    update(Search)
+                    .where(Search.id == search_id, Search.worker == worker)
+                    .values(
+                        state=SearchState.QUEUED, reason=reason, worker=None, heartbeat_at=None, updated_at=utcnow()
+                    )
+                )
 
         self._retry_transient(work)
 
     def cancel_search(self, name: str, *, by: str | None = None) -> SearchRecord:
         """Ask a search to stop: a queued one is cancelled at once; a running one's worker stops its
         search (the probe in flight ended) and records it cancelled. An ended search is left as it is."""
+
         def work() -> SearchRecord:
             with self._writing() as session:
                 row = session.scalars(select(Search).where(Search.name == name)).one_or_none()
                 if row is None:
-                    raise StudyNotFound(f"no search named {name!r} was submitted to this service; list them with "
-                                        f"GET /v1/searches.")
+                    raise StudyNotFound(
+                        f"no search named {name!r} was submitted to this service; list them with GET /v1/searches."
+                    )
                 now, who = utcnow(), f" by {by}" if by else ""
                 state = _state(row)
                 if state in (SearchState.QUEUED, SearchState.INTERRUPTED):
@@ -228,12 +285,28 @@ def search_record(row: Search) -> SearchRecord:
     if state == SearchState.INTERRUPTED and row.state == SearchState.RUNNING:
         reason = f"its worker ({row.worker}) stopped; the next queue worker that can serve it resumes it"
     return SearchRecord(
-        id=row.id, name=row.name, arguments=list(row.arguments), request_hash=row.request_hash,
-        idempotency_key=row.idempotency_key, model=row.model, budget_bytes=row.budget_bytes,
-        device_kind=row.device_kind, gpus=row.gpus, card=row.card, candidates=row.candidates, state=state,
-        reason=reason, cancel_requested=bool(row.cancel_requested), submitted_by=row.submitted_by, worker=row.worker,
-        attempts=row.attempts, exit_status=row.exit_status, created_at=row.created_at, updated_at=row.updated_at,
-        started_at=row.started_at, finished_at=row.finished_at,
+        id=row.id,
+        name=row.name,
+        arguments=list(row.arguments),
+        request_hash=row.request_hash,
+        idempotency_key=row.idempotency_key,
+        model=row.model,
+        budget_bytes=row.budget_bytes,
+        device_kind=row.device_kind,
+        gpus=row.gpus,
+        card=row.card,
+        candidates=row.candidates,
+        state=state,
+        reason=reason,
+        cancel_requested=bool(row.cancel_requested),
+        submitted_by=row.submitted_by,
+        worker=row.worker,
+        attempts=row.attempts,
+        exit_status=row.exit_status,
+        created_at=row.created_at,
+        updated_at=row.updated_at,
+        started_at=row.started_at,
+        finished_at=row.finished_at,
     )
 
 
@@ -242,7 +315,9 @@ def _state(row: Search, now: Any = None) -> SearchState:
     state = SearchState(row.state)
     if state != SearchState.RUNNING:
         return state
-    silent = row.heartbeat_at is not None and (now or utcnow()) - row.heartbeat_at > timedelta(seconds=QUEUE_STALE_SECONDS)
+    silent = row.heartbeat_at is not None and (now or utcnow()) - row.heartbeat_at > timedelta(
+        seconds=QUEUE_STALE_SECONDS
+    )
     return SearchState.INTERRUPTED if owner_gone(row.worker) or silent else state
 
 

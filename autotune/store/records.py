@@ -9,6 +9,7 @@ from typing import Any
 from autotune.config import ProbeConfig
 from autotune.result import ProbeResult
 
+
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
@@ -32,18 +33,28 @@ class StudyRecord:
     status: str
     created_at: datetime
     updated_at: datetime
-    plan: dict[str, Any] | None = None   # what a joining worker needs (see Store.set_study_plan)
+    plan: dict[str, Any] | None = None  # what a joining worker needs (see Store.set_study_plan)
     confirmation: dict[str, Any] | None = None  # how the winner was told apart (search/confirm.py)
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id, "name": self.name, "model_reference": self.model_reference,
-            "model_fingerprint": self.model_fingerprint, "device_name": self.device_name,
-            "device_total_bytes": self.device_total_bytes, "budget_bytes": self.budget_bytes,
-            "margin_bytes": self.margin_bytes, "effective_batch": self.effective_batch,
-            "space": self.space, "env_fingerprint": self.env_fingerprint, "environment": self.environment,
-            "status": self.status, "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at),
-            "plan": self.plan, "confirmation": self.confirmation,
+            "id": self.id,
+            "name": self.name,
+            "model_reference": self.model_reference,
+            "model_fingerprint": self.model_fingerprint,
+            "device_name": self.device_name,
+            "device_total_bytes": self.device_total_bytes,
+            "budget_bytes": self.budget_bytes,
+            "margin_bytes": self.margin_bytes,
+            "effective_batch": self.effective_batch,
+            "space": self.space,
+            "env_fingerprint": self.env_fingerprint,
+            "environment": self.environment,
+            "status": self.status,
+            "created_at": _iso(self.created_at),
+            "updated_at": _iso(self.updated_at),
+            "plan": self.plan,
+            "confirmation": self.confirmation,
         }
 
 
@@ -63,17 +74,26 @@ class StudySummary:
     probes_ok: int
     probes_oom: int
     probes_skipped: int
-    best_tokens_per_s: float | None       # of its best config that fits (autotune.ranking), the leaderboard's first
-    workers: int = 0          # distinct workers that recorded probes
-    best_label: str | None = None         # that config
+    best_tokens_per_s: float | None  # of its best config that fits (autotune.ranking), the leaderboard's first
+    workers: int = 0  # distinct workers that recorded probes
+    best_label: str | None = None  # that config
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "model": self.model_reference, "device": self.device_name,
-            "budget_bytes": self.budget_bytes, "margin_bytes": self.margin_bytes, "status": self.status,
-            "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at),
-            "probes": self.probes_total, "ok": self.probes_ok, "oom": self.probes_oom,
-            "skipped": self.probes_skipped, "best_tokens_per_s": self.best_tokens_per_s, "best": self.best_label,
+            "name": self.name,
+            "model": self.model_reference,
+            "device": self.device_name,
+            "budget_bytes": self.budget_bytes,
+            "margin_bytes": self.margin_bytes,
+            "status": self.status,
+            "created_at": _iso(self.created_at),
+            "updated_at": _iso(self.updated_at),
+            "probes": self.probes_total,
+            "ok": self.probes_ok,
+            "oom": self.probes_oom,
+            "skipped": self.probes_skipped,
+            "best_tokens_per_s": self.best_tokens_per_s,
+            "best": self.best_label,
             "workers": self.workers,
         }
 
@@ -98,11 +118,18 @@ class ProbeRecord:
     def to_dict(self) -> dict[str, Any]:
         """Flat: config fields, then result fields, then bookkeeping."""
         return {
-            "id": self.id, "study_id": self.study_id, "trial_number": self.trial_number,
-            "config_key": self.config_key, "label": self.config.label(),
-            **self.config.to_dict(), **self.result.to_dict(),
-            "cacheable": self.cacheable, "predicted_peak_bytes": self.predicted_peak_bytes,
-            "worker": self.worker, "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
+            "id": self.id,
+            "study_id": self.study_id,
+            "trial_number": self.trial_number,
+            "config_key": self.config_key,
+            "label": self.config.label(),
+            **self.config.to_dict(),
+            **self.result.to_dict(),
+            "cacheable": self.cacheable,
+            "predicted_peak_bytes": self.predicted_peak_bytes,
+            "worker": self.worker,
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
             "env_fingerprint": self.env_fingerprint,
         }
 
@@ -128,11 +155,11 @@ class LeaderboardRow:
     budget_bytes: int
     margin_bytes: int
     worker: str | None = None
-    step_spread: float | None = None     # the timed window's relative spread (autotune.timing)
+    step_spread: float | None = None  # the timed window's relative spread (autotune.timing)
     compile_seconds: float | None = None  # --compile: torch.compile's one-off cost, apart from the timing
-    host_load: float | None = None        # the host's load average per core as the probe ended
+    host_load: float | None = None  # the host's load average per core as the probe ended
     phase_peaks: dict[str, dict[str, int]] | None = None  # each phase's peaks, where the run evaluates (ProbeResult)
-    eval_batch_found: int | None = None   # --eval-batch auto: the eval batch its probe found (ProbeResult)
+    eval_batch_found: int | None = None  # --eval-batch auto: the eval batch its probe found (ProbeResult)
     rank_peaks: list[dict[str, int]] | None = None  # on several ranks: each rank's peaks (ProbeResult)
 
     @property
@@ -142,17 +169,32 @@ class LeaderboardRow:
     def to_dict(self) -> dict[str, Any]:
         """Flat and JSON-ready; `autotune best --format json` relies on these names."""
         return {
-            "rank": self.rank, "label": self.label, **self.config.to_dict(), "status": self.status,
-            "tokens_per_s": self.tokens_per_s, "step_seconds": self.step_seconds, "step_spread": self.step_spread,
-            "samples_per_s": self.samples_per_s, "mfu": self.mfu,
+            "rank": self.rank,
+            "label": self.label,
+            **self.config.to_dict(),
+            "status": self.status,
+            "tokens_per_s": self.tokens_per_s,
+            "step_seconds": self.step_seconds,
+            "step_spread": self.step_spread,
+            "samples_per_s": self.samples_per_s,
+            "mfu": self.mfu,
             # (with the data's lengths: tokens_per_s counts real tokens; this share of those computed was padding)
             "padding_share": self.config.padding_share,
-            "peak_reserved_bytes": self.peak_reserved_bytes, "peak_allocated_bytes": self.peak_allocated_bytes,
-            "context_bytes": self.context_bytes, "budget_bytes": self.budget_bytes,
-            "margin_bytes": self.margin_bytes, "study": self.study, "probe_id": self.probe_id,
-            "trial_number": self.trial_number, "config_key": self.config_key, "worker": self.worker,
-            "compile_seconds": self.compile_seconds, "host_load": self.host_load, "phase_peaks": self.phase_peaks,
-            "eval_batch_found": self.eval_batch_found, "rank_peaks": self.rank_peaks,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "context_bytes": self.context_bytes,
+            "budget_bytes": self.budget_bytes,
+            "margin_bytes": self.margin_bytes,
+            "study": self.study,
+            "probe_id": self.probe_id,
+            "trial_number": self.trial_number,
+            "config_key": self.config_key,
+            "worker": self.worker,
+            "compile_seconds": self.compile_seconds,
+            "host_load": self.host_load,
+            "phase_peaks": self.phase_peaks,
+            "eval_batch_found": self.eval_batch_found,
+            "rank_peaks": self.rank_peaks,
         }
 
 
@@ -163,16 +205,21 @@ class ClaimRecord:
     study_id: int
     config_key: str
     worker: str
-    state: str               # running | done | crashed
-    attempts: int            # probes started: 0 for a config settled without one (skipped, reused)
+    state: str  # running | done | crashed
+    attempts: int  # probes started: 0 for a config settled without one (skipped, reused)
     claimed_at: datetime
     heartbeat_at: datetime
-    stale: bool              # running, but its worker has not heartbeaten within the stale period
+    stale: bool  # running, but its worker has not heartbeaten within the stale period
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "study_id": self.study_id, "config_key": self.config_key, "worker": self.worker, "state": self.state,
-            "attempts": self.attempts, "claimed_at": _iso(self.claimed_at), "heartbeat_at": _iso(self.heartbeat_at),
+            "study_id": self.study_id,
+            "config_key": self.config_key,
+            "worker": self.worker,
+            "state": self.state,
+            "attempts": self.attempts,
+            "claimed_at": _iso(self.claimed_at),
+            "heartbeat_at": _iso(self.heartbeat_at),
             "stale": self.stale,
         }
 
@@ -200,12 +247,22 @@ class RunRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "id": self.id, "study_id": self.study_id, "probe_id": self.probe_id, "config": self.config,
-            "status": self.status, "output_dir": self.output_dir, "dataset": self.dataset, "steps": self.steps,
-            "tokens_per_s": self.tokens_per_s, "peak_allocated_bytes": self.peak_allocated_bytes,
-            "peak_reserved_bytes": self.peak_reserved_bytes, "final_loss": self.final_loss,
-            "summary": self.summary, "error": self.error,
-            "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
+            "id": self.id,
+            "study_id": self.study_id,
+            "probe_id": self.probe_id,
+            "config": self.config,
+            "status": self.status,
+            "output_dir": self.output_dir,
+            "dataset": self.dataset,
+            "steps": self.steps,
+            "tokens_per_s": self.tokens_per_s,
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "final_loss": self.final_loss,
+            "summary": self.summary,
+            "error": self.error,
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
         }
 
 
@@ -252,12 +309,25 @@ class SearchRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "name": self.name, "state": self.state, "reason": self.reason, "model": self.model,
-            "budget_bytes": self.budget_bytes, "device": self.device_kind, "gpus": self.gpus, "card": self.card,
-            "candidates": self.candidates, "arguments": list(self.arguments), "cancel_requested": self.cancel_requested,
-            "submitted_by": self.submitted_by, "worker": self.worker, "attempts": self.attempts,
-            "exit_status": self.exit_status, "created_at": _iso(self.created_at), "updated_at": _iso(self.updated_at),
-            "started_at": _iso(self.started_at), "finished_at": _iso(self.finished_at),
+            "name": self.name,
+            "state": self.state,
+            "reason": self.reason,
+            "model": self.model,
+            "budget_bytes": self.budget_bytes,
+            "device": self.device_kind,
+            "gpus": self.gpus,
+            "card": self.card,
+            "candidates": self.candidates,
+            "arguments": list(self.arguments),
+            "cancel_requested": self.cancel_requested,
+            "submitted_by": self.submitted_by,
+            "worker": self.worker,
+            "attempts": self.attempts,
+            "exit_status": self.exit_status,
+            "created_at": _iso(self.created_at),
+            "updated_at": _iso(self.updated_at),
+            "started_at": _iso(self.started_at),
+            "finished_at": _iso(self.finished_at),
         }
 
 

@@ -60,20 +60,31 @@ class RunsMixin(StoreBase):
     ) -> None:
         """Mark a run finished, with what it measured."""
         self._end_run(
-            run_id, status=RunStatus.FINISHED, steps=steps, tokens_per_s=tokens_per_s,
-            peak_allocated_bytes=peak_allocated_bytes, peak_reserved_bytes=peak_reserved_bytes,
-            final_loss=final_loss, summary=dict(summary) if summary is not None else None,
+            run_id,
+            status=RunStatus.FINISHED,
+            steps=steps,
+            tokens_per_s=tokens_per_s,
+            peak_allocated_bytes=peak_allocated_bytes,
+            peak_reserved_bytes=peak_reserved_bytes,
+            final_loss=final_loss,
+            summary=dict(summary) if summary is not None else None,
         )
 
     def fail_run(self, run_id: int, error: str, *, summary: Mapping[str, Any] | None = None) -> None:
         """Mark a run failed, keeping the error text (and whatever summary there is)."""
-        self._end_run(run_id, status=RunStatus.FAILED, error=error, summary=dict(summary) if summary is not None else None)
+        self._end_run(
+            run_id, status=RunStatus.FAILED, error=error, summary=dict(summary) if summary is not None else None
+        )
 
     def interrupt_run(self, run_id: int, *, summary: Mapping[str, Any] | None = None) -> None:
         """Mark a run interrupted (Ctrl-C, SIGTERM): it did not finish, and --resume goes on from
         its latest checkpoint."""
-        self._end_run(run_id, status=RunStatus.INTERRUPTED, error="interrupted",
-                      summary=dict(summary) if summary is not None else None)
+        self._end_run(
+            run_id,
+            status=RunStatus.INTERRUPTED,
+            error="interrupted",
+            summary=dict(summary) if summary is not None else None,
+        )
 
     def beat_run(self, run_id: int) -> None:
         """The run's process is alive (a running run whose process is gone reads as interrupted)."""
@@ -84,8 +95,9 @@ class RunsMixin(StoreBase):
         """Mark interrupted, for good, the runs into `output_dir` stored as running whose process is
         gone (a `train --resume` takes their directory over); their ids."""
         with self._writing() as session:
-            rows = session.scalars(select(Run).where(Run.output_dir == os.fspath(output_dir),
-                                                     Run.status == RunStatus.RUNNING)).all()
+            rows = session.scalars(
+                select(Run).where(Run.output_dir == os.fspath(output_dir), Run.status == RunStatus.RUNNING)
+            ).all()
             gone = [run for run in rows if run_record(run).status == RunStatus.INTERRUPTED]
             for run in gone:
                 run.status, run.error, run.finished_at = RunStatus.INTERRUPTED, "its process was gone", utcnow()

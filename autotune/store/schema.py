@@ -193,7 +193,7 @@ class Probe(Base):
     peak_reserved_bytes: Mapped[int | None] = mapped_column(Bytes)
     context_bytes: Mapped[int | None] = mapped_column(Bytes)
     step_seconds: Mapped[float | None]
-    step_spread: Mapped[float | None]                 # 0004_timing: the window's relative spread
+    step_spread: Mapped[float | None]  # 0004_timing: the window's relative spread
     step_times: Mapped[list[float] | None] = mapped_column(JSON)  # 0004_timing: each timed step
     tokens_per_s: Mapped[float | None]
     samples_per_s: Mapped[float | None]
@@ -206,14 +206,14 @@ class Probe(Base):
     # column was added; the probe runner measures it (issue 2), so the column is ready for it.
     startup_seconds: Mapped[float | None]
     build_seconds: Mapped[float | None]
-    compile_seconds: Mapped[float | None]             # 0006_speed_levers
+    compile_seconds: Mapped[float | None]  # 0006_speed_levers
     measured_seconds: Mapped[float | None]
     wall_seconds: Mapped[float | None]
-    host_load: Mapped[float | None]                   # 0007_liveness: load average per core over the probe
-    gpu_processes: Mapped[int | None]                 # 0007_liveness: other processes on its GPU (NVML)
+    host_load: Mapped[float | None]  # 0007_liveness: load average per core over the probe
+    gpu_processes: Mapped[int | None]  # 0007_liveness: other processes on its GPU (NVML)
     phase_peaks: Mapped[dict[str, Any] | None] = mapped_column(JSON)  # 0008_phases: each phase's peaks
-    failed_phase: Mapped[str | None] = mapped_column(String(16))     # 0008_phases
-    eval_batch_found: Mapped[int | None]                             # 0008_phases: --eval-batch auto's pick
+    failed_phase: Mapped[str | None] = mapped_column(String(16))  # 0008_phases
+    eval_batch_found: Mapped[int | None]  # 0008_phases: --eval-batch auto's pick
     rank_peaks: Mapped[list[dict[str, int]] | None] = mapped_column(JSON)  # 0009_ranks: each rank's peaks
     error: Mapped[str | None] = mapped_column(Text)
     parameters: Mapped[int | None] = mapped_column(BigInteger)
@@ -234,9 +234,7 @@ class Run(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     # A run outlives the study or probe that chose it: deleting those keeps the run's own record.
-    study_id: Mapped[int | None] = mapped_column(
-        ForeignKey("autotune_studies.id", ondelete="SET NULL"), index=True
-    )
+    study_id: Mapped[int | None] = mapped_column(ForeignKey("autotune_studies.id", ondelete="SET NULL"), index=True)
     probe_id: Mapped[int | None] = mapped_column(ForeignKey("autotune_probes.id", ondelete="SET NULL"))
     config: Mapped[dict[str, Any]]
     status: Mapped[str] = mapped_column(String(20))  # running | finished | failed | interrupted
@@ -276,7 +274,7 @@ class Claim(Base):
     worker: Mapped[str]
     # running | done | crashed. Checked in Python, as the study status is.
     state: Mapped[str] = mapped_column(String(16))
-    attempts: Mapped[int]           # probes started for this config: 0 for skipped or reused ones
+    attempts: Mapped[int]  # probes started for this config: 0 for skipped or reused ones
     claimed_at: Mapped[datetime]
     heartbeat_at: Mapped[datetime]
 
@@ -292,22 +290,22 @@ class Search(Base):
     name: Mapped[str] = mapped_column(String(200), unique=True)
     # The `autotune search` arguments the request stands for (autotune/service/submissions.py).
     arguments: Mapped[list[str]] = mapped_column(JSON)
-    request_hash: Mapped[str] = mapped_column(String(64))       # the same request again: the same search
+    request_hash: Mapped[str] = mapped_column(String(64))  # the same request again: the same search
     idempotency_key: Mapped[str | None] = mapped_column(unique=True)
     # What a worker needs to serve it (autotune/service/queue_worker.py).
     model: Mapped[str] = mapped_column(String(1000))
     budget_bytes: Mapped[int] = mapped_column(Bytes)
-    device_kind: Mapped[str] = mapped_column(String(16))        # cuda | cpu
-    gpus: Mapped[int]                                           # ranks of each probe
-    card: Mapped[str | None]                                    # a card's name the worker's device must carry
+    device_kind: Mapped[str] = mapped_column(String(16))  # cuda | cpu
+    gpus: Mapped[int]  # ranks of each probe
+    card: Mapped[str | None]  # a card's name the worker's device must carry
     candidates: Mapped[int]
     # queued | running | finished | interrupted | failed | cancelled (autotune.status.SearchState)
     state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str | None] = mapped_column(Text)
     cancel_requested: Mapped[bool] = mapped_column(server_default=false())
-    submitted_by: Mapped[str | None]                            # the token's name
-    worker: Mapped[str | None]                                  # host:pid of the queue worker holding it
-    attempts: Mapped[int] = mapped_column(server_default="0")   # times a worker took it
+    submitted_by: Mapped[str | None]  # the token's name
+    worker: Mapped[str | None]  # host:pid of the queue worker holding it
+    attempts: Mapped[int] = mapped_column(server_default="0")  # times a worker took it
     exit_status: Mapped[int | None]
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]

@@ -43,13 +43,15 @@ class ModelLike(Protocol):
     def reference(self) -> str: ...
 
     @property
-    def recorded(self) -> str: ...   # the reference the study keeps (a local directory made absolute)
+    def recorded(self) -> str: ...  # the reference the study keeps (a local directory made absolute)
 
     @property
     def fingerprint(self) -> str: ...
 
 
-def open_store(url: str | os.PathLike[str] | None = None, *, upgrade: bool | None = None, read_only: bool = False) -> Store:
+def open_store(
+    url: str | os.PathLike[str] | None = None, *, upgrade: bool | None = None, read_only: bool = False
+) -> Store:
     """Open the results database: `url` (a SQLAlchemy URL or a file path), else `$AUTOTUNE_DB`, else
     `autotune.db` in the user data directory (`$AUTOTUNE_HOME` when set).
 
@@ -163,7 +165,9 @@ class Store(ClaimsMixin, RunsMixin, QueueMixin, TokensMixin):
     def latest_study_name(self) -> str | None:
         """The study probed most recently (resumed studies count), or None in an empty database."""
         with self._read() as session:
-            return session.scalars(select(Study.name).order_by(Study.updated_at.desc(), Study.id.desc()).limit(1)).first()
+            return session.scalars(
+                select(Study.name).order_by(Study.updated_at.desc(), Study.id.desc()).limit(1)
+            ).first()
 
     def set_study_status(self, study: int | str, status: str) -> None:
         """Mark a study (by id or name) running, finished or interrupted."""
@@ -194,21 +198,37 @@ class Store(ClaimsMixin, RunsMixin, QueueMixin, TokensMixin):
     def update_timing(self, probe_id: int, result: ProbeResult) -> None:
         """Replace a probe's timing with a longer measurement of the same config (its first window
         and the confirmation round's, pooled); its memory stays as first measured."""
-        values = {name: getattr(result, name) for name in
-                  ("step_seconds", "step_spread", "step_times", "tokens_per_s", "samples_per_s", "measured_steps",
-                   "measured_seconds")}
+        values = {
+            name: getattr(result, name)
+            for name in (
+                "step_seconds",
+                "step_spread",
+                "step_times",
+                "tokens_per_s",
+                "samples_per_s",
+                "measured_steps",
+                "measured_seconds",
+            )
+        }
         with self._writing() as session:
             session.execute(update(Probe).where(Probe.id == probe_id).values(**values))
 
     def studies(self) -> list[StudySummary]:
         """Every study, most recent first, with probe counts and its best config that fits (the
         leaderboard's first)."""
+
         def count(status: ProbeStatus) -> Any:
             return func.coalesce(func.sum(case((Probe.status == status, 1), else_=0)), 0)
 
         query = (
-            select(Study, func.count(Probe.id), count(ProbeStatus.OK), count(ProbeStatus.OOM), count(ProbeStatus.SKIPPED),
-                   func.count(func.distinct(Probe.worker)))
+            select(
+                Study,
+                func.count(Probe.id),
+                count(ProbeStatus.OK),
+                count(ProbeStatus.OOM),
+                count(ProbeStatus.SKIPPED),
+                func.count(func.distinct(Probe.worker)),
+            )
             .outerjoin(Probe, Probe.study_id == Study.id)
             .group_by(Study.id)
             .order_by(Study.updated_at.desc(), Study.id.desc())
@@ -217,24 +237,27 @@ class Store(ClaimsMixin, RunsMixin, QueueMixin, TokensMixin):
             summaries = []
             for study, total, ok, oom, skipped, workers in session.execute(query).all():
                 best = self._ranked_fits(session, study)[:1] if ok else []
-                summaries.append(StudySummary(
-                    name=study.name,
-                    model_reference=study.model_reference,
-                    device_name=study.device_name,
-                    budget_bytes=study.budget_bytes,
-                    margin_bytes=study.margin_bytes,
-                    status=effective_status(study.status, study.owner, study.heartbeat_at,
-                                            interrupted=StudyStatus.INTERRUPTED),
-                    created_at=study.created_at,
-                    updated_at=study.updated_at,
-                    probes_total=int(total),
-                    probes_ok=int(ok),
-                    probes_oom=int(oom),
-                    probes_skipped=int(skipped),
-                    best_tokens_per_s=best[0]["tokens_per_s"] if best else None,
-                    workers=int(workers),
-                    best_label=_config_of(best[0]).label() if best else None,
-                ))
+                summaries.append(
+                    StudySummary(
+                        name=study.name,
+                        model_reference=study.model_reference,
+                        device_name=study.device_name,
+                        budget_bytes=study.budget_bytes,
+                        margin_bytes=study.margin_bytes,
+                        status=effective_status(
+                            study.status, study.owner, study.heartbeat_at, interrupted=StudyStatus.INTERRUPTED
+                        ),
+                        created_at=study.created_at,
+                        updated_at=study.updated_at,
+                        probes_total=int(total),
+                        probes_ok=int(ok),
+                        probes_oom=int(oom),
+                        probes_skipped=int(skipped),
+                        best_tokens_per_s=best[0]["tokens_per_s"] if best else None,
+                        workers=int(workers),
+                        best_label=_config_of(best[0]).label() if best else None,
+                    )
+                )
             return summaries
 
     # -- probes ----------------------------------------------------------------------------------
@@ -259,9 +282,17 @@ class Store(ClaimsMixin, RunsMixin, QueueMixin, TokensMixin):
         this environment, such as a config skipped because the estimator predicted it too big.
         `started_at` defaults to the finish time less the probe's wall time.
         """
-        row = probe_values(study_id, config, result, env_fingerprint=env_fingerprint, trial_number=trial_number,
-                            predicted_peak_bytes=predicted_peak_bytes, worker=worker, started_at=started_at,
-                            cacheable=cacheable)
+        row = probe_values(
+            study_id,
+            config,
+            result,
+            env_fingerprint=env_fingerprint,
+            trial_number=trial_number,
+            predicted_peak_bytes=predicted_peak_bytes,
+            worker=worker,
+            started_at=started_at,
+            cacheable=cacheable,
+        )
 
         def work() -> int:
             with self._writing() as session:
@@ -279,8 +310,13 @@ class Store(ClaimsMixin, RunsMixin, QueueMixin, TokensMixin):
         while predicting): only where none is stored yet."""
         with self._writing() as session:
             for config_key, peak in peaks.items():
-                session.execute(update(Probe).where(Probe.study_id == study_id, Probe.config_key == config_key,
-                                                    Probe.predicted_peak_bytes.is_(None)).values(predicted_peak_bytes=peak))
+                session.execute(
+                    update(Probe)
+                    .where(
+                        Probe.study_id == study_id, Probe.config_key == config_key, Probe.predicted_peak_bytes.is_(None)
+                    )
+                    .values(predicted_peak_bytes=peak)
+                )
 
     def find_cached(
         self,
@@ -317,9 +353,11 @@ class Store(ClaimsMixin, RunsMixin, QueueMixin, TokensMixin):
                 if (their_budget, their_margin) == (budget_bytes, margin_bytes):
                     return result
                 need = result.required_bytes
-                decides = (result.status == ProbeStatus.OK and need is not None and need <= allowed) or \
-                    (result.status == ProbeStatus.OOM and their_budget - their_margin >= allowed) or \
-                    result.status in (ProbeStatus.SKIPPED, ProbeStatus.UNSTABLE)  # (what no budget changes)
+                decides = (
+                    (result.status == ProbeStatus.OK and need is not None and need <= allowed)
+                    or (result.status == ProbeStatus.OOM and their_budget - their_margin >= allowed)
+                    or result.status in (ProbeStatus.SKIPPED, ProbeStatus.UNSTABLE)
+                )  # (what no budget changes)
                 if decides:
                     result.budget_bytes, result.margin_bytes = budget_bytes, margin_bytes
                     return result
@@ -330,7 +368,9 @@ class Store(ClaimsMixin, RunsMixin, QueueMixin, TokensMixin):
         only those stored after probe `after_id` when given (a worker reading what others found)."""
         with self._read() as session:
             study = self._find_study(session, study_name)
-            rows = session.scalars(select(Probe).where(Probe.study_id == study.id, Probe.id > after_id).order_by(Probe.id))
+            rows = session.scalars(
+                select(Probe).where(Probe.study_id == study.id, Probe.id > after_id).order_by(Probe.id)
+            )
             return [probe_record(probe) for probe in rows]
 
     def leaderboard(self, study_name: str | None = None, top: int | None = None) -> list[LeaderboardRow]:
@@ -393,8 +433,12 @@ _REUSE_LOOKBACK = 20
 
 
 def _standing(row: Any) -> Standing:
-    return Standing(row["config_key"], row["tokens_per_s"], required_bytes(row["peak_reserved_bytes"], row["context_bytes"]),
-                    row["id"])
+    return Standing(
+        row["config_key"],
+        row["tokens_per_s"],
+        required_bytes(row["peak_reserved_bytes"], row["context_bytes"]),
+        row["id"],
+    )
 
 
 def _config_of(row: Any) -> ProbeConfig:
@@ -416,13 +460,20 @@ def _verdict(confirmation: Mapping[str, Any] | None, rows: list[Any]) -> tuple[s
 def _check_not_running_elsewhere(study: Study, model: ModelLike) -> None:
     """A study may follow its model to another path (store/moved.py) only while no search runs it
     from the old one: that search's keys would stop matching the study's."""
-    if study.owner != owner_label() and effective_status(
-            study.status, study.owner, study.heartbeat_at, interrupted=StudyStatus.INTERRUPTED) == StudyStatus.RUNNING:
-        raise BadInput(f"study {study.name!r} is being searched now with the model at {study.model_reference}; "
-                       f"resume it with that --model, or once that search ends (or pick another --study name).")
+    if (
+        study.owner != owner_label()
+        and effective_status(study.status, study.owner, study.heartbeat_at, interrupted=StudyStatus.INTERRUPTED)
+        == StudyStatus.RUNNING
+    ):
+        raise BadInput(
+            f"study {study.name!r} is being searched now with the model at {study.model_reference}; "
+            f"resume it with that --model, or once that search ends (or pick another --study name)."
+        )
 
 
-def _check_same_study(study: Study, model: ModelLike, budget_bytes: int, margin_bytes: int, effective_batch: int) -> None:
+def _check_same_study(
+    study: Study, model: ModelLike, budget_bytes: int, margin_bytes: int, effective_batch: int
+) -> None:
     from autotune.units import format_size
 
     differences = []
@@ -439,5 +490,3 @@ def _check_same_study(study: Study, model: ModelLike, budget_bytes: int, margin_
             f"study {study.name!r} already exists with {', '.join(differences)}; pick another --study name, "
             f"or resume it with the same settings."
         )
-
-

@@ -26,8 +26,10 @@ def token_hash(token: str) -> str:
 
 def check_token_name(name: str) -> str:
     if not TOKEN_NAME.fullmatch(name or ""):
-        raise BadInput(f"token name {name[:40]!r} is not usable: give 1-100 letters, digits, '.', '_' or '-', starting "
-                       f"with a letter or digit (e.g. ci-pipeline).")
+        raise BadInput(
+            f"token name {name[:40]!r} is not usable: give 1-100 letters, digits, '.', '_' or '-', starting "
+            f"with a letter or digit (e.g. ci-pipeline)."
+        )
     return name
 
 
@@ -41,8 +43,10 @@ class TokensMixin(StoreBase):
         try:
             with self._writing() as session:
                 if session.scalars(select(Token.id).where(Token.name == name)).first() is not None:
-                    raise Conflict(f"a token called {name!r} exists already; revoke it first (autotune token revoke "
-                                   f"{name}) or choose another name.")
+                    raise Conflict(
+                        f"a token called {name!r} exists already; revoke it first (autotune token revoke "
+                        f"{name}) or choose another name."
+                    )
                 session.add(Token(name=name, token_hash=token_hash(token), created_at=utcnow()))
         except IntegrityError:  # the same name made at the same moment by another process
             raise Conflict(f"a token called {name!r} exists already; choose another name.") from None
@@ -62,16 +66,19 @@ class TokensMixin(StoreBase):
 
     def tokens(self) -> list[TokenRecord]:
         with self._read() as session:
-            return [TokenRecord(t.name, t.created_at, t.revoked_at)
-                    for t in session.scalars(select(Token).order_by(Token.id)).all()]
+            return [
+                TokenRecord(t.name, t.created_at, t.revoked_at)
+                for t in session.scalars(select(Token).order_by(Token.id)).all()
+            ]
 
     def token_name(self, token: str) -> str | None:
         """The name of the live token `token` is, or None."""
         if not token.startswith(TOKEN_PREFIX) or len(token) > 200:
             return None
         with self._read() as session:
-            return session.scalars(select(Token.name).where(Token.token_hash == token_hash(token),
-                                                            Token.revoked_at.is_(None))).first()
+            return session.scalars(
+                select(Token.name).where(Token.token_hash == token_hash(token), Token.revoked_at.is_(None))
+            ).first()
 
     def has_tokens(self) -> bool:
         with self._read() as session:

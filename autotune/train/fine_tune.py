@@ -23,10 +23,26 @@ from autotune.tasks import PADDED_TASKS, Task
 from autotune.data.tokenizer import check_vocabulary, load_tokenizer
 from autotune.train.loading import check_weights, weights_location
 from autotune.train.options import TrainOptions, TrainOutcome
-from autotune.train.run import (RunContext, StoreRecorder, checkpoints, default_output_dir, describe_limits, run_training,
-                                training_arguments)
-from autotune.train.winner import (FixedRecipe, Winner, asks_evaluation, matching_study, planned_fixed_recipe,
-                                   search_for_winner, settled_winner, study_model, study_winner)
+from autotune.train.run import (
+    RunContext,
+    StoreRecorder,
+    checkpoints,
+    default_output_dir,
+    describe_limits,
+    run_training,
+    training_arguments,
+)
+from autotune.train.winner import (
+    FixedRecipe,
+    Winner,
+    asks_evaluation,
+    matching_study,
+    planned_fixed_recipe,
+    search_for_winner,
+    settled_winner,
+    study_model,
+    study_winner,
+)
 from autotune.units import format_size
 
 # Below this free on --output-dir's disk a run is refused before it is recorded: its checkpoints and
@@ -71,8 +87,13 @@ def train(
     and a run with an --eval-split evaluates so, under the same cap. Raises AutotuneError for
     anything the user must fix, before the run is recorded; an OOM during the run is `status='oom'`.
     """
-    flags: dict[str, Any] = {"task": task, "target_length": target_length, "num_labels": num_labels, "peft": peft,
-                             "evaluation": evaluation}
+    flags: dict[str, Any] = {
+        "task": task,
+        "target_length": target_length,
+        "num_labels": num_labels,
+        "peft": peft,
+        "evaluation": evaluation,
+    }
     plan = _plan_run(options, study, model, gpu_budget, flags, db, gpus)
     check_weights(plan.spec, options.random_init)  # (before a search: a corrupt download costs nothing)
     data, tokenizer = _load_data(plan, options, echo)
@@ -83,8 +104,14 @@ def train(
     return _record_run(context, args, tokenizer, db, echo)
 
 
-def _train_on_ranks(plan: RunPlan, winner: Winner, options: TrainOptions, flags: dict[str, Any], db: str | None,
-                    echo: Callable[[str], None]) -> TrainOutcome:
+def _train_on_ranks(
+    plan: RunPlan,
+    winner: Winner,
+    options: TrainOptions,
+    flags: dict[str, Any],
+    db: str | None,
+    echo: Callable[[str], None],
+) -> TrainOutcome:
     """A winner probed on several ranks trains on as many (autotune.train.ranks): each rank plans,
     prepares and runs as `run_rank` says, and this process keeps the run."""
     from autotune.train.ranks import check_trainable_on_ranks, train_on_ranks
@@ -92,12 +119,22 @@ def _train_on_ranks(plan: RunPlan, winner: Winner, options: TrainOptions, flags:
     device_type = (options.device or str(winner.study.environment.get("device_type") or "auto")).split(":")[0]
     check_trainable_on_ranks(winner, device_type)
     _make_output_dir(plan.output_dir)
-    return train_on_ranks(winner, options, plan.output_dir, plan.gpu_budget, flags, db, echo, plan.searches,
-                          model=plan.spec.recorded)
+    return train_on_ranks(
+        winner, options, plan.output_dir, plan.gpu_budget, flags, db, echo, plan.searches, model=plan.spec.recorded
+    )
 
 
-def run_rank(options: TrainOptions, study: str, model: str | None, gpu_budget: int | None, flags: dict[str, Any],
-             db: str | None, recorder: Any, run_id: int, echo: Callable[[str], None]) -> TrainOutcome:
+def run_rank(
+    options: TrainOptions,
+    study: str,
+    model: str | None,
+    gpu_budget: int | None,
+    flags: dict[str, Any],
+    db: str | None,
+    recorder: Any,
+    run_id: int,
+    echo: Callable[[str], None],
+) -> TrainOutcome:
     """One rank of a run on several GPUs (started by train_on_ranks): the same plan, data, winner and
     preparation as a run on one GPU, on this rank's device under the same cap, its end kept by `recorder`."""
     # The study is settled by now: its winner, on the model the starter found (`model`), under its budget.
@@ -113,13 +150,13 @@ class RunPlan:
     """What step 1 settles, handed down so that no later step works it out again."""
 
     spec: ModelSpec
-    name: str                           # the study's: settled, or the one the search will create
-    task: Task                          # what the study trains, so what the data must be
-    winner: Winner | None               # None: the search finds it, once the data is known to be good
-    search_fixed_recipe: dict[str, Any]       # the recipe fields to search with (empty for a settled study)
-    gpu_budget: int | None              # as given; None keeps the study's
+    name: str  # the study's: settled, or the one the search will create
+    task: Task  # what the study trains, so what the data must be
+    winner: Winner | None  # None: the search finds it, once the data is known to be good
+    search_fixed_recipe: dict[str, Any]  # the recipe fields to search with (empty for a settled study)
+    gpu_budget: int | None  # as given; None keeps the study's
     output_dir: Path
-    checkpoints: tuple[Path, ...]       # an earlier run's there, oldest first: --resume goes on from the last
+    checkpoints: tuple[Path, ...]  # an earlier run's there, oldest first: --resume goes on from the last
 
     @property
     def searches(self) -> bool:
@@ -138,8 +175,15 @@ class _Choice:
     search_fixed_recipe: dict[str, Any]
 
 
-def _plan_run(options: TrainOptions, study: str | None, model: str | None, gpu_budget: int | None,
-              flags: dict[str, Any], db: str | None, gpus: int | None = None) -> RunPlan:
+def _plan_run(
+    options: TrainOptions,
+    study: str | None,
+    model: str | None,
+    gpu_budget: int | None,
+    flags: dict[str, Any],
+    db: str | None,
+    gpus: int | None = None,
+) -> RunPlan:
     """What to train and where, checked before anything slow runs, so that a mistake costs nothing.
     `gpus`: the ranks asked for (--gpus): a study's winner must have been probed on as many, and a
     search runs on as many."""
@@ -149,9 +193,11 @@ def _plan_run(options: TrainOptions, study: str | None, model: str | None, gpu_b
     if gpus is not None and (problems := count_problems(gpus)):
         raise BadInput("; ".join(problems) + ".")
     if asks_evaluation(flags.get("evaluation")) and options.eval_split is None:
-        raise BadInput("the evaluation flags (--eval-batch, --generate, ...) describe the run's evaluation, and it has "
-                       "no data to evaluate on: give --eval-split (a split name, a file, or a share such as 5%), or "
-                       "leave them out.")
+        raise BadInput(
+            "the evaluation flags (--eval-batch, --generate, ...) describe the run's evaluation, and it has "
+            "no data to evaluate on: give --eval-split (a split name, a file, or a share such as 5%), or "
+            "leave them out."
+        )
     spec = resolve_model(model) if model is not None else None
     if spec is not None and gpu_budget is not None:
         choice = _choose_for_budget(spec, gpu_budget, study, flags, db, gpus or 1)
@@ -159,15 +205,25 @@ def _plan_run(options: TrainOptions, study: str | None, model: str | None, gpu_b
         choice = _choose_study(study, model, flags, db)
     if gpus is not None and choice.winner is not None and choice.winner.row.config.gpus != gpus:
         probed = choice.winner.row.config.gpus
-        raise BadInput(f"--gpus {gpus} contradicts study {choice.name!r}, whose winner was probed on {probed} "
-                       f"GPU{'s' if probed != 1 else ''}; leave --gpus out to train it on {probed}, or search on {gpus} "
-                       f"under a new --study name.")
+        raise BadInput(
+            f"--gpus {gpus} contradicts study {choice.name!r}, whose winner was probed on {probed} "
+            f"GPU{'s' if probed != 1 else ''}; leave --gpus out to train it on {probed}, or search on {gpus} "
+            f"under a new --study name."
+        )
     trains = Task(choice.recipe.task)
     _check_merge(options, choice.recipe, choice.name)
     output_dir = Path(options.output_dir).expanduser() if options.output_dir else default_output_dir(choice.name)
     found = _checked_checkpoints(output_dir, options.resume)
-    return RunPlan(spec=choice.spec, name=choice.name, task=trains, winner=choice.winner,
-                   search_fixed_recipe=choice.search_fixed_recipe, gpu_budget=gpu_budget, output_dir=output_dir, checkpoints=found)
+    return RunPlan(
+        spec=choice.spec,
+        name=choice.name,
+        task=trains,
+        winner=choice.winner,
+        search_fixed_recipe=choice.search_fixed_recipe,
+        gpu_budget=gpu_budget,
+        output_dir=output_dir,
+        checkpoints=found,
+    )
 
 
 def _check_request(study: str | None, model: str | None, gpu_budget: int | None) -> None:
@@ -180,8 +236,9 @@ def _check_request(study: str | None, model: str | None, gpu_budget: int | None)
         raise BadInput("--study is empty; give the name of a finished search (list them with `autotune studies`).")
 
 
-def _choose_for_budget(spec: ModelSpec, gpu_budget: int, study: str | None, flags: dict[str, Any],
-                       db: str | None, gpus: int = 1) -> _Choice:
+def _choose_for_budget(
+    spec: ModelSpec, gpu_budget: int, study: str | None, flags: dict[str, Any], db: str | None, gpus: int = 1
+) -> _Choice:
     """A finished study of this model and budget, else the search to run: read only, because a refused
     command must leave the database as it was (the search creates or upgrades it)."""
     from autotune.search import default_study_name
@@ -218,13 +275,17 @@ def _choose_study(study: str | None, model: str | None, flags: dict[str, Any], d
 def _check_merge(options: TrainOptions, recipe: FixedRecipe, name: str) -> None:
     """BadInput for a --merge that has no adapters to merge, or whose merge would be lost."""
     if options.merge and recipe.peft is None:
-        raise BadInput(f"--merge merges LoRA adapters into the base, but study {name!r} fine-tunes the whole model "
-                       f"(no --peft): leave --merge out, or train adapters with --peft lora (a study of their own).")
+        raise BadInput(
+            f"--merge merges LoRA adapters into the base, but study {name!r} fine-tunes the whole model "
+            f"(no --peft): leave --merge out, or train adapters with --peft lora (a study of their own)."
+        )
     if options.merge and is_qlora(recipe.peft):
         # Merged into 4-bit weights, the adapters' small update would be rounded away.
-        raise BadInput(f"--merge: study {name!r} trains QLoRA adapters on a 4-bit base, and merging them into 4-bit weights "
-                       f"would round their update away; leave --merge out and merge the saved adapters into the "
-                       f"full-precision base (peft: PeftModel.from_pretrained(base, adapters).merge_and_unload()).")
+        raise BadInput(
+            f"--merge: study {name!r} trains QLoRA adapters on a 4-bit base, and merging them into 4-bit weights "
+            f"would round their update away; leave --merge out and merge the saved adapters into the "
+            f"full-precision base (peft: PeftModel.from_pretrained(base, adapters).merge_and_unload())."
+        )
 
 
 def _checked_checkpoints(output_dir: Path, resume: bool) -> tuple[Path, ...]:
@@ -233,16 +294,21 @@ def _checked_checkpoints(output_dir: Path, resume: bool) -> tuple[Path, ...]:
     check_output_dir(output_dir)
     found = tuple(checkpoints(output_dir))
     if found and not resume:
-        raise BadInput(f"{output_dir} holds checkpoints of an earlier run ({found[-1].name}); pass --resume to go on "
-                       f"from it, or another --output-dir.")
+        raise BadInput(
+            f"{output_dir} holds checkpoints of an earlier run ({found[-1].name}); pass --resume to go on "
+            f"from it, or another --output-dir."
+        )
     if resume and not found:
-        raise BadInput(f"--resume: {output_dir} holds no checkpoint to go on from; leave --resume out to train from the "
-                       f"beginning, or pass the --output-dir of the run to resume.")
+        raise BadInput(
+            f"--resume: {output_dir} holds no checkpoint to go on from; leave --resume out to train from the "
+            f"beginning, or pass the --output-dir of the run to resume."
+        )
     return found
 
 
-def _load_data(plan: RunPlan, options: TrainOptions,
-               echo: Callable[[str], None]) -> tuple[TaskData, PreTrainedTokenizerBase]:
+def _load_data(
+    plan: RunPlan, options: TrainOptions, echo: Callable[[str], None]
+) -> tuple[TaskData, PreTrainedTokenizerBase]:
     """The data and the tokenizer, checked before anything is searched or recorded: a bad file costs no search."""
     from autotune.data.task_data import check_tokenizer, load_task_data
 
@@ -254,9 +320,16 @@ def _load_data(plan: RunPlan, options: TrainOptions,
     return data, tokenizer
 
 
-def _find_winner(plan: RunPlan, data: TaskData, tokenizer: PreTrainedTokenizerBase, options: TrainOptions,
-                 db: str | None, echo: Callable[[str], None], on_search_start: Callable | None,
-                 on_search_event: Callable | None) -> Winner:
+def _find_winner(
+    plan: RunPlan,
+    data: TaskData,
+    tokenizer: PreTrainedTokenizerBase,
+    options: TrainOptions,
+    db: str | None,
+    echo: Callable[[str], None],
+    on_search_start: Callable | None,
+    on_search_event: Callable | None,
+) -> Winner:
     """The configuration to train, searched for only now that the data is known, and checked to train its task."""
     from autotune.data.task_data import example_lengths
 
@@ -270,14 +343,27 @@ def _find_winner(plan: RunPlan, data: TaskData, tokenizer: PreTrainedTokenizerBa
             search_fixed_recipe.setdefault("num_labels", data.labels.count)
         if plan.task in PADDED_TASKS:
             search_fixed_recipe["data_shape"] = example_lengths(data, tokenizer)
-        winner = search_for_winner(plan.spec, plan.gpu_budget, plan.name, options.device, db, echo, on_search_start,
-                                   on_search_event, **search_fixed_recipe)
+        winner = search_for_winner(
+            plan.spec,
+            plan.gpu_budget,
+            plan.name,
+            options.device,
+            db,
+            echo,
+            on_search_start,
+            on_search_event,
+            **search_fixed_recipe,
+        )
     config, row, record = winner.row.config, winner.row, winner.study
     if config.task != plan.task:  # a study's probes are all of its task; a mixed one cannot be trained from
-        raise BadInput(f"study {record.name}'s best configuration trains {config.task}, not {plan.task}; search again "
-                       f"under a new --study name.")
-    echo(f"study {record.name}: {config.label()} (probe #{row.probe_id}: {row.tokens_per_s or 0:,.0f} tokens/s, "
-         f"peak reserved {format_size(row.peak_reserved_bytes)} of {format_size(row.budget_bytes)})")
+        raise BadInput(
+            f"study {record.name}'s best configuration trains {config.task}, not {plan.task}; search again "
+            f"under a new --study name."
+        )
+    echo(
+        f"study {record.name}: {config.label()} (probe #{row.probe_id}: {row.tokens_per_s or 0:,.0f} tokens/s, "
+        f"peak reserved {format_size(row.peak_reserved_bytes)} of {format_size(row.budget_bytes)})"
+    )
     return winner
 
 
@@ -299,8 +385,14 @@ def adopt_study_openmp(stored: Any) -> str:
     return openmp_text(settings)
 
 
-def _prepare_run(plan: RunPlan, winner: Winner, data: TaskData, tokenizer: PreTrainedTokenizerBase,
-                 options: TrainOptions, echo: Callable[[str], None]) -> tuple[RunContext, TrainingArguments]:
+def _prepare_run(
+    plan: RunPlan,
+    winner: Winner,
+    data: TaskData,
+    tokenizer: PreTrainedTokenizerBase,
+    options: TrainOptions,
+    echo: Callable[[str], None],
+) -> tuple[RunContext, TrainingArguments]:
     """The examples, device, memory cap and Trainer's arguments, checked here before the run is recorded."""
     said_openmp = adopt_study_openmp(winner.study.environment.get("openmp"))
     if said_openmp:
@@ -333,9 +425,19 @@ def _prepare_run(plan: RunPlan, winner: Winner, data: TaskData, tokenizer: PreTr
     warnings = _warnings(winner, data, device) + _evaluation_warnings(winner, blocks) + _other_budget(winner, budget)
     for warning in warnings:
         echo(f"warning: {warning}")
-    context = RunContext(spec=plan.spec, winner=winner, options=options, output_dir=plan.output_dir, blocks=blocks,
-                         limits=limits, weights=weights, resume_from=resume_from, warnings=warnings,
-                         searched=plan.searches, labels=data.labels)
+    context = RunContext(
+        spec=plan.spec,
+        winner=winner,
+        options=options,
+        output_dir=plan.output_dir,
+        blocks=blocks,
+        limits=limits,
+        weights=weights,
+        resume_from=resume_from,
+        warnings=warnings,
+        searched=plan.searches,
+        labels=data.labels,
+    )
     return context, args
 
 
@@ -346,15 +448,21 @@ def _warnings(winner: Winner, data: TaskData, device: torch.device) -> list[str]
     if record.status != StudyStatus.FINISHED:
         warnings.append(f"study {record.name} is {record.status}: training with the best configuration found so far")
     if data.labels is not None and config.num_labels is not None and data.labels.count != config.num_labels:
-        warnings.append(f"the data has {data.labels.count} label{'s' if data.labels.count != 1 else ''} and the probe "
-                        f"measured a head of {config.num_labels}: the run's head has {data.labels.count} (its memory "
-                        f"differs by little)")
+        warnings.append(
+            f"the data has {data.labels.count} label{'s' if data.labels.count != 1 else ''} and the probe "
+            f"measured a head of {config.num_labels}: the run's head has {data.labels.count} (its memory "
+            f"differs by little)"
+        )
     if device.type != record.environment.get("device_type"):
-        warnings.append(f"study {record.name} measured on {record.device_name}, this run trains on {device.type}: "
-                        f"the probe's peak and speed do not compare")
+        warnings.append(
+            f"study {record.name} measured on {record.device_name}, this run trains on {device.type}: "
+            f"the probe's peak and speed do not compare"
+        )
     if config.compile and device.type == "cpu":
-        warnings.append("torch.compile does not run under the CPU memory accountant (a dispatch mode, which "
-                        "TorchDynamo does not trace under): this CPU run trains the compiled winner eagerly")
+        warnings.append(
+            "torch.compile does not run under the CPU memory accountant (a dispatch mode, which "
+            "TorchDynamo does not trace under): this CPU run trains the compiled winner eagerly"
+        )
     return warnings
 
 
@@ -366,12 +474,16 @@ def _evaluation_warnings(winner: Winner, blocks: Blocks | Examples) -> list[str]
 
     config, record = winner.row.config, winner.study
     if blocks.eval is not None and not evaluates(config):
-        return [f"study {record.name}'s probes ran no evaluation: this run evaluates at its micro-batch "
-                f"({config.micro_batch}), loss only, in memory no probe measured; search with --eval-batch under a "
-                f"new --study name to have it measured"]
+        return [
+            f"study {record.name}'s probes ran no evaluation: this run evaluates at its micro-batch "
+            f"({config.micro_batch}), loss only, in memory no probe measured; search with --eval-batch under a "
+            f"new --study name to have it measured"
+        ]
     if blocks.eval is None and evaluates(config):
-        return [f"study {record.name} measured its run evaluating ({label(config).strip()}), but no --eval-split gives "
-                f"this run data to evaluate on: it only trains"]
+        return [
+            f"study {record.name} measured its run evaluating ({label(config).strip()}), but no --eval-split gives "
+            f"this run data to evaluate on: it only trains"
+        ]
     return []
 
 
@@ -384,16 +496,25 @@ def _other_budget(winner: Winner, budget: Budget) -> list[str]:
     if budget.total_bytes == record.budget_bytes:
         return []
     need = required_bytes(row.peak_reserved_bytes, row.context_bytes)
-    said = (f"training under --gpu-budget {format_size(budget.total_bytes)}, not the {format_size(record.budget_bytes)} "
-            f"study {record.name} measured under")
+    said = (
+        f"training under --gpu-budget {format_size(budget.total_bytes)}, not the {format_size(record.budget_bytes)} "
+        f"study {record.name} measured under"
+    )
     if need is not None and not budget.fits(need):
-        return [f"{said}: its winner needs {format_size(need)} with a {format_size(budget.margin_bytes)} margin, more than "
-                f"that, and will run out of memory (search under {format_size(budget.total_bytes)} for a winner that fits)"]
+        return [
+            f"{said}: its winner needs {format_size(need)} with a {format_size(budget.margin_bytes)} margin, more than "
+            f"that, and will run out of memory (search under {format_size(budget.total_bytes)} for a winner that fits)"
+        ]
     return [f"{said}: the winner fits it, but was chosen as the fastest under the study's budget"]
 
 
-def _record_run(context: RunContext, args: TrainingArguments, tokenizer: PreTrainedTokenizerBase, db: str | None,
-                echo: Callable[[str], None]) -> TrainOutcome:
+def _record_run(
+    context: RunContext,
+    args: TrainingArguments,
+    tokenizer: PreTrainedTokenizerBase,
+    db: str | None,
+    echo: Callable[[str], None],
+) -> TrainOutcome:
     """The run, recorded beside the probe that chose it before it starts, so that one that dies leaves its row."""
     from autotune.store import open_store
 
@@ -402,8 +523,13 @@ def _record_run(context: RunContext, args: TrainingArguments, tokenizer: PreTrai
     with open_store(db) as store:
         for abandoned in store.interrupt_abandoned_runs(str(output_dir.resolve())):
             echo(f"run #{abandoned} into {output_dir} was still marked running, its process gone: marked interrupted")
-        run_id = store.start_run(config=winner.row.config, study_id=winner.study.id, probe_id=winner.row.probe_id,
-                                 output_dir=str(output_dir.resolve()), dataset=context.options.dataset)
+        run_id = store.start_run(
+            config=winner.row.config,
+            study_id=winner.study.id,
+            probe_id=winner.row.probe_id,
+            output_dir=str(output_dir.resolve()),
+            dataset=context.options.dataset,
+        )
         echo(f"run #{run_id}: {winner.row.config.label()} -> {output_dir}")
         return run_training(context, run_id, StoreRecorder(store, run_id, output_dir), args, tokenizer, echo)
 
@@ -412,28 +538,37 @@ def _make_output_dir(output_dir: Path) -> None:
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as exc:  # what check_output_dir cannot see (as root, a read-only mount, a full disk)
-        raise BadInput(f"--output-dir {output_dir}: cannot create it ({exc.strerror}); pass --output-dir with a "
-                       f"writable place.") from None
+        raise BadInput(
+            f"--output-dir {output_dir}: cannot create it ({exc.strerror}); pass --output-dir with a writable place."
+        ) from None
 
 
 def check_output_dir(output_dir: Path) -> None:
     """BadInput unless `output_dir` is a directory, or can be made one, that this user can write:
     checked before the run is recorded, so that a mistyped --output-dir costs nothing."""
     if output_dir.exists() and not output_dir.is_dir():
-        raise BadInput(f"--output-dir {output_dir} is a file, not a directory; pass --output-dir with a directory "
-                       f"(new or holding earlier runs).")
+        raise BadInput(
+            f"--output-dir {output_dir} is a file, not a directory; pass --output-dir with a directory "
+            f"(new or holding earlier runs)."
+        )
     # The nearest part of the path that exists must be a directory we may write into.
     existing = output_dir.absolute()
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
-        raise BadInput(f"--output-dir {output_dir}: {existing} is a file, so no directory can be made there; pass "
-                       f"--output-dir with another place.")
+        raise BadInput(
+            f"--output-dir {output_dir}: {existing} is a file, so no directory can be made there; pass "
+            f"--output-dir with another place."
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise BadInput(f"--output-dir {output_dir}: {existing} cannot be written by this user; pass --output-dir with "
-                       f"a writable place.")
+        raise BadInput(
+            f"--output-dir {output_dir}: {existing} cannot be written by this user; pass --output-dir with "
+            f"a writable place."
+        )
     free = shutil.disk_usage(existing).free
     if free < MIN_FREE_BYTES:
-        raise BadInput(f"--output-dir {output_dir}: only {format_size(free)} free on its disk, less than the "
-                       f"{format_size(MIN_FREE_BYTES)} a run needs at least for its checkpoints; free some space, or pass "
-                       f"--output-dir on another disk.")
+        raise BadInput(
+            f"--output-dir {output_dir}: only {format_size(free)} free on its disk, less than the "
+            f"{format_size(MIN_FREE_BYTES)} a run needs at least for its checkpoints; free some space, or pass "
+            f"--output-dir on another disk."
+        )

@@ -19,7 +19,6 @@ if TYPE_CHECKING:
     from autotune.data.task_data import Labels
 
 
-
 def weights_location(spec: ModelSpec, random_init: bool = False) -> str | None:
     """Where pretrained weights can be loaded from, or None for a random initialisation."""
     if random_init:
@@ -31,9 +30,15 @@ def weights_location(spec: ModelSpec, random_init: bool = False) -> str | None:
     return None
 
 
-def build_model(spec: ModelSpec, config: ProbeConfig, device: torch.device, weights: str | None,
-                trust_remote_code: bool = False, labels: Labels | None = None,
-                pad_token_id: int | None = None) -> PreTrainedModel:
+def build_model(
+    spec: ModelSpec,
+    config: ProbeConfig,
+    device: torch.device,
+    weights: str | None,
+    trust_remote_code: bool = False,
+    labels: Labels | None = None,
+    pad_token_id: int | None = None,
+) -> PreTrainedModel:
     """The model of `config.task` (the class the probe built) to train, as the probe built it: in
     fp32 (mixed precision keeps fp32 master weights), or in bf16 for pure bf16 (`weights` bf16);
     with LoRA adapters on its frozen base when `config.peft` (a peft.PeftModel, which answers as
@@ -67,14 +72,24 @@ def build_model(spec: ModelSpec, config: ProbeConfig, device: torch.device, weig
         # --ignore_mismatched_sizes); the body's weights load.
         extra: dict[str, Any] = {"ignore_mismatched_sizes": True} if config.task == Task.CLASSIFICATION else {}
         if is_qlora(config.peft):  # quantized as each weight arrives, onto the device it trains on
-            extra.update(quantization_config=BitsAndBytesConfig(**bnb_4bit_kwargs(config.precision, config.task)),
-                         device_map={"": device})
-        model = auto_class(config.task).from_pretrained(weights, config=hf_config, attn_implementation=config.attention,
-                                                        dtype=dtype, trust_remote_code=trust_remote_code, **extra)
+            extra.update(
+                quantization_config=BitsAndBytesConfig(**bnb_4bit_kwargs(config.precision, config.task)),
+                device_map={"": device},
+            )
+        model = auto_class(config.task).from_pretrained(
+            weights,
+            config=hf_config,
+            attn_implementation=config.attention,
+            dtype=dtype,
+            trust_remote_code=trust_remote_code,
+            **extra,
+        )
     elif is_qlora(config.peft):
         from autotune.probe.qlora import build_4bit
 
-        model = build_4bit(lambda: from_config(hf_config, config, trust_remote_code, dtype=dtype), config, device, dtype)
+        model = build_4bit(
+            lambda: from_config(hf_config, config, trust_remote_code, dtype=dtype), config, device, dtype
+        )
     else:
         with torch.device(device):  # built where it trains: no host copy of a large model
             model = from_config(hf_config, config, trust_remote_code, dtype=dtype)
@@ -95,7 +110,6 @@ def enable_checkpointing(model: PreTrainedModel) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-
 
 
 def check_weights(spec: ModelSpec, random_init: bool = False) -> None:
@@ -123,5 +137,7 @@ def check_weights(spec: ModelSpec, random_init: bool = False) -> None:
                 if not isinstance(header, dict):
                     raise ValueError("its header is not a JSON object")
         except (OSError, ValueError, UnicodeDecodeError) as exc:
-            raise BadInput(f"--model {spec.reference}: {path.name} is not a readable safetensors file ({exc}); "
-                           f"download the weights again, or pass --random-init to train from random weights.") from None
+            raise BadInput(
+                f"--model {spec.reference}: {path.name} is not a readable safetensors file ({exc}); "
+                f"download the weights again, or pass --random-init to train from random weights."
+            ) from None

@@ -32,17 +32,18 @@ class RunMeter(TrainerCallback):
     step repeats them. It slows a step by about 40%, and the probe times its window without it: so
     the run's later steps go without it too, and each evaluation is watched again."""
 
-    def __init__(self, budget: MemoryCap, tokens_per_step: float, echo: Callable[[str], None] | None,
-                 eval_phase: str = EVAL) -> None:
+    def __init__(
+        self, budget: MemoryCap, tokens_per_step: float, echo: Callable[[str], None] | None, eval_phase: str = EVAL
+    ) -> None:
         self.budget, self.tokens_per_step, self.echo = budget, tokens_per_step, echo
-        self.eval_phase = eval_phase         # what an evaluation of this run is: eval, or generate
+        self.eval_phase = eval_phase  # what an evaluation of this run is: eval, or generate
         self.step_seconds: list[float] = []
         self.first_step: int | None = None
         self.last_loss: float | None = None
         self.eval_loss: float | None = None
         self.peak_allocated: int | None = None
         self.peak_reserved: int | None = None
-        self.phase = TRAIN                   # the phase in progress
+        self.phase = TRAIN  # the phase in progress
         self.failed_phase: str | None = None  # the phase an exception left (an OOM's), when not training
         self.evaluated_at: int | None = None  # the optimizer step of the latest evaluation
         self._phase_peaks: dict[str, tuple[int, int]] = {}
@@ -151,8 +152,10 @@ class RunMeter(TrainerCallback):
         ..}, "eval": ..}); None for a run that did not evaluate (its peaks are the training's)."""
         if set(self._phase_peaks) <= {TRAIN}:
             return None
-        return {phase: {"allocated": allocated, "reserved": reserved}
-                for phase, (allocated, reserved) in self._phase_peaks.items()}
+        return {
+            phase: {"allocated": allocated, "reserved": reserved}
+            for phase, (allocated, reserved) in self._phase_peaks.items()
+        }
 
     @property
     def steps(self) -> int:

@@ -38,6 +38,8 @@ class RankFailed(AutotuneError):
     """A rank of the run failed (its own error is above, in its output); the run is kept as failed."""
 
     exit_code = 1
+
+
 POLL_SECONDS = 0.2
 
 
@@ -47,7 +49,7 @@ class RankJob:
 
     options: TrainOptions
     study: str
-    model: str | None                 # the model as the starter found it (--model, or the study's, made absolute)
+    model: str | None  # the model as the starter found it (--model, or the study's, made absolute)
     gpu_budget: int | None
     flags: dict[str, Any]
     db: str | None
@@ -95,18 +97,30 @@ def check_trainable_on_ranks(winner: Winner, device_type: str) -> None:
     would train an fsdp winner as plain data-parallel, which is not what was measured."""
     config = winner.row.config
     if config.nodes > 1:
-        raise BadInput(f"study {winner.study.name}'s winner runs on {config.nodes} nodes, and autotune train runs on one: "
-                       f"start the run on every node with the hand-off (`autotune best --study {winner.study.name} "
-                       f"--format accelerate`, then accelerate launch with each node's machine_rank).")
+        raise BadInput(
+            f"study {winner.study.name}'s winner runs on {config.nodes} nodes, and autotune train runs on one: "
+            f"start the run on every node with the hand-off (`autotune best --study {winner.study.name} "
+            f"--format accelerate`, then accelerate launch with each node's machine_rank)."
+        )
     if device_type != "cuda" and is_fsdp(config.strategy):
-        raise BadInput(f"study {winner.study.name}'s winner shares its run with {config.strategy}, and Trainer "
-                       f"(accelerate) shards with FSDP on GPUs only: on {device_type} it would train as DDP, not as "
-                       f"probed. Train it on {config.gpus} GPUs, or search on CPU with --strategies ddp under a new --study.")
+        raise BadInput(
+            f"study {winner.study.name}'s winner shares its run with {config.strategy}, and Trainer "
+            f"(accelerate) shards with FSDP on GPUs only: on {device_type} it would train as DDP, not as "
+            f"probed. Train it on {config.gpus} GPUs, or search on CPU with --strategies ddp under a new --study."
+        )
 
 
-def train_on_ranks(winner: Winner, options: TrainOptions, output_dir: Path, gpu_budget: int | None,
-                   flags: dict[str, Any], db: str | None, echo: Callable[[str], None], searched: bool,
-                   model: str | None = None) -> TrainOutcome:
+def train_on_ranks(
+    winner: Winner,
+    options: TrainOptions,
+    output_dir: Path,
+    gpu_budget: int | None,
+    flags: dict[str, Any],
+    db: str | None,
+    echo: Callable[[str], None],
+    searched: bool,
+    model: str | None = None,
+) -> TrainOutcome:
     """Train `winner` on its `gpus` ranks and keep the run: recorded as running before the ranks
     start, ended as its ranks ended. Every rank is asked what this process was (`model` as it
     found it, the study, the budget, the flags and options), so that each plans the same run."""
@@ -116,8 +130,13 @@ def train_on_ranks(winner: Winner, options: TrainOptions, output_dir: Path, gpu_
     with open_store(db) as store:
         for abandoned in store.interrupt_abandoned_runs(str(output_dir.resolve())):
             echo(f"run #{abandoned} into {output_dir} was still marked running, its process gone: marked interrupted")
-        run_id = store.start_run(config=config, study_id=winner.study.id, probe_id=winner.row.probe_id,
-                                 output_dir=str(output_dir.resolve()), dataset=options.dataset)
+        run_id = store.start_run(
+            config=config,
+            study_id=winner.study.id,
+            probe_id=winner.row.probe_id,
+            output_dir=str(output_dir.resolve()),
+            dataset=options.dataset,
+        )
         recorder = StoreRecorder(store, run_id, output_dir)
         echo(f"run #{run_id}: {config.label()} on {config.ranks} ranks (torchrun) -> {output_dir}")
         job = RankJob(options, winner.study.name, model, gpu_budget, flags, db, run_id)
@@ -158,16 +177,29 @@ def _run_summary(ends: list[RankEnd | None], winner: Winner) -> RunSummary | Non
     base = next((s for s in summaries if s is not None), None)
     if base is None:
         return None
-    peaks = [{"allocated": s.peak_allocated_bytes, "reserved": s.peak_reserved_bytes} if s is not None else None
-             for s in summaries]
+    peaks = [
+        {"allocated": s.peak_allocated_bytes, "reserved": s.peak_reserved_bytes} if s is not None else None
+        for s in summaries
+    ]
     known = [s for s in summaries if s is not None and s.peak_reserved_bytes is not None]
     largest = max(known, key=lambda s: s.peak_reserved_bytes or 0) if known else base
-    return replace(base, rank_peaks=peaks, peak_allocated_bytes=largest.peak_allocated_bytes,
-                   peak_reserved_bytes=largest.peak_reserved_bytes).with_memory_warnings()
+    return replace(
+        base,
+        rank_peaks=peaks,
+        peak_allocated_bytes=largest.peak_allocated_bytes,
+        peak_reserved_bytes=largest.peak_reserved_bytes,
+    ).with_memory_warnings()
 
 
-def _keep_end(ends: list[RankEnd | None], recorder: StoreRecorder, winner: Winner, run_id: int, output_dir: Path,
-              returncode: int | None, searched: bool) -> TrainOutcome:
+def _keep_end(
+    ends: list[RankEnd | None],
+    recorder: StoreRecorder,
+    winner: Winner,
+    run_id: int,
+    output_dir: Path,
+    returncode: int | None,
+    searched: bool,
+) -> TrainOutcome:
     """The run's end from its ranks': out of memory if any rank ran out, failed if any failed or
     left nothing, else finished."""
     summary = _run_summary(ends, winner)
@@ -177,12 +209,17 @@ def _keep_end(ends: list[RankEnd | None], recorder: StoreRecorder, winner: Winne
         message = f"rank {rank} of {len(ends)}: {end.summary.message if end.summary is not None else end.error}"
         summary = replace(summary, status=RunEnd.OOM, message=message)
         recorder.out_of_memory(f"rank {rank}: {end.error}", summary)
-        return TrainOutcome(RunEnd.OOM, run_id, winner.study.name, str(output_dir), summary, message,
-                            list(summary.warnings), searched)
+        return TrainOutcome(
+            RunEnd.OOM, run_id, winner.study.name, str(output_dir), summary, message, list(summary.warnings), searched
+        )
     failed = [(rank, end) for rank, end in enumerate(ends) if end is None or end.status != RunEnd.FINISHED]
     if failed or summary is None:
         rank, first = failed[0] if failed else (0, None)
-        why = first.error if first is not None and first.error else f"it ended without a result (torchrun's exit code {returncode})"
+        why = (
+            first.error
+            if first is not None and first.error
+            else f"it ended without a result (torchrun's exit code {returncode})"
+        )
         error = f"rank {rank} of {len(ends)}: {why}"
         if summary is not None:
             recorder.failed(error, replace(summary, status=RunEnd.ERROR, error=error))
@@ -190,5 +227,6 @@ def _keep_end(ends: list[RankEnd | None], recorder: StoreRecorder, winner: Winne
             recorder.store.fail_run(run_id, error)
         raise RankFailed(f"the run on {len(ends)} ranks failed: {error}")
     recorder.finished(summary)
-    return TrainOutcome(RunEnd.FINISHED, run_id, winner.study.name, str(output_dir), summary, None,
-                        list(summary.warnings), searched)
+    return TrainOutcome(
+        RunEnd.FINISHED, run_id, winner.study.name, str(output_dir), summary, None, list(summary.warnings), searched
+    )

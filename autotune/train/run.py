@@ -71,15 +71,20 @@ def check_optimizer_available(config: ProbeConfig, device: torch.device) -> None
     would fail only once the run started)."""
     optimizer = OPTIMIZERS[config.optimizer]
     if optimizer.needs is not None and importlib.util.find_spec(optimizer.needs) is None:
-        raise BadInput(f"the winner's optimizer {config.optimizer} needs {optimizer.needs}: pip install {optimizer.needs}, "
-                       f"or search again without it in --optimizers under a new --study name.")
+        raise BadInput(
+            f"the winner's optimizer {config.optimizer} needs {optimizer.needs}: pip install {optimizer.needs}, "
+            f"or search again without it in --optimizers under a new --study name."
+        )
     if optimizer.optim.startswith("paged") and device.type != "cuda":
-        raise BadInput(f"the winner's optimizer {config.optimizer} pages its state through CUDA memory: train on a CUDA "
-                       f"device, or search again without it in --optimizers under a new --study name.")
+        raise BadInput(
+            f"the winner's optimizer {config.optimizer} pages its state through CUDA memory: train on a CUDA "
+            f"device, or search again without it in --optimizers under a new --study name."
+        )
 
 
-def training_arguments(winner: Winner, options: TrainOptions, output_dir: Path, device: torch.device,
-                       has_eval: bool) -> TrainingArguments:
+def training_arguments(
+    winner: Winner, options: TrainOptions, output_dir: Path, device: torch.device, has_eval: bool
+) -> TrainingArguments:
     """The hand-off's TrainingArguments for the winner, with this run's length, saving and logging. The
     hand-off carries the recipe the probe measured: the optimizer as Trainer's `optim` (and
     `optim_args`), bf16=True only for --precision bf16 (pure bf16 weights with fp32 precision
@@ -120,19 +125,25 @@ def training_arguments(winner: Winner, options: TrainOptions, output_dir: Path, 
     try:
         return BestConfig(winner.row, device.type).training_arguments(str(output_dir), **overrides)
     except (ValueError, ImportError) as exc:
-        raise BadInput(f"transformers cannot train {config.label()} on {device}: {' '.join(str(exc).split())[:300]}") from None
+        raise BadInput(
+            f"transformers cannot train {config.label()} on {device}: {' '.join(str(exc).split())[:300]}"
+        ) from None
 
 
 def describe_limits(limits: MemoryCap, device_name: str) -> str:
     """One line on how the budget is held on this device."""
     if limits.device.type == "cuda":
-        return (f"device: {device_name}; budget {format_size(limits.budget.total_bytes)}: allocator capped at "
-                f"{format_size(limits.cap_bytes)} (CUDA context {format_size(limits.context_bytes)}, margin "
-                f"{format_size(limits.budget.margin_bytes)})")
-    return (f"device: {device_name}; budget {format_size(limits.budget.total_bytes)}: memory accountant capped at "
-            f"{format_size(limits.cap_bytes)} (margin {format_size(limits.budget.margin_bytes)}); it counts every tensor "
-            f"of the first {WARMUP_STEPS} steps and of each evaluation (the steps between repeat them and run "
-            f"without it, as the probe's timed window did)")
+        return (
+            f"device: {device_name}; budget {format_size(limits.budget.total_bytes)}: allocator capped at "
+            f"{format_size(limits.cap_bytes)} (CUDA context {format_size(limits.context_bytes)}, margin "
+            f"{format_size(limits.budget.margin_bytes)})"
+        )
+    return (
+        f"device: {device_name}; budget {format_size(limits.budget.total_bytes)}: memory accountant capped at "
+        f"{format_size(limits.cap_bytes)} (margin {format_size(limits.budget.margin_bytes)}); it counts every tensor "
+        f"of the first {WARMUP_STEPS} steps and of each evaluation (the steps between repeat them and run "
+        f"without it, as the probe's timed window did)"
+    )
 
 
 @dataclass(slots=True)
@@ -149,7 +160,7 @@ class RunContext:
     resume_from: str | None
     warnings: list[str]
     searched: bool
-    labels: Labels | None = None         # a classifier's, from the data
+    labels: Labels | None = None  # a classifier's, from the data
 
 
 class Recorder(Protocol):
@@ -188,15 +199,26 @@ class StoreRecorder:
         summary.write(self.output_dir)
 
     def finished(self, summary: RunSummary) -> None:
-        self.store.finish_run(self.run_id, steps=summary.steps, tokens_per_s=summary.tokens_per_s,
-                              peak_allocated_bytes=summary.peak_allocated_bytes,
-                              peak_reserved_bytes=summary.peak_reserved_bytes, final_loss=summary.final_loss,
-                              summary=summary.to_dict())
+        self.store.finish_run(
+            self.run_id,
+            steps=summary.steps,
+            tokens_per_s=summary.tokens_per_s,
+            peak_allocated_bytes=summary.peak_allocated_bytes,
+            peak_reserved_bytes=summary.peak_reserved_bytes,
+            final_loss=summary.final_loss,
+            summary=summary.to_dict(),
+        )
         summary.write(self.output_dir)
 
 
-def run_training(ctx: RunContext, run_id: int, recorder: Recorder, args: TrainingArguments,
-                 tokenizer: PreTrainedTokenizerBase, echo: Callable[[str], None]) -> TrainOutcome:
+def run_training(
+    ctx: RunContext,
+    run_id: int,
+    recorder: Recorder,
+    args: TrainingArguments,
+    tokenizer: PreTrainedTokenizerBase,
+    echo: Callable[[str], None],
+) -> TrainOutcome:
     """Train run `run_id` (already recorded as running) and keep how it ended (`recorder`). An OOM
     is an outcome (`status='oom'`, checkpoints kept); any other failure is kept and raised."""
 
@@ -207,8 +229,9 @@ def run_training(ctx: RunContext, run_id: int, recorder: Recorder, args: Trainin
     quiet = bool(args.disable_tqdm)  # no terminal: no progress bars, log lines through `echo` instead
     # A generating evaluation is the probe's generate phase (generate, then the loss forward, on
     # each eval batch); a run has no other evaluation then.
-    meter = RunMeter(limits, config.tokens_per_step, echo if quiet else None,
-                     eval_phase=GENERATE if generates(config) else EVAL)
+    meter = RunMeter(
+        limits, config.tokens_per_step, echo if quiet else None, eval_phase=GENERATE if generates(config) else EVAL
+    )
     trainer: Trainer | None = None
     model: PreTrainedModel | None = None
     started = time.perf_counter()
@@ -234,8 +257,14 @@ def run_training(ctx: RunContext, run_id: int, recorder: Recorder, args: Trainin
         if classify_exception(exc) != ProbeStatus.OOM:
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()[-ERROR_TAIL_CHARS:]
             if disk_full(exc):  # (a checkpoint being saved, most often): the user's to fix, not a bug
-                return _ended_disk_full(ctx, run_id, recorder, text, summarize(RunEnd.ERROR, text),
-                                        trainer.state.global_step if trainer is not None else 0)
+                return _ended_disk_full(
+                    ctx,
+                    run_id,
+                    recorder,
+                    text,
+                    summarize(RunEnd.ERROR, text),
+                    trainer.state.global_step if trainer is not None else 0,
+                )
             recorder.failed(text, summarize(RunEnd.ERROR, text))
             raise
         failure = " ".join(str(exc).split())[:ERROR_TAIL_CHARS]
@@ -258,8 +287,10 @@ def run_training(ctx: RunContext, run_id: int, recorder: Recorder, args: Trainin
         if trainer.is_world_process_zero():
             tokenizer.save_pretrained(str(ctx.output_dir))
         if config.peft is not None:
-            echo(f"saved: LoRA adapters in {ctx.output_dir} (load them with peft.PeftModel.from_pretrained(base model, "
-                 f"that directory))")
+            echo(
+                f"saved: LoRA adapters in {ctx.output_dir} (load them with peft.PeftModel.from_pretrained(base model, "
+                f"that directory))"
+            )
             if ctx.options.merge:
                 merged_dir = save_merged(model, tokenizer, ctx.output_dir / MERGED_DIR)
                 echo(f"merged: the base with the adapters merged in, a whole model, saved in {merged_dir}")
@@ -269,8 +300,16 @@ def run_training(ctx: RunContext, run_id: int, recorder: Recorder, args: Trainin
     recorder.finished(summary)
     trainer = model = None  # (the references dropped before the memory is released)
     limits.release()
-    return TrainOutcome(RunEnd.FINISHED, run_id, ctx.winner.study.name, str(ctx.output_dir), summary, None,
-                        list(summary.warnings), ctx.searched)
+    return TrainOutcome(
+        RunEnd.FINISHED,
+        run_id,
+        ctx.winner.study.name,
+        str(ctx.output_dir),
+        summary,
+        None,
+        list(summary.warnings),
+        ctx.searched,
+    )
 
 
 def _built_model(ctx: RunContext, tokenizer: PreTrainedTokenizerBase, echo: Callable[[str], None]) -> PreTrainedModel:
@@ -278,8 +317,15 @@ def _built_model(ctx: RunContext, tokenizer: PreTrainedTokenizerBase, echo: Call
     from autotune.train.loading import build_model
 
     config, limits = ctx.winner.row.config, ctx.limits
-    model = build_model(ctx.spec, config, limits.device, ctx.weights, ctx.options.trust_remote_code,
-                        labels=ctx.labels, pad_token_id=tokenizer.pad_token_id)
+    model = build_model(
+        ctx.spec,
+        config,
+        limits.device,
+        ctx.weights,
+        ctx.options.trust_remote_code,
+        labels=ctx.labels,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     if limits.accountant is not None:
         # Weights read by from_pretrained come from safetensors without passing through the
         # dispatcher; a probe's from_config build is seen, and the two must compare.
@@ -292,8 +338,14 @@ def _built_model(ctx: RunContext, tokenizer: PreTrainedTokenizerBase, echo: Call
     return model
 
 
-def _trainer(ctx: RunContext, model: PreTrainedModel, args: TrainingArguments, tokenizer: PreTrainedTokenizerBase,
-             meter: RunMeter, quiet: bool) -> Trainer:
+def _trainer(
+    ctx: RunContext,
+    model: PreTrainedModel,
+    args: TrainingArguments,
+    tokenizer: PreTrainedTokenizerBase,
+    meter: RunMeter,
+    quiet: bool,
+) -> Trainer:
     """Trainer (Seq2SeqTrainer where the evaluation generates), with the meter, the metrics that
     make Trainer keep what the probe kept, and the accumulation's loss scaling right for every model
     (autotune.handoff.loss_scaling)."""
@@ -308,28 +360,47 @@ def _trainer(ctx: RunContext, model: PreTrainedModel, args: TrainingArguments, t
     keeps = ctx.blocks.eval is not None and (config.eval_logits == KEPT or generates(config))
     cls = MeteredSeq2SeqTrainer if isinstance(args, Seq2SeqTrainingArguments) else MeteredTrainer
     fix_loss_scaling(model)  # as the hand-off's load_model does: the loss right under accumulation
-    trainer = cls(model=model, args=args, train_dataset=ctx.blocks.train, eval_dataset=ctx.blocks.eval,
-                  processing_class=tokenizer, data_collator=task_collator(config.task, tokenizer, config.lengths is not None, config.padding_free), meter=meter,
-                  compute_metrics=task_metrics(config, tokenizer) if keeps else None)
+    trainer = cls(
+        model=model,
+        args=args,
+        train_dataset=ctx.blocks.train,
+        eval_dataset=ctx.blocks.eval,
+        processing_class=tokenizer,
+        data_collator=task_collator(config.task, tokenizer, config.lengths is not None, config.padding_free),
+        meter=meter,
+        compute_metrics=task_metrics(config, tokenizer) if keeps else None,
+    )
     if quiet:
         trainer.remove_callback(PrinterCallback)  # the meter prints log lines through `echo`
     return trainer
 
 
-def _ended_out_of_memory(ctx: RunContext, run_id: int, recorder: Recorder, step: int, failure: str,
-                         summary: RunSummary) -> TrainOutcome:
+def _ended_out_of_memory(
+    ctx: RunContext, run_id: int, recorder: Recorder, step: int, failure: str, summary: RunSummary
+) -> TrainOutcome:
     """An out-of-memory run: an outcome, recorded with the checkpoints it kept, not an error."""
     config, limits = ctx.winner.row.config, ctx.limits
     kept = checkpoints(ctx.output_dir)
     where = f" in its {summary.failed_phase} phase" if summary.failed_phase is not None else ""
-    message = (f"out of memory at step {step}{where}: {config.label()} needed more than the {format_size(limits.cap_bytes)} that "
-               f"the {format_size(limits.budget.total_bytes)} budget leaves (after context and margin); run #{run_id} "
-               f"is marked failed" + (f", checkpoints kept in {ctx.output_dir} ({kept[-1].name} is the latest)" if kept else ""))
+    message = (
+        f"out of memory at step {step}{where}: {config.label()} needed more than the {format_size(limits.cap_bytes)} that "
+        f"the {format_size(limits.budget.total_bytes)} budget leaves (after context and margin); run #{run_id} "
+        f"is marked failed"
+        + (f", checkpoints kept in {ctx.output_dir} ({kept[-1].name} is the latest)" if kept else "")
+    )
     summary = replace(summary, message=message)
     recorder.out_of_memory(failure, summary)
     limits.release()
-    return TrainOutcome(RunEnd.OOM, run_id, ctx.winner.study.name, str(ctx.output_dir), summary, message,
-                        list(ctx.warnings), ctx.searched)
+    return TrainOutcome(
+        RunEnd.OOM,
+        run_id,
+        ctx.winner.study.name,
+        str(ctx.output_dir),
+        summary,
+        message,
+        list(ctx.warnings),
+        ctx.searched,
+    )
 
 
 def disk_full(exc: BaseException) -> bool:
@@ -348,19 +419,35 @@ def disk_full(exc: BaseException) -> bool:
     return False
 
 
-def _ended_disk_full(ctx: RunContext, run_id: int, recorder: Recorder, failure: str, summary: RunSummary,
-                     step: int) -> TrainOutcome:
+def _ended_disk_full(
+    ctx: RunContext, run_id: int, recorder: Recorder, failure: str, summary: RunSummary, step: int
+) -> TrainOutcome:
     """A run whose disk filled (saving a checkpoint): marked failed, the checkpoints saved whole
     before kept, said in one line; --resume goes on from the latest once there is room."""
     kept = checkpoints(ctx.output_dir)
-    message = (f"the disk under {ctx.output_dir} filled at step {step} (saving a checkpoint?): {failure.splitlines()[-1]}; "
-               f"run #{run_id} is marked failed" + (f", checkpoints kept ({kept[-1].name} is the latest): free some space "
-               f"and run the same command with --resume" if kept else ": free some space and run the same command again"))
+    message = (
+        f"the disk under {ctx.output_dir} filled at step {step} (saving a checkpoint?): {failure.splitlines()[-1]}; "
+        f"run #{run_id} is marked failed"
+        + (
+            f", checkpoints kept ({kept[-1].name} is the latest): free some space "
+            f"and run the same command with --resume"
+            if kept
+            else ": free some space and run the same command again"
+        )
+    )
     summary = replace(summary, message=message)
     recorder.failed(failure, summary)
     ctx.limits.release()
-    return TrainOutcome(RunEnd.ERROR, run_id, ctx.winner.study.name, str(ctx.output_dir), summary, message,
-                        list(ctx.warnings), ctx.searched)
+    return TrainOutcome(
+        RunEnd.ERROR,
+        run_id,
+        ctx.winner.study.name,
+        str(ctx.output_dir),
+        summary,
+        message,
+        list(ctx.warnings),
+        ctx.searched,
+    )
 
 
 @contextlib.contextmanager
@@ -429,8 +516,16 @@ def _finite(value: float | None) -> float | None:
     return value if value is not None and math.isfinite(value) else None
 
 
-def _summarize(ctx: RunContext, run_id: int, status: RunEnd, meter: RunMeter, trainer: Trainer | None,
-               metrics: dict[str, Any], started: float, error: str | None) -> RunSummary:
+def _summarize(
+    ctx: RunContext,
+    run_id: int,
+    status: RunEnd,
+    meter: RunMeter,
+    trainer: Trainer | None,
+    metrics: dict[str, Any],
+    started: float,
+    error: str | None,
+) -> RunSummary:
     """The run so far, from the meter, the Trainer's state and its metrics."""
     from autotune.handoff import BestConfig
 

@@ -47,13 +47,22 @@ class ProbeMeasurement:
 
     @classmethod
     def of(cls, row: LeaderboardRow) -> ProbeMeasurement:
-        return cls(row.peak_allocated_bytes, row.peak_reserved_bytes, row.context_bytes, row.tokens_per_s,
-                   row.phase_peaks, row.rank_peaks)
+        return cls(
+            row.peak_allocated_bytes,
+            row.peak_reserved_bytes,
+            row.context_bytes,
+            row.tokens_per_s,
+            row.phase_peaks,
+            row.rank_peaks,
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"peak_allocated_bytes": self.peak_allocated_bytes,
-                                "peak_reserved_bytes": self.peak_reserved_bytes, "context_bytes": self.context_bytes,
-                                "tokens_per_s": self.tokens_per_s}
+        data: dict[str, Any] = {
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "context_bytes": self.context_bytes,
+            "tokens_per_s": self.tokens_per_s,
+        }
         if self.phase_peaks is not None:  # only a probe that ran the evaluation has them
             data["phase_peaks"] = self.phase_peaks
         if self.rank_peaks is not None:  # only a probe on several ranks has them
@@ -76,8 +85,12 @@ class PhasePeak:
         return self.run_bytes / self.probe_bytes if self.run_bytes and self.probe_bytes else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"phase": self.phase, "run_peak_reserved_bytes": self.run_bytes,
-                "probe_peak_reserved_bytes": self.probe_bytes, "run_vs_probe": self.ratio}
+        return {
+            "phase": self.phase,
+            "run_peak_reserved_bytes": self.run_bytes,
+            "probe_peak_reserved_bytes": self.probe_bytes,
+            "run_vs_probe": self.ratio,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,28 +104,28 @@ class RunSummary:
     status: RunEnd
     run_id: int
     study: str
-    probe_id: int                        # the probe that chose the configuration
-    model: str                           # the model reference
-    weights: str                         # where pretrained weights came from, or 'random-init'
+    probe_id: int  # the probe that chose the configuration
+    model: str  # the model reference
+    weights: str  # where pretrained weights came from, or 'random-init'
     dataset: str
-    output_dir: str                      # resolved
-    device: str                          # the study's device name when the run is on its device type
+    output_dir: str  # resolved
+    device: str  # the study's device name when the run is on its device type
     device_type: str
     config: ProbeConfig
-    training_arguments: dict[str, Any]   # the hand-off's TrainingArguments levers
+    training_arguments: dict[str, Any]  # the hand-off's TrainingArguments levers
     train_blocks: int
     eval_blocks: int | None
-    resumed_from: str | None             # a checkpoint directory
-    steps: int                           # optimizer steps in all, earlier runs' included
+    resumed_from: str | None  # a checkpoint directory
+    steps: int  # optimizer steps in all, earlier runs' included
     steps_this_run: int
     max_steps: int | None
-    tokens_per_s: float | None           # timed steps only, the first left out
-    wall_tokens_per_s: float | None      # over Trainer's whole runtime
+    tokens_per_s: float | None  # timed steps only, the first left out
+    wall_tokens_per_s: float | None  # over Trainer's whole runtime
     train_seconds: float | None
-    seconds: float                       # the run, model build and saving included
+    seconds: float  # the run, model build and saving included
     budget_bytes: int
     margin_bytes: int
-    cap_bytes: int                       # what the allocator (or the CPU accountant) could hold
+    cap_bytes: int  # what the allocator (or the CPU accountant) could hold
     context_bytes: int
     peak_allocated_bytes: int | None
     peak_reserved_bytes: int | None
@@ -120,13 +133,13 @@ class RunSummary:
     final_loss: float | None
     eval_loss: float | None
     warnings: tuple[str, ...] = ()
-    error: str | None = None             # the error's tail, when the run did not finish
-    message: str | None = None           # what the user is told when it ran out of memory
-    merged_dir: str | None = None        # --merge: the base with the LoRA adapters merged in, saved whole
+    error: str | None = None  # the error's tail, when the run did not finish
+    message: str | None = None  # what the user is told when it ran out of memory
+    merged_dir: str | None = None  # --merge: the base with the LoRA adapters merged in, saved whole
     # Each phase's peaks, as a probe's result holds them ({"train": {"allocated": .., "reserved": ..},
     # "eval": ..} or "generate": ..), where the run evaluated; None when it only trained.
     phase_peaks: dict[str, dict[str, int]] | None = None
-    failed_phase: str | None = None      # the phase in progress when a run that did not finish stopped, if not train
+    failed_phase: str | None = None  # the phase in progress when a run that did not finish stopped, if not train
     # On several ranks: each rank's peaks ({"allocated": .., "reserved": ..} by rank; None for a rank
     # that ended without saying); the peaks above are the largest rank's.
     rank_peaks: list[dict[str, int | None] | None] | None = None
@@ -168,17 +181,25 @@ class RunSummary:
         run, probe = self.phase_peaks or {}, self.probe.phase_peaks or {}
         if not run and not probe:
             return ()
-        return tuple(PhasePeak(phase, run.get(phase, {}).get("reserved"), probe.get(phase, {}).get("reserved"))
-                     for phase in PHASES if phase in run or phase in probe)
+        return tuple(
+            PhasePeak(phase, run.get(phase, {}).get("reserved"), probe.get(phase, {}).get("reserved"))
+            for phase in PHASES
+            if phase in run or phase in probe
+        )
 
     @property
     def ranks(self) -> tuple[PhasePeak, ...]:
         """Each rank's peak reserved against its probe's same rank, as rows named 'rank N': () on one GPU."""
         run, probe = self.rank_peaks or [], self.probe.rank_peaks or []
         count = max(len(run), len(probe))
-        return tuple(PhasePeak(f"rank {rank}", (run[rank] or {}).get("reserved") if rank < len(run) else None,
-                               (probe[rank] or {}).get("reserved") if rank < len(probe) else None)
-                     for rank in range(count))
+        return tuple(
+            PhasePeak(
+                f"rank {rank}",
+                (run[rank] or {}).get("reserved") if rank < len(run) else None,
+                (probe[rank] or {}).get("reserved") if rank < len(probe) else None,
+            )
+            for rank in range(count)
+        )
 
     @property
     def perplexity(self) -> float | None:
@@ -199,11 +220,15 @@ class RunSummary:
         run, probe = self.tokens_per_s, self.probe.tokens_per_s
         if not self.finished or not run or not probe or run >= probe * (1 - SPEED_TOLERANCE):
             return self
-        reasons = ["its batches are real data, loaded, collated and moved to the device in the step, where the "
-                   "probe's are synthetic and already there"]
+        reasons = [
+            "its batches are real data, loaded, collated and moved to the device in the step, where the "
+            "probe's are synthetic and already there"
+        ]
         if self.steps_this_run < FEW_STEPS:
-            reasons.append(f"it timed {self.steps_this_run} step{'s' if self.steps_this_run != 1 else ''}, whose first "
-                           f"ones include warm-up")
+            reasons.append(
+                f"it timed {self.steps_this_run} step{'s' if self.steps_this_run != 1 else ''}, whose first "
+                f"ones include warm-up"
+            )
         if self.config.task in (Task.CLASSIFICATION, Task.SEQ2SEQ) and self.config.lengths is None:
             reasons.append("its examples are padded to the block size as the example scripts pad them")
         if self.eval_blocks:
@@ -211,8 +236,10 @@ class RunSummary:
         # "may": on an H100 the same config's probes varied by up to 25% between processes, and a
         # run 0.62x its probe was within what another probe of the same shape measured
         # (docs/measurements.md, On an H100): none of these is known to be the cause.
-        warning = (f"the run trained at {run:,.0f} tokens/s, {probe / run:.1f}x below its probe's {probe:,.0f}; "
-                   f"what the probe does not time may explain it: " + "; ".join(reasons))
+        warning = (
+            f"the run trained at {run:,.0f} tokens/s, {probe / run:.1f}x below its probe's {probe:,.0f}; "
+            f"what the probe does not time may explain it: " + "; ".join(reasons)
+        )
         return replace(self, warnings=(*self.warnings, warning))
 
     def with_memory_warnings(self) -> RunSummary:
@@ -220,13 +247,17 @@ class RunSummary:
         found = []
         ratio = self.peak_vs_probe
         if ratio is not None and ratio > 1 + PEAK_TOLERANCE and self._eats_into_headroom():
-            found.append(f"run peak reserved {format_size(self.peak_reserved_bytes)} is {100 * (ratio - 1):.0f}% above the "
-                         f"probe's {format_size(self.probe.peak_reserved_bytes)}: the run holds something the probe did not "
-                         f"(evaluation, checkpoint saving, real data); keep the margin in mind")
+            found.append(
+                f"run peak reserved {format_size(self.peak_reserved_bytes)} is {100 * (ratio - 1):.0f}% above the "
+                f"probe's {format_size(self.probe.peak_reserved_bytes)}: the run holds something the probe did not "
+                f"(evaluation, checkpoint saving, real data); keep the margin in mind"
+            )
         required = self.required_bytes
         if self.finished and required is not None and not self.budget.fits(required):
-            found.append(f"peak reserved + context {format_size(required)} + margin {format_size(self.margin_bytes)} exceed "
-                         f"the {format_size(self.budget_bytes)} budget: the CUDA context grew during the run")
+            found.append(
+                f"peak reserved + context {format_size(required)} + margin {format_size(self.margin_bytes)} exceed "
+                f"the {format_size(self.budget_bytes)} budget: the CUDA context grew during the run"
+            )
         return replace(self, warnings=(*self.warnings, *found)) if found else self
 
     def _eats_into_headroom(self) -> bool:

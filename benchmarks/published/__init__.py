@@ -42,21 +42,44 @@ from autotune.units import format_size, parse_size
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE.parent / "results"
 GOAL_MEDIAN, GOAL_WORST = 0.05, 0.10  # the issue's goal: per kind, on Hugging Face-stack rows
-REQUIRED = ("id", "source", "quote", "figure", "measures", "gpu", "stack", "model", "task", "method", "micro_batch",
-            "block_size", "precision", "optimizer")
+REQUIRED = (
+    "id",
+    "source",
+    "quote",
+    "figure",
+    "measures",
+    "gpu",
+    "stack",
+    "model",
+    "task",
+    "method",
+    "micro_batch",
+    "block_size",
+    "precision",
+    "optimizer",
+)
 
 # Optimizers a published run used that autotune does not build, each predicted by a stand-in:
 # (autotune's optimizer traced, whether its state is subtracted, why).
 STAND_INS = {
-    "adamw_hf": ("adamw", False,
-                 "transformers' own AdamW (gone in transformers 5) steps one parameter at a time: traced as the fused "
-                 "AdamW, whose step makes no temporaries; its own are one parameter's at a time"),
-    "paged_adamw_32bit": ("adamw", True,
-                          "paged AdamW keeps its 32-bit state in CUDA unified memory, outside the caching allocator: "
-                          "traced as AdamW, with the state subtracted"),
-    "paged_adamw_8bit": ("adamw_8bit", True,
-                         "paged 8-bit AdamW keeps its state in CUDA unified memory, outside the caching allocator: "
-                         "traced as 8-bit AdamW, with the state subtracted"),
+    "adamw_hf": (
+        "adamw",
+        False,
+        "transformers' own AdamW (gone in transformers 5) steps one parameter at a time: traced as the fused "
+        "AdamW, whose step makes no temporaries; its own are one parameter's at a time",
+    ),
+    "paged_adamw_32bit": (
+        "adamw",
+        True,
+        "paged AdamW keeps its 32-bit state in CUDA unified memory, outside the caching allocator: "
+        "traced as AdamW, with the state subtracted",
+    ),
+    "paged_adamw_8bit": (
+        "adamw_8bit",
+        True,
+        "paged 8-bit AdamW keeps its state in CUDA unified memory, outside the caching allocator: "
+        "traced as 8-bit AdamW, with the state subtracted",
+    ),
 }
 
 # What an estimator from before Trainer's optimizer names were accepted traced for them (every
@@ -94,13 +117,13 @@ class Row:
     lora_alpha: int = 16
     lora_dropout: float = 0.05
     lora_targets: str = "all-linear"
-    torch: str | None = None          # the run's torch version, where known
-    bitsandbytes: str | None = None   # the version the run used (QLoRA, 8-bit optimizers), where known
-    context: str | None = None        # the CUDA context on the run's own stack, where the source measured it
-    hf_stack: bool = True             # transformers' model code (False: torchtune's, litgpt's own)
+    torch: str | None = None  # the run's torch version, where known
+    bitsandbytes: str | None = None  # the version the run used (QLoRA, 8-bit optimizers), where known
+    context: str | None = None  # the CUDA context on the run's own stack, where the source measured it
+    hf_stack: bool = True  # transformers' model code (False: torchtune's, litgpt's own)
     notes: str = ""
-    explained: str = ""               # why the row stays beyond the goal, shown in the table
-    skip: str = ""                    # why it is not estimated
+    explained: str = ""  # why the row stays beyond the goal, shown in the table
+    skip: str = ""  # why it is not estimated
 
     @property
     def figure_bytes(self) -> int:
@@ -124,9 +147,11 @@ def load_rows(folder: Path = HERE) -> list[Row]:
             if missing or unknown:
                 raise SystemExit(f"{where}: missing {missing}, unknown fields {unknown}")
             row = Row(**raw, file=path.name)
-            problems = [f"{name} {getattr(row, name)!r} is not one of {allowed}"
-                        for name, allowed in (("measures", KINDS), ("method", METHODS), ("task", TASKS))
-                        if getattr(row, name) not in allowed]
+            problems = [
+                f"{name} {getattr(row, name)!r} is not one of {allowed}"
+                for name, allowed in (("measures", KINDS), ("method", METHODS), ("task", TASKS))
+                if getattr(row, name) not in allowed
+            ]
             if not (folder / "models" / row.model / "config.json").exists():
                 problems.append(f"no models/{row.model}/config.json")
             try:
@@ -162,13 +187,26 @@ def probe_config(row: Row):
     from autotune.recipes import peft_text
 
     optimizer, _, note = _optimizer(row)
-    peft = None if row.method == "full" else peft_text(row.method, row.lora_rank, row.lora_alpha, row.lora_dropout,
-                                                       row.lora_targets)
-    config = ProbeConfig(model=str(HERE / "models" / row.model), micro_batch=row.micro_batch, block_size=row.block_size,
-                         grad_accum=row.grad_accum, precision=row.precision, checkpointing=row.checkpointing,
-                         attention=row.attention, optimizer=optimizer, task=row.task, weights=row.weights,
-                         num_labels=row.num_labels if row.task == "classification" else None,
-                         target_length=row.target_length if row.task == "seq2seq" else None, peft=peft)
+    peft = (
+        None
+        if row.method == "full"
+        else peft_text(row.method, row.lora_rank, row.lora_alpha, row.lora_dropout, row.lora_targets)
+    )
+    config = ProbeConfig(
+        model=str(HERE / "models" / row.model),
+        micro_batch=row.micro_batch,
+        block_size=row.block_size,
+        grad_accum=row.grad_accum,
+        precision=row.precision,
+        checkpointing=row.checkpointing,
+        attention=row.attention,
+        optimizer=optimizer,
+        task=row.task,
+        weights=row.weights,
+        num_labels=row.num_labels if row.task == "classification" else None,
+        target_length=row.target_length if row.task == "seq2seq" else None,
+        peft=peft,
+    )
     return config, [note] if note else []
 
 
@@ -176,7 +214,7 @@ def probe_config(row: Row):
 class Outcome:
     row: Row
     predicted: int | None = None
-    error: float | None = None        # (predicted - measured) / measured
+    error: float | None = None  # (predicted - measured) / measured
     notes: list[str] = field(default_factory=list)
     failed: str = ""
     breakdown: dict = field(default_factory=dict)
@@ -200,17 +238,29 @@ def predict(row: Row) -> Outcome:
     context = estimate.context_bytes
     if row.context and row.measures == "nvidia-smi":  # the source measured the context on its own stack
         context = parse_size(row.context, flag=f"{row.id}: context")
-        outcome.notes.append(f"CUDA context {format_size(context)}, as the source measured it on its stack "
-                             f"(the estimator assumes {format_size(estimate.context_bytes)})")
-    figure = {"allocated": estimate.peak_bytes, "reserved": estimate.reserved_bytes,
-              "nvidia-smi": estimate.reserved_bytes + context}[row.measures] - outside
+        outcome.notes.append(
+            f"CUDA context {format_size(context)}, as the source measured it on its stack "
+            f"(the estimator assumes {format_size(estimate.context_bytes)})"
+        )
+    figure = {
+        "allocated": estimate.peak_bytes,
+        "reserved": estimate.reserved_bytes,
+        "nvidia-smi": estimate.reserved_bytes + context,
+    }[row.measures] - outside
     outcome.predicted = figure
     outcome.error = (figure - row.figure_bytes) / row.figure_bytes
-    outcome.breakdown = {"params": estimate.params, "grads": estimate.grads, "optimizer": estimate.optimizer,
-                         "activations": estimate.activations, "temporaries": estimate.temporaries,
-                         "peak_allocated": estimate.peak_bytes, "peak_reserved": estimate.reserved_bytes,
-                         "context": context, "peak_phase": estimate.peak_phase,
-                         "trace_seconds": round(estimate.trace_seconds, 1)}
+    outcome.breakdown = {
+        "params": estimate.params,
+        "grads": estimate.grads,
+        "optimizer": estimate.optimizer,
+        "activations": estimate.activations,
+        "temporaries": estimate.temporaries,
+        "peak_allocated": estimate.peak_bytes,
+        "peak_reserved": estimate.reserved_bytes,
+        "context": context,
+        "peak_phase": estimate.peak_phase,
+        "trace_seconds": round(estimate.trace_seconds, 1),
+    }
     return outcome
 
 
@@ -239,9 +289,16 @@ def summarize(outcomes: Iterable[Outcome], *, hf_only: bool = False) -> list[dic
             errors = [abs(o.error) for o in done if o.row.measures == kind and method in (ALL, o.row.method)]
             if errors:
                 signed = [o.error for o in done if o.row.measures == kind and method in (ALL, o.row.method)]
-                out.append({"kind": kind, "method": method, "count": len(errors),
-                            "median": round(statistics.median(errors), 4), "worst": round(max(errors), 4),
-                            "median_signed": round(statistics.median(signed), 4)})
+                out.append(
+                    {
+                        "kind": kind,
+                        "method": method,
+                        "count": len(errors),
+                        "median": round(statistics.median(errors), 4),
+                        "worst": round(max(errors), 4),
+                        "median_signed": round(statistics.median(signed), 4),
+                    }
+                )
     return out
 
 
@@ -250,31 +307,64 @@ def _pct(value: float | None) -> str:
 
 
 def markdown(outcomes: list[Outcome], before: dict[str, float | None], meta: dict) -> str:
-    lines = [f"# The estimator against published GPU measurements ({meta['date']})", "",
-             f"{meta['rows']} published figures ({meta['estimated']} estimated; skipped rows say why), each predicted by "
-             f"`autotune estimate --device-type cuda` for its configuration: `python -m benchmarks.published` "
-             f"({meta['seconds']:.0f} s on {meta['machine']}). Error = (predicted - published) / published. "
-             f"Sources, configurations and what each figure includes: benchmarks/published/*.toml.", ""]
+    lines = [
+        f"# The estimator against published GPU measurements ({meta['date']})",
+        "",
+        f"{meta['rows']} published figures ({meta['estimated']} estimated; skipped rows say why), each predicted by "
+        f"`autotune estimate --device-type cuda` for its configuration: `python -m benchmarks.published` "
+        f"({meta['seconds']:.0f} s on {meta['machine']}). Error = (predicted - published) / published. "
+        f"Sources, configurations and what each figure includes: benchmarks/published/*.toml.",
+        "",
+    ]
     for title, hf_only in (("Hugging Face-stack rows (transformers' model code)", True), ("All rows", False)):
-        lines += [f"## {title}", "", "| kind | method | rows | median abs error | worst | median signed | before: median / worst |",
-                  "|---|---|---|---|---|---|---|"]
-        before_summary = {(s["kind"], s["method"]): s for s in meta.get("before_summary_hf" if hf_only else "before_summary", [])}
+        lines += [
+            f"## {title}",
+            "",
+            "| kind | method | rows | median abs error | worst | median signed | before: median / worst |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        before_summary = {
+            (s["kind"], s["method"]): s for s in meta.get("before_summary_hf" if hf_only else "before_summary", [])
+        }
         for s in summarize(outcomes, hf_only=hf_only):
             b = before_summary.get((s["kind"], s["method"]))
             was = "" if b is None else f"{b['median']:.1%} / {b['worst']:.1%}"
-            lines.append(f"| {s['kind']} | {s['method']} | {s['count']} | {s['median']:.1%} | {s['worst']:.1%} | "
-                         f"{s['median_signed']:+.1%} | {was} |")
+            lines.append(
+                f"| {s['kind']} | {s['method']} | {s['count']} | {s['median']:.1%} | {s['worst']:.1%} | "
+                f"{s['median_signed']:+.1%} | {was} |"
+            )
         lines.append("")
-    lines += ["## Every row", "", "Rows marked * ran their own model code (litgpt, torchtune), not transformers'. "
-              "Before: the estimator of the commit before this table, on the same rows.", "",
-              "| row | model | GPU | config | measures | published | predicted | error | before | predicted as | "
-              "why, where beyond 10% |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "## Every row",
+        "",
+        "Rows marked * ran their own model code (litgpt, torchtune), not transformers'. "
+        "Before: the estimator of the commit before this table, on the same rows.",
+        "",
+        "| row | model | GPU | config | measures | published | predicted | error | before | predicted as | "
+        "why, where beyond 10% |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for o in outcomes:
         r = o.row
-        why = r.skip and f"skipped: {r.skip}" or o.failed or (r.explained if o.error is not None and abs(o.error) > GOAL_WORST else "")
-        cells = [r.id + ("" if r.hf_stack else " *"), r.model, r.gpu, r.config_text(), r.measures, format_size(r.figure_bytes),
-                 format_size(o.predicted) if o.predicted is not None else "", _pct(o.error), _pct(before.get(r.id)),
-                 "; ".join(o.notes), why]
+        why = (
+            r.skip
+            and f"skipped: {r.skip}"
+            or o.failed
+            or (r.explained if o.error is not None and abs(o.error) > GOAL_WORST else "")
+        )
+        cells = [
+            r.id + ("" if r.hf_stack else " *"),
+            r.model,
+            r.gpu,
+            r.config_text(),
+            r.measures,
+            format_size(r.figure_bytes),
+            format_size(o.predicted) if o.predicted is not None else "",
+            _pct(o.error),
+            _pct(before.get(r.id)),
+            "; ".join(o.notes),
+            why,
+        ]
         lines.append("| " + " | ".join(cell.replace("|", "/") for cell in cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -286,13 +376,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--label", default="after")
     parser.add_argument("--json", type=Path, default=RESULTS / "published-estimates.json")
     parser.add_argument("--md", type=Path, default=RESULTS / "published-estimates.md")
-    parser.add_argument("--before", type=Path, default=RESULTS / "published-estimates-before.json",
-                        help="an older estimator's figures (written with --label before) for the before column")
+    parser.add_argument(
+        "--before",
+        type=Path,
+        default=RESULTS / "published-estimates-before.json",
+        help="an older estimator's figures (written with --label before) for the before column",
+    )
     parser.add_argument("--stated-error", action="store_true", help="write autotune/estimate/stated_error.json")
     parser.add_argument("--machine", default="a 2-core AMD EPYC CPU machine (no GPU)")
-    parser.add_argument("--speed", action="store_true",
-                        help="the speed model against speed.toml instead (writes benchmarks/results/published-speed.*; "
-                             "with --stated-error also autotune/planner/speed_error.json)")
+    parser.add_argument(
+        "--speed",
+        action="store_true",
+        help="the speed model against speed.toml instead (writes benchmarks/results/published-speed.*; "
+        "with --stated-error also autotune/planner/speed_error.json)",
+    )
     args = parser.parse_args(argv)
     if args.speed:
         from benchmarks.published.speed import main as speed_main
@@ -317,21 +414,49 @@ def main(argv: list[str] | None = None) -> int:
     outcomes = [done.get(r.id) or Outcome(r) for r in rows]
     for o in outcomes:
         state = "skipped" if o.row.skip else o.failed or f"{_pct(o.error)}"
-        print(f"{o.row.id:48} {o.row.measures:10} {format_size(o.row.figure_bytes):>11} -> "
-              f"{format_size(o.predicted) if o.predicted else '':>11}  {state}", file=sys.stderr)
+        print(
+            f"{o.row.id:48} {o.row.measures:10} {format_size(o.row.figure_bytes):>11} -> "
+            f"{format_size(o.predicted) if o.predicted else '':>11}  {state}",
+            file=sys.stderr,
+        )
     seconds = time.perf_counter() - started
     before_data = json.loads(args.before.read_text()) if args.before.exists() and args.label != "before" else {}
     before = {r["id"]: r.get("error") for r in before_data.get("rows", [])}
-    meta = {"date": date.today().isoformat(), "rows": len(rows), "estimated": sum(o.error is not None for o in outcomes),
-            "seconds": seconds, "machine": args.machine, "label": args.label,
-            "before_summary": before_data.get("summary", []), "before_summary_hf": before_data.get("summary_hf", [])}
-    data = {**meta, "summary": summarize(outcomes), "summary_hf": summarize(outcomes, hf_only=True),
-            "rows": [{"id": o.row.id, "file": o.row.file, "model": o.row.model, "method": o.row.method,
-                      "measures": o.row.measures, "gpu": o.row.gpu, "hf_stack": o.row.hf_stack,
-                      "config": o.row.config_text(), "published_bytes": o.row.figure_bytes,
-                      "predicted_bytes": o.predicted, "error": None if o.error is None else round(o.error, 4),
-                      "notes": o.notes, "failed": o.failed, "skip": o.row.skip, "breakdown": o.breakdown}
-                     for o in outcomes]}
+    meta = {
+        "date": date.today().isoformat(),
+        "rows": len(rows),
+        "estimated": sum(o.error is not None for o in outcomes),
+        "seconds": seconds,
+        "machine": args.machine,
+        "label": args.label,
+        "before_summary": before_data.get("summary", []),
+        "before_summary_hf": before_data.get("summary_hf", []),
+    }
+    data = {
+        **meta,
+        "summary": summarize(outcomes),
+        "summary_hf": summarize(outcomes, hf_only=True),
+        "rows": [
+            {
+                "id": o.row.id,
+                "file": o.row.file,
+                "model": o.row.model,
+                "method": o.row.method,
+                "measures": o.row.measures,
+                "gpu": o.row.gpu,
+                "hf_stack": o.row.hf_stack,
+                "config": o.row.config_text(),
+                "published_bytes": o.row.figure_bytes,
+                "predicted_bytes": o.predicted,
+                "error": None if o.error is None else round(o.error, 4),
+                "notes": o.notes,
+                "failed": o.failed,
+                "skip": o.row.skip,
+                "breakdown": o.breakdown,
+            }
+            for o in outcomes
+        ],
+    }
     if not args.only:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(data, indent=1) + "\n")
@@ -340,8 +465,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.stated_error:
             write_stated_error(data)
     for s in data["summary"]:
-        print(f"{s['kind']:10} {s['method']:5} n={s['count']:2} median {s['median']:.1%} worst {s['worst']:.1%} "
-              f"(signed median {s['median_signed']:+.1%})")
+        print(
+            f"{s['kind']:10} {s['method']:5} n={s['count']:2} median {s['median']:.1%} worst {s['worst']:.1%} "
+            f"(signed median {s['median_signed']:+.1%})"
+        )
     return 0
 
 
@@ -350,10 +477,12 @@ def write_stated_error(data: dict) -> None:
     from autotune.estimate import stated_error
 
     # The Hugging Face-stack rows only: autotune's probes and hand-off run transformers' model code.
-    summary = {"source": f"python -m benchmarks.published, {data['date']}: the Hugging Face-stack rows of "
-                         f"{data['estimated']} estimated published GPU measurements "
-                         f"(benchmarks/results/published-estimates.md)",
-               "errors": [{k: s[k] for k in ("kind", "method", "count", "median", "worst")} for s in data["summary_hf"]]}
+    summary = {
+        "source": f"python -m benchmarks.published, {data['date']}: the Hugging Face-stack rows of "
+        f"{data['estimated']} estimated published GPU measurements "
+        f"(benchmarks/results/published-estimates.md)",
+        "errors": [{k: s[k] for k in ("kind", "method", "count", "median", "worst")} for s in data["summary_hf"]],
+    }
     stated_error.FILE.write_text(json.dumps(summary, indent=1) + "\n")
 
 

@@ -37,9 +37,33 @@ from urllib.parse import urlparse
 HERE = Path(__file__).resolve().parent
 TABLE = HERE / "speed.toml"
 RESULTS = HERE.parent / "results"
-REQUIRED = ("id", "source", "quote", "figure", "conversion", "tokens_per_s", "gpu", "gpus", "strategy", "stack",
-            "measured", "model", "task", "method", "micro_batch", "grad_accum", "block_size", "sequences", "precision",
-            "weights", "checkpointing", "optimizer", "attention", "compile", "notes")
+REQUIRED = (
+    "id",
+    "source",
+    "quote",
+    "figure",
+    "conversion",
+    "tokens_per_s",
+    "gpu",
+    "gpus",
+    "strategy",
+    "stack",
+    "measured",
+    "model",
+    "task",
+    "method",
+    "micro_batch",
+    "grad_accum",
+    "block_size",
+    "sequences",
+    "precision",
+    "weights",
+    "checkpointing",
+    "optimizer",
+    "attention",
+    "compile",
+    "notes",
+)
 
 # Optimizers a published run used that autotune has no name for, priced as the nearest it has.
 SPEED_STAND_INS = {
@@ -55,20 +79,20 @@ class SpeedRow:
     source: str
     quote: str
     figure: str
-    conversion: str                  # arithmetic from the printed figure to tokens_per_s
-    tokens_per_s: float              # the whole run's, every GPU's tokens together
-    gpu: str                         # a name or alias of autotune.cards
+    conversion: str  # arithmetic from the printed figure to tokens_per_s
+    tokens_per_s: float  # the whole run's, every GPU's tokens together
+    gpu: str  # a name or alias of autotune.cards
     gpus: int
-    strategy: str                    # none | ddp | fsdp | ... (autotune.sharding)
+    strategy: str  # none | ddp | fsdp | ... (autotune.sharding)
     stack: str
     measured: str
-    model: str                       # a folder under models/
+    model: str  # a folder under models/
     task: str
-    method: str                      # full | lora | qlora
+    method: str  # full | lora | qlora
     micro_batch: int
     grad_accum: int
     block_size: int
-    sequences: str                   # fixed | packed | padded, and how
+    sequences: str  # fixed | packed | padded, and how
     precision: str
     weights: str
     checkpointing: bool
@@ -85,11 +109,11 @@ class SpeedRow:
     lora_targets: str = "all-linear"
     hf_stack: bool = True
     group: tuple[str, ...] = ()
-    missing: str = ""                # what the run did that plan cannot express (priced without it)
+    missing: str = ""  # what the run did that plan cannot express (priced without it)
     transformers: str | None = None  # the run's versions where they change its speed (estimate/stack.py)
     peft: str | None = None
-    lora: str | None = None          # LoRA code other than peft's
-    skip: str = ""                   # why the row is kept but not priced
+    lora: str | None = None  # LoRA code other than peft's
+    skip: str = ""  # why the row is kept but not priced
     file: str = ""
 
     def config_text(self) -> str:
@@ -143,12 +167,18 @@ def load_speed_rows(path: Path = TABLE) -> tuple[list[SpeedRow], dict[str, str]]
         unknown = sorted(set(raw) - known)
         if missing or unknown:
             raise SystemExit(f"{where}: missing {missing}, unknown fields {unknown}")
-        raw = {**raw, "group": tuple([raw["group"]] if isinstance(raw.get("group"), str) else raw.get("group", ())),
-               "tokens_per_s": float(raw["tokens_per_s"])}
+        raw = {
+            **raw,
+            "group": tuple([raw["group"]] if isinstance(raw.get("group"), str) else raw.get("group", ())),
+            "tokens_per_s": float(raw["tokens_per_s"]),
+        }
         row = SpeedRow(**raw, file=path.name)
         problems = [f"group {g!r} is not in the [group] table" for g in row.group if g not in groups]
-        problems += [f"{name} {version!r} is not a version (e.g. 4.48.1)" for name, version in
-                     (("transformers", row.transformers), ("peft", row.peft)) if version is not None and not _is_version(version)]
+        problems += [
+            f"{name} {version!r} is not a version (e.g. 4.48.1)"
+            for name, version in (("transformers", row.transformers), ("peft", row.peft))
+            if version is not None and not _is_version(version)
+        ]
         if not (HERE / "models" / row.model / "config.json").exists():
             problems.append(f"no models/{row.model}/config.json")
         try:
@@ -184,16 +214,31 @@ def speed_config(row: SpeedRow):
     optimizer = SPEED_STAND_INS.get(row.optimizer, row.optimizer)
     if optimizer != row.optimizer:
         notes.append(f"{row.optimizer} priced as {optimizer}")
-    peft = None if row.method == "full" else peft_text(row.method, row.lora_rank, row.lora_alpha, row.lora_dropout,
-                                                       row.lora_targets)
+    peft = (
+        None
+        if row.method == "full"
+        else peft_text(row.method, row.lora_rank, row.lora_alpha, row.lora_dropout, row.lora_targets)
+    )
     several = row.gpus > 1
-    config = ProbeConfig(model=str(HERE / "models" / row.model), micro_batch=row.micro_batch, block_size=row.block_size,
-                         grad_accum=row.grad_accum, precision=row.precision, checkpointing=row.checkpointing,
-                         attention=row.attention, optimizer=optimizer, task=row.task, weights=row.weights,
-                         num_labels=row.num_labels if row.task == "classification" else None,
-                         target_length=row.target_length if row.task == "seq2seq" else None, peft=peft,
-                         compile=row.compile, liger=row.liger, gpus=row.gpus,
-                         strategy=row.strategy if several else None)
+    config = ProbeConfig(
+        model=str(HERE / "models" / row.model),
+        micro_batch=row.micro_batch,
+        block_size=row.block_size,
+        grad_accum=row.grad_accum,
+        precision=row.precision,
+        checkpointing=row.checkpointing,
+        attention=row.attention,
+        optimizer=optimizer,
+        task=row.task,
+        weights=row.weights,
+        num_labels=row.num_labels if row.task == "classification" else None,
+        target_length=row.target_length if row.task == "seq2seq" else None,
+        peft=peft,
+        compile=row.compile,
+        liger=row.liger,
+        gpus=row.gpus,
+        strategy=row.strategy if several else None,
+    )
     return config, notes
 
 
@@ -215,7 +260,7 @@ def model_dims(row: SpeedRow):
 class Priced:
     row: SpeedRow
     predicted: float | None = None
-    ratio: float | None = None        # predicted / measured
+    ratio: float | None = None  # predicted / measured
     notes: list[str] = field(default_factory=list)
     not_priced: str = ""
     parts: dict = field(default_factory=dict)
@@ -251,12 +296,20 @@ def price(row: SpeedRow) -> Priced:
     # states it: above IMPLAUSIBLE_SHARE the run must have done less work than stated.
     implied = speed.flops_per_step * row.tokens_per_s / (config.tokens_per_step * speed.peak_flops * config.ranks)
     if implied > IMPLAUSIBLE_SHARE:
-        out.notes.append(f"as stated, the measured speed puts its matmuls at {implied:.0%} of the card's dense "
-                         f"peak: the run likely did less work than the row says")
-    out.parts = {"step_seconds": speed.step_seconds, "compute": speed.compute_seconds, "memory": speed.memory_seconds,
-                 "launches": speed.overhead_seconds, "optimizer": speed.optimizer_seconds,
-                 "communication": speed.comm_seconds, "utilisation": round(speed.utilisation, 4),
-                 "predicted_mfu": round(speed.mfu, 4)}
+        out.notes.append(
+            f"as stated, the measured speed puts its matmuls at {implied:.0%} of the card's dense "
+            f"peak: the run likely did less work than the row says"
+        )
+    out.parts = {
+        "step_seconds": speed.step_seconds,
+        "compute": speed.compute_seconds,
+        "memory": speed.memory_seconds,
+        "launches": speed.overhead_seconds,
+        "optimizer": speed.optimizer_seconds,
+        "communication": speed.comm_seconds,
+        "utilisation": round(speed.utilisation, 4),
+        "predicted_mfu": round(speed.mfu, 4),
+    }
     return out
 
 
@@ -282,9 +335,15 @@ def own_gpu_probes(path: Path = RESULTS / "nvidia-h100-80gb-hbm3-gpu-evidence-20
         config = ProbeConfig.from_dict(probe["config"])
         dims = model_dims_of(resolve_model(config.model))
         predicted = predict_step_seconds(config, dims, card)
-        out.append({"config": probe["label"], "measured_tokens_per_s": round(probe["tokens_per_s"]),
-                    "predicted_tokens_per_s": round(predicted.tokens_per_s),
-                    "ratio": round(predicted.tokens_per_s / probe["tokens_per_s"], 2), "predicted": predicted.describe()})
+        out.append(
+            {
+                "config": probe["label"],
+                "measured_tokens_per_s": round(probe["tokens_per_s"]),
+                "predicted_tokens_per_s": round(predicted.tokens_per_s),
+                "ratio": round(predicted.tokens_per_s / probe["tokens_per_s"], 2),
+                "predicted": predicted.describe(),
+            }
+        )
     return out
 
 
@@ -292,9 +351,13 @@ def _spread(ratios: list[float]) -> dict:
     """Median |ln r|, median |r - 1| and the worst max(r, 1/r) of some ratios."""
     if not ratios:
         return {"count": 0, "median_abs_log": None, "median_abs_error": None, "worst": None, "median_ratio": None}
-    return {"count": len(ratios), "median_abs_log": round(statistics.median(abs(math.log(r)) for r in ratios), 4),
-            "median_abs_error": round(statistics.median(abs(r - 1) for r in ratios), 4),
-            "worst": round(max(max(r, 1 / r) for r in ratios), 3), "median_ratio": round(statistics.median(ratios), 3)}
+    return {
+        "count": len(ratios),
+        "median_abs_log": round(statistics.median(abs(math.log(r)) for r in ratios), 4),
+        "median_abs_error": round(statistics.median(abs(r - 1) for r in ratios), 4),
+        "worst": round(max(max(r, 1 / r) for r in ratios), 3),
+        "median_ratio": round(statistics.median(ratios), 3),
+    }
 
 
 # Speeds within this share of each other rank as a tie (a lever the model does not see prices two
@@ -316,9 +379,15 @@ def group_report(group: str, lever: str, members: list[Priced]) -> dict:
     """A lever group: its rows in file order (the first is the baseline), measured and predicted
     speed-ups over the baseline, and whether the model orders the rows as the measurements do."""
     known = _known(members)
-    report: dict = {"group": group, "lever": lever, "rows": [p.row.id for p in members], "priced": len(known),
-                    "same_order": None, "speedups": [],
-                    **{k: v for k, v in _spread([ratio for _, _, ratio in known]).items() if k != "count"}}
+    report: dict = {
+        "group": group,
+        "lever": lever,
+        "rows": [p.row.id for p in members],
+        "priced": len(known),
+        "same_order": None,
+        "speedups": [],
+        **{k: v for k, v in _spread([ratio for _, _, ratio in known]).items() if k != "count"},
+    }
     if len(known) < 2 or known[0][0].id != members[0].row.id:
         report["why_not_compared"] = "fewer than two priced rows, or the baseline is not priced"
         return report
@@ -326,8 +395,14 @@ def group_report(group: str, lever: str, members: list[Priced]) -> dict:
     for row, predicted_tps, _ in known[1:]:
         measured = row.tokens_per_s / base.tokens_per_s
         predicted = predicted_tps / base_predicted
-        report["speedups"].append({"row": row.id, "measured": round(measured, 3), "predicted": round(predicted, 3),
-                                   "predicted_over_measured": round(predicted / measured, 3)})
+        report["speedups"].append(
+            {
+                "row": row.id,
+                "measured": round(measured, 3),
+                "predicted": round(predicted, 3),
+                "predicted_over_measured": round(predicted / measured, 3),
+            }
+        )
     report["measured_ranks"] = _ranks([row.tokens_per_s for row, _, _ in known])
     report["predicted_ranks"] = _ranks([predicted for _, predicted, _ in known])
     report["same_order"] = report["measured_ranks"] == report["predicted_ranks"]
@@ -344,11 +419,13 @@ def summarize(priced: list[Priced], groups: dict[str, str]) -> dict:
     for row, _, ratio in done:
         by_source.setdefault(source_key(row.source), []).append(ratio)
     compared = [g for g in by_group if g["same_order"] is not None]
-    return {"all": _spread([ratio for _, _, ratio in done]),
-            "nothing_missing": _spread([ratio for row, _, ratio in done if not row.missing]),
-            "by_source": {k: _spread(v) for k, v in by_source.items()},
-            "groups_ranked_as_measured": f"{sum(g['same_order'] for g in compared)} of {len(compared)}",
-            "by_group": by_group}
+    return {
+        "all": _spread([ratio for _, _, ratio in done]),
+        "nothing_missing": _spread([ratio for row, _, ratio in done if not row.missing]),
+        "by_source": {k: _spread(v) for k, v in by_source.items()},
+        "groups_ranked_as_measured": f"{sum(g['same_order'] for g in compared)} of {len(compared)}",
+        "by_group": by_group,
+    }
 
 
 def _fmt(value: float | None, spec: str = ",.0f") -> str:
@@ -357,72 +434,149 @@ def _fmt(value: float | None, spec: str = ",.0f") -> str:
 
 def markdown(priced: list[Priced], summary: dict, meta: dict) -> str:
     s, e = summary["all"], summary["nothing_missing"]
-    lines = [f"# The speed model against published GPU throughput ({meta['date']})", "",
-             f"{meta['rows']} published training throughputs ({meta['priced']} priced; skipped and unpriced rows say why), "
-             "each priced by `autotune.planner.speed.predict_speed` (what `autotune plan` shows) for its configuration: "
-             "`python -m benchmarks.published --speed`. Ratio = predicted / measured tokens/s (whole run, every GPU). "
-             "Sources, configurations and conversions: benchmarks/published/speed.toml.", "",
-             "## Summary", "",
-             "| rows | count | median abs(ln ratio) | median abs(ratio - 1) | median ratio | worst max(r, 1/r) |",
-             "|---|---|---|---|---|---|"]
-    for name, spread in (("all priced", s), ("nothing missing", e),
-                         *((f"source {k}", v) for k, v in summary["by_source"].items())):
-        lines.append(f"| {name} | {spread['count']} | {_fmt(spread['median_abs_log'], '.3f')} | "
-                     f"{_fmt(spread['median_abs_error'], '.1%')} | {_fmt(spread['median_ratio'], '.2f')} | "
-                     f"{_fmt(spread['worst'], '.2f')}x |")
-    lines += ["", "'nothing missing': rows whose run used nothing plan cannot express (no stand-in optimizer, no "
-              "chunked cross-entropy, ...).", "",
-              f"## Lever groups ({summary['groups_ranked_as_measured']} ranked as measured)", "",
-              "Rows of one source that differ in one lever; speed-ups are over the group's first row.", "",
-              "| group | lever | rows | same order | speed-up measured -> predicted | median ratio | worst |",
-              "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# The speed model against published GPU throughput ({meta['date']})",
+        "",
+        f"{meta['rows']} published training throughputs ({meta['priced']} priced; skipped and unpriced rows say why), "
+        "each priced by `autotune.planner.speed.predict_speed` (what `autotune plan` shows) for its configuration: "
+        "`python -m benchmarks.published --speed`. Ratio = predicted / measured tokens/s (whole run, every GPU). "
+        "Sources, configurations and conversions: benchmarks/published/speed.toml.",
+        "",
+        "## Summary",
+        "",
+        "| rows | count | median abs(ln ratio) | median abs(ratio - 1) | median ratio | worst max(r, 1/r) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, spread in (
+        ("all priced", s),
+        ("nothing missing", e),
+        *((f"source {k}", v) for k, v in summary["by_source"].items()),
+    ):
+        lines.append(
+            f"| {name} | {spread['count']} | {_fmt(spread['median_abs_log'], '.3f')} | "
+            f"{_fmt(spread['median_abs_error'], '.1%')} | {_fmt(spread['median_ratio'], '.2f')} | "
+            f"{_fmt(spread['worst'], '.2f')}x |"
+        )
+    lines += [
+        "",
+        "'nothing missing': rows whose run used nothing plan cannot express (no stand-in optimizer, no "
+        "chunked cross-entropy, ...).",
+        "",
+        f"## Lever groups ({summary['groups_ranked_as_measured']} ranked as measured)",
+        "",
+        "Rows of one source that differ in one lever; speed-ups are over the group's first row.",
+        "",
+        "| group | lever | rows | same order | speed-up measured -> predicted | median ratio | worst |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for g in summary["by_group"]:
-        ups = "; ".join(f"{u['measured']:.2f}x -> {u['predicted']:.2f}x" for u in g["speedups"]) or g.get("why_not_compared", "")
-        order = "" if g["same_order"] is None else "yes" if g["same_order"] else \
-            "**no** (predicted a tie)" if g["predicted_tie"] else "**no**"
-        lines.append(f"| {g['group']} | {g['lever']} | {len(g['rows'])} | {order} | {ups} | "
-                     f"{_fmt(g['median_ratio'], '.2f')} | {_fmt(g['worst'], '.2f')}x |")
+        ups = "; ".join(f"{u['measured']:.2f}x -> {u['predicted']:.2f}x" for u in g["speedups"]) or g.get(
+            "why_not_compared", ""
+        )
+        order = (
+            ""
+            if g["same_order"] is None
+            else "yes"
+            if g["same_order"]
+            else "**no** (predicted a tie)"
+            if g["predicted_tie"]
+            else "**no**"
+        )
+        lines.append(
+            f"| {g['group']} | {g['lever']} | {len(g['rows'])} | {order} | {ups} | "
+            f"{_fmt(g['median_ratio'], '.2f')} | {_fmt(g['worst'], '.2f')}x |"
+        )
     missed = goals_missed(summary)
-    lines += ["", f"Goals missed (#47: every group ranked as measured, every speed-up within {GOAL_SPEEDUP:.0%}): "
-              f"{len(missed)}", "", *(f"- {line}" for line in missed)]
-    lines += ["", "## Every row", "",
-              "| row | model | GPU | config | measured tok/s | predicted tok/s | ratio | notes |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"Goals missed (#47: every group ranked as measured, every speed-up within {GOAL_SPEEDUP:.0%}): {len(missed)}",
+        "",
+        *(f"- {line}" for line in missed),
+    ]
+    lines += [
+        "",
+        "## Every row",
+        "",
+        "| row | model | GPU | config | measured tok/s | predicted tok/s | ratio | notes |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for p in priced:
         r = p.row
         why = (f"skipped: {r.skip}" if r.skip else p.not_priced) or "; ".join(
-            [*p.notes, *([f"missing: {r.missing}"] if r.missing else [])])
-        cells = [r.id + ("" if r.hf_stack else " *"), r.model, f"{r.gpus}x {r.gpu}", r.config_text(),
-                 _fmt(r.tokens_per_s), _fmt(p.predicted), _fmt(p.ratio, ".2f"), why]
+            [*p.notes, *([f"missing: {r.missing}"] if r.missing else [])]
+        )
+        cells = [
+            r.id + ("" if r.hf_stack else " *"),
+            r.model,
+            f"{r.gpus}x {r.gpu}",
+            r.config_text(),
+            _fmt(r.tokens_per_s),
+            _fmt(p.predicted),
+            _fmt(p.ratio, ".2f"),
+            why,
+        ]
         lines.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
     lines += ["", "Rows marked * ran their own model code (torchtune), not transformers'."]
     if meta.get("own_probes"):
-        lines += ["", "## Held out: autotune's own probes on an H100 (2026-11-26)", "",
-                  "gpt2 (124M), block 512, measured by `autotune search` in the GPU evidence run "
-                  "(benchmarks/results/nvidia-h100-80gb-hbm3-gpu-evidence-2026-11-26.json; the same config measured "
-                  "63,373-82,507 tokens/s in runs minutes apart). Not in the summary or the fit.", "",
-                  "| config | measured tok/s | predicted tok/s | ratio | predicted parts |", "|---|---|---|---|---|"]
-        lines += [f"| {p['config']} | {p['measured_tokens_per_s']:,} | {p['predicted_tokens_per_s']:,} | {p['ratio']:.2f} | "
-                  f"{p['predicted']} |" for p in meta["own_probes"]]
+        lines += [
+            "",
+            "## Held out: autotune's own probes on an H100 (2026-11-26)",
+            "",
+            "gpt2 (124M), block 512, measured by `autotune search` in the GPU evidence run "
+            "(benchmarks/results/nvidia-h100-80gb-hbm3-gpu-evidence-2026-11-26.json; the same config measured "
+            "63,373-82,507 tokens/s in runs minutes apart). Not in the summary or the fit.",
+            "",
+            "| config | measured tok/s | predicted tok/s | ratio | predicted parts |",
+            "|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {p['config']} | {p['measured_tokens_per_s']:,} | {p['predicted_tokens_per_s']:,} | {p['ratio']:.2f} | "
+            f"{p['predicted']} |"
+            for p in meta["own_probes"]
+        ]
     return "\n".join(lines) + "\n"
 
 
-def run(json_path: Path = RESULTS / "published-speed.json", md_path: Path = RESULTS / "published-speed.md",
-        *, write: bool = True) -> dict:
+def run(
+    json_path: Path = RESULTS / "published-speed.json",
+    md_path: Path = RESULTS / "published-speed.md",
+    *,
+    write: bool = True,
+) -> dict:
     """Price every row, summarize, write the table; returns what was written to the JSON."""
     rows, groups = load_speed_rows()
     priced = [price(r) for r in rows]
     summary = summarize(priced, groups)
-    meta = {"date": date.today().isoformat(), "rows": len(rows), "priced": sum(p.ratio is not None for p in priced),
-            "own_probes": own_gpu_probes()}
-    data = {**meta, "summary": summary,
-            "rows": [{"id": p.row.id, "source": source_key(p.row.source), "model": p.row.model, "gpu": p.row.gpu,
-                      "gpus": p.row.gpus, "config": p.row.config_text(), "group": list(p.row.group),
-                      "measured_tokens_per_s": p.row.tokens_per_s,
-                      "predicted_tokens_per_s": None if p.predicted is None else round(p.predicted, 1),
-                      "ratio": None if p.ratio is None else round(p.ratio, 4), "notes": p.notes,
-                      "missing": p.row.missing, "not_priced": p.not_priced, "skip": p.row.skip, "parts": p.parts}
-                     for p in priced]}
+    meta = {
+        "date": date.today().isoformat(),
+        "rows": len(rows),
+        "priced": sum(p.ratio is not None for p in priced),
+        "own_probes": own_gpu_probes(),
+    }
+    data = {
+        **meta,
+        "summary": summary,
+        "rows": [
+            {
+                "id": p.row.id,
+                "source": source_key(p.row.source),
+                "model": p.row.model,
+                "gpu": p.row.gpu,
+                "gpus": p.row.gpus,
+                "config": p.row.config_text(),
+                "group": list(p.row.group),
+                "measured_tokens_per_s": p.row.tokens_per_s,
+                "predicted_tokens_per_s": None if p.predicted is None else round(p.predicted, 1),
+                "ratio": None if p.ratio is None else round(p.ratio, 4),
+                "notes": p.notes,
+                "missing": p.row.missing,
+                "not_priced": p.not_priced,
+                "skip": p.row.skip,
+                "parts": p.parts,
+            }
+            for p in priced
+        ],
+    }
     if write:
         json_path.parent.mkdir(parents=True, exist_ok=True)
         json_path.write_text(json.dumps(data, indent=1) + "\n")
@@ -435,10 +589,15 @@ def write_stated_error(data: dict) -> None:
     from autotune.planner import speed_error
 
     spread = data["summary"]["all"]
-    speed_error.write(speed_error.SpeedError(
-        spread["count"], spread["median_abs_error"], spread["worst"],
-        f"python -m benchmarks.published --speed, {data['date']}: {spread['count']} published GPU training "
-        f"throughputs (benchmarks/results/published-speed.md)"))
+    speed_error.write(
+        speed_error.SpeedError(
+            spread["count"],
+            spread["median_abs_error"],
+            spread["worst"],
+            f"python -m benchmarks.published --speed, {data['date']}: {spread['count']} published GPU training "
+            f"throughputs (benchmarks/results/published-speed.md)",
+        )
+    )
 
 
 def main(*, stated_error: bool = False) -> int:
@@ -447,13 +606,18 @@ def main(*, stated_error: bool = False) -> int:
         write_stated_error(data)
     for row in data["rows"]:
         state = (f"skipped: {row['skip']}" if row["skip"] else row["not_priced"]) or f"ratio {row['ratio']:.2f}"
-        print(f"{row['id']:62} {row['measured_tokens_per_s']:>9,.0f} -> "
-              f"{_fmt(row['predicted_tokens_per_s']):>9}  {state}", file=sys.stderr)
+        print(
+            f"{row['id']:62} {row['measured_tokens_per_s']:>9,.0f} -> "
+            f"{_fmt(row['predicted_tokens_per_s']):>9}  {state}",
+            file=sys.stderr,
+        )
     s = data["summary"]
     for name, spread in (("all priced", s["all"]), ("nothing missing", s["nothing_missing"])):
-        print(f"{name:16} n={spread['count']:2} median |ln r| {spread['median_abs_log']:.3f} "
-              f"(median |r-1| {spread['median_abs_error']:.1%}, median r {spread['median_ratio']:.2f}), "
-              f"worst {spread['worst']:.2f}x")
+        print(
+            f"{name:16} n={spread['count']:2} median |ln r| {spread['median_abs_log']:.3f} "
+            f"(median |r-1| {spread['median_abs_error']:.1%}, median r {spread['median_ratio']:.2f}), "
+            f"worst {spread['worst']:.2f}x"
+        )
     print(f"lever groups ranked as measured: {s['groups_ranked_as_measured']}")
     missed = goals_missed(s)
     print(f"goals missed: {len(missed)}" + "".join(f"\n  {line}" for line in missed))
@@ -468,8 +632,10 @@ def main(*, stated_error: bool = False) -> int:
 # The two constants of autotune/planner/speed.py fitted to this table (its docstring: FITTED), and
 # the grid searched; every other constant there is a count, a published figure or a measurement
 # (the host's launch times: benchmarks/dispatch.py).
-FITTED = {"GEMM_EFFICIENCY": (0.50, 0.55, 0.60, 0.65, 0.70, 0.75, 0.80),
-          "MEMORY_EFFICIENCY": (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9)}
+FITTED = {
+    "GEMM_EFFICIENCY": (0.50, 0.55, 0.60, 0.65, 0.70, 0.75, 0.80),
+    "MEMORY_EFFICIENCY": (0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9),
+}
 
 
 # The issue's goals for the table (#47): no row off by more than GOAL_WORST, every group ranked as
@@ -481,8 +647,12 @@ def goals_missed(summary: dict) -> list[str]:
     """What of the goals a summary misses, one line each: rows beyond GOAL_WORST, groups out of
     order, speed-ups beyond GOAL_SPEEDUP."""
     missed = [f"{g['group']}: ranked otherwise" for g in summary["by_group"] if g["same_order"] is False]
-    missed += [f"{g['group']}: {u['row']} {u['measured']:.2f}x measured, {u['predicted']:.2f}x predicted"
-               for g in summary["by_group"] for u in g["speedups"] if abs(u["predicted_over_measured"] - 1) > GOAL_SPEEDUP]
+    missed += [
+        f"{g['group']}: {u['row']} {u['measured']:.2f}x measured, {u['predicted']:.2f}x predicted"
+        for g in summary["by_group"]
+        for u in g["speedups"]
+        if abs(u["predicted_over_measured"] - 1) > GOAL_SPEEDUP
+    ]
     return missed
 
 

@@ -88,8 +88,10 @@ def upgrade() -> None:
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("env_fingerprint", sa.String(length=64), nullable=False),
         sa.ForeignKeyConstraint(
-            ["study_id"], ["autotune_studies.id"],
-            name=op.f("fk_autotune_probes_study_id_autotune_studies"), ondelete="CASCADE",
+            ["study_id"],
+            ["autotune_studies.id"],
+            name=op.f("fk_autotune_probes_study_id_autotune_studies"),
+            ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_autotune_probes")),
     )
@@ -114,12 +116,16 @@ def upgrade() -> None:
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(
-            ["probe_id"], ["autotune_probes.id"],
-            name=op.f("fk_autotune_runs_probe_id_autotune_probes"), ondelete="SET NULL",
+            ["probe_id"],
+            ["autotune_probes.id"],
+            name=op.f("fk_autotune_runs_probe_id_autotune_probes"),
+            ondelete="SET NULL",
         ),
         sa.ForeignKeyConstraint(
-            ["study_id"], ["autotune_studies.id"],
-            name=op.f("fk_autotune_runs_study_id_autotune_studies"), ondelete="SET NULL",
+            ["study_id"],
+            ["autotune_studies.id"],
+            name=op.f("fk_autotune_runs_study_id_autotune_studies"),
+            ondelete="SET NULL",
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_autotune_runs")),
     )

@@ -35,8 +35,10 @@ def upgrade() -> None:
         sa.Column("claimed_at", sa.DateTime(timezone=True), nullable=False),
         sa.Column("heartbeat_at", sa.DateTime(timezone=True), nullable=False),
         sa.ForeignKeyConstraint(
-            ["study_id"], ["autotune_studies.id"],
-            name=op.f("fk_autotune_claims_study_id_autotune_studies"), ondelete="CASCADE",
+            ["study_id"],
+            ["autotune_studies.id"],
+            name=op.f("fk_autotune_claims_study_id_autotune_studies"),
+            ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_autotune_claims")),
         sa.UniqueConstraint("study_id", "config_key", name=op.f("uq_autotune_claims_study_id")),

@@ -40,6 +40,15 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     with op.batch_alter_table("autotune_probes") as batch_op:
-        for column in ("eval_batch_found", "failed_phase", "phase_peaks", "generation_num_beams", "generation_max_length",
-                       "eval_accumulation_steps", "eval_logits", "auto_eval_batch", "eval_batch"):
+        for column in (
+            "eval_batch_found",
+            "failed_phase",
+            "phase_peaks",
+            "generation_num_beams",
+            "generation_max_length",
+            "eval_accumulation_steps",
+            "eval_logits",
+            "auto_eval_batch",
+            "eval_batch",
+        ):
             batch_op.drop_column(column)

@@ -17,8 +17,19 @@ from pathlib import Path
 import pytest
 
 from benchmarks import gpu_evidence
-from benchmarks.gpu_evidence import (EVIDENCE_FILE, LOG_FILE, PASS_SECONDS, PASSES, SECTION_NAMES, SECTIONS, Failed, Pending,
-                                     Run, Section, Skip)
+from benchmarks.gpu_evidence import (
+    EVIDENCE_FILE,
+    LOG_FILE,
+    PASS_SECONDS,
+    PASSES,
+    SECTION_NAMES,
+    SECTIONS,
+    Failed,
+    Pending,
+    Run,
+    Section,
+    Skip,
+)
 from benchmarks.run import Deadline
 from tests.helpers.models import cuda_available
 from tests.helpers.processes import alive
@@ -34,7 +45,9 @@ def evidence_command(*args: str) -> list[str]:
 
 
 def run_evidence(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(evidence_command(*args), capture_output=True, text=True, timeout=timeout, cwd=gpu_evidence.REPO)
+    return subprocess.run(
+        evidence_command(*args), capture_output=True, text=True, timeout=timeout, cwd=gpu_evidence.REPO
+    )
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +93,11 @@ def test_cpu_mode_measures_the_next_passs_sections_and_lists_the_rest_as_not_run
     assert train["peak_reserved_bytes"] > 0 and train["tokens_per_s"] > 0 and train["config"] == readme["pick"]["label"]
 
     truth = sections["truth"]
-    assert truth["rounds"] == {"truth-1": truth["measured_configs"], "truth-2": truth["measured_configs"]} == {"truth-1": 2, "truth-2": 2}
+    assert (
+        truth["rounds"]
+        == {"truth-1": truth["measured_configs"], "truth-2": truth["measured_configs"]}
+        == {"truth-1": 2, "truth-2": 2}
+    )
     assert all(len(row["tokens_per_s"]) == 2 and row["median"] > 0 for row in truth["table"])
     assert 0 < truth["pick_quality"] <= 1 and truth["pick"]["label"] == readme["pick"]["label"]
     assert truth["search_probes"] == readme["probes"] and truth["truth_gpu_seconds"] > 0
@@ -91,7 +108,11 @@ def test_cpu_mode_measures_the_next_passs_sections_and_lists_the_rest_as_not_run
     assert handoff["steps"] == 5 and handoff["config"] == readme["pick"]["label"] and handoff["tokens_per_s"] > 0
     assert handoff["args"]["per_device_train_batch_size"] * handoff["args"]["gradient_accumulation_steps"] == 2
     spread = sections["spread"]
-    assert spread["processes"] == gpu_evidence.CPU_SPREAD_PROCESSES and set(spread["statuses"]) == {"ok"} and spread["spread"] >= 0
+    assert (
+        spread["processes"] == gpu_evidence.CPU_SPREAD_PROCESSES
+        and set(spread["statuses"]) == {"ok"}
+        and spread["spread"] >= 0
+    )
 
     log = (out / LOG_FILE).read_text()
     assert "autotune search" in log and "--- exit status 0" in log
@@ -105,8 +126,9 @@ def test_a_second_run_on_the_same_state_runs_nothing_again(cpu_runs):
     assert second.returncode == 0, second.stderr[-3000:]
     assert again < 15, again
     redone = json.loads((out / EVIDENCE_FILE).read_text())
-    assert {n: (r["status"], r["seconds"]) for n, r in redone["sections"].items()} == \
-           {n: (r["status"], r["seconds"]) for n, r in doc["sections"].items()}
+    assert {n: (r["status"], r["seconds"]) for n, r in redone["sections"].items()} == {
+        n: (r["status"], r["seconds"]) for n, r in doc["sections"].items()
+    }
     assert redone["date"] == doc["date"]
     for name in SUITE_SECTIONS:
         assert f"{name}: already " in second.stderr
@@ -126,13 +148,16 @@ def test_without_cuda_and_without_cpu_it_refuses_in_one_line_and_writes_nothing(
     assert not out.exists()
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--sections", "versions,nope"], "nope"),
-    (["--deadline", "0"], "--deadline"),
-    (["--deadline", "soon"], "--deadline"),
-    (["--pass", "1", "--sections", "versions"], "not both"),
-    (["--pass", "4"], "--pass"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--sections", "versions,nope"], "nope"),
+        (["--deadline", "0"], "--deadline"),
+        (["--deadline", "soon"], "--deadline"),
+        (["--pass", "1", "--sections", "versions"], "not both"),
+        (["--pass", "4"], "--pass"),
+    ],
+)
 def test_bad_arguments_are_one_line_and_write_nothing(tmp_path, args, needle):
     out = tmp_path / "out"
     assert_one_line_refusal(run_evidence("--out", str(out), "--cpu", *args), needle)
@@ -159,17 +184,23 @@ def test_each_pass_fits_one_gpu_command_in_order_of_value():
 def test_the_truth_measures_every_config_once_then_the_contenders_again_in_reverse():
     keys = ["a", "b", "c", "d"]
     assert gpu_evidence.next_truth_round(keys, []) == ("1", keys)
-    first = [{"tag": "truth-1", "key": "a", "status": "ok", "tokens_per_s": 100.0},
-             {"tag": "truth-1", "key": "b", "status": "oom", "tokens_per_s": None}]
+    first = [
+        {"tag": "truth-1", "key": "a", "status": "ok", "tokens_per_s": 100.0},
+        {"tag": "truth-1", "key": "b", "status": "oom", "tokens_per_s": None},
+    ]
     assert gpu_evidence.next_truth_round(keys, first) == ("1", ["c", "d"])
-    first += [{"tag": "truth-1", "key": "c", "status": "ok", "tokens_per_s": 50.0},
-              {"tag": "truth-1", "key": "d", "status": "ok", "tokens_per_s": 90.0}]
+    first += [
+        {"tag": "truth-1", "key": "c", "status": "ok", "tokens_per_s": 50.0},
+        {"tag": "truth-1", "key": "d", "status": "ok", "tokens_per_s": 90.0},
+    ]
     # Reverse order, contenders (within 0.6 of the best) first; what did not fit is not probed again.
     assert gpu_evidence.next_truth_round(keys, first) == ("2", ["d", "a", "c"])
     second = first + [{"tag": "truth-2", "key": "d", "status": "ok", "tokens_per_s": 120.0}]
     assert gpu_evidence.next_truth_round(keys, second) == ("2", ["a", "c"])
-    rows = second + [{"tag": "truth-2", "key": "a", "status": "ok", "tokens_per_s": 80.0},
-                     {"tag": "truth-2", "key": "c", "status": "ok", "tokens_per_s": 50.0}]
+    rows = second + [
+        {"tag": "truth-2", "key": "a", "status": "ok", "tokens_per_s": 80.0},
+        {"tag": "truth-2", "key": "c", "status": "ok", "tokens_per_s": 50.0},
+    ]
     assert gpu_evidence.next_truth_round(keys, rows) == ("2", [])
     # Round 1 out of its share of the time: round 2 takes what it measured, then round 1 goes on.
     cut = [r for r in first if r["key"] in ("a", "b")]
@@ -191,12 +222,15 @@ def test_missing_out_is_one_line():
 
 def test_the_deadline_kills_a_child_and_what_it_started(tmp_path):
     # The child starts a grandchild and both would sleep a minute: the deadline ends both.
-    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-            "print(p.pid, flush=True); time.sleep(60)")
+    code = (
+        "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+        "print(p.pid, flush=True); time.sleep(60)"
+    )
     with open(tmp_path / "log", "w") as log:
         started = time.monotonic()
-        outcome = gpu_evidence.run_child([sys.executable, "-c", code], log=log, scratch=tmp_path / "tmp",
-                                         deadline=Deadline(2.0), timeout=30)
+        outcome = gpu_evidence.run_child(
+            [sys.executable, "-c", code], log=log, scratch=tmp_path / "tmp", deadline=Deadline(2.0), timeout=30
+        )
     assert outcome.cut and not outcome.timed_out and outcome.returncode is None
     assert time.monotonic() - started < 15
     grandchild = int(outcome.stdout.split()[0])
@@ -209,8 +243,13 @@ def test_the_deadline_kills_a_child_and_what_it_started(tmp_path):
 
 def test_a_child_over_its_own_timeout_has_timed_out_not_been_cut(tmp_path):
     with open(tmp_path / "log", "w") as log:
-        outcome = gpu_evidence.run_child([sys.executable, "-c", "import time; time.sleep(30)"], log=log,
-                                         scratch=tmp_path / "tmp", deadline=Deadline(None), timeout=1)
+        outcome = gpu_evidence.run_child(
+            [sys.executable, "-c", "import time; time.sleep(30)"],
+            log=log,
+            scratch=tmp_path / "tmp",
+            deadline=Deadline(None),
+            timeout=1,
+        )
     assert outcome.timed_out and not outcome.cut
 
 
@@ -234,6 +273,7 @@ def test_sections_resume_failed_and_pending_ones_only(tmp_path, monkeypatch):
             if isinstance(outcome, Exception):
                 raise outcome
             return dict(outcome)
+
         return run
 
     fakes = tuple(Section(name, section(name), 0, 0, expected_seconds=0, passes=("1",)) for name in SECTION_NAMES)
@@ -265,9 +305,18 @@ def test_sections_resume_failed_and_pending_ones_only(tmp_path, monkeypatch):
 
 def test_a_section_is_not_started_without_its_time_and_a_dependent_waits(tmp_path, monkeypatch):
     ran: list[str] = []
-    fakes = (Section("readme_command", lambda run: ran.append("readme") or {}, 0, 3600, expected_seconds=0, passes=("1",)),
-             Section("train_200_steps", lambda run: ran.append("train") or {}, 0, 0, expected_seconds=0, passes=("1",),
-                     needs=("readme_command",)))
+    fakes = (
+        Section("readme_command", lambda run: ran.append("readme") or {}, 0, 3600, expected_seconds=0, passes=("1",)),
+        Section(
+            "train_200_steps",
+            lambda run: ran.append("train") or {},
+            0,
+            0,
+            expected_seconds=0,
+            passes=("1",),
+            needs=("readme_command",),
+        ),
+    )
     monkeypatch.setattr(gpu_evidence, "SECTIONS", fakes)
     run = fake_run(tmp_path, deadline=60)
     assert gpu_evidence.run_sections(run, ["readme_command", "train_200_steps"]) == gpu_evidence.EXIT_PENDING
@@ -284,7 +333,9 @@ def test_sigterm_leaves_the_section_in_flight_pending_and_the_document_saved(tmp
         time.sleep(5)
         return {}
 
-    monkeypatch.setattr(gpu_evidence, "SECTIONS", (Section("versions", killed, 0, 0, expected_seconds=0, passes=("1",)),))
+    monkeypatch.setattr(
+        gpu_evidence, "SECTIONS", (Section("versions", killed, 0, 0, expected_seconds=0, passes=("1",)),)
+    )
     previous = signal.signal(signal.SIGTERM, gpu_evidence.on_sigterm)
     try:
         run = fake_run(tmp_path)
@@ -298,8 +349,12 @@ def test_sigterm_leaves_the_section_in_flight_pending_and_the_document_saved(tmp
 
 
 def test_pytest_counts_read_the_summary_line():
-    assert gpu_evidence.pytest_counts("1 failed, 2 passed, 3 skipped, 1 error in 4.2s") == \
-           {"failed": 1, "passed": 2, "skipped": 3, "error": 1}
+    assert gpu_evidence.pytest_counts("1 failed, 2 passed, 3 skipped, 1 error in 4.2s") == {
+        "failed": 1,
+        "passed": 2,
+        "skipped": 3,
+        "error": 1,
+    }
     assert gpu_evidence.pytest_counts("6 skipped, 720 deselected in 7.05s") == {"skipped": 6, "deselected": 720}
 
 
@@ -328,15 +383,23 @@ def test_the_wrapper_starts_with_the_gpu_machines_preamble():
 
 
 def test_the_gpu_tests_are_read_from_a_verbose_run_and_from_a_collection():
-    verbose = ("tests/probe/test_gpu.py::test_a[gpt2 fp32] SKIPPED (needs a CUDA device)      [ 50%]\n"
-               "tests/train/test_gpu.py::test_b FAILED                                      [100%]\n"
-               "=========================== short test summary info ============================\n"
-               "FAILED tests/train/test_gpu.py::test_b - AssertionError: 1 == 2\n")
-    assert gpu_evidence.collected_nodes(verbose, verbose=True) == ["tests/probe/test_gpu.py::test_a[gpt2 fp32]",
-                                                                    "tests/train/test_gpu.py::test_b"]
-    collected = "tests/probe/test_gpu.py::test_a[gpt2 fp32]\ntests/train/test_gpu.py::test_b\n\n2 tests collected in 0.5s\n"
-    assert gpu_evidence.collected_nodes(collected, verbose=False) == ["tests/probe/test_gpu.py::test_a[gpt2 fp32]",
-                                                                       "tests/train/test_gpu.py::test_b"]
+    verbose = (
+        "tests/probe/test_gpu.py::test_a[gpt2 fp32] SKIPPED (needs a CUDA device)      [ 50%]\n"
+        "tests/train/test_gpu.py::test_b FAILED                                      [100%]\n"
+        "=========================== short test summary info ============================\n"
+        "FAILED tests/train/test_gpu.py::test_b - AssertionError: 1 == 2\n"
+    )
+    assert gpu_evidence.collected_nodes(verbose, verbose=True) == [
+        "tests/probe/test_gpu.py::test_a[gpt2 fp32]",
+        "tests/train/test_gpu.py::test_b",
+    ]
+    collected = (
+        "tests/probe/test_gpu.py::test_a[gpt2 fp32]\ntests/train/test_gpu.py::test_b\n\n2 tests collected in 0.5s\n"
+    )
+    assert gpu_evidence.collected_nodes(collected, verbose=False) == [
+        "tests/probe/test_gpu.py::test_a[gpt2 fp32]",
+        "tests/train/test_gpu.py::test_b",
+    ]
 
 
 def test_the_truth_gives_the_contenders_their_second_process_before_the_deadline_cuts_round_one():
@@ -351,7 +414,9 @@ def test_the_truth_gives_the_contenders_their_second_process_before_the_deadline
         return f"truth-{round_name}", todo
 
     def probe(key, tag):
-        rows.append({"tag": tag, "key": key, "status": "ok", "wall_seconds": 10.0, "tokens_per_s": 100.0 - int(key[1:]) * 7})
+        rows.append(
+            {"tag": tag, "key": key, "status": "ok", "wall_seconds": 10.0, "tokens_per_s": 100.0 - int(key[1:]) * 7}
+        )
         now[0] += 10
         return 10.0
 
@@ -369,4 +434,7 @@ def test_the_truth_gives_the_contenders_their_second_process_before_the_deadline
     rows.clear()
     now[0] = 0.0
     fixed = [("spread", ["k0"] * 5)]
-    assert gpu_evidence.probe_in_turn(lambda closed: fixed.pop() if fixed else ("spread", []), probe, lambda: now[0], 35) == 3
+    assert (
+        gpu_evidence.probe_in_turn(lambda closed: fixed.pop() if fixed else ("spread", []), probe, lambda: now[0], 35)
+        == 3
+    )

@@ -39,8 +39,14 @@ def fake_predictor(candidates, device_type):
 
 
 def run_fake(tmp_path, **kwargs):
-    options = dict(new_runner=ScriptedRunner, margin_of=lambda b: int(0.05 * b), out_dir=tmp_path / "out",
-                   estimator=fake_estimator, search_predictor=fake_predictor, quiet=True)
+    options = dict(
+        new_runner=ScriptedRunner,
+        margin_of=lambda b: int(0.05 * b),
+        out_dir=tmp_path / "out",
+        estimator=fake_estimator,
+        search_predictor=fake_predictor,
+        quiet=True,
+    )
     options.update(kwargs)
     return run.run_benchmark([run.Case("gpt2", "gpt2", BUDGET, SPACE)], **options)
 
@@ -83,7 +89,10 @@ def test_pipeline_with_scripted_runner_writes_figures_json_and_plot(tmp_path, no
     assert figures["estimator_median_abs_error"] == pytest.approx(0.05, abs=0.002)
     assert figures["estimator_configs"] == sum(r["status"] == "ok" for r in truth["rows"])
 
-    json_path, png_path = tmp_path / "out" / "fake-gpu-16gb-{}.json".format(doc["date"]), tmp_path / "out" / "fake-gpu-16gb-{}.png".format(doc["date"])
+    json_path, png_path = (
+        tmp_path / "out" / "fake-gpu-16gb-{}.json".format(doc["date"]),
+        tmp_path / "out" / "fake-gpu-16gb-{}.png".format(doc["date"]),
+    )
     assert doc["files"] == {"json": str(json_path), "png": str(png_path)}
     stored = json.loads(json_path.read_text())
     assert stored["cases"][0]["figures"]["pick_quality"] == 1.0
@@ -117,15 +126,22 @@ def test_oom_wording_is_what_accelerate_and_lightning_recognise():
 
     config = ProbeConfig(model="gpt2", micro_batch=8, block_size=512)
     for device_type in ("cuda", "cpu"):
-        setting = alternatives.Setting(resolve_model("gpt2"), SearchSpace.build(resolve_model("gpt2"), effective_batch=32),
-                                       Budget(BUDGET, int(0.05 * BUDGET)), device_type, ScriptedRunner)
+        setting = alternatives.Setting(
+            resolve_model("gpt2"),
+            SearchSpace.build(resolve_model("gpt2"), effective_batch=32),
+            Budget(BUDGET, int(0.05 * BUDGET)),
+            device_type,
+            ScriptedRunner,
+        )
         assert should_reduce_batch_size(setting.oom_error(config))
     assert setting.trainer_config(8).grad_accum == 4 and setting.trainer_config(7).grad_accum == 5
 
 
 def test_pareto_frontier_keeps_only_configs_nothing_beats_with_less_memory():
-    rows = [dict(status="ok", required_bytes=m, tokens_per_s=t, key=str(i)) for i, (m, t) in enumerate(
-        [(1, 10), (2, 5), (3, 20), (4, 15), (5, 30)])] + [dict(status="oom", required_bytes=0, tokens_per_s=None, key="x")]
+    rows = [
+        dict(status="ok", required_bytes=m, tokens_per_s=t, key=str(i))
+        for i, (m, t) in enumerate([(1, 10), (2, 5), (3, 20), (4, 15), (5, 30)])
+    ] + [dict(status="oom", required_bytes=0, tokens_per_s=None, key="x")]
     assert [r["tokens_per_s"] for r in report.pareto_frontier(rows)] == [10, 20, 30]
 
 
@@ -142,15 +158,27 @@ def test_real_cpu_pipeline_on_a_tiny_model(tmp_path, monkeypatch, probe_runner):
     settings = ProbeSettings(device="cpu", measure_steps=1, timeout=120)
     # mb8 without checkpointing needs about 17.5 MiB, mb6 about 14 MiB: under 16 MiB the first
     # runs out of memory and accelerate's finder settles after a step or two.
-    space = dict(micro_batches=(2, 4, 8), block_sizes=(64,), precisions=("fp32",), checkpointing=(False, True),
-                 attentions=("sdpa",), effective_batch=8)
+    space = dict(
+        micro_batches=(2, 4, 8),
+        block_sizes=(64,),
+        precisions=("fp32",),
+        checkpointing=(False, True),
+        attentions=("sdpa",),
+        effective_batch=8,
+    )
     case = run.Case("tiny-gpt2", model, 16 * MiB, space, tiny=True)
     # Every phase borrows one real runner (its child imports torch and transformers once, not once a
     # phase: seconds each here); the benchmark's own command gives each phase a fresh one.
     runner = probe_runner(settings)
-    doc = run.run_benchmark([case], new_runner=lambda: runner, margin_of=lambda b: settings.budget(b).margin_bytes,
-                            out_dir=tmp_path / "out", alternatives=("trainer-defaults", "auto-find-batch-size"), quiet=True,
-                            estimator=None)  # the estimator column is tested above; its traces cost 10 s here
+    doc = run.run_benchmark(
+        [case],
+        new_runner=lambda: runner,
+        margin_of=lambda b: settings.budget(b).margin_bytes,
+        out_dir=tmp_path / "out",
+        alternatives=("trainer-defaults", "auto-find-batch-size"),
+        quiet=True,
+        estimator=None,
+    )  # the estimator column is tested above; its traces cost 10 s here
     (case_doc,) = doc["cases"]
     rows = case_doc["ground_truth"]["rows"]
     assert doc["device"].startswith("cpu") and doc["device_type"] == "cpu"
@@ -167,7 +195,9 @@ def test_real_cpu_pipeline_on_a_tiny_model(tmp_path, monkeypatch, probe_runner):
     figures = case_doc["figures"]
     assert 0 < figures["pick_quality"] <= 1 and figures["search_cost"] > 0
     assert doc["complete"] and case_doc["estimates"]["status"] == "not-run"
-    assert list((tmp_path / "out").glob("cpu-*-tiny-gpt2-*.json")) and list((tmp_path / "out").glob("cpu-*-tiny-gpt2-*.png"))
+    assert list((tmp_path / "out").glob("cpu-*-tiny-gpt2-*.json")) and list(
+        (tmp_path / "out").glob("cpu-*-tiny-gpt2-*.png")
+    )
 
 
 @pytest.mark.slow  # three benchmark runs over a scripted space
@@ -197,7 +227,9 @@ def test_a_deadline_leaves_work_that_the_same_command_finishes_with_its_state(tm
     assert case["ground_truth"]["probed"] == case["candidates"] == len({r["key"] for r in case["ground_truth"]["rows"]})
     assert case["figures"]["pick_quality"] == 1.0
     # Nothing the first command finished was probed again.
-    assert len(asked) == case["ground_truth"]["probed"] + case["autotune"]["probed"] + sum(a["probed"] for a in case["alternatives"])
+    assert len(asked) == case["ground_truth"]["probed"] + case["autotune"]["probed"] + sum(
+        a["probed"] for a in case["alternatives"]
+    )
     before = len(asked)
     run_fake(tmp_path, new_runner=SlowRunner, state_dir=state)
     assert len(asked) == before  # everything was finished: a third run probes nothing
@@ -209,13 +241,14 @@ def test_lightning_binsearch_runs_the_real_finder_over_probes():
     from autotune.space import SearchSpace
 
     spec = resolve_model("gpt2")
-    setting = alternatives.Setting(spec, SearchSpace.build(spec, **SPACE), Budget(BUDGET, int(0.05 * BUDGET)), "cuda",
-                                   ScriptedRunner)
+    setting = alternatives.Setting(
+        spec, SearchSpace.build(spec, **SPACE), Budget(BUDGET, int(0.05 * BUDGET)), "cuda", ScriptedRunner
+    )
     outcome = alternatives.lightning_binsearch(setting)
     tried = [(c.micro_batch, r.status) for c, r in outcome.tried]
     first_oom = next(i for i, (_, status) in enumerate(tried) if status == "oom")
     # Lightning starts at 2 and doubles until out of memory, then halves the gap to the last size that ran.
-    assert [size for size, _ in tried[:first_oom + 1]] == [2 << i for i in range(first_oom + 1)]
+    assert [size for size, _ in tried[: first_oom + 1]] == [2 << i for i in range(first_oom + 1)]
     assert tried[first_oom + 1][0] == (tried[first_oom][0] + tried[first_oom - 1][0]) // 2
     assert outcome.status == "ok" and outcome.result.status == "ok"
     assert outcome.config.micro_batch < tried[first_oom][0] and outcome.config.precision == "fp32"

@@ -12,8 +12,16 @@ import pytest
 
 from autotune.cards import find_card
 from benchmarks.published import load_rows
-from benchmarks.published.speed import (HERE, SpeedRow, conversion_value, group_report, load_speed_rows, price, run,
-                                        source_key)
+from benchmarks.published.speed import (
+    HERE,
+    SpeedRow,
+    conversion_value,
+    group_report,
+    load_speed_rows,
+    price,
+    run,
+    source_key,
+)
 
 
 @pytest.fixture(scope="module")
@@ -94,11 +102,34 @@ def test_the_runner_prices_the_rows_and_summarizes_them(rows):
 
 
 def _row(id_: str, tokens: float, **changes) -> SpeedRow:
-    base = dict(id=id_, source="https://example.org/x", quote="q", figure="f", conversion=str(tokens),
-                tokens_per_s=tokens, gpu="a100", gpus=1, strategy="none", stack="s", measured="2025", model=
-                "meta-llama--Llama-3.2-1B", task="causal-lm", method="full", micro_batch=4, grad_accum=1, block_size=1024,
-                sequences="fixed", precision="bf16", weights="fp32", checkpointing=False, optimizer="adamw_torch",
-                attention="sdpa", compile=False, notes="n", group=("g",))
+    base = dict(
+        id=id_,
+        source="https://example.org/x",
+        quote="q",
+        figure="f",
+        conversion=str(tokens),
+        tokens_per_s=tokens,
+        gpu="a100",
+        gpus=1,
+        strategy="none",
+        stack="s",
+        measured="2025",
+        model="meta-llama--Llama-3.2-1B",
+        task="causal-lm",
+        method="full",
+        micro_batch=4,
+        grad_accum=1,
+        block_size=1024,
+        sequences="fixed",
+        precision="bf16",
+        weights="fp32",
+        checkpointing=False,
+        optimizer="adamw_torch",
+        attention="sdpa",
+        compile=False,
+        notes="n",
+        group=("g",),
+    )
     return SpeedRow(**{**base, **changes})
 
 
@@ -127,8 +158,11 @@ def test_the_fitted_constants_are_the_model_s_and_its_stated_error_is_the_table_
     rows, _ = load_speed_rows()
     spread = _spread([p.ratio for p in map(price, rows) if p.ratio is not None])
     stated = speed_error.load()
-    assert stated is not None and (stated.count, stated.median, stated.worst) == \
-        (spread["count"], spread["median_abs_error"], spread["worst"])
+    assert stated is not None and (stated.count, stated.median, stated.worst) == (
+        spread["count"],
+        spread["median_abs_error"],
+        spread["worst"],
+    )
 
 
 def test_a_row_s_library_version_that_is_no_version_is_refused_with_the_row(tmp_path):
@@ -137,5 +171,7 @@ def test_a_row_s_library_version_that_is_no_version_is_refused_with_the_row(tmp_
 
     bad = tmp_path / "speed.toml"
     bad.write_text(TABLE.read_text().replace('transformers = "4.48.1"', 'transformers = "4.48.x"', 1))
-    with pytest.raises(SystemExit, match=r"speed.toml: row 'fms-speed-mistral-7b-full-1gpu-bs4': transformers '4.48.x'"):
+    with pytest.raises(
+        SystemExit, match=r"speed.toml: row 'fms-speed-mistral-7b-full-1gpu-bs4': transformers '4.48.x'"
+    ):
         load_speed_rows(bad)

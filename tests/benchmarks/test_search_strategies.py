@@ -14,8 +14,10 @@ from benchmarks.problems import budget_of, modelled, replays
 from benchmarks.search_strategies import decide, predictions_of
 from tests.helpers.fakes import ScriptedRunner, request
 
-ENVIRONMENTS = {"cuda": Environment(device_type="cuda", device_name="modelled CUDA card 80GB", device_total_bytes=80 * 2**30),
-                "cpu": Environment(device_type="cpu", device_name="cpu: replayed", device_total_bytes=24 * 2**30)}
+ENVIRONMENTS = {
+    "cuda": Environment(device_type="cuda", device_name="modelled CUDA card 80GB", device_total_bytes=80 * 2**30),
+    "cpu": Environment(device_type="cpu", device_name="cpu: replayed", device_total_bytes=24 * 2**30),
+}
 
 
 def problems():
@@ -24,7 +26,9 @@ def problems():
     return {"modelled": (gpt2, gpt2.budgets[1]), "replayed": (tiny, tiny.budgets[2])}
 
 
-@pytest.mark.parametrize("kind, strategy", [("modelled", "predictive"), ("replayed", "predictive"), ("modelled", "frontier")])
+@pytest.mark.parametrize(
+    "kind, strategy", [("modelled", "predictive"), ("replayed", "predictive"), ("modelled", "frontier")]
+)
 def test_the_harness_probes_what_a_search_through_the_store_probes(kind, strategy):
     problem, budget_bytes = problems()[kind]
     decided = decide(problem, problem.space, budget_bytes, strategy, "exact")
@@ -32,9 +36,18 @@ def test_the_harness_probes_what_a_search_through_the_store_probes(kind, strateg
     table = predictions_of(problem, problem.space, "exact")
     runner = ScriptedRunner(answer=problem.answer, env=ENVIRONMENTS[problem.device_type])
     with open_store() as store:
-        outcome = run_search(request(problem.space, resolve_model("gpt2"), budget.total_bytes, budget.margin_bytes,
-                                     SearchOptions(study="s", strategy=strategy, confirm=False)), runner, store,
-                             predictor=lambda candidates, device_type: {c.key(): table[c.key()] for c in candidates})
+        outcome = run_search(
+            request(
+                problem.space,
+                resolve_model("gpt2"),
+                budget.total_bytes,
+                budget.margin_bytes,
+                SearchOptions(study="s", strategy=strategy, confirm=False),
+            ),
+            runner,
+            store,
+            predictor=lambda candidates, device_type: {c.key(): table[c.key()] for c in candidates},
+        )
     assert [c.label() for c in runner.asked] == decided.order
     assert outcome.probed == decided.probes and outcome.best is not None
     assert outcome.best.tokens_per_s == pytest.approx(decided.quality * problem.best(budget)[1])

@@ -15,19 +15,25 @@ from benchmarks.suite_cpu import Process, Sampler, by_kind, by_module, kind_of
 PYTHON = "/repo/.venv/bin/python"
 
 
-@pytest.mark.parametrize("command_line, kind", [
-    (f"{PYTHON} -B -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=6, pipe_handle=8) "
-     "--multiprocessing-fork", "probe child"),
-    (f"{PYTHON} -m autotune.estimate.trace", "trace child"),
-    (f"{PYTHON} -u -m autotune.probe.rank_main", "rank"),
-    (f"{PYTHON} -u -m autotune.train.rank_main", "rank"),
-    (f"{PYTHON} -m torch.distributed.run --nproc-per-node 2 -m autotune.probe.rank_main", "torchrun agent"),
-    (f"{PYTHON} -m autotune search --model /tmp/tiny --gpu-budget 1GiB", "cli search"),
-    ("/repo/.venv/bin/autotune train --study s", "cli train"),
-    (f"{PYTHON} -u -c import sys;exec(eval(sys.stdin.readline()))", "pytest worker"),
-    (f"{PYTHON} -m benchmarks.run --device cpu", "benchmarks"),
-    ("/usr/bin/sleep 5", "other"),
-])
+@pytest.mark.parametrize(
+    "command_line, kind",
+    [
+        (
+            f"{PYTHON} -B -c from multiprocessing.spawn import spawn_main; spawn_main(tracker_fd=6, pipe_handle=8) "
+            "--multiprocessing-fork",
+            "probe child",
+        ),
+        (f"{PYTHON} -m autotune.estimate.trace", "trace child"),
+        (f"{PYTHON} -u -m autotune.probe.rank_main", "rank"),
+        (f"{PYTHON} -u -m autotune.train.rank_main", "rank"),
+        (f"{PYTHON} -m torch.distributed.run --nproc-per-node 2 -m autotune.probe.rank_main", "torchrun agent"),
+        (f"{PYTHON} -m autotune search --model /tmp/tiny --gpu-budget 1GiB", "cli search"),
+        ("/repo/.venv/bin/autotune train --study s", "cli train"),
+        (f"{PYTHON} -u -c import sys;exec(eval(sys.stdin.readline()))", "pytest worker"),
+        (f"{PYTHON} -m benchmarks.run --device cpu", "benchmarks"),
+        ("/usr/bin/sleep 5", "other"),
+    ],
+)
 def test_each_kind_of_process_is_named_from_its_command_line(command_line, kind):
     assert kind_of(command_line) == kind
 
@@ -53,9 +59,11 @@ def test_the_sampler_reads_a_real_process_s_cpu_and_the_test_that_started_it():
 
 
 def test_cpu_is_added_up_by_kind_and_by_test_module():
-    processes = [Process(1, "python -m autotune.estimate.trace", "tests/a.py::t (call)", 5.0),
-                 Process(2, "python -m autotune.estimate.trace", "tests/b.py::u (setup)", 3.0),
-                 Process(3, "python -m autotune search", "tests/a.py::v (call)", 1.0)]
+    processes = [
+        Process(1, "python -m autotune.estimate.trace", "tests/a.py::t (call)", 5.0),
+        Process(2, "python -m autotune.estimate.trace", "tests/b.py::u (setup)", 3.0),
+        Process(3, "python -m autotune search", "tests/a.py::v (call)", 1.0),
+    ]
     assert by_kind(processes) == [("trace child", 2, 8.0), ("cli search", 1, 1.0)]
     assert by_module(processes) == [("tests/a.py", 6.0), ("tests/b.py", 3.0)]
 

@@ -11,7 +11,7 @@ KiB, MiB = 2**10, 2**20
 
 def test_request_rounding_and_segment_sizes():
     assert round_size(1) == 512 and round_size(512) == 512 and round_size(513) == 1024
-    assert segment_size(512) == segment_size(1 * MiB) == 2 * MiB          # small pool
+    assert segment_size(512) == segment_size(1 * MiB) == 2 * MiB  # small pool
     assert segment_size(1 * MiB + 512) == segment_size(9 * MiB) == 20 * MiB  # large, under 10 MiB
     assert segment_size(10 * MiB) == 10 * MiB and segment_size(11 * MiB + 1) == 12 * MiB
 
@@ -30,13 +30,13 @@ def test_large_request_splits_a_20mib_segment_and_reuses_the_rest():
     a = CachingAllocatorModel()
     first = a.malloc(3 * MiB)
     second = a.malloc(5 * MiB)
-    assert a.segments == 1 and a.reserved == 20 * MiB   # the second fits in the first's remainder
+    assert a.segments == 1 and a.reserved == 20 * MiB  # the second fits in the first's remainder
     assert a.allocated == 8 * MiB
     a.free(first)
     a.free(second)
-    big = a.malloc(19 * MiB)                            # the freed pieces merged back into one block
+    big = a.malloc(19 * MiB)  # the freed pieces merged back into one block
     assert a.segments == 1
-    assert big.size == 20 * MiB                         # remainder 1 MiB is not split off: counted as allocated
+    assert big.size == 20 * MiB  # remainder 1 MiB is not split off: counted as allocated
     assert a.peak_allocated == 20 * MiB
 
 
@@ -56,7 +56,7 @@ def test_fragmentation_makes_reserved_exceed_the_peak_allocated():
     for _ in range(4):  # interleave long- and short-lived 12 MiB blocks in their own segments
         hold.append(a.malloc(12 * MiB))
         a.free(a.malloc(12 * MiB))
-    a.malloc(24 * MiB)   # no free block of 24 MiB exists: a new segment
+    a.malloc(24 * MiB)  # no free block of 24 MiB exists: a new segment
     assert a.peak_allocated == 72 * MiB
     assert a.peak_reserved == 84 * MiB > a.peak_allocated
 

@@ -17,7 +17,12 @@ from autotune.config import ProbeConfig
 from autotune.recipes import peft_text
 from autotune.errors import BadInput, ModelNotFound
 from autotune.estimate import (
-    CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, EstimateError, MemoryEstimate, estimate_memories, estimate_memory,
+    CUBLAS_WORKSPACE_BYTES,
+    CUDA_CONTEXT_BYTES,
+    EstimateError,
+    MemoryEstimate,
+    estimate_memories,
+    estimate_memory,
 )
 from tests.helpers.cli import assert_usage_error, autotune, with_flags
 from tests.helpers.faults import GATE_ENV, inject_fault
@@ -32,8 +37,16 @@ CPU_TOLERANCE = 0.02
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     """A tiny GPT-2 (2 layers, 128 wide, vocabulary 1000) as a local directory with config.json."""
-    return str(write_model_dir(tmp_path_factory.mktemp("estimate") / "tiny-gpt2", n_embd=128, n_head=4,
-                               vocab_size=1000, n_positions=512, n_ctx=512))
+    return str(
+        write_model_dir(
+            tmp_path_factory.mktemp("estimate") / "tiny-gpt2",
+            n_embd=128,
+            n_head=4,
+            vocab_size=1000,
+            n_positions=512,
+            n_ctx=512,
+        )
+    )
 
 
 def cfg(model: str, **levers) -> ProbeConfig:
@@ -51,7 +64,12 @@ CPU_CASES = [
     {"optimizer": "adamw_8bit"},  # bitsandbytes' kernels run on CPU too (QLoRA's base: tests/probe/test_qlora.py)
     {"weights": "bf16", "precision": "bf16"},
     {"peft": peft_text("lora")},
-    {"peft": peft_text("lora", rank=4, targets="c_attn"), "weights": "bf16", "precision": "bf16", "checkpointing": True},
+    {
+        "peft": peft_text("lora", rank=4, targets="c_attn"),
+        "weights": "bf16",
+        "precision": "bf16",
+        "checkpointing": True,
+    },
     # TRL's SFTTrainer step: its own fused LM head (trl installed), traced as the probe runs it.
     {"trainer": "trl"},
     {"trainer": "trl", "peft": peft_text("lora"), "precision": "bf16", "grad_accum": 2},
@@ -74,13 +92,20 @@ def test_cpu_prediction_matches_the_cpu_probe(model_dir, probe_runner, trace_chi
         assert est.context_bytes == 0 and est.workspace == 0
         assert sum(est.breakdown.values()) == est.peak_bytes
         # In fact to the byte (the tolerance above is room for drift, not needed today).
-        assert (est.peak_bytes, est.reserved_bytes) == (probe.peak_allocated_bytes, probe.peak_reserved_bytes), config.label()
+        assert (est.peak_bytes, est.reserved_bytes) == (probe.peak_allocated_bytes, probe.peak_reserved_bytes), (
+            config.label()
+        )
 
     # What the recipe levers are for: each lowers the peak of the same work (the probes above).
     peak = {json.dumps(case, sort_keys=True): probe.peak_allocated_bytes for case, probe in zip(CPU_CASES, measured)}
     adamw = peak["{}"]
-    for case in ({"optimizer": "adafactor"}, {"optimizer": "sgd"}, {"optimizer": "adamw_8bit"},
-                 {"weights": "bf16", "precision": "bf16"}, {"peft": peft_text("lora")}):
+    for case in (
+        {"optimizer": "adafactor"},
+        {"optimizer": "sgd"},
+        {"optimizer": "adamw_8bit"},
+        {"weights": "bf16", "precision": "bf16"},
+        {"peft": peft_text("lora")},
+    ):
         assert peak[json.dumps(case, sort_keys=True)] < adamw, case
     lora = measured[CPU_CASES.index({"peft": peft_text("lora")})]
     assert lora.trainable_parameters < lora.parameters / 10  # the adapters alone train
@@ -90,10 +115,16 @@ def test_cpu_prediction_matches_the_cpu_probe(model_dir, probe_runner, trace_chi
 def cuda_estimates(model_dir, trace_children) -> dict:
     """One child process traces every CUDA configuration the tests below compare."""
     levers = {
-        "base": {}, "ckpt": {"checkpointing": True}, "bf16": {"precision": "bf16"},
-        "mb1": {"micro_batch": 1}, "mb2": {"micro_batch": 2}, "mb8": {"micro_batch": 8},
+        "base": {},
+        "ckpt": {"checkpointing": True},
+        "bf16": {"precision": "bf16"},
+        "mb1": {"micro_batch": 1},
+        "mb2": {"micro_batch": 2},
+        "mb8": {"micro_batch": 8},
     }
-    estimates = estimate_memories([cfg(model_dir, **v) for v in levers.values()], use_cache=False, children=trace_children)
+    estimates = estimate_memories(
+        [cfg(model_dir, **v) for v in levers.values()], use_cache=False, children=trace_children
+    )
     return dict(zip(levers, estimates))
 
 
@@ -111,7 +142,9 @@ def test_peak_grows_about_linearly_with_micro_batch(cuda_estimates):
     assert all(step > 0 for step in per_sequence)
     assert max(per_sequence) < 1.25 * min(per_sequence)  # activations are what grows, about linearly
     fixed = cuda_estimates["base"]
-    assert fixed.params == cuda_estimates["mb8"].params and fixed.optimizer == pytest.approx(cuda_estimates["mb8"].optimizer, rel=0.05)
+    assert fixed.params == cuda_estimates["mb8"].params and fixed.optimizer == pytest.approx(
+        cuda_estimates["mb8"].optimizer, rel=0.05
+    )
 
 
 @pytest.mark.slow
@@ -172,7 +205,9 @@ def test_a_slow_trace_times_out(model_dir, monkeypatch, tmp_path):
     # fork server instead, the tiny model's trace once ended within the 0.5 s, and the test failed.)
     import multiprocessing
 
-    monkeypatch.setattr("autotune.estimate.launch.fork_server_context", lambda cuda_possible: multiprocessing.get_context("spawn"))
+    monkeypatch.setattr(
+        "autotune.estimate.launch.fork_server_context", lambda cuda_possible: multiprocessing.get_context("spawn")
+    )
     inject_fault(monkeypatch, "stuck-start")
     monkeypatch.setenv(GATE_ENV, str(tmp_path / "never"))
     started = time.monotonic()
@@ -182,8 +217,20 @@ def test_a_slow_trace_times_out(model_dir, monkeypatch, tmp_path):
 
 
 def test_fits_headroom_and_to_dict():
-    e = MemoryEstimate(config=cfg("gpt2"), device_type="cuda", params=100, grads=0, optimizer=200, activations=600,
-                       temporaries=50, workspace=50, peak_bytes=1000, reserved_bytes=1200, context_bytes=300, seconds=0.1)
+    e = MemoryEstimate(
+        config=cfg("gpt2"),
+        device_type="cuda",
+        params=100,
+        grads=0,
+        optimizer=200,
+        activations=600,
+        temporaries=50,
+        workspace=50,
+        peak_bytes=1000,
+        reserved_bytes=1200,
+        context_bytes=300,
+        seconds=0.1,
+    )
     assert e.required_bytes == 1500 and e.floor_bytes == 1300  # reserved + context; allocated + context
     assert Budget(1600, 100).fits(e.required_bytes) and not Budget(1600, 101).fits(e.required_bytes)
     assert Budget(2000, 100).headroom(e.required_bytes) == 400 and Budget(1000, 0).headroom(e.required_bytes) == -500
@@ -202,7 +249,6 @@ def test_importing_the_estimator_does_not_import_torch():
 # -- the command line -------------------------------------------------------------------------
 
 
-
 @pytest.mark.slow
 def test_estimate_json_then_table(model_dir):
     args = ["estimate", "--model", model_dir, "--micro-batch", "2", "--block-size", "64", "--gpu-budget", "600MiB"]
@@ -217,21 +263,34 @@ def test_estimate_json_then_table(model_dir):
 
     proc = autotune(*args)  # the same estimate again, from the cache, as a table
     assert proc.returncode == 1, proc.stderr
-    for label in ("parameters", "gradients", "optimizer state", "activations", "temporaries", "peak allocated",
-                  "peak reserved", "CUDA context", "does NOT fit", "from the cache"):
+    for label in (
+        "parameters",
+        "gradients",
+        "optimizer state",
+        "activations",
+        "temporaries",
+        "peak allocated",
+        "peak reserved",
+        "CUDA context",
+        "does NOT fit",
+        "from the cache",
+    ):
         assert label in proc.stdout
 
 
-@pytest.mark.parametrize("change, needle", [
-    ({"--gpu-budget": "8XB"}, "unknown unit"),
-    ({"--block-size": "2048"}, "maximum of 1024"),
-    ({"--model": "nobody/no-such-model"}, "cannot resolve"),
-    ({"--micro-batch": "0"}, "--micro-batch"),
-    ({"--device-type": "tpu"}, "--device-type"),
-    ({"--precision": "fp8"}, "--precision"),
-    ({"--stack": "jax=0.4"}, "library=version pairs of torch and bitsandbytes"),
-    ({"--stack": "torch=recent"}, "not a version of torch"),
-])
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        ({"--gpu-budget": "8XB"}, "unknown unit"),
+        ({"--block-size": "2048"}, "maximum of 1024"),
+        ({"--model": "nobody/no-such-model"}, "cannot resolve"),
+        ({"--micro-batch": "0"}, "--micro-batch"),
+        ({"--device-type": "tpu"}, "--device-type"),
+        ({"--precision": "fp8"}, "--precision"),
+        ({"--stack": "jax=0.4"}, "library=version pairs of torch and bitsandbytes"),
+        ({"--stack": "torch=recent"}, "not a version of torch"),
+    ],
+)
 def test_estimate_bad_input_is_one_line_and_exit_2(change, needle):
     args = ["estimate", "--model", "gpt2", "--micro-batch", "1", "--block-size", "128", "--gpu-budget", "8GiB"]
     assert_usage_error(autotune(*with_flags(args, change)), needle)
@@ -247,10 +306,23 @@ def test_gpt2_at_trainer_defaults_is_predicted_near_the_forum_measurement(hermet
 
 
 # Llama-2-7B's public architecture (its config.json on the hub), written out: no download.
-LLAMA_2_7B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 11008,
-              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "vocab_size": 32000,
-              "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "hidden_act": "silu", "bos_token_id": 1,
-              "eos_token_id": 2, "tie_word_embeddings": False, "rope_theta": 10000.0}
+LLAMA_2_7B = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 11008,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32000,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-05,
+    "hidden_act": "silu",
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+    "rope_theta": 10000.0,
+}
 
 
 @pytest.mark.slow
@@ -264,8 +336,15 @@ def test_a_llama_2_7b_shaped_lora_in_pure_bf16_and_its_qlora_are_predicted_to_fi
         folder = tmp_path / f"llama-2-7b-{layers}-layers"
         folder.mkdir()
         (folder / "config.json").write_text(json.dumps({**LLAMA_2_7B, "num_hidden_layers": layers}))
-        lora = ProbeConfig(model=str(folder), micro_batch=1, block_size=2048, precision="bf16", checkpointing=True,
-                           weights="bf16", peft=peft_text("lora"))
+        lora = ProbeConfig(
+            model=str(folder),
+            micro_batch=1,
+            block_size=2048,
+            precision="bf16",
+            checkpointing=True,
+            weights="bf16",
+            peft=peft_text("lora"),
+        )
         configs += [lora, dataclasses.replace(lora, weights="fp32", peft=peft_text("qlora"))]  # fp32 beside the 4 bits
     one_lora, one_qlora, estimate, quantized = estimate_memories(configs, use_cache=False, children=trace_children)
 
@@ -287,27 +366,64 @@ def test_a_llama_2_7b_shaped_lora_in_pure_bf16_and_its_qlora_are_predicted_to_fi
     assert at_32_layers(one_qlora, quantized) < 10 * GiB < at_32_layers(one_lora, estimate)
 
 
-@pytest.mark.parametrize("phase, grad_accum, grads, optimizer, says", [
-    # The forum user's gpt2 at micro-batch 8, block 512, fp32: gradients 0 B at the peak.
-    ("backward", 1, 0, 200, "at the peak (backward): weights, optimizer state, activations, temporaries; gradients are "
-                            "not made yet: the peak comes early in the backward, before its first gradient (they are "
-                            "freed after each optimizer step: zero_grad(set_to_none=True))"),
-    ("forward", 1, 0, 0, "at the peak (forward): weights, activations, temporaries; no gradients: this micro-step's "
-                         "backward has not made them yet (they are freed after each optimizer step: "
-                         "zero_grad(set_to_none=True)); no optimizer state (the optimizer makes it at its first step)"),
-    ("forward", 4, 100, 200, "at the peak (forward): weights, gradients (the previous micro-steps', kept for "
-                             "accumulation), optimizer state, activations, temporaries"),
-    ("backward (recomputing a checkpointed layer)", 1, 100, 200,
-     "at the peak (backward (recomputing a checkpointed layer)): weights, gradients (made by this backward so far)"),
-    ("optimizer step", 1, 100, 200, "gradients (the optimizer step reads them; freed after it)"),
-])
+@pytest.mark.parametrize(
+    "phase, grad_accum, grads, optimizer, says",
+    [
+        # The forum user's gpt2 at micro-batch 8, block 512, fp32: gradients 0 B at the peak.
+        (
+            "backward",
+            1,
+            0,
+            200,
+            "at the peak (backward): weights, optimizer state, activations, temporaries; gradients are "
+            "not made yet: the peak comes early in the backward, before its first gradient (they are "
+            "freed after each optimizer step: zero_grad(set_to_none=True))",
+        ),
+        (
+            "forward",
+            1,
+            0,
+            0,
+            "at the peak (forward): weights, activations, temporaries; no gradients: this micro-step's "
+            "backward has not made them yet (they are freed after each optimizer step: "
+            "zero_grad(set_to_none=True)); no optimizer state (the optimizer makes it at its first step)",
+        ),
+        (
+            "forward",
+            4,
+            100,
+            200,
+            "at the peak (forward): weights, gradients (the previous micro-steps', kept for "
+            "accumulation), optimizer state, activations, temporaries",
+        ),
+        (
+            "backward (recomputing a checkpointed layer)",
+            1,
+            100,
+            200,
+            "at the peak (backward (recomputing a checkpointed layer)): weights, gradients (made by this backward so far)",
+        ),
+        ("optimizer step", 1, 100, 200, "gradients (the optimizer step reads them; freed after it)"),
+    ],
+)
 def test_the_table_says_what_is_alive_at_the_peak_and_why_the_rest_is_not(phase, grad_accum, grads, optimizer, says):
     from autotune.estimate_report import render_estimate
 
-    e = MemoryEstimate(config=cfg("gpt2", micro_batch=8, block_size=512, grad_accum=grad_accum), device_type="cpu",
-                       params=100, grads=grads, optimizer=optimizer, activations=600, temporaries=50, workspace=0,
-                       peak_bytes=750 + grads + optimizer, reserved_bytes=1200, context_bytes=0, seconds=0.1,
-                       peak_phase=phase)
+    e = MemoryEstimate(
+        config=cfg("gpt2", micro_batch=8, block_size=512, grad_accum=grad_accum),
+        device_type="cpu",
+        params=100,
+        grads=grads,
+        optimizer=optimizer,
+        activations=600,
+        temporaries=50,
+        workspace=0,
+        peak_bytes=750 + grads + optimizer,
+        reserved_bytes=1200,
+        context_bytes=0,
+        seconds=0.1,
+        peak_phase=phase,
+    )
     text = render_estimate(e)
     assert says in text
     line = next(line for line in text.splitlines() if line.startswith("  at the peak ("))

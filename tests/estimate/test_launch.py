@@ -37,8 +37,9 @@ def test_paused_trace_children_are_stopped_until_resumed_and_killed_on_close():
         assert state(pid) in ("Z", "X")
 
 
-def test_a_trace_child_that_aborts_once_is_traced_again_in_a_fresh_process_and_says_so(tmp_path, monkeypatch,
-                                                                                        caplog, trace_children):
+def test_a_trace_child_that_aborts_once_is_traced_again_in_a_fresh_process_and_says_so(
+    tmp_path, monkeypatch, caplog, trace_children
+):
     model = write_model_dir(tmp_path / "tiny", **TINY_GPT2)
     configs = [ProbeConfig(str(model), 1, 32), ProbeConfig(str(model), 2, 32)]
     expected = estimate_memories(configs, device_type="cpu", use_cache=False, children=trace_children)
@@ -68,8 +69,9 @@ def test_a_trace_child_answers_request_after_request_and_a_failed_trace_ends_it(
     assert child._process.pid != pid and again.peak_bytes == small.peak_bytes
 
 
-def test_a_script_run_by_its_path_spawns_its_trace_child_and_gets_the_same_estimate(tmp_path, monkeypatch,
-                                                                                   trace_children):
+def test_a_script_run_by_its_path_spawns_its_trace_child_and_gets_the_same_estimate(
+    tmp_path, monkeypatch, trace_children
+):
     # A child of multiprocessing's runs such a script's main module again as it starts: one without an
     # `if __name__ == "__main__":` guard would estimate again in it. So its trace child is spawned.
     model = str(write_model_dir(tmp_path / "tiny", **TINY_GPT2))
@@ -99,7 +101,8 @@ def test_a_trace_child_that_died_waiting_is_replaced_for_the_next_request(tmp_pa
 
 
 def test_after_the_environment_changed_a_trace_child_is_spawned_and_the_fork_servers_children_live_on(
-        tmp_path, monkeypatch, trace_children):
+    tmp_path, monkeypatch, trace_children
+):
     # Forking it would start the fork server again, which kills what it forked before (a search's warm
     # probe child): a trace child is not worth that.
     model = str(write_model_dir(tmp_path / "tiny", **TINY_GPT2))

@@ -26,24 +26,62 @@ GiB = 2**30
 # name -> (model directory, levers): each kind of later phase the probe runs.
 CASES = {
     # Trainer's kept logits, piled on the card for three eval batches
-    "gpt2 kept logits": ("gpt2", {"micro_batch": 2, "block_size": 64, "evaluation": {
-        "eval_batch": 4, "eval_logits": "kept", "eval_accumulation_steps": 3}}),
+    "gpt2 kept logits": (
+        "gpt2",
+        {
+            "micro_batch": 2,
+            "block_size": 64,
+            "evaluation": {"eval_batch": 4, "eval_logits": "kept", "eval_accumulation_steps": 3},
+        },
+    ),
     # loss only: two eval batches, the second after the first's memory is given back
-    "gpt2 loss only": ("gpt2", {"micro_batch": 2, "block_size": 64, "precision": "bf16",
-                                "evaluation": {"eval_batch": 4}}),
-    "bert classification": ("bert-classification", {"micro_batch": 2, "block_size": 64, "evaluation": {
-        "eval_batch": 4, "eval_logits": "kept", "eval_accumulation_steps": 2}}),
+    "gpt2 loss only": (
+        "gpt2",
+        {"micro_batch": 2, "block_size": 64, "precision": "bf16", "evaluation": {"eval_batch": 4}},
+    ),
+    "bert classification": (
+        "bert-classification",
+        {
+            "micro_batch": 2,
+            "block_size": 64,
+            "evaluation": {"eval_batch": 4, "eval_logits": "kept", "eval_accumulation_steps": 2},
+        },
+    ),
     # padded batches with their attention mask, expanded by eager attention (autotune.tasks.padded_lengths)
-    "bert classification eager": ("bert-classification", {"micro_batch": 3, "block_size": 64, "attention": "eager",
-                                                          "evaluation": {"eval_batch": 2}}),
-    "pegasus eager, one row": ("pegasus", {"micro_batch": 1, "block_size": 64, "target_length": 16,
-                                           "attention": "eager", "evaluation": {"eval_batch": 1}}),
+    "bert classification eager": (
+        "bert-classification",
+        {"micro_batch": 3, "block_size": 64, "attention": "eager", "evaluation": {"eval_batch": 2}},
+    ),
+    "pegasus eager, one row": (
+        "pegasus",
+        {
+            "micro_batch": 1,
+            "block_size": 64,
+            "target_length": 16,
+            "attention": "eager",
+            "evaluation": {"eval_batch": 1},
+        },
+    ),
     # beam search to the whole length, then the loss forward
-    "t5 beams": ("t5", {"micro_batch": 2, "block_size": 64, "target_length": 16, "evaluation": {
-        "eval_batch": 2, "generate": True, "num_beams": 3}}),
+    "t5 beams": (
+        "t5",
+        {
+            "micro_batch": 2,
+            "block_size": 64,
+            "target_length": 16,
+            "evaluation": {"eval_batch": 2, "generate": True, "num_beams": 3},
+        },
+    ),
     # greedy generation; kept outputs hold the encoder's states too
-    "pegasus greedy": ("pegasus", {"micro_batch": 2, "block_size": 64, "target_length": 16, "evaluation": {
-        "eval_batch": 2, "eval_logits": "kept", "eval_accumulation_steps": 2, "generate": True}}),
+    "pegasus greedy": (
+        "pegasus",
+        {
+            "micro_batch": 2,
+            "block_size": 64,
+            "target_length": 16,
+            "evaluation": {"eval_batch": 2, "eval_logits": "kept", "eval_accumulation_steps": 2, "generate": True},
+        },
+    ),
 }
 
 
@@ -89,12 +127,15 @@ def test_what_each_phase_holds(estimated_and_measured):
     assert peaks["gpt2 loss only"]["eval"]["allocated"] < peaks["gpt2 loss only"]["train"]["allocated"]
     # An eval phase starts from the training state resident (weights and optimizer state), and adds to it.
     for name, (estimate, _) in estimated_and_measured.items():
-        assert estimate.optimizer > 0 and estimate.phase_peaks["eval"]["allocated"] > estimate.params + estimate.optimizer, name
+        assert (
+            estimate.optimizer > 0 and estimate.phase_peaks["eval"]["allocated"] > estimate.params + estimate.optimizer
+        ), name
     # Three beams to the whole length, on top of the resident state: more than the eval forward.
     assert peaks["t5 beams"]["generate"]["allocated"] > peaks["t5 beams"]["eval"]["allocated"]
 
 
 # -- without processes ------------------------------------------------------------------------------
+
 
 def _events(*sizes: int):
     """Allocation events of storages of `sizes` (a negative size frees the storage of that size)."""
@@ -120,7 +161,7 @@ def test_replay_starts_each_phase_from_what_is_held():
     replayed = replay(events, cuda=False, stages=[(3, "eval"), (4, "generate")])
     assert replayed["phase_peaks"] == {
         "train": {"allocated": 4000, "reserved": 4096},
-        "eval": {"allocated": 1600, "reserved": 2048},       # from the 1000 held (1024 rounded) as it began
+        "eval": {"allocated": 1600, "reserved": 2048},  # from the 1000 held (1024 rounded) as it began
         "generate": {"allocated": 3600, "reserved": 4096},
     }
     assert replayed["peak_bytes"] == 4000 and replayed["reserved_bytes"] == 4096
@@ -142,7 +183,9 @@ def test_generate_reads_are_answered_only_where_the_real_run_is_known():
 
     # Named and written as transformers' own readers are (generation/utils.py).
     def _get_logits_processor(encoder_input_ids):
-        has_encoder_input_ids = encoder_input_ids is not None and encoder_input_ids.dim() == 2 and not (encoder_input_ids < 0).any()
+        has_encoder_input_ids = (
+            encoder_input_ids is not None and encoder_input_ids.dim() == 2 and not (encoder_input_ids < 0).any()
+        )
         return has_encoder_input_ids
 
     def _beam_search(cur_len, max_length, flags):
@@ -177,16 +220,28 @@ _other_beam_search = _beam_search
 
 
 def _result(**phase_peaks) -> TraceResult:
-    return TraceResult(index=0, peak_bytes=900, breakdown={"params": 100, "grads": 0, "optimizer": 200,
-                                                            "activations": 600, "temporaries": 0},
-                       peak_phase="evaluation", reserved_bytes=1024, segments=0, build_seconds=0.0,
-                       trace_seconds=0.0, replay_seconds=0.0, events=0, kernels={}, torch_version="",
-                       phase_peaks=phase_peaks, unestimated={"generate": "generate reads a value at x.py:1"})
+    return TraceResult(
+        index=0,
+        peak_bytes=900,
+        breakdown={"params": 100, "grads": 0, "optimizer": 200, "activations": 600, "temporaries": 0},
+        peak_phase="evaluation",
+        reserved_bytes=1024,
+        segments=0,
+        build_seconds=0.0,
+        trace_seconds=0.0,
+        replay_seconds=0.0,
+        events=0,
+        kernels={},
+        torch_version="",
+        phase_peaks=phase_peaks,
+        unestimated={"generate": "generate reads a value at x.py:1"},
+    )
 
 
 def test_per_phase_figures_travel_with_the_estimate(tmp_path):
-    config = ProbeConfig(model="m", micro_batch=2, block_size=8, task="seq2seq", target_length=4, eval_batch=2,
-                         generation_max_length=8)
+    config = ProbeConfig(
+        model="m", micro_batch=2, block_size=8, task="seq2seq", target_length=4, eval_batch=2, generation_max_length=8
+    )
     result = _result(train={"allocated": 800, "reserved": 1024}, eval={"allocated": 900, "reserved": 1024})
     cuda = _from_trace(config, "cuda", result, [], seconds=0.0, trace_seconds=0.0)
     # The cuBLAS workspaces are held in every phase.
@@ -198,19 +253,30 @@ def test_per_phase_figures_travel_with_the_estimate(tmp_path):
     assert cpu.unestimated_phases == {"generate": "generate reads a value at x.py:1"}
     assert any(note.startswith("generate phase not estimated: generate reads a value") for note in cpu.notes)
     data = cpu.to_dict()
-    assert data["phase_peaks"]["eval"] == {"allocated": 900, "reserved": 1024} and "generate" in data["unestimated_phases"]
+    assert (
+        data["phase_peaks"]["eval"] == {"allocated": 900, "reserved": 1024} and "generate" in data["unestimated_phases"]
+    )
     # The cache keeps them.
     cache = EstimateCache(tmp_path / "estimates.json")
     cache.put("k", cpu)
     again = EstimateCache(tmp_path / "estimates.json").get("k", 0.0)
-    assert again is not None and again.phase_peaks == cpu.phase_peaks and again.unestimated_phases == cpu.unestimated_phases
+    assert (
+        again is not None
+        and again.phase_peaks == cpu.phase_peaks
+        and again.unestimated_phases == cpu.unestimated_phases
+    )
     # Interpolated between two traced micro-batches, phase by phase.
-    high = dataclasses.replace(cpu, config=dataclasses.replace(config, micro_batch=4),
-                               phase_peaks={"train": {"allocated": 1600, "reserved": 2048},
-                                            "eval": {"allocated": 1100, "reserved": 1536}})
+    high = dataclasses.replace(
+        cpu,
+        config=dataclasses.replace(config, micro_batch=4),
+        phase_peaks={"train": {"allocated": 1600, "reserved": 2048}, "eval": {"allocated": 1100, "reserved": 1536}},
+    )
     middle = interpolated(dataclasses.replace(config, micro_batch=3), cpu, high, 0.5)
     assert isinstance(middle, MemoryEstimate)
-    assert middle.phase_peaks == {"train": {"allocated": 1200, "reserved": 1536}, "eval": {"allocated": 1000, "reserved": 1280}}
+    assert middle.phase_peaks == {
+        "train": {"allocated": 1200, "reserved": 1536},
+        "eval": {"allocated": 1000, "reserved": 1280},
+    }
 
 
 @pytest.mark.slow
@@ -223,8 +289,10 @@ def test_a_group_whose_peak_changes_phase_is_interpolated_phase_by_phase(tmp_pat
 
     model = str(write_model_dir(tmp_path / "gpt2"))
     group = [ProbeConfig(model, mb, 64, grad_accum=8 // mb, eval_batch=8) for mb in (1, 2, 4)]
-    exact = {e.config.micro_batch: e for e in estimate_memories(group, device_type="cpu", use_cache=False,
-                                                                children=trace_children)}
+    exact = {
+        e.config.micro_batch: e
+        for e in estimate_memories(group, device_type="cpu", use_cache=False, children=trace_children)
+    }
     assert exact[1].phase_peaks["eval"]["allocated"] > exact[1].phase_peaks["train"]["allocated"]
     assert exact[4].phase_peaks["train"]["allocated"] > exact[4].phase_peaks["eval"]["allocated"]
     low, high, t = between(group[1], [exact[1], exact[4]])

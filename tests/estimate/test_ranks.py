@@ -29,7 +29,8 @@ def models(tmp_path_factory) -> dict[str, str]:
     (llama / "config.json").write_text(
         '{"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64, '
         '"intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000, '
-        '"max_position_embeddings": 256, "tie_word_embeddings": false}')
+        '"max_position_embeddings": 256, "tie_word_embeddings": false}'
+    )
     return {"gpt2": str(gpt2), "llama": str(llama)}
 
 
@@ -41,8 +42,9 @@ def cfg(model: str, strategy: str, gpus: int = 2, peft: str | None = None) -> Pr
 def estimates(models, trace_children) -> dict[tuple[str, str], object]:
     """Every case's estimate, and gpt2's ddp beside them, from one trace child."""
     keys = sorted(ESTIMATED, key=str)
-    found = estimate_memories([cfg(models[m], s, peft=p) for m, s, p in keys], device_type="cpu", use_cache=False,
-                              children=trace_children)
+    found = estimate_memories(
+        [cfg(models[m], s, peft=p) for m, s, p in keys], device_type="cpu", use_cache=False, children=trace_children
+    )
     return dict(zip(keys, found))
 
 
@@ -55,8 +57,9 @@ def test_a_rank_is_predicted_to_the_byte(models, estimates, model, strategy, pef
     runner = probe_runner(ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1))
     probe = runner.run(config, runner.settings.budget(GiB))
     assert probe.status == "ok", probe.error
-    assert_rank_predicted(estimates[(model, strategy, peft)], probe, largest_unit=1000 * 64 * 4 + 2 * 64 * 4,
-                          what=(model, strategy, peft))
+    assert_rank_predicted(
+        estimates[(model, strategy, peft)], probe, largest_unit=1000 * 64 * 4 + 2 * 64 * 4, what=(model, strategy, peft)
+    )
 
 
 @pytest.mark.slow
@@ -72,7 +75,9 @@ def test_fsdp_holds_half_the_state_of_ddp_on_two_ranks(models, estimates):
 def test_uneven_shards_trace_the_last_rank_too(tmp_path, trace_children):
     # 3 ranks: a vocabulary of 1000 and 64-wide layers do not divide by 3.
     model = write_model_dir(tmp_path / "gpt2", n_layer=1, n_embd=64, n_head=2, vocab_size=1000, n_positions=128)
-    estimate = estimate_memory(cfg(str(model), "fsdp", gpus=3), device_type="cpu", use_cache=False, children=trace_children)
+    estimate = estimate_memory(
+        cfg(str(model), "fsdp", gpus=3), device_type="cpu", use_cache=False, children=trace_children
+    )
     assert set(estimate.rank_peaks) == {"0", "2"}
     largest = max(estimate.rank_peaks.values(), key=lambda peaks: (peaks["reserved"], peaks["allocated"]))
     assert (estimate.peak_bytes, estimate.reserved_bytes) == (largest["allocated"], largest["reserved"])
@@ -91,8 +96,14 @@ def test_replay_counts_a_storage_at_each_of_its_sizes():
 
     # A gathered parameter: born at 4096, freed in place (resize to 0), gathered again, then dead.
     gathered, other = _Storage(0, "forward"), _Storage(1000, "forward")
-    events = [(1, gathered, "forward", 4096), (-1, gathered, "forward", 4096), (1, gathered, "forward", 0),
-              (1, other, "forward", 1000), (-1, gathered, "backward", 0), (1, gathered, "backward", 4096),
-              (-1, gathered, "", 4096)]
+    events = [
+        (1, gathered, "forward", 4096),
+        (-1, gathered, "forward", 4096),
+        (1, gathered, "forward", 0),
+        (1, other, "forward", 1000),
+        (-1, gathered, "backward", 0),
+        (1, gathered, "backward", 4096),
+        (-1, gathered, "", 4096),
+    ]
     assert replay(events, cuda=False)["peak_bytes"] == 5096
     assert replay(events, cuda=True)["peak_bytes"] > 0

@@ -25,7 +25,7 @@ ERRORS = {
 
 def test_a_method_with_enough_measurements_is_stated_alone_else_every_method():
     assert stated("allocated", None, ERRORS).method == "full"
-    assert stated("allocated", peft_text("lora"), ERRORS).method == ALL   # 2 < MIN_OF_A_METHOD
+    assert stated("allocated", peft_text("lora"), ERRORS).method == ALL  # 2 < MIN_OF_A_METHOD
     assert stated("reserved", None, ERRORS) is None
 
 
@@ -39,10 +39,10 @@ def test_the_search_skips_only_beyond_the_stated_error_on_cuda(monkeypatch):
     monkeypatch.setattr(stated_error, "load", lambda path=stated_error.FILE: ERRORS)
     assert SearchOptions().margin_for("cuda") == 0.07
     assert SearchOptions().margin_for("cuda", peft_text("lora")) == 0.09
-    assert SearchOptions().margin_for("cpu") == 0.0                    # the CPU estimate equals the probe
+    assert SearchOptions().margin_for("cpu") == 0.0  # the CPU estimate equals the probe
     assert SearchOptions(predict_margin=0.2).margin_for("cuda") == 0.2  # the user's own wins
     monkeypatch.setattr(stated_error, "load", lambda path=stated_error.FILE: {})
-    assert SearchOptions().margin_for("cuda") == 0.10                  # nothing published: the default
+    assert SearchOptions().margin_for("cuda") == 0.10  # nothing published: the default
 
 
 def test_the_committed_figures_load_and_cover_every_kind():
@@ -54,9 +54,20 @@ def test_the_committed_figures_load_and_cover_every_kind():
 
 
 def _estimate(device_type: str) -> MemoryEstimate:
-    return MemoryEstimate(config=ProbeConfig(model="gpt2", micro_batch=8, block_size=512), device_type=device_type,
-                          params=100, grads=0, optimizer=200, activations=600, temporaries=50, workspace=0,
-                          peak_bytes=950, reserved_bytes=1200, context_bytes=0, seconds=0.1)
+    return MemoryEstimate(
+        config=ProbeConfig(model="gpt2", micro_batch=8, block_size=512),
+        device_type=device_type,
+        params=100,
+        grads=0,
+        optimizer=200,
+        activations=600,
+        temporaries=50,
+        workspace=0,
+        peak_bytes=950,
+        reserved_bytes=1200,
+        context_bytes=0,
+        seconds=0.1,
+    )
 
 
 @pytest.mark.parametrize("device_type, shown", [("cuda", True), ("cpu", False)])

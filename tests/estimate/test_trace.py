@@ -54,7 +54,10 @@ def test_trls_tiles_fold_in_place_on_cuda_as_its_triton_kernels_do():
     # One traced step (the second is its copy): 50,257 columns in two tiles of up to 32,768, each
     # folded forward and backward, each backward tile accumulating two products (hidden, weight).
     assert {k: v for k, v in trl.kernels.items() if k.startswith("trl")} == {
-        "trl_forward_tile": 2, "trl_backward_tile": 2, "trl_addmm_fp32": 4}
+        "trl_forward_tile": 2,
+        "trl_backward_tile": 2,
+        "trl_addmm_fp32": 4,
+    }
     assert not any(k.startswith("trl") for k in plain.kernels)
     assert trl.peak_bytes < plain.peak_bytes
     # The CPU fold's temporaries, which the card's kernels do not make: at least two fp32 tiles of
@@ -62,17 +65,21 @@ def test_trls_tiles_fold_in_place_on_cuda_as_its_triton_kernels_do():
     assert trl_cpu.peak_bytes - trl.peak_bytes > 2 * 254 * 32768 * 4
 
 
-@pytest.mark.parametrize("device_type, levers", [
-    ("cpu", {"precision": "fp32"}),
-    ("cuda", {"precision": "fp32"}),
-    ("cuda", {"precision": "bf16", "checkpointing": True, "grad_accum": 2}),
-    ("cpu", {"precision": "fp16", "grad_accum": 3}),          # GradScaler: its scale is made once
-    ("cuda", {"precision": "fp16", "attention": "eager", "eval_batch": 4}),
-    ("cuda", {"peft": "lora r=8 alpha=16 dropout=0.05 targets=all-linear", "checkpointing": True}),
-    ("cpu", {"optimizer": "adamw", "grad_accum": 2}),
-    ("cuda", {"optimizer": "sgd", "weights": "bf16", "precision": "bf16"}),
-    ("cuda", {"trainer": "trl", "precision": "bf16", "grad_accum": 2}),
-], ids=lambda v: v if isinstance(v, str) else " ".join(f"{k}={x}" for k, x in v.items()))
+@pytest.mark.parametrize(
+    "device_type, levers",
+    [
+        ("cpu", {"precision": "fp32"}),
+        ("cuda", {"precision": "fp32"}),
+        ("cuda", {"precision": "bf16", "checkpointing": True, "grad_accum": 2}),
+        ("cpu", {"precision": "fp16", "grad_accum": 3}),  # GradScaler: its scale is made once
+        ("cuda", {"precision": "fp16", "attention": "eager", "eval_batch": 4}),
+        ("cuda", {"peft": "lora r=8 alpha=16 dropout=0.05 targets=all-linear", "checkpointing": True}),
+        ("cpu", {"optimizer": "adamw", "grad_accum": 2}),
+        ("cuda", {"optimizer": "sgd", "weights": "bf16", "precision": "bf16"}),
+        ("cuda", {"trainer": "trl", "precision": "bf16", "grad_accum": 2}),
+    ],
+    ids=lambda v: v if isinstance(v, str) else " ".join(f"{k}={x}" for k, x in v.items()),
+)
 def test_the_second_step_copied_from_the_first_equals_the_second_step_traced(monkeypatch, device_type, levers):
     """What makes a trace half as long (trace.REPEAT_FIRST_STEP): every replayed figure of the
     copy, the peaks by phase, the breakdown at the peak, reserved memory and the event count, equals
@@ -83,13 +90,24 @@ def test_the_second_step_copied_from_the_first_equals_the_second_step_traced(mon
 
     copied = []
     repeat = Ledger.repeat_events_from
-    monkeypatch.setattr(Ledger, "repeat_events_from", lambda self, start: copied.append(repeat(self, start)) or copied[-1])
+    monkeypatch.setattr(
+        Ledger, "repeat_events_from", lambda self, start: copied.append(repeat(self, start)) or copied[-1]
+    )
     once = run_trace(device_type, **levers)
     assert copied == [True], "the second step was traced, not copied"
     monkeypatch.setattr(tracing, "REPEAT_FIRST_STEP", False)
     twice = run_trace(device_type, **levers)
-    figures = lambda r: {k: v for k, v in asdict(r).items() if k not in ("build_seconds", "trace_seconds",  # noqa: E731
-                                                                         "replay_seconds", "kernels")}
+    figures = lambda r: {
+        k: v
+        for k, v in asdict(r).items()
+        if k
+        not in (
+            "build_seconds",
+            "trace_seconds",  # noqa: E731
+            "replay_seconds",
+            "kernels",
+        )
+    }
     assert figures(once) == figures(twice)
 
 
@@ -99,7 +117,9 @@ def test_a_step_that_is_not_a_repeat_of_itself_is_traced_again():
     from autotune.estimate.trace import repeats_its_first_step
     from autotune.estimate.stack import Stack
 
-    assert not repeats_its_first_step(ProbeConfig(model="tiny", micro_batch=1, block_size=32, optimizer="adafactor"), Stack())
+    assert not repeats_its_first_step(
+        ProbeConfig(model="tiny", micro_batch=1, block_size=32, optimizer="adafactor"), Stack()
+    )
     assert not repeats_its_first_step(ProbeConfig(model="tiny", micro_batch=1, block_size=32), Stack(torch="1.13"))
     assert repeats_its_first_step(ProbeConfig(model="tiny", micro_batch=1, block_size=32), Stack())
     ledger = Ledger()
@@ -123,13 +143,13 @@ def test_cuda_autocast_lists_run_norms_and_softmax_in_fp32():
     try:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             h = torch.nn.functional.linear(x, w)
-            assert h.dtype == torch.bfloat16                      # lower-precision list, as on CPU
+            assert h.dtype == torch.bfloat16  # lower-precision list, as on CPU
             assert torch.nn.functional.layer_norm(h, (8,)).dtype == torch.float32
             assert torch.softmax(h, -1).dtype == torch.float32
             assert torch.log_softmax(h, -1).dtype == torch.float32
             assert torch.pow(h, 3.0).dtype == torch.float32
             assert h.sum().dtype == torch.float32
-            assert torch.cat([h, h]).dtype == torch.bfloat16      # CPU-only list entry: passed through
+            assert torch.cat([h, h]).dtype == torch.bfloat16  # CPU-only list entry: passed through
     finally:
         lib._destroy()
     with torch.autocast("cpu", dtype=torch.bfloat16):  # CPU's own lists are back
@@ -163,7 +183,9 @@ def test_ledger_peak_agrees_with_memtracker():
 
     fields = dict(TINY_GPT2)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(fields.pop("model_type"), **fields, use_cache=False))
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.for_model(fields.pop("model_type"), **fields, use_cache=False)
+        )
         model.train()
         optimizer = torch.optim.AdamW(model.parameters(), fused=True)
         ids = torch.randint(0, 1024, (4, 64))
@@ -192,26 +214,39 @@ def test_ledger_peak_agrees_with_memtracker():
     assert parts["optimizer"] >= 2 * parts["params"]  # two Adam moments (plus step counters)
 
 
-@pytest.mark.parametrize("arch, precision, kernel", [
-    ({"model_type": "llama", "num_key_value_heads": 2}, "bf16", "flash"),           # flash has grouped heads
-    ({"model_type": "llama", "num_key_value_heads": 2}, "fp32", "math"),            # memory-efficient has not
-    ({"model_type": "mistral", "num_key_value_heads": 4, "sliding_window": 32}, "bf16", "mem_efficient"),  # a mask
-])
+@pytest.mark.parametrize(
+    "arch, precision, kernel",
+    [
+        ({"model_type": "llama", "num_key_value_heads": 2}, "bf16", "flash"),  # flash has grouped heads
+        ({"model_type": "llama", "num_key_value_heads": 2}, "fp32", "math"),  # memory-efficient has not
+        ({"model_type": "mistral", "num_key_value_heads": 4, "sliding_window": 32}, "bf16", "mem_efficient"),  # a mask
+    ],
+)
 def test_other_architectures_get_the_kernel_cuda_would_pick(arch, precision, kernel):
-    model_config = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4,
-                    "vocab_size": 256, "max_position_embeddings": 256, **arch}
+    model_config = {
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "vocab_size": 256,
+        "max_position_embeddings": 256,
+        **arch,
+    }
     config = ProbeConfig(model="tiny", micro_batch=2, block_size=64, precision=precision, checkpointing=True)
     result = trace(TraceItem(config=config, model_config=model_config, model_path=None), "cuda")
     assert set(result.kernels) - {"native_dropout"} == {kernel}
     assert result.peak_bytes == sum(result.breakdown.values()) > 0
 
 
-@pytest.mark.parametrize("family, levers", [
-    ("pegasus", {"eval_batch": 2, "generation_max_length": 8, "generation_num_beams": 2}),
-    ("t5", {"precision": "bf16", "checkpointing": True}),
-    ("bert-classification", {"precision": "fp16", "grad_accum": 2}),
-    ("bert-mlm", {"attention": "eager"}),
-])
+@pytest.mark.parametrize(
+    "family, levers",
+    [
+        ("pegasus", {"eval_batch": 2, "generation_max_length": 8, "generation_num_beams": 2}),
+        ("t5", {"precision": "bf16", "checkpointing": True}),
+        ("bert-classification", {"precision": "fp16", "grad_accum": 2}),
+        ("bert-mlm", {"attention": "eager"}),
+    ],
+)
 def test_the_copied_second_step_equals_the_traced_one_for_every_task(monkeypatch, family, levers):
     """The same for seq2seq (with evaluation that generates, after the training steps), sequence
     classification and masked LM; on several ranks the copy differs (DDP's and FSDP's buffers), so
@@ -227,16 +262,23 @@ def test_the_copied_second_step_equals_the_traced_one_for_every_task(monkeypatch
     extra = {"seq2seq": {"target_length": 16}, "classification": {"num_labels": 3}}.get(task, {})
     config = ProbeConfig(model="tiny", micro_batch=2, block_size=32, task=task, **extra, **levers)
     assert repeats_its_first_step(config, Stack())
-    assert not repeats_its_first_step(ProbeConfig(model="tiny", micro_batch=2, block_size=32, gpus=2, strategy="ddp"), Stack())
+    assert not repeats_its_first_step(
+        ProbeConfig(model="tiny", micro_batch=2, block_size=32, gpus=2, strategy="ddp"), Stack()
+    )
 
     def traced() -> dict:
         result = trace(TraceItem(config=config, model_config=TINY[family], model_path=None), "cuda")
-        return {k: v for k, v in asdict(result).items() if k not in ("build_seconds", "trace_seconds", "replay_seconds",
-                                                                     "kernels")}
+        return {
+            k: v
+            for k, v in asdict(result).items()
+            if k not in ("build_seconds", "trace_seconds", "replay_seconds", "kernels")
+        }
 
     copied = []
     repeat = Ledger.repeat_events_from
-    monkeypatch.setattr(Ledger, "repeat_events_from", lambda self, start: copied.append(repeat(self, start)) or copied[-1])
+    monkeypatch.setattr(
+        Ledger, "repeat_events_from", lambda self, start: copied.append(repeat(self, start)) or copied[-1]
+    )
     once = traced()
     assert copied == [True]
     monkeypatch.setattr(tracing, "REPEAT_FIRST_STEP", False)

@@ -26,8 +26,9 @@ def autotune_command(*args: str) -> list[str]:
 def autotune(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """`python -m autotune ARGS` with this interpreter, output captured as text; `env` adds to
     (or overrides) this process's environment."""
-    return subprocess.run(autotune_command(*args), capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        autotune_command(*args), capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
 
 
 def with_flags(args: list[str], change: dict[str, str]) -> list[str]:
@@ -109,8 +110,9 @@ class Unchanged:
             after = snapshot(*self.roots)
             added = sorted(set(after) - set(self.before))
             changed = sorted(k for k in set(after) & set(self.before) if after[k] != self.before[k])
-            assert not added and not changed and set(after) == set(self.before), \
+            assert not added and not changed and set(after) == set(self.before), (
                 f"database unchanged: no (added {added}, changed {changed}, removed {sorted(set(self.before) - set(after))})"
+            )
 
 
 def refused(proc, needle: str) -> None:

@@ -25,14 +25,24 @@ def write_tokenizer(text: str, directory: Path, vocab_size: int = 500) -> None:
     from transformers import PreTrainedTokenizerFast
 
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator([text], vocab_size=vocab_size, min_frequency=2, special_tokens=[SPECIAL], show_progress=False)
-    fast = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token=SPECIAL, eos_token=SPECIAL, unk_token=SPECIAL)
+    bpe.train_from_iterator(
+        [text], vocab_size=vocab_size, min_frequency=2, special_tokens=[SPECIAL], show_progress=False
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=bpe._tokenizer, bos_token=SPECIAL, eos_token=SPECIAL, unk_token=SPECIAL
+    )
     fast.save_pretrained(directory)
 
 
 # The special tokens of the task tests' tokenizer, ids 0-5: T5's pad 0 and end 1, BERT's pad 0.
-TASK_SPECIALS = {"pad_token": "<pad>", "eos_token": "</s>", "unk_token": "<unk>", "cls_token": "[CLS]",
-                 "sep_token": "[SEP]", "mask_token": "[MASK]"}
+TASK_SPECIALS = {
+    "pad_token": "<pad>",
+    "eos_token": "</s>",
+    "unk_token": "<unk>",
+    "cls_token": "[CLS]",
+    "sep_token": "[SEP]",
+    "mask_token": "[MASK]",
+}
 
 
 def write_task_tokenizer(text: str, directory: Path, vocab_size: int = 500, *, mask: bool = True) -> None:
@@ -44,8 +54,10 @@ def write_task_tokenizer(text: str, directory: Path, vocab_size: int = 500, *, m
     specials = {name: token for name, token in TASK_SPECIALS.items() if mask or name != "mask_token"}
     words = Tokenizer(models.WordLevel(unk_token=TASK_SPECIALS["unk_token"]))
     words.pre_tokenizer = pre_tokenizers.Whitespace()
-    words.train_from_iterator([text], trainers.WordLevelTrainer(vocab_size=vocab_size, show_progress=False,
-                                                                special_tokens=list(specials.values())))
+    words.train_from_iterator(
+        [text],
+        trainers.WordLevelTrainer(vocab_size=vocab_size, show_progress=False, special_tokens=list(specials.values())),
+    )
     PreTrainedTokenizerFast(tokenizer_object=words, **specials).save_pretrained(directory)
 
 

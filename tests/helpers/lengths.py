@@ -18,4 +18,4 @@ def long_tailed(count: int = 4000, seed: int = 0) -> list[int]:
 
 
 DATA = long_tailed()
-TEXT = Lengths.of(DATA).to_text()   # their quantiles, as a config keeps them
+TEXT = Lengths.of(DATA).to_text()  # their quantiles, as a config keeps them

@@ -10,8 +10,16 @@ from pathlib import Path
 
 # A 2-layer GPT-2, small enough that a CPU probe takes about a second of steps.
 TINY_GPT2 = {
-    "model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 2, "n_embd": 64, "n_head": 2,
-    "vocab_size": 1024, "n_positions": 256, "n_ctx": 256, "bos_token_id": 0, "eos_token_id": 0,
+    "model_type": "gpt2",
+    "architectures": ["GPT2LMHeadModel"],
+    "n_layer": 2,
+    "n_embd": 64,
+    "n_head": 2,
+    "vocab_size": 1024,
+    "n_positions": 256,
+    "n_ctx": 256,
+    "bos_token_id": 0,
+    "eos_token_id": 0,
 }
 
 
@@ -32,28 +40,34 @@ def cuda_available() -> bool:
 
 
 # A model type transformers does not ship, with its configuration and modeling code beside config.json.
-CONFIGURATION = '''from transformers import GPT2Config
+CONFIGURATION = """from transformers import GPT2Config
 
 
 class RemoteGPT2Config(GPT2Config):
     model_type = "remote-gpt2"
-'''
-MODELING = '''from transformers import GPT2LMHeadModel
+"""
+MODELING = """from transformers import GPT2LMHeadModel
 
 from .configuration_remote import RemoteGPT2Config
 
 
 class RemoteGPT2LMHeadModel(GPT2LMHeadModel):
     config_class = RemoteGPT2Config
-'''
+"""
 
 
 def write_remote_model(path: Path, modeling: str = MODELING) -> Path:
     """`path`: a tiny GPT-2 config under the remote-gpt2 type, with its configuration and `modeling` code."""
     path.mkdir()
-    config = {**TINY_GPT2, "model_type": "remote-gpt2", "architectures": ["RemoteGPT2LMHeadModel"],
-              "auto_map": {"AutoConfig": "configuration_remote.RemoteGPT2Config",
-                           "AutoModelForCausalLM": "modeling_remote.RemoteGPT2LMHeadModel"}}
+    config = {
+        **TINY_GPT2,
+        "model_type": "remote-gpt2",
+        "architectures": ["RemoteGPT2LMHeadModel"],
+        "auto_map": {
+            "AutoConfig": "configuration_remote.RemoteGPT2Config",
+            "AutoModelForCausalLM": "modeling_remote.RemoteGPT2LMHeadModel",
+        },
+    }
     (path / "config.json").write_text(json.dumps(config))
     (path / "configuration_remote.py").write_text(CONFIGURATION)
     (path / "modeling_remote.py").write_text(modeling)

@@ -6,11 +6,14 @@ import os
 import shutil
 from pathlib import Path
 
+
 def _postgres_bin() -> Path:
     """$AUTOTUNE_TEST_PG_BIN, else the newest of Debian's /usr/lib/postgresql/<version>/bin."""
     if "AUTOTUNE_TEST_PG_BIN" in os.environ:
         return Path(os.environ["AUTOTUNE_TEST_PG_BIN"])
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0)
+    found = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]) if p.parts[-3].isdigit() else 0
+    )
     return found[-1].parent if found else Path("/usr/lib/postgresql/15/bin")
 
 
@@ -30,14 +33,18 @@ class PostgresServer:
         """A new, empty database; returns its SQLAlchemy URL."""
         import psycopg
 
-        with psycopg.connect(host=self.host, port=self.port, user="postgres", dbname="postgres", autocommit=True) as conn:
+        with psycopg.connect(
+            host=self.host, port=self.port, user="postgres", dbname="postgres", autocommit=True
+        ) as conn:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
 
     def drop_database(self, name: str) -> None:
         import psycopg
 
-        with psycopg.connect(host=self.host, port=self.port, user="postgres", dbname="postgres", autocommit=True) as conn:
+        with psycopg.connect(
+            host=self.host, port=self.port, user="postgres", dbname="postgres", autocommit=True
+        ) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
@@ -58,5 +65,3 @@ def postgres_unavailable() -> str | None:
     if importlib.util.find_spec("psycopg") is None:
         return "psycopg is not installed (pip install 'autotune[postgres]')"
     return None
-
-

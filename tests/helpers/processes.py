@@ -17,7 +17,7 @@ def _stat(pid: int) -> list[str] | None:
         text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return text[text.rindex(")") + 2:].split()  # fields after the command name: state, ppid, ...
+    return text[text.rindex(")") + 2 :].split()  # fields after the command name: state, ppid, ...
 
 
 def state(pid: int) -> str:
@@ -108,14 +108,19 @@ def signal_state(pid: int) -> str | None:
     except OSError:
         return None
     fields = dict(line.split(":\t", 1) for line in lines if ":\t" in line)
-    return (f"{pid} ppid {fields['PPid']} {fields['State']} pending {fields['SigPnd']}/{fields['ShdPnd']} "
-            f"blocked {fields['SigBlk']} ignored {fields['SigIgn']} caught {fields['SigCgt']}")
+    return (
+        f"{pid} ppid {fields['PPid']} {fields['State']} pending {fields['SigPnd']}/{fields['ShdPnd']} "
+        f"blocked {fields['SigBlk']} ignored {fields['SigIgn']} caught {fields['SigCgt']}"
+    )
 
 
 def processes_named(text: str) -> set[int]:
     """Every live process on the machine whose command line contains `text`."""
-    return {int(entry) for entry in os.listdir("/proc") if entry.isdigit() and text in command_text(int(entry))
-            and alive(int(entry))}
+    return {
+        int(entry)
+        for entry in os.listdir("/proc")
+        if entry.isdigit() and text in command_text(int(entry)) and alive(int(entry))
+    }
 
 
 def probe_children(owner: int) -> list[int]:
@@ -124,8 +129,12 @@ def probe_children(owner: int) -> list[int]:
     group guard (a fork of the child, with its command line)."""
     below = descendants(owner)
     servers = {p for p in below if parent_of(p) == owner and b"multiprocessing.forkserver" in cmdline(p)}
-    return sorted(p for p in below if (parent_of(p) == owner and b"spawn_main" in cmdline(p))
-                  or (parent_of(p) in servers and name(p) != "autotune-trace"))
+    return sorted(
+        p
+        for p in below
+        if (parent_of(p) == owner and b"spawn_main" in cmdline(p))
+        or (parent_of(p) in servers and name(p) != "autotune-trace")
+    )
 
 
 def cpu_seconds(pids: set[int]) -> float:

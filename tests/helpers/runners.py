@@ -78,6 +78,9 @@ def commands_probe_with(shared: SharedRunner) -> Iterator[None]:
     def warm(settings: ProbeSettings | None = None, **_: Any) -> RunnerView:
         return shared(settings or ProbeSettings())
 
-    with mock.patch.dict(os.environ), mock.patch("autotune.probe.ProbeRunner", warm), \
-            mock.patch("autotune.probe.runner.ProbeRunner", warm):
+    with (
+        mock.patch.dict(os.environ),
+        mock.patch("autotune.probe.ProbeRunner", warm),
+        mock.patch("autotune.probe.runner.ProbeRunner", warm),
+    ):
         yield  # (a search looks the class up in autotune.probe; run_probe, `autotune probe`, in its module)

@@ -58,10 +58,19 @@ MARKER = "AUTOTUNE_TEST_SLURM_CLUSTER"
 # inside a Slurm job, or by a user's shell): the cluster's env drops them.
 _CLIENT_VARS = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_", "SQUEUE_", "SINFO_", "SACCT_", "SCANCEL_", "SCONTROL_")
 # Final states as scontrol/sacct print them, normalised ("CANCELLED by 0" -> "CANCELLED").
-TERMINAL_STATES = frozenset({
-    "BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY",
-    "PREEMPTED", "TIMEOUT",
-})
+TERMINAL_STATES = frozenset(
+    {
+        "BOOT_FAIL",
+        "CANCELLED",
+        "COMPLETED",
+        "DEADLINE",
+        "FAILED",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "TIMEOUT",
+    }
+)
 
 
 def slurm_unavailable() -> str | None:
@@ -70,8 +79,10 @@ def slurm_unavailable() -> str | None:
         return f"a local Slurm cluster needs Linux (this is {sys.platform})"
     missing = [tool for tool in (*DAEMONS, *CLIENTS) if shutil.which(tool) is None]
     if missing:
-        return (f"Slurm/munge binaries not found: {', '.join(missing)} "
-                "(apt-get install slurmctld slurmd slurm-client munge)")
+        return (
+            f"Slurm/munge binaries not found: {', '.join(missing)} "
+            "(apt-get install slurmctld slurmd slurm-client munge)"
+        )
     if os.geteuid() != 0:
         return "a local Slurm cluster runs its daemons as SlurmUser=root: the tests must run as root"
     if not Path("/tmp").is_dir():
@@ -124,7 +135,9 @@ class SlurmCluster:
         cluster; text output. With check, a non-zero exit raises with the command's stderr."""
         proc = subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
-            raise AssertionError(f"{' '.join(args)} exited {proc.returncode}: {proc.stderr.strip() or proc.stdout.strip()}")
+            raise AssertionError(
+                f"{' '.join(args)} exited {proc.returncode}: {proc.stderr.strip() or proc.stdout.strip()}"
+            )
         return proc
 
     def sbatch(self, *args: str) -> str:
@@ -144,8 +157,9 @@ class SlurmCluster:
         deadline = time.monotonic() + timeout
         while self.queued(job_id):
             if time.monotonic() > deadline:
-                raise AssertionError(f"job {job_id} still queued after {timeout:.0f}s: {self.queued(job_id)}\n"
-                                     f"{self.logs_tail()}")
+                raise AssertionError(
+                    f"job {job_id} still queued after {timeout:.0f}s: {self.queued(job_id)}\n{self.logs_tail()}"
+                )
             time.sleep(0.5)
 
     def scontrol_states(self, job_id: str | int) -> dict[str, str]:
@@ -186,8 +200,9 @@ class SlurmCluster:
         it prints "Unknown type ArrayJobId" on stderr. So sacct gives the states by raw id and the
         completion file's ArrayJobId/ArrayTaskId map them to tasks."""
         job_id = str(job_id)
-        proc = self.run("sacct", "--completion", "--noheader", "--parsable2", "--allusers",
-                        "--format=JobIDRaw,State", check=False)
+        proc = self.run(
+            "sacct", "--completion", "--noheader", "--parsable2", "--allusers", "--format=JobIDRaw,State", check=False
+        )
         if proc.returncode != 0:
             return {}
         by_raw = {}
@@ -305,8 +320,9 @@ def _stop(proc: subprocess.Popen, timeout: float = 10) -> None:
 
 def _start(name: str, args: list[str], env: dict[str, str], log_dir: Path) -> subprocess.Popen:
     with open(log_dir / f"{name}.out", "wb") as out:
-        return subprocess.Popen(args, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(
+            args, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def _wait_idle(cluster: SlurmCluster, timeout: float) -> None:
@@ -365,22 +381,33 @@ def local_slurm_cluster(start_timeout: float = START_TIMEOUT) -> Iterator[SlurmC
     cluster = SlurmCluster(root=root, conf=conf, env=env, node=node, jobcomp_log=jobcomp, log_dir=root / "log")
     started = time.monotonic()
     try:
-        cluster._procs["munged"] = _start("munged", [
-            "munged", "--foreground", "--force", f"--key-file={key}", f"--socket={munge_socket}",
-            f"--pid-file={munge_state / 'munged.pid'}", f"--seed-file={munge_state / 'munged.seed'}",
-            f"--log-file={cluster.log_dir / 'munged.log'}"], env, cluster.log_dir)
+        cluster._procs["munged"] = _start(
+            "munged",
+            [
+                "munged",
+                "--foreground",
+                "--force",
+                f"--key-file={key}",
+                f"--socket={munge_socket}",
+                f"--pid-file={munge_state / 'munged.pid'}",
+                f"--seed-file={munge_state / 'munged.seed'}",
+                f"--log-file={cluster.log_dir / 'munged.log'}",
+            ],
+            env,
+            cluster.log_dir,
+        )
         deadline = time.monotonic() + 15
         while not munge_socket.exists():
             if cluster._procs["munged"].poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("munged did not create its socket")
             time.sleep(0.05)
         cluster._procs["slurmctld"] = _start("slurmctld", ["slurmctld", "-D", "-f", str(conf)], env, cluster.log_dir)
-        cluster._procs["slurmd"] = _start("slurmd", ["slurmd", "-D", "-f", str(conf), "-N", node], env,
-                                          cluster.log_dir)
+        cluster._procs["slurmd"] = _start("slurmd", ["slurmd", "-D", "-f", str(conf), "-N", node], env, cluster.log_dir)
         _wait_idle(cluster, start_timeout)
     except Exception as exc:  # noqa: BLE001 - every failure to start is reported with the logs
         logs = cluster.logs_tail() + "".join(
-            f"\n--- {out.name}\n{out.read_text(errors='replace')[-3000:]}" for out in cluster.log_dir.glob("*.out"))
+            f"\n--- {out.name}\n{out.read_text(errors='replace')[-3000:]}" for out in cluster.log_dir.glob("*.out")
+        )
         _teardown(cluster)
         raise ClusterStartError(f"could not start a local Slurm cluster: {exc}\n{logs}") from exc
     cluster.startup_seconds = time.monotonic() - started

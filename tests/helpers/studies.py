@@ -9,9 +9,30 @@ from autotune.store import open_store
 # Two candidates (micro-batch 1 and 2 at an effective batch of 2): the first probe completes, the
 # second is where a fault strikes. No confirmation round: a fault test resumes to see every
 # candidate measured once, not the two timed again (tests/search/test_confirm.py).
-TWO_CANDIDATES = ["--gpu-budget", "64MiB", "--device", "cpu", "--micro-batches", "1,2", "--block-sizes", "64",
-                  "--effective-batch", "2", "--precisions", "fp32", "--checkpointing", "off", "--attention", "sdpa",
-                  "--measure-steps", "1", "--no-confirm", "--no-predict", "--strategy", "grid"]
+TWO_CANDIDATES = [
+    "--gpu-budget",
+    "64MiB",
+    "--device",
+    "cpu",
+    "--micro-batches",
+    "1,2",
+    "--block-sizes",
+    "64",
+    "--effective-batch",
+    "2",
+    "--precisions",
+    "fp32",
+    "--checkpointing",
+    "off",
+    "--attention",
+    "sdpa",
+    "--measure-steps",
+    "1",
+    "--no-confirm",
+    "--no-predict",
+    "--strategy",
+    "grid",
+]
 
 
 def running_claims(db: str, study: str) -> list:

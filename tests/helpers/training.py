@@ -13,8 +13,8 @@ STUDY_BUDGET = 64 * 2**20
 @dataclass(frozen=True)
 class Workspace:
     root: Path
-    model: Path          # config.json, model.safetensors and tokenizer files
-    corpus: Path         # ~460 KB of English prose
-    small_eval: Path     # a few KB of it, for evaluation
-    db: str              # SQLAlchemy URL holding the study
+    model: Path  # config.json, model.safetensors and tokenizer files
+    corpus: Path  # ~460 KB of English prose
+    small_eval: Path  # a few KB of it, for evaluation
+    db: str  # SQLAlchemy URL holding the study
     study: str

@@ -27,12 +27,15 @@ from tests.helpers.cli import invoke, wait_for
 from tests.helpers.faults import GATE_ENV, STACKS_ENV, dump_stacks, fault_env
 from tests.helpers.models import write_model_dir
 from tests.helpers.ports import free_port
-from tests.helpers.processes import (ancestors, command_text, kill_marked, marked_pids, processes_named,
-                                     signal_state)
+from tests.helpers.processes import ancestors, command_text, kill_marked, marked_pids, processes_named, signal_state
 
 # (find_spec, not importorskip: importing Ray to collect this module costs every test worker seconds)
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(importlib.util.find_spec("ray") is None,
-                                                  reason="Ray is not installed (pip install 'autotune[ray]')")]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        importlib.util.find_spec("ray") is None, reason="Ray is not installed (pip install 'autotune[ray]')"
+    ),
+]
 
 TINY = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 128}
 RAY = [sys.executable, "-m", "ray.scripts.scripts"]
@@ -72,37 +75,110 @@ def cluster(tmp_path_factory):
     # stop's test below). So the suite means the same in a terminal and in the background.
     ignore_sigint = {"preexec_fn": lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)}
     common = ["--num-cpus", "1", "--num-gpus", "0", "--disable-usage-stats", "--node-ip-address", "127.0.0.1"]
-    head = subprocess.run([*RAY, "start", "--head", "--port", str(port), "--include-dashboard=false",
-                           "--resources", '{"autotune_node_a": 1}', *common], capture_output=True, text=True, env=env,
-                          timeout=180, **ignore_sigint)
+    head = subprocess.run(
+        [
+            *RAY,
+            "start",
+            "--head",
+            "--port",
+            str(port),
+            "--include-dashboard=false",
+            "--resources",
+            '{"autotune_node_a": 1}',
+            *common,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        **ignore_sigint,
+    )
     if head.returncode != 0:
         pytest.skip(f"a Ray head could not start here: {head.stderr.strip().splitlines()[-1:]}")
     try:
-        second = subprocess.run([*RAY, "start", "--address", address, "--resources", '{"autotune_node_b": 1}', *common],
-                                capture_output=True, text=True, env=env, timeout=180, **ignore_sigint)
+        second = subprocess.run(
+            [*RAY, "start", "--address", address, "--resources", '{"autotune_node_b": 1}', *common],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=180,
+            **ignore_sigint,
+        )
         if second.returncode != 0:
             pytest.skip(f"a second Ray node could not start here: {second.stderr.strip().splitlines()[-1:]}")
         model = write_model_dir(base / "tiny", **TINY)
-        yield {"address": address, "base": base, "model": str(model), "gate": gate, "stacks": stacks,
-               "nodes": {"a": raylet_of("autotune_node_a"), "b": raylet_of("autotune_node_b")}}
+        yield {
+            "address": address,
+            "base": base,
+            "model": str(model),
+            "gate": gate,
+            "stacks": stacks,
+            "nodes": {"a": raylet_of("autotune_node_a"), "b": raylet_of("autotune_node_b")},
+        }
     finally:
         kill_marked(CLUSTER_MARKER, str(base))
 
 
 def search_args(cluster, db: Path) -> list[str]:
-    return ["search", "--model", cluster["model"], "--gpu-budget", "200MiB", "--device", "cpu", "--micro-batches", "1,2,4",
-            "--effective-batch", "4", "--block-sizes", "32", "--precisions", "fp32", "--checkpointing", "off",
-            "--attention", "sdpa", "--measure-seconds", "0.3", "--warmup-steps", "2", "--measure-steps", "2", "--no-predict",
-            "--no-confirm", "--db", str(db), "--json"]
+    return [
+        "search",
+        "--model",
+        cluster["model"],
+        "--gpu-budget",
+        "200MiB",
+        "--device",
+        "cpu",
+        "--micro-batches",
+        "1,2,4",
+        "--effective-batch",
+        "4",
+        "--block-sizes",
+        "32",
+        "--precisions",
+        "fp32",
+        "--checkpointing",
+        "off",
+        "--attention",
+        "sdpa",
+        "--measure-seconds",
+        "0.3",
+        "--warmup-steps",
+        "2",
+        "--measure-steps",
+        "2",
+        "--no-predict",
+        "--no-confirm",
+        "--db",
+        str(db),
+        "--json",
+    ]
 
 
 def search(cluster, db: Path, *extra: str, **popen) -> subprocess.Popen:
     """The search on the cluster, two workers, in a process of its own."""
-    command = [sys.executable, "-m", "autotune", *search_args(cluster, db), "--launcher", "ray", "--ray-address",
-               cluster["address"], "--workers", "2", "--heartbeat", "1"]
-    return subprocess.Popen([*command, *extra], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**ENV, "PYTHONUNBUFFERED": "1", STACKS_ENV: str(cluster["stacks"])},
-                            start_new_session=True, **popen)
+    command = [
+        sys.executable,
+        "-m",
+        "autotune",
+        *search_args(cluster, db),
+        "--launcher",
+        "ray",
+        "--ray-address",
+        cluster["address"],
+        "--workers",
+        "2",
+        "--heartbeat",
+        "1",
+    ]
+    return subprocess.Popen(
+        [*command, *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**ENV, "PYTHONUNBUFFERED": "1", STACKS_ENV: str(cluster["stacks"])},
+        start_new_session=True,
+        **popen,
+    )
 
 
 def stacks_of_the_search(cluster, run: subprocess.Popen) -> str:
@@ -110,8 +186,11 @@ def stacks_of_the_search(cluster, run: subprocess.Popen) -> str:
     processes, the workers they started, their probe children): for a stop that did not come. First
     each one's state and signal masks (pending, blocked, ignored, caught: a stop that was sent and
     not taken shows there), one line each, then the stacks."""
-    pids = [run.pid] + [pid for pid in marked_pids(CLUSTER_MARKER, str(cluster["base"]))
-                        if "python" in command_text(pid) or command_text(pid).startswith("ray::")]
+    pids = [run.pid] + [
+        pid
+        for pid in marked_pids(CLUSTER_MARKER, str(cluster["base"]))
+        if "python" in command_text(pid) or command_text(pid).startswith("ray::")
+    ]
     states = [f"{line}: {command_text(pid)[:100]}" for pid in pids if (line := signal_state(pid)) is not None]
     return "\n".join(states) + "\n\n" + dump_stacks(pids, cluster["stacks"])
 
@@ -119,11 +198,13 @@ def stacks_of_the_search(cluster, run: subprocess.Popen) -> str:
 def cluster_tasks_left(address: str, study: str) -> list[str]:
     """What is left of `study`'s workers: CPUs the cluster has not got back (a task of ours queued or
     running holds one; nothing else runs on this cluster), and worker processes still alive."""
-    code = (f"import ray, time\nray.init(address={address!r}, log_to_driver=False, logging_level='ERROR')\n"
-            f"deadline = time.monotonic() + 20\n"
-            f"while ray.available_resources().get('CPU', 0) < ray.cluster_resources()['CPU'] and time.monotonic() < deadline:\n"
-            f"    time.sleep(0.5)\n"
-            f"print(ray.cluster_resources()['CPU'] - ray.available_resources().get('CPU', 0))\n")
+    code = (
+        f"import ray, time\nray.init(address={address!r}, log_to_driver=False, logging_level='ERROR')\n"
+        f"deadline = time.monotonic() + 20\n"
+        f"while ray.available_resources().get('CPU', 0) < ray.cluster_resources()['CPU'] and time.monotonic() < deadline:\n"
+        f"    time.sleep(0.5)\n"
+        f"print(ray.cluster_resources()['CPU'] - ray.available_resources().get('CPU', 0))\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120)
     held = float(done.stdout.strip().splitlines()[-1])
     left = [f"{held:g} CPUs held"] if held else []
@@ -159,8 +240,9 @@ def test_two_workers_on_two_nodes_pick_what_one_worker_picks_and_a_killed_one_s_
             holders = {int(worker.split(":")[1]) for worker in _probing(db, "tiny-200MiB")}
             if victim is None and set(workers.values()) == {"a", "b"} and holders == set(workers):
                 with open_store(db) as store:
-                    held = next(c for c in store.claims(store.study("tiny-200MiB").id, stale_after=3)
-                                if c.state == "running")
+                    held = next(
+                        c for c in store.claims(store.study("tiny-200MiB").id, stale_after=3) if c.state == "running"
+                    )
                 victim = (int(held.worker.split(":")[1]), held.config_key)
                 os.kill(victim[0], signal.SIGKILL)
                 cluster["gate"].touch()
@@ -177,7 +259,9 @@ def test_two_workers_on_two_nodes_pick_what_one_worker_picks_and_a_killed_one_s_
     # handled, behind any other work on the node (the other test worker's, here: minutes).
     assert priorities == {os.getpriority(os.PRIO_PROCESS, 0)}
     with open_store(db) as store:
-        retried = next(c for c in store.claims(store.study("tiny-200MiB").id, stale_after=3) if c.config_key == victim[1])
+        retried = next(
+            c for c in store.claims(store.study("tiny-200MiB").id, stale_after=3) if c.config_key == victim[1]
+        )
         assert retried.state == "done" and retried.attempts == 2
         [row] = [p for p in store.probes("tiny-200MiB") if p.config_key == victim[1]]
         assert row.result.status in ("ok", "oom") and f":{victim[0]}:" not in row.worker

@@ -29,25 +29,77 @@ def search(cluster, tmp_path, *extra: str, fault: str | None = None) -> subproce
     """The search on the cluster, two array tasks; with `fault`, every probe of its workers
     misbehaves so (tests/helpers/faults: sbatch exports the search's environment to the tasks)."""
     model = write_model_dir(tmp_path / "tiny", **TINY)
-    command = [sys.executable, "-m", "autotune", "search", "--model", str(model), "--gpu-budget", "200MiB",
-               "--device", "cpu", "--micro-batches", "1,2,4", "--effective-batch", "4", "--block-sizes", "32",
-               "--precisions", "fp32", "--checkpointing", "off,on", "--attention", "sdpa", "--measure-seconds", "0.3",
-               "--warmup-steps", "2", "--measure-steps", "2", "--no-predict", "--no-confirm", "--json",
-               "--db", str(tmp_path / "slurm.db"), "--launcher", "slurm", "--workers", "2",
-               "--slurm-partition", cluster.partition, "--heartbeat", "1", *extra]
+    command = [
+        sys.executable,
+        "-m",
+        "autotune",
+        "search",
+        "--model",
+        str(model),
+        "--gpu-budget",
+        "200MiB",
+        "--device",
+        "cpu",
+        "--micro-batches",
+        "1,2,4",
+        "--effective-batch",
+        "4",
+        "--block-sizes",
+        "32",
+        "--precisions",
+        "fp32",
+        "--checkpointing",
+        "off,on",
+        "--attention",
+        "sdpa",
+        "--measure-seconds",
+        "0.3",
+        "--warmup-steps",
+        "2",
+        "--measure-steps",
+        "2",
+        "--no-predict",
+        "--no-confirm",
+        "--json",
+        "--db",
+        str(tmp_path / "slurm.db"),
+        "--launcher",
+        "slurm",
+        "--workers",
+        "2",
+        "--slurm-partition",
+        cluster.partition,
+        "--heartbeat",
+        "1",
+        *extra,
+    ]
     temporary = tmp_path / "tmp"  # (the search's own temporary directory: what it leaves there is seen)
     temporary.mkdir(exist_ok=True)
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                            env={**(fault_env(fault, cluster.env) if fault else cluster.env), "PYTHONUNBUFFERED": "1",
-                                 "TMPDIR": str(temporary)},
-                            start_new_session=True)
+    return subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
+        env={
+            **(fault_env(fault, cluster.env) if fault else cluster.env),
+            "PYTHONUNBUFFERED": "1",
+            "TMPDIR": str(temporary),
+        },
+        start_new_session=True,
+    )
 
 
 def jobs_named(cluster, study: str) -> list[str]:
     listed = cluster.run("scontrol", "show", "job", "-o", check=False).stdout
-    return sorted({fields["ArrayJobId"] for line in listed.splitlines()
-                   if (fields := dict(p.split("=", 1) for p in line.split() if "=" in p)).get("JobName")
-                   == f"autotune-{study}" and "ArrayJobId" in fields})
+    return sorted(
+        {
+            fields["ArrayJobId"]
+            for line in listed.splitlines()
+            if (fields := dict(p.split("=", 1) for p in line.split() if "=" in p)).get("JobName") == f"autotune-{study}"
+            and "ArrayJobId" in fields
+        }
+    )
 
 
 def test_two_array_tasks_search_to_a_pick_and_end(slurm_cluster, tmp_path):  # noqa: F811
@@ -64,7 +116,9 @@ def test_two_array_tasks_search_to_a_pick_and_end(slurm_cluster, tmp_path):  # n
         assert store.study("tiny-200MiB").status == "finished"
         assert len({p.worker for p in store.probes("tiny-200MiB") if p.result.status != "skipped"}) >= 1
     assert sorted(p.name for p in tmp_path.glob(f"autotune-autotune-tiny-200MiB-{job}_*.out")) == [
-        f"autotune-autotune-tiny-200MiB-{job}_0.out", f"autotune-autotune-tiny-200MiB-{job}_1.out"]
+        f"autotune-autotune-tiny-200MiB-{job}_0.out",
+        f"autotune-autotune-tiny-200MiB-{job}_1.out",
+    ]
     # The job script went to slurmctld with the submission: no copy of it is left behind.
     assert list((tmp_path / "tmp").glob("autotune-slurm-*")) == []
 
@@ -92,8 +146,12 @@ def test_sigterm_cancels_the_array_and_a_refused_partition_writes_nothing(slurm_
     # cancelled before it ran: none is left pending or running.
     assert set(slurm_cluster.wait_states(job, 2).values()) <= {"CANCELLED", "FAILED", "COMPLETED"}
     # A partition the cluster does not have: sbatch --test-only refuses it before anything is written.
-    refused = search(slurm_cluster, tmp_path / "x" if (tmp_path / "x").mkdir() is None else tmp_path,
-                     "--slurm-partition", "no-such-partition")
+    refused = search(
+        slurm_cluster,
+        tmp_path / "x" if (tmp_path / "x").mkdir() is None else tmp_path,
+        "--slurm-partition",
+        "no-such-partition",
+    )
     out, err = refused.communicate(timeout=120)
     assert refused.returncode == 2
     lines = err.strip().splitlines()

@@ -21,8 +21,13 @@ def test_array_runs_and_long_job_cancels(slurm_cluster, tmp_path):  # noqa: F811
 
     out = tmp_path / "out"
     out.mkdir()
-    array = cluster.sbatch("--array=0-1%2", f"--output={out}/slurm-%A_%a.out", f"--chdir={tmp_path}",
-                           "--wrap", f"sleep 2; echo $SLURM_ARRAY_TASK_ID > {out}/task-$SLURM_ARRAY_TASK_ID")
+    array = cluster.sbatch(
+        "--array=0-1%2",
+        f"--output={out}/slurm-%A_%a.out",
+        f"--chdir={tmp_path}",
+        "--wrap",
+        f"sleep 2; echo $SLURM_ARRAY_TASK_ID > {out}/task-$SLURM_ARRAY_TASK_ID",
+    )
     assert array.isdigit()
     deadline = time.monotonic() + 60
     seen_running = False

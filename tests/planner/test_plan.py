@@ -32,15 +32,18 @@ def test_a_budget_above_the_card_and_a_cpu_without_budget_are_one_line_mistakes(
     assert target.budget.margin_bytes == int(0.05 * target.budget.total_bytes)
 
 
-@pytest.mark.parametrize("levers, card, reason", [
-    ({"precision": "bf16"}, "t4", "bf16: not on the"),
-    ({"precision": "tf32"}, "v100", "tf32: not on the"),
-    ({"attention": "flash_attention_2", "precision": "fp16"}, "t4", "flash_attention_2: not on the"),
-    ({"liger": True}, "h100", "cannot trace Liger"),
-    ({"optimizer": "paged_adamw_8bit"}, "h100", "CUDA unified memory"),
-    ({"optimizer": "adamw_8bit", "peft": peft_text("qlora")}, "h100", None),
-    ({"precision": "bf16"}, "h100", None),
-])
+@pytest.mark.parametrize(
+    "levers, card, reason",
+    [
+        ({"precision": "bf16"}, "t4", "bf16: not on the"),
+        ({"precision": "tf32"}, "v100", "tf32: not on the"),
+        ({"attention": "flash_attention_2", "precision": "fp16"}, "t4", "flash_attention_2: not on the"),
+        ({"liger": True}, "h100", "cannot trace Liger"),
+        ({"optimizer": "paged_adamw_8bit"}, "h100", "CUDA unified memory"),
+        ({"optimizer": "adamw_8bit", "peft": peft_text("qlora")}, "h100", None),
+        ({"precision": "bf16"}, "h100", None),
+    ],
+)
 def test_what_a_card_lacks_or_the_estimator_cannot_trace_is_said_not_predicted(levers, card, reason):
     config = ProbeConfig("gpt2", 2, 64, **levers)
     why = unplannable(config, Target.of(find_card(card), None, 0.05))
@@ -48,8 +51,9 @@ def test_what_a_card_lacks_or_the_estimator_cannot_trace_is_said_not_predicted(l
 
 
 @pytest.mark.slow
-def test_on_cpu_the_plan_equals_every_real_probe_and_interpolates_within_one_percent(tiny_model, tmp_path, probe_runner,
-                                                                                      trace_children):
+def test_on_cpu_the_plan_equals_every_real_probe_and_interpolates_within_one_percent(
+    tiny_model, tmp_path, probe_runner, trace_children
+):
     from autotune.probe import ProbeSettings
     from autotune.search import SearchOptions, run_search
     from autotune.store import open_store
@@ -57,14 +61,30 @@ def test_on_cpu_the_plan_equals_every_real_probe_and_interpolates_within_one_per
     spec = resolve_model(tiny_model)
     # Effective batch 16: micro-batches 1, 2, 4, 8 accumulate (one group of four: 1, 4 and 8 are
     # traced, 2 is interpolated), 16 does not (a group of its own); with and without checkpointing.
-    space = SearchSpace.build(spec, micro_batches=(1, 2, 4, 8, 16), block_sizes=(64,), precisions=("fp32",),
-                              checkpointing=(False, True), attentions=("sdpa",), effective_batch=16)
+    space = SearchSpace.build(
+        spec,
+        micro_batches=(1, 2, 4, 8, 16),
+        block_sizes=(64,),
+        precisions=("fp32",),
+        checkpointing=(False, True),
+        attentions=("sdpa",),
+        effective_batch=16,
+    )
     budget = 1 * GiB
     db = f"sqlite:///{tmp_path / 'plan.db'}"
     with open_store(db) as store:
         runner = probe_runner(ProbeSettings(device="cpu", measure_steps=1, measure_seconds=0.0))
-        run_search(request(space, spec, budget, 50 * MiB,
-                           SearchOptions(study="measured", predict=False, confirm=False, strategy="grid-full")), runner, store)
+        run_search(
+            request(
+                space,
+                spec,
+                budget,
+                50 * MiB,
+                SearchOptions(study="measured", predict=False, confirm=False, strategy="grid-full"),
+            ),
+            runner,
+            store,
+        )
         target = Target.of(None, budget, 50 * MiB, cpu=True)
         plan = make_plan(spec, space, target, timeout=120, children=trace_children, store=store)
         exact = make_plan(spec, space, target, exact=True, timeout=120, children=trace_children)
@@ -90,7 +110,9 @@ def test_on_cpu_the_plan_equals_every_real_probe_and_interpolates_within_one_per
     from autotune.search.predictions import predict
 
     predictions = predict(space.candidates(), "cpu")
-    assert {key: p.required_bytes for key, p in predictions.items()} == {p.config.key(): p.need_bytes for p in plan.planned}
+    assert {key: p.required_bytes for key, p in predictions.items()} == {
+        p.config.key(): p.need_bytes for p in plan.planned
+    }
     assert all(e.cached for e in estimate_memories([p.config for p in plan.planned if p.traced], device_type="cpu"))
     text = render_plan(plan)
     assert "all figures predicted" in text and "measured beside them from study 'measured'" in text
@@ -104,14 +126,24 @@ def test_interpolation_stays_within_one_percent_of_a_real_trace_on_a_card(tmp_pa
     interpolated need against the trace of the same config."""
     from tests.helpers.models import write_model_dir
 
-    model = str(write_model_dir(tmp_path / "gpt2-small-ish", n_layer=4, n_embd=256, n_head=4, vocab_size=8192,
-                                n_positions=256))
+    model = str(
+        write_model_dir(tmp_path / "gpt2-small-ish", n_layer=4, n_embd=256, n_head=4, vocab_size=8192, n_positions=256)
+    )
     spec = resolve_model(model)
-    space = SearchSpace.build(spec, micro_batches=(1, 2, 4, 8, 16), block_sizes=(128,), precisions=("bf16", "fp16"),
-                              checkpointing=(False, True), attentions=("sdpa",), effective_batch=16)
+    space = SearchSpace.build(
+        spec,
+        micro_batches=(1, 2, 4, 8, 16),
+        block_sizes=(128,),
+        precisions=("bf16", "fp16"),
+        checkpointing=(False, True),
+        attentions=("sdpa",),
+        effective_batch=16,
+    )
     target = Target.of(find_card("h100"), None, 0.05)
-    exact = {p.config.key(): p for p in make_plan(spec, space, target, exact=True, timeout=120,
-                                                  children=trace_children).planned}
+    exact = {
+        p.config.key(): p
+        for p in make_plan(spec, space, target, exact=True, timeout=120, children=trace_children).planned
+    }
     plan = make_plan(spec, space, target, timeout=120, children=trace_children)
     # fp16 is traced as bf16 on CUDA, and the second plan reads the first's traces from the cache:
     # each estimate is still its own config's.
@@ -129,8 +161,15 @@ def test_a_lever_the_card_lacks_is_said_once_not_drawn_as_rows_of_dashes():
     be rows of dashes); the footer says how many and why."""
     from autotune.planner import Plan, Planned
 
-    space = SearchSpace.build(resolve_model("gpt2"), micro_batches=(2, 4), block_sizes=(512,), precisions=("fp32", "bf16"),
-                              checkpointing=(False,), attentions=("sdpa",), effective_batch=4)
+    space = SearchSpace.build(
+        resolve_model("gpt2"),
+        micro_batches=(2, 4),
+        block_sizes=(512,),
+        precisions=("fp32", "bf16"),
+        checkpointing=(False,),
+        attentions=("sdpa",),
+        effective_batch=4,
+    )
     target = Target.of(find_card("t4"), None, 0.05)
     planned = []
     for config in space.candidates():
@@ -156,9 +195,16 @@ def test_a_budget_typed_in_decimal_units_is_shown_as_typed_and_as_read():
     assert size_as_read(16 * 10**9) == "16GB = 14.90 GiB" and size_as_read(500 * 10**6) == "500MB = 476.84 MiB"
     assert size_as_read(int(7.5 * 10**9)) == "7.5GB = 6.98 GiB"
     assert size_as_read(8 * GiB) == "8.00 GiB" and size_as_read(8192 * MiB) == "8.00 GiB"  # binary: as it is
-    assert size_as_read(find_card("t4").memory_bytes) == "14.75 GiB"   # a card's total: binary
-    space = SearchSpace.build(resolve_model("gpt2"), micro_batches=(2,), block_sizes=(512,), precisions=("fp32",),
-                              checkpointing=(False,), attentions=("sdpa",), effective_batch=2)
+    assert size_as_read(find_card("t4").memory_bytes) == "14.75 GiB"  # a card's total: binary
+    space = SearchSpace.build(
+        resolve_model("gpt2"),
+        micro_batches=(2,),
+        block_sizes=(512,),
+        precisions=("fp32",),
+        checkpointing=(False,),
+        attentions=("sdpa",),
+        effective_batch=2,
+    )
     text = render_plan(Plan("gpt2", Target.of(find_card("rtx4080"), 16 * 10**9, 0.05), space, []))
     assert text.startswith("plan: 0 candidates on NVIDIA GeForce RTX 4080, budget 16GB = 14.90 GiB (margin 762.94 MiB)")
 
@@ -178,7 +224,12 @@ def test_a_plan_for_an_older_stack_traces_with_it_and_says_so(monkeypatch):
 
     monkeypatch.setattr(planner_plan, "_estimates", no_traces)
     spec = resolve_model("gpt2")
-    plan = make_plan(spec, SearchSpace.build(spec, precisions=("fp32",)), Target.of(None, 8 * 2**30, 0), timeout=60,
-                     stack=Stack(torch="1.13"))
+    plan = make_plan(
+        spec,
+        SearchSpace.build(spec, precisions=("fp32",)),
+        Target.of(None, 8 * 2**30, 0),
+        timeout=60,
+        stack=Stack(torch="1.13"),
+    )
     assert asked["stack"] == Stack(torch="1.13")
     assert plan.notes == ["predicted for torch 1.13: gradients zeroed in place, kept between steps (before 2.0)"]

@@ -52,15 +52,21 @@ def _accepted(**fields) -> bool:
     return True
 
 
-@pytest.mark.parametrize("precision, weights, attention", [
-    combo for combo in itertools.product(PRECISIONS, WEIGHTS, ATTENTIONS)
-    if _accepted(precision=combo[0], weights=combo[1], attention=combo[2])])
+@pytest.mark.parametrize(
+    "precision, weights, attention",
+    [
+        combo
+        for combo in itertools.product(PRECISIONS, WEIGHTS, ATTENTIONS)
+        if _accepted(precision=combo[0], weights=combo[1], attention=combo[2])
+    ],
+)
 def test_every_precision_weights_and_attention_kernel_is_priced(precision, weights, attention):
     _priced(precision=precision, weights=weights, attention=attention)
 
 
-@pytest.mark.parametrize("compile_, liger, allocator", list(itertools.product((False, True), (False, True),
-                                                                               speed_levers.ALLOCATORS)))
+@pytest.mark.parametrize(
+    "compile_, liger, allocator", list(itertools.product((False, True), (False, True), speed_levers.ALLOCATORS))
+)
 def test_every_speed_lever_is_priced(compile_, liger, allocator):
     _priced(compile=compile_, liger=liger, allocator=allocator, precision="bf16")
 
@@ -68,9 +74,32 @@ def test_every_speed_lever_is_priced(compile_, liger, allocator):
 @pytest.mark.slow
 def test_plan_of_lora_on_two_gpus_predicts(tmp_path, hermetic_home):
     model = write_model_dir(tmp_path / "tiny", n_layer=2, n_embd=64, n_head=2, vocab_size=1000, n_positions=128)
-    done = autotune("plan", "--model", str(model), "--gpu", "a100", "--peft", "lora", "--gpus", "2", "--block-sizes", "64",
-                    "--micro-batches", "2", "--precisions", "bf16", "--checkpointing", "off", "--attention", "sdpa",
-                    "--strategies", "ddp,fsdp", "--optimizers", "adamw_torch", "--json")
+    done = autotune(
+        "plan",
+        "--model",
+        str(model),
+        "--gpu",
+        "a100",
+        "--peft",
+        "lora",
+        "--gpus",
+        "2",
+        "--block-sizes",
+        "64",
+        "--micro-batches",
+        "2",
+        "--precisions",
+        "bf16",
+        "--checkpointing",
+        "off",
+        "--attention",
+        "sdpa",
+        "--strategies",
+        "ddp,fsdp",
+        "--optimizers",
+        "adamw_torch",
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     rows = plan["candidates"]
@@ -80,5 +109,8 @@ def test_plan_of_lora_on_two_gpus_predicts(tmp_path, hermetic_home):
     from autotune.planner import speed_error
 
     stated = speed_error.load()
-    assert stated is not None and plan["speed_error"] == {"count": stated.count, "median": stated.median,
-                                                         "worst": stated.worst}
+    assert stated is not None and plan["speed_error"] == {
+        "count": stated.count,
+        "median": stated.median,
+        "worst": stated.worst,
+    }

@@ -16,9 +16,16 @@ from tests.helpers.models import write_model_dir
 def test_a_plan_on_two_gpus_gives_each_strategy_its_rank_and_speed(tmp_path):
     model = str(write_model_dir(tmp_path / "gpt2", n_layer=2, n_embd=64, n_head=2, vocab_size=1000, n_positions=128))
     spec = resolve_model(model)
-    space = SearchSpace.build(spec, micro_batches=(2,), block_sizes=(64,),
-                              precisions=("bf16",), checkpointing=(False,), attentions=("sdpa",), gpus=2,
-                              strategies=("ddp", "fsdp", "fsdp-offload"))
+    space = SearchSpace.build(
+        spec,
+        micro_batches=(2,),
+        block_sizes=(64,),
+        precisions=("bf16",),
+        checkpointing=(False,),
+        attentions=("sdpa",),
+        gpus=2,
+        strategies=("ddp", "fsdp", "fsdp-offload"),
+    )
     card = find_card("h100")
     plan = make_plan(spec, space, Target.of(card, None, 0.05), timeout=300, use_cache=False)
     by_strategy = {p.config.strategy: p for p in plan.planned}

@@ -18,15 +18,52 @@ from autotune.planner.speed import (
     why_unsupported,
 )
 
-LLAMA_3_8B = {"model_type": "llama", "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
-              "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256, "tie_word_embeddings": False}
-T5_SMALL = {"model_type": "t5", "d_model": 512, "d_ff": 2048, "d_kv": 64, "num_heads": 8, "num_layers": 6,
-            "vocab_size": 32128, "feed_forward_proj": "relu", "is_encoder_decoder": True}
+LLAMA_3_8B = {
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
+}
+T5_SMALL = {
+    "model_type": "t5",
+    "d_model": 512,
+    "d_ff": 2048,
+    "d_kv": 64,
+    "num_heads": 8,
+    "num_layers": 6,
+    "vocab_size": 32128,
+    "feed_forward_proj": "relu",
+    "is_encoder_decoder": True,
+}
 LORA = "lora r=8 alpha=16 dropout=0.05 targets=all-linear"
-GPT2 = ModelDims(124_318_464, layers=12, hidden=768, vocab=50257, heads=12,   # what dims_from_config reads
-                 intermediate=3072, kv_width=768, gated=False, model_type="gpt2", attention_dropout=True)
-LLAMA = ModelDims(8_029_995_008, layers=32, hidden=4096, vocab=128256, heads=32,
-                  intermediate=14336, kv_width=1024, gated=True, model_type="llama", rms_norm=True)
+GPT2 = ModelDims(
+    124_318_464,
+    layers=12,
+    hidden=768,
+    vocab=50257,
+    heads=12,  # what dims_from_config reads
+    intermediate=3072,
+    kv_width=768,
+    gated=False,
+    model_type="gpt2",
+    attention_dropout=True,
+)
+LLAMA = ModelDims(
+    8_029_995_008,
+    layers=32,
+    hidden=4096,
+    vocab=128256,
+    heads=32,
+    intermediate=14336,
+    kv_width=1024,
+    gated=True,
+    model_type="llama",
+    rms_norm=True,
+)
 H100, T4 = find_card("h100"), find_card("t4")
 
 
@@ -35,11 +72,14 @@ def config(**fields) -> ProbeConfig:
     return ProbeConfig(**{**base, **fields})
 
 
-@pytest.mark.parametrize("config_json, parameters", [
-    (KNOWN_ARCHITECTURES["gpt2"], 124_439_808),   # GPT2LMHeadModel's own count
-    (LLAMA_3_8B, 8_030_261_248),                  # Meta-Llama-3-8B
-    (T5_SMALL, 60_506_624),                       # t5-small
-])
+@pytest.mark.parametrize(
+    "config_json, parameters",
+    [
+        (KNOWN_ARCHITECTURES["gpt2"], 124_439_808),  # GPT2LMHeadModel's own count
+        (LLAMA_3_8B, 8_030_261_248),  # Meta-Llama-3-8B
+        (T5_SMALL, 60_506_624),  # t5-small
+    ],
+)
 def test_the_parameter_count_from_config_json_is_within_a_percent(config_json, parameters):
     dims = dims_from_config(config_json)
     assert dims is not None and dims.parameters == pytest.approx(parameters, rel=0.01)
@@ -49,7 +89,7 @@ def test_config_json_sizes_and_what_lacks_them():
     assert dims_from_config(KNOWN_ARCHITECTURES["gpt2"]) == GPT2
     assert dims_from_config(LLAMA_3_8B) == LLAMA
     t5 = dims_from_config(T5_SMALL)
-    assert t5 is not None and (t5.layers, t5.hidden, t5.heads) == (12, 512, 8)   # encoder and decoder layers
+    assert t5 is not None and (t5.layers, t5.hidden, t5.heads) == (12, 512, 8)  # encoder and decoder layers
     assert dims_from_config({"model_type": "llava", "text_config": LLAMA_3_8B}) == LLAMA
     assert dims_from_config({"model_type": "mystery", "vocab_size": 10}) is None
 
@@ -66,15 +106,16 @@ def test_flops_agree_with_the_probes_mfu_count_without_recomputation():
 @pytest.mark.parametrize("dims, card", [(GPT2, H100), (GPT2, T4), (LLAMA, H100), (LLAMA, find_card("a100"))])
 def test_tokens_per_s_grow_with_the_micro_batch_at_a_fixed_effective_batch(dims, card):
     splits = [(1, 16), (2, 8), (4, 4), (8, 2), (16, 1)]
-    rates = [predict_tokens_per_s(config(micro_batch=mb, grad_accum=ga, precision="fp16"), dims, card)
-             for mb, ga in splits]
+    rates = [
+        predict_tokens_per_s(config(micro_batch=mb, grad_accum=ga, precision="fp16"), dims, card) for mb, ga in splits
+    ]
     assert rates == sorted(rates) and len(set(rates)) == len(rates)
 
 
 def test_checkpointing_costs_about_a_third_more_for_a_large_model():
     plain = predict_step_seconds(config(micro_batch=4, block_size=2048), LLAMA, H100)
     ckpt = predict_step_seconds(config(micro_batch=4, block_size=2048, checkpointing=True), LLAMA, H100)
-    assert 1.28 < ckpt.step_seconds / plain.step_seconds < 1.40    # 8N/6N = 1.33
+    assert 1.28 < ckpt.step_seconds / plain.step_seconds < 1.40  # 8N/6N = 1.33
     assert ckpt.flops_per_step / plain.flops_per_step == pytest.approx(4 / 3, rel=0.01)
 
 
@@ -94,7 +135,7 @@ def test_pure_bf16_weights_run_at_the_bf16_peak_even_under_fp32():
 def test_lora_does_fewer_flops_and_a_smaller_optimizer_step():
     full = predict_step_seconds(config(), LLAMA, H100)
     lora = predict_step_seconds(config(peft=LORA), LLAMA, H100)
-    assert 0.62 < lora.model_flops_per_token / full.model_flops_per_token < 0.75   # about 4N / 6N
+    assert 0.62 < lora.model_flops_per_token / full.model_flops_per_token < 0.75  # about 4N / 6N
     assert lora.optimizer_seconds < full.optimizer_seconds / 100
     # On q and v (peft's default for Llama), LoRA is faster than the full fine-tune; on every linear
     # layer its adapters read and write rows as wide as each module's input and output (the MLP's
@@ -131,7 +172,10 @@ def test_eager_attention_costs_more_the_longer_the_block():
     def penalty(block: int) -> float:
         # (micro-batch 64: enough work that the card, not the host launching the ops, is the bound)
         sdpa = predict_step_seconds(config(block_size=block, micro_batch=64), GPT2, H100).step_seconds
-        return predict_step_seconds(config(block_size=block, micro_batch=64, attention="eager"), GPT2, H100).step_seconds / sdpa
+        return (
+            predict_step_seconds(config(block_size=block, micro_batch=64, attention="eager"), GPT2, H100).step_seconds
+            / sdpa
+        )
 
     assert 1.0 < penalty(256) < penalty(1024)
 
@@ -140,7 +184,7 @@ def test_the_optimizer_step_is_paid_once_per_step_and_depends_on_the_optimizer()
     one = predict_step_seconds(config(grad_accum=1), LLAMA, H100)
     eight = predict_step_seconds(config(grad_accum=8), LLAMA, H100)
     assert one.optimizer_seconds == eight.optimizer_seconds
-    at_full_bandwidth = LLAMA.parameters * 28 / H100.memory_bandwidth   # AdamW: 28 bytes a parameter
+    at_full_bandwidth = LLAMA.parameters * 28 / H100.memory_bandwidth  # AdamW: 28 bytes a parameter
     assert one.optimizer_seconds == pytest.approx(at_full_bandwidth / speed.STREAM_EFFICIENCY)
     assert eight.tokens_per_s > one.tokens_per_s
     small = predict_step_seconds(config(grad_accum=1, optimizer="adamw_8bit"), LLAMA, H100)
@@ -148,8 +192,14 @@ def test_the_optimizer_step_is_paid_once_per_step_and_depends_on_the_optimizer()
 
 
 def test_the_parts_add_up_and_the_mfu_stays_under_the_ceiling():
-    for c in (config(), config(micro_batch=64, block_size=2048, compile=True, liger=True), config(checkpointing=True),
-              config(peft=LORA, compile=True), config(attention="eager", micro_batch=1), config(precision="fp32")):
+    for c in (
+        config(),
+        config(micro_batch=64, block_size=2048, compile=True, liger=True),
+        config(checkpointing=True),
+        config(peft=LORA, compile=True),
+        config(attention="eager", micro_batch=1),
+        config(precision="fp32"),
+    ):
         for dims in (GPT2, LLAMA):
             p = predict_step_seconds(c, dims, H100)
             parts = p.compute_seconds + p.memory_seconds + p.overhead_seconds + p.optimizer_seconds
@@ -173,9 +223,20 @@ def test_what_a_card_cannot_run_is_said_not_predicted():
 
 
 def _estimate(c: ProbeConfig, params_bytes: int) -> MemoryEstimate:
-    return MemoryEstimate(config=c, device_type="cuda", params=params_bytes, grads=0, optimizer=0, activations=0,
-                          temporaries=0, workspace=0, peak_bytes=params_bytes, reserved_bytes=params_bytes,
-                          context_bytes=0, seconds=0.0)
+    return MemoryEstimate(
+        config=c,
+        device_type="cuda",
+        params=params_bytes,
+        grads=0,
+        optimizer=0,
+        activations=0,
+        temporaries=0,
+        workspace=0,
+        peak_bytes=params_bytes,
+        reserved_bytes=params_bytes,
+        context_bytes=0,
+        seconds=0.0,
+    )
 
 
 def test_the_planner_entry_counts_parameters_as_the_estimator_traced_them():
@@ -199,10 +260,13 @@ def test_an_explicit_trainable_count_is_used():
 
 # -- several GPUs -----------------------------------------------------------------------------------
 
+
 def _ranked(strategy: str, gpus: int = 8, **levers):
     from autotune.config import ProbeConfig
 
-    return ProbeConfig(model="m", micro_batch=1, block_size=512, precision="bf16", gpus=gpus, strategy=strategy, **levers)
+    return ProbeConfig(
+        model="m", micro_batch=1, block_size=512, precision="bf16", gpus=gpus, strategy=strategy, **levers
+    )
 
 
 def test_collectives_per_optimizer_step_follow_the_ring_formulas():
@@ -230,7 +294,9 @@ def test_the_copies_around_the_collectives_are_memory_traffic_on_the_card():
 
     dims = ModelDims(7_000_000_000, 32, 4096, 32000, 32)
     p = 7e9 * 2  # bf16 under mixed precision
-    assert collective_copy_bytes(_ranked("fsdp", grad_accum=2), dims) == pytest.approx(2 * 2 * (2 * p + 2 * p / 8) + 2 * p)
+    assert collective_copy_bytes(_ranked("fsdp", grad_accum=2), dims) == pytest.approx(
+        2 * 2 * (2 * p + 2 * p / 8) + 2 * p
+    )
     assert collective_copy_bytes(_ranked("fsdp-grad-op"), dims) == pytest.approx(2 * p + 2 * p / 8 + 2 * p)
     assert collective_copy_bytes(_ranked("ddp"), dims) == 4 * 7e9 * 4
     assert collective_copy_bytes(_ranked(None, gpus=1), dims) == 0
@@ -238,7 +304,8 @@ def test_the_copies_around_the_collectives_are_memory_traffic_on_the_card():
     step = predict_step_seconds(_ranked("fsdp"), dims, h100)
     alone = predict_step_seconds(_ranked(None, gpus=1), dims, h100)
     assert step.memory_seconds - alone.memory_seconds == pytest.approx(
-        collective_copy_bytes(_ranked("fsdp"), dims) / (h100.memory_bandwidth * speed.MEMORY_EFFICIENCY))
+        collective_copy_bytes(_ranked("fsdp"), dims) / (h100.memory_bandwidth * speed.MEMORY_EFFICIENCY)
+    )
 
 
 def test_a_slower_link_costs_speed_on_several_gpus():
@@ -250,14 +317,21 @@ def test_a_slower_link_costs_speed_on_several_gpus():
     sxm, pcie = find_card("h100"), find_card("h100-pcie")
     assert sxm.interconnect_bandwidth > pcie.interconnect_bandwidth == pcie.host_bandwidth
     on_sxm = predict_step_seconds(_ranked("ddp"), dims, sxm)
-    assert on_sxm.step_seconds == pytest.approx(on_sxm.compute_seconds + on_sxm.memory_seconds + on_sxm.overhead_seconds
-                                                + on_sxm.optimizer_seconds + on_sxm.comm_seconds)
+    assert on_sxm.step_seconds == pytest.approx(
+        on_sxm.compute_seconds
+        + on_sxm.memory_seconds
+        + on_sxm.overhead_seconds
+        + on_sxm.optimizer_seconds
+        + on_sxm.comm_seconds
+    )
     assert predict_step_seconds(_ranked("ddp"), dims, pcie).comm_seconds > on_sxm.comm_seconds
     # The whole run's tokens: eight ranks' micro-batches per step.
     assert on_sxm.tokens_per_s == pytest.approx(8 * 512 / on_sxm.step_seconds)
     # Offload steps the optimizer on the host: slower than fsdp's on the card.
-    assert (predict_step_seconds(_ranked("fsdp-offload"), dims, sxm).optimizer_seconds
-            > predict_step_seconds(_ranked("fsdp"), dims, sxm).optimizer_seconds)
+    assert (
+        predict_step_seconds(_ranked("fsdp-offload"), dims, sxm).optimizer_seconds
+        > predict_step_seconds(_ranked("fsdp"), dims, sxm).optimizer_seconds
+    )
 
 
 def test_eager_attention_bytes_per_score_count_softmax_in_fp32_and_dropout_where_the_model_has_it():
@@ -268,7 +342,7 @@ def test_eager_attention_bytes_per_score_count_softmax_in_fp32_and_dropout_where
     assert traffic.eager_bytes_per_score(4, dropout=False) == (32, 36)
     assert traffic.eager_bytes_per_score(4, dropout=True) == (32 + 9, 36 + 9)
     assert dims_from_config(KNOWN_ARCHITECTURES["gpt2"]).attention_dropout  # attn_pdrop 0.1
-    assert not dims_from_config(LLAMA_3_8B).attention_dropout               # no key: none
+    assert not dims_from_config(LLAMA_3_8B).attention_dropout  # no key: none
     assert not dims_from_config({**LLAMA_3_8B, "attention_dropout": 0.0}).attention_dropout
 
 
@@ -288,7 +362,9 @@ def test_the_dispatch_constants_are_the_committed_measurement():
 
     from benchmarks.dispatch import summarize
 
-    measured = json.loads((Path(__file__).parents[2] / "benchmarks/results/dispatch-cpu-amd-epyc-2026-11-27.json").read_text())
+    measured = json.loads(
+        (Path(__file__).parents[2] / "benchmarks/results/dispatch-cpu-amd-epyc-2026-11-27.json").read_text()
+    )
     summary = summarize(measured["rows"])
     assert summary == measured["summary"]
     assert speed.LAYER_DISPATCH_SECONDS == pytest.approx(summary["layer_ms"] / 1e3)
@@ -326,8 +402,9 @@ def test_lora_adapters_move_their_input_side_in_fp32_as_peft_keeps_them():
     assert traffic.adapter_bytes_per_token(pure_bf16, GPT2, 2, Stack(peft="0.12.0")) == (per_input + per_output) * h
     # an fp32 base's adapters are fp32 on every stack
     fp32 = config(peft="lora r=8 alpha=16 dropout=0.05 targets=q_proj")
-    assert (traffic.adapter_bytes_per_token(fp32, GPT2, 4, Stack(lora="torchtune"))
-            == traffic.adapter_bytes_per_token(fp32, GPT2, 4))
+    assert traffic.adapter_bytes_per_token(fp32, GPT2, 4, Stack(lora="torchtune")) == traffic.adapter_bytes_per_token(
+        fp32, GPT2, 4
+    )
 
 
 def test_a_stack_that_checkpoints_reentrantly_launches_fewer_ops_in_its_recompute():
@@ -336,7 +413,9 @@ def test_a_stack_that_checkpoints_reentrantly_launches_fewer_ops_in_its_recomput
     ckpt = config(micro_batch=1, checkpointing=True)
     ours = predict_step_seconds(ckpt, GPT2, H100)
     older = predict_step_seconds(ckpt, GPT2, H100, Stack(transformers="4.48.1"))
-    assert older.step_seconds / plain.step_seconds == pytest.approx(speed.REENTRANT_CHECKPOINT_DISPATCH_FACTOR, rel=0.05)
+    assert older.step_seconds / plain.step_seconds == pytest.approx(
+        speed.REENTRANT_CHECKPOINT_DISPATCH_FACTOR, rel=0.05
+    )
     assert older.step_seconds < ours.step_seconds
     assert predict_step_seconds(ckpt, GPT2, H100, Stack(transformers="5.0.0")) == ours
 
@@ -373,7 +452,10 @@ def test_a_4bit_base_over_an_fp32_stream_casts_around_each_quantized_layer():
     # an fp32 stream (4 bytes an element, not mixed precision's 3) plus the casts plus the dequantisation
     rows_fp32 = traffic.elementwise_bytes(config(precision="fp32", peft=qlora.replace("qlora", "lora")), LLAMA, tokens)
     assert traffic.elementwise_bytes(over_fp32, LLAMA, tokens) == pytest.approx(rows_fp32 + casts + dequant)
-    assert traffic.elementwise_bytes(over_fp32, LLAMA, tokens) > traffic.elementwise_bytes(lora_fp32, LLAMA, tokens) + casts
+    assert (
+        traffic.elementwise_bytes(over_fp32, LLAMA, tokens)
+        > traffic.elementwise_bytes(lora_fp32, LLAMA, tokens) + casts
+    )
     # over a bf16 stream the layers compute in the stream's dtype: no casts
     bf16_lora = traffic.elementwise_bytes(config(peft=qlora.replace("qlora", "lora"), weights="bf16"), LLAMA, tokens)
     assert traffic.elementwise_bytes(over_bf16, LLAMA, tokens) == pytest.approx(bf16_lora + dequant)

@@ -34,12 +34,16 @@ CUDA = torch.device("cuda")
 
 # --- the allocator lever: both variable names, the newer one first ----------------------------------
 
+
 def test_the_allocator_lever_sets_both_variable_names_or_unsets_both():
-    assert speed.allocator_environment("expandable") == {"PYTORCH_ALLOC_CONF": "expandable_segments:True",
-                                                         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert speed.allocator_environment("expandable") == {
+        "PYTORCH_ALLOC_CONF": "expandable_segments:True",
+        "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    }
     assert speed.allocator_environment("default") == {"PYTORCH_ALLOC_CONF": None, "PYTORCH_CUDA_ALLOC_CONF": None}
-    assert speed.environment_line("expandable") == ("export PYTORCH_ALLOC_CONF=expandable_segments:True "
-                                                    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    assert speed.environment_line("expandable") == (
+        "export PYTORCH_ALLOC_CONF=expandable_segments:True PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
+    )
 
 
 def test_the_newer_allocator_variable_is_the_one_that_counts():
@@ -61,6 +65,7 @@ def test_a_training_run_unsets_a_users_allocator_setting_its_probe_did_not_measu
 
 # --- the CUDA context: this process's memory, not the card's ----------------------------------------
 
+
 def test_the_context_is_this_processs_memory_outside_its_allocator():
     # NVML lists this process at 1.5 GiB with 1 GiB reserved by its allocator: 0.5 GiB of context,
     # however much the card's other processes hold.
@@ -81,6 +86,7 @@ def test_nvml_process_lists_give_one_processs_bytes():
 
 # --- lasting skips and caveats ----------------------------------------------------------------------
 
+
 def test_flash_attention_in_fp32_is_a_lasting_skip_with_what_to_do():
     why = supports_attention_dtype("flash_attention_2", "fp32", "fp32")
     assert why is not None and "--precisions bf16" in why
@@ -98,20 +104,26 @@ def test_a_paged_optimizers_state_outside_the_cap_is_said():
 
 def test_a_measured_cuda_constant_is_recorded_beside_the_others(tmp_path):
     copy = tmp_path / "cuda_constants.json"
-    assumed = {name: {"bytes": c.bytes, "source": "assumed: for this test"} for name, c in cuda_constants.load().items()}
+    assumed = {
+        name: {"bytes": c.bytes, "source": "assumed: for this test"} for name, c in cuda_constants.load().items()
+    }
     copy.write_text(json.dumps(assumed))
     assert not any(c.measured for c in cuda_constants.load(copy).values())
-    cuda_constants.record_measured(cuda_constants.CONTEXT, 531 * MiB, "NVIDIA H100, driver 580, torch 2.11, 2026-11-25",
-                                   path=copy)
+    cuda_constants.record_measured(
+        cuda_constants.CONTEXT, 531 * MiB, "NVIDIA H100, driver 580, torch 2.11, 2026-11-25", path=copy
+    )
     constants = cuda_constants.load(copy)
     assert constants[cuda_constants.CONTEXT].bytes == 531 * MiB and constants[cuda_constants.CONTEXT].measured
-    assert constants[cuda_constants.CUBLAS_WORKSPACES].source == "assumed: for this test"  # the others kept as they were
+    assert (
+        constants[cuda_constants.CUBLAS_WORKSPACES].source == "assumed: for this test"
+    )  # the others kept as they were
     with pytest.raises(KeyError):
         cuda_constants.record_measured("cudnn_bytes", 1, "here", path=copy)
     assert json.loads(copy.read_text())[cuda_constants.CONTEXT]["source"].startswith("measured on NVIDIA H100")
 
 
 # --- whether a probe process may run the next probe -------------------------------------------------
+
 
 def result(status: ProbeStatus, error: str | None = None) -> ProbeResult:
     return ProbeResult(status=status, budget_bytes=GiB, margin_bytes=0, error=error)
@@ -124,8 +136,10 @@ def test_a_process_is_reused_only_after_a_clean_probe_that_patched_and_kept_noth
     assert why_not_reused(result(ProbeStatus.ERROR), CPU, 0, []) == "the probe ended error"
     assert "left 4,194,304 bytes allocated" in why_not_reused(result(ProbeStatus.OK), CUDA, 4 * MiB, [])
     many = [f"m.f{i}" for i in range(5)]
-    assert why_not_reused(result(ProbeStatus.OK), CUDA, 0, many) == \
-        "the probe replaced module code (m.f0, m.f1, m.f2 and 2 more)"
+    assert (
+        why_not_reused(result(ProbeStatus.OK), CUDA, 0, many)
+        == "the probe replaced module code (m.f0, m.f1, m.f2 and 2 more)"
+    )
 
 
 def test_code_watch_sees_a_function_or_a_method_replaced_module_wide(monkeypatch):
@@ -137,11 +151,14 @@ def test_code_watch_sees_a_function_or_a_method_replaced_module_wide(monkeypatch
     assert watch.replaced() == []
     monkeypatch.setattr(F, "gelu", lambda x: x)
     monkeypatch.setattr(modeling_gpt2.GPT2MLP, "forward", lambda self, x: x)
-    assert sorted(watch.replaced()) == ["torch.nn.functional.gelu",
-                                        "transformers.models.gpt2.modeling_gpt2.GPT2MLP.forward"]
+    assert sorted(watch.replaced()) == [
+        "torch.nn.functional.gelu",
+        "transformers.models.gpt2.modeling_gpt2.GPT2MLP.forward",
+    ]
 
 
 # --- the same, in real probe children ---------------------------------------------------------------
+
 
 def config(model: str, **levers) -> ProbeConfig:
     return ProbeConfig(model=model, **{"micro_batch": 2, "block_size": 64, **levers})
@@ -161,10 +178,16 @@ def test_clean_probes_of_several_levers_share_one_child(tiny_model):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fault, why", [
-    ("patch-module", "the probe replaced module code (transformers.models.gpt2.modeling_gpt2.eager_attention_forward)"),
-    ("leak", "the probe left 4,194,304 bytes allocated"),
-])
+@pytest.mark.parametrize(
+    "fault, why",
+    [
+        (
+            "patch-module",
+            "the probe replaced module code (transformers.models.gpt2.modeling_gpt2.eager_attention_forward)",
+        ),
+        ("leak", "the probe left 4,194,304 bytes allocated"),
+    ],
+)
 def test_a_probe_that_patches_code_or_keeps_memory_is_the_last_in_its_process(tiny_model, monkeypatch, fault, why):
     inject_fault(monkeypatch, fault)
     with ProbeRunner(settings()) as runner:

@@ -34,12 +34,14 @@ def test_each_drawn_micro_batch_is_padded_to_its_longest_row_and_masks_the_paddi
     model, hf_config = build_random_model(resolve_model(model_dir), config, cpu, False)
     step = ProbeStep(model, make_optimizer(model, cpu), config, cpu, hf_config.vocab_size)
     worst = step.batches[0]
-    assert worst["input_ids"].shape == (4, 64) and int(worst["attention_mask"].sum()) < 4 * 64  # (padding in its last row)
+    assert (
+        worst["input_ids"].shape == (4, 64) and int(worst["attention_mask"].sum()) < 4 * 64
+    )  # (padding in its last row)
     step.draw_cycle(1)
     rows = lengths.timing_rows(TEXT, 4, 8, 64, 1)
     assert len(step.drawn) == len(rows) // 4 == lengths.cycle_steps(8) * 2
     for index, batch in enumerate(step.drawn):
-        batch_rows = rows[4 * index:4 * index + 4]
+        batch_rows = rows[4 * index : 4 * index + 4]
         assert batch["input_ids"].shape == (4, max(batch_rows))
         assert batch["attention_mask"].sum(dim=1).tolist() == batch_rows
         if task == "causal-lm":  # the padding carries no loss
@@ -51,17 +53,21 @@ def test_each_drawn_micro_batch_is_padded_to_its_longest_row_and_masks_the_paddi
 
 
 @pytest.mark.slow
-def test_a_padded_runs_probe_times_whole_cycles_of_real_tokens_and_measures_its_worst_batch(model_dir,
-                                                                                           trace_children):
+def test_a_padded_runs_probe_times_whole_cycles_of_real_tokens_and_measures_its_worst_batch(model_dir, trace_children):
     from autotune.estimate import estimate_memories
     from autotune.probe import child
     from autotune.probe.protocol import ProbeRequest
     from autotune.probe.settings import ProbeSettings
 
     config = ProbeConfig(model=model_dir, micro_batch=2, grad_accum=4, block_size=128, lengths=TEXT)
-    result = child.run_probe_in_process(ProbeRequest(
-        config=config, model=resolve_model(model_dir), budget=Budget(4 * GiB, 0),
-        settings=ProbeSettings(device="cpu", warmup_steps=2, measure_steps=3, measure_seconds=0.1)))
+    result = child.run_probe_in_process(
+        ProbeRequest(
+            config=config,
+            model=resolve_model(model_dir),
+            budget=Budget(4 * GiB, 0),
+            settings=ProbeSettings(device="cpu", warmup_steps=2, measure_steps=3, measure_seconds=0.1),
+        )
+    )
     assert result.status == "ok", result.error
     cycle = config.timing_cycle
     assert result.measured_steps % cycle == 0 and result.measured_steps >= 2 * cycle

@@ -46,13 +46,18 @@ def test_bf16_with_checkpointing_fits_8gib():
     assert result.mfu is not None and 0 < result.mfu < 1
 
 
-@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None,
-                    reason="8-bit AdamW and QLoRA need bitsandbytes (../shared/gpu/wheels.sh bitsandbytes==0.50.2)")
-@pytest.mark.parametrize("levers", [
-    {"optimizer": "adamw_8bit"},
-    {"optimizer": "adamw_8bit", "weights": "bf16"},
-    {"peft": "qlora"},
-])
+@pytest.mark.skipif(
+    importlib.util.find_spec("bitsandbytes") is None,
+    reason="8-bit AdamW and QLoRA need bitsandbytes (../shared/gpu/wheels.sh bitsandbytes==0.50.2)",
+)
+@pytest.mark.parametrize(
+    "levers",
+    [
+        {"optimizer": "adamw_8bit"},
+        {"optimizer": "adamw_8bit", "weights": "bf16"},
+        {"peft": "qlora"},
+    ],
+)
 def test_recipe_levers_of_a_1b_llama_probe_on_the_card_as_estimated(tmp_path, levers):
     # Issue 15's GPU check: bitsandbytes' 8-bit AdamW and QLoRA's 4-bit base on a ~1B model.
     import json
@@ -63,8 +68,14 @@ def test_recipe_levers_of_a_1b_llama_probe_on_the_card_as_estimated(tmp_path, le
 
     (tmp_path / "config.json").write_text(json.dumps(TINYLLAMA_1_1B))
     peft = levers.get("peft")
-    config = ProbeConfig(model=str(tmp_path), micro_batch=4, block_size=1024, precision="bf16", checkpointing=True,
-                         **{**levers, "peft": peft_text(peft) if peft else None})
+    config = ProbeConfig(
+        model=str(tmp_path),
+        micro_batch=4,
+        block_size=1024,
+        precision="bf16",
+        checkpointing=True,
+        **{**levers, "peft": peft_text(peft) if peft else None},
+    )
     result = run_probe(config, _card_bytes(), settings=ProbeSettings(device="cuda", margin=0))
     assert result.status == "ok", result.error
     estimate = estimate_memory(config, use_cache=False)

@@ -19,8 +19,10 @@ from autotune.recipes import bnb_4bit_kwargs, peft_text
 
 # (find_spec, not importorskip: importing peft and bitsandbytes to collect this module costs every
 # test worker seconds)
-pytestmark = pytest.mark.skipif(not all(importlib.util.find_spec(name) for name in ("bitsandbytes", "peft")),
-                                reason="needs bitsandbytes and peft (pip install 'autotune[peft]' bitsandbytes)")
+pytestmark = pytest.mark.skipif(
+    not all(importlib.util.find_spec(name) for name in ("bitsandbytes", "peft")),
+    reason="needs bitsandbytes and peft (pip install 'autotune[peft]' bitsandbytes)",
+)
 
 GiB = 2**30
 QLORA = peft_text("qlora")
@@ -30,8 +32,16 @@ QLORA = peft_text("qlora")
 def model_dir(tmp_path_factory) -> str:
     from tests.helpers.models import write_model_dir
 
-    return str(write_model_dir(tmp_path_factory.mktemp("qlora") / "tiny-gpt2", n_embd=128, n_head=4, vocab_size=1000,
-                               n_positions=512, n_ctx=512))
+    return str(
+        write_model_dir(
+            tmp_path_factory.mktemp("qlora") / "tiny-gpt2",
+            n_embd=128,
+            n_head=4,
+            vocab_size=1000,
+            n_positions=512,
+            n_ctx=512,
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -55,18 +65,27 @@ def probe_on_cpu(config: ProbeConfig, monkeypatch):
     from autotune.probe.settings import ProbeSettings
 
     monkeypatch.setattr(child, "check_recipe", lambda config, device: None)
-    return child.run_probe_in_process(ProbeRequest(
-        config=config, model=resolve_model(config.model), budget=Budget(4 * GiB, 0),
-        settings=ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1)))
+    return child.run_probe_in_process(
+        ProbeRequest(
+            config=config,
+            model=resolve_model(config.model),
+            budget=Budget(4 * GiB, 0),
+            settings=ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1),
+        )
+    )
 
 
 @pytest.mark.slow
-def test_a_4bit_base_on_cpu_matches_its_estimate_to_the_byte_and_needs_less_than_lora(model_dir, classifier_dir,
-                                                                                     monkeypatch, trace_children):
+def test_a_4bit_base_on_cpu_matches_its_estimate_to_the_byte_and_needs_less_than_lora(
+    model_dir, classifier_dir, monkeypatch, trace_children
+):
     from autotune.estimate import estimate_memories
 
-    cases = [{"peft": QLORA}, {"peft": QLORA, "precision": "bf16", "weights": "bf16", "checkpointing": True},
-             {"peft": peft_text("lora")}]
+    cases = [
+        {"peft": QLORA},
+        {"peft": QLORA, "precision": "bf16", "weights": "bf16", "checkpointing": True},
+        {"peft": peft_text("lora")},
+    ]
     configs = [cfg(model_dir, **case) for case in cases]
     # A model of another task: a BERT classifier, whose head trains whole and so stays unquantized.
     configs.append(cfg(classifier_dir, peft=QLORA, task="classification", num_labels=3))
@@ -74,8 +93,10 @@ def test_a_4bit_base_on_cpu_matches_its_estimate_to_the_byte_and_needs_less_than
     predicted = estimate_memories(configs, device_type="cpu", use_cache=False, children=trace_children)
     for config, probe, estimate in zip(configs, measured, predicted):
         assert probe.status == "ok", probe.error
-        assert (estimate.peak_bytes, estimate.reserved_bytes) == (probe.peak_allocated_bytes, probe.peak_reserved_bytes), \
-            config.label()
+        assert (estimate.peak_bytes, estimate.reserved_bytes) == (
+            probe.peak_allocated_bytes,
+            probe.peak_reserved_bytes,
+        ), config.label()
     qlora, _, lora, _ = measured
     assert qlora.peak_allocated_bytes < lora.peak_allocated_bytes
     # The same adapters train on the same model: only the base's bytes differ. Parameters count
@@ -99,6 +120,7 @@ def test_the_trace_copies_a_classifiers_fake_head_without_its_data_pointer_or_fa
     def refuse(what):
         def refused(*args, **kwargs):
             raise AssertionError(f"the trace {what}")
+
         return refused
 
     monkeypatch.setattr(FakeTensor, "data_ptr", refuse("read a fake tensor's data pointer"), raising=False)
@@ -154,7 +176,9 @@ def test_qlora_is_refused_off_cuda_and_without_bitsandbytes_in_one_line(monkeypa
         check_recipe(config, torch.device("cpu"))
     check_traceable(config, "cuda", resolve_model("gpt2"))  # the estimator predicts it for a card
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "bitsandbytes" else real(name, *a)
+    )
     with pytest.raises(BadInput, match="--peft qlora needs bitsandbytes"):
         check_recipe(config, torch.device("cuda"))
     with pytest.raises(BadInput, match="--peft qlora needs bitsandbytes to be traced"):
@@ -176,7 +200,10 @@ def test_the_hand_off_loads_the_base_in_4_bits():
     document = best.trainer_args_document()
     assert document["model_kwargs"]["quantization_config"]["load_in_4bit"] is True
     assert any(line.startswith("4-bit base:") for line in best.cli_caveats())
-    assert "quantization_config" not in BestConfig(leaderboard_row(cfg("gpt2", peft=peft_text("lora"))), "cuda").model_kwargs()
+    assert (
+        "quantization_config"
+        not in BestConfig(leaderboard_row(cfg("gpt2", peft=peft_text("lora"))), "cuda").model_kwargs()
+    )
 
 
 def test_a_classifiers_head_stays_whole_and_trains_on_a_4bit_base(classifier_dir):
@@ -195,5 +222,6 @@ def test_a_classifiers_head_stays_whole_and_trains_on_a_4bit_base(classifier_dir
     from autotune.handoff import BestConfig
     from tests.helpers.store import leaderboard_row
 
-    assert BestConfig(leaderboard_row(config), "cuda").model_kwargs()["quantization_config"]["llm_int8_skip_modules"] \
-        == ["classifier", "score"]
+    assert BestConfig(leaderboard_row(config), "cuda").model_kwargs()["quantization_config"][
+        "llm_int8_skip_modules"
+    ] == ["classifier", "score"]

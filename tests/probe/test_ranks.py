@@ -32,9 +32,18 @@ from tests.helpers.ranks import assert_rank_predicted
 
 pytestmark = pytest.mark.slow
 
-TINY_LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 64,
-              "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 1000,
-              "max_position_embeddings": 256, "tie_word_embeddings": False}
+TINY_LLAMA = {
+    "model_type": "llama",
+    "architectures": ["LlamaForCausalLM"],
+    "num_hidden_layers": 2,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1000,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": False,
+}
 GiB = 1 << 30
 
 
@@ -61,8 +70,11 @@ def _probe(config: ProbeConfig, budget_bytes: int, timeout: float = 120.0):
 
 def _ranks_below_us() -> set[int]:
     """torchrun's agents and ranks this test process started, still alive."""
-    return {p for p in descendants(os.getpid()) if b"autotune.probe.rank_main" in cmdline(p)
-            or b"torch.distributed.run" in cmdline(p)}
+    return {
+        p
+        for p in descendants(os.getpid())
+        if b"autotune.probe.rank_main" in cmdline(p) or b"torch.distributed.run" in cmdline(p)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -70,8 +82,12 @@ def llama_probes(models, probe_runner):
     """ddp and fsdp of the tiny Llama under a budget that fits both: their results, from the
     worker's warm probe child (clean probes, as a search sends them; the ranks are new each time)."""
     runner = probe_runner(ProbeSettings(device="cpu", measure_seconds=0.0, margin=0, timeout=120.0))
-    return {strategy: runner.run(_config(models["llama"], strategy), runner.settings.budget(GiB),
-                                 resolve_model(models["llama"])) for strategy in ("ddp", "fsdp")}
+    return {
+        strategy: runner.run(
+            _config(models["llama"], strategy), runner.settings.budget(GiB), resolve_model(models["llama"])
+        )
+        for strategy in ("ddp", "fsdp")
+    }
 
 
 def test_ddp_and_fsdp_probes_report_each_ranks_peaks(llama_probes):
@@ -92,8 +108,9 @@ def test_each_ranks_peak_is_the_estimate_of_a_rank(models, llama_probes, trace_c
     from autotune.estimate import estimate_memories
 
     strategies = sorted(llama_probes)
-    estimates = estimate_memories([_config(models["llama"], s) for s in strategies], device_type="cpu", use_cache=False,
-                                  children=trace_children)
+    estimates = estimate_memories(
+        [_config(models["llama"], s) for s in strategies], device_type="cpu", use_cache=False, children=trace_children
+    )
     for strategy, estimate in zip(strategies, estimates):
         assert_rank_predicted(estimate, llama_probes[strategy], largest_unit=1000 * 64 * 4 + 2 * 64 * 4, what=strategy)
 
@@ -125,18 +142,52 @@ def test_a_probe_past_its_timeout_kills_every_rank(models):
 
 def test_kill_9_of_a_search_mid_probe_leaves_no_rank(models, tmp_path):
     search = subprocess.Popen(
-        [sys.executable, "-m", "autotune", "search", "--model", models["gpt2"], "--gpu-budget", "1GiB", "--device", "cpu",
-         "--gpus", "2", "--strategies", "ddp,fsdp", "--block-sizes", "64", "--micro-batches", "1,2",
-         "--effective-batch", "4", "--precisions", "fp32", "--checkpointing", "off", "--attention", "sdpa",
-         "--no-predict", "--db", f"sqlite:///{tmp_path / 'ranks.db'}"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "search",
+            "--model",
+            models["gpt2"],
+            "--gpu-budget",
+            "1GiB",
+            "--device",
+            "cpu",
+            "--gpus",
+            "2",
+            "--strategies",
+            "ddp,fsdp",
+            "--block-sizes",
+            "64",
+            "--micro-batches",
+            "1,2",
+            "--effective-batch",
+            "4",
+            "--precisions",
+            "fp32",
+            "--checkpointing",
+            "off",
+            "--attention",
+            "sdpa",
+            "--no-predict",
+            "--db",
+            f"sqlite:///{tmp_path / 'ranks.db'}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
+
         def ranks() -> set[int]:
             # The ranks, not torchrun's agent, whose command line names their module too: counting
             # it, "two" was seen only while one rank alone was up (the other not yet started, or
             # ended), a moment the 0.2 s polls caught after 11 to 83 s, and in one run not in 120 s.
-            return {p for p in descendants(search.pid)
-                    if b"autotune.probe.rank_main" in (command := cmdline(p)) and b"torch.distributed.run" not in command}
+            return {
+                p
+                for p in descendants(search.pid)
+                if b"autotune.probe.rank_main" in (command := cmdline(p)) and b"torch.distributed.run" not in command
+            }
 
         try:
             wait_for(lambda: len(ranks()) == 2 or search.poll() is not None, seconds=120, what="two ranks")
@@ -207,9 +258,31 @@ class SilentProgram:
 
 def _start_node(port: int, env: dict | None = None, *args: str) -> subprocess.Popen:
     """`autotune node` as the second of two single-rank "nodes" on this machine (loopback only)."""
-    return subprocess.Popen([sys.executable, "-m", "autotune", "node", "--rendezvous", f"127.0.0.1:{port}", "--nodes", "2",
-                             "--node-rank", "1", "--gpus", "1", "--device", "cpu", "--rounds", "1", *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "node",
+            "--rendezvous",
+            f"127.0.0.1:{port}",
+            "--nodes",
+            "2",
+            "--node-rank",
+            "1",
+            "--gpus",
+            "1",
+            "--device",
+            "cpu",
+            "--rounds",
+            "1",
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def _stop_node(node: subprocess.Popen) -> None:
@@ -286,8 +359,9 @@ class WhileProgressing:
 def _multi_node_probe(model: str, port: int):
     """The first node's probe of a run on two single-rank nodes meeting at 127.0.0.1:`port`."""
     config = ProbeConfig(model=model, micro_batch=2, block_size=64, gpus=1, nodes=2, strategy="fsdp")
-    settings = ProbeSettings(device="cpu", measure_seconds=0.0, margin=0, timeout=BACKSTOP_SECONDS,
-                             rendezvous=f"127.0.0.1:{port}")
+    settings = ProbeSettings(
+        device="cpu", measure_seconds=0.0, margin=0, timeout=BACKSTOP_SECONDS, rendezvous=f"127.0.0.1:{port}"
+    )
     progress = WhileProgressing()
     with ProbeRunner(settings, reuse_child=False) as runner:
         runner.on_phase = progress.progressed
@@ -362,9 +436,11 @@ def test_a_node_that_never_arrives_ends_the_probe_in_one_line_naming_it(models, 
         if other is not None:
             other.close()
     message = str(refused.value)
-    assert message.startswith(f"node 1 of 2 did not reach the rendezvous at 127.0.0.1:{port} within "
-                              f"{RENDEZVOUS_SECONDS} s: run `autotune node --rendezvous 127.0.0.1:{port} --nodes 2 "
-                              f"--node-rank 1` on the other node"), message
+    assert message.startswith(
+        f"node 1 of 2 did not reach the rendezvous at 127.0.0.1:{port} within "
+        f"{RENDEZVOUS_SECONDS} s: run `autotune node --rendezvous 127.0.0.1:{port} --nodes 2 "
+        f"--node-rank 1` on the other node"
+    ), message
     assert "\n" not in message
     assert took < RENDEZVOUS_SECONDS + STARTUP_ALLOWANCE
     assert_all_gone(_ranks_below_us(), within=10.0)
@@ -389,12 +465,18 @@ def test_a_rendezvous_port_another_program_listens_on_is_said_on_both_nodes(mode
         _stop_node(node)
         other.close()
     message = str(refused.value)
-    assert message.startswith(f"the rendezvous port {port} is taken on this node by another program (address "
-                              "already in use)") and "\n" not in message, message
+    assert (
+        message.startswith(
+            f"the rendezvous port {port} is taken on this node by another program (address already in use)"
+        )
+        and "\n" not in message
+    ), message
     assert "stop that program, or give every node another --rendezvous port" in message, message
-    assert said == (f"node 1 of 2: torchrun's agent was still waiting for an answer from 127.0.0.1:{port} after 10 s: "
-                    "something there accepted its connection and never answered as the first node's rendezvous does "
-                    "(another program holding that port?); stopped it, waiting for the first node's next probe")
+    assert said == (
+        f"node 1 of 2: torchrun's agent was still waiting for an answer from 127.0.0.1:{port} after 10 s: "
+        "something there accepted its connection and never answered as the first node's rendezvous does "
+        "(another program holding that port?); stopped it, waiting for the first node's next probe"
+    )
     assert_all_gone(_ranks_below_us(), within=10.0)
     # Stopped between rounds, the node removed its round's directory (torchrun's log directory in it).
     assert [p.name for p in temporary.iterdir() if not p.name.startswith("torchinductor_")] == []

@@ -84,7 +84,10 @@ def test_cpu_child_goes_on_after_the_accountants_oom_and_measures_what_a_fresh_o
     after = runner.run(config(tiny_model), runner.settings.budget(1 * GiB))
     fresh = run_probe(config(tiny_model), 1 * GiB, settings=ProbeSettings(device="cpu", measure_steps=2))
     assert after.status == "ok" and after.startup_seconds == 0 and runner.children_started == started
-    assert (after.peak_allocated_bytes, after.peak_reserved_bytes) == (fresh.peak_allocated_bytes, fresh.peak_reserved_bytes)
+    assert (after.peak_allocated_bytes, after.peak_reserved_bytes) == (
+        fresh.peak_allocated_bytes,
+        fresh.peak_reserved_bytes,
+    )
 
 
 def test_a_standby_child_takes_over_after_a_probe_kills_its_own(tiny_model, monkeypatch, spawned_children):

@@ -50,12 +50,14 @@ def test_a_compiled_probe_times_compiled_steps_and_reports_the_compile_apart(run
     assert compiled.first_loss == pytest.approx(eager.first_loss, rel=1e-5)  # same seed, same math
 
 
-
-@pytest.mark.parametrize("levers, reason", [
-    ({"precision": "tf32"}, "there is no TF32 on CPU"),
-    ({"allocator": "expandable"}, "CPU memory has no such allocator"),
-    ({"liger": True}, "none run on CPU"),
-])
+@pytest.mark.parametrize(
+    "levers, reason",
+    [
+        ({"precision": "tf32"}, "there is no TF32 on CPU"),
+        ({"allocator": "expandable"}, "CPU memory has no such allocator"),
+        ({"liger": True}, "none run on CPU"),
+    ],
+)
 def test_levers_this_machine_lacks_are_skipped_with_the_reason(runner, tiny_model, levers, reason):
     result = runner.run(config(tiny_model, **levers), runner.settings.budget(1 * GiB))
     assert result.status == "skipped" and reason in result.error
@@ -67,10 +69,19 @@ def test_a_search_over_compile_off_and_on_settles_both_and_hands_off_the_lever(r
     db = f"sqlite:///{tmp_path / 'compile.db'}"
     # The module's runner: its child has imported torch and transformers already.
     with open_store(db) as store:
-        space = SearchSpace.build(spec, micro_batches=(2,), block_sizes=(32,), precisions=("fp32",),
-                                  checkpointing=(False,), attentions=("sdpa",), effective_batch=2, compiles=(False, True))
-        outcome = run_search(request(space, spec, 1 * GiB, 50 * MiB, SearchOptions(study="compile", confirm=False)), runner,
-                             store)
+        space = SearchSpace.build(
+            spec,
+            micro_batches=(2,),
+            block_sizes=(32,),
+            precisions=("fp32",),
+            checkpointing=(False,),
+            attentions=("sdpa",),
+            effective_batch=2,
+            compiles=(False, True),
+        )
+        outcome = run_search(
+            request(space, spec, 1 * GiB, 50 * MiB, SearchOptions(study="compile", confirm=False)), runner, store
+        )
     assert outcome.finished and not outcome.unmeasured
     rows = {row.config.compile: row for row in outcome.leaderboard}
     assert set(rows) == {False, True}

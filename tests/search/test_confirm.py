@@ -41,8 +41,9 @@ class NoisyRunner(ScriptedRunner):
     """The fake model's memory, with step times drawn around a speed set per micro-batch: each
     window of `steps` steps spreads by `jitter` around the config's true step time."""
 
-    def __init__(self, speeds: dict[int, float], jitter: float = 0.05, steps: int = 5,
-                 slow_first: dict[int, float] | None = None):
+    def __init__(
+        self, speeds: dict[int, float], jitter: float = 0.05, steps: int = 5, slow_first: dict[int, float] | None = None
+    ):
         super().__init__()
         self.speeds, self.jitter, self.steps = speeds, jitter, steps
         self.slow_first = dict(slow_first or {})  # micro-batch -> its first window runs this much slower
@@ -51,7 +52,9 @@ class NoisyRunner(ScriptedRunner):
     def run(self, config, budget, spec=None, deadline=None, timing_only=False, fresh_process=False) -> ProbeResult:
         self.asked.append(config)
         result = modelled_result(config, budget.total_bytes, budget.margin_bytes)
-        true_step = config.tokens_per_step / self.speeds[config.micro_batch] * self.slow_first.pop(config.micro_batch, 1.0)
+        true_step = (
+            config.tokens_per_step / self.speeds[config.micro_batch] * self.slow_first.pop(config.micro_batch, 1.0)
+        )
         # Deterministic "noise": each window's steps spread evenly over +-jitter, in a shifting order.
         offsets = [self.jitter * (2 * i / (self.steps - 1) - 1) for i in range(self.steps)]
         shift = next(self.windows) % self.steps
@@ -64,13 +67,25 @@ class NoisyRunner(ScriptedRunner):
 
 
 def space() -> SearchSpace:
-    return SearchSpace.build(resolve_model("gpt2"), micro_batches=(1, 2, 4), block_sizes=(128,), precisions=("fp32",),
-                             checkpointing=(False,), attentions=("sdpa",), effective_batch=4)
+    return SearchSpace.build(
+        resolve_model("gpt2"),
+        micro_batches=(1, 2, 4),
+        block_sizes=(128,),
+        precisions=("fp32",),
+        checkpointing=(False,),
+        attentions=("sdpa",),
+        effective_batch=4,
+    )
 
 
 def search(store, runner, study):
-    return run_search(request(space(), resolve_model("gpt2"), BUDGET, MARGIN, SearchOptions(study=study, predict=False, strategy=STRATEGY)),
-                      runner, store)
+    return run_search(
+        request(
+            space(), resolve_model("gpt2"), BUDGET, MARGIN, SearchOptions(study=study, predict=False, strategy=STRATEGY)
+        ),
+        runner,
+        store,
+    )
 
 
 def test_a_clear_winner_is_confirmed_by_one_more_window_of_it_and_the_runner_up(hermetic_home):
@@ -127,8 +142,17 @@ def test_a_window_slowed_by_a_neighbour_is_measured_again_and_the_true_winner_co
 def test_no_confirmation_when_asked_not_to(hermetic_home):
     runner = NoisyRunner({1: 1000.0, 2: 2970.0, 4: 3000.0})
     with open_store() as store:
-        outcome = run_search(request(space(), resolve_model("gpt2"), BUDGET, MARGIN,
-                                     SearchOptions(study="off", predict=False, confirm=False, strategy=STRATEGY)), runner, store)
+        outcome = run_search(
+            request(
+                space(),
+                resolve_model("gpt2"),
+                BUDGET,
+                MARGIN,
+                SearchOptions(study="off", predict=False, confirm=False, strategy=STRATEGY),
+            ),
+            runner,
+            store,
+        )
     assert outcome.study.confirmation is None and len(runner.asked) == 3 and outcome.best.config.micro_batch == 4
     assert best_of("off").to_dict()["confirmed"] is False
 
@@ -141,7 +165,7 @@ def test_windows_that_disagree_widen_the_noise_and_make_a_tie(hermetic_home):
         def run(self, config, budget, spec=None, deadline=None, timing_only=False, fresh_process=False):
             result = super().run(config, budget, spec, deadline)
             if config.micro_batch == 4 and len([c for c in self.asked if c.micro_batch == 4]) % 2 == 0:
-                slow = [t * 1.25 for t in result.step_times]   # every second window of it runs 25% slow
+                slow = [t * 1.25 for t in result.step_times]  # every second window of it runs 25% slow
                 result.step_times, result.step_seconds = slow, result.step_seconds * 1.25
                 result.tokens_per_s /= 1.25
             return result
@@ -182,15 +206,32 @@ def test_a_tie_names_one_winner_everywhere_a_study_is_read(hermetic_home):
     from autotune.markdown import study_report
     from autotune.store import open_store as reopen
 
-    both_accumulate = SearchSpace.build(resolve_model("gpt2"), micro_batches=(2, 4), block_sizes=(128,),
-                                        precisions=("fp32",), checkpointing=(False,), attentions=("sdpa",),
-                                        effective_batch=8)
+    both_accumulate = SearchSpace.build(
+        resolve_model("gpt2"),
+        micro_batches=(2, 4),
+        block_sizes=(128,),
+        precisions=("fp32",),
+        checkpointing=(False,),
+        attentions=("sdpa",),
+        effective_batch=8,
+    )
     runner = NoisyRunner({2: 2900.0, 4: 3000.0}, jitter=0.08)
     with open_store() as store:
-        outcome = run_search(request(both_accumulate, resolve_model("gpt2"), BUDGET, MARGIN,
-                                     SearchOptions(study="tie", predict=False, strategy=STRATEGY)), runner, store)
+        outcome = run_search(
+            request(
+                both_accumulate,
+                resolve_model("gpt2"),
+                BUDGET,
+                MARGIN,
+                SearchOptions(study="tie", predict=False, strategy=STRATEGY),
+            ),
+            runner,
+            store,
+        )
     c = outcome.study.confirmation
-    assert not c["confirmed"] and c["winner_label"].startswith("mb2x4") and c["tied"] == ["mb4x2 blk128 fp32 no-ckpt sdpa"]
+    assert (
+        not c["confirmed"] and c["winner_label"].startswith("mb2x4") and c["tied"] == ["mb4x2 blk128 fp32 no-ckpt sdpa"]
+    )
     with reopen() as store:
         board = store.leaderboard("tie")
         summary = next(s for s in store.studies() if s.name == "tie")
@@ -213,13 +254,28 @@ def test_a_noisy_study_says_its_pick_is_not_reliable_and_never_picks_against_the
     from autotune.markdown import study_report
     from autotune.report import render_leaderboard
 
-    both_accumulate = SearchSpace.build(resolve_model("gpt2"), micro_batches=(2, 4), block_sizes=(128,),
-                                        precisions=("fp32",), checkpointing=(False,), attentions=("sdpa",),
-                                        effective_batch=8)
+    both_accumulate = SearchSpace.build(
+        resolve_model("gpt2"),
+        micro_batches=(2, 4),
+        block_sizes=(128,),
+        precisions=("fp32",),
+        checkpointing=(False,),
+        attentions=("sdpa",),
+        effective_batch=8,
+    )
     runner = NoisyRunner({2: 2660.0, 4: 3140.0}, jitter=0.5)
     with open_store() as store:
-        outcome = run_search(request(both_accumulate, resolve_model("gpt2"), BUDGET, MARGIN,
-                                     SearchOptions(study="noisy", predict=False, strategy=STRATEGY)), runner, store)
+        outcome = run_search(
+            request(
+                both_accumulate,
+                resolve_model("gpt2"),
+                BUDGET,
+                MARGIN,
+                SearchOptions(study="noisy", predict=False, strategy=STRATEGY),
+            ),
+            runner,
+            store,
+        )
         board = store.leaderboard("noisy")
     c = outcome.study.confirmation
     assert not c["confirmed"] and c["reliable"] is False and c["noise"] > 0.4

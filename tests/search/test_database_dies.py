@@ -21,9 +21,33 @@ from tests.helpers.postgres import POSTGRES_BIN
 
 pytestmark = pytest.mark.slow
 
-ARGS = ["search", "--model", "gpt2", "--gpu-budget", "16GiB", "--micro-batches", "1,2,4", "--block-sizes", "64",
-        "--effective-batch", "4", "--precisions", "fp32", "--checkpointing", "off", "--attention", "sdpa",
-        "--no-predict", "--no-confirm", "--strategy", "grid", "--device", "cpu", "--study", "dies"]
+ARGS = [
+    "search",
+    "--model",
+    "gpt2",
+    "--gpu-budget",
+    "16GiB",
+    "--micro-batches",
+    "1,2,4",
+    "--block-sizes",
+    "64",
+    "--effective-batch",
+    "4",
+    "--precisions",
+    "fp32",
+    "--checkpointing",
+    "off",
+    "--attention",
+    "sdpa",
+    "--no-predict",
+    "--no-confirm",
+    "--strategy",
+    "grid",
+    "--device",
+    "cpu",
+    "--study",
+    "dies",
+]
 
 # The command line, with the probe runner scripted; the runner stops the server (the command in
 # $STOP_SERVER) when asked for its STOP_ON-th probe, and answers it once the server is down.
@@ -65,8 +89,14 @@ def _pg_ctl(data: str, *args: str) -> list[str]:
 
 
 def _search(url: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", SCRIPT, *ARGS, "--db", url], capture_output=True, text=True,
-                          timeout=120, cwd=Path(__file__).parents[2], env={**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT, *ARGS, "--db", url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=Path(__file__).parents[2],
+        env={**os.environ, **env},
+    )
 
 
 def _claims(url: str) -> list:
@@ -77,11 +107,15 @@ def _claims(url: str) -> list:
 def test_a_server_stopped_mid_search_gives_one_line_and_a_resumable_study(postgres_server, postgres_url):
     import psycopg
 
-    with psycopg.connect(host=postgres_server.host, port=postgres_server.port, user="postgres", dbname="postgres") as conn:
+    with psycopg.connect(
+        host=postgres_server.host, port=postgres_server.port, user="postgres", dbname="postgres"
+    ) as conn:
         data = conn.execute("SHOW data_directory").fetchone()[0]
     log = str(Path(data).parent / "server.log")
     try:
-        stopped = _search(postgres_url, STOP_ON="2", STOP_SERVER=" ".join(_pg_ctl(data, "-m", "immediate", "-w", "stop")))
+        stopped = _search(
+            postgres_url, STOP_ON="2", STOP_SERVER=" ".join(_pg_ctl(data, "-m", "immediate", "-w", "stop"))
+        )
     finally:  # (the server is the session's: back for every later test, whatever happened here)
         restart = subprocess.run(_pg_ctl(data, "-l", log, "-w", "-t", "60", "restart"), capture_output=True, text=True)
     assert restart.returncode == 0, restart.stdout + restart.stderr

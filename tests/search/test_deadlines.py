@@ -23,8 +23,25 @@ from tests.helpers.processes import assert_all_gone, descendants, probe_children
 pytestmark = pytest.mark.slow
 
 # Four candidates of the tiny GPT-2.
-SPACE = ["--device", "cpu", "--micro-batches", "1,2,4,8", "--block-sizes", "128", "--effective-batch", "8",
-         "--precisions", "fp32", "--checkpointing", "off", "--attention", "sdpa", "--no-predict", "--measure-steps", "1"]
+SPACE = [
+    "--device",
+    "cpu",
+    "--micro-batches",
+    "1,2,4,8",
+    "--block-sizes",
+    "128",
+    "--effective-batch",
+    "8",
+    "--precisions",
+    "fp32",
+    "--checkpointing",
+    "off",
+    "--attention",
+    "sdpa",
+    "--no-predict",
+    "--measure-steps",
+    "1",
+]
 
 
 def test_timeout_ends_the_command_in_time_and_the_same_command_goes_on(tiny_model, tmp_path, warm_child):
@@ -35,8 +52,22 @@ def test_timeout_ends_the_command_in_time_and_the_same_command_goes_on(tiny_mode
     held = fault_env("gate", on_probe=2)
     held[GATE_ENV] = str(tmp_path / "never")
     started = time.monotonic()
-    cut = autotune("search", "--model", tiny_model, "--gpu-budget", "1GiB", *SPACE, "--study", "d", "--db", db,
-                   "--timeout", "20s", "--json", env=held)
+    cut = autotune(
+        "search",
+        "--model",
+        tiny_model,
+        "--gpu-budget",
+        "1GiB",
+        *SPACE,
+        "--study",
+        "d",
+        "--db",
+        db,
+        "--timeout",
+        "20s",
+        "--json",
+        env=held,
+    )
     took = time.monotonic() - started
     assert cut.returncode == 0, cut.stderr
     summary = json.loads(cut.stdout)
@@ -47,8 +78,21 @@ def test_timeout_ends_the_command_in_time_and_the_same_command_goes_on(tiny_mode
     kept = _probes(db, "d")
     assert len(kept) == 1 and ProbeStatus.TIMEOUT not in {p.result.status for p in kept}
     # (The same command again, in this process with the worker's warm probe child: the cut is the subject.)
-    done = invoke("search", "--model", tiny_model, "--gpu-budget", "1GiB", *SPACE, "--measure-seconds", "0.2",
-                  "--study", "d", "--db", db, "--json")
+    done = invoke(
+        "search",
+        "--model",
+        tiny_model,
+        "--gpu-budget",
+        "1GiB",
+        *SPACE,
+        "--measure-seconds",
+        "0.2",
+        "--study",
+        "d",
+        "--db",
+        db,
+        "--json",
+    )
     assert done.returncode == 0, done.stderr
     finished = json.loads(done.stdout)
     assert finished["status"] == StudyStatus.FINISHED and finished["confirmation"] is not None
@@ -67,8 +111,22 @@ def test_a_timeout_that_ends_before_the_first_probe_is_one_line_and_writes_nothi
     stuck = fault_env("stuck-start")
     stuck[GATE_ENV] = str(tmp_path / "never")
     started = time.monotonic()
-    short = autotune("search", "--model", tiny_model, "--gpu-budget", "1GiB", *SPACE, predict, "--study", "short",
-                     "--db", f"sqlite:///{db}", "--timeout", "1s", env=stuck)
+    short = autotune(
+        "search",
+        "--model",
+        tiny_model,
+        "--gpu-budget",
+        "1GiB",
+        *SPACE,
+        predict,
+        "--study",
+        "short",
+        "--db",
+        f"sqlite:///{db}",
+        "--timeout",
+        "1s",
+        env=stuck,
+    )
     lines = short.stderr.strip().splitlines()
     assert short.returncode == 2 and len(lines) == 1 and "--timeout 1 s ran out" in lines[0], short.stderr
     assert "give a longer --timeout" in lines[0] and not db.exists()
@@ -80,18 +138,38 @@ def test_a_stopped_probe_child_ends_as_a_timeout_within_its_limit_and_the_search
     # The child's second probe waits at the gate (tests/helpers/faults) until the child is stopped:
     # the stop comes mid-probe whatever the machine's speed.
     gate = tmp_path / "gate"
-    search = subprocess.Popen(autotune_command("search", "--model", tiny_model, "--gpu-budget", "1GiB", *SPACE,
-                                               "--study", "s", "--db", db, "--probe-timeout", "5s", "--no-confirm"),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**fault_env("gate", on_probe=2), GATE_ENV: str(gate)})
+    search = subprocess.Popen(
+        autotune_command(
+            "search",
+            "--model",
+            tiny_model,
+            "--gpu-budget",
+            "1GiB",
+            *SPACE,
+            "--study",
+            "s",
+            "--db",
+            db,
+            "--probe-timeout",
+            "5s",
+            "--no-confirm",
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**fault_env("gate", on_probe=2), GATE_ENV: str(gate)},
+    )
     try:
         wait_for(lambda: _probes(db, "s"), what="the first probe")
         [child] = wait_for(lambda: probe_children(search.pid), what="the probe child")
         os.kill(child, signal.SIGSTOP)
         stopped = time.monotonic()
         gate.touch()  # (the next child's probes go on)
-        wait_for(lambda: [p for p in _probes(db, "s") if p.result.status == ProbeStatus.TIMEOUT], seconds=30,
-                 what="a timeout probe")
+        wait_for(
+            lambda: [p for p in _probes(db, "s") if p.result.status == ProbeStatus.TIMEOUT],
+            seconds=30,
+            what="a timeout probe",
+        )
         assert time.monotonic() - stopped < 5 + 10
         _, stderr = search.communicate(timeout=180)
     finally:

@@ -40,15 +40,44 @@ def test_a_disk_filling_mid_search_leaves_the_study_interrupted_and_resumable(ti
         pytest.skip("mounting a tmpfs needs root (and a kernel that lets this container mount)")
     try:
         db = f"sqlite:///{disk / 'full.db'}"
-        args = ["search", "--model", tiny_model, "--gpu-budget", "1GiB", "--device", "cpu", "--micro-batches", "1,2,4,8",
-                "--block-sizes", "64", "--effective-batch", "8", "--precisions", "fp32", "--checkpointing", "off",
-                "--attention", "sdpa", "--no-predict", "--no-confirm", "--measure-seconds", "0.5", "--measure-steps", "1",
-                "--study", "full", "--db", db]
+        args = [
+            "search",
+            "--model",
+            tiny_model,
+            "--gpu-budget",
+            "1GiB",
+            "--device",
+            "cpu",
+            "--micro-batches",
+            "1,2,4,8",
+            "--block-sizes",
+            "64",
+            "--effective-batch",
+            "8",
+            "--precisions",
+            "fp32",
+            "--checkpointing",
+            "off",
+            "--attention",
+            "sdpa",
+            "--no-predict",
+            "--no-confirm",
+            "--measure-seconds",
+            "0.5",
+            "--measure-steps",
+            "1",
+            "--study",
+            "full",
+            "--db",
+            db,
+        ]
         # The filler is created while there is room, then filled once the first probe is stored;
         # unbuffered, so that closing it has nothing left to write (a buffered file's close flushes
         # again, and raised ENOSPC outside pytest.raises, in 3 runs of 3 beside the evidence test).
         with open(disk / "filler", "wb", buffering=0) as filler:
-            search = subprocess.Popen(autotune_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            search = subprocess.Popen(
+                autotune_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
             wait_for(lambda: _stored(db, "full") >= 1, what="the first probe")
             with pytest.raises(OSError):  # every byte left
                 while True:

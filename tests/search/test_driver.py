@@ -12,7 +12,17 @@ from autotune.models import resolve_model
 from autotune.search import SearchOptions, run_search
 from autotune.space import SearchSpace, group_key, group_priority
 from autotune.store import open_store
-from tests.helpers.fakes import BUDGET, FAKE_ENV, MARGIN, ScriptedRunner, gpt2_space, modelled_predictor, request, search
+from tests.helpers.fakes import (
+    BUDGET,
+    FAKE_ENV,
+    MARGIN,
+    ScriptedRunner,
+    gpt2_space,
+    modelled_predictor,
+    request,
+    search,
+)
+
 
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory):
@@ -64,7 +74,9 @@ def test_oom_is_a_completed_infeasible_optuna_trial(store):
     import optuna
 
     search(store, ScriptedRunner(), gpt2_space(), study="s")
-    study = optuna.load_study(study_name="s", storage=store.engine.url.render_as_string(hide_password=False))  # the same name
+    study = optuna.load_study(
+        study_name="s", storage=store.engine.url.render_as_string(hide_password=False)
+    )  # the same name
     oom_numbers = {p.trial_number for p in store.probes("s") if p.result.status == "oom"}
     trials = {t.number: t for t in study.trials}
     assert oom_numbers and all(trials[n].state == optuna.trial.TrialState.COMPLETE for n in oom_numbers)
@@ -113,8 +125,14 @@ def test_finished_search_answers_from_the_database(store):
     outcome = answer_from_store(store, again, 0.0)
     assert outcome is not None and outcome.answered_from_database
     assert outcome.best is not None and outcome.best.config_key == first.best.config_key
-    assert answer_from_store(store, request(gpt2_space(precisions=("bf16",)), resolve_model("gpt2"), BUDGET, MARGIN,
-                                            SearchOptions(study="f")), 0.0) is None  # another space: searched again
+    assert (
+        answer_from_store(
+            store,
+            request(gpt2_space(precisions=("bf16",)), resolve_model("gpt2"), BUDGET, MARGIN, SearchOptions(study="f")),
+            0.0,
+        )
+        is None
+    )  # another space: searched again
 
 
 def test_stored_results_are_reused_across_studies(store):
@@ -133,8 +151,17 @@ def test_tpe_strategy_also_reaches_the_best(store):
 
 
 def test_nothing_fits(store):
-    outcome = run_search(request(gpt2_space(), resolve_model("gpt2"), 520 * 2**20, 26 * 2**20,
-                                 SearchOptions(study="tiny-budget", predict=False)), ScriptedRunner(), store)
+    outcome = run_search(
+        request(
+            gpt2_space(),
+            resolve_model("gpt2"),
+            520 * 2**20,
+            26 * 2**20,
+            SearchOptions(study="tiny-budget", predict=False),
+        ),
+        ScriptedRunner(),
+        store,
+    )
     assert outcome.best is None and outcome.leaderboard == []
     # Binary search: two OOMs settle each of the 12 accumulating groups, one each group of the
     # micro-batch that does not accumulate.
@@ -154,8 +181,13 @@ def test_a_study_resumed_under_other_openmp_settings_is_refused_naming_them(stor
     # Another thread count times every step differently: its probes would not compare.
     import dataclasses
 
-    search(store, ScriptedRunner(env=dataclasses.replace(FAKE_ENV, openmp=(("OMP_NUM_THREADS", "1"),))), gpt2_space(),
-           study="threads", max_trials=1)
+    search(
+        store,
+        ScriptedRunner(env=dataclasses.replace(FAKE_ENV, openmp=(("OMP_NUM_THREADS", "1"),))),
+        gpt2_space(),
+        study="threads",
+        max_trials=1,
+    )
     other = ScriptedRunner(env=dataclasses.replace(FAKE_ENV, openmp=(("OMP_NUM_THREADS", "8"),)))
     with pytest.raises(BadInput, match="openmp OMP_NUM_THREADS=8 here, OMP_NUM_THREADS=1 in the study"):
         search(store, other, gpt2_space(), study="threads")
@@ -192,7 +224,9 @@ def test_wrong_predictions_cost_probes_not_the_answer(store, grid, error):
     space = gpt2_space()
     # 30% low: predicted fits that OOM are probed and found out. 30% high: beyond the 10% margin,
     # so configs that fit are skipped; the answer may then differ, and the test says by how much.
-    outcome = search(store, ScriptedRunner(), space, predictor=modelled_predictor(error), study=f"wrong{error}", fresh=True)
+    outcome = search(
+        store, ScriptedRunner(), space, predictor=modelled_predictor(error), study=f"wrong{error}", fresh=True
+    )
     if error < 0:
         assert outcome.best.tokens_per_s == grid.best.tokens_per_s
     else:
@@ -204,12 +238,18 @@ def test_the_micro_batch_that_does_not_accumulate_is_probed_despite_smaller_ooms
     # budget mb16x2 runs out of memory while mb32x1 fits; OOM-skipping across that line would miss it.
     space = gpt2_space(precisions=("bf16",), checkpointing=(True,), attentions=("sdpa",))
     budget = 725 * 2**20
-    grid = run_search(request(space, resolve_model("gpt2"), budget, 0,
-                              SearchOptions(study="g", strategy="grid-full", predict=False)), ScriptedRunner(), store)
+    grid = run_search(
+        request(space, resolve_model("gpt2"), budget, 0, SearchOptions(study="g", strategy="grid-full", predict=False)),
+        ScriptedRunner(),
+        store,
+    )
     statuses = {p.config.micro_batch: p.result.status for p in store.probes("g")}
     assert statuses[16] == "oom" and statuses[32] == "ok"
-    outcome = run_search(request(space, resolve_model("gpt2"), budget, 0, SearchOptions(study="f", fresh=True, predict=False)),
-                         ScriptedRunner(), store)
+    outcome = run_search(
+        request(space, resolve_model("gpt2"), budget, 0, SearchOptions(study="f", fresh=True, predict=False)),
+        ScriptedRunner(),
+        store,
+    )
     assert outcome.best.config == grid.best.config and outcome.best.config.micro_batch == 32
 
 
@@ -244,13 +284,15 @@ def test_predictions_in_the_background_arrive_group_by_group_and_match_waiting_f
 
     waited = search(store, ScriptedRunner(), space, predictor=modelled_predictor(), study="waited")
     runner = Watching()
-    background = search(store, runner, space, predictor=streaming, study="background", fresh=True,
-                        predict_in_background=True)
+    background = search(
+        store, runner, space, predictor=streaming, study="background", fresh=True, predict_in_background=True
+    )
     assert runner.early == []  # no probe ran before its group's predictions were in
     assert background.best.config == waited.best.config and background.probed == waited.probed
     assert all(p.predicted_peak_bytes for p in store.probes("background"))  # filled in as they land
-    assert {p.config_key for p in store.probes("background") if "predicted" in (p.result.error or "")} == \
-           {p.config_key for p in store.probes("waited") if "predicted" in (p.result.error or "")}
+    assert {p.config_key for p in store.probes("background") if "predicted" in (p.result.error or "")} == {
+        p.config_key for p in store.probes("waited") if "predicted" in (p.result.error or "")
+    }
 
 
 def test_predictions_that_land_while_the_search_chooses_are_taken_before_its_probe(store, monkeypatch):
@@ -321,8 +363,13 @@ def test_a_runner_lent_to_a_search_must_probe_with_the_searchs_settings():
 
     with ProbeRunner(ProbeSettings(device="cpu")) as runner:
         with pytest.raises(ValueError, match="the search's own settings"):
-            library_search("gpt2", BUDGET, settings=ProbeSettings(device="cpu", measure_steps=1), options=SearchOptions(),
-                           runner=runner)
+            library_search(
+                "gpt2",
+                BUDGET,
+                settings=ProbeSettings(device="cpu", measure_steps=1),
+                options=SearchOptions(),
+                runner=runner,
+            )
         with pytest.raises(ValueError, match="for a search in this process"):
             library_search("gpt2", BUDGET, settings=runner.settings, options=SearchOptions(), runner=runner, workers=2)
         assert runner.children_started == 0

@@ -28,7 +28,6 @@ from tests.helpers.studies import probes, running_claims, status
 pytestmark = pytest.mark.slow
 
 
-
 def second_probe_running(db: str, study: str) -> bool:
     """The first probe is stored and the second is claimed: the search is mid-probe."""
     try:
@@ -42,13 +41,19 @@ def model(tmp_path) -> str:
     return str(write_model_dir(tmp_path / "tiny-gpt2"))
 
 
-def start_search(model: str, db: str, study: str, fault: str, *extra: str, on_probe: int = 0,
-                 tmpdir: Path | None = None) -> subprocess.Popen:
+def start_search(
+    model: str, db: str, study: str, fault: str, *extra: str, on_probe: int = 0, tmpdir: Path | None = None
+) -> subprocess.Popen:
     env = fault_env(fault, on_probe=on_probe)
     if tmpdir is not None:
         env["TMPDIR"] = str(tmpdir)
-    return subprocess.Popen(autotune_command("search", "--model", model, *SPACE, "--db", db, "--study", study, *extra),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        autotune_command("search", "--model", model, *SPACE, "--db", db, "--study", study, *extra),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def resume(model: str, db: str, study: str, *extra: str):
@@ -97,8 +102,12 @@ def test_kill_9_mid_probe_leaves_no_process_and_loses_no_probe(model, tmp_path, 
 def test_kill_9_while_predicting_leaves_no_estimator_process(model, tmp_path):
     # The estimator's trace children start with the search, before its probe child is up.
     db = str(tmp_path / "kill9-predicting.db")
-    search = subprocess.Popen(autotune_command("search", "--model", model, *SPACE[:-3], "--predict", "--db", db),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    search = subprocess.Popen(
+        autotune_command("search", "--model", model, *SPACE[:-3], "--predict", "--db", db),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         tracing = wait_for(lambda: trace_children(search.pid), what="a trace child")
         # Forked from the search's fork server (its probe child's too): torch imported once.
@@ -153,8 +162,13 @@ def test_ctrl_c_twice_aborts_the_probe_and_leaves_the_study_interrupted(model, t
 def test_a_probe_that_crashes_every_time_is_not_a_finished_study(model, tmp_path, warm_child):
     db = str(tmp_path / "crash.db")
     flags = ["--micro-batches", "2"]  # one candidate: the one that crashes
-    crashed = subprocess.run(autotune_command("search", "--model", model, *SPACE, *flags, "--db", db, "--study", "crash"),
-                             capture_output=True, text=True, timeout=300, env=fault_env("kill"))
+    crashed = subprocess.run(
+        autotune_command("search", "--model", model, *SPACE, *flags, "--db", db, "--study", "crash"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=fault_env("kill"),
+    )
     assert crashed.returncode == 3, crashed.stdout + crashed.stderr
     assert "could not be measured" in crashed.stdout and "mb2x1" in crashed.stdout
     assert "No configuration fits" not in crashed.stdout
@@ -172,9 +186,25 @@ def test_a_probe_that_crashes_every_time_is_not_a_finished_study(model, tmp_path
 
 def test_a_fleet_killed_with_kill_9_on_postgresql_leaves_no_worker_and_no_files(model, postgres_url):
     scratch_before = set(Path("/tmp").glob("autotune-workers-*"))
-    search = subprocess.Popen(autotune_command("search", "--model", model, *SPACE, "--db", postgres_url, "--study", "fleet",
-                                               "--workers", "2", "--heartbeat", "0.5"),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=fault_env("hang"))
+    search = subprocess.Popen(
+        autotune_command(
+            "search",
+            "--model",
+            model,
+            *SPACE,
+            "--db",
+            postgres_url,
+            "--study",
+            "fleet",
+            "--workers",
+            "2",
+            "--heartbeat",
+            "0.5",
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=fault_env("hang"),
+    )
     try:
         wait_for(lambda: len(running_claims(postgres_url, "fleet")) == 2, what="both workers probing")
         below = descendants(search.pid)
@@ -197,9 +227,19 @@ BAD_MODELS = {
     "unknown-type": ({"model_type": "no-such-architecture"}, [], "cannot read its config.json"),
     "remote-code": ({"auto_map": {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}}, [], "--trust-remote-code"),
     # t5 has no causal-LM class: asked to train it as one, the search refuses (tasks: tests/test_tasks.py).
-    "no-class-for-task": ({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"], "d_model": 64,
-                           "num_layers": 1, "num_heads": 2, "d_kv": 32, "d_ff": 128}, ["--task", "causal-lm"],
-                          "has no causal-lm class in transformers"),
+    "no-class-for-task": (
+        {
+            "model_type": "t5",
+            "architectures": ["T5ForConditionalGeneration"],
+            "d_model": 64,
+            "num_layers": 1,
+            "num_heads": 2,
+            "d_kv": 32,
+            "d_ff": 128,
+        },
+        ["--task", "causal-lm"],
+        "has no causal-lm class in transformers",
+    ),
     "flash-on-cpu": ({}, ["--attention", "flash_attention_2", "--precisions", "bf16"], "--attention flash_attention_2"),
     "budget-above-host": ({}, ["--gpu-budget", "100TiB"], "larger than this machine's memory"),
 }
@@ -220,8 +260,14 @@ def upgraded_db(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("case", list(BAD_MODELS))
 def test_a_mistake_found_before_the_first_probe_leaves_the_database_as_it_was(case, tmp_path, upgraded_db, warm_child):
     overrides, flags, needle = BAD_MODELS[case]
-    config = {k: v for k, v in {**json.loads(Path(write_model_dir(tmp_path / "m") / "config.json").read_text()),
-                                **overrides}.items() if v is not None}
+    config = {
+        k: v
+        for k, v in {
+            **json.loads(Path(write_model_dir(tmp_path / "m") / "config.json").read_text()),
+            **overrides,
+        }.items()
+        if v is not None
+    }
     (tmp_path / "m" / "config.json").write_text(json.dumps(config))
     existing, fresh = tmp_path / "existing.db", tmp_path / "fresh.db"
     shutil.copyfile(upgraded_db, existing)

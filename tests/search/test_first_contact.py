@@ -36,10 +36,23 @@ def test_without_cuda_a_search_of_device_auto_is_one_line_naming_device_cpu_and_
 
 def test_workers_beyond_the_cores_are_refused_before_anything_starts(tmp_path, tiny_model):
     db = tmp_path / "w.db"
-    done = invoke("search", "--model", tiny_model, "--gpu-budget", "64MiB", "--device", "cpu", "--workers", "1000",
-                  "--db", str(db))
+    done = invoke(
+        "search",
+        "--model",
+        tiny_model,
+        "--gpu-budget",
+        "64MiB",
+        "--device",
+        "cpu",
+        "--workers",
+        "1000",
+        "--db",
+        str(db),
+    )
     lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2 and len(lines) == 1 and f"this machine has {os.cpu_count()} core" in lines[0], done.stderr
+    assert done.returncode == 2 and len(lines) == 1 and f"this machine has {os.cpu_count()} core" in lines[0], (
+        done.stderr
+    )
     assert not db.exists()
 
 
@@ -48,8 +61,12 @@ def test_the_effective_batch_is_trainers_by_default_said_as_the_users_recipe_wit
     assert space.effective_batch == 8 and max(c.micro_batch for c in space.candidates()) == 8
     headers: list[str] = []
     with open_store() as store:
-        outcome = run_search(request(space, resolve_model("gpt2"), 16 * GiB, GiB, SearchOptions(study="roomy", predict=False)),
-                             ScriptedRunner(), store, on_start=lambda *a: headers.append(format_search_header(*a)))
+        outcome = run_search(
+            request(space, resolve_model("gpt2"), 16 * GiB, GiB, SearchOptions(study="roomy", predict=False)),
+            ScriptedRunner(),
+            store,
+            on_start=lambda *a: headers.append(format_search_header(*a)),
+        )
     assert "8 sequences per optimizer step (your recipe: --effective-batch; Trainer's default is 8)" in headers[0]
     said = explain_winner(outcome)
     assert outcome.best.config.micro_batch == 8 and outcome.best.config.grad_accum == 1  # the pick keeps the recipe
@@ -75,13 +92,29 @@ def test_best_says_why_a_study_has_no_winner_and_what_to_do(tmp_path):
     space = SearchSpace.build(resolve_model("gpt2"), block_sizes=(512,), precisions=("bf16",), attentions=("sdpa",))
     with open_store(db) as store:
         # Searched through, and nothing fits a budget below the weights.
-        run_search(request(space, resolve_model("gpt2"), 520 * 2**20, 26 * 2**20, SearchOptions(study="tiny", predict=False)),
-                   ScriptedRunner(), store)
-    with pytest.raises(StudyNotFound, match="searched every candidate and none fits its 520.00 MiB budget; search again with a larger --gpu-budget"):
+        run_search(
+            request(space, resolve_model("gpt2"), 520 * 2**20, 26 * 2**20, SearchOptions(study="tiny", predict=False)),
+            ScriptedRunner(),
+            store,
+        )
+    with pytest.raises(
+        StudyNotFound,
+        match="searched every candidate and none fits its 520.00 MiB budget; search again with a larger --gpu-budget",
+    ):
         best("tiny", db)
     with open_store(db) as store:  # a study stopped before its first probe (killed in its first minute)
-        store.get_or_create_study("empty", model=resolve_model("gpt2"), environment=ScriptedRunner().env,
-                                  budget_bytes=8 * GiB, margin_bytes=GiB, effective_batch=8, space=space.to_dict())
+        store.get_or_create_study(
+            "empty",
+            model=resolve_model("gpt2"),
+            environment=ScriptedRunner().env,
+            budget_bytes=8 * GiB,
+            margin_bytes=GiB,
+            effective_batch=8,
+            space=space.to_dict(),
+        )
         store.set_study_status("empty", StudyStatus.INTERRUPTED)
-    with pytest.raises(StudyNotFound, match="study 'empty' is interrupted and it has no probe yet; run the same `autotune search` command to go on"):
+    with pytest.raises(
+        StudyNotFound,
+        match="study 'empty' is interrupted and it has no probe yet; run the same `autotune search` command to go on",
+    ):
         best("empty", db)

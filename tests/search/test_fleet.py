@@ -45,7 +45,9 @@ class SlowRunner(ScriptedRunner):
 
 def gpt2_space() -> SearchSpace:
     # Effective batch 64: every micro-batch accumulates, so one OOM rules out all larger ones.
-    return SearchSpace.build(resolve_model("gpt2"), micro_batches=(1, 2, 4, 8, 16, 32), block_sizes=(512,), effective_batch=64)
+    return SearchSpace.build(
+        resolve_model("gpt2"), micro_batches=(1, 2, 4, 8, 16, 32), block_sizes=(512,), effective_batch=64
+    )
 
 
 def in_threads(*jobs) -> None:
@@ -78,9 +80,12 @@ def shared_search(db: str, study: str, strategy: str = "frontier", joiners: int 
             with open_store(db) as store:
                 # (No confirmation round: what is checked is that the claims let each config be
                 # probed once; tests/search/test_confirm.py.)
-                options = SearchOptions(study=study, strategy=strategy, predict=False, heartbeat_seconds=0.5, confirm=False)
-                outcomes[0] = run_search(request(space, spec, BUDGET, MARGIN, options), runners[0], store,
-                                         on_start=lambda *a: planned.set())
+                options = SearchOptions(
+                    study=study, strategy=strategy, predict=False, heartbeat_seconds=0.5, confirm=False
+                )
+                outcomes[0] = run_search(
+                    request(space, spec, BUDGET, MARGIN, options), runners[0], store, on_start=lambda *a: planned.set()
+                )
         finally:
             planned.set()  # (a starter that failed lets the joiners go on, to fail too)
 
@@ -104,9 +109,17 @@ def test_three_workers_settle_every_config_once_and_pick_what_one_worker_picks(t
     assert len(asked) == len(set(asked))  # no config probed twice, whichever worker took it
     with open_store(db) as store:
         probes = store.probes("shared")
-        single = run_search(request(gpt2_space(), resolve_model("gpt2"), BUDGET, MARGIN,
-                                    SearchOptions(study="single", strategy=strategy, fresh=True, predict=False, patience=30,
-                                                  confirm=False)), ScriptedRunner(), store)
+        single = run_search(
+            request(
+                gpt2_space(),
+                resolve_model("gpt2"),
+                BUDGET,
+                MARGIN,
+                SearchOptions(study="single", strategy=strategy, fresh=True, predict=False, patience=30, confirm=False),
+            ),
+            ScriptedRunner(),
+            store,
+        )
         claims = store.claims(store.study("shared").id, stale_after=60)
     keys = [p.config_key for p in probes]
     assert len(keys) == len(set(keys))  # each settled once
@@ -119,8 +132,10 @@ def test_three_workers_settle_every_config_once_and_pick_what_one_worker_picks(t
         # The same pick, up to an exact tie: the scripted fp16 and bf16 are equally fast and large,
         # and a tie goes to the config probed first, which among workers is whichever came first.
         shared_best = outcomes[0].best
-        assert (shared_best.tokens_per_s, shared_best.peak_reserved_bytes) == (single.best.tokens_per_s,
-                                                                                single.best.peak_reserved_bytes)
+        assert (shared_best.tokens_per_s, shared_best.peak_reserved_bytes) == (
+            single.best.tokens_per_s,
+            single.best.peak_reserved_bytes,
+        )
         assert replace(shared_best.config, precision="bf16") == replace(single.best.config, precision="bf16")
         # An OOM found by one worker skips the larger configs for all: not many more probes than
         # alone (the extra ones are the micro-batches below one in flight, probed meanwhile).
@@ -139,15 +154,21 @@ def test_three_workers_settle_every_config_once_and_pick_what_one_worker_picks(t
 
 
 def test_configs_in_flight_are_unavailable_and_what_they_may_rule_out_waits():
-    space = SearchSpace.build(resolve_model("gpt2"), micro_batches=(1, 2, 4, 8), block_sizes=(512,), precisions=("fp32",),
-                              attentions=("sdpa",), effective_batch=32)  # every micro-batch accumulates
+    space = SearchSpace.build(
+        resolve_model("gpt2"),
+        micro_batches=(1, 2, 4, 8),
+        block_sizes=(512,),
+        precisions=("fp32",),
+        attentions=("sdpa",),
+        effective_batch=32,
+    )  # every micro-batch accumulates
     knowledge = Knowledge(space.candidates())
     by = {(c.micro_batch, c.checkpointing): c for c in space.candidates()}
     knowledge.busy = {by[2, False].key(): by[2, False]}
     assert not knowledge.available(by[2, False])
-    assert knowledge.speculative(by[4, False])       # mb2 may run out of memory, and then so does mb4
-    assert not knowledge.speculative(by[1, False])   # below it: worth probing now
-    assert knowledge.speculative(by[1, True])        # its twin's group is being searched
+    assert knowledge.speculative(by[4, False])  # mb2 may run out of memory, and then so does mb4
+    assert not knowledge.speculative(by[1, False])  # below it: worth probing now
+    assert knowledge.speculative(by[1, True])  # its twin's group is being searched
     from autotune.search import FrontierStrategy
 
     assert FrontierStrategy(knowledge, "cuda").next() == (by[1, False], None)
@@ -155,14 +176,23 @@ def test_configs_in_flight_are_unavailable_and_what_they_may_rule_out_waits():
     assert FrontierStrategy(knowledge, "cuda").next() is None  # nothing worth doing: wait for the others
     knowledge.learn(by[2, False], ScriptedRunner().run(by[2, False], Budget(BUDGET, MARGIN)))
     knowledge.busy.pop(by[2, False].key())
-    assert not knowledge.speculative(by[4, False])   # mb1 in flight cannot rule out more than mb2 already fits
+    assert not knowledge.speculative(by[4, False])  # mb1 in flight cannot rule out more than mb2 already fits
 
 
 def test_a_study_is_pinned_to_its_device(tmp_path):
     db = str(tmp_path / "pinned.db")
     with open_store(db) as store:
-        run_search(request(gpt2_space(), resolve_model("gpt2"), BUDGET, MARGIN,
-                           SearchOptions(study="p", predict=False, max_trials=1)), ScriptedRunner(), store)
+        run_search(
+            request(
+                gpt2_space(),
+                resolve_model("gpt2"),
+                BUDGET,
+                MARGIN,
+                SearchOptions(study="p", predict=False, max_trials=1),
+            ),
+            ScriptedRunner(),
+            store,
+        )
         store.set_study_status("p", "running")  # as if the starter were still at work
         other = Environment(**{**FAKE_ENV.to_dict(), "device_name": "Other GPU 24GB", "device_total_bytes": 24 * GiB})
         newer = Environment(**{**FAKE_ENV.to_dict(), "torch_version": "2.14.0"})
@@ -182,8 +212,17 @@ def test_a_study_is_pinned_to_its_device(tmp_path):
 def test_a_stopped_study_is_not_joined(tmp_path):
     db = str(tmp_path / "stopped.db")
     with open_store(db) as store:
-        run_search(request(gpt2_space(), resolve_model("gpt2"), BUDGET, MARGIN,
-                           SearchOptions(study="s", predict=False, max_trials=1)), ScriptedRunner(), store)
+        run_search(
+            request(
+                gpt2_space(),
+                resolve_model("gpt2"),
+                BUDGET,
+                MARGIN,
+                SearchOptions(study="s", predict=False, max_trials=1),
+            ),
+            ScriptedRunner(),
+            store,
+        )
         with pytest.raises(BadInput, match="is stopped; resume it"):
             run_worker(store, "s", ScriptedRunner())
 
@@ -193,7 +232,10 @@ def test_workers_get_one_gpu_each_or_one_core_each(monkeypatch):
     assert worker_devices(2, "auto") == [("cuda", "2"), ("cuda", "5")]
     monkeypatch.setattr("os.cpu_count", lambda: 3)
     assert worker_devices(3, "cpu") == [("cpu", "")] * 3
-    with pytest.raises(BadInput, match="--workers 1000: this machine has 3 cores.*--workers 3 or fewer, or --oversubscribe for up to 12"):
+    with pytest.raises(
+        BadInput,
+        match="--workers 1000: this machine has 3 cores.*--workers 3 or fewer, or --oversubscribe for up to 12",
+    ):
         worker_devices(1000, "cpu")
     assert len(worker_devices(12, "cpu", oversubscribe=True)) == 12
     with pytest.raises(BadInput, match="give --workers 12 or fewer"):
@@ -211,7 +253,9 @@ def test_workers_of_a_multi_gpu_study_share_a_nodes_gpus_without_overlap(monkeyp
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
     assert worker_devices(2, "auto", ranks=4) == [("cuda", "0,1,2,3"), ("cuda", "4,5,6,7")]
     assert worker_devices(3, "cuda", ranks=2) == [("cuda", "0,1"), ("cuda", "2,3"), ("cuda", "4,5")]
-    with pytest.raises(BadInput, match="--workers 3 of 4 ranks each need 12 GPUs: only 8 are visible.*at most 2 workers"):
+    with pytest.raises(
+        BadInput, match="--workers 3 of 4 ranks each need 12 GPUs: only 8 are visible.*at most 2 workers"
+    ):
         worker_devices(3, "cuda", ranks=4)
     monkeypatch.setattr("os.cpu_count", lambda: 2)
     assert worker_devices(1, "cpu", ranks=2) == [("cpu", "")]
@@ -225,14 +269,30 @@ def test_a_joining_worker_probes_with_every_setting_the_search_was_given(tmp_pat
     from autotune.probe import ProbeSettings
     from autotune.search.fleet import worker_settings
 
-    settings = ProbeSettings(device="cpu", measure_steps=2, measure_seconds=0.5, timeout=90, max_compile_seconds=7.0,
-                             margin=0.1)
+    settings = ProbeSettings(
+        device="cpu", measure_steps=2, measure_seconds=0.5, timeout=90, max_compile_seconds=7.0, margin=0.1
+    )
     with open_store(str(tmp_path / "plan.db")) as store:
-        run_search(request(gpt2_space(), resolve_model("gpt2"), BUDGET, MARGIN,
-                           SearchOptions(study="plan", predict=False, max_trials=1), settings), ScriptedRunner(), store)
+        run_search(
+            request(
+                gpt2_space(),
+                resolve_model("gpt2"),
+                BUDGET,
+                MARGIN,
+                SearchOptions(study="plan", predict=False, max_trials=1),
+                settings,
+            ),
+            ScriptedRunner(),
+            store,
+        )
         joined = worker_settings(store.study("plan"), "cuda")
         timed = worker_settings(store.study("plan"), "cuda", probe_timeout=30)
-    assert (joined.max_compile_seconds, joined.measure_steps, joined.measure_seconds, joined.timeout) == (7.0, 2, 0.5, 90)
+    assert (joined.max_compile_seconds, joined.measure_steps, joined.measure_seconds, joined.timeout) == (
+        7.0,
+        2,
+        0.5,
+        90,
+    )
     assert (joined.device, joined.margin) == ("cuda", MARGIN) and timed.timeout == 30
 
 
@@ -320,9 +380,17 @@ def test_a_round_whose_holder_died_is_taken_over_with_its_windows(tmp_path):
         study = store.study("dead")
         best = store.leaderboard("dead")[0]
         assert store.claim(study.id, ROUND_KEY, dead, stale_after=60) == 1
-        store.set_confirmation(study.id, {"partial": True, "rounds": 1, "probes": 1, "seconds": 0.5,
-                                          "windows": {best.config_key: [best.tokens_per_s, best.tokens_per_s]},
-                                          "by_round": {best.config_key: {"1": best.tokens_per_s}}})
+        store.set_confirmation(
+            study.id,
+            {
+                "partial": True,
+                "rounds": 1,
+                "probes": 1,
+                "seconds": 0.5,
+                "windows": {best.config_key: [best.tokens_per_s, best.tokens_per_s]},
+                "by_round": {best.config_key: {"1": best.tokens_per_s}},
+            },
+        )
         store.set_study_status(study.id, "running")
         store.set_study_plan(study.id, {**study.plan, "confirm": True})
         assert store.release_dead_claims(study.id) == 1  # (as a worker or a resumed search does on start)
@@ -351,8 +419,9 @@ def test_a_search_waits_for_the_round_another_worker_holds_and_keeps_its_verdict
     def search() -> None:
         try:
             with open_store(db) as store:
-                outcomes["search"] = run_search(request(space, spec, BUDGET, MARGIN, options), runner, store,
-                                                on_start=lambda *a: started.set())
+                outcomes["search"] = run_search(
+                    request(space, spec, BUDGET, MARGIN, options), runner, store, on_start=lambda *a: started.set()
+                )
         except Exception as exc:  # noqa: BLE001 - surfaced below, in the test's own thread
             errors.append(exc)
             started.set()
@@ -376,9 +445,22 @@ def test_a_search_waits_for_the_round_another_worker_holds_and_keeps_its_verdict
             time.sleep(0.2)
         assert thread.is_alive() and not runner.windows  # waiting, no round of its own
         best = store.leaderboard("mixed")[0]
-        verdict = {"winner": best.config_key, "winner_label": best.label, "runner_up": None, "margin": None,
-                   "noise": None, "confirmed": True, "rounds": 0, "probes": 0, "seconds": 0.0, "tied": [],
-                   "tied_keys": [], "reliable": True, "host_load": None, "reused": False}
+        verdict = {
+            "winner": best.config_key,
+            "winner_label": best.label,
+            "runner_up": None,
+            "margin": None,
+            "noise": None,
+            "confirmed": True,
+            "rounds": 0,
+            "probes": 0,
+            "seconds": 0.0,
+            "tied": [],
+            "tied_keys": [],
+            "reliable": True,
+            "host_load": None,
+            "reused": False,
+        }
         store.set_confirmation(study.id, verdict)
         store.release_claim(study.id, ROUND_KEY, holder)
     thread.join(timeout=60)

@@ -28,18 +28,47 @@ pytestmark = pytest.mark.slow
 MiB = 2**20
 # 8 candidates. Against 16 MiB the tiny model fits up to micro-batch 4 without checkpointing and 8
 # with it: one OOM, which rules out nothing else here but sends the search to checkpointing.
-SPACE = {"micro_batches": (1, 2, 4, 8), "block_sizes": (64,), "precisions": ("fp32",), "checkpointing": (False, True),
-         "attentions": ("sdpa",), "effective_batch": 8}
-FLAGS = ["--micro-batches", "1,2,4,8", "--block-sizes", "64", "--effective-batch", "8", "--precisions", "fp32",
-         "--checkpointing", "off,on", "--attention", "sdpa", "--measure-steps", "1", "--no-predict", "--device", "cpu",
-         "--heartbeat", "0.5"]
+SPACE = {
+    "micro_batches": (1, 2, 4, 8),
+    "block_sizes": (64,),
+    "precisions": ("fp32",),
+    "checkpointing": (False, True),
+    "attentions": ("sdpa",),
+    "effective_batch": 8,
+}
+FLAGS = [
+    "--micro-batches",
+    "1,2,4,8",
+    "--block-sizes",
+    "64",
+    "--effective-batch",
+    "8",
+    "--precisions",
+    "fp32",
+    "--checkpointing",
+    "off,on",
+    "--attention",
+    "sdpa",
+    "--measure-steps",
+    "1",
+    "--no-predict",
+    "--device",
+    "cpu",
+    "--heartbeat",
+    "0.5",
+]
 
 
 def run_gated(args: list[str], gate: Path, ready, what: str) -> tuple[subprocess.Popen, str, str]:
     """`autotune ARGS`, each worker's first probe waiting at `gate` (tests/helpers/faults) until
     `ready()`; then the gate opens and the search runs to its end: the process and its output."""
-    search = subprocess.Popen(autotune_command(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env={**fault_env("gate", on_probe=1), GATE_ENV: str(gate)})
+    search = subprocess.Popen(
+        autotune_command(*args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**fault_env("gate", on_probe=1), GATE_ENV: str(gate)},
+    )
     try:
         wait_for(ready, what=what)
         gate.touch()
@@ -51,26 +80,40 @@ def run_gated(args: list[str], gate: Path, ready, what: str) -> tuple[subprocess
     return search, out, err
 
 
-def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_workers_probe(tiny_model, postgres_url,
-                                                                                          probe_runner, tmp_path):
+def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_workers_probe(
+    tiny_model, postgres_url, probe_runner, tmp_path
+):
     spec, budget = resolve_model(tiny_model), 16 * MiB
     space = SearchSpace.build(spec, **SPACE)
     settings = ProbeSettings(device="cpu", measure_steps=1)
     # Start the study (what `autotune search` does first), so that a doomed worker joins before the rest.
     with open_store(postgres_url) as store:
         runner = probe_runner(settings)
-        _, trials = start_study(request(space, spec, budget, settings.budget(budget).margin_bytes,
-                                        # (no confirmation round: the replay below compares the
-                                        # first windows; the round is test_two_workers_share_one_sqlite_file's)
-                                        SearchOptions(study="shared", predict=False, heartbeat_seconds=0.5,
-                                                      confirm=False), settings),
-                                runner, store)
+        _, trials = start_study(
+            request(
+                space,
+                spec,
+                budget,
+                settings.budget(budget).margin_bytes,
+                # (no confirmation round: the replay below compares the
+                # first windows; the round is test_two_workers_share_one_sqlite_file's)
+                SearchOptions(study="shared", predict=False, heartbeat_seconds=0.5, confirm=False),
+                settings,
+            ),
+            runner,
+            store,
+        )
         trials.close()
         study_id = store.study("shared").id
 
         # A worker whose probe hangs is killed mid-probe, with its probe process (one session).
-        doomed = subprocess.Popen(autotune_command("worker", "--study", "shared", "--db", postgres_url, "--device", "cpu"), env=fault_env("hang"),
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        doomed = subprocess.Popen(
+            autotune_command("worker", "--study", "shared", "--db", postgres_url, "--device", "cpu"),
+            env=fault_env("hang"),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         mine = f":{doomed.pid}:"
         [held] = wait_for(lambda: [c for c in store.claims(study_id, stale_after=1.5) if mine in c.worker])
         os.killpg(doomed.pid, signal.SIGKILL)
@@ -81,10 +124,26 @@ def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_w
     # on a busy machine the first worker up settled every config before the others had imported torch.
     gate = tmp_path / "gate"
     search, out, err = run_gated(
-        ["search", "--model", tiny_model, "--gpu-budget", "16MiB", *FLAGS, "--study", "shared", "--workers", "3",
-         "--oversubscribe", "--db", postgres_url, "--json"], gate,
+        [
+            "search",
+            "--model",
+            tiny_model,
+            "--gpu-budget",
+            "16MiB",
+            *FLAGS,
+            "--study",
+            "shared",
+            "--workers",
+            "3",
+            "--oversubscribe",
+            "--db",
+            postgres_url,
+            "--json",
+        ],
+        gate,
         lambda: len({c.worker for c in running_claims(postgres_url, "shared") if mine not in c.worker}) >= 2,
-        what="two of the three workers holding a probe")
+        what="two of the three workers holding a probe",
+    )
     assert search.returncode == 0, err
     summary = json.loads(out)
     assert summary["status"] == "finished" and summary["workers"] == 3 and summary["best"] is not None
@@ -110,8 +169,17 @@ def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_w
         replay = ScriptedRunner(table, env=environment)
         # (no confirmation round: the fleet ran none, and the replay would pool the table's windows
         # with themselves)
-        single = run_search(request(space, spec, budget, settings.budget(budget).margin_bytes,
-                                    SearchOptions(study="single", fresh=True, predict=False, confirm=False)), replay, local)
+        single = run_search(
+            request(
+                space,
+                spec,
+                budget,
+                settings.budget(budget).margin_bytes,
+                SearchOptions(study="single", fresh=True, predict=False, confirm=False),
+            ),
+            replay,
+            local,
+        )
     # Every config the one worker probed, the workers had probed (the replay has no other answers),
     # so their pick is at least as fast as its pick; the same config unless the CPU's timing noise
     # made a smaller micro-batch faster, which the frontier (throughput grows with the micro-batch)
@@ -132,8 +200,24 @@ def test_two_workers_share_one_sqlite_file(tiny_model, tmp_path):
     # both take configurations, however late one starts on a busy machine.
     gate = tmp_path / "gate"
     search, out, err = run_gated(
-        ["search", "--model", tiny_model, "--gpu-budget", "24MiB", *FLAGS, "--study", "two", "--workers", "2", "--db", db],
-        gate, lambda: len({c.worker for c in running_claims(db, "two")}) == 2, what="both workers holding a probe")
+        [
+            "search",
+            "--model",
+            tiny_model,
+            "--gpu-budget",
+            "24MiB",
+            *FLAGS,
+            "--study",
+            "two",
+            "--workers",
+            "2",
+            "--db",
+            db,
+        ],
+        gate,
+        lambda: len({c.worker for c in running_claims(db, "two")}) == 2,
+        what="both workers holding a probe",
+    )
     assert search.returncode == 0, err
     assert "by 2 workers (every candidate settled)" in out
     with open_store(db) as store:

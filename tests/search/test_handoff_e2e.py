@@ -32,12 +32,22 @@ def test_best_trainer_args_build_real_training_arguments(tiny_model, tmp_path, p
     spec = resolve_model(tiny_model)
     with open_store() as store:
         runner = probe_runner(ProbeSettings(device="cpu", measure_steps=1))
-        space = SearchSpace.build(spec, micro_batches=(2, 4), block_sizes=(64,), precisions=("bf16",),
-                                  checkpointing=(True,), attentions=("eager",), effective_batch=4)
+        space = SearchSpace.build(
+            spec,
+            micro_batches=(2, 4),
+            block_sizes=(64,),
+            precisions=("bf16",),
+            checkpointing=(True,),
+            attentions=("eager",),
+            effective_batch=4,
+        )
         # (No memory prediction, no confirmation round: what is handed off is the probes' pick; the
         # estimator's child and the second windows are seconds that no assertion here reads.)
-        run_search(request(space, spec, BUDGET, MARGIN, SearchOptions(study="handoff", predict=False, confirm=False)), runner,
-                   store)
+        run_search(
+            request(space, spec, BUDGET, MARGIN, SearchOptions(study="handoff", predict=False, confirm=False)),
+            runner,
+            store,
+        )
     proc = autotune("best", "--study", "handoff", "--format", "trainer-args", timeout=120)
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
@@ -57,11 +67,18 @@ def test_best_trainer_args_build_real_training_arguments(tiny_model, tmp_path, p
     from autotune import best as best_of
 
     best = best_of("handoff")
-    assert best.training_arguments(output_dir=str(tmp_path / "o2")).per_device_train_batch_size == best.config.micro_batch
+    assert (
+        best.training_arguments(output_dir=str(tmp_path / "o2")).per_device_train_batch_size == best.config.micro_batch
+    )
     assert best.device_type == "cpu"
     proc = autotune("best", "--study", "handoff", "--format", "cli", timeout=60)
     flags = proc.stdout
-    assert "--bf16" in flags and "--gradient_checkpointing" in flags and "--block_size 64" in flags and "--use_cpu" in flags
+    assert (
+        "--bf16" in flags
+        and "--gradient_checkpointing" in flags
+        and "--block_size 64" in flags
+        and "--use_cpu" in flags
+    )
     assert "attention eager" in proc.stderr  # what run_clm.py has no flag for is said, on stderr
     assert "the probes ran with OMP_WAIT_POLICY=PASSIVE" in proc.stderr and "start run_clm.py with them" in proc.stderr
     assert best.to_dict()["environment"] == doc["environment"] == best.environment()
@@ -81,13 +98,20 @@ def test_best_trainer_args_build_real_training_arguments(tiny_model, tmp_path, p
     )
     (tmp_path / "parse.py").write_text(parse)
     command = " ".join(autotune_command("best", "--study", "handoff", "--format", "cli"))
-    pasted = subprocess.run(["bash", "-c", f"{sys.executable} {tmp_path / 'parse.py'} --output_dir {tmp_path / 'o3'} $({command})"],
-                            capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    pasted = subprocess.run(
+        ["bash", "-c", f"{sys.executable} {tmp_path / 'parse.py'} --output_dir {tmp_path / 'o3'} $({command})"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ),
+    )
     assert pasted.returncode == 0, pasted.stderr[-2000:]
     assert pasted.stdout.strip().split("|") == ["4", "64", "True", "{'use_reentrant': False}", "True"]
 
 
-def test_a_lora_search_over_two_optimizers_hands_off_trainer_arguments_and_a_lora_config(tiny_model, tmp_path, probe_runner):
+def test_a_lora_search_over_two_optimizers_hands_off_trainer_arguments_and_a_lora_config(
+    tiny_model, tmp_path, probe_runner
+):
     # Recipe levers the user allows: two optimizers to choose between, LoRA fixed for the study.
     from peft import LoraConfig
     from transformers import TrainingArguments
@@ -98,15 +122,28 @@ def test_a_lora_search_over_two_optimizers_hands_off_trainer_arguments_and_a_lor
     spec = resolve_model(tiny_model)
     with open_store() as store:
         runner = probe_runner(ProbeSettings(device="cpu", measure_steps=1))
-        space = SearchSpace.build(spec, micro_batches=(2, 4), block_sizes=(64,), precisions=("fp32",), checkpointing=(False,),
-                                  attentions=("sdpa",), effective_batch=4, optimizers=("adamw", "adafactor"),
-                                  peft=peft_text("lora", rank=4))
-        outcome = run_search(request(space, spec, BUDGET, MARGIN, SearchOptions(study="lora", confirm=False)), runner, store)
+        space = SearchSpace.build(
+            spec,
+            micro_batches=(2, 4),
+            block_sizes=(64,),
+            precisions=("fp32",),
+            checkpointing=(False,),
+            attentions=("sdpa",),
+            effective_batch=4,
+            optimizers=("adamw", "adafactor"),
+            peft=peft_text("lora", rank=4),
+        )
+        outcome = run_search(
+            request(space, spec, BUDGET, MARGIN, SearchOptions(study="lora", confirm=False)), runner, store
+        )
         probes = store.probes("lora")
     assert outcome.finished and outcome.best is not None
     assert {p.config.optimizer for p in probes if p.result.status == "ok"} == {"adamw", "adafactor"}
-    assert all(p.config.peft == peft_text("lora", rank=4) and p.result.trainable_parameters < p.result.parameters
-               for p in probes if p.result.status == "ok")
+    assert all(
+        p.config.peft == peft_text("lora", rank=4) and p.result.trainable_parameters < p.result.parameters
+        for p in probes
+        if p.result.status == "ok"
+    )
     assert all(p.predicted_peak_bytes for p in probes)  # the estimator traced the adapters too
 
     doc = json.loads(autotune("best", "--study", "lora", "--format", "trainer-args", timeout=120).stdout)
@@ -129,10 +166,14 @@ def readme_hand_off() -> str:
 
 def as_run_here(script: str, study: str) -> str:
     """The README's block with this test's study and model, and two steps: nothing else changed."""
-    for old, new in (('autotune.best("gpt2-8GiB")', f"autotune.best({study!r})"),
-                     ('best.load_model("gpt2")', "best.load_model(MODEL)"),
-                     ('best.training_arguments(output_dir="out")',
-                      'best.training_arguments(output_dir="out", max_steps=2, report_to="none")')):
+    for old, new in (
+        ('autotune.best("gpt2-8GiB")', f"autotune.best({study!r})"),
+        ('best.load_model("gpt2")', "best.load_model(MODEL)"),
+        (
+            'best.training_arguments(output_dir="out")',
+            'best.training_arguments(output_dir="out", max_steps=2, report_to="none")',
+        ),
+    ):
         assert old in script, f"README.md's Python block no longer has {old}"
         script = script.replace(old, new)
     return script
@@ -152,8 +193,12 @@ def test_the_readme_hand_off_trains_with_trainer_from_a_directory_and_from_a_con
     cpu = Environment("cpu", "cpu: test", 8 * 2**30, torch_version=torch.__version__)
     with open_store() as store:
         study = make_study(store, "tiny-cpu", environment=cpu)
-        store.record_probe(study.id, config(2, block_size=32, grad_accum=1, checkpointing=True), result(),
-                           env_fingerprint=cpu.fingerprint())
+        store.record_probe(
+            study.id,
+            config(2, block_size=32, grad_accum=1, checkpointing=True),
+            result(),
+            env_fingerprint=cpu.fingerprint(),
+        )
     fields = {k: v for k, v in TINY_GPT2.items() if k not in ("model_type", "architectures")}
     saved = tmp_path / "saved-gpt2"
     GPT2LMHeadModel(GPT2Config(**fields)).save_pretrained(saved)

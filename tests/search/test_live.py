@@ -14,12 +14,31 @@ import pytest
 from tests.helpers.cli import autotune_command, invoke
 from tests.helpers.faults import fault_env
 
-SPACE = ["--gpu-budget", "2GiB", "--device", "cpu", "--micro-batches", "2,4", "--block-sizes", "64",
-         "--effective-batch", "4", "--precisions", "fp32", "--checkpointing", "off", "--attention", "sdpa",
-         "--no-predict", "--no-confirm"]
+SPACE = [
+    "--gpu-budget",
+    "2GiB",
+    "--device",
+    "cpu",
+    "--micro-batches",
+    "2,4",
+    "--block-sizes",
+    "64",
+    "--effective-batch",
+    "4",
+    "--precisions",
+    "fp32",
+    "--checkpointing",
+    "off",
+    "--attention",
+    "sdpa",
+    "--no-predict",
+    "--no-confirm",
+]
 
 
-def run_on_a_terminal(args: list[str], timeout: float = 180, env: dict[str, str] | None = None) -> list[tuple[float, str]]:
+def run_on_a_terminal(
+    args: list[str], timeout: float = 180, env: dict[str, str] | None = None
+) -> list[tuple[float, str]]:
     """Run the command with a pseudo-terminal as stdout and stderr: what it wrote, with when."""
     master, slave = pty.openpty()
     proc = subprocess.Popen(autotune_command(*args), stdin=slave, stdout=slave, stderr=slave, close_fds=True, env=env)
@@ -50,8 +69,10 @@ def run_on_a_terminal(args: list[str], timeout: float = 180, env: dict[str, str]
 def test_a_search_on_a_terminal_shows_the_probe_in_flight_and_replaces_it_with_the_result(tiny_model, tmp_path):
     # A timed window of 20 steps of a tenth of a second each at least (tests/helpers/faults: `slow`),
     # so that the live line is redrawn while the probe runs, on any machine.
-    chunks = run_on_a_terminal(["search", "--model", tiny_model, *SPACE, "--measure-steps", "20",
-                                "--db", str(tmp_path / "a.db")], env=fault_env("slow"))
+    chunks = run_on_a_terminal(
+        ["search", "--model", tiny_model, *SPACE, "--measure-steps", "20", "--db", str(tmp_path / "a.db")],
+        env=fault_env("slow"),
+    )
     text = "".join(t for _, t in chunks)
     drawn = [line for line in re.split(r"\r\x1b\[K|\r\n", text) if line.startswith("[1/2] mb")]
     live = [line for line in drawn if " ok " not in line]

@@ -51,14 +51,22 @@ class WindowsRunner(ScriptedRunner):
 
 
 def small_space() -> SearchSpace:
-    return SearchSpace.build(resolve_model("gpt2"), micro_batches=(1, 2, 4), block_sizes=(128,), precisions=("fp32",),
-                             checkpointing=(False,), attentions=("sdpa",), effective_batch=4)
+    return SearchSpace.build(
+        resolve_model("gpt2"),
+        micro_batches=(1, 2, 4),
+        block_sizes=(128,),
+        precisions=("fp32",),
+        checkpointing=(False,),
+        attentions=("sdpa",),
+        effective_batch=4,
+    )
 
 
 def search(store, runner, study: str, space: SearchSpace | None = None, **options):
     options = {"study": study, "predict": False, "strategy": "grid", **options}
-    return run_search(request(space or small_space(), resolve_model("gpt2"), BUDGET, MARGIN, SearchOptions(**options)),
-                      runner, store)
+    return run_search(
+        request(space or small_space(), resolve_model("gpt2"), BUDGET, MARGIN, SearchOptions(**options)), runner, store
+    )
 
 
 def surfaces(store, outcome, name: str) -> dict[str, str]:
@@ -66,14 +74,17 @@ def surfaces(store, outcome, name: str) -> dict[str, str]:
     chosen_line = next(line for line in explain_winner(outcome).splitlines() if line.startswith("Chosen:"))
     summary = next(s for s in store.studies() if s.name == name)
     report = render_report(store.study(name), store.probes(name), store.leaderboard(name))
-    return {"search": chosen_line.split("  ")[0].removeprefix("Chosen: "),
-            "leaderboard": store.leaderboard(name)[0].label,
-            "best": best_of(name).row.label,
-            "print(best)": str(best_of(name)).splitlines()[0].split(": ", 1)[1],
-            "studies": summary.best_label or "",
-            "report": next(line for line in report.splitlines() if line.startswith("Chosen:")).split("  ")[0]
-            .removeprefix("Chosen: "),
-            "json": json.loads(json.dumps(search_summary(outcome)))["best"]["label"]}
+    return {
+        "search": chosen_line.split("  ")[0].removeprefix("Chosen: "),
+        "leaderboard": store.leaderboard(name)[0].label,
+        "best": best_of(name).row.label,
+        "print(best)": str(best_of(name)).splitlines()[0].split(": ", 1)[1],
+        "studies": summary.best_label or "",
+        "report": next(line for line in report.splitlines() if line.startswith("Chosen:"))
+        .split("  ")[0]
+        .removeprefix("Chosen: "),
+        "json": json.loads(json.dumps(search_summary(outcome)))["best"]["label"],
+    }
 
 
 def test_a_config_outside_the_round_that_its_windows_fall_below_joins_it_and_every_surface_agrees(hermetic_home):
@@ -223,8 +234,12 @@ def test_a_pick_no_round_judged_is_not_said_reliable_and_the_report_counts_the_r
     with open_store() as store:
         search(store, runner, "unjudged", confirm=False)
         unjudged = render_report(store.study("unjudged"), store.probes("unjudged"), store.leaderboard("unjudged"))
-        search(store, WindowsRunner({4: [3000.0, 2600.0, 3400.0], 2: [2910.0, 3300.0, 2500.0], 1: [900.0]}), "judged",
-               fresh=True)
+        search(
+            store,
+            WindowsRunner({4: [3000.0, 2600.0, 3400.0], 2: [2910.0, 3300.0, 2500.0], 1: [900.0]}),
+            "judged",
+            fresh=True,
+        )
         decision = store.study("judged").confirmation
         judged = render_report(store.study("judged"), store.probes("judged"), store.leaderboard("judged"))
     best = best_of("unjudged")
@@ -238,7 +253,8 @@ def test_a_pick_no_round_judged_is_not_said_reliable_and_the_report_counts_the_r
 
 @pytest.mark.parametrize(("spread", "revisited"), [(0.0, False), (0.10, True), (0.50, False)])
 def test_a_skip_is_decided_again_when_the_config_is_within_the_noise_of_the_figure_it_was_skipped_against(
-        spread, revisited):
+    spread, revisited
+):
     # The best (fp32) measured 1,000 tokens/s, the median of windows in several processes that
     # spread by `spread`; bf16 was skipped for speed, predicted at most 950. Against a steady figure
     # 950 cannot win; within 10% between processes it could, and a probe decides. A spread past
@@ -254,8 +270,10 @@ def test_a_skip_is_decided_again_when_the_config_is_within_the_noise_of_the_figu
     best = modelled_result(by_precision["fp32"], BUDGET, MARGIN)
     best.tokens_per_s, best.step_spread = 1000.0, spread
     knowledge.learn(by_precision["fp32"], best)
-    knowledge.learn(by_precision["bf16"], ProbeResult(status=ProbeStatus.SKIPPED, budget_bytes=BUDGET,
-                                                      margin_bytes=MARGIN, error="not faster"))
+    knowledge.learn(
+        by_precision["bf16"],
+        ProbeResult(status=ProbeStatus.SKIPPED, budget_bytes=BUDGET, margin_bytes=MARGIN, error="not faster"),
+    )
     strategy = PredictiveStrategy(knowledge, "cuda")
     at_most = 850.0 if spread > 0.15 else 950.0
     strategy.guesses = lambda configs: {c.key(): SpeedGuess(at_most * 0.9, at_most, 0.05, 1) for c in configs}

@@ -23,7 +23,9 @@ def url_of(store) -> str:
 def searched(store):  # noqa: F811
     """A study with fits, OOMs and structural skips: at effective batch 64 every micro-batch
     accumulates, so one OOM rules out the larger ones without a probe."""
-    search(store, ScriptedRunner(), gpt2_space(effective_batch=64, precisions=("bf16",), checkpointing=(False,)), study="s")
+    search(
+        store, ScriptedRunner(), gpt2_space(effective_batch=64, precisions=("bf16",), checkpointing=(False,)), study="s"
+    )
     by_number = {p.trial_number: p for p in store.probes("s")}
     return optuna.load_study(study_name="s", storage=url_of(store)), by_number
 
@@ -92,8 +94,14 @@ def test_optuna_dashboard_shows_the_constraints_and_the_objective_name(searched,
 
 
 def test_tpe_trials_carry_the_same_states_and_attributes(store):  # noqa: F811
-    search(store, ScriptedRunner(), gpt2_space(effective_batch=64, attentions=("sdpa",), precisions=("bf16",)),
-           study="t", strategy="tpe", patience=30)
+    search(
+        store,
+        ScriptedRunner(),
+        gpt2_space(effective_batch=64, attentions=("sdpa",), precisions=("bf16",)),
+        study="t",
+        strategy="tpe",
+        patience=30,
+    )
     study = optuna.load_study(study_name="t", storage=url_of(store))
     probes = {p.trial_number: p for p in store.probes("t")}
     told = [t for t in study.trials if t.number in probes]
@@ -109,8 +117,9 @@ def test_tpe_trials_carry_the_same_states_and_attributes(store):  # noqa: F811
     # Repeats TPE proposes are answered from what is known: the same outcome, its status only.
     status_of = {json.dumps(t.params, sort_keys=True): t.user_attrs["status"] for t in told}
     repeats = [t for t in study.trials if t.number not in probes and t.state != TrialState.FAIL]
-    assert repeats and all(t.user_attrs == {"status": status_of[json.dumps(t.params, sort_keys=True)], "repeat": True}
-                           for t in repeats)
+    assert repeats and all(
+        t.user_attrs == {"status": status_of[json.dumps(t.params, sort_keys=True)], "repeat": True} for t in repeats
+    )
 
 
 def test_a_study_written_by_the_previous_release_loads_and_resumes(store):  # noqa: F811
@@ -121,22 +130,34 @@ def test_a_study_written_by_the_previous_release_loads_and_resumes(store):  # no
     old = optuna.create_study(storage=optuna_storage(url), study_name="autotune:old", direction="maximize")
     space = gpt2_space(attentions=("sdpa",), precisions=("bf16",))
     for config in space.candidates()[:6]:
-        old.add_trial(optuna.trial.create_trial(value=0.0, params=params_of(config), distributions=distributions_of(space),
-                                                constraints={"memory": 1.0}))
+        old.add_trial(
+            optuna.trial.create_trial(
+                value=0.0, params=params_of(config), distributions=distributions_of(space), constraints={"memory": 1.0}
+            )
+        )
     search(store, ScriptedRunner(), space, study="old", strategy="tpe", max_trials=3)
     study = optuna.load_study(study_name="autotune:old", storage=url)
     assert all(t.constraints == {"memory": 1.0} for t in study.trials[:6])
     probes = {p.trial_number: p for p in store.probes("old")}
-    assert len(probes) >= 3 and all(study.trials[n].constraints == {"0": -1.0 if p.result.fits else 1.0}
-                                    for n, p in probes.items())
+    assert len(probes) >= 3 and all(
+        study.trials[n].constraints == {"0": -1.0 if p.result.fits else 1.0} for n, p in probes.items()
+    )
     assert study.metric_names == ["tokens_per_s"]
 
 
 def test_error_tail_keeps_the_last_lines_bounded():
-    traceback = "Traceback (most recent call last):\n" + "".join(f'  File "x.py", line {i}\n' for i in range(50)) + \
-                "RuntimeError: boom\n\n"
-    assert error_tail(traceback).splitlines() == ['  File "x.py", line 46', '  File "x.py", line 47',
-                                                  '  File "x.py", line 48', '  File "x.py", line 49', "RuntimeError: boom"]
+    traceback = (
+        "Traceback (most recent call last):\n"
+        + "".join(f'  File "x.py", line {i}\n' for i in range(50))
+        + "RuntimeError: boom\n\n"
+    )
+    assert error_tail(traceback).splitlines() == [
+        '  File "x.py", line 46',
+        '  File "x.py", line 47',
+        '  File "x.py", line 48',
+        '  File "x.py", line 49',
+        "RuntimeError: boom",
+    ]
     assert len(error_tail("x" * 5000)) == 1000 and error_tail("x" * 5000).endswith("x")
 
 
@@ -152,27 +173,55 @@ def test_a_settled_trial_written_at_once_reads_as_optunas_own_path_writes_it(tmp
 
     url = f"sqlite:///{tmp_path / 'both.db'}"
     model = str(write_model_dir(tmp_path / "m"))
-    space = SearchSpace.build(resolve_model(model), micro_batches=(1, 2), block_sizes=(64,), precisions=("fp32",),
-                              checkpointing=(False,), attentions=("sdpa",), effective_batch=2)
+    space = SearchSpace.build(
+        resolve_model(model),
+        micro_batches=(1, 2),
+        block_sizes=(64,),
+        precisions=("fp32",),
+        checkpointing=(False,),
+        attentions=("sdpa",),
+        effective_batch=2,
+    )
     distributions = distributions_of(space)
     config = ProbeConfig(model=model, micro_batch=2, block_size=64)
-    result = ProbeResult(status=status, tokens_per_s=1234.5 if status == "ok" else None,
-                         peak_reserved_bytes=3 << 20 if status in ("ok", "oom") else None,
-                         error={"skipped": "needs more than the budget", "crashed": "Traceback\nboom"}.get(status))
+    result = ProbeResult(
+        status=status,
+        tokens_per_s=1234.5 if status == "ok" else None,
+        peak_reserved_bytes=3 << 20 if status in ("ok", "oom") else None,
+        error={"skipped": "needs more than the budget", "crashed": "Traceback\nboom"}.get(status),
+    )
     template = frozen_trial(config, result, distributions)
     ours, plain = optuna_storage(url), optuna.storages.RDBStorage(url)
     read = []
     for storage, name in ((ours, "ours"), (plain, "optuna")):
         study_id = storage.create_new_study([optuna.study.StudyDirection.MAXIMIZE], name)
         for _ in range(2):  # (the second meets the first's distributions)
-            storage.create_new_trial(study_id, template_trial=template) if storage is plain else \
-                storage.add_settled(study_id, template)
+            storage.create_new_trial(study_id, template_trial=template) if storage is plain else storage.add_settled(
+                study_id, template
+            )
         read.append(storage.get_all_trials(study_id))
     for mine, theirs in zip(*read):
-        assert (mine.number, mine.state, mine.values, mine.params, mine.distributions, mine.user_attrs, mine.system_attrs,
-                mine.datetime_start, mine.datetime_complete) == \
-               (theirs.number, theirs.state, theirs.values, theirs.params, theirs.distributions, theirs.user_attrs,
-                theirs.system_attrs, theirs.datetime_start, theirs.datetime_complete)
+        assert (
+            mine.number,
+            mine.state,
+            mine.values,
+            mine.params,
+            mine.distributions,
+            mine.user_attrs,
+            mine.system_attrs,
+            mine.datetime_start,
+            mine.datetime_complete,
+        ) == (
+            theirs.number,
+            theirs.state,
+            theirs.values,
+            theirs.params,
+            theirs.distributions,
+            theirs.user_attrs,
+            theirs.system_attrs,
+            theirs.datetime_start,
+            theirs.datetime_complete,
+        )
     assert [t.number for t in read[0]] == [0, 1]
     ours.engine.dispose()
     plain.engine.dispose()

@@ -16,10 +16,34 @@ from tests.helpers.faults import GATE_ENV, fault_env
 
 pytestmark = pytest.mark.slow
 
-SPACE = ["--device", "cpu", "--gpu-budget", "1GiB", "--micro-batches", "1,2,4", "--effective-batch", "4",
-         "--block-sizes", "32", "--precisions", "fp32", "--checkpointing", "off", "--attention", "sdpa",
-         "--strategy", "grid", "--no-predict", "--warmup-steps", "2", "--measure-steps", "3",
-         "--measure-seconds", "0.2", "--json"]
+SPACE = [
+    "--device",
+    "cpu",
+    "--gpu-budget",
+    "1GiB",
+    "--micro-batches",
+    "1,2,4",
+    "--effective-batch",
+    "4",
+    "--block-sizes",
+    "32",
+    "--precisions",
+    "fp32",
+    "--checkpointing",
+    "off",
+    "--attention",
+    "sdpa",
+    "--strategy",
+    "grid",
+    "--no-predict",
+    "--warmup-steps",
+    "2",
+    "--measure-steps",
+    "3",
+    "--measure-seconds",
+    "0.2",
+    "--json",
+]
 # A paced step of mb4x1 (tests/helpers/faults/sitecustomize.py): its tokens/s in a process that is not slowed.
 MB4X1_TOKENS_PER_S = 4 * 32 / 0.10
 

@@ -17,6 +17,7 @@ from tests.helpers.models import write_remote_model
 
 pytestmark = pytest.mark.slow
 
+
 @pytest.fixture
 def remote_model(tmp_path, monkeypatch) -> str:
     """A tiny GPT-2 under a model type transformers does not ship, with its code beside it."""
@@ -34,9 +35,31 @@ def test_the_estimator_builds_the_models_own_code_when_allowed(remote_model):
 
 def test_a_search_with_trust_remote_code_predicts_and_probes(remote_model, tmp_path):
     db = str(tmp_path / "remote.db")
-    flags = ["--model", remote_model, "--gpu-budget", "64MiB", "--device", "cpu", "--micro-batches", "1,2",
-             "--block-sizes", "64", "--effective-batch", "2", "--precisions", "fp32", "--checkpointing", "off",
-             "--attention", "sdpa", "--measure-steps", "1", "--db", db, "--json"]
+    flags = [
+        "--model",
+        remote_model,
+        "--gpu-budget",
+        "64MiB",
+        "--device",
+        "cpu",
+        "--micro-batches",
+        "1,2",
+        "--block-sizes",
+        "64",
+        "--effective-batch",
+        "2",
+        "--precisions",
+        "fp32",
+        "--checkpointing",
+        "off",
+        "--attention",
+        "sdpa",
+        "--measure-steps",
+        "1",
+        "--db",
+        db,
+        "--json",
+    ]
     refused = invoke("search", *flags)  # (a refusal: read in this process)
     assert refused.returncode == 2 and "--trust-remote-code" in refused.stderr
     assert not Path(db).exists()

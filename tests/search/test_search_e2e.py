@@ -30,8 +30,15 @@ MARGIN = int(0.05 * BUDGET)
 
 
 def tiny_space(model: str) -> SearchSpace:
-    return SearchSpace.build(resolve_model(model), micro_batches=(1, 2, 4, 8, 16), block_sizes=(128,),
-                             precisions=("fp32",), checkpointing=(False, True), attentions=("sdpa",), effective_batch=16)
+    return SearchSpace.build(
+        resolve_model(model),
+        micro_batches=(1, 2, 4, 8, 16),
+        block_sizes=(128,),
+        precisions=("fp32",),
+        checkpointing=(False, True),
+        attentions=("sdpa",),
+        effective_batch=16,
+    )
 
 
 def test_search_pick_equals_the_exhaustive_grid_best(tiny_model, probe_runner):
@@ -40,8 +47,9 @@ def test_search_pick_equals_the_exhaustive_grid_best(tiny_model, probe_runner):
     # Which configs fit is all the grid's probes are asked: their shortest timed window will do.
     with open_store() as store:
         runner = probe_runner(ProbeSettings(device="cpu", measure_steps=1, measure_seconds=0))
-        grid = run_search(request(space, spec, BUDGET, MARGIN, SearchOptions(study="grid", strategy="grid-full")), runner,
-                          store)
+        grid = run_search(
+            request(space, spec, BUDGET, MARGIN, SearchOptions(study="grid", strategy="grid-full")), runner, store
+        )
         assert grid.probed == len(space.candidates()) == 10
         statuses = {p.config.label(): p.result.status for p in store.probes("grid")}
         assert "oom" in statuses.values() and "ok" in statuses.values(), statuses
@@ -53,11 +61,22 @@ def test_search_pick_equals_the_exhaustive_grid_best(tiny_model, probe_runner):
         table = {p.config_key: _modelled_speed(p.config, p.result) for p in store.probes("grid")}
         everything, replay = ScriptedRunner(table), ScriptedRunner(table)
         everything.env = replay.env = runner.environment()
-        exhaustive = run_search(request(space, spec, BUDGET, MARGIN,
-                                        SearchOptions(study="grid-replay", strategy="grid-full", fresh=True, confirm=False)),
-                                everything, store)
-        searched = run_search(request(space, spec, BUDGET, MARGIN, SearchOptions(study="searched", fresh=True, confirm=False)),
-                              replay, store)
+        exhaustive = run_search(
+            request(
+                space,
+                spec,
+                BUDGET,
+                MARGIN,
+                SearchOptions(study="grid-replay", strategy="grid-full", fresh=True, confirm=False),
+            ),
+            everything,
+            store,
+        )
+        searched = run_search(
+            request(space, spec, BUDGET, MARGIN, SearchOptions(study="searched", fresh=True, confirm=False)),
+            replay,
+            store,
+        )
     assert exhaustive.best is not None and searched.best.config == exhaustive.best.config
     assert searched.probed < exhaustive.probed == grid.probed
     skipped = [p for p in study_probes(searched.study.name) if p.result.status == "skipped"]
@@ -69,8 +88,14 @@ def _modelled_speed(config, result):
     if result.status != "ok":
         return result
     modelled = modelled_result(config, 2**62, 0)
-    return dataclasses.replace(result, tokens_per_s=modelled.tokens_per_s, step_seconds=modelled.step_seconds,
-                               samples_per_s=modelled.samples_per_s, step_times=None, step_spread=None)
+    return dataclasses.replace(
+        result,
+        tokens_per_s=modelled.tokens_per_s,
+        step_seconds=modelled.step_seconds,
+        samples_per_s=modelled.samples_per_s,
+        step_times=None,
+        step_spread=None,
+    )
 
 
 def study_probes(study: str):
@@ -79,10 +104,32 @@ def study_probes(study: str):
 
 
 def _search_cmd(model: str, *extra: str) -> list[str]:
-    return autotune_command("search", "--model", model, "--gpu-budget", "24MiB", "--device", "cpu",
-            "--micro-batches", "1,2,4,8,16", "--block-sizes", "128", "--effective-batch", "16", "--precisions", "fp32",
-            "--attention", "sdpa", "--measure-steps", "2", "--no-confirm", "--no-predict", "--study", "ctrl-c",
-            *extra)
+    return autotune_command(
+        "search",
+        "--model",
+        model,
+        "--gpu-budget",
+        "24MiB",
+        "--device",
+        "cpu",
+        "--micro-batches",
+        "1,2,4,8,16",
+        "--block-sizes",
+        "128",
+        "--effective-batch",
+        "16",
+        "--precisions",
+        "fp32",
+        "--attention",
+        "sdpa",
+        "--measure-steps",
+        "2",
+        "--no-confirm",
+        "--no-predict",
+        "--study",
+        "ctrl-c",
+        *extra,
+    )
 
 
 def test_ctrl_c_stops_after_the_probe_and_the_same_command_resumes(tiny_model, tmp_path, warm_child):
@@ -91,7 +138,9 @@ def test_ctrl_c_stops_after_the_probe_and_the_same_command_resumes(tiny_model, t
     # while it is in flight, whatever the machine's speed, and the search finishes that probe.
     gate = tmp_path / "gate"
     held = {**fault_env("gate", env, on_probe=2), GATE_ENV: str(gate)}
-    proc = subprocess.Popen(_search_cmd(tiny_model), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=held)
+    proc = subprocess.Popen(
+        _search_cmd(tiny_model), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=held
+    )
     for line in proc.stdout:  # wait until the first probe has been stored
         if line.startswith("["):
             break
@@ -120,10 +169,17 @@ def test_ctrl_c_stops_after_the_probe_and_the_same_command_resumes(tiny_model, t
 
     # Once more: a finished study answers from the database, without starting a probe process
     # (no torch, no transformers in this process or any child).
-    code = ("import sys\nfrom autotune.cli import main\nsys.argv = ['autotune', *sys.argv[1:]]\n"
-            "try:\n    main()\nexcept SystemExit:\n    pass\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers'}), file=sys.stderr)")
-    again = subprocess.run([sys.executable, "-c", code, *_search_cmd(tiny_model, "--json")[3:]], capture_output=True,
-                           text=True, env=env, timeout=120)
+    code = (
+        "import sys\nfrom autotune.cli import main\nsys.argv = ['autotune', *sys.argv[1:]]\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'transformers'}), file=sys.stderr)"
+    )
+    again = subprocess.run(
+        [sys.executable, "-c", code, *_search_cmd(tiny_model, "--json")[3:]],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert json.loads(again.stdout)["answered_from_database"] is True, again.stderr
     assert again.stderr.strip().splitlines()[-1] == "[]"

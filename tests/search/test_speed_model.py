@@ -19,7 +19,9 @@ FACTORS = {"fp16": 0.5, "bf16": 0.45, "fp32": 1.0}
 
 @pytest.fixture(scope="module")
 def candidates():
-    return SearchSpace.build(resolve_model("gpt2")).candidates()  # 48: 3 precisions x ckpt x 2 kernels x 4 micro-batches
+    return SearchSpace.build(
+        resolve_model("gpt2")
+    ).candidates()  # 48: 3 precisions x ckpt x 2 kernels x 4 micro-batches
 
 
 def true_speed(c) -> float:
@@ -47,9 +49,18 @@ def test_before_any_probe_the_prior_orders_by_what_the_physics_says(candidates):
 
 def test_one_probe_per_lever_calibrates_every_config(candidates):
     model = SpeedModel(candidates, "cuda")
-    base = next(c for c in candidates if (c.precision, c.checkpointing, c.attention, c.micro_batch) == ("fp32", False, "sdpa", 8))
-    probes = [base, replace(base, precision="bf16"), replace(base, precision="fp16"), replace(base, checkpointing=True),
-              replace(base, attention="eager")]
+    base = next(
+        c
+        for c in candidates
+        if (c.precision, c.checkpointing, c.attention, c.micro_batch) == ("fp32", False, "sdpa", 8)
+    )
+    probes = [
+        base,
+        replace(base, precision="bf16"),
+        replace(base, precision="fp16"),
+        replace(base, checkpointing=True),
+        replace(base, attention="eager"),
+    ]
     probes += [replace(base, micro_batch=m, grad_accum=8 // m) for m in (1, 2, 4)]
     fitted = model.fit([(c, measured(c)) for c in probes])
     for c in candidates:
@@ -65,8 +76,10 @@ def test_one_probe_per_lever_calibrates_every_config(candidates):
     # A config measured: its prediction is its measurement, optimism the noise floor's.
     guess = fitted.guess(base)
     assert guess.tokens_per_s == pytest.approx(true_speed(base), rel=0.01)
-    assert guess.optimistic_tokens_per_s / guess.tokens_per_s == pytest.approx(
-        math.exp(OPTIMISM * guess.spread)) and guess.spread < 2 * DEPARTURES["cuda"].noise
+    assert (
+        guess.optimistic_tokens_per_s / guess.tokens_per_s == pytest.approx(math.exp(OPTIMISM * guess.spread))
+        and guess.spread < 2 * DEPARTURES["cuda"].noise
+    )
 
 
 def test_a_lever_never_measured_stays_uncertain(candidates):
@@ -101,15 +114,28 @@ def test_results_without_a_throughput_are_not_fitted(candidates):
 def test_each_strategy_is_a_lever_of_its_own():
     # Before: the model described a config without its strategy, so that fsdp-grad-op took the
     # average of ddp's and fsdp's measurements. Each strategy is a factor learnt from its probes.
-    space = SearchSpace.build(resolve_model("gpt2"), micro_batches=(4,), precisions=("bf16",), checkpointing=(False,),
-                              attentions=("sdpa",), effective_batch=8, gpus=2)
+    space = SearchSpace.build(
+        resolve_model("gpt2"),
+        micro_batches=(4,),
+        precisions=("bf16",),
+        checkpointing=(False,),
+        attentions=("sdpa",),
+        effective_batch=8,
+        gpus=2,
+    )
     candidates = space.candidates()
     assert {c.strategy for c in candidates} == {"ddp", "fsdp", "fsdp-grad-op", "fsdp-offload"}
     by = {c.strategy: c for c in candidates}
     slower = {"ddp": 1.0, "fsdp": 3.0}  # measured on 2 CPU ranks over gloo: fsdp about 2.8x slower
     fitted = SpeedModel(candidates, "cpu").fit(
-        [(by[s], ProbeResult(status="ok", tokens_per_s=10_000 / f, step_seconds=TOKENS * f / 10_000, step_spread=0.01))
-         for s, f in slower.items()])
+        [
+            (
+                by[s],
+                ProbeResult(status="ok", tokens_per_s=10_000 / f, step_seconds=TOKENS * f / 10_000, step_spread=0.01),
+            )
+            for s, f in slower.items()
+        ]
+    )
     assert fitted.guess(by["fsdp"]).tokens_per_s == pytest.approx(10_000 / 3, rel=0.05)
     assert fitted.guess(by["ddp"]).tokens_per_s == pytest.approx(10_000, rel=0.05)
     # Unmeasured, fsdp-grad-op is not fsdp's twin: it may still be faster than what fsdp measured.

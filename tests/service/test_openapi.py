@@ -37,22 +37,36 @@ from autotune.store import open_store  # noqa: E402
 from tests.helpers.store import ENV, config, make_study, result  # noqa: E402
 
 STUDY = "openapi-finished"
-MODEL, BUDGET = "gpt2", "8GiB"     # the study's (tests/helpers/store.py make_study)
+MODEL, BUDGET = "gpt2", "8GiB"  # the study's (tests/helpers/store.py make_study)
 # Per operation and per token case: the whole run stays well under a minute (more for a deeper look:
 # AUTOTUNE_OPENAPI_EXAMPLES=500).
 EXAMPLES = int(os.environ.get("AUTOTUNE_OPENAPI_EXAMPLES", "25"))
 # A submission `autotune search` takes (a gpt2-family name resolves without the hub).
-VALID_SEARCH = {"model": "gpt2", "gpu_budget": "8GiB", "device": "cpu", "micro_batches": [1, 2],
-                "block_sizes": "32", "effective_batch": 2}
+VALID_SEARCH = {
+    "model": "gpt2",
+    "gpu_budget": "8GiB",
+    "device": "cpu",
+    "micro_batches": [1, 2],
+    "block_sizes": "32",
+    "effective_batch": 2,
+}
 # Flags that describe the data, refused without --dataset (they were a 500 once: a test below).
 DATA_FIELDS = {"text_column", "target_column", "label_column", "tokenizer"}
 EXTRA_FIELDS = sorted(set(search_body_schema()["properties"]) - set(VALID_SEARCH))
-SCALARS = st.one_of(st.booleans(), st.integers(-3, 2**40), st.floats(allow_nan=False, allow_infinity=False),
-                    st.text(max_size=24), st.sampled_from(["auto", "on", "off", "lora", "fp16", "bf16", "1h", "0"]))
+SCALARS = st.one_of(
+    st.booleans(),
+    st.integers(-3, 2**40),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=24),
+    st.sampled_from(["auto", "on", "off", "lora", "fp16", "bf16", "1h", "0"]),
+)
 VALUES = st.one_of(SCALARS, st.lists(st.one_of(st.integers(0, 64), st.text(max_size=6)), min_size=1, max_size=4))
 # The operations, read from the application's schema at collection (no database is opened for it).
-OPERATIONS = sorted(f"{method.upper()} {path}" for path, methods in create_app(ServiceConfig()).openapi()["paths"].items()
-                    for method in methods)
+OPERATIONS = sorted(
+    f"{method.upper()} {path}"
+    for path, methods in create_app(ServiceConfig()).openapi()["paths"].items()
+    for method in methods
+)
 
 
 def seed(db: str) -> str:
@@ -85,12 +99,19 @@ def cases(operation) -> st.SearchStrategy:
     path = operation.path
     if "{name}" in path:
         query = {"format": st.sampled_from(BEST_FORMATS)} if path.endswith("/best") else {}
-        strategies.append(st.fixed_dictionaries(query).flatmap(
-            lambda q: operation.as_strategy(path_parameters={"name": STUDY}, query=q or None)))
+        strategies.append(
+            st.fixed_dictionaries(query).flatmap(
+                lambda q: operation.as_strategy(path_parameters={"name": STUDY}, query=q or None)
+            )
+        )
     if path == "/v1/answers":
-        strategies.append(st.tuples(st.sampled_from(BEST_FORMATS), st.sampled_from([None, "H100", "a10g"])).flatmap(
-            lambda fg: operation.as_strategy(query={"model": MODEL, "budget": BUDGET, "format": fg[0],
-                                                    **({"gpu": fg[1]} if fg[1] else {})})))
+        strategies.append(
+            st.tuples(st.sampled_from(BEST_FORMATS), st.sampled_from([None, "H100", "a10g"])).flatmap(
+                lambda fg: operation.as_strategy(
+                    query={"model": MODEL, "budget": BUDGET, "format": fg[0], **({"gpu": fg[1]} if fg[1] else {})}
+                )
+            )
+        )
     if path == "/v1/searches" and operation.method.upper() == "POST":
         extras = st.dictionaries(st.sampled_from(EXTRA_FIELDS), VALUES, max_size=3)
         strategies.append(extras.flatmap(lambda extra: operation.as_strategy(body={**VALID_SEARCH, **extra})))
@@ -107,8 +128,12 @@ def test_no_operation_answers_with_a_server_error(service, label, authorised, ca
     headers = {"Authorization": f"Bearer {token}"} if authorised else {}
     statuses: list[int] = []
 
-    @settings(max_examples=EXAMPLES, deadline=None, database=None,
-              suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
     @given(case=cases(operation))
     def run(case):
         caplog.clear()
@@ -116,8 +141,10 @@ def test_no_operation_answers_with_a_server_error(service, label, authorised, ca
             response = case.call(headers=headers)
         statuses.append(response.status_code)
         if response.status_code >= 500:
-            pytest.fail(f"{case.method} {case.formatted_path} query={case.query} headers={case.headers} "
-                        f"body={case.body!r:.300}\n-> {response.status_code} {response.text[:500]}\n{caplog.text}")
+            pytest.fail(
+                f"{case.method} {case.formatted_path} query={case.query} headers={case.headers} "
+                f"body={case.body!r:.300}\n-> {response.status_code} {response.text[:500]}\n{caplog.text}"
+            )
         case.validate_response(response, checks=[not_a_server_error], headers=headers)
 
     run()
@@ -127,6 +154,7 @@ def test_no_operation_answers_with_a_server_error(service, label, authorised, ca
 
 
 # -- what it found --------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def client(tmp_path):
@@ -145,13 +173,17 @@ def client(tmp_path):
 LONG = "x" * 300  # one path component over the 255 bytes a Linux file name may have
 
 
-@pytest.mark.parametrize("route, body", [
-    ("/v1/searches", {**VALID_SEARCH, "model": LONG}),
-    ("/v1/searches", {**VALID_SEARCH, "dataset": LONG}),
-    ("/v1/searches", {**VALID_SEARCH, "dataset": "wikitext", "tokenizer": LONG}),
-    pytest.param("/v1/estimate", {"model": LONG, "micro_batch": 1, "block_size": 32}, marks=pytest.mark.slow),
-    pytest.param("/v1/plan", {"model": LONG, "gpu_budget": "8GiB"}, marks=pytest.mark.slow),
-], ids=["search-model", "search-dataset", "search-tokenizer", "estimate-model", "plan-model"])
+@pytest.mark.parametrize(
+    "route, body",
+    [
+        ("/v1/searches", {**VALID_SEARCH, "model": LONG}),
+        ("/v1/searches", {**VALID_SEARCH, "dataset": LONG}),
+        ("/v1/searches", {**VALID_SEARCH, "dataset": "wikitext", "tokenizer": LONG}),
+        pytest.param("/v1/estimate", {"model": LONG, "micro_batch": 1, "block_size": 32}, marks=pytest.mark.slow),
+        pytest.param("/v1/plan", {"model": LONG, "gpu_budget": "8GiB"}, marks=pytest.mark.slow),
+    ],
+    ids=["search-model", "search-dataset", "search-tokenizer", "estimate-model", "plan-model"],
+)
 def test_a_name_too_long_for_a_file_is_refused_not_a_500(client, route, body):
     answer = client.post(route, json=body)
     assert answer.status_code < 500, answer.text
@@ -186,10 +218,20 @@ def asgi_get(app, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, b
         sent.append(message)
 
     async def call():
-        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "GET", "scheme": "http",
-                 "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
-                 "headers": [(b"host", b"testserver"), *headers], "client": ("127.0.0.1", 1),
-                 "server": ("testserver", 80)}
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0"},
+            "http_version": "1.1",
+            "method": "GET",
+            "scheme": "http",
+            "path": path,
+            "raw_path": path.encode(),
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"host", b"testserver"), *headers],
+            "client": ("127.0.0.1", 1),
+            "server": ("testserver", 80),
+        }
         try:
             await app(scope, receive, send)
         except Exception:  # (Starlette sends the 500, then raises the error on to the server)
@@ -203,8 +245,9 @@ def asgi_get(app, path: str, headers: list[tuple[bytes, bytes]]) -> tuple[int, b
 @pytest.mark.parametrize("value", [b"\xb2", b"1\xb9"], ids=["superscript-two", "one-superscript-one"])
 def test_a_last_event_id_with_a_superscript_digit_is_refused(client, value):
     token = client.headers["Authorization"].encode()
-    status, body = asgi_get(client.app_under_test, f"/v1/searches/{STUDY}/events",
-                            [(b"authorization", token), (b"last-event-id", value)])
+    status, body = asgi_get(
+        client.app_under_test, f"/v1/searches/{STUDY}/events", [(b"authorization", token), (b"last-event-id", value)]
+    )
     assert status == 422, body
 
 

@@ -46,7 +46,9 @@ def db(tmp_path) -> str:
         fp = ENV.fingerprint()
         store.record_probe(study.id, config(1), result("ok", 800.0, 2 * GiB), env_fingerprint=fp)
         store.record_probe(study.id, config(2), result("ok", 1500.0, 5 * GiB), env_fingerprint=fp)
-        store.record_probe(study.id, config(8), result("oom", None, None, error="CUDA out of memory"), env_fingerprint=fp)
+        store.record_probe(
+            study.id, config(8), result("oom", None, None, error="CUDA out of memory"), env_fingerprint=fp
+        )
         store.set_study_status(study.id, "finished")
     return url
 
@@ -61,6 +63,7 @@ def make_token(db: str) -> str:
 
 
 # -- what the pages show --------------------------------------------------------------------------
+
 
 def test_the_index_lists_the_study_with_a_link_to_its_page(db):
     with client_of(db) as client:
@@ -77,14 +80,22 @@ def test_the_search_page_shows_the_leaderboard_the_plot_the_pick_and_the_probes(
         page = client.get("/searches/s1").text
         cli_text = client.get("/v1/searches/s1/best?format=cli").text
     board = re.search(r'<div id="leaderboard">.*?</div>', page, re.S).group(0)
-    ranked = re.findall(r'<tr data-key="[^"]+"[^>]*><td class="num">(\d)</td><td class="label">([^<]+)</td>'
-                        r'<td class="num">([\d,]+)</td>', board)
-    assert ranked == [("1", "mb2x16 blk512 fp32 no-ckpt sdpa", "1,500"), ("2", "mb1x32 blk512 fp32 no-ckpt sdpa", "800")]
+    ranked = re.findall(
+        r'<tr data-key="[^"]+"[^>]*><td class="num">(\d)</td><td class="label">([^<]+)</td>'
+        r'<td class="num">([\d,]+)</td>',
+        board,
+    )
+    assert ranked == [
+        ("1", "mb2x16 blk512 fp32 no-ckpt sdpa", "1,500"),
+        ("2", "mb1x32 blk512 fp32 no-ckpt sdpa", "800"),
+    ]
     assert "5.00 GiB of 7.75 GiB (65%)" in board  # needs (reserved + context) of the budget less the margin
     # The plot: one point per config that fits, the faster higher, the allowed memory to the right of both.
     svg = re.search(r"<svg.*?</svg>", page, re.S).group(0)
-    points = {cls: (float(x), float(y)) for cls, x, y in
-              re.findall(r'<circle class="(point(?: best)?)" cx="([\d.]+)" cy="([\d.]+)"', svg)}
+    points = {
+        cls: (float(x), float(y))
+        for cls, x, y in re.findall(r'<circle class="(point(?: best)?)" cx="([\d.]+)" cy="([\d.]+)"', svg)
+    }
     assert set(points) == {"point", "point best"}
     assert points["point best"][1] < points["point"][1] and points["point best"][0] > points["point"][0]
     allowed = float(re.search(r'<line class="allowed" x1="([\d.]+)"', svg).group(1))
@@ -106,9 +117,20 @@ def test_the_page_counts_the_confirmation_rounds_windows_beside_the_configuratio
         before = client.get("/searches/s1").text
         with open_store(db) as store:
             study = store.study("s1")
-            store.set_confirmation(study.id, {"winner": "w", "winner_label": "mb2x16 blk512 fp32 no-ckpt sdpa",
-                                              "runner_up": "mb1x32 blk512 fp32 no-ckpt sdpa", "margin": 0.5, "noise": 0.05,
-                                              "confirmed": True, "rounds": 2, "probes": 4, "seconds": 3.0})
+            store.set_confirmation(
+                study.id,
+                {
+                    "winner": "w",
+                    "winner_label": "mb2x16 blk512 fp32 no-ckpt sdpa",
+                    "runner_up": "mb1x32 blk512 fp32 no-ckpt sdpa",
+                    "margin": 0.5,
+                    "noise": 0.05,
+                    "confirmed": True,
+                    "rounds": 2,
+                    "probes": 4,
+                    "seconds": 3.0,
+                },
+            )
         page = client.get("/searches/s1").text
         view = client.get("/v1/searches/s1").json()
     assert "Confirmation" not in before
@@ -129,7 +151,10 @@ def test_pages_escape_what_the_database_holds(db):
     with client_of(db) as client:
         for path in ("/", "/searches/s1"):
             page = client.get(path).text
-            assert "<script>alert" not in page and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;&quot;&amp;model" in page
+            assert (
+                "<script>alert" not in page
+                and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;&quot;&amp;model" in page
+            )
 
 
 def test_an_unknown_search_is_one_line_not_a_traceback(db):
@@ -137,11 +162,13 @@ def test_an_unknown_search_is_one_line_not_a_traceback(db):
         page = client.get("/searches/nope")
     assert page.status_code == 404 and page.headers["content-type"].startswith("text/html")
     assert re.findall(r'<p class="error"[^>]*>(.*?)</p>', page.text) == [
-        "no search or study named &#x27;nope&#x27;; submit one with POST /v1/searches, or list them with GET /v1/searches."]
+        "no search or study named &#x27;nope&#x27;; submit one with POST /v1/searches, or list them with GET /v1/searches."
+    ]
     assert "Traceback" not in page.text
 
 
 # -- who may read -----------------------------------------------------------------------------------
+
 
 def test_a_private_service_sends_a_reader_to_log_in_and_serves_them_with_the_cookie(db):
     token = make_token(db)
@@ -172,12 +199,29 @@ def test_login_goes_back_only_to_this_service(db):
 
 # -- plan ------------------------------------------------------------------------------------------------
 
-PLANNED = {"model": "gpt2", "target": "NVIDIA H100 80GB HBM3 (h100) with 8.00 GiB", "budget_bytes": 8 * GiB,
-           "margin_bytes": GiB // 2, "notes": ["a <b>note</b>"],
-           "candidates": [{"label": "mb1x8 blk512 bf16 no-ckpt sdpa", "fits": True, "need_bytes": 3 * GiB,
-                           "tokens_per_s": 41000.0, "why_not": None},
-                          {"label": "mb8x1 blk512 fp32 no-ckpt sdpa", "fits": False, "need_bytes": 11 * GiB,
-                           "tokens_per_s": None, "why_not": "over the budget"}]}
+PLANNED = {
+    "model": "gpt2",
+    "target": "NVIDIA H100 80GB HBM3 (h100) with 8.00 GiB",
+    "budget_bytes": 8 * GiB,
+    "margin_bytes": GiB // 2,
+    "notes": ["a <b>note</b>"],
+    "candidates": [
+        {
+            "label": "mb1x8 blk512 bf16 no-ckpt sdpa",
+            "fits": True,
+            "need_bytes": 3 * GiB,
+            "tokens_per_s": 41000.0,
+            "why_not": None,
+        },
+        {
+            "label": "mb8x1 blk512 fp32 no-ckpt sdpa",
+            "fits": False,
+            "need_bytes": 11 * GiB,
+            "tokens_per_s": None,
+            "why_not": "over the budget",
+        },
+    ],
+}
 
 
 def test_the_plan_form_predicts_through_v1_plans_machinery(db, monkeypatch):
@@ -201,7 +245,10 @@ def test_the_plan_form_predicts_through_v1_plans_machinery(db, monkeypatch):
     assert page.status_code == 200, page.text
     assert asked == [("plan", ("--model=gpt2", "--gpu=h100", "--gpu-budget=8GiB"))]
     rows = re.findall(r'<tr class="(fits|over)"><td class="label">([^<]+)</td><td>(\w+)</td>', page.text)
-    assert rows == [("fits", "mb1x8 blk512 bf16 no-ckpt sdpa", "fits"), ("over", "mb8x1 blk512 fp32 no-ckpt sdpa", "over")]
+    assert rows == [
+        ("fits", "mb1x8 blk512 bf16 no-ckpt sdpa", "fits"),
+        ("over", "mb8x1 blk512 fp32 no-ckpt sdpa", "over"),
+    ]
     assert "1 of 2 candidates predicted to fit in 7.50 GiB" in page.text and "a &lt;b&gt;note&lt;/b&gt;" in page.text
     assert 'value="h100"' in page.text  # the form keeps what was asked
 
@@ -218,10 +265,13 @@ def test_a_plan_the_command_refuses_is_its_line_under_the_form(db, monkeypatch):
         page = client.post("/plan", data={"model": "gpt2", "gpu": "list"})
     assert page.status_code == 422
     errors = re.findall(r'<p class="error"[^>]*>(.*?)</p>', page.text)
-    assert len(errors) == 1 and "gpu &#x27;list&#x27;" in errors[0] and '<form method="post" action="/plan"' in page.text
+    assert (
+        len(errors) == 1 and "gpu &#x27;list&#x27;" in errors[0] and '<form method="post" action="/plan"' in page.text
+    )
 
 
 # -- nothing from elsewhere ----------------------------------------------------------------------------
+
 
 def test_static_assets_are_served_from_the_package(db):
     with client_of(db) as client:
@@ -231,7 +281,10 @@ def test_static_assets_are_served_from_the_package(db):
     assert js.status_code == 200 and "javascript" in js.headers["content-type"] and "EventSource" in js.text
     for page in PAGES:  # each page's assets are these
         assert set(re.findall(r'(?:src|href)="(/static/[^"]+)"', client.get(page).text)) <= {
-            "/static/style.css", "/static/live.js", "/static/favicon.svg"}
+            "/static/style.css",
+            "/static/live.js",
+            "/static/favicon.svg",
+        }
     assert client.get("/static/favicon.svg").headers["content-type"].startswith("image/svg+xml")
 
 
@@ -240,7 +293,9 @@ def test_no_page_or_asset_reaches_outside_the_service(db):
         texts = {path: client.get(path) for path in (*PAGES, "/static/style.css", "/static/live.js")}
     for path, answer in texts.items():
         assert answer.status_code == 200, path
-        assert re.search(r"https?:|(src|href|action)=\"//|url\(\s*['\"]?(https?:)?//|@import", answer.text) is None, path
+        assert re.search(r"https?:|(src|href|action)=\"//|url\(\s*['\"]?(https?:)?//|@import", answer.text) is None, (
+            path
+        )
     for path in PAGES:
         policy = texts[path].headers["content-security-policy"]
         assert "default-src 'none'" in policy and "script-src 'self'" in policy and "'unsafe-inline'" not in policy
@@ -250,9 +305,22 @@ def test_no_page_or_asset_reaches_outside_the_service(db):
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 TINY = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 128}
-SEARCH = {"model": "tiny", "gpu_budget": "200MiB", "device": "cpu", "micro_batches": [1, 2, 4], "block_sizes": "32",
-          "effective_batch": 4, "precisions": "fp32", "checkpointing": "off,on", "attention": "sdpa",
-          "warmup_steps": 2, "measure_steps": 2, "measure_seconds": 0.5, "predict": False, "confirm": False}
+SEARCH = {
+    "model": "tiny",
+    "gpu_budget": "200MiB",
+    "device": "cpu",
+    "micro_batches": [1, 2, 4],
+    "block_sizes": "32",
+    "effective_batch": 4,
+    "precisions": "fp32",
+    "checkpointing": "off,on",
+    "attention": "sdpa",
+    "warmup_steps": 2,
+    "measure_steps": 2,
+    "measure_seconds": 0.5,
+    "predict": False,
+    "confirm": False,
+}
 
 
 def http(url: str, body: dict | None = None, token: str | None = None) -> dict:
@@ -270,15 +338,39 @@ def served(tmp_path):
     db = f"sqlite:///{tmp_path / 'served.db'}"
     root = tmp_path / "models"
     write_model_dir(root / "tiny", **TINY)
-    token = subprocess.run([sys.executable, "-m", "autotune", "token", "create", "t", "--db", db], check=True,
-                           capture_output=True, text=True, timeout=60).stdout.strip()
+    token = subprocess.run(
+        [sys.executable, "-m", "autotune", "token", "create", "t", "--db", db],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout.strip()
     port = free_port()
     log = open(tmp_path / "serve.log", "w")
-    server = subprocess.Popen([sys.executable, "-m", "autotune", "serve", "--port", str(port), "--db", db, "--public-read",
-                               "--local-worker", "--worker-device", "cpu", "--model-root", str(root)],
-                              stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-                              env={**fault_env("gate", on_probe=2), GATE_ENV: str(tmp_path / "gate"),
-                                   "PYTHONUNBUFFERED": "1"}, cwd=tmp_path)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "serve",
+            "--port",
+            str(port),
+            "--db",
+            db,
+            "--public-read",
+            "--local-worker",
+            "--worker-device",
+            "cpu",
+            "--model-root",
+            str(root),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**fault_env("gate", on_probe=2), GATE_ENV: str(tmp_path / "gate"), "PYTHONUNBUFFERED": "1"},
+        cwd=tmp_path,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -305,17 +397,27 @@ def served(tmp_path):
 @pytest.fixture
 def browser():
     if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
-        pytest.skip(f"needs Chromium and its driver at {CHROMIUM} and {CHROMEDRIVER} (apt-get install chromium "
-                    f"chromium-driver)")
+        pytest.skip(
+            f"needs Chromium and its driver at {CHROMIUM} and {CHROMEDRIVER} (apt-get install chromium chromium-driver)"
+        )
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
 
     profile = tempfile.mkdtemp(prefix="autotune-chromium-")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                     "--no-first-run", "--window-size=1100,1500", f"--user-data-dir={profile}"):
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--window-size=1100,1500",
+        f"--user-data-dir={profile}",
+    ):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
@@ -349,7 +451,8 @@ def test_a_browser_follows_a_running_search_live_to_its_end(served, browser, tmp
         if rows and not gate.exists():  # the page shows the first probe: the search goes on (it waited)
             gate.touch()
         if state in ("finished", "failed", "interrupted", "cancelled") and browser.execute_script(
-                "return window.autotuneEnded === true;"):
+            "return window.autotuneEnded === true;"
+        ):
             break
         assert time.monotonic() < deadline, f"the page never showed the end (rows {sorted(seen)}):\n{log.read_text()}"
         time.sleep(0.2)
@@ -360,15 +463,21 @@ def test_a_browser_follows_a_running_search_live_to_its_end(served, browser, tmp
     assert min(seen) < total and rows == total and len(seen) >= 3, sorted(seen)
     # (Read in one script each: the page redraws these parts once the search ends, and an element
     # found before a redraw and read after it is stale.)
-    assert eventually(browser, "var p = document.getElementById('progress'); return p && p.textContent.trim();"
-                      ) == f"{total} / {total}"
+    assert (
+        eventually(browser, "var p = document.getElementById('progress'); return p && p.textContent.trim();")
+        == f"{total} / {total}"
+    )
     # The parts the server draws were read again: the leaderboard, the plot and the pick are there.
     assert eventually(browser, "return document.querySelectorAll('#leaderboard tr[data-key]').length;") >= 1
     assert eventually(browser, "return document.querySelectorAll('#plot svg circle.point').length;") >= 1
-    assert eventually(browser, "var p = document.getElementById('handoff-cli'); return p && p.textContent;"
-                      ).startswith("--per_device_train_batch_size")
-    assert eventually(browser, "var b = document.querySelector('button.copy'); "  # shown by the script
-                               "return b !== null && b.getClientRects().length > 0 && getComputedStyle(b).visibility !== 'hidden';")
+    assert eventually(browser, "var p = document.getElementById('handoff-cli'); return p && p.textContent;").startswith(
+        "--per_device_train_batch_size"
+    )
+    assert eventually(
+        browser,
+        "var b = document.querySelector('button.copy'); "  # shown by the script
+        "return b !== null && b.getClientRects().length > 0 && getComputedStyle(b).visibility !== 'hidden';",
+    )
     problems = [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
     assert problems == []  # no script error, nothing missing, nothing the Content-Security-Policy refused
     shot = tmp_path / "service-page.png"

@@ -48,8 +48,17 @@ def auth(client) -> dict[str, str]:
 
 
 def body(**changes) -> dict:
-    values = {"model": "tiny", "gpu_budget": "200MiB", "device": "cpu", "micro_batches": [1, 2], "block_sizes": "32",
-              "effective_batch": 2, "precisions": "fp32", "checkpointing": "off", "attention": "sdpa"}
+    values = {
+        "model": "tiny",
+        "gpu_budget": "200MiB",
+        "device": "cpu",
+        "micro_batches": [1, 2],
+        "block_sizes": "32",
+        "effective_batch": 2,
+        "precisions": "fp32",
+        "checkpointing": "off",
+        "attention": "sdpa",
+    }
     values.update(changes)
     return {k: v for k, v in values.items() if v is not None}
 
@@ -60,6 +69,7 @@ def submitted(client) -> list:
 
 
 # -- one definition: the command line's ----------------------------------------------------------
+
 
 def test_every_search_flag_is_a_field_or_closed_with_a_reason():
     search = cli.commands["search"]
@@ -79,21 +89,38 @@ def test_reading_a_request_leaves_the_commands_help_as_the_command_line_has_it()
 
     read_request(cli.commands["plan"], {"model": "gpt2", "gpu": "a100"}, closed={})
     plan = cli.commands["plan"]
-    with plan.make_context("plan", ["--model", "gpt2", "--gpu", "a100"], parent=click.Context(cli, **cli.context_settings)) as ctx:
+    with plan.make_context(
+        "plan", ["--model", "gpt2", "--gpu", "a100"], parent=click.Context(cli, **cli.context_settings)
+    ) as ctx:
         assert plan.get_help_option(ctx).opts == ["-h", "--help"]
 
 
 @pytest.mark.slow  # (the command line itself, or a PostgreSQL server)
-@pytest.mark.parametrize("changes", [{"gpu_budget": "lots"}, {"micro_batches": "0,2"}, {"precisions": "fp8"},
-                                     {"measure_steps": "-1"}, {"effective_batch": 3, "micro_batches": [2]}])
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"gpu_budget": "lots"},
+        {"micro_batches": "0,2"},
+        {"precisions": "fp8"},
+        {"measure_steps": "-1"},
+        {"effective_batch": 3, "micro_batches": [2]},
+    ],
+)
 def test_a_request_the_command_line_refuses_gets_its_line_and_writes_nothing(service, tmp_path, changes):
     answer = service.post("/v1/searches", json=body(**changes), headers=auth(service))
     assert answer.status_code == 422, answer.text
-    flags = [f"--{k.replace('_', '-')}={','.join(map(str, v)) if isinstance(v, list) else v}"
-             for k, v in body(**changes).items() if k != "device"]
+    flags = [
+        f"--{k.replace('_', '-')}={','.join(map(str, v)) if isinstance(v, list) else v}"
+        for k, v in body(**changes).items()
+        if k != "device"
+    ]
     flags[0] = f"--model={service.root / 'tiny'}"
-    cli_run = subprocess.run([sys.executable, "-m", "autotune", "search", *flags, "--device", "cpu", "--db",
-                              str(tmp_path / "cli.db")], capture_output=True, text=True, timeout=120)
+    cli_run = subprocess.run(
+        [sys.executable, "-m", "autotune", "search", *flags, "--device", "cpu", "--db", str(tmp_path / "cli.db")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert cli_run.returncode == 2
     assert answer.json() == {"error": cli_run.stderr.strip().removeprefix("autotune: error: ")}
     assert "Traceback" not in answer.text
@@ -108,7 +135,11 @@ def test_fields_the_service_does_not_take_and_malformed_bodies(service):
         assert field in answer.json()["error"]
     for bad in (b"[1, 2]", b"not json", b'"text"', b"null"):
         answer = service.post("/v1/searches", content=bad, headers=auth(service))
-        assert answer.status_code == 422 and "JSON object" in answer.json()["error"] or "not JSON" in answer.json()["error"]
+        assert (
+            answer.status_code == 422
+            and "JSON object" in answer.json()["error"]
+            or "not JSON" in answer.json()["error"]
+        )
     answer = service.post("/v1/searches", json=body(fresh="yes"), headers=auth(service))
     assert answer.status_code == 422 and "true or false" in answer.json()["error"]
     answer = service.post("/v1/searches", content=b"{" + b" " * 70_000 + b"}", headers=auth(service))
@@ -117,6 +148,7 @@ def test_fields_the_service_does_not_take_and_malformed_bodies(service):
 
 
 # -- who may write; what a client may name --------------------------------------------------------
+
 
 def test_writes_need_a_live_token_and_a_refused_one_writes_nothing(service):
     for headers in ({}, {"Authorization": "Bearer at_not-a-token"}, {"Authorization": "Basic eDp5"}):
@@ -147,10 +179,15 @@ def test_a_client_names_hub_ids_or_directories_under_the_model_root_only(service
 
 # -- the queue: idempotent, cancellable -----------------------------------------------------------
 
+
 def test_the_same_request_is_the_same_search(service):
     first = service.post("/v1/searches", json=body(), headers=auth(service))
     assert first.status_code == 201 and first.json()["state"] == SearchState.QUEUED
-    assert first.json()["name"] == "tiny-200MiB" and first.json()["progress"] == {"settled": 0, "total": 2, "confirming": 0}
+    assert first.json()["name"] == "tiny-200MiB" and first.json()["progress"] == {
+        "settled": 0,
+        "total": 2,
+        "confirming": 0,
+    }
     reordered = dict(reversed(list(body().items())))
     again = service.post("/v1/searches", json=reordered, headers=auth(service))
     assert again.status_code == 200 and again.json()["name"] == "tiny-200MiB" and again.json()["created"] is False
@@ -197,14 +234,19 @@ def test_a_worker_takes_only_what_its_device_serves_and_a_dead_holder_is_taken_o
             from sqlalchemy import update
 
             from autotune.store.schema import Search
-            session.execute(update(Search).where(Search.name == "on-cpu")
-                            .values(worker=f"{socket.gethostname()}:{dead.stdout.strip()}"))
+
+            session.execute(
+                update(Search)
+                .where(Search.name == "on-cpu")
+                .values(worker=f"{socket.gethostname()}:{dead.stdout.strip()}")
+            )
         assert store.submitted_search("on-cpu").state == SearchState.INTERRUPTED
         again = store.take_search("host-e:1", cpu.can_serve)
         assert again is not None and again.name == "on-cpu" and again.attempts == 2
 
 
 # -- answers --------------------------------------------------------------------------------------
+
 
 def finished_study(db: str, name: str = "gpt2-8GiB") -> None:
     with open_store(db) as store:
@@ -216,19 +258,30 @@ def finished_study(db: str, name: str = "gpt2-8GiB") -> None:
 
 @pytest.mark.slow  # (the command line itself, or a PostgreSQL server)
 def test_answers_and_best_say_what_the_command_line_says(service):
-    missing = service.get("/v1/answers", params={"model": "gpt2", "budget": "8GiB", "gpu": "H100"}, headers=auth(service))
+    missing = service.get(
+        "/v1/answers", params={"model": "gpt2", "budget": "8GiB", "gpu": "H100"}, headers=auth(service)
+    )
     assert missing.status_code == 404 and "POST /v1/searches" in missing.json()["error"]
     finished_study(service.db)
     found = service.get("/v1/answers", params={"model": "gpt2", "budget": "8GiB", "gpu": "h100"}, headers=auth(service))
     assert found.status_code == 200 and found.json()["study"] == "gpt2-8GiB"
     assert found.json()["best"]["micro_batch"] == 8
-    assert service.get("/v1/answers", params={"model": "gpt2", "budget": "16GiB"}, headers=auth(service)).status_code == 404
+    assert (
+        service.get("/v1/answers", params={"model": "gpt2", "budget": "16GiB"}, headers=auth(service)).status_code
+        == 404
+    )
     for fmt in ("json", "trainer-args", "cli", "accelerate", "yaml"):
-        printed = subprocess.run([sys.executable, "-m", "autotune", "best", "--study", "gpt2-8GiB", "--format", fmt,
-                                  "--db", service.db], capture_output=True, text=True, timeout=60)
+        printed = subprocess.run(
+            [sys.executable, "-m", "autotune", "best", "--study", "gpt2-8GiB", "--format", fmt, "--db", service.db],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         answer = service.get("/v1/searches/gpt2-8GiB/best", params={"format": fmt}, headers=auth(service))
         assert answer.status_code == 200 and answer.text == printed.stdout, fmt
-    assert service.get("/v1/searches/gpt2-8GiB/best", params={"format": "xml"}, headers=auth(service)).status_code == 422
+    assert (
+        service.get("/v1/searches/gpt2-8GiB/best", params={"format": "xml"}, headers=auth(service)).status_code == 422
+    )
     view = service.get("/v1/searches/gpt2-8GiB", headers=auth(service)).json()
     assert view["state"] == SearchState.FINISHED and view["source"] == "command line"
     assert [row["micro_batch"] for row in view["leaderboard"]] == [8, 4]
@@ -250,6 +303,7 @@ def test_events_of_a_finished_study_replay_and_resume_after_last_event_id(servic
 
 # -- a database that goes away --------------------------------------------------------------------
 
+
 @pytest.mark.slow  # (the command line itself, or a PostgreSQL server)
 def test_an_unreachable_database_is_a_503_with_one_line(postgres_server, tmp_path):
     import psycopg
@@ -260,7 +314,9 @@ def test_an_unreachable_database_is_a_503_with_one_line(postgres_server, tmp_pat
     with open_store(url, upgrade=True) as store:
         token = store.create_token("ci")
     finished_study(url)
-    admin = dict(host=postgres_server.host, port=postgres_server.port, user="postgres", dbname="postgres", autocommit=True)
+    admin = dict(
+        host=postgres_server.host, port=postgres_server.port, user="postgres", dbname="postgres", autocommit=True
+    )
     with TestClient(create_app(ServiceConfig(db=url))) as client:
         headers = {"Authorization": f"Bearer {token}"}
         assert client.get("/v1/searches/gpt2-8GiB", headers=headers).status_code == 200
@@ -280,6 +336,7 @@ def test_an_unreachable_database_is_a_503_with_one_line(postgres_server, tmp_pat
 
 
 # -- the commands: serve, token, worker --queue ---------------------------------------------------
+
 
 @pytest.mark.slow  # (the command line itself)
 def test_serve_token_and_queue_worker_refuse_mistakes_in_one_line(tmp_path):
@@ -328,9 +385,28 @@ def test_serve_starts_queue_workers_by_a_launcher_and_stops_them_with_it(tmp_pat
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     db = str(tmp_path / "launched.db")
-    serve = subprocess.Popen([sys.executable, "-m", "autotune", "serve", "--port", str(port), "--db", db, "--workers",
-                              "1", "--launcher", "local", "--worker-device", "cpu"], stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    serve = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "serve",
+            "--port",
+            str(port),
+            "--db",
+            db,
+            "--workers",
+            "1",
+            "--launcher",
+            "local",
+            "--worker-device",
+            "cpu",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline, workers = time.monotonic() + 60, []
         while time.monotonic() < deadline and not workers:
@@ -338,7 +414,9 @@ def test_serve_starts_queue_workers_by_a_launcher_and_stops_them_with_it(tmp_pat
                 httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
             except httpx.HTTPError:
                 pass
-            workers = [pid for pid in processes_named("worker --queue --device cpu --json") if parent_of(pid) == serve.pid]
+            workers = [
+                pid for pid in processes_named("worker --queue --device cpu --json") if parent_of(pid) == serve.pid
+            ]
             time.sleep(0.3)
         assert len(workers) == 1, "the service started no queue worker"
         serve.send_signal(signal.SIGTERM)

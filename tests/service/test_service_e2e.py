@@ -52,17 +52,30 @@ class Deployment:
         # missing (tests/helpers/faults): it is there, except while a test holds a search mid-probe.
         self.gate = base / "gate"
         self.gate.touch()
-        self.env = {**fault_env("gate", on_probe=2), GATE_ENV: str(self.gate), "PYTHONUNBUFFERED": "1",
-                    "AUTOTUNE_HOME": str(base / "home"), "TMPDIR": str(base / "tmp")}
+        self.env = {
+            **fault_env("gate", on_probe=2),
+            GATE_ENV: str(self.gate),
+            "PYTHONUNBUFFERED": "1",
+            "AUTOTUNE_HOME": str(base / "home"),
+            "TMPDIR": str(base / "tmp"),
+        }
 
     def autotune(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=120,
-                              check=True)
+        return subprocess.run(
+            [sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=120, check=True
+        )
 
     def start(self, name: str, *args: str) -> subprocess.Popen:
         log = open(self.base / f"{name}.log", "a")
-        process = subprocess.Popen([sys.executable, "-m", "autotune", *args], stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL, start_new_session=True, env=self.env, cwd=self.base)
+        process = subprocess.Popen(
+            [sys.executable, "-m", "autotune", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=self.env,
+            cwd=self.base,
+        )
         self.processes[name] = process
         return process
 
@@ -120,9 +133,22 @@ class Deployment:
 
 
 def search_body(**changes) -> dict:
-    values = {"model": "tiny", "gpu_budget": "200MiB", "device": "cpu", "micro_batches": [1, 2], "block_sizes": "32",
-              "effective_batch": 2, "precisions": "fp32", "checkpointing": "off", "attention": "sdpa",
-              "measure_seconds": "0.3", "warmup_steps": 2, "measure_steps": 2, "predict": False, "confirm": False}
+    values = {
+        "model": "tiny",
+        "gpu_budget": "200MiB",
+        "device": "cpu",
+        "micro_batches": [1, 2],
+        "block_sizes": "32",
+        "effective_batch": 2,
+        "precisions": "fp32",
+        "checkpointing": "off",
+        "attention": "sdpa",
+        "measure_seconds": "0.3",
+        "warmup_steps": 2,
+        "measure_steps": 2,
+        "predict": False,
+        "confirm": False,
+    }
     values.update(changes)
     return {k: v for k, v in values.items() if v is not None}
 
@@ -148,8 +174,12 @@ def deployment(tmp_path_factory):
 def follow(deployment: Deployment, name: str, seconds: float = 180.0) -> list[tuple[str, dict]]:
     """Read the search's event stream to its `end`: (event, data) pairs."""
     events, kind = [], None
-    with httpx.stream("GET", f"{deployment.url}/v1/searches/{name}/events", headers=deployment.headers,
-                      timeout=httpx.Timeout(seconds, connect=10)) as stream:
+    with httpx.stream(
+        "GET",
+        f"{deployment.url}/v1/searches/{name}/events",
+        headers=deployment.headers,
+        timeout=httpx.Timeout(seconds, connect=10),
+    ) as stream:
         assert stream.status_code == 200
         assert stream.headers["content-type"].startswith("text/event-stream")
         for line in stream.iter_lines():
@@ -185,8 +215,12 @@ def test_a_pipeline_submits_follows_and_trains_with_the_answer(deployment):
     assert view["progress"]["confirming"] == ((view["confirmation"] or {}).get("probes") or 0)
     assert view["best"]["label"] == view["leaderboard"][0]["label"] and view["why"].startswith("Chosen: ")
     # The answer, fed into a real TrainingArguments, as a pipeline would.
-    answer = httpx.get(f"{deployment.url}/v1/searches/{name}/best", params={"format": "trainer-args"},
-                       headers=deployment.headers, timeout=30)
+    answer = httpx.get(
+        f"{deployment.url}/v1/searches/{name}/best",
+        params={"format": "trainer-args"},
+        headers=deployment.headers,
+        timeout=30,
+    )
     document = answer.json()
     from transformers import TrainingArguments
 
@@ -216,8 +250,12 @@ def test_predictions_need_no_gpu_and_refuse_as_the_command_line_does(deployment)
     again = httpx.post(f"{deployment.url}/v1/estimate", json=body, headers=deployment.headers, timeout=300)
     assert again.json()["peak_bytes"] == answer.json()["peak_bytes"]
     assert again.json()["cached"] is True  # (answered from the estimate cache: no trace)
-    refused = httpx.post(f"{deployment.url}/v1/plan", json={"model": "tiny", "gpu": "no-such-card"},
-                         headers=deployment.headers, timeout=60)
+    refused = httpx.post(
+        f"{deployment.url}/v1/plan",
+        json={"model": "tiny", "gpu": "no-such-card"},
+        headers=deployment.headers,
+        timeout=60,
+    )
     assert refused.status_code == 422 and "no-such-card" in refused.json()["error"]
     assert httpx.post(f"{deployment.url}/v1/estimate", json=body, timeout=30).status_code == 401
 
@@ -235,14 +273,15 @@ def test_a_cancelled_search_stops_its_probe_and_resumes_when_submitted_again(dep
                 time.sleep(0.3)
             settled_before = store.settled_counts(["cancel-me"]).get("cancel-me", 0)
         assert settled_before == 1 and deployment.row("cancel-me").state == SearchState.RUNNING
-        cancelled = httpx.post(f"{deployment.url}/v1/searches/cancel-me/cancel", headers=deployment.headers,
-                               timeout=30)
+        cancelled = httpx.post(f"{deployment.url}/v1/searches/cancel-me/cancel", headers=deployment.headers, timeout=30)
         assert cancelled.status_code == 202 and cancelled.json()["cancel_requested"] is True
         row = deployment.wait("cancel-me", lambda r: r.state == SearchState.CANCELLED, "cancelled", seconds=90)
         assert "cancelled by pipeline" in row.reason
         # Nothing of that search is left running: no search or probe process names its study.
         deadline = time.monotonic() + 10
-        while [line for line in processes_under(deployment.base) if "cancel-me" in line] and time.monotonic() < deadline:
+        while [
+            line for line in processes_under(deployment.base) if "cancel-me" in line
+        ] and time.monotonic() < deadline:
             time.sleep(0.2)
         assert [line for line in processes_under(deployment.base) if "cancel-me" in line] == []
     finally:
@@ -276,8 +315,9 @@ def test_a_killed_worker_s_search_is_taken_over_and_the_service_can_die(deployme
         deployment.kill("serve")  # and the service, kill -9, while the other worker goes on
     finally:
         deployment.gate.touch()
-    row = deployment.wait("survivor", lambda r: r.state == SearchState.FINISHED, "finished by the other worker",
-                          seconds=240)
+    row = deployment.wait(
+        "survivor", lambda r: r.state == SearchState.FINISHED, "finished by the other worker", seconds=240
+    )
     assert row.worker.endswith(f":{deployment.processes[other].pid}") and row.attempts == 2
     with open_store(deployment.db) as store:
         study = store.study("survivor")

@@ -58,15 +58,15 @@ def test_a_stale_claim_is_taken_over_once_then_recorded_as_crashed(db_url):
     with open_store(db_url) as store:
         study = make_study(store)
         assert store.claim(study.id, key, "w1", stale_after=STALE) == 1
-        assert store.claim(study.id, key, "w2", stale_after=STALE) is None      # w1 is alive
-        time.sleep(STALE + 0.2)                                                 # w1 dies: no heartbeat
+        assert store.claim(study.id, key, "w2", stale_after=STALE) is None  # w1 is alive
+        time.sleep(STALE + 0.2)  # w1 dies: no heartbeat
         [claim] = store.claims(study.id, stale_after=STALE)
         assert claim.stale
-        assert store.claim(study.id, key, "w2", stale_after=STALE) == 2         # taken over: a retry
+        assert store.claim(study.id, key, "w2", stale_after=STALE) == 2  # taken over: a retry
         assert store.claim(study.id, key, "w3", stale_after=STALE) is None
-        assert not store.heartbeat(study.id, key, "w1")                         # w1's claim is gone
-        time.sleep(STALE + 0.2)                                                 # w2 dies as well
-        assert store.claim(study.id, key, "w3", stale_after=STALE) is None      # no third attempt
+        assert not store.heartbeat(study.id, key, "w1")  # w1's claim is gone
+        time.sleep(STALE + 0.2)  # w2 dies as well
+        assert store.claim(study.id, key, "w3", stale_after=STALE) is None  # no third attempt
         crashed = result("crashed", None, None, error="stopped heartbeating twice")
         # Recording the abandoned claim as crashed happens once, and only once it is stale.
         assert settle(store, study, config(8), crashed, "abandoned", "w3", stale_after=60) is None
@@ -145,9 +145,13 @@ def test_postgresql_connections_killed_between_writes_are_replaced(postgres_url)
         study = make_study(store)
         store.claim(study.id, config(1).key(), "w", stale_after=60)
         url = store.engine.url
-        with psycopg.connect(host=url.host, port=url.port, user=url.username, dbname=url.database, autocommit=True) as admin:
-            killed = admin.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                                   "WHERE datname = current_database() AND pid <> pg_backend_pid()").fetchone()[0]
+        with psycopg.connect(
+            host=url.host, port=url.port, user=url.username, dbname=url.database, autocommit=True
+        ) as admin:
+            killed = admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            ).fetchone()[0]
         assert killed >= 1  # the store's pooled connection, idle while a probe "ran"
         assert settle(store, study, config(1), result("ok"), "claimed", "w") is not None
         assert len(store.probes(study.name)) == 1

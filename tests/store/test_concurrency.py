@@ -20,8 +20,14 @@ def _write_probes(db: str, worker: str, start, done) -> None:
     with open_store(db) as store:
         study = make_study(store, "shared")
         for i in range(PROBES_EACH):
-            store.record_probe(study.id, config(1 + i, grad_accum=1), result(tokens_per_s=100.0 + i),
-                               env_fingerprint=ENV.fingerprint(), worker=worker, trial_number=i)
+            store.record_probe(
+                study.id,
+                config(1 + i, grad_accum=1),
+                result(tokens_per_s=100.0 + i),
+                env_fingerprint=ENV.fingerprint(),
+                worker=worker,
+                trial_number=i,
+            )
     done.put(worker)
 
 
@@ -51,8 +57,13 @@ def _write_forever(db: str) -> None:
     with open_store(db) as store:
         study = make_study(store, "killed")
         for i in range(100_000):
-            store.record_probe(study.id, config(1 + i % 64, grad_accum=1, block_size=128 + i), result(tokens_per_s=float(i)),
-                               env_fingerprint=ENV.fingerprint(), trial_number=i)
+            store.record_probe(
+                study.id,
+                config(1 + i % 64, grad_accum=1, block_size=128 + i),
+                result(tokens_per_s=float(i)),
+                env_fingerprint=ENV.fingerprint(),
+                trial_number=i,
+            )
 
 
 def test_killing_a_writer_at_any_moment_leaves_only_whole_rows(tmp_path):

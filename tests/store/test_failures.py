@@ -26,37 +26,43 @@ def wrapped(message: str, cls=OperationalError, driver_error=sqlite3.Operational
     return cls("INSERT INTO autotune_probes ...", {}, driver_error(message))
 
 
-@pytest.mark.parametrize("message", [
-    "database is locked",                                                             # SQLite, past busy_timeout
-    "database table is locked",
-    "server closed the connection unexpectedly\n\tThis probably means the server terminated abnormally",
-    'connection failed: connection to server at "10.0.0.5", port 5432 failed: Connection refused',
-    "consuming input failed: server closed the connection unexpectedly",
-    "terminating connection due to administrator command",
-    "the database system is starting up",
-    "connection timeout expired",
-    "canceling statement due to statement timeout",
-    "SSL connection has been closed unexpectedly",
-    "the connection is closed",
-    "sorry, too many clients already",
-    "deadlock detected",
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        "database is locked",  # SQLite, past busy_timeout
+        "database table is locked",
+        "server closed the connection unexpectedly\n\tThis probably means the server terminated abnormally",
+        'connection failed: connection to server at "10.0.0.5", port 5432 failed: Connection refused',
+        "consuming input failed: server closed the connection unexpectedly",
+        "terminating connection due to administrator command",
+        "the database system is starting up",
+        "connection timeout expired",
+        "canceling statement due to statement timeout",
+        "SSL connection has been closed unexpectedly",
+        "the connection is closed",
+        "sorry, too many clients already",
+        "deadlock detected",
+    ],
+)
 def test_errors_that_pass_with_time_are_transient(message):
     assert is_transient(wrapped(message))
 
 
-@pytest.mark.parametrize("message", [
-    "database or disk is full",                                                       # SQLite SQLITE_FULL
-    "attempt to write a readonly database",                                           # SQLite SQLITE_READONLY
-    "unable to open database file",
-    "disk I/O error",
-    "file is not a database",
-    'could not extend file "base/16384/16397": No space left on device',             # PostgreSQL DiskFull
-    "cannot execute INSERT in a read-only transaction",
-    'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  password authentication failed for user "u"',
-    'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  database "nope" does not exist',
-    "no such table: autotune_probes",
-])
+@pytest.mark.parametrize(
+    "message",
+    [
+        "database or disk is full",  # SQLite SQLITE_FULL
+        "attempt to write a readonly database",  # SQLite SQLITE_READONLY
+        "unable to open database file",
+        "disk I/O error",
+        "file is not a database",
+        'could not extend file "base/16384/16397": No space left on device',  # PostgreSQL DiskFull
+        "cannot execute INSERT in a read-only transaction",
+        'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  password authentication failed for user "u"',
+        'connection failed: connection to server at "127.0.0.1", port 5432 failed: FATAL:  database "nope" does not exist',
+        "no such table: autotune_probes",
+    ],
+)
 def test_errors_that_waiting_does_not_cure_are_not_transient(message):
     # (Before, every OperationalError counted as transient: a full disk was retried for a minute.)
     assert not is_transient(wrapped(message))
@@ -72,14 +78,17 @@ def test_statement_and_data_mistakes_are_never_transient_and_a_dropped_connectio
     assert is_transient(dropped)
 
 
-@pytest.mark.parametrize("message, words", [
-    ("database or disk is full", "the disk is full"),
-    ("attempt to write a readonly database", "is read-only"),
-    ("cannot execute UPDATE in a read-only transaction", "is read-only"),
-    ("connection timeout expired", f"no answer within {PG_CONNECT_TIMEOUT_S} s"),
-    ("canceling statement due to statement timeout", f"within {PG_STATEMENT_TIMEOUT_S} s"),
-    ("file is not a database", "is not an SQLite database"),
-])
+@pytest.mark.parametrize(
+    "message, words",
+    [
+        ("database or disk is full", "the disk is full"),
+        ("attempt to write a readonly database", "is read-only"),
+        ("cannot execute UPDATE in a read-only transaction", "is read-only"),
+        ("connection timeout expired", f"no answer within {PG_CONNECT_TIMEOUT_S} s"),
+        ("canceling statement due to statement timeout", f"within {PG_STATEMENT_TIMEOUT_S} s"),
+        ("file is not a database", "is not an SQLite database"),
+    ],
+)
 def test_failures_are_told_in_one_line_with_what_to_do(tmp_path, message, words):
     url = resolve_url(tmp_path / "r.db")
     error = describe_failure(url, wrapped(message))
@@ -88,6 +97,7 @@ def test_failures_are_told_in_one_line_with_what_to_do(tmp_path, message, words)
 
 
 # -- a full disk, a read-only file: one line at once, nothing retried -----------------------------
+
 
 def fill_up(store) -> None:
     """Emulate a full disk: SQLite's max_page_count, set on every new connection to the database's
@@ -160,6 +170,7 @@ def test_a_transient_failure_that_outlasts_the_retries_is_one_line(tmp_path, mon
 
 # -- the file deleted or replaced mid-search ----------------------------------------------------
 
+
 def remove_database(db) -> None:
     for suffix in ("", "-wal", "-shm"):
         if os.path.exists(f"{db}{suffix}"):
@@ -211,19 +222,26 @@ def test_writes_go_on_while_the_file_stays(tmp_path):
 
 # -- PostgreSQL timeouts --------------------------------------------------------------------------
 
+
 def test_postgresql_connections_carry_a_connect_and_a_statement_timeout():
     url = resolve_url("postgresql+psycopg://u@db.example/at")
-    assert postgres_connect_args(url) == {"connect_timeout": PG_CONNECT_TIMEOUT_S,
-                                          "options": f"-c statement_timeout={PG_STATEMENT_TIMEOUT_S * 1000}"}
+    assert postgres_connect_args(url) == {
+        "connect_timeout": PG_CONNECT_TIMEOUT_S,
+        "options": f"-c statement_timeout={PG_STATEMENT_TIMEOUT_S * 1000}",
+    }
     # A URL that sets them keeps its own.
     own = resolve_url("postgresql+psycopg://u@db.example/at?connect_timeout=3&options=-c%20statement_timeout%3D5000")
     assert postgres_connect_args(own) == {}
     # And the line for a server that never answered says the timeout that was waited.
-    assert "no answer within 3 s (its connect timeout)" in str(describe_failure(own, wrapped("connection timeout expired")))
+    assert "no answer within 3 s (its connect timeout)" in str(
+        describe_failure(own, wrapped("connection timeout expired"))
+    )
 
 
 def test_a_real_postgresql_session_has_the_statement_timeout(postgres_url):
     with open_store(postgres_url) as store:
         with store.engine.connect() as connection:
-            setting = connection.exec_driver_sql("SELECT setting FROM pg_settings WHERE name = 'statement_timeout'").scalar()
+            setting = connection.exec_driver_sql(
+                "SELECT setting FROM pg_settings WHERE name = 'statement_timeout'"
+            ).scalar()
     assert int(setting) == PG_STATEMENT_TIMEOUT_S * 1000  # milliseconds

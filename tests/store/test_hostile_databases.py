@@ -38,8 +38,11 @@ def run_cli(capsys, *args: str) -> tuple[int, str, str]:
     """The real entry point (autotune.cli.app.main) in this process: (exit status, stdout, stderr)."""
     from autotune.cli import app
 
-    with mock.patch.object(sys, "argv", ["autotune", *args]), mock.patch.object(app, "stop_on_signals"), \
-            mock.patch.object(app, "quiet_openmp"):
+    with (
+        mock.patch.object(sys, "argv", ["autotune", *args]),
+        mock.patch.object(app, "stop_on_signals"),
+        mock.patch.object(app, "quiet_openmp"),
+    ):
         try:
             app.main()
             code = 0
@@ -74,11 +77,13 @@ def filled(tmp_path) -> Path:
 
 # -- 2. a study name that is not text ---------------------------------------------------------------
 
+
 @pytest.mark.parametrize("command", [["leaderboard"], ["best"], ["report"], ["runs"], ["plot"]])
 def test_a_study_name_that_is_not_utf8_is_one_line(capsys, filled, command):
     before = digest(filled)
-    line = refused_in_one_line(run_cli(capsys, *command, "--study", NOT_UTF8, "--db", str(filled)),
-                               "--study '\\xff\\xfe'", "not valid UTF-8")
+    line = refused_in_one_line(
+        run_cli(capsys, *command, "--study", NOT_UTF8, "--db", str(filled)), "--study '\\xff\\xfe'", "not valid UTF-8"
+    )
     assert "surrogates" not in line
     assert digest(filled) == before and beside(filled) == []
 
@@ -133,8 +138,10 @@ def test_a_query_parameter_that_cannot_be_used_is_one_line_naming_it(capsys, fil
 
 
 def test_a_bad_query_creates_no_new_database(capsys, tmp_path):
-    refused_in_one_line(run_cli(capsys, "db", "upgrade", "--db", f"sqlite:///{tmp_path}/data/new.db?detect_types=banana"),
-                        "detect_types='banana'")
+    refused_in_one_line(
+        run_cli(capsys, "db", "upgrade", "--db", f"sqlite:///{tmp_path}/data/new.db?detect_types=banana"),
+        "detect_types='banana'",
+    )
     assert not (tmp_path / "data").exists()
 
 
@@ -147,6 +154,7 @@ def test_good_query_parameters_still_work(filled):
 
 # -- 4. a database that is not autotune's -----------------------------------------------------------
 
+
 @pytest.fixture
 def other_application(tmp_path) -> Path:
     db = tmp_path / "shop.db"
@@ -158,12 +166,18 @@ def other_application(tmp_path) -> Path:
     return db
 
 
-@pytest.mark.parametrize("command, needle", [
-    (["db", "upgrade"], "is not autotune's database: it holds another application's tables (customers, orders)"),
-    (["studies"], "has no autotune tables; `autotune search` creates them, in a new file: this one holds another "
-                  "application's tables (customers, orders)"),
-    (["leaderboard"], "has no autotune tables"),
-])
+@pytest.mark.parametrize(
+    "command, needle",
+    [
+        (["db", "upgrade"], "is not autotune's database: it holds another application's tables (customers, orders)"),
+        (
+            ["studies"],
+            "has no autotune tables; `autotune search` creates them, in a new file: this one holds another "
+            "application's tables (customers, orders)",
+        ),
+        (["leaderboard"], "has no autotune tables"),
+    ],
+)
 def test_another_applications_database_is_refused_and_left_alone(capsys, other_application, command, needle):
     before = digest(other_application)
     refused_in_one_line(run_cli(capsys, *command, "--db", str(other_application)), str(other_application), needle)
@@ -187,14 +201,18 @@ def test_an_empty_file_is_a_new_database(tmp_path):
 
 # -- 4. a database that is not whole ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("command", [["leaderboard"], ["best"], ["studies"]])
 def test_a_dropped_column_is_one_line_naming_table_and_column(capsys, filled, command):
     with sqlite3.connect(filled) as raw:
         raw.execute("ALTER TABLE autotune_probes DROP COLUMN mfu")
     raw.close()
     before = digest(filled)
-    refused_in_one_line(run_cli(capsys, *command, "--db", str(filled)), "is damaged: table autotune_probes has no "
-                        "column mfu", SCHEMA_REVISION)
+    refused_in_one_line(
+        run_cli(capsys, *command, "--db", str(filled)),
+        "is damaged: table autotune_probes has no column mfu",
+        SCHEMA_REVISION,
+    )
     assert digest(filled) == before and beside(filled) == []
     with pytest.raises(DatabaseError, match="table autotune_probes has no column mfu"):
         open_store(filled)  # a resuming search
@@ -214,8 +232,10 @@ def test_a_value_that_is_not_json_is_one_line_naming_study_and_row(capsys, fille
         raw.execute("UPDATE autotune_probes SET phase_peaks = '{oops' WHERE id = 2")
     raw.close()
     before = digest(filled)
-    refused_in_one_line(run_cli(capsys, *command, "--db", str(filled)),
-                        "damaged row: study 's1', probe id 2 (autotune_probes): its phase_peaks is not JSON ('{oops')")
+    refused_in_one_line(
+        run_cli(capsys, *command, "--db", str(filled)),
+        "damaged row: study 's1', probe id 2 (autotune_probes): its phase_peaks is not JSON ('{oops')",
+    )
     assert digest(filled) == before
 
 
@@ -232,6 +252,7 @@ def test_a_resuming_search_on_a_damaged_row_is_one_line(filled):
 
 
 # -- 4. a read-only database leaves nothing beside it -----------------------------------------------
+
 
 def test_a_read_only_database_is_read_and_refused_leaving_nothing(capsys, filled):
     url = f"sqlite:///file:{filled}?mode=ro&uri=true"  # (chmod does nothing to root; this does)
@@ -250,8 +271,11 @@ def test_upgrading_a_read_only_database_is_refused_leaving_nothing(capsys, fille
         raw.execute(f"UPDATE {VERSION_TABLE} SET version_num = '0008_phases'")
     raw.close()
     before = digest(filled)
-    refused_in_one_line(run_cli(capsys, "db", "upgrade", "--db", f"sqlite:///file:{filled}?mode=ro&uri=true"),
-                        f"the results database {filled} is read-only (mode=ro in --db)", "0008_phases")
+    refused_in_one_line(
+        run_cli(capsys, "db", "upgrade", "--db", f"sqlite:///file:{filled}?mode=ro&uri=true"),
+        f"the results database {filled} is read-only (mode=ro in --db)",
+        "0008_phases",
+    )
     assert beside(filled) == [] and digest(filled) == before
 
 
@@ -274,8 +298,10 @@ def test_a_locked_database_is_waited_on_for_a_bounded_time(capsys, filled, monke
     try:
         assert holder.stdout.readline().strip() == "held"
         started = time.monotonic()
-        refused_in_one_line(run_cli(capsys, "studies", "--db", str(filled)),
-                            f"the results database {filled} is locked by another process; waited 1 s")
+        refused_in_one_line(
+            run_cli(capsys, "studies", "--db", str(filled)),
+            f"the results database {filled} is locked by another process; waited 1 s",
+        )
         assert time.monotonic() - started < 4  # (before: 287 s)
     finally:
         holder.kill()
@@ -283,6 +309,7 @@ def test_a_locked_database_is_waited_on_for_a_bounded_time(capsys, filled, monke
 
 
 # -- 8. two processes creating one new database's schema at once ---------------------------------------
+
 
 def _create_schema(path: str, barrier) -> str | None:
     """What a search does first: open the store (our migrations), then Optuna's storage (its tables),

@@ -44,8 +44,15 @@ def test_the_scripts_on_an_empty_database_leave_no_autogenerate_differences(tmp_
             assert compare_schema(connection) == []
             tables = set(inspect(connection).get_table_names())
             version = connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar_one()
-    assert tables == {"autotune_studies", "autotune_probes", "autotune_runs", "autotune_claims", "autotune_searches",
-                          "autotune_tokens", VERSION_TABLE}
+    assert tables == {
+        "autotune_studies",
+        "autotune_probes",
+        "autotune_runs",
+        "autotune_claims",
+        "autotune_searches",
+        "autotune_tokens",
+        VERSION_TABLE,
+    }
     assert "alembic_version" not in tables  # that name is Optuna's
     assert version == SCHEMA_REVISION
 
@@ -76,10 +83,13 @@ def test_a_new_database_is_made_in_one_step_with_the_tables_the_scripts_build(tm
 
 def test_making_a_new_database_needs_no_alembic(tmp_path):
     # The first command on a new machine starts without Alembic's import (a quarter of a second).
-    code = ("import sys; from autotune.store import open_store; open_store(sys.argv[1]).close(); "
-            "print('alembic' in sys.modules)")
-    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path / "new.db")], capture_output=True, text=True,
-                          timeout=120)
+    code = (
+        "import sys; from autotune.store import open_store; open_store(sys.argv[1]).close(); "
+        "print('alembic' in sys.modules)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "new.db")], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stderr
 
 
@@ -106,14 +116,27 @@ def test_database_written_by_revision_0001_upgrades_and_reads_back(tmp_path):
         with store.engine.connect() as connection:
             assert compare_schema(connection) == []
         [study] = store.studies()
-        assert (study.name, study.model_reference, study.status, study.budget_bytes) == ("fixture-0001", "gpt2", "finished", 8 * 2**30)
+        assert (study.name, study.model_reference, study.status, study.budget_bytes) == (
+            "fixture-0001",
+            "gpt2",
+            "finished",
+            8 * 2**30,
+        )
         assert (study.probes_total, study.probes_ok, study.probes_oom, study.best_tokens_per_s) == (2, 1, 1, 18005.3)
         ok, oom = store.probes("fixture-0001")
         assert ok.config == ProbeConfig("gpt2", 8, 512, grad_accum=4, precision="bf16")
         # Rows from before tasks (0003_tasks) read as causal-LM probes.
-        assert (ok.config.task, ok.config.target_length, ok.config.num_labels, ok.result.parameters) == \
-            ("causal-lm", None, None, None)
-        assert (ok.result.peak_reserved_bytes, ok.result.startup_seconds, ok.worker) == (5_600_000_000, 3.1, "gpu-host-1")
+        assert (ok.config.task, ok.config.target_length, ok.config.num_labels, ok.result.parameters) == (
+            "causal-lm",
+            None,
+            None,
+            None,
+        )
+        assert (ok.result.peak_reserved_bytes, ok.result.startup_seconds, ok.worker) == (
+            5_600_000_000,
+            3.1,
+            "gpu-host-1",
+        )
         assert ok.finished_at.tzinfo is not None and ok.finished_at.isoformat().startswith("2026-01-02T03:05:20")
         assert oom.result.status == "oom" and "out of memory" in oom.result.error
         [top] = store.leaderboard()

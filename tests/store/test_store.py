@@ -27,6 +27,7 @@ def store(tmp_path):
 
 # -- where the database is ----------------------------------------------------------------------
 
+
 def test_default_is_autotune_db_then_home(tmp_path, monkeypatch, hermetic_home):
     assert resolve_url(None).database == str(hermetic_home / "autotune.db")  # $AUTOTUNE_DB from conftest
     monkeypatch.delenv("AUTOTUNE_DB")
@@ -101,14 +102,21 @@ def test_db_upgrade_reports_what_it_did(tmp_path):
 
 # -- studies --------------------------------------------------------------------------------------
 
+
 def test_study_is_created_then_resumed(store):
     first = make_study(store)
     assert (first.status, first.budget_bytes, first.env_fingerprint) == ("running", 8 * GiB, ENV.fingerprint())
     assert first.environment["torch_version"] == "2.13.0" and first.created_at.tzinfo == timezone.utc
     store.set_study_status(first.id, "interrupted")
-    resumed = store.get_or_create_study("s1", model=FakeModel("openai-community/gpt2"), environment=ENV,
-                                        budget_bytes=8 * GiB, margin_bytes=GiB // 4, effective_batch=32,
-                                        space={"micro_batch": [1, 2, 4, 8, 16]})
+    resumed = store.get_or_create_study(
+        "s1",
+        model=FakeModel("openai-community/gpt2"),
+        environment=ENV,
+        budget_bytes=8 * GiB,
+        margin_bytes=GiB // 4,
+        effective_batch=32,
+        space={"micro_batch": [1, 2, 4, 8, 16]},
+    )
     assert resumed.id == first.id and resumed.status == "running"  # same architecture, other spelling
     assert resumed.space == {"micro_batch": [1, 2, 4, 8, 16]}
     assert store.study("s1").model_reference == "openai-community/gpt2"  # (it follows the model: below)
@@ -125,8 +133,17 @@ def test_a_study_resumed_with_its_model_at_another_path_follows_it_and_keeps_eve
     store.record_probe(study.id, fast, result("ok", 1500.0), env_fingerprint=fp)
     store.record_probe(study.id, slow, result("ok", 1000.0), env_fingerprint=fp)
     assert store.claim(study.id, slow.key(), "w1", stale_after=60) is not None
-    store.set_confirmation(study.id, {"winner": fast.key(), "winner_label": fast.label(), "tied": [slow.label()],
-                                      "tied_keys": [slow.key()], "probes": 4, "seconds": 9.0})
+    store.set_confirmation(
+        study.id,
+        {
+            "winner": fast.key(),
+            "winner_label": fast.label(),
+            "tied": [slow.label()],
+            "tied_keys": [slow.key()],
+            "probes": 4,
+            "seconds": 9.0,
+        },
+    )
     store.set_study_status(study.id, "finished")
 
     resumed = make_study(store, model=new)
@@ -134,7 +151,9 @@ def test_a_study_resumed_with_its_model_at_another_path_follows_it_and_keeps_eve
     assert resumed.id == study.id and resumed.model_reference == new.recorded
     rows = store.leaderboard("s1")
     assert [(r.config_key, r.config.model, r.tokens_per_s) for r in rows] == [
-        (moved_fast.key(), new.recorded, 1500.0), (moved_slow.key(), new.recorded, 1000.0)]
+        (moved_fast.key(), new.recorded, 1500.0),
+        (moved_slow.key(), new.recorded, 1000.0),
+    ]
     decision = store.study("s1").confirmation
     assert (decision["winner"], decision["tied_keys"]) == (moved_fast.key(), [moved_slow.key()])
     assert [c.config_key for c in store.claims(study.id, stale_after=60)] == [moved_slow.key()]
@@ -165,11 +184,14 @@ def test_a_study_searched_now_from_another_path_is_not_moved_under_it(store, mon
     assert store.study("s1").model_reference == "/old/demo-gpt2"
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"model": FakeModel("gpt2-medium", "aaaa")}, "model 'gpt2'"),
-    ({"budget": 4 * GiB}, "budget 8.00 GiB (not 4.00 GiB)"),
-    ({"margin": GiB}, "margin"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"model": FakeModel("gpt2-medium", "aaaa")}, "model 'gpt2'"),
+        ({"budget": 4 * GiB}, "budget 8.00 GiB (not 4.00 GiB)"),
+        ({"margin": GiB}, "margin"),
+    ],
+)
 def test_a_study_name_taken_by_another_model_or_budget_is_refused(store, change, words):
     make_study(store)
     with pytest.raises(BadInput, match="pick another --study name") as info:
@@ -182,11 +204,22 @@ def test_study_names_are_checked(store):
         make_study(store, name="  ")
 
 
-@pytest.mark.parametrize("name, needle", [
-    ("", "--study is empty"), (" \t", "--study is empty"), (".", "names a directory"), ("..", "names a directory"),
-    ("a/b", "characters a study name cannot have ('/')"), ("../x", "cannot have"), ("/abs", "cannot have"),
-    ("two words", "(' ')"), ("-rf", "starts with '-'"), ("x" * 201, "201 characters long"), ("é", "cannot have"),
-])
+@pytest.mark.parametrize(
+    "name, needle",
+    [
+        ("", "--study is empty"),
+        (" \t", "--study is empty"),
+        (".", "names a directory"),
+        ("..", "names a directory"),
+        ("a/b", "characters a study name cannot have ('/')"),
+        ("../x", "cannot have"),
+        ("/abs", "cannot have"),
+        ("two words", "(' ')"),
+        ("-rf", "starts with '-'"),
+        ("x" * 201, "201 characters long"),
+        ("é", "cannot have"),
+    ],
+)
 def test_a_study_name_that_would_become_a_path_or_a_flag_is_refused_before_writing(store, name, needle):
     with pytest.raises(BadInput, match="--study") as info:
         make_study(store, name=name)
@@ -194,7 +227,9 @@ def test_a_study_name_that_would_become_a_path_or_a_flag_is_refused_before_writi
     assert store.studies() == []
 
 
-@pytest.mark.parametrize("name", ["gpt2-8GiB", "tiny-gpt2-2.3GiB", "team:gpt2@h100+ckpt", "a_b.c", "x" * 200, "..-8GiB"])
+@pytest.mark.parametrize(
+    "name", ["gpt2-8GiB", "tiny-gpt2-2.3GiB", "team:gpt2@h100+ckpt", "a_b.c", "x" * 200, "..-8GiB"]
+)
 def test_study_names_users_write_are_accepted(store, name):
     assert check_study_name(name) == name
     assert make_study(store, name=name).name == name
@@ -209,7 +244,13 @@ def test_an_empty_study_name_is_not_read_as_the_latest(store):
 
 def test_studies_list_counts_and_best(store):
     a = make_study(store, "a")
-    for mb, status, speed in ((1, "ok", 900.0), (2, "ok", 1500.0), (4, "oom", None), (8, "skipped", None), (16, "timeout", None)):
+    for mb, status, speed in (
+        (1, "ok", 900.0),
+        (2, "ok", 1500.0),
+        (4, "oom", None),
+        (8, "skipped", None),
+        (16, "timeout", None),
+    ):
         store.record_probe(a.id, config(mb), result(status, speed), env_fingerprint=ENV.fingerprint())
     make_study(store, "b")  # most recent, no probes
     b_summary, a_summary = store.studies()
@@ -238,13 +279,32 @@ def test_study_status_and_unknown_studies(store):
 
 # -- probes ---------------------------------------------------------------------------------------
 
+
 def test_probe_round_trip_keeps_every_field(store):
     study = make_study(store)
-    measured = result(cap_bytes=7 * GiB, context_bytes=GiB // 2, samples_per_s=2.5, mfu=0.41, first_loss=10.8,
-                      last_loss=float("nan"), warmup_steps=2, measured_steps=3, startup_seconds=2.0,
-                      build_seconds=1.5, measured_seconds=4.0, error="note")
-    probe_id = store.record_probe(study.id, config(4, precision="bf16", checkpointing=True), measured, trial_number=7,
-                                  env_fingerprint=ENV.fingerprint(), predicted_peak_bytes=3 * GiB, worker="w1")
+    measured = result(
+        cap_bytes=7 * GiB,
+        context_bytes=GiB // 2,
+        samples_per_s=2.5,
+        mfu=0.41,
+        first_loss=10.8,
+        last_loss=float("nan"),
+        warmup_steps=2,
+        measured_steps=3,
+        startup_seconds=2.0,
+        build_seconds=1.5,
+        measured_seconds=4.0,
+        error="note",
+    )
+    probe_id = store.record_probe(
+        study.id,
+        config(4, precision="bf16", checkpointing=True),
+        measured,
+        trial_number=7,
+        env_fingerprint=ENV.fingerprint(),
+        predicted_peak_bytes=3 * GiB,
+        worker="w1",
+    )
     [stored] = store.probes("s1")
     assert stored.id == probe_id and stored.trial_number == 7 and stored.worker == "w1"
     assert stored.config == config(4, precision="bf16", checkpointing=True)
@@ -264,8 +324,12 @@ def test_an_evaluating_probe_keeps_its_recipe_and_each_phases_peaks(store):
     measured = result("oom", peak=6 * GiB, phase_peaks=peaks, failed_phase="eval", error="eval phase: out of memory")
     store.record_probe(study.id, evaluating, measured, env_fingerprint=ENV.fingerprint())
     ok = result(peak=4 * GiB, phase_peaks={**peaks, "eval": {"allocated": GiB, "reserved": 2 * GiB}})
-    store.record_probe(study.id, config(2, eval_batch=16, eval_logits="kept", eval_accumulation_steps=2), ok,
-                       env_fingerprint=ENV.fingerprint())
+    store.record_probe(
+        study.id,
+        config(2, eval_batch=16, eval_logits="kept", eval_accumulation_steps=2),
+        ok,
+        env_fingerprint=ENV.fingerprint(),
+    )
     stored = store.probes("s1")
     assert stored[0].config == evaluating and stored[0].result.to_dict() == measured.to_dict()
     [row] = store.leaderboard("s1")
@@ -275,8 +339,18 @@ def test_an_evaluating_probe_keeps_its_recipe_and_each_phases_peaks(store):
 def test_find_cached_reuses_only_lasting_outcomes_of_the_same_setting(store):
     study = make_study(store)
     env_fp = ENV.fingerprint()
-    key_args = dict(env_fingerprint=env_fp, model_fingerprint=FakeModel().fingerprint, budget_bytes=8 * GiB, margin_bytes=GiB // 4)
-    for mb, status in ((1, "ok"), (2, "oom"), (4, "unstable"), (8, "skipped"), (16, "timeout"), (32, "crashed"), (64, "error")):
+    key_args = dict(
+        env_fingerprint=env_fp, model_fingerprint=FakeModel().fingerprint, budget_bytes=8 * GiB, margin_bytes=GiB // 4
+    )
+    for mb, status in (
+        (1, "ok"),
+        (2, "oom"),
+        (4, "unstable"),
+        (8, "skipped"),
+        (16, "timeout"),
+        (32, "crashed"),
+        (64, "error"),
+    ):
         store.record_probe(study.id, config(mb, grad_accum=1), result(status), env_fingerprint=env_fp)
     reused = {mb: store.find_cached(config(mb, grad_accum=1).key(), **key_args) for mb in (1, 2, 4, 8, 16, 32, 64)}
     assert {mb: r.status for mb, r in reused.items() if r} == {1: "ok", 2: "oom", 4: "unstable", 8: "skipped"}
@@ -304,6 +378,7 @@ def test_find_cached_reuses_only_lasting_outcomes_of_the_same_setting(store):
 
 
 # -- leaderboard ----------------------------------------------------------------------------------
+
 
 def test_leaderboard_ranks_ok_probes_fastest_first_ties_to_lower_peak(store):
     study = make_study(store)
@@ -339,16 +414,25 @@ def test_leaderboard_of_another_study_is_separate(store):
 
 # -- runs -----------------------------------------------------------------------------------------
 
+
 def test_runs_start_finish_and_fail(store, tmp_path):
     study = make_study(store)
     probe_id = store.record_probe(study.id, config(4), result(), env_fingerprint=ENV.fingerprint())
-    run_id = store.start_run(config=config(4), study_id=study.id, probe_id=probe_id, output_dir=tmp_path / "out",
-                             dataset="text:corpus.txt")
+    run_id = store.start_run(
+        config=config(4), study_id=study.id, probe_id=probe_id, output_dir=tmp_path / "out", dataset="text:corpus.txt"
+    )
     running = store.run(run_id)
     assert (running.status, running.finished_at, running.output_dir) == ("running", None, str(tmp_path / "out"))
     assert running.config["micro_batch"] == 4
-    store.finish_run(run_id, steps=100, tokens_per_s=950.0, peak_allocated_bytes=GiB, peak_reserved_bytes=2 * GiB,
-                     final_loss=3.2, summary={"epochs": 1})
+    store.finish_run(
+        run_id,
+        steps=100,
+        tokens_per_s=950.0,
+        peak_allocated_bytes=GiB,
+        peak_reserved_bytes=2 * GiB,
+        final_loss=3.2,
+        summary={"epochs": 1},
+    )
     done = store.run(run_id)
     assert (done.status, done.steps, done.final_loss, done.summary) == ("finished", 100, 3.2, {"epochs": 1})
     assert done.finished_at >= done.started_at

@@ -33,9 +33,20 @@ def searched_workspace(tmp_path_factory, probe_runner) -> Workspace:
         # A real search, kept small: two micro-batches of one block size, one probe step each, in
         # the worker's warm probe child; no memory prediction (no assertion here reads one).
         runner = probe_runner(ProbeSettings(device="cpu", measure_steps=1))
-        outcome = search(str(model), STUDY_BUDGET, settings=runner.settings, runner=runner,
-                         options=SearchOptions(study=STUDY, predict=False), db=db, micro_batches=(1, 2), block_sizes=(64,),
-                         precisions=("fp32",), checkpointing=(False,), attentions=("sdpa",), effective_batch=2)
+        outcome = search(
+            str(model),
+            STUDY_BUDGET,
+            settings=runner.settings,
+            runner=runner,
+            options=SearchOptions(study=STUDY, predict=False),
+            db=db,
+            micro_batches=(1, 2),
+            block_sizes=(64,),
+            precisions=("fp32",),
+            checkpointing=(False,),
+            attentions=("sdpa",),
+            effective_batch=2,
+        )
     assert outcome.best is not None and outcome.study.status == "finished"
     return Workspace(root=root, model=model, corpus=corpus, small_eval=small_eval, db=db, study=STUDY)
 

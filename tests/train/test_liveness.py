@@ -20,10 +20,31 @@ def test_kill_9_of_train_leaves_its_run_interrupted_for_the_next_command(workspa
     """`workspace` (tests/train/conftest.py) holds a finished CPU study of a tiny model with its
     tokenizer, and a corpus."""
     out = tmp_path / "run"
-    train = subprocess.Popen([sys.executable, "-m", "autotune", "train", "--study", workspace.study, "--db", workspace.db,
-                              "--dataset", str(workspace.corpus), "--output-dir", str(out),
-                              "--device", "cpu", "--max-steps", "100000", "--save-steps", "100000"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    train = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "train",
+            "--study",
+            workspace.study,
+            "--db",
+            workspace.db,
+            "--dataset",
+            str(workspace.corpus),
+            "--output-dir",
+            str(out),
+            "--device",
+            "cpu",
+            "--max-steps",
+            "100000",
+            "--save-steps",
+            "100000",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         wait_for(lambda: _runs(workspace.db) and _runs(workspace.db)[-1]["status"] == "running", what="the run")
         os.killpg(train.pid, signal.SIGKILL)

@@ -39,9 +39,10 @@ def test_the_accountant_watches_the_first_steps_and_each_evaluation_and_not_the_
         meter.on_step_end(None, state, None)
     # The steps it watched count; the steps after them do not; the evaluation counts from what was
     # alive when it began, as the accountant saw it.
-    assert meter.phase_peaks == {"train": {"allocated": WARMUP_STEPS * MiB, "reserved": WARMUP_STEPS * MiB},
-                                 "eval": {"allocated": (WARMUP_STEPS + 4) * MiB,
-                                          "reserved": (WARMUP_STEPS + 4) * MiB}}
+    assert meter.phase_peaks == {
+        "train": {"allocated": WARMUP_STEPS * MiB, "reserved": WARMUP_STEPS * MiB},
+        "eval": {"allocated": (WARMUP_STEPS + 4) * MiB, "reserved": (WARMUP_STEPS + 4) * MiB},
+    }
     # The `with` that entered it left nothing on torch's dispatch stack, suspended or not.
     assert not limits.accountant.watching and torch._C._len_torch_dispatch_stack() == 0
 

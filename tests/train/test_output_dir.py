@@ -14,17 +14,20 @@ from autotune.train import DEFAULT_OUTPUT_ROOT, default_output_dir
 from autotune.train.fine_tune import check_output_dir
 
 
-@pytest.mark.parametrize("study, part", [
-    ("gpt2-8GiB", "gpt2-8GiB"),
-    ("..", "__"),                 # (old code: autotune-runs/.. , the working directory itself)
-    (".", "_"),
-    ("...", "___"),
-    ("", "_"),
-    ("/etc", "_etc"),
-    ("../../x", ".._.._x"),
-    ("team:gpt2@h100+ckpt", "team_gpt2_h100_ckpt"),
-    ("a b", "a_b"),
-])
+@pytest.mark.parametrize(
+    "study, part",
+    [
+        ("gpt2-8GiB", "gpt2-8GiB"),
+        ("..", "__"),  # (old code: autotune-runs/.. , the working directory itself)
+        (".", "_"),
+        ("...", "___"),
+        ("", "_"),
+        ("/etc", "_etc"),
+        ("../../x", ".._.._x"),
+        ("team:gpt2@h100+ckpt", "team_gpt2_h100_ckpt"),
+        ("a b", "a_b"),
+    ],
+)
 def test_the_default_output_dir_is_one_plain_part_under_the_root(study, part):
     path = default_output_dir(study)
     assert path == Path(DEFAULT_OUTPUT_ROOT) / part

@@ -46,7 +46,7 @@ def padded(tmp_path_factory):
     def passage(low: int, high: int) -> str:
         n = rng.randint(low, high)
         start = rng.randrange(len(words) - n)
-        return " ".join(words[start:start + n])
+        return " ".join(words[start : start + n])
 
     reviews = root / "reviews.csv"
     with reviews.open("w", newline="") as f:
@@ -54,10 +54,10 @@ def padded(tmp_path_factory):
         writer.writerow(["text", "label"])
         writer.writerows([passage(3, 40), rng.choice(["neg", "neutral", "pos"])] for _ in range(200))
     pairs = root / "pairs.jsonl"
-    pairs.write_text("".join(json.dumps({"document": passage(10, 80), "summary": passage(3, 20)}) + "\n"
-                             for _ in range(100)))
-    return {"root": root, "models": models, "reviews": reviews, "pairs": pairs,
-            "db": f"sqlite:///{root / 'padded.db'}"}
+    pairs.write_text(
+        "".join(json.dumps({"document": passage(10, 80), "summary": passage(3, 20)}) + "\n" for _ in range(100))
+    )
+    return {"root": root, "models": models, "reviews": reviews, "pairs": pairs, "db": f"sqlite:///{root / 'padded.db'}"}
 
 
 def step_peaks(model_dir, config: ProbeConfig) -> dict[bool, int]:
@@ -95,9 +95,17 @@ def searched(padded, runner, family: str, budget: int, study: str, **space):
         data = padded["reviews"] if family == "bert-classification" else padded["pairs"]
         from autotune.data.options import DataOptions
 
-        return search(str(padded["models"][family]), budget, settings=SETTINGS,
-                      options=SearchOptions(study=study, predict=False, confirm=False), db=padded["db"],
-                      data=DataOptions(str(data)), runner=runner, **SPACE, **space)
+        return search(
+            str(padded["models"][family]),
+            budget,
+            settings=SETTINGS,
+            options=SearchOptions(study=study, predict=False, confirm=False),
+            db=padded["db"],
+            data=DataOptions(str(data)),
+            runner=runner,
+            **SPACE,
+            **space,
+        )
 
 
 @pytest.mark.parametrize("attention", ["eager", "sdpa"])
@@ -123,8 +131,12 @@ def test_the_pick_of_a_padded_search_trains_under_its_budget(padded, runner, tmp
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     # The run pads each batch to its longest example, as the probes timed it (autotune.lengths): its
     # peak is its worst batch's, which its first batches need not reach, and never more than the probe's.
-    outcome = train(TrainOptions(dataset=str(padded["reviews"]), output_dir=str(tmp_path / "run"), max_steps=4,
-                                 device="cpu"), study=f"tight-{attention}", db=padded["db"], echo=lambda line: None)
+    outcome = train(
+        TrainOptions(dataset=str(padded["reviews"]), output_dir=str(tmp_path / "run"), max_steps=4, device="cpu"),
+        study=f"tight-{attention}",
+        db=padded["db"],
+        echo=lambda line: None,
+    )
     assert outcome.status == RunEnd.FINISHED, outcome.message
     assert tight.best.config.lengths is not None and outcome.summary.peak_vs_probe <= 1.01, outcome.summary
     # A run of the worst batch (the data's longest example beside a shorter one, whose padding puts
@@ -139,10 +151,21 @@ def test_the_pick_of_a_padded_search_trains_under_its_budget(padded, runner, tmp
     assert len(tokens(longest)["input_ids"]) == tight.best.config.block_size
     worst = tmp_path / "worst.csv"
     with worst.open("w", newline="") as f:
-        csv.writer(f).writerows([["text", "label"], [longest, "neg"], [longest[:len(longest) // 2], "pos"],
-                                 [longest, "neutral"], [longest[:len(longest) // 2], "neg"]])
-    outcome = train(TrainOptions(dataset=str(worst), output_dir=str(tmp_path / "worst"), max_steps=4, device="cpu"),
-                    study=f"tight-{attention}", db=padded["db"], echo=lambda line: None)
+        csv.writer(f).writerows(
+            [
+                ["text", "label"],
+                [longest, "neg"],
+                [longest[: len(longest) // 2], "pos"],
+                [longest, "neutral"],
+                [longest[: len(longest) // 2], "neg"],
+            ]
+        )
+    outcome = train(
+        TrainOptions(dataset=str(worst), output_dir=str(tmp_path / "worst"), max_steps=4, device="cpu"),
+        study=f"tight-{attention}",
+        db=padded["db"],
+        echo=lambda line: None,
+    )
     assert outcome.status == RunEnd.FINISHED, outcome.message
     assert 0.99 <= outcome.summary.peak_vs_probe <= 1.01, outcome.summary
 
@@ -153,8 +176,12 @@ def test_a_padded_seq2seq_pick_trains_at_its_probes_peak(padded, runner, tmp_pat
     config = outcome.best.config
     assert config.block_size < 256 and config.target_length < 64  # both capped at the data's longest
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    run = train(TrainOptions(dataset=str(padded["pairs"]), output_dir=str(tmp_path / "run"), max_steps=4, device="cpu"),
-                study="pegasus", db=padded["db"], echo=lambda line: None)
+    run = train(
+        TrainOptions(dataset=str(padded["pairs"]), output_dir=str(tmp_path / "run"), max_steps=4, device="cpu"),
+        study="pegasus",
+        db=padded["db"],
+        echo=lambda line: None,
+    )
     assert run.status == RunEnd.FINISHED, run.message
     assert 0.99 <= run.summary.peak_vs_probe <= 1.01, run.summary
 

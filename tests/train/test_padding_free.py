@@ -24,8 +24,14 @@ MiB = 2**20
 
 
 def config(micro_batch: int = 4, **changes) -> ProbeConfig:
-    fields = dict(model="gpt2", micro_batch=micro_batch, block_size=BLOCK, grad_accum=8 // micro_batch, lengths=TEXT,
-                  padding_free=True)
+    fields = dict(
+        model="gpt2",
+        micro_batch=micro_batch,
+        block_size=BLOCK,
+        grad_accum=8 // micro_batch,
+        lengths=TEXT,
+        padding_free=True,
+    )
     return ProbeConfig(**{**fields, **changes})
 
 
@@ -50,8 +56,17 @@ def batches(attention: str, rows: list[int]):
     from autotune.probe.batches import drawn_batch
 
     torch.manual_seed(0)
-    hf = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=2, vocab_size=96, n_positions=BLOCK, use_cache=False,
-                             attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0)  # (no dropout: the two compare)
+    hf = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=32,
+        n_head=2,
+        vocab_size=96,
+        n_positions=BLOCK,
+        use_cache=False,
+        attn_pdrop=0.0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+    )  # (no dropout: the two compare)
     model = transformers.GPT2LMHeadModel._from_config(hf, attn_implementation=attention)
     flat = drawn_batch(config(len(rows), attention=attention), rows, 96, torch.device("cpu"))
     assert set(flat) == {"input_ids", "position_ids", "labels"} and flat["input_ids"].shape == (1, sum(rows))
@@ -59,7 +74,7 @@ def batches(attention: str, rows: list[int]):
     padded = drawn_batch(padded_config, rows, 96, torch.device("cpu"))
     start = 0
     for row, length in enumerate(rows):  # (the same tokens: the flat row's, cut back into rows)
-        padded["input_ids"][row, :length] = flat["input_ids"][0, start:start + length]
+        padded["input_ids"][row, :length] = flat["input_ids"][0, start : start + length]
         start += length
     padded["labels"] = torch.where(padded["attention_mask"].bool(), padded["input_ids"], -100)
     return model, padded, flat
@@ -91,7 +106,9 @@ def test_a_model_whose_attention_mixes_the_examples_is_found_out():
 
     model, padded, flat = batches("sdpa", [9, 9])
     model.config.use_cache = True  # a cache in training: transformers then ignores the positions' boundaries
-    assert "does not keep examples put end to end apart" in padding_free_problem(model, config(2), 96, torch.device("cpu"))
+    assert "does not keep examples put end to end apart" in padding_free_problem(
+        model, config(2), 96, torch.device("cpu")
+    )
     with torch.no_grad():
         assert not torch.allclose(model(**padded, use_cache=False).loss, model(**flat).loss, rtol=1e-4)
     model.config.use_cache = False
@@ -116,17 +133,33 @@ def test_the_space_offers_padding_free_only_where_it_keeps_the_examples_and_trl_
 
     gpt2 = resolve_model(str(write_model_dir(tmp_path / "gpt2", n_layer=1, n_embd=32, n_head=2, vocab_size=100)))
     shape = DataShape("sft.jsonl", "causal-lm", 4000, longest=max(DATA), lengths=TEXT)
-    space = SearchSpace.build(gpt2, effective_batch=8, block_sizes=(256,), packing=False, data_shape=shape,
-                              micro_batches=(2, 8), samplings=("random", "group_by_length"), padding_frees=(False, True))
+    space = SearchSpace.build(
+        gpt2,
+        effective_batch=8,
+        block_sizes=(256,),
+        packing=False,
+        data_shape=shape,
+        micro_batches=(2, 8),
+        samplings=("random", "group_by_length"),
+        padding_frees=(False, True),
+    )
     assert {(c.micro_batch, c.sampling, c.padding_free) for c in space.candidates()} == {
-        (m, s, False) for m in (2, 8) for s in ("random", "group_by_length")} | {(2, "random", True), (8, "random", True)}
+        (m, s, False) for m in (2, 8) for s in ("random", "group_by_length")
+    } | {(2, "random", True), (8, "random", True)}
     assert space.to_dict()["padding_frees"] == [False, True] and SearchSpace.from_stored(space.to_dict()) == space
     with pytest.raises(BadInput, match="--padding-free on puts each micro-batch's examples end to end"):
         SearchSpace.build(gpt2, effective_batch=8, padding_frees=(True,))
     # TRL cuts no example under padding_free: data longer than the block is refused for it.
     with pytest.raises(BadInput, match=r"TRL does not cut examples under padding_free .* up to 128 tokens"):
-        SearchSpace.build(gpt2, effective_batch=8, block_sizes=(64,), packing=False, data_shape=shape, trainer="trl",
-                          padding_frees=(True,))
+        SearchSpace.build(
+            gpt2,
+            effective_batch=8,
+            block_sizes=(64,),
+            packing=False,
+            data_shape=shape,
+            trainer="trl",
+            padding_frees=(True,),
+        )
 
 
 def test_each_tool_is_handed_padding_free_batches_or_refuses_them():
@@ -165,13 +198,14 @@ def sft(tmp_path_factory):
     with data.open("w") as f:
         for length in rng.sample(DATA, 300):
             start = rng.randrange(len(words) - length)
-            f.write(json.dumps({"text": " ".join(words[start:start + length])}) + "\n")
+            f.write(json.dumps({"text": " ".join(words[start : start + length])}) + "\n")
     return {"model": model, "data": data, "db": f"sqlite:///{root / 'padding-free.db'}"}
 
 
 @pytest.mark.slow
-def test_a_search_chooses_padding_free_batches_by_real_tokens_and_its_run_fits(sft, probe_runner, tmp_path,
-                                                                              monkeypatch):
+def test_a_search_chooses_padding_free_batches_by_real_tokens_and_its_run_fits(
+    sft, probe_runner, tmp_path, monkeypatch
+):
     from autotune.data.options import DataOptions
     from autotune.probe import ProbeSettings
     from autotune.search import SearchOptions, search
@@ -180,24 +214,50 @@ def test_a_search_chooses_padding_free_batches_by_real_tokens_and_its_run_fits(s
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     settings = ProbeSettings(device="cpu", measure_steps=2, margin=0)
-    outcome = search(str(sft["model"]), 512 * MiB, settings=settings, db=sft["db"],
-                     options=SearchOptions(study="flat", predict=False, confirm=False),
-                     data=DataOptions(str(sft["data"])), runner=probe_runner(settings), packing=False,
-                     padding_frees=(False, True), micro_batches=(4,), effective_batch=8, precisions=("fp32",),
-                     checkpointing=(False,), attentions=("sdpa",))
+    outcome = search(
+        str(sft["model"]),
+        512 * MiB,
+        settings=settings,
+        db=sft["db"],
+        options=SearchOptions(study="flat", predict=False, confirm=False),
+        data=DataOptions(str(sft["data"])),
+        runner=probe_runner(settings),
+        packing=False,
+        padding_frees=(False, True),
+        micro_batches=(4,),
+        effective_batch=8,
+        precisions=("fp32",),
+        checkpointing=(False,),
+        attentions=("sdpa",),
+    )
     rows = {row.config.padding_free: row for row in outcome.leaderboard}
     assert set(rows) == {False, True} and all(row.tokens_per_s for row in rows.values())
     assert rows[True].config.padding_share == 0.0 < rows[False].config.padding_share
     assert rows[True].config.tokens_per_step == rows[False].config.tokens_per_step
     # The padding-free pick trains under Trainer with DataCollatorWithFlattening, at most its probe's peak.
-    only = search(str(sft["model"]), 512 * MiB, settings=settings, db=sft["db"],
-                  options=SearchOptions(study="flat-only", predict=False, confirm=False),
-                  data=DataOptions(str(sft["data"])), runner=probe_runner(settings), packing=False,
-                  padding_frees=(True,), micro_batches=(4,), effective_batch=8, precisions=("fp32",),
-                  checkpointing=(False,), attentions=("sdpa",))
+    only = search(
+        str(sft["model"]),
+        512 * MiB,
+        settings=settings,
+        db=sft["db"],
+        options=SearchOptions(study="flat-only", predict=False, confirm=False),
+        data=DataOptions(str(sft["data"])),
+        runner=probe_runner(settings),
+        packing=False,
+        padding_frees=(True,),
+        micro_batches=(4,),
+        effective_batch=8,
+        precisions=("fp32",),
+        checkpointing=(False,),
+        attentions=("sdpa",),
+    )
     assert only.best is not None and only.best.config.padding_free
-    run = train(TrainOptions(dataset=str(sft["data"]), output_dir=str(tmp_path / "run"), max_steps=4, device="cpu"),
-                study="flat-only", db=sft["db"], echo=lambda line: None)
+    run = train(
+        TrainOptions(dataset=str(sft["data"]), output_dir=str(tmp_path / "run"), max_steps=4, device="cpu"),
+        study="flat-only",
+        db=sft["db"],
+        echo=lambda line: None,
+    )
     assert run.status == RunEnd.FINISHED, run.message
     assert run.summary.peak_vs_probe <= 1.01, run.summary
 
@@ -211,8 +271,10 @@ def test_the_estimate_of_a_padding_free_step_is_the_cpu_probes_peak(sft, probe_r
 
     # (checkpointing keeps the mask, an input of every checkpointed layer, alive through the backward:
     # 1 MiB of it at 8 x 128 positions, which an estimate without it would miss)
-    configs = [config(8, model=str(sft["model"]), attention=attention, grad_accum=1, checkpointing=True)
-               for attention in ("sdpa", "eager")]
+    configs = [
+        config(8, model=str(sft["model"]), attention=attention, grad_accum=1, checkpointing=True)
+        for attention in ("sdpa", "eager")
+    ]
     estimates = estimate_memories(configs, device_type="cpu", use_cache=False, children=trace_children)
     runner = probe_runner(ProbeSettings(device="cpu", warmup_steps=2, measure_steps=1, measure_seconds=0.0))
     for config_, estimate in zip(configs, estimates):
@@ -233,7 +295,7 @@ def test_trls_padding_free_batch_is_its_collators():
     ours = drawn_batch(config(3, trainer="trl"), rows, 96, torch.device("cpu"))
     examples, start = [], 0
     for n in rows:
-        examples.append({"input_ids": ours["input_ids"][0, start:start + n].tolist()})
+        examples.append({"input_ids": ours["input_ids"][0, start : start + n].tolist()})
         start += n
     theirs = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(examples)
     assert set(ours) == set(theirs), (set(ours), set(theirs))

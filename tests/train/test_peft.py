@@ -20,21 +20,37 @@ from tests.helpers.store import leaderboard_row
 from tests.helpers.training import STUDY
 
 
-@pytest.mark.parametrize("optimizer, weights, precision, optim, optim_args, bf16", [
-    ("adafactor", "bf16", "fp32", "adafactor", None, False),   # pure bf16 without autocast
-    ("sgd", "bf16", "bf16", "sgd", "momentum=0.9", True),
-    ("adamw", "fp32", "fp32", "adamw_torch_fused", None, False),
-])
-def test_training_arguments_carry_the_optimizer_and_precision_the_probe_measured(tmp_path, optimizer, weights,
-                                                                                precision, optim, optim_args, bf16):
+@pytest.mark.parametrize(
+    "optimizer, weights, precision, optim, optim_args, bf16",
+    [
+        ("adafactor", "bf16", "fp32", "adafactor", None, False),  # pure bf16 without autocast
+        ("sgd", "bf16", "bf16", "sgd", "momentum=0.9", True),
+        ("adamw", "fp32", "fp32", "adamw_torch_fused", None, False),
+    ],
+)
+def test_training_arguments_carry_the_optimizer_and_precision_the_probe_measured(
+    tmp_path, optimizer, weights, precision, optim, optim_args, bf16
+):
     import torch
 
     from autotune.train.run import training_arguments
 
-    config = ProbeConfig(model="gpt2", micro_batch=2, block_size=64, grad_accum=2, precision=precision,
-                         optimizer=optimizer, weights=weights)
-    args = training_arguments(Winner(study=None, row=leaderboard_row(config)),  # type: ignore[arg-type]
-                              TrainOptions(dataset="x.txt", max_steps=1), tmp_path, torch.device("cpu"), has_eval=False)
+    config = ProbeConfig(
+        model="gpt2",
+        micro_batch=2,
+        block_size=64,
+        grad_accum=2,
+        precision=precision,
+        optimizer=optimizer,
+        weights=weights,
+    )
+    args = training_arguments(
+        Winner(study=None, row=leaderboard_row(config)),  # type: ignore[arg-type]
+        TrainOptions(dataset="x.txt", max_steps=1),
+        tmp_path,
+        torch.device("cpu"),
+        has_eval=False,
+    )
     assert (args.optim, args.optim_args, args.bf16, args.fp16) == (optim, optim_args, bf16, False)
 
 
@@ -45,8 +61,15 @@ def test_the_model_loads_as_the_probe_built_it_bf16_with_adapters_after_checkpoi
     from autotune.models import resolve_model
     from autotune.train.loading import build_model
 
-    config = ProbeConfig(model=tiny_model, micro_batch=1, block_size=32, precision="bf16", checkpointing=True,
-                         weights="bf16", peft=peft_text("lora", rank=4))
+    config = ProbeConfig(
+        model=tiny_model,
+        micro_batch=1,
+        block_size=32,
+        precision="bf16",
+        checkpointing=True,
+        weights="bf16",
+        peft=peft_text("lora", rank=4),
+    )
     model = build_model(resolve_model(tiny_model), config, torch.device("cpu"), weights=None)
     assert isinstance(model, PeftModel)
     base = model.get_base_model()
@@ -71,19 +94,43 @@ def test_lora_searches_with_its_adapters_trains_saves_the_adapter_and_merges(wor
 
     def narrow_search(model, budget, *, settings, options, db=None, on_event=None, on_start=None, **space_args):
         asked.update(space_args)
-        return real_search(model, budget, settings=ProbeSettings(device="cpu", measure_steps=1),
-                           options=replace(options, predict=False), db=db, on_event=on_event, on_start=on_start,
-                           micro_batches=(2,), block_sizes=(64,), precisions=("fp32",), checkpointing=(True,),
-                           attentions=("sdpa",), effective_batch=2, **space_args)
+        return real_search(
+            model,
+            budget,
+            settings=ProbeSettings(device="cpu", measure_steps=1),
+            options=replace(options, predict=False),
+            db=db,
+            on_event=on_event,
+            on_start=on_start,
+            micro_batches=(2,),
+            block_sizes=(64,),
+            precisions=("fp32",),
+            checkpointing=(True,),
+            attentions=("sdpa",),
+            effective_batch=2,
+            **space_args,
+        )
 
     monkeypatch.setattr(autotune.search, "search", narrow_search)
     lora = peft_text("lora", rank=4, alpha=8)
     out = tmp_path / "run"
     lines: list[str] = []
-    outcome = train(TrainOptions(dataset=str(workspace.corpus), output_dir=str(out), max_steps=3, device="cpu",
-                                 learning_rate=1e-3, merge=True),
-                    model=str(workspace.model), gpu_budget=64 * 2**20, study="tiny-lora", peft=lora, db=workspace.db,
-                    echo=lines.append)
+    outcome = train(
+        TrainOptions(
+            dataset=str(workspace.corpus),
+            output_dir=str(out),
+            max_steps=3,
+            device="cpu",
+            learning_rate=1e-3,
+            merge=True,
+        ),
+        model=str(workspace.model),
+        gpu_budget=64 * 2**20,
+        study="tiny-lora",
+        peft=lora,
+        db=workspace.db,
+        echo=lines.append,
+    )
     assert asked == {"peft": lora}
     assert outcome.finished and outcome.summary.config.peft == lora and outcome.summary.config.checkpointing
     # The run holds what the probe measured: the adapters' gradients and optimizer state only.
@@ -102,7 +149,9 @@ def test_lora_searches_with_its_adapters_trains_saves_the_adapter_and_merges(wor
 
     # --merge: a whole model that loads without peft and computes what base + adapters compute.
     merged = AutoModelForCausalLM.from_pretrained(out / "merged")
-    assert type(merged).__name__ == "GPT2LMHeadModel" and not any("lora" in name for name, _ in merged.named_parameters())
+    assert type(merged).__name__ == "GPT2LMHeadModel" and not any(
+        "lora" in name for name, _ in merged.named_parameters()
+    )
     ids = torch.randint(0, 500, (1, 16))
     adapted.eval(), merged.eval()
     with torch.no_grad():
@@ -113,15 +162,30 @@ def test_lora_searches_with_its_adapters_trains_saves_the_adapter_and_merges(wor
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("flags, needle", [
-    (["--merge"], f"--merge merges LoRA adapters into the base, but study '{STUDY}' fine-tunes the whole model"),
-    (["--peft", "lora", "--lora-rank", "4"], f"contradicts study '{STUDY}', which measured full fine-tuning"),
-])
+@pytest.mark.parametrize(
+    "flags, needle",
+    [
+        (["--merge"], f"--merge merges LoRA adapters into the base, but study '{STUDY}' fine-tunes the whole model"),
+        (["--peft", "lora", "--lora-rank", "4"], f"contradicts study '{STUDY}', which measured full fine-tuning"),
+    ],
+)
 def test_a_recipe_the_study_did_not_measure_is_one_line_and_exit_2(workspace, tmp_path, flags, needle):
     with open_store(workspace.db) as store:
         before = len(store.runs())
-    proc = autotune("train", "--study", workspace.study, "--dataset", str(workspace.corpus), *flags,
-                    "--output-dir", str(tmp_path / "out"), "--device", "cpu", "--db", workspace.db)
+    proc = autotune(
+        "train",
+        "--study",
+        workspace.study,
+        "--dataset",
+        str(workspace.corpus),
+        *flags,
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--device",
+        "cpu",
+        "--db",
+        workspace.db,
+    )
     assert_usage_error(proc, needle)
     assert not (tmp_path / "out").exists()
     with open_store(workspace.db) as store:

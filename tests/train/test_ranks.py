@@ -40,11 +40,23 @@ def ranked(tmp_path_factory, runner):
     db = f"sqlite:///{root / 'ranks.db'}"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
-        outcome = search(str(model), BUDGET, settings=runner.settings, runner=runner,
-                         # (no confirmation round: tests/search/test_confirm.py; here it would time both again)
-                         options=SearchOptions(study="two-ranks", predict=False, confirm=False), db=db, micro_batches=(2,),
-                         block_sizes=(64,), precisions=("fp32",), checkpointing=(False,), attentions=("sdpa",),
-                         effective_batch=4, gpus=2, strategies=("ddp", "fsdp"))
+        outcome = search(
+            str(model),
+            BUDGET,
+            settings=runner.settings,
+            runner=runner,
+            # (no confirmation round: tests/search/test_confirm.py; here it would time both again)
+            options=SearchOptions(study="two-ranks", predict=False, confirm=False),
+            db=db,
+            micro_batches=(2,),
+            block_sizes=(64,),
+            precisions=("fp32",),
+            checkpointing=(False,),
+            attentions=("sdpa",),
+            effective_batch=4,
+            gpus=2,
+            strategies=("ddp", "fsdp"),
+        )
     assert outcome.best is not None, outcome
     return {"root": root, "model": model, "corpus": corpus, "db": db, "outcome": outcome, "runner": runner}
 
@@ -55,15 +67,30 @@ def _study_of_one_strategy(ranked, strategy: str) -> None:
     from autotune.search import SearchOptions, search
 
     runner = ranked["runner"]
-    search(str(ranked["model"]), BUDGET, settings=runner.settings, runner=runner,
-           options=SearchOptions(study=strategy, predict=False), db=ranked["db"], micro_batches=(2,),
-           block_sizes=(64,), precisions=("fp32",), checkpointing=(False,), attentions=("sdpa",), effective_batch=4,
-           gpus=2, strategies=(strategy,))
+    search(
+        str(ranked["model"]),
+        BUDGET,
+        settings=runner.settings,
+        runner=runner,
+        options=SearchOptions(study=strategy, predict=False),
+        db=ranked["db"],
+        micro_batches=(2,),
+        block_sizes=(64,),
+        precisions=("fp32",),
+        checkpointing=(False,),
+        attentions=("sdpa",),
+        effective_batch=4,
+        gpus=2,
+        strategies=(strategy,),
+    )
 
 
 def test_a_search_over_strategies_finishes_with_a_pick(ranked):
     outcome = ranked["outcome"]
-    assert outcome.study.status == "finished", (outcome.stop_reason, [(c.label(), r.status, r.error) for c, r in outcome.unmeasured])
+    assert outcome.study.status == "finished", (
+        outcome.stop_reason,
+        [(c.label(), r.status, r.error) for c, r in outcome.unmeasured],
+    )
     best = outcome.best.config
     assert (best.gpus, best.micro_batch, best.grad_accum) == (2, 2, 1)  # 2 ranks x 2 sequences = the effective batch 4
     assert best.strategy in ("ddp", "fsdp")
@@ -79,12 +106,14 @@ def test_each_strategys_ranks_hold_what_the_estimate_of_a_rank_predicts(ranked, 
         probes = {p.config.strategy: p for p in store.probes("two-ranks") if p.result.status == "ok"}
     strategies = sorted(probes)
     assert strategies == ["ddp", "fsdp"], probes
-    estimates = estimate_memories([probes[s].config for s in strategies], device_type="cpu", use_cache=False,
-                                  children=trace_children)
+    estimates = estimate_memories(
+        [probes[s].config for s in strategies], device_type="cpu", use_cache=False, children=trace_children
+    )
     width, vocabulary = TINY_GPT2["n_embd"], TINY_GPT2["vocab_size"]
     for strategy, estimate in zip(strategies, estimates):
-        assert_rank_predicted(estimate, probes[strategy].result, largest_unit=vocabulary * width * 4 + 2 * width * 4,
-                              what=strategy)
+        assert_rank_predicted(
+            estimate, probes[strategy].result, largest_unit=vocabulary * width * 4 + 2 * width * 4, what=strategy
+        )
     # Sharding holds half the parameters and optimizer state a rank of DDP holds.
     ddp, fsdp = estimates
     assert fsdp.params + fsdp.optimizer == pytest.approx((ddp.params + ddp.optimizer) / 2, rel=0.01)
@@ -104,8 +133,13 @@ def test_train_runs_the_ddp_winner_on_two_ranks_and_holds_each_ranks_peak_to_the
         connection.execute(text("UPDATE autotune_studies SET model_reference = 'tiny-gpt2' WHERE name = 'ddp'"))
     monkeypatch.chdir(tmp_path)
     lines: list[str] = []
-    outcome = train(TrainOptions(dataset=str(ranked["corpus"]), output_dir="run", max_steps=4, device="cpu"),
-                    study="ddp", model=str(ranked["model"]), db=db, echo=lines.append)
+    outcome = train(
+        TrainOptions(dataset=str(ranked["corpus"]), output_dir="run", max_steps=4, device="cpu"),
+        study="ddp",
+        model=str(ranked["model"]),
+        db=db,
+        echo=lines.append,
+    )
     assert outcome.status == RunEnd.FINISHED, outcome.message
     summary = outcome.summary
     assert summary.config.gpus == 2 and summary.config.strategy == "ddp"
@@ -130,8 +164,12 @@ def test_an_fsdp_winner_on_cpu_is_refused_before_anything_runs(ranked, tmp_path,
     db = ranked["db"]
     _study_of_one_strategy(ranked, "fsdp")
     with pytest.raises(BadInput, match="shards with FSDP on GPUs only"):
-        train(TrainOptions(dataset=str(ranked["corpus"]), output_dir=str(tmp_path / "run"), max_steps=2, device="cpu"),
-              study="fsdp", db=db, echo=lambda line: None)
+        train(
+            TrainOptions(dataset=str(ranked["corpus"]), output_dir=str(tmp_path / "run"), max_steps=2, device="cpu"),
+            study="fsdp",
+            db=db,
+            echo=lambda line: None,
+        )
     assert not (tmp_path / "run").exists()
 
 
@@ -139,8 +177,13 @@ def test_gpus_given_with_a_study_must_repeat_its_winners(ranked, tmp_path):
     from autotune.train import TrainOptions, train
 
     with pytest.raises(BadInput, match="--gpus 4 contradicts study 'two-ranks', whose winner was probed on 2 GPUs"):
-        train(TrainOptions(dataset=str(ranked["corpus"]), output_dir=str(tmp_path / "run"), max_steps=2, device="cpu"),
-              study="two-ranks", gpus=4, db=ranked["db"], echo=lambda line: None)
+        train(
+            TrainOptions(dataset=str(ranked["corpus"]), output_dir=str(tmp_path / "run"), max_steps=2, device="cpu"),
+            study="two-ranks",
+            gpus=4,
+            db=ranked["db"],
+            echo=lambda line: None,
+        )
 
 
 def test_the_ranks_output_is_relayed_without_torchruns_own_report():
@@ -148,12 +191,16 @@ def test_the_ranks_output_is_relayed_without_torchruns_own_report():
 
     from autotune.probe.torchrun import RanksOutput
 
-    lines = [b"*****************************************\n",
-             b"Setting OMP_NUM_THREADS environment variable for each process to be 1 in default\n",
-             b"step 1/4: loss 6.9\n", b"autotune: rank 0: pass --model\n",
-             b"E1126 14:54:09.763000 6119 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 3)\n",
-             b"Traceback (most recent call last):\n", b"torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n",
-             b"Root Cause (first observed failure):\n"]
+    lines = [
+        b"*****************************************\n",
+        b"Setting OMP_NUM_THREADS environment variable for each process to be 1 in default\n",
+        b"step 1/4: loss 6.9\n",
+        b"autotune: rank 0: pass --model\n",
+        b"E1126 14:54:09.763000 6119 torch/distributed/elastic/multiprocessing/api.py:1002] failed (exitcode: 3)\n",
+        b"Traceback (most recent call last):\n",
+        b"torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n",
+        b"Root Cause (first observed failure):\n",
+    ]
     out = io.StringIO()
     relay = RanksOutput(io.BytesIO(b"".join(lines)), out)
     relay.run()

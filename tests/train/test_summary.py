@@ -15,27 +15,86 @@ MiB = 2**20
 
 # The contract: these keys, in this order ("message" only for a run that ran out of memory).
 KEYS = [
-    "status", "run_id", "study", "probe_id", "model", "weights", "dataset", "output_dir", "device", "device_type",
-    "config", "training_arguments", "block_size", "tokens_per_step", "train_blocks", "eval_blocks", "resumed_from",
-    "steps", "steps_this_run", "max_steps", "tokens_per_s", "wall_tokens_per_s", "train_seconds", "seconds",
-    "budget_bytes", "margin_bytes", "cap_bytes", "context_bytes", "peak_allocated_bytes", "peak_reserved_bytes",
-    "required_bytes", "probe", "peak_vs_probe", "final_loss", "eval_loss", "perplexity", "warnings", "error",
+    "status",
+    "run_id",
+    "study",
+    "probe_id",
+    "model",
+    "weights",
+    "dataset",
+    "output_dir",
+    "device",
+    "device_type",
+    "config",
+    "training_arguments",
+    "block_size",
+    "tokens_per_step",
+    "train_blocks",
+    "eval_blocks",
+    "resumed_from",
+    "steps",
+    "steps_this_run",
+    "max_steps",
+    "tokens_per_s",
+    "wall_tokens_per_s",
+    "train_seconds",
+    "seconds",
+    "budget_bytes",
+    "margin_bytes",
+    "cap_bytes",
+    "context_bytes",
+    "peak_allocated_bytes",
+    "peak_reserved_bytes",
+    "required_bytes",
+    "probe",
+    "peak_vs_probe",
+    "final_loss",
+    "eval_loss",
+    "perplexity",
+    "warnings",
+    "error",
 ]
 
 
 def finished_run(**changes) -> RunSummary:
     config = ProbeConfig(model="gpt2", micro_batch=4, block_size=128, grad_accum=2)
     summary = RunSummary(
-        status="finished", run_id=7, study="gpt2-1GiB", probe_id=3, model="gpt2", weights="random-init",
-        dataset="corpus.txt", output_dir="/runs/gpt2-1GiB", device="NVIDIA H100 80GB HBM3", device_type="cuda",
-        config=config, training_arguments={"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
-        train_blocks=900, eval_blocks=None, resumed_from=None, steps=20, steps_this_run=20, max_steps=20,
-        tokens_per_s=50_000.0, wall_tokens_per_s=40_000.0, train_seconds=2.5, seconds=4.0,
-        budget_bytes=1024 * MiB, margin_bytes=51 * MiB, cap_bytes=473 * MiB, context_bytes=500 * MiB,
-        peak_allocated_bytes=400 * MiB, peak_reserved_bytes=420 * MiB,
-        probe=ProbeMeasurement(peak_allocated_bytes=395 * MiB, peak_reserved_bytes=400 * MiB, context_bytes=500 * MiB,
-                               tokens_per_s=52_000.0),
-        final_loss=3.25, eval_loss=3.5,
+        status="finished",
+        run_id=7,
+        study="gpt2-1GiB",
+        probe_id=3,
+        model="gpt2",
+        weights="random-init",
+        dataset="corpus.txt",
+        output_dir="/runs/gpt2-1GiB",
+        device="NVIDIA H100 80GB HBM3",
+        device_type="cuda",
+        config=config,
+        training_arguments={"per_device_train_batch_size": 4, "gradient_accumulation_steps": 2},
+        train_blocks=900,
+        eval_blocks=None,
+        resumed_from=None,
+        steps=20,
+        steps_this_run=20,
+        max_steps=20,
+        tokens_per_s=50_000.0,
+        wall_tokens_per_s=40_000.0,
+        train_seconds=2.5,
+        seconds=4.0,
+        budget_bytes=1024 * MiB,
+        margin_bytes=51 * MiB,
+        cap_bytes=473 * MiB,
+        context_bytes=500 * MiB,
+        peak_allocated_bytes=400 * MiB,
+        peak_reserved_bytes=420 * MiB,
+        probe=ProbeMeasurement(
+            peak_allocated_bytes=395 * MiB,
+            peak_reserved_bytes=400 * MiB,
+            context_bytes=500 * MiB,
+            tokens_per_s=52_000.0,
+        ),
+        final_loss=3.25,
+        eval_loss=3.5,
     )
     return replace(summary, **changes)
 
@@ -54,7 +113,9 @@ def test_to_dict_keeps_the_keys_and_derives_the_figures():
 
 
 def test_missing_measurements_leave_the_derived_figures_empty():
-    data = finished_run(peak_reserved_bytes=None, eval_loss=60.0, probe=ProbeMeasurement(None, None, None, None)).to_dict()
+    data = finished_run(
+        peak_reserved_bytes=None, eval_loss=60.0, probe=ProbeMeasurement(None, None, None, None)
+    ).to_dict()
     assert data["required_bytes"] is None and data["peak_vs_probe"] is None and data["perplexity"] is None
 
 
@@ -101,8 +162,18 @@ def test_render_a_finished_run():
 
 
 def test_render_a_run_that_ran_out_of_memory():
-    text = render_run_summary(finished_run(status="oom", device_type="cpu", device="cpu", steps=2, steps_this_run=2,
-                                           train_seconds=None, tokens_per_s=None, final_loss=None))
+    text = render_run_summary(
+        finished_run(
+            status="oom",
+            device_type="cpu",
+            device="cpu",
+            steps=2,
+            steps_this_run=2,
+            train_seconds=None,
+            tokens_per_s=None,
+            final_loss=None,
+        )
+    )
     assert text.splitlines() == [
         "run #7 oom: 2 steps (2 this run); mb4x2 blk128 fp32 no-ckpt sdpa on cpu",
         "memory: peak allocated 400.00 MiB, reserved 420.00 MiB before it stopped of the 1.00 GiB budget "

@@ -29,23 +29,39 @@ from tests.helpers.corpus import corpus_text, write_task_tokenizer
 
 BUDGET = 64 * 2**20
 # One candidate per search (a probe child's start and three steps: seconds), no estimator child.
-NARROW = {"micro_batches": (2,), "block_sizes": (32,), "precisions": ("fp32",), "checkpointing": (False,),
-          "attentions": ("sdpa",), "effective_batch": 2}
+NARROW = {
+    "micro_batches": (2,),
+    "block_sizes": (32,),
+    "precisions": ("fp32",),
+    "checkpointing": (False,),
+    "attentions": ("sdpa",),
+    "effective_batch": 2,
+}
 
 
 @dataclass(frozen=True)
 class TaskWorkspace:
-    models: dict[str, Path]   # family -> directory with config.json and tokenizer files (no weights)
-    pairs: Path               # JSONL: document, summary
-    reviews: Path             # CSV: review, sentiment ('neg'/'pos')
-    plain: Path               # plain text
-    db: str                   # holds studies 'cls' (bert-classification, 3 labels) and 'mlm' (bert-mlm)
+    models: dict[str, Path]  # family -> directory with config.json and tokenizer files (no weights)
+    pairs: Path  # JSONL: document, summary
+    reviews: Path  # CSV: review, sentiment ('neg'/'pos')
+    plain: Path  # plain text
+    db: str  # holds studies 'cls' (bert-classification, 3 labels) and 'mlm' (bert-mlm)
 
 
 def narrow_search(model, budget, *, runner, settings, options, db=None, on_event=None, on_start=None, **space_args):
     """autotune.search.search over one configuration on CPU, probed by `runner` (the module's)."""
-    return real_search(model, budget, settings=runner.settings, options=replace(options, predict=False),
-                       db=db, on_event=on_event, on_start=on_start, runner=runner, **space_args, **NARROW)
+    return real_search(
+        model,
+        budget,
+        settings=runner.settings,
+        options=replace(options, predict=False),
+        db=db,
+        on_event=on_event,
+        on_start=on_start,
+        runner=runner,
+        **space_args,
+        **NARROW,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -64,22 +80,23 @@ def ws(tmp_path_factory, runner) -> TaskWorkspace:
         models[family] = write_tiny(root, family)
         write_task_tokenizer(text, models[family])
     pairs = root / "pairs.jsonl"
-    rows = [{"document": text[i:i + 300], "summary": text[i + 300:i + 360]} for i in range(0, 20_000, 400)]
+    rows = [{"document": text[i : i + 300], "summary": text[i + 300 : i + 360]} for i in range(0, 20_000, 400)]
     rows.append({"document": "a document without a summary is left out", "summary": ""})
     pairs.write_text("".join(json.dumps(row) + "\n" for row in rows))
     reviews = root / "reviews.csv"
     with reviews.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["review", "sentiment"])
-        writer.writerows([text[i * 200:i * 200 + 200], ("pos", "neg")[i % 2]] for i in range(40))
+        writer.writerows([text[i * 200 : i * 200 + 200], ("pos", "neg")[i % 2]] for i in range(40))
     plain = root / "plain.txt"
     plain.write_text(text[:60_000])
     db = f"sqlite:///{root / 'studies.db'}"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")
         for study, family in (("cls", "bert-classification"), ("mlm", "bert-mlm")):
-            outcome = narrow_search(str(models[family]), BUDGET, runner=runner, settings=None,
-                                    options=SearchOptions(study=study), db=db)
+            outcome = narrow_search(
+                str(models[family]), BUDGET, runner=runner, settings=None, options=SearchOptions(study=study), db=db
+            )
             assert outcome.best is not None and outcome.study.status == "finished"
     return TaskWorkspace(models=models, pairs=pairs, reviews=reviews, plain=plain, db=db)
 
@@ -100,12 +117,21 @@ def test_seq2seq_searches_first_with_the_task_fields_and_saves_a_seq2seq_model(w
     import autotune.search
 
     asked = []
-    monkeypatch.setattr(autotune.search, "search",
-                        lambda *a, **k: asked.append(k) or narrow_search(*a, runner=runner, **k))
+    monkeypatch.setattr(
+        autotune.search, "search", lambda *a, **k: asked.append(k) or narrow_search(*a, runner=runner, **k)
+    )
     out, lines = tmp_path / "run", []
-    outcome = train(TrainOptions(dataset=str(ws.pairs), output_dir=str(out), max_steps=2, device="cpu", eval_split="10%"),
-                    model=str(ws.models["t5"]), gpu_budget=BUDGET, target_length=16, db=ws.db, echo=lines.append)
-    assert [{k: v for k, v in a.items() if k in ("task", "target_length", "num_labels")} for a in asked] == [{"target_length": 16}]
+    outcome = train(
+        TrainOptions(dataset=str(ws.pairs), output_dir=str(out), max_steps=2, device="cpu", eval_split="10%"),
+        model=str(ws.models["t5"]),
+        gpu_budget=BUDGET,
+        target_length=16,
+        db=ws.db,
+        echo=lines.append,
+    )
+    assert [{k: v for k, v in a.items() if k in ("task", "target_length", "num_labels")} for a in asked] == [
+        {"target_length": 16}
+    ]
     assert outcome.finished and outcome.searched, outcome.message
     assert any("text in column 'document', target in column 'summary'" in line for line in lines), lines
     summary = outcome.summary
@@ -125,11 +151,17 @@ def test_classification_maps_text_labels_to_ids_and_warns_of_another_head_size(w
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     out = tmp_path / "run"
-    outcome = train(TrainOptions(dataset=str(ws.reviews), output_dir=str(out), max_steps=2, device="cpu",
-                                 label_column="sentiment"), study="cls", db=ws.db, echo=quiet)
+    outcome = train(
+        TrainOptions(dataset=str(ws.reviews), output_dir=str(out), max_steps=2, device="cpu", label_column="sentiment"),
+        study="cls",
+        db=ws.db,
+        echo=quiet,
+    )
     assert outcome.finished, outcome.message
     assert outcome.summary.config.num_labels == 3  # the study measured the config's three labels
-    assert any("the data has 2 labels and the probe measured a head of 3" in w for w in outcome.warnings), outcome.warnings
+    assert any("the data has 2 labels and the probe measured a head of 3" in w for w in outcome.warnings), (
+        outcome.warnings
+    )
     assert 0.95 < outcome.summary.peak_vs_probe < 1.05, outcome.summary
     model = AutoModelForSequenceClassification.from_pretrained(out)
     assert type(model).__name__ == "BertForSequenceClassification" and model.config.num_labels == 2
@@ -144,8 +176,25 @@ def test_masked_lm_command_trains_with_masking_and_saves_a_masked_lm(ws, tmp_pat
     from transformers import AutoModelForMaskedLM
 
     out = tmp_path / "run"
-    result = CliRunner().invoke(cli, ["train", "--study", "mlm", "--dataset", str(ws.plain), "--max-steps", "2",
-                                      "--device", "cpu", "--output-dir", str(out), "--db", ws.db, "--json"])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "train",
+            "--study",
+            "mlm",
+            "--dataset",
+            str(ws.plain),
+            "--max-steps",
+            "2",
+            "--device",
+            "cpu",
+            "--output-dir",
+            str(out),
+            "--db",
+            ws.db,
+            "--json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
     assert summary["status"] == "finished" and summary["config"]["task"] == "masked-lm" and summary["steps"] == 2
@@ -166,8 +215,16 @@ def test_a_new_classifier_study_is_searched_with_the_labels_of_its_data(ws, tmp_
 
     monkeypatch.setattr(autotune.search, "search", stop)
     with pytest.raises(Searched) as searched:  # the config's id2label has 3 labels, the data 2: the data's are measured
-        train(TrainOptions(dataset=str(ws.reviews), output_dir=str(tmp_path / "out"), label_column="sentiment", device="cpu"),
-              model=str(ws.models["bert-classification"]), gpu_budget=BUDGET, task="classification", db=ws.db, echo=quiet)
+        train(
+            TrainOptions(
+                dataset=str(ws.reviews), output_dir=str(tmp_path / "out"), label_column="sentiment", device="cpu"
+            ),
+            model=str(ws.models["bert-classification"]),
+            gpu_budget=BUDGET,
+            task="classification",
+            db=ws.db,
+            echo=quiet,
+        )
     assert searched.value.args[0] == {"task": "classification", "num_labels": 2}
 
 
@@ -177,23 +234,50 @@ def _write(path: Path, text: str) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("study, make, options, kwargs, error, needle", [
-    ("cls", lambda ws, d: ws.reviews, {}, {}, DatasetError,
-     "no label column for classification (columns: review, sentiment); give a data set with a 'label' column"),
-    ("cls", lambda ws, d: ws.reviews, {"label_column": "stars"}, {}, DatasetError,
-     "--label-column 'stars': "),
-    ("cls", lambda ws, d: _write(d / "one.csv", "text,label\nsome text,pos\nmore text,pos\n"), {}, {}, DatasetError,
-     "a classifier needs at least two labels"),
-    ("cls", lambda ws, d: ws.reviews, {"label_column": "sentiment", "target_column": "review"}, {}, BadInput,
-     "--target-column is for --task seq2seq"),
-    ("mlm", lambda ws, d: ws.plain, {}, {"task": "classification"}, BadInput,
-     "--task classification contradicts study 'mlm', which measured masked-lm"),
-    ("mlm", lambda ws, d: ws.plain, {}, {"num_labels": 4}, BadInput, "--num-labels is for --task classification"),
-    ("mlm", lambda ws, d: ws.plain, {"tokenizer": "no-mask"}, {}, BadInput, "has no mask token"),
-    (None, lambda ws, d: ws.plain, {}, {}, DatasetError, "no target column (columns: text)"),
-])
-def test_a_task_mistake_is_refused_before_anything_is_searched_or_recorded(ws, tmp_path, monkeypatch, study, make,
-                                                                           options, kwargs, error, needle):
+@pytest.mark.parametrize(
+    "study, make, options, kwargs, error, needle",
+    [
+        (
+            "cls",
+            lambda ws, d: ws.reviews,
+            {},
+            {},
+            DatasetError,
+            "no label column for classification (columns: review, sentiment); give a data set with a 'label' column",
+        ),
+        ("cls", lambda ws, d: ws.reviews, {"label_column": "stars"}, {}, DatasetError, "--label-column 'stars': "),
+        (
+            "cls",
+            lambda ws, d: _write(d / "one.csv", "text,label\nsome text,pos\nmore text,pos\n"),
+            {},
+            {},
+            DatasetError,
+            "a classifier needs at least two labels",
+        ),
+        (
+            "cls",
+            lambda ws, d: ws.reviews,
+            {"label_column": "sentiment", "target_column": "review"},
+            {},
+            BadInput,
+            "--target-column is for --task seq2seq",
+        ),
+        (
+            "mlm",
+            lambda ws, d: ws.plain,
+            {},
+            {"task": "classification"},
+            BadInput,
+            "--task classification contradicts study 'mlm', which measured masked-lm",
+        ),
+        ("mlm", lambda ws, d: ws.plain, {}, {"num_labels": 4}, BadInput, "--num-labels is for --task classification"),
+        ("mlm", lambda ws, d: ws.plain, {"tokenizer": "no-mask"}, {}, BadInput, "has no mask token"),
+        (None, lambda ws, d: ws.plain, {}, {}, DatasetError, "no target column (columns: text)"),
+    ],
+)
+def test_a_task_mistake_is_refused_before_anything_is_searched_or_recorded(
+    ws, tmp_path, monkeypatch, study, make, options, kwargs, error, needle
+):
     import autotune.search
 
     monkeypatch.setattr(autotune.search, "search", lambda *a, **k: pytest.fail("searched"))
@@ -203,26 +287,49 @@ def test_a_task_mistake_is_refused_before_anything_is_searched_or_recorded(ws, t
     where = {"study": study} if study else {"model": str(ws.models["t5"]), "gpu_budget": BUDGET}
     before = len(runs(ws.db))
     with pytest.raises(error) as raised:
-        train(TrainOptions(dataset=str(make(ws, tmp_path)), output_dir=str(tmp_path / "out"), max_steps=1, device="cpu",
-                           **options), db=ws.db, echo=quiet, **where, **kwargs)
+        train(
+            TrainOptions(
+                dataset=str(make(ws, tmp_path)), output_dir=str(tmp_path / "out"), max_steps=1, device="cpu", **options
+            ),
+            db=ws.db,
+            echo=quiet,
+            **where,
+            **kwargs,
+        )
     assert needle in str(raised.value) and "\n" not in str(raised.value)
     assert len(runs(ws.db)) == before and not (tmp_path / "out").exists()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra, needle", [
-    ([], "no label column for classification (columns: review, sentiment)"),
-    (["--task", "seq2seq"], "--task seq2seq contradicts study 'cls', which measured classification"),
-])
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        ([], "no label column for classification (columns: review, sentiment)"),
+        (["--task", "seq2seq"], "--task seq2seq contradicts study 'cls', which measured classification"),
+    ],
+)
 def test_a_task_mistake_on_the_command_line_is_one_line_and_exit_2(ws, tmp_path, extra, needle):
     before = len(runs(ws.db))
-    proc = autotune("train", "--study", "cls", "--dataset", str(ws.reviews), *extra, "--output-dir", str(tmp_path / "out"),
-                    "--device", "cpu", "--db", ws.db)
+    proc = autotune(
+        "train",
+        "--study",
+        "cls",
+        "--dataset",
+        str(ws.reviews),
+        *extra,
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--device",
+        "cpu",
+        "--db",
+        ws.db,
+    )
     assert_usage_error(proc, needle)
     assert len(runs(ws.db)) == before
 
 
 # -- the columns and labels of each task, without a run -------------------------------------------
+
 
 def test_labels_are_ids_as_the_example_scripts_make_them(tmp_path):
     def labels(rows: str, **options):
@@ -283,14 +390,18 @@ def test_train_refuses_a_study_that_timed_trls_step():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family, data, auto_class, class_name", [
-    ("pegasus", "pairs", "AutoModelForSeq2SeqLM", "PegasusForConditionalGeneration"),
-    ("bart", "pairs", "AutoModelForSeq2SeqLM", "BartForConditionalGeneration"),
-    ("distilbert", "plain", "AutoModelForMaskedLM", "DistilBertForMaskedLM"),
-    ("roberta", "plain", "AutoModelForMaskedLM", "RobertaForMaskedLM"),
-])
-def test_every_other_family_searches_trains_two_steps_and_saves_its_task_class(ws, runner, tmp_path, monkeypatch,
-                                                                             family, data, auto_class, class_name):
+@pytest.mark.parametrize(
+    "family, data, auto_class, class_name",
+    [
+        ("pegasus", "pairs", "AutoModelForSeq2SeqLM", "PegasusForConditionalGeneration"),
+        ("bart", "pairs", "AutoModelForSeq2SeqLM", "BartForConditionalGeneration"),
+        ("distilbert", "plain", "AutoModelForMaskedLM", "DistilBertForMaskedLM"),
+        ("roberta", "plain", "AutoModelForMaskedLM", "RobertaForMaskedLM"),
+    ],
+)
+def test_every_other_family_searches_trains_two_steps_and_saves_its_task_class(
+    ws, runner, tmp_path, monkeypatch, family, data, auto_class, class_name
+):
     """The families the tests above do not train: a search first (one configuration), two real
     steps on CPU, and a saved model that the task's Auto class loads."""
     import transformers
@@ -301,9 +412,14 @@ def test_every_other_family_searches_trains_two_steps_and_saves_its_task_class(w
     write_task_tokenizer(corpus_text()[:60_000], model)
     monkeypatch.setattr(autotune.search, "search", functools.partial(narrow_search, runner=runner))
     out = tmp_path / "run"
-    outcome = train(TrainOptions(dataset=str(getattr(ws, data)), output_dir=str(out), max_steps=2, device="cpu"),
-                    model=str(model), gpu_budget=BUDGET, db=f"sqlite:///{tmp_path / 'own.db'}", echo=quiet,
-                    **({"target_length": 16} if data == "pairs" else {}))
+    outcome = train(
+        TrainOptions(dataset=str(getattr(ws, data)), output_dir=str(out), max_steps=2, device="cpu"),
+        model=str(model),
+        gpu_budget=BUDGET,
+        db=f"sqlite:///{tmp_path / 'own.db'}",
+        echo=quiet,
+        **({"target_length": 16} if data == "pairs" else {}),
+    )
     assert outcome.finished and outcome.searched and outcome.summary.steps == 2, outcome.message
     assert 0.95 < outcome.summary.peak_vs_probe < 1.05, outcome.summary
     assert type(getattr(transformers, auto_class).from_pretrained(out)).__name__ == class_name

@@ -28,9 +28,26 @@ def runs(db: str):
 def test_train_command_saves_a_model_that_loads_and_records_the_run(workspace, tmp_path):
     out = tmp_path / "run"
     # Started with more threads than the study's probes had: the run takes the probes' OpenMP settings.
-    proc = autotune("train", "--study", workspace.study, "--dataset", str(workspace.corpus), "--max-steps", "5",
-                    "--save-steps", "2", "--eval-split", str(workspace.small_eval), "--device", "cpu",
-                    "--output-dir", str(out), "--db", workspace.db, env={"OMP_NUM_THREADS": "2"})
+    proc = autotune(
+        "train",
+        "--study",
+        workspace.study,
+        "--dataset",
+        str(workspace.corpus),
+        "--max-steps",
+        "5",
+        "--save-steps",
+        "2",
+        "--eval-split",
+        str(workspace.small_eval),
+        "--device",
+        "cpu",
+        "--output-dir",
+        str(out),
+        "--db",
+        workspace.db,
+        env={"OMP_NUM_THREADS": "2"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     print(proc.stdout)
     assert "OpenMP: OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=1 (as the study's probes ran)" in proc.stdout
@@ -70,9 +87,27 @@ def test_a_budget_the_run_cannot_meet_fails_it_and_keeps_the_checkpoints(workspa
 
     # 2 MiB cannot hold the tiny model's weights, gradients and Adam state: the accountant raises
     # torch.OutOfMemoryError as a 2 MiB card would.
-    result = CliRunner().invoke(cli, ["train", "--study", workspace.study, "--dataset", str(workspace.corpus),
-                                      "--output-dir", str(out), "--device", "cpu", "--max-steps", "4", "--resume",
-                                      "--gpu-budget", "2MiB", "--db", workspace.db])
+    result = CliRunner().invoke(
+        cli,
+        [
+            "train",
+            "--study",
+            workspace.study,
+            "--dataset",
+            str(workspace.corpus),
+            "--output-dir",
+            str(out),
+            "--device",
+            "cpu",
+            "--max-steps",
+            "4",
+            "--resume",
+            "--gpu-budget",
+            "2MiB",
+            "--db",
+            workspace.db,
+        ],
+    )
     assert result.exit_code == 1, result.output
     message = result.stderr.strip().splitlines()
     assert len(message) == 1 and message[0].startswith("autotune: out of memory"), result.stderr
@@ -84,26 +119,34 @@ def test_a_budget_the_run_cannot_meet_fails_it_and_keeps_the_checkpoints(workspa
     assert json.loads((out / SUMMARY_FILE).read_text())["status"] == "oom"
 
     # The study's own budget holds it: resume goes on from the last checkpoint.
-    resumed = train(TrainOptions(max_steps=3, resume=True, **base), study=workspace.study, db=workspace.db,
-                    echo=lambda line: None)
+    resumed = train(
+        TrainOptions(max_steps=3, resume=True, **base), study=workspace.study, db=workspace.db, echo=lambda line: None
+    )
     assert resumed.finished and resumed.summary.resumed_from.endswith("checkpoint-2")
     assert resumed.summary.steps == 3 and resumed.summary.steps_this_run == 1
     assert runs(workspace.db)[-1].status == "finished"
 
 
-@pytest.mark.parametrize("make, needle", [
-    (lambda d: d / "missing.txt", "no such file"),
-    (lambda d: _write(d / "numbers.csv", "a,b\n1,2\n3,4\n"), "no text column"),
-    (lambda d: _write(d / "notes.docx", "text"), "cannot read files ending in '.docx'"),
-    (lambda d: _write(d / "empty.txt", ""), "empty"),
-    (lambda d: _write(d / "short.jsonl", '{"text": "too short"}\n'), "fewer than one block of 64"),
-])
+@pytest.mark.parametrize(
+    "make, needle",
+    [
+        (lambda d: d / "missing.txt", "no such file"),
+        (lambda d: _write(d / "numbers.csv", "a,b\n1,2\n3,4\n"), "no text column"),
+        (lambda d: _write(d / "notes.docx", "text"), "cannot read files ending in '.docx'"),
+        (lambda d: _write(d / "empty.txt", ""), "empty"),
+        (lambda d: _write(d / "short.jsonl", '{"text": "too short"}\n'), "fewer than one block of 64"),
+    ],
+)
 def test_bad_data_set_is_a_user_error_and_records_nothing(workspace, tmp_path, make, needle):
     dataset = make(tmp_path)
     before = len(runs(workspace.db))
     with pytest.raises(DatasetError, match=needle):
-        train(TrainOptions(dataset=str(dataset), output_dir=str(tmp_path / "out"), max_steps=1, device="cpu"),
-              study=workspace.study, db=workspace.db, echo=lambda line: None)
+        train(
+            TrainOptions(dataset=str(dataset), output_dir=str(tmp_path / "out"), max_steps=1, device="cpu"),
+            study=workspace.study,
+            db=workspace.db,
+            echo=lambda line: None,
+        )
     assert len(runs(workspace.db)) == before
 
 
@@ -112,15 +155,28 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("dataset, extra, needle", [
-    ("missing.txt", [], "no such file"),
-    ("numbers.csv", ["--text-column", "body"], "--text-column 'body'"),
-])
+@pytest.mark.parametrize(
+    "dataset, extra, needle",
+    [
+        ("missing.txt", [], "no such file"),
+        ("numbers.csv", ["--text-column", "body"], "--text-column 'body'"),
+    ],
+)
 def test_bad_data_set_on_the_command_line_is_one_line_and_exit_2(workspace, tmp_path, dataset, extra, needle):
     (tmp_path / "numbers.csv").write_text("a,b\n1,2\n")
     before = len(runs(workspace.db))
-    proc = autotune("train", "--study", workspace.study, "--dataset", str(tmp_path / dataset), *extra,
-                    "--output-dir", str(tmp_path / "out"), "--db", workspace.db)
+    proc = autotune(
+        "train",
+        "--study",
+        workspace.study,
+        "--dataset",
+        str(tmp_path / dataset),
+        *extra,
+        "--output-dir",
+        str(tmp_path / "out"),
+        "--db",
+        workspace.db,
+    )
     assert_usage_error(proc, needle)
     assert len(runs(workspace.db)) == before
 
@@ -145,8 +201,13 @@ def test_without_a_tokenizer_the_error_names_the_option(workspace, tiny_model, t
     # tokenizer is checked before the search that this command would otherwise run.
     monkeypatch.setattr(autotune.search, "search", lambda *a, **k: pytest.fail("searched without a tokenizer"))
     with pytest.raises(ModelNotFound, match="pass --tokenizer PATH"):
-        train(TrainOptions(dataset=str(workspace.corpus), output_dir=str(tmp_path / "out")), model=tiny_model,
-              gpu_budget=STUDY_BUDGET, db=workspace.db, echo=lambda line: None)
+        train(
+            TrainOptions(dataset=str(workspace.corpus), output_dir=str(tmp_path / "out")),
+            model=tiny_model,
+            gpu_budget=STUDY_BUDGET,
+            db=workspace.db,
+            echo=lambda line: None,
+        )
     with open_store(workspace.db) as store:  # nothing searched, nothing recorded
         assert [s.name for s in store.studies()] == [workspace.study]
 
@@ -173,19 +234,42 @@ def test_model_and_budget_without_a_study_search_first(workspace, tmp_path, monk
 
     def narrow_search(model, budget, *, settings, options, db=None, on_event=None, on_start=None, **space_args):
         asked.update(model=model, budget=budget, study=options.study, device=settings.device, space_args=space_args)
-        return real_search(model, budget, settings=runner.settings, runner=runner,
-                           options=dataclasses.replace(options, predict=False), db=db, on_event=on_event,
-                           on_start=on_start, micro_batches=(1, 2), block_sizes=(32,), precisions=("fp32",),
-                           checkpointing=(False,), attentions=("sdpa",), effective_batch=2)
+        return real_search(
+            model,
+            budget,
+            settings=runner.settings,
+            runner=runner,
+            options=dataclasses.replace(options, predict=False),
+            db=db,
+            on_event=on_event,
+            on_start=on_start,
+            micro_batches=(1, 2),
+            block_sizes=(32,),
+            precisions=("fp32",),
+            checkpointing=(False,),
+            attentions=("sdpa",),
+            effective_batch=2,
+        )
 
     monkeypatch.setattr(autotune.search, "search", narrow_search)
     events, lines = [], []
-    outcome = train(TrainOptions(dataset=str(workspace.corpus), output_dir=str(tmp_path / "out"), max_steps=2,
-                                 random_init=True, device="cpu"),
-                    model=str(workspace.model), gpu_budget=32 * 2**20, db=workspace.db, echo=lines.append,
-                    on_search_event=events.append)
-    assert asked == {"model": str(workspace.model), "budget": 32 * 2**20, "study": "tiny-gpt2-32MiB", "device": "cpu",
-                     "space_args": {}}
+    outcome = train(
+        TrainOptions(
+            dataset=str(workspace.corpus), output_dir=str(tmp_path / "out"), max_steps=2, random_init=True, device="cpu"
+        ),
+        model=str(workspace.model),
+        gpu_budget=32 * 2**20,
+        db=workspace.db,
+        echo=lines.append,
+        on_search_event=events.append,
+    )
+    assert asked == {
+        "model": str(workspace.model),
+        "budget": 32 * 2**20,
+        "study": "tiny-gpt2-32MiB",
+        "device": "cpu",
+        "space_args": {},
+    }
     assert outcome.searched and outcome.finished and outcome.study == "tiny-gpt2-32MiB"
     assert len([e for e in events if e.how != "confirming"]) == 2  # (then the confirmation round's)
     assert outcome.summary.weights == "random-init" and outcome.summary.config.block_size == 32
@@ -193,9 +277,19 @@ def test_model_and_budget_without_a_study_search_first(workspace, tmp_path, monk
 
     # The same command again trains the finished study's winner without searching.
     monkeypatch.setattr(autotune.search, "search", lambda *a, **k: pytest.fail("searched again"))
-    again = train(TrainOptions(dataset=str(workspace.corpus), output_dir=str(tmp_path / "again"), max_steps=1,
-                               random_init=True, device="cpu"),
-                  model=str(workspace.model), gpu_budget=32 * 2**20, db=workspace.db, echo=lambda line: None)
+    again = train(
+        TrainOptions(
+            dataset=str(workspace.corpus),
+            output_dir=str(tmp_path / "again"),
+            max_steps=1,
+            random_init=True,
+            device="cpu",
+        ),
+        model=str(workspace.model),
+        gpu_budget=32 * 2**20,
+        db=workspace.db,
+        echo=lambda line: None,
+    )
     assert not again.searched and again.finished
     with open_store(workspace.db) as store:
         assert len(store.runs("tiny-gpt2-32MiB")) == 2

@@ -72,8 +72,12 @@ def test_a_disk_filling_while_saving_is_told_as_such():
     from autotune.train.run import disk_full
 
     assert disk_full(OSError(errno.ENOSPC, "No space left on device"))
-    assert disk_full(RuntimeError("[enforce fail at inline_container.cc:603] . PytorchStreamWriter failed writing "
-                                  "file data/0: file write failed"))
+    assert disk_full(
+        RuntimeError(
+            "[enforce fail at inline_container.cc:603] . PytorchStreamWriter failed writing "
+            "file data/0: file write failed"
+        )
+    )
     wrapped = RuntimeError("saving failed")
     wrapped.__cause__ = OSError(errno.EDQUOT, "Disk quota exceeded")
     assert disk_full(wrapped)
@@ -93,8 +97,23 @@ def test_train_refuses_before_writing_anything(case, tmp_path, datasets_cache):
     else:
         data = _jsonl(tmp_path / "data.jsonl", [""] * 1500)
     db, out = tmp_path / "train.db", tmp_path / "out"
-    done = autotune("train", "--model", str(model), "--gpu-budget", "1GiB", "--dataset", data, "--device", "cpu",
-                    "--output-dir", str(out), "--db", f"sqlite:///{db}", *extra, env={"HF_DATASETS_CACHE": str(datasets_cache)})
+    done = autotune(
+        "train",
+        "--model",
+        str(model),
+        "--gpu-budget",
+        "1GiB",
+        "--dataset",
+        data,
+        "--device",
+        "cpu",
+        "--output-dir",
+        str(out),
+        "--db",
+        f"sqlite:///{db}",
+        *extra,
+        env={"HF_DATASETS_CACHE": str(datasets_cache)},
+    )
     assert_usage_error(done, {"corrupt-weights": "safetensors", "epochs": "--epochs", "blank-text": "no text"}[case])
     assert not db.exists() and not out.exists()
     if case != "blank-text":  # (refused before the data is read)

@@ -20,9 +20,14 @@ router = APIRouter(tags=["answers"])
 
 
 @router.get("/v1/answers")
-def answer(request: Request, model: str = Query(max_length=1000), budget: str = Query(max_length=40),
-           gpu: str | None = Query(default=None, max_length=100), format: str = Query(default="json"),
-           _: str | None = Depends(require_reader)) -> Response:
+def answer(
+    request: Request,
+    model: str = Query(max_length=1000),
+    budget: str = Query(max_length=40),
+    gpu: str | None = Query(default=None, max_length=100),
+    format: str = Query(default="json"),
+    _: str | None = Depends(require_reader),
+) -> Response:
     """The pick of the latest finished search of `model` under `budget` (on a card whose name
     carries `gpu`), in any format `autotune best` prints."""
     from autotune.cli.results import BEST_FORMATS
@@ -38,20 +43,30 @@ def answer(request: Request, model: str = Query(max_length=1000), budget: str = 
         raise RequestRefused(f"budget: {exc}") from None
     store = request.app.state.store
     for study in store.studies():  # (newest first)
-        if study.status != StudyStatus.FINISHED or study.best_tokens_per_s is None or study.budget_bytes != budget_bytes:
+        if (
+            study.status != StudyStatus.FINISHED
+            or study.best_tokens_per_s is None
+            or study.budget_bytes != budget_bytes
+        ):
             continue
         if not _same_model(study.model_reference, model) or (gpu and gpu.lower() not in study.device_name.lower()):
             continue
         chosen = best_in(store, study.name)
         if format != "json":
             return PlainTextResponse(chosen.render(format) + "\n")
-        document: dict[str, Any] = {"study": study.name, "device": study.device_name, "best": chosen.to_dict(),
-                                    "links": links(study.name)}
+        document: dict[str, Any] = {
+            "study": study.name,
+            "device": study.device_name,
+            "best": chosen.to_dict(),
+            "links": links(study.name),
+        }
         return Response(json.dumps(document, indent=2), media_type="application/json")
     on = f" on {gpu}" if gpu else ""
     example = {"model": model, "gpu_budget": budget, **({"gpu": gpu} if gpu else {})}
-    raise StudyNotFound(f"no finished search of {model} under {format_size(budget_bytes)}{on} is stored; submit one: "
-                        f"POST /v1/searches {json.dumps(example)}")
+    raise StudyNotFound(
+        f"no finished search of {model} under {format_size(budget_bytes)}{on} is stored; submit one: "
+        f"POST /v1/searches {json.dumps(example)}"
+    )
 
 
 def _same_model(reference: str, model: str) -> bool:

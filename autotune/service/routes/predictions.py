@@ -39,16 +39,22 @@ async def predict_body(app, command_name: str, body: object) -> JSONResponse:
         body = {k: config.policy.reference(k, v) if k == "model" else v for k, v in body.items()}
     parsed, _ = read_request(command(command_name), body, closed=CLOSED)
     if parsed.params.get("trust_remote_code") and not config.policy.allow_remote_code:
-        raise RequestRefused("trust_remote_code: this service does not run a model's own code; its operator allows it "
-                             "with autotune serve --allow-remote-code.", status=403)
+        raise RequestRefused(
+            "trust_remote_code: this service does not run a model's own code; its operator allows it "
+            "with autotune serve --allow-remote-code.",
+            status=403,
+        )
     if command_name == "plan" and str(parsed.params.get("gpu_name") or "").strip().lower() == "list":
-        raise RequestRefused("gpu 'list' lists the cards on the command line (autotune plan --gpu list); name one here.")
+        raise RequestRefused(
+            "gpu 'list' lists the cards on the command line (autotune plan --gpu list); name one here."
+        )
     slots: asyncio.Semaphore = app.state.predicting
     try:
         await asyncio.wait_for(slots.acquire(), SLOT_WAIT_SECONDS)
     except TimeoutError:
-        raise RequestRefused(f"the service is busy predicting (at most {config.predict_slots} at once); try again "
-                             f"shortly.", status=503) from None
+        raise RequestRefused(
+            f"the service is busy predicting (at most {config.predict_slots} at once); try again shortly.", status=503
+        ) from None
     try:
         return await _run(command_name, parsed.arguments, config)
     finally:
@@ -61,16 +67,28 @@ async def _run(command_name: str, arguments: tuple[str, ...], config) -> JSONRes
 
     extra = ["--db", config.db] if command_name == "plan" and config.db else []
     child = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "autotune", command_name, *arguments, *extra, "--json",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
-        preexec_fn=kill_me_with_parent, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        sys.executable,
+        "-m",
+        "autotune",
+        command_name,
+        *arguments,
+        *extra,
+        "--json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.DEVNULL,
+        preexec_fn=kill_me_with_parent,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         out, err = await asyncio.wait_for(child.communicate(), config.predict_seconds)
     except (TimeoutError, asyncio.CancelledError):
         child.kill()
         await child.wait()
-        raise RequestRefused(f"the {command_name} ran past the service's {config.predict_seconds:.0f} s; ask for fewer "
-                             f"configurations.", status=504) from None
+        raise RequestRefused(
+            f"the {command_name} ran past the service's {config.predict_seconds:.0f} s; ask for fewer configurations.",
+            status=504,
+        ) from None
     said = [line for line in err.decode(errors="replace").splitlines() if line.startswith("autotune: error: ")]
     if child.returncode == 2 and said:
         raise RequestRefused(said[-1].removeprefix("autotune: error: "))
@@ -78,19 +96,49 @@ async def _run(command_name: str, arguments: tuple[str, ...], config) -> JSONRes
         document: Any = json.loads(out)
     except ValueError:
         last = (said or err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
-        return JSONResponse({"error": f"the {command_name} failed (exit {child.returncode}): {last[:300]}"}, status_code=500)
+        return JSONResponse(
+            {"error": f"the {command_name} failed (exit {child.returncode}): {last[:300]}"}, status_code=500
+        )
     return JSONResponse(document)
 
 
-@router.post("/v1/plan", openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-    "schema": {"type": "object", "description": "`autotune plan`'s flags (model, gpu or gpu_budget, space flags)."}}}}})
+@router.post(
+    "/v1/plan",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "description": "`autotune plan`'s flags (model, gpu or gpu_budget, space flags).",
+                    }
+                }
+            },
+        }
+    },
+)
 async def plan(request: Request, _: str = Depends(require_writer)) -> JSONResponse:
     """`autotune plan --json`: every candidate's memory and speed predicted for a card."""
     return await predict(request, "plan")
 
 
-@router.post("/v1/estimate", openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-    "schema": {"type": "object", "description": "`autotune estimate`'s flags (model, micro_batch, block_size, ...)."}}}}})
+@router.post(
+    "/v1/estimate",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "description": "`autotune estimate`'s flags (model, micro_batch, block_size, ...).",
+                    }
+                }
+            },
+        }
+    },
+)
 async def estimate(request: Request, _: str = Depends(require_writer)) -> JSONResponse:
     """`autotune estimate --json`: one configuration's training memory, predicted."""
     return await predict(request, "estimate")

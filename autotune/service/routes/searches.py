@@ -17,8 +17,15 @@ from autotune.errors import StudyNotFound
 from autotune.service.auth import require_reader, require_writer
 from autotune.service.commands import RequestRefused, command, command_fields
 from autotune.service.submissions import SEARCH_CLOSED, ServicePolicy, submission_of
-from autotune.service.views import (STUDY_REASONS, STUDY_STATES, EventReader, links, search_view, study_or_none,
-                                    submitted_or_none)
+from autotune.service.views import (
+    STUDY_REASONS,
+    STUDY_STATES,
+    EventReader,
+    links,
+    search_view,
+    study_or_none,
+    submitted_or_none,
+)
 from autotune.status import SEARCH_ENDED, StudyStatus
 
 router = APIRouter(tags=["searches"])
@@ -29,8 +36,13 @@ KEEPALIVE_SECONDS = 15.0
 
 def search_body_schema() -> dict[str, Any]:
     """The body's JSON schema, derived from `autotune search`'s own flags (commands.py)."""
-    value: dict[str, Any] = {"anyOf": [{"type": "string"}, {"type": "number"},
-                       {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "number"}]}}]}
+    value: dict[str, Any] = {
+        "anyOf": [
+            {"type": "string"},
+            {"type": "number"},
+            {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "number"}]}},
+        ]
+    }
     properties: dict[str, Any] = {}
     for name, param in command_fields(command("search"), SEARCH_CLOSED).items():
         if name == "device":
@@ -38,11 +50,18 @@ def search_body_schema() -> dict[str, Any]:
         schema: dict[str, Any] = {"type": "boolean"} if param.is_flag else dict(value)
         schema["description"] = (param.help or "").split("\n")[0][:300]
         properties[name] = schema
-    properties["device"] = {"type": "string", "enum": ["auto", "cuda", "cpu"],
-                            "description": "The device kind of the workers that may run it [default: cuda]."}
+    properties["device"] = {
+        "type": "string",
+        "enum": ["auto", "cuda", "cpu"],
+        "description": "The device kind of the workers that may run it [default: cuda].",
+    }
     properties["gpu"] = {"type": "string", "description": "A card's name the worker's device must carry (e.g. A10G)."}
-    return {"type": "object", "required": ["model", "gpu_budget"], "properties": properties,
-            "additionalProperties": False}
+    return {
+        "type": "object",
+        "required": ["model", "gpu_budget"],
+        "properties": properties,
+        "additionalProperties": False,
+    }
 
 
 async def json_body(request: Request) -> object:
@@ -52,29 +71,42 @@ async def json_body(request: Request) -> object:
         raise RequestRefused("the request body is not JSON; send a JSON object of `autotune search`'s flags.") from None
 
 
-@router.post("/v1/searches", status_code=202, openapi_extra={"requestBody": {
-    "required": True, "content": {"application/json": {"schema": search_body_schema()}}}},
-    responses={202: {"description": "Queued (or the same request's search, as it stands)."},
-               401: {"description": "No live token."}, 409: {"description": "The name is taken by other settings."},
-               422: {"description": "A flag the command line would refuse, with its line."}})
-async def submit(request: Request, who: str = Depends(require_writer),
-                 idempotency_key: str | None = Header(default=None, max_length=IDEMPOTENCY_KEY_MAX)) -> JSONResponse:
+@router.post(
+    "/v1/searches",
+    status_code=202,
+    openapi_extra={
+        "requestBody": {"required": True, "content": {"application/json": {"schema": search_body_schema()}}}
+    },
+    responses={
+        202: {"description": "Queued (or the same request's search, as it stands)."},
+        401: {"description": "No live token."},
+        409: {"description": "The name is taken by other settings."},
+        422: {"description": "A flag the command line would refuse, with its line."},
+    },
+)
+async def submit(
+    request: Request,
+    who: str = Depends(require_writer),
+    idempotency_key: str | None = Header(default=None, max_length=IDEMPOTENCY_KEY_MAX),
+) -> JSONResponse:
     """Queue a search: what `autotune search` takes, checked as it checks it. The same request again
     (or the same Idempotency-Key) answers with the same search."""
     body = await json_body(request)
     policy: ServicePolicy = request.app.state.config.policy
     submission = await run_in_threadpool(submission_of, body, policy)
     store = request.app.state.store
-    record, created = await run_in_threadpool(lambda: store.submit_search(submission, idempotency_key=idempotency_key,
-                                                                          submitted_by=who))
+    record, created = await run_in_threadpool(
+        lambda: store.submit_search(submission, idempotency_key=idempotency_key, submitted_by=who)
+    )
     view = await run_in_threadpool(search_view, store, record.name, detail=False)
     view["created"] = created
     return JSONResponse(view, status_code=201 if created else 200, headers={"Location": links(record.name)["self"]})
 
 
 @router.get("/v1/searches")
-def list_searches(request: Request, limit: int = Query(default=100, ge=1, le=1000),
-                  _: str | None = Depends(require_reader)) -> dict[str, Any]:
+def list_searches(
+    request: Request, limit: int = Query(default=100, ge=1, le=1000), _: str | None = Depends(require_reader)
+) -> dict[str, Any]:
     """Every search: submitted ones and the command line's studies, newest first."""
     from autotune.service.views import list_view
 
@@ -94,16 +126,20 @@ def cancel(name: str, request: Request, who: str = Depends(require_writer)) -> d
     store = request.app.state.store
     if submitted_or_none(store, name) is None:
         if study_or_none(store, name) is not None:
-            raise RequestRefused(f"study {name!r} was searched from the command line, not submitted here; stop it where "
-                                 f"it runs (Ctrl-C or SIGTERM).", status=409)
+            raise RequestRefused(
+                f"study {name!r} was searched from the command line, not submitted here; stop it where "
+                f"it runs (Ctrl-C or SIGTERM).",
+                status=409,
+            )
         raise StudyNotFound(f"no search named {name!r}; list them with GET /v1/searches.")
     store.cancel_search(name, by=who)
     return search_view(store, name, detail=False)
 
 
 @router.get("/v1/searches/{name}/best")
-def best(name: str, request: Request, format: str = Query(default="json"),
-         _: str | None = Depends(require_reader)) -> Response:
+def best(
+    name: str, request: Request, format: str = Query(default="json"), _: str | None = Depends(require_reader)
+) -> Response:
     """Exactly what `autotune best --study NAME --format FORMAT` prints; its notes in
     `Autotune-Note` headers."""
     from autotune.cli.results import BEST_FORMATS
@@ -120,11 +156,22 @@ def best(name: str, request: Request, format: str = Query(default="json"),
     return PlainTextResponse(text, headers=headers)
 
 
-@router.get("/v1/searches/{name}/events", response_class=StreamingResponse,
-            responses={200: {"content": {"text/event-stream": {}},
-                             "description": "Server-sent events: `probe` (one per configuration settled), `state`, `end`."}})
-async def events(name: str, request: Request, _: str | None = Depends(require_reader),
-                 last_event_id: str | None = Header(default=None, max_length=20)) -> StreamingResponse:
+@router.get(
+    "/v1/searches/{name}/events",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "Server-sent events: `probe` (one per configuration settled), `state`, `end`.",
+        }
+    },
+)
+async def events(
+    name: str,
+    request: Request,
+    _: str | None = Depends(require_reader),
+    last_event_id: str | None = Header(default=None, max_length=20),
+) -> StreamingResponse:
     """One event per probe settled (the line the command line prints, and its figures), from the
     start or after `Last-Event-ID`; `state` when the state changes; `end` when the search ends."""
     store = request.app.state.store
@@ -133,13 +180,16 @@ async def events(name: str, request: Request, _: str | None = Depends(require_re
     after = 0
     if last_event_id is not None:
         if not re.fullmatch(r"[0-9]{1,18}", last_event_id.strip(), re.ASCII):
-            raise RequestRefused(f"Last-Event-ID {last_event_id[:20]!r} is not an event id (a whole number, at most "
-                                 f"18 digits).")
+            raise RequestRefused(
+                f"Last-Event-ID {last_event_id[:20]!r} is not an event id (a whole number, at most 18 digits)."
+            )
         after = int(last_event_id)
     slots: asyncio.Semaphore = request.app.state.streams
     if slots.locked():
-        raise RequestRefused(f"{config.max_streams} event streams are open, as many as this service allows; "
-                             f"try again shortly.", status=503)
+        raise RequestRefused(
+            f"{config.max_streams} event streams are open, as many as this service allows; try again shortly.",
+            status=503,
+        )
     await slots.acquire()
     # (A study searched from the command line stores no count of its candidates: those settled so far.)
     reader = EventReader(name, view["progress"]["total"] or view["progress"]["settled"])
@@ -178,8 +228,9 @@ async def events(name: str, request: Request, _: str | None = Depends(require_re
         finally:
             slots.release()
 
-    return StreamingResponse(stream(), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        stream(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
 
 
 def _state(store, name: str) -> dict[str, Any]:

@@ -8,8 +8,21 @@ import signal
 import time
 from pathlib import Path
 
-FAULTS = ("hang", "kill", "error", "nan", "patch-module", "leak", "poison", "oom-on-rank-1", "gate", "abort-once", "slow",
-          "stuck-start", "paced")
+FAULTS = (
+    "hang",
+    "kill",
+    "error",
+    "nan",
+    "patch-module",
+    "leak",
+    "poison",
+    "oom-on-rank-1",
+    "gate",
+    "abort-once",
+    "slow",
+    "stuck-start",
+    "paced",
+)
 FAULT_ENV = "AUTOTUNE_INJECT_FAULT"
 GATE_ENV = "AUTOTUNE_INJECT_FAULT_GATE"  # the file a `gate` fault waits for (`abort-once`: makes)
 HERE = str(Path(__file__).resolve().parent)

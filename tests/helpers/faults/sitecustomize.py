@@ -120,8 +120,7 @@ def _install(module) -> None:
         if fault == "abort-once" and self._fault_steps == 1 and gate and not os.path.exists(gate):
             open(gate, "w").close()
             os.abort()
-        if (fault == "gate" and self._fault_steps == 1 and gate
-                and (not on_probe or self._fault_probe == on_probe)):
+        if fault == "gate" and self._fault_steps == 1 and gate and (not on_probe or self._fault_probe == on_probe):
             deadline = time.monotonic() + GATE_SECONDS
             while not os.path.exists(gate) and time.monotonic() < deadline:
                 time.sleep(0.1)
@@ -151,6 +150,7 @@ def _install(module) -> None:
             original_attention = gpt2.eager_attention_forward
             gpt2.eager_attention_forward = lambda *a, **kw: original_attention(*a, **kw)
         if fault == "poison":
+
             def release_again(cap):
                 raise RuntimeError(ILLEGAL_ACCESS + " (raised again by the cleanup)")
 
