@@ -252,7 +252,8 @@ def test_the_check_sees_a_cycle_and_an_upward_import(monkeypatch):
         test_imports_flow_down_the_layers()
 
 
-MAX_FUNCTION_LINES = 100
+# (lines as `ruff format` writes them: a call of many arguments takes one line each)
+MAX_FUNCTION_LINES = 140
 
 
 def _functions():

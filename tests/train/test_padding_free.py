@@ -301,3 +301,42 @@ def test_trls_padding_free_batch_is_its_collators():
     assert set(ours) == set(theirs), (set(ours), set(theirs))
     for key, value in theirs.items():
         assert torch.equal(torch.as_tensor(ours[key]), torch.as_tensor(value)), key
+
+
+def test_plan_prices_padding_free_and_grouped_batches_from_the_lengths_alone():
+    """`plan --dataset` for a card: padded rows at their expected padded length, padding-free rows at
+    the mean with the attention over the whole row outside a flash kernel, grouped rows as the
+    sampler groups them (a grouped config could not be priced before: its plain twin kept the
+    sampler and lost the lengths)."""
+    from autotune.cards import find_card
+    from autotune.lengths import Lengths
+    from autotune.planner.speed import ModelDims, predict_step_seconds
+
+    # (an 8B model: GPT-2 at these sizes keeps an H100 waiting on kernel launches, positions or not)
+    llama = ModelDims(
+        8_029_995_008,
+        layers=32,
+        hidden=4096,
+        vocab=128256,
+        heads=32,
+        intermediate=14336,
+        kv_width=1024,
+        gated=True,
+        model_type="llama",
+        rms_norm=True,
+    )
+    h100 = find_card("h100")
+
+    # (examples 16 times the test data's, cut at 2,048: at a few hundred tokens a micro-step an H100
+    # is bound by launching kernels, and positions cost nothing measurable)
+    longer = Lengths.of([16 * n for n in DATA]).to_text()
+
+    def speed(**changes) -> float:
+        fields = {"precision": "bf16", "block_size": 2048, "lengths": longer, **changes}
+        return predict_step_seconds(config(8, **fields), llama, h100).tokens_per_s
+
+    padded, grouped = speed(padding_free=False), speed(padding_free=False, sampling="group_by_length")
+    flat_flash, flat_sdpa = speed(attention="flash_attention_2"), speed()
+    # The same real tokens per step: the fewer positions computed, the faster.
+    assert padded < grouped < flat_sdpa < flat_flash, (padded, grouped, flat_sdpa, flat_flash)
+    assert flat_flash / padded > 2  # (60% of mb8's padded positions are padding on this data)
