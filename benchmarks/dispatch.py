@@ -154,7 +154,7 @@ def summarize(rows: list[dict]) -> dict:
         }  # (rows before reentrant: False)
 
     plain = per_layer(lora=False, checkpointing=False, autocast=False)
-    ratio = lambda other: round(statistics.median(other[m] / plain[m] for m in plain), 2)  # noqa: E731
+    ratio = lambda other: round(statistics.median(other[m] / plain[m] for m in plain), 2)
     lora = per_layer(lora=True, checkpointing=False, autocast=False)
     reentrant = per_layer(lora=False, checkpointing=True, reentrant=True, autocast=False)
     return {

@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="predictive and frontier with exact predictions only")
     args = parser.parse_args(argv)
     started = time.perf_counter()
-    default_space = lambda **levers: SearchSpace.build(resolve_model("gpt2"), **levers)  # noqa: E731
+    default_space = lambda **levers: SearchSpace.build(resolve_model("gpt2"), **levers)
     problems = modelled(default_space) + replays()
     runs: list[Run] = []
     lever_runs: list[Run] = []

@@ -338,7 +338,7 @@ def test_worker_refuses_as_search_does_before_looking_at_the_study(work, hermeti
         searched = invoke(*COMMANDS["search"], "--model", model, *flags, env=NO_CUDA)
     refused(joined, needle)
     refused(searched, needle)
-    message = lambda outcome: outcome.stderr.split(" (see: ")[0]  # noqa: E731 (the help hint names the command)
+    message = lambda outcome: outcome.stderr.split(" (see: ")[0]
     assert message(joined) == message(searched)
 
 

@@ -443,7 +443,7 @@ def main() -> None:
     configuration."""
     # The heavy imports (torch above, transformers, its mask rules) before the request is read: a
     # search starts this process ahead of its request, so that they overlap its other start-up.
-    import transformers  # noqa: F401
+    import transformers
 
     with contextlib.suppress(ImportError):  # (older transformers build masks elsewhere)
         import transformers.masking_utils  # noqa: F401

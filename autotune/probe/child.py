@@ -23,7 +23,7 @@ from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
-import transformers  # noqa: E402,F401  (imported here so that its cost counts as start-up, not build)
+import transformers  # noqa: E402  (imported here so that its cost counts as start-up, not build)
 
 from autotune import errors, evaluation  # noqa: E402
 from autotune.budget import required_bytes  # noqa: E402

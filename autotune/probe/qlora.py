@@ -31,7 +31,7 @@ def import_quantizer() -> None:
     estimator's ledger counts, so that it is no probe's (and the ledger's fake tensors, which
     cannot be read, need not make it)."""
     import bitsandbytes.functional
-    import transformers.integrations.bitsandbytes  # noqa: F401
+    import transformers.integrations.bitsandbytes
     import transformers.quantizers.base  # noqa: F401
 
     bitsandbytes.functional.name2qmap.setdefault("dynamic", bitsandbytes.functional.create_dynamic_map())

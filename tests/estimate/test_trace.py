@@ -103,7 +103,7 @@ def test_the_second_step_copied_from_the_first_equals_the_second_step_traced(mon
         if k
         not in (
             "build_seconds",
-            "trace_seconds",  # noqa: E731
+            "trace_seconds",
             "replay_seconds",
             "kernels",
         )

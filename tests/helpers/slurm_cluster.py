@@ -404,7 +404,7 @@ def local_slurm_cluster(start_timeout: float = START_TIMEOUT) -> Iterator[SlurmC
         cluster._procs["slurmctld"] = _start("slurmctld", ["slurmctld", "-D", "-f", str(conf)], env, cluster.log_dir)
         cluster._procs["slurmd"] = _start("slurmd", ["slurmd", "-D", "-f", str(conf), "-N", node], env, cluster.log_dir)
         _wait_idle(cluster, start_timeout)
-    except Exception as exc:  # noqa: BLE001 - every failure to start is reported with the logs
+    except Exception as exc:
         logs = cluster.logs_tail() + "".join(
             f"\n--- {out.name}\n{out.read_text(errors='replace')[-3000:]}" for out in cluster.log_dir.glob("*.out")
         )

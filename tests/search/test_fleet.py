@@ -58,7 +58,7 @@ def in_threads(*jobs) -> None:
     def guarded(job) -> None:
         try:
             job()
-        except Exception as exc:  # noqa: BLE001 - surfaced below
+        except Exception as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=guarded, args=(job,)) for job in jobs]
@@ -422,7 +422,7 @@ def test_a_search_waits_for_the_round_another_worker_holds_and_keeps_its_verdict
                 outcomes["search"] = run_search(
                     request(space, spec, BUDGET, MARGIN, options), runner, store, on_start=lambda *a: started.set()
                 )
-        except Exception as exc:  # noqa: BLE001 - surfaced below, in the test's own thread
+        except Exception as exc:
             errors.append(exc)
             started.set()
 

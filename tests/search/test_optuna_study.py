@@ -20,7 +20,7 @@ def url_of(store) -> str:
 
 
 @pytest.fixture
-def searched(store):  # noqa: F811
+def searched(store):
     """A study with fits, OOMs and structural skips: at effective batch 64 every micro-batch
     accumulates, so one OOM rules out the larger ones without a probe."""
     search(
@@ -70,7 +70,7 @@ def test_trial_states_attributes_times_and_constraints_as_optuna_reads_them(sear
     assert study.user_attrs["space"]["checkpointing"] == [False]
 
 
-def test_optuna_dashboard_shows_the_constraints_and_the_objective_name(searched, store):  # noqa: F811
+def test_optuna_dashboard_shows_the_constraints_and_the_objective_name(searched, store):
     pytest.importorskip("optuna_dashboard")
     from optuna_dashboard._app import create_app
 
@@ -93,7 +93,7 @@ def test_optuna_dashboard_shows_the_constraints_and_the_objective_name(searched,
         assert {"key": "status", "value": probes[number].result.status} in trial["user_attrs"]
 
 
-def test_tpe_trials_carry_the_same_states_and_attributes(store):  # noqa: F811
+def test_tpe_trials_carry_the_same_states_and_attributes(store):
     search(
         store,
         ScriptedRunner(),
@@ -122,7 +122,7 @@ def test_tpe_trials_carry_the_same_states_and_attributes(store):  # noqa: F811
     )
 
 
-def test_a_study_written_by_the_previous_release_loads_and_resumes(store):  # noqa: F811
+def test_a_study_written_by_the_previous_release_loads_and_resumes(store):
     # The previous release named the study 'autotune:NAME' and stored every outcome as a COMPLETE
     # trial with Optuna 5's per-name constraint, skips included: TPE goes on from those trials
     # (six: past its five random start-up trials, its model reads old and new ones together).

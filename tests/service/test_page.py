@@ -20,17 +20,17 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("fastapi")
-from fastapi.responses import JSONResponse  # noqa: E402
-from fastapi.testclient import TestClient  # noqa: E402
+from fastapi.responses import JSONResponse
+from fastapi.testclient import TestClient
 
-from autotune.handoff.best_config import best_in  # noqa: E402
-from autotune.service.app import ServiceConfig, create_app  # noqa: E402
-from autotune.service.auth import COOKIE  # noqa: E402
-from autotune.store import open_store  # noqa: E402
-from tests.helpers.faults import GATE_ENV, fault_env  # noqa: E402
-from tests.helpers.models import write_model_dir  # noqa: E402
-from tests.helpers.ports import free_port  # noqa: E402
-from tests.helpers.store import ENV, FakeModel, GiB, config, make_study, result  # noqa: E402
+from autotune.handoff.best_config import best_in
+from autotune.service.app import ServiceConfig, create_app
+from autotune.service.auth import COOKIE
+from autotune.store import open_store
+from tests.helpers.faults import GATE_ENV, fault_env
+from tests.helpers.models import write_model_dir
+from tests.helpers.ports import free_port
+from tests.helpers.store import ENV, FakeModel, GiB, config, make_study, result
 
 HOSTILE = "<script>alert('x')</script>\"&model"
 PAGES = ("/", "/searches/s1", "/plan", "/login")

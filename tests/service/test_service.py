@@ -13,18 +13,18 @@ import click
 import pytest
 
 pytest.importorskip("fastapi")
-from fastapi.testclient import TestClient  # noqa: E402
+from fastapi.testclient import TestClient
 
-from autotune.cli import cli  # noqa: E402
-from autotune.service.app import ServiceConfig, create_app  # noqa: E402
-from autotune.service.commands import command_fields  # noqa: E402
-from autotune.service.routes.searches import search_body_schema  # noqa: E402
-from autotune.service.submissions import SEARCH_CLOSED, SEARCH_OWN, ServicePolicy  # noqa: E402
-from autotune.status import SearchState, StudyStatus  # noqa: E402
-from autotune.store import open_store  # noqa: E402
-from tests.helpers.models import write_model_dir  # noqa: E402
-from tests.helpers.processes import alive, parent_of, processes_named  # noqa: E402
-from tests.helpers.store import FakeModel, config, make_study, result  # noqa: E402
+from autotune.cli import cli
+from autotune.service.app import ServiceConfig, create_app
+from autotune.service.commands import command_fields
+from autotune.service.routes.searches import search_body_schema
+from autotune.service.submissions import SEARCH_CLOSED, SEARCH_OWN, ServicePolicy
+from autotune.status import SearchState, StudyStatus
+from autotune.store import open_store
+from tests.helpers.models import write_model_dir
+from tests.helpers.processes import alive, parent_of, processes_named
+from tests.helpers.store import FakeModel, config, make_study, result
 
 TINY = {"n_layer": 2, "n_embd": 64, "n_head": 2, "vocab_size": 1000, "n_positions": 128}
 

@@ -216,7 +216,7 @@ def _stacks_on_sigusr2() -> None:
     directory = os.environ.get(STACKS_ENV)
     if not directory or not os.path.isdir(directory):
         return
-    stacks = open(os.path.join(directory, f"stack-{os.getpid()}.txt"), "w")  # noqa: SIM115 (open for the process's life)
+    stacks = open(os.path.join(directory, f"stack-{os.getpid()}.txt"), "w")
     faulthandler.register(signal.SIGUSR2, file=stacks, all_threads=True)
     _STACK_FILES[:] = [stacks]
 
