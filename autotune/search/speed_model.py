@@ -172,9 +172,10 @@ class SpeedModel:
         self.references = {lever: _reference(lever, candidates) for lever in LEVERS}
         self.largest_micro_batch = max(c.micro_batch for c in candidates)
         self.largest_block = max(c.block_size for c in candidates)
-        # (positions per sequence, padding included: what fills the cores)
+        # (positions per sequence, padding included: what fills the cores; the rows' kind is part of the
+        # key: grouped and padding-free rows of one micro-batch pad less than random ones)
         self.tokens_per_sequence = {
-            (c.block_size, c.micro_batch): c.padded_tokens_per_step / c.effective_batch for c in candidates
+            _rows(c, c.micro_batch): c.padded_tokens_per_step / c.effective_batch for c in candidates
         }
         names: dict[str, Prior] = {"intercept": Prior(0.0, UNKNOWN)}
         for config in candidates:
@@ -235,8 +236,8 @@ class SpeedModel:
         """The curve of a small micro-step's idle cores: seconds per token ~ 1 + T/t for t tokens per
         micro-step (padding included), on the log, against the space's largest micro-batch."""
         half = HALF_FILL_TOKENS.get(self.device_type, HALF_FILL_TOKENS["cuda"])
-        per_sequence = self.tokens_per_sequence[(config.block_size, config.micro_batch)]
-        largest = self.tokens_per_sequence.get((config.block_size, self.largest_micro_batch), per_sequence)
+        per_sequence = self.tokens_per_sequence[_rows(config, config.micro_batch)]
+        largest = self.tokens_per_sequence.get(_rows(config, self.largest_micro_batch), per_sequence)
         return math.log(
             (1 + half / (config.micro_batch * per_sequence)) / (1 + half / (self.largest_micro_batch * largest))
         )
@@ -280,6 +281,12 @@ class SpeedModel:
             weighted += x.T @ (w * y)
         covariance = np.linalg.inv(precision)
         return FittedSpeed(self, covariance @ weighted, covariance, len(points))
+
+
+def _rows(config: ProbeConfig, micro_batch: int) -> tuple:
+    """The kind of micro-batch `config` makes at `micro_batch` rows: its block, and how its rows are
+    drawn and laid out (the sampler, padding-free)."""
+    return (config.block_size, micro_batch, config.sampling, config.padding_free)
 
 
 def _reference(lever: str, candidates: list[ProbeConfig]) -> object:

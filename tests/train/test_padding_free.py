@@ -340,3 +340,17 @@ def test_plan_prices_padding_free_and_grouped_batches_from_the_lengths_alone():
     # The same real tokens per step: the fewer positions computed, the faster.
     assert padded < grouped < flat_sdpa < flat_flash, (padded, grouped, flat_sdpa, flat_flash)
     assert flat_flash / padded > 2  # (60% of mb8's padded positions are padding on this data)
+
+
+def test_the_speed_models_fill_tells_padded_rows_from_padding_free_ones():
+    """A micro-step's fill counts the positions it computes: padded rows of a micro-batch hold more
+    than padding-free rows of the same micro-batch, so their fills differ (one key held both)."""
+    from autotune.search.speed_model import SpeedModel
+
+    model = SpeedModel([config(m, padding_free=flat) for m in (2, 8) for flat in (False, True)], "cuda")
+    fill = model.index["micro_batch_fill"]
+    padded, flat = (model.row(config(2, padding_free=value))[fill] for value in (False, True))
+    assert padded != flat, (padded, flat)
+    assert (
+        model.tokens_per_sequence[(BLOCK, 8, "random", True)] < model.tokens_per_sequence[(BLOCK, 8, "random", False)]
+    )
