@@ -1,9 +1,19 @@
 """One error root. Subclasses of AutotuneError are mistakes a user can fix; the CLI prints them as
-one line and exits with status 2. Anything else is a bug and keeps its traceback."""
+one line and exits with status 2. Anything else is a bug and keeps its traceback. And the exit
+statuses every command ends with."""
 
 from __future__ import annotations
 
 import json
+
+# How a command ends, as its exit status says it (README, "Exit statuses"; scripts and the service's
+# queue worker read them): 2 is a user's mistake throughout.
+EXIT_NOTHING_FITS = 1  # search: every candidate measured or ruled out, and none fits the budget
+EXIT_USER_ERROR = 2  # an AutotuneError: one line on stderr, nothing written
+EXIT_UNMEASURED = 3  # search: some candidates could not be measured (crashed, timed out, failed)
+EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+EXIT_BROKEN_PIPE = 141  # stdout's reader went away (128 + SIGPIPE), any command
+EXIT_TERMINATED = 143  # SIGTERM (128 + SIGTERM)
 
 QUOTED_MAX = 40  # characters of a value a message quotes (a pasted megabyte stays a short line)
 
@@ -24,7 +34,7 @@ def quoted(value: object) -> str:
 class AutotuneError(Exception):
     """A problem the user can fix. The message says what is wrong and what to do."""
 
-    exit_code = 2
+    exit_code = EXIT_USER_ERROR
 
 
 class BadInput(AutotuneError):

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.cli.app import EXIT_BROKEN_PIPE, main
+from autotune.cli.app import main
+from autotune.errors import EXIT_BROKEN_PIPE
 from autotune.errors import BadInput
 from autotune.output import Output, check_destination, stdout_fault, write_file
 from autotune.store import open_store

@@ -13,17 +13,11 @@ from typing import NoReturn
 
 import click
 
-from autotune.errors import AutotuneError
+from autotune.errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USER_ERROR, AutotuneError
 from autotune.output import silence_stdout, stdout_fault, stdout_reader_gone
 from autotune.processes import Terminated, quiet_openmp
 from autotune.version import __version__
 
-# Exit statuses of `search` and `worker` (README, "Exit statuses"); 2 is a user's mistake throughout.
-EXIT_NOTHING_FITS = 1  # every candidate measured or ruled out, and none fits the budget
-EXIT_UNMEASURED = 3  # some candidates could not be measured (crashed, timed out, failed)
-EXIT_INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
-EXIT_TERMINATED = 143  # SIGTERM (128 + SIGTERM)
-EXIT_BROKEN_PIPE = 141  # stdout's reader went away (128 + SIGPIPE), any command
 
 DEVICE_HELP = "auto (CUDA if present, else CPU), cpu, cuda or cuda:N."
 OPTIMIZER_HELP = (
@@ -117,7 +111,7 @@ def main() -> None:
             f"free space where it goes, or send it elsewhere.",
             err=True,
         )
-        sys.exit(2)
+        sys.exit(EXIT_USER_ERROR)
     except AutotuneError as exc:
         click.echo(f"autotune: error: {exc}", err=True)
         sys.exit(exc.exit_code)
@@ -129,7 +123,7 @@ def main() -> None:
         sys.exit(EXIT_INTERRUPTED)
     except click.UsageError as exc:
         click.echo(f"autotune: error: {usage_message(exc)}", err=True)
-        sys.exit(2)
+        sys.exit(EXIT_USER_ERROR)
     except click.ClickException as exc:
         click.echo(f"autotune: error: {exc.format_message()}", err=True)
         sys.exit(exc.exit_code)

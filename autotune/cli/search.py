@@ -10,15 +10,7 @@ from typing import TYPE_CHECKING
 import click
 
 from autotune import defaults
-from autotune.cli.app import (
-    DEVICE_HELP,
-    EXIT_INTERRUPTED,
-    EXIT_TERMINATED,
-    EXIT_NOTHING_FITS,
-    EXIT_UNMEASURED,
-    cli,
-    echo_json,
-)
+from autotune.cli.app import DEVICE_HELP, cli, echo_json
 from autotune.cli.options import (
     COUNT,
     DEVICE,
@@ -32,6 +24,7 @@ from autotune.cli.options import (
     space_arguments,
     space_options,
 )
+from autotune.errors import EXIT_INTERRUPTED, EXIT_NOTHING_FITS, EXIT_TERMINATED, EXIT_UNMEASURED
 from autotune.launchers import LAUNCHERS
 from autotune.status import StopReason
 

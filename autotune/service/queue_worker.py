@@ -27,15 +27,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autotune.errors import AutotuneError, DatabaseError
+from autotune.errors import (
+    EXIT_INTERRUPTED,
+    EXIT_NOTHING_FITS,
+    EXIT_TERMINATED,
+    EXIT_UNMEASURED,
+    EXIT_USER_ERROR,
+    AutotuneError,
+    DatabaseError,
+)
 from autotune.processes import kill_me_with_parent, owner_label
 from autotune.status import SearchState, StudyStatus
 from autotune.store.queue import QUEUE_HEARTBEAT_SECONDS
 from autotune.store.records import SearchRecord
 
-# Exit statuses of `autotune search` (cli/app.py), as a search's end.
-EXIT_NOTHING_FITS, EXIT_USER_ERROR, EXIT_UNMEASURED = 1, 2, 3
-STOPPED_BY_SIGNAL = (130, 143, -signal.SIGTERM, -signal.SIGINT)
+STOPPED_BY_SIGNAL = (EXIT_INTERRUPTED, EXIT_TERMINATED, -signal.SIGTERM, -signal.SIGINT)
 # A child asked to stop has this long to end its probe and record the study before it is killed.
 STOP_GRACE_SECONDS = 60.0
 

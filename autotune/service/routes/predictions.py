@@ -13,6 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
+from autotune.errors import EXIT_USER_ERROR
 from autotune.service.auth import require_writer
 from autotune.service.commands import RequestRefused, command, read_request
 from autotune.service.routes.searches import json_body
@@ -90,7 +91,7 @@ async def _run(command_name: str, arguments: tuple[str, ...], config) -> JSONRes
             status=504,
         ) from None
     said = [line for line in err.decode(errors="replace").splitlines() if line.startswith("autotune: error: ")]
-    if child.returncode == 2 and said:
+    if child.returncode == EXIT_USER_ERROR and said:
         raise RequestRefused(said[-1].removeprefix("autotune: error: "))
     try:
         document: Any = json.loads(out)
