@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.real_lengths import EFFECTIVE_BATCH, SKIP_STEPS
+from benchmarks.real_lengths import EFFECTIVE_BATCH, SKIP_STEPS, counting
 
 REAL_STEPS = 24
 
@@ -53,7 +53,7 @@ def one_config(work: str, micro_batch: int, padding_free: bool, rounds: int) -> 
     data = datasets.load_dataset("json", data_files=str(root / "data" / "examples.jsonl"), split="train")
     data = data.remove_columns("label")
     accumulation = EFFECTIVE_BATCH // micro_batch
-    counted = {"real": 0}
+    counted = {"real": 0, "padded": 0}
     ends: list[tuple[float, int]] = []
 
     class Clock(transformers.TrainerCallback):
@@ -78,15 +78,7 @@ def one_config(work: str, micro_batch: int, padding_free: bool, rounds: int) -> 
             dataloader_num_workers=0,
         )
         built = SFTTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer, callbacks=[Clock()])
-        collate = built.data_collator
-
-        def counting(examples):
-            batch = collate(examples)
-            mask = batch.get("attention_mask")
-            counted["real"] += int(mask.sum()) if mask is not None else batch["input_ids"].numel()
-            return batch
-
-        built.data_collator = counting
+        built.data_collator = counting(built.data_collator, counted)
         return built
 
     first = trainer()

@@ -208,18 +208,6 @@ def real_in_process(db: str, study: str, work: str, recipe: str, steps: int) -> 
         def on_step_end(self, args, state, control, **kw):
             ends.append((state.global_step, time.perf_counter(), counted["real"], counted["padded"]))
 
-    def counting(collate):
-        def collated(examples):
-            batch = collate(examples)
-            # (a padding-free batch has no mask: every token is real)
-            counted["real"] += (
-                int(batch["attention_mask"].sum()) if "attention_mask" in batch else batch["input_ids"].numel()
-            )
-            counted["padded"] += batch["input_ids"].numel()
-            return batch
-
-        return collated
-
     common = {
         "max_steps": steps,
         "save_strategy": "no",
@@ -260,7 +248,7 @@ def real_in_process(db: str, study: str, work: str, recipe: str, steps: int) -> 
                 callbacks=[StepClock()],
                 data_collator=transformers.DataCollatorWithPadding(tokenizer),
             )
-        trainer.data_collator = counting(trainer.data_collator)
+        trainer.data_collator = counting(trainer.data_collator, counted)
         trainer.train()
     timed = [e for e in ends if e[0] >= SKIP_STEPS]
     (first, start, real0, padded0), (last, stop, real1, padded1) = timed[0], timed[-1]
@@ -271,6 +259,20 @@ def real_in_process(db: str, study: str, work: str, recipe: str, steps: int) -> 
         "padding_share": 1 - (real1 - real0) / (padded1 - padded0),
         "steps_timed": last - first,
     }
+
+
+def counting(collate, counted: dict[str, int]):
+    """`collate`, adding each batch's real tokens (its mask's ones; a padding-free batch has no mask:
+    every token is real) and its positions to `counted["real"]` and `counted["padded"]`."""
+
+    def collated(examples):
+        batch = collate(examples)
+        positions = batch["input_ids"].numel()
+        counted["real"] += int(batch["attention_mask"].sum()) if "attention_mask" in batch else positions
+        counted["padded"] += positions
+        return batch
+
+    return collated
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -354,3 +354,32 @@ def test_the_speed_models_fill_tells_padded_rows_from_padding_free_ones():
     assert (
         model.tokens_per_sequence[(BLOCK, 8, "random", True)] < model.tokens_per_sequence[(BLOCK, 8, "random", False)]
     )
+
+
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        (["--padding-free", "maybe"], "--padding-free: unknown value 'maybe'"),
+        (["--padding-free", "on"], "--padding-free on puts each micro-batch's examples end to end"),
+        (["--padding-free", "on", "--packing", "on"], "--padding-free on puts each micro-batch's examples end to end"),
+    ],
+)
+def test_a_wrong_padding_free_flag_is_one_line_and_writes_nothing(tmp_path, flags, said):
+    from tests.helpers.cli import Unchanged, invoke, refused
+    from tests.helpers.models import write_model_dir
+
+    model = write_model_dir(tmp_path / "gpt2")
+    with Unchanged(tmp_path):
+        outcome = invoke(
+            "search",
+            "--model",
+            str(model),
+            "--gpu-budget",
+            "1GiB",
+            "--device",
+            "cpu",
+            *flags,
+            "--db",
+            f"sqlite:///{tmp_path / 'never.db'}",
+        )
+    refused(outcome, said)
