@@ -160,11 +160,16 @@ def keeps_examples_apart(model, vocab_size: int, device: torch.device) -> bool:
         with torch.no_grad():
             first, second = (torch.randint(0, vocab_size, (1, 6), device=device) for _ in range(2))
             positions = torch.arange(6, device=device)[None]
-            alone = model(input_ids=second, position_ids=positions).logits.float()
+            alone = model(input_ids=second, position_ids=positions).logits
             behind = model(
                 input_ids=torch.cat([first, second], dim=1), position_ids=torch.cat([positions, positions], dim=1)
-            ).logits.float()[:, 6:]
-        return bool(torch.allclose(alone, behind, rtol=1e-3, atol=1e-3 * float(alone.abs().max().clamp(min=1))))
+            ).logits[:, 6:]
+        # Two forwards of other shapes round differently in 16-bit logits (bf16 weights, a 4-bit base's
+        # bf16 compute): a looser bound there; an example attending to six more tokens moves them far more.
+        tolerance = 1e-3 if alone.dtype == torch.float32 else 3e-2
+        alone, behind = alone.float(), behind.float()
+        scale = float(alone.abs().max().clamp(min=1))
+        return bool(torch.allclose(alone, behind, rtol=tolerance, atol=tolerance * scale))
     finally:
         model.train(was_training)
 

@@ -383,3 +383,18 @@ def test_a_wrong_padding_free_flag_is_one_line_and_writes_nothing(tmp_path, flag
             f"sqlite:///{tmp_path / 'never.db'}",
         )
     refused(outcome, said)
+
+
+def test_the_check_holds_in_bf16_where_two_shapes_round_apart():
+    """A bf16 model's logits of one example alone and behind another round differently (16 bits): the
+    check still passes where the attention keeps them apart, and still finds the mixing one out."""
+    import torch
+    import transformers
+
+    from autotune.probe.batches import keeps_examples_apart
+
+    for cache, apart in ((False, True), (True, False)):
+        torch.manual_seed(0)
+        hf = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=96, n_positions=BLOCK, use_cache=cache)
+        model = transformers.GPT2LMHeadModel._from_config(hf, attn_implementation="sdpa", dtype=torch.bfloat16)
+        assert keeps_examples_apart(model, 96, torch.device("cpu")) is apart
