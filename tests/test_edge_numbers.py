@@ -11,7 +11,7 @@ from unittest import mock
 import click
 import pytest
 
-from autotune.cli.options import COUNT, STEPS, WholeNumber
+from autotune.flags.values import COUNT, STEPS, WholeNumber
 from autotune.errors import BadInput
 from autotune.models import MAX_DEVICE_BYTES, resolve_model
 from autotune.sharding import cpu_rank_problems, most_cpu_ranks

@@ -13,56 +13,11 @@ from typing import NoReturn
 
 import click
 
+from autotune.flags.flag import usage_message
 from autotune.errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USER_ERROR, AutotuneError
 from autotune.output import silence_stdout, stdout_fault, stdout_reader_gone
 from autotune.processes import Terminated, quiet_openmp
 from autotune.version import __version__
-
-
-DEVICE_HELP = "auto (CUDA if present, else CPU), cpu, cuda or cuda:N."
-OPTIMIZER_HELP = (
-    "adamw (fused AdamW; also adamw_torch_fused), adamw_torch (torch's default: foreach on CUDA, full-size "
-    "temporaries in the step), adafactor, sgd (momentum 0.9), adamw_8bit (also adamw_bnb_8bit) or "
-    "paged_adamw_8bit (bitsandbytes): TrainingArguments' optim names."
-)
-STACK_HELP = (
-    "Predict a run on older library versions than the installed ones, where they allocated differently: "
-    "torch=1.13,bitsandbytes=0.41.1 (torch before 1.11 kept softmax's input, before 2.0 the zeroed "
-    "gradients; bitsandbytes before 0.43.2 each 4-bit layer's input) [default: the installed ones]."
-)
-WEIGHTS_HELP = (
-    "fp32 (master weights; mixed precision autocasts) or bf16 (pure bf16: weights, gradients, optimizer state)."
-)
-ALLOCATOR_HELP = (
-    "The CUDA caching allocator's setting: default, or expandable (expandable_segments:True in "
-    "PYTORCH_ALLOC_CONF and PYTORCH_CUDA_ALLOC_CONF: less fragmentation, so reserved stays near allocated)."
-)
-TRAINER_HELP = (
-    "The trainer your run uses, whose step the probes time (a recipe lever): transformers (Trainer, "
-    "autotune train, axolotl, LLaMA-Factory) or trl (TRL's SFTTrainer: its fused LM head scores "
-    "entropy and accuracy every micro-step; causal LMs; needs trl). A --from TRL file sets trl."
-)
-PACKING_HELP = (
-    "Causal LMs: on, examples packed into full blocks (run_clm.py, TRL packing: true, axolotl "
-    "sample_packing: true); off, each example a row padded to its batch's longest (TRL's default, "
-    "axolotl's and LLaMA-Factory's): a recipe lever. With --dataset, off times batches drawn from "
-    "your examples' lengths and ranks by real (non-padding) tokens/s."
-)
-SAMPLING_HELP = (
-    "How your run's sampler orders the examples, a recipe lever: random, or group_by_length "
-    "(transformers' LengthGroupedSampler: each micro-batch of about one length, less padding, another "
-    "order trained on); random,group_by_length lets the search choose. Needs --dataset's lengths."
-)
-PADDING_FREE_HELP = (
-    "Causal LMs trained per example (--packing off with --dataset): each micro-batch's examples "
-    "end to end in one row, no padding, each attending only to itself (TRL padding_free, "
-    "transformers' DataCollatorWithFlattening): off, on, or off,on to let the search choose. "
-    "The same math where the attention kernel keeps examples apart (checked in each probe)."
-)
-LIGER_HELP = "Liger's Triton kernels (fused linear + cross-entropy, RMSNorm, RoPE, SwiGLU): CUDA and liger-kernel only."
-DB_HELP = (
-    "SQLAlchemy URL of the results database [default: $AUTOTUNE_DB, else a SQLite file in the user data directory]."
-)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -129,17 +84,6 @@ def main() -> None:
         sys.exit(exc.exit_code)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-
-
-def usage_message(exc: click.UsageError) -> str:
-    """A flag's mistake as the command line says it (after 'autotune: error: '), with where to look;
-    the service answers a request with the same words (autotune/service/commands.py)."""
-    names, context = [], exc.ctx
-    while context is not None and context.parent is not None:  # (the root's name is how it was run: autotune, -m ...)
-        names.append(context.info_name or "")
-        context = context.parent
-    hint = f" (see: {' '.join(['autotune', *reversed(names)])} --help)" if exc.ctx else ""
-    return f"{exc.format_message()}{hint}"
 
 
 def _flush(stream) -> None:

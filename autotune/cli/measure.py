@@ -7,26 +7,17 @@ import sys
 import click
 
 from autotune import defaults
-from autotune.cli.app import STACK_HELP, cli, echo_json
-from autotune.cli.options import (
-    DURATION,
-    check_cpu_ranks,
-    config_options,
-    evaluation_asked,
-    make_config,
-    make_settings,
-    probe_settings_options,
-)
+from autotune.cli.app import cli, echo_json
+from autotune.flags.arguments import check_cpu_ranks, evaluation_asked, make_settings
+from autotune.flags.flag import options
+from autotune.flags.table import ESTIMATE, PROBE
 from autotune.errors import BadInput
 from autotune.recipes import peft_text  # (torch-free: the --peft flags as a config stores them)
 from autotune.status import ProbeStatus
 
 
 @cli.command()
-@config_options
-@click.option("--gpu-budget", required=True, help="Memory to fit in: 8GiB, 7.5GiB, 8192MiB, 8GB or bytes.")
-@probe_settings_options
-@click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object.")
+@options(PROBE)
 def probe(
     model,
     micro_batch,
@@ -130,38 +121,7 @@ def probe(
 
 
 @cli.command()
-@config_options
-@click.option(
-    "--gpu-budget",
-    default=None,
-    help="Also say whether it fits in this much memory: 8GiB, 7.5GiB, 8192MiB, 8GB or bytes.",
-)
-@click.option(
-    "--safety-margin",
-    default=defaults.SAFETY_MARGIN_TEXT,
-    show_default=True,
-    help="Room kept free under the budget: a percentage of it or a size (256MiB).",
-)
-@click.option(
-    "--device-type",
-    default="cuda",
-    show_default=True,
-    help="cuda: predict a GPU run; cpu: predict what a CPU probe accounts.",
-)
-@click.option(
-    "--timeout",
-    "timeout_text",
-    type=DURATION,
-    default=f"{defaults.ESTIMATE_TIMEOUT_SECONDS:.0f}s",
-    show_default=True,
-    help="Give up tracing after this long.",
-)
-@click.option("--no-cache", is_flag=True, help="Trace again even if this estimate is cached.")
-@click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run.")
-@click.option(
-    "--stack", "stack_text", default=None, callback=lambda ctx, param, text: _stack_text(text), help=STACK_HELP
-)
-@click.option("--json", "as_json", is_flag=True, help="Print the estimate as one JSON object.")
+@options(ESTIMATE)
 def estimate(
     model,
     micro_batch,
@@ -255,17 +215,71 @@ def estimate(
     sys.exit(0 if budget is None or budget.fits(result.required_bytes) else 1)
 
 
-def _stack_text(text: str | None) -> str | None:
-    """--stack as given, each library named once (Stack.parse reads the versions): a second
-    `torch=` would silently replace the first, and an empty value would mean the installed ones."""
-    if text is None:
-        return None
-    names = [part.partition("=")[0].strip().lower() for part in text.split(",") if part.strip()]
-    if not names:
-        raise click.UsageError("--stack is empty; give library=version pairs such as torch=1.13, or leave it out")
-    twice = sorted({name for name in names if names.count(name) > 1})
-    if twice:
-        raise click.UsageError(
-            f"--stack names {', '.join(twice)} more than once ({text.strip()[:80]}); give each library one version"
-        )
-    return text
+def make_config(
+    model,
+    micro_batch,
+    block_size,
+    grad_accum,
+    precision,
+    checkpointing,
+    attention,
+    task,
+    target_length,
+    num_labels,
+    optimizer=defaults.OPTIMIZER,
+    weights="fp32",
+    peft=None,
+    compile_=False,
+    allocator="default",
+    liger=False,
+    evaluation=None,
+    gpus=1,
+    strategy=None,
+    nodes=1,
+    budget_bytes=None,
+    trainer=None,
+):
+    """The one config `probe` and `estimate` are about, checked before any process starts; with
+    `budget_bytes`, its tables too (the embedding, a learned position table, a classification head
+    of --num-labels: ModelSpec.check_shapes)."""
+    from autotune.config import ProbeConfig
+    from autotune.models import resolve_model
+    from autotune.recipes import DEFAULT_TRAINER
+    from autotune.space import single_config
+
+    # The levers are checked before the model is looked for (a typo answers without a hub lookup).
+    levers = dict(
+        micro_batch=micro_batch,
+        block_size=block_size,
+        grad_accum=grad_accum,
+        precision=precision.lower(),
+        checkpointing=checkpointing,
+        attention=attention.lower(),
+        optimizer=optimizer.strip().lower(),
+        weights=weights.strip().lower(),
+        peft=peft,
+        compile=compile_,
+        allocator=allocator.strip().lower(),
+        liger=liger,
+        gpus=gpus,
+        strategy=strategy.strip().lower() if strategy else None,
+        nodes=nodes,
+        trainer=trainer.strip().lower() if trainer else DEFAULT_TRAINER,
+    )
+    ProbeConfig(model=model, **levers)
+    spec = resolve_model(model)
+    config = single_config(
+        spec, task=task, target_length=target_length, num_labels=num_labels, evaluation=evaluation, **levers
+    )
+    spec.check_shapes(budget_bytes, num_labels=config.num_labels)
+    say_task_assumed(spec.config, task)
+    return config
+
+
+def say_task_assumed(model_config: dict, task: str | None) -> None:
+    """A note on stderr when the task was assumed from the model type (no --task, no head named in
+    its config.json): stdout stays the command's answer."""
+    from autotune.tasks import task_note
+
+    if (note := task_note(model_config, task)) is not None:
+        click.echo(f"autotune: note: {note}", err=True)

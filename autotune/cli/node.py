@@ -6,7 +6,8 @@ import click
 
 from autotune import defaults
 from autotune.cli.app import cli
-from autotune.cli.options import COUNT, DEVICE, DURATION, INDEX, RENDEZVOUS, check_cpu_ranks
+from autotune.flags.arguments import check_cpu_ranks
+from autotune.flags.values import COUNT, DEVICE, DURATION, INDEX, RENDEZVOUS
 
 
 @cli.command()

@@ -6,60 +6,15 @@ import contextlib
 
 import click
 
-from autotune import defaults
-from autotune.cli.app import STACK_HELP, cli, echo_json
-from autotune.cli.options import db_option, space_arguments, space_options
+from autotune.cli.app import cli, echo_json
 from autotune.errors import AutotuneError
+from autotune.flags.arguments import space_arguments
+from autotune.flags.flag import options
+from autotune.flags.table import PLAN
 
 
 @cli.command()
-@click.option("--model", required=True, help="Hub id, gpt2-family name, or a local directory with config.json.")
-@click.option(
-    "--gpu",
-    "gpu_name",
-    default=None,
-    help="The card to plan for, by name (h100, a100-40gb, rtx4090, l4, ...: see `autotune plan --gpu list`), "
-    "or cpu (what CPU probes account).",
-)
-@click.option(
-    "--gpu-budget",
-    default=None,
-    help="Memory to fit in (8GiB, ...) [default: the card's memory]; with --gpu cpu, required.",
-)
-@space_options
-@click.option(
-    "--safety-margin",
-    default=defaults.SAFETY_MARGIN_TEXT,
-    show_default=True,
-    help="Room kept free under the budget: a percentage of it or a size (256MiB).",
-)
-@click.option(
-    "--exact",
-    is_flag=True,
-    help="Trace every candidate instead of each group's smallest and largest micro-batch (interpolating between).",
-)
-@click.option(
-    "--study",
-    default=None,
-    help="A study whose measurements to show beside the predictions [default: the latest of this model and "
-    "space on such a card, if any].",
-)
-@click.option("--top", type=click.IntRange(min=1), default=None, help="Show only the first N rows of the table.")
-@click.option(
-    "--plot", "plot_file", default=None, help="Also draw the predicted points, as `autotune plot` draws a study's."
-)
-@click.option(
-    "--timeout",
-    "timeout_text",
-    default=f"{defaults.ESTIMATE_TIMEOUT_SECONDS:.0f}s",
-    show_default=True,
-    help="Give up tracing one configuration after this long.",
-)
-@click.option("--no-cache", is_flag=True, help="Trace again even where an estimate is cached.")
-@click.option("--trust-remote-code", is_flag=True, help="Allow a model's own code from its repository to run.")
-@click.option("--stack", "stack_text", default=None, help=STACK_HELP)
-@db_option
-@click.option("--json", "as_json", is_flag=True, help="Print the plan as one JSON object.")
+@options(PLAN)
 def plan(
     model,
     gpu_name,

@@ -7,14 +7,12 @@ from __future__ import annotations
 import click
 
 from autotune.cli.app import cli
-from autotune.cli.options import db_option
-
-# `autotune best`'s formats (BestConfig.render), which the service's /best answers in too.
-BEST_FORMATS = ("json", "yaml", "trainer-args", "cli", "accelerate", "trl", "axolotl", "llamafactory", "lightning")
+from autotune.flags.flag import options
+from autotune.flags.table import BEST_FORMATS, DB
 
 
 @cli.command()
-@db_option
+@options((DB,))
 @click.option(
     "--format",
     "fmt",
@@ -35,7 +33,7 @@ def studies(db, fmt):
 
 @cli.command()
 @click.option("--study", default=None, help="Only the runs of this study.")
-@db_option
+@options((DB,))
 @click.option(
     "--format",
     "fmt",
@@ -65,7 +63,7 @@ def runs(study, db, fmt):
     show_default=True,
     help="A table for people, a JSON list, or CSV with a header row.",
 )
-@db_option
+@options((DB,))
 def leaderboard(study, top, fmt, db):
     """Rank a study's configurations that fit, fastest first."""
     from autotune.report import render_leaderboard
@@ -83,7 +81,7 @@ def db_group():
 
 
 @db_group.command("upgrade")
-@db_option
+@options((DB,))
 def db_upgrade(db):
     """Upgrade the results database's schema to this version of autotune."""
     from autotune.store import upgrade_database
@@ -119,7 +117,7 @@ def db_upgrade(db):
     "prints the diff.",
 )
 @click.option("--out", "out_path", default=None, metavar="FILE", help="With --update: write there, not over FILE.")
-@db_option
+@options((DB,))
 def best(study, fmt, update_path, out_path, db):
     """Print a study's winning configuration for the fine-tune."""
     from autotune.handoff import best as find_best

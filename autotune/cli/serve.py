@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import click
 
-from autotune.cli.app import DEVICE_HELP, cli, echo_json
-from autotune.cli.options import DEVICE, db_option
+from autotune.cli.app import cli, echo_json
+from autotune.flags.flag import options
+from autotune.flags.table import DB, DEVICE_HELP
+from autotune.flags.values import DEVICE
 from autotune.launchers import LAUNCHERS
 
 
@@ -17,7 +19,7 @@ from autotune.launchers import LAUNCHERS
     help="Address to listen on; any but loopback needs a token to exist first (autotune token create).",
 )
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="Port to listen on.")
-@db_option
+@options((DB,))
 @click.option(
     "--local-worker",
     is_flag=True,
@@ -106,7 +108,7 @@ def token():
 
 @token.command("create")
 @click.argument("name")
-@db_option
+@options((DB,))
 def token_create(name, db):
     """Make a token called NAME and print it: it is shown this once."""
     from autotune.store import open_store
@@ -121,7 +123,7 @@ def token_create(name, db):
 
 @token.command("revoke")
 @click.argument("name")
-@db_option
+@options((DB,))
 def token_revoke(name, db):
     """Revoke the token called NAME: requests carrying it are refused from now on."""
     from autotune.store import open_store
@@ -132,7 +134,7 @@ def token_revoke(name, db):
 
 
 @token.command("list")
-@db_option
+@options((DB,))
 @click.option("--json", "as_json", is_flag=True, help="One JSON list.")
 def token_list(db, as_json):
     """The tokens' names and when they were made (never the tokens)."""

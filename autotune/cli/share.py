@@ -7,7 +7,8 @@ from __future__ import annotations
 import click
 
 from autotune.cli.app import cli
-from autotune.cli.options import db_option
+from autotune.flags.flag import options
+from autotune.flags.table import DB
 
 
 @cli.command()
@@ -18,7 +19,7 @@ from autotune.cli.options import db_option
     default=None,
     help="The file to write: .png, .svg or .pdf (matplotlib), or .html (plotly) [default: <study>.png here].",
 )
-@db_option
+@options((DB,))
 def plot(study, out, db):
     """Plot a study's tokens/s against memory needed, with the budget, frontier, OOMs and pick."""
     from autotune.plot import plot_study
@@ -38,7 +39,7 @@ def plot(study, out, db):
     default=None,
     help="Draw the plot here and link it [default: beside --out, as .png; none when printing].",
 )
-@db_option
+@options((DB,))
 def report(study, out, plot_file, db):
     """Summarise a study in Markdown: setup, leaderboard, the pick and why, probe counts, plot."""
     from autotune.markdown import study_report

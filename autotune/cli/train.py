@@ -7,17 +7,10 @@ import sys
 import click
 
 from autotune.cli.app import cli, echo_json
-from autotune.cli.options import (
-    COUNT,
-    DEVICE,
-    PASSES,
-    RATE,
-    STEPS,
-    data_options,
-    db_option,
-    evaluation_asked,
-    task_options,
-)
+from autotune.flags.arguments import evaluation_asked
+from autotune.flags.flag import options
+from autotune.flags.table import DB, TASK, data_flags
+from autotune.flags.values import COUNT, DEVICE, PASSES, RATE, STEPS
 from autotune.recipes import peft_text
 
 
@@ -35,7 +28,7 @@ from autotune.recipes import peft_text
     default=None,
     help="Memory to fit in (8GiB, 7.5GiB, 8192MiB, 8GB or bytes); with --study alone it overrides the study's budget.",
 )
-@data_options(required=True)
+@options(data_flags(required=True))
 @click.option(
     "--eval-split", default=None, help="Evaluation data: a split name, a file, or a share of the blocks held out (5%)."
 )
@@ -72,11 +65,11 @@ from autotune.recipes import peft_text
     "probed on (this must repeat them); with --model and --gpu-budget the search runs on as many "
     "[default: the winner's].",
 )
-@db_option
+@options((DB,))
 @click.option(
     "--json", "as_json", is_flag=True, help="Print the run's summary as one JSON object (progress goes to stderr)."
 )
-@task_options
+@options(TASK)
 def train(
     study,
     model,

@@ -12,7 +12,7 @@ from autotune.budget import Budget
 from autotune.config import ProbeConfig
 from autotune.deadline import NO_DEADLINE, Deadline
 from autotune.environment import Environment
-from autotune.errors import BadInput
+from autotune.errors import EXIT_INTERRUPTED, EXIT_NOTHING_FITS, EXIT_UNMEASURED, BadInput
 from autotune.models import ModelSpec
 from autotune.probe.runner import Neighbours
 from autotune.result import ProbeResult
@@ -174,3 +174,16 @@ class SearchOutcome:
     def finished(self) -> bool:
         # 'finished': another worker of the study finished it (its patience ran out).
         return self.stop_reason in FINISHING
+
+    @property
+    def exit_status(self) -> int:
+        """What `autotune search` exits with (autotune/errors.py): 0, a configuration fits and every
+        candidate is settled (or a limit stopped the search as asked); 1, nothing fits; 3, some
+        candidates could not be measured; 130, interrupted."""
+        if self.stop_reason == StopReason.INTERRUPTED:
+            return EXIT_INTERRUPTED
+        if self.unmeasured:
+            return EXIT_UNMEASURED
+        if self.finished and self.best is None:
+            return EXIT_NOTHING_FITS
+        return 0

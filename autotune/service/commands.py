@@ -1,21 +1,24 @@
-"""A request's body read as a command's flags: the one definition of what `POST /v1/searches`,
-`/v1/plan` and `/v1/estimate` take is the command line's own (`autotune search`, `plan`,
-`estimate`). Each field is a flag's long name with '_' for '-' (`gpu_budget` for --gpu-budget), its
+"""A request's body read as a command's flags: what `POST /v1/searches`, `/v1/plan` and `/v1/estimate`
+take is the table of `autotune search`'s, `plan`'s and `estimate`'s flags (autotune/flags/table.py),
+the same rows the command line is made of. Each field is a flag's long name with '_' for '-' (`gpu_budget` for --gpu-budget), its
 value a string, a number, a list (joined with commas, as the flag takes it) or, for a switch, true or
 false. The body becomes the command's arguments, which click parses with the command's own types
 and checks, so a request the command line would refuse is refused with the command line's line.
-The arguments are also what is stored, and what a worker runs."""
+The arguments are also what is stored, and what a worker runs. A flag the service does not take says
+why in its row (`closed`)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import click
 
 from autotune.errors import quoted
+from autotune.flags.flag import Flag, parse, reading_command, usage_message
+from autotune.flags.table import REQUESTS
 
 # A value longer than this is no flag's; a list longer than this no space's.
 MAX_VALUE_CHARS = 4096
@@ -40,45 +43,30 @@ class CommandRequest:
     params: dict[str, Any]
 
 
-def command(name: str) -> click.Command:
-    """The command line's command a route reads its body as (from its own module: the `autotune.cli`
-    package, which registers `serve`, is not imported by the service)."""
-    if name == "search":
-        from autotune.cli.search import search
-
-        return search
-    if name == "plan":
-        from autotune.cli.plan import plan
-
-        return plan
-    if name == "estimate":
-        from autotune.cli.measure import estimate
-
-        return estimate
-    raise ValueError(f"no such command: {name}")
+def fields(rows: Sequence[Flag]) -> dict[str, Flag]:
+    """The fields a body may give: the rows the service takes, in the command's order."""
+    return {row.name: row for row in rows if row.closed is None}
 
 
-def field_name(param: click.Parameter) -> str:
-    """--gpu-budget -> gpu_budget: the field a body gives a flag as."""
-    return max(param.opts, key=len).lstrip("-").replace("-", "_")
-
-
-def command_fields(command: click.Command, closed: Mapping[str, str]) -> dict[str, click.Option]:
-    """The fields a body may give for `command`: its options, less those `closed` names."""
-    return {field_name(p): p for p in command.params if isinstance(p, click.Option) and field_name(p) not in closed}
+def closed_fields(rows: Sequence[Flag]) -> dict[str, str]:
+    """The fields the service does not take, each with why."""
+    return {row.name: row.closed for row in rows if row.closed is not None}
 
 
 def read_request(
-    command: click.Command, body: object, *, closed: Mapping[str, str], own: frozenset[str] = frozenset()
+    name: str, body: object, *, own: frozenset[str] = frozenset(), closed: Mapping[str, str] | None = None
 ) -> tuple[CommandRequest, dict[str, Any]]:
-    """`body` as `command`'s flags, parsed by click. `closed`: fields the service does not take,
-    each with why (403). `own`: fields that are the service's, not the command's; returned apart."""
+    """`body` as `autotune name`'s flags (REQUESTS[name]), parsed as the command line parses them.
+    Fields the table closes are refused with why (403), as are those `closed` adds; `own`: fields
+    that are the service's, not the command's, returned apart."""
+    rows = REQUESTS[name]
+    closed = {**closed_fields(rows), **(closed or {})}
+    taken = {key: row for key, row in fields(rows).items() if key not in closed}
     if not isinstance(body, Mapping):
         raise RequestRefused(
-            f"the request body must be a JSON object of `autotune {command.name}`'s flags "
+            f"the request body must be a JSON object of `autotune {name}`'s flags "
             f'(e.g. {{"model": "gpt2", "gpu_budget": "8GiB"}}).'
         )
-    fields = command_fields(command, closed)
     extra = {}
     for key in body:
         if not isinstance(key, str):
@@ -87,39 +75,32 @@ def read_request(
             extra[key] = body[key]
         elif key in closed:
             raise RequestRefused(f"field {key!r} is not taken by this service: {closed[key]}", status=403)
-        elif key not in fields:
+        elif key not in taken:
             raise RequestRefused(
-                f"unknown field {quoted(key)}: `autotune {command.name}` has no --{key.replace('_', '-')} "
-                f"(the fields are its flags: {', '.join(sorted(fields))})."
+                f"unknown field {quoted(key)}: `autotune {name}` has no --{key.replace('_', '-')} "
+                f"(the fields are its flags: {', '.join(sorted(taken))})."
             )
     arguments: list[str] = []
-    for name, param in fields.items():  # (the command's order)
-        if name in body and body[name] is not None and name not in own:
-            arguments += _flag_arguments(name, param, body[name])
-    from autotune.cli.app import cli, usage_message
-
-    # With the group's own context settings, as the command line has them: click caches each
-    # command's help option from the first context that asks, and one made without them would leave
-    # `--help` without its `-h` for the rest of the process (the command reference among it).
-    parent = click.Context(cli, info_name="autotune", **cli.context_settings)
+    for key, row in taken.items():  # (the command's order)
+        if key in body and body[key] is not None and key not in own:
+            arguments += _flag_arguments(key, row, body[key])
     try:
-        context = command.make_context(command.name, list(arguments), parent=parent)
+        params = parse(reading_command(name, list(taken.values())), arguments)
     except click.UsageError as exc:
         raise RequestRefused(usage_message(exc)) from None
     except click.ClickException as exc:
         raise RequestRefused(exc.format_message()) from None
-    return CommandRequest(tuple(arguments), dict(context.params)), extra
+    return CommandRequest(tuple(arguments), params), extra
 
 
-def _flag_arguments(name: str, param: click.Option, value: object) -> list[str]:
-    flag = max(param.opts, key=len)
-    if param.is_flag:
+def _flag_arguments(name: str, row: Flag, value: object) -> list[str]:
+    if row.switch or row.negatable:
         if not isinstance(value, bool):
             raise RequestRefused(f"field {name!r} is a switch: give true or false (got {quoted(value)}).")
         if value:
-            return [flag]
-        return [max(param.secondary_opts, key=len)] if param.secondary_opts else []
-    return [f"{flag}={_text(name, value)}"]
+            return [row.spelled]
+        return [f"--no-{row.spelled[2:]}"] if row.negatable else []
+    return [f"{row.spelled}={_text(name, value)}"]
 
 
 def _text(name: str, value: object) -> str:

@@ -1,6 +1,6 @@
 """What the service lets a client name, and a submitted search worked out as the command line works
 it out: the body read as `autotune search`'s flags (commands.py), those flags read by the command's
-own reader (cli/search.py read_search_flags) and the search resolved (search/request.py
+own reader (search/request_flags.py) and the search resolved (search/request.py
 resolve_search: the model, the space, its candidates, the study's name), all before anything is
 written. A request the command line would refuse is refused with its line.
 
@@ -19,42 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from autotune.launchers.base import worker_kind
-from autotune.service.commands import RequestRefused, command, read_request
+from autotune.flags.flag import Part, usage_message
+from autotune.flags.table import SEARCH
+from autotune.service.commands import RequestRefused, read_request
 from autotune.store.queue import Submission
 
-# Fields of `autotune search` a client may not give, with why.
-SEARCH_CLOSED = {
-    "db": "the service's operator chooses the database (autotune serve --db).",
-    "json": "the service always answers in JSON.",
-    "workers": "queue workers run the searches: start more of them (autotune worker --queue) to search faster.",
-    "oversubscribe": "queue workers run the searches, one probe at a time each.",
-    "rendezvous": "a search over several nodes is started from the command line on its first node.",
-    "launcher": "queue workers run the searches: start them where the GPUs are (autotune worker --queue).",
-    "ray_address": "queue workers run the searches, not a launcher of the request's.",
-    "slurm_partition": "queue workers run the searches, not a launcher of the request's.",
-    "slurm_time": "queue workers run the searches, not a launcher of the request's.",
-    "slurm_parallel": "queue workers run the searches, not a launcher of the request's.",
-    "slurm_option": "queue workers run the searches, not a launcher of the request's.",
-    "dry_run": "the service submits; `autotune search --dry-run` prints a job script on the command line.",
-    "from": "the service reads no file a client names: send the file's recipe as fields (model, block_sizes, "
-    "effective_batch, peft, optimizers, ...), or run `autotune search --from FILE` where the file is.",
-}
-# search's parameters that say where and how its workers start, or where its recipe is read from,
-# not what is searched (read apart; all closed above).
-LAUNCH_PARAMS = (
-    "db",
-    "as_json",
-    "workers",
-    "oversubscribe",
-    "launcher",
-    "ray_address",
-    "slurm_partition",
-    "slurm_time",
-    "slurm_parallel",
-    "slurm_option",
-    "dry_run",
-    "from_file",
-)
+# search's flags that say where and how its workers start, or where the answer goes, not what is
+# searched (all closed to clients: flags/table.py).
+NOT_SEARCHED = frozenset(row.python_name for row in SEARCH if row.part in (Part.LAUNCH, Part.OUTPUT))
 # The service's own fields: the device kind the workers must have, and a card they must carry.
 SEARCH_OWN = frozenset({"device", "gpu"})
 DEVICE_KINDS = ("auto", "cuda", "cpu")
@@ -136,17 +108,16 @@ def submission_of(body: object, policy: ServicePolicy) -> Submission:
     flags (RequestRefused with the command line's line otherwise). Writes nothing, starts nothing."""
     import click
 
-    from autotune.cli.app import usage_message
-    from autotune.cli.search import read_search_flags
     from autotune.errors import AutotuneError
     from autotune.search.request import resolve_search
+    from autotune.search.request_flags import read_search_flags
 
     if isinstance(body, dict):
         body = {k: policy.reference(k, v) if k in LOCAL_FIELDS else v for k, v in body.items()}
-    request, own = read_request(command("search"), body, closed=SEARCH_CLOSED, own=SEARCH_OWN)
+    request, own = read_request("search", body, own=SEARCH_OWN)
     device = _device_kind(own.get("device"))
     card = _card(own.get("gpu"))
-    params = {k: v for k, v in request.params.items() if k not in LAUNCH_PARAMS}
+    params = {k: v for k, v in request.params.items() if k not in NOT_SEARCHED}
     if params.get("trust_remote_code") and not policy.allow_remote_code:
         raise RequestRefused(
             "trust_remote_code: this service does not run a model's own code; its operator allows it "

@@ -292,7 +292,7 @@ class Search(Base):
     arguments: Mapped[list[str]] = mapped_column(JSON)
     request_hash: Mapped[str] = mapped_column(String(64))  # the same request again: the same search
     idempotency_key: Mapped[str | None] = mapped_column(unique=True)
-    # What a worker needs to serve it (autotune/service/queue_worker.py).
+    # What a worker needs to serve it (autotune/search/queue_worker.py).
     model: Mapped[str] = mapped_column(String(1000))
     budget_bytes: Mapped[int] = mapped_column(Bytes)
     device_kind: Mapped[str] = mapped_column(String(16))  # cuda | cpu

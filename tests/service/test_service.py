@@ -16,10 +16,11 @@ pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient
 
 from autotune.cli import cli
+from autotune.flags.table import SEARCH
 from autotune.service.app import ServiceConfig, create_app
-from autotune.service.commands import command_fields
+from autotune.service.commands import closed_fields, fields
 from autotune.service.routes.searches import search_body_schema
-from autotune.service.submissions import SEARCH_CLOSED, SEARCH_OWN, ServicePolicy
+from autotune.service.submissions import SEARCH_OWN, ServicePolicy
 from autotune.status import SearchState, StudyStatus
 from autotune.store import open_store
 from tests.helpers.models import write_model_dir
@@ -68,26 +69,46 @@ def submitted(client) -> list:
         return store.submitted_searches()
 
 
-# -- one definition: the command line's ----------------------------------------------------------
+# -- one definition: the table both doors are made of ---------------------------------------------
 
 
 def test_every_search_flag_is_a_field_or_closed_with_a_reason():
     search = cli.commands["search"]
     options = {max(p.opts, key=len).lstrip("-").replace("-", "_") for p in search.params if p.opts}
-    fields = set(command_fields(search, SEARCH_CLOSED))
-    assert fields | set(SEARCH_CLOSED) == options
-    assert all(SEARCH_CLOSED.values())
+    taken, closed = set(fields(SEARCH)), closed_fields(SEARCH)
+    assert taken | set(closed) == options and not taken & set(closed)
+    assert all(closed.values())
     # The OpenAPI body is derived from the same fields, plus the service's own.
-    assert set(search_body_schema()["properties"]) == fields | SEARCH_OWN
+    assert set(search_body_schema()["properties"]) == taken | SEARCH_OWN
 
 
-def test_reading_a_request_leaves_the_commands_help_as_the_command_line_has_it():
-    """click caches a command's help option from the first context that asks: a request read with a
-    context lacking the group's settings once left `plan --help` without its `-h` for the rest of
-    the process (the command reference test, run after a service test, saw it)."""
+def test_a_new_search_flag_is_one_row_on_both_doors(monkeypatch):
+    """A row added to the table is a flag of `autotune search` and a field of POST /v1/searches,
+    read to the same value, with no other change to either door."""
+    from autotune.flags import table
+    from autotune.flags.flag import Flag, Part, options
+    from autotune.flags.values import COUNT
     from autotune.service.commands import read_request
 
-    read_request(cli.commands["plan"], {"model": "gpt2", "gpu": "a100"}, closed={})
+    row = Flag("max_probe_gib", "A made-up flag.", part=Part.SEARCH, type=COUNT)
+    monkeypatch.setitem(table.REQUESTS, "search", (*SEARCH, row))
+    request, _ = read_request("search", {"model": "gpt2", "gpu_budget": "8GiB", "max_probe_gib": 3})
+    assert request.params["max_probe_gib"] == 3 and "--max-probe-gib=3" in request.arguments
+    refused = pytest.raises(Exception, match="--max-probe-gib must be a whole number of at least 1")
+    with refused:
+        read_request("search", {"model": "gpt2", "gpu_budget": "8GiB", "max_probe_gib": 0})
+    # The command line's decorator over the same table (as cli/search.py applies it):
+    command = click.command("search")(options(table.REQUESTS["search"])(lambda **values: values))
+    context = command.make_context("search", ["--model", "gpt2", "--gpu-budget", "8GiB", "--max-probe-gib", "3"])
+    assert context.params["max_probe_gib"] == 3 and "--max-probe-gib" in command.get_help(context)
+
+
+def test_the_doors_parse_with_their_own_commands():
+    """The service reads a body with a command made from the table, never the command line's own
+    click objects (which it does not import): `plan --help` keeps its `-h` whatever the service read."""
+    from autotune.service.commands import read_request
+
+    read_request("plan", {"model": "gpt2", "gpu": "a100"})
     plan = cli.commands["plan"]
     with plan.make_context(
         "plan", ["--model", "gpt2", "--gpu", "a100"], parent=click.Context(cli, **cli.context_settings)
@@ -213,7 +234,7 @@ def test_cancel_a_queued_search_then_resubmit_resumes_it(service):
 
 
 def test_a_worker_takes_only_what_its_device_serves_and_a_dead_holder_is_taken_over(service):
-    from autotune.service.queue_worker import WorkerDevice
+    from autotune.search.queue_worker import WorkerDevice
 
     service.post("/v1/searches", json=body(gpu="A10G", device="cuda"), headers=auth(service))
     service.post("/v1/searches", json=body(study="on-cpu"), headers=auth(service))

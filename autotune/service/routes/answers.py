@@ -30,7 +30,7 @@ def answer(
 ) -> Response:
     """The pick of the latest finished search of `model` under `budget` (on a card whose name
     carries `gpu`), in any format `autotune best` prints."""
-    from autotune.cli.results import BEST_FORMATS
+    from autotune.flags.table import BEST_FORMATS
     from autotune.errors import AutotuneError
     from autotune.handoff.best_config import best_in
     from autotune.units import format_size, parse_budget

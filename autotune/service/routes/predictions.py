@@ -1,5 +1,5 @@
 """/v1/plan and /v1/estimate: the predictions, without a GPU. The body is the command's flags (the
-one definition, commands.py); the command runs in a child process, `--json`, as a user's shell would
+table of its flags, autotune/flags/table.py); the command runs in a child process, `--json`, as a user's shell would
 run it (its traces in their own processes, its cache shared), a few at a time, each held to a limit."""
 
 from __future__ import annotations
@@ -15,16 +15,11 @@ from fastapi.responses import JSONResponse
 
 from autotune.errors import EXIT_USER_ERROR
 from autotune.service.auth import require_writer
-from autotune.service.commands import RequestRefused, command, read_request
+from autotune.service.commands import RequestRefused, read_request
 from autotune.service.routes.searches import json_body
 
 router = APIRouter(tags=["predictions"])
 
-CLOSED = {
-    "db": "the service's operator chooses the database.",
-    "json": "the service always answers in JSON.",
-    "plot": "the service writes no files; draw the plan from its JSON.",
-}
 SLOT_WAIT_SECONDS = 30.0
 
 
@@ -38,7 +33,7 @@ async def predict_body(app, command_name: str, body: object) -> JSONResponse:
     config = app.state.config
     if isinstance(body, dict):
         body = {k: config.policy.reference(k, v) if k == "model" else v for k, v in body.items()}
-    parsed, _ = read_request(command(command_name), body, closed=CLOSED)
+    parsed, _ = read_request(command_name, body)
     if parsed.params.get("trust_remote_code") and not config.policy.allow_remote_code:
         raise RequestRefused(
             "trust_remote_code: this service does not run a model's own code; its operator allows it "

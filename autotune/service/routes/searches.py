@@ -15,8 +15,9 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 
 from autotune.errors import StudyNotFound
 from autotune.service.auth import require_reader, require_writer
-from autotune.service.commands import RequestRefused, command, command_fields
-from autotune.service.submissions import SEARCH_CLOSED, ServicePolicy, submission_of
+from autotune.flags.table import SEARCH
+from autotune.service.commands import RequestRefused, fields
+from autotune.service.submissions import ServicePolicy, submission_of
 from autotune.service.views import (
     STUDY_REASONS,
     STUDY_STATES,
@@ -35,7 +36,7 @@ KEEPALIVE_SECONDS = 15.0
 
 
 def search_body_schema() -> dict[str, Any]:
-    """The body's JSON schema, derived from `autotune search`'s own flags (commands.py)."""
+    """The body's JSON schema, derived from the table of `autotune search`'s flags (flags/table.py)."""
     value: dict[str, Any] = {
         "anyOf": [
             {"type": "string"},
@@ -44,11 +45,11 @@ def search_body_schema() -> dict[str, Any]:
         ]
     }
     properties: dict[str, Any] = {}
-    for name, param in command_fields(command("search"), SEARCH_CLOSED).items():
+    for name, row in fields(SEARCH).items():
         if name == "device":
             continue
-        schema: dict[str, Any] = {"type": "boolean"} if param.is_flag else dict(value)
-        schema["description"] = (param.help or "").split("\n")[0][:300]
+        schema: dict[str, Any] = {"type": "boolean"} if row.switch or row.negatable else dict(value)
+        schema["description"] = row.help.split("\n")[0][:300]
         properties[name] = schema
     properties["device"] = {
         "type": "string",
@@ -142,7 +143,7 @@ def best(
 ) -> Response:
     """Exactly what `autotune best --study NAME --format FORMAT` prints; its notes in
     `Autotune-Note` headers."""
-    from autotune.cli.results import BEST_FORMATS
+    from autotune.flags.table import BEST_FORMATS
     from autotune.handoff.best_config import best_in
 
     if format not in BEST_FORMATS:

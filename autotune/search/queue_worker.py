@@ -1,9 +1,15 @@
 """`autotune worker --queue`: serve the service's queue from this machine. It takes the oldest
 queued search its device can serve (its kind, a card's name where one is asked for, memory at least
-the budget, enough ranks), runs it as `autotune search` in a child process (the same command, so
-the same preflight, fleet machinery, claims, heartbeats, confirmation round and stored outcome),
+the budget, enough ranks), checks it as the service and the command line check it
+(search/request_flags.py), runs it as `autotune search --json` in a child process (the same command,
+so the same preflight, fleet machinery, claims, heartbeats, confirmation round and stored outcome),
 heartbeats the queue row while it runs, stops it when a client cancels, records how it ended, and
-takes the next. With nothing queued it joins a running search its device matches (as `autotune
+takes the next.
+
+How it ended is read from what the search says it did (its `--json` outcome on stdout) and from the
+store (the study and its pick), never from its log: stderr is relayed to this worker's log and
+nothing is concluded from it. A search refused before it starts is refused here, in this process,
+with the reason the check raised. With nothing queued it joins a running search its device matches (as `autotune
 worker --study` does), so several workers serve one search.
 
 Nothing is left behind: each child dies with this worker (kill -9 included: the parent-death signal)
@@ -18,6 +24,7 @@ too)."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -27,17 +34,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autotune.errors import (
-    EXIT_INTERRUPTED,
-    EXIT_NOTHING_FITS,
-    EXIT_TERMINATED,
-    EXIT_UNMEASURED,
-    EXIT_USER_ERROR,
-    AutotuneError,
-    DatabaseError,
-)
+from autotune.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, AutotuneError, DatabaseError
 from autotune.processes import kill_me_with_parent, owner_label
-from autotune.status import SearchState, StudyStatus
+from autotune.status import FINISHING, SearchState, StudyStatus
 from autotune.store.queue import QUEUE_HEARTBEAT_SECONDS
 from autotune.store.records import SearchRecord
 
@@ -93,6 +92,24 @@ def describe_device(device: str) -> WorkerDevice:
         ranks,
         environment.fingerprint(),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class ChildEnd:
+    """How a child ended: its exit status, who cancelled it (or None), and the outcome it said
+    (a search's --json object; None where it said none)."""
+
+    code: int
+    cancelled: str | None
+    outcome: dict | None
+
+
+def _outcome_of(text: str) -> dict | None:
+    try:
+        said = json.loads(text)
+    except ValueError:
+        return None
+    return said if isinstance(said, dict) and "stop_reason" in said else None
 
 
 @dataclass(slots=True)
@@ -179,9 +196,30 @@ class QueueWorker:
     # -- one search ------------------------------------------------------------------------------
 
     def run_search(self, search: SearchRecord) -> SearchState:
-        """Run `search` as `autotune search` in a child, until it ends or is cancelled."""
+        """Run `search` as `autotune search --json` in a child, until it ends or is cancelled."""
         self.say(f"worker {self.label}: running {search.name} (attempt {search.attempts})")
-        command = [
+        refused = self._refusal(search)
+        code: int | None = None
+        if refused is not None:
+            state, reason = SearchState.FAILED, f"refused by its worker: {refused}"
+        else:
+            command = self.search_command(search)
+            ended = self._supervise(command, search, own=True)
+            code = ended.code
+            state, reason = self._ending(search, ended)
+        try:
+            if state == SearchState.QUEUED:
+                self.store.requeue_search(search.id, self.label, reason)
+            else:
+                self.store.end_search(search.id, self.label, state, reason, exit_status=code)
+        except DatabaseError as exc:  # its heartbeat stops: it reads as interrupted, and is resumed
+            self.say(f"worker {self.label}: could not record how {search.name} ended ({exc})")
+        self.say(f"worker {self.label}: {search.name} {state}: {reason}")
+        return state
+
+    def search_command(self, search: SearchRecord) -> list[str]:
+        """The child that runs `search`: `autotune search --json` on this worker's device."""
+        return [
             sys.executable,
             "-m",
             "autotune",
@@ -193,18 +231,32 @@ class QueueWorker:
             self.db_url,
             "--device",
             self.device.device,
+            "--json",
         ]
-        code, cancelled, last_error = self._supervise(command, search, own=True)
-        state, reason = self._ending(search, code, cancelled, last_error)
+
+    def _refusal(self, search: SearchRecord) -> str | None:
+        """Why this worker cannot run `search` (its flags read as `autotune search` reads them, on
+        this worker's device), or None: the reason as the check raised it, not read from a log."""
+        import click
+
+        from autotune.flags.flag import parse, reading_command, usage_message
+        from autotune.flags.table import SEARCH
+        from autotune.search.request import resolve_search
+        from autotune.search.request_flags import read_search_flags
+
         try:
-            if state == SearchState.QUEUED:
-                self.store.requeue_search(search.id, self.label, reason)
-            else:
-                self.store.end_search(search.id, self.label, state, reason, exit_status=code)
-        except DatabaseError as exc:  # its heartbeat stops: it reads as interrupted, and is resumed
-            self.say(f"worker {self.label}: could not record how {search.name} ended ({exc})")
-        self.say(f"worker {self.label}: {search.name} {state}: {reason}")
-        return state
+            values = parse(reading_command("search", SEARCH), [*search.arguments, "--device", self.device.device])
+            flags = read_search_flags(values)
+            resolve_search(
+                flags.model, flags.budget, settings=flags.settings, options=flags.options, **flags.space_args
+            )
+        except AutotuneError as exc:
+            return str(exc)
+        except click.UsageError as exc:
+            return usage_message(exc)
+        except click.ClickException as exc:
+            return exc.format_message()
+        return None
 
     def join_search(self, search: SearchRecord) -> None:
         """Probe `search`'s study beside its starter, as `autotune worker --study` does."""
@@ -223,29 +275,34 @@ class QueueWorker:
         ]
         self._supervise(command, search, own=False)
 
-    def _supervise(self, command: list[str], search: SearchRecord, *, own: bool) -> tuple[int, str | None, str | None]:
+    def _supervise(self, command: list[str], search: SearchRecord, *, own: bool) -> ChildEnd:
         """Run `command`; beat the row while it runs (`own`), stop it on a cancel or when this worker
-        stops. Returns its exit status, who cancelled it (or None), and its last error line."""
+        stops."""
         with tempfile.TemporaryDirectory(prefix="autotune-queue-") as workdir:
             return self._run_child(command, search, workdir, own=own)
 
-    def _run_child(
-        self, command: list[str], search: SearchRecord, workdir: str, *, own: bool
-    ) -> tuple[int, str | None, str | None]:
-        lines: list[str] = []
+    def _run_child(self, command: list[str], search: SearchRecord, workdir: str, *, own: bool) -> ChildEnd:
+        said: list[str] = []  # stdout: a search's --json outcome, read whole when it ends
         self.child = subprocess.Popen(
             command,
             cwd=workdir,
             stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,
             text=True,
             errors="replace",
             bufsize=1,
             preexec_fn=kill_me_with_parent,
         )
-        reader = threading.Thread(target=self._relay, args=(self.child, search.name, lines), daemon=True)
-        reader.start()
+        readers = [
+            threading.Thread(target=self._relay, args=(self.child.stderr, search.name, None), daemon=True),
+            # (a search's --json outcome is kept, not logged; a joining worker's stdout is its progress)
+            threading.Thread(
+                target=self._relay, args=(self.child.stdout, search.name, said if own else None), daemon=True
+            ),
+        ]
+        for reader in readers:
+            reader.start()
         cancelled: str | None = None
         try:
             while self.child.poll() is None:
@@ -264,19 +321,20 @@ class QueueWorker:
             self.stopping = True
             self._stop_child()
         finally:
-            reader.join(timeout=5)
+            for reader in readers:
+                reader.join(timeout=5)
         code = self.child.wait()
         self.child = None
-        errors = [line.removeprefix("autotune: error: ") for line in lines if line.startswith("autotune: error: ")]
-        return code, cancelled, (errors[-1] if errors else (lines[-1] if lines else None))
+        return ChildEnd(code, cancelled, _outcome_of("".join(said)))
 
-    def _relay(self, child: subprocess.Popen, name: str, lines: list[str]) -> None:
-        assert child.stdout is not None
-        for line in child.stdout:
-            line = line.rstrip("\n")
-            lines.append(line)
-            del lines[:-50]
-            self.say(f"[{name}] {line}")
+    def _relay(self, stream, name: str, kept: list[str] | None) -> None:
+        """A child's stream into this worker's log, line by line, or `kept` whole (a search's --json
+        outcome). Nothing is concluded from the log's words."""
+        for line in stream:
+            if kept is not None:
+                kept.append(line)
+            else:
+                self.say(f"[{name}] {line.rstrip(chr(10))}")
 
     def _beat(self, search: SearchRecord) -> SearchRecord | None | bool:
         try:
@@ -291,38 +349,49 @@ class QueueWorker:
         except AutotuneError:
             return None
 
-    def _ending(
-        self, search: SearchRecord, code: int, cancelled: str | None, last_error: str | None
-    ) -> tuple[SearchState, str]:
-        """How a search ended, from its exit status and its study as stored."""
-        if cancelled is not None:
-            return SearchState.CANCELLED, f"cancelled by {cancelled.removeprefix('by ')}; submit it again to resume"
-        if code in STOPPED_BY_SIGNAL and self.stopping:
+    def _ending(self, search: SearchRecord, ended: ChildEnd) -> tuple[SearchState, str]:
+        """How a search ended: a cancel or a signal as this worker saw them; otherwise what the
+        search said it did (its --json outcome) and its study as stored."""
+        if ended.cancelled is not None:
+            return (
+                SearchState.CANCELLED,
+                f"cancelled by {ended.cancelled.removeprefix('by ')}; submit it again to resume",
+            )
+        if ended.code in STOPPED_BY_SIGNAL and self.stopping:
             # Not the client's wish: the next worker that can serve it resumes it.
             return SearchState.QUEUED, f"its worker ({self.label}) was stopped; queued for the next worker to resume"
-        if code in STOPPED_BY_SIGNAL:
+        if ended.code in STOPPED_BY_SIGNAL:
             return SearchState.INTERRUPTED, "its search process was stopped by a signal; submit it again to resume"
-        if code == EXIT_USER_ERROR:
-            return SearchState.FAILED, last_error or "refused by its worker"
-        if code == EXIT_UNMEASURED:
-            return SearchState.FAILED, "some candidates could not be measured; submit it again to retry them"
-        if code == EXIT_NOTHING_FITS:
-            return SearchState.FINISHED, "no configuration fits the budget"
-        if code != 0:
-            how = f"signal {-code}" if code < 0 else f"exit status {code}"
-            return SearchState.FAILED, f"the search process ended with {how}: {(last_error or '')[:300]}"
-        try:
-            status = self.store.study(search.name).status
-        except AutotuneError:
-            status = StudyStatus.FINISHED
-        if status == StudyStatus.FINISHED:
-            try:
-                best = self.store.leaderboard(search.name, top=1)
-            except AutotuneError:
-                best = []
-            pick = f"{best[0].label}, {best[0].tokens_per_s:,.0f} tokens/s" if best else "nothing fits"
-            return SearchState.FINISHED, f"every candidate settled; the pick: {pick}"
+        outcome = ended.outcome
+        if outcome is None:  # it said no outcome: it refused, or died, before the end
+            how = f"signal {-ended.code}" if ended.code < 0 else f"exit status {ended.code}"
+            return SearchState.FAILED, (
+                f"the search process ended with {how} before saying an outcome (its log is in its worker's "
+                f"output); submit it again to resume"
+            )
+        if outcome.get("unmeasured"):
+            return SearchState.FAILED, (
+                f"{len(outcome['unmeasured'])} candidate(s) could not be measured; submit it again to retry them"
+            )
+        if outcome.get("stop_reason") in FINISHING and self._study_status(search) == StudyStatus.FINISHED:
+            return SearchState.FINISHED, self._pick(search)
         return SearchState.INTERRUPTED, "stopped by its own limit (--timeout or --max-trials); submit it again to go on"
+
+    def _study_status(self, search: SearchRecord) -> str | None:
+        try:
+            return self.store.study(search.name).status
+        except AutotuneError:
+            return None
+
+    def _pick(self, search: SearchRecord) -> str:
+        """The pick as stored (the leaderboard's first), or that nothing fits."""
+        try:
+            best = self.store.leaderboard(search.name, top=1)
+        except AutotuneError:
+            best = []
+        if not best:
+            return "every candidate settled: no configuration fits the budget"
+        return f"every candidate settled; the pick: {best[0].label}, {best[0].tokens_per_s:,.0f} tokens/s"
 
     # -- stopping --------------------------------------------------------------------------------
 
