@@ -6,7 +6,8 @@ Where things live: `commands.py` (a request body read as a command's flags, from
 command line is made of: autotune/flags/table.py), `submissions.py` (a submitted search checked as `autotune search` checks it, and
 what a client may name), `views.py` (what is said about a search: API and page), `auth.py`
 (tokens), `app.py` (the FastAPI application: limits, errors, routes), `routes/` (one module per
-resource: searches, answers, predictions, pages), `server.py` (`autotune serve`: uvicorn, the local worker), `static/` (the page's style and script,
+resource: searches, answers, predictions, pages), `server.py` (`autotune serve`: uvicorn, the local worker), `templates/` (the pages, Jinja2 with
+autoescaping), `static/` (the page's style and script,
 shipped in the package: no CDN).
 
 Importing this package loads nothing heavy: FastAPI and uvicorn are imported by app.py and server.py

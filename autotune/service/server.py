@@ -72,9 +72,13 @@ def serve(
     from autotune.store import open_store
 
     try:
+        import fastapi  # noqa: F401
+        import jinja2  # noqa: F401
         import uvicorn  # noqa: F401
-    except ImportError:
-        raise BadInput("autotune serve needs FastAPI and uvicorn: pip install 'autotune[service]'.") from None
+    except ImportError as exc:
+        raise BadInput(
+            f"autotune serve needs FastAPI, uvicorn and Jinja2 ({exc.name} is missing): pip install 'autotune[service]'."
+        ) from None
     root = check_serving(host, port, model_root)
     if launcher is not None and not workers:
         raise BadInput(f"--launcher {launcher.name} starts the service's queue workers: give --workers N too.")

@@ -1,7 +1,10 @@
 """What the service says about a search, in one place for the API and the page: its state with the
 reason, its progress, the leaderboard, the pick and why (as the command line's `--json` and
 `explain_winner` say them), and each probe settled as an event (the line the command line prints).
-Torch-free: the store's records and the report's words."""
+And what the pages show beyond the API's documents (each row's need of the budget, the hand-off
+snippets, a plan's verdicts), as plain values: the templates (service/templates) only lay them out,
+so a rule such as what a configuration needs is said once, here or below, never in a template or in
+live.js. Torch-free: the store's records and the report's words."""
 
 from __future__ import annotations
 
@@ -9,11 +12,15 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
+from autotune.budget import Budget, required_bytes
 from autotune.errors import StudyNotFound
 from autotune.report import explain_winner, format_event
 from autotune.search.common import Event
 from autotune.status import ProbeStatus, SearchState, Settled, StudyStatus
 from autotune.store import LeaderboardRow, ProbeRecord, SearchRecord, Store, StudyRecord
+
+# The hand-off snippets the search page shows: each the text /v1/searches/NAME/best?format=FMT answers with.
+HANDOFF_FORMATS = ("trainer-args", "cli", "accelerate")
 
 # A study searched from the command line (no submission) read as a search's state.
 STUDY_STATES = {
@@ -224,10 +231,104 @@ def event_view(probe: ProbeRecord, settled: int, total: int, best: bool) -> dict
         "peak_reserved_bytes": r.peak_reserved_bytes,
         "peak_allocated_bytes": r.peak_allocated_bytes,
         "context_bytes": r.context_bytes,
-        "need_bytes": r.required_bytes,
+        "need_bytes": r.required_bytes,  # autotune.budget's rule: the need a page shows, never worked out in live.js
         "worker": probe.worker,
         "best": best,
         "error": r.error,
         "line": line,
         "finished_at": probe.finished_at.isoformat(),
     }
+
+
+# -- what the pages show ----------------------------------------------------------------------------
+
+
+def search_page_view(store: Store, name: str) -> dict[str, Any]:
+    """Everything a search's page shows: the search as GET /v1/searches/{name} says it, the margin
+    kept free, the leaderboard with each row's need, every probe settled as its event says it (the
+    event carries the need, as the live stream's does) and the hand-off snippets once there is a pick."""
+    view = search_view(store, name)
+    study = study_or_none(store, name)
+    events = EventReader(name, view["progress"]["total"]).read(store) if study is not None else []
+    return {
+        "search": view,
+        "margin_bytes": study.margin_bytes if study is not None else None,
+        "leaderboard": leaderboard_rows(view["leaderboard"]),
+        "probes": [data for _, data in events],
+        "why": view.get("why"),
+        "snippets": handoff_snippets(store, view) if view.get("best") else [],
+    }
+
+
+def leaderboard_rows(board: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The leaderboard's rows with what each needs (autotune.budget's rule: peak reserved + context),
+    what its budget allows (less the margin) and the need's share of that, None where unknown."""
+    rows = []
+    for row in board:
+        need = required_bytes(row["peak_reserved_bytes"], row["context_bytes"])
+        allowed = (
+            Budget(row["budget_bytes"], row["margin_bytes"]).allowed_bytes
+            if row["budget_bytes"] and row["margin_bytes"] is not None
+            else None
+        )
+        share = need / allowed if need is not None and allowed else None
+        rows.append({**row, "need_bytes": need, "allowed_bytes": allowed, "share": share})
+    return rows
+
+
+def handoff_snippets(store: Store, view: dict[str, Any]) -> list[dict[str, str]]:
+    """The pick handed off in each of HANDOFF_FORMATS: its text, the link to it raw, and the id the
+    page's copy button names."""
+    from autotune.handoff.best_config import best_in
+
+    chosen = best_in(store, view["name"])
+    return [
+        {
+            "format": fmt,
+            "ident": f"handoff-{fmt}",
+            "raw": f"{view['links']['best']}?format={quote(fmt)}",
+            "text": chosen.render(fmt),
+        }
+        for fmt in HANDOFF_FORMATS
+    ]
+
+
+def plan_view(document: dict[str, Any]) -> dict[str, Any]:
+    """/v1/plan's answer as the plan page shows it: every field there (a missing one reads "None" or
+    "-", as it always has), each candidate's verdict, and what the budget allows less its margin."""
+    candidates = []
+    for candidate in document.get("candidates") or []:
+        fits = candidate.get("fits")
+        candidates.append(
+            {
+                "label": str(candidate.get("label")),
+                "fits": bool(fits),
+                "verdict": "fits" if fits else "over" if fits is False else "-",
+                "need_bytes": candidate.get("need_bytes"),
+                "tokens_per_s": candidate.get("tokens_per_s"),
+                "why_not": str(candidate.get("why_not") or ""),
+            }
+        )
+    allowed = (document.get("budget_bytes") or 0) - (document.get("margin_bytes") or 0)
+    return {
+        "model": str(document.get("model")),
+        "target": str(document.get("target")),
+        "candidates": candidates,
+        "fitting": sum(1 for c in candidates if c["fits"]),
+        "allowed_bytes": allowed or None,
+        "notes": [str(note) for note in document.get("notes") or []],
+    }
+
+
+def where_text(view: dict[str, Any]) -> str:
+    """Where a search runs, in words: its card and device, else the kind of worker it waits for."""
+    parts = [str(view[key]) for key in ("card", "device_name") if view.get(key)]
+    if not parts and view.get("device"):
+        parts.append(f"any {view['device']} worker")
+    return " · ".join(dict.fromkeys(parts)) or "-"
+
+
+def progress_text(progress: dict[str, Any]) -> str:
+    """'3 / 8', or '3 settled' where the count of candidates is not known (live.js says it the same way)."""
+    settled, total = progress.get("settled") or 0, progress.get("total")
+    return f"{settled} / {total}" if total else f"{settled} settled"

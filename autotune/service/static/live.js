@@ -70,6 +70,9 @@
     row.appendChild(td);
   }
 
+  // The row templates/_probes.html draws, from the same fields of the probe's event. The need is the
+  // event's own (need_bytes: peak reserved + context, by autotune.budget's one rule, on the server):
+  // shown here, never worked out from the peaks.
   function addProbe(data) {
     if (!rows || rows.querySelector('tr[data-id="' + Number(data.id) + '"]')) return false;
     const row = document.createElement("tr");
@@ -80,7 +83,7 @@
     cell(row, data.label, "label");
     cell(row, data.status);
     cell(row, speed(data.tokens_per_s), "num");
-    cell(row, size(data.need_bytes), "num");  // (the need as autotune.budget.required_bytes says it)
+    cell(row, size(data.need_bytes), "num");
     cell(row, data.best ? "best so far" : data.error ? gist(data.error) : "");
     rows.appendChild(row);
     const progress = document.getElementById("progress");
