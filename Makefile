@@ -55,11 +55,11 @@ test: install
 # pyflakes' checks and the formatter's layout (pyproject's [tool.ruff]); tests/test_layout.py runs
 # the same in `make test`. `make format` writes the layout.
 lint: install
-	$(BIN)/ruff check autotune tests benchmarks migrations
-	$(BIN)/ruff format --check autotune tests benchmarks migrations
+	$(BIN)/ruff check autotune tests benchmarks
+	$(BIN)/ruff format --check autotune tests benchmarks
 
 format: install
-	$(BIN)/ruff format autotune tests benchmarks migrations
+	$(BIN)/ruff format autotune tests benchmarks
 
 # About a minute: no probe or estimator processes (tests marked `slow`; tests/conftest.py refuses
 # them elsewhere).

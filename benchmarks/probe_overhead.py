@@ -76,9 +76,11 @@ def export_tree(ref: str, into: Path) -> Path:
     archive = subprocess.run(["git", "-C", str(REPO), "archive", ref], check=True, capture_output=True).stdout
     into.mkdir(parents=True)
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    # The installed package finds `autotune.store.migrations` in this checkout's top-level
-    # migrations/ (pyproject's package-dir); the exported autotune must find its own.
-    (into / "autotune" / "store" / "migrations").symlink_to(into / "migrations", target_is_directory=True)
+    # Before 2026-12-01 the migrations were a top-level folder, installed under autotune.store by
+    # pyproject's package-dir: an exported tree of then must find its own where autotune looks now.
+    inside = into / "autotune" / "store" / "migrations"
+    if (into / "migrations").is_dir() and not inside.exists():
+        inside.symlink_to(into / "migrations", target_is_directory=True)
     return into
 
 

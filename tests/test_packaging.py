@@ -32,13 +32,14 @@ def test_the_wheel_holds_autotune_alone_with_its_migrations_inside(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     top_level = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
     assert top_level == {"autotune"}
-    for revision in (ROOT / "migrations" / "versions").glob("*.py"):
+    for revision in (ROOT / "autotune" / "store" / "migrations" / "versions").glob("*.py"):
         assert f"autotune/store/migrations/versions/{revision.name}" in names
     assert "autotune/store/migrations/env.py" in names and "autotune/store/migrations/script.py.mako" in names
     assert "autotune/estimate/cuda_constants.json" in names  # the estimator reads it at import
     assert "autotune/estimate/stated_error.json" in names  # estimate, plan and the search state it
-    for page_file in (ROOT / "autotune" / "service" / "static").iterdir():  # the service's pages, offline
-        assert f"autotune/service/static/{page_file.name}" in names
+    for folder in ("static", "templates"):  # the service's pages, offline: their files and templates
+        for page_file in (ROOT / "autotune" / "service" / folder).iterdir():
+            assert f"autotune/service/{folder}/{page_file.name}" in names
     # Every package of the source tree is listed in pyproject.toml's `packages`.
     for init in (ROOT / "autotune").rglob("__init__.py"):
         assert init.relative_to(ROOT).as_posix() in names
@@ -61,7 +62,7 @@ def test_installed_alone_migrations_are_not_importable_but_ours_upgrade_a_databa
         "from autotune.store import upgrade_database\n"
         "print(upgrade_database(sys.argv[1]).after)\n"
     )
-    # Run from an empty directory, so that the repository's own migrations/ is not on the path.
+    # Run from an empty directory, so that the repository's own autotune/ is not on the path.
     proc = subprocess.run(
         [sys.executable, "-c", script, str(tmp_path / "fresh.db")],
         cwd=tmp_path,

@@ -13,8 +13,8 @@
 Several workers share a study through claims: `claim()` takes a config for probing (atomically, in
 the database), `heartbeat()` keeps it, `settle()` records its outcome once, whichever worker wins.
 
-Schema in `schema.py`, changed only through Alembic revisions in the repository's top-level
-`migrations/` (installed as `autotune.store.migrations`). The Store is split by concern: `base.py`
+Schema in `schema.py`, changed only through Alembic revisions in
+`migrations/` (the package `autotune.store.migrations`). The Store is split by concern: `base.py`
 (sessions, the retry policy, the one place writes start), `store.py` (studies, probes, leaderboard),
 `claims.py`, `runs.py`, `queue.py` (searches submitted to the service), `tokens.py` (its tokens), `rows.py` (ORM rows to records); `failures.py` says which database errors
 pass with time and words the others; `damage.py` finds what a database that is not whole lacks;

@@ -3,8 +3,8 @@
 A database without our tables is created at the head in one step (create_schema: the models'
 tables and the version row, Alembic's "Building an Up to Date Database from Scratch"); one at an
 older revision is upgraded by the migration scripts. Alembic is imported only here and only for
-an upgrade, so that read commands, and the first command on a new database, start without it. The migration scripts live in the
-repository's top-level `migrations/` folder, installed as `autotune.store.migrations`; the Alembic
+an upgrade, so that read commands, and the first command on a new database, start without it. The migration scripts live in
+`autotune/store/migrations/` (the package `autotune.store.migrations`); the Alembic
 configuration is built in code, so no alembic.ini is needed at run time.
 """
 
@@ -61,8 +61,7 @@ VERSION_ROWS = Table(
 
 
 def script_location() -> Path:
-    """The migrations' directory, installed as `autotune.store.migrations` (the repository's
-    top-level migrations/ folder)."""
+    """The migrations' directory: the package `autotune.store.migrations`, wherever it is installed."""
     import autotune.store.migrations as migrations
 
     return Path(migrations.__file__).parent

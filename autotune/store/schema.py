@@ -2,9 +2,9 @@
 
 These models describe the schema at SCHEMA_REVISION. A new database gets it in one step
 (migrate.create_schema: these tables and the version row); an older one is changed by Alembic's
-scripts (top-level `migrations/`). Never call `metadata.create_all` anywhere else: a table made
+scripts (`autotune/store/migrations/`). Never call `metadata.create_all` anywhere else: a table made
 without the version row has no revision, and the next upgrade would fail on it. A change here
-needs a new revision in `migrations/versions/` (and SCHEMA_REVISION moved to it); the schema tests
+needs a new revision in `autotune/store/migrations/versions/` (and SCHEMA_REVISION moved to it); the schema tests
 (autogenerate finds no differences after the scripts run, and the scripts and create_schema make
 the same tables) fail until there is one.
 
