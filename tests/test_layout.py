@@ -185,6 +185,21 @@ def test_no_module_imports_the_face_of_its_own_package():
     assert not wrong, "\n".join(sorted(wrong))
 
 
+def test_no_module_names_its_siblings_through_its_package():
+    # `from autotune.handoff import ranks` inside autotune/handoff goes through the package's
+    # __init__, which may still be importing this very module: name the sibling itself
+    # (`import autotune.handoff.ranks as ranks`, or `from autotune.handoff.ranks import x`).
+    wrong = []
+    for name, path in MODULES.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        if path.name == "__init__.py" or package == "autotune":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module == package:
+                wrong.append(f"{name}:{node.lineno}: from {package} import ...")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_no_file_is_longer_than_a_newcomer_reads():
     long = {
         str(p.relative_to(PACKAGE.parent)): n

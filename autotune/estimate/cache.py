@@ -17,7 +17,7 @@ from pathlib import Path
 from autotune.config import ProbeConfig
 from autotune.environment import package_version
 from autotune.errors import AutotuneError
-from autotune.estimate import cuda_constants
+import autotune.estimate.cuda_constants as cuda_constants
 from autotune.estimate.stack import Stack
 from autotune.estimate.result import MemoryEstimate
 from autotune.models import ModelSpec

@@ -16,7 +16,7 @@ from autotune.errors import BadInput
 from autotune.estimate.cache import EstimateCache, cache_key
 from autotune.estimate.launch import TraceChildren
 from autotune.estimate.protocol import TraceItem, TraceRequest, TraceResult
-from autotune.estimate import cuda_constants
+import autotune.estimate.cuda_constants as cuda_constants
 from autotune.estimate.result import (
     CUBLAS_WORKSPACE_BYTES,
     CUDA_CONSTANTS,

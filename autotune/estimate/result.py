@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 from autotune.budget import Budget, required_bytes
 from autotune.config import ProbeConfig
-from autotune.estimate import cuda_constants, stated_error
+import autotune.estimate.cuda_constants as cuda_constants
+import autotune.estimate.stated_error as stated_error
 from autotune.units import CUDA_BLOCK_BYTES
 
 DEVICE_TYPES = ("cuda", "cpu")

@@ -40,7 +40,7 @@ import torch
 
 from autotune import sharding
 from autotune.config import ProbeConfig
-from autotune.estimate import older_stacks
+import autotune.estimate.older_stacks as older_stacks
 from autotune.estimate.generation import GenerationReads, UnansweredRead
 from autotune.estimate.launch import PRELOAD_ENV
 from autotune.estimate.ledger import Ledger, replay
@@ -323,7 +323,7 @@ def _trace_rank(item: TraceItem, cuda: bool, rank: int | None) -> _RankTrace:
     """Trace and replay one rank (`rank` of a fake process group; None: a single-GPU run)."""
     from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
-    from autotune.estimate import ranks
+    import autotune.estimate.ranks as ranks
     from autotune.models import ModelSpec
     from autotune.probe.step import ProbeStep, build_random_model, make_optimizer
 

@@ -15,7 +15,11 @@ from autotune import evaluation, speed, verdict, yaml_text
 from autotune.budget import Budget, required_bytes
 from autotune.environment import openmp_of, openmp_text
 from autotune.errors import BadInput, StudyNotFound
-from autotune.handoff import later_phases, loss_scaling, ranks, scripts, tools
+import autotune.handoff.later_phases as later_phases
+import autotune.handoff.loss_scaling as loss_scaling
+import autotune.handoff.ranks as ranks
+import autotune.handoff.scripts as scripts
+import autotune.handoff.tools as tools
 from autotune.handoff.argument_names import checkpointing_argument_names, sampling_arguments
 from autotune.recipes import (
     DEFAULT_TRAINER,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autotune import evaluation, sharding
-from autotune.handoff import ranks
+import autotune.handoff.ranks as ranks
 from autotune.recipes import is_qlora
 
 if TYPE_CHECKING:

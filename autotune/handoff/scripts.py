@@ -7,7 +7,8 @@ import json
 import re
 from typing import TYPE_CHECKING
 
-from autotune.handoff import later_phases, ranks
+import autotune.handoff.later_phases as later_phases
+import autotune.handoff.ranks as ranks
 from autotune.handoff.loss_scaling import loss_fix_note
 from autotune.recipes import OPTIMIZERS, PeftSpec, is_qlora
 from autotune.tasks import EXAMPLE_SCRIPTS, Task

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from autotune import sharding, yaml_text
 from autotune.errors import BadInput
-from autotune.handoff import ranks
+import autotune.handoff.ranks as ranks
 from autotune.handoff.lightning import LIGHTNING, lightning_document, lightning_notes
 from autotune.lengths import DEFAULT_SAMPLING, Lengths
 from autotune.recipes import OPTIMIZERS, PeftSpec, is_qlora

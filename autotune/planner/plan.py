@@ -29,7 +29,7 @@ from autotune.estimate import stated_error
 from autotune.estimate.interpolate import between, interpolated, traced_members
 from autotune.estimate.stack import Stack
 from autotune.estimate.stated_error import StatedError
-from autotune.planner import speed_error
+import autotune.planner.speed_error as speed_error
 from autotune.planner.speed_error import SpeedError
 from autotune.errors import BadInput
 from autotune.models import ModelSpec

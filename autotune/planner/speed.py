@@ -66,7 +66,7 @@ from autotune.config import ProbeConfig
 from autotune.estimate.stack import Stack
 from autotune.flops import flops_per_token
 from autotune.lengths import DEFAULT_SAMPLING
-from autotune.planner import traffic
+import autotune.planner.traffic as traffic
 from autotune.shapes import ModelDims, adapted_linears, dims_from_config
 from autotune.recipes import PeftSpec, is_qlora
 

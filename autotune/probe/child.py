@@ -41,7 +41,8 @@ from autotune.probe.devices import (  # noqa: E402
 from autotune.probe.hygiene import CodeWatch, allocated_bytes, why_not_reused  # noqa: E402
 from autotune.probe.oom import classify_exception  # noqa: E402
 from autotune.probe.phase_run import LaterPhaseRun, PhaseMeter  # noqa: E402
-from autotune.probe import distributed, speedups  # noqa: E402
+import autotune.probe.distributed as distributed  # noqa: E402
+import autotune.probe.speedups as speedups  # noqa: E402
 from autotune.probe.protocol import (  # noqa: E402
     EnvironmentReply,
     EnvironmentRequest,

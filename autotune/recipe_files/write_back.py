@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from autotune.errors import BadInput
 from autotune.handoff import checkpointing_argument_names, tools
-from autotune.recipe_files import yaml_edit
+import autotune.recipe_files.yaml_edit as yaml_edit
 from autotune.recipe_files.read import RecipeFile, read_recipe_file
 from autotune.lengths import DEFAULT_SAMPLING, Lengths
 from autotune.recipes import PeftSpec

@@ -20,7 +20,7 @@ from autotune.result import ProbeResult
 from autotune.budget import required_bytes
 from autotune.ranking import Standing, ranked
 from autotune.status import CACHEABLE, ProbeStatus, StudyStatus
-from autotune.store import migrate
+import autotune.store.migrate as migrate
 from autotune.store.claims import ClaimsMixin
 from autotune.processes import owner_label
 from autotune.store.engine import display_url, make_engine, resolve_url, sqlite_path
