@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# benchmarks/gpu_evidence.py on the GPU machine, from the repository root (docs/gpu-evidence.md):
+# benchmarks/gpu_evidence/ on the GPU machine, from the repository root (docs/gpu-evidence.md):
 #   bash benchmarks/gpu_wheels.sh       # here: the wheels, their size with the tree's checked under 64 MiB
 #   run(carry=[".whl"], timeout_s=570, command="bash benchmarks/gpu_evidence.sh --pass 1")
 #   run(carry=[".whl", "benchmarks/out/gpu-evidence"], command="bash benchmarks/gpu_evidence.sh --pass 2")

@@ -40,7 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.gpu_evidence import helper_train_data
+from benchmarks.gpu_evidence.run_speed import helper_train_data
 from benchmarks.run_vs_probe import autotune, sh
 
 EFFECTIVE_BATCH = 8

@@ -14,7 +14,7 @@ once, then every config again in reverse) and each figure is the median of its p
 lengths padded to the block size as transformers' run_classification.py pads them
 (`pad_to_max_length`, its default): the plain Trainer and `autotune train` (TRL trains causal LMs).
 
-CPU only as written (`--device cpu`): on a card, benchmarks/gpu_evidence.py's `trainer_handoff` and
+CPU only as written (`--device cpu`): on a card, benchmarks/gpu_evidence/run_speed.py's `trainer_handoff` and
 `train_200_steps` sections measure the pick the same way.
 """
 
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.gpu_evidence import helper_train_data, helper_trainer_handoff, steady_tokens_per_s
+from benchmarks.gpu_evidence.run_speed import helper_train_data, helper_trainer_handoff, steady_tokens_per_s
 
 EFFECTIVE_BATCH = 8
 BLOCK = 64

@@ -166,7 +166,7 @@ class ProbeRunner:
         device_type = self._device_type or (self.settings.device_kind if self.settings.device_kind != "auto" else None)
         # By default a runner that reuses its child keeps one on CUDA; `standby=True` keeps one
         # even without reuse: each probe in a fresh process, started (imports done) while the last
-        # probe ran, as a measurement of the noise between processes wants (benchmarks/gpu_evidence.py).
+        # probe ran, as a measurement of the noise between processes wants (benchmarks/gpu_evidence/fresh_probes.py).
         wanted = self.standby if self.standby is not None else (device_type == "cuda" and self.reuse_child)
         if wanted and self._spare is None:
             self._spare = self._spawn()

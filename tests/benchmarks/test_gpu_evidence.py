@@ -1,4 +1,4 @@
-"""benchmarks/gpu_evidence.py, the script that spends the scarce GPU minutes: its CPU mode end to end
+"""benchmarks/gpu_evidence/, the package that spends the scarce GPU minutes: its CPU mode end to end
 for the next pass's sections (each measured, a second run redoing nothing), the one-line refusal
 without CUDA, resuming after failures and deadlines, and children killed with their group at the
 deadline. The other passes' sections (a forum config, eval/generation searches, the benchmark, a
@@ -16,20 +16,27 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import gpu_evidence
-from benchmarks.gpu_evidence import (
+from benchmarks.gpu_evidence import schedule
+from benchmarks.gpu_evidence.children import run_child
+from benchmarks.gpu_evidence.common import (
     EVIDENCE_FILE,
+    EXIT_DONE,
+    EXIT_FAILED,
+    EXIT_PENDING,
     LOG_FILE,
-    PASS_SECONDS,
-    PASSES,
-    SECTION_NAMES,
-    SECTIONS,
+    REPO,
     Failed,
     Pending,
-    Run,
-    Section,
     Skip,
 )
+from benchmarks.gpu_evidence.document import MAX_TARRED_FILE_BYTES, pack_state
+from benchmarks.gpu_evidence.fresh_probes import probe_in_turn
+from benchmarks.gpu_evidence.invocation import Run
+from benchmarks.gpu_evidence.passes import PASS_SECONDS, PASSES, SECTION_NAMES, SECTIONS, Section
+from benchmarks.gpu_evidence.pytest_gpu import collected_nodes, pytest_counts
+from benchmarks.gpu_evidence.schedule import on_sigterm, pending_sections, run_sections
+from benchmarks.gpu_evidence.spread import CPU_SPREAD_PROCESSES
+from benchmarks.gpu_evidence.truth import next_truth_round, truth_table, truth_verdict
 from benchmarks.run import Deadline
 from tests.helpers.models import cuda_available
 from tests.helpers.processes import alive
@@ -37,7 +44,7 @@ from tests.helpers.processes import alive
 CUDA_ONLY = {"cuda_facts", "micro_checks", "liger_allocator_search", "cuda_constants"}
 # The pass the next GPU session runs, and the script's own facts.
 SUITE_SECTIONS = ("versions", *PASSES["2"])
-CONSTANTS = Path(gpu_evidence.REPO, "autotune", "estimate", "cuda_constants.json")
+CONSTANTS = Path(REPO, "autotune", "estimate", "cuda_constants.json")
 
 
 def evidence_command(*args: str) -> list[str]:
@@ -45,9 +52,7 @@ def evidence_command(*args: str) -> list[str]:
 
 
 def run_evidence(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        evidence_command(*args), capture_output=True, text=True, timeout=timeout, cwd=gpu_evidence.REPO
-    )
+    return subprocess.run(evidence_command(*args), capture_output=True, text=True, timeout=timeout, cwd=REPO)
 
 
 @pytest.fixture(scope="module")
@@ -108,11 +113,7 @@ def test_cpu_mode_measures_the_next_passs_sections_and_lists_the_rest_as_not_run
     assert handoff["steps"] == 5 and handoff["config"] == readme["pick"]["label"] and handoff["tokens_per_s"] > 0
     assert handoff["args"]["per_device_train_batch_size"] * handoff["args"]["gradient_accumulation_steps"] == 2
     spread = sections["spread"]
-    assert (
-        spread["processes"] == gpu_evidence.CPU_SPREAD_PROCESSES
-        and set(spread["statuses"]) == {"ok"}
-        and spread["spread"] >= 0
-    )
+    assert spread["processes"] == CPU_SPREAD_PROCESSES and set(spread["statuses"]) == {"ok"} and spread["spread"] >= 0
 
     log = (out / LOG_FILE).read_text()
     assert "autotune search" in log and "--- exit status 0" in log
@@ -183,34 +184,34 @@ def test_each_pass_fits_one_gpu_command_in_order_of_value():
 
 def test_the_truth_measures_every_config_once_then_the_contenders_again_in_reverse():
     keys = ["a", "b", "c", "d"]
-    assert gpu_evidence.next_truth_round(keys, []) == ("1", keys)
+    assert next_truth_round(keys, []) == ("1", keys)
     first = [
         {"tag": "truth-1", "key": "a", "status": "ok", "tokens_per_s": 100.0},
         {"tag": "truth-1", "key": "b", "status": "oom", "tokens_per_s": None},
     ]
-    assert gpu_evidence.next_truth_round(keys, first) == ("1", ["c", "d"])
+    assert next_truth_round(keys, first) == ("1", ["c", "d"])
     first += [
         {"tag": "truth-1", "key": "c", "status": "ok", "tokens_per_s": 50.0},
         {"tag": "truth-1", "key": "d", "status": "ok", "tokens_per_s": 90.0},
     ]
     # Reverse order, contenders (within 0.6 of the best) first; what did not fit is not probed again.
-    assert gpu_evidence.next_truth_round(keys, first) == ("2", ["d", "a", "c"])
+    assert next_truth_round(keys, first) == ("2", ["d", "a", "c"])
     second = first + [{"tag": "truth-2", "key": "d", "status": "ok", "tokens_per_s": 120.0}]
-    assert gpu_evidence.next_truth_round(keys, second) == ("2", ["a", "c"])
+    assert next_truth_round(keys, second) == ("2", ["a", "c"])
     rows = second + [
         {"tag": "truth-2", "key": "a", "status": "ok", "tokens_per_s": 80.0},
         {"tag": "truth-2", "key": "c", "status": "ok", "tokens_per_s": 50.0},
     ]
-    assert gpu_evidence.next_truth_round(keys, rows) == ("2", [])
+    assert next_truth_round(keys, rows) == ("2", [])
     # Round 1 out of its share of the time: round 2 takes what it measured, then round 1 goes on.
     cut = [r for r in first if r["key"] in ("a", "b")]
-    assert gpu_evidence.next_truth_round(keys, cut, first_round_closed=True) == ("2", ["a"])
+    assert next_truth_round(keys, cut, first_round_closed=True) == ("2", ["a"])
     cut.append({"tag": "truth-2", "key": "a", "status": "ok", "tokens_per_s": 95.0})
-    assert gpu_evidence.next_truth_round(keys, cut, first_round_closed=True) == ("1", ["c", "d"])
-    table = gpu_evidence.truth_table(keys, {k: k.upper() for k in keys}, rows)
+    assert next_truth_round(keys, cut, first_round_closed=True) == ("1", ["c", "d"])
+    table = truth_table(keys, {k: k.upper() for k in keys}, rows)
     # The medians of two processes: d (90, 120) is the truth's best, though a (100) led round 1.
     assert [(r["label"], r["median"]) for r in table] == [("D", 105.0), ("A", 90.0), ("C", 50.0), ("B", None)]
-    verdict = gpu_evidence.truth_verdict(table, {"pick": {"label": "A"}, "probes": 3, "search_seconds": 10.0}, rows)
+    verdict = truth_verdict(table, {"pick": {"label": "A"}, "probes": 3, "search_seconds": 10.0}, rows)
     assert verdict["pick_quality"] == round(90 / 105, 4) and not verdict["pick_quality_met"]
     assert verdict["one_process_truth_best"] == "A" and verdict["best"]["label"] == "D"
     assert verdict["between_processes_spread"]["max"] == round(120 / 90 - 1, 4)
@@ -228,7 +229,7 @@ def test_the_deadline_kills_a_child_and_what_it_started(tmp_path):
     )
     with open(tmp_path / "log", "w") as log:
         started = time.monotonic()
-        outcome = gpu_evidence.run_child(
+        outcome = run_child(
             [sys.executable, "-c", code], log=log, scratch=tmp_path / "tmp", deadline=Deadline(2.0), timeout=30
         )
     assert outcome.cut and not outcome.timed_out and outcome.returncode is None
@@ -243,7 +244,7 @@ def test_the_deadline_kills_a_child_and_what_it_started(tmp_path):
 
 def test_a_child_over_its_own_timeout_has_timed_out_not_been_cut(tmp_path):
     with open(tmp_path / "log", "w") as log:
-        outcome = gpu_evidence.run_child(
+        outcome = run_child(
             [sys.executable, "-c", "import time; time.sleep(30)"],
             log=log,
             scratch=tmp_path / "tmp",
@@ -258,7 +259,7 @@ def fake_run(tmp_path: Path, deadline: float | None = None) -> Run:
     doc = {"mode": "cpu", "device": "cpu: test", "date": "2026-01-01", "sections": {}}
     if (tmp_path / EVIDENCE_FILE).exists():
         doc["sections"] = json.loads((tmp_path / EVIDENCE_FILE).read_text())["sections"]
-    gpu_evidence.pending_sections(doc)
+    pending_sections(doc)
     return Run(out=tmp_path, state=tmp_path, mode="cpu", deadline=Deadline(deadline), log=log, doc=doc)
 
 
@@ -277,13 +278,13 @@ def test_sections_resume_failed_and_pending_ones_only(tmp_path, monkeypatch):
         return run
 
     fakes = tuple(Section(name, section(name), 0, 0, expected_seconds=0, passes=("1",)) for name in SECTION_NAMES)
-    monkeypatch.setattr(gpu_evidence, "SECTIONS", fakes)
+    monkeypatch.setattr(schedule, "SECTIONS", fakes)
     outcomes.update({name: {"figure": 1} for name in SECTION_NAMES})
     outcomes["versions"] = Failed("broken", {"partial": 1})
     outcomes["pytest_gpu"] = Pending("cut short")
     outcomes["benchmark"] = Skip("not here")
     first = fake_run(tmp_path)
-    assert gpu_evidence.run_sections(first, SECTION_NAMES) == gpu_evidence.EXIT_FAILED
+    assert run_sections(first, SECTION_NAMES) == EXIT_FAILED
     assert first.sections["versions"] == {"status": "failed: broken", "seconds": 0.0, "partial": 1}
     assert first.sections["pytest_gpu"]["status"] == "pending: cut short"
     assert first.sections["benchmark"]["status"] == "skipped: not here"
@@ -292,14 +293,14 @@ def test_sections_resume_failed_and_pending_ones_only(tmp_path, monkeypatch):
     calls.clear()
     outcomes.update(versions={"figure": 2}, pytest_gpu=Pending("still cut"))
     second = fake_run(tmp_path)
-    assert gpu_evidence.run_sections(second, SECTION_NAMES) == gpu_evidence.EXIT_PENDING
+    assert run_sections(second, SECTION_NAMES) == EXIT_PENDING
     assert calls == ["versions", "pytest_gpu"]
     assert second.sections["versions"]["status"] == "measured" and second.sections["versions"]["figure"] == 2
 
     calls.clear()
     outcomes.update(pytest_gpu={"figure": 3})
     third = fake_run(tmp_path)
-    assert gpu_evidence.run_sections(third, SECTION_NAMES) == gpu_evidence.EXIT_DONE
+    assert run_sections(third, SECTION_NAMES) == EXIT_DONE
     assert calls == ["pytest_gpu"]
 
 
@@ -317,9 +318,9 @@ def test_a_section_is_not_started_without_its_time_and_a_dependent_waits(tmp_pat
             needs=("readme_command",),
         ),
     )
-    monkeypatch.setattr(gpu_evidence, "SECTIONS", fakes)
+    monkeypatch.setattr(schedule, "SECTIONS", fakes)
     run = fake_run(tmp_path, deadline=60)
-    assert gpu_evidence.run_sections(run, ["readme_command", "train_200_steps"]) == gpu_evidence.EXIT_PENDING
+    assert run_sections(run, ["readme_command", "train_200_steps"]) == EXIT_PENDING
     assert ran == []
     assert run.sections["readme_command"]["status"].startswith("pending: not reached")
     assert run.sections["train_200_steps"]["status"] == "pending: waits for readme_command (pending)"
@@ -333,14 +334,12 @@ def test_sigterm_leaves_the_section_in_flight_pending_and_the_document_saved(tmp
         time.sleep(5)
         return {}
 
-    monkeypatch.setattr(
-        gpu_evidence, "SECTIONS", (Section("versions", killed, 0, 0, expected_seconds=0, passes=("1",)),)
-    )
-    previous = signal.signal(signal.SIGTERM, gpu_evidence.on_sigterm)
+    monkeypatch.setattr(schedule, "SECTIONS", (Section("versions", killed, 0, 0, expected_seconds=0, passes=("1",)),))
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
     try:
         run = fake_run(tmp_path)
         started = time.monotonic()
-        assert gpu_evidence.run_sections(run, ["versions"]) == gpu_evidence.EXIT_PENDING
+        assert run_sections(run, ["versions"]) == EXIT_PENDING
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert time.monotonic() - started < 4
@@ -349,13 +348,13 @@ def test_sigterm_leaves_the_section_in_flight_pending_and_the_document_saved(tmp
 
 
 def test_pytest_counts_read_the_summary_line():
-    assert gpu_evidence.pytest_counts("1 failed, 2 passed, 3 skipped, 1 error in 4.2s") == {
+    assert pytest_counts("1 failed, 2 passed, 3 skipped, 1 error in 4.2s") == {
         "failed": 1,
         "passed": 2,
         "skipped": 3,
         "error": 1,
     }
-    assert gpu_evidence.pytest_counts("6 skipped, 720 deselected in 7.05s") == {"skipped": 6, "deselected": 720}
+    assert pytest_counts("6 skipped, 720 deselected in 7.05s") == {"skipped": 6, "deselected": 720}
 
 
 def test_the_state_tarball_leaves_out_checkpoints_caches_and_large_files(tmp_path):
@@ -363,8 +362,8 @@ def test_the_state_tarball_leaves_out_checkpoints_caches_and_large_files(tmp_pat
     for name in ("readme.db", "train-run/model.safetensors", "cache/x", "tmp/y", "bench/gt.db"):
         (state / name).parent.mkdir(parents=True, exist_ok=True)
         (state / name).write_text("x")
-    (state / "big.bin").write_bytes(b"\0" * (gpu_evidence.MAX_TARRED_FILE_BYTES + 1))
-    gpu_evidence.pack_state(state, tmp_path / "state.tar.gz")
+    (state / "big.bin").write_bytes(b"\0" * (MAX_TARRED_FILE_BYTES + 1))
+    pack_state(state, tmp_path / "state.tar.gz")
     import tarfile
 
     with tarfile.open(tmp_path / "state.tar.gz") as tar:
@@ -373,13 +372,13 @@ def test_the_state_tarball_leaves_out_checkpoints_caches_and_large_files(tmp_pat
 
 
 def test_the_wrapper_starts_with_the_gpu_machines_preamble():
-    wrapper = (gpu_evidence.REPO / "benchmarks" / "gpu_evidence.sh").read_text().splitlines()
+    wrapper = (REPO / "benchmarks" / "gpu_evidence.sh").read_text().splitlines()
     commands = [line for line in wrapper if line.strip() and not line.startswith("#")]
-    preamble = gpu_evidence.REPO.parent / "shared" / "gpu" / "preamble.sh"
+    preamble = REPO.parent / "shared" / "gpu" / "preamble.sh"
     if preamble.exists():
         assert commands[0].strip() == preamble.read_text().strip()
     assert "python3 -m benchmarks.gpu_evidence" in commands[-1] and '"$@"' in commands[-1]
-    assert os.access(gpu_evidence.REPO / "benchmarks" / "gpu_evidence.sh", os.X_OK)
+    assert os.access(REPO / "benchmarks" / "gpu_evidence.sh", os.X_OK)
 
 
 def test_the_gpu_tests_are_read_from_a_verbose_run_and_from_a_collection():
@@ -389,14 +388,14 @@ def test_the_gpu_tests_are_read_from_a_verbose_run_and_from_a_collection():
         "=========================== short test summary info ============================\n"
         "FAILED tests/train/test_gpu.py::test_b - AssertionError: 1 == 2\n"
     )
-    assert gpu_evidence.collected_nodes(verbose, verbose=True) == [
+    assert collected_nodes(verbose, verbose=True) == [
         "tests/probe/test_gpu.py::test_a[gpt2 fp32]",
         "tests/train/test_gpu.py::test_b",
     ]
     collected = (
         "tests/probe/test_gpu.py::test_a[gpt2 fp32]\ntests/train/test_gpu.py::test_b\n\n2 tests collected in 0.5s\n"
     )
-    assert gpu_evidence.collected_nodes(collected, verbose=False) == [
+    assert collected_nodes(collected, verbose=False) == [
         "tests/probe/test_gpu.py::test_a[gpt2 fp32]",
         "tests/train/test_gpu.py::test_b",
     ]
@@ -410,7 +409,7 @@ def test_the_truth_gives_the_contenders_their_second_process_before_the_deadline
     now = [0.0]
 
     def batches(closed):
-        round_name, todo = gpu_evidence.next_truth_round(keys, rows, closed)
+        round_name, todo = next_truth_round(keys, rows, closed)
         return f"truth-{round_name}", todo
 
     def probe(key, tag):
@@ -420,7 +419,7 @@ def test_the_truth_gives_the_contenders_their_second_process_before_the_deadline
         now[0] += 10
         return 10.0
 
-    done = gpu_evidence.probe_in_turn(batches, probe, lambda: now[0], 255, 0.65 * 255)
+    done = probe_in_turn(batches, probe, lambda: now[0], 255, 0.65 * 255)
     first = [r["key"] for r in rows if r["tag"] == "truth-1"]
     second = [r["key"] for r in rows if r["tag"] == "truth-2"]
     assert done == len(rows) == 25 and now[0] <= 255
@@ -434,7 +433,4 @@ def test_the_truth_gives_the_contenders_their_second_process_before_the_deadline
     rows.clear()
     now[0] = 0.0
     fixed = [("spread", ["k0"] * 5)]
-    assert (
-        gpu_evidence.probe_in_turn(lambda closed: fixed.pop() if fixed else ("spread", []), probe, lambda: now[0], 35)
-        == 3
-    )
+    assert probe_in_turn(lambda closed: fixed.pop() if fixed else ("spread", []), probe, lambda: now[0], 35) == 3
