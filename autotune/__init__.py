@@ -6,10 +6,10 @@ training run needs them.
 
 from __future__ import annotations
 
-from autotune.config import ProbeConfig
-from autotune.errors import AutotuneError
-from autotune.result import ProbeResult
-from autotune.version import __version__
+from autotune.levers.config import ProbeConfig
+from autotune.vocabulary.errors import AutotuneError
+from autotune.results.probe_result import ProbeResult
+from autotune.vocabulary.version import __version__
 
 
 def best(study: str | None = None, db: str | None = None):

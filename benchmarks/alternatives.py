@@ -26,11 +26,11 @@ from collections.abc import Callable
 from contextlib import closing
 from dataclasses import dataclass, field
 
-from autotune.budget import Budget
-from autotune.config import ProbeConfig
-from autotune.models import ModelSpec
-from autotune.result import ProbeResult
-from autotune.space import SearchSpace
+from autotune.results.budget import Budget
+from autotune.levers.config import ProbeConfig
+from autotune.specs.models import ModelSpec
+from autotune.results.probe_result import ProbeResult
+from autotune.search.space import SearchSpace
 
 TRAINER_MICRO_BATCH = 8  # transformers.TrainingArguments.per_device_train_batch_size default
 
@@ -274,7 +274,7 @@ def lightning_binsearch(setting: Setting, dataset_size: int = 1 << 16) -> Altern
 
 
 def _version(package: str) -> str:
-    from autotune.environment import package_version
+    from autotune.host.environment import package_version
 
     return package_version("lightning" if package == "lightning" else "pytorch-lightning") or "?"
 

@@ -1,6 +1,6 @@
 """`plan`'s speed model on this CPU against the CPU demo's own measured probes: reported, not tuned.
 
-The speed model prices a card from its published peaks (autotune/planner/speed.py). A CPU has no
+The speed model prices a card from its published peaks (autotune/planner/card_speed.py). A CPU has no
 data sheet here, so this one is measured now: its float32 and bfloat16 matmul FLOP/s (torch, the
 probes' own kernels) and its copy bandwidth. Each stored probe of a study (benchmarks/results/studies/
 *.json, measured on this kind of machine) is predicted with the same model and constants as a GPU
@@ -45,10 +45,10 @@ def measured_cpu() -> tuple[dict[str, float], float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from autotune.cards import Card
-    from autotune.config import ProbeConfig
-    from autotune.planner.speed import predict_step_seconds
-    from autotune.shapes import dims_from_config
+    from autotune.specs.cards import Card
+    from autotune.levers.config import ProbeConfig
+    from autotune.planner.card_speed import predict_step_seconds
+    from autotune.specs.shapes import dims_from_config
 
     path = Path((argv or sys.argv[1:] or [str(DEFAULT)])[0])
     study = json.loads(path.read_text())

@@ -1,5 +1,5 @@
 """The host's time to launch one transformer layer's training ops, measured: the speed model's
-dispatch constants (autotune/planner/speed.py, LAYER_DISPATCH_SECONDS and its neighbours).
+dispatch constants (autotune/planner/card_speed.py, LAYER_DISPATCH_SECONDS and its neighbours).
 
 A micro-step of eager PyTorch issues every op from Python through the dispatcher and autograd.
 On a GPU the host does that while the card computes; when the card's work per op is short (a
@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import transformers
 
-    from autotune.environment import cpu_name
+    from autotune.host.environment import cpu_name
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None)

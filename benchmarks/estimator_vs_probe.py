@@ -27,11 +27,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from autotune.config import ProbeConfig
-from autotune.recipes import OPTIMIZERS, peft_text
+from autotune.levers.config import ProbeConfig
+from autotune.levers.recipes import OPTIMIZERS, peft_text
 from autotune.estimate import estimate_memories
 from autotune.probe import ProbeRunner, ProbeSettings
-from autotune.units import format_size, parse_choice_list, parse_int_list
+from autotune.vocabulary.units import format_size, parse_choice_list, parse_int_list
 
 MiB = 2**20
 # TinyLlama-1.1B's config.json (public architecture numbers): a ~1B Llama for the recipe levers' GPU check.

@@ -18,7 +18,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from autotune.config import ProbeConfig
+from autotune.levers.config import ProbeConfig
 from autotune.estimate import estimate_memories
 from autotune.estimate.interpolate import INTERPOLATION_OVERSHOOT, between, interpolated, traced_members
 

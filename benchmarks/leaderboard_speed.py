@@ -31,9 +31,9 @@ from pathlib import Path
 def fill(db_path: Path, probes: int) -> None:
     from sqlalchemy import insert
 
-    from autotune.config import ProbeConfig
-    from autotune.environment import Environment
-    from autotune.models import resolve_model
+    from autotune.levers.config import ProbeConfig
+    from autotune.host.environment import Environment
+    from autotune.specs.models import resolve_model
     from autotune.store import open_store
     from autotune.store.schema import Probe
 

@@ -6,7 +6,7 @@ batch of 8, padded and padding-free), one fresh process builds the model once an
 rounds: TRL's SFTTrainer on the long-tailed examples (`packing=False`, or `padding_free=True`), 24
 optimizer steps timed after the 8th, real tokens counted at its collator; then the probe's step
 (autotune.probe.step.ProbeStep, TRL's loss) on batches drawn from the same examples' lengths, two
-whole cycles timed as the probe times them (autotune.timing.window_seconds). Each round's real
+whole cycles timed as the probe times them (autotune.results.timing.window_seconds). Each round's real
 tokens/s of both, and their ratio; the median of the rounds' ratios.
 
     python -m benchmarks.lengths_in_process --work DIR [--rounds 3] [--configs 1,2,4,8] [--padding-free]
@@ -38,10 +38,10 @@ def one_config(work: str, micro_batch: int, padding_free: bool, rounds: int) -> 
     from transformers import AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    from autotune.config import ProbeConfig
-    from autotune.lengths import Lengths
+    from autotune.levers.config import ProbeConfig
+    from autotune.levers.lengths import Lengths
     from autotune.probe.step import ProbeStep, make_optimizer
-    from autotune.timing import window_seconds
+    from autotune.results.timing import window_seconds
 
     root = Path(work)
     hf = transformers.AutoConfig.from_pretrained(root / "model")

@@ -30,12 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from autotune.budget import Budget
-from autotune.config import ProbeConfig
-from autotune.result import ProbeResult
+from autotune.results.budget import Budget
+from autotune.levers.config import ProbeConfig
+from autotune.results.probe_result import ProbeResult
 from autotune.search import Prediction
-from autotune.space import SearchSpace
-from autotune.status import ProbeStatus
+from autotune.search.space import SearchSpace
+from autotune.vocabulary.status import ProbeStatus
 
 GiB, MiB = 2**30, 2**20
 STUDIES = Path(__file__).resolve().parent / "results" / "studies"

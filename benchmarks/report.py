@@ -22,9 +22,9 @@ import re
 import statistics
 from pathlib import Path
 
-from autotune.config import ProbeConfig
-from autotune.result import ProbeResult
-from autotune.units import format_size
+from autotune.levers.config import ProbeConfig
+from autotune.results.probe_result import ProbeResult
+from autotune.vocabulary.units import format_size
 
 PICK_QUALITY_TARGET = 0.98
 SEARCH_COST_TARGET = 0.15

@@ -40,15 +40,15 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-from autotune import defaults
-from autotune.budget import Budget
-from autotune.version import __version__
-from autotune.config import ProbeConfig
-from autotune.environment import Environment, package_version
-from autotune.errors import AutotuneError, BadInput
-from autotune.models import resolve_model
-from autotune.space import SearchSpace
-from autotune.units import format_size, parse_size
+from autotune.vocabulary import defaults
+from autotune.results.budget import Budget
+from autotune.vocabulary.version import __version__
+from autotune.levers.config import ProbeConfig
+from autotune.host.environment import Environment, package_version
+from autotune.vocabulary.errors import AutotuneError, BadInput
+from autotune.specs.models import resolve_model
+from autotune.search.space import SearchSpace
+from autotune.vocabulary.units import format_size, parse_size
 from benchmarks import report
 from benchmarks.alternatives import ALTERNATIVES, Setting
 

@@ -226,7 +226,7 @@ def trl_in_process(db: str, study: str, work: str, steps: int, sft_config: dict)
     from transformers import AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    from autotune.models import resolve_model
+    from autotune.specs.models import resolve_model
 
     spec = resolve_model(best.config.model)
     config = transformers.AutoConfig.for_model(

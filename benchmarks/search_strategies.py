@@ -39,15 +39,15 @@ from dataclasses import dataclass, replace
 from datetime import date
 from pathlib import Path
 
-from autotune import defaults
-from autotune.config import ProbeConfig
-from autotune.models import resolve_model
-from autotune.result import ProbeResult
+from autotune.vocabulary import defaults
+from autotune.levers.config import ProbeConfig
+from autotune.specs.models import resolve_model
+from autotune.results.probe_result import ProbeResult
 from autotune.search import Knowledge, Prediction, SearchOptions, TpeStrategy, make_strategy
 from autotune.search.strategies import plain_twin
 from autotune.search.trials import distributions_of, tell
-from autotune.space import SearchSpace
-from autotune.status import ProbeStatus
+from autotune.search.space import SearchSpace
+from autotune.vocabulary.status import ProbeStatus
 from benchmarks.problems import Problem, budget_of, modelled, replays
 
 

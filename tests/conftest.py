@@ -26,7 +26,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # Tests never reach for the hub. Set once for the session, not per test: a module's fixtures run
 # before a test's own, and a fork server started with another environment than a fixture's of the
 # moment is not used for its trace child (spawned instead) and is restarted for its probe, killing
-# the worker's warm probe child (autotune.processes.fork_server_fits).
+# the worker's warm probe child (autotune.host.processes.fork_server_fits).
 os.environ["HF_HUB_OFFLINE"] = "1"
 # For the same reason, what libraries write into the environment of the process that imports them,
 # set from the start: torch's inductor its cache directory (its default, kept), lightning its way of
@@ -48,7 +48,7 @@ atexit.register(shutil.rmtree, _DATASETS_CACHE, ignore_errors=True)
 os.environ["HF_DATASETS_CACHE"] = _DATASETS_CACHE
 # Every process the tests start can be made to misbehave (tests/helpers/faults: a fault is named in
 # the environment of the moment): a probe child forked from the worker's fork server as well, whose
-# server started before the test that names one (autotune.processes.fork_server_context).
+# server started before the test that names one (autotune.host.processes.fork_server_context).
 if os.environ.get("PYTHONPATH", "").split(os.pathsep)[0] != FAULTS_DIR:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (FAULTS_DIR, os.environ.get("PYTHONPATH")) if p)
 
@@ -130,7 +130,7 @@ def warm_child(probe_runner):
 @pytest.fixture
 def spawned_children(monkeypatch):
     """Probe children spawned afresh, as on a CUDA host, where a CPU runner forks them from its
-    warm server (autotune.processes.fork_server_context): for the tests of the standby child, the
+    warm server (autotune.host.processes.fork_server_context): for the tests of the standby child, the
     CUDA path's answer to a fresh child's seconds of imports."""
     import multiprocessing as mp
 

@@ -250,7 +250,7 @@ def test_db_upgrade_still_creates_and_upgrades(work):
 @pytest.fixture
 def trainable(work, tiny_model, hermetic_home):
     """A study of the tiny model with an ok probe, in the default database."""
-    from autotune.models import resolve_model
+    from autotune.specs.models import resolve_model
 
     spec = resolve_model(tiny_model)
     with open_store(hermetic_home / "autotune.db") as store:
@@ -293,7 +293,7 @@ def test_train_refuses_an_output_dir_that_cannot_be_one_before_recording(work, h
         assert store.runs() == []
 
 
-# -- recipe levers (autotune.recipes) ---------------------------------------------------------------
+# -- recipe levers (autotune.levers.recipes) ---------------------------------------------------------------
 
 
 @pytest.mark.parametrize(

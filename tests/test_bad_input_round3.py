@@ -10,10 +10,10 @@ import json
 from unittest import mock
 
 import pytest
-from autotune.errors import BadInput
-from autotune.result import ProbeResult
-from autotune.status import ProbeStatus
-from autotune.units import MIN_BUDGET_BYTES, parse_budget
+from autotune.vocabulary.errors import BadInput
+from autotune.results.probe_result import ProbeResult
+from autotune.vocabulary.status import ProbeStatus
+from autotune.vocabulary.units import MIN_BUDGET_BYTES, parse_budget
 from tests.helpers.models import TINY_GPT2, write_model_dir
 from tests.helpers.cli import Unchanged, autotune, invoke, refused
 
@@ -59,7 +59,7 @@ def test_a_config_json_no_probe_should_build_is_refused_before_any_process(work,
 
 
 def test_the_embedding_is_checked_against_the_budget_where_there_is_one(tmp_path):
-    from autotune.models import resolve_model
+    from autotune.specs.models import resolve_model
 
     spec = resolve_model(str(write_model_dir(tmp_path / "m", vocab_size=10**9)))  # 128 GB at 2 bytes a weight
     spec.check_usable()  # (no budget: below what a device can hold)
@@ -284,7 +284,7 @@ def test_a_file_that_cannot_be_written_is_refused_before_any_work(work, hermetic
     assert not (work / "no").exists()
 
 
-# -- the run's evaluation (autotune/evaluation.py): refused before any process, nothing written -----
+# -- the run's evaluation (autotune/levers/evaluation.py): refused before any process, nothing written -----
 
 EVAL_MISTAKES = {
     "not-a-number": (["--eval-batch", "abc"], "'abc' is neither a whole number nor auto"),

@@ -4,9 +4,9 @@ from collections import Counter
 
 import pytest
 
-from autotune import cards
-from autotune.cards import CARDS, card_for_device, card_names, find_card
-from autotune.errors import BadInput
+from autotune.specs import cards
+from autotune.specs.cards import CARDS, card_for_device, card_names, find_card
+from autotune.vocabulary.errors import BadInput
 
 GiB = 2**30
 
@@ -220,7 +220,7 @@ def test_peak_flops_of_the_probes_come_from_the_cards():
 
 def test_importing_the_cards_does_not_import_torch():
     out = subprocess.run(
-        [sys.executable, "-c", "import autotune.cards, sys; print('torch' in sys.modules)"],
+        [sys.executable, "-c", "import autotune.specs.cards, sys; print('torch' in sys.modules)"],
         capture_output=True,
         text=True,
         check=True,
@@ -229,7 +229,7 @@ def test_importing_the_cards_does_not_import_torch():
 
 
 def test_every_card_has_its_links():
-    from autotune.cards import CARDS, find_card
+    from autotune.specs.cards import CARDS, find_card
 
     for card in CARDS:
         assert card.interconnect_bandwidth >= card.host_bandwidth > 0, card.name

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from autotune.cli import cli
-from autotune.report import LEADERBOARD_FIELDS
+from autotune.render.tables import LEADERBOARD_FIELDS
 from autotune.store import open_store
 from autotune.store.schema import SCHEMA_REVISION, VERSION_TABLE
 from tests.helpers.cli import autotune, heavy_modules_loaded

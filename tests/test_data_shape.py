@@ -10,10 +10,10 @@ import pytest
 
 from autotune.data.options import DataOptions
 from autotune.data.shape import shaped_space_args
-from autotune.tasks import DataShape
-from autotune.errors import BadInput
-from autotune.models import resolve_model
-from autotune.space import SearchSpace
+from autotune.levers.tasks import DataShape
+from autotune.vocabulary.errors import BadInput
+from autotune.specs.models import resolve_model
+from autotune.search.space import SearchSpace
 from tests.helpers.cli import assert_usage_error, invoke
 from tests.helpers.tiny_tasks import write_tiny
 from tests.helpers.corpus import write_task_tokenizer

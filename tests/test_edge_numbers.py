@@ -12,10 +12,10 @@ import click
 import pytest
 
 from autotune.flags.values import COUNT, STEPS, WholeNumber
-from autotune.errors import BadInput
-from autotune.models import MAX_DEVICE_BYTES, resolve_model
-from autotune.sharding import cpu_rank_problems, most_cpu_ranks
-from autotune.units import INT64_MAX, MAX_SECONDS, MAX_STEPS, parse_duration
+from autotune.vocabulary.errors import BadInput
+from autotune.specs.models import MAX_DEVICE_BYTES, resolve_model
+from autotune.levers.sharding import cpu_rank_problems, most_cpu_ranks
+from autotune.vocabulary.units import INT64_MAX, MAX_SECONDS, MAX_STEPS, parse_duration
 from tests.helpers.models import write_model_dir
 from tests.helpers.cli import Unchanged, invoke, refused
 
@@ -233,7 +233,7 @@ def test_one_bound_per_kind():
 
 @pytest.fixture
 def two_cores():
-    with mock.patch("autotune.sharding.os.cpu_count", return_value=2):
+    with mock.patch("autotune.levers.sharding.os.cpu_count", return_value=2):
         yield
 
 

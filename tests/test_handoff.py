@@ -11,9 +11,9 @@ import json
 import pytest
 
 from autotune.handoff import argument_names
-from autotune.config import ProbeConfig
+from autotune.levers.config import ProbeConfig
 from autotune.handoff import checkpointing_argument_names
-from autotune.recipes import peft_text
+from autotune.levers.recipes import peft_text
 from tests.helpers.store import best_of
 
 GiB = 2**30

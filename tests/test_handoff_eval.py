@@ -1,4 +1,4 @@
-"""The hand-off of a study that measured the run's evaluation (autotune.evaluation): TrainingArguments,
+"""The hand-off of a study that measured the run's evaluation (autotune.levers.evaluation): TrainingArguments,
 the example scripts' flags, yaml and `print(best)` carry the eval batch, what evaluation keeps and
 seq2seq generation, read from a real study in the store; a study without evaluation hands off what
 it always did; and a real Seq2SeqTrainer trains and generates with `best.training_arguments()`."""
@@ -12,7 +12,7 @@ import shlex
 import pytest
 
 from autotune import best
-from autotune.environment import Environment
+from autotune.host.environment import Environment
 from autotune.handoff import BestConfig, checkpointing_argument_names
 from autotune.store import open_store
 from tests.helpers.store import ENV, config, make_study, result
@@ -302,7 +302,7 @@ def test_a_real_seq2seq_trainer_trains_and_generates_with_the_handed_off_argumen
     import torch
     import transformers
 
-    from autotune.tasks import AUTO_CLASSES, Task
+    from autotune.levers.tasks import AUTO_CLASSES, Task
 
     source, target, length, beams = 16, 8, 12, 2
     chosen = stored_winner(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import ProbeConfig
+from autotune.levers.config import ProbeConfig
 from autotune.handoff.loss_scaling import ATTRIBUTE, loss_fix_note, needs_loss_fix
 from tests.helpers.models import TINY_GPT2
 from tests.helpers.store import best_of

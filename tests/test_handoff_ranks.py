@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from autotune.cli import cli
-from autotune.config import ProbeConfig
+from autotune.levers.config import ProbeConfig
 from autotune.handoff import ranks
 from autotune.store import open_store
 from tests.helpers.models import TINY_GPT2

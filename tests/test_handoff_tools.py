@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import ProbeConfig
-from autotune.errors import BadInput
+from autotune.levers.config import ProbeConfig
+from autotune.vocabulary.errors import BadInput
 from autotune.handoff import BestConfig, tools
-from autotune.recipes import peft_text
+from autotune.levers.recipes import peft_text
 from tests.helpers.store import leaderboard_row
 
 # --- the tools' fields, as their current source defines them --------------------------------------

@@ -1,4 +1,4 @@
-"""The data's lengths and what they make of a padded run's batches (autotune.lengths): the
+"""The data's lengths and what they make of a padded run's batches (autotune.levers.lengths): the
 expectations against batches drawn at random, the probe's timed draws, a config's real tokens, and
 where the search, the leaderboard and the hand-offs read them. No process, no timing."""
 
@@ -9,10 +9,10 @@ import statistics
 
 import pytest
 
-from autotune import lengths
-from autotune.config import ProbeConfig
-from autotune.errors import BadInput
-from autotune.timing import window_seconds
+from autotune.levers import lengths
+from autotune.levers.config import ProbeConfig
+from autotune.vocabulary.errors import BadInput
+from autotune.results.timing import window_seconds
 
 from tests.helpers.lengths import BLOCK, DATA, TEXT, long_tailed
 from tests.helpers.store import best_of, leaderboard_row
@@ -131,7 +131,7 @@ def row(micro_batch: int, tokens_per_s: float, spread: float = 0.02, **changes):
 
 
 def test_the_leaderboard_names_a_larger_micro_batch_slower_on_this_data():
-    from autotune.report import larger_batch_slower, render_leaderboard
+    from autotune.render.tables import larger_batch_slower, render_leaderboard
 
     rows = [row(2, 1250.0), row(4, 1020.0), row(8, 710.0), row(1, 1100.0)]
     said = larger_batch_slower(rows)
@@ -199,7 +199,7 @@ def test_a_padding_free_trl_file_is_searched_padding_free(tmp_path):
 
 @pytest.fixture(scope="module")
 def gpt2(tmp_path_factory):
-    from autotune.models import resolve_model
+    from autotune.specs.models import resolve_model
     from tests.helpers.models import write_model_dir
 
     return resolve_model(
@@ -210,8 +210,8 @@ def gpt2(tmp_path_factory):
 
 
 def test_a_causal_lm_trained_per_example_draws_its_batches_from_the_datas_lengths(gpt2):
-    from autotune.space import SearchSpace
-    from autotune.tasks import DataShape
+    from autotune.search.space import SearchSpace
+    from autotune.levers.tasks import DataShape
 
     shape = DataShape("sft.jsonl", "causal-lm", 4000, longest=max(DATA), lengths=TEXT)
     space = SearchSpace.build(
@@ -228,8 +228,8 @@ def test_a_causal_lm_trained_per_example_draws_its_batches_from_the_datas_length
 
 
 def test_packing_off_is_refused_for_a_task_whose_examples_are_padded_already(tmp_path):
-    from autotune.models import resolve_model
-    from autotune.space import SearchSpace
+    from autotune.specs.models import resolve_model
+    from autotune.search.space import SearchSpace
     from tests.helpers.tiny_tasks import write_tiny
 
     bert = resolve_model(str(write_tiny(tmp_path, "bert-classification")))
@@ -282,8 +282,8 @@ def test_the_sampler_is_handed_off_as_each_tool_names_it_and_read_back_from_its_
 
 
 def test_a_space_may_choose_the_sampler_only_over_the_datas_lengths(gpt2):
-    from autotune.space import SearchSpace
-    from autotune.tasks import DataShape
+    from autotune.search.space import SearchSpace
+    from autotune.levers.tasks import DataShape
 
     shape = DataShape("sft.jsonl", "causal-lm", 4000, longest=max(DATA), lengths=TEXT)
     space = SearchSpace.build(

@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from autotune.errors import ModelNotFound
-from autotune.models import resolve_model
+from autotune.vocabulary.errors import ModelNotFound
+from autotune.specs.models import resolve_model
 
 
 def test_gpt2_family_resolves_offline_to_known_architectures():

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.config import ProbeConfig
-from autotune.errors import BadInput
-from autotune.models import resolve_model
-from autotune.recipes import OPTIMIZERS, canonical_optimizer, check_optimizer
-from autotune.space import SearchSpace
+from autotune.levers.config import ProbeConfig
+from autotune.vocabulary.errors import BadInput
+from autotune.specs.models import resolve_model
+from autotune.levers.recipes import OPTIMIZERS, canonical_optimizer, check_optimizer
+from autotune.search.space import SearchSpace
 from tests.helpers.cli import assert_usage_error, autotune
 
 

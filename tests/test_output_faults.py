@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from autotune.cli.app import main
-from autotune.errors import EXIT_BROKEN_PIPE
-from autotune.errors import BadInput
-from autotune.output import Output, check_destination, stdout_fault, write_file
+from autotune.vocabulary.errors import EXIT_BROKEN_PIPE
+from autotune.vocabulary.errors import BadInput
+from autotune.host.output import Output, check_destination, stdout_fault, write_file
 from autotune.store import open_store
 from tests.helpers.cli import autotune, autotune_command
 from tests.helpers.store import ENV, GiB, config, make_study, result
@@ -171,9 +171,9 @@ def test_destination_checks_refuse_each_kind_of_non_file(work):
 
 def test_report_out_on_a_full_disk_leaves_neither_report_nor_plot_nor_temporary(study_db, work, monkeypatch, capsys):
     pytest.importorskip("matplotlib")
-    import autotune.output
+    import autotune.host.output
 
-    monkeypatch.setattr(autotune.output.os, "replace", no_space)
+    monkeypatch.setattr(autotune.host.output.os, "replace", no_space)
     code, out, err = run_main(capsys, "report", "--out", str(work / "r.md"))
     assert (code, out) == (2, "")
     one_line(err, str(work / "r."), ENOSPC_LINE, "free space there")
@@ -214,12 +214,12 @@ def _fake_plan_for(calls: list):
     """plan_for without traces: caches one estimate, as the traces would, and returns a plan."""
 
     def plan_for(model, target, *args, use_cache=True, **kwargs):
-        from autotune.config import ProbeConfig
+        from autotune.levers.config import ProbeConfig
         from autotune.estimate.cache import EstimateCache
-        from autotune.models import resolve_model
+        from autotune.specs.models import resolve_model
         from autotune.planner import Plan, Planned
-        from autotune.space import SearchSpace
-        from autotune.planner.speed import SpeedPrediction
+        from autotune.search.space import SearchSpace
+        from autotune.planner.card_speed import SpeedPrediction
         from tests.helpers.fakes import fake_estimate as _estimate
 
         calls.append(model)
@@ -274,7 +274,7 @@ def test_plan_plot_that_fails_after_the_traces_leaves_no_cache_and_no_file(
 
 def test_plan_plot_in_a_place_that_takes_no_file_is_refused_before_the_traces(hermetic_home, work, monkeypatch, capsys):
     pytest.importorskip("matplotlib")
-    import autotune.output
+    import autotune.host.output
     import autotune.planner
 
     def refuse(path, *args, **kwargs):  # a directory that takes no new file (root writes anywhere chmod allows)
@@ -287,7 +287,7 @@ def test_plan_plot_in_a_place_that_takes_no_file_is_refused_before_the_traces(he
     monkeypatch.setattr(autotune.planner, "plan_for", _fake_plan_for(calls))
     plot_file = work / "plan.png"
     with monkeypatch.context() as patch:
-        patch.setattr(autotune.output.os, "open", refuse)
+        patch.setattr(autotune.host.output.os, "open", refuse)
         code, out, err = run_main(capsys, "plan", "--model", "gpt2", "--gpu", "h100", "--plot", str(plot_file))
     assert calls == [] and (code, out) == (2, "")
     one_line(err, f"--plot {plot_file}: cannot write it in {work}", "Permission denied (errno 13)")

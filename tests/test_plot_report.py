@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 from autotune.cli import cli
 from autotune.cli.app import main
-from autotune.plot import MATPLOTLIB_MISSING, Point, frontier, plot_points
-from autotune.status import SettleHow
+from autotune.render.plot import MATPLOTLIB_MISSING, Point, frontier, plot_points
+from autotune.vocabulary.status import SettleHow
 from autotune.store import open_store
 from tests.helpers.store import ENV, GiB, config, make_study, result
 from tests.helpers.cli import heavy_modules_loaded
@@ -172,7 +172,7 @@ def test_report_to_stdout_without_matplotlib_says_so(study_db, tmp_path, monkeyp
 
 
 def test_plot_and_report_import_no_torch(study_db, tmp_path):
-    # One process for both: `report --plot` draws with autotune.plot as `plot` does.
+    # One process for both: `report --plot` draws with autotune.render.plot as `plot` does.
     loaded = heavy_modules_loaded(
         "report", "--db", study_db, "--out", str(tmp_path / "r.md"), "--plot", str(tmp_path / "r.png")
     )
@@ -189,7 +189,7 @@ def test_every_contender_is_labelled_clear_of_the_others_with_its_spread_as_an_e
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from autotune import plot
+    from autotune.render import plot
 
     study, probes = stored(study_db)
     probes = [replace_result(p, step_spread=0.08) if p.result.status == "ok" else p for p in probes]
@@ -225,11 +225,11 @@ def replace_result(probe, **changes):
 def test_a_plans_configs_predicted_not_to_fit_are_drawn_as_predicted_not_as_oom(tmp_path, monkeypatch):
     import dataclasses
 
-    import autotune.plot as plot
-    from autotune.cards import find_card
-    from autotune.config import ProbeConfig
+    import autotune.render.plot as plot
+    from autotune.specs.cards import find_card
+    from autotune.levers.config import ProbeConfig
     from autotune.planner import Plan, Planned, Target
-    from autotune.planner.speed import SpeedPrediction
+    from autotune.planner.card_speed import SpeedPrediction
     from tests.helpers.fakes import fake_estimate as _estimate
 
     target = Target.of(find_card("h100"), 8 * GiB, 0.05)
@@ -256,9 +256,9 @@ def test_a_plans_configs_predicted_not_to_fit_are_drawn_as_predicted_not_as_oom(
 
 
 def test_an_oom_is_said_whole_and_a_probe_that_ran_out_has_no_headroom():
-    from autotune.config import ProbeConfig
-    from autotune.report import error_gist, format_probe_result
-    from autotune.result import ProbeResult
+    from autotune.levers.config import ProbeConfig
+    from autotune.render.tables import error_gist, format_probe_result
+    from autotune.results.probe_result import ProbeResult
 
     cpu = (
         "torch.OutOfMemoryError: CPU budget emulation: out of memory. Tried to allocate 102928384 bytes with "

@@ -1,9 +1,9 @@
-"""The one ranking (autotune/ranking.py): fastest first, then least memory, then first measured; a
+"""The one ranking (autotune/results/ranking.py): fastest first, then least memory, then first measured; a
 confirmation's choice among a tie ranks first over the configs it tied with, and over no other."""
 
 from __future__ import annotations
 
-from autotune.ranking import Standing, ranked
+from autotune.results.ranking import Standing, ranked
 
 
 def rows(*specs: tuple[str, float | None, int | None]) -> list[Standing]:

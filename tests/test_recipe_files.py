@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from autotune.errors import BadInput
+from autotune.vocabulary.errors import BadInput
 from autotune.handoff.tools import LLAMAFACTORY_ATTENTION
 from autotune.recipe_files import read_recipe_file
 from autotune.recipe_files.write_back import DECIDED

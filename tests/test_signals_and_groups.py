@@ -62,7 +62,7 @@ def ready_child_with_helper(conn, pidfile: str) -> None:
 
 # -- signals ----------------------------------------------------------------------------------------
 def test_sighup_aborts_a_search_as_sigterm_does():
-    from autotune.processes import Terminated
+    from autotune.host.processes import Terminated
     from autotune.search.loop import stop_on_first_interrupt
 
     # (A suite started under nohup has SIGHUP ignored, which autotune rightly keeps: not this test's case.)
@@ -78,7 +78,7 @@ def test_sighup_aborts_a_search_as_sigterm_does():
 
 
 def test_sighup_stays_ignored_under_nohup():
-    from autotune.processes import on_termination
+    from autotune.host.processes import on_termination
 
     previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
     try:
@@ -107,7 +107,7 @@ def test_kill_9_of_the_parent_takes_the_childs_stubborn_helper_too(tmp_path):
             "-c",
             (
                 "import multiprocessing as mp, os, sys, time\n"
-                "from autotune.processes import run_as_child\n"
+                "from autotune.host.processes import run_as_child\n"
                 "p = mp.get_context('spawn').Process(target=run_as_child, args=(os.getpid(), "
                 f"'tests.test_signals_and_groups:start_stubborn_helper', {str(pidfile)!r}), daemon=True)\n"
                 "p.start(); time.sleep(600)\n"
@@ -214,7 +214,7 @@ def test_sighup_mid_probe_stops_the_search_and_everything_it_started(tmp_path):
 def test_a_signal_in_a_held_block_arrives_just_after_it_whichever_thread_the_kernel_gives_it():
     import threading
 
-    from autotune.processes import signals_held
+    from autotune.host.processes import signals_held
 
     arrived: list[str] = []
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: arrived.append("handled"))
@@ -236,7 +236,7 @@ def test_a_signal_in_a_held_block_arrives_just_after_it_whichever_thread_the_ker
 
 def test_a_rank_launch_stopped_as_it_begins_leaves_no_directory(tmp_path, monkeypatch):
     from autotune.probe.torchrun import RankLaunch
-    from autotune.processes import Terminated
+    from autotune.host.processes import Terminated
 
     def terminate(signum, frame):
         raise Terminated

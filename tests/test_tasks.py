@@ -10,11 +10,11 @@ from dataclasses import replace
 
 import pytest
 
-from autotune.config import ProbeConfig
-from autotune.errors import BadInput
-from autotune.models import resolve_model
-from autotune.space import SearchSpace, single_config
-from autotune.tasks import Task, infer_task, task_fields, task_note, tell_task
+from autotune.levers.config import ProbeConfig
+from autotune.vocabulary.errors import BadInput
+from autotune.specs.models import resolve_model
+from autotune.search.space import SearchSpace, single_config
+from autotune.levers.tasks import Task, infer_task, task_fields, task_note, tell_task
 from tests.helpers.cli import assert_usage_error, invoke
 from tests.helpers.models import TINY_GPT2, write_model_dir
 from tests.helpers.tiny_tasks import TASK_OF, TINY, write_tiny
@@ -421,7 +421,7 @@ def test_probe_json_reports_the_task_and_the_parameters_built(models, warm_child
     # up to MAX_MEASURE_STEPS.
     import statistics
 
-    from autotune.defaults import MAX_MEASURE_STEPS
+    from autotune.vocabulary.defaults import MAX_MEASURE_STEPS
 
     assert 2 <= data["measured_steps"] == len(data["step_times"]) <= MAX_MEASURE_STEPS
     assert data["measured_seconds"] >= 0.3 or data["measured_steps"] == MAX_MEASURE_STEPS

@@ -1,4 +1,4 @@
-"""The progress of `plan` and `estimate` traces (autotune.live.trace_progress): a line at most every
+"""The progress of `plan` and `estimate` traces (autotune.render.live.trace_progress): a line at most every
 10 s in a pipe, so that a piped command is not silent for minutes; a line redrawn in place on a
 terminal; nothing at all when quiet (--json)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import time
 
-from autotune.live import TraceProgress, trace_progress
+from autotune.render.live import TraceProgress, trace_progress
 
 
 class Clock:

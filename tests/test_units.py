@@ -1,7 +1,7 @@
 import pytest
 
-from autotune.errors import BadInput
-from autotune.units import format_size, parse_duration, parse_int_list, parse_margin, parse_size
+from autotune.vocabulary.errors import BadInput
+from autotune.vocabulary.units import format_size, parse_duration, parse_int_list, parse_margin, parse_size
 
 GiB = 2**30
 
@@ -90,7 +90,7 @@ def test_parse_int_list_refuses_values_past_64_bits_and_empty_lists():
     "field, flag", [("micro_batch", "--micro-batch"), ("block_size", "--block-size"), ("grad_accum", "--grad-accum")]
 )
 def test_probe_config_refuses_integers_past_64_bits(field, flag):
-    from autotune.config import ProbeConfig
+    from autotune.levers.config import ProbeConfig
 
     values = {"model": "gpt2", "micro_batch": 1, "block_size": 64, field: INT64_MAX + 1}
     with pytest.raises(BadInput, match=f"{flag} {INT64_MAX + 1} is too large"):
@@ -108,7 +108,7 @@ def test_probe_config_refuses_integers_past_64_bits(field, flag):
     ],
 )
 def test_search_space_refuses_integers_past_64_bits(changes, flag):
-    from autotune.space import SearchSpace
+    from autotune.search.space import SearchSpace
 
     with pytest.raises(BadInput, match=flag):
         SearchSpace(model="gpt2", **changes)

@@ -14,10 +14,16 @@ from typing import NoReturn
 import click
 
 from autotune.flags.flag import usage_message
-from autotune.errors import EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_TERMINATED, EXIT_USER_ERROR, AutotuneError
-from autotune.output import silence_stdout, stdout_fault, stdout_reader_gone
-from autotune.processes import Terminated, quiet_openmp
-from autotune.version import __version__
+from autotune.vocabulary.errors import (
+    EXIT_BROKEN_PIPE,
+    EXIT_INTERRUPTED,
+    EXIT_TERMINATED,
+    EXIT_USER_ERROR,
+    AutotuneError,
+)
+from autotune.host.output import silence_stdout, stdout_fault, stdout_reader_gone
+from autotune.host.processes import Terminated, quiet_openmp
+from autotune.vocabulary.version import __version__
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -28,11 +34,11 @@ def cli() -> None:
 
 def stop_on_signals() -> None:
     """Ctrl-C (SIGINT), SIGTERM and SIGHUP (the terminal closed; unless started under nohup) stop
-    every command at once, its children with it (they die with their parent: autotune.processes),
+    every command at once, its children with it (they die with their parent: autotune.host.processes),
     whatever the shell left set: a job started in the background by a non-interactive shell inherits
     SIGINT ignored, and would otherwise run on. (`search` and `worker` install their own handlers
     while they search: the first Ctrl-C lets the probe in flight finish.)"""
-    from autotune.processes import on_termination
+    from autotune.host.processes import on_termination
 
     def terminate(signum, frame):
         raise Terminated

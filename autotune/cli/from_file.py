@@ -11,7 +11,7 @@ from __future__ import annotations
 import click
 from click.core import ParameterSource
 
-from autotune.errors import BadInput
+from autotune.vocabulary.errors import BadInput
 
 
 def apply_recipe_file(path: str, flags: dict) -> None:

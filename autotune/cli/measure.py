@@ -6,14 +6,14 @@ import sys
 
 import click
 
-from autotune import defaults
+from autotune.vocabulary import defaults
 from autotune.cli.app import cli, echo_json
 from autotune.flags.arguments import check_cpu_ranks, evaluation_asked, make_settings
 from autotune.flags.flag import options
 from autotune.flags.table import ESTIMATE, PROBE
-from autotune.errors import BadInput
-from autotune.recipes import peft_text  # (torch-free: the --peft flags as a config stores them)
-from autotune.status import ProbeStatus
+from autotune.vocabulary.errors import BadInput
+from autotune.levers.recipes import peft_text  # (torch-free: the --peft flags as a config stores them)
+from autotune.vocabulary.status import ProbeStatus
 
 
 @cli.command()
@@ -63,8 +63,8 @@ def probe(
 ):
     """Run one short, real training probe; exit status 0 if it fits, 1 if not."""
     from autotune.probe import run_probe
-    from autotune.report import format_probe_result
-    from autotune.units import parse_budget
+    from autotune.render.tables import format_probe_result
+    from autotune.vocabulary.units import parse_budget
 
     budget = parse_budget(gpu_budget)
     config = make_config(
@@ -163,12 +163,12 @@ def estimate(
     as_json,
 ):
     """Predict a configuration's training memory without a GPU; with --gpu-budget, exit 1 if it will not fit."""
-    from autotune.budget import Budget
+    from autotune.results.budget import Budget
     from autotune.estimate import estimate_memory
-    from autotune.live import trace_progress
+    from autotune.render.live import trace_progress
     from autotune.estimate.stack import Stack
-    from autotune.estimate_report import render_estimate
-    from autotune.units import parse_budget, parse_duration, parse_margin
+    from autotune.render.estimate_table import render_estimate
+    from autotune.vocabulary.units import parse_budget, parse_duration, parse_margin
 
     budget = Budget.of(parse_budget(gpu_budget), parse_margin(safety_margin)) if gpu_budget is not None else None
     stack = Stack.parse(stack_text)
@@ -242,10 +242,10 @@ def make_config(
     """The one config `probe` and `estimate` are about, checked before any process starts; with
     `budget_bytes`, its tables too (the embedding, a learned position table, a classification head
     of --num-labels: ModelSpec.check_shapes)."""
-    from autotune.config import ProbeConfig
-    from autotune.models import resolve_model
-    from autotune.recipes import DEFAULT_TRAINER
-    from autotune.space import single_config
+    from autotune.levers.config import ProbeConfig
+    from autotune.specs.models import resolve_model
+    from autotune.levers.recipes import DEFAULT_TRAINER
+    from autotune.search.space import single_config
 
     # The levers are checked before the model is looked for (a typo answers without a hub lookup).
     levers = dict(
@@ -279,7 +279,7 @@ def make_config(
 def say_task_assumed(model_config: dict, task: str | None) -> None:
     """A note on stderr when the task was assumed from the model type (no --task, no head named in
     its config.json): stdout stays the command's answer."""
-    from autotune.tasks import task_note
+    from autotune.levers.tasks import task_note
 
     if (note := task_note(model_config, task)) is not None:
         click.echo(f"autotune: note: {note}", err=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from autotune import defaults
+from autotune.vocabulary import defaults
 from autotune.cli.app import cli
 from autotune.flags.arguments import check_cpu_ranks
 from autotune.flags.values import COUNT, DEVICE, DURATION, INDEX, RENDEZVOUS
@@ -45,10 +45,10 @@ from autotune.flags.values import COUNT, DEVICE, DURATION, INDEX, RENDEZVOUS
 def node(rendezvous, nodes, node_rank, gpus, device, rounds, rendezvous_timeout):
     """Take part in the probes of a search on several nodes: start this node's ranks for each probe the
     first node runs (`autotune search ... --nodes N --rendezvous HOST:PORT` there), until stopped."""
-    from autotune.errors import BadInput
+    from autotune.vocabulary.errors import BadInput
     from autotune.probe.node import serve_node
     from autotune.probe.settings import ProbeSettings
-    from autotune.sharding import count_problems
+    from autotune.levers.sharding import count_problems
 
     settings = ProbeSettings(device=device, rendezvous=rendezvous)  # (checks both forms)
     problems = []

@@ -7,7 +7,7 @@ import contextlib
 import click
 
 from autotune.cli.app import cli, echo_json
-from autotune.errors import AutotuneError
+from autotune.vocabulary.errors import AutotuneError
 from autotune.flags.arguments import space_arguments
 from autotune.flags.flag import options
 from autotune.flags.table import PLAN
@@ -33,12 +33,12 @@ def plan(
     **space_flags,
 ):
     """Predict every candidate's memory and speed on a card, without one: what fits, ranked (predicted)."""
-    from autotune.cards import card_names, find_card
+    from autotune.specs.cards import card_names, find_card
     from autotune.estimate.stack import Stack
-    from autotune.live import trace_progress
+    from autotune.render.live import trace_progress
     from autotune.planner import Target, plan_for
     from autotune.planner.render import render_plan
-    from autotune.units import parse_budget, parse_duration, parse_margin
+    from autotune.vocabulary.units import parse_budget, parse_duration, parse_margin
 
     if gpu_name is not None and gpu_name.strip().lower() == "list":
         click.echo("\n".join(card_names()))
@@ -55,8 +55,8 @@ def plan(
     plot_out = cached = None
     if plot_file:
         from autotune.estimate.cache import EstimateCache
-        from autotune.output import FileSnapshot, Output
-        from autotune.plot import check_out_file
+        from autotune.host.output import FileSnapshot, Output
+        from autotune.render.plot import check_out_file
 
         # Before the traces (seconds to minutes), not after: the plot's file is opened now (hidden,
         # empty), so a place that takes no file is refused before any work; and should drawing it
@@ -81,7 +81,7 @@ def plan(
                 stack=stack,
             )
         if plot_out is not None:
-            from autotune.plot import save_plan_plot
+            from autotune.render.plot import save_plan_plot
 
             try:
                 wrote = save_plan_plot(result, plot_out)

@@ -23,7 +23,7 @@ from autotune.flags.table import BEST_FORMATS, DB
 )
 def studies(db, fmt):
     """List the studies in the results database, with probe counts and best throughput."""
-    from autotune.report import render_studies
+    from autotune.render.tables import render_studies
     from autotune.store import open_store
 
     with open_store(db, read_only=True) as store:
@@ -44,7 +44,7 @@ def studies(db, fmt):
 )
 def runs(study, db, fmt):
     """List the full fine-tunes (`autotune train`) and how each ended."""
-    from autotune.report import render_runs
+    from autotune.render.tables import render_runs
     from autotune.store import open_store
 
     with open_store(db, read_only=True) as store:
@@ -66,7 +66,7 @@ def runs(study, db, fmt):
 @options((DB,))
 def leaderboard(study, top, fmt, db):
     """Rank a study's configurations that fit, fastest first."""
-    from autotune.report import render_leaderboard
+    from autotune.render.tables import render_leaderboard
     from autotune.store import open_store
 
     with open_store(db, read_only=True) as store:
@@ -121,7 +121,7 @@ def db_upgrade(db):
 def best(study, fmt, update_path, out_path, db):
     """Print a study's winning configuration for the fine-tune."""
     from autotune.handoff import best as find_best
-    from autotune.models import shown_reference
+    from autotune.specs.models import shown_reference
 
     if out_path is not None and update_path is None:
         raise click.UsageError("--out goes with --update FILE (the other formats print to stdout).")

@@ -8,7 +8,7 @@ import sys
 import click
 
 from autotune.cli.app import cli, echo_json
-from autotune.errors import EXIT_TERMINATED
+from autotune.vocabulary.errors import EXIT_TERMINATED
 from autotune.flags.flag import options
 from autotune.flags.table import DB, DEVICE_HELP, SEARCH
 from autotune.flags.values import COUNT, DEVICE, DURATION
@@ -36,10 +36,10 @@ def search(
 
     if from_file is not None:  # (before the imports below: a file refused costs no torch import)
         apply_recipe_file(from_file, flags)
-    from autotune import report
+    from autotune.render import tables
     from autotune.launchers.choose import make_launcher
     from autotune.search.launch import dry_run_script
-    from autotune.live import LiveLine
+    from autotune.render.live import LiveLine
     from autotune.search import search as run
     from autotune.search.request_flags import read_search_flags
 
@@ -74,22 +74,22 @@ def search(
             workers=workers,
             oversubscribe=oversubscribe,
             launcher=chosen,
-            on_start=lambda *a: say(report.format_search_header(*a)),
-            on_event=lambda e: say(report.format_event(e, show_worker=workers is not None)),
+            on_start=lambda *a: say(tables.format_search_header(*a)),
+            on_event=lambda e: say(tables.format_event(e, show_worker=workers is not None)),
             on_progress=live.progress if live is not None else None,
             **space_args,
         )
     for failure in outcome.failures:
         click.echo(f"autotune: warning: {failure}", err=True)
     if as_json:
-        echo_json(report.search_summary(outcome))
+        echo_json(tables.search_summary(outcome))
     else:
         if outcome.leaderboard:
             click.echo("")
-            click.echo(report.render_leaderboard(outcome.leaderboard[:10], "table"))
+            click.echo(tables.render_leaderboard(outcome.leaderboard[:10], "table"))
         click.echo("")
-        click.echo(report.explain_winner(outcome))
-        click.echo(report.format_search_footer(outcome))
+        click.echo(tables.explain_winner(outcome))
+        click.echo(tables.format_search_footer(outcome))
     sys.exit(outcome.exit_status)
 
 
@@ -132,9 +132,9 @@ def worker(
     study, queue, device, allow_other_device, max_trials, max_searches, timeout, patience, probe_timeout, db, as_json
 ):
     """Join a study from this machine and probe its configurations until it is done or stopped."""
-    from autotune import report
-    from autotune.errors import BadInput
-    from autotune.units import parse_duration
+    from autotune.render import tables
+    from autotune.vocabulary.errors import BadInput
+    from autotune.vocabulary.units import parse_duration
     from autotune.search import join_study
 
     if queue == (study is not None):
@@ -180,11 +180,11 @@ def worker(
         timeout=parse_duration(timeout) if timeout else None,
         patience=patience,
         probe_timeout=parse_duration(probe_timeout, flag="--probe-timeout") if probe_timeout else None,
-        on_start=lambda *a: click.echo(report.format_search_header(*a), file=out),
-        on_event=lambda e: click.echo(report.format_event(e, show_worker=True), file=out),
+        on_start=lambda *a: click.echo(tables.format_search_header(*a), file=out),
+        on_event=lambda e: click.echo(tables.format_event(e, show_worker=True), file=out),
     )
     if as_json:
-        echo_json(report.search_summary(outcome))
+        echo_json(tables.search_summary(outcome))
     else:
-        click.echo(report.format_search_footer(outcome))
+        click.echo(tables.format_search_footer(outcome))
     sys.exit(outcome.exit_status)

@@ -22,7 +22,7 @@ from autotune.flags.table import DB
 @options((DB,))
 def plot(study, out, db):
     """Plot a study's tokens/s against memory needed, with the budget, frontier, OOMs and pick."""
-    from autotune.plot import plot_study
+    from autotune.render.plot import plot_study
 
     click.echo(f"wrote {plot_study(study, db, out)}")
 
@@ -42,7 +42,7 @@ def plot(study, out, db):
 @options((DB,))
 def report(study, out, plot_file, db):
     """Summarise a study in Markdown: setup, leaderboard, the pick and why, probe counts, plot."""
-    from autotune.markdown import study_report
+    from autotune.render.report import study_report
 
     text = study_report(study, db, out, plot_file)
     if out is None:

@@ -11,7 +11,7 @@ from autotune.flags.arguments import evaluation_asked
 from autotune.flags.flag import options
 from autotune.flags.table import DB, TASK, data_flags
 from autotune.flags.values import COUNT, DEVICE, PASSES, RATE, STEPS
-from autotune.recipes import peft_text
+from autotune.levers.recipes import peft_text
 
 
 @cli.command()
@@ -109,10 +109,10 @@ def train(
     num_beams,
 ):
     """Train with a study's winning configuration under its budget; exit status 1 if it runs out of memory."""
-    from autotune import report
+    from autotune.render import tables
     from autotune.train import TrainOptions
     from autotune.train import train as run
-    from autotune.units import parse_budget
+    from autotune.vocabulary.units import parse_budget
 
     budget = parse_budget(gpu_budget) if gpu_budget is not None else None
     options = TrainOptions(
@@ -149,14 +149,14 @@ def train(
         gpus=gpus,
         db=db,
         echo=lambda line: click.echo(line, file=out),
-        on_search_start=lambda *a: click.echo(report.format_search_header(*a), file=out),
-        on_search_event=lambda e: click.echo(report.format_event(e), file=out),
+        on_search_start=lambda *a: click.echo(tables.format_search_header(*a), file=out),
+        on_search_event=lambda e: click.echo(tables.format_event(e), file=out),
     )
     if as_json:
         echo_json(outcome.summary.to_dict())
     else:
         click.echo("")
-        click.echo(report.render_run_summary(outcome.summary))
+        click.echo(tables.render_run_summary(outcome.summary))
     if not outcome.finished:
         click.echo(f"autotune: {outcome.message}", err=True)
         sys.exit(1)

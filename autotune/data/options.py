@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.errors import BadInput
+from autotune.vocabulary.errors import BadInput
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """The shape of the user's data (`--dataset` of search and plan): its longest example, measured as
 the run's encoder makes it, so that the longest batch the run can form is what is probed
-(autotune.tasks.DataShape says how it caps the space).
+(autotune.levers.tasks.DataShape says how it caps the space).
 
 Torch-free: `measure_data_shape` imports transformers and datasets only when it runs.
 """
@@ -10,11 +10,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from autotune.data.options import DataOptions
-from autotune.recipes import DEFAULT_TRAINER
-from autotune.tasks import PADDED_TASKS, DataShape, Task
+from autotune.levers.recipes import DEFAULT_TRAINER
+from autotune.levers.tasks import PADDED_TASKS, DataShape, Task
 
 if TYPE_CHECKING:
-    from autotune.models import ModelSpec
+    from autotune.specs.models import ModelSpec
 
 
 def measure_data_shape(

@@ -11,7 +11,7 @@ them, in the shapes the probe measured (so that the run's peak honours the probe
                     label column: text labels become ids (sorted), whole numbers stay ids, other
                     numbers make a one-output regression head
 
-A study timed on the data's lengths (`config.lengths`: autotune.lengths) trains each example as a
+A study timed on the data's lengths (`config.lengths`: autotune.levers.lengths) trains each example as a
 row, truncated at the block size and padded by the collator to its batch's longest: a classifier
 with DataCollatorWithPadding (run_classification.py --pad_to_max_length False), a causal LM per
 example (TRL's packing=False) with DataCollatorForLanguageModeling(mlm=False), whose labels leave
@@ -31,15 +31,15 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from autotune.data.text import DEFAULT_TEXT_COLUMN, Blocks, TextData, load_text, pack_blocks, text_column
-from autotune.errors import BadInput, DatasetError
-from autotune.evaluation import generates
-from autotune.lengths import Lengths
-from autotune.tasks import MLM_PROBABILITY, DataShape, Task
+from autotune.vocabulary.errors import BadInput, DatasetError
+from autotune.levers.evaluation import generates
+from autotune.levers.lengths import Lengths
+from autotune.levers.tasks import MLM_PROBABILITY, DataShape, Task
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from autotune.config import ProbeConfig
+    from autotune.levers.config import ProbeConfig
     from autotune.data.options import DataOptions
 
 # Column names looked for when no --text-column/--target-column is given, in this order (those of
@@ -347,10 +347,10 @@ def _classification_encoder(tokenizer, column: str, label: str, labels: Labels, 
 
 
 def example_lengths(data: TaskData, tokenizer: PreTrainedTokenizerBase, *, added: int = 0) -> DataShape:
-    """The shape of a padded run's data (autotune.tasks.DataShape): its longest example's tokens, as
+    """The shape of a padded run's data (autotune.levers.tasks.DataShape): its longest example's tokens, as
     the encoders above make them before they truncate (special tokens included), over the training
     and evaluation rows: the longest batch the run can form, the one its probe must measure; and the
-    training rows' lengths (autotune.lengths), which the timed batches are drawn from. `added`:
+    training rows' lengths (autotune.levers.lengths), which the timed batches are drawn from. `added`:
     tokens the run's trainer appends to each example (TRL's SFTTrainer, an end-of-sequence token)."""
     text = data.text
     source, target = text.column, text.others.get("target")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import DatasetError
+from autotune.vocabulary.errors import DatasetError
 
 # File extensions by the `datasets` builder that reads them. Compressed files (.gz, .bz2, .xz,
 # .zst) are read by the same builders.
@@ -247,7 +247,7 @@ def _hub_access() -> Iterator[None]:
     """Offline machines answer from the local cache at once instead of after minutes of retries."""
     import datasets
 
-    from autotune.models import _hub_reachable, _offline
+    from autotune.specs.models import _hub_reachable, _offline
 
     if _offline() or _hub_reachable():
         yield

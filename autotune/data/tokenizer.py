@@ -6,17 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune.errors import BadInput, ModelNotFound
+from autotune.vocabulary.errors import BadInput, ModelNotFound
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-    from autotune.models import ModelSpec
+    from autotune.specs.models import ModelSpec
 
 
 def hub_usable() -> bool:
     """Whether the Hugging Face hub may be asked: not offline, and reachable."""
-    from autotune.models import _hub_reachable, _offline
+    from autotune.specs.models import _hub_reachable, _offline
 
     return not _offline() and _hub_reachable()
 

@@ -17,7 +17,7 @@ allocates), `generation.py` (generate's value reads, answered), `allocator.py` (
 allocator's reserved memory).
 
 Importing this package does not import torch: the search imports it to skip configurations
-predicted not to fit and to order probes. `render_estimate` is in `autotune.estimate_report`.
+predicted not to fit and to order probes. `render_estimate` is in `autotune.render.estimate_table`.
 """
 
 from __future__ import annotations

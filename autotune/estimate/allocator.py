@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from autotune.units import CUDA_BLOCK_BYTES, round_to_block
+from autotune.vocabulary.units import CUDA_BLOCK_BYTES, round_to_block
 
 MIN_BLOCK = CUDA_BLOCK_BYTES  # kMinBlockSize
 SMALL_SIZE = 1 << 20  # kSmallSize: largest request served by the small pool

@@ -1,6 +1,6 @@
 """Estimates kept on disk, so that a repeated question costs a file read instead of a trace.
 
-One JSON file, `estimates.json` under `autotune.paths.cache_dir()`, of at most `MAX_ENTRIES`
+One JSON file, `estimates.json` under `autotune.host.paths.cache_dir()`, of at most `MAX_ENTRIES`
 estimates keyed by everything that can change the answer (`cache_key`). The cache only saves time:
 a missing, damaged or unwritable file means tracing again, never an error.
 """
@@ -14,15 +14,15 @@ import time
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from autotune.config import ProbeConfig
-from autotune.environment import package_version
-from autotune.errors import AutotuneError
+from autotune.levers.config import ProbeConfig
+from autotune.host.environment import package_version
+from autotune.vocabulary.errors import AutotuneError
 import autotune.estimate.cuda_constants as cuda_constants
 from autotune.estimate.stack import Stack
 from autotune.estimate.result import MemoryEstimate
-from autotune.models import ModelSpec
-from autotune.paths import cache_dir
-from autotune.version import __version__
+from autotune.specs.models import ModelSpec
+from autotune.host.paths import cache_dir
+from autotune.vocabulary.version import __version__
 
 # Bump when the estimator's method changes, so that cached estimates of the old method are not reused.
 ESTIMATOR_VERSION = "e3"  # e2: the eval and generate phases traced, their peaks per phase; e3: per rank

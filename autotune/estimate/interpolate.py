@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from autotune.config import ProbeConfig
+from autotune.levers.config import ProbeConfig
 
 if TYPE_CHECKING:
     from autotune.estimate.result import MemoryEstimate

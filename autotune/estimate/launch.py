@@ -20,9 +20,9 @@ from multiprocessing.connection import Connection
 from typing import Any
 from pathlib import Path
 
-from autotune.config import ProbeConfig
-from autotune.errors import AutotuneError, BadInput
-from autotune.processes import (
+from autotune.levers.config import ProbeConfig
+from autotune.vocabulary.errors import AutotuneError, BadInput
+from autotune.host.processes import (
     STARTUP_FLOOR_SECONDS,
     fork_server_context,
     fork_server_current,
@@ -240,11 +240,11 @@ class TraceChild:
 
 
 def _forked(env: dict[str, str], stderr: Any, limit: float) -> "ForkedTrace | None":
-    """The trace child forked from this process's fork server (autotune.processes), which imported
+    """The trace child forked from this process's fork server (autotune.host.processes), which imported
     torch and transformers once for the probe children too, where probes use one (no CUDA here), this
     is the main thread and the server need not start again for it (fork_server_fits); else None (then
     it is spawned: `python -m autotune.estimate.trace`). TimeoutError, the server killed, when the
-    server has not forked it within `limit` seconds (autotune.processes.start_forked)."""
+    server has not forked it within `limit` seconds (autotune.host.processes.start_forked)."""
     from autotune.probe.runner import cuda_may_be_visible
 
     context = fork_server_context(cuda_possible=cuda_may_be_visible())

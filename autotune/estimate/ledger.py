@@ -23,9 +23,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from autotune.estimate.allocator import CachingAllocatorModel
 from autotune.estimate.generation import GenerationReads
-from autotune.evaluation import EVAL, GENERATE, TRAIN
+from autotune.levers.evaluation import EVAL, GENERATE, TRAIN
 from autotune.probe.memory import storage_holders
-from autotune.units import round_to_block
+from autotune.vocabulary.units import round_to_block
 
 ROLES = ("params", "grads", "optimizer", "activations", "temporaries")
 _LAYER_NORM = torch.ops.aten.native_layer_norm.default
@@ -57,7 +57,7 @@ def _is_reduce_scatter(func) -> bool:
 class Ledger(TorchDispatchMode):
     """Records, in order, every storage an op creates and the moment it is freed or resized, with
     the phase of the step it happened in: build, forward, backward, recompute (checkpointing) or
-    optimizer; after the training steps, the run's later phases (autotune.evaluation: eval,
+    optimizer; after the training steps, the run's later phases (autotune.levers.evaluation: eval,
     generate), each begun with `begin`, so that the replay can tell each one's peaks.
 
     Events are (+1 born / -1 freed, storage, phase, its bytes then)."""
@@ -69,7 +69,7 @@ class Ledger(TorchDispatchMode):
         self.in_optimizer = False
         self.optimizer_steps = 0
         self.events: list[tuple[int, _Storage, str, int]] = []
-        self.stage = TRAIN  # the run's phase (autotune.evaluation) in progress
+        self.stage = TRAIN  # the run's phase (autotune.levers.evaluation) in progress
         self.stages: list[tuple[int, str]] = []  # (index of its first event, phase) for each later phase
         self.reads: GenerationReads | None = None  # answers value reads (generate) while set
         # While set, ops with no fake input make real tensors: the bookkeeping of DDP's C++ reducer

@@ -9,10 +9,11 @@ import importlib.util
 import time
 from collections.abc import Callable
 
-from autotune import sharding, speed
-from autotune.config import ProbeConfig
-from autotune.defaults import ESTIMATE_TIMEOUT_SECONDS
-from autotune.errors import BadInput
+from autotune.levers import sharding
+from autotune.levers import speed_levers
+from autotune.levers.config import ProbeConfig
+from autotune.vocabulary.defaults import ESTIMATE_TIMEOUT_SECONDS
+from autotune.vocabulary.errors import BadInput
 from autotune.estimate.cache import EstimateCache, cache_key
 from autotune.estimate.launch import TraceChildren
 from autotune.estimate.protocol import TraceItem, TraceRequest, TraceResult
@@ -25,9 +26,9 @@ from autotune.estimate.result import (
     MemoryEstimate,
 )
 from autotune.estimate.stack import Stack
-from autotune.models import ModelSpec, resolve_model
-from autotune.recipes import OPTIMIZERS, is_qlora
-from autotune.units import format_size
+from autotune.specs.models import ModelSpec, resolve_model
+from autotune.levers.recipes import OPTIMIZERS, is_qlora
+from autotune.vocabulary.units import format_size
 
 _FLASH_FAMILY = ("flash_attention_2", "flash_attention_3")
 # Attention kernels with no CPU implementation: traced as SDPA's CUDA kernels instead.
@@ -74,7 +75,7 @@ def approximations(config: ProbeConfig, device_type: str, stack: Stack | None = 
         notes.append("torch.compile traced as the eager step (inductor frees intermediates no later: an upper bound)")
     if config.precision == "fp16" and device_type == "cuda":
         notes.append("fp16 traced as bf16: the same tensors, GradScaler's few scalars aside")
-    if config.allocator != speed.DEFAULT_ALLOCATOR:
+    if config.allocator != speed_levers.DEFAULT_ALLOCATOR:
         notes.append(
             f"allocator {config.allocator} modelled as the default allocator (expandable segments fragment "
             f"less: reserved is an upper bound)"
@@ -265,7 +266,7 @@ def traced_as(config: ProbeConfig, device_type: str) -> ProbeConfig:
     precision = {"tf32": "fp32", **({"fp16": "bf16"} if device_type == "cuda" else {})}.get(
         config.precision, config.precision
     )
-    return dataclasses.replace(config, compile=False, allocator=speed.DEFAULT_ALLOCATOR, precision=precision)
+    return dataclasses.replace(config, compile=False, allocator=speed_levers.DEFAULT_ALLOCATOR, precision=precision)
 
 
 def _trace_item(config: ProbeConfig, spec: ModelSpec, trust_remote_code: bool, stack: Stack | None = None) -> TraceItem:

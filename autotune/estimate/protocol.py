@@ -12,7 +12,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from autotune.config import ProbeConfig
+from autotune.levers.config import ProbeConfig
 from autotune.estimate.stack import Stack
 
 RESULT_PREFIX = "AUTOTUNE-ESTIMATE-RESULT "
@@ -98,7 +98,7 @@ class TraceResult:
     events: int  # allocations and frees recorded
     kernels: dict[str, int]  # CUDA kernels emulated, by name, and how often
     torch_version: str
-    # Each phase's peaks (autotune.evaluation: train, and eval, generate where the run has them):
+    # Each phase's peaks (autotune.levers.evaluation: train, and eval, generate where the run has them):
     # {"allocated", "reserved"}, each from what was held as the phase began; the peaks above are
     # their largest.
     phase_peaks: dict[str, dict[str, int]] = field(default_factory=dict)

@@ -21,8 +21,8 @@ import contextlib
 
 import torch
 
-from autotune import sharding
-from autotune.config import ProbeConfig
+from autotune.levers import sharding
+from autotune.levers.config import ProbeConfig
 
 
 @contextlib.contextmanager

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from autotune.budget import Budget, required_bytes
-from autotune.config import ProbeConfig
+from autotune.results.budget import Budget, required_bytes
+from autotune.levers.config import ProbeConfig
 import autotune.estimate.cuda_constants as cuda_constants
 import autotune.estimate.stated_error as stated_error
-from autotune.units import CUDA_BLOCK_BYTES
+from autotune.vocabulary.units import CUDA_BLOCK_BYTES
 
 DEVICE_TYPES = ("cuda", "cpu")
 # Memory a CUDA process holds outside PyTorch's allocator (the context with its loaded kernels), and
@@ -32,7 +32,7 @@ class MemoryEstimate:
     live at the moment of the peak. `reserved_bytes` is what the allocator would hold at its peak
     (`torch.cuda.max_memory_reserved()`); `context_bytes` what the process needs outside it.
 
-    `phase_peaks` has each phase of the run the probe measures (autotune.evaluation: "train", and
+    `phase_peaks` has each phase of the run the probe measures (autotune.levers.evaluation: "train", and
     "eval", "generate" where the run has them) as {"allocated", "reserved"}, in the form of
     ProbeResult.phase_peaks: each phase's peaks from what was held as it began, the training state
     resident in all. `peak_bytes` and `reserved_bytes` are their largest. A phase in

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from autotune.errors import BadInput
+from autotune.vocabulary.errors import BadInput
 
 KEEPS_4BIT_INPUTS_BEFORE = "0.43.2"  # bitsandbytes
 FREES_GRADS_FROM = "2.0"  # torch

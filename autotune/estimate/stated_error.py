@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.recipes import PeftSpec
+from autotune.levers.recipes import PeftSpec
 
 FILE = Path(__file__).with_name("stated_error.json")
 KINDS = ("allocated", "reserved", "nvidia-smi")

@@ -38,17 +38,17 @@ from typing import Any
 
 import torch
 
-from autotune import sharding
-from autotune.config import ProbeConfig
+from autotune.levers import sharding
+from autotune.levers.config import ProbeConfig
 import autotune.estimate.older_stacks as older_stacks
 from autotune.estimate.generation import GenerationReads, UnansweredRead
 from autotune.estimate.launch import PRELOAD_ENV
 from autotune.estimate.ledger import Ledger, replay
 from autotune.estimate.protocol import TraceFailure, TraceItem, TraceRequest, TraceResult
-from autotune.evaluation import EVAL, GENERATE, evaluates, generates
+from autotune.levers.evaluation import EVAL, GENERATE, evaluates, generates
 from autotune.probe.step import import_recipe_code
-from autotune.processes import name_this_process
-from autotune.recipes import OPTIMIZERS, is_qlora
+from autotune.host.processes import name_this_process
+from autotune.levers.recipes import OPTIMIZERS, is_qlora
 
 # The probe's warm-up: the second step runs with optimizer state in place, as every later one does.
 OPTIMIZER_STEPS = 2
@@ -324,7 +324,7 @@ def _trace_rank(item: TraceItem, cuda: bool, rank: int | None) -> _RankTrace:
     from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
     import autotune.estimate.ranks as ranks
-    from autotune.models import ModelSpec
+    from autotune.specs.models import ModelSpec
     from autotune.probe.step import ProbeStep, build_random_model, make_optimizer
 
     config = item.config

@@ -10,9 +10,9 @@ import click
 def check_cpu_ranks(gpus: int, device: str, *, oversubscribe: bool | None = None) -> None:
     """Refuse more CPU ranks for each probe than this machine runs at once (sharding.cpu_rank_problems,
     the rule --workers follows): on --device cpu, or auto where no CUDA device can be seen."""
-    from autotune.errors import BadInput
+    from autotune.vocabulary.errors import BadInput
     from autotune.probe.runner import cuda_may_be_visible
-    from autotune.sharding import cpu_rank_problems
+    from autotune.levers.sharding import cpu_rank_problems
 
     kind = str(device).strip().lower()
     if kind == "cpu" or (kind == "auto" and not cuda_may_be_visible()):
@@ -41,7 +41,7 @@ def evaluation_asked(
 
 def _eval_batch(text: str | None) -> int | str | None:
     """--eval-batch: a whole number, or auto."""
-    from autotune.evaluation import AUTO
+    from autotune.levers.evaluation import AUTO
 
     if text is None or text.strip().lower() == AUTO:
         return None if text is None else AUTO
@@ -63,7 +63,7 @@ def make_settings(
     rendezvous=None,
 ):
     from autotune.probe import ProbeSettings
-    from autotune.units import parse_duration, parse_margin
+    from autotune.vocabulary.units import parse_duration, parse_margin
 
     return ProbeSettings(
         device=device,
@@ -98,7 +98,7 @@ def data_arguments(dataset, text_column, target_column, label_column, tokenizer)
 
 def on_off_list(text: str, flag: str) -> tuple[bool, ...]:
     """'off', 'on' or 'off,on' (true/false too) as the booleans a space holds, in the order given."""
-    from autotune.units import parse_choice_list
+    from autotune.vocabulary.units import parse_choice_list
 
     values = parse_choice_list(text, flag=flag, allowed=("off", "on", "false", "true"))
     return tuple(dict.fromkeys(v in ("on", "true") for v in values))
@@ -156,12 +156,12 @@ def space_arguments(
     tokenizer=None,
 ) -> dict:
     """space_options' flags, parsed, as SearchSpace.build's keyword arguments."""
-    from autotune.config import ATTENTIONS, OPTIMIZERS, PRECISIONS
-    from autotune.lengths import SAMPLINGS
-    from autotune.recipes import OPTIMIZER_ALIASES, WEIGHTS, peft_text
-    from autotune.sharding import STRATEGIES
-    from autotune.speed import ALLOCATORS
-    from autotune.units import parse_choice_list, parse_int_list
+    from autotune.levers.config import ATTENTIONS, OPTIMIZERS, PRECISIONS
+    from autotune.levers.lengths import SAMPLINGS
+    from autotune.levers.recipes import OPTIMIZER_ALIASES, WEIGHTS, peft_text
+    from autotune.levers.sharding import STRATEGIES
+    from autotune.levers.speed_levers import ALLOCATORS
+    from autotune.vocabulary.units import parse_choice_list, parse_int_list
 
     for flag, value in (("--effective-batch", effective_batch), ("--effective-tokens", effective_tokens)):
         if value is not None and value < 1:

@@ -9,7 +9,7 @@ The groups are shared: what is trained (TASK), where the data is (DATA), the lev
 
 from __future__ import annotations
 
-from autotune import defaults
+from autotune.vocabulary import defaults
 from autotune.flags.flag import Flag, Part
 from autotune.flags.values import (
     COUNT,
@@ -89,7 +89,7 @@ BUDGET_HELP = "Memory to fit in: 8GiB, 7.5GiB, 8192MiB, 8GB or bytes."
 
 
 def _task_help() -> str:
-    from autotune.tasks import TASK_HELP
+    from autotune.levers.tasks import TASK_HELP
 
     return f"What is trained: {TASK_HELP}."
 
@@ -131,7 +131,7 @@ TASK = (
         "lora_targets",
         "Modules that get adapters: all-linear, or names such as q_proj,v_proj [default: all-linear].",
     ),
-    # How the run evaluates (autotune.evaluation): its probes run these phases too.
+    # How the run evaluates (autotune.levers.evaluation): its probes run these phases too.
     Flag(
         "eval_batch",
         "Evaluate with this per_device_eval_batch_size, or auto: the largest up to 64 that fits beside "

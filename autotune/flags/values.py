@@ -8,8 +8,8 @@ import re
 
 import click
 
-from autotune.errors import quoted
-from autotune.units import INT64_MAX, MAX_STEPS, parse_duration
+from autotune.vocabulary.errors import quoted
+from autotune.vocabulary.units import INT64_MAX, MAX_STEPS, parse_duration
 
 
 # -- The kinds of values flags take: one type per kind, one bound each, used by every command --------
@@ -86,7 +86,7 @@ class Seconds(click.ParamType):
         self.name, self.allow_zero = name, allow_zero
 
     def convert(self, value, param, ctx):
-        from autotune.errors import BadInput
+        from autotune.vocabulary.errors import BadInput
 
         try:
             return parse_duration(

@@ -10,7 +10,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-from autotune.lengths import DEFAULT_SAMPLING
+from autotune.levers.lengths import DEFAULT_SAMPLING
 
 # TrainingArguments' names for activation checkpointing: transformers 5.23 renamed
 # gradient_checkpointing(_kwargs) to activation_checkpointing(_kwargs); the old names still parse
@@ -34,7 +34,7 @@ def checkpointing_argument_names() -> tuple[str, str]:
 
 
 def sampling_arguments(sampling: str) -> dict:
-    """TrainingArguments' keys for the run's sampler (autotune.lengths.SAMPLINGS): `train_sampling_strategy`
+    """TrainingArguments' keys for the run's sampler (autotune.levers.lengths.SAMPLINGS): `train_sampling_strategy`
     where the installed transformers has it (its train-sampler unification, 2026), else the older
     `group_by_length: true`; none for random sampling, every version's default."""
     if sampling == DEFAULT_SAMPLING:

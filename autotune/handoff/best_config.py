@@ -11,17 +11,20 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune import evaluation, speed, verdict, yaml_text
-from autotune.budget import Budget, required_bytes
-from autotune.environment import openmp_of, openmp_text
-from autotune.errors import BadInput, StudyNotFound
+from autotune.levers import evaluation
+from autotune.levers import speed_levers
+from autotune.results import verdict
+from autotune.vocabulary import yaml_text
+from autotune.results.budget import Budget, required_bytes
+from autotune.host.environment import openmp_of, openmp_text
+from autotune.vocabulary.errors import BadInput, StudyNotFound
 import autotune.handoff.later_phases as later_phases
 import autotune.handoff.loss_scaling as loss_scaling
 import autotune.handoff.ranks as ranks
 import autotune.handoff.scripts as scripts
 import autotune.handoff.tools as tools
 from autotune.handoff.argument_names import checkpointing_argument_names, sampling_arguments
-from autotune.recipes import (
+from autotune.levers.recipes import (
     DEFAULT_TRAINER,
     OPTIMIZERS,
     PEFT_TASK_TYPES,
@@ -30,10 +33,10 @@ from autotune.recipes import (
     is_qlora,
     memory_caveats,
 )
-from autotune.status import ProbeStatus, StudyStatus
+from autotune.vocabulary.status import ProbeStatus, StudyStatus
 from autotune.store import LeaderboardRow, ProbeRecord, StudyRecord, open_store
-from autotune.tasks import AUTO_CLASSES, EXAMPLE_SCRIPTS, MLM_PROBABILITY, Task
-from autotune.units import format_size
+from autotune.levers.tasks import AUTO_CLASSES, EXAMPLE_SCRIPTS, MLM_PROBABILITY, Task
+from autotune.vocabulary.units import format_size
 
 _HUB_ARGUMENTS = (
     "revision",
@@ -171,7 +174,7 @@ class BestConfig:
         return str(self)
 
     def _verdict(self) -> str:
-        """The study's decision on this winner, in words (autotune.verdict: what the search said)."""
+        """The study's decision on this winner, in words (autotune.results.verdict: what the search said)."""
         return verdict.answer(self.confirmation, self.row.config_key)
 
     @property
@@ -219,7 +222,7 @@ class BestConfig:
             kwargs["optim_args"] = OPTIMIZERS[c.optimizer].optim_args
         if c.checkpointing:
             kwargs[checkpointing_kwargs] = {"use_reentrant": False}
-        # Speed levers (autotune.speed); the allocator's is an environment variable (`environment`).
+        # Speed levers (autotune.levers.speed_levers); the allocator's is an environment variable (`environment`).
         if c.compile:
             kwargs["torch_compile"] = True
         if c.liger:
@@ -266,8 +269,8 @@ class BestConfig:
 
     def allocator_environment(self) -> dict[str, str]:
         """The CUDA allocator's setting of the winner, as environment variables (none for the default)."""
-        value = speed.alloc_conf(self.config.allocator)
-        return {} if value is None else {name: value for name in speed.ALLOC_CONF_VARS}
+        value = speed_levers.alloc_conf(self.config.allocator)
+        return {} if value is None else {name: value for name in speed_levers.ALLOC_CONF_VARS}
 
     def openmp_caveat(self, what: str) -> str | None:
         """One line: start `what` under the OpenMP settings the probes ran under (None: none known)."""
@@ -501,8 +504,8 @@ class BestConfig:
         """What `autotune best` says beside the document (on stderr): what the format cannot say,
         a pick the confirmation round could not tell apart, a format that runs another trainer than the
         probes timed, the optimizer's memory caveats."""
-        from autotune.recipes import FORMAT_TRAINERS, memory_caveats, trainer_caveat
-        from autotune.verdict import unreliable_warning
+        from autotune.levers.recipes import FORMAT_TRAINERS, memory_caveats, trainer_caveat
+        from autotune.results.verdict import unreliable_warning
 
         said = [f"note: {caveat}" for caveat in (self.cli_caveats() if fmt == "cli" else [])]
         if (warning := unreliable_warning(self.confirmation)) is not None:
@@ -531,7 +534,7 @@ class BestConfig:
 def _holds_no_weights(model) -> bool:
     """A local directory with a config.json and none of the weight files from_pretrained reads."""
 
-    from autotune.models import WEIGHT_FILES
+    from autotune.specs.models import WEIGHT_FILES
 
     directory = Path(str(model)).expanduser()
     return (directory / "config.json").is_file() and not any((directory / name).is_file() for name in WEIGHT_FILES)

@@ -1,12 +1,12 @@
-"""The run's evaluation handed off (autotune.evaluation): TrainingArguments' evaluation fields as the
+"""The run's evaluation handed off (autotune.levers.evaluation): TrainingArguments' evaluation fields as the
 winner's probe measured them, the example scripts' flags for them, and what `print(best)` says of
 them. A study without evaluation has none of them: Trainer's defaults, as before evaluation was a
 lever."""
 
 from __future__ import annotations
 
-from autotune import evaluation
-from autotune.tasks import Task
+from autotune.levers import evaluation
+from autotune.levers.tasks import Task
 
 
 def eval_kwargs(config, eval_batch: int | None) -> dict:

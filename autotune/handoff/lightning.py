@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from autotune import evaluation, sharding
+from autotune.levers import evaluation
+from autotune.levers import sharding
 import autotune.handoff.ranks as ranks
-from autotune.recipes import is_qlora
+from autotune.levers.recipes import is_qlora
 
 if TYPE_CHECKING:
     from autotune.handoff.best_config import BestConfig

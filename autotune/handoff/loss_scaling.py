@@ -24,7 +24,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from autotune.tasks import Task
+from autotune.levers.tasks import Task
 
 # The attribute Trainer reads (transformers.Trainer.__init__: `unwrapped_model.accepts_loss_kwargs`).
 ATTRIBUTE = "accepts_loss_kwargs"

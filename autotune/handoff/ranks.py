@@ -9,7 +9,7 @@ transformers 5.24 read:
   step): `ddp_find_unused_parameters=False` keeps the probe's default.
 - `fsdp*`: accelerate's FSDP2 (`fsdp_version: 2`), transformer-based wrap of the model's
   `_no_split_modules` (accelerate's fallback when no class is named, and the probe's list),
-  `reshard_after_forward` and CPU offload as the strategy says (autotune.sharding); the mixed
+  `reshard_after_forward` and CPU offload as the strategy says (autotune.levers.sharding); the mixed
   precision policy follows `mixed_precision`, as the probe's does.
 - Checkpointing: the probe calls transformers' `activation_checkpointing_enable(use_reentrant=False)`
   on the model before sharding, as Trainer's `activation_checkpointing=True` does before
@@ -32,8 +32,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from autotune import sharding
-from autotune.config import ProbeConfig
+from autotune.levers import sharding
+from autotune.levers.config import ProbeConfig
 
 __all__ = [
     "ACCELERATE_CONFIG_FILE",
@@ -75,7 +75,7 @@ _STATE_DICT_TYPE = "FULL_STATE_DICT"
 def _model_type(reference: str) -> str | None:
     """The model's `model_type`, read offline (a local directory or config.json, the Hugging Face
     cache, the built-in GPT-2 family); None where only the hub could say."""
-    from autotune.models import KNOWN_ARCHITECTURES
+    from autotune.specs.models import KNOWN_ARCHITECTURES
 
     path = Path(reference).expanduser()
     config_file = path / "config.json" if path.is_dir() else path if path.suffix == ".json" else None

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import autotune.handoff.later_phases as later_phases
 import autotune.handoff.ranks as ranks
 from autotune.handoff.loss_scaling import loss_fix_note
-from autotune.recipes import OPTIMIZERS, PeftSpec, is_qlora
-from autotune.tasks import EXAMPLE_SCRIPTS, Task
+from autotune.levers.recipes import OPTIMIZERS, PeftSpec, is_qlora
+from autotune.levers.tasks import EXAMPLE_SCRIPTS, Task
 
 if TYPE_CHECKING:
     from autotune.handoff.best_config import BestConfig

@@ -14,13 +14,14 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from autotune import sharding, yaml_text
-from autotune.errors import BadInput
+from autotune.levers import sharding
+from autotune.vocabulary import yaml_text
+from autotune.vocabulary.errors import BadInput
 import autotune.handoff.ranks as ranks
 from autotune.handoff.lightning import LIGHTNING, lightning_document, lightning_notes
-from autotune.lengths import DEFAULT_SAMPLING, Lengths
-from autotune.recipes import OPTIMIZERS, PeftSpec, is_qlora
-from autotune.tasks import Task
+from autotune.levers.lengths import DEFAULT_SAMPLING, Lengths
+from autotune.levers.recipes import OPTIMIZERS, PeftSpec, is_qlora
+from autotune.levers.tasks import Task
 
 if TYPE_CHECKING:
     from autotune.handoff.best_config import BestConfig
@@ -184,7 +185,7 @@ def trl_document(best: BestConfig) -> dict:
     kwargs[TRL["block_size"]] = best.block_size
     if best.config.lengths is None:
         kwargs.update({TRL["full_blocks"]: True, TRL["packing_strategy"]: "wrapped"})
-    else:  # each example a row, padded to its batch's longest, as the probes drew them (autotune.lengths)
+    else:  # each example a row, padded to its batch's longest, as the probes drew them (autotune.levers.lengths)
         kwargs[TRL["full_blocks"]] = False
     if best.config.padding_free:
         if Lengths.from_text(best.config.lengths or "").longest > best.block_size:
@@ -229,7 +230,7 @@ def axolotl_document(best: BestConfig) -> dict:
     doc.update({a["grad_accum"]: c.grad_accum, a["block_size"]: c.block_size})
     if c.lengths is None:
         doc[a["full_blocks"]] = True
-    else:  # each example a row, padded to its batch's longest, as the probes drew them (autotune.lengths)
+    else:  # each example a row, padded to its batch's longest, as the probes drew them (autotune.levers.lengths)
         doc.update({a["packing"]: False, a["full_blocks"]: False})
         if c.sampling != DEFAULT_SAMPLING:
             doc[a["sampling"]] = True
@@ -320,7 +321,7 @@ def llamafactory_document(best: BestConfig) -> dict:
     if best.eval_batch is not None:
         doc[lf["eval_batch"]] = best.eval_batch
     doc.update({lf["grad_accum"]: c.grad_accum, lf["block_size"]: c.block_size})
-    if c.lengths is not None:  # each example a row, padded to its batch's longest (autotune.lengths)
+    if c.lengths is not None:  # each example a row, padded to its batch's longest (autotune.levers.lengths)
         doc[lf["packing"]] = False
         if c.sampling != DEFAULT_SAMPLING:
             doc[lf["sampling"]] = c.sampling

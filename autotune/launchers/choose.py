@@ -3,7 +3,7 @@ asked by the launcher's `check`, before anything is written)."""
 
 from __future__ import annotations
 
-from autotune.errors import BadInput
+from autotune.vocabulary.errors import BadInput
 from autotune.launchers.base import Launcher
 
 

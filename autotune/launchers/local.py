@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from autotune.launchers.base import Launcher, WorkerEnd, WorkerSpec
-from autotune.processes import kill_me_with_parent
+from autotune.host.processes import kill_me_with_parent
 
 
 @dataclass

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import BadInput
+from autotune.vocabulary.errors import BadInput
 from autotune.launchers.base import Launcher, WorkerEnd, WorkerSpec
 
 # How long a worker that cannot be placed is waited for before the search says so and stops.
@@ -80,7 +80,7 @@ def run_worker(command: list[str], environment: dict[str, str], niceness: int = 
 
     import ray
 
-    from autotune.processes import kill_me_with_parent
+    from autotune.host.processes import kill_me_with_parent
 
     def prepare_child() -> None:
         kill_me_with_parent()

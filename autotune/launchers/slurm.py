@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.errors import BadInput
+from autotune.vocabulary.errors import BadInput
 from autotune.launchers.base import Launcher, WorkerEnd, WorkerSpec
 
 COMMAND_SECONDS = 60.0

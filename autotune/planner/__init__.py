@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.estimate.stack import Stack
-from autotune.planner.plan import Plan, Planned, Target, make_plan, unplannable
+from autotune.planner.card_plan import Plan, Planned, Target, make_plan, unplannable
 
 __all__ = ["Plan", "Planned", "Target", "make_plan", "plan_for", "unplannable"]
 
@@ -36,9 +36,9 @@ def plan_for(
     the default database when there is one). `stack`: the run's library versions, where older than
     the installed ones (estimate/stack.py)."""
     from autotune.estimate.launch import TraceChildren
-    from autotune.models import resolve_model
+    from autotune.specs.models import resolve_model
     from autotune.search.launch import trace_processes
-    from autotune.space import SearchSpace
+    from autotune.search.space import SearchSpace
 
     from autotune.data.shape import shaped_space_args
 
@@ -74,7 +74,7 @@ def plan_for(
 def _measurements(db: str | None, study: str | None):
     """The results database to compare with, read-only: the one named (a mistake there is said),
     else the default one if it exists (none is no mistake: a plan needs no database)."""
-    from autotune.errors import DatabaseError
+    from autotune.vocabulary.errors import DatabaseError
     from autotune.store import open_store
 
     try:

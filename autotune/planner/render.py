@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections import Counter
 
 from autotune.estimate.stated_error import skip_margin
-from autotune.evaluation import LOWER_EVAL_NEED
-from autotune.planner.plan import Plan, Planned
-from autotune.status import ProbeStatus
-from autotune.units import format_size, size_as_read
+from autotune.levers.evaluation import LOWER_EVAL_NEED
+from autotune.planner.card_plan import Plan, Planned
+from autotune.vocabulary.status import ProbeStatus
+from autotune.vocabulary.units import format_size, size_as_read
 
 # Columns of the breakdown, in the order a reader adds them up.
 _PARTS = (

@@ -1,5 +1,5 @@
 """Bytes the memory-bound passes of a training micro-step move: the speed model's memory term
-(autotune/planner/speed.py prices them at its MEMORY_EFFICIENCY of the card's bandwidth).
+(autotune/planner/card_speed.py prices them at its MEMORY_EFFICIENCY of the card's bandwidth).
 
   element-wise work around the matmuls: norms, activations, residual adds, dropout, rotary (about
     ELEMENTWISE_HIDDEN accesses of a hidden-wide row and ELEMENTWISE_MLP of an MLP-wide one per token
@@ -17,11 +17,11 @@ Each constant is a count of reads and writes, named with what it counts. Torch-f
 
 from __future__ import annotations
 
-from autotune.config import ProbeConfig
+from autotune.levers.config import ProbeConfig
 from autotune.estimate.stack import Stack
-from autotune.recipes import PeftSpec, is_qlora
-from autotune.shapes import ModelDims, adapted_linears
-from autotune.tasks import Task
+from autotune.levers.recipes import PeftSpec, is_qlora
+from autotune.specs.shapes import ModelDims, adapted_linears
+from autotune.levers.tasks import Task
 
 # Element-wise accesses per token and layer in a forward pass, counted for a pre-norm block: two
 # norms (read and write: 2 each), two residual adds (read 2, write 1: 3 each), the attention's

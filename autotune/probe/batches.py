@@ -1,6 +1,6 @@
 """The batches a probe trains on: synthetic tokens shaped as the task's run makes its batches (the
 worst batch, which memory is measured on), and batches drawn from the data's lengths (what the
-timed window runs: autotune.lengths), padded or end to end (padding-free). The estimator traces
+timed window runs: autotune.levers.lengths), padded or end to end (padding-free). The estimator traces
 `synthetic_batch` on fake tensors, so everything it does is elementwise."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from autotune.config import ProbeConfig
-from autotune.tasks import MLM_PROBABILITY, Task, padded_lengths
+from autotune.levers.config import ProbeConfig
+from autotune.levers.tasks import MLM_PROBABILITY, Task, padded_lengths
 
 
 def synthetic_batch(config: ProbeConfig, vocab_size: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -31,8 +31,8 @@ def synthetic_batch(config: ProbeConfig, vocab_size: int, device: torch.device) 
       token, 10% stay); the other labels are -100, as DataCollatorForLanguageModeling makes them.
       Packed blocks, as run_mlm.py groups texts: no padding, the mask of ones it keeps.
 
-    Padded tasks (autotune.tasks.PADDED_TASKS: seq2seq, classification) carry the attention mask of
-    their worst padded batch (autotune.tasks.padded_lengths): a mask is not free (eager attention
+    Padded tasks (autotune.levers.tasks.PADDED_TASKS: seq2seq, classification) carry the attention mask of
+    their worst padded batch (autotune.levers.tasks.padded_lengths): a mask is not free (eager attention
     expands it to a float mask per layer and masks the softmax; on CUDA it rules the flash kernel
     out), so a probe without one measured less than the run needs.
     """
@@ -82,7 +82,7 @@ def synthetic_batch(config: ProbeConfig, vocab_size: int, device: torch.device) 
 
 def drawn_batch(config: ProbeConfig, rows: list[int], vocab_size: int, device: torch.device) -> dict[str, torch.Tensor]:
     """A micro-batch of examples of the token counts `rows` (drawn from the data's lengths:
-    autotune.lengths.timing_rows), padded on the right to the longest, as DataCollatorWithPadding and
+    autotune.levers.lengths.timing_rows), padded on the right to the longest, as DataCollatorWithPadding and
     TRL's collator pad them: the padding masked out of attention and, for a causal LM, of the loss.
     Padding-free (config.padding_free): the rows end to end in one, unpadded (flattened)."""
     if config.padding_free:
@@ -176,7 +176,7 @@ def keeps_examples_apart(model, vocab_size: int, device: torch.device) -> bool:
 
 def padding_mask(rows: int, length: int, device: torch.device) -> torch.Tensor:
     """The attention mask (1: a token, 0: padding) of the worst padded batch of `rows` examples of
-    at most `length` tokens (autotune.tasks.padded_lengths), elementwise for the estimator's trace."""
+    at most `length` tokens (autotune.levers.tasks.padded_lengths), elementwise for the estimator's trace."""
     return mask_of(padded_lengths(rows, length), length, device)
 
 

@@ -1,4 +1,4 @@
-"""Holding a training process to a memory budget (autotune.budget): the one place where a budget is
+"""Holding a training process to a memory budget (autotune.results.budget): the one place where a budget is
 enforced, for a probe and for `autotune train` alike.
 
 On CUDA the caching allocator does the accounting: `set_per_process_memory_fraction` caps what it
@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from autotune.budget import Budget
-from autotune.errors import BudgetError
+from autotune.results.budget import Budget
+from autotune.vocabulary.errors import BudgetError
 from autotune.probe.devices import host_memory_bytes, own_gpu_bytes
 from autotune.probe.memory import CpuMemoryAccountant
-from autotune.units import format_size
+from autotune.vocabulary.units import format_size
 
 
 def measure_cuda_context(device: torch.device) -> int:

@@ -25,10 +25,11 @@ from typing import Any  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402  (imported here so that its cost counts as start-up, not build)
 
-from autotune import errors, evaluation  # noqa: E402
-from autotune.budget import required_bytes  # noqa: E402
-from autotune.config import ProbeConfig  # noqa: E402
-from autotune.defaults import ERROR_TAIL_CHARS, MAX_MEASURE_STEPS, NOISY_WINDOW, WINDOW_GROWTH  # noqa: E402
+from autotune.vocabulary import errors  # noqa: E402
+from autotune.levers import evaluation  # noqa: E402
+from autotune.results.budget import required_bytes  # noqa: E402
+from autotune.levers.config import ProbeConfig  # noqa: E402
+from autotune.vocabulary.defaults import ERROR_TAIL_CHARS, MAX_MEASURE_STEPS, NOISY_WINDOW, WINDOW_GROWTH  # noqa: E402
 from autotune.probe.cap import MemoryCap, cap_memory  # noqa: E402
 from autotune.probe.devices import (  # noqa: E402
     describe,
@@ -68,9 +69,9 @@ from autotune.probe.step import (  # noqa: E402
     task_config,
     with_adapters,
 )
-from autotune.result import ProbeResult  # noqa: E402
-from autotune.status import ProbeStatus  # noqa: E402
-from autotune.timing import window_seconds  # noqa: E402
+from autotune.results.probe_result import ProbeResult  # noqa: E402
+from autotune.vocabulary.status import ProbeStatus  # noqa: E402
+from autotune.results.timing import window_seconds  # noqa: E402
 
 _IMPORT_SECONDS = time.perf_counter() - _PROCESS_START
 # A random-init model warns about things irrelevant to a probe (unknown loss_type, token ids);
@@ -266,7 +267,7 @@ def _warm_up(probe: _Probe, report: Callable[[str], None]) -> bool:
 def _time_window(probe: _Probe, report: Callable[[str], None]) -> None:
     """Time steps until the window has both its steps and its seconds; each step ends by reading
     its loss (a host sync), so each duration is that step's own. Then the throughput and MFU.
-    Batches drawn from the data's lengths are timed in whole cycles, at least two (autotune.lengths),
+    Batches drawn from the data's lengths are timed in whole cycles, at least two (autotune.levers.lengths),
     each cycle's micro-batches made before its first step, outside the steps' times."""
     settings, config, result, step = probe.request.settings, probe.config, probe.result, probe.step
     assert step is not None

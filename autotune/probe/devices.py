@@ -7,11 +7,11 @@ import os
 
 import torch
 
-from autotune.cards import DEVICE_FRAGMENTS
-from autotune.environment import Environment, cpu_name, openmp_settings, package_version
-from autotune.errors import DeviceError
+from autotune.specs.cards import DEVICE_FRAGMENTS
+from autotune.host.environment import Environment, cpu_name, openmp_settings, package_version
+from autotune.vocabulary.errors import DeviceError
 
-# Dense peak FLOP/s by precision, from the card table (autotune.cards, the one source): fp32 is plain
+# Dense peak FLOP/s by precision, from the card table (autotune.specs.cards, the one source): fp32 is plain
 # FP32 (probes leave TF32 off for it, as PyTorch does by default); tf32 is the TF32 tensor cores'.
 # Matched on the lower-cased device name, first match wins: the longer, more specific fragments
 # come first ("h100 pcie" before "h100").

@@ -1,5 +1,5 @@
 """The ranks of a run on several GPUs, inside one rank's process: its process group, and the model
-wrapped by the config's strategy (autotune.sharding) as accelerate's DDP and FSDP2 paths wrap it.
+wrapped by the config's strategy (autotune.levers.sharding) as accelerate's DDP and FSDP2 paths wrap it.
 
 The probe child (a rank started by torchrun, see probe/ranks.py) and the estimator's trace (one
 rank of a fake process group, estimate/trace.py) both build through `build_model`, so that an
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from autotune import sharding
-from autotune.config import ProbeConfig
-from autotune.models import ModelSpec
+from autotune.levers import sharding
+from autotune.levers.config import ProbeConfig
+from autotune.specs.models import ModelSpec
 from autotune.probe.step import build_random_model
 
 # How long a rank waits in a collective for the others (the process group's timeout). A rank that

@@ -24,8 +24,8 @@ import torch
 
 from autotune.probe.cap import MemoryCap
 from autotune.probe.memory import BUDGET_OOM
-from autotune.result import ProbeResult
-from autotune.status import CLEAN, ProbeStatus
+from autotune.results.probe_result import ProbeResult
+from autotune.vocabulary.status import CLEAN, ProbeStatus
 
 # Modules whose functions and classes a patching library replaces module-wide.
 WATCHED_MODULES = ("transformers.models.", "transformers.modeling_", "transformers.loss.", "torch.nn.functional")

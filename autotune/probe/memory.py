@@ -17,7 +17,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 # Counting CPU storages as the CUDA allocator rounds them makes the CPU "reserved" figure a floor
 # of what the same tensors would reserve on CUDA.
-from autotune.units import round_to_block
+from autotune.vocabulary.units import round_to_block
 
 # How the accountant's own OOM begins (the probe child tells it from a real one by this).
 BUDGET_OOM = "CPU budget emulation: out of memory"

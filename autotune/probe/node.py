@@ -25,8 +25,8 @@ from collections.abc import Callable
 
 from autotune.probe.rank_main import DEVICE_ENV
 from autotune.probe.torchrun import POLL_SECONDS, RENDEZVOUS_SECONDS, RankLaunch, Rendezvous, ranks_started
-from autotune.result import ProbeResult
-from autotune.units import format_size
+from autotune.results.probe_result import ProbeResult
+from autotune.vocabulary.units import format_size
 
 # A round that ends at once (the first node not there yet, or between probes) is tried again after this.
 RETRY_SECONDS = 1.0

@@ -3,7 +3,7 @@ message, so that it is testable on canned strings and usable in the parent on te
 
 from __future__ import annotations
 
-from autotune.status import ProbeStatus
+from autotune.vocabulary.status import ProbeStatus
 
 # Lower-cased fragments that mean the device ran out of memory, whatever library raised it.
 OOM_MESSAGES = (

@@ -8,13 +8,13 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable
 
-from autotune import evaluation
-from autotune.budget import Budget, required_bytes
+from autotune.levers import evaluation
+from autotune.results.budget import Budget, required_bytes
 from autotune.probe.cap import MemoryCap
 from autotune.probe.oom import classify_exception
 from autotune.probe.phases import LaterPhases
 from autotune.probe.step import ProbeStep
-from autotune.status import ProbeStatus
+from autotune.vocabulary.status import ProbeStatus
 
 
 class PhaseMeter:

@@ -1,5 +1,5 @@
 """The run's phases after the training step, as Trainer runs them: evaluation of eval batches, and
-for seq2seq with `predict_with_generate` a `generate` call on each (autotune.evaluation says which
+for seq2seq with `predict_with_generate` a `generate` call on each (autotune.levers.evaluation says which
 a config's run has). The probe child runs them for real after its timed training steps; the
 estimator traces the same code on fake tensors.
 
@@ -25,7 +25,7 @@ from dataclasses import replace
 
 import torch
 
-from autotune.evaluation import KEPT, eval_steps, generates
+from autotune.levers.evaluation import KEPT, eval_steps, generates
 from autotune.probe.step import ProbeStep, synthetic_batch
 
 

@@ -1,12 +1,12 @@
-"""What the probe children's fork server imports once (autotune.processes.fork_server_context), so
+"""What the probe children's fork server imports once (autotune.host.processes.fork_server_context), so
 that each child forked from it starts with torch and transformers already imported. First the
 server's tie to its parent, its deafness to a terminal's Ctrl-C, and OpenMP's wait policy, which
-torch reads when it loads (autotune.processes.quiet_openmp)."""
+torch reads when it loads (autotune.host.processes.quiet_openmp)."""
 
 import gc
 import signal
 
-from autotune.processes import (
+from autotune.host.processes import (
     collector_paused,
     fork_server_ready,
     quiet_openmp,

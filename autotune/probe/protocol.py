@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from autotune.budget import Budget
-from autotune.config import ProbeConfig
-from autotune.environment import Environment
-from autotune.errors import AutotuneError
-from autotune.models import ModelSpec
+from autotune.results.budget import Budget
+from autotune.levers.config import ProbeConfig
+from autotune.host.environment import Environment
+from autotune.vocabulary.errors import AutotuneError
+from autotune.specs.models import ModelSpec
 from autotune.probe.settings import ProbeSettings
-from autotune.result import ProbeResult
+from autotune.results.probe_result import ProbeResult
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """QLoRA's frozen base: the model's linear layers in 4 bits (bitsandbytes NF4 with double
 quantization), the layers transformers keeps whole (the output embeddings, tied weights) and every
 other parameter in the weights' dtype; as `from_pretrained(..., quantization_config=
-BitsAndBytesConfig(**autotune.recipes.bnb_4bit_kwargs(...)), dtype=...)` loads a checkpoint, but
+BitsAndBytesConfig(**autotune.levers.recipes.bnb_4bit_kwargs(...)), dtype=...)` loads a checkpoint, but
 built from the config alone with random values (memory and speed do not depend on them).
 
 Why not build the model whole and quantize it after: its unquantized weights would all be on the
@@ -19,8 +19,8 @@ import contextlib
 
 import torch
 
-from autotune.config import ProbeConfig
-from autotune.recipes import bnb_4bit_kwargs
+from autotune.levers.config import ProbeConfig
+from autotune.levers.recipes import bnb_4bit_kwargs
 
 BLOCK_SIZE = 64  # values per absmax statistic (Params4bit's default, as from_pretrained quantizes)
 

@@ -19,7 +19,7 @@ import os
 import signal
 import sys
 
-from autotune.processes import collector_paused, kill_me_with_parent, watch_parent
+from autotune.host.processes import collector_paused, kill_me_with_parent, watch_parent
 
 RUN_DIR_ENV = "AUTOTUNE_RANK_DIR"
 DEVICE_ENV = "AUTOTUNE_RANK_DEVICE"  # cpu, cuda or auto: the device kind the ranks probe on
@@ -73,14 +73,14 @@ def main() -> None:
         import torch
         import transformers.modeling_utils  # noqa: F401  (every rank builds a model: its class imports it)
 
-        from autotune import errors
+        from autotune.vocabulary import errors
         from autotune.probe.child import run_probe_in_process
         from autotune.probe.distributed import (
             Rank,
             join_process_group,
             leave_process_group,
         )
-        from autotune.status import ProbeStatus
+        from autotune.vocabulary.status import ProbeStatus
     # (What the imports made lives as long as the rank: no collection goes over it again.)
     gc.freeze()
 

@@ -19,13 +19,14 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
-from autotune import errors, speed
-from autotune.budget import Budget
-from autotune.config import ProbeConfig
-from autotune.deadline import NO_DEADLINE, Deadline, DeadlineReached
-from autotune.environment import Environment
-from autotune.models import ModelSpec, resolve_model
-from autotune.processes import (
+from autotune.vocabulary import errors
+from autotune.levers import speed_levers
+from autotune.results.budget import Budget
+from autotune.levers.config import ProbeConfig
+from autotune.host.deadline import NO_DEADLINE, Deadline, DeadlineReached
+from autotune.host.environment import Environment
+from autotune.specs.models import ModelSpec, resolve_model
+from autotune.host.processes import (
     STARTUP_FLOOR_SECONDS,
     fork_server_context,
     fork_server_current,
@@ -48,12 +49,12 @@ from autotune.probe.protocol import (
     UserErrorReply,
 )
 from autotune.probe.settings import ProbeSettings
-from autotune.result import ProbeResult
-from autotune.sharding import check_rendezvous
-from autotune.status import ProbeStatus
+from autotune.results.probe_result import ProbeResult
+from autotune.levers.sharding import check_rendezvous
+from autotune.vocabulary.status import ProbeStatus
 
 # A child must be ready (torch and transformers imported) and answer the preflight's questions
-# within the probe timeout, and never less than STARTUP_FLOOR_SECONDS (autotune.processes).
+# within the probe timeout, and never less than STARTUP_FLOOR_SECONDS (autotune.host.processes).
 CHILD_MAIN = "autotune.probe.child:main"
 
 
@@ -78,7 +79,7 @@ class ProbeRunner:
         # cores the probe is timed on; there a CPU OOM keeps its child anyway).
         self.standby = standby
         # Where no CUDA can be used, children are forked from a server that imported torch once
-        # (autotune.processes.fork_server_context): seconds saved on each child after the first.
+        # (autotune.host.processes.fork_server_context): seconds saved on each child after the first.
         kind = self.settings.device_kind
         self._ctx = fork_server_context(cuda_possible=kind == "cuda" or (kind == "auto" and cuda_may_be_visible()))
         self._process: Any = None  # multiprocessing's Process (spawned or forked), while a child is alive
@@ -86,8 +87,8 @@ class ProbeRunner:
         self._spare: tuple[Any, Any] | None = None  # (process, pipe) of the standby child
         self._device_type: str | None = None  # cpu or cuda, once the child has said
         # The CUDA allocator setting the child (and the standby) were started with: the allocator
-        # reads it once, so a config with another setting gets new processes (autotune.speed).
-        self._allocator = speed.DEFAULT_ALLOCATOR
+        # reads it once, so a config with another setting gets new processes (autotune.levers.speed_levers).
+        self._allocator = speed_levers.DEFAULT_ALLOCATOR
         self.children_started = 0
         self.retired: list[str] = []  # why each child that ended after its probe was not reused (hygiene.py)
         # (model fingerprint, task, labels, attentions) that build -> the kernels the model lacks
@@ -106,11 +107,11 @@ class ProbeRunner:
         forked = use_fork_server(self._ctx)
         context = self._ctx if forked else mp.get_context("spawn")
         parent_conn, child_conn = context.Pipe()
-        kwargs: dict[str, Any] = {"environment": speed.allocator_environment(self._allocator)}
+        kwargs: dict[str, Any] = {"environment": speed_levers.allocator_environment(self._allocator)}
         if forked:
             fork_server_current()
             kwargs["forked_for"] = dict(os.environ)
-        # The child dies with this process however it ends (kill -9 included): autotune.processes.
+        # The child dies with this process however it ends (kill -9 included): autotune.host.processes.
         process = context.Process(
             target=run_as_child,
             args=(os.getpid(), CHILD_MAIN, child_conn, *extra),
@@ -198,7 +199,7 @@ class ProbeRunner:
                 pass
         if self._process is not None:
             self._process.join(timeout=5)
-            # The child leads its own group (autotune.processes.lead_own_group): whatever it started
+            # The child leads its own group (autotune.host.processes.lead_own_group): whatever it started
             # and left running (a model's own helper that ignores SIGTERM) goes with it, at once.
             kill_group(self._process.pid)
             self._process.join(timeout=5)
@@ -447,7 +448,10 @@ class ProbeRunner:
             self.neighbours.pause()
         try:
             result = run_ranks(
-                request, deadline, on_phase=self.on_phase, environment=speed.allocator_environment(config.allocator)
+                request,
+                deadline,
+                on_phase=self.on_phase,
+                environment=speed_levers.allocator_environment(config.allocator),
             )
         finally:
             if self.neighbours is not None:

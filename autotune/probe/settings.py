@@ -9,8 +9,9 @@ import re
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
-from autotune import defaults, errors
-from autotune.budget import Budget
+from autotune.vocabulary import defaults
+from autotune.vocabulary import errors
+from autotune.results.budget import Budget
 
 
 @dataclass(frozen=True, slots=True)

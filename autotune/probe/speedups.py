@@ -1,4 +1,4 @@
-"""The speed levers (autotune.speed) as a probe and a training run apply them: whether this device
+"""The speed levers (autotune.levers.speed_levers) as a probe and a training run apply them: whether this device
 can run each, TF32 switched on or off, Liger's kernels patched in, the model compiled.
 
 Memory on CPU: the accountant (memory.py) is a dispatch mode, and TorchDynamo does not compile
@@ -17,25 +17,23 @@ import os
 
 import torch
 
-from autotune import speed
-from autotune.config import ProbeConfig
+from autotune.levers import speed_levers
+from autotune.levers.config import ProbeConfig
 
 
 def unavailable(config: ProbeConfig, device: torch.device) -> str | None:
     """Why this device cannot run `config`'s speed levers (the probe is then skipped), or None.
     TF32 is a precision: devices.supports_precision answers for it."""
-    if config.allocator != speed.DEFAULT_ALLOCATOR:
+    if config.allocator != speed_levers.DEFAULT_ALLOCATOR:
         if device.type != "cuda":
             return (
                 f"allocator {config.allocator}: a setting of the CUDA caching allocator "
-                f"({speed.ALLOC_CONF_VARS[0]}); CPU memory has no such allocator"
+                f"({speed_levers.ALLOC_CONF_VARS[0]}); CPU memory has no such allocator"
             )
-        wanted = speed.alloc_conf(config.allocator)
-        if wanted and wanted not in speed.effective_alloc_conf(os.environ):
+        wanted = speed_levers.alloc_conf(config.allocator)
+        if wanted and wanted not in speed_levers.effective_alloc_conf(os.environ):
             # The runner starts a child per setting; a child started otherwise must not measure.
-            return (
-                f"allocator {config.allocator}: this process was not started with {speed.ALLOC_CONF_VARS[0]}={wanted}"
-            )
+            return f"allocator {config.allocator}: this process was not started with {speed_levers.ALLOC_CONF_VARS[0]}={wanted}"
     if config.liger:
         if device.type != "cuda":
             return "liger: Liger's kernels are written in Triton for CUDA devices; none run on CPU"
@@ -51,9 +49,9 @@ def use_allocator(allocator: str) -> str | None:
     place of the default the probe measured), and where CUDA can be used the setting is also applied
     through the allocator's runtime switch: whether torch read the variables at import or reads them
     when CUDA starts, the run gets the probe's allocator."""
-    value = speed.alloc_conf(allocator)
-    before = speed.effective_alloc_conf(os.environ)
-    for name, setting in speed.allocator_environment(allocator).items():
+    value = speed_levers.alloc_conf(allocator)
+    before = speed_levers.effective_alloc_conf(os.environ)
+    for name, setting in speed_levers.allocator_environment(allocator).items():
         if setting is None:
             os.environ.pop(name, None)
         else:
@@ -62,8 +60,12 @@ def use_allocator(allocator: str) -> str | None:
         with contextlib.suppress(AttributeError, RuntimeError):  # (a private switch: the variables stay)
             torch.cuda.memory._set_allocator_settings(value or "expandable_segments:False")
     if value is not None:
-        return f"{speed.ALLOC_CONF_VARS[0]}={value}"
-    return f"{speed.ALLOC_CONF_VARS[0]}={before} unset (its probe measured the default allocator)" if before else None
+        return f"{speed_levers.ALLOC_CONF_VARS[0]}={value}"
+    return (
+        f"{speed_levers.ALLOC_CONF_VARS[0]}={before} unset (its probe measured the default allocator)"
+        if before
+        else None
+    )
 
 
 def set_tf32(config: ProbeConfig) -> None:

@@ -11,13 +11,13 @@ import math
 
 import torch
 
-from autotune.config import ProbeConfig
-from autotune.errors import BadInput
-from autotune.flops import flops_per_token
-from autotune.models import ModelSpec
-from autotune.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec, is_qlora
+from autotune.levers.config import ProbeConfig
+from autotune.vocabulary.errors import BadInput
+from autotune.specs.flops import flops_per_token
+from autotune.specs.models import ModelSpec
+from autotune.levers.recipes import OPTIMIZERS, PEFT_TASK_TYPES, PeftSpec, is_qlora
 from autotune.probe.batches import drawn_batch, synthetic_batch
-from autotune.tasks import AUTO_CLASSES, Task
+from autotune.levers.tasks import AUTO_CLASSES, Task
 
 # bitsandbytes (imported by peft and by transformers' optimizers) warns on import about optional
 # CPU kernels nobody asked for: on a user error that would be a second line before the one that matters.
@@ -186,7 +186,7 @@ class OptimizerUnavailable(Exception):
 def make_optimizer(
     model, device: torch.device, name: str = "adamw", device_type: str | None = None
 ) -> torch.optim.Optimizer:
-    """The optimizer `name` (autotune.recipes.OPTIMIZERS) over the trainable parameters, as Trainer
+    """The optimizer `name` (autotune.levers.recipes.OPTIMIZERS) over the trainable parameters, as Trainer
     makes it for the matching `optim`: AdamW fused where the device has the kernel, torch's
     default AdamW (foreach on CUDA, as torch picks it for CUDA tensors; the single-tensor loop on
     a CPU), Adafactor with scale_parameter and relative_step off, SGD with momentum 0.9,
@@ -227,7 +227,7 @@ def parameter_count(model, trainable: bool = False) -> int:
 
 
 def model_flops_per_token(model, hf_config, config: ProbeConfig) -> float:
-    """Useful training FLOPs per token of the model built (autotune.flops, as the planner counts
+    """Useful training FLOPs per token of the model built (autotune.specs.flops, as the planner counts
     them: a frozen LoRA base has no weight gradients), for MFU: no recomputation."""
     layers = getattr(hf_config, "num_hidden_layers", 0) or 0
     hidden = getattr(hf_config, "hidden_size", 0) or 0
@@ -324,7 +324,7 @@ class ProbeStep:
         self.scaler = torch.amp.GradScaler(device.type) if config.precision == "fp16" else None
         # Two synthetic batches of the task's shape and vocabulary, alternated: like a data loader's
         # prefetched batch, they are part of the memory a real run holds. With the data's lengths
-        # (autotune.lengths) these are its worst batch, which memory is measured on; the timed window
+        # (autotune.levers.lengths) these are its worst batch, which memory is measured on; the timed window
         # then draws its batches from the lengths (time_drawn_batches).
         self.vocab_size = vocab_size
         self.batches = [synthetic_batch(config, vocab_size, device) for _ in range(2)]
@@ -335,9 +335,9 @@ class ProbeStep:
         self.deferred_sync = deferred_sync(model) if config.ranks > 1 else None
 
     def draw_cycle(self, cycle: int) -> None:
-        """The micro-batches of the timed window's `cycle`-th cycle (autotune.lengths.cycle_steps
+        """The micro-batches of the timed window's `cycle`-th cycle (autotune.levers.lengths.cycle_steps
         steps), drawn from the data's lengths: the steps after this take them in order."""
-        from autotune.lengths import timing_rows
+        from autotune.levers.lengths import timing_rows
 
         config = self.config
         assert config.lengths is not None  # (a window of drawn batches is timed for the data's lengths only)

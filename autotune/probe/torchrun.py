@@ -35,14 +35,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from autotune import defaults
-from autotune.deadline import Deadline, DeadlineReached
-from autotune.errors import DeviceError
+from autotune.vocabulary import defaults
+from autotune.host.deadline import Deadline, DeadlineReached
+from autotune.vocabulary.errors import DeviceError
 from autotune.probe.protocol import ProbeRequest
 from autotune.probe.rank_main import DEVICE_ENV, RUN_DIR_ENV, write_whole
-from autotune.processes import kill_me_with_parent, remove_when_i_die, signals_held, stop_janitor
-from autotune.result import ProbeResult
-from autotune.status import ProbeStatus
+from autotune.host.processes import kill_me_with_parent, remove_when_i_die, signals_held, stop_janitor
+from autotune.results.probe_result import ProbeResult
+from autotune.vocabulary.status import ProbeStatus
 
 POLL_SECONDS = 0.1
 # Which rank's outcome the probe reports when ranks differ: the cause before its consequences (a

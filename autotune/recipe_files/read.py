@@ -21,9 +21,9 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from autotune.errors import BadInput
-from autotune.lengths import DEFAULT_SAMPLING, SAMPLINGS
-from autotune.recipes import OPTIMIZERS, canonical_optimizer, optimizer_names
+from autotune.vocabulary.errors import BadInput
+from autotune.levers.lengths import DEFAULT_SAMPLING, SAMPLINGS
+from autotune.levers.recipes import OPTIMIZERS, canonical_optimizer, optimizer_names
 
 __all__ = ["RecipeFile", "TOOLS", "read_recipe_file"]
 
@@ -191,7 +191,9 @@ class _Recipe:
         self.trust_remote_code = False
         self.trainer: str | None = None  # whose step the run takes, where not transformers' Trainer's
         self.packing: bool | None = None  # examples packed into full blocks (True), or one per row, padded
-        self.sampling: str | None = None  # the run's sampler (autotune.lengths.SAMPLINGS), where the file sets one
+        self.sampling: str | None = (
+            None  # the run's sampler (autotune.levers.lengths.SAMPLINGS), where the file sets one
+        )
         self.padding_free: bool | None = (
             None  # examples end to end, unpadded (TRL's padding_free), where the file sets it
         )
@@ -365,7 +367,7 @@ def _axolotl(r: _Recipe) -> None:
 
 def _read_packing(r: _Recipe, key: str, *, default: bool) -> None:
     """The file's packing: examples packed into full blocks, or one per row padded to the batch's
-    longest (whose speed depends on the data's lengths: autotune.lengths); the tool's default where
+    longest (whose speed depends on the data's lengths: autotune.levers.lengths); the tool's default where
     the file says nothing. TRL's padding_free (each micro-batch's examples end to end) is read beside
     it (_trl)."""
     value = r.get(key)

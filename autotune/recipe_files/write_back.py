@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotune.errors import BadInput
+from autotune.vocabulary.errors import BadInput
 from autotune.handoff import checkpointing_argument_names, tools
 import autotune.recipe_files.yaml_edit as yaml_edit
 from autotune.recipe_files.read import RecipeFile, read_recipe_file
-from autotune.lengths import DEFAULT_SAMPLING, Lengths
-from autotune.recipes import PeftSpec
+from autotune.levers.lengths import DEFAULT_SAMPLING, Lengths
+from autotune.levers.recipes import PeftSpec
 
 if TYPE_CHECKING:
     from autotune.handoff import BestConfig

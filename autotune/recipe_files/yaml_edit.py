@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import re
 
-from autotune import yaml_text
+from autotune.vocabulary import yaml_text
 
 __all__ = ["edit", "render_value"]
 

@@ -53,7 +53,7 @@ from autotune.search.fleet import join_study, run_worker, search_with_workers, w
 from autotune.search.knowledge import Knowledge
 from autotune.search.launch import search
 from autotune.search.loop import SearchLoop, stop_on_first_interrupt, work
-from autotune.search.plan import StudyPlan
+from autotune.search.study_plan import StudyPlan
 from autotune.search.predictions import Prediction, predict
 from autotune.search.request import SearchRequest, default_study_name, finished_study, preflight, resolve_search
 from autotune.search.strategies import FrontierStrategy, GridStrategy, TpeStrategy, make_strategy

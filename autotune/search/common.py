@@ -7,18 +7,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from autotune import defaults
-from autotune.budget import Budget
-from autotune.config import ProbeConfig
-from autotune.deadline import NO_DEADLINE, Deadline
-from autotune.environment import Environment
-from autotune.errors import EXIT_INTERRUPTED, EXIT_NOTHING_FITS, EXIT_UNMEASURED, BadInput
-from autotune.models import ModelSpec
+from autotune.vocabulary import defaults
+from autotune.results.budget import Budget
+from autotune.levers.config import ProbeConfig
+from autotune.host.deadline import NO_DEADLINE, Deadline
+from autotune.host.environment import Environment
+from autotune.vocabulary.errors import EXIT_INTERRUPTED, EXIT_NOTHING_FITS, EXIT_UNMEASURED, BadInput
+from autotune.specs.models import ModelSpec
 from autotune.probe.runner import Neighbours
-from autotune.result import ProbeResult
+from autotune.results.probe_result import ProbeResult
 from autotune.search.confirm import RoundTally
-from autotune.space import SearchSpace
-from autotune.status import FINISHING, Settled, StopReason
+from autotune.search.space import SearchSpace
+from autotune.vocabulary.status import FINISHING, Settled, StopReason
 from autotune.store import LeaderboardRow, StudyRecord, check_study_name
 
 STRATEGIES = ("predictive", "frontier", "tpe", "grid", "grid-full")
@@ -177,7 +177,7 @@ class SearchOutcome:
 
     @property
     def exit_status(self) -> int:
-        """What `autotune search` exits with (autotune/errors.py): 0, a configuration fits and every
+        """What `autotune search` exits with (autotune/vocabulary/errors.py): 0, a configuration fits and every
         candidate is settled (or a limit stopped the search as asked); 1, nothing fits; 3, some
         candidates could not be measured; 130, interrupted."""
         if self.stop_reason == StopReason.INTERRUPTED:

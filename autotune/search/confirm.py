@@ -24,14 +24,14 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from autotune.budget import Budget, required_bytes
-from autotune.config import ProbeConfig
-from autotune.ranking import Standing, ranked
-from autotune.result import ProbeResult
-from autotune.space import micro_batch_family
-from autotune.status import ProbeStatus
+from autotune.results.budget import Budget, required_bytes
+from autotune.levers.config import ProbeConfig
+from autotune.results.ranking import Standing, ranked
+from autotune.results.probe_result import ProbeResult
+from autotune.search.space import micro_batch_family
+from autotune.vocabulary.status import ProbeStatus
 from autotune.store import LeaderboardRow, ProbeRecord, Store, StudyRecord
-from autotune.timing import noise, window_seconds
+from autotune.results.timing import noise, window_seconds
 
 
 class RoundStopped(Exception):
@@ -112,7 +112,7 @@ class Confirmation:
     probes: int  # probes the study's rounds ran (every round, earlier runs' too)
     seconds: float  # and their wall time
     tied: list[str] = field(default_factory=list)  # labels of the configs tied with the winner
-    tied_keys: list[str] = field(default_factory=list)  # and their config keys (autotune.ranking reads them)
+    tied_keys: list[str] = field(default_factory=list)  # and their config keys (autotune.results.ranking reads them)
     # False: the timing could not tell the contenders apart (a tie beyond RELIABLE_NOISE, or nothing
     # measured again): the pick is not reliable, and every command that shows it says so.
     reliable: bool = True
@@ -162,7 +162,9 @@ def suspects_of(rows: list[LeaderboardRow], contenders: list[LeaderboardRow]) ->
     def family(row: LeaderboardRow) -> tuple:
         return micro_batch_family(row.config)
 
-    def work(row: LeaderboardRow) -> float:  # (padding included: a larger micro-batch pads more, autotune.lengths)
+    def work(
+        row: LeaderboardRow,
+    ) -> float:  # (padding included: a larger micro-batch pads more, autotune.levers.lengths)
         return (row.tokens_per_s or 0.0) * row.config.padded_per_real
 
     taken = {r.config_key for r in contenders}
@@ -366,7 +368,7 @@ def confirm(
 
 def _as_ranked(verdict: Confirmation, rows: list[LeaderboardRow], pool: list[Contender]) -> Confirmation:
     """The verdict, where the leaderboard puts its winner first (every config faster than it is
-    one it tied with: autotune.ranking); else the fastest measured, unconfirmed and not reliable,
+    one it tied with: autotune.results.ranking); else the fastest measured, unconfirmed and not reliable,
     so that no surface names another pick than the decision. (`rows`: in plain speed order.)"""
     faster = []
     for row in rows:

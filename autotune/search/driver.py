@@ -8,24 +8,24 @@ import functools
 import time
 from collections.abc import Callable
 
-from autotune.config import ProbeConfig
-from autotune.errors import BadInput, StudyNotFound
+from autotune.levers.config import ProbeConfig
+from autotune.vocabulary.errors import BadInput, StudyNotFound
 from autotune.estimate import untraceable
 from autotune.estimate.launch import EstimateError
 from autotune.search.common import OnStart, Event, Progress, Runner, SearchOutcome
 from autotune.search.knowledge import Knowledge
 from autotune.search.loop import work
-from autotune.search.plan import StudyPlan
+from autotune.search.study_plan import StudyPlan
 from autotune.search.predictions import Prediction, Predicting, predict
 from autotune.search.request import SearchRequest, preflight
 from autotune.search.trials import Trials, distributions_of
 from autotune.search.worker_state import WorkerState, worker_label
-from autotune.status import RETRYABLE, ClaimState
+from autotune.vocabulary.status import RETRYABLE, ClaimState
 from autotune.store import Store
-from autotune.evaluation import EVAL_RECIPE
-from autotune.recipes import DEFAULT_TRAINER
-from autotune.lengths import Lengths
-from autotune.tasks import stored_fixed_recipe
+from autotune.levers.evaluation import EVAL_RECIPE
+from autotune.levers.recipes import DEFAULT_TRAINER
+from autotune.levers.lengths import Lengths
+from autotune.levers.tasks import stored_fixed_recipe
 
 Predictor = Callable[[list[ProbeConfig], str], dict[str, Prediction]]
 

@@ -21,26 +21,26 @@ import subprocess
 import time
 from collections.abc import Callable
 
-from autotune.budget import Budget
+from autotune.results.budget import Budget
 from autotune.launchers.base import Launcher, WorkerSpec, worker_kind
-from autotune.environment import Environment, adopt_openmp
-from autotune.errors import AutotuneError, BadInput, DeviceError
-from autotune.models import ModelSpec
+from autotune.host.environment import Environment, adopt_openmp
+from autotune.vocabulary.errors import AutotuneError, BadInput, DeviceError
+from autotune.specs.models import ModelSpec
 from autotune.probe.settings import ProbeSettings
 from autotune.search.common import OnStart, Event, Runner, SearchOptions, SearchOutcome
 from autotune.search.confirm import RoundTally
 from autotune.search.driver import start_study
 from autotune.search.knowledge import Knowledge
 from autotune.search.loop import stop_on_first_interrupt, work
-from autotune.search.plan import StudyPlan
+from autotune.search.study_plan import StudyPlan
 from autotune.search.request import SearchRequest, check_device_chosen, preflight, stored_answer
 from autotune.search.trials import Trials, distributions_of
 from autotune.search.worker_state import WorkerState, unmeasured, worker_label
-from autotune.sharding import most_cpu_ranks
-from autotune.space import SearchSpace
-from autotune.status import ClaimState, ProbeStatus, Settled, StopReason, StudyStatus
+from autotune.levers.sharding import most_cpu_ranks
+from autotune.search.space import SearchSpace
+from autotune.vocabulary.status import ClaimState, ProbeStatus, Settled, StopReason, StudyStatus
 from autotune.store import Store, StudyRecord
-from autotune.units import format_size
+from autotune.vocabulary.units import format_size
 
 # How often `autotune search --workers` reads the database for its progress display.
 POLL_SECONDS = 0.5
@@ -116,7 +116,7 @@ def run_worker(
     """Work on the study called `name` with `runner` (a ProbeRunner made with `settings`, or a
     scripted one in tests) beside whatever other workers it has. Refuses, before writing anything, a study that is
     stopped or a runner on another kind of device."""
-    from autotune.models import resolve_model
+    from autotune.specs.models import resolve_model
 
     started = time.perf_counter() if started is None else started
     study = _joinable_study(store, name)

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from autotune.budget import Budget
-from autotune.config import ProbeConfig
-from autotune.ranking import Standing, ranked
-from autotune.speed import DEFAULT_ALLOCATOR
-from autotune.result import ProbeResult
+from autotune.results.budget import Budget
+from autotune.levers.config import ProbeConfig
+from autotune.results.ranking import Standing, ranked
+from autotune.levers.speed_levers import DEFAULT_ALLOCATOR
+from autotune.results.probe_result import ProbeResult
 from autotune.search.predictions import Prediction
-from autotune.space import dominates_in_memory, group_key
-from autotune.status import ProbeStatus
-from autotune.units import format_size
+from autotune.search.space import dominates_in_memory, group_key
+from autotune.vocabulary.status import ProbeStatus
+from autotune.vocabulary.units import format_size
 
 
 class SkipReason(str):
@@ -120,7 +120,7 @@ class Knowledge:
         ]
 
     def best(self) -> tuple[ProbeConfig, ProbeResult] | None:
-        """The best config that fits so far, as autotune.ranking ranks (no confirmation yet)."""
+        """The best config that fits so far, as autotune.results.ranking ranks (no confirmation yet)."""
         learnt = {key: i for i, key in enumerate(self.outcomes)}  # the order they were learnt in
 
         def standing(item: tuple[ProbeConfig, ProbeResult]) -> Standing:

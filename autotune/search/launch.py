@@ -11,11 +11,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from autotune.errors import BadInput
+from autotune.vocabulary.errors import BadInput
 from autotune.estimate.launch import TraceChildren
 from autotune.launchers.base import Launcher
 from autotune.probe.settings import ProbeSettings
-from autotune.processes import STARTUP_FLOOR_SECONDS
+from autotune.host.processes import STARTUP_FLOOR_SECONDS
 from autotune.search.common import OnStart, Event, Progress, SearchOptions, SearchOutcome
 from autotune.search.driver import run_search
 from autotune.search.fleet import search_with_workers

@@ -14,22 +14,22 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from autotune import defaults
-from autotune.budget import Budget
-from autotune.config import ProbeConfig
-from autotune.deadline import DeadlineReached
+from autotune.vocabulary import defaults
+from autotune.results.budget import Budget
+from autotune.levers.config import ProbeConfig
+from autotune.host.deadline import DeadlineReached
 from autotune.store.failures import written_if_possible
-from autotune.processes import Terminated, on_termination
-from autotune.timing import median_seconds
-from autotune.units import format_duration
-from autotune.result import ProbeResult
+from autotune.host.processes import Terminated, on_termination
+from autotune.results.timing import median_seconds
+from autotune.vocabulary.units import format_duration
+from autotune.results.probe_result import ProbeResult
 from autotune.search.common import Event, Progress, Runner, SearchOutcome
 from autotune.search.confirm import Confirmation, RoundStopped, confirm, judged_as_measured
 from autotune.search.knowledge import skip_kind
 from autotune.search.strategies import make_strategy
 from autotune.search.trials import Trials
 from autotune.search.worker_state import Heartbeat, WorkerState
-from autotune.status import ProbeStatus, Settled, SettleHow, StopReason, StudyStatus
+from autotune.vocabulary.status import ProbeStatus, Settled, SettleHow, StopReason, StudyStatus
 from autotune.store import LeaderboardRow
 
 log = logging.getLogger("autotune")

@@ -8,11 +8,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autotune.config import ProbeConfig
-from autotune.errors import AutotuneError
+from autotune.levers.config import ProbeConfig
+from autotune.vocabulary.errors import AutotuneError
 from autotune.estimate.interpolate import INTERPOLATION_OVERSHOOT, between, interpolated, traced_members
 from autotune.estimate.launch import TraceChildren
-from autotune.space import group_key, group_priority
+from autotune.search.space import group_key, group_priority
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,9 +34,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from autotune.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, AutotuneError, DatabaseError
-from autotune.processes import kill_me_with_parent, owner_label
-from autotune.status import FINISHING, SearchState, StudyStatus
+from autotune.vocabulary.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, AutotuneError, DatabaseError
+from autotune.host.processes import kill_me_with_parent, owner_label
+from autotune.vocabulary.status import FINISHING, SearchState, StudyStatus
 from autotune.store.queue import QUEUE_HEARTBEAT_SECONDS
 from autotune.store.records import SearchRecord
 
@@ -65,7 +65,7 @@ class WorkerDevice:
         )
 
     def describe(self) -> str:
-        from autotune.units import format_size
+        from autotune.vocabulary.units import format_size
 
         memory = f", {format_size(self.total_bytes)}" if self.total_bytes else ""
         return f"{self.name}{memory}, {self.ranks} rank{'s' if self.ranks != 1 else ''}"
@@ -73,10 +73,10 @@ class WorkerDevice:
 
 def describe_device(device: str) -> WorkerDevice:
     """This worker's device, as a probe child sees it (one child, started once)."""
-    from autotune.deadline import Deadline
+    from autotune.host.deadline import Deadline
     from autotune.probe import ProbeRunner, ProbeSettings
     from autotune.search.fleet import visible_gpus
-    from autotune.sharding import most_cpu_ranks
+    from autotune.levers.sharding import most_cpu_ranks
 
     with ProbeRunner(ProbeSettings(device=device)) as runner:
         environment = runner.environment(Deadline.after(300.0))

@@ -12,19 +12,19 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from autotune.budget import Budget
-from autotune.config import ProbeConfig
-from autotune.deadline import Deadline, DeadlineReached
-from autotune.environment import Environment
-from autotune.errors import BadInput, BudgetError, DatabaseError, DeviceError, StudyNotFound
-from autotune.models import ModelSpec
+from autotune.results.budget import Budget
+from autotune.levers.config import ProbeConfig
+from autotune.host.deadline import Deadline, DeadlineReached
+from autotune.host.environment import Environment
+from autotune.vocabulary.errors import BadInput, BudgetError, DatabaseError, DeviceError, StudyNotFound
+from autotune.specs.models import ModelSpec
 from autotune.probe.settings import ProbeSettings
 from autotune.search.common import SearchOptions, SearchOutcome
-from autotune.sharding import check_rendezvous
-from autotune.space import SearchSpace
-from autotune.status import StudyStatus
-from autotune.tasks import task_note
-from autotune.units import format_duration, format_size
+from autotune.levers.sharding import check_rendezvous
+from autotune.search.space import SearchSpace
+from autotune.vocabulary.status import StudyStatus
+from autotune.levers.tasks import task_note
+from autotune.vocabulary.units import format_duration, format_size
 
 if TYPE_CHECKING:
     from autotune.search.common import Runner
@@ -98,7 +98,7 @@ def resolve_search(
     """`autotune search`'s flags as a request, checked without starting a process: the model
     resolved and usable, the space built against it, the margin within the budget, and a device
     that can search it (no CUDA to be seen and no --device cpu: refused, with what the CPU would cost)."""
-    from autotune.models import resolve_model
+    from autotune.specs.models import resolve_model
     from autotune.probe.runner import cuda_may_be_visible
 
     from autotune.data.shape import shaped_space_args
@@ -129,7 +129,7 @@ def check_device_chosen(request: SearchRequest) -> None:
 def shadowing_note(spec: ModelSpec) -> str | None:
     """A local directory read for a name that is also a known model's (./gpt2 for gpt2): said, with
     the config.json read, since the user may have meant the other."""
-    from autotune.models import KNOWN_ARCHITECTURES
+    from autotune.specs.models import KNOWN_ARCHITECTURES
 
     if spec.source == "local" and spec.reference.strip().rstrip("/") in KNOWN_ARCHITECTURES and spec.path:
         name = spec.reference.strip().rstrip("/")
@@ -143,8 +143,8 @@ def shadowing_note(spec: ModelSpec) -> str | None:
 def no_gpu_message(request: SearchRequest) -> str:
     """Why a search of --device auto is refused on a machine without CUDA, with what the CPU would
     take (predicted from the model's FLOPs and this CPU's measured speed) and the two ways on."""
-    from autotune.cpu_speed import cpu_cost, matmul_flops_per_s
-    from autotune.shapes import dims_from_config
+    from autotune.specs.cpu_speed import cpu_cost, matmul_flops_per_s
+    from autotune.specs.shapes import dims_from_config
 
     model = request.spec.reference
     cost = ""

@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from autotune.errors import BadInput
+from autotune.vocabulary.errors import BadInput
 from autotune.flags.arguments import check_cpu_ranks, make_settings, space_arguments
 from autotune.flags.flag import Part
 from autotune.flags.table import SEARCH
 from autotune.probe.settings import ProbeSettings
 from autotune.search.common import SearchOptions
-from autotune.units import parse_budget
+from autotune.vocabulary.units import parse_budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +69,6 @@ def check_search_ranks(
     if workers is None:
         check_cpu_ranks(space_args["gpus"], device, oversubscribe=oversubscribe)
     if space_args.get("num_labels") is not None:
-        from autotune.models import resolve_model
+        from autotune.specs.models import resolve_model
 
         resolve_model(model).check_shapes(budget, num_labels=space_args["num_labels"])

@@ -32,8 +32,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
-from autotune.config import ProbeConfig
-from autotune.result import ProbeResult
+from autotune.levers.config import ProbeConfig
+from autotune.results.probe_result import ProbeResult
 
 # Standard deviations of optimism: a candidate may still win while its speed, this far above the
 # model's central prediction, beats the best measured (one-sided: about 98% of outcomes below).
@@ -265,7 +265,7 @@ class SpeedModel:
         """The posterior given the measured configs (those with a throughput)."""
         import numpy as np
 
-        # The model's work per second (padding included: autotune.lengths), which the levers' factors describe.
+        # The model's work per second (padding included: autotune.levers.lengths), which the levers' factors describe.
         points = [
             (c, r, r.tokens_per_s * c.padded_per_real) for c, r in measured if r.tokens_per_s and r.tokens_per_s > 0
         ]

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from autotune import speed
-from autotune.config import ProbeConfig
+from autotune.levers import speed_levers
+from autotune.levers.config import ProbeConfig
 from autotune.search.common import SearchOptions
 from autotune.search.confirm import RELIABLE_NOISE
 from autotune.search.knowledge import Knowledge, MemorySkip, SpeedSkip
 from autotune.search.speed_model import FittedSpeed, SpeedGuess, SpeedModel
 from autotune.search.trials import Trials, params_of, tell
-from autotune.space import group_key, group_priority, micro_batch_family
-from autotune.status import ProbeStatus
+from autotune.search.space import group_key, group_priority, micro_batch_family
+from autotune.vocabulary.status import ProbeStatus
 
 # A candidate is probed only while it could beat the best measured by more than this share: less
 # than that is inside what one window of steps can tell apart (the confirmation round measures the
@@ -118,7 +118,7 @@ class PredictiveStrategy:
             key: Relations(
                 micro_batch_family(c),
                 relative(c, replace(c, checkpointing=False)),
-                relative(c, replace(c, allocator=speed.DEFAULT_ALLOCATOR)),
+                relative(c, replace(c, allocator=speed_levers.DEFAULT_ALLOCATOR)),
                 relative(c, plain_twin(c)),
             )
             for key, c in self.by_key.items()
@@ -274,7 +274,7 @@ class PredictiveStrategy:
                     (c, speed) for c, speed in measured.get(related.family, ()) if c.micro_batch > config.micro_batch
                 ]
                 if larger and self.model.departures.monotone_micro_batch:
-                    # (in the model's work per second: a larger micro-batch pads more, autotune.lengths)
+                    # (in the model's work per second: a larger micro-batch pads more, autotune.levers.lengths)
                     by, ceiling = min(
                         ((c, speed * c.padded_per_real / config.padded_per_real) for c, speed in larger),
                         key=lambda item: item[1],
@@ -322,7 +322,7 @@ class PredictiveStrategy:
 
 def plain_twin(config: ProbeConfig) -> ProbeConfig:
     """`config` without its speed levers: eager, the default allocator, no Liger."""
-    return replace(config, compile=False, allocator=speed.DEFAULT_ALLOCATOR, liger=False)
+    return replace(config, compile=False, allocator=speed_levers.DEFAULT_ALLOCATOR, liger=False)
 
 
 def uses_speed_lever(config: ProbeConfig) -> bool:

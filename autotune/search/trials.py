@@ -21,10 +21,10 @@ from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
-from autotune.config import ProbeConfig
-from autotune.result import ProbeResult
-from autotune.status import RETRYABLE, ProbeStatus
-from autotune.space import SearchSpace
+from autotune.levers.config import ProbeConfig
+from autotune.results.probe_result import ProbeResult
+from autotune.vocabulary.status import RETRYABLE, ProbeStatus
+from autotune.search.space import SearchSpace
 
 log = logging.getLogger("autotune")
 

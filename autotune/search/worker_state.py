@@ -11,16 +11,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 
-from autotune.budget import Budget
-from autotune.config import ProbeConfig
-from autotune.environment import Environment
-from autotune.result import ProbeResult
+from autotune.results.budget import Budget
+from autotune.levers.config import ProbeConfig
+from autotune.host.environment import Environment
+from autotune.results.probe_result import ProbeResult
 from autotune.search.common import Event, SearchOptions
 from autotune.search.knowledge import Knowledge
-from autotune.search.plan import StudyPlan
+from autotune.search.study_plan import StudyPlan
 from autotune.search.predictions import Predicting
 from autotune.search.request import SearchRequest
-from autotune.status import RETRYABLE, ClaimState, ProbeStatus, SettleHow, Settled, StudyStatus
+from autotune.vocabulary.status import RETRYABLE, ClaimState, ProbeStatus, SettleHow, Settled, StudyStatus
 from autotune.store import MAX_ATTEMPTS, Store, StudyRecord
 
 log = logging.getLogger("autotune")
@@ -72,7 +72,7 @@ class Heartbeat:
     def _run(self) -> None:
         from sqlalchemy.exc import InterfaceError, OperationalError
 
-        from autotune.errors import DatabaseError
+        from autotune.vocabulary.errors import DatabaseError
         from autotune.store.failures import fails_for_good, is_transient
 
         while not self._stop.wait(self.interval):

@@ -17,10 +17,10 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import SQLAlchemyError
 
-from autotune.errors import AutotuneError, Conflict, DatabaseError, StudyNotFound
+from autotune.vocabulary.errors import AutotuneError, Conflict, DatabaseError, StudyNotFound
 from autotune.service.commands import RequestRefused
 from autotune.service.submissions import ServicePolicy
-from autotune.version import __version__
+from autotune.vocabulary.version import __version__
 
 log = logging.getLogger("autotune.service")
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from autotune.errors import quoted
+from autotune.vocabulary.errors import quoted
 from autotune.flags.flag import Flag, parse, reading_command, usage_message
 from autotune.flags.table import REQUESTS
 

@@ -11,7 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from autotune.errors import BadInput
+from autotune.vocabulary.errors import BadInput
 from autotune.launchers.base import Launcher, WorkerSpec, worker_kind
 from autotune.service.submissions import ServicePolicy
 
@@ -143,7 +143,7 @@ def _check_port_free(host: str, port: int) -> None:
 
 
 def _start_local_worker(db_url: str, device: str) -> subprocess.Popen:
-    from autotune.processes import kill_me_with_parent
+    from autotune.host.processes import kill_me_with_parent
 
     return subprocess.Popen(
         [sys.executable, "-m", "autotune", "worker", "--queue", "--db", db_url, "--device", device],

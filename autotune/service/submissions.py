@@ -108,7 +108,7 @@ def submission_of(body: object, policy: ServicePolicy) -> Submission:
     flags (RequestRefused with the command line's line otherwise). Writes nothing, starts nothing."""
     import click
 
-    from autotune.errors import AutotuneError
+    from autotune.vocabulary.errors import AutotuneError
     from autotune.search.request import resolve_search
     from autotune.search.request_flags import read_search_flags
 

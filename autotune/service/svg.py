@@ -15,7 +15,7 @@ PAD_L, PAD_R, PAD_T, PAD_B = 76, 24, 16, 48
 def speed_memory_svg(board: list[dict[str, Any]], budget_bytes: int | None, margin: int | None) -> str:
     """An inline SVG, drawn here: one point per measured config that fits, a line at the budget
     and one at what it allows (the budget less the margin)."""
-    from autotune.budget import Budget, required_bytes
+    from autotune.results.budget import Budget, required_bytes
 
     points = [
         (need, float(row["tokens_per_s"]), row)
@@ -109,7 +109,7 @@ def _tick_text(value: float) -> str:
 
 
 def size_text(value: int | float | None) -> str:
-    from autotune.units import format_size
+    from autotune.vocabulary.units import format_size
 
     return format_size(value)
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
 
-from autotune.budget import Budget, required_bytes
-from autotune.errors import StudyNotFound
-from autotune.report import explain_winner, format_event
+from autotune.results.budget import Budget, required_bytes
+from autotune.vocabulary.errors import StudyNotFound
+from autotune.render.tables import explain_winner, format_event
 from autotune.search.common import Event
-from autotune.status import ProbeStatus, SearchState, Settled, StudyStatus
+from autotune.vocabulary.status import ProbeStatus, SearchState, Settled, StudyStatus
 from autotune.store import LeaderboardRow, ProbeRecord, SearchRecord, Store, StudyRecord
 
 # The hand-off snippets the search page shows: each the text /v1/searches/NAME/best?format=FMT answers with.
@@ -231,7 +231,7 @@ def event_view(probe: ProbeRecord, settled: int, total: int, best: bool) -> dict
         "peak_reserved_bytes": r.peak_reserved_bytes,
         "peak_allocated_bytes": r.peak_allocated_bytes,
         "context_bytes": r.context_bytes,
-        "need_bytes": r.required_bytes,  # autotune.budget's rule: the need a page shows, never worked out in live.js
+        "need_bytes": r.required_bytes,  # autotune.results.budget's rule: the need a page shows, never worked out in live.js
         "worker": probe.worker,
         "best": best,
         "error": r.error,
@@ -261,7 +261,7 @@ def search_page_view(store: Store, name: str) -> dict[str, Any]:
 
 
 def leaderboard_rows(board: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The leaderboard's rows with what each needs (autotune.budget's rule: peak reserved + context),
+    """The leaderboard's rows with what each needs (autotune.results.budget's rule: peak reserved + context),
     what its budget allows (less the margin) and the need's share of that, None where unknown."""
     rows = []
     for row in board:

@@ -14,7 +14,7 @@ from sqlalchemy import Engine, select
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
-from autotune.errors import DatabaseError, StudyNotFound
+from autotune.vocabulary.errors import DatabaseError, StudyNotFound
 from autotune.store.damage import find_damaged_json
 from autotune.store.engine import busy_timeout_s, display_url, sqlite_path, writer
 from autotune.store.failures import describe_failure, is_database_failure, is_transient

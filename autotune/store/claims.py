@@ -11,9 +11,9 @@ from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from autotune.config import ProbeConfig
-from autotune.result import ProbeResult
-from autotune.status import ClaimState, ProbeStatus, SettleHow
+from autotune.levers.config import ProbeConfig
+from autotune.results.probe_result import ProbeResult
+from autotune.vocabulary.status import ClaimState, ProbeStatus, SettleHow
 from autotune.store.base import StoreBase
 from autotune.store.liveness import worker_gone
 from autotune.store.records import ClaimRecord

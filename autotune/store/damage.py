@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from sqlalchemy import JSON, Connection, Text, inspect, literal_column, select, text
 from sqlalchemy.orm import Session
 
-from autotune.errors import DatabaseError
+from autotune.vocabulary.errors import DatabaseError
 from autotune.store.schema import Base, Study
 
 __all__ = ["DamagedValue", "check_tables", "find_damaged_json"]

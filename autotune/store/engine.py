@@ -22,8 +22,8 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-from autotune.errors import DatabaseError
-from autotune.paths import data_dir
+from autotune.vocabulary.errors import DatabaseError
+from autotune.host.paths import data_dir
 
 DB_FILENAME = "autotune.db"
 # Writers wait this long for another process's write transaction before giving up. Probes take

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 from sqlalchemy.engine import URL
 
-from autotune.errors import DatabaseError
+from autotune.vocabulary.errors import DatabaseError
 from autotune.store.engine import PG_STATEMENT_TIMEOUT_S, connect_timeout_s, display_url
 
 log = logging.getLogger("autotune")

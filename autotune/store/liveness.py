@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from autotune.processes import owner_gone
+from autotune.host.processes import owner_gone
 from autotune.store.schema import utcnow
 
 # A heartbeat older than this says the owner is gone, wherever it ran: several missed beats of the

@@ -22,7 +22,7 @@ from sqlalchemy import Column, Connection, Engine, MetaData, PrimaryKeyConstrain
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 
-from autotune.errors import DatabaseError
+from autotune.vocabulary.errors import DatabaseError
 from autotune.store.damage import check_tables
 from autotune.store.engine import (
     busy_timeout_s,

@@ -17,7 +17,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from autotune.config import ProbeConfig
+from autotune.levers.config import ProbeConfig
 from autotune.store.rows import CONFIG_FIELDS
 from autotune.store.schema import Claim, Probe, Study
 

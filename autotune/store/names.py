@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 
-from autotune.errors import BadInput
+from autotune.vocabulary.errors import BadInput
 
 STUDY_NAME_MAX = 200  # also the length of autotune_studies.name
 _ALLOWED = re.compile(r"[A-Za-z0-9._:@+-]+")

@@ -16,9 +16,9 @@ from typing import Any
 
 from sqlalchemy import func, select, update
 
-from autotune.errors import Conflict, StudyNotFound
-from autotune.processes import owner_gone
-from autotune.status import SEARCH_ENDED, SearchState
+from autotune.vocabulary.errors import Conflict, StudyNotFound
+from autotune.host.processes import owner_gone
+from autotune.vocabulary.status import SEARCH_ENDED, SearchState
 from autotune.store.base import StoreBase
 from autotune.store.claims import _db_now
 from autotune.store.names import check_study_name

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from autotune.config import ProbeConfig
-from autotune.result import ProbeResult
+from autotune.levers.config import ProbeConfig
+from autotune.results.probe_result import ProbeResult
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -74,7 +74,7 @@ class StudySummary:
     probes_ok: int
     probes_oom: int
     probes_skipped: int
-    best_tokens_per_s: float | None  # of its best config that fits (autotune.ranking), the leaderboard's first
+    best_tokens_per_s: float | None  # of its best config that fits (autotune.results.ranking), the leaderboard's first
     workers: int = 0  # distinct workers that recorded probes
     best_label: str | None = None  # that config
 
@@ -155,7 +155,7 @@ class LeaderboardRow:
     budget_bytes: int
     margin_bytes: int
     worker: str | None = None
-    step_spread: float | None = None  # the timed window's relative spread (autotune.timing)
+    step_spread: float | None = None  # the timed window's relative spread (autotune.results.timing)
     compile_seconds: float | None = None  # --compile: torch.compile's one-off cost, apart from the timing
     host_load: float | None = None  # the host's load average per core as the probe ended
     phase_peaks: dict[str, dict[str, int]] | None = None  # each phase's peaks, where the run evaluates (ProbeResult)

@@ -10,9 +10,9 @@ from typing import Any
 from sqlalchemy import update
 from sqlalchemy.orm import Session
 
-from autotune.config import ProbeConfig
-from autotune.result import ProbeResult
-from autotune.status import CACHEABLE, RunStatus, StudyStatus
+from autotune.levers.config import ProbeConfig
+from autotune.results.probe_result import ProbeResult
+from autotune.vocabulary.status import CACHEABLE, RunStatus, StudyStatus
 from autotune.store.liveness import effective_status
 from autotune.store.records import ProbeRecord, RunRecord, StudyRecord
 from autotune.store.schema import Probe, Run, Study, utcnow

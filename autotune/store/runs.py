@@ -8,9 +8,9 @@ from typing import Any
 
 from sqlalchemy import select, update
 
-from autotune.config import ProbeConfig
-from autotune.processes import owner_label
-from autotune.status import RunStatus
+from autotune.levers.config import ProbeConfig
+from autotune.host.processes import owner_label
+from autotune.vocabulary.status import RunStatus
 from autotune.store.base import StoreBase
 from autotune.store.records import RunRecord
 from autotune.store.rows import run_record

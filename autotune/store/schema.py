@@ -163,7 +163,7 @@ class Probe(Base):
     peft: Mapped[str | None] = mapped_column(String(255))
     # Whose step the probe timed (0011_trainer); rows before it timed transformers' Trainer's.
     trainer: Mapped[str] = mapped_column(String(16), server_default="transformers")
-    # The data's example lengths the timed batches were drawn from (0012_lengths; autotune.lengths).
+    # The data's example lengths the timed batches were drawn from (0012_lengths; autotune.levers.lengths).
     lengths: Mapped[str | None] = mapped_column(Text)
     sampling: Mapped[str] = mapped_column(String(20), server_default="random")  # (0013_sampling: the run's sampler)
     padding_free: Mapped[bool] = mapped_column(server_default=false())  # (0014_padding_free: rows end to end)
@@ -299,7 +299,7 @@ class Search(Base):
     gpus: Mapped[int]  # ranks of each probe
     card: Mapped[str | None]  # a card's name the worker's device must carry
     candidates: Mapped[int]
-    # queued | running | finished | interrupted | failed | cancelled (autotune.status.SearchState)
+    # queued | running | finished | interrupted | failed | cancelled (autotune.vocabulary.status.SearchState)
     state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str | None] = mapped_column(Text)
     cancel_requested: Mapped[bool] = mapped_column(server_default=false())

@@ -13,16 +13,16 @@ from typing import Any, Protocol
 
 from sqlalchemy import case, func, select, update
 
-from autotune.config import ProbeConfig
-from autotune.environment import Environment
-from autotune.errors import BadInput, DatabaseError, StudyNotFound
-from autotune.result import ProbeResult
-from autotune.budget import required_bytes
-from autotune.ranking import Standing, ranked
-from autotune.status import CACHEABLE, ProbeStatus, StudyStatus
+from autotune.levers.config import ProbeConfig
+from autotune.host.environment import Environment
+from autotune.vocabulary.errors import BadInput, DatabaseError, StudyNotFound
+from autotune.results.probe_result import ProbeResult
+from autotune.results.budget import required_bytes
+from autotune.results.ranking import Standing, ranked
+from autotune.vocabulary.status import CACHEABLE, ProbeStatus, StudyStatus
 import autotune.store.migrate as migrate
 from autotune.store.claims import ClaimsMixin
-from autotune.processes import owner_label
+from autotune.host.processes import owner_label
 from autotune.store.engine import display_url, make_engine, resolve_url, sqlite_path
 from autotune.store.liveness import effective_status
 from autotune.store.moved import move_study
@@ -33,11 +33,11 @@ from autotune.store.queue import QueueMixin
 from autotune.store.runs import RunsMixin
 from autotune.store.tokens import TokensMixin
 from autotune.store.schema import Probe, Study, utcnow
-from autotune.units import INT64_MAX
+from autotune.vocabulary.units import INT64_MAX
 
 
 class ModelLike(Protocol):
-    """What a study needs of a model: autotune.models.ModelSpec fits."""
+    """What a study needs of a model: autotune.specs.models.ModelSpec fits."""
 
     @property
     def reference(self) -> str: ...
@@ -328,7 +328,7 @@ class Store(ClaimsMixin, RunsMixin, QueueMixin, TokensMixin):
     ) -> ProbeResult | None:
         """The latest reusable result for this config key on this environment, for the same model
         architecture, from any study; None when there is none. Timeouts, crashes and errors are
-        never reused (see autotune.status.CACHEABLE). A result under another budget is reused where
+        never reused (see autotune.vocabulary.status.CACHEABLE). A result under another budget is reused where
         it decides this one too: a fit whose need is within what this budget allows (it never came
         near the other cap, so it ran as it would under this one), an OOM under a cap no smaller than
         this one's, either with this budget's figures; a kernel this machine lacks or a loss that is
@@ -374,7 +374,7 @@ class Store(ClaimsMixin, RunsMixin, QueueMixin, TokensMixin):
             return [probe_record(probe) for probe in rows]
 
     def leaderboard(self, study_name: str | None = None, top: int | None = None) -> list[LeaderboardRow]:
-        """The configurations of a study that fit (status ok), best first as autotune.ranking ranks
+        """The configurations of a study that fit (status ok), best first as autotune.results.ranking ranks
         them. A config probed more than once counts once, with its latest measurement.
         `study_name` None means the most recent study; StudyNotFound if none."""
         if top is not None and not 1 <= top <= INT64_MAX:
@@ -474,7 +474,7 @@ def _check_not_running_elsewhere(study: Study, model: ModelLike) -> None:
 def _check_same_study(
     study: Study, model: ModelLike, budget_bytes: int, margin_bytes: int, effective_batch: int
 ) -> None:
-    from autotune.units import format_size
+    from autotune.vocabulary.units import format_size
 
     differences = []
     if study.model_fingerprint != model.fingerprint:

@@ -11,7 +11,7 @@ import secrets
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from autotune.errors import BadInput, Conflict
+from autotune.vocabulary.errors import BadInput, Conflict
 from autotune.store.base import StoreBase
 from autotune.store.records import TokenRecord
 from autotune.store.schema import Token, utcnow

@@ -20,7 +20,7 @@ evaluation, and the steps between run without it (it slows a step by about 40%),
 timed window does. The run is stored beside the probe that chose it, with its peaks and
 throughput, and its `RunSummary` is written to autotune-run.json.
 
-With an --eval-split the run evaluates as its probe measured (autotune.evaluation: the eval batch,
+With an --eval-split the run evaluates as its probe measured (autotune.levers.evaluation: the eval batch,
 loss only or logits kept for eval_accumulation_steps, Seq2SeqTrainer's generation), every
 --save-steps and at its end, under the same cap; the evaluation flags go into the search that runs
 first, and a settled study's evaluation decides (a flag may repeat it, not contradict it). Each
@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from autotune.train.fine_tune import train
 from autotune.data.tokenizer import load_tokenizer
-from autotune.models import WEIGHT_FILES
+from autotune.specs.models import WEIGHT_FILES
 from autotune.train.loading import build_model, weights_location
 from autotune.train.options import TrainOptions, TrainOutcome
 from autotune.train.run import DEFAULT_OUTPUT_ROOT, checkpoints, default_output_dir

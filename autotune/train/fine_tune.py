@@ -15,11 +15,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import BadInput
-from autotune.recipes import is_qlora
-from autotune.sharding import count_problems
-from autotune.status import StudyStatus
-from autotune.tasks import PADDED_TASKS, Task
+from autotune.vocabulary.errors import BadInput
+from autotune.levers.recipes import is_qlora
+from autotune.levers.sharding import count_problems
+from autotune.vocabulary.status import StudyStatus
+from autotune.levers.tasks import PADDED_TASKS, Task
 from autotune.data.tokenizer import check_vocabulary, load_tokenizer
 from autotune.train.loading import check_weights, weights_location
 from autotune.train.options import TrainOptions, TrainOutcome
@@ -43,7 +43,7 @@ from autotune.train.winner import (
     study_model,
     study_winner,
 )
-from autotune.units import format_size
+from autotune.vocabulary.units import format_size
 
 # Below this free on --output-dir's disk a run is refused before it is recorded: its checkpoints and
 # summary would not fit (a full disk found at the first save costs the steps before it).
@@ -53,9 +53,9 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase, TrainingArguments
 
-    from autotune.budget import Budget
+    from autotune.results.budget import Budget
     from autotune.data import Blocks
-    from autotune.models import ModelSpec
+    from autotune.specs.models import ModelSpec
     from autotune.data.task_data import Examples, TaskData
 
 
@@ -80,8 +80,8 @@ def train(
     study for them, search first) and record the run beside the probe that chose it.
 
     `gpu_budget` with a study overrides its budget for the proof. `task`, `target_length` and
-    `num_labels` are the search's task fields (autotune.tasks), `peft` its LoRA adapters (the
-    --peft flags' text, autotune.recipes.peft_text); with a study, they may only repeat what it
+    `num_labels` are the search's task fields (autotune.levers.tasks), `peft` its LoRA adapters (the
+    --peft flags' text, autotune.levers.recipes.peft_text); with a study, they may only repeat what it
     measured. `evaluation` is how the run evaluates (the evaluation flags, as
     autotune.cli.options.evaluation_asked gives them): the search measures it, a study's must be it,
     and a run with an --eval-split evaluates so, under the same cap. Raises AutotuneError for
@@ -187,7 +187,7 @@ def _plan_run(
     """What to train and where, checked before anything slow runs, so that a mistake costs nothing.
     `gpus`: the ranks asked for (--gpus): a study's winner must have been probed on as many, and a
     search runs on as many."""
-    from autotune.models import resolve_model
+    from autotune.specs.models import resolve_model
 
     _check_request(study, model, gpu_budget)
     if gpus is not None and (problems := count_problems(gpus)):
@@ -338,7 +338,7 @@ def _find_winner(
         assert plan.gpu_budget is not None  # a search is only planned for a model and a budget
         search_fixed_recipe = dict(plan.search_fixed_recipe)
         # A new study's classifier is measured with the data's labels, and a padded task's probes
-        # with the data's longest example (autotune.tasks.DataShape): the longest batch the run forms.
+        # with the data's longest example (autotune.levers.tasks.DataShape): the longest batch the run forms.
         if plan.task == Task.CLASSIFICATION and data.labels is not None:
             search_fixed_recipe.setdefault("num_labels", data.labels.count)
         if plan.task in PADDED_TASKS:
@@ -373,7 +373,7 @@ def adopt_study_openmp(stored: Any) -> str:
     loaded already, its thread count. The settings, as one line ("" where the study recorded none)."""
     import sys
 
-    from autotune.environment import adopt_openmp, openmp_of, openmp_text
+    from autotune.host.environment import adopt_openmp, openmp_of, openmp_text
 
     if stored is None:
         return ""
@@ -398,7 +398,7 @@ def _prepare_run(
     if said_openmp:
         echo(f"OpenMP: {said_openmp} (as the study's probes ran)")
     # torch comes with autotune.probe: imported only now, so that the checks of step 1 answer at once.
-    from autotune.budget import Budget
+    from autotune.results.budget import Budget
     from autotune.probe.cap import cap_memory
     from autotune.probe.devices import resolve_training_device
     from autotune.probe.speedups import use_allocator
@@ -470,7 +470,7 @@ def _evaluation_warnings(winner: Winner, blocks: Blocks | Examples) -> list[str]
     """Where the run's evaluation is not what its probe measured: evaluation data for a winner whose
     probe ran none (the run evaluates as train always did, unmeasured), or a winner measured
     evaluating with no data to evaluate on (the run only trains)."""
-    from autotune.evaluation import evaluates, label
+    from autotune.levers.evaluation import evaluates, label
 
     config, record = winner.row.config, winner.study
     if blocks.eval is not None and not evaluates(config):
@@ -490,7 +490,7 @@ def _evaluation_warnings(winner: Winner, blocks: Blocks | Examples) -> list[str]
 def _other_budget(winner: Winner, budget: Budget) -> list[str]:
     """--gpu-budget with --study trains under another budget than the study measured (to see the
     winner on a smaller card, say): legal, but never silent, and plain when it cannot fit."""
-    from autotune.budget import required_bytes
+    from autotune.results.budget import required_bytes
 
     row, record = winner.row, winner.study
     if budget.total_bytes == record.budget_bytes:

@@ -8,14 +8,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autotune.data.tokenizer import hub_usable
-from autotune.models import WEIGHT_FILES
+from autotune.specs.models import WEIGHT_FILES
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel
 
-    from autotune.config import ProbeConfig
-    from autotune.models import ModelSpec
+    from autotune.levers.config import ProbeConfig
+    from autotune.specs.models import ModelSpec
     from autotune.data.task_data import Labels
 
 
@@ -49,8 +49,8 @@ def build_model(
     from transformers import AutoConfig, BitsAndBytesConfig
 
     from autotune.probe.step import auto_class, from_config, task_config, weights_dtype, with_adapters
-    from autotune.recipes import bnb_4bit_kwargs, is_qlora
-    from autotune.tasks import Task
+    from autotune.levers.recipes import bnb_4bit_kwargs, is_qlora
+    from autotune.levers.tasks import Task
 
     if weights is not None:
         hf_config = AutoConfig.from_pretrained(weights, trust_remote_code=trust_remote_code)
@@ -120,7 +120,7 @@ def check_weights(spec: ModelSpec, random_init: bool = False) -> None:
     import struct
     from pathlib import Path
 
-    from autotune.errors import BadInput
+    from autotune.vocabulary.errors import BadInput
 
     location = weights_location(spec, random_init)
     if location is None or not Path(location).is_dir():

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from transformers import Seq2SeqTrainer, Trainer, TrainerCallback
 
-from autotune.defaults import WARMUP_STEPS
-from autotune.evaluation import EVAL, TRAIN
+from autotune.vocabulary.defaults import WARMUP_STEPS
+from autotune.levers.evaluation import EVAL, TRAIN
 
 if TYPE_CHECKING:
     from autotune.probe.cap import MemoryCap

@@ -6,9 +6,9 @@ import math
 from dataclasses import dataclass, field
 
 from autotune.data.options import DataOptions
-from autotune.errors import BadInput
-from autotune.status import RunEnd
-from autotune.units import INT64_MAX
+from autotune.vocabulary.errors import BadInput
+from autotune.vocabulary.status import RunEnd
+from autotune.vocabulary.units import INT64_MAX
 from autotune.train.summary import RunSummary
 
 

@@ -17,7 +17,7 @@ def main() -> None:
     import pickle
     from dataclasses import replace
 
-    from autotune.errors import AutotuneError
+    from autotune.vocabulary.errors import AutotuneError
     from autotune.train.fine_tune import run_rank
     from autotune.train.ranks import JOB_FILE, RankRecorder
 

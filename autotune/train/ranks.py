@@ -21,11 +21,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from autotune.errors import AutotuneError, BadInput
+from autotune.vocabulary.errors import AutotuneError, BadInput
 from autotune.probe.rank_main import write_whole
 from autotune.probe.torchrun import RankLaunch
-from autotune.sharding import is_fsdp
-from autotune.status import RunEnd
+from autotune.levers.sharding import is_fsdp
+from autotune.vocabulary.status import RunEnd
 from autotune.train.options import TrainOptions, TrainOutcome
 from autotune.train.run import StoreRecorder
 from autotune.train.summary import RunSummary

@@ -18,25 +18,25 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from autotune.defaults import ERROR_TAIL_CHARS, WARMUP_STEPS
-from autotune.errors import BadInput
-from autotune.evaluation import EVAL, GENERATE, KEPT, evaluates, generates
+from autotune.vocabulary.defaults import ERROR_TAIL_CHARS, WARMUP_STEPS
+from autotune.vocabulary.errors import BadInput
+from autotune.levers.evaluation import EVAL, GENERATE, KEPT, evaluates, generates
 from autotune.handoff.later_phases import generate_with_cache
 from autotune.handoff.loss_scaling import fix_loss_scaling
-from autotune.recipes import OPTIMIZERS
-from autotune.status import ProbeStatus, RunEnd
+from autotune.levers.recipes import OPTIMIZERS
+from autotune.vocabulary.status import ProbeStatus, RunEnd
 from autotune.train.options import TrainOptions, TrainOutcome
 from autotune.train.summary import ProbeMeasurement, RunSummary
 from autotune.train.winner import Winner
-from autotune.units import format_size
+from autotune.vocabulary.units import format_size
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase, Trainer, TrainingArguments
 
-    from autotune.config import ProbeConfig
+    from autotune.levers.config import ProbeConfig
     from autotune.data import Blocks
-    from autotune.models import ModelSpec
+    from autotune.specs.models import ModelSpec
     from autotune.probe.cap import MemoryCap
     from autotune.store import Store
     from autotune.train.meter import RunMeter
@@ -456,7 +456,7 @@ def beating(store: Store, run_id: int) -> Iterator[None]:
     lost machine) stops beating and reads as interrupted (autotune/store/liveness.py)."""
     from sqlalchemy.exc import InterfaceError, OperationalError
 
-    from autotune.errors import DatabaseError
+    from autotune.vocabulary.errors import DatabaseError
     from autotune.store.liveness import RUN_HEARTBEAT_SECONDS
 
     stop = threading.Event()

@@ -1,6 +1,6 @@
 """What a training run did, as one typed record: `RunSummary`. Its `to_dict()` is the contract
 (autotune-run.json, `autotune train --json`, the store's run summary), so its keys do not change.
-No torch here: the summary is built in `autotune.train.run` and rendered by `autotune.report`."""
+No torch here: the summary is built in `autotune.train.run` and rendered by `autotune.render.tables`."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from autotune.budget import Budget, required_bytes
-from autotune.config import ProbeConfig
-from autotune.evaluation import PHASES
-from autotune.status import RunEnd
-from autotune.tasks import Task
-from autotune.units import format_size
+from autotune.results.budget import Budget, required_bytes
+from autotune.levers.config import ProbeConfig
+from autotune.levers.evaluation import PHASES
+from autotune.vocabulary.status import RunEnd
+from autotune.levers.tasks import Task
+from autotune.vocabulary.units import format_size
 
 if TYPE_CHECKING:
     from autotune.store import LeaderboardRow
@@ -72,7 +72,7 @@ class ProbeMeasurement:
 
 @dataclass(frozen=True, slots=True)
 class PhasePeak:
-    """One phase of a run (autotune.evaluation.PHASES) against the same phase of its probe: peak
+    """One phase of a run (autotune.levers.evaluation.PHASES) against the same phase of its probe: peak
     reserved bytes each (None where that side did not run it, or measured nothing)."""
 
     phase: str

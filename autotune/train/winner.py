@@ -8,16 +8,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from autotune.errors import BadInput, BudgetError, ModelNotFound, StudyNotFound
-from autotune.evaluation import AUTO, EVAL_RECIPE, LOSS_ONLY, eval_problems, recipe_fields
-from autotune.recipes import DEFAULT_TRAINER, trainer_caveat
-from autotune.status import StopReason, StudyStatus
-from autotune.tasks import Task, resolve_task, stored_fixed_recipe
-from autotune.units import format_size
+from autotune.vocabulary.errors import BadInput, BudgetError, ModelNotFound, StudyNotFound
+from autotune.levers.evaluation import AUTO, EVAL_RECIPE, LOSS_ONLY, eval_problems, recipe_fields
+from autotune.levers.recipes import DEFAULT_TRAINER, trainer_caveat
+from autotune.vocabulary.status import StopReason, StudyStatus
+from autotune.levers.tasks import Task, resolve_task, stored_fixed_recipe
+from autotune.vocabulary.units import format_size
 
 if TYPE_CHECKING:
-    from autotune.config import ProbeConfig
-    from autotune.models import ModelSpec
+    from autotune.levers.config import ProbeConfig
+    from autotune.specs.models import ModelSpec
     from autotune.store import LeaderboardRow, Store, StudyRecord
 
 
@@ -44,14 +44,14 @@ def study_winner(store: Store, name: str | None) -> Winner:
 
 @dataclass(frozen=True, slots=True)
 class FixedRecipe:
-    """What a study trains (autotune.tasks) and how its run evaluates (autotune.evaluation): fixed for
+    """What a study trains (autotune.levers.tasks) and how its run evaluates (autotune.levers.evaluation): fixed for
     the study, so a flag may not contradict it."""
 
     task: str
     target_length: int | None = None
     num_labels: int | None = None
     peft: str | None = None
-    # autotune.evaluation.EVAL_RECIPE's fields, as the study's probes measured them.
+    # autotune.levers.evaluation.EVAL_RECIPE's fields, as the study's probes measured them.
     evaluation: dict[str, Any] = field(default_factory=lambda: dict(EVAL_RECIPE))
     trainer: str = DEFAULT_TRAINER  # whose step the probes timed: `train` runs transformers' Trainer
 
@@ -97,7 +97,7 @@ class FixedRecipe:
         evaluation: dict[str, Any] | None = None,
     ) -> None:
         """BadInput for a flag that contradicts what study `study` measured. `peft` is the --peft
-        flags' stored text (autotune.recipes.peft_text): the adapters are part of what is trained.
+        flags' stored text (autotune.levers.recipes.peft_text): the adapters are part of what is trained.
         `evaluation`: the evaluation flags as given (cli.options.evaluation_asked); those left out
         take the study's. `train` runs transformers' Trainer: a study that timed another trainer's
         step measured neither its memory nor its speed."""
@@ -165,7 +165,7 @@ class FixedRecipe:
             )
 
 
-# FixedRecipe's fields of what is trained (the rest of autotune.tasks.FIXED_RECIPE is the evaluation's).
+# FixedRecipe's fields of what is trained (the rest of autotune.levers.tasks.FIXED_RECIPE is the evaluation's).
 _TASK_FIELDS = ("task", "target_length", "num_labels", "peft")
 # The evaluation flags (cli.options.evaluation_asked's keys), as the command line spells them.
 _EVAL_FLAGS = {
@@ -249,7 +249,7 @@ def settled_winner(store: Store, name: str, spec: ModelSpec, budget: int) -> Win
 def study_model(winner: Winner, model: str | None) -> ModelSpec:
     """The model the study measured: `model` when given (it must be the same architecture), else
     the study's own reference."""
-    from autotune.models import resolve_model
+    from autotune.specs.models import resolve_model
 
     study = winner.study
     if model is None:

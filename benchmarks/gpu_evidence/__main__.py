@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from autotune.environment import cpu_name
+from autotune.host.environment import cpu_name
 from benchmarks.gpu_evidence.common import EVIDENCE_FILE, EXIT_USAGE, LOG_FILE, UsageError, utc_now
 from benchmarks.gpu_evidence.document import cuda_device, load_document, new_document
 from benchmarks.gpu_evidence.invocation import Run

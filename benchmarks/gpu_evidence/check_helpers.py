@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from autotune.speed import ALLOC_CONF_VARS
+from autotune.levers.speed_levers import ALLOC_CONF_VARS
 from benchmarks.gpu_evidence.common import GiB, MiB, last_line, one_line
 
 
@@ -86,7 +86,7 @@ def gpt2_training_step(device: Any, block: int = 128) -> Callable[[str], float]:
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from autotune.models import KNOWN_ARCHITECTURES
+    from autotune.specs.models import KNOWN_ARCHITECTURES
 
     fields = {k: v for k, v in KNOWN_ARCHITECTURES["gpt2"].items() if k not in ("model_type", "architectures")}
     model = GPT2LMHeadModel(GPT2Config(**fields)).to(device)
@@ -271,7 +271,7 @@ def helper_handoff_compile(model_dir: str, output_dir: str, drop_tf32: bool) -> 
     import transformers
     from transformers import AutoConfig, Trainer, TrainingArguments
 
-    from autotune.config import ProbeConfig
+    from autotune.levers.config import ProbeConfig
     from autotune.handoff import BestConfig
     from autotune.store import LeaderboardRow
 

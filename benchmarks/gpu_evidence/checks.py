@@ -14,7 +14,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 
-from autotune.speed import ALLOC_CONF_VARS, allocator_environment
+from autotune.levers.speed_levers import ALLOC_CONF_VARS, allocator_environment
 from benchmarks.gpu_evidence.common import REPO, Failed, Pending, SectionEnd, Skip, is_done, one_line, utc_now
 from benchmarks.gpu_evidence.invocation import Run
 

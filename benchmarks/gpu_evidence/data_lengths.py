@@ -108,7 +108,7 @@ def section_data_lengths(run: Run) -> dict:
 
 
 def gpu_card_name(run: Run) -> str:
-    from autotune.cards import card_for_device
+    from autotune.specs.cards import card_for_device
 
     card = card_for_device(str(run.doc.get("device") or ""))
     if card is None:

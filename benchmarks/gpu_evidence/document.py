@@ -17,8 +17,8 @@ import tarfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from autotune.environment import package_version
-from autotune.version import __version__
+from autotune.host.environment import package_version
+from autotune.vocabulary.version import __version__
 from benchmarks.gpu_evidence.common import (
     EVIDENCE_FILE,
     REPO,

@@ -30,7 +30,7 @@ class StudyToProbe:
     @classmethod
     def read(cls, db: str, study: str) -> "StudyToProbe":
         from autotune.probe.settings import ProbeSettings
-        from autotune.search.plan import StudyPlan
+        from autotune.search.study_plan import StudyPlan
         from autotune.store import open_store
 
         with open_store(db, read_only=True) as store:
@@ -51,7 +51,7 @@ class StudyToProbe:
         )
 
     def spec(self) -> Any:
-        from autotune.models import resolve_model
+        from autotune.specs.models import resolve_model
 
         return resolve_model(next(iter(self.configs.values())).model)
 
@@ -60,7 +60,7 @@ def helper_truth_candidates(db: str, study: str) -> dict:
     """Every config of the study's space that its memory predictions do not rule out (the search's
     own rule: a predicted floor over the budget by more than the prediction margin), with the
     search's outcome for each."""
-    from autotune.search.plan import StudyPlan
+    from autotune.search.study_plan import StudyPlan
 
     target = StudyToProbe.read(db, study)
     record, configs, outcomes = target.record, list(target.configs.values()), target.outcomes

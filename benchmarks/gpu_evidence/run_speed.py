@@ -167,7 +167,7 @@ def helper_trainer_handoff(db: str, study: str, data_dir: str, output_dir: str, 
     import transformers
     from transformers import AutoTokenizer, Trainer, default_data_collator
 
-    from autotune.models import resolve_model
+    from autotune.specs.models import resolve_model
 
     spec = resolve_model(best.config.model)
     config = transformers.AutoConfig.for_model(

@@ -9,7 +9,7 @@ import json
 import shutil
 from typing import Any
 
-from autotune.environment import package_version
+from autotune.host.environment import package_version
 from benchmarks.gpu_evidence.common import last_line, one_line
 from benchmarks.gpu_evidence.invocation import Run
 

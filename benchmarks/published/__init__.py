@@ -36,8 +36,8 @@ from datetime import date
 from pathlib import Path
 
 from autotune.estimate.stated_error import ALL, KINDS, METHODS
-from autotune.tasks import TASKS
-from autotune.units import format_size, parse_size
+from autotune.levers.tasks import TASKS
+from autotune.vocabulary.units import format_size, parse_size
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE.parent / "results"
@@ -169,7 +169,7 @@ def load_rows(folder: Path = HERE) -> list[Row]:
 
 def _optimizer(row: Row) -> tuple[str, bool, str]:
     """autotune's optimizer for the row's, whether its state is to be subtracted, and a note."""
-    from autotune import recipes
+    from autotune.levers import recipes
 
     if row.optimizer in STAND_INS:
         return STAND_INS[row.optimizer]
@@ -183,8 +183,8 @@ def _optimizer(row: Row) -> tuple[str, bool, str]:
 
 def probe_config(row: Row):
     """The ProbeConfig that predicts the row's run, and notes on what stands in for what."""
-    from autotune.config import ProbeConfig
-    from autotune.recipes import peft_text
+    from autotune.levers.config import ProbeConfig
+    from autotune.levers.recipes import peft_text
 
     optimizer, _, note = _optimizer(row)
     peft = (

@@ -3,8 +3,8 @@
 Each row of speed.toml (beside this module; benchmarks/published/README.md, "The speed table") is one
 training throughput someone measured on a real card and published, with the configuration it was
 measured with. This prices every row exactly as `autotune plan` prices a candidate, with
-`autotune.planner.speed.predict_speed(config, dims, card)` (dims from the model's config.json under
-models/, the card from autotune.cards), and compares:
+`autotune.planner.card_speed.predict_speed(config, dims, card)` (dims from the model's config.json under
+models/, the card from autotune.specs.cards), and compares:
 
 - per row, predicted / measured tokens/s;
 - per lever group (rows of one source that differ in one lever), whether the model ranks the rows
@@ -81,9 +81,9 @@ class SpeedRow:
     figure: str
     conversion: str  # arithmetic from the printed figure to tokens_per_s
     tokens_per_s: float  # the whole run's, every GPU's tokens together
-    gpu: str  # a name or alias of autotune.cards
+    gpu: str  # a name or alias of autotune.specs.cards
     gpus: int
-    strategy: str  # none | ddp | fsdp | ... (autotune.sharding)
+    strategy: str  # none | ddp | fsdp | ... (autotune.levers.sharding)
     stack: str
     measured: str
     model: str  # a folder under models/
@@ -154,8 +154,8 @@ def source_key(source: str) -> str:
 
 def load_speed_rows(path: Path = TABLE) -> tuple[list[SpeedRow], dict[str, str]]:
     """Every row of speed.toml, checked, and the groups' levers; SystemExit with the row and the problem."""
-    from autotune.cards import find_card
-    from autotune.errors import BadInput
+    from autotune.specs.cards import find_card
+    from autotune.vocabulary.errors import BadInput
 
     data = tomllib.loads(path.read_text())
     groups: dict[str, str] = data.get("group", {})
@@ -207,8 +207,8 @@ def _is_version(text: str) -> bool:
 
 def speed_config(row: SpeedRow):
     """The ProbeConfig `plan` would price for the row's run, and notes on what stands in for what."""
-    from autotune.config import ProbeConfig
-    from autotune.recipes import peft_text
+    from autotune.levers.config import ProbeConfig
+    from autotune.levers.recipes import peft_text
 
     notes = []
     optimizer = SPEED_STAND_INS.get(row.optimizer, row.optimizer)
@@ -250,8 +250,8 @@ def run_stack(row: SpeedRow):
 
 
 def model_dims(row: SpeedRow):
-    """The model's sizes as plan reads them (autotune.shapes.dims_from_config of its config.json)."""
-    from autotune.shapes import dims_from_config
+    """The model's sizes as plan reads them (autotune.specs.shapes.dims_from_config of its config.json)."""
+    from autotune.specs.shapes import dims_from_config
 
     return dims_from_config(json.loads((HERE / "models" / row.model / "config.json").read_text()))
 
@@ -268,8 +268,8 @@ class Priced:
 
 def price(row: SpeedRow) -> Priced:
     """The row priced as `autotune plan` prices a candidate (planner/speed.py's predict_speed)."""
-    from autotune.cards import find_card
-    from autotune.planner.speed import predict_speed, why_unsupported
+    from autotune.specs.cards import find_card
+    from autotune.planner.card_speed import predict_speed, why_unsupported
 
     out = Priced(row)
     if row.skip:
@@ -321,10 +321,10 @@ def own_gpu_probes(path: Path = RESULTS / "nvidia-h100-80gb-hbm3-gpu-evidence-20
     """autotune's own probes on an H100 (the GPU evidence run of 2026-11-26: gpt2, block 512),
     priced as plan prices them: a held-out check, not part of the fit (a small model whose steps
     the host's launches bound)."""
-    from autotune.cards import find_card
-    from autotune.config import ProbeConfig
-    from autotune.models import resolve_model
-    from autotune.planner.speed import model_dims_of, predict_step_seconds
+    from autotune.specs.cards import find_card
+    from autotune.levers.config import ProbeConfig
+    from autotune.specs.models import resolve_model
+    from autotune.planner.card_speed import model_dims_of, predict_step_seconds
 
     evidence = json.loads(path.read_text())
     card = find_card("h100")
@@ -438,7 +438,7 @@ def markdown(priced: list[Priced], summary: dict, meta: dict) -> str:
         f"# The speed model against published GPU throughput ({meta['date']})",
         "",
         f"{meta['rows']} published training throughputs ({meta['priced']} priced; skipped and unpriced rows say why), "
-        "each priced by `autotune.planner.speed.predict_speed` (what `autotune plan` shows) for its configuration: "
+        "each priced by `autotune.planner.card_speed.predict_speed` (what `autotune plan` shows) for its configuration: "
         "`python -m benchmarks.published --speed`. Ratio = predicted / measured tokens/s (whole run, every GPU). "
         "Sources, configurations and conversions: benchmarks/published/speed.toml.",
         "",
@@ -629,7 +629,7 @@ def main(*, stated_error: bool = False) -> int:
     return 0
 
 
-# The two constants of autotune/planner/speed.py fitted to this table (its docstring: FITTED), and
+# The two constants of autotune/planner/card_speed.py fitted to this table (its docstring: FITTED), and
 # the grid searched; every other constant there is a count, a published figure or a measurement
 # (the host's launch times: benchmarks/dispatch.py).
 FITTED = {

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from autotune.budget import Budget
-from autotune.errors import BadInput
+from autotune.results.budget import Budget
+from autotune.vocabulary.errors import BadInput
 from autotune.probe import ProbeSettings
 from benchmarks import alternatives, report, run
 from tests.helpers.models import write_model_dir
@@ -120,9 +120,9 @@ def test_phases_split_across_runs_merge_into_one_report(tmp_path, no_lightning):
 def test_oom_wording_is_what_accelerate_and_lightning_recognise():
     from accelerate.utils.memory import should_reduce_batch_size
 
-    from autotune.config import ProbeConfig
-    from autotune.models import resolve_model
-    from autotune.space import SearchSpace
+    from autotune.levers.config import ProbeConfig
+    from autotune.specs.models import resolve_model
+    from autotune.search.space import SearchSpace
 
     config = ProbeConfig(model="gpt2", micro_batch=8, block_size=512)
     for device_type in ("cuda", "cpu"):
@@ -237,8 +237,8 @@ def test_a_deadline_leaves_work_that_the_same_command_finishes_with_its_state(tm
 
 def test_lightning_binsearch_runs_the_real_finder_over_probes():
     pytest.importorskip("lightning")
-    from autotune.models import resolve_model
-    from autotune.space import SearchSpace
+    from autotune.specs.models import resolve_model
+    from autotune.search.space import SearchSpace
 
     spec = resolve_model("gpt2")
     setting = alternatives.Setting(

@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from autotune.cards import find_card
+from autotune.specs.cards import find_card
 from benchmarks.published import load_rows
 from benchmarks.published.speed import (
     HERE,

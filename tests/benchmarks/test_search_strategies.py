@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.environment import Environment
-from autotune.models import resolve_model
+from autotune.host.environment import Environment
+from autotune.specs.models import resolve_model
 from autotune.search import SearchOptions, run_search
-from autotune.space import SearchSpace
+from autotune.search.space import SearchSpace
 from autotune.store import open_store
 from benchmarks.problems import budget_of, modelled, replays
 from benchmarks.search_strategies import decide, predictions_of

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.budget import Budget
-from autotune.config import ProbeConfig
-from autotune.recipes import peft_text
-from autotune.errors import BadInput, ModelNotFound
+from autotune.results.budget import Budget
+from autotune.levers.config import ProbeConfig
+from autotune.levers.recipes import peft_text
+from autotune.vocabulary.errors import BadInput, ModelNotFound
 from autotune.estimate import (
     CUBLAS_WORKSPACE_BYTES,
     CUDA_CONTEXT_BYTES,
@@ -58,7 +58,7 @@ CPU_CASES = [
     {"checkpointing": True},
     {"precision": "bf16"},
     {"precision": "fp16", "grad_accum": 3, "attention": "eager"},
-    # Recipe levers (autotune.recipes): the optimizer, pure bf16 weights, LoRA on a frozen base.
+    # Recipe levers (autotune.levers.recipes): the optimizer, pure bf16 weights, LoRA on a frozen base.
     {"optimizer": "adafactor"},
     {"optimizer": "sgd"},
     {"optimizer": "adamw_8bit"},  # bitsandbytes' kernels run on CPU too (QLoRA's base: tests/probe/test_qlora.py)
@@ -407,7 +407,7 @@ def test_a_llama_2_7b_shaped_lora_in_pure_bf16_and_its_qlora_are_predicted_to_fi
     ],
 )
 def test_the_table_says_what_is_alive_at_the_peak_and_why_the_rest_is_not(phase, grad_accum, grads, optimizer, says):
-    from autotune.estimate_report import render_estimate
+    from autotune.render.estimate_table import render_estimate
 
     e = MemoryEstimate(
         config=cfg("gpt2", micro_batch=8, block_size=512, grad_accum=grad_accum),

@@ -12,7 +12,7 @@ import types
 
 import pytest
 
-from autotune.config import ProbeConfig
+from autotune.levers.config import ProbeConfig
 from autotune.estimate import EstimateError, estimate_memories, estimate_memory
 from autotune.estimate.launch import TraceChildren
 from tests.helpers.models import TINY_GPT2, write_model_dir
@@ -118,7 +118,7 @@ def test_after_the_environment_changed_a_trace_child_is_spawned_and_the_fork_ser
 
 def test_openmp_settings_the_command_makes_in_process_are_no_change_to_the_fork_server(monkeypatch):
     # The server sets them itself where unset (preload.py); the CLI's main sets them in its process too.
-    from autotune import processes
+    from autotune.host import processes
 
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     before = processes._server_environment()

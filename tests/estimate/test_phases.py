@@ -9,15 +9,15 @@ import dataclasses
 
 import pytest
 
-from autotune import evaluation
-from autotune.config import ProbeConfig
+from autotune.levers import evaluation
+from autotune.levers.config import ProbeConfig
 from autotune.estimate import MemoryEstimate, estimate_memories
 from autotune.estimate.cache import EstimateCache
 from autotune.estimate.interpolate import interpolated
 from autotune.estimate.predict import _from_trace
 from autotune.estimate.protocol import TraceResult
-from autotune.models import resolve_model
-from autotune.space import single_config
+from autotune.specs.models import resolve_model
+from autotune.search.space import single_config
 from tests.helpers.models import write_model_dir
 from tests.helpers.tiny_tasks import write_tiny
 
@@ -47,7 +47,7 @@ CASES = {
             "evaluation": {"eval_batch": 4, "eval_logits": "kept", "eval_accumulation_steps": 2},
         },
     ),
-    # padded batches with their attention mask, expanded by eager attention (autotune.tasks.padded_lengths)
+    # padded batches with their attention mask, expanded by eager attention (autotune.levers.tasks.padded_lengths)
     "bert classification eager": (
         "bert-classification",
         {"micro_batch": 3, "block_size": 64, "attention": "eager", "evaluation": {"eval_batch": 2}},

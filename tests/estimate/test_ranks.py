@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.config import ProbeConfig
-from autotune.errors import BadInput
+from autotune.levers.config import ProbeConfig
+from autotune.vocabulary.errors import BadInput
 from autotune.estimate import estimate_memories, estimate_memory
 from tests.helpers.models import write_model_dir
 from tests.helpers.ranks import assert_rank_predicted

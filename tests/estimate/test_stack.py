@@ -7,11 +7,11 @@ import importlib.util
 
 import pytest
 
-from autotune.config import ProbeConfig
+from autotune.levers.config import ProbeConfig
 from autotune.estimate import estimate_memories
-from autotune.errors import BadInput
+from autotune.vocabulary.errors import BadInput
 from autotune.estimate.stack import Stack
-from autotune.recipes import peft_text
+from autotune.levers.recipes import peft_text
 from tests.helpers.models import write_model_dir
 
 LAYERS, HEADS, BATCH, BLOCK = 2, 4, 2, 128

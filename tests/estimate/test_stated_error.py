@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from autotune.config import ProbeConfig
+from autotune.levers.config import ProbeConfig
 from autotune.estimate import MemoryEstimate
 from autotune.estimate import stated_error
 from autotune.estimate.stated_error import ALL, StatedError, skip_margin, stated
-from autotune.estimate_report import render_estimate
-from autotune.recipes import peft_text
+from autotune.render.estimate_table import render_estimate
+from autotune.levers.recipes import peft_text
 from autotune.search.common import SearchOptions
 
 ERRORS = {

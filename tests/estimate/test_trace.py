@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from autotune.config import ProbeConfig  # noqa: E402
+from autotune.levers.config import ProbeConfig  # noqa: E402
 from autotune.estimate import cuda as emulation  # noqa: E402
 from autotune.estimate.protocol import TraceItem, TraceResult  # noqa: E402
 from autotune.estimate.ledger import Ledger, replay  # noqa: E402

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from autotune.budget import Budget
-from autotune.config import ProbeConfig
-from autotune.environment import Environment
-from autotune.models import resolve_model
-from autotune.result import ProbeResult
+from autotune.results.budget import Budget
+from autotune.levers.config import ProbeConfig
+from autotune.host.environment import Environment
+from autotune.specs.models import resolve_model
+from autotune.results.probe_result import ProbeResult
 from autotune.search import Prediction, SearchOptions, run_search
-from autotune.space import SearchSpace
+from autotune.search.space import SearchSpace
 
 MiB = 2**20
 FAKE_ENV = Environment(

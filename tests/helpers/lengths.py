@@ -1,12 +1,12 @@
 """Example lengths spread like ms-swift's benchmark data (a long tail), as benchmarks/real_lengths.py
-draws them: the data set the padded-run tests share (autotune.lengths)."""
+draws them: the data set the padded-run tests share (autotune.levers.lengths)."""
 
 from __future__ import annotations
 
 import math
 import random
 
-from autotune.lengths import Lengths
+from autotune.levers.lengths import Lengths
 
 BLOCK = 128
 

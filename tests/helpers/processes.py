@@ -125,7 +125,7 @@ def processes_named(text: str) -> set[int]:
 
 def probe_children(owner: int) -> list[int]:
     """The probe children of process `owner` (a search): spawned by it, or forked by its fork server
-    (autotune.processes.fork_server_context); not the server, nor a forked trace child, nor a child's
+    (autotune.host.processes.fork_server_context); not the server, nor a forked trace child, nor a child's
     group guard (a fork of the child, with its command line)."""
     below = descendants(owner)
     servers = {p for p in below if parent_of(p) == owner and b"multiprocessing.forkserver" in cmdline(p)}

@@ -5,9 +5,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from autotune.config import ProbeConfig
-from autotune.environment import Environment
-from autotune.result import ProbeResult
+from autotune.levers.config import ProbeConfig
+from autotune.host.environment import Environment
+from autotune.results.probe_result import ProbeResult
 from autotune.handoff import BestConfig
 from autotune.store import LeaderboardRow, Store, StudyRecord
 

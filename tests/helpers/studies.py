@@ -3,7 +3,7 @@ and the smallest real search a fault test needs."""
 
 from __future__ import annotations
 
-from autotune.status import ClaimState
+from autotune.vocabulary.status import ClaimState
 from autotune.store import open_store
 
 # Two candidates (micro-batch 1 and 2 at an effective batch of 2): the first probe completes, the

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from autotune.errors import BadInput
+from autotune.vocabulary.errors import BadInput
 from autotune.launchers.base import WorkerSpec
 from autotune.launchers.choose import make_launcher
 from autotune.launchers.slurm import SlurmLauncher, SlurmOptions

@@ -8,15 +8,15 @@ import json
 
 import pytest
 
-from autotune.cards import find_card
-from autotune.config import ProbeConfig
-from autotune.recipes import peft_text
-from autotune.errors import BadInput
-from autotune.models import resolve_model
+from autotune.specs.cards import find_card
+from autotune.levers.config import ProbeConfig
+from autotune.levers.recipes import peft_text
+from autotune.vocabulary.errors import BadInput
+from autotune.specs.models import resolve_model
 from autotune.planner import Target, make_plan, unplannable
 from autotune.planner.render import render_plan
 from tests.helpers.fakes import fake_estimate, request
-from autotune.space import SearchSpace
+from autotune.search.space import SearchSpace
 
 MiB = 2**20
 GiB = 2**30
@@ -190,7 +190,7 @@ def test_a_lever_the_card_lacks_is_said_once_not_drawn_as_rows_of_dashes():
 
 def test_a_budget_typed_in_decimal_units_is_shown_as_typed_and_as_read():
     from autotune.planner import Plan
-    from autotune.units import size_as_read
+    from autotune.vocabulary.units import size_as_read
 
     assert size_as_read(16 * 10**9) == "16GB = 14.90 GiB" and size_as_read(500 * 10**6) == "500MB = 476.84 MiB"
     assert size_as_read(int(7.5 * 10**9)) == "7.5GB = 6.98 GiB"
@@ -211,10 +211,10 @@ def test_a_budget_typed_in_decimal_units_is_shown_as_typed_and_as_read():
 
 def test_a_plan_for_an_older_stack_traces_with_it_and_says_so(monkeypatch):
     from autotune.estimate.stack import Stack
-    from autotune.models import resolve_model
+    from autotune.specs.models import resolve_model
     from autotune.planner import plan as planner_plan
-    from autotune.planner.plan import Target, make_plan
-    from autotune.space import SearchSpace
+    from autotune.planner.card_plan import Target, make_plan
+    from autotune.search.space import SearchSpace
 
     asked = {}
 

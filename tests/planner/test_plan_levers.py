@@ -11,12 +11,13 @@ import math
 
 import pytest
 
-from autotune import sharding, speed as speed_levers
-from autotune.cards import find_card
-from autotune.config import ATTENTIONS, PRECISIONS, ProbeConfig
-from autotune.errors import BadInput
-from autotune.planner.speed import ModelDims, predict_speed, why_unsupported
-from autotune.recipes import OPTIMIZERS, PEFT_KINDS, WEIGHTS
+from autotune.levers import sharding
+from autotune.levers import speed_levers
+from autotune.specs.cards import find_card
+from autotune.levers.config import ATTENTIONS, PRECISIONS, ProbeConfig
+from autotune.vocabulary.errors import BadInput
+from autotune.planner.card_speed import ModelDims, predict_speed, why_unsupported
+from autotune.levers.recipes import OPTIMIZERS, PEFT_KINDS, WEIGHTS
 from tests.helpers.cli import autotune
 from tests.helpers.models import write_model_dir
 

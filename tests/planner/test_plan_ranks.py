@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.cards import find_card
-from autotune.models import resolve_model
+from autotune.specs.cards import find_card
+from autotune.specs.models import resolve_model
 from autotune.planner import Target, make_plan
 from autotune.planner.render import render_plan
-from autotune.space import SearchSpace
+from autotune.search.space import SearchSpace
 from tests.helpers.models import write_model_dir
 
 

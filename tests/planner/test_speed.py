@@ -2,13 +2,13 @@ import dataclasses
 
 import pytest
 
-from autotune.cards import CARDS, find_card
-from autotune.config import ProbeConfig
+from autotune.specs.cards import CARDS, find_card
+from autotune.levers.config import ProbeConfig
 from autotune.estimate.result import MemoryEstimate
-from autotune.models import KNOWN_ARCHITECTURES
+from autotune.specs.models import KNOWN_ARCHITECTURES
 from autotune.estimate.stack import Stack
 from autotune.planner import speed, traffic
-from autotune.planner.speed import (
+from autotune.planner.card_speed import (
     ModelDims,
     dims_from_config,
     config_flops_per_token,
@@ -262,7 +262,7 @@ def test_an_explicit_trainable_count_is_used():
 
 
 def _ranked(strategy: str, gpus: int = 8, **levers):
-    from autotune.config import ProbeConfig
+    from autotune.levers.config import ProbeConfig
 
     return ProbeConfig(
         model="m", micro_batch=1, block_size=512, precision="bf16", gpus=gpus, strategy=strategy, **levers
@@ -270,8 +270,8 @@ def _ranked(strategy: str, gpus: int = 8, **levers):
 
 
 def test_collectives_per_optimizer_step_follow_the_ring_formulas():
-    from autotune.planner.speed import collective_bytes
-    from autotune.shapes import ModelDims
+    from autotune.planner.card_speed import collective_bytes
+    from autotune.specs.shapes import ModelDims
 
     dims = ModelDims(7_000_000_000, 32, 4096, 32000, 32)
     ring = 7 / 8
@@ -289,8 +289,8 @@ def test_the_copies_around_the_collectives_are_memory_traffic_on_the_card():
     """FSDP2 copies the shard in (P/N read, written) and the gathered parameters out (P read,
     written) at each gather, and the gradients into a flat buffer (G read, written); DDP copies the
     gradients into its buckets and back."""
-    from autotune.planner.speed import collective_copy_bytes, predict_step_seconds
-    from autotune.shapes import ModelDims
+    from autotune.planner.card_speed import collective_copy_bytes, predict_step_seconds
+    from autotune.specs.shapes import ModelDims
 
     dims = ModelDims(7_000_000_000, 32, 4096, 32000, 32)
     p = 7e9 * 2  # bf16 under mixed precision
@@ -309,9 +309,9 @@ def test_the_copies_around_the_collectives_are_memory_traffic_on_the_card():
 
 
 def test_a_slower_link_costs_speed_on_several_gpus():
-    from autotune.cards import find_card
-    from autotune.planner.speed import predict_step_seconds
-    from autotune.shapes import ModelDims
+    from autotune.specs.cards import find_card
+    from autotune.planner.card_speed import predict_step_seconds
+    from autotune.specs.shapes import ModelDims
 
     dims = ModelDims(7_000_000_000, 32, 4096, 32000, 32)
     sxm, pcie = find_card("h100"), find_card("h100-pcie")

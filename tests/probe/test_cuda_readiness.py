@@ -13,17 +13,17 @@ import os
 import pytest
 import torch
 
-from autotune import speed
-from autotune.config import ProbeConfig
+from autotune.levers import speed_levers
+from autotune.levers.config import ProbeConfig
 from autotune.estimate import cuda_constants
 from autotune.probe import ProbeRunner, ProbeSettings
 from autotune.probe.cap import context_bytes
 from autotune.probe.devices import process_bytes, supports_attention_dtype
 from autotune.probe.hygiene import LEFTOVER_TOLERANCE_BYTES, CodeWatch, why_not_reused
 from autotune.probe.speedups import use_allocator
-from autotune.recipes import memory_caveats
-from autotune.result import ProbeResult
-from autotune.status import ProbeStatus
+from autotune.levers.recipes import memory_caveats
+from autotune.results.probe_result import ProbeResult
+from autotune.vocabulary.status import ProbeStatus
 from tests.helpers.faults import inject_fault
 
 MiB = 2**20
@@ -36,21 +36,24 @@ CUDA = torch.device("cuda")
 
 
 def test_the_allocator_lever_sets_both_variable_names_or_unsets_both():
-    assert speed.allocator_environment("expandable") == {
+    assert speed_levers.allocator_environment("expandable") == {
         "PYTORCH_ALLOC_CONF": "expandable_segments:True",
         "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
     }
-    assert speed.allocator_environment("default") == {"PYTORCH_ALLOC_CONF": None, "PYTORCH_CUDA_ALLOC_CONF": None}
-    assert speed.environment_line("expandable") == (
+    assert speed_levers.allocator_environment("default") == {
+        "PYTORCH_ALLOC_CONF": None,
+        "PYTORCH_CUDA_ALLOC_CONF": None,
+    }
+    assert speed_levers.environment_line("expandable") == (
         "export PYTORCH_ALLOC_CONF=expandable_segments:True PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"
     )
 
 
 def test_the_newer_allocator_variable_is_the_one_that_counts():
     both = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "PYTORCH_ALLOC_CONF": "expandable_segments:False"}
-    assert speed.effective_alloc_conf(both) == "expandable_segments:False"
-    assert speed.effective_alloc_conf({"PYTORCH_CUDA_ALLOC_CONF": "x"}) == "x"
-    assert speed.effective_alloc_conf({}) == ""
+    assert speed_levers.effective_alloc_conf(both) == "expandable_segments:False"
+    assert speed_levers.effective_alloc_conf({"PYTORCH_CUDA_ALLOC_CONF": "x"}) == "x"
+    assert speed_levers.effective_alloc_conf({}) == ""
 
 
 def test_a_training_run_unsets_a_users_allocator_setting_its_probe_did_not_measure(monkeypatch):
@@ -58,7 +61,7 @@ def test_a_training_run_unsets_a_users_allocator_setting_its_probe_did_not_measu
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     said = use_allocator("default")
     assert said == "PYTORCH_ALLOC_CONF=expandable_segments:True unset (its probe measured the default allocator)"
-    assert speed.effective_alloc_conf(os.environ) == ""
+    assert speed_levers.effective_alloc_conf(os.environ) == ""
     assert use_allocator("expandable") == "PYTORCH_ALLOC_CONF=expandable_segments:True"
     assert os.environ["PYTORCH_ALLOC_CONF"] == os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
 

@@ -1,4 +1,4 @@
-"""A padded run's probe (autotune.lengths): its timed window draws batches of the data's lengths,
+"""A padded run's probe (autotune.levers.lengths): its timed window draws batches of the data's lengths,
 each padded to its longest row, in whole cycles, and counts their real tokens; its memory is the
 worst batch's, to the byte of the estimator's trace of that batch."""
 
@@ -10,10 +10,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from autotune import lengths  # noqa: E402
-from autotune.budget import Budget  # noqa: E402
-from autotune.config import ProbeConfig  # noqa: E402
-from autotune.models import resolve_model  # noqa: E402
+from autotune.levers import lengths  # noqa: E402
+from autotune.results.budget import Budget  # noqa: E402
+from autotune.levers.config import ProbeConfig  # noqa: E402
+from autotune.specs.models import resolve_model  # noqa: E402
 from autotune.probe.step import ProbeStep, build_random_model, make_optimizer  # noqa: E402
 from tests.helpers.models import TINY_GPT2, write_model_dir  # noqa: E402
 from tests.helpers.lengths import TEXT  # noqa: E402

@@ -8,7 +8,7 @@ import importlib.util
 
 import pytest
 
-from autotune.config import ProbeConfig
+from autotune.levers.config import ProbeConfig
 from autotune.probe import ProbeSettings, run_probe
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
@@ -63,7 +63,7 @@ def test_recipe_levers_of_a_1b_llama_probe_on_the_card_as_estimated(tmp_path, le
     import json
 
     from autotune.estimate import estimate_memory
-    from autotune.recipes import peft_text
+    from autotune.levers.recipes import peft_text
     from benchmarks.estimator_vs_probe import TINYLLAMA_1_1B
 
     (tmp_path / "config.json").write_text(json.dumps(TINYLLAMA_1_1B))

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from autotune.config import ProbeConfig
-from autotune.errors import BadInput
-from autotune.evaluation import recipe_fields
+from autotune.levers.config import ProbeConfig
+from autotune.vocabulary.errors import BadInput
+from autotune.levers.evaluation import recipe_fields
 from autotune.probe import ProbeSettings
-from autotune.report import format_probe_result
+from autotune.render.tables import format_probe_result
 from tests.helpers.models import write_model_dir
 from tests.helpers.tiny_tasks import write_tiny
 

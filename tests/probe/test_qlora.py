@@ -13,9 +13,9 @@ import json
 
 import pytest
 
-from autotune.config import ProbeConfig
-from autotune.errors import BadInput
-from autotune.recipes import bnb_4bit_kwargs, peft_text
+from autotune.levers.config import ProbeConfig
+from autotune.vocabulary.errors import BadInput
+from autotune.levers.recipes import bnb_4bit_kwargs, peft_text
 
 # (find_spec, not importorskip: importing peft and bitsandbytes to collect this module costs every
 # test worker seconds)
@@ -57,11 +57,11 @@ def cfg(model: str, **levers) -> ProbeConfig:
 
 def probe_on_cpu(config: ProbeConfig, monkeypatch):
     """The probe child's own run, in this process, with the CUDA-only rule lifted."""
-    from autotune.models import resolve_model
+    from autotune.specs.models import resolve_model
     from autotune.probe import child
     from autotune.probe.protocol import ProbeRequest
 
-    from autotune.budget import Budget
+    from autotune.results.budget import Budget
     from autotune.probe.settings import ProbeSettings
 
     monkeypatch.setattr(child, "check_recipe", lambda config, device: None)
@@ -115,7 +115,7 @@ def test_the_trace_copies_a_classifiers_fake_head_without_its_data_pointer_or_fa
 
     from autotune.estimate.protocol import TraceItem
     from autotune.estimate.trace import trace
-    from autotune.models import resolve_model
+    from autotune.specs.models import resolve_model
 
     def refuse(what):
         def refused(*args, **kwargs):
@@ -136,7 +136,7 @@ def test_train_builds_the_probes_4bit_base_and_its_adapters_save_and_load(model_
     import torch
     from peft import PeftModel
 
-    from autotune.models import resolve_model
+    from autotune.specs.models import resolve_model
     from autotune.probe.step import ProbeStep, make_optimizer, parameter_count
     from autotune.train.loading import build_model
 
@@ -168,7 +168,7 @@ def test_qlora_is_refused_off_cuda_and_without_bitsandbytes_in_one_line(monkeypa
     import torch
 
     from autotune.estimate.predict import check_traceable
-    from autotune.models import resolve_model
+    from autotune.specs.models import resolve_model
     from autotune.probe.step import check_recipe
 
     config = cfg("gpt2", peft=QLORA)
@@ -210,7 +210,7 @@ def test_a_classifiers_head_stays_whole_and_trains_on_a_4bit_base(classifier_dir
     import bitsandbytes as bnb
     import torch
 
-    from autotune.models import resolve_model
+    from autotune.specs.models import resolve_model
     from autotune.probe.step import build_random_model
 
     config = cfg(classifier_dir, micro_batch=2, block_size=32, peft=QLORA, task="classification", num_labels=3)

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import ProbeConfig
-from autotune.deadline import DeadlineReached
-from autotune.errors import DeviceError
-from autotune.models import resolve_model
+from autotune.levers.config import ProbeConfig
+from autotune.host.deadline import DeadlineReached
+from autotune.vocabulary.errors import DeviceError
+from autotune.specs.models import resolve_model
 from autotune.probe.runner import ProbeRunner
 from autotune.probe.settings import ProbeSettings
-from autotune.status import ProbeStatus
-from autotune.units import format_size
+from autotune.vocabulary.status import ProbeStatus
+from autotune.vocabulary.units import format_size
 from tests.helpers.cli import wait_for
 from tests.helpers.faults import fault_env, inject_fault
 from tests.helpers.models import TINY_GPT2
@@ -326,7 +326,7 @@ BACKSTOP_SECONDS = 1800.0
 
 
 class WhileProgressing:
-    """A Deadline (autotune.deadline's interface, as the runner polls it) that expires once the
+    """A Deadline (autotune.host.deadline's interface, as the runner polls it) that expires once the
     processes this test started have reached no new phase and used less than PROGRESS_CPU_SECONDS
     of CPU (importing, building, stepping; not an agent's idle polling) for `stall` seconds."""
 

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from autotune.config import ProbeConfig
-from autotune.errors import BadInput, BudgetError
+from autotune.levers.config import ProbeConfig
+from autotune.vocabulary.errors import BadInput, BudgetError
 from autotune.probe import ProbeRunner, ProbeSettings, run_probe
 from tests.helpers.faults import fault_env, inject_fault
 

@@ -12,11 +12,11 @@ import time
 
 import pytest
 
-from autotune.config import ProbeConfig
-from autotune.models import resolve_model
+from autotune.levers.config import ProbeConfig
+from autotune.specs.models import resolve_model
 from autotune.probe import ProbeSettings
 from autotune.search import SearchOptions, run_search
-from autotune.space import SearchSpace
+from autotune.search.space import SearchSpace
 from autotune.store import open_store
 from tests.helpers.cli import autotune
 from tests.helpers.fakes import request

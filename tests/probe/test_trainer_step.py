@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("trl")
 
-from autotune.config import ProbeConfig  # noqa: E402
-from autotune.models import resolve_model  # noqa: E402
+from autotune.levers.config import ProbeConfig  # noqa: E402
+from autotune.specs.models import resolve_model  # noqa: E402
 from autotune.probe.step import ProbeStep, build_random_model, make_optimizer  # noqa: E402
 from tests.helpers.models import TINY_GPT2, write_model_dir  # noqa: E402
 

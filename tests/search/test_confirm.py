@@ -1,5 +1,5 @@
 """Timing spread and the confirmation round: contenders within noise of the best are measured
-again until the winner is told apart or a tie is declared (search/confirm.py, autotune/timing.py)."""
+again until the winner is told apart or a tie is declared (search/confirm.py, autotune/results/timing.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import itertools
 import pytest
 
 from autotune.handoff import best as best_of
-from autotune.models import resolve_model
-from autotune.report import explain_winner
-from autotune.result import ProbeResult
+from autotune.specs.models import resolve_model
+from autotune.render.tables import explain_winner
+from autotune.results.probe_result import ProbeResult
 from autotune.search import SearchOptions, run_search
 from autotune.search.confirm import contenders_of, suspects_of
-from autotune.space import SearchSpace
+from autotune.search.space import SearchSpace
 from autotune.store import open_store
-from autotune.timing import NOISE_FLOOR, noise, relative_spread
+from autotune.results.timing import NOISE_FLOOR, noise, relative_spread
 from tests.helpers.fakes import ScriptedRunner, modelled_result, request
 
 GiB = 2**30
@@ -203,7 +203,7 @@ def test_a_tie_names_one_winner_everywhere_a_study_is_read(hermetic_home):
     """The confirmation round finds mb4 and mb2 tied (their steps spread by 4% each, their speeds
     differ by 3%) and chooses mb2, which needs less memory, though its speed is lower: the
     leaderboard, `best`, `studies`, `report` and the search's own "Chosen:" line all name mb2."""
-    from autotune.markdown import study_report
+    from autotune.render.report import study_report
     from autotune.store import open_store as reopen
 
     both_accumulate = SearchSpace.build(
@@ -251,8 +251,8 @@ def test_a_noisy_study_says_its_pick_is_not_reliable_and_never_picks_against_the
     that noise nothing is told apart, so the fastest measured stays the pick (the tie is not broken
     by memory against it), and the search, the leaderboard and the report say the pick is not
     reliable and what to do."""
-    from autotune.markdown import study_report
-    from autotune.report import render_leaderboard
+    from autotune.render.report import study_report
+    from autotune.render.tables import render_leaderboard
 
     both_accumulate = SearchSpace.build(
         resolve_model("gpt2"),

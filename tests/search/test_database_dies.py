@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.status import ClaimState, StudyStatus
+from autotune.vocabulary.status import ClaimState, StudyStatus
 from autotune.store import open_store
 from tests.helpers.postgres import POSTGRES_BIN
 

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from autotune.errors import DatabaseError, StudyNotFound
-from autotune.status import ProbeStatus, StudyStatus
+from autotune.vocabulary.errors import DatabaseError, StudyNotFound
+from autotune.vocabulary.status import ProbeStatus, StudyStatus
 from autotune.store import open_store
 from tests.helpers.cli import autotune, autotune_command, invoke, wait_for
 from tests.helpers.faults import GATE_ENV, fault_env

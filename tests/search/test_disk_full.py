@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.status import StudyStatus
+from autotune.vocabulary.status import StudyStatus
 from autotune.store import open_store
 from tests.helpers.cli import autotune_command, invoke, wait_for
 from tests.helpers.studies import probes

@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from autotune.errors import BadInput
-from autotune.models import resolve_model
+from autotune.vocabulary.errors import BadInput
+from autotune.specs.models import resolve_model
 from autotune.search import SearchOptions, run_search
-from autotune.space import SearchSpace, group_key, group_priority
+from autotune.search.space import SearchSpace, group_key, group_priority
 from autotune.store import open_store
 from tests.helpers.fakes import (
     BUDGET,
@@ -101,7 +101,7 @@ def test_a_sigterm_handled_as_a_claim_commits_gives_the_claim_back(store, monkey
     # A signal that arrives while SQLite commits a claim is handled as the commit returns: SIGTERM's
     # Terminated comes out of a claim() whose row is written (a Ray worker stopped this way left its
     # claim running, 2026-11-30). It is given back, as a probe's in flight is.
-    from autotune.processes import Terminated
+    from autotune.host.processes import Terminated
 
     claim = store.claim
 

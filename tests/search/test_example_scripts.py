@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.environment import Environment
+from autotune.host.environment import Environment
 from autotune.store import open_store
 from tests.helpers.cli import autotune_command
 from tests.helpers.models import TINY_GPT2

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.status import ProbeStatus, StudyStatus
+from autotune.vocabulary.status import ProbeStatus, StudyStatus
 from tests.helpers.cli import autotune, autotune_command, invoke, wait_for
 from tests.helpers.faults import fault_env
 from tests.helpers.models import write_model_dir

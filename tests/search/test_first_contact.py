@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from autotune.models import resolve_model
+from autotune.specs.models import resolve_model
 from autotune.probe.runner import cuda_may_be_visible
-from autotune.report import explain_winner, format_search_header
+from autotune.render.tables import explain_winner, format_search_header
 from autotune.search import SearchOptions, run_search
-from autotune.space import SearchSpace
+from autotune.search.space import SearchSpace
 from autotune.store import open_store
 from tests.helpers.models import write_model_dir
 from tests.helpers.fakes import ScriptedRunner, request
@@ -84,9 +84,9 @@ def test_a_local_folder_named_like_a_known_model_is_said_with_the_config_it_read
 
 
 def test_best_says_why_a_study_has_no_winner_and_what_to_do(tmp_path):
-    from autotune.errors import StudyNotFound
+    from autotune.vocabulary.errors import StudyNotFound
     from autotune.handoff import best
-    from autotune.status import StudyStatus
+    from autotune.vocabulary.status import StudyStatus
 
     db = f"sqlite:///{tmp_path / 'b.db'}"
     space = SearchSpace.build(resolve_model("gpt2"), block_sizes=(512,), precisions=("bf16",), attentions=("sdpa",))

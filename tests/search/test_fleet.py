@@ -14,16 +14,16 @@ from dataclasses import replace
 
 import pytest
 
-from autotune.environment import Environment
-from autotune.errors import BadInput, DeviceError
-from autotune.models import resolve_model
+from autotune.host.environment import Environment
+from autotune.vocabulary.errors import BadInput, DeviceError
+from autotune.specs.models import resolve_model
 from autotune.search import Knowledge, SearchOptions, run_search
-from autotune.space import SearchSpace
+from autotune.search.space import SearchSpace
 from autotune.store import open_store
 from autotune.search.driver import start_study
 from autotune.search.fleet import check_joinable, run_worker, worker_devices
 from autotune.search.loop import ROUND_KEY
-from autotune.budget import Budget
+from autotune.results.budget import Budget
 from tests.helpers.fakes import FAKE_ENV, ScriptedRunner, request
 
 GiB = 2**30
@@ -299,7 +299,7 @@ def test_a_joining_worker_probes_with_every_setting_the_search_was_given(tmp_pat
 def test_a_joining_worker_takes_the_studys_openmp_settings_before_its_probes_start(monkeypatch):
     # A Ray worker gets OMP_NUM_THREADS=1 from Ray; the study's processes had 4 and the passive wait:
     # its probe children (which read them when torch loads) must time as the study's did.
-    from autotune.environment import adopt_openmp, openmp_settings
+    from autotune.host.environment import adopt_openmp, openmp_settings
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("MKL_NUM_THREADS", "1")

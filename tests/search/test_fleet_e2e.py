@@ -13,11 +13,11 @@ import pytest
 from click.testing import CliRunner
 
 from autotune.cli import cli
-from autotune.environment import Environment
-from autotune.models import resolve_model
+from autotune.host.environment import Environment
+from autotune.specs.models import resolve_model
 from autotune.probe import ProbeSettings
 from autotune.search import SearchOptions, run_search, start_study
-from autotune.space import SearchSpace
+from autotune.search.space import SearchSpace
 from autotune.store import open_store
 from tests.helpers.cli import autotune_command, wait_for
 from tests.helpers.fakes import ScriptedRunner, request

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from autotune.models import resolve_model
+from autotune.specs.models import resolve_model
 from autotune.probe import ProbeSettings
 from autotune.search import SearchOptions, run_search
-from autotune.space import SearchSpace
+from autotune.search.space import SearchSpace
 from autotune.store import open_store
 from tests.helpers.cli import autotune, autotune_command
 from tests.helpers.models import TINY_GPT2
@@ -117,7 +117,7 @@ def test_a_lora_search_over_two_optimizers_hands_off_trainer_arguments_and_a_lor
     from transformers import TrainingArguments
 
     from autotune import best as best_of
-    from autotune.recipes import peft_text
+    from autotune.levers.recipes import peft_text
 
     spec = resolve_model(tiny_model)
     with open_store() as store:
@@ -187,7 +187,7 @@ def test_the_readme_hand_off_trains_with_trainer_from_a_directory_and_from_a_con
     import torch
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from autotune.environment import Environment
+    from autotune.host.environment import Environment
     from tests.helpers.store import config, make_study, result
 
     cpu = Environment("cpu", "cpu: test", 8 * 2**30, torch_version=torch.__version__)
@@ -233,9 +233,9 @@ def test_the_readme_hand_off_trains_with_trainer_from_a_directory_and_from_a_con
     user_config.update(best.config_overrides())
     assert AutoModelForCausalLM.from_config(user_config, **best.load_kwargs()).config.use_cache is False
     # A QLoRA base is a checkpoint quantized as it loads: from a config, refused with what to pass.
-    from autotune.errors import BadInput
+    from autotune.vocabulary.errors import BadInput
     from autotune.handoff import BestConfig
-    from autotune.recipes import peft_text
+    from autotune.levers.recipes import peft_text
     from tests.helpers.store import leaderboard_row
 
     qlora = BestConfig(leaderboard_row(config(2, precision="bf16", peft=peft_text("qlora"))), "cuda")

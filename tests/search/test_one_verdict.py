@@ -1,6 +1,6 @@
 """One truth about the pick: every window measured is kept as it is measured (a round cut short goes
 on with them), every surface names the pick the study's stored decision names, for the reason it
-gives (autotune.verdict), and a skip that rested on an outlier window is decided again once the
+gives (autotune.results.verdict), and a skip that rested on an outlier window is decided again once the
 round lowers that window's figure. Scripted runners: each config's windows are given."""
 
 from __future__ import annotations
@@ -9,17 +9,17 @@ import json
 
 import pytest
 
-from autotune import verdict
+from autotune.results import verdict
 from autotune.handoff import best as best_of
-from autotune.markdown import render_report
-from autotune.models import resolve_model
-from autotune.report import explain_winner, format_search_footer, search_summary
-from autotune.result import ProbeResult
+from autotune.render.report import render_report
+from autotune.specs.models import resolve_model
+from autotune.render.tables import explain_winner, format_search_footer, search_summary
+from autotune.results.probe_result import ProbeResult
 from autotune.search import SearchOptions, run_search
 from autotune.search.confirm import MAX_ROUNDS, RoundStopped, confirm
-from autotune.space import SearchSpace
+from autotune.search.space import SearchSpace
 from autotune.store import open_store
-from autotune.timing import relative_spread
+from autotune.results.timing import relative_spread
 from tests.helpers.fakes import ScriptedRunner, modelled_result, request
 from tests.helpers.fakes import gpt2_space
 
@@ -162,7 +162,7 @@ def test_a_round_cut_short_keeps_its_windows_and_the_same_command_finishes_it(he
 
 
 def study_budget(study):
-    from autotune.budget import Budget
+    from autotune.results.budget import Budget
 
     return Budget(study.budget_bytes, study.margin_bytes)
 
@@ -173,7 +173,7 @@ def test_a_skip_that_rested_on_an_outlier_window_is_decided_again_and_the_true_b
     # speed model skips the fp32 configs it says cannot beat that figure, the true best (mb32x1
     # fp32, 8,889) among them. The round measures the outlier until its windows agree; its figure
     # falls, the skips it held up go back, and the true best is probed and picked.
-    from autotune.environment import Environment
+    from autotune.host.environment import Environment
 
     cpu = Environment("cpu", "cpu (scripted)", 64 * GiB, torch_version="2.13.0", transformers_version="5.23.0")
     space = gpt2_space(precisions=("fp32", "bf16"), checkpointing=(False,), attentions=("sdpa",))
@@ -262,7 +262,7 @@ def test_a_skip_is_decided_again_when_the_config_is_within_the_noise_of_the_figu
     from autotune.search.knowledge import Knowledge
     from autotune.search.speed_model import SpeedGuess
     from autotune.search.strategies import PredictiveStrategy
-    from autotune.status import ProbeStatus
+    from autotune.vocabulary.status import ProbeStatus
 
     space = gpt2_space(precisions=("fp32", "bf16"), checkpointing=(False,), attentions=("sdpa",), micro_batches=(4,))
     by_precision = {c.precision: c for c in space.candidates()}

@@ -164,11 +164,11 @@ def test_error_tail_keeps_the_last_lines_bounded():
 @pytest.mark.parametrize("status", ["ok", "oom", "skipped", "crashed"])
 def test_a_settled_trial_written_at_once_reads_as_optunas_own_path_writes_it(tmp_path, status):
     # (trials.py writes a settled trial's rows at once; Optuna sets them one by one, as on a running trial.)
-    from autotune.config import ProbeConfig
-    from autotune.result import ProbeResult
+    from autotune.levers.config import ProbeConfig
+    from autotune.results.probe_result import ProbeResult
     from autotune.search.trials import frozen_trial
-    from autotune.space import SearchSpace
-    from autotune.models import resolve_model
+    from autotune.search.space import SearchSpace
+    from autotune.specs.models import resolve_model
     from tests.helpers.models import write_model_dir
 
     url = f"sqlite:///{tmp_path / 'both.db'}"

@@ -5,11 +5,11 @@ what the memory prediction cannot decide, and resumes, confirms and shares a stu
 from __future__ import annotations
 
 
-from autotune.models import resolve_model
+from autotune.specs.models import resolve_model
 from autotune.search import SearchOptions, run_search
 from autotune.search.speed_model import SpeedModel
 from autotune.search.strategies import WORTH_PROBING
-from autotune.space import SearchSpace
+from autotune.search.space import SearchSpace
 from tests.helpers.fakes import ScriptedRunner, modelled_result, request
 from tests.helpers.fakes import BUDGET, MARGIN, gpt2_space, modelled_predictor, search
 

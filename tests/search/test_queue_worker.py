@@ -13,7 +13,7 @@ import pytest
 
 from autotune.search.queue_worker import QueueWorker, WorkerDevice
 from autotune.service.submissions import ServicePolicy, submission_of
-from autotune.status import SearchState
+from autotune.vocabulary.status import SearchState
 from autotune.store import open_store
 from tests.helpers.models import write_model_dir
 

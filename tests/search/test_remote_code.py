@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from autotune.config import ProbeConfig
-from autotune.errors import BadInput
+from autotune.levers.config import ProbeConfig
+from autotune.vocabulary.errors import BadInput
 from autotune.estimate import estimate_memory
 from tests.helpers.cli import autotune, invoke
 from tests.helpers.models import write_remote_model

@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
-from autotune.models import resolve_model
+from autotune.specs.models import resolve_model
 from autotune.probe import ProbeSettings
 from autotune.search import SearchOptions, run_search
-from autotune.space import SearchSpace
+from autotune.search.space import SearchSpace
 from autotune.store import open_store
 from tests.helpers.cli import autotune_command, invoke
 from tests.helpers.fakes import ScriptedRunner, modelled_result, request

@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 
-from autotune.models import resolve_model
-from autotune.result import ProbeResult
+from autotune.specs.models import resolve_model
+from autotune.results.probe_result import ProbeResult
 from autotune.search.speed_model import DEPARTURES, OPTIMISM, SpeedModel
-from autotune.space import SearchSpace
+from autotune.search.space import SearchSpace
 
 TOKENS = 8 * 512
 FACTORS = {"fp16": 0.5, "bf16": 0.45, "fp32": 1.0}

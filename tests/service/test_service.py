@@ -21,7 +21,7 @@ from autotune.service.app import ServiceConfig, create_app
 from autotune.service.commands import closed_fields, fields
 from autotune.service.routes.searches import search_body_schema
 from autotune.service.submissions import SEARCH_OWN, ServicePolicy
-from autotune.status import SearchState, StudyStatus
+from autotune.vocabulary.status import SearchState, StudyStatus
 from autotune.store import open_store
 from tests.helpers.models import write_model_dir
 from tests.helpers.processes import alive, parent_of, processes_named

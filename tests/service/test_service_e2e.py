@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
 
-from autotune.status import SearchState  # noqa: E402
+from autotune.vocabulary.status import SearchState  # noqa: E402
 from autotune.store import open_store  # noqa: E402
 from tests.helpers.faults import GATE_ENV, fault_env  # noqa: E402
 from tests.helpers.models import write_model_dir  # noqa: E402

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import event
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError, ProgrammingError
 
-from autotune.errors import DatabaseError
+from autotune.vocabulary.errors import DatabaseError
 from autotune.store import PG_CONNECT_TIMEOUT_S, PG_STATEMENT_TIMEOUT_S, open_store, resolve_url
 from autotune.store import base
 from autotune.store.engine import postgres_connect_args, sqlite_path

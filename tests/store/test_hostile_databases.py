@@ -16,7 +16,7 @@ from unittest import mock
 
 import pytest
 
-from autotune.errors import BadInput, DatabaseError
+from autotune.vocabulary.errors import BadInput, DatabaseError
 from autotune.store import SCHEMA_REVISION, check_study_lookup, open_store, upgrade_database
 from autotune.store import engine as store_engine
 from autotune.store.schema import VERSION_TABLE

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import inspect
 
-from autotune.errors import DatabaseError
+from autotune.vocabulary.errors import DatabaseError
 from autotune.store import SCHEMA_REVISION, open_store, upgrade_database
 from autotune.store.migrate import compare_schema
 

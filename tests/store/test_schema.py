@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, inspect, text
 
-from autotune.config import ProbeConfig
-from autotune.result import ProbeResult
+from autotune.levers.config import ProbeConfig
+from autotune.results.probe_result import ProbeResult
 from autotune.store import SCHEMA_REVISION, open_store
 from autotune.store.migrate import compare_schema, head_revision, known_revisions, script_location
 from autotune.store.schema import VERSION_TABLE, Probe

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from autotune.errors import BadInput, DatabaseError, StudyNotFound
-from autotune.status import CACHEABLE
+from autotune.vocabulary.errors import BadInput, DatabaseError, StudyNotFound
+from autotune.vocabulary.status import CACHEABLE
 from autotune.store import SCHEMA_REVISION, check_study_name, open_store, resolve_url, upgrade_database
 from autotune.store.schema import VERSION_TABLE
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import autotune.probe.devices as devices
-from autotune.errors import DeviceError
+from autotune.vocabulary.errors import DeviceError
 
 
 @pytest.fixture

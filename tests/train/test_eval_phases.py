@@ -14,9 +14,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from autotune.config import ProbeConfig
-from autotune.errors import BadInput
-from autotune.evaluation import EVAL_RECIPE, recipe_fields
+from autotune.levers.config import ProbeConfig
+from autotune.vocabulary.errors import BadInput
+from autotune.levers.evaluation import EVAL_RECIPE, recipe_fields
 from autotune.search import search as real_search
 from autotune.store import open_store
 from autotune.train import SUMMARY_FILE, PEAK_TOLERANCE, ProbeMeasurement, RunSummary, TrainOptions, train

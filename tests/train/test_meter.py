@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import torch
 
-from autotune.budget import Budget
-from autotune.defaults import WARMUP_STEPS
+from autotune.results.budget import Budget
+from autotune.vocabulary.defaults import WARMUP_STEPS
 from autotune.probe.cap import cap_memory
 from autotune.train.meter import RunMeter
 

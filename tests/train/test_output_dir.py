@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.errors import BadInput
+from autotune.vocabulary.errors import BadInput
 from autotune.train import DEFAULT_OUTPUT_ROOT, default_output_dir
 from autotune.train.fine_tune import check_output_dir
 

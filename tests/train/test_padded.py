@@ -2,7 +2,7 @@
 
 A tiny BERT classifier on a CSV of texts of many lengths, searched with --dataset under a budget
 between what a training step needs without the attention mask and with it: the probes carry the
-mask of the worst padded batch (autotune.tasks.padded_lengths), so the config whose masked step does
+mask of the worst padded batch (autotune.levers.tasks.padded_lengths), so the config whose masked step does
 not fit is ruled out, and the pick trains under `autotune train` (each batch padded to its longest,
 as the probes timed it) never above its probe's peak, and within 1% of it where every batch is the
 worst, for eager attention (where the mask costs most) and sdpa; a Pegasus on JSONL pairs too.
@@ -16,10 +16,10 @@ import random
 
 import pytest
 
-from autotune.config import ProbeConfig
+from autotune.levers.config import ProbeConfig
 from autotune.probe import ProbeSettings
 from autotune.search import SearchOptions, search
-from autotune.status import RunEnd
+from autotune.vocabulary.status import RunEnd
 from autotune.train import TrainOptions, train
 from tests.helpers.tiny_tasks import write_tiny
 from tests.helpers.corpus import corpus_text, write_task_tokenizer
@@ -65,7 +65,7 @@ def step_peaks(model_dir, config: ProbeConfig) -> dict[bool, int]:
     optimizer, its batches), with the batches' attention mask and without: what the mask costs."""
     import torch
 
-    from autotune.models import resolve_model
+    from autotune.specs.models import resolve_model
     from autotune.probe.memory import CpuMemoryAccountant
     from autotune.probe.step import ProbeStep, build_random_model, make_optimizer
 
@@ -129,7 +129,7 @@ def test_the_pick_of_a_padded_search_trains_under_its_budget(padded, runner, tmp
     assert statuses[4] == "oom" and tight.best is not None and tight.best.config.micro_batch == 2, statuses
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    # The run pads each batch to its longest example, as the probes timed it (autotune.lengths): its
+    # The run pads each batch to its longest example, as the probes timed it (autotune.levers.lengths): its
     # peak is its worst batch's, which its first batches need not reach, and never more than the probe's.
     outcome = train(
         TrainOptions(dataset=str(padded["reviews"]), output_dir=str(tmp_path / "run"), max_steps=4, device="cpu"),
@@ -140,7 +140,7 @@ def test_the_pick_of_a_padded_search_trains_under_its_budget(padded, runner, tmp
     assert outcome.status == RunEnd.FINISHED, outcome.message
     assert tight.best.config.lengths is not None and outcome.summary.peak_vs_probe <= 1.01, outcome.summary
     # A run of the worst batch (the data's longest example beside a shorter one, whose padding puts
-    # zeros in the mask: autotune.tasks.padded_lengths) peaks at the probe's: four examples, two of
+    # zeros in the mask: autotune.levers.tasks.padded_lengths) peaks at the probe's: four examples, two of
     # each length, two micro-batches of two each optimizer step (fewer rows than that and Trainer
     # steps without accumulating); Trainer's sampler is seeded, so the same batches every run.
     from transformers import AutoTokenizer

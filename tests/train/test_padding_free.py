@@ -16,8 +16,8 @@ import random
 
 import pytest
 
-from autotune.config import ProbeConfig
-from autotune.errors import BadInput
+from autotune.levers.config import ProbeConfig
+from autotune.vocabulary.errors import BadInput
 from tests.helpers.lengths import BLOCK, DATA, TEXT
 
 MiB = 2**20
@@ -126,9 +126,9 @@ def test_trls_loss_takes_a_padding_free_batch():
 
 
 def test_the_space_offers_padding_free_only_where_it_keeps_the_examples_and_trl_can_run_it(tmp_path):
-    from autotune.models import resolve_model
-    from autotune.space import SearchSpace
-    from autotune.tasks import DataShape
+    from autotune.specs.models import resolve_model
+    from autotune.search.space import SearchSpace
+    from autotune.levers.tasks import DataShape
     from tests.helpers.models import write_model_dir
 
     gpt2 = resolve_model(str(write_model_dir(tmp_path / "gpt2", n_layer=1, n_embd=32, n_head=2, vocab_size=100)))
@@ -209,7 +209,7 @@ def test_a_search_chooses_padding_free_batches_by_real_tokens_and_its_run_fits(
     from autotune.data.options import DataOptions
     from autotune.probe import ProbeSettings
     from autotune.search import SearchOptions, search
-    from autotune.status import RunEnd
+    from autotune.vocabulary.status import RunEnd
     from autotune.train import TrainOptions, train
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -308,9 +308,9 @@ def test_plan_prices_padding_free_and_grouped_batches_from_the_lengths_alone():
     the mean with the attention over the whole row outside a flash kernel, grouped rows as the
     sampler groups them (a grouped config could not be priced before: its plain twin kept the
     sampler and lost the lengths)."""
-    from autotune.cards import find_card
-    from autotune.lengths import Lengths
-    from autotune.planner.speed import ModelDims, predict_step_seconds
+    from autotune.specs.cards import find_card
+    from autotune.levers.lengths import Lengths
+    from autotune.planner.card_speed import ModelDims, predict_step_seconds
 
     # (an 8B model: GPT-2 at these sizes keeps an H100 waiting on kernel launches, positions or not)
     llama = ModelDims(

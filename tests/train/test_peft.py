@@ -10,8 +10,8 @@ from dataclasses import replace
 
 import pytest
 
-from autotune.config import ProbeConfig
-from autotune.recipes import peft_text
+from autotune.levers.config import ProbeConfig
+from autotune.levers.recipes import peft_text
 from autotune.store import open_store
 from autotune.train import SUMMARY_FILE, TrainOptions, train
 from autotune.train.winner import Winner
@@ -58,7 +58,7 @@ def test_the_model_loads_as_the_probe_built_it_bf16_with_adapters_after_checkpoi
     import torch
     from peft import PeftModel
 
-    from autotune.models import resolve_model
+    from autotune.specs.models import resolve_model
     from autotune.train.loading import build_model
 
     config = ProbeConfig(

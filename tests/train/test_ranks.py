@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from autotune.errors import BadInput
-from autotune.status import RunEnd
+from autotune.vocabulary.errors import BadInput
+from autotune.vocabulary.status import RunEnd
 from tests.helpers.corpus import corpus_text, write_pretrained_gpt2
 from tests.helpers.models import TINY_GPT2
 from tests.helpers.ranks import assert_rank_predicted

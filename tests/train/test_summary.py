@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from autotune.config import ProbeConfig
-from autotune.report import render_run_summary
+from autotune.levers.config import ProbeConfig
+from autotune.render.tables import render_run_summary
 from autotune.train import SUMMARY_FILE, ProbeMeasurement, RunSummary
 
 MiB = 2**20

@@ -15,11 +15,11 @@ import pytest
 from click.testing import CliRunner
 
 from autotune.cli import cli
-from autotune.errors import BadInput, DatasetError
+from autotune.vocabulary.errors import BadInput, DatasetError
 from autotune.search import SearchOptions
 from autotune.search import search as real_search
 from autotune.store import open_store
-from autotune.tasks import Task
+from autotune.levers.tasks import Task
 from autotune.train import SUMMARY_FILE, TrainOptions, train
 from autotune.data.task_data import load_task_data
 from autotune.train.winner import FixedRecipe

@@ -11,7 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from autotune.cli import cli
-from autotune.errors import AutotuneError, BadInput, DatasetError, ModelNotFound
+from autotune.vocabulary.errors import AutotuneError, BadInput, DatasetError, ModelNotFound
 from autotune.store import open_store
 from autotune.train import SUMMARY_FILE, TrainOptions, checkpoints, train
 from tests.helpers.cli import assert_usage_error, autotune

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from autotune.errors import BadInput, DatasetError
+from autotune.vocabulary.errors import BadInput, DatasetError
 from tests.helpers.cli import assert_usage_error, autotune
 from tests.helpers.models import write_model_dir
 
@@ -46,7 +46,7 @@ def test_an_eval_share_that_leaves_nothing_to_train_on_is_refused(tmp_path):
 
 
 def test_a_corrupt_safetensors_file_is_refused_before_anything(tmp_path):
-    from autotune.models import resolve_model
+    from autotune.specs.models import resolve_model
     from autotune.train.loading import check_weights
 
     model = write_model_dir(tmp_path / "model")

@@ -10,11 +10,11 @@ from typing import Any
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import PlainTextResponse, Response
 
-from autotune.errors import StudyNotFound
+from autotune.vocabulary.errors import StudyNotFound
 from autotune.service.auth import require_reader
 from autotune.service.commands import RequestRefused
 from autotune.service.views import links
-from autotune.status import StudyStatus
+from autotune.vocabulary.status import StudyStatus
 
 router = APIRouter(tags=["answers"])
 
@@ -31,9 +31,9 @@ def answer(
     """The pick of the latest finished search of `model` under `budget` (on a card whose name
     carries `gpu`), in any format `autotune best` prints."""
     from autotune.flags.table import BEST_FORMATS
-    from autotune.errors import AutotuneError
+    from autotune.vocabulary.errors import AutotuneError
     from autotune.handoff.best_config import best_in
-    from autotune.units import format_size, parse_budget
+    from autotune.vocabulary.units import format_size, parse_budget
 
     if format not in BEST_FORMATS:
         raise RequestRefused(f"format {format[:40]!r}: give one of {', '.join(BEST_FORMATS)}.")

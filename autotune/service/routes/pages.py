@@ -28,13 +28,13 @@ from jinja2.ext import Extension
 from markupsafe import Markup
 from sqlalchemy.exc import SQLAlchemyError
 
-from autotune.errors import AutotuneError, Conflict, DatabaseError, StudyNotFound
-from autotune.report import error_gist
+from autotune.vocabulary.errors import AutotuneError, Conflict, DatabaseError, StudyNotFound
+from autotune.render.tables import error_gist
 from autotune.service.auth import COOKIE, token_holder
 from autotune.service.commands import RequestRefused
 from autotune.service.svg import size_text, speed_memory_svg, speed_text
 from autotune.service.views import list_view, plan_view, progress_text, search_page_view, where_text
-from autotune.status import SEARCH_ENDED
+from autotune.vocabulary.status import SEARCH_ENDED
 
 log = logging.getLogger("autotune.service")
 

@@ -13,7 +13,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
-from autotune.errors import EXIT_USER_ERROR
+from autotune.vocabulary.errors import EXIT_USER_ERROR
 from autotune.service.auth import require_writer
 from autotune.service.commands import RequestRefused, read_request
 from autotune.service.routes.searches import json_body
@@ -59,7 +59,7 @@ async def predict_body(app, command_name: str, body: object) -> JSONResponse:
 
 async def _run(command_name: str, arguments: tuple[str, ...], config) -> JSONResponse:
     """`autotune COMMAND ARGUMENTS --json` in a child that dies with the service."""
-    from autotune.processes import kill_me_with_parent
+    from autotune.host.processes import kill_me_with_parent
 
     extra = ["--db", config.db] if command_name == "plan" and config.db else []
     child = await asyncio.create_subprocess_exec(

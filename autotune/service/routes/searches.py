@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
-from autotune.errors import StudyNotFound
+from autotune.vocabulary.errors import StudyNotFound
 from autotune.service.auth import require_reader, require_writer
 from autotune.flags.table import SEARCH
 from autotune.service.commands import RequestRefused, fields
@@ -27,7 +27,7 @@ from autotune.service.views import (
     study_or_none,
     submitted_or_none,
 )
-from autotune.status import SEARCH_ENDED, StudyStatus
+from autotune.vocabulary.status import SEARCH_ENDED, StudyStatus
 
 router = APIRouter(tags=["searches"])
 

@@ -4,7 +4,7 @@ Revision ID: 0008_phases
 Revises: 0007_liveness
 Create Date: 2026-11-25
 
-`autotune_probes` gains the recipe of the run's evaluation (autotune/evaluation.py: `eval_batch`,
+`autotune_probes` gains the recipe of the run's evaluation (autotune/levers/evaluation.py: `eval_batch`,
 `auto_eval_batch`, `eval_logits`, `eval_accumulation_steps`, `generation_max_length`, `generation_num_beams`) and
 what the probe measured of it: `phase_peaks` (each phase's peak allocated and reserved, JSON) and
 `failed_phase` (the phase that ran out of memory or failed), and `eval_batch_found` (with

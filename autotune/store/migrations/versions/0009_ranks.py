@@ -5,7 +5,7 @@ Revises: 0008_phases
 Create Date: 2026-11-25
 
 `autotune_probes` gains the config's `gpus` (ranks on each node, one GPU each), `nodes` (machines)
-and `strategy` (ddp, fsdp, fsdp-grad-op, fsdp-offload; autotune/sharding.py), and what a multi-rank probe measured on each
+and `strategy` (ddp, fsdp, fsdp-grad-op, fsdp-offload; autotune/levers/sharding.py), and what a multi-rank probe measured on each
 rank: `rank_peaks` (JSON, each rank's peak allocated and reserved; the probe's peaks are the
 largest). Rows written before were one-GPU probes: one rank, no strategy, which the defaults say.
 """

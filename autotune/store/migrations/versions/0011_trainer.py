@@ -4,7 +4,7 @@ Revision ID: 0011_trainer
 Revises: 0010_service
 Create Date: 2026-12-01
 
-`autotune_probes.trainer` (autotune.recipes.TRAINERS): `transformers` for every row stored before,
+`autotune_probes.trainer` (autotune.levers.recipes.TRAINERS): `transformers` for every row stored before,
 whose probes timed Trainer's step. Added in place.
 """
 

@@ -4,7 +4,7 @@ Revision ID: 0012_lengths
 Revises: 0011_trainer
 Create Date: 2026-12-01
 
-`autotune_probes.lengths` (autotune.lengths' text form: the data's example lengths as quantiles):
+`autotune_probes.lengths` (autotune.levers.lengths' text form: the data's example lengths as quantiles):
 NULL for every row stored before, whose probes timed rows of the whole block. Added in place.
 """
 

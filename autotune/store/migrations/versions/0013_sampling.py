@@ -4,7 +4,7 @@ Revision ID: 0013_sampling
 Revises: 0012_lengths
 Create Date: 2026-12-01
 
-`autotune_probes.sampling` (autotune.lengths.SAMPLINGS): `random` for every row stored before, whose
+`autotune_probes.sampling` (autotune.levers.lengths.SAMPLINGS): `random` for every row stored before, whose
 batches were drawn at random (or were full rows). Added in place.
 """
 

@@ -4,7 +4,7 @@ Revision ID: 0014_padding_free
 Revises: 0013_sampling
 Create Date: 2026-12-01
 
-`autotune_probes.padding_free` (autotune.config.ProbeConfig.padding_free): false for every row
+`autotune_probes.padding_free` (autotune.levers.config.ProbeConfig.padding_free): false for every row
 stored before, whose batches were padded (or were full rows). Added in place.
 """
 
