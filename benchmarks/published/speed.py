@@ -663,7 +663,7 @@ def fit() -> dict:
     alone would trade the groups' order for a row's hundredth: 18 of 24 groups at its best.)"""
     import itertools
 
-    from autotune.planner import speed
+    from autotune.planner import card_speed as speed
 
     rows, groups = load_speed_rows()
     saved = {name: getattr(speed, name) for name in FITTED}

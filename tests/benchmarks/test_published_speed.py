@@ -150,7 +150,8 @@ def test_the_fitted_constants_are_the_model_s_and_its_stated_error_is_the_table_
     """speed.py's two FITTED constants are where the grid over the table put them, and the error
     `plan` states is what this table gives the model as committed (rerun `python -m
     benchmarks.published --speed --stated-error` after changing the model)."""
-    from autotune.planner import speed, speed_error
+    from autotune.planner import card_speed as speed
+    from autotune.planner import speed_error
     from benchmarks.published.speed import FITTED, _spread, fit, load_speed_rows, price
 
     found = fit()

@@ -14,7 +14,7 @@ from autotune.levers.recipes import peft_text
 from autotune.vocabulary.errors import BadInput
 from autotune.specs.models import resolve_model
 from autotune.planner import Target, make_plan, unplannable
-from autotune.planner.render import render_plan
+from autotune.render.plan_table import render_plan
 from tests.helpers.fakes import fake_estimate, request
 from autotune.search.space import SearchSpace
 
@@ -212,7 +212,7 @@ def test_a_budget_typed_in_decimal_units_is_shown_as_typed_and_as_read():
 def test_a_plan_for_an_older_stack_traces_with_it_and_says_so(monkeypatch):
     from autotune.estimate.stack import Stack
     from autotune.specs.models import resolve_model
-    from autotune.planner import plan as planner_plan
+    from autotune.planner import card_plan as planner_plan
     from autotune.planner.card_plan import Target, make_plan
     from autotune.search.space import SearchSpace
 

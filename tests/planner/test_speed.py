@@ -7,7 +7,8 @@ from autotune.levers.config import ProbeConfig
 from autotune.estimate.result import MemoryEstimate
 from autotune.specs.models import KNOWN_ARCHITECTURES
 from autotune.estimate.stack import Stack
-from autotune.planner import speed, traffic
+from autotune.planner import card_speed as speed
+from autotune.planner import traffic
 from autotune.planner.card_speed import (
     ModelDims,
     dims_from_config,
