@@ -290,7 +290,7 @@ def test_train_refuses_an_output_dir_that_cannot_be_one_before_recording(work, h
             needle,
         )
     with open_store(hermetic_home / "autotune.db", read_only=True) as store:
-        assert store.runs() == []
+        assert store.runs.all() == []
 
 
 # -- recipe levers (autotune.levers.recipes) ---------------------------------------------------------------

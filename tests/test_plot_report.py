@@ -47,8 +47,8 @@ def study_db(tmp_path):
                 predicted_peak_bytes=predicted,
             )
         settle = dict(worker="w0", env_fingerprint=ENV.fingerprint(), how=SettleHow.UNCLAIMED)
-        store.settle(study.id, config(1, precision="bf16"), result("ok", 850.0, GiB + GiB // 2), **settle)
-        store.settle(
+        store.claims.settle(study.id, config(1, precision="bf16"), result("ok", 850.0, GiB + GiB // 2), **settle)
+        store.claims.settle(
             study.id,
             config(16, checkpointing=False),
             result("skipped", None, None, error="an OOM rules it out"),

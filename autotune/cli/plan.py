@@ -37,7 +37,7 @@ def plan(
     from autotune.estimate.stack import Stack
     from autotune.render.live import trace_progress
     from autotune.planner import Target, plan_for
-    from autotune.planner.render import render_plan
+    from autotune.render.plan_table import render_plan
     from autotune.vocabulary.units import parse_budget, parse_duration, parse_margin
 
     if gpu_name is not None and gpu_name.strip().lower() == "list":

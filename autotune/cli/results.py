@@ -48,7 +48,7 @@ def runs(study, db, fmt):
     from autotune.store import open_store
 
     with open_store(db, read_only=True) as store:
-        rows = store.runs(study)
+        rows = store.runs.all(study)
     click.echo(render_runs(rows, fmt))
 
 

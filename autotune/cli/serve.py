@@ -114,7 +114,7 @@ def token_create(name, db):
     from autotune.store import open_store
 
     with open_store(db) as store:
-        secret = store.create_token(name)
+        secret = store.tokens.create(name)
     click.echo(secret)
     click.echo(
         f"autotune: token {name!r} made; it is not shown again. Send it as `Authorization: Bearer TOKEN`.", err=True
@@ -129,7 +129,7 @@ def token_revoke(name, db):
     from autotune.store import open_store
 
     with open_store(db) as store:
-        store.revoke_token(name)
+        store.tokens.revoke(name)
     click.echo(f"revoked {name}")
 
 
@@ -141,7 +141,7 @@ def token_list(db, as_json):
     from autotune.store import open_store
 
     with open_store(db, read_only=True) as store:
-        rows = store.tokens()
+        rows = store.tokens.all()
     if as_json:
         echo_json([row.to_dict() for row in rows])
     else:

@@ -13,12 +13,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 
-def worker_kind(device: str | None) -> str:
-    """The kind of worker a `--device` asks for: cpu for cpu; else cuda (auto, cuda, cuda:N: the
-    workers that run it are where the GPUs are)."""
-    return "cpu" if (device or "auto").strip().lower() == "cpu" else "cuda"
-
-
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
     """What every worker runs: `autotune worker --study STUDY` (a search's), or `autotune worker
@@ -27,7 +21,7 @@ class WorkerSpec:
 
     study: str | None
     db_url: str
-    device: str  # cuda or cpu: each worker's device kind (worker_kind)
+    device: str  # cuda or cpu: each worker's device kind (vocabulary/devices.py worker_kind)
     ranks: int = 1  # GPUs (or CPU ranks) each worker's probes take
     timeout: float | None = None  # the search's --timeout, left when the workers start
 

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 from autotune.vocabulary import defaults
 from autotune.vocabulary import errors
+from autotune.vocabulary.devices import device_kind
 from autotune.results.budget import Budget
 
 
@@ -67,8 +68,7 @@ class ProbeSettings:
     @property
     def device_kind(self) -> str:
         """'cpu', 'cuda' or 'auto', as the settings name it (the child says what auto became)."""
-        device = str(self.device).strip().lower()
-        return "cuda" if device.startswith("cuda") else device
+        return device_kind(self.device)
 
     def budget(self, budget_bytes: int) -> Budget:
         """`budget_bytes` with these settings' margin (checked)."""

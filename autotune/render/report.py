@@ -254,7 +254,7 @@ def study_report(
             record = store.study(study)
             probes = store.probes(record.name)
             board = store.leaderboard(record.name)
-            claims = store.claims(record.id, stale_after=0.0)
+            claims = store.claims.of_study(record.id, stale_after=0.0)
         out_path = Path(out) if out is not None else None
         image_path = Path(plot) if plot is not None else out_path.with_suffix(".png") if out_path is not None else None
         image = note = None

@@ -79,10 +79,10 @@ def start_study(
         effective_batch=request.space.work_per_step,
         space=request.space.to_dict(),
     )
-    store.reopen_claims(study.id, tuple(RETRYABLE))  # resume: timeouts and crashes get one more try
+    store.claims.reopen(study.id, tuple(RETRYABLE))  # resume: timeouts and crashes get one more try
     # Claims left running by a search of this machine that is gone (killed, or stopped by a database
     # that failed before it could give them back) are probed again now, not after going stale.
-    store.release_dead_claims(study.id)
+    store.claims.release_dead(study.id)
     stored = StudyPlan.from_dict(study.plan).predictions if not options.fresh else {}
     margin = options.margin_for(request.environment.device_type, request.space.peft)
     knowledge = Knowledge.of(list(request.candidates), request.budget, margin, stored)
@@ -117,7 +117,8 @@ def start_study(
     store.set_study_plan(study.id, worker.plan.to_dict())
     worker.study = store.study(request.name)
     if not any(
-        c.state == ClaimState.RUNNING and not c.stale for c in store.claims(study.id, stale_after=options.stale_after)
+        c.state == ClaimState.RUNNING and not c.stale
+        for c in store.claims.of_study(study.id, stale_after=options.stale_after)
     ):
         trials.close_running()  # (only when no other worker is in the middle of a trial)
     return worker, trials

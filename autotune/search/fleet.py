@@ -22,7 +22,8 @@ import time
 from collections.abc import Callable
 
 from autotune.results.budget import Budget
-from autotune.launchers.base import Launcher, WorkerSpec, worker_kind
+from autotune.launchers.base import Launcher, WorkerSpec
+from autotune.vocabulary.devices import worker_kind
 from autotune.host.environment import Environment, adopt_openmp
 from autotune.vocabulary.errors import AutotuneError, BadInput, DeviceError
 from autotune.specs.models import ModelSpec
@@ -412,7 +413,7 @@ def _stop_silent_workers(store: Store, study: StudyRecord, launcher: Launcher, s
     end while the silent one lives."""
     silent = {
         claim.worker
-        for claim in store.claims(study.id, stale_after=stale_after)
+        for claim in store.claims.of_study(study.id, stale_after=stale_after)
         if claim.state == ClaimState.RUNNING and claim.stale
     }
     if silent:

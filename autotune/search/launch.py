@@ -141,7 +141,8 @@ def dry_run_script(
 ) -> str:
     """`search --launcher slurm --dry-run`: the job script the search would submit (its study's name
     and ranks worked out as the search works them out), without submitting or writing anything."""
-    from autotune.launchers.base import WorkerSpec, worker_kind
+    from autotune.launchers.base import WorkerSpec
+    from autotune.vocabulary.devices import worker_kind
     from autotune.launchers.slurm import SlurmLauncher
 
     assert isinstance(launcher, SlurmLauncher)

@@ -252,11 +252,11 @@ class SearchLoop:
             return None
         # From the claim's INSERT to the outcome's row, whatever ends this worker (SIGTERM, a second
         # Ctrl-C, a user error raised by the runner, a database that fails) gives the claim back: a
-        # claim left running waits out its staleness before anyone probes its config again. claim()
+        # claim left running waits out its staleness before anyone probes its config again. claims.take()
         # is inside too: a signal that arrives while SQLite commits is handled as the commit returns,
-        # so SIGTERM's Terminated comes out of a claim() whose row is written.
+        # so SIGTERM's Terminated comes out of a claims.take() whose row is written.
         try:
-            if w.store.claim(w.study.id, config.key(), w.label, stale_after=w.options.stale_after) is None:
+            if w.store.claims.take(w.study.id, config.key(), w.label, stale_after=w.options.stale_after) is None:
                 self._give_back(choice)  # another worker took it between our look and our claim
                 return None
             with showing_phases(
@@ -269,7 +269,7 @@ class SearchLoop:
             probe_id = self._store(choice, result, SettleHow.CLAIMED)
         except BaseException as exc:
             with written_if_possible("the claim"):
-                w.store.release_claim(w.study.id, config.key(), w.label, retry=False)
+                w.store.claims.release(w.study.id, config.key(), w.label, retry=False)
             if not isinstance(exc, DeadlineReached):
                 raise
             # Not a measurement: nothing is stored for it, and the same command probes it again.
@@ -282,7 +282,7 @@ class SearchLoop:
         """Store a candidate's outcome once for the study (None: another worker's came first)."""
         w = self.w
         prediction = w.knowledge.predictions.get(choice.config.key())
-        return w.store.settle(
+        return w.store.claims.settle(
             w.study.id,
             choice.config,
             result,
@@ -373,7 +373,7 @@ class SearchLoop:
             return bool(confirmation.get("partial"))  # a round an earlier run left unfinished goes on
         return any(
             claim.attempts > 0
-            for claim in w.store.claims(w.study.id, stale_after=w.options.stale_after)
+            for claim in w.store.claims.of_study(w.study.id, stale_after=w.options.stale_after)
             if claim.config_key != ROUND_KEY
         )
 
@@ -387,7 +387,7 @@ class SearchLoop:
         w = self.w
         waited = False
         while (
-            w.store.claim(
+            w.store.claims.take(
                 w.study.id, ROUND_KEY, w.label, stale_after=w.options.stale_after, max_attempts=ROUND_ATTEMPTS
             )
             is None
@@ -414,7 +414,7 @@ class SearchLoop:
                 self._confirm(stop.is_set)
         finally:
             with written_if_possible("the confirmation round's claim"):
-                w.store.release_claim(w.study.id, ROUND_KEY, w.label, retry=False)
+                w.store.claims.release(w.study.id, ROUND_KEY, w.label, retry=False)
 
     def _revisit(self) -> bool:
         """After a confirmation round pooled the contenders' windows, the configs skipped for speed
@@ -431,7 +431,7 @@ class SearchLoop:
         again = self.strategy.revisitable()
         if not again:
             return False
-        w.store.reopen_skipped(w.study.id, [c.key() for c in again])
+        w.store.claims.reopen_skipped(w.study.id, [c.key() for c in again])
         for config in again:
             del k.outcomes[config.key()]
             if (kind := self.skipped_here.pop(config.key(), None)) is not None:  # (decided again: counted again)

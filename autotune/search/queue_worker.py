@@ -168,7 +168,7 @@ class QueueWorker:
 
     def _take(self) -> SearchRecord | None:
         try:
-            return self.store.take_search(self.label, self.device.can_serve)
+            return self.store.queue.take(self.label, self.device.can_serve)
         except DatabaseError as exc:
             self.say(f"worker {self.label}: the database cannot be used now ({exc}); trying again")
             return None
@@ -176,7 +176,7 @@ class QueueWorker:
     def _joinable(self) -> SearchRecord | None:
         """A running search this device can help with: its study on the same environment."""
         try:
-            for search in self.store.running_searches():
+            for search in self.store.queue.running():
                 if search.worker == self.label or search.cancel_requested or not self.device.can_serve(search):
                     continue
                 try:
@@ -209,9 +209,9 @@ class QueueWorker:
             state, reason = self._ending(search, ended)
         try:
             if state == SearchState.QUEUED:
-                self.store.requeue_search(search.id, self.label, reason)
+                self.store.queue.requeue(search.id, self.label, reason)
             else:
-                self.store.end_search(search.id, self.label, state, reason, exit_status=code)
+                self.store.queue.end(search.id, self.label, state, reason, exit_status=code)
         except DatabaseError as exc:  # its heartbeat stops: it reads as interrupted, and is resumed
             self.say(f"worker {self.label}: could not record how {search.name} ended ({exc})")
         self.say(f"worker {self.label}: {search.name} {state}: {reason}")
@@ -338,14 +338,14 @@ class QueueWorker:
 
     def _beat(self, search: SearchRecord) -> SearchRecord | None | bool:
         try:
-            row = self.store.beat_search(search.id, self.label)
+            row = self.store.queue.beat(search.id, self.label)
         except DatabaseError:
             return None  # the child's own writes fail too, and end it; until then, carry on
         return False if row is None else row
 
     def _read(self, search: SearchRecord) -> SearchRecord | None:
         try:
-            return self.store.submitted_search(search.name)
+            return self.store.queue.get(search.name)
         except AutotuneError:
             return None
 

@@ -83,7 +83,7 @@ class Heartbeat:
                 if self.owns_study:
                     self.store.beat_study(self.study_id)
                 if key is not None:
-                    self.store.heartbeat(self.study_id, key, self.worker)
+                    self.store.claims.beat(self.study_id, key, self.worker)
             except (OperationalError, InterfaceError, DatabaseError) as exc:
                 # One missed beat is not fatal: a claim goes stale only after defaults.STALE_BEATS of them.
                 # A full disk, or a server gone or restarting, is said once, by the search's own next
@@ -136,7 +136,9 @@ class WorkerState:
         # Probes before claims: a probe row and its claim's new state commit together, so a row
         # read here has its claim settled in the read below.
         rows = self.store.probes(self.study.name, after_id=self.seen_probe_id)
-        claims = {c.config_key: c for c in self.store.claims(self.study.id, stale_after=self.options.stale_after)}
+        claims = {
+            c.config_key: c for c in self.store.claims.of_study(self.study.id, stale_after=self.options.stale_after)
+        }
         for row in rows:
             self.seen_probe_id = max(self.seen_probe_id, row.id)
             config = self.by_key.get(row.config_key)
@@ -197,7 +199,7 @@ class WorkerState:
             margin_bytes=self.budget.margin_bytes,
             error=f"the worker probing it stopped heartbeating, {claim.attempts} times (last {claim.worker})",
         )
-        probe_id = self.store.settle(
+        probe_id = self.store.claims.settle(
             self.study.id,
             config,
             result,

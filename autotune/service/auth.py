@@ -22,7 +22,7 @@ def token_holder(request: Request) -> str | None:
     token = presented_token(request)
     if token is None:
         return None
-    return request.app.state.store.token_name(token)
+    return request.app.state.store.tokens.holder(token)
 
 
 def require_writer(request: Request) -> str:

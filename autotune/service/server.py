@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from autotune.vocabulary.errors import BadInput
-from autotune.launchers.base import Launcher, WorkerSpec, worker_kind
+from autotune.launchers.base import Launcher, WorkerSpec
+from autotune.vocabulary.devices import worker_kind
 from autotune.service.submissions import ServicePolicy
 
 # A queue worker stopped with the service has this long to put its search back in the queue.
@@ -85,7 +86,7 @@ def serve(
     with open_store(db) as store:  # (creates or upgrades the embedded database, as search does)
         url = store.engine.url.render_as_string(hide_password=False)
         shown = store.url
-        has_tokens = store.has_tokens()
+        has_tokens = store.tokens.any()
     if not is_loopback(host) and not has_tokens:
         raise BadInput(
             f"--host {host} listens beyond this machine, and no token exists to guard it; make one first "

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotune.launchers.base import worker_kind
+from autotune.vocabulary.devices import worker_kind
 from autotune.flags.flag import Part, usage_message
 from autotune.flags.table import SEARCH
 from autotune.service.commands import RequestRefused, read_request

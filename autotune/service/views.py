@@ -61,7 +61,7 @@ def links(name: str) -> dict[str, str]:
 
 def submitted_or_none(store: Store, name: str) -> SearchRecord | None:
     try:
-        return store.submitted_search(name)
+        return store.queue.get(name)
     except StudyNotFound:
         return None
 
@@ -84,7 +84,7 @@ def search_view(store: Store, name: str, *, detail: bool = True) -> dict[str, An
         raise StudyNotFound(
             f"no search or study named {name!r}; submit one with POST /v1/searches, or list them with GET /v1/searches."
         )
-    settled = store.settled_counts([name]).get(name, 0)
+    settled = store.queue.settled_counts([name]).get(name, 0)
     view = summary_view(submitted, study, settled)
     if detail:
         board = store.leaderboard(name) if study is not None else []
@@ -141,10 +141,10 @@ def summary_view(
 
 def list_view(store: Store, limit: int) -> list[dict[str, Any]]:
     """GET /v1/searches: submitted searches and the command line's studies, newest first."""
-    submitted = {s.name: s for s in store.submitted_searches(limit=limit)}
+    submitted = {s.name: s for s in store.queue.all(limit=limit)}
     studies = {s.name: s for s in store.studies()}
     names = list(submitted) + [n for n in studies if n not in submitted]
-    counts = store.settled_counts(names[:limit])
+    counts = store.queue.settled_counts(names[:limit])
     views = []
     for name in names[:limit]:
         summary = studies.get(name)

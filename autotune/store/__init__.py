@@ -10,15 +10,19 @@
         store.record_probe(study.id, config, result, env_fingerprint=env.fingerprint())
         rows = store.leaderboard(study.name, top=10)
 
-Several workers share a study through claims: `claim()` takes a config for probing (atomically, in
-the database), `heartbeat()` keeps it, `settle()` records its outcome once, whichever worker wins.
+The Store is studies, probes and the leaderboard (`store.py`) and four parts over the same
+`Database` (`base.py`: sessions, the retry policy, the one place writes start), each an attribute:
 
-Schema in `schema.py`, changed only through Alembic revisions in
-`migrations/` (the package `autotune.store.migrations`). The Store is split by concern: `base.py`
-(sessions, the retry policy, the one place writes start), `store.py` (studies, probes, leaderboard),
-`claims.py`, `runs.py`, `queue.py` (searches submitted to the service), `tokens.py` (its tokens), `rows.py` (ORM rows to records); `failures.py` says which database errors
-pass with time and words the others; `damage.py` finds what a database that is not whole lacks;
-`names.py` checks study names, new and looked up. `schema_lock()` is held while a schema is created
+    store.claims.take(study.id, key, worker, stale_after=15.0)   # workers sharing a study (claims.py):
+    store.claims.beat(...); store.claims.settle(...)             # taken atomically, kept, settled once
+    store.runs.start(...), store.runs.all()                      # full fine-tunes (runs.py)
+    store.queue.submit(submission), store.queue.take(worker, ok) # the service's searches (queue.py)
+    store.tokens.create("ci"), store.tokens.holder(token)        # the service's tokens (tokens.py)
+
+Schema in `schema.py`, changed only through Alembic revisions in `migrations/` (the package
+`autotune.store.migrations`); `rows.py` turns ORM rows into records (`records.py`); `failures.py`
+says which database errors pass with time and words the others; `damage.py` finds what a database
+that is not whole lacks; `names.py` checks study names, new and looked up. `schema_lock()` is held while a schema is created
 (ours by `migrate.upgrade`, Optuna's by whoever builds its RDBStorage).
 Read commands open with `open_store(db, read_only=True)`: nothing is created, upgraded or written.
 Importing this package loads SQLAlchemy, not Alembic, torch or Optuna.

@@ -1,5 +1,5 @@
 """The store's plumbing: its engine and sessions, the one retry policy for writes, and finding a
-study by name. The Store (store.py) and its parts (claims.py, runs.py) build on it."""
+study by name. The Store (store.py) and each of its parts (claims.py, runs.py, queue.py, tokens.py) hold one."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from autotune.store.failures import describe_failure, is_database_failure, is_tr
 from autotune.store.names import check_study_lookup
 from autotune.store.schema import Study
 
-__all__ = ["TRANSIENT_RETRY_DELAYS", "StoreBase", "is_transient", "retry_transient"]
+__all__ = ["TRANSIENT_RETRY_DELAYS", "Database", "is_transient", "retry_transient"]
 
 T = TypeVar("T")
 
@@ -45,8 +45,9 @@ def retry_transient(work: Callable[[], T], *, transient: Callable[[BaseException
     return work()
 
 
-class StoreBase:
-    """Engine, sessions and shared helpers of the Store."""
+class Database:
+    """One database as the Store's parts use it: its engine, a read session, a write transaction (the
+    one place writes start), the retry policy, and finding a study by name."""
 
     def __init__(self, engine: Engine, *, read_only: bool = False) -> None:
         self.engine = engine
@@ -70,7 +71,7 @@ class StoreBase:
         self.engine.dispose()
 
     @contextmanager
-    def _writing(self) -> Iterator[Session]:
+    def writing(self) -> Iterator[Session]:
         """One write transaction: the one place writes start. A failure of the database itself
         that waiting will not cure (a full disk, a read-only file) becomes one DatabaseError line;
         a transient one propagates as it is, for retry_transient."""
@@ -88,7 +89,7 @@ class StoreBase:
             raise describe_failure(self.engine.url, exc) from exc
 
     @contextmanager
-    def _read(self) -> Iterator[Session]:
+    def reading(self) -> Iterator[Session]:
         """One read session. A stored value that is not JSON is told as one line naming its row
         (damage.py); a failure of the database itself (locked past the wait, gone, unreadable) as
         one DatabaseError line, as writes tell theirs."""
@@ -127,7 +128,7 @@ class StoreBase:
                 f"and run the command again."
             )
 
-    def _retry_transient(self, work: Callable[[], T]) -> T:
+    def retry(self, work: Callable[[], T]) -> T:
         """retry_transient, and a failure that outlasts the retries told as one DatabaseError line."""
         try:
             return retry_transient(work)
@@ -136,7 +137,7 @@ class StoreBase:
                 raise
             raise describe_failure(self.engine.url, exc, retried_s=sum(TRANSIENT_RETRY_DELAYS)) from exc
 
-    def _retry_on_conflict(self, work: Callable[[], T]) -> T:
+    def retry_on_conflict(self, work: Callable[[], T]) -> T:
         """Run a get-or-create once more after a unique-key race lost to another process (possible
         on PostgreSQL; on SQLite, BEGIN IMMEDIATE serialises writers)."""
         try:
@@ -144,7 +145,7 @@ class StoreBase:
         except IntegrityError:
             return work()
 
-    def _find_study(self, session: Session, name: str | None) -> Study:
+    def find_study(self, session: Session, name: str | None) -> Study:
         name = check_study_lookup(name)
         if name is None:
             study = session.scalars(select(Study).order_by(Study.updated_at.desc(), Study.id.desc()).limit(1)).first()
@@ -153,10 +154,10 @@ class StoreBase:
             return study
         study = session.scalars(select(Study).where(Study.name == name)).one_or_none()
         if study is None:
-            raise StudyNotFound(self._not_found_message(name))
+            raise StudyNotFound(self.not_found_message(name))
         return study
 
-    def _not_found_message(self, name: str) -> str:
+    def not_found_message(self, name: str) -> str:
         return f"no study named {name!r} in {self.url}; list them with `autotune studies`."
 
 

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from autotune.levers.config import ProbeConfig
 from autotune.results.probe_result import ProbeResult
 from autotune.vocabulary.status import ClaimState, ProbeStatus, SettleHow
-from autotune.store.base import StoreBase
+from autotune.store.base import Database
 from autotune.store.liveness import worker_gone
 from autotune.store.records import ClaimRecord
 from autotune.store.rows import add_probe, probe_values
@@ -25,10 +25,13 @@ from autotune.store.schema import Claim, Probe, utcnow
 MAX_ATTEMPTS = 2
 
 
-class ClaimsMixin(StoreBase):
-    """The Store's claim operations (see the module docstring)."""
+class Claims:
+    """A study's claims, as workers sharing it take, keep and settle them (see the module docstring): `store.claims`."""
 
-    def claim(
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def take(
         self, study_id: int, config_key: str, worker: str, *, stale_after: float, max_attempts: int = MAX_ATTEMPTS
     ) -> int | None:
         """Take a configuration of a study for probing; returns the attempt number (1 for a new
@@ -40,7 +43,7 @@ class ClaimsMixin(StoreBase):
         stale claim that has had `max_attempts` is left for settle(how="abandoned")."""
 
         def work() -> int | None:
-            with self._writing() as session:
+            with self.db.writing() as session:
                 now = _db_now(session)
                 if _insert_claim(
                     session,
@@ -67,12 +70,12 @@ class ClaimsMixin(StoreBase):
                     return None
                 return session.scalars(select(Claim.attempts).where(_claim_is(study_id, config_key))).one()
 
-        return self._retry_transient(work)
+        return self.db.retry(work)
 
-    def heartbeat(self, study_id: int, config_key: str, worker: str) -> bool:
+    def beat(self, study_id: int, config_key: str, worker: str) -> bool:
         """Say that `worker` is still probing `config_key`; False when the claim is no longer its own
         (settled, or taken over after this worker looked dead)."""
-        with self._writing() as session:
+        with self.db.writing() as session:
             now = _db_now(session)
             changed = session.execute(
                 update(Claim)
@@ -81,29 +84,29 @@ class ClaimsMixin(StoreBase):
             ).rowcount  # type: ignore[attr-defined]
         return bool(changed)
 
-    def release_claim(self, study_id: int, config_key: str, worker: str, *, retry: bool = True) -> None:
+    def release(self, study_id: int, config_key: str, worker: str, *, retry: bool = True) -> None:
         """Give back a claim this worker holds without settling it (its probe was aborted).
         `retry=False`: tried once (on the way out of a search the database just failed: what cannot
         be written now, the next search makes right, release_dead_claims)."""
 
         def work() -> None:
-            with self._writing() as session:
+            with self.db.writing() as session:
                 session.execute(
                     delete(Claim).where(
                         _claim_is(study_id, config_key), Claim.worker == worker, Claim.state == ClaimState.RUNNING
                     )
                 )
 
-        self._retry_transient(work) if retry else work()
+        self.db.retry(work) if retry else work()
 
-    def release_dead_claims(self, study_id: int) -> int:
+    def release_dead(self, study_id: int) -> int:
         """Make stale at once the running claims of this study whose worker's process is gone from
         this machine (killed, or it stopped on a database that failed and could not give its claim
         back), so that a resumed search takes them over now instead of waiting for them to go stale.
         Taken over, not deleted: the attempt counts, so a config that kills its worker each time
         ends as crashed after MAX_ATTEMPTS rather than being tried forever. Another machine's claims
         are left to their heartbeats. Returns how many."""
-        with self._read() as session:
+        with self.db.reading() as session:
             dead = [
                 (c.config_key, c.worker)
                 for c in session.scalars(
@@ -113,7 +116,7 @@ class ClaimsMixin(StoreBase):
             ]
         if not dead:
             return 0
-        with self._writing() as session:
+        with self.db.writing() as session:
             long_ago = _db_now(session) - timedelta(days=365)
             for config_key, worker in dead:
                 session.execute(
@@ -163,7 +166,7 @@ class ClaimsMixin(StoreBase):
         )
 
         def work() -> int | None:
-            with self._writing() as session:
+            with self.db.writing() as session:
                 now = _db_now(session)
                 if how == SettleHow.UNCLAIMED:
                     won = _insert_claim(
@@ -193,13 +196,13 @@ class ClaimsMixin(StoreBase):
                     return None
                 return add_probe(session, Probe(**row))
 
-        return self._retry_transient(work)
+        return self.db.retry(work)
 
-    def claims(self, study_id: int, *, stale_after: float) -> list[ClaimRecord]:
+    def of_study(self, study_id: int, *, stale_after: float) -> list[ClaimRecord]:
         """Every claim of a study, each marked stale when it is running but its worker has not
         heartbeaten for `stale_after` seconds (by the database's clock on a server, so that the
         workers' clocks need not agree)."""
-        with self._read() as session:
+        with self.db.reading() as session:
             now = _db_now(session)
             cutoff = now - timedelta(seconds=stale_after)
             return [
@@ -216,10 +219,10 @@ class ClaimsMixin(StoreBase):
                 for c in session.scalars(select(Claim).where(Claim.study_id == study_id).order_by(Claim.id))
             ]
 
-    def reopen_claims(self, study_id: int, statuses: tuple[str, ...]) -> int:
+    def reopen(self, study_id: int, statuses: tuple[str, ...]) -> int:
         """Release the settled claims of configs whose latest outcome has one of `statuses` (a
         timeout or crash a resumed search tries once more); returns how many."""
-        with self._writing() as session:
+        with self.db.writing() as session:
             latest = select(func.max(Probe.id)).where(Probe.study_id == study_id).group_by(Probe.config_key)
             keys = list(
                 session.scalars(select(Probe.config_key).where(Probe.id.in_(latest), Probe.status.in_(statuses)))
@@ -238,7 +241,7 @@ class ClaimsMixin(StoreBase):
         now win (search/loop.py). Returns how many rows went."""
         if not config_keys:
             return 0
-        with self._writing() as session:
+        with self.db.writing() as session:
             gone = session.execute(
                 delete(Probe).where(
                     Probe.study_id == study_id, Probe.config_key.in_(config_keys), Probe.status == ProbeStatus.SKIPPED

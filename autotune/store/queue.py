@@ -19,7 +19,7 @@ from sqlalchemy import func, select, update
 from autotune.vocabulary.errors import Conflict, StudyNotFound
 from autotune.host.processes import owner_gone
 from autotune.vocabulary.status import SEARCH_ENDED, SearchState
-from autotune.store.base import StoreBase
+from autotune.store.base import Database
 from autotune.store.claims import _db_now
 from autotune.store.names import check_study_name
 from autotune.store.records import SearchRecord
@@ -50,10 +50,13 @@ class Submission:
     candidates: int
 
 
-class QueueMixin(StoreBase):
-    """The Store's queue operations (see the module docstring)."""
+class SearchQueue:
+    """The service's submitted searches, as clients submit and workers take them (see the module docstring): `store.queue`."""
 
-    def submit_search(
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def submit(
         self, submission: Submission, *, idempotency_key: str | None = None, submitted_by: str | None = None
     ) -> tuple[SearchRecord, bool]:
         """Queue a search; returns it and whether it is new. The same request (by its hash, or by
@@ -63,7 +66,7 @@ class QueueMixin(StoreBase):
         name = check_study_name(submission.name)
 
         def work() -> tuple[SearchRecord, bool]:
-            with self._writing() as session:
+            with self.db.writing() as session:
                 now = utcnow()
                 if idempotency_key is not None:
                     keyed = session.scalars(
@@ -108,7 +111,7 @@ class QueueMixin(StoreBase):
                 session.flush()
                 return search_record(row), True
 
-        return self._retry_on_conflict(work)
+        return self.db.retry_on_conflict(work)
 
     @staticmethod
     def _resubmitted(row: Search, now: Any) -> SearchRecord:
@@ -117,9 +120,9 @@ class QueueMixin(StoreBase):
             _requeue(row, now)
         return search_record(row)
 
-    def submitted_search(self, name: str) -> SearchRecord:
+    def get(self, name: str) -> SearchRecord:
         """The submitted search of that name; StudyNotFound if none was submitted."""
-        with self._read() as session:
+        with self.db.reading() as session:
             row = session.scalars(select(Search).where(Search.name == name)).one_or_none()
             if row is None:
                 raise StudyNotFound(
@@ -127,9 +130,9 @@ class QueueMixin(StoreBase):
                 )
             return search_record(row)
 
-    def submitted_searches(self, *, limit: int = 100, state: str | None = None) -> list[SearchRecord]:
+    def all(self, *, limit: int = 100, state: str | None = None) -> list[SearchRecord]:
         """The submitted searches, newest first (`state`: only those in it, as read)."""
-        with self._read() as session:
+        with self.db.reading() as session:
             rows = session.scalars(select(Search).order_by(Search.id.desc())).all()
             records = [search_record(row) for row in rows]
         return [r for r in records if state is None or r.state == state][:limit]
@@ -144,15 +147,15 @@ class QueueMixin(StoreBase):
             .where(Study.name.in_(list(names)))
             .group_by(Study.name)
         )
-        with self._read() as session:
+        with self.db.reading() as session:
             return {name: int(count) for name, count in session.execute(query).all()}
 
-    def take_search(self, worker: str, can_serve: Callable[[SearchRecord], bool]) -> SearchRecord | None:
+    def take(self, worker: str, can_serve: Callable[[SearchRecord], bool]) -> SearchRecord | None:
         """Take the oldest search this worker can serve: a queued one, or a running one whose worker
         is gone (it resumes). None when there is none."""
 
         def work() -> SearchRecord | None:
-            with self._writing() as session:
+            with self.db.writing() as session:
                 now = _db_now(session)
                 rows = session.scalars(
                     select(Search)
@@ -189,20 +192,20 @@ class QueueMixin(StoreBase):
                         return search_record(session.get(Search, row.id))  # type: ignore[arg-type]
                 return None
 
-        return self._retry_transient(work)
+        return self.db.retry(work)
 
-    def running_searches(self) -> list[SearchRecord]:
+    def running(self) -> list[SearchRecord]:
         """Searches a worker runs now (as read: not those whose worker is gone), oldest first."""
-        with self._read() as session:
+        with self.db.reading() as session:
             rows = session.scalars(select(Search).where(Search.state == SearchState.RUNNING).order_by(Search.id)).all()
             return [r for r in map(search_record, rows) if r.state == SearchState.RUNNING]
 
-    def beat_search(self, search_id: int, worker: str) -> SearchRecord | None:
+    def beat(self, search_id: int, worker: str) -> SearchRecord | None:
         """The worker running it is alive; returns the search as stored (whether a cancel was asked),
         or None when it is no longer this worker's."""
 
         def work() -> SearchRecord | None:
-            with self._writing() as session:
+            with self.db.writing() as session:
                 changed = session.execute(
                     update(Search)
                     .where(Search.id == search_id, Search.worker == worker, Search.state == SearchState.RUNNING)
@@ -210,9 +213,9 @@ class QueueMixin(StoreBase):
                 ).rowcount  # type: ignore[attr-defined]
                 return search_record(session.get(Search, search_id)) if changed else None  # type: ignore[arg-type]
 
-        return self._retry_transient(work)
+        return self.db.retry(work)
 
-    def end_search(
+    def end(
         self, search_id: int, worker: str, state: SearchState, reason: str | None, exit_status: int | None = None
     ) -> None:
         """Record how a worker's search ended (only while it is still that worker's)."""
@@ -220,7 +223,7 @@ class QueueMixin(StoreBase):
             raise ValueError(f"a search ends in one of {', '.join(sorted(SEARCH_ENDED))}, not {state!r}")
 
         def work() -> None:
-            with self._writing() as session:
+            with self.db.writing() as session:
                 now = utcnow()
                 session.execute(
                     update(Search)
@@ -235,14 +238,14 @@ class QueueMixin(StoreBase):
                     )
                 )
 
-        self._retry_transient(work)
+        self.db.retry(work)
 
-    def requeue_search(self, search_id: int, worker: str, reason: str) -> None:
+    def requeue(self, search_id: int, worker: str, reason: str) -> None:
         """Put a worker's search back in the queue (the worker stopped before the search ended):
         the next worker that can serve it resumes its study."""
 
         def work() -> None:
-            with self._writing() as session:
+            with self.db.writing() as session:
                 session.execute(
                     update(Search)
                     .where(Search.id == search_id, Search.worker == worker)
@@ -251,14 +254,14 @@ class QueueMixin(StoreBase):
                     )
                 )
 
-        self._retry_transient(work)
+        self.db.retry(work)
 
-    def cancel_search(self, name: str, *, by: str | None = None) -> SearchRecord:
+    def cancel(self, name: str, *, by: str | None = None) -> SearchRecord:
         """Ask a search to stop: a queued one is cancelled at once; a running one's worker stops its
         search (the probe in flight ended) and records it cancelled. An ended search is left as it is."""
 
         def work() -> SearchRecord:
-            with self._writing() as session:
+            with self.db.writing() as session:
                 row = session.scalars(select(Search).where(Search.name == name)).one_or_none()
                 if row is None:
                     raise StudyNotFound(
@@ -276,7 +279,7 @@ class QueueMixin(StoreBase):
                 session.flush()
                 return search_record(row)
 
-        return self._retry_transient(work)
+        return self.db.retry(work)
 
 
 def search_record(row: Search) -> SearchRecord:

@@ -11,16 +11,19 @@ from sqlalchemy import select, update
 from autotune.levers.config import ProbeConfig
 from autotune.host.processes import owner_label
 from autotune.vocabulary.status import RunStatus
-from autotune.store.base import StoreBase
+from autotune.store.base import Database
 from autotune.store.records import RunRecord
 from autotune.store.rows import run_record
 from autotune.store.schema import Run, utcnow
 
 
-class RunsMixin(StoreBase):
-    """The Store's run operations."""
+class Runs:
+    """Full fine-tunes (`autotune train`) as they start, beat and end: `store.runs`."""
 
-    def start_run(
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def start(
         self,
         *,
         config: ProbeConfig | Mapping[str, Any],
@@ -42,12 +45,12 @@ class RunsMixin(StoreBase):
             owner=owner_label(),
             heartbeat_at=utcnow(),
         )
-        with self._writing() as session:
+        with self.db.writing() as session:
             session.add(run)
             session.flush()
             return run.id
 
-    def finish_run(
+    def finish(
         self,
         run_id: int,
         *,
@@ -59,7 +62,7 @@ class RunsMixin(StoreBase):
         summary: Mapping[str, Any] | None = None,
     ) -> None:
         """Mark a run finished, with what it measured."""
-        self._end_run(
+        self._end(
             run_id,
             status=RunStatus.FINISHED,
             steps=steps,
@@ -70,31 +73,29 @@ class RunsMixin(StoreBase):
             summary=dict(summary) if summary is not None else None,
         )
 
-    def fail_run(self, run_id: int, error: str, *, summary: Mapping[str, Any] | None = None) -> None:
+    def fail(self, run_id: int, error: str, *, summary: Mapping[str, Any] | None = None) -> None:
         """Mark a run failed, keeping the error text (and whatever summary there is)."""
-        self._end_run(
-            run_id, status=RunStatus.FAILED, error=error, summary=dict(summary) if summary is not None else None
-        )
+        self._end(run_id, status=RunStatus.FAILED, error=error, summary=dict(summary) if summary is not None else None)
 
-    def interrupt_run(self, run_id: int, *, summary: Mapping[str, Any] | None = None) -> None:
+    def interrupt(self, run_id: int, *, summary: Mapping[str, Any] | None = None) -> None:
         """Mark a run interrupted (Ctrl-C, SIGTERM): it did not finish, and --resume goes on from
         its latest checkpoint."""
-        self._end_run(
+        self._end(
             run_id,
             status=RunStatus.INTERRUPTED,
             error="interrupted",
             summary=dict(summary) if summary is not None else None,
         )
 
-    def beat_run(self, run_id: int) -> None:
+    def beat(self, run_id: int) -> None:
         """The run's process is alive (a running run whose process is gone reads as interrupted)."""
-        with self._writing() as session:
+        with self.db.writing() as session:
             session.execute(update(Run).where(Run.id == run_id).values(heartbeat_at=utcnow()))
 
-    def interrupt_abandoned_runs(self, output_dir: str | os.PathLike[str]) -> list[int]:
+    def interrupt_abandoned(self, output_dir: str | os.PathLike[str]) -> list[int]:
         """Mark interrupted, for good, the runs into `output_dir` stored as running whose process is
         gone (a `train --resume` takes their directory over); their ids."""
-        with self._writing() as session:
+        with self.db.writing() as session:
             rows = session.scalars(
                 select(Run).where(Run.output_dir == os.fspath(output_dir), Run.status == RunStatus.RUNNING)
             ).all()
@@ -103,9 +104,9 @@ class RunsMixin(StoreBase):
                 run.status, run.error, run.finished_at = RunStatus.INTERRUPTED, "its process was gone", utcnow()
             return [run.id for run in gone]
 
-    def _end_run(self, run_id: int, **values: Any) -> None:
+    def _end(self, run_id: int, **values: Any) -> None:
         assert values["status"] in RunStatus.__members__.values()
-        with self._writing() as session:
+        with self.db.writing() as session:
             run = session.get(Run, run_id)
             if run is None:
                 raise LookupError(f"no run with id {run_id}")
@@ -113,18 +114,18 @@ class RunsMixin(StoreBase):
                 setattr(run, key, value)
             run.finished_at = utcnow()
 
-    def run(self, run_id: int) -> RunRecord:
+    def get(self, run_id: int) -> RunRecord:
         """One run by id (LookupError when there is none)."""
-        with self._read() as session:
+        with self.db.reading() as session:
             run = session.get(Run, run_id)
             if run is None:
                 raise LookupError(f"no run with id {run_id}")
             return run_record(run)
 
-    def runs(self, study_name: str | None = None) -> list[RunRecord]:
+    def all(self, study_name: str | None = None) -> list[RunRecord]:
         """Every run, or those of one study, oldest first."""
-        with self._read() as session:
+        with self.db.reading() as session:
             query = select(Run).order_by(Run.id)
             if study_name is not None:
-                query = query.where(Run.study_id == self._find_study(session, study_name).id)
+                query = query.where(Run.study_id == self.db.find_study(session, study_name).id)
             return [run_record(run) for run in session.scalars(query)]

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, Protocol
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import Engine, case, func, select, update
 
 from autotune.levers.config import ProbeConfig
 from autotune.host.environment import Environment
@@ -21,17 +21,18 @@ from autotune.results.budget import required_bytes
 from autotune.results.ranking import Standing, ranked
 from autotune.vocabulary.status import CACHEABLE, ProbeStatus, StudyStatus
 import autotune.store.migrate as migrate
-from autotune.store.claims import ClaimsMixin
+from autotune.store.claims import Claims
 from autotune.host.processes import owner_label
+from autotune.store.base import Database
 from autotune.store.engine import display_url, make_engine, resolve_url, sqlite_path
 from autotune.store.liveness import effective_status
 from autotune.store.moved import move_study
 from autotune.store.names import check_study_name
 from autotune.store.records import LeaderboardRow, ProbeRecord, StudyRecord, StudySummary, UpgradeReport
 from autotune.store.rows import CONFIG_FIELDS, add_probe, probe_record, probe_result, probe_values, study_record
-from autotune.store.queue import QueueMixin
-from autotune.store.runs import RunsMixin
-from autotune.store.tokens import TokensMixin
+from autotune.store.queue import SearchQueue
+from autotune.store.runs import Runs
+from autotune.store.tokens import Tokens
 from autotune.store.schema import Probe, Study, utcnow
 from autotune.vocabulary.units import INT64_MAX
 
@@ -90,10 +91,35 @@ def upgrade_database(url: str | os.PathLike[str] | None = None) -> UpgradeReport
     return UpgradeReport(url=display_url(resolved), before=before, after=after)
 
 
-class Store(ClaimsMixin, RunsMixin, QueueMixin, TokensMixin):
-    """Reads and writes studies, probes, claims (claims.py), runs (runs.py), the service's queue
-    (queue.py) and tokens (tokens.py). Use `open_store()`
-    to get one; close it (or use it as a context manager) to release its connections."""
+class Store:
+    """One results database: its studies and probes (here), and its parts, each over the same
+    `Database` (base.py): `claims` (workers sharing a study, claims.py), `runs` (full fine-tunes,
+    runs.py), `queue` (the service's submitted searches, queue.py) and `tokens` (its bearer
+    tokens, tokens.py). Use `open_store()` to get one; close it (or use it as a context manager)
+    to release its connections."""
+
+    def __init__(self, engine: Engine, *, read_only: bool = False) -> None:
+        self.db = Database(engine, read_only=read_only)
+        self.claims = Claims(self.db)
+        self.runs = Runs(self.db)
+        self.queue = SearchQueue(self.db)
+        self.tokens = Tokens(self.db)
+
+    @property
+    def engine(self) -> Engine:
+        return self.db.engine
+
+    @property
+    def url(self) -> str:
+        """The database, for messages (password hidden)."""
+        return self.db.url
+
+    @property
+    def read_only(self) -> bool:
+        return self.db.read_only
+
+    def close(self) -> None:
+        self.db.close()
 
     def __enter__(self) -> Store:
         return self
@@ -120,7 +146,7 @@ class Store(ClaimsMixin, RunsMixin, QueueMixin, TokensMixin):
         name = check_study_name(name)
 
         def work() -> StudyRecord:
-            with self._writing() as session:
+            with self.db.writing() as session:
                 study = session.scalars(select(Study).where(Study.name == name)).one_or_none()
                 now = utcnow()
                 if study is None:
@@ -155,16 +181,16 @@ class Store(ClaimsMixin, RunsMixin, QueueMixin, TokensMixin):
                 session.flush()
                 return study_record(study)
 
-        return self._retry_on_conflict(work)
+        return self.db.retry_on_conflict(work)
 
     def study(self, name: str | None = None) -> StudyRecord:
         """The study called `name` (the most recent one when None); StudyNotFound if there is none."""
-        with self._read() as session:
-            return study_record(self._find_study(session, name))
+        with self.db.reading() as session:
+            return study_record(self.db.find_study(session, name))
 
     def latest_study_name(self) -> str | None:
         """The study probed most recently (resumed studies count), or None in an empty database."""
-        with self._read() as session:
+        with self.db.reading() as session:
             return session.scalars(
                 select(Study.name).order_by(Study.updated_at.desc(), Study.id.desc()).limit(1)
             ).first()
@@ -174,25 +200,25 @@ class Store(ClaimsMixin, RunsMixin, QueueMixin, TokensMixin):
         if status not in StudyStatus.__members__.values():
             raise ValueError(f"study status must be one of {', '.join(StudyStatus)}, not {status!r}")
         where = Study.id == study if isinstance(study, int) else Study.name == study
-        with self._writing() as session:
+        with self.db.writing() as session:
             changed = session.execute(update(Study).where(where).values(status=status, updated_at=utcnow())).rowcount  # type: ignore[attr-defined]
         if not changed:
-            raise StudyNotFound(self._not_found_message(str(study)))
+            raise StudyNotFound(self.db.not_found_message(str(study)))
 
     def beat_study(self, study_id: int) -> None:
         """The study's owner is alive: its heartbeat (a running study whose owner stops beating
         reads as interrupted, store/liveness.py)."""
-        with self._writing() as session:
+        with self.db.writing() as session:
             session.execute(update(Study).where(Study.id == study_id).values(heartbeat_at=utcnow()))
 
     def set_study_plan(self, study_id: int, plan: Mapping[str, Any]) -> None:
         """Store what a worker needs to join the study (strategy, probe settings, predictions)."""
-        with self._writing() as session:
+        with self.db.writing() as session:
             session.execute(update(Study).where(Study.id == study_id).values(plan=dict(plan)))
 
     def set_confirmation(self, study_id: int, confirmation: Mapping[str, Any]) -> None:
         """Store how the study's winner was told apart from its contenders (search/confirm.py)."""
-        with self._writing() as session:
+        with self.db.writing() as session:
             session.execute(update(Study).where(Study.id == study_id).values(confirmation=dict(confirmation)))
 
     def update_timing(self, probe_id: int, result: ProbeResult) -> None:
@@ -210,7 +236,7 @@ class Store(ClaimsMixin, RunsMixin, QueueMixin, TokensMixin):
                 "measured_seconds",
             )
         }
-        with self._writing() as session:
+        with self.db.writing() as session:
             session.execute(update(Probe).where(Probe.id == probe_id).values(**values))
 
     def studies(self) -> list[StudySummary]:
@@ -233,7 +259,7 @@ class Store(ClaimsMixin, RunsMixin, QueueMixin, TokensMixin):
             .group_by(Study.id)
             .order_by(Study.updated_at.desc(), Study.id.desc())
         )
-        with self._read() as session:
+        with self.db.reading() as session:
             summaries = []
             for study, total, ok, oom, skipped, workers in session.execute(query).all():
                 best = self._ranked_fits(session, study)[:1] if ok else []
@@ -295,20 +321,20 @@ class Store(ClaimsMixin, RunsMixin, QueueMixin, TokensMixin):
         )
 
         def work() -> int:
-            with self._writing() as session:
+            with self.db.writing() as session:
                 return add_probe(session, Probe(**row))
 
-        return self._retry_transient(work)
+        return self.db.retry(work)
 
     def set_trial_number(self, probe_id: int, trial_number: int) -> None:
         """Link a stored probe to its Optuna trial, made after the probe was settled."""
-        with self._writing() as session:
+        with self.db.writing() as session:
             session.execute(update(Probe).where(Probe.id == probe_id).values(trial_number=trial_number))
 
     def fill_predicted_peaks(self, study_id: int, peaks: Mapping[str, int]) -> None:
         """Record predictions that arrived after their configs were settled (the search probes
         while predicting): only where none is stored yet."""
-        with self._writing() as session:
+        with self.db.writing() as session:
             for config_key, peak in peaks.items():
                 session.execute(
                     update(Probe)
@@ -347,7 +373,7 @@ class Store(ClaimsMixin, RunsMixin, QueueMixin, TokensMixin):
             .limit(_REUSE_LOOKBACK)
         )
         allowed = budget_bytes - margin_bytes
-        with self._read() as session:
+        with self.db.reading() as session:
             for probe, their_budget, their_margin in session.execute(query).all():
                 result = probe_result(probe)
                 if (their_budget, their_margin) == (budget_bytes, margin_bytes):
@@ -366,8 +392,8 @@ class Store(ClaimsMixin, RunsMixin, QueueMixin, TokensMixin):
     def probes(self, study_name: str | None = None, *, after_id: int = 0) -> list[ProbeRecord]:
         """Every probe of a study (the most recent study when None), in the order they were stored;
         only those stored after probe `after_id` when given (a worker reading what others found)."""
-        with self._read() as session:
-            study = self._find_study(session, study_name)
+        with self.db.reading() as session:
+            study = self.db.find_study(session, study_name)
             rows = session.scalars(
                 select(Probe).where(Probe.study_id == study.id, Probe.id > after_id).order_by(Probe.id)
             )
@@ -379,8 +405,8 @@ class Store(ClaimsMixin, RunsMixin, QueueMixin, TokensMixin):
         `study_name` None means the most recent study; StudyNotFound if none."""
         if top is not None and not 1 <= top <= INT64_MAX:
             raise BadInput(f"--top must be a whole number from 1 to {INT64_MAX} (got {top}).")
-        with self._read() as session:
-            study = self._find_study(session, study_name)
+        with self.db.reading() as session:
+            study = self.db.find_study(session, study_name)
             rows = self._ranked_fits(session, study)[:top]
             return [
                 LeaderboardRow(

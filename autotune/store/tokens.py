@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
 from autotune.vocabulary.errors import BadInput, Conflict
-from autotune.store.base import StoreBase
+from autotune.store.base import Database
 from autotune.store.records import TokenRecord
 from autotune.store.schema import Token, utcnow
 
@@ -33,15 +33,18 @@ def check_token_name(name: str) -> str:
     return name
 
 
-class TokensMixin(StoreBase):
-    """The Store's token operations (see the module docstring)."""
+class Tokens:
+    """The service's bearer tokens (see the module docstring): `store.tokens`."""
 
-    def create_token(self, name: str) -> str:
+    def __init__(self, db: Database) -> None:
+        self.db = db
+
+    def create(self, name: str) -> str:
         """A new token called `name`; returns the token itself (the only time it is seen)."""
         name = check_token_name(name)
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         try:
-            with self._writing() as session:
+            with self.db.writing() as session:
                 if session.scalars(select(Token.id).where(Token.name == name)).first() is not None:
                     raise Conflict(
                         f"a token called {name!r} exists already; revoke it first (autotune token revoke "
@@ -52,10 +55,10 @@ class TokensMixin(StoreBase):
             raise Conflict(f"a token called {name!r} exists already; choose another name.") from None
         return token
 
-    def revoke_token(self, name: str) -> TokenRecord:
+    def revoke(self, name: str) -> TokenRecord:
         """Revoke the token called `name` (it no longer authenticates) and free its name."""
         name = check_token_name(name)
-        with self._writing() as session:
+        with self.db.writing() as session:
             row = session.scalars(select(Token).where(Token.name == name)).one_or_none()
             if row is None:
                 raise BadInput(f"no token called {name!r}; list them with `autotune token list`.")
@@ -64,22 +67,22 @@ class TokensMixin(StoreBase):
             session.delete(row)
         return record
 
-    def tokens(self) -> list[TokenRecord]:
-        with self._read() as session:
+    def all(self) -> list[TokenRecord]:
+        with self.db.reading() as session:
             return [
                 TokenRecord(t.name, t.created_at, t.revoked_at)
                 for t in session.scalars(select(Token).order_by(Token.id)).all()
             ]
 
-    def token_name(self, token: str) -> str | None:
+    def holder(self, token: str) -> str | None:
         """The name of the live token `token` is, or None."""
         if not token.startswith(TOKEN_PREFIX) or len(token) > 200:
             return None
-        with self._read() as session:
+        with self.db.reading() as session:
             return session.scalars(
                 select(Token.name).where(Token.token_hash == token_hash(token), Token.revoked_at.is_(None))
             ).first()
 
-    def has_tokens(self) -> bool:
-        with self._read() as session:
+    def any(self) -> bool:
+        with self.db.reading() as session:
             return session.scalars(select(Token.id).where(Token.revoked_at.is_(None)).limit(1)).first() is not None

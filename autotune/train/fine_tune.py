@@ -521,9 +521,9 @@ def _record_run(
     output_dir, winner = context.output_dir, context.winner
     _make_output_dir(output_dir)
     with open_store(db) as store:
-        for abandoned in store.interrupt_abandoned_runs(str(output_dir.resolve())):
+        for abandoned in store.runs.interrupt_abandoned(str(output_dir.resolve())):
             echo(f"run #{abandoned} into {output_dir} was still marked running, its process gone: marked interrupted")
-        run_id = store.start_run(
+        run_id = store.runs.start(
             config=winner.row.config,
             study_id=winner.study.id,
             probe_id=winner.row.probe_id,

@@ -128,9 +128,9 @@ def train_on_ranks(
 
     config = winner.row.config
     with open_store(db) as store:
-        for abandoned in store.interrupt_abandoned_runs(str(output_dir.resolve())):
+        for abandoned in store.runs.interrupt_abandoned(str(output_dir.resolve())):
             echo(f"run #{abandoned} into {output_dir} was still marked running, its process gone: marked interrupted")
-        run_id = store.start_run(
+        run_id = store.runs.start(
             config=config,
             study_id=winner.study.id,
             probe_id=winner.row.probe_id,
@@ -153,7 +153,7 @@ def train_on_ranks(
                 if summary is not None:
                     recorder.interrupted(summary)
                 else:
-                    store.interrupt_run(run_id)
+                    store.runs.interrupt(run_id)
                 raise
             ends = _ends(launch.run_dir, config.ranks)
         return _keep_end(ends, recorder, winner, run_id, output_dir, returncode, searched)
@@ -224,7 +224,7 @@ def _keep_end(
         if summary is not None:
             recorder.failed(error, replace(summary, status=RunEnd.ERROR, error=error))
         else:
-            recorder.store.fail_run(run_id, error)
+            recorder.store.runs.fail(run_id, error)
         raise RankFailed(f"the run on {len(ends)} ranks failed: {error}")
     recorder.finished(summary)
     return TrainOutcome(

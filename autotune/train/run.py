@@ -189,17 +189,17 @@ class StoreRecorder:
         return beating(self.store, self.run_id)
 
     def failed(self, error: str, summary: RunSummary) -> None:
-        self.store.fail_run(self.run_id, error, summary=summary.to_dict())
+        self.store.runs.fail(self.run_id, error, summary=summary.to_dict())
 
     def interrupted(self, summary: RunSummary) -> None:
-        self.store.interrupt_run(self.run_id, summary=summary.to_dict())
+        self.store.runs.interrupt(self.run_id, summary=summary.to_dict())
 
     def out_of_memory(self, failure: str, summary: RunSummary) -> None:
-        self.store.fail_run(self.run_id, f"out of memory: {failure}", summary=summary.to_dict())
+        self.store.runs.fail(self.run_id, f"out of memory: {failure}", summary=summary.to_dict())
         summary.write(self.output_dir)
 
     def finished(self, summary: RunSummary) -> None:
-        self.store.finish_run(
+        self.store.runs.finish(
             self.run_id,
             steps=summary.steps,
             tokens_per_s=summary.tokens_per_s,
@@ -465,7 +465,7 @@ def beating(store: Store, run_id: int) -> Iterator[None]:
         while not stop.wait(RUN_HEARTBEAT_SECONDS):
             # A missed beat is not fatal: the run reads as gone only after several.
             with contextlib.suppress(OperationalError, InterfaceError, DatabaseError):
-                store.beat_run(run_id)
+                store.runs.beat(run_id)
 
     thread = threading.Thread(target=beat, name="autotune-run-heartbeat", daemon=True)
     thread.start()

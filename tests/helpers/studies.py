@@ -38,7 +38,11 @@ TWO_CANDIDATES = [
 def running_claims(db: str, study: str) -> list:
     try:
         with open_store(db) as store:
-            return [c for c in store.claims(store.study(study).id, stale_after=3600) if c.state == ClaimState.RUNNING]
+            return [
+                c
+                for c in store.claims.of_study(store.study(study).id, stale_after=3600)
+                if c.state == ClaimState.RUNNING
+            ]
     except Exception:  # not created yet
         return []
 

@@ -241,7 +241,9 @@ def test_two_workers_on_two_nodes_pick_what_one_worker_picks_and_a_killed_one_s_
             if victim is None and set(workers.values()) == {"a", "b"} and holders == set(workers):
                 with open_store(db) as store:
                     held = next(
-                        c for c in store.claims(store.study("tiny-200MiB").id, stale_after=3) if c.state == "running"
+                        c
+                        for c in store.claims.of_study(store.study("tiny-200MiB").id, stale_after=3)
+                        if c.state == "running"
                     )
                 victim = (int(held.worker.split(":")[1]), held.config_key)
                 os.kill(victim[0], signal.SIGKILL)
@@ -260,7 +262,7 @@ def test_two_workers_on_two_nodes_pick_what_one_worker_picks_and_a_killed_one_s_
     assert priorities == {os.getpriority(os.PRIO_PROCESS, 0)}
     with open_store(db) as store:
         retried = next(
-            c for c in store.claims(store.study("tiny-200MiB").id, stale_after=3) if c.config_key == victim[1]
+            c for c in store.claims.of_study(store.study("tiny-200MiB").id, stale_after=3) if c.config_key == victim[1]
         )
         assert retried.state == "done" and retried.attempts == 2
         [row] = [p for p in store.probes("tiny-200MiB") if p.config_key == victim[1]]
@@ -285,7 +287,9 @@ def _probing(db: Path, study: str) -> set[str]:
     """The workers holding a running claim of `study` (none before the study is written)."""
     try:
         with open_store(db) as store:
-            return {c.worker for c in store.claims(store.study(study).id, stale_after=3) if c.state == "running"}
+            return {
+                c.worker for c in store.claims.of_study(store.study(study).id, stale_after=3) if c.state == "running"
+            }
     except Exception:
         return set()
 
@@ -303,7 +307,7 @@ def test_sigterm_stops_every_worker_within_the_grace_and_leaves_no_task(cluster)
             try:
                 with open_store(cluster["base"] / "term.db") as store:
                     study = store.study("term")
-                    with_probe = any(c.state == "running" for c in store.claims(study.id, stale_after=3))
+                    with_probe = any(c.state == "running" for c in store.claims.of_study(study.id, stale_after=3))
             except Exception:
                 continue
         assert with_probe
@@ -324,7 +328,9 @@ def test_sigterm_stops_every_worker_within_the_grace_and_leaves_no_task(cluster)
     # Each task's worker was stopped as SIGTERM stops it (its claim given back), not killed when
     # the stop's grace ran out: a probe's claim left running would wait out its staleness.
     with open_store(cluster["base"] / "term.db") as store:
-        running = [c.config_key for c in store.claims(store.study("term").id, stale_after=3) if c.state == "running"]
+        running = [
+            c.config_key for c in store.claims.of_study(store.study("term").id, stale_after=3) if c.state == "running"
+        ]
     assert running == []
     assert cluster_tasks_left(cluster["address"], "term") == []
     # (Ray ends a cancelled task's worker process by itself, a moment later.)

@@ -132,7 +132,9 @@ def test_sigterm_cancels_the_array_and_a_refused_partition_writes_nothing(slurm_
         time.sleep(0.5)
         try:
             with open_store(tmp_path / "slurm.db") as store:
-                probing = any(c.state == "running" for c in store.claims(store.study("term").id, stale_after=3))
+                probing = any(
+                    c.state == "running" for c in store.claims.of_study(store.study("term").id, stale_after=3)
+                )
         except Exception:
             continue
     assert probing, run.stderr.read() if run.poll() is not None else "no probe started"

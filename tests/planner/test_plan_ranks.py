@@ -7,7 +7,7 @@ import pytest
 from autotune.specs.cards import find_card
 from autotune.specs.models import resolve_model
 from autotune.planner import Target, make_plan
-from autotune.planner.render import render_plan
+from autotune.render.plan_table import render_plan
 from autotune.search.space import SearchSpace
 from tests.helpers.models import write_model_dir
 

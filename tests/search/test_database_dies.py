@@ -101,7 +101,7 @@ def _search(url: str, **env: str) -> subprocess.CompletedProcess:
 
 def _claims(url: str) -> list:
     with open_store(url, read_only=True) as store:
-        return store.claims(store.study("dies").id, stale_after=3600)
+        return store.claims.of_study(store.study("dies").id, stale_after=3600)
 
 
 def test_a_server_stopped_mid_search_gives_one_line_and_a_resumable_study(postgres_server, postgres_url):

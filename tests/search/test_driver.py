@@ -114,7 +114,7 @@ def test_a_sigterm_handled_as_a_claim_commits_gives_the_claim_back(store, monkey
     with pytest.raises(Terminated):
         search(store, runner, gpt2_space(), study="t")
     assert runner.asked == []
-    assert [c for c in store.claims(store.study("t").id, stale_after=60) if c.state == "running"] == []
+    assert [c for c in store.claims.of_study(store.study("t").id, stale_after=60) if c.state == "running"] == []
 
 
 def test_finished_search_answers_from_the_database(store):

@@ -120,7 +120,7 @@ def test_three_workers_settle_every_config_once_and_pick_what_one_worker_picks(t
             ScriptedRunner(),
             store,
         )
-        claims = store.claims(store.study("shared").id, stale_after=60)
+        claims = store.claims.of_study(store.study("shared").id, stale_after=60)
     keys = [p.config_key for p in probes]
     assert len(keys) == len(set(keys))  # each settled once
     assert {c.config_key for c in claims} == set(keys) and all(c.state == "done" for c in claims)
@@ -351,7 +351,7 @@ def test_a_fleet_s_workers_run_one_confirmation_round_and_the_study_finishes_wit
     assert outcomes[holder].round.probes == len(runners[holder].windows) >= 2
     with open_store(db) as store:
         study = store.study("fleet")
-        claims = store.claims(study.id, stale_after=60)
+        claims = store.claims.of_study(study.id, stale_after=60)
         board = store.leaderboard("fleet")
     decision = study.confirmation
     assert study.status == "finished" and decision is not None and not decision.get("partial")
@@ -379,7 +379,7 @@ def test_a_round_whose_holder_died_is_taken_over_with_its_windows(tmp_path):
     with open_store(db) as store:
         study = store.study("dead")
         best = store.leaderboard("dead")[0]
-        assert store.claim(study.id, ROUND_KEY, dead, stale_after=60) == 1
+        assert store.claims.take(study.id, ROUND_KEY, dead, stale_after=60) == 1
         store.set_confirmation(
             study.id,
             {
@@ -393,12 +393,12 @@ def test_a_round_whose_holder_died_is_taken_over_with_its_windows(tmp_path):
         )
         store.set_study_status(study.id, "running")
         store.set_study_plan(study.id, {**study.plan, "confirm": True})
-        assert store.release_dead_claims(study.id) == 1  # (as a worker or a resumed search does on start)
+        assert store.claims.release_dead(study.id) == 1  # (as a worker or a resumed search does on start)
     runner = RoundRunner()
     with open_store(db) as store:
         outcome = run_worker(store, "dead", runner)
         record = store.study("dead")
-        claims = {c.config_key for c in store.claims(study.id, stale_after=60)}
+        claims = {c.config_key for c in store.claims.of_study(study.id, stale_after=60)}
     decision = record.confirmation
     assert runner.windows and outcome.round.probes == len(runner.windows) and record.status == "finished"
     assert decision is not None and not decision.get("partial") and decision["probes"] == 1 + len(runner.windows)
@@ -431,17 +431,17 @@ def test_a_search_waits_for_the_round_another_worker_holds_and_keeps_its_verdict
     assert started.wait(60) and not errors, errors
     with open_store(db) as store:
         study = store.study("mixed")
-        assert store.claim(study.id, ROUND_KEY, holder, stale_after=options.stale_after) == 1
+        assert store.claims.take(study.id, ROUND_KEY, holder, stale_after=options.stale_after) == 1
         # Held, beating, until the search has settled every candidate and sits waiting for the round.
         deadline = time.monotonic() + 60
         while thread.is_alive() and time.monotonic() < deadline:
-            store.heartbeat(study.id, ROUND_KEY, holder)
-            settled = {c.config_key for c in store.claims(study.id, stale_after=60) if c.state == "done"}
+            store.claims.beat(study.id, ROUND_KEY, holder)
+            settled = {c.config_key for c in store.claims.of_study(study.id, stale_after=60) if c.state == "done"}
             if len(settled) == len(space.candidates()):
                 break
             time.sleep(0.1)
         for _ in range(10):  # (2 s of waiting, beaten as a live holder does)
-            store.heartbeat(study.id, ROUND_KEY, holder)
+            store.claims.beat(study.id, ROUND_KEY, holder)
             time.sleep(0.2)
         assert thread.is_alive() and not runner.windows  # waiting, no round of its own
         best = store.leaderboard("mixed")[0]
@@ -462,7 +462,7 @@ def test_a_search_waits_for_the_round_another_worker_holds_and_keeps_its_verdict
             "reused": False,
         }
         store.set_confirmation(study.id, verdict)
-        store.release_claim(study.id, ROUND_KEY, holder)
+        store.claims.release(study.id, ROUND_KEY, holder)
     thread.join(timeout=60)
     assert not thread.is_alive() and not errors, errors
     assert not runner.windows and outcomes["search"].study.status == "finished"

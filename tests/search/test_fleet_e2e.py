@@ -115,7 +115,7 @@ def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_w
             start_new_session=True,
         )
         mine = f":{doomed.pid}:"
-        [held] = wait_for(lambda: [c for c in store.claims(study_id, stale_after=1.5) if mine in c.worker])
+        [held] = wait_for(lambda: [c for c in store.claims.of_study(study_id, stale_after=1.5) if mine in c.worker])
         os.killpg(doomed.pid, signal.SIGKILL)
         doomed.wait(timeout=30)
 
@@ -150,7 +150,7 @@ def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_w
 
     with open_store(postgres_url) as store:
         probes = store.probes("shared")
-        claims = {c.config_key: c for c in store.claims(study_id, stale_after=1.5)}
+        claims = {c.config_key: c for c in store.claims.of_study(study_id, stale_after=1.5)}
         environment = Environment.from_dict(store.study("shared").environment)
     keys = [p.config_key for p in probes]
     assert len(keys) == len(set(keys)) and set(keys) == {c.key() for c in space.candidates()}  # each probed once
@@ -223,7 +223,7 @@ def test_two_workers_share_one_sqlite_file(tiny_model, tmp_path):
     with open_store(db) as store:
         probes = store.probes("two")
         study = store.study("two")
-        claims = store.claims(study.id, stale_after=60)
+        claims = store.claims.of_study(study.id, stale_after=60)
     keys = [p.config_key for p in probes]
     assert len(keys) == len(set(keys)) == 8 and study.status == "finished"
     assert len({c.worker for c in claims}) == 2  # both took configurations

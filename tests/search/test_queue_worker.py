@@ -40,12 +40,12 @@ def queued(tmp_path, hermetic_home):
     }
     submission = submission_of(body, ServicePolicy(model_root=root))
     with open_store(db) as store:
-        store.submit_search(submission)
+        store.queue.submit(submission)
         device = WorkerDevice("cpu", "cpu", "cpu: test", None, 1, "f")
 
         def make(worker_class=QueueWorker):
             worker = worker_class(store, db, device, say=lambda line: None)
-            search = store.take_search(worker.label, device.can_serve)
+            search = store.queue.take(worker.label, device.can_serve)
             assert search is not None
             return worker, search
 
@@ -77,7 +77,7 @@ def test_a_misleading_log_does_not_change_how_the_search_ended(queued):
     store, make, _ = queued
     worker, search = make(Misleading)
     assert worker.run_search(search) == SearchState.FINISHED
-    ended = store.submitted_search(search.name)
+    ended = store.queue.get(search.name)
     pick = store.leaderboard(search.name, top=1)[0]
     assert ended.state == SearchState.FINISHED and ended.exit_status == 0
     assert ended.reason == f"every candidate settled; the pick: {pick.label}, {pick.tokens_per_s:,.0f} tokens/s"
@@ -88,7 +88,7 @@ def test_a_child_that_says_no_outcome_is_not_read_as_finished(queued):
     store, make, _ = queued
     worker, search = make(Silent)
     assert worker.run_search(search) == SearchState.FAILED
-    ended = store.submitted_search(search.name)
+    ended = store.queue.get(search.name)
     assert ended.reason.startswith("the search process ended with exit status 0 before saying an outcome")
 
 
@@ -97,6 +97,6 @@ def test_a_search_this_worker_cannot_run_is_refused_in_process_with_the_checks_r
     shutil.rmtree(root / "tiny")  # (the model named at submission is gone by the time a worker takes it)
     worker, search = make(NeverStarts)
     assert worker.run_search(search) == SearchState.FAILED
-    ended = store.submitted_search(search.name)
+    ended = store.queue.get(search.name)
     assert ended.reason.startswith("refused by its worker: ") and str(root / "tiny") in ended.reason
     assert ended.exit_status is None

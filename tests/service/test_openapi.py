@@ -76,7 +76,7 @@ def seed(db: str) -> str:
         for micro_batch, status, speed in [(1, "ok", 800.0), (2, "ok", 1500.0), (4, "oom", None), (8, "timeout", None)]:
             store.record_probe(study.id, config(micro_batch), result(status, speed), env_fingerprint=ENV.fingerprint())
         store.set_study_status(STUDY, "finished")
-        return store.create_token("schemathesis")
+        return store.tokens.create("schemathesis")
 
 
 @pytest.fixture(scope="module")

@@ -59,7 +59,7 @@ def client_of(db: str, public_read: bool = True) -> TestClient:
 
 def make_token(db: str) -> str:
     with open_store(db) as store:
-        return store.create_token("reader")
+        return store.tokens.create("reader")
 
 
 # -- what the pages show --------------------------------------------------------------------------

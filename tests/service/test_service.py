@@ -37,7 +37,7 @@ def service(tmp_path):
     root = tmp_path / "models"
     write_model_dir(root / "tiny", **TINY)
     with open_store(db) as store:
-        token = store.create_token("ci")
+        token = store.tokens.create("ci")
     app = create_app(ServiceConfig(db=db, policy=ServicePolicy(model_root=root)))
     with TestClient(app) as client:
         client.token, client.db, client.root = token, db, root  # type: ignore[attr-defined]
@@ -66,7 +66,7 @@ def body(**changes) -> dict:
 
 def submitted(client) -> list:
     with open_store(client.db) as store:
-        return store.submitted_searches()
+        return store.queue.all()
 
 
 # -- one definition: the table both doors are made of ---------------------------------------------
@@ -178,7 +178,7 @@ def test_writes_need_a_live_token_and_a_refused_one_writes_nothing(service):
         assert "token" in answer.json()["error"]
     assert service.get("/v1/searches").status_code == 401  # reading is not public unless --public-read
     with open_store(service.db) as store:
-        store.revoke_token("ci")
+        store.tokens.revoke("ci")
     assert service.post("/v1/searches", json=body(), headers=auth(service)).status_code == 401
     assert submitted(service) == []
 
@@ -242,16 +242,16 @@ def test_a_worker_takes_only_what_its_device_serves_and_a_dead_holder_is_taken_o
     h100 = WorkerDevice("cuda", "cuda", "NVIDIA H100 80GB HBM3", 80 * 2**30, 1, "f")
     a10g = WorkerDevice("cuda", "cuda", "NVIDIA A10G", 22 * 2**30, 1, "f")
     with open_store(service.db) as store:
-        assert store.take_search("host-b:1", h100.can_serve) is None  # not an A10G
-        taken = store.take_search("host-a:1", cpu.can_serve)
+        assert store.queue.take("host-b:1", h100.can_serve) is None  # not an A10G
+        taken = store.queue.take("host-a:1", cpu.can_serve)
         assert taken is not None and taken.name == "on-cpu"
-        assert store.take_search("host-c:1", cpu.can_serve) is None  # held, and its holder beats
-        assert store.take_search("host-d:1", a10g.can_serve).name == "tiny-200MiB"
+        assert store.queue.take("host-c:1", cpu.can_serve) is None  # held, and its holder beats
+        assert store.queue.take("host-d:1", a10g.can_serve).name == "tiny-200MiB"
         # A holder on this machine whose process is gone: its search reads interrupted and is taken up.
         dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
         import socket
 
-        with store._writing() as session:
+        with store.db.writing() as session:
             from sqlalchemy import update
 
             from autotune.store.schema import Search
@@ -261,8 +261,8 @@ def test_a_worker_takes_only_what_its_device_serves_and_a_dead_holder_is_taken_o
                 .where(Search.name == "on-cpu")
                 .values(worker=f"{socket.gethostname()}:{dead.stdout.strip()}")
             )
-        assert store.submitted_search("on-cpu").state == SearchState.INTERRUPTED
-        again = store.take_search("host-e:1", cpu.can_serve)
+        assert store.queue.get("on-cpu").state == SearchState.INTERRUPTED
+        again = store.queue.take("host-e:1", cpu.can_serve)
         assert again is not None and again.name == "on-cpu" and again.attempts == 2
 
 
@@ -333,7 +333,7 @@ def test_an_unreachable_database_is_a_503_with_one_line(postgres_server, tmp_pat
     postgres_server.drop_database(name)
     url = postgres_server.create_database(name)
     with open_store(url, upgrade=True) as store:
-        token = store.create_token("ci")
+        token = store.tokens.create("ci")
     finished_study(url)
     admin = dict(
         host=postgres_server.host, port=postgres_server.port, user="postgres", dbname="postgres", autocommit=True

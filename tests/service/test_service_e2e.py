@@ -119,7 +119,7 @@ class Deployment:
 
     def row(self, name: str):
         with open_store(self.db) as store:
-            return store.submitted_search(name)
+            return store.queue.get(name)
 
     def wait(self, name: str, test, what: str, seconds: float = 150.0):
         deadline = time.monotonic() + seconds
@@ -197,7 +197,7 @@ def test_a_pipeline_submits_follows_and_trains_with_the_answer(deployment):
     refused = httpx.post(f"{deployment.url}/v1/searches", json=search_body(), timeout=30)
     assert refused.status_code == 401
     with open_store(deployment.db) as store:
-        assert store.submitted_searches() == []
+        assert store.queue.all() == []
     submitted = deployment.submit()
     assert submitted.status_code == 201, submitted.text
     name = submitted.json()["name"]
@@ -231,8 +231,8 @@ def test_a_pipeline_submits_follows_and_trains_with_the_answer(deployment):
     again = deployment.submit()
     assert again.status_code == 200 and again.json()["name"] == name and again.json()["state"] == SearchState.FINISHED
     with open_store(deployment.db) as store:
-        assert [s.name for s in store.submitted_searches()] == [name]
-        assert store.submitted_search(name).attempts == 1
+        assert [s.name for s in store.queue.all()] == [name]
+        assert store.queue.get(name).attempts == 1
     # The command line reads the same study, unchanged.
     board = deployment.autotune("leaderboard", "--study", name, "--format", "json", "--db", deployment.db)
     assert [row["label"] for row in json.loads(board.stdout)] == [row["label"] for row in view["leaderboard"]]
@@ -269,9 +269,9 @@ def test_a_cancelled_search_stops_its_probe_and_resumes_when_submitted_again(dep
         assert deployment.submit(**body).status_code == 201
         with open_store(deployment.db) as store:
             deadline = time.monotonic() + 120
-            while not store.settled_counts(["cancel-me"]) and time.monotonic() < deadline:
+            while not store.queue.settled_counts(["cancel-me"]) and time.monotonic() < deadline:
                 time.sleep(0.3)
-            settled_before = store.settled_counts(["cancel-me"]).get("cancel-me", 0)
+            settled_before = store.queue.settled_counts(["cancel-me"]).get("cancel-me", 0)
         assert settled_before == 1 and deployment.row("cancel-me").state == SearchState.RUNNING
         cancelled = httpx.post(f"{deployment.url}/v1/searches/cancel-me/cancel", headers=deployment.headers, timeout=30)
         assert cancelled.status_code == 202 and cancelled.json()["cancel_requested"] is True
@@ -308,7 +308,7 @@ def test_a_killed_worker_s_search_is_taken_over_and_the_service_can_die(deployme
         other = "worker-b" if holder == "worker-a" else "worker-a"
         with open_store(deployment.db) as store:
             deadline = time.monotonic() + 120
-            while not store.settled_counts(["survivor"]) and time.monotonic() < deadline:
+            while not store.queue.settled_counts(["survivor"]) and time.monotonic() < deadline:
                 time.sleep(0.2)
         assert deployment.row("survivor").state == SearchState.RUNNING
         deployment.kill(holder)  # kill -9 of the worker: its search and probe processes die with it
@@ -321,7 +321,7 @@ def test_a_killed_worker_s_search_is_taken_over_and_the_service_can_die(deployme
     assert row.worker.endswith(f":{deployment.processes[other].pid}") and row.attempts == 2
     with open_store(deployment.db) as store:
         study = store.study("survivor")
-        claims = store.claims(study.id, stale_after=15.0)
+        claims = store.claims.of_study(study.id, stale_after=15.0)
     assert study.status == "finished" and all(c.state == "done" for c in claims)
     # A restarted service shows it.
     deployment.start_service()

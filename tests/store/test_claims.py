@@ -26,7 +26,7 @@ def db_url(request, tmp_path):
 
 
 def settle(store, study, cfg, res, how, worker, **kw):
-    return store.settle(study.id, cfg, res, how=how, worker=worker, env_fingerprint=ENV.fingerprint(), **kw)
+    return store.claims.settle(study.id, cfg, res, how=how, worker=worker, env_fingerprint=ENV.fingerprint(), **kw)
 
 
 def test_of_many_claimers_at_once_exactly_one_wins(db_url):
@@ -37,7 +37,7 @@ def test_of_many_claimers_at_once_exactly_one_wins(db_url):
     def claimer(name: str) -> None:
         with open_store(db_url) as store:  # each its own engine and connections, as separate workers have
             start.wait(timeout=30)
-            won.append((name, store.claim(study.id, config(4).key(), name, stale_after=60)))
+            won.append((name, store.claims.take(study.id, config(4).key(), name, stale_after=60)))
 
     threads = [threading.Thread(target=claimer, args=(f"w{i}",)) for i in range(6)]
     for thread in threads:
@@ -47,32 +47,32 @@ def test_of_many_claimers_at_once_exactly_one_wins(db_url):
     winners = [name for name, attempt in won if attempt == 1]
     assert len(won) == 6 and len(winners) == 1 and [a for _, a in won if a != 1] == [None] * 5
     with open_store(db_url) as store:
-        [claim] = store.claims(study.id, stale_after=60)
+        [claim] = store.claims.of_study(study.id, stale_after=60)
         assert (claim.worker, claim.state, claim.attempts, claim.stale) == (winners[0], "running", 1, False)
-        assert store.heartbeat(study.id, claim.config_key, winners[0])
-        assert not store.heartbeat(study.id, claim.config_key, "someone-else")
+        assert store.claims.beat(study.id, claim.config_key, winners[0])
+        assert not store.claims.beat(study.id, claim.config_key, "someone-else")
 
 
 def test_a_stale_claim_is_taken_over_once_then_recorded_as_crashed(db_url):
     key = config(8).key()
     with open_store(db_url) as store:
         study = make_study(store)
-        assert store.claim(study.id, key, "w1", stale_after=STALE) == 1
-        assert store.claim(study.id, key, "w2", stale_after=STALE) is None  # w1 is alive
+        assert store.claims.take(study.id, key, "w1", stale_after=STALE) == 1
+        assert store.claims.take(study.id, key, "w2", stale_after=STALE) is None  # w1 is alive
         time.sleep(STALE + 0.2)  # w1 dies: no heartbeat
-        [claim] = store.claims(study.id, stale_after=STALE)
+        [claim] = store.claims.of_study(study.id, stale_after=STALE)
         assert claim.stale
-        assert store.claim(study.id, key, "w2", stale_after=STALE) == 2  # taken over: a retry
-        assert store.claim(study.id, key, "w3", stale_after=STALE) is None
-        assert not store.heartbeat(study.id, key, "w1")  # w1's claim is gone
+        assert store.claims.take(study.id, key, "w2", stale_after=STALE) == 2  # taken over: a retry
+        assert store.claims.take(study.id, key, "w3", stale_after=STALE) is None
+        assert not store.claims.beat(study.id, key, "w1")  # w1's claim is gone
         time.sleep(STALE + 0.2)  # w2 dies as well
-        assert store.claim(study.id, key, "w3", stale_after=STALE) is None  # no third attempt
+        assert store.claims.take(study.id, key, "w3", stale_after=STALE) is None  # no third attempt
         crashed = result("crashed", None, None, error="stopped heartbeating twice")
         # Recording the abandoned claim as crashed happens once, and only once it is stale.
         assert settle(store, study, config(8), crashed, "abandoned", "w3", stale_after=60) is None
         assert settle(store, study, config(8), crashed, "abandoned", "w3", stale_after=STALE) is not None
         assert settle(store, study, config(8), crashed, "abandoned", "w4", stale_after=STALE) is None
-        [claim] = store.claims(study.id, stale_after=STALE)
+        [claim] = store.claims.of_study(study.id, stale_after=STALE)
         assert (claim.state, claim.attempts, claim.worker) == ("crashed", MAX_ATTEMPTS, "w3")
         [probe] = store.probes(study.name)
         assert probe.result.status == "crashed" and probe.worker == "w3"
@@ -82,14 +82,14 @@ def test_the_first_worker_to_settle_a_taken_over_claim_wins(db_url):
     key = config(2).key()
     with open_store(db_url) as store:
         study = make_study(store)
-        store.claim(study.id, key, "slow", stale_after=STALE)
+        store.claims.take(study.id, key, "slow", stale_after=STALE)
         time.sleep(STALE + 0.2)  # 'slow' looks dead (a long pause) but is not
-        assert store.claim(study.id, key, "fast", stale_after=STALE) == 2
+        assert store.claims.take(study.id, key, "fast", stale_after=STALE) == 2
         assert settle(store, study, config(2), result("ok", 900.0), "claimed", "fast") is not None
         assert settle(store, study, config(2), result("ok", 950.0), "claimed", "slow") is None
         [probe] = store.probes(study.name)
         assert (probe.worker, probe.result.tokens_per_s) == ("fast", 900.0)
-        [claim] = store.claims(study.id, stale_after=STALE)
+        [claim] = store.claims.of_study(study.id, stale_after=STALE)
         assert claim.state == "done"
 
 
@@ -99,10 +99,10 @@ def test_skips_are_written_once_and_only_for_unclaimed_configs(db_url):
         skipped = result("skipped", None, None, error="ruled out")
         assert settle(store, study, config(16), skipped, "unclaimed", "w1") is not None
         assert settle(store, study, config(16), skipped, "unclaimed", "w2") is None
-        store.claim(study.id, config(32).key(), "w1", stale_after=60)  # in flight: not to be skipped over
+        store.claims.take(study.id, config(32).key(), "w1", stale_after=60)  # in flight: not to be skipped over
         assert settle(store, study, config(32), skipped, "unclaimed", "w2") is None
         assert [p.config.micro_batch for p in store.probes(study.name)] == [16]
-        states = {c.config_key: (c.state, c.attempts) for c in store.claims(study.id, stale_after=60)}
+        states = {c.config_key: (c.state, c.attempts) for c in store.claims.of_study(study.id, stale_after=60)}
         assert states == {config(16).key(): ("done", 0), config(32).key(): ("running", 1)}
 
 
@@ -110,18 +110,21 @@ def test_a_resumed_search_reopens_timeouts_and_crashes_only(tmp_path):
     with open_store(tmp_path / "r.db") as store:
         study = make_study(store)
         for mb, status in ((1, "ok"), (2, "timeout"), (4, "crashed")):
-            store.claim(study.id, config(mb).key(), "w", stale_after=60)
+            store.claims.take(study.id, config(mb).key(), "w", stale_after=60)
             settle(store, study, config(mb), result(status), "claimed", "w")
-        store.claim(study.id, config(8).key(), "w", stale_after=60)  # in flight
-        assert store.reopen_claims(study.id, ("timeout", "crashed", "error")) == 2
-        assert {c.config_key for c in store.claims(study.id, stale_after=60)} == {config(1).key(), config(8).key()}
+        store.claims.take(study.id, config(8).key(), "w", stale_after=60)  # in flight
+        assert store.claims.reopen(study.id, ("timeout", "crashed", "error")) == 2
+        assert {c.config_key for c in store.claims.of_study(study.id, stale_after=60)} == {
+            config(1).key(),
+            config(8).key(),
+        }
 
 
 def test_a_finished_probe_survives_a_dropped_connection(tmp_path, monkeypatch):
     monkeypatch.setattr(store_base, "TRANSIENT_RETRY_DELAYS", (0.05, 0.05))
     with open_store(tmp_path / "drop.db") as store:
         study = make_study(store)
-        store.claim(study.id, config(4).key(), "w", stale_after=60)
+        store.claims.take(study.id, config(4).key(), "w", stale_after=60)
         failures = []
 
         @event.listens_for(store.engine, "before_cursor_execute")
@@ -134,7 +137,7 @@ def test_a_finished_probe_survives_a_dropped_connection(tmp_path, monkeypatch):
         assert failures and probe_id is not None
         [probe] = store.probes(study.name)
         assert probe.id == probe_id and probe.result.tokens_per_s == 1234.0
-        [claim] = store.claims(study.id, stale_after=60)
+        [claim] = store.claims.of_study(study.id, stale_after=60)
         assert claim.state == "done"
 
 
@@ -143,7 +146,7 @@ def test_postgresql_connections_killed_between_writes_are_replaced(postgres_url)
 
     with open_store(postgres_url) as store:
         study = make_study(store)
-        store.claim(study.id, config(1).key(), "w", stale_after=60)
+        store.claims.take(study.id, config(1).key(), "w", stale_after=60)
         url = store.engine.url
         with psycopg.connect(
             host=url.host, port=url.port, user=url.username, dbname=url.database, autocommit=True

@@ -162,7 +162,7 @@ def test_a_transient_failure_that_outlasts_the_retries_is_one_line(tmp_path, mon
 
     with open_store(tmp_path / "locked.db") as store:
         study = make_study(store)
-        store._write = Locked()
+        store.db._write = Locked()
         with pytest.raises(DatabaseError, match="database is locked"):
             store.record_probe(study.id, config(4), result(), env_fingerprint=ENV.fingerprint())
     assert Locked.calls == 3  # tried, and again after each pause

@@ -92,7 +92,7 @@ def test_every_study_lookup_of_the_store_checks_the_name(filled):
     # worker (join_study), train (study_winner) and plan (plan_for) look their --study up through
     # Store.study, as leaderboard, best, report and plot do.
     with open_store(filled) as store:
-        for lookup in (store.study, store.leaderboard, store.probes, store.runs):
+        for lookup in (store.study, store.leaderboard, store.probes, store.runs.all):
             with pytest.raises(BadInput, match="not valid UTF-8"):
                 lookup(NOT_UTF8)
         with pytest.raises(BadInput, match="cannot be printed"):

@@ -27,9 +27,9 @@ def test_store_upgrades_and_round_trips_a_probe_on_postgresql(postgres_url):
         assert store.find_cached(config(8).key(), ENV.fingerprint(), "31d84ffb8ce5f836", 8 * GiB, GiB // 4) is not None
         [row] = store.leaderboard()
         assert (row.rank, row.tokens_per_s, row.peak_reserved_bytes) == (1, 1234.5, 5 * GiB)  # BIGINT bytes
-        run_id = store.start_run(config=config(8), study_id=study.id, probe_id=probe_id)
-        store.finish_run(run_id, steps=10, summary={"ok": True})
-        assert store.run(run_id).summary == {"ok": True}
+        run_id = store.runs.start(config=config(8), study_id=study.id, probe_id=probe_id)
+        store.runs.finish(run_id, steps=10, summary={"ok": True})
+        assert store.runs.get(run_id).summary == {"ok": True}
         assert store.studies()[0].probes_ok == 1
     assert upgrade_database(postgres_url).after == SCHEMA_REVISION
 

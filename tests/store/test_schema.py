@@ -141,7 +141,7 @@ def test_database_written_by_revision_0001_upgrades_and_reads_back(tmp_path):
         assert oom.result.status == "oom" and "out of memory" in oom.result.error
         [top] = store.leaderboard()
         assert top.label == "mb8x4 blk512 bf16 no-ckpt sdpa" and top.tokens_per_s == 18005.3
-        [run] = store.runs("fixture-0001")
+        [run] = store.runs.all("fixture-0001")
         assert (run.status, run.steps, run.summary) == ("finished", 500, {"epochs": 1})
         # And the upgraded database takes new rows.
         record = store.study("fixture-0001")

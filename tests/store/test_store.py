@@ -132,7 +132,7 @@ def test_a_study_resumed_with_its_model_at_another_path_follows_it_and_keeps_eve
     fast, slow = config(4, model=old.recorded), config(2, model=old.recorded)
     store.record_probe(study.id, fast, result("ok", 1500.0), env_fingerprint=fp)
     store.record_probe(study.id, slow, result("ok", 1000.0), env_fingerprint=fp)
-    assert store.claim(study.id, slow.key(), "w1", stale_after=60) is not None
+    assert store.claims.take(study.id, slow.key(), "w1", stale_after=60) is not None
     store.set_confirmation(
         study.id,
         {
@@ -156,21 +156,23 @@ def test_a_study_resumed_with_its_model_at_another_path_follows_it_and_keeps_eve
     ]
     decision = store.study("s1").confirmation
     assert (decision["winner"], decision["tied_keys"]) == (moved_fast.key(), [moved_slow.key()])
-    assert [c.config_key for c in store.claims(study.id, stale_after=60)] == [moved_slow.key()]
+    assert [c.config_key for c in store.claims.of_study(study.id, stale_after=60)] == [moved_slow.key()]
     # ...and back: a study measured at both paths keeps one claim per config
     store.record_probe(study.id, moved_fast, result("ok", 1400.0), env_fingerprint=fp)
-    store.claim(study.id, moved_fast.key(), "w2", stale_after=60)
+    store.claims.take(study.id, moved_fast.key(), "w2", stale_after=60)
     store.set_study_status(study.id, "finished")
     make_study(store, model=old)
-    assert sorted(c.config_key for c in store.claims(study.id, stale_after=60)) == sorted([fast.key(), slow.key()])
+    assert sorted(c.config_key for c in store.claims.of_study(study.id, stale_after=60)) == sorted(
+        [fast.key(), slow.key()]
+    )
     assert {r.config_key for r in store.leaderboard("s1")} == {fast.key(), slow.key()}
     # ...and a study measured at two paths, each with its claims, resumed from a third: one claim each
-    store.claim(study.id, moved_fast.key(), "w3", stale_after=60)
+    store.claims.take(study.id, moved_fast.key(), "w3", stale_after=60)
     store.record_probe(study.id, moved_fast, result("ok", 1300.0), env_fingerprint=fp)
     store.set_study_status(study.id, "finished")
     third = FakeModel("/third/demo-gpt2")
     make_study(store, model=third)
-    keys = sorted(c.config_key for c in store.claims(study.id, stale_after=60))
+    keys = sorted(c.config_key for c in store.claims.of_study(study.id, stale_after=60))
     assert keys == sorted(dataclasses.replace(c, model=third.recorded).key() for c in (fast, slow))
     assert len(store.leaderboard("s1")) == 2
     assert store.study("s1").confirmation is None  # (it weighed the two paths' probes as two configs)
@@ -418,13 +420,13 @@ def test_leaderboard_of_another_study_is_separate(store):
 def test_runs_start_finish_and_fail(store, tmp_path):
     study = make_study(store)
     probe_id = store.record_probe(study.id, config(4), result(), env_fingerprint=ENV.fingerprint())
-    run_id = store.start_run(
+    run_id = store.runs.start(
         config=config(4), study_id=study.id, probe_id=probe_id, output_dir=tmp_path / "out", dataset="text:corpus.txt"
     )
-    running = store.run(run_id)
+    running = store.runs.get(run_id)
     assert (running.status, running.finished_at, running.output_dir) == ("running", None, str(tmp_path / "out"))
     assert running.config["micro_batch"] == 4
-    store.finish_run(
+    store.runs.finish(
         run_id,
         steps=100,
         tokens_per_s=950.0,
@@ -433,29 +435,29 @@ def test_runs_start_finish_and_fail(store, tmp_path):
         final_loss=3.2,
         summary={"epochs": 1},
     )
-    done = store.run(run_id)
+    done = store.runs.get(run_id)
     assert (done.status, done.steps, done.final_loss, done.summary) == ("finished", 100, 3.2, {"epochs": 1})
     assert done.finished_at >= done.started_at
 
-    failed_id = store.start_run(config={"micro_batch": 64})
-    store.fail_run(failed_id, "CUDA out of memory at step 3")
-    failed = store.run(failed_id)
+    failed_id = store.runs.start(config={"micro_batch": 64})
+    store.runs.fail(failed_id, "CUDA out of memory at step 3")
+    failed = store.runs.get(failed_id)
     assert (failed.status, failed.error, failed.study_id) == ("failed", "CUDA out of memory at step 3", None)
-    assert [r.id for r in store.runs("s1")] == [run_id]
-    assert [r.id for r in store.runs()] == [run_id, failed_id]
+    assert [r.id for r in store.runs.all("s1")] == [run_id]
+    assert [r.id for r in store.runs.all()] == [run_id, failed_id]
     with pytest.raises(LookupError):
-        store.finish_run(999)
+        store.runs.finish(999)
 
 
 def test_deleting_a_study_removes_its_probes_but_keeps_its_runs(store):
     # The foreign keys (enforced on SQLite by our connect hook) do what the schema says.
     study = make_study(store)
     store.record_probe(study.id, config(4), result(), env_fingerprint=ENV.fingerprint())
-    run_id = store.start_run(config=config(4), study_id=study.id)
+    run_id = store.runs.start(config=config(4), study_id=study.id)
     with store.engine.begin() as connection:
         connection.execute(text("DELETE FROM autotune_studies WHERE id = :id"), {"id": study.id})
         assert connection.execute(text("SELECT count(*) FROM autotune_probes")).scalar() == 0
-    assert store.run(run_id).study_id is None
+    assert store.runs.get(run_id).study_id is None
 
 
 def test_records_are_detached_plain_values(store):

@@ -153,7 +153,7 @@ def test_search_first_measures_the_evaluation_and_the_run_evaluates_within_its_p
     assert data["phases"][1]["probe_peak_reserved_bytes"] == summary.probe.phase_peaks["eval"]["reserved"]
     assert data["probe"]["phase_peaks"] == summary.probe.phase_peaks
     with open_store(evaluated.db) as store:
-        run = store.runs()[-1]
+        run = store.runs.all()[-1]
     assert run.summary == data
 
 
@@ -161,7 +161,7 @@ def test_search_first_measures_the_evaluation_and_the_run_evaluates_within_its_p
 def test_a_flag_contradicting_a_settled_studys_evaluation_is_one_line_and_records_nothing(evaluated, tmp_path):
     study = evaluated.outcome.study
     with open_store(evaluated.db) as store:
-        before = len(store.runs())
+        before = len(store.runs.all())
     proc = autotune(
         "train",
         "--study",
@@ -196,7 +196,7 @@ def test_a_flag_contradicting_a_settled_studys_evaluation_is_one_line_and_record
                 echo=lambda line: None,
             )
     with open_store(evaluated.db) as store:
-        assert len(store.runs()) == before
+        assert len(store.runs.all()) == before
 
 
 @pytest.mark.slow
@@ -247,7 +247,7 @@ def test_kept_logits_are_kept_by_the_run_as_by_its_probe(evaluated, runner, tmp_
     ratio = phase_ratio(summary, "eval")
     assert ratio <= 1 + PEAK_TOLERANCE, f"run/probe eval peak {ratio:.4f}: {summary.phases}"
     with open_store(evaluated.db) as store:
-        run = store.runs("kept")[-1]
+        run = store.runs.all("kept")[-1]
     assert run.summary["phases"][1]["phase"] == "eval"
 
 

@@ -171,7 +171,7 @@ def test_lora_searches_with_its_adapters_trains_saves_the_adapter_and_merges(wor
 )
 def test_a_recipe_the_study_did_not_measure_is_one_line_and_exit_2(workspace, tmp_path, flags, needle):
     with open_store(workspace.db) as store:
-        before = len(store.runs())
+        before = len(store.runs.all())
     proc = autotune(
         "train",
         "--study",
@@ -189,4 +189,4 @@ def test_a_recipe_the_study_did_not_measure_is_one_line_and_exit_2(workspace, tm
     assert_usage_error(proc, needle)
     assert not (tmp_path / "out").exists()
     with open_store(workspace.db) as store:
-        assert len(store.runs()) == before
+        assert len(store.runs.all()) == before

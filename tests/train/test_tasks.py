@@ -103,7 +103,7 @@ def ws(tmp_path_factory, runner) -> TaskWorkspace:
 
 def runs(db: str):
     with open_store(db) as store:
-        return store.runs()
+        return store.runs.all()
 
 
 def quiet(line: str) -> None:

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 def runs(db: str):
     with open_store(db) as store:
-        return store.runs()
+        return store.runs.all()
 
 
 def test_train_command_saves_a_model_that_loads_and_records_the_run(workspace, tmp_path):
@@ -63,7 +63,7 @@ def test_train_command_saves_a_model_that_loads_and_records_the_run(workspace, t
     summary = json.loads((out / SUMMARY_FILE).read_text())
     with open_store(workspace.db) as store:
         best = store.leaderboard(workspace.study, top=1)[0]
-        run = store.runs(workspace.study)[-1]
+        run = store.runs.all(workspace.study)[-1]
     assert run.status == "finished" and run.probe_id == best.probe_id and run.config == best.config.to_dict()
     assert run.steps == 5 and run.tokens_per_s > 0 and run.peak_reserved_bytes > 0 and run.peak_allocated_bytes > 0
     assert math.isfinite(run.final_loss) and run.output_dir == str(out.resolve())
@@ -292,4 +292,4 @@ def test_model_and_budget_without_a_study_search_first(workspace, tmp_path, monk
     )
     assert not again.searched and again.finished
     with open_store(workspace.db) as store:
-        assert len(store.runs("tiny-gpt2-32MiB")) == 2
+        assert len(store.runs.all("tiny-gpt2-32MiB")) == 2

@@ -77,5 +77,5 @@ def _same_model(reference: str, model: str) -> bool:
 @router.get("/healthz")
 def health(request: Request) -> dict[str, Any]:
     """200 when the service and its database answer (503 otherwise)."""
-    request.app.state.store.has_tokens()  # (a database that cannot answer is a 503, by the app's handler)
+    request.app.state.store.tokens.any()  # (a database that cannot answer is a 503, by the app's handler)
     return {"status": "ok", "database": request.app.state.store.url.split("://", 1)[0]}

@@ -97,7 +97,7 @@ async def submit(
     submission = await run_in_threadpool(submission_of, body, policy)
     store = request.app.state.store
     record, created = await run_in_threadpool(
-        lambda: store.submit_search(submission, idempotency_key=idempotency_key, submitted_by=who)
+        lambda: store.queue.submit(submission, idempotency_key=idempotency_key, submitted_by=who)
     )
     view = await run_in_threadpool(search_view, store, record.name, detail=False)
     view["created"] = created
@@ -133,7 +133,7 @@ def cancel(name: str, request: Request, who: str = Depends(require_writer)) -> d
                 status=409,
             )
         raise StudyNotFound(f"no search named {name!r}; list them with GET /v1/searches.")
-    store.cancel_search(name, by=who)
+    store.queue.cancel(name, by=who)
     return search_view(store, name, detail=False)
 
 
