@@ -103,13 +103,13 @@ def test_a_sigterm_handled_as_a_claim_commits_gives_the_claim_back(store, monkey
     # claim running, 2026-11-30). It is given back, as a probe's in flight is.
     from autotune.host.processes import Terminated
 
-    claim = store.claim
+    claim = store.claims.take
 
     def claimed_then_terminated(*args, **kwargs):
         assert claim(*args, **kwargs) == 1
         raise Terminated
 
-    monkeypatch.setattr(store, "claim", claimed_then_terminated)
+    monkeypatch.setattr(store.claims, "take", claimed_then_terminated)
     runner = ScriptedRunner()
     with pytest.raises(Terminated):
         search(store, runner, gpt2_space(), study="t")

@@ -158,7 +158,7 @@ async def login(request: Request) -> Response:
         token = form.get("token", "").strip()
         target = _next(form.get("next", "/"))
         store = request.app.state.store
-        name = await run_in_threadpool(store.token_name, token) if token else None
+        name = await run_in_threadpool(store.tokens.holder, token) if token else None
     except (RequestRefused, AutotuneError, SQLAlchemyError) as exc:
         return _failure(exc, None)
     if name is None:
