@@ -5,12 +5,18 @@ keeps no accounting). The job script is written so that a cluster admin can read
 prints it and submits nothing). The database URL reaches the tasks in the job's environment (sbatch
 exports the submitter's), never in the script, where a password would be on disk and in `ps`.
 
-`sbatch --test-only` checks the job (the partition, the time limit, the extra lines) before the
-study is written: a cluster that refuses it is one line, and nothing is left behind."""
+Every value that reaches the script is checked first against what sbatch accepts for it, where the
+flags are read (`--dry-run` included): a partition name, a time limit in sbatch's forms, and each
+`--slurm-option` one sbatch option without whitespace, quotes or backslashes, never one the script
+sets itself. So no value can end an `#SBATCH` line, add an option to it, or become a shell line
+that every array task runs. `sbatch --test-only` then checks the job against the cluster (the
+partition exists, the limit is allowed) before the study is written: a cluster that refuses it is
+one line, and nothing is left behind."""
 
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -20,10 +26,39 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from autotune.vocabulary.errors import BadInput
+from autotune.vocabulary.errors import BadInput, quoted
 from autotune.launchers.base import Launcher, WorkerEnd, WorkerSpec
 
 COMMAND_SECONDS = 60.0
+
+# What sbatch takes (sbatch(1)): a partition name, or a comma-separated list of them;
+PARTITION = re.compile(r"[A-Za-z0-9_.-]{1,64}(?:,[A-Za-z0-9_.-]{1,64}){0,31}", re.ASCII)
+# a time limit: minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes,
+# days-hours:minutes:seconds, or no limit;
+TIME_LIMIT = re.compile(
+    r"[0-9]{1,7}(?::[0-9]{1,2}){0,2}|[0-9]{1,5}-[0-9]{1,2}(?::[0-9]{1,2}){0,2}|UNLIMITED|INFINITE", re.ASCII | re.I
+)
+# one option: --name or --name=value, or -X[value], printable ASCII without whitespace, quotes or a
+# backslash (sbatch splits an #SBATCH line at whitespace and reads quotes).
+OPTION = re.compile(r"(?:--[A-Za-z][A-Za-z0-9-]*(?:=[!#-&(-\[\]-~]+)?|-[A-Za-z][!#-&(-\[\]-~]*)", re.ASCII)
+# Options the script sets itself (the workers' array, names, logs, environment and shape), or that
+# would make it another job; --partition and --time have their own flags.
+RESERVED = {
+    "--job-name": "-J",
+    "--array": "-a",
+    "--output": "-o",
+    "--error": "-e",
+    "--export": None,
+    "--ntasks": "-n",
+    "--wrap": None,
+    "--parsable": None,
+    "--test-only": None,
+    "--partition": "-p",
+    "--time": "-t",
+    "--gres": None,
+    "--cpus-per-task": "-c",
+    "--chdir": "-D",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,12 +69,44 @@ class SlurmOptions:
     time_limit: str | None = None  # sbatch --time (e.g. 2:00:00)
     parallel: int | None = None  # the array's %K: tasks running at once
     extra: tuple[str, ...] = ()  # more `#SBATCH` lines, as written after it
-    output: str = "autotune-%x-%A_%a.out"  # each task's log, in the submitting directory
+    output: str = "%x-%A_%a.out"  # each task's log, in the submitting directory (%x: autotune-STUDY)
+
+    def __post_init__(self) -> None:
+        if self.partition is not None and not PARTITION.fullmatch(self.partition):
+            raise BadInput(
+                f"--slurm-partition {quoted(self.partition)} is not a partition name: letters, digits, '_', '.', "
+                f"'-' (several joined by commas), e.g. gpu or gpu,debug."
+            )
+        if self.time_limit is not None and not TIME_LIMIT.fullmatch(self.time_limit):
+            raise BadInput(
+                f"--slurm-time {quoted(self.time_limit)} is not a time limit sbatch takes: minutes, H:MM:SS, "
+                f"D-HH, D-HH:MM:SS or UNLIMITED (e.g. 2:00:00)."
+            )
+        for option in self.extra:
+            check_option(option)
+
+
+def check_option(option: str) -> None:
+    """One --slurm-option: a single sbatch option the script does not set itself."""
+    if not OPTION.fullmatch(option):
+        raise BadInput(
+            f"--slurm-option {quoted(option)}: give one sbatch option per flag, without spaces, quotes or "
+            f"backslashes (e.g. --account=ml, --qos=high, --constraint=a100)."
+        )
+    name = option.split("=", 1)[0] if option.startswith("--") else option[:2]
+    for reserved, short in RESERVED.items():
+        if name == short or (len(name) >= 3 and reserved.startswith(name)):  # (sbatch takes unique prefixes)
+            raise BadInput(
+                f"--slurm-option {quoted(option)}: the workers' job script sets {reserved} itself"
+                + (f" (give --slurm-{reserved[2:]} instead)" if reserved in ("--partition", "--time") else "")
+                + "; leave it out."
+            )
 
 
 def job_name(spec: WorkerSpec) -> str:
-    """The workers' job name: the study's, and its tasks' log file names (%x)."""
-    return f"autotune-{spec.label}"
+    """The workers' job name: the study's, and its tasks' log file names (%x). A new study's name
+    is already safe here (store/names.py); one from before that rule is written safe."""
+    return "autotune-" + re.sub(r"[^A-Za-z0-9._:@+-]", "_", spec.label)
 
 
 class SlurmLauncher(Launcher):
@@ -74,7 +141,7 @@ class SlurmLauncher(Launcher):
             lines.append(f"#SBATCH --gres=gpu:{spec.ranks}")
         else:
             lines.append(f"#SBATCH --cpus-per-task={spec.ranks}")
-        lines += [line if line.startswith("#SBATCH") else f"#SBATCH {line}" for line in o.extra]
+        lines += [f"#SBATCH {option}" for option in o.extra]
         command = " ".join(shlex.quote(part) for part in [sys.executable, *spec.command()[1:]])
         lines += [
             "",
@@ -93,9 +160,6 @@ class SlurmLauncher(Launcher):
                 "--launcher slurm: sbatch is not on this machine's PATH; run the search on a Slurm login "
                 "node, or use --launcher local or ray."
             )
-        bad = [line for line in self.options.extra if "\n" in line or not line.strip()]
-        if bad:
-            raise BadInput(f"--slurm-option {bad[0]!r}: give one sbatch option per flag (e.g. --account=ml).")
         self._sbatch(count, spec, "--test-only")
 
     def start(self, count: int, spec: WorkerSpec) -> None:

@@ -3,6 +3,7 @@ prints it (and nothing written), no sbatch, no Ray cluster, another launcher's f
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
@@ -117,3 +118,57 @@ def test_dry_run_prints_the_script_and_writes_nothing_and_a_missing_cluster_is_o
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
     assert "no Ray cluster answers there" in done.stderr or "needs Ray" in done.stderr
     assert not db.exists()
+
+
+# What reached the job script unchecked before (2026-12-01): a newline became a shell line every
+# array task ran, a space another sbatch option, and --dry-run printed it all.
+HOSTILE_SLURM = [
+    ({"slurm_partition": "gpu\ntouch /tmp/pwned"}, "--slurm-partition 'gpu\\ntouch /tmp/pwned' is not a partition"),
+    ({"slurm_partition": "gpu --wrap=id"}, "--slurm-partition 'gpu --wrap=id' is not a partition"),
+    ({"slurm_time": "2:00:00\nrm -rf ~"}, "--slurm-time '2:00:00\\nrm -rf ~' is not a time limit"),
+    ({"slurm_time": "2 hours"}, "--slurm-time '2 hours' is not a time limit"),
+    ({"slurm_options": ("--account=ml\ntouch /tmp/pwned",)}, "give one sbatch option per flag"),
+    ({"slurm_options": ("--account=ml --qos=high",)}, "give one sbatch option per flag"),
+    ({"slurm_options": ('--comment="a b"',)}, "without spaces, quotes or backslashes"),
+    ({"slurm_options": ("--array=0-999",)}, "the workers' job script sets --array itself"),
+    ({"slurm_options": ("--exp=NONE",)}, "sets --export itself"),  # (sbatch takes a unique prefix)
+    ({"slurm_options": ("-o/etc/cron.d/x",)}, "sets --output itself"),
+    ({"slurm_options": ("--partition=debug",)}, "sets --partition itself (give --slurm-partition instead)"),
+]
+
+
+@pytest.mark.parametrize(("flags", "needle"), HOSTILE_SLURM, ids=[needle[:40] for _, needle in HOSTILE_SLURM])
+def test_a_value_that_would_change_the_job_script_is_refused_where_the_flags_are_read(flags, needle):
+    with pytest.raises(BadInput, match=re.escape(needle)):
+        make_launcher("slurm", workers=2, dry_run=True, **flags)
+
+
+def test_values_sbatch_takes_reach_the_script_one_line_each():
+    options = SlurmOptions(
+        partition="gpu,debug",
+        time_limit="1-12:00:00",
+        extra=("--account=ml", "--exclude=node[01-03]", "--constraint=a100&nvlink", "-Aml", "--mem=64G"),
+    )
+    script = SlurmLauncher(options).script(2, WorkerSpec("old study é", "", "cuda"))
+    lines = script.splitlines()
+    assert "#SBATCH --partition=gpu,debug" in lines and "#SBATCH --time=1-12:00:00" in lines
+    assert "#SBATCH --exclude=node[01-03]" in lines and "#SBATCH -Aml" in lines
+    # A name from before study names were checked is written safe; a log is not autotune-autotune-...
+    assert "#SBATCH --job-name=autotune-old_study__" in lines and "#SBATCH --output=%x-%A_%a.out" in lines
+    assert sum(line.startswith("exec ") for line in lines) == 1
+
+
+@pytest.mark.slow  # (the command line itself)
+def test_a_hostile_slurm_value_is_one_line_before_anything_on_dry_run_and_serve(tmp_path, tiny_model):
+    db = tmp_path / "hostile.db"
+    for command in (
+        ["search", "--model", tiny_model, "--gpu-budget", "1GiB", "--device", "cpu", "--dry-run"],
+        ["serve", "--port", "18081", "--workers", "1"],
+    ):
+        done = run(*command, "--launcher", "slurm", "--slurm-partition", "gpu\necho pwned", "--db", str(db))
+        assert done.returncode == 2 and done.stdout == "", done.stdout
+        assert done.stderr.strip().splitlines() == [
+            "autotune: error: --slurm-partition 'gpu\\necho pwned' is not a partition name: letters, digits, "
+            "'_', '.', '-' (several joined by commas), e.g. gpu or gpu,debug."
+        ]
+        assert not db.exists()

@@ -115,9 +115,9 @@ def test_two_array_tasks_search_to_a_pick_and_end(slurm_cluster, tmp_path):  # n
     with open_store(tmp_path / "slurm.db") as store:
         assert store.study("tiny-200MiB").status == "finished"
         assert len({p.worker for p in store.probes("tiny-200MiB") if p.result.status != "skipped"}) >= 1
-    assert sorted(p.name for p in tmp_path.glob(f"autotune-autotune-tiny-200MiB-{job}_*.out")) == [
-        f"autotune-autotune-tiny-200MiB-{job}_0.out",
-        f"autotune-autotune-tiny-200MiB-{job}_1.out",
+    assert sorted(p.name for p in tmp_path.glob(f"autotune-tiny-200MiB-{job}_*.out")) == [
+        f"autotune-tiny-200MiB-{job}_0.out",
+        f"autotune-tiny-200MiB-{job}_1.out",
     ]
     # The job script went to slurmctld with the submission: no copy of it is left behind.
     assert list((tmp_path / "tmp").glob("autotune-slurm-*")) == []
