@@ -9,8 +9,10 @@ SFTConfig JSON and a TrainingArguments JSON state. Bad files are one line, exit 
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -569,3 +571,63 @@ def test_the_tool_s_own_parser_takes_the_file_written_back(work, request, tool):
     assert (checkpointing == "True") == best["checkpointing"] and kind == "lora" and rank == "8"
     expected = LLAMAFACTORY_ATTENTION[best["attention"]] if tool == "llamafactory" else best["attention"]
     assert attention.lower().endswith(expected)  # (LLaMA-Factory's name for eager is "disabled")
+
+
+def _writable_copy(work, tmp_path, name: str, *, crlf: bool = False):
+    text = AXOLOTL.format(model=work["model"])
+    path = tmp_path / name
+    path.write_bytes((text.replace("\n", "\r\n") if crlf else text).encode())
+    return path
+
+
+@pytest.mark.slow
+def test_update_writes_through_a_link_to_its_file_says_so_and_keeps_crlf(work, lora_study, tmp_path):
+    real = _writable_copy(work, tmp_path, "real.yml", crlf=True)
+    link = tmp_path / "link.yml"
+    link.symlink_to(real)
+    done = invoke("best", "--study", lora_study["study"], "--update", str(link), "--db", work["db"])
+    assert done.returncode == 0, done.stderr
+    assert link.is_symlink() and f"wrote {link} (-> {real})" in done.stderr
+    data = real.read_bytes()
+    assert b"autotune: decided by study" in data and data.count(b"\n") == data.count(b"\r\n")  # every line CRLF
+
+
+@pytest.mark.slow
+def test_update_refuses_what_is_not_a_writable_regular_file_before_writing(work, lora_study, tmp_path):
+    source = _writable_copy(work, tmp_path, "recipe.yml")
+    fifo = tmp_path / "fifo.yml"
+    os.mkfifo(fifo)
+    read_only = _writable_copy(work, tmp_path, "read-only.yml")
+    read_only.chmod(0o444)
+    cases = [(["--update", str(source), "--out", str(fifo)], "a FIFO (named pipe), not a file")]
+    cases.append((["--update", str(read_only)], "the file is read-only"))
+    try:
+        device = tmp_path / "null-device"
+        os.mknod(device, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        cases.append((["--update", str(source), "--out", str(device)], "a character device, not a file"))
+    except PermissionError:
+        device = None  # (making a device node needs CAP_MKNOD: the FIFO case still runs)
+    for args, needle in cases:
+        assert_usage_error(invoke("best", "--study", lora_study["study"], *args, "--db", work["db"]), needle)
+    assert stat.S_ISFIFO(fifo.stat().st_mode) and read_only.read_text() == source.read_text()
+    assert device is None or stat.S_ISCHR(device.stat().st_mode)
+
+
+@pytest.mark.slow
+def test_update_makes_a_new_file_as_the_umask_says_and_rewrites_nothing_already_decided(work, lora_study, tmp_path):
+    source = _writable_copy(work, tmp_path, "recipe.yml")
+    out = tmp_path / "tuned.yml"
+    previous = os.umask(0o022)
+    try:
+        done = invoke(
+            "best", "--study", lora_study["study"], "--update", str(source), "--out", str(out), "--db", work["db"]
+        )
+    finally:
+        os.umask(previous)
+    assert done.returncode == 0, done.stderr
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644  # (a temporary file's 0600 was kept before)
+    before = (out.read_bytes(), out.stat().st_mtime_ns)
+    again = invoke("best", "--study", lora_study["study"], "--update", str(out), "--db", work["db"])
+    assert again.returncode == 0, again.stderr
+    assert "already has the winner's levers; nothing written" in again.stdout and "wrote" not in again.stderr
+    assert (out.read_bytes(), out.stat().st_mtime_ns) == before

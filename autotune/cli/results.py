@@ -146,25 +146,28 @@ def _update(chosen, update_path: str, out_path: str | None) -> None:
     from pathlib import Path
 
     from autotune.handoff import tools
+    from autotune.host.output import check_destination, through_link
     from autotune.recipe_files import TOOLS
     from autotune.recipe_files.write_back import update_file, write
 
+    flag = "--out" if out_path is not None else "--update"
     update = update_file(chosen, update_path)
-    out = Path(out_path).expanduser() if out_path is not None else update.source.path
-    if not out.parent.is_dir():
-        raise click.UsageError(f"--out {out_path}: no directory {out.parent} to write into.")
+    # Refused before anything is said or written: a FIFO, a device, a read-only file, a missing folder.
+    out = check_destination(Path(out_path).expanduser() if out_path is not None else update.source.path, flag)
     tool = update.source.tool
     notes = chosen.notes("trainer-args" if tool == "trainer" else tool)
     if tool in tools.TOOL_FORMATS:
         notes += [f"note: {line}" for line in tools.notes(chosen, tool)]
     for note in notes:
         click.echo(f"autotune: {note}", err=True)
-    write(update, out)
+    if not update.changed and out == update.source.path:
+        click.echo(f"{out}: the file already has the winner's levers; nothing written")
+        return
+    shown = through_link(out)
+    write(update, out, flag)
     if diff := update.diff(out):
         click.echo(diff, nl=False)
-    else:
-        click.echo(f"{out}: the file already has the winner's levers")
     click.echo(
-        f"autotune: wrote {out} ({TOOLS[tool]}; {len(update.changed)} keys decided by study {chosen.row.study!r})",
+        f"autotune: wrote {shown} ({TOOLS[tool]}; {len(update.changed)} keys decided by study {chosen.row.study!r})",
         err=True,
     )

@@ -63,6 +63,12 @@ def _check_destination(path: Path, flag: str) -> Path:
         for test, what in _NOT_A_FILE.items():
             if test(mode):
                 raise BadInput(f"{flag} {path}: that is {what}, not a file; give the name of a regular file.")
+        if stat.S_ISREG(mode) and (not mode & 0o222 or not os.access(target, os.W_OK)):
+            # (Checked by the mode too: root may write anything, but a file made read-only says to keep it.)
+            raise BadInput(
+                f"{flag} {path}: the file is read-only; make it writable (chmod u+w) to have it replaced, or "
+                f"write elsewhere."
+            )
     if not os.access(folder, os.W_OK | os.X_OK):
         code = errno.EROFS if _read_only(folder) else errno.EACCES
         raise BadInput(cannot_write(path, flag, OSError(code, os.strerror(code)), where=folder))
@@ -233,9 +239,16 @@ def silence_stdout() -> None:
 
 
 def _target(path: Path) -> Path:
-    """The file a write to `path` lands in: a symbolic link's target (replacing the link itself
-    would cut it)."""
+    """The file a write to `path` lands in: a symbolic link's target, deliberately (replacing the
+    link itself would cut it: the file it points to would keep the old text); `through_link` says
+    so to the user."""
     return Path(os.path.realpath(path)) if path.is_symlink() else path
+
+
+def through_link(path: str | os.PathLike[str]) -> str:
+    """How a write to `path` is said: `path`, or `path (-> the file its link points to)`."""
+    path = Path(path)
+    return f"{path} (-> {_target(path)})" if path.is_symlink() else str(path)
 
 
 def _read_only(folder: Path) -> bool:

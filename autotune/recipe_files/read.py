@@ -17,10 +17,11 @@ autotune/handoff/tools.py, which writes the same keys). Torch-free.
 
 from __future__ import annotations
 
-import json
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autotune.host.config_files import parse_config, read_config_text
 from autotune.vocabulary.errors import BadInput
 from autotune.levers.lengths import DEFAULT_SAMPLING, SAMPLINGS
 from autotune.levers.recipes import OPTIMIZERS, canonical_optimizer, optimizer_names
@@ -99,6 +100,7 @@ class RecipeFile:
     flags: dict[str, str | bool] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
     said: tuple[str, ...] = ()
+    crlf: bool = False  # its lines end with \r\n (written back so)
 
     @property
     def effective_batch(self) -> int:
@@ -110,41 +112,17 @@ def read_recipe_file(path: str | Path, *, gpus: int = 1, flag: str = "--from") -
     `gpus`: the ranks the run has (the effective batch counts each; no file of these says how many);
     `flag`: the option that named the file, as the messages name it."""
     path = Path(path).expanduser()
-    text = _read_text(path, flag)
+    text, crlf = read_config_text(path, flag)  # (bounded: host/config_files.py)
     document = _parse(path, text, flag)
     tool = detect_tool(path, document, flag)
     reader = _READERS[tool]
     recipe = _Recipe(path, document, flag)
     reader(recipe)
-    return recipe.finish(tool, text, gpus)
-
-
-def _read_text(path: Path, flag: str) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise BadInput(f"{flag} {path}: no such file.") from None
-    except IsADirectoryError:
-        raise BadInput(f"{flag} {path}: a directory, not a config file.") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise BadInput(f"{flag} {path}: cannot be read ({exc.__class__.__name__}: {exc}).") from None
+    return dataclasses.replace(recipe.finish(tool, text, gpus), crlf=crlf)
 
 
 def _parse(path: Path, text: str, flag: str) -> dict:
-    if path.suffix.lower() == ".json":
-        try:
-            document = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise BadInput(f"{flag} {path}: not valid JSON (line {exc.lineno}: {exc.msg}).") from None
-    else:
-        import yaml
-
-        try:
-            document = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"line {mark.line + 1}: " if mark is not None else ""
-            raise BadInput(f"{flag} {path}: not valid YAML ({where}{getattr(exc, 'problem', None) or exc}).") from None
+    document = parse_config(path, text, flag)
     if not isinstance(document, dict):
         kind = "empty" if document is None else f"a {type(document).__name__}"
         raise BadInput(f"{flag} {path}: the file is {kind}, not a mapping of a config's keys to values.")

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from autotune.host.output import write_file
 from autotune.vocabulary.errors import BadInput
 from autotune.handoff import checkpointing_argument_names, tools
 import autotune.recipe_files.yaml_edit as yaml_edit
@@ -144,20 +143,12 @@ def update_file(best: BestConfig, path: str | Path) -> Update:
 _MISSING = object()
 
 
-def write(update: Update, out: Path) -> None:
-    """Write atomically: the old file stays whole until the new one is complete."""
-    out = Path(out)
-    mode = out.stat().st_mode & 0o777 if out.exists() else None
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{out.name}.", dir=out.parent)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(update.text)
-        if mode is not None:
-            os.chmod(temporary, mode)
-        os.replace(temporary, out)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+def write(update: Update, out: Path, flag: str = "--update") -> Path:
+    """Write `update` to `out` whole or not at all, as every file autotune writes is written
+    (host/output.py: a regular file only, through a link to the file it points to, its mode kept, a
+    new one made as the umask says). Line endings are the source file's."""
+    text = update.text.replace("\n", "\r\n") if update.source.crlf else update.text
+    return write_file(out, text, flag)
 
 
 def _check_same_recipe(source: RecipeFile, best: BestConfig) -> None:
