@@ -19,6 +19,14 @@ from autotune.launchers import LAUNCHERS
     help="Address to listen on; any but loopback needs a token to exist first (autotune token create).",
 )
 @click.option("--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="Port to listen on.")
+@click.option(
+    "--allowed-host",
+    "allowed_host",
+    multiple=True,
+    metavar="NAME",
+    help="A name clients reach the service by (repeatable), e.g. autotune.example.com: requests naming any "
+    "other Host are refused [default: loopback names on loopback, the --host address otherwise].",
+)
 @options((DB,))
 @click.option(
     "--local-worker",
@@ -61,6 +69,7 @@ from autotune.launchers import LAUNCHERS
 def serve(
     host,
     port,
+    allowed_host,
     db,
     local_worker,
     worker_device,
@@ -95,6 +104,7 @@ def serve(
         public_read=public_read,
         model_root=model_root,
         allow_remote_code=allow_remote_code,
+        hosts=allowed_host,
         say=lambda line: click.echo(line, err=True),
         workers=workers,
         launcher=chosen,

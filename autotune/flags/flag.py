@@ -50,6 +50,9 @@ class Flag:
     param: str | None = None
     callback: Callable[[Any], Any] | None = None  # the value, checked further (raises click.UsageError)
     closed: str | None = None  # why the service does not take it (403), where it does not
+    # It names something the command reads (a model, a data set, a tokenizer): the service lets a
+    # client name only what its operator allows (service/submissions.py ServicePolicy.named).
+    reads: bool = False
 
     @property
     def spelled(self) -> str:

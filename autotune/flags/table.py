@@ -178,7 +178,7 @@ def data_flags(*, required: bool) -> tuple[Flag, ...]:
             "(no batch of it is longer), and gives a classifier its labels."
         )
     return (
-        Flag("dataset", what, required=required, default=None),
+        Flag("dataset", what, required=required, default=None, reads=True),
         Flag(
             "text_column",
             "Column holding the text (seq2seq: the source) [default: 'text', or the only text column; "
@@ -193,7 +193,7 @@ def data_flags(*, required: bool) -> tuple[Flag, ...]:
             "label_column",
             "classification: column holding the labels, text or whole-number ids [default: 'label'].",
         ),
-        Flag("tokenizer", "Tokenizer directory or hub id [default: the model's own]."),
+        Flag("tokenizer", "Tokenizer directory or hub id [default: the model's own].", reads=True),
     )
 
 
@@ -268,7 +268,7 @@ SPACE = (*data_flags(required=False), *TASK, *SPACE_LEVERS)
 # -- One configuration's levers: probe and estimate ------------------------------------------------
 CONFIG = (
     *TASK,
-    Flag("model", MODEL_HELP, part=Part.WHAT, required=True),
+    Flag("model", MODEL_HELP, part=Part.WHAT, required=True, reads=True),
     Flag("micro_batch", "Sequences per forward/backward pass.", type=COUNT, required=True),
     Flag("block_size", "Tokens per sequence.", type=COUNT, required=True),
     Flag("grad_accum", "Micro-steps per optimizer step.", type=COUNT, default=1, show_default=True),
@@ -366,7 +366,28 @@ WORKERS_RUN_IT = "queue workers run the searches, not a launcher of the request'
 ITS_DATABASE = "the service's operator chooses the database (autotune serve --db)."
 ITS_JSON = "the service always answers in JSON."
 
-DB = Flag("db", DB_HELP, part=Part.OUTPUT, metavar="URL", closed=ITS_DATABASE)
+
+def _db_place(value: str | None) -> str | None:
+    """--db: a SQLite file in a directory that exists. Only the default database's directory (the
+    user data directory) is made: a --db in a directory that does not exist is a typo, not a place
+    to create (as for any --out)."""
+    if value is None:
+        return None
+    from autotune.store.engine import resolve_url, sqlite_path
+
+    try:
+        path = sqlite_path(resolve_url(value))
+    except Exception:  # (a value resolve_url refuses is refused where the database is opened, in its words)
+        return value
+    if path is not None and not path.parent.is_dir():
+        raise click.UsageError(
+            f"--db {value}: the directory {path.parent} does not exist; create it first, or give --db a file in a "
+            f"directory that does"
+        )
+    return value
+
+
+DB = Flag("db", DB_HELP, part=Part.OUTPUT, metavar="URL", closed=ITS_DATABASE, callback=_db_place)
 
 
 def json_flag(what: str) -> Flag:
@@ -379,6 +400,7 @@ SEARCH = (
         "model",
         "Hub id, gpt2-family name, or a local directory with config.json [required unless --from names it].",
         part=Part.WHAT,
+        reads=True,
     ),
     Flag("gpu_budget", BUDGET_HELP, part=Part.WHAT, required=True),
     Flag(
@@ -522,7 +544,7 @@ SEARCH = (
 
 # -- autotune plan ------------------------------------------------------------------------------------
 PLAN = (
-    Flag("model", MODEL_HELP, part=Part.WHAT, required=True),
+    Flag("model", MODEL_HELP, part=Part.WHAT, required=True, reads=True),
     Flag(
         "gpu",
         "The card to plan for, by name (h100, a100-40gb, rtx4090, l4, ...: see `autotune plan --gpu list`), "
@@ -611,6 +633,8 @@ PROBE = (
 
 # The tables a request to the service may be read with, by command.
 REQUESTS = {"search": SEARCH, "plan": PLAN, "estimate": ESTIMATE}
+# The fields, in any of them, that name something to read.
+READ_FIELDS = frozenset(row.name for rows in REQUESTS.values() for row in rows if row.reads)
 
 # `autotune best --format`'s choices (BestConfig.render's formats), which the service's /best and
 # /v1/answers answer in too.

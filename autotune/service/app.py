@@ -11,14 +11,16 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import SQLAlchemyError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from autotune.vocabulary.errors import AutotuneError, Conflict, DatabaseError, StudyNotFound
 from autotune.service.commands import RequestRefused
+from autotune.service.guard import RequestGuard
 from autotune.service.submissions import ServicePolicy
 from autotune.vocabulary.version import __version__
 
@@ -41,6 +43,7 @@ class ServiceConfig:
     predict_slots: int = 1  # plans and estimates traced at once (each takes cores)
     predict_seconds: float = 900.0  # one plan or estimate, at most
     page_size: int = 200  # searches listed at most
+    allowed_hosts: frozenset[str] | None = None  # the Host names answered (guard.py); None: any
 
 
 def create_app(config: ServiceConfig, store=None) -> FastAPI:
@@ -73,6 +76,7 @@ def create_app(config: ServiceConfig, store=None) -> FastAPI:
     app.state.streams = asyncio.Semaphore(config.max_streams)
     app.state.predicting = asyncio.Semaphore(config.predict_slots)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
+    app.add_middleware(RequestGuard, hosts=config.allowed_hosts)  # (outermost: before any body is read)
     for router in (searches.router, answers.router, predictions.router, pages.router):
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
@@ -102,8 +106,9 @@ def _errors(app: FastAPI) -> None:
         log.warning("database: %s", exc.__class__.__name__, exc_info=exc)
         return error(503, "the results database cannot be reached now; try again shortly (the service's log says why).")
 
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+    # (Starlette's own: routing's 404 and 405 too, which FastAPI's subclass handler would miss.)
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)

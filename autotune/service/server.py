@@ -5,15 +5,16 @@ included; the search it ran is resumed by the next worker."""
 
 from __future__ import annotations
 
-import ipaddress
+import re
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
-from autotune.vocabulary.errors import BadInput
+from autotune.vocabulary.errors import BadInput, quoted
 from autotune.launchers.base import Launcher, WorkerSpec
 from autotune.vocabulary.devices import worker_kind
+from autotune.service.guard import allowed_hosts, is_loopback
 from autotune.service.submissions import ServicePolicy
 
 # A queue worker stopped with the service has this long to put its search back in the queue.
@@ -24,6 +25,8 @@ def check_serving(host: str, port: int, model_root: str | None) -> Path | None:
     """The flags, refused in one line where they cannot be served; returns the model root."""
     if not 0 < port < 65536:
         raise BadInput(f"--port {port}: give a port from 1 to 65535.")
+    if not re.fullmatch(r"[A-Za-z0-9._:\[\]-]{1,253}", host, re.ASCII):
+        raise BadInput(f"--host {quoted(host)} is not an address or a host name (e.g. 127.0.0.1, 0.0.0.0, ::1).")
     root = None
     if model_root is not None:
         if not model_root.strip():
@@ -44,15 +47,6 @@ def check_serving(host: str, port: int, model_root: str | None) -> Path | None:
     return root
 
 
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def serve(
     *,
     host: str,
@@ -63,6 +57,7 @@ def serve(
     public_read: bool,
     model_root: str | None,
     allow_remote_code: bool,
+    hosts: tuple[str, ...] = (),
     say=print,
     workers: int | None = None,
     launcher: Launcher | None = None,
@@ -83,17 +78,22 @@ def serve(
     root = check_serving(host, port, model_root)
     if launcher is not None and not workers:
         raise BadInput(f"--launcher {launcher.name} starts the service's queue workers: give --workers N too.")
+    guarded = is_loopback(host)
+    if not guarded and _no_database_yet(db):  # (refused before the database would be created)
+        raise BadInput(_NO_TOKEN.format(host=host))
+    _check_port_free(host, port)
     with open_store(db) as store:  # (creates or upgrades the embedded database, as search does)
         url = store.engine.url.render_as_string(hide_password=False)
         shown = store.url
         has_tokens = store.tokens.any()
-    if not is_loopback(host) and not has_tokens:
-        raise BadInput(
-            f"--host {host} listens beyond this machine, and no token exists to guard it; make one first "
-            f"(autotune token create NAME --db ...), or listen on 127.0.0.1."
-        )
-    _check_port_free(host, port)
-    config = ServiceConfig(db=url, policy=ServicePolicy(root, allow_remote_code), public_read=public_read)
+    if not guarded and not has_tokens:
+        raise BadInput(_NO_TOKEN.format(host=host))
+    config = ServiceConfig(
+        db=url,
+        policy=ServicePolicy(root, allow_remote_code),
+        public_read=public_read,
+        allowed_hosts=allowed_hosts(host, hosts),
+    )
     app = create_app(config)
     spec = WorkerSpec(None, url, worker_kind(worker_device))
     if workers and launcher is None:
@@ -122,6 +122,20 @@ def serve(
             _stop(worker)
         if workers and launcher is not None:
             launcher.stop(grace=STOP_GRACE_SECONDS)
+
+
+_NO_TOKEN = (
+    "--host {host} listens beyond this machine, and no token exists to guard it; make one first "
+    "(autotune token create NAME --db ...), or listen on 127.0.0.1."
+)
+
+
+def _no_database_yet(db: str | None) -> bool:
+    """A SQLite database not made yet (so no token in it either)."""
+    from autotune.store.engine import resolve_url, sqlite_path
+
+    path = sqlite_path(resolve_url(db))
+    return path is not None and not path.exists()
 
 
 def listen(app, host: str, port: int) -> None:

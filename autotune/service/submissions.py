@@ -20,7 +20,7 @@ from typing import Any
 
 from autotune.vocabulary.devices import worker_kind
 from autotune.flags.flag import Part, usage_message
-from autotune.flags.table import SEARCH
+from autotune.flags.table import READ_FIELDS, SEARCH
 from autotune.service.commands import RequestRefused, read_request
 from autotune.store.queue import Submission
 
@@ -33,8 +33,6 @@ DEVICE_KINDS = ("auto", "cuda", "cpu")
 CARD = re.compile(r"[A-Za-z0-9][A-Za-z0-9 ._-]{0,99}")
 # A model's, data set's or tokenizer's name, at most (a hub id is far shorter).
 MAX_REFERENCE_CHARS = 1000
-# Fields that name something to read: a model, a data set, a tokenizer.
-LOCAL_FIELDS = ("model", "dataset", "tokenizer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +41,14 @@ class ServicePolicy:
 
     model_root: Path | None = None  # local models, data sets and tokenizers: only under it
     allow_remote_code: bool = False  # --trust-remote-code in a request
+
+    def named(self, body: object) -> object:
+        """`body` with every field that names something to read (READ_FIELDS: a model, a data set, a
+        tokenizer) as `reference` lets it be read: the one policy every route applies to what a client
+        names (a search, a plan, an estimate, the plan page's form)."""
+        if not isinstance(body, dict):
+            return body
+        return {k: self.reference(k, v) if k in READ_FIELDS else v for k, v in body.items()}
 
     def reference(self, field: str, value: Any) -> Any:
         """A client's model, data set or tokenizer as the service lets it be read: a name under
@@ -112,9 +118,7 @@ def submission_of(body: object, policy: ServicePolicy) -> Submission:
     from autotune.search.request import resolve_search
     from autotune.search.request_flags import read_search_flags
 
-    if isinstance(body, dict):
-        body = {k: policy.reference(k, v) if k in LOCAL_FIELDS else v for k, v in body.items()}
-    request, own = read_request("search", body, own=SEARCH_OWN)
+    request, own = read_request("search", policy.named(body), own=SEARCH_OWN)
     device = _device_kind(own.get("device"))
     card = _card(own.get("gpu"))
     params = {k: v for k, v in request.params.items() if k not in NOT_SEARCHED}
@@ -149,6 +153,8 @@ def submission_of(body: object, policy: ServicePolicy) -> Submission:
         gpus=resolved.space.gpus,
         card=card,
         candidates=len(resolved.candidates),
+        model_fingerprint=resolved.spec.fingerprint,
+        effective_batch=resolved.space.work_per_step,
     )
 
 

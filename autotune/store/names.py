@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import re
 
+from typing import TYPE_CHECKING
+
 from autotune.vocabulary.errors import BadInput
+
+if TYPE_CHECKING:
+    from autotune.store.schema import Study
 
 STUDY_NAME_MAX = 200  # also the length of autotune_studies.name
 _ALLOWED = re.compile(r"[A-Za-z0-9._:@+-]+")
@@ -77,3 +82,28 @@ def check_study_lookup(name: str | None, *, flag: str = "--study") -> str | None
         bad = "".join(dict.fromkeys(c for c in name if not c.isprintable()))
         raise BadInput(f"{flag} {shown(name)} holds characters that cannot be printed ({shown(bad)}); {what}.")
     return name
+
+
+def check_same_study(
+    study: Study, fingerprint: str, reference: str, budget_bytes: int, margin_bytes: int | None, effective_batch: int
+) -> None:
+    """A study's name taken again: only for the same model (by fingerprint), budget, margin and
+    effective batch (BadInput otherwise): what `search --study` resumes, and what a submission to
+    the service may take over (store/queue.py, which knows no margin before a worker's device says
+    it: None)."""
+    from autotune.vocabulary.units import format_size
+
+    differences = []
+    if study.model_fingerprint != fingerprint:
+        differences.append(f"model {study.model_reference!r} (not {reference!r})")
+    if study.budget_bytes != budget_bytes:
+        differences.append(f"budget {format_size(study.budget_bytes)} (not {format_size(budget_bytes)})")
+    if margin_bytes is not None and study.margin_bytes != margin_bytes:
+        differences.append(f"margin {format_size(study.margin_bytes)} (not {format_size(margin_bytes)})")
+    if study.effective_batch != effective_batch:
+        differences.append(f"effective batch {study.effective_batch} (not {effective_batch})")
+    if differences:
+        raise BadInput(
+            f"study {study.name!r} already exists with {', '.join(differences)}; pick another --study name, "
+            f"or resume it with the same settings."
+        )

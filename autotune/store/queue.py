@@ -16,12 +16,12 @@ from typing import Any
 
 from sqlalchemy import func, select, update
 
-from autotune.vocabulary.errors import Conflict, StudyNotFound
+from autotune.vocabulary.errors import BadInput, Conflict, StudyNotFound
 from autotune.host.processes import owner_gone
 from autotune.vocabulary.status import SEARCH_ENDED, SearchState
 from autotune.store.base import Database
 from autotune.store.claims import _db_now
-from autotune.store.names import check_study_name
+from autotune.store.names import check_same_study, check_study_name
 from autotune.store.records import SearchRecord
 from autotune.store.schema import Probe, Search, Study, utcnow
 
@@ -48,6 +48,9 @@ class Submission:
     gpus: int
     card: str | None
     candidates: int
+    # What trains, to hold a study's name to it (not stored: checked against the study of that name).
+    model_fingerprint: str | None = None
+    effective_batch: int | None = None
 
 
 class SearchQueue:
@@ -79,6 +82,7 @@ class SearchQueue:
                                 f"{keyed.name!r}); use a new key for a new request."
                             )
                         return self._resubmitted(keyed, now), False
+                self._check_study_taken(session, name, submission)
                 row = session.scalars(select(Search).where(Search.name == name)).one_or_none()
                 if row is not None:
                     if row.request_hash == submission.request_hash:
@@ -112,6 +116,27 @@ class SearchQueue:
                 return search_record(row), True
 
         return self.db.retry_on_conflict(work)
+
+    @staticmethod
+    def _check_study_taken(session: Any, name: str, submission: Submission) -> None:
+        """A study of that name (the command line's, or an earlier submission's) is taken over only
+        for the same model, budget and effective batch, as `search --study` resumes one (Conflict)."""
+        if submission.model_fingerprint is None or submission.effective_batch is None:
+            return
+        study = session.scalars(select(Study).where(Study.name == name)).one_or_none()
+        if study is None:
+            return
+        try:
+            check_same_study(
+                study,
+                submission.model_fingerprint,
+                submission.model,
+                submission.budget_bytes,
+                None,
+                submission.effective_batch,
+            )
+        except BadInput as exc:
+            raise Conflict(str(exc).replace("--study name", "study name")) from None
 
     @staticmethod
     def _resubmitted(row: Search, now: Any) -> SearchRecord:
@@ -275,6 +300,8 @@ class SearchQueue:
                 elif state == SearchState.RUNNING and not row.cancel_requested:
                     row.cancel_requested = True
                     row.reason = f"cancel asked{who}; its worker is stopping it"
+                else:  # ended, or already asked: left as it is, its time and reason too
+                    return search_record(row)
                 row.updated_at = now
                 session.flush()
                 return search_record(row)

@@ -27,7 +27,7 @@ from autotune.store.base import Database
 from autotune.store.engine import display_url, make_engine, resolve_url, sqlite_path
 from autotune.store.liveness import effective_status
 from autotune.store.moved import move_study
-from autotune.store.names import check_study_name
+from autotune.store.names import check_same_study, check_study_name
 from autotune.store.records import LeaderboardRow, ProbeRecord, StudyRecord, StudySummary, UpgradeReport
 from autotune.store.rows import CONFIG_FIELDS, add_probe, probe_record, probe_result, probe_values, study_record
 from autotune.store.queue import SearchQueue
@@ -170,7 +170,9 @@ class Store:
                     )
                     session.add(study)
                 else:
-                    _check_same_study(study, model, budget_bytes, margin_bytes, effective_batch)
+                    check_same_study(
+                        study, model.fingerprint, model.reference, budget_bytes, margin_bytes, effective_batch
+                    )
                     if study.model_reference != model.recorded:
                         _check_not_running_elsewhere(study, model)
                         move_study(session, study, model.recorded)
@@ -494,25 +496,4 @@ def _check_not_running_elsewhere(study: Study, model: ModelLike) -> None:
         raise BadInput(
             f"study {study.name!r} is being searched now with the model at {study.model_reference}; "
             f"resume it with that --model, or once that search ends (or pick another --study name)."
-        )
-
-
-def _check_same_study(
-    study: Study, model: ModelLike, budget_bytes: int, margin_bytes: int, effective_batch: int
-) -> None:
-    from autotune.vocabulary.units import format_size
-
-    differences = []
-    if study.model_fingerprint != model.fingerprint:
-        differences.append(f"model {study.model_reference!r} (not {model.reference!r})")
-    if study.budget_bytes != budget_bytes:
-        differences.append(f"budget {format_size(study.budget_bytes)} (not {format_size(budget_bytes)})")
-    if study.margin_bytes != margin_bytes:
-        differences.append(f"margin {format_size(study.margin_bytes)} (not {format_size(margin_bytes)})")
-    if study.effective_batch != effective_batch:
-        differences.append(f"effective batch {study.effective_batch} (not {effective_batch})")
-    if differences:
-        raise BadInput(
-            f"study {study.name!r} already exists with {', '.join(differences)}; pick another --study name, "
-            f"or resume it with the same settings."
         )

@@ -155,7 +155,9 @@ def test_fields_the_service_does_not_take_and_malformed_bodies(service):
         assert answer.status_code == status, answer.text
         assert field in answer.json()["error"]
     for bad in (b"[1, 2]", b"not json", b'"text"', b"null"):
-        answer = service.post("/v1/searches", content=bad, headers=auth(service))
+        answer = service.post(
+            "/v1/searches", content=bad, headers={**auth(service), "content-type": "application/json"}
+        )
         assert (
             answer.status_code == 422
             and "JSON object" in answer.json()["error"]
@@ -163,7 +165,11 @@ def test_fields_the_service_does_not_take_and_malformed_bodies(service):
         )
     answer = service.post("/v1/searches", json=body(fresh="yes"), headers=auth(service))
     assert answer.status_code == 422 and "true or false" in answer.json()["error"]
-    answer = service.post("/v1/searches", content=b"{" + b" " * 70_000 + b"}", headers=auth(service))
+    answer = service.post(
+        "/v1/searches",
+        content=b"{" + b" " * 70_000 + b"}",
+        headers={**auth(service), "content-type": "application/json"},
+    )
     assert answer.status_code == 413
     assert submitted(service) == []
 

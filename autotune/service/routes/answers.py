@@ -76,6 +76,7 @@ def _same_model(reference: str, model: str) -> bool:
 
 @router.get("/healthz")
 def health(request: Request) -> dict[str, Any]:
-    """200 when the service and its database answer (503 otherwise)."""
+    """200 when the service and its database answer (503 otherwise): the database's kind, never its
+    path or host (anyone may ask)."""
     request.app.state.store.tokens.any()  # (a database that cannot answer is a 503, by the app's handler)
-    return {"status": "ok", "database": request.app.state.store.url.split("://", 1)[0]}
+    return {"status": "ok", "database": request.app.state.store.engine.url.get_backend_name()}

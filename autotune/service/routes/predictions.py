@@ -31,9 +31,7 @@ async def predict_body(app, command_name: str, body: object) -> JSONResponse:
     """A plan or estimate for `body` (the command's flags): checked, then run in a child, a few at a
     time. The /plan page's form comes here too."""
     config = app.state.config
-    if isinstance(body, dict):
-        body = {k: config.policy.reference(k, v) if k == "model" else v for k, v in body.items()}
-    parsed, _ = read_request(command_name, body)
+    parsed, _ = read_request(command_name, config.policy.named(body))
     if parsed.params.get("trust_remote_code") and not config.policy.allow_remote_code:
         raise RequestRefused(
             "trust_remote_code: this service does not run a model's own code; its operator allows it "

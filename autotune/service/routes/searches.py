@@ -65,11 +65,41 @@ def search_body_schema() -> dict[str, Any]:
     }
 
 
+# A request body is a command's flags: a flat object whose values are strings, numbers or lists.
+MAX_BODY_DEPTH = 8
+
+
 async def json_body(request: Request) -> object:
+    """The body as JSON, refused (422, one line) where it is not, nests deeper than any flags do,
+    or holds a string that is not text (a lone surrogate: `"\\ud800"` is valid JSON, not Unicode)."""
     try:
-        return json.loads(await request.body() or b"null")
+        document = json.loads(await request.body() or b"null")
     except (ValueError, UnicodeDecodeError):
         raise RequestRefused("the request body is not JSON; send a JSON object of `autotune search`'s flags.") from None
+    except RecursionError:
+        raise RequestRefused(f"the request body nests deeper than {MAX_BODY_DEPTH} levels; flags do not.") from None
+    _check_json(document)
+    return document
+
+
+def _check_json(document: object) -> None:
+    stack = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_BODY_DEPTH:
+            raise RequestRefused(f"the request body nests deeper than {MAX_BODY_DEPTH} levels; flags do not.")
+        if isinstance(value, dict):
+            stack += [(key, depth + 1) for key in value] + [(item, depth + 1) for item in value.values()]
+        elif isinstance(value, list):
+            stack += [(item, depth + 1) for item in value]
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                raise RequestRefused(
+                    "the request body holds a string that is not text (a lone UTF-16 surrogate escape); "
+                    "send UTF-8 text."
+                ) from None
 
 
 @router.post(
@@ -123,9 +153,16 @@ def read_search(name: str, request: Request, _: str | None = Depends(require_rea
 @router.post("/v1/searches/{name}/cancel", status_code=202)
 def cancel(name: str, request: Request, who: str = Depends(require_writer)) -> dict[str, Any]:
     """Stop a search: its probe in flight is ended, nothing is left running, and submitting it
-    again resumes it."""
+    again resumes it. Only the token that submitted it may (a search submitted before tokens were
+    recorded: any token)."""
     store = request.app.state.store
-    if submitted_or_none(store, name) is None:
+    submitted = submitted_or_none(store, name)
+    if submitted is not None and submitted.submitted_by is not None and submitted.submitted_by != who:
+        raise RequestRefused(
+            f"search {name!r} was submitted with the token {submitted.submitted_by!r}; only that token may cancel it.",
+            status=403,
+        )
+    if submitted is None:
         if study_or_none(store, name) is not None:
             raise RequestRefused(
                 f"study {name!r} was searched from the command line, not submitted here; stop it where "
