@@ -160,10 +160,12 @@ class QueueWorker:
                     continue
                 time.sleep(self.poll_seconds)
         except KeyboardInterrupt:
-            outcome.interrupted = True
             self.stopping = True
         finally:
             self._stop_child()
+        # Stopped by a signal, wherever it came (between searches, or while a child ran: its
+        # search was put back in the queue): the worker says so by its exit status (143, 130).
+        outcome.interrupted = self.stopping
         return outcome
 
     def _take(self) -> SearchRecord | None:

@@ -7,11 +7,14 @@ check raised, no child started."""
 from __future__ import annotations
 
 import shutil
+import signal
+import subprocess
 import sys
 
 import pytest
 
 from autotune.search.queue_worker import QueueWorker, WorkerDevice
+from autotune.vocabulary.errors import EXIT_TERMINATED
 from autotune.service.submissions import ServicePolicy, submission_of
 from autotune.vocabulary.status import SearchState
 from autotune.store import open_store
@@ -100,3 +103,20 @@ def test_a_search_this_worker_cannot_run_is_refused_in_process_with_the_checks_r
     ended = store.queue.get(search.name)
     assert ended.reason.startswith("refused by its worker: ") and str(root / "tiny") in ended.reason
     assert ended.exit_status is None
+
+
+@pytest.mark.slow  # (a real worker process, its device described by a probe child)
+def test_a_queue_worker_stopped_by_sigterm_says_so_by_its_exit_status(tmp_path, hermetic_home):
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "autotune", "worker", "--queue", "--device", "cpu", "--db", str(tmp_path / "q.db")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert "serving the queue" in worker.stdout.readline()  # (waiting for work: nothing queued)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(timeout=60) == EXIT_TERMINATED  # (0 before: a supervisor read it as done)
+    finally:
+        worker.kill()
+        worker.wait()

@@ -186,7 +186,8 @@ def best(
     if format not in BEST_FORMATS:
         raise RequestRefused(f"format {format[:40]!r}: give one of {', '.join(BEST_FORMATS)}.")
     chosen = best_in(request.app.state.store, name)
-    notes = [note.encode("ascii", "replace").decode()[:500] for note in chosen.notes(format)]
+    # (A header is Latin-1: ± and × go as they are; a character beyond it as '?'.)
+    notes = [note.encode("latin-1", "replace").decode("latin-1")[:500] for note in chosen.notes(format)]
     headers = {"Autotune-Note": " | ".join(notes)} if notes else None
     text = chosen.render(format) + "\n"
     if format in ("json", "trainer-args"):
