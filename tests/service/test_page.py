@@ -229,7 +229,7 @@ def test_the_plan_form_predicts_through_v1_plans_machinery(db, monkeypatch):
 
     asked = []
 
-    async def run(command, arguments, config):  # the child `autotune plan --json`, canned
+    async def run(command, arguments, config, request):  # the child `autotune plan --json`, canned
         asked.append((command, arguments))
         return JSONResponse(PLANNED)
 
@@ -256,7 +256,7 @@ def test_the_plan_form_predicts_through_v1_plans_machinery(db, monkeypatch):
 def test_a_plan_the_command_refuses_is_its_line_under_the_form(db, monkeypatch):
     from autotune.service.routes import predictions
 
-    async def run(command, arguments, config):
+    async def run(command, arguments, config, request):
         raise AssertionError("a refused request starts no child")
 
     monkeypatch.setattr(predictions, "_run", run)

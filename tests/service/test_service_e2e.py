@@ -260,6 +260,26 @@ def test_predictions_need_no_gpu_and_refuse_as_the_command_line_does(deployment)
     assert httpx.post(f"{deployment.url}/v1/estimate", json=body, timeout=30).status_code == 401
 
 
+def test_a_plan_its_client_abandoned_is_stopped_and_frees_its_slot(deployment):
+    # A long plan (every config traced, no cache), its client gone after 2 s: before, the child
+    # traced on for nobody, holding the service's one prediction slot to its end.
+    body = {
+        "model": "tiny",
+        "gpu": "a100",
+        "micro_batches": "1,2,3,4,5,6,7,8",
+        "block_sizes": "16,24,32,48,64",
+        "precisions": "fp32,bf16",
+        "exact": True,
+        "no_cache": True,
+    }
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{deployment.url}/v1/plan", json=body, headers=deployment.headers, timeout=2)
+    deadline = time.monotonic() + 10
+    while any(" plan " in command for command in processes_under(deployment.base)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [command for command in processes_under(deployment.base) if " plan " in command]
+
+
 def test_a_cancelled_search_stops_its_probe_and_resumes_when_submitted_again(deployment):
     # The cancel comes mid-search, whatever the machine's speed: the search's second probe waits at
     # its first step until the gate is back.

@@ -265,7 +265,7 @@ async def _predict_plan(request: Request, body: dict[str, str]) -> dict[str, Any
     """`body` as /v1/plan takes it, through the same checks, slots and child (predictions.py)."""
     from autotune.service.routes.predictions import predict_body
 
-    response = await predict_body(request.app, "plan", body)
+    response = await predict_body(request.app, "plan", body, request)
     document = json.loads(bytes(response.body))
     if response.status_code != 200:
         raise RequestRefused(str(document.get("error", "the plan failed")), status=response.status_code)
