@@ -145,18 +145,52 @@ def ray_address(address: str | None) -> str:
                 "--launcher ray: no Ray cluster is running on this machine; give --ray-address HOST:PORT "
                 "(the head's, as `ray start --head` printed it), or start one."
             ) from None
-    host, _, port = given.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
+    if given.startswith("ray://"):
+        raise BadInput(
+            f"--ray-address {given}: that is a Ray Client address; the workers are started from a driver on "
+            f"the cluster's network: give the head's HOST:PORT as `ray start --head` printed it (e.g. "
+            f"10.0.0.1:6379), from a machine of the cluster."
+        )
+    host, _, port = given.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise BadInput(f"--ray-address {given!r}: give the head's HOST:PORT (e.g. 10.0.0.1:6379).")
     try:
-        with socket.create_connection((host, int(port)), timeout=CONNECT_SECONDS):
-            pass
+        with socket.create_connection((host, int(port)), timeout=CONNECT_SECONDS) as connection:
+            grpc = _speaks_grpc(connection)
     except OSError as exc:
         raise BadInput(
             f"--ray-address {given}: no Ray cluster answers there ({exc.strerror or exc}); start one "
             f"(ray start --head) or give the head's address."
         ) from None
+    if not grpc:
+        # ray.init would wait there for minutes: the dashboard's 8265 and the client server's 10001
+        # answer TCP too.
+        raise BadInput(
+            f"--ray-address {given}: something answers there, but not a Ray head (its GCS speaks gRPC); the "
+            f"head's address is the one `ray start --head` printed (port 6379 by default; 8265 is the dashboard)."
+        )
     return given
+
+
+# HTTP/2's connection preface and an empty SETTINGS frame: a gRPC server (a Ray head's GCS) answers
+# with its own SETTINGS frame at once; an HTTP/1 server (the dashboard) or anything else does not.
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_SETTINGS = 0x04
+
+
+def _speaks_grpc(connection: socket.socket) -> bool:
+    try:
+        connection.settimeout(CONNECT_SECONDS)
+        connection.sendall(_HTTP2_PREFACE)
+        header = b""
+        while len(header) < 9:
+            chunk = connection.recv(9 - len(header))
+            if not chunk:
+                return False
+            header += chunk
+    except OSError:
+        return False
+    return header[3] == _SETTINGS
 
 
 class RayLauncher(Launcher):

@@ -172,3 +172,25 @@ def test_a_hostile_slurm_value_is_one_line_before_anything_on_dry_run_and_serve(
             "'_', '.', '-' (several joined by commas), e.g. gpu or gpu,debug."
         ]
         assert not db.exists()
+
+
+def test_an_address_that_is_not_a_ray_head_is_one_line_at_once():
+    """ray.init waited minutes on a port that answers TCP but is not a head's GCS (the dashboard's
+    8265 is the common mistake), and a Ray Client address ended in a traceback."""
+    import http.server
+    import threading
+    import time
+
+    from autotune.launchers.ray_cluster import ray_address
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        started = time.monotonic()
+        with pytest.raises(BadInput, match="something answers there, but not a Ray head"):
+            ray_address(f"127.0.0.1:{server.server_address[1]}")
+        assert time.monotonic() - started < 10
+    finally:
+        server.shutdown()
+    with pytest.raises(BadInput, match="that is a Ray Client address"):
+        ray_address("ray://10.0.0.1:10001")
