@@ -40,6 +40,7 @@ class ServiceConfig:
     max_streams: int = 256  # event streams open at once
     stream_seconds: float = 3600.0  # one stream's life; a follower reconnects with Last-Event-ID
     poll_seconds: float = 0.5  # how often a stream looks for new events
+    token_recheck_seconds: float = 5.0  # how often an open stream checks its token is still live
     predict_slots: int = 1  # plans and estimates traced at once (each takes cores)
     predict_seconds: float = 900.0  # one plan or estimate, at most
     page_size: int = 200  # searches listed at most

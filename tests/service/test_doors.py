@@ -8,6 +8,8 @@ script itself)."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 pytest.importorskip("fastapi")
@@ -207,3 +209,25 @@ def test_serve_beyond_loopback_without_a_token_creates_no_database(tmp_path, her
         invoke("serve", "--host", "0.0.0.0", "--port", "18092", "--db", str(db)), "no token exists to guard it"
     )
     assert not db.exists()
+
+
+def test_a_revoked_tokens_open_event_stream_ends(tmp_path):
+    """It streamed on for 87 s, to its search's end, before."""
+    db = f"sqlite:///{tmp_path / 'streams.db'}"
+    with open_store(db) as store:
+        token = store.tokens.create("reader")
+        make_study(store, "running", model=FakeModel("gpt2"))  # (running: its stream stays open)
+    config = ServiceConfig(db=db, poll_seconds=0.05, token_recheck_seconds=0.2)
+    with TestClient(create_app(config)) as client:
+        headers = {"Authorization": f"Bearer {token}"}
+        with client.stream("GET", "/v1/searches/running/events", headers=headers) as stream:
+            lines = stream.iter_lines()
+            assert next(lines).startswith("retry:")
+            with open_store(db) as store:
+                store.tokens.revoke("reader")
+            started = time.monotonic()
+            for line in lines:
+                if line.startswith("event: error"):
+                    break
+                assert time.monotonic() - started < 10, "the stream went on"
+            assert "no longer live" in next(lines)

@@ -14,7 +14,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 
 from autotune.vocabulary.errors import StudyNotFound
-from autotune.service.auth import require_reader, require_writer
+from autotune.service.auth import require_reader, require_writer, token_holder
 from autotune.flags.table import SEARCH
 from autotune.service.commands import RequestRefused, fields
 from autotune.service.submissions import ServicePolicy, submission_of
@@ -240,7 +240,15 @@ async def events(
             yield "retry: 2000\n\n"
             state, said = None, time.monotonic()
             ends = time.monotonic() + config.stream_seconds
+            checked = time.monotonic()
             while not await request.is_disconnected():
+                if not config.public_read and time.monotonic() - checked > config.token_recheck_seconds:
+                    # A token revoked while its stream is open ends the stream, as it ends the next request.
+                    checked = time.monotonic()
+                    if await run_in_threadpool(token_holder, request) is None:
+                        gone = {"error": "the token of this stream is no longer live; the stream ends."}
+                        yield f"event: error\ndata: {json.dumps(gone)}\n\n"
+                        return
                 found = await run_in_threadpool(reader.read, store)
                 for event_id, data in found:
                     yield f"id: {event_id}\nevent: probe\ndata: {json.dumps(data)}\n\n"
