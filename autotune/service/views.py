@@ -8,6 +8,8 @@ live.js. Torch-free: the store's records and the report's words."""
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -332,3 +334,28 @@ def progress_text(progress: dict[str, Any]) -> str:
     """'3 / 8', or '3 settled' where the count of candidates is not known (live.js says it the same way)."""
     settled, total = progress.get("settled") or 0, progress.get("total")
     return f"{settled} / {total}" if total else f"{settled} settled"
+
+
+# `autotune best`'s formats that are JSON documents; the others are text (YAML, flags, scripts).
+JSON_FORMATS = ("json", "trainer-args", "trl")
+
+
+def best_response(chosen, format: str, document: dict | None = None):
+    """A study's pick as `autotune best --format FORMAT` prints it, for /best and /v1/answers alike:
+    a JSON format as application/json, the others as text; the notes `best` prints on stderr in
+    `Autotune-Note` (Latin-1, as headers are: a character beyond it as '?'). `document`: /answers'
+    JSON envelope, which carries the notes too."""
+    from fastapi.responses import PlainTextResponse, Response
+
+    notes = chosen.notes(format)
+    headers = {"Autotune-Note": " | ".join(n.encode("latin-1", "replace").decode("latin-1")[:500] for n in notes)}
+    if not notes:
+        headers = {}
+    if document is not None:
+        return Response(
+            json.dumps({**document, "notes": notes}, indent=2), media_type="application/json", headers=headers
+        )
+    text = chosen.render(format) + "\n"
+    if format in JSON_FORMATS:
+        return Response(text, media_type="application/json", headers=headers)
+    return PlainTextResponse(text, headers=headers)

@@ -297,7 +297,7 @@ def test_answers_and_best_say_what_the_command_line_says(service):
         service.get("/v1/answers", params={"model": "gpt2", "budget": "16GiB"}, headers=auth(service)).status_code
         == 404
     )
-    for fmt in ("json", "trainer-args", "cli", "accelerate", "yaml"):
+    for fmt in ("json", "trainer-args", "cli", "accelerate", "yaml", "trl"):
         printed = subprocess.run(
             [sys.executable, "-m", "autotune", "best", "--study", "gpt2-8GiB", "--format", fmt, "--db", service.db],
             capture_output=True,
@@ -306,6 +306,21 @@ def test_answers_and_best_say_what_the_command_line_says(service):
         )
         answer = service.get("/v1/searches/gpt2-8GiB/best", params={"format": fmt}, headers=auth(service))
         assert answer.status_code == 200 and answer.text == printed.stdout, fmt
+        # /v1/answers says it the same way, with the notes `best` prints on stderr (it gave none before)
+        answered = service.get(
+            "/v1/answers", params={"model": "gpt2", "budget": "8GiB", "format": fmt}, headers=auth(service)
+        )
+        said = [
+            line.removeprefix("autotune: ") for line in printed.stderr.splitlines() if line.startswith("autotune: ")
+        ]
+        assert answered.headers.get("autotune-note", "") == answer.headers.get("autotune-note", ""), fmt
+        assert answered.headers["content-type"] == answer.headers["content-type"], fmt
+        if fmt == "json":
+            assert answered.json()["notes"] == said
+        else:
+            assert bool(said) == (fmt == "trl")  # (a Trainer study handed to TRL: its warning)
+            if said:
+                assert answered.headers["autotune-note"].split(" | ")[0] == said[0][:500], fmt
     assert (
         service.get("/v1/searches/gpt2-8GiB/best", params={"format": "xml"}, headers=auth(service)).status_code == 422
     )

@@ -8,12 +8,12 @@ import json
 from typing import Any
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import Response
 
 from autotune.vocabulary.errors import StudyNotFound
 from autotune.service.auth import require_reader
 from autotune.service.commands import RequestRefused
-from autotune.service.views import links
+from autotune.service.views import best_response, links
 from autotune.vocabulary.status import StudyStatus
 
 router = APIRouter(tags=["answers"])
@@ -53,14 +53,14 @@ def answer(
             continue
         chosen = best_in(store, study.name)
         if format != "json":
-            return PlainTextResponse(chosen.render(format) + "\n")
+            return best_response(chosen, format)
         document: dict[str, Any] = {
             "study": study.name,
             "device": study.device_name,
             "best": chosen.to_dict(),
             "links": links(study.name),
         }
-        return Response(json.dumps(document, indent=2), media_type="application/json")
+        return best_response(chosen, format, document)
     on = f" on {gpu}" if gpu else ""
     example = {"model": model, "gpu_budget": budget, **({"gpu": gpu} if gpu else {})}
     raise StudyNotFound(

@@ -11,7 +11,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from autotune.vocabulary.errors import StudyNotFound
 from autotune.service.auth import require_reader, require_writer, token_holder
@@ -19,6 +19,7 @@ from autotune.flags.table import SEARCH
 from autotune.service.commands import RequestRefused, fields
 from autotune.service.submissions import ServicePolicy, submission_of
 from autotune.service.views import (
+    best_response,
     STUDY_REASONS,
     STUDY_STATES,
     EventReader,
@@ -185,14 +186,7 @@ def best(
 
     if format not in BEST_FORMATS:
         raise RequestRefused(f"format {format[:40]!r}: give one of {', '.join(BEST_FORMATS)}.")
-    chosen = best_in(request.app.state.store, name)
-    # (A header is Latin-1: ± and × go as they are; a character beyond it as '?'.)
-    notes = [note.encode("latin-1", "replace").decode("latin-1")[:500] for note in chosen.notes(format)]
-    headers = {"Autotune-Note": " | ".join(notes)} if notes else None
-    text = chosen.render(format) + "\n"
-    if format in ("json", "trainer-args"):
-        return Response(text, media_type="application/json", headers=headers)
-    return PlainTextResponse(text, headers=headers)
+    return best_response(best_in(request.app.state.store, name), format)
 
 
 @router.get(
