@@ -632,3 +632,11 @@ def test_update_makes_a_new_file_as_the_umask_says_and_rewrites_nothing_already_
     assert again.returncode == 0, again.stderr
     assert "already has the winner's levers; nothing written" in again.stdout and "wrote" not in again.stderr
     assert (out.read_bytes(), out.stat().st_mtime_ns) == before
+
+
+def test_a_quoted_key_is_written_in_its_place_not_added_again():
+    # Before: the quoted key kept its old value and a second, plain one was appended (two values of
+    # one key: the file no longer said one thing, and autotune's own reader now refuses it).
+    text = "\"micro_batch_size\": 2  # ours\nother: 1\n'gradient_accumulation_steps': 4\n"
+    edited = edit(text, {"micro_batch_size": 8, "gradient_accumulation_steps": 1}, ())
+    assert edited == "micro_batch_size: 8  # ours\nother: 1\ngradient_accumulation_steps: 1\n"

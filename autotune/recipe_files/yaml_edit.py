@@ -14,7 +14,8 @@ from autotune.vocabulary import yaml_text
 
 __all__ = ["edit", "render_value"]
 
-_KEY = re.compile(r"^(?P<key>[A-Za-z_][\w.-]*)(?P<colon>\s*:)(?P<rest>.*)$")
+# A top-level key, plain or quoted ("micro_batch_size": 2 is the same key: written in place, not again).
+_KEY = re.compile(r"""^(?P<quote>["']?)(?P<key>[A-Za-z_][\w.-]*)(?P=quote)(?P<colon>\s*:)(?P<rest>.*)$""")
 _TRAILING_COMMENT = re.compile(r"\s+#.*$")
 
 
