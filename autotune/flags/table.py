@@ -367,27 +367,7 @@ ITS_DATABASE = "the service's operator chooses the database (autotune serve --db
 ITS_JSON = "the service always answers in JSON."
 
 
-def _db_place(value: str | None) -> str | None:
-    """--db: a SQLite file in a directory that exists. Only the default database's directory (the
-    user data directory) is made: a --db in a directory that does not exist is a typo, not a place
-    to create (as for any --out)."""
-    if value is None:
-        return None
-    from autotune.store.engine import resolve_url, sqlite_path
-
-    try:
-        path = sqlite_path(resolve_url(value))
-    except Exception:  # (a value resolve_url refuses is refused where the database is opened, in its words)
-        return value
-    if path is not None and not path.parent.is_dir():
-        raise click.UsageError(
-            f"--db {value}: the directory {path.parent} does not exist; create it first, or give --db a file in a "
-            f"directory that does"
-        )
-    return value
-
-
-DB = Flag("db", DB_HELP, part=Part.OUTPUT, metavar="URL", closed=ITS_DATABASE, callback=_db_place)
+DB = Flag("db", DB_HELP, part=Part.OUTPUT, metavar="URL", closed=ITS_DATABASE)
 
 
 def json_flag(what: str) -> Flag:

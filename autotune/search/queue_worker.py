@@ -441,7 +441,9 @@ def serve_queue(
 ) -> QueueOutcome:
     """`autotune worker --queue`: open the database, learn the device, serve the queue."""
     from autotune.store import open_store
+    from autotune.store.engine import check_service_database
 
+    check_service_database(db)
     with open_store(db) as store:
         url = store.engine.url.render_as_string(hide_password=False)
         found = describe_device(device)

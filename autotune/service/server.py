@@ -66,6 +66,7 @@ def serve(
     a Slurm job array, or this machine's processes) and stopped with the service."""
     from autotune.service.app import ServiceConfig, create_app
     from autotune.store import open_store
+    from autotune.store.engine import check_service_database
 
     try:
         import fastapi  # noqa: F401
@@ -78,6 +79,7 @@ def serve(
     root = check_serving(host, port, model_root)
     if launcher is not None and not workers:
         raise BadInput(f"--launcher {launcher.name} starts the service's queue workers: give --workers N too.")
+    check_service_database(db)
     guarded = is_loopback(host)
     if not guarded and _no_database_yet(db):  # (refused before the database would be created)
         raise BadInput(_NO_TOKEN.format(host=host))

@@ -22,7 +22,7 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-from autotune.vocabulary.errors import DatabaseError
+from autotune.vocabulary.errors import BadInput, DatabaseError
 from autotune.host.paths import data_dir
 
 DB_FILENAME = "autotune.db"
@@ -59,6 +59,20 @@ def default_url() -> str:
     if env:
         return env
     return f"sqlite:///{(data_dir() / DB_FILENAME).resolve()}"
+
+
+def check_service_database(db: str | os.PathLike[str] | None) -> None:
+    """A service's or a queue worker's --db: a SQLite file in a directory that exists. They run for
+    days against one database, which a typo must not replace with a new empty one somewhere else:
+    only the default database's directory (the user data directory) is made for them."""
+    if db is None:
+        return
+    path = sqlite_path(resolve_url(db))
+    if path is not None and not path.parent.is_dir():
+        raise BadInput(
+            f"--db {db}: the directory {path.parent} does not exist; create it first, or give --db a file in a "
+            f"directory that does."
+        )
 
 
 def resolve_url(db: str | os.PathLike[str] | None = None) -> URL:
