@@ -58,7 +58,15 @@ def search(
     if chosen is not None:
         workers = workers or 1
     if dry_run:
-        click.echo(dry_run_script(chosen, model, budget, settings, options, workers, space_args))
+        script = dry_run_script(chosen, model, budget, settings, options, workers, space_args, db)
+        if script is None:
+            click.echo(
+                "autotune: the study is finished over this space: `autotune search` answers from the database "
+                "and submits no job (--fresh searches it again).",
+                err=True,
+            )
+            return
+        click.echo(script)
         return
     out = sys.stderr if as_json else sys.stdout
     # On a terminal, the probe in flight is shown live (replaced by its result line); not in a log.

@@ -138,9 +138,12 @@ def dry_run_script(
     options: SearchOptions,
     workers: int,
     space_args: dict,
-) -> str:
+    db: str | None = None,
+) -> str | None:
     """`search --launcher slurm --dry-run`: the job script the search would submit (its study's name
-    and ranks worked out as the search works them out), without submitting or writing anything."""
+    and ranks worked out as the search works them out), without submitting or writing anything;
+    None where the search would submit none: its study is finished over the same space (the
+    database read, nothing created), and it would answer from there."""
     from autotune.launchers.base import WorkerSpec
     from autotune.vocabulary.devices import worker_kind
     from autotune.launchers.slurm import SlurmLauncher
@@ -149,4 +152,6 @@ def dry_run_script(
     if (settings.device or "auto").strip().lower() == "auto":  # (the cluster's nodes have the GPUs, not this one)
         settings = dataclasses.replace(settings, device="cuda")
     request = resolve_search(model, budget, settings=settings, options=options, **space_args)
+    if stored_answer(db, request, time.perf_counter()) is not None:
+        return None  # (the search would answer from the database: no job to submit)
     return launcher.script(workers, WorkerSpec(request.name, "", worker_kind(settings.device), request.space.gpus))

@@ -194,3 +194,41 @@ def test_an_address_that_is_not_a_ray_head_is_one_line_at_once():
         server.shutdown()
     with pytest.raises(BadInput, match="that is a Ray Client address"):
         ray_address("ray://10.0.0.1:10001")
+
+
+def test_dry_run_of_a_finished_study_says_the_search_would_submit_nothing(tmp_path, tiny_model, hermetic_home):
+    """It printed a job script the real command would never submit (that command answers from the
+    database); the database is only read."""
+    import dataclasses
+
+    from autotune.flags.flag import parse, reading_command
+    from autotune.flags.table import SEARCH
+    from autotune.search.request import resolve_search
+    from autotune.search.request_flags import read_search_flags
+    from autotune.store import open_store
+    from tests.helpers.cli import invoke
+    from tests.helpers.store import ENV, FakeModel
+
+    args = ["--model", tiny_model, "--gpu-budget", "1GiB", "--micro-batches", "1,2", "--block-sizes", "32"]
+    flags = read_search_flags(parse(reading_command("search", SEARCH), args))
+    settings = dataclasses.replace(flags.settings, device="cuda")  # (as the dry run reads auto: the nodes')
+    request = resolve_search(flags.model, flags.budget, settings=settings, options=flags.options, **flags.space_args)
+    db = tmp_path / "finished.db"
+    with open_store(db) as store:
+        study = store.get_or_create_study(
+            request.name,
+            model=FakeModel(tiny_model),
+            environment=ENV,
+            budget_bytes=request.budget.total_bytes,
+            margin_bytes=request.budget.margin_bytes,
+            effective_batch=request.space.work_per_step,
+            space=request.space.to_dict(),
+        )
+        store.set_study_status(study.id, "finished")
+    before = db.read_bytes()
+    done = invoke("search", *args, "--launcher", "slurm", "--dry-run", "--db", str(db))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "" and "answers from the database and submits no job" in done.stderr
+    assert db.read_bytes() == before
+    fresh = invoke("search", *args, "--launcher", "slurm", "--dry-run", "--fresh", "--db", str(db))
+    assert fresh.returncode == 0 and fresh.stdout.startswith("#!/bin/bash\n"), fresh.stderr
