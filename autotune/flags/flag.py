@@ -123,3 +123,13 @@ def usage_message(exc: click.UsageError) -> str:
         context = context.parent
     hint = f" (see: {' '.join(['autotune', *reversed(names)])} --help)" if exc.ctx else ""
     return f"{exc.format_message()}{hint}"
+
+
+def refusal_line(exc: click.ClickException | Exception) -> str:
+    """A refusal as one line, in the command line's words: a flag's mistake with where to look
+    (usage_message), click's other refusals, and autotune's own (AutotuneError's text)."""
+    if isinstance(exc, click.UsageError):
+        return usage_message(exc)
+    if isinstance(exc, click.ClickException):
+        return exc.format_message()
+    return str(exc)

@@ -77,19 +77,38 @@ def _no_twice(path: Path, flag: str, pairs: list[tuple[str, Any]]) -> dict:
 
 
 def _check_shape(path: Path, flag: str, document: Any) -> None:
-    """Depth and size of a parsed JSON document (iteratively: a deep one must not recurse here)."""
+    problem = json_shape_problem(document, max_depth=MAX_DEPTH, max_values=MAX_NODES)
+    if problem == "depth":
+        raise BadInput(f"{flag} {path}: nested deeper than any config ({MAX_DEPTH} levels at most).")
+    if problem == "values":
+        raise BadInput(f"{flag} {path}: more than {MAX_NODES:,} values; no training config has that many.")
+    if problem == "text":
+        raise BadInput(f"{flag} {path}: a string that is not text (a lone UTF-16 surrogate escape).")
+
+
+def json_shape_problem(document: Any, *, max_depth: int, max_values: int) -> str | None:
+    """What is wrong with a parsed JSON document's shape, if anything: "depth" (nested deeper than
+    `max_depth`), "values" (more than `max_values`), "text" (a string, key or value, that is not
+    Unicode text: JSON's "\\ud800" parses to one). Walked without recursion, so a deep one cannot
+    recurse here; the config reader and the service's request bodies both hold to it."""
     stack, count = [(document, 1)], 0
     while stack:
         value, depth = stack.pop()
         count += 1
-        if depth > MAX_DEPTH:
-            raise BadInput(f"{flag} {path}: nested deeper than any config ({MAX_DEPTH} levels at most).")
-        if count > MAX_NODES:
-            raise BadInput(f"{flag} {path}: more than {MAX_NODES:,} values; no training config has that many.")
+        if depth > max_depth:
+            return "depth"
+        if count > max_values:
+            return "values"
         if isinstance(value, dict):
-            stack += [(v, depth + 1) for v in value.values()]
+            stack += [(key, depth + 1) for key in value] + [(item, depth + 1) for item in value.values()]
         elif isinstance(value, list):
-            stack += [(v, depth + 1) for v in value]
+            stack += [(item, depth + 1) for item in value]
+        elif isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                return "text"
+    return None
 
 
 def _yaml(path: Path, text: str, flag: str) -> Any:

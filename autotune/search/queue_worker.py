@@ -241,23 +241,16 @@ class QueueWorker:
         this worker's device), or None: the reason as the check raised it, not read from a log."""
         import click
 
-        from autotune.flags.flag import parse, reading_command, usage_message
+        from autotune.flags.flag import parse, reading_command, refusal_line
         from autotune.flags.table import SEARCH
-        from autotune.search.request import resolve_search
-        from autotune.search.request_flags import read_search_flags
+        from autotune.search.request_flags import resolve_search_flags
 
         try:
-            values = parse(reading_command("search", SEARCH), [*search.arguments, "--device", self.device.device])
-            flags = read_search_flags(values)
-            resolve_search(
-                flags.model, flags.budget, settings=flags.settings, options=flags.options, **flags.space_args
+            resolve_search_flags(
+                parse(reading_command("search", SEARCH), [*search.arguments, "--device", self.device.device])
             )
-        except AutotuneError as exc:
-            return str(exc)
-        except click.UsageError as exc:
-            return usage_message(exc)
-        except click.ClickException as exc:
-            return exc.format_message()
+        except (AutotuneError, click.ClickException) as exc:
+            return refusal_line(exc)
         return None
 
     def join_search(self, search: SearchRecord) -> None:

@@ -15,6 +15,7 @@ from autotune.flags.flag import Part
 from autotune.flags.table import SEARCH
 from autotune.probe.settings import ProbeSettings
 from autotune.search.common import SearchOptions
+from autotune.search.request import SearchRequest, resolve_search
 from autotune.vocabulary.units import parse_budget
 
 
@@ -51,6 +52,17 @@ def read_search_flags(
     settings = make_settings(**parts[Part.PROBE])
     check_search_ranks(model, budget, space_args, settings.device, workers, oversubscribe)
     return SearchFlags(model, budget, space_args, settings, SearchOptions(**parts[Part.SEARCH]))
+
+
+def resolve_search_flags(values: dict[str, Any]) -> tuple[SearchFlags, SearchRequest]:
+    """The flags read, then the search resolved (the model, the space, its candidates, its study's
+    name): all a search must pass before it is queued (the service) or started (a queue worker).
+    Writes nothing, starts nothing."""
+    flags = read_search_flags(values)
+    resolved = resolve_search(
+        flags.model, flags.budget, settings=flags.settings, options=flags.options, **flags.space_args
+    )
+    return flags, resolved
 
 
 def check_search_ranks(

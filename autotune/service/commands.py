@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from autotune.vocabulary.errors import quoted
-from autotune.flags.flag import Flag, parse, reading_command, usage_message
+from autotune.flags.flag import Flag, parse, reading_command, refusal_line
 from autotune.flags.table import REQUESTS
 
 # A value longer than this is no flag's; a list longer than this no space's.
@@ -86,10 +86,8 @@ def read_request(
             arguments += _flag_arguments(key, row, body[key])
     try:
         params = parse(reading_command(name, list(taken.values())), arguments)
-    except click.UsageError as exc:
-        raise RequestRefused(usage_message(exc)) from None
     except click.ClickException as exc:
-        raise RequestRefused(exc.format_message()) from None
+        raise RequestRefused(refusal_line(exc)) from None
     return CommandRequest(tuple(arguments), params), extra
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.vocabulary.devices import worker_kind
-from autotune.flags.flag import Part, usage_message
+from autotune.flags.flag import Part, refusal_line
 from autotune.flags.table import READ_FIELDS, SEARCH
 from autotune.service.commands import RequestRefused, read_request
 from autotune.store.queue import Submission
@@ -114,9 +114,8 @@ def submission_of(body: object, policy: ServicePolicy) -> Submission:
     flags (RequestRefused with the command line's line otherwise). Writes nothing, starts nothing."""
     import click
 
+    from autotune.search.request_flags import resolve_search_flags
     from autotune.vocabulary.errors import AutotuneError
-    from autotune.search.request import resolve_search
-    from autotune.search.request_flags import read_search_flags
 
     request, own = read_request("search", policy.named(body), own=SEARCH_OWN)
     device = _device_kind(own.get("device"))
@@ -131,14 +130,9 @@ def submission_of(body: object, policy: ServicePolicy) -> Submission:
     # Checked for the device the workers have, not this server's (which may have no GPU at all).
     params["device"] = device
     try:
-        flags = read_search_flags(params)
-        resolved = resolve_search(
-            flags.model, flags.budget, settings=flags.settings, options=flags.options, **flags.space_args
-        )
-    except AutotuneError as exc:
-        raise RequestRefused(str(exc)) from None
-    except click.UsageError as exc:  # (flags that only make sense together, read past click's parse)
-        raise RequestRefused(usage_message(exc)) from None
+        flags, resolved = resolve_search_flags(params)
+    except (AutotuneError, click.ClickException) as exc:  # (click's: flags that only make sense together)
+        raise RequestRefused(refusal_line(exc)) from None
     arguments = request.arguments
     digest = hashlib.sha256(
         json.dumps({"arguments": arguments, "device": device, "gpu": card}, sort_keys=True).encode()

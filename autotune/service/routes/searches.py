@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from autotune.vocabulary.errors import StudyNotFound
 from autotune.service.auth import require_reader, require_writer, token_holder
 from autotune.flags.table import SEARCH
+from autotune.host.config_files import json_shape_problem
 from autotune.service.commands import RequestRefused, fields
 from autotune.service.submissions import ServicePolicy, submission_of
 from autotune.service.views import (
@@ -68,6 +69,7 @@ def search_body_schema() -> dict[str, Any]:
 
 # A request body is a command's flags: a flat object whose values are strings, numbers or lists.
 MAX_BODY_DEPTH = 8
+MAX_BODY_VALUES = 10_000  # (no flag takes more than 256 values)
 
 
 async def json_body(request: Request) -> object:
@@ -84,23 +86,15 @@ async def json_body(request: Request) -> object:
 
 
 def _check_json(document: object) -> None:
-    stack = [(document, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if depth > MAX_BODY_DEPTH:
-            raise RequestRefused(f"the request body nests deeper than {MAX_BODY_DEPTH} levels; flags do not.")
-        if isinstance(value, dict):
-            stack += [(key, depth + 1) for key in value] + [(item, depth + 1) for item in value.values()]
-        elif isinstance(value, list):
-            stack += [(item, depth + 1) for item in value]
-        elif isinstance(value, str):
-            try:
-                value.encode("utf-8")
-            except UnicodeEncodeError:
-                raise RequestRefused(
-                    "the request body holds a string that is not text (a lone UTF-16 surrogate escape); "
-                    "send UTF-8 text."
-                ) from None
+    problem = json_shape_problem(document, max_depth=MAX_BODY_DEPTH, max_values=MAX_BODY_VALUES)
+    if problem == "depth":
+        raise RequestRefused(f"the request body nests deeper than {MAX_BODY_DEPTH} levels; flags do not.")
+    if problem == "values":
+        raise RequestRefused(f"the request body holds more than {MAX_BODY_VALUES:,} values; flags do not.")
+    if problem == "text":
+        raise RequestRefused(
+            "the request body holds a string that is not text (a lone UTF-16 surrogate escape); send UTF-8 text."
+        )
 
 
 @router.post(
