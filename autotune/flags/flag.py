@@ -104,10 +104,6 @@ def reading_command(name: str, rows: Sequence[Flag]) -> click.Command:
     return click.Command(name, params=[row.option() for row in rows], callback=lambda **values: values)
 
 
-def by_name(rows: Sequence[Flag]) -> dict[str, Flag]:
-    return {row.name: row for row in rows}
-
-
 def parse(command: click.Command, arguments: Sequence[str]) -> dict[str, Any]:
     """`arguments` parsed as `autotune <command>`'s (a click error otherwise, as the command line's)."""
     parent = click.Context(click.Group("autotune"), info_name="autotune")
