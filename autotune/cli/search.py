@@ -8,7 +8,6 @@ import sys
 import click
 
 from autotune.cli.app import cli, echo_json
-from autotune.vocabulary.errors import EXIT_TERMINATED
 from autotune.flags.flag import options
 from autotune.flags.table import DB, DEVICE_HELP, SEARCH
 from autotune.flags.values import COUNT, DEVICE, DURATION
@@ -176,7 +175,7 @@ def worker(
         )
         if as_json:
             echo_json({"searches": outcome.searches, "joined": outcome.joined, "interrupted": outcome.interrupted})
-        sys.exit(EXIT_TERMINATED if outcome.interrupted else 0)
+        sys.exit(outcome.exit_status)
 
     out = sys.stderr if as_json else sys.stdout
     outcome = join_study(

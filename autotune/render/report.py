@@ -27,7 +27,7 @@ from autotune.render.plot import (
     plot_study,
     probe_device,
 )
-from autotune.render.tables import explain_winner
+from autotune.render.tables import explain_winner, spread_text
 from autotune.vocabulary.status import RETRYABLE, ProbeStatus
 from autotune.vocabulary.units import format_size
 
@@ -124,10 +124,6 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|")
 
 
-def _spread(row: LeaderboardRow) -> str:
-    return f" ±{100 * row.step_spread:.0f}%" if row.step_spread is not None else ""
-
-
 def leaderboard_table(rows: Sequence[LeaderboardRow], top: int = TOP) -> str:
     """The fastest `top` configs that fit, as a Markdown table."""
     padded = any(row.config.lengths is not None for row in rows)  # (the data's lengths: real tokens, padding shown)
@@ -139,7 +135,7 @@ def leaderboard_table(rows: Sequence[LeaderboardRow], top: int = TOP) -> str:
     for row in rows[:top]:
         needs = required_bytes(row.peak_reserved_bytes, row.context_bytes)
         share = f"{100 * Budget(row.budget_bytes, row.margin_bytes).share(needs):.0f}%" if needs is not None else "-"
-        speed = f"{row.tokens_per_s:,.0f}{_spread(row)}" if row.tokens_per_s is not None else "-"
+        speed = f"{row.tokens_per_s:,.0f}{spread_text(row.step_spread)}" if row.tokens_per_s is not None else "-"
         step = f"{row.step_seconds:.3f}" if row.step_seconds is not None else "-"
         lines.append(
             f"| {row.rank} | `{_cell(row.label)}` | {speed} | {step} | {format_size(row.peak_reserved_bytes)} "

@@ -167,7 +167,7 @@ def render_leaderboard(rows: Sequence[LeaderboardRow], fmt: str = "table", confi
             row.label,
             row.status,
             format_size(row.peak_reserved_bytes),
-            _fmt_float(row.tokens_per_s, ",.0f") + _spread(row.step_spread),
+            _fmt_float(row.tokens_per_s, ",.0f") + spread_text(row.step_spread),
             _fmt_float(row.step_seconds, ".3f"),
         ]
         for row in rows
@@ -445,8 +445,9 @@ def _larger_batch_hint(best, required: int) -> str | None:
     )
 
 
-def _spread(spread: float | None) -> str:
-    """' +-3%' after a throughput: half the interquartile range of its step times."""
+def spread_text(spread: float | None) -> str:
+    """' ±3%' after a throughput: its noise, half the interquartile range of its step times (the
+    leaderboard, the report and the service's page say it so)."""
     return f" ±{100 * spread:.0f}%" if spread is not None else ""
 
 

@@ -18,6 +18,7 @@ from autotune.vocabulary import defaults
 from autotune.results.budget import Budget
 from autotune.levers.config import ProbeConfig
 from autotune.host.deadline import DeadlineReached
+from autotune.store.claims import ROUND_KEY
 from autotune.store.failures import written_if_possible
 from autotune.host.processes import Terminated, on_termination
 from autotune.results.timing import median_seconds
@@ -38,10 +39,9 @@ CRASH_RETRIES = 2
 # Times a search goes back to configs skipped for speed whose skip rested on a figure the
 # confirmation round then lowered (each pass probes what could win, and confirms again).
 MAX_REVISITS = 2
-# The study's confirmation round is held as a claim of its own (no configuration has this key), so
-# that one worker of a fleet runs it. Taken over after a dead holder as often as it takes: a round's
-# windows are timing-only probes of configs that already ran, not a config that may kill its worker.
-ROUND_KEY = "confirmation-round"
+# The study's confirmation round is held as a claim of its own (store/claims.ROUND_KEY), so that one
+# worker of a fleet runs it. Taken over after a dead holder as often as it takes: a round's windows
+# are timing-only probes of configs that already ran, not a config that may kill its worker.
 ROUND_ATTEMPTS = 1_000_000
 
 

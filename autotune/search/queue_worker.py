@@ -35,10 +35,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from autotune.vocabulary.errors import EXIT_INTERRUPTED, EXIT_TERMINATED, AutotuneError, DatabaseError
-from autotune.host.processes import kill_me_with_parent, owner_label
+from autotune.host.processes import Terminated, kill_me_with_parent, owner_label
 from autotune.vocabulary.status import FINISHING, SearchState, StudyStatus
 from autotune.store.queue import QUEUE_HEARTBEAT_SECONDS
 from autotune.store.records import SearchRecord
+from autotune.store.workers import ServingDevice
 
 STOPPED_BY_SIGNAL = (EXIT_INTERRUPTED, EXIT_TERMINATED, -signal.SIGTERM, -signal.SIGINT)
 # A child asked to stop has this long to end its probe and record the study before it is killed.
@@ -47,7 +48,7 @@ STOP_GRACE_SECONDS = 60.0
 
 @dataclass(frozen=True, slots=True)
 class WorkerDevice:
-    """What this worker's device can serve."""
+    """This worker's device: what it can serve (store/workers.py decides), and how its children name it."""
 
     device: str  # --device, as the children get it
     kind: str  # cuda | cpu
@@ -56,19 +57,15 @@ class WorkerDevice:
     ranks: int  # GPUs visible (cuda), or CPU ranks at once
     fingerprint: str  # the environment's: a joined study must match it
 
+    @property
+    def serving(self) -> ServingDevice:
+        return ServingDevice(self.kind, self.name, self.total_bytes, self.ranks)
+
     def can_serve(self, search: SearchRecord) -> bool:
-        return (
-            search.device_kind == self.kind
-            and (not search.card or search.card.lower() in self.name.lower())
-            and (self.total_bytes is None or search.budget_bytes <= self.total_bytes)
-            and search.gpus <= self.ranks
-        )
+        return self.serving.can_serve(search)
 
     def describe(self) -> str:
-        from autotune.vocabulary.units import format_size
-
-        memory = f", {format_size(self.total_bytes)}" if self.total_bytes else ""
-        return f"{self.name}{memory}, {self.ranks} rank{'s' if self.ranks != 1 else ''}"
+        return self.serving.describe()
 
 
 def describe_device(device: str) -> WorkerDevice:
@@ -117,6 +114,14 @@ class QueueOutcome:
     searches: int = 0  # searches this worker ran (as their starter)
     joined: int = 0  # searches it helped (as `autotune worker --study`)
     interrupted: bool = False
+    terminated: bool = False  # by SIGTERM (Ctrl-C otherwise)
+
+    @property
+    def exit_status(self) -> int:
+        """0, or the status of the signal that stopped it (143 for SIGTERM, 130 for Ctrl-C)."""
+        if not self.interrupted:
+            return 0
+        return EXIT_TERMINATED if self.terminated else EXIT_INTERRUPTED
 
 
 class QueueWorker:
@@ -136,7 +141,9 @@ class QueueWorker:
         self.poll_seconds, self.join = poll_seconds, join
         self.label = owner_label()
         self.stopping = False
+        self.terminated = False
         self.child: subprocess.Popen | None = None
+        self.heard_at = time.monotonic()
 
     # -- the loop --------------------------------------------------------------------------------
 
@@ -144,6 +151,7 @@ class QueueWorker:
         """Serve until stopped (SIGTERM, Ctrl-C), `max_searches` run, or `deadline` (monotonic)."""
         outcome = QueueOutcome()
         self.say(f"worker {self.label}: serving the queue of {self.store.url} on {self.device.describe()}")
+        self._registry(self.store.workers.announce, self.label, self.device.serving)
         try:
             while not self.stopping and (max_searches is None or outcome.searches < max_searches):
                 if deadline is not None and time.monotonic() >= deadline:
@@ -159,16 +167,36 @@ class QueueWorker:
                     self.join_search(joinable)
                     continue
                 time.sleep(self.poll_seconds)
-        except KeyboardInterrupt:
-            self.stopping = True
+        except KeyboardInterrupt as stop:
+            self._stopped_by(stop)
         finally:
             self._stop_child()
+            self._registry(self.store.workers.leave, self.label)
         # Stopped by a signal, wherever it came (between searches, or while a child ran: its
         # search was put back in the queue): the worker says so by its exit status (143, 130).
-        outcome.interrupted = self.stopping
+        outcome.interrupted, outcome.terminated = self.stopping, self.terminated
         return outcome
 
+    def _stopped_by(self, stop: KeyboardInterrupt) -> None:
+        self.stopping = True
+        self.terminated = self.terminated or isinstance(stop, Terminated)
+
+    def _registry(self, write: Callable, *args) -> None:
+        """Tell the registry of connected workers (store/workers.py); the queue goes on without it."""
+        try:
+            write(*args)
+        except DatabaseError:
+            pass
+
+    def _heard(self) -> None:
+        """This worker is alive, said to the registry at most once a heartbeat."""
+        now = time.monotonic()
+        if now - self.heard_at >= QUEUE_HEARTBEAT_SECONDS:
+            self.heard_at = now
+            self._registry(self.store.workers.seen, self.label)
+
     def _take(self) -> SearchRecord | None:
+        self._heard()
         try:
             return self.store.queue.take(self.label, self.device.can_serve)
         except DatabaseError as exc:
@@ -304,6 +332,7 @@ class QueueWorker:
                 time.sleep(QUEUE_HEARTBEAT_SECONDS if own else self.poll_seconds)
                 if self.child.poll() is not None:
                     break
+                self._heard()
                 row = self._beat(search) if own else self._read(search)
                 if row is False:  # no longer this worker's (taken over after it looked dead): let go
                     self._signal_child(signal.SIGTERM)
@@ -312,8 +341,8 @@ class QueueWorker:
                     self.say(f"worker {self.label}: cancelling {search.name}")
                     self._signal_child(signal.SIGTERM)
                     self._kill_after_grace()
-        except KeyboardInterrupt:  # (SIGTERM too: Terminated) this worker stops; so does its child's search
-            self.stopping = True
+        except KeyboardInterrupt as stop:  # (SIGTERM too: Terminated) this worker stops; so does its child's search
+            self._stopped_by(stop)
             self._stop_child()
         finally:
             for reader in readers:

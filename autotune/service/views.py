@@ -18,8 +18,11 @@ from autotune.results.budget import Budget, required_bytes
 from autotune.vocabulary.errors import StudyNotFound
 from autotune.render.tables import explain_winner, format_event
 from autotune.search.common import Event
-from autotune.vocabulary.status import ProbeStatus, SearchState, Settled, StudyStatus
+from autotune.vocabulary.status import SEARCH_ENDED, ClaimState, ProbeStatus, SearchState, Settled, StudyStatus
 from autotune.store import LeaderboardRow, ProbeRecord, SearchRecord, Store, StudyRecord
+from autotune.store.claims import ROUND_KEY
+from autotune.store.queue import QUEUE_STALE_SECONDS
+from autotune.store.workers import WorkerRecord, why_waiting
 
 # The hand-off snippets the search page shows: each the text /v1/searches/NAME/best?format=FMT answers with.
 HANDOFF_FORMATS = ("trainer-args", "cli", "accelerate")
@@ -76,7 +79,8 @@ def study_or_none(store: Store, name: str) -> StudyRecord | None:
 
 
 def search_view(store: Store, name: str, *, detail: bool = True) -> dict[str, Any]:
-    """GET /v1/searches/{name}: a submitted search, or a study the command line searched."""
+    """GET /v1/searches/{name}: a submitted search, or a study the command line searched; what it
+    waits for (queued) or which worker holds it (running), and whether its confirmation round is on."""
     from autotune.store import check_study_lookup
 
     check_study_lookup(name)
@@ -87,7 +91,9 @@ def search_view(store: Store, name: str, *, detail: bool = True) -> dict[str, An
             f"no search or study named {name!r}; submit one with POST /v1/searches, or list them with GET /v1/searches."
         )
     settled = store.queue.settled_counts([name]).get(name, 0)
-    view = summary_view(submitted, study, settled)
+    view = summary_view(
+        submitted, study, settled, workers=store.workers.connected(), confirming=_confirming(store, study)
+    )
     if detail:
         board = store.leaderboard(name) if study is not None else []
         view["leaderboard"] = [row.to_dict() for row in board]
@@ -102,9 +108,17 @@ def search_view(store: Store, name: str, *, detail: bool = True) -> dict[str, An
 
 
 def summary_view(
-    submitted: SearchRecord | None, study: StudyRecord | None, settled: int, best_tokens_per_s: float | None = None
+    submitted: SearchRecord | None,
+    study: StudyRecord | None,
+    settled: int,
+    best_tokens_per_s: float | None = None,
+    *,
+    workers: list[WorkerRecord] = (),  # type: ignore[assignment]
+    confirming: bool = False,
 ) -> dict[str, Any]:
-    """A search's header: what, where, its state and progress (the list and the page's rows)."""
+    """A search's header: what, where, its state and progress (the list and the page's rows). A
+    queued search says why it waits (`waiting`: store/workers.why_waiting over the connected
+    `workers`); a running one which worker holds it (`held_by`, with its device where connected)."""
     name = submitted.name if submitted is not None else study.name  # type: ignore[union-attr]
     if submitted is not None:
         view = submitted.to_dict()
@@ -127,14 +141,24 @@ def summary_view(
             "created_at": study.created_at.isoformat(),
             "updated_at": study.updated_at.isoformat(),
         }
+    view["waiting"] = (
+        why_waiting(submitted, list(workers)) if submitted is not None and view["state"] == SearchState.QUEUED else None
+    )
+    holder = submitted.worker if submitted is not None and view["state"] == SearchState.RUNNING else None
+    devices = {w.label: w.device.describe() for w in workers}
+    view["held_by"] = f"{holder} ({devices[holder]})" if holder in devices else holder
     view["source"] = "service" if submitted is not None else "command line"
     view["device_name"] = study.device_name if study is not None else None
     # The confirmation round's windows: probes too, beyond the configurations settled (issue 56).
-    confirming = int(((study.confirmation or {}) if study is not None else {}).get("probes") or 0)
+    confirmation = (study.confirmation or {}) if study is not None else {}
     view["progress"] = {
         "settled": settled,
         "total": submitted.candidates if submitted is not None else None,
-        "confirming": confirming,
+        "confirming": int(confirmation.get("probes") or 0),
+        # The round is under way: every candidate settled, the contenders measured again.
+        "phase": "confirming"
+        if view["state"] == SearchState.RUNNING and (confirming or confirmation.get("partial"))
+        else None,
     }
     view["best_tokens_per_s"] = best_tokens_per_s
     view["links"] = links(name)
@@ -144,6 +168,7 @@ def summary_view(
 def list_view(store: Store, limit: int) -> list[dict[str, Any]]:
     """GET /v1/searches: submitted searches and the command line's studies, newest first."""
     submitted = {s.name: s for s in store.queue.all(limit=limit)}
+    workers = store.workers.connected()
     studies = {s.name: s for s in store.studies()}
     names = list(submitted) + [n for n in studies if n not in submitted]
     counts = store.queue.settled_counts(names[:limit])
@@ -154,12 +179,58 @@ def list_view(store: Store, limit: int) -> list[dict[str, Any]]:
         if summary is not None and name not in submitted:
             study = store.study(name)
         view = summary_view(
-            submitted.get(name), study, counts.get(name, 0), summary.best_tokens_per_s if summary is not None else None
+            submitted.get(name),
+            study,
+            counts.get(name, 0),
+            summary.best_tokens_per_s if summary is not None else None,
+            workers=workers,
         )
         if summary is not None:
             view["device_name"] = summary.device_name
         views.append(view)
     return views
+
+
+def _confirming(store: Store, study: StudyRecord | None) -> bool:
+    """Whether a live worker holds the study's confirmation round (its claim, store/claims.ROUND_KEY)."""
+    if study is None or study.status != StudyStatus.RUNNING:
+        return False
+    claims = store.claims.of_study(study.id, stale_after=QUEUE_STALE_SECONDS)
+    return any(c.config_key == ROUND_KEY and c.state == ClaimState.RUNNING and not c.stale for c in claims)
+
+
+def may_cancel(view: dict[str, Any], who: str | None) -> bool:
+    """Whether the token `who` may cancel the search `view` says: a submitted search not ended, by
+    the token that submitted it (any token for one submitted before tokens were recorded)."""
+    return (
+        who is not None
+        and view.get("source") == "service"
+        and view["state"] not in SEARCH_ENDED
+        and view.get("submitted_by") in (None, who)
+    )
+
+
+def cancel_search(store: Store, name: str, who: str) -> dict[str, Any]:
+    """Stop a submitted search, for the API and the page's button alike: only the token that
+    submitted it may (403); a study searched from the command line is stopped where it runs (409)."""
+    from autotune.service.commands import RequestRefused
+
+    submitted = submitted_or_none(store, name)
+    if submitted is None:
+        if study_or_none(store, name) is not None:
+            raise RequestRefused(
+                f"study {name!r} was searched from the command line, not submitted here; stop it where "
+                f"it runs (Ctrl-C or SIGTERM).",
+                status=409,
+            )
+        raise StudyNotFound(f"no search named {name!r}; list them with GET /v1/searches.")
+    if submitted.submitted_by is not None and submitted.submitted_by != who:
+        raise RequestRefused(
+            f"search {name!r} was submitted with the token {submitted.submitted_by!r}; only that token may cancel it.",
+            status=403,
+        )
+    store.queue.cancel(name, by=who)
+    return search_view(store, name, detail=False)
 
 
 def best_document(store: Store, name: str) -> dict[str, Any]:
@@ -331,9 +402,14 @@ def where_text(view: dict[str, Any]) -> str:
 
 
 def progress_text(progress: dict[str, Any]) -> str:
-    """'3 / 8', or '3 settled' where the count of candidates is not known (live.js says it the same way)."""
+    """'3 / 8', or '3 settled' where the count of candidates is not known; during the confirmation
+    round, that it is on and its windows so far (the event stream's `state` carries this text to live.js)."""
     settled, total = progress.get("settled") or 0, progress.get("total")
-    return f"{settled} / {total}" if total else f"{settled} settled"
+    text = f"{settled} / {total}" if total else f"{settled} settled"
+    if progress.get("phase") == "confirming":
+        windows = progress.get("confirming") or 0
+        text += f" · confirmation round: the contenders measured again ({windows} window{'s' if windows != 1 else ''} so far)"
+    return text
 
 
 # `autotune best`'s formats that are JSON documents; the others are text (YAML, flags, scripts).

@@ -23,6 +23,9 @@ from autotune.store.schema import Claim, Probe, utcnow
 # A configuration whose worker stopped heartbeating is taken over once: the second worker to lose it
 # records it as crashed (settle(..., how=SettleHow.ABANDONED)) rather than handing it on forever.
 MAX_ATTEMPTS = 2
+# The claim a study's confirmation round is held by (no configuration has this key): one worker of a
+# fleet runs the round (search/loop.py), and the service reads the round as under way while it is held.
+ROUND_KEY = "confirmation-round"
 
 
 class Claims:

@@ -40,7 +40,7 @@ TABLE_PREFIX = "autotune_"
 VERSION_TABLE = "autotune_alembic_version"
 # The revision this code writes and reads. A test checks it is Alembic's head, so reading a
 # database already at this revision needs no Alembic import (start-up time of read commands).
-SCHEMA_REVISION = "0014_padding_free"
+SCHEMA_REVISION = "0015_workers"
 
 # Deterministic constraint names: batch migrations on SQLite (which rebuild tables) and drops on
 # PostgreSQL need to name constraints, and unnamed ones get backend-chosen names.
@@ -260,7 +260,7 @@ class Claim(Base):
     whichever worker takes it: a claim is an INSERT that loses on the constraint, or a conditional
     UPDATE that takes over a claim whose worker stopped heartbeating. Skipped and reused configs
     are claimed too (attempts 0), so that their rows are written once as well. One key is no
-    configuration's: `confirmation-round` (search/loop.py, ROUND_KEY), held by the worker that runs
+    configuration's: `confirmation-round` (store/claims.py, ROUND_KEY), held by the worker that runs
     the study's confirmation round, and deleted when it ends.
     """
 
@@ -312,6 +312,22 @@ class Search(Base):
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
     heartbeat_at: Mapped[datetime | None]
+
+
+class QueueWorkerRow(Base):
+    """A queue worker connected to the service's database (0015_workers): what it can serve and
+    when it was last heard (autotune/store/workers.py)."""
+
+    __tablename__ = "autotune_workers"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    label: Mapped[str] = mapped_column(String(255), unique=True)  # host:pid
+    device_kind: Mapped[str] = mapped_column(String(16))  # cuda | cpu
+    device_name: Mapped[str] = mapped_column(String(255))
+    total_bytes: Mapped[int | None] = mapped_column(Bytes)
+    ranks: Mapped[int]
+    started_at: Mapped[datetime]
+    seen_at: Mapped[datetime]
 
 
 class Token(Base):

@@ -31,6 +31,7 @@ from autotune.store.names import check_same_study, check_study_name
 from autotune.store.records import LeaderboardRow, ProbeRecord, StudyRecord, StudySummary, UpgradeReport
 from autotune.store.rows import CONFIG_FIELDS, add_probe, probe_record, probe_result, probe_values, study_record
 from autotune.store.queue import SearchQueue
+from autotune.store.workers import Workers
 from autotune.store.runs import Runs
 from autotune.store.tokens import Tokens
 from autotune.store.schema import Probe, Study, utcnow
@@ -94,8 +95,8 @@ def upgrade_database(url: str | os.PathLike[str] | None = None) -> UpgradeReport
 class Store:
     """One results database: its studies and probes (here), and its parts, each over the same
     `Database` (base.py): `claims` (workers sharing a study, claims.py), `runs` (full fine-tunes,
-    runs.py), `queue` (the service's submitted searches, queue.py) and `tokens` (its bearer
-    tokens, tokens.py). Use `open_store()` to get one; close it (or use it as a context manager)
+    runs.py), `queue` (the service's submitted searches, queue.py), `workers` (the queue workers
+    connected, workers.py) and `tokens` (its bearer tokens, tokens.py). Use `open_store()` to get one; close it (or use it as a context manager)
     to release its connections."""
 
     def __init__(self, engine: Engine, *, read_only: bool = False) -> None:
@@ -104,6 +105,7 @@ class Store:
         self.runs = Runs(self.db)
         self.queue = SearchQueue(self.db)
         self.tokens = Tokens(self.db)
+        self.workers = Workers(self.db)
 
     @property
     def engine(self) -> Engine:

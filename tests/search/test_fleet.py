@@ -22,7 +22,7 @@ from autotune.search.space import SearchSpace
 from autotune.store import open_store
 from autotune.search.driver import start_study
 from autotune.search.fleet import check_joinable, run_worker, worker_devices
-from autotune.search.loop import ROUND_KEY
+from autotune.store.claims import ROUND_KEY
 from autotune.results.budget import Budget
 from tests.helpers.fakes import FAKE_ENV, ScriptedRunner, request
 

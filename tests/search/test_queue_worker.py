@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from autotune.search.queue_worker import QueueWorker, WorkerDevice
-from autotune.vocabulary.errors import EXIT_TERMINATED
+from autotune.vocabulary.errors import EXIT_INTERRUPTED, EXIT_TERMINATED
 from autotune.service.submissions import ServicePolicy, submission_of
 from autotune.vocabulary.status import SearchState
 from autotune.store import open_store
@@ -105,18 +105,28 @@ def test_a_search_this_worker_cannot_run_is_refused_in_process_with_the_checks_r
     assert ended.exit_status is None
 
 
-@pytest.mark.slow  # (a real worker process, its device described by a probe child)
-def test_a_queue_worker_stopped_by_sigterm_says_so_by_its_exit_status(tmp_path, hermetic_home):
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "autotune", "worker", "--queue", "--device", "cpu", "--db", str(tmp_path / "q.db")],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+@pytest.mark.slow  # (two real worker processes, each device described by a probe child)
+def test_queue_workers_are_connected_while_they_serve_and_say_their_signal_by_exit_status(tmp_path, hermetic_home):
+    """Two workers on one queue: both read as connected (store/workers.py) while they serve, each
+    with its device; SIGTERM ends one with 143 and Ctrl-C the other with 130 (0 before: a supervisor
+    read it as done; 143 for both before: a Ctrl-C read as a kill), and each leaves the registry."""
+    db = f"sqlite:///{tmp_path / 'q.db'}"
+    command = [sys.executable, "-m", "autotune", "worker", "--queue", "--device", "cpu", "--db", db]
+    workers = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for _ in "ab"]
     try:
-        assert "serving the queue" in worker.stdout.readline()  # (waiting for work: nothing queued)
-        worker.send_signal(signal.SIGTERM)
-        assert worker.wait(timeout=60) == EXIT_TERMINATED  # (0 before: a supervisor read it as done)
+        for worker in workers:
+            assert "serving the queue" in worker.stdout.readline()  # (waiting for work: nothing queued)
+        with open_store(db) as store:
+            connected = {w.label: w for w in store.workers.connected()}
+            assert {label.rsplit(":", 1)[1] for label in connected} == {str(w.pid) for w in workers}
+            assert all(w.device.kind == "cpu" and w.device.ranks >= 1 for w in connected.values())
+            by_term, by_interrupt = workers
+            by_term.send_signal(signal.SIGTERM)
+            by_interrupt.send_signal(signal.SIGINT)
+            assert by_term.wait(timeout=60) == EXIT_TERMINATED
+            assert by_interrupt.wait(timeout=60) == EXIT_INTERRUPTED
+            assert store.workers.connected() == []
     finally:
-        worker.kill()
-        worker.wait()
+        for worker in workers:
+            worker.kill()
+            worker.wait()

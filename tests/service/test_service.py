@@ -214,6 +214,7 @@ def test_the_same_request_is_the_same_search(service):
         "settled": 0,
         "total": 2,
         "confirming": 0,
+        "phase": None,
     }
     reordered = dict(reversed(list(body().items())))
     again = service.post("/v1/searches", json=reordered, headers=auth(service))

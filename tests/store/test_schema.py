@@ -51,6 +51,7 @@ def test_the_scripts_on_an_empty_database_leave_no_autogenerate_differences(tmp_
         "autotune_claims",
         "autotune_searches",
         "autotune_tokens",
+        "autotune_workers",
         VERSION_TABLE,
     }
     assert "alembic_version" not in tables  # that name is Optuna's

@@ -29,11 +29,19 @@ from markupsafe import Markup
 from sqlalchemy.exc import SQLAlchemyError
 
 from autotune.vocabulary.errors import AutotuneError, Conflict, DatabaseError, StudyNotFound
-from autotune.render.tables import error_gist
+from autotune.render.tables import error_gist, spread_text
 from autotune.service.auth import COOKIE, token_holder
 from autotune.service.commands import RequestRefused
 from autotune.service.svg import size_text, speed_memory_svg, speed_text
-from autotune.service.views import list_view, plan_view, progress_text, search_page_view, where_text
+from autotune.service.views import (
+    cancel_search,
+    list_view,
+    may_cancel,
+    plan_view,
+    progress_text,
+    search_page_view,
+    where_text,
+)
 from autotune.vocabulary.status import SEARCH_ENDED
 
 log = logging.getLogger("autotune.service")
@@ -103,6 +111,7 @@ TEMPLATES.filters.update(
     gist=error_gist,
     where=where_text,
     progress=progress_text,
+    noise=spread_text,
 )
 
 
@@ -119,6 +128,27 @@ async def index(request: Request) -> Response:
 async def search_page(name: str, request: Request) -> Response:
     """One search: its header, leaderboard, plot, pick with why and hand-off snippets, followed live."""
     return await _answer(request, lambda req, who: _search(req, who, name), reading=True)
+
+
+@router.post("/searches/{name}/cancel")
+async def cancel_from_page(name: str, request: Request) -> Response:
+    """The search page's cancel button: the API's cancel (views.cancel_search: only the token that
+    submitted it), then back to the page. A cross-site form cannot reach it: the guard (guard.py)
+    refuses a cookie's write from any page but this service's own."""
+    page = f"/searches/{quote(name, safe='')}"
+
+    def work() -> Response:
+        who = token_holder(request)
+        if who is None:
+            error = _error("cancelling a search needs a token: log in first.", login=page)
+            return _render("error.html", "Error", None, status=401, error=error)
+        cancel_search(request.app.state.store, name, who)
+        return RedirectResponse(page, status_code=303)
+
+    try:
+        return await run_in_threadpool(work)
+    except (RequestRefused, AutotuneError, SQLAlchemyError) as exc:
+        return _failure(exc, None)
 
 
 @router.get("/plan", response_class=HTMLResponse)
@@ -246,9 +276,12 @@ def _next(target: str) -> str:
 
 
 def _index(request: Request, who: str | None) -> Response:
-    searches = list_view(request.app.state.store, request.app.state.config.page_size)
+    store = request.app.state.store
+    searches = list_view(store, request.app.state.config.page_size)
     active = any(search["state"] not in SEARCH_ENDED for search in searches)
-    return _render("index.html", "Searches", who, refresh=LIST_REFRESH_SECONDS if active else None, searches=searches)
+    workers = [worker.to_dict() | {"describe": worker.device.describe()} for worker in store.workers.connected()]
+    refresh = LIST_REFRESH_SECONDS if active else None
+    return _render("index.html", "Searches", who, refresh=refresh, searches=searches, workers=workers)
 
 
 def _search(request: Request, who: str | None, name: str) -> Response:
@@ -258,7 +291,7 @@ def _search(request: Request, who: str | None, name: str) -> Response:
     # title, config labels from the database among them); the rest it writes is numbers and fixed words.
     plot = Markup(speed_memory_svg(search["leaderboard"], search["budget_bytes"], page["margin_bytes"]))
     live = {"events": search["links"]["events"], "ended": search["state"] in SEARCH_ENDED}
-    return _render("search.html", search["name"], who, live=live, plot=plot, **page)
+    return _render("search.html", search["name"], who, live=live, plot=plot, may_cancel=may_cancel(search, who), **page)
 
 
 async def _predict_plan(request: Request, body: dict[str, str]) -> dict[str, Any]:

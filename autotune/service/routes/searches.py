@@ -13,7 +13,6 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from autotune.vocabulary.errors import StudyNotFound
 from autotune.service.auth import require_reader, require_writer, token_holder
 from autotune.flags.table import SEARCH
 from autotune.host.config_files import json_shape_problem
@@ -21,15 +20,13 @@ from autotune.service.commands import RequestRefused, fields
 from autotune.service.submissions import ServicePolicy, submission_of
 from autotune.service.views import (
     best_response,
-    STUDY_REASONS,
-    STUDY_STATES,
+    cancel_search,
     EventReader,
     links,
+    progress_text,
     search_view,
-    study_or_none,
-    submitted_or_none,
 )
-from autotune.vocabulary.status import SEARCH_ENDED, StudyStatus
+from autotune.vocabulary.status import SEARCH_ENDED
 
 router = APIRouter(tags=["searches"])
 
@@ -139,6 +136,12 @@ def list_searches(
     return {"searches": list_view(request.app.state.store, min(limit, request.app.state.config.page_size))}
 
 
+@router.get("/v1/workers")
+def list_workers(request: Request, _: str | None = Depends(require_reader)) -> dict[str, Any]:
+    """The queue workers connected now (heard within the queue's stale time): what each can serve."""
+    return {"workers": [worker.to_dict() for worker in request.app.state.store.workers.connected()]}
+
+
 @router.get("/v1/searches/{name}")
 def read_search(name: str, request: Request, _: str | None = Depends(require_reader)) -> dict[str, Any]:
     """A search's state (with the reason), progress, leaderboard, and the pick with why."""
@@ -150,23 +153,7 @@ def cancel(name: str, request: Request, who: str = Depends(require_writer)) -> d
     """Stop a search: its probe in flight is ended, nothing is left running, and submitting it
     again resumes it. Only the token that submitted it may (a search submitted before tokens were
     recorded: any token)."""
-    store = request.app.state.store
-    submitted = submitted_or_none(store, name)
-    if submitted is not None and submitted.submitted_by is not None and submitted.submitted_by != who:
-        raise RequestRefused(
-            f"search {name!r} was submitted with the token {submitted.submitted_by!r}; only that token may cancel it.",
-            status=403,
-        )
-    if submitted is None:
-        if study_or_none(store, name) is not None:
-            raise RequestRefused(
-                f"study {name!r} was searched from the command line, not submitted here; stop it where "
-                f"it runs (Ctrl-C or SIGTERM).",
-                status=409,
-            )
-        raise StudyNotFound(f"no search named {name!r}; list them with GET /v1/searches.")
-    store.queue.cancel(name, by=who)
-    return search_view(store, name, detail=False)
+    return cancel_search(request.app.state.store, name, who)
 
 
 @router.get("/v1/searches/{name}/best")
@@ -269,10 +256,14 @@ async def events(
 
 
 def _state(store, name: str) -> dict[str, Any]:
-    """A search's state as its event stream says it: the state, the reason, whether it ended."""
-    submitted = submitted_or_none(store, name)
-    if submitted is not None:
-        return {"state": submitted.state, "reason": submitted.reason, "ended": submitted.state in SEARCH_ENDED}
-    study = study_or_none(store, name)
-    status = StudyStatus(study.status) if study is not None else StudyStatus.INTERRUPTED
-    return {"state": STUDY_STATES[status], "reason": STUDY_REASONS.get(status), "ended": status != StudyStatus.RUNNING}
+    """A search's state as its event stream says it (views.search_view's words): the state, the
+    reason, what it waits for or which worker holds it, its progress in words, whether it ended."""
+    view = search_view(store, name, detail=False)
+    return {
+        "state": view["state"],
+        "reason": view["reason"],
+        "waiting": view["waiting"],
+        "held_by": view["held_by"],
+        "progress": progress_text(view["progress"]),
+        "ended": view["state"] in SEARCH_ENDED,
+    }

@@ -100,7 +100,10 @@
       el.className = "state state-" + state.state;
     }
     const reason = document.getElementById("reason");
-    if (reason) reason.textContent = state.reason || "";
+    if (reason) reason.textContent = state.waiting || state.reason || "";
+    // The progress in the server's words (views.progress_text): the confirmation round says itself.
+    const progress = document.getElementById("progress");
+    if (progress && state.progress) progress.textContent = state.progress;
   }
 
   // The server's parts of the page, read again (at most one read in flight, one queued).
