@@ -627,6 +627,12 @@ def test_update_makes_a_new_file_as_the_umask_says_and_rewrites_nothing_already_
         os.umask(previous)
     assert done.returncode == 0, done.stderr
     assert stat.S_IMODE(out.stat().st_mode) == 0o644  # (a temporary file's 0600 was kept before)
+    # The file says in itself what set its keys and where that was measured (a CPU study here),
+    # beside comments of the user's that described the old values (before: only a stderr note).
+    header, *rest = out.read_text().splitlines()
+    assert header.startswith("# autotune best --update: ") and "micro_batch_size" in header
+    assert f"set by study {lora_study['study']!r}, measured on cpu" in header and "search on the card" in header
+    assert rest == [line for line in rest if not line.startswith("# autotune best --update: ")]
     before = (out.read_bytes(), out.stat().st_mtime_ns)
     again = invoke("best", "--study", lora_study["study"], "--update", str(out), "--db", work["db"])
     assert again.returncode == 0, again.stderr

@@ -56,6 +56,7 @@ class BestConfig:
     device_type: str = "cuda"  # where the study measured: a CPU study hands off to a CPU run
     confirmation: dict | None = None  # the study's confirmation round (search/confirm.py), if one ran
     openmp: tuple[tuple[str, str], ...] = ()  # the OpenMP settings its probes ran under (Environment.openmp)
+    device_name: str | None = None  # the device the study measured on ('NVIDIA A100-SXM4-80GB', 'cpu: ...')
 
     @property
     def config(self):
@@ -571,4 +572,10 @@ def best_in(store, study: str | None = None) -> BestConfig:
         raise StudyNotFound(_nothing_fits(store.study(study), store.probes(study)))
     record = store.study(rows[0].study)
     device_type = record.environment.get("device_type") or "cuda"
-    return BestConfig(rows[0], device_type, record.confirmation, openmp_of(record.environment.get("openmp")))
+    return BestConfig(
+        rows[0],
+        device_type,
+        record.confirmation,
+        openmp_of(record.environment.get("openmp")),
+        record.device_name,
+    )

@@ -137,7 +137,30 @@ def update_file(best: BestConfig, path: str | Path) -> Update:
                 f"set its keys by hand."
             ) from None
     changed = tuple(k for k in (*updates, *remove) if source.document.get(k, _MISSING) != updates.get(k, _MISSING))
+    if changed and source.path.suffix.lower() != ".json":
+        text = _with_header(text, changed, best)
     return Update(source, text, changed)
+
+
+# The first line `best --update` writes into a YAML file: what it changed and where that was measured.
+HEADER = "# autotune best --update: "
+
+
+def _with_header(text: str, changed: tuple[str, ...], best: BestConfig) -> str:
+    """`text` opened by one comment line saying which keys study S set and on what device it measured
+    them (an earlier update's line replaced): in the file, beside any comment of the user's that
+    described the old values (a file commented for A100s, updated from a CPU study, says so in itself,
+    not only on a terminal's stderr)."""
+    newline = "\r\n" if text.endswith("\r\n") else "\n"
+    lines = text.splitlines(keepends=True)
+    if lines and lines[0].startswith(HEADER):
+        lines = lines[1:]
+    device = best.device_name or best.device_type
+    where = f"on {device}" + (
+        "; a CPU run's levers: search on the card for a GPU's" if best.device_type == "cpu" else ""
+    )
+    header = f"{HEADER}{', '.join(changed)} set by study {best.row.study!r}, measured {where}{newline}"
+    return header + "".join(lines)
 
 
 _MISSING = object()
