@@ -81,12 +81,12 @@ class SearchQueue:
                                 f"Idempotency-Key {idempotency_key!r} was used for another request (search "
                                 f"{keyed.name!r}); use a new key for a new request."
                             )
-                        return self._resubmitted(keyed, now), False
+                        return self._resubmitted(keyed, now, submitted_by), False
                 self._check_study_taken(session, name, submission)
                 row = session.scalars(select(Search).where(Search.name == name)).one_or_none()
                 if row is not None:
                     if row.request_hash == submission.request_hash:
-                        return self._resubmitted(row, now), False
+                        return self._resubmitted(row, now, submitted_by), False
                     state = _state(row)
                     if state in (SearchState.QUEUED, SearchState.RUNNING):
                         raise Conflict(
@@ -139,10 +139,12 @@ class SearchQueue:
             raise Conflict(str(exc).replace("--study name", "study name")) from None
 
     @staticmethod
-    def _resubmitted(row: Search, now: Any) -> SearchRecord:
-        """The search a request repeats: as it is, or back in the queue where it ended unfinished."""
+    def _resubmitted(row: Search, now: Any, submitted_by: str | None) -> SearchRecord:
+        """The search a request repeats: as it is, or back in the queue where it ended unfinished,
+        then its submitter's (who restarted it may cancel it; the earlier submitter no longer)."""
         if _state(row) in RESUMABLE:
             _requeue(row, now)
+            row.submitted_by = submitted_by
         return search_record(row)
 
     def get(self, name: str) -> SearchRecord:
