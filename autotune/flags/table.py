@@ -528,7 +528,8 @@ PLAN = (
     Flag(
         "gpu",
         "The card to plan for, by name (h100, a100-40gb, rtx4090, l4, ...: see `autotune plan --gpu list`), "
-        "or cpu (what CPU probes account).",
+        "or cpu (what CPU probes account); several (h100,a100-80gb,l4) or all to weigh which to rent, "
+        "with --gpus counts and the run's --tokens.",
         part=Part.COMMAND,
         param="gpu_name",
     ),
@@ -537,7 +538,44 @@ PLAN = (
         "Memory to fit in (8GiB, ...) [default: the card's memory]; with --gpu cpu, required.",
         part=Part.WHAT,
     ),
-    *SPACE,
+    *(row for row in SPACE if row.name != "gpus"),
+    Flag(
+        "gpus",
+        GPUS_HELP + " Several counts (1,2,4,8) weigh each with --tokens.",
+        default="1",
+        show_default=True,
+        param="gpu_counts",
+    ),
+    Flag(
+        "tokens",
+        "The whole run's tokens (100M, 1.5B): each card and count's run time, and with prices its cost.",
+        part=Part.COMMAND,
+    ),
+    Flag(
+        "prices",
+        "Prices per GPU hour: SkyPilot's catalog CSV (catalogs/v7/<cloud>/vms.csv) or card,price_per_gpu_hour"
+        "[,spot_per_gpu_hour] [default: the table shipped with autotune, dated, each row's source named].",
+        part=Part.COMMAND,
+        reads=True,
+        closed="the service reads no file a client names; it prices from its operator's table.",
+    ),
+    Flag(
+        "sort",
+        "Order the cards and counts by the run's cost or its time.",
+        part=Part.COMMAND,
+        type=click.Choice(("cost", "time")),
+        default="cost",
+        show_default=True,
+    ),
+    Flag(
+        "format",
+        "With --tokens: a table, or csv for a pipeline (--json: one object).",
+        part=Part.OUTPUT,
+        type=click.Choice(("table", "csv")),
+        default="table",
+        show_default=True,
+        param="fmt",
+    ),
     Flag("safety_margin", MARGIN_HELP, part=Part.COMMAND, default=defaults.SAFETY_MARGIN_TEXT, show_default=True),
     Flag(
         "exact",

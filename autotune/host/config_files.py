@@ -21,8 +21,9 @@ MAX_DEPTH = 32
 MAX_NODES = 100_000
 
 
-def read_config_text(path: Path, flag: str) -> tuple[str, bool]:
-    """The file's text (newlines as \\n) and whether it ends its lines with \\r\\n."""
+def read_config_text(path: Path, flag: str, *, max_bytes: int = MAX_BYTES) -> tuple[str, bool]:
+    """The file's text (newlines as \\n) and whether it ends its lines with \\r\\n (a price table,
+    read by the same rules, may be longer: `max_bytes`)."""
     try:
         descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
@@ -42,9 +43,9 @@ def read_config_text(path: Path, flag: str) -> tuple[str, bool]:
         os.close(descriptor)
         raise
     with handle:
-        data = handle.read(MAX_BYTES + 1)
-    if len(data) > MAX_BYTES:
-        raise BadInput(f"{flag} {path}: larger than {MAX_BYTES // 1024} KiB; no training config is that long.")
+        data = handle.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise BadInput(f"{flag} {path}: larger than {max_bytes // 1024:,} KiB; no file of its kind is that long.")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

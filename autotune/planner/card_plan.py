@@ -213,13 +213,9 @@ def make_plan(
     """Predict every candidate of `space` on `target`; measurements of a matching study in `store`
     (or the study named) stand beside them."""
     started = time.perf_counter()
-    planned = [Planned(config) for config in space.candidates()]
-    for item in planned:
-        item.why_not = unplannable(item.config, target)
-    traceable = [p.config for p in planned if p.why_not is None]
-    estimates, traced, traces = _estimates(
-        traceable,
-        target.device_type,
+    traced = trace_space(
+        space,
+        [target],
         exact=exact,
         timeout=timeout,
         use_cache=use_cache,
@@ -228,14 +224,70 @@ def make_plan(
         on_progress=on_progress,
         stack=stack,
     )
+    plan = judge_plan(spec, space, target, traced, stack=stack)
+    if store is not None:
+        plan.study = _compare(plan, store, spec, study)
+    plan.seconds = time.perf_counter() - started
+    return plan
+
+
+@dataclass(frozen=True, slots=True)
+class Traced:
+    """A space's memory estimates by config key (traced or interpolated), the keys traced, and how
+    many traces ran now: what does not depend on the card, shared by every card a plan weighs."""
+
+    estimates: dict[str, MemoryEstimate]
+    traced: frozenset[str]
+    traces: int
+
+
+def trace_space(
+    space: SearchSpace,
+    targets: list[Target],
+    *,
+    exact: bool = False,
+    timeout: float,
+    use_cache: bool = True,
+    trust_remote_code: bool = False,
+    children: TraceChildren | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+    stack: Stack | None = None,
+) -> Traced:
+    """The estimates of every candidate some target can run, traced once for all of them (the
+    targets share a device type: a card changes only its context and which levers it has)."""
+    kinds = {t.device_type for t in targets}
+    if len(kinds) != 1:
+        raise ValueError(f"one plan's targets share a device type, not {sorted(kinds)}")
+    traceable = [c for c in space.candidates() if any(unplannable(c, t) is None for t in targets)]
+    estimates, traced, traces = _estimates(
+        traceable,
+        kinds.pop(),
+        exact=exact,
+        timeout=timeout,
+        use_cache=use_cache,
+        trust_remote_code=trust_remote_code,
+        children=children,
+        on_progress=on_progress,
+        stack=stack,
+    )
+    return Traced(estimates, frozenset(traced), traces)
+
+
+def judge_plan(spec: ModelSpec, space: SearchSpace, target: Target, traced: Traced, *, stack: Stack | None) -> Plan:
+    """`space` on `target` from estimates traced for it (or for several cards at once): each
+    candidate's need with the card's context, whether it fits, its predicted speed, ranked."""
+    planned = [Planned(config) for config in space.candidates()]
     dims = None
     if target.card is not None:
         from autotune.planner.card_speed import model_dims_of
 
         dims = model_dims_of(spec)
     for item in planned:
-        item.estimate = estimates.get(item.config.key())
-        item.traced = item.config.key() in traced
+        item.why_not = unplannable(item.config, target)
+        if item.why_not is not None:
+            continue
+        item.estimate = traced.estimates.get(item.config.key())
+        item.traced = item.config.key() in traced.traced
         if item.estimate is None:
             continue
         if target.card is not None and target.card.context_bytes:
@@ -252,11 +304,7 @@ def make_plan(
             "--trainer trl: the speeds predict transformers' Trainer step; TRL's fused LM head also scores "
             "each token's entropy and accuracy, work the speed model leaves out (a search measures it)"
         )
-    plan = Plan(spec.reference, target, space, _ranked(planned, target), traces=traces, notes=notes)
-    if store is not None:
-        plan.study = _compare(plan, store, spec, study)
-    plan.seconds = time.perf_counter() - started
-    return plan
+    return Plan(spec.reference, target, space, _ranked(planned, target), traces=traced.traces, notes=notes)
 
 
 def unplannable(config: ProbeConfig, target: Target) -> str | None:

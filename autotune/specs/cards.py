@@ -498,6 +498,26 @@ def find_card(name: str) -> Card:
     return card
 
 
+def find_cards(names: list[str]) -> list[Card]:
+    """The cards `--gpu A,B,...` names, each once, in the order given; an unknown name is refused
+    with the names this table knows, nearest first."""
+    import difflib
+
+    cards: list[Card] = []
+    for name in names:
+        card = _BY_NAME.get(name.strip().lower()) or _BY_NAME.get(_normalise(name))
+        if card is None:
+            known = card_names()
+            near = difflib.get_close_matches(name.strip().lower(), list(_BY_NAME), n=len(_BY_NAME), cutoff=0.0)
+            ordered = list(dict.fromkeys([_BY_NAME[alias].short_name for alias in near] + known))
+            raise BadInput(f"--gpu {name!r} is unknown; the cards it knows, nearest first: {', '.join(ordered)}.")
+        if card not in cards:
+            cards.append(card)
+    if not cards:
+        raise BadInput("--gpu: the list is empty; give cards like h100,a100-80gb,l4, or all.")
+    return cards
+
+
 def card_for_device(device_name: str) -> Card | None:
     """The card whose CUDA device name this is ('NVIDIA H100 PCIe', 'Tesla T4'), or None."""
     name = device_name.lower()

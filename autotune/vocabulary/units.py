@@ -163,6 +163,33 @@ def parse_int_list(text: str, *, flag: str, minimum: int = 1) -> tuple[int, ...]
     return tuple(sorted(set(values)))
 
 
+TOKEN_SUFFIXES = {"k": 10**3, "m": 10**6, "b": 10**9, "g": 10**9, "t": 10**12}
+
+
+def parse_tokens(text: str | int, *, flag: str = "--tokens") -> int:
+    """A count of tokens: 100000000, 100M, 1.5B, 2e9 (K, M, B/G, T: powers of 1,000); at least 1."""
+    value = str(text).strip().replace("_", "").replace(",", "")
+    scale = TOKEN_SUFFIXES.get(value[-1:].lower(), 1) if value else 1
+    number = value[:-1] if scale != 1 else value
+    try:
+        tokens = float(number) * scale
+    except ValueError:
+        raise BadInput(f"{flag} {_quoted(text)} is not a count of tokens; give e.g. 100M, 1.5B or 200000000.") from None
+    if not math.isfinite(tokens) or tokens < 1:
+        raise BadInput(f"{flag} {_quoted(text)}: a run trains at least one token; give e.g. 100M or 1.5B.")
+    if tokens > INT64_MAX:
+        raise BadInput(f"{flag} {_quoted(text)} is too large; give at most {INT64_MAX:,} tokens.")
+    return round(tokens)
+
+
+def format_tokens(tokens: int) -> str:
+    """'100M', '1.5B', '12,345': a count of tokens for people."""
+    for suffix, scale in (("T", 10**12), ("B", 10**9), ("M", 10**6)):
+        if tokens >= scale:
+            return f"{tokens / scale:.3g}{suffix}"
+    return f"{tokens:,}"
+
+
 def parse_choice_list(text: str, *, flag: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
     """('fp32', 'bf16') from 'fp32,bf16', each checked against `allowed`."""
     values = []
