@@ -14,7 +14,11 @@ RAY_worker_niceness=0 in `ray start`'s environment.
 A cluster that is not there, or has no node that can hold a worker, is said in one line before
 anything is written. Stopping cancels every task (the task sees it within CANCEL_CHECK_SECONDS and
 stops its worker as SIGTERM does: the claim given back; run_worker says how), then force-cancels
-what is left after the grace."""
+what is left after the grace.
+
+ray.init takes SIGTERM from the process that calls it (`_sigterm_kept` says how): the search gives
+it back at once, so that SIGTERM stops a search on Ray as it stops any other (autotune's one line,
+exit status 143), whenever it comes."""
 
 from __future__ import annotations
 
@@ -60,6 +64,36 @@ def _sigint(handler: Any) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def _sigterm_kept() -> Iterator[None]:
+    """Around ray.init: this process's SIGTERM handler as it was before it, and a SIGTERM sent
+    meanwhile handled by it, just after.
+
+    ray.init takes SIGTERM twice over: it sets Python's handler to its own (`sys.exit(15)`: a
+    SystemExit wherever the signal lands, exit status 15, no line of autotune's; and, once the
+    search's watch has put back what it found, a stop of the workers cut short), then its C++ core
+    installs a failure signal handler in front of it at the C level, which prints "*** SIGTERM
+    received at time=..." and a stack dump before passing the signal on. A search SIGTERMed
+    anywhere between ray.init and its watch printed that dump and exited 15. signal.signal puts
+    Python's own C handler back with the handler; SIGTERM is blocked in this thread meanwhile (the
+    threads ray.init starts keep it blocked, so that it comes to this one), so that one sent during
+    ray.init arrives, to autotune's handler, when it is unblocked. (SIGINT and SIGHUP Ray leaves
+    alone.) Signals are the main thread's: elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    handler = signal.getsignal(signal.SIGTERM)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        try:
+            if handler is not None:
+                signal.signal(signal.SIGTERM, handler)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # (one that came meanwhile is handled here)
 
 
 def run_worker(command: list[str], environment: dict[str, str], niceness: int = 0) -> dict[str, Any]:
@@ -211,7 +245,8 @@ class RayLauncher(Launcher):
             ) from None
         address = ray_address(self.address)
         if not ray.is_initialized():
-            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR, configure_logging=False)
+            with _sigterm_kept():
+                ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR, configure_logging=False)
         nodes = [node for node in ray.nodes() if node.get("Alive")]
         if spec.device == "cuda":
             most = max((int(node["Resources"].get("GPU", 0)) for node in nodes), default=0)

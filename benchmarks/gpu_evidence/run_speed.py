@@ -16,6 +16,15 @@ from benchmarks.gpu_evidence.invocation import Run
 
 # The goal the issue sets for a run's tokens/s against its probe's (reported met or not).
 RUN_VS_PROBE_GOAL = 0.95
+# The CPU mode's corpus: the first 60,000 characters of the whole (~28,000 tokens, 430 blocks of the
+# tiny model's 64 for its 5 steps of 2). Its tokenizer trained, and it packed and tokenized by both
+# runs, in ~0.3 s of CPU where the whole ~460 KB took ~2.5 s of the CPU mode's minute.
+CPU_CORPUS_CHARS = 60_000
+
+
+def corpus_size(run: Run) -> dict:
+    """The train data's size, as helper_train_data's keyword: the whole corpus on a card."""
+    return {} if run.cuda else {"chars": CPU_CORPUS_CHARS}
 
 
 def section_train_200_steps(run: Run) -> dict:
@@ -25,7 +34,7 @@ def section_train_200_steps(run: Run) -> dict:
     if not study:
         raise Failed("readme_command recorded no study name")
     data = run.state / "train-data"
-    run.helper("train_data", timeout=300, directory=str(data))
+    run.helper("train_data", timeout=300, directory=str(data), **corpus_size(run))
     steps = 200 if run.cuda else 5
     output = run.state / "train-run"
     # A fresh directory each attempt: an earlier one's checkpoints would make this a resumed run.
@@ -99,6 +108,7 @@ def section_trainer_handoff(run: Run) -> dict:
         data_dir=str(data),
         output_dir=str(output),
         steps=steps,
+        **corpus_size(run),
     )
     probe = (readme.get("pick") or {}).get("tokens_per_s")
     truth = (run.sections.get("truth") or {}).get("pick") or {}
@@ -120,9 +130,10 @@ def section_trainer_handoff(run: Run) -> dict:
     }
 
 
-def helper_train_data(directory: str) -> dict:
-    """A corpus (the standard library's pydoc topics, ~460 KB of English) and a 500-token byte-level
-    BPE tokenizer trained on it, as tests/train/conftest.py makes them (within any GPT-2 vocabulary)."""
+def helper_train_data(directory: str, chars: int | None = None) -> dict:
+    """A corpus (the standard library's pydoc topics, ~460 KB of English; its first `chars`
+    characters when given) and a 500-token byte-level BPE tokenizer trained on it, as
+    tests/train/conftest.py makes them (within any GPT-2 vocabulary)."""
     import pydoc_data.topics
 
     from tokenizers import ByteLevelBPETokenizer
@@ -133,7 +144,7 @@ def helper_train_data(directory: str) -> dict:
     if not (corpus.exists() and (tokenizer / "tokenizer.json").exists()):
         root.mkdir(parents=True, exist_ok=True)
         topics = pydoc_data.topics.topics
-        text = "\n\n".join(topics[name] for name in sorted(topics))
+        text = "\n\n".join(topics[name] for name in sorted(topics))[:chars]
         corpus.write_text(text)
         special = "<|endoftext|>"
         bpe = ByteLevelBPETokenizer()
@@ -152,7 +163,9 @@ def steady_tokens_per_s(ends: list[tuple[int, float]], tokens_per_step: int, ski
     return tokens_per_step * (timed[-1][0] - timed[0][0]) / (timed[-1][1] - timed[0][1])
 
 
-def helper_trainer_handoff(db: str, study: str, data_dir: str, output_dir: str, steps: int) -> dict:
+def helper_trainer_handoff(
+    db: str, study: str, data_dir: str, output_dir: str, steps: int, chars: int | None = None
+) -> dict:
     """The README's hand-off as a user writes it: `best.training_arguments()` and `best.load_model()`
     into a plain transformers Trainer, on the data `autotune train` had (its corpus in blocks of
     `best.block_size` tokens of its tokenizer); tokens/s after the first 10 steps, and Trainer's own."""
@@ -160,7 +173,7 @@ def helper_trainer_handoff(db: str, study: str, data_dir: str, output_dir: str, 
 
     import autotune
 
-    helper_train_data(data_dir)
+    helper_train_data(data_dir, chars)
     best = autotune.best(study, db)
     _os.environ.update(best.environment())  # the allocator's setting, before CUDA starts
     import torch
