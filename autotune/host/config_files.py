@@ -21,9 +21,11 @@ MAX_DEPTH = 32
 MAX_NODES = 100_000
 
 
-def read_config_text(path: Path, flag: str, *, max_bytes: int = MAX_BYTES) -> tuple[str, bool]:
+def read_config_text(
+    path: Path, flag: str, *, max_bytes: int = MAX_BYTES, what: str = "training config"
+) -> tuple[str, bool]:
     """The file's text (newlines as \\n) and whether it ends its lines with \\r\\n (a price table,
-    read by the same rules, may be longer: `max_bytes`)."""
+    read by the same rules, may be longer: `max_bytes`, and is `what` the refusal names)."""
     try:
         descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except FileNotFoundError:
@@ -45,7 +47,7 @@ def read_config_text(path: Path, flag: str, *, max_bytes: int = MAX_BYTES) -> tu
     with handle:
         data = handle.read(max_bytes + 1)
     if len(data) > max_bytes:
-        raise BadInput(f"{flag} {path}: larger than {max_bytes // 1024:,} KiB; no file of its kind is that long.")
+        raise BadInput(f"{flag} {path}: larger than {max_bytes // 1024} KiB; no {what} is that long.")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -86,7 +86,7 @@ def read_prices(path: str | Path | None = None, *, flag: str = "--prices") -> Pr
     from autotune.host.config_files import read_config_text
 
     where = Path(path).expanduser() if path is not None else DEFAULT_PRICES
-    text, _ = read_config_text(where, flag, max_bytes=MAX_PRICE_FILE_BYTES)
+    text, _ = read_config_text(where, flag, max_bytes=MAX_PRICE_FILE_BYTES, what="price table")
     lines = text.splitlines(keepends=True)
     skipped = next((i for i, line in enumerate(lines) if not line.lstrip().startswith("#")), len(lines))
     rows = csv.DictReader(io.StringIO("".join(lines[skipped:])))

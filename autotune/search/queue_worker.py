@@ -150,8 +150,9 @@ class QueueWorker:
     def run(self, *, max_searches: int | None = None, deadline: float | None = None) -> QueueOutcome:
         """Serve until stopped (SIGTERM, Ctrl-C), `max_searches` run, or `deadline` (monotonic)."""
         outcome = QueueOutcome()
-        self.say(f"worker {self.label}: serving the queue of {self.store.url} on {self.device.describe()}")
+        # Connected (the registry) before it says it serves: a reader of that line finds it listed.
         self._registry(self.store.workers.announce, self.label, self.device.serving)
+        self.say(f"worker {self.label}: serving the queue of {self.store.url} on {self.device.describe()}")
         try:
             while not self.stopping and (max_searches is None or outcome.searches < max_searches):
                 if deadline is not None and time.monotonic() >= deadline:

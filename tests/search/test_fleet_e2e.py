@@ -181,14 +181,17 @@ def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_w
             local,
         )
     # Every config the one worker probed, the workers had probed (the replay has no other answers),
-    # so their pick is at least as fast as its pick; the same config unless the CPU's timing noise
-    # made a smaller micro-batch faster, which the frontier (throughput grows with the micro-batch)
-    # does not go back to look for.
-    assert {c.key() for c in replay.asked} <= set(table)
+    # so their pick is at least as fast as its pick. Another pick is one the one worker never probed:
+    # with the same figures it would have picked it. (Three workers take configs before the figures
+    # that would skip them for speed land, so a fleet may measure one the one worker skips: the CPU's
+    # timing noise can make it the fastest. The test said before that the fleet's other pick must be
+    # the smaller micro-batch, which that case, seen once in the suite, is not.)
+    asked = {c.key() for c in replay.asked}
+    assert asked <= set(table)
     fleet_best = next(p for p in probes if p.config_key == summary["best"]["config_key"])
     assert fleet_best.result.tokens_per_s >= single.best.tokens_per_s
     if single.best.config_key != fleet_best.config_key:
-        assert fleet_best.config.micro_batch < single.best.config.micro_batch
+        assert fleet_best.config_key not in asked or fleet_best.result.tokens_per_s == single.best.tokens_per_s
 
     board = CliRunner().invoke(cli, ["leaderboard", "--db", postgres_url, "--study", "shared", "--format", "json"])
     assert all(":cpu" in row["worker"] for row in json.loads(board.output))
