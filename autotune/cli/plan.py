@@ -71,7 +71,8 @@ def plan(
             trust_remote_code=trust_remote_code,
             stack_text=stack_text,
             as_json=as_json,
-            ignored={"--study": study, "--top": top, "--plot": plot_file},
+            plot_file=plot_file,
+            ignored={"--study": study, "--top": top},
             space_flags=space_flags,
         )
     for flag, value in (("--prices", prices), ("--format", fmt if fmt != "table" else None)):
@@ -145,6 +146,7 @@ def _rentals(
     trust_remote_code,
     stack_text,
     as_json,
+    plot_file,
     ignored,
     space_flags,
 ):
@@ -171,7 +173,14 @@ def _rentals(
     run_tokens = parse_tokens(tokens)
     book = read_prices(prices)  # (before any trace: a price file of another shape is a mistake said now)
     space_args = space_arguments(**space_flags, gpus=max(counts))  # (each count's space: plan_rentals)
-    with trace_progress(quiet=as_json or fmt == "csv") as progress:
+    plot_out = None
+    if plot_file:
+        from autotune.host.output import Output
+        from autotune.render.rental_plot import check_rental_plot
+
+        check_rental_plot(plot_file)  # (refused before the traces, and opened now: see plan's own --plot)
+        plot_out = Output(plot_file, "--plot")
+    with plot_out or contextlib.nullcontext(), trace_progress(quiet=as_json or fmt == "csv") as progress:
         result = plan_rentals(
             model,
             cards,
@@ -188,6 +197,10 @@ def _rentals(
             on_progress=progress,
             stack=Stack.parse(stack_text),
         )
+        if plot_out is not None:
+            from autotune.render.rental_plot import save_rental_plot
+
+            click.echo(f"wrote {save_rental_plot(result, plot_out)}", err=True)
     if as_json:
         echo_json(result.to_dict())
     elif fmt == "csv":

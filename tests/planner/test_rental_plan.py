@@ -92,6 +92,8 @@ def test_a_price_file_of_another_shape_or_a_bad_price_is_one_line(tmp_path, text
         (["--gpu", "h100,l4", "--tokens", "1M", "--prices", "missing.csv"], "missing.csv: no such file"),
         (["--gpu", "h100,l4", "--tokens", "1M", "--prices", "bad.csv"], "(no column price_per_gpu_hour)"),
         (["--gpu", "h100,l4", "--tokens", "1M", "--prices", "negative.csv"], "is not a price"),
+        (["--gpu", "h100,l4", "--tokens", "1M", "--plot", "x.html"], "the rental plot is drawn as an image"),
+        (["--gpu", "h100,l4", "--tokens", "1M", "--top", "3"], "--top goes with one card and one count"),
     ],
 )
 def test_mistakes_are_one_line_exit_2_and_nothing_written(tmp_path, hermetic_home, tiny_model, extra, needle):
@@ -147,7 +149,9 @@ def test_every_card_and_count_is_weighed_from_one_trace_per_count(tmp_path, herm
         and not any(p["seconds"] <= o["seconds"] and p["cost"] <= o["cost"] and p is not o for p in priced)
     )
     # The same as CSV for a pipeline, and as a table for people.
-    table = invoke(*args, "--prices", str(prices), "--sort", "time")
+    table = invoke(*args, "--prices", str(prices), "--sort", "time", "--plot", str(tmp_path / "rent.png"))
     assert table.returncode == 0 and "cheapest:" in table.stdout and "fastest:" in table.stdout
+    assert (tmp_path / "rent.png").read_bytes().startswith(b"\x89PNG") and "wrote" in table.stderr
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # (no temporary file left)
     rows = invoke(*args, "--prices", str(prices), "--format", "csv").stdout.splitlines()
     assert rows[0].startswith("card,gpus,config,tokens_per_s,seconds") and len(rows) == 7
