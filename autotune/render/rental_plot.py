@@ -11,6 +11,7 @@ from pathlib import Path
 from autotune.host.output import Output
 from autotune.planner.rental_plan import RentalPlan
 from autotune.render.plot import DPI, check_out_file
+from autotune.specs.models import shown_reference
 from autotune.vocabulary.errors import BadInput
 from autotune.vocabulary.units import format_tokens
 
@@ -75,7 +76,10 @@ def _draw(result: RentalPlan, path: Path) -> None:
     strip.set_xlabel("the run's time, hours (predicted)")
     error = result.speed_error
     band = f", speed ±{error.median:.0%}" if error is not None else ""
-    ax.set_title(f"{result.model}: {format_tokens(result.tokens)} tokens on each card and count{band}", fontsize=10)
+    ax.set_title(
+        f"{shown_reference(result.model)}: {format_tokens(result.tokens)} tokens on each card and count{band}",
+        fontsize=10,
+    )
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8, loc="upper right")
     fig.savefig(path, dpi=DPI, bbox_inches="tight")  # (the temporary file keeps the suffix: the format)
