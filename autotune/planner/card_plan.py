@@ -258,19 +258,44 @@ def trace_space(
     kinds = {t.device_type for t in targets}
     if len(kinds) != 1:
         raise ValueError(f"one plan's targets share a device type, not {sorted(kinds)}")
+    device_type = kinds.pop()
     traceable = [c for c in space.candidates() if any(unplannable(c, t) is None for t in targets)]
-    estimates, traced, traces = _estimates(
-        traceable,
-        kinds.pop(),
-        exact=exact,
+    # Traced: every config with `exact`, else each group's smallest and largest micro-batch (and its
+    # middle); the rest interpolated between them.
+    groups: dict[tuple, list[ProbeConfig]] = {}
+    for config in sorted(traceable, key=lambda c: group_priority(c, device_type)):
+        groups.setdefault(group_key(config), []).append(config)
+    to_trace: list[ProbeConfig] = []
+    for members in groups.values():
+        members.sort(key=lambda c: c.micro_batch)
+        to_trace += members if exact else list(dict.fromkeys(traced_members(members)))
+    done: list[int] = [0]
+
+    def arrived(estimate: MemoryEstimate) -> None:
+        done[0] += 1
+        if on_progress is not None:
+            on_progress(done[0], len(to_trace))
+
+    from autotune.estimate import estimate_memories
+
+    found = estimate_memories(
+        to_trace,
+        device_type=device_type,
         timeout=timeout,
         use_cache=use_cache,
         trust_remote_code=trust_remote_code,
         children=children,
-        on_progress=on_progress,
+        on_estimate=arrived,
         stack=stack,
     )
-    return Traced(estimates, frozenset(traced), traces)
+    by_key = {e.config.key(): e for e in found}
+    estimates = dict(by_key)
+    for members in groups.values():
+        ends = [by_key[c.key()] for c in traced_members(members) if c.key() in by_key]
+        for config in members:
+            if config.key() not in estimates and len(ends) >= 2:
+                estimates[config.key()] = interpolated(config, *between(config, ends))
+    return Traced(estimates, frozenset(by_key), sum(not e.cached for e in found))
 
 
 def judge_plan(spec: ModelSpec, space: SearchSpace, target: Target, traced: Traced, *, stack: Stack | None) -> Plan:
@@ -324,58 +349,6 @@ def unplannable(config: ProbeConfig, target: Target) -> str | None:
         if config.attention.startswith("flash_attention") and not card.has_flash_attention:
             return f"{config.attention}: not on the {card.name}"
     return untraceable(config)
-
-
-def _estimates(
-    configs: list[ProbeConfig],
-    device_type: str,
-    *,
-    exact: bool,
-    timeout: float,
-    use_cache: bool,
-    trust_remote_code: bool,
-    children: TraceChildren | None,
-    on_progress: Callable[[int, int], None] | None,
-    stack: Stack | None = None,
-) -> tuple[dict[str, MemoryEstimate], set[str], int]:
-    """Estimates of `configs` by key: traced (every config with `exact`, else each group's
-    smallest and largest micro-batch) and the rest interpolated; the keys traced; how many traces
-    ran now (not from the cache)."""
-    from autotune.estimate import estimate_memories
-
-    groups: dict[tuple, list[ProbeConfig]] = {}
-    for config in sorted(configs, key=lambda c: group_priority(c, device_type)):
-        groups.setdefault(group_key(config), []).append(config)
-    to_trace: list[ProbeConfig] = []
-    for members in groups.values():
-        members.sort(key=lambda c: c.micro_batch)
-        to_trace += members if exact else list(dict.fromkeys(traced_members(members)))
-    done: list[int] = [0]
-
-    def arrived(estimate: MemoryEstimate) -> None:
-        done[0] += 1
-        if on_progress is not None:
-            on_progress(done[0], len(to_trace))
-
-    found = estimate_memories(
-        to_trace,
-        device_type=device_type,
-        timeout=timeout,
-        use_cache=use_cache,
-        trust_remote_code=trust_remote_code,
-        children=children,
-        on_estimate=arrived,
-        stack=stack,
-    )
-    by_key = {e.config.key(): e for e in found}
-    traces = sum(not e.cached for e in found)
-    out = dict(by_key)
-    for members in groups.values():
-        ends = [by_key[c.key()] for c in traced_members(members) if c.key() in by_key]
-        for config in members:
-            if config.key() not in out and len(ends) >= 2:
-                out[config.key()] = interpolated(config, *between(config, ends))
-    return out, set(by_key), traces
 
 
 def _ranked(planned: list[Planned], target: Target) -> list[Planned]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote
@@ -113,7 +114,7 @@ def summary_view(
     settled: int,
     best_tokens_per_s: float | None = None,
     *,
-    workers: list[WorkerRecord] = (),  # type: ignore[assignment]
+    workers: Sequence[WorkerRecord] = (),
     confirming: bool = False,
 ) -> dict[str, Any]:
     """A search's header: what, where, its state and progress (the list and the page's rows). A
@@ -142,7 +143,7 @@ def summary_view(
             "updated_at": study.updated_at.isoformat(),
         }
     view["waiting"] = (
-        why_waiting(submitted, list(workers)) if submitted is not None and view["state"] == SearchState.QUEUED else None
+        why_waiting(submitted, workers) if submitted is not None and view["state"] == SearchState.QUEUED else None
     )
     holder = submitted.worker if submitted is not None and view["state"] == SearchState.RUNNING else None
     devices = {w.label: w.device.describe() for w in workers}

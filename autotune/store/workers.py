@@ -8,6 +8,7 @@ What a worker can serve is decided here, once: the queue worker takes a search b
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -136,7 +137,7 @@ class Workers:
         return [r for r in records if now - r.seen_at <= fresh and not owner_gone(r.label)]
 
 
-def why_waiting(search: SearchRecord, workers: list[WorkerRecord]) -> str:
+def why_waiting(search: SearchRecord, workers: Sequence[WorkerRecord]) -> str:
     """Why a queued search waits, in words: no worker connected, none that can serve it (each
     connected worker's reason), or every one that can busy."""
     if not workers:

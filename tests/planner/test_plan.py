@@ -218,11 +218,11 @@ def test_a_plan_for_an_older_stack_traces_with_it_and_says_so(monkeypatch):
 
     asked = {}
 
-    def no_traces(configs, device_type, **kwargs):
+    def no_traces(space, targets, **kwargs):
         asked.update(kwargs)
-        return {}, set(), 0
+        return planner_plan.Traced({}, frozenset(), 0)
 
-    monkeypatch.setattr(planner_plan, "_estimates", no_traces)
+    monkeypatch.setattr(planner_plan, "trace_space", no_traces)
     spec = resolve_model("gpt2")
     plan = make_plan(
         spec,
