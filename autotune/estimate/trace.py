@@ -77,11 +77,11 @@ def repeats_its_first_step(config: ProbeConfig, stack) -> bool:
     )
 
 
-_mask_rules_applied = False  # (once per process: a trace child traces many configs)
-
-
-def _real_run_mask_rules() -> None:
-    """Make transformers choose the attention mask it chooses on real tensors.
+@contextlib.contextmanager
+def _real_run_mask_rules():
+    """Make transformers choose the attention mask it chooses on real tensors, for one trace; put
+    back after it (a trace run in a test's own process left them behind: later real forwards of
+    padding-free batches in that process then lost their packing, and attended across examples).
 
     transformers answers from the values of the tensors it is given, which fake tensors do not have:
     - `find_packed_sequence_indices` reads the position ids, finds no packing and returns None,
@@ -99,15 +99,23 @@ def _real_run_mask_rules() -> None:
     try:
         import transformers.masking_utils as masking
     except ImportError:  # pragma: no cover - a transformers without the module builds masks otherwise
+        yield
         return
     from torch._subclasses.fake_tensor import FakeTensor
 
     from autotune.probe import batches
 
-    global _mask_rules_applied
-    if _mask_rules_applied:
-        return
-    _mask_rules_applied = True
+    saved = [(batches, name, getattr(batches, name)) for name in ("padding_mask", "flattened")]
+    saved += [
+        (masking, name, getattr(masking, name))
+        for name in (
+            "find_packed_sequence_indices",
+            "_preprocess_mask_arguments",
+            "_ignore_causal_mask_sdpa",
+            "_ignore_bidirectional_mask_sdpa",
+        )
+        if hasattr(masking, name)
+    ]
     padded = _TensorSet()  # the batches' masks with padding, and the masks made from them
     packed = _TensorSet()  # the position ids of padding-free batches
     make_mask, make_flattened = batches.padding_mask, batches.flattened
@@ -153,6 +161,11 @@ def _real_run_mask_rules() -> None:
             return _original(padding_mask, *args, **kwargs)
 
         setattr(masking, name, unpadded)
+    try:
+        yield
+    finally:
+        for module, name, original in saved:
+            setattr(module, name, original)
 
 
 class _TensorSet:
@@ -289,14 +302,14 @@ def trace(item: TraceItem, device_type: str, index: int = 0) -> TraceResult:
         from autotune.estimate.cuda import install_cuda_autocast
 
         keep = install_cuda_autocast()
-    _real_run_mask_rules()
-    import_recipe_code(config)  # outside the ledger: those imports make tensors that live on
-    if config.ranks == 1:
-        traces = [_trace_rank(item, cuda, None)]
-    else:
-        traces = [_trace_rank(item, cuda, 0)]
-        if traces[0].ranks_differ:
-            traces.append(_trace_rank(item, cuda, config.ranks - 1))
+    with _real_run_mask_rules():
+        import_recipe_code(config)  # outside the ledger: those imports make tensors that live on
+        if config.ranks == 1:
+            traces = [_trace_rank(item, cuda, None)]
+        else:
+            traces = [_trace_rank(item, cuda, 0)]
+            if traces[0].ranks_differ:
+                traces.append(_trace_rank(item, cuda, config.ranks - 1))
     largest = max(traces, key=lambda t: (t.replayed["reserved_bytes"], t.replayed["peak_bytes"]))
     done = time.perf_counter()
     result = TraceResult(

@@ -39,6 +39,29 @@ def test_cuda_emulation_picks_cuda_kernels():
     assert eager.kernels["native_dropout"] == 1 + 2 * 3  # the attention weights' dropout too
 
 
+def test_a_trace_in_this_process_leaves_transformers_masks_and_the_batches_as_it_found_them():
+    # The trace answers transformers' mask questions as a real run of the probe's batches would
+    # (trace._real_run_mask_rules). Those answers once stayed installed in the process: a padding-free
+    # batch's real forward afterwards in the same process lost its packing and attended across its
+    # examples (tests/train/test_padding_free.py failed when it ran after this module on one worker).
+    import transformers
+    import transformers.masking_utils as masking
+
+    from autotune.probe import batches
+    from autotune.probe.batches import keeps_examples_apart
+
+    before = {name: getattr(masking, name, None) for name in dir(masking) if not name.startswith("__")}
+    made = (batches.padding_mask, batches.flattened)
+    from tests.helpers.lengths import BLOCK, TEXT
+
+    run_trace("cuda", precision="bf16", block_size=BLOCK, padding_free=True, lengths=TEXT, grad_accum=2)
+    assert {name: getattr(masking, name, None) for name in before} == before
+    assert (batches.padding_mask, batches.flattened) == made
+    torch.manual_seed(0)
+    hf = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=96, n_positions=64, use_cache=False)
+    assert keeps_examples_apart(transformers.GPT2LMHeadModel(hf), 96, torch.device("cpu"))
+
+
 def test_trls_tiles_fold_in_place_on_cuda_as_its_triton_kernels_do():
     """--trainer trl on a card: TRL's Triton kernels fold each tile of logits in place, where the
     torch fold a CPU trace would run makes tile-sized fp32 temporaries (estimate/cuda.py, 4). With a
