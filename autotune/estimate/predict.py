@@ -176,11 +176,15 @@ def estimate_memories(
     children: TraceChildren | None = None,
     on_estimate: Callable[[MemoryEstimate], None] | None = None,
     stack: Stack | None = None,
+    memo: dict[str, MemoryEstimate] | None = None,
 ) -> list[MemoryEstimate]:
     """`estimate_memory` for several configurations, traced in one trace child (about 3 s of
     imports saved per configuration), or shared among `children` (started ahead, tracing in
     parallel); `timeout` applies to each. In the order given; each estimate is also given to
-    `on_estimate` as soon as it is known (cached ones first)."""
+    `on_estimate` as soon as it is known (cached ones first). `memo`: the traces of earlier calls
+    (by cache key), read and added to, so that a caller making several calls traces each config
+    once even without the cache on disk (`autotune plan` over several GPU counts, DDP's shared);
+    an estimate found there is marked cached, as one from the disk is: not traced now."""
     started = time.perf_counter()
     if not timeout or timeout <= 0:
         raise BadInput(f"--timeout must be a positive number of seconds (got {timeout!r}).")
@@ -207,6 +211,8 @@ def estimate_memories(
     twins: dict[str, list[int]] = {}  # configs traced as one (traced_as): the first is traced, the rest share it
     for i, (config, _, notes, key) in enumerate(plans):
         cached = cache.get(key, time.perf_counter() - started) if cache is not None else None
+        if cached is None and memo is not None and key in memo:
+            cached = dataclasses.replace(memo[key], cached=True, seconds=time.perf_counter() - started)
         # The cache is keyed by the config traced (traced_as): a twin's estimate is this config's.
         out[i] = (
             None
@@ -243,8 +249,11 @@ def estimate_memories(
                     trace_seconds=result.build_seconds + result.trace_seconds + result.replay_seconds,
                 )
                 out[i] = estimate
-                if cache is not None and i == todo[result.index]:
-                    cache.put(key, estimate)
+                if i == todo[result.index]:
+                    if cache is not None:
+                        cache.put(key, estimate)
+                    if memo is not None:
+                        memo[key] = estimate
                 if on_estimate is not None:
                     on_estimate(estimate)
 
@@ -266,7 +275,20 @@ def traced_as(config: ProbeConfig, device_type: str) -> ProbeConfig:
     precision = {"tf32": "fp32", **({"fp16": "bf16"} if device_type == "cuda" else {})}.get(
         config.precision, config.precision
     )
-    return dataclasses.replace(config, compile=False, allocator=speed_levers.DEFAULT_ALLOCATOR, precision=precision)
+    # Micro-steps after the second repeat its allocations (trace.py traces two), and a DDP rank holds
+    # the whole model, its gradients, optimizer state and buckets whatever the world size: one trace
+    # answers for DDP on 2, 4 or 8 GPUs (FSDP's shards do depend on it).
+    ranks = {}
+    if config.ranks > 1 and not sharding.is_fsdp(config.strategy):
+        ranks = {"gpus": 2, "nodes": 1}
+    return dataclasses.replace(
+        config,
+        compile=False,
+        allocator=speed_levers.DEFAULT_ALLOCATOR,
+        precision=precision,
+        grad_accum=min(config.grad_accum, 2),
+        **ranks,
+    )
 
 
 def _trace_item(config: ProbeConfig, spec: ModelSpec, trust_remote_code: bool, stack: Stack | None = None) -> TraceItem:

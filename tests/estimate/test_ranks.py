@@ -107,3 +107,33 @@ def test_replay_counts_a_storage_at_each_of_its_sizes():
     ]
     assert replay(events, cuda=False)["peak_bytes"] == 5096
     assert replay(events, cuda=True)["peak_bytes"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("device_type", ["cpu", "cuda"])
+def test_a_ddp_rank_holds_the_same_on_two_four_and_eight_gpus(models, trace_children, device_type):
+    # What lets `autotune plan --gpus 2,4,8` trace DDP once (estimate/predict.traced_as): each
+    # world size traced for real here, bypassing that sharing, and compared to the byte. (FSDP's
+    # shards shrink with the world: it is traced per count.)
+    from autotune.estimate.predict import _trace_item, traced_as
+    from autotune.estimate.protocol import TraceRequest
+    from autotune.specs.models import resolve_model
+
+    spec = resolve_model(models["llama"])
+    configs = [
+        ProbeConfig(model=models["llama"], micro_batch=1, block_size=64, grad_accum=16 // n, gpus=n, strategy="ddp")
+        for n in (2, 4, 8)  # (accumulating on every count: a step without accumulation holds less)
+    ]
+    assert len({traced_as(c, device_type) for c in configs}) == 1
+    results: dict[int, object] = {}
+    request = TraceRequest(device_type, tuple(_trace_item(c, spec, False) for c in configs))
+    trace_children.answer(request, 300.0, lambda result: results.__setitem__(result.index, result))
+    figures = {
+        configs[i].gpus: (r.peak_bytes, r.reserved_bytes, r.breakdown, r.phase_peaks) for i, r in results.items()
+    }
+    assert len(figures) == 3 and figures[2] == figures[4] == figures[8], figures
+    fsdp = [
+        traced_as(ProbeConfig(model=models["llama"], micro_batch=1, block_size=64, gpus=n, strategy="fsdp"), "cpu")
+        for n in (2, 4)
+    ]
+    assert fsdp[0] != fsdp[1]
