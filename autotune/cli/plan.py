@@ -33,6 +33,7 @@ def plan(
     as_json,
     gpu_counts,
     tokens,
+    epochs,
     prices,
     sort,
     fmt,
@@ -54,7 +55,8 @@ def plan(
         raise click.UsageError("give --gpu NAME (a card to plan for) or --gpu-budget SIZE (a CUDA card of that size)")
     counts = parse_int_list(gpu_counts, flag="--gpus")
     names = [name.strip() for name in (gpu_name or "").split(",") if name.strip()]
-    if tokens is not None or len(names) > 1 or len(counts) > 1 or (gpu_name or "").strip().lower() == "all":
+    several = len(names) > 1 or len(counts) > 1 or (gpu_name or "").strip().lower() == "all"
+    if tokens is not None or epochs is not None or several:
         return _rentals(
             model,
             names,
@@ -62,6 +64,7 @@ def plan(
             gpu_budget=gpu_budget,
             safety_margin=safety_margin,
             tokens=tokens,
+            epochs=epochs,
             prices=prices,
             sort=sort,
             fmt=fmt,
@@ -137,6 +140,7 @@ def _rentals(
     gpu_budget,
     safety_margin,
     tokens,
+    epochs,
     prices,
     sort,
     fmt,
@@ -158,19 +162,25 @@ def _rentals(
     from autotune.render.live import trace_progress
     from autotune.render.rental_table import render_rentals, rentals_csv
     from autotune.specs.cards import CARDS, find_cards
-    from autotune.vocabulary.units import parse_margin, parse_tokens
+    from autotune.vocabulary.units import parse_epochs, parse_margin, parse_tokens
 
-    if tokens is None:
+    if tokens is None and epochs is None:
         raise click.UsageError(
-            "several cards or GPU counts are weighed for a run: give its size with --tokens N (e.g. 100M)."
+            "several cards or GPU counts are weighed for a run: give its size with --tokens N (e.g. 100M), "
+            "or --dataset D --epochs E."
         )
+    if tokens is not None and epochs is not None:
+        raise click.UsageError("give the run's size once: --tokens N, or --dataset D --epochs E.")
+    if epochs is not None and not space_flags.get("dataset"):
+        raise click.UsageError("--epochs counts passes over --dataset D: give the data (or --tokens N instead).")
     if gpu_budget is not None:
         raise click.UsageError("--gpu-budget goes with one card; with several, each card's own memory is its budget.")
     for flag, value in ignored.items():
         if value:
             raise click.UsageError(f"{flag} goes with one card and one count (leave it out with several).")
     cards = list(CARDS) if [n.lower() for n in names] == ["all"] else find_cards(names)
-    run_tokens = parse_tokens(tokens)
+    run_tokens = parse_tokens(tokens) if tokens is not None else None
+    run_epochs = parse_epochs(epochs) if epochs is not None else None
     book = read_prices(prices)  # (before any trace: a price file of another shape is a mistake said now)
     space_args = space_arguments(**space_flags, gpus=max(counts))  # (each count's space: plan_rentals)
     plot_out = None
@@ -187,6 +197,7 @@ def _rentals(
             counts,
             space_args,
             tokens=run_tokens,
+            epochs=run_epochs,
             prices=book,
             margin=parse_margin(safety_margin),
             sort=sort,

@@ -367,7 +367,7 @@ def example_lengths(data: TaskData, tokenizer: PreTrainedTokenizerBase, *, added
         targets = tokenizer(text_target=[batch[target][i] for i in keep], truncation=False)["input_ids"] if keep else []
         return {"source": [len(ids) for ids in sources], "target": [len(ids) for ids in targets]}
 
-    longest, longest_target, examples, trained = 0, 0, 0, None
+    longest, longest_target, examples, trained, tokens = 0, 0, 0, None, 0
     for split in (text.train, text.eval):
         if split is None:
             continue
@@ -378,6 +378,7 @@ def example_lengths(data: TaskData, tokenizer: PreTrainedTokenizerBase, *, added
             longest_target = max(longest_target, max(measured["target"]))
             if split is text.train:
                 trained = Lengths.of(measured["source"]).to_text()
+                tokens = sum(measured["source"]) + sum(measured["target"])
     if examples == 0 or longest == 0:
         raise DatasetError(
             f"--dataset {text.source.spec}: no row has text to train on; give rows with text in every column read."
@@ -390,7 +391,22 @@ def example_lengths(data: TaskData, tokenizer: PreTrainedTokenizerBase, *, added
         longest_target if target is not None else None,
         data.labels.count if data.labels is not None else None,
         lengths=trained,
+        tokens=tokens,
     )
+
+
+def packed_tokens(data: TaskData, tokenizer: PreTrainedTokenizerBase, *, added: int = 0) -> int:
+    """The tokens of a packed run's training text, one epoch: every row's, as the packing encoder
+    concatenates them into blocks (`added`: tokens the trainer appends to each row)."""
+    text = data.text
+    column = text.column
+
+    def lengths(batch: dict[str, list]) -> dict[str, list]:
+        encoded = tokenizer([t or "" for t in batch[column]], truncation=False)
+        return {"tokens": [len(ids) + added for ids in encoded["input_ids"]]}
+
+    measured = text.train.map(lengths, batched=True, remove_columns=text.train.column_names, desc="Counting tokens")
+    return sum(measured["tokens"])
 
 
 def task_collator(task: str, tokenizer: PreTrainedTokenizerBase, per_example: bool = False, padding_free: bool = False):

@@ -552,6 +552,12 @@ PLAN = (
         part=Part.COMMAND,
     ),
     Flag(
+        "epochs",
+        "Instead of --tokens: the run trains --dataset's training split this many times (1, 3, 0.5), its "
+        "tokens counted with the model's tokenizer (or --tokenizer).",
+        part=Part.COMMAND,
+    ),
+    Flag(
         "prices",
         "Prices per GPU hour: SkyPilot's catalog CSV (catalogs/v7/<cloud>/vms.csv) or card,price_per_gpu_hour"
         "[,spot_per_gpu_hour] [default: the table shipped with autotune, dated, each row's source named].",

@@ -92,6 +92,9 @@ class DataShape:
     longest_target: int | None = None  # seq2seq target tokens
     labels: int | None = None  # classification: the labels the data holds (the head's outputs)
     lengths: str | None = None  # the training examples' lengths (autotune.levers.lengths' text form)
+    # The training split's tokens, one epoch (a seq2seq pair's source and target; None: not counted,
+    # see data.shape.measure_data_shape's `count_tokens`): what `plan --dataset D --epochs E` times.
+    tokens: int | None = None
 
     def block_sizes(self, asked: tuple[int, ...]) -> tuple[int, ...]:
         """`asked`, each capped at the longest example (the same once capped: one)."""

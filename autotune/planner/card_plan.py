@@ -252,50 +252,184 @@ def trace_space(
     children: TraceChildren | None = None,
     on_progress: Callable[[int, int], None] | None = None,
     stack: Stack | None = None,
+    memo: dict[str, MemoryEstimate] | None = None,
 ) -> Traced:
     """The estimates of every candidate some target can run, traced once for all of them (the
     targets share a device type: a card changes only its context and which levers it has)."""
+    device_type, groups = _groups(space, targets)
+    to_trace = [c for members in groups.values() for c in _to_trace(members, exact)]
+    tracer = _Tracer(device_type, timeout, use_cache, trust_remote_code, children, stack, memo, on_progress)
+    tracer.trace(to_trace, len(to_trace))
+    return tracer.traced(groups)
+
+
+def trace_fastest(
+    spec: ModelSpec,
+    space: SearchSpace,
+    targets: list[Target],
+    *,
+    timeout: float,
+    use_cache: bool = True,
+    trust_remote_code: bool = False,
+    children: TraceChildren | None = None,
+    on_progress: Callable[[int, int], None] | None = None,
+    stack: Stack | None = None,
+    memo: dict[str, MemoryEstimate] | None = None,
+) -> Traced:
+    """As much of `space` traced as it takes to know each target's fastest config that fits (what a
+    rental plan reports), no more. Groups (configs that differ only in micro-batch) are traced in
+    order of the fastest speed a member is predicted on a target still undecided; a target is
+    decided once the fastest config known to fit it is predicted at least as fast as every member of
+    every group not traced. Speed needs no trace (predict_speed takes only the parameter count of
+    a trace, the same for every one-rank config of the recipe: known after the first), so the
+    answer is the one tracing everything gives. A target on which nothing fits is never decided: the
+    whole space is traced, and its smallest need known."""
+    from autotune.planner.card_speed import model_dims_of, predict_speed
+
+    dims = model_dims_of(spec)
+    device_type, groups = _groups(space, targets)
+    planned_total = sum(len(_to_trace(members, False)) for members in groups.values())
+    tracer = _Tracer(device_type, timeout, use_cache, trust_remote_code, children, stack, memo, on_progress)
+    if dims is None or any(t.card is None for t in targets):  # (no speed to bound by: every group)
+        tracer.trace([c for members in groups.values() for c in _to_trace(members, False)], planned_total)
+        return tracer.traced(groups)
+    per_batch = len(children.children) if children is not None else 1  # (groups traced side by side)
+    untraced = dict(groups)
+    undecided = list(targets)
+
+    def speed(config: ProbeConfig, target: Target) -> float | None:
+        """`config`'s predicted tokens/s on `target` (None: it cannot run there), with the parameter
+        count a trace of its recipe gave; before any such trace, unbounded (inf)."""
+        if unplannable(config, target) is not None:
+            return None
+        estimate = tracer.estimates.get(config.key()) or tracer.recipe_estimate(config)
+        if estimate is None and config.ranks == 1:
+            return float("inf")
+        predicted = predict_speed(config, dims, target.card, estimate, stack)  # type: ignore[arg-type]
+        return None if predicted is None else predicted.tokens_per_s
+
+    def bound(members: list[ProbeConfig], target: Target) -> float:
+        speeds = [s for s in (speed(c, target) for c in members) if s is not None]
+        return max(speeds, default=0.0)
+
+    def best_fitting(target: Target) -> float | None:
+        known = tracer.interpolate(groups)
+        fitting = [
+            s
+            for key, estimate in known.items()
+            if _fits(estimate, target) and (s := speed(estimate.config, target)) is not None
+        ]
+        return max(fitting, default=None)
+
+    while untraced and undecided:
+        bounds = {group: max(bound(members, t) for t in undecided) for group, members in untraced.items()}
+        batch: list[ProbeConfig] = []
+        for group in sorted(untraced, key=lambda g: -bounds[g]):
+            if len(batch) >= per_batch:
+                break
+            batch += _to_trace(untraced.pop(group), False)
+        tracer.trace(batch, planned_total)
+        still = []
+        for target in undecided:
+            best = best_fitting(target)
+            rest = max((bound(members, target) for members in untraced.values()), default=0.0)
+            if best is None or best < rest:
+                still.append(target)
+        undecided = still
+    if on_progress is not None:  # (the traces not needed: the progress ends where the tracing did)
+        on_progress(tracer.done, tracer.done)
+    return tracer.traced(groups)
+
+
+def _groups(space: SearchSpace, targets: list[Target]) -> tuple[str, dict[tuple, list[ProbeConfig]]]:
+    """The targets' device type and the configs some target can run, by group (space.group_key),
+    groups in the order the search visits them, members by micro-batch."""
     kinds = {t.device_type for t in targets}
     if len(kinds) != 1:
         raise ValueError(f"one plan's targets share a device type, not {sorted(kinds)}")
     device_type = kinds.pop()
     traceable = [c for c in space.candidates() if any(unplannable(c, t) is None for t in targets)]
-    # Traced: every config with `exact`, else each group's smallest and largest micro-batch (and its
-    # middle); the rest interpolated between them.
     groups: dict[tuple, list[ProbeConfig]] = {}
     for config in sorted(traceable, key=lambda c: group_priority(c, device_type)):
         groups.setdefault(group_key(config), []).append(config)
-    to_trace: list[ProbeConfig] = []
     for members in groups.values():
         members.sort(key=lambda c: c.micro_batch)
-        to_trace += members if exact else list(dict.fromkeys(traced_members(members)))
-    done: list[int] = [0]
+    return device_type, groups
 
-    def arrived(estimate: MemoryEstimate) -> None:
-        done[0] += 1
-        if on_progress is not None:
-            on_progress(done[0], len(to_trace))
 
-    from autotune.estimate import estimate_memories
+def _to_trace(members: list[ProbeConfig], exact: bool) -> list[ProbeConfig]:
+    """A group's configs to trace: every one with `exact`, else its smallest and largest micro-batch
+    (and its middle); the rest are interpolated between them."""
+    return members if exact else list(dict.fromkeys(traced_members(members)))
 
-    found = estimate_memories(
-        to_trace,
-        device_type=device_type,
-        timeout=timeout,
-        use_cache=use_cache,
-        trust_remote_code=trust_remote_code,
-        children=children,
-        on_estimate=arrived,
-        stack=stack,
-    )
-    by_key = {e.config.key(): e for e in found}
-    estimates = dict(by_key)
-    for members in groups.values():
-        ends = [by_key[c.key()] for c in traced_members(members) if c.key() in by_key]
-        for config in members:
-            if config.key() not in estimates and len(ends) >= 2:
-                estimates[config.key()] = interpolated(config, *between(config, ends))
-    return Traced(estimates, frozenset(by_key), sum(not e.cached for e in found))
+
+def _fits(estimate: MemoryEstimate, target: Target) -> bool:
+    """Whether `estimate` fits `target`'s budget with the card's own context."""
+    if target.card is not None and target.card.context_bytes:
+        estimate = dataclasses.replace(estimate, context_bytes=target.card.context_bytes)
+    return target.budget.fits(estimate.required_bytes)
+
+
+class _Tracer:
+    """The estimator's calls of one trace_space or trace_fastest: every estimate found, traces
+    counted, progress reported against the plan's whole count."""
+
+    def __init__(self, device_type, timeout, use_cache, trust_remote_code, children, stack, memo, on_progress):
+        self.device_type, self.timeout, self.use_cache = device_type, timeout, use_cache
+        self.trust_remote_code, self.children, self.stack = trust_remote_code, children, stack
+        self.memo, self.on_progress = memo, on_progress
+        self.estimates: dict[str, MemoryEstimate] = {}
+        self.done = 0
+        self.traces = 0
+
+    def trace(self, configs: list[ProbeConfig], total: int) -> None:
+        from autotune.estimate import estimate_memories
+
+        def arrived(estimate: MemoryEstimate) -> None:
+            self.done += 1
+            if self.on_progress is not None:
+                self.on_progress(self.done, total)
+
+        found = estimate_memories(
+            configs,
+            device_type=self.device_type,
+            timeout=self.timeout,
+            use_cache=self.use_cache,
+            trust_remote_code=self.trust_remote_code,
+            children=self.children,
+            on_estimate=arrived,
+            stack=self.stack,
+            memo=self.memo,
+        )
+        self.estimates.update((e.config.key(), e) for e in found)
+        self.traces += sum(not e.cached for e in found)
+
+    def recipe_estimate(self, config: ProbeConfig) -> MemoryEstimate | None:
+        """A traced estimate of a one-rank config of `config`'s recipe (its weights and adapters):
+        what predict_speed reads of a trace (the parameter count) is the same for all of them."""
+        if config.ranks != 1:
+            return None
+        return next(
+            (
+                e
+                for e in self.estimates.values()
+                if e.config.ranks == 1 and e.config.weights == config.weights and e.config.peft == config.peft
+            ),
+            None,
+        )
+
+    def interpolate(self, groups: dict[tuple, list[ProbeConfig]]) -> dict[str, MemoryEstimate]:
+        """The traced estimates and every member of a group between two of them."""
+        estimates = dict(self.estimates)
+        for members in groups.values():
+            ends = [self.estimates[c.key()] for c in traced_members(members) if c.key() in self.estimates]
+            for config in members:
+                if config.key() not in estimates and len(ends) >= 2:
+                    estimates[config.key()] = interpolated(config, *between(config, ends))
+        return estimates
+
+    def traced(self, groups: dict[tuple, list[ProbeConfig]]) -> Traced:
+        return Traced(self.interpolate(groups), frozenset(self.estimates), self.traces)
 
 
 def judge_plan(spec: ModelSpec, space: SearchSpace, target: Target, traced: Traced, *, stack: Stack | None) -> Plan:
@@ -317,7 +451,7 @@ def judge_plan(spec: ModelSpec, space: SearchSpace, target: Target, traced: Trac
             continue
         if target.card is not None and target.card.context_bytes:
             item.estimate = dataclasses.replace(item.estimate, context_bytes=target.card.context_bytes)
-        item.fits = target.budget.fits(item.estimate.required_bytes)
+        item.fits = _fits(item.estimate, target)
         if target.card is not None and dims is not None:
             from autotune.planner.card_speed import predict_speed
 

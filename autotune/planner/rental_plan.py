@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.estimate.stack import Stack
-from autotune.planner.card_plan import Plan, Target, judge_plan, trace_space
+from autotune.planner.card_plan import Plan, Target, judge_plan, trace_fastest, trace_space
 from autotune.planner.prices import Offer, PriceBook
 from autotune.planner.speed_error import SpeedError
 from autotune.specs.cards import Card
@@ -201,7 +201,8 @@ def plan_rentals(
     counts: tuple[int, ...],
     space_args: dict[str, Any],
     *,
-    tokens: int,
+    tokens: int | None,
+    epochs: float | None = None,
     prices: PriceBook | None,
     margin: int | float,
     sort: str = "cost",
@@ -212,7 +213,8 @@ def plan_rentals(
     on_progress: Callable[[int, int], None] | None = None,
     stack: Stack | None = None,
 ) -> RentalPlan:
-    """Weigh every card in `cards` at every GPU count in `counts` for a run of `tokens` tokens."""
+    """Weigh every card in `cards` at every GPU count in `counts` for a run of `tokens` tokens, or
+    of `epochs` passes over the data of `space_args` (its training split's tokens counted)."""
     from autotune.data.shape import shaped_space_args
     from autotune.estimate.launch import TraceChildren
     import autotune.planner.speed_error as speed_error
@@ -223,7 +225,17 @@ def plan_rentals(
     started = time.perf_counter()
     spec = resolve_model(model)
     spec.check_usable(trust_remote_code, budget_bytes=max(card.memory_bytes for card in cards))
-    shaped = shaped_space_args(spec, space_args, trust_remote_code)  # (the data measured once)
+    # (the data measured once; its tokens counted where they size the run)
+    shaped = shaped_space_args(spec, space_args, trust_remote_code, count_tokens=epochs is not None)
+    notes: list[str] = []
+    if epochs is not None:
+        shape = shaped["data_shape"]
+        tokens = max(1, round(shape.tokens * epochs))
+        notes.append(
+            f"the run: {epochs:g} epoch{'s' if epochs != 1 else ''} of {shape.dataset}'s training split, "
+            f"{shape.tokens:,} tokens each ({shape.examples:,} examples): {tokens:,} tokens"
+        )
+    assert tokens is not None
     targets = [Target.of(card, None, margin) for card in cards]
     # (--strategies share a run across ranks: one GPU has none to choose)
     spaces = {
@@ -233,6 +245,7 @@ def plan_rentals(
     rentals: list[Rental] = []
     traces = 0
     done = [0]
+    memo: dict = {}  # (each config traced once over the counts: DDP's rank is the same on 2, 4 or 8)
     widest = max(len(space.candidates()) for space in spaces.values())
     with TraceChildren(min(trace_processes(), widest)) as children:
         children.start(spec.model_type)
@@ -244,23 +257,26 @@ def plan_rentals(
                 if on_progress is not None:
                     on_progress(done[0], base + total)
 
-            traced = trace_space(
-                space,
-                targets,
-                exact=exact,
+            common = dict(
                 timeout=timeout,
                 use_cache=use_cache,
                 trust_remote_code=trust_remote_code,
                 children=children,
                 on_progress=progress,
                 stack=stack,
+                memo=memo,
             )
+            # Only each card's fastest fit is reported: traced until it is known (all with --exact).
+            if exact:
+                traced = trace_space(space, targets, exact=True, **common)  # type: ignore[arg-type]
+            else:
+                traced = trace_fastest(spec, space, targets, **common)  # type: ignore[arg-type]
             traces += traced.traces
             for target in targets:
                 plan = judge_plan(spec, space, target, traced, stack=stack)
                 offer = prices.offer(target.card, count) if prices is not None else None  # type: ignore[arg-type]
                 rentals.append(Rental(target.card, count, plan, offer, tokens))  # type: ignore[arg-type]
-    notes = list(rentals[0].plan.notes) if rentals else []
+    notes += list(rentals[0].plan.notes) if rentals else []
     if prices is not None:
         unpriced = sorted({r.card.short_name for r in rentals if r.offer is None and r.seconds is not None})
         if unpriced:

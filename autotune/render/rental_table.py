@@ -56,6 +56,10 @@ def render_rentals(result: RentalPlan) -> str:
     if result.prices is not None:
         lines.append(f"prices: {result.prices} (on demand; spot in --json and --format csv)")
     lines += [f"note: {note}" for note in result.notes]
+    lines.append(
+        f"{result.traces} configs traced in {format_duration(result.seconds)} (as far as each card's fastest fit "
+        "needed: the others interpolated, cached, or ruled out by their predicted speed)"
+    )
     return "\n".join(lines)
 
 

@@ -155,3 +155,85 @@ def test_every_card_and_count_is_weighed_from_one_trace_per_count(tmp_path, herm
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # (no temporary file left)
     rows = invoke(*args, "--prices", str(prices), "--format", "csv").stdout.splitlines()
     assert rows[0].startswith("card,gpus,config,tokens_per_s,seconds") and len(rows) == 7
+
+
+@pytest.mark.slow  # (a tiny GPT-2's space traced whole, then as far as each card's fastest fit needs)
+def test_tracing_stops_once_each_cards_fastest_fit_is_known_and_finds_what_tracing_everything_does(
+    tmp_path, hermetic_home, trace_children
+):
+    from autotune.planner.card_plan import Target, judge_plan, trace_fastest, trace_space
+    from autotune.search.space import SearchSpace
+    from autotune.specs.models import resolve_model
+    from tests.helpers.models import write_model_dir
+
+    spec = resolve_model(str(write_model_dir(tmp_path / "gpt2")))
+    space = SearchSpace.build(
+        spec,
+        micro_batches=[1, 2, 4],
+        block_sizes=[64],
+        effective_batch=4,
+        precisions=["bf16"],
+        checkpointing=[False, True],
+        attentions=["sdpa", "eager"],
+    )
+    cards = [find_card(name) for name in ("h100", "l4", "a10")]
+    # (each config traced once, by the first call; the later ones are answered from `memo` and say
+    # which configs they needed)
+    common = dict(timeout=120.0, use_cache=False, children=trace_children, memo={})
+    whole = trace_space(space, [Target.of(card, None, 0) for card in cards], **common)
+    # Budgets that cut the space at different places (with each card's context): the fastest fit
+    # differs from card to card. (A card where only the smallest need fits has the slowest config as
+    # its answer: every faster group is traced to rule it out, as the last assertion shows.)
+    needs = sorted(e.reserved_bytes for e in whole.estimates.values())
+    context = next(iter(whole.estimates.values())).context_bytes
+
+    def budgeted(card, reserved: int) -> Target:
+        return Target.of(card, reserved + (card.context_bytes or context), 0)
+
+    cuts = (needs[-1], needs[len(needs) * 3 // 4], needs[len(needs) // 2])
+    targets = [budgeted(card, need) for card, need in zip(cards, cuts)]
+    bounded = trace_fastest(spec, space, targets, **common)
+    assert 0 < len(bounded.traced) < len(whole.traced)
+    for target in targets:
+        everything = judge_plan(spec, space, target, whole, stack=None).best
+        enough = judge_plan(spec, space, target, bounded, stack=None).best
+        assert everything is not None and enough is not None, target.name
+        assert enough.tokens_per_s == pytest.approx(everything.tokens_per_s, rel=1e-9), target.name
+        assert enough.need_bytes <= target.budget.allowed_bytes
+    # On a card nothing fits, every group is traced: its smallest need is known.
+    nothing = [budgeted(cards[0], needs[0] // 2)]
+    assert trace_fastest(spec, space, nothing, **common).traced == whole.traced
+
+
+@pytest.mark.slow  # (a tokenizer trained, the data counted, one tiny trace per count)
+def test_a_run_of_epochs_over_a_dataset_is_its_counted_tokens_times_the_epochs(tmp_path, hermetic_home, tiny_model):
+    from transformers import AutoTokenizer
+
+    from tests.helpers.corpus import corpus_text, write_tokenizer
+
+    text = corpus_text()
+    write_tokenizer(text, tmp_path / "tok")
+    rows = [paragraph for paragraph in text.split("\n\n") if paragraph.strip()][:300]
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": row}) + "\n" for row in rows))
+    space = ["--micro-batches", "2", "--block-sizes", "64", "--precisions", "bf16", "--attention", "sdpa"]
+    space += ["--checkpointing", "off", "--tokenizer", str(tmp_path / "tok"), "--dataset", str(data)]
+    done = invoke("plan", "--model", tiny_model, "--gpu", "h100,l4", "--epochs", "2.5", "--json", *space)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    counted = sum(len(ids) for ids in tokenizer(rows)["input_ids"])  # (packed: every row's tokens, end to end)
+    assert plan["tokens"] == round(2.5 * counted)
+    assert any(f"{counted:,} tokens each (300 examples)" in note for note in plan["notes"]), plan["notes"]
+    for option in plan["options"]:
+        assert option["seconds"] == pytest.approx(plan["tokens"] / option["tokens_per_s"])
+    with Unchanged(hermetic_home):
+        for extra, needle in (
+            (["--epochs", "0"], "--epochs '0': give a number of passes over the data above 0"),
+            (["--epochs", "two"], "--epochs 'two' is not a number of epochs"),
+            (["--epochs", "1", "--tokens", "1M"], "give the run's size once"),
+        ):
+            assert_usage_error(invoke("plan", "--model", tiny_model, "--gpu", "h100,l4", *space, *extra), needle)
+        no_data = [a for a in space if a not in ("--dataset", str(data))]
+        refused = invoke("plan", "--model", tiny_model, "--gpu", "h100,l4", *no_data, "--epochs", "1")
+        assert_usage_error(refused, "--epochs counts passes over --dataset D")
