@@ -296,9 +296,10 @@ class SearchQueue:
                     )
                 now, who = utcnow(), f" by {by}" if by else ""
                 state = _state(row)
-                if state in (SearchState.QUEUED, SearchState.INTERRUPTED):
+                if state in (SearchState.QUEUED, SearchState.INTERRUPTED):  # (interrupted: waiting to resume)
                     row.state, row.finished_at = SearchState.CANCELLED, now
-                    row.reason = f"cancelled{who} before a worker took it up; submit it again to resume"
+                    waited = "before a worker took it up" if state == SearchState.QUEUED else "while it waited to resume"
+                    row.reason = f"cancelled{who} {waited}; submit it again to resume"
                 elif state == SearchState.RUNNING and not row.cancel_requested:
                     row.cancel_requested = True
                     row.reason = f"cancel asked{who}; its worker is stopping it"
