@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from autotune.vocabulary.errors import AutotuneError, Conflict, DatabaseError, StudyNotFound
 from autotune.service.commands import RequestRefused
 from autotune.service.guard import RequestGuard
+from autotune.service.plans import PLAN_IDLE_SECONDS, PLAN_WAIT_SECONDS, PlanJobs
 from autotune.service.submissions import ServicePolicy
 from autotune.vocabulary.version import __version__
 
@@ -43,6 +44,8 @@ class ServiceConfig:
     token_recheck_seconds: float = 5.0  # how often an open stream checks its token is still live
     predict_slots: int = 1  # plans and estimates traced at once (each takes cores)
     predict_seconds: float = 900.0  # one plan or estimate, at most
+    plan_wait_seconds: float = PLAN_WAIT_SECONDS  # a plan not ready in this long is answered 202 (plans.py)
+    plan_idle_seconds: float = PLAN_IDLE_SECONDS  # a running plan nobody asks about for this long is stopped
     page_size: int = 200  # searches listed at most
     allowed_hosts: frozenset[str] | None = None  # the Host names answered (guard.py); None: any
 
@@ -60,6 +63,7 @@ def create_app(config: ServiceConfig, store=None) -> FastAPI:
         try:
             yield
         finally:
+            await app.state.plans.close()  # (each running plan's child killed, not left to trace for nobody)
             if own:
                 app.state.store.close()
 
@@ -76,6 +80,7 @@ def create_app(config: ServiceConfig, store=None) -> FastAPI:
     app.state.config = config
     app.state.streams = asyncio.Semaphore(config.max_streams)
     app.state.predicting = asyncio.Semaphore(config.predict_slots)
+    app.state.plans = PlanJobs(idle_seconds=config.plan_idle_seconds)
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes)
     app.add_middleware(RequestGuard, hosts=config.allowed_hosts)  # (outermost: before any body is read)
     for router in (searches.router, answers.router, predictions.router, pages.router):

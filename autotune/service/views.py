@@ -394,6 +394,76 @@ def plan_view(document: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def plan_page_view(document: dict[str, Any]) -> dict[str, Any]:
+    """A plan's document as the plan page shows it: one card's table (plan_view), or which card to
+    rent (rental_view) where it weighs several cards or counts (`autotune plan --tokens`)."""
+    if "options" in document:
+        return {"kind": "rentals", **rental_view(document)}
+    return {"kind": "card", **plan_view(document)}
+
+
+def rental_view(document: dict[str, Any]) -> dict[str, Any]:
+    """A RentalPlan's document (planner/rental_plan.py `to_dict`) as the page shows it: a row per
+    card and count in the document's order, each marked as the document names it (cheapest, fastest,
+    on the front: the planner's rules, read, not worked out again), its speed with the stated error."""
+    from autotune.planner.speed_error import SpeedError
+    from autotune.vocabulary.units import format_duration, format_tokens
+
+    error = document.get("speed_error")
+    stated = SpeedError(int(error["count"]), float(error["median"]), float(error["worst"])) if error else None
+
+    def key(value: Any) -> tuple[str, int] | None:
+        return (str(value[0]), int(value[1])) if isinstance(value, list | tuple) and len(value) == 2 else None
+
+    cheapest, fastest = key(document.get("cheapest")), key(document.get("fastest"))
+    front = [key(value) for value in document.get("front") or []]
+    rows = []
+    for option in document.get("options") or []:
+        card, gpus = str(option.get("card")), int(option.get("gpus") or 0)
+        seconds, cost = option.get("seconds"), option.get("cost")
+        marks = [name for name, named in (("cheapest", cheapest), ("fastest", fastest)) if named == (card, gpus)]
+        on_front = (card, gpus) in front
+        rows.append(
+            {
+                "card": card,
+                "card_name": str(option.get("card_name") or card),
+                "gpus": gpus,
+                "label": f"{card} ×{gpus}",
+                "runs": seconds is not None,
+                "config": str(option.get("config") or "-"),
+                "need_bytes": option.get("need_bytes"),
+                "tokens_per_s": option.get("tokens_per_s"),
+                "seconds": seconds,
+                "time": format_duration(seconds) if seconds is not None else "-",
+                "per_gpu_hour": option.get("per_gpu_hour"),
+                "cost": cost,
+                "cost_text": f"${cost:,.2f}" if cost is not None else "no price" if seconds is not None else "-",
+                "price_source": str(option.get("price_source") or ""),
+                "why_none": str(option.get("why_none") or ""),
+                "on_front": on_front,
+                # (as the command line's table says them: the front named where neither of the others is)
+                "marks": marks or (["front"] if on_front else []),
+            }
+        )
+    by_key = {(row["card"], row["gpus"]): row for row in rows}
+    return {
+        "model": str(document.get("model")),
+        "tokens": format_tokens(int(document.get("tokens") or 0)),
+        "sort": str(document.get("sort") or "cost"),
+        "band": f"±{stated.median:.0%}" if stated is not None else None,
+        "error_text": stated.text() if stated is not None else None,
+        "rows": rows,
+        "cheapest": by_key[cheapest]["label"] if cheapest in by_key else None,
+        "fastest": by_key[fastest]["label"] if fastest in by_key else None,
+        "front": [by_key[k]["label"] for k in front if k in by_key],
+        "unpriced": [row["label"] for row in rows if row["runs"] and row["cost"] is None],
+        "prices": str(document["prices"]) if document.get("prices") else None,
+        "notes": [str(note) for note in document.get("notes") or []],
+        "seconds": format_duration(float(document.get("seconds") or 0.0)),
+        "traces": int(document.get("traces") or 0),
+    }
+
+
 def where_text(view: dict[str, Any]) -> str:
     """Where a search runs, in words: its card and device, else the kind of worker it waits for."""
     parts = [str(view[key]) for key in ("card", "device_name") if view.get(key)]

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("fastapi")
-from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
 from autotune.handoff.best_config import best_in
 from autotune.service.app import ServiceConfig, create_app
 from autotune.service.auth import COOKIE
+from autotune.service.plans import Outcome
 from autotune.store import open_store
 from tests.helpers.faults import GATE_ENV, fault_env
 from tests.helpers.models import write_model_dir
@@ -229,9 +229,9 @@ def test_the_plan_form_predicts_through_v1_plans_machinery(db, monkeypatch):
 
     asked = []
 
-    async def run(command, arguments, config, request):  # the child `autotune plan --json`, canned
+    async def run(command, arguments, config):  # the child `autotune plan --json`, canned
         asked.append((command, arguments))
-        return JSONResponse(PLANNED)
+        return Outcome(200, PLANNED)
 
     monkeypatch.setattr(predictions, "_run", run)
     token = make_token(db)
@@ -256,7 +256,7 @@ def test_the_plan_form_predicts_through_v1_plans_machinery(db, monkeypatch):
 def test_a_plan_the_command_refuses_is_its_line_under_the_form(db, monkeypatch):
     from autotune.service.routes import predictions
 
-    async def run(command, arguments, config, request):
+    async def run(command, arguments, config):
         raise AssertionError("a refused request starts no child")
 
     monkeypatch.setattr(predictions, "_run", run)
@@ -268,6 +268,165 @@ def test_a_plan_the_command_refuses_is_its_line_under_the_form(db, monkeypatch):
     assert (
         len(errors) == 1 and "gpu &#x27;list&#x27;" in errors[0] and '<form method="post" action="/plan"' in page.text
     )
+
+
+# Which card to rent (planner/rental_plan.py's document): two priced on the front (h100 x1 the cheapest,
+# h100 x2 the fastest), one priced behind them, one without a price, one where nothing fits; a card
+# name that is markup.
+RENTED = {
+    "model": "gpt2",
+    "tokens": 100_000_000,
+    "sort": "cost",
+    "prices": "prices.csv",
+    "speed_error": {"count": 37, "median": 0.0507, "worst": 1.478},
+    "seconds": 12.0,
+    "traces": 7,
+    "notes": ["a <b>note</b>"],
+    "cheapest": ["h100", 1],
+    "fastest": ["h100", 2],
+    "front": [["h100", 1], ["h100", 2]],
+    "options": [
+        {"card": "h100", "gpus": 1, "seconds": 3600.0, "cost": 3.29, "tokens_per_s": 27778.0, "per_gpu_hour": 3.29},
+        {"card": "h100", "gpus": 2, "seconds": 2000.0, "cost": 3.6, "tokens_per_s": 50000.0, "per_gpu_hour": 3.24},
+        {"card": "a100", "gpus": 1, "seconds": 7200.0, "cost": 8.0, "tokens_per_s": 13889.0, "per_gpu_hour": 4.0},
+        {"card": "<i>l4</i>", "gpus": 1, "seconds": 20000.0, "cost": None, "tokens_per_s": 5000.0},
+        {
+            "card": "t4",
+            "gpus": 1,
+            "seconds": None,
+            "cost": None,
+            "why_none": "nothing fits: the smallest need is 20 GiB",
+        },
+    ],
+}
+for option in RENTED["options"]:
+    option.setdefault("card_name", option["card"].upper())
+    option.update(fits=option["seconds"] is not None, config="mb8x1 blk512 bf16 no-ckpt sdpa", need_bytes=3 * GiB)
+    option.setdefault("per_gpu_hour", None)
+    option.setdefault("why_none", None)
+
+
+def test_a_long_plan_s_form_goes_to_a_page_that_reads_itself_again_until_it_is_ready(db, monkeypatch):
+    import asyncio
+    import threading
+
+    from autotune.service.routes import predictions
+
+    release = threading.Event()
+
+    async def run(command, arguments, config):  # the child, canned: it answers once released
+        while not release.is_set():
+            await asyncio.sleep(0.02)
+        return Outcome(200, RENTED)
+
+    monkeypatch.setattr(predictions, "_run", run)
+    token, other = make_token(db), None
+    with open_store(db) as store:
+        other = store.tokens.create("other")
+    asked = {"model": "gpt2", "gpu": "h100,a100,l4,t4", "gpus": "1,2", "tokens": "100M", "sort": "cost"}
+    app = create_app(ServiceConfig(db=db, public_read=True, plan_wait_seconds=0.1))
+    with TestClient(app) as client:
+        client.cookies.set(COOKIE, token)
+        sent = client.post("/plan", data=asked, follow_redirects=False)
+        assert sent.status_code == 303 and re.fullmatch(r"/plans/[\w-]+", sent.headers["location"])
+        page = client.get(sent.headers["location"])
+        assert page.status_code == 200
+        assert '<meta http-equiv="refresh" content="2">' in page.text and 'id="planning"' in page.text
+        assert 'value="h100,a100,l4,t4"' in page.text and '<option value="cost" selected>' in page.text
+        assert "plan-result" not in page.text
+        # Only the token that asked sees it; without one, a way to log in.
+        client.cookies.set(COOKIE, other)
+        theirs = client.get(sent.headers["location"])
+        assert theirs.status_code == 404 and 'id="planning"' not in theirs.text and "a100,l4,t4" not in theirs.text
+        client.cookies.clear()
+        anonymous = client.get(sent.headers["location"])
+        assert anonymous.status_code == 401 and "/login?next=%2Fplans%2F" in anonymous.text
+        client.cookies.set(COOKIE, token)
+        release.set()
+        deadline = time.monotonic() + 10
+        while 'id="planning"' in page.text and time.monotonic() < deadline:
+            time.sleep(0.05)
+            page = client.get(sent.headers["location"])
+    assert page.status_code == 200 and "http-equiv" not in page.text and 'id="plan-result"' in page.text
+    assert 'value="h100,a100,l4,t4"' in page.text  # the form keeps what was asked
+
+
+def rental_page(db, monkeypatch) -> str:
+    from autotune.service.routes import predictions
+
+    async def run(command, arguments, config):
+        return Outcome(200, RENTED)
+
+    monkeypatch.setattr(predictions, "_run", run)
+    with client_of(db) as client:
+        client.cookies.set(COOKIE, make_token(db))
+        page = client.post("/plan", data={"model": "gpt2", "gpu": "all", "gpus": "1,2", "tokens": "100M"})
+    assert page.status_code == 200, page.text
+    return page.text
+
+
+def test_a_rental_plan_shows_its_table_with_the_speed_error_and_the_marks(db, monkeypatch):
+    page = rental_page(db, monkeypatch)
+    table = re.search(r'<table class="plan rentals">.*?</table>', page, re.S).group(0)
+    rows = re.findall(r'<tr class="([^"]*)" data-card="([^"]*)" data-gpus="(\d+)">(.*?)</tr>', table)
+    assert [(cls, card, gpus) for cls, card, gpus, _ in rows] == [
+        ("cheapest", "h100", "1"),
+        ("fastest", "h100", "2"),
+        ("", "a100", "1"),
+        ("", "&lt;i&gt;l4&lt;/i&gt;", "1"),
+        ("none", "t4", "1"),
+    ]
+    first = re.findall(r"<td[^>]*>(.*?)</td>", rows[0][3])
+    assert first[3:7] == ["27,778 ±5%", "1h00m", "3.29", "$3.29"]
+    assert '<span class="mark mark-cheapest">cheapest</span>' in first[7]
+    assert "mark-fastest" in rows[1][3] and "mark-front" not in rows[1][3]
+    assert re.findall(r"<td[^>]*>(.*?)</td>", rows[3][3])[6] == "no price"
+    assert "nothing fits: the smallest need is 20 GiB" in rows[4][3]
+    # The stated error, in the command line's words; the notes and labels escaped.
+    assert "±5% median, x1.48 at worst, against 37 published GPU training throughputs" in page
+    assert "a &lt;b&gt;note&lt;/b&gt;" in page and "<i>l4" not in page
+    assert "<dt>Front</dt><dd>h100 ×1, h100 ×2" in page
+
+
+def test_a_rental_plans_plot_is_time_against_cost_with_the_front_joined(db, monkeypatch):
+    page = rental_page(db, monkeypatch)
+    svg = re.search(r'<svg class="plot rentals".*?</svg>', page, re.S).group(0)
+    points = {
+        re.search(r"<title>([^:]+):", tip).group(1): (cls, float(x), float(y))
+        for cls, x, y, tip in re.findall(
+            r'<circle class="([^"]+)" cx="([\d.]+)" cy="([\d.]+)" r="\d+">(<title>.*?</title>)', svg
+        )
+    }
+    # One point per priced card and count; the sooner to the left, the dearer higher.
+    assert set(points) == {"h100 ×1", "h100 ×2", "a100 ×1"}
+    assert points["h100 ×1"][0] == "rental front cheapest" and points["h100 ×2"][0] == "rental front fastest"
+    assert points["a100 ×1"][0] == "rental"
+    assert points["h100 ×2"][1] < points["h100 ×1"][1] < points["a100 ×1"][1]
+    assert points["h100 ×1"][2] > points["h100 ×2"][2] > points["a100 ×1"][2]
+    # The front joined, cheapest first; its names in its tip.
+    front = re.search(r'<polyline class="front" points="([^"]+)"><title>([^<]+)</title>', svg)
+    joined = [tuple(map(float, pair.split(","))) for pair in front.group(1).split()]
+    assert joined == [points["h100 ×1"][1:], points["h100 ×2"][1:]]
+    assert "h100 ×1, h100 ×2" in front.group(2)
+    # The cheapest and the fastest named beside their points.
+    labels = re.findall(r'<text class="rental-label( marked)?"[^>]*>([^<]+)</text>', svg)
+    assert (" marked", "h100 ×1 (cheapest)") in labels and (" marked", "h100 ×2 (fastest)") in labels
+    # The option without a price on the strip below, by time alone, its name escaped; nothing for t4.
+    squares = re.findall(r'<rect class="rental unpriced" x="[\d.]+" y="([\d.]+)"[^>]*><title>([^<]+)</title>', svg)
+    assert len(squares) == 1 and squares[0][1].startswith("&lt;i&gt;l4&lt;/i&gt; ×1:") and "no price" in squares[0][1]
+    assert float(squares[0][0]) > max(y for _, _, y in points.values())
+    assert "<i>" not in svg and "t4" not in svg
+
+
+def test_the_rental_plot_says_what_it_cannot_draw():
+    from autotune.service.svg import time_cost_svg
+    from autotune.service.views import rental_view
+
+    nothing = time_cost_svg(rental_view({**RENTED, "options": RENTED["options"][4:]})["rows"])
+    assert "no card and count runs this space" in nothing and "<circle" not in nothing
+    unpriced = {**RENTED, "options": RENTED["options"][3:], "cheapest": None, "fastest": ["<i>l4</i>", 1], "front": []}
+    drawn = time_cost_svg(rental_view(unpriced)["rows"])
+    assert "no option has a price" in drawn and "<circle" not in drawn and "rental unpriced fastest" in drawn
 
 
 # -- nothing from elsewhere ----------------------------------------------------------------------------

@@ -278,6 +278,46 @@ def test_a_plan_its_client_abandoned_is_stopped_and_frees_its_slot(deployment):
     while any(" plan " in command for command in processes_under(deployment.base)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [command for command in processes_under(deployment.base) if " plan " in command]
+    # Its slot is free: the next plan is answered (a refusal, quickly), not kept waiting for a slot
+    # (30 s, then 503).
+    refused = httpx.post(
+        f"{deployment.url}/v1/plan",
+        json={"model": "tiny", "gpu": "no-such-card"},
+        headers=deployment.headers,
+        timeout=25,
+    )
+    assert refused.status_code == 422, refused.text
+
+
+def test_a_plan_in_flight_dies_with_the_service(deployment):
+    # Past the service's wait (10 s) the plan is answered 202 and goes on as a job; the service is then
+    # killed -9 (its process alone, not its group): its plan child and that child's traces go with it.
+    body = {
+        "model": "tiny",
+        "gpu": "a100,h100",
+        "gpus": "1,2",
+        "tokens": "10M",
+        "micro_batches": "1,2,3,4,5,6,7,8",
+        "block_sizes": "16,24,32,48,64",
+        "exact": True,
+        "no_cache": True,
+    }
+    accepted = httpx.post(f"{deployment.url}/v1/plan", json=body, headers=deployment.headers, timeout=60)
+    assert accepted.status_code == 202, accepted.text
+    location = accepted.headers["location"]
+    assert httpx.get(f"{deployment.url}{location}", headers=deployment.headers, timeout=30).status_code == 202
+    assert [command for command in processes_under(deployment.base) if " plan " in command]
+    serve = deployment.processes.pop("serve")
+    os.kill(serve.pid, signal.SIGKILL)
+    serve.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while any(" plan " in command for command in processes_under(deployment.base)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [command for command in processes_under(deployment.base) if " plan " in command]
+    # A service started again knows no plan of the one before: said as for any plan it does not know.
+    deployment.start_service()
+    gone = httpx.get(f"{deployment.url}{location}", headers=deployment.headers, timeout=30)
+    assert gone.status_code == 404 and "no plan" in gone.json()["error"]
 
 
 def test_a_cancelled_search_stops_its_probe_and_resumes_when_submitted_again(deployment):

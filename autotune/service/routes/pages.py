@@ -13,7 +13,6 @@ style and the script are in static/, and a strict Content-Security-Policy says s
 from __future__ import annotations
 
 import html
-import json
 import logging
 import re
 from pathlib import Path
@@ -32,17 +31,19 @@ from autotune.vocabulary.errors import AutotuneError, Conflict, DatabaseError, S
 from autotune.render.tables import error_gist, spread_text
 from autotune.service.auth import COOKIE, token_holder
 from autotune.service.commands import RequestRefused
-from autotune.service.svg import size_text, speed_memory_svg, speed_text
+from autotune.service.plans import PLAN_RETRY_SECONDS, Outcome
+from autotune.service.svg import size_text, speed_memory_svg, speed_text, time_cost_svg
 from autotune.service.views import (
     cancel_search,
     list_view,
     may_cancel,
-    plan_view,
+    plan_page_view,
     progress_text,
     search_page_view,
     where_text,
 )
 from autotune.vocabulary.status import SEARCH_ENDED
+from autotune.vocabulary.units import format_duration
 
 log = logging.getLogger("autotune.service")
 
@@ -57,10 +58,15 @@ HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
+# The plan form's fields: /v1/plan's (`autotune plan`'s flags), each with its label, its hint, whether it
+# is required, and its choices where it is a select.
 PLAN_FIELDS = (
-    ("model", "Model", "a hub id, or a directory under the service's model root", True),
-    ("gpu", "Card", "a card's name, e.g. h100 or A10G", False),
-    ("gpu_budget", "Budget", "e.g. 8GiB; or leave it out to use the card's memory", False),
+    ("model", "Model", "a hub id, or a directory under the service's model root", True, None),
+    ("gpu", "Cards", "h100; or several: h100,a100-80gb,l4; or all", False, None),
+    ("gpu_budget", "Budget", "e.g. 8GiB; or leave it out to use the card's memory", False, None),
+    ("gpus", "GPUs", "1; or counts to weigh: 1,2,4,8", False, None),
+    ("tokens", "Tokens", "the run's, to time and price it: 100M", False, None),
+    ("sort", "Sort by", "", False, ("cost", "time")),
 )
 
 
@@ -158,7 +164,11 @@ async def plan_form(request: Request) -> Response:
 
 @router.post("/plan", response_class=HTMLResponse)
 async def plan_submit(request: Request) -> Response:
-    """The form's fields as /v1/plan's body, predicted by the same machinery; the table shown."""
+    """The form's fields as /v1/plan's body, planned by the same machinery (routes/predictions.py:
+    the same checks, slots, child and job). Ready within the API's wait: the table shown; otherwise
+    on to the plan's own page, which reads itself again until it is (no script needed)."""
+    from autotune.service.routes.predictions import start_plan
+
     form: dict[str, str] = {}
     who = None
     try:
@@ -168,11 +178,44 @@ async def plan_submit(request: Request) -> Response:
             error = _error("predicting needs a token: log in first.", login="/plan")
             return _plan_page(form, who, error=error, status=401)
         body = {key: form[key].strip() for key, *_ in PLAN_FIELDS if form.get(key, "").strip()}
-        document = await _predict_plan(request, body)
+        job, outcome = await start_plan(request.app, body, who, request)
     except (RequestRefused, AutotuneError, SQLAlchemyError) as exc:
         status, line = _refusal(exc)
         return _plan_page(form, who, error=_error(line), status=status)
-    return _plan_page(form, who, plan=plan_view(document))
+    if outcome is None:
+        return RedirectResponse(job.links["page"], status_code=303)
+    return _plan_answer(form, who, outcome)
+
+
+@router.get("/plans/{plan_id}", response_class=HTMLResponse)
+async def plan_progress(plan_id: str, request: Request) -> Response:
+    """A plan the form started: that it is being worked out (the page reads itself again every few
+    seconds: a `<meta http-equiv="refresh">`, no script), then its table, or why there is none. Only
+    for the token that asked; reading it keeps it going, as GET /v1/plans/ID does."""
+    from autotune.service.routes.predictions import plan_of
+
+    page = f"/plans/{quote(plan_id, safe='')}"
+    who = None
+    try:
+        who = await run_in_threadpool(token_holder, request)
+        if who is None:
+            error = _error("a plan is shown to the token that asked for it: log in first.", login=page)
+            return _plan_page({}, who, error=error, status=401)
+        job = plan_of(request.app, plan_id, who)
+    except (RequestRefused, AutotuneError, SQLAlchemyError) as exc:
+        status, line = _refusal(exc)
+        return _plan_page({}, who, error=_error(line), status=status)
+    form = {
+        key: ",".join(map(str, value)) if isinstance(value, list) else str(value) for key, value in job.body.items()
+    }
+    if job.outcome is None:
+        plans = request.app.state.plans
+        planning = {
+            "elapsed": format_duration(job.elapsed(plans.clock())),
+            "idle": format_duration(plans.idle_seconds),
+        }
+        return _plan_page(form, who, planning=planning, refresh=PLAN_RETRY_SECONDS)
+    return _plan_answer(form, who, job.outcome)
 
 
 @router.get("/login", response_class=HTMLResponse)
@@ -294,15 +337,13 @@ def _search(request: Request, who: str | None, name: str) -> Response:
     return _render("search.html", search["name"], who, live=live, plot=plot, may_cancel=may_cancel(search, who), **page)
 
 
-async def _predict_plan(request: Request, body: dict[str, str]) -> dict[str, Any]:
-    """`body` as /v1/plan takes it, through the same checks, slots and child (predictions.py)."""
-    from autotune.service.routes.predictions import predict_body
-
-    response = await predict_body(request.app, "plan", body, request)
-    document = json.loads(bytes(response.body))
-    if response.status_code != 200:
-        raise RequestRefused(str(document.get("error", "the plan failed")), status=response.status_code)
-    return document
+def _plan_answer(form: dict[str, str], who: str | None, outcome: Outcome) -> HTMLResponse:
+    """A plan's outcome under the form: its table (one card's, or which card to rent with its
+    plot), or its refusal's line with its status."""
+    if outcome.status != 200:
+        line = str(outcome.document.get("error", "the plan failed"))
+        return _plan_page(form, who, error=_error(line), status=outcome.status)
+    return _plan_page(form, who, plan=plan_page_view(outcome.document))
 
 
 def _plan_page(
@@ -310,15 +351,38 @@ def _plan_page(
     who: str | None,
     *,
     plan: dict[str, Any] | None = None,
+    planning: dict[str, str] | None = None,
+    refresh: int | None = None,
     error: dict[str, str | None] | None = None,
     status: int = 200,
 ) -> HTMLResponse:
-    """The plan form, keeping what was asked, and under it the prediction or why there is none."""
+    """The plan form, keeping what was asked, and under it the prediction, that it is being worked
+    out, or why there is none."""
     fields = [
-        {"key": key, "label": label, "hint": hint, "required": required, "value": form.get(key, "")}
-        for key, label, hint, required in PLAN_FIELDS
+        {
+            "key": key,
+            "label": label,
+            "hint": hint,
+            "required": required,
+            "choices": choices,
+            "value": form.get(key, ""),
+        }
+        for key, label, hint, required, choices in PLAN_FIELDS
     ]
-    return _render("plan.html", "Plan", who, status=status, error=error, fields=fields, plan=plan)
+    # Markup, written as it is: svg.py escapes its own text (each card's label and config in tips and names).
+    plot = Markup(time_cost_svg(plan["rows"])) if plan is not None and plan["kind"] == "rentals" else None
+    return _render(
+        "plan.html",
+        "Plan",
+        who,
+        status=status,
+        error=error,
+        refresh=refresh,
+        fields=fields,
+        plan=plan,
+        plot=plot,
+        planning=planning,
+    )
 
 
 def _render(
