@@ -11,7 +11,9 @@ out; the CPU's own tiny kernels stand in for it.)
 
 Each model is timed over full training micro-steps (forward, loss, backward), fp32 and under
 autocast (its casts are ops too), with and without gradient checkpointing, and with LoRA adapters
-on every linear module; the per-layer figure is the micro-step's time over the layer count.
+on every linear module; the per-layer figure is the micro-step's time over the layer count. The
+attention is SDPA's throughout; the ops a micro-step dispatches with transformers' eager attention
+instead are counted against SDPA's (the dispatch bound is the same where they are as many).
 Checkpointing is timed as autotune runs it (use_reentrant=False, transformers 5's default) and,
 without adapters, as transformers 4.35-4.x ran it by default (use_reentrant=True: the recompute
 is a plain forward under no_grad, with fewer hooks): the published runs of that era paid the latter.
@@ -97,7 +99,42 @@ def _micro_step_seconds(
     return statistics.median(times)
 
 
-def measure() -> dict:
+def _attention_ops(model, *, classifier: bool, autocast: bool) -> dict[str, int]:
+    """The ops a micro-step of `model` dispatches (forward and backward, as the dispatcher sees them)
+    with SDPA and with eager attention. Counted, not timed: on the CPU, SDPA is a real kernel whose
+    own work at these sizes outweighs its launch (eager's steps ran faster here), where on a card it
+    is one fused launch; the launches are what the dispatch bound counts."""
+    import collections
+
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops: collections.Counter = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops[str(func.overloadpacket)] += 1
+            return func(*args, **(kwargs or {}))
+
+    model.gradient_checkpointing_disable()
+    model.train()
+    ids = torch.randint(0, 512, (1, TOKENS))
+    labels = torch.zeros(1, dtype=torch.long) if classifier else ids
+    counts = {}
+    for attention in ("sdpa", "eager"):
+        model.set_attn_implementation(attention)
+        with Count() as count:
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss = model(input_ids=ids, labels=labels).loss
+            loss.backward()
+        counts[attention] = sum(count.ops.values())
+    model.set_attn_implementation("sdpa")
+    return counts
+
+
+def measure(*, ops_only: bool = False) -> dict:
     import torch
 
     from transformers.utils import logging
@@ -107,6 +144,17 @@ def measure() -> dict:
     rows = []
     for name, model in _models():
         classifier = "Classification" in type(model).__name__
+        # Eager attention against SDPA: the ops each dispatches, fp32 and under autocast.
+        for autocast in (False, True):
+            ops = _attention_ops(model, classifier=classifier, autocast=autocast)
+            rows.append({"model": name, "autocast": autocast, "ops": ops})
+            print(
+                f"{name:6s} autocast={autocast!s:5s} ops per micro-step: eager {ops['eager']}, sdpa {ops['sdpa']} "
+                f"(x{ops['eager'] / ops['sdpa']:.2f})",
+                flush=True,
+            )
+        if ops_only:
+            continue
         for lora in (False, True):
             if lora:
                 from peft import LoraConfig, get_peft_model
@@ -150,10 +198,14 @@ def summarize(rows: list[dict]) -> dict:
 
     def per_layer(**where) -> dict[str, float]:
         return {
-            r["model"]: r["per_layer_ms"] for r in rows if all(r.get(k, False) == v for k, v in where.items())
+            r["model"]: r["per_layer_ms"]
+            for r in rows
+            if "per_layer_ms" in r and all(r.get(k, False) == v for k, v in where.items())
         }  # (rows before reentrant: False)
 
     plain = per_layer(lora=False, checkpointing=False, autocast=False)
+    if not plain:  # (--ops: counted, not timed)
+        return _eager_ops(rows)
     ratio = lambda other: round(statistics.median(other[m] / plain[m] for m in plain), 2)
     lora = per_layer(lora=True, checkpointing=False, autocast=False)
     reentrant = per_layer(lora=False, checkpointing=True, reentrant=True, autocast=False)
@@ -162,10 +214,17 @@ def summarize(rows: list[dict]) -> dict:
         "checkpointing_factor": ratio(per_layer(lora=False, checkpointing=True, reentrant=False, autocast=False)),
         **({"reentrant_checkpointing_factor": ratio(reentrant)} if reentrant else {}),
         "autocast_factor": ratio(per_layer(lora=False, checkpointing=False, autocast=True)),
+        **_eager_ops(rows),
         # each adapted module's own ops, forward and backward: all-linear adapts 4 modules a GPT-2 layer
         # (c_attn, c_proj, c_fc, the MLP's c_proj), 6 a BERT layer, 7 a Llama layer
         "adapter_ms": round(statistics.median((lora[m] - plain[m]) / ADAPTED[m] for m in plain), 3),
     }
+
+
+def _eager_ops(rows: list[dict]) -> dict[str, float]:
+    """Eager attention's ops per micro-step over SDPA's: the median over models, fp32 and autocast."""
+    ratios = [r["ops"]["eager"] / r["ops"]["sdpa"] for r in rows if "ops" in r]
+    return {"eager_over_sdpa_ops": round(statistics.median(ratios), 2)} if ratios else {}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--summarize", type=Path, default=None, help="only summarize a measured file again")
+    parser.add_argument("--ops", action="store_true", help="only count eager's and SDPA's ops (no timing)")
     args = parser.parse_args(argv)
     if args.summarize is not None:
         try:
@@ -189,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(json.dumps(summarize(rows), indent=1))
         return 0
-    data = measure()
+    data = measure(ops_only=args.ops)
     data.update(
         cpu=cpu_name(),
         torch=torch.__version__,

@@ -23,7 +23,13 @@ cpu dispatch: eager PyTorch launches each op from Python and the autograd engine
   module ADAPTER_DISPATCH_SECONDS, times CHECKPOINT_DISPATCH_FACTOR with checkpointing
   (REENTRANT_CHECKPOINT_DISPATCH_FACTOR on a stack that recomputes reentrantly) and
   AUTOCAST_DISPATCH_FACTOR under mixed precision: measured on a host (benchmarks/dispatch.py).
-  torch.compile runs the graph from generated code: COMPILE_DISPATCH_SHARE of it left.
+  torch.compile runs the graph from generated code: COMPILE_DISPATCH_SHARE of it left. The attention
+  kernel does not change it: transformers 5's eager attention dispatches about as many ops per
+  micro-step as SDPA (x0.94 to x1.15 over GPT-2, BERT and Llama layers, median x0.97:
+  `benchmarks/dispatch.py --ops`, benchmarks/results/attention-ops-2026-12-01.json). So where the host
+  is the bound (a small model's small micro-steps under autocast) an eager config is predicted as
+  fast as its SDPA twin, and where the card is, slower by its scores' traffic (gpt2 on an H100, bf16:
+  micro-batch 4, 143,566 tokens/s both; micro-batch 16, 150,626 eager against 364,917).
 
 The run's stack (autotune.estimate.stack.Stack; None: autotune's own) changes two of these: the
 checkpointing's recompute (reentrant before transformers 5.0) and the adapters' dtype (fp32 in peft
