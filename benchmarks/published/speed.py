@@ -482,8 +482,9 @@ def markdown(priced: list[Priced], summary: dict, meta: dict) -> str:
             if g["predicted_tie"]
             else "**no**"
         )
+        held = " (held out of the fit)" if g["group"] in HELD_OUT_GROUPS else ""
         lines.append(
-            f"| {g['group']} | {g['lever']} | {len(g['rows'])} | {order} | {ups} | "
+            f"| {g['group']}{held} | {g['lever']} | {len(g['rows'])} | {order} | {ups} | "
             f"{_fmt(g['median_ratio'], '.2f')} | {_fmt(g['worst'], '.2f')}x |"
         )
     missed = goals_missed(summary)
@@ -656,16 +657,43 @@ def goals_missed(summary: dict) -> list[str]:
     return missed
 
 
+# Groups kept out of the fit: the same job on several cards (issue 60: is the predicted order of cards
+# and each ratio between them as measured?), a check of the model on what it was not fitted to. Fitted
+# to them too, the grid's choice swung to its edge and beyond (GEMM 0.80, then 0.90 with a wider grid,
+# the median error worse) without ranking one more group right: a sign of what the model lacks (one
+# GEMM efficiency for every card), not of better constants. The stated error counts their rows.
+HELD_OUT_GROUPS = frozenset(
+    {
+        "lambda-cards-bs112",
+        "lambda-cards-bs28",
+        "answerai-cards-fsdp",
+        "answerai-cards-ddp",
+        "llmfoundry-cards-mpt7b-4096",
+        "llmfoundry-cards-mpt7b-8192",
+        "llmfoundry-cards-mpt30b-4096",
+        "llmfoundry-cards-mpt30b-8192",
+    }
+)
+
+
+def fitted_rows() -> tuple[list[SpeedRow], dict[str, str]]:
+    """The rows and groups the constants are fitted to: all but the held-out groups' rows."""
+    rows, groups = load_speed_rows()
+    kept = [row for row in rows if not (row.group and set(row.group) <= HELD_OUT_GROUPS)]
+    return kept, {name: lever for name, lever in groups.items() if name not in HELD_OUT_GROUPS}
+
+
 def fit() -> dict:
     """The grid point of FITTED that misses the fewest of the goals (rows beyond GOAL_WORST, groups
     out of order, speed-ups beyond GOAL_SPEEDUP), then gives the smallest median |ln r| over every
-    priced row, with the summary there; the module's constants are put back after. (The median
-    alone would trade the groups' order for a row's hundredth: 18 of 24 groups at its best.)"""
+    priced row (the held-out groups' aside), with the summary there; the module's constants are put
+    back after. (The median alone would trade the groups' order for a row's hundredth: 18 of 24
+    groups at its best.)"""
     import itertools
 
     from autotune.planner import card_speed as speed
 
-    rows, groups = load_speed_rows()
+    rows, groups = fitted_rows()
     saved = {name: getattr(speed, name) for name in FITTED}
     best: tuple | None = None
     try:
