@@ -277,11 +277,13 @@ def trace_fastest(
     memo: dict[str, MemoryEstimate] | None = None,
 ) -> Traced:
     """As much of `space` traced as it takes to know each target's fastest config that fits (what a
-    rental plan reports), no more. Groups (configs that differ only in micro-batch) are traced in
-    order of the fastest speed a member is predicted on a target still undecided; a target is
-    decided once the fastest config known to fit it is predicted at least as fast as every member of
-    every group not traced. Speed needs no trace (predict_speed takes only the parameter count of
-    a trace, the same for every one-rank config of the recipe: known after the first), so the
+    rental plan reports), no more. A group (configs that differ only in micro-batch) is traced in two
+    stages: its largest micro-batch first (if that fits, so does every smaller one, and it is most
+    often the fastest), then the rest of the members interpolation needs (trace_space's). Stages go
+    in order of the fastest speed a member they would tell is predicted on a target still undecided;
+    a target is decided once the fastest config known to fit it is predicted at least as fast as
+    every member not yet known. Speed needs no trace (predict_speed takes only the parameter count
+    of a trace, the same for every one-rank config of the recipe: known after the first), so the
     answer is the one tracing everything gives. A target on which nothing fits is never decided: the
     whole space is traced, and its smallest need known."""
     from autotune.planner.card_speed import model_dims_of, predict_speed
@@ -293,9 +295,10 @@ def trace_fastest(
     if dims is None or any(t.card is None for t in targets):  # (no speed to bound by: every group)
         tracer.trace([c for members in groups.values() for c in _to_trace(members, False)], planned_total)
         return tracer.traced(groups)
-    per_batch = len(children.children) if children is not None else 1  # (groups traced side by side)
-    untraced = dict(groups)
+    per_batch = len(children.children) if children is not None else 1  # (traces side by side)
+    stages = {group: _stages(members) if not _outdone(members[0], groups) else [] for group, members in groups.items()}
     undecided = list(targets)
+    known: dict[str, MemoryEstimate] = {}
 
     def speed(config: ProbeConfig, target: Target) -> float | None:
         """`config`'s predicted tokens/s on `target` (None: it cannot run there), with the parameter
@@ -308,37 +311,57 @@ def trace_fastest(
         predicted = predict_speed(config, dims, target.card, estimate, stack)  # type: ignore[arg-type]
         return None if predicted is None else predicted.tokens_per_s
 
-    def bound(members: list[ProbeConfig], target: Target) -> float:
-        speeds = [s for s in (speed(c, target) for c in members) if s is not None]
-        return max(speeds, default=0.0)
+    def bound(group: tuple, target: Target) -> float:
+        """The fastest a member of `group` not yet known could be on `target` (0: none left)."""
+        if not stages[group]:
+            return 0.0
+        speeds = [speed(c, target) for c in groups[group] if c.key() not in known]
+        return max((s for s in speeds if s is not None), default=0.0)
 
     def best_fitting(target: Target) -> float | None:
-        known = tracer.interpolate(groups)
         fitting = [
-            s
-            for key, estimate in known.items()
-            if _fits(estimate, target) and (s := speed(estimate.config, target)) is not None
+            s for estimate in known.values() if _fits(estimate, target) and (s := speed(estimate.config, target))
         ]
         return max(fitting, default=None)
 
-    while untraced and undecided:
-        bounds = {group: max(bound(members, t) for t in undecided) for group, members in untraced.items()}
+    while undecided and any(stages.values()):
+        bounds = {group: max(bound(group, t) for t in undecided) for group in groups if stages[group]}
         batch: list[ProbeConfig] = []
-        for group in sorted(untraced, key=lambda g: -bounds[g]):
+        # The most promising stage, and the next while a child would be left idle: stages that would
+        # be traced next anyway, most of the time.
+        for group in sorted(bounds, key=lambda g: -bounds[g]):
             if len(batch) >= per_batch:
                 break
-            batch += _to_trace(untraced.pop(group), False)
+            batch += stages[group].pop(0)
         tracer.trace(batch, planned_total)
-        still = []
-        for target in undecided:
-            best = best_fitting(target)
-            rest = max((bound(members, target) for members in untraced.values()), default=0.0)
-            if best is None or best < rest:
-                still.append(target)
-        undecided = still
+        known = tracer.interpolate(groups)
+        undecided = [
+            target
+            for target in undecided
+            if (best := best_fitting(target)) is None
+            or best < max((bound(group, target) for group in groups), default=0.0)
+        ]
     if on_progress is not None:  # (the traces not needed: the progress ends where the tracing did)
         on_progress(tracer.done, tracer.done)
     return tracer.traced(groups)
+
+
+def _outdone(config: ProbeConfig, groups: dict[tuple, list[ProbeConfig]]) -> bool:
+    """Whether `config`'s group can never hold a card's fastest fit because its SDPA twin is in the
+    space: eager attention keeps its S x S scores (and their dropout mask) for backward where SDPA's
+    kernels keep a row's statistics, so the twin needs no more memory, and the card model prices
+    eager's scores' traffic on top of the same dispatch (card_speed), so the twin is no slower. A
+    card the twin does not fit, eager does not fit either."""
+    if config.attention != "eager":
+        return False
+    return group_key(dataclasses.replace(config, attention="sdpa")) in groups
+
+
+def _stages(members: list[ProbeConfig]) -> list[list[ProbeConfig]]:
+    """A group's traces in trace_fastest's order: its largest micro-batch, then the rest of what
+    trace_space traces of it (its smallest, and middle)."""
+    largest, rest = members[-1], [c for c in _to_trace(members, False) if c is not members[-1]]
+    return [[largest], rest] if rest else [[largest]]
 
 
 def _groups(space: SearchSpace, targets: list[Target]) -> tuple[str, dict[tuple, list[ProbeConfig]]]:
