@@ -298,7 +298,9 @@ class SearchQueue:
                 state = _state(row)
                 if state in (SearchState.QUEUED, SearchState.INTERRUPTED):  # (interrupted: waiting to resume)
                     row.state, row.finished_at = SearchState.CANCELLED, now
-                    waited = "before a worker took it up" if state == SearchState.QUEUED else "while it waited to resume"
+                    waited = (
+                        "before a worker took it up" if state == SearchState.QUEUED else "while it waited to resume"
+                    )
                     row.reason = f"cancelled{who} {waited}; submit it again to resume"
                 elif state == SearchState.RUNNING and not row.cancel_requested:
                     row.cancel_requested = True
