@@ -7,6 +7,7 @@ Torch-free: `measure_data_shape` imports transformers and datasets only when it 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 from autotune.data.options import DataOptions
@@ -32,8 +33,6 @@ def measure_data_shape(
     LM trained per example (`packing` False) is measured as a padded task is; TRL's SFTTrainer
     appends an end-of-sequence token to each text, which its lengths count. A packed task's shape
     needs no tokenizer, unless `count_tokens` asks for its tokens (the run's size: plan --epochs)."""
-    import dataclasses
-
     from autotune.data.task_data import check_tokenizer, example_lengths, load_task_data, packed_tokens
     from autotune.data.tokenizer import load_tokenizer
 

@@ -191,7 +191,7 @@ class RentalPlan:
             "cheapest": None if self.cheapest is None else list(self.cheapest.key),
             "fastest": None if self.fastest is None else list(self.fastest.key),
             "front": [list(r.key) for r in self.front],
-            "options": [r.to_dict() for r in self.rentals],
+            "options": [{**r.to_dict(), "marks": self.marks(r)} for r in self.rentals],
         }
 
 

@@ -405,7 +405,8 @@ def plan_page_view(document: dict[str, Any]) -> dict[str, Any]:
 def rental_view(document: dict[str, Any]) -> dict[str, Any]:
     """A RentalPlan's document (planner/rental_plan.py `to_dict`) as the page shows it: a row per
     card and count in the document's order, each marked as the document names it (cheapest, fastest,
-    on the front: the planner's rules, read, not worked out again), its speed with the stated error."""
+    on the front: RentalPlan.marks, read from each option, not worked out again), its speed with the
+    stated error."""
     from autotune.planner.speed_error import SpeedError
     from autotune.vocabulary.units import format_duration, format_tokens
 
@@ -421,7 +422,6 @@ def rental_view(document: dict[str, Any]) -> dict[str, Any]:
     for option in document.get("options") or []:
         card, gpus = str(option.get("card")), int(option.get("gpus") or 0)
         seconds, cost = option.get("seconds"), option.get("cost")
-        marks = [name for name, named in (("cheapest", cheapest), ("fastest", fastest)) if named == (card, gpus)]
         on_front = (card, gpus) in front
         rows.append(
             {
@@ -441,8 +441,7 @@ def rental_view(document: dict[str, Any]) -> dict[str, Any]:
                 "price_source": str(option.get("price_source") or ""),
                 "why_none": str(option.get("why_none") or ""),
                 "on_front": on_front,
-                # (as the command line's table says them: the front named where neither of the others is)
-                "marks": marks or (["front"] if on_front else []),
+                "marks": [str(mark) for mark in option.get("marks") or []],
             }
         )
     by_key = {(row["card"], row["gpus"]): row for row in rows}

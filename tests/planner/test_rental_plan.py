@@ -136,6 +136,7 @@ def test_every_card_and_count_is_weighed_from_one_trace_per_count(tmp_path, herm
     costs = [o["cost"] for o in plan["options"] if o["cost"] is not None]
     assert costs == sorted(costs) and plan["options"][0]["cost"] == costs[0]
     assert tuple(plan["cheapest"]) == (plan["options"][0]["card"], plan["options"][0]["gpus"])
+    assert "cheapest" in plan["options"][0]["marks"]  # (each option's marks, as the table says them)
     fastest = min(options.values(), key=lambda o: o["seconds"])
     assert tuple(plan["fastest"]) == (fastest["card"], fastest["gpus"])
     priced = [o for o in options.values() if o["cost"] is not None]

@@ -286,8 +286,10 @@ RENTED = {
     "fastest": ["h100", 2],
     "front": [["h100", 1], ["h100", 2]],
     "options": [
-        {"card": "h100", "gpus": 1, "seconds": 3600.0, "cost": 3.29, "tokens_per_s": 27778.0, "per_gpu_hour": 3.29},
-        {"card": "h100", "gpus": 2, "seconds": 2000.0, "cost": 3.6, "tokens_per_s": 50000.0, "per_gpu_hour": 3.24},
+        {"card": "h100", "gpus": 1, "seconds": 3600.0, "cost": 3.29, "tokens_per_s": 27778.0, "per_gpu_hour": 3.29}
+        | {"marks": ["cheapest"]},
+        {"card": "h100", "gpus": 2, "seconds": 2000.0, "cost": 3.6, "tokens_per_s": 50000.0, "per_gpu_hour": 3.24}
+        | {"marks": ["fastest"]},
         {"card": "a100", "gpus": 1, "seconds": 7200.0, "cost": 8.0, "tokens_per_s": 13889.0, "per_gpu_hour": 4.0},
         {"card": "<i>l4</i>", "gpus": 1, "seconds": 20000.0, "cost": None, "tokens_per_s": 5000.0},
         {
@@ -424,7 +426,9 @@ def test_the_rental_plot_says_what_it_cannot_draw():
 
     nothing = time_cost_svg(rental_view({**RENTED, "options": RENTED["options"][4:]})["rows"])
     assert "no card and count runs this space" in nothing and "<circle" not in nothing
-    unpriced = {**RENTED, "options": RENTED["options"][3:], "cheapest": None, "fastest": ["<i>l4</i>", 1], "front": []}
+    l4 = {**RENTED["options"][3], "marks": ["fastest"]}  # (each option carries its marks: RentalPlan.marks)
+    unpriced = {**RENTED, "options": [l4, RENTED["options"][4]], "cheapest": None, "fastest": ["<i>l4</i>", 1]}
+    unpriced["front"] = []
     drawn = time_cost_svg(rental_view(unpriced)["rows"])
     assert "no option has a price" in drawn and "<circle" not in drawn and "rental unpriced fastest" in drawn
 

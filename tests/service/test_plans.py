@@ -21,6 +21,7 @@ from autotune.service.plans import PLAN_RETRY_SECONDS, Outcome, PlanJobs
 from autotune.service.submissions import ServicePolicy
 from autotune.store import open_store
 from tests.helpers.models import write_model_dir
+from tests.helpers.plans import LONG_PLAN
 from tests.helpers.processes import alive, descendants, processes_named
 
 RENTED = {"model": "tiny", "tokens": 10_000_000, "options": [], "front": [], "cheapest": None, "fastest": None}
@@ -199,15 +200,6 @@ SMALL = {  # two cards at two counts, a space of one configuration: a few second
     "checkpointing": "off",
     "attention": "sdpa",
 }
-LONG = {  # every config traced, no cache: minutes
-    "model": "tiny",
-    "gpu": "a100",
-    "micro_batches": "1,2,3,4,5,6,7,8",
-    "block_sizes": "16,24,32,48,64",
-    "precisions": "fp32,bf16",
-    "exact": True,
-    "no_cache": True,
-}
 
 
 @pytest.mark.slow  # (a real `autotune plan` child: about 10 s)
@@ -233,7 +225,7 @@ def test_a_real_plan_is_accepted_then_polled_to_its_document(service):
 def test_a_real_plan_nobody_asks_about_is_stopped_and_frees_its_slot(service):
     root = service[2]
     with client_of(service, plan_wait_seconds=0.2, plan_idle_seconds=2.0) as client:
-        accepted = client.post("/v1/plan", json=LONG)
+        accepted = client.post("/v1/plan", json=LONG_PLAN)
         assert accepted.status_code == 202, accepted.text
         location = accepted.headers["location"]
         # Asked about until its child is tracing (its trace children up), then left alone.

@@ -22,6 +22,7 @@ httpx = pytest.importorskip("httpx")
 
 from autotune.vocabulary.status import SearchState  # noqa: E402
 from autotune.store import open_store  # noqa: E402
+from tests.helpers.plans import LONG_PLAN  # noqa: E402
 from tests.helpers.faults import GATE_ENV, fault_env  # noqa: E402
 from tests.helpers.models import write_model_dir  # noqa: E402
 from tests.helpers.ports import free_port  # noqa: E402
@@ -263,15 +264,7 @@ def test_predictions_need_no_gpu_and_refuse_as_the_command_line_does(deployment)
 def test_a_plan_its_client_abandoned_is_stopped_and_frees_its_slot(deployment):
     # A long plan (every config traced, no cache), its client gone after 2 s: before, the child
     # traced on for nobody, holding the service's one prediction slot to its end.
-    body = {
-        "model": "tiny",
-        "gpu": "a100",
-        "micro_batches": "1,2,3,4,5,6,7,8",
-        "block_sizes": "16,24,32,48,64",
-        "precisions": "fp32,bf16",
-        "exact": True,
-        "no_cache": True,
-    }
+    body = LONG_PLAN
     with pytest.raises(httpx.TimeoutException):
         httpx.post(f"{deployment.url}/v1/plan", json=body, headers=deployment.headers, timeout=2)
     deadline = time.monotonic() + 10
