@@ -162,7 +162,7 @@ def _rentals(
     from autotune.render.live import trace_progress
     from autotune.render.rental_table import render_rentals, rentals_csv
     from autotune.specs.cards import CARDS, find_cards
-    from autotune.vocabulary.units import parse_epochs, parse_margin, parse_tokens
+    from autotune.vocabulary.units import parse_margin, parse_tokens
 
     if tokens is None and epochs is None:
         raise click.UsageError(
@@ -180,7 +180,6 @@ def _rentals(
             raise click.UsageError(f"{flag} goes with one card and one count (leave it out with several).")
     cards = list(CARDS) if [n.lower() for n in names] == ["all"] else find_cards(names)
     run_tokens = parse_tokens(tokens) if tokens is not None else None
-    run_epochs = parse_epochs(epochs) if epochs is not None else None
     book = read_prices(prices)  # (before any trace: a price file of another shape is a mistake said now)
     space_args = space_arguments(**space_flags, gpus=max(counts))  # (each count's space: plan_rentals)
     plot_out = None
@@ -197,7 +196,7 @@ def _rentals(
             counts,
             space_args,
             tokens=run_tokens,
-            epochs=run_epochs,
+            epochs=epochs,
             prices=book,
             margin=parse_margin(safety_margin),
             sort=sort,

@@ -15,6 +15,7 @@ from autotune.flags.values import (
     COUNT,
     DEVICE,
     DURATION,
+    PASSES,
     REAL,
     RENDEZVOUS,
     SECONDS,
@@ -556,6 +557,7 @@ PLAN = (
         "Instead of --tokens: the run trains --dataset's training split this many times (1, 3, 0.5), its "
         "tokens counted with the model's tokenizer (or --tokenizer).",
         part=Part.COMMAND,
+        type=PASSES,
     ),
     Flag(
         "prices",

@@ -182,17 +182,6 @@ def parse_tokens(text: str | int, *, flag: str = "--tokens") -> int:
     return round(tokens)
 
 
-def parse_epochs(text: str | float, *, flag: str = "--epochs") -> float:
-    """Passes over the data: 1, 3, 0.5; more than 0, at most a million."""
-    try:
-        epochs = float(str(text).strip())
-    except ValueError:
-        raise BadInput(f"{flag} {_quoted(text)} is not a number of epochs; give e.g. 1, 3 or 0.5.") from None
-    if not math.isfinite(epochs) or epochs <= 0 or epochs > 1e6:
-        raise BadInput(f"{flag} {_quoted(text)}: give a number of passes over the data above 0 (e.g. 1, 3 or 0.5).")
-    return epochs
-
-
 def format_tokens(tokens: int) -> str:
     """'100M', '1.5B', '12,345': a count of tokens for people."""
     for suffix, scale in (("T", 10**12), ("B", 10**9), ("M", 10**6)):

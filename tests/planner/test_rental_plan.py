@@ -241,8 +241,8 @@ def test_a_run_of_epochs_over_a_dataset_is_its_counted_tokens_times_the_epochs(t
         assert option["seconds"] == pytest.approx(plan["tokens"] / option["tokens_per_s"])
     with Unchanged(hermetic_home):
         for extra, needle in (
-            (["--epochs", "0"], "--epochs '0': give a number of passes over the data above 0"),
-            (["--epochs", "two"], "--epochs 'two' is not a number of epochs"),
+            (["--epochs", "0"], "--epochs must be above 0 (got '0')"),  # (flags/values.PASSES, as train's)
+            (["--epochs", "two"], "--epochs 'two' is not a finite number"),
             (["--epochs", "1", "--tokens", "1M"], "give the run's size once"),
         ):
             assert_usage_error(invoke("plan", "--model", tiny_model, "--gpu", "h100,l4", *space, *extra), needle)
