@@ -10,10 +10,13 @@ One optimizer step is `grad_accum` micro-steps, then the optimizer:
     micro = max(gpu, cpu dispatch);  gpu = matmuls + memory-bound passes
 
 matmuls: the micro-step's matmul FLOPs (autotune.specs.flops, with checkpointing's recomputation) at
-  GEMM_EFFICIENCY of the card's dense peak in the precision they run in (fp32 on CUDA cores, tf32
-  and fp16/bf16 on tensor cores) -- or, when the micro-step is too small for that, the time to read
-  the weights at the card's bandwidth (a matmul of few rows is bound by its weight reads: the
-  roofline), whichever is longer. QLoRA also dequantises its 4-bit base before each use.
+  the card's dense peak in the precision they run in (fp32 on CUDA cores, tf32 and fp16/bf16 on
+  tensor cores) times their efficiency: on tensor cores GEMM_EFFICIENCY of what the card's best
+  matmul is measured to reach (cards.Card.matmul_ceiling: 80% of the data sheet on an H100, 87% on
+  an A100, about 100% on GeForce cards), the attention kernel's FLOPs at its own rate (FlashAttention-2
+  on Hopper, SDPA's kernel there, at 35%) -- plus the time to read the weights at the card's bandwidth
+  (a matmul of few rows is bound by its weight reads: the roofline). QLoRA also dequantises its
+  4-bit base before each use.
 memory-bound passes, at MEMORY_EFFICIENCY of the bandwidth: the bytes planner/traffic.py counts
   (element-wise work around the matmuls, LoRA adapters, autocast's casts, QLoRA's dequantisation,
   eager attention's scores, the logits' cross-entropy; what compile and Liger fuse away).
@@ -28,8 +31,9 @@ cpu dispatch: eager PyTorch launches each op from Python and the autograd engine
   micro-step as SDPA (x0.94 to x1.15 over GPT-2, BERT and Llama layers, median x0.97:
   `benchmarks/dispatch.py --ops`, benchmarks/results/attention-ops-2026-12-01.json). So where the host
   is the bound (a small model's small micro-steps under autocast) an eager config is predicted as
-  fast as its SDPA twin, and where the card is, slower by its scores' traffic (gpt2 on an H100, bf16:
-  micro-batch 4, 143,566 tokens/s both; micro-batch 16, 150,626 eager against 364,917).
+  fast as its SDPA twin, and where the card is, slower by its scores' traffic (gpt2 on an H100, bf16,
+  block 512, no accumulation: micro-batch 4, 69,413 tokens/s both; micro-batch 16, 206,703 eager
+  against 277,653).
 
 The run's stack (autotune.estimate.stack.Stack; None: autotune's own) changes two of these: the
 checkpointing's recompute (reentrant before transformers 5.0) and the adapters' dtype (fp32 in peft
@@ -57,7 +61,9 @@ Every constant below is a physical count, a published figure or a measurement (t
 times: benchmarks/dispatch.py), named with its source, except the two fitted to the published
 table (FITTED, benchmarks/published/speed.py's `fit`, over 37 rows: the grid point that misses
 the fewest of the table's goals, then the smallest median error): GEMM_EFFICIENCY and
-MEMORY_EFFICIENCY, one value each for every card and model.
+MEMORY_EFFICIENCY, one value each for every card and model. What differs between cards beyond their
+data sheets (the matmul ceiling, FlashAttention-2 on Hopper) is measured and published, not fitted:
+the table's groups of one job on several cards are held out of the fit to check it.
 """
 
 from __future__ import annotations
@@ -70,7 +76,7 @@ from autotune.levers import sharding
 from autotune.specs.cards import Card
 from autotune.levers.config import ProbeConfig
 from autotune.estimate.stack import Stack
-from autotune.specs.flops import flops_per_token
+from autotune.specs.flops import attention_flops_per_token, flops_per_token
 from autotune.levers.lengths import DEFAULT_SAMPLING
 import autotune.planner.traffic as traffic
 from autotune.specs.shapes import ModelDims, adapted_linears, dims_from_config
@@ -80,16 +86,21 @@ if TYPE_CHECKING:
     from autotune.estimate import MemoryEstimate
     from autotune.specs.models import ModelSpec
 
-# --- Matmuls (GEMM_EFFICIENCY: FITTED, 0.75 on a grid of 0.50-0.80) --------------------------------
-# Share of the tensor cores' dense peak a training step's matmuls reach together (GEMMs large and
-# small, the attention kernel): cuBLAS reaches 70-80% on large bf16 GEMMs on A100/H100, flash
-# attention's backward less.
-GEMM_EFFICIENCY = 0.75
+# --- Matmuls (GEMM_EFFICIENCY: FITTED, 0.85 on a grid of 0.70-1.00) --------------------------------
+# Share of what the card's best matmul reaches (its measured ceiling, cards.Card.matmul_ceiling: 80%
+# of the data sheet's peak on an H100, 87% on an A100, about 100% on GeForce cards, which run above
+# their boost clock) a training step's matmuls reach together, GEMMs large and small.
+GEMM_EFFICIENCY = 0.85
+# FlashAttention-2 on Hopper: "achieving only 35% utilization on the H100 GPU" (Shah et al. 2024,
+# FlashAttention-3, arXiv:2407.08608, abstract): its Ampere-era kernel uses none of Hopper's
+# asynchronous tensor-core instructions, where cuBLAS does. PyTorch's SDPA runs FA2's kernel on
+# Hopper (its flash backend first; FA3's is off by default: torch 2.13's _get_fa3_sdp_enabled()).
+# On Ampere and Ada FA2 reaches "50-73% of the theoretical maximum FLOPs/s on A100 ... close to
+# the efficiency of GEMM operations" (Dao 2023, arXiv:2307.08691): priced as the other matmuls.
+FA2_HOPPER_UTILISATION = 0.35
 # fp32 matmuls on CUDA cores: cuBLAS's SGEMM runs at about 90% of the FP32 peak on large shapes
 # (NVIDIA's cuBLAS performance pages); a step's mix of shapes a little less.
 GEMM_EFFICIENCY_CUDA_CORES = 0.85
-# MFU's ceilings (tests and reports): no prediction's matmuls run above them.
-U_MAX_TENSOR_CORES, U_MAX_CUDA_CORES = GEMM_EFFICIENCY, GEMM_EFFICIENCY_CUDA_CORES
 
 # --- Memory-bound passes (MEMORY_EFFICIENCY: FITTED, 0.7 on a grid of 0.3-0.9) ------------------------
 # Share of the data sheet's bandwidth element-wise kernels reach (STREAM-like copies reach 80-90%;
@@ -267,10 +278,15 @@ def predict_step_seconds(
 
     tokens = config.micro_batch * config.tokens_per_sequence  # per micro-step
     flops = tokens * config_flops_per_token(config, dims)
-    efficiency = GEMM_EFFICIENCY_CUDA_CORES if precision == "fp32" else GEMM_EFFICIENCY
-    # Compute, plus the weights' reads that a GEMM of few rows cannot hide behind it (the additive
-    # roofline: efficiency t / (t + ridge), the ridge being the card's FLOPs per byte).
-    matmul = flops / (peak * efficiency) + _weight_bytes(config, dims) / bandwidth
+    attention = tokens * attention_flops_per_token(
+        dims.layers, dims.hidden, config.block_size, recompute=config.checkpointing
+    )
+    efficiency = matmul_efficiency(precision, card)
+    # Compute (the attention kernel's at its own rate), plus the weights' reads that a GEMM of few
+    # rows cannot hide behind it (the additive roofline: efficiency t / (t + ridge), the ridge being
+    # the card's FLOPs per byte).
+    matmul = (flops - attention) / (peak * efficiency) + attention / (peak * attention_efficiency(config, card))
+    matmul += _weight_bytes(config, dims) / bandwidth
     memory = traffic.memory_bytes(config, dims, 2 if precision in ("fp16", "bf16") else 4, stack) / bandwidth
     gpu = matmul + memory
     dispatch = _dispatch_seconds(config, dims, stack)
@@ -306,6 +322,25 @@ def predict_step_seconds(
         comm_seconds=exposed,
         gpus=config.ranks,
     )
+
+
+def matmul_efficiency(precision: str, card: Card) -> float:
+    """Share of the card's dense peak in `precision` a step's matmuls reach: fp32 on CUDA cores at
+    cuBLAS's SGEMM share; on tensor cores GEMM_EFFICIENCY of the card's measured ceiling."""
+    if precision == "fp32":
+        return GEMM_EFFICIENCY_CUDA_CORES
+    return GEMM_EFFICIENCY * card.matmul_ceiling
+
+
+def attention_efficiency(config: ProbeConfig, card: Card) -> float:
+    """Share of the card's dense peak the attention kernel's matmuls reach: FlashAttention-2's kernel
+    (SDPA's or flash_attention_2) on Hopper at FA2_HOPPER_UTILISATION; elsewhere, eager's batched
+    GEMMs included, as the other matmuls."""
+    precision = matmul_precision(config)
+    fused = config.attention in ("sdpa", "flash_attention_2") and precision in ("fp16", "bf16")
+    if fused and card.compute_capability[0] == 9:
+        return FA2_HOPPER_UTILISATION
+    return matmul_efficiency(precision, card)
 
 
 def _weight_bytes(config: ProbeConfig, dims: ModelDims) -> float:

@@ -8,6 +8,7 @@ Torch-free: the planner and the CLI read this table before any probe starts.
 from __future__ import annotations
 
 import re
+import statistics
 from dataclasses import dataclass, field
 
 from autotune.vocabulary.errors import BadInput
@@ -51,6 +52,9 @@ class Card:
     # A CPU "card": the host launches each op and then runs it itself, so the launching adds to the
     # work instead of hiding behind a card's (the speed model's dispatch).
     host_is_device: bool = False
+    # Share of the dense bf16/fp16 peak the card's best matmul reaches, as measured (see
+    # _MATMUL_CEILINGS); `matmul_ceiling` answers DEFAULT_MATMUL_CEILING for a card nobody measured.
+    measured_matmul_ceiling: float | None = None
 
     @property
     def short_name(self) -> str:
@@ -63,6 +67,12 @@ class Card:
     @property
     def has_tf32(self) -> bool:
         return self.compute_capability >= AMPERE
+
+    @property
+    def matmul_ceiling(self) -> float:
+        """Share of the dense tensor-core peak the card's best matmul reaches (its "maximum achievable
+        matmul FLOPS" over the data sheet's): measured where published, else DEFAULT_MATMUL_CEILING."""
+        return self.measured_matmul_ceiling or DEFAULT_MATMUL_CEILING
 
     @property
     def has_flash_attention(self) -> bool:
@@ -459,12 +469,43 @@ _PCIE_GBS = {
 PCIE_GEN4_GBS = 64
 
 
+# What a card's best bf16 matmul reaches, as a share of its data sheet's dense peak: the data sheet's
+# figure is at the boost clock, which data-center cards do not hold under a GEMM's power draw and
+# GeForce cards exceed. A100 80GB SXM 271.2 of 312 TFLOPS, H100 SXM 794.5 of 989 ("H200 is the same"),
+# GH200 828.6 of 989, B200 1745.0 of 2250: Stas Bekman's "Maximum Achievable Matmul FLOPS comparison
+# table" (ml-engineering, compute/accelerator/README.md; mamf-finder.py, the mean of 100 iterations
+# at the best shape of a search, torch 2.6-2.7). A100 40GB 246.33 of 312, RTX 3090 76.34 and 76.68
+# of 71, RTX 4090 (24 GB) 170.06, 173.31, 162.39 and 163.09 of 165 (their median): the bf16 column
+# of zzc0721/torch-performance-test-data's database.md (square matmuls of 1-10k, the best size;
+# contributors' machines and cloud containers, torch 2.2-2.8): fewer shapes searched and less
+# controlled than Bekman's, and within 1% of his where both measured a card (H100 789.24, A100 SXM4
+# 80GB 264.53). A card in neither table takes the median of the data-center cards measured (0.803).
+_MATMUL_CEILINGS = {
+    "a100": 271.2 / 312,
+    "h100": 794.5 / 989,
+    "h200": 794.5 / 989,
+    "gh200": 828.6 / 989,
+    "b200": 1745.0 / 2250,
+    "a100-40gb": 246.33 / 312,
+    "rtx3090": (76.34 + 76.68) / 2 / 71,
+    "rtx4090": (163.09 + 170.06) / 2 / 165,
+}
+DEFAULT_MATMUL_CEILING = statistics.median(
+    _MATMUL_CEILINGS[name] for name in ("a100", "a100-40gb", "h100", "gh200", "b200")
+)
+
+
 def _linked(card: Card) -> Card:
     from dataclasses import replace
 
     pcie = _PCIE_GBS.get(card.short_name, PCIE_GEN4_GBS) * 1e9 / 2
     nvlink = _NVLINK_GBS.get(card.short_name)
-    return replace(card, interconnect_bandwidth=nvlink * 1e9 / 2 if nvlink else pcie, host_bandwidth=pcie)
+    return replace(
+        card,
+        interconnect_bandwidth=nvlink * 1e9 / 2 if nvlink else pcie,
+        host_bandwidth=pcie,
+        measured_matmul_ceiling=_MATMUL_CEILINGS.get(card.short_name),
+    )
 
 
 CARDS = tuple(_linked(card) for card in CARDS)

@@ -28,3 +28,10 @@ def flops_per_token(
     if recompute:
         total += forward
     return float(total)
+
+
+def attention_flops_per_token(layers: int, hidden: int, context: int, *, recompute: bool = False) -> float:
+    """The part of `flops_per_token` the attention kernel computes (QK^T and AV, forward and backward,
+    and the recompute's forward): the speed model prices it at the kernel's own rate."""
+    attention = layers * hidden * context
+    return float((4 + 8 + (4 if recompute else 0)) * attention)
