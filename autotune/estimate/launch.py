@@ -68,18 +68,21 @@ class TraceChild:
     It dies with this process (kill -9 included) and is killed on `close` (TraceChildren's, which
     owns it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, model_type: str | None = None) -> None:
         self._process: subprocess.Popen[str] | ForkedTrace | None = None
         self._stderr: Any = None
         self._answering = False
+        self.model_type = model_type  # (the model whose code a child started on demand imports first)
 
     def start(self, model_type: str | None = None, limit: float = STARTUP_FLOOR_SECONDS) -> "TraceChild":
-        """Start the process (one already running is kept: it is warm); with `model_type`, it also
-        imports that model's code while it waits for its request (the first trace would import it:
-        seconds on a small host). Forked from a fork server that is not ready within `limit` seconds
-        (a command's deadline), it is not started: `answer` starts it when it is wanted."""
+        """Start the process (one already running is kept: it is warm); with `model_type` (or the
+        one it was made for), it also imports that model's code while it waits for its request (the
+        first trace would import it: seconds on a small host). Forked from a fork server that is not
+        ready within `limit` seconds (a command's deadline), it is not started: `answer` starts it
+        when it is wanted."""
         if self._process is not None:
             return self
+        model_type = model_type or self.model_type
         package_root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ)
         # The child must import this very autotune, also when it runs from a checkout.
@@ -331,10 +334,11 @@ class ForkedTrace:
 class TraceChildren:
     """Trace children that share a request: each traces its share in parallel (traces are
     independent, and on a multi-core host they are the search's longest wait before its first
-    probe). Started ahead with `start`, or on demand; all are killed on `close`."""
+    probe). Started ahead with `start`, or on demand (a command answered from the estimate cache
+    then starts none: each would wait seconds for torch); all are killed on `close`."""
 
-    def __init__(self, count: int = 1) -> None:
-        self.children = [TraceChild() for _ in range(max(1, count))]
+    def __init__(self, count: int = 1, model_type: str | None = None) -> None:
+        self.children = [TraceChild(model_type) for _ in range(max(1, count))]
 
     def start(self, model_type: str | None = None, limit: float = STARTUP_FLOOR_SECONDS) -> "TraceChildren":
         """Start them ahead (TraceChild.start), all within `limit` seconds."""

@@ -50,8 +50,8 @@ def plan_for(
     try:
         if store is not None and study is not None:
             store.study(study)  # an unknown study is a mistake, said before any trace
-        with TraceChildren(min(trace_processes(), len(space.candidates()))) as children:
-            children.start(spec.model_type)
+        # (started when a trace is wanted: a plan answered from the cache starts none)
+        with TraceChildren(min(trace_processes(), len(space.candidates())), spec.model_type) as children:
             return make_plan(
                 spec,
                 space,

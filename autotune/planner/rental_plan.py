@@ -247,8 +247,8 @@ def plan_rentals(
     done = [0]
     memo: dict = {}  # (each config traced once over the counts: DDP's rank is the same on 2, 4 or 8)
     widest = max(len(space.candidates()) for space in spaces.values())
-    with TraceChildren(min(trace_processes(), widest)) as children:
-        children.start(spec.model_type)
+    # (started when a trace is wanted: a plan answered from the cache starts none)
+    with TraceChildren(min(trace_processes(), widest), spec.model_type) as children:
         for count, space in spaces.items():
             base = done[0]
 

@@ -20,7 +20,7 @@ from typing import Any
 log = logging.getLogger("autotune.service")
 
 # How long POST /v1/plan waits for its plan before answering 202. A plan answered from the estimate
-# cache takes seconds (8 s on two busy cores: the trace children start even when nothing is traced), and
+# cache takes a second or two (no trace child is started for it: 1.4 s on two busy cores), and
 # clients that call the API as they always have get it at once, with 200; a cold plan takes minutes
 # (gpt2 on an H100: 104 s), past the 60 s after which common proxies (nginx, AWS's load balancers)
 # drop a silent request, so it is answered long before any of them would.

@@ -249,3 +249,30 @@ def test_a_run_of_epochs_over_a_dataset_is_its_counted_tokens_times_the_epochs(t
         no_data = [a for a in space if a not in ("--dataset", str(data))]
         refused = invoke("plan", "--model", tiny_model, "--gpu", "h100,l4", *no_data, "--epochs", "1")
         assert_usage_error(refused, "--epochs counts passes over --dataset D")
+
+
+@pytest.mark.slow  # (traces a tiny GPT-2 once, then plans it again from the cache)
+def test_a_plan_answered_from_the_cache_starts_no_trace_child(hermetic_home, tiny_model, monkeypatch):
+    """A trace child waits seconds for torch before it can answer (8 s of a 9 s cached plan on two
+    cores): one is started only when a trace is wanted, so a plan the cache answers starts none and
+    says the same."""
+    from autotune.estimate.launch import TraceChild
+
+    started: list[str | None] = []
+    real_start = TraceChild.start
+
+    def counted(self, *args, **kwargs):
+        started.append(self.model_type)
+        return real_start(self, *args, **kwargs)
+
+    monkeypatch.setattr(TraceChild, "start", counted)
+    space = ["--micro-batches", "1,2", "--block-sizes", "64", "--precisions", "bf16", "--attention", "sdpa"]
+    args = ["plan", "--model", tiny_model, "--gpu", "h100,l4", "--gpus", "1,2", "--tokens", "1M", *space, "--json"]
+    cold = invoke(*args)
+    assert cold.returncode == 0, cold.stderr
+    assert started and set(started) == {"gpt2"}  # (started on demand, still importing the model's code first)
+    started.clear()
+    warm = invoke(*args)
+    assert warm.returncode == 0, warm.stderr
+    assert started == []
+    assert json.loads(warm.stdout)["options"] == json.loads(cold.stdout)["options"]
