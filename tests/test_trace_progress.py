@@ -95,3 +95,19 @@ def test_quiet_prints_nothing_and_the_context_stops_its_clock():
     settled = out.getvalue()
     time.sleep(0.2)
     assert out.getvalue() == settled  # the clock stopped with the block
+
+
+def test_quiet_with_the_progress_lines_asked_for_writes_each_count_for_a_reader(monkeypatch):
+    """A program that runs `plan --json` (the service) asks for the counts as lines on stderr: each
+    one, and nothing else, which read_progress reads back; any other line reads as none."""
+    from autotune.render.live import PROGRESS_ENV, read_progress
+
+    monkeypatch.setenv(PROGRESS_ENV, "1")
+    out = io.StringIO()
+    with trace_progress(quiet=True, stream=out) as progress:
+        progress(1, 8)
+        progress(8, 8)
+    lines = out.getvalue().splitlines()
+    assert [read_progress(line) for line in lines] == [(1, 8), (8, 8)]
+    assert read_progress("autotune: error: --tokens '0': a run trains at least one token") is None
+    assert read_progress("traced 1 of 8 (3 s)") is None  # (a person's line, not the reader's)

@@ -20,6 +20,8 @@ stays whole there), and a quiet progress (`--json`) prints nothing at all:
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import sys
 import threading
 import time
@@ -196,6 +198,32 @@ def _quiet(done: int, total: int) -> None:
     return None
 
 
+# A program that runs a `--json` command and shows its progress (the service, for GET /v1/plans/ID
+# and the plan page) sets PROGRESS_ENV in the command's environment: each count then goes to stderr
+# as one line, PROGRESS_PREFIX + "traced N of M", which `read_progress` reads back. stdout stays the
+# document alone.
+PROGRESS_ENV = "AUTOTUNE_PROGRESS_LINES"
+PROGRESS_PREFIX = "autotune: progress: "
+_PROGRESS_LINE = re.compile(re.escape(PROGRESS_PREFIX) + r"traced (\d+) of (\d+)$")
+
+
+def read_progress(line: str) -> tuple[int, int] | None:
+    """(done, total) of a progress line written for PROGRESS_ENV; None for any other line."""
+    match = _PROGRESS_LINE.match(line.rstrip("\r\n"))
+    return (int(match[1]), int(match[2])) if match else None
+
+
+def _progress_lines(stream: TextIO) -> Callable[[int, int], None]:
+    lock = threading.Lock()
+
+    def report(done: int, total: int) -> None:
+        with lock:
+            stream.write(f"{PROGRESS_PREFIX}traced {done} of {total}\n")
+            stream.flush()
+
+    return report
+
+
 @contextlib.contextmanager
 def trace_progress(
     *, quiet: bool = False, what: str = "tracing", stream: TextIO | None = None, every: float = PIPE_EVERY_SECONDS
@@ -203,9 +231,10 @@ def trace_progress(
     """A progress callback `(done, total)` for the traces of the `with` block (plan_for's and
     make_plan's `on_progress`); with none passed on (one trace: `autotune estimate`), the clock alone
     says the work goes on. `what` names the work before any count arrives. Quiet: a callback that
-    prints nothing."""
+    prints nothing (but the lines PROGRESS_ENV asks for)."""
     if quiet:
-        yield _quiet
+        asked = os.environ.get(PROGRESS_ENV) == "1"
+        yield _progress_lines(stream if stream is not None else sys.stderr) if asked else _quiet
         return
     stream = stream if stream is not None else sys.stderr
     tty = bool(getattr(stream, "isatty", lambda: False)())

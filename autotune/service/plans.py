@@ -68,6 +68,10 @@ class PlanJob:
     ended: float | None = None  # monotonic
     stopped: Outcome | None = None  # why it was stopped, where it was
     task: asyncio.Task | None = None
+    progress: tuple[int, int] | None = None  # (traced, of) as its child last said; None before
+
+    def report(self, done: int, total: int) -> None:
+        self.progress = (done, total)
 
     @property
     def links(self) -> dict[str, str]:
@@ -83,6 +87,8 @@ class PlanJob:
             "state": "running",
             "started_at": self.started_at,
             "elapsed_seconds": round(self.elapsed(now), 1),
+            # (the total grows as the plan finds what it still has to trace: `autotune plan`'s count)
+            "progress": None if self.progress is None else {"traced": self.progress[0], "of": self.progress[1]},
             "retry_after_seconds": PLAN_RETRY_SECONDS,
             "links": self.links,
         }
@@ -109,9 +115,15 @@ class PlanJobs:
         self.tick_seconds, self.clock = tick_seconds, clock
         self._jobs: dict[str, PlanJob] = {}
 
-    def start(self, owner: str, body: dict[str, Any], work: Awaitable[Outcome], release: Callable[[], None]) -> PlanJob:
-        """Run `work` (the child, to its end) as a plan of `owner`'s; `release` (its slot) is called
-        once it has ended, however it ends."""
+    def start(
+        self,
+        owner: str,
+        body: dict[str, Any],
+        work: Callable[[PlanJob], Awaitable[Outcome]],
+        release: Callable[[], None],
+    ) -> PlanJob:
+        """Run `work(job)` (the child, to its end; it may `job.report` its progress) as a plan of
+        `owner`'s; `release` (its slot) is called once it has ended, however it ends."""
         self._prune()
         now = self.clock()
         job = PlanJob(
@@ -123,7 +135,7 @@ class PlanJobs:
             seen=now,
         )
         self._jobs[job.id] = job
-        job.task = asyncio.ensure_future(self._supervise(job, work, release))
+        job.task = asyncio.ensure_future(self._supervise(job, work(job), release))
         return job
 
     def get(self, plan_id: str, owner: str) -> PlanJob:

@@ -229,7 +229,7 @@ def test_the_plan_form_predicts_through_v1_plans_machinery(db, monkeypatch):
 
     asked = []
 
-    async def run(command, arguments, config):  # the child `autotune plan --json`, canned
+    async def run(command, arguments, config, on_progress=None):  # the child `autotune plan --json`, canned
         asked.append((command, arguments))
         return Outcome(200, PLANNED)
 
@@ -256,7 +256,7 @@ def test_the_plan_form_predicts_through_v1_plans_machinery(db, monkeypatch):
 def test_a_plan_the_command_refuses_is_its_line_under_the_form(db, monkeypatch):
     from autotune.service.routes import predictions
 
-    async def run(command, arguments, config):
+    async def run(command, arguments, config, on_progress=None):
         raise AssertionError("a refused request starts no child")
 
     monkeypatch.setattr(predictions, "_run", run)
@@ -316,7 +316,8 @@ def test_a_long_plan_s_form_goes_to_a_page_that_reads_itself_again_until_it_is_r
 
     release = threading.Event()
 
-    async def run(command, arguments, config):  # the child, canned: it answers once released
+    async def run(command, arguments, config, on_progress=None):  # the child, canned: it answers once released
+        on_progress(3, 8)  # (as the real child's progress lines say it)
         while not release.is_set():
             await asyncio.sleep(0.02)
         return Outcome(200, RENTED)
@@ -334,6 +335,7 @@ def test_a_long_plan_s_form_goes_to_a_page_that_reads_itself_again_until_it_is_r
         page = client.get(sent.headers["location"])
         assert page.status_code == 200
         assert '<meta http-equiv="refresh" content="2">' in page.text and 'id="planning"' in page.text
+        assert "traced 3 of 8" in page.text
         assert 'value="h100,a100,l4,t4"' in page.text and '<option value="cost" selected>' in page.text
         assert "plan-result" not in page.text
         # Only the token that asked sees it; without one, a way to log in.
@@ -356,7 +358,7 @@ def test_a_long_plan_s_form_goes_to_a_page_that_reads_itself_again_until_it_is_r
 def rental_page(db, monkeypatch) -> str:
     from autotune.service.routes import predictions
 
-    async def run(command, arguments, config):
+    async def run(command, arguments, config, on_progress=None):
         return Outcome(200, RENTED)
 
     monkeypatch.setattr(predictions, "_run", run)

@@ -56,8 +56,10 @@ def canned(monkeypatch, release: threading.Event | None = None, outcome: Outcome
 
     asked = []
 
-    async def run(command, arguments, config):
+    async def run(command, arguments, config, on_progress=None):
         asked.append(arguments)
+        if on_progress is not None:
+            on_progress(3, 8)  # (as the real child's progress lines say it)
         while release is not None and not release.is_set():
             await asyncio.sleep(0.02)
         return outcome or Outcome(200, RENTED)
@@ -103,6 +105,7 @@ def test_a_longer_plan_is_accepted_then_polled_to_its_answer_by_its_token_only(s
         assert client.app.state.predicting.locked()  # the job holds its slot while it runs
         running = client.get(location)
         assert running.status_code == 202 and running.json()["elapsed_seconds"] >= 0.0
+        assert running.json()["progress"] == {"traced": 3, "of": 8}
         assert "location" not in running.headers and running.headers["retry-after"] == str(PLAN_RETRY_SECONDS)
         # Another token's read, and no token's: as for a plan that does not exist.
         theirs = client.get(location, headers=as_other(service))
@@ -148,8 +151,10 @@ def test_a_job_nobody_asks_about_is_stopped_and_frees_its_slot():
 
     async def scenario():
         jobs = PlanJobs(idle_seconds=0.3, tick_seconds=0.05)
-        job = jobs.start("asker", {}, asyncio.sleep(60, Outcome(200, {})), lambda: released.append(1))
-        kept = jobs.start("asker", {}, asyncio.sleep(0.8, Outcome(200, {"ok": True})), lambda: released.append(2))
+        job = jobs.start("asker", {}, lambda job: asyncio.sleep(60, Outcome(200, {})), lambda: released.append(1))
+        kept = jobs.start(
+            "asker", {}, lambda job: asyncio.sleep(0.8, Outcome(200, {"ok": True})), lambda: released.append(2)
+        )
         for _ in range(10):  # asked about every 0.1 s: goes on to its end
             await asyncio.sleep(0.1)
             jobs.get(kept.id, "asker")
@@ -170,7 +175,7 @@ def test_ended_answers_are_kept_a_while_and_a_bounded_number():
         jobs = PlanJobs(kept=2, kept_seconds=100.0, clock=lambda: now[0])
         ended = []
         for index in range(3):
-            job = jobs.start("asker", {}, asyncio.sleep(0, Outcome(200, {"n": index})), lambda: None)
+            job = jobs.start("asker", {}, lambda job: asyncio.sleep(0, Outcome(200, {"n": index})), lambda: None)
             await job.done.wait()
             now[0] += 1.0
             ended.append(job)
@@ -228,18 +233,23 @@ def test_a_real_plan_nobody_asks_about_is_stopped_and_frees_its_slot(service):
         accepted = client.post("/v1/plan", json=LONG_PLAN)
         assert accepted.status_code == 202, accepted.text
         location = accepted.headers["location"]
-        # Asked about until its child is tracing (its trace children up), then left alone.
+        # Asked about until its child is tracing (its trace children up, its first traces counted: its
+        # progress lines read as they come), then left alone.
         deadline = time.monotonic() + 60
         started: set[int] = set()
+        progress = None
         while time.monotonic() < deadline:
-            assert client.get(location).status_code == 202
+            running = client.get(location)
+            assert running.status_code == 202
+            progress = running.json()["progress"]
             plans = {pid for pid in processes_named(str(root / "tiny")) if pid != os.getpid()}
             below = set().union(*(descendants(pid) for pid in plans)) if plans else set()
-            if plans and below:
+            if plans and below and progress is not None:
                 started = plans | below
                 break
             time.sleep(0.3)
-        assert started, "the plan's child never started tracing"
+        assert started, f"the plan's child never started tracing (progress {progress})"
+        assert 1 <= progress["traced"] < progress["of"]
         deadline = time.monotonic() + 30
         while any(alive(pid) for pid in started) and time.monotonic() < deadline:
             time.sleep(0.2)

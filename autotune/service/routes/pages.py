@@ -213,6 +213,7 @@ async def plan_progress(plan_id: str, request: Request) -> Response:
         planning = {
             "elapsed": format_duration(job.elapsed(plans.clock())),
             "idle": format_duration(plans.idle_seconds),
+            "traced": None if job.progress is None else f"{job.progress[0]} of {job.progress[1]}",
         }
         return _plan_page(form, who, planning=planning, refresh=PLAN_RETRY_SECONDS)
     return _plan_answer(form, who, job.outcome)

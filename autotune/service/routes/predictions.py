@@ -13,6 +13,7 @@ import logging
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
@@ -92,7 +93,9 @@ async def start_plan(app, body: object, owner: str, request: Request | None = No
     await take_slot(app)
     jobs: PlanJobs = app.state.plans
     asked = body if isinstance(body, dict) else {}
-    job = jobs.start(owner, asked, _bounded("plan", arguments, config), app.state.predicting.release)
+    job = jobs.start(
+        owner, asked, lambda job: _bounded("plan", arguments, config, job.report), app.state.predicting.release
+    )
     ended = asyncio.ensure_future(job.done.wait())
     try:
         present = await _unless_client_goes(request, ended, config.plan_wait_seconds)
@@ -121,10 +124,12 @@ async def _unless_client_goes(request: Request | None, work: asyncio.Future, tim
     return work in done or gone not in done
 
 
-async def _bounded(command_name: str, arguments: tuple[str, ...], config) -> Outcome:
+async def _bounded(
+    command_name: str, arguments: tuple[str, ...], config, on_progress: Callable[[int, int], None] | None = None
+) -> Outcome:
     """_run, held to the service's `predict_seconds` (504 past them: the child killed)."""
     try:
-        return await asyncio.wait_for(_run(command_name, arguments, config), config.predict_seconds)
+        return await asyncio.wait_for(_run(command_name, arguments, config, on_progress), config.predict_seconds)
     except TimeoutError:
         return Outcome.refused(
             504,
@@ -132,11 +137,15 @@ async def _bounded(command_name: str, arguments: tuple[str, ...], config) -> Out
         )
 
 
-async def _run(command_name: str, arguments: tuple[str, ...], config) -> Outcome:
+async def _run(
+    command_name: str, arguments: tuple[str, ...], config, on_progress: Callable[[int, int], None] | None = None
+) -> Outcome:
     """`autotune COMMAND ARGUMENTS --json` in a child that dies with the service (kill -9 included),
-    to its end: its document, or its refusal's line (422), or why it failed (500). Cancelled, the
-    child is killed and reaped before this returns."""
+    to its end: its document, or its refusal's line (422), or why it failed (500); its counts of
+    traces to `on_progress` as they come (render/live.py's progress lines, read off its stderr).
+    Cancelled, the child is killed and reaped before this returns."""
     from autotune.host.processes import kill_me_with_parent
+    from autotune.render.live import PROGRESS_ENV, read_progress
 
     extra = ["--db", config.db] if command_name == "plan" and config.db else []
     child = await asyncio.create_subprocess_exec(
@@ -151,23 +160,43 @@ async def _run(command_name: str, arguments: tuple[str, ...], config) -> Outcome
         stderr=asyncio.subprocess.PIPE,
         stdin=asyncio.subprocess.DEVNULL,
         preexec_fn=kill_me_with_parent,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", PROGRESS_ENV: "1"},
+        limit=STDERR_LINE_LIMIT,
     )
+    said_lines: list[str] = []
+
+    async def read_stderr() -> None:
+        assert child.stderr is not None
+        async for raw in child.stderr:
+            line = raw.decode(errors="replace").rstrip("\n")
+            counts = read_progress(line)
+            if counts is None:
+                said_lines.append(line)
+            elif on_progress is not None:
+                on_progress(*counts)
+
     try:
-        out, err = await child.communicate()
+        assert child.stdout is not None
+        out, _ = await asyncio.gather(child.stdout.read(), read_stderr())
+        await child.wait()
     finally:
         if child.returncode is None:  # (cancelled: stopped, or past its time)
             child.kill()
             await child.wait()
-    said = [line for line in err.decode(errors="replace").splitlines() if line.startswith("autotune: error: ")]
+    said = [line for line in said_lines if line.startswith("autotune: error: ")]
     if child.returncode == EXIT_USER_ERROR and said:
         return Outcome.refused(422, said[-1].removeprefix("autotune: error: "))
     try:
         document: Any = json.loads(out)
     except ValueError:
-        last = (said or err.decode(errors="replace").strip().splitlines() or ["no output"])[-1]
+        last = (said or [line for line in said_lines if line.strip()] or ["no output"])[-1]
         return Outcome.refused(500, f"the {command_name} failed (exit {child.returncode}): {last[:300]}")
     return Outcome(200, document)
+
+
+# The longest stderr line a child's reader takes whole (a traceback's lines are short; a line
+# longer than this would end the reading with an error, where 64 KiB is asyncio's default).
+STDERR_LINE_LIMIT = 1 << 20
 
 
 async def _client_gone(request: Request) -> None:
