@@ -119,21 +119,25 @@ class TraceChild:
     def started(self) -> bool:
         return self._process is not None
 
-    def answer(
-        self, request: TraceRequest, timeout: float, on_result: Callable[[TraceResult], None] | None = None
-    ) -> list[TraceResult]:
-        """The child's results for every item of `request`, in order; each also given to
-        `on_result` as soon as it is read. `timeout` seconds per item: a child silent for longer
-        is killed."""
+    def ensure_started(self, timeout: float) -> None:
+        """A live process to send a request to: started now if there is none, or a fresh one for one
+        that died waiting (a forked one with its fork server, which restarts when the environment
+        changes: nothing of a request was lost). EstimateError when it cannot start in `timeout`."""
         if self._process is not None and self._process.poll() is not None:
-            # It died waiting for this request (a forked one with its fork server, which restarts
-            # when the environment changes): nothing of this request was lost; a fresh one traces it.
             self._discard()
         if self._process is None and self.start(limit=timeout)._process is None:
             raise EstimateError(
                 f"the estimator's process did not start within {timeout:.0f} s (its fork server was "
                 f"still importing torch: an overloaded machine?); it was stopped. Run the command again."
             )
+
+    def answer(
+        self, request: TraceRequest, timeout: float, on_result: Callable[[TraceResult], None] | None = None
+    ) -> list[TraceResult]:
+        """The child's results for every item of `request`, in order; each also given to
+        `on_result` as soon as it is read. `timeout` seconds per item: a child silent for longer
+        is killed."""
+        self.ensure_started(timeout)
         process = self._process
         assert process is not None and process.stdin is not None and process.stdout is not None
         self._answering = True
@@ -386,6 +390,11 @@ class TraceChildren:
         if len(workers) == 1:
             trace_share(workers[0], shares[0])
         else:
+            # Each child is started here, not in its share's thread: a spawned child is killed when the
+            # thread that started it ends (kill_me_with_parent: the kernel's parent-death signal follows
+            # the thread), which would be as soon as this request is answered.
+            for child in workers:
+                child.ensure_started(timeout)
             threads = [threading.Thread(target=trace_share, args=pair, daemon=True) for pair in zip(workers, shares)]
             for thread in threads:
                 thread.start()

@@ -126,3 +126,20 @@ def test_openmp_settings_the_command_makes_in_process_are_no_change_to_the_fork_
     assert processes._server_environment() == before
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")  # (one a user sets is one)
     assert processes._server_environment() != before
+
+
+def test_trace_children_started_for_a_shared_request_live_on_for_the_next(tmp_path):
+    # Started when a request wants them (a plan answered from the cache starts none), in the caller's
+    # thread: a spawned child started in its share's thread was killed as that thread ended (the
+    # kernel's parent-death signal follows the thread), and the next request found it dying.
+    model = str(write_model_dir(tmp_path / "tiny", **TINY_GPT2))
+    configs = [ProbeConfig(model, 1, 32), ProbeConfig(model, 2, 32)]
+    with TraceChildren(2, "gpt2") as children:
+        assert not any(child.started for child in children.children)
+        first = estimate_memories(configs, device_type="cpu", use_cache=False, children=children)
+        pids = [child._process.pid for child in children.children]
+        time.sleep(0.5)
+        assert [child._process.poll() for child in children.children] == [None, None]
+        again = estimate_memories(configs, device_type="cpu", use_cache=False, children=children)
+        assert [child._process.pid for child in children.children] == pids
+    assert [e.peak_bytes for e in again] == [e.peak_bytes for e in first]
