@@ -6,7 +6,6 @@ import csv
 import io
 import json
 import sqlite3
-import subprocess
 
 import pytest
 from click.testing import CliRunner
@@ -15,7 +14,8 @@ from autotune.cli import cli
 from autotune.render.tables import LEADERBOARD_FIELDS
 from autotune.store import open_store
 from autotune.store.schema import SCHEMA_REVISION, VERSION_TABLE
-from tests.helpers.cli import autotune, heavy_modules_loaded
+from tests.helpers.cli import heavy_modules_loaded
+from tests.helpers.cli import invoke as autotune  # main(), in this process: see _assert_one_line_error
 from tests.helpers.store import ENV, GiB, config, make_study, result
 
 
@@ -102,7 +102,10 @@ def test_db_defaults_to_autotune_db(filled_db):
     assert result_.returncode == 0 and len(json.loads(result_.stdout)) == 3
 
 
-def _assert_one_line_error(proc: subprocess.CompletedProcess, *words: str) -> None:
+def _assert_one_line_error(proc, *words: str) -> None:
+    # `proc`: `autotune ARGS` through main(), as the console script runs it, in this process (its
+    # one-line refusals and exit statuses without a second interpreter's start; the local `invoke`
+    # above calls the click group, without main's wrapper).
     assert proc.returncode == 2, proc.stderr
     assert proc.stdout == ""
     lines = proc.stderr.strip().splitlines()

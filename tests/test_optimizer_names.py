@@ -10,7 +10,7 @@ from autotune.vocabulary.errors import BadInput
 from autotune.specs.models import resolve_model
 from autotune.levers.recipes import OPTIMIZERS, canonical_optimizer, check_optimizer
 from autotune.search.space import SearchSpace
-from tests.helpers.cli import assert_usage_error, autotune
+from tests.helpers.cli import assert_usage_error, invoke
 
 
 @pytest.mark.parametrize(
@@ -49,7 +49,7 @@ def test_an_unknown_name_lists_every_accepted_one():
 
 
 def test_the_command_line_takes_trainers_names():
-    proc = autotune(
+    proc = invoke(  # (a refusal: read in this process)
         "plan", "--model", "gpt2", "--gpu-budget", "8GiB", "--optimizers", "adamw_torch_fused,nope", "--json"
     )
     assert_usage_error(proc, "--optimizers: unknown value 'nope'")

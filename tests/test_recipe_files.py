@@ -23,7 +23,7 @@ from autotune.handoff.tools import LLAMAFACTORY_ATTENTION
 from autotune.recipe_files import read_recipe_file
 from autotune.recipe_files.write_back import DECIDED
 from autotune.recipe_files.yaml_edit import edit
-from tests.helpers.cli import assert_usage_error, autotune, invoke
+from tests.helpers.cli import assert_usage_error, invoke
 from tests.helpers.models import write_model_dir
 from tests.helpers.runners import commands_probe_with
 
@@ -197,8 +197,9 @@ def diffed_keys(diff: str) -> set[str]:
 
 
 def update(work, study: str, path: Path) -> tuple[str, Path]:
+    """`best --update` in this process (the file written is the subject, not a second interpreter)."""
     out = path.with_name("tuned-" + path.name)
-    done = autotune("best", "--study", study, "--update", str(path), "--out", str(out), "--db", work["db"])
+    done = invoke("best", "--study", study, "--update", str(path), "--out", str(out), "--db", work["db"])
     assert done.returncode == 0, done.stderr
     return done.stdout, out
 
@@ -225,7 +226,7 @@ def test_three_tools_files_state_one_recipe_and_get_the_winner_back_with_comment
     assert "targets=all-linear, trainer trl: its leaderboard would mix" in refused.stderr
     trl_study = search(work, "--from", str(sft), "--study", "tiny-trl")
     assert trl_study["best"]["trainer"] == "trl" and trl_study["best"]["label"].endswith(" trl")
-    warned = autotune("best", "--study", study, "--format", "trl", "--db", work["db"])
+    warned = invoke("best", "--study", study, "--format", "trl", "--db", work["db"])
     assert warned.returncode == 0 and "warning: the probes timed transformers' Trainer step" in warned.stderr
     for name, tool, measured in (
         ("axolotl.yml", "axolotl", study),
@@ -349,7 +350,7 @@ def test_a_trl_file_with_packing_or_without_is_searched_as_it_trains_and_written
         assert again.returncode == 2 and said in again.stderr, again.stderr
     if not packing:  # a file asking for packing cannot take the per-example study's winner
         packed = write(work, "sft-now-packed.yml", TRL_PACKING.format(how="packed", packing="packing: true\n"))
-        refused = autotune("best", "--study", study, "--update", str(packed), "--db", work["db"])
+        refused = invoke("best", "--study", study, "--update", str(packed), "--db", work["db"])
         assert refused.returncode == 2 and "asks packing on" in refused.stderr
 
 

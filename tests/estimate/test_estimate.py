@@ -24,7 +24,7 @@ from autotune.estimate import (
     estimate_memories,
     estimate_memory,
 )
-from tests.helpers.cli import assert_usage_error, autotune, with_flags
+from tests.helpers.cli import assert_usage_error, invoke, with_flags
 from tests.helpers.faults import GATE_ENV, inject_fault
 from tests.helpers.models import write_model_dir
 
@@ -251,8 +251,10 @@ def test_importing_the_estimator_does_not_import_torch():
 
 @pytest.mark.slow
 def test_estimate_json_then_table(model_dir):
+    # In this process, as the console script runs it: the command's output is the subject, not a
+    # second interpreter's start (its trace child is started as ever).
     args = ["estimate", "--model", model_dir, "--micro-batch", "2", "--block-size", "64", "--gpu-budget", "600MiB"]
-    proc = autotune(*args, "--json")
+    proc = invoke(*args, "--json")
     assert proc.returncode == 1, proc.stderr  # 500 MiB of assumed CUDA context + the margin leave too little
     data = json.loads(proc.stdout)
     assert set(data) >= {"peak_bytes", "breakdown", "reserved_bytes", "context_bytes", "fits", "headroom_bytes"}
@@ -261,7 +263,7 @@ def test_estimate_json_then_table(model_dir):
     assert data["peak_bytes"] == sum(data["breakdown"].values())
     assert data["fits"] is False and data["context_bytes"] == CUDA_CONTEXT_BYTES
 
-    proc = autotune(*args)  # the same estimate again, from the cache, as a table
+    proc = invoke(*args)  # the same estimate again, from the cache, as a table
     assert proc.returncode == 1, proc.stderr
     for label in (
         "parameters",
@@ -293,7 +295,7 @@ def test_estimate_json_then_table(model_dir):
 )
 def test_estimate_bad_input_is_one_line_and_exit_2(change, needle):
     args = ["estimate", "--model", "gpt2", "--micro-batch", "1", "--block-size", "128", "--gpu-budget", "8GiB"]
-    assert_usage_error(autotune(*with_flags(args, change)), needle)
+    assert_usage_error(invoke(*with_flags(args, change)), needle)  # (a refusal: read in this process)
 
 
 @pytest.mark.slow

@@ -15,9 +15,12 @@ from autotune.vocabulary.errors import BadInput
 from autotune.launchers.base import WorkerSpec
 from autotune.launchers.choose import make_launcher
 from autotune.launchers.slurm import SlurmLauncher, SlurmOptions
+from tests.helpers.cli import invoke
 
 
 def run(*args: str, cwd=None) -> subprocess.CompletedProcess:
+    """`python -m autotune ARGS` in a process of its own: for the Ray launcher's refusal, which
+    imports Ray (seconds, and its state left in whatever process imported it)."""
     return subprocess.run(
         [sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=120, cwd=cwd
     )
@@ -60,7 +63,9 @@ def test_flags_of_another_launcher_are_refused():
 @pytest.mark.slow  # (the command line itself)
 def test_dry_run_prints_the_script_and_writes_nothing_and_a_missing_cluster_is_one_line(tmp_path, tiny_model):
     db = tmp_path / "dry.db"
-    printed = run(
+    # The Slurm commands in this process (`invoke`): the printed script and the one-line refusals
+    # are the subject, not a second interpreter's start.
+    printed = invoke(
         "search",
         "--model",
         tiny_model,
@@ -82,7 +87,7 @@ def test_dry_run_prints_the_script_and_writes_nothing_and_a_missing_cluster_is_o
     assert printed.stdout.startswith("#!/bin/bash\n") and "#SBATCH --array=0-2%2" in printed.stdout
     assert not db.exists()
     if shutil.which("sbatch") is None:
-        done = run(
+        done = invoke(
             "search",
             "--model",
             tiny_model,
@@ -165,7 +170,7 @@ def test_a_hostile_slurm_value_is_one_line_before_anything_on_dry_run_and_serve(
         ["search", "--model", tiny_model, "--gpu-budget", "1GiB", "--device", "cpu", "--dry-run"],
         ["serve", "--port", "18081", "--workers", "1"],
     ):
-        done = run(*command, "--launcher", "slurm", "--slurm-partition", "gpu\necho pwned", "--db", str(db))
+        done = invoke(*command, "--launcher", "slurm", "--slurm-partition", "gpu\necho pwned", "--db", str(db))
         assert done.returncode == 2 and done.stdout == "", done.stdout
         assert done.stderr.strip().splitlines() == [
             "autotune: error: --slurm-partition 'gpu\\necho pwned' is not a partition name: letters, digits, "

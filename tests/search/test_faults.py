@@ -19,8 +19,9 @@ import pytest
 
 from autotune.vocabulary.status import ProbeStatus, StudyStatus
 from tests.helpers.cli import autotune, autotune_command, invoke, wait_for
-from tests.helpers.faults import fault_env
+from tests.helpers.faults import fault_env, inject_fault
 from tests.helpers.models import write_model_dir
+from tests.helpers.runners import commands_probe_with
 from tests.helpers.processes import assert_all_gone, descendants, name, trace_children
 from tests.helpers.studies import TWO_CANDIDATES as SPACE
 from tests.helpers.studies import probes, running_claims, status
@@ -159,16 +160,15 @@ def test_ctrl_c_twice_aborts_the_probe_and_leaves_the_study_interrupted(model, t
     assert running_claims(db, "twice") == []
 
 
-def test_a_probe_that_crashes_every_time_is_not_a_finished_study(model, tmp_path, warm_child):
+def test_a_probe_that_crashes_every_time_is_not_a_finished_study(model, tmp_path, monkeypatch, probe_runner):
     db = str(tmp_path / "crash.db")
     flags = ["--micro-batches", "2"]  # one candidate: the one that crashes
-    crashed = subprocess.run(
-        autotune_command("search", "--model", model, *SPACE, *flags, "--db", db, "--study", "crash"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=fault_env("kill"),
-    )
+    # In this process: what is killed is each probe child, which the search forks afresh from this
+    # worker's fork server with the fault named in the environment of the moment (tests/helpers/
+    # faults); a second interpreter, with a fork server of its own, is not the subject.
+    with monkeypatch.context() as faulty:
+        inject_fault(faulty, "kill")
+        crashed = invoke("search", "--model", model, *SPACE, *flags, "--db", db, "--study", "crash")
     assert crashed.returncode == 3, crashed.stdout + crashed.stderr
     assert "could not be measured" in crashed.stdout and "mb2x1" in crashed.stdout
     assert "No configuration fits" not in crashed.stdout
@@ -177,7 +177,8 @@ def test_a_probe_that_crashes_every_time_is_not_a_finished_study(model, tmp_path
     assert row.result.status == ProbeStatus.CRASHED and "crashed 3 times" in row.result.error
 
     # The same command without the fault measures it; --json says so.
-    done = resume(model, db, "crash", *flags, "--json")
+    with commands_probe_with(probe_runner):
+        done = resume(model, db, "crash", *flags, "--json")
     assert done.returncode == 0, done.stdout + done.stderr
     summary = json.loads(done.stdout)
     assert summary["status"] == StudyStatus.FINISHED and summary["unmeasured"] == []

@@ -18,7 +18,7 @@ from autotune.probe import ProbeSettings
 from autotune.search import SearchOptions, run_search
 from autotune.search.space import SearchSpace
 from autotune.store import open_store
-from tests.helpers.cli import autotune, autotune_command
+from tests.helpers.cli import autotune_command, invoke
 from tests.helpers.models import TINY_GPT2
 from tests.helpers.fakes import request
 
@@ -48,7 +48,9 @@ def test_best_trainer_args_build_real_training_arguments(tiny_model, tmp_path, p
             runner,
             store,
         )
-    proc = autotune("best", "--study", "handoff", "--format", "trainer-args", timeout=120)
+    # `best` in this process (`invoke`, as the console script runs it): what it prints is the subject;
+    # the pasted command line below is run by a real shell.
+    proc = invoke("best", "--study", "handoff", "--format", "trainer-args")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     from transformers import TrainingArguments
@@ -71,7 +73,7 @@ def test_best_trainer_args_build_real_training_arguments(tiny_model, tmp_path, p
         best.training_arguments(output_dir=str(tmp_path / "o2")).per_device_train_batch_size == best.config.micro_batch
     )
     assert best.device_type == "cpu"
-    proc = autotune("best", "--study", "handoff", "--format", "cli", timeout=60)
+    proc = invoke("best", "--study", "handoff", "--format", "cli")
     flags = proc.stdout
     assert (
         "--bf16" in flags
@@ -146,13 +148,13 @@ def test_a_lora_search_over_two_optimizers_hands_off_trainer_arguments_and_a_lor
     )
     assert all(p.predicted_peak_bytes for p in probes)  # the estimator traced the adapters too
 
-    doc = json.loads(autotune("best", "--study", "lora", "--format", "trainer-args", timeout=120).stdout)
+    doc = json.loads(invoke("best", "--study", "lora", "--format", "trainer-args").stdout)
     args = TrainingArguments(output_dir=str(tmp_path / "out"), **doc["training_arguments"])
     assert args.optim == {"adamw": "adamw_torch_fused", "adafactor": "adafactor"}[outcome.best.config.optimizer]
     lora = LoraConfig(**doc["lora_config"])
     assert (lora.r, lora.lora_alpha, lora.task_type) == (4, 16, "CAUSAL_LM")
     assert isinstance(best_of("lora").lora_config(), LoraConfig)
-    assert "lora-r4" in autotune("leaderboard", "--study", "lora", timeout=60).stdout
+    assert "lora-r4" in invoke("leaderboard", "--study", "lora").stdout
 
 
 README = Path(__file__).resolve().parents[2] / "README.md"

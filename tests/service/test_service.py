@@ -23,6 +23,7 @@ from autotune.service.routes.searches import search_body_schema
 from autotune.service.submissions import SEARCH_OWN, ServicePolicy
 from autotune.vocabulary.status import SearchState, StudyStatus
 from autotune.store import open_store
+from tests.helpers.cli import invoke
 from tests.helpers.models import write_model_dir
 from tests.helpers.processes import alive, parent_of, processes_named
 from tests.helpers.store import FakeModel, config, make_study, result
@@ -136,12 +137,8 @@ def test_a_request_the_command_line_refuses_gets_its_line_and_writes_nothing(ser
         if k != "device"
     ]
     flags[0] = f"--model={service.root / 'tiny'}"
-    cli_run = subprocess.run(
-        [sys.executable, "-m", "autotune", "search", *flags, "--device", "cpu", "--db", str(tmp_path / "cli.db")],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    # (The command line's refusal, read in this process: tests/helpers/cli.py's `invoke`.)
+    cli_run = invoke("search", *flags, "--device", "cpu", "--db", str(tmp_path / "cli.db"))
     assert cli_run.returncode == 2
     assert answer.json() == {"error": cli_run.stderr.strip().removeprefix("autotune: error: ")}
     assert "Traceback" not in answer.text
@@ -299,12 +296,7 @@ def test_answers_and_best_say_what_the_command_line_says(service):
         == 404
     )
     for fmt in ("json", "trainer-args", "cli", "accelerate", "yaml", "trl"):
-        printed = subprocess.run(
-            [sys.executable, "-m", "autotune", "best", "--study", "gpt2-8GiB", "--format", fmt, "--db", service.db],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        printed = invoke("best", "--study", "gpt2-8GiB", "--format", fmt, "--db", service.db)  # (in this process)
         answer = service.get("/v1/searches/gpt2-8GiB/best", params={"format": fmt}, headers=auth(service))
         assert answer.status_code == 200 and answer.text == printed.stdout, fmt
         # /v1/answers says it the same way, with the notes `best` prints on stderr (it gave none before)
@@ -385,10 +377,11 @@ def test_an_unreachable_database_is_a_503_with_one_line(postgres_server, tmp_pat
 def test_serve_token_and_queue_worker_refuse_mistakes_in_one_line(tmp_path):
     db = str(tmp_path / "cli.db")
 
-    def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=60)
+    # Each command as the console script runs it, in this process (`invoke`): what is read is the
+    # one line of each refusal, not a second interpreter's start.
+    run = invoke
 
-    def refused(done: subprocess.CompletedProcess, words: str) -> None:
+    def refused(done, words: str) -> None:
         assert done.returncode == 2, done
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("autotune: error: ") and words in lines[0], done.stderr

@@ -22,6 +22,7 @@ httpx = pytest.importorskip("httpx")
 
 from autotune.vocabulary.status import SearchState  # noqa: E402
 from autotune.store import open_store  # noqa: E402
+from tests.helpers.cli import invoke  # noqa: E402
 from tests.helpers.plans import LONG_PLAN  # noqa: E402
 from tests.helpers.faults import GATE_ENV, fault_env  # noqa: E402
 from tests.helpers.models import write_model_dir  # noqa: E402
@@ -234,10 +235,12 @@ def test_a_pipeline_submits_follows_and_trains_with_the_answer(deployment):
     with open_store(deployment.db) as store:
         assert [s.name for s in store.queue.all()] == [name]
         assert store.queue.get(name).attempts == 1
-    # The command line reads the same study, unchanged.
-    board = deployment.autotune("leaderboard", "--study", name, "--format", "json", "--db", deployment.db)
+    # The command line reads the same study, unchanged (run in this process: the database is the subject).
+    board = invoke("leaderboard", "--study", name, "--format", "json", "--db", deployment.db)
+    assert board.returncode == 0, board.stderr
     assert [row["label"] for row in json.loads(board.stdout)] == [row["label"] for row in view["leaderboard"]]
-    printed = deployment.autotune("best", "--study", name, "--format", "trainer-args", "--db", deployment.db)
+    printed = invoke("best", "--study", name, "--format", "trainer-args", "--db", deployment.db)
+    assert printed.returncode == 0, printed.stderr
     assert json.loads(printed.stdout) == document
 
 
