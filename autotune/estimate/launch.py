@@ -73,6 +73,7 @@ class TraceChild:
         self._stderr: Any = None
         self._answering = False
         self.model_type = model_type  # (the model whose code a child started on demand imports first)
+        self.spawned_in: threading.Thread | None = None  # the thread a spawned process dies with (see start)
 
     def start(self, model_type: str | None = None, limit: float = STARTUP_FLOOR_SECONDS) -> "TraceChild":
         """Start the process (one already running is kept: it is warm); with `model_type` (or the
@@ -113,6 +114,8 @@ class TraceChild:
             env=env,
             preexec_fn=kill_me_with_parent,
         )
+        # (a spawned child dies when this thread ends: the parent-death signal follows the thread)
+        self.spawned_in = None if forked else threading.current_thread()
         return self
 
     @property
@@ -400,6 +403,12 @@ class TraceChildren:
                 thread.start()
             for thread in threads:
                 thread.join()
+            # A child started again inside its share's thread (after a native crash) dies as that
+            # thread has now ended: closed here, not found dying by the next request; the next one
+            # starts in the caller's thread.
+            for child in workers:
+                if child.started and child.spawned_in in threads:
+                    child.close()
         if failures:
             raise failures[0]
         return [result for result in results if result is not None]

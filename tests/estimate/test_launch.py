@@ -143,3 +143,24 @@ def test_trace_children_started_for_a_shared_request_live_on_for_the_next(tmp_pa
         again = estimate_memories(configs, device_type="cpu", use_cache=False, children=children)
         assert [child._process.pid for child in children.children] == pids
     assert [e.peak_bytes for e in again] == [e.peak_bytes for e in first]
+
+
+def test_a_trace_child_started_again_in_its_share_s_thread_is_not_left_to_die_there(tmp_path, monkeypatch):
+    # After a native crash a share's child is started again inside that share's thread; spawned
+    # there, it dies as the thread ends (the parent-death signal follows the thread). It is closed
+    # when the request is answered, so the next request starts one in the caller's thread instead
+    # of finding it dying.
+    model = str(write_model_dir(tmp_path / "tiny", **TINY_GPT2))
+    configs = [ProbeConfig(model, 1, 32), ProbeConfig(model, 2, 32)]
+    with TraceChildren(2, "gpt2") as children:  # (a child reads the fault as it starts: these start faulty)
+        with monkeypatch.context() as faulty:
+            inject_fault(faulty, "abort-once")
+            faulty.setenv(GATE_ENV, str(tmp_path / "aborted"))
+            crashed = estimate_memories(configs, device_type="cpu", use_cache=False, children=children)
+        assert (tmp_path / "aborted").exists()  # (one child did abort, and was started again)
+        time.sleep(0.5)
+        assert [child._process.poll() for child in children.children if child.started] == [None] * sum(
+            child.started for child in children.children
+        )
+        again = estimate_memories(configs, device_type="cpu", use_cache=False, children=children)
+    assert [e.peak_bytes for e in crashed] == [e.peak_bytes for e in again]
