@@ -35,6 +35,46 @@ TWO_CANDIDATES = [
 ]
 
 
+class WatchedStudy:
+    """`study` in `db` while a search process runs it, read through one store held for the wait
+    (running_claims and probes below open one each call: some 10 ms of CPU on SQLite, 30 on
+    PostgreSQL, five times a second while a test polls), opened once the search has made its
+    tables. Read only: the watching creates and writes nothing."""
+
+    def __init__(self, db: str, study: str) -> None:
+        self.db, self.study = db, study
+        self._store = None
+
+    def __enter__(self) -> WatchedStudy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    def store(self):
+        if self._store is None:
+            self._store = open_store(self.db, read_only=True)
+        return self._store
+
+    def running_claims(self) -> list:
+        """running_claims(db, study)'s answer, through the held store."""
+        try:
+            store = self.store()
+            claims = store.claims.of_study(store.study(self.study).id, stale_after=3600)
+        except Exception:  # not created yet
+            return []
+        return [c for c in claims if c.state == ClaimState.RUNNING]
+
+    def probes(self) -> list:
+        """probes(db, study)'s answer, through the held store (raises before the study exists)."""
+        return self.store().probes(self.study)
+
+
 def running_claims(db: str, study: str) -> list:
     try:
         with open_store(db) as store:

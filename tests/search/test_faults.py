@@ -9,32 +9,39 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import signal
 import subprocess
 import time
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
 from autotune.vocabulary.status import ProbeStatus, StudyStatus
-from tests.helpers.cli import autotune, autotune_command, invoke, wait_for
+from tests.helpers.cli import autotune_command, invoke, wait_for
 from tests.helpers.faults import fault_env, inject_fault
 from tests.helpers.models import write_model_dir
 from tests.helpers.runners import commands_probe_with
 from tests.helpers.processes import assert_all_gone, descendants, name, trace_children
 from tests.helpers.studies import TWO_CANDIDATES as SPACE
-from tests.helpers.studies import probes, running_claims, status
+from tests.helpers.studies import WatchedStudy, probes, running_claims, status
 
 pytestmark = pytest.mark.slow
 
 
-def second_probe_running(db: str, study: str) -> bool:
+def second_probe_running(watched: WatchedStudy) -> bool:
     """The first probe is stored and the second is claimed: the search is mid-probe."""
     try:
-        return len(probes(db, study)) == 1 and bool(running_claims(db, study))
+        return len(watched.probes()) == 1 and bool(watched.running_claims())
     except Exception:  # the study is not created yet
         return False
+
+
+def wait_for_second_probe(db: str, study: str) -> None:
+    with WatchedStudy(db, study) as watched:
+        wait_for(lambda: second_probe_running(watched), what="the second probe")
 
 
 @pytest.fixture
@@ -83,7 +90,7 @@ def test_kill_9_mid_probe_leaves_no_process_and_loses_no_probe(model, tmp_path, 
     tmpdir.mkdir()
     search = start_search(model, db, "kill9", "hang", on_probe=2, tmpdir=tmpdir)
     try:
-        wait_for(lambda: second_probe_running(db, "kill9"), what="the second probe")
+        wait_for_second_probe(db, "kill9")
         below = descendants(search.pid)
         assert below, "the probe child should be running"
         search.send_signal(signal.SIGKILL)
@@ -126,7 +133,7 @@ def test_sigterm_mid_probe_stops_marks_interrupted_and_releases_the_claim(model,
     db = str(tmp_path / "term.db")
     search = start_search(model, db, "term", "hang", on_probe=2)
     try:
-        wait_for(lambda: second_probe_running(db, "term"), what="the second probe")
+        wait_for_second_probe(db, "term")
         below = descendants(search.pid)
         search.send_signal(signal.SIGTERM)
         _, stderr = search.communicate(timeout=60)
@@ -145,7 +152,7 @@ def test_ctrl_c_twice_aborts_the_probe_and_leaves_the_study_interrupted(model, t
     db = str(tmp_path / "twice.db")
     search = start_search(model, db, "twice", "hang", on_probe=2)
     try:
-        wait_for(lambda: second_probe_running(db, "twice"), what="the second probe")
+        wait_for_second_probe(db, "twice")
         below = descendants(search.pid)
         search.send_signal(signal.SIGINT)
         time.sleep(1.0)
@@ -207,7 +214,8 @@ def test_a_fleet_killed_with_kill_9_on_postgresql_leaves_no_worker_and_no_files(
         env=fault_env("hang"),
     )
     try:
-        wait_for(lambda: len(running_claims(postgres_url, "fleet")) == 2, what="both workers probing")
+        with WatchedStudy(postgres_url, "fleet") as watched:
+            wait_for(lambda: len(watched.running_claims()) == 2, what="both workers probing")
         below = descendants(search.pid)
         assert len(below) >= 4, below  # two workers, each with its probe child
         search.send_signal(signal.SIGKILL)
@@ -249,12 +257,16 @@ BAD_MODELS = {
 @pytest.fixture(scope="module")
 def upgraded_db(tmp_path_factory) -> Path:
     """A database made by `autotune db upgrade`, once for the module: each case below refuses
-    against its own copy of it (the command's start-up is seconds; the file is the same each time)."""
+    against its own copy of it (the file is the same each time). In this process: what the
+    command writes into the environment is put back (a module's fixture runs outside the
+    per-test restore, tests/conftest.py)."""
     root = tmp_path_factory.mktemp("upgraded")
     db = root / "existing.db"
     # (Set up before the per-test hermetic home: its own, so nothing touches the user's.)
     home = {"AUTOTUNE_HOME": str(root / "home"), "AUTOTUNE_DB": f"sqlite:///{root / 'home' / 'autotune.db'}"}
-    assert autotune("db", "upgrade", "--db", str(db), env=home).returncode == 0
+    with mock.patch.dict(os.environ):
+        upgraded = invoke("db", "upgrade", "--db", str(db), env=home)
+    assert upgraded.returncode == 0, upgraded.stdout + upgraded.stderr
     return db
 
 

@@ -1,5 +1,8 @@
 """Several worker processes on one study, with real probes of a tiny GPT-2 on CPU: three workers on
-PostgreSQL, one of them killed mid-probe; two workers on one SQLite file."""
+PostgreSQL, one of them killed mid-probe; two workers on one SQLite file. The workers are processes
+of their own (the subject); the search that starts them runs in this process, with the test worker's
+warm probe child for its preflight (`invoke`, tests/helpers/runners.commands_probe_with): a second
+interpreter and its fork server for that are not the subject."""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ import json
 import os
 import signal
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -19,10 +24,11 @@ from autotune.probe import ProbeSettings
 from autotune.search import SearchOptions, run_search, start_study
 from autotune.search.space import SearchSpace
 from autotune.store import open_store
-from tests.helpers.cli import autotune_command, wait_for
+from tests.helpers.cli import Outcome, autotune_command, invoke, wait_for
 from tests.helpers.fakes import ScriptedRunner, request
 from tests.helpers.faults import GATE_ENV, fault_env
-from tests.helpers.studies import running_claims
+from tests.helpers.runners import commands_probe_with
+from tests.helpers.studies import WatchedStudy
 
 pytestmark = pytest.mark.slow
 MiB = 2**20
@@ -59,25 +65,39 @@ FLAGS = [
 ]
 
 
-def run_gated(args: list[str], gate: Path, ready, what: str) -> tuple[subprocess.Popen, str, str]:
-    """`autotune ARGS`, each worker's first probe waiting at `gate` (tests/helpers/faults) until
-    `ready()`; then the gate opens and the search runs to its end: the process and its output."""
-    search = subprocess.Popen(
-        autotune_command(*args),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**fault_env("gate", on_probe=1), GATE_ENV: str(gate)},
-    )
-    try:
-        wait_for(ready, what=what)
-        gate.touch()
-        out, err = search.communicate(timeout=300)
-    finally:
-        gate.touch()
-        if search.poll() is None:
-            search.kill()
-    return search, out, err
+def run_gated(args: list[str], gate: Path, watched: WatchedStudy, ready, what: str, probe_runner) -> Outcome:
+    """`autotune ARGS` in this process, each worker's first probe waiting at `gate` (tests/helpers/
+    faults) until `ready(watched.running_claims())`, watched from a thread (the search keeps this one: its signal
+    handlers, and its workers' parent-death signal, which follows the thread that started them);
+    then the gate opens and the search runs to its end."""
+    seen, done = threading.Event(), threading.Event()
+
+    def open_when_ready() -> None:
+        deadline = time.monotonic() + 180
+        try:
+            while not done.is_set() and time.monotonic() < deadline:
+                if ready(watched.running_claims()):
+                    seen.set()
+                    return
+                time.sleep(0.2)
+        finally:
+            gate.touch()
+            watched.close()
+
+    watcher = threading.Thread(target=open_when_ready, daemon=True)
+    # The warm child up before the fault is named: one forked after it would carry the gate into
+    # this test worker's later tests (a child gets the environment of its fork).
+    probe_runner(ProbeSettings(device="cpu")).environment()
+    with commands_probe_with(probe_runner):  # (the environment set here is restored after it)
+        os.environ.update({**fault_env("gate", on_probe=1), GATE_ENV: str(gate)})
+        watcher.start()
+        try:
+            outcome = invoke(*args)
+        finally:
+            done.set()
+            watcher.join()
+    assert seen.is_set(), f"timed out waiting for {what}"
+    return outcome
 
 
 def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_workers_probe(
@@ -123,7 +143,7 @@ def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_w
     # worker's first probe waits at the gate (tests/helpers/faults) until two of them hold one: else
     # on a busy machine the first worker up settled every config before the others had imported torch.
     gate = tmp_path / "gate"
-    search, out, err = run_gated(
+    search = run_gated(
         [
             "search",
             "--model",
@@ -131,6 +151,8 @@ def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_w
             "--gpu-budget",
             "16MiB",
             *FLAGS,
+            # (as the study was started: the fleet runs no confirmation round, see the replay below)
+            "--no-confirm",
             "--study",
             "shared",
             "--workers",
@@ -141,11 +163,13 @@ def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_w
             "--json",
         ],
         gate,
-        lambda: len({c.worker for c in running_claims(postgres_url, "shared") if mine not in c.worker}) >= 2,
-        what="two of the three workers holding a probe",
+        WatchedStudy(postgres_url, "shared"),
+        lambda claims: len({c.worker for c in claims if mine not in c.worker}) >= 2,
+        "two of the three workers holding a probe",
+        probe_runner,
     )
-    assert search.returncode == 0, err
-    summary = json.loads(out)
+    assert search.returncode == 0, search.stderr
+    summary = json.loads(search.stdout)
     assert summary["status"] == "finished" and summary["workers"] == 3 and summary["best"] is not None
 
     with open_store(postgres_url) as store:
@@ -197,12 +221,12 @@ def test_three_workers_on_postgresql_probe_each_config_once_and_retry_a_killed_w
     assert all(":cpu" in row["worker"] for row in json.loads(board.output))
 
 
-def test_two_workers_share_one_sqlite_file(tiny_model, tmp_path):
+def test_two_workers_share_one_sqlite_file(tiny_model, tmp_path, probe_runner):
     db = str(tmp_path / "two.db")
     # Each worker's first probe waits at the gate (tests/helpers/faults) until both hold one: then
     # both take configurations, however late one starts on a busy machine.
     gate = tmp_path / "gate"
-    search, out, err = run_gated(
+    search = run_gated(
         [
             "search",
             "--model",
@@ -218,10 +242,13 @@ def test_two_workers_share_one_sqlite_file(tiny_model, tmp_path):
             db,
         ],
         gate,
-        lambda: len({c.worker for c in running_claims(db, "two")}) == 2,
-        what="both workers holding a probe",
+        WatchedStudy(db, "two"),
+        lambda claims: len({c.worker for c in claims}) == 2,
+        "both workers holding a probe",
+        probe_runner,
     )
-    assert search.returncode == 0, err
+    assert search.returncode == 0, search.stderr
+    out = search.stdout
     assert "by 2 workers (every candidate settled)" in out
     with open_store(db) as store:
         probes = store.probes("two")
