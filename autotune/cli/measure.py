@@ -8,100 +8,26 @@ import click
 
 from autotune.vocabulary import defaults
 from autotune.cli.app import cli, echo_json
-from autotune.flags.arguments import check_cpu_ranks, evaluation_asked, make_settings
-from autotune.flags.flag import options
+from autotune.flags.arguments import check_cpu_ranks, make_settings, recipe_arguments
+from autotune.flags.flag import Part, by_part, options
 from autotune.flags.table import ESTIMATE, PROBE
 from autotune.vocabulary.errors import BadInput
-from autotune.levers.recipes import peft_text  # (torch-free: the --peft flags as a config stores them)
 from autotune.vocabulary.status import ProbeStatus
 
 
 @cli.command()
 @options(PROBE)
-def probe(
-    model,
-    micro_batch,
-    block_size,
-    grad_accum,
-    precision,
-    checkpointing,
-    attention,
-    optimizer,
-    weights,
-    compile_,
-    allocator,
-    liger,
-    trainer,
-    gpus,
-    strategy,
-    nodes,
-    task,
-    target_length,
-    num_labels,
-    peft,
-    lora_rank,
-    lora_alpha,
-    lora_dropout,
-    lora_targets,
-    eval_batch,
-    eval_logits,
-    eval_accumulation_steps,
-    generate,
-    generation_max_length,
-    num_beams,
-    gpu_budget,
-    device,
-    safety_margin,
-    warmup_steps,
-    measure_steps,
-    measure_seconds,
-    probe_timeout,
-    trust_remote_code,
-    max_compile_seconds,
-    rendezvous,
-    as_json,
-):
+def probe(**values):
     """Run one short, real training probe; exit status 0 if it fits, 1 if not."""
     from autotune.probe import run_probe
     from autotune.render.tables import format_probe_result
     from autotune.vocabulary.units import parse_budget
 
-    budget = parse_budget(gpu_budget)
-    config = make_config(
-        model,
-        micro_batch,
-        block_size,
-        grad_accum,
-        precision,
-        checkpointing,
-        attention,
-        task,
-        target_length,
-        num_labels,
-        optimizer,
-        weights,
-        peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets),
-        compile_,
-        allocator,
-        liger,
-        evaluation_asked(eval_batch, eval_logits, eval_accumulation_steps, generate, generation_max_length, num_beams),
-        gpus,
-        strategy,
-        nodes,
-        budget_bytes=budget,
-        trainer=trainer,
-    )
-    settings = make_settings(
-        device,
-        safety_margin,
-        warmup_steps,
-        measure_steps,
-        measure_seconds,
-        probe_timeout,
-        trust_remote_code,
-        max_compile_seconds,
-        rendezvous,
-    )
+    parts = by_part(PROBE, values)
+    what = parts[Part.WHAT]
+    budget = parse_budget(what.pop("gpu_budget"))
+    config = make_config(**what, **parts[Part.SPACE], budget_bytes=budget)
+    settings = make_settings(**parts[Part.PROBE])
     check_cpu_ranks(config.gpus, settings.device)
     result = run_probe(config, budget, settings=settings)
     if result.status == ProbeStatus.SKIPPED:
@@ -113,7 +39,7 @@ def probe(
             f"{(result.error or '').rstrip('.')}; change or leave out the flag that asks for it, or probe "
             f"on a device that runs it."
         )
-    if as_json:
+    if parts[Part.OUTPUT]["as_json"]:
         echo_json({"config": config.to_dict(), "config_key": config.key(), "task": config.task, **result.to_dict()})
     else:
         click.echo(format_probe_result(config, result))
@@ -122,46 +48,7 @@ def probe(
 
 @cli.command()
 @options(ESTIMATE)
-def estimate(
-    model,
-    micro_batch,
-    block_size,
-    grad_accum,
-    precision,
-    checkpointing,
-    attention,
-    optimizer,
-    weights,
-    compile_,
-    allocator,
-    liger,
-    trainer,
-    gpus,
-    strategy,
-    nodes,
-    task,
-    target_length,
-    num_labels,
-    peft,
-    lora_rank,
-    lora_alpha,
-    lora_dropout,
-    lora_targets,
-    eval_batch,
-    eval_logits,
-    eval_accumulation_steps,
-    generate,
-    generation_max_length,
-    num_beams,
-    gpu_budget,
-    safety_margin,
-    device_type,
-    timeout_text,
-    no_cache,
-    trust_remote_code,
-    stack_text,
-    as_json,
-):
+def estimate(**values):
     """Predict a configuration's training memory without a GPU; with --gpu-budget, exit 1 if it will not fit."""
     from autotune.results.budget import Budget
     from autotune.estimate import estimate_memory
@@ -170,42 +57,23 @@ def estimate(
     from autotune.render.estimate_table import render_estimate
     from autotune.vocabulary.units import parse_budget, parse_duration, parse_margin
 
-    budget = Budget.of(parse_budget(gpu_budget), parse_margin(safety_margin)) if gpu_budget is not None else None
-    stack = Stack.parse(stack_text)
-    timeout = parse_duration(timeout_text, flag="--timeout")
-    config = make_config(
-        model,
-        micro_batch,
-        block_size,
-        grad_accum,
-        precision,
-        checkpointing,
-        attention,
-        task,
-        target_length,
-        num_labels,
-        optimizer,
-        weights,
-        peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets),
-        compile_,
-        allocator,
-        liger,
-        evaluation_asked(eval_batch, eval_logits, eval_accumulation_steps, generate, generation_max_length, num_beams),
-        gpus,
-        strategy,
-        nodes,
-        budget_bytes=budget.total_bytes if budget is not None else None,
-        trainer=trainer,
-    )
+    parts = by_part(ESTIMATE, values)
+    what, own = parts[Part.WHAT], parts[Part.COMMAND]
+    gpu_budget = what.pop("gpu_budget")
+    budget = Budget.of(parse_budget(gpu_budget), parse_margin(own["safety_margin"])) if gpu_budget is not None else None
+    stack = Stack.parse(own["stack_text"])
+    timeout = parse_duration(own["timeout_text"], flag="--timeout")
+    config = make_config(**what, **parts[Part.SPACE], budget_bytes=budget.total_bytes if budget is not None else None)
+    as_json = parts[Part.OUTPUT]["as_json"]
     # One trace: a line every 30 s in a pipe (a 7B model traces in about 15), so that a mistake the
     # trace finds (LoRA targets that match nothing) is still the one line a script reads.
     with trace_progress(quiet=as_json, what=f"tracing {config.label()}", every=30.0):
         result = estimate_memory(
             config,
-            device_type=device_type.lower(),
+            device_type=own["device_type"].lower(),
             timeout=timeout,
-            use_cache=not no_cache,
-            trust_remote_code=trust_remote_code,
+            use_cache=not own["no_cache"],
+            trust_remote_code=own["trust_remote_code"],
             stack=stack,
         )
     if as_json:
@@ -216,6 +84,7 @@ def estimate(
 
 
 def make_config(
+    *,
     model,
     micro_batch,
     block_size,
@@ -228,18 +97,18 @@ def make_config(
     num_labels,
     optimizer=defaults.OPTIMIZER,
     weights="fp32",
-    peft=None,
     compile_=False,
     allocator="default",
     liger=False,
-    evaluation=None,
     gpus=1,
     strategy=None,
     nodes=1,
-    budget_bytes=None,
     trainer=None,
+    budget_bytes=None,
+    **recipe_flags,
 ):
-    """The one config `probe` and `estimate` are about, checked before any process starts; with
+    """The one config `probe` and `estimate` are about (their CONFIG flags, flags/table.py; the
+    --peft and evaluation ones in `recipe_flags`), checked before any process starts; with
     `budget_bytes`, its tables too (the embedding, a learned position table, a classification head
     of --num-labels: ModelSpec.check_shapes)."""
     from autotune.levers.config import ProbeConfig
@@ -247,6 +116,7 @@ def make_config(
     from autotune.levers.recipes import DEFAULT_TRAINER
     from autotune.search.space import single_config
 
+    recipe = recipe_arguments(**recipe_flags)
     # The levers are checked before the model is looked for (a typo answers without a hub lookup).
     levers = dict(
         micro_batch=micro_batch,
@@ -257,7 +127,7 @@ def make_config(
         attention=attention.lower(),
         optimizer=optimizer.strip().lower(),
         weights=weights.strip().lower(),
-        peft=peft,
+        peft=recipe["peft"],
         compile=compile_,
         allocator=allocator.strip().lower(),
         liger=liger,
@@ -269,7 +139,12 @@ def make_config(
     ProbeConfig(model=model, **levers)
     spec = resolve_model(model)
     config = single_config(
-        spec, task=task, target_length=target_length, num_labels=num_labels, evaluation=evaluation, **levers
+        spec,
+        task=task,
+        target_length=target_length,
+        num_labels=num_labels,
+        evaluation=recipe["evaluation"],
+        **levers,
     )
     spec.check_shapes(budget_bytes, num_labels=config.num_labels)
     say_task_assumed(spec.config, task)

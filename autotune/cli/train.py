@@ -7,11 +7,10 @@ import sys
 import click
 
 from autotune.cli.app import cli, echo_json
-from autotune.flags.arguments import evaluation_asked
+from autotune.flags.arguments import recipe_arguments
 from autotune.flags.flag import options
 from autotune.flags.table import DB, TASK, data_flags
 from autotune.flags.values import COUNT, DEVICE, PASSES, RATE, STEPS
-from autotune.levers.recipes import peft_text
 
 
 @cli.command()
@@ -96,17 +95,7 @@ def train(
     task,
     target_length,
     num_labels,
-    peft,
-    lora_rank,
-    lora_alpha,
-    lora_dropout,
-    lora_targets,
-    eval_batch,
-    eval_logits,
-    eval_accumulation_steps,
-    generate,
-    generation_max_length,
-    num_beams,
+    **recipe_flags,
 ):
     """Train with a study's winning configuration under its budget; exit status 1 if it runs out of memory."""
     from autotune.render import tables
@@ -142,10 +131,7 @@ def train(
         task=task,
         target_length=target_length,
         num_labels=num_labels,
-        peft=peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets),
-        evaluation=evaluation_asked(
-            eval_batch, eval_logits, eval_accumulation_steps, generate, generation_max_length, num_beams
-        ),
+        **recipe_arguments(**recipe_flags),  # (the --peft and evaluation flags)
         gpus=gpus,
         db=db,
         echo=lambda line: click.echo(line, file=out),

@@ -39,6 +39,32 @@ def evaluation_asked(
     )
 
 
+def recipe_arguments(
+    *,
+    peft=None,
+    lora_rank=None,
+    lora_alpha=None,
+    lora_dropout=None,
+    lora_targets=None,
+    eval_batch=None,
+    eval_logits=None,
+    eval_accumulation_steps=None,
+    generate=False,
+    generation_max_length=None,
+    num_beams=None,
+) -> dict:
+    """The --peft and evaluation flags of TASK (flags/table.py) as a config, a space and a run take
+    them: the adapters' stored text (recipes.peft_text) and the evaluation asked (evaluation_asked)."""
+    from autotune.levers.recipes import peft_text
+
+    return dict(
+        peft=peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets),
+        evaluation=evaluation_asked(
+            eval_batch, eval_logits, eval_accumulation_steps, generate, generation_max_length, num_beams
+        ),
+    )
+
+
 def _eval_batch(text: str | None) -> int | str | None:
     """--eval-batch: a whole number, or auto."""
     from autotune.levers.evaluation import AUTO
@@ -132,20 +158,9 @@ def space_arguments(
     task,
     target_length,
     num_labels,
-    peft,
-    lora_rank,
-    lora_alpha,
-    lora_dropout,
-    lora_targets,
     packing=None,
     sampling=None,
     padding_free=None,
-    eval_batch=None,
-    eval_logits=None,
-    eval_accumulation_steps=None,
-    generate=False,
-    generation_max_length=None,
-    num_beams=None,
     gpus=1,
     strategies=None,
     nodes=1,
@@ -154,11 +169,13 @@ def space_arguments(
     target_column=None,
     label_column=None,
     tokenizer=None,
+    **recipe_flags,
 ) -> dict:
-    """space_options' flags, parsed, as SearchSpace.build's keyword arguments."""
+    """space_options' flags, parsed, as SearchSpace.build's keyword arguments (`recipe_flags`: the
+    --peft and evaluation flags, recipe_arguments')."""
     from autotune.levers.config import ATTENTIONS, OPTIMIZERS, PRECISIONS
     from autotune.levers.lengths import SAMPLINGS
-    from autotune.levers.recipes import OPTIMIZER_ALIASES, WEIGHTS, peft_text
+    from autotune.levers.recipes import OPTIMIZER_ALIASES, WEIGHTS
     from autotune.levers.sharding import STRATEGIES
     from autotune.levers.speed_levers import ALLOCATORS
     from autotune.vocabulary.units import parse_choice_list, parse_int_list
@@ -180,7 +197,6 @@ def space_arguments(
         # (Trainer's names too: SearchSpace.build stores each under autotune's)
         optimizers=parse_choice_list(optimizers, flag="--optimizers", allowed=(*OPTIMIZERS, *OPTIMIZER_ALIASES)),
         weights=parse_choice_list(weights_, flag="--weights", allowed=WEIGHTS),
-        peft=peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets),
         trainer=trainer.strip().lower() if trainer else None,
         packing=one_on_off(packing, "--packing"),
         samplings=parse_choice_list(sampling, flag="--sampling", allowed=SAMPLINGS) if sampling is not None else None,
@@ -188,9 +204,7 @@ def space_arguments(
         compiles=on_off_list(compile_, "--compile"),
         allocators=parse_choice_list(allocators, flag="--allocators", allowed=tuple(ALLOCATORS)),
         ligers=on_off_list(liger, "--liger"),
-        evaluation=evaluation_asked(
-            eval_batch, eval_logits, eval_accumulation_steps, generate, generation_max_length, num_beams
-        ),
+        **recipe_arguments(**recipe_flags),
         gpus=gpus,
         nodes=nodes,
         strategies=parse_choice_list(strategies, flag="--strategies", allowed=STRATEGIES)

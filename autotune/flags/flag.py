@@ -98,6 +98,17 @@ def options(rows: Sequence[Flag]) -> Callable:
     return decorate
 
 
+def by_part(rows: Sequence[Flag], values: dict[str, Any]) -> dict[Part, dict[str, Any]]:
+    """click's values of a command's `rows`, grouped by what each says about the request (its
+    row's Part), under the names the command receives them by: each part goes where it is read
+    (the space's flags to space_arguments, the probe's to make_settings, ...)."""
+    parts: dict[Part, dict[str, Any]] = {part: {} for part in Part}
+    for row in rows:
+        if row.python_name in values:
+            parts[row.part][row.python_name] = values[row.python_name]
+    return parts
+
+
 def reading_command(name: str, rows: Sequence[Flag]) -> click.Command:
     """A command that only parses `rows`: how the service reads a request's body as `autotune
     name`'s flags, with the same types, checks and words as the command line (it runs nothing)."""

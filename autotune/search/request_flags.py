@@ -11,7 +11,7 @@ from typing import Any
 
 from autotune.vocabulary.errors import BadInput
 from autotune.flags.arguments import check_cpu_ranks, make_settings, space_arguments
-from autotune.flags.flag import Part
+from autotune.flags.flag import Part, by_part
 from autotune.flags.table import SEARCH
 from autotune.probe.settings import ProbeSettings
 from autotune.search.common import SearchOptions
@@ -37,10 +37,7 @@ def read_search_flags(
     alone allow (AutotuneError or click.UsageError otherwise). Where and how the workers start
     (Part.LAUNCH) and where the answer goes (Part.OUTPUT) are the caller's: `workers` and
     `oversubscribe` say what the checks need of them."""
-    parts: dict[Part, dict[str, Any]] = {part: {} for part in Part}
-    for row in SEARCH:
-        if row.python_name in values:
-            parts[row.part][row.python_name] = values[row.python_name]
+    parts = by_part(SEARCH, values)
     what = parts[Part.WHAT]
     if what.get("model") is None:
         raise BadInput(

@@ -83,7 +83,7 @@ def train(
     `num_labels` are the search's task fields (autotune.levers.tasks), `peft` its LoRA adapters (the
     --peft flags' text, autotune.levers.recipes.peft_text); with a study, they may only repeat what it
     measured. `evaluation` is how the run evaluates (the evaluation flags, as
-    autotune.cli.options.evaluation_asked gives them): the search measures it, a study's must be it,
+    autotune.flags.arguments.evaluation_asked gives them): the search measures it, a study's must be it,
     and a run with an --eval-split evaluates so, under the same cap. Raises AutotuneError for
     anything the user must fix, before the run is recorded; an OOM during the run is `status='oom'`.
     """

@@ -98,7 +98,7 @@ class FixedRecipe:
     ) -> None:
         """BadInput for a flag that contradicts what study `study` measured. `peft` is the --peft
         flags' stored text (autotune.levers.recipes.peft_text): the adapters are part of what is trained.
-        `evaluation`: the evaluation flags as given (cli.options.evaluation_asked); those left out
+        `evaluation`: the evaluation flags as given (autotune.flags.arguments.evaluation_asked); those left out
         take the study's. `train` runs transformers' Trainer: a study that timed another trainer's
         step measured neither its memory nor its speed."""
         if (caveat := trainer_caveat(self.trainer, DEFAULT_TRAINER, "autotune train")) is not None:
@@ -167,7 +167,7 @@ class FixedRecipe:
 
 # FixedRecipe's fields of what is trained (the rest of autotune.levers.tasks.FIXED_RECIPE is the evaluation's).
 _TASK_FIELDS = ("task", "target_length", "num_labels", "peft")
-# The evaluation flags (cli.options.evaluation_asked's keys), as the command line spells them.
+# The evaluation flags (autotune.flags.arguments.evaluation_asked's keys), as the command line spells them.
 _EVAL_FLAGS = {
     "eval_batch": "--eval-batch",
     "eval_logits": "--eval-logits",
@@ -179,7 +179,7 @@ _EVAL_FLAGS = {
 
 
 def asks_evaluation(asked: dict[str, Any] | None) -> bool:
-    """Whether any evaluation flag was given (cli.options.evaluation_asked's form)."""
+    """Whether any evaluation flag was given (autotune.flags.arguments.evaluation_asked's form)."""
     return any(value is not None and value is not False for value in (asked or {}).values())
 
 
