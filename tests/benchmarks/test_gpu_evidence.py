@@ -159,9 +159,9 @@ def main_in_process(argv: list[str], monkeypatch, capsys) -> subprocess.Complete
 
 
 @pytest.mark.skipif(cuda_available(), reason="this machine has CUDA")
-def test_without_cuda_and_without_cpu_it_refuses_in_one_line_and_writes_nothing(tmp_path):
+def test_without_cuda_and_without_cpu_it_refuses_in_one_line_and_writes_nothing(tmp_path, monkeypatch, capsys):
     out = tmp_path / "out"
-    assert_one_line_refusal(run_evidence("--out", str(out), "--deadline", "60"), "--cpu")
+    assert_one_line_refusal(main_in_process(["--out", str(out), "--deadline", "60"], monkeypatch, capsys), "--cpu")
     assert not out.exists()
 
 

@@ -3,7 +3,9 @@ loopback, over one SQLite database, running tiny CPU searches submitted over HTT
 pipeline submits, follows the events to the end and builds a real TrainingArguments from the
 answer; a client cancels a running search and resubmits it; a worker is killed mid-search and
 another takes its search over; the service is killed mid-search and the worker finishes anyway.
-One deployment for the module (a service and a worker are started once)."""
+One deployment for the module (a service and a worker are started once), and one HTTP client and
+one handle on the database for this process (a client per request loaded its TLS certificates, a
+tenth of a second of CPU each time; a store opened per poll checked the schema, a hundredth)."""
 
 from __future__ import annotations
 
@@ -44,7 +46,14 @@ class Deployment:
         write_model_dir(self.root / "tiny", **TINY)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.token = self.autotune("token", "create", "pipeline", "--db", self.db).stdout.strip()
+        # (the command line, in this process: the token is the setup, not the subject)
+        created = invoke("token", "create", "pipeline", "--db", self.db)
+        assert created.returncode == 0, created.stderr
+        self.token = created.stdout.strip()
+        # Every request of this module: a connection of its own each (none kept alive), as a client
+        # per request had, without one TLS context per request.
+        self.http = httpx.Client(limits=httpx.Limits(max_keepalive_connections=0))
+        self.store = open_store(self.db)  # (each read is a session of its own: it sees what others wrote)
         self.processes: dict[str, subprocess.Popen] = {}
         # Its own estimate cache and data directory: what it answers from the cache, it traced itself;
         # its own temporary directory: what a worker leaves there is seen.
@@ -60,12 +69,10 @@ class Deployment:
             "PYTHONUNBUFFERED": "1",
             "AUTOTUNE_HOME": str(base / "home"),
             "TMPDIR": str(base / "tmp"),
+            # One trace process per plan or estimate, as tests/conftest.py has it for every test (two
+            # pytest workers share the cores); this module's fixture is made before that fixture runs.
+            "AUTOTUNE_TRACE_PROCESSES": "1",
         }
-
-    def autotune(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, "-m", "autotune", *args], capture_output=True, text=True, timeout=120, check=True
-        )
 
     def start(self, name: str, *args: str) -> subprocess.Popen:
         log = open(self.base / f"{name}.log", "a")
@@ -86,7 +93,7 @@ class Deployment:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.url}/healthz", timeout=2).status_code == 200:
+                if self.http.get(f"{self.url}/healthz", timeout=2).status_code == 200:
                     return
             except httpx.HTTPError:
                 time.sleep(0.2)
@@ -106,22 +113,23 @@ class Deployment:
     def stop_all(self) -> None:
         for name in list(self.processes):
             self.kill(name)
+        self.http.close()
+        self.store.close()
 
     @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token}"}
 
     def submit(self, **changes) -> httpx.Response:
-        return httpx.post(f"{self.url}/v1/searches", json=search_body(**changes), headers=self.headers, timeout=30)
+        return self.http.post(f"{self.url}/v1/searches", json=search_body(**changes), headers=self.headers, timeout=30)
 
     def view(self, name: str) -> dict:
-        answer = httpx.get(f"{self.url}/v1/searches/{name}", headers=self.headers, timeout=30)
+        answer = self.http.get(f"{self.url}/v1/searches/{name}", headers=self.headers, timeout=30)
         assert answer.status_code == 200, answer.text
         return answer.json()
 
     def row(self, name: str):
-        with open_store(self.db) as store:
-            return store.queue.get(name)
+        return self.store.queue.get(name)
 
     def wait(self, name: str, test, what: str, seconds: float = 150.0):
         deadline = time.monotonic() + seconds
@@ -145,7 +153,7 @@ def search_body(**changes) -> dict:
         "precisions": "fp32",
         "checkpointing": "off",
         "attention": "sdpa",
-        "measure_seconds": "0.3",
+        "measure_seconds": "0.05",  # (a few steps: what is measured here is the service, not a speed)
         "warmup_steps": 2,
         "measure_steps": 2,
         "predict": False,
@@ -176,7 +184,7 @@ def deployment(tmp_path_factory):
 def follow(deployment: Deployment, name: str, seconds: float = 180.0) -> list[tuple[str, dict]]:
     """Read the search's event stream to its `end`: (event, data) pairs."""
     events, kind = [], None
-    with httpx.stream(
+    with deployment.http.stream(
         "GET",
         f"{deployment.url}/v1/searches/{name}/events",
         headers=deployment.headers,
@@ -196,7 +204,7 @@ def follow(deployment: Deployment, name: str, seconds: float = 180.0) -> list[tu
 
 def test_a_pipeline_submits_follows_and_trains_with_the_answer(deployment):
     # Without a token: refused, and nothing is written.
-    refused = httpx.post(f"{deployment.url}/v1/searches", json=search_body(), timeout=30)
+    refused = deployment.http.post(f"{deployment.url}/v1/searches", json=search_body(), timeout=30)
     assert refused.status_code == 401
     with open_store(deployment.db) as store:
         assert store.queue.all() == []
@@ -217,7 +225,7 @@ def test_a_pipeline_submits_follows_and_trains_with_the_answer(deployment):
     assert view["progress"]["confirming"] == ((view["confirmation"] or {}).get("probes") or 0)
     assert view["best"]["label"] == view["leaderboard"][0]["label"] and view["why"].startswith("Chosen: ")
     # The answer, fed into a real TrainingArguments, as a pipeline would.
-    answer = httpx.get(
+    answer = deployment.http.get(
         f"{deployment.url}/v1/searches/{name}/best",
         params={"format": "trainer-args"},
         headers=deployment.headers,
@@ -247,21 +255,21 @@ def test_a_pipeline_submits_follows_and_trains_with_the_answer(deployment):
 def test_predictions_need_no_gpu_and_refuse_as_the_command_line_does(deployment):
     # (a config no search of this module traced: the estimate cache is keyed by the architecture)
     body = {"model": "tiny", "micro_batch": 3, "block_size": 24}
-    answer = httpx.post(f"{deployment.url}/v1/estimate", json=body, headers=deployment.headers, timeout=300)
+    answer = deployment.http.post(f"{deployment.url}/v1/estimate", json=body, headers=deployment.headers, timeout=300)
     assert answer.status_code == 200, answer.text
     assert answer.json()["peak_bytes"] > 0 and set(answer.json()["breakdown"]) >= {"params", "grads", "optimizer"}
     assert answer.json()["cached"] is False
-    again = httpx.post(f"{deployment.url}/v1/estimate", json=body, headers=deployment.headers, timeout=300)
+    again = deployment.http.post(f"{deployment.url}/v1/estimate", json=body, headers=deployment.headers, timeout=300)
     assert again.json()["peak_bytes"] == answer.json()["peak_bytes"]
     assert again.json()["cached"] is True  # (answered from the estimate cache: no trace)
-    refused = httpx.post(
+    refused = deployment.http.post(
         f"{deployment.url}/v1/plan",
         json={"model": "tiny", "gpu": "no-such-card"},
         headers=deployment.headers,
         timeout=60,
     )
     assert refused.status_code == 422 and "no-such-card" in refused.json()["error"]
-    assert httpx.post(f"{deployment.url}/v1/estimate", json=body, timeout=30).status_code == 401
+    assert deployment.http.post(f"{deployment.url}/v1/estimate", json=body, timeout=30).status_code == 401
 
 
 def test_a_plan_its_client_abandoned_is_stopped_and_frees_its_slot(deployment):
@@ -269,14 +277,14 @@ def test_a_plan_its_client_abandoned_is_stopped_and_frees_its_slot(deployment):
     # traced on for nobody, holding the service's one prediction slot to its end.
     body = LONG_PLAN
     with pytest.raises(httpx.TimeoutException):
-        httpx.post(f"{deployment.url}/v1/plan", json=body, headers=deployment.headers, timeout=2)
+        deployment.http.post(f"{deployment.url}/v1/plan", json=body, headers=deployment.headers, timeout=2)
     deadline = time.monotonic() + 10
     while any(" plan " in command for command in processes_under(deployment.base)) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not [command for command in processes_under(deployment.base) if " plan " in command]
     # Its slot is free: the next plan is answered (a refusal, quickly), not kept waiting for a slot
     # (30 s, then 503).
-    refused = httpx.post(
+    refused = deployment.http.post(
         f"{deployment.url}/v1/plan",
         json={"model": "tiny", "gpu": "no-such-card"},
         headers=deployment.headers,
@@ -298,10 +306,10 @@ def test_a_plan_in_flight_dies_with_the_service(deployment):
         "exact": True,
         "no_cache": True,
     }
-    accepted = httpx.post(f"{deployment.url}/v1/plan", json=body, headers=deployment.headers, timeout=60)
+    accepted = deployment.http.post(f"{deployment.url}/v1/plan", json=body, headers=deployment.headers, timeout=60)
     assert accepted.status_code == 202, accepted.text
     location = accepted.headers["location"]
-    assert httpx.get(f"{deployment.url}{location}", headers=deployment.headers, timeout=30).status_code == 202
+    assert deployment.http.get(f"{deployment.url}{location}", headers=deployment.headers, timeout=30).status_code == 202
     assert [command for command in processes_under(deployment.base) if " plan " in command]
     serve = deployment.processes.pop("serve")
     os.kill(serve.pid, signal.SIGKILL)
@@ -312,7 +320,7 @@ def test_a_plan_in_flight_dies_with_the_service(deployment):
     assert not [command for command in processes_under(deployment.base) if " plan " in command]
     # A service started again knows no plan of the one before: said as for any plan it does not know.
     deployment.start_service()
-    gone = httpx.get(f"{deployment.url}{location}", headers=deployment.headers, timeout=30)
+    gone = deployment.http.get(f"{deployment.url}{location}", headers=deployment.headers, timeout=30)
     assert gone.status_code == 404 and "no plan" in gone.json()["error"]
 
 
@@ -329,7 +337,9 @@ def test_a_cancelled_search_stops_its_probe_and_resumes_when_submitted_again(dep
                 time.sleep(0.3)
             settled_before = store.queue.settled_counts(["cancel-me"]).get("cancel-me", 0)
         assert settled_before == 1 and deployment.row("cancel-me").state == SearchState.RUNNING
-        cancelled = httpx.post(f"{deployment.url}/v1/searches/cancel-me/cancel", headers=deployment.headers, timeout=30)
+        cancelled = deployment.http.post(
+            f"{deployment.url}/v1/searches/cancel-me/cancel", headers=deployment.headers, timeout=30
+        )
         assert cancelled.status_code == 202 and cancelled.json()["cancel_requested"] is True
         row = deployment.wait("cancel-me", lambda r: r.state == SearchState.CANCELLED, "cancelled", seconds=90)
         assert "cancelled by pipeline" in row.reason
