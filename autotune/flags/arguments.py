@@ -40,28 +40,16 @@ def evaluation_asked(
 
 
 def recipe_arguments(
-    *,
-    peft=None,
-    lora_rank=None,
-    lora_alpha=None,
-    lora_dropout=None,
-    lora_targets=None,
-    eval_batch=None,
-    eval_logits=None,
-    eval_accumulation_steps=None,
-    generate=False,
-    generation_max_length=None,
-    num_beams=None,
+    *, peft=None, lora_rank=None, lora_alpha=None, lora_dropout=None, lora_targets=None, **evaluation
 ) -> dict:
     """The --peft and evaluation flags of TASK (flags/table.py) as a config, a space and a run take
-    them: the adapters' stored text (recipes.peft_text) and the evaluation asked (evaluation_asked)."""
+    them: the adapters' stored text (recipes.peft_text) and the evaluation asked (evaluation_asked,
+    whose flags `evaluation` holds)."""
     from autotune.levers.recipes import peft_text
 
     return dict(
         peft=peft_text(peft, lora_rank, lora_alpha, lora_dropout, lora_targets),
-        evaluation=evaluation_asked(
-            eval_batch, eval_logits, eval_accumulation_steps, generate, generation_max_length, num_beams
-        ),
+        evaluation=evaluation_asked(**evaluation),
     )
 
 
