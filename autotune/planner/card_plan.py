@@ -263,6 +263,12 @@ def trace_space(
     return tracer.traced(groups)
 
 
+def planned_traces(space: SearchSpace, targets: list[Target], *, exact: bool = False) -> int:
+    """How many traces `space` takes on `targets` at most: trace_space's count, which trace_fastest
+    reports against until it knows it needs fewer."""
+    return sum(len(_to_trace(members, exact)) for members in _groups(space, targets)[1].values())
+
+
 def trace_fastest(
     spec: ModelSpec,
     space: SearchSpace,
@@ -290,7 +296,7 @@ def trace_fastest(
 
     dims = model_dims_of(spec)
     device_type, groups = _groups(space, targets)
-    planned_total = sum(len(_to_trace(members, False)) for members in groups.values())
+    planned_total = planned_traces(space, targets)
     tracer = _Tracer(device_type, timeout, use_cache, trust_remote_code, children, stack, memo, on_progress)
     if dims is None or any(t.card is None for t in targets):  # (no speed to bound by: every group)
         tracer.trace([c for members in groups.values() for c in _to_trace(members, False)], planned_total)

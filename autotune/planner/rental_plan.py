@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autotune.estimate.stack import Stack
-from autotune.planner.card_plan import Plan, Target, judge_plan, trace_fastest, trace_space
+from autotune.planner.card_plan import Plan, Target, judge_plan, planned_traces, trace_fastest, trace_space
 from autotune.planner.prices import Offer, PriceBook
 from autotune.planner.speed_error import SpeedError
 from autotune.specs.cards import Card
@@ -247,15 +247,19 @@ def plan_rentals(
     done = [0]
     memo: dict = {}  # (each config traced once over the counts: DDP's rank is the same on 2, 4 or 8)
     widest = max(len(space.candidates()) for space in spaces.values())
+    # Progress is counted against the whole plan's most traces, every count's, less what a count
+    # that is done turned out not to need: the total only shrinks, and the count never starts again
+    # (a count's own total after the last one's end would read "6 of 6", then "7 of 102").
+    planned = [planned_traces(space, targets, exact=exact) for space in spaces.values()]
     # (started when a trace is wanted: a plan answered from the cache starts none)
     with TraceChildren(min(trace_processes(), widest), spec.model_type) as children:
-        for count, space in spaces.items():
-            base = done[0]
+        for index, (count, space) in enumerate(spaces.items()):
+            base, later = done[0], sum(planned[index + 1 :])
 
-            def progress(finished: int, total: int, base: int = base) -> None:
+            def progress(finished: int, total: int, base: int = base, later: int = later) -> None:
                 done[0] = base + finished
                 if on_progress is not None:
-                    on_progress(done[0], base + total)
+                    on_progress(done[0], base + total + later)
 
             common = dict(
                 timeout=timeout,

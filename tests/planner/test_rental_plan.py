@@ -10,6 +10,7 @@ import json
 import pytest
 
 from autotune.planner.prices import read_prices
+from autotune.render.live import PROGRESS_ENV, read_progress
 from autotune.specs.cards import find_card
 from autotune.vocabulary.errors import BadInput
 from tests.helpers.cli import Unchanged, assert_usage_error, invoke
@@ -111,9 +112,16 @@ def test_every_card_and_count_is_weighed_from_one_trace_per_count(tmp_path, herm
     space += ["--checkpointing", "off"]
     args = ["plan", "--model", tiny_model, "--gpu", "h100,l4,a10", "--gpus", "1,2", "--tokens", "50M", *space]
     args += ["--strategies", "ddp"]
-    done = invoke(*args, "--prices", str(prices), "--json", "--no-cache")
+    done = invoke(*args, "--prices", str(prices), "--json", "--no-cache", env={PROGRESS_ENV: "1"})
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
+    # The progress the service's page draws, over both counts: the count only grows, the total (the
+    # plan's most traces) only shrinks, and they meet at the traces the plan made.
+    progress = [p for line in done.stderr.splitlines() if (p := read_progress(line)) is not None]
+    assert progress and all(traced <= of for traced, of in progress)
+    assert [traced for traced, _ in progress] == sorted(traced for traced, _ in progress)
+    assert [of for _, of in progress] == sorted((of for _, of in progress), reverse=True)
+    assert progress[-1][0] == progress[-1][1] >= plan["traces"]
     options = {(o["card"], o["gpus"]): o for o in plan["options"]}
     assert set(options) == {(c, n) for c in ("h100", "l4", "a10") for n in (1, 2)}
     # Traced once per count for all three cards: as many traces as one card's plan of the same space.
