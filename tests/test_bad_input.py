@@ -386,6 +386,33 @@ def test_recipes_this_model_or_machine_cannot_train_are_one_line_and_write_nothi
             )
 
 
+@pytest.mark.slow
+def test_lora_targets_no_module_matches_are_one_line_from_a_plan_traced_by_two_children(
+    work, hermetic_home, tiny_model
+):
+    # Told by a trace child building the model; with two children sharing the plan's traces (one
+    # per core, the default on a 2-core machine) the refusal came from a child's thread: it was
+    # printed as that thread's traceback, and the plan went on to say "nothing fits", exit 0.
+    space = ["--micro-batches", "1,2", "--block-sizes", "32", "--precisions", "bf16", "--no-cache"]
+    with Unchanged(work, hermetic_home):
+        refused(
+            invoke(
+                "plan",
+                "--model",
+                tiny_model,
+                "--gpu",
+                "h100",
+                "--peft",
+                "lora",
+                "--lora-targets",
+                "nosuch_proj",
+                *space,
+                env={"AUTOTUNE_TRACE_PROCESSES": "2"},
+            ),
+            "--lora-targets nosuch_proj: Target modules",
+        )
+
+
 @pytest.mark.parametrize(
     "command, args, needle",
     [

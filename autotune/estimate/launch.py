@@ -5,6 +5,7 @@ request, so that torch and transformers are imported once; it may be started ahe
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import logging
@@ -359,53 +360,65 @@ class TraceChildren:
     ) -> list[TraceResult]:
         """The results for every item of `request`, in order; each also given to `on_result` (one
         call at a time) as soon as it is in. `timeout` seconds per item. Children started ahead are
-        used first, so that a small request starts no new process; each takes every n-th item, so
-        that items given in the order they are wanted arrive about in that order."""
+        used first, so that a small request starts no new process. Each child takes the next item
+        as soon as it is free (items given in the order they are wanted arrive about in that order,
+        and a long trace, a DDP rank's, does not hold back a share dealt to its child in advance:
+        every child is busy until the last items). The first failure, a refusal (BadInput) as much
+        as an error, is raised once every child has finished the item it holds; no further item is
+        started."""
         ready = sorted(self.children, key=lambda child: not child.started)
         workers = ready[: max(1, min(len(ready), len(request.items)))]
-        shares = [list(range(len(request.items)))[i :: len(workers)] for i in range(len(workers))]
+        waiting = collections.deque(range(len(request.items)))
         results: list[TraceResult | None] = [None] * len(request.items)
-        failures: list[EstimateError] = []
+        failures: list[AutotuneError] = []
         lock = threading.Lock()
 
-        def trace_share(child: TraceChild, share: list[int]) -> None:
-            def trace(items: list[int]) -> None:
-                def arrived(result: TraceResult) -> None:
-                    result = dataclasses.replace(result, index=items[result.index])
+        def trace_in_turn(child: TraceChild) -> None:
+            crashed = False  # (a native crash is traced once more in a fresh process; a second is an error)
+            while True:
+                with lock:
+                    if failures or not waiting:
+                        return
+                    index = waiting.popleft()
+
+                def arrived(result: TraceResult, index: int = index) -> None:
+                    result = dataclasses.replace(result, index=index)
                     with lock:
-                        results[result.index] = result
+                        results[index] = result
                         if on_result is not None:
                             on_result(result)
 
-                child.answer(
-                    TraceRequest(request.device_type, tuple(request.items[i] for i in items)), timeout, arrived
-                )
-
-            try:
                 try:
-                    trace(share)
-                except NativeCrash as crash:  # once more, what is left, in a fresh process (the child is spent)
-                    log.warning("%s; tracing what is left once more in a fresh process", crash)
-                    trace([i for i in share if results[i] is None])
-            except EstimateError as exc:
-                failures.append(exc)
+                    child.answer(TraceRequest(request.device_type, (request.items[index],)), timeout, arrived)
+                except NativeCrash as crash:
+                    if not crashed:
+                        crashed = True
+                        log.warning("%s; tracing it once more in a fresh process", crash)
+                        with lock:
+                            waiting.appendleft(index)
+                        continue
+                    with lock:
+                        failures.append(crash)
+                except AutotuneError as exc:
+                    with lock:
+                        failures.append(exc)
 
         if len(workers) == 1:
-            trace_share(workers[0], shares[0])
+            trace_in_turn(workers[0])
         else:
-            # Each child is started here, not in its share's thread: a spawned child is killed when the
+            # Each child is started here, not in its thread: a spawned child is killed when the
             # thread that started it ends (kill_me_with_parent: the kernel's parent-death signal follows
             # the thread), which would be as soon as this request is answered.
             for child in workers:
                 child.ensure_started(timeout)
-            threads = [threading.Thread(target=trace_share, args=pair, daemon=True) for pair in zip(workers, shares)]
+            threads = [threading.Thread(target=trace_in_turn, args=(child,), daemon=True) for child in workers]
             for thread in threads:
                 thread.start()
             for thread in threads:
                 thread.join()
-            # A child started again inside its share's thread (after a native crash) dies as that
-            # thread has now ended: closed here, not found dying by the next request; the next one
-            # starts in the caller's thread.
+            # A child started again inside its thread (after a native crash) dies as that thread has
+            # now ended: closed here, not found dying by the next request; the next one starts in
+            # the caller's thread.
             for child in workers:
                 if child.started and child.spawned_in in threads:
                     child.close()

@@ -3,6 +3,7 @@ timed window, killed with the search; a native crash traced once more in a fresh
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -14,6 +15,7 @@ import pytest
 
 from autotune.levers.config import ProbeConfig
 from autotune.estimate import EstimateError, estimate_memories, estimate_memory
+import autotune.estimate.launch as launch
 from autotune.estimate.launch import TraceChildren
 from tests.helpers.models import TINY_GPT2, write_model_dir
 from tests.helpers.faults import GATE_ENV, inject_fault
@@ -164,3 +166,55 @@ def test_a_trace_child_started_again_in_its_share_s_thread_is_not_left_to_die_th
         )
         again = estimate_memories(configs, device_type="cpu", use_cache=False, children=children)
     assert [e.peak_bytes for e in crashed] == [e.peak_bytes for e in again]
+
+
+@dataclasses.dataclass
+class _Answered:
+    index: int
+    micro_batch: int
+    child: int
+
+
+def test_a_free_child_takes_the_next_item_so_a_long_trace_holds_back_no_other(monkeypatch):
+    # In process, children answering by the clock: item 0 is a long trace (a DDP rank's), the rest
+    # short. Dealt in advance, the child holding item 0 would also hold items 2 and 4, each started
+    # only after it; taken in turn, the other child takes every short one while the first traces.
+    from autotune.estimate.protocol import TraceItem, TraceRequest
+
+    def answer(self, request, timeout, on_result=None):
+        (item,) = request.items
+        time.sleep(1.0 if item.config.micro_batch == 1 else 0.05)
+        on_result(_Answered(0, item.config.micro_batch, id(self)))
+
+    monkeypatch.setattr(launch.TraceChild, "answer", answer)
+    monkeypatch.setattr(launch.TraceChild, "ensure_started", lambda self, timeout: None)
+    items = tuple(TraceItem(ProbeConfig("m", micro_batch, 32), {}) for micro_batch in (1, 2, 4, 8, 16))
+    children = TraceChildren(2)
+    started = time.monotonic()
+    answered = children.answer(TraceRequest("cpu", items), timeout=30)
+    assert time.monotonic() - started < 1.0 + 0.5  # (dealt in advance: 1.1 s at least)
+    assert [a.index for a in answered] == [0, 1, 2, 3, 4] and [a.micro_batch for a in answered] == [1, 2, 4, 8, 16]
+    long_one = answered[0].child
+    assert {a.child for a in answered[1:]} == {id(c) for c in children.children} - {long_one}
+
+
+def test_a_refusal_from_one_of_two_children_is_raised_and_no_further_item_is_started(monkeypatch):
+    from autotune.estimate.protocol import TraceItem, TraceRequest
+    from autotune.vocabulary.errors import BadInput
+
+    started: list[int] = []
+
+    def answer(self, request, timeout, on_result=None):
+        (item,) = request.items
+        started.append(item.config.micro_batch)
+        if item.config.micro_batch == 2:  # (refused at once, while the other child traces item 0)
+            raise BadInput("--lora-targets nosuch: Target modules {'nosuch'} not found in the base model")
+        time.sleep(0.5)
+        on_result(_Answered(0, item.config.micro_batch, id(self)))
+
+    monkeypatch.setattr(launch.TraceChild, "answer", answer)
+    monkeypatch.setattr(launch.TraceChild, "ensure_started", lambda self, timeout: None)
+    items = tuple(TraceItem(ProbeConfig("m", micro_batch, 32), {}) for micro_batch in (1, 2, 4, 8, 16, 32))
+    with pytest.raises(BadInput, match="nosuch"):
+        TraceChildren(2).answer(TraceRequest("cpu", items), timeout=30)
+    assert sorted(started) == [1, 2]  # (each child's first item; none after the refusal)
