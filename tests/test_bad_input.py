@@ -388,12 +388,15 @@ def test_recipes_this_model_or_machine_cannot_train_are_one_line_and_write_nothi
 
 @pytest.mark.slow
 def test_lora_targets_no_module_matches_are_one_line_from_a_plan_traced_by_two_children(
-    work, hermetic_home, tiny_model
+    work, hermetic_home, tiny_model, monkeypatch
 ):
     # Told by a trace child building the model; with two children sharing the plan's traces (one
     # per core, the default on a 2-core machine) the refusal came from a child's thread: it was
     # printed as that thread's traceback, and the plan went on to say "nothing fits", exit 0.
     space = ["--micro-batches", "1,2", "--block-sizes", "32", "--precisions", "bf16", "--no-cache"]
+    # (two children as a 2-core machine has them; set in process, not through the environment, which
+    # the worker's fork server was started with: both children are forked from it, warm)
+    monkeypatch.setattr("autotune.search.launch.trace_processes", lambda: 2)
     with Unchanged(work, hermetic_home):
         refused(
             invoke(
@@ -407,7 +410,6 @@ def test_lora_targets_no_module_matches_are_one_line_from_a_plan_traced_by_two_c
                 "--lora-targets",
                 "nosuch_proj",
                 *space,
-                env={"AUTOTUNE_TRACE_PROCESSES": "2"},
             ),
             "--lora-targets nosuch_proj: Target modules",
         )
