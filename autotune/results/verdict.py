@@ -92,10 +92,22 @@ def describe(decision: Decision) -> str:
         )
         return f"unconfirmed: {c['winner_label']} is the fastest measured, not told apart from {c['runner_up']} ({why}){cost}"
     how = "measured again" if c.get("rounds") else "told apart by the first windows"
+    by, within = margin_and_noise(margin or 0.0, noise)
     return (
-        f"confirmed: {c['winner_label']} wins by {100 * (margin or 0):.0f}% ± {100 * noise:.0f}% over "
+        f"confirmed: {c['winner_label']} wins by {by} ± {within} over "
         f"{c['runner_up']} ({how}{cost.replace(' (', ', ').rstrip(')') if cost else ''})"
     )
+
+
+def margin_and_noise(margin: float, noise: float) -> tuple[str, str]:
+    """A confirmed winner's margin and the noise it beat, as percents that show the margin is the
+    larger: whole percents, or tenths where whole ones would read alike ("wins by 6% ± 6%" said a
+    margin of 6.4% over 5.6% of noise, which reads as inside it)."""
+    for digits in (0, 1, 2):
+        by, within = f"{100 * margin:.{digits}f}%", f"{100 * noise:.{digits}f}%"
+        if float(by[:-1]) > float(within[:-1]):
+            break
+    return by, within
 
 
 def answer(decision: Decision | None, winner_key: str) -> str:
@@ -115,7 +127,8 @@ def answer(decision: Decision | None, winner_key: str) -> str:
         return f"no, a tie: within the {noise:.0f}% noise of {', '.join(decision['tied'])}; {how_chosen(decision)}"
     if not decision.get("confirmed"):
         return f"no: not told apart from the runner-up, {decision['runner_up']}; the fastest measured"
-    return f"yes: {100 * (decision.get('margin') or 0):.0f}% ± {noise:.0f}% faster than the runner-up, {decision['runner_up']}"
+    by, within = margin_and_noise(decision.get("margin") or 0.0, decision.get("noise") or 0.0)
+    return f"yes: {by} ± {within} faster than the runner-up, {decision['runner_up']}"
 
 
 def unreliable_warning(decision: Decision | None) -> str | None:

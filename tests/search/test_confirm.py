@@ -135,7 +135,8 @@ def test_a_window_slowed_by_a_neighbour_is_measured_again_and_the_true_winner_co
     c = outcome.study.confirmation
     assert c["confirmed"] and c["rounds"] >= 1 and outcome.best.config.micro_batch == 4
     assert c["margin"] > c["noise"] and c["runner_up"] == "mb2x2 blk128 fp32 no-ckpt sdpa"
-    assert "confirmed: mb4x1 blk128 fp32 no-ckpt sdpa wins by 3%" in explain_winner(outcome)
+    # (2.93% over 2.88% of noise: in whole percents "3% ± 3%", which reads as inside the noise)
+    assert "confirmed: mb4x1 blk128 fp32 no-ckpt sdpa wins by 2.93% ± 2.88%" in explain_winner(outcome)
     assert len(first_windows[4].result.step_times) > runner.steps
 
 

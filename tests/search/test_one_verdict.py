@@ -278,3 +278,17 @@ def test_a_skip_is_decided_again_when_the_config_is_within_the_noise_of_the_figu
     at_most = 850.0 if spread > 0.15 else 950.0
     strategy.guesses = lambda configs: {c.key(): SpeedGuess(at_most * 0.9, at_most, 0.05, 1) for c in configs}
     assert (strategy.revisitable() == [by_precision["bf16"]]) is revisited
+
+
+@pytest.mark.parametrize(
+    "margin, noise, said",
+    [
+        (0.064, 0.056, "wins by 6.4% ± 5.6%"),  # (whole percents would read "6% ± 6%": inside it)
+        (0.061, 0.02, "wins by 6% ± 2%"),
+        (0.0305, 0.0301, "wins by 3.05% ± 3.01%"),
+    ],
+)
+def test_a_confirmed_margin_is_said_with_the_digits_that_show_it_beats_the_noise(margin, noise, said):
+    decision = {"winner_label": "a", "runner_up": "b", "margin": margin, "noise": noise, "confirmed": True}
+    assert said in verdict.describe({**decision, "rounds": 1})
+    assert verdict.answer({**decision, "winner": "k"}, "k").startswith(f"yes: {said.removeprefix('wins by ')} faster")
