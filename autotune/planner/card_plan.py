@@ -266,7 +266,11 @@ def trace_space(
 def planned_traces(space: SearchSpace, targets: list[Target], *, exact: bool = False) -> int:
     """How many traces `space` takes on `targets` at most: trace_space's count, which trace_fastest
     reports against until it knows it needs fewer."""
-    return sum(len(_to_trace(members, exact)) for members in _groups(space, targets)[1].values())
+    return _planned(_groups(space, targets)[1], exact)
+
+
+def _planned(groups: dict[tuple, list[ProbeConfig]], exact: bool = False) -> int:
+    return sum(len(_to_trace(members, exact)) for members in groups.values())
 
 
 def trace_fastest(
@@ -296,7 +300,7 @@ def trace_fastest(
 
     dims = model_dims_of(spec)
     device_type, groups = _groups(space, targets)
-    planned_total = planned_traces(space, targets)
+    planned_total = _planned(groups)
     tracer = _Tracer(device_type, timeout, use_cache, trust_remote_code, children, stack, memo, on_progress)
     if dims is None or any(t.card is None for t in targets):  # (no speed to bound by: every group)
         tracer.trace([c for members in groups.values() for c in _to_trace(members, False)], planned_total)

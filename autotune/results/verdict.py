@@ -101,13 +101,10 @@ def describe(decision: Decision) -> str:
 
 def margin_and_noise(margin: float, noise: float) -> tuple[str, str]:
     """A confirmed winner's margin and the noise it beat, as percents that show the margin is the
-    larger: whole percents, or tenths where whole ones would read alike ("wins by 6% ± 6%" said a
-    margin of 6.4% over 5.6% of noise, which reads as inside it)."""
-    for digits in (0, 1, 2):
-        by, within = f"{100 * margin:.{digits}f}%", f"{100 * noise:.{digits}f}%"
-        if float(by[:-1]) > float(within[:-1]):
-            break
-    return by, within
+    larger: whole percents, or tenths or hundredths where whole ones would read alike ("wins by 6%
+    ± 6%" said a margin of 6.4% over 5.6% of noise, which reads as inside it)."""
+    digits = next((d for d in (0, 1) if round(100 * margin, d) > round(100 * noise, d)), 2)
+    return f"{100 * margin:.{digits}f}%", f"{100 * noise:.{digits}f}%"
 
 
 def answer(decision: Decision | None, winner_key: str) -> str:
